@@ -1,0 +1,457 @@
+//! The table of configuration keys: name, group, help, accepted values, and how each is read
+//! and written. The URL, the CLI and the UI all go through this one table.
+
+use crate::estimator::config::*;
+use crate::estimator::gpu::GPUS;
+use crate::estimator::model::{Activation, MlpKind, NormKind, Positions, QkNorm};
+use crate::estimator::presets::{preset, presets};
+
+/// Where a key belongs in the UI and the help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Model,
+    Architecture,
+    Training,
+    Cluster,
+    Overhead,
+    Display,
+}
+
+/// One configuration key.
+pub struct Key {
+    pub name: &'static str,
+    pub group: Group,
+    pub help: &'static str,
+    /// The accepted spellings for enumerations (empty for numbers and free text).
+    pub choices: fn() -> Vec<&'static str>,
+    pub get: fn(&Config) -> String,
+    pub set: fn(&mut Config, &str) -> Result<(), String>,
+}
+
+/// Largest integer any key accepts (keeps every product far inside `u64`).
+const MAX_INT: u64 = 1 << 40;
+
+/// Reads a non-negative integer; `k`/`K` multiply by 1,024 and `m`/`M` by 1,048,576
+/// (`seq=8k` is 8,192 tokens).
+pub fn parse_uint(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1024),
+        Some((i, 'm' | 'M')) => (&s[..i], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let n: u64 = num.replace('_', "").parse().map_err(|_| "expected a whole number".to_string())?;
+    let v = n.checked_mul(mult).ok_or_else(|| "is too large".to_string())?;
+    if v > MAX_INT {
+        return Err(format!("is too large (at most {MAX_INT})"));
+    }
+    Ok(v)
+}
+
+fn parse_positive(s: &str) -> Result<u64, String> {
+    match parse_uint(s)? {
+        0 => Err("must be at least 1".into()),
+        v => Ok(v),
+    }
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err("expected true or false".into()),
+    }
+}
+
+fn parse_f64(s: &str, lo: f64, hi: f64) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| "expected a number".to_string())?;
+    if !v.is_finite() || v < lo || v > hi {
+        return Err(format!("must be between {lo} and {hi}"));
+    }
+    Ok(v)
+}
+
+fn fmt_f64(v: f64) -> String {
+    // Shortest representation that reads back exactly.
+    let s = format!("{v}");
+    s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
+}
+
+/// An enumeration's spellings.
+trait Named: Copy + PartialEq + 'static {
+    const ALL: &'static [(Self, &'static str)];
+    fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(v, _)| *v == self).map_or("", |(_, n)| n)
+    }
+    fn parse(s: &str) -> Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        Self::ALL
+            .iter()
+            .find(|(_, n)| *n == s)
+            .map(|(v, _)| *v)
+            .ok_or_else(|| format!("expected one of {}", Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")))
+    }
+    fn names() -> Vec<&'static str> {
+        Self::ALL.iter().map(|(_, n)| *n).collect()
+    }
+}
+
+macro_rules! named {
+    ($t:ty, [$(($v:expr, $n:literal)),* $(,)?]) => {
+        impl Named for $t {
+            const ALL: &'static [(Self, &'static str)] = &[$(($v, $n)),*];
+        }
+    };
+}
+
+named!(Precision, [
+    (Precision::Fp32, "fp32"), (Precision::Bf16, "bf16"), (Precision::Fp16, "fp16"),
+    (Precision::AmpBf16, "amp-bf16"), (Precision::AmpFp16, "amp-fp16"),
+    (Precision::MixedBf16, "mixed-bf16"), (Precision::MixedFp16, "mixed-fp16"),
+    (Precision::MixedBf16Fp32grad, "mixed-bf16-fp32grad"), (Precision::MixedFp8, "mixed-fp8"),
+]);
+named!(Optimizer, [
+    (Optimizer::Sgd, "sgd"), (Optimizer::Momentum, "momentum"), (Optimizer::Adamw, "adamw"),
+    (Optimizer::Adafactor, "adafactor"), (Optimizer::Lion, "lion"), (Optimizer::Adam8bit, "adam8bit"), (Optimizer::Muon, "muon"),
+]);
+named!(OptimImpl, [(OptimImpl::Foreach, "foreach"), (OptimImpl::Fused, "fused"), (OptimImpl::Forloop, "forloop")]);
+named!(Finetune, [(Finetune::Full, "full"), (Finetune::Lora, "lora"), (Finetune::Qlora, "qlora")]);
+named!(Attention, [(Attention::Eager, "eager"), (Attention::Sdpa, "sdpa"), (Attention::Flash, "flash")]);
+named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full")]);
+named!(Loss, [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]);
+named!(Framework, [(Framework::Hf, "hf"), (Framework::Megatron, "megatron")]);
+named!(Zero, [
+    (Zero::Ddp, "0"), (Zero::Z1, "1"), (Zero::Z2, "2"), (Zero::Z3, "3"),
+    (Zero::FullShard, "full_shard"), (Zero::ShardGradOp, "shard_grad_op"), (Zero::HybridShard, "hybrid_shard"),
+]);
+named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
+named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
+named!(MlpKind, [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]);
+named!(Activation, [
+    (Activation::Silu, "silu"), (Activation::Gelu, "gelu"), (Activation::GeluTanh, "gelu-tanh"),
+    (Activation::GeluNew, "gelu-new"), (Activation::Relu, "relu"),
+]);
+named!(NormKind, [
+    (NormKind::Layernorm, "layernorm"), (NormKind::LayernormNoBias, "layernorm-nobias"),
+    (NormKind::Rmsnorm, "rmsnorm"), (NormKind::Nonparametric, "nonparametric"),
+]);
+named!(QkNorm, [(QkNorm::None, "none"), (QkNorm::Head, "head"), (QkNorm::Full, "full"), (QkNorm::PerHead, "per-head")]);
+named!(Positions, [(Positions::Rope, "rope"), (Positions::Learned, "learned"), (Positions::None, "none")]);
+
+fn no_choices() -> Vec<&'static str> {
+    Vec::new()
+}
+fn bool_choices() -> Vec<&'static str> {
+    vec!["false", "true"]
+}
+
+fn lora_targets_to_string(t: LoraTargets) -> String {
+    if t == LoraTargets::ALL {
+        return "all".into();
+    }
+    LoraTargets::NAMES.iter().filter(|(_, b)| t.has(*b)).map(|(n, _)| *n).collect::<Vec<_>>().join(",")
+}
+
+fn parse_lora_targets(s: &str) -> Result<LoraTargets, String> {
+    let s = s.to_ascii_lowercase();
+    if s == "all" || s == "all-linear" {
+        return Ok(LoraTargets::ALL);
+    }
+    let mut bits = 0u8;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let name = part.strip_suffix("_proj").unwrap_or(part);
+        let bit = match name {
+            "attn" => LoraTargets::Q | LoraTargets::K | LoraTargets::V | LoraTargets::O,
+            "mlp" => LoraTargets::GATE | LoraTargets::UP | LoraTargets::DOWN,
+            n => LoraTargets::NAMES.iter().find(|(m, _)| *m == n).map(|(_, b)| *b).ok_or_else(|| format!("unknown module '{part}' (use q, k, v, o, gate, up, down, attn, mlp or all)"))?,
+        };
+        bits |= bit;
+    }
+    if bits == 0 {
+        return Err("names no module".into());
+    }
+    Ok(LoraTargets(bits))
+}
+
+fn preset_ids() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = presets().iter().map(|p| p.id).collect();
+    v.push("custom");
+    v
+}
+
+fn gpu_ids() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = GPUS.iter().map(|g| g.id).collect();
+    v.push("custom");
+    v
+}
+
+macro_rules! uint_key {
+    ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| $field.to_string(),
+            set: |$c: &mut Config, s: &str| {
+                $field = parse_uint(s)?;
+                Ok(())
+            },
+        }
+    };
+    (positive $name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| $field.to_string(),
+            set: |$c: &mut Config, s: &str| {
+                $field = parse_positive(s)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+macro_rules! bool_key {
+    ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: bool_choices,
+            get: |$c: &Config| $field.to_string(),
+            set: |$c: &mut Config, s: &str| {
+                $field = parse_bool(s)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+macro_rules! enum_key {
+    ($name:literal, $group:expr, $help:literal, $t:ty, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: <$t as Named>::names,
+            get: |$c: &Config| $field.name().to_string(),
+            set: |$c: &mut Config, s: &str| {
+                $field = <$t as Named>::parse(s)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+use Group::*;
+
+/// Every key, in the canonical order of encoded URLs and of the CLI's help.
+pub static KEYS: &[Key] = &[
+    Key {
+        name: "model",
+        group: Model,
+        help: "preset id (e.g. llama-3.1-8b, gpt2-xl) or custom",
+        choices: preset_ids,
+        get: |c| c.model.clone(),
+        set: |c, s| {
+            let id = s.to_ascii_lowercase();
+            if id == "custom" {
+                c.model = id;
+                return Ok(());
+            }
+            let p = preset(&id).ok_or_else(|| "unknown preset (see `trainmem presets`)".to_string())?;
+            c.model = p.id.to_string();
+            c.arch = p.spec;
+            c.name.clear();
+            Ok(())
+        },
+    },
+    Key {
+        name: "name",
+        group: Model,
+        help: "display name of a custom model",
+        choices: no_choices,
+        get: |c| c.name.clone(),
+        set: |c, s| {
+            c.name = s.chars().filter(|ch| !ch.is_control()).take(120).collect();
+            Ok(())
+        },
+    },
+    uint_key!(positive "vocab", Architecture, "vocabulary size V", |c| c.arch.vocab),
+    uint_key!(positive "hidden", Architecture, "hidden size h", |c| c.arch.hidden),
+    uint_key!(positive "layers", Architecture, "decoder layers L", |c| c.arch.layers),
+    uint_key!(positive "heads", Architecture, "attention heads a", |c| c.arch.heads),
+    uint_key!(positive "kv_heads", Architecture, "key/value heads (GQA/MQA)", |c| c.arch.kv_heads),
+    uint_key!(positive "head_dim", Architecture, "head dim d (h / a unless the model says otherwise)", |c| c.arch.head_dim),
+    uint_key!("ffn", Architecture, "MLP intermediate size f", |c| c.arch.ffn),
+    enum_key!("mlp", Architecture, "MLP shape: plain (2 matrices) or gated (3, SwiGLU/GeGLU)", MlpKind, |c| c.arch.mlp),
+    enum_key!("act", Architecture, "MLP activation", Activation, |c| c.arch.act),
+    enum_key!("norm", Architecture, "normalization layers", NormKind, |c| c.arch.norm),
+    uint_key!(positive "layer_norms", Architecture, "norms per decoder layer (1–4)", |c| c.arch.layer_norms),
+    bool_key!("final_norm", Architecture, "a norm after the last layer", |c| c.arch.final_norm),
+    enum_key!("qk_norm", Architecture, "norms on queries and keys", QkNorm, |c| c.arch.qk_norm),
+    bool_key!("qkv_bias", Architecture, "biases on Q, K, V", |c| c.arch.qkv_bias),
+    bool_key!("o_bias", Architecture, "bias on the attention output", |c| c.arch.o_bias),
+    bool_key!("mlp_bias", Architecture, "biases on the MLP", |c| c.arch.mlp_bias),
+    bool_key!("head_bias", Architecture, "bias on the LM head", |c| c.arch.head_bias),
+    bool_key!("tied", Architecture, "LM head tied to the embedding", |c| c.arch.tied),
+    enum_key!("pos", Architecture, "position encoding", Positions, |c| c.arch.positions),
+    uint_key!("max_pos", Architecture, "max_position_embeddings", |c| c.arch.max_pos),
+    uint_key!("pos_offset", Architecture, "extra rows of a learned position table (OPT: 2)", |c| c.arch.pos_offset),
+    Key {
+        name: "rotary_pct",
+        group: Architecture,
+        help: "percent of head dims with rotary embedding",
+        choices: no_choices,
+        get: |c| c.arch.rotary_pct.to_string(),
+        set: |c, s| {
+            let v = parse_uint(s)?;
+            if v > 100 {
+                return Err("is a percentage (0–100)".into());
+            }
+            c.arch.rotary_pct = v;
+            Ok(())
+        },
+    },
+    bool_key!("parallel", Architecture, "parallel attention + MLP blocks", |c| c.arch.parallel),
+    uint_key!("embed_proj", Architecture, "OPT's word_embed_proj_dim (0 = none)", |c| c.arch.embed_proj),
+    uint_key!("experts", Architecture, "routed experts per MoE layer (0 = dense)", |c| c.arch.experts),
+    uint_key!("top_k", Architecture, "experts per token", |c| c.arch.top_k),
+    uint_key!("expert_ffn", Architecture, "intermediate size of a routed expert", |c| c.arch.expert_ffn),
+    uint_key!("shared_experts", Architecture, "shared experts per MoE layer", |c| c.arch.shared_experts),
+    uint_key!("shared_ffn", Architecture, "intermediate size of a shared expert", |c| c.arch.shared_ffn),
+    bool_key!("shared_gate", Architecture, "sigmoid gate on the shared expert (Qwen2-MoE)", |c| c.arch.shared_gate),
+    uint_key!("dense_layers", Architecture, "layers with a dense MLP in an MoE model", |c| c.arch.dense_layers),
+    bool_key!("fused_qkv", Architecture, "Q, K, V in one tensor", |c| c.arch.fused_qkv),
+    bool_key!("fused_gate_up", Architecture, "gate and up in one tensor", |c| c.arch.fused_gate_up),
+    bool_key!("fused_experts", Architecture, "experts stored as 3-D tensors (transformers 5)", |c| c.arch.fused_experts),
+    bool_key!("softcap", Architecture, "tanh soft-capping of scores and logits (Gemma-2)", |c| c.arch.softcap),
+    uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
+    uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
+    uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
+    enum_key!("precision", Training, "precision recipe", Precision, |c| c.precision),
+    enum_key!("optim", Training, "optimizer", Optimizer, |c| c.optim),
+    enum_key!("optim_impl", Training, "optimizer implementation (PyTorch)", OptimImpl, |c| c.optim_impl),
+    enum_key!("finetune", Training, "fine-tuning method", Finetune, |c| c.finetune),
+    uint_key!("lora_rank", Training, "LoRA rank r", |c| c.lora_rank),
+    Key {
+        name: "lora_targets",
+        group: Training,
+        help: "LoRA target modules: all, or a list of q,k,v,o,gate,up,down (attn, mlp)",
+        choices: no_choices,
+        get: |c| lora_targets_to_string(c.lora_targets),
+        set: |c, s| {
+            c.lora_targets = parse_lora_targets(s)?;
+            Ok(())
+        },
+    },
+    enum_key!("attn", Training, "attention implementation", Attention, |c| c.attn),
+    enum_key!("recompute", Training, "activation recomputation (checkpointing)", Recompute, |c| c.recompute),
+    Key {
+        name: "dropout",
+        group: Training,
+        help: "dropout probability",
+        choices: no_choices,
+        get: |c| fmt_f64(c.dropout),
+        set: |c, s| {
+            let v = parse_f64(s, 0.0, 0.999)?;
+            c.dropout = v;
+            Ok(())
+        },
+    },
+    enum_key!("loss", Training, "loss implementation", Loss, |c| c.loss),
+    enum_key!("framework", Training, "whose code the activations follow", Framework, |c| c.framework),
+    uint_key!(positive "gpus", Cluster, "GPUs in the job", |c| c.gpus),
+    enum_key!("zero", Cluster, "ZeRO stage or FSDP sharding strategy", Zero, |c| c.zero),
+    uint_key!(positive "shard_group", Cluster, "GPUs per HYBRID_SHARD group", |c| c.shard_group),
+    uint_key!(positive "tp", Cluster, "tensor-parallel degree", |c| c.tp),
+    uint_key!(positive "pp", Cluster, "pipeline-parallel degree", |c| c.pp),
+    uint_key!(positive "vpp", Cluster, "virtual pipeline stages per GPU (interleaving)", |c| c.vpp),
+    uint_key!(positive "cp", Cluster, "context-parallel degree", |c| c.cp),
+    uint_key!(positive "ep", Cluster, "expert-parallel degree", |c| c.ep),
+    bool_key!("sp", Cluster, "sequence parallelism (with tp)", |c| c.sp),
+    enum_key!("offload", Cluster, "CPU offload", Offload, |c| c.offload),
+    Key {
+        name: "gpu",
+        group: Cluster,
+        help: "GPU model, or custom with gpu_gib",
+        choices: gpu_ids,
+        get: |c| c.gpu.clone(),
+        set: |c, s| {
+            let id = s.to_ascii_lowercase();
+            if id != "custom" && crate::estimator::gpu::gpu(&id).is_none() {
+                return Err("unknown GPU (see the catalog)".into());
+            }
+            c.gpu = id;
+            Ok(())
+        },
+    },
+    Key {
+        name: "gpu_gib",
+        group: Cluster,
+        help: "memory of a custom GPU, GiB",
+        choices: no_choices,
+        get: |c| fmt_f64(c.gpu_gib),
+        set: |c, s| {
+            c.gpu_gib = parse_f64(s, 0.001, 1.0e6)?;
+            Ok(())
+        },
+    },
+    uint_key!("cuda_ctx_mib", Overhead, "CUDA context + workspaces per GPU, MiB", |c| c.cuda_ctx_mib),
+    Key {
+        name: "nccl_mib",
+        group: Overhead,
+        help: "NCCL buffers per GPU, MiB, or auto",
+        choices: no_choices,
+        get: |c| c.nccl_mib.map_or("auto".to_string(), |v| v.to_string()),
+        set: |c, s| {
+            c.nccl_mib = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
+            Ok(())
+        },
+    },
+    uint_key!("frag_pct", Overhead, "allocator fragmentation, percent of the allocated peak", |c| c.frag_pct),
+    uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
+    bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
+    enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_accept_k_and_m_suffixes() {
+        assert_eq!(parse_uint("8k"), Ok(8192));
+        assert_eq!(parse_uint("1M"), Ok(1 << 20));
+        assert_eq!(parse_uint("1_000"), Ok(1000));
+        assert!(parse_uint("-1").is_err());
+        assert!(parse_uint("99999999999999999999").is_err());
+        assert!(parse_uint("2m").is_ok());
+    }
+
+    #[test]
+    fn key_names_are_unique() {
+        let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        names.sort();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before);
+    }
+
+    #[test]
+    fn lora_targets_read_module_names_and_groups() {
+        assert_eq!(parse_lora_targets("q_proj,v_proj"), Ok(LoraTargets(LoraTargets::Q | LoraTargets::V)));
+        assert_eq!(parse_lora_targets("attn").map(lora_targets_to_string), Ok("q,k,v,o".to_string()));
+        assert_eq!(parse_lora_targets("all-linear"), Ok(LoraTargets::ALL));
+        assert!(parse_lora_targets("fc9").is_err());
+    }
+
+    #[test]
+    fn enumerations_reject_unknown_spellings_listing_the_valid_ones() {
+        let err = Precision::parse("bf17");
+        assert!(err.is_err_and(|e| e.contains("mixed-bf16-fp32grad")));
+    }
+}

@@ -1,0 +1,423 @@
+//! Formulas that evaluate to the bytes they explain.
+//!
+//! Every ledger row carries an [`Expr`]: the formula in symbols (`Ψ_T × b_g`), and — because each
+//! symbol is bound to this configuration's value — the same formula with numbers substituted
+//! (`8,030,261,248 × 2`). The row's bytes are *computed from the expression*, so the formula a
+//! student reads and the figure the estimator reports can never drift apart.
+//!
+//! Arithmetic is on `u128`, saturating: 405 B parameters × 16,384 GPUs × a million tokens of eager
+//! attention scores is ~10²¹ bytes, past `u64` but nowhere near `u128`. Division rounds up
+//! ([`Expr::ceil_div`]) where it models a shard (a rank holds ⌈n/N⌉ elements, padding included)
+//! and down ([`Expr::floor_div`]) only where the source divides exactly.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// A mathematical symbol with an optional subscript, e.g. `Ψ` or `b` with subscript `grad`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Sym {
+    pub base: &'static str,
+    pub sub: &'static str,
+    /// What the symbol stands for, shown as a legend under the formula.
+    pub meaning: &'static str,
+}
+
+impl Sym {
+    pub const fn new(base: &'static str, sub: &'static str, meaning: &'static str) -> Self {
+        Sym { base, sub, meaning }
+    }
+
+    fn text(&self) -> String {
+        if self.sub.is_empty() {
+            self.base.to_string()
+        } else {
+            format!("{}_{}", self.base, self.sub)
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// A configuration quantity bound to its value.
+    Var(Sym, u128),
+    /// A named constant of the code (`ADAM_STATES = 2`); rendered as its value.
+    Const(&'static str, u128),
+    Sum(Vec<Expr>),
+    Prod(Vec<Expr>),
+    /// ⌈a / b⌉ — a shard, a block count.
+    CeilDiv(Box<Expr>, Box<Expr>),
+    /// ⌊a / b⌋ — only where the division is exact by construction.
+    FloorDiv(Box<Expr>, Box<Expr>),
+    Max(Vec<Expr>),
+    Min(Vec<Expr>),
+    /// A bare number that is not a named quantity (a count of 1, a percentage's 100).
+    Num(u128),
+}
+
+impl Expr {
+    pub fn var(sym: Sym, value: impl Into<u128>) -> Expr {
+        Expr::Var(sym, value.into())
+    }
+    pub fn konst(name: &'static str, value: impl Into<u128>) -> Expr {
+        Expr::Const(name, value.into())
+    }
+    pub fn num(value: impl Into<u128>) -> Expr {
+        Expr::Num(value.into())
+    }
+    pub fn zero() -> Expr {
+        Expr::Num(0)
+    }
+    pub fn prod(factors: impl IntoIterator<Item = Expr>) -> Expr {
+        let v: Vec<Expr> = factors.into_iter().collect();
+        if v.len() == 1 {
+            v.into_iter().next().unwrap_or(Expr::Num(1))
+        } else {
+            Expr::Prod(v)
+        }
+    }
+    pub fn sum(terms: impl IntoIterator<Item = Expr>) -> Expr {
+        let v: Vec<Expr> = terms.into_iter().collect();
+        match v.len() {
+            0 => Expr::Num(0),
+            1 => v.into_iter().next().unwrap_or(Expr::Num(0)),
+            _ => Expr::Sum(v),
+        }
+    }
+    pub fn ceil_div(self, by: Expr) -> Expr {
+        Expr::CeilDiv(Box::new(self), Box::new(by))
+    }
+    pub fn floor_div(self, by: Expr) -> Expr {
+        Expr::FloorDiv(Box::new(self), Box::new(by))
+    }
+    pub fn times(self, other: Expr) -> Expr {
+        match self {
+            Expr::Prod(mut v) => {
+                v.push(other);
+                Expr::Prod(v)
+            }
+            e => Expr::Prod(vec![e, other]),
+        }
+    }
+    pub fn plus(self, other: Expr) -> Expr {
+        match self {
+            Expr::Sum(mut v) => {
+                v.push(other);
+                Expr::Sum(v)
+            }
+            e => Expr::Sum(vec![e, other]),
+        }
+    }
+    /// Divides by `by` rounding up, but writes nothing when `by` is the number 1 — so a
+    /// single-GPU formula reads `Ψ × b` rather than `⌈Ψ × b / 1⌉`.
+    pub fn shard(self, by: Expr) -> Expr {
+        if by.eval() == 1 && matches!(by, Expr::Num(_)) {
+            self
+        } else {
+            self.ceil_div(by)
+        }
+    }
+
+    /// The value, saturating at `u128::MAX`; division by zero gives zero (never reached from a
+    /// validated configuration, and never a panic).
+    pub fn eval(&self) -> u128 {
+        match self {
+            Expr::Var(_, v) | Expr::Const(_, v) | Expr::Num(v) => *v,
+            Expr::Sum(v) => v.iter().fold(0u128, |a, e| a.saturating_add(e.eval())),
+            Expr::Prod(v) => v.iter().fold(1u128, |a, e| a.saturating_mul(e.eval())),
+            Expr::CeilDiv(a, b) => {
+                let (a, b) = (a.eval(), b.eval());
+                if b == 0 {
+                    0
+                } else {
+                    a.div_ceil(b)
+                }
+            }
+            Expr::FloorDiv(a, b) => {
+                let (a, b) = (a.eval(), b.eval());
+                a.checked_div(b).unwrap_or(0)
+            }
+            Expr::Max(v) => v.iter().map(Expr::eval).max().unwrap_or(0),
+            Expr::Min(v) => v.iter().map(Expr::eval).min().unwrap_or(0),
+        }
+    }
+
+    /// The formula in symbols, plain text: `⌈Ψ_T / N_d⌉ × b_g`.
+    pub fn symbolic(&self) -> String {
+        let mut s = String::new();
+        self.write_text(&mut s, false, Prec::Top);
+        s
+    }
+
+    /// The same formula with this configuration's numbers: `⌈8,030,261,248 / 8⌉ × 2`.
+    pub fn substituted(&self) -> String {
+        let mut s = String::new();
+        self.write_text(&mut s, true, Prec::Top);
+        s
+    }
+
+    /// The symbols used, in order of first appearance, each once (the formula's legend).
+    pub fn symbols(&self) -> Vec<(Sym, u128)> {
+        let mut out: Vec<(Sym, u128)> = Vec::new();
+        self.collect_symbols(&mut out);
+        out
+    }
+
+    fn collect_symbols(&self, out: &mut Vec<(Sym, u128)>) {
+        match self {
+            Expr::Var(s, v) => {
+                if !out.iter().any(|(o, _)| o == s) {
+                    out.push((*s, *v));
+                }
+            }
+            Expr::Sum(v) | Expr::Prod(v) | Expr::Max(v) | Expr::Min(v) => {
+                v.iter().for_each(|e| e.collect_symbols(out))
+            }
+            Expr::CeilDiv(a, b) | Expr::FloorDiv(a, b) => {
+                a.collect_symbols(out);
+                b.collect_symbols(out);
+            }
+            Expr::Const(..) | Expr::Num(_) => {}
+        }
+    }
+
+    fn write_text(&self, s: &mut String, numbers: bool, outer: Prec) {
+        match self {
+            Expr::Var(sym, v) => {
+                if numbers {
+                    s.push_str(&group_digits(*v))
+                } else {
+                    s.push_str(&sym.text())
+                }
+            }
+            Expr::Const(_, v) | Expr::Num(v) => s.push_str(&group_digits(*v)),
+            Expr::Sum(v) => {
+                let paren = outer > Prec::Sum;
+                if paren {
+                    s.push('(');
+                }
+                for (i, e) in v.iter().enumerate() {
+                    if i > 0 {
+                        s.push_str(" + ");
+                    }
+                    e.write_text(s, numbers, Prec::Sum);
+                }
+                if paren {
+                    s.push(')');
+                }
+            }
+            Expr::Prod(v) => {
+                let paren = outer > Prec::Prod;
+                if paren {
+                    s.push('(');
+                }
+                for (i, e) in v.iter().enumerate() {
+                    if i > 0 {
+                        s.push_str(" × ");
+                    }
+                    e.write_text(s, numbers, Prec::Prod);
+                }
+                if paren {
+                    s.push(')');
+                }
+            }
+            Expr::CeilDiv(a, b) => {
+                s.push('⌈');
+                a.write_text(s, numbers, Prec::Prod);
+                s.push_str(" / ");
+                b.write_text(s, numbers, Prec::Atom);
+                s.push('⌉');
+            }
+            Expr::FloorDiv(a, b) => {
+                let paren = outer > Prec::Prod;
+                if paren {
+                    s.push('(');
+                }
+                a.write_text(s, numbers, Prec::Prod);
+                s.push_str(" / ");
+                b.write_text(s, numbers, Prec::Atom);
+                if paren {
+                    s.push(')');
+                }
+            }
+            Expr::Max(v) | Expr::Min(v) => {
+                s.push_str(if matches!(self, Expr::Max(_)) { "max(" } else { "min(" });
+                for (i, e) in v.iter().enumerate() {
+                    if i > 0 {
+                        s.push_str(", ");
+                    }
+                    e.write_text(s, numbers, Prec::Top);
+                }
+                s.push(')');
+            }
+        }
+    }
+
+    /// Presentation MathML (the `<math>` element's content) of the formula, in symbols or with
+    /// numbers. Only symbols and digits of our own go in; every text is escaped all the same.
+    pub fn mathml(&self, numbers: bool) -> String {
+        let mut s = String::new();
+        self.write_mathml(&mut s, numbers, Prec::Top);
+        s
+    }
+
+    fn write_mathml(&self, s: &mut String, numbers: bool, outer: Prec) {
+        match self {
+            Expr::Var(sym, v) => {
+                if numbers {
+                    let _ = write!(s, "<mn>{}</mn>", group_digits(*v));
+                } else if sym.sub.is_empty() {
+                    let _ = write!(s, "<mi>{}</mi>", escape(sym.base));
+                } else {
+                    let _ = write!(
+                        s,
+                        "<msub><mi>{}</mi><mtext>{}</mtext></msub>",
+                        escape(sym.base),
+                        escape(sym.sub)
+                    );
+                }
+            }
+            Expr::Const(_, v) | Expr::Num(v) => {
+                let _ = write!(s, "<mn>{}</mn>", group_digits(*v));
+            }
+            Expr::Sum(v) | Expr::Prod(v) => {
+                let (op, prec) = if matches!(self, Expr::Sum(_)) {
+                    ("+", Prec::Sum)
+                } else {
+                    ("×", Prec::Prod)
+                };
+                let paren = outer > prec;
+                s.push_str("<mrow>");
+                if paren {
+                    s.push_str("<mo>(</mo>");
+                }
+                for (i, e) in v.iter().enumerate() {
+                    if i > 0 {
+                        let _ = write!(s, "<mo>{op}</mo>");
+                    }
+                    e.write_mathml(s, numbers, prec);
+                }
+                if paren {
+                    s.push_str("<mo>)</mo>");
+                }
+                s.push_str("</mrow>");
+            }
+            Expr::CeilDiv(a, b) => {
+                s.push_str("<mrow><mo>⌈</mo><mfrac><mrow>");
+                a.write_mathml(s, numbers, Prec::Top);
+                s.push_str("</mrow><mrow>");
+                b.write_mathml(s, numbers, Prec::Top);
+                s.push_str("</mrow></mfrac><mo>⌉</mo></mrow>");
+            }
+            Expr::FloorDiv(a, b) => {
+                s.push_str("<mfrac><mrow>");
+                a.write_mathml(s, numbers, Prec::Top);
+                s.push_str("</mrow><mrow>");
+                b.write_mathml(s, numbers, Prec::Top);
+                s.push_str("</mrow></mfrac>");
+            }
+            Expr::Max(v) | Expr::Min(v) => {
+                let name = if matches!(self, Expr::Max(_)) { "max" } else { "min" };
+                let _ = write!(s, "<mrow><mi>{name}</mi><mo>(</mo>");
+                for (i, e) in v.iter().enumerate() {
+                    if i > 0 {
+                        s.push_str("<mo>,</mo>");
+                    }
+                    e.write_mathml(s, numbers, Prec::Top);
+                }
+                s.push_str("<mo>)</mo></mrow>");
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Prec {
+    Top,
+    Sum,
+    Prod,
+    Atom,
+}
+
+/// `8030261248` → `8,030,261,248`.
+pub fn group_digits(v: u128) -> String {
+    let digits = v.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Escapes the five XML-significant characters.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PSI: Sym = Sym::new("Ψ", "", "parameters");
+    const N: Sym = Sym::new("N", "d", "data-parallel ranks");
+
+    #[test]
+    fn a_sharded_product_evaluates_with_ceiling_division() {
+        // (4 + 12) × ⌈7 / 2⌉ = 16 × 4 = 64: each of two ranks holds 4 of the 7 elements.
+        let e = Expr::sum([Expr::num(4u8), Expr::konst("K", 12u8)])
+            .times(Expr::var(PSI, 7u8).ceil_div(Expr::var(N, 2u8)));
+        assert_eq!(e.eval(), 64);
+        assert_eq!(e.symbolic(), "(4 + 12) × ⌈Ψ / N_d⌉");
+        assert_eq!(e.substituted(), "(4 + 12) × ⌈7 / 2⌉");
+    }
+
+    #[test]
+    fn digits_are_grouped_in_thousands() {
+        assert_eq!(group_digits(0), "0");
+        assert_eq!(group_digits(999), "999");
+        assert_eq!(group_digits(1000), "1,000");
+        assert_eq!(group_digits(8_030_261_248), "8,030,261,248");
+    }
+
+    #[test]
+    fn arithmetic_saturates_instead_of_overflowing() {
+        let e = Expr::prod([Expr::num(u128::MAX), Expr::num(2u8)]);
+        assert_eq!(e.eval(), u128::MAX);
+        assert_eq!(Expr::num(5u8).ceil_div(Expr::num(0u8)).eval(), 0);
+    }
+
+    #[test]
+    fn sharding_by_the_number_one_writes_nothing() {
+        let e = Expr::var(PSI, 10u8).shard(Expr::num(1u8));
+        assert_eq!(e.symbolic(), "Ψ");
+        let e = Expr::var(PSI, 10u8).shard(Expr::var(N, 1u8));
+        assert_eq!(e.symbolic(), "⌈Ψ / N_d⌉");
+    }
+
+    #[test]
+    fn mathml_uses_subscripts_and_escapes_text() {
+        let e = Expr::var(Sym::new("b", "<g>", "x"), 2u8);
+        assert_eq!(e.mathml(false), "<msub><mi>b</mi><mtext>&lt;g&gt;</mtext></msub>");
+        assert_eq!(e.mathml(true), "<mn>2</mn>");
+    }
+
+    #[test]
+    fn symbols_are_listed_once_in_order_of_appearance() {
+        let e = Expr::prod([Expr::var(PSI, 3u8), Expr::var(N, 2u8), Expr::var(PSI, 3u8)]);
+        let names: Vec<&str> = e.symbols().iter().map(|(s, _)| s.base).collect();
+        assert_eq!(names, ["Ψ", "N"]);
+    }
+}

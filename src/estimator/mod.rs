@@ -1,0 +1,348 @@
+//! The estimator core: from a [`Config`] to an [`Estimate`] — every byte one GPU holds during a
+//! training step, as a ledger of rows that each carry their formula and source.
+//!
+//! Pure Rust: no web API, no I/O. The web app, the charts and the CLI all read this one ledger.
+
+pub mod config;
+pub mod expr;
+pub mod gpu;
+pub mod hf;
+pub mod ledger;
+pub mod model;
+pub mod optimizer;
+pub mod overhead;
+pub mod params;
+pub mod precision;
+pub mod presets;
+pub mod statics;
+pub mod units;
+
+use config::{Config, Finetune, Offload, Zero};
+use ledger::{Bytes, Category, Row, Summary};
+use model::{ModelError, Part};
+use params::{local_groups, stages, Role, Stage};
+use precision::{recipe, Recipe};
+use serde::Serialize;
+
+/// Why a configuration cannot be estimated; always names the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EstimateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("`{key}` {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+impl EstimateError {
+    /// The configuration key at fault.
+    pub fn key(&self) -> &'static str {
+        match self {
+            EstimateError::Model(ModelError::Zero(k)) => k,
+            EstimateError::Model(ModelError::Invalid { key, .. }) => key,
+            EstimateError::Invalid { key, .. } => key,
+        }
+    }
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> EstimateError {
+    EstimateError::Invalid { key, reason: reason.into() }
+}
+
+/// Checks that the parts of a configuration fit together.
+pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
+    cfg.arch.validate()?;
+    for (key, v) in [("batch", cfg.batch), ("seq", cfg.seq), ("accum", cfg.accum), ("gpus", cfg.gpus), ("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("ep", cfg.ep), ("vpp", cfg.vpp), ("shard_group", cfg.shard_group)] {
+        if v == 0 {
+            return Err(invalid(key, "must be at least 1"));
+        }
+    }
+    let limits = [("batch", cfg.batch, 1 << 20), ("seq", cfg.seq, 1 << 24), ("accum", cfg.accum, 1 << 20), ("gpus", cfg.gpus, 1 << 20), ("lora_rank", cfg.lora_rank, 1 << 16), ("cuda_ctx_mib", cfg.cuda_ctx_mib, 1 << 20), ("frag_pct", cfg.frag_pct, 1000), ("prefetch_layers", cfg.prefetch_layers, 1 << 10)];
+    for (key, v, max) in limits {
+        if v > max {
+            return Err(invalid(key, format!("{v} is beyond the supported {max}")));
+        }
+    }
+    if cfg.nccl_mib.is_some_and(|m| m > 1 << 20) {
+        return Err(invalid("nccl_mib", "is beyond the supported 1048576"));
+    }
+    let mp = cfg.tp.saturating_mul(cfg.pp).saturating_mul(cfg.cp);
+    if cfg.gpus % mp != 0 {
+        return Err(invalid("gpus", format!("{} GPUs do not divide into tp × pp × cp = {mp}", cfg.gpus)));
+    }
+    let dp = cfg.dp();
+    if cfg.heads_per_tp_invalid() {
+        return Err(invalid("tp", format!("{} attention heads do not split over {} GPUs", cfg.arch.heads, cfg.tp)));
+    }
+    if cfg.pp > cfg.arch.layers {
+        return Err(invalid("pp", format!("{} pipeline stages exceed the {} layers", cfg.pp, cfg.arch.layers)));
+    }
+    if cfg.ep > 1 {
+        if cfg.arch.experts == 0 {
+            return Err(invalid("ep", "expert parallelism needs a mixture-of-experts model"));
+        }
+        if cfg.arch.experts % cfg.ep != 0 {
+            return Err(invalid("ep", format!("{} experts do not split over {} GPUs", cfg.arch.experts, cfg.ep)));
+        }
+        if dp % cfg.ep != 0 {
+            return Err(invalid("ep", format!("the data-parallel degree {dp} is not a multiple of ep = {}", cfg.ep)));
+        }
+    }
+    if cfg.cp > cfg.seq {
+        return Err(invalid("cp", format!("{} context-parallel GPUs exceed the {} tokens", cfg.cp, cfg.seq)));
+    }
+    if !(cfg.dropout.is_finite() && (0.0..1.0).contains(&cfg.dropout)) {
+        return Err(invalid("dropout", "must be a probability in [0, 1)"));
+    }
+    if cfg.finetune != Finetune::Full && cfg.lora_rank == 0 {
+        return Err(invalid("lora_rank", "must be at least 1 for LoRA"));
+    }
+    if cfg.finetune != Finetune::Full && cfg.lora_targets.0 == 0 {
+        return Err(invalid("lora_targets", "names no module"));
+    }
+    if cfg.offload == Offload::OptimizerParams && cfg.zero.stage() < 3 {
+        return Err(invalid("offload", "offloading parameters needs zero=3 (or FSDP full/hybrid sharding)"));
+    }
+    if cfg.gpu != "custom" && gpu::gpu(&cfg.gpu).is_none() {
+        return Err(invalid("gpu", format!("unknown GPU '{}'", cfg.gpu)));
+    }
+    if cfg.gpu == "custom" && gpu::custom_bytes(cfg.gpu_gib) == 0 {
+        return Err(invalid("gpu_gib", "must be a positive number of GiB"));
+    }
+    if cfg.vpp > 1 && (cfg.pp == 1 || cfg.arch.layers % (cfg.pp * cfg.vpp) != 0) {
+        return Err(invalid("vpp", format!("interleaving needs pp > 1 and layers divisible by pp × vpp = {}", cfg.pp * cfg.vpp)));
+    }
+    if cfg.zero == Zero::HybridShard && dp % cfg.shard_group.min(dp) != 0 {
+        return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
+    }
+    Ok(())
+}
+
+impl Config {
+    fn heads_per_tp_invalid(&self) -> bool {
+        self.tp > 1 && self.arch.heads % self.tp != 0
+    }
+}
+
+/// How the cluster is cut.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Layout {
+    pub gpus: u64,
+    pub dp: u64,
+    pub tp: u64,
+    pub pp: u64,
+    pub cp: u64,
+    pub ep: u64,
+    /// GPUs one ZeRO/FSDP shard spans.
+    pub shard: u64,
+    /// The stage the ledger describes (the most loaded one).
+    pub stage: Stage,
+    /// Decoder layers on that stage.
+    pub stage_layers: u64,
+    /// Tokens per optimizer step over the whole job: batch × seq × accum × dp.
+    pub tokens_per_step: u128,
+}
+
+/// The result for one configuration, per GPU (the most loaded one).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub model: String,
+    pub parameter_count: u64,
+    pub trainable_parameter_count: u64,
+    /// Parameters a token uses (MoE: routed experts counted top_k times).
+    pub active_parameter_count: u64,
+    pub parameter_tensors: u64,
+    pub breakdown: Vec<(Part, u64)>,
+    pub layout: Layout,
+    /// The ledger of one GPU.
+    pub components: Vec<Row>,
+    /// What lives in host memory per GPU process (offload, CPU-side optimizer counters).
+    pub host: Vec<Row>,
+    pub memory: Memory,
+    /// GPU capacity the verdict compares with.
+    pub capacity: Bytes,
+    pub warnings: Vec<String>,
+}
+
+/// Per-GPU bytes by category (`memory` in the CLI's JSON).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Memory {
+    pub parameters: Bytes,
+    pub gradients: Bytes,
+    pub optimizer_states: Bytes,
+    pub activations: Bytes,
+    pub transient: Bytes,
+    pub framework_overhead: Bytes,
+    /// Sum of every ledger row.
+    pub total: Bytes,
+    /// Host memory per GPU process.
+    pub host: Bytes,
+}
+
+impl Estimate {
+    /// Headroom on the GPU (negative: bytes missing).
+    pub fn headroom(&self) -> i128 {
+        clamp_i128(self.capacity) - clamp_i128(self.memory.total)
+    }
+    pub fn fits(&self) -> bool {
+        self.memory.total <= self.capacity
+    }
+    /// The whole job's GPU memory if every GPU held as much as the most loaded one.
+    pub fn cluster_total(&self) -> Bytes {
+        self.memory.total.saturating_mul(self.layout.gpus as u128)
+    }
+    pub fn row(&self, id: &str) -> Option<&Row> {
+        self.components.iter().find(|r| r.id == id)
+    }
+}
+
+fn clamp_i128(b: Bytes) -> i128 {
+    i128::try_from(b).unwrap_or(i128::MAX)
+}
+
+/// Capacity of the configured GPU.
+pub fn capacity(cfg: &Config) -> Bytes {
+    if cfg.gpu == "custom" {
+        gpu::custom_bytes(cfg.gpu_gib)
+    } else {
+        gpu::gpu(&cfg.gpu).map_or(0, |g| g.bytes())
+    }
+}
+
+/// Estimates one stage's ledger.
+fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> (Vec<Row>, Vec<Row>, u64, u64) {
+    let groups = local_groups(cfg, stage);
+    let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
+    rows.extend(overhead::gathered_layer_bytes(cfg, recipe, &groups));
+    let sh = statics::Sharding::of(cfg);
+    rows.extend(optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1)).filter(|_| cfg.offload == Offload::None));
+    let allocated: Bytes = rows.iter().map(|r| r.bytes).sum();
+    rows.push(overhead::cuda_context_bytes(cfg));
+    rows.extend(overhead::nccl_buffer_bytes(cfg));
+    rows.push(overhead::fragmentation_bytes(cfg, allocated));
+    let trainable = params::elements(&groups, |g| g.role == Role::Trainable);
+    let tensors = params::tensor_count(&groups, |_| true);
+    (rows, host, trainable, tensors)
+}
+
+/// The ledger of the most loaded GPU for `cfg`.
+pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
+    validate(cfg)?;
+    let recipe = recipe(cfg.precision);
+    let counts = cfg.arch.counts();
+    let mut best: Option<(Stage, Vec<Row>, Vec<Row>)> = None;
+    for &stage in stages(cfg.pp) {
+        let (rows, host, _, _) = stage_ledger(cfg, &recipe, stage);
+        let total: Bytes = rows.iter().map(|r| r.bytes).sum();
+        if best.as_ref().is_none_or(|(_, b, _)| total > b.iter().map(|r| r.bytes).sum()) {
+            best = Some((stage, rows, host));
+        }
+    }
+    let (stage, components, host) = best.unwrap_or((Stage::Whole, Vec::new(), Vec::new()));
+    let whole = Config { tp: 1, pp: 1, ep: 1, cp: 1, gpus: 1, ..cfg.clone() };
+    let trainable = params::elements(&local_groups(&whole, Stage::Whole), |g| g.role == Role::Trainable);
+    let s = Summary::of(&components);
+    let memory = Memory {
+        parameters: s.parameters,
+        gradients: s.gradients,
+        optimizer_states: s.optimizer_states,
+        activations: s.activations,
+        transient: s.transient,
+        framework_overhead: s.framework_overhead,
+        total: s.total,
+        host: host.iter().map(|r| r.bytes).sum(),
+    };
+    let dp = cfg.dp();
+    let layout = Layout {
+        gpus: cfg.gpus,
+        dp,
+        tp: cfg.tp,
+        pp: cfg.pp,
+        cp: cfg.cp,
+        ep: cfg.ep,
+        shard: statics::Sharding::of(cfg).n,
+        stage,
+        stage_layers: params::stage_layers(cfg.arch.layers, cfg.pp),
+        tokens_per_step: cfg.batch as u128 * cfg.seq as u128 * cfg.accum as u128 * dp as u128,
+    };
+    let mut warnings = Vec::new();
+    if cfg.sp && cfg.tp == 1 {
+        warnings.push("sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string());
+    }
+    if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
+        warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));
+    }
+    Ok(Estimate {
+        model: cfg.display_name(),
+        parameter_count: counts.total,
+        trainable_parameter_count: trainable,
+        active_parameter_count: counts.active,
+        parameter_tensors: counts.tensors,
+        breakdown: counts.by_part,
+        layout,
+        components,
+        host,
+        memory,
+        capacity: capacity(cfg),
+        warnings,
+    })
+}
+
+/// Every row of the ledger, depth first (parents before their children).
+pub fn flatten(rows: &[Row]) -> Vec<&Row> {
+    let mut out = Vec::new();
+    fn walk<'a>(rows: &'a [Row], out: &mut Vec<&'a Row>) {
+        for r in rows {
+            out.push(r);
+            walk(&r.children, out);
+        }
+    }
+    walk(rows, &mut out);
+    out
+}
+
+/// The category totals (for charts).
+pub fn by_category(e: &Estimate) -> Vec<(Category, Bytes)> {
+    let s = Summary::of(&e.components);
+    Category::ALL.iter().map(|&c| (c, s.get(c))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use config::{Precision, Zero};
+
+    #[test]
+    fn the_default_estimate_adds_up_to_its_rows() {
+        let e = estimate(&Config::default()).expect("default config is valid");
+        let sum: Bytes = e.components.iter().map(|r| r.bytes).sum();
+        assert_eq!(e.memory.total, sum);
+        assert_eq!(e.parameter_count, 8_030_261_248);
+        assert_eq!(e.trainable_parameter_count, 8_030_261_248);
+    }
+
+    #[test]
+    fn every_row_equals_its_formula() {
+        let cfg = Config { gpus: 8, zero: Zero::Z3, ..Config::default() };
+        let e = estimate(&cfg).expect("valid");
+        for r in flatten(&e.components) {
+            assert_eq!(r.bytes, r.expr.eval(), "{}", r.id);
+        }
+    }
+
+    #[test]
+    fn inconsistent_parallelism_names_the_key() {
+        let err = estimate(&Config { gpus: 6, tp: 4, ..Config::default() }).err();
+        assert_eq!(err.map(|e| e.key()), Some("gpus"));
+        let err = estimate(&Config { ep: 2, gpus: 2, ..Config::default() }).err();
+        assert_eq!(err.map(|e| e.key()), Some("ep"));
+        let err = estimate(&Config { offload: Offload::OptimizerParams, ..Config::default() }).err();
+        assert_eq!(err.map(|e| e.key()), Some("offload"));
+    }
+
+    #[test]
+    fn llama_3_1_8b_mixed_bf16_adamw_needs_16_bytes_per_parameter_of_model_states() {
+        let e = estimate(&Config { precision: Precision::MixedBf16, ..Config::default() }).expect("valid");
+        let states = e.memory.parameters + e.memory.gradients + e.memory.optimizer_states;
+        assert_eq!(states, 16 * 8_030_261_248);
+    }
+}

@@ -1,0 +1,304 @@
+//! Optimizer states: what each optimizer keeps per trainable parameter, and its step's
+//! temporaries.
+
+use super::config::{OptimImpl, Optimizer};
+use super::expr::{Expr, Sym};
+use super::ledger::{Category, Row};
+use super::model::Part;
+use super::params::{LocalGroup, Role};
+use super::precision::{Recipe, FP32_BYTES};
+
+/// Adam and AdamW keep two moments per parameter: `exp_avg` (m) and `exp_avg_sq` (v)
+/// (Kingma & Ba 2015; torch/optim/adamw.py).
+pub const ADAM_STATES: u64 = 2;
+/// SGD with momentum keeps one `momentum_buffer` (torch/optim/sgd.py).
+pub const MOMENTUM_STATES: u64 = 1;
+/// Lion keeps one `exp_avg` (Chen et al. 2023, Algorithm 2).
+pub const LION_STATES: u64 = 1;
+/// Muon keeps one momentum buffer per hidden matrix (Jordan et al. 2024).
+pub const MUON_STATES: u64 = 1;
+/// bitsandbytes quantizes 8-bit optimizer states in blocks of 256 elements, one fp32 absmax
+/// per block (bitsandbytes/optim/optimizer.py, `Optimizer2State.init_state`).
+pub const ADAM8BIT_BLOCK: u64 = 256;
+/// bitsandbytes keeps tensors smaller than `min_8bit_size = 4096` elements in 32-bit states.
+pub const ADAM8BIT_MIN_SIZE: u64 = 4096;
+/// One byte per 8-bit state element.
+pub const ADAM8BIT_STATE_BYTES: u64 = 1;
+/// PyTorch's optimizers keep `step` as a 0-dim fp32 tensor per parameter tensor
+/// (`_get_scalar_dtype()`), on the CPU unless `fused` or `capturable`.
+pub const STEP_BYTES: u64 = FP32_BYTES;
+/// The CUDA caching allocator rounds every allocation up to 512 bytes (`kMinBlockSize`,
+/// c10/cuda/CUDACachingAllocator.cpp), so a 4-byte `step` on the GPU takes 512.
+pub const ALLOCATOR_MIN_BLOCK: u64 = 512;
+/// `_multi_tensor_adamw` allocates `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`: one
+/// temporary as large as a moment for every parameter at once (torch/optim/adamw.py).
+pub const FOREACH_ADAM_TEMPORARIES: u64 = 1;
+
+const PSI_T: Sym = Sym::new("Ψ", "T", "trainable parameters on this GPU");
+const PSI_E: Sym = Sym::new("Ψ", "E", "trainable routed-expert parameters on this GPU");
+const PSI_8: Sym = Sym::new("Ψ", "8", "elements of tensors of ≥ 4,096 (8-bit states)");
+const PSI_S: Sym = Sym::new("Ψ", "small", "elements of tensors under 4,096 (32-bit states)");
+const N_BLK: Sym = Sym::new("n", "blk", "256-element blocks, summed per tensor");
+const S_F: Sym = Sym::new("S", "fact", "factored second-moment elements: rows + cols per matrix, size per vector");
+const PSI_M: Sym = Sym::new("Ψ", "mat", "hidden-layer matrix elements (Muon)");
+const PSI_A: Sym = Sym::new("Ψ", "adam", "embedding, head and vector elements (AdamW)");
+const B_S: Sym = Sym::new("b", "s", "bytes per optimizer-state element");
+const N_T: Sym = Sym::new("n", "T", "trainable parameter tensors");
+
+/// The divisors of ZeRO sharding for one role: dense tensors shard over `dense`, routed
+/// experts over `expert` (the expert-data-parallel group).
+#[derive(Clone, Debug)]
+pub struct Shards {
+    pub dense: Expr,
+    pub expert: Expr,
+}
+
+impl Shards {
+    pub fn none() -> Shards {
+        Shards { dense: Expr::num(1u8), expert: Expr::num(1u8) }
+    }
+    fn same(&self) -> bool {
+        self.dense.eval() == self.expert.eval()
+    }
+}
+
+/// `⌈Ψ / N⌉` over the trainable groups matching `pred`, split into a dense and an expert pool
+/// when they shard differently.
+pub fn sharded_elements(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool, sym: Sym, shards: &Shards) -> Expr {
+    let t = |g: &&LocalGroup| g.role == Role::Trainable && pred(g);
+    let dense: u64 = groups.iter().filter(t).filter(|g| !g.expert || shards.same()).map(|g| g.group.total()).sum();
+    let expert: u64 = groups.iter().filter(t).filter(|g| g.expert && !shards.same()).map(|g| g.group.total()).sum();
+    let mut terms = vec![Expr::var(sym, dense).shard(shards.dense.clone())];
+    if expert > 0 {
+        terms.push(Expr::var(PSI_E, expert).shard(shards.expert.clone()));
+    }
+    Expr::sum(terms)
+}
+
+fn is_hidden_matrix(g: &LocalGroup) -> bool {
+    g.group.matrix_dims().is_some()
+        && !matches!(g.group.part, Part::Embedding | Part::PositionEmbedding | Part::LmHead | Part::Projection)
+}
+
+/// Optimizer-state bytes on this GPU.
+///
+/// | optimizer | state elements per trainable parameter | source |
+/// |---|---|---|
+/// | SGD | 0 | torch/optim/sgd.py |
+/// | momentum | 1 | torch/optim/sgd.py |
+/// | AdamW | 2 (m, v) | torch/optim/adamw.py |
+/// | Adafactor | rows + cols per matrix, n per vector | Shazeer & Stern 2018, §3 |
+/// | Lion | 1 | Chen et al. 2023 |
+/// | 8-bit Adam | 2 × 1 B + fp32 absmax per 256; fp32 below 4,096 elements | bitsandbytes |
+/// | Muon | 1 per hidden matrix element, 2 (AdamW) for the rest | Jordan et al. 2024 |
+///
+/// Dtype: the recipe's state type (the parameter's own dtype in plain PyTorch, fp32 beside a
+/// master copy), except 8-bit Adam's quantized states.
+pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalGroup], shards: &Shards) -> Row {
+    let b_s = Expr::var(B_S, recipe.state.bytes());
+    let all = |_: &LocalGroup| true;
+    let (expr, source): (Expr, &'static str) = match optim {
+        Optimizer::Sgd => (Expr::zero(), "torch/optim/sgd.py: plain SGD keeps no state"),
+        Optimizer::Momentum => (
+            Expr::prod([Expr::konst("MOMENTUM_STATES", MOMENTUM_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
+            "torch/optim/sgd.py: momentum_buffer",
+        ),
+        Optimizer::Adamw => (
+            Expr::prod([Expr::konst("ADAM_STATES", ADAM_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
+            "Kingma & Ba 2015; torch/optim/adamw.py: exp_avg, exp_avg_sq",
+        ),
+        Optimizer::Lion => (
+            Expr::prod([Expr::konst("LION_STATES", LION_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
+            "Chen et al. 2023, Symbolic Discovery of Optimization Algorithms: exp_avg",
+        ),
+        Optimizer::Adafactor => {
+            let factored: u64 = groups
+                .iter()
+                .filter(|g| g.role == Role::Trainable)
+                .map(|g| match g.group.matrix_dims() {
+                    Some((r, c, m)) => (r + c) * m * g.group.count,
+                    None => g.group.total(),
+                })
+                .sum();
+            (
+                Expr::prod([Expr::var(S_F, factored).shard(shards.dense.clone()), b_s]),
+                "Shazeer & Stern 2018 (Adafactor), §3: factored second moment; torch/optim/_adafactor.py (no first moment)",
+            )
+        }
+        Optimizer::Adam8bit => {
+            let big = |g: &LocalGroup| g.group.elements_per_tensor() >= ADAM8BIT_MIN_SIZE;
+            let small = |g: &LocalGroup| g.group.elements_per_tensor() < ADAM8BIT_MIN_SIZE;
+            let blocks: u64 = groups
+                .iter()
+                .filter(|g| g.role == Role::Trainable && big(g))
+                .map(|g| g.group.elements_per_tensor().div_ceil(ADAM8BIT_BLOCK) * g.group.tensor_count())
+                .sum();
+            let two = || Expr::konst("ADAM_STATES", ADAM_STATES);
+            let quantized = Expr::prod([
+                two(),
+                Expr::sum([
+                    Expr::prod([sharded_elements(groups, big, PSI_8, shards), Expr::konst("ADAM8BIT_STATE_BYTES", ADAM8BIT_STATE_BYTES)]),
+                    Expr::prod([Expr::var(N_BLK, blocks).shard(shards.dense.clone()), Expr::konst("FP32_BYTES", FP32_BYTES)]),
+                ]),
+            ]);
+            let full = Expr::prod([two(), sharded_elements(groups, small, PSI_S, shards), Expr::konst("FP32_BYTES", FP32_BYTES)]);
+            (Expr::sum([quantized, full]), "Dettmers et al. 2022 (8-bit Optimizers via Block-wise Quantization); bitsandbytes/optim/optimizer.py")
+        }
+        Optimizer::Muon => {
+            let muon = Expr::prod([Expr::konst("MUON_STATES", MUON_STATES), sharded_elements(groups, is_hidden_matrix, PSI_M, shards), b_s.clone()]);
+            let adam = Expr::prod([
+                Expr::konst("ADAM_STATES", ADAM_STATES),
+                sharded_elements(groups, |g| !is_hidden_matrix(g), PSI_A, shards),
+                b_s,
+            ]);
+            (Expr::sum([muon, adam]), "Jordan et al. 2024 (Muon): momentum for hidden matrices, AdamW for embeddings, head and vectors")
+        }
+    };
+    let note = match optim {
+        Optimizer::Adam8bit => "states 8-bit (uint8) in blocks of 256 with an fp32 absmax each; tensors under 4,096 elements keep fp32 states".to_string(),
+        _ => format!("states in {} ({})", recipe.state.name(), if recipe.master.is_some() { "beside the fp32 master copy" } else { "the parameters' own dtype, as torch.optim keeps them" }),
+    };
+    Row::new("optimizer_states", "Optimizer states", Category::OptimizerStates, expr, source).note(note)
+}
+
+/// Bytes of the `step` counters PyTorch's optimizers keep per parameter tensor, and whether they
+/// live on the GPU: only `fused` puts them there (torch/optim/adamw.py, `_init_group`).
+pub fn step_counter_bytes(optim: Optimizer, imp: OptimImpl, trainable_tensors: u64) -> Option<(Expr, bool)> {
+    let has_step_tensor = matches!(optim, Optimizer::Adamw | Optimizer::Adafactor);
+    if !has_step_tensor || trainable_tensors == 0 {
+        return None;
+    }
+    let n = Expr::var(N_T, trainable_tensors);
+    Some(match imp {
+        OptimImpl::Fused => (Expr::prod([n, Expr::konst("ALLOCATOR_MIN_BLOCK", ALLOCATOR_MIN_BLOCK)]), true),
+        _ => (Expr::prod([n, Expr::konst("STEP_BYTES", STEP_BYTES)]), false),
+    })
+}
+
+/// Largest single temporary of the optimizer step on this GPU.
+///
+/// - `foreach` AdamW: `torch._foreach_sqrt(exp_avg_sqs)` materializes one moment-sized copy of
+///   the whole group (torch/optim/adamw.py `_multi_tensor_adamw`).
+/// - `forloop`: the same, one tensor at a time (the largest tensor).
+/// - `fused`: none.
+/// - Muon: Newton–Schulz iterates on the largest matrix in bf16, X, A = XXᵀ, B = bA + cA²
+///   (Jordan et al. 2024, `zeropower_via_newtonschulz5`): ≈ 3 bf16 copies.
+pub fn step_temporary_bytes(optim: Optimizer, imp: OptimImpl, recipe: &Recipe, groups: &[LocalGroup], shards: &Shards) -> Option<Row> {
+    let b_s = Expr::var(B_S, recipe.state.bytes());
+    let largest = groups
+        .iter()
+        .filter(|g| g.role == Role::Trainable)
+        .map(|g| g.group.elements_per_tensor())
+        .max()
+        .unwrap_or(0);
+    let n_max = Sym::new("n", "max", "elements of the largest trainable tensor");
+    let (expr, source, label) = match (optim, imp) {
+        (Optimizer::Adamw, OptimImpl::Foreach) => (
+            Expr::prod([
+                Expr::konst("FOREACH_ADAM_TEMPORARIES", FOREACH_ADAM_TEMPORARIES),
+                sharded_elements(groups, |_| true, PSI_T, shards),
+                b_s,
+            ]),
+            "torch/optim/adamw.py, _multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(...)",
+            "AdamW step temporaries (foreach)",
+        ),
+        (Optimizer::Adamw, OptimImpl::Forloop) => (
+            Expr::prod([Expr::var(n_max, largest), b_s]),
+            "torch/optim/adamw.py, _single_tensor_adamw: one denominator per tensor",
+            "AdamW step temporary (for-loop)",
+        ),
+        (Optimizer::Muon, _) => {
+            let matrix = groups
+                .iter()
+                .filter(|g| g.role == Role::Trainable && is_hidden_matrix(g))
+                .map(|g| g.group.elements_per_tensor())
+                .max()
+                .unwrap_or(0);
+            (
+                Expr::prod([Expr::konst("NEWTON_SCHULZ_COPIES", 3u8), Expr::var(n_max, matrix), Expr::konst("BF16_BYTES", 2u8)]),
+                "Jordan et al. 2024, zeropower_via_newtonschulz5: X, A = XXᵀ, B in bf16",
+                "Muon Newton–Schulz temporaries",
+            )
+        }
+        _ => return None,
+    };
+    Some(Row::new("optimizer_step_temporaries", label, Category::Transient, expr, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Config, Precision};
+    use crate::estimator::params::{local_groups, Stage};
+    use crate::estimator::precision::recipe;
+
+    fn toy_groups() -> Vec<LocalGroup> {
+        // One 64×64 matrix (4,096 elements) and one 64-element vector.
+        use crate::estimator::model::{Split, TensorGroup};
+        let g = |shape: Vec<u64>, part| LocalGroup {
+            group: TensorGroup { name: "t", shape, count: 1, tensors_per_instance: 1, part, split: Split::Replicated, linear: None, per_layer: 1 },
+            role: Role::Trainable,
+            expert: false,
+            adapter: false,
+        };
+        vec![g(vec![64, 64], Part::Attention), g(vec![64], Part::Norms)]
+    }
+
+    #[test]
+    fn adamw_keeps_two_states_per_parameter_in_the_state_dtype() {
+        let r = recipe(Precision::Bf16);
+        let row = optimizer_state_bytes(Optimizer::Adamw, &r, &toy_groups(), &Shards::none());
+        // 2 × (4096 + 64) × 2 B = 16,640.
+        assert_eq!(row.bytes, 16_640);
+        assert_eq!(row.expr.symbolic(), "2 × Ψ_T × b_s");
+    }
+
+    #[test]
+    fn adafactor_factors_matrices_into_rows_plus_columns() {
+        let r = recipe(Precision::Fp32);
+        let row = optimizer_state_bytes(Optimizer::Adafactor, &r, &toy_groups(), &Shards::none());
+        // (64 + 64) + 64 = 192 elements × 4 B.
+        assert_eq!(row.bytes, 768);
+    }
+
+    #[test]
+    fn eight_bit_adam_quantizes_only_tensors_of_at_least_4096_elements() {
+        let r = recipe(Precision::Bf16);
+        let row = optimizer_state_bytes(Optimizer::Adam8bit, &r, &toy_groups(), &Shards::none());
+        // Matrix: 2 × (4096 × 1 B + 16 blocks × 4 B) = 8,320; vector: 2 × 64 × 4 B = 512.
+        assert_eq!(row.bytes, 8_832);
+    }
+
+    #[test]
+    fn muon_uses_momentum_for_matrices_and_adamw_for_vectors() {
+        let r = recipe(Precision::Fp32);
+        let row = optimizer_state_bytes(Optimizer::Muon, &r, &toy_groups(), &Shards::none());
+        // 4096 × 4 B + 2 × 64 × 4 B.
+        assert_eq!(row.bytes, 16_384 + 512);
+    }
+
+    #[test]
+    fn sgd_keeps_nothing_and_momentum_one_buffer() {
+        let r = recipe(Precision::Fp32);
+        assert_eq!(optimizer_state_bytes(Optimizer::Sgd, &r, &toy_groups(), &Shards::none()).bytes, 0);
+        assert_eq!(optimizer_state_bytes(Optimizer::Momentum, &r, &toy_groups(), &Shards::none()).bytes, 4160 * 4);
+    }
+
+    #[test]
+    fn sharding_divides_the_state_elements_rounding_up() {
+        let r = recipe(Precision::Fp32);
+        let shards = Shards { dense: Expr::num(3u8), expert: Expr::num(3u8) };
+        let row = optimizer_state_bytes(Optimizer::Adamw, &r, &toy_groups(), &shards);
+        // 2 × ⌈4160 / 3⌉ × 4 = 2 × 1387 × 4.
+        assert_eq!(row.bytes, 2 * 1387 * 4);
+    }
+
+    #[test]
+    fn fused_adamw_keeps_its_step_counters_on_the_gpu() {
+        let c = Config::default();
+        let g = local_groups(&c, Stage::Whole);
+        let n = crate::estimator::params::tensor_count(&g, |g| g.role == Role::Trainable);
+        assert_eq!(step_counter_bytes(Optimizer::Adamw, OptimImpl::Fused, n).map(|(e, dev)| (e.eval(), dev)), Some((291 * 512, true)));
+        assert_eq!(step_counter_bytes(Optimizer::Adamw, OptimImpl::Foreach, n).map(|(e, dev)| (e.eval(), dev)), Some((291 * 4, false)));
+    }
+}

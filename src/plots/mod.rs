@@ -1,0 +1,1 @@
+//! Charts, generic over plotters' `DrawingBackend`: data in, pixels out.
