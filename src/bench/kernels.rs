@@ -1,0 +1,149 @@
+//! The WGSL kernels (one per file, included here) and their compute pipelines.
+
+/// `S = Q·Kᵀ/√d` into a `[bh][s][s]` storage buffer.
+pub(crate) const SCORES_WGSL: &str = include_str!("scores.wgsl");
+/// Row softmax of `S`, in place.
+pub(crate) const SOFTMAX_WGSL: &str = include_str!("softmax.wgsl");
+/// `O = P·V`.
+pub(crate) const PV_WGSL: &str = include_str!("pv.wgsl");
+/// Fused attention with online softmax; never stores `S`.
+pub(crate) const FUSED_WGSL: &str = include_str!("fused.wgsl");
+/// `dst = src` (vec4), the bandwidth probe.
+pub(crate) const COPY_WGSL: &str = include_str!("copy.wgsl");
+
+/// Every kernel, by file name (for the validation tests).
+#[cfg(test)]
+pub(crate) const ALL: [(&str, &str); 5] = [
+    ("scores.wgsl", SCORES_WGSL),
+    ("softmax.wgsl", SOFTMAX_WGSL),
+    ("pv.wgsl", PV_WGSL),
+    ("fused.wgsl", FUSED_WGSL),
+    ("copy.wgsl", COPY_WGSL),
+];
+
+/// Workgroup tile of `scores.wgsl` and `pv.wgsl` (16 × 16 invocations).
+pub(crate) const TILE: u32 = 16;
+/// Workgroup size of `fused.wgsl` (one invocation per query row).
+pub(crate) const FUSED_WG: u32 = 64;
+/// Largest head dimension `fused.wgsl` supports (its private arrays and tiles are this wide).
+pub(crate) const MAX_HEAD_DIM: u32 = 128;
+/// Workgroup memory `fused.wgsl` declares: K and V tiles of 16 × 128 f32.
+pub(crate) const FUSED_WORKGROUP_BYTES: u32 = 2 * 16 * MAX_HEAD_DIM * 4;
+/// Workgroup size of `copy.wgsl`.
+pub(crate) const COPY_WG: u32 = 256;
+
+/// The uniform every attention kernel reads (binding 0), 16 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Params {
+    pub seq: u32,
+    pub head_dim: u32,
+    pub bh: u32,
+    pub scale: f32,
+}
+
+/// The compiled pipelines (bind group layouts are derived from the shaders).
+pub(crate) struct Kernels {
+    pub scores: wgpu::ComputePipeline,
+    pub softmax: wgpu::ComputePipeline,
+    pub pv: wgpu::ComputePipeline,
+    pub fused: wgpu::ComputePipeline,
+    pub copy: wgpu::ComputePipeline,
+}
+
+impl Kernels {
+    /// Compiles every kernel on `device`. Errors surface through the caller's error scope.
+    pub fn new(device: &wgpu::Device) -> Kernels {
+        let make = |label: &str, src: &str| {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        Kernels {
+            scores: make("scores.wgsl", SCORES_WGSL),
+            softmax: make("softmax.wgsl", SOFTMAX_WGSL),
+            pv: make("pv.wgsl", PV_WGSL),
+            fused: make("fused.wgsl", FUSED_WGSL),
+            copy: make("copy.wgsl", COPY_WGSL),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(name: &str, src: &str) -> Result<naga::valid::ModuleInfo, String> {
+        let module = naga::front::wgsl::parse_str(src)
+            .map_err(|e| format!("{name}: {}", e.emit_to_string(src)))?;
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::default(),
+        )
+        .validate(&module)
+        .map_err(|e| format!("{name}: {e:?}"))
+    }
+
+    #[test]
+    fn every_wgsl_kernel_parses_and_validates_with_naga() {
+        for (name, src) in ALL {
+            if let Err(e) = validate(name, src) {
+                panic!("{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_wgsl_file_opens_with_a_comment_naming_its_bindings_and_workgroup_size() {
+        for (name, src) in ALL {
+            let header: String = src
+                .lines()
+                .take_while(|l| l.starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                header.contains("Bindings"),
+                "{name} has no bindings comment"
+            );
+            assert!(
+                header.contains("Workgroup size"),
+                "{name} has no workgroup size comment"
+            );
+            let bindings = src.matches("@binding(").count();
+            for b in 0..bindings {
+                assert!(
+                    header.contains(&format!("  {b}  ")),
+                    "{name}'s header does not list binding {b}"
+                );
+            }
+            assert_eq!(
+                src.matches("@compute").count(),
+                1,
+                "{name} must hold exactly one kernel"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fused_kernel_fits_webgpus_minimum_workgroup_memory() {
+        assert!(FUSED_WORKGROUP_BYTES <= 16384);
+        assert!(
+            FUSED_WGSL.contains("array<f32, 2048>"),
+            "tile size and FUSED_WORKGROUP_BYTES disagree"
+        );
+    }
+
+    #[test]
+    fn the_params_uniform_is_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<Params>(), 16);
+    }
+}
