@@ -5,7 +5,7 @@
 use crate::config::{self, Config, ConfigError, Group, KEYS};
 use crate::estimator::hf::{self, HfError};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{estimate, flatten, presets, EstimateError, Estimate};
+use crate::estimator::{estimate, flatten, presets, Estimate, EstimateError};
 use serde::Serialize;
 use std::io::Write;
 
@@ -57,7 +57,12 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     let Some((cmd, rest)) = args.split_first() else {
         return Err(CliError::Usage("no command given".into()));
     };
-    let w = |out: &mut dyn Write, s: String| out.write_all(s.as_bytes()).map_err(|e| CliError::Io { path: "stdout".into(), err: e.to_string() });
+    let w = |out: &mut dyn Write, s: String| {
+        out.write_all(s.as_bytes()).map_err(|e| CliError::Io {
+            path: "stdout".into(),
+            err: e.to_string(),
+        })
+    };
     match cmd.as_str() {
         "estimate" => {
             let (cfg, json) = parse_estimate_args(rest)?;
@@ -94,7 +99,9 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
             continue;
         }
         let Some(key) = a.strip_prefix("--") else {
-            return Err(CliError::Usage(format!("unexpected argument '{a}' (options look like --KEY VALUE)")));
+            return Err(CliError::Usage(format!(
+                "unexpected argument '{a}' (options look like --KEY VALUE)"
+            )));
         };
         let (key, inline) = match key.split_once('=') {
             Some((k, v)) => (k.to_string(), Some(v.to_string())),
@@ -102,7 +109,10 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
         };
         let value = match inline {
             Some(v) => v,
-            None => it.next().cloned().ok_or_else(|| CliError::Usage(format!("--{key} needs a value")))?,
+            None => it
+                .next()
+                .cloned()
+                .ok_or_else(|| CliError::Usage(format!("--{key} needs a value")))?,
         };
         let key = key.replace('-', "_");
         if key == "hf_config" {
@@ -114,17 +124,28 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
     let mut cfg = Config::default();
     if let Some(path) = &hf_path {
         if pairs.iter().any(|(k, _)| k == "model") {
-            return Err(CliError::Usage("give either --model or --hf-config, not both".into()));
+            return Err(CliError::Usage(
+                "give either --model or --hf-config, not both".into(),
+            ));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| CliError::Io { path: path.clone(), err: e.to_string() })?;
-        let imported = hf::import_json(&text).map_err(|err| CliError::Hf { path: path.clone(), err })?;
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::Io {
+            path: path.clone(),
+            err: e.to_string(),
+        })?;
+        let imported = hf::import_json(&text).map_err(|err| CliError::Hf {
+            path: path.clone(),
+            err,
+        })?;
         config::apply_import(&mut cfg, &imported);
     }
     // model first (it sets the architecture), then architecture keys, then the rest.
     let rank = |k: &str| {
         if k == "model" {
             0
-        } else if KEYS.iter().any(|x| x.name == k && x.group == Group::Architecture) {
+        } else if KEYS
+            .iter()
+            .any(|x| x.name == k && x.group == Group::Architecture)
+        {
             1
         } else {
             2
@@ -205,20 +226,55 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
         e.layout.stage_layers
     ));
     for r in flatten(&e.components) {
-        let depth = if e.components.iter().any(|top| std::ptr::eq(top, r)) { 0 } else { 2 };
-        s.push_str(&format!("{:indent$}{:<40} {:>12}   {}\n", "", r.label, format_bytes(r.bytes, u), r.expr.symbolic(), indent = depth));
-        s.push_str(&format!("{:indent$}{:<40} {:>12}   = {}\n", "", "", "", r.expr.substituted(), indent = depth));
+        let depth = if e.components.iter().any(|top| std::ptr::eq(top, r)) {
+            0
+        } else {
+            2
+        };
+        s.push_str(&format!(
+            "{:indent$}{:<40} {:>12}   {}\n",
+            "",
+            r.label,
+            format_bytes(r.bytes, u),
+            r.expr.symbolic(),
+            indent = depth
+        ));
+        s.push_str(&format!(
+            "{:indent$}{:<40} {:>12}   = {}\n",
+            "",
+            "",
+            "",
+            r.expr.substituted(),
+            indent = depth
+        ));
     }
-    s.push_str(&format!("\n{:<40} {:>12}\n", "Total per GPU", format_bytes(e.memory.total, u)));
-    s.push_str(&format!("{:<40} {:>12}\n", "GPU capacity", format_bytes(e.capacity, u)));
+    s.push_str(&format!(
+        "\n{:<40} {:>12}\n",
+        "Total per GPU",
+        format_bytes(e.memory.total, u)
+    ));
+    s.push_str(&format!(
+        "{:<40} {:>12}\n",
+        "GPU capacity",
+        format_bytes(e.capacity, u)
+    ));
     let h = e.headroom();
     if h >= 0 {
-        s.push_str(&format!("fits, with {} headroom\n", format_bytes(h as u128, u)));
+        s.push_str(&format!(
+            "fits, with {} headroom\n",
+            format_bytes(h as u128, u)
+        ));
     } else {
-        s.push_str(&format!("does not fit: needs {} more\n", format_bytes(h.unsigned_abs(), u)));
+        s.push_str(&format!(
+            "does not fit: needs {} more\n",
+            format_bytes(h.unsigned_abs(), u)
+        ));
     }
     if e.memory.host > 0 {
-        s.push_str(&format!("host memory per GPU process: {}\n", format_bytes(e.memory.host, u)));
+        s.push_str(&format!(
+            "host memory per GPU process: {}\n",
+            format_bytes(e.memory.host, u)
+        ));
     }
     for w in &e.warnings {
         s.push_str(&format!("warning: {w}\n"));
@@ -240,7 +296,12 @@ fn render_presets(json: bool) -> String {
     }
     let mut s = String::new();
     for p in &all {
-        s.push_str(&format!("{:<26} {:>8}  {}\n", p.id, format_count(p.spec.counts().total), p.checkpoint));
+        s.push_str(&format!(
+            "{:<26} {:>8}  {}\n",
+            p.id,
+            format_count(p.spec.counts().total),
+            p.checkpoint
+        ));
     }
     s
 }
@@ -250,8 +311,18 @@ fn render_keys() -> String {
     let default = Config::default();
     for k in KEYS {
         let choices = (k.choices)();
-        let choices = if choices.is_empty() || choices.len() > 12 { String::new() } else { format!(" [{}]", choices.join("|")) };
-        s.push_str(&format!("--{:<16} {}{} (default {})\n", k.name, k.help, choices, (k.get)(&default)));
+        let choices = if choices.is_empty() || choices.len() > 12 {
+            String::new()
+        } else {
+            format!(" [{}]", choices.join("|"))
+        };
+        s.push_str(&format!(
+            "--{:<16} {}{} (default {})\n",
+            k.name,
+            k.help,
+            choices,
+            (k.get)(&default)
+        ));
     }
     s
 }
@@ -266,15 +337,26 @@ mod tests {
 
     #[test]
     fn estimate_reads_keys_exactly_as_the_url_names_them() {
-        let (cfg, json) = parse_estimate_args(&args("--model llama-3.1-70b --seq 8192 --zero 3 --gpus 8 --json")).expect("valid");
+        let (cfg, json) = parse_estimate_args(&args(
+            "--model llama-3.1-70b --seq 8192 --zero 3 --gpus 8 --json",
+        ))
+        .expect("valid");
         assert!(json);
-        assert_eq!(config::encode_query(&cfg), "model=llama-3.1-70b&seq=8192&gpus=8&zero=3");
+        assert_eq!(
+            config::encode_query(&cfg),
+            "model=llama-3.1-70b&seq=8192&gpus=8&zero=3"
+        );
     }
 
     #[test]
     fn a_bad_value_is_one_line_naming_the_key() {
-        let err = parse_estimate_args(&args("--seq many")).err().map(|e| e.to_string());
-        assert_eq!(err.as_deref(), Some("`seq` = 'many': expected a whole number"));
+        let err = parse_estimate_args(&args("--seq many"))
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("`seq` = 'many': expected a whole number")
+        );
     }
 
     #[test]
@@ -283,16 +365,31 @@ mod tests {
         run(&args("estimate --model gpt2 --json"), &mut out).expect("runs");
         let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         assert_eq!(v["parameter_count"], 124_439_808u64);
-        for k in ["parameters", "gradients", "optimizer_states", "activations", "framework_overhead", "total"] {
+        for k in [
+            "parameters",
+            "gradients",
+            "optimizer_states",
+            "activations",
+            "framework_overhead",
+            "total",
+        ] {
             assert!(v["memory"][k].is_u64(), "memory.{k}");
         }
-        assert!(v["components"].as_array().is_some_and(|c| c.iter().all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
+        assert!(v["components"].as_array().is_some_and(|c| c
+            .iter()
+            .all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
     }
 
     #[test]
     fn unknown_commands_and_keys_fail() {
         let mut out = Vec::new();
-        assert!(matches!(run(&args("frobnicate"), &mut out), Err(CliError::Usage(_))));
-        assert!(matches!(run(&args("estimate --colour blue"), &mut out), Err(CliError::Config(_))));
+        assert!(matches!(
+            run(&args("frobnicate"), &mut out),
+            Err(CliError::Usage(_))
+        ));
+        assert!(matches!(
+            run(&args("estimate --colour blue"), &mut out),
+            Err(CliError::Config(_))
+        ));
     }
 }

@@ -40,8 +40,13 @@ pub fn parse_uint(s: &str) -> Result<u64, String> {
         Some((i, 'm' | 'M')) => (&s[..i], 1024 * 1024),
         _ => (s, 1),
     };
-    let n: u64 = num.replace('_', "").parse().map_err(|_| "expected a whole number".to_string())?;
-    let v = n.checked_mul(mult).ok_or_else(|| "is too large".to_string())?;
+    let n: u64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| "expected a whole number".to_string())?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| "is too large".to_string())?;
     if v > MAX_INT {
         return Err(format!("is too large (at most {MAX_INT})"));
     }
@@ -64,7 +69,10 @@ fn parse_bool(s: &str) -> Result<bool, String> {
 }
 
 fn parse_f64(s: &str, lo: f64, hi: f64) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| "expected a number".to_string())?;
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a number".to_string())?;
     if !v.is_finite() || v < lo || v > hi {
         return Err(format!("must be between {lo} and {hi}"));
     }
@@ -81,7 +89,10 @@ fn fmt_f64(v: f64) -> String {
 trait Named: Copy + PartialEq + 'static {
     const ALL: &'static [(Self, &'static str)];
     fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(v, _)| *v == self).map_or("", |(_, n)| n)
+        Self::ALL
+            .iter()
+            .find(|(v, _)| *v == self)
+            .map_or("", |(_, n)| n)
     }
     fn parse(s: &str) -> Result<Self, String> {
         let s = s.to_ascii_lowercase();
@@ -89,7 +100,16 @@ trait Named: Copy + PartialEq + 'static {
             .iter()
             .find(|(_, n)| *n == s)
             .map(|(v, _)| *v)
-            .ok_or_else(|| format!("expected one of {}", Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")))
+            .ok_or_else(|| {
+                format!(
+                    "expected one of {}",
+                    Self::ALL
+                        .iter()
+                        .map(|(_, n)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
     }
     fn names() -> Vec<&'static str> {
         Self::ALL.iter().map(|(_, n)| *n).collect()
@@ -104,39 +124,135 @@ macro_rules! named {
     };
 }
 
-named!(Precision, [
-    (Precision::Fp32, "fp32"), (Precision::Bf16, "bf16"), (Precision::Fp16, "fp16"),
-    (Precision::AmpBf16, "amp-bf16"), (Precision::AmpFp16, "amp-fp16"),
-    (Precision::MixedBf16, "mixed-bf16"), (Precision::MixedFp16, "mixed-fp16"),
-    (Precision::MixedBf16Fp32grad, "mixed-bf16-fp32grad"), (Precision::MixedFp8, "mixed-fp8"),
-]);
-named!(Optimizer, [
-    (Optimizer::Sgd, "sgd"), (Optimizer::Momentum, "momentum"), (Optimizer::Adamw, "adamw"),
-    (Optimizer::Adafactor, "adafactor"), (Optimizer::Lion, "lion"), (Optimizer::Adam8bit, "adam8bit"), (Optimizer::Muon, "muon"),
-]);
-named!(OptimImpl, [(OptimImpl::Foreach, "foreach"), (OptimImpl::Fused, "fused"), (OptimImpl::Forloop, "forloop")]);
-named!(Finetune, [(Finetune::Full, "full"), (Finetune::Lora, "lora"), (Finetune::Qlora, "qlora")]);
-named!(Attention, [(Attention::Eager, "eager"), (Attention::Sdpa, "sdpa"), (Attention::Flash, "flash")]);
-named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full")]);
-named!(Loss, [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]);
-named!(Framework, [(Framework::Hf, "hf"), (Framework::Megatron, "megatron")]);
-named!(Zero, [
-    (Zero::Ddp, "0"), (Zero::Z1, "1"), (Zero::Z2, "2"), (Zero::Z3, "3"),
-    (Zero::FullShard, "full_shard"), (Zero::ShardGradOp, "shard_grad_op"), (Zero::HybridShard, "hybrid_shard"),
-]);
-named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
+named!(
+    Precision,
+    [
+        (Precision::Fp32, "fp32"),
+        (Precision::Bf16, "bf16"),
+        (Precision::Fp16, "fp16"),
+        (Precision::AmpBf16, "amp-bf16"),
+        (Precision::AmpFp16, "amp-fp16"),
+        (Precision::MixedBf16, "mixed-bf16"),
+        (Precision::MixedFp16, "mixed-fp16"),
+        (Precision::MixedBf16Fp32grad, "mixed-bf16-fp32grad"),
+        (Precision::MixedFp8, "mixed-fp8"),
+    ]
+);
+named!(
+    Optimizer,
+    [
+        (Optimizer::Sgd, "sgd"),
+        (Optimizer::Momentum, "momentum"),
+        (Optimizer::Adamw, "adamw"),
+        (Optimizer::Adafactor, "adafactor"),
+        (Optimizer::Lion, "lion"),
+        (Optimizer::Adam8bit, "adam8bit"),
+        (Optimizer::Muon, "muon"),
+    ]
+);
+named!(
+    OptimImpl,
+    [
+        (OptimImpl::Foreach, "foreach"),
+        (OptimImpl::Fused, "fused"),
+        (OptimImpl::Forloop, "forloop")
+    ]
+);
+named!(
+    Finetune,
+    [
+        (Finetune::Full, "full"),
+        (Finetune::Lora, "lora"),
+        (Finetune::Qlora, "qlora")
+    ]
+);
+named!(
+    Attention,
+    [
+        (Attention::Eager, "eager"),
+        (Attention::Sdpa, "sdpa"),
+        (Attention::Flash, "flash")
+    ]
+);
+named!(
+    Recompute,
+    [
+        (Recompute::None, "none"),
+        (Recompute::Selective, "selective"),
+        (Recompute::Full, "full")
+    ]
+);
+named!(
+    Loss,
+    [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]
+);
+named!(
+    Framework,
+    [(Framework::Hf, "hf"), (Framework::Megatron, "megatron")]
+);
+named!(Kernels, [(Kernels::Cuda, "cuda"), (Kernels::Cpu, "cpu")]);
+named!(
+    Zero,
+    [
+        (Zero::Ddp, "0"),
+        (Zero::Z1, "1"),
+        (Zero::Z2, "2"),
+        (Zero::Z3, "3"),
+        (Zero::FullShard, "full_shard"),
+        (Zero::ShardGradOp, "shard_grad_op"),
+        (Zero::HybridShard, "hybrid_shard"),
+    ]
+);
+named!(
+    Offload,
+    [
+        (Offload::None, "none"),
+        (Offload::Optimizer, "optimizer"),
+        (Offload::OptimizerParams, "optimizer+params")
+    ]
+);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
-named!(MlpKind, [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]);
-named!(Activation, [
-    (Activation::Silu, "silu"), (Activation::Gelu, "gelu"), (Activation::GeluTanh, "gelu-tanh"),
-    (Activation::GeluNew, "gelu-new"), (Activation::Relu, "relu"),
-]);
-named!(NormKind, [
-    (NormKind::Layernorm, "layernorm"), (NormKind::LayernormNoBias, "layernorm-nobias"),
-    (NormKind::Rmsnorm, "rmsnorm"), (NormKind::Nonparametric, "nonparametric"),
-]);
-named!(QkNorm, [(QkNorm::None, "none"), (QkNorm::Head, "head"), (QkNorm::Full, "full"), (QkNorm::PerHead, "per-head")]);
-named!(Positions, [(Positions::Rope, "rope"), (Positions::Learned, "learned"), (Positions::None, "none")]);
+named!(
+    MlpKind,
+    [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]
+);
+named!(
+    Activation,
+    [
+        (Activation::Silu, "silu"),
+        (Activation::Gelu, "gelu"),
+        (Activation::GeluTanh, "gelu-tanh"),
+        (Activation::GeluNew, "gelu-new"),
+        (Activation::Relu, "relu"),
+    ]
+);
+named!(
+    NormKind,
+    [
+        (NormKind::Layernorm, "layernorm"),
+        (NormKind::LayernormNoBias, "layernorm-nobias"),
+        (NormKind::Rmsnorm, "rmsnorm"),
+        (NormKind::RmsnormGemma, "rmsnorm-gemma"),
+        (NormKind::Nonparametric, "nonparametric"),
+    ]
+);
+named!(
+    QkNorm,
+    [
+        (QkNorm::None, "none"),
+        (QkNorm::Head, "head"),
+        (QkNorm::Full, "full"),
+        (QkNorm::PerHead, "per-head")
+    ]
+);
+named!(
+    Positions,
+    [
+        (Positions::Rope, "rope"),
+        (Positions::Learned, "learned"),
+        (Positions::None, "none")
+    ]
+);
 
 fn no_choices() -> Vec<&'static str> {
     Vec::new()
@@ -149,7 +265,12 @@ fn lora_targets_to_string(t: LoraTargets) -> String {
     if t == LoraTargets::ALL {
         return "all".into();
     }
-    LoraTargets::NAMES.iter().filter(|(_, b)| t.has(*b)).map(|(n, _)| *n).collect::<Vec<_>>().join(",")
+    LoraTargets::NAMES
+        .iter()
+        .filter(|(_, b)| t.has(*b))
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn parse_lora_targets(s: &str) -> Result<LoraTargets, String> {
@@ -262,7 +383,8 @@ pub static KEYS: &[Key] = &[
                 c.model = id;
                 return Ok(());
             }
-            let p = preset(&id).ok_or_else(|| "unknown preset (see `trainmem presets`)".to_string())?;
+            let p =
+                preset(&id).ok_or_else(|| "unknown preset (see `trainmem presets`)".to_string())?;
             c.model = p.id.to_string();
             c.arch = p.spec;
             c.name.clear();
@@ -286,21 +408,70 @@ pub static KEYS: &[Key] = &[
     uint_key!(positive "heads", Architecture, "attention heads a", |c| c.arch.heads),
     uint_key!(positive "kv_heads", Architecture, "key/value heads (GQA/MQA)", |c| c.arch.kv_heads),
     uint_key!(positive "head_dim", Architecture, "head dim d (h / a unless the model says otherwise)", |c| c.arch.head_dim),
-    uint_key!("ffn", Architecture, "MLP intermediate size f", |c| c.arch.ffn),
-    enum_key!("mlp", Architecture, "MLP shape: plain (2 matrices) or gated (3, SwiGLU/GeGLU)", MlpKind, |c| c.arch.mlp),
-    enum_key!("act", Architecture, "MLP activation", Activation, |c| c.arch.act),
-    enum_key!("norm", Architecture, "normalization layers", NormKind, |c| c.arch.norm),
+    uint_key!("ffn", Architecture, "MLP intermediate size f", |c| c
+        .arch
+        .ffn),
+    enum_key!(
+        "mlp",
+        Architecture,
+        "MLP shape: plain (2 matrices) or gated (3, SwiGLU/GeGLU)",
+        MlpKind,
+        |c| c.arch.mlp
+    ),
+    enum_key!("act", Architecture, "MLP activation", Activation, |c| c
+        .arch
+        .act),
+    enum_key!(
+        "norm",
+        Architecture,
+        "normalization layers",
+        NormKind,
+        |c| c.arch.norm
+    ),
     uint_key!(positive "layer_norms", Architecture, "norms per decoder layer (1–4)", |c| c.arch.layer_norms),
-    bool_key!("final_norm", Architecture, "a norm after the last layer", |c| c.arch.final_norm),
-    enum_key!("qk_norm", Architecture, "norms on queries and keys", QkNorm, |c| c.arch.qk_norm),
-    bool_key!("qkv_bias", Architecture, "biases on Q, K, V", |c| c.arch.qkv_bias),
-    bool_key!("o_bias", Architecture, "bias on the attention output", |c| c.arch.o_bias),
-    bool_key!("mlp_bias", Architecture, "biases on the MLP", |c| c.arch.mlp_bias),
-    bool_key!("head_bias", Architecture, "bias on the LM head", |c| c.arch.head_bias),
-    bool_key!("tied", Architecture, "LM head tied to the embedding", |c| c.arch.tied),
-    enum_key!("pos", Architecture, "position encoding", Positions, |c| c.arch.positions),
-    uint_key!("max_pos", Architecture, "max_position_embeddings", |c| c.arch.max_pos),
-    uint_key!("pos_offset", Architecture, "extra rows of a learned position table (OPT: 2)", |c| c.arch.pos_offset),
+    bool_key!(
+        "final_norm",
+        Architecture,
+        "a norm after the last layer",
+        |c| c.arch.final_norm
+    ),
+    enum_key!(
+        "qk_norm",
+        Architecture,
+        "norms on queries and keys",
+        QkNorm,
+        |c| c.arch.qk_norm
+    ),
+    bool_key!("qkv_bias", Architecture, "biases on Q, K, V", |c| c
+        .arch
+        .qkv_bias),
+    bool_key!(
+        "o_bias",
+        Architecture,
+        "bias on the attention output",
+        |c| c.arch.o_bias
+    ),
+    bool_key!("mlp_bias", Architecture, "biases on the MLP", |c| c
+        .arch
+        .mlp_bias),
+    bool_key!("head_bias", Architecture, "bias on the LM head", |c| c
+        .arch
+        .head_bias),
+    bool_key!("tied", Architecture, "LM head tied to the embedding", |c| c
+        .arch
+        .tied),
+    enum_key!("pos", Architecture, "position encoding", Positions, |c| c
+        .arch
+        .positions),
+    uint_key!("max_pos", Architecture, "max_position_embeddings", |c| c
+        .arch
+        .max_pos),
+    uint_key!(
+        "pos_offset",
+        Architecture,
+        "extra rows of a learned position table (OPT: 2)",
+        |c| c.arch.pos_offset
+    ),
     Key {
         name: "rotary_pct",
         group: Architecture,
@@ -316,26 +487,109 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    bool_key!("parallel", Architecture, "parallel attention + MLP blocks", |c| c.arch.parallel),
-    uint_key!("embed_proj", Architecture, "OPT's word_embed_proj_dim (0 = none)", |c| c.arch.embed_proj),
-    uint_key!("experts", Architecture, "routed experts per MoE layer (0 = dense)", |c| c.arch.experts),
+    bool_key!(
+        "parallel",
+        Architecture,
+        "parallel attention + MLP blocks",
+        |c| c.arch.parallel
+    ),
+    uint_key!(
+        "embed_proj",
+        Architecture,
+        "OPT's word_embed_proj_dim (0 = none)",
+        |c| c.arch.embed_proj
+    ),
+    uint_key!(
+        "experts",
+        Architecture,
+        "routed experts per MoE layer (0 = dense)",
+        |c| c.arch.experts
+    ),
     uint_key!("top_k", Architecture, "experts per token", |c| c.arch.top_k),
-    uint_key!("expert_ffn", Architecture, "intermediate size of a routed expert", |c| c.arch.expert_ffn),
-    uint_key!("shared_experts", Architecture, "shared experts per MoE layer", |c| c.arch.shared_experts),
-    uint_key!("shared_ffn", Architecture, "intermediate size of a shared expert", |c| c.arch.shared_ffn),
-    bool_key!("shared_gate", Architecture, "sigmoid gate on the shared expert (Qwen2-MoE)", |c| c.arch.shared_gate),
-    uint_key!("dense_layers", Architecture, "layers with a dense MLP in an MoE model", |c| c.arch.dense_layers),
-    bool_key!("fused_qkv", Architecture, "Q, K, V in one tensor", |c| c.arch.fused_qkv),
-    bool_key!("fused_gate_up", Architecture, "gate and up in one tensor", |c| c.arch.fused_gate_up),
-    bool_key!("fused_experts", Architecture, "experts stored as 3-D tensors (transformers 5)", |c| c.arch.fused_experts),
-    bool_key!("softcap", Architecture, "tanh soft-capping of scores and logits (Gemma-2)", |c| c.arch.softcap),
+    uint_key!(
+        "expert_ffn",
+        Architecture,
+        "intermediate size of a routed expert",
+        |c| c.arch.expert_ffn
+    ),
+    uint_key!(
+        "shared_experts",
+        Architecture,
+        "shared experts per MoE layer",
+        |c| c.arch.shared_experts
+    ),
+    uint_key!(
+        "shared_ffn",
+        Architecture,
+        "intermediate size of a shared expert",
+        |c| c.arch.shared_ffn
+    ),
+    bool_key!(
+        "shared_gate",
+        Architecture,
+        "sigmoid gate on the shared expert (Qwen2-MoE)",
+        |c| c.arch.shared_gate
+    ),
+    uint_key!(
+        "dense_layers",
+        Architecture,
+        "layers with a dense MLP in an MoE model",
+        |c| c.arch.dense_layers
+    ),
+    bool_key!("fused_qkv", Architecture, "Q, K, V in one tensor", |c| c
+        .arch
+        .fused_qkv),
+    bool_key!(
+        "fused_gate_up",
+        Architecture,
+        "gate and up in one tensor",
+        |c| c.arch.fused_gate_up
+    ),
+    bool_key!(
+        "fused_experts",
+        Architecture,
+        "experts stored as 3-D tensors (transformers 5)",
+        |c| c.arch.fused_experts
+    ),
+    bool_key!(
+        "softcap",
+        Architecture,
+        "tanh soft-capping of scores and logits (Gemma-2)",
+        |c| c.arch.softcap
+    ),
+    bool_key!(
+        "softmax_fp32",
+        Architecture,
+        "eager softmax computed in fp32 (false for GPT-2)",
+        |c| c.arch.softmax_fp32
+    ),
+    bool_key!(
+        "resid_dropout",
+        Architecture,
+        "dropout on the attention and MLP outputs",
+        |c| c.arch.resid_dropout
+    ),
+    bool_key!(
+        "embed_dropout",
+        Architecture,
+        "dropout on the embeddings",
+        |c| c.arch.embed_dropout
+    ),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
-    enum_key!("precision", Training, "precision recipe", Precision, |c| c.precision),
+    enum_key!("precision", Training, "precision recipe", Precision, |c| c
+        .precision),
     enum_key!("optim", Training, "optimizer", Optimizer, |c| c.optim),
-    enum_key!("optim_impl", Training, "optimizer implementation (PyTorch)", OptimImpl, |c| c.optim_impl),
-    enum_key!("finetune", Training, "fine-tuning method", Finetune, |c| c.finetune),
+    enum_key!(
+        "optim_impl",
+        Training,
+        "optimizer implementation (PyTorch)",
+        OptimImpl,
+        |c| c.optim_impl
+    ),
+    enum_key!("finetune", Training, "fine-tuning method", Finetune, |c| c
+        .finetune),
     uint_key!("lora_rank", Training, "LoRA rank r", |c| c.lora_rank),
     Key {
         name: "lora_targets",
@@ -348,8 +602,20 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    enum_key!("attn", Training, "attention implementation", Attention, |c| c.attn),
-    enum_key!("recompute", Training, "activation recomputation (checkpointing)", Recompute, |c| c.recompute),
+    enum_key!(
+        "attn",
+        Training,
+        "attention implementation",
+        Attention,
+        |c| c.attn
+    ),
+    enum_key!(
+        "recompute",
+        Training,
+        "activation recomputation (checkpointing)",
+        Recompute,
+        |c| c.recompute
+    ),
     Key {
         name: "dropout",
         group: Training,
@@ -363,9 +629,28 @@ pub static KEYS: &[Key] = &[
         },
     },
     enum_key!("loss", Training, "loss implementation", Loss, |c| c.loss),
-    enum_key!("framework", Training, "whose code the activations follow", Framework, |c| c.framework),
+    enum_key!(
+        "framework",
+        Training,
+        "whose code the activations follow",
+        Framework,
+        |c| c.framework
+    ),
+    enum_key!(
+        "kernels",
+        Training,
+        "whose kernels the saved tensors follow: cuda, or cpu (the PyTorch validation fixtures)",
+        Kernels,
+        |c| c.kernels
+    ),
     uint_key!(positive "gpus", Cluster, "GPUs in the job", |c| c.gpus),
-    enum_key!("zero", Cluster, "ZeRO stage or FSDP sharding strategy", Zero, |c| c.zero),
+    enum_key!(
+        "zero",
+        Cluster,
+        "ZeRO stage or FSDP sharding strategy",
+        Zero,
+        |c| c.zero
+    ),
     uint_key!(positive "shard_group", Cluster, "GPUs per HYBRID_SHARD group", |c| c.shard_group),
     uint_key!(positive "tp", Cluster, "tensor-parallel degree", |c| c.tp),
     uint_key!(positive "pp", Cluster, "pipeline-parallel degree", |c| c.pp),
@@ -400,7 +685,12 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    uint_key!("cuda_ctx_mib", Overhead, "CUDA context + workspaces per GPU, MiB", |c| c.cuda_ctx_mib),
+    uint_key!(
+        "cuda_ctx_mib",
+        Overhead,
+        "CUDA context + workspaces per GPU, MiB",
+        |c| c.cuda_ctx_mib
+    ),
     Key {
         name: "nccl_mib",
         group: Overhead,
@@ -408,14 +698,39 @@ pub static KEYS: &[Key] = &[
         choices: no_choices,
         get: |c| c.nccl_mib.map_or("auto".to_string(), |v| v.to_string()),
         set: |c, s| {
-            c.nccl_mib = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
+            c.nccl_mib = if s.eq_ignore_ascii_case("auto") {
+                None
+            } else {
+                Some(parse_uint(s)?)
+            };
             Ok(())
         },
     },
-    uint_key!("frag_pct", Overhead, "allocator fragmentation, percent of the allocated peak", |c| c.frag_pct),
-    uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
-    bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
-    enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),
+    uint_key!(
+        "frag_pct",
+        Overhead,
+        "allocator fragmentation, percent of the allocated peak",
+        |c| c.frag_pct
+    ),
+    uint_key!(
+        "prefetch_layers",
+        Overhead,
+        "ZeRO-3/FSDP unsharded layers in flight",
+        |c| c.prefetch_layers
+    ),
+    bool_key!(
+        "bucket_view",
+        Overhead,
+        "DDP gradient_as_bucket_view",
+        |c| c.bucket_view
+    ),
+    enum_key!(
+        "unit",
+        Display,
+        "byte unit: gb (10^9) or gib (2^30)",
+        Unit,
+        |c| c.unit
+    ),
 ];
 
 #[cfg(test)]
@@ -443,8 +758,14 @@ mod tests {
 
     #[test]
     fn lora_targets_read_module_names_and_groups() {
-        assert_eq!(parse_lora_targets("q_proj,v_proj"), Ok(LoraTargets(LoraTargets::Q | LoraTargets::V)));
-        assert_eq!(parse_lora_targets("attn").map(lora_targets_to_string), Ok("q,k,v,o".to_string()));
+        assert_eq!(
+            parse_lora_targets("q_proj,v_proj"),
+            Ok(LoraTargets(LoraTargets::Q | LoraTargets::V))
+        );
+        assert_eq!(
+            parse_lora_targets("attn").map(lora_targets_to_string),
+            Ok("q,k,v,o".to_string())
+        );
         assert_eq!(parse_lora_targets("all-linear"), Ok(LoraTargets::ALL));
         assert!(parse_lora_targets("fc9").is_err());
     }

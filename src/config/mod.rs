@@ -31,7 +31,11 @@ pub struct ConfigError {
 impl ConfigError {
     fn new(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
         let value: String = value.chars().take(60).collect();
-        ConfigError { key: key.chars().take(60).collect(), value, reason: reason.into() }
+        ConfigError {
+            key: key.chars().take(60).collect(),
+            value,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -100,7 +104,11 @@ pub fn decode_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
         mark_custom_if_changed(&mut cfg);
     }
     repair(&mut cfg, &mut errors);
-    Decoded { config: cfg, errors, presentation }
+    Decoded {
+        config: cfg,
+        errors,
+        presentation,
+    }
 }
 
 /// Decodes a URL query string (with or without the leading `?`).
@@ -120,10 +128,18 @@ pub fn decode_query(query: &str) -> Decoded {
 /// Resets, one at a time, each key the estimator rejects, until the whole is valid.
 fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
     for _ in 0..KEYS.len() {
-        let Err(e) = crate::estimator::validate(cfg) else { return };
+        let Err(e) = crate::estimator::validate(cfg) else {
+            return;
+        };
         let key = e.key();
         let value = get(cfg, key).unwrap_or_default();
-        errors.push(ConfigError::new(key, &value, e.to_string().trim_start_matches(&format!("`{key}` ")).to_string()));
+        errors.push(ConfigError::new(
+            key,
+            &value,
+            e.to_string()
+                .trim_start_matches(&format!("`{key}` "))
+                .to_string(),
+        ));
         reset(cfg, key);
     }
     // Still invalid after resetting every key in turn: start over from the defaults.
@@ -136,8 +152,13 @@ fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
 pub fn reset(cfg: &mut Config, key: &str) {
     let Some(k) = find_key(key) else { return };
     let base = if k.group == Group::Architecture {
-        let spec = preset(&cfg.model).map(|p| p.spec).unwrap_or_else(default_spec);
-        Config { arch: spec, ..Config::default() }
+        let spec = preset(&cfg.model)
+            .map(|p| p.spec)
+            .unwrap_or_else(default_spec);
+        Config {
+            arch: spec,
+            ..Config::default()
+        }
     } else {
         Config::default()
     };
@@ -160,7 +181,11 @@ pub fn mark_custom_if_changed(cfg: &mut Config) {
 /// Replaces the model with an imported config.json.
 pub fn apply_import(cfg: &mut Config, imported: &Imported) {
     cfg.model = "custom".to_string();
-    cfg.name = if imported.name.is_empty() { format!("imported {}", imported.model_type) } else { imported.name.clone() };
+    cfg.name = if imported.name.is_empty() {
+        format!("imported {}", imported.model_type)
+    } else {
+        imported.name.clone()
+    };
     cfg.arch = imported.spec.clone();
 }
 
@@ -180,7 +205,11 @@ pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
 
 /// The query string (without `?`) of `cfg`: only non-default keys, human-readable.
 pub fn encode_query(cfg: &Config) -> String {
-    encode_pairs(cfg).iter().map(|(k, v)| format!("{k}={}", percent_encode(v))).collect::<Vec<_>>().join("&")
+    encode_pairs(cfg)
+        .iter()
+        .map(|(k, v)| format!("{k}={}", percent_encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// Percent-decoding of `application/x-www-form-urlencoded` (`+` is a space); invalid escapes
@@ -235,7 +264,10 @@ mod tests {
     fn a_query_round_trips_through_decode_and_encode() {
         let d = decode_query("?model=llama-3.1-70b&seq=8192&zero=3&gpus=8");
         assert_eq!(d.errors, vec![]);
-        assert_eq!(encode_query(&d.config), "model=llama-3.1-70b&seq=8192&gpus=8&zero=3");
+        assert_eq!(
+            encode_query(&d.config),
+            "model=llama-3.1-70b&seq=8192&gpus=8&zero=3"
+        );
         assert_eq!(decode_query(&encode_query(&d.config)).config, d.config);
     }
 
@@ -251,7 +283,10 @@ mod tests {
     #[test]
     fn an_unknown_key_is_reported_and_ignored() {
         let d = decode_query("colour=blue&seq=1024");
-        assert_eq!(d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["colour"]);
+        assert_eq!(
+            d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+            ["colour"]
+        );
         assert_eq!(d.config.seq, 1024);
     }
 
@@ -279,7 +314,13 @@ mod tests {
     fn presentation_keys_pass_through() {
         let d = decode_query("embed=1&view=seq&seq=2048");
         assert_eq!(d.errors, vec![]);
-        assert_eq!(d.presentation, vec![("embed".to_string(), "1".to_string()), ("view".to_string(), "seq".to_string())]);
+        assert_eq!(
+            d.presentation,
+            vec![
+                ("embed".to_string(), "1".to_string()),
+                ("view".to_string(), "seq".to_string())
+            ]
+        );
     }
 
     #[test]

@@ -183,6 +183,17 @@ pub enum Framework {
     Megatron,
 }
 
+/// Whose kernels decide what is saved (`kernels`): CUDA (what training runs on) or PyTorch's
+/// CPU kernels, which the validation fixtures were measured with. They differ in LayerNorm
+/// statistics (fp32 on CUDA, the input dtype on CPU), dropout masks (1-byte bool on CUDA, the
+/// input dtype on CPU) and SDPA with dropout (CPU falls back to the math kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kernels {
+    Cuda,
+    Cpu,
+}
+
 /// Byte unit for display (`unit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -220,6 +231,7 @@ pub struct Config {
     pub dropout: f64,
     pub loss: Loss,
     pub framework: Framework,
+    pub kernels: Kernels,
     /// GPUs in the whole job.
     pub gpus: u64,
     pub zero: Zero,
@@ -278,6 +290,7 @@ impl Default for Config {
             dropout: 0.0,
             loss: Loss::Standard,
             framework: Framework::Hf,
+            kernels: Kernels::Cuda,
             gpus: 1,
             zero: Zero::Ddp,
             shard_group: 8,
@@ -331,7 +344,10 @@ mod tests {
     fn the_default_configuration_uses_the_default_preset() {
         let c = Config::default();
         assert_eq!(c.model, DEFAULT_PRESET);
-        assert_eq!(Some(c.arch), crate::estimator::presets::preset(DEFAULT_PRESET).map(|p| p.spec));
+        assert_eq!(
+            Some(c.arch),
+            crate::estimator::presets::preset(DEFAULT_PRESET).map(|p| p.spec)
+        );
     }
 
     #[test]
@@ -343,7 +359,12 @@ mod tests {
 
     #[test]
     fn data_parallel_degree_divides_out_model_parallelism() {
-        let c = Config { gpus: 64, tp: 8, pp: 2, ..Config::default() };
+        let c = Config {
+            gpus: 64,
+            tp: 8,
+            pp: 2,
+            ..Config::default()
+        };
         assert_eq!(c.dp(), 4);
     }
 }

@@ -240,7 +240,11 @@ impl Expr {
                 }
             }
             Expr::Max(v) | Expr::Min(v) => {
-                s.push_str(if matches!(self, Expr::Max(_)) { "max(" } else { "min(" });
+                s.push_str(if matches!(self, Expr::Max(_)) {
+                    "max("
+                } else {
+                    "min("
+                });
                 for (i, e) in v.iter().enumerate() {
                     if i > 0 {
                         s.push_str(", ");
@@ -316,7 +320,11 @@ impl Expr {
                 s.push_str("</mrow></mfrac>");
             }
             Expr::Max(v) | Expr::Min(v) => {
-                let name = if matches!(self, Expr::Max(_)) { "max" } else { "min" };
+                let name = if matches!(self, Expr::Max(_)) {
+                    "max"
+                } else {
+                    "min"
+                };
                 let _ = write!(s, "<mrow><mi>{name}</mi><mo>(</mo>");
                 for (i, e) in v.iter().enumerate() {
                     if i > 0 {
@@ -410,7 +418,10 @@ mod tests {
     #[test]
     fn mathml_uses_subscripts_and_escapes_text() {
         let e = Expr::var(Sym::new("b", "<g>", "x"), 2u8);
-        assert_eq!(e.mathml(false), "<msub><mi>b</mi><mtext>&lt;g&gt;</mtext></msub>");
+        assert_eq!(
+            e.mathml(false),
+            "<msub><mi>b</mi><mtext>&lt;g&gt;</mtext></msub>"
+        );
         assert_eq!(e.mathml(true), "<mn>2</mn>");
     }
 

@@ -3,6 +3,7 @@
 //!
 //! Pure Rust: no web API, no I/O. The web app, the charts and the CLI all read this one ledger.
 
+pub mod activations;
 pub mod config;
 pub mod expr;
 pub mod gpu;
@@ -15,6 +16,7 @@ pub mod params;
 pub mod precision;
 pub mod presets;
 pub mod statics;
+pub mod timeline;
 pub mod units;
 
 use config::{Config, Finetune, Offload, Zero};
@@ -45,18 +47,41 @@ impl EstimateError {
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> EstimateError {
-    EstimateError::Invalid { key, reason: reason.into() }
+    EstimateError::Invalid {
+        key,
+        reason: reason.into(),
+    }
 }
 
 /// Checks that the parts of a configuration fit together.
 pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
     cfg.arch.validate()?;
-    for (key, v) in [("batch", cfg.batch), ("seq", cfg.seq), ("accum", cfg.accum), ("gpus", cfg.gpus), ("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("ep", cfg.ep), ("vpp", cfg.vpp), ("shard_group", cfg.shard_group)] {
+    for (key, v) in [
+        ("batch", cfg.batch),
+        ("seq", cfg.seq),
+        ("accum", cfg.accum),
+        ("gpus", cfg.gpus),
+        ("tp", cfg.tp),
+        ("pp", cfg.pp),
+        ("cp", cfg.cp),
+        ("ep", cfg.ep),
+        ("vpp", cfg.vpp),
+        ("shard_group", cfg.shard_group),
+    ] {
         if v == 0 {
             return Err(invalid(key, "must be at least 1"));
         }
     }
-    let limits = [("batch", cfg.batch, 1 << 20), ("seq", cfg.seq, 1 << 24), ("accum", cfg.accum, 1 << 20), ("gpus", cfg.gpus, 1 << 20), ("lora_rank", cfg.lora_rank, 1 << 16), ("cuda_ctx_mib", cfg.cuda_ctx_mib, 1 << 20), ("frag_pct", cfg.frag_pct, 1000), ("prefetch_layers", cfg.prefetch_layers, 1 << 10)];
+    let limits = [
+        ("batch", cfg.batch, 1 << 20),
+        ("seq", cfg.seq, 1 << 24),
+        ("accum", cfg.accum, 1 << 20),
+        ("gpus", cfg.gpus, 1 << 20),
+        ("lora_rank", cfg.lora_rank, 1 << 16),
+        ("cuda_ctx_mib", cfg.cuda_ctx_mib, 1 << 20),
+        ("frag_pct", cfg.frag_pct, 1000),
+        ("prefetch_layers", cfg.prefetch_layers, 1 << 10),
+    ];
     for (key, v, max) in limits {
         if v > max {
             return Err(invalid(key, format!("{v} is beyond the supported {max}")));
@@ -67,28 +92,64 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
     }
     let mp = cfg.tp.saturating_mul(cfg.pp).saturating_mul(cfg.cp);
     if cfg.gpus % mp != 0 {
-        return Err(invalid("gpus", format!("{} GPUs do not divide into tp × pp × cp = {mp}", cfg.gpus)));
+        return Err(invalid(
+            "gpus",
+            format!("{} GPUs do not divide into tp × pp × cp = {mp}", cfg.gpus),
+        ));
     }
     let dp = cfg.dp();
     if cfg.heads_per_tp_invalid() {
-        return Err(invalid("tp", format!("{} attention heads do not split over {} GPUs", cfg.arch.heads, cfg.tp)));
+        return Err(invalid(
+            "tp",
+            format!(
+                "{} attention heads do not split over {} GPUs",
+                cfg.arch.heads, cfg.tp
+            ),
+        ));
     }
     if cfg.pp > cfg.arch.layers {
-        return Err(invalid("pp", format!("{} pipeline stages exceed the {} layers", cfg.pp, cfg.arch.layers)));
+        return Err(invalid(
+            "pp",
+            format!(
+                "{} pipeline stages exceed the {} layers",
+                cfg.pp, cfg.arch.layers
+            ),
+        ));
     }
     if cfg.ep > 1 {
         if cfg.arch.experts == 0 {
-            return Err(invalid("ep", "expert parallelism needs a mixture-of-experts model"));
+            return Err(invalid(
+                "ep",
+                "expert parallelism needs a mixture-of-experts model",
+            ));
         }
         if cfg.arch.experts % cfg.ep != 0 {
-            return Err(invalid("ep", format!("{} experts do not split over {} GPUs", cfg.arch.experts, cfg.ep)));
+            return Err(invalid(
+                "ep",
+                format!(
+                    "{} experts do not split over {} GPUs",
+                    cfg.arch.experts, cfg.ep
+                ),
+            ));
         }
         if dp % cfg.ep != 0 {
-            return Err(invalid("ep", format!("the data-parallel degree {dp} is not a multiple of ep = {}", cfg.ep)));
+            return Err(invalid(
+                "ep",
+                format!(
+                    "the data-parallel degree {dp} is not a multiple of ep = {}",
+                    cfg.ep
+                ),
+            ));
         }
     }
     if cfg.cp > cfg.seq {
-        return Err(invalid("cp", format!("{} context-parallel GPUs exceed the {} tokens", cfg.cp, cfg.seq)));
+        return Err(invalid(
+            "cp",
+            format!(
+                "{} context-parallel GPUs exceed the {} tokens",
+                cfg.cp, cfg.seq
+            ),
+        ));
     }
     if !(cfg.dropout.is_finite() && (0.0..1.0).contains(&cfg.dropout)) {
         return Err(invalid("dropout", "must be a probability in [0, 1)"));
@@ -100,7 +161,10 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
         return Err(invalid("lora_targets", "names no module"));
     }
     if cfg.offload == Offload::OptimizerParams && cfg.zero.stage() < 3 {
-        return Err(invalid("offload", "offloading parameters needs zero=3 (or FSDP full/hybrid sharding)"));
+        return Err(invalid(
+            "offload",
+            "offloading parameters needs zero=3 (or FSDP full/hybrid sharding)",
+        ));
     }
     if cfg.gpu != "custom" && gpu::gpu(&cfg.gpu).is_none() {
         return Err(invalid("gpu", format!("unknown GPU '{}'", cfg.gpu)));
@@ -109,10 +173,22 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
         return Err(invalid("gpu_gib", "must be a positive number of GiB"));
     }
     if cfg.vpp > 1 && (cfg.pp == 1 || cfg.arch.layers % (cfg.pp * cfg.vpp) != 0) {
-        return Err(invalid("vpp", format!("interleaving needs pp > 1 and layers divisible by pp × vpp = {}", cfg.pp * cfg.vpp)));
+        return Err(invalid(
+            "vpp",
+            format!(
+                "interleaving needs pp > 1 and layers divisible by pp × vpp = {}",
+                cfg.pp * cfg.vpp
+            ),
+        ));
     }
     if cfg.zero == Zero::HybridShard && dp % cfg.shard_group.min(dp) != 0 {
-        return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
+        return Err(invalid(
+            "shard_group",
+            format!(
+                "{} GPUs per group do not divide the data-parallel degree {dp}",
+                cfg.shard_group
+            ),
+        ));
     }
     Ok(())
 }
@@ -160,6 +236,10 @@ pub struct Estimate {
     pub memory: Memory,
     /// GPU capacity the verdict compares with.
     pub capacity: Bytes,
+    /// One simulated training step of this GPU.
+    pub timeline: timeline::Timeline,
+    /// The closed formulas of the literature for the same configuration (teaching view).
+    pub textbook: Vec<Row>,
     pub warnings: Vec<String>,
 }
 
@@ -172,10 +252,22 @@ pub struct Memory {
     pub activations: Bytes,
     pub transient: Bytes,
     pub framework_overhead: Bytes,
-    /// Sum of every ledger row.
+    /// Sum of every ledger row: every component at its largest, as if all were resident at once.
     pub total: Bytes,
+    /// The most memory in use at any moment of the step (≤ `total`): what decides whether the
+    /// run fits.
+    pub peak: Bytes,
     /// Host memory per GPU process.
     pub host: Bytes,
+    /// The event of the peak.
+    pub peak_event: String,
+}
+
+impl Memory {
+    /// The peak, when the step was simulated.
+    pub fn peak_opt(&self) -> Option<Bytes> {
+        (self.peak > 0).then_some(self.peak)
+    }
 }
 
 impl Estimate {
@@ -208,20 +300,127 @@ pub fn capacity(cfg: &Config) -> Bytes {
     }
 }
 
-/// Estimates one stage's ledger.
-fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> (Vec<Row>, Vec<Row>, u64, u64) {
+/// One stage's ledger, host rows and simulated step.
+struct StageResult {
+    rows: Vec<Row>,
+    host: Vec<Row>,
+    timeline: timeline::Timeline,
+}
+
+fn transient_row(
+    id: &'static str,
+    label: &str,
+    e: expr::Expr,
+    source: &'static str,
+) -> Option<Row> {
+    let r = Row::new(id, label, Category::Transient, e, source);
+    (r.bytes > 0).then_some(r)
+}
+
+/// Estimates one stage's ledger and simulates its step.
+fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let groups = local_groups(cfg, stage);
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
-    rows.extend(overhead::gathered_layer_bytes(cfg, recipe, &groups));
+    let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
+    let acts = activations::activations(cfg, recipe, stage, layers);
+    rows.push(acts.row.clone());
+    let w = &acts.working;
+    rows.extend(transient_row(
+        "forward_working",
+        "Forward working memory (scores before softmax, mask)",
+        expr::Expr::sum([w.layer_forward.clone(), w.mask_forward.clone()]),
+        "transformers eager_attention_forward: matmul scores and their fp32 upcast; create_causal_mask",
+    ));
+    rows.extend(transient_row(
+        "backward_working",
+        "Backward working memory of one layer",
+        expr::Expr::sum([w.layer_backward.clone(), w.recompute_layer.clone()]),
+        "autograd: the gradients of a layer's largest intermediates coexist during its backward; recomputation re-materializes one layer",
+    ));
+    rows.extend(transient_row(
+        "loss_working",
+        "Logits and loss gradients",
+        expr::Expr::Max(vec![w.loss_forward.clone(), w.loss_backward.clone()]),
+        "transformers ForCausalLMLoss: logits, logits.float(); torch log_softmax_backward: dL/dlog_probs and dL/dlogits in fp32",
+    ));
+    let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
+    let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
+    rows.extend(gathered);
     let sh = statics::Sharding::of(cfg);
-    rows.extend(optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1)).filter(|_| cfg.offload == Offload::None));
-    let allocated: Bytes = rows.iter().map(|r| r.bytes).sum();
-    rows.push(overhead::cuda_context_bytes(cfg));
-    rows.extend(overhead::nccl_buffer_bytes(cfg));
-    rows.push(overhead::fragmentation_bytes(cfg, allocated));
-    let trainable = params::elements(&groups, |g| g.role == Role::Trainable);
-    let tensors = params::tensor_count(&groups, |_| true);
-    (rows, host, trainable, tensors)
+    let temps =
+        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1))
+            .filter(|_| cfg.offload == Offload::None);
+    let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
+    rows.extend(temps);
+    let ctx = overhead::cuda_context_bytes(cfg);
+    let nccl = overhead::nccl_buffer_bytes(cfg);
+    let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes);
+
+    // The step.
+    let sum = |cat: Category| -> Bytes {
+        rows.iter()
+            .filter(|r| r.category == cat)
+            .map(|r| r.bytes)
+            .sum()
+    };
+    let grad_buffers: Bytes = rows
+        .iter()
+        .filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket"))
+        .map(|r| r.bytes)
+        .sum();
+    let grads = rows
+        .iter()
+        .find(|r| r.id == "gradients")
+        .map_or(0, |r| r.bytes);
+    let trainable = |pred: &dyn Fn(&params::LocalGroup) -> bool| {
+        params::elements(&groups, |g| g.role == Role::Trainable && pred(g)) as u128
+    };
+    let t_all = trainable(&|_| true).max(1);
+    let t_layers = trainable(&|g| g.group.part.per_layer());
+    let t_head = trainable(&|g| {
+        matches!(g.group.part, Part::FinalNorm | Part::LmHead)
+            || g.group.name.starts_with("project_out")
+    });
+    let share = |n: u128| grads * n / t_all;
+    let one_micro = acts.embedding + acts.per_layer * layers as u128 + acts.head_and_loss;
+    let inputs = timeline::StepInputs {
+        weights: sum(Category::Parameters),
+        optimizer: sum(Category::OptimizerStates),
+        grad_buffers,
+        grad_head: share(t_head),
+        grad_layer: share(t_layers) / layers.max(1) as u128,
+        grad_embedding: grads
+            - share(t_head)
+            - share(t_layers) / layers.max(1) as u128 * layers as u128,
+        grads_resident: cfg.accum > 1,
+        layers,
+        other_micro_batches: acts.row.bytes.saturating_sub(one_micro),
+        act_embedding: acts.embedding,
+        act_layer: acts.per_layer,
+        act_head_and_loss: acts.head_and_loss,
+        layer_forward: w.layer_forward.eval(),
+        mask_forward: w.mask_forward.eval(),
+        layer_backward: w.layer_backward.eval(),
+        recompute_layer: w.recompute_layer.eval(),
+        loss_forward: w.loss_forward.eval(),
+        loss_backward: w.loss_backward.eval(),
+        gathered: gathered_bytes,
+        optimizer_temporaries: temp_bytes,
+        outside_allocator: outside,
+        frag_pct: cfg.frag_pct,
+    };
+    let tl = timeline::simulate(&inputs);
+    let peak_allocated: Bytes = tl
+        .peak_event()
+        .map_or(0, |e| e.by_category[..5].iter().sum());
+    rows.push(ctx);
+    rows.extend(nccl);
+    rows.push(overhead::fragmentation_bytes(cfg, peak_allocated));
+    StageResult {
+        rows,
+        host,
+        timeline: tl,
+    }
 }
 
 /// The ledger of the most loaded GPU for `cfg`.
@@ -229,17 +428,45 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
     validate(cfg)?;
     let recipe = recipe(cfg.precision);
     let counts = cfg.arch.counts();
-    let mut best: Option<(Stage, Vec<Row>, Vec<Row>)> = None;
+    let mut best: Option<(Stage, StageResult)> = None;
     for &stage in stages(cfg.pp) {
-        let (rows, host, _, _) = stage_ledger(cfg, &recipe, stage);
-        let total: Bytes = rows.iter().map(|r| r.bytes).sum();
-        if best.as_ref().is_none_or(|(_, b, _)| total > b.iter().map(|r| r.bytes).sum()) {
-            best = Some((stage, rows, host));
+        let r = stage_ledger(cfg, &recipe, stage);
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes())
+        {
+            best = Some((stage, r));
         }
     }
-    let (stage, components, host) = best.unwrap_or((Stage::Whole, Vec::new(), Vec::new()));
-    let whole = Config { tp: 1, pp: 1, ep: 1, cp: 1, gpus: 1, ..cfg.clone() };
-    let trainable = params::elements(&local_groups(&whole, Stage::Whole), |g| g.role == Role::Trainable);
+    let (
+        stage,
+        StageResult {
+            rows: components,
+            host,
+            timeline,
+        },
+    ) = best.unwrap_or((
+        Stage::Whole,
+        StageResult {
+            rows: Vec::new(),
+            host: Vec::new(),
+            timeline: timeline::Timeline {
+                events: Vec::new(),
+                peak: 0,
+            },
+        },
+    ));
+    let whole = Config {
+        tp: 1,
+        pp: 1,
+        ep: 1,
+        cp: 1,
+        gpus: 1,
+        ..cfg.clone()
+    };
+    let trainable = params::elements(&local_groups(&whole, Stage::Whole), |g| {
+        g.role == Role::Trainable
+    });
     let s = Summary::of(&components);
     let memory = Memory {
         parameters: s.parameters,
@@ -249,7 +476,12 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
         transient: s.transient,
         framework_overhead: s.framework_overhead,
         total: s.total,
+        peak: timeline.peak_bytes(),
         host: host.iter().map(|r| r.bytes).sum(),
+        peak_event: timeline
+            .peak_event()
+            .map(timeline::Event::label)
+            .unwrap_or_default(),
     };
     let dp = cfg.dp();
     let layout = Layout {
@@ -266,10 +498,21 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
     };
     let mut warnings = Vec::new();
     if cfg.sp && cfg.tp == 1 {
-        warnings.push("sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string());
+        warnings.push(
+            "sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string(),
+        );
+    }
+    if cfg.arch.softcap
+        && cfg.attn == config::Attention::Sdpa
+        && cfg.framework == config::Framework::Hf
+    {
+        warnings.push("transformers 5 refuses sdpa for Gemma-2 (its soft-capping needs eager or flash attention); estimated as if it ran".to_string());
     }
     if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
-        warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));
+        warnings.push(format!(
+            "seq = {} exceeds the model's max_position_embeddings = {}",
+            cfg.seq, cfg.arch.max_pos
+        ));
     }
     Ok(Estimate {
         model: cfg.display_name(),
@@ -283,6 +526,8 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
         host,
         memory,
         capacity: capacity(cfg),
+        timeline,
+        textbook: activations::textbook_rows(cfg),
         warnings,
     })
 }
@@ -322,7 +567,11 @@ mod tests {
 
     #[test]
     fn every_row_equals_its_formula() {
-        let cfg = Config { gpus: 8, zero: Zero::Z3, ..Config::default() };
+        let cfg = Config {
+            gpus: 8,
+            zero: Zero::Z3,
+            ..Config::default()
+        };
         let e = estimate(&cfg).expect("valid");
         for r in flatten(&e.components) {
             assert_eq!(r.bytes, r.expr.eval(), "{}", r.id);
@@ -331,17 +580,35 @@ mod tests {
 
     #[test]
     fn inconsistent_parallelism_names_the_key() {
-        let err = estimate(&Config { gpus: 6, tp: 4, ..Config::default() }).err();
+        let err = estimate(&Config {
+            gpus: 6,
+            tp: 4,
+            ..Config::default()
+        })
+        .err();
         assert_eq!(err.map(|e| e.key()), Some("gpus"));
-        let err = estimate(&Config { ep: 2, gpus: 2, ..Config::default() }).err();
+        let err = estimate(&Config {
+            ep: 2,
+            gpus: 2,
+            ..Config::default()
+        })
+        .err();
         assert_eq!(err.map(|e| e.key()), Some("ep"));
-        let err = estimate(&Config { offload: Offload::OptimizerParams, ..Config::default() }).err();
+        let err = estimate(&Config {
+            offload: Offload::OptimizerParams,
+            ..Config::default()
+        })
+        .err();
         assert_eq!(err.map(|e| e.key()), Some("offload"));
     }
 
     #[test]
     fn llama_3_1_8b_mixed_bf16_adamw_needs_16_bytes_per_parameter_of_model_states() {
-        let e = estimate(&Config { precision: Precision::MixedBf16, ..Config::default() }).expect("valid");
+        let e = estimate(&Config {
+            precision: Precision::MixedBf16,
+            ..Config::default()
+        })
+        .expect("valid");
         let states = e.memory.parameters + e.memory.gradients + e.memory.optimizer_states;
         assert_eq!(states, 16 * 8_030_261_248);
     }
