@@ -7,9 +7,8 @@
 use std::cell::Cell;
 use std::sync::atomic::AtomicBool;
 use trainmem::bench::{
-    decode_compact, encode_compact, fit_loglog, fused_bytes, materialized_bytes, reference,
-    seq_ladder, verify, AttentionShape, Bench, BenchError, BenchOptions, SharedResult, StopReason,
-    SweepOptions, SweepProgress, SweepResult, TimingMethod,
+    decode_compact, encode_compact, fit_loglog, fused_bytes, materialized_bytes, reference, seq_ladder, verify, AttentionShape, Bench,
+    BenchError, BenchOptions, SharedResult, StopReason, SweepOptions, SweepProgress, SweepResult, TimingMethod,
 };
 
 fn bench_with(options: BenchOptions) -> Bench {
@@ -56,24 +55,9 @@ fn timestamp_bytes(b: &Bench, runs: u32) -> u64 {
 }
 
 const SHAPES: [AttentionShape; 3] = [
-    AttentionShape {
-        batch: 1,
-        heads: 2,
-        seq: 37,
-        head_dim: 64,
-    },
-    AttentionShape {
-        batch: 1,
-        heads: 1,
-        seq: 100,
-        head_dim: 128,
-    },
-    AttentionShape {
-        batch: 2,
-        heads: 1,
-        seq: 17,
-        head_dim: 16,
-    },
+    AttentionShape { batch: 1, heads: 2, seq: 37, head_dim: 64 },
+    AttentionShape { batch: 1, heads: 1, seq: 100, head_dim: 128 },
+    AttentionShape { batch: 2, heads: 1, seq: 17, head_dim: 16 },
 ];
 
 #[test]
@@ -81,8 +65,7 @@ fn fused_attention_matches_the_cpu_reference() {
     let b = bench();
     for (i, shape) in SHAPES.into_iter().enumerate() {
         let (q, k, v) = reference::random_qkv(shape, i as u64);
-        let got =
-            pollster::block_on(b.run_fused(shape, &q, &k, &v)).expect("the fused kernel runs");
+        let got = pollster::block_on(b.run_fused(shape, &q, &k, &v)).expect("the fused kernel runs");
         let err = reference::max_abs_diff(&got, &reference::attention(shape, &q, &k, &v));
         assert!(err < 1e-4, "{shape}: max abs error {err}");
     }
@@ -93,8 +76,7 @@ fn materialized_attention_matches_the_cpu_reference() {
     let b = bench();
     for (i, shape) in SHAPES.into_iter().enumerate() {
         let (q, k, v) = reference::random_qkv(shape, 10 + i as u64);
-        let got = pollster::block_on(b.run_materialized(shape, &q, &k, &v))
-            .expect("the materialized path runs");
+        let got = pollster::block_on(b.run_materialized(shape, &q, &k, &v)).expect("the materialized path runs");
         let err = reference::max_abs_diff(&got.out, &reference::attention(shape, &q, &k, &v));
         assert!(err < 1e-4, "{shape}: max abs error {err}");
     }
@@ -105,8 +87,7 @@ fn the_materialized_scores_equal_q_k_transposed_over_root_d() {
     let b = bench();
     for (i, shape) in SHAPES.into_iter().enumerate() {
         let (q, k, v) = reference::random_qkv(shape, 20 + i as u64);
-        let got = pollster::block_on(b.run_materialized(shape, &q, &k, &v))
-            .expect("the materialized path runs");
+        let got = pollster::block_on(b.run_materialized(shape, &q, &k, &v)).expect("the materialized path runs");
         assert_eq!(got.scores.len() as u64, shape.score_elems());
         let err = reference::max_abs_diff(&got.scores, &reference::scores(shape, &q, &k));
         assert!(err < 1e-4, "{shape}: max abs error {err}");
@@ -127,40 +108,17 @@ fn the_sweep_stops_at_max_seq_with_both_kernels_at_every_point() {
     let r = sweep(&b, &small(64, 16, 96));
     let seqs: Vec<u32> = r.points.iter().map(|p| p.seq).collect();
     assert_eq!(seqs, vec![16, 24, 32, 48, 64, 96]);
-    assert!(r
-        .points
-        .iter()
-        .all(|p| p.materialized.is_some() && p.fused.is_some()));
-    assert_eq!(
-        (r.stop, r.materialized_stop),
-        (StopReason::MaxSeq, StopReason::MaxSeq)
-    );
+    assert!(r.points.iter().all(|p| p.materialized.is_some() && p.fused.is_some()));
+    assert_eq!((r.stop, r.materialized_stop), (StopReason::MaxSeq, StopReason::MaxSeq));
     assert_eq!(r.largest_materialized_seq, Some(96));
     for p in &r.points {
-        let shape = AttentionShape {
-            batch: 1,
-            heads: 1,
-            seq: p.seq,
-            head_dim: 64,
-        };
+        let shape = AttentionShape { batch: 1, heads: 1, seq: p.seq, head_dim: 64 };
         let (m, f) = (p.materialized.as_ref().unwrap(), p.fused.as_ref().unwrap());
         assert_eq!(p.score_bytes, shape.score_elems() * 4);
-        assert_eq!(
-            m.bytes_allocated,
-            materialized_bytes(shape) + timestamp_bytes(&b, 3),
-            "seq {}",
-            p.seq
-        );
-        assert_eq!(
-            f.bytes_allocated,
-            fused_bytes(shape) + timestamp_bytes(&b, 3),
-            "seq {}",
-            p.seq
-        );
+        assert_eq!(m.bytes_allocated, materialized_bytes(shape) + timestamp_bytes(&b, 3), "seq {}", p.seq);
+        assert_eq!(f.bytes_allocated, fused_bytes(shape) + timestamp_bytes(&b, 3), "seq {}", p.seq);
         assert!(m.median_ms > 0.0 && f.median_ms > 0.0 && m.runs == 3);
-        assert!(
-            m.gb_per_s > 0.0 && m.gflop_per_s > 0.0 && m.fraction_of_copy.is_some_and(|x| x > 0.0)
-        );
+        assert!(m.gb_per_s > 0.0 && m.gflop_per_s > 0.0 && m.fraction_of_copy.is_some_and(|x| x > 0.0));
     }
     assert!(r.copy.as_ref().is_some_and(|c| c.gb_per_s > 0.0));
 }
@@ -169,37 +127,20 @@ fn the_sweep_stops_at_max_seq_with_both_kernels_at_every_point() {
 fn the_sweep_stops_the_materialized_path_at_the_memory_cap_and_goes_on_fused() {
     let b = bench();
     let ts = timestamp_bytes(&b, 3);
-    let at = |s| AttentionShape {
-        batch: 1,
-        heads: 1,
-        seq: s,
-        head_dim: 8,
-    };
+    let at = |s| AttentionShape { batch: 1, heads: 1, seq: s, head_dim: 8 };
     let cap = materialized_bytes(at(64)) + ts + 1024;
-    let opts = SweepOptions {
-        mem_cap_bytes: cap,
-        ..small(8, 16, 512)
-    };
+    let opts = SweepOptions { mem_cap_bytes: cap, ..small(8, 16, 512) };
     let r = sweep(&b, &opts);
     assert_eq!(r.largest_materialized_seq, Some(64));
     assert_eq!(r.materialized_stop, StopReason::MemoryCap);
     // The fused kernel's memory is linear: it goes on as far as its own buffers fit the cap.
-    let fused_last = seq_ladder(16, 512)
-        .into_iter()
-        .filter(|&s| fused_bytes(at(s)) + ts <= cap)
-        .max()
-        .unwrap();
+    let fused_last = seq_ladder(16, 512).into_iter().filter(|&s| fused_bytes(at(s)) + ts <= cap).max().unwrap();
     assert!(fused_last > 64);
     assert_eq!(r.points.last().map(|p| p.seq), Some(fused_last));
     assert_eq!(r.stop, StopReason::MemoryCap);
     for p in &r.points {
         for k in [&p.materialized, &p.fused].into_iter().flatten() {
-            assert!(
-                k.bytes_allocated <= cap,
-                "seq {}: {} bytes above the cap {cap}",
-                p.seq,
-                k.bytes_allocated
-            );
+            assert!(k.bytes_allocated <= cap, "seq {}: {} bytes above the cap {cap}", p.seq, k.bytes_allocated);
         }
     }
 }
@@ -207,30 +148,18 @@ fn the_sweep_stops_the_materialized_path_at_the_memory_cap_and_goes_on_fused() {
 #[test]
 fn the_sweep_stops_at_artificially_small_adapter_limits() {
     // Buffers of at most 64 KiB: S = s² · 4 bytes fits up to s = 128.
-    let b = bench_with(BenchOptions {
-        max_buffer_bytes: Some(64 << 10),
-        ..BenchOptions::default()
-    });
+    let b = bench_with(BenchOptions { max_buffer_bytes: Some(64 << 10), ..BenchOptions::default() });
     assert_eq!(b.info().limits.max_buffer_size, 64 << 10);
     assert_eq!(b.info().limits.max_storage_buffer_binding_size, 64 << 10);
     let r = sweep(&b, &small(8, 16, 512));
     assert_eq!(r.largest_materialized_seq, Some(128));
     assert_eq!(r.materialized_stop, StopReason::AdapterLimit);
     assert_eq!(r.materializable_seq_limit, 128);
-    assert_eq!(
-        r.points.last().map(|p| p.seq),
-        Some(512),
-        "the fused kernel needs only 16 KiB per buffer at 512"
-    );
+    assert_eq!(r.points.last().map(|p| p.seq), Some(512), "the fused kernel needs only 16 KiB per buffer at 512");
     assert_eq!(r.stop, StopReason::MaxSeq);
     assert!(r.copy.as_ref().is_some_and(|c| c.bytes <= 64 << 10));
     // Asked directly for a shape beyond the limits, the bench refuses before touching the GPU.
-    let shape = AttentionShape {
-        batch: 1,
-        heads: 1,
-        seq: 256,
-        head_dim: 8,
-    };
+    let shape = AttentionShape { batch: 1, heads: 1, seq: 256, head_dim: 8 };
     let (q, k, v) = reference::random_qkv(shape, 1);
     let err = pollster::block_on(b.run_materialized(shape, &q, &k, &v)).unwrap_err();
     assert!(matches!(err, BenchError::TooLarge(_)), "{err}");
@@ -241,32 +170,16 @@ fn the_sweep_stops_at_artificially_small_adapter_limits() {
 #[test]
 fn the_sweep_stops_at_the_time_budget() {
     let b = bench();
-    let r = sweep(
-        &b,
-        &SweepOptions {
-            budget_ms: 0.0,
-            ..small(64, 256, 4096)
-        },
-    );
+    let r = sweep(&b, &SweepOptions { budget_ms: 0.0, ..small(64, 256, 4096) });
     assert_eq!(r.points.len(), 1, "the first point always runs");
     assert_eq!(r.stop, StopReason::TimeBudget);
     assert_eq!(r.materialized_stop, StopReason::TimeBudget);
 
     let budget = 1500.0;
-    let r = sweep(
-        &b,
-        &SweepOptions {
-            budget_ms: budget,
-            ..small(64, 256, 16384)
-        },
-    );
+    let r = sweep(&b, &SweepOptions { budget_ms: budget, ..small(64, 256, 16384) });
     assert_eq!(r.stop, StopReason::TimeBudget);
     assert!(r.points.len() < seq_ladder(256, 16384).len());
-    assert!(
-        r.elapsed_ms < 4.0 * budget,
-        "the sweep took {} ms for a {budget} ms budget",
-        r.elapsed_ms
-    );
+    assert!(r.elapsed_ms < 4.0 * budget, "the sweep took {} ms for a {budget} ms budget", r.elapsed_ms);
 }
 
 #[test]
@@ -278,8 +191,7 @@ fn a_cancelled_sweep_stops_between_points_and_keeps_what_it_measured() {
             cancel.set(true);
         }
     };
-    let r = pollster::block_on(b.sweep(&small(64, 16, 1024), &mut progress, &cancel))
-        .expect("a cancelled sweep is not an error");
+    let r = pollster::block_on(b.sweep(&small(64, 16, 1024), &mut progress, &cancel)).expect("a cancelled sweep is not an error");
     assert_eq!(r.points.len(), 2);
     assert_eq!(r.stop, StopReason::Cancelled);
 
@@ -305,29 +217,12 @@ fn memory_slopes_are_two_for_the_scores_and_one_for_the_fused_kernel() {
     let b = bench();
     let r = sweep(&b, &small(64, 128, 1024));
     let fused_mem = r.slopes.fused.memory.expect("fused memory slope");
-    let mat_mem = r
-        .slopes
-        .materialized
-        .memory
-        .expect("materialized memory slope");
-    assert!(
-        (fused_mem - 1.0).abs() < 0.02,
-        "fused memory slope {fused_mem}"
-    );
-    assert!(
-        mat_mem > 1.4 && mat_mem < 2.0,
-        "materialized memory slope {mat_mem}"
-    );
-    let scores: Vec<(f64, f64)> = r
-        .points
-        .iter()
-        .map(|p| (p.seq as f64, p.score_bytes as f64))
-        .collect();
+    let mat_mem = r.slopes.materialized.memory.expect("materialized memory slope");
+    assert!((fused_mem - 1.0).abs() < 0.02, "fused memory slope {fused_mem}");
+    assert!(mat_mem > 1.4 && mat_mem < 2.0, "materialized memory slope {mat_mem}");
+    let scores: Vec<(f64, f64)> = r.points.iter().map(|p| (p.seq as f64, p.score_bytes as f64)).collect();
     assert!((fit_loglog(&scores).unwrap() - 2.0).abs() < 1e-9);
-    for (name, t) in [
-        ("materialized", r.slopes.materialized.time),
-        ("fused", r.slopes.fused.time),
-    ] {
+    for (name, t) in [("materialized", r.slopes.materialized.time), ("fused", r.slopes.fused.time)] {
         let t = t.expect("time slope");
         assert!(t > 1.2 && t < 2.8, "{name} time slope {t}");
     }
@@ -340,11 +235,7 @@ fn results_travel_as_json_csv_and_a_compact_link_value() {
     let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
     for k in ["materialized", "fused"] {
         for m in ["time", "memory"] {
-            assert!(
-                json["slopes"][k][m].is_number(),
-                "slopes.{k}.{m} in {}",
-                json["slopes"]
-            );
+            assert!(json["slopes"][k][m].is_number(), "slopes.{k}.{m} in {}", json["slopes"]);
         }
     }
     assert_eq!(json["points"].as_array().unwrap().len(), r.points.len());
@@ -366,10 +257,7 @@ fn results_travel_as_json_csv_and_a_compact_link_value() {
 
 #[test]
 fn without_timestamps_runs_are_timed_on_the_wall_clock() {
-    let b = bench_with(BenchOptions {
-        use_timestamps: false,
-        ..BenchOptions::default()
-    });
+    let b = bench_with(BenchOptions { use_timestamps: false, ..BenchOptions::default() });
     assert!(!b.info().timestamps);
     let r = sweep(&b, &small(64, 64, 128));
     assert_eq!(r.timing, TimingMethod::WallClock);
@@ -388,11 +276,7 @@ fn timestamps_are_used_where_the_adapter_has_them() {
     assert_eq!(b.info().timestamps, has);
     if has {
         let r = sweep(&b, &small(64, 64, 128));
-        assert_eq!(
-            r.timing,
-            TimingMethod::GpuTimestamps,
-            "timestamps were enabled but every run fell back to the wall clock"
-        );
+        assert_eq!(r.timing, TimingMethod::GpuTimestamps, "timestamps were enabled but every run fell back to the wall clock");
         assert!(b.info().timestamp_period_ns > 0.0);
     }
 }
@@ -403,12 +287,7 @@ fn a_lost_device_is_an_error_not_a_panic() {
     b.lose_device();
     let err = pollster::block_on(b.sweep(&small(64, 16, 32), &mut |_| {}, &())).unwrap_err();
     assert!(matches!(err, BenchError::DeviceLost(_)), "{err}");
-    let shape = AttentionShape {
-        batch: 1,
-        heads: 1,
-        seq: 16,
-        head_dim: 8,
-    };
+    let shape = AttentionShape { batch: 1, heads: 1, seq: 16, head_dim: 8 };
     let (q, k, v) = reference::random_qkv(shape, 1);
     let err = pollster::block_on(b.run_fused(shape, &q, &k, &v)).unwrap_err();
     assert!(matches!(err, BenchError::DeviceLost(_)), "{err}");
@@ -418,25 +297,11 @@ fn a_lost_device_is_an_error_not_a_panic() {
 #[test]
 fn invalid_options_are_refused_before_any_gpu_work() {
     let b = bench();
-    for opts in [
-        SweepOptions {
-            heads: 0,
-            ..small(64, 16, 32)
-        },
-        SweepOptions {
-            head_dim: 256,
-            ..small(64, 16, 32)
-        },
-    ] {
+    for opts in [SweepOptions { heads: 0, ..small(64, 16, 32) }, SweepOptions { head_dim: 256, ..small(64, 16, 32) }] {
         let err = pollster::block_on(b.sweep(&opts, &mut |_| {}, &())).unwrap_err();
         assert!(matches!(err, BenchError::InvalidOptions(_)), "{err}");
     }
-    let shape = AttentionShape {
-        batch: 1,
-        heads: 1,
-        seq: 16,
-        head_dim: 8,
-    };
+    let shape = AttentionShape { batch: 1, heads: 1, seq: 16, head_dim: 8 };
     let err = pollster::block_on(b.run_fused(shape, &[0.0; 3], &[0.0; 3], &[0.0; 3])).unwrap_err();
     assert!(matches!(err, BenchError::InvalidOptions(_)), "{err}");
 }
@@ -445,32 +310,15 @@ fn invalid_options_are_refused_before_any_gpu_work() {
 fn the_cli_prints_a_table_or_json_with_slopes() {
     let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mut out = Vec::new();
-    trainmem::bench::cli::run(
-        &args(&["--max-seq", "384", "--heads", "1", "--json"]),
-        &mut out,
-    )
-    .expect("bench --json runs");
+    trainmem::bench::cli::run(&args(&["--max-seq", "384", "--heads", "1", "--json"]), &mut out).expect("bench --json runs");
     let json: serde_json::Value = serde_json::from_slice(&out).expect("bench --json prints JSON");
-    assert!(
-        json["slopes"]["materialized"]["time"].is_number()
-            && json["slopes"]["fused"]["memory"].is_number()
-    );
-    assert_eq!(
-        json["points"].as_array().unwrap().len(),
-        2,
-        "seq 256 and 384"
-    );
+    assert!(json["slopes"]["materialized"]["time"].is_number() && json["slopes"]["fused"]["memory"].is_number());
+    assert_eq!(json["points"].as_array().unwrap().len(), 2, "seq 256 and 384");
 
     let mut out = Vec::new();
-    trainmem::bench::cli::run(&args(&["--max-seq", "256", "--heads", "1"]), &mut out)
-        .expect("bench runs");
+    trainmem::bench::cli::run(&args(&["--max-seq", "256", "--heads", "1"]), &mut out).expect("bench runs");
     let text = String::from_utf8(out).unwrap();
-    assert!(
-        text.contains("adapter: ")
-            && text.contains("copy bandwidth")
-            && text.contains("log-log slopes"),
-        "{text}"
-    );
+    assert!(text.contains("adapter: ") && text.contains("copy bandwidth") && text.contains("log-log slopes"), "{text}");
 
     let err = trainmem::bench::cli::run(&args(&["--heads", "0"]), &mut Vec::new()).unwrap_err();
     assert!(err.contains("invalid benchmark options"), "{err}");

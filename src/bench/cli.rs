@@ -20,8 +20,7 @@ pub fn default_options() -> SweepOptions {
     }
 }
 
-const HELP: &str =
-    "trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
+const HELP: &str = "trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
   also: [--min-seq N] [--batch N] [--runs N] [--copy-mib N]
 Times attention with the score matrix materialized (as eager PyTorch) and fused (FlashAttention-
 style) over seq = 256, 384, 512, 768, … on this machine's GPU, next to a copy-bandwidth probe.";
@@ -44,21 +43,11 @@ pub fn parse_args(args: &[String]) -> Result<Option<(SweepOptions, bool)>, Strin
         };
         let (flag, value) = match flag.split_once('=') {
             Some((f, v)) => (f.to_string(), v.to_string()),
-            None => (
-                flag.to_string(),
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("--{flag} needs a value"))?,
-            ),
+            None => (flag.to_string(), it.next().cloned().ok_or_else(|| format!("--{flag} needs a value"))?),
         };
-        let int = |v: &str| -> Result<u64, String> {
-            v.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("--{flag} wants a whole number, not '{v}'"))
-        };
-        let small = |v: &str| -> Result<u32, String> {
-            u32::try_from(int(v)?).map_err(|_| format!("--{flag} is too large"))
-        };
+        let int =
+            |v: &str| -> Result<u64, String> { v.trim().parse::<u64>().map_err(|_| format!("--{flag} wants a whole number, not '{v}'")) };
+        let small = |v: &str| -> Result<u32, String> { u32::try_from(int(v)?).map_err(|_| format!("--{flag} is too large")) };
         match flag.as_str() {
             "max-seq" => opts.max_seq = small(&value)?,
             "min-seq" => opts.min_seq = small(&value)?,
@@ -81,34 +70,21 @@ pub fn parse_args(args: &[String]) -> Result<Option<(SweepOptions, bool)>, Strin
 /// `trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]`.
 pub fn run(args: &[String], out: &mut dyn std::io::Write) -> Result<(), String> {
     let Some((opts, json)) = parse_args(args)? else {
-        return out
-            .write_all(format!("usage: {HELP}\n").as_bytes())
-            .map_err(|e| e.to_string());
+        return out.write_all(format!("usage: {HELP}\n").as_bytes()).map_err(|e| e.to_string());
     };
-    let bench =
-        pollster::block_on(Bench::new(BenchOptions::default())).map_err(|e| e.to_string())?;
+    let bench = pollster::block_on(Bench::new(BenchOptions::default())).map_err(|e| e.to_string())?;
     let mut progress = |p: super::SweepProgress| {
         if !json {
             if let Some(s) = p.seq {
-                eprint!(
-                    "\rseq {s:>6}: {}/{} points, {:.1} s ",
-                    p.done,
-                    p.planned,
-                    p.elapsed_ms / 1e3
-                );
+                eprint!("\rseq {s:>6}: {}/{} points, {:.1} s ", p.done, p.planned, p.elapsed_ms / 1e3);
             }
         }
     };
-    let result =
-        pollster::block_on(bench.sweep(&opts, &mut progress, &())).map_err(|e| e.to_string())?;
+    let result = pollster::block_on(bench.sweep(&opts, &mut progress, &())).map_err(|e| e.to_string())?;
     if !json {
         eprintln!();
     }
-    let text = if json {
-        format!("{}\n", result.to_json())
-    } else {
-        render_table(&result)
-    };
+    let text = if json { format!("{}\n", result.to_json()) } else { render_table(&result) };
     out.write_all(text.as_bytes()).map_err(|e| e.to_string())
 }
 
@@ -124,38 +100,18 @@ fn slope(x: Option<f64>) -> String {
 pub fn render_table(r: &SweepResult) -> String {
     let mut s = String::new();
     let a = &r.adapter;
-    let _ = writeln!(
-        s,
-        "adapter: {} ({}, {}); timing: {}",
-        a.name,
-        a.backend,
-        a.device_type,
-        r.timing.label()
-    );
-    let _ = writeln!(
-        s,
-        "shape: batch {} × {} heads × head_dim {}, {}",
-        r.batch, r.heads, r.head_dim, r.dtype
-    );
+    let _ = writeln!(s, "adapter: {} ({}, {}); timing: {}", a.name, a.backend, a.device_type, r.timing.label());
+    let _ = writeln!(s, "shape: batch {} × {} heads × head_dim {}, {}", r.batch, r.heads, r.head_dim, r.dtype);
     match &r.copy {
         Some(c) => {
-            let _ = writeln!(
-                s,
-                "copy bandwidth: {:.2} GB/s ({:.0} MiB buffers)",
-                c.gb_per_s,
-                mib(c.bytes)
-            );
+            let _ = writeln!(s, "copy bandwidth: {:.2} GB/s ({:.0} MiB buffers)", c.gb_per_s, mib(c.bytes));
         }
         None => {
             let _ = writeln!(s, "copy bandwidth: not measured");
         }
     }
     let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "{:>6} | {:>30} materialized {:>13} | {:>14} fused {:>8}",
-        "", "", "", "", ""
-    );
+    let _ = writeln!(s, "{:>6} | {:>30} materialized {:>13} | {:>14} fused {:>8}", "", "", "", "", "");
     let _ = writeln!(
         s,
         "{:>6} | {:>9} {:>9} {:>9} {:>7} {:>8} {:>9} | {:>9} {:>9} {:>8}",
@@ -169,28 +125,13 @@ pub fn render_table(r: &SweepResult) -> String {
                 mib(k.bytes_allocated),
                 mib(p.score_bytes),
                 k.gb_per_s,
-                k.fraction_of_copy
-                    .map(|f| format!("{:.0} %", f * 100.0))
-                    .unwrap_or_else(|| "–".into()),
+                k.fraction_of_copy.map(|f| format!("{:.0} %", f * 100.0)).unwrap_or_else(|| "–".into()),
                 k.gflop_per_s
             ),
-            None => format!(
-                "{:>9} {:>9} {:>9.2} {:>7} {:>8} {:>9}",
-                "–",
-                "–",
-                mib(p.score_bytes),
-                "",
-                "",
-                ""
-            ),
+            None => format!("{:>9} {:>9} {:>9.2} {:>7} {:>8} {:>9}", "–", "–", mib(p.score_bytes), "", "", ""),
         };
         let f = match &p.fused {
-            Some(k) => format!(
-                "{:>9.3} {:>9.2} {:>8.2}",
-                k.median_ms,
-                mib(k.bytes_allocated),
-                k.gflop_per_s
-            ),
+            Some(k) => format!("{:>9.3} {:>9.2} {:>8.2}", k.median_ms, mib(k.bytes_allocated), k.gflop_per_s),
             None => format!("{:>9} {:>9} {:>8}", "–", "–", ""),
         };
         let _ = writeln!(s, "{:>6} | {m} | {f}", p.seq);
@@ -205,22 +146,14 @@ pub fn render_table(r: &SweepResult) -> String {
         slope(sl.fused.time),
         slope(sl.fused.memory)
     );
-    let largest = r
-        .largest_materialized_seq
-        .map(|x| x.to_string())
-        .unwrap_or_else(|| "none".into());
+    let largest = r.largest_materialized_seq.map(|x| x.to_string()).unwrap_or_else(|| "none".into());
     let _ = writeln!(
         s,
         "largest materialized seq: {largest} (stopped: {}); this device's limits allow up to seq {} for this shape",
         r.materialized_stop.label(),
         r.materializable_seq_limit
     );
-    let _ = write!(
-        s,
-        "sweep stopped: {} after {:.1} s",
-        r.stop.label(),
-        r.elapsed_ms / 1e3
-    );
+    let _ = write!(s, "sweep stopped: {} after {:.1} s", r.stop.label(), r.elapsed_ms / 1e3);
     if r.stop == StopReason::TimeBudget {
         let _ = write!(s, " (raise --budget-ms to go further)");
     }
@@ -238,25 +171,12 @@ mod tests {
 
     #[test]
     fn the_cli_reads_every_documented_option() {
-        let (o, json) = parse_args(&args(&[
-            "--max-seq",
-            "1024",
-            "--heads",
-            "2",
-            "--head-dim",
-            "128",
-            "--budget-ms",
-            "5000",
-            "--mem-mib=64",
-            "--json",
-        ]))
-        .unwrap()
-        .unwrap();
+        let (o, json) =
+            parse_args(&args(&["--max-seq", "1024", "--heads", "2", "--head-dim", "128", "--budget-ms", "5000", "--mem-mib=64", "--json"]))
+                .unwrap()
+                .unwrap();
         assert!(json);
-        assert_eq!(
-            (o.max_seq, o.heads, o.head_dim, o.budget_ms, o.mem_cap_bytes),
-            (1024, 2, 128, 5000.0, 64 << 20)
-        );
+        assert_eq!((o.max_seq, o.heads, o.head_dim, o.budget_ms, o.mem_cap_bytes), (1024, 2, 128, 5000.0, 64 << 20));
     }
 
     #[test]

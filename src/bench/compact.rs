@@ -94,10 +94,7 @@ impl SharedResult {
     /// The shareable part of a sweep.
     pub fn from_result(r: &SweepResult) -> SharedResult {
         let timing = |k: Option<&super::KernelPoint>| {
-            k.map(|k| SharedTiming {
-                ns: (k.median_ms * 1e6).round().clamp(0.0, u64::MAX as f64) as u64,
-                bytes: k.bytes_allocated,
-            })
+            k.map(|k| SharedTiming { ns: (k.median_ms * 1e6).round().clamp(0.0, u64::MAX as f64) as u64, bytes: k.bytes_allocated })
         };
         SharedResult {
             adapter: cut(&r.adapter.name, MAX_NAME),
@@ -106,19 +103,12 @@ impl SharedResult {
             batch: r.batch,
             heads: r.heads,
             head_dim: r.head_dim,
-            copy_mb_per_s: r
-                .copy
-                .as_ref()
-                .map(|c| (c.gb_per_s * 1e3).round().max(0.0) as u64),
+            copy_mb_per_s: r.copy.as_ref().map(|c| (c.gb_per_s * 1e3).round().max(0.0) as u64),
             points: r
                 .points
                 .iter()
                 .take(MAX_POINTS)
-                .map(|p| SharedPoint {
-                    seq: p.seq,
-                    materialized: timing(p.materialized.as_ref()),
-                    fused: timing(p.fused.as_ref()),
-                })
+                .map(|p| SharedPoint { seq: p.seq, materialized: timing(p.materialized.as_ref()), fused: timing(p.fused.as_ref()) })
                 .collect(),
         }
     }
@@ -148,14 +138,7 @@ impl SharedResult {
             .points
             .iter()
             .take(MAX_POINTS)
-            .map(|p| {
-                format!(
-                    "{}~{}~{}",
-                    n(p.seq as u64),
-                    timing(p.materialized),
-                    timing(p.fused)
-                )
-            })
+            .map(|p| format!("{}~{}~{}", n(p.seq as u64), timing(p.materialized), timing(p.fused)))
             .collect();
         [
             "1".to_string(),
@@ -183,10 +166,7 @@ impl SharedResult {
         if text.len() > MAX_LEN {
             return Err(DecodeError::TooLong(text.len()));
         }
-        if let Some(c) = text
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || "._~-".contains(*c)))
-        {
+        if let Some(c) = text.chars().find(|c| !(c.is_ascii_alphanumeric() || "._~-".contains(*c))) {
             return bad(format!("unexpected character {c:?}"));
         }
         let fields: Vec<&str> = text.split('.').collect();
@@ -194,22 +174,14 @@ impl SharedResult {
             return Err(DecodeError::Version(cut(fields[0], 16)));
         }
         let [_, adapter, backend, timing, batch, heads, head_dim, copy, points] = fields[..] else {
-            return bad(format!(
-                "expected 9 fields separated by '.', found {}",
-                fields.len()
-            ));
+            return bad(format!("expected 9 fields separated by '.', found {}", fields.len()));
         };
         let adapter = unescape(adapter, "adapter")?;
         let backend = unescape(backend, "backend")?;
         let timing = match timing {
             "t" => TimingMethod::GpuTimestamps,
             "w" => TimingMethod::WallClock,
-            other => {
-                return bad(format!(
-                    "timing must be 't' or 'w', not '{}'",
-                    cut(other, 16)
-                ))
-            }
+            other => return bad(format!("timing must be 't' or 'w', not '{}'", cut(other, 16))),
         };
         let size = |s: &str, what: &str| -> Result<u32, DecodeError> {
             let v = from_base36(s, what)?;
@@ -221,11 +193,7 @@ impl SharedResult {
         let batch = size(batch, "batch")?;
         let heads = size(heads, "heads")?;
         let head_dim = size(head_dim, "head_dim")?;
-        let copy_mb_per_s = if copy.is_empty() {
-            None
-        } else {
-            Some(from_base36(copy, "copy bandwidth")?)
-        };
+        let copy_mb_per_s = if copy.is_empty() { None } else { Some(from_base36(copy, "copy bandwidth")?) };
         let mut out = Vec::new();
         if !points.is_empty() {
             for (i, p) in points.split('_').enumerate() {
@@ -234,11 +202,7 @@ impl SharedResult {
                 }
                 let parts: Vec<&str> = p.split('~').collect();
                 let [seq, mt, mb, ft, fb] = parts[..] else {
-                    return bad(format!(
-                        "point {} has {} fields, expected 5",
-                        i + 1,
-                        parts.len()
-                    ));
+                    return bad(format!("point {} has {} fields, expected 5", i + 1, parts.len()));
                 };
                 let seq = size(seq, "seq")?;
                 if out.last().is_some_and(|prev: &SharedPoint| prev.seq >= seq) {
@@ -247,32 +211,14 @@ impl SharedResult {
                 let timing = |t: &str, b: &str| -> Result<Option<SharedTiming>, DecodeError> {
                     match (t.is_empty(), b.is_empty()) {
                         (true, true) => Ok(None),
-                        (false, false) => Ok(Some(SharedTiming {
-                            ns: from_base36(t, "time")?,
-                            bytes: from_base36(b, "bytes")?,
-                        })),
-                        _ => bad(format!(
-                            "point at seq {seq} has a time without bytes or bytes without a time"
-                        )),
+                        (false, false) => Ok(Some(SharedTiming { ns: from_base36(t, "time")?, bytes: from_base36(b, "bytes")? })),
+                        _ => bad(format!("point at seq {seq} has a time without bytes or bytes without a time")),
                     }
                 };
-                out.push(SharedPoint {
-                    seq,
-                    materialized: timing(mt, mb)?,
-                    fused: timing(ft, fb)?,
-                });
+                out.push(SharedPoint { seq, materialized: timing(mt, mb)?, fused: timing(ft, fb)? });
             }
         }
-        Ok(SharedResult {
-            adapter,
-            backend,
-            timing,
-            batch,
-            heads,
-            head_dim,
-            copy_mb_per_s,
-            points: out,
-        })
+        Ok(SharedResult { adapter, backend, timing, batch, heads, head_dim, copy_mb_per_s, points: out })
     }
 }
 
@@ -301,12 +247,7 @@ fn to_base36(mut x: u64) -> String {
 }
 
 fn from_base36(s: &str, what: &str) -> Result<u64, DecodeError> {
-    if s.is_empty()
-        || s.len() > 13
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-    {
+    if s.is_empty() || s.len() > 13 || !s.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase()) {
         return bad(format!("{what} is not a base-36 number"));
     }
     if s.len() > 1 && s.starts_with('0') {
@@ -335,12 +276,8 @@ fn unescape(s: &str, what: &str) -> Result<String, DecodeError> {
         match bytes[i] {
             b'_' => out.push(b' '),
             b'~' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok());
-                let Some(byte) = hex
-                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let Some(byte) = hex.filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())).and_then(|h| u8::from_str_radix(h, 16).ok())
                 else {
                     return bad(format!("{what} has a broken '~' escape"));
                 };
@@ -377,14 +314,9 @@ mod tests {
                     let s64 = s as u64;
                     SharedPoint {
                         seq: s,
-                        materialized: (s <= 2048).then_some(SharedTiming {
-                            ns: 3 * s64 * s64,
-                            bytes: 16 + 4 * 8 * s64 * 256 + 32 * s64 * s64,
-                        }),
-                        fused: Some(SharedTiming {
-                            ns: 2 * s64 * s64,
-                            bytes: 16 + 4 * 8 * s64 * 256,
-                        }),
+                        materialized: (s <= 2048)
+                            .then_some(SharedTiming { ns: 3 * s64 * s64, bytes: 16 + 4 * 8 * s64 * 256 + 32 * s64 * s64 }),
+                        fused: Some(SharedTiming { ns: 2 * s64 * s64, bytes: 16 + 4 * 8 * s64 * 256 }),
                     }
                 })
                 .collect(),
@@ -396,11 +328,7 @@ mod tests {
         let r = sample();
         let text = r.encode();
         assert!(text.len() < 400, "{} characters: {text}", text.len());
-        assert!(
-            text.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._~-".contains(c)),
-            "{text}"
-        );
+        assert!(text.chars().all(|c| c.is_ascii_alphanumeric() || "._~-".contains(c)), "{text}");
         assert_eq!(decode_compact(&text), Ok(r));
     }
 
@@ -441,10 +369,7 @@ mod tests {
         for c in cases {
             assert!(decode_compact(&c).is_err(), "accepted {c:?}");
         }
-        assert!(
-            decode_compact("1.a.v.t.1.1.1..").is_ok(),
-            "no points is a valid, empty result"
-        );
+        assert!(decode_compact("1.a.v.t.1.1.1..").is_ok(), "no points is a valid, empty result");
     }
 
     #[test]
@@ -463,9 +388,7 @@ mod tests {
     }
 
     fn arb_timing() -> impl Strategy<Value = Option<SharedTiming>> {
-        proptest::option::of(
-            (any::<u64>(), any::<u64>()).prop_map(|(ns, bytes)| SharedTiming { ns, bytes }),
-        )
+        proptest::option::of((any::<u64>(), any::<u64>()).prop_map(|(ns, bytes)| SharedTiming { ns, bytes }))
     }
 
     proptest! {

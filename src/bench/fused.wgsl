@@ -4,14 +4,14 @@
 // so the memory is Q, K, V and O only: linear in seq.
 //
 // Bindings (group 0):
-//   0  uniform               params: Params  { seq, head_dim, bh, scale }
-//   1  storage, read         q: array<f32>   [bh][seq][head_dim]
-//   2  storage, read         k: array<f32>   [bh][seq][head_dim]
-//   3  storage, read         v: array<f32>   [bh][seq][head_dim]
-//   4  storage, read_write   o: array<f32>   [bh][seq][head_dim]
+//   0  uniform               params: Params        { seq, head_dim, bh, scale }
+//   1  storage, read         q: array<vec4<f32>>   [bh][seq][head_dim / 4]
+//   2  storage, read         k: array<vec4<f32>>   [bh][seq][head_dim / 4]
+//   3  storage, read         v: array<vec4<f32>>   [bh][seq][head_dim / 4]
+//   4  storage, read_write   o: array<vec4<f32>>   [bh][seq][head_dim / 4]
 // Workgroup size: (64, 1, 1); dispatch (ceil(seq/64), bh, 1). One invocation per query row;
-// head_dim ≤ 128. Workgroup memory: K and V tiles of 16 × 128 f32 = 16 KiB (WebGPU's minimum
-// maxComputeWorkgroupStorageSize).
+// head_dim a multiple of 4, at most 128. Workgroup memory: K and V tiles of 16 × 128 f32 =
+// 16 KiB (WebGPU's minimum maxComputeWorkgroupStorageSize).
 
 struct Params {
     seq: u32,
@@ -21,19 +21,21 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> o: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> o: array<vec4<f32>>;
 
 const WG: u32 = 64u;
 const BC: u32 = 16u;
-const MAX_D: u32 = 128u;
+// head_dim / 4 at most.
+const MAX_D4: u32 = 32u;
 // Lowest finite f32 (WGSL has no infinity literal).
 const LOWEST: f32 = -3.40282347e38;
 
-var<workgroup> k_tile: array<f32, 2048>; // BC * MAX_D
-var<workgroup> v_tile: array<f32, 2048>;
+// [row][vec4 channel], BC × MAX_D4.
+var<workgroup> k_tile: array<vec4<f32>, 512>;
+var<workgroup> v_tile: array<vec4<f32>, 512>;
 
 @compute @workgroup_size(64, 1, 1)
 fn main(
@@ -41,21 +43,21 @@ fn main(
     @builtin(local_invocation_index) t: u32,
 ) {
     let n = params.seq;
-    let d = min(params.head_dim, MAX_D);
+    let d4 = min(params.head_dim / 4u, MAX_D4);
     let h = wg.y;
-    let base = h * n * d;
+    let base = h * n * d4;
     let i = wg.x * WG + t;
     let live = i < n;
 
-    var q_row: array<f32, 128>;
-    var acc: array<f32, 128>;
-    for (var c = 0u; c < d; c++) {
-        var x = 0.0;
+    var q_row: array<vec4<f32>, 32>;
+    var acc: array<vec4<f32>, 32>;
+    for (var c = 0u; c < d4; c++) {
+        var x = vec4<f32>(0.0);
         if (live) {
-            x = q[base + i * d + c] * params.scale;
+            x = q[base + i * d4 + c] * params.scale;
         }
         q_row[c] = x;
-        acc[c] = 0.0;
+        acc[c] = vec4<f32>(0.0);
     }
     var m = LOWEST;
     var l = 0.0;
@@ -63,39 +65,39 @@ fn main(
 
     for (var j0 = 0u; j0 < n; j0 += BC) {
         let rows = min(BC, n - j0);
-        for (var e = t; e < BC * d; e += WG) {
-            let r = e / d;
-            let c = e % d;
-            var kv = 0.0;
-            var vv = 0.0;
+        for (var e = t; e < BC * d4; e += WG) {
+            let r = e / d4;
+            let c = e % d4;
+            var kv = vec4<f32>(0.0);
+            var vv = vec4<f32>(0.0);
             if (r < rows) {
-                kv = k[base + (j0 + r) * d + c];
-                vv = v[base + (j0 + r) * d + c];
+                kv = k[base + (j0 + r) * d4 + c];
+                vv = v[base + (j0 + r) * d4 + c];
             }
-            k_tile[r * MAX_D + c] = kv;
-            v_tile[r * MAX_D + c] = vv;
+            k_tile[r * MAX_D4 + c] = kv;
+            v_tile[r * MAX_D4 + c] = vv;
         }
         workgroupBarrier();
         if (live) {
             var tile_max = m;
             for (var r = 0u; r < rows; r++) {
-                var dot = 0.0;
-                for (var c = 0u; c < d; c++) {
-                    dot += q_row[c] * k_tile[r * MAX_D + c];
+                var dt = 0.0;
+                for (var c = 0u; c < d4; c++) {
+                    dt += dot(q_row[c], k_tile[r * MAX_D4 + c]);
                 }
-                sc[r] = dot;
-                tile_max = max(tile_max, dot);
+                sc[r] = dt;
+                tile_max = max(tile_max, dt);
             }
             let corr = exp(m - tile_max);
             l = l * corr;
-            for (var c = 0u; c < d; c++) {
+            for (var c = 0u; c < d4; c++) {
                 acc[c] = acc[c] * corr;
             }
             for (var r = 0u; r < rows; r++) {
                 let pr = exp(sc[r] - tile_max);
                 l += pr;
-                for (var c = 0u; c < d; c++) {
-                    acc[c] += pr * v_tile[r * MAX_D + c];
+                for (var c = 0u; c < d4; c++) {
+                    acc[c] += pr * v_tile[r * MAX_D4 + c];
                 }
             }
             m = tile_max;
@@ -104,8 +106,8 @@ fn main(
     }
     if (live) {
         let inv = 1.0 / l;
-        for (var c = 0u; c < d; c++) {
-            o[base + i * d + c] = acc[c] * inv;
+        for (var c = 0u; c < d4; c++) {
+            o[base + i * d4 + c] = acc[c] * inv;
         }
     }
 }

@@ -30,11 +30,7 @@ pub struct BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions {
-            high_performance: true,
-            use_timestamps: true,
-            max_buffer_bytes: None,
-        }
+        BenchOptions { high_performance: true, use_timestamps: true, max_buffer_bytes: None }
     }
 }
 
@@ -67,49 +63,22 @@ impl LimitsSummary {
 
     /// The largest storage buffer the device accepts.
     pub fn max_storage_bytes(&self) -> u64 {
-        self.max_buffer_size
-            .min(self.max_storage_buffer_binding_size)
+        self.max_buffer_size.min(self.max_storage_buffer_binding_size)
     }
 
     /// What the kernels need, or which need is unmet.
     fn check_needs(&self) -> Result<(), BenchError> {
         let needs: [(&str, u64, u64); 6] = [
-            (
-                "max_compute_invocations_per_workgroup",
-                self.max_compute_invocations_per_workgroup as u64,
-                256,
-            ),
-            (
-                "max_compute_workgroup_size_x",
-                self.max_compute_workgroup_size_x as u64,
-                kernels::COPY_WG as u64,
-            ),
-            (
-                "max_compute_workgroup_size_y",
-                self.max_compute_workgroup_size_y as u64,
-                kernels::TILE as u64,
-            ),
-            (
-                "max_compute_workgroup_storage_size",
-                self.max_compute_workgroup_storage_size as u64,
-                kernels::FUSED_WORKGROUP_BYTES as u64,
-            ),
-            (
-                "max_storage_buffers_per_shader_stage",
-                self.max_storage_buffers_per_shader_stage as u64,
-                4,
-            ),
-            (
-                "max_compute_workgroups_per_dimension",
-                self.max_compute_workgroups_per_dimension as u64,
-                1,
-            ),
+            ("max_compute_invocations_per_workgroup", self.max_compute_invocations_per_workgroup as u64, 256),
+            ("max_compute_workgroup_size_x", self.max_compute_workgroup_size_x as u64, kernels::COPY_WG as u64),
+            ("max_compute_workgroup_size_y", self.max_compute_workgroup_size_y as u64, kernels::TILE as u64),
+            ("max_compute_workgroup_storage_size", self.max_compute_workgroup_storage_size as u64, kernels::FUSED_WORKGROUP_BYTES as u64),
+            ("max_storage_buffers_per_shader_stage", self.max_storage_buffers_per_shader_stage as u64, 4),
+            ("max_compute_workgroups_per_dimension", self.max_compute_workgroups_per_dimension as u64, 1),
         ];
         for (name, have, need) in needs {
             if have < need {
-                return Err(BenchError::Unsupported(format!(
-                    "{name} is {have}, the kernels need {need}"
-                )));
+                return Err(BenchError::Unsupported(format!("{name} is {have}, the kernels need {need}")));
             }
         }
         Ok(())
@@ -174,9 +143,7 @@ struct DeviceState {
 }
 
 fn lock(state: &Mutex<DeviceState>) -> MutexGuard<'_, DeviceState> {
-    state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// An opened GPU with the benchmark's pipelines: create once, run many sweeps.
@@ -190,9 +157,7 @@ pub struct Bench {
 
 impl std::fmt::Debug for Bench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bench")
-            .field("info", &self.info)
-            .finish_non_exhaustive()
+        f.debug_struct("Bench").field("info", &self.info).finish_non_exhaustive()
     }
 }
 
@@ -229,14 +194,8 @@ fn device_type_name(t: wgpu::DeviceType) -> String {
 fn feature_names(f: wgpu::Features) -> Vec<String> {
     [
         (wgpu::Features::TIMESTAMP_QUERY, "timestamp-query"),
-        (
-            wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
-            "timestamp-query-inside-encoders",
-        ),
-        (
-            wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
-            "timestamp-query-inside-passes",
-        ),
+        (wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS, "timestamp-query-inside-encoders"),
+        (wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES, "timestamp-query-inside-passes"),
         (wgpu::Features::SHADER_F16, "shader-f16"),
         (wgpu::Features::SUBGROUP, "subgroups"),
     ]
@@ -250,11 +209,7 @@ fn ceil_div(a: u64, b: u64) -> u32 {
     a.div_ceil(b) as u32
 }
 
-fn timestamp_writes(
-    ts: Option<(&wgpu::QuerySet, u32)>,
-    begin: bool,
-    end: bool,
-) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+fn timestamp_writes(ts: Option<(&wgpu::QuerySet, u32)>, begin: bool, end: bool) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
     ts.map(|(query_set, base)| wgpu::ComputePassTimestampWrites {
         query_set,
         beginning_of_pass_write_index: begin.then_some(base),
@@ -290,16 +245,10 @@ impl Bench {
     /// the kernels.
     pub async fn new(options: BenchOptions) -> Result<Bench, BenchError> {
         let instance = wgpu::Instance::new(instance_descriptor());
-        let power_preference = if options.high_performance {
-            wgpu::PowerPreference::HighPerformance
-        } else {
-            wgpu::PowerPreference::LowPower
-        };
+        let power_preference =
+            if options.high_performance { wgpu::PowerPreference::HighPerformance } else { wgpu::PowerPreference::LowPower };
         let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference,
-                ..Default::default()
-            })
+            .request_adapter(&wgpu::RequestAdapterOptions { power_preference, ..Default::default() })
             .await
             .map_err(|e| BenchError::NoAdapter(e.to_string().to_lowercase()))?;
         let adapter_info = adapter.get_info();
@@ -308,18 +257,12 @@ impl Bench {
         if let Some(cap) = options.max_buffer_bytes {
             let cap = cap.max(4);
             limits.max_buffer_size = limits.max_buffer_size.min(cap);
-            limits.max_storage_buffer_binding_size =
-                limits.max_storage_buffer_binding_size.min(cap);
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
         let summary = LimitsSummary::from_wgpu(&limits);
         summary.check_needs()?;
-        let timestamps =
-            options.use_timestamps && adapter_features.contains(wgpu::Features::TIMESTAMP_QUERY);
-        let required_features = if timestamps {
-            wgpu::Features::TIMESTAMP_QUERY
-        } else {
-            wgpu::Features::empty()
-        };
+        let timestamps = options.use_timestamps && adapter_features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let required_features = if timestamps { wgpu::Features::TIMESTAMP_QUERY } else { wgpu::Features::empty() };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("trainmem bench"),
@@ -339,11 +282,7 @@ impl Bench {
                     wgpu::DeviceLostReason::Destroyed => "destroyed",
                     wgpu::DeviceLostReason::Unknown => "unknown reason",
                 };
-                st.lost = Some(if message.is_empty() {
-                    why.to_string()
-                } else {
-                    format!("{why}: {message}")
-                });
+                st.lost = Some(if message.is_empty() { why.to_string() } else { format!("{why}: {message}") });
                 if let Some(w) = st.waker.take() {
                     w.wake();
                 }
@@ -370,27 +309,15 @@ impl Bench {
             limits: summary,
             features: feature_names(adapter_features),
             timestamps,
-            timestamp_period_ns: if timestamps {
-                queue.get_timestamp_period() as f64
-            } else {
-                0.0
-            },
+            timestamp_period_ns: if timestamps { queue.get_timestamp_period() as f64 } else { 0.0 },
         };
         let scope = ErrorScope::push(&device);
         let kernels = Kernels::new(&device);
         scope.pop().await.map_err(|e| match e {
-            BenchError::Validation(m) => {
-                BenchError::Unsupported(format!("a kernel failed to compile: {m}"))
-            }
+            BenchError::Validation(m) => BenchError::Unsupported(format!("a kernel failed to compile: {m}")),
             other => other,
         })?;
-        let bench = Bench {
-            device,
-            queue,
-            kernels,
-            info,
-            state,
-        };
+        let bench = Bench { device, queue, kernels, info, state };
         bench.check()?;
         Ok(bench)
     }
@@ -409,13 +336,7 @@ impl Bench {
 
     /// Runs the materialized path (scores, softmax, P·V) once on the given Q, K, V
     /// (`[bh][s][d]` each) and reads back S (as the scores kernel wrote it) and O.
-    pub async fn run_materialized(
-        &self,
-        shape: AttentionShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<MaterializedOutput, BenchError> {
+    pub async fn run_materialized(&self, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<MaterializedOutput, BenchError> {
         self.check_run(Kernel::Materialized, shape, q, k, v)?;
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
@@ -423,18 +344,8 @@ impl Bench {
         let setup = self.materialized_setup(shape, &inputs, &mut alloc)?;
         let s_bytes = shape.score_elems() * 4;
         let o_bytes = shape.qkv_elems() * 4;
-        let read_s = self.buffer(
-            "scores readback",
-            s_bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            &mut alloc,
-        )?;
-        let read_o = self.buffer(
-            "out readback",
-            o_bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            &mut alloc,
-        )?;
+        let read_s = self.buffer("scores readback", s_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, &mut alloc)?;
+        let read_o = self.buffer("out readback", o_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, &mut alloc)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
         self.encode_materialized(&mut enc, shape, &setup, None, Some(&read_s));
         enc.copy_buffer_to_buffer(&setup.o, 0, &read_o, 0, o_bytes);
@@ -446,25 +357,14 @@ impl Bench {
     }
 
     /// Runs the fused kernel once on the given Q, K, V (`[bh][s][d]` each) and reads back O.
-    pub async fn run_fused(
-        &self,
-        shape: AttentionShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<Vec<f32>, BenchError> {
+    pub async fn run_fused(&self, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>, BenchError> {
         self.check_run(Kernel::Fused, shape, q, k, v)?;
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
         let inputs = self.inputs(shape, q, k, v, &mut alloc)?;
         let setup = self.fused_setup(&inputs, &mut alloc)?;
         let o_bytes = shape.qkv_elems() * 4;
-        let read_o = self.buffer(
-            "out readback",
-            o_bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            &mut alloc,
-        )?;
+        let read_o = self.buffer("out readback", o_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, &mut alloc)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
         self.encode_fused(&mut enc, shape, &setup, None);
         enc.copy_buffer_to_buffer(&setup.o, 0, &read_o, 0, o_bytes);
@@ -486,19 +386,12 @@ impl Bench {
             label: Some("copy"),
             layout: &self.kernels.copy.get_bind_group_layout(0),
             entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: src.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: dst.as_entire_binding(),
-                },
+                wgpu::BindGroupEntry { binding: 0, resource: src.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 1, resource: dst.as_entire_binding() },
             ],
         });
         scope.pop().await?;
-        let groups = ceil_div(bytes / 16, kernels::COPY_WG as u64)
-            .clamp(1, self.info.limits.max_compute_workgroups_per_dimension);
+        let groups = ceil_div(bytes / 16, kernels::COPY_WG as u64).clamp(1, self.info.limits.max_compute_workgroups_per_dimension);
         let encode = |enc: &mut wgpu::CommandEncoder, ts: Option<(&wgpu::QuerySet, u32)>| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("copy"),
@@ -510,12 +403,7 @@ impl Bench {
         };
         let timed = self.time_runs(1, runs, &mut alloc, &encode).await?;
         let median_ms = super::results::median(&timed.times_ms);
-        Ok(CopyProbe {
-            bytes,
-            median_ms,
-            gb_per_s: 2.0 * bytes as f64 / (median_ms * 1e6),
-            timing: timed.method,
-        })
+        Ok(CopyProbe { bytes, median_ms, gb_per_s: 2.0 * bytes as f64 / (median_ms * 1e6), timing: timed.method })
     }
 
     /// Times `runs` runs (after `warmup`) of one kernel on random Q, K, V of `shape`.
@@ -537,8 +425,7 @@ impl Bench {
             Kernel::Materialized => {
                 let setup = self.materialized_setup(shape, &inputs, &mut alloc)?;
                 scope.pop().await?;
-                let encode = |enc: &mut wgpu::CommandEncoder,
-                              ts: Option<(&wgpu::QuerySet, u32)>| {
+                let encode = |enc: &mut wgpu::CommandEncoder, ts: Option<(&wgpu::QuerySet, u32)>| {
                     self.encode_materialized(enc, shape, &setup, ts, None)
                 };
                 self.time_runs(warmup, runs, &mut alloc, &encode).await?
@@ -546,10 +433,7 @@ impl Bench {
             Kernel::Fused => {
                 let setup = self.fused_setup(&inputs, &mut alloc)?;
                 scope.pop().await?;
-                let encode = |enc: &mut wgpu::CommandEncoder,
-                              ts: Option<(&wgpu::QuerySet, u32)>| {
-                    self.encode_fused(enc, shape, &setup, ts)
-                };
+                let encode = |enc: &mut wgpu::CommandEncoder, ts: Option<(&wgpu::QuerySet, u32)>| self.encode_fused(enc, shape, &setup, ts);
                 self.time_runs(warmup, runs, &mut alloc, &encode).await?
             }
         };
@@ -568,83 +452,39 @@ impl Bench {
         }
     }
 
-    fn check_run(
-        &self,
-        kernel: Kernel,
-        shape: AttentionShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(), BenchError> {
+    fn check_run(&self, kernel: Kernel, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<(), BenchError> {
         self.check()?;
         sweep::check_shape(shape).map_err(BenchError::InvalidOptions)?;
         let n = shape.qkv_elems();
         for (name, x) in [("q", q), ("k", k), ("v", v)] {
             if x.len() as u64 != n {
-                return Err(BenchError::InvalidOptions(format!(
-                    "{name} has {} elements, the shape needs {n}",
-                    x.len()
-                )));
+                return Err(BenchError::InvalidOptions(format!("{name} has {} elements, the shape needs {n}", x.len())));
             }
         }
         sweep::check_fit(kernel, shape, &self.info.limits).map_err(BenchError::TooLarge)
     }
 
     /// Creates a buffer after checking it against the device's limits; adds its size to `alloc`.
-    fn buffer(
-        &self,
-        label: &str,
-        size: u64,
-        usage: wgpu::BufferUsages,
-        alloc: &mut u64,
-    ) -> Result<wgpu::Buffer, BenchError> {
+    fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages, alloc: &mut u64) -> Result<wgpu::Buffer, BenchError> {
         let size = size.max(4).next_multiple_of(4);
         let limits = &self.info.limits;
         if size > limits.max_buffer_size {
-            return Err(BenchError::TooLarge(format!(
-                "{label} needs {size} bytes, above max_buffer_size ({})",
-                limits.max_buffer_size
-            )));
+            return Err(BenchError::TooLarge(format!("{label} needs {size} bytes, above max_buffer_size ({})", limits.max_buffer_size)));
         }
-        if usage.contains(wgpu::BufferUsages::STORAGE)
-            && size > limits.max_storage_buffer_binding_size
-        {
+        if usage.contains(wgpu::BufferUsages::STORAGE) && size > limits.max_storage_buffer_binding_size {
             return Err(BenchError::TooLarge(format!(
                 "{label} needs {size} bytes, above max_storage_buffer_binding_size ({})",
                 limits.max_storage_buffer_binding_size
             )));
         }
         *alloc += size;
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: false,
-        }))
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false }))
     }
 
-    fn inputs(
-        &self,
-        shape: AttentionShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        alloc: &mut u64,
-    ) -> Result<Inputs, BenchError> {
-        let params = Params {
-            seq: shape.seq,
-            head_dim: shape.head_dim,
-            bh: shape.bh() as u32,
-            scale: shape.scale(),
-        };
-        let uniform = self.buffer(
-            "params",
-            16,
-            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            alloc,
-        )?;
-        self.queue
-            .write_buffer(&uniform, 0, bytemuck::bytes_of(&params));
+    fn inputs(&self, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32], alloc: &mut u64) -> Result<Inputs, BenchError> {
+        let params = Params { seq: shape.seq, head_dim: shape.head_dim, bh: shape.bh() as u32, scale: shape.scale() };
+        let uniform = self.buffer("params", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST, alloc)?;
+        self.queue.write_buffer(&uniform, 0, bytemuck::bytes_of(&params));
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
         let bytes = shape.qkv_elems() * 4;
         let mut make = |label: &str, data: &[f32]| -> Result<wgpu::Buffer, BenchError> {
@@ -653,28 +493,12 @@ impl Bench {
             Ok(b)
         };
         let (qb, kb, vb) = (make("q", q)?, make("k", k)?, make("v", v)?);
-        Ok(Inputs {
-            params: uniform,
-            q: qb,
-            k: kb,
-            v: vb,
-        })
+        Ok(Inputs { params: uniform, q: qb, k: kb, v: vb })
     }
 
-    fn group(
-        &self,
-        label: &str,
-        pipeline: &wgpu::ComputePipeline,
-        buffers: &[&wgpu::Buffer],
-    ) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
+    fn group(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> =
+            buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout: &pipeline.get_bind_group_layout(0),
@@ -682,31 +506,12 @@ impl Bench {
         })
     }
 
-    fn materialized_setup(
-        &self,
-        shape: AttentionShape,
-        inputs: &Inputs,
-        alloc: &mut u64,
-    ) -> Result<MaterializedSetup, BenchError> {
-        let s = self.buffer(
-            "scores",
-            shape.score_elems() * 4,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            alloc,
-        )?;
-        let o = self.buffer(
-            "out",
-            shape.qkv_elems() * 4,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            alloc,
-        )?;
+    fn materialized_setup(&self, shape: AttentionShape, inputs: &Inputs, alloc: &mut u64) -> Result<MaterializedSetup, BenchError> {
+        let s = self.buffer("scores", shape.score_elems() * 4, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
+        let o = self.buffer("out", shape.qkv_elems() * 4, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
         let k = &self.kernels;
         Ok(MaterializedSetup {
-            scores: self.group(
-                "scores",
-                &k.scores,
-                &[&inputs.params, &inputs.q, &inputs.k, &s],
-            ),
+            scores: self.group("scores", &k.scores, &[&inputs.params, &inputs.q, &inputs.k, &s]),
             softmax: self.group("softmax", &k.softmax, &[&inputs.params, &s]),
             pv: self.group("pv", &k.pv, &[&inputs.params, &s, &inputs.v, &o]),
             s,
@@ -715,17 +520,8 @@ impl Bench {
     }
 
     fn fused_setup(&self, inputs: &Inputs, alloc: &mut u64) -> Result<FusedSetup, BenchError> {
-        let o = self.buffer(
-            "out",
-            inputs.q.size(),
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            alloc,
-        )?;
-        let group = self.group(
-            "fused",
-            &self.kernels.fused,
-            &[&inputs.params, &inputs.q, &inputs.k, &inputs.v, &o],
-        );
+        let o = self.buffer("out", inputs.q.size(), wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
+        let group = self.group("fused", &self.kernels.fused, &[&inputs.params, &inputs.q, &inputs.k, &inputs.v, &o]);
         Ok(FusedSetup { o, group })
     }
 
@@ -740,7 +536,7 @@ impl Bench {
         scores_copy: Option<&wgpu::Buffer>,
     ) {
         let (s, d, bh) = (shape.seq as u64, shape.head_dim as u64, shape.bh() as u32);
-        let tile = kernels::TILE as u64;
+        let block = kernels::BLOCK as u64;
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("scores"),
@@ -748,16 +544,13 @@ impl Bench {
             });
             pass.set_pipeline(&self.kernels.scores);
             pass.set_bind_group(0, &setup.scores, &[]);
-            pass.dispatch_workgroups(ceil_div(s, tile), ceil_div(s, tile), bh);
+            pass.dispatch_workgroups(ceil_div(s, block), ceil_div(s, block), bh);
         }
         if let Some(dst) = scores_copy {
             enc.copy_buffer_to_buffer(&setup.s, 0, dst, 0, shape.score_elems() * 4);
         }
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("softmax"),
-                timestamp_writes: None,
-            });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("softmax"), timestamp_writes: None });
             pass.set_pipeline(&self.kernels.softmax);
             pass.set_bind_group(0, &setup.softmax, &[]);
             pass.dispatch_workgroups(shape.seq, bh, 1);
@@ -769,28 +562,16 @@ impl Bench {
             });
             pass.set_pipeline(&self.kernels.pv);
             pass.set_bind_group(0, &setup.pv, &[]);
-            pass.dispatch_workgroups(ceil_div(d, tile), ceil_div(s, tile), bh);
+            pass.dispatch_workgroups(ceil_div(d, block), ceil_div(s, block), bh);
         }
     }
 
-    fn encode_fused(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        shape: AttentionShape,
-        setup: &FusedSetup,
-        ts: Option<(&wgpu::QuerySet, u32)>,
-    ) {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("fused"),
-            timestamp_writes: timestamp_writes(ts, true, true),
-        });
+    fn encode_fused(&self, enc: &mut wgpu::CommandEncoder, shape: AttentionShape, setup: &FusedSetup, ts: Option<(&wgpu::QuerySet, u32)>) {
+        let mut pass = enc
+            .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("fused"), timestamp_writes: timestamp_writes(ts, true, true) });
         pass.set_pipeline(&self.kernels.fused);
         pass.set_bind_group(0, &setup.group, &[]);
-        pass.dispatch_workgroups(
-            ceil_div(shape.seq as u64, kernels::FUSED_WG as u64),
-            shape.bh() as u32,
-            1,
-        );
+        pass.dispatch_workgroups(ceil_div(shape.seq as u64, kernels::FUSED_WG as u64), shape.bh() as u32, 1);
     }
 
     /// `warmup` untimed runs, then `runs` runs each submitted alone and awaited; GPU timestamps
@@ -812,18 +593,8 @@ impl Bench {
                 count,
             });
             let bytes = count as u64 * wgpu::QUERY_SIZE as u64;
-            let resolve = self.buffer(
-                "timestamps",
-                bytes,
-                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                alloc,
-            )?;
-            let read = self.buffer(
-                "timestamps readback",
-                bytes,
-                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                alloc,
-            )?;
+            let resolve = self.buffer("timestamps", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, alloc)?;
+            let read = self.buffer("timestamps readback", bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, alloc)?;
             Some((set, resolve, read, bytes))
         } else {
             None
@@ -851,34 +622,17 @@ impl Bench {
             enc.copy_buffer_to_buffer(resolve, 0, read, 0, *bytes);
             self.queue.submit([enc.finish()]);
             let raw = self.read(read).await?;
-            let ticks: Vec<u64> = raw
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect();
+            let ticks: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
             let period = self.info.timestamp_period_ns;
-            let gpu: Vec<f64> = ticks
-                .chunks_exact(2)
-                .map(|p| p[1].wrapping_sub(p[0]) as f64 * period / 1e6)
-                .collect();
+            let gpu: Vec<f64> = ticks.chunks_exact(2).map(|p| p[1].wrapping_sub(p[0]) as f64 * period / 1e6).collect();
             let sane = gpu.len() == runs as usize
                 && ticks.chunks_exact(2).all(|p| p[1] > p[0])
-                && gpu
-                    .iter()
-                    .zip(&wall)
-                    .all(|(g, w)| g.is_finite() && *g <= w * 2.0 + 1.0);
+                && gpu.iter().zip(&wall).all(|(g, w)| g.is_finite() && *g <= w * 2.0 + 1.0);
             if sane {
-                return Ok(Timed {
-                    times_ms: gpu,
-                    method: TimingMethod::GpuTimestamps,
-                    bytes_allocated: *alloc,
-                });
+                return Ok(Timed { times_ms: gpu, method: TimingMethod::GpuTimestamps, bytes_allocated: *alloc });
             }
         }
-        Ok(Timed {
-            times_ms: wall,
-            method: TimingMethod::WallClock,
-            bytes_allocated: *alloc,
-        })
+        Ok(Timed { times_ms: wall, method: TimingMethod::WallClock, bytes_allocated: *alloc })
     }
 
     /// Waits until the queue has run everything submitted so far.
@@ -904,11 +658,7 @@ impl Bench {
     }
 
     /// Awaits a callback's channel, or the device's loss, whichever comes first.
-    async fn await_gpu<T>(
-        &self,
-        mut rx: oneshot::Receiver<T>,
-        what: &str,
-    ) -> Result<T, BenchError> {
+    async fn await_gpu<T>(&self, mut rx: oneshot::Receiver<T>, what: &str) -> Result<T, BenchError> {
         std::future::poll_fn(|cx| match Pin::new(&mut rx).poll(cx) {
             Poll::Ready(Ok(v)) => Poll::Ready(Ok(v)),
             Poll::Ready(Err(_)) => Poll::Ready(Err(match self.check() {
@@ -934,14 +684,9 @@ impl Bench {
             let _ = tx.send(r);
         });
         self.poll()?;
-        self.await_gpu(rx, "map")
-            .await?
-            .map_err(|e| BenchError::Readback(e.to_string().to_lowercase()))?;
+        self.await_gpu(rx, "map").await?.map_err(|e| BenchError::Readback(e.to_string().to_lowercase()))?;
         let bytes = {
-            let view = buffer
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| BenchError::Readback(e.to_string().to_lowercase()))?;
+            let view = buffer.slice(..).get_mapped_range().map_err(|e| BenchError::Readback(e.to_string().to_lowercase()))?;
             view.to_vec()
         };
         buffer.unmap();
@@ -951,10 +696,7 @@ impl Bench {
 
     async fn read_f32(&self, buffer: &wgpu::Buffer) -> Result<Vec<f32>, BenchError> {
         let bytes = self.read(buffer).await?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 }
 

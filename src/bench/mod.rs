@@ -63,19 +63,10 @@ mod verify;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
 
-pub use compact::{
-    decode_compact, encode_compact, DecodeError, SharedPoint, SharedResult, SharedTiming,
-    MAX_LEN as COMPACT_MAX_LEN,
-};
+pub use compact::{decode_compact, encode_compact, DecodeError, SharedPoint, SharedResult, SharedTiming, MAX_LEN as COMPACT_MAX_LEN};
 pub use gpu::{AdapterSummary, Bench, BenchOptions, CopyProbe, LimitsSummary, MaterializedOutput};
-pub use results::{
-    fit_loglog, KernelPoint, KernelSlopes, Slopes, StopReason, SweepPoint, SweepResult,
-    TimingMethod,
-};
-pub use sweep::{
-    fused_bytes, materialized_bytes, max_materializable_seq, seq_ladder, CancelToken, SweepOptions,
-    SweepProgress, MAX_RUNS,
-};
+pub use results::{fit_loglog, KernelPoint, KernelSlopes, Slopes, StopReason, SweepPoint, SweepResult, TimingMethod};
+pub use sweep::{fused_bytes, materialized_bytes, max_materializable_seq, seq_ladder, CancelToken, SweepOptions, SweepProgress, MAX_RUNS};
 pub use verify::{verify, verify_shapes, VerifyCase, VerifyReport, TOLERANCE};
 
 use serde::{Deserialize, Serialize};
@@ -151,10 +142,6 @@ impl AttentionShape {
 
 impl std::fmt::Display for AttentionShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "batch {} × {} heads × seq {} × head_dim {}",
-            self.batch, self.heads, self.seq, self.head_dim
-        )
+        write!(f, "batch {} × {} heads × seq {} × head_dim {}", self.batch, self.heads, self.seq, self.head_dim)
     }
 }

@@ -27,11 +27,7 @@ pub fn random_values(n: usize, seed: u64) -> Vec<f32> {
 /// Random Q, K, V for `shape`, from one seed.
 pub fn random_qkv(shape: AttentionShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let n = shape.qkv_elems() as usize;
-    (
-        random_values(n, seed),
-        random_values(n, seed.wrapping_add(1)),
-        random_values(n, seed.wrapping_add(2)),
-    )
+    (random_values(n, seed), random_values(n, seed.wrapping_add(1)), random_values(n, seed.wrapping_add(2)))
 }
 
 /// `S[h][i][j] = Σ_c Q[h][i][c]·K[h][j][c] / √d`.
@@ -65,12 +61,7 @@ pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<
             let qi = &q[base + i * d..base + (i + 1) * d];
             for (j, r) in row.iter_mut().enumerate() {
                 let kj = &k[base + j * d..base + (j + 1) * d];
-                *r = qi
-                    .iter()
-                    .zip(kj)
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum::<f64>()
-                    * scale;
+                *r = qi.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale;
             }
             let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let mut sum = 0.0;
@@ -79,11 +70,7 @@ pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<
                 sum += *r;
             }
             for c in 0..d {
-                let acc: f64 = row
-                    .iter()
-                    .enumerate()
-                    .map(|(j, p)| p * v[base + j * d + c] as f64)
-                    .sum();
+                let acc: f64 = row.iter().enumerate().map(|(j, p)| p * v[base + j * d + c] as f64).sum();
                 o[base + i * d + c] = (acc / sum) as f32;
             }
         }
@@ -115,12 +102,7 @@ mod tests {
     use super::*;
 
     fn shape(bh: u32, seq: u32, d: u32) -> AttentionShape {
-        AttentionShape {
-            batch: 1,
-            heads: bh,
-            seq,
-            head_dim: d,
-        }
+        AttentionShape { batch: 1, heads: bh, seq, head_dim: d }
     }
 
     #[test]

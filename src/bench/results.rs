@@ -107,15 +107,9 @@ impl Slopes {
         let one = |series: &[(f64, f64, f64)]| {
             let time: Vec<(f64, f64)> = series.iter().map(|&(s, t, _)| (s, t)).collect();
             let memory: Vec<(f64, f64)> = series.iter().map(|&(s, _, b)| (s, b)).collect();
-            KernelSlopes {
-                time: fit_loglog(&time),
-                memory: fit_loglog(&memory),
-            }
+            KernelSlopes { time: fit_loglog(&time), memory: fit_loglog(&memory) }
         };
-        Slopes {
-            materialized: one(materialized),
-            fused: one(fused),
-        }
+        Slopes { materialized: one(materialized), fused: one(fused) }
     }
 }
 
@@ -190,11 +184,7 @@ impl SweepResult {
         self.points
             .iter()
             .filter_map(|p| {
-                let k = if fused {
-                    p.fused.as_ref()
-                } else {
-                    p.materialized.as_ref()
-                }?;
+                let k = if fused { p.fused.as_ref() } else { p.materialized.as_ref() }?;
                 Some((p.seq as f64, k.median_ms, k.bytes_allocated as f64))
             })
             .collect()
@@ -206,11 +196,8 @@ impl SweepResult {
 /// Points with a non-positive or non-finite coordinate are skipped; `None` when fewer than
 /// two distinct `x` remain.
 pub fn fit_loglog(points: &[(f64, f64)]) -> Option<f64> {
-    let logs: Vec<(f64, f64)> = points
-        .iter()
-        .filter(|(x, y)| x.is_finite() && y.is_finite() && *x > 0.0 && *y > 0.0)
-        .map(|(x, y)| (x.ln(), y.ln()))
-        .collect();
+    let logs: Vec<(f64, f64)> =
+        points.iter().filter(|(x, y)| x.is_finite() && y.is_finite() && *x > 0.0 && *y > 0.0).map(|(x, y)| (x.ln(), y.ln())).collect();
     let n = logs.len() as f64;
     if logs.len() < 2 {
         return None;
@@ -247,14 +234,8 @@ mod tests {
 
     #[test]
     fn the_fit_of_a_quadratic_is_two_and_of_a_line_is_one() {
-        let quad: Vec<(f64, f64)> = [256.0, 384.0, 512.0, 768.0, 1024.0]
-            .iter()
-            .map(|&s| (s, 4.0 * s * s))
-            .collect();
-        let line: Vec<(f64, f64)> = [256.0, 384.0, 512.0, 768.0, 1024.0]
-            .iter()
-            .map(|&s| (s, 1e3 * s))
-            .collect();
+        let quad: Vec<(f64, f64)> = [256.0, 384.0, 512.0, 768.0, 1024.0].iter().map(|&s| (s, 4.0 * s * s)).collect();
+        let line: Vec<(f64, f64)> = [256.0, 384.0, 512.0, 768.0, 1024.0].iter().map(|&s| (s, 1e3 * s)).collect();
         assert!((fit_loglog(&quad).unwrap() - 2.0).abs() < 1e-9);
         assert!((fit_loglog(&line).unwrap() - 1.0).abs() < 1e-9);
     }
@@ -278,10 +259,7 @@ mod tests {
         assert_eq!(fit_loglog(&[]), None);
         assert_eq!(fit_loglog(&[(1.0, 2.0)]), None);
         assert_eq!(fit_loglog(&[(3.0, 2.0), (3.0, 5.0)]), None);
-        assert_eq!(
-            fit_loglog(&[(0.0, 2.0), (-1.0, 5.0), (f64::NAN, 1.0)]),
-            None
-        );
+        assert_eq!(fit_loglog(&[(0.0, 2.0), (-1.0, 5.0), (f64::NAN, 1.0)]), None);
         assert!(fit_loglog(&[(0.0, 2.0), (2.0, 4.0), (4.0, 8.0)]).is_some());
     }
 
@@ -294,14 +272,8 @@ mod tests {
 
     #[test]
     fn slopes_fit_each_kernel_separately() {
-        let mat: Vec<(f64, f64, f64)> = [512.0, 1024.0, 2048.0]
-            .iter()
-            .map(|&s| (s, s * s, 4.0 * s * s))
-            .collect();
-        let fused: Vec<(f64, f64, f64)> = [512.0, 1024.0, 2048.0]
-            .iter()
-            .map(|&s| (s, s * s, 4.0 * s))
-            .collect();
+        let mat: Vec<(f64, f64, f64)> = [512.0, 1024.0, 2048.0].iter().map(|&s| (s, s * s, 4.0 * s * s)).collect();
+        let fused: Vec<(f64, f64, f64)> = [512.0, 1024.0, 2048.0].iter().map(|&s| (s, s * s, 4.0 * s)).collect();
         let sl = Slopes::fit(&mat, &fused);
         assert!((sl.materialized.memory.unwrap() - 2.0).abs() < 1e-9);
         assert!((sl.fused.memory.unwrap() - 1.0).abs() < 1e-9);

@@ -2,13 +2,14 @@
 // as eager PyTorch's `q @ k.transpose(-2, -1) * scale` writes them.
 //
 // Bindings (group 0):
-//   0  uniform               params: Params  { seq, head_dim, bh, scale }
-//   1  storage, read         q: array<f32>   [bh][seq][head_dim]
-//   2  storage, read         k: array<f32>   [bh][seq][head_dim]
-//   3  storage, read_write   s: array<f32>   [bh][seq][seq]
-// Workgroup size: (16, 16, 1), 256 invocations; dispatch (ceil(seq/16), ceil(seq/16), bh).
-// One invocation per score S[h][i][j] (i = query row, j = key row); 16×16 tiles of Q and K
-// are staged in workgroup memory (2 KiB).
+//   0  uniform               params: Params        { seq, head_dim, bh, scale }
+//   1  storage, read         q: array<vec4<f32>>   [bh][seq][head_dim / 4]
+//   2  storage, read         k: array<vec4<f32>>   [bh][seq][head_dim / 4]
+//   3  storage, read_write   s: array<f32>         [bh][seq][seq]
+// Workgroup size: (16, 16, 1), 256 invocations; dispatch (ceil(seq/64), ceil(seq/64), bh).
+// head_dim must be a multiple of 4. Each workgroup computes a 64 × 64 block of S, each
+// invocation a 4 × 4 block (query rows 4·y.., key rows 4·x..); 64-row slices of Q and K, 16
+// channels wide, are staged in workgroup memory (2 × 4 KiB).
 
 struct Params {
     seq: u32,
@@ -18,50 +19,77 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> s: array<f32>;
 
-const TILE: u32 = 16u;
-
-var<workgroup> q_tile: array<array<f32, 16>, 16>;
-var<workgroup> k_tile: array<array<f32, 16>, 16>;
+// 64 rows × 4 vec4 (16 channels), row-major.
+var<workgroup> q_tile: array<vec4<f32>, 256>;
+var<workgroup> k_tile: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(16, 16, 1)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
 ) {
     let n = params.seq;
-    let d = params.head_dim;
+    let d4 = params.head_dim / 4u;
     let h = wg.z;
-    let base = h * n * d;
-    // This invocation's score.
-    let i = wg.y * TILE + lid.y;
-    let j = wg.x * TILE + lid.x;
-    // Rows this invocation loads into the tiles.
-    let k_row = wg.x * TILE + lid.y;
+    let base = h * n * d4;
+    let row0 = wg.y * 64u;
+    let col0 = wg.x * 64u;
+    // The tile element this invocation loads: row t/4, vec4 column t%4.
+    let load_row = t / 4u;
+    let load_col = t % 4u;
 
-    var acc = 0.0;
-    for (var c0 = 0u; c0 < d; c0 += TILE) {
-        let c = c0 + lid.x;
-        var qv = 0.0;
-        if (i < n && c < d) {
-            qv = q[base + i * d + c];
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    for (var c0 = 0u; c0 < d4; c0 += 4u) {
+        let c = c0 + load_col;
+        var qv = vec4<f32>(0.0);
+        if (row0 + load_row < n && c < d4) {
+            qv = q[base + (row0 + load_row) * d4 + c];
         }
-        var kv = 0.0;
-        if (k_row < n && c < d) {
-            kv = k[base + k_row * d + c];
+        var kv = vec4<f32>(0.0);
+        if (col0 + load_row < n && c < d4) {
+            kv = k[base + (col0 + load_row) * d4 + c];
         }
-        q_tile[lid.y][lid.x] = qv;
-        k_tile[lid.y][lid.x] = kv;
+        q_tile[t] = qv;
+        k_tile[t] = kv;
         workgroupBarrier();
-        for (var t = 0u; t < TILE; t++) {
-            acc += q_tile[lid.y][t] * k_tile[lid.x][t];
+        for (var cc = 0u; cc < 4u; cc++) {
+            let q0 = q_tile[(lid.y * 4u + 0u) * 4u + cc];
+            let q1 = q_tile[(lid.y * 4u + 1u) * 4u + cc];
+            let q2 = q_tile[(lid.y * 4u + 2u) * 4u + cc];
+            let q3 = q_tile[(lid.y * 4u + 3u) * 4u + cc];
+            let k0 = k_tile[(lid.x * 4u + 0u) * 4u + cc];
+            let k1 = k_tile[(lid.x * 4u + 1u) * 4u + cc];
+            let k2 = k_tile[(lid.x * 4u + 2u) * 4u + cc];
+            let k3 = k_tile[(lid.x * 4u + 3u) * 4u + cc];
+            a0 += vec4<f32>(dot(q0, k0), dot(q0, k1), dot(q0, k2), dot(q0, k3));
+            a1 += vec4<f32>(dot(q1, k0), dot(q1, k1), dot(q1, k2), dot(q1, k3));
+            a2 += vec4<f32>(dot(q2, k0), dot(q2, k1), dot(q2, k2), dot(q2, k3));
+            a3 += vec4<f32>(dot(q3, k0), dot(q3, k1), dot(q3, k2), dot(q3, k3));
         }
         workgroupBarrier();
     }
-    if (i < n && j < n) {
-        s[(h * n + i) * n + j] = acc * params.scale;
+
+    let i0 = row0 + lid.y * 4u;
+    let j0 = col0 + lid.x * 4u;
+    let rows = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    for (var r = 0u; r < 4u; r++) {
+        let i = i0 + r;
+        if (i < n) {
+            let out = (h * n + i) * n;
+            let row = rows[r] * params.scale;
+            for (var c = 0u; c < 4u; c++) {
+                if (j0 + c < n) {
+                    s[out + j0 + c] = row[c];
+                }
+            }
+        }
     }
 }

@@ -2,9 +2,7 @@
 //! without a GPU), progress, cancellation, and the loop itself.
 
 use super::gpu::{Bench, LimitsSummary};
-use super::results::{
-    median, KernelPoint, Slopes, StopReason, SweepPoint, SweepResult, TimingMethod,
-};
+use super::results::{median, KernelPoint, Slopes, StopReason, SweepPoint, SweepResult, TimingMethod};
 use super::time::now_ms;
 use super::{kernels, AttentionShape, BenchError};
 use serde::{Deserialize, Serialize};
@@ -74,12 +72,7 @@ impl Default for SweepOptions {
 impl SweepOptions {
     /// The shape at one sequence length.
     pub fn shape(&self, seq: u32) -> AttentionShape {
-        AttentionShape {
-            batch: self.batch,
-            heads: self.heads,
-            seq,
-            head_dim: self.head_dim,
-        }
+        AttentionShape { batch: self.batch, heads: self.heads, seq, head_dim: self.head_dim }
     }
 
     fn validate(&self) -> Result<(), BenchError> {
@@ -89,19 +82,13 @@ impl SweepOptions {
             return bad("min_seq must be at least 1".into());
         }
         if self.max_seq < self.min_seq {
-            return bad(format!(
-                "max_seq ({}) is below min_seq ({})",
-                self.max_seq, self.min_seq
-            ));
+            return bad(format!("max_seq ({}) is below min_seq ({})", self.max_seq, self.min_seq));
         }
         if self.runs == 0 || self.runs > MAX_RUNS {
             return bad(format!("runs must be 1 to {MAX_RUNS}, not {}", self.runs));
         }
         if self.warmup > MAX_RUNS {
-            return bad(format!(
-                "warmup must be at most {MAX_RUNS}, not {}",
-                self.warmup
-            ));
+            return bad(format!("warmup must be at most {MAX_RUNS}, not {}", self.warmup));
         }
         if !(self.budget_ms >= 0.0) {
             return bad("budget_ms must be a non-negative number".into());
@@ -188,12 +175,11 @@ pub(crate) fn check_shape(shape: AttentionShape) -> Result<(), String> {
     if shape.batch == 0 || shape.heads == 0 || shape.seq == 0 || shape.head_dim == 0 {
         return Err(format!("every size must be at least 1 ({shape})"));
     }
+    if shape.head_dim % 4 != 0 {
+        return Err(format!("head_dim {} is not a multiple of 4 (the kernels load vec4s)", shape.head_dim));
+    }
     if shape.head_dim > kernels::MAX_HEAD_DIM {
-        return Err(format!(
-            "head_dim {} is above the kernels' maximum of {}",
-            shape.head_dim,
-            kernels::MAX_HEAD_DIM
-        ));
+        return Err(format!("head_dim {} is above the kernels' maximum of {}", shape.head_dim, kernels::MAX_HEAD_DIM));
     }
     Ok(())
 }
@@ -205,11 +191,7 @@ fn mib(bytes: u64) -> String {
 /// Whether one run of `kernel` at `shape` stays within the device's limits: every storage
 /// buffer within `max_buffer_size` and `max_storage_buffer_binding_size` and within what
 /// 32-bit indices address, every dispatch within `max_compute_workgroups_per_dimension`.
-pub(crate) fn check_fit(
-    kernel: Kernel,
-    shape: AttentionShape,
-    limits: &LimitsSummary,
-) -> Result<(), String> {
+pub(crate) fn check_fit(kernel: Kernel, shape: AttentionShape, limits: &LimitsSummary) -> Result<(), String> {
     check_shape(shape)?;
     let max_bytes = limits.max_storage_bytes();
     let max_groups = limits.max_compute_workgroups_per_dimension as u64;
@@ -219,15 +201,9 @@ pub(crate) fn check_fit(
         Kernel::Materialized => {
             buffers.push(("the score matrix", shape.score_elems()));
             dispatches.push(("seq (softmax rows)", shape.seq as u64));
-            dispatches.push((
-                "seq/16 (score tiles)",
-                (shape.seq as u64).div_ceil(kernels::TILE as u64),
-            ));
+            dispatches.push(("seq/64 (score blocks)", (shape.seq as u64).div_ceil(kernels::BLOCK as u64)));
         }
-        Kernel::Fused => dispatches.push((
-            "seq/64 (fused row blocks)",
-            (shape.seq as u64).div_ceil(kernels::FUSED_WG as u64),
-        )),
+        Kernel::Fused => dispatches.push(("seq/64 (fused row blocks)", (shape.seq as u64).div_ceil(kernels::FUSED_WG as u64))),
     }
     for (what, elems) in buffers {
         let bytes = elems * 4;
@@ -240,10 +216,7 @@ pub(crate) fn check_fit(
             ));
         }
         if elems > MAX_ELEMS {
-            return Err(format!(
-                "{what} at seq {} has {elems} elements, beyond the kernels' 32-bit indexing",
-                shape.seq
-            ));
+            return Err(format!("{what} at seq {} has {elems} elements, beyond the kernels' 32-bit indexing", shape.seq));
         }
     }
     for (what, groups) in dispatches {
@@ -269,14 +242,7 @@ pub fn fused_bytes(shape: AttentionShape) -> u64 {
 /// The largest seq whose materialized run fits the device's limits for this batch, head
 /// count and head_dim (`shape.seq` is ignored); 0 if none does.
 pub fn max_materializable_seq(shape: AttentionShape, limits: &LimitsSummary) -> u32 {
-    let fits = |s: u32| {
-        check_fit(
-            Kernel::Materialized,
-            AttentionShape { seq: s, ..shape },
-            limits,
-        )
-        .is_ok()
-    };
+    let fits = |s: u32| check_fit(Kernel::Materialized, AttentionShape { seq: s, ..shape }, limits).is_ok();
     if !fits(1) {
         return 0;
     }
@@ -368,16 +334,8 @@ impl Bench {
             Ok(())
         };
         let ladder = seq_ladder(opts.min_seq, opts.max_seq);
-        let planned = ladder
-            .iter()
-            .filter(|&&s| fits(Kernel::Materialized, s).is_ok() || fits(Kernel::Fused, s).is_ok())
-            .count() as u32;
-        progress(SweepProgress {
-            done: 0,
-            planned,
-            seq: None,
-            elapsed_ms: 0.0,
-        });
+        let planned = ladder.iter().filter(|&&s| fits(Kernel::Materialized, s).is_ok() || fits(Kernel::Fused, s).is_ok()).count() as u32;
+        progress(SweepProgress { done: 0, planned, seq: None, elapsed_ms: 0.0 });
 
         let copy = if opts.copy_probe_bytes > 0 && !cancel.is_cancelled() {
             let bytes = opts.copy_probe_bytes.min(opts.mem_cap_bytes / 2);
@@ -415,35 +373,21 @@ impl Bench {
                 stop = fused_stop;
                 break;
             }
-            let active: Vec<Kernel> = [
-                (Kernel::Materialized, mat_stop),
-                (Kernel::Fused, fused_stop),
-            ]
-            .into_iter()
-            .filter(|(_, st)| st.is_none())
-            .map(|(k, _)| k)
-            .collect();
+            let active: Vec<Kernel> = [(Kernel::Materialized, mat_stop), (Kernel::Fused, fused_stop)]
+                .into_iter()
+                .filter(|(_, st)| st.is_none())
+                .map(|(k, _)| k)
+                .collect();
             // Time cost grows as s² for both kernels: scale each kernel's last cost.
-            let predicted: f64 = active
-                .iter()
-                .map(|&k| {
-                    last_cost[k as usize]
-                        .map(|(s0, c)| c * (s as f64 / s0 as f64).powi(2))
-                        .unwrap_or(0.0)
-                })
-                .sum();
+            let predicted: f64 =
+                active.iter().map(|&k| last_cost[k as usize].map(|(s0, c)| c * (s as f64 / s0 as f64).powi(2)).unwrap_or(0.0)).sum();
             let elapsed = now_ms() - t0;
             if !points.is_empty() && elapsed + predicted > opts.budget_ms {
                 stop = Some(StopReason::TimeBudget);
                 break;
             }
             let shape = opts.shape(s);
-            let mut point = SweepPoint {
-                seq: s,
-                score_bytes: shape.score_elems() * 4,
-                materialized: None,
-                fused: None,
-            };
+            let mut point = SweepPoint { seq: s, score_bytes: shape.score_elems() * 4, materialized: None, fused: None };
             for (i, &kernel) in active.iter().enumerate() {
                 if i > 0 && cancel.is_cancelled() {
                     points.push(point);
@@ -451,37 +395,17 @@ impl Bench {
                     break 'points;
                 }
                 let c0 = now_ms();
-                let timed = self
-                    .measure(
-                        kernel,
-                        shape,
-                        opts.warmup,
-                        runs,
-                        opts.seed ^ (s as u64) << 8,
-                    )
-                    .await?;
+                let timed = self.measure(kernel, shape, opts.warmup, runs, opts.seed ^ (s as u64) << 8).await?;
                 last_cost[kernel as usize] = Some((s, now_ms() - c0));
                 wall_clock_used |= timed.method == TimingMethod::WallClock;
-                let kp = kernel_point(
-                    kernel,
-                    shape,
-                    &timed.times_ms,
-                    timed.method,
-                    timed.bytes_allocated,
-                    copy_gbps,
-                );
+                let kp = kernel_point(kernel, shape, &timed.times_ms, timed.method, timed.bytes_allocated, copy_gbps);
                 match kernel {
                     Kernel::Materialized => point.materialized = Some(kp),
                     Kernel::Fused => point.fused = Some(kp),
                 }
             }
             points.push(point);
-            progress(SweepProgress {
-                done: points.len() as u32,
-                planned,
-                seq: Some(s),
-                elapsed_ms: now_ms() - t0,
-            });
+            progress(SweepProgress { done: points.len() as u32, planned, seq: Some(s), elapsed_ms: now_ms() - t0 });
         }
 
         let stop = stop.unwrap_or(StopReason::MaxSeq);
@@ -490,17 +414,9 @@ impl Bench {
             heads: opts.heads,
             head_dim: opts.head_dim,
             dtype: "f32".into(),
-            timing: if wall_clock_used || !info.timestamps {
-                TimingMethod::WallClock
-            } else {
-                TimingMethod::GpuTimestamps
-            },
+            timing: if wall_clock_used || !info.timestamps { TimingMethod::WallClock } else { TimingMethod::GpuTimestamps },
             copy,
-            largest_materialized_seq: points
-                .iter()
-                .filter(|p| p.materialized.is_some())
-                .map(|p| p.seq)
-                .max(),
+            largest_materialized_seq: points.iter().filter(|p| p.materialized.is_some()).map(|p| p.seq).max(),
             materializable_seq_limit: max_materializable_seq(opts.shape(1), limits),
             materialized_stop: mat_stop.unwrap_or(stop),
             stop,
@@ -532,20 +448,12 @@ mod tests {
     }
 
     fn shape(seq: u32) -> AttentionShape {
-        AttentionShape {
-            batch: 1,
-            heads: 8,
-            seq,
-            head_dim: 64,
-        }
+        AttentionShape { batch: 1, heads: 8, seq, head_dim: 64 }
     }
 
     #[test]
     fn the_ladder_holds_powers_of_two_and_their_midpoints() {
-        assert_eq!(
-            seq_ladder(256, 2048),
-            vec![256, 384, 512, 768, 1024, 1536, 2048]
-        );
+        assert_eq!(seq_ladder(256, 2048), vec![256, 384, 512, 768, 1024, 1536, 2048]);
         assert_eq!(seq_ladder(1, 8), vec![1, 2, 3, 4, 6, 8]);
         assert_eq!(seq_ladder(300, 700), vec![384, 512]);
         assert!(seq_ladder(5000, 100).is_empty());
@@ -570,10 +478,7 @@ mod tests {
         let mut l = limits(u64::MAX);
         l.max_compute_workgroups_per_dimension = 1000;
         assert!(check_fit(Kernel::Materialized, shape(1000), &l).is_ok());
-        assert!(
-            check_fit(Kernel::Materialized, shape(1001), &l).is_err(),
-            "softmax dispatches one workgroup per row"
-        );
+        assert!(check_fit(Kernel::Materialized, shape(1001), &l).is_err(), "softmax dispatches one workgroup per row");
         assert!(check_fit(Kernel::Fused, shape(64_000), &l).is_ok());
         let l = limits(u64::MAX);
         // 8 · s² ≤ 2³¹  ⇔  s ≤ 16384.
@@ -582,36 +487,18 @@ mod tests {
 
     #[test]
     fn invalid_shapes_are_rejected() {
-        assert!(check_shape(AttentionShape {
-            batch: 1,
-            heads: 0,
-            seq: 4,
-            head_dim: 64
-        })
-        .is_err());
-        assert!(check_shape(AttentionShape {
-            batch: 1,
-            heads: 1,
-            seq: 4,
-            head_dim: 129
-        })
-        .is_err());
-        assert!(check_shape(AttentionShape {
-            batch: 1,
-            heads: 1,
-            seq: 4,
-            head_dim: 128
-        })
-        .is_ok());
+        let at = |heads, head_dim| AttentionShape { batch: 1, heads, seq: 4, head_dim };
+        assert!(check_shape(at(0, 64)).is_err());
+        assert!(check_shape(at(1, 132)).is_err(), "above 128");
+        assert!(check_shape(at(1, 30)).is_err(), "not a multiple of 4");
+        assert!(check_shape(at(1, 128)).is_ok());
+        assert!(check_shape(at(1, 4)).is_ok());
     }
 
     #[test]
     fn memory_counts_are_quadratic_for_the_materialized_path_and_linear_for_the_fused_one() {
         let s = shape(1024);
-        assert_eq!(
-            materialized_bytes(s),
-            16 + 4 * 8 * 1024 * 64 * 4 + 8 * 1024 * 1024 * 4
-        );
+        assert_eq!(materialized_bytes(s), 16 + 4 * 8 * 1024 * 64 * 4 + 8 * 1024 * 1024 * 4);
         assert_eq!(fused_bytes(s), 16 + 4 * 8 * 1024 * 64 * 4);
     }
 
@@ -620,35 +507,14 @@ mod tests {
         let ok = SweepOptions::default();
         assert!(ok.validate().is_ok());
         for bad in [
-            SweepOptions {
-                heads: 0,
-                ..ok.clone()
-            },
-            SweepOptions {
-                head_dim: 256,
-                ..ok.clone()
-            },
-            SweepOptions {
-                min_seq: 0,
-                ..ok.clone()
-            },
-            SweepOptions {
-                max_seq: 100,
-                ..ok.clone()
-            },
-            SweepOptions {
-                runs: 0,
-                ..ok.clone()
-            },
-            SweepOptions {
-                budget_ms: f64::NAN,
-                ..ok.clone()
-            },
+            SweepOptions { heads: 0, ..ok.clone() },
+            SweepOptions { head_dim: 256, ..ok.clone() },
+            SweepOptions { min_seq: 0, ..ok.clone() },
+            SweepOptions { max_seq: 100, ..ok.clone() },
+            SweepOptions { runs: 0, ..ok.clone() },
+            SweepOptions { budget_ms: f64::NAN, ..ok.clone() },
         ] {
-            assert!(
-                matches!(bad.validate(), Err(BenchError::InvalidOptions(_))),
-                "{bad:?}"
-            );
+            assert!(matches!(bad.validate(), Err(BenchError::InvalidOptions(_))), "{bad:?}");
         }
     }
 
@@ -664,20 +530,8 @@ mod tests {
 
     #[test]
     fn a_kernel_point_reports_bandwidth_flops_and_the_fraction_of_copy() {
-        let s = AttentionShape {
-            batch: 1,
-            heads: 1,
-            seq: 1024,
-            head_dim: 64,
-        };
-        let p = kernel_point(
-            Kernel::Materialized,
-            s,
-            &[2.0, 1.0, 3.0],
-            TimingMethod::WallClock,
-            123,
-            Some(10.0),
-        );
+        let s = AttentionShape { batch: 1, heads: 1, seq: 1024, head_dim: 64 };
+        let p = kernel_point(Kernel::Materialized, s, &[2.0, 1.0, 3.0], TimingMethod::WallClock, 123, Some(10.0));
         assert_eq!(p.median_ms, 2.0);
         assert_eq!((p.min_ms, p.max_ms, p.runs), (1.0, 3.0, 3));
         let moved = 4 * 1024 * 64 * 4 + 4 * 1024 * 1024 * 4;

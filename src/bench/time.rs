@@ -13,10 +13,7 @@ pub(crate) fn now_ms() -> f64 {
 /// Milliseconds since an arbitrary, fixed origin.
 #[cfg(target_arch = "wasm32")]
 pub(crate) fn now_ms() -> f64 {
-    web_sys::window()
-        .and_then(|w| w.performance())
-        .map(|p| p.now())
-        .unwrap_or_else(js_sys::Date::now)
+    web_sys::window().and_then(|w| w.performance()).map(|p| p.now()).unwrap_or_else(js_sys::Date::now)
 }
 
 #[cfg(test)]

@@ -35,30 +35,10 @@ pub struct VerifyReport {
 /// head_dim 64 and 128, batch and heads above 1.
 pub fn verify_shapes() -> Vec<AttentionShape> {
     vec![
-        AttentionShape {
-            batch: 1,
-            heads: 1,
-            seq: 5,
-            head_dim: 8,
-        },
-        AttentionShape {
-            batch: 1,
-            heads: 2,
-            seq: 37,
-            head_dim: 64,
-        },
-        AttentionShape {
-            batch: 2,
-            heads: 1,
-            seq: 64,
-            head_dim: 128,
-        },
-        AttentionShape {
-            batch: 1,
-            heads: 3,
-            seq: 130,
-            head_dim: 40,
-        },
+        AttentionShape { batch: 1, heads: 1, seq: 5, head_dim: 8 },
+        AttentionShape { batch: 1, heads: 2, seq: 37, head_dim: 64 },
+        AttentionShape { batch: 2, heads: 1, seq: 64, head_dim: 128 },
+        AttentionShape { batch: 1, heads: 3, seq: 130, head_dim: 40 },
     ]
 }
 
@@ -75,27 +55,11 @@ pub async fn verify(bench: &Bench) -> Result<VerifyReport, BenchError> {
         let scores_max_abs_err = max_abs_diff(&mat.scores, &want_s);
         let materialized_max_abs_err = max_abs_diff(&mat.out, &want_o);
         let fused_max_abs_err = max_abs_diff(&fused, &want_o);
-        let passed = [
-            scores_max_abs_err,
-            materialized_max_abs_err,
-            fused_max_abs_err,
-        ]
-        .iter()
-        .all(|e| *e <= TOLERANCE);
-        cases.push(VerifyCase {
-            shape,
-            scores_max_abs_err,
-            materialized_max_abs_err,
-            fused_max_abs_err,
-            passed,
-        });
+        let passed = [scores_max_abs_err, materialized_max_abs_err, fused_max_abs_err].iter().all(|e| *e <= TOLERANCE);
+        cases.push(VerifyCase { shape, scores_max_abs_err, materialized_max_abs_err, fused_max_abs_err, passed });
     }
     let passed = cases.iter().all(|c| c.passed);
-    Ok(VerifyReport {
-        tolerance: TOLERANCE,
-        cases,
-        passed,
-    })
+    Ok(VerifyReport { tolerance: TOLERANCE, cases, passed })
 }
 
 #[cfg(test)]
@@ -107,9 +71,7 @@ mod tests {
         let shapes = verify_shapes();
         assert!(shapes.iter().any(|s| s.seq % 16 != 0));
         assert!(shapes.iter().any(|s| s.seq > 64 && s.seq % 64 != 0));
-        assert!(
-            shapes.iter().any(|s| s.head_dim == 64) && shapes.iter().any(|s| s.head_dim == 128)
-        );
+        assert!(shapes.iter().any(|s| s.head_dim == 64) && shapes.iter().any(|s| s.head_dim == 128));
         assert!(shapes.iter().any(|s| s.batch > 1) && shapes.iter().any(|s| s.heads > 1));
     }
 }
