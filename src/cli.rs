@@ -58,10 +58,7 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
         return Err(CliError::Usage("no command given".into()));
     };
     let w = |out: &mut dyn Write, s: String| {
-        out.write_all(s.as_bytes()).map_err(|e| CliError::Io {
-            path: "stdout".into(),
-            err: e.to_string(),
-        })
+        out.write_all(s.as_bytes()).map_err(|e| CliError::Io { path: "stdout".into(), err: e.to_string() })
     };
     match cmd.as_str() {
         "estimate" => {
@@ -99,9 +96,7 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
             continue;
         }
         let Some(key) = a.strip_prefix("--") else {
-            return Err(CliError::Usage(format!(
-                "unexpected argument '{a}' (options look like --KEY VALUE)"
-            )));
+            return Err(CliError::Usage(format!("unexpected argument '{a}' (options look like --KEY VALUE)")));
         };
         let (key, inline) = match key.split_once('=') {
             Some((k, v)) => (k.to_string(), Some(v.to_string())),
@@ -109,10 +104,7 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
         };
         let value = match inline {
             Some(v) => v,
-            None => it
-                .next()
-                .cloned()
-                .ok_or_else(|| CliError::Usage(format!("--{key} needs a value")))?,
+            None => it.next().cloned().ok_or_else(|| CliError::Usage(format!("--{key} needs a value")))?,
         };
         let key = key.replace('-', "_");
         if key == "hf_config" {
@@ -124,28 +116,17 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
     let mut cfg = Config::default();
     if let Some(path) = &hf_path {
         if pairs.iter().any(|(k, _)| k == "model") {
-            return Err(CliError::Usage(
-                "give either --model or --hf-config, not both".into(),
-            ));
+            return Err(CliError::Usage("give either --model or --hf-config, not both".into()));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| CliError::Io {
-            path: path.clone(),
-            err: e.to_string(),
-        })?;
-        let imported = hf::import_json(&text).map_err(|err| CliError::Hf {
-            path: path.clone(),
-            err,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::Io { path: path.clone(), err: e.to_string() })?;
+        let imported = hf::import_json(&text).map_err(|err| CliError::Hf { path: path.clone(), err })?;
         config::apply_import(&mut cfg, &imported);
     }
     // model first (it sets the architecture), then architecture keys, then the rest.
     let rank = |k: &str| {
         if k == "model" {
             0
-        } else if KEYS
-            .iter()
-            .any(|x| x.name == k && x.group == Group::Architecture)
-        {
+        } else if KEYS.iter().any(|x| x.name == k && x.group == Group::Architecture) {
             1
         } else {
             2
@@ -180,7 +161,23 @@ struct JsonDoc<'a> {
     components: &'a [crate::estimator::ledger::Row],
     host: &'a [crate::estimator::ledger::Row],
     breakdown: Vec<(&'static str, u64)>,
+    /// Memory after each event of one simulated step.
+    timeline: Vec<TimelineJson>,
+    /// The closed textbook formulas for the same configuration.
+    textbook: &'a [crate::estimator::ledger::Row],
     warnings: &'a [String],
+}
+
+#[derive(Serialize)]
+struct TimelineJson {
+    event: String,
+    bytes: u128,
+    parameters: u128,
+    gradients: u128,
+    optimizer_states: u128,
+    activations: u128,
+    transient: u128,
+    framework_overhead: u128,
 }
 
 /// The stable JSON document of `trainmem estimate --json`.
@@ -200,6 +197,25 @@ pub fn to_json(cfg: &Config, e: &Estimate) -> String {
         components: &e.components,
         host: &e.host,
         breakdown: e.breakdown.iter().map(|(p, n)| (p.label(), *n)).collect(),
+        timeline: e
+            .timeline
+            .events
+            .iter()
+            .map(|ev| {
+                let c = ev.by_category;
+                TimelineJson {
+                    event: ev.label(),
+                    bytes: ev.bytes,
+                    parameters: c[0],
+                    gradients: c[1],
+                    optimizer_states: c[2],
+                    activations: c[3],
+                    transient: c[4],
+                    framework_overhead: c[5],
+                }
+            })
+            .collect(),
+        textbook: &e.textbook,
         warnings: &e.warnings,
     };
     serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
@@ -226,55 +242,21 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
         e.layout.stage_layers
     ));
     for r in flatten(&e.components) {
-        let depth = if e.components.iter().any(|top| std::ptr::eq(top, r)) {
-            0
-        } else {
-            2
-        };
-        s.push_str(&format!(
-            "{:indent$}{:<40} {:>12}   {}\n",
-            "",
-            r.label,
-            format_bytes(r.bytes, u),
-            r.expr.symbolic(),
-            indent = depth
-        ));
-        s.push_str(&format!(
-            "{:indent$}{:<40} {:>12}   = {}\n",
-            "",
-            "",
-            "",
-            r.expr.substituted(),
-            indent = depth
-        ));
+        let depth = if e.components.iter().any(|top| std::ptr::eq(top, r)) { 0 } else { 2 };
+        s.push_str(&format!("{:indent$}{:<40} {:>12}   {}\n", "", r.label, format_bytes(r.bytes, u), r.expr.symbolic(), indent = depth));
+        s.push_str(&format!("{:indent$}{:<40} {:>12}   = {}\n", "", "", "", r.expr.substituted(), indent = depth));
     }
-    s.push_str(&format!(
-        "\n{:<40} {:>12}\n",
-        "Total per GPU",
-        format_bytes(e.memory.total, u)
-    ));
-    s.push_str(&format!(
-        "{:<40} {:>12}\n",
-        "GPU capacity",
-        format_bytes(e.capacity, u)
-    ));
+    s.push_str(&format!("\n{:<40} {:>12}\n", "Sum of components per GPU", format_bytes(e.memory.total, u)));
+    s.push_str(&format!("{:<40} {:>12}   (at: {})\n", "Peak per GPU during the step", format_bytes(e.memory.peak, u), e.memory.peak_event));
+    s.push_str(&format!("{:<40} {:>12}\n", "GPU capacity", format_bytes(e.capacity, u)));
     let h = e.headroom();
     if h >= 0 {
-        s.push_str(&format!(
-            "fits, with {} headroom\n",
-            format_bytes(h as u128, u)
-        ));
+        s.push_str(&format!("fits, with {} headroom\n", format_bytes(h as u128, u)));
     } else {
-        s.push_str(&format!(
-            "does not fit: needs {} more\n",
-            format_bytes(h.unsigned_abs(), u)
-        ));
+        s.push_str(&format!("does not fit: needs {} more\n", format_bytes(h.unsigned_abs(), u)));
     }
     if e.memory.host > 0 {
-        s.push_str(&format!(
-            "host memory per GPU process: {}\n",
-            format_bytes(e.memory.host, u)
-        ));
+        s.push_str(&format!("host memory per GPU process: {}\n", format_bytes(e.memory.host, u)));
     }
     for w in &e.warnings {
         s.push_str(&format!("warning: {w}\n"));
@@ -296,12 +278,7 @@ fn render_presets(json: bool) -> String {
     }
     let mut s = String::new();
     for p in &all {
-        s.push_str(&format!(
-            "{:<26} {:>8}  {}\n",
-            p.id,
-            format_count(p.spec.counts().total),
-            p.checkpoint
-        ));
+        s.push_str(&format!("{:<26} {:>8}  {}\n", p.id, format_count(p.spec.counts().total), p.checkpoint));
     }
     s
 }
@@ -311,18 +288,8 @@ fn render_keys() -> String {
     let default = Config::default();
     for k in KEYS {
         let choices = (k.choices)();
-        let choices = if choices.is_empty() || choices.len() > 12 {
-            String::new()
-        } else {
-            format!(" [{}]", choices.join("|"))
-        };
-        s.push_str(&format!(
-            "--{:<16} {}{} (default {})\n",
-            k.name,
-            k.help,
-            choices,
-            (k.get)(&default)
-        ));
+        let choices = if choices.is_empty() || choices.len() > 12 { String::new() } else { format!(" [{}]", choices.join("|")) };
+        s.push_str(&format!("--{:<16} {}{} (default {})\n", k.name, k.help, choices, (k.get)(&default)));
     }
     s
 }
@@ -337,26 +304,15 @@ mod tests {
 
     #[test]
     fn estimate_reads_keys_exactly_as_the_url_names_them() {
-        let (cfg, json) = parse_estimate_args(&args(
-            "--model llama-3.1-70b --seq 8192 --zero 3 --gpus 8 --json",
-        ))
-        .expect("valid");
+        let (cfg, json) = parse_estimate_args(&args("--model llama-3.1-70b --seq 8192 --zero 3 --gpus 8 --json")).expect("valid");
         assert!(json);
-        assert_eq!(
-            config::encode_query(&cfg),
-            "model=llama-3.1-70b&seq=8192&gpus=8&zero=3"
-        );
+        assert_eq!(config::encode_query(&cfg), "model=llama-3.1-70b&seq=8192&gpus=8&zero=3");
     }
 
     #[test]
     fn a_bad_value_is_one_line_naming_the_key() {
-        let err = parse_estimate_args(&args("--seq many"))
-            .err()
-            .map(|e| e.to_string());
-        assert_eq!(
-            err.as_deref(),
-            Some("`seq` = 'many': expected a whole number")
-        );
+        let err = parse_estimate_args(&args("--seq many")).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("`seq` = 'many': expected a whole number"));
     }
 
     #[test]
@@ -365,31 +321,16 @@ mod tests {
         run(&args("estimate --model gpt2 --json"), &mut out).expect("runs");
         let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         assert_eq!(v["parameter_count"], 124_439_808u64);
-        for k in [
-            "parameters",
-            "gradients",
-            "optimizer_states",
-            "activations",
-            "framework_overhead",
-            "total",
-        ] {
+        for k in ["parameters", "gradients", "optimizer_states", "activations", "framework_overhead", "total"] {
             assert!(v["memory"][k].is_u64(), "memory.{k}");
         }
-        assert!(v["components"].as_array().is_some_and(|c| c
-            .iter()
-            .all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
+        assert!(v["components"].as_array().is_some_and(|c| c.iter().all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
     }
 
     #[test]
     fn unknown_commands_and_keys_fail() {
         let mut out = Vec::new();
-        assert!(matches!(
-            run(&args("frobnicate"), &mut out),
-            Err(CliError::Usage(_))
-        ));
-        assert!(matches!(
-            run(&args("estimate --colour blue"), &mut out),
-            Err(CliError::Config(_))
-        ));
+        assert!(matches!(run(&args("frobnicate"), &mut out), Err(CliError::Usage(_))));
+        assert!(matches!(run(&args("estimate --colour blue"), &mut out), Err(CliError::Config(_))));
     }
 }

@@ -40,13 +40,8 @@ pub fn parse_uint(s: &str) -> Result<u64, String> {
         Some((i, 'm' | 'M')) => (&s[..i], 1024 * 1024),
         _ => (s, 1),
     };
-    let n: u64 = num
-        .replace('_', "")
-        .parse()
-        .map_err(|_| "expected a whole number".to_string())?;
-    let v = n
-        .checked_mul(mult)
-        .ok_or_else(|| "is too large".to_string())?;
+    let n: u64 = num.replace('_', "").parse().map_err(|_| "expected a whole number".to_string())?;
+    let v = n.checked_mul(mult).ok_or_else(|| "is too large".to_string())?;
     if v > MAX_INT {
         return Err(format!("is too large (at most {MAX_INT})"));
     }
@@ -69,10 +64,7 @@ fn parse_bool(s: &str) -> Result<bool, String> {
 }
 
 fn parse_f64(s: &str, lo: f64, hi: f64) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| "expected a number".to_string())?;
+    let v: f64 = s.trim().parse().map_err(|_| "expected a number".to_string())?;
     if !v.is_finite() || v < lo || v > hi {
         return Err(format!("must be between {lo} and {hi}"));
     }
@@ -89,10 +81,7 @@ fn fmt_f64(v: f64) -> String {
 trait Named: Copy + PartialEq + 'static {
     const ALL: &'static [(Self, &'static str)];
     fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(v, _)| *v == self)
-            .map_or("", |(_, n)| n)
+        Self::ALL.iter().find(|(v, _)| *v == self).map_or("", |(_, n)| n)
     }
     fn parse(s: &str) -> Result<Self, String> {
         let s = s.to_ascii_lowercase();
@@ -100,16 +89,7 @@ trait Named: Copy + PartialEq + 'static {
             .iter()
             .find(|(_, n)| *n == s)
             .map(|(v, _)| *v)
-            .ok_or_else(|| {
-                format!(
-                    "expected one of {}",
-                    Self::ALL
-                        .iter()
-                        .map(|(_, n)| *n)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })
+            .ok_or_else(|| format!("expected one of {}", Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")))
     }
     fn names() -> Vec<&'static str> {
         Self::ALL.iter().map(|(_, n)| *n).collect()
@@ -150,46 +130,12 @@ named!(
         (Optimizer::Muon, "muon"),
     ]
 );
-named!(
-    OptimImpl,
-    [
-        (OptimImpl::Foreach, "foreach"),
-        (OptimImpl::Fused, "fused"),
-        (OptimImpl::Forloop, "forloop")
-    ]
-);
-named!(
-    Finetune,
-    [
-        (Finetune::Full, "full"),
-        (Finetune::Lora, "lora"),
-        (Finetune::Qlora, "qlora")
-    ]
-);
-named!(
-    Attention,
-    [
-        (Attention::Eager, "eager"),
-        (Attention::Sdpa, "sdpa"),
-        (Attention::Flash, "flash")
-    ]
-);
-named!(
-    Recompute,
-    [
-        (Recompute::None, "none"),
-        (Recompute::Selective, "selective"),
-        (Recompute::Full, "full")
-    ]
-);
-named!(
-    Loss,
-    [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]
-);
-named!(
-    Framework,
-    [(Framework::Hf, "hf"), (Framework::Megatron, "megatron")]
-);
+named!(OptimImpl, [(OptimImpl::Foreach, "foreach"), (OptimImpl::Fused, "fused"), (OptimImpl::Forloop, "forloop")]);
+named!(Finetune, [(Finetune::Full, "full"), (Finetune::Lora, "lora"), (Finetune::Qlora, "qlora")]);
+named!(Attention, [(Attention::Eager, "eager"), (Attention::Sdpa, "sdpa"), (Attention::Flash, "flash")]);
+named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full")]);
+named!(Loss, [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]);
+named!(Framework, [(Framework::Hf, "hf"), (Framework::Megatron, "megatron")]);
 named!(Kernels, [(Kernels::Cuda, "cuda"), (Kernels::Cpu, "cpu")]);
 named!(
     Zero,
@@ -203,19 +149,9 @@ named!(
         (Zero::HybridShard, "hybrid_shard"),
     ]
 );
-named!(
-    Offload,
-    [
-        (Offload::None, "none"),
-        (Offload::Optimizer, "optimizer"),
-        (Offload::OptimizerParams, "optimizer+params")
-    ]
-);
+named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
-named!(
-    MlpKind,
-    [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]
-);
+named!(MlpKind, [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]);
 named!(
     Activation,
     [
@@ -236,23 +172,8 @@ named!(
         (NormKind::Nonparametric, "nonparametric"),
     ]
 );
-named!(
-    QkNorm,
-    [
-        (QkNorm::None, "none"),
-        (QkNorm::Head, "head"),
-        (QkNorm::Full, "full"),
-        (QkNorm::PerHead, "per-head")
-    ]
-);
-named!(
-    Positions,
-    [
-        (Positions::Rope, "rope"),
-        (Positions::Learned, "learned"),
-        (Positions::None, "none")
-    ]
-);
+named!(QkNorm, [(QkNorm::None, "none"), (QkNorm::Head, "head"), (QkNorm::Full, "full"), (QkNorm::PerHead, "per-head")]);
+named!(Positions, [(Positions::Rope, "rope"), (Positions::Learned, "learned"), (Positions::None, "none")]);
 
 fn no_choices() -> Vec<&'static str> {
     Vec::new()
@@ -265,12 +186,7 @@ fn lora_targets_to_string(t: LoraTargets) -> String {
     if t == LoraTargets::ALL {
         return "all".into();
     }
-    LoraTargets::NAMES
-        .iter()
-        .filter(|(_, b)| t.has(*b))
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(",")
+    LoraTargets::NAMES.iter().filter(|(_, b)| t.has(*b)).map(|(n, _)| *n).collect::<Vec<_>>().join(",")
 }
 
 fn parse_lora_targets(s: &str) -> Result<LoraTargets, String> {
@@ -284,7 +200,11 @@ fn parse_lora_targets(s: &str) -> Result<LoraTargets, String> {
         let bit = match name {
             "attn" => LoraTargets::Q | LoraTargets::K | LoraTargets::V | LoraTargets::O,
             "mlp" => LoraTargets::GATE | LoraTargets::UP | LoraTargets::DOWN,
-            n => LoraTargets::NAMES.iter().find(|(m, _)| *m == n).map(|(_, b)| *b).ok_or_else(|| format!("unknown module '{part}' (use q, k, v, o, gate, up, down, attn, mlp or all)"))?,
+            n => LoraTargets::NAMES
+                .iter()
+                .find(|(m, _)| *m == n)
+                .map(|(_, b)| *b)
+                .ok_or_else(|| format!("unknown module '{part}' (use q, k, v, o, gate, up, down, attn, mlp or all)"))?,
         };
         bits |= bit;
     }
@@ -383,8 +303,7 @@ pub static KEYS: &[Key] = &[
                 c.model = id;
                 return Ok(());
             }
-            let p =
-                preset(&id).ok_or_else(|| "unknown preset (see `trainmem presets`)".to_string())?;
+            let p = preset(&id).ok_or_else(|| "unknown preset (see `trainmem presets`)".to_string())?;
             c.model = p.id.to_string();
             c.arch = p.spec;
             c.name.clear();
@@ -408,70 +327,21 @@ pub static KEYS: &[Key] = &[
     uint_key!(positive "heads", Architecture, "attention heads a", |c| c.arch.heads),
     uint_key!(positive "kv_heads", Architecture, "key/value heads (GQA/MQA)", |c| c.arch.kv_heads),
     uint_key!(positive "head_dim", Architecture, "head dim d (h / a unless the model says otherwise)", |c| c.arch.head_dim),
-    uint_key!("ffn", Architecture, "MLP intermediate size f", |c| c
-        .arch
-        .ffn),
-    enum_key!(
-        "mlp",
-        Architecture,
-        "MLP shape: plain (2 matrices) or gated (3, SwiGLU/GeGLU)",
-        MlpKind,
-        |c| c.arch.mlp
-    ),
-    enum_key!("act", Architecture, "MLP activation", Activation, |c| c
-        .arch
-        .act),
-    enum_key!(
-        "norm",
-        Architecture,
-        "normalization layers",
-        NormKind,
-        |c| c.arch.norm
-    ),
+    uint_key!("ffn", Architecture, "MLP intermediate size f", |c| c.arch.ffn),
+    enum_key!("mlp", Architecture, "MLP shape: plain (2 matrices) or gated (3, SwiGLU/GeGLU)", MlpKind, |c| c.arch.mlp),
+    enum_key!("act", Architecture, "MLP activation", Activation, |c| c.arch.act),
+    enum_key!("norm", Architecture, "normalization layers", NormKind, |c| c.arch.norm),
     uint_key!(positive "layer_norms", Architecture, "norms per decoder layer (1–4)", |c| c.arch.layer_norms),
-    bool_key!(
-        "final_norm",
-        Architecture,
-        "a norm after the last layer",
-        |c| c.arch.final_norm
-    ),
-    enum_key!(
-        "qk_norm",
-        Architecture,
-        "norms on queries and keys",
-        QkNorm,
-        |c| c.arch.qk_norm
-    ),
-    bool_key!("qkv_bias", Architecture, "biases on Q, K, V", |c| c
-        .arch
-        .qkv_bias),
-    bool_key!(
-        "o_bias",
-        Architecture,
-        "bias on the attention output",
-        |c| c.arch.o_bias
-    ),
-    bool_key!("mlp_bias", Architecture, "biases on the MLP", |c| c
-        .arch
-        .mlp_bias),
-    bool_key!("head_bias", Architecture, "bias on the LM head", |c| c
-        .arch
-        .head_bias),
-    bool_key!("tied", Architecture, "LM head tied to the embedding", |c| c
-        .arch
-        .tied),
-    enum_key!("pos", Architecture, "position encoding", Positions, |c| c
-        .arch
-        .positions),
-    uint_key!("max_pos", Architecture, "max_position_embeddings", |c| c
-        .arch
-        .max_pos),
-    uint_key!(
-        "pos_offset",
-        Architecture,
-        "extra rows of a learned position table (OPT: 2)",
-        |c| c.arch.pos_offset
-    ),
+    bool_key!("final_norm", Architecture, "a norm after the last layer", |c| c.arch.final_norm),
+    enum_key!("qk_norm", Architecture, "norms on queries and keys", QkNorm, |c| c.arch.qk_norm),
+    bool_key!("qkv_bias", Architecture, "biases on Q, K, V", |c| c.arch.qkv_bias),
+    bool_key!("o_bias", Architecture, "bias on the attention output", |c| c.arch.o_bias),
+    bool_key!("mlp_bias", Architecture, "biases on the MLP", |c| c.arch.mlp_bias),
+    bool_key!("head_bias", Architecture, "bias on the LM head", |c| c.arch.head_bias),
+    bool_key!("tied", Architecture, "LM head tied to the embedding", |c| c.arch.tied),
+    enum_key!("pos", Architecture, "position encoding", Positions, |c| c.arch.positions),
+    uint_key!("max_pos", Architecture, "max_position_embeddings", |c| c.arch.max_pos),
+    uint_key!("pos_offset", Architecture, "extra rows of a learned position table (OPT: 2)", |c| c.arch.pos_offset),
     Key {
         name: "rotary_pct",
         group: Architecture,
@@ -487,109 +357,29 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    bool_key!(
-        "parallel",
-        Architecture,
-        "parallel attention + MLP blocks",
-        |c| c.arch.parallel
-    ),
-    uint_key!(
-        "embed_proj",
-        Architecture,
-        "OPT's word_embed_proj_dim (0 = none)",
-        |c| c.arch.embed_proj
-    ),
-    uint_key!(
-        "experts",
-        Architecture,
-        "routed experts per MoE layer (0 = dense)",
-        |c| c.arch.experts
-    ),
+    bool_key!("parallel", Architecture, "parallel attention + MLP blocks", |c| c.arch.parallel),
+    uint_key!("embed_proj", Architecture, "OPT's word_embed_proj_dim (0 = none)", |c| c.arch.embed_proj),
+    uint_key!("experts", Architecture, "routed experts per MoE layer (0 = dense)", |c| c.arch.experts),
     uint_key!("top_k", Architecture, "experts per token", |c| c.arch.top_k),
-    uint_key!(
-        "expert_ffn",
-        Architecture,
-        "intermediate size of a routed expert",
-        |c| c.arch.expert_ffn
-    ),
-    uint_key!(
-        "shared_experts",
-        Architecture,
-        "shared experts per MoE layer",
-        |c| c.arch.shared_experts
-    ),
-    uint_key!(
-        "shared_ffn",
-        Architecture,
-        "intermediate size of a shared expert",
-        |c| c.arch.shared_ffn
-    ),
-    bool_key!(
-        "shared_gate",
-        Architecture,
-        "sigmoid gate on the shared expert (Qwen2-MoE)",
-        |c| c.arch.shared_gate
-    ),
-    uint_key!(
-        "dense_layers",
-        Architecture,
-        "layers with a dense MLP in an MoE model",
-        |c| c.arch.dense_layers
-    ),
-    bool_key!("fused_qkv", Architecture, "Q, K, V in one tensor", |c| c
-        .arch
-        .fused_qkv),
-    bool_key!(
-        "fused_gate_up",
-        Architecture,
-        "gate and up in one tensor",
-        |c| c.arch.fused_gate_up
-    ),
-    bool_key!(
-        "fused_experts",
-        Architecture,
-        "experts stored as 3-D tensors (transformers 5)",
-        |c| c.arch.fused_experts
-    ),
-    bool_key!(
-        "softcap",
-        Architecture,
-        "tanh soft-capping of scores and logits (Gemma-2)",
-        |c| c.arch.softcap
-    ),
-    bool_key!(
-        "softmax_fp32",
-        Architecture,
-        "eager softmax computed in fp32 (false for GPT-2)",
-        |c| c.arch.softmax_fp32
-    ),
-    bool_key!(
-        "resid_dropout",
-        Architecture,
-        "dropout on the attention and MLP outputs",
-        |c| c.arch.resid_dropout
-    ),
-    bool_key!(
-        "embed_dropout",
-        Architecture,
-        "dropout on the embeddings",
-        |c| c.arch.embed_dropout
-    ),
+    uint_key!("expert_ffn", Architecture, "intermediate size of a routed expert", |c| c.arch.expert_ffn),
+    uint_key!("shared_experts", Architecture, "shared experts per MoE layer", |c| c.arch.shared_experts),
+    uint_key!("shared_ffn", Architecture, "intermediate size of a shared expert", |c| c.arch.shared_ffn),
+    bool_key!("shared_gate", Architecture, "sigmoid gate on the shared expert (Qwen2-MoE)", |c| c.arch.shared_gate),
+    uint_key!("dense_layers", Architecture, "layers with a dense MLP in an MoE model", |c| c.arch.dense_layers),
+    bool_key!("fused_qkv", Architecture, "Q, K, V in one tensor", |c| c.arch.fused_qkv),
+    bool_key!("fused_gate_up", Architecture, "gate and up in one tensor", |c| c.arch.fused_gate_up),
+    bool_key!("fused_experts", Architecture, "experts stored as 3-D tensors (transformers 5)", |c| c.arch.fused_experts),
+    bool_key!("softcap", Architecture, "tanh soft-capping of scores and logits (Gemma-2)", |c| c.arch.softcap),
+    bool_key!("softmax_fp32", Architecture, "eager softmax computed in fp32 (false for GPT-2)", |c| c.arch.softmax_fp32),
+    bool_key!("resid_dropout", Architecture, "dropout on the attention and MLP outputs", |c| c.arch.resid_dropout),
+    bool_key!("embed_dropout", Architecture, "dropout on the embeddings", |c| c.arch.embed_dropout),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
-    enum_key!("precision", Training, "precision recipe", Precision, |c| c
-        .precision),
+    enum_key!("precision", Training, "precision recipe", Precision, |c| c.precision),
     enum_key!("optim", Training, "optimizer", Optimizer, |c| c.optim),
-    enum_key!(
-        "optim_impl",
-        Training,
-        "optimizer implementation (PyTorch)",
-        OptimImpl,
-        |c| c.optim_impl
-    ),
-    enum_key!("finetune", Training, "fine-tuning method", Finetune, |c| c
-        .finetune),
+    enum_key!("optim_impl", Training, "optimizer implementation (PyTorch)", OptimImpl, |c| c.optim_impl),
+    enum_key!("finetune", Training, "fine-tuning method", Finetune, |c| c.finetune),
     uint_key!("lora_rank", Training, "LoRA rank r", |c| c.lora_rank),
     Key {
         name: "lora_targets",
@@ -602,20 +392,8 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    enum_key!(
-        "attn",
-        Training,
-        "attention implementation",
-        Attention,
-        |c| c.attn
-    ),
-    enum_key!(
-        "recompute",
-        Training,
-        "activation recomputation (checkpointing)",
-        Recompute,
-        |c| c.recompute
-    ),
+    enum_key!("attn", Training, "attention implementation", Attention, |c| c.attn),
+    enum_key!("recompute", Training, "activation recomputation (checkpointing)", Recompute, |c| c.recompute),
     Key {
         name: "dropout",
         group: Training,
@@ -629,13 +407,7 @@ pub static KEYS: &[Key] = &[
         },
     },
     enum_key!("loss", Training, "loss implementation", Loss, |c| c.loss),
-    enum_key!(
-        "framework",
-        Training,
-        "whose code the activations follow",
-        Framework,
-        |c| c.framework
-    ),
+    enum_key!("framework", Training, "whose code the activations follow", Framework, |c| c.framework),
     enum_key!(
         "kernels",
         Training,
@@ -644,13 +416,7 @@ pub static KEYS: &[Key] = &[
         |c| c.kernels
     ),
     uint_key!(positive "gpus", Cluster, "GPUs in the job", |c| c.gpus),
-    enum_key!(
-        "zero",
-        Cluster,
-        "ZeRO stage or FSDP sharding strategy",
-        Zero,
-        |c| c.zero
-    ),
+    enum_key!("zero", Cluster, "ZeRO stage or FSDP sharding strategy", Zero, |c| c.zero),
     uint_key!(positive "shard_group", Cluster, "GPUs per HYBRID_SHARD group", |c| c.shard_group),
     uint_key!(positive "tp", Cluster, "tensor-parallel degree", |c| c.tp),
     uint_key!(positive "pp", Cluster, "pipeline-parallel degree", |c| c.pp),
@@ -685,12 +451,7 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    uint_key!(
-        "cuda_ctx_mib",
-        Overhead,
-        "CUDA context + workspaces per GPU, MiB",
-        |c| c.cuda_ctx_mib
-    ),
+    uint_key!("cuda_ctx_mib", Overhead, "CUDA context + workspaces per GPU, MiB", |c| c.cuda_ctx_mib),
     Key {
         name: "nccl_mib",
         group: Overhead,
@@ -698,39 +459,14 @@ pub static KEYS: &[Key] = &[
         choices: no_choices,
         get: |c| c.nccl_mib.map_or("auto".to_string(), |v| v.to_string()),
         set: |c, s| {
-            c.nccl_mib = if s.eq_ignore_ascii_case("auto") {
-                None
-            } else {
-                Some(parse_uint(s)?)
-            };
+            c.nccl_mib = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
             Ok(())
         },
     },
-    uint_key!(
-        "frag_pct",
-        Overhead,
-        "allocator fragmentation, percent of the allocated peak",
-        |c| c.frag_pct
-    ),
-    uint_key!(
-        "prefetch_layers",
-        Overhead,
-        "ZeRO-3/FSDP unsharded layers in flight",
-        |c| c.prefetch_layers
-    ),
-    bool_key!(
-        "bucket_view",
-        Overhead,
-        "DDP gradient_as_bucket_view",
-        |c| c.bucket_view
-    ),
-    enum_key!(
-        "unit",
-        Display,
-        "byte unit: gb (10^9) or gib (2^30)",
-        Unit,
-        |c| c.unit
-    ),
+    uint_key!("frag_pct", Overhead, "allocator fragmentation, percent of the dynamic allocations at the peak", |c| c.frag_pct),
+    uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
+    bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
+    enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),
 ];
 
 #[cfg(test)]
@@ -758,14 +494,8 @@ mod tests {
 
     #[test]
     fn lora_targets_read_module_names_and_groups() {
-        assert_eq!(
-            parse_lora_targets("q_proj,v_proj"),
-            Ok(LoraTargets(LoraTargets::Q | LoraTargets::V))
-        );
-        assert_eq!(
-            parse_lora_targets("attn").map(lora_targets_to_string),
-            Ok("q,k,v,o".to_string())
-        );
+        assert_eq!(parse_lora_targets("q_proj,v_proj"), Ok(LoraTargets(LoraTargets::Q | LoraTargets::V)));
+        assert_eq!(parse_lora_targets("attn").map(lora_targets_to_string), Ok("q,k,v,o".to_string()));
         assert_eq!(parse_lora_targets("all-linear"), Ok(LoraTargets::ALL));
         assert!(parse_lora_targets("fc9").is_err());
     }

@@ -31,11 +31,7 @@ pub struct ConfigError {
 impl ConfigError {
     fn new(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
         let value: String = value.chars().take(60).collect();
-        ConfigError {
-            key: key.chars().take(60).collect(),
-            value,
-            reason: reason.into(),
-        }
+        ConfigError { key: key.chars().take(60).collect(), value, reason: reason.into() }
     }
 }
 
@@ -104,11 +100,7 @@ pub fn decode_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
         mark_custom_if_changed(&mut cfg);
     }
     repair(&mut cfg, &mut errors);
-    Decoded {
-        config: cfg,
-        errors,
-        presentation,
-    }
+    Decoded { config: cfg, errors, presentation }
 }
 
 /// Decodes a URL query string (with or without the leading `?`).
@@ -133,13 +125,7 @@ fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
         };
         let key = e.key();
         let value = get(cfg, key).unwrap_or_default();
-        errors.push(ConfigError::new(
-            key,
-            &value,
-            e.to_string()
-                .trim_start_matches(&format!("`{key}` "))
-                .to_string(),
-        ));
+        errors.push(ConfigError::new(key, &value, e.to_string().trim_start_matches(&format!("`{key}` ")).to_string()));
         reset(cfg, key);
     }
     // Still invalid after resetting every key in turn: start over from the defaults.
@@ -152,13 +138,8 @@ fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
 pub fn reset(cfg: &mut Config, key: &str) {
     let Some(k) = find_key(key) else { return };
     let base = if k.group == Group::Architecture {
-        let spec = preset(&cfg.model)
-            .map(|p| p.spec)
-            .unwrap_or_else(default_spec);
-        Config {
-            arch: spec,
-            ..Config::default()
-        }
+        let spec = preset(&cfg.model).map(|p| p.spec).unwrap_or_else(default_spec);
+        Config { arch: spec, ..Config::default() }
     } else {
         Config::default()
     };
@@ -181,11 +162,7 @@ pub fn mark_custom_if_changed(cfg: &mut Config) {
 /// Replaces the model with an imported config.json.
 pub fn apply_import(cfg: &mut Config, imported: &Imported) {
     cfg.model = "custom".to_string();
-    cfg.name = if imported.name.is_empty() {
-        format!("imported {}", imported.model_type)
-    } else {
-        imported.name.clone()
-    };
+    cfg.name = if imported.name.is_empty() { format!("imported {}", imported.model_type) } else { imported.name.clone() };
     cfg.arch = imported.spec.clone();
 }
 
@@ -205,11 +182,7 @@ pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
 
 /// The query string (without `?`) of `cfg`: only non-default keys, human-readable.
 pub fn encode_query(cfg: &Config) -> String {
-    encode_pairs(cfg)
-        .iter()
-        .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-        .collect::<Vec<_>>()
-        .join("&")
+    encode_pairs(cfg).iter().map(|(k, v)| format!("{k}={}", percent_encode(v))).collect::<Vec<_>>().join("&")
 }
 
 /// Percent-decoding of `application/x-www-form-urlencoded` (`+` is a space); invalid escapes
@@ -264,10 +237,7 @@ mod tests {
     fn a_query_round_trips_through_decode_and_encode() {
         let d = decode_query("?model=llama-3.1-70b&seq=8192&zero=3&gpus=8");
         assert_eq!(d.errors, vec![]);
-        assert_eq!(
-            encode_query(&d.config),
-            "model=llama-3.1-70b&seq=8192&gpus=8&zero=3"
-        );
+        assert_eq!(encode_query(&d.config), "model=llama-3.1-70b&seq=8192&gpus=8&zero=3");
         assert_eq!(decode_query(&encode_query(&d.config)).config, d.config);
     }
 
@@ -283,10 +253,7 @@ mod tests {
     #[test]
     fn an_unknown_key_is_reported_and_ignored() {
         let d = decode_query("colour=blue&seq=1024");
-        assert_eq!(
-            d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
-            ["colour"]
-        );
+        assert_eq!(d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["colour"]);
         assert_eq!(d.config.seq, 1024);
     }
 
@@ -314,13 +281,7 @@ mod tests {
     fn presentation_keys_pass_through() {
         let d = decode_query("embed=1&view=seq&seq=2048");
         assert_eq!(d.errors, vec![]);
-        assert_eq!(
-            d.presentation,
-            vec![
-                ("embed".to_string(), "1".to_string()),
-                ("view".to_string(), "seq".to_string())
-            ]
-        );
+        assert_eq!(d.presentation, vec![("embed".to_string(), "1".to_string()), ("view".to_string(), "seq".to_string())]);
     }
 
     #[test]

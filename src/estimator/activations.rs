@@ -12,9 +12,7 @@
 //! per compute element (2 in bf16), p_r bytes of the residual stream (4 under autocast), E
 //! experts, K experts per token, r LoRA rank, t tensor-parallel degree.
 
-use super::config::{
-    Attention, Config, Finetune, Framework, Kernels, LoraTargets, Loss, Recompute,
-};
+use super::config::{Attention, Config, Finetune, Framework, Kernels, LoraTargets, Loss, Recompute};
 use super::expr::{Expr, Sym};
 use super::ledger::{Bytes, Category, Row};
 use super::model::{Activation, MlpKind, NormKind, Positions, QkNorm};
@@ -31,22 +29,14 @@ pub const D: Sym = Sym::new("d", "", "head dim");
 pub const D_ROT: Sym = Sym::new("d", "rot", "rotary dims per head");
 pub const F: Sym = Sym::new("f", "", "MLP intermediate size");
 pub const F_E: Sym = Sym::new("f", "e", "expert intermediate size");
-pub const F_S: Sym = Sym::new(
-    "f",
-    "s",
-    "shared-expert intermediate size (all shared experts)",
-);
+pub const F_S: Sym = Sym::new("f", "s", "shared-expert intermediate size (all shared experts)");
 pub const V: Sym = Sym::new("V", "", "vocabulary size");
 pub const E: Sym = Sym::new("E", "", "experts per MoE layer");
 pub const K_TOP: Sym = Sym::new("K", "", "experts per token (top-k)");
 pub const R: Sym = Sym::new("r", "", "LoRA rank");
 pub const P: Sym = Sym::new("p", "", "bytes per activation element (compute dtype)");
 pub const P_RES: Sym = Sym::new("p", "r", "bytes per residual-stream element (model dtype)");
-pub const P_LIN: Sym = Sym::new(
-    "p",
-    "lin",
-    "bytes per saved GEMM input (fp8 under Transformer Engine)",
-);
+pub const P_LIN: Sym = Sym::new("p", "lin", "bytes per saved GEMM input (fp8 under Transformer Engine)");
 pub const L: Sym = Sym::new("L", "", "decoder layers on this GPU");
 pub const L_MOE: Sym = Sym::new("L", "moe", "MoE layers on this GPU");
 pub const L_DENSE: Sym = Sym::new("L", "dense", "dense-MLP layers on this GPU");
@@ -106,7 +96,9 @@ impl Part {
     fn source(self) -> &'static str {
         match self {
             Part::Norms => "transformers LlamaRMSNorm / Gemma2RMSNorm / nn.LayerNorm forward; validation/FINDINGS.md §2",
-            Part::AttentionCore => "transformers eager_attention_forward / sdpa_attention_forward; torch SDPA flash kernel; FINDINGS.md §2–3",
+            Part::AttentionCore => {
+                "transformers eager_attention_forward / sdpa_attention_forward; torch SDPA flash kernel; FINDINGS.md §2–3"
+            }
             Part::Loss => "transformers loss_utils.ForCausalLMLoss: logits.float() → cross_entropy (log_softmax keeps its fp32 result)",
             Part::Checkpoints => "torch.utils.checkpoint (non-reentrant): each layer keeps its input; FINDINGS.md §4",
             Part::Autocast => "torch.autocast weight cache: bf16 copies of every GEMM weight are saved for backward (FINDINGS.md §5)",
@@ -246,15 +238,7 @@ struct Saves {
 
 fn saves(cfg: &Config) -> Saves {
     if cfg.finetune == Finetune::Full {
-        return Saves {
-            qkv_in: true,
-            o_in: true,
-            mlp_in: true,
-            down_in: true,
-            norm_weight: true,
-            embedding: true,
-            head: true,
-        };
+        return Saves { qkv_in: true, o_in: true, mlp_in: true, down_in: true, norm_weight: true, embedding: true, head: true };
     }
     let t = cfg.lora_targets;
     Saves {
@@ -283,11 +267,7 @@ fn norm_terms(c: &Ctx, kind: NormKind, saves_weight_input: bool, width: Sym) -> 
         }
         // Gemma: x.float(), rsqrt, (1 + weight.float()) [h], normalised x in fp32.
         NormKind::RmsnormGemma => {
-            let mut v = vec![
-                c.t(c.fp32(), &tokens),
-                c.t(c.fp32(), &[B, S]),
-                c.t(c.fp32(), &[width]),
-            ];
+            let mut v = vec![c.t(c.fp32(), &tokens), c.t(c.fp32(), &[B, S]), c.t(c.fp32(), &[width])];
             if saves_weight_input {
                 v.push(c.t(c.fp32(), &tokens));
             }
@@ -303,10 +283,7 @@ fn norm_terms(c: &Ctx, kind: NormKind, saves_weight_input: bool, width: Sym) -> 
             vec![c.t(c.pr(), &tokens), stats]
         }
         // OLMo: F.layer_norm(x.to(fp32)) without parameters: the fp32 input, fp32 mean and rstd.
-        NormKind::Nonparametric => vec![
-            c.t(c.fp32(), &tokens),
-            c.t(Expr::konst("2 × FP32_BYTES", 2 * FP32_BYTES), &[B, S]),
-        ],
+        NormKind::Nonparametric => vec![c.t(c.fp32(), &tokens), c.t(Expr::konst("2 × FP32_BYTES", 2 * FP32_BYTES), &[B, S])],
     }
 }
 
@@ -324,11 +301,7 @@ fn eager_scores(c: &Ctx, t: &mut Terms, spec_softcap: bool, softmax_fp32: bool) 
         push(c.t(c.fp32(), &scores));
         if dropout {
             // ... dropout keeps its mask and probs @ v keeps the dropped probabilities.
-            let mask = if c.cuda {
-                Expr::konst("BOOL_BYTES", BOOL_BYTES)
-            } else {
-                c.v(P)
-            };
+            let mask = if c.cuda { Expr::konst("BOOL_BYTES", BOOL_BYTES) } else { c.v(P) };
             push(c.t(mask, &scores));
             push(c.t(c.v(P), &scores));
         } else if c.p != FP32_BYTES {
@@ -339,11 +312,7 @@ fn eager_scores(c: &Ctx, t: &mut Terms, spec_softcap: bool, softmax_fp32: bool) 
         // GPT-2: softmax in the model dtype.
         push(c.t(c.v(P), &scores));
         if dropout {
-            let mask = if c.cuda {
-                Expr::konst("BOOL_BYTES", BOOL_BYTES)
-            } else {
-                c.v(P)
-            };
+            let mask = if c.cuda { Expr::konst("BOOL_BYTES", BOOL_BYTES) } else { c.v(P) };
             push(c.t(mask, &scores));
             push(c.t(c.v(P), &scores));
         }
@@ -366,16 +335,8 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         f: spec.ffn,
         v: spec.vocab,
         p: recipe.compute.bytes(),
-        p_res: if amp {
-            recipe.weight.bytes()
-        } else {
-            recipe.compute.bytes()
-        },
-        p_lin: if recipe.fp8_weight_cache {
-            Dtype::Fp8.bytes()
-        } else {
-            recipe.compute.bytes()
-        },
+        p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
+        p_lin: if recipe.fp8_weight_cache { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
         tp: cfg.tp,
         amp,
         cuda: cfg.kernels == Kernels::Cuda,
@@ -394,11 +355,7 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         Stage::Whole | Stage::Last => (1, 1),
         Stage::First | Stage::Middle => {
             let m = cfg.pp.min(cfg.accum).max(1);
-            let m = if stage == Stage::Middle {
-                m.div_ceil(2)
-            } else {
-                m
-            };
+            let m = if stage == Stage::Middle { m.div_ceil(2) } else { m };
             if cfg.vpp > 1 {
                 (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)
             } else {
@@ -410,24 +367,13 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     let moe_layers = stage_layers.min(spec.moe_layers());
     let dense_layers = stage_layers - moe_layers;
     let l = Expr::var(L, stage_layers);
-    let mut parts: Vec<Part> = t
-        .layer
-        .iter()
-        .chain(&t.moe_layer)
-        .chain(&t.dense_layer)
-        .chain(&t.first)
-        .chain(&t.last)
-        .map(|(p, _)| *p)
-        .collect();
+    let mut parts: Vec<Part> =
+        t.layer.iter().chain(&t.moe_layer).chain(&t.dense_layer).chain(&t.first).chain(&t.last).map(|(p, _)| *p).collect();
     parts.sort();
     parts.dedup();
     let sum_of = |v: &[(Part, Expr)], p: Part| -> Option<Expr> {
-        let terms: Vec<Expr> = v
-            .iter()
-            .filter(|(q, _)| *q == p)
-            .map(|(_, e)| e.clone())
-            .collect();
-        (!terms.is_empty()).then(|| Expr::sum(terms))
+        let terms: Vec<Expr> = v.iter().filter(|(q, _)| *q == p).map(|(_, e)| e.clone()).collect();
+        (!terms.is_empty()).then(|| Expr::sum_merged(terms))
     };
     let in_flight = |e: Expr| -> Expr {
         if num == 1 && den == 1 {
@@ -451,11 +397,7 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         }
         if dense_layers > 0 {
             if let Some(e) = sum_of(&t.dense_layer, p) {
-                let count = if spec.moe_layers() > 0 {
-                    Expr::var(L_DENSE, dense_layers)
-                } else {
-                    l.clone()
-                };
+                let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
                 terms.push(Expr::prod([count, e]));
             }
         }
@@ -464,11 +406,7 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
                 terms.push(e);
             }
         }
-        let mut expr = if terms.is_empty() {
-            None
-        } else {
-            Some(in_flight(Expr::sum(terms)))
-        };
+        let mut expr = if terms.is_empty() { None } else { Some(in_flight(Expr::sum(terms))) };
         if stage.has_head() {
             if let Some(e) = sum_of(&t.last, p) {
                 expr = Some(match expr {
@@ -496,32 +434,15 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
     let per_moe = eval(&t.moe_layer);
     let per_dense = eval(&t.dense_layer);
-    let per_layer = eval(&t.layer)
-        + if spec.moe_layers() > 0 {
-            per_moe.max(per_dense)
-        } else {
-            per_dense
-        };
-    let embedding = if stage.has_embedding() {
-        eval(&t.first)
-    } else {
-        0
-    };
+    let per_layer = eval(&t.layer) + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense };
+    let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
     let mut working = working_memory(&c, cfg);
     if !stage.has_head() {
         working.loss_forward = Expr::zero();
         working.loss_backward = Expr::zero();
     }
-    Activations {
-        row,
-        per_layer,
-        embedding,
-        head_and_loss,
-        in_flight_num: num,
-        in_flight_den: den,
-        working,
-    }
+    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den, working }
 }
 
 /// Hugging Face transformers' tensors (FINDINGS.md §1).
@@ -550,64 +471,36 @@ fn hf_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
         Positions::Rope => {
             // cos and sin [1, s, d_rot], shared by every layer (position_ids has no batch).
             let d_rot = (spec.head_dim * spec.rotary_pct).div_ceil(100).max(1);
-            let d_sym = if d_rot == spec.head_dim {
-                c.v(D)
-            } else {
-                Expr::var(D_ROT, d_rot)
-            };
-            t.first.push((
-                Part::Embedding,
-                Expr::prod([Expr::num(2u8), c.pr(), c.v(S), d_sym]),
-            ));
+            let d_sym = if d_rot == spec.head_dim { c.v(D) } else { Expr::var(D_ROT, d_rot) };
+            t.first.push((Part::Embedding, Expr::prod([Expr::num(2u8), c.pr(), c.v(S), d_sym])));
         }
         Positions::Learned => {
             // GPT-2's wpe keeps position_ids [1, s]; OPT's positions come from the mask, [b, s].
-            let e = if spec.pos_offset > 0 {
-                c.t(c.i64(), &[B, S])
-            } else {
-                c.t(c.i64(), &[S])
-            };
+            let e = if spec.pos_offset > 0 { c.t(c.i64(), &[B, S]) } else { c.t(c.i64(), &[S]) };
             t.first.push((Part::Embedding, e));
         }
         Positions::None => {}
     }
     if dropout && spec.embed_dropout {
-        t.first
-            .push((Part::Dropout, c.sp_split(c.t(mask_bytes(), &[B, S, H]))));
+        t.first.push((Part::Dropout, c.sp_split(c.t(mask_bytes(), &[B, S, H]))));
     }
     if spec.embed_proj > 0 && sv.embedding {
         t.first.push((
             Part::Embedding,
-            Expr::prod([
-                c.pr(),
-                c.v(B),
-                c.v(S),
-                Expr::var(
-                    Sym::new("e", "", "OPT word_embed_proj_dim"),
-                    spec.embed_proj,
-                ),
-            ]),
+            Expr::prod([c.pr(), c.v(B), c.v(S), Expr::var(Sym::new("e", "", "OPT word_embed_proj_dim"), spec.embed_proj)]),
         ));
     }
 
     // ---- Decoder layers.
     if full_recompute {
         // Each checkpointed layer keeps its input; the recompute closure keeps the kwargs once.
-        t.layer
-            .push((Part::Checkpoints, c.sp_split(c.t(c.pr(), &[B, S, H]))));
+        t.layer.push((Part::Checkpoints, c.sp_split(c.t(c.pr(), &[B, S, H]))));
         if spec.positions == Positions::Rope {
             t.first.push((Part::Checkpoints, c.t(c.i64(), &[S])));
         }
         if eager {
-            let masks: u8 = if spec.norm == NormKind::RmsnormGemma && spec.layer_norms == 4 {
-                2
-            } else {
-                1
-            };
-            t.first.push((
-                Part::Checkpoints,
-                Expr::prod([Expr::num(masks), c.pr(), c.v(B), c.v(S), c.v(S_KV)]),
-            ));
+            let masks: u8 = if spec.norm == NormKind::RmsnormGemma && spec.layer_norms == 4 { 2 } else { 1 };
+            t.first.push((Part::Checkpoints, Expr::prod([Expr::num(masks), c.pr(), c.v(B), c.v(S), c.v(S_KV)])));
         }
     } else {
         layer_terms(c, sv, t);
@@ -623,50 +516,26 @@ fn hf_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
         if spec.embed_proj > 0 {
             t.last.push((Part::Head, c.t(c.pr(), &[B, S, H])));
         }
-        let width = if spec.embed_proj > 0 {
-            Expr::var(
-                Sym::new("e", "", "OPT word_embed_proj_dim"),
-                spec.embed_proj,
-            )
-        } else {
-            c.v(H)
-        };
-        let p = if c.amp {
-            Expr::konst("BF16_BYTES", 2u8)
-        } else {
-            c.pl()
-        };
-        t.last
-            .push((Part::Head, Expr::prod([p, c.v(B), c.v(S), width])));
+        let width = if spec.embed_proj > 0 { Expr::var(Sym::new("e", "", "OPT word_embed_proj_dim"), spec.embed_proj) } else { c.v(H) };
+        let p = if c.amp { Expr::konst("BF16_BYTES", 2u8) } else { c.pl() };
+        t.last.push((Part::Head, Expr::prod([p, c.v(B), c.v(S), width])));
     }
     if c.amp {
         // The lm_head's (or tied embedding's) weight cast once to bf16.
-        t.last.push((
-            Part::Autocast,
-            c.tp_split(Expr::prod([Expr::konst("BF16_BYTES", 2u8), c.v(V), c.v(H)])),
-        ));
+        t.last.push((Part::Autocast, c.tp_split(Expr::prod([Expr::konst("BF16_BYTES", 2u8), c.v(V), c.v(H)]))));
     }
     if spec.softcap {
         // Gemma-2's final-logit soft-capping keeps tanh(logits / cap) in the model dtype.
-        t.last
-            .push((Part::Loss, c.tp_split(c.t(c.v(P), &[B, S, V]))));
+        t.last.push((Part::Loss, c.tp_split(c.t(c.v(P), &[B, S, V]))));
     }
     match c.cfg.loss {
         Loss::Standard => {
-            t.last
-                .push((Part::Loss, c.tp_split(c.t(c.fp32(), &[B, S, V]))));
+            t.last.push((Part::Loss, c.tp_split(c.t(c.fp32(), &[B, S, V]))));
             // Labels are padded to s + 1 and sliced; for b = 1 the slice is already contiguous,
             // so the whole padded storage is kept.
-            let target = if c.b == 1 {
-                Expr::prod([c.i64(), Expr::sum([c.v(S), Expr::num(1u8)])])
-            } else {
-                c.t(c.i64(), &[B, S])
-            };
+            let target = if c.b == 1 { Expr::prod([c.i64(), Expr::sum([c.v(S), Expr::num(1u8)])]) } else { c.t(c.i64(), &[B, S]) };
             t.last.push((Part::Loss, target));
-            t.last.push((
-                Part::Loss,
-                Expr::konst("NLL_TOTAL_WEIGHT_BYTES", FP32_BYTES),
-            ));
+            t.last.push((Part::Loss, Expr::konst("NLL_TOTAL_WEIGHT_BYTES", FP32_BYTES)));
         }
         Loss::Chunked => {
             // Fused linear cross-entropy computes the input gradient during forward and keeps it.
@@ -693,9 +562,7 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
 
     // Norms: pre-norm layers' norm outputs feed linears (counted as their inputs); Gemma-2's
     // post-norms and OLMo-2's feed the residual adds and keep nothing more.
-    let shared_input = spec.parallel
-        && spec.layer_norms == 2
-        && matches!(spec.norm, NormKind::Layernorm | NormKind::LayernormNoBias);
+    let shared_input = spec.parallel && spec.layer_norms == 2 && matches!(spec.norm, NormKind::Layernorm | NormKind::LayernormNoBias);
     for i in 0..spec.layer_norms {
         let mut terms = norm_terms(c, spec.norm, sv.norm_weight, H);
         if shared_input && i == 1 {
@@ -714,8 +581,7 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
             let e = Expr::prod([Expr::num(n_proj), bf16(), c.v(B), c.v(S), c.v(H)]);
             t.layer.push((Part::AttentionInputs, c.sp_split(e)));
         } else {
-            t.layer
-                .push((Part::AttentionInputs, c.sp_split(c.t(c.pl(), &[B, S, H]))));
+            t.layer.push((Part::AttentionInputs, c.sp_split(c.t(c.pl(), &[B, S, H]))));
         }
     }
     // q/k norms (Qwen3, Gemma-3 per head; OLMo-2 over all heads).
@@ -724,11 +590,7 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
         QkNorm::Head | QkNorm::Full | QkNorm::PerHead => {
             for heads in [A, KV] {
                 let width = [B, S, heads, D];
-                let stats = if spec.qk_norm == QkNorm::Full {
-                    vec![B, S]
-                } else {
-                    vec![B, S, heads]
-                };
+                let stats = if spec.qk_norm == QkNorm::Full { vec![B, S] } else { vec![B, S, heads] };
                 let mut e = vec![c.t(c.fp32(), &width), c.t(c.fp32(), &stats)];
                 if sv.norm_weight {
                     e.push(c.t(c.v(P), &width));
@@ -746,138 +608,64 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
     if selective {
         // The core is recomputed in backward: only its inputs q, k, v and its output stay.
         for heads in [A, KV, KV] {
-            t.layer.push((
-                Part::AttentionCore,
-                qc(Expr::prod([
-                    p_core.clone(),
-                    c.v(B),
-                    c.v(S),
-                    c.v(heads),
-                    c.v(D),
-                ])),
-            ));
+            t.layer.push((Part::AttentionCore, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(heads), c.v(D)]))));
         }
-        t.layer.push((
-            Part::AttentionInputs,
-            qc(c.t(p_core.clone(), &[B, S, A, D])),
-        ));
+        t.layer.push((Part::AttentionInputs, qc(c.t(p_core.clone(), &[B, S, A, D]))));
     } else if eager || (dropout && !c.cuda) {
         let math_fallback = !eager;
         if math_fallback {
             // CPU SDPA with dropout falls back to the math kernel: fp32 q, k, v at a heads, fp32
             // softmax, mask and dropped probabilities.
             for _ in 0..3 {
-                t.layer
-                    .push((Part::AttentionCore, qc(c.t(c.fp32(), &[B, S, A, D]))));
+                t.layer.push((Part::AttentionCore, qc(c.t(c.fp32(), &[B, S, A, D]))));
             }
             for _ in 0..3 {
-                t.layer
-                    .push((Part::AttentionCore, qc(c.t(c.fp32(), &[B, A, S, S_KV]))));
+                t.layer.push((Part::AttentionCore, qc(c.t(c.fp32(), &[B, A, S, S_KV]))));
             }
         } else {
             // q, k repeated to a heads, v repeated (repeat_kv copies even for MHA).
             for _ in 0..3 {
-                t.layer.push((
-                    Part::AttentionCore,
-                    qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)])),
-                ));
+                t.layer.push((Part::AttentionCore, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)]))));
             }
             eager_scores(c, t, spec.softcap, spec.softmax_fp32);
         }
         if sv.o_in {
-            let p = if math_fallback {
-                c.v(P)
-            } else {
-                p_core.clone()
-            };
-            t.layer.push((
-                Part::AttentionInputs,
-                qc(Expr::prod([p, c.v(B), c.v(S), c.v(A), c.v(D)])),
-            ));
+            let p = if math_fallback { c.v(P) } else { p_core.clone() };
+            t.layer.push((Part::AttentionInputs, qc(Expr::prod([p, c.v(B), c.v(S), c.v(A), c.v(D)]))));
         }
     } else {
         // SDPA / FlashAttention: q, k, v (k and v at k heads: enable_gqa), output, fp32 logsumexp.
         let rope = spec.positions == Positions::Rope;
         if spec.fused_qkv && !rope {
             // q, k, v are views of the fused output: its whole storage (GPT-2).
-            let e = Expr::prod([
-                p_core.clone(),
-                c.v(B),
-                c.v(S),
-                Expr::sum([c.v(A), Expr::prod([Expr::num(2u8), c.v(KV)])]),
-                c.v(D),
-            ]);
+            let e = Expr::prod([p_core.clone(), c.v(B), c.v(S), Expr::sum([c.v(A), Expr::prod([Expr::num(2u8), c.v(KV)])]), c.v(D)]);
             t.layer.push((Part::AttentionCore, qc(e)));
         } else {
-            t.layer.push((
-                Part::AttentionCore,
-                qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)])),
-            ));
-            t.layer.push((
-                Part::AttentionCore,
-                qc(Expr::prod([
-                    p_core.clone(),
-                    c.v(B),
-                    c.v(S),
-                    c.v(KV),
-                    c.v(D),
-                ])),
-            ));
+            t.layer.push((Part::AttentionCore, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)]))));
+            t.layer.push((Part::AttentionCore, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(KV), c.v(D)]))));
             if spec.fused_qkv {
                 // v is a view of the fused qkv output: the whole storage stays (Phi-3).
-                let e = Expr::prod([
-                    p_core.clone(),
-                    c.v(B),
-                    c.v(S),
-                    Expr::sum([c.v(A), Expr::prod([Expr::num(2u8), c.v(KV)])]),
-                    c.v(D),
-                ]);
+                let e = Expr::prod([p_core.clone(), c.v(B), c.v(S), Expr::sum([c.v(A), Expr::prod([Expr::num(2u8), c.v(KV)])]), c.v(D)]);
                 t.layer.push((Part::AttentionCore, qc(e)));
             } else {
-                t.layer.push((
-                    Part::AttentionCore,
-                    qc(Expr::prod([
-                        p_core.clone(),
-                        c.v(B),
-                        c.v(S),
-                        c.v(KV),
-                        c.v(D),
-                    ])),
-                ));
+                t.layer.push((Part::AttentionCore, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(KV), c.v(D)]))));
             }
         }
         // The output; it is o_proj's input too unless RoPE's cat changed the layout (Phi-3).
-        t.layer.push((
-            Part::AttentionCore,
-            qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)])),
-        ));
+        t.layer.push((Part::AttentionCore, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)]))));
         if spec.fused_qkv && rope && sv.o_in {
-            t.layer.push((
-                Part::AttentionInputs,
-                qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)])),
-            ));
+            t.layer.push((Part::AttentionInputs, qc(Expr::prod([p_core.clone(), c.v(B), c.v(S), c.v(A), c.v(D)]))));
         }
-        t.layer
-            .push((Part::AttentionCore, qc(c.t(c.fp32(), &[B, A, S]))));
+        t.layer.push((Part::AttentionCore, qc(c.t(c.fp32(), &[B, A, S]))));
     }
     if dropout && spec.resid_dropout {
-        t.layer
-            .push((Part::Dropout, c.sp_split(c.t(mask_bytes(), &[B, S, H]))));
+        t.layer.push((Part::Dropout, c.sp_split(c.t(mask_bytes(), &[B, S, H]))));
     }
 
     // The MLP (dense layers) or MoE block.
     let mlp_in = |t: &mut Vec<(Part, Expr)>, part: Part, n_in: u64| {
         if c.amp {
-            t.push((
-                part,
-                c.sp_split(Expr::prod([
-                    Expr::num(n_in),
-                    bf16(),
-                    c.v(B),
-                    c.v(S),
-                    c.v(H),
-                ])),
-            ));
+            t.push((part, c.sp_split(Expr::prod([Expr::num(n_in), bf16(), c.v(B), c.v(S), c.v(H)]))));
         } else {
             t.push((part, c.sp_split(c.t(c.pl(), &[B, S, H]))));
         }
@@ -885,17 +673,12 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
     let parallel_shared = spec.parallel && spec.layer_norms == 1;
     let dense = &mut t.dense_layer;
     if sv.mlp_in && !(parallel_shared && sv.qkv_in && !c.amp) {
-        let n_in = if spec.mlp == MlpKind::Gated && !spec.fused_gate_up {
-            2
-        } else {
-            1
-        };
+        let n_in = if spec.mlp == MlpKind::Gated && !spec.fused_gate_up { 2 } else { 1 };
         mlp_in(dense, Part::Mlp, n_in);
     }
     mlp_terms(c, sv, dense, F, Part::Mlp);
     if dropout && spec.resid_dropout {
-        t.dense_layer
-            .push((Part::Dropout, c.sp_split(c.t(mask_bytes(), &[B, S, H]))));
+        t.dense_layer.push((Part::Dropout, c.sp_split(c.t(mask_bytes(), &[B, S, H]))));
     }
     if spec.moe_layers() > 0 {
         let moe = &mut t.moe_layer;
@@ -931,22 +714,13 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
         } + count(&[LoraTargets::DOWN]);
         let r = Expr::var(R, c.cfg.lora_rank);
         if attn > 0 {
-            t.layer.push((
-                Part::Lora,
-                Expr::prod([Expr::num(attn), c.v(P), c.v(B), c.v(S), r.clone()]),
-            ));
+            t.layer.push((Part::Lora, Expr::prod([Expr::num(attn), c.v(P), c.v(B), c.v(S), r.clone()])));
         }
         if mlp > 0 {
-            t.dense_layer.push((
-                Part::Lora,
-                Expr::prod([Expr::num(mlp), c.v(P), c.v(B), c.v(S), r.clone()]),
-            ));
+            t.dense_layer.push((Part::Lora, Expr::prod([Expr::num(mlp), c.v(P), c.v(B), c.v(S), r.clone()])));
             if spec.moe_layers() > 0 {
                 let k = Expr::var(K_TOP, spec.top_k);
-                t.moe_layer.push((
-                    Part::Lora,
-                    Expr::prod([Expr::num(mlp), c.v(P), c.v(B), c.v(S), k, r]),
-                ));
+                t.moe_layer.push((Part::Lora, Expr::prod([Expr::num(mlp), c.v(P), c.v(B), c.v(S), k, r])));
             }
         }
     }
@@ -956,26 +730,14 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
         let (qw, kvw) = (spec.q_width(), spec.kv_width());
         let attn = spec.hidden * (qw + 2 * kvw) + qw * spec.hidden;
         let w = Sym::new("W", "attn", "GEMM weight elements of one layer's attention");
-        t.layer.push((
-            Part::Autocast,
-            c.tp_split(Expr::prod([bf16(), Expr::var(w, attn)])),
-        ));
+        t.layer.push((Part::Autocast, c.tp_split(Expr::prod([bf16(), Expr::var(w, attn)]))));
         let mats: u64 = if spec.mlp == MlpKind::Gated { 3 } else { 2 };
         let wm = Sym::new("W", "mlp", "GEMM weight elements of one layer's MLP");
-        t.dense_layer.push((
-            Part::Autocast,
-            c.tp_split(Expr::prod([
-                bf16(),
-                Expr::var(wm, mats * spec.hidden * spec.ffn),
-            ])),
-        ));
+        t.dense_layer.push((Part::Autocast, c.tp_split(Expr::prod([bf16(), Expr::var(wm, mats * spec.hidden * spec.ffn)]))));
         if spec.moe_layers() > 0 {
             // The router linear casts its weight; grouped_mm experts have no autocast policy.
             let wr = Sym::new("W", "router", "router weight elements");
-            t.moe_layer.push((
-                Part::Autocast,
-                Expr::prod([bf16(), Expr::var(wr, spec.experts * spec.hidden)]),
-            ));
+            t.moe_layer.push((Part::Autocast, Expr::prod([bf16(), Expr::var(wr, spec.experts * spec.hidden)])));
         }
     }
 }
@@ -983,16 +745,8 @@ fn layer_terms(c: &Ctx, sv: &Saves, t: &mut Terms) {
 /// MLP intermediates of width `width` (f, or the shared experts' f_s).
 fn mlp_terms(c: &Ctx, sv: &Saves, out: &mut Vec<(Part, Expr)>, width: Sym, part: Part) {
     let spec = &c.cfg.arch;
-    let fw = if width == F {
-        c.v(F)
-    } else {
-        Expr::var(F_S, spec.shared_ffn * spec.shared_experts)
-    };
-    let p = if c.amp {
-        Expr::konst("BF16_BYTES", 2u8)
-    } else {
-        c.v(P)
-    };
+    let fw = if width == F { c.v(F) } else { Expr::var(F_S, spec.shared_ffn * spec.shared_experts) };
+    let p = if c.amp { Expr::konst("BF16_BYTES", 2u8) } else { c.v(P) };
     let term = |bytes: Expr| c.tp_split(Expr::prod([bytes, c.v(B), c.v(S), fw.clone()]));
     match (spec.mlp, spec.act) {
         (MlpKind::Gated, _) => {
@@ -1048,10 +802,7 @@ fn moe_terms(c: &Ctx, out: &mut Vec<(Part, Expr)>) {
         Expr::prod(v)
     };
     // Router: fp32 softmax [T,E], top-k indices (int64) and values (fp32), their sum.
-    out.push((
-        Part::Moe,
-        Expr::prod([fp32.clone(), c.v(B), c.v(S), e.clone()]),
-    ));
+    out.push((Part::Moe, Expr::prod([fp32.clone(), c.v(B), c.v(S), e.clone()])));
     out.push((Part::Moe, pairs(i64b.clone(), &[])));
     out.push((Part::Moe, pairs(fp32.clone(), &[])));
     out.push((Part::Moe, c.t(fp32.clone(), &[B, S])));
@@ -1061,10 +812,7 @@ fn moe_terms(c: &Ctx, out: &mut Vec<(Part, Expr)>) {
     out.push((Part::Moe, pairs(Expr::prod([Expr::num(3u8), i64b]), &[])));
     out.push((Part::Moe, Expr::prod([Expr::konst("INT32_BYTES", 4u8), e])));
     out.push((Part::Moe, pairs(pe.clone(), &[c.v(H)])));
-    out.push((
-        Part::Moe,
-        pairs(Expr::prod([Expr::num(2u8), pe.clone()]), &[fe.clone()]),
-    ));
+    out.push((Part::Moe, pairs(Expr::prod([Expr::num(2u8), pe.clone()]), &[fe.clone()])));
     out.push((Part::Moe, pairs(pe.clone(), &[fe.clone()])));
     out.push((Part::Moe, pairs(pe.clone(), &[fe])));
     out.push((Part::Moe, pairs(fp32, &[])));
@@ -1083,76 +831,43 @@ fn megatron_terms(c: &Ctx, t: &mut Terms) {
     let selective = c.cfg.recompute == Recompute::Selective;
     t.first.push((Part::Embedding, c.t(c.i64(), &[B, S])));
     if full {
-        t.layer
-            .push((Part::Checkpoints, c.sp_split(c.t(c.v(P), &[B, S, H]))));
+        t.layer.push((Part::Checkpoints, c.sp_split(c.t(c.v(P), &[B, S, H]))));
     } else {
         for _ in 0..2 {
-            t.layer
-                .push((Part::Norms, c.sp_split(c.t(c.v(P), &[B, S, H]))));
+            t.layer.push((Part::Norms, c.sp_split(c.t(c.v(P), &[B, S, H]))));
         }
-        t.layer
-            .push((Part::AttentionInputs, c.sp_split(c.t(c.pl(), &[B, S, H]))));
-        let qkv = Expr::prod([
-            c.v(P),
-            c.v(B),
-            c.v(S),
-            Expr::sum([c.v(A), Expr::prod([Expr::num(2u8), c.v(KV)])]),
-            c.v(D),
-        ]);
+        t.layer.push((Part::AttentionInputs, c.sp_split(c.t(c.pl(), &[B, S, H]))));
+        let qkv = Expr::prod([c.v(P), c.v(B), c.v(S), Expr::sum([c.v(A), Expr::prod([Expr::num(2u8), c.v(KV)])]), c.v(D)]);
         t.layer.push((Part::AttentionCore, c.tp_split(qkv)));
         if !selective {
             if c.cfg.attn == Attention::Eager {
                 let scores = [B, A, S, S_KV];
-                t.layer
-                    .push((Part::AttentionCore, c.tp_split(c.t(c.v(P), &scores))));
+                t.layer.push((Part::AttentionCore, c.tp_split(c.t(c.v(P), &scores))));
                 if dropout {
-                    t.layer.push((
-                        Part::AttentionCore,
-                        c.tp_split(c.t(Expr::konst("BOOL_BYTES", BOOL_BYTES), &scores)),
-                    ));
-                    t.layer
-                        .push((Part::AttentionCore, c.tp_split(c.t(c.v(P), &scores))));
+                    t.layer.push((Part::AttentionCore, c.tp_split(c.t(Expr::konst("BOOL_BYTES", BOOL_BYTES), &scores))));
+                    t.layer.push((Part::AttentionCore, c.tp_split(c.t(c.v(P), &scores))));
                 }
             } else {
-                t.layer
-                    .push((Part::AttentionCore, c.tp_split(c.t(c.fp32(), &[B, A, S]))));
+                t.layer.push((Part::AttentionCore, c.tp_split(c.t(c.fp32(), &[B, A, S]))));
             }
         }
-        t.layer.push((
-            Part::AttentionInputs,
-            c.tp_split(c.t(c.pl(), &[B, S, A, D])),
-        ));
-        t.dense_layer
-            .push((Part::Mlp, c.sp_split(c.t(c.pl(), &[B, S, H]))));
+        t.layer.push((Part::AttentionInputs, c.tp_split(c.t(c.pl(), &[B, S, A, D]))));
+        t.dense_layer.push((Part::Mlp, c.sp_split(c.t(c.pl(), &[B, S, H]))));
         let f_elems: u8 = if spec.mlp == MlpKind::Gated { 3 } else { 2 };
-        t.dense_layer.push((
-            Part::Mlp,
-            c.tp_split(Expr::prod([
-                Expr::num(f_elems),
-                c.v(P),
-                c.v(B),
-                c.v(S),
-                c.v(F),
-            ])),
-        ));
+        t.dense_layer.push((Part::Mlp, c.tp_split(Expr::prod([Expr::num(f_elems), c.v(P), c.v(B), c.v(S), c.v(F)]))));
         if dropout {
             for _ in 0..2 {
-                t.layer.push((
-                    Part::Dropout,
-                    c.sp_split(c.t(Expr::konst("BOOL_BYTES", BOOL_BYTES), &[B, S, H])),
-                ));
+                t.layer.push((Part::Dropout, c.sp_split(c.t(Expr::konst("BOOL_BYTES", BOOL_BYTES), &[B, S, H]))));
             }
         }
         if spec.moe_layers() > 0 {
             moe_terms(c, &mut t.moe_layer);
         }
     }
-    t.last
-        .push((Part::Head, c.sp_split(c.t(c.v(P), &[B, S, H]))));
+    t.last.push((Part::Head, c.sp_split(c.t(c.v(P), &[B, S, H]))));
     t.last.push((Part::Head, c.t(c.pl(), &[B, S, H])));
     // Vocab-parallel cross-entropy keeps the fp32 logits shard.
-    t.last
-        .push((Part::Loss, c.tp_split(c.t(c.fp32(), &[B, S, V]))));
+    t.last.push((Part::Loss, c.tp_split(c.t(c.fp32(), &[B, S, V]))));
 }
 
 /// Working memory beyond what is saved, as formulas (for the transient rows and the step).
@@ -1185,108 +900,48 @@ fn working_memory(c: &Ctx, cfg: &Config) -> Working {
     let eager = cfg.attn == Attention::Eager;
     let p4 = || Expr::sum([c.v(P), c.fp32()]);
     let zero = Expr::zero;
-    let layer_forward = if eager {
-        c.tp_split(Expr::prod([p4(), c.v(B), c.v(A), c.v(S), c.v(S_KV)]))
-    } else {
-        zero()
-    };
-    let mask_forward = if eager {
-        c.t(c.v(P), &[B, S, S_KV])
-    } else {
-        zero()
-    };
+    let layer_forward = if eager { c.tp_split(Expr::prod([p4(), c.v(B), c.v(A), c.v(S), c.v(S_KV)])) } else { zero() };
+    let mask_forward = if eager { c.t(c.v(P), &[B, S, S_KV]) } else { zero() };
     let attn_bwd = if eager {
         Expr::sum([
             c.tp_split(Expr::prod([p4(), c.v(B), c.v(A), c.v(S), c.v(S_KV)])),
-            c.tp_split(Expr::prod([
-                Expr::num(3u8),
-                c.v(P),
-                c.v(B),
-                c.v(S),
-                c.v(A),
-                c.v(D),
-            ])),
+            c.tp_split(Expr::prod([Expr::num(3u8), c.v(P), c.v(B), c.v(S), c.v(A), c.v(D)])),
         ])
     } else {
         Expr::sum([
             c.tp_split(Expr::prod([p4(), c.v(B), c.v(S), c.v(A), c.v(D)])),
-            c.tp_split(Expr::prod([
-                Expr::num(2u8),
-                c.v(P),
-                c.v(B),
-                c.v(S),
-                c.v(KV),
-                c.v(D),
-            ])),
+            c.tp_split(Expr::prod([Expr::num(2u8), c.v(P), c.v(B), c.v(S), c.v(KV), c.v(D)])),
         ])
     };
     let width = if spec.ffn >= spec.expert_ffn * spec.top_k {
         c.v(F)
     } else {
-        Expr::prod([
-            Expr::var(K_TOP, spec.top_k),
-            Expr::var(F_E, spec.expert_ffn),
-        ])
+        Expr::prod([Expr::var(K_TOP, spec.top_k), Expr::var(F_E, spec.expert_ffn)])
     };
     let mlp_bwd = c.tp_split(Expr::prod([Expr::num(3u8), c.v(P), c.v(B), c.v(S), width]));
     let layer_backward = Expr::sum([Expr::Max(vec![attn_bwd, mlp_bwd]), c.t(c.v(P), &[B, S, H])]);
     let (loss_forward, loss_backward) = match cfg.loss {
         Loss::Standard => {
             let logits = c.tp_split(c.t(c.v(P), &[B, S, V]));
-            let fwd = if c.p == FP32_BYTES {
-                logits
-            } else {
-                Expr::sum([logits, c.tp_split(c.t(c.fp32(), &[B, S, V]))])
-            };
-            (
-                fwd,
-                c.tp_split(Expr::prod([
-                    Expr::num(2u8),
-                    c.fp32(),
-                    c.v(B),
-                    c.v(S),
-                    c.v(V),
-                ])),
-            )
+            let fwd = if c.p == FP32_BYTES { logits } else { Expr::sum([logits, c.tp_split(c.t(c.fp32(), &[B, S, V]))]) };
+            (fwd, c.tp_split(Expr::prod([Expr::num(2u8), c.fp32(), c.v(B), c.v(S), c.v(V)])))
         }
         Loss::Chunked => {
             // Liger's chunk: ⌈b·s / ⌈V/h⌉⌉ rows of fp32 logits and their gradient.
             let rows = (c.b * c.s).div_ceil(c.v.div_ceil(c.h.max(1)).max(1));
             let n = Sym::new("n", "chunk", "rows of a loss chunk: ⌈b·s / ⌈V/h⌉⌉ (Liger)");
-            (
-                c.tp_split(Expr::prod([
-                    Expr::num(2u8),
-                    c.fp32(),
-                    Expr::var(n, rows),
-                    c.v(V),
-                ])),
-                zero(),
-            )
+            (c.tp_split(Expr::prod([Expr::num(2u8), c.fp32(), Expr::var(n, rows), c.v(V)])), zero())
         }
     };
     let recompute_layer = if cfg.recompute == Recompute::Full {
-        let c2 = Config {
-            recompute: Recompute::None,
-            pp: 1,
-            ..cfg.clone()
-        };
+        let c2 = Config { recompute: Recompute::None, pp: 1, ..cfg.clone() };
         let r = super::precision::recipe(cfg.precision);
         let one = activations(&c2, &r, Stage::Whole, 1);
-        Expr::var(
-            Sym::new("A", "layer", "saved bytes of one layer, recomputed"),
-            one.per_layer,
-        )
+        Expr::var(Sym::new("A", "layer", "saved bytes of one layer, recomputed"), one.per_layer)
     } else {
         zero()
     };
-    Working {
-        layer_forward,
-        mask_forward,
-        layer_backward,
-        recompute_layer,
-        loss_forward,
-        loss_backward,
-    }
+    Working { layer_forward, mask_forward, layer_backward, recompute_layer, loss_forward, loss_backward }
 }
 
 /// The closed formulas the seed material teaches, for the same configuration, to set beside the
@@ -1305,23 +960,14 @@ pub fn textbook_rows(cfg: &Config) -> Vec<Row> {
         l.clone(),
         Expr::sum([
             Expr::prod([Expr::num(34u8), vs.clone(), vb.clone(), vh.clone()]),
-            Expr::prod([
-                Expr::num(5u8),
-                va.clone(),
-                vs.clone(),
-                vs.clone(),
-                vb.clone(),
-            ]),
+            Expr::prod([Expr::num(5u8), va.clone(), vs.clone(), vs.clone(), vb.clone()]),
         ]),
     ]);
     // The seed material: 2 bytes × (22·bsh + 2·bas²) per layer.
     let seed = Expr::prod([
         l,
         Expr::num(2u8),
-        Expr::sum([
-            Expr::prod([Expr::num(22u8), vb.clone(), vs.clone(), vh]),
-            Expr::prod([Expr::num(2u8), vb, va, vs.clone(), vs]),
-        ]),
+        Expr::sum([Expr::prod([Expr::num(22u8), vb.clone(), vs.clone(), vh]), Expr::prod([Expr::num(2u8), vb, va, vs.clone(), vs])]),
     ]);
     vec![
         Row::new("textbook.korthikanti", "Korthikanti et al.: sbh(34 + 5as/h) per layer", Category::Activations, korthikanti, "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, eq. (1)")
@@ -1347,17 +993,9 @@ mod tests {
     /// ends = 1,024 + 4,096 + 49,664 + 16,384 + 512,000 + 1,024 + 4 = 584,196; total 1,311,236.
     #[test]
     fn the_findings_worked_example_comes_out_to_the_byte() {
-        let mut cfg = Config {
-            batch: 2,
-            seq: 64,
-            precision: Precision::Bf16,
-            kernels: Kernels::Cpu,
-            ..Config::default()
-        };
+        let mut cfg = Config { batch: 2, seq: 64, precision: Precision::Bf16, kernels: Kernels::Cpu, ..Config::default() };
         let a = &mut cfg.arch;
-        (
-            a.vocab, a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.ffn,
-        ) = (1000, 64, 2, 4, 2, 16, 176);
+        (a.vocab, a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.ffn) = (1000, 64, 2, 4, 2, 16, 176);
         let x = acts(&cfg);
         assert_eq!(x.per_layer, 363_520);
         assert_eq!(x.row.bytes, 1_311_236);
@@ -1366,29 +1004,16 @@ mod tests {
     #[test]
     fn eager_attention_keeps_quadratic_scores_that_sdpa_does_not() {
         let sdpa = acts(&Config::default()).row.bytes;
-        let eager = acts(&Config {
-            attn: Attention::Eager,
-            ..Config::default()
-        })
-        .row
-        .bytes;
+        let eager = acts(&Config { attn: Attention::Eager, ..Config::default() }).row.bytes;
         // 32 layers × (4 + 2) bytes × a·s² = 32 × 6 × 32 × 4096² more, minus sdpa's linear terms.
         assert!(eager > sdpa + 32 * 6 * 32 * 4096 * 4096 - 32 * 4 * 4096 * 4096);
     }
 
     #[test]
     fn full_recomputation_keeps_one_input_per_layer() {
-        let cfg = Config {
-            recompute: Recompute::Full,
-            ..Config::default()
-        };
+        let cfg = Config { recompute: Recompute::Full, ..Config::default() };
         let x = acts(&cfg);
-        let ckpt = x
-            .row
-            .children
-            .iter()
-            .find(|r| r.id == "activations.checkpoints")
-            .map(|r| r.bytes);
+        let ckpt = x.row.children.iter().find(|r| r.id == "activations.checkpoints").map(|r| r.bytes);
         // 32 layers × b·s·h × 2 B + position_ids 8·s.
         assert_eq!(ckpt, Some(32 * 4096 * 4096 * 2 + 8 * 4096));
     }
@@ -1396,23 +1021,14 @@ mod tests {
     #[test]
     fn the_loss_of_a_128k_vocabulary_is_a_large_share() {
         let x = acts(&Config::default());
-        let loss = x
-            .row
-            .children
-            .iter()
-            .find(|r| r.id == "activations.loss")
-            .map_or(0, |r| r.bytes);
+        let loss = x.row.children.iter().find(|r| r.id == "activations.loss").map_or(0, |r| r.bytes);
         // 4 B × 4096 × 128,256 fp32 log-probabilities ≈ 2.1 GB.
         assert!(loss >= 4 * 4096 * 128_256);
     }
 
     #[test]
     fn the_textbook_formulas_evaluate_as_written() {
-        let cfg = Config {
-            batch: 1,
-            seq: 2,
-            ..Config::default()
-        };
+        let cfg = Config { batch: 1, seq: 2, ..Config::default() };
         let rows = textbook_rows(&cfg);
         // Korthikanti: 32 × (34·2·1·4096 + 5·32·2·2·1) = 32 × (278,528 + 640).
         assert_eq!(rows[0].bytes, 32 * (278_528 + 640));

@@ -51,9 +51,11 @@ pub enum Optimizer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimImpl {
-    /// `foreach=True`, the CUDA default: one op over all tensors, temporaries as big as a state.
+    /// `foreach=True`, torch's CUDA default: one op over all tensors, temporaries as big as a
+    /// state (what `model.to(bf16)` + `torch.optim.AdamW()` gets).
     Foreach,
-    /// `fused=True`: one kernel, no temporaries, `step` on the GPU.
+    /// `fused=True` (and the fused optimizers of DeepSpeed, Megatron and apex that mixed
+    /// precision runs use): one kernel, no temporaries, `step` on the GPU. The default.
     Fused,
     /// `foreach=False`: one tensor at a time.
     Forloop,
@@ -83,15 +85,8 @@ impl LoraTargets {
     pub const UP: u8 = 32;
     pub const DOWN: u8 = 64;
     pub const ALL: LoraTargets = LoraTargets(127);
-    pub const NAMES: [(&'static str, u8); 7] = [
-        ("q", Self::Q),
-        ("k", Self::K),
-        ("v", Self::V),
-        ("o", Self::O),
-        ("gate", Self::GATE),
-        ("up", Self::UP),
-        ("down", Self::DOWN),
-    ];
+    pub const NAMES: [(&'static str, u8); 7] =
+        [("q", Self::Q), ("k", Self::K), ("v", Self::V), ("o", Self::O), ("gate", Self::GATE), ("up", Self::UP), ("down", Self::DOWN)];
     pub fn has(self, bit: u8) -> bool {
         self.0 & bit != 0
     }
@@ -258,7 +253,7 @@ pub struct Config {
     pub cuda_ctx_mib: u64,
     /// NCCL communicator buffers per GPU, MiB; `None` = automatic (0 on one GPU).
     pub nccl_mib: Option<u64>,
-    /// Caching-allocator fragmentation, percent of the peak of allocated bytes.
+    /// Caching-allocator fragmentation, percent of the dynamic allocations at the peak.
     pub frag_pct: u64,
     /// Unsharded layers in flight under ZeRO-3/FSDP (the one computing + prefetched ones).
     pub prefetch_layers: u64,
@@ -281,7 +276,7 @@ impl Default for Config {
             accum: 1,
             precision: Precision::MixedBf16,
             optim: Optimizer::Adamw,
-            optim_impl: OptimImpl::Foreach,
+            optim_impl: OptimImpl::Fused,
             finetune: Finetune::Full,
             lora_rank: 16,
             lora_targets: LoraTargets::ALL,
@@ -344,10 +339,7 @@ mod tests {
     fn the_default_configuration_uses_the_default_preset() {
         let c = Config::default();
         assert_eq!(c.model, DEFAULT_PRESET);
-        assert_eq!(
-            Some(c.arch),
-            crate::estimator::presets::preset(DEFAULT_PRESET).map(|p| p.spec)
-        );
+        assert_eq!(Some(c.arch), crate::estimator::presets::preset(DEFAULT_PRESET).map(|p| p.spec));
     }
 
     #[test]
@@ -359,12 +351,7 @@ mod tests {
 
     #[test]
     fn data_parallel_degree_divides_out_model_parallelism() {
-        let c = Config {
-            gpus: 64,
-            tp: 8,
-            pp: 2,
-            ..Config::default()
-        };
+        let c = Config { gpus: 64, tp: 8, pp: 2, ..Config::default() };
         assert_eq!(c.dp(), 4);
     }
 }

@@ -75,14 +75,34 @@ impl Expr {
             Expr::Prod(v)
         }
     }
+    /// A sum; literal zeros are dropped.
     pub fn sum(terms: impl IntoIterator<Item = Expr>) -> Expr {
-        let v: Vec<Expr> = terms.into_iter().collect();
+        let v: Vec<Expr> = terms.into_iter().filter(|t| *t != Expr::Num(0)).collect();
         match v.len() {
             0 => Expr::Num(0),
             1 => v.into_iter().next().unwrap_or(Expr::Num(0)),
             _ => Expr::Sum(v),
         }
     }
+    /// A sum whose identical terms are gathered: `x + y + x` → `2 × x + y`.
+    pub fn sum_merged(terms: impl IntoIterator<Item = Expr>) -> Expr {
+        let mut groups: Vec<(Expr, u128)> = Vec::new();
+        for t in terms.into_iter().filter(|t| *t != Expr::Num(0)) {
+            match groups.iter_mut().find(|(g, _)| *g == t) {
+                Some((_, n)) => *n += 1,
+                None => groups.push((t, 1)),
+            }
+        }
+        Expr::sum(groups.into_iter().map(|(t, n)| match (n, t) {
+            (1, t) => t,
+            (n, Expr::Prod(mut f)) => {
+                f.insert(0, Expr::Num(n));
+                Expr::Prod(f)
+            }
+            (n, t) => Expr::Prod(vec![Expr::Num(n), t]),
+        }))
+    }
+
     pub fn ceil_div(self, by: Expr) -> Expr {
         Expr::CeilDiv(Box::new(self), Box::new(by))
     }
@@ -169,9 +189,7 @@ impl Expr {
                     out.push((*s, *v));
                 }
             }
-            Expr::Sum(v) | Expr::Prod(v) | Expr::Max(v) | Expr::Min(v) => {
-                v.iter().for_each(|e| e.collect_symbols(out))
-            }
+            Expr::Sum(v) | Expr::Prod(v) | Expr::Max(v) | Expr::Min(v) => v.iter().for_each(|e| e.collect_symbols(out)),
             Expr::CeilDiv(a, b) | Expr::FloorDiv(a, b) => {
                 a.collect_symbols(out);
                 b.collect_symbols(out);
@@ -210,11 +228,14 @@ impl Expr {
                 if paren {
                     s.push('(');
                 }
-                for (i, e) in v.iter().enumerate() {
+                for (i, (e, n)) in runs(v).into_iter().enumerate() {
                     if i > 0 {
                         s.push_str(" × ");
                     }
                     e.write_text(s, numbers, Prec::Prod);
+                    if n > 1 {
+                        s.push_str(&superscript(n));
+                    }
                 }
                 if paren {
                     s.push(')');
@@ -240,11 +261,7 @@ impl Expr {
                 }
             }
             Expr::Max(v) | Expr::Min(v) => {
-                s.push_str(if matches!(self, Expr::Max(_)) {
-                    "max("
-                } else {
-                    "min("
-                });
+                s.push_str(if matches!(self, Expr::Max(_)) { "max(" } else { "min(" });
                 for (i, e) in v.iter().enumerate() {
                     if i > 0 {
                         s.push_str(", ");
@@ -272,33 +289,31 @@ impl Expr {
                 } else if sym.sub.is_empty() {
                     let _ = write!(s, "<mi>{}</mi>", escape(sym.base));
                 } else {
-                    let _ = write!(
-                        s,
-                        "<msub><mi>{}</mi><mtext>{}</mtext></msub>",
-                        escape(sym.base),
-                        escape(sym.sub)
-                    );
+                    let _ = write!(s, "<msub><mi>{}</mi><mtext>{}</mtext></msub>", escape(sym.base), escape(sym.sub));
                 }
             }
             Expr::Const(_, v) | Expr::Num(v) => {
                 let _ = write!(s, "<mn>{}</mn>", group_digits(*v));
             }
             Expr::Sum(v) | Expr::Prod(v) => {
-                let (op, prec) = if matches!(self, Expr::Sum(_)) {
-                    ("+", Prec::Sum)
-                } else {
-                    ("×", Prec::Prod)
-                };
+                let (op, prec) = if matches!(self, Expr::Sum(_)) { ("+", Prec::Sum) } else { ("×", Prec::Prod) };
                 let paren = outer > prec;
                 s.push_str("<mrow>");
                 if paren {
                     s.push_str("<mo>(</mo>");
                 }
-                for (i, e) in v.iter().enumerate() {
+                let items: Vec<(&Expr, usize)> = if prec == Prec::Prod { runs(v) } else { v.iter().map(|e| (e, 1)).collect() };
+                for (i, (e, n)) in items.into_iter().enumerate() {
                     if i > 0 {
                         let _ = write!(s, "<mo>{op}</mo>");
                     }
-                    e.write_mathml(s, numbers, prec);
+                    if n > 1 {
+                        s.push_str("<msup>");
+                        e.write_mathml(s, numbers, Prec::Atom);
+                        let _ = write!(s, "<mn>{n}</mn></msup>");
+                    } else {
+                        e.write_mathml(s, numbers, prec);
+                    }
                 }
                 if paren {
                     s.push_str("<mo>)</mo>");
@@ -320,11 +335,7 @@ impl Expr {
                 s.push_str("</mrow></mfrac>");
             }
             Expr::Max(v) | Expr::Min(v) => {
-                let name = if matches!(self, Expr::Max(_)) {
-                    "max"
-                } else {
-                    "min"
-                };
+                let name = if matches!(self, Expr::Max(_)) { "max" } else { "min" };
                 let _ = write!(s, "<mrow><mi>{name}</mi><mo>(</mo>");
                 for (i, e) in v.iter().enumerate() {
                     if i > 0 {
@@ -336,6 +347,23 @@ impl Expr {
             }
         }
     }
+}
+
+/// Consecutive equal symbols of a product, counted (`s × s` → `(s, 2)`, shown as s²).
+fn runs(v: &[Expr]) -> Vec<(&Expr, usize)> {
+    let mut out: Vec<(&Expr, usize)> = Vec::new();
+    for e in v {
+        match out.last_mut() {
+            Some((last, n)) if matches!(e, Expr::Var(..)) && *last == e => *n += 1,
+            _ => out.push((e, 1)),
+        }
+    }
+    out
+}
+
+fn superscript(n: usize) -> String {
+    const DIGITS: [char; 10] = ['⁰', '¹', '²', '³', '⁴', '⁵', '⁶', '⁷', '⁸', '⁹'];
+    n.to_string().chars().map(|c| c.to_digit(10).map_or(c, |d| DIGITS[d as usize])).collect()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -385,11 +413,28 @@ mod tests {
     #[test]
     fn a_sharded_product_evaluates_with_ceiling_division() {
         // (4 + 12) × ⌈7 / 2⌉ = 16 × 4 = 64: each of two ranks holds 4 of the 7 elements.
-        let e = Expr::sum([Expr::num(4u8), Expr::konst("K", 12u8)])
-            .times(Expr::var(PSI, 7u8).ceil_div(Expr::var(N, 2u8)));
+        let e = Expr::sum([Expr::num(4u8), Expr::konst("K", 12u8)]).times(Expr::var(PSI, 7u8).ceil_div(Expr::var(N, 2u8)));
         assert_eq!(e.eval(), 64);
         assert_eq!(e.symbolic(), "(4 + 12) × ⌈Ψ / N_d⌉");
         assert_eq!(e.substituted(), "(4 + 12) × ⌈7 / 2⌉");
+    }
+
+    #[test]
+    fn repeated_symbols_render_as_powers() {
+        let s = Sym::new("s", "", "tokens");
+        let e = Expr::prod([Expr::num(4u8), Expr::var(s, 3u8), Expr::var(s, 3u8)]);
+        assert_eq!(e.symbolic(), "4 × s²");
+        assert_eq!(e.substituted(), "4 × 3²");
+        assert_eq!(e.eval(), 36);
+        assert!(e.mathml(false).contains("<msup><mi>s</mi><mn>2</mn></msup>"));
+    }
+
+    #[test]
+    fn identical_terms_of_a_sum_are_gathered() {
+        let x = Expr::prod([Expr::num(4u8), Expr::var(PSI, 2u8)]);
+        let e = Expr::sum_merged([x.clone(), Expr::var(N, 5u8), x]);
+        assert_eq!(e.symbolic(), "2 × 4 × Ψ + N_d");
+        assert_eq!(e.eval(), 21);
     }
 
     #[test]
@@ -418,10 +463,7 @@ mod tests {
     #[test]
     fn mathml_uses_subscripts_and_escapes_text() {
         let e = Expr::var(Sym::new("b", "<g>", "x"), 2u8);
-        assert_eq!(
-            e.mathml(false),
-            "<msub><mi>b</mi><mtext>&lt;g&gt;</mtext></msub>"
-        );
+        assert_eq!(e.mathml(false), "<msub><mi>b</mi><mtext>&lt;g&gt;</mtext></msub>");
         assert_eq!(e.mathml(true), "<mn>2</mn>");
     }
 

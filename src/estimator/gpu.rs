@@ -27,60 +27,15 @@ impl Gpu {
 
 /// The catalog, in the order the picker lists it.
 pub const GPUS: &[Gpu] = &[
-    Gpu {
-        id: "h100-80gb",
-        name: "NVIDIA H100 80 GB (SXM)",
-        mib: 81_559,
-        bf16_tflops: 989,
-    },
-    Gpu {
-        id: "h200",
-        name: "NVIDIA H200 141 GB",
-        mib: 143_771,
-        bf16_tflops: 989,
-    },
-    Gpu {
-        id: "b200",
-        name: "NVIDIA B200 180 GB",
-        mib: 183_359,
-        bf16_tflops: 2250,
-    },
-    Gpu {
-        id: "a100-80gb",
-        name: "NVIDIA A100 80 GB",
-        mib: 81_920,
-        bf16_tflops: 312,
-    },
-    Gpu {
-        id: "a100-40gb",
-        name: "NVIDIA A100 40 GB",
-        mib: 40_960,
-        bf16_tflops: 312,
-    },
-    Gpu {
-        id: "l40s",
-        name: "NVIDIA L40S 48 GB",
-        mib: 46_068,
-        bf16_tflops: 362,
-    },
-    Gpu {
-        id: "rtx-4090",
-        name: "NVIDIA GeForce RTX 4090 24 GB",
-        mib: 24_564,
-        bf16_tflops: 165,
-    },
-    Gpu {
-        id: "rtx-3090",
-        name: "NVIDIA GeForce RTX 3090 24 GB",
-        mib: 24_576,
-        bf16_tflops: 71,
-    },
-    Gpu {
-        id: "mi300x",
-        name: "AMD Instinct MI300X 192 GB",
-        mib: 196_608,
-        bf16_tflops: 1307,
-    },
+    Gpu { id: "h100-80gb", name: "NVIDIA H100 80 GB (SXM)", mib: 81_559, bf16_tflops: 989 },
+    Gpu { id: "h200", name: "NVIDIA H200 141 GB", mib: 143_771, bf16_tflops: 989 },
+    Gpu { id: "b200", name: "NVIDIA B200 180 GB", mib: 183_359, bf16_tflops: 2250 },
+    Gpu { id: "a100-80gb", name: "NVIDIA A100 80 GB", mib: 81_920, bf16_tflops: 312 },
+    Gpu { id: "a100-40gb", name: "NVIDIA A100 40 GB", mib: 40_960, bf16_tflops: 312 },
+    Gpu { id: "l40s", name: "NVIDIA L40S 48 GB", mib: 46_068, bf16_tflops: 362 },
+    Gpu { id: "rtx-4090", name: "NVIDIA GeForce RTX 4090 24 GB", mib: 24_564, bf16_tflops: 165 },
+    Gpu { id: "rtx-3090", name: "NVIDIA GeForce RTX 3090 24 GB", mib: 24_576, bf16_tflops: 71 },
+    Gpu { id: "mi300x", name: "AMD Instinct MI300X 192 GB", mib: 196_608, bf16_tflops: 1307 },
 ];
 
 /// Looks a GPU up by id (case-insensitive).
@@ -103,17 +58,7 @@ mod tests {
 
     #[test]
     fn the_catalog_has_every_gpu_the_picker_promises() {
-        for id in [
-            "h100-80gb",
-            "h200",
-            "b200",
-            "a100-80gb",
-            "a100-40gb",
-            "l40s",
-            "rtx-4090",
-            "rtx-3090",
-            "mi300x",
-        ] {
+        for id in ["h100-80gb", "h200", "b200", "a100-80gb", "a100-40gb", "l40s", "rtx-4090", "rtx-3090", "mi300x"] {
             assert!(gpu(id).is_some(), "{id}");
         }
     }

@@ -47,10 +47,7 @@ pub enum HfError {
     #[error("config.json is missing `{0}`")]
     Missing(&'static str),
     #[error("`{key}` in config.json must be {expected}")]
-    Type {
-        key: &'static str,
-        expected: &'static str,
-    },
+    Type { key: &'static str, expected: &'static str },
     #[error("config.json describes an impossible model: {0}")]
     Model(String),
 }
@@ -87,16 +84,9 @@ impl Fields<'_> {
             None => Ok(None),
             Some(v) => v
                 .as_u64()
-                .or_else(|| {
-                    v.as_f64()
-                        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1e15)
-                        .map(|f| f as u64)
-                })
+                .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1e15).map(|f| f as u64))
                 .map(Some)
-                .ok_or(HfError::Type {
-                    key,
-                    expected: "a non-negative integer",
-                }),
+                .ok_or(HfError::Type { key, expected: "a non-negative integer" }),
         }
     }
     fn uint_or(&self, key: &'static str, default: u64) -> Result<u64, HfError> {
@@ -114,36 +104,25 @@ impl Fields<'_> {
     fn flag(&self, key: &'static str, default: bool) -> Result<bool, HfError> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or(HfError::Type {
-                key,
-                expected: "true or false",
-            }),
+            Some(v) => v.as_bool().ok_or(HfError::Type { key, expected: "true or false" }),
         }
     }
     fn float(&self, key: &'static str) -> Result<Option<f64>, HfError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or(HfError::Type {
-                key,
-                expected: "a number",
-            }),
+            Some(v) => v.as_f64().map(Some).ok_or(HfError::Type { key, expected: "a number" }),
         }
     }
     fn string(&self, key: &'static str) -> Result<Option<&str>, HfError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or(HfError::Type {
-                key,
-                expected: "a string",
-            }),
+            Some(v) => v.as_str().map(Some).ok_or(HfError::Type { key, expected: "a string" }),
         }
     }
     /// Rotary fraction from `partial_rotary_factor`, `rotary_pct` or (transformers 5)
     /// `rope_parameters.partial_rotary_factor`, as a percentage.
     fn rotary_pct(&self, default: f64) -> Result<u64, HfError> {
-        let mut f = self
-            .float("partial_rotary_factor")?
-            .or(self.float("rotary_pct")?);
+        let mut f = self.float("partial_rotary_factor")?.or(self.float("rotary_pct")?);
         if f.is_none() {
             if let Some(Value::Object(rp)) = self.get("rope_parameters") {
                 f = rp.get("partial_rotary_factor").and_then(Value::as_f64);
@@ -151,18 +130,11 @@ impl Fields<'_> {
         }
         let f = f.unwrap_or(default);
         if !(0.0..=1.0).contains(&f) {
-            return Err(HfError::Type {
-                key: "partial_rotary_factor",
-                expected: "a fraction between 0 and 1",
-            });
+            return Err(HfError::Type { key: "partial_rotary_factor", expected: "a fraction between 0 and 1" });
         }
         Ok((f * 100.0).round() as u64)
     }
-    fn activation(
-        &self,
-        keys: &[&'static str],
-        default: Activation,
-    ) -> Result<Activation, HfError> {
+    fn activation(&self, keys: &[&'static str], default: Activation) -> Result<Activation, HfError> {
         for k in keys {
             if let Some(s) = self.string(k)? {
                 return Ok(match s {
@@ -171,12 +143,7 @@ impl Fields<'_> {
                     "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
                     "gelu_new" => Activation::GeluNew,
                     "relu" => Activation::Relu,
-                    _ => {
-                        return Err(HfError::Type {
-                            key: k,
-                            expected: "one of silu, gelu, gelu_new, gelu_pytorch_tanh, relu",
-                        })
-                    }
+                    _ => return Err(HfError::Type { key: k, expected: "one of silu, gelu, gelu_new, gelu_pytorch_tanh, relu" }),
                 });
             }
         }
@@ -185,19 +152,10 @@ impl Fields<'_> {
     fn list_len(&self, key: &'static str) -> Result<Vec<u64>, HfError> {
         match self.get(key) {
             None => Ok(Vec::new()),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_u64().ok_or(HfError::Type {
-                        key,
-                        expected: "a list of layer indices",
-                    })
-                })
-                .collect(),
-            Some(_) => Err(HfError::Type {
-                key,
-                expected: "a list of layer indices",
-            }),
+            Some(Value::Array(a)) => {
+                a.iter().map(|v| v.as_u64().ok_or(HfError::Type { key, expected: "a list of layer indices" })).collect()
+            }
+            Some(_) => Err(HfError::Type { key, expected: "a list of layer indices" }),
         }
     }
 }
@@ -212,10 +170,7 @@ pub fn import_json(text: &str) -> Result<Imported, HfError> {
 pub fn import_value(v: &Value) -> Result<Imported, HfError> {
     let obj = v.as_object().ok_or(HfError::NotObject)?;
     let f = Fields(obj);
-    let model_type = f
-        .string("model_type")?
-        .ok_or(HfError::NoModelType)?
-        .to_string();
+    let model_type = f.string("model_type")?.ok_or(HfError::NoModelType)?.to_string();
     // Multimodal Gemma-3 checkpoints carry the language model in `text_config`.
     if model_type == "gemma3" {
         if let Some(Value::Object(text)) = obj.get("text_config") {
@@ -229,21 +184,11 @@ pub fn import_value(v: &Value) -> Result<Imported, HfError> {
     }
     let spec = spec_for(&model_type, &f)?;
     spec.validate().map_err(|e| HfError::Model(e.to_string()))?;
-    Ok(Imported {
-        name: name_of(&f),
-        model_type,
-        spec,
-    })
+    Ok(Imported { name: name_of(&f), model_type, spec })
 }
 
 fn name_of(f: &Fields) -> String {
-    f.string("_name_or_path")
-        .ok()
-        .flatten()
-        .unwrap_or_default()
-        .chars()
-        .take(120)
-        .collect()
+    f.string("_name_or_path").ok().flatten().unwrap_or_default().chars().take(120).collect()
 }
 
 fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
@@ -251,8 +196,8 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
     let vocab = f.required(&["vocab_size"])?;
     let mut m = ModelSpec { vocab, ..base };
     match t {
-        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe"
-        | "gemma" | "gemma2" | "gemma3_text" | "olmo" | "olmo2" | "phi3" => {
+        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" | "gemma" | "gemma2" | "gemma3_text" | "olmo"
+        | "olmo2" | "phi3" => {
             m.hidden = f.required(&["hidden_size"])?;
             m.layers = f.required(&["num_hidden_layers"])?;
             m.heads = f.required(&["num_attention_heads"])?;
@@ -266,15 +211,8 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
             m.rotary_pct = 100;
             m.act = f.activation(&["hidden_act", "hidden_activation"], Activation::Silu)?;
             let moe = matches!(t, "mixtral" | "qwen2_moe" | "qwen3_moe");
-            m.ffn = if moe {
-                f.uint("intermediate_size")?.unwrap_or(0)
-            } else {
-                f.required(&["intermediate_size"])?
-            };
-            m.tied = f.flag(
-                "tie_word_embeddings",
-                matches!(t, "gemma" | "gemma2" | "gemma3_text"),
-            )?;
+            m.ffn = if moe { f.uint("intermediate_size")?.unwrap_or(0) } else { f.required(&["intermediate_size"])? };
+            m.tied = f.flag("tie_word_embeddings", matches!(t, "gemma" | "gemma2" | "gemma3_text"))?;
             m.max_pos = f.uint_or("max_position_embeddings", default_max_pos(t))?;
             let attention_bias = f.flag("attention_bias", false)?;
             m.qkv_bias = attention_bias;
@@ -292,24 +230,19 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
                 "gemma2" => {
                     m.norm = NormKind::RmsnormGemma;
                     m.layer_norms = 4;
-                    m.softcap = f.float("attn_logit_softcapping")?.is_some()
-                        || f.float("final_logit_softcapping")?.is_some();
-                    m.act =
-                        f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
+                    m.softcap = f.float("attn_logit_softcapping")?.is_some() || f.float("final_logit_softcapping")?.is_some();
+                    m.act = f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
                 }
                 "gemma3_text" => {
                     m.norm = NormKind::RmsnormGemma;
                     m.layer_norms = 4;
                     m.qk_norm = QkNorm::Head;
-                    m.softcap = f.float("attn_logit_softcapping")?.is_some()
-                        || f.float("final_logit_softcapping")?.is_some();
-                    m.act =
-                        f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
+                    m.softcap = f.float("attn_logit_softcapping")?.is_some() || f.float("final_logit_softcapping")?.is_some();
+                    m.act = f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
                 }
                 "gemma" => {
                     m.norm = NormKind::RmsnormGemma;
-                    m.act =
-                        f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
+                    m.act = f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
                 }
                 "qwen3" | "qwen3_moe" => m.qk_norm = QkNorm::Head,
                 "olmo" => m.norm = NormKind::Nonparametric,
@@ -326,19 +259,13 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
                 m.fused_experts = true;
                 m.experts = f.required(&["num_local_experts", "num_experts"])?;
                 m.top_k = f.required(&["num_experts_per_tok"])?;
-                m.expert_ffn = if t == "mixtral" {
-                    f.required(&["intermediate_size"])?
-                } else {
-                    f.required(&["moe_intermediate_size"])?
-                };
+                m.expert_ffn = if t == "mixtral" { f.required(&["intermediate_size"])? } else { f.required(&["moe_intermediate_size"])? };
                 if t != "mixtral" {
                     // A layer is sparse unless listed in mlp_only_layers, and only every
                     // decoder_sparse_step-th layer is (modeling_qwen2_moe.py, DecoderLayer).
                     let step = f.uint_or("decoder_sparse_step", 1)?;
                     let dense_only = f.list_len("mlp_only_layers")?;
-                    let sparse = (0..m.layers)
-                        .filter(|i| !dense_only.contains(i) && step > 0 && (i + 1) % step == 0)
-                        .count() as u64;
+                    let sparse = (0..m.layers).filter(|i| !dense_only.contains(i) && step > 0 && (i + 1) % step == 0).count() as u64;
                     m.dense_layers = m.layers - sparse;
                     if m.dense_layers > 0 && m.ffn == 0 {
                         return Err(HfError::Missing("intermediate_size"));
@@ -425,8 +352,7 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
             let proj = f.uint_or("word_embed_proj_dim", m.hidden)?;
             m.embed_proj = if proj != m.hidden { proj } else { 0 };
             // Post-norm OPT (350m) removes the decoder's final layer norm.
-            m.final_norm = f.flag("do_layer_norm_before", true)?
-                && !f.flag("_remove_final_layer_norm", false)?;
+            m.final_norm = f.flag("do_layer_norm_before", true)? && !f.flag("_remove_final_layer_norm", false)?;
         }
         "falcon" => {
             m.resid_dropout = true;
@@ -453,11 +379,7 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
             m.mlp_bias = bias;
             m.tied = f.flag("tie_word_embeddings", true)?;
             m.max_pos = f.uint_or("max_position_embeddings", 2048)?;
-            m.positions = if f.flag("alibi", false)? {
-                Positions::None
-            } else {
-                Positions::Rope
-            };
+            m.positions = if f.flag("alibi", false)? { Positions::None } else { Positions::Rope };
             let parallel = f.flag("parallel_attn", true)?;
             m.parallel = parallel || new_arch;
             m.layer_norms = if new_arch {
@@ -537,9 +459,7 @@ fn spec_for(t: &str, f: &Fields) -> Result<ModelSpec, HfError> {
         other => return Err(HfError::Unsupported(other.to_string())),
     }
     if m.heads == 0 {
-        return Err(HfError::Model(
-            "`num_attention_heads` must be at least 1".into(),
-        ));
+        return Err(HfError::Model("`num_attention_heads` must be at least 1".into()));
     }
     Ok(m)
 }
@@ -571,14 +491,15 @@ mod tests {
     fn an_unknown_model_type_is_named() {
         let err = import_json(r#"{"model_type": "bert", "vocab_size": 3}"#).err();
         assert_eq!(err.as_ref().and_then(HfError::key), Some("model_type"));
-        assert!(err
-            .map(|e| e.to_string())
-            .is_some_and(|s| s.contains("`bert`")));
+        assert!(err.map(|e| e.to_string()).is_some_and(|s| s.contains("`bert`")));
     }
 
     #[test]
     fn a_missing_size_field_is_named_not_guessed() {
-        let err = import_json(r#"{"model_type": "llama", "vocab_size": 32000, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 8}"#).err();
+        let err = import_json(
+            r#"{"model_type": "llama", "vocab_size": 32000, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 8}"#,
+        )
+        .err();
         assert_eq!(err, Some(HfError::Missing("hidden_size")));
     }
 

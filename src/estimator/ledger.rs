@@ -62,50 +62,18 @@ pub struct Row {
 
 impl Row {
     /// A row whose bytes are its formula's value.
-    pub fn new(
-        id: &'static str,
-        label: impl Into<String>,
-        category: Category,
-        expr: Expr,
-        source: &'static str,
-    ) -> Row {
-        Row {
-            id,
-            label: label.into(),
-            category,
-            bytes: expr.eval(),
-            expr,
-            source,
-            note: String::new(),
-            children: Vec::new(),
-        }
+    pub fn new(id: &'static str, label: impl Into<String>, category: Category, expr: Expr, source: &'static str) -> Row {
+        Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: String::new(), children: Vec::new() }
     }
     pub fn note(mut self, note: impl Into<String>) -> Row {
         self.note = note.into();
         self
     }
     /// A row that is the sum of its children; its formula is the sum of theirs by symbol.
-    pub fn parent(
-        id: &'static str,
-        label: impl Into<String>,
-        category: Category,
-        children: Vec<Row>,
-        source: &'static str,
-    ) -> Row {
-        let sym_terms = children
-            .iter()
-            .map(|c| Expr::var(Sym::new("M", c.id, "a sub-row's bytes"), c.bytes));
+    pub fn parent(id: &'static str, label: impl Into<String>, category: Category, children: Vec<Row>, source: &'static str) -> Row {
+        let sym_terms = children.iter().map(|c| Expr::var(Sym::new("M", c.id.rsplit('.').next().unwrap_or(c.id), "a sub-row's bytes"), c.bytes));
         let expr = Expr::sum(sym_terms);
-        Row {
-            id,
-            label: label.into(),
-            category,
-            bytes: expr.eval(),
-            expr,
-            source,
-            note: String::new(),
-            children,
-        }
+        Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: String::new(), children }
     }
 }
 
@@ -180,6 +148,8 @@ mod tests {
         let p = Row::parent("p", "P", Category::Activations, vec![a, b], "");
         assert_eq!(p.bytes, 7);
         assert_eq!(p.expr.symbolic(), "M_a + M_b");
+        let c = Row::new("x.norms", "N", Category::Activations, Expr::num(1u8), "");
+        assert_eq!(Row::parent("x", "X", Category::Activations, vec![c], "").expr.symbolic(), "M_norms");
     }
 
     #[test]
@@ -190,9 +160,6 @@ mod tests {
             Row::new("o", "O", Category::FrameworkOverhead, Expr::num(1u8), ""),
         ];
         let s = Summary::of(&rows);
-        assert_eq!(
-            (s.parameters, s.gradients, s.framework_overhead, s.total),
-            (10, 5, 1, 16)
-        );
+        assert_eq!((s.parameters, s.gradients, s.framework_overhead, s.total), (10, 5, 1, 16));
     }
 }

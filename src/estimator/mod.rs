@@ -47,10 +47,7 @@ impl EstimateError {
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> EstimateError {
-    EstimateError::Invalid {
-        key,
-        reason: reason.into(),
-    }
+    EstimateError::Invalid { key, reason: reason.into() }
 }
 
 /// Checks that the parts of a configuration fit together.
@@ -92,64 +89,28 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
     }
     let mp = cfg.tp.saturating_mul(cfg.pp).saturating_mul(cfg.cp);
     if cfg.gpus % mp != 0 {
-        return Err(invalid(
-            "gpus",
-            format!("{} GPUs do not divide into tp × pp × cp = {mp}", cfg.gpus),
-        ));
+        return Err(invalid("gpus", format!("{} GPUs do not divide into tp × pp × cp = {mp}", cfg.gpus)));
     }
     let dp = cfg.dp();
     if cfg.heads_per_tp_invalid() {
-        return Err(invalid(
-            "tp",
-            format!(
-                "{} attention heads do not split over {} GPUs",
-                cfg.arch.heads, cfg.tp
-            ),
-        ));
+        return Err(invalid("tp", format!("{} attention heads do not split over {} GPUs", cfg.arch.heads, cfg.tp)));
     }
     if cfg.pp > cfg.arch.layers {
-        return Err(invalid(
-            "pp",
-            format!(
-                "{} pipeline stages exceed the {} layers",
-                cfg.pp, cfg.arch.layers
-            ),
-        ));
+        return Err(invalid("pp", format!("{} pipeline stages exceed the {} layers", cfg.pp, cfg.arch.layers)));
     }
     if cfg.ep > 1 {
         if cfg.arch.experts == 0 {
-            return Err(invalid(
-                "ep",
-                "expert parallelism needs a mixture-of-experts model",
-            ));
+            return Err(invalid("ep", "expert parallelism needs a mixture-of-experts model"));
         }
         if cfg.arch.experts % cfg.ep != 0 {
-            return Err(invalid(
-                "ep",
-                format!(
-                    "{} experts do not split over {} GPUs",
-                    cfg.arch.experts, cfg.ep
-                ),
-            ));
+            return Err(invalid("ep", format!("{} experts do not split over {} GPUs", cfg.arch.experts, cfg.ep)));
         }
         if dp % cfg.ep != 0 {
-            return Err(invalid(
-                "ep",
-                format!(
-                    "the data-parallel degree {dp} is not a multiple of ep = {}",
-                    cfg.ep
-                ),
-            ));
+            return Err(invalid("ep", format!("the data-parallel degree {dp} is not a multiple of ep = {}", cfg.ep)));
         }
     }
     if cfg.cp > cfg.seq {
-        return Err(invalid(
-            "cp",
-            format!(
-                "{} context-parallel GPUs exceed the {} tokens",
-                cfg.cp, cfg.seq
-            ),
-        ));
+        return Err(invalid("cp", format!("{} context-parallel GPUs exceed the {} tokens", cfg.cp, cfg.seq)));
     }
     if !(cfg.dropout.is_finite() && (0.0..1.0).contains(&cfg.dropout)) {
         return Err(invalid("dropout", "must be a probability in [0, 1)"));
@@ -161,10 +122,7 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
         return Err(invalid("lora_targets", "names no module"));
     }
     if cfg.offload == Offload::OptimizerParams && cfg.zero.stage() < 3 {
-        return Err(invalid(
-            "offload",
-            "offloading parameters needs zero=3 (or FSDP full/hybrid sharding)",
-        ));
+        return Err(invalid("offload", "offloading parameters needs zero=3 (or FSDP full/hybrid sharding)"));
     }
     if cfg.gpu != "custom" && gpu::gpu(&cfg.gpu).is_none() {
         return Err(invalid("gpu", format!("unknown GPU '{}'", cfg.gpu)));
@@ -173,22 +131,10 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
         return Err(invalid("gpu_gib", "must be a positive number of GiB"));
     }
     if cfg.vpp > 1 && (cfg.pp == 1 || cfg.arch.layers % (cfg.pp * cfg.vpp) != 0) {
-        return Err(invalid(
-            "vpp",
-            format!(
-                "interleaving needs pp > 1 and layers divisible by pp × vpp = {}",
-                cfg.pp * cfg.vpp
-            ),
-        ));
+        return Err(invalid("vpp", format!("interleaving needs pp > 1 and layers divisible by pp × vpp = {}", cfg.pp * cfg.vpp)));
     }
     if cfg.zero == Zero::HybridShard && dp % cfg.shard_group.min(dp) != 0 {
-        return Err(invalid(
-            "shard_group",
-            format!(
-                "{} GPUs per group do not divide the data-parallel degree {dp}",
-                cfg.shard_group
-            ),
-        ));
+        return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
     }
     Ok(())
 }
@@ -271,16 +217,17 @@ impl Memory {
 }
 
 impl Estimate {
-    /// Headroom on the GPU (negative: bytes missing).
+    /// Headroom on the GPU at the step's peak (negative: bytes missing).
     pub fn headroom(&self) -> i128 {
-        clamp_i128(self.capacity) - clamp_i128(self.memory.total)
+        clamp_i128(self.capacity) - clamp_i128(self.memory.peak)
     }
+    /// Whether the step's peak fits on the GPU.
     pub fn fits(&self) -> bool {
-        self.memory.total <= self.capacity
+        self.memory.peak <= self.capacity
     }
-    /// The whole job's GPU memory if every GPU held as much as the most loaded one.
+    /// The whole job's GPU memory at the peak if every GPU held as much as the most loaded one.
     pub fn cluster_total(&self) -> Bytes {
-        self.memory.total.saturating_mul(self.layout.gpus as u128)
+        self.memory.peak.saturating_mul(self.layout.gpus as u128)
     }
     pub fn row(&self, id: &str) -> Option<&Row> {
         self.components.iter().find(|r| r.id == id)
@@ -307,12 +254,7 @@ struct StageResult {
     timeline: timeline::Timeline,
 }
 
-fn transient_row(
-    id: &'static str,
-    label: &str,
-    e: expr::Expr,
-    source: &'static str,
-) -> Option<Row> {
+fn transient_row(id: &'static str, label: &str, e: expr::Expr, source: &'static str) -> Option<Row> {
     let r = Row::new(id, label, Category::Transient, e, source);
     (r.bytes > 0).then_some(r)
 }
@@ -348,8 +290,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     rows.extend(gathered);
     let sh = statics::Sharding::of(cfg);
     let temps =
-        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1))
-            .filter(|_| cfg.offload == Offload::None);
+        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1)).filter(|_| cfg.offload == Offload::None);
     let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
     rows.extend(temps);
     let ctx = overhead::cuda_context_bytes(cfg);
@@ -357,30 +298,14 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes);
 
     // The step.
-    let sum = |cat: Category| -> Bytes {
-        rows.iter()
-            .filter(|r| r.category == cat)
-            .map(|r| r.bytes)
-            .sum()
-    };
-    let grad_buffers: Bytes = rows
-        .iter()
-        .filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket"))
-        .map(|r| r.bytes)
-        .sum();
-    let grads = rows
-        .iter()
-        .find(|r| r.id == "gradients")
-        .map_or(0, |r| r.bytes);
-    let trainable = |pred: &dyn Fn(&params::LocalGroup) -> bool| {
-        params::elements(&groups, |g| g.role == Role::Trainable && pred(g)) as u128
-    };
+    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
+    let grad_buffers: Bytes = rows.iter().filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket")).map(|r| r.bytes).sum();
+    let grads = rows.iter().find(|r| r.id == "gradients").map_or(0, |r| r.bytes);
+    let trainable =
+        |pred: &dyn Fn(&params::LocalGroup) -> bool| params::elements(&groups, |g| g.role == Role::Trainable && pred(g)) as u128;
     let t_all = trainable(&|_| true).max(1);
     let t_layers = trainable(&|g| g.group.part.per_layer());
-    let t_head = trainable(&|g| {
-        matches!(g.group.part, Part::FinalNorm | Part::LmHead)
-            || g.group.name.starts_with("project_out")
-    });
+    let t_head = trainable(&|g| matches!(g.group.part, Part::FinalNorm | Part::LmHead) || g.group.name.starts_with("project_out"));
     let share = |n: u128| grads * n / t_all;
     let one_micro = acts.embedding + acts.per_layer * layers as u128 + acts.head_and_loss;
     let inputs = timeline::StepInputs {
@@ -389,9 +314,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
         grad_buffers,
         grad_head: share(t_head),
         grad_layer: share(t_layers) / layers.max(1) as u128,
-        grad_embedding: grads
-            - share(t_head)
-            - share(t_layers) / layers.max(1) as u128 * layers as u128,
+        grad_embedding: grads - share(t_head) - share(t_layers) / layers.max(1) as u128 * layers as u128,
         grads_resident: cfg.accum > 1,
         layers,
         other_micro_batches: acts.row.bytes.saturating_sub(one_micro),
@@ -410,17 +333,11 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
         frag_pct: cfg.frag_pct,
     };
     let tl = timeline::simulate(&inputs);
-    let peak_allocated: Bytes = tl
-        .peak_event()
-        .map_or(0, |e| e.by_category[..5].iter().sum());
+    let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
     rows.push(ctx);
     rows.extend(nccl);
-    rows.push(overhead::fragmentation_bytes(cfg, peak_allocated));
-    StageResult {
-        rows,
-        host,
-        timeline: tl,
-    }
+    rows.push(overhead::fragmentation_bytes(cfg, peak_dynamic));
+    StageResult { rows, host, timeline: tl }
 }
 
 /// The ledger of the most loaded GPU for `cfg`.
@@ -431,42 +348,16 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
     let mut best: Option<(Stage, StageResult)> = None;
     for &stage in stages(cfg.pp) {
         let r = stage_ledger(cfg, &recipe, stage);
-        if best
-            .as_ref()
-            .is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes())
-        {
+        if best.as_ref().is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes()) {
             best = Some((stage, r));
         }
     }
-    let (
-        stage,
-        StageResult {
-            rows: components,
-            host,
-            timeline,
-        },
-    ) = best.unwrap_or((
+    let (stage, StageResult { rows: components, host, timeline }) = best.unwrap_or((
         Stage::Whole,
-        StageResult {
-            rows: Vec::new(),
-            host: Vec::new(),
-            timeline: timeline::Timeline {
-                events: Vec::new(),
-                peak: 0,
-            },
-        },
+        StageResult { rows: Vec::new(), host: Vec::new(), timeline: timeline::Timeline { events: Vec::new(), peak: 0 } },
     ));
-    let whole = Config {
-        tp: 1,
-        pp: 1,
-        ep: 1,
-        cp: 1,
-        gpus: 1,
-        ..cfg.clone()
-    };
-    let trainable = params::elements(&local_groups(&whole, Stage::Whole), |g| {
-        g.role == Role::Trainable
-    });
+    let whole = Config { tp: 1, pp: 1, ep: 1, cp: 1, gpus: 1, ..cfg.clone() };
+    let trainable = params::elements(&local_groups(&whole, Stage::Whole), |g| g.role == Role::Trainable);
     let s = Summary::of(&components);
     let memory = Memory {
         parameters: s.parameters,
@@ -478,10 +369,7 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
         total: s.total,
         peak: timeline.peak_bytes(),
         host: host.iter().map(|r| r.bytes).sum(),
-        peak_event: timeline
-            .peak_event()
-            .map(timeline::Event::label)
-            .unwrap_or_default(),
+        peak_event: timeline.peak_event().map(timeline::Event::label).unwrap_or_default(),
     };
     let dp = cfg.dp();
     let layout = Layout {
@@ -498,21 +386,15 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
     };
     let mut warnings = Vec::new();
     if cfg.sp && cfg.tp == 1 {
+        warnings.push("sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string());
+    }
+    if cfg.arch.softcap && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
         warnings.push(
-            "sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string(),
+            "transformers 5 refuses sdpa for Gemma-2 (its soft-capping needs eager or flash attention); estimated as if it ran".to_string(),
         );
     }
-    if cfg.arch.softcap
-        && cfg.attn == config::Attention::Sdpa
-        && cfg.framework == config::Framework::Hf
-    {
-        warnings.push("transformers 5 refuses sdpa for Gemma-2 (its soft-capping needs eager or flash attention); estimated as if it ran".to_string());
-    }
     if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
-        warnings.push(format!(
-            "seq = {} exceeds the model's max_position_embeddings = {}",
-            cfg.seq, cfg.arch.max_pos
-        ));
+        warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));
     }
     Ok(Estimate {
         model: cfg.display_name(),
@@ -567,11 +449,7 @@ mod tests {
 
     #[test]
     fn every_row_equals_its_formula() {
-        let cfg = Config {
-            gpus: 8,
-            zero: Zero::Z3,
-            ..Config::default()
-        };
+        let cfg = Config { gpus: 8, zero: Zero::Z3, ..Config::default() };
         let e = estimate(&cfg).expect("valid");
         for r in flatten(&e.components) {
             assert_eq!(r.bytes, r.expr.eval(), "{}", r.id);
@@ -580,36 +458,18 @@ mod tests {
 
     #[test]
     fn inconsistent_parallelism_names_the_key() {
-        let err = estimate(&Config {
-            gpus: 6,
-            tp: 4,
-            ..Config::default()
-        })
-        .err();
+        let err = estimate(&Config { gpus: 6, tp: 4, ..Config::default() }).err();
         assert_eq!(err.map(|e| e.key()), Some("gpus"));
-        let err = estimate(&Config {
-            ep: 2,
-            gpus: 2,
-            ..Config::default()
-        })
-        .err();
+        let err = estimate(&Config { ep: 2, gpus: 2, ..Config::default() }).err();
         assert_eq!(err.map(|e| e.key()), Some("ep"));
-        let err = estimate(&Config {
-            offload: Offload::OptimizerParams,
-            ..Config::default()
-        })
-        .err();
+        let err = estimate(&Config { offload: Offload::OptimizerParams, ..Config::default() }).err();
         assert_eq!(err.map(|e| e.key()), Some("offload"));
     }
 
     #[test]
     fn llama_3_1_8b_mixed_bf16_adamw_needs_16_bytes_per_parameter_of_model_states() {
-        let e = estimate(&Config {
-            precision: Precision::MixedBf16,
-            ..Config::default()
-        })
-        .expect("valid");
-        let states = e.memory.parameters + e.memory.gradients + e.memory.optimizer_states;
+        let e = estimate(&Config { precision: Precision::MixedBf16, ..Config::default() }).expect("valid");
+        let states: Bytes = ["weights", "gradients", "master_weights", "optimizer_states"].iter().filter_map(|id| e.row(id)).map(|r| r.bytes).sum();
         assert_eq!(states, 16 * 8_030_261_248);
     }
 }

@@ -206,15 +206,7 @@ impl Part {
 
     /// Whether the tensor is repeated in every decoder layer (as opposed to the model's ends).
     pub fn per_layer(self) -> bool {
-        matches!(
-            self,
-            Part::Attention
-                | Part::Mlp
-                | Part::Router
-                | Part::Experts
-                | Part::SharedExperts
-                | Part::Norms
-        )
+        matches!(self, Part::Attention | Part::Mlp | Part::Router | Part::Experts | Part::SharedExperts | Part::Norms)
     }
 }
 
@@ -356,200 +348,51 @@ impl ModelSpec {
                     split: Split,
                     linear: Option<Linear>| {
             if count > 0 && shape.iter().all(|&d| d > 0) {
-                g.push(TensorGroup {
-                    name,
-                    shape,
-                    count,
-                    tensors_per_instance: 1,
-                    part,
-                    split,
-                    linear,
-                    per_layer: 0,
-                });
+                g.push(TensorGroup { name, shape, count, tensors_per_instance: 1, part, split, linear, per_layer: 0 });
             }
         };
 
         // The ends of the model (first pipeline stage).
         let ew = self.embed_width();
-        push(
-            &mut g,
-            "embed_tokens.weight",
-            vec![self.vocab, ew],
-            1,
-            Part::Embedding,
-            Split::Vocab,
-            None,
-        );
+        push(&mut g, "embed_tokens.weight", vec![self.vocab, ew], 1, Part::Embedding, Split::Vocab, None);
         if self.positions == Positions::Learned {
             let rows = self.max_pos + self.pos_offset;
-            push(
-                &mut g,
-                "embed_positions.weight",
-                vec![rows, h],
-                1,
-                Part::PositionEmbedding,
-                Split::Replicated,
-                None,
-            );
+            push(&mut g, "embed_positions.weight", vec![rows, h], 1, Part::PositionEmbedding, Split::Replicated, None);
         }
         if self.embed_proj > 0 {
-            push(
-                &mut g,
-                "project_in.weight",
-                vec![h, ew],
-                1,
-                Part::Projection,
-                Split::Replicated,
-                None,
-            );
+            push(&mut g, "project_in.weight", vec![h, ew], 1, Part::Projection, Split::Replicated, None);
         }
 
         // Attention, per layer.
         if self.fused_qkv {
-            push(
-                &mut g,
-                "layers.*.attn.qkv_proj.weight",
-                vec![qw + 2 * kvw, h],
-                l,
-                Part::Attention,
-                Split::Column,
-                Some(Linear::Qkv),
-            );
+            push(&mut g, "layers.*.attn.qkv_proj.weight", vec![qw + 2 * kvw, h], l, Part::Attention, Split::Column, Some(Linear::Qkv));
             if self.qkv_bias {
-                push(
-                    &mut g,
-                    "layers.*.attn.qkv_proj.bias",
-                    vec![qw + 2 * kvw],
-                    l,
-                    Part::Attention,
-                    Split::Column,
-                    None,
-                );
+                push(&mut g, "layers.*.attn.qkv_proj.bias", vec![qw + 2 * kvw], l, Part::Attention, Split::Column, None);
             }
         } else {
-            push(
-                &mut g,
-                "layers.*.attn.q_proj.weight",
-                vec![qw, h],
-                l,
-                Part::Attention,
-                Split::Column,
-                Some(Linear::Q),
-            );
-            push(
-                &mut g,
-                "layers.*.attn.k_proj.weight",
-                vec![kvw, h],
-                l,
-                Part::Attention,
-                Split::Column,
-                Some(Linear::K),
-            );
-            push(
-                &mut g,
-                "layers.*.attn.v_proj.weight",
-                vec![kvw, h],
-                l,
-                Part::Attention,
-                Split::Column,
-                Some(Linear::V),
-            );
+            push(&mut g, "layers.*.attn.q_proj.weight", vec![qw, h], l, Part::Attention, Split::Column, Some(Linear::Q));
+            push(&mut g, "layers.*.attn.k_proj.weight", vec![kvw, h], l, Part::Attention, Split::Column, Some(Linear::K));
+            push(&mut g, "layers.*.attn.v_proj.weight", vec![kvw, h], l, Part::Attention, Split::Column, Some(Linear::V));
             if self.qkv_bias {
-                push(
-                    &mut g,
-                    "layers.*.attn.q_proj.bias",
-                    vec![qw],
-                    l,
-                    Part::Attention,
-                    Split::Column,
-                    None,
-                );
-                push(
-                    &mut g,
-                    "layers.*.attn.k_proj.bias",
-                    vec![kvw],
-                    l,
-                    Part::Attention,
-                    Split::Column,
-                    None,
-                );
-                push(
-                    &mut g,
-                    "layers.*.attn.v_proj.bias",
-                    vec![kvw],
-                    l,
-                    Part::Attention,
-                    Split::Column,
-                    None,
-                );
+                push(&mut g, "layers.*.attn.q_proj.bias", vec![qw], l, Part::Attention, Split::Column, None);
+                push(&mut g, "layers.*.attn.k_proj.bias", vec![kvw], l, Part::Attention, Split::Column, None);
+                push(&mut g, "layers.*.attn.v_proj.bias", vec![kvw], l, Part::Attention, Split::Column, None);
             }
         }
-        push(
-            &mut g,
-            "layers.*.attn.o_proj.weight",
-            vec![h, qw],
-            l,
-            Part::Attention,
-            Split::Row,
-            Some(Linear::O),
-        );
+        push(&mut g, "layers.*.attn.o_proj.weight", vec![h, qw], l, Part::Attention, Split::Row, Some(Linear::O));
         if self.o_bias {
-            push(
-                &mut g,
-                "layers.*.attn.o_proj.bias",
-                vec![h],
-                l,
-                Part::Attention,
-                Split::Replicated,
-                None,
-            );
+            push(&mut g, "layers.*.attn.o_proj.bias", vec![h], l, Part::Attention, Split::Replicated, None);
         }
         let norm_bias = self.norm == NormKind::Layernorm;
         match self.qk_norm {
             QkNorm::None => {}
             QkNorm::Head | QkNorm::Full => {
-                let (qn, kn) = if self.qk_norm == QkNorm::Head {
-                    (self.head_dim, self.head_dim)
-                } else {
-                    (qw, kvw)
-                };
-                push(
-                    &mut g,
-                    "layers.*.attn.q_norm.weight",
-                    vec![qn],
-                    l,
-                    Part::Attention,
-                    Split::Replicated,
-                    None,
-                );
-                push(
-                    &mut g,
-                    "layers.*.attn.k_norm.weight",
-                    vec![kn],
-                    l,
-                    Part::Attention,
-                    Split::Replicated,
-                    None,
-                );
+                let (qn, kn) = if self.qk_norm == QkNorm::Head { (self.head_dim, self.head_dim) } else { (qw, kvw) };
+                push(&mut g, "layers.*.attn.q_norm.weight", vec![qn], l, Part::Attention, Split::Replicated, None);
+                push(&mut g, "layers.*.attn.k_norm.weight", vec![kn], l, Part::Attention, Split::Replicated, None);
                 if norm_bias {
-                    push(
-                        &mut g,
-                        "layers.*.attn.q_norm.bias",
-                        vec![qn],
-                        l,
-                        Part::Attention,
-                        Split::Replicated,
-                        None,
-                    );
-                    push(
-                        &mut g,
-                        "layers.*.attn.k_norm.bias",
-                        vec![kn],
-                        l,
-                        Part::Attention,
-                        Split::Replicated,
-                        None,
-                    );
+                    push(&mut g, "layers.*.attn.q_norm.bias", vec![qn], l, Part::Attention, Split::Replicated, None);
+                    push(&mut g, "layers.*.attn.k_norm.bias", vec![kn], l, Part::Attention, Split::Replicated, None);
                 }
             }
             QkNorm::PerHead => {
@@ -607,39 +450,14 @@ impl ModelSpec {
                 per_layer: 0,
             };
             if self.fused_experts {
-                g.push(expert(
-                    "layers.*.mlp.experts.gate_up_proj",
-                    vec![e, 2 * fe, h],
-                    Linear::GateUp,
-                    Split::Column,
-                ));
+                g.push(expert("layers.*.mlp.experts.gate_up_proj", vec![e, 2 * fe, h], Linear::GateUp, Split::Column));
             } else {
-                g.push(expert(
-                    "layers.*.mlp.experts.*.gate_proj.weight",
-                    vec![e, fe, h],
-                    Linear::Gate,
-                    Split::Column,
-                ));
-                g.push(expert(
-                    "layers.*.mlp.experts.*.up_proj.weight",
-                    vec![e, fe, h],
-                    Linear::Up,
-                    Split::Column,
-                ));
+                g.push(expert("layers.*.mlp.experts.*.gate_proj.weight", vec![e, fe, h], Linear::Gate, Split::Column));
+                g.push(expert("layers.*.mlp.experts.*.up_proj.weight", vec![e, fe, h], Linear::Up, Split::Column));
             }
-            g.push(expert(
-                "layers.*.mlp.experts.down_proj",
-                vec![e, h, fe],
-                Linear::Down,
-                Split::Row,
-            ));
+            g.push(expert("layers.*.mlp.experts.down_proj", vec![e, h, fe], Linear::Down, Split::Row));
             if self.shared_experts > 0 {
-                self.push_mlp(
-                    &mut g,
-                    self.shared_ffn * self.shared_experts,
-                    ml,
-                    Part::SharedExperts,
-                );
+                self.push_mlp(&mut g, self.shared_ffn * self.shared_experts, ml, Part::SharedExperts);
                 if self.shared_gate {
                     g.push(TensorGroup {
                         name: "layers.*.mlp.shared_expert_gate.weight",
@@ -658,90 +476,30 @@ impl ModelSpec {
         // Norms, per layer.
         let nt = self.norm.tensors();
         if nt > 0 {
-            push(
-                &mut g,
-                "layers.*.norm.weight",
-                vec![h],
-                l * self.layer_norms,
-                Part::Norms,
-                Split::Replicated,
-                None,
-            );
+            push(&mut g, "layers.*.norm.weight", vec![h], l * self.layer_norms, Part::Norms, Split::Replicated, None);
             if norm_bias {
-                push(
-                    &mut g,
-                    "layers.*.norm.bias",
-                    vec![h],
-                    l * self.layer_norms,
-                    Part::Norms,
-                    Split::Replicated,
-                    None,
-                );
+                push(&mut g, "layers.*.norm.bias", vec![h], l * self.layer_norms, Part::Norms, Split::Replicated, None);
             }
         }
 
         // The other end (last pipeline stage).
         if self.final_norm && nt > 0 {
-            push(
-                &mut g,
-                "norm.weight",
-                vec![h],
-                1,
-                Part::FinalNorm,
-                Split::Replicated,
-                None,
-            );
+            push(&mut g, "norm.weight", vec![h], 1, Part::FinalNorm, Split::Replicated, None);
             if norm_bias {
-                push(
-                    &mut g,
-                    "norm.bias",
-                    vec![h],
-                    1,
-                    Part::FinalNorm,
-                    Split::Replicated,
-                    None,
-                );
+                push(&mut g, "norm.bias", vec![h], 1, Part::FinalNorm, Split::Replicated, None);
             }
         }
         if self.embed_proj > 0 {
-            push(
-                &mut g,
-                "project_out.weight",
-                vec![ew, h],
-                1,
-                Part::Projection,
-                Split::Replicated,
-                None,
-            );
+            push(&mut g, "project_out.weight", vec![ew, h], 1, Part::Projection, Split::Replicated, None);
         }
         if !self.tied {
-            push(
-                &mut g,
-                "lm_head.weight",
-                vec![self.vocab, ew],
-                1,
-                Part::LmHead,
-                Split::Vocab,
-                None,
-            );
+            push(&mut g, "lm_head.weight", vec![self.vocab, ew], 1, Part::LmHead, Split::Vocab, None);
         }
         if self.head_bias {
-            push(
-                &mut g,
-                "lm_head.bias",
-                vec![self.vocab],
-                1,
-                Part::LmHead,
-                Split::Vocab,
-                None,
-            );
+            push(&mut g, "lm_head.bias", vec![self.vocab], 1, Part::LmHead, Split::Vocab, None);
         }
         for t in g.iter_mut().filter(|t| t.part.per_layer()) {
-            t.per_layer = if t.part == Part::Norms {
-                self.layer_norms
-            } else {
-                1
-            };
+            t.per_layer = if t.part == Part::Norms { self.layer_norms } else { 1 };
         }
         g
     }
@@ -752,56 +510,30 @@ impl ModelSpec {
         }
         let h = self.hidden;
         let mut add = |name, shape: Vec<u64>, split, linear| {
-            g.push(TensorGroup {
-                name,
-                shape,
-                count,
-                tensors_per_instance: 1,
-                part,
-                split,
-                linear,
-                per_layer: 0,
-            })
+            g.push(TensorGroup { name, shape, count, tensors_per_instance: 1, part, split, linear, per_layer: 0 })
         };
         let shared = part == Part::SharedExperts;
         match self.mlp {
             MlpKind::Gated => {
                 if self.fused_gate_up {
                     add(
-                        if shared {
-                            "layers.*.mlp.shared_expert.gate_up_proj.weight"
-                        } else {
-                            "layers.*.mlp.gate_up_proj.weight"
-                        },
+                        if shared { "layers.*.mlp.shared_expert.gate_up_proj.weight" } else { "layers.*.mlp.gate_up_proj.weight" },
                         vec![2 * f, h],
                         Split::Column,
                         Some(Linear::GateUp),
                     );
                     if self.mlp_bias {
-                        add(
-                            "layers.*.mlp.gate_up_proj.bias",
-                            vec![2 * f],
-                            Split::Column,
-                            None,
-                        );
+                        add("layers.*.mlp.gate_up_proj.bias", vec![2 * f], Split::Column, None);
                     }
                 } else {
                     add(
-                        if shared {
-                            "layers.*.mlp.shared_expert.gate_proj.weight"
-                        } else {
-                            "layers.*.mlp.gate_proj.weight"
-                        },
+                        if shared { "layers.*.mlp.shared_expert.gate_proj.weight" } else { "layers.*.mlp.gate_proj.weight" },
                         vec![f, h],
                         Split::Column,
                         Some(Linear::Gate),
                     );
                     add(
-                        if shared {
-                            "layers.*.mlp.shared_expert.up_proj.weight"
-                        } else {
-                            "layers.*.mlp.up_proj.weight"
-                        },
+                        if shared { "layers.*.mlp.shared_expert.up_proj.weight" } else { "layers.*.mlp.up_proj.weight" },
                         vec![f, h],
                         Split::Column,
                         Some(Linear::Up),
@@ -814,11 +546,7 @@ impl ModelSpec {
             }
             MlpKind::Plain => {
                 add(
-                    if shared {
-                        "layers.*.mlp.shared_expert.up_proj.weight"
-                    } else {
-                        "layers.*.mlp.up_proj.weight"
-                    },
+                    if shared { "layers.*.mlp.shared_expert.up_proj.weight" } else { "layers.*.mlp.up_proj.weight" },
                     vec![f, h],
                     Split::Column,
                     Some(Linear::Up),
@@ -829,22 +557,13 @@ impl ModelSpec {
             }
         }
         add(
-            if shared {
-                "layers.*.mlp.shared_expert.down_proj.weight"
-            } else {
-                "layers.*.mlp.down_proj.weight"
-            },
+            if shared { "layers.*.mlp.shared_expert.down_proj.weight" } else { "layers.*.mlp.down_proj.weight" },
             vec![h, f],
             Split::Row,
             Some(Linear::Down),
         );
         if self.mlp_bias {
-            add(
-                "layers.*.mlp.down_proj.bias",
-                vec![h],
-                Split::Replicated,
-                None,
-            );
+            add("layers.*.mlp.down_proj.bias", vec![h], Split::Replicated, None);
         }
     }
 
@@ -871,10 +590,7 @@ impl ModelSpec {
         if self.heads % self.kv_heads != 0 {
             return Err(ModelError::Invalid {
                 key: "kv_heads",
-                reason: format!(
-                    "{} query heads cannot be grouped over {} key/value heads",
-                    self.heads, self.kv_heads
-                ),
+                reason: format!("{} query heads cannot be grouped over {} key/value heads", self.heads, self.kv_heads),
             });
         }
         if self.experts == 0 && self.ffn == 0 {
@@ -882,35 +598,23 @@ impl ModelSpec {
         }
         if self.experts > 0 {
             if self.top_k == 0 || self.top_k > self.experts {
-                return Err(ModelError::Invalid {
-                    key: "top_k",
-                    reason: format!("must be between 1 and the {} experts", self.experts),
-                });
+                return Err(ModelError::Invalid { key: "top_k", reason: format!("must be between 1 and the {} experts", self.experts) });
             }
             if self.expert_ffn == 0 {
                 return Err(ModelError::Zero("expert_ffn"));
             }
             if self.dense_layers > self.layers {
-                return Err(ModelError::Invalid {
-                    key: "dense_layers",
-                    reason: format!("exceeds the {} layers", self.layers),
-                });
+                return Err(ModelError::Invalid { key: "dense_layers", reason: format!("exceeds the {} layers", self.layers) });
             }
             if self.dense_layers > 0 && self.ffn == 0 {
                 return Err(ModelError::Zero("ffn"));
             }
         }
         if !(1..=4).contains(&self.layer_norms) {
-            return Err(ModelError::Invalid {
-                key: "layer_norms",
-                reason: "must be 1, 2, 3 or 4".into(),
-            });
+            return Err(ModelError::Invalid { key: "layer_norms", reason: "must be 1, 2, 3 or 4".into() });
         }
         if self.rotary_pct > 100 {
-            return Err(ModelError::Invalid {
-                key: "rotary_pct",
-                reason: "is a percentage (0–100)".into(),
-            });
+            return Err(ModelError::Invalid { key: "rotary_pct", reason: "is a percentage (0–100)".into() });
         }
         // Sizes beyond these are typos, and keep every product far inside u64.
         let limits = [
@@ -929,10 +633,7 @@ impl ModelSpec {
         ];
         for (key, v, max) in limits {
             if v > max {
-                return Err(ModelError::Invalid {
-                    key,
-                    reason: format!("{v} is beyond the supported {max}"),
-                });
+                return Err(ModelError::Invalid { key, reason: format!("{v} is beyond the supported {max}") });
             }
         }
         Ok(())
@@ -956,12 +657,7 @@ pub fn count_groups(spec: &ModelSpec, groups: &[TensorGroup]) -> ParamCounts {
         }
     }
     by_part.sort_by_key(|(p, _)| *p);
-    ParamCounts {
-        total,
-        tensors,
-        active: total - inactive,
-        by_part,
-    }
+    ParamCounts { total, tensors, active: total - inactive, by_part }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -1052,11 +748,7 @@ mod tests {
         m.mlp_bias = false;
         let c = m.counts();
         // Each expert: 3 × 4 × 8 = 96; per layer 4 experts = 384, router 4×4 = 16.
-        let experts = c
-            .by_part
-            .iter()
-            .find(|(p, _)| *p == Part::Experts)
-            .map(|(_, n)| *n);
+        let experts = c.by_part.iter().find(|(p, _)| *p == Part::Experts).map(|(_, n)| *n);
         assert_eq!(experts, Some(2 * 384));
         assert_eq!(c.total - c.active, 2 * 3 * 96);
     }
@@ -1065,13 +757,7 @@ mod tests {
     fn validation_names_the_offending_key() {
         let mut m = toy_gpt2();
         m.kv_heads = 3;
-        assert!(matches!(
-            m.validate(),
-            Err(ModelError::Invalid {
-                key: "kv_heads",
-                ..
-            })
-        ));
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "kv_heads", .. })));
         m.kv_heads = 0;
         assert_eq!(m.validate(), Err(ModelError::Zero("kv_heads")));
     }

@@ -37,17 +37,9 @@ pub const FOREACH_ADAM_TEMPORARIES: u64 = 1;
 const PSI_T: Sym = Sym::new("Ψ", "T", "trainable parameters on this GPU");
 const PSI_E: Sym = Sym::new("Ψ", "E", "trainable routed-expert parameters on this GPU");
 const PSI_8: Sym = Sym::new("Ψ", "8", "elements of tensors of ≥ 4,096 (8-bit states)");
-const PSI_S: Sym = Sym::new(
-    "Ψ",
-    "small",
-    "elements of tensors under 4,096 (32-bit states)",
-);
+const PSI_S: Sym = Sym::new("Ψ", "small", "elements of tensors under 4,096 (32-bit states)");
 const N_BLK: Sym = Sym::new("n", "blk", "256-element blocks, summed per tensor");
-const S_F: Sym = Sym::new(
-    "S",
-    "fact",
-    "factored second-moment elements: rows + cols per matrix, size per vector",
-);
+const S_F: Sym = Sym::new("S", "fact", "factored second-moment elements: rows + cols per matrix, size per vector");
 const PSI_M: Sym = Sym::new("Ψ", "mat", "hidden-layer matrix elements (Muon)");
 const PSI_A: Sym = Sym::new("Ψ", "adam", "embedding, head and vector elements (AdamW)");
 const B_S: Sym = Sym::new("b", "s", "bytes per optimizer-state element");
@@ -63,10 +55,7 @@ pub struct Shards {
 
 impl Shards {
     pub fn none() -> Shards {
-        Shards {
-            dense: Expr::num(1u8),
-            expert: Expr::num(1u8),
-        }
+        Shards { dense: Expr::num(1u8), expert: Expr::num(1u8) }
     }
     fn same(&self) -> bool {
         self.dense.eval() == self.expert.eval()
@@ -75,25 +64,10 @@ impl Shards {
 
 /// `⌈Ψ / N⌉` over the trainable groups matching `pred`, split into a dense and an expert pool
 /// when they shard differently.
-pub fn sharded_elements(
-    groups: &[LocalGroup],
-    pred: impl Fn(&LocalGroup) -> bool,
-    sym: Sym,
-    shards: &Shards,
-) -> Expr {
+pub fn sharded_elements(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool, sym: Sym, shards: &Shards) -> Expr {
     let t = |g: &&LocalGroup| g.role == Role::Trainable && pred(g);
-    let dense: u64 = groups
-        .iter()
-        .filter(t)
-        .filter(|g| !g.expert || shards.same())
-        .map(|g| g.group.total())
-        .sum();
-    let expert: u64 = groups
-        .iter()
-        .filter(t)
-        .filter(|g| g.expert && !shards.same())
-        .map(|g| g.group.total())
-        .sum();
+    let dense: u64 = groups.iter().filter(t).filter(|g| !g.expert || shards.same()).map(|g| g.group.total()).sum();
+    let expert: u64 = groups.iter().filter(t).filter(|g| g.expert && !shards.same()).map(|g| g.group.total()).sum();
     let mut terms = vec![Expr::var(sym, dense).shard(shards.dense.clone())];
     if expert > 0 {
         terms.push(Expr::var(PSI_E, expert).shard(shards.expert.clone()));
@@ -102,11 +76,7 @@ pub fn sharded_elements(
 }
 
 fn is_hidden_matrix(g: &LocalGroup) -> bool {
-    g.group.matrix_dims().is_some()
-        && !matches!(
-            g.group.part,
-            Part::Embedding | Part::PositionEmbedding | Part::LmHead | Part::Projection
-        )
+    g.group.matrix_dims().is_some() && !matches!(g.group.part, Part::Embedding | Part::PositionEmbedding | Part::LmHead | Part::Projection)
 }
 
 /// Optimizer-state bytes on this GPU.
@@ -123,38 +93,21 @@ fn is_hidden_matrix(g: &LocalGroup) -> bool {
 ///
 /// Dtype: the recipe's state type (the parameter's own dtype in plain PyTorch, fp32 beside a
 /// master copy), except 8-bit Adam's quantized states.
-pub fn optimizer_state_bytes(
-    optim: Optimizer,
-    recipe: &Recipe,
-    groups: &[LocalGroup],
-    shards: &Shards,
-) -> Row {
+pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalGroup], shards: &Shards) -> Row {
     let b_s = Expr::var(B_S, recipe.state.bytes());
     let all = |_: &LocalGroup| true;
     let (expr, source): (Expr, &'static str) = match optim {
         Optimizer::Sgd => (Expr::zero(), "torch/optim/sgd.py: plain SGD keeps no state"),
         Optimizer::Momentum => (
-            Expr::prod([
-                Expr::konst("MOMENTUM_STATES", MOMENTUM_STATES),
-                sharded_elements(groups, all, PSI_T, shards),
-                b_s,
-            ]),
+            Expr::prod([Expr::konst("MOMENTUM_STATES", MOMENTUM_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
             "torch/optim/sgd.py: momentum_buffer",
         ),
         Optimizer::Adamw => (
-            Expr::prod([
-                Expr::konst("ADAM_STATES", ADAM_STATES),
-                sharded_elements(groups, all, PSI_T, shards),
-                b_s,
-            ]),
+            Expr::prod([Expr::konst("ADAM_STATES", ADAM_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
             "Kingma & Ba 2015; torch/optim/adamw.py: exp_avg, exp_avg_sq",
         ),
         Optimizer::Lion => (
-            Expr::prod([
-                Expr::konst("LION_STATES", LION_STATES),
-                sharded_elements(groups, all, PSI_T, shards),
-                b_s,
-            ]),
+            Expr::prod([Expr::konst("LION_STATES", LION_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
             "Chen et al. 2023, Symbolic Discovery of Optimization Algorithms: exp_avg",
         ),
         Optimizer::Adafactor => {
@@ -177,30 +130,21 @@ pub fn optimizer_state_bytes(
             let blocks: u64 = groups
                 .iter()
                 .filter(|g| g.role == Role::Trainable && big(g))
-                .map(|g| {
-                    g.group.elements_per_tensor().div_ceil(ADAM8BIT_BLOCK) * g.group.tensor_count()
-                })
+                .map(|g| g.group.elements_per_tensor().div_ceil(ADAM8BIT_BLOCK) * g.group.tensor_count())
                 .sum();
             let two = || Expr::konst("ADAM_STATES", ADAM_STATES);
             let quantized = Expr::prod([
                 two(),
                 Expr::sum([
-                    Expr::prod([
-                        sharded_elements(groups, big, PSI_8, shards),
-                        Expr::konst("ADAM8BIT_STATE_BYTES", ADAM8BIT_STATE_BYTES),
-                    ]),
-                    Expr::prod([
-                        Expr::var(N_BLK, blocks).shard(shards.dense.clone()),
-                        Expr::konst("FP32_BYTES", FP32_BYTES),
-                    ]),
+                    Expr::prod([sharded_elements(groups, big, PSI_8, shards), Expr::konst("ADAM8BIT_STATE_BYTES", ADAM8BIT_STATE_BYTES)]),
+                    Expr::prod([Expr::var(N_BLK, blocks).shard(shards.dense.clone()), Expr::konst("FP32_BYTES", FP32_BYTES)]),
                 ]),
             ]);
-            let full = Expr::prod([
-                two(),
-                sharded_elements(groups, small, PSI_S, shards),
-                Expr::konst("FP32_BYTES", FP32_BYTES),
-            ]);
-            (Expr::sum([quantized, full]), "Dettmers et al. 2022 (8-bit Optimizers via Block-wise Quantization); bitsandbytes/optim/optimizer.py")
+            let full = Expr::prod([two(), sharded_elements(groups, small, PSI_S, shards), Expr::konst("FP32_BYTES", FP32_BYTES)]);
+            (
+                Expr::sum([quantized, full]),
+                "Dettmers et al. 2022 (8-bit Optimizers via Block-wise Quantization); bitsandbytes/optim/optimizer.py",
+            )
         }
         Optimizer::Muon => {
             let muon = Expr::prod([
@@ -217,40 +161,29 @@ pub fn optimizer_state_bytes(
         }
     };
     let note = match optim {
-        Optimizer::Adam8bit => "states 8-bit (uint8) in blocks of 256 with an fp32 absmax each; tensors under 4,096 elements keep fp32 states".to_string(),
-        _ => format!("states in {} ({})", recipe.state.name(), if recipe.master.is_some() { "beside the fp32 master copy" } else { "the parameters' own dtype, as torch.optim keeps them" }),
+        Optimizer::Adam8bit => {
+            "states 8-bit (uint8) in blocks of 256 with an fp32 absmax each; tensors under 4,096 elements keep fp32 states".to_string()
+        }
+        _ => format!(
+            "states in {} ({})",
+            recipe.state.name(),
+            if recipe.master.is_some() { "beside the fp32 master copy" } else { "the parameters' own dtype, as torch.optim keeps them" }
+        ),
     };
-    Row::new(
-        "optimizer_states",
-        "Optimizer states",
-        Category::OptimizerStates,
-        expr,
-        source,
-    )
-    .note(note)
+    Row::new("optimizer_states", "Optimizer states", Category::OptimizerStates, expr, source).note(note)
 }
 
 /// Bytes of the `step` counters PyTorch's optimizers keep per parameter tensor, and whether they
 /// live on the GPU: only `fused` puts them there (torch/optim/adamw.py, `_init_group`).
-pub fn step_counter_bytes(
-    optim: Optimizer,
-    imp: OptimImpl,
-    trainable_tensors: u64,
-) -> Option<(Expr, bool)> {
+pub fn step_counter_bytes(optim: Optimizer, imp: OptimImpl, trainable_tensors: u64) -> Option<(Expr, bool)> {
     let has_step_tensor = matches!(optim, Optimizer::Adamw | Optimizer::Adafactor);
     if !has_step_tensor || trainable_tensors == 0 {
         return None;
     }
     let n = Expr::var(N_T, trainable_tensors);
     Some(match imp {
-        OptimImpl::Fused => (
-            Expr::prod([n, Expr::konst("ALLOCATOR_MIN_BLOCK", ALLOCATOR_MIN_BLOCK)]),
-            true,
-        ),
-        _ => (
-            Expr::prod([n, Expr::konst("STEP_BYTES", STEP_BYTES)]),
-            false,
-        ),
+        OptimImpl::Fused => (Expr::prod([n, Expr::konst("ALLOCATOR_MIN_BLOCK", ALLOCATOR_MIN_BLOCK)]), true),
+        _ => (Expr::prod([n, Expr::konst("STEP_BYTES", STEP_BYTES)]), false),
     })
 }
 
@@ -262,20 +195,9 @@ pub fn step_counter_bytes(
 /// - `fused`: none.
 /// - Muon: Newton–Schulz iterates on the largest matrix in bf16, X, A = XXᵀ, B = bA + cA²
 ///   (Jordan et al. 2024, `zeropower_via_newtonschulz5`): ≈ 3 bf16 copies.
-pub fn step_temporary_bytes(
-    optim: Optimizer,
-    imp: OptimImpl,
-    recipe: &Recipe,
-    groups: &[LocalGroup],
-    shards: &Shards,
-) -> Option<Row> {
+pub fn step_temporary_bytes(optim: Optimizer, imp: OptimImpl, recipe: &Recipe, groups: &[LocalGroup], shards: &Shards) -> Option<Row> {
     let b_s = Expr::var(B_S, recipe.state.bytes());
-    let largest = groups
-        .iter()
-        .filter(|g| g.role == Role::Trainable)
-        .map(|g| g.group.elements_per_tensor())
-        .max()
-        .unwrap_or(0);
+    let largest = groups.iter().filter(|g| g.role == Role::Trainable).map(|g| g.group.elements_per_tensor()).max().unwrap_or(0);
     let n_max = Sym::new("n", "max", "elements of the largest trainable tensor");
     let (expr, source, label) = match (optim, imp) {
         (Optimizer::Adamw, OptimImpl::Foreach) => (
@@ -300,24 +222,14 @@ pub fn step_temporary_bytes(
                 .max()
                 .unwrap_or(0);
             (
-                Expr::prod([
-                    Expr::konst("NEWTON_SCHULZ_COPIES", 3u8),
-                    Expr::var(n_max, matrix),
-                    Expr::konst("BF16_BYTES", 2u8),
-                ]),
+                Expr::prod([Expr::konst("NEWTON_SCHULZ_COPIES", 3u8), Expr::var(n_max, matrix), Expr::konst("BF16_BYTES", 2u8)]),
                 "Jordan et al. 2024, zeropower_via_newtonschulz5: X, A = XXᵀ, B in bf16",
                 "Muon Newton–Schulz temporaries",
             )
         }
         _ => return None,
     };
-    Some(Row::new(
-        "optimizer_step_temporaries",
-        label,
-        Category::Transient,
-        expr,
-        source,
-    ))
+    Some(Row::new("optimizer_step_temporaries", label, Category::Transient, expr, source))
 }
 
 #[cfg(test)]
@@ -384,23 +296,14 @@ mod tests {
     #[test]
     fn sgd_keeps_nothing_and_momentum_one_buffer() {
         let r = recipe(Precision::Fp32);
-        assert_eq!(
-            optimizer_state_bytes(Optimizer::Sgd, &r, &toy_groups(), &Shards::none()).bytes,
-            0
-        );
-        assert_eq!(
-            optimizer_state_bytes(Optimizer::Momentum, &r, &toy_groups(), &Shards::none()).bytes,
-            4160 * 4
-        );
+        assert_eq!(optimizer_state_bytes(Optimizer::Sgd, &r, &toy_groups(), &Shards::none()).bytes, 0);
+        assert_eq!(optimizer_state_bytes(Optimizer::Momentum, &r, &toy_groups(), &Shards::none()).bytes, 4160 * 4);
     }
 
     #[test]
     fn sharding_divides_the_state_elements_rounding_up() {
         let r = recipe(Precision::Fp32);
-        let shards = Shards {
-            dense: Expr::num(3u8),
-            expert: Expr::num(3u8),
-        };
+        let shards = Shards { dense: Expr::num(3u8), expert: Expr::num(3u8) };
         let row = optimizer_state_bytes(Optimizer::Adamw, &r, &toy_groups(), &shards);
         // 2 × ⌈4160 / 3⌉ × 4 = 2 × 1387 × 4.
         assert_eq!(row.bytes, 2 * 1387 * 4);
@@ -411,15 +314,7 @@ mod tests {
         let c = Config::default();
         let g = local_groups(&c, Stage::Whole);
         let n = crate::estimator::params::tensor_count(&g, |g| g.role == Role::Trainable);
-        assert_eq!(
-            step_counter_bytes(Optimizer::Adamw, OptimImpl::Fused, n)
-                .map(|(e, dev)| (e.eval(), dev)),
-            Some((291 * 512, true))
-        );
-        assert_eq!(
-            step_counter_bytes(Optimizer::Adamw, OptimImpl::Foreach, n)
-                .map(|(e, dev)| (e.eval(), dev)),
-            Some((291 * 4, false))
-        );
+        assert_eq!(step_counter_bytes(Optimizer::Adamw, OptimImpl::Fused, n).map(|(e, dev)| (e.eval(), dev)), Some((291 * 512, true)));
+        assert_eq!(step_counter_bytes(Optimizer::Adamw, OptimImpl::Foreach, n).map(|(e, dev)| (e.eval(), dev)), Some((291 * 4, false)));
     }
 }

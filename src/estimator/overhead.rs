@@ -20,27 +20,11 @@ pub const NCCL_DEFAULT_MIB: u64 = 512;
 const CTX: Sym = Sym::new("C", "ctx", "CUDA context and library workspaces, MiB");
 const NCCL: Sym = Sym::new("C", "nccl", "NCCL communicator buffers, MiB");
 const MIB_SYM: Sym = Sym::new("MiB", "", "2²⁰ bytes");
-const K_PRE: Sym = Sym::new(
-    "k",
-    "pre",
-    "unsharded layers in flight (computing + prefetched)",
-);
-const P_LAYER: Sym = Sym::new(
-    "P",
-    "layer",
-    "bytes of one decoder layer's parameters on this GPU",
-);
-const G_LAYER: Sym = Sym::new(
-    "G",
-    "layer",
-    "bytes of one decoder layer's gradients before reduce-scatter",
-);
+const K_PRE: Sym = Sym::new("k", "pre", "unsharded layers in flight (computing + prefetched)");
+const P_LAYER: Sym = Sym::new("P", "layer", "bytes of one decoder layer's parameters on this GPU");
+const G_LAYER: Sym = Sym::new("G", "layer", "bytes of one decoder layer's gradients before reduce-scatter");
 const FRAG: Sym = Sym::new("f", "frag", "allocator fragmentation, percent");
-const PEAK: Sym = Sym::new(
-    "M",
-    "alloc",
-    "peak bytes allocated by the caching allocator",
-);
+const PEAK: Sym = Sym::new("M", "dyn", "gradients, activations and working buffers allocated at the peak");
 
 /// CUDA context: the driver's per-process state, kernel images (lazily loaded since CUDA 11.7),
 /// and cuBLAS/cuDNN workspaces — not visible to `torch.cuda.memory_allocated()` but taken from
@@ -60,9 +44,7 @@ pub fn cuda_context_bytes(cfg: &Config) -> Row {
 
 /// NCCL's communicator buffers (only with more than one GPU).
 pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
-    let mib = cfg
-        .nccl_mib
-        .unwrap_or(if cfg.gpus > 1 { NCCL_DEFAULT_MIB } else { 0 });
+    let mib = cfg.nccl_mib.unwrap_or(if cfg.gpus > 1 { NCCL_DEFAULT_MIB } else { 0 });
     if mib == 0 {
         return None;
     }
@@ -99,9 +81,7 @@ fn layer_elements<'a>(
     let has_moe = cfg.arch.moe_layers() > 0;
     groups
         .iter()
-        .filter(move |g| {
-            g.group.part.per_layer() && !(has_moe && g.group.part == Part::Mlp) && pred(g)
-        })
+        .filter(move |g| g.group.part.per_layer() && !(has_moe && g.group.part == Part::Mlp) && pred(g))
         .map(|g| (g, g.group.numel() as u128 * g.group.per_layer as u128))
 }
 
@@ -115,17 +95,18 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
         return None;
     }
     let p = layer_parameter_bytes(cfg, recipe, groups);
-    let trainable: u128 = layer_elements(cfg, groups, |g| g.role == Role::Trainable)
-        .map(|(_, n)| n)
-        .sum::<u128>()
-        * recipe.grad.bytes() as u128;
-    let e = Expr::sum([
-        Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(P_LAYER, p)]),
-        Expr::var(G_LAYER, trainable),
-    ]);
+    let trainable: u128 =
+        layer_elements(cfg, groups, |g| g.role == Role::Trainable).map(|(_, n)| n).sum::<u128>() * recipe.grad.bytes() as u128;
+    let e = Expr::sum([Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(P_LAYER, p)]), Expr::var(G_LAYER, trainable)]);
     Some(
-        Row::new("gathered_layers", "ZeRO-3/FSDP unsharded layers in flight", Category::Transient, e, "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers)")
-            .note("assumption (prefetch_layers): the layer computing plus the one prefetched"),
+        Row::new(
+            "gathered_layers",
+            "ZeRO-3/FSDP unsharded layers in flight",
+            Category::Transient,
+            e,
+            "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers)",
+        )
+        .note("assumption (prefetch_layers): the layer computing plus the one prefetched"),
     )
 }
 
@@ -133,15 +114,19 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
 /// 2 MiB large segments) and freed blocks of the wrong size cannot be reused, so
 /// `memory_reserved` exceeds `memory_allocated` — commonly by 5–30 %
 /// (c10/cuda/CUDACachingAllocator.cpp; PyTorch "CUDA semantics: memory management").
-/// Modelled as f_frag % of the peak of allocated bytes; default 10 %.
-pub fn fragmentation_bytes(cfg: &Config, peak_allocated: Bytes) -> Row {
-    let e = Expr::prod([
-        Expr::var(FRAG, cfg.frag_pct),
-        Expr::var(PEAK, peak_allocated),
-    ])
-    .ceil_div(Expr::num(100u8));
-    Row::new("fragmentation", "Allocator fragmentation", Category::FrameworkOverhead, e, "assumption (frag_pct); c10/cuda/CUDACachingAllocator.cpp")
-        .note("reserved but unusable memory of PyTorch's caching allocator; expandable_segments:True lowers it")
+/// Modelled as f_frag % of the dynamic allocations at the peak (gradients, activations, working
+/// buffers: what is allocated and freed every step); weights and optimizer states are allocated
+/// once, in large blocks, and waste next to nothing. Default 10 %.
+pub fn fragmentation_bytes(cfg: &Config, peak_dynamic: Bytes) -> Row {
+    let e = Expr::prod([Expr::var(FRAG, cfg.frag_pct), Expr::var(PEAK, peak_dynamic)]).ceil_div(Expr::num(100u8));
+    Row::new(
+        "fragmentation",
+        "Allocator fragmentation",
+        Category::FrameworkOverhead,
+        e,
+        "assumption (frag_pct); c10/cuda/CUDACachingAllocator.cpp",
+    )
+    .note("reserved but unusable memory of PyTorch's caching allocator; expandable_segments:True lowers it")
 }
 
 #[cfg(test)]
@@ -151,25 +136,15 @@ mod tests {
     #[test]
     fn nccl_buffers_appear_only_with_more_than_one_gpu() {
         assert!(nccl_buffer_bytes(&Config::default()).is_none());
-        let row = nccl_buffer_bytes(&Config {
-            gpus: 8,
-            ..Config::default()
-        });
+        let row = nccl_buffer_bytes(&Config { gpus: 8, ..Config::default() });
         assert_eq!(row.map(|r| r.bytes), Some(512 * MIB));
-        let row = nccl_buffer_bytes(&Config {
-            gpus: 8,
-            nccl_mib: Some(0),
-            ..Config::default()
-        });
+        let row = nccl_buffer_bytes(&Config { gpus: 8, nccl_mib: Some(0), ..Config::default() });
         assert!(row.is_none());
     }
 
     #[test]
     fn fragmentation_is_a_percentage_of_the_allocated_peak() {
-        let cfg = Config {
-            frag_pct: 10,
-            ..Config::default()
-        };
+        let cfg = Config { frag_pct: 10, ..Config::default() };
         assert_eq!(fragmentation_bytes(&cfg, 1000).bytes, 100);
         assert_eq!(fragmentation_bytes(&cfg, 1001).bytes, 101);
     }
@@ -181,9 +156,6 @@ mod tests {
         let cfg = Config::default();
         let g = local_groups(&cfg, Stage::Whole);
         // 218,112,000 parameters per layer × 2 B.
-        assert_eq!(
-            layer_parameter_bytes(&cfg, &recipe(cfg.precision), &g),
-            436_224_000
-        );
+        assert_eq!(layer_parameter_bytes(&cfg, &recipe(cfg.precision), &g), 436_224_000);
     }
 }

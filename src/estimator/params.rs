@@ -81,11 +81,7 @@ fn stage_spec(spec: &ModelSpec, layers: u64) -> ModelSpec {
     let mut s = spec.clone();
     let moe_here = spec.moe_layers().min(layers);
     s.layers = layers;
-    s.dense_layers = if spec.experts > 0 {
-        layers - moe_here
-    } else {
-        0
-    };
+    s.dense_layers = if spec.experts > 0 { layers - moe_here } else { 0 };
     s
 }
 
@@ -141,20 +137,8 @@ fn lora_adapters(base: &TensorGroup, rank: u64) -> [TensorGroup; 2] {
         _ => (Split::Replicated, Split::Column),
     };
     [
-        TensorGroup {
-            name: "lora_A",
-            shape: shape(rank, inp),
-            split: split_a,
-            linear: None,
-            ..base.clone()
-        },
-        TensorGroup {
-            name: "lora_B",
-            shape: shape(out, rank),
-            split: split_b,
-            linear: None,
-            ..base.clone()
-        },
+        TensorGroup { name: "lora_A", shape: shape(rank, inp), split: split_a, linear: None, ..base.clone() },
+        TensorGroup { name: "lora_B", shape: shape(out, rank), split: split_b, linear: None, ..base.clone() },
     ]
 }
 
@@ -181,19 +165,10 @@ fn localize(mut g: TensorGroup, tp: u64, ep: u64) -> TensorGroup {
 pub fn local_groups(cfg: &Config, stage: Stage) -> Vec<LocalGroup> {
     let spec = stage_spec(&cfg.arch, stage_layers(cfg.arch.layers, cfg.pp));
     let mut out = Vec::with_capacity(48);
-    for g in spec
-        .tensors()
-        .into_iter()
-        .filter(|g| on_stage(g, stage, spec.tied && cfg.pp > 1))
-    {
+    for g in spec.tensors().into_iter().filter(|g| on_stage(g, stage, spec.tied && cfg.pp > 1)) {
         let expert = g.part == Part::Experts;
         let push = |out: &mut Vec<LocalGroup>, g: TensorGroup, role, adapter| {
-            out.push(LocalGroup {
-                group: localize(g, cfg.tp, cfg.ep),
-                role,
-                expert,
-                adapter,
-            })
+            out.push(LocalGroup { group: localize(g, cfg.tp, cfg.ep), role, expert, adapter })
         };
         match (cfg.finetune, g.linear) {
             (Finetune::Full, _) => push(&mut out, g, Role::Trainable, false),
@@ -203,11 +178,7 @@ pub fn local_groups(cfg: &Config, stage: Stage) -> Vec<LocalGroup> {
                         push(&mut out, a, Role::Trainable, true);
                     }
                 }
-                let role = if ft == Finetune::Qlora {
-                    Role::Quantized
-                } else {
-                    Role::Frozen
-                };
+                let role = if ft == Finetune::Qlora { Role::Quantized } else { Role::Frozen };
                 push(&mut out, g, role, false);
             }
             (_, None) => push(&mut out, g, Role::Frozen, false),
@@ -218,20 +189,12 @@ pub fn local_groups(cfg: &Config, stage: Stage) -> Vec<LocalGroup> {
 
 /// Elements of the groups that satisfy `pred`.
 pub fn elements(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool) -> u64 {
-    groups
-        .iter()
-        .filter(|g| pred(g))
-        .map(|g| g.group.total())
-        .sum()
+    groups.iter().filter(|g| pred(g)).map(|g| g.group.total()).sum()
 }
 
 /// Parameter tensors of the groups that satisfy `pred`.
 pub fn tensor_count(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool) -> u64 {
-    groups
-        .iter()
-        .filter(|g| pred(g))
-        .map(|g| g.group.tensor_count())
-        .sum()
+    groups.iter().filter(|g| pred(g)).map(|g| g.group.tensor_count()).sum()
 }
 
 #[cfg(test)]
@@ -240,14 +203,8 @@ mod tests {
     use crate::estimator::presets::preset;
 
     fn cfg(model: &str) -> Config {
-        let arch = preset(model)
-            .map(|p| p.spec)
-            .unwrap_or_else(|| Config::default().arch);
-        Config {
-            model: model.into(),
-            arch,
-            ..Config::default()
-        }
+        let arch = preset(model).map(|p| p.spec).unwrap_or_else(|| Config::default().arch);
+        Config { model: model.into(), arch, ..Config::default() }
     }
 
     #[test]
@@ -264,11 +221,7 @@ mod tests {
         //            + gate, up 16·(4096+14336) each + down 16·(14336+4096)
         //          = 131,072 + 81,920 + 81,920 + 131,072 + 3 × 294,912 = 1,310,720;
         // × 32 layers = 41,943,040.
-        let c = Config {
-            finetune: Finetune::Lora,
-            lora_rank: 16,
-            ..cfg("llama-3.1-8b")
-        };
+        let c = Config { finetune: Finetune::Lora, lora_rank: 16, ..cfg("llama-3.1-8b") };
         let g = local_groups(&c, Stage::Whole);
         assert_eq!(elements(&g, |g| g.role == Role::Trainable), 41_943_040);
         assert_eq!(elements(&g, |g| g.role == Role::Frozen), 8_030_261_248);
@@ -276,25 +229,15 @@ mod tests {
 
     #[test]
     fn qlora_quantizes_only_the_layer_linears() {
-        let c = Config {
-            finetune: Finetune::Qlora,
-            ..cfg("llama-3.1-8b")
-        };
+        let c = Config { finetune: Finetune::Qlora, ..cfg("llama-3.1-8b") };
         let g = local_groups(&c, Stage::Whole);
         // Frozen, not quantized: embedding + head 2 × 128,256 × 4096, norms 65 × 4096.
-        assert_eq!(
-            elements(&g, |g| g.role == Role::Frozen),
-            2 * 128_256 * 4096 + 65 * 4096
-        );
+        assert_eq!(elements(&g, |g| g.role == Role::Frozen), 2 * 128_256 * 4096 + 65 * 4096);
     }
 
     #[test]
     fn tensor_parallelism_splits_matrices_but_not_norms() {
-        let c = Config {
-            tp: 8,
-            gpus: 8,
-            ..cfg("llama-3.1-8b")
-        };
+        let c = Config { tp: 8, gpus: 8, ..cfg("llama-3.1-8b") };
         let g = local_groups(&c, Stage::Whole);
         // Every matrix divides by 8 exactly; the 65 norm vectors of 4096 stay whole.
         let norms = 65 * 4096;
@@ -303,11 +246,7 @@ mod tests {
 
     #[test]
     fn pipeline_stages_hold_their_own_ends_of_the_model() {
-        let c = Config {
-            pp: 4,
-            gpus: 4,
-            ..cfg("llama-3.1-8b")
-        };
+        let c = Config { pp: 4, gpus: 4, ..cfg("llama-3.1-8b") };
         let first = elements(&local_groups(&c, Stage::First), |_| true);
         let last = elements(&local_groups(&c, Stage::Last), |_| true);
         let middle = elements(&local_groups(&c, Stage::Middle), |_| true);
@@ -319,11 +258,7 @@ mod tests {
 
     #[test]
     fn expert_parallelism_divides_the_experts() {
-        let c = Config {
-            ep: 8,
-            gpus: 8,
-            ..cfg("mixtral-8x7b-v0.1")
-        };
+        let c = Config { ep: 8, gpus: 8, ..cfg("mixtral-8x7b-v0.1") };
         let g = local_groups(&c, Stage::Whole);
         let experts = elements(&g, |g| g.expert);
         assert_eq!(experts, 32 * 3 * 4096 * 14336);

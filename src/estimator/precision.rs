@@ -91,7 +91,14 @@ pub fn recipe(p: Precision) -> Recipe {
     };
     match p {
         Precision::Fp32 => r(Fp32, Fp32, None, Fp32, Fp32, "plain PyTorch fp32 training"),
-        Precision::Bf16 => r(Bf16, Bf16, None, Bf16, Bf16, "model.to(torch.bfloat16); torch.optim keeps states in the parameter dtype (torch/optim/adamw.py)"),
+        Precision::Bf16 => r(
+            Bf16,
+            Bf16,
+            None,
+            Bf16,
+            Bf16,
+            "model.to(torch.bfloat16); torch.optim keeps states in the parameter dtype (torch/optim/adamw.py)",
+        ),
         Precision::Fp16 => r(Fp16, Fp16, None, Fp16, Fp16, "model.half() with torch.optim"),
         Precision::AmpBf16 => Recipe {
             autocast_weight_copy: true,
@@ -101,9 +108,18 @@ pub fn recipe(p: Precision) -> Recipe {
             autocast_weight_copy: true,
             ..r(Fp32, Fp32, None, Fp32, Fp16, "torch.autocast(dtype=torch.float16) + GradScaler (PyTorch AMP docs)")
         },
-        Precision::MixedBf16 => r(Bf16, Bf16, Some(Fp32), Fp32, Bf16, "Rajbhandari et al. 2020 (ZeRO), §3: 2 + 2 + K bytes/param, K = 12 for Adam"),
+        Precision::MixedBf16 => {
+            r(Bf16, Bf16, Some(Fp32), Fp32, Bf16, "Rajbhandari et al. 2020 (ZeRO), §3: 2 + 2 + K bytes/param, K = 12 for Adam")
+        }
         Precision::MixedFp16 => r(Fp16, Fp16, Some(Fp32), Fp32, Fp16, "Micikevicius et al. 2018; ZeRO §3 (2 + 2 + K)Ψ"),
-        Precision::MixedBf16Fp32grad => r(Bf16, Fp32, Some(Fp32), Fp32, Bf16, "Megatron-LM: 18 bytes/param (Korthikanti et al. 2022 §5; megatron/training/theoretical_memory_usage.py)"),
+        Precision::MixedBf16Fp32grad => r(
+            Bf16,
+            Fp32,
+            Some(Fp32),
+            Fp32,
+            Bf16,
+            "Megatron-LM: 18 bytes/param (Korthikanti et al. 2022 §5; megatron/training/theoretical_memory_usage.py)",
+        ),
         Precision::MixedFp8 => Recipe {
             fp8_weight_cache: true,
             ..r(Bf16, Fp32, Some(Fp32), Fp32, Bf16, "Megatron-LM + Transformer Engine fp8 (delayed scaling); GEMM inputs saved in fp8")

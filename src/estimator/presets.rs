@@ -25,15 +25,7 @@ pub const fn default_spec() -> ModelSpec {
 }
 
 /// Llama-style decoder: RMSNorm, SwiGLU, rotary, untied, no biases.
-const fn llama(
-    vocab: u64,
-    hidden: u64,
-    layers: u64,
-    heads: u64,
-    kv_heads: u64,
-    ffn: u64,
-    max_pos: u64,
-) -> ModelSpec {
+const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64, max_pos: u64) -> ModelSpec {
     ModelSpec {
         vocab,
         hidden,
@@ -107,15 +99,7 @@ const fn with_head_dim(mut m: ModelSpec, head_dim: u64) -> ModelSpec {
 }
 
 /// Qwen2: Llama with biases on Q, K and V.
-const fn qwen2(
-    vocab: u64,
-    hidden: u64,
-    layers: u64,
-    heads: u64,
-    kv_heads: u64,
-    ffn: u64,
-    max_pos: u64,
-) -> ModelSpec {
+const fn qwen2(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64, max_pos: u64) -> ModelSpec {
     let mut m = llama(vocab, hidden, layers, heads, kv_heads, ffn, max_pos);
     m.qkv_bias = true;
     m
@@ -123,14 +107,7 @@ const fn qwen2(
 
 /// Gemma-2: GeGLU (tanh GELU), four RMSNorms per layer, explicit head_dim, tied 256K
 /// vocabulary, tanh soft-capping of scores and logits.
-const fn gemma2(
-    hidden: u64,
-    layers: u64,
-    heads: u64,
-    kv_heads: u64,
-    head_dim: u64,
-    ffn: u64,
-) -> ModelSpec {
+const fn gemma2(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
     let mut m = llama(256000, hidden, layers, heads, kv_heads, ffn, 8192);
     m.head_dim = head_dim;
     m.act = Activation::GeluTanh;
@@ -160,142 +137,35 @@ const fn phi3_mini() -> ModelSpec {
 
 /// Every preset, in the order the picker lists them.
 pub fn presets() -> Vec<Preset> {
-    let p = |id, checkpoint, family, spec| Preset {
-        id,
-        checkpoint,
-        family,
-        spec,
-    };
+    let p = |id, checkpoint, family, spec| Preset { id, checkpoint, family, spec };
     vec![
         p("gpt2", "openai-community/gpt2", "GPT-2", gpt2(768, 12, 12)),
-        p(
-            "gpt2-medium",
-            "openai-community/gpt2-medium",
-            "GPT-2",
-            gpt2(1024, 24, 16),
-        ),
-        p(
-            "gpt2-large",
-            "openai-community/gpt2-large",
-            "GPT-2",
-            gpt2(1280, 36, 20),
-        ),
-        p(
-            "gpt2-xl",
-            "openai-community/gpt2-xl",
-            "GPT-2",
-            gpt2(1600, 48, 25),
-        ),
-        p(
-            "llama-2-7b",
-            "meta-llama/Llama-2-7b-hf",
-            "Llama 2",
-            llama(32000, 4096, 32, 32, 32, 11008, 4096),
-        ),
-        p(
-            "llama-2-13b",
-            "meta-llama/Llama-2-13b-hf",
-            "Llama 2",
-            llama(32000, 5120, 40, 40, 40, 13824, 4096),
-        ),
-        p(
-            "llama-2-70b",
-            "meta-llama/Llama-2-70b-hf",
-            "Llama 2",
-            llama(32000, 8192, 80, 64, 8, 28672, 4096),
-        ),
-        p(
-            "llama-3.1-8b",
-            "meta-llama/Llama-3.1-8B",
-            "Llama 3.1",
-            default_spec(),
-        ),
-        p(
-            "llama-3.1-70b",
-            "meta-llama/Llama-3.1-70B",
-            "Llama 3.1",
-            llama(128256, 8192, 80, 64, 8, 28672, 131072),
-        ),
-        p(
-            "llama-3.1-405b",
-            "meta-llama/Llama-3.1-405B",
-            "Llama 3.1",
-            llama(128256, 16384, 126, 128, 8, 53248, 131072),
-        ),
-        p(
-            "llama-3.2-1b",
-            "meta-llama/Llama-3.2-1B",
-            "Llama 3.2",
-            with_head_dim(tied(llama(128256, 2048, 16, 32, 8, 8192, 131072)), 64),
-        ),
-        p(
-            "llama-3.2-3b",
-            "meta-llama/Llama-3.2-3B",
-            "Llama 3.2",
-            with_head_dim(tied(llama(128256, 3072, 28, 24, 8, 8192, 131072)), 128),
-        ),
-        p(
-            "mistral-7b-v0.1",
-            "mistralai/Mistral-7B-v0.1",
-            "Mistral",
-            llama(32000, 4096, 32, 32, 8, 14336, 32768),
-        ),
-        p(
-            "mixtral-8x7b-v0.1",
-            "mistralai/Mixtral-8x7B-v0.1",
-            "Mistral",
-            mixtral(),
-        ),
-        p(
-            "qwen2.5-0.5b",
-            "Qwen/Qwen2.5-0.5B",
-            "Qwen2.5",
-            tied(qwen2(151936, 896, 24, 14, 2, 4864, 32768)),
-        ),
-        p(
-            "qwen2.5-7b",
-            "Qwen/Qwen2.5-7B",
-            "Qwen2.5",
-            qwen2(152064, 3584, 28, 28, 4, 18944, 131072),
-        ),
-        p(
-            "qwen2.5-72b",
-            "Qwen/Qwen2.5-72B",
-            "Qwen2.5",
-            qwen2(152064, 8192, 80, 64, 8, 29568, 131072),
-        ),
-        p(
-            "gemma-2-2b",
-            "google/gemma-2-2b",
-            "Gemma 2",
-            gemma2(2304, 26, 8, 4, 256, 9216),
-        ),
-        p(
-            "gemma-2-9b",
-            "google/gemma-2-9b",
-            "Gemma 2",
-            gemma2(3584, 42, 16, 8, 256, 14336),
-        ),
-        p(
-            "gemma-2-27b",
-            "google/gemma-2-27b",
-            "Gemma 2",
-            gemma2(4608, 46, 32, 16, 128, 36864),
-        ),
-        p(
-            "phi-3-mini-4k-instruct",
-            "microsoft/Phi-3-mini-4k-instruct",
-            "Phi-3",
-            phi3_mini(),
-        ),
+        p("gpt2-medium", "openai-community/gpt2-medium", "GPT-2", gpt2(1024, 24, 16)),
+        p("gpt2-large", "openai-community/gpt2-large", "GPT-2", gpt2(1280, 36, 20)),
+        p("gpt2-xl", "openai-community/gpt2-xl", "GPT-2", gpt2(1600, 48, 25)),
+        p("llama-2-7b", "meta-llama/Llama-2-7b-hf", "Llama 2", llama(32000, 4096, 32, 32, 32, 11008, 4096)),
+        p("llama-2-13b", "meta-llama/Llama-2-13b-hf", "Llama 2", llama(32000, 5120, 40, 40, 40, 13824, 4096)),
+        p("llama-2-70b", "meta-llama/Llama-2-70b-hf", "Llama 2", llama(32000, 8192, 80, 64, 8, 28672, 4096)),
+        p("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "Llama 3.1", default_spec()),
+        p("llama-3.1-70b", "meta-llama/Llama-3.1-70B", "Llama 3.1", llama(128256, 8192, 80, 64, 8, 28672, 131072)),
+        p("llama-3.1-405b", "meta-llama/Llama-3.1-405B", "Llama 3.1", llama(128256, 16384, 126, 128, 8, 53248, 131072)),
+        p("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "Llama 3.2", with_head_dim(tied(llama(128256, 2048, 16, 32, 8, 8192, 131072)), 64)),
+        p("llama-3.2-3b", "meta-llama/Llama-3.2-3B", "Llama 3.2", with_head_dim(tied(llama(128256, 3072, 28, 24, 8, 8192, 131072)), 128)),
+        p("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", "Mistral", llama(32000, 4096, 32, 32, 8, 14336, 32768)),
+        p("mixtral-8x7b-v0.1", "mistralai/Mixtral-8x7B-v0.1", "Mistral", mixtral()),
+        p("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen2.5", tied(qwen2(151936, 896, 24, 14, 2, 4864, 32768))),
+        p("qwen2.5-7b", "Qwen/Qwen2.5-7B", "Qwen2.5", qwen2(152064, 3584, 28, 28, 4, 18944, 131072)),
+        p("qwen2.5-72b", "Qwen/Qwen2.5-72B", "Qwen2.5", qwen2(152064, 8192, 80, 64, 8, 29568, 131072)),
+        p("gemma-2-2b", "google/gemma-2-2b", "Gemma 2", gemma2(2304, 26, 8, 4, 256, 9216)),
+        p("gemma-2-9b", "google/gemma-2-9b", "Gemma 2", gemma2(3584, 42, 16, 8, 256, 14336)),
+        p("gemma-2-27b", "google/gemma-2-27b", "Gemma 2", gemma2(4608, 46, 32, 16, 128, 36864)),
+        p("phi-3-mini-4k-instruct", "microsoft/Phi-3-mini-4k-instruct", "Phi-3", phi3_mini()),
     ]
 }
 
 /// Looks a preset up by id (case-insensitive).
 pub fn preset(id: &str) -> Option<Preset> {
-    presets()
-        .into_iter()
-        .find(|p| p.id.eq_ignore_ascii_case(id))
+    presets().into_iter().find(|p| p.id.eq_ignore_ascii_case(id))
 }
 
 #[cfg(test)]
@@ -331,11 +201,7 @@ mod tests {
     #[test]
     fn every_preset_counts_exactly_its_published_parameters() {
         let all = presets();
-        assert_eq!(
-            all.len(),
-            PUBLISHED.len(),
-            "every preset needs a pinned count"
-        );
+        assert_eq!(all.len(), PUBLISHED.len(), "every preset needs a pinned count");
         for (id, want) in PUBLISHED {
             let p = preset(id).unwrap_or_else(|| panic!("no preset {id}"));
             assert_eq!(p.spec.counts().total, *want, "{id}");
@@ -353,9 +219,7 @@ mod tests {
     fn llama_3_1_70b_has_83_9_million_qkv_parameters_per_layer_and_an_untied_head() {
         // q: 8192 × 8192 = 67,108,864; k and v: 8192 × (8 × 128) = 8,388,608 each.
         let p = preset("llama-3.1-70b").map(|p| p.spec);
-        let spec = p
-            .as_ref()
-            .map(|s| (s.q_width() + 2 * s.kv_width()) * s.hidden);
+        let spec = p.as_ref().map(|s| (s.q_width() + 2 * s.kv_width()) * s.hidden);
         assert_eq!(spec, Some(83_886_080));
         assert_eq!(p.map(|s| s.tied), Some(false));
     }
@@ -364,10 +228,7 @@ mod tests {
     fn mixtral_activates_about_13_billion_parameters_per_token() {
         let c = preset("mixtral-8x7b-v0.1").map(|p| p.spec.counts());
         // 46.70 B total; each token uses 2 of 8 experts: 46.70 B − 6 × 32 × 3 × 4096 × 14336.
-        assert_eq!(
-            c.map(|c| c.active),
-            Some(46_702_792_704 - 6 * 32 * 3 * 4096 * 14336)
-        );
+        assert_eq!(c.map(|c| c.active), Some(46_702_792_704 - 6 * 32 * 3 * 4096 * 14336));
     }
 
     #[test]

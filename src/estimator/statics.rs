@@ -6,7 +6,7 @@
 //! DDP (2 + 2 + K)Ψ; ZeRO-1 4Ψ + KΨ/N; ZeRO-2 2Ψ + (2 + K)Ψ/N; ZeRO-3 (4 + K)Ψ/N; and
 //! Megatron's 18 and 6 + 12/d bytes per parameter (Korthikanti et al. 2022, §5).
 
-use super::config::{Config, Offload, Optimizer, Zero};
+use super::config::{Config, Offload, OptimImpl, Optimizer, Zero};
 use super::expr::{Expr, Sym};
 use super::ledger::{Category, Row};
 use super::optimizer::{self, Shards};
@@ -49,24 +49,13 @@ pub struct Sharding {
 impl Sharding {
     pub fn of(cfg: &Config) -> Sharding {
         let dp = cfg.dp().max(1);
-        let n = if cfg.zero == Zero::HybridShard {
-            cfg.shard_group.clamp(1, dp)
-        } else {
-            dp
-        };
-        Sharding {
-            stage: cfg.zero.stage(),
-            n,
-            n_expert: (n / cfg.ep.max(1)).max(1),
-        }
+        let n = if cfg.zero == Zero::HybridShard { cfg.shard_group.clamp(1, dp) } else { dp };
+        Sharding { stage: cfg.zero.stage(), n, n_expert: (n / cfg.ep.max(1)).max(1) }
     }
     /// The divisors for a role sharded from `from_stage` on.
     pub fn shards(&self, from_stage: u8) -> Shards {
         if self.stage >= from_stage && self.n > 1 {
-            Shards {
-                dense: Expr::var(N_D, self.n),
-                expert: Expr::var(N_E, self.n_expert),
-            }
+            Shards { dense: Expr::var(N_D, self.n), expert: Expr::var(N_E, self.n_expert) }
         } else {
             Shards::none()
         }
@@ -74,21 +63,11 @@ impl Sharding {
 }
 
 fn sharded(groups: &[LocalGroup], role: Role, sym: Sym, shards: &Shards) -> Expr {
-    let dense: u64 = elements(groups, |g| {
-        g.role == role && !(g.expert && shards.dense.eval() != shards.expert.eval())
-    });
-    let expert: u64 = elements(groups, |g| {
-        g.role == role && g.expert && shards.dense.eval() != shards.expert.eval()
-    });
+    let dense: u64 = elements(groups, |g| g.role == role && !(g.expert && shards.dense.eval() != shards.expert.eval()));
+    let expert: u64 = elements(groups, |g| g.role == role && g.expert && shards.dense.eval() != shards.expert.eval());
     let mut terms = vec![Expr::var(sym, dense).shard(shards.dense.clone())];
     if expert > 0 {
-        terms.push(
-            Expr::var(
-                Sym::new(sym.base, "E", "routed-expert parameters on this GPU"),
-                expert,
-            )
-            .shard(shards.expert.clone()),
-        );
+        terms.push(Expr::var(Sym::new(sym.base, "E", "routed-expert parameters on this GPU"), expert).shard(shards.expert.clone()));
     }
     Expr::sum(terms)
 }
@@ -96,12 +75,15 @@ fn sharded(groups: &[LocalGroup], role: Role, sym: Sym, shards: &Shards) -> Expr
 /// Trainable weights: ⌈Ψ_T / N⌉ × b_w, sharded from ZeRO-3 on.
 /// Dtype: the recipe's weight type (bf16 in mixed precision, fp32 in fp32 and AMP).
 pub fn trainable_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
-    let e = Expr::prod([
-        sharded(groups, Role::Trainable, PSI_T, &sh.shards(3)),
-        Expr::var(B_W, recipe.weight.bytes()),
-    ]);
-    Row::new("weights", "Trainable weights", Category::Parameters, e, "Rajbhandari et al. 2020 (ZeRO), §3: 2Ψ fp16/bf16 parameters; ZeRO-3 shards them (P_os+g+p)")
-        .note(format!("{} weights", recipe.weight.name()))
+    let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(3)), Expr::var(B_W, recipe.weight.bytes())]);
+    Row::new(
+        "weights",
+        "Trainable weights",
+        Category::Parameters,
+        e,
+        "Rajbhandari et al. 2020 (ZeRO), §3: 2Ψ fp16/bf16 parameters; ZeRO-3 shards them (P_os+g+p)",
+    )
+    .note(format!("{} weights", recipe.weight.name()))
 }
 
 /// Frozen weights of LoRA's base (and QLoRA's non-quantized tensors): ⌈Ψ_F / N⌉ × b_w, no
@@ -110,10 +92,7 @@ pub fn frozen_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
     if elements(groups, |g| g.role == Role::Frozen) == 0 {
         return None;
     }
-    let e = Expr::prod([
-        sharded(groups, Role::Frozen, PSI_F, &sh.shards(3)),
-        Expr::var(B_W, recipe.weight.bytes()),
-    ]);
+    let e = Expr::prod([sharded(groups, Role::Frozen, PSI_F, &sh.shards(3)), Expr::var(B_W, recipe.weight.bytes())]);
     Some(
         Row::new(
             "frozen_weights",
@@ -122,10 +101,7 @@ pub fn frozen_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
             e,
             "Hu et al. 2021 (LoRA), §4: the pre-trained weights are frozen",
         )
-        .note(format!(
-            "{} weights; no gradients or optimizer states",
-            recipe.weight.name()
-        )),
+        .note(format!("{} weights; no gradients or optimizer states", recipe.weight.name())),
     )
 }
 
@@ -144,13 +120,7 @@ pub fn quantized_weight_bytes(groups: &[LocalGroup], sh: &Sharding) -> Option<Ro
     let e = Expr::sum([
         psi().ceil_div(Expr::konst("NF4_ELEMENTS_PER_BYTE", NF4_ELEMENTS_PER_BYTE)),
         psi().ceil_div(Expr::konst("NF4_BLOCK", NF4_BLOCK)),
-        Expr::prod([
-            Expr::konst("FP32_BYTES", FP32_BYTES),
-            psi().ceil_div(Expr::konst(
-                "NF4_SECOND_LEVEL_BLOCK",
-                NF4_SECOND_LEVEL_BLOCK,
-            )),
-        ]),
+        Expr::prod([Expr::konst("FP32_BYTES", FP32_BYTES), psi().ceil_div(Expr::konst("NF4_SECOND_LEVEL_BLOCK", NF4_SECOND_LEVEL_BLOCK))]),
         Expr::prod([
             Expr::var(N_Q, n),
             Expr::konst("NF4_STATE_ALLOCATIONS", NF4_STATE_ALLOCATIONS),
@@ -169,21 +139,21 @@ pub fn fp8_weight_cache_bytes(recipe: &Recipe, groups: &[LocalGroup]) -> Option<
         return None;
     }
     let lin = elements(groups, |g| g.group.linear.is_some() && !g.adapter);
-    let e = Expr::prod([
-        Expr::var(PSI_LIN, lin),
-        Expr::konst("FP8_WEIGHT_CACHE_BYTES", FP8_WEIGHT_CACHE_BYTES),
-    ]);
-    Some(Row::new("fp8_weight_cache", "fp8 weight copies", Category::Parameters, e, "transformer_engine/pytorch/module/linear.py: Float8Tensor weight cache (row-wise + column-wise on Hopper)"))
+    let e = Expr::prod([Expr::var(PSI_LIN, lin), Expr::konst("FP8_WEIGHT_CACHE_BYTES", FP8_WEIGHT_CACHE_BYTES)]);
+    Some(Row::new(
+        "fp8_weight_cache",
+        "fp8 weight copies",
+        Category::Parameters,
+        e,
+        "transformer_engine/pytorch/module/linear.py: Float8Tensor weight cache (row-wise + column-wise on Hopper)",
+    ))
 }
 
 /// Gradients: ⌈Ψ_T / N⌉ × b_g, sharded from ZeRO-2 on. Dtype: the recipe's gradient type
 /// (fp32 for Megatron's main grads). Present from backward until the optimizer step (or the
 /// whole step when accumulating gradients).
 pub fn gradient_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
-    let e = Expr::prod([
-        sharded(groups, Role::Trainable, PSI_T, &sh.shards(2)),
-        Expr::var(B_G, recipe.grad.bytes()),
-    ]);
+    let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(2)), Expr::var(B_G, recipe.grad.bytes())]);
     Row::new(
         "gradients",
         "Gradients",
@@ -191,10 +161,7 @@ pub fn gradient_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> 
         e,
         "Rajbhandari et al. 2020 (ZeRO), §3: 2Ψ gradients; ZeRO-2 shards them (P_os+g)",
     )
-    .note(format!(
-        "{} gradients of the trainable parameters",
-        recipe.grad.name()
-    ))
+    .note(format!("{} gradients of the trainable parameters", recipe.grad.name()))
 }
 
 /// Gradient-reduction buffers.
@@ -207,14 +174,16 @@ pub fn reduction_buffer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGrou
     let t = elements(groups, |g| g.role == Role::Trainable);
     let b_g = Expr::var(B_G, recipe.grad.bytes());
     match cfg.zero {
-        Zero::Ddp if cfg.dp() > 1 && !cfg.bucket_view => Some(Row::new(
-            "ddp_buckets",
-            "DDP gradient buckets",
-            Category::Gradients,
-            Expr::prod([Expr::var(PSI_T, t), b_g]),
-            "torch/nn/parallel/distributed.py: gradient_as_bucket_view=False keeps bucket copies of all gradients",
-        )
-        .note("set bucket_view=true (gradient_as_bucket_view) to drop this copy")),
+        Zero::Ddp if cfg.dp() > 1 && !cfg.bucket_view => Some(
+            Row::new(
+                "ddp_buckets",
+                "DDP gradient buckets",
+                Category::Gradients,
+                Expr::prod([Expr::var(PSI_T, t), b_g]),
+                "torch/nn/parallel/distributed.py: gradient_as_bucket_view=False keeps bucket copies of all gradients",
+            )
+            .note("set bucket_view=true (gradient_as_bucket_view) to drop this copy"),
+        ),
         Zero::Z1 | Zero::Z2 | Zero::Z3 if cfg.dp() > 1 => Some(Row::new(
             "zero_reduce_bucket",
             "ZeRO reduce bucket",
@@ -232,13 +201,16 @@ pub fn reduction_buffer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGrou
 /// fp32 master weights: ⌈Ψ_T / N⌉ × 4 B, sharded from ZeRO-1 on (ZeRO §3: part of K).
 pub fn master_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Option<Row> {
     let m = recipe.master?;
-    let e = Expr::prod([
-        sharded(groups, Role::Trainable, PSI_T, &sh.shards(1)),
-        Expr::var(B_M, m.bytes()),
-    ]);
+    let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(1)), Expr::var(B_M, m.bytes())]);
     Some(
-        Row::new("master_weights", "Master weights (fp32)", Category::OptimizerStates, e, "Micikevicius et al. 2018 (Mixed Precision Training), §3.1; ZeRO §3: K = 12 includes the fp32 copy")
-            .note("the optimizer updates this fp32 copy and casts it back to the compute weights"),
+        Row::new(
+            "master_weights",
+            "Master weights (fp32)",
+            Category::OptimizerStates,
+            e,
+            "Micikevicius et al. 2018 (Mixed Precision Training), §3.1; ZeRO §3: K = 12 includes the fp32 copy",
+        )
+        .note("the optimizer updates this fp32 copy and casts it back to the compute weights"),
     )
 }
 
@@ -267,20 +239,12 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     let mut opt_rows: Vec<Row> = Vec::new();
     opt_rows.extend(master_weight_bytes(recipe, groups, &sh));
     if cfg.optim != Optimizer::Sgd {
-        opt_rows.push(optimizer::optimizer_state_bytes(
-            cfg.optim,
-            recipe,
-            groups,
-            &opt_shards,
-        ));
+        opt_rows.push(optimizer::optimizer_state_bytes(cfg.optim, recipe, groups, &opt_shards));
     }
     if offload_opt {
         // ZeRO-Offload keeps the fp32 gradient partition beside the optimizer on the host
         // (deepspeed/runtime/zero/stage_1_and_2.py, single_partition_of_fp32_groups[i].grad).
-        let e = Expr::prod([
-            sharded(groups, Role::Trainable, PSI_T, &sh.shards(1)),
-            Expr::konst("FP32_BYTES", FP32_BYTES),
-        ]);
+        let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(1)), Expr::konst("FP32_BYTES", FP32_BYTES)]);
         host.push(Row::new(
             "offload_fp32_gradients",
             "fp32 gradient partition (offloaded)",
@@ -294,9 +258,15 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     }
 
     let n_t = tensor_count(groups, |g| g.role == Role::Trainable);
-    if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, cfg.optim_impl, n_t) {
-        let row = Row::new("optimizer_step_counters", "Optimizer step counters", Category::OptimizerStates, e, "torch/optim/adamw.py _init_group: state['step'] is an fp32 tensor per parameter, on the CPU unless fused/capturable")
-            .note(if on_gpu { "fused: on the GPU, one 512-byte allocation each" } else { "foreach/for-loop: kept on the CPU" });
+    if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t) {
+        let row = Row::new(
+            "optimizer_step_counters",
+            "Optimizer step counters",
+            Category::OptimizerStates,
+            e,
+            "torch/optim/adamw.py _init_group: state['step'] is an fp32 tensor per parameter, on the CPU unless fused/capturable",
+        )
+        .note(if on_gpu { "fused: on the GPU, one 512-byte allocation each" } else { "foreach/for-loop: kept on the CPU" });
         if on_gpu && !offload_opt {
             gpu.push(row);
         } else {
@@ -333,48 +303,23 @@ mod tests {
     }
 
     fn model_states(psi: u64, gpus: u64, zero: Zero, precision: Precision) -> u128 {
-        let cfg = Config {
-            gpus,
-            zero,
-            precision,
-            ..Config::default()
-        };
+        let cfg = Config { gpus, zero, precision, ..Config::default() };
         let (rows, _) = static_rows(&cfg, &recipe(precision), &flat(psi));
-        rows.iter()
-            .filter(|r| {
-                matches!(
-                    r.id,
-                    "weights" | "gradients" | "master_weights" | "optimizer_states"
-                )
-            })
-            .map(|r| r.bytes)
-            .sum()
+        rows.iter().filter(|r| matches!(r.id, "weights" | "gradients" | "master_weights" | "optimizer_states")).map(|r| r.bytes).sum()
     }
 
     const B7: u64 = 7_000_000_000;
 
     #[test]
     fn seven_billion_parameters_with_mixed_bf16_adamw_need_112_gb() {
-        assert_eq!(
-            model_states(B7, 1, Zero::Ddp, Precision::MixedBf16),
-            112_000_000_000
-        );
-        assert_eq!(
-            model_states(13_000_000_000, 1, Zero::Ddp, Precision::MixedBf16),
-            208_000_000_000
-        );
-        assert_eq!(
-            model_states(70_000_000_000, 1, Zero::Ddp, Precision::MixedBf16),
-            1_120_000_000_000
-        );
+        assert_eq!(model_states(B7, 1, Zero::Ddp, Precision::MixedBf16), 112_000_000_000);
+        assert_eq!(model_states(13_000_000_000, 1, Zero::Ddp, Precision::MixedBf16), 208_000_000_000);
+        assert_eq!(model_states(70_000_000_000, 1, Zero::Ddp, Precision::MixedBf16), 1_120_000_000_000);
     }
 
     #[test]
     fn zero_3_over_8_gpus_leaves_14_gb_per_gpu_for_7b() {
-        assert_eq!(
-            model_states(B7, 8, Zero::Z3, Precision::MixedBf16),
-            14_000_000_000
-        );
+        assert_eq!(model_states(B7, 8, Zero::Z3, Precision::MixedBf16), 14_000_000_000);
     }
 
     #[test]
@@ -384,70 +329,35 @@ mod tests {
         let psi: u64 = 7_500_000_000;
         let n: u128 = 64;
         let p = psi as u128;
-        assert_eq!(
-            model_states(psi, 64, Zero::Ddp, Precision::MixedBf16),
-            16 * p
-        );
-        assert_eq!(
-            model_states(psi, 64, Zero::Z1, Precision::MixedBf16),
-            4 * p + 12 * p.div_ceil(n)
-        );
-        assert_eq!(
-            model_states(psi, 64, Zero::Z2, Precision::MixedBf16),
-            2 * p + 14 * p.div_ceil(n)
-        );
-        assert_eq!(
-            model_states(psi, 64, Zero::Z3, Precision::MixedBf16),
-            16 * p.div_ceil(n)
-        );
-        assert_eq!(
-            model_states(psi, 64, Zero::Z1, Precision::MixedBf16) / 100_000_000,
-            314
-        );
+        assert_eq!(model_states(psi, 64, Zero::Ddp, Precision::MixedBf16), 16 * p);
+        assert_eq!(model_states(psi, 64, Zero::Z1, Precision::MixedBf16), 4 * p + 12 * p.div_ceil(n));
+        assert_eq!(model_states(psi, 64, Zero::Z2, Precision::MixedBf16), 2 * p + 14 * p.div_ceil(n));
+        assert_eq!(model_states(psi, 64, Zero::Z3, Precision::MixedBf16), 16 * p.div_ceil(n));
+        assert_eq!(model_states(psi, 64, Zero::Z1, Precision::MixedBf16) / 100_000_000, 314);
     }
 
     #[test]
     fn megatron_costs_18_bytes_and_6_plus_12_over_d_with_a_distributed_optimizer() {
         let psi: u64 = 1_000_000;
-        assert_eq!(
-            model_states(psi, 1, Zero::Ddp, Precision::MixedBf16Fp32grad),
-            18_000_000
-        );
-        assert_eq!(
-            model_states(psi, 8, Zero::Z1, Precision::MixedBf16Fp32grad),
-            6_000_000 + 12_000_000 / 8
-        );
+        assert_eq!(model_states(psi, 1, Zero::Ddp, Precision::MixedBf16Fp32grad), 18_000_000);
+        assert_eq!(model_states(psi, 8, Zero::Z1, Precision::MixedBf16Fp32grad), 6_000_000 + 12_000_000 / 8);
     }
 
     #[test]
     fn ddp_buckets_copy_every_gradient_unless_bucket_view_is_on() {
-        let cfg = Config {
-            gpus: 2,
-            ..Config::default()
-        };
+        let cfg = Config { gpus: 2, ..Config::default() };
         let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
-        assert_eq!(
-            rows.iter().find(|r| r.id == "ddp_buckets").map(|r| r.bytes),
-            Some(2000)
-        );
-        let cfg = Config {
-            bucket_view: true,
-            ..cfg
-        };
+        assert_eq!(rows.iter().find(|r| r.id == "ddp_buckets").map(|r| r.bytes), Some(2000));
+        let cfg = Config { bucket_view: true, ..cfg };
         let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
         assert!(rows.iter().all(|r| r.id != "ddp_buckets"));
     }
 
     #[test]
     fn offloading_the_optimizer_moves_master_states_and_fp32_gradients_to_the_host() {
-        let cfg = Config {
-            offload: Offload::Optimizer,
-            ..Config::default()
-        };
+        let cfg = Config { offload: Offload::Optimizer, ..Config::default() };
         let (gpu, host) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
-        assert!(gpu
-            .iter()
-            .all(|r| r.id != "master_weights" && r.id != "optimizer_states"));
+        assert!(gpu.iter().all(|r| r.id != "master_weights" && r.id != "optimizer_states"));
         let host_bytes: u128 = host.iter().map(|r| r.bytes).sum();
         // master 4 + states 8 + fp32 grads 4 per parameter, + one 4-byte step counter.
         assert_eq!(host_bytes, 16_000 + 4);

@@ -4,7 +4,8 @@
 //! Forward grows the saved activations layer by layer; the loss briefly holds the logits and
 //! their fp32 copy; backward frees each layer's activations as its gradients appear; the
 //! optimizer step adds its temporaries. Bytes here are what the caching allocator hands out, plus
-//! fragmentation in proportion and the memory outside it (CUDA context, NCCL).
+//! fragmentation in proportion to the dynamic part (gradients, activations, working buffers) and
+//! the memory outside the allocator (CUDA context, NCCL).
 
 use super::ledger::{Bytes, Category};
 use serde::Serialize;
@@ -127,65 +128,34 @@ pub fn simulate(x: &StepInputs) -> Timeline {
         c[OPTIM] = x.optimizer;
         c[ACTS] = x.other_micro_batches + acts;
         c[TRANSIENT] = transient;
-        let allocated: Bytes = c[..OVERHEAD].iter().sum();
-        c[OVERHEAD] = x.outside_allocator + (allocated * x.frag_pct as u128).div_ceil(100);
-        events.push(Event {
-            kind,
-            layer: layer as u32,
-            by_category: c,
-            bytes: c.iter().sum(),
-        });
+        // Fragmentation grows with what is allocated and freed during the step (activations,
+        // gradients, working buffers), not with the weights and states allocated once.
+        let dynamic: Bytes = c[GRADS] + c[ACTS] + c[TRANSIENT];
+        c[OVERHEAD] = x.outside_allocator + (dynamic * x.frag_pct as u128).div_ceil(100);
+        events.push(Event { kind, layer: layer as u32, by_category: c, bytes: c.iter().sum() });
     };
     let l = x.layers;
     push(EventKind::Start, 0, 0, 0, 0);
     push(EventKind::Embedding, 0, 0, x.act_embedding, x.mask_forward);
     for i in 1..=l {
         let acts = x.act_embedding + x.act_layer * i as u128;
-        push(
-            EventKind::ForwardLayer,
-            i,
-            0,
-            acts,
-            x.mask_forward + x.layer_forward + x.gathered,
-        );
+        push(EventKind::ForwardLayer, i, 0, acts, x.mask_forward + x.layer_forward + x.gathered);
     }
     let forward_done = x.act_embedding + x.act_layer * l as u128 + x.act_head_and_loss;
     push(EventKind::LossForward, 0, 0, forward_done, x.loss_forward);
-    push(
-        EventKind::LossBackward,
-        0,
-        x.grad_head,
-        forward_done,
-        x.loss_backward,
-    );
+    push(EventKind::LossBackward, 0, x.grad_head, forward_done, x.loss_backward);
     for i in (1..=l).rev() {
         // Layer i's activations are still alive while its backward runs, then freed.
         let acts = x.act_embedding + x.act_layer * i as u128;
         let grads = x.grad_head + x.grad_layer * (l - i + 1) as u128;
-        push(
-            EventKind::BackwardLayer,
-            i,
-            grads,
-            acts,
-            x.layer_backward + x.recompute_layer + x.gathered,
-        );
+        push(EventKind::BackwardLayer, i, grads, acts, x.layer_backward + x.recompute_layer + x.gathered);
     }
     push(EventKind::EmbeddingBackward, 0, grads_all, 0, 0);
     push(EventKind::GradientReduction, 0, grads_all, 0, 0);
-    push(
-        EventKind::OptimizerStep,
-        0,
-        grads_all,
-        0,
-        x.optimizer_temporaries,
-    );
+    push(EventKind::OptimizerStep, 0, grads_all, 0, x.optimizer_temporaries);
     // zero_grad(set_to_none=True) frees the gradients unless they accumulate.
     push(EventKind::End, 0, 0, 0, 0);
-    let peak = events
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, e)| (e.bytes, std::cmp::Reverse(*i)))
-        .map_or(0, |(i, _)| i);
+    let peak = events.iter().enumerate().max_by_key(|(i, e)| (e.bytes, std::cmp::Reverse(*i))).map_or(0, |(i, _)| i);
     Timeline { events, peak }
 }
 
@@ -214,19 +184,9 @@ mod tests {
     fn activations_grow_through_forward_and_shrink_through_backward() {
         let t = simulate(&toy());
         let acts: Vec<Bytes> = t.events.iter().map(|e| e.by_category[ACTS]).collect();
-        let fwd: Vec<Bytes> = t
-            .events
-            .iter()
-            .filter(|e| e.kind == EventKind::ForwardLayer)
-            .map(|e| e.by_category[ACTS])
-            .collect();
+        let fwd: Vec<Bytes> = t.events.iter().filter(|e| e.kind == EventKind::ForwardLayer).map(|e| e.by_category[ACTS]).collect();
         assert!(fwd.windows(2).all(|w| w[0] < w[1]));
-        let bwd: Vec<Bytes> = t
-            .events
-            .iter()
-            .filter(|e| e.kind == EventKind::BackwardLayer)
-            .map(|e| e.by_category[ACTS])
-            .collect();
+        let bwd: Vec<Bytes> = t.events.iter().filter(|e| e.kind == EventKind::BackwardLayer).map(|e| e.by_category[ACTS]).collect();
         assert!(bwd.windows(2).all(|w| w[0] > w[1]));
         assert_eq!(acts.last(), Some(&0));
     }
@@ -241,11 +201,7 @@ mod tests {
 
     #[test]
     fn every_event_adds_up_its_categories() {
-        let t = simulate(&StepInputs {
-            frag_pct: 10,
-            outside_allocator: 7,
-            ..toy()
-        });
+        let t = simulate(&StepInputs { frag_pct: 10, outside_allocator: 7, ..toy() });
         for e in &t.events {
             assert_eq!(e.bytes, e.by_category.iter().sum::<Bytes>());
         }
@@ -253,10 +209,7 @@ mod tests {
 
     #[test]
     fn accumulated_gradients_stay_resident_through_forward() {
-        let t = simulate(&StepInputs {
-            grads_resident: true,
-            ..toy()
-        });
+        let t = simulate(&StepInputs { grads_resident: true, ..toy() });
         let start = &t.events[0];
         assert_eq!(start.by_category[GRADS], 5 + 40 + 5);
     }

@@ -27,8 +27,10 @@ pub fn in_unit(bytes: Bytes, unit: Unit) -> f64 {
 pub fn format_bytes(bytes: Bytes, unit: Unit) -> String {
     let v = in_unit(bytes, unit);
     let sym = unit_symbol(unit);
-    if v == 0.0 {
+    if bytes == 0 {
         format!("0 {sym}")
+    } else if bytes < 1_000_000 {
+        format!("{} B", super::expr::group_digits(bytes))
     } else if v >= 1000.0 {
         format!("{} {sym}", super::expr::group_digits(v.round() as u128))
     } else if v >= 100.0 {
@@ -78,6 +80,7 @@ mod tests {
         assert_eq!(format_bytes(1_120_000_000_000, Unit::Gb), "1,120 GB");
         assert_eq!(format_bytes(0, Unit::Gb), "0 GB");
         assert_eq!(format_bytes(1_234_000, Unit::Gb), "0.0012 GB");
+        assert_eq!(format_bytes(1_164, Unit::Gib), "1,164 B");
     }
 
     #[test]

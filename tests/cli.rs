@@ -1,0 +1,96 @@
+//! The `trainmem` binary end to end.
+
+use std::path::Path;
+use std::process::Command;
+
+fn trainmem(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_trainmem")).args(args).output().expect("the binary runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn estimate_with_a_tiny_hf_config_prints_the_activation_bytes_pytorch_saves() {
+    // A llama with GQA as the validation harness built it; PyTorch saved 1,311,236 bytes for
+    // batch 2, seq 64, bf16, sdpa (tests/fixtures/pytorch/records.json,
+    // llama-gqa/b2/s64/bf16/sdpa/ckpt0) — and RMSNorm models keep the same on CUDA and CPU.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let records: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/pytorch/records.json")).expect("fixtures")).expect("json");
+    let rec = records["records"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["id"] == "llama-gqa/b2/s64/bf16/sdpa/ckpt0"))
+        .expect("record")
+        .clone();
+    let cfg = &records["configs"][rec["config_key"].as_str().expect("key")];
+    let dir = std::env::temp_dir().join(format!("trainmem-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tiny = dir.join("tiny.json");
+    std::fs::write(&tiny, cfg.to_string()).expect("write config");
+    let (code, out, err) = trainmem(&[
+        "estimate",
+        "--hf-config",
+        tiny.to_str().expect("utf-8 path"),
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+        "--precision",
+        "bf16",
+        "--attn",
+        "sdpa",
+        "--recompute",
+        "none",
+        "--dropout",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json output");
+    assert_eq!(v["memory"]["activations"], rec["saved_bytes"]);
+    assert_eq!(v["parameter_count"], rec["parameter_count"]);
+}
+
+#[test]
+fn a_bad_value_exits_non_zero_with_one_line_naming_the_key() {
+    let (code, out, err) = trainmem(&["estimate", "--model", "llama-3.1-8b", "--zero", "4"]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("`zero`") && err.contains("'4'"), "{err}");
+}
+
+#[test]
+fn an_inconsistent_configuration_names_the_key() {
+    let (code, _, err) = trainmem(&["estimate", "--gpus", "6", "--tp", "4"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`gpus`"), "{err}");
+}
+
+#[test]
+fn a_missing_hf_config_field_is_named() {
+    let dir = std::env::temp_dir().join(format!("trainmem-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join("bad.json");
+    std::fs::write(&p, r#"{"model_type": "llama", "vocab_size": 32000}"#).expect("write");
+    let (code, _, err) = trainmem(&["estimate", "--hf-config", p.to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("hidden_size"), "{err}");
+}
+
+#[test]
+fn presets_lists_every_preset_with_its_count() {
+    let (code, out, _) = trainmem(&["presets", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let gpt2 = v.as_array().and_then(|a| a.iter().find(|p| p["id"] == "gpt2")).cloned();
+    assert_eq!(gpt2.map(|p| p["parameter_count"].clone()), Some(serde_json::json!(124_439_808u64)));
+}
+
+#[test]
+fn the_table_output_shows_formulas_and_the_verdict() {
+    let (code, out, _) = trainmem(&["estimate", "--model", "llama-3.1-8b", "--seq", "4096"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Ψ_T × b_w"), "{out}");
+    assert!(out.contains("Peak per GPU"));
+    assert!(out.contains("fits") || out.contains("does not fit"));
+}
