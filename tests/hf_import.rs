@@ -8,15 +8,12 @@ use trainmem::estimator::hf::import_json;
 
 fn fixtures() -> Vec<Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let text =
-        std::fs::read_to_string(dir.join("expected.json")).expect("expected.json is committed");
+    let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json is committed");
     serde_json::from_str::<Vec<Value>>(&text).expect("expected.json is a list")
 }
 
 fn read(file: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(file);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(file);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -70,10 +67,7 @@ fn published_counts_are_matched_exactly() {
 
 #[test]
 fn every_supported_model_type_has_a_fixture() {
-    let types: Vec<String> = fixtures()
-        .iter()
-        .filter_map(|f| f["model_type"].as_str().map(String::from))
-        .collect();
+    let types: Vec<String> = fixtures().iter().filter_map(|f| f["model_type"].as_str().map(String::from)).collect();
     for t in trainmem::estimator::hf::SUPPORTED {
         assert!(types.iter().any(|x| x == t), "no fixture for {t}");
     }

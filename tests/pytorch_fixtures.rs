@@ -18,10 +18,7 @@ fn records() -> Value {
 /// Records of an implementation the estimator does not model: transformers' per-expert Python
 /// loop (`experts_implementation="eager"`); the default grouped_mm path is modelled and tested.
 fn modelled(r: &Value) -> bool {
-    !r["id"]
-        .as_str()
-        .unwrap_or_default()
-        .contains("experts-eager")
+    !r["id"].as_str().unwrap_or_default().contains("experts-eager")
 }
 
 fn config_of(doc: &Value, r: &Value, optim: Optimizer) -> Config {
@@ -37,16 +34,8 @@ fn config_of(doc: &Value, r: &Value, optim: Optimizer) -> Config {
         Some("amp-bf16") => Precision::AmpBf16,
         other => panic!("dtype {other:?}"),
     };
-    c.attn = if r["attn"] == "eager" {
-        Attention::Eager
-    } else {
-        Attention::Sdpa
-    };
-    c.recompute = if r["checkpointing"].as_bool().unwrap_or(false) {
-        Recompute::Full
-    } else {
-        Recompute::None
-    };
+    c.attn = if r["attn"] == "eager" { Attention::Eager } else { Attention::Sdpa };
+    c.recompute = if r["checkpointing"].as_bool().unwrap_or(false) { Recompute::Full } else { Recompute::None };
     c.dropout = r["dropout"].as_f64().unwrap_or(0.0);
     c.kernels = Kernels::Cpu;
     c.optim = optim;
@@ -56,12 +45,7 @@ fn config_of(doc: &Value, r: &Value, optim: Optimizer) -> Config {
 }
 
 fn row(e: &Estimate, id: &str) -> u128 {
-    e.components
-        .iter()
-        .chain(&e.host)
-        .filter(|r| r.id == id)
-        .map(|r| r.bytes)
-        .sum()
+    e.components.iter().chain(&e.host).filter(|r| r.id == id).map(|r| r.bytes).sum()
 }
 
 #[test]
@@ -72,63 +56,26 @@ fn parameters_gradients_and_optimizer_states_are_exact_for_every_record() {
     assert!(recs.len() >= 360, "the whole grid is there");
     for r in recs {
         let id = r["id"].as_str().unwrap_or_default();
-        let e = estimate(&config_of(&doc, r, Optimizer::Adamw))
-            .unwrap_or_else(|err| panic!("{id}: {err}"));
+        let e = estimate(&config_of(&doc, r, Optimizer::Adamw)).unwrap_or_else(|err| panic!("{id}: {err}"));
         let checks = [
-            (
-                "parameter_count",
-                e.parameter_count as u128,
-                r["parameter_count"].as_u64(),
-            ),
-            (
-                "parameter_tensors",
-                e.parameter_tensors as u128,
-                r["parameter_tensors"].as_u64(),
-            ),
-            (
-                "parameter_bytes",
-                row(&e, "weights"),
-                r["parameter_bytes"].as_u64(),
-            ),
-            (
-                "gradient_bytes",
-                row(&e, "gradients"),
-                r["gradient_bytes"].as_u64(),
-            ),
-            (
-                "adamw state",
-                row(&e, "optimizer_states"),
-                r["adamw"]["state_bytes"].as_u64(),
-            ),
-            (
-                "adamw step",
-                row(&e, "optimizer_step_counters"),
-                r["adamw"]["step_bytes"].as_u64(),
-            ),
+            ("parameter_count", e.parameter_count as u128, r["parameter_count"].as_u64()),
+            ("parameter_tensors", e.parameter_tensors as u128, r["parameter_tensors"].as_u64()),
+            ("parameter_bytes", row(&e, "weights"), r["parameter_bytes"].as_u64()),
+            ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
+            ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
+            ("adamw step", row(&e, "optimizer_step_counters"), r["adamw"]["step_bytes"].as_u64()),
         ];
         for (what, got, want) in checks {
             if Some(got) != want.map(u128::from) {
                 failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
             }
         }
-        let e = estimate(&config_of(&doc, r, Optimizer::Momentum))
-            .unwrap_or_else(|err| panic!("{id}: {err}"));
-        if Some(row(&e, "optimizer_states"))
-            != r["sgd_momentum"]["state_bytes"].as_u64().map(u128::from)
-        {
-            failures.push(format!(
-                "{id}: momentum state {} ≠ {}",
-                row(&e, "optimizer_states"),
-                r["sgd_momentum"]["state_bytes"]
-            ));
+        let e = estimate(&config_of(&doc, r, Optimizer::Momentum)).unwrap_or_else(|err| panic!("{id}: {err}"));
+        if Some(row(&e, "optimizer_states")) != r["sgd_momentum"]["state_bytes"].as_u64().map(u128::from) {
+            failures.push(format!("{id}: momentum state {} ≠ {}", row(&e, "optimizer_states"), r["sgd_momentum"]["state_bytes"]));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -138,15 +85,9 @@ fn activation_bytes_are_within_half_a_percent_of_what_pytorch_saves() {
     let mut worst = (0.0f64, String::new());
     let mut worst_grid = 0.0f64;
     let mut checked = 0;
-    for r in doc["records"]
-        .as_array()
-        .expect("records")
-        .iter()
-        .filter(|r| modelled(r))
-    {
+    for r in doc["records"].as_array().expect("records").iter().filter(|r| modelled(r)) {
         let id = r["id"].as_str().unwrap_or_default();
-        let e = estimate(&config_of(&doc, r, Optimizer::Adamw))
-            .unwrap_or_else(|err| panic!("{id}: {err}"));
+        let e = estimate(&config_of(&doc, r, Optimizer::Adamw)).unwrap_or_else(|err| panic!("{id}: {err}"));
         let want = r["saved_bytes"].as_u64().unwrap_or(0) as f64;
         let got = e.memory.activations as f64;
         let rel = (got - want).abs() / want;
@@ -157,18 +98,15 @@ fn activation_bytes_are_within_half_a_percent_of_what_pytorch_saves() {
             worst = (rel, id.to_string());
         }
         if rel > 0.005 {
-            failures.push(format!(
-                "{id}: estimated {got} vs saved {want} ({:+.3} %)",
-                (got - want) / want * 100.0
-            ));
+            failures.push(format!("{id}: estimated {got} vs saved {want} ({:+.3} %)", (got - want) / want * 100.0));
         }
         checked += 1;
     }
-    println!("largest relative activation error over {checked} records: {:.4} % ({}); grid only: {:.4} %", worst.0 * 100.0, worst.1, worst_grid * 100.0);
-    assert!(
-        failures.is_empty(),
-        "{} of {checked} records off:\n{}",
-        failures.len(),
-        failures.join("\n")
+    println!(
+        "largest relative activation error over {checked} records: {:.4} % ({}); grid only: {:.4} %",
+        worst.0 * 100.0,
+        worst.1,
+        worst_grid * 100.0
     );
+    assert!(failures.is_empty(), "{} of {checked} records off:\n{}", failures.len(), failures.join("\n"));
 }

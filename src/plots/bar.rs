@@ -39,19 +39,9 @@ pub fn bar_data(e: &Estimate, unit: Unit, gpu_label: &str) -> BarData {
     let segments = by_category(e)
         .into_iter()
         .filter(|(_, b)| *b > 0)
-        .map(|(c, b): (Category, Bytes)| Segment {
-            label: c.label().to_string(),
-            bytes: b,
-            color: category_color(c),
-        })
+        .map(|(c, b): (Category, Bytes)| Segment { label: c.label().to_string(), bytes: b, color: category_color(c) })
         .collect();
-    BarData {
-        segments,
-        capacity: e.capacity,
-        capacity_label: gpu_label.to_string(),
-        peak: e.memory.peak_opt(),
-        unit,
-    }
+    BarData { segments, capacity: e.capacity, capacity_label: gpu_label.to_string(), peak: e.memory.peak_opt(), unit }
 }
 
 /// Draws the bar into `root`.
@@ -91,10 +81,7 @@ pub fn draw_bar<DB: DrawingBackend>(
     let mut x = 0.0;
     for s in &data.segments {
         let dx = in_unit(s.bytes, data.unit);
-        chart.draw_series(std::iter::once(Rectangle::new(
-            [(x, y0), (x + dx, y1)],
-            s.color.filled(),
-        )))?;
+        chart.draw_series(std::iter::once(Rectangle::new([(x, y0), (x + dx, y1)], s.color.filled())))?;
         x += dx;
     }
     // Legend row under the bar: swatch + label, wrapping by the available width.
@@ -104,15 +91,8 @@ pub fn draw_bar<DB: DrawingBackend>(
     let mut row = 0.0;
     for s in &data.segments {
         let y = legend_y - row * 0.14;
-        chart.draw_series(std::iter::once(Rectangle::new(
-            [(lx, y - 0.05), (lx + x_max * 0.015, y + 0.05)],
-            s.color.filled(),
-        )))?;
-        chart.draw_series(std::iter::once(Text::new(
-            s.label.clone(),
-            (lx + x_max * 0.022, y + 0.05),
-            font.clone(),
-        )))?;
+        chart.draw_series(std::iter::once(Rectangle::new([(lx, y - 0.05), (lx + x_max * 0.015, y + 0.05)], s.color.filled())))?;
+        chart.draw_series(std::iter::once(Text::new(s.label.clone(), (lx + x_max * 0.022, y + 0.05), font.clone())))?;
         lx += step;
         if lx + step > x_max * 1.001 {
             lx = 0.0;
@@ -120,30 +100,16 @@ pub fn draw_bar<DB: DrawingBackend>(
         }
     }
     if data.capacity > 0 {
-        chart.draw_series(std::iter::once(PathElement::new(
-            vec![(cap, 0.38), (cap, 1.0)],
-            theme.alert.stroke_width(3),
-        )))?;
+        chart.draw_series(std::iter::once(PathElement::new(vec![(cap, 0.38), (cap, 1.0)], theme.alert.stroke_width(3))))?;
         let label = format!("{}: {cap:.1} {unit}", data.capacity_label);
-        let anchor = if cap > x_max * 0.6 {
-            (cap - x_max * 0.01, 1.0)
-        } else {
-            (cap + x_max * 0.01, 1.0)
-        };
+        let anchor = if cap > x_max * 0.6 { (cap - x_max * 0.01, 1.0) } else { (cap + x_max * 0.01, 1.0) };
         let style = font.clone().color(&theme.alert);
-        let style = if cap > x_max * 0.6 {
-            style.pos(Pos::new(HPos::Right, VPos::Top))
-        } else {
-            style
-        };
+        let style = if cap > x_max * 0.6 { style.pos(Pos::new(HPos::Right, VPos::Top)) } else { style };
         chart.draw_series(std::iter::once(Text::new(label, anchor, style)))?;
     }
     if let Some(peak) = data.peak {
         let p = in_unit(peak, data.unit);
-        chart.draw_series(std::iter::once(PathElement::new(
-            vec![(p, y0 - 0.04), (p, y1 + 0.04)],
-            theme.foreground.stroke_width(2),
-        )))?;
+        chart.draw_series(std::iter::once(PathElement::new(vec![(p, y0 - 0.04), (p, y1 + 0.04)], theme.foreground.stroke_width(2))))?;
     }
     let _ = h;
     root.present()?;
@@ -177,8 +143,7 @@ mod tests {
         for s in &data.segments {
             assert!(svg.contains(&s.label), "legend lacks {}", s.label);
             assert!(
-                svg.contains(&super::super::hex(s.color).to_uppercase())
-                    || svg.contains(&super::super::hex(s.color)),
+                svg.contains(&super::super::hex(s.color).to_uppercase()) || svg.contains(&super::super::hex(s.color)),
                 "no fill for {}",
                 s.label
             );

@@ -113,10 +113,7 @@ mod tests {
 
     #[test]
     fn every_category_has_a_distinct_colour() {
-        let mut colours: Vec<String> = Category::ALL
-            .iter()
-            .map(|&c| hex(category_color(c)))
-            .collect();
+        let mut colours: Vec<String> = Category::ALL.iter().map(|&c| hex(category_color(c))).collect();
         colours.sort();
         colours.dedup();
         assert_eq!(colours.len(), Category::ALL.len());
