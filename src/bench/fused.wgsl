@@ -1,7 +1,10 @@
 // Fused attention, FlashAttention-style: O = softmax(Q·Kᵀ / √d)·V without ever storing S.
-// K and V are streamed through workgroup memory in tiles of 16 rows; each query row keeps a
-// running maximum m, a running denominator l and an unnormalized accumulator (online softmax),
-// so the memory is Q, K, V and O only: linear in seq.
+// A workgroup owns 16 query rows and walks the keys 16 at a time. Per tile, invocation
+// (row r, key x) computes one score (Q and K read straight from the storage buffers) into a
+// 16 × 16 scratch tile while the tile's V rows are staged in workgroup memory; then invocation
+// (row r, lane x) rescales its slice of row r's accumulator with the running maximum m and
+// denominator l (online softmax) and adds the tile's P·V. Memory is Q, K, V and O only:
+// linear in seq.
 //
 // Bindings (group 0):
 //   0  uniform               params: Params        { seq, head_dim, bh, scale }
@@ -9,9 +12,10 @@
 //   2  storage, read         k: array<vec4<f32>>   [bh][seq][head_dim / 4]
 //   3  storage, read         v: array<vec4<f32>>   [bh][seq][head_dim / 4]
 //   4  storage, read_write   o: array<vec4<f32>>   [bh][seq][head_dim / 4]
-// Workgroup size: (64, 1, 1); dispatch (ceil(seq/64), bh, 1). One invocation per query row;
-// head_dim a multiple of 4, at most 128. Workgroup memory: K and V tiles of 16 × 128 f32 =
-// 16 KiB (WebGPU's minimum maxComputeWorkgroupStorageSize).
+// Workgroup size: (16, 16, 1), 256 invocations (x: key in the tile / channel lane, y: query
+// row); dispatch (ceil(seq/16), bh, 1). head_dim a multiple of 4, at most 128; lane x owns
+// the vec4 channels x and x + 16. Workgroup memory: V tile 16 × 128 f32 and score tile
+// 16 × 16 f32 = 9 KiB.
 
 struct Params {
     seq: u32,
@@ -26,88 +30,90 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> o: array<vec4<f32>>;
 
-const WG: u32 = 64u;
-const BC: u32 = 16u;
+const ROWS: u32 = 16u;
+const KEYS: u32 = 16u;
 // head_dim / 4 at most.
 const MAX_D4: u32 = 32u;
 // Lowest finite f32 (WGSL has no infinity literal).
 const LOWEST: f32 = -3.40282347e38;
 
-// [row][vec4 channel], BC × MAX_D4.
-var<workgroup> k_tile: array<vec4<f32>, 512>;
+// [key][vec4 channel], KEYS × MAX_D4.
 var<workgroup> v_tile: array<vec4<f32>, 512>;
+// [row][key], ROWS × KEYS.
+var<workgroup> s_tile: array<f32, 256>;
 
-@compute @workgroup_size(64, 1, 1)
+@compute @workgroup_size(16, 16, 1)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
     let n = params.seq;
     let d4 = min(params.head_dim / 4u, MAX_D4);
     let h = wg.y;
     let base = h * n * d4;
-    let i = wg.x * WG + t;
-    let live = i < n;
+    let r = lid.y;
+    let x = lid.x;
+    let i = wg.x * ROWS + r;
+    // Rows past the end compute on row n - 1 and write nothing.
+    let q_row = base + min(i, n - 1u) * d4;
 
-    var q_row: array<vec4<f32>, 32>;
-    var acc: array<vec4<f32>, 32>;
-    for (var c = 0u; c < d4; c++) {
-        var x = vec4<f32>(0.0);
-        if (live) {
-            x = q[base + i * d4 + c] * params.scale;
-        }
-        q_row[c] = x;
-        acc[c] = vec4<f32>(0.0);
-    }
     var m = LOWEST;
     var l = 0.0;
-    var sc: array<f32, 16>;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
 
-    for (var j0 = 0u; j0 < n; j0 += BC) {
-        let rows = min(BC, n - j0);
-        for (var e = t; e < BC * d4; e += WG) {
-            let r = e / d4;
-            let c = e % d4;
-            var kv = vec4<f32>(0.0);
-            var vv = vec4<f32>(0.0);
-            if (r < rows) {
-                kv = k[base + (j0 + r) * d4 + c];
-                vv = v[base + (j0 + r) * d4 + c];
+    for (var j0 = 0u; j0 < n; j0 += KEYS) {
+        // Score of (row r, key j0 + x).
+        let j = j0 + x;
+        var sc = LOWEST;
+        if (j < n) {
+            let k_row = base + j * d4;
+            var dt = 0.0;
+            for (var c = 0u; c < d4; c++) {
+                dt += dot(q[q_row + c], k[k_row + c]);
             }
-            k_tile[r * MAX_D4 + c] = kv;
-            v_tile[r * MAX_D4 + c] = vv;
+            sc = dt * params.scale;
+        }
+        s_tile[r * KEYS + x] = sc;
+        // V tile: 16 keys × 32 vec4, two per invocation.
+        for (var u = 0u; u < 2u; u++) {
+            let e = t + 256u * u;
+            let vr = j0 + e / MAX_D4;
+            let vc = e % MAX_D4;
+            var vv = vec4<f32>(0.0);
+            if (vr < n && vc < d4) {
+                vv = v[base + vr * d4 + vc];
+            }
+            v_tile[e] = vv;
         }
         workgroupBarrier();
-        if (live) {
-            var tile_max = m;
-            for (var r = 0u; r < rows; r++) {
-                var dt = 0.0;
-                for (var c = 0u; c < d4; c++) {
-                    dt += dot(q_row[c], k_tile[r * MAX_D4 + c]);
-                }
-                sc[r] = dt;
-                tile_max = max(tile_max, dt);
-            }
-            let corr = exp(m - tile_max);
-            l = l * corr;
-            for (var c = 0u; c < d4; c++) {
-                acc[c] = acc[c] * corr;
-            }
-            for (var r = 0u; r < rows; r++) {
-                let pr = exp(sc[r] - tile_max);
-                l += pr;
-                for (var c = 0u; c < d4; c++) {
-                    acc[c] += pr * v_tile[r * MAX_D4 + c];
-                }
-            }
-            m = tile_max;
+        // Online softmax update of row r's channels x and x + 16.
+        var tile_max = m;
+        for (var jj = 0u; jj < KEYS; jj++) {
+            tile_max = max(tile_max, s_tile[r * KEYS + jj]);
         }
+        let corr = exp(m - tile_max);
+        l = l * corr;
+        acc0 = acc0 * corr;
+        acc1 = acc1 * corr;
+        for (var jj = 0u; jj < KEYS; jj++) {
+            let p = exp(s_tile[r * KEYS + jj] - tile_max);
+            l += p;
+            acc0 += p * v_tile[jj * MAX_D4 + x];
+            acc1 += p * v_tile[jj * MAX_D4 + x + 16u];
+        }
+        m = tile_max;
         workgroupBarrier();
     }
-    if (live) {
+
+    if (i < n) {
         let inv = 1.0 / l;
-        for (var c = 0u; c < d4; c++) {
-            o[base + i * d4 + c] = acc[c] * inv;
+        if (x < d4) {
+            o[base + i * d4 + x] = acc0 * inv;
+        }
+        if (x + 16u < d4) {
+            o[base + i * d4 + x + 16u] = acc1 * inv;
         }
     }
 }

@@ -571,7 +571,7 @@ impl Bench {
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("fused"), timestamp_writes: timestamp_writes(ts, true, true) });
         pass.set_pipeline(&self.kernels.fused);
         pass.set_bind_group(0, &setup.group, &[]);
-        pass.dispatch_workgroups(ceil_div(shape.seq as u64, kernels::FUSED_WG as u64), shape.bh() as u32, 1);
+        pass.dispatch_workgroups(ceil_div(shape.seq as u64, kernels::FUSED_ROWS as u64), shape.bh() as u32, 1);
     }
 
     /// `warmup` untimed runs, then `runs` runs each submitted alone and awaited; GPU timestamps

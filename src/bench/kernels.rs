@@ -26,12 +26,13 @@ pub(crate) const TILE: u32 = 16;
 /// Rows (and, for `scores.wgsl`, columns) of the output block one workgroup of `scores.wgsl`
 /// or `pv.wgsl` computes; `pv.wgsl`'s block is also 64 channels wide.
 pub(crate) const BLOCK: u32 = 64;
-/// Workgroup size of `fused.wgsl` (one invocation per query row).
-pub(crate) const FUSED_WG: u32 = 64;
+/// Query rows one workgroup of `fused.wgsl` owns (its workgroup is 16 × 16).
+pub(crate) const FUSED_ROWS: u32 = 16;
 /// Largest head dimension `fused.wgsl` supports (its private arrays and tiles are this wide).
 pub(crate) const MAX_HEAD_DIM: u32 = 128;
-/// Workgroup memory `fused.wgsl` declares: K and V tiles of 16 × 128 f32.
-pub(crate) const FUSED_WORKGROUP_BYTES: u32 = 2 * 16 * MAX_HEAD_DIM * 4;
+/// Workgroup memory `fused.wgsl` declares: a V tile (16 × 128 f32) and a score tile
+/// (16 × 16 f32).
+pub(crate) const FUSED_WORKGROUP_BYTES: u32 = (16 * MAX_HEAD_DIM + 16 * 16) * 4;
 /// Workgroup size of `copy.wgsl`.
 pub(crate) const COPY_WG: u32 = 256;
 
@@ -118,12 +119,7 @@ mod tests {
         let module = naga::front::wgsl::parse_str(src).expect("parses");
         let mut layouter = naga::proc::Layouter::default();
         layouter.update(module.to_ctx()).expect("lays out");
-        module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum()
+        module.global_variables.iter().filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup).map(|(_, g)| layouter[g.ty].size).sum()
     }
 
     #[test]

@@ -203,7 +203,7 @@ pub(crate) fn check_fit(kernel: Kernel, shape: AttentionShape, limits: &LimitsSu
             dispatches.push(("seq (softmax rows)", shape.seq as u64));
             dispatches.push(("seq/64 (score blocks)", (shape.seq as u64).div_ceil(kernels::BLOCK as u64)));
         }
-        Kernel::Fused => dispatches.push(("seq/64 (fused row blocks)", (shape.seq as u64).div_ceil(kernels::FUSED_WG as u64))),
+        Kernel::Fused => dispatches.push(("seq/16 (fused row blocks)", (shape.seq as u64).div_ceil(kernels::FUSED_ROWS as u64))),
     }
     for (what, elems) in buffers {
         let bytes = elems * 4;
@@ -479,7 +479,8 @@ mod tests {
         l.max_compute_workgroups_per_dimension = 1000;
         assert!(check_fit(Kernel::Materialized, shape(1000), &l).is_ok());
         assert!(check_fit(Kernel::Materialized, shape(1001), &l).is_err(), "softmax dispatches one workgroup per row");
-        assert!(check_fit(Kernel::Fused, shape(64_000), &l).is_ok());
+        assert!(check_fit(Kernel::Fused, shape(16000), &l).is_ok());
+        assert!(check_fit(Kernel::Fused, shape(16001), &l).is_err(), "one fused workgroup per 16 query rows");
         let l = limits(u64::MAX);
         // 8 · s² ≤ 2³¹  ⇔  s ≤ 16384.
         assert_eq!(max_materializable_seq(shape(0), &l), 16384);
