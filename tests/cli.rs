@@ -63,7 +63,7 @@ fn a_bad_value_exits_non_zero_with_one_line_naming_the_key() {
 fn an_inconsistent_configuration_names_the_key() {
     let (code, _, err) = trainmem(&["estimate", "--gpus", "6", "--tp", "4"]);
     assert_eq!(code, 1);
-    assert!(err.contains("`gpus`"), "{err}");
+    assert!(err.contains("`tp`"), "{err}");
 }
 
 #[test]

@@ -70,8 +70,12 @@ proptest! {
         prop_assert!(more_seq > base);
     }
 
+    /// From 256 tokens on. Below the head dim it can fail, and rightly: Phi-3's SDPA path keeps
+    /// the whole fused QKV output plus a copy of its output (FINDINGS.md §2.3), 3·b·s·a·d more
+    /// than eager, while eager's scores are only 6·b·a·s².
     #[test]
-    fn eager_attention_keeps_at_least_as_much_as_sdpa(c in any_config()) {
+    fn eager_attention_keeps_at_least_as_much_as_sdpa(c in any_config(), seq_pow in 8u32..14) {
+        let c = Config { seq: 1 << seq_pow, ..c };
         let eager = est(&Config { attn: Attention::Eager, ..c.clone() }).memory.activations;
         let sdpa = est(&Config { attn: Attention::Sdpa, ..c.clone() }).memory.activations;
         prop_assert!(eager >= sdpa);

@@ -119,18 +119,24 @@ pub fn decode_query(query: &str) -> Decoded {
 
 /// Resets, one at a time, each key the estimator rejects, until the whole is valid.
 fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
+    let mut reset_keys: Vec<&'static str> = Vec::new();
     for _ in 0..KEYS.len() {
         let Err(e) = crate::estimator::validate(cfg) else {
             return;
         };
         let key = e.key();
+        if reset_keys.contains(&key) {
+            break;
+        }
         let value = get(cfg, key).unwrap_or_default();
         errors.push(ConfigError::new(key, &value, e.to_string().trim_start_matches(&format!("`{key}` ")).to_string()));
         reset(cfg, key);
+        reset_keys.push(key);
     }
-    // Still invalid after resetting every key in turn: start over from the defaults.
+    // Still invalid: keep the model and start the rest over from the defaults.
     if crate::estimator::validate(cfg).is_err() {
-        *cfg = Config::default();
+        let keep = Config { model: cfg.model.clone(), name: cfg.name.clone(), arch: cfg.arch.clone(), ..Config::default() };
+        *cfg = if crate::estimator::validate(&keep).is_ok() { keep } else { Config::default() };
     }
 }
 
@@ -271,9 +277,10 @@ mod tests {
     #[test]
     fn an_inconsistent_key_falls_back_and_is_reported() {
         // 32 heads do not split over 3 GPUs: tp falls back to 1, the GPU count stays.
-        let d = decode_query("tp=3&gpus=6");
-        assert!(d.errors.iter().any(|e| e.key == "tp"), "{:?}", d.errors);
-        assert_eq!(d.config.tp, 1);
+        let d = decode_query("tp=3&gpus=8&model=llama-3.1-70b");
+        assert_eq!(d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["tp"]);
+        assert_eq!((d.config.tp, d.config.gpus), (1, 8));
+        assert_eq!(d.config.model, "llama-3.1-70b");
         assert!(crate::estimator::validate(&d.config).is_ok());
     }
 

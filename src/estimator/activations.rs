@@ -977,6 +977,56 @@ pub fn textbook_rows(cfg: &Config) -> Vec<Row> {
     ]
 }
 
+/// Why the textbook formulas differ from what the framework keeps, for this configuration.
+pub fn textbook_differences(cfg: &Config) -> Vec<String> {
+    let spec = &cfg.arch;
+    let r = super::precision::recipe(cfg.precision);
+    let mut out = Vec::new();
+    if cfg.framework == Framework::Hf {
+        match spec.norm {
+            NormKind::Rmsnorm => out.push("each RMSNorm keeps an fp32 copy of its input (4·bsh) and an fp32 rsqrt besides the normalised input — the formulas count one 2-byte tensor per norm".to_string()),
+            NormKind::RmsnormGemma => out.push("Gemma's RMSNorm keeps its input and its normalised output in fp32 (8·bsh per norm), four norms per layer".to_string()),
+            _ => {}
+        }
+        if cfg.attn == Attention::Eager {
+            if spec.softmax_fp32 || r.autocast_weight_copy {
+                out.push("eager attention keeps the softmax in fp32 (4·bas²) and its cast to the compute dtype (2·bas²): 6·bas² per layer rather than the textbook's 4–5·bas²".to_string());
+            }
+            if spec.kv_heads < spec.heads {
+                out.push(format!("eager attention repeats K and V to all {} heads (repeat_kv copies), so grouped-query attention saves no activation memory there", spec.heads));
+            }
+        } else {
+            out.push("SDPA/FlashAttention keep no s² term: only Q, K, V, the output and an fp32 log-sum-exp per row — the 5as/h (or 2bas²) term vanishes".to_string());
+            if spec.kv_heads < spec.heads {
+                out.push(format!("SDPA keeps K and V at the {} key/value heads (enable_gqa), fewer bytes than the formulas' a heads", spec.kv_heads));
+            }
+        }
+        if spec.mlp == MlpKind::Gated {
+            out.push(format!("the gated MLP keeps four f-wide tensors (gate, act(gate), up, their product) with f = {}, not the 4h GELU MLP the formulas assume", spec.ffn));
+        } else if spec.act == Activation::GeluNew {
+            out.push("gelu_new is written as Python tensor ops, so autograd keeps x, tanh(·), 0.5·x and 1 + tanh(·): four f-wide tensors for the activation alone".to_string());
+        }
+        if cfg.loss == Loss::Standard {
+            out.push(format!("the loss keeps fp32 log-probabilities of b·s·V = {} × {} × {} elements — absent from per-layer formulas, and large with big vocabularies", cfg.batch, cfg.seq, spec.vocab));
+        }
+        if cfg.dropout == 0.0 {
+            out.push("with dropout 0 there are no dropout masks, which Korthikanti's 34 and 5 include".to_string());
+        }
+        if r.compute == Dtype::Fp32 {
+            out.push("in fp32 every activation takes 4 bytes, twice the formulas' 2".to_string());
+        }
+        if r.autocast_weight_copy {
+            out.push("autocast keeps a bf16 copy of every GEMM weight for backward and casts each projection's input separately".to_string());
+        }
+        if cfg.recompute == Recompute::Full {
+            out.push("with full recomputation each layer keeps only its input; compare with the formulas' full-recompute 2·sbh".to_string());
+        }
+    } else {
+        out.push("the megatron profile follows Korthikanti et al.'s own tensor list, generalized to GQA, gated MLPs and flash attention".to_string());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1024,6 +1074,14 @@ mod tests {
         let loss = x.row.children.iter().find(|r| r.id == "activations.loss").map_or(0, |r| r.bytes);
         // 4 B × 4096 × 128,256 fp32 log-probabilities ≈ 2.1 GB.
         assert!(loss >= 4 * 4096 * 128_256);
+    }
+
+    #[test]
+    fn the_differences_name_what_llama_keeps_beyond_the_formulas() {
+        let notes = textbook_differences(&Config::default()).join("\n");
+        assert!(notes.contains("fp32 copy"), "{notes}");
+        assert!(notes.contains("log-probabilities"), "{notes}");
+        assert!(notes.contains("no s² term"), "{notes}");
     }
 
     #[test]

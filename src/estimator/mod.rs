@@ -87,9 +87,13 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.nccl_mib.is_some_and(|m| m > 1 << 20) {
         return Err(invalid("nccl_mib", "is beyond the supported 1048576"));
     }
-    let mp = cfg.tp.saturating_mul(cfg.pp).saturating_mul(cfg.cp);
-    if cfg.gpus % mp != 0 {
-        return Err(invalid("gpus", format!("{} GPUs do not divide into tp × pp × cp = {mp}", cfg.gpus)));
+    // Blame the first model-parallel degree that stops dividing the GPU count.
+    let mut mp = 1u64;
+    for (key, v) in [("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp)] {
+        mp = mp.saturating_mul(v);
+        if cfg.gpus % mp != 0 {
+            return Err(invalid(key, format!("{v} does not fit the {} GPUs: tp × pp × cp = {mp} must divide them", cfg.gpus)));
+        }
     }
     let dp = cfg.dp();
     if cfg.heads_per_tp_invalid() {
@@ -459,7 +463,7 @@ mod tests {
     #[test]
     fn inconsistent_parallelism_names_the_key() {
         let err = estimate(&Config { gpus: 6, tp: 4, ..Config::default() }).err();
-        assert_eq!(err.map(|e| e.key()), Some("gpus"));
+        assert_eq!(err.map(|e| e.key()), Some("tp"));
         let err = estimate(&Config { ep: 2, gpus: 2, ..Config::default() }).err();
         assert_eq!(err.map(|e| e.key()), Some("ep"));
         let err = estimate(&Config { offload: Offload::OptimizerParams, ..Config::default() }).err();

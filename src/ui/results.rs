@@ -66,7 +66,7 @@ pub fn Verdict() -> impl IntoView {
                     <div class="verdict" class:bad=!fits role="status" aria-live="polite" data-testid="verdict" data-fits=fits.to_string()>
                         <p class="headline">{headline}</p>
                         <dl class="stats">
-                            <div><dt>"Peak per GPU"</dt><dd data-testid="peak-bytes" data-bytes=peak.to_string()>{format_bytes(peak, u)}</dd></div>
+                            <div><dt>"Peak per GPU"</dt><dd data-testid="peak-bytes" data-bytes=peak.to_string()>{format_bytes(peak, u)}<span class="sub">{format!("at: {}", e.memory.peak_event)}</span></dd></div>
                             <div><dt>"Sum of components"</dt><dd data-testid="total-bytes" data-bytes=e.memory.total.to_string()>{format_bytes(e.memory.total, u)}</dd></div>
                             <div><dt>"GPU capacity"</dt><dd data-testid="capacity-bytes" data-bytes=e.capacity.to_string()>{format_bytes(e.capacity, u)}</dd></div>
                             <div><dt>{format!("Cluster ({} GPUs)", e.layout.gpus)}</dt><dd>{format_bytes(e.memory.peak.saturating_mul(e.layout.gpus as u128), u)}</dd></div>
@@ -209,6 +209,53 @@ fn ledger_view(e: &Estimate, unit: crate::config::Unit, open: RwSignal<BTreeSet<
     .into_any()
 }
 
+/// The textbook's closed formulas beside the exact accounting.
+#[component]
+pub fn Textbook() -> impl IntoView {
+    let app = app();
+    move || {
+        let c = app.config.get();
+        let u = c.unit;
+        app.estimate.with(|e| {
+            let Ok(e) = e else { return view! { <span></span> }.into_any() };
+            let exact = e.memory.activations;
+            let diff = |b: Bytes| {
+                let d = b as f64 - exact as f64;
+                let pct = if exact > 0 { d / exact as f64 * 100.0 } else { 0.0 };
+                let sign = if d >= 0.0 { "+" } else { "−" };
+                format!("{sign}{} ({sign}{:.0} %)", format_bytes(d.abs() as u128, u), pct.abs())
+            };
+            let rows = e.textbook.iter().map(|r| {
+                view! {
+                    <tr>
+                        <td>{r.label.clone()}<br/><span class="math" inner_html=format!("<math>{}</math>", r.expr.mathml(false))></span>
+                            <br/><small>{r.source}</small></td>
+                        <td class="num" data-testid=format!("textbook-{}", r.id)>{format_bytes(r.bytes, u)}</td>
+                        <td class="num">{diff(r.bytes)}</td>
+                    </tr>
+                }
+            }).collect_view();
+            let notes = crate::estimator::activations::textbook_differences(&c);
+            view! {
+                <section class="textbook" aria-labelledby="tb-h">
+                    <h2 id="tb-h">"Textbook formulas vs. what the framework keeps"</h2>
+                    <table>
+                        <thead><tr><th scope="col">"Activations of the whole model"</th><th scope="col">"Bytes"</th><th scope="col">"vs. exact"</th></tr></thead>
+                        <tbody>
+                            <tr><td><strong>"Exact: the tensors PyTorch saves for backward"</strong><br/><small>"this ledger's activation row (validated byte for byte against PyTorch)"</small></td>
+                                <td class="num"><strong>{format_bytes(exact, u)}</strong></td><td class="num">"—"</td></tr>
+                            {rows}
+                        </tbody>
+                    </table>
+                    <h3>"Why they differ here"</h3>
+                    <ul>{notes.into_iter().map(|n| view! { <li>{n}</li> }).collect_view()}</ul>
+                </section>
+            }
+            .into_any()
+        })
+    }
+}
+
 #[component]
 pub fn Results() -> impl IntoView {
     view! {
@@ -216,6 +263,7 @@ pub fn Results() -> impl IntoView {
             <Verdict/>
             <Bar/>
             <Ledger/>
+            <Textbook/>
             <super::charts::Charts/>
         </section>
     }

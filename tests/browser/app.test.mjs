@@ -1,0 +1,164 @@
+// The web app in a real browser: share URLs, reload, garbage links, HF import, embed, CSP.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { serve, launch, openPage, waitForApp, cliJson, jsonInteger, writeFile, SUBPATH } from './harness.mjs';
+
+let server;
+let browser;
+before(async () => { server = await serve(); browser = await launch(); });
+after(async () => { await browser?.close(); server?.close(); });
+
+test('the page shows the same per-GPU total as the CLI, as an exact integer', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?model=llama-3.1-8b&seq=4096&batch=1');
+  const total = await page.getAttribute('[data-testid=total-bytes]', 'data-bytes');
+  const peak = await page.getAttribute('[data-testid=peak-bytes]', 'data-bytes');
+  const json = cliJson(['--model', 'llama-3.1-8b', '--seq', '4096', '--batch', '1']);
+  assert.equal(total, jsonInteger(json, 'memory.total'));
+  assert.equal(peak, jsonInteger(json, 'memory.peak'));
+  assert.deepEqual(problems, []);
+});
+
+test('the bare URL shows a meaningful default and its result', async () => {
+  const { page, problems } = await openPage(browser, server.base);
+  const summary = await page.textContent('[data-testid=model-summary]');
+  assert.match(summary, /llama-3\.1-8b/);
+  assert.match(await page.textContent('[data-testid=verdict]'), /NVIDIA H100/);
+  const rows = await page.$$('[data-testid=ledger] li.row');
+  assert.ok(rows.length >= 8, `ledger rows: ${rows.length}`);
+  assert.deepEqual(problems, []);
+});
+
+test('changing an input updates the URL and reloading restores the same state', async () => {
+  const { page, problems } = await openPage(browser, server.base);
+  await page.fill('#in-seq', '8192');
+  await page.selectOption('#in-zero', '3');
+  await page.fill('#in-gpus', '8');
+  await page.waitForFunction(() => location.search.includes('gpus=8'));
+  const url = page.url();
+  assert.match(url, /seq=8192/);
+  assert.match(url, /zero=3/);
+  const before = await page.getAttribute('[data-testid=total-bytes]', 'data-bytes');
+  await page.reload();
+  await waitForApp(page);
+  assert.equal(await page.inputValue('#in-seq'), '8192');
+  assert.equal(await page.inputValue('#in-zero'), '3');
+  assert.equal(await page.getAttribute('[data-testid=total-bytes]', 'data-bytes'), before);
+  const json = cliJson(['--seq', '8192', '--zero', '3', '--gpus', '8']);
+  assert.equal(before, jsonInteger(json, 'memory.total'));
+  assert.deepEqual(problems, []);
+});
+
+test('back and forward step through settled edits', async () => {
+  const { page } = await openPage(browser, server.base);
+  await page.fill('#in-seq', '2048');
+  await page.waitForTimeout(1200);
+  await page.fill('#in-seq', '16384');
+  await page.waitForFunction(() => location.search.includes('seq=16384'));
+  await page.goBack();
+  await page.waitForFunction(() => location.search.includes('seq=2048'));
+  assert.equal(await page.inputValue('#in-seq'), '2048');
+  await page.goForward();
+  await page.waitForFunction(() => location.search.includes('seq=16384'));
+  assert.equal(await page.inputValue('#in-seq'), '16384');
+});
+
+test('a garbage URL shows a notice naming each bad key, keeps the rest, and never panics', async () => {
+  const garbage = '?seq=99999999999999999999999&batch=-3&zero=banana&colour=blue&%E2%9C%93=%F0%9F%92%A5&gpus=8&tp=3&model=llama-3.1-70b&dropout=NaN&%ZZ=1&&=&lora_targets=q,zz';
+  const { page, problems } = await openPage(browser, server.base + garbage);
+  const notice = await page.textContent('[data-testid=notice]');
+  for (const key of ['seq', 'batch', 'zero', 'colour', 'tp', 'dropout', 'lora_targets', '✓']) assert.ok(notice.includes(key), `notice names ${key}: ${notice}`);
+  assert.match(await page.textContent('[data-testid=model-summary]'), /llama-3\.1-70b/);
+  assert.equal(await page.inputValue('#in-gpus'), '8');
+  await page.click('[data-testid=dismiss-notice]');
+  assert.equal(await page.$('[data-testid=notice]'), null);
+  assert.deepEqual(problems, []);
+});
+
+test('pasting a Hugging Face config.json imports it, and bad JSON names the problem', async () => {
+  const { page, problems } = await openPage(browser, server.base);
+  await page.click('summary:has-text("Import a Hugging Face config.json")');
+  const cfg = { model_type: 'qwen2', vocab_size: 151936, hidden_size: 896, num_hidden_layers: 24, num_attention_heads: 14, num_key_value_heads: 2, intermediate_size: 4864, tie_word_embeddings: true, _name_or_path: 'Qwen/Qwen2.5-0.5B' };
+  await page.fill('[data-testid=hf-text]', JSON.stringify(cfg));
+  await page.click('[data-testid=hf-import]');
+  await page.waitForFunction(() => document.querySelector('[data-testid=param-count]')?.dataset.count === '494032768');
+  assert.match(page.url(), /model=custom/);
+  await page.fill('[data-testid=hf-text]', '{"model_type": "llama", "vocab_size": 32000}');
+  await page.click('[data-testid=hf-import]');
+  assert.match(await page.textContent('[data-testid=hf-status]'), /hidden_size/);
+  await page.fill('[data-testid=hf-text]', '{"model_type": "bert", "vocab_size": 3}');
+  await page.click('[data-testid=hf-import]');
+  assert.match(await page.textContent('[data-testid=hf-status]'), /model_type `bert`/);
+  assert.deepEqual(problems, []);
+});
+
+test('editing a preset architecture turns it into a custom model that the link reproduces', async () => {
+  const { page } = await openPage(browser, server.base + '?model=gpt2');
+  await page.click('summary:has-text("Architecture")');
+  await page.fill('#in-layers', '6');
+  await page.waitForFunction(() => location.search.includes('model=custom'));
+  const count = await page.getAttribute('[data-testid=param-count]', 'data-count');
+  const { page: again } = await openPage(browser, page.url());
+  assert.equal(await again.getAttribute('[data-testid=param-count]', 'data-count'), count);
+});
+
+test('the embed view renders and posts its height to the parent page', async () => {
+  const parent = `<!doctype html><title>course</title><link rel="icon" href="data:,"><iframe id="f" src="${SUBPATH}?model=gpt2&embed=1&view=ledger" style="width:600px;height:100px;border:0"></iframe>
+<script>window.heights = []; window.addEventListener("message", (e) => { if (e.data && e.data.type === "trainmem:height") { window.heights.push(e.data.height); document.getElementById("f").style.height = e.data.height + "px"; } });</script>`;
+  writeFile(server.webroot, 'course.html', parent);
+  const { page, problems } = await openPage(browser, null);
+  await page.goto(server.origin + '/course.html');
+  await page.waitForFunction(() => window.heights.length > 0 && window.heights.at(-1) > 200, null, { timeout: 30000 });
+  const frame = page.frame({ url: /embed=1/ });
+  assert.ok(await frame.$('[data-testid=embed]'));
+  assert.ok(await frame.$('[data-testid=ledger]'));
+  const h = await page.$eval('#f', (f) => f.getBoundingClientRect().height);
+  assert.ok(h > 200, `iframe resized to ${h}`);
+  assert.deepEqual(problems, []);
+});
+
+test('the embed dialog writes an iframe snippet for the current configuration', async () => {
+  const { page } = await openPage(browser, server.base + '?seq=2048');
+  await page.click('[data-testid=embed-button]');
+  const snippet = await page.inputValue('[data-testid=embed-snippet]');
+  assert.match(snippet, /<iframe src="http:\/\/127\.0\.0\.1:\d+\/course\/week-3\/trainmem\/\?seq=2048&embed=1"/);
+  assert.match(snippet, /trainmem:height/);
+});
+
+test('the page makes no network request outside its own folder and pins a CSP', async () => {
+  const { page, requests, problems } = await openPage(browser, server.base + '?model=mixtral-8x7b-v0.1');
+  await page.waitForTimeout(500);
+  for (const r of requests) assert.ok(r.startsWith(server.base), `request outside the app: ${r}`);
+  const csp = await page.getAttribute('meta[http-equiv=Content-Security-Policy]', 'content');
+  assert.match(csp, /default-src 'none'/);
+  assert.match(csp, /connect-src 'self'/);
+  assert.deepEqual(problems, []);
+});
+
+test('the unit switch changes every figure between GB and GiB', async () => {
+  const { page } = await openPage(browser, server.base);
+  assert.match(await page.textContent('[data-testid=peak-bytes]'), /GB/);
+  await page.click('label:has-text("GiB")');
+  await page.waitForFunction(() => location.search.includes('unit=gib'));
+  assert.match(await page.textContent('[data-testid=peak-bytes]'), /GiB/);
+});
+
+test('dark mode follows the system and the page stays readable', async () => {
+  const { page } = await openPage(browser, server.base, { colorScheme: 'dark' });
+  const [bg, fg] = await page.evaluate(() => { const s = getComputedStyle(document.body); return [s.backgroundColor, s.color]; });
+  const lum = (c) => { const [r, g, b] = c.match(/\d+/g).map(Number); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  assert.ok(lum(bg) < 60, `dark background ${bg}`);
+  assert.ok(lum(fg) > 180, `light text ${fg}`);
+});
+
+test('every input has a label and the form is usable with the keyboard alone', async () => {
+  const { page } = await openPage(browser, server.base);
+  const unlabelled = await page.evaluate(() => [...document.querySelectorAll('input, select, textarea')]
+    .filter((el) => el.type !== 'hidden' && !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.closest('label'))
+    .map((el) => el.id || el.outerHTML.slice(0, 60)));
+  assert.deepEqual(unlabelled, []);
+  await page.focus('#in-batch');
+  await page.keyboard.press('Control+A');
+  await page.keyboard.type('2');
+  await page.keyboard.press('Tab');
+  await page.waitForFunction(() => location.search.includes('batch=2'));
+});

@@ -1,0 +1,92 @@
+// Shared set-up of the browser tests: serves the release build (dist/) from a sub-path of a
+// plain static server on loopback — as a course site would host it — and drives the system
+// Chromium through playwright-core (never a downloaded browser).
+import { chromium } from 'playwright-core';
+import { spawn, execFileSync } from 'node:child_process';
+import { cpSync, mkdtempSync, mkdirSync, writeFileSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { createServer } from 'node:net';
+
+export const ROOT = resolve(import.meta.dirname, '..', '..');
+export const SUBPATH = '/course/week-3/trainmem/';
+
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'];
+
+async function freePort() {
+  return new Promise((ok, fail) => {
+    const s = createServer();
+    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => ok(port)); });
+    s.on('error', fail);
+  });
+}
+
+/** Copies dist/ under SUBPATH of a fresh web root and serves it with python's http.server. */
+export async function serve() {
+  const dist = join(ROOT, 'dist');
+  if (!existsSync(join(dist, 'index.html'))) throw new Error('dist/ is missing: run `trunk build --release` first');
+  const webroot = mkdtempSync(join(tmpdir(), 'trainmem-web-'));
+  mkdirSync(join(webroot, SUBPATH), { recursive: true });
+  cpSync(dist, join(webroot, SUBPATH), { recursive: true });
+  const port = await freePort();
+  const proc = spawn('python3', ['-m', 'http.server', String(port), '--bind', '127.0.0.1', '--directory', webroot], { stdio: 'ignore' });
+  const origin = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 100; i++) {
+    try { const r = await fetch(origin + SUBPATH); if (r.ok) break; } catch { /* not yet */ }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { origin, base: origin + SUBPATH, webroot, close: () => proc.kill() };
+}
+
+/** Launches Chromium; `webgpu` adds --enable-unsafe-webgpu (SwiftShader adapter, no GPU needed). */
+export async function launch({ webgpu = true } = {}) {
+  // playwright gives every launch a fresh, empty profile of its own.
+  const args = [...FLAGS];
+  if (webgpu) args.push('--enable-unsafe-webgpu');
+  return chromium.launch({ executablePath: CHROMIUM, args });
+}
+
+/** A page that records console errors, uncaught exceptions and every request it makes. */
+export async function openPage(browser, url, options = {}) {
+  const context = await browser.newContext({ acceptDownloads: true, ...options });
+  const page = await context.newPage();
+  const problems = [];
+  const requests = [];
+  page.on('console', (m) => { if (m.type() === 'error' || /panicked/.test(m.text())) problems.push(m.text()); });
+  page.on('pageerror', (e) => problems.push('pageerror: ' + e.message));
+  page.on('request', (r) => requests.push(r.url()));
+  if (url) {
+    await page.goto(url);
+    await waitForApp(page);
+  }
+  return { page, context, problems, requests };
+}
+
+export async function waitForApp(page) {
+  await page.waitForSelector('[data-testid=verdict], [data-testid=estimate-error]', { timeout: 30000 });
+}
+
+/** The CLI's JSON for the same configuration (the native binary built by `cargo test`). */
+export function cliJson(args) {
+  const bin = join(ROOT, 'target', 'debug', 'trainmem');
+  const out = existsSync(bin)
+    ? execFileSync(bin, ['estimate', ...args, '--json'], { encoding: 'utf8' })
+    : execFileSync('cargo', ['run', '-q', '--', 'estimate', ...args, '--json'], { cwd: ROOT, encoding: 'utf8' });
+  return out;
+}
+
+/** An integer field of the CLI's JSON, as a string (no float rounding of large byte counts). */
+export function jsonInteger(json, path) {
+  const key = path.split('.').pop();
+  const section = path.includes('.') ? json.slice(json.indexOf(`"${path.split('.')[0]}"`)) : json;
+  const m = section.match(new RegExp(`"${key}":\\s*(\\d+)`));
+  if (!m) throw new Error(`no ${path} in CLI output`);
+  return m[1];
+}
+
+export function writeFile(dir, name, text) {
+  const p = join(dir, name);
+  writeFileSync(p, text);
+  return p;
+}
