@@ -222,6 +222,7 @@ fn memory_slopes_are_two_for_the_scores_and_one_for_the_fused_kernel() {
     assert!(mat_mem > 1.4 && mat_mem < 2.0, "materialized memory slope {mat_mem}");
     let scores: Vec<(f64, f64)> = r.points.iter().map(|p| (p.seq as f64, p.score_bytes as f64)).collect();
     assert!((fit_loglog(&scores).unwrap() - 2.0).abs() < 1e-9);
+    assert!((r.slopes.scores_memory.expect("scores memory slope") - 2.0).abs() < 1e-9);
     for (name, t) in [("materialized", r.slopes.materialized.time), ("fused", r.slopes.fused.time)] {
         let t = t.expect("time slope");
         assert!(t > 1.2 && t < 2.8, "{name} time slope {t}");

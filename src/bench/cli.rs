@@ -141,9 +141,10 @@ pub fn render_table(r: &SweepResult) -> String {
     let sl = &r.slopes;
     let _ = writeln!(
         s,
-        "log-log slopes vs seq: materialized time {}, memory {}; fused time {}, memory {}",
+        "log-log slopes vs seq: materialized time {}, memory {} (score matrix alone {}); fused time {}, memory {}",
         slope(sl.materialized.time),
         slope(sl.materialized.memory),
+        slope(sl.scores_memory),
         slope(sl.fused.time),
         slope(sl.fused.memory)
     );

@@ -124,7 +124,7 @@ impl SharedResult {
                 })
                 .collect()
         };
-        Slopes::fit(&series(false), &series(true))
+        Slopes::fit(&series(false), &series(true), self.batch as u64 * self.heads as u64)
     }
 
     /// The compact text (see the module documentation).
@@ -338,6 +338,7 @@ mod tests {
         assert!((sl.fused.time.unwrap() - 2.0).abs() < 1e-9);
         assert!((sl.fused.memory.unwrap() - 1.0).abs() < 0.01);
         assert!(sl.materialized.memory.unwrap() > 1.5);
+        assert!((sl.scores_memory.unwrap() - 2.0).abs() < 1e-9);
     }
 
     #[test]

@@ -39,7 +39,7 @@
 //!   [`Bench::copy_bandwidth`]), as in wgpu's compute examples.
 //! - One WGSL kernel per file, included with `include_str!`: `scores.wgsl`, `softmax.wgsl`,
 //!   `pv.wgsl` (the materialized path), `fused.wgsl`, `copy.wgsl`.
-//! - [`reference`]: the CPU reference of `S` and of `softmax(S)·V`.
+//! - [`reference`](mod@reference): the CPU reference of `S` and of `softmax(S)·V`.
 //! - Results ([`SweepResult`]) serialize with serde, export as CSV, and travel in links through
 //!   [`encode_compact`] / [`decode_compact`].
 //!

@@ -35,6 +35,8 @@ pub enum StopReason {
     AdapterLimit,
     /// The next point would not finish within the time budget.
     TimeBudget,
+    /// The device's limits allowed the next point's buffers but the GPU ran out of memory.
+    OutOfMemory,
     /// The cancellation flag was set.
     Cancelled,
 }
@@ -46,6 +48,7 @@ impl StopReason {
             StopReason::MemoryCap => "memory cap",
             StopReason::AdapterLimit => "adapter limit",
             StopReason::TimeBudget => "time budget",
+            StopReason::OutOfMemory => "out of gpu memory",
             StopReason::Cancelled => "cancelled",
         }
     }
@@ -97,19 +100,26 @@ pub struct KernelSlopes {
 /// The fitted exponents of both kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Slopes {
+    /// `memory` fits every buffer of the run (Q, K, V, O and S): it tends to 2 as S dominates.
     pub materialized: KernelSlopes,
+    /// `memory` fits Q, K, V, O: 1.
     pub fused: KernelSlopes,
+    /// The score matrix alone (`b·a·s²·4` bytes) over the points the materialized path ran:
+    /// 2, the term the estimator predicts.
+    pub scores_memory: Option<f64>,
 }
 
 impl Slopes {
-    /// Fits time and memory against seq for each kernel, from `(seq, ms, bytes)` series.
-    pub fn fit(materialized: &[(f64, f64, f64)], fused: &[(f64, f64, f64)]) -> Slopes {
+    /// Fits time and memory against seq for each kernel, from `(seq, ms, bytes)` series; the
+    /// score matrix's bytes over the materialized series' seqs for `b·a` heads.
+    pub fn fit(materialized: &[(f64, f64, f64)], fused: &[(f64, f64, f64)], bh: u64) -> Slopes {
         let one = |series: &[(f64, f64, f64)]| {
             let time: Vec<(f64, f64)> = series.iter().map(|&(s, t, _)| (s, t)).collect();
             let memory: Vec<(f64, f64)> = series.iter().map(|&(s, _, b)| (s, b)).collect();
             KernelSlopes { time: fit_loglog(&time), memory: fit_loglog(&memory) }
         };
-        Slopes { materialized: one(materialized), fused: one(fused) }
+        let scores: Vec<(f64, f64)> = materialized.iter().map(|&(s, _, _)| (s, bh as f64 * s * s * 4.0)).collect();
+        Slopes { materialized: one(materialized), fused: one(fused), scores_memory: fit_loglog(&scores) }
     }
 }
 
@@ -128,7 +138,8 @@ pub struct SweepResult {
     pub copy: Option<CopyProbe>,
     /// The per-point table, by increasing seq.
     pub points: Vec<SweepPoint>,
-    /// Log-log slopes of time and of `bytes_allocated` against seq, for both kernels.
+    /// Log-log slopes of time and of `bytes_allocated` against seq, for both kernels, and of
+    /// the score matrix's bytes.
     pub slopes: Slopes,
     /// The largest seq the materialized path ran at.
     pub largest_materialized_seq: Option<u32>,
@@ -274,7 +285,8 @@ mod tests {
     fn slopes_fit_each_kernel_separately() {
         let mat: Vec<(f64, f64, f64)> = [512.0, 1024.0, 2048.0].iter().map(|&s| (s, s * s, 4.0 * s * s)).collect();
         let fused: Vec<(f64, f64, f64)> = [512.0, 1024.0, 2048.0].iter().map(|&s| (s, s * s, 4.0 * s)).collect();
-        let sl = Slopes::fit(&mat, &fused);
+        let sl = Slopes::fit(&mat, &fused, 8);
+        assert!((sl.scores_memory.unwrap() - 2.0).abs() < 1e-9);
         assert!((sl.materialized.memory.unwrap() - 2.0).abs() < 1e-9);
         assert!((sl.fused.memory.unwrap() - 1.0).abs() < 1e-9);
         assert!((sl.fused.time.unwrap() - 2.0).abs() < 1e-9);

@@ -395,7 +395,19 @@ impl Bench {
                     break 'points;
                 }
                 let c0 = now_ms();
-                let timed = self.measure(kernel, shape, opts.warmup, runs, opts.seed ^ (s as u64) << 8).await?;
+                let timed = match self.measure(kernel, shape, opts.warmup, runs, opts.seed ^ (s as u64) << 8).await {
+                    Ok(t) => t,
+                    // The device's limits allowed the buffers but its memory did not: this
+                    // kernel stops here, the sweep goes on with the other.
+                    Err(BenchError::OutOfMemory(_)) => {
+                        match kernel {
+                            Kernel::Materialized => mat_stop = Some(StopReason::OutOfMemory),
+                            Kernel::Fused => fused_stop = Some(StopReason::OutOfMemory),
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 last_cost[kernel as usize] = Some((s, now_ms() - c0));
                 wall_clock_used |= timed.method == TimingMethod::WallClock;
                 let kp = kernel_point(kernel, shape, &timed.times_ms, timed.method, timed.bytes_allocated, copy_gbps);
@@ -403,6 +415,10 @@ impl Bench {
                     Kernel::Materialized => point.materialized = Some(kp),
                     Kernel::Fused => point.fused = Some(kp),
                 }
+            }
+            if point.materialized.is_none() && point.fused.is_none() {
+                stop = fused_stop.or(mat_stop);
+                break;
             }
             points.push(point);
             progress(SweepProgress { done: points.len() as u32, planned, seq: Some(s), elapsed_ms: now_ms() - t0 });
@@ -425,7 +441,7 @@ impl Bench {
             slopes: Slopes::default(),
             adapter: info,
         };
-        result.slopes = Slopes::fit(&result.series(false), &result.series(true));
+        result.slopes = Slopes::fit(&result.series(false), &result.series(true), opts.shape(1).bh());
         Ok(result)
     }
 }
