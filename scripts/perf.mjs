@@ -27,21 +27,22 @@ try {
   const { page } = await openPage(browser, server.base);
   const lat = await page.evaluate(async () => {
     const input = document.querySelector('#in-seq');
-    const total = document.querySelector('[data-testid=total-bytes]');
+    // Updated = both the verdict's total and the ledger's activation row show new bytes.
+    const state = () => [document.querySelector('[data-testid=total-bytes]')?.dataset.bytes, document.querySelector('[data-row=activations] .bytes')?.dataset.bytes].join('/');
     const out = [];
     for (let i = 0; i < 200; i++) {
+      const before = state();
       const v = String(2048 + 64 * (i + 1));
       const changed = new Promise((resolve) => {
-        const mo = new MutationObserver(() => { mo.disconnect(); resolve(); });
-        mo.observe(document.querySelector('[data-testid=verdict]').parentElement, { subtree: true, childList: true, attributes: true, characterData: true });
+        const mo = new MutationObserver(() => { if (state() !== before && !state().includes('undefined')) { mo.disconnect(); resolve(); } });
+        mo.observe(document.body, { subtree: true, childList: true, attributes: true, characterData: true });
       });
       const t0 = performance.now();
       input.value = v;
       input.dispatchEvent(new Event('input', { bubbles: true }));
       await changed;
-      // The ledger has re-rendered when the total carries the new configuration's bytes.
       out.push(performance.now() - t0);
-      void total;
+      await new Promise((r) => requestAnimationFrame(() => r()));
     }
     return out;
   });
