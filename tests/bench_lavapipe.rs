@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::sync::atomic::AtomicBool;
 use trainmem::bench::{
     decode_compact, encode_compact, fit_loglog, fused_bytes, materialized_bytes, reference, seq_ladder, verify, AttentionShape, Bench,
-    BenchError, BenchOptions, SharedResult, StopReason, SweepOptions, SweepProgress, SweepResult, TimingMethod,
+    BenchError, BenchOptions, Dtype, SharedResult, StopReason, SweepOptions, SweepProgress, SweepResult, TimingMethod,
 };
 
 fn bench_with(options: BenchOptions) -> Bench {
@@ -39,6 +39,7 @@ fn small(head_dim: u32, min_seq: u32, max_seq: u32) -> SweepOptions {
         runs: 3,
         copy_probe_bytes: 1 << 20,
         seed: 7,
+        dtype: Dtype::F32,
     }
 }
 
@@ -65,7 +66,7 @@ fn fused_attention_matches_the_cpu_reference() {
     let b = bench();
     for (i, shape) in SHAPES.into_iter().enumerate() {
         let (q, k, v) = reference::random_qkv(shape, i as u64);
-        let got = pollster::block_on(b.run_fused(shape, &q, &k, &v)).expect("the fused kernel runs");
+        let got = pollster::block_on(b.run_fused(shape, Dtype::F32, &q, &k, &v)).expect("the fused kernel runs");
         let err = reference::max_abs_diff(&got, &reference::attention(shape, &q, &k, &v));
         assert!(err < 1e-4, "{shape}: max abs error {err}");
     }
@@ -76,7 +77,7 @@ fn materialized_attention_matches_the_cpu_reference() {
     let b = bench();
     for (i, shape) in SHAPES.into_iter().enumerate() {
         let (q, k, v) = reference::random_qkv(shape, 10 + i as u64);
-        let got = pollster::block_on(b.run_materialized(shape, &q, &k, &v)).expect("the materialized path runs");
+        let got = pollster::block_on(b.run_materialized(shape, Dtype::F32, &q, &k, &v)).expect("the materialized path runs");
         let err = reference::max_abs_diff(&got.out, &reference::attention(shape, &q, &k, &v));
         assert!(err < 1e-4, "{shape}: max abs error {err}");
     }
@@ -87,7 +88,7 @@ fn the_materialized_scores_equal_q_k_transposed_over_root_d() {
     let b = bench();
     for (i, shape) in SHAPES.into_iter().enumerate() {
         let (q, k, v) = reference::random_qkv(shape, 20 + i as u64);
-        let got = pollster::block_on(b.run_materialized(shape, &q, &k, &v)).expect("the materialized path runs");
+        let got = pollster::block_on(b.run_materialized(shape, Dtype::F32, &q, &k, &v)).expect("the materialized path runs");
         assert_eq!(got.scores.len() as u64, shape.score_elems());
         let err = reference::max_abs_diff(&got.scores, &reference::scores(shape, &q, &k));
         assert!(err < 1e-4, "{shape}: max abs error {err}");
@@ -99,7 +100,8 @@ fn verify_passes_on_this_adapter() {
     let b = bench();
     let report = pollster::block_on(verify(&b)).expect("verify runs");
     assert!(report.passed, "{report:#?}");
-    assert!(report.cases.len() >= 3);
+    assert!(report.cases.iter().filter(|c| c.dtype == Dtype::F32).count() >= 3);
+    assert_eq!(report.cases.iter().any(|c| c.dtype == Dtype::F16), b.info().f16);
 }
 
 #[test]
@@ -115,8 +117,8 @@ fn the_sweep_stops_at_max_seq_with_both_kernels_at_every_point() {
         let shape = AttentionShape { batch: 1, heads: 1, seq: p.seq, head_dim: 64 };
         let (m, f) = (p.materialized.as_ref().unwrap(), p.fused.as_ref().unwrap());
         assert_eq!(p.score_bytes, shape.score_elems() * 4);
-        assert_eq!(m.bytes_allocated, materialized_bytes(shape) + timestamp_bytes(&b, 3), "seq {}", p.seq);
-        assert_eq!(f.bytes_allocated, fused_bytes(shape) + timestamp_bytes(&b, 3), "seq {}", p.seq);
+        assert_eq!(m.bytes_allocated, materialized_bytes(shape, Dtype::F32) + timestamp_bytes(&b, 3), "seq {}", p.seq);
+        assert_eq!(f.bytes_allocated, fused_bytes(shape, Dtype::F32) + timestamp_bytes(&b, 3), "seq {}", p.seq);
         assert!(m.median_ms > 0.0 && f.median_ms > 0.0 && m.runs == 3);
         assert!(m.gb_per_s > 0.0 && m.gflop_per_s > 0.0 && m.fraction_of_copy.is_some_and(|x| x > 0.0));
     }
@@ -128,13 +130,13 @@ fn the_sweep_stops_the_materialized_path_at_the_memory_cap_and_goes_on_fused() {
     let b = bench();
     let ts = timestamp_bytes(&b, 3);
     let at = |s| AttentionShape { batch: 1, heads: 1, seq: s, head_dim: 8 };
-    let cap = materialized_bytes(at(64)) + ts + 1024;
+    let cap = materialized_bytes(at(64), Dtype::F32) + ts + 1024;
     let opts = SweepOptions { mem_cap_bytes: cap, ..small(8, 16, 512) };
     let r = sweep(&b, &opts);
     assert_eq!(r.largest_materialized_seq, Some(64));
     assert_eq!(r.materialized_stop, StopReason::MemoryCap);
     // The fused kernel's memory is linear: it goes on as far as its own buffers fit the cap.
-    let fused_last = seq_ladder(16, 512).into_iter().filter(|&s| fused_bytes(at(s)) + ts <= cap).max().unwrap();
+    let fused_last = seq_ladder(16, 512).into_iter().filter(|&s| fused_bytes(at(s), Dtype::F32) + ts <= cap).max().unwrap();
     assert!(fused_last > 64);
     assert_eq!(r.points.last().map(|p| p.seq), Some(fused_last));
     assert_eq!(r.stop, StopReason::MemoryCap);
@@ -161,10 +163,10 @@ fn the_sweep_stops_at_artificially_small_adapter_limits() {
     // Asked directly for a shape beyond the limits, the bench refuses before touching the GPU.
     let shape = AttentionShape { batch: 1, heads: 1, seq: 256, head_dim: 8 };
     let (q, k, v) = reference::random_qkv(shape, 1);
-    let err = pollster::block_on(b.run_materialized(shape, &q, &k, &v)).unwrap_err();
+    let err = pollster::block_on(b.run_materialized(shape, Dtype::F32, &q, &k, &v)).unwrap_err();
     assert!(matches!(err, BenchError::TooLarge(_)), "{err}");
     // And the device is still fine afterwards.
-    assert!(pollster::block_on(b.run_fused(shape, &q, &k, &v)).is_ok());
+    assert!(pollster::block_on(b.run_fused(shape, Dtype::F32, &q, &k, &v)).is_ok());
 }
 
 #[test]
@@ -290,7 +292,7 @@ fn a_lost_device_is_an_error_not_a_panic() {
     assert!(matches!(err, BenchError::DeviceLost(_)), "{err}");
     let shape = AttentionShape { batch: 1, heads: 1, seq: 16, head_dim: 8 };
     let (q, k, v) = reference::random_qkv(shape, 1);
-    let err = pollster::block_on(b.run_fused(shape, &q, &k, &v)).unwrap_err();
+    let err = pollster::block_on(b.run_fused(shape, Dtype::F32, &q, &k, &v)).unwrap_err();
     assert!(matches!(err, BenchError::DeviceLost(_)), "{err}");
     assert!(err.to_string().starts_with("the gpu device was lost"));
 }
@@ -303,7 +305,7 @@ fn invalid_options_are_refused_before_any_gpu_work() {
         assert!(matches!(err, BenchError::InvalidOptions(_)), "{err}");
     }
     let shape = AttentionShape { batch: 1, heads: 1, seq: 16, head_dim: 8 };
-    let err = pollster::block_on(b.run_fused(shape, &[0.0; 3], &[0.0; 3], &[0.0; 3])).unwrap_err();
+    let err = pollster::block_on(b.run_fused(shape, Dtype::F32, &[0.0; 3], &[0.0; 3], &[0.0; 3])).unwrap_err();
     assert!(matches!(err, BenchError::InvalidOptions(_)), "{err}");
 }
 
@@ -323,4 +325,66 @@ fn the_cli_prints_a_table_or_json_with_slopes() {
 
     let err = trainmem::bench::cli::run(&args(&["--heads", "0"]), &mut Vec::new()).unwrap_err();
     assert!(err.contains("invalid benchmark options"), "{err}");
+}
+
+/// A bench with `shader-f16` (lavapipe has it; so do most GPUs).
+fn f16_bench() -> Bench {
+    let b = bench();
+    assert!(b.info().f16, "the f16 tests need an adapter with shader-f16 (lavapipe has it); this one ({}) lacks it", b.info().name);
+    b
+}
+
+#[test]
+fn half_precision_kernels_match_the_cpu_reference_on_f16_inputs() {
+    let b = f16_bench();
+    for (i, shape) in SHAPES.into_iter().enumerate() {
+        let (q, k, v) = reference::random_qkv(shape, 30 + i as u64);
+        let (q, k, v) = (reference::round_to_f16(&q), reference::round_to_f16(&k), reference::round_to_f16(&v));
+        let want_s = reference::scores(shape, &q, &k);
+        let want_o = reference::attention(shape, &q, &k, &v);
+        let mat = pollster::block_on(b.run_materialized(shape, Dtype::F16, &q, &k, &v)).expect("the f16 materialized path runs");
+        let fused = pollster::block_on(b.run_fused(shape, Dtype::F16, &q, &k, &v)).expect("the f16 fused kernel runs");
+        // S is stored in f16: within half an f16 ulp of |S| (≤ 2⁻¹¹·|S|).
+        for (got, want) in mat.scores.iter().zip(&want_s) {
+            assert!((got - want).abs() <= want.abs() * 2f32.powi(-11) + 1e-6, "{shape}: S {got} vs {want}");
+        }
+        for (name, out) in [("materialized", &mat.out), ("fused", &fused)] {
+            let err = reference::max_abs_diff(out, &want_o);
+            assert!(err < 4e-3, "{shape}: {name} max abs error {err}");
+        }
+        // And f16 is really stored: the output is not what f32 storage gives, bit for bit.
+        let exact = pollster::block_on(b.run_fused(shape, Dtype::F32, &q, &k, &v)).unwrap();
+        assert!(reference::max_abs_diff(&fused, &exact) > 0.0, "{shape}: f16 output identical to f32");
+    }
+}
+
+#[test]
+fn a_half_precision_sweep_halves_the_bytes() {
+    let b = f16_bench();
+    let r = sweep(&b, &SweepOptions { dtype: Dtype::F16, ..small(64, 64, 128) });
+    assert_eq!(r.dtype, Dtype::F16);
+    let ts = timestamp_bytes(&b, 3);
+    for p in &r.points {
+        let shape = AttentionShape { batch: 1, heads: 1, seq: p.seq, head_dim: 64 };
+        assert_eq!(p.score_bytes, shape.score_elems() * 2);
+        assert_eq!(p.materialized.as_ref().unwrap().bytes_allocated, materialized_bytes(shape, Dtype::F16) + ts);
+        assert_eq!(p.fused.as_ref().unwrap().bytes_allocated, fused_bytes(shape, Dtype::F16) + ts);
+        assert_eq!(2 * (materialized_bytes(shape, Dtype::F16) - 16), materialized_bytes(shape, Dtype::F32) - 16);
+    }
+    let shared = decode_compact(&encode_compact(&r)).unwrap();
+    assert_eq!(shared.dtype, Dtype::F16);
+}
+
+#[test]
+fn f16_is_refused_clearly_where_shader_f16_is_off() {
+    let b = bench_with(BenchOptions { use_f16: false, ..BenchOptions::default() });
+    assert!(!b.info().f16);
+    let err = pollster::block_on(b.sweep(&SweepOptions { dtype: Dtype::F16, ..small(64, 16, 32) }, &mut |_| {}, &())).unwrap_err();
+    assert!(matches!(err, BenchError::Unsupported(_)), "{err}");
+    let shape = AttentionShape { batch: 1, heads: 1, seq: 16, head_dim: 8 };
+    let (q, k, v) = reference::random_qkv(shape, 1);
+    let err = pollster::block_on(b.run_fused(shape, Dtype::F16, &q, &k, &v)).unwrap_err();
+    assert!(err.to_string().contains("shader-f16"), "{err}");
+    let report = pollster::block_on(verify(&b)).unwrap();
+    assert!(report.passed && report.cases.iter().all(|c| c.dtype == Dtype::F32));
 }

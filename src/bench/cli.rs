@@ -1,8 +1,9 @@
 //! `trainmem bench`: the sweep natively (Vulkan, Metal or DX12; lavapipe on a machine without a
 //! GPU), as a table or as JSON.
 
-use super::{Bench, BenchOptions, StopReason, SweepOptions, SweepResult};
+use super::{Bench, BenchOptions, Dtype, StopReason, SweepOptions, SweepResult};
 use std::fmt::Write as _;
+use std::io::IsTerminal;
 
 /// The CLI's defaults: small enough to finish in well under a minute on lavapipe (2 cores);
 /// the time budget bounds the sweep on anything slower.
@@ -22,18 +23,33 @@ pub fn default_options() -> SweepOptions {
 }
 
 const HELP: &str = "trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
-  also: [--min-seq N] [--batch N] [--runs N] [--copy-mib N]
+  also: [--min-seq N] [--batch N] [--runs N] [--copy-mib N] [--dtype f32|f16] [--verify]
 Times attention with the score matrix materialized (as eager PyTorch) and fused (FlashAttention-
 style) over seq = 256, 384, 512, 768, … on this machine's GPU, next to a copy-bandwidth probe.";
 
-/// Parses the arguments of `trainmem bench`: the sweep options and whether to print JSON.
-pub fn parse_args(args: &[String]) -> Result<Option<(SweepOptions, bool)>, String> {
+/// What `trainmem bench` was asked to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchArgs {
+    pub sweep: SweepOptions,
+    /// Print JSON instead of a table.
+    pub json: bool,
+    /// Check both kernels against the CPU reference instead of sweeping.
+    pub verify: bool,
+}
+
+/// Parses the arguments of `trainmem bench`; `None` for `--help`.
+pub fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
     let mut opts = default_options();
     let mut json = false;
+    let mut verify = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         if arg == "--json" {
             json = true;
+            continue;
+        }
+        if arg == "--verify" {
+            verify = true;
             continue;
         }
         if arg == "--help" || arg == "-h" {
@@ -59,34 +75,61 @@ pub fn parse_args(args: &[String]) -> Result<Option<(SweepOptions, bool)>, Strin
             "budget-ms" => opts.budget_ms = int(&value)? as f64,
             "mem-mib" => opts.mem_cap_bytes = int(&value)?.saturating_mul(1 << 20),
             "copy-mib" => opts.copy_probe_bytes = int(&value)?.saturating_mul(1 << 20),
+            "dtype" => opts.dtype = Dtype::parse(&value).ok_or_else(|| format!("--dtype is f32 or f16, not '{value}'"))?,
             other => return Err(format!("unknown option '--{other}'\nusage: {HELP}")),
         }
     }
     if opts.max_seq < opts.min_seq {
         opts.min_seq = opts.max_seq.min(opts.min_seq);
     }
-    Ok(Some((opts, json)))
+    Ok(Some(BenchArgs { sweep: opts, json, verify }))
 }
 
 /// `trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]`.
 pub fn run(args: &[String], out: &mut dyn std::io::Write) -> Result<(), String> {
-    let Some((opts, json)) = parse_args(args)? else {
+    let Some(BenchArgs { sweep: opts, json, verify }) = parse_args(args)? else {
         return out.write_all(format!("usage: {HELP}\n").as_bytes()).map_err(|e| e.to_string());
     };
     let bench = pollster::block_on(Bench::new(BenchOptions::default())).map_err(|e| e.to_string())?;
+    if verify {
+        let report = pollster::block_on(super::verify(&bench)).map_err(|e| e.to_string())?;
+        let text =
+            if json { format!("{}\n", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?) } else { render_verify(&report) };
+        out.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+        return if report.passed { Ok(()) } else { Err("the gpu kernels disagree with the cpu reference".into()) };
+    }
+    let live = !json && std::io::stderr().is_terminal();
     let mut progress = |p: super::SweepProgress| {
-        if !json {
-            if let Some(s) = p.seq {
-                eprint!("\rseq {s:>6}: {}/{} points, {:.1} s ", p.done, p.planned, p.elapsed_ms / 1e3);
-            }
+        if let (true, Some(s)) = (live, p.seq) {
+            eprint!("\rseq {s:>6}: {}/{} points, {:.1} s ", p.done, p.planned, p.elapsed_ms / 1e3);
         }
     };
     let result = pollster::block_on(bench.sweep(&opts, &mut progress, &())).map_err(|e| e.to_string())?;
-    if !json {
+    if live {
         eprintln!();
     }
     let text = if json { format!("{}\n", result.to_json()) } else { render_table(&result) };
     out.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// The human-readable verification report.
+pub fn render_verify(r: &super::VerifyReport) -> String {
+    let mut s = String::from("kernels against the cpu reference (max abs error):\n");
+    for c in &r.cases {
+        let _ = writeln!(
+            s,
+            "  {} {:<44} S {:.1e}  materialized O {:.1e}  fused O {:.1e}  (tolerance {:.0e}) {}",
+            c.dtype.name(),
+            c.shape.to_string(),
+            c.scores_max_abs_err,
+            c.materialized_max_abs_err,
+            c.fused_max_abs_err,
+            c.tolerance,
+            if c.passed { "ok" } else { "FAILED" }
+        );
+    }
+    let _ = writeln!(s, "{}", if r.passed { "all passed" } else { "some cases FAILED" });
+    s
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -102,7 +145,7 @@ pub fn render_table(r: &SweepResult) -> String {
     let mut s = String::new();
     let a = &r.adapter;
     let _ = writeln!(s, "adapter: {} ({}, {}); timing: {}", a.name, a.backend, a.device_type, r.timing.label());
-    let _ = writeln!(s, "shape: batch {} × {} heads × head_dim {}, {}", r.batch, r.heads, r.head_dim, r.dtype);
+    let _ = writeln!(s, "shape: batch {} × {} heads × head_dim {}, {}", r.batch, r.heads, r.head_dim, r.dtype.name());
     match &r.copy {
         Some(c) => {
             let _ = writeln!(s, "copy bandwidth: {:.2} GB/s ({:.0} MiB buffers)", c.gb_per_s, mib(c.bytes));
@@ -173,11 +216,11 @@ mod tests {
 
     #[test]
     fn the_cli_reads_every_documented_option() {
-        let (o, json) =
+        let BenchArgs { sweep: o, json, verify } =
             parse_args(&args(&["--max-seq", "1024", "--heads", "2", "--head-dim", "128", "--budget-ms", "5000", "--mem-mib=64", "--json"]))
                 .unwrap()
                 .unwrap();
-        assert!(json);
+        assert!(json && !verify);
         assert_eq!((o.max_seq, o.heads, o.head_dim, o.budget_ms, o.mem_cap_bytes), (1024, 2, 128, 5000.0, 64 << 20));
     }
 
@@ -193,7 +236,10 @@ mod tests {
 
     #[test]
     fn a_max_seq_below_the_default_minimum_still_sweeps() {
-        let (o, _) = parse_args(&args(&["--max-seq", "128"])).unwrap().unwrap();
+        let o = parse_args(&args(&["--max-seq", "128"])).unwrap().unwrap().sweep;
         assert!(o.min_seq <= o.max_seq);
+        let a = parse_args(&args(&["--verify", "--dtype", "f16"])).unwrap().unwrap();
+        assert!(a.verify && a.sweep.dtype == Dtype::F16);
+        assert!(parse_args(&args(&["--dtype", "bf16"])).is_err());
     }
 }

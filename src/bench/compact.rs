@@ -5,12 +5,12 @@
 //! Version 1, fields separated by `.`:
 //!
 //! ```text
-//! 1.<adapter>.<backend>.<timing>.<batch>.<heads>.<head_dim>.<copy MB/s>.<points>
+//! 1.<adapter>.<backend>.<timing>.<dtype>.<batch>.<heads>.<head_dim>.<copy MB/s>.<points>
 //! ```
 //!
 //! - `<adapter>`, `<backend>`: letters, digits and `-` as is, space as `_`, every other byte
 //!   of the UTF-8 as `~XX` (hex); the adapter name is cut to 64 bytes.
-//! - `<timing>`: `t` (GPU timestamps) or `w` (wall clock).
+//! - `<timing>`: `t` (GPU timestamps) or `w` (wall clock); `<dtype>`: `f32` or `f16`.
 //! - numbers in base 36 (lowercase); `<copy MB/s>` empty when the probe did not run.
 //! - `<points>`: points joined by `_`, each `seq~mat_ns~mat_bytes~fused_ns~fused_bytes`, a
 //!   kernel's two fields empty where it did not run.
@@ -19,6 +19,7 @@
 //! it never panics.
 
 use super::results::{Slopes, SweepResult, TimingMethod};
+use super::Dtype;
 use serde::{Deserialize, Serialize};
 
 /// Longest value [`decode_compact`] accepts.
@@ -56,6 +57,7 @@ pub struct SharedResult {
     pub adapter: String,
     pub backend: String,
     pub timing: TimingMethod,
+    pub dtype: Dtype,
     pub batch: u32,
     pub heads: u32,
     pub head_dim: u32,
@@ -100,6 +102,7 @@ impl SharedResult {
             adapter: cut(&r.adapter.name, MAX_NAME),
             backend: cut(&r.adapter.backend, MAX_NAME),
             timing: r.timing,
+            dtype: r.dtype,
             batch: r.batch,
             heads: r.heads,
             head_dim: r.head_dim,
@@ -124,7 +127,7 @@ impl SharedResult {
                 })
                 .collect()
         };
-        Slopes::fit(&series(false), &series(true), self.batch as u64 * self.heads as u64)
+        Slopes::fit(&series(false), &series(true), self.batch as u64 * self.heads as u64 * self.dtype.bytes())
     }
 
     /// The compact text (see the module documentation).
@@ -148,6 +151,7 @@ impl SharedResult {
                 TimingMethod::GpuTimestamps => "t".into(),
                 TimingMethod::WallClock => "w".into(),
             },
+            self.dtype.name().to_string(),
             n(self.batch as u64),
             n(self.heads as u64),
             n(self.head_dim as u64),
@@ -173,8 +177,8 @@ impl SharedResult {
         if fields[0] != "1" {
             return Err(DecodeError::Version(cut(fields[0], 16)));
         }
-        let [_, adapter, backend, timing, batch, heads, head_dim, copy, points] = fields[..] else {
-            return bad(format!("expected 9 fields separated by '.', found {}", fields.len()));
+        let [_, adapter, backend, timing, dtype, batch, heads, head_dim, copy, points] = fields[..] else {
+            return bad(format!("expected 10 fields separated by '.', found {}", fields.len()));
         };
         let adapter = unescape(adapter, "adapter")?;
         let backend = unescape(backend, "backend")?;
@@ -182,6 +186,9 @@ impl SharedResult {
             "t" => TimingMethod::GpuTimestamps,
             "w" => TimingMethod::WallClock,
             other => return bad(format!("timing must be 't' or 'w', not '{}'", cut(other, 16))),
+        };
+        let Some(dtype) = Dtype::parse(dtype) else {
+            return bad(format!("dtype must be 'f32' or 'f16', not '{}'", cut(dtype, 16)));
         };
         let size = |s: &str, what: &str| -> Result<u32, DecodeError> {
             let v = from_base36(s, what)?;
@@ -218,7 +225,7 @@ impl SharedResult {
                 out.push(SharedPoint { seq, materialized: timing(mt, mb)?, fused: timing(ft, fb)? });
             }
         }
-        Ok(SharedResult { adapter, backend, timing, batch, heads, head_dim, copy_mb_per_s, points: out })
+        Ok(SharedResult { adapter, backend, timing, dtype, batch, heads, head_dim, copy_mb_per_s, points: out })
     }
 }
 
@@ -304,6 +311,7 @@ mod tests {
             adapter: "llvmpipe (LLVM 15.0.6, 256 bits)".into(),
             backend: "vulkan".into(),
             timing: TimingMethod::GpuTimestamps,
+            dtype: Dtype::F32,
             batch: 1,
             heads: 8,
             head_dim: 64,
@@ -349,28 +357,30 @@ mod tests {
             "   ".to_string(),
             "2.x".to_string(),
             "hello".to_string(),
-            "1.a.b.t.1.1.1..".to_string() + "zz~",
+            "1.a.b.t.f32.1.1.1..".to_string() + "zz~",
+            "1.a.v.t.f64.1.1.1..".into(),
+            "1.a.v.t.1.1.1..".into(), // no dtype field
             good.replace(".t.", ".q."),
             good.replace('_', "__"),
             good.replacen("1.", "1..", 1),
             format!("{good}.extra"),
             good[..good.len() / 2].to_string(),
             good.replace("~", "~~"),
-            "1.~Z1.v.t.1.1.1..".into(),
-            "1.~C3.v.t.1.1.1..".into(), // a lone UTF-8 lead byte
-            "1.a.v.t.0.1.1..".into(),
-            "1.a.v.t.1.1.1..8~1~1~~_8~1~1~~".into(), // seq does not increase
-            "1.a.v.t.1.1.1..8~1~~~".into(),          // time without bytes
-            "1.a.v.t.1.1.1.zzzzzzzzzzzzzz.".into(),  // overflow
-            "1.a.v.t.1.1.1.A.".into(),
-            "1.a b.v.t.1.1.1..".into(),
-            "1.a%20b.v.t.1.1.1..".into(),
+            "1.~Z1.v.t.f32.1.1.1..".into(),
+            "1.~C3.v.t.f32.1.1.1..".into(), // a lone UTF-8 lead byte
+            "1.a.v.t.f32.0.1.1..".into(),
+            "1.a.v.t.f32.1.1.1..8~1~1~~_8~1~1~~".into(), // seq does not increase
+            "1.a.v.t.f32.1.1.1..8~1~~~".into(),          // time without bytes
+            "1.a.v.t.f32.1.1.1.zzzzzzzzzzzzzz.".into(),  // overflow
+            "1.a.v.t.f32.1.1.1.A.".into(),
+            "1.a b.v.t.f32.1.1.1..".into(),
+            "1.a%20b.v.t.f32.1.1.1..".into(),
             "x".repeat(MAX_LEN + 1),
         ];
         for c in cases {
             assert!(decode_compact(&c).is_err(), "accepted {c:?}");
         }
-        assert!(decode_compact("1.a.v.t.1.1.1..").is_ok(), "no points is a valid, empty result");
+        assert!(decode_compact("1.a.v.t.f32.1.1.1..").is_ok(), "no points is a valid, empty result");
     }
 
     #[test]
@@ -417,6 +427,7 @@ mod tests {
             adapter in "\\PC{0,16}",
             backend in "[a-z]{0,8}",
             wall in any::<bool>(),
+            half in any::<bool>(),
             batch in 1u32.., heads in 1u32.., head_dim in 1u32..,
             copy in proptest::option::of(any::<u64>()),
             seqs in proptest::collection::btree_set(1u32.., 0..12),
@@ -425,6 +436,7 @@ mod tests {
             let r = SharedResult {
                 adapter, backend,
                 timing: if wall { TimingMethod::WallClock } else { TimingMethod::GpuTimestamps },
+                dtype: if half { Dtype::F16 } else { Dtype::F32 },
                 batch, heads, head_dim, copy_mb_per_s: copy,
                 points: seqs.into_iter().zip(timings).map(|(seq, (m, f))| SharedPoint { seq, materialized: m, fused: f }).collect(),
             };

@@ -3,11 +3,12 @@
 //! `futures_channel::oneshot`, so the same code runs under `pollster` natively and under
 //! `wasm_bindgen_futures` in the browser.
 
-use super::kernels::{self, Kernels, Params};
+use super::kernels::{self, AttentionKernels, Kernels, Params};
+use super::reference;
 use super::results::TimingMethod;
 use super::sweep::{self, Kernel};
 use super::time::now_ms;
-use super::{AttentionShape, BenchError};
+use super::{AttentionShape, BenchError, Dtype};
 use futures_channel::oneshot;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -26,11 +27,13 @@ pub struct BenchOptions {
     /// Open the device with `max_buffer_size` and `max_storage_buffer_binding_size` lowered to
     /// this many bytes: for tests of the limit handling, or to stay gentle on a shared GPU.
     pub max_buffer_bytes: Option<u64>,
+    /// Enable `shader-f16` where the adapter has it, for [`Dtype::F16`] runs.
+    pub use_f16: bool,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { high_performance: true, use_timestamps: true, max_buffer_bytes: None }
+        BenchOptions { high_performance: true, use_timestamps: true, max_buffer_bytes: None, use_f16: true }
     }
 }
 
@@ -106,9 +109,12 @@ pub struct AdapterSummary {
     pub timestamps: bool,
     /// Nanoseconds per timestamp tick.
     pub timestamp_period_ns: f64,
+    /// Whether [`Dtype::F16`] runs are available (`shader-f16` enabled).
+    pub f16: bool,
 }
 
-/// What the scores kernel wrote (before the softmax) and the attention output, read back.
+/// What the scores kernel wrote (before the softmax) and the attention output, read back
+/// (as f32 whatever the element type on the GPU).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MaterializedOutput {
     /// `S = Q·Kᵀ/√d`, `[bh][s][s]`.
@@ -223,9 +229,13 @@ pub(crate) struct Inputs {
     q: wgpu::Buffer,
     k: wgpu::Buffer,
     v: wgpu::Buffer,
+    dtype: Dtype,
+    /// Bytes of O (as of each of Q, K, V).
+    out_bytes: u64,
 }
 
 struct MaterializedSetup {
+    dtype: Dtype,
     s: wgpu::Buffer,
     o: wgpu::Buffer,
     scores: wgpu::BindGroup,
@@ -234,6 +244,7 @@ struct MaterializedSetup {
 }
 
 struct FusedSetup {
+    dtype: Dtype,
     o: wgpu::Buffer,
     group: wgpu::BindGroup,
 }
@@ -262,7 +273,14 @@ impl Bench {
         let summary = LimitsSummary::from_wgpu(&limits);
         summary.check_needs()?;
         let timestamps = options.use_timestamps && adapter_features.contains(wgpu::Features::TIMESTAMP_QUERY);
-        let required_features = if timestamps { wgpu::Features::TIMESTAMP_QUERY } else { wgpu::Features::empty() };
+        let f16 = options.use_f16 && adapter_features.contains(wgpu::Features::SHADER_F16);
+        let mut required_features = wgpu::Features::empty();
+        if timestamps {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        if f16 {
+            required_features |= wgpu::Features::SHADER_F16;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("trainmem bench"),
@@ -310,9 +328,10 @@ impl Bench {
             features: feature_names(adapter_features),
             timestamps,
             timestamp_period_ns: if timestamps { queue.get_timestamp_period() as f64 } else { 0.0 },
+            f16,
         };
         let scope = ErrorScope::push(&device);
-        let kernels = Kernels::new(&device);
+        let kernels = Kernels::new(&device, f16);
         scope.pop().await.map_err(|e| match e {
             BenchError::Validation(m) => BenchError::Unsupported(format!("a kernel failed to compile: {m}")),
             other => other,
@@ -335,15 +354,23 @@ impl Bench {
     }
 
     /// Runs the materialized path (scores, softmax, P·V) once on the given Q, K, V
-    /// (`[bh][s][d]` each) and reads back S (as the scores kernel wrote it) and O.
-    pub async fn run_materialized(&self, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<MaterializedOutput, BenchError> {
-        self.check_run(Kernel::Materialized, shape, q, k, v)?;
+    /// (`[bh][s][d]` each, stored as `dtype` on the GPU) and reads back S (as the scores kernel
+    /// wrote it) and O.
+    pub async fn run_materialized(
+        &self,
+        shape: AttentionShape,
+        dtype: Dtype,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<MaterializedOutput, BenchError> {
+        self.check_run(Kernel::Materialized, shape, dtype, q, k, v)?;
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
-        let inputs = self.inputs(shape, q, k, v, &mut alloc)?;
+        let inputs = self.inputs(shape, dtype, q, k, v, &mut alloc)?;
         let setup = self.materialized_setup(shape, &inputs, &mut alloc)?;
-        let s_bytes = shape.score_elems() * 4;
-        let o_bytes = shape.qkv_elems() * 4;
+        let s_bytes = padded(shape.score_elems() * dtype.bytes());
+        let o_bytes = padded(shape.qkv_elems() * dtype.bytes());
         let read_s = self.buffer("scores readback", s_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, &mut alloc)?;
         let read_o = self.buffer("out readback", o_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, &mut alloc)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
@@ -351,26 +378,27 @@ impl Bench {
         enc.copy_buffer_to_buffer(&setup.o, 0, &read_o, 0, o_bytes);
         self.queue.submit([enc.finish()]);
         scope.pop().await?;
-        let scores = self.read_f32(&read_s).await?;
-        let out = self.read_f32(&read_o).await?;
+        let scores = self.read_values(&read_s, dtype, shape.score_elems()).await?;
+        let out = self.read_values(&read_o, dtype, shape.qkv_elems()).await?;
         Ok(MaterializedOutput { scores, out })
     }
 
-    /// Runs the fused kernel once on the given Q, K, V (`[bh][s][d]` each) and reads back O.
-    pub async fn run_fused(&self, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>, BenchError> {
-        self.check_run(Kernel::Fused, shape, q, k, v)?;
+    /// Runs the fused kernel once on the given Q, K, V (`[bh][s][d]` each, stored as `dtype`
+    /// on the GPU) and reads back O.
+    pub async fn run_fused(&self, shape: AttentionShape, dtype: Dtype, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>, BenchError> {
+        self.check_run(Kernel::Fused, shape, dtype, q, k, v)?;
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
-        let inputs = self.inputs(shape, q, k, v, &mut alloc)?;
+        let inputs = self.inputs(shape, dtype, q, k, v, &mut alloc)?;
         let setup = self.fused_setup(&inputs, &mut alloc)?;
-        let o_bytes = shape.qkv_elems() * 4;
+        let o_bytes = padded(shape.qkv_elems() * dtype.bytes());
         let read_o = self.buffer("out readback", o_bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, &mut alloc)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
         self.encode_fused(&mut enc, shape, &setup, None);
         enc.copy_buffer_to_buffer(&setup.o, 0, &read_o, 0, o_bytes);
         self.queue.submit([enc.finish()]);
         scope.pop().await?;
-        self.read_f32(&read_o).await
+        self.read_values(&read_o, dtype, shape.qkv_elems()).await
     }
 
     /// Measures copy bandwidth with `copy.wgsl` over a buffer of (about) `bytes` bytes, lowered
@@ -411,15 +439,17 @@ impl Bench {
         &self,
         kernel: Kernel,
         shape: AttentionShape,
+        dtype: Dtype,
         warmup: u32,
         runs: u32,
         seed: u64,
     ) -> Result<Timed, BenchError> {
-        sweep::check_fit(kernel, shape, &self.info.limits).map_err(BenchError::TooLarge)?;
+        self.kernels_for(dtype)?;
+        sweep::check_fit(kernel, shape, dtype, &self.info.limits).map_err(BenchError::TooLarge)?;
         let (q, k, v) = super::reference::random_qkv(shape, seed);
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
-        let inputs = self.inputs(shape, &q, &k, &v, &mut alloc)?;
+        let inputs = self.inputs(shape, dtype, &q, &k, &v, &mut alloc)?;
         drop((q, k, v));
         let timed = match kernel {
             Kernel::Materialized => {
@@ -452,16 +482,29 @@ impl Bench {
         }
     }
 
-    fn check_run(&self, kernel: Kernel, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Result<(), BenchError> {
+    /// The pipelines for `dtype`, or why there are none.
+    fn kernels_for(&self, dtype: Dtype) -> Result<&AttentionKernels, BenchError> {
+        match dtype {
+            Dtype::F32 => Ok(&self.kernels.f32),
+            Dtype::F16 => self
+                .kernels
+                .f16
+                .as_ref()
+                .ok_or_else(|| BenchError::Unsupported("f16 needs the adapter's shader-f16 feature, which this one lacks".into())),
+        }
+    }
+
+    fn check_run(&self, kernel: Kernel, shape: AttentionShape, dtype: Dtype, q: &[f32], k: &[f32], v: &[f32]) -> Result<(), BenchError> {
         self.check()?;
         sweep::check_shape(shape).map_err(BenchError::InvalidOptions)?;
+        self.kernels_for(dtype)?;
         let n = shape.qkv_elems();
         for (name, x) in [("q", q), ("k", k), ("v", v)] {
             if x.len() as u64 != n {
                 return Err(BenchError::InvalidOptions(format!("{name} has {} elements, the shape needs {n}", x.len())));
             }
         }
-        sweep::check_fit(kernel, shape, &self.info.limits).map_err(BenchError::TooLarge)
+        sweep::check_fit(kernel, shape, dtype, &self.info.limits).map_err(BenchError::TooLarge)
     }
 
     /// Creates a buffer after checking it against the device's limits; adds its size to `alloc`.
@@ -481,19 +524,19 @@ impl Bench {
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false }))
     }
 
-    fn inputs(&self, shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32], alloc: &mut u64) -> Result<Inputs, BenchError> {
+    fn inputs(&self, shape: AttentionShape, dtype: Dtype, q: &[f32], k: &[f32], v: &[f32], alloc: &mut u64) -> Result<Inputs, BenchError> {
         let params = Params { seq: shape.seq, head_dim: shape.head_dim, bh: shape.bh() as u32, scale: shape.scale() };
         let uniform = self.buffer("params", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST, alloc)?;
         self.queue.write_buffer(&uniform, 0, bytemuck::bytes_of(&params));
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        let bytes = shape.qkv_elems() * 4;
+        let bytes = shape.qkv_elems() * dtype.bytes();
         let mut make = |label: &str, data: &[f32]| -> Result<wgpu::Buffer, BenchError> {
             let b = self.buffer(label, bytes, usage, alloc)?;
-            self.queue.write_buffer(&b, 0, bytemuck::cast_slice(data));
+            self.queue.write_buffer(&b, 0, &encode_values(data, dtype));
             Ok(b)
         };
         let (qb, kb, vb) = (make("q", q)?, make("k", k)?, make("v", v)?);
-        Ok(Inputs { params: uniform, q: qb, k: kb, v: vb })
+        Ok(Inputs { params: uniform, q: qb, k: kb, v: vb, dtype, out_bytes: bytes })
     }
 
     fn group(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
@@ -507,10 +550,13 @@ impl Bench {
     }
 
     fn materialized_setup(&self, shape: AttentionShape, inputs: &Inputs, alloc: &mut u64) -> Result<MaterializedSetup, BenchError> {
-        let s = self.buffer("scores", shape.score_elems() * 4, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
-        let o = self.buffer("out", shape.qkv_elems() * 4, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
-        let k = &self.kernels;
+        let dtype = inputs.dtype;
+        let k = self.kernels_for(dtype)?;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        let s = self.buffer("scores", shape.score_elems() * dtype.bytes(), usage, alloc)?;
+        let o = self.buffer("out", inputs.out_bytes, usage, alloc)?;
         Ok(MaterializedSetup {
+            dtype,
             scores: self.group("scores", &k.scores, &[&inputs.params, &inputs.q, &inputs.k, &s]),
             softmax: self.group("softmax", &k.softmax, &[&inputs.params, &s]),
             pv: self.group("pv", &k.pv, &[&inputs.params, &s, &inputs.v, &o]),
@@ -520,9 +566,9 @@ impl Bench {
     }
 
     fn fused_setup(&self, inputs: &Inputs, alloc: &mut u64) -> Result<FusedSetup, BenchError> {
-        let o = self.buffer("out", inputs.q.size(), wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
-        let group = self.group("fused", &self.kernels.fused, &[&inputs.params, &inputs.q, &inputs.k, &inputs.v, &o]);
-        Ok(FusedSetup { o, group })
+        let o = self.buffer("out", inputs.out_bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, alloc)?;
+        let group = self.group("fused", &self.kernels_for(inputs.dtype)?.fused, &[&inputs.params, &inputs.q, &inputs.k, &inputs.v, &o]);
+        Ok(FusedSetup { dtype: inputs.dtype, o, group })
     }
 
     /// Scores, softmax and P·V as three compute passes (a timestamp at the start of the first
@@ -537,21 +583,22 @@ impl Bench {
     ) {
         let (s, d, bh) = (shape.seq as u64, shape.head_dim as u64, shape.bh() as u32);
         let block = kernels::BLOCK as u64;
+        let k = if setup.dtype == Dtype::F16 { self.kernels.f16.as_ref().unwrap_or(&self.kernels.f32) } else { &self.kernels.f32 };
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("scores"),
                 timestamp_writes: timestamp_writes(ts, true, false),
             });
-            pass.set_pipeline(&self.kernels.scores);
+            pass.set_pipeline(&k.scores);
             pass.set_bind_group(0, &setup.scores, &[]);
             pass.dispatch_workgroups(ceil_div(s, block), ceil_div(s, block), bh);
         }
         if let Some(dst) = scores_copy {
-            enc.copy_buffer_to_buffer(&setup.s, 0, dst, 0, shape.score_elems() * 4);
+            enc.copy_buffer_to_buffer(&setup.s, 0, dst, 0, padded(shape.score_elems() * setup.dtype.bytes()));
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("softmax"), timestamp_writes: None });
-            pass.set_pipeline(&self.kernels.softmax);
+            pass.set_pipeline(&k.softmax);
             pass.set_bind_group(0, &setup.softmax, &[]);
             pass.dispatch_workgroups(shape.seq, bh, 1);
         }
@@ -560,7 +607,7 @@ impl Bench {
                 label: Some("pv"),
                 timestamp_writes: timestamp_writes(ts, false, true),
             });
-            pass.set_pipeline(&self.kernels.pv);
+            pass.set_pipeline(&k.pv);
             pass.set_bind_group(0, &setup.pv, &[]);
             pass.dispatch_workgroups(ceil_div(d, block), ceil_div(s, block), bh);
         }
@@ -569,7 +616,8 @@ impl Bench {
     fn encode_fused(&self, enc: &mut wgpu::CommandEncoder, shape: AttentionShape, setup: &FusedSetup, ts: Option<(&wgpu::QuerySet, u32)>) {
         let mut pass = enc
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("fused"), timestamp_writes: timestamp_writes(ts, true, true) });
-        pass.set_pipeline(&self.kernels.fused);
+        let k = if setup.dtype == Dtype::F16 { self.kernels.f16.as_ref().unwrap_or(&self.kernels.f32) } else { &self.kernels.f32 };
+        pass.set_pipeline(&k.fused);
         pass.set_bind_group(0, &setup.group, &[]);
         pass.dispatch_workgroups(ceil_div(shape.seq as u64, kernels::FUSED_ROWS as u64), shape.bh() as u32, 1);
     }
@@ -694,10 +742,31 @@ impl Bench {
         Ok(bytes)
     }
 
-    async fn read_f32(&self, buffer: &wgpu::Buffer) -> Result<Vec<f32>, BenchError> {
+    /// Reads `n` values of `dtype` back as f32.
+    async fn read_values(&self, buffer: &wgpu::Buffer, dtype: Dtype, n: u64) -> Result<Vec<f32>, BenchError> {
         let bytes = self.read(buffer).await?;
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        let mut out: Vec<f32> = match dtype {
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| reference::f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        };
+        out.truncate(n as usize);
+        Ok(out)
     }
+}
+
+/// Buffer sizes and copies are multiples of 4 bytes (an odd count of f16 needs padding).
+fn padded(bytes: u64) -> u64 {
+    bytes.max(4).next_multiple_of(4)
+}
+
+/// The bytes of `data` as `dtype`, little-endian, padded to a multiple of 4.
+fn encode_values(data: &[f32], dtype: Dtype) -> Vec<u8> {
+    let mut bytes: Vec<u8> = match dtype {
+        Dtype::F32 => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Dtype::F16 => data.iter().flat_map(|&x| reference::f32_to_f16_bits(x).to_le_bytes()).collect(),
+    };
+    bytes.resize(padded(bytes.len() as u64) as usize, 0);
+    bytes
 }
 
 fn classify(e: wgpu::Error) -> BenchError {

@@ -10,15 +10,24 @@ pub(crate) const PV_WGSL: &str = include_str!("pv.wgsl");
 pub(crate) const FUSED_WGSL: &str = include_str!("fused.wgsl");
 /// `dst = src` (vec4), the bandwidth probe.
 pub(crate) const COPY_WGSL: &str = include_str!("copy.wgsl");
+/// The half-precision variants (`enable f16;`, f16 in memory, f32 arithmetic).
+pub(crate) const SCORES_F16_WGSL: &str = include_str!("scores_f16.wgsl");
+pub(crate) const SOFTMAX_F16_WGSL: &str = include_str!("softmax_f16.wgsl");
+pub(crate) const PV_F16_WGSL: &str = include_str!("pv_f16.wgsl");
+pub(crate) const FUSED_F16_WGSL: &str = include_str!("fused_f16.wgsl");
 
 /// Every kernel, by file name (for the validation tests).
 #[cfg(test)]
-pub(crate) const ALL: [(&str, &str); 5] = [
+pub(crate) const ALL: [(&str, &str); 9] = [
     ("scores.wgsl", SCORES_WGSL),
     ("softmax.wgsl", SOFTMAX_WGSL),
     ("pv.wgsl", PV_WGSL),
     ("fused.wgsl", FUSED_WGSL),
     ("copy.wgsl", COPY_WGSL),
+    ("scores_f16.wgsl", SCORES_F16_WGSL),
+    ("softmax_f16.wgsl", SOFTMAX_F16_WGSL),
+    ("pv_f16.wgsl", PV_F16_WGSL),
+    ("fused_f16.wgsl", FUSED_F16_WGSL),
 ];
 
 /// Workgroup size (each side) of `scores.wgsl` and `pv.wgsl`: 16 × 16 invocations.
@@ -46,18 +55,26 @@ pub(crate) struct Params {
     pub scale: f32,
 }
 
-/// The compiled pipelines (bind group layouts are derived from the shaders).
-pub(crate) struct Kernels {
+/// The attention pipelines of one element type.
+pub(crate) struct AttentionKernels {
     pub scores: wgpu::ComputePipeline,
     pub softmax: wgpu::ComputePipeline,
     pub pv: wgpu::ComputePipeline,
     pub fused: wgpu::ComputePipeline,
+}
+
+/// The compiled pipelines (bind group layouts are derived from the shaders).
+pub(crate) struct Kernels {
+    pub f32: AttentionKernels,
+    /// Present where the device has `SHADER_F16`.
+    pub f16: Option<AttentionKernels>,
     pub copy: wgpu::ComputePipeline,
 }
 
 impl Kernels {
-    /// Compiles every kernel on `device`. Errors surface through the caller's error scope.
-    pub fn new(device: &wgpu::Device) -> Kernels {
+    /// Compiles every kernel on `device` (the f16 ones if `f16`). Errors surface through the
+    /// caller's error scope.
+    pub fn new(device: &wgpu::Device, f16: bool) -> Kernels {
         let make = |label: &str, src: &str| {
             let module = device
                 .create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(src.into()) });
@@ -71,10 +88,18 @@ impl Kernels {
             })
         };
         Kernels {
-            scores: make("scores.wgsl", SCORES_WGSL),
-            softmax: make("softmax.wgsl", SOFTMAX_WGSL),
-            pv: make("pv.wgsl", PV_WGSL),
-            fused: make("fused.wgsl", FUSED_WGSL),
+            f32: AttentionKernels {
+                scores: make("scores.wgsl", SCORES_WGSL),
+                softmax: make("softmax.wgsl", SOFTMAX_WGSL),
+                pv: make("pv.wgsl", PV_WGSL),
+                fused: make("fused.wgsl", FUSED_WGSL),
+            },
+            f16: f16.then(|| AttentionKernels {
+                scores: make("scores_f16.wgsl", SCORES_F16_WGSL),
+                softmax: make("softmax_f16.wgsl", SOFTMAX_F16_WGSL),
+                pv: make("pv_f16.wgsl", PV_F16_WGSL),
+                fused: make("fused_f16.wgsl", FUSED_F16_WGSL),
+            }),
             copy: make("copy.wgsl", COPY_WGSL),
         }
     }
@@ -86,9 +111,13 @@ mod tests {
 
     fn validate(name: &str, src: &str) -> Result<naga::valid::ModuleInfo, String> {
         let module = naga::front::wgsl::parse_str(src).map_err(|e| format!("{name}: {}", e.emit_to_string(src)))?;
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::default())
-            .validate(&module)
-            .map_err(|e| format!("{name}: {e:?}"))
+        // The f16 kernels need the capability the `shader-f16` feature grants; the others don't.
+        let caps = if src.contains("enable f16;") {
+            naga::valid::Capabilities::default() | naga::valid::Capabilities::SHADER_FLOAT16
+        } else {
+            naga::valid::Capabilities::default()
+        };
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).map_err(|e| format!("{name}: {e:?}"))
     }
 
     #[test]
@@ -128,6 +157,7 @@ mod tests {
             assert!(workgroup_bytes(src) <= 16384, "{name}: {} bytes", workgroup_bytes(src));
         }
         assert_eq!(workgroup_bytes(FUSED_WGSL), FUSED_WORKGROUP_BYTES);
+        assert_eq!(workgroup_bytes(FUSED_F16_WGSL), FUSED_WORKGROUP_BYTES);
     }
 
     #[test]

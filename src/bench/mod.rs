@@ -67,7 +67,7 @@ pub use compact::{decode_compact, encode_compact, DecodeError, SharedPoint, Shar
 pub use gpu::{AdapterSummary, Bench, BenchOptions, CopyProbe, LimitsSummary, MaterializedOutput};
 pub use results::{fit_loglog, KernelPoint, KernelSlopes, Slopes, StopReason, SweepPoint, SweepResult, TimingMethod};
 pub use sweep::{fused_bytes, materialized_bytes, max_materializable_seq, seq_ladder, CancelToken, SweepOptions, SweepProgress, MAX_RUNS};
-pub use verify::{verify, verify_shapes, VerifyCase, VerifyReport, TOLERANCE};
+pub use verify::{verify, verify_shapes, VerifyCase, VerifyReport, TOLERANCE, TOLERANCE_F16};
 
 use serde::{Deserialize, Serialize};
 
@@ -106,8 +106,45 @@ pub enum BenchError {
     TooLarge(String),
 }
 
+/// Element type of Q, K, V, S (and P) and O in GPU memory. Arithmetic is f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    F32,
+    /// Needs the adapter's `shader-f16` feature ([`AdapterSummary::f16`]).
+    F16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 => 2,
+        }
+    }
+
+    /// "f32" or "f16".
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+        }
+    }
+
+    /// Reads "f32" or "f16".
+    pub fn parse(s: &str) -> Option<Dtype> {
+        match s {
+            "f32" => Some(Dtype::F32),
+            "f16" => Some(Dtype::F16),
+            _ => None,
+        }
+    }
+}
+
 /// The shape of one attention computation: `batch × heads` independent heads of `seq` tokens
-/// and `head_dim` channels, f32. Q, K, V and O are laid out `[batch·heads][seq][head_dim]`,
+/// and `head_dim` channels (element type apart: see [`Dtype`]). Q, K, V and O are laid out `[batch·heads][seq][head_dim]`,
 /// S and P `[batch·heads][seq][seq]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttentionShape {

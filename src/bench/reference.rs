@@ -78,6 +78,60 @@ pub fn attention(shape: AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<
     o
 }
 
+/// The bits of the f16 nearest to `x` (ties to even); beyond the f16 range, ±∞; NaN stays NaN.
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let round = |full: u32, shift: u32| -> u32 {
+        let m = full >> shift;
+        let rem = full & ((1 << shift) - 1);
+        let half = 1 << (shift - 1);
+        if rem > half || (rem == half && m & 1 == 1) {
+            m + 1
+        } else {
+            m
+        }
+    };
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        // Subnormal f16 (or zero): m × 2⁻²⁴ with m = (1.man) · 2^(exp−126).
+        let shift = (14 - e) as u32;
+        if shift >= 25 {
+            return sign;
+        }
+        return sign | round(man | 0x80_0000, shift) as u16;
+    }
+    // Normal: a mantissa carry into the exponent (and up to ∞) is the right answer.
+    let m = round(man, 13);
+    sign | (((e as u32) << 10) + m) as u16
+}
+
+/// The f32 value of f16 bits (exact).
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let e = ((h >> 10) & 0x1f) as i32;
+    let m = (h & 0x3ff) as f32;
+    match e {
+        0 => sign * m * (-24f32).exp2(),
+        0x1f if m == 0.0 => sign * f32::INFINITY,
+        0x1f => f32::NAN,
+        _ => sign * (1.0 + m / 1024.0) * ((e - 15) as f32).exp2(),
+    }
+}
+
+/// Every value rounded to the nearest f16 (what an f16 buffer holds).
+pub fn round_to_f16(xs: &[f32]) -> Vec<f32> {
+    xs.iter().map(|&x| f16_bits_to_f32(f32_to_f16_bits(x))).collect()
+}
+
 /// Largest absolute difference between two equally long slices (∞ if the lengths differ or
 /// a value is not finite).
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
@@ -152,6 +206,42 @@ mod tests {
         let s1 = shape(1, 5, 3);
         let o1 = attention(s1, &q[15..], &k[15..], &v[15..]);
         assert_eq!(&o[15..], &o1[..]);
+    }
+
+    #[test]
+    fn f32_to_f16_rounds_to_nearest_even_like_ieee() {
+        let cases: [(f32, u16); 12] = [
+            (0.0, 0x0000),
+            (-0.0, 0x8000),
+            (1.0, 0x3c00),
+            (-2.0, 0xc000),
+            (0.1, 0x2e66),
+            (65504.0, 0x7bff),
+            (65520.0, 0x7c00), // halfway to 65536: ties to even, past the largest f16
+            (1e9, 0x7c00),
+            ((-24f32).exp2(), 0x0001),
+            ((-25f32).exp2(), 0x0000), // halfway to the smallest subnormal: ties to even
+            (1.5 * (-25f32).exp2(), 0x0001),
+            (1.0 + (-11f32).exp2(), 0x3c00), // halfway between 1 and its successor: even
+        ];
+        for (x, bits) in cases {
+            assert_eq!(f32_to_f16_bits(x), bits, "{x}");
+        }
+        assert_eq!(f32_to_f16_bits(1.0 + 3.0 * (-11f32).exp2()), 0x3c02);
+        assert!(f16_bits_to_f32(f32_to_f16_bits(f32::NAN)).is_nan());
+        assert_eq!(f16_bits_to_f32(f32_to_f16_bits(f32::NEG_INFINITY)), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn every_f16_survives_a_round_trip_through_f32() {
+        for h in 0..=u16::MAX {
+            let x = f16_bits_to_f32(h);
+            if x.is_nan() {
+                assert!(h & 0x7c00 == 0x7c00 && h & 0x3ff != 0);
+            } else {
+                assert_eq!(f32_to_f16_bits(x), h, "{h:#06x} → {x}");
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Results of a sweep: the per-point table, log-log fits, CSV and JSON.
 
 use super::gpu::{AdapterSummary, CopyProbe};
+use super::Dtype;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -82,7 +83,8 @@ pub struct KernelPoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepPoint {
     pub seq: u32,
-    /// Bytes of the materialized score matrix, `b·a·s²·4`: the estimator's attention-score term.
+    /// Bytes of the materialized score matrix, `b·a·s²·element size`: the estimator's
+    /// attention-score term.
     pub score_bytes: u64,
     /// `None` where the materialized path no longer fits (or was not run).
     pub materialized: Option<KernelPoint>,
@@ -110,15 +112,16 @@ pub struct Slopes {
 }
 
 impl Slopes {
-    /// Fits time and memory against seq for each kernel, from `(seq, ms, bytes)` series; the
-    /// score matrix's bytes over the materialized series' seqs for `b·a` heads.
-    pub fn fit(materialized: &[(f64, f64, f64)], fused: &[(f64, f64, f64)], bh: u64) -> Slopes {
+    /// Fits time and memory against seq for each kernel, from `(seq, ms, bytes)` series; and
+    /// the score matrix's bytes, `score_bytes_per_seq2 · s²` (that is `b·a·element size`), over
+    /// the materialized series' seqs.
+    pub fn fit(materialized: &[(f64, f64, f64)], fused: &[(f64, f64, f64)], score_bytes_per_seq2: u64) -> Slopes {
         let one = |series: &[(f64, f64, f64)]| {
             let time: Vec<(f64, f64)> = series.iter().map(|&(s, t, _)| (s, t)).collect();
             let memory: Vec<(f64, f64)> = series.iter().map(|&(s, _, b)| (s, b)).collect();
             KernelSlopes { time: fit_loglog(&time), memory: fit_loglog(&memory) }
         };
-        let scores: Vec<(f64, f64)> = materialized.iter().map(|&(s, _, _)| (s, bh as f64 * s * s * 4.0)).collect();
+        let scores: Vec<(f64, f64)> = materialized.iter().map(|&(s, _, _)| (s, score_bytes_per_seq2 as f64 * s * s)).collect();
         Slopes { materialized: one(materialized), fused: one(fused), scores_memory: fit_loglog(&scores) }
     }
 }
@@ -130,8 +133,8 @@ pub struct SweepResult {
     pub batch: u32,
     pub heads: u32,
     pub head_dim: u32,
-    /// Element type of Q, K, V, S, O ("f32").
-    pub dtype: String,
+    /// Element type of Q, K, V, S, O in GPU memory.
+    pub dtype: Dtype,
     /// How the points were timed (wall clock if any point fell back to it).
     pub timing: TimingMethod,
     /// The copy-bandwidth probe, if it ran.

@@ -4,7 +4,7 @@
 use super::gpu::{Bench, LimitsSummary};
 use super::results::{median, KernelPoint, Slopes, StopReason, SweepPoint, SweepResult, TimingMethod};
 use super::time::now_ms;
-use super::{kernels, AttentionShape, BenchError};
+use super::{kernels, AttentionShape, BenchError, Dtype};
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use std::rc::Rc;
@@ -49,6 +49,9 @@ pub struct SweepOptions {
     pub copy_probe_bytes: u64,
     /// Seed of the random Q, K, V.
     pub seed: u64,
+    /// Element type of Q, K, V, S, O in GPU memory ([`Dtype::F16`] needs
+    /// [`AdapterSummary::f16`](super::AdapterSummary::f16)).
+    pub dtype: Dtype,
 }
 
 impl Default for SweepOptions {
@@ -65,6 +68,7 @@ impl Default for SweepOptions {
             runs: 5,
             copy_probe_bytes: 64 << 20,
             seed: 0x5eed,
+            dtype: Dtype::F32,
         }
     }
 }
@@ -191,7 +195,7 @@ fn mib(bytes: u64) -> String {
 /// Whether one run of `kernel` at `shape` stays within the device's limits: every storage
 /// buffer within `max_buffer_size` and `max_storage_buffer_binding_size` and within what
 /// 32-bit indices address, every dispatch within `max_compute_workgroups_per_dimension`.
-pub(crate) fn check_fit(kernel: Kernel, shape: AttentionShape, limits: &LimitsSummary) -> Result<(), String> {
+pub(crate) fn check_fit(kernel: Kernel, shape: AttentionShape, dtype: Dtype, limits: &LimitsSummary) -> Result<(), String> {
     check_shape(shape)?;
     let max_bytes = limits.max_storage_bytes();
     let max_groups = limits.max_compute_workgroups_per_dimension as u64;
@@ -206,7 +210,7 @@ pub(crate) fn check_fit(kernel: Kernel, shape: AttentionShape, limits: &LimitsSu
         Kernel::Fused => dispatches.push(("seq/16 (fused row blocks)", (shape.seq as u64).div_ceil(kernels::FUSED_ROWS as u64))),
     }
     for (what, elems) in buffers {
-        let bytes = elems * 4;
+        let bytes = pad4(elems * dtype.bytes());
         if bytes > max_bytes {
             return Err(format!(
                 "{what} at seq {} needs {} per buffer, above the device's limit of {}",
@@ -229,20 +233,20 @@ pub(crate) fn check_fit(kernel: Kernel, shape: AttentionShape, limits: &LimitsSu
 
 /// Bytes of the buffers a materialized run creates, timestamp buffers aside: the params
 /// uniform (16), Q, K, V, O (`b·a·s·d·4` each) and S (`b·a·s²·4`).
-pub fn materialized_bytes(shape: AttentionShape) -> u64 {
-    16 + 4 * shape.qkv_elems() * 4 + shape.score_elems() * 4
+pub fn materialized_bytes(shape: AttentionShape, dtype: Dtype) -> u64 {
+    16 + 4 * pad4(shape.qkv_elems() * dtype.bytes()) + pad4(shape.score_elems() * dtype.bytes())
 }
 
 /// Bytes of the buffers a fused run creates, timestamp buffers aside: the params uniform,
 /// Q, K, V and O. Linear in seq.
-pub fn fused_bytes(shape: AttentionShape) -> u64 {
-    16 + 4 * shape.qkv_elems() * 4
+pub fn fused_bytes(shape: AttentionShape, dtype: Dtype) -> u64 {
+    16 + 4 * pad4(shape.qkv_elems() * dtype.bytes())
 }
 
 /// The largest seq whose materialized run fits the device's limits for this batch, head
 /// count and head_dim (`shape.seq` is ignored); 0 if none does.
-pub fn max_materializable_seq(shape: AttentionShape, limits: &LimitsSummary) -> u32 {
-    let fits = |s: u32| check_fit(Kernel::Materialized, AttentionShape { seq: s, ..shape }, limits).is_ok();
+pub fn max_materializable_seq(shape: AttentionShape, dtype: Dtype, limits: &LimitsSummary) -> u32 {
+    let fits = |s: u32| check_fit(Kernel::Materialized, AttentionShape { seq: s, ..shape }, dtype, limits).is_ok();
     if !fits(1) {
         return 0;
     }
@@ -269,9 +273,15 @@ fn timestamp_bytes(timestamps: bool, runs: u32) -> u64 {
     }
 }
 
+/// Buffers are whole multiples of 4 bytes.
+fn pad4(bytes: u64) -> u64 {
+    bytes.max(4).next_multiple_of(4)
+}
+
 fn kernel_point(
     kernel: Kernel,
     shape: AttentionShape,
+    dtype: Dtype,
     times: &[f64],
     method: TimingMethod,
     bytes_allocated: u64,
@@ -280,9 +290,9 @@ fn kernel_point(
     let med = median(times);
     let min = times.iter().copied().fold(f64::INFINITY, f64::min);
     let max = times.iter().copied().fold(0.0, f64::max);
-    let linear = 4 * shape.qkv_elems() * 4;
+    let linear = 4 * shape.qkv_elems() * dtype.bytes();
     let bytes_moved = match kernel {
-        Kernel::Materialized => linear + 4 * shape.score_elems() * 4,
+        Kernel::Materialized => linear + 4 * shape.score_elems() * dtype.bytes(),
         Kernel::Fused => linear,
     };
     let secs = med.max(1e-9) / 1e3;
@@ -317,16 +327,19 @@ impl Bench {
     ) -> Result<SweepResult, BenchError> {
         opts.validate()?;
         self.check()?;
+        if opts.dtype == Dtype::F16 && !self.info().f16 {
+            return Err(BenchError::Unsupported("f16 needs the adapter's shader-f16 feature, which this one lacks".into()));
+        }
         let t0 = now_ms();
         let info = self.info().clone();
         let limits = &info.limits;
         let runs = opts.runs;
         let fits = |kernel: Kernel, s: u32| -> Result<(), StopReason> {
             let shape = opts.shape(s);
-            check_fit(kernel, shape, limits).map_err(|_| StopReason::AdapterLimit)?;
+            check_fit(kernel, shape, opts.dtype, limits).map_err(|_| StopReason::AdapterLimit)?;
             let own = match kernel {
-                Kernel::Materialized => materialized_bytes(shape),
-                Kernel::Fused => fused_bytes(shape),
+                Kernel::Materialized => materialized_bytes(shape, opts.dtype),
+                Kernel::Fused => fused_bytes(shape, opts.dtype),
             };
             if own + timestamp_bytes(info.timestamps, runs) > opts.mem_cap_bytes {
                 return Err(StopReason::MemoryCap);
@@ -387,7 +400,7 @@ impl Bench {
                 break;
             }
             let shape = opts.shape(s);
-            let mut point = SweepPoint { seq: s, score_bytes: shape.score_elems() * 4, materialized: None, fused: None };
+            let mut point = SweepPoint { seq: s, score_bytes: shape.score_elems() * opts.dtype.bytes(), materialized: None, fused: None };
             for (i, &kernel) in active.iter().enumerate() {
                 if i > 0 && cancel.is_cancelled() {
                     points.push(point);
@@ -395,7 +408,7 @@ impl Bench {
                     break 'points;
                 }
                 let c0 = now_ms();
-                let timed = match self.measure(kernel, shape, opts.warmup, runs, opts.seed ^ (s as u64) << 8).await {
+                let timed = match self.measure(kernel, shape, opts.dtype, opts.warmup, runs, opts.seed ^ (s as u64) << 8).await {
                     Ok(t) => t,
                     // The device's limits allowed the buffers but its memory did not: this
                     // kernel stops here, the sweep goes on with the other.
@@ -410,7 +423,7 @@ impl Bench {
                 };
                 last_cost[kernel as usize] = Some((s, now_ms() - c0));
                 wall_clock_used |= timed.method == TimingMethod::WallClock;
-                let kp = kernel_point(kernel, shape, &timed.times_ms, timed.method, timed.bytes_allocated, copy_gbps);
+                let kp = kernel_point(kernel, shape, opts.dtype, &timed.times_ms, timed.method, timed.bytes_allocated, copy_gbps);
                 match kernel {
                     Kernel::Materialized => point.materialized = Some(kp),
                     Kernel::Fused => point.fused = Some(kp),
@@ -429,11 +442,11 @@ impl Bench {
             batch: opts.batch,
             heads: opts.heads,
             head_dim: opts.head_dim,
-            dtype: "f32".into(),
+            dtype: opts.dtype,
             timing: if wall_clock_used || !info.timestamps { TimingMethod::WallClock } else { TimingMethod::GpuTimestamps },
             copy,
             largest_materialized_seq: points.iter().filter(|p| p.materialized.is_some()).map(|p| p.seq).max(),
-            materializable_seq_limit: max_materializable_seq(opts.shape(1), limits),
+            materializable_seq_limit: max_materializable_seq(opts.shape(1), opts.dtype, limits),
             materialized_stop: mat_stop.unwrap_or(stop),
             stop,
             elapsed_ms: now_ms() - t0,
@@ -441,7 +454,7 @@ impl Bench {
             slopes: Slopes::default(),
             adapter: info,
         };
-        result.slopes = Slopes::fit(&result.series(false), &result.series(true), opts.shape(1).bh());
+        result.slopes = Slopes::fit(&result.series(false), &result.series(true), opts.shape(1).bh() * opts.dtype.bytes());
         Ok(result)
     }
 }
@@ -449,6 +462,8 @@ impl Bench {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const F32: Dtype = Dtype::F32;
 
     fn limits(max_bytes: u64) -> LimitsSummary {
         LimitsSummary {
@@ -481,25 +496,27 @@ mod tests {
     fn the_materialized_path_stops_where_the_score_matrix_exceeds_the_buffer_limit() {
         // 8 heads × s² × 4 bytes ≤ 128 MiB  ⇔  s ≤ 2048.
         let l = limits(128 << 20);
-        assert!(check_fit(Kernel::Materialized, shape(2048), &l).is_ok());
-        assert!(check_fit(Kernel::Materialized, shape(2049), &l).is_err());
-        assert_eq!(max_materializable_seq(shape(0), &l), 2048);
+        assert!(check_fit(Kernel::Materialized, shape(2048), F32, &l).is_ok());
+        assert!(check_fit(Kernel::Materialized, shape(2049), F32, &l).is_err());
+        assert_eq!(max_materializable_seq(shape(0), F32, &l), 2048);
+        // Half the bytes per score: √2 times the seq.
+        assert_eq!(max_materializable_seq(shape(0), Dtype::F16, &l), 2896);
         // The fused kernel only needs Q, K, V, O: s·64·8·4 ≤ 128 MiB ⇔ s ≤ 65536.
-        assert!(check_fit(Kernel::Fused, shape(65536), &l).is_ok());
-        assert!(check_fit(Kernel::Fused, shape(65537), &l).is_err());
+        assert!(check_fit(Kernel::Fused, shape(65536), F32, &l).is_ok());
+        assert!(check_fit(Kernel::Fused, shape(65537), F32, &l).is_err());
     }
 
     #[test]
     fn dispatch_limits_and_32_bit_indexing_bound_the_fit() {
         let mut l = limits(u64::MAX);
         l.max_compute_workgroups_per_dimension = 1000;
-        assert!(check_fit(Kernel::Materialized, shape(1000), &l).is_ok());
-        assert!(check_fit(Kernel::Materialized, shape(1001), &l).is_err(), "softmax dispatches one workgroup per row");
-        assert!(check_fit(Kernel::Fused, shape(16000), &l).is_ok());
-        assert!(check_fit(Kernel::Fused, shape(16001), &l).is_err(), "one fused workgroup per 16 query rows");
+        assert!(check_fit(Kernel::Materialized, shape(1000), F32, &l).is_ok());
+        assert!(check_fit(Kernel::Materialized, shape(1001), F32, &l).is_err(), "softmax dispatches one workgroup per row");
+        assert!(check_fit(Kernel::Fused, shape(16000), F32, &l).is_ok());
+        assert!(check_fit(Kernel::Fused, shape(16001), F32, &l).is_err(), "one fused workgroup per 16 query rows");
         let l = limits(u64::MAX);
         // 8 · s² ≤ 2³¹  ⇔  s ≤ 16384.
-        assert_eq!(max_materializable_seq(shape(0), &l), 16384);
+        assert_eq!(max_materializable_seq(shape(0), F32, &l), 16384);
     }
 
     #[test]
@@ -515,8 +532,12 @@ mod tests {
     #[test]
     fn memory_counts_are_quadratic_for_the_materialized_path_and_linear_for_the_fused_one() {
         let s = shape(1024);
-        assert_eq!(materialized_bytes(s), 16 + 4 * 8 * 1024 * 64 * 4 + 8 * 1024 * 1024 * 4);
-        assert_eq!(fused_bytes(s), 16 + 4 * 8 * 1024 * 64 * 4);
+        assert_eq!(materialized_bytes(s, F32), 16 + 4 * 8 * 1024 * 64 * 4 + 8 * 1024 * 1024 * 4);
+        assert_eq!(materialized_bytes(s, Dtype::F16), 16 + 4 * 8 * 1024 * 64 * 2 + 8 * 1024 * 1024 * 2);
+        assert_eq!(fused_bytes(s, F32), 16 + 4 * 8 * 1024 * 64 * 4);
+        // An odd count of f16 pads each buffer to 4 bytes.
+        let odd = AttentionShape { batch: 1, heads: 1, seq: 3, head_dim: 4 };
+        assert_eq!(materialized_bytes(odd, Dtype::F16), 16 + 4 * 24 + 20);
     }
 
     #[test]
@@ -548,7 +569,7 @@ mod tests {
     #[test]
     fn a_kernel_point_reports_bandwidth_flops_and_the_fraction_of_copy() {
         let s = AttentionShape { batch: 1, heads: 1, seq: 1024, head_dim: 64 };
-        let p = kernel_point(Kernel::Materialized, s, &[2.0, 1.0, 3.0], TimingMethod::WallClock, 123, Some(10.0));
+        let p = kernel_point(Kernel::Materialized, s, F32, &[2.0, 1.0, 3.0], TimingMethod::WallClock, 123, Some(10.0));
         assert_eq!(p.median_ms, 2.0);
         assert_eq!((p.min_ms, p.max_ms, p.runs), (1.0, 3.0, 3));
         let moved = 4 * 1024 * 64 * 4 + 4 * 1024 * 1024 * 4;

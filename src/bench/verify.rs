@@ -3,16 +3,22 @@
 
 use super::gpu::Bench;
 use super::reference::{self, max_abs_diff};
-use super::{AttentionShape, BenchError};
+use super::{AttentionShape, BenchError, Dtype};
 use serde::{Deserialize, Serialize};
 
-/// Largest absolute error accepted, for S and for O (inputs are uniform in [-1, 1)).
+/// Largest absolute error accepted in f32, for S and for O (inputs are uniform in [-1, 1)).
 pub const TOLERANCE: f64 = 1e-4;
+/// Largest absolute error accepted in f16 (S and P rounded to 11 significant bits), against
+/// the reference computed from the same f16-rounded inputs.
+pub const TOLERANCE_F16: f64 = 4e-3;
 
 /// One shape's errors against the CPU reference.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerifyCase {
     pub shape: AttentionShape,
+    pub dtype: Dtype,
+    /// [`TOLERANCE`] or [`TOLERANCE_F16`].
+    pub tolerance: f64,
     /// Max |S_gpu − Q·Kᵀ/√d|.
     pub scores_max_abs_err: f64,
     /// Max |O_gpu − softmax(S)·V| of the materialized path.
@@ -25,7 +31,7 @@ pub struct VerifyCase {
 /// The result of [`verify`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerifyReport {
-    pub tolerance: f64,
+    /// f32 cases, then f16 cases where the adapter has `shader-f16`.
     pub cases: Vec<VerifyCase>,
     /// Every case within the tolerance.
     pub passed: bool,
@@ -43,23 +49,35 @@ pub fn verify_shapes() -> Vec<AttentionShape> {
 }
 
 /// Runs both kernels on [`verify_shapes`] with random inputs and compares them with the CPU
-/// reference. GPU failures are errors; numerical mismatches are reported (`passed: false`).
+/// reference, in f32 and (where the adapter has `shader-f16`) in f16. GPU failures are errors;
+/// numerical mismatches are reported (`passed: false`).
 pub async fn verify(bench: &Bench) -> Result<VerifyReport, BenchError> {
+    let mut dtypes = vec![(Dtype::F32, TOLERANCE)];
+    if bench.info().f16 {
+        dtypes.push((Dtype::F16, TOLERANCE_F16));
+    }
     let mut cases = Vec::new();
-    for (i, shape) in verify_shapes().into_iter().enumerate() {
-        let (q, k, v) = reference::random_qkv(shape, 1000 + i as u64);
-        let want_s = reference::scores(shape, &q, &k);
-        let want_o = reference::attention(shape, &q, &k, &v);
-        let mat = bench.run_materialized(shape, &q, &k, &v).await?;
-        let fused = bench.run_fused(shape, &q, &k, &v).await?;
-        let scores_max_abs_err = max_abs_diff(&mat.scores, &want_s);
-        let materialized_max_abs_err = max_abs_diff(&mat.out, &want_o);
-        let fused_max_abs_err = max_abs_diff(&fused, &want_o);
-        let passed = [scores_max_abs_err, materialized_max_abs_err, fused_max_abs_err].iter().all(|e| *e <= TOLERANCE);
-        cases.push(VerifyCase { shape, scores_max_abs_err, materialized_max_abs_err, fused_max_abs_err, passed });
+    for (dtype, tolerance) in dtypes {
+        for (i, shape) in verify_shapes().into_iter().enumerate() {
+            let (q, k, v) = reference::random_qkv(shape, 1000 + i as u64);
+            // The reference sees what the GPU buffers hold.
+            let (q, k, v) = match dtype {
+                Dtype::F32 => (q, k, v),
+                Dtype::F16 => (reference::round_to_f16(&q), reference::round_to_f16(&k), reference::round_to_f16(&v)),
+            };
+            let want_s = reference::scores(shape, &q, &k);
+            let want_o = reference::attention(shape, &q, &k, &v);
+            let mat = bench.run_materialized(shape, dtype, &q, &k, &v).await?;
+            let fused = bench.run_fused(shape, dtype, &q, &k, &v).await?;
+            let scores_max_abs_err = max_abs_diff(&mat.scores, &want_s);
+            let materialized_max_abs_err = max_abs_diff(&mat.out, &want_o);
+            let fused_max_abs_err = max_abs_diff(&fused, &want_o);
+            let passed = [scores_max_abs_err, materialized_max_abs_err, fused_max_abs_err].iter().all(|e| *e <= tolerance);
+            cases.push(VerifyCase { shape, dtype, tolerance, scores_max_abs_err, materialized_max_abs_err, fused_max_abs_err, passed });
+        }
     }
     let passed = cases.iter().all(|c| c.passed);
-    Ok(VerifyReport { tolerance: TOLERANCE, cases, passed })
+    Ok(VerifyReport { cases, passed })
 }
 
 #[cfg(test)]
