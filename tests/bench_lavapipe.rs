@@ -217,7 +217,7 @@ fn progress_is_reported_before_the_first_point_and_after_each() {
 #[test]
 fn memory_slopes_are_two_for_the_scores_and_one_for_the_fused_kernel() {
     let b = bench();
-    let r = sweep(&b, &small(64, 128, 1024));
+    let r = sweep(&b, &small(64, 128, 768));
     let fused_mem = r.slopes.fused.memory.expect("fused memory slope");
     let mat_mem = r.slopes.materialized.memory.expect("materialized memory slope");
     assert!((fused_mem - 1.0).abs() < 0.02, "fused memory slope {fused_mem}");

@@ -211,6 +211,10 @@ fn feature_names(f: wgpu::Features) -> Vec<String> {
     .collect()
 }
 
+/// Records one run into an encoder, with the timestamp query set and the index of the run's
+/// first query where runs are timed on the GPU.
+type Encode<'a> = dyn Fn(&mut wgpu::CommandEncoder, Option<(&wgpu::QuerySet, u32)>) + 'a;
+
 fn ceil_div(a: u64, b: u64) -> u32 {
     a.div_ceil(b) as u32
 }
@@ -624,13 +628,7 @@ impl Bench {
 
     /// `warmup` untimed runs, then `runs` runs each submitted alone and awaited; GPU timestamps
     /// where enabled (validated: every run must have end > begin), else submit-to-done.
-    async fn time_runs(
-        &self,
-        warmup: u32,
-        runs: u32,
-        alloc: &mut u64,
-        encode: &dyn Fn(&mut wgpu::CommandEncoder, Option<(&wgpu::QuerySet, u32)>),
-    ) -> Result<Timed, BenchError> {
+    async fn time_runs(&self, warmup: u32, runs: u32, alloc: &mut u64, encode: &Encode<'_>) -> Result<Timed, BenchError> {
         let runs = runs.clamp(1, sweep::MAX_RUNS);
         let scope = ErrorScope::push(&self.device);
         let queries = if self.info.timestamps {

@@ -94,7 +94,7 @@ impl SweepOptions {
         if self.warmup > MAX_RUNS {
             return bad(format!("warmup must be at most {MAX_RUNS}, not {}", self.warmup));
         }
-        if !(self.budget_ms >= 0.0) {
+        if self.budget_ms.is_nan() || self.budget_ms < 0.0 {
             return bad("budget_ms must be a non-negative number".into());
         }
         Ok(())
@@ -563,7 +563,7 @@ mod tests {
         assert!(!a.is_cancelled() && !c.is_cancelled() && !().is_cancelled());
         a.store(true, Ordering::Relaxed);
         c.set(true);
-        assert!(a.is_cancelled() && c.is_cancelled() && (&*a).is_cancelled());
+        assert!(a.is_cancelled() && c.is_cancelled() && CancelToken::is_cancelled(&&*a));
     }
 
     #[test]
