@@ -38,10 +38,20 @@
 //!   ([`Bench::sweep`], [`Bench::run_materialized`], [`Bench::run_fused`],
 //!   [`Bench::copy_bandwidth`]), as in wgpu's compute examples.
 //! - One WGSL kernel per file, included with `include_str!`: `scores.wgsl`, `softmax.wgsl`,
-//!   `pv.wgsl` (the materialized path), `fused.wgsl`, `copy.wgsl`.
+//!   `pv.wgsl` (the materialized path), `fused.wgsl`, `copy.wgsl`, and the `*_f16.wgsl`
+//!   variants (f16 in memory, f32 arithmetic; [`Dtype::F16`], where the adapter has
+//!   `shader-f16`). Each file opens with a comment listing its bindings and workgroup size.
 //! - [`reference`](mod@reference): the CPU reference of `S` and of `softmax(S)·V`.
 //! - Results ([`SweepResult`]) serialize with serde, export as CSV, and travel in links through
-//!   [`encode_compact`] / [`decode_compact`].
+//!   [`encode_compact`] / [`decode_compact`] ([`SharedResult`]).
+//!
+//! # What the kernels are (and are not)
+//!
+//! The materialized path is what eager PyTorch does: three kernels, `S` written to memory,
+//! softmaxed in place, read back for `P·V`. The fused kernel is FlashAttention's algorithm
+//! (16×16 query/key tiles, online softmax), written plainly for portability: it demonstrates
+//! the linear memory, not FlashAttention's speed; on some GPUs it may be slower than the
+//! materialized path at short sequences. Both are timed the same way; both are O(s²) in time.
 //!
 //! # Limits
 //!
@@ -75,7 +85,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BenchError {
     /// No adapter: no WebGPU in this browser, or no Vulkan/Metal/DX12 driver natively.
-    #[error("no gpu adapter found (this browser has no webgpu, or no vulkan/metal/dx12 driver is installed): {0}")]
+    #[error("no gpu adapter found (no webgpu in this browser, or natively no vulkan, metal or dx12 driver): {0}")]
     NoAdapter(String),
     /// The adapter was found but refused to open a device.
     #[error("the gpu refused to open a device: {0}")]
