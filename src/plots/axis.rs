@@ -73,6 +73,9 @@ impl Axis {
     pub fn ticks(&self) -> &[f64] {
         &self.ticks
     }
+    pub fn light(&self) -> &[f64] {
+        &self.light
+    }
 
     /// Whether `v` lies in the range (with a little slack for rounding).
     pub fn contains(&self, v: f64) -> bool {

@@ -12,6 +12,8 @@ use plotters::coord::cartesian::Cartesian2d;
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::FontTransform;
 
 /// The result of drawing on backend `DB`.
 pub type DrawResult<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
@@ -70,18 +72,30 @@ pub fn plot_width(width: u32) -> f64 {
     (width as f64 - 20.0 - 64.0).max(40.0)
 }
 
-/// Height of the header (title and legend rows) for a chart `width` pixels wide.
-fn legend_rows<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    legend: &[LegendEntry],
-    width: u32,
-    style: &TextStyle,
-) -> Vec<Vec<(usize, u32)>> {
+/// The width of `text` in pixels at `size` (an estimate from character classes of a sans-serif
+/// face). Backends could measure text, but plotters' web backend does so by inserting a DOM
+/// element and reading its size — a forced layout of the whole page per string, which cost
+/// more than the rest of a redraw — so the charts lay text out by this estimate instead.
+pub fn text_width(text: &str, size: u32, bold: bool) -> u32 {
+    let em: f64 = text
+        .chars()
+        .map(|c| match c {
+            'i' | 'l' | 'j' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | '(' | ')' | ' ' | 'I' | 't' | 'f' | 'r' => 0.3,
+            'm' | 'w' | 'M' | 'W' | '—' | '%' | '@' => 0.85,
+            '0'..='9' => 0.56,
+            'A'..='Z' => 0.68,
+            _ => 0.54,
+        })
+        .sum();
+    (em * size as f64 * if bold { 1.08 } else { 1.0 }).ceil() as u32
+}
+
+/// The legend laid out in rows that fit `width`: (entry index, x) per row.
+fn legend_rows(legend: &[LegendEntry], width: u32) -> Vec<Vec<(usize, u32)>> {
     let mut rows: Vec<Vec<(usize, u32)>> = vec![Vec::new()];
     let mut x = 10u32;
     for (i, e) in legend.iter().enumerate() {
-        let tw = root.estimate_text_size(&e.label, style).map_or(8 * e.label.len() as u32, |(w, _)| w);
-        let w = 24 + tw + 16;
+        let w = 24 + text_width(&e.label, 12, false) + 16;
         if x + w > width.saturating_sub(10) && x > 10 {
             rows.push(Vec::new());
             x = 10;
@@ -102,7 +116,7 @@ pub fn frame<'a, DB: DrawingBackend>(root: &'a DrawingArea<DB, Shift>, spec: &Sp
     let title_style = (FONT, 15).into_font().style(FontStyle::Bold).color(&theme.foreground);
     root.draw(&Text::new(spec.title.to_string(), (10, 8), title_style))?;
     let legend_style = font(theme, 12);
-    let rows = legend_rows(root, spec.legend, w, &legend_style);
+    let rows = legend_rows(spec.legend, w);
     let row_h = 18;
     let top = 30;
     for (r, row) in rows.iter().enumerate() {
@@ -124,37 +138,65 @@ pub fn frame<'a, DB: DrawingBackend>(root: &'a DrawingArea<DB, Shift>, spec: &Sp
     }
     let header = top + rows.len() as i32 * row_h + 4;
 
-    let label_font = font(theme, 12);
-    let y_label_width = spec
-        .y
-        .ticks()
-        .iter()
-        .map(|t| root.estimate_text_size(&(spec.y_label)(*t), &label_font).map_or(40, |(w, _)| w))
-        .max()
-        .unwrap_or(30)
-        .max(24)
-        + 30;
-    let mut chart = ChartBuilder::on(root)
+    let y_label_width = spec.y.ticks().iter().map(|t| text_width(&(spec.y_label)(*t), 12, false)).max().unwrap_or(24).max(16);
+    let chart = ChartBuilder::on(root)
         .margin(10)
         .margin_top(header as u32)
         .margin_right(18)
-        .x_label_area_size(40)
-        .y_label_area_size(y_label_width)
+        .x_label_area_size(42)
+        .y_label_area_size(y_label_width + 30)
         .build_cartesian_2d(spec.x.clone(), spec.y.clone())?;
-    let desc_font = font(theme, 12).color(&theme.muted);
-    chart
-        .configure_mesh()
-        .x_desc(spec.x_title)
-        .y_desc(spec.y_title)
-        .x_label_formatter(&|v| (spec.x_label)(*v))
-        .y_label_formatter(&|v| (spec.y_label)(*v))
-        .axis_style(theme.muted)
-        .bold_line_style(theme.grid)
-        .light_line_style(theme.grid.mix(0.45))
-        .label_style(label_font)
-        .axis_desc_style(desc_font)
-        .draw()?;
+    mesh(root, &frame_of(&chart), spec, theme)?;
     Ok(chart)
+}
+
+/// Grid, axis lines, ticks, tick labels and axis titles, drawn from the chart's own frame.
+fn mesh<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, f: &Frame, spec: &Spec, theme: &Theme) -> DrawResult<(), DB> {
+    let xr = f.x_pixels();
+    let yr = f.y_pixels();
+    let (left, right) = (xr.start.min(xr.end), xr.start.max(xr.end));
+    let (top, bottom) = (yr.start.min(yr.end), yr.start.max(yr.end));
+    let (xa, ya) = (f.x_axis(), f.y_axis());
+    let light = theme.grid.mix(0.45);
+    let px = |v: f64| f.to_px(v, ya.lo()).0;
+    let py = |v: f64| f.to_px(xa.lo(), v).1;
+    for v in xa.light().iter().filter(|v| !xa.ticks().contains(v)) {
+        root.draw(&PathElement::new(vec![(px(*v), top), (px(*v), bottom)], light))?;
+    }
+    for v in ya.light().iter().filter(|v| !ya.ticks().contains(v)) {
+        root.draw(&PathElement::new(vec![(left, py(*v)), (right, py(*v))], light))?;
+    }
+    for v in xa.ticks() {
+        root.draw(&PathElement::new(vec![(px(*v), top), (px(*v), bottom)], theme.grid))?;
+    }
+    for v in ya.ticks() {
+        root.draw(&PathElement::new(vec![(left, py(*v)), (right, py(*v))], theme.grid))?;
+    }
+    root.draw(&PathElement::new(vec![(left, top), (left, bottom), (right, bottom)], theme.muted))?;
+    let label = font(theme, 12);
+    for v in xa.ticks() {
+        let x = px(*v);
+        root.draw(&PathElement::new(vec![(x, bottom), (x, bottom + 5)], theme.muted))?;
+        root.draw(&Text::new((spec.x_label)(*v), (x, bottom + 8), label.clone().pos(Pos::new(HPos::Center, VPos::Top))))?;
+    }
+    for v in ya.ticks() {
+        let y = py(*v);
+        root.draw(&PathElement::new(vec![(left - 5, y), (left, y)], theme.muted))?;
+        root.draw(&Text::new((spec.y_label)(*v), (left - 8, y), label.clone().pos(Pos::new(HPos::Right, VPos::Center))))?;
+    }
+    let desc = font(theme, 12).color(&theme.muted);
+    root.draw(&Text::new(
+        spec.x_title.to_string(),
+        ((left + right) / 2, bottom + 25),
+        desc.clone().pos(Pos::new(HPos::Center, VPos::Top)),
+    ))?;
+    let y_desc = desc.transform(FontTransform::Rotate270).pos(Pos::new(HPos::Center, VPos::Top));
+    root.draw(&Text::new(spec.y_title.to_string(), (12, (top + bottom) / 2), y_desc))?;
+    Ok(())
+}
+
+fn text_is_bold(style: &TextStyle) -> bool {
+    matches!(style.font.get_style(), FontStyle::Bold)
 }
 
 /// The frame of a drawn chart (for the read-out).
@@ -283,8 +325,8 @@ pub fn label_dy<DB: DrawingBackend>(
     theme: &Theme,
 ) -> DrawResult<(), DB> {
     let right_half = chart.as_coord_spec().x_spec().fraction(at.0) > 0.6;
-    let (tw, th) = chart.plotting_area().estimate_text_size(text, &style).unwrap_or((8 * text.len() as u32, 14));
-    let (tw, th) = (tw as i32, th as i32);
+    let bold = text_is_bold(&style);
+    let (tw, th) = (text_width(text, style.font.get_size() as u32, bold) as i32, style.font.get_size().round() as i32 + 2);
     let x0 = if right_half { -6 - tw } else { 6 };
     let y0 = if above { -5 - th - dy } else { 5 + dy };
     let element = EmptyElement::at(at)
@@ -348,8 +390,7 @@ pub fn corner_note<DB: DrawingBackend>(
     let area = chart.plotting_area().strip_coord_spec();
     let (w, h) = area.dim_in_pixel();
     let styles: Vec<TextStyle> = lines.iter().map(|(_, c)| (FONT, 12).into_font().style(FontStyle::Bold).color(c)).collect();
-    let widths: Vec<i32> =
-        lines.iter().zip(&styles).map(|((t, _), s)| area.estimate_text_size(t, s).map_or(8 * t.len() as i32, |(w, _)| w as i32)).collect();
+    let widths: Vec<i32> = lines.iter().map(|(t, _)| text_width(t, 12, true) as i32).collect();
     let box_w = widths.iter().copied().max().unwrap_or(0) + 12;
     let line_h = 17;
     let box_h = line_h * lines.len() as i32 + 8;

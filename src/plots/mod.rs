@@ -11,6 +11,7 @@
 pub mod axis;
 pub mod bar;
 pub mod batch;
+pub mod bench;
 pub mod draw;
 pub mod gpus;
 pub mod params;

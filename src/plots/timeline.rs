@@ -13,6 +13,7 @@ use crate::estimator::units::{format_bytes, in_unit};
 use crate::estimator::Estimate;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// One event of the step.
 #[derive(Clone, Debug, PartialEq)]
@@ -180,6 +181,18 @@ pub fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &T
         .map(|(i, c)| (category_color(*c), data.steps.iter().map(|s| in_unit(s.by_category[i], u)).collect()))
         .collect();
     draw::stack(&mut chart, &xs, &layers, 0.0)?;
+    // Phase names over their stretch of events.
+    let span = |k: EventKind| {
+        let first = data.steps.iter().position(|s| s.kind == k)?;
+        let last = data.steps.iter().rposition(|s| s.kind == k)?;
+        Some((first + last) as f64 / 2.0)
+    };
+    for (k, name) in [(EventKind::ForwardLayer, "forward →"), (EventKind::BackwardLayer, "← backward")] {
+        if let Some(mid) = span(k) {
+            let style = draw::font(theme, 12).color(&theme.muted).pos(Pos::new(HPos::Center, VPos::Top));
+            chart.draw_series(std::iter::once(EmptyElement::at((mid, y.hi())) + Text::new(name, (0, 4), style)))?;
+        }
+    }
     let pts: Vec<(f64, f64)> = xs.iter().copied().zip(totals.iter().copied()).collect();
     draw::line(&mut chart, &pts, theme.foreground.stroke_width(2), false)?;
     draw::capacity(&mut chart, data.capacity, u, &data.gpu, false, theme)?;

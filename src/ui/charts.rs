@@ -105,6 +105,8 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
     let app = app();
     // The sweep, recomputed only when what it depends on changes.
     let key = Memo::new(move |_| app.config.with(|c| sweep_key(kind, c)));
+    // The estimate's error, if any (changes far less often than the estimate itself).
+    let invalid = Memo::new(move |_| app.estimate.with(|e| e.as_ref().err().map(ToString::to_string)));
     // Set when the sweep reran: the next draw's measure then starts at the sweep's start.
     let sweep_started = StoredValue::new(None::<(String, f64)>);
     let swept: Memo<Result<ChartData, String>> = Memo::new(move |_| {
@@ -116,7 +118,7 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
                 Ok(e) => Ok(ChartData::Timeline(key.with(|k| timeline_data(e, k)))),
                 Err(e) => Err(e.to_string()),
             })
-        } else if let Err(e) = app.estimate.with(|e| e.as_ref().map(|_| ()).map_err(|e| e.to_string())) {
+        } else if let Some(e) = invalid.get() {
             Err(e)
         } else {
             key.with(|k| chart_data(kind, k).map_err(|e| e.to_string()))
@@ -148,11 +150,16 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
         live.with(|d| d.as_ref().ok().map(|d| d.table(&t)))
     });
     let frame = StoredValue::new_local(None::<Frame>);
+    // The canvas' accessible description, set by the draw (so that only the draw reads the
+    // chart's data, and the "trainmem:charts" measure spans the sweep and the draw).
+    let label = RwSignal::new(String::new());
     let frame_version = RwSignal::new(0u64);
     let render_ms = RwSignal::new(0.0f64);
     let draw: Draw = Rc::new(move |root, theme| {
         dom::mark("trainmem:charts:start");
         let t0 = dom::now_ms();
+        let text = live.with(|d| d.as_ref().map_or_else(|e| format!("No chart: {e}"), ChartData::describe));
+        dom::mark("trainmem:charts:data");
         live.with(|d| match d {
             Ok(d) => {
                 if let Ok(f) = d.draw(root, theme) {
@@ -171,10 +178,14 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
         let (start, t0) =
             sweep_started.try_update_value(Option::take).flatten().unwrap_or_else(|| ("trainmem:charts:start".to_string(), t0));
         measure("trainmem:charts", &start, "trainmem:charts:end");
+        measure("trainmem:charts:draw", "trainmem:charts:data", "trainmem:charts:end");
         render_ms.set(dom::now_ms() - t0);
+        if label.with_untracked(|l| *l != text) {
+            label.set(text);
+        }
         frame_version.update(|v| *v += 1);
     });
-    let label = Signal::derive(move || live.with(|d| d.as_ref().map_or_else(|e| format!("No chart: {e}"), ChartData::describe)));
+
     let canvas = NodeRef::<Canvas>::new();
 
     // The read-out: the index of the x value under the pointer (or stepped to by keyboard).
