@@ -4,7 +4,8 @@
 
 use super::axis::{pow2_ticks, Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
-use super::search::{max_batch, MAX_BATCH};
+use super::search::{largest_bracketed, MAX_BATCH};
+use std::collections::BTreeMap;
 use super::seq::octave_points;
 use super::table::{key_of, Column, Table};
 use super::{category_color, gpu_name, peak_composition, Theme};
@@ -43,14 +44,31 @@ pub fn batch_top(limit: Option<u64>, current: u64) -> u64 {
 
 /// Sweeps the micro-batch for `cfg`.
 pub fn batch_data(cfg: &Config) -> BatchData {
-    let limit = max_batch(cfg);
+    let capacity = crate::estimator::capacity(cfg);
+    // Peaks by micro-batch, each estimated once (the search and the curve share them).
+    let mut known: BTreeMap<u64, Option<[Bytes; 6]>> = BTreeMap::new();
+    let mut at = |b: u64| *known.entry(b).or_insert_with(|| estimate(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e)));
+    let fits_at = |c: Option<[Bytes; 6]>| c.is_some_and(|c| c.iter().sum::<Bytes>() <= capacity);
+    // Doubling until it no longer fits brackets the largest micro-batch; a binary search between
+    // the last two doublings finds it exactly.
+    let mut samples = Vec::new();
+    let mut b = 1;
+    loop {
+        let ok = fits_at(at(b));
+        samples.push((b, ok));
+        if !ok || b >= MAX_BATCH {
+            break;
+        }
+        b *= 2;
+    }
+    let limit = largest_bracketed(&samples, 1, |b| fits_at(at(b)));
     let hi = batch_top(limit, cfg.batch);
     let mut batches = Vec::new();
     let mut stack = Vec::new();
     for b in octave_points(1, hi) {
-        if let Ok(e) = estimate(&Config { batch: b, ..cfg.clone() }) {
+        if let Some(c) = at(b) {
             batches.push(b);
-            stack.push(peak_composition(&e));
+            stack.push(c);
         }
     }
     BatchData {
@@ -60,7 +78,7 @@ pub fn batch_data(cfg: &Config) -> BatchData {
         stack,
         limit,
         range: (1, hi),
-        capacity: crate::estimator::capacity(cfg),
+        capacity,
         gpu: gpu_name(cfg),
         unit: cfg.unit,
         current: estimate(cfg).ok().map(|e| (cfg.batch, e.memory.peak)),

@@ -7,7 +7,7 @@
 
 use super::axis::{Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
-use super::search::{min_gpus, model_parallel};
+use super::search::{fits, model_parallel, smallest_bracketed};
 use super::table::{Column, Table};
 use super::{gpu_name, okabe_ito, Theme};
 use crate::estimator::config::{Config, Offload, Unit, Zero};
@@ -96,22 +96,27 @@ pub fn gpu_points(cfg: &Config) -> Vec<u64> {
 /// Sweeps the GPU count for every sharding.
 pub fn gpus_data(cfg: &Config) -> GpusData {
     let gpus = gpu_points(cfg);
-    let top = gpus.last().copied().unwrap_or(1);
+    let mp = model_parallel(cfg);
+    let capacity = crate::estimator::capacity(cfg);
     let lines = shardings(cfg)
         .into_iter()
         .map(|zero| {
             // Offloading parameters needs ZeRO-3; the lower stages offload the optimizer only.
             let offload = if zero.stage() < 3 && cfg.offload == Offload::OptimizerParams { Offload::Optimizer } else { cfg.offload };
             let base = Config { zero, offload, ..cfg.clone() };
-            let peak = gpus.iter().map(|&n| estimate(&Config { gpus: n, ..base.clone() }).ok().map(|e| e.memory.peak)).collect();
-            StageLine { zero, label: zero_label(zero).to_string(), color: zero_color(zero), peak, fewest: min_gpus(&base, zero, top) }
+            let peak: Vec<Option<Bytes>> = gpus.iter().map(|&n| estimate(&Config { gpus: n, ..base.clone() }).ok().map(|e| e.memory.peak)).collect();
+            // The fewest GPUs: binary search between the last sampled count that does not fit
+            // and the first that does (exact; the doubling samples only bracket it).
+            let samples: Vec<(u64, bool)> = gpus.iter().zip(&peak).map(|(n, p)| (*n, p.is_some_and(|p| p <= capacity))).collect();
+            let fewest = smallest_bracketed(&samples, mp, |n| fits(&Config { gpus: n, ..base.clone() }));
+            StageLine { zero, label: zero_label(zero).to_string(), color: zero_color(zero), peak, fewest }
         })
         .collect();
     GpusData {
         model: cfg.display_name(),
         gpus,
         lines,
-        capacity: crate::estimator::capacity(cfg),
+        capacity,
         gpu: gpu_name(cfg),
         unit: cfg.unit,
         current: estimate(cfg).ok().map(|e| (cfg.zero, cfg.gpus, e.memory.peak)),

@@ -12,7 +12,7 @@
 
 use super::axis::{Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
-use super::search::largest;
+use super::search::{fits, largest_bracketed};
 use super::table::{Column, Table};
 use super::{gpu_name, okabe_ito, params_label, Theme};
 use crate::estimator::config::{Config, Unit, Zero};
@@ -91,10 +91,10 @@ fn params_of(arch: &ModelSpec) -> u64 {
     arch.counts().total
 }
 
-/// The scale factor whose model has about `target` parameters (bisection on ln k).
+/// The scale factor whose model has about (at least) `target` parameters (bisection on ln k).
 fn k_for(arch: &ModelSpec, target: f64, k_lo: f64, k_hi: f64) -> f64 {
     let (mut a, mut b) = (k_lo.ln(), k_hi.ln());
-    for _ in 0..32 {
+    for _ in 0..24 {
         let m = 0.5 * (a + b);
         if (params_of(&scaled(arch, m.exp())) as f64) < target {
             a = m;
@@ -102,7 +102,8 @@ fn k_for(arch: &ModelSpec, target: f64, k_lo: f64, k_hi: f64) -> f64 {
             b = m;
         }
     }
-    (0.5 * (a + b)).exp()
+    // The upper end: its model has at least `target` parameters.
+    b.exp()
 }
 
 /// `cfg` with architecture `arch` on `n` GPUs: its own tensor/pipeline/context parallelism if
@@ -137,14 +138,34 @@ pub fn params_data(cfg: &Config) -> ParamsData {
     let lo = p_min.max(1e8);
     let current = params_of(arch);
     let hi = 1e12f64.max(current as f64);
-    // Four points a decade, evenly spaced on the log axis.
-    let decades = (hi / lo).log10();
-    let n = ((decades * 4.0).ceil() as usize).max(4);
-    let ks: Vec<f64> = (0..=n).map(|i| k_for(arch, lo * (hi / lo).powf(i as f64 / n as f64), k_min, k_max)).collect();
-    let mut sized: Vec<(u64, ModelSpec)> = ks.iter().map(|k| scaled(arch, *k)).map(|a| (params_of(&a), a)).collect();
-    sized.sort_by_key(|(p, _)| *p);
-    sized.dedup_by_key(|(p, _)| *p);
-    let (params, archs): (Vec<u64>, Vec<ModelSpec>) = sized.into_iter().unzip();
+    // Three points a decade, evenly spaced on the log axis, snapped to a fine grid of scale
+    // factors (GRID steps from one end to the other) on which the limits are then searched.
+    let (k_lo, k_hi) = (k_for(arch, lo, k_min, k_max), k_for(arch, hi, k_min, k_max));
+    const GRID: u64 = 2000;
+    let k_at = |i: u64| k_lo * (k_hi / k_lo).powf(i as f64 / GRID as f64);
+    let index_of = |k: f64| ((k / k_lo).ln() / (k_hi / k_lo).ln() * GRID as f64).round().clamp(0.0, GRID as f64) as u64;
+    let n = (((hi / lo).log10() * 3.0).ceil() as usize).max(4);
+    let mut idx: Vec<u64> = (0..=n)
+        .map(|i| match i {
+            0 => 0,
+            _ if i == n => GRID,
+            _ => index_of(k_for(arch, lo * (hi / lo).powf(i as f64 / n as f64), k_lo, k_hi)),
+        })
+        .collect();
+    idx.dedup();
+    let mut params: Vec<u64> = Vec::new();
+    let mut archs: Vec<ModelSpec> = Vec::new();
+    let mut grid: Vec<u64> = Vec::new();
+    for i in idx {
+        let a = scaled(arch, k_at(i));
+        let p = params_of(&a);
+        // Keep the x values ascending (rounding heads can make a step go backwards).
+        if params.last().is_none_or(|last| p > *last) {
+            params.push(p);
+            archs.push(a);
+            grid.push(i);
+        }
+    }
     let mut peak = Vec::new();
     let mut statics = Vec::new();
     let mut activations = vec![None; archs.len()];
@@ -162,15 +183,15 @@ pub fn params_data(cfg: &Config) -> ParamsData {
         peak.push(p);
         statics.push(s);
     }
-    // The largest scaled model that fits on each GPU count: search a fine grid of k.
-    let (k_lo, k_hi) = (ks[0], ks[ks.len() - 1]);
-    const GRID: u64 = 2000;
-    let k_at = |i: u64| k_lo * (k_hi / k_lo).powf(i as f64 / GRID as f64);
+    // The largest scaled model that fits on each GPU count: binary search on the grid of scale
+    // factors between the last sample that fits and the first that does not.
+    let capacity = crate::estimator::capacity(cfg);
     let limits = GPU_COUNTS
         .iter()
-        .map(|&g| {
-            largest(0, GRID, |i| estimate(&on_gpus(cfg, &scaled(arch, k_at(i)), g)).as_ref().is_ok_and(|e| e.fits()))
-                .map(|i| params_of(&scaled(arch, k_at(i))))
+        .enumerate()
+        .map(|(gi, &g)| {
+            let samples: Vec<(u64, bool)> = grid.iter().zip(&peak[gi]).map(|(i, p)| (*i, p.is_some_and(|p| p <= capacity))).collect();
+            largest_bracketed(&samples, 0, |i| fits(&on_gpus(cfg, &scaled(arch, k_at(i)), g))).map(|i| params_of(&scaled(arch, k_at(i))))
         })
         .collect();
     let family = preset(&cfg.model).map(|p| p.family.to_string());
@@ -206,7 +227,7 @@ pub fn params_data(cfg: &Config) -> ParamsData {
         activations,
         limits,
         presets,
-        capacity: crate::estimator::capacity(cfg),
+        capacity,
         gpu: gpu_name(cfg),
         unit: cfg.unit,
         current: Some(current),

@@ -34,6 +34,47 @@ pub fn largest(lo: u64, hi: u64, mut ok: impl FnMut(u64) -> bool) -> Option<u64>
     Some(good)
 }
 
+/// [`largest`], bracketed by values already evaluated: `samples` are ascending `(value, ok)`
+/// pairs (a sweep's points); the search runs only between the last sample that holds and the
+/// first that fails, or below the first sample (down to `lo`) if none holds. Same answer as
+/// [`largest`] over `lo..=` the last sample when `ok` is monotone, in far fewer calls.
+pub fn largest_bracketed(samples: &[(u64, bool)], lo: u64, mut ok: impl FnMut(u64) -> bool) -> Option<u64> {
+    let first_bad = samples.iter().position(|(_, good)| !good);
+    match first_bad {
+        None => samples.last().map(|(v, _)| *v),
+        Some(0) => {
+            let below = samples[0].0.checked_sub(1)?;
+            largest(lo, below, ok)
+        }
+        Some(j) => {
+            let (good, bad) = (samples[j - 1].0, samples[j].0);
+            largest(good + 1, bad - 1, &mut ok).or(Some(good))
+        }
+    }
+}
+
+/// The smallest multiple of `step` for which `ok` holds, bracketed by ascending `samples`
+/// (multiples of `step`, with whether `ok` holds there): the first sample that holds, or a
+/// smaller multiple above the sample before it (binary search, `ok` assumed monotone between
+/// the two). `None` if no sample holds.
+pub fn smallest_bracketed(samples: &[(u64, bool)], step: u64, mut ok: impl FnMut(u64) -> bool) -> Option<u64> {
+    let j = samples.iter().position(|(_, good)| *good)?;
+    if j == 0 {
+        return Some(samples[0].0);
+    }
+    let step = step.max(1);
+    let (mut bad, mut good) = (samples[j - 1].0 / step, samples[j].0 / step);
+    while good - bad > 1 {
+        let mid = bad + (good - bad) / 2;
+        if ok(mid * step) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Some(good * step)
+}
+
 /// The longest sequence in `lo..=hi` whose step fits, everything else as in `cfg`.
 pub fn max_seq(cfg: &Config, lo: u64, hi: u64) -> Option<u64> {
     largest(lo, hi, |s| fits(&Config { seq: s, ..cfg.clone() }))
@@ -107,6 +148,30 @@ mod tests {
         assert!(calls <= 20, "{calls} calls");
         assert_eq!(largest(1, 100, |_| false), None);
         assert_eq!(largest(1, 100, |_| true), Some(100));
+    }
+
+    #[test]
+    fn a_bracketed_search_agrees_with_the_plain_one_in_fewer_calls() {
+        let limit = 11_264;
+        let samples: Vec<(u64, bool)> = [128u64, 1024, 8192, 16_384, 131_072].iter().map(|&s| (s, s <= limit)).collect();
+        let mut calls = 0;
+        let found = largest_bracketed(&samples, 1, |v| {
+            calls += 1;
+            v <= limit
+        });
+        assert_eq!(found, Some(limit));
+        assert_eq!(found, largest(1, 131_072, |v| v <= limit));
+        // 8,192 < limit < 16,384: the bracket's two ends and log₂ 8,192 = 13 halvings, where
+        // the plain search over 1..=131,072 takes 2 + 17.
+        assert!(calls <= 15, "{calls} calls");
+        // Nothing holds / everything holds.
+        assert_eq!(largest_bracketed(&[(128, false)], 1, |v| v <= 100), Some(100));
+        assert_eq!(largest_bracketed(&[(128, false)], 1, |_| false), None);
+        assert_eq!(largest_bracketed(&[(128, true), (256, true)], 1, |_| true), Some(256));
+        // The smallest multiple of 4 from 20 on, bracketed by 16 (fails) and 32 (holds).
+        let samples: Vec<(u64, bool)> = [4u64, 8, 16, 32, 64].iter().map(|&n| (n, n >= 20)).collect();
+        assert_eq!(smallest_bracketed(&samples, 4, |n| n >= 20), Some(20));
+        assert_eq!(smallest_bracketed(&[(4, false)], 4, |_| true), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use super::axis::{pow2_ticks, Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
-use super::search::max_seq;
+use super::search::{fits, largest_bracketed};
 use super::table::{key_of, Column, Table};
 use super::{category_color, gpu_name, okabe_ito, peak_composition, tokens_label, Theme};
 use crate::estimator::config::{Attention, Config, Unit};
@@ -110,6 +110,11 @@ pub fn seq_data(cfg: &Config) -> SeqData {
         other_peak.push(estimate(&Config { attn: other, ..c }).ok().map(|e| e.memory.peak));
     }
     let current = estimate(cfg).ok().map(|e| (cfg.seq, e.memory.peak));
+    // The longest length that fits, by binary search on the estimator between the last sampled
+    // length that fits and the first that does not (exact; the samples only bracket it).
+    let capacity = crate::estimator::capacity(cfg);
+    let samples: Vec<(u64, bool)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, c.iter().sum::<Bytes>() <= capacity)).collect();
+    let limit = largest_bracketed(&samples, cfg.cp.max(1), |s| fits(&Config { seq: s, ..cfg.clone() }));
     SeqData {
         model: cfg.display_name(),
         attn: cfg.attn,
@@ -118,8 +123,8 @@ pub fn seq_data(cfg: &Config) -> SeqData {
         stack,
         other_peak,
         range: (lo, hi),
-        limit: max_seq(cfg, cfg.cp.max(1), hi),
-        capacity: crate::estimator::capacity(cfg),
+        limit,
+        capacity,
         gpu: gpu_name(cfg),
         unit: cfg.unit,
         log_y: false,

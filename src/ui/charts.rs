@@ -283,15 +283,10 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
             dom::download(&kind.filename("csv"), "text/csv", d.csv().as_bytes());
         }
     };
+    // "Open chart alone": this configuration with only this chart, in embed mode.
     let alone = move || {
         let q = app.config.with(encode_query);
-        if app.embed {
-            if q.is_empty() {
-                "?".to_string()
-            } else {
-                format!("?{q}")
-            }
-        } else if q.is_empty() {
+        if q.is_empty() {
             format!("?embed=1&view={kind}")
         } else {
             format!("?{q}&embed=1&view={kind}")
@@ -346,9 +341,9 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
                 <button type="button" data-testid=format!("export-{kind}-svg") on:click=export_svg>"Download SVG"</button>
                 <button type="button" data-testid=format!("export-{kind}-png") on:click=export_png>"Download PNG"</button>
                 <button type="button" data-testid=format!("export-{kind}-csv") on:click=export_csv>"Download data (CSV)"</button>
-                <a data-testid=format!("open-{kind}") href=alone target="_blank" rel="noopener">
-                    {if app.embed { "Open in trainmem ↗" } else { "Open chart alone ↗" }}
-                </a>
+                {(!app.embed).then(|| view! {
+                    <a data-testid=format!("open-{kind}") href=alone target="_blank" rel="noopener">"Open chart alone ↗"</a>
+                })}
             </div>
         </section>
     }
