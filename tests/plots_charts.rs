@@ -379,7 +379,9 @@ fn the_unit_follows_the_configuration_without_a_new_sweep() {
 #[test]
 fn the_charts_bracketed_searches_agree_with_plain_binary_searches() {
     use trainmem::plots::search::{max_batch, max_seq, min_gpus};
-    for q in ["", "model=qwen2.5-0.5b&attn=eager&gpu=h200", "model=llama-3.2-1b&seq=16384&gpu=a100-40gb", "model=mistral-7b-v0.1&zero=3&gpus=8"] {
+    for q in
+        ["", "model=qwen2.5-0.5b&attn=eager&gpu=h200", "model=llama-3.2-1b&seq=16384&gpu=a100-40gb", "model=mistral-7b-v0.1&zero=3&gpus=8"]
+    {
         let c = cfg(q);
         let s = seq_data(&c);
         assert_eq!(s.limit, max_seq(&c, 1, s.range.1), "{q}: longest sequence");

@@ -5,7 +5,6 @@
 use super::axis::{pow2_ticks, Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
 use super::search::{largest_bracketed, MAX_BATCH};
-use std::collections::BTreeMap;
 use super::seq::octave_points;
 use super::table::{key_of, Column, Table};
 use super::{category_color, gpu_name, peak_composition, Theme};
@@ -16,6 +15,7 @@ use crate::estimator::ledger::{Bytes, Category};
 use crate::estimator::units::in_unit;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use std::collections::BTreeMap;
 
 /// The chart's data.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,7 +47,8 @@ pub fn batch_data(cfg: &Config) -> BatchData {
     let capacity = crate::estimator::capacity(cfg);
     // Peaks by micro-batch, each estimated once (the search and the curve share them).
     let mut known: BTreeMap<u64, Option<[Bytes; 6]>> = BTreeMap::new();
-    let mut at = |b: u64| *known.entry(b).or_insert_with(|| estimate(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e)));
+    let mut at =
+        |b: u64| *known.entry(b).or_insert_with(|| estimate(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e)));
     let fits_at = |c: Option<[Bytes; 6]>| c.is_some_and(|c| c.iter().sum::<Bytes>() <= capacity);
     // Doubling until it no longer fits brackets the largest micro-batch; a binary search between
     // the last two doublings finds it exactly.

@@ -104,7 +104,8 @@ pub fn gpus_data(cfg: &Config) -> GpusData {
             // Offloading parameters needs ZeRO-3; the lower stages offload the optimizer only.
             let offload = if zero.stage() < 3 && cfg.offload == Offload::OptimizerParams { Offload::Optimizer } else { cfg.offload };
             let base = Config { zero, offload, ..cfg.clone() };
-            let peak: Vec<Option<Bytes>> = gpus.iter().map(|&n| estimate(&Config { gpus: n, ..base.clone() }).ok().map(|e| e.memory.peak)).collect();
+            let peak: Vec<Option<Bytes>> =
+                gpus.iter().map(|&n| estimate(&Config { gpus: n, ..base.clone() }).ok().map(|e| e.memory.peak)).collect();
             // The fewest GPUs: binary search between the last sampled count that does not fit
             // and the first that does (exact; the doubling samples only bracket it).
             let samples: Vec<(u64, bool)> = gpus.iter().zip(&peak).map(|(n, p)| (*n, p.is_some_and(|p| p <= capacity))).collect();

@@ -351,9 +351,9 @@ pub fn draw_params<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Par
         xs.iter().copied().zip(v.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect()
     };
     draw::line(&mut chart, &series(&data.activations), okabe_ito::VERMILLION.stroke_width(2), true)?;
-    for gi in 0..GPU_COUNTS.len() {
-        draw::line(&mut chart, &series(&data.statics[gi]), COLORS[gi].stroke_width(2), true)?;
-        draw::line(&mut chart, &series(&data.peak[gi]), COLORS[gi].stroke_width(3), false)?;
+    for ((statics, peak), color) in data.statics.iter().zip(&data.peak).zip(COLORS) {
+        draw::line(&mut chart, &series(statics), color.stroke_width(2), true)?;
+        draw::line(&mut chart, &series(peak), color.stroke_width(3), false)?;
     }
     for p in &data.presets {
         for (gi, b) in p.peak.iter().enumerate() {
@@ -375,9 +375,9 @@ pub fn draw_params<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Par
     }
     // Where each GPU count stops fitting: a dot on the capacity line; the figures in a corner.
     if data.capacity > 0 && y.contains(cap) {
-        for gi in 0..GPU_COUNTS.len() {
-            if let Some(p) = data.limits[gi].filter(|p| (*p as f64) < hi && (*p as f64) >= lo) {
-                draw::dot(&mut chart, (p as f64, cap), 6 - gi as u32, COLORS[gi], true)?;
+        for (gi, (limit, color)) in data.limits.iter().zip(COLORS).enumerate() {
+            if let Some(p) = limit.filter(|p| (*p as f64) < hi && (*p as f64) >= lo) {
+                draw::dot(&mut chart, (p as f64, cap), 6 - gi as u32, color, true)?;
             }
         }
     }
