@@ -34,8 +34,10 @@ const ROWS: u32 = 16u;
 const KEYS: u32 = 16u;
 // head_dim / 4 at most.
 const MAX_D4: u32 = 32u;
-// Lowest finite f32 (WGSL has no infinity literal).
-const LOWEST: f32 = -3.40282347e38;
+// A floor for running maxima (WGSL has no infinity literal).
+// Not -f32::MAX: naga re-emits it as a decimal that Chrome's WGSL compiler rounds past the
+// largest f32 and rejects; scores never come near 1e30.
+const LOWEST: f32 = -1.0e30;
 
 // [key][vec4 channel], KEYS × MAX_D4.
 var<workgroup> v_tile: array<vec4<f32>, 512>;

@@ -977,6 +977,14 @@ pub fn textbook_rows(cfg: &Config) -> Vec<Row> {
     ]
 }
 
+/// Bytes eager attention keeps for its score matrices in one layer, as transformers' eager path
+/// saves them: the fp32 softmax result and its cast to the compute dtype, (4 + p)·b·a·s² (only
+/// 4·b·a·s² in fp32) — the s² term the benchmark materializes.
+pub fn eager_score_bytes(batch: u64, heads: u64, seq: u64, compute_bytes: u64) -> Bytes {
+    let per_element = FP32_BYTES + if compute_bytes == FP32_BYTES { 0 } else { compute_bytes };
+    batch as u128 * heads as u128 * seq as u128 * seq as u128 * per_element as u128
+}
+
 /// Why the textbook formulas differ from what the framework keeps, for this configuration.
 pub fn textbook_differences(cfg: &Config) -> Vec<String> {
     let spec = &cfg.arch;
@@ -1082,6 +1090,12 @@ mod tests {
         assert!(notes.contains("fp32 copy"), "{notes}");
         assert!(notes.contains("log-probabilities"), "{notes}");
         assert!(notes.contains("no s² term"), "{notes}");
+    }
+
+    #[test]
+    fn eager_scores_cost_six_bytes_per_element_in_bf16_and_four_in_fp32() {
+        assert_eq!(eager_score_bytes(1, 32, 1024, 2), 6 * 32 * 1024 * 1024);
+        assert_eq!(eager_score_bytes(2, 1, 10, 4), 4 * 2 * 100);
     }
 
     #[test]

@@ -106,14 +106,6 @@ pub fn now_ms() -> f64 {
     window().performance().map_or(0.0, |p| p.now())
 }
 
-/// Whether the page sits in a frame (embedded).
-pub fn in_frame() -> bool {
-    match (window().parent(), window().self_().dyn_into::<web_sys::Window>()) {
-        (Ok(Some(parent)), Ok(me)) => !js_sys::Object::is(&parent, &me),
-        _ => false,
-    }
-}
-
 /// Posts the document's height to the embedding page:
 /// `{type: "trainmem:height", height: <CSS pixels>}` (see README, "Embedding").
 pub fn post_height() {

@@ -61,6 +61,7 @@ pub fn EmbedView() -> impl IntoView {
         let view = app.view.get();
         match view.as_str() {
             "ledger" => view! { <Ledger/> }.into_any(),
+            "bench" => view! { <super::bench_panel::BenchPanel autostart=true/> }.into_any(),
             "" | "bar" | "result" => view! { <span></span> }.into_any(),
             other => chart_panel(other).unwrap_or_else(|| view! { <p class="hint">{format!("unknown view '{other}'")}</p> }.into_any()),
         }

@@ -2,7 +2,10 @@
 //! edit it through the codec's keys, the ledger and charts are derived from it, and an effect
 //! mirrors it into the address bar — so a link always reproduces exactly what is on screen.
 
+pub mod bench;
+mod bench_panel;
 mod canvas;
+mod canvas_draw;
 mod charts;
 mod dom;
 mod embed;
@@ -27,6 +30,8 @@ pub struct App {
     pub view: RwSignal<String>,
     /// `light`, `dark` or `auto`.
     pub theme: RwSignal<String>,
+    /// `bench=`: a shared benchmark result, kept in the address bar for the benchmark module.
+    pub bench: RwSignal<String>,
 }
 
 impl App {
@@ -51,6 +56,7 @@ pub fn app() -> App {
             embed: false,
             view: RwSignal::new(String::new()),
             theme: RwSignal::new("auto".into()),
+            bench: RwSignal::new(String::new()),
         }
     })
 }
@@ -64,6 +70,10 @@ fn presentation_query(app: &App) -> String {
     let view = app.view.get_untracked();
     if !view.is_empty() {
         extra.push(format!("view={}", crate::config::percent_encode(&view)));
+    }
+    let bench = app.bench.get_untracked();
+    if !bench.is_empty() {
+        extra.push(format!("bench={}", crate::config::percent_encode(&bench)));
     }
     extra.join("&")
 }
@@ -100,6 +110,7 @@ fn Root() -> impl IntoView {
         embed,
         view: RwSignal::new(get_p("view").unwrap_or_default()),
         theme: RwSignal::new(theme),
+        bench: RwSignal::new(get_p("bench").unwrap_or_default()),
     };
     provide_context(app);
 

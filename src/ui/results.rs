@@ -265,6 +265,7 @@ pub fn Results() -> impl IntoView {
             <Ledger/>
             <Textbook/>
             <super::charts::Charts/>
+            <super::bench_panel::BenchPanel autostart=super::dom::search().contains("bench=")/>
         </section>
     }
 }
