@@ -38,19 +38,27 @@ pub fn ChartCanvas(
     let node = node.unwrap_or_default();
     let app = app();
     let width = RwSignal::new(0u32);
-    // Track the element's width.
+    // Track the element's width. The resize listener goes when the canvas does: charts mount
+    // and unmount (tabs), and a listener outliving its signal would panic on the next resize.
+    let listener = StoredValue::new_local(None::<WindowListenerHandle>);
     Effect::new(move |_| {
         let Some(canvas) = node.get() else { return };
         let measure = move || {
             let w = canvas.client_width().max(240) as u32;
-            if w != width.get_untracked() {
+            if width.try_get_untracked().is_some_and(|old| old != w) {
                 width.set(w);
             }
         };
         measure();
-        let cb = wasm_bindgen::closure::Closure::<dyn FnMut()>::new(measure);
-        let _ = window().add_event_listener_with_callback("resize", wasm_bindgen::JsCast::unchecked_ref(cb.as_ref()));
-        cb.forget();
+        let handle = window_event_listener(leptos::ev::resize, move |_| measure());
+        if let Some(old) = listener.try_update_value(|h| h.replace(handle)).flatten() {
+            old.remove();
+        }
+    });
+    on_cleanup(move || {
+        if let Some(h) = listener.try_update_value(Option::take).flatten() {
+            h.remove();
+        }
     });
     Effect::new(move |_| {
         let w = width.get();
