@@ -351,11 +351,21 @@ fn without_current(d: ChartData) -> ChartData {
 #[test]
 fn a_configuration_and_its_sweep_key_give_the_same_chart() {
     // The app memoizes sweeps on the key: it must lose nothing the chart depends on.
-    for q in ["seq=8192&unit=gib", "batch=4&seq=1024", "gpus=8&zero=2", "gpus=16&zero=full_shard", "gpus=8&zero=3", "seq=2048&attn=eager"] {
+    for q in [
+        "seq=8192&unit=gib",
+        "batch=4&seq=1024",
+        "gpus=8&zero=2",
+        "gpus=16&zero=full_shard",
+        "gpus=8&zero=3",
+        "seq=2048&attn=eager",
+        "model=llama-3.1-70b&gpus=64&tp=8&pp=2&zero=1",
+        "model=mixtral-8x7b-v0.1&gpus=8&ep=8&zero=3",
+    ] {
         let c = cfg(q);
         for kind in ChartKind::ALL {
             let k = sweep_key(kind, &c);
             let e = estimate(&c).ok();
+            assert!(chart_data(kind, &k).is_ok(), "{q} {kind}: the key of a valid configuration is valid");
             let from_key = chart_data(kind, &k).map(|d| without_current(d.with_current(&c, e.as_ref())));
             let direct = chart_data(kind, &c).map(|d| without_current(d.with_current(&c, e.as_ref())));
             assert_eq!(from_key, direct, "{q} {kind}");

@@ -80,11 +80,14 @@ pub fn text_width(text: &str, size: u32, bold: bool) -> u32 {
     let em: f64 = text
         .chars()
         .map(|c| match c {
-            'i' | 'l' | 'j' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | '(' | ')' | ' ' | 'I' | 't' | 'f' | 'r' => 0.3,
-            'm' | 'w' | 'M' | 'W' | '—' | '%' | '@' => 0.85,
-            '0'..='9' => 0.56,
-            'A'..='Z' => 0.68,
-            _ => 0.54,
+            // Widths of DejaVu Sans (what "sans-serif" is on most Linux systems, and among the
+            // widest common faces), rounded up: overestimating only adds a little space.
+            'i' | 'l' | 'j' | '.' | ',' | ':' | ';' | '\'' | '|' | '!' | 'I' => 0.3,
+            '(' | ')' | ' ' | 't' | 'f' | 'r' => 0.4,
+            'm' | 'w' | 'M' | 'W' | '—' | '%' | '@' => 0.92,
+            '0'..='9' => 0.64,
+            'A'..='Z' => 0.72,
+            _ => 0.62,
         })
         .sum();
     (em * size as f64 * if bold { 1.08 } else { 1.0 }).ceil() as u32

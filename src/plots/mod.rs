@@ -260,6 +260,11 @@ pub fn sweep_key(kind: ChartKind, cfg: &Config) -> Config {
         }
         ChartKind::Timeline => {}
     }
+    // A key the estimator rejects (tp = 8 on the one GPU of the model-size key, say) would turn
+    // a valid configuration's chart into an error: fall back to the configuration itself.
+    if crate::estimator::validate(&k).is_err() {
+        return Config { unit: Unit::Gb, ..cfg.clone() };
+    }
     k
 }
 
