@@ -141,6 +141,7 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
     if arch_touched {
         config::mark_custom_if_changed(&mut cfg);
     }
+    config::normalize(&mut cfg);
     Ok((cfg, json))
 }
 

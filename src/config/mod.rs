@@ -99,6 +99,7 @@ pub fn decode_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
     if arch_touched {
         mark_custom_if_changed(&mut cfg);
     }
+    normalize(&mut cfg);
     repair(&mut cfg, &mut errors);
     Decoded { config: cfg, errors, presentation }
 }
@@ -151,6 +152,14 @@ pub fn reset(cfg: &mut Config, key: &str) {
     };
     let value = (k.get)(&base);
     let _ = (k.set)(cfg, &value);
+}
+
+/// Drops what a configuration cannot carry: a display name belongs to custom models only (a
+/// preset is named by its id), so it is not kept where the URL would not write it.
+pub fn normalize(cfg: &mut Config) {
+    if cfg.model != "custom" {
+        cfg.name.clear();
+    }
 }
 
 /// After architecture edits: a preset whose architecture changed becomes `custom`.

@@ -371,8 +371,17 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         t.layer.iter().chain(&t.moe_layer).chain(&t.dense_layer).chain(&t.first).chain(&t.last).map(|(p, _)| *p).collect();
     parts.sort();
     parts.dedup();
-    let sum_of = |v: &[(Part, Expr)], p: Part| -> Option<Expr> {
-        let terms: Vec<Expr> = v.iter().filter(|(q, _)| *q == p).map(|(_, e)| e.clone()).collect();
+    // The numbers the step simulation needs, before the terms move into the rows.
+    let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
+    let per_moe = eval(&t.moe_layer);
+    let per_dense = eval(&t.dense_layer);
+    let per_layer = eval(&t.layer) + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense };
+    let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
+    let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
+    // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
+    // sweep point).
+    let sum_of = |v: &mut Vec<(Part, Expr)>, p: Part| -> Option<Expr> {
+        let terms: Vec<Expr> = v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e).collect();
         (!terms.is_empty()).then(|| Expr::sum_merged(terms))
     };
     let in_flight = |e: Expr| -> Expr {
@@ -387,28 +396,28 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     let mut children = Vec::new();
     for p in parts {
         let mut terms = Vec::new();
-        if let Some(e) = sum_of(&t.layer, p) {
+        if let Some(e) = sum_of(&mut t.layer, p) {
             terms.push(Expr::prod([l.clone(), e]));
         }
         if moe_layers > 0 {
-            if let Some(e) = sum_of(&t.moe_layer, p) {
+            if let Some(e) = sum_of(&mut t.moe_layer, p) {
                 terms.push(Expr::prod([Expr::var(L_MOE, moe_layers), e]));
             }
         }
         if dense_layers > 0 {
-            if let Some(e) = sum_of(&t.dense_layer, p) {
+            if let Some(e) = sum_of(&mut t.dense_layer, p) {
                 let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
                 terms.push(Expr::prod([count, e]));
             }
         }
         if stage.has_embedding() {
-            if let Some(e) = sum_of(&t.first, p) {
+            if let Some(e) = sum_of(&mut t.first, p) {
                 terms.push(e);
             }
         }
         let mut expr = if terms.is_empty() { None } else { Some(in_flight(Expr::sum(terms))) };
         if stage.has_head() {
-            if let Some(e) = sum_of(&t.last, p) {
+            if let Some(e) = sum_of(&mut t.last, p) {
                 expr = Some(match expr {
                     Some(x) => Expr::sum([x, e]),
                     None => e,
@@ -431,12 +440,6 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     );
     row.note = "bytes of the tensors autograd keeps at the end of the forward pass, loss included, each storage once; gradient accumulation does not change them (one micro-batch is alive at a time)".into();
 
-    let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
-    let per_moe = eval(&t.moe_layer);
-    let per_dense = eval(&t.dense_layer);
-    let per_layer = eval(&t.layer) + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense };
-    let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
-    let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
     let mut working = working_memory(&c, cfg);
     if !stage.has_head() {
         working.loss_forward = Expr::zero();

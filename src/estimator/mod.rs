@@ -268,9 +268,10 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let groups = local_groups(cfg, stage);
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let acts = activations::activations(cfg, recipe, stage, layers);
-    rows.push(acts.row.clone());
-    let w = &acts.working;
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, working: w, .. } = activations::activations(cfg, recipe, stage, layers);
+    let acts_bytes = acts_row.bytes;
+    rows.push(acts_row);
+    let w = &w;
     rows.extend(transient_row(
         "forward_working",
         "Forward working memory (scores before softmax, mask)",
@@ -311,7 +312,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let t_layers = trainable(&|g| g.group.part.per_layer());
     let t_head = trainable(&|g| matches!(g.group.part, Part::FinalNorm | Part::LmHead) || g.group.name.starts_with("project_out"));
     let share = |n: u128| grads * n / t_all;
-    let one_micro = acts.embedding + acts.per_layer * layers as u128 + acts.head_and_loss;
+    let one_micro = embedding + per_layer * layers as u128 + head_and_loss;
     let inputs = timeline::StepInputs {
         weights: sum(Category::Parameters),
         optimizer: sum(Category::OptimizerStates),
@@ -321,10 +322,10 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
         grad_embedding: grads - share(t_head) - share(t_layers) / layers.max(1) as u128 * layers as u128,
         grads_resident: cfg.accum > 1,
         layers,
-        other_micro_batches: acts.row.bytes.saturating_sub(one_micro),
-        act_embedding: acts.embedding,
-        act_layer: acts.per_layer,
-        act_head_and_loss: acts.head_and_loss,
+        other_micro_batches: acts_bytes.saturating_sub(one_micro),
+        act_embedding: embedding,
+        act_layer: per_layer,
+        act_head_and_loss: head_and_loss,
         layer_forward: w.layer_forward.eval(),
         mask_forward: w.mask_forward.eval(),
         layer_backward: w.layer_backward.eval(),

@@ -77,8 +77,8 @@ pub fn EmbedView() -> impl IntoView {
 }
 
 /// A chart panel by its `view=` name.
-fn chart_panel(_view: &str) -> Option<AnyView> {
-    None
+fn chart_panel(view: &str) -> Option<AnyView> {
+    super::charts::ChartKind::from_view(view).map(|k| view! { <super::charts::ChartPanel kind=k/> }.into_any())
 }
 
 /// The "Embed" button and its dialog with the `<iframe>` snippet for the current configuration.
