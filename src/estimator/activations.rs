@@ -149,21 +149,23 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The symbol bound to this configuration's value. Matched on first bytes: this runs for
+    /// every factor of every term, on every estimate.
     fn v(&self, sym: Sym) -> Expr {
-        let value: u64 = match (sym.base, sym.sub) {
-            ("b", "") => self.b,
-            ("s", "") => self.s,
-            ("s", "kv") => self.s_kv,
-            ("h", "") => self.h,
-            ("a", "") => self.a,
-            ("k", "") => self.k,
-            ("d", "") => self.d,
-            ("f", "") => self.f,
-            ("V", "") => self.v,
-            ("p", "") => self.p,
-            ("p", "r") => self.p_res,
-            ("p", "lin") => self.p_lin,
-            ("t", "") => self.tp,
+        let value: u64 = match (sym.base.as_bytes().first(), sym.sub.as_bytes().first()) {
+            (Some(b'b'), None) => self.b,
+            (Some(b's'), None) => self.s,
+            (Some(b's'), Some(b'k')) => self.s_kv,
+            (Some(b'h'), None) => self.h,
+            (Some(b'a'), None) => self.a,
+            (Some(b'k'), None) => self.k,
+            (Some(b'd'), None) => self.d,
+            (Some(b'f'), None) => self.f,
+            (Some(b'V'), None) => self.v,
+            (Some(b'p'), None) => self.p,
+            (Some(b'p'), Some(b'r')) => self.p_res,
+            (Some(b'p'), Some(b'l')) => self.p_lin,
+            (Some(b't'), None) => self.tp,
             _ => 0,
         };
         Expr::var(sym, value)
@@ -1093,6 +1095,22 @@ mod tests {
         assert!(notes.contains("fp32 copy"), "{notes}");
         assert!(notes.contains("log-probabilities"), "{notes}");
         assert!(notes.contains("no s² term"), "{notes}");
+    }
+
+    #[test]
+    fn every_symbol_the_terms_use_is_bound_to_its_value() {
+        let cfg = Config::default();
+        let r = recipe(cfg.precision);
+        let x = activations(&cfg, &r, Stage::Whole, 32);
+        let mut unbound = Vec::new();
+        for row in &x.row.children {
+            for (s, v) in row.expr.symbols() {
+                if v == 0 {
+                    unbound.push(format!("{}_{} in {}", s.base, s.sub, row.id));
+                }
+            }
+        }
+        assert!(unbound.is_empty(), "{unbound:?}");
     }
 
     #[test]
