@@ -297,10 +297,10 @@ fn BenchResults(shared: SharedResult, full: Option<SweepResult>) -> impl IntoVie
                 {canvas_draw::canvas(Rc::new(move |root, theme| { let _ = draw_bench(root, &time_chart, theme); }), 320, "bench-time-chart", "Log-log time against sequence length for both kernels")}
                 {canvas_draw::canvas(Rc::new(move |root, theme| { let _ = draw_bench(root, &mem_chart, theme); }), 320, "bench-memory-chart", "Log-log memory against sequence length for both kernels, with the estimator's prediction")}
             </div>
-            <table class="bench-table">
+            <div class="scroll"><table class="bench-table">
                 <thead><tr><th scope="col">"s"</th><th scope="col">"S bytes"</th><th scope="col">"materialized ms"</th><th scope="col">"materialized bytes"</th><th scope="col">"fused ms"</th><th scope="col">"fused bytes"</th></tr></thead>
                 <tbody>{rows}</tbody>
-            </table>
+            </table></div>
             <div class="row">
                 <a href=link.clone() data-testid="bench-share-link">"Link to these results"</a>
                 <button type="button" on:click=move |_| { let l = link.clone(); leptos::task::spawn_local(async move { dom::copy_text(&l).await; }); }>"Copy link"</button>

@@ -239,14 +239,14 @@ pub fn Textbook() -> impl IntoView {
             view! {
                 <section class="textbook" aria-labelledby="tb-h">
                     <h2 id="tb-h">"Textbook formulas vs. what the framework keeps"</h2>
-                    <table>
+                    <div class="scroll"><table>
                         <thead><tr><th scope="col">"Activations of the whole model"</th><th scope="col">"Bytes"</th><th scope="col">"vs. exact"</th></tr></thead>
                         <tbody>
                             <tr><td><strong>"Exact: the tensors PyTorch saves for backward"</strong><br/><small>"this ledger's activation row (validated byte for byte against PyTorch)"</small></td>
                                 <td class="num"><strong>{format_bytes(exact, u)}</strong></td><td class="num">"—"</td></tr>
                             {rows}
                         </tbody>
-                    </table>
+                    </table></div>
                     <h3>"Why they differ here"</h3>
                     <ul>{notes.into_iter().map(|n| view! { <li>{n}</li> }).collect_view()}</ul>
                 </section>

@@ -162,3 +162,13 @@ test('every input has a label and the form is usable with the keyboard alone', a
   await page.keyboard.press('Tab');
   await page.waitForFunction(() => location.search.includes('batch=2'));
 });
+
+test('a phone-width screen shows the page without sideways scrolling', async () => {
+  for (const q of ['', '?model=qwen2.5-7b&finetune=lora&gpus=2&zero=3', '?model=mixtral-8x7b-v0.1&attn=eager&embed=1&view=ledger']) {
+    const { page, problems } = await openPage(browser, server.base + q, { viewport: { width: 390, height: 800 } });
+    await page.waitForTimeout(300);
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= 390, `${q || 'default'}: page is ${width}px wide`);
+    assert.deepEqual(problems, []);
+  }
+});
