@@ -18,7 +18,8 @@ fn query() -> impl Strategy<Value = String> {
         "[0-9]{1,30}",
         "-?[0-9]{1,5}(\\.[0-9]{1,5})?[kKmM]?",
         "\\PC{0,12}",
-        prop::sample::select(vec!["true", "false", "NaN", "inf", "-0", "1e308", "0x10", "%", "%%", "%E2%9C", "+", "all", "custom", "fsdp"]).prop_map(String::from),
+        prop::sample::select(vec!["true", "false", "NaN", "inf", "-0", "1e308", "0x10", "%", "%%", "%E2%9C", "+", "all", "custom", "fsdp"])
+            .prop_map(String::from),
     ];
     let pair = (prop::sample::select(keys), value).prop_map(|(k, v)| format!("{k}={v}"));
     prop_oneof![
@@ -40,11 +41,40 @@ fn hf_config() -> impl Strategy<Value = Value> {
         Just(json!(true)),
     ];
     let fields = [
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-        "n_embd", "n_layer", "n_head", "n_inner", "ffn_dim", "word_embed_proj_dim", "num_local_experts", "num_experts", "num_experts_per_tok",
-        "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step", "max_position_embeddings", "partial_rotary_factor",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "n_embd",
+        "n_layer",
+        "n_head",
+        "n_inner",
+        "ffn_dim",
+        "word_embed_proj_dim",
+        "num_local_experts",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "decoder_sparse_step",
+        "max_position_embeddings",
+        "partial_rotary_factor",
     ];
-    let flags = ["tie_word_embeddings", "attention_bias", "mlp_bias", "new_decoder_architecture", "multi_query", "parallel_attn", "qk_layernorm", "use_parallel_residual", "alibi", "bias"];
+    let flags = [
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "new_decoder_architecture",
+        "multi_query",
+        "parallel_attn",
+        "qk_layernorm",
+        "use_parallel_residual",
+        "alibi",
+        "bias",
+    ];
     let types: Vec<&str> = hf::SUPPORTED.iter().copied().chain(["bert", "", "gemma3"]).collect();
     (
         prop::sample::select(types),

@@ -1011,7 +1011,10 @@ pub fn textbook_differences(cfg: &Config) -> Vec<String> {
         } else {
             out.push("SDPA/FlashAttention keep no s² term: only Q, K, V, the output and an fp32 log-sum-exp per row — the 5as/h (or 2bas²) term vanishes".to_string());
             if spec.kv_heads < spec.heads {
-                out.push(format!("SDPA keeps K and V at the {} key/value heads (enable_gqa), fewer bytes than the formulas' a heads", spec.kv_heads));
+                out.push(format!(
+                    "SDPA keeps K and V at the {} key/value heads (enable_gqa), fewer bytes than the formulas' a heads",
+                    spec.kv_heads
+                ));
             }
         }
         if spec.mlp == MlpKind::Gated {
@@ -1029,13 +1032,20 @@ pub fn textbook_differences(cfg: &Config) -> Vec<String> {
             out.push("in fp32 every activation takes 4 bytes, twice the formulas' 2".to_string());
         }
         if r.autocast_weight_copy {
-            out.push("autocast keeps a bf16 copy of every GEMM weight for backward and casts each projection's input separately".to_string());
+            out.push(
+                "autocast keeps a bf16 copy of every GEMM weight for backward and casts each projection's input separately".to_string(),
+            );
         }
         if cfg.recompute == Recompute::Full {
-            out.push("with full recomputation each layer keeps only its input; compare with the formulas' full-recompute 2·sbh".to_string());
+            out.push(
+                "with full recomputation each layer keeps only its input; compare with the formulas' full-recompute 2·sbh".to_string(),
+            );
         }
     } else {
-        out.push("the megatron profile follows Korthikanti et al.'s own tensor list, generalized to GQA, gated MLPs and flash attention".to_string());
+        out.push(
+            "the megatron profile follows Korthikanti et al.'s own tensor list, generalized to GQA, gated MLPs and flash attention"
+                .to_string(),
+        );
     }
     out
 }

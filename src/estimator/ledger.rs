@@ -71,7 +71,8 @@ impl Row {
     }
     /// A row that is the sum of its children; its formula is the sum of theirs by symbol.
     pub fn parent(id: &'static str, label: impl Into<String>, category: Category, children: Vec<Row>, source: &'static str) -> Row {
-        let sym_terms = children.iter().map(|c| Expr::var(Sym::new("M", c.id.rsplit('.').next().unwrap_or(c.id), "a sub-row's bytes"), c.bytes));
+        let sym_terms =
+            children.iter().map(|c| Expr::var(Sym::new("M", c.id.rsplit('.').next().unwrap_or(c.id), "a sub-row's bytes"), c.bytes));
         let expr = Expr::sum(sym_terms);
         Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: String::new(), children }
     }

@@ -268,7 +268,8 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let groups = local_groups(cfg, stage);
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, working: w, .. } = activations::activations(cfg, recipe, stage, layers);
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, working: w, .. } =
+        activations::activations(cfg, recipe, stage, layers);
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
     let w = &w;
@@ -474,7 +475,8 @@ mod tests {
     #[test]
     fn llama_3_1_8b_mixed_bf16_adamw_needs_16_bytes_per_parameter_of_model_states() {
         let e = estimate(&Config { precision: Precision::MixedBf16, ..Config::default() }).expect("valid");
-        let states: Bytes = ["weights", "gradients", "master_weights", "optimizer_states"].iter().filter_map(|id| e.row(id)).map(|r| r.bytes).sum();
+        let states: Bytes =
+            ["weights", "gradients", "master_weights", "optimizer_states"].iter().filter_map(|id| e.row(id)).map(|r| r.bytes).sum();
         assert_eq!(states, 16 * 8_030_261_248);
     }
 }

@@ -258,7 +258,8 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     }
 
     let n_t = tensor_count(groups, |g| g.role == Role::Trainable);
-    if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t) {
+    if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t)
+    {
         let row = Row::new(
             "optimizer_step_counters",
             "Optimizer step counters",

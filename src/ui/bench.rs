@@ -135,7 +135,18 @@ fn BenchPage() -> impl IntoView {
                     let lines: Vec<String> = r
                         .cases
                         .iter()
-                        .map(|c| format!("{} {:?}: scores {:.1e}, materialized {:.1e}, fused {:.1e} (tolerance {:.0e}) {}", c.shape, c.dtype, c.scores_max_abs_err, c.materialized_max_abs_err, c.fused_max_abs_err, c.tolerance, if c.passed { "✓" } else { "✗" }))
+                        .map(|c| {
+                            format!(
+                                "{} {:?}: scores {:.1e}, materialized {:.1e}, fused {:.1e} (tolerance {:.0e}) {}",
+                                c.shape,
+                                c.dtype,
+                                c.scores_max_abs_err,
+                                c.materialized_max_abs_err,
+                                c.fused_max_abs_err,
+                                c.tolerance,
+                                if c.passed { "✓" } else { "✗" }
+                            )
+                        })
                         .collect();
                     verify_text.set(Some((r.passed, lines.join("\n"))));
                 }
@@ -224,18 +235,30 @@ fn BenchResults(shared: SharedResult, full: Option<SweepResult>) -> impl IntoVie
     let time_chart = BenchChart {
         title: "Time per attention pass".into(),
         y_title: "median time (log scale)".into(),
-        series: vec![BenchSeries { label: "materialized (eager)".into(), points: series(false, true) }, BenchSeries { label: "fused (flash-style)".into(), points: series(true, true) }],
+        series: vec![
+            BenchSeries { label: "materialized (eager)".into(), points: series(false, true) },
+            BenchSeries { label: "fused (flash-style)".into(), points: series(true, true) },
+        ],
         predicted: None,
         y_unit: YUnit::Milliseconds,
     };
     let mem_chart = BenchChart {
         title: "Memory allocated".into(),
         y_title: "bytes (log scale)".into(),
-        series: vec![BenchSeries { label: "materialized (eager)".into(), points: series(false, false) }, BenchSeries { label: "fused (flash-style)".into(), points: series(true, false) }],
-        predicted: Some(BenchSeries { label: format!("estimator: eager scores kept for backward, {} heads", shared.heads), points: predicted }),
+        series: vec![
+            BenchSeries { label: "materialized (eager)".into(), points: series(false, false) },
+            BenchSeries { label: "fused (flash-style)".into(), points: series(true, false) },
+        ],
+        predicted: Some(BenchSeries {
+            label: format!("estimator: eager scores kept for backward, {} heads", shared.heads),
+            points: predicted,
+        }),
         y_unit: YUnit::Bytes,
     };
-    let largest = full.as_ref().and_then(|r| r.largest_materialized_seq).or_else(|| shared.points.iter().filter(|p| p.materialized.is_some()).map(|p| p.seq).max());
+    let largest = full
+        .as_ref()
+        .and_then(|r| r.largest_materialized_seq)
+        .or_else(|| shared.points.iter().filter(|p| p.materialized.is_some()).map(|p| p.seq).max());
     let limit = full.as_ref().map(|r| r.materializable_seq_limit);
     let meaning = {
         let per_layer = eager_score_bytes(cfg.batch, cfg.arch.heads, cfg.seq, p);
@@ -264,14 +287,14 @@ fn BenchResults(shared: SharedResult, full: Option<SweepResult>) -> impl IntoVie
     let link = match full.as_ref().map(bench::encode_compact) {
         None => format!("{}{}", dom::base_url(), dom::search()),
         Some(value) => {
-        let q = dom::search();
-        let q = q.strip_prefix('?').unwrap_or(&q);
-        let rest: Vec<&str> = q.split('&').filter(|p| !p.is_empty() && !p.starts_with("bench=")).collect();
-        let mut query = rest.join("&");
-        if !query.is_empty() {
-            query.push('&');
-        }
-        format!("{}?{query}bench={}", dom::base_url(), value)
+            let q = dom::search();
+            let q = q.strip_prefix('?').unwrap_or(&q);
+            let rest: Vec<&str> = q.split('&').filter(|p| !p.is_empty() && !p.starts_with("bench=")).collect();
+            let mut query = rest.join("&");
+            if !query.is_empty() {
+                query.push('&');
+            }
+            format!("{}?{query}bench={}", dom::base_url(), value)
         }
     };
     let csv = full.as_ref().map(SweepResult::to_csv);
