@@ -1,5 +1,5 @@
 //! The benchmark page as its own wasm module, loaded by the app only when opened (built by
-//! scripts/build-bench.sh from Trunk's post-build hook). Natively it does nothing: the native
+//! scripts/build-modules.sh from Trunk's post-build hook). Natively it does nothing: the native
 //! benchmark is `trainmem bench`.
 
 fn main() {

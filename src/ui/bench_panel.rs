@@ -1,26 +1,16 @@
 //! The benchmark's place in the app: a button that loads the benchmark module (its own wasm,
 //! fetched only now) and hands it a container to mount into.
 
+use super::dom;
 use leptos::prelude::*;
-use wasm_bindgen::prelude::*;
 
-#[wasm_bindgen(inline_js = "export function load_bench(js, wasm) {
-  const base = document.baseURI;
-  return import(new URL(js, base).href).then((m) => m.default({ module_or_path: new URL(wasm, base).href }));
-}")]
-extern "C" {
-    #[wasm_bindgen(catch)]
-    fn load_bench(js: &str, wasm: &str) -> Result<js_sys::Promise, JsValue>;
-}
-
-/// Where scripts/build-bench.sh puts the module, relative to the page.
+/// Where scripts/build-modules.sh puts the module, relative to the page.
 const BENCH_JS: &str = "./bench/trainmem-bench.js";
 const BENCH_WASM: &str = "./bench/trainmem-bench_bg.wasm";
 
 /// Loads the benchmark module into `#bench-root`.
 async fn load() -> Result<(), String> {
-    let promise = load_bench(BENCH_JS, BENCH_WASM).map_err(|e| format!("{e:?}"))?;
-    wasm_bindgen_futures::JsFuture::from(promise).await.map(|_| ()).map_err(|e| e.as_string().unwrap_or_else(|| format!("{e:?}")))
+    dom::load_module(BENCH_JS, BENCH_WASM).await
 }
 
 /// The benchmark section. `autostart` loads the module at once (a `bench=` link, `view=bench`).

@@ -2,7 +2,48 @@
 //! sandboxed iframe may lack history, storage or the clipboard) and never panics.
 
 use leptos::prelude::{document, window};
+use wasm_bindgen::prelude::wasm_bindgen;
 use wasm_bindgen::{JsCast, JsValue};
+
+/// The main module tells the others that the address (configuration, theme) changed.
+pub const CONFIG_EVENT: &str = "trainmem:config";
+/// Another module asks the main one to apply a query (its `detail`).
+pub const SET_QUERY_EVENT: &str = "trainmem:set-query";
+
+#[wasm_bindgen(inline_js = "export function load_module(js, wasm) {
+  const base = document.baseURI;
+  return import(new URL(js, base).href).then((m) => m.default({ module_or_path: new URL(wasm, base).href }));
+}")]
+extern "C" {
+    #[wasm_bindgen(catch, js_name = load_module)]
+    fn load_module_js(js: &str, wasm: &str) -> Result<js_sys::Promise, JsValue>;
+}
+
+/// Loads another of the app's wasm modules (paths relative to the page); its `main` mounts it.
+pub async fn load_module(js: &str, wasm: &str) -> Result<(), String> {
+    let promise = load_module_js(js, wasm).map_err(|e| format!("{e:?}"))?;
+    wasm_bindgen_futures::JsFuture::from(promise).await.map(|_| ()).map_err(|e| e.as_string().unwrap_or_else(|| format!("{e:?}")))
+}
+
+fn dispatch(name: &str, detail: Option<&str>) {
+    let init = web_sys::CustomEventInit::new();
+    if let Some(d) = detail {
+        init.set_detail(&JsValue::from_str(d));
+    }
+    if let Ok(ev) = web_sys::CustomEvent::new_with_event_init_dict(name, &init) {
+        let _ = window().dispatch_event(&ev);
+    }
+}
+
+/// Announces a new configuration or theme to the other modules.
+pub fn notify_config() {
+    dispatch(CONFIG_EVENT, None);
+}
+
+/// Asks the main module to apply `query`.
+pub fn send_query(query: &str) {
+    dispatch(SET_QUERY_EVENT, Some(query));
+}
 
 /// `location.search` (with its leading `?`), or empty.
 pub fn search() -> String {

@@ -15,7 +15,7 @@
 //! });
 //! ```
 
-use super::results::{Bar, Ledger, Verdict};
+use super::results::{Ledger, Verdict};
 use super::{app, dom};
 use crate::config::encode_query;
 use leptos::html::Dialog;
@@ -63,22 +63,20 @@ pub fn EmbedView() -> impl IntoView {
             "ledger" => view! { <Ledger/> }.into_any(),
             "bench" => view! { <super::bench_panel::BenchPanel autostart=true/> }.into_any(),
             "" | "bar" | "result" => view! { <span></span> }.into_any(),
-            other => chart_panel(other).unwrap_or_else(|| view! { <p class="hint">{format!("unknown view '{other}'")}</p> }.into_any()),
+            other if super::charts::ChartKind::from_view(other).is_some() => {
+                view! { <div id="charts-root" class="slot" data-view=other.to_string()></div> }.into_any()
+            }
+            other => view! { <p class="hint">{format!("unknown view '{other}'")}</p> }.into_any(),
         }
     };
     view! {
         <main class="embed" data-testid="embed">
             <Verdict/>
-            <Bar/>
+            <div id="bar-root" class="slot bar-slot"></div>
             {panel}
             <p class="open"><a href=open_href target="_blank" rel="noopener">"Open this configuration in trainmem ↗"</a></p>
         </main>
     }
-}
-
-/// A chart panel by its `view=` name.
-fn chart_panel(view: &str) -> Option<AnyView> {
-    super::charts::ChartKind::from_view(view).map(|k| view! { <super::charts::ChartPanel kind=k/> }.into_any())
 }
 
 /// The "Embed" button and its dialog with the `<iframe>` snippet for the current configuration.

@@ -100,7 +100,7 @@ pub fn Inputs() -> impl IntoView {
             <fieldset>
                 <legend>"Model"</legend>
                 <ModelPicker/>
-                <HfImport/>
+                <div id="hf-root" class="slot"></div>
                 <details class="arch">
                     <summary>"Architecture (every field editable)"</summary>
                     <p class="hint">"Editing a preset's architecture turns it into a custom model."</p>
@@ -192,9 +192,9 @@ fn ModelPicker() -> impl IntoView {
     }
 }
 
-/// Paste or upload a Hugging Face config.json.
+/// Paste or upload a Hugging Face config.json (mounted by the extras module).
 #[component]
-fn HfImport() -> impl IntoView {
+pub fn HfImport() -> impl IntoView {
     let app = app();
     let text = RwSignal::new(String::new());
     let status = RwSignal::new(None::<Result<String, String>>);
@@ -208,6 +208,8 @@ fn HfImport() -> impl IntoView {
                 format_count(n)
             );
             app.config.update(|c| config::apply_import(c, &imported));
+            // The extras module hands the import to the main one, which owns the address bar.
+            super::dom::send_query(&app.config.with(config::encode_query));
             status.set(Some(Ok(msg)));
         }
         Err(e) => status.set(Some(Err(e.to_string()))),

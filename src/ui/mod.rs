@@ -9,12 +9,21 @@ mod canvas_draw;
 mod charts;
 mod dom;
 mod embed;
+pub mod extras;
 mod inputs;
 mod results;
 
 use crate::config::{decode_query, encode_query, Config, ConfigError};
 use crate::estimator::{estimate, Estimate, EstimateError};
 use leptos::prelude::*;
+use wasm_bindgen::JsCast;
+
+/// Loads the extras module (bar, charts, textbook, config.json import) into its slots.
+async fn load_extras() {
+    if let Err(e) = dom::load_module("./extras/trainmem-extras.js", "./extras/trainmem-extras_bg.wasm").await {
+        leptos::logging::warn!("the charts module could not be loaded: {e}");
+    }
+}
 
 /// What every component reads: the configuration, the estimate derived from it, and the
 /// page's presentation state.
@@ -95,23 +104,32 @@ pub fn mount() {
     leptos::mount::mount_to_body(Root);
 }
 
+impl App {
+    /// The page's state from its address: the configuration, what was wrong with the link, and
+    /// the presentation keys.
+    pub fn from_url() -> App {
+        let decoded = decode_query(&dom::search());
+        let get_p = |k: &str| decoded.presentation.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        let embed = get_p("embed").is_some_and(|v| v == "1" || v == "true");
+        let theme =
+            get_p("theme").filter(|t| t == "light" || t == "dark").or_else(|| dom::load("trainmem-theme")).unwrap_or_else(|| "auto".into());
+        let config = RwSignal::new(decoded.config);
+        App {
+            config,
+            estimate: Memo::new(move |_| config.with(estimate)),
+            notices: RwSignal::new(decoded.errors),
+            embed,
+            view: RwSignal::new(get_p("view").unwrap_or_default()),
+            theme: RwSignal::new(theme),
+            bench: RwSignal::new(get_p("bench").unwrap_or_default()),
+        }
+    }
+}
+
 #[component]
 fn Root() -> impl IntoView {
-    let decoded = decode_query(&dom::search());
-    let get_p = |k: &str| decoded.presentation.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
-    let embed = get_p("embed").is_some_and(|v| v == "1" || v == "true");
-    let theme =
-        get_p("theme").filter(|t| t == "light" || t == "dark").or_else(|| dom::load("trainmem-theme")).unwrap_or_else(|| "auto".into());
-    let config = RwSignal::new(decoded.config);
-    let app = App {
-        config,
-        estimate: Memo::new(move |_| config.with(estimate)),
-        notices: RwSignal::new(decoded.errors),
-        embed,
-        view: RwSignal::new(get_p("view").unwrap_or_default()),
-        theme: RwSignal::new(theme),
-        bench: RwSignal::new(get_p("bench").unwrap_or_default()),
-    };
+    let app = App::from_url();
+    let config = app.config;
     provide_context(app);
 
     // The address bar follows the configuration: replaceState while the user is editing, and a
@@ -128,9 +146,19 @@ fn Root() -> impl IntoView {
                 dom::replace_query(&q);
             }
             last_push.set_value(now);
+            dom::notify_config();
         }
         q
     });
+    // The lazily loaded module (charts, bar, textbook, import) edits the configuration through
+    // an event carrying its query.
+    let _ = window_event_listener_untyped(dom::SET_QUERY_EVENT, move |ev| {
+        if let Some(q) = ev.dyn_ref::<web_sys::CustomEvent>().and_then(|e| e.detail().as_string()) {
+            config.set(decode_query(&q).config);
+        }
+    });
+    // After the first paint: the extras module.
+    request_animation_frame(|| set_timeout(|| leptos::task::spawn_local(load_extras()), std::time::Duration::from_millis(0)));
     // Back/forward restore the configuration of that entry.
     let _ = window_event_listener(leptos::ev::popstate, move |_| {
         let d = decode_query(&dom::search());
@@ -140,6 +168,7 @@ fn Root() -> impl IntoView {
     Effect::new(move |_| {
         let t = app.theme.get();
         dom::set_root_attribute("data-theme", &t);
+        dom::notify_config();
     });
     dom::mark("trainmem:mounted");
 

@@ -83,7 +83,7 @@ pub fn Verdict() -> impl IntoView {
     }
 }
 
-/// The stacked bar of components against the GPU.
+/// The stacked bar of components against the GPU (mounted by the extras module).
 #[component]
 pub fn Bar() -> impl IntoView {
     let app = app();
@@ -261,10 +261,10 @@ pub fn Results() -> impl IntoView {
     view! {
         <section id="results" class="results" aria-label="Results" tabindex="-1">
             <Verdict/>
-            <Bar/>
+            <div id="bar-root" class="slot bar-slot"></div>
             <Ledger/>
-            <Textbook/>
-            <super::charts::Charts/>
+            <div id="textbook-root" class="slot"></div>
+            <div id="charts-root" class="slot"></div>
             <super::bench_panel::BenchPanel autostart=super::dom::search().contains("bench=")/>
         </section>
     }

@@ -172,3 +172,19 @@ test('a phone-width screen shows the page without sideways scrolling', async () 
     assert.deepEqual(problems, []);
   }
 });
+
+test('the stacked bar arrives with the extras module after the first paint', async () => {
+  const { page, requests, problems } = await openPage(browser, server.base + '?model=gpt2-xl');
+  await page.waitForSelector('[data-testid=bar-canvas]');
+  await page.waitForFunction(() => { const c = document.querySelector('[data-testid=bar-canvas]'); return c && c.width > 0; });
+  const drawn = await page.$eval('[data-testid=bar-canvas]', (c) => {
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    const seen = new Set();
+    for (let i = 0; i < d.length; i += 4 * 31) seen.add(d.slice(i, i + 3).join());
+    return seen.size;
+  });
+  assert.ok(drawn > 4, `bar colours: ${drawn}`);
+  assert.ok(requests.some((r) => r.includes('extras/trainmem-extras_bg.wasm')));
+  assert.ok(!requests.some((r) => r.includes('trainmem-bench')), 'the benchmark is not loaded until opened');
+  assert.deepEqual(problems, []);
+});
