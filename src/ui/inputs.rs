@@ -46,13 +46,15 @@ pub fn KeyInput(name: &'static str) -> impl IntoView {
     let id = format!("in-{name}");
     let err_id = format!("err-{name}");
     let error = RwSignal::new(None::<String>);
-    let value = move || app.config.with(|c| (k.get)(c));
+    // A memo: the input's DOM is touched only when its own key's value changes, not on every
+    // edit of any key.
+    let value = Memo::new(move |_| app.config.with(|c| (k.get)(c)));
     let choices = (k.choices)();
     let label = label_of(k);
     let is_bool = choices == ["false", "true"];
     let control = if is_bool {
         view! {
-            <input id=id.clone() type="checkbox" prop:checked=move || value() == "true"
+            <input id=id.clone() type="checkbox" prop:checked=move || value.get() == "true"
                 on:change=move |ev| { let _ = apply(name, if event_target_checked(&ev) { "true" } else { "false" }); }/>
         }
         .into_any()
@@ -143,21 +145,27 @@ pub fn Inputs() -> impl IntoView {
 fn ModelPicker() -> impl IntoView {
     let app = app();
     let filter = RwSignal::new(String::new());
-    let all = StoredValue::new(presets());
+    // Labels once; the list is rebuilt only when the filter or the model (not any key) changes.
+    let all = StoredValue::new(
+        presets()
+            .into_iter()
+            .map(|p| {
+                let label = format!("{} — {} ({})", p.id, format_count(p.spec.counts().total), p.family);
+                (p.id, format!("{} {} {}", p.id, p.family.to_lowercase(), p.checkpoint.to_lowercase()), label)
+            })
+            .collect::<Vec<_>>(),
+    );
+    let model = Memo::new(move |_| app.config.with(|c| (c.model.clone(), c.display_name())));
     let options = move || {
         let f = filter.get().to_lowercase();
-        let current = app.config.with(|c| c.model.clone());
+        let (current, name) = model.get();
         let mut out: Vec<AnyView> = Vec::new();
         all.with_value(|ps| {
-            for p in ps.iter().filter(|p| {
-                f.is_empty() || p.id.contains(&f) || p.family.to_lowercase().contains(&f) || p.checkpoint.to_lowercase().contains(&f)
-            }) {
-                let label = format!("{} — {} ({})", p.id, format_count(p.spec.counts().total), p.family);
-                out.push(view! { <option value=p.id selected=current == p.id>{label}</option> }.into_any());
+            for (id, _, label) in ps.iter().filter(|(_, h, _)| f.is_empty() || h.contains(&f)) {
+                out.push(view! { <option value=*id selected=current == *id>{label.clone()}</option> }.into_any());
             }
         });
         if current == "custom" {
-            let name = app.config.with(|c| c.display_name());
             out.push(view! { <option value="custom" selected=true>{format!("custom: {name}")}</option> }.into_any());
         }
         out

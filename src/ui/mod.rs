@@ -146,7 +146,8 @@ fn Root() -> impl IntoView {
                 dom::replace_query(&q);
             }
             last_push.set_value(now);
-            dom::notify_config();
+            // After this task: the ledger paints first, the charts follow.
+            set_timeout(dom::notify_config, std::time::Duration::from_millis(0));
         }
         q
     });

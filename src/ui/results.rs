@@ -38,48 +38,84 @@ pub fn gpu_label(c: &Config) -> String {
     }
 }
 
+/// What the verdict shows, as text (so the DOM is built once and only its text changes).
+#[derive(Clone, Debug, PartialEq, Default)]
+struct VerdictData {
+    fits: bool,
+    headline: String,
+    peak: (String, String),
+    peak_event: String,
+    total: (String, String),
+    capacity: (String, String),
+    cluster_label: String,
+    cluster: String,
+    params: (String, String),
+    tokens: String,
+    host: Option<String>,
+    warnings: Vec<String>,
+}
+
+fn verdict_data(c: &Config, e: &Estimate) -> VerdictData {
+    let u = c.unit;
+    let peak = e.memory.peak;
+    let fits = peak <= e.capacity;
+    let headroom = if fits { e.capacity - peak } else { peak - e.capacity };
+    let gpu = gpu_label(c);
+    VerdictData {
+        fits,
+        headline: if fits {
+            format!("Fits on {gpu}: {} headroom", format_bytes(headroom, u))
+        } else {
+            format!("Does not fit on {gpu}: needs {} more", format_bytes(headroom, u))
+        },
+        peak: (peak.to_string(), format_bytes(peak, u)),
+        peak_event: format!("at: {}", e.memory.peak_event),
+        total: (e.memory.total.to_string(), format_bytes(e.memory.total, u)),
+        capacity: (e.capacity.to_string(), format_bytes(e.capacity, u)),
+        cluster_label: format!("Cluster ({} GPUs)", e.layout.gpus),
+        cluster: format_bytes(e.memory.peak.saturating_mul(e.layout.gpus as u128), u),
+        params: (
+            e.parameter_count.to_string(),
+            format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count)),
+        ),
+        tokens: crate::estimator::expr::group_digits(e.layout.tokens_per_step),
+        host: (e.memory.host > 0).then(|| format_bytes(e.memory.host, u)),
+        warnings: e.warnings.clone(),
+    }
+}
+
 /// Verdict and key figures.
 #[component]
 pub fn Verdict() -> impl IntoView {
     let app = app();
-    move || {
-        let c = app.config.get();
-        let u = c.unit;
-        match app.estimate.get() {
-            Err(e) => view! {
-                <div class="verdict bad" role="status" data-testid="estimate-error">
-                    <p><strong>"This configuration cannot be estimated: "</strong>{e.to_string()}</p>
-                </div>
-            }
-            .into_any(),
-            Ok(e) => {
-                let peak = e.memory.peak;
-                let fits = peak <= e.capacity;
-                let headroom = if fits { e.capacity - peak } else { peak - e.capacity };
-                let gpu = gpu_label(&c);
-                let headline = if fits {
-                    format!("Fits on {gpu}: {} headroom", format_bytes(headroom, u))
-                } else {
-                    format!("Does not fit on {gpu}: needs {} more", format_bytes(headroom, u))
-                };
-                view! {
-                    <div class="verdict" class:bad=!fits role="status" aria-live="polite" data-testid="verdict" data-fits=fits.to_string()>
-                        <p class="headline">{headline}</p>
-                        <dl class="stats">
-                            <div><dt>"Peak per GPU"</dt><dd data-testid="peak-bytes" data-bytes=peak.to_string()>{format_bytes(peak, u)}<span class="sub">{format!("at: {}", e.memory.peak_event)}</span></dd></div>
-                            <div><dt>"Sum of components"</dt><dd data-testid="total-bytes" data-bytes=e.memory.total.to_string()>{format_bytes(e.memory.total, u)}</dd></div>
-                            <div><dt>"GPU capacity"</dt><dd data-testid="capacity-bytes" data-bytes=e.capacity.to_string()>{format_bytes(e.capacity, u)}</dd></div>
-                            <div><dt>{format!("Cluster ({} GPUs)", e.layout.gpus)}</dt><dd>{format_bytes(e.memory.peak.saturating_mul(e.layout.gpus as u128), u)}</dd></div>
-                            <div><dt>"Parameters"</dt><dd data-testid="param-count" data-count=e.parameter_count.to_string()>{format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count))}</dd></div>
-                            <div><dt>"Tokens per step"</dt><dd>{crate::estimator::expr::group_digits(e.layout.tokens_per_step)}</dd></div>
-                        </dl>
-                        {(e.memory.host > 0).then(|| view! { <p class="host">"Host (CPU) memory per GPU process: "{format_bytes(e.memory.host, u)}</p> })}
-                        {(!e.warnings.is_empty()).then(|| view! { <ul class="warnings">{e.warnings.iter().map(|w| view! { <li>{w.clone()}</li> }).collect_view()}</ul> })}
-                    </div>
-                }
-                .into_any()
-            }
-        }
+    let data = Memo::new(move |_| app.config.with(|c| app.estimate.with(|e| e.as_ref().ok().map(|e| verdict_data(c, e)))));
+    let error = Memo::new(move |_| app.estimate.with(|e| e.as_ref().err().map(ToString::to_string)));
+    let d = move |f: fn(&VerdictData) -> String| move || data.with(|x| x.as_ref().map(f).unwrap_or_default());
+    let fits = move || data.with(|x| x.as_ref().is_some_and(|x| x.fits));
+    view! {
+        <Show when=move || error.with(Option::is_some)>
+            <div class="verdict bad" role="status" data-testid="estimate-error">
+                <p><strong>"This configuration cannot be estimated: "</strong>{move || error.get().unwrap_or_default()}</p>
+            </div>
+        </Show>
+        <Show when=move || data.with(Option::is_some)>
+            <div class="verdict" class:bad=move || !fits() role="status" aria-live="polite" data-testid="verdict" data-fits=move || fits().to_string()>
+                <p class="headline">{d(|x| x.headline.clone())}</p>
+                <dl class="stats">
+                    <div><dt>"Peak per GPU"</dt><dd data-testid="peak-bytes" data-bytes=d(|x| x.peak.0.clone())>{d(|x| x.peak.1.clone())}<span class="sub">{d(|x| x.peak_event.clone())}</span></dd></div>
+                    <div><dt>"Sum of components"</dt><dd data-testid="total-bytes" data-bytes=d(|x| x.total.0.clone())>{d(|x| x.total.1.clone())}</dd></div>
+                    <div><dt>"GPU capacity"</dt><dd data-testid="capacity-bytes" data-bytes=d(|x| x.capacity.0.clone())>{d(|x| x.capacity.1.clone())}</dd></div>
+                    <div><dt>{d(|x| x.cluster_label.clone())}</dt><dd>{d(|x| x.cluster.clone())}</dd></div>
+                    <div><dt>"Parameters"</dt><dd data-testid="param-count" data-count=d(|x| x.params.0.clone())>{d(|x| x.params.1.clone())}</dd></div>
+                    <div><dt>"Tokens per step"</dt><dd>{d(|x| x.tokens.clone())}</dd></div>
+                </dl>
+                {move || data.with(|x| x.as_ref().and_then(|x| x.host.clone())).map(|h| view! { <p class="host">"Host (CPU) memory per GPU process: "{h}</p> })}
+                {move || {
+                    let w = data.with(|x| x.as_ref().map(|x| x.warnings.clone()).unwrap_or_default());
+                    (!w.is_empty()).then(|| view! { <ul class="warnings">{w.into_iter().map(|w| view! { <li>{w}</li> }).collect_view()}</ul> })
+                }}
+            </div>
+        </Show>
     }
 }
 
@@ -104,35 +140,84 @@ pub fn Bar() -> impl IntoView {
     view! { <ChartCanvas label=label height=150 draw=draw testid="bar-canvas".to_string()/> }
 }
 
-/// One ledger row and, when open, its formula.
-fn row_view(r: &Row, depth: usize, total: Bytes, unit: crate::config::Unit, open: RwSignal<BTreeSet<String>>) -> AnyView {
-    let key = format!("{}:{depth}:{}", r.id, r.label);
-    let k2 = key.clone();
-    let k3 = key.clone();
-    let is_open = move || open.with(|o| o.contains(&k2));
-    let is_open2 = move || open.with(|o| o.contains(&k3));
-    let share = if total > 0 { r.bytes as f64 * 100.0 / total as f64 } else { 0.0 };
-    let color = hex(category_color(r.category));
-    let r2 = r.clone();
+/// One line of the ledger, flattened (children follow their parent with a greater depth).
+#[derive(Clone, Debug, PartialEq)]
+struct Line {
+    /// Stable across estimates while the row exists: its DOM is kept and only its figures change.
+    key: String,
+    id: &'static str,
+    label: String,
+    category: crate::estimator::ledger::Category,
+    bytes: Bytes,
+    depth: usize,
+}
+
+fn line_key(r: &Row, depth: usize, host: bool) -> String {
+    format!("{}{}:{depth}:{}", if host { "host:" } else { "" }, r.id, r.label)
+}
+
+fn flatten_lines(rows: &[Row], depth: usize, host: bool, out: &mut Vec<Line>) {
+    for r in rows {
+        out.push(Line { key: line_key(r, depth, host), id: r.id, label: r.label.clone(), category: r.category, bytes: r.bytes, depth });
+        flatten_lines(&r.children, depth + 1, host, out);
+    }
+}
+
+/// Finds the row behind a line's key (for its formula, rendered only while open).
+fn find_row<'a>(rows: &'a [Row], depth: usize, host: bool, key: &str) -> Option<&'a Row> {
+    rows.iter().find_map(|r| if line_key(r, depth, host) == key { Some(r) } else { find_row(&r.children, depth + 1, host, key) })
+}
+
+fn formula_view(r: &Row) -> AnyView {
+    let legend = r.expr.symbols();
+    view! {
+        <div class="formula">
+            <div class="math-row"><span class="what">"Formula"</span>
+                <span class="math" inner_html=format!("<math display=\"block\">{}</math>", r.expr.mathml(false))></span></div>
+            <div class="math-row"><span class="what">"Here"</span>
+                <span class="math" inner_html=format!("<math display=\"block\"><mrow>{}<mo>=</mo><mn>{}</mn><mtext>&#160;B</mtext></mrow></math>", r.expr.mathml(true), crate::estimator::expr::group_digits(r.bytes))></span></div>
+            {(!legend.is_empty()).then(|| view! {
+                <ul class="legend">{legend.into_iter().map(|(s, v)| view! {
+                    <li><span class="sym">{if s.sub.is_empty() { s.base.to_string() } else { format!("{}_{}", s.base, s.sub) }}</span>" = "{crate::estimator::expr::group_digits(v)}" — "{s.meaning}</li>
+                }).collect_view()}</ul>
+            })}
+            <p class="source"><strong>"Source: "</strong>{r.source}</p>
+            {(!r.note.is_empty()).then(|| view! { <p class="note">{r.note.clone()}</p> })}
+            <p class="plain"><code>{r.expr.symbolic()}</code></p>
+        </div>
+    }
+    .into_any()
+}
+
+/// One line; its DOM lives as long as the row does, its figures follow the estimate.
+fn line_view(
+    line: Line,
+    host: bool,
+    lines: Memo<Vec<Line>>,
+    total: Memo<Bytes>,
+    unit: Memo<crate::config::Unit>,
+    open: RwSignal<BTreeSet<String>>,
+) -> impl IntoView {
+    let app = app();
+    let key = StoredValue::new(line.key.clone());
+    let bytes = move || lines.with(|ls| key.with_value(|k| ls.iter().find(|l| &l.key == k).map_or(0, |l| l.bytes)));
+    let share = move || {
+        let t = total.get();
+        if t > 0 {
+            bytes() as f64 * 100.0 / t as f64
+        } else {
+            0.0
+        }
+    };
+    let is_open = move || open.with(|o| key.with_value(|k| o.contains(k)));
+    let depth = line.depth;
     let formula = move || {
         is_open().then(|| {
-            let legend = r2.expr.symbols();
-            view! {
-                <div class="formula">
-                    <div class="math-row"><span class="what">"Formula"</span>
-                        <span class="math" inner_html=format!("<math display=\"block\">{}</math>", r2.expr.mathml(false))></span></div>
-                    <div class="math-row"><span class="what">"Here"</span>
-                        <span class="math" inner_html=format!("<math display=\"block\"><mrow>{}<mo>=</mo><mn>{}</mn><mtext>&#160;B</mtext></mrow></math>", r2.expr.mathml(true), crate::estimator::expr::group_digits(r2.bytes))></span></div>
-                    {(!legend.is_empty()).then(|| view! {
-                        <ul class="legend">{legend.into_iter().map(|(s, v)| view! {
-                            <li><span class="sym">{if s.sub.is_empty() { s.base.to_string() } else { format!("{}_{}", s.base, s.sub) }}</span>" = "{crate::estimator::expr::group_digits(v)}" — "{s.meaning}</li>
-                        }).collect_view()}</ul>
-                    })}
-                    <p class="source"><strong>"Source: "</strong>{r2.source}</p>
-                    {(!r2.note.is_empty()).then(|| view! { <p class="note">{r2.note.clone()}</p> })}
-                    <p class="plain"><code>{r2.expr.symbolic()}</code></p>
-                </div>
-            }
+            app.estimate.with(|e| {
+                let e = e.as_ref().ok()?;
+                let rows = if host { &e.host } else { &e.components };
+                key.with_value(|k| find_row(rows, 0, host, k)).map(formula_view)
+            })
         })
     };
     let toggle = move |ev: leptos::ev::Event| {
@@ -141,72 +226,88 @@ fn row_view(r: &Row, depth: usize, total: Bytes, unit: crate::config::Unit, open
         };
         let now_open = d.open();
         open.update(|o| {
+            let k = key.get_value();
             if now_open {
-                o.insert(key.clone());
+                o.insert(k);
             } else {
-                o.remove(&key);
+                o.remove(&k);
             }
         });
     };
-    let children: Vec<AnyView> = r.children.iter().map(|c| row_view(c, depth + 1, total, unit, open)).collect();
     view! {
-        <li class="row" data-row=r.id data-depth=depth.to_string()>
-            <details on:toggle=toggle prop:open=is_open2>
+        <li class="row" data-row=line.id data-depth=depth.to_string() style:margin-left=format!("{}px", depth * 22)>
+            <details on:toggle=toggle prop:open=is_open>
                 <summary>
-                    <span class="swatch" style:background=color aria-hidden="true"></span>
-                    <span class="label">{r.label.clone()}</span>
-                    <span class="bytes" data-bytes=r.bytes.to_string()>{format_bytes(r.bytes, unit)}</span>
-                    <span class="share" aria-label=format!("{share:.1} percent of the sum")>
-                        <span class="share-bar" style:width=format!("{:.1}%", share.min(100.0))></span>
-                        <span class="share-num">{format!("{share:.1} %")}</span>
+                    <span class="swatch" style:background=hex(category_color(line.category)) aria-hidden="true"></span>
+                    <span class="label">{line.label.clone()}</span>
+                    <span class="bytes" data-bytes=move || bytes().to_string()>{move || format_bytes(bytes(), unit.get())}</span>
+                    <span class="share" aria-label=move || format!("{:.1} percent of the sum", share())>
+                        <span class="share-bar" style:width=move || format!("{:.1}%", share().min(100.0))></span>
+                        <span class="share-num">{move || format!("{:.1} %", share())}</span>
                     </span>
                 </summary>
                 {formula}
             </details>
-            {(!children.is_empty()).then(|| view! { <ul class="children">{children}</ul> })}
         </li>
     }
-    .into_any()
 }
 
-/// The ledger: every component with its bytes and share; each opens to its formula.
+/// The ledger: every component with its bytes and share; each opens to its formula. Rows are
+/// keyed, so an edit updates figures in place instead of rebuilding the list.
 #[component]
 pub fn Ledger() -> impl IntoView {
     let app = app();
     let open = RwSignal::new(BTreeSet::<String>::new());
-    move || {
-        let unit = app.config.with(|c| c.unit);
-        app.estimate.with(|e| match e {
-            Err(_) => view! { <p></p> }.into_any(),
-            Ok(e) => ledger_view(e, unit, open),
+    let unit = Memo::new(move |_| app.config.with(|c| c.unit));
+    let flat = move |host: bool| {
+        app.estimate.with(|e| {
+            let mut out = Vec::new();
+            if let Ok(e) = e {
+                flatten_lines(if host { &e.host } else { &e.components }, 0, host, &mut out);
+            }
+            out
         })
-    }
-}
-
-fn ledger_view(e: &Estimate, unit: crate::config::Unit, open: RwSignal<BTreeSet<String>>) -> AnyView {
-    let total = e.memory.total;
-    let rows: Vec<AnyView> = e.components.iter().map(|r| row_view(r, 0, total, unit, open)).collect();
-    let host: Vec<AnyView> = e.host.iter().map(|r| row_view(r, 0, e.memory.host, unit, open)).collect();
-    let stage = if e.layout.pp > 1 {
-        format!(" — the {} ({} layers), the most loaded", e.layout.stage.label(), e.layout.stage_layers)
-    } else {
-        String::new()
     };
+    let lines = Memo::new(move |_| flat(false));
+    let host_lines = Memo::new(move |_| flat(true));
+    let total = Memo::new(move |_| app.estimate.with(|e| e.as_ref().map_or(0, |e| e.memory.total)));
+    let host_total = Memo::new(move |_| app.estimate.with(|e| e.as_ref().map_or(0, |e| e.memory.host)));
+    let summary = Memo::new(move |_| {
+        app.estimate.with(|e| {
+            e.as_ref().ok().map(|e| {
+                let stage = if e.layout.pp > 1 {
+                    format!(" — the {} ({} layers), the most loaded", e.layout.stage.label(), e.layout.stage_layers)
+                } else {
+                    String::new()
+                };
+                (stage, format_bytes(e.memory.total, unit.get()), format_bytes(e.memory.peak, unit.get()))
+            })
+        })
+    });
     view! {
-        <section class="ledger" aria-labelledby="ledger-h">
-            <h2 id="ledger-h">"Ledger per GPU"{stage}</h2>
-            <p class="hint">"Open a row for its formula, the same formula with this configuration's numbers, and its source."</p>
-            <ul class="rows" data-testid="ledger">{rows}</ul>
-            <p class="sum">"Sum of components: "<strong>{format_bytes(total, unit)}</strong>
-                " · peak during the step: "<strong>{format_bytes(e.memory.peak, unit)}</strong>
-                " (not every component is resident at once)"</p>
-            {(!host.is_empty()).then(|| view! {
-                <h3>"Host memory per GPU process"</h3>
-                <ul class="rows host" data-testid="host-ledger">{host}</ul>
-            })}
-        </section>
+        <Show when=move || summary.with(Option::is_some)>
+            <section class="ledger" aria-labelledby="ledger-h">
+                <h2 id="ledger-h">"Ledger per GPU"{move || summary.with(|s| s.as_ref().map(|s| s.0.clone()))}</h2>
+                <p class="hint">"Open a row for its formula, the same formula with this configuration's numbers, and its source."</p>
+                <ul class="rows" data-testid="ledger">
+                    <For each=move || lines.get() key=|l| l.key.clone() let:l>
+                        {line_view(l, false, lines, total, unit, open)}
+                    </For>
+                </ul>
+                <p class="sum">"Sum of components: "<strong>{move || summary.with(|s| s.as_ref().map(|s| s.1.clone()))}</strong>
+                    " · peak during the step: "<strong>{move || summary.with(|s| s.as_ref().map(|s| s.2.clone()))}</strong>
+                    " (not every component is resident at once)"</p>
+                <Show when=move || host_lines.with(|l| !l.is_empty())>
+                    <h3>"Host memory per GPU process"</h3>
+                    <ul class="rows host" data-testid="host-ledger">
+                        <For each=move || host_lines.get() key=|l| l.key.clone() let:l>
+                            {line_view(l, true, host_lines, host_total, unit, open)}
+                        </For>
+                    </ul>
+                </Show>
+            </section>
+        </Show>
     }
-    .into_any()
 }
 
 /// The textbook's closed formulas beside the exact accounting.
