@@ -6,7 +6,6 @@ use crate::config::Config;
 use crate::estimator::gpu;
 use crate::estimator::ledger::{Bytes, Row};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::Estimate;
 use crate::plots::bar::{bar_data, draw_bar};
 use crate::plots::{category_color, hex};
 use leptos::prelude::*;
@@ -38,84 +37,48 @@ pub fn gpu_label(c: &Config) -> String {
     }
 }
 
-/// What the verdict shows, as text (so the DOM is built once and only its text changes).
-#[derive(Clone, Debug, PartialEq, Default)]
-struct VerdictData {
-    fits: bool,
-    headline: String,
-    peak: (String, String),
-    peak_event: String,
-    total: (String, String),
-    capacity: (String, String),
-    cluster_label: String,
-    cluster: String,
-    params: (String, String),
-    tokens: String,
-    host: Option<String>,
-    warnings: Vec<String>,
-}
-
-fn verdict_data(c: &Config, e: &Estimate) -> VerdictData {
-    let u = c.unit;
-    let peak = e.memory.peak;
-    let fits = peak <= e.capacity;
-    let headroom = if fits { e.capacity - peak } else { peak - e.capacity };
-    let gpu = gpu_label(c);
-    VerdictData {
-        fits,
-        headline: if fits {
-            format!("Fits on {gpu}: {} headroom", format_bytes(headroom, u))
-        } else {
-            format!("Does not fit on {gpu}: needs {} more", format_bytes(headroom, u))
-        },
-        peak: (peak.to_string(), format_bytes(peak, u)),
-        peak_event: format!("at: {}", e.memory.peak_event),
-        total: (e.memory.total.to_string(), format_bytes(e.memory.total, u)),
-        capacity: (e.capacity.to_string(), format_bytes(e.capacity, u)),
-        cluster_label: format!("Cluster ({} GPUs)", e.layout.gpus),
-        cluster: format_bytes(e.memory.peak.saturating_mul(e.layout.gpus as u128), u),
-        params: (
-            e.parameter_count.to_string(),
-            format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count)),
-        ),
-        tokens: crate::estimator::expr::group_digits(e.layout.tokens_per_step),
-        host: (e.memory.host > 0).then(|| format_bytes(e.memory.host, u)),
-        warnings: e.warnings.clone(),
-    }
-}
-
 /// Verdict and key figures.
 #[component]
 pub fn Verdict() -> impl IntoView {
     let app = app();
-    let data = Memo::new(move |_| app.config.with(|c| app.estimate.with(|e| e.as_ref().ok().map(|e| verdict_data(c, e)))));
-    let error = Memo::new(move |_| app.estimate.with(|e| e.as_ref().err().map(ToString::to_string)));
-    let d = move |f: fn(&VerdictData) -> String| move || data.with(|x| x.as_ref().map(f).unwrap_or_default());
-    let fits = move || data.with(|x| x.as_ref().is_some_and(|x| x.fits));
-    view! {
-        <Show when=move || error.with(Option::is_some)>
-            <div class="verdict bad" role="status" data-testid="estimate-error">
-                <p><strong>"This configuration cannot be estimated: "</strong>{move || error.get().unwrap_or_default()}</p>
-            </div>
-        </Show>
-        <Show when=move || data.with(Option::is_some)>
-            <div class="verdict" class:bad=move || !fits() role="status" aria-live="polite" data-testid="verdict" data-fits=move || fits().to_string()>
-                <p class="headline">{d(|x| x.headline.clone())}</p>
-                <dl class="stats">
-                    <div><dt>"Peak per GPU"</dt><dd data-testid="peak-bytes" data-bytes=d(|x| x.peak.0.clone())>{d(|x| x.peak.1.clone())}<span class="sub">{d(|x| x.peak_event.clone())}</span></dd></div>
-                    <div><dt>"Sum of components"</dt><dd data-testid="total-bytes" data-bytes=d(|x| x.total.0.clone())>{d(|x| x.total.1.clone())}</dd></div>
-                    <div><dt>"GPU capacity"</dt><dd data-testid="capacity-bytes" data-bytes=d(|x| x.capacity.0.clone())>{d(|x| x.capacity.1.clone())}</dd></div>
-                    <div><dt>{d(|x| x.cluster_label.clone())}</dt><dd>{d(|x| x.cluster.clone())}</dd></div>
-                    <div><dt>"Parameters"</dt><dd data-testid="param-count" data-count=d(|x| x.params.0.clone())>{d(|x| x.params.1.clone())}</dd></div>
-                    <div><dt>"Tokens per step"</dt><dd>{d(|x| x.tokens.clone())}</dd></div>
-                </dl>
-                {move || data.with(|x| x.as_ref().and_then(|x| x.host.clone())).map(|h| view! { <p class="host">"Host (CPU) memory per GPU process: "{h}</p> })}
-                {move || {
-                    let w = data.with(|x| x.as_ref().map(|x| x.warnings.clone()).unwrap_or_default());
-                    (!w.is_empty()).then(|| view! { <ul class="warnings">{w.into_iter().map(|w| view! { <li>{w}</li> }).collect_view()}</ul> })
-                }}
-            </div>
-        </Show>
+    move || {
+        let c = app.config.get();
+        let u = c.unit;
+        match app.estimate.get() {
+            Err(e) => view! {
+                <div class="verdict bad" role="status" data-testid="estimate-error">
+                    <p><strong>"This configuration cannot be estimated: "</strong>{e.to_string()}</p>
+                </div>
+            }
+            .into_any(),
+            Ok(e) => {
+                let peak = e.memory.peak;
+                let fits = peak <= e.capacity;
+                let headroom = if fits { e.capacity - peak } else { peak - e.capacity };
+                let gpu = gpu_label(&c);
+                let headline = if fits {
+                    format!("Fits on {gpu}: {} headroom", format_bytes(headroom, u))
+                } else {
+                    format!("Does not fit on {gpu}: needs {} more", format_bytes(headroom, u))
+                };
+                view! {
+                    <div class="verdict" class:bad=!fits role="status" aria-live="polite" data-testid="verdict" data-fits=fits.to_string()>
+                        <p class="headline">{headline}</p>
+                        <dl class="stats">
+                            <div><dt>"Peak per GPU"</dt><dd data-testid="peak-bytes" data-bytes=peak.to_string()>{format_bytes(peak, u)}<span class="sub">{format!("at: {}", e.memory.peak_event)}</span></dd></div>
+                            <div><dt>"Sum of components"</dt><dd data-testid="total-bytes" data-bytes=e.memory.total.to_string()>{format_bytes(e.memory.total, u)}</dd></div>
+                            <div><dt>"GPU capacity"</dt><dd data-testid="capacity-bytes" data-bytes=e.capacity.to_string()>{format_bytes(e.capacity, u)}</dd></div>
+                            <div><dt>{format!("Cluster ({} GPUs)", e.layout.gpus)}</dt><dd>{format_bytes(e.memory.peak.saturating_mul(e.layout.gpus as u128), u)}</dd></div>
+                            <div><dt>"Parameters"</dt><dd data-testid="param-count" data-count=e.parameter_count.to_string()>{format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count))}</dd></div>
+                            <div><dt>"Tokens per step"</dt><dd>{crate::estimator::expr::group_digits(e.layout.tokens_per_step)}</dd></div>
+                        </dl>
+                        {(e.memory.host > 0).then(|| view! { <p class="host">"Host (CPU) memory per GPU process: "{format_bytes(e.memory.host, u)}</p> })}
+                        {(!e.warnings.is_empty()).then(|| view! { <ul class="warnings">{e.warnings.iter().map(|w| view! { <li>{w.clone()}</li> }).collect_view()}</ul> })}
+                    </div>
+                }
+                .into_any()
+            }
+        }
     }
 }
 
