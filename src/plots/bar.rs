@@ -118,14 +118,7 @@ pub fn draw_bar<DB: DrawingBackend>(
 
 /// The bar as an SVG document (export, and native tests).
 pub fn bar_svg(data: &BarData, theme: &Theme, size: (u32, u32)) -> String {
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        if draw_bar(&root, data, theme).is_err() {
-            return String::new();
-        }
-    }
-    out
+    super::svg_of(size, |root| draw_bar(root, data, theme))
 }
 
 #[cfg(test)]

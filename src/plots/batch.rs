@@ -6,7 +6,7 @@ use super::axis::{pow2_ticks, Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
 use super::search::{largest_bracketed, MAX_BATCH};
 use super::seq::octave_points;
-use super::table::{key_of, Column, Table};
+use super::table::{stack_columns, Column, Table};
 use super::{category_color, gpu_name, peak_composition, Theme};
 use crate::estimator::config::{Config, Unit};
 use crate::estimator::estimate;
@@ -101,17 +101,7 @@ impl BatchData {
     }
 
     pub fn table(&self, theme: &Theme) -> Table {
-        let mut columns: Vec<Column> = Category::ALL
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| self.stack.iter().any(|s| s[*i] > 0))
-            .map(|(i, c)| Column {
-                key: key_of(c.label()),
-                label: c.label().to_string(),
-                color: category_color(*c),
-                values: self.stack.iter().map(|s| Some(s[i])).collect(),
-            })
-            .collect();
+        let mut columns = stack_columns(&self.stack);
         columns.push(Column {
             key: "peak_bytes".into(),
             label: "Peak".into(),

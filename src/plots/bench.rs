@@ -131,14 +131,7 @@ pub fn draw_bench<DB: DrawingBackend>(
 
 /// The chart as SVG (export and tests).
 pub fn bench_svg(c: &BenchChart, theme: &Theme, size: (u32, u32)) -> String {
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        if draw_bench(&root, c, theme).is_err() {
-            return String::new();
-        }
-    }
-    out
+    super::svg_of(size, |root| draw_bench(root, c, theme))
 }
 
 #[cfg(test)]

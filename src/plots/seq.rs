@@ -10,7 +10,7 @@
 use super::axis::{pow2_ticks, Axis, Frame};
 use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
 use super::search::{fits, largest_bracketed};
-use super::table::{key_of, Column, Table};
+use super::table::{stack_columns, Column, Table};
 use super::{category_color, gpu_name, okabe_ito, peak_composition, tokens_label, Theme};
 use crate::estimator::config::{Attention, Config, Unit};
 use crate::estimator::estimate;
@@ -149,17 +149,7 @@ impl SeqData {
 
     /// The chart's numbers (hover read-out and CSV).
     pub fn table(&self, theme: &Theme) -> Table {
-        let mut columns: Vec<Column> = Category::ALL
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| self.stack.iter().any(|s| s[*i] > 0))
-            .map(|(i, c)| Column {
-                key: key_of(c.label()),
-                label: c.label().to_string(),
-                color: category_color(*c),
-                values: self.stack.iter().map(|s| Some(s[i])).collect(),
-            })
-            .collect();
+        let mut columns = stack_columns(&self.stack);
         columns.push(Column {
             key: format!("peak_{}_bytes", attn_name(self.attn)),
             label: format!("Peak ({})", attn_name(self.attn)),

@@ -109,6 +109,22 @@ fn csv_field(s: &str) -> String {
     }
 }
 
+/// One column per ledger category that is non-zero somewhere in a stacked chart's points.
+pub fn stack_columns(stack: &[[Bytes; 6]]) -> Vec<Column> {
+    use crate::estimator::ledger::Category;
+    Category::ALL
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| stack.iter().any(|s| s[*i] > 0))
+        .map(|(i, c)| Column {
+            key: key_of(c.label()),
+            label: c.label().to_string(),
+            color: super::category_color(*c),
+            values: stack.iter().map(|s| Some(s[i])).collect(),
+        })
+        .collect()
+}
+
 /// A series key from a label: `Optimizer states` → `optimizer_states_bytes`.
 pub fn key_of(label: &str) -> String {
     let mut k = String::new();
