@@ -362,8 +362,13 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
         Stage::Whole,
         StageResult { rows: Vec::new(), host: Vec::new(), timeline: timeline::Timeline { events: Vec::new(), peak: 0 } },
     ));
-    let whole = Config { tp: 1, pp: 1, ep: 1, cp: 1, gpus: 1, ..cfg.clone() };
-    let trainable = params::elements(&local_groups(&whole, Stage::Whole), |g| g.role == Role::Trainable);
+    // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
+    let trainable = if cfg.finetune == Finetune::Full {
+        counts.total
+    } else {
+        let whole = Config { tp: 1, pp: 1, ep: 1, cp: 1, gpus: 1, ..cfg.clone() };
+        params::elements(&local_groups(&whole, Stage::Whole), |g| g.role == Role::Trainable)
+    };
     let s = Summary::of(&components);
     let memory = Memory {
         parameters: s.parameters,

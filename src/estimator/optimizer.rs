@@ -34,8 +34,8 @@ pub const ALLOCATOR_MIN_BLOCK: u64 = 512;
 /// temporary as large as a moment for every parameter at once (torch/optim/adamw.py).
 pub const FOREACH_ADAM_TEMPORARIES: u64 = 1;
 
-const PSI_T: Sym = Sym::new("Ψ", "T", "trainable parameters on this GPU");
-const PSI_E: Sym = Sym::new("Ψ", "E", "trainable routed-expert parameters on this GPU");
+use super::statics::PSI_T;
+const PSI_E: Sym = Sym::new("Ψ", "E", "routed-expert parameters on this GPU (sharded over N_e)");
 const PSI_8: Sym = Sym::new("Ψ", "8", "elements of tensors of ≥ 4,096 (8-bit states)");
 const PSI_S: Sym = Sym::new("Ψ", "small", "elements of tensors under 4,096 (32-bit states)");
 const N_BLK: Sym = Sym::new("n", "blk", "256-element blocks, summed per tensor");
@@ -62,10 +62,10 @@ impl Shards {
     }
 }
 
-/// `⌈Ψ / N⌉` over the trainable groups matching `pred`, split into a dense and an expert pool
-/// when they shard differently.
+/// `⌈Ψ / N⌉` over the groups matching `pred`, split into a dense and an expert pool when they
+/// shard differently. The one place weights, gradients, master weights and states are sharded.
 pub fn sharded_elements(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool, sym: Sym, shards: &Shards) -> Expr {
-    let t = |g: &&LocalGroup| g.role == Role::Trainable && pred(g);
+    let t = |g: &&LocalGroup| pred(g);
     let dense: u64 = groups.iter().filter(t).filter(|g| !g.expert || shards.same()).map(|g| g.group.total()).sum();
     let expert: u64 = groups.iter().filter(t).filter(|g| g.expert && !shards.same()).map(|g| g.group.total()).sum();
     let mut terms = vec![Expr::var(sym, dense).shard(shards.dense.clone())];
@@ -73,6 +73,12 @@ pub fn sharded_elements(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> boo
         terms.push(Expr::var(PSI_E, expert).shard(shards.expert.clone()));
     }
     Expr::sum(terms)
+}
+
+/// [`sharded_elements`] over the trainable groups matching `pred` (optimizer states exist only
+/// for those).
+fn trainable_sharded(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool, sym: Sym, shards: &Shards) -> Expr {
+    sharded_elements(groups, |g| g.role == Role::Trainable && pred(g), sym, shards)
 }
 
 fn is_hidden_matrix(g: &LocalGroup) -> bool {
@@ -99,15 +105,15 @@ pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalG
     let (expr, source): (Expr, &'static str) = match optim {
         Optimizer::Sgd => (Expr::zero(), "torch/optim/sgd.py: plain SGD keeps no state"),
         Optimizer::Momentum => (
-            Expr::prod([Expr::konst("MOMENTUM_STATES", MOMENTUM_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
+            Expr::prod([Expr::konst("MOMENTUM_STATES", MOMENTUM_STATES), trainable_sharded(groups, all, PSI_T, shards), b_s]),
             "torch/optim/sgd.py: momentum_buffer",
         ),
         Optimizer::Adamw => (
-            Expr::prod([Expr::konst("ADAM_STATES", ADAM_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
+            Expr::prod([Expr::konst("ADAM_STATES", ADAM_STATES), trainable_sharded(groups, all, PSI_T, shards), b_s]),
             "Kingma & Ba 2015; torch/optim/adamw.py: exp_avg, exp_avg_sq",
         ),
         Optimizer::Lion => (
-            Expr::prod([Expr::konst("LION_STATES", LION_STATES), sharded_elements(groups, all, PSI_T, shards), b_s]),
+            Expr::prod([Expr::konst("LION_STATES", LION_STATES), trainable_sharded(groups, all, PSI_T, shards), b_s]),
             "Chen et al. 2023, Symbolic Discovery of Optimization Algorithms: exp_avg",
         ),
         Optimizer::Adafactor => {
@@ -136,11 +142,11 @@ pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalG
             let quantized = Expr::prod([
                 two(),
                 Expr::sum([
-                    Expr::prod([sharded_elements(groups, big, PSI_8, shards), Expr::konst("ADAM8BIT_STATE_BYTES", ADAM8BIT_STATE_BYTES)]),
+                    Expr::prod([trainable_sharded(groups, big, PSI_8, shards), Expr::konst("ADAM8BIT_STATE_BYTES", ADAM8BIT_STATE_BYTES)]),
                     Expr::prod([Expr::var(N_BLK, blocks).shard(shards.dense.clone()), Expr::konst("FP32_BYTES", FP32_BYTES)]),
                 ]),
             ]);
-            let full = Expr::prod([two(), sharded_elements(groups, small, PSI_S, shards), Expr::konst("FP32_BYTES", FP32_BYTES)]);
+            let full = Expr::prod([two(), trainable_sharded(groups, small, PSI_S, shards), Expr::konst("FP32_BYTES", FP32_BYTES)]);
             (
                 Expr::sum([quantized, full]),
                 "Dettmers et al. 2022 (8-bit Optimizers via Block-wise Quantization); bitsandbytes/optim/optimizer.py",
@@ -149,12 +155,12 @@ pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalG
         Optimizer::Muon => {
             let muon = Expr::prod([
                 Expr::konst("MUON_STATES", MUON_STATES),
-                sharded_elements(groups, is_hidden_matrix, PSI_M, shards),
+                trainable_sharded(groups, is_hidden_matrix, PSI_M, shards),
                 b_s.clone(),
             ]);
             let adam = Expr::prod([
                 Expr::konst("ADAM_STATES", ADAM_STATES),
-                sharded_elements(groups, |g| !is_hidden_matrix(g), PSI_A, shards),
+                trainable_sharded(groups, |g| !is_hidden_matrix(g), PSI_A, shards),
                 b_s,
             ]);
             (Expr::sum([muon, adam]), "Jordan et al. 2024 (Muon): momentum for hidden matrices, AdamW for embeddings, head and vectors")
@@ -203,7 +209,7 @@ pub fn step_temporary_bytes(optim: Optimizer, imp: OptimImpl, recipe: &Recipe, g
         (Optimizer::Adamw, OptimImpl::Foreach) => (
             Expr::prod([
                 Expr::konst("FOREACH_ADAM_TEMPORARIES", FOREACH_ADAM_TEMPORARIES),
-                sharded_elements(groups, |_| true, PSI_T, shards),
+                trainable_sharded(groups, |_| true, PSI_T, shards),
                 b_s,
             ]),
             "torch/optim/adamw.py, _multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(...)",

@@ -63,13 +63,7 @@ impl Sharding {
 }
 
 fn sharded(groups: &[LocalGroup], role: Role, sym: Sym, shards: &Shards) -> Expr {
-    let dense: u64 = elements(groups, |g| g.role == role && !(g.expert && shards.dense.eval() != shards.expert.eval()));
-    let expert: u64 = elements(groups, |g| g.role == role && g.expert && shards.dense.eval() != shards.expert.eval());
-    let mut terms = vec![Expr::var(sym, dense).shard(shards.dense.clone())];
-    if expert > 0 {
-        terms.push(Expr::var(Sym::new(sym.base, "E", "routed-expert parameters on this GPU"), expert).shard(shards.expert.clone()));
-    }
-    Expr::sum(terms)
+    optimizer::sharded_elements(groups, |g| g.role == role, sym, shards)
 }
 
 /// Trainable weights: ⌈Ψ_T / N⌉ × b_w, sharded from ZeRO-3 on.
