@@ -2,7 +2,7 @@
 //! `trainmem bench`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
 //! names and values as the share URL (`--seq 4096` ⇔ `?seq=4096`).
 
-use crate::config::{self, Config, ConfigError, Group, KEYS};
+use crate::config::{self, Config, ConfigError, KEYS};
 use crate::estimator::hf::{self, HfError};
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{estimate, flatten, presets, Estimate, EstimateError};
@@ -122,27 +122,11 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
         let imported = hf::import_json(&text).map_err(|err| CliError::Hf { path: path.clone(), err })?;
         config::apply_import(&mut cfg, &imported);
     }
-    // model first (it sets the architecture), then architecture keys, then the rest.
-    let rank = |k: &str| {
-        if k == "model" {
-            0
-        } else if KEYS.iter().any(|x| x.name == k && x.group == Group::Architecture) {
-            1
-        } else {
-            2
-        }
-    };
-    pairs.sort_by_key(|(k, _)| rank(k));
-    let mut arch_touched = false;
-    for (k, v) in &pairs {
-        config::set(&mut cfg, k, v)?;
-        arch_touched |= rank(k) == 1;
+    let errors = config::apply_pairs(&mut cfg, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect());
+    match errors.into_iter().next() {
+        Some(e) => Err(e.into()),
+        None => Ok((cfg, json)),
     }
-    if arch_touched {
-        config::mark_custom_if_changed(&mut cfg);
-    }
-    config::normalize(&mut cfg);
-    Ok((cfg, json))
 }
 
 #[derive(Serialize)]

@@ -83,25 +83,35 @@ pub fn decode_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
             ordered.push((k, v));
         }
     }
+    errors.extend(apply_pairs(&mut cfg, ordered));
+    repair(&mut cfg, &mut errors);
+    Decoded { config: cfg, errors, presentation }
+}
+
+/// Applies key/value pairs to `cfg` — `model` first (it sets the architecture), then the
+/// architecture keys, then the rest — and returns the ones that could not be used. An
+/// architecture that no longer equals its preset turns the model into `custom`. The URL decoder
+/// and the CLI both go through here.
+pub fn apply_pairs<'a>(cfg: &mut Config, mut pairs: Vec<(&'a str, &'a str)>) -> Vec<ConfigError> {
     let rank = |k: &str| match find_key(k).map(|k| k.group) {
         _ if k == "model" => 0,
         Some(Group::Architecture) => 1,
         _ => 2,
     };
-    ordered.sort_by_key(|(k, _)| rank(k));
+    pairs.sort_by_key(|(k, _)| rank(k));
+    let mut errors = Vec::new();
     let mut arch_touched = false;
-    for (k, v) in ordered {
-        match set(&mut cfg, k, v) {
+    for (k, v) in pairs {
+        match set(cfg, k, v) {
             Ok(()) => arch_touched |= rank(k) == 1,
             Err(e) => errors.push(e),
         }
     }
     if arch_touched {
-        mark_custom_if_changed(&mut cfg);
+        mark_custom_if_changed(cfg);
     }
-    normalize(&mut cfg);
-    repair(&mut cfg, &mut errors);
-    Decoded { config: cfg, errors, presentation }
+    normalize(cfg);
+    errors
 }
 
 /// Decodes a URL query string (with or without the leading `?`).

@@ -26,9 +26,8 @@ fn label_of(k: &Key) -> String {
 fn apply(name: &'static str, value: &str) -> Result<(), String> {
     let app = app();
     let mut c = app.config.get_untracked();
-    config::set(&mut c, name, value).map_err(|e| e.reason)?;
-    if key(name).is_some_and(|k| k.group == Group::Architecture) {
-        config::mark_custom_if_changed(&mut c);
+    if let Some(e) = config::apply_pairs(&mut c, vec![(name, value)]).into_iter().next() {
+        return Err(e.reason);
     }
     super::dom::mark("trainmem:input");
     app.config.set(c);
