@@ -5,7 +5,7 @@
 use crate::config::{self, Config, ConfigError, KEYS};
 use crate::estimator::hf::{self, HfError};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{estimate, flatten, presets, Estimate, EstimateError};
+use crate::estimator::{explain, flatten, presets, Estimate, EstimateError};
 use serde::Serialize;
 use std::io::Write;
 
@@ -63,7 +63,7 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     match cmd.as_str() {
         "estimate" => {
             let (cfg, json) = parse_estimate_args(rest)?;
-            let e = estimate(&cfg)?;
+            let e = explain(&cfg)?;
             if json {
                 w(out, format!("{}\n", to_json(&cfg, &e)))
             } else {

@@ -5,13 +5,55 @@
 //! (`8,030,261,248 × 2`). The row's bytes are *computed from the expression*, so the formula a
 //! student reads and the figure the estimator reports can never drift apart.
 //!
+//! Two paths, one source. Building every formula tree costs allocations; the planner and the
+//! charts need millions of estimates and only their numbers. Inside [`numbers_only`] every
+//! constructor below folds at once to a bare [`Expr::Num`] (no symbols, no heap), so the very
+//! same term functions yield the numbers (`estimator::estimate`) or the explained formulas
+//! (`estimator::explain`); a test checks the two agree on every preset.
+//!
 //! Arithmetic is on `u128`, saturating: 405 B parameters × 16,384 GPUs × a million tokens of eager
 //! attention scores is ~10²¹ bytes, past `u64` but nowhere near `u128`. Division rounds up
 //! ([`Expr::ceil_div`]) where it models a shard (a rank holds ⌈n/N⌉ elements, padding included)
 //! and down ([`Expr::floor_div`]) only where the source divides exactly.
 
 use serde::Serialize;
+use std::cell::Cell;
 use std::fmt::Write as _;
+
+thread_local! {
+    /// Set while [`numbers_only`] runs: constructors fold to values instead of building trees.
+    static NUMERIC: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether formulas are being folded to their values (inside [`numbers_only`]).
+pub fn is_numeric() -> bool {
+    NUMERIC.with(Cell::get)
+}
+
+/// Runs `f` with every [`Expr`] constructor folding to its value: the fast numeric path.
+/// Re-entrant; the previous mode is restored even if `f` unwinds.
+pub fn numbers_only<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NUMERIC.with(|n| n.set(self.0));
+        }
+    }
+    let _restore = Restore(NUMERIC.with(|n| n.replace(true)));
+    f()
+}
+
+/// Runs `f` with full formula trees, even inside [`numbers_only`].
+pub fn with_formulas<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NUMERIC.with(|n| n.set(self.0));
+        }
+    }
+    let _restore = Restore(NUMERIC.with(|n| n.replace(false)));
+    f()
+}
 
 /// A mathematical symbol with an optional subscript, e.g. `Ψ` or `b` with subscript `grad`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -56,9 +98,15 @@ pub enum Expr {
 
 impl Expr {
     pub fn var(sym: Sym, value: impl Into<u128>) -> Expr {
+        if is_numeric() {
+            return Expr::Num(value.into());
+        }
         Expr::Var(sym, value.into())
     }
     pub fn konst(name: &'static str, value: impl Into<u128>) -> Expr {
+        if is_numeric() {
+            return Expr::Num(value.into());
+        }
         Expr::Const(name, value.into())
     }
     pub fn num(value: impl Into<u128>) -> Expr {
@@ -68,6 +116,9 @@ impl Expr {
         Expr::Num(0)
     }
     pub fn prod(factors: impl IntoIterator<Item = Expr>) -> Expr {
+        if is_numeric() {
+            return Expr::Num(factors.into_iter().fold(1u128, |a, e| a.saturating_mul(e.eval())));
+        }
         let v: Vec<Expr> = factors.into_iter().collect();
         if v.len() == 1 {
             v.into_iter().next().unwrap_or(Expr::Num(1))
@@ -77,6 +128,9 @@ impl Expr {
     }
     /// A sum; literal zeros are dropped.
     pub fn sum(terms: impl IntoIterator<Item = Expr>) -> Expr {
+        if is_numeric() {
+            return Expr::Num(terms.into_iter().fold(0u128, |a, e| a.saturating_add(e.eval())));
+        }
         let v: Vec<Expr> = terms.into_iter().filter(|t| *t != Expr::Num(0)).collect();
         match v.len() {
             0 => Expr::Num(0),
@@ -86,6 +140,9 @@ impl Expr {
     }
     /// A sum whose identical terms are gathered: `x + y + x` → `2 × x + y`.
     pub fn sum_merged(terms: impl IntoIterator<Item = Expr>) -> Expr {
+        if is_numeric() {
+            return Expr::sum(terms);
+        }
         let mut groups: Vec<(Expr, u128)> = Vec::new();
         for t in terms.into_iter().filter(|t| *t != Expr::Num(0)) {
             match groups.iter_mut().find(|(g, _)| *g == t) {
@@ -102,14 +159,38 @@ impl Expr {
             (n, t) => Expr::Prod(vec![Expr::Num(n), t]),
         }))
     }
+    /// The largest of the terms (alternatives that never coexist).
+    pub fn max(terms: impl IntoIterator<Item = Expr>) -> Expr {
+        if is_numeric() {
+            return Expr::Num(terms.into_iter().map(|e| e.eval()).max().unwrap_or(0));
+        }
+        Expr::Max(terms.into_iter().collect())
+    }
+    /// The smallest of the terms (a cap).
+    pub fn min(terms: impl IntoIterator<Item = Expr>) -> Expr {
+        if is_numeric() {
+            return Expr::Num(terms.into_iter().map(|e| e.eval()).min().unwrap_or(0));
+        }
+        Expr::Min(terms.into_iter().collect())
+    }
 
     pub fn ceil_div(self, by: Expr) -> Expr {
+        if is_numeric() {
+            let b = by.eval();
+            return Expr::Num(if b == 0 { 0 } else { self.eval().div_ceil(b) });
+        }
         Expr::CeilDiv(Box::new(self), Box::new(by))
     }
     pub fn floor_div(self, by: Expr) -> Expr {
+        if is_numeric() {
+            return Expr::Num(self.eval().checked_div(by.eval()).unwrap_or(0));
+        }
         Expr::FloorDiv(Box::new(self), Box::new(by))
     }
     pub fn times(self, other: Expr) -> Expr {
+        if is_numeric() {
+            return Expr::Num(self.eval().saturating_mul(other.eval()));
+        }
         match self {
             Expr::Prod(mut v) => {
                 v.push(other);
@@ -119,6 +200,9 @@ impl Expr {
         }
     }
     pub fn plus(self, other: Expr) -> Expr {
+        if is_numeric() {
+            return Expr::Num(self.eval().saturating_add(other.eval()));
+        }
         match self {
             Expr::Sum(mut v) => {
                 v.push(other);
@@ -465,6 +549,34 @@ mod tests {
         let e = Expr::var(Sym::new("b", "<g>", "x"), 2u8);
         assert_eq!(e.mathml(false), "<msub><mi>b</mi><mtext>&lt;g&gt;</mtext></msub>");
         assert_eq!(e.mathml(true), "<mn>2</mn>");
+    }
+
+    #[test]
+    fn the_numeric_path_folds_the_same_formula_to_the_same_value() {
+        let build = || {
+            Expr::sum_merged([
+                Expr::prod([Expr::konst("K", 4u8), Expr::var(PSI, 7u8)]).ceil_div(Expr::var(N, 2u8)),
+                Expr::max([Expr::var(N, 3u8), Expr::num(5u8)]),
+                Expr::min([Expr::var(PSI, 9u8), Expr::num(6u8)]).times(Expr::num(2u8)),
+            ])
+        };
+        // ⌈4 × 7 / 2⌉ + max(3, 5) + min(9, 6) × 2 = 14 + 5 + 12 = 31.
+        let explained = build();
+        let numeric = numbers_only(build);
+        assert_eq!(explained.eval(), 31);
+        assert_eq!(numeric, Expr::Num(31));
+        assert!(explained.symbolic().contains("Ψ"));
+    }
+
+    #[test]
+    fn the_numeric_mode_is_restored_after_it_ends_and_can_be_suspended() {
+        assert!(!is_numeric());
+        numbers_only(|| {
+            assert!(is_numeric());
+            with_formulas(|| assert!(matches!(Expr::var(PSI, 1u8), Expr::Var(..))));
+            assert!(is_numeric());
+        });
+        assert!(!is_numeric());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use super::expr::{Expr, Sym};
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
+use std::borrow::Cow;
 
 /// Bytes. `u128` so that no realistic cluster-wide figure overflows.
 pub type Bytes = u128;
@@ -47,7 +48,7 @@ impl Category {
 pub struct Row {
     /// Stable machine name (`weights`, `optimizer_states`, `activations.attention`, …).
     pub id: &'static str,
-    pub label: String,
+    pub label: Cow<'static, str>,
     pub category: Category,
     pub bytes: Bytes,
     /// The formula whose value is `bytes`.
@@ -55,26 +56,32 @@ pub struct Row {
     /// Paper (table/section) or framework file the formula follows.
     pub source: &'static str,
     /// Dtype assumptions and caveats, in a sentence or two.
-    pub note: String,
+    pub note: Cow<'static, str>,
     /// Sub-rows whose bytes add up to this row's.
     pub children: Vec<Row>,
 }
 
 impl Row {
     /// A row whose bytes are its formula's value.
-    pub fn new(id: &'static str, label: impl Into<String>, category: Category, expr: Expr, source: &'static str) -> Row {
-        Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: String::new(), children: Vec::new() }
+    pub fn new(id: &'static str, label: impl Into<Cow<'static, str>>, category: Category, expr: Expr, source: &'static str) -> Row {
+        Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: Cow::Borrowed(""), children: Vec::new() }
     }
-    pub fn note(mut self, note: impl Into<String>) -> Row {
+    pub fn note(mut self, note: impl Into<Cow<'static, str>>) -> Row {
         self.note = note.into();
         self
     }
     /// A row that is the sum of its children; its formula is the sum of theirs by symbol.
-    pub fn parent(id: &'static str, label: impl Into<String>, category: Category, children: Vec<Row>, source: &'static str) -> Row {
+    pub fn parent(
+        id: &'static str,
+        label: impl Into<Cow<'static, str>>,
+        category: Category,
+        children: Vec<Row>,
+        source: &'static str,
+    ) -> Row {
         let sym_terms =
             children.iter().map(|c| Expr::var(Sym::new("M", c.id.rsplit('.').next().unwrap_or(c.id), "a sub-row's bytes"), c.bytes));
         let expr = Expr::sum(sym_terms);
-        Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: String::new(), children }
+        Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: Cow::Borrowed(""), children }
     }
 }
 

@@ -258,7 +258,7 @@ struct StageResult {
     timeline: timeline::Timeline,
 }
 
-fn transient_row(id: &'static str, label: &str, e: expr::Expr, source: &'static str) -> Option<Row> {
+fn transient_row(id: &'static str, label: &'static str, e: expr::Expr, source: &'static str) -> Option<Row> {
     let r = Row::new(id, label, Category::Transient, e, source);
     (r.bytes > 0).then_some(r)
 }
@@ -288,7 +288,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     rows.extend(transient_row(
         "loss_working",
         "Logits and loss gradients",
-        expr::Expr::Max(vec![w.loss_forward.clone(), w.loss_backward.clone()]),
+        expr::Expr::max([w.loss_forward.clone(), w.loss_backward.clone()]),
         "transformers ForCausalLMLoss: logits, logits.float(); torch log_softmax_backward: dL/dlog_probs and dL/dlogits in fp32",
     ));
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
@@ -346,8 +346,22 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     StageResult { rows, host, timeline: tl }
 }
 
-/// The ledger of the most loaded GPU for `cfg`.
+/// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
+/// the verdict, with each row's `expr` folded to its value (see [`expr::numbers_only`]). This is
+/// the path the UI recomputes on every input and the planner runs for every candidate; open a
+/// row's formula with [`explain`].
 pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
+    expr::numbers_only(|| ledger_of(cfg))
+}
+
+/// The same estimate with every row's formula built in full (symbols, substitution, legend):
+/// what the ledger shows when a row is opened, and what `--json` prints. Both paths run the same
+/// term functions, so their bytes are equal (tested on every preset).
+pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
+    expr::with_formulas(|| ledger_of(cfg))
+}
+
+fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
     validate(cfg)?;
     let recipe = recipe(cfg.precision);
     let counts = cfg.arch.counts();
@@ -423,14 +437,6 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
         textbook: activations::textbook_rows(cfg),
         warnings,
     })
-}
-
-/// The same estimate with every row's formula built in full (symbols, substitution, legend):
-/// what the ledger shows when a row is opened, and what `--json` prints. [`estimate`] gives
-/// the numbers; both come from the same term functions, so their bytes are equal (tested on
-/// every preset).
-pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
-    estimate(cfg)
 }
 
 /// Every row of the ledger, depth first (parents before their children).

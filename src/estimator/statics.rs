@@ -182,10 +182,7 @@ pub fn reduction_buffer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGrou
             "zero_reduce_bucket",
             "ZeRO reduce bucket",
             Category::Gradients,
-            Expr::prod([
-                Expr::Min(vec![Expr::var(PSI_T, t), Expr::konst("ZERO_REDUCE_BUCKET_ELEMENTS", ZERO_REDUCE_BUCKET_ELEMENTS)]),
-                b_g,
-            ]),
+            Expr::prod([Expr::min([Expr::var(PSI_T, t), Expr::konst("ZERO_REDUCE_BUCKET_ELEMENTS", ZERO_REDUCE_BUCKET_ELEMENTS)]), b_g]),
             "deepspeed/runtime/zero/config.py: reduce_bucket_size = 5e8 elements",
         )),
         _ => None,

@@ -14,7 +14,7 @@ mod inputs;
 mod results;
 
 use crate::config::{decode_query, encode_query, Config, ConfigError};
-use crate::estimator::{estimate, Estimate, EstimateError};
+use crate::estimator::{explain, Estimate, EstimateError};
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 
@@ -60,7 +60,7 @@ pub fn app() -> App {
         let config = RwSignal::new(Config::default());
         App {
             config,
-            estimate: Memo::new(move |_| config.with(estimate)),
+            estimate: Memo::new(move |_| config.with(explain)),
             notices: RwSignal::new(Vec::new()),
             embed: false,
             view: RwSignal::new(String::new()),
@@ -116,7 +116,7 @@ impl App {
         let config = RwSignal::new(decoded.config);
         App {
             config,
-            estimate: Memo::new(move |_| config.with(estimate)),
+            estimate: Memo::new(move |_| config.with(explain)),
             notices: RwSignal::new(decoded.errors),
             embed,
             view: RwSignal::new(get_p("view").unwrap_or_default()),

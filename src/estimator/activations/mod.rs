@@ -1,0 +1,355 @@
+//! Activation memory: the tensors autograd saves for backward, tensor by tensor, for the code the
+//! user actually runs.
+//!
+//! By default this follows Hugging Face transformers' module code (5.x) on CUDA: what
+//! `torch.autograd.graph.saved_tensors_hooks` sees at the end of the forward pass, the loss
+//! included, each storage counted once. Every term was measured in the validation harness
+//! (`validation/FINDINGS.md`, checked to the byte against PyTorch); the `framework = megatron`
+//! profile follows Korthikanti et al. 2022, §4.1 instead.
+//!
+//! Symbols ([`ctx::Q`]): b micro-batch, s tokens per sequence on this GPU (s / cp), h hidden, a
+//! heads, k key/value heads, d head dim, f MLP intermediate, V vocabulary, L layers on this GPU,
+//! p bytes per compute element (2 in bf16), p_r bytes of the residual stream (4 under autocast),
+//! E experts, K experts per token, r LoRA rank, t tensor-parallel degree.
+//!
+//! Layout: [`transformers`] assembles a model from the blocks — [`norms`], [`attention`],
+//! [`mlp`], [`moe`], the adapters and autocast copies of [`layer`], and the ends (embedding,
+//! head, loss); [`megatron`] is the other profile; [`working`] the transient buffers beside the
+//! saved ones; [`textbook`] the closed formulas of the literature for comparison.
+
+pub mod attention;
+pub mod ctx;
+pub mod layer;
+pub mod megatron;
+pub mod mlp;
+pub mod moe;
+pub mod norms;
+pub mod textbook;
+pub mod transformers;
+pub mod working;
+
+use super::config::{Config, Finetune, Framework, Kernels, LoraTargets};
+use super::expr::Expr;
+use super::ledger::{Bytes, Category, Row};
+use super::params::Stage;
+use super::precision::{Dtype, Recipe};
+use ctx::{Ctx, Values, L, L_DENSE, L_MOE, M};
+
+pub use textbook::{eager_score_bytes, textbook_differences, textbook_rows};
+pub use working::Working;
+
+/// The sub-rows of the activation ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Part {
+    Embedding,
+    Norms,
+    AttentionInputs,
+    AttentionCore,
+    Mlp,
+    Moe,
+    Lora,
+    Dropout,
+    Checkpoints,
+    Autocast,
+    Head,
+    Loss,
+}
+
+impl Part {
+    pub fn id(self) -> &'static str {
+        match self {
+            Part::Embedding => "activations.embedding",
+            Part::Norms => "activations.norms",
+            Part::AttentionInputs => "activations.attention_inputs",
+            Part::AttentionCore => "activations.attention_core",
+            Part::Mlp => "activations.mlp",
+            Part::Moe => "activations.moe",
+            Part::Lora => "activations.lora",
+            Part::Dropout => "activations.dropout",
+            Part::Checkpoints => "activations.checkpoints",
+            Part::Autocast => "activations.autocast_weights",
+            Part::Head => "activations.head",
+            Part::Loss => "activations.loss",
+        }
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            Part::Embedding => "Embedding and positions",
+            Part::Norms => "Norm layers",
+            Part::AttentionInputs => "Attention projections' inputs",
+            Part::AttentionCore => "Attention core (Q, K, V, scores, output)",
+            Part::Mlp => "MLP",
+            Part::Moe => "MoE router and experts",
+            Part::Lora => "LoRA adapter intermediates",
+            Part::Dropout => "Dropout masks",
+            Part::Checkpoints => "Checkpointed layer inputs",
+            Part::Autocast => "Autocast bf16 weight copies",
+            Part::Head => "Final norm and LM-head input",
+            Part::Loss => "Loss (fp32 log-softmax, targets)",
+        }
+    }
+    pub fn source(self) -> &'static str {
+        match self {
+            Part::Norms => "transformers LlamaRMSNorm / Gemma2RMSNorm / nn.LayerNorm forward; validation/FINDINGS.md §2",
+            Part::AttentionCore => {
+                "transformers eager_attention_forward / sdpa_attention_forward; torch SDPA flash kernel; FINDINGS.md §2–3"
+            }
+            Part::Loss => "transformers loss_utils.ForCausalLMLoss: logits.float() → cross_entropy (log_softmax keeps its fp32 result)",
+            Part::Checkpoints => "torch.utils.checkpoint (non-reentrant): each layer keeps its input; FINDINGS.md §4",
+            Part::Autocast => "torch.autocast weight cache: bf16 copies of every GEMM weight are saved for backward (FINDINGS.md §5)",
+            Part::Moe => "transformers MixtralSparseMoeBlock with grouped_mm experts; FINDINGS.md §2.2",
+            Part::Lora => "peft LoraLayer: lora_B saves lora_A's output (b·s·r)",
+            Part::Dropout => "torch native_dropout: a 1-byte bool mask per element on CUDA",
+            _ => "transformers modeling code; validation/FINDINGS.md §2",
+        }
+    }
+}
+
+/// What one GPU keeps for backward, and the numbers the step simulation needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Activations {
+    /// The ledger row (children by part); bytes = saved at the end of the forward pass.
+    pub row: Row,
+    /// Saved bytes of one decoder layer of one micro-batch.
+    pub per_layer: Bytes,
+    /// Saved bytes outside the layers before the head (embedding, positions) for one micro-batch.
+    pub embedding: Bytes,
+    /// Saved bytes of the final norm, head input and loss for one micro-batch (last stage).
+    pub head_and_loss: Bytes,
+    /// Micro-batches whose activations are alive at once on this stage (pipeline schedule).
+    pub in_flight_num: u64,
+    pub in_flight_den: u64,
+    /// Transient buffers around the saved tensors.
+    pub working: Working,
+}
+
+/// Accumulates terms by part, for one decoder layer and for the model's ends.
+#[derive(Default)]
+pub struct Terms {
+    pub layer: Vec<(Part, Expr)>,
+    pub moe_layer: Vec<(Part, Expr)>,
+    pub dense_layer: Vec<(Part, Expr)>,
+    pub first: Vec<(Part, Expr)>,
+    pub last: Vec<(Part, Expr)>,
+}
+
+/// Which linears keep their input for the weight gradient (their weight is trainable or they
+/// carry a LoRA adapter, whose A matrix keeps the same input).
+pub struct Saves {
+    pub qkv_in: bool,
+    pub o_in: bool,
+    pub mlp_in: bool,
+    pub down_in: bool,
+    pub norm_weight: bool,
+    pub embedding: bool,
+    pub head: bool,
+}
+
+pub fn saves(cfg: &Config) -> Saves {
+    if cfg.finetune == Finetune::Full {
+        return Saves { qkv_in: true, o_in: true, mlp_in: true, down_in: true, norm_weight: true, embedding: true, head: true };
+    }
+    let t = cfg.lora_targets;
+    Saves {
+        qkv_in: t.has(LoraTargets::Q) || t.has(LoraTargets::K) || t.has(LoraTargets::V),
+        o_in: t.has(LoraTargets::O),
+        mlp_in: t.has(LoraTargets::GATE) || t.has(LoraTargets::UP),
+        down_in: t.has(LoraTargets::DOWN),
+        norm_weight: false,
+        embedding: false,
+        head: false,
+    }
+}
+
+/// Builds the activation ledger of one GPU of `stage`.
+pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+    let spec = &cfg.arch;
+    let amp = recipe.autocast_weight_copy;
+    let values = Values {
+        b: cfg.batch,
+        s: cfg.seq.div_ceil(cfg.cp.max(1)),
+        s_kv: cfg.seq,
+        h: spec.hidden,
+        a: spec.heads,
+        k: spec.kv_heads,
+        d: spec.head_dim,
+        f: spec.ffn,
+        v: spec.vocab,
+        p: recipe.compute.bytes(),
+        p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
+        p_lin: if recipe.fp8_weight_cache { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+        tp: cfg.tp,
+    };
+    let c = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
+    let sv = saves(cfg);
+    let mut t = Terms::default();
+    if cfg.framework == Framework::Megatron {
+        megatron::megatron_terms(&c, &mut t);
+    } else {
+        transformers::transformers_terms(&c, &sv, &mut t);
+    }
+
+    // Micro-batches in flight: 1F1B keeps min(pp, accum) on the first stage; interleaving
+    // multiplies by 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, §4.2.3).
+    let (num, den) = match stage {
+        Stage::Whole | Stage::Last => (1, 1),
+        Stage::First | Stage::Middle => {
+            let m = cfg.pp.min(cfg.accum).max(1);
+            let m = if stage == Stage::Middle { m.div_ceil(2) } else { m };
+            if cfg.vpp > 1 {
+                (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)
+            } else {
+                (m, 1)
+            }
+        }
+    };
+
+    let moe_layers = stage_layers.min(spec.moe_layers());
+    let dense_layers = stage_layers - moe_layers;
+    let l = Expr::var(L, stage_layers);
+    let mut parts: Vec<Part> =
+        t.layer.iter().chain(&t.moe_layer).chain(&t.dense_layer).chain(&t.first).chain(&t.last).map(|(p, _)| *p).collect();
+    parts.sort();
+    parts.dedup();
+    // The numbers the step simulation needs, before the terms move into the rows.
+    let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
+    let per_moe = eval(&t.moe_layer);
+    let per_dense = eval(&t.dense_layer);
+    let per_layer = eval(&t.layer) + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense };
+    let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
+    let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
+    // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
+    // sweep point).
+    let sum_of = |v: &mut Vec<(Part, Expr)>, p: Part| -> Option<Expr> {
+        let terms: Vec<Expr> = v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e).collect();
+        (!terms.is_empty()).then(|| Expr::sum_merged(terms))
+    };
+    let in_flight = |e: Expr| -> Expr {
+        if num == 1 && den == 1 {
+            e
+        } else if den == 1 {
+            Expr::prod([Expr::var(M, num), e])
+        } else {
+            Expr::prod([Expr::var(M, num), e]).ceil_div(Expr::num(den))
+        }
+    };
+    let mut children = Vec::new();
+    for p in parts {
+        let mut terms = Vec::new();
+        if let Some(e) = sum_of(&mut t.layer, p) {
+            terms.push(Expr::prod([l.clone(), e]));
+        }
+        if moe_layers > 0 {
+            if let Some(e) = sum_of(&mut t.moe_layer, p) {
+                terms.push(Expr::prod([Expr::var(L_MOE, moe_layers), e]));
+            }
+        }
+        if dense_layers > 0 {
+            if let Some(e) = sum_of(&mut t.dense_layer, p) {
+                let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
+                terms.push(Expr::prod([count, e]));
+            }
+        }
+        if stage.has_embedding() {
+            if let Some(e) = sum_of(&mut t.first, p) {
+                terms.push(e);
+            }
+        }
+        let mut expr = if terms.is_empty() { None } else { Some(in_flight(Expr::sum(terms))) };
+        if stage.has_head() {
+            if let Some(e) = sum_of(&mut t.last, p) {
+                expr = Some(match expr {
+                    Some(x) => Expr::sum([x, e]),
+                    None => e,
+                });
+            }
+        }
+        if let Some(e) = expr {
+            let row = Row::new(p.id(), p.label(), Category::Activations, e, p.source());
+            if row.bytes > 0 {
+                children.push(row);
+            }
+        }
+    }
+    let mut row = Row::parent(
+        "activations",
+        "Activations (saved for backward)",
+        Category::Activations,
+        children,
+        "sum of the parts; each part's formula is its own",
+    );
+    row.note = "bytes of the tensors autograd keeps at the end of the forward pass, loss included, each storage once; gradient accumulation does not change them (one micro-batch is alive at a time)".into();
+
+    let mut working = working::working_memory(&c, cfg);
+    if !stage.has_head() {
+        working.loss_forward = Expr::zero();
+        working.loss_backward = Expr::zero();
+    }
+    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den, working }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Attention, Kernels, Precision, Recompute};
+    use crate::estimator::precision::recipe;
+
+    fn acts(cfg: &Config) -> Activations {
+        activations(cfg, &recipe(cfg.precision), Stage::Whole, cfg.arch.layers)
+    }
+
+    /// The worked example of FINDINGS.md: llama-gqa b2 s64 bf16 sdpa, T = 128, h = 64, a = 4,
+    /// k = 2, d = 16, f = 176, V = 1000, 2 layers →
+    /// layer = 65,536 + 1,024 + 4·16,384 + 32,768 + 16,384 + 2,048 + 180,224 = 363,520;
+    /// ends = 1,024 + 4,096 + 49,664 + 16,384 + 512,000 + 1,024 + 4 = 584,196; total 1,311,236.
+    #[test]
+    fn the_findings_worked_example_comes_out_to_the_byte() {
+        let mut cfg = Config { batch: 2, seq: 64, precision: Precision::Bf16, kernels: Kernels::Cpu, ..Config::default() };
+        let a = &mut cfg.arch;
+        (a.vocab, a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.ffn) = (1000, 64, 2, 4, 2, 16, 176);
+        let x = acts(&cfg);
+        assert_eq!(x.per_layer, 363_520);
+        assert_eq!(x.row.bytes, 1_311_236);
+    }
+
+    #[test]
+    fn eager_attention_keeps_quadratic_scores_that_sdpa_does_not() {
+        let sdpa = acts(&Config::default()).row.bytes;
+        let eager = acts(&Config { attn: Attention::Eager, ..Config::default() }).row.bytes;
+        // 32 layers × (4 + 2) bytes × a·s² = 32 × 6 × 32 × 4096² more, minus sdpa's linear terms.
+        assert!(eager > sdpa + 32 * 6 * 32 * 4096 * 4096 - 32 * 4 * 4096 * 4096);
+    }
+
+    #[test]
+    fn full_recomputation_keeps_one_input_per_layer() {
+        let cfg = Config { recompute: Recompute::Full, ..Config::default() };
+        let x = acts(&cfg);
+        let ckpt = x.row.children.iter().find(|r| r.id == "activations.checkpoints").map(|r| r.bytes);
+        // 32 layers × b·s·h × 2 B + position_ids 8·s.
+        assert_eq!(ckpt, Some(32 * 4096 * 4096 * 2 + 8 * 4096));
+    }
+
+    #[test]
+    fn the_loss_of_a_128k_vocabulary_is_a_large_share() {
+        let x = acts(&Config::default());
+        let loss = x.row.children.iter().find(|r| r.id == "activations.loss").map_or(0, |r| r.bytes);
+        // 4 B × 4096 × 128,256 fp32 log-probabilities ≈ 2.1 GB.
+        assert!(loss >= 4 * 4096 * 128_256);
+    }
+
+    #[test]
+    fn every_symbol_the_terms_use_is_bound_to_its_value() {
+        let cfg = Config::default();
+        let r = recipe(cfg.precision);
+        let x = activations(&cfg, &r, Stage::Whole, 32);
+        let mut unbound = Vec::new();
+        for row in &x.row.children {
+            for (s, v) in row.expr.symbols() {
+                if v == 0 {
+                    unbound.push(format!("{}_{} in {}", s.base, s.sub, row.id));
+                }
+            }
+        }
+        assert!(unbound.is_empty(), "{unbound:?}");
+    }
+}
