@@ -15,6 +15,7 @@ pub mod overhead;
 pub mod params;
 pub mod precision;
 pub mod presets;
+pub mod sharding;
 pub mod statics;
 pub mod timeline;
 pub mod units;
@@ -294,7 +295,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
-    let sh = statics::Sharding::of(cfg);
+    let sh = sharding::Sharding::of(cfg);
     let temps =
         optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1)).filter(|_| cfg.offload == Offload::None);
     let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
@@ -404,7 +405,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         pp: cfg.pp,
         cp: cfg.cp,
         ep: cfg.ep,
-        shard: statics::Sharding::of(cfg).n,
+        shard: sharding::Sharding::of(cfg).n,
         stage,
         stage_layers: params::stage_layers(cfg.arch.layers, cfg.pp),
         tokens_per_step: cfg.batch as u128 * cfg.seq as u128 * cfg.accum as u128 * dp as u128,

@@ -7,6 +7,7 @@ use super::ledger::{Category, Row};
 use super::model::Part;
 use super::params::{LocalGroup, Role};
 use super::precision::{Recipe, FP32_BYTES};
+use super::sharding::{sharded_elements, Shards, PSI_T};
 
 /// Adam and AdamW keep two moments per parameter: `exp_avg` (m) and `exp_avg_sq` (v)
 /// (Kingma & Ba 2015; torch/optim/adamw.py).
@@ -34,8 +35,6 @@ pub const ALLOCATOR_MIN_BLOCK: u64 = 512;
 /// temporary as large as a moment for every parameter at once (torch/optim/adamw.py).
 pub const FOREACH_ADAM_TEMPORARIES: u64 = 1;
 
-use super::statics::PSI_T;
-const PSI_E: Sym = Sym::new("Ψ", "E", "routed-expert parameters on this GPU (sharded over N_e)");
 const PSI_8: Sym = Sym::new("Ψ", "8", "elements of tensors of ≥ 4,096 (8-bit states)");
 const PSI_S: Sym = Sym::new("Ψ", "small", "elements of tensors under 4,096 (32-bit states)");
 const N_BLK: Sym = Sym::new("n", "blk", "256-element blocks, summed per tensor");
@@ -44,36 +43,6 @@ const PSI_M: Sym = Sym::new("Ψ", "mat", "hidden-layer matrix elements (Muon)");
 const PSI_A: Sym = Sym::new("Ψ", "adam", "embedding, head and vector elements (AdamW)");
 const B_S: Sym = Sym::new("b", "s", "bytes per optimizer-state element");
 const N_T: Sym = Sym::new("n", "T", "trainable parameter tensors");
-
-/// The divisors of ZeRO sharding for one role: dense tensors shard over `dense`, routed
-/// experts over `expert` (the expert-data-parallel group).
-#[derive(Clone, Debug)]
-pub struct Shards {
-    pub dense: Expr,
-    pub expert: Expr,
-}
-
-impl Shards {
-    pub fn none() -> Shards {
-        Shards { dense: Expr::num(1u8), expert: Expr::num(1u8) }
-    }
-    fn same(&self) -> bool {
-        self.dense.eval() == self.expert.eval()
-    }
-}
-
-/// `⌈Ψ / N⌉` over the groups matching `pred`, split into a dense and an expert pool when they
-/// shard differently. The one place weights, gradients, master weights and states are sharded.
-pub fn sharded_elements(groups: &[LocalGroup], pred: impl Fn(&LocalGroup) -> bool, sym: Sym, shards: &Shards) -> Expr {
-    let t = |g: &&LocalGroup| pred(g);
-    let dense: u64 = groups.iter().filter(t).filter(|g| !g.expert || shards.same()).map(|g| g.group.total()).sum();
-    let expert: u64 = groups.iter().filter(t).filter(|g| g.expert && !shards.same()).map(|g| g.group.total()).sum();
-    let mut terms = vec![Expr::var(sym, dense).shard(shards.dense.clone())];
-    if expert > 0 {
-        terms.push(Expr::var(PSI_E, expert).shard(shards.expert.clone()));
-    }
-    Expr::sum(terms)
-}
 
 /// [`sharded_elements`] over the trainable groups matching `pred` (optimizer states exist only
 /// for those).

@@ -9,7 +9,8 @@ use super::ledger::{Bytes, Category, Row};
 use super::model::Part;
 use super::params::{LocalGroup, Role};
 use super::precision::Recipe;
-use super::statics::{Sharding, NF4_ELEMENTS_PER_BYTE};
+use super::sharding::Sharding;
+use super::statics::NF4_ELEMENTS_PER_BYTE;
 
 /// NCCL buffers when `nccl_mib` is automatic and more than one GPU talks: NCCL allocates
 /// `NCCL_BUFFSIZE` = 4 MiB per channel per peer and protocol (docs.nvidia.com/deeplearning/nccl,

@@ -9,11 +9,11 @@
 use super::config::{Config, Offload, OptimImpl, Optimizer, Zero};
 use super::expr::{Expr, Sym};
 use super::ledger::{Category, Row};
-use super::optimizer::{self, Shards};
+use super::optimizer;
 use super::params::{elements, tensor_count, LocalGroup, Role};
 use super::precision::{Recipe, FP32_BYTES, FP8_WEIGHT_CACHE_BYTES};
+use super::sharding::{sharded_elements, Sharding, Shards, PSI_T};
 
-pub const PSI_T: Sym = Sym::new("Ψ", "T", "trainable parameters on this GPU");
 pub const PSI_F: Sym = Sym::new("Ψ", "F", "frozen parameters on this GPU");
 pub const PSI_Q: Sym = Sym::new("Ψ", "Q", "NF4-quantized parameters on this GPU");
 pub const N_Q: Sym = Sym::new("n", "Q", "quantized tensors");
@@ -21,8 +21,6 @@ pub const PSI_LIN: Sym = Sym::new("Ψ", "lin", "parameters of linear layers (fp8
 pub const B_W: Sym = Sym::new("b", "w", "bytes per weight");
 pub const B_G: Sym = Sym::new("b", "g", "bytes per gradient");
 pub const B_M: Sym = Sym::new("b", "m", "bytes per master weight (fp32)");
-pub const N_D: Sym = Sym::new("N", "d", "GPUs a ZeRO/FSDP shard spans");
-pub const N_E: Sym = Sym::new("N", "e", "GPUs an expert shard spans (N_d / ep)");
 
 /// NF4 packs two 4-bit weights per byte (Dettmers et al. 2023, §3).
 pub const NF4_ELEMENTS_PER_BYTE: u64 = 2;
@@ -36,34 +34,8 @@ pub const NF4_STATE_ALLOCATIONS: u64 = 2;
 /// DeepSpeed's default `reduce_bucket_size` (5e8 elements; deepspeed/runtime/zero/config.py).
 pub const ZERO_REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
 
-/// ZeRO divisors of one GPU.
-#[derive(Clone, Debug)]
-pub struct Sharding {
-    pub stage: u8,
-    /// GPUs one shard spans (the data-parallel degree, or the `shard_group` under HYBRID_SHARD).
-    pub n: u64,
-    /// Expert shards span n / ep.
-    pub n_expert: u64,
-}
-
-impl Sharding {
-    pub fn of(cfg: &Config) -> Sharding {
-        let dp = cfg.dp().max(1);
-        let n = if cfg.zero == Zero::HybridShard { cfg.shard_group.clamp(1, dp) } else { dp };
-        Sharding { stage: cfg.zero.stage(), n, n_expert: (n / cfg.ep.max(1)).max(1) }
-    }
-    /// The divisors for a role sharded from `from_stage` on.
-    pub fn shards(&self, from_stage: u8) -> Shards {
-        if self.stage >= from_stage && self.n > 1 {
-            Shards { dense: Expr::var(N_D, self.n), expert: Expr::var(N_E, self.n_expert) }
-        } else {
-            Shards::none()
-        }
-    }
-}
-
 fn sharded(groups: &[LocalGroup], role: Role, sym: Sym, shards: &Shards) -> Expr {
-    optimizer::sharded_elements(groups, |g| g.role == role, sym, shards)
+    sharded_elements(groups, |g| g.role == role, sym, shards)
 }
 
 /// Trainable weights: ⌈Ψ_T / N⌉ × b_w, sharded from ZeRO-3 on.
