@@ -610,12 +610,11 @@ const CLASSES: usize = 64 << CLASS_SUB_BITS;
 struct FreeSet {
     classes: Vec<Vec<FreeKey>>,
     nonempty: [u64; CLASSES / 64],
-    len: usize,
 }
 
 impl Default for FreeSet {
     fn default() -> Self {
-        Self { classes: vec![Vec::new(); CLASSES], nonempty: [0; CLASSES / 64], len: 0 }
+        Self { classes: vec![Vec::new(); CLASSES], nonempty: [0; CLASSES / 64] }
     }
 }
 
@@ -628,8 +627,9 @@ impl FreeSet {
         ((lead << CLASS_SUB_BITS) as usize) | (sub as usize & ((1 << CLASS_SUB_BITS) - 1))
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
-        self.len
+        self.classes.iter().map(Vec::len).sum()
     }
 
     fn insert(&mut self, k: FreeKey) {
@@ -639,7 +639,6 @@ impl FreeSet {
         let pos = if v.last().is_none_or(|&last| last > k) { v.len() } else { v.partition_point(|e| *e > k) };
         if v.get(pos) != Some(&k) {
             v.insert(pos, k);
-            self.len += 1;
             self.nonempty[c / 64] |= 1 << (c % 64);
         }
     }
@@ -651,7 +650,6 @@ impl FreeSet {
         let found = if v.last() == Some(&k) { Ok(v.len() - 1) } else { v.binary_search_by(|e| k.cmp(e)) };
         if let Ok(pos) = found {
             v.remove(pos);
-            self.len -= 1;
             if v.is_empty() {
                 self.nonempty[c / 64] &= !(1 << (c % 64));
             }
