@@ -47,6 +47,17 @@
 //! for the device memory `cudaMalloc` can still get: when set, a segment (or an expandable
 //! segment's pages) that would push `reserved` past it fails, which starts the allocator's
 //! release-and-retry path and, if that fails too, reports an out-of-memory error.
+//!
+//! Version note: `roundup_power2_divisions:[64:8,>:1]` rounds 84 MiB to 88 MiB here, as the
+//! current `AcceleratorAllocatorConfig` parser does (`>` fills the buckets *after* the last one
+//! listed). PyTorch releases whose `CUDAAllocatorConfig.cpp` still parses the list fill from the
+//! last listed bucket itself, so the same string disables rounding for 64–128 MiB there.
+//!
+//! # Cost
+//!
+//! [`replay`] runs on every estimate, over the ≈ 10,000 events of a training step. The free
+//! blocks are kept in a segregated, sorted `FreeSet` rather than a `BTreeSet`, live ids in a
+//! dense table; `benches/allocator.rs` measures a 126-layer step.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
