@@ -2,7 +2,7 @@
 //! (≈ 10,000 events for a 126-layer model), so a replay must stay well under a millisecond.
 //!
 //! The stream is synthetic but shaped like a transformer step (bf16, micro-batch 1, 4k tokens,
-//! hidden 8192, 64 heads, MLP 28672 — Llama-3.1-405B-like widths): per layer the forward keeps
+//! hidden 8192, 64 heads, 8 KV heads, MLP 28672 — Llama-3.1-70B widths): per layer the forward keeps
 //! the tensors autograd saves and frees its temporaries; the backward walks the layers in reverse,
 //! allocating gradient temporaries and freeing each layer's saved tensors.
 
