@@ -4,6 +4,7 @@
 //! Pure Rust: no web API, no I/O. The web app, the charts and the CLI all read this one ledger.
 
 pub mod activations;
+pub mod allocator;
 pub mod config;
 pub mod expr;
 pub mod gpu;
