@@ -87,8 +87,8 @@ fn layer_elements<'a>(
 }
 
 /// ZeRO-3/FSDP all-gather the parameters of the layer about to compute (and prefetch the next):
-/// k_pre × P_layer; in backward the layer's unsharded gradient waits for its reduce-scatter:
-/// + G_layer (deepspeed/runtime/zero/partitioned_param_coordinator.py; torch FSDP
+/// k_pre × P_layer; in backward the layer's unsharded gradient waits for its reduce-scatter,
+/// adding G_layer (deepspeed/runtime/zero/partitioned_param_coordinator.py; torch FSDP
 /// `limit_all_gathers`).
 pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
     let sh = Sharding::of(cfg);

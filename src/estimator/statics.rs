@@ -135,6 +135,7 @@ pub fn gradient_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> 
 ///   (torch/nn/parallel/distributed.py docs: "the saved memory size will be equal to the total
 ///   gradients size").
 /// - DeepSpeed ZeRO 1–3: one reduce bucket of `reduce_bucket_size` = 5e8 elements at most.
+///
 /// FSDP reduces per unit (its unsharded gradient is counted with the gathered layers).
 pub fn reduction_buffer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
     let t = elements(groups, |g| g.role == Role::Trainable);

@@ -8,10 +8,12 @@ use super::ctx::{Ctx, A, B, D, F, H, KV, P, S, S_KV, V};
 use super::{moe, Part, Terms};
 
 /// Megatron-LM's tensor list (Korthikanti et al. 2022, §4.1, generalized to GQA, gated MLPs and
-/// flash attention): per layer attention 2sbh (QKV input) + 2sb(a+2k)d (Q, K, V) +
-/// [unfused: 2as²b scores + as²b mask + 2as²b dropout output | flash: 2sbad output + 4abs lse]
-/// + 2sbad (projection input) + sbh (dropout mask); MLP 2sbh + f-sized intermediates + sbh mask;
-/// two LayerNorm inputs 2 × 2sbh.
+/// flash attention), per layer:
+/// - attention: 2sbh (QKV input) + 2sb(a+2k)d (Q, K, V) + [unfused: 2as²b scores + as²b mask +
+///   2as²b dropout output | flash: 2sbad output + 4abs lse] + 2sbad (projection input) + sbh
+///   (dropout mask);
+/// - MLP: 2sbh + f-sized intermediates + sbh mask;
+/// - two LayerNorm inputs: 2 × 2sbh.
 pub fn megatron_terms(c: &Ctx, t: &mut Terms) {
     let spec = &c.cfg.arch;
     let dropout = c.cfg.dropout > 0.0;

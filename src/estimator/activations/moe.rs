@@ -33,8 +33,8 @@ pub fn moe_terms(c: &Ctx, out: &mut Vec<(Part, Expr)>) {
     out.push((Part::Moe, pairs(Expr::prod([Expr::num(3u8), i64b]), &[])));
     out.push((Part::Moe, Expr::prod([Expr::konst("INT32_BYTES", 4u8), e])));
     out.push((Part::Moe, pairs(pe.clone(), &[c.v(H)])));
-    out.push((Part::Moe, pairs(Expr::prod([Expr::num(2u8), pe.clone()]), &[fe.clone()])));
-    out.push((Part::Moe, pairs(pe.clone(), &[fe.clone()])));
+    out.push((Part::Moe, pairs(Expr::prod([Expr::num(2u8), pe.clone()]), std::slice::from_ref(&fe))));
+    out.push((Part::Moe, pairs(pe.clone(), std::slice::from_ref(&fe))));
     out.push((Part::Moe, pairs(pe.clone(), &[fe])));
     out.push((Part::Moe, pairs(fp32, &[])));
     out.push((Part::Moe, pairs(pe, &[c.v(H)])));
