@@ -67,10 +67,49 @@ fn published_counts_are_matched_exactly() {
 
 #[test]
 fn every_supported_model_type_has_a_fixture() {
-    let types: Vec<String> = fixtures().iter().filter_map(|f| f["model_type"].as_str().map(String::from)).collect();
+    // A fixture's model_type, or the text model type inside a multimodal wrapper's text_config.
+    let mut types: Vec<String> = Vec::new();
+    for f in fixtures() {
+        types.extend(f["model_type"].as_str().map(String::from));
+        let file: Value = serde_json::from_str(&read(f["file"].as_str().unwrap_or_default())).expect("fixture is JSON");
+        types.extend(file["text_config"]["model_type"].as_str().map(String::from));
+    }
     for t in trainmem::estimator::hf::SUPPORTED {
         assert!(types.iter().any(|x| x == t), "no fixture for {t}");
     }
+}
+
+#[test]
+fn every_multimodal_fixture_counts_the_text_model_and_says_what_it_leaves_out() {
+    for f in fixtures().iter().filter(|f| f["counted"].as_str().is_some_and(|c| c.starts_with("the text model only"))) {
+        let file = f["file"].as_str().unwrap_or_default();
+        let m = import_json(&read(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(m.notes.first().is_some_and(|n| n.contains("vision tower") && n.contains("not")), "{file}: {:?}", m.notes);
+    }
+}
+
+#[test]
+fn mtp_layers_and_quantized_checkpoints_are_stated_not_silently_dropped() {
+    let v3 = import_json(&read("deepseek-v3.json")).expect("DeepSeek-V3 imports");
+    assert!(v3.notes.iter().any(|n| n.contains("multi-token-prediction") && n.contains("not counted")), "{:?}", v3.notes);
+    assert!(v3.notes.iter().any(|n| n.contains("fp8")), "{:?}", v3.notes);
+    let oss = import_json(&read("gpt-oss-20b.json")).expect("gpt-oss imports");
+    assert!(oss.notes.iter().any(|n| n.contains("MXFP4") && n.contains("bf16")), "{:?}", oss.notes);
+    let air = import_json(&read("glm-4.5-air.json")).expect("GLM-4.5-Air imports");
+    assert!(air.notes.iter().any(|n| n.contains("multi-token-prediction")), "{:?}", air.notes);
+    // Kimi K2 has no MTP layer (num_nextn_predict_layers 0): no such note.
+    let kimi = import_json(&read("kimi-k2-instruct.json")).expect("Kimi K2 imports");
+    assert!(!kimi.notes.iter().any(|n| n.contains("multi-token-prediction")), "{:?}", kimi.notes);
+    assert!(kimi.notes.iter().any(|n| n.contains("deepseek_v3")), "{:?}", kimi.notes);
+}
+
+#[test]
+fn the_mistral_small_wrapper_whose_class_would_tie_the_head_is_said_to_differ() {
+    // Mistral3Config defaults tie_word_embeddings to true; the text model and the checkpoint
+    // (24,011,361,280 parameters with the vision tower) keep a separate lm_head.
+    let m = import_json(&read("mistral-small-3.1-24b-instruct-2503.json")).expect("Mistral-Small-3.1 imports");
+    assert!(!m.spec.tied);
+    assert!(m.notes.iter().any(|n| n.contains("tied to the embedding")), "{:?}", m.notes);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! Figures come from each checkpoint's `config.json` (committed under `tests/fixtures/hf/`,
 //! where the importer test reads them too).
 
-use super::model::{Activation, MlpKind, ModelSpec, NormKind, Positions, QkNorm};
+use super::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, Positions, QkNorm, Router, WindowKind};
 
 /// A named preset.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +65,25 @@ const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, 
         softmax_fp32: true,
         resid_dropout: false,
         embed_dropout: false,
+        q_lora_rank: 0,
+        kv_lora_rank: 0,
+        qk_rope_dim: 0,
+        v_head_dim: 0,
+        attn_sinks: false,
+        qk_l2_norm: false,
+        nope_layers: LayerRule::None,
+        window_layers: LayerRule::None,
+        window: 0,
+        window_kind: WindowKind::Sliding,
+        moe_rule: LayerRule::All,
+        router: Router::Softmax,
+        router_bias: false,
+        router_fp32: false,
+        router_groups: 0,
+        router_group_topk: 0,
+        expert_bias: false,
+        experts_in_out: false,
+        moe_all_experts: false,
     }
 }
 
