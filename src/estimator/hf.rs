@@ -809,7 +809,12 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             m.act = f.activation(&["hidden_act", "hidden_activation"], Activation::Silu)?;
             check_layers(m.layers)?;
             let moe = matches!(t, "mixtral" | "qwen2_moe" | "qwen3_moe");
-            m.ffn = if moe { f.uint("intermediate_size")?.unwrap_or(0) } else { f.required(&["intermediate_size"])? };
+            // Mixtral's `intermediate_size` is its experts' size: it has no dense MLP.
+            m.ffn = match t {
+                "mixtral" => 0,
+                _ if moe => f.uint("intermediate_size")?.unwrap_or(0),
+                _ => f.required(&["intermediate_size"])?,
+            };
             m.tied = f.flag("tie_word_embeddings", matches!(t, "gemma" | "gemma2"))?;
             m.max_pos = f.uint_or("max_position_embeddings", default_max_pos(t))?;
             let attention_bias = f.flag("attention_bias", false)?;
