@@ -126,7 +126,12 @@ fn presets_agree_with_their_checkpoints_config_json() {
             let (a, b) = (serde_json::to_value(&p.spec).unwrap_or_default(), serde_json::to_value(&m.spec).unwrap_or_default());
             let keys: Vec<String> = a
                 .as_object()
-                .map(|o| o.iter().filter(|(k, v)| b.get(k.as_str()) != Some(*v)).map(|(k, v)| format!("{k}: preset {v}, import {}", b[k])).collect())
+                .map(|o| {
+                    o.iter()
+                        .filter(|(k, v)| b.get(k.as_str()) != Some(*v))
+                        .map(|(k, v)| format!("{k}: preset {v}, import {}", b[k]))
+                        .collect()
+                })
                 .unwrap_or_default();
             failures.push(format!("{}: {}", p.id, keys.join("; ")));
         }
@@ -136,4 +141,30 @@ fn presets_agree_with_their_checkpoints_config_json() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_imported_model_survives_a_share_link() {
+    // Every architecture field has a key: the URL of an imported model decodes to the same model.
+    let mut failures = Vec::new();
+    for f in fixtures() {
+        let file = f["file"].as_str().unwrap_or_default();
+        let Ok(m) = import_json(&read(file)) else { continue };
+        let mut cfg = trainmem::config::Config::default();
+        trainmem::config::apply_import(&mut cfg, &m);
+        let query = trainmem::config::encode_query(&cfg);
+        let back = trainmem::config::decode_query(&query);
+        if back.config.arch != m.spec || !back.errors.is_empty() {
+            failures.push(format!("{file}: {query} -> {:?}", back.errors));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn qwen3_next_is_refused_with_the_reason() {
+    let err = import_json(r#"{"model_type": "qwen3_next", "vocab_size": 151936}"#).err();
+    assert_eq!(err.as_ref().and_then(|e| e.key()), Some("model_type"));
+    let text = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(text.contains("qwen3_next") && text.contains("DeltaNet"), "{text}");
 }

@@ -193,7 +193,9 @@ impl<'a> Fields<'a> {
                 Some(other) => {
                     return Err(HfError::Field {
                         key: KEY,
-                        reason: format!("layer type `{other}` is not modelled (full_attention, sliding_attention and chunked_attention are)"),
+                        reason: format!(
+                            "layer type `{other}` is not modelled (full_attention, sliding_attention and chunked_attention are)"
+                        ),
                     })
                 }
                 None => return Err(HfError::Type { key: KEY, expected: "a list of attention types" }),
@@ -447,7 +449,13 @@ fn check_layers(layers: u64) -> Result<(), HfError> {
 
 /// Local attention: `layer_types` when the file lists them, else the class's default rule; no
 /// local layer when the window key is null (the modeling code then passes `sliding_window=None`).
-fn set_window(m: &mut ModelSpec, f: &Fields, key: &'static str, default_window: Option<u64>, default: (LayerRule, WindowKind)) -> Result<(), HfError> {
+fn set_window(
+    m: &mut ModelSpec,
+    f: &Fields,
+    key: &'static str,
+    default_window: Option<u64>,
+    default: (LayerRule, WindowKind),
+) -> Result<(), HfError> {
     let window = if f.is_null(key) { None } else { f.uint(key)?.or(default_window) };
     let (rule, kind) = match f.layer_types(m.layers)? {
         Some((flags, kind)) => (LayerRule::from_flags(&flags), kind.unwrap_or(default.1)),
@@ -668,7 +676,10 @@ fn rope_flags(f: &Fields, layers: usize) -> Result<Vec<bool>, HfError> {
     let listed = f.flags("no_rope_layers")?;
     if !listed.is_empty() {
         if listed.len() != layers {
-            return Err(HfError::Field { key: "no_rope_layers", reason: format!("lists {} layers for {layers} num_hidden_layers", listed.len()) });
+            return Err(HfError::Field {
+                key: "no_rope_layers",
+                reason: format!("lists {} layers for {layers} num_hidden_layers", listed.len()),
+            });
         }
         return Ok(listed);
     }
@@ -794,7 +805,8 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
     let vocab = f.required(&["vocab_size"])?;
     let mut m = ModelSpec { vocab, ..base };
     match t {
-        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" | "gemma" | "gemma2" | "olmo" | "olmo2" | "phi3" => {
+        "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" | "gemma" | "gemma2" | "olmo" | "olmo2"
+        | "phi3" => {
             m.hidden = f.required(&["hidden_size"])?;
             m.layers = f.required(&["num_hidden_layers"])?;
             m.heads = f.required(&["num_attention_heads"])?;
@@ -853,12 +865,17 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             }
             match t {
                 // Gemma2Config: layer_types default sliding where (i + 1) % 2 != 0 (even layers).
-                "gemma2" => set_window(&mut m, f, "sliding_window", Some(4096), (LayerRule::Every { step: 2, offset: 0 }, WindowKind::Sliding))?,
+                "gemma2" => {
+                    set_window(&mut m, f, "sliding_window", Some(4096), (LayerRule::Every { step: 2, offset: 0 }, WindowKind::Sliding))?
+                }
                 // Mistral, Mixtral and Phi-3 pass `config.sliding_window` to every layer.
                 "mistral" | "mixtral" | "phi3" => {
                     let default = if t == "mistral" { Some(4096) } else { None };
                     if f.get("layer_types").is_some() {
-                        return Err(HfError::Field { key: "layer_types", reason: format!("is not read by transformers' `{t}` classes (Ministral is another model type)") });
+                        return Err(HfError::Field {
+                            key: "layer_types",
+                            reason: format!("is not read by transformers' `{t}` classes (Ministral is another model type)"),
+                        });
                     }
                     set_window(&mut m, f, "sliding_window", default, (LayerRule::All, WindowKind::Sliding))?;
                 }
@@ -1094,6 +1111,7 @@ fn default_max_pos(t: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimator::model::{LayerRule, WindowKind};
 
     #[test]
     fn a_minimal_llama_config_counts_like_the_preset() {
@@ -1129,5 +1147,88 @@ mod tests {
     fn bad_json_is_a_clear_error() {
         assert!(matches!(import_json("{not json"), Err(HfError::Json(_))));
         assert_eq!(import_json("[1, 2]"), Err(HfError::NotObject));
+    }
+
+    #[test]
+    fn a_bare_deepseek_v3_config_takes_the_class_defaults_and_says_so() {
+        // DeepseekV3Config's defaults are DeepSeek-V3 itself: 671,026,404,352 parameters.
+        let m = import_json(r#"{"model_type": "deepseek_v3"}"#).expect("the defaults build");
+        assert_eq!(m.spec.counts().total, 671_026_404_352);
+        assert!(m.notes.iter().any(|n| n.starts_with("absent from config.json") && n.contains("`kv_lora_rank`")), "{:?}", m.notes);
+    }
+
+    #[test]
+    fn a_null_q_lora_rank_means_one_plain_query_projection() {
+        let base = r#""model_type": "deepseek_v2", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 6, "kv_lora_rank": 2, "qk_rope_head_dim": 1,
+            "qk_nope_head_dim": 3, "v_head_dim": 3, "n_routed_experts": 2, "num_experts_per_tok": 1,
+            "moe_intermediate_size": 4, "first_k_dense_replace": 1"#;
+        let plain = import_json(&format!("{{{base}, \"q_lora_rank\": null}}")).map(|m| m.spec.q_lora_rank);
+        let default = import_json(&format!("{{{base}}}")).map(|m| m.spec.q_lora_rank);
+        assert_eq!((plain, default), (Ok(0), Ok(1536)));
+    }
+
+    #[test]
+    fn llama4_moe_layers_follow_the_interleave_step_and_nope_every_fourth_layer() {
+        let m = import_json(
+            r#"{"model_type": "llama4_text", "num_hidden_layers": 8, "interleave_moe_layer_step": 2, "no_rope_layers": [],
+                "use_qk_norm": false}"#,
+        )
+        .expect("imports")
+        .spec;
+        assert_eq!(m.moe_rule, LayerRule::Every { step: 2, offset: 1 });
+        assert_eq!(m.nope_layers, LayerRule::Every { step: 4, offset: 3 });
+        // Chunked attention on the RoPE layers, 8,192 tokens by default.
+        assert_eq!(
+            (m.window_layers.clone(), m.window_kind, m.window),
+            (LayerRule::AllBut { step: 4, offset: 3 }, WindowKind::Chunked, 8192)
+        );
+        assert_eq!((m.moe_layers(), m.dense_mlp_layers(), m.ffn, m.expert_ffn), (4, 4, 16_384, 8192));
+    }
+
+    #[test]
+    fn smollm3_reads_its_no_rope_list() {
+        let m = import_json(r#"{"model_type": "smollm3", "num_hidden_layers": 4, "no_rope_layers": [1, 0, 1, 0]}"#).expect("imports").spec;
+        assert_eq!(m.nope_layers, LayerRule::Every { step: 2, offset: 1 });
+        assert!(m.tied, "SmolLM3Config ties the head by default");
+    }
+
+    #[test]
+    fn an_unmodelled_layer_type_is_refused_naming_the_key() {
+        let err =
+            import_json(r#"{"model_type": "gpt_oss", "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}"#)
+                .err();
+        assert_eq!(err.as_ref().and_then(HfError::key), Some("layer_types"));
+        assert!(err.map(|e| e.to_string()).is_some_and(|s| s.contains("linear_attention")));
+    }
+
+    #[test]
+    fn a_moe_layer_freq_transformers_cannot_build_is_refused() {
+        let err = import_json(r#"{"model_type": "deepseek_v3", "moe_layer_freq": 2}"#).err();
+        assert_eq!(err.as_ref().and_then(HfError::key), Some("moe_layer_freq"));
+    }
+
+    #[test]
+    fn a_multimodal_wrapper_names_its_vision_tower_and_needs_a_text_config() {
+        let m = import_json(
+            r#"{"model_type": "gemma3", "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34},
+                "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 27, "hidden_size": 1152}}"#,
+        )
+        .expect("imports");
+        assert_eq!(m.model_type, "gemma3");
+        // Gemma-3-4B's text model (vocabulary, heads and head_dim from Gemma3TextConfig's defaults).
+        assert_eq!(m.spec.counts().total, 3_880_263_168);
+        assert!(m.notes[0].contains("siglip_vision_model, 27 layers of width 1152"), "{:?}", m.notes);
+        assert_eq!(import_json(r#"{"model_type": "llama4"}"#).err(), Some(HfError::Missing("text_config")));
+    }
+
+    #[test]
+    fn qwen_sliding_windows_are_refused_rather_than_approximated() {
+        let err = import_json(
+            r#"{"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "intermediate_size": 6, "use_sliding_window": true}"#,
+        )
+        .err();
+        assert_eq!(err.as_ref().and_then(HfError::key), Some("use_sliding_window"));
     }
 }

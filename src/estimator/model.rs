@@ -852,7 +852,8 @@ impl ModelSpec {
             if self.fused_experts {
                 // transformers 5 stacks the experts: [E, out, in], or [E, in, out] applied as x @ W
                 // (modeling_gpt_oss.py `GptOssExperts`, modeling_llama4.py `Llama4TextExperts`).
-                let (gate_up, down) = if self.experts_in_out { (vec![e, h, 2 * fe], vec![e, fe, h]) } else { (vec![e, 2 * fe, h], vec![e, h, fe]) };
+                let (gate_up, down) =
+                    if self.experts_in_out { (vec![e, h, 2 * fe], vec![e, fe, h]) } else { (vec![e, 2 * fe, h], vec![e, h, fe]) };
                 g.push(expert("layers.*.mlp.experts.gate_up_proj", gate_up, Linear::GateUp, Split::Column));
                 g.push(expert("layers.*.mlp.experts.down_proj", down, Linear::Down, Split::Row));
             } else {
@@ -1270,5 +1271,196 @@ mod tests {
         assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "kv_heads", .. })));
         m.kv_heads = 0;
         assert_eq!(m.validate(), Err(ModelError::Zero("kv_heads")));
+    }
+
+    /// A toy MLA model (DeepSeek-V3's layout at toy sizes), counted by hand below.
+    fn toy_mla() -> ModelSpec {
+        ModelSpec {
+            vocab: 10,
+            hidden: 8,
+            layers: 2,
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 4, // d_nope 3 + d_r 1
+            ffn: 6,
+            mlp: MlpKind::Gated,
+            act: Activation::Silu,
+            norm: NormKind::Rmsnorm,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            tied: false,
+            positions: Positions::Rope,
+            rotary_pct: 100,
+            fused_qkv: false,
+            resid_dropout: false,
+            embed_dropout: false,
+            softmax_fp32: true,
+            q_lora_rank: 4,
+            kv_lora_rank: 2,
+            qk_rope_dim: 1,
+            v_head_dim: 3,
+            ..toy_gpt2()
+        }
+    }
+
+    #[test]
+    fn a_toy_mla_model_counts_what_was_worked_out_by_hand() {
+        // Per layer: q_a_proj 4×8 = 32, q_a_layernorm 4, q_b_proj (2·4)×4 = 32,
+        // kv_a_proj_with_mqa (2 + 1)×8 = 24, kv_a_layernorm 2, kv_b_proj 2·(3 + 3)×2 = 24,
+        // o_proj 8×(2·3) = 48 → 166; gated MLP 3×8×6 = 144; two RMSNorms 16 → 326; × 2 = 652.
+        // Embedding 80 + final norm 8 + untied head 80 → 820.
+        let m = toy_mla();
+        assert_eq!(m.validate(), Ok(()));
+        let c = m.counts();
+        assert_eq!(c.total, 820);
+        // 7 attention + 3 MLP + 2 norms per layer, × 2, + embedding, final norm, head.
+        assert_eq!(c.tensors, 12 * 2 + 3);
+        assert_eq!((m.q_width(), m.kv_width(), m.v_width(), m.o_width(), m.qk_nope_dim(), m.rope_dims()), (8, 8, 6, 6, 3, 1));
+    }
+
+    #[test]
+    fn mla_without_query_compression_has_one_plain_query_projection() {
+        // DeepSeek-V2-Lite: q_proj [a·d, h] = 8×8 = 64 replaces q_a (32) + norm (4) + q_b (32).
+        let m = ModelSpec { q_lora_rank: 0, ..toy_mla() };
+        assert_eq!(m.counts().total, 820 - 2 * (32 + 4 + 32 - 64));
+        assert_eq!(m.counts().tensors, 10 * 2 + 3);
+    }
+
+    #[test]
+    fn a_toy_gpt_oss_counts_biases_sinks_and_biased_experts() {
+        // Per layer: q 4×4 + 4, k 2×4 + 2, v 2×4 + 2, o 4×4 + 4, sinks 2 → 62;
+        // router 3×4 + 3 = 15; experts gate_up 3×4×10 + 3×10, down 3×5×4 + 3×4 → 222;
+        // norms 8 → 307; × 2 = 614. Embedding 40 + final norm 4 + head 40 → 698.
+        let m = ModelSpec {
+            vocab: 10,
+            hidden: 4,
+            layers: 2,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 2,
+            ffn: 0,
+            mlp: MlpKind::Gated,
+            act: Activation::SwigluClamped,
+            norm: NormKind::Rmsnorm,
+            fused_qkv: false,
+            mlp_bias: false,
+            tied: false,
+            positions: Positions::Rope,
+            experts: 3,
+            top_k: 1,
+            expert_ffn: 5,
+            fused_experts: true,
+            experts_in_out: true,
+            expert_bias: true,
+            router: Router::TopkSoftmax,
+            router_bias: true,
+            attn_sinks: true,
+            ..toy_gpt2()
+        };
+        assert_eq!(m.validate(), Ok(()));
+        let c = m.counts();
+        assert_eq!(c.total, 698);
+        // Each expert's share of a layer is 222 / 3 = 74; two of three idle in each of 2 layers.
+        assert_eq!(c.active, 698 - 2 * 2 * 74);
+        // 9 attention + 2 router + 4 expert + 2 norms per layer, + 3 at the ends.
+        assert_eq!(c.tensors, 17 * 2 + 3);
+        let gate_up = m.tensors().into_iter().find(|t| t.name.ends_with("experts.gate_up_proj")).map(|t| t.shape);
+        assert_eq!(gate_up, Some(vec![3, 4, 10]), "stored [E, in, out]");
+    }
+
+    #[test]
+    fn layer_rules_count_any_range_exactly_as_checking_each_layer() {
+        let rules = [
+            LayerRule::None,
+            LayerRule::All,
+            LayerRule::FirstK(3),
+            LayerRule::Every { step: 4, offset: 3 },
+            LayerRule::AllBut { step: 6, offset: 5 },
+            LayerRule::List(vec![0, 5, 6, 11]),
+        ];
+        for rule in &rules {
+            for a in 0..14 {
+                for b in a..14 {
+                    let by_layer = (a..b).filter(|&i| rule.contains(i)).count() as u64;
+                    assert_eq!(rule.count_in(a..b), by_layer, "{rule} on {a}..{b}");
+                    // A pipeline stage's re-indexed rule counts the same layers.
+                    assert_eq!(rule.stage(a..b).count(b - a), by_layer, "{rule} staged on {a}..{b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flags_compress_to_the_shortest_rule_that_states_them() {
+        let of = |f: &dyn Fn(u64) -> bool, n: u64| LayerRule::from_flags(&(0..n).map(f).collect::<Vec<_>>());
+        assert_eq!(of(&|_| false, 8), LayerRule::None);
+        assert_eq!(of(&|_| true, 8), LayerRule::All);
+        assert_eq!(of(&|i| i < 3, 8), LayerRule::FirstK(3));
+        // Llama 4 Maverick's MoE layers; Gemma 3's sliding layers; SmolLM3's NoPE layers.
+        assert_eq!(of(&|i| i % 2 == 1, 48), LayerRule::Every { step: 2, offset: 1 });
+        assert_eq!(of(&|i| (i + 1) % 6 != 0, 34), LayerRule::AllBut { step: 6, offset: 5 });
+        assert_eq!(of(&|i| (i + 1) % 4 == 0, 36), LayerRule::Every { step: 4, offset: 3 });
+        assert_eq!(of(&|i| i == 2 || i == 3 || i == 7, 9), LayerRule::List(vec![2, 3, 7]));
+    }
+
+    #[test]
+    fn layer_rules_read_back_what_they_write() {
+        for rule in [
+            LayerRule::None,
+            LayerRule::All,
+            LayerRule::FirstK(3),
+            LayerRule::Every { step: 2, offset: 1 },
+            LayerRule::AllBut { step: 6, offset: 5 },
+            LayerRule::List(vec![1, 4]),
+        ] {
+            assert_eq!(LayerRule::parse(&rule.to_string()), Ok(rule.clone()));
+        }
+        assert!(LayerRule::parse("every:2:2").is_err(), "offset must be below the step");
+        assert!(LayerRule::parse("list:3,1").is_err(), "lists ascend");
+        assert!(LayerRule::parse("sometimes").is_err());
+    }
+
+    #[test]
+    fn interleaved_moe_layers_sit_where_the_rule_says_and_stages_stay_exact() {
+        // Maverick-like: 4 layers, MoE on the odd ones.
+        let mut m = toy_gpt2();
+        m.layers = 4;
+        m.mlp = MlpKind::Gated;
+        m.experts = 2;
+        m.top_k = 1;
+        m.expert_ffn = 8;
+        m.moe_rule = LayerRule::Every { step: 2, offset: 1 };
+        assert_eq!(m.validate(), Ok(()));
+        assert_eq!((m.moe_layers(), m.dense_mlp_layers()), (2, 2));
+        assert!(!m.is_moe_layer(0) && m.is_moe_layer(1) && !m.is_moe_layer(2) && m.is_moe_layer(3));
+        assert_eq!(m.moe_layers_in(0..1), 0);
+        assert_eq!(m.moe_layers_in(1..3), 1);
+        // The stage of layers 1..4 starts with an MoE layer: its rule is every:2:0.
+        let s = m.stage(1..4);
+        assert_eq!((s.layers, s.moe_layers(), s.dense_mlp_layers()), (3, 2, 1));
+        assert!(s.is_moe_layer(0));
+        // first_k_dense_replace composes with the rule: layer 1 becomes dense.
+        m.dense_layers = 2;
+        assert_eq!(m.moe_layers(), 1);
+        assert_eq!(m.stage(0..2).moe_layers(), 0);
+    }
+
+    #[test]
+    fn mla_validation_names_the_offending_key() {
+        let m = ModelSpec { kv_heads: 1, ..toy_mla() };
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "kv_heads", .. })));
+        let m = ModelSpec { qk_rope_dim: 0, ..toy_mla() };
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "qk_rope_dim", .. })));
+        let m = ModelSpec { nope_layers: LayerRule::Every { step: 0, offset: 0 }, ..toy_gpt2() };
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "nope_layers", .. })));
+        let m = ModelSpec { window_layers: LayerRule::All, window: 0, ..toy_gpt2() };
+        assert_eq!(m.validate(), Err(ModelError::Zero("window")));
+    }
+
+    #[test]
+    fn only_the_new_architectures_name_features_beyond_a_uniform_decoder() {
+        assert!(toy_gpt2().features().is_empty());
+        assert_eq!(toy_mla().features(), vec!["multi-head latent attention (MLA)"]);
     }
 }

@@ -146,7 +146,11 @@ const fn gemma2(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u
 /// Gemma-2 with its local layers: Gemma2Config's default `layer_types` slide a 4,096-token
 /// window on the even layers.
 fn gemma2_windowed(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
-    ModelSpec { window_layers: LayerRule::Every { step: 2, offset: 0 }, window: 4096, ..gemma2(hidden, layers, heads, kv_heads, head_dim, ffn) }
+    ModelSpec {
+        window_layers: LayerRule::Every { step: 2, offset: 0 },
+        window: 4096,
+        ..gemma2(hidden, layers, heads, kv_heads, head_dim, ffn)
+    }
 }
 
 /// Mistral-7B-v0.1: Llama with GQA and a 4,096-token sliding window on every layer.
@@ -176,7 +180,17 @@ const fn qwen3_moe(hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64
 
 /// Gemma 3's text model: Gemma-2's layout plus q/k norms, 262K vocabulary, no soft-capping, five
 /// sliding layers (`window` tokens) for every full one.
-fn gemma3(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64, max_pos: u64, window: u64) -> ModelSpec {
+fn gemma3(
+    vocab: u64,
+    hidden: u64,
+    layers: u64,
+    heads: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    ffn: u64,
+    max_pos: u64,
+    window: u64,
+) -> ModelSpec {
     let mut m = gemma2(hidden, layers, heads, kv_heads, head_dim, ffn);
     m.vocab = vocab;
     m.max_pos = max_pos;
@@ -338,7 +352,8 @@ fn phi3_mini() -> ModelSpec {
 }
 
 /// What the fp8 checkpoints' presets assume.
-const FP8_CHECKPOINT: &str = "the checkpoint is stored in fp8 (128×128 blocks); trainmem assumes training from dequantized weights in the recipe's dtype";
+const FP8_CHECKPOINT: &str =
+    "the checkpoint is stored in fp8 (128×128 blocks); trainmem assumes training from dequantized weights in the recipe's dtype";
 
 /// What the multimodal presets leave out.
 const VISION_NOT_COUNTED: &[&str] = &["the language model of a multimodal checkpoint: its vision tower and projector are not counted"];
@@ -550,5 +565,50 @@ mod tests {
     fn preset_lookup_ignores_case_and_rejects_unknown_ids() {
         assert!(preset("Llama-3.1-8B").is_some());
         assert!(preset("llama-9").is_none());
+    }
+
+    #[test]
+    fn deepseek_v3_counts_671_billion_without_its_mtp_layer_and_says_so() {
+        let p = preset("deepseek-v3").expect("preset");
+        assert_eq!(p.spec.counts().total, 671_026_404_352);
+        assert!(p.notes.iter().any(|n| n.contains("multi-token-prediction")));
+        // 58 MoE layers after 3 dense ones; 8 of 256 routed experts per token.
+        assert_eq!((p.spec.dense_mlp_layers(), p.spec.moe_layers()), (3, 58));
+    }
+
+    #[test]
+    fn gpt_oss_activates_the_model_cards_figures_beside_its_embedding() {
+        // OpenAI's model card: 3.61 B and 5.13 B active parameters, not counting the embedding
+        // table (201,088 × 2,880 = 579,133,440).
+        let embedding = 201_088 * 2880;
+        let active = |id| preset(id).map(|p| p.spec.counts().active - embedding);
+        assert_eq!(active("gpt-oss-20b"), Some(3_608_307_264));
+        assert_eq!(active("gpt-oss-120b"), Some(5_132_849_472));
+    }
+
+    #[test]
+    fn llama_4_maverick_alternates_dense_and_moe_layers_and_scout_is_all_moe() {
+        let m = preset("llama-4-maverick-17b-128e-instruct").map(|p| (p.spec.dense_mlp_layers(), p.spec.moe_layers()));
+        let s = preset("llama-4-scout-17b-16e-instruct").map(|p| (p.spec.dense_mlp_layers(), p.spec.moe_layers()));
+        assert_eq!((m, s), (Some((24, 24)), Some((0, 48))));
+    }
+
+    #[test]
+    fn multimodal_presets_say_their_vision_tower_is_not_counted() {
+        for id in
+            ["gemma-3-4b-it", "gemma-3-12b-it", "gemma-3-27b-it", "mistral-small-3.1-24b-instruct-2503", "llama-4-scout-17b-16e-instruct"]
+        {
+            let p = preset(id).unwrap_or_else(|| panic!("no preset {id}"));
+            assert!(p.notes.iter().any(|n| n.contains("vision tower")), "{id}");
+        }
+    }
+
+    #[test]
+    fn the_presets_from_before_2026_use_no_new_architectural_feature_except_their_windows() {
+        for (id, _) in PUBLISHED {
+            let p = preset(id).unwrap_or_else(|| panic!("no preset {id}"));
+            let f: Vec<_> = p.spec.features().into_iter().filter(|f| !f.contains("sliding-window")).collect();
+            assert!(f.is_empty(), "{id}: {f:?}");
+        }
     }
 }
