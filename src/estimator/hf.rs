@@ -124,6 +124,9 @@ impl Imported {
     }
 }
 
+/// One flag per layer (local attention or not) and the kind of the local layers.
+type LocalLayers = (Vec<bool>, Option<WindowKind>);
+
 struct Fields<'a> {
     map: &'a Map<String, Value>,
     /// Sizing keys that were absent and took the configuration class's default.
@@ -176,7 +179,7 @@ impl<'a> Fields<'a> {
         }
     }
     /// `layer_types` as window flags: `sliding_attention`/`chunked_attention` layers are local.
-    fn layer_types(&self, layers: u64) -> Result<Option<(Vec<bool>, Option<WindowKind>)>, HfError> {
+    fn layer_types(&self, layers: u64) -> Result<Option<LocalLayers>, HfError> {
         const KEY: &str = "layer_types";
         let Some(v) = self.get(KEY) else { return Ok(None) };
         let items = v.as_array().ok_or(HfError::Type { key: KEY, expected: "a list of attention types" })?;
@@ -811,7 +814,7 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             m.layers = f.required(&["num_hidden_layers"])?;
             m.heads = f.required(&["num_attention_heads"])?;
             m.kv_heads = f.uint_or("num_key_value_heads", m.heads)?;
-            let default_head_dim = if m.heads > 0 { m.hidden / m.heads } else { 0 };
+            let default_head_dim = m.hidden.checked_div(m.heads).unwrap_or(0);
             m.head_dim = f.uint_or("head_dim", default_head_dim)?;
             m.mlp = MlpKind::Gated;
             m.norm = NormKind::Rmsnorm;

@@ -178,25 +178,16 @@ const fn qwen3_moe(hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64
     m
 }
 
-/// Gemma 3's text model: Gemma-2's layout plus q/k norms, 262K vocabulary, no soft-capping, five
-/// sliding layers (`window` tokens) for every full one.
-fn gemma3(
-    vocab: u64,
-    hidden: u64,
-    layers: u64,
-    heads: u64,
-    kv_heads: u64,
-    head_dim: u64,
-    ffn: u64,
-    max_pos: u64,
-    window: u64,
-) -> ModelSpec {
+/// Gemma 3's text model as the 4B–27B checkpoints have it: Gemma-2's layout plus q/k norms,
+/// 262,208 vocabulary, 131,072 positions, no soft-capping, five layers with a 1,024-token sliding
+/// window for every full one (1B differs in vocabulary, positions and window).
+fn gemma3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
     let mut m = gemma2(hidden, layers, heads, kv_heads, head_dim, ffn);
-    m.vocab = vocab;
-    m.max_pos = max_pos;
+    m.vocab = 262_208;
+    m.max_pos = 131_072;
     m.softcap = false;
     m.qk_norm = QkNorm::Head;
-    ModelSpec { window_layers: LayerRule::AllBut { step: 6, offset: 5 }, window, ..m }
+    ModelSpec { window_layers: LayerRule::AllBut { step: 6, offset: 5 }, window: 1024, ..m }
 }
 
 /// OLMo-2: untied Llama with q/k RMSNorms over all heads, 100,352 vocabulary, 4,096 positions.
@@ -393,10 +384,10 @@ pub fn presets() -> Vec<Preset> {
         p("qwen3-32b", "Qwen/Qwen3-32B", "Qwen3", qwen3(5120, 64, 64, 25600, false)),
         p("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "Qwen3", qwen3_moe(2048, 48, 32, 4, 6144, 768)),
         p("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "Qwen3", qwen3_moe(4096, 94, 64, 4, 12288, 1536)),
-        p("gemma-3-1b-it", "google/gemma-3-1b-it", "Gemma 3", gemma3(262_144, 1152, 26, 4, 1, 256, 6912, 32_768, 512)),
-        n("gemma-3-4b-it", "google/gemma-3-4b-it", "Gemma 3", gemma3(262_208, 2560, 34, 8, 4, 256, 10_240, 131_072, 1024), VISION_NOT_COUNTED),
-        n("gemma-3-12b-it", "google/gemma-3-12b-it", "Gemma 3", gemma3(262_208, 3840, 48, 16, 8, 256, 15_360, 131_072, 1024), VISION_NOT_COUNTED),
-        n("gemma-3-27b-it", "google/gemma-3-27b-it", "Gemma 3", gemma3(262_208, 5376, 62, 32, 16, 128, 21_504, 131_072, 1024), VISION_NOT_COUNTED),
+        p("gemma-3-1b-it", "google/gemma-3-1b-it", "Gemma 3", ModelSpec { vocab: 262_144, max_pos: 32_768, window: 512, ..gemma3(1152, 26, 4, 1, 256, 6912) }),
+        n("gemma-3-4b-it", "google/gemma-3-4b-it", "Gemma 3", gemma3(2560, 34, 8, 4, 256, 10_240), VISION_NOT_COUNTED),
+        n("gemma-3-12b-it", "google/gemma-3-12b-it", "Gemma 3", gemma3(3840, 48, 16, 8, 256, 15_360), VISION_NOT_COUNTED),
+        n("gemma-3-27b-it", "google/gemma-3-27b-it", "Gemma 3", gemma3(5376, 62, 32, 16, 128, 21_504), VISION_NOT_COUNTED),
         p("olmo-2-1124-7b", "allenai/OLMo-2-1124-7B", "OLMo 2", olmo2(4096, 32, 32, 11_008)),
         p("olmo-2-1124-13b", "allenai/OLMo-2-1124-13B", "OLMo 2", olmo2(5120, 40, 40, 13_824)),
         p("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "SmolLM3", smollm3_3b()),
