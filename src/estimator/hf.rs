@@ -528,7 +528,7 @@ fn deepseek(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
     // `q_lora_rank: null` (DeepSeek-V2-Lite) means a plain q_proj; absent means the default 1536.
     m.q_lora_rank = if f.is_null("q_lora_rank") { 0 } else { f.size("q_lora_rank", 1536)? };
     m.qk_rope_dim = f.size("qk_rope_head_dim", 64)?;
-    m.head_dim = f.size("qk_nope_head_dim", 128)? + m.qk_rope_dim;
+    m.head_dim = f.size("qk_nope_head_dim", 128)?.saturating_add(m.qk_rope_dim);
     m.v_head_dim = f.size("v_head_dim", 128)?;
     let attention_bias = f.flag("attention_bias", false)?;
     m.qkv_bias = attention_bias;
@@ -920,7 +920,7 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             m.heads = f.required(&["n_head", "num_attention_heads"])?;
             m.kv_heads = m.heads;
             m.head_dim = m.hidden / m.heads.max(1);
-            m.ffn = f.uint("n_inner")?.unwrap_or(4 * m.hidden);
+            m.ffn = f.uint("n_inner")?.unwrap_or(m.hidden.saturating_mul(4));
             m.mlp = MlpKind::Plain;
             m.act = f.activation(&["activation_function"], Activation::GeluNew)?;
             m.norm = NormKind::Layernorm;
@@ -1005,7 +1005,7 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             } else {
                 m.heads
             };
-            m.ffn = f.uint("ffn_hidden_size")?.unwrap_or(4 * m.hidden);
+            m.ffn = f.uint("ffn_hidden_size")?.unwrap_or(m.hidden.saturating_mul(4));
             m.mlp = MlpKind::Plain;
             m.act = f.activation(&["activation"], Activation::Gelu)?;
             m.norm = NormKind::Layernorm;
@@ -1233,5 +1233,31 @@ mod tests {
         )
         .err();
         assert_eq!(err.as_ref().and_then(HfError::key), Some("use_sliding_window"));
+    }
+
+    #[test]
+    fn absurd_numbers_in_the_new_families_are_errors_not_panics() {
+        let huge = u64::MAX;
+        for t in ["deepseek_v3", "deepseek_v2", "kimi_k2", "gpt_oss", "llama4_text", "glm4_moe", "smollm3", "gemma3_text"] {
+            for key in [
+                "num_hidden_layers",
+                "qk_nope_head_dim",
+                "qk_rope_head_dim",
+                "kv_lora_rank",
+                "hidden_size",
+                "interleave_moe_layer_step",
+                "no_rope_layer_interval",
+                "sliding_window_pattern",
+                "n_group",
+                "num_experts_per_tok",
+            ] {
+                let json = format!(r#"{{"model_type": "{t}", "{key}": {huge}, "num_experts_per_tok": 2}}"#);
+                if let Ok(m) = import_json(&json) {
+                    // Whatever imports is a valid model whose count does not overflow.
+                    assert_eq!(m.spec.validate(), Ok(()), "{json}");
+                    let _ = m.spec.counts();
+                }
+            }
+        }
     }
 }

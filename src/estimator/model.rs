@@ -203,8 +203,8 @@ impl LayerRule {
         match self {
             LayerRule::None | LayerRule::All => self.clone(),
             LayerRule::FirstK(k) => LayerRule::FirstK((*k).clamp(a, b) - a),
-            LayerRule::Every { step, offset } if *step > 0 => LayerRule::Every { step: *step, offset: (offset + step - a % step) % step },
-            LayerRule::AllBut { step, offset } if *step > 0 => LayerRule::AllBut { step: *step, offset: (offset + step - a % step) % step },
+            LayerRule::Every { step, offset } if offset < step => LayerRule::Every { step: *step, offset: rebase(*step, *offset, a) },
+            LayerRule::AllBut { step, offset } if offset < step => LayerRule::AllBut { step: *step, offset: rebase(*step, *offset, a) },
             LayerRule::Every { .. } | LayerRule::AllBut { .. } => self.clone(),
             LayerRule::List(v) => LayerRule::List(v.iter().filter(|i| (a..b).contains(*i)).map(|i| i - a).collect()),
         }
@@ -242,6 +242,17 @@ impl LayerRule {
         };
         rule.check()?;
         Ok(rule)
+    }
+}
+
+/// The offset of layer `offset`'s residue class once layer `start` is renumbered 0:
+/// `(offset − start) mod step`, without overflow (`offset < step`).
+fn rebase(step: u64, offset: u64, start: u64) -> u64 {
+    let shift = start % step;
+    if offset >= shift {
+        offset - shift
+    } else {
+        offset + (step - shift)
     }
 }
 
