@@ -3,7 +3,7 @@
 
 use crate::estimator::config::*;
 use crate::estimator::gpu::GPUS;
-use crate::estimator::model::{Activation, MlpKind, NormKind, Positions, QkNorm};
+use crate::estimator::model::{Activation, LayerRule, MlpKind, NormKind, Positions, QkNorm, Router, WindowKind};
 use crate::estimator::presets::{preset, presets};
 
 /// Where a key belongs in the UI and the help.
@@ -160,6 +160,17 @@ named!(
         (Activation::GeluTanh, "gelu-tanh"),
         (Activation::GeluNew, "gelu-new"),
         (Activation::Relu, "relu"),
+        (Activation::SwigluClamped, "swiglu-clamped"),
+    ]
+);
+named!(WindowKind, [(WindowKind::Sliding, "sliding"), (WindowKind::Chunked, "chunked")]);
+named!(
+    Router,
+    [
+        (Router::Softmax, "softmax"),
+        (Router::TopkSoftmax, "topk-softmax"),
+        (Router::Sigmoid, "sigmoid"),
+        (Router::TopkSigmoid, "topk-sigmoid")
     ]
 );
 named!(
@@ -271,6 +282,22 @@ macro_rules! bool_key {
     };
 }
 
+macro_rules! rule_key {
+    ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| $field.to_string(),
+            set: |$c: &mut Config, s: &str| {
+                $field = LayerRule::parse(s)?;
+                Ok(())
+            },
+        }
+    };
+}
+
 macro_rules! enum_key {
     ($name:literal, $group:expr, $help:literal, $t:ty, |$c:ident| $field:expr) => {
         Key {
@@ -373,6 +400,36 @@ pub static KEYS: &[Key] = &[
     bool_key!("softmax_fp32", Architecture, "eager softmax computed in fp32 (false for GPT-2)", |c| c.arch.softmax_fp32),
     bool_key!("resid_dropout", Architecture, "dropout on the attention and MLP outputs", |c| c.arch.resid_dropout),
     bool_key!("embed_dropout", Architecture, "dropout on the embeddings", |c| c.arch.embed_dropout),
+    uint_key!("q_lora_rank", Architecture, "MLA query compression rank r_q (0 = plain q_proj)", |c| c.arch.q_lora_rank),
+    uint_key!("kv_lora_rank", Architecture, "MLA key/value compression rank r_kv (0 = not MLA)", |c| c.arch.kv_lora_rank),
+    uint_key!("qk_rope_dim", Architecture, "MLA rotary dims of a query/key head d_r (head_dim = nope + d_r)", |c| c.arch.qk_rope_dim),
+    uint_key!("v_head_dim", Architecture, "MLA value head dim d_v", |c| c.arch.v_head_dim),
+    bool_key!("attn_sinks", Architecture, "a learned attention-sink logit per head (gpt-oss)", |c| c.arch.attn_sinks),
+    bool_key!("qk_l2_norm", Architecture, "weightless L2 norm of q and k on RoPE layers (Llama 4)", |c| c.arch.qk_l2_norm),
+    rule_key!(
+        "nope_layers",
+        Architecture,
+        "layers without RoPE: none, all, first:K, every:STEP:OFFSET, all-but:STEP:OFFSET, list:I,J",
+        |c| c.arch.nope_layers
+    ),
+    rule_key!("window_layers", Architecture, "layers with sliding or chunked attention (same forms as nope_layers)", |c| c
+        .arch
+        .window_layers),
+    uint_key!("window", Architecture, "tokens in a sliding window or attention chunk", |c| c.arch.window),
+    enum_key!("window_kind", Architecture, "local attention: sliding window or chunks", WindowKind, |c| c.arch.window_kind),
+    rule_key!("moe_rule", Architecture, "layers that may hold the MoE block, after dense_layers (same forms as nope_layers)", |c| c
+        .arch
+        .moe_rule),
+    enum_key!("router", Architecture, "MoE router: softmax then top-k, top-k then softmax, sigmoid, top-k then sigmoid", Router, |c| c
+        .arch
+        .router),
+    bool_key!("router_bias", Architecture, "bias on the MoE router (gpt-oss)", |c| c.arch.router_bias),
+    bool_key!("router_fp32", Architecture, "router weight kept in fp32 (DeepSeek, GLM-4.5)", |c| c.arch.router_fp32),
+    uint_key!("router_groups", Architecture, "expert groups of group-limited routing (n_group; 0 = none)", |c| c.arch.router_groups),
+    uint_key!("router_group_topk", Architecture, "groups kept by group-limited routing (topk_group)", |c| c.arch.router_group_topk),
+    bool_key!("expert_bias", Architecture, "biases on the experts (gpt-oss)", |c| c.arch.expert_bias),
+    bool_key!("experts_in_out", Architecture, "experts stored [E, in, out] (gpt-oss, Llama 4)", |c| c.arch.experts_in_out),
+    bool_key!("moe_all_experts", Architecture, "every expert computes every token (Llama 4)", |c| c.arch.moe_all_experts),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
