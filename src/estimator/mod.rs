@@ -5,6 +5,7 @@
 
 pub mod activations;
 pub mod config;
+pub mod cost;
 pub mod expr;
 pub mod gpu;
 pub mod hf;
