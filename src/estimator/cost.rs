@@ -376,9 +376,13 @@ pub struct Flops {
 
 /// The step's FLOPs (see the module docs for the formulas).
 pub fn step_flops(cfg: &Config) -> Flops {
+    step_flops_with(cfg, &matmul_params(&cfg.arch))
+}
+
+/// [`step_flops`] with the model's matmul parameters already counted.
+pub fn step_flops_with(cfg: &Config, p: &MatmulParams) -> Flops {
     let m = &cfg.arch;
     let tokens = cfg.batch as f64 * cfg.seq as f64 * cfg.accum as f64 * cfg.dp().max(1) as f64;
-    let p = matmul_params(m);
     let attention_fwd = attention_forward_flops_per_token(m, cfg.seq);
     let lora = if cfg.finetune == Finetune::Full { 0.0 } else { lora_params(m, cfg.lora_rank, cfg.lora_targets) };
     let base_passes = if cfg.finetune == Finetune::Full { TRAIN_PASSES } else { FROZEN_TRAIN_PASSES };
@@ -450,6 +454,25 @@ pub fn all_gather_seconds(bytes: f64, g: u64, gbs: f64) -> f64 {
     (g - 1) as f64 / g as f64 * bytes / (gbs * GB)
 }
 
+/// The figures of one architecture the cost model needs, computed once (the planner costs
+/// thousands of configurations of the same model).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ModelFigures {
+    pub matmul: MatmulParams,
+    /// Every parameter (matmuls, embeddings, norms, biases): the exact count.
+    pub total: f64,
+    /// Routed-expert parameters of all MoE layers.
+    pub experts: f64,
+}
+
+impl ModelFigures {
+    pub fn of(m: &ModelSpec) -> ModelFigures {
+        let h = m.hidden as f64;
+        let experts = if m.experts > 0 { m.moe_layers() as f64 * m.experts as f64 * 3.0 * h * m.expert_ffn as f64 } else { 0.0 };
+        ModelFigures { matmul: matmul_params(m), total: m.counts().total as f64, experts }
+    }
+}
+
 /// Parameters on one GPU after tensor, pipeline and expert parallelism, split as the
 /// data-parallel collectives see them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -460,17 +483,9 @@ struct LocalParams {
     expert: f64,
 }
 
-fn local_params(m: &ModelSpec, cfg: &Config) -> LocalParams {
-    let h = m.hidden as f64;
-    let experts = if m.experts > 0 { m.moe_layers() as f64 * m.experts as f64 * 3.0 * h * m.expert_ffn as f64 } else { 0.0 };
-    let total = total_params(m);
+fn local_params(fig: &ModelFigures, cfg: &Config) -> LocalParams {
     let mp = (cfg.tp * cfg.pp).max(1) as f64;
-    LocalParams { dense: (total - experts).max(0.0) / mp, expert: experts / (mp * cfg.ep.max(1) as f64) }
-}
-
-/// Every parameter of the model (matmuls, embeddings, norms, biases) — from the exact count.
-fn total_params(m: &ModelSpec) -> f64 {
-    m.counts().total as f64
+    LocalParams { dense: (fig.total - fig.experts).max(0.0) / mp, expert: fig.experts / (mp * cfg.ep.max(1) as f64) }
 }
 
 /// Bytes per element a recipe moves for weights, gradients and activations.
@@ -480,23 +495,22 @@ fn dtype_bytes(d: Dtype) -> f64 {
 
 /// Trainable fraction of the parameters (LoRA trains only its adapters; they are what the
 /// data-parallel group reduces).
-fn trainable_fraction(cfg: &Config) -> f64 {
+fn trainable_fraction(cfg: &Config, fig: &ModelFigures) -> f64 {
     if cfg.finetune == Finetune::Full {
         return 1.0;
     }
-    let total = total_params(&cfg.arch).max(1.0);
     // Adapter weights of every layer (all experts carry adapters, not just the routed ones).
     let m = &cfg.arch;
     let per_token = lora_params(m, cfg.lora_rank, cfg.lora_targets);
     let all_experts = if m.experts > 0 && m.top_k > 0 { m.experts as f64 / m.top_k.min(m.experts) as f64 } else { 1.0 };
-    (per_token * all_experts / total).min(1.0)
+    (per_token * all_experts / fig.total.max(1.0)).min(1.0)
 }
 
 /// NF4 stores two weights per byte (Dettmers et al. 2023): what QLoRA's ZeRO-3 gathers move.
 const NF4_BYTES: f64 = 0.5;
 
 /// Every transfer of one GPU's step, with its time over the link its group spans.
-pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions) -> Vec<CommTerm> {
+pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFigures) -> Vec<CommTerm> {
     let m = &cfg.arch;
     let r = recipe(cfg.precision);
     let (tp, pp, cp, ep, vpp) = (cfg.tp.max(1), cfg.pp.max(1), cfg.cp.max(1), cfg.ep.max(1), cfg.vpp.max(1));
@@ -506,8 +520,8 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions) -> Vec<CommTe
     let act = dtype_bytes(r.compute);
     let weight = if cfg.finetune == Finetune::Qlora { NF4_BYTES } else { dtype_bytes(r.weight) };
     let grad = dtype_bytes(r.grad);
-    let local = local_params(m, cfg);
-    let trainable = trainable_fraction(cfg);
+    let local = local_params(fig, cfg);
+    let trainable = trainable_fraction(cfg, fig);
 
     // Data parallelism: gradients are reduced over data × context parallel ranks (Megatron keeps
     // parameters replicated across context-parallel ranks); experts over that group ÷ ep.
@@ -821,60 +835,59 @@ fn optimizer_bytes_per_param(cfg: &Config) -> f64 {
 }
 
 /// The dense rate the step's matmuls run at, TFLOP/s, and what it assumes.
-fn matmul_rate(cfg: &Config, hw: &Hardware) -> (f64, Option<String>) {
+fn matmul_rate(cfg: &Config, hw: &Hardware) -> (f64, Option<&'static str>) {
     match cfg.precision {
-        Precision::Fp32 => {
-            (hw.fp32_tflops, Some("fp32 training runs without tensor cores (PyTorch's default: TF32 off for matmuls)".into()))
-        }
+        Precision::Fp32 => (hw.fp32_tflops, Some("fp32 training runs without tensor cores (PyTorch's default: TF32 off for matmuls)")),
         Precision::MixedFp8 if hw.fp8_tflops > 0.0 => {
-            (hw.fp8_tflops, Some("mixed-fp8: matmuls at the FP8 rate, attention at the 16-bit rate".into()))
+            (hw.fp8_tflops, Some("mixed-fp8: matmuls at the FP8 rate, attention at the 16-bit rate"))
         }
-        Precision::MixedFp8 => (hw.tflops16, Some("this GPU has no FP8: mixed-fp8 estimated at the 16-bit rate".into())),
+        Precision::MixedFp8 => (hw.tflops16, Some("this GPU has no FP8: mixed-fp8 estimated at the 16-bit rate")),
         Precision::Bf16 | Precision::AmpBf16 | Precision::MixedBf16 | Precision::MixedBf16Fp32grad if !hw.bf16 => {
-            (hw.fp32_tflops, Some("this GPU has no BF16 tensor cores: BF16 estimated at its FP32 rate".into()))
+            (hw.fp32_tflops, Some("this GPU has no BF16 tensor cores: BF16 estimated at its FP32 rate"))
         }
         _ => (hw.tflops16, None),
     }
 }
 
-/// The estimated step: compute, communication, bubble and optimizer (see the module docs).
+/// The estimated step: compute, communication, bubble and optimizer (see the module docs),
+/// with the assumptions it rests on.
 pub fn step_cost(cfg: &Config, a: &Assumptions) -> Result<StepCost, CostError> {
+    let hw = hardware(cfg)?;
+    let mut c = step_cost_with(cfg, a, &hw, &ModelFigures::of(&cfg.arch))?;
+    c.assumptions = assumptions(cfg, a, &hw);
+    Ok(c)
+}
+
+/// [`step_cost`] for a caller that costs many configurations of one model on one cluster
+/// (the planner): the hardware and model figures are computed once, and the assumptions are
+/// left for [`assumptions`].
+pub fn step_cost_with(cfg: &Config, a: &Assumptions, hw: &Hardware, fig: &ModelFigures) -> Result<StepCost, CostError> {
     for (key, v) in [("gpus", cfg.gpus), ("batch", cfg.batch), ("seq", cfg.seq), ("accum", cfg.accum)] {
         if v == 0 {
             return Err(CostError::Zero { key });
         }
     }
-    let hw = hardware(cfg)?;
-    let flops = step_flops(cfg);
+    let flops = step_flops_with(cfg, &fig.matmul);
     let gpus = cfg.gpus as f64;
     let flops_per_gpu = flops.executed / gpus;
-    let (rate, rate_note) = matmul_rate(cfg, &hw);
-    let attention_rate =
-        if cfg.precision == Precision::Fp32 { hw.fp32_tflops } else { hw.tflops16.min(if hw.bf16 { f64::INFINITY } else { rate }) };
-    let eff = a.compute_efficiency.clamp(1e-3, 1.0);
+    let rate = matmul_rate(cfg, hw).0;
+    let attention_rate = if cfg.precision == Precision::Fp32 || !hw.bf16 && is_bf16(cfg.precision) { hw.fp32_tflops } else { hw.tflops16 };
+    let eff = a.compute_efficiency.clamp(MIN_EFFICIENCY, 1.0);
     let compute_s = (flops.matmul / gpus / (rate * TERA) + (flops.executed - flops.matmul) / gpus / (attention_rate * TERA)) / eff;
 
-    let comm = communication(cfg, &hw, a);
+    let comm = communication(cfg, hw, a, fig);
     let accum = cfg.accum.max(1) as f64;
     let per_micro = compute_s / accum;
     // Overlap: traffic issued every micro-batch hides behind that micro-batch's compute; traffic
-    // issued once per step (DDP/ZeRO-1 reductions) behind the last micro-batch's backward.
+    // issued once per step (DDP, ZeRO-1 and HSDP reductions) behind the last micro-batch's
+    // backward.
     let mut exposed = 0.0;
     let mut per_step_overlappable = 0.0;
     let mut per_micro_overlappable = 0.0;
     for t in &comm {
         if !(a.overlap && t.overlappable) {
             exposed += t.seconds;
-        } else if matches!(
-            t.id,
-            "dp_allreduce"
-                | "dp_expert_allreduce"
-                | "dp_reduce_scatter"
-                | "dp_expert_reduce_scatter"
-                | "hsdp_allreduce"
-                | "hsdp_expert_allreduce"
-        ) && !(cfg.zero.stage() == 2 && t.id.contains("reduce_scatter"))
-        {
+        } else if once_per_step(cfg, t.id) {
             per_step_overlappable += t.seconds;
         } else {
             per_micro_overlappable += t.seconds / accum;
@@ -890,9 +903,9 @@ pub fn step_cost(cfg: &Config, a: &Assumptions) -> Result<StepCost, CostError> {
     let bubble_s = bubble_fraction * (compute_s + tp_s);
 
     // Optimizer step: memory-bound on the GPU, or the CPU's under offload.
-    let lp = local_params(&cfg.arch, cfg);
+    let lp = local_params(fig, cfg);
     let shards = if cfg.zero.stage() >= 1 { cfg.dp().max(1) as f64 } else { 1.0 };
-    let trainable_local = (lp.dense + lp.expert) * trainable_fraction(cfg) / shards;
+    let trainable_local = (lp.dense + lp.expert) * trainable_fraction(cfg, fig) / shards;
     let optimizer_s = if cfg.offload == Offload::None {
         trainable_local * optimizer_bytes_per_param(cfg) / (hw.hbm_gbs * GB)
     } else {
@@ -902,11 +915,51 @@ pub fn step_cost(cfg: &Config, a: &Assumptions) -> Result<StepCost, CostError> {
     let step_s = compute_s + exposed + bubble_s + optimizer_s;
     let peak16 = if cfg.precision == Precision::Fp32 { hw.fp32_tflops } else { hw.tflops16 };
     let mfu = if step_s > 0.0 { flops.model / (gpus * peak16 * TERA * step_s) } else { 0.0 };
+    Ok(StepCost {
+        label: ESTIMATE_LABEL,
+        flops,
+        flops_per_gpu,
+        peak_tflops: rate,
+        compute_s,
+        exposed_comm_s: exposed,
+        comm,
+        bubble_fraction,
+        bubble_s,
+        optimizer_s,
+        step_s,
+        tokens_per_s: if step_s > 0.0 { flops.tokens / step_s } else { 0.0 },
+        mfu,
+        assumptions: Vec::new(),
+    })
+}
 
-    let mut assumptions = vec![
+/// Smallest compute efficiency the model accepts (keeps times finite).
+const MIN_EFFICIENCY: f64 = 1e-3;
+
+fn is_bf16(p: Precision) -> bool {
+    matches!(p, Precision::Bf16 | Precision::AmpBf16 | Precision::MixedBf16 | Precision::MixedBf16Fp32grad | Precision::MixedFp8)
+}
+
+/// Whether a data-parallel transfer is issued once per step (rather than every micro-batch).
+fn once_per_step(cfg: &Config, id: &str) -> bool {
+    match id {
+        "dp_allreduce" | "dp_expert_allreduce" | "hsdp_allreduce" | "hsdp_expert_allreduce" => true,
+        "dp_reduce_scatter" | "dp_expert_reduce_scatter" => cfg.zero.stage() == 1,
+        _ => false,
+    }
+}
+
+/// What an estimate of `cfg` rests on, in sentences.
+pub fn assumptions(cfg: &Config, a: &Assumptions, hw: &Hardware) -> Vec<Assumption> {
+    let (rate, rate_note) = matmul_rate(cfg, hw);
+    let mut out = vec![
         Assumption {
             id: "compute_efficiency",
-            text: format!("kernels sustain {:.0} % of the dense peak ({} TFLOP/s per GPU)", eff * 100.0, trim(rate)),
+            text: format!(
+                "kernels sustain {:.0} % of the dense peak ({} TFLOP/s per GPU)",
+                a.compute_efficiency.clamp(MIN_EFFICIENCY, 1.0) * 100.0,
+                trim(rate)
+            ),
         },
         Assumption {
             id: "link_efficiency",
@@ -930,38 +983,27 @@ pub fn step_cost(cfg: &Config, a: &Assumptions) -> Result<StepCost, CostError> {
             ),
         },
         Assumption { id: "causal", text: "attention FLOPs count the full s² (no causal discount), as Megatron and PaLM do".into() },
+        Assumption {
+            id: "kernels",
+            text: "every kernel runs at the same efficiency; small matrices, norms and the loss are not slower than large GEMMs".into(),
+        },
     ];
     if cfg.attn == Attention::Eager {
-        assumptions.push(Assumption {
+        out.push(Assumption {
             id: "eager",
             text: "eager attention is costed like fused attention (same FLOPs; its extra memory traffic is not)".into(),
         });
     }
     if cfg.offload != Offload::None {
-        assumptions.push(Assumption {
+        out.push(Assumption {
             id: "cpu_optimizer",
             text: format!("the CPU optimizer steps {:.1e} parameters/s per GPU process", a.cpu_optimizer_params_per_s),
         });
     }
     if let Some(n) = rate_note {
-        assumptions.push(Assumption { id: "rate", text: n });
+        out.push(Assumption { id: "rate", text: n.to_string() });
     }
-    Ok(StepCost {
-        label: ESTIMATE_LABEL,
-        flops,
-        flops_per_gpu,
-        peak_tflops: rate,
-        compute_s,
-        exposed_comm_s: exposed,
-        comm,
-        bubble_fraction,
-        bubble_s,
-        optimizer_s,
-        step_s,
-        tokens_per_s: if step_s > 0.0 { flops.tokens / step_s } else { 0.0 },
-        mfu,
-        assumptions,
-    })
+    out
 }
 
 /// The interconnect's spelling in the UI.
@@ -1167,7 +1209,7 @@ mod tests {
         let hw = hardware(&base).expect("gpu");
         let a = Assumptions::default();
         let vol = |z: Zero| -> f64 {
-            communication(&Config { zero: z, ..base.clone() }, &hw, &a)
+            communication(&Config { zero: z, ..base.clone() }, &hw, &a, &ModelFigures::of(&base.arch))
                 .iter()
                 .map(|t| t.bytes * if t.collective == "all-reduce" { 2.0 } else { 1.0 })
                 .sum()

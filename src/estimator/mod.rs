@@ -14,6 +14,7 @@ pub mod model;
 pub mod optimizer;
 pub mod overhead;
 pub mod params;
+pub mod plan;
 pub mod precision;
 pub mod presets;
 pub mod statics;
