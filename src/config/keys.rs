@@ -151,6 +151,17 @@ named!(
 );
 named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
+named!(
+    Interconnect,
+    [
+        (Interconnect::IbXdr, "ib-xdr"),
+        (Interconnect::IbNdr, "ib-ndr"),
+        (Interconnect::IbHdr, "ib-hdr"),
+        (Interconnect::Roce400, "roce-400"),
+        (Interconnect::Eth100, "eth-100"),
+        (Interconnect::Eth25, "eth-25"),
+    ]
+);
 named!(MlpKind, [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]);
 named!(
     Activation,
@@ -313,6 +324,26 @@ macro_rules! enum_key {
         }
     };
 }
+
+/// A non-negative number of a custom GPU's datasheet (TFLOP/s, GB/s), in the cluster group.
+macro_rules! f64_key {
+    ($name:literal, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: Cluster,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| fmt_f64($field),
+            set: |$c: &mut Config, s: &str| {
+                $field = parse_f64(s, 0.0, MAX_DATASHEET_FIGURE)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+/// Largest TFLOP/s or GB/s a custom GPU may claim (a thousand times today's largest).
+const MAX_DATASHEET_FIGURE: f64 = 1.0e7;
 
 use Group::*;
 
@@ -490,10 +521,13 @@ pub static KEYS: &[Key] = &[
         get: |c| c.gpu.clone(),
         set: |c, s| {
             let id = s.to_ascii_lowercase();
-            if id != "custom" && crate::estimator::gpu::gpu(&id).is_none() {
-                return Err("unknown GPU (see the catalog)".into());
+            if id == "custom" {
+                c.gpu = id;
+                return Ok(());
             }
-            c.gpu = id;
+            // An alias (`h100`, `a100`) is stored as the card's id, so links stay canonical.
+            let g = crate::estimator::gpu::gpu(&id).ok_or_else(|| "unknown GPU (see the catalog)".to_string())?;
+            c.gpu = g.id.to_string();
             Ok(())
         },
     },
@@ -508,6 +542,19 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
+    f64_key!("gpu_tflops", "dense 16-bit tensor TFLOP/s of a custom GPU (0 = unknown)", |c| c.gpu_tflops),
+    f64_key!("gpu_fp8_tflops", "dense FP8 tensor TFLOP/s of a custom GPU (0 = none)", |c| c.gpu_fp8_tflops),
+    f64_key!("gpu_hbm_gbs", "memory bandwidth of a custom GPU, GB/s (0 = unknown)", |c| c.gpu_hbm_gbs),
+    f64_key!("gpu_link_gbs", "NVLink/Infinity Fabric of a custom GPU, GB/s per GPU, bidirectional (0 = none)", |c| c.gpu_link_gbs),
+    f64_key!("gpu_host_gbs", "PCIe (host link) of a custom GPU, GB/s, bidirectional", |c| c.gpu_host_gbs),
+    uint_key!(positive "gpus_per_node", Cluster, "GPUs sharing one NVLink/Infinity Fabric domain (8 per HGX node, 72 per NVL72 rack)", |c| c.gpus_per_node),
+    enum_key!(
+        "interconnect",
+        Cluster,
+        "network between nodes: ib-xdr, ib-ndr, ib-hdr (one NIC per GPU), roce-400, eth-100, eth-25 (per node)",
+        Interconnect,
+        |c| c.interconnect
+    ),
     uint_key!("cuda_ctx_mib", Overhead, "CUDA context + workspaces per GPU, MiB", |c| c.cuda_ctx_mib),
     Key {
         name: "nccl_mib",

@@ -9,7 +9,7 @@
 mod keys;
 
 pub use crate::estimator::config::*;
-pub use keys::{Group, Key, KEYS};
+pub use keys::{parse_uint, Group, Key, KEYS};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};

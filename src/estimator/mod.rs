@@ -6,6 +6,7 @@
 pub mod activations;
 pub mod allocator;
 pub mod config;
+pub mod cost;
 pub mod expr;
 pub mod gpu;
 pub mod hf;
@@ -14,6 +15,7 @@ pub mod model;
 pub mod optimizer;
 pub mod overhead;
 pub mod params;
+pub mod plan;
 pub mod precision;
 pub mod presets;
 pub mod sharding;
