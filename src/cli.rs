@@ -6,7 +6,7 @@ use crate::config::{self, Config, ConfigError, KEYS};
 use crate::estimator::hf::{self, HfError};
 use crate::estimator::plan::{self, GlobalBatch, PlanError, PlanRequest, Space};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{explain, flatten, presets, Estimate, EstimateError};
+use crate::estimator::{estimate, explain, flatten, presets, Estimate, EstimateError};
 use serde::Serialize;
 use std::io::Write;
 

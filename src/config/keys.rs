@@ -248,6 +248,23 @@ fn gpu_ids() -> Vec<&'static str> {
     v
 }
 
+/// A non-negative integer key whose `auto` (the default) lets the estimator decide.
+macro_rules! auto_uint_key {
+    ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| $field.map_or("auto".to_string(), |v| v.to_string()),
+            set: |$c: &mut Config, s: &str| {
+                $field = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
+                Ok(())
+            },
+        }
+    };
+}
+
 macro_rules! uint_key {
     ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
         Key {
@@ -555,19 +572,26 @@ pub static KEYS: &[Key] = &[
         Interconnect,
         |c| c.interconnect
     ),
-    uint_key!("cuda_ctx_mib", Overhead, "CUDA context + workspaces per GPU, MiB", |c| c.cuda_ctx_mib),
+    auto_uint_key!("cuda_ctx_mib", Overhead, "CUDA context per GPU, MiB, or auto (measured for the GPU's generation)", |c| c.cuda_ctx_mib),
+    auto_uint_key!("nccl_mib", Overhead, "NCCL buffers per GPU, MiB, or auto (channels × peers × protocol buffers)", |c| c.nccl_mib),
+    auto_uint_key!(
+        "frag_pct",
+        Overhead,
+        "reserve beyond allocated as a flat percent guess, or auto (the caching allocator simulated)",
+        |c| c.frag_pct
+    ),
     Key {
-        name: "nccl_mib",
+        name: "alloc_conf",
         group: Overhead,
-        help: "NCCL buffers per GPU, MiB, or auto",
+        help: "PYTORCH_CUDA_ALLOC_CONF of the simulated allocator, e.g. expandable_segments:True",
         choices: no_choices,
-        get: |c| c.nccl_mib.map_or("auto".to_string(), |v| v.to_string()),
+        get: |c| c.alloc_conf.clone(),
         set: |c, s| {
-            c.nccl_mib = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
+            crate::estimator::allocator::AllocatorOptions::parse(s).map_err(|e| e.to_string())?;
+            c.alloc_conf = s.to_string();
             Ok(())
         },
     },
-    uint_key!("frag_pct", Overhead, "allocator fragmentation, percent of the dynamic allocations at the peak", |c| c.frag_pct),
     uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
     bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
     enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),

@@ -286,12 +286,17 @@ pub struct Config {
     pub gpus_per_node: u64,
     /// The network between nodes.
     pub interconnect: Interconnect,
-    /// CUDA context and library workspaces per GPU, MiB (an assumption; see overhead.rs).
-    pub cuda_ctx_mib: u64,
+    /// The CUDA context per GPU, MiB; `None` = the measured figure for the GPU's generation
+    /// (overhead.rs, `cuda_context_mib`).
+    pub cuda_ctx_mib: Option<u64>,
     /// NCCL communicator buffers per GPU, MiB; `None` = automatic (0 on one GPU).
     pub nccl_mib: Option<u64>,
-    /// Caching-allocator fragmentation, percent of the dynamic allocations at the peak.
-    pub frag_pct: u64,
+    /// A flat guess of the caching allocator's reserve beyond what is allocated, percent of the
+    /// dynamic allocations at the peak; `None` = simulated (allocator.rs replays the step).
+    pub frag_pct: Option<u64>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` for the simulated caching allocator (`expandable_segments:True`,
+    /// `max_split_size_mb:…`, `roundup_power2_divisions:…`); empty = PyTorch's defaults.
+    pub alloc_conf: String,
     /// Unsharded layers in flight under ZeRO-3/FSDP (the one computing + prefetched ones).
     pub prefetch_layers: u64,
     /// DDP `gradient_as_bucket_view=True` (no separate bucket copy of the gradients).
@@ -342,9 +347,10 @@ impl Default for Config {
             gpu_host_gbs: 128.0,
             gpus_per_node: 8,
             interconnect: Interconnect::IbNdr,
-            cuda_ctx_mib: 512,
+            cuda_ctx_mib: None,
             nccl_mib: None,
-            frag_pct: 10,
+            frag_pct: None,
+            alloc_conf: String::new(),
             prefetch_layers: 2,
             bucket_view: false,
             unit: Unit::Gb,

@@ -1070,6 +1070,7 @@ mod tests {
             softmax_fp32: true,
             resid_dropout: false,
             embed_dropout: false,
+            ..crate::estimator::presets::default_spec()
         }
     }
 

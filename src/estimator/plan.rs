@@ -1603,8 +1603,9 @@ mod tests {
 
     #[test]
     fn the_cheapest_fixes_each_fit_and_come_cheapest_first() {
-        // The example: Llama-3.1-8B, 8k tokens, ZeRO-3 on 8 H100s does not fit.
-        let cfg = Config { seq: 8192, zero: Zero::Z3, gpus: 8, ..Config::default() };
+        // Llama-3.1-8B at 16k tokens, ZeRO-3 on 8 H100s: the activations alone exceed the card
+        // (the 8k example sits within a few GB of the line, which moves with the overheads).
+        let cfg = Config { seq: 16384, zero: Zero::Z3, gpus: 8, ..Config::default() };
         assert!(!fits(&estimate(&cfg).expect("valid")));
         let fixes = cheapest_fixes(&cfg, &Assumptions::default(), 3).expect("fixes");
         assert!(!fixes.is_empty());
