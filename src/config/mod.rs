@@ -132,7 +132,7 @@ pub fn decode_query(query: &str) -> Decoded {
 fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
     let mut reset_keys: Vec<&'static str> = Vec::new();
     for _ in 0..KEYS.len() {
-        let Err(e) = crate::estimator::validate(cfg) else {
+        let Err(e) = crate::estimator::validate_consistency(cfg) else {
             return;
         };
         let key = e.key();
@@ -145,9 +145,9 @@ fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
         reset_keys.push(key);
     }
     // Still invalid: keep the model and start the rest over from the defaults.
-    if crate::estimator::validate(cfg).is_err() {
+    if crate::estimator::validate_consistency(cfg).is_err() {
         let keep = Config { model: cfg.model.clone(), name: cfg.name.clone(), arch: cfg.arch.clone(), ..Config::default() };
-        *cfg = if crate::estimator::validate(&keep).is_ok() { keep } else { Config::default() };
+        *cfg = if crate::estimator::validate_consistency(&keep).is_ok() { keep } else { Config::default() };
     }
 }
 
@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["tp"]);
         assert_eq!((d.config.tp, d.config.gpus), (1, 8));
         assert_eq!(d.config.model, "llama-3.1-70b");
-        assert!(crate::estimator::validate(&d.config).is_ok());
+        assert!(crate::estimator::validate_consistency(&d.config).is_ok());
     }
 
     #[test]

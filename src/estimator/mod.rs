@@ -59,12 +59,22 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> EstimateError {
     EstimateError::Invalid { key, reason: reason.into() }
 }
 
-/// Checks that the parts of a configuration fit together.
+/// Checks that a configuration can be estimated: its parts fit together
+/// ([`validate_consistency`]) and its architecture uses nothing the activation model does not
+/// cover yet ([`unmodelled_feature`]).
 pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
-    cfg.arch.validate()?;
-    if let Some(feature) = unmodelled_feature(&cfg.arch) {
-        return Err(EstimateError::Unmodelled { feature });
+    validate_consistency(cfg)?;
+    match unmodelled_feature(&cfg.arch) {
+        Some(feature) => Err(EstimateError::Unmodelled { feature }),
+        None => Ok(()),
     }
+}
+
+/// Checks that the parts of a configuration fit together — what a share link or the inputs must
+/// satisfy. An architecture whose activations are not modelled yet is still a valid configuration:
+/// the link keeps it, and [`estimate`] says why it cannot estimate it.
+pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
+    cfg.arch.validate()?;
     for (key, v) in [
         ("batch", cfg.batch),
         ("seq", cfg.seq),
