@@ -93,8 +93,9 @@ fn plan_exports_csv_with_a_share_query_per_row() {
 
 #[test]
 fn plan_fix_lists_the_cheapest_changes_that_make_it_fit() {
-    // The example: Llama-3.1-8B at 8k tokens with ZeRO-3 on 8 H100s does not fit.
-    let (code, out, err) = trainmem(&["plan", "--fix", "--model", "llama-3.1-8b", "--seq", "8192", "--zero", "3", "--gpus", "8", "--json"]);
+    // Llama-3.1-8B at 16k tokens with ZeRO-3 on 8 H100s does not fit (the 8k example sits
+    // within a few GB of the line, which moves with the overhead model).
+    let (code, out, err) = trainmem(&["plan", "--fix", "--model", "llama-3.1-8b", "--seq", "16384", "--zero", "3", "--gpus", "8", "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     let fixes = v.as_array().expect("fixes");
