@@ -507,15 +507,33 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
         s.push_str("no configuration of the space fits; try `--fix` on one, more GPUs, or a wider space (--try-KNOB)\n");
         return s;
     }
-    s.push_str(&format!(
-        "{:>4}  {:>10}  {:>10}  {:>5}  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}\n",
+    // Knobs the space varies beyond the usual ones get a column each.
+    let sp = &req.space;
+    let extra: Vec<&str> = [
+        ("attn", sp.attn.len()),
+        ("optim", sp.optim.len()),
+        ("optim_impl", sp.optim_impl.len()),
+        ("offload", sp.offload.len()),
+        ("finetune", sp.finetune.len()),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 1)
+    .map(|(k, _)| *k)
+    .collect();
+    let mut head = format!(
+        "{:>4}  {:>10}  {:>10}  {:>5}  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
         "rank", "step est.", "tokens/s", "MFU", "memory", "headroom", "b×acc", "zero", "recompute", "tp", "pp", "vpp", "cp", "ep", "sp"
-    ));
+    );
+    for k in &extra {
+        head.push_str(&format!(" {k:<16}"));
+    }
+    s.push_str(head.trim_end());
+    s.push('\n');
     let frontier: Vec<usize> = r.frontier.iter().map(|f| f.rank).collect();
     for pl in &r.plans {
         let k = &pl.knobs;
-        s.push_str(&format!(
-            "{:>4}{} {:>10}  {:>10}  {:>4.0}%  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}\n",
+        let mut row = format!(
+            "{:>4}{} {:>10}  {:>10}  {:>4.0}%  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
             pl.rank,
             if frontier.contains(&pl.rank) { "*" } else { " " },
             seconds_text(pl.step_s),
@@ -532,7 +550,12 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
             k.cp,
             k.ep,
             if k.sp { "on" } else { "off" }
-        ));
+        );
+        for key in &extra {
+            row.push_str(&format!(" {:<16}", config::get(&pl.config, key).unwrap_or_default()));
+        }
+        s.push_str(row.trim_end());
+        s.push('\n');
     }
     s.push_str(&format!(
         "\n* on the frontier (headroom against estimated step time): ranks {}\n",

@@ -1017,6 +1017,12 @@ pub fn assumptions(cfg: &Config, a: &Assumptions, hw: &Hardware) -> Vec<Assumpti
             text: "every kernel runs at the same efficiency; small matrices, norms and the loss are not slower than large GEMMs".into(),
         },
     ];
+    if cfg.pp > 1 {
+        out.push(Assumption {
+            id: "pipeline_balance",
+            text: "pipeline stages are balanced: the embedding's and LM head's stages do no more work than the others".into(),
+        });
+    }
     if cfg.attn == Attention::Eager {
         out.push(Assumption {
             id: "eager",
