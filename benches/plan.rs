@@ -27,7 +27,7 @@ pub fn request() -> PlanRequest {
         sp: vec![false, true],
         finetune: vec![trainmem::config::Finetune::Full],
     };
-    PlanRequest { base, global_batch: GlobalBatch::Sequences(1024), space, assumptions: Default::default(), keep: 20 }
+    PlanRequest { base, global_batch: GlobalBatch::Sequences(1024), space, assumptions: Default::default(), keep: 20, skip_dominated: true }
 }
 
 fn bench_plan(c: &mut Criterion) {
@@ -37,7 +37,7 @@ fn bench_plan(c: &mut Criterion) {
     while !s.step(u64::MAX).done {}
     let p = s.progress();
     eprintln!(
-        "plan search: {} configurations, {} estimate() calls ({} probes), {} fit, {} do not, {} pruned ({} by chains), {} invalid; first run {:.3} s",
+        "plan search: {} configurations, {} estimate() calls ({} probes), {} fit, {} do not, {} pruned ({} by chains), {} dominated, {} invalid; first run {:.3} s",
         p.configurations,
         p.estimate_calls,
         p.probe_calls,
@@ -45,6 +45,7 @@ fn bench_plan(c: &mut Criterion) {
         p.not_fitting,
         p.pruned,
         p.pruned_by_chain,
+        p.dominated,
         p.invalid,
         started.elapsed().as_secs_f64()
     );

@@ -32,7 +32,7 @@ const USAGE: &str = "usage:
   trainmem estimate (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
   trainmem plan (--model ID | --hf-config PATH) --gpu ID --gpus N --seq N
                 (--global-batch-tokens N | --global-batch SEQUENCES) [--KEY VALUE ...]
-                [--try-KNOB v1,v2,...] [--top N] [--fix] [--json | --csv]
+                [--try-KNOB v1,v2,...] [--top N] [--all] [--fix] [--json | --csv]
       KNOB: batch zero recompute attn optim optim-impl offload tp pp vpp cp ep sp finetune
       also: --compute-efficiency F, --link-efficiency F, --no-overlap
   trainmem presets [--json]
@@ -246,6 +246,7 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
     let mut tries: Vec<(String, String)> = Vec::new();
     let mut output = PlanOutput::Text;
     let mut fix = false;
+    let mut all = false;
     let mut keep: Option<usize> = None;
     let mut assumptions = crate::estimator::cost::Assumptions::default();
     let mut it = args.iter();
@@ -277,6 +278,7 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
             "json" => output = PlanOutput::Json,
             "csv" => output = PlanOutput::Csv,
             "fix" => fix = true,
+            "all" => all = true,
             "no-overlap" => assumptions.overlap = false,
             "global-batch-tokens" => global = Some(GlobalBatch::Tokens(count("global_batch_tokens", &value(&mut it, &name, inline)?)?)),
             "global-batch" => global = Some(GlobalBatch::Sequences(count("global_batch", &value(&mut it, &name, inline)?)?)),
@@ -313,7 +315,7 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
     for (knob, list) in &tries {
         apply_try(&mut space, &base, knob, list)?;
     }
-    let mut request = PlanRequest { base, global_batch: global, space, assumptions, keep: plan::DEFAULT_KEEP };
+    let mut request = PlanRequest { base, global_batch: global, space, assumptions, keep: plan::DEFAULT_KEEP, skip_dominated: !all };
     if let Some(k) = keep {
         request.keep = k;
     }
@@ -489,12 +491,13 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
         crate::estimator::expr::group_digits(r.global_tokens as u128)
     ));
     s.push_str(&format!(
-        "searched {} configurations in {}: {} fit, {} do not, {} pruned (proven not to fit), {} invalid; {} estimate() calls ({} probes)\n",
+        "searched {} configurations in {}: {} fit, {} do not, {} pruned (proven not to fit), {} dominated (skipped; --all lists them), {} invalid; {} estimate() calls ({} probes)\n",
         p.configurations,
         seconds_text(seconds),
         p.fitting,
         p.not_fitting,
         p.pruned,
+        p.dominated,
         p.invalid,
         p.estimate_calls,
         p.probe_calls
@@ -504,15 +507,33 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
         s.push_str("no configuration of the space fits; try `--fix` on one, more GPUs, or a wider space (--try-KNOB)\n");
         return s;
     }
-    s.push_str(&format!(
-        "{:>4}  {:>10}  {:>10}  {:>5}  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}\n",
+    // Knobs the space varies beyond the usual ones get a column each.
+    let sp = &req.space;
+    let extra: Vec<&str> = [
+        ("attn", sp.attn.len()),
+        ("optim", sp.optim.len()),
+        ("optim_impl", sp.optim_impl.len()),
+        ("offload", sp.offload.len()),
+        ("finetune", sp.finetune.len()),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 1)
+    .map(|(k, _)| *k)
+    .collect();
+    let mut head = format!(
+        "{:>4}  {:>10}  {:>10}  {:>5}  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
         "rank", "step est.", "tokens/s", "MFU", "memory", "headroom", "b×acc", "zero", "recompute", "tp", "pp", "vpp", "cp", "ep", "sp"
-    ));
+    );
+    for k in &extra {
+        head.push_str(&format!(" {k:<16}"));
+    }
+    s.push_str(head.trim_end());
+    s.push('\n');
     let frontier: Vec<usize> = r.frontier.iter().map(|f| f.rank).collect();
     for pl in &r.plans {
         let k = &pl.knobs;
-        s.push_str(&format!(
-            "{:>4}{} {:>10}  {:>10}  {:>4.0}%  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}\n",
+        let mut row = format!(
+            "{:>4}{} {:>10}  {:>10}  {:>4.0}%  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
             pl.rank,
             if frontier.contains(&pl.rank) { "*" } else { " " },
             seconds_text(pl.step_s),
@@ -529,7 +550,12 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
             k.cp,
             k.ep,
             if k.sp { "on" } else { "off" }
-        ));
+        );
+        for key in &extra {
+            row.push_str(&format!(" {:<16}", config::get(&pl.config, key).unwrap_or_default()));
+        }
+        s.push_str(row.trim_end());
+        s.push('\n');
     }
     s.push_str(&format!(
         "\n* on the frontier (headroom against estimated step time): ranks {}\n",

@@ -8,6 +8,7 @@ use std::process::Command;
 use trainmem::config::{
     decode_query, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
 };
+use trainmem::estimator::cost::step_cost;
 use trainmem::estimator::plan::{self, fits, measure, memory_chain_below, ChainKnob, GlobalBatch, Knobs, PlanRequest, Search, Space};
 use trainmem::estimator::presets::presets;
 use trainmem::estimator::{estimate, Estimate};
@@ -70,7 +71,8 @@ fn planning_llama_3_1_70b_on_64_h100s_returns_ranked_plans_that_all_fit() {
         progress["fitting"].as_u64().unwrap_or(0)
             + progress["not_fitting"].as_u64().unwrap_or(0)
             + progress["pruned"].as_u64().unwrap_or(0)
-            + progress["invalid"].as_u64().unwrap_or(0),
+            + progress["invalid"].as_u64().unwrap_or(0)
+            + progress["dominated"].as_u64().unwrap_or(0),
         progress["configurations"].as_u64().unwrap_or(u64::MAX)
     );
     assert!(!v["explanation"].as_array().expect("explanation").is_empty());
@@ -191,6 +193,7 @@ fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
             space: small_space(),
             assumptions: Default::default(),
             keep: 0,
+            skip_dominated: false,
         };
         let search = {
             let mut s = Search::new(req.clone()).expect("search");
@@ -217,12 +220,52 @@ fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
 }
 
 #[test]
+fn every_configuration_skipped_as_dominated_is_dominated_by_a_listed_plan() {
+    for gib in [5.0, 10.0, 16.0] {
+        let base = small_base(gib);
+        let req = PlanRequest {
+            base: base.clone(),
+            global_batch: GlobalBatch::Sequences(32),
+            space: small_space(),
+            assumptions: Default::default(),
+            keep: 0,
+            skip_dominated: true,
+        };
+        let mut s = Search::new(req.clone()).expect("search");
+        while !s.step(50).done {}
+        assert!(s.progress().dominated > 0, "{gib} GiB: the test must exercise rule D");
+        let listed: Vec<(f64, i128, String)> =
+            s.points().iter().map(|p| (p.step_s, p.headroom, format!("{:?}", canonical(p.knobs, base.gpus)))).collect();
+        for (k, fit) in brute_force(&req, 32) {
+            if !fit {
+                continue;
+            }
+            let c = k.apply(&base);
+            let h = plan::headroom(&estimate(&c).expect("valid"));
+            let t = step_cost(&c, &req.assumptions).expect("cost").step_s;
+            let key = format!("{:?}", canonical(k, base.gpus));
+            assert!(
+                listed.iter().any(|(lt, lh, lk)| *lk == key || (*lt <= t && *lh >= h)),
+                "{gib} GiB: {} fits and is neither listed nor dominated by a listed plan",
+                encode_query(&c)
+            );
+        }
+    }
+}
+
+#[test]
 fn chain_pruning_skips_estimates_brute_force_would_make() {
     // At 5 GiB most of the space does not fit: the search must make far fewer estimate() calls
     // than there are configurations.
     let base = small_base(5.0);
-    let req =
-        PlanRequest { base, global_batch: GlobalBatch::Sequences(32), space: small_space(), assumptions: Default::default(), keep: 0 };
+    let req = PlanRequest {
+        base,
+        global_batch: GlobalBatch::Sequences(32),
+        space: small_space(),
+        assumptions: Default::default(),
+        keep: 0,
+        skip_dominated: true,
+    };
     let mut s = Search::new(req).expect("search");
     while !s.step(1000).done {}
     let p = s.progress();
@@ -266,6 +309,12 @@ prop_compose! {
         c.batch = batch; c.accum = accum; c.seq = seq; c.zero = zero; c.recompute = recompute;
         c.attn = attn; c.optim = optim; c.optim_impl = optim_impl; c.offload = offload;
         c.finetune = finetune; c.precision = precision; c.shard_group = shard_group;
+        // Steer away from what validation rejects, so most cases test something.
+        if c.arch.experts == 0 || c.arch.experts % c.ep != 0 { c.ep = 1; }
+        if c.arch.heads % c.tp != 0 { c.tp = 1; }
+        if c.vpp > 1 && (c.pp == 1 || c.arch.layers % (c.pp * c.vpp) != 0) { c.vpp = 1; }
+        if c.offload == Offload::OptimizerParams && c.zero.stage() < 3 { c.offload = Offload::Optimizer; }
+        c.gpus = c.tp * c.pp * c.cp * dp * c.ep;
         c
     }
 }
@@ -313,7 +362,7 @@ proptest! {
         let Some(m0) = memory(&c) else { return Ok(()) };
         let k = Knobs::of(&c);
         for knob in [ChainKnob::Zero, ChainKnob::Offload, ChainKnob::Recompute, ChainKnob::Attn, ChainKnob::Sp] {
-            for below in memory_chain_below(knob, &k) {
+            for below in memory_chain_below(knob, &k, c.seq) {
                 let mut d = c.clone();
                 // apply() sets HYBRID_SHARD's group to a node; keep the sampled one.
                 let shard_group = d.shard_group;

@@ -629,6 +629,29 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_alias_is_stored_as_the_cards_id_so_links_stay_canonical() {
+        let k = KEYS.iter().find(|k| k.name == "gpu").expect("gpu key");
+        let mut c = Config::default();
+        assert_eq!((k.set)(&mut c, "H100-SXM"), Ok(()));
+        assert_eq!(c.gpu, "h100-80gb");
+        assert!((k.set)(&mut c, "tpu-v5").is_err());
+    }
+
+    #[test]
+    fn cluster_keys_read_the_interconnect_and_custom_gpu_figures() {
+        let set = |name: &str, v: &str, c: &mut Config| (KEYS.iter().find(|k| k.name == name).expect("key").set)(c, v);
+        let mut c = Config::default();
+        assert_eq!(set("interconnect", "roce-400", &mut c), Ok(()));
+        assert_eq!(c.interconnect, Interconnect::Roce400);
+        assert_eq!(set("gpus_per_node", "72", &mut c), Ok(()));
+        assert_eq!(set("gpu_tflops", "1250.5", &mut c), Ok(()));
+        assert_eq!((c.gpus_per_node, c.gpu_tflops), (72, 1250.5));
+        assert!(set("gpu_hbm_gbs", "-1", &mut c).is_err());
+        assert!(set("gpus_per_node", "0", &mut c).is_err());
+        assert!(set("interconnect", "carrier-pigeon", &mut c).is_err_and(|e| e.contains("ib-ndr")));
+    }
+
+    #[test]
     fn enumerations_reject_unknown_spellings_listing_the_valid_ones() {
         let err = Precision::parse("bf17");
         assert!(err.is_err_and(|e| e.contains("mixed-bf16-fp32grad")));

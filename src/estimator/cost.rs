@@ -70,6 +70,32 @@ pub const DEFAULT_CPU_OPTIMIZER_PARAMS_PER_S: f64 = 1.0e9;
 /// Fraction of a micro-batch's compute its backward pass takes (backward = 2 × forward).
 pub const BACKWARD_SHARE: f64 = 2.0 / 3.0;
 
+/// Weight matrices of a gated MLP or expert (gate, up, down) and of a plain MLP (up, down).
+pub const GATED_MLP_MATRICES: f64 = 3.0;
+pub const PLAIN_MLP_MATRICES: f64 = 2.0;
+/// Attention projections per width: Q and O are `h × a·d`, K and V are `h × k·d`.
+pub const Q_AND_O: f64 = 2.0;
+pub const K_AND_V: f64 = 2.0;
+/// A ring all-reduce is a reduce-scatter and an all-gather: twice the volume of either.
+pub const ALL_REDUCE_PHASES: f64 = 2.0;
+/// ZeRO-3/FSDP gather each layer's parameters twice per micro-batch: forward and backward.
+pub const ZERO3_GATHERS_PER_MICRO_BATCH: f64 = 2.0;
+/// Tensor-parallel collectives per layer and micro-batch: two forward (after attention and
+/// after the MLP), two backward; full recomputation repeats the two forward ones.
+pub const TP_COLLECTIVES_PER_LAYER: f64 = 4.0;
+pub const TP_COLLECTIVES_RECOMPUTED: f64 = 2.0;
+/// Expert-parallel all-to-alls per MoE layer and micro-batch: dispatch and combine, forward and
+/// backward; full recomputation repeats the forward pair.
+pub const EP_ALL_TO_ALLS_PER_LAYER: f64 = 4.0;
+pub const EP_ALL_TO_ALLS_RECOMPUTED: f64 = 2.0;
+/// Ring attention's passes over the K/V ring per layer and micro-batch: one forward, and a
+/// backward that moves K, V and their gradients (twice the forward volume).
+pub const CP_RING_PASSES: f64 = 3.0;
+/// Pipeline transfers per micro-batch and stage boundary: activations forward, gradients back.
+pub const PP_TRANSFERS_PER_MICRO_BATCH: f64 = 2.0;
+/// The optimizer reads and writes each state (and the master weights) once per step.
+pub const READ_AND_WRITE: f64 = 2.0;
+
 /// Gigabytes (10⁹ bytes): datasheets' unit for bandwidth.
 pub const GB: f64 = 1.0e9;
 /// Tera (10¹²): datasheets' unit for FLOP/s.
@@ -153,10 +179,10 @@ pub fn hardware(cfg: &Config) -> Result<Hardware, CostError> {
         return Err(CostError::Zero { key: "gpus_per_node" });
     }
     if cfg.gpu == "custom" {
-        if !(cfg.gpu_tflops > 0.0) {
+        if !cfg.gpu_tflops.is_finite() || cfg.gpu_tflops <= 0.0 {
             return Err(CostError::MissingTflops);
         }
-        if !(cfg.gpu_hbm_gbs > 0.0) {
+        if !cfg.gpu_hbm_gbs.is_finite() || cfg.gpu_hbm_gbs <= 0.0 {
             return Err(CostError::MissingHbm);
         }
         let scale_up = if cfg.gpu_link_gbs > 0.0 { ScaleUp::NvLink(0) } else { ScaleUp::None };
@@ -284,12 +310,12 @@ impl MatmulParams {
 /// its shared experts; the LM head `V·h`. Biases and norms are elementwise and not counted.
 pub fn matmul_params(m: &ModelSpec) -> MatmulParams {
     let h = m.hidden as f64;
-    let mlp_matrices = |kind: MlpKind| if kind == MlpKind::Gated { 3.0 } else { 2.0 };
-    let attention = h * (2.0 * m.q_width() as f64 + 2.0 * m.kv_width() as f64);
+    let mlp_matrices = |kind: MlpKind| if kind == MlpKind::Gated { GATED_MLP_MATRICES } else { PLAIN_MLP_MATRICES };
+    let attention = h * (Q_AND_O * m.q_width() as f64 + K_AND_V * m.kv_width() as f64);
     let dense_mlp = mlp_matrices(m.mlp) * h * m.ffn as f64;
     let moe = if m.experts > 0 {
         // Routed experts are always gate/up/down (model.rs pushes all three).
-        let routed = m.top_k.min(m.experts) as f64 * 3.0 * h * m.expert_ffn as f64;
+        let routed = m.top_k.min(m.experts) as f64 * GATED_MLP_MATRICES * h * m.expert_ffn as f64;
         let shared = m.shared_experts as f64 * mlp_matrices(m.mlp) * h * m.shared_ffn as f64;
         let gate = if m.shared_gate { h } else { 0.0 };
         h * m.experts as f64 + routed + shared + gate
@@ -442,7 +468,7 @@ pub fn all_reduce_seconds(bytes: f64, g: u64, gbs: f64) -> f64 {
     if g <= 1 {
         return 0.0;
     }
-    2.0 * (g - 1) as f64 / g as f64 * bytes / (gbs * GB)
+    ALL_REDUCE_PHASES * (g - 1) as f64 / g as f64 * bytes / (gbs * GB)
 }
 
 /// Ring all-gather (or reduce-scatter) time of an `bytes` buffer (the gathered size) over `g`
@@ -468,7 +494,8 @@ pub struct ModelFigures {
 impl ModelFigures {
     pub fn of(m: &ModelSpec) -> ModelFigures {
         let h = m.hidden as f64;
-        let experts = if m.experts > 0 { m.moe_layers() as f64 * m.experts as f64 * 3.0 * h * m.expert_ffn as f64 } else { 0.0 };
+        let experts =
+            if m.experts > 0 { m.moe_layers() as f64 * m.experts as f64 * GATED_MLP_MATRICES * h * m.expert_ffn as f64 } else { 0.0 };
         ModelFigures { matmul: matmul_params(m), total: m.counts().total as f64, experts }
     }
 }
@@ -620,7 +647,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
                     if expert { "zero3_expert_all_gather" } else { "zero3_all_gather" },
                     "Parameter all-gathers, forward and backward, every micro-batch (ZeRO-3/FSDP)",
                     "all-gather",
-                    2.0 * params * weight * accum,
+                    ZERO3_GATHERS_PER_MICRO_BATCH * params * weight * accum,
                     sg,
                     stride,
                     false,
@@ -666,7 +693,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     // recomputation repeats the forward ones.
     if tp > 1 {
         let layers = super::params::stage_layers(m.layers, pp) as f64;
-        let calls = if cfg.recompute == Recompute::Full { 6.0 } else { 4.0 };
+        let calls = TP_COLLECTIVES_PER_LAYER + if cfg.recompute == Recompute::Full { TP_COLLECTIVES_RECOMPUTED } else { 0.0 };
         let s = cfg.batch as f64 * (cfg.seq / cp).max(1) as f64 * m.hidden as f64 * act;
         let (link, gbs) = group_link(hw, a, 1, tp);
         let bytes = calls * layers * accum * s;
@@ -690,8 +717,8 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     // hops forward; backward passes K, V and their gradients (twice the forward volume).
     if cp > 1 {
         let layers = super::params::stage_layers(m.layers, pp) as f64;
-        let chunk = 2.0 * cfg.batch as f64 * (cfg.seq / cp).max(1) as f64 * (m.kv_width() / tp).max(1) as f64 * act;
-        let bytes = 3.0 * (cp - 1) as f64 * chunk * layers * accum;
+        let chunk = K_AND_V * cfg.batch as f64 * (cfg.seq / cp).max(1) as f64 * (m.kv_width() / tp).max(1) as f64 * act;
+        let bytes = CP_RING_PASSES * (cp - 1) as f64 * chunk * layers * accum;
         let (link, gbs) = group_link(hw, a, tp, cp);
         out.push(CommTerm {
             id: "cp_ring",
@@ -717,7 +744,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
             // Megatron's scatter-gather: each tensor-parallel rank sends its 1/t slice.
             s /= tp as f64;
         }
-        let bytes = 2.0 * s * vpp as f64 * accum;
+        let bytes = PP_TRANSFERS_PER_MICRO_BATCH * s * vpp as f64 * accum;
         let (link, gbs) = group_link(hw, a, tp * cp * dp, 2);
         out.push(CommTerm {
             id: "pp_p2p",
@@ -739,7 +766,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     // MoE layer (GShard, Lepikhin et al. 2020; DeepSpeed-MoE, Rajbhandari et al. 2022).
     if ep > 1 && m.moe_layers() > 0 {
         let layers = m.moe_layers() as f64 / pp as f64;
-        let calls = if cfg.recompute == Recompute::Full { 6.0 } else { 4.0 };
+        let calls = EP_ALL_TO_ALLS_PER_LAYER + if cfg.recompute == Recompute::Full { EP_ALL_TO_ALLS_RECOMPUTED } else { 0.0 };
         let tokens = cfg.batch as f64 * (cfg.seq / cp).max(1) as f64;
         let bytes = calls * layers * accum * tokens * m.top_k as f64 * m.hidden as f64 * act;
         let (link, gbs) = group_link(hw, a, tp * cp, ep);
@@ -767,7 +794,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
         let host = hw.host_gbs / DIRECTIONS * a.link_efficiency;
         let mut bytes = psi * trainable * (grad + dtype_bytes(r.weight));
         if cfg.offload == Offload::OptimizerParams {
-            bytes += 2.0 * psi * weight * accum;
+            bytes += ZERO3_GATHERS_PER_MICRO_BATCH * psi * weight * accum;
         }
         out.push(CommTerm {
             id: "offload_pcie",
@@ -831,7 +858,9 @@ fn optimizer_bytes_per_param(cfg: &Config) -> f64 {
         Optimizer::Adafactor => 0.0,
     };
     let master = r.master.map_or(0.0, dtype_bytes);
-    dtype_bytes(r.grad) + 2.0 * (master + states * dtype_bytes(r.state)) + dtype_bytes(r.weight) * if master > 0.0 { 1.0 } else { 2.0 }
+    // Without a master copy the weight itself is read and written; with one, only written.
+    let weight_passes = if master > 0.0 { 1.0 } else { READ_AND_WRITE };
+    dtype_bytes(r.grad) + READ_AND_WRITE * (master + states * dtype_bytes(r.state)) + dtype_bytes(r.weight) * weight_passes
 }
 
 /// The dense rate the step's matmuls run at, TFLOP/s, and what it assumes.
@@ -988,6 +1017,12 @@ pub fn assumptions(cfg: &Config, a: &Assumptions, hw: &Hardware) -> Vec<Assumpti
             text: "every kernel runs at the same efficiency; small matrices, norms and the loss are not slower than large GEMMs".into(),
         },
     ];
+    if cfg.pp > 1 {
+        out.push(Assumption {
+            id: "pipeline_balance",
+            text: "pipeline stages are balanced: the embedding's and LM head's stages do no more work than the others".into(),
+        });
+    }
     if cfg.attn == Attention::Eager {
         out.push(Assumption {
             id: "eager",

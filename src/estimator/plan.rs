@@ -15,14 +15,23 @@
 //! - **M2, accumulation**: with everything else fixed, memory never decreases when the
 //!   accumulation steps grow (gradients stay resident; pipelines hold more micro-batches).
 //! - **C, sharding and saving chains**: memory never increases one step down each chain of
-//!   [`memory_chain_below`]: ZeRO 0 → 1 → 2 (and FSDP `SHARD_GRAD_OP`), offload none → optimizer
-//!   → optimizer + parameters, recomputation none → selective, attention eager → SDPA = flash,
-//!   sequence parallelism off → on.
+//!   [`memory_chain_below`]: ZeRO 0 → 1 → 2 (and FSDP `SHARD_GRAD_OP`), FSDP `HYBRID_SHARD` →
+//!   `FULL_SHARD`, offload none → optimizer → optimizer + parameters, recomputation
+//!   none → selective, attention eager → SDPA = flash from [`EAGER_CHAIN_MIN_SEQ`] tokens on
+//!   (SDPA and flash each below the other: the same memory), sequence parallelism off → on.
 //!
-//! What is *not* used, because the estimator rightly breaks it: ZeRO-2 → ZeRO-3 (ZeRO-3 adds
+//! What is *not* used, because the estimator breaks it: `HYBRID_SHARD` → DeepSpeed ZeRO-3 (the
+//! property test found GPT-2 on 2 × 2 GPUs where ZeRO-3's 500 M-element reduce bucket outweighs
+//! what it shards beyond hybrid sharding; FSDP has no such bucket), ZeRO-2 → ZeRO-3 (ZeRO-3 adds
 //! gathered layers and prefetch buffers: for small models on few GPUs it holds more) and
 //! selective → full recomputation (full recomputation re-materializes a layer at a time, which
 //! can exceed what selective keeps for short sequences).
+//!
+//! Rule C also applies point by point: a configuration whose chain neighbour below (same
+//! micro-batch and accumulation) does not fit does not fit either. And when that neighbour fits
+//! and the cost model says it is at least as fast, the configuration is *dominated* — the
+//! neighbour has at least its headroom (C) and no longer a step — and, unless
+//! [`PlanRequest::skip_dominated`] is off, it is not estimated.
 //!
 //! The target fixes the global batch `G` (sequences), so a micro-batch `b` comes with
 //! `accum = G / (b·dp)`. When `(b, accum)` does not fit, the search estimates the same
@@ -335,12 +344,7 @@ impl Knobs {
 
     /// Data-parallel degree on `gpus`.
     pub fn dp(&self, gpus: u64) -> u64 {
-        let mp = self.tp * self.pp * self.cp;
-        if mp == 0 {
-            0
-        } else {
-            gpus / mp
-        }
+        gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)
     }
 }
 
@@ -355,38 +359,56 @@ pub enum ChainKnob {
     Sp,
 }
 
-/// The group one step down `knob`'s memory chain from `g`, when there is one: a configuration
-/// that, by the verified property, never needs more memory than `g`.
-pub fn memory_chain_below(knob: ChainKnob, g: &Knobs) -> Vec<Knobs> {
+/// The configurations one step down `knob`'s memory chain from `g`: configurations that, by the
+/// verified property C, never need more memory than `g`.
+///
+/// `seq` is the sequence length: eager attention is above SDPA only from
+/// [`EAGER_CHAIN_MIN_SEQ`] tokens on (below it, Phi-3's SDPA path keeps its fused QKV output
+/// and a copy — more than eager's small score matrices).
+pub fn memory_chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> Vec<Knobs> {
+    chain_below(knob, g, seq).into_iter().flatten().collect()
+}
+
+/// Shortest sequence from which eager attention never needs less memory than SDPA or flash.
+pub const EAGER_CHAIN_MIN_SEQ: u64 = 256;
+
+/// [`memory_chain_below`] without allocating (the search calls it for every configuration).
+fn chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> [Option<Knobs>; 2] {
     let with = |f: &dyn Fn(&mut Knobs)| {
         let mut k = *g;
         f(&mut k);
-        k
+        Some(k)
     };
     match knob {
         ChainKnob::Zero => match g.zero {
-            Zero::Ddp => vec![with(&|k| k.zero = Zero::Z1)],
-            Zero::Z1 => vec![with(&|k| k.zero = Zero::Z2), with(&|k| k.zero = Zero::ShardGradOp)],
-            _ => Vec::new(),
+            Zero::Ddp => [with(&|k| k.zero = Zero::Z1), None],
+            Zero::Z1 => [with(&|k| k.zero = Zero::Z2), with(&|k| k.zero = Zero::ShardGradOp)],
+            // HYBRID_SHARD shards within a node only: FULL_SHARD over every rank holds less.
+            Zero::HybridShard => [with(&|k| k.zero = Zero::FullShard), None],
+            _ => [None, None],
         },
         ChainKnob::Offload => match g.offload {
-            Offload::None => vec![with(&|k| k.offload = Offload::Optimizer)],
-            Offload::Optimizer => vec![with(&|k| k.offload = Offload::OptimizerParams)],
-            Offload::OptimizerParams => Vec::new(),
+            Offload::None => [with(&|k| k.offload = Offload::Optimizer), None],
+            Offload::Optimizer => [with(&|k| k.offload = Offload::OptimizerParams), None],
+            Offload::OptimizerParams => [None, None],
         },
         ChainKnob::Recompute => match g.recompute {
-            Recompute::None => vec![with(&|k| k.recompute = Recompute::Selective)],
-            _ => Vec::new(),
+            Recompute::None => [with(&|k| k.recompute = Recompute::Selective), None],
+            _ => [None, None],
         },
         ChainKnob::Attn => match g.attn {
-            Attention::Eager => vec![with(&|k| k.attn = Attention::Sdpa), with(&|k| k.attn = Attention::Flash)],
-            _ => Vec::new(),
+            Attention::Eager if seq >= EAGER_CHAIN_MIN_SEQ => [with(&|k| k.attn = Attention::Sdpa), with(&|k| k.attn = Attention::Flash)],
+            Attention::Eager => [None, None],
+            // SDPA's fused kernels and flash-attn keep the same tensors: each is "below" the
+            // other (a cycle is harmless: only configurations already settled are consulted).
+            Attention::Sdpa => [with(&|k| k.attn = Attention::Flash), None],
+            Attention::Flash => [with(&|k| k.attn = Attention::Sdpa), None],
         },
         ChainKnob::Sp => {
             if !g.sp && g.tp > 1 {
-                vec![with(&|k| k.sp = true)]
+                [with(&|k| k.sp = true), None]
             } else {
-                Vec::new()
+                [None, None]
             }
         }
     }
@@ -459,13 +481,16 @@ pub struct PlanRequest {
     pub assumptions: Assumptions,
     /// Ranked plans to return (0: all).
     pub keep: usize,
+    /// Skip configurations proven dominated instead of estimating them (see
+    /// [`Progress::dominated`]); off lists every fitting configuration.
+    pub skip_dominated: bool,
 }
 
 impl PlanRequest {
     /// A request over [`Space::default_for`] the base.
     pub fn new(base: Config, global_batch: GlobalBatch) -> PlanRequest {
         let space = Space::default_for(&base);
-        PlanRequest { base, global_batch, space, assumptions: Assumptions::default(), keep: DEFAULT_KEEP }
+        PlanRequest { base, global_batch, space, assumptions: Assumptions::default(), keep: DEFAULT_KEEP, skip_dominated: true }
     }
 }
 
@@ -497,6 +522,11 @@ pub struct Progress {
     pub pruned: u64,
     /// Of which by rule C (a configuration below them in a chain does not fit).
     pub pruned_by_chain: u64,
+    /// Skipped as dominated (when [`PlanRequest::skip_dominated`]): a configuration below them
+    /// in a chain — so with at least as much headroom, by rule C — fits and is estimated to be
+    /// at least as fast. They may or may not fit; either way they cannot improve the ranking's
+    /// best or the frontier.
+    pub dominated: u64,
     /// Rejected by the estimator's validation (inconsistent layout) or the cost model.
     pub invalid: u64,
     /// Calls of `estimate()`, probes included.
@@ -505,6 +535,16 @@ pub struct Progress {
     pub probe_calls: u64,
     pub done: bool,
     pub cancelled: bool,
+}
+
+/// What a settled configuration tells the configurations above it in a chain.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Outcome {
+    /// It does not fit: neither does anything above it (rule C).
+    NoFit,
+    /// A listed plan with at least its headroom and at most this estimated step time (itself,
+    /// or the plan that dominates it).
+    Covered { step_s: f64 },
 }
 
 /// One group of the space: the knobs but the micro-batch, and its candidate micro-batches.
@@ -528,6 +568,8 @@ pub struct Search {
     bi: usize,
     /// Smallest micro-batch proven not to fit at accumulation 1, per group.
     fail_from: HashMap<Knobs, u64>,
+    /// What is known of each settled configuration, for the chains above it.
+    outcomes: HashMap<Knobs, Outcome>,
     points: Vec<Point>,
     progress: Progress,
     scratch: Config,
@@ -552,6 +594,7 @@ impl Search {
             gi: 0,
             bi: 0,
             fail_from: HashMap::new(),
+            outcomes: HashMap::new(),
             points: Vec::new(),
             progress: Progress { configurations, ..Progress::default() },
             scratch,
@@ -622,6 +665,34 @@ impl Search {
         }
         let k = Knobs { batch: b, accum, ..knobs };
         k.apply_to(&mut self.scratch);
+        // Rule C at this very point: what is known of the configurations below it.
+        let mut cover: Option<f64> = None;
+        for knob in CHAIN_KNOBS {
+            for below in chain_below(knob, &k, self.req.base.seq).into_iter().flatten() {
+                match self.outcomes.get(&below) {
+                    Some(Outcome::NoFit) => {
+                        self.outcomes.insert(k, Outcome::NoFit);
+                        self.progress.pruned += 1;
+                        self.progress.pruned_by_chain += 1;
+                        self.progress.settled += 1;
+                        self.next_batch();
+                        return;
+                    }
+                    Some(Outcome::Covered { step_s }) => cover = Some(cover.map_or(*step_s, |c: f64| c.min(*step_s))),
+                    None => {}
+                }
+            }
+        }
+        if let (true, Some(best)) = (self.req.skip_dominated, cover) {
+            let mine = cost::step_cost_with(&self.scratch, &self.req.assumptions, &self.hw, &self.fig).map(|c| c.step_s);
+            if mine.is_ok_and(|t| best <= t) {
+                self.outcomes.insert(k, Outcome::Covered { step_s: best });
+                self.progress.dominated += 1;
+                self.progress.settled += 1;
+                self.next_batch();
+                return;
+            }
+        }
         self.progress.estimate_calls += 1;
         let e = match estimate(&self.scratch) {
             Ok(e) => e,
@@ -635,6 +706,7 @@ impl Search {
         if fits(&e) {
             match cost::step_cost_with(&self.scratch, &self.req.assumptions, &self.hw, &self.fig) {
                 Ok(c) => {
+                    self.outcomes.insert(k, Outcome::Covered { step_s: c.step_s });
                     self.points.push(Point {
                         knobs: k,
                         memory: measure(&e),
@@ -651,6 +723,7 @@ impl Search {
             self.next_batch();
             return;
         }
+        self.outcomes.insert(k, Outcome::NoFit);
         self.progress.not_fitting += 1;
         self.progress.settled += 1;
         // The probe: the same configuration at accumulation 1 (rules M1, M2).
@@ -689,7 +762,7 @@ impl Search {
     fn inherited_fail_from(&mut self, g: &Knobs) -> Option<u64> {
         let mut best: Option<u64> = self.fail_from.get(g).copied();
         for knob in CHAIN_KNOBS {
-            for below in memory_chain_below(knob, g) {
+            for below in chain_below(knob, g, self.req.base.seq).into_iter().flatten() {
                 if let Some(&f) = self.fail_from.get(&below) {
                     best = Some(best.map_or(f, |x| x.min(f)));
                 }
@@ -768,10 +841,11 @@ impl Search {
 }
 
 /// The pruning rules, as the result lists them.
-pub const PRUNING_RULES: [&str; 3] = [
+pub const PRUNING_RULES: [&str; 4] = [
     "M1: with all else fixed, memory never decreases as the micro-batch grows",
     "M2: with all else fixed, memory never decreases as gradient accumulation grows",
-    "C: memory never increases down ZeRO 0→1→2/SHARD_GRAD_OP, offload none→optimizer→optimizer+params, recompute none→selective, attention eager→sdpa/flash, sp off→on",
+    "C: memory never increases down ZeRO 0→1→2/SHARD_GRAD_OP, HYBRID_SHARD→FULL_SHARD, offload none→optimizer→optimizer+params, recompute none→selective, attention eager→sdpa=flash (from 256 tokens), sp off→on",
+    "D: a configuration is dominated when the one below it in a chain fits and is estimated to be at least as fast (it has at least as much headroom by C)",
 ];
 
 /// Fastest first; equal times, more headroom first.
@@ -1541,7 +1615,8 @@ mod tests {
         }
         assert!(r.plans.windows(2).all(|w| w[0].step_s <= w[1].step_s));
         assert_eq!(r.progress.settled, r.progress.configurations);
-        assert_eq!(r.progress.fitting + r.progress.not_fitting + r.progress.pruned + r.progress.invalid, r.progress.configurations);
+        let p = r.progress;
+        assert_eq!(p.fitting + p.not_fitting + p.pruned + p.dominated + p.invalid, p.configurations);
     }
 
     #[test]
@@ -1570,6 +1645,13 @@ mod tests {
     }
 
     #[test]
+    fn a_search_can_move_to_a_worker_thread() {
+        fn send<T: Send + 'static>() {}
+        send::<Search>();
+        send::<PlanResult>();
+    }
+
+    #[test]
     fn an_empty_knob_names_its_key() {
         let mut req = PlanRequest::new(Config::default(), GlobalBatch::Sequences(8));
         req.space.zero.clear();
@@ -1587,13 +1669,16 @@ mod tests {
             tp: 2,
             ..Knobs::of(&Config::default())
         };
-        assert_eq!(memory_chain_below(ChainKnob::Zero, &k)[0].zero, Zero::Z1);
-        assert_eq!(memory_chain_below(ChainKnob::Offload, &k)[0].offload, Offload::Optimizer);
-        assert_eq!(memory_chain_below(ChainKnob::Recompute, &k)[0].recompute, Recompute::Selective);
-        assert!(memory_chain_below(ChainKnob::Sp, &k)[0].sp);
+        assert_eq!(memory_chain_below(ChainKnob::Zero, &k, 4096)[0].zero, Zero::Z1);
+        assert_eq!(memory_chain_below(ChainKnob::Offload, &k, 4096)[0].offload, Offload::Optimizer);
+        assert_eq!(memory_chain_below(ChainKnob::Recompute, &k, 4096)[0].recompute, Recompute::Selective);
+        assert!(memory_chain_below(ChainKnob::Sp, &k, 4096)[0].sp);
         // ZeRO-3 and full recomputation are no chain steps (see the module docs).
-        assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z2, ..k }).is_empty());
-        assert!(memory_chain_below(ChainKnob::Recompute, &Knobs { recompute: Recompute::Selective, ..k }).is_empty());
+        assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z2, ..k }, 4096).is_empty());
+        assert!(memory_chain_below(ChainKnob::Recompute, &Knobs { recompute: Recompute::Selective, ..k }, 4096).is_empty());
+        // Eager attention is above SDPA only for sequences of 256 tokens and more.
+        assert_eq!(memory_chain_below(ChainKnob::Attn, &k, 4096).len(), 2);
+        assert!(memory_chain_below(ChainKnob::Attn, &k, 128).is_empty());
     }
 
     #[test]
