@@ -34,8 +34,9 @@ pub enum Vendor {
 }
 
 /// The architecture generation. NVIDIA's carry their CUDA compute capability, which issue 11's
-/// overhead model needs (cuBLAS picks a 32 MiB workspace on compute capability ≥ 9.0:
-/// `aten/src/ATen/cuda/CublasHandlePool.cpp`, `getChosenWorkspaceSize`).
+/// overhead model needs (cuBLAS gets a 32 MiB workspace on compute capability exactly 9.0 and
+/// 8,519,680 B elsewhere: `aten/src/ATen/cuda/CublasHandlePool.cpp`, `parseChosenWorkspaceSize`;
+/// the CUDA context figure is chosen by generation: overhead.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Arch {
