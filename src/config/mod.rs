@@ -16,7 +16,25 @@ use crate::estimator::presets::{default_spec, preset};
 
 /// Keys the page itself uses (embed mode, the panel to show, a benchmark result); the codec
 /// passes them over without complaint.
-pub const PRESENTATION_KEYS: &[&str] = &["embed", "view", "bench", "v", "theme"];
+pub const PRESENTATION_KEYS: &[&str] = &[
+    "embed",
+    "view",
+    "bench",
+    "v",
+    "theme",
+    "sections",
+    "hide",
+    "lock",
+    "step",
+    "quiz",
+    "ask",
+    "tol",
+    "hint",
+    "question",
+    "compare",
+    "allow_origin",
+    "lang",
+];
 
 /// One key that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +47,11 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// An error about `key` = `value` of the link, for decoders beside this codec (course
+    /// settings).
+    pub fn for_key(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::new(key, value, reason)
+    }
     fn new(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
         let value: String = value.chars().take(60).collect();
         ConfigError { key: key.chars().take(60).collect(), value, reason: reason.into() }
