@@ -184,7 +184,7 @@ def rope_terms(t: Terms, x: Dims, module, dim, pairs=1, dtype_bytes=None):
 
 
 def sdpa_terms(t: Terms, x: Dims, mod, n, *, a, kv, dq, dv=None, mask=False, o_copy=False, o_mod=None,
-               value_storage=None, key_storage=None):
+               value_storage=None, key_storage=None, repeat_on_mask=True):
     """torch.nn.functional.scaled_dot_product_attention on CPU (transformers/integrations/sdpa_attention.py
     sdpa_attention_forward) runs _scaled_dot_product_flash_attention_for_cpu, which saves query, key, value,
     output and an fp32 logsumexp [b,a,s]; with an attention mask also the mask, converted to the query dtype
@@ -192,11 +192,11 @@ def sdpa_terms(t: Terms, x: Dims, mod, n, *, a, kv, dq, dv=None, mask=False, o_c
     repeat_kv'ed to all `a` heads first. Under autocast q/k/v are bf16 (cb)."""
     dv = dv or dq
     cb, T = x.cb, x.T
-    kh = a if mask else kv
+    kh = a if (mask and repeat_on_mask) else kv
     t.add(mod, f"sdpa query [b,{a},s,{dq}]", cb * T * a * dq, n)
     t.add(mod, f"sdpa key [b,{kh},s,{dq}]" + (" (repeat_kv: mask present)" if mask and kv < a else ""),
           key_storage if key_storage is not None else cb * T * kh * dq, n)
-    if value_storage is not None and not (mask and kv < a):
+    if value_storage is not None and not (mask and repeat_on_mask and kv < a):
         t.add(mod, "sdpa value = view of a larger projection output (whole storage)", value_storage, n)
     else:
         t.add(mod, f"sdpa value [b,{kh},s,{dv}]", cb * T * kh * dv, n)
@@ -210,7 +210,7 @@ def sdpa_terms(t: Terms, x: Dims, mod, n, *, a, kv, dq, dv=None, mask=False, o_c
 
 
 def eager_terms(t: Terms, x: Dims, mod, n, *, a, dq, dv=None, softmax="fp32cast", o_mod=None, q_storage=None,
-                softcap=False, sinks=False):
+                softcap=False, sinks=False, kv_heads=None, v_storage=None):
     """The eager_attention_forward of the llama-likes: matmul(q, repeat_kv(k)^T) saves q and the repeated k,
     softmax(dtype=fp32) saves its fp32 result, `.to(q.dtype)` a copy when q is not fp32 (bf16 models; under
     autocast the probs@v matmul casts the fp32 probs to bf16 instead), probs@v saves the probs and v repeated to a
@@ -220,7 +220,8 @@ def eager_terms(t: Terms, x: Dims, mod, n, *, a, dq, dv=None, softmax="fp32cast"
     dv = dv or dq
     cb, T, b, s = x.cb, x.T, x.b, x.s
     t.add(mod, f"eager q [b,{a},s,{dq}] (matmul self)", q_storage if q_storage is not None else cb * T * a * dq, n)
-    t.add(mod, f"eager k repeated to {a} heads [b,{a},s,{dq}] (matmul other)", cb * T * a * dq, n)
+    kh = kv_heads or a
+    t.add(mod, f"eager k repeated to {kh} heads [b,{kh},s,{dq}] (matmul other)", cb * T * kh * dq, n)
     if softcap:
         t.add(mod, "attn-logit softcap tanh result [b,a,s,s] (scores dtype)", cb * b * a * s * s, n)
     if sinks:
@@ -234,7 +235,10 @@ def eager_terms(t: Terms, x: Dims, mod, n, *, a, dq, dv=None, softmax="fp32cast"
         t.add(mod, "softmax result [b,a,s,s] (scores dtype)", (F32 if x.amp else x.p) * b * a * s * s, n)
         if x.amp:
             t.add(mod, "probs cast to bf16 by autocast for probs@v [b,a,s,s]", BF16 * b * a * s * s, n)
-    t.add(mod, f"eager v repeated to {a} heads [b,{a},s,{dv}] (probs@v other)", cb * T * a * dv, n)
+    if v_storage is not None:
+        t.add(mod, "eager v: a view of a larger storage, saved whole (probs@v other)", v_storage, n)
+    else:
+        t.add(mod, f"eager v repeated to {kh} heads [b,{kh},s,{dv}] (probs@v other)", cb * T * kh * dv, n)
     t.add(o_mod, f"o_proj input [b,s,{a}*{dv}] (transpose(1,2).contiguous())", cb * T * a * dv, n)
 
 
@@ -436,6 +440,287 @@ def lm_head_terms(t: Terms, x: Dims, mod, in_bytes):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# LayerNorm decoders: starcoder2, stablelm, phi, gpt_neox, opt, falcon
+# ----------------------------------------------------------------------------------------------------------------------
+
+def ln_stat_bytes(x: Dims, in_bytes):
+    """CPU native_layer_norm keeps mean/rstd in the input dtype, except with fp32 parameters and a bf16 input (the
+    mixed-type kernel under autocast): fp32."""
+    return F32 if x.amp else in_bytes
+
+
+def ln2(t: Terms, x: Dims, module, n, rows, width, in_bytes, save_input=True, groups=1):
+    """LayerNorm with the dtype rule above; `groups` LayerNorms over slices of one input storage (stablelm's
+    per-head q/k LayerNorm: one saved input storage, mean/rstd per head)."""
+    if save_input:
+        t.add(module, f"LayerNorm input [{rows}x{width * groups}]", in_bytes * rows * width * groups, n)
+    t.add(module, f"LayerNorm mean + rstd [{rows}] x{groups} (CPU: input dtype; fp32 under autocast)",
+          2 * ln_stat_bytes(x, in_bytes) * rows * groups, n)
+
+
+def attn_core(t: Terms, x: Dims, att, n, *, a, kv, d, o_mod, o_copy, mask_layers=0, softmax="fp32cast",
+              value_storage=None, eager_v_storage=None):
+    """sdpa or eager attention for n layers, `mask_layers` of which get an explicit sdpa mask."""
+    if x.attn == "sdpa":
+        sdpa_terms(t, x, att, mask_layers, a=a, kv=kv, dq=d, mask=True, o_copy=o_copy, o_mod=o_mod,
+                   value_storage=value_storage)
+        sdpa_terms(t, x, att, n - mask_layers, a=a, kv=kv, dq=d, mask=False, o_copy=o_copy, o_mod=o_mod,
+                   value_storage=value_storage)
+    else:
+        eager_terms(t, x, att, n, a=a, dq=d, o_mod=o_mod, softmax=softmax, v_storage=eager_v_storage)
+
+
+def starcoder2(rec, x: Dims):
+    """starcoder2/modeling_starcoder2.py: Starcoder2DecoderLayer (LayerNorm input_layernorm/post_attention_layernorm
+    with bias), Starcoder2Attention (q/k/v/o with bias, full RoPE, sliding window), Starcoder2MLP (c_fc -> gelu_tanh
+    -> c_proj; dropout p=0)."""
+    t = Terms()
+    T, h, a, k, d, f, L = x.T, x.h, x.a, x.k, x.d, x.f, x.L
+    hb, cb = x.hb, x.cb
+    lay = "model.layers.*"
+    n_sl = sum(1 for ty in layer_types(x) if masked(x, ty))
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[d], eager_masks=1, sdpa_masks=1 if n_sl else 0)
+    else:
+        ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
+        att = lay + ".self_attn"
+        if x.amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, out, L)
+        else:
+            t.add(att + ".q_proj", "LayerNorm output = q/k/v input [b,s,h]", hb * T * h, L)
+        rope_terms(t, x, att, d)
+        attn_core(t, x, att, L, a=a, kv=k, d=d, o_mod=att + ".o_proj", o_copy=False, mask_layers=n_sl)
+        amp_weight(t, x, att + ".o_proj", a * d, h, L)
+        ln2(t, x, lay + ".post_attention_layernorm", L, T, h, hb)
+        gelu_mlp_terms(t, x, lay + ".mlp", L, T, h, f, ".c_fc", ".act", ".c_proj")
+    ln2(t, x, "model.norm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+def gelu_mlp_terms(t: Terms, x: Dims, m, n, rows, h, f, fc1, act, fc2, *, input_saved=True, gelu_new=False,
+                   relu=False):
+    """A two-matrix MLP fc1 -> act -> fc2: fc1 input (the norm output; under autocast its own bf16 cast), the act
+    input (fc1 output; gelu/gelu_tanh save their input), the fc2 input (act output). gelu_new (phi, gpt2) is the
+    python tanh formula and saves 4 [rows,f] tensors (x, tanh(...), 0.5*x, 1+tanh) of which the last product is the
+    fc2 input as well; relu saves only its result, which is the fc2 input (opt)."""
+    cb = x.cb
+    if x.amp:
+        amp_cast(t, x, m + fc1, rows, h, n, "fc1 input")
+    elif input_saved:
+        t.add(m + fc1, "fc1 input [rows,h]", x.hb * rows * h, n)
+    amp_weight(t, x, m + fc1, h, f, n)
+    amp_weight(t, x, m + fc2, f, h, n)
+    if gelu_new:
+        for what in ("x (fc1 output)", "tanh(...)", "0.5*x", "1+tanh"):
+            t.add(m + act, f"gelu_new: {what} [rows,f]", cb * rows * f, n)
+        t.add(m + fc2, "fc2 input [rows,f]", cb * rows * f, n)
+    elif relu:
+        t.add(m + act, "relu result = fc2 input [rows,f]", cb * rows * f, n)
+    else:
+        t.add(m + act, "fc1 output = gelu input [rows,f]", cb * rows * f, n)
+        t.add(m + fc2, "gelu output = fc2 input [rows,f]", cb * rows * f, n)
+
+
+def stablelm(rec, x: Dims):
+    """stablelm/modeling_stablelm.py: StableLmDecoderLayer (LayerNorm; use_parallel_residual: the MLP reads the
+    input_layernorm output and there is no post_attention_layernorm), StableLmAttention (partial RoPE on
+    rotary_ndims = d * partial_rotary_factor dims, then torch.cat((rot, pass)) makes q, k [b,a,s,d]-contiguous, so the
+    sdpa output is too and o_proj keeps its own copy; qk_layernorm: StableLmLayerNormPerHead = one LayerNorm per head
+    over torch.split(q, 1, dim=1) views of the q/k projection), StableLmMLP (SwiGLU)."""
+    t = Terms()
+    T, h, a, k, d, f, L = x.T, x.h, x.a, x.k, x.d, x.f, x.L
+    hb, cb = x.hb, x.cb
+    cfg = x.cfg
+    par, qkln = cfg.get("use_parallel_residual"), cfg.get("qk_layernorm")
+    lay = "model.layers.*"
+    rot = int(d * x.prf)
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+    else:
+        ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
+        att = lay + ".self_attn"
+        if x.amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, out, L)
+        else:
+            t.add(att + ".q_proj", "LayerNorm output = q/k/v (and, parallel, MLP) input [b,s,h]", hb * T * h, L)
+        if qkln:
+            ln2(t, x, att + ".q_layernorm.norms.*", L, T, d, cb, groups=a)
+            ln2(t, x, att + ".k_layernorm.norms.*", L, T, d, cb, groups=k)
+        rope_terms(t, x, att, rot)
+        attn_core(t, x, att, L, a=a, kv=k, d=d, o_mod=att + ".o_proj", o_copy=True)
+        amp_weight(t, x, att + ".o_proj", a * d, h, L)
+        if not par:
+            ln2(t, x, lay + ".post_attention_layernorm", L, T, h, hb)
+        swiglu_terms(t, x, lay + ".mlp", L, T, h, f, in_bytes=hb, input_saved=not par)
+    ln2(t, x, "model.norm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+def phi(rec, x: Dims):
+    """phi/modeling_phi.py: PhiDecoderLayer (one LayerNorm whose output feeds attention and MLP in parallel),
+    PhiAttention (q/k/v/dense with bias, partial RoPE with torch.cat -> dense keeps its own input copy), PhiMLP
+    (fc1 -> gelu_new -> fc2), final_layernorm, lm_head with bias."""
+    t = Terms()
+    T, h, a, k, d, f, L = x.T, x.h, x.a, x.k, x.d, x.f, x.L
+    hb, cb = x.hb, x.cb
+    lay = "model.layers.*"
+    rot = int(d * x.prf)
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+    else:
+        ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
+        att = lay + ".self_attn"
+        if x.amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, out, L)
+        else:
+            t.add(att + ".q_proj", "LayerNorm output = q/k/v and fc1 input [b,s,h]", hb * T * h, L)
+        rope_terms(t, x, att, rot)
+        attn_core(t, x, att, L, a=a, kv=k, d=d, o_mod=att + ".dense", o_copy=True)
+        amp_weight(t, x, att + ".dense", a * d, h, L)
+        gelu_mlp_terms(t, x, lay + ".mlp", L, T, h, f, ".fc1", ".activation_fn", ".fc2", input_saved=False,
+                       gelu_new=True)
+    ln2(t, x, "model.final_layernorm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+def gpt_neox(rec, x: Dims):
+    """gpt_neox/modeling_gpt_neox.py: GPTNeoXLayer (use_parallel_residual: both LayerNorms read the layer input, one
+    stored input), GPTNeoXAttention (fused query_key_value viewed [b,s,a,3d] -> q, k, v are views of it; partial
+    RoPE with torch.cat -> q, k new [b,a,s,d]-contiguous tensors -> dense keeps its own input copy; sdpa's value is a
+    view of the fused output: the whole [b,s,3h] storage; eager: v copied by the matmul), GPTNeoXMLP
+    (dense_h_to_4h -> gelu -> dense_4h_to_h)."""
+    t = Terms()
+    T, h, a, d, f, L = x.T, x.h, x.a, x.h // x.a, x.f, x.L
+    hb, cb = x.hb, x.cb
+    par = x.cfg.get("use_parallel_residual")
+    lay = "gpt_neox.layers.*"
+    rot = int(d * x.prf)
+    t.add("gpt_neox.embed_in", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+    else:
+        ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
+        att = lay + ".attention"
+        m = att + ".query_key_value"
+        if x.amp:
+            amp_cast(t, x, m, T, h, L)
+        else:
+            t.add(m, "LayerNorm output = query_key_value input [b,s,h]", hb * T * h, L)
+        amp_weight(t, x, m, h, 3 * h, L)
+        rope_terms(t, x, att, rot)
+        # b = 1: matmul(probs, v) can view v ([1,a,s,d] strided into the fused output) as [a,s,d] without a copy,
+        # so it saves the whole fused [b,s,3h] storage instead of a [b,a,s,d] copy.
+        attn_core(t, x, att, L, a=a, kv=a, d=d, o_mod=att + ".dense", o_copy=True, value_storage=cb * T * 3 * h,
+                  eager_v_storage=cb * T * 3 * h if x.b == 1 else None)
+        amp_weight(t, x, att + ".dense", h, h, L)
+        ln2(t, x, lay + ".post_attention_layernorm", L, T, h, hb, save_input=not par)
+        gelu_mlp_terms(t, x, lay + ".mlp", L, T, h, f, ".dense_h_to_4h", ".act", ".dense_4h_to_h")
+    ln2(t, x, "gpt_neox.final_layer_norm", 1, T, h, hb)
+    lm_head_terms(t, x, "embed_out" if False else "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+def opt(rec, x: Dims):
+    """opt/modeling_opt.py: OPTDecoder (embed_tokens + OPTLearnedPositionalEmbedding: position ids from the
+    attention mask's cumsum [b,s] int64 + offset 2), OPTDecoderLayer (do_layer_norm_before: self_attn_layer_norm,
+    final_layer_norm on the [b*s,h] view; fc1 -> relu -> fc2), OPTAttention (q/k/v/out_proj with bias; q * scaling is
+    folded into the kernel's scale)."""
+    t = Terms()
+    T, h, a, d, f, L = x.T, x.h, x.a, x.h // x.a, x.f, x.L
+    hb, cb = x.hb, x.cb
+    lay = "model.decoder.layers.*"
+    t.add("model.decoder.embed_tokens", "input_ids int64", I64 * T)
+    t.add("model.decoder.embed_positions", "position ids [b,s] int64 (cumsum of the attention mask)", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, position_ids=False, eager_masks=1)
+        t.add(lay, "closure: position_ids [b,s] int64", I64 * T)
+    else:
+        ln2(t, x, lay + ".self_attn_layer_norm", L, T, h, hb)
+        att = lay + ".self_attn"
+        if x.amp:
+            for nm in ("q_proj", "k_proj", "v_proj"):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, h, L)
+        else:
+            t.add(att + ".q_proj", "LayerNorm output = q/k/v input [b,s,h]", hb * T * h, L)
+        attn_core(t, x, att, L, a=a, kv=a, d=d, o_mod=att + ".out_proj", o_copy=False)
+        amp_weight(t, x, att + ".out_proj", h, h, L)
+        ln2(t, x, lay + ".final_layer_norm", L, T, h, hb)
+        gelu_mlp_terms(t, x, lay, L, T, h, f, ".fc1", ".activation_fn", ".fc2", relu=True)
+    ln2(t, x, "model.decoder.final_layer_norm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+def falcon(rec, x: Dims):
+    """falcon/modeling_falcon.py: FalconDecoderLayer (parallel attention + MLP; new_decoder_architecture with
+    num_ln_in_parallel_attn=2: ln_attn and ln_mlp both read the layer input (one stored input), else one
+    input_layernorm whose output feeds both), FalconAttention (fused query_key_value; _split_heads indexes
+    qkv[..., [-2]] / [[-1]] (IndexBackward0 keeps two int64 [1] indices per layer); the new architecture broadcasts K
+    and V to all `a` heads and copies them (flatten), multi_query keeps one head; sdpa always gets the mask (falcon
+    builds one), so K/V are never GQA-shared in sdpa; eager softmax(dtype=hidden dtype): no fp32 upcast in bf16),
+    FalconMLP (dense_h_to_4h -> gelu -> dense_4h_to_h)."""
+    t = Terms()
+    T, h, a, d, f, L = x.T, x.h, x.a, x.h // x.a, x.f, x.L
+    hb, cb = x.hb, x.cb
+    cfg = x.cfg
+    new = cfg.get("new_decoder_architecture")
+    two_ln = new and (cfg.get("num_ln_in_parallel_attn") in (None, 2))
+    kvh = a if new else (1 if cfg.get("multi_query") else a)
+    qkv_out = (2 * x.k + a) * d if new else ((h + 2 * d) if cfg.get("multi_query") else 3 * h)
+    lay = "transformer.h.*"
+    t.add("transformer.word_embeddings", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[d], eager_masks=1, sdpa_masks=1)
+    else:
+        att = lay + ".self_attention"
+        if two_ln:
+            ln2(t, x, lay + ".ln_attn", L, T, h, hb)
+            ln2(t, x, lay + ".ln_mlp", L, T, h, hb, save_input=False)
+        else:
+            ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
+        m = att + ".query_key_value"
+        if x.amp:
+            amp_cast(t, x, m, T, h, L)
+        else:
+            t.add(m, "LayerNorm output = query_key_value input [b,s,h]", hb * T * h, L)
+        amp_weight(t, x, m, h, qkv_out, L)
+        t.add(att, "_split_heads list indices [-2], [-1]: int64 [1] x2", I64, 2 * L)
+        rope_terms(t, x, att, d)
+        if x.attn == "sdpa":
+            sdpa_terms(t, x, att, L, a=a, kv=kvh, dq=d, mask=True, o_mod=att + ".dense", repeat_on_mask=False)
+        else:
+            # multi_query: matmul broadcasts K/V [b,1,...] to a heads and copies them, except for b = 1, where it
+            # folds the batch into an mm and keeps the single head.
+            eager_terms(t, x, att, L, a=a, dq=d, o_mod=att + ".dense", softmax="native",
+                        kv_heads=1 if (kvh == 1 and x.b == 1) else a)
+        amp_weight(t, x, att + ".dense", h, h, L)
+        gelu_mlp_terms(t, x, lay + ".mlp", L, T, h, f, ".dense_h_to_4h", ".act", ".dense_4h_to_h",
+                       input_saved=two_ln)
+    ln2(t, x, "transformer.ln_f", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Mixture of experts
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -595,6 +880,16 @@ FAMILY_FN = {
                                         attn_softcap=True, final_softcap=True),
     "gemma3_text": lambda r, x: llama_family(r, x, norm="gemma", qk_norm="head", post_norms=True,
                                              pre_mlp="pre_feedforward_layernorm", rope_pairs=2),
+    "starcoder2": starcoder2,
+    "stablelm": stablelm,
+    "stablelm-qkln-par": stablelm,
+    "phi": phi,
+    "gpt_neox": gpt_neox,
+    "gpt_neox-seq": gpt_neox,
+    "opt": opt,
+    "falcon-new": falcon,
+    "falcon-new-1ln": falcon,
+    "falcon-old": falcon,
 }
 
 

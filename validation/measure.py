@@ -116,8 +116,9 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
                   "layer 0 dense (mlp_only_layers), layer 1 MoE with a sigmoid-gated shared expert, qkv biases"),
     "qwen3": ("qwen3", _with(LLAMA_LIKE, head_dim=D), "per-head q/k RMSNorm"),
     "qwen3_moe": ("qwen3_moe", _with(LLAMA_LIKE, head_dim=D, moe_intermediate_size=FE, num_experts=4,
-                                     num_experts_per_tok=2, mlp_only_layers=[0]),
-                  "q/k norm; layer 0 dense (mlp_only_layers), layer 1 MoE"),
+                                     num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True),
+                  "q/k norm; layer 0 dense (mlp_only_layers), layer 1 MoE with renormalised top-k (norm_topk_prob, "
+                  "as Qwen3-30B-A3B)"),
     "gemma": ("gemma", _with(LLAMA_LIKE, head_dim=24),
               "head_dim 24 (a*d != h), (1+w) RMSNorm, sqrt(h) embedding scale, GeGLU, tied lm_head"),
     "gemma2": ("gemma2", _with(LLAMA_LIKE, head_dim=24, sliding_window=W),
