@@ -777,6 +777,114 @@ def mixtral_moe(t: Terms, x: Dims, rec):
     grouped_experts_terms(t, x, m + ".experts", L, S, x.f, x.hb, rw_bytes=F32, impl=impl)
 
 
+def router_terms(t: Terms, x: Dims, g, n, *, kind, input_saved, norm_topk):
+    """The router (`mlp.gate`) of a MoE layer on the [T,h] input. Returns the bytes per element of the routing
+    weights the experts multiply by.
+    softmax (qwen2_moe/qwen3_moe/qwen3_next Qwen*TopKRouter.forward): F.linear in the model dtype (autocast: a bf16
+        input cast and weight copy), softmax(dtype=float) fp32 [T,E], topk indices [T,K] int64, with norm_topk_prob
+        the fp32 top values and their sum (DivBackward0), then `.to(router_logits.dtype)`: routing weights in the
+        matmul dtype.
+    sigmoid (deepseek_v3 DeepseekV3TopkRouter / glm4_moe Glm4MoeTopkRouter): F.linear(x.float(), w.float()) with an
+        fp32 weight (_keep_in_fp32_modules_strict) -> an fp32 copy of the input in bf16 models (the input itself in
+        fp32 models; under autocast the linear is bf16 again: cast + weight copy and the whole router in bf16),
+        sigmoid result [T,E], gather index [T,K] int64, norm_topk_prob: top values and sum (DivBackward0). The
+        group-limited selection (n_group/topk_group) only produces indices: its graph is dead and frees itself.
+    softmax_fp32 (deepseek_v2 DeepseekV2TopkRouter): the fp32 linear as above, softmax fp32 [T,E], greedy: topk
+        indices; group_limited_greedy: plus masked_fill's bool mask [T,E]; no renormalisation (V2 default)."""
+    T, h, E, K = x.T, x.h, x.E, x.K
+    if kind == "softmax":
+        if x.amp:
+            amp_cast(t, x, g, T, h, n, "router input")
+        elif input_saved:
+            t.add(g, "router input = norm output [T,h]", x.hb * T * h, n)
+        amp_weight(t, x, g, h, E, n, "router")
+        t.add(g, "router softmax(dtype=float) [T,E] fp32", F32 * T * E, n)
+        t.add(g, "router topk indices [T,K] int64", I64 * T * K, n)
+        if norm_topk:
+            t.add(g, "top values (div self) [T,K] fp32", F32 * T * K, n)
+            t.add(g, "top values sum (div other) [T,1] fp32", F32 * T, n)
+        return x.cb
+    rb = BF16 if x.amp else F32  # router compute dtype
+    if x.amp:
+        amp_cast(t, x, g, T, h, n, "router input")
+        amp_weight(t, x, g, h, E, n, "router")
+    elif x.p != F32 or input_saved:
+        t.add(g, "router input .float() [T,h] fp32 (a copy in bf16 models)", F32 * T * h, n)
+    if kind == "sigmoid":
+        t.add(g, "router sigmoid result [T,E]", rb * T * E, n)
+        t.add(g, "gather index = topk indices [T,K] int64", I64 * T * K, n)
+        if norm_topk:
+            t.add(g, "top weights (div self) [T,K]", rb * T * K, n)
+            t.add(g, "top weights sum + 1e-20 (div other) [T,1]", rb * T, n)
+        return rb
+    # softmax_fp32 (deepseek_v2)
+    t.add(g, "router softmax [T,E] fp32", rb * T * E, n)
+    if x.cfg.get("topk_method") == "group_limited_greedy":
+        t.add(g, "masked_fill mask (groups not selected) [T,E] bool", BOOL * T * E, n)
+    t.add(g, "router topk indices [T,K] int64", I64 * T * K, n)
+    return rb
+
+
+def moe_layers_terms(t: Terms, x: Dims, m, n, *, router, norm_topk, fe, shared_f=0, shared_gate=False,
+                     shared_first=False, impl="grouped_mm"):
+    """One MoE block on n layers: router, grouped experts, optional shared expert(s) (SwiGLU of width shared_f) and
+    qwen2_moe/qwen3_next's sigmoid shared_expert_gate. Who saves the block input first decides the module label
+    only; the bytes are the same."""
+    T, h = x.T, x.h
+    S = T * x.K
+    if shared_first and shared_f:  # qwen2_moe/qwen3_next: shared_expert(hidden) runs before the router
+        swiglu_terms(t, x, m + ".shared_expert", n, T, h, shared_f, in_bytes=x.hb)
+        router_input_saved = False
+    else:
+        router_input_saved = True
+    rw = router_terms(t, x, m + ".gate", n, kind=router, input_saved=router_input_saved, norm_topk=norm_topk)
+    grouped_experts_terms(t, x, m + ".experts", n, S, fe, x.hb, rw_bytes=rw, impl=impl)
+    if shared_f and not shared_first:  # deepseek/glm4: shared_experts(residuals) after the routed experts
+        # the block input is stored once: by the router in fp32 models (x.float() is a no-op), else here
+        swiglu_terms(t, x, m + ".shared_experts", n, T, h, shared_f, in_bytes=x.hb,
+                     input_saved=(x.p != F32 or router != "sigmoid" and router != "softmax_fp32"))
+    if shared_gate:  # Qwen2MoeSparseMoeBlock: F.sigmoid(shared_expert_gate(x)) * shared_expert_output
+        amp_cast(t, x, m + ".shared_expert_gate", T, h, n, "gate input")
+        amp_weight(t, x, m + ".shared_expert_gate", h, 1, n, "shared_expert_gate")
+        t.add(m, "sigmoid(shared_expert_gate(x)) [T,1]", x.cb * T, n)
+        t.add(m, "shared expert output (mul other) [T,h]", x.cb * T * h, n)
+
+
+def moe_dense_split(x: Dims):
+    """(dense layers, MoE layers) of a model with mlp_only_layers / first_k_dense_replace / decoder_sparse_step."""
+    cfg = x.cfg
+    if "first_k_dense_replace" in cfg:
+        dense = min(cfg["first_k_dense_replace"], x.L)
+    else:
+        only = set(cfg.get("mlp_only_layers") or [])
+        step = cfg.get("decoder_sparse_step") or 1
+        dense = sum(1 for i in range(x.L) if i in only or (i + 1) % step != 0)
+    return dense, x.L - dense
+
+
+def qwen_moe_mlp(t: Terms, x: Dims, rec):
+    """qwen2_moe/modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock (shared expert + sigmoid gate) and
+    qwen3_moe/modeling_qwen3_moe.py Qwen3MoeSparseMoeBlock (no shared expert); dense layers (mlp_only_layers) are
+    the LlamaMLP-shaped Qwen*MLP with intermediate_size."""
+    dense, moe = moe_dense_split(x)
+    m = "model.layers.*.mlp"
+    swiglu_terms(t, x, m, dense, x.T, x.h, x.f, in_bytes=x.hb)
+    shared = x.cfg.get("shared_expert_intermediate_size") or 0
+    moe_layers_terms(t, x, m, moe, router="softmax", norm_topk=x.cfg.get("norm_topk_prob"), fe=x.fe,
+                     shared_f=shared, shared_gate=bool(shared), shared_first=True)
+
+
+def glm4_moe_mlp(t: Terms, x: Dims, rec):
+    """glm4_moe/modeling_glm4_moe.py Glm4MoeDecoderLayer: layers < first_k_dense_replace use Glm4MoeMLP
+    (intermediate_size), the others Glm4MoeMoE = Glm4MoeTopkRouter + experts + shared_experts
+    (moe_intermediate_size * n_shared_experts)."""
+    dense, moe = moe_dense_split(x)
+    m = "model.layers.*.mlp"
+    swiglu_terms(t, x, m, dense, x.T, x.h, x.f, in_bytes=x.hb)
+    moe_layers_terms(t, x, m, moe, router="sigmoid", norm_topk=x.cfg.get("norm_topk_prob"), fe=x.fe,
+                     shared_f=x.fe * x.cfg["n_shared_experts"])
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # gpt2
 # ----------------------------------------------------------------------------------------------------------------------
@@ -880,6 +988,10 @@ FAMILY_FN = {
                                         attn_softcap=True, final_softcap=True),
     "gemma3_text": lambda r, x: llama_family(r, x, norm="gemma", qk_norm="head", post_norms=True,
                                              pre_mlp="pre_feedforward_layernorm", rope_pairs=2),
+    "qwen2_moe": lambda r, x: llama_family(r, x, moe=qwen_moe_mlp),
+    "qwen3_moe": lambda r, x: llama_family(r, x, qk_norm="head", moe=qwen_moe_mlp),
+    "glm4_moe": lambda r, x: llama_family(r, x, o_copy=True, moe=glm4_moe_mlp),
+    "glm4_moe-qknorm": lambda r, x: llama_family(r, x, o_copy=True, qk_norm="head", moe=glm4_moe_mlp),
     "starcoder2": starcoder2,
     "stablelm": stablelm,
     "stablelm-qkln-par": stablelm,
