@@ -817,12 +817,13 @@ def router_terms(t: Terms, x: Dims, g, n, *, kind, input_saved, norm_topk):
             t.add(g, "top weights (div self) [T,K]", rb * T * K, n)
             t.add(g, "top weights sum + 1e-20 (div other) [T,1]", rb * T, n)
         return rb
-    # softmax_fp32 (deepseek_v2)
-    t.add(g, "router softmax [T,E] fp32", rb * T * E, n)
+    # softmax_fp32 (deepseek_v2): softmax(dtype=float32) keeps the scores and the routing weights fp32 even under
+    # autocast
+    t.add(g, "router softmax [T,E] fp32", F32 * T * E, n)
     if x.cfg.get("topk_method") == "group_limited_greedy":
         t.add(g, "masked_fill mask (groups not selected) [T,E] bool", BOOL * T * E, n)
     t.add(g, "router topk indices [T,K] int64", I64 * T * K, n)
-    return rb
+    return F32
 
 
 def moe_layers_terms(t: Terms, x: Dims, m, n, *, router, norm_topk, fe, shared_f=0, shared_gate=False,
@@ -883,6 +884,94 @@ def glm4_moe_mlp(t: Terms, x: Dims, rec):
     swiglu_terms(t, x, m, dense, x.T, x.h, x.f, in_bytes=x.hb)
     moe_layers_terms(t, x, m, moe, router="sigmoid", norm_topk=x.cfg.get("norm_topk_prob"), fe=x.fe,
                      shared_f=x.fe * x.cfg["n_shared_experts"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# DeepSeek V2/V3 (MLA)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def deepseek(rec, x: Dims):
+    """deepseek_v3/modeling_deepseek_v3.py and deepseek_v2/modeling_deepseek_v2.py.
+    DeepseekV3Attention.forward / DeepseekV2Attention.forward (MLA): with q_lora_rank, q = q_b_proj(q_a_layernorm(
+    q_a_proj(x))) (q_a_proj input = the norm output, shared with kv_a_proj_with_mqa; q_a_layernorm an RMSNorm over
+    q_lora_rank; q_b_proj input its output), else q = q_proj(x); compressed = kv_a_proj_with_mqa(x) [T, r + dr];
+    kv_a_layernorm on the kv_nope slice [T, r] (x.to(fp32) copies the slice in bf16 models; in fp32 models pow
+    saves the slice itself, i.e. the whole [T, r + dr] storage); kv_b_proj input = its output [T, r]; expand_kv
+    builds key_states [b,a,s,dn+dr] (new_empty + copy_) and value_states, a view of the kv_b_proj output
+    [b,s,a,dn+dv]. RoPE: V3 interleaved (apply_rotary_pos_emb_interleave: cos/sin [1,s,dr] in the stream dtype),
+    V2 complex (apply_rotary_emb: freqs_cis complex64 [1,s,dr/2], 8 bytes per element). query = cat(q_nope, q_rot).
+    eager: the llama eager with dq = dn + dr, dv. sdpa: dq != dv, so the CPU flash kernel is not eligible and SDPA
+    takes the math path, which computes in fp32 even for bf16 inputs: saves q*sqrt(scale) and k*sqrt(scale)
+    [b*a,s,dq] fp32, the fp32 (safe) softmax [b,a,s,s] and v [b*a,s,dv] fp32, then o_proj its input.
+    MoE: see router_terms (V3: sigmoid, V2: fp32 softmax), layers < first_k_dense_replace dense."""
+    t = Terms()
+    cfg = x.cfg
+    T, h, a, s, b, L = x.T, x.h, x.a, x.s, x.b, x.L
+    hb, cb = x.hb, x.cb
+    ql, r = cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
+    dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    dq = dn + dr
+    v3 = x.mt == "deepseek_v3"
+    lay = "model.layers.*"
+    att = lay + ".self_attn"
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    rope_bytes = 2 * hb * s * dr if v3 else 8 * s * (dr // 2)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, eager_masks=1, extra=[(lay, "closure: position_embeddings (cos+sin [1,s,dr] / "
+                                                          "freqs_cis complex64 [1,s,dr/2])", rope_bytes)])
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb)
+        first = att + (".q_a_proj" if ql else ".q_proj")
+        if x.amp:
+            amp_cast(t, x, first, T, h, L)
+            amp_cast(t, x, att + ".kv_a_proj_with_mqa", T, h, L)
+        else:
+            t.add(first, "norm output = q_a_proj/q_proj and kv_a_proj_with_mqa input [T,h]", hb * T * h, L)
+        if ql:
+            amp_weight(t, x, att + ".q_a_proj", h, ql, L)
+            rms_terms(t, x, att + ".q_a_layernorm", L, T, ql, cb)
+            t.add(att + ".q_b_proj", "q_a_layernorm output = q_b_proj input [T,q_lora_rank]", cb * T * ql, L)
+            amp_weight(t, x, att + ".q_b_proj", ql, a * dq, L)
+        else:
+            amp_weight(t, x, att + ".q_proj", h, a * dq, L)
+        amp_weight(t, x, att + ".kv_a_proj_with_mqa", h, r + dr, L)
+        kvn = att + ".kv_a_layernorm"
+        if cb == F32:
+            t.add(kvn, "kv_a_layernorm: fp32 input = the kv_nope slice: whole [T, r+dr] storage", F32 * T * (r + dr), L)
+        else:
+            t.add(kvn, "kv_a_layernorm: fp32 copy of the kv_nope slice [T,r]", F32 * T * r, L)
+        t.add(kvn, "kv_a_layernorm: rsqrt [T] fp32", F32 * T, L)
+        t.add(kvn, "kv_a_layernorm: normalised x in the input dtype [T,r]", cb * T * r, L)
+        t.add(att + ".kv_b_proj", "kv_a_layernorm output = kv_b_proj input [T,r]", cb * T * r, L)
+        amp_weight(t, x, att + ".kv_b_proj", r, a * (dn + dv), L)
+        t.add(att, "RoPE: cos+sin [1,s,dr] (V3, stream dtype) / freqs_cis complex64 [1,s,dr/2] (V2)", rope_bytes)
+        o_mod = att + ".o_proj"
+        # b = 1: the bmm can view v ([1,a,s,dv] strided into the kv_b_proj output) as [a,s,dv], so it saves the
+        # whole kv_b_proj output [T, a*(dn+dv)] instead of a [b*a,s,dv] copy (unless math sdpa converts it to fp32).
+        v_whole = x.b == 1 and (x.attn == "eager" or cb == F32)
+        if x.attn == "sdpa":
+            t.add(att, "math sdpa: q*sqrt(scale) [b*a,s,dq] fp32", F32 * T * a * dq, L)
+            t.add(att, "math sdpa: k*sqrt(scale) [b*a,dq,s] fp32", F32 * T * a * dq, L)
+            t.add(att, "math sdpa: safe softmax [b,a,s,s] fp32", F32 * b * a * s * s, L)
+            if v_whole:
+                t.add(att, "math sdpa: v = the whole kv_b_proj output (b = 1 view)", F32 * T * a * (dn + dv), L)
+            else:
+                t.add(att, "math sdpa: v [b*a,s,dv] fp32", F32 * T * a * dv, L)
+            t.add(o_mod, "o_proj input [T,a*dv]", cb * T * a * dv, L)
+        else:
+            eager_terms(t, x, att, L, a=a, dq=dq, dv=dv, o_mod=o_mod,
+                        v_storage=cb * T * a * (dn + dv) if v_whole else None)
+        amp_weight(t, x, o_mod, a * dv, h, L)
+        rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb)
+        dense, moe = moe_dense_split(x)
+        m = lay + ".mlp"
+        swiglu_terms(t, x, m, dense, T, h, x.f, in_bytes=hb)
+        moe_layers_terms(t, x, m, moe, router="sigmoid" if v3 else "softmax_fp32",
+                         norm_topk=cfg.get("norm_topk_prob"), fe=x.fe, shared_f=x.fe * cfg["n_shared_experts"])
+    rms_terms(t, x, "model.norm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -992,6 +1081,9 @@ FAMILY_FN = {
     "qwen3_moe": lambda r, x: llama_family(r, x, qk_norm="head", moe=qwen_moe_mlp),
     "glm4_moe": lambda r, x: llama_family(r, x, o_copy=True, moe=glm4_moe_mlp),
     "glm4_moe-qknorm": lambda r, x: llama_family(r, x, o_copy=True, qk_norm="head", moe=glm4_moe_mlp),
+    "deepseek_v3": deepseek,
+    "deepseek_v2": deepseek,
+    "deepseek_v2-group": deepseek,
     "starcoder2": starcoder2,
     "stablelm": stablelm,
     "stablelm-qkln-par": stablelm,
