@@ -975,6 +975,81 @@ def deepseek(rec, x: Dims):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# gpt-oss
+# ----------------------------------------------------------------------------------------------------------------------
+
+def gpt_oss(rec, x: Dims):
+    """gpt_oss/modeling_gpt_oss.py. GptOssRMSNorm: (weight * x_fp32).to(dtype) -> the olmo2 norm (fp32 normalised x).
+    GptOssAttention: q/k/v/o with bias, RoPE on the two halves (_apply_rotary_emb: cos/sin are [1,s,d/2], no cat of
+    freqs), sliding (layer_types) and full layers (the additive masks are not saved by eager), eager_attention_forward
+    with attention sinks: cat([scores, sinks]) -> [b,a,s,s+1], minus its max (MaxBackward0 keeps the argmax indices
+    [b,a,s,1] int64), softmax in that dtype (bf16 in bf16 models, fp32 under autocast because the fp32 sinks promote
+    the cat) saved [b,a,s,s+1], probs[..., :-1] a view of it (under autocast `.to(v.dtype)` makes the bf16 [b,a,s,s]
+    copy that probs@v saves). transformers 5.24 refuses sdpa for gpt_oss (_supports_sdpa = False).
+    GptOssTopKRouter: linear with bias (input = the norm output), topk indices [T,K], softmax over the top-k logits
+    in their dtype [T,K] = the routing weights. GptOssExperts (grouped_mm, is_concatenated=False, has_bias):
+    4 int64 [S] indices (perm//K, perm, inverse, and expert_ids_g gathering the biases), offsets, gathered input,
+    gate_up [S,2fe] (clamp of the gate view saves the whole storage; up is a view too), sigmoid(alpha*gate) [S,fe],
+    clamped gate [S,fe], up + 1 [S,fe], glu [S,fe], (up+1)*glu = down input [S,fe], routing weights [S,1], down
+    output [S,h]: the clamped SwiGLU keeps 5 [S,fe] tensors where SwiGLU keeps 2."""
+    t = Terms()
+    T, h, a, k, d, s, b, L = x.T, x.h, x.a, x.k, x.d, x.s, x.b, x.L
+    hb, cb = x.hb, x.cb
+    fe, E, K = x.f, x.E, x.K  # gpt-oss intermediate_size is the expert width
+    S = T * K
+    lay = "model.layers.*"
+    att = lay + ".self_attn"
+    types = layer_types(x)
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[d // 2], eager_masks=2 if "sliding" in types else 1)
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb, "olmo2")
+        if x.amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, out, L)
+        else:
+            t.add(att + ".q_proj", "norm output = q/k/v input [b,s,h]", hb * T * h, L)
+        rope_terms(t, x, att, d // 2)
+        t.add(att, "eager q [b,a,s,d]", cb * T * a * d, L)
+        t.add(att, "eager k repeated [b,a,s,d]", cb * T * a * d, L)
+        t.add(att, "max(cat(scores, sinks)) indices [b,a,s,1] int64", I64 * b * a * s, L)
+        sm = F32 if x.amp else x.p
+        t.add(att, "softmax over [scores, sink] [b,a,s,s+1] (fp32 under autocast, else model dtype)",
+              sm * b * a * s * (s + 1), L)
+        if x.amp:
+            t.add(att, "probs[..., :-1].to(bf16) [b,a,s,s] (probs@v self)", BF16 * b * a * s * s, L)
+        t.add(att, "eager v repeated [b,a,s,d]", cb * T * a * d, L)
+        t.add(att + ".o_proj", "o_proj input [b,s,a*d]", cb * T * a * d, L)
+        amp_weight(t, x, att + ".o_proj", a * d, h, L)
+        rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb, "olmo2")
+        r = lay + ".mlp.router"
+        if x.amp:
+            amp_cast(t, x, r, T, h, L, "router input")
+        else:
+            t.add(r, "norm output = router input [T,h]", hb * T * h, L)
+        amp_weight(t, x, r, h, E, L, "router")
+        t.add(r, "router topk indices [T,K] int64", I64 * T * K, L)
+        t.add(r, "softmax of the top-k logits = routing weights [T,K] (router dtype)", x.cb * T * K, L)
+        ex = lay + ".mlp.experts"
+        ep = F32 if x.amp else x.p
+        t.add(ex, "4 index tensors (perm//K, perm, inverse, expert ids for the biases) [S] int64", 4 * I64 * S, L)
+        t.add(ex, "grouped_mm offsets [E] int32", I32 * E, L)
+        t.add(ex, "gathered tokens = up grouped_mm input [S,h]", ep * S * h, L)
+        t.add(ex, "gate_up output [S,2fe] (clamp of the gate view)", ep * S * 2 * fe, L)
+        for what in ("sigmoid(alpha*gate)", "clamped gate", "up + 1", "glu = gate*sigmoid",
+                     "(up+1)*glu = down grouped_mm input"):
+            t.add(ex, f"{what} [S,fe]", ep * S * fe, L)
+        t.add(ex, "routing weights [S,1]", x.cb * S, L)
+        t.add(ex, "down output + bias [S,h] (weighting mul self)", ep * S * h, L)
+    rms_terms(t, x, "model.norm", 1, T, h, hb, "olmo2")
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # gpt2
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -1084,6 +1159,7 @@ FAMILY_FN = {
     "deepseek_v3": deepseek,
     "deepseek_v2": deepseek,
     "deepseek_v2-group": deepseek,
+    "gpt_oss": gpt_oss,
     "starcoder2": starcoder2,
     "stablelm": stablelm,
     "stablelm-qkln-par": stablelm,
