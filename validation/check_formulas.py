@@ -243,7 +243,8 @@ def eager_terms(t: Terms, x: Dims, mod, n, *, a, dq, dv=None, softmax="fp32cast"
 
 
 def ckpt_terms(t: Terms, x: Dims, layer_module, *, L=None, rope_dims=(), eager_masks=0, sdpa_masks=0,
-               mask_positional=False, position_ids=True, in_bytes=None, extra=(), rope_bytes=None):
+               mask_positional=False, position_ids=True, in_bytes=None, extra=(), rope_bytes=None,
+               sdpa_mask_batched=False):
     """Non-reentrant checkpoint of every decoder layer (HF default, transformers/modeling_layers.py
     GradientCheckpointingLayer.__call__): each layer's positional input hidden_states is saved by the checkpoint
     frame (torch/utils/checkpoint.py _CheckpointFrame.save_inputs), and the keyword arguments live in the recompute
@@ -261,8 +262,11 @@ def ckpt_terms(t: Terms, x: Dims, layer_module, *, L=None, rope_dims=(), eager_m
         t.add(layer_module, "additive attention mask [b,1,s,s] (stream dtype)" +
               (" (positional arg)" if mask_positional else " (closure)"), x.hb * x.b * x.s * x.s, eager_masks)
     if x.attn == "sdpa" and sdpa_masks:
-        t.add(layer_module, "bool sdpa mask [b,1,s,s] (expanded view of a [1,1,s,s] storage)", BOOL * x.s * x.s,
-              sdpa_masks)
+        if sdpa_mask_batched:  # llama4's chunked mask is materialised per batch row
+            t.add(layer_module, "bool sdpa mask [b,1,s,s]", BOOL * x.b * x.s * x.s, sdpa_masks)
+        else:
+            t.add(layer_module, "bool sdpa mask [b,1,s,s] (expanded view of a [1,1,s,s] storage)", BOOL * x.s * x.s,
+                  sdpa_masks)
     for mod, what, nbytes in extra:
         t.add(mod, what, nbytes)
 
@@ -1050,6 +1054,98 @@ def gpt_oss(rec, x: Dims):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Llama 4 (text)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def llama4_text(rec, x: Dims):
+    """llama4/modeling_llama4.py. Llama4TextRMSNorm: _norm(x.float()).type_as(x) * weight -> 4E + 4R + in*E like
+    llama. Llama4TextAttention: RoPE layers (no_rope_layers[i] = 1) rotate q and k as complex numbers
+    (apply_rotary_emb: freqs_cis complex64 [1,s,1,d/2] = 4*s*d bytes, once for the model) and then apply the
+    weightless Llama4TextL2Norm to q and k (use_qk_norm: fp32 copy + rsqrt each); NoPE layers with
+    attn_temperature_tuning scale q by an fp32 [1,s,1,1] per-position factor (saved once per NoPE layer). Chunked
+    layers (RoPE layers when attention_chunk_size is set, layer_types 'chunked_attention') get a real mask when
+    s > attention_chunk_size (sdpa: mask + K/V repeated to a heads), full layers none (sdpa: GQA). eager softmax has no
+    dtype= (model dtype; fp32 under autocast plus the bf16 cast for probs@v). Feed-forward: layers in moe_layers
+    (every interleave_moe_layer_step-th) use Llama4TextMoe: Llama4Router (a Linear: input = the norm output, shared
+    with the shared expert) -> topk indices [T,K] -> scores scattered into [T,E] -> sigmoid(.float()) fp32 [T,E] ->
+    routed_in = x.repeat(E,1) [E*T,h] * scores [E*T,1] (a copy of the transposed scores in the router dtype): EVERY
+    expert processes EVERY token (dense compute, no dispatch); Llama4TextExperts bmm on [E,T,h]: input, gate_up
+    [E,T,2fe] (silu saves the gate view), act(gate) [E,T,fe], down input [E,T,fe] (bmm autocasts: bf16 casts and
+    weight copies under autocast); plus shared_expert (SwiGLU of width intermediate_size). Dense layers:
+    Llama4TextMLP with intermediate_size_mlp."""
+    t = Terms()
+    cfg = x.cfg
+    T, h, a, k, d, s, b, L, E, K = x.T, x.h, x.a, x.k, x.d, x.s, x.b, x.L, x.E, x.K
+    hb, cb = x.hb, x.cb
+    fe, fd = cfg["intermediate_size"], cfg["intermediate_size_mlp"]
+    rope = [bool(v) for v in cfg["no_rope_layers"][:L]]
+    types = layer_types(x)
+    moe = set(cfg.get("moe_layers") or [])
+    n_rope, n_nope = sum(rope), L - sum(rope)
+    n_chunk_masked = sum(1 for ty in types if masked(x, ty))
+    n_moe = sum(1 for i in range(L) if i in moe)
+    n_dense = L - n_moe
+    lay = "model.layers.*"
+    att = lay + ".self_attn"
+    ff = lay + ".feed_forward"
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, eager_masks=2 if "chunked" in types and "full" in types else 1,
+                   sdpa_masks=1 if n_chunk_masked else 0, sdpa_mask_batched=True,
+                   extra=[(lay, "closure: freqs_cis complex64 [1,s,d/2]", 8 * s * d // 2)])
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb)
+        if x.amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, out, L)
+        else:
+            t.add(att + ".q_proj", "norm output = q/k/v input [b,s,h]", hb * T * h, L)
+        if n_rope:
+            t.add(att, "freqs_cis complex64 [1,s,1,d/2] (complex RoPE, once)", 8 * s * d // 2)
+            if cfg.get("use_qk_norm"):
+                rms_terms(t, x, att + ".qk_norm", n_rope, T * a, d, cb, "l2")
+                rms_terms(t, x, att + ".qk_norm", n_rope, T * k, d, cb, "l2")
+        if cfg.get("attn_temperature_tuning") and n_nope:
+            t.add(att, "NoPE attention temperature scales [1,s,1,1] fp32 (per NoPE layer)", F32 * s, n_nope)
+        if x.attn == "sdpa":
+            sdpa_terms(t, x, att, n_chunk_masked, a=a, kv=k, dq=d, mask=True)
+            sdpa_terms(t, x, att, L - n_chunk_masked, a=a, kv=k, dq=d, mask=False)
+        else:
+            eager_terms(t, x, att, L, a=a, dq=d, o_mod=att + ".o_proj", softmax="native")
+        amp_weight(t, x, att + ".o_proj", a * d, h, L)
+        rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb)
+        swiglu_terms(t, x, ff, n_dense, T, h, fd, in_bytes=hb, act_mod=".activation_fn")
+        if n_moe:
+            r = ff + ".router"
+            if x.amp:
+                amp_cast(t, x, r, T, h, n_moe, "router input")
+            else:
+                t.add(r, "norm output = router (and shared expert) input [T,h]", hb * T * h, n_moe)
+            amp_weight(t, x, r, h, E, n_moe, "router")
+            t.add(r, "router topk indices [T,K] int64", I64 * T * K, n_moe)
+            t.add(r, "sigmoid(scores.float()) [T,E] fp32", F32 * T * E, n_moe)
+            t.add(ff, "scores transposed to [E*T,1] (router dtype copy)", cb * E * T, n_moe)
+            t.add(ff, "routed_in = x.repeat(E,1) [E*T,h] (stream dtype)", hb * E * T * h, n_moe)
+            ex = ff + ".experts"
+            if x.amp:
+                t.add(ex, "bf16 cast of routed_in*scores [E,T,h] (bmm input)", BF16 * E * T * h, n_moe)
+                t.add(ex, "autocast bf16 copy of gate_up_proj [E,h,2fe]", BF16 * E * h * 2 * fe, n_moe)
+                t.add(ex, "autocast bf16 copy of down_proj [E,fe,h]", BF16 * E * fe * h, n_moe)
+            else:
+                t.add(ex, "routed_in*scores = gate_up bmm input [E,T,h]", cb * E * T * h, n_moe)
+            t.add(ex + ".act_fn", "gate_up output [E,T,2fe] (silu saves the gate view)", cb * E * T * 2 * fe, n_moe)
+            t.add(ex, "act(gate) [E,T,fe]", cb * E * T * fe, n_moe)
+            t.add(ex, "up*act(gate) = down bmm input [E,T,fe]", cb * E * T * fe, n_moe)
+            swiglu_terms(t, x, ff + ".shared_expert", n_moe, T, h, fe, in_bytes=hb, act_mod=".activation_fn",
+                         input_saved=False)
+    rms_terms(t, x, "model.norm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # gpt2
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -1160,6 +1256,7 @@ FAMILY_FN = {
     "deepseek_v2": deepseek,
     "deepseek_v2-group": deepseek,
     "gpt_oss": gpt_oss,
+    "llama4_text": llama4_text,
     "starcoder2": starcoder2,
     "stablelm": stablelm,
     "stablelm-qkln-par": stablelm,
