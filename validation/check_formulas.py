@@ -1146,6 +1146,153 @@ def llama4_text(rec, x: Dims):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Qwen3-Next (gated DeltaNet + gated attention)
+# ----------------------------------------------------------------------------------------------------------------------
+
+DELTANET_CHUNK = 64  # torch_chunk_gated_delta_rule(chunk_size=64)
+
+
+def deltanet_terms(t: Terms, x: Dims, la, n_layers):
+    """qwen3_next/modeling_qwen3_next.py Qwen3NextGatedDeltaNet.forward with the pure-torch fallbacks (no fla /
+    causal-conv1d installed): causal_conv1d_fn and torch_chunk_gated_delta_rule (chunk C = 64, s padded to
+    s_p = n*C). Symbols: Hk/Hv = linear_num_key/value_heads, dk/dv = linear_key/value_head_dim, cd = 2*Hk*dk + Hv*dv
+    (conv channels), Kc = linear_conv_kernel_dim. Everything inside the kernel is fp32 (`.to(torch.float32)`).
+    The recurrence over chunks: chunk 0 reads the zero initial state (which needs no gradient) and the last
+    chunk's state update feeds only the discarded final state (its graph is dead and freed), so the per-chunk terms
+    are n state matrices, and the decayed q/k and chunk decays only from n = 2 on.
+    fp32 models without padding: `.to(float32, memory_format=contiguous_format)` returns the transposed input
+    unchanged, so the chunk matmuls copy their operands: 4 extra [b,Hv,s,dk] copies and per-chunk copies of the
+    decayed q/k instead of their whole storages."""
+    cfg = x.cfg
+    b, s, T, h = x.b, x.s, x.T, x.h
+    Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, Kc = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    C = DELTANET_CHUNK
+    n = -(-s // C)
+    sp = n * C
+    cd = 2 * Hk * dk + Hv * dv
+    cb, hb = x.cb, x.hb
+    N = n_layers
+    if x.amp:
+        amp_cast(t, x, la + ".in_proj_qkvz", T, h, N)
+        amp_cast(t, x, la + ".in_proj_ba", T, h, N)
+        amp_weight(t, x, la + ".in_proj_qkvz", h, 2 * Hk * dk + 2 * Hv * dv, N)
+        amp_weight(t, x, la + ".in_proj_ba", h, 2 * Hv, N)
+    else:
+        t.add(la + ".in_proj_qkvz", "norm output = in_proj_qkvz / in_proj_ba input [T,h]", hb * T * h, N)
+    t.add(la, "conv1d input = cat(q,k,v) [b,cd,s]", cb * b * cd * s, N)
+    if x.amp:
+        t.add(la, "autocast bf16 copy of the conv1d weight [cd,1,Kc]", BF16 * cd * Kc, N)
+    t.add(la, "conv1d output (padded, sliced [..., :s]) = silu input [b,cd,s+Kc-1]", cb * b * cd * (s + Kc - 1), N)
+    t.add(la, "beta = sigmoid(b) [b,s,Hv]", cb * b * s * Hv, N)
+    t.add(la, "exp(A_log) [Hv] fp32 and -exp(A_log) [Hv] fp32", 2 * F32 * Hv, N)
+    t.add(la, "softplus input a.float()+dt_bias and output [b,s,Hv] fp32", 2 * F32 * b * s * Hv, N)
+    f4 = F32 * b * Hv
+    t.add(la, "l2norm inputs q, k (repeat_interleave'd to Hv heads) [b,Hv,s,dk] fp32 x2", 2 * f4 * s * dk, N)
+    t.add(la, "l2norm rsqrt [b,Hv,s,1] fp32 x2", 2 * f4 * s, N)
+    t.add(la, "beta padded [b,Hv,s_p] fp32", f4 * sp, N)
+    t.add(la, "key, value padded [b,Hv,s_p,dk|dv] fp32", f4 * sp * (dk + dv), N)
+    t.add(la, "strictly upper mask [C,C] bool", BOOL * C * C, N)
+    f2 = BF16 * b * Hv
+    if not x.amp:
+        t.add(la, "pairwise decay exp, k_beta@k^T, q@k^T, ut_system, intra_chunk_attn [b,Hv,n,C,C] fp32 x5",
+              5 * f4 * n * C * C, N)
+        t.add(la, "k_beta, query [b,Hv,s_p,dk] fp32 x2", 2 * f4 * sp * dk, N)
+    else:
+        # autocast: every matmul casts its operands to bf16 (new copies) and returns bf16
+        t.add(la, "pairwise decay exp, ut_system [b,Hv,n,C,C] fp32 x2 (intra is kept only as bf16 slice casts)",
+              2 * f4 * n * C * C, N)
+        t.add(la, "k_beta@k^T, q@k^T products [b,Hv,n,C,C] bf16 x2", 2 * f2 * n * C * C, N)
+        t.add(la, "k_beta, query [b,Hv,s_p,dk] fp32 x2 (saved by the decay muls)", 2 * f4 * sp * dk, N)
+        t.add(la, "bf16 casts of k_beta, query and twice of key [b,Hv,s_p,dk]", 4 * f2 * sp * dk, N)
+    t.add(la, "cum_decay.exp() x2 (+ the key decay when n >= 2) [b,Hv,s_p] fp32",
+          (2 + (n >= 2)) * f4 * sp, N)
+    t.add(la, "solve_triangular results new_values, k_cumdecay [b,Hv,s_p,dv|dk] fp32", f4 * sp * (dv + dk), N)
+    t.add(la, "chunk_decay [b,Hv,n] fp32 (n >= 2)", f4 * n if n >= 2 else 0, N)
+    if x.amp:
+        t.add(la, "chunk loop: bf16 casts of the state (2 per chunk) [b*Hv,dk,dv]", 2 * n * f2 * dk * dv, N)
+        t.add(la, "chunk loop: fp32 states S_0..S_{n-2} (state-update mul)", (n - 1) * f4 * dk * dv, N)
+        t.add(la, "chunk loop: bf16 casts of v_new (n for intra@v_new, n-1 for the updates) [b*Hv,C,dv]",
+              (2 * n - 1) * f2 * C * dv, N)
+        t.add(la, "chunk loop: bf16 casts of intra_chunk_attn slices [b*Hv,C,C]", n * f2 * C * C, N)
+        t.add(la, "chunk loop: bf16 casts of k_cumdecay_i, query_i (i >= 1) and key_i (i <= n-2) [b*Hv,C,dk]",
+              3 * (n - 1) * f2 * C * dk, N)
+    else:
+        t.add(la, "recurrent states S_0..S_{n-1} [b*Hv,dk,dv] fp32", n * f4 * dk * dv, N)
+        t.add(la, "v_new per chunk [b*Hv,C,dv] fp32 x n", f4 * sp * dv, N)
+        fp32_transposed = x.p == F32 and s % C == 0
+        if fp32_transposed and (b > 1 or n > 1):
+            t.add(la, "fp32, s % 64 == 0: matmul copies of key^T x2, of k_beta and query [b,Hv,s,dk]",
+                  4 * f4 * s * dk, N)
+        if fp32_transposed and b > 1:
+            t.add(la, "decayed query, key: per-chunk copies for chunks 1..n-1 [b*Hv,C,dk] x2",
+                  2 * f4 * (n - 1) * C * dk, N)
+        elif n >= 2:
+            t.add(la, "decayed query, key (read by chunks 1..n-1) [b,Hv,s_p,dk] fp32 x2", 2 * f4 * sp * dk, N)
+    nrm = la + ".norm"
+    R = T * Hv
+    t.add(nrm, "gated norm: fp32 input, fp32 silu(z.float()) input and output [T*Hv,dv] x3", 3 * F32 * R * dv, N)
+    t.add(nrm, "gated norm: rsqrt [T*Hv] fp32", F32 * R, N)
+    t.add(nrm, "gated norm: normalised x in the kernel output dtype [T*Hv,dv]", cb * R * dv, N)
+    t.add(nrm, "gated norm: weight * x (fp32 under autocast: fp32 weight) [T*Hv,dv]", x.p * R * dv, N)
+    t.add(la + ".out_proj", "out_proj input [T,Hv*dv]", cb * T * Hv * dv, N)
+    amp_weight(t, x, la + ".out_proj", Hv * dv, h, N)
+
+
+def qwen3_next(rec, x: Dims):
+    """qwen3_next/modeling_qwen3_next.py Qwen3NextDecoderLayer: layer_types 'linear_attention' (Qwen3NextGatedDeltaNet,
+    see deltanet_terms) or 'full_attention' (Qwen3NextAttention: q_proj emits q and a gate [b,s,a,2d]; q_norm/k_norm
+    are gemma-style (1+w) RMSNorms per head (in fp32 models q_norm's pow saves the whole q_proj output, of which q is
+    a view); partial RoPE with cat -> [b,a,s,d]-contiguous q; attention output * sigmoid(gate) keeps the sigmoid
+    result and the transposed output copy; o_proj input = the product); Qwen3NextRMSNorm = (1+w) gemma norm;
+    Qwen3NextSparseMoeBlock on every layer (mlp_only_layers empty): shared expert + sigmoid shared_expert_gate +
+    softmax router with norm_topk_prob."""
+    t = Terms()
+    cfg = x.cfg
+    T, h, a, k, d, s, b, L = x.T, x.h, x.a, x.k, x.d, x.s, x.b, x.L
+    hb, cb = x.hb, x.cb
+    types = cfg["layer_types"][:L]
+    n_lin = sum(1 for ty in types if ty == "linear_attention")
+    n_att = L - n_lin
+    lay = "model.layers.*"
+    rot = int(d * x.prf)
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb, "gemma")
+        deltanet_terms(t, x, lay + ".linear_attn", n_lin)
+        att = lay + ".self_attn"
+        if x.amp:
+            for nm, out in (("q_proj", 2 * a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, n_att)
+                amp_weight(t, x, att + "." + nm, h, out, n_att)
+        else:
+            t.add(att + ".q_proj", "norm output = q/k/v input [T,h]", hb * T * h, n_att)
+        qn = att + ".q_norm"
+        q_in = F32 * T * a * (2 * d if cb == F32 else d)
+        t.add(qn, "q_norm fp32 input (fp32 models: the whole q_proj output [T,a,2d])", q_in, n_att)
+        t.add(qn, "q_norm rsqrt, 1+w, normalised x fp32", F32 * T * a + F32 * d + F32 * T * a * d, n_att)
+        rms_terms(t, x, att + ".k_norm", n_att, T * k, d, cb, "gemma")
+        if n_att:
+            rope_terms(t, x, att, rot)
+        o_mod = att + ".o_proj"
+        if x.attn == "sdpa":
+            sdpa_terms(t, x, att, n_att, a=a, kv=k, dq=d, o_copy=True, o_mod=att)
+        else:
+            eager_terms(t, x, att, n_att, a=a, dq=d, o_mod=att)
+        t.add(att, "sigmoid(gate) [b,s,a*d]", cb * T * a * d, n_att)
+        t.add(o_mod, "attn_output * sigmoid(gate) = o_proj input [T,a*d]", cb * T * a * d, n_att)
+        amp_weight(t, x, o_mod, a * d, h, n_att)
+        rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb, "gemma")
+        qwen_moe_mlp(t, x, rec)
+    rms_terms(t, x, "model.norm", 1, T, h, hb, "gemma")
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # gpt2
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -1257,6 +1404,7 @@ FAMILY_FN = {
     "deepseek_v2-group": deepseek,
     "gpt_oss": gpt_oss,
     "llama4_text": llama4_text,
+    "qwen3_next": qwen3_next,
     "starcoder2": starcoder2,
     "stablelm": stablelm,
     "stablelm-qkln-par": stablelm,

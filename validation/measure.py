@@ -824,6 +824,14 @@ def extras(refused: dict):
         for attn in ATTNS:
             yield dict(family=family, batch=2, seq=64, dtype="bf16", attn=attn, checkpoint_mode="reentrant",
                        dropout=0.0, extra=True)
+    # qwen3_next's gated DeltaNet (torch fallback) works in chunks of 64 tokens: more chunks (s = 192, 256) and a
+    # sequence that is not a multiple of 64 (s = 96: padded) pin down the per-chunk terms.
+    if "qwen3_next" in FAMILIES:
+        for b in BATCHES:
+            for s in (96, 192, 256):
+                for dtype in DTYPES:
+                    yield dict(family="qwen3_next", batch=b, seq=s, dtype=dtype, attn="sdpa", checkpoint_mode=None,
+                               dropout=0.0, extra=True)
     # MoE experts through the per-expert python loop (routing-dependent) instead of the grouped_mm default.
     for dtype in ("fp32", "bf16"):
         for s in (64, 128):
