@@ -105,6 +105,9 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
             "partial rotary 0.5, one LayerNorm feeding parallel attention and MLP, gelu_new, biases"),
     "phi3": ("phi3", _with(LLAMA_LIKE, original_max_position_embeddings=P, pad_token_id=0),
              "fused qkv_proj and gate_up_proj, GQA"),
+    "phi3-mha": ("phi3", _with(LLAMA_LIKE, num_key_value_heads=A, original_max_position_embeddings=P, pad_token_id=0),
+                 "Phi-3-mini layout: fused qkv_proj with MHA (no repeat_kv copy: at b = 1 eager attention keeps the "
+                 "whole fused output for v)"),
     "llama-gqa": ("llama", dict(LLAMA_LIKE), "GQA"),
     "llama-mha": ("llama", _with(LLAMA_LIKE, num_key_value_heads=A), "MHA"),
     "mistral": ("mistral", _with(LLAMA_LIKE, head_dim=D, sliding_window=W), "GQA, sliding_window 48 < s"),

@@ -286,6 +286,14 @@ class StepTracker(TorchDispatchMode):
         self.last_op = opname
         if self.current_phase == "optimizer":
             self.optimizer_ops.add(opname)
+            # remember the parameter being updated (AdamW's temporaries are computed from its states, not from it)
+            for t in args_flat:
+                st = _storage_of(t)
+                if st is not None:
+                    n = self._param_names.get(st.data_ptr())
+                    if n is not None:
+                        self._last_param = n
+                        break
         where = None
         # inputs that nobody traced (torch.tensor(...) from Python data): allocated before this op
         for t in args_flat:
