@@ -372,7 +372,10 @@ def llama_family(rec, x: Dims, *, norm="llama", fused_qkv=False, fused_gate_up=F
                 t.add(att, "eager v repeated", cb * T * a * d, L)
                 t.add(o_mod, "o_proj input", cb * T * a * d, L)
             else:
-                eager_terms(t, x, att, L, a=a, dq=d, o_mod=o_mod, softcap=attn_softcap)
+                # MHA with a fused qkv (Phi-3-mini): repeat_kv is a no-op and v is a view of the fused output; at
+                # b = 1 the probs@v matmul views it as [a,s,d] and saves the whole fused storage.
+                v_whole = cb * T * (a + 2 * k) * d if (fused_qkv and k == a and b == 1) else None
+                eager_terms(t, x, att, L, a=a, dq=d, o_mod=o_mod, softcap=attn_softcap, v_storage=v_whole)
         amp_weight(t, x, o_mod, a * d, h, L)
         if post_norms:  # gemma2/3 post_attention_layernorm, olmo2 post_attention_layernorm: on the o_proj output
             rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, cb, "olmo2" if norm == "olmo2" else norm)
@@ -1385,6 +1388,7 @@ FAMILY_FN = {
     "mixtral": lambda r, x: llama_family(r, x, moe=mixtral_moe),
     "phi3": lambda r, x: llama_family(r, x, fused_qkv=True, fused_gate_up=True, o_copy=True,
                                       resid_dropout=bool(x.dropout)),
+    "phi3-mha": lambda r, x: llama_family(r, x, fused_qkv=True, fused_gate_up=True, o_copy=True),
     "qwen3": lambda r, x: llama_family(r, x, qk_norm="head"),
     "smollm3": llama_family,
     "olmo": lambda r, x: llama_family(r, x, norm="layernorm", rope_fp32=True),

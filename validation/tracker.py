@@ -73,7 +73,7 @@ def _storage_of(t):
 class StepTracker(TorchDispatchMode):
     """Live storages at dispatch granularity. Enter it (``with tracker:``) around one step at a time."""
 
-    def __init__(self, model=None, loss_after_module=None, log_events: bool = False, device: str | None = None):
+    def __init__(self, model=None, loss_after_module=None, device: str | None = None):
         super().__init__()
         self.model = model
         # Only storages on this device type count (on a GPU, host tensors such as the profiler's record_function
@@ -82,7 +82,6 @@ class StepTracker(TorchDispatchMode):
             device = next(model.parameters()).device.type
         self.device = device
         self.other_device_allocs = 0
-        self.log_events = log_events
         self._loss_after = loss_after_module
         self._names = {}
         self._param_names = {}
