@@ -13,7 +13,9 @@
 //! the round trip below pass while transformers built something else. The candidates are tried in
 //! order — the hint first (a preset's family or an imported config's `model_type`), then every
 //! type of [`EXPORTABLE`] — and a candidate is accepted only if the importer reads the written
-//! file back into a spec **equal** to the input (the round trip). Fields a type fixes (Gemma's
+//! file back into a spec **equal** to the input (the round trip; per-layer rules are compared in
+//! their shortest form over the model's layers, so a Gemma-2 cut to two layers, whose
+//! `every:2:0` is `first:1` there, still round-trips). Fields a type fixes (Gemma's
 //! four norms, Qwen2's q/k/v biases, gpt-oss's sinks) thereby decide which types can express a
 //! spec at all. No type reproducing it is an error that names the closest candidate and the fields
 //! it could not express.
@@ -93,6 +95,7 @@ pub fn to_config_json(spec: &ModelSpec, model_type_hint: Option<&str>) -> Result
 /// [`to_config_json`] with the model type it chose.
 pub fn export(spec: &ModelSpec, model_type_hint: Option<&str>) -> Result<Exported, ExportError> {
     spec.validate().map_err(|e| ExportError::Invalid(e.to_string()))?;
+    let want = canonical(spec);
     let hint = model_type_hint.and_then(normalize_hint);
     let order = hint.into_iter().chain(EXPORTABLE.iter().copied().filter(|t| Some(*t) != hint));
     // The closest miss, for the error: (differing fields, model type, what differs).
@@ -101,9 +104,9 @@ pub fn export(spec: &ModelSpec, model_type_hint: Option<&str>) -> Result<Exporte
         for config in candidates(t, spec) {
             let value = Value::Object(config);
             match hf::import_value(&value) {
-                Ok(back) if back.spec == *spec => return Ok(Exported { model_type: t, config: value }),
+                Ok(back) if canonical(&back.spec) == want => return Ok(Exported { model_type: t, config: value }),
                 Ok(back) => {
-                    let diff = differing_fields(spec, &back.spec);
+                    let diff = differing_fields(&want, &canonical(&back.spec));
                     if closest.as_ref().is_none_or(|(n, _, _)| diff.len() < *n) {
                         closest = Some((diff.len(), t, format!("it would change {}", diff.join(", "))));
                     }
@@ -121,6 +124,24 @@ pub fn export(spec: &ModelSpec, model_type_hint: Option<&str>) -> Result<Exporte
         None => "no model type accepts it".to_string(),
     };
     Err(ExportError::NoModelType { reason })
+}
+
+/// The spec with its per-layer rules in their shortest form over its layers (`every:2:0` over two
+/// layers is `first:1`, as the importer writes it) and no window size without a local layer: two
+/// specs of the same model compare equal.
+fn canonical(spec: &ModelSpec) -> ModelSpec {
+    let flags = |rule: &LayerRule| LayerRule::from_flags(&(0..spec.layers).map(|i| rule.contains(i)).collect::<Vec<_>>());
+    let mut s = ModelSpec {
+        nope_layers: flags(&spec.nope_layers),
+        window_layers: flags(&spec.window_layers),
+        moe_rule: flags(&spec.moe_rule),
+        ..spec.clone()
+    };
+    if s.window_layers == LayerRule::None {
+        s.window = 0;
+        s.window_kind = WindowKind::default();
+    }
+    s
 }
 
 /// The model type a hint names, among those [`EXPORTABLE`]; wrappers and aliases map to the type
@@ -638,6 +659,17 @@ mod tests {
         let e = export(&spec, Some("llama")).expect("exports");
         assert_eq!(e.model_type, "mistral");
         assert_eq!(e.config["sliding_window"], 512);
+    }
+
+    #[test]
+    fn a_preset_cut_to_fewer_layers_still_round_trips_through_its_type() {
+        // Gemma-2's sliding layers are every:2:0; over two layers the importer writes first:1.
+        let spec = ModelSpec { layers: 2, ..crate::estimator::presets::preset("gemma-2-2b").map(|p| p.spec).expect("preset") };
+        let e = export(&spec, Some("gemma2")).expect("exports");
+        assert_eq!(e.model_type, "gemma2");
+        assert_eq!(e.config["layer_types"], serde_json::json!(["sliding_attention", "full_attention"]));
+        let back = hf::import_value(&e.config).map(|i| i.spec.window_layers);
+        assert_eq!(back, Ok(LayerRule::FirstK(1)));
     }
 
     #[test]
