@@ -1,5 +1,5 @@
 //! The native command line: `trainmem estimate`, `trainmem plan`, `trainmem presets`,
-//! `trainmem keys`, `trainmem bench`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
+//! `trainmem keys`, `trainmem bench`, `trainmem verify-script`, `trainmem compare`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
 //! names and values as the share URL (`--seq 4096` ⇔ `?seq=4096`).
 
 use crate::config::{self, Config, ConfigError, KEYS};
@@ -7,6 +7,7 @@ use crate::estimator::hf::{self, HfError};
 use crate::estimator::plan::{self, GlobalBatch, PlanError, PlanRequest, Space};
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{estimate, explain, flatten, presets, Estimate, EstimateError};
+use crate::verify::{self, compare::CompareError, VerifyError};
 use serde::Serialize;
 use std::io::Write;
 
@@ -26,6 +27,10 @@ pub enum CliError {
     Bench(String),
     #[error("{0}")]
     Plan(#[from] PlanError),
+    #[error("cannot generate the verify script: {0}")]
+    Verify(#[from] VerifyError),
+    #[error("{path}: {err}")]
+    Compare { path: String, err: CompareError },
 }
 
 const USAGE: &str = "usage:
@@ -38,6 +43,10 @@ const USAGE: &str = "usage:
   trainmem presets [--json]
   trainmem keys
   trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
+  trainmem verify-script (--model ID | --hf-config PATH) [--KEY VALUE ...] [--out FILE]
+      a self-contained PyTorch script that measures the step on your GPU (or CPU) beside trainmem's prediction
+  trainmem compare FILE.json [--json]
+      the script's measurements against a fresh estimate, row by row
 
 Every KEY is a configuration key (see `trainmem keys`), spelled as in the share URL:
   trainmem estimate --model llama-3.1-8b --seq 8192 --zero 3 --gpus 8";
@@ -91,9 +100,75 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
         }
         "keys" => w(out, render_keys()),
         "bench" => crate::bench::cli::run(rest, out).map_err(CliError::Bench),
+        "verify-script" => {
+            let (rest, path) = take_out(rest)?;
+            if rest.iter().any(|a| a == "--json") {
+                return Err(CliError::Usage("verify-script writes a Python script; --json is not one of its options".into()));
+            }
+            let hint = hf_config_model_type(&rest);
+            let (cfg, _) = parse_estimate_args(&rest)?;
+            let script = verify::verify_script_with_hint(&cfg, hint.as_deref())?;
+            match path {
+                Some(p) => {
+                    std::fs::write(&p, script).map_err(|e| CliError::Io { path: p.clone(), err: e.to_string() })?;
+                    w(out, format!("wrote {p}; run it with: python3 {p}\n"))
+                }
+                None => w(out, script),
+            }
+        }
+        "compare" => {
+            let json = rest.iter().any(|a| a == "--json");
+            let files: Vec<&String> = rest.iter().filter(|a| *a != "--json").collect();
+            let path = match files.as_slice() {
+                [p] if !p.starts_with("--") => p.to_string(),
+                [] => return Err(CliError::Usage("compare needs the JSON file the verify script wrote".into())),
+                _ => {
+                    return Err(CliError::Usage(format!(
+                        "compare takes one file and --json, not '{}'",
+                        files.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ")
+                    )))
+                }
+            };
+            let text = std::fs::read_to_string(&path).map_err(|e| CliError::Io { path: path.clone(), err: e.to_string() })?;
+            let c = verify::compare::compare(&text).map_err(|err| CliError::Compare { path: path.clone(), err })?;
+            if json {
+                w(out, format!("{}\n", verify::compare::render_json(&c)))
+            } else {
+                w(out, verify::compare::render_text(&c))
+            }
+        }
         "-h" | "--help" | "help" => w(out, format!("{USAGE}\n")),
         other => Err(CliError::Usage(format!("unknown command '{other}'"))),
     }
+}
+
+/// Splits `--out FILE` (or `--out=FILE`) from the other arguments.
+fn take_out(args: &[String]) -> Result<(Vec<String>, Option<String>), CliError> {
+    let mut rest = Vec::new();
+    let mut path = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--out" {
+            path = Some(it.next().cloned().ok_or_else(|| CliError::Usage("--out needs a file name".into()))?);
+        } else if let Some(p) = a.strip_prefix("--out=") {
+            path = Some(p.to_string());
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    Ok((rest, path))
+}
+
+/// The `model_type` of the file `--hf-config` names, if it can be read (the import itself reports
+/// what is wrong with the file).
+fn hf_config_model_type(args: &[String]) -> Option<String> {
+    let path = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--hf-config") {
+        Some("") => args.get(i + 1).cloned(),
+        Some(v) => v.strip_prefix('=').map(String::from),
+        None => None,
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    v.get("model_type").and_then(serde_json::Value::as_str).map(String::from)
 }
 
 /// Reads `estimate`'s arguments into a configuration (and whether to print JSON).

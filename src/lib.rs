@@ -1,7 +1,7 @@
 //! trainmem: where GPU memory goes when you train a transformer.
 //!
-//! Dependencies point one way: `ui → {course, config, estimator, plots, bench}`, `course →
-//! {config, estimator}`, `plots → estimator`,
+//! Dependencies point one way: `ui → {course, verify, config, estimator, plots, bench}`,
+//! `course → {config, estimator}`, `verify → {config, estimator}`, `plots → estimator`,
 //! `config → estimator`, and `estimator →` nothing of ours. The estimator never touches a web
 //! API; the CLI (native) and the UI (wasm) are thin shells over it.
 
@@ -10,6 +10,7 @@ pub mod config;
 pub mod course;
 pub mod estimator;
 pub mod plots;
+pub mod verify;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;

@@ -10,6 +10,7 @@ pub mod cost;
 pub mod expr;
 pub mod gpu;
 pub mod hf;
+pub mod hf_export;
 pub mod ledger;
 pub mod model;
 pub mod optimizer;

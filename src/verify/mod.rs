@@ -1,0 +1,499 @@
+//! "Verify on your GPU": a self-contained PyTorch script that trains the configured model for
+//! three steps and prints what it measured beside what trainmem predicts, and the comparison of
+//! its JSON output with a fresh estimate (`trainmem compare`).
+//!
+//! # The script
+//!
+//! [`verify_script`] renders `template.py` with the configuration filled in: the model's
+//! `config.json` (exported by [`crate::estimator::hf_export`], exactly the configured
+//! architecture), the recipe (parameter dtype, autocast, loss scaler, master weights), the
+//! optimizer and its torch implementation (`fused=True`, `foreach=True` or the single-tensor
+//! loop), the attention implementation, checkpointing, dropout, micro-batch, sequence length and
+//! gradient-accumulation steps, and trainmem's predictions for both `kernels=cuda` and
+//! `kernels=cpu`. It needs only `torch` and `transformers`: the model is built with random
+//! weights (`AutoConfig.for_model` + `AutoModelForCausalLM.from_config`, never `from_pretrained`),
+//! so nothing is downloaded.
+//!
+//! On CUDA it measures, per step: `memory_allocated()` right after the model call (the output and
+//! the loss still held), the peaks of forward, backward and optimizer step
+//! (`reset_peak_memory_stats()` between phases), the peak of the whole step, the largest
+//! `max_memory_reserved()`, and what nvidia-smi shows (pynvml's figure for this process, else for
+//! the device, else `torch.cuda.mem_get_info()` total − free; the JSON says which). On CPU the
+//! dispatch-level tracker of `validation/tracker.py` (embedded verbatim, see `tracker.py` here)
+//! gives the same fields from live storages (views of one storage counted once) plus the storages
+//! alive before the step (parameters, optimizer states, buffers, the batch); reserved memory and
+//! nvidia-smi do not apply there and are `null`. The third step is the steady state compared.
+//!
+//! # What the script refuses
+//!
+//! It runs one process on one device with plain PyTorch and transformers, so these are refused
+//! by [`reproducible`] with an error naming the key rather than approximated: more than one GPU
+//! (`gpus`, `tp`, `pp`, `cp`, `ep`), ZeRO/FSDP sharding (`zero`), CPU offload (`offload`), LoRA
+//! and QLoRA (`finetune`: trainmem's adapter layout would have to be rebuilt module by module
+//! with peft, and QLoRA needs bitsandbytes on CUDA; not done yet), optimizers torch does not ship
+//! (`optim` = lion, adam8bit, muon), Adafactor with `optim_impl=fused` (torch has no fused
+//! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
+//! Transformer Engine fp8 (`precision=mixed-fp8`), Megatron's selective recomputation
+//! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
+//! cross-entropy (`loss=chunked`). FlashAttention-2 (`attn=flash`) is generated, and the script
+//! refuses at run time when `flash_attn` or CUDA is missing.
+//!
+//! # Recipes
+//!
+//! `fp32`, `bf16`, `fp16`: the model built in that dtype, torch's optimizer on its parameters
+//! (`fp16` runs without a loss scaler: torch's `GradScaler` refuses fp16 gradients).
+//! `amp-bf16`, `amp-fp16`: an fp32 model under `torch.autocast`, with `GradScaler` for fp16.
+//! `mixed-bf16`, `mixed-fp16`: bf16/fp16 weights and gradients, fp32 master weights and optimizer
+//! states; the script casts one gradient at a time to fp32 and steps that tensor's master
+//! (`fused` or the for-loop; at most one fp32 gradient of the largest tensor beyond the ledger,
+//! which the JSON notes say). `mixed-bf16-fp32grad`: gradients accumulate into fp32 main grads
+//! (a post-accumulate-grad hook per parameter, as Megatron's `main_grad`), one optimizer steps
+//! the fp32 masters.
+//!
+//! # The JSON (schema `trainmem-verify`, version 1)
+//!
+//! `schema`, `version`; `generated_by`; `query` (the configuration as the share link's query);
+//! `model`, `model_type`, `hf_config`; `kernels` (`cuda` or `cpu`: which predictions apply);
+//! `device` {`type`, `name`, `total_bytes`, `compute_capability`}; `versions` {`python`,
+//! `torch`, `transformers`, `cuda`}; `method` {`allocated`, `nvidia_smi`, `alloc_conf`};
+//! `parameter_count` {`built`, `trainmem`}; `steps` (one object per step with every field and
+//! where the peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`,
+//! `predicted`} in bytes (`null` where it does not apply); `notes`.
+
+pub mod compare;
+
+use crate::config::{
+    self, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
+};
+use crate::estimator::hf_export::{self, ExportError};
+use crate::estimator::ledger::{Bytes, Category};
+use crate::estimator::timeline::{Event, EventKind};
+use crate::estimator::{self, presets, Estimate, EstimateError};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// The script's template (placeholders `__NAME__`, filled by [`verify_script`]).
+const TEMPLATE: &str = include_str!("template.py");
+/// `validation/tracker.py`, verbatim (kept in sync by a test once the file is merged).
+pub const TRACKER: &str = include_str!("tracker.py");
+/// Where [`TRACKER`] was copied from: the measure branch's commit that last changed it.
+pub const TRACKER_COMMIT: &str = "ae262ace6ac82733293719f880aa29271486a72e";
+/// The version of the script's JSON document.
+pub const SCHEMA_VERSION: u64 = 1;
+/// The `schema` field of the script's JSON document.
+pub const SCHEMA: &str = "trainmem-verify";
+/// The fields measured and predicted, in the order they are printed.
+pub const FIELDS: [&str; 7] = ["after_forward", "forward_peak", "backward_peak", "step_peak", "peak", "reserved_peak", "nvidia_smi"];
+
+/// Why no script can be generated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum VerifyError {
+    /// The script cannot reproduce this part of the configuration in one process.
+    #[error("`{key}` = {value}: {reason}")]
+    Refused { key: &'static str, value: String, reason: &'static str },
+    /// The configuration is not valid.
+    #[error(transparent)]
+    Estimate(#[from] EstimateError),
+    /// No transformers class builds the architecture.
+    #[error(transparent)]
+    Export(#[from] ExportError),
+}
+
+impl VerifyError {
+    /// The configuration key at fault.
+    pub fn key(&self) -> &'static str {
+        match self {
+            VerifyError::Refused { key, .. } => key,
+            VerifyError::Estimate(e) => e.key(),
+            VerifyError::Export(_) => "model",
+        }
+    }
+}
+
+/// What trainmem predicts for the fields the script measures, bytes on one GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Predictions {
+    /// `memory_allocated()` right after the model call (output and loss held).
+    pub after_forward: Bytes,
+    /// The most allocated during the forward (model call and loss).
+    pub forward_peak: Bytes,
+    /// The most allocated during the backward.
+    pub backward_peak: Bytes,
+    /// The most allocated during the gradient reduction and the optimizer step.
+    pub step_peak: Bytes,
+    /// The most allocated at any moment of the step.
+    pub peak: Bytes,
+    /// `max_memory_reserved()`: `None` until the estimate simulates the caching allocator.
+    pub reserved_peak: Option<Bytes>,
+    /// What nvidia-smi shows for the process (`kernels=cuda` only).
+    pub nvidia_smi: Option<Bytes>,
+}
+
+impl Predictions {
+    /// The prediction of one of [`FIELDS`].
+    pub fn get(&self, field: &str) -> Option<Bytes> {
+        match field {
+            "after_forward" => Some(self.after_forward),
+            "forward_peak" => Some(self.forward_peak),
+            "backward_peak" => Some(self.backward_peak),
+            "step_peak" => Some(self.step_peak),
+            "peak" => Some(self.peak),
+            "reserved_peak" => self.reserved_peak,
+            "nvidia_smi" => self.nvidia_smi,
+            _ => None,
+        }
+    }
+}
+
+/// The phase of the step the script measures an event in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Forward,
+    Backward,
+    Step,
+}
+
+/// The measured phase of a coarse timeline event: the model call and its loss are the forward,
+/// `loss.backward()` the backward, the reduction and `optimizer.step()` the step. This is the one
+/// place that reads the timeline's kinds; the op-level event stream will replace it.
+fn phase_of(kind: EventKind) -> Option<Phase> {
+    match kind {
+        EventKind::Start | EventKind::Embedding | EventKind::ForwardLayer | EventKind::LossForward => Some(Phase::Forward),
+        EventKind::LossBackward | EventKind::BackwardLayer | EventKind::EmbeddingBackward => Some(Phase::Backward),
+        EventKind::GradientReduction | EventKind::OptimizerStep => Some(Phase::Step),
+        EventKind::End => None,
+    }
+}
+
+/// What trainmem predicts for the script's fields, from an estimate of `cfg`.
+///
+/// Allocated bytes of an event = its bytes less the framework-overhead category (the CUDA
+/// context and NCCL's buffers, outside the caching allocator, and a `frag_pct` guess) plus the
+/// cuBLAS/cuBLASLt workspaces, which the caching allocator hands out (`kernels=cuda` only; under
+/// `kernels=cpu` none of these rows apply). After forward = the loss-forward event. nvidia-smi =
+/// `memory.peak`, what the verdict compares with the card. Reserved memory is `None` until the
+/// estimate replays its step through the allocator simulator.
+pub fn predictions(cfg: &Config, e: &Estimate) -> Predictions {
+    let blas = if cfg.kernels == Kernels::Cuda { e.row("blas_workspaces").map_or(0, |r| r.bytes) } else { 0 };
+    let overhead = Category::ALL.iter().position(|c| *c == Category::FrameworkOverhead).unwrap_or(Category::ALL.len() - 1);
+    let allocated = |ev: &Event| ev.bytes.saturating_sub(ev.by_category[overhead]) + blas;
+    let events = &e.timeline.events;
+    let max_in = |p: Phase| events.iter().filter(|ev| phase_of(ev.kind) == Some(p)).map(allocated).max().unwrap_or(0);
+    let after_forward = events.iter().rfind(|ev| ev.kind == EventKind::LossForward).map_or(0, allocated);
+    Predictions {
+        after_forward,
+        forward_peak: max_in(Phase::Forward),
+        backward_peak: max_in(Phase::Backward),
+        step_peak: max_in(Phase::Step),
+        peak: events.iter().map(allocated).max().unwrap_or(0),
+        reserved_peak: None,
+        nvidia_smi: (cfg.kernels == Kernels::Cuda).then_some(e.memory.peak),
+    }
+}
+
+/// The configuration with `kernels` set.
+fn with_kernels(cfg: &Config, kernels: Kernels) -> Config {
+    Config { kernels, ..cfg.clone() }
+}
+
+/// Predictions for `cfg` on kernels `k`: `Ok(None)` when the estimate refuses an architecture it
+/// does not model yet (the script still measures it).
+pub fn predictions_for(cfg: &Config, kernels: Kernels) -> Result<Option<Predictions>, EstimateError> {
+    let c = with_kernels(cfg, kernels);
+    match estimator::estimate(&c) {
+        Ok(e) => Ok(Some(predictions(&c, &e))),
+        Err(EstimateError::Unmodelled { .. }) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Checks that the script can reproduce `cfg` in one process on one device; the error names the
+/// key (see the module doc for why each is refused).
+pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
+    let refuse = |key: &'static str, reason: &'static str| Err(refusal(cfg, key, reason));
+    const ONE_PROCESS: &str = "the script runs one process on one device; verify one GPU's share with gpus = 1";
+    for (key, degree) in [("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("ep", cfg.ep), ("gpus", cfg.gpus)] {
+        if degree > 1 {
+            return refuse(key, ONE_PROCESS);
+        }
+    }
+    if cfg.zero != Zero::Ddp {
+        return refuse("zero", "the script runs plain PyTorch without DeepSpeed or FSDP sharding; use zero = 0");
+    }
+    if cfg.offload != Offload::None {
+        return refuse("offload", "the script does not offload to the host (DeepSpeed's ZeRO-Offload is not plain PyTorch)");
+    }
+    if cfg.finetune != Finetune::Full {
+        return refuse(
+            "finetune",
+            "the script does not build LoRA/QLoRA adapters yet (peft, and bitsandbytes on CUDA for QLoRA); verify the full fine-tune",
+        );
+    }
+    match cfg.optim {
+        Optimizer::Lion | Optimizer::Adam8bit | Optimizer::Muon => return refuse("optim", NO_SUCH_OPTIMIZER),
+        Optimizer::Adafactor if cfg.optim_impl == OptimImpl::Fused => {
+            return refuse("optim_impl", "torch.optim.Adafactor has no fused implementation; use foreach or forloop")
+        }
+        _ => {}
+    }
+    let master = matches!(cfg.precision, Precision::MixedBf16 | Precision::MixedFp16);
+    if master && cfg.optim_impl == OptimImpl::Foreach {
+        return refuse(
+            "optim_impl",
+            "with fp32 master weights the script steps one tensor at a time, so a multi-tensor foreach step cannot be reproduced; use fused or forloop",
+        );
+    }
+    if cfg.precision == Precision::MixedFp8 {
+        return refuse("precision", NO_FP8);
+    }
+    if cfg.recompute == Recompute::Selective {
+        return refuse("recompute", "transformers has no selective recomputation (Megatron's); use none or full");
+    }
+    if cfg.framework == Framework::Megatron {
+        return refuse("framework", "the script runs transformers' modules; Megatron-LM's are not reproduced");
+    }
+    if cfg.loss == Loss::Chunked {
+        return refuse("loss", "a fused/chunked cross-entropy (Liger, cut-cross-entropy) is not part of plain PyTorch");
+    }
+    Ok(())
+}
+
+const NO_SUCH_OPTIMIZER: &str = "torch ships no such optimizer (lion-pytorch, bitsandbytes and Muon's code are not plain PyTorch)";
+const NO_FP8: &str = "fp8 training needs Transformer Engine's modules, which transformers' models do not use";
+
+/// The refusal of `key` with its current value.
+fn refusal(cfg: &Config, key: &'static str, reason: &'static str) -> VerifyError {
+    VerifyError::Refused { key, value: config::get(cfg, key).unwrap_or_default(), reason }
+}
+
+/// The model type to export a configuration's architecture as: its preset's.
+pub fn model_type_hint(cfg: &Config) -> Option<&'static str> {
+    presets::preset(&cfg.model).filter(|p| p.spec == cfg.arch).as_ref().and_then(hf_export::preset_model_type)
+}
+
+/// The script for `cfg` (see the module doc); a preset's architecture is exported as its own
+/// model type.
+pub fn verify_script(cfg: &Config) -> Result<String, VerifyError> {
+    verify_script_with_hint(cfg, model_type_hint(cfg))
+}
+
+/// [`verify_script`] with the model type to try first (an imported config's `model_type`).
+pub fn verify_script_with_hint(cfg: &Config, hint: Option<&str>) -> Result<String, VerifyError> {
+    estimator::validate_consistency(cfg)?;
+    reproducible(cfg)?;
+    let exported = hf_export::export(&cfg.arch, hint.or(model_type_hint(cfg)))?;
+    let spec = spec_json(cfg, &exported)?;
+    // JSON inside a Python raw triple-quoted string: a quote can only occur inside a JSON string,
+    // where `\u0027` means the same.
+    let spec_text = serde_json::to_string_pretty(&spec).unwrap_or_default().replace('\'', "\\u0027");
+    let title: String =
+        cfg.display_name().chars().map(|c| if c.is_control() || c == '"' || c == '\\' { '\'' } else { c }).take(120).collect();
+    Ok(TEMPLATE
+        .replace("__TRAINMEM_VERSION__", env!("CARGO_PKG_VERSION"))
+        .replace("__TITLE__", &title)
+        .replace("__QUERY__", &config::encode_query(cfg))
+        .replace("__TRACKER_COMMIT__", TRACKER_COMMIT)
+        .replace("__SPEC_JSON__", &spec_text)
+        .replace("__TRACKER_SOURCE__", TRACKER))
+}
+
+/// Everything the script reads from the configuration, as one JSON object.
+fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, VerifyError> {
+    let (param_dtype, autocast, grad_scaler, master) = match cfg.precision {
+        Precision::Fp32 => ("float32", None, false, None),
+        Precision::Bf16 => ("bfloat16", None, false, None),
+        Precision::Fp16 => ("float16", None, false, None),
+        Precision::AmpBf16 => ("float32", Some("bfloat16"), false, None),
+        Precision::AmpFp16 => ("float32", Some("float16"), true, None),
+        Precision::MixedBf16 => ("bfloat16", None, false, Some("cast_at_step")),
+        Precision::MixedFp16 => ("float16", None, false, Some("cast_at_step")),
+        Precision::MixedBf16Fp32grad => ("bfloat16", None, false, Some("fp32_main_grad")),
+        Precision::MixedFp8 => return Err(refusal(cfg, "precision", NO_FP8)),
+    };
+    let optimizer = match cfg.optim {
+        Optimizer::Adamw => "adamw",
+        Optimizer::Sgd => "sgd",
+        Optimizer::Momentum => "momentum",
+        Optimizer::Adafactor => "adafactor",
+        Optimizer::Lion | Optimizer::Adam8bit | Optimizer::Muon => return Err(refusal(cfg, "optim", NO_SUCH_OPTIMIZER)),
+    };
+    let attn = match cfg.attn {
+        Attention::Eager => "eager",
+        Attention::Sdpa => "sdpa",
+        Attention::Flash => "flash_attention_2",
+    };
+    let mut notes: Vec<String> = Vec::new();
+    if cfg.precision == Precision::Fp16 {
+        notes.push(
+            "precision=fp16 runs without a loss scaler (torch's GradScaler refuses fp16 gradients); a scaler holds a few scalars".into(),
+        );
+    }
+    if master == Some("cast_at_step") {
+        let largest = cfg.arch.tensors().iter().map(|t| t.elements_per_tensor()).max().unwrap_or(0);
+        notes.push(format!(
+            "master weights: the script casts one gradient at a time to fp32 before stepping its master, so the step holds up to one fp32 \
+             gradient of the largest tensor ({largest} elements, {} bytes) beyond the recipe's ledger",
+            largest * 4
+        ));
+    }
+    if cfg.precision == Precision::MixedBf16Fp32grad {
+        notes.push("fp32 main gradients are accumulated by a post-accumulate-grad hook per parameter: each bf16 gradient exists until its hook runs".into());
+    }
+    let mut predicted = serde_json::Map::new();
+    for (name, k) in [("cuda", Kernels::Cuda), ("cpu", Kernels::Cpu)] {
+        match predictions_for(cfg, k)? {
+            Some(p) => {
+                predicted.insert(name.into(), serde_json::to_value(&p).unwrap_or(Value::Null));
+            }
+            None => {
+                predicted.insert(name.into(), Value::Null);
+            }
+        }
+    }
+    if let Err(EstimateError::Unmodelled { feature }) = estimator::validate(cfg) {
+        notes.push(format!(
+            "trainmem does not estimate this architecture yet ({feature} is not modelled): the script measures, and predictions are null"
+        ));
+    }
+    if cfg.gpu != "custom" {
+        if let Some(g) = estimator::gpu::gpu(&cfg.gpu) {
+            notes.push(format!(
+                "the CUDA predictions are for one {} ({}); on another GPU the CUDA context and cuBLAS workspace rows differ",
+                g.name, cfg.gpu
+            ));
+        }
+    }
+    let counts = cfg.arch.counts();
+    Ok(json!({
+        "trainmem_version": env!("CARGO_PKG_VERSION"),
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "query": config::encode_query(cfg),
+        "model": cfg.display_name(),
+        "model_type": exported.model_type,
+        "hf_config": exported.config,
+        "parameter_count": counts.total,
+        "batch": cfg.batch,
+        "seq": cfg.seq,
+        "accum": cfg.accum,
+        "recipe": {
+            "precision": config::get(cfg, "precision"),
+            "param_dtype": param_dtype,
+            "autocast": autocast,
+            "grad_scaler": grad_scaler,
+            "master": master,
+        },
+        "optimizer": {"name": optimizer, "impl": config::get(cfg, "optim_impl")},
+        "attn_implementation": attn,
+        "gradient_checkpointing": cfg.recompute == Recompute::Full,
+        "dropout": cfg.dropout,
+        "alloc_conf": cfg.alloc_conf,
+        "tracker_commit": TRACKER_COMMIT,
+        "predicted": predicted,
+        "notes": notes,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Config {
+        config::decode_query("model=gpt2&batch=2&seq=64&precision=fp32&kernels=cpu&layers=2").config
+    }
+
+    #[test]
+    fn the_phases_cover_every_timeline_event_but_the_end() {
+        let kinds = [
+            EventKind::Start,
+            EventKind::Embedding,
+            EventKind::ForwardLayer,
+            EventKind::LossForward,
+            EventKind::LossBackward,
+            EventKind::BackwardLayer,
+            EventKind::EmbeddingBackward,
+            EventKind::GradientReduction,
+            EventKind::OptimizerStep,
+        ];
+        assert!(kinds.iter().all(|k| phase_of(*k).is_some()));
+        assert_eq!(phase_of(EventKind::End), None);
+    }
+
+    #[test]
+    fn cpu_predictions_exclude_what_lies_outside_the_allocator() {
+        let cfg = tiny();
+        let e = estimator::estimate(&cfg).expect("estimates");
+        let p = predictions(&cfg, &e);
+        // Under kernels=cpu the peak allocated is the timeline's peak without its overhead rows
+        // (the CUDA context row is still in the ledger, but is not memory the tracker sees).
+        let ctx = e.row("cuda_context").map_or(0, |r| r.bytes);
+        assert!(ctx > 0);
+        assert_eq!(p.peak + ctx, e.memory.peak);
+        assert!(p.after_forward <= p.forward_peak && p.forward_peak <= p.peak && p.backward_peak <= p.peak);
+        assert_eq!((p.reserved_peak, p.nvidia_smi), (None, None));
+    }
+
+    #[test]
+    fn cuda_predictions_keep_the_blas_workspaces_and_say_what_nvidia_smi_shows() {
+        let cfg = Config { kernels: Kernels::Cuda, ..tiny() };
+        let e = estimator::estimate(&cfg).expect("estimates");
+        let p = predictions(&cfg, &e);
+        let row = |id: &str| e.row(id).map_or(0, |r| r.bytes);
+        assert!(row("blas_workspaces") > 0);
+        // Allocated peak = the whole peak less the context (one GPU: no NCCL).
+        assert_eq!(p.peak + row("cuda_context"), e.memory.peak);
+        assert_eq!(p.nvidia_smi, Some(e.memory.peak));
+    }
+
+    #[test]
+    fn each_refusal_names_its_key() {
+        let base = tiny();
+        let cases: Vec<(&str, Config)> = vec![
+            ("gpus", Config { gpus: 8, ..base.clone() }),
+            ("tp", Config { gpus: 2, tp: 2, ..base.clone() }),
+            ("zero", Config { zero: Zero::Z3, ..base.clone() }),
+            ("offload", Config { offload: Offload::Optimizer, ..base.clone() }),
+            ("finetune", Config { finetune: Finetune::Lora, ..base.clone() }),
+            ("optim", Config { optim: Optimizer::Lion, ..base.clone() }),
+            ("optim_impl", Config { optim: Optimizer::Adafactor, optim_impl: OptimImpl::Fused, ..base.clone() }),
+            ("optim_impl", Config { precision: Precision::MixedBf16, optim_impl: OptimImpl::Foreach, ..base.clone() }),
+            ("precision", Config { precision: Precision::MixedFp8, ..base.clone() }),
+            ("recompute", Config { recompute: Recompute::Selective, ..base.clone() }),
+            ("framework", Config { framework: Framework::Megatron, ..base.clone() }),
+            ("loss", Config { loss: Loss::Chunked, ..base.clone() }),
+        ];
+        for (key, cfg) in cases {
+            let err = verify_script(&cfg).err();
+            assert_eq!(err.as_ref().map(VerifyError::key), Some(key), "{err:?}");
+            let text = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(text.starts_with(&format!("`{key}` = ")), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_script_embeds_the_config_the_tracker_and_both_prediction_sets() {
+        let s = verify_script(&tiny()).expect("renders");
+        assert!(!s.contains("__SPEC_JSON__") && !s.contains("__TRACKER_SOURCE__") && !s.contains("__QUERY__"));
+        assert!(s.contains("\"model_type\": \"gpt2\""));
+        assert!(s.contains("class StepTracker(TorchDispatchMode)"));
+        assert!(s.contains("\"cuda\": {") && s.contains("\"cpu\": {"));
+    }
+
+    #[test]
+    fn the_tracker_fits_in_a_raw_triple_quoted_string() {
+        assert!(!TRACKER.contains("'''") && !TRACKER.ends_with('\\'));
+    }
+
+    #[test]
+    fn a_quote_in_a_custom_name_cannot_break_the_script() {
+        let mut cfg = tiny();
+        cfg.name = "it's ''' \"\"\" \\ odd".into();
+        let s = verify_script(&cfg).expect("renders");
+        // The embedded JSON holds no quote that could end its raw string …
+        let spec = s.split("SPEC = json.loads(r'''").nth(1).and_then(|rest| rest.split("''')").next()).unwrap_or_default();
+        assert!(spec.contains("it\\u0027s") && !spec.contains('\''), "{spec}");
+        // … and the docstring's title neither a double quote nor a backslash.
+        let title = s.lines().find(|l| l.starts_with("Generated by trainmem")).unwrap_or_default();
+        assert!(title.ends_with("it's ''' ''' ' odd"), "{title}");
+    }
+}

@@ -1,0 +1,383 @@
+//! "Verify on your GPU" end to end: the config.json export against the importer and against
+//! transformers itself, the generated script against Python's compiler for every preset and a
+//! spread of recipes, and — where torch is installed — the script run on the CPU for tiny models,
+//! its JSON read back by `trainmem compare`.
+//!
+//! The Python checks look for an interpreter with torch and transformers in `TRAINMEM_PYTHON`,
+//! then `validation/.venv/bin/python`, then `python3`; without one they print why they skip.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use trainmem::config::{self, Config};
+use trainmem::estimator::hf_export::{self, export};
+use trainmem::estimator::{hf, presets};
+use trainmem::verify::{self, FIELDS};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trainmem-verify-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+/// An interpreter that imports torch and transformers, if there is one.
+fn torch_python() -> Option<&'static str> {
+    static FOUND: OnceLock<Option<String>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let venv = root().join("validation/.venv/bin/python");
+            let candidates = [std::env::var("TRAINMEM_PYTHON").ok(), Some(venv.to_string_lossy().into_owned()), Some("python3".into())];
+            candidates
+                .into_iter()
+                .flatten()
+                .find(|py| Command::new(py).args(["-c", "import torch, transformers"]).output().is_ok_and(|o| o.status.success()))
+        })
+        .as_deref()
+}
+
+fn skip(test: &str) -> bool {
+    if torch_python().is_none() {
+        println!("{test}: skipped — no Python with torch and transformers (tried TRAINMEM_PYTHON, validation/.venv/bin/python, python3)");
+        return true;
+    }
+    false
+}
+
+fn trainmem(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_trainmem")).args(args).output().expect("the binary runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Every `tests/fixtures/hf/*.json` config (name, parsed file).
+fn hf_fixtures() -> Vec<(String, Value)> {
+    let dir = root().join("tests/fixtures/hf");
+    let mut out: Vec<(String, Value)> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| !matches!(p.file_name().and_then(|n| n.to_str()), Some("expected.json" | "SOURCES.json")))
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("readable fixture");
+            (
+                p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                serde_json::from_str(&text).expect("JSON fixture"),
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The text model type a fixture's class builds (a wrapper's `text_config`, Kimi K2 as DeepSeek-V3).
+fn text_model_type(file: &Value) -> String {
+    let t = file["model_type"].as_str().unwrap_or_default();
+    let t = match hf::MULTIMODAL.iter().find(|(w, _)| *w == t) {
+        Some((_, default)) => file["text_config"]["model_type"].as_str().unwrap_or(default),
+        None => t,
+    };
+    if t == "kimi_k2" { "deepseek_v3" } else { t }.to_string()
+}
+
+// ---- The export --------------------------------------------------------------------------------
+
+#[test]
+fn every_hf_fixture_exports_as_its_own_model_type_and_reads_back_equal() {
+    let fixtures = hf_fixtures();
+    assert!(fixtures.len() >= 60, "the fixtures are there");
+    let mut types: Vec<String> = Vec::new();
+    let mut failures = Vec::new();
+    for (name, file) in &fixtures {
+        let spec = hf::import_value(file).unwrap_or_else(|e| panic!("{name}: {e}")).spec;
+        let want = text_model_type(file);
+        match export(&spec, file["model_type"].as_str()) {
+            Ok(e) => {
+                let back = hf::import_value(&e.config).map(|i| i.spec);
+                if back.as_ref() != Ok(&spec) {
+                    failures.push(format!("{name}: the export does not read back equal"));
+                }
+                if e.model_type != want {
+                    failures.push(format!("{name}: exported as {} rather than {want}", e.model_type));
+                }
+                types.push(e.model_type.to_string());
+            }
+            Err(err) => failures.push(format!("{name}: {err}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    types.sort();
+    types.dedup();
+    println!("{} fixtures round-trip through {} model types: {}", fixtures.len(), types.len(), types.join(", "));
+    for t in hf_export::EXPORTABLE {
+        assert!(types.iter().any(|x| x == t), "no fixture exercises the {t} writer");
+    }
+}
+
+#[test]
+fn every_preset_exported_builds_its_exact_parameter_count_in_transformers() {
+    if skip("every_preset_exported_builds_its_exact_parameter_count_in_transformers") {
+        return;
+    }
+    let all = presets::presets();
+    let items: Vec<Value> = all
+        .iter()
+        .map(|p| {
+            let config = hf_export::to_config_json(&p.spec, hf_export::preset_model_type(p)).unwrap_or_else(|e| panic!("{}: {e}", p.id));
+            json!({"id": p.id, "config": config})
+        })
+        .collect();
+    let dir = scratch("meta");
+    let (script, input) = (dir.join("meta_count.py"), dir.join("items.json"));
+    std::fs::write(&script, META_COUNT).expect("write helper");
+    std::fs::write(&input, Value::Array(items).to_string()).expect("write items");
+    let py = torch_python().unwrap_or("python3");
+    let out = Command::new(py).arg(&script).stdin(std::fs::File::open(&input).expect("items")).output().expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let results: Vec<Value> = serde_json::from_slice(&out.stdout).expect("the helper prints JSON");
+    assert_eq!(results.len(), all.len());
+    let mut failures = Vec::new();
+    for (p, r) in all.iter().zip(&results) {
+        if let Some(err) = r["error"].as_str() {
+            failures.push(format!("{}: transformers refuses the export: {err}", p.id));
+            continue;
+        }
+        let built = r["parameter_count"].as_u64();
+        if built != Some(p.spec.counts().total) {
+            failures.push(format!("{}: transformers builds {built:?} parameters, the preset counts {}", p.id, p.spec.counts().total));
+        }
+        // transformers' own serialisation of the config it built (every default resolved, keys
+        // standardised) must read back as the same architecture: no key was ignored.
+        match hf::import_value(&r["config"]) {
+            Ok(i) if i.spec == p.spec => {}
+            Ok(_) => failures.push(format!("{}: transformers' config.to_dict() reads back as another architecture", p.id)),
+            Err(e) => failures.push(format!("{}: transformers' config.to_dict() does not import: {e}", p.id)),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!("{} presets: transformers builds each export with the preset's exact parameter count", all.len());
+}
+
+/// Builds configs on the meta device: stdin a JSON list of {id, config}; stdout a list of
+/// {id, parameter_count, config (config.to_dict())} or {id, error}.
+const META_COUNT: &str = r#"
+import json, sys, warnings
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+out = []
+for item in json.load(sys.stdin):
+    raw = dict(item["config"])
+    try:
+        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+        count = sum(p.numel() for p in model.parameters())
+        back = json.loads(json.dumps(model.config.to_dict(), default=str))
+        out.append({"id": item["id"], "parameter_count": count, "config": back})
+        del model
+    except Exception as e:
+        out.append({"id": item["id"], "error": f"{type(e).__name__}: {e}"})
+json.dump(out, sys.stdout)
+"#;
+
+// ---- The script ---------------------------------------------------------------------------------
+
+/// Compiles every file with `python3 -m py_compile` (one interpreter for all).
+fn py_compile(files: &[PathBuf]) {
+    let out = Command::new("python3").arg("-m").arg("py_compile").args(files).output().expect("python3 runs");
+    assert!(out.status.success(), "py_compile: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn every_preset_gets_a_script_that_python_compiles() {
+    let dir = scratch("presets");
+    let mut files = Vec::new();
+    let mut unestimated = Vec::new();
+    for p in presets::presets() {
+        let mut cfg = Config::default();
+        config::set(&mut cfg, "model", p.id).expect("preset id");
+        let script = verify::verify_script(&cfg).unwrap_or_else(|e| panic!("{}: {e}", p.id));
+        if trainmem::estimator::estimate(&cfg).is_err() {
+            // Still generated: the script measures, with null predictions and a note saying why.
+            assert!(script.contains("trainmem does not estimate this architecture yet"), "{}", p.id);
+            unestimated.push(p.id);
+        } else {
+            assert!(!script.contains("\"cuda\": null"), "{}: predictions embedded", p.id);
+        }
+        let f = dir.join(format!("{}.py", p.id.replace('.', "_")));
+        std::fs::write(&f, script).expect("write script");
+        files.push(f);
+    }
+    py_compile(&files);
+    println!("{} preset scripts compile; generated without predictions (not estimated yet): {}", files.len(), unestimated.join(", "));
+}
+
+#[test]
+fn a_spread_of_recipes_attention_and_checkpointing_compiles() {
+    let dir = scratch("spread");
+    let mut files = Vec::new();
+    let models = ["gpt2", "llama-3.2-1b", "qwen3-30b-a3b", "gemma-2-2b", "phi-3-mini-4k-instruct", "mixtral-8x7b-v0.1"];
+    let recipes = [
+        ("fp32", "forloop", "adamw"),
+        ("bf16", "foreach", "adamw"),
+        ("fp16", "fused", "sgd"),
+        ("amp-bf16", "fused", "momentum"),
+        ("amp-fp16", "foreach", "adafactor"),
+        ("mixed-bf16", "fused", "adamw"),
+        ("mixed-fp16", "forloop", "adamw"),
+        ("mixed-bf16-fp32grad", "foreach", "adamw"),
+    ];
+    for model in models {
+        for (i, (precision, imp, optim)) in recipes.iter().enumerate() {
+            let attn = ["eager", "sdpa", "flash"][i % 3];
+            let recompute = ["none", "full"][i % 2];
+            let q = format!(
+                "model={model}&precision={precision}&optim_impl={imp}&optim={optim}&attn={attn}&recompute={recompute}&seq=512&batch=2&accum={}&dropout={}",
+                1 + i % 2,
+                if i % 3 == 0 { "0.1" } else { "0" }
+            );
+            let d = config::decode_query(&q);
+            assert!(d.errors.is_empty(), "{q}: {:?}", d.errors);
+            let script = verify::verify_script(&d.config).unwrap_or_else(|e| panic!("{q}: {e}"));
+            let f = dir.join(format!("{}-{i}.py", model.replace('.', "_")));
+            std::fs::write(&f, script).expect("write script");
+            files.push(f);
+        }
+    }
+    py_compile(&files);
+}
+
+#[test]
+fn the_embedded_tracker_is_python_and_matches_validation_once_merged() {
+    py_compile(&[root().join("src/verify/tracker.py")]);
+    let merged = root().join("validation/tracker.py");
+    match std::fs::read_to_string(&merged) {
+        Ok(text) => assert_eq!(
+            text,
+            verify::TRACKER,
+            "src/verify/tracker.py differs from validation/tracker.py: copy it over and update verify::TRACKER_COMMIT"
+        ),
+        Err(_) => {
+            println!("validation/tracker.py is not in this checkout yet: the embedded copy (commit {}) is used", verify::TRACKER_COMMIT)
+        }
+    }
+}
+
+#[test]
+fn the_cli_writes_the_script_to_a_file_or_stdout_and_refuses_by_key() {
+    let dir = scratch("cli");
+    let out = dir.join("v.py");
+    let (code, text, err) = trainmem(&["verify-script", "--model", "gpt2", "--precision", "fp32", "--out", out.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.starts_with("wrote ") && out.exists(), "{text}");
+    let (code, text, _) = trainmem(&["verify-script", "--model", "qwen2.5-0.5b", "--seq", "1024"]);
+    assert_eq!(code, 0);
+    assert!(text.starts_with("#!/usr/bin/env python3") && text.contains("\"model_type\": \"qwen2\""));
+    let (code, _, err) = trainmem(&["verify-script", "--model", "gpt2", "--gpus", "8"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`gpus` = 8: the script runs one process on one device"), "{err}");
+    let (code, _, err) = trainmem(&["compare", dir.join("missing.json").to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot read"), "{err}");
+    std::fs::write(dir.join("bad.json"), "{\"schema\": \"trainmem-verify\", \"version\": 1}").expect("write");
+    let (code, _, err) = trainmem(&["compare", dir.join("bad.json").to_str().expect("utf-8")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`query` must be a string"), "{err}");
+}
+
+#[test]
+fn an_imported_configs_model_type_is_kept_by_the_export() {
+    // A Mistral checkpoint without a window reads as a Llama-shaped spec; the hint keeps mistral.
+    let dir = scratch("hint");
+    let cfg = dir.join("config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"model_type": "mistral", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 176, "sliding_window": null}"#,
+    )
+    .expect("write");
+    let (code, text, err) = trainmem(&["verify-script", "--hf-config", cfg.to_str().expect("utf-8"), "--seq", "64"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("\"model_type\": \"mistral\""));
+}
+
+// ---- Running it ---------------------------------------------------------------------------------
+
+/// Tiny configurations (b = 1–2, s = 64) that run in seconds on a CPU.
+const RUNS: &[(&str, &str)] = &[
+    (
+        "llama-fp32-eager",
+        "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+         &batch=2&seq=64&precision=fp32&attn=eager&optim_impl=forloop",
+    ),
+    (
+        "llama-bf16-sdpa-ckpt",
+        "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+         &batch=2&seq=64&precision=bf16&attn=sdpa&recompute=full&optim_impl=forloop",
+    ),
+    ("gpt2-ampbf16-sdpa", "model=gpt2&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=4&head_dim=16&ffn=176&max_pos=512&batch=1&seq=64&precision=amp-bf16&attn=sdpa&optim_impl=foreach"),
+    (
+        "mixtral-bf16-sdpa",
+        "model=mixtral-8x7b-v0.1&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&experts=4&top_k=2&expert_ffn=40&max_pos=512\
+         &batch=2&seq=64&precision=bf16&attn=sdpa&optim_impl=forloop",
+    ),
+    (
+        "llama-mixedbf16-fused",
+        "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+         &batch=2&seq=64&precision=mixed-bf16&attn=sdpa&optim_impl=fused",
+    ),
+];
+
+#[test]
+fn the_script_runs_on_the_cpu_and_compare_reads_its_json() {
+    if skip("the_script_runs_on_the_cpu_and_compare_reads_its_json") {
+        return;
+    }
+    let py = torch_python().unwrap_or("python3");
+    let dir = scratch("runs");
+    let mut report = Vec::new();
+    for (name, query) in RUNS {
+        let d = config::decode_query(&format!("{query}&kernels=cpu"));
+        assert!(d.errors.is_empty(), "{name}: {:?}", d.errors);
+        let script = dir.join(format!("{name}.py"));
+        std::fs::write(&script, verify::verify_script(&d.config).unwrap_or_else(|e| panic!("{name}: {e}"))).expect("write");
+        let json_path = dir.join(format!("{name}.json"));
+        let started = std::time::Instant::now();
+        let out = Command::new(py).arg(&script).args(["--device", "cpu", "--out"]).arg(&json_path).output().expect("python runs");
+        let seconds = started.elapsed().as_secs_f64();
+        assert!(
+            out.status.success(),
+            "{name}: the script failed\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = json_path.to_str().expect("utf-8");
+        let (code, text, err) = trainmem(&["compare", path]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let (code, js, err) = trainmem(&["compare", path, "--json"]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let c: Value = serde_json::from_str(&js).expect("compare --json prints JSON");
+        let rows = c["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), FIELDS.len());
+        for r in rows {
+            let field = r["field"].as_str().unwrap_or_default();
+            let on_cpu = !matches!(field, "reserved_peak" | "nvidia_smi");
+            assert_eq!(r["measured"].is_u64(), on_cpu, "{name}: {field} measured");
+            assert_eq!(r["predicted"].is_u64(), on_cpu, "{name}: {field} predicted");
+        }
+        let record: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON")).expect("JSON");
+        assert_eq!(record["steps"].as_array().map(Vec::len), Some(3));
+        assert_eq!(record["parameter_count"]["built"], record["parameter_count"]["trainmem"], "{name}: the model built is the spec");
+        report.push(format!("== {name} ({seconds:.1} s)\n{text}"));
+    }
+    // Closeness is not asserted yet (the op-level step model is landing): the lead reads these.
+    println!("{}", report.join("\n"));
+}
