@@ -18,6 +18,7 @@ pub mod precision;
 pub mod presets;
 pub mod sharding;
 pub mod statics;
+pub mod step;
 pub mod timeline;
 pub mod units;
 
@@ -439,6 +440,41 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         textbook: activations::textbook_rows(cfg),
         warnings,
     })
+}
+
+/// What lives beside the step's stream on `stage`, from the ledger's rows: weights, optimizer
+/// states (and, when the "device" is the CPU as in the validation harness, the step counters
+/// kept on the host), buffers, the batch, gradient buffers, resident gradients (accumulation)
+/// and other micro-batches' activations (`other_acts`).
+pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other_acts: Bytes) -> step::model::Resident {
+    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
+    let mut optimizer = sum(Category::OptimizerStates);
+    if cfg.kernels == config::Kernels::Cpu {
+        optimizer += host.iter().filter(|r| r.id == "optimizer_step_counters").map(|r| r.bytes).sum::<Bytes>();
+    }
+    let buckets: Bytes = rows.iter().filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket")).map(|r| r.bytes).sum();
+    let grads = if step::model::resident_grads(cfg) { rows.iter().find(|r| r.id == "gradients").map_or(0, |r| r.bytes) } else { 0 };
+    step::model::Resident {
+        weights: sum(Category::Parameters),
+        optimizer,
+        buffers: step::model::buffer_bytes(cfg),
+        batch: step::model::batch_bytes(cfg, stage),
+        gradients: buckets + grads,
+        activations: other_acts,
+    }
+}
+
+/// The step of the most loaded GPU as an event stream (see [`step`]).
+pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
+    validate(cfg)?;
+    let recipe = recipe(cfg.precision);
+    let stage = if cfg.pp > 1 { Stage::First } else { Stage::Whole };
+    let groups = local_groups(cfg, stage);
+    let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
+    let resident = resident_of(cfg, &rows, &host, stage, 0);
+    let sh = sharding::Sharding::of(cfg);
+    let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &recipe, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
+    Ok(expr::numbers_only(|| step::model::simulate_stage(cfg, &recipe, stage, resident, temp)))
 }
 
 /// Every row of the ledger, depth first (parents before their children).

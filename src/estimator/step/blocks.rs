@@ -1,0 +1,459 @@
+//! The aten ops the modeling code dispatches, each with what it allocates in forward, what its
+//! autograd node saves, and what that node allocates in backward and in which order.
+//!
+//! The backward scripts follow `tools/autograd/derivatives.yaml` and
+//! `torch/csrc/autograd/FunctionsManual.cpp` (torch 2.15), checked allocation by allocation
+//! against the step logs of `validation/tracker.py`:
+//!
+//! - `mul` (MulBackward0): `other`'s gradient first (`grad * self`), then `self`'s
+//!   (`grad * other`); a broadcast input's gradient is the full-size product, reduced by
+//!   `sum_to` in the engine's `validate_outputs` (input order), the full temporary freed.
+//! - `mm` (MmBackward0): `mat2` (the weight) first, then `mat1` (the input); `addmm`
+//!   (AddmmBackward0): the input, the weight, then the bias's `sum`.
+//! - `pow(x, n)` (PowBackward0): `self.pow(n - 1)`, `n * …`, `grad * …` — three temporaries.
+//! - `rsqrt` (RsqrtBackward0): `result.pow(3)`, `-0.5 * …`, `grad * …` on the result's shape.
+//! - `mean(dim, keepdim)` (MeanBackward1): `grad.expand(…) / n`, one full-size `div`.
+//! - `_to_copy` (ToCopyBackward0): a copy back to the input dtype.
+//! - views: no allocation, unless the incoming gradient is not contiguous and `reshape` copies
+//!   (ViewBackward0 `clone`); `slice` (SliceBackward0) allocates the full input (`slice_backward`,
+//!   zeros + copy); `expand` (ExpandBackward0) sums back to the input shape; `split`
+//!   (SplitBackward0) concatenates its outputs' gradients (`cat`); `cat` (CatBackward0) hands out
+//!   narrowed views.
+//! - `_scaled_dot_product_flash_attention_for_cpu` saves q, k, v, output and log-sum-exp; its
+//!   backward allocates dq, dk, dv (each laid out like its input).
+
+use super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
+use crate::estimator::activations::ctx::Q;
+
+/// Which of its tensors a unary op's node saves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    Nothing,
+    Input,
+    Output,
+}
+
+impl<'a> Builder<'a> {
+    // ------------------------------------------------------------------ elementwise
+
+    /// `x.to(dt)`: `_to_copy`, or nothing when `x` already has that dtype.
+    pub fn to_copy(&mut self, x: Tid, dt: Dt) -> Tid {
+        if self.dtype(dt) == self.t(x).dtype {
+            return x;
+        }
+        let (shape, rg, bytes, dtype) = (self.shape(x), self.rg(x), self.bytes(x), self.t(x).dtype);
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "_to_copy" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        self.op("_to_copy", "ToCopyBackward0", &[x], &[out], &[], bw)[0]
+    }
+
+    /// A unary op whose output has the input's shape and dtype (`silu`, `tanh`, `neg`, …):
+    /// its node keeps `keep` and allocates one `bw_op` tensor of the input's size.
+    pub fn unary(&mut self, name: &'static str, node: &'static str, x: Tid, keep: Keep, bw_op: &'static str) -> Tid {
+        let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let out = self.out(shape, dt, rg);
+        let saved: &[S] = match keep {
+            Keep::Nothing => &[],
+            Keep::Input => &[S::In(0)],
+            Keep::Output => &[S::Out(0)],
+        };
+        let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: bw_op }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        self.op(name, node, &[x], &[out], saved, bw)[0]
+    }
+
+    /// `x * c` for a Python number `c` (MulBackward1: `grad * c`).
+    pub fn mul_scalar(&mut self, x: Tid) -> Tid {
+        self.unary("mul", "MulBackward1", x, Keep::Nothing, "mul")
+    }
+
+    /// `x + c` for a Python number (AddBackward1: the gradient passes through).
+    pub fn add_scalar(&mut self, x: Tid) -> Tid {
+        let (shape, dt, rg) = (self.shape(x), self.t(x).dt, self.rg(x));
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
+        self.op("add", "AddBackward1", &[x], &[out], &[], bw)[0]
+    }
+
+    /// `x.pow(n)` for a Python exponent: keeps `x`; backward `x.pow(n-1)`, `n * ·`, `grad * ·`.
+    pub fn pow(&mut self, x: Tid) -> Tid {
+        let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg {
+            &[
+                B::Alloc { bytes, dtype, op: "pow" },
+                B::Alloc { bytes, dtype, op: "mul" },
+                B::Alloc { bytes, dtype, op: "mul" },
+                B::Free(1),
+                B::Free(0),
+                B::Grad { input: 0, temp: 2 },
+            ]
+        } else {
+            &[]
+        };
+        self.op("pow", "PowBackward0", &[x], &[out], &[S::In(0)], bw)[0]
+    }
+
+    /// `torch.rsqrt(x)`: keeps its result; backward `result.pow(3)`, `-0.5 * ·`, `grad * ·`.
+    pub fn rsqrt(&mut self, x: Tid) -> Tid {
+        let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg {
+            &[
+                B::Alloc { bytes, dtype, op: "pow" },
+                B::Alloc { bytes, dtype, op: "mul" },
+                B::Alloc { bytes, dtype, op: "mul" },
+                B::Free(1),
+                B::Free(0),
+                B::Grad { input: 0, temp: 2 },
+            ]
+        } else {
+            &[]
+        };
+        self.op("rsqrt", "RsqrtBackward0", &[x], &[out], &[S::Out(0)], bw)[0]
+    }
+
+    /// `x.mean(-1, keepdim=True)` → `[…, 1]`; backward one full-size `div`.
+    pub fn mean_last(&mut self, x: Tid) -> Tid {
+        let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let out = self.out(shape.drop_last(), dt, rg);
+        let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "div" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        self.op("mean", "MeanBackward1", &[x], &[out], &[], bw)[0]
+    }
+
+    /// `a * b` with broadcasting; the output has the shape of the larger operand (or `shape`).
+    /// MulBackward0 keeps `b` when `a` needs a gradient and `a` when `b` does.
+    pub fn mul(&mut self, a: Tid, b: Tid) -> Tid {
+        let full = if self.numel_bytes(a) >= self.numel_bytes(b) { a } else { b };
+        let shape = self.shape(full);
+        let dt = self.promote(a, b, full);
+        self.mul_to(a, b, shape, dt)
+    }
+
+    /// The result dtype of a binary op (type promotion: the wider float wins).
+    pub fn promote(&self, a: Tid, b: Tid, prefer: Tid) -> Dt {
+        let (da, db) = (self.t(a).dtype, self.t(b).dtype);
+        if da == db {
+            self.t(prefer).dt
+        } else if da.bytes() >= db.bytes() {
+            self.t(a).dt
+        } else {
+            self.t(b).dt
+        }
+    }
+
+    fn numel_bytes(&self, t: Tid) -> u128 {
+        self.bytes(t) / self.t(t).dtype.bytes().max(1) as u128
+    }
+
+    /// `a * b` into an output of `shape` / `dt`.
+    pub fn mul_to(&mut self, a: Tid, b: Tid, shape: Shape, dt: Dt) -> Tid {
+        let (ra, rb) = (self.rg(a), self.rg(b));
+        let out = self.out(shape, dt, ra || rb);
+        let full = self.bytes_of(&shape, dt);
+        let dtype = self.dtype(dt);
+        let mut saved: [S; 2] = [S::In(0); 2];
+        let mut ns = 0;
+        if rb {
+            saved[ns] = S::In(0);
+            ns += 1;
+        }
+        if ra {
+            saved[ns] = S::In(1);
+            ns += 1;
+        }
+        let mut bw: [B; 10] = [B::Free(0); 10];
+        let mut n = 0;
+        let mut temps = 0u8;
+        let (mut ta, mut tb) = (u8::MAX, u8::MAX);
+        if rb {
+            bw[n] = B::Alloc { bytes: full, dtype, op: "mul" };
+            n += 1;
+            tb = temps;
+            temps += 1;
+        }
+        if ra {
+            bw[n] = B::Alloc { bytes: full, dtype, op: "mul" };
+            n += 1;
+            ta = temps;
+            temps += 1;
+        }
+        let full_numel = full / dtype.bytes().max(1) as u128;
+        let mut applied = false;
+        for (input, t, rg) in [(a, &mut ta, ra), (b, &mut tb, rb)] {
+            if rg && self.numel_bytes(input) < full_numel {
+                if !applied {
+                    bw[n] = B::Apply;
+                    n += 1;
+                    applied = true;
+                }
+                let g = self.t(input).dtype;
+                bw[n] = B::Alloc { bytes: self.grad_bytes(input), dtype: g, op: "sum" };
+                bw[n + 1] = B::Free(*t);
+                n += 2;
+                *t = temps;
+                temps += 1;
+            }
+        }
+        if ra {
+            bw[n] = B::Grad { input: 0, temp: ta };
+            n += 1;
+        }
+        if rb {
+            bw[n] = B::Grad { input: 1, temp: tb };
+            n += 1;
+        }
+        self.op("mul", "MulBackward0", &[a, b], &[out], &saved[..ns], &bw[..n])[0]
+    }
+
+    /// `a + b` (AddBackward0): the gradient passes to both; a broadcast operand gets its `sum`.
+    pub fn add(&mut self, a: Tid, b: Tid) -> Tid {
+        let full = if self.numel_bytes(a) >= self.numel_bytes(b) { a } else { b };
+        let (shape, dt) = (self.shape(full), self.promote(a, b, full));
+        let (ra, rb) = (self.rg(a), self.rg(b));
+        let out = self.out(shape, dt, ra || rb);
+        let fb = self.numel_bytes(full);
+        let mut bw: [B; 4] = [B::Free(0); 4];
+        let mut n = 0;
+        let mut temps = 0u8;
+        for (i, input, rg) in [(0u8, a, ra), (1u8, b, rb)] {
+            if !rg {
+                continue;
+            }
+            if self.numel_bytes(input) < fb {
+                let g = self.t(input).dtype;
+                bw[n] = B::Alloc { bytes: self.grad_bytes(input), dtype: g, op: "sum" };
+                bw[n + 1] = B::Grad { input: i, temp: temps };
+                temps += 1;
+                n += 2;
+            } else {
+                bw[n] = B::Pass { input: i, output: 0 };
+                n += 1;
+            }
+        }
+        self.op("add", "AddBackward0", &[a, b], &[out], &[], &bw[..n])[0]
+    }
+
+    // ------------------------------------------------------------------ linear layers
+
+    /// `F.linear(x, w, bias)` on a `[b, s, in]` input: `mm` (or `addmm` with a bias) into
+    /// `[b, s, out]` of `shape`. The node keeps `x` when the weight learns; MmBackward0 makes
+    /// the weight's gradient, then the input's; AddmmBackward0 the input's, the weight's, then
+    /// the bias's `sum`.
+    pub fn linear(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape) -> Tid {
+        let rx = self.rg(x);
+        let rw = self.rg(w);
+        let dt = self.t(x).dt;
+        let out = self.out(shape, dt, rx || rw || bias.is_some_and(|b| self.rg(b)));
+        let xb = self.bytes(x);
+        let xd = self.t(x).dtype;
+        let wg = self.grad_bytes(w);
+        let wd = self.t(w).dtype;
+        let saved: &[S] = if rw { &[S::In(0)] } else { &[] };
+        match bias {
+            None => {
+                let mut bw: [B; 4] = [B::Free(0); 4];
+                let mut n = 0;
+                let mut temps = 0;
+                if rw {
+                    bw[n] = B::Alloc { bytes: wg, dtype: wd, op: "mm" };
+                    bw[n + 1] = B::Grad { input: 1, temp: temps };
+                    temps += 1;
+                    n += 2;
+                }
+                if rx {
+                    bw[n] = B::Alloc { bytes: xb, dtype: xd, op: "mm" };
+                    bw[n + 1] = B::Grad { input: 0, temp: temps };
+                    n += 2;
+                }
+                self.op("mm", "MmBackward0", &[x, w], &[out], saved, &bw[..n])[0]
+            }
+            Some(bb) => {
+                let rb = self.rg(bb);
+                let bg = self.grad_bytes(bb);
+                let bd = self.t(bb).dtype;
+                let mut bw: [B; 7] = [B::Free(0); 7];
+                let mut n = 0;
+                let mut temps = 0;
+                if rx {
+                    bw[n] = B::Alloc { bytes: xb, dtype: xd, op: "mm" };
+                    bw[n + 1] = B::Grad { input: 0, temp: temps };
+                    temps += 1;
+                    n += 2;
+                }
+                if rw {
+                    bw[n] = B::Alloc { bytes: wg, dtype: wd, op: "mm" };
+                    bw[n + 1] = B::Grad { input: 1, temp: temps };
+                    temps += 1;
+                    n += 2;
+                }
+                if rb {
+                    // The bias's gradient is `grad` itself, summed to its shape by the engine.
+                    bw[n] = B::Apply;
+                    bw[n + 1] = B::Alloc { bytes: bg, dtype: bd, op: "sum" };
+                    bw[n + 2] = B::Grad { input: 2, temp: temps };
+                    n += 3;
+                }
+                self.op("addmm", "AddmmBackward0", &[x, w, bb], &[out], saved, &bw[..n])[0]
+            }
+        }
+    }
+
+    /// Gradient bytes of a parameter (0 when frozen).
+    pub fn grad_bytes(&self, w: Tid) -> u128 {
+        match self.t(w).origin {
+            super::ir::Origin::Param { grad_bytes } => grad_bytes,
+            _ => self.bytes(w),
+        }
+    }
+
+    // ------------------------------------------------------------------ views
+
+    /// A view (`view`, `reshape` of a contiguous tensor, `transpose`, `unsqueeze`): no
+    /// allocation; in backward the gradient passes, or is copied when `clone_bw` (it arrives
+    /// laid out so that `reshape` cannot view it: ViewBackward0 `clone`).
+    pub fn view(&mut self, x: Tid, shape: Shape, node: &'static str, clone_bw: bool) -> Tid {
+        let out = self.view_out(x, shape);
+        let (bytes, dtype) = (self.bytes(x), self.t(x).dtype);
+        let bw: &[B] = if !self.rg(x) {
+            &[]
+        } else if clone_bw {
+            &[B::Alloc { bytes, dtype, op: "clone" }, B::Grad { input: 0, temp: 0 }]
+        } else {
+            &[B::Pass { input: 0, output: 0 }]
+        };
+        self.op("view", node, &[x], &[out], &[], bw)[0]
+    }
+
+    /// `x[..., a:b]` on the last dim: a view; SliceBackward0 allocates the full input.
+    pub fn slice_last(&mut self, x: Tid, last: Dim) -> Tid {
+        let shape = self.shape(x).last(last);
+        let out = self.view_out(x, shape);
+        let (bytes, dtype) = (self.bytes(x), self.t(x).dtype);
+        let bw: &[B] = if self.rg(x) { &[B::Alloc { bytes, dtype, op: "slice_backward" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        self.op("slice", "SliceBackward0", &[x], &[out], &[], bw)[0]
+    }
+
+    /// `torch.cat((a, b), -1)` into `shape`: CatBackward0 hands each input a narrowed view.
+    pub fn cat2(&mut self, a: Tid, b: Tid, shape: Shape) -> Tid {
+        let dt = self.t(a).dt;
+        let rg = self.rg(a) || self.rg(b);
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = &[B::Pass { input: 0, output: 0 }, B::Pass { input: 1, output: 0 }];
+        self.op("cat", "CatBackward0", &[a, b], &[out], &[], if rg { bw } else { &[] })[0]
+    }
+
+    // ------------------------------------------------------------------ attention kernels
+
+    /// `F.scaled_dot_product_attention` on CPU (and flash on CUDA): output `[b, a, s, d]` in
+    /// q's layout and an fp32 log-sum-exp `[b, a, s]`; keeps q, k, v, output and lse; backward
+    /// allocates dq, dk, dv.
+    pub fn sdpa_flash(&mut self, q: Tid, k: Tid, v: Tid, name: &'static str, node: &'static str, bw_name: &'static str) -> (Tid, Tid) {
+        let rg = self.rg(q) || self.rg(k) || self.rg(v);
+        let o = self.out(self.shape(q), self.t(q).dt, rg);
+        let lse_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp);
+        let lse = self.out(lse_shape, Dt::F32, false);
+        let mut bw: [B; 6] = [B::Free(0); 6];
+        let mut n = 0;
+        let mut temps = 0;
+        for (i, t) in [q, k, v].into_iter().enumerate() {
+            if self.rg(t) {
+                bw[n] = B::Alloc { bytes: self.bytes(t), dtype: self.t(t).dtype, op: bw_name };
+                n += 1;
+            }
+            let _ = i;
+        }
+        for (i, t) in [q, k, v].into_iter().enumerate() {
+            if self.rg(t) {
+                bw[n] = B::Grad { input: i as u8, temp: temps };
+                temps += 1;
+                n += 1;
+            }
+        }
+        let r = self.op(name, node, &[q, k, v], &[o, lse], &[S::In(0), S::In(1), S::In(2), S::Out(0), S::Out(1)], &bw[..n]);
+        (r[0], r[1])
+    }
+
+    /// `torch.bmm`-style matmul `a @ b` into `shape`; BmmBackward0 makes `b`'s gradient
+    /// first, then `a`'s; it keeps `b` for `a`'s gradient and `a` for `b`'s.
+    pub fn bmm(&mut self, a: Tid, b: Tid, shape: Shape) -> Tid {
+        let (ra, rb) = (self.rg(a), self.rg(b));
+        let dt = self.t(a).dt;
+        let out = self.out(shape, dt, ra || rb);
+        let mut saved: [S; 2] = [S::In(0); 2];
+        let mut ns = 0;
+        if ra {
+            saved[ns] = S::In(1);
+            ns += 1;
+        }
+        if rb {
+            saved[ns] = S::In(0);
+            ns += 1;
+        }
+        let mut bw: [B; 4] = [B::Free(0); 4];
+        let mut n = 0;
+        let mut temps = 0;
+        if rb {
+            bw[n] = B::Alloc { bytes: self.bytes(b), dtype: self.t(b).dtype, op: "bmm" };
+            bw[n + 1] = B::Grad { input: 1, temp: temps };
+            temps += 1;
+            n += 2;
+        }
+        if ra {
+            bw[n] = B::Alloc { bytes: self.bytes(a), dtype: self.t(a).dtype, op: "bmm" };
+            bw[n + 1] = B::Grad { input: 0, temp: temps };
+            n += 2;
+        }
+        self.op("bmm", "BmmBackward0", &[a, b], &[out], &saved[..ns], &bw[..n])[0]
+    }
+
+    /// A copy into a new layout (`.contiguous()`, `reshape` that copies, `clone`):
+    /// CloneBackward0 passes the gradient.
+    pub fn copy(&mut self, x: Tid, shape: Shape) -> Tid {
+        let (dt, rg) = (self.t(x).dt, self.rg(x));
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
+        self.op("clone", "CloneBackward0", &[x], &[out], &[], bw)[0]
+    }
+
+    /// An op without a gradient (index arithmetic, masks): allocates `shape` in `dt`.
+    pub fn plain(&mut self, name: &'static str, ins: &[Tid], shape: Shape, dt: Dt) -> Tid {
+        let out = self.out(shape, dt, false);
+        self.op(name, "", ins, &[out], &[], &[])[0]
+    }
+
+    /// An op with several outputs and no gradient.
+    pub fn plain_n(&mut self, name: &'static str, ins: &[Tid], outs: &[Out]) -> [Tid; 4] {
+        self.op(name, "", ins, outs, &[], &[])
+    }
+}
+
+/// Shapes the blocks use.
+pub mod shapes {
+    use super::super::ir::{Dim, Shape, Split};
+    use crate::estimator::activations::ctx::Q;
+
+    /// `[b, s, w]`, split like the residual stream.
+    pub fn tok(w: Q) -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(w)], Split::Sp)
+    }
+    /// `[b, s, w]` inside the tensor-parallel region.
+    pub fn tok_tp(w: Dim) -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), w], Split::Tp)
+    }
+    /// `[b, s, 1]` row statistics.
+    pub fn rows() -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::N(1)], Split::Sp)
+    }
+    /// `[b, heads, s, d]`.
+    pub fn heads(h: Q) -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(h), Dim::Q(Q::S), Dim::Q(Q::D)], Split::Tp)
+    }
+    /// `[b, s, heads, d]`.
+    pub fn heads_bshd(h: Q) -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)
+    }
+    /// `[b, a, s, s_kv]` attention scores.
+    pub fn scores() -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::Tp)
+    }
+}

@@ -1,0 +1,403 @@
+//! Llama and the families written like it (`modeling_llama.py`, and Mistral, Qwen2, Qwen3,
+//! Mixtral …, which transformers generates from it with `# Copied from` / modular code):
+//! pre-norm decoder layers of RMSNorm → attention with RoPE → residual → RMSNorm → gated MLP
+//! (or a sparse MoE block) → residual.
+
+use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
+use super::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{ModelSpec, NormKind};
+
+/// `LlamaRMSNorm.forward`:
+/// ```python
+/// input_dtype = hidden_states.dtype
+/// hidden_states = hidden_states.to(torch.float32)
+/// variance = hidden_states.pow(2).mean(-1, keepdim=True)
+/// hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+/// return self.weight * hidden_states.to(input_dtype)
+/// ```
+/// Keeps the fp32 input (pow, mul), the rsqrt, and the normalized input in the input dtype
+/// (the weight's gradient). `variance` and the fp32 product live until the return.
+pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
+    let in_dt = b.t(x).dt;
+    let x32 = b.to_copy(x, Dt::F32);
+    let sq = b.pow(x32);
+    let var = b.mean_last(sq);
+    let ve = b.add_scalar(var);
+    let r = b.rsqrt(ve);
+    let n32 = b.mul(x32, r);
+    let n = b.to_copy(n32, in_dt);
+    let y = match w {
+        Some(w) => b.mul(w, n),
+        None => n,
+    };
+    b.hold(var);
+    b.hold(n32);
+    y
+}
+
+/// `apply_rotary_pos_emb(q, k, cos, sin)` on one of them:
+/// `x_embed = (x * cos) + (rotate_half(x) * sin)`, `rotate_half(x) = cat((-x2, x1), -1)`.
+/// Keeps nothing new (cos and sin are the model's).
+pub fn rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, kv: Q) -> Tid {
+    let m1 = b.mul(x, cos);
+    let x1 = b.slice_last(x, Dim::Half(Q::D));
+    let x2 = b.slice_last(x, Dim::Half(Q::D));
+    let ng = b.unary("neg", "NegBackward0", x2, Keep::Nothing, "neg");
+    let ct = b.cat2(ng, x1, heads(kv));
+    let m2 = b.mul(ct, sin);
+    b.add(m1, m2)
+}
+
+/// The attention's parameters, in registration order (`q_proj`, `k_proj`, `v_proj`, `o_proj`).
+#[derive(Clone, Copy)]
+pub struct AttnW {
+    pub wq: Option<Tid>,
+    pub bq: Option<Tid>,
+    pub wk: Option<Tid>,
+    pub bk: Option<Tid>,
+    pub wv: Option<Tid>,
+    pub bv: Option<Tid>,
+    pub wo: Option<Tid>,
+    pub bo: Option<Tid>,
+}
+
+impl AttnW {
+    pub fn new(b: &mut Builder, p: &Params) -> AttnW {
+        let wq = p.w(b, "layers.*.attn.q_proj.weight");
+        let bq = p.w(b, "layers.*.attn.q_proj.bias");
+        let wk = p.w(b, "layers.*.attn.k_proj.weight");
+        let bk = p.w(b, "layers.*.attn.k_proj.bias");
+        let wv = p.w(b, "layers.*.attn.v_proj.weight");
+        let bv = p.w(b, "layers.*.attn.v_proj.bias");
+        let wo = p.w(b, "layers.*.attn.o_proj.weight");
+        let bo = p.w(b, "layers.*.attn.o_proj.bias");
+        AttnW { wq, bq, wk, bk, wv, bv, wo, bo }
+    }
+}
+
+/// The gated MLP's parameters (`gate_proj`, `up_proj`, `down_proj`).
+#[derive(Clone, Copy)]
+pub struct MlpW {
+    pub wg: Option<Tid>,
+    pub wu: Option<Tid>,
+    pub wd: Option<Tid>,
+}
+
+impl MlpW {
+    pub fn new(b: &mut Builder, p: &Params) -> MlpW {
+        let wg = p.w(b, "layers.*.mlp.gate_proj.weight");
+        let wu = p.w(b, "layers.*.mlp.up_proj.weight");
+        let wd = p.w(b, "layers.*.mlp.down_proj.weight");
+        MlpW { wg, wu, wd }
+    }
+}
+
+/// The attention block (`LlamaAttention.forward` with the `sdpa` or `eager` interface): the
+/// q, k, v projections and their head views, RoPE, the attention core, `o_proj`. Returns the
+/// output and `attn_weights` (eager: the probabilities, which the caller's `_` holds until the
+/// decoder layer returns).
+pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let name = |s: &'static str| s;
+    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo } = *w;
+    let eager = attn == Attention::Eager;
+    b.part = Part::AttentionInputs;
+    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool| -> Tid {
+        b.module = module;
+        let y = match w {
+            Some(w) => b.linear(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)),
+            None => x,
+        };
+        b.module = "self_attn";
+        let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
+        b.view(v, heads(h), "TransposeBackward0", false)
+    };
+    // The gradients of q and k come back through RoPE in a layout `reshape` must copy; v's
+    // (from SDPA, laid out like v) views, except after eager attention's bmm.
+    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), true);
+    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), true);
+    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), eager);
+    b.part = Part::AttentionCore;
+    let (q, k) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) if has_rope(spec) && rotary_dims(spec) == spec.head_dim => {
+            let qe = rope(b, q, cos, sin, Q::A);
+            let ke = rope(b, k, cos, sin, Q::KV);
+            b.hold(q);
+            b.hold(k);
+            (qe, ke)
+        }
+        _ => (q, k),
+    };
+    let (o, weights) = if eager { eager_core(b, spec, q, k, v, sh.mask) } else { (sdpa_core(b, q, k, v), None) };
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.o_proj";
+    let out = match wo {
+        Some(w) => b.linear(o, w, bo, tok(Q::H)),
+        None => o,
+    };
+    b.hold(q);
+    b.hold(k);
+    b.hold(v);
+    (out, weights)
+}
+
+/// `sdpa_attention_forward`: `F.scaled_dot_product_attention(q, k, v, is_causal=True,
+/// enable_gqa=…)` then `transpose(1, 2).contiguous()` (a view: the CPU flash kernel returns its
+/// output in `[b, s, a, d]` layout) and the reshape to `[b, s, a·d]`.
+pub fn sdpa_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+    b.module = "self_attn";
+    let (o, _lse) = b.sdpa_flash(
+        q,
+        k,
+        v,
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    );
+    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+}
+
+/// `eager_attention_forward`:
+/// ```python
+/// key_states = repeat_kv(key, n_rep); value_states = repeat_kv(value, n_rep)
+/// attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+/// attn_weights = attn_weights + causal_mask
+/// attn_weights = softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+/// attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+/// ```
+/// `matmul` copies q (RoPE's output is laid out `[b, s, a, d]`) and the repeated k, v;
+/// `bmm` keeps its operands; softmax keeps its fp32 result; `.to(query.dtype)` keeps the cast.
+pub fn eager_core(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Option<Tid>) {
+    b.module = "self_attn";
+    let _ = spec;
+    // With grouped heads, repeat_kv's expand + reshape copies k and v to a heads (held by the
+    // function's locals); with n_rep = 1 it returns its input and matmul's reshapes copy them.
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
+    let qc = b.copy(q, heads(Q::A));
+    let kc = match kr {
+        Some(kr) => kr,
+        None => b.copy(k, heads(Q::A)),
+    };
+    let sc = b.bmm(qc, kc, scores_shape());
+    let sm = b.mul_scalar(sc);
+    let sa = match mask {
+        Some(m) => b.add(sm, m),
+        None => sm,
+    };
+    let s32 = b.to_copy(sa, Dt::F32);
+    let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
+    let pc = b.to_copy(pr, b.t(q).dt);
+    let vc = match vr {
+        Some(vr) => vr,
+        None => b.copy(v, heads(Q::A)),
+    };
+    let o = b.bmm(pc, vc, heads(Q::A));
+    // matmul's `_unsafe_view` back to [b, a, s, d]: its gradient arrives transposed (from the
+    // `.contiguous()` copy below) and is copied by the reshape.
+    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
+    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    let oc = b.copy(ot, heads_bshd(Q::A));
+    // The function's locals (the repeated k and v) go at its return; `attn_weights` is returned.
+    if let (Some(kr), Some(vr)) = (kr, vr) {
+        b.hold(kr);
+        b.hold(vr);
+    }
+    let out = b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
+    (out, Some(pc))
+}
+
+fn scores_shape() -> Shape {
+    super::super::blocks::shapes::scores()
+}
+
+/// `repeat_kv`: `x[:, :, None].expand(b, k, n_rep, s, d).reshape(b, a, s, d)` — a copy whose
+/// gradient is summed back over the repeats (ExpandBackward0).
+pub fn repeat_kv(b: &mut Builder, x: Tid) -> Tid {
+    let (bytes, dtype, rg) = (b.bytes(x), b.t(x).dtype, b.rg(x));
+    let e = b.view(x, heads(Q::KV), "UnsqueezeBackward0", false);
+    let shape = heads(Q::A);
+    let out = b.out(shape, b.t(x).dt, rg);
+    use super::super::ir::B;
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("clone", "ExpandBackward0", &[e], &[out], &[], bw)[0]
+}
+
+/// The gated MLP (`LlamaMLP`): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`.
+pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
+    let MlpW { wg, wu, wd } = *w;
+    b.part = Part::Mlp;
+    let f = || tok_tp(Dim::Q(Q::F));
+    b.module = "mlp.gate_proj";
+    let g = match wg {
+        Some(w) => b.linear(x, w, None, f()),
+        None => x,
+    };
+    b.module = "mlp.act_fn";
+    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
+    b.module = "mlp.up_proj";
+    let u = match wu {
+        Some(w) => b.linear(x, w, None, f()),
+        None => x,
+    };
+    b.module = "mlp";
+    let m = b.mul(a, u);
+    b.module = "mlp.down_proj";
+    match wd {
+        Some(w) => b.linear(m, w, None, tok(Q::H)),
+        None => m,
+    }
+}
+
+/// One decoder layer (`LlamaDecoderLayer.forward`).
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+    let _ = kind;
+    b.group = Group::All;
+    // Parameters in registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let aw = AttnW::new(b, p);
+    let mw = MlpW::new(b, p);
+    let norms = norm_weights(b, p, spec);
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = rms_norm(b, x, norms[0]);
+    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
+    b.hold(n1);
+    b.module = "";
+    b.part = Part::Norms;
+    let h = b.add(x, a);
+    b.module = "post_attention_layernorm";
+    let n2 = rms_norm(b, h, norms[1]);
+    let m = mlp(b, &mw, n2);
+    b.hold(n2);
+    b.module = "";
+    let y = b.add(h, m);
+    b.hold(h);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}
+
+/// The layer's norm weights (registered after the attention and MLP in Llama).
+fn norm_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> [Option<Tid>; 2] {
+    let _ = spec;
+    [p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.weight")]
+}
+
+/// `LlamaModel.forward` before the layers: the token embedding, `cache_position` /
+/// `position_ids`, the causal-mask preparation (`create_causal_mask`) and the rotary embedding.
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "model.embed_tokens";
+    let emb_w = p.w(b, "embed_tokens.weight");
+    let x0 = match emb_w {
+        Some(w) => embedding(b, ids, w),
+        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+    };
+    b.module = "model";
+    let (pos, mask) = positions_and_mask(b, attn);
+    let (cos, sin) = if has_rope(spec) {
+        let (c, s) = rotary(b, spec, pos);
+        (Some(c), Some(s))
+    } else {
+        (None, None)
+    };
+    (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: if spec.tied { emb_w } else { None } })
+}
+
+/// `nn.Embedding` on the token ids: keeps the ids; EmbeddingBackward0 allocates the weight's
+/// gradient (`embedding_dense_backward`).
+pub fn embedding(b: &mut Builder, ids: Tid, w: Tid) -> Tid {
+    use super::super::ir::{B, S};
+    let rg = b.rg(w);
+    let out = b.out(tok(Q::H), Dt::Resid, rg);
+    let g = b.grad_bytes(w);
+    let bw: &[B] =
+        if rg { &[B::Alloc { bytes: g, dtype: b.t(w).dtype, op: "embedding_dense_backward" }, B::Grad { input: 1, temp: 0 }] } else { &[] };
+    b.op("embedding", "EmbeddingBackward0", &[ids, w], &[out], &[S::In(0)], bw)[0]
+}
+
+/// `cache_position = arange(s) + past`, `position_ids = cache_position[None]`, then
+/// `create_causal_mask`: packed-sequence detection (`find_packed_sequence_indices`), and for
+/// eager attention the materialized additive mask `[b, 1, s, s_kv]` (`sdpa_mask` + `where`).
+pub fn positions_and_mask(b: &mut Builder, attn: Attention) -> (Tid, Option<Tid>) {
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1(), Dt::I64);
+    let pos = b.plain("add", &[ar], s1(), Dt::I64);
+    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    // find_packed_sequence_indices(position_ids): diff with a prepended column, != 1, cumsum.
+    let first = b.plain("sub", &[pos], Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64);
+    let cat = b.plain("cat", &[first, pos], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
+    let diff = b.plain("sub", &[cat], bs(), Dt::I64);
+    let ne = b.plain("ne", &[diff], bs(), Dt::Bool);
+    let cs = b.plain("cumsum", &[ne], bs(), Dt::I64);
+    let eq = b.plain("eq", &[cs], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::Bool);
+    let _all = b.plain("all", &[eq], Shape::scalar(), Dt::Bool);
+    b.hold(first);
+    b.hold(diff);
+    b.hold(cs);
+    let mask = if attn == Attention::Eager {
+        let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
+        let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
+        let kv0 = b.plain("arange", &[], s1(), Dt::I64);
+        let kv = b.plain("add", &[kv0], s1(), Dt::I64);
+        let q0 = b.plain("arange", &[], s1(), Dt::I64);
+        let qi = b.plain("add", &[q0], s1(), Dt::I64);
+        let le = b.plain("le", &[kv, qi], Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool);
+        b.hold(ba);
+        b.hold(ha);
+        b.hold(kv);
+        b.hold(qi);
+        let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
+        let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
+        let m = b.plain("where", &[le, zero, min], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid);
+        b.p.tensors[m as usize].part = Some(Part::Checkpoints);
+        Some(m)
+    } else {
+        None
+    };
+    (pos, mask)
+}
+
+/// `LlamaRotaryEmbedding.forward`: `freqs = inv_freq @ position_ids` (a `mul` for one
+/// position row), `emb = cat(freqs, freqs)`, `cos = emb.cos() * attention_scaling`, the same for
+/// sin, both cast to the hidden states' dtype. Returns `(cos, sin)` `[1, s, d_rot]`.
+pub fn rotary(b: &mut Builder, spec: &ModelSpec, pos: Tid) -> (Tid, Tid) {
+    b.module = "model.rotary_emb";
+    let full = cos_shape(spec);
+    let half = if rotary_dims(spec) == spec.head_dim { full.last(Dim::Half(Q::D)) } else { full.last(Dim::HalfX(X::DRot)) };
+    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
+    let freqs = b.plain("mul", &[pf], half, Dt::F32);
+    let emb = b.plain("cat", &[freqs], full, Dt::F32);
+    let c = b.plain("cos", &[emb], full, Dt::F32);
+    let cs = b.plain("mul", &[c], full, Dt::F32);
+    let s = b.plain("sin", &[emb], full, Dt::F32);
+    let ss = b.plain("mul", &[s], full, Dt::F32);
+    let cos = b.to_copy(cs, Dt::Resid);
+    let sin = b.to_copy(ss, Dt::Resid);
+    b.hold(freqs);
+    b.hold(emb);
+    b.hold(cs);
+    b.hold(ss);
+    for t in [cos, sin] {
+        b.p.tensors[t as usize].part = Some(Part::Embedding);
+    }
+    (cos, sin)
+}
+
+/// The final norm (`model.norm`).
+pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+    b.module = "model.norm";
+    b.part = Part::Head;
+    let w = p.w(b, "norm.weight");
+    match spec.norm {
+        NormKind::Rmsnorm => rms_norm(b, x, w),
+        _ => rms_norm(b, x, w),
+    }
+}
