@@ -212,8 +212,17 @@ pub struct Memory {
     pub peak: Bytes,
     /// Host memory per GPU process.
     pub host: Bytes,
-    /// The event of the peak.
+    /// The coarse step event of the peak ("backward layer 32", "loss + LM head backward").
     pub peak_event: String,
+    /// The op of the peak inside it: "layer 31 backward, `mlp.down_proj` mm in MmBackward0"
+    /// (layers 0-based, modules relative to the layer).
+    pub peak_op: String,
+    /// Resident bytes + the step stream's largest live bytes: what
+    /// `torch.cuda.max_memory_allocated()` reports (no context, NCCL or fragmentation).
+    pub allocated_peak: Bytes,
+    /// `torch.cuda.max_memory_reserved()` from replaying the step's stream through the caching
+    /// allocator simulator (only where the stream is materialized: [`explain`], [`simulate`]).
+    pub reserved_peak: Option<Bytes>,
 }
 
 impl Memory {
@@ -259,6 +268,10 @@ struct StageResult {
     rows: Vec<Row>,
     host: Vec<Row>,
     timeline: timeline::Timeline,
+    /// Where in the step the peak is ("layer 31 backward, `mlp.down_proj` …").
+    peak_label: String,
+    /// Resident bytes + the stream's largest live bytes (what `max_memory_allocated` counts).
+    allocated_peak: Bytes,
 }
 
 fn transient_row(id: &'static str, label: &'static str, e: expr::Expr, source: &'static str) -> Option<Row> {
@@ -306,47 +319,26 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let nccl = overhead::nccl_buffer_bytes(cfg);
     let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes);
 
-    // The step.
-    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
-    let grad_buffers: Bytes = rows.iter().filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket")).map(|r| r.bytes).sum();
-    let grads = rows.iter().find(|r| r.id == "gradients").map_or(0, |r| r.bytes);
-    let trainable =
-        |pred: &dyn Fn(&params::LocalGroup) -> bool| params::elements(&groups, |g| g.role == Role::Trainable && pred(g)) as u128;
-    let t_all = trainable(&|_| true).max(1);
-    let t_layers = trainable(&|g| g.group.part.per_layer());
-    let t_head = trainable(&|g| matches!(g.group.part, Part::FinalNorm | Part::LmHead) || g.group.name.starts_with("project_out"));
-    let share = |n: u128| grads * n / t_all;
-    let one_micro = embedding + per_layer * layers as u128 + head_and_loss;
-    let inputs = timeline::StepInputs {
-        weights: sum(Category::Parameters),
-        optimizer: sum(Category::OptimizerStates),
-        grad_buffers,
-        grad_head: share(t_head),
-        grad_layer: share(t_layers) / layers.max(1) as u128,
-        grad_embedding: grads - share(t_head) - share(t_layers) / layers.max(1) as u128 * layers as u128,
-        grads_resident: cfg.accum > 1,
-        layers,
-        other_micro_batches: acts_bytes.saturating_sub(one_micro),
-        act_embedding: embedding,
-        act_layer: per_layer,
-        act_head_and_loss: head_and_loss,
-        layer_forward: w.layer_forward.eval(),
-        mask_forward: w.mask_forward.eval(),
-        layer_backward: w.layer_backward.eval(),
-        recompute_layer: w.recompute_layer.eval(),
-        loss_forward: w.loss_forward.eval(),
-        loss_backward: w.loss_backward.eval(),
-        gathered: gathered_bytes,
-        optimizer_temporaries: temp_bytes,
+    // The step, op by op (see `step`): its peak above what is resident, piece by piece.
+    let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
+    let resident = resident_of(cfg, &rows, &host, stage, other_micro);
+    let other_temp = if cfg.optim == config::Optimizer::Adamw { 0 } else { temp_bytes };
+    let setup = step::model::Setup::new(cfg, recipe, stage);
+    let fast = step::fast::stage(&setup, other_temp);
+    let beside = timeline::Beside {
+        resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
         outside_allocator: outside,
         frag_pct: cfg.frag_pct,
+        gathered: gathered_bytes,
     };
-    let tl = timeline::simulate(&inputs);
+    let tl = timeline::derive(&fast.segments, &beside);
+    let peak_label = fast.segments.get(tl.peak).and_then(|c| c.at).map(|a| step::label(&a)).unwrap_or_default();
     let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
     rows.push(ctx);
     rows.extend(nccl);
     rows.push(overhead::fragmentation_bytes(cfg, peak_dynamic));
-    StageResult { rows, host, timeline: tl }
+    let allocated_peak = resident.total() + fast.peak;
+    StageResult { rows, host, timeline: tl, peak_label, allocated_peak }
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -375,9 +367,15 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             best = Some((stage, r));
         }
     }
-    let (stage, StageResult { rows: components, host, timeline }) = best.unwrap_or((
+    let (stage, StageResult { rows: components, host, timeline, peak_label, allocated_peak }) = best.unwrap_or((
         Stage::Whole,
-        StageResult { rows: Vec::new(), host: Vec::new(), timeline: timeline::Timeline { events: Vec::new(), peak: 0 } },
+        StageResult {
+            rows: Vec::new(),
+            host: Vec::new(),
+            timeline: timeline::Timeline { events: Vec::new(), peak: 0 },
+            peak_label: String::new(),
+            allocated_peak: 0,
+        },
     ));
     // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
     let trainable = if cfg.finetune == Finetune::Full {
@@ -398,6 +396,9 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         peak: timeline.peak_bytes(),
         host: host.iter().map(|r| r.bytes).sum(),
         peak_event: timeline.peak_event().map(timeline::Event::label).unwrap_or_default(),
+        peak_op: peak_label,
+        allocated_peak,
+        reserved_peak: None,
     };
     let dp = cfg.dp();
     let layout = Layout {

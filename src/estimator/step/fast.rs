@@ -1,24 +1,45 @@
 //! `memory.peak` without materializing the stream: the stage's program is cut into its
-//! prologue, each kind of decoder layer, and its epilogue; each piece is run once on its own
-//! (its inputs alive on entry, its outputs handed on), which gives its peak and its net change
-//! relative to entry, forward and backward; the pieces are then applied in the stream's order,
-//! one decoder layer at a time. Because the simulation is linear in the memory already alive,
-//! this equals the materialized stream's maximum (tested on every preset).
+//! prologue, its first decoder layer, one layer of each kind, and its epilogue; each piece runs
+//! once on its own (its inputs alive on entry, its outputs handed on), which gives its peak and
+//! its net change relative to entry, forward and backward; the pieces are then applied in the
+//! stream's order, one decoder layer at a time. The simulation is linear in the memory already
+//! alive, so this equals the materialized stream's maximum (tested on every preset).
 
-use super::ir::DType;
-use super::run::{At, Sink};
-use super::Cat;
+use super::families::{Kind, Shared};
+use super::ir::{DType, Dim, Dt, Origin, Program, Shape, Split, Tid};
+use super::model::{optimizer_events, optimizer_params, resident_grads, Setup};
+use super::run::{Accumulate, At, Run, Sink, NO_LAYER};
+use super::{Cat, Phase};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::config::Attention;
+use crate::estimator::ledger::Bytes;
 
-/// A sink that tracks live bytes relative to its start and their maximum.
-#[derive(Clone, Copy, Debug, Default)]
+/// A sink that tracks live bytes relative to its start, and the maximum since its last mark.
+#[derive(Clone, Copy, Debug)]
 pub struct Tracker {
     pub live: i128,
-    pub peak: i128,
-    /// Live bytes by category (activations, gradients, transient) now and at the peak.
+    /// Live bytes by category (activations, gradients, transient).
     pub cats: [i128; 3],
+    /// The largest `live` after an allocation since [`Tracker::mark`] (`i128::MIN`: none).
+    pub peak: i128,
     pub at_peak: [i128; 3],
     pub peak_at: Option<At>,
     next: u32,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker { live: 0, cats: [0; 3], peak: i128::MIN, at_peak: [0; 3], peak_at: None, next: 0 }
+    }
+}
+
+impl Tracker {
+    /// Starts a new segment: returns the live bytes and categories at its start.
+    pub fn mark(&mut self) -> (i128, [i128; 3]) {
+        self.peak = i128::MIN;
+        self.peak_at = None;
+        (self.live, self.cats)
+    }
 }
 
 fn ci(c: Cat) -> usize {
@@ -33,7 +54,7 @@ impl Sink for Tracker {
     fn alloc(&mut self, bytes: u128, _dtype: DType, cat: Cat, at: &At) -> u32 {
         self.live += bytes as i128;
         self.cats[ci(cat)] += bytes as i128;
-        if self.live > self.peak || self.peak_at.is_none() {
+        if self.live > self.peak {
             self.peak = self.live;
             self.at_peak = self.cats;
             self.peak_at = Some(*at);
@@ -44,5 +65,384 @@ impl Sink for Tracker {
     fn free(&mut self, _id: u32, bytes: u128, cat: Cat, _at: &At) {
         self.live -= bytes as i128;
         self.cats[ci(cat)] -= bytes as i128;
+    }
+}
+
+/// One segment of a piece: its peak above its start (`i128::MIN`: it allocates nothing), the
+/// categories at that peak and its net change.
+#[derive(Clone, Copy, Debug)]
+pub struct Seg {
+    pub peak: i128,
+    pub at_peak: [i128; 3],
+    pub at: Option<At>,
+    pub delta: i128,
+    pub delta_cats: [i128; 3],
+}
+
+fn seg(t: &Tracker, start: (i128, [i128; 3])) -> Seg {
+    let sub = |a: [i128; 3], b: [i128; 3]| [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
+    Seg {
+        peak: if t.peak == i128::MIN { i128::MIN } else { t.peak - start.0 },
+        at_peak: sub(t.at_peak, start.1),
+        at: t.peak_at,
+        delta: t.live - start.0,
+        delta_cats: sub(t.cats, start.1),
+    }
+}
+
+/// A piece's forward, backward and teardown.
+#[derive(Clone, Copy, Debug)]
+pub struct Profile {
+    pub fwd: Seg,
+    pub bwd: Seg,
+    pub fin: Seg,
+}
+
+/// Runs one piece on its own.
+pub fn profile(prog: &Program, acc: Accumulate, inject_alloc: bool, resident: bool, pre_grads: &[Tid], finish: bool) -> Profile {
+    let mut run = Run::new(prog, Tracker::default(), acc);
+    if resident {
+        run.grads_resident();
+    }
+    for &t in pre_grads {
+        run.preexisting_grad(t);
+    }
+    let s0 = run.sink.mark();
+    run.forward();
+    let fwd = seg(&run.sink, s0);
+    let s1 = run.sink.mark();
+    run.inject(inject_alloc);
+    run.backward();
+    let bwd = seg(&run.sink, s1);
+    let s2 = run.sink.mark();
+    if finish {
+        run.finish_backward();
+    }
+    let fin = seg(&run.sink, s2);
+    Profile { fwd, bwd, fin }
+}
+
+/// Which piece a coarse timeline segment belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Start,
+    Embedding,
+    ForwardLayer(u32),
+    LossForward,
+    LossBackward,
+    BackwardLayer(u32),
+    EmbeddingBackward,
+    Reduction,
+    Optimizer,
+    End,
+}
+
+/// One coarse segment: the most memory alive in it (above the resident bytes) and how it
+/// splits (activations, gradients, transient).
+#[derive(Clone, Copy, Debug)]
+pub struct Coarse {
+    pub piece: Piece,
+    pub live: i128,
+    pub cats: [i128; 3],
+    pub at: Option<At>,
+}
+
+/// The stage's peak, computed piece by piece.
+#[derive(Clone, Debug)]
+pub struct Fast {
+    /// The largest live bytes of the stream (above the resident bytes).
+    pub peak: Bytes,
+    pub cats: [Bytes; 3],
+    pub at: Option<At>,
+    /// Index of the coarse segment holding the peak.
+    pub peak_seg: usize,
+    pub segments: Vec<Coarse>,
+}
+
+/// Composes the pieces: the same order as the materialized stream.
+struct Acc {
+    base: i128,
+    cats: [i128; 3],
+    segments: Vec<Coarse>,
+}
+
+impl Acc {
+    fn apply(&mut self, piece: Piece, s: &Seg) {
+        let (live, cats, at) = if s.peak == i128::MIN {
+            (self.base, self.cats, None)
+        } else {
+            (self.base + s.peak, [self.cats[0] + s.at_peak[0], self.cats[1] + s.at_peak[1], self.cats[2] + s.at_peak[2]], s.at)
+        };
+        // A segment's own level after it may exceed its in-segment peak (frees only): count the
+        // level at its end too.
+        let end = self.base + s.delta;
+        let endc = [self.cats[0] + s.delta_cats[0], self.cats[1] + s.delta_cats[1], self.cats[2] + s.delta_cats[2]];
+        let (live, cats, at) = if s.peak == i128::MIN && end > live { (end, endc, None) } else { (live, cats, at) };
+        self.segments.push(Coarse { piece, live, cats, at });
+        self.base = end;
+        self.cats = endc;
+    }
+    /// A segment that only frees (backward's teardown): moves the level, no new maximum.
+    fn shift(&mut self, s: &Seg) {
+        self.base += s.delta;
+        for i in 0..3 {
+            self.cats[i] += s.delta_cats[i];
+        }
+    }
+}
+
+/// Shapes and dtypes of the model-level tensors the model's forward releases at its end when
+/// no layer saved them.
+fn model_ends(setup: &Setup, first: &Program, x: Tid, sh: &Shared) -> Vec<(Shape, Dt)> {
+    let saved = saved_inputs(first);
+    let mut out = Vec::new();
+    let _ = setup;
+    if !saved.contains(&x) {
+        out.push((Shape::tok(Q::H), Dt::Resid));
+    }
+    for t in sh.all() {
+        if !saved.contains(&t) {
+            let tt = &first.tensors[t as usize];
+            out.push((tt.shape, tt.dt));
+        }
+    }
+    out
+}
+
+/// Inputs of a program that a node saves or a checkpoint region holds.
+fn saved_inputs(p: &Program) -> Vec<Tid> {
+    let mut v: Vec<Tid> = Vec::new();
+    let is_input = |t: Tid| matches!(p.tensors[t as usize].origin, Origin::Input { .. });
+    let in_region = |i: usize| p.regions.iter().any(|r| (r.first as usize..r.end as usize).contains(&i));
+    for (i, op) in p.ops.iter().enumerate() {
+        if in_region(i) {
+            continue;
+        }
+        for s in p.saved(op) {
+            let b = p.tensors[s.t as usize].base;
+            if is_input(b) && !v.contains(&b) {
+                v.push(b);
+            }
+        }
+    }
+    for r in &p.regions {
+        for s in &r.held {
+            let b = p.tensors[s.t as usize].base;
+            if is_input(b) && !v.contains(&b) {
+                v.push(b);
+            }
+        }
+    }
+    v
+}
+
+/// The stage's peak above its resident bytes, and its coarse segments.
+pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
+    let acc_mode = setup.accumulate;
+    let resident = resident_grads(setup.cfg);
+    let n = setup.kinds.len();
+    let spec = &setup.cfg.arch;
+    let (pro, _px0, _psh) = setup.prologue();
+    let (first, fx, fsh) = setup.layer_alone(setup.kinds.first().copied().unwrap_or(Kind::Dense), true);
+    let mut mids: Vec<(Kind, Profile, Vec<u128>)> = Vec::new();
+    for &k in setup.kinds.iter().skip(1) {
+        if !mids.iter().any(|m| m.0 == k) {
+            let (prog, _, _) = setup.layer_alone(k, false);
+            let prof = profile(&prog, acc_mode, false, resident, &[], false);
+            mids.push((k, prof, optimizer_params(&prog, setup.params().weight)));
+        }
+    }
+    let first_prof = profile(&first, acc_mode, false, resident, &[], false);
+    let has_head = setup.stage.has_head();
+    let ends = model_ends(setup, &first, fx, &fsh);
+    let (epi, epi_prof) = if has_head {
+        let (e, _) = setup.epilogue(&ends);
+        let prof = profile(&e, acc_mode, true, resident, &[], true);
+        (Some(e), Some(prof))
+    } else {
+        (None, None)
+    };
+    // A tied embedding's gradient was made first by the head (same stage only).
+    let tied_pre: Vec<Tid> = if spec.tied && has_head && setup.stage.has_embedding() {
+        pro.tensors
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| matches!(t.origin, Origin::Param { .. }) && t.op == "parameter")
+            .map(|(i, _)| i as Tid)
+            .take(1)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let pro_prof = profile(&pro, acc_mode, false, resident, &tied_pre, false);
+
+    let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
+    let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
+    a.apply(Piece::Start, &zero);
+    a.apply(Piece::Embedding, &pro_prof.fwd);
+    let kind_prof = |k: Kind| mids.iter().find(|m| m.0 == k).map(|m| m.1);
+    for i in 0..n {
+        let p = if i == 0 { first_prof } else { kind_prof(setup.kinds[i]).unwrap_or(first_prof) };
+        a.apply(Piece::ForwardLayer(i as u32), &p.fwd);
+    }
+    // A later stage sends its output on and frees it; the gradient comes back.
+    let y_bytes = crate::estimator::expr::numbers_only(|| {
+        let b = setup.builder();
+        b.bytes_of(&Shape::tok(Q::H), Dt::Resid)
+    }) as i128;
+    match epi_prof {
+        Some(e) => {
+            a.apply(Piece::LossForward, &e.fwd);
+            a.apply(Piece::LossBackward, &e.bwd);
+        }
+        None => {
+            // Forward: the output is sent and freed (with the model scope's ends).
+            let ends_bytes: i128 = ends_bytes(setup, &ends);
+            let send =
+                Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: -y_bytes - ends_bytes, delta_cats: [0, 0, -y_bytes - ends_bytes] };
+            a.apply(Piece::LossForward, &send);
+            let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "ones_like", node: "" };
+            let recv = Seg { peak: y_bytes, at_peak: [0, 0, y_bytes], at: Some(at), delta: y_bytes, delta_cats: [0, 0, y_bytes] };
+            a.apply(Piece::LossBackward, &recv);
+        }
+    }
+    for i in (0..n).rev() {
+        let p = if i == 0 { first_prof } else { kind_prof(setup.kinds[i]).unwrap_or(first_prof) };
+        a.apply(Piece::BackwardLayer(i as u32), &p.bwd);
+    }
+    a.apply(Piece::EmbeddingBackward, &pro_prof.bwd);
+    if let Some(e) = epi_prof {
+        a.shift(&e.fin);
+    }
+    a.apply(Piece::Reduction, &zero);
+    // The optimizer's temporaries over the parameters in registration order.
+    let weight = setup.params().weight;
+    let mut numels = optimizer_params(&pro, weight);
+    for i in 0..n {
+        if i == 0 {
+            numels.extend(optimizer_params(&first, weight));
+        } else if let Some(m) = mids.iter().find(|m| m.0 == setup.kinds[i]) {
+            numels.extend(m.2.iter().copied());
+        }
+    }
+    if let Some(e) = &epi {
+        let tied_head = spec.tied;
+        let mut v = optimizer_params(e, weight);
+        if tied_head && !v.is_empty() && setup.stage.has_embedding() {
+            v.remove(0);
+        }
+        numels.extend(v);
+    }
+    let mut t = Tracker::default();
+    let s = t.mark();
+    optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
+    a.apply(Piece::Optimizer, &seg(&t, s));
+    a.apply(Piece::End, &zero);
+    let (i, best) = a.segments.iter().enumerate().fold((0, i128::MIN), |(bi, bl), (i, c)| if c.live > bl { (i, c.live) } else { (bi, bl) });
+    let c = a.segments[i];
+    Fast {
+        peak: best.max(0) as Bytes,
+        cats: [c.cats[0].max(0) as Bytes, c.cats[1].max(0) as Bytes, c.cats[2].max(0) as Bytes],
+        at: c.at,
+        peak_seg: i,
+        segments: a.segments,
+    }
+}
+
+fn ends_bytes(setup: &Setup, ends: &[(Shape, Dt)]) -> i128 {
+    crate::estimator::expr::numbers_only(|| {
+        let b = setup.builder();
+        ends.iter().map(|(s, d)| b.bytes_of(s, *d) as i128).sum()
+    })
+}
+
+/// Keeps imports honest across configurations.
+#[allow(dead_code)]
+fn _unused(_: Dim, _: Split, _: Attention) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Config, Kernels, OptimImpl, Precision, Recompute};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::params::{stages, Stage};
+    use crate::estimator::precision::recipe;
+    use crate::estimator::presets::presets;
+
+    /// The materialized stream's largest live bytes for one stage.
+    fn materialized(cfg: &Config, stage: Stage) -> u128 {
+        let r = recipe(cfg.precision);
+        let s = super::super::model::simulate_stage(cfg, &r, stage, Default::default(), 0);
+        s.events.iter().map(|e| e.live).max().unwrap_or(0)
+    }
+
+    fn fast(cfg: &Config, stage: Stage) -> u128 {
+        let r = recipe(cfg.precision);
+        let setup = Setup::new(cfg, &r, stage);
+        stage_peak(&setup)
+    }
+
+    fn stage_peak(setup: &Setup) -> u128 {
+        super::stage(setup, 0).peak
+    }
+
+    /// Small variants of every preset (the streams of real sizes are long in debug builds):
+    /// 3 layers, short sequences, and a spread of recipes, attention, checkpointing, pipeline
+    /// stages and optimizer implementations.
+    fn variants() -> Vec<Config> {
+        let mut out = Vec::new();
+        for p in presets() {
+            let mut arch = p.spec.clone();
+            arch.layers = arch.layers.min(3);
+            arch.dense_layers = arch.dense_layers.min(1);
+            arch.vocab = arch.vocab.min(4096);
+            let base = Config { model: "custom".into(), arch, seq: 128, batch: 2, ..Config::default() };
+            for (i, (prec, attn, rec, kern, imp)) in [
+                (Precision::Bf16, Attention::Sdpa, Recompute::None, Kernels::Cpu, OptimImpl::Forloop),
+                (Precision::Fp32, Attention::Eager, Recompute::Full, Kernels::Cpu, OptimImpl::Forloop),
+                (Precision::MixedBf16, Attention::Sdpa, Recompute::Full, Kernels::Cuda, OptimImpl::Foreach),
+                (Precision::Bf16, Attention::Eager, Recompute::None, Kernels::Cuda, OptimImpl::Fused),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let c = Config {
+                    precision: prec,
+                    attn,
+                    recompute: rec,
+                    kernels: kern,
+                    optim_impl: imp,
+                    batch: 1 + (i as u64 % 2),
+                    ..base.clone()
+                };
+                out.push(c.clone());
+                if i == 0 {
+                    out.push(Config { pp: 3, gpus: 3, ..c.clone() });
+                    out.push(Config { accum: 4, ..c });
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_piecewise_peak_equals_the_materialized_streams_maximum_on_every_preset() {
+        let mut bad = Vec::new();
+        let mut n = 0;
+        for cfg in variants() {
+            for &stage in stages(cfg.pp) {
+                let (m, f) = numbers_only(|| (materialized(&cfg, stage), fast(&cfg, stage)));
+                n += 1;
+                if m != f {
+                    bad.push(format!(
+                        "{} {:?} {:?} {:?} {:?} pp={} accum={} {:?}: stream {m} vs pieces {f}",
+                        cfg.arch.vocab, cfg.precision, cfg.attn, cfg.recompute, cfg.kernels, cfg.pp, cfg.accum, stage
+                    ));
+                }
+            }
+        }
+        println!("{n} stage streams compared");
+        assert!(n > 100);
+        assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
     }
 }

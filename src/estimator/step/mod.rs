@@ -144,3 +144,14 @@ impl Stream {
 }
 
 pub use model::{simulate, simulate_stage};
+
+/// "layer 31 backward, `mlp.down_proj` mm in MmBackward0" for a place in the step.
+pub fn label(at: &run::At) -> String {
+    let place = if at.layer == run::NO_LAYER { at.phase.name().to_string() } else { format!("layer {} {}", at.layer, at.phase.name()) };
+    let what = if at.node.is_empty() { at.op.to_string() } else { format!("{} in {}", at.op, at.node) };
+    if at.module.is_empty() {
+        format!("{place}, {what}")
+    } else {
+        format!("{place}, `{}` {what}", at.module)
+    }
+}

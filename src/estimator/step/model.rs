@@ -110,6 +110,78 @@ impl<'a> Setup<'a> {
         b.p
     }
 
+    /// The stage's prologue on its own: its outputs (the first hidden state and the shared
+    /// tensors) stay alive for the caller.
+    pub fn prologue(&self) -> (Program, Tid, Shared) {
+        let mut b = self.builder();
+        let p = self.params();
+        let (x0, sh) = self.begin(&mut b, &p);
+        b.outputs(&[x0]);
+        for t in sh.all() {
+            b.hold_forever(t);
+        }
+        (b.p, x0, sh)
+    }
+
+    /// The shared tensors as inputs of a standalone program (same shapes and dtypes as the
+    /// prologue makes them); `free_bwd` when this program's backward may free them.
+    fn shared_inputs(&self, b: &mut Builder, free_bwd: bool) -> Shared {
+        let spec = &self.cfg.arch;
+        let mk = |b: &mut Builder, shape: Shape, dt: Dt, part: Part| {
+            let t = b.external(shape, dt, Origin::Input { free_fwd: false, free_bwd }, false);
+            b.p.tensors[t as usize].elsewhere = true;
+            b.p.tensors[t as usize].part = Some(part);
+            t
+        };
+        let (cos, sin) = if families::has_rope(spec) {
+            let c = mk(b, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let s = mk(b, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            (Some(c), Some(s))
+        } else {
+            (None, None)
+        };
+        let pos = Some(mk(b, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
+        let mask = (self.cfg.attn == Attention::Eager)
+            .then(|| mk(b, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid, Part::Checkpoints));
+        Shared { cos, sin, pos, mask, emb_w: None }
+    }
+
+    /// One decoder layer of `kind` on its own. `first`: the stage's first layer, whose input
+    /// the model scope holds through the forward and whose backward is the last to release
+    /// the shared tensors.
+    pub fn layer_alone(&self, kind: Kind, first: bool) -> (Program, Tid, Shared) {
+        let mut b = self.builder();
+        let p = self.params();
+        let x = families::input(&mut b, !first, true);
+        let sh = self.shared_inputs(&mut b, first);
+        b.layer = 0;
+        let y = self.one_layer(&mut b, &p, x, &sh, kind);
+        b.outputs(&[y]);
+        (b.p, x, sh)
+    }
+
+    /// The stage's epilogue on its own (last stage: final norm, head, loss), with the
+    /// model-level tensors the model's forward lets go at its end (`ends`: sizes and dtypes of
+    /// those nobody saved).
+    pub fn epilogue(&self, ends: &[(Shape, Dt)]) -> (Program, Tid) {
+        let mut b = self.builder();
+        let p = self.params();
+        let spec = &self.cfg.arch;
+        let x = families::input(&mut b, true, true);
+        let ends: Vec<Tid> =
+            ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
+        let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
+        let sh = Shared { cos: None, sin: None, pos: None, mask: None, emb_w: head_w };
+        b.layer = MODEL;
+        let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
+        b.hold(x);
+        for &t in &ends {
+            b.hold(t);
+        }
+        self.head_and_loss(&mut b, &p, xn, &sh);
+        (b.p, x)
+    }
+
     /// The model's forward before the layers (embedding or the received activation, positions,
     /// mask, rotary embedding).
     fn begin(&self, b: &mut Builder, p: &Params) -> (Tid, Shared) {
@@ -166,12 +238,12 @@ impl<'a> Setup<'a> {
             }
             self.head_and_loss(b, p, xn, sh);
         } else {
+            // The output is sent to the next stage and freed; its gradient comes back.
             b.hold(x0);
             for t in sh.all() {
                 b.hold(t);
             }
-            b.module = "";
-            b.outputs(&[x]);
+            b.p.outputs.push(x);
         }
     }
 

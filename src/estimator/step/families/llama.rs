@@ -37,6 +37,8 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
     };
     b.hold(var);
     b.hold(n32);
+    // The caller's argument lives until the module returns.
+    b.hold(x);
     y
 }
 
@@ -64,6 +66,9 @@ pub struct AttnW {
     pub bv: Option<Tid>,
     pub wo: Option<Tid>,
     pub bo: Option<Tid>,
+    /// Per-head q/k norm weights (Qwen3, Gemma-3: `q_norm`, `k_norm`, registered after `o_proj`).
+    pub qn: Option<Tid>,
+    pub kn: Option<Tid>,
 }
 
 impl AttnW {
@@ -76,7 +81,9 @@ impl AttnW {
         let bv = p.w(b, "layers.*.attn.v_proj.bias");
         let wo = p.w(b, "layers.*.attn.o_proj.weight");
         let bo = p.w(b, "layers.*.attn.o_proj.bias");
-        AttnW { wq, bq, wk, bk, wv, bv, wo, bo }
+        let qn = p.w(b, "layers.*.attn.q_norm.weight");
+        let kn = p.w(b, "layers.*.attn.k_norm.weight");
+        AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn }
     }
 }
 
@@ -103,24 +110,41 @@ impl MlpW {
 /// decoder layer returns).
 pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
     let name = |s: &'static str| s;
-    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo } = *w;
+    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn } = *w;
     let eager = attn == Attention::Eager;
-    b.part = Part::AttentionInputs;
-    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool| -> Tid {
+    let head_norm = spec.qk_norm == crate::estimator::model::QkNorm::Head;
+    let proj = |b: &mut Builder,
+                w: Option<Tid>,
+                bias: Option<Tid>,
+                h: Q,
+                module: &'static str,
+                norm: Option<(Option<Tid>, &'static str)>,
+                clone_bw: bool|
+     -> Tid {
         b.module = module;
+        b.part = Part::AttentionInputs;
         let y = match w {
             Some(w) => b.linear(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)),
             None => x,
         };
         b.module = "self_attn";
-        let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
+        let mut v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
+        if let Some((nw, module)) = norm {
+            // q_norm / k_norm over head_dim on the [b, s, heads, d] view (Qwen3).
+            b.module = module;
+            b.part = Part::AttentionCore;
+            v = rms_norm(b, v, nw);
+            b.module = "self_attn";
+        }
         b.view(v, heads(h), "TransposeBackward0", false)
     };
     // The gradients of q and k come back through RoPE in a layout `reshape` must copy; v's
     // (from SDPA, laid out like v) views, except after eager attention's bmm.
-    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), true);
-    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), true);
-    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), eager);
+    let qnorm = head_norm.then_some((qn, "self_attn.q_norm"));
+    let knorm = head_norm.then_some((kn, "self_attn.k_norm"));
+    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, true);
+    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, true);
+    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), None, eager);
     b.part = Part::AttentionCore;
     let (q, k) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) if has_rope(spec) && rotary_dims(spec) == spec.head_dim => {
