@@ -285,7 +285,11 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
     let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, working: w, .. } =
-        activations::activations(cfg, recipe, stage, layers);
+        if cfg.framework == config::Framework::Hf && std::env::var("TRAINMEM_OLD_TERMS").is_err() {
+            activations::activations_ir(cfg, recipe, stage, layers)
+        } else {
+            activations::activations(cfg, recipe, stage, layers)
+        };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
     let w = &w;

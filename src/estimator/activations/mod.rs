@@ -161,6 +161,85 @@ pub fn saves(cfg: &Config) -> Saves {
     }
 }
 
+/// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
+/// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
+pub fn activations_ir(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+    use super::step::families::Kind;
+    use super::step::ir::Group;
+    use super::step::ledger::kept;
+    use super::step::model::Setup;
+    let spec = &cfg.arch;
+    let setup = Setup::new(cfg, recipe, stage);
+    let b = setup.builder();
+    let has_moe = spec.moe_layers() > 0;
+    // Terms by part: per layer group, the model's first end, and its last end.
+    let mut t = Terms::default();
+    let group_of = |g: Group, kind: Kind| -> Group {
+        match (g, has_moe, kind) {
+            (Group::All, _, _) => Group::All,
+            (_, false, _) => Group::All,
+            (_, true, Kind::Moe) => Group::Moe,
+            (_, true, Kind::Dense) => Group::Dense,
+        }
+    };
+    let mut kinds: Vec<Kind> = Vec::new();
+    for &k in &setup.kinds {
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let mut shared_saved: Vec<usize> = Vec::new();
+    for (ki, &kind) in kinds.iter().enumerate() {
+        let (prog, _x, sh) = setup.layer_alone(kind, false);
+        let slots: Vec<Tid> = [sh.cos, sh.sin, sh.pos, sh.mask].into_iter().map(|t| t.unwrap_or(u32::MAX)).collect();
+        for k in kept(&prog) {
+            if k.elsewhere {
+                if let Some(slot) = slots.iter().position(|&s| s == k.t) {
+                    if !shared_saved.contains(&slot) {
+                        shared_saved.push(slot);
+                    }
+                }
+                continue;
+            }
+            let x = &prog.tensors[k.t as usize];
+            let e = b.expr_of(&x.shape, x.dt);
+            match group_of(k.group, kind) {
+                // Terms common to every layer: counted once, from the first kind.
+                Group::All if ki == 0 => t.layer.push((k.part, e)),
+                Group::All => {}
+                Group::Moe => t.moe_layer.push((k.part, e)),
+                Group::Dense => t.dense_layer.push((k.part, e)),
+            }
+        }
+    }
+    let (pro, _x0, psh) = setup.prologue();
+    if stage.has_embedding() {
+        for k in kept(&pro) {
+            let x = &pro.tensors[k.t as usize];
+            t.first.push((k.part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    let pslots = [psh.cos, psh.sin, psh.pos, psh.mask];
+    shared_saved.sort();
+    for slot in shared_saved {
+        if let Some(tid) = pslots[slot] {
+            let x = &pro.tensors[tid as usize];
+            let part = x.part.unwrap_or(Part::Embedding);
+            t.first.push((part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    if stage.has_head() {
+        let (epi, _) = setup.epilogue(&[]);
+        for k in kept(&epi) {
+            let x = &epi.tensors[k.t as usize];
+            t.last.push((k.part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
+}
+
+use super::step::ir::Tid;
+
 /// Builds the activation ledger of one GPU of `stage`.
 pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
     let spec = &cfg.arch;
@@ -188,6 +267,25 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     } else {
         transformers::transformers_terms(&c, &sv, &mut t);
     }
+    let mut out = assemble(cfg, recipe, stage, stage_layers, t, c.cuda);
+    out.working = working_of(&c, cfg, stage);
+    out
+}
+
+fn working_of(c: &Ctx, cfg: &Config, stage: Stage) -> Working {
+    let mut working = working::working_memory(c, cfg);
+    if !stage.has_head() {
+        working.loss_forward = Expr::zero();
+        working.loss_backward = Expr::zero();
+    }
+    working
+}
+
+/// The rows of the ledger from terms by part: each part is
+/// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
+fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool) -> Activations {
+    let spec = &cfg.arch;
+    let _ = (recipe, cuda);
 
     // Micro-batches in flight: 1F1B keeps min(pp, accum) on the first stage; interleaving
     // multiplies by 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, §4.2.3).
@@ -279,12 +377,14 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         "sum of the parts; each part's formula is its own",
     );
     row.note = "bytes of the tensors autograd keeps at the end of the forward pass, loss included, each storage once; gradient accumulation does not change them (one micro-batch is alive at a time)".into();
-
-    let mut working = working::working_memory(&c, cfg);
-    if !stage.has_head() {
-        working.loss_forward = Expr::zero();
-        working.loss_backward = Expr::zero();
-    }
+    let working = Working {
+        layer_forward: Expr::zero(),
+        mask_forward: Expr::zero(),
+        layer_backward: Expr::zero(),
+        recompute_layer: Expr::zero(),
+        loss_forward: Expr::zero(),
+        loss_backward: Expr::zero(),
+    };
     Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den, working }
 }
 

@@ -180,14 +180,20 @@ impl<'a> Builder<'a> {
         let full_numel = full / dtype.bytes().max(1) as u128;
         let mut applied = false;
         for (input, t, rg) in [(a, &mut ta, ra), (b, &mut tb, rb)] {
-            if rg && self.numel_bytes(input) < full_numel {
+            if !rg {
+                continue;
+            }
+            let g = self.t(input).dtype;
+            let reduce = self.numel_bytes(input) < full_numel;
+            // validate_outputs: a broadcast input's gradient is summed to its shape, one of
+            // another dtype is cast to it (type promotion), the full temporary freed.
+            if reduce || g != dtype {
                 if !applied {
                     bw[n] = B::Apply;
                     n += 1;
                     applied = true;
                 }
-                let g = self.t(input).dtype;
-                bw[n] = B::Alloc { bytes: self.grad_bytes(input), dtype: g, op: "sum" };
+                bw[n] = B::Alloc { bytes: self.grad_bytes(input), dtype: g, op: if reduce { "sum" } else { "_to_copy" } };
                 bw[n + 1] = B::Free(*t);
                 n += 2;
                 *t = temps;
@@ -413,6 +419,114 @@ impl<'a> Builder<'a> {
         let out = self.out(shape, dt, rg);
         let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
         self.op("clone", "CloneBackward0", &[x], &[out], &[], bw)[0]
+    }
+
+    /// `x[idx]` along the first dim into `shape` (IndexBackward0 keeps the indices; backward
+    /// `new_zeros` of the input and an out-of-place `index_put` with accumulation).
+    pub fn index(&mut self, x: Tid, idx: Tid, shape: Shape) -> Tid {
+        let (dt, rg, bytes, dtype) = (self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg {
+            &[
+                B::Alloc { bytes, dtype, op: "new_zeros" },
+                B::Alloc { bytes, dtype, op: "index_put" },
+                B::Free(0),
+                B::Grad { input: 0, temp: 1 },
+            ]
+        } else {
+            &[]
+        };
+        self.op("index", "IndexBackward0", &[x, idx], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
+    }
+
+    /// A reduction over one dim into `shape` (`sum(dim)`): SumBackward1 expands the gradient
+    /// back (a view).
+    pub fn sum_dim(&mut self, x: Tid, shape: Shape) -> Tid {
+        let (dt, rg) = (self.t(x).dt, self.rg(x));
+        let out = self.out(shape, dt, rg);
+        let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
+        self.op("sum", "SumBackward1", &[x], &[out], &[], bw)[0]
+    }
+
+    /// `x.chunk(2, -1)`: two views; SplitBackward0 concatenates their gradients (`cat`).
+    pub fn chunk2(&mut self, x: Tid, half: Shape) -> (Tid, Tid) {
+        let (rg, bytes, dtype) = (self.rg(x), self.bytes(x), self.t(x).dtype);
+        let o1 = self.view_out(x, half);
+        let o2 = self.view_out(x, half);
+        let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        let r = self.op("split", "SplitBackward0", &[x], &[o1, o2], &[], bw);
+        (r[0], r[1])
+    }
+
+    /// `torch._grouped_mm(x, w, offs)` into `shape`: keeps x (and the offsets); backward the
+    /// weight's gradient, then the input's.
+    pub fn grouped_mm(&mut self, x: Tid, w: Tid, offs: Tid, shape: Shape) -> Tid {
+        let (rx, rw) = (self.rg(x), self.rg(w));
+        let dt = self.t(x).dt;
+        let out = self.out(shape, dt, rx || rw);
+        let (xb, xd, wg, wd) = (self.bytes(x), self.t(x).dtype, self.grad_bytes(w), self.t(w).dtype);
+        let mut bw: [B; 4] = [B::Free(0); 4];
+        let mut n = 0;
+        let mut temps = 0;
+        if rw {
+            bw[n] = B::Alloc { bytes: wg, dtype: wd, op: "_grouped_mm" };
+            bw[n + 1] = B::Grad { input: 1, temp: temps };
+            temps += 1;
+            n += 2;
+        }
+        if rx {
+            bw[n] = B::Alloc { bytes: xb, dtype: xd, op: "_grouped_mm" };
+            bw[n + 1] = B::Grad { input: 0, temp: temps };
+            n += 2;
+        }
+        let saved: &[S] = if rw { &[S::In(0), S::In(2)] } else { &[S::In(2)] };
+        self.op("_grouped_mm", "GroupedMmBackward0", &[x, w, offs], &[out], saved, &bw[..n])[0]
+    }
+
+    /// `torch.topk(x, k)`: values (with gradient) and int64 indices, both `shape`; TopkBackward0
+    /// keeps the indices and scatters the gradient into `new_zeros` of the input.
+    pub fn topk(&mut self, x: Tid, shape: Shape) -> (Tid, Tid) {
+        let (dt, rg, bytes, dtype) = (self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let v = self.out(shape, dt, rg);
+        let i = self.out(shape, Dt::I64, false);
+        let bw: &[B] = if rg {
+            &[
+                B::Alloc { bytes, dtype, op: "new_zeros" },
+                B::Alloc { bytes, dtype, op: "scatter" },
+                B::Free(0),
+                B::Grad { input: 0, temp: 1 },
+            ]
+        } else {
+            &[]
+        };
+        let r = self.op("topk", "TopkBackward0", &[x], &[v, i], &[S::Out(1)], bw);
+        (r[0], r[1])
+    }
+
+    /// `a /= b` in place (b broadcast): autograd first copies `a`'s old value (DivBackward0
+    /// needs it); backward: `other`'s gradient `-grad * (self / other) / other` (four
+    /// temporaries), then `self`'s `grad / other`, then `other`'s `sum`.
+    pub fn div_(&mut self, a: Tid, b: Tid) -> Tid {
+        let (shape, dt) = (self.shape(a), self.t(a).dt);
+        let old = self.plain("clone", &[a], shape, dt);
+        let (ab, ad, bb, bd) = (self.bytes(a), self.t(a).dtype, self.bytes(b), self.t(b).dtype);
+        let out = self.view_out(a, shape);
+        let bw = [
+            B::Alloc { bytes: ab, dtype: ad, op: "div" },
+            B::Alloc { bytes: ab, dtype: ad, op: "div" },
+            B::Alloc { bytes: ab, dtype: ad, op: "neg" },
+            B::Alloc { bytes: ab, dtype: ad, op: "mul" },
+            B::Free(2),
+            B::Free(1),
+            B::Free(0),
+            B::Alloc { bytes: ab, dtype: ad, op: "div" },
+            B::Apply,
+            B::Alloc { bytes: bb, dtype: bd, op: "sum" },
+            B::Free(3),
+            B::Grad { input: 0, temp: 4 },
+            B::Grad { input: 1, temp: 5 },
+        ];
+        self.op("div_", "DivBackward0", &[a, b, old], &[out], &[S::In(2), S::In(1)], &bw)[0]
     }
 
     /// An op without a gradient (index arithmetic, masks): allocates `shape` in `dt`.

@@ -14,6 +14,7 @@ pub mod blocks;
 pub mod families;
 pub mod fast;
 pub mod ir;
+pub mod ledger;
 pub mod model;
 pub mod run;
 

@@ -280,11 +280,13 @@ pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
 
 /// One decoder layer (`LlamaDecoderLayer.forward`).
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    let _ = kind;
     b.group = Group::All;
     // Parameters in registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
     let aw = AttnW::new(b, p);
-    let mw = MlpW::new(b, p);
+    let ffn = match kind {
+        Kind::Moe => Ffn::Moe(super::moe::MoeW::new(b, p)),
+        Kind::Dense => Ffn::Dense(MlpW::new(b, p)),
+    };
     let norms = norm_weights(b, p, spec);
     b.module = "input_layernorm";
     b.part = Part::Norms;
@@ -296,7 +298,12 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let h = b.add(x, a);
     b.module = "post_attention_layernorm";
     let n2 = rms_norm(b, h, norms[1]);
-    let m = mlp(b, &mw, n2);
+    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
+    let m = match ffn {
+        Ffn::Dense(mw) => mlp(b, &mw, n2),
+        Ffn::Moe(w) => super::moe::sparse_block(b, &w, n2, true),
+    };
+    b.group = Group::All;
     b.hold(n2);
     b.module = "";
     let y = b.add(h, m);
@@ -305,6 +312,12 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         b.hold(w);
     }
     y
+}
+
+/// A layer's feed-forward parameters.
+enum Ffn {
+    Dense(MlpW),
+    Moe(super::moe::MoeW),
 }
 
 /// The layer's norm weights (registered after the attention and MLP in Llama).

@@ -8,6 +8,7 @@
 
 pub mod gpt2;
 pub mod llama;
+pub mod moe;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
