@@ -529,6 +529,46 @@ impl<'a> Builder<'a> {
         self.op("div_", "DivBackward0", &[a, b, old], &[out], &[S::In(2), S::In(1)], &bw)[0]
     }
 
+    /// `F.layer_norm(x, (h,), w, b)` → `native_layer_norm`: output, mean and rstd `[b, s, 1]`
+    /// (the input dtype on CPU, fp32 on CUDA); keeps x, mean, rstd; NativeLayerNormBackward0
+    /// allocates dx, then dw and db.
+    pub fn layer_norm(&mut self, x: Tid, w: Option<Tid>, bias: Option<Tid>) -> Tid {
+        let (shape, dt, rgx, xb, xd) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        let stat_dt = if self.c.cuda { Dt::F32 } else { dt };
+        let rg = rgx || w.is_some_and(|w| self.rg(w)) || bias.is_some_and(|b| self.rg(b));
+        let outs = [self.out(shape, dt, rg), self.out(shape.drop_last(), stat_dt, false), self.out(shape.drop_last(), stat_dt, false)];
+        let mut ins = vec![x];
+        ins.extend(w);
+        ins.extend(bias);
+        let mut bw: Vec<B> = Vec::with_capacity(6);
+        let mut temps = 0u8;
+        if rgx {
+            bw.push(B::Alloc { bytes: xb, dtype: xd, op: "native_layer_norm_backward" });
+            bw.push(B::Grad { input: 0, temp: temps });
+            temps += 1;
+        }
+        for (i, p) in [w, bias].into_iter().enumerate() {
+            if let Some(p) = p {
+                if self.rg(p) {
+                    bw.push(B::Alloc { bytes: self.grad_bytes(p), dtype: self.t(p).dtype, op: "native_layer_norm_backward" });
+                    bw.push(B::Grad { input: 1 + i as u8, temp: temps });
+                    temps += 1;
+                }
+            }
+        }
+        self.op("native_layer_norm", "NativeLayerNormBackward0", &ins, &outs, &[S::In(0), S::Out(1), S::Out(2)], &bw)[0]
+    }
+
+    /// `tensor.split(size, dim=-1)` into three views of `shape`: SplitBackward0 concatenates
+    /// their gradients (`cat`).
+    pub fn split3(&mut self, x: Tid, shape: Shape) -> (Tid, Tid, Tid) {
+        let (rg, bytes, dtype) = (self.rg(x), self.bytes(x), self.t(x).dtype);
+        let o = [self.view_out(x, shape), self.view_out(x, shape), self.view_out(x, shape)];
+        let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        let r = self.op("split", "SplitBackward0", &[x], &o, &[], bw);
+        (r[0], r[1], r[2])
+    }
+
     /// An op without a gradient (index arithmetic, masks): allocates `shape` in `dt`.
     pub fn plain(&mut self, name: &'static str, ins: &[Tid], shape: Shape, dt: Dt) -> Tid {
         let out = self.out(shape, dt, false);

@@ -192,20 +192,29 @@ impl Acc {
 }
 
 /// Shapes and dtypes of the model-level tensors the model's forward releases at its end when
-/// no layer saved them.
-fn model_ends(setup: &Setup, first: &Program, x: Tid, sh: &Shared) -> Vec<(Shape, Dt)> {
+/// no layer saved them: its locals (the first layer's input among them, unless that layer kept
+/// it) and the shared tensors.
+fn model_ends(first: &Program, x: Tid, sh: &Shared, pro: &Program, px0: Tid, psh: &Shared) -> Vec<(Shape, Dt)> {
     let saved = saved_inputs(first);
     let mut out = Vec::new();
-    let _ = setup;
-    if !saved.contains(&x) {
-        out.push((Shape::tok(Q::H), Dt::Resid));
-    }
-    for t in sh.all() {
-        if !saved.contains(&t) {
-            let tt = &first.tensors[t as usize];
-            out.push((tt.shape, tt.dt));
+    for t in psh.locals.into_iter().flatten() {
+        if t == px0 && saved.contains(&x) {
+            continue;
         }
+        let tt = &pro.tensors[t as usize];
+        out.push((tt.shape, tt.dt));
     }
+    // The prologue's shared tensors, slot by slot: freed at the end unless the layers keep them.
+    let layer_slots = [sh.cos, sh.sin, sh.pos, sh.mask];
+    for (slot, t) in [psh.cos, psh.sin, psh.pos, psh.mask].into_iter().enumerate() {
+        let Some(t) = t else { continue };
+        if layer_slots[slot].is_some_and(|l| saved.contains(&l)) {
+            continue;
+        }
+        let tt = &pro.tensors[t as usize];
+        out.push((tt.shape, tt.dt));
+    }
+    let _ = first;
     out
 }
 
@@ -242,7 +251,7 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     let resident = resident_grads(setup.cfg);
     let n = setup.kinds.len();
     let spec = &setup.cfg.arch;
-    let (pro, _px0, _psh) = setup.prologue();
+    let (pro, px0, psh) = setup.prologue();
     let (first, fx, fsh) = setup.layer_alone(setup.kinds.first().copied().unwrap_or(Kind::Dense), true);
     let mut mids: Vec<(Kind, Profile, Vec<u128>)> = Vec::new();
     for &k in setup.kinds.iter().skip(1) {
@@ -254,7 +263,7 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     }
     let first_prof = profile(&first, acc_mode, false, resident, &[], false);
     let has_head = setup.stage.has_head();
-    let ends = model_ends(setup, &first, fx, &fsh);
+    let ends = model_ends(&first, fx, &fsh, &pro, px0, &psh);
     let (epi, epi_prof) = if has_head {
         let (e, _) = setup.epilogue(&ends);
         let prof = profile(&e, acc_mode, true, resident, &[], true);
@@ -444,5 +453,66 @@ mod tests {
         println!("{n} stage streams compared");
         assert!(n > 100);
         assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+    }
+}
+
+#[cfg(test)]
+mod debug {
+    use super::*;
+    use crate::estimator::config::Config;
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::params::Stage;
+    use crate::estimator::precision::recipe;
+
+    #[test]
+    #[ignore]
+    fn debug_pp() {
+        for p in crate::estimator::presets::presets() {
+            let mut arch = p.spec.clone();
+            arch.layers = arch.layers.min(3);
+            arch.dense_layers = arch.dense_layers.min(1);
+            arch.vocab = arch.vocab.min(4096);
+            let cfg = Config {
+                model: "custom".into(),
+                arch,
+                seq: 128,
+                batch: 1,
+                pp: 3,
+                gpus: 3,
+                precision: crate::estimator::config::Precision::Bf16,
+                kernels: crate::estimator::config::Kernels::Cpu,
+                optim_impl: crate::estimator::config::OptimImpl::Forloop,
+                ..Config::default()
+            };
+            numbers_only(|| {
+                let r = recipe(cfg.precision);
+                let s = super::super::model::simulate_stage(&cfg, &r, Stage::Middle, Default::default(), 0);
+                let pe = s.events.iter().max_by_key(|e| e.live).unwrap();
+                let setup = Setup::new(&cfg, &r, Stage::Middle);
+                let f = super::stage(&setup, 0);
+                if f.peak != pe.live {
+                    println!(
+                        "{}: stream peak {} at {}; pieces {} at {:?}",
+                        p.id,
+                        pe.live,
+                        pe.label(),
+                        f.peak,
+                        f.at.map(|a| super::super::label(&a))
+                    );
+                    for c in &f.segments {
+                        println!("   {:?} {}", c.piece, c.live);
+                    }
+                    let mut last = 0;
+                    for e in &s.events {
+                        if e.phase != last_phase(e) {}
+                        last = e.live;
+                    }
+                    let _ = last;
+                }
+            });
+        }
+    }
+    fn last_phase(e: &crate::estimator::step::Event) -> crate::estimator::step::Phase {
+        e.phase
     }
 }

@@ -142,6 +142,8 @@ pub enum Dim {
     Plus1(Q),
     /// Half of an extra quantity (half the rotary dims).
     HalfX(X),
+    /// The fused q, k, v heads: a + 2k.
+    Qkv,
 }
 
 /// How a tensor is divided over tensor-parallel ranks.
@@ -449,6 +451,7 @@ impl<'a> Builder<'a> {
             Dim::Half(q) => (self.c.n(q) / 2) as u128,
             Dim::Plus1(q) => self.c.n(q) as u128 + 1,
             Dim::HalfX(x) => (self.xv[x as usize] / 2) as u128,
+            Dim::Qkv => (self.c.n(Q::A) + 2 * self.c.n(Q::KV)) as u128,
         }
     }
 
@@ -480,6 +483,7 @@ impl<'a> Builder<'a> {
                 Dim::Half(q) => c.v(q).floor_div(Expr::num(2u8)),
                 Dim::Plus1(q) => Expr::sum([c.v(q), Expr::num(1u8)]),
                 Dim::HalfX(x) => Expr::var(x.sym(), self.xv[x as usize]).floor_div(Expr::num(2u8)),
+                Dim::Qkv => Expr::sum([c.v(Q::A), Expr::prod([Expr::num(2u8), c.v(Q::KV)])]),
             });
         }
         let e = Expr::prod(f);

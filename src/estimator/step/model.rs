@@ -117,7 +117,7 @@ impl<'a> Setup<'a> {
         let p = self.params();
         let (x0, sh) = self.begin(&mut b, &p);
         b.outputs(&[x0]);
-        for t in sh.all() {
+        for t in sh.all().chain(sh.locals.into_iter().flatten()) {
             b.hold_forever(t);
         }
         (b.p, x0, sh)
@@ -143,7 +143,8 @@ impl<'a> Setup<'a> {
         let pos = Some(mk(b, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
         let mask = (self.cfg.attn == Attention::Eager)
             .then(|| mk(b, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid, Part::Checkpoints));
-        Shared { cos, sin, pos, mask, emb_w: None }
+        let pos = if families::gpt2::is(spec) { None } else { pos };
+        Shared { cos, sin, pos, mask, emb_w: None, locals: [None, None] }
     }
 
     /// One decoder layer of `kind` on its own. `first`: the stage's first layer, whose input
@@ -152,7 +153,8 @@ impl<'a> Setup<'a> {
     pub fn layer_alone(&self, kind: Kind, first: bool) -> (Program, Tid, Shared) {
         let mut b = self.builder();
         let p = self.params();
-        let x = families::input(&mut b, !first, true);
+        let pinned = first && self.stage.has_embedding() && families::x0_is_local(&self.cfg.arch);
+        let x = families::input(&mut b, !pinned, true);
         let sh = self.shared_inputs(&mut b, first);
         b.layer = 0;
         let y = self.one_layer(&mut b, &p, x, &sh, kind);
@@ -171,7 +173,7 @@ impl<'a> Setup<'a> {
         let ends: Vec<Tid> =
             ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
         let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
-        let sh = Shared { cos: None, sin: None, pos: None, mask: None, emb_w: head_w };
+        let sh = Shared { cos: None, sin: None, pos: None, mask: None, emb_w: head_w, locals: [None, None] };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
@@ -203,7 +205,7 @@ impl<'a> Setup<'a> {
             } else {
                 (None, None)
             };
-            (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: None })
+            (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: None, locals: [None, None] })
         }
     }
 
@@ -232,14 +234,20 @@ impl<'a> Setup<'a> {
             let xn = if spec.final_norm { families::final_norm(b, p, spec, x) } else { x };
             b.hold(x);
             // `LlamaModel.forward` returns: its locals go.
-            b.hold(x0);
+            for t in sh.locals.into_iter().flatten() {
+                b.hold(t);
+            }
+            let _ = x0;
             for t in sh.all() {
                 b.hold(t);
             }
             self.head_and_loss(b, p, xn, sh);
         } else {
             // The output is sent to the next stage and freed; its gradient comes back.
-            b.hold(x0);
+            for t in sh.locals.into_iter().flatten() {
+                b.hold(t);
+            }
+            let _ = x0;
             for t in sh.all() {
                 b.hold(t);
             }

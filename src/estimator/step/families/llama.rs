@@ -156,6 +156,7 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
         }
         _ => (q, k),
     };
+    b.module = "self_attn";
     let (o, weights) = if eager { eager_core(b, spec, q, k, v, sh.mask) } else { (sdpa_core(b, q, k, v), None) };
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
@@ -173,7 +174,6 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
 /// enable_gqa=…)` then `transpose(1, 2).contiguous()` (a view: the CPU flash kernel returns its
 /// output in `[b, s, a, d]` layout) and the reshape to `[b, s, a·d]`.
 pub fn sdpa_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
-    b.module = "self_attn";
     let (o, _lse) = b.sdpa_flash(
         q,
         k,
@@ -344,7 +344,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: if spec.tied { emb_w } else { None } })
+    (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
 }
 
 /// `nn.Embedding` on the token ids: keeps the ids; EmbeddingBackward0 allocates the weight's
@@ -360,14 +360,20 @@ pub fn embedding(b: &mut Builder, ids: Tid, w: Tid) -> Tid {
 }
 
 /// `cache_position = arange(s) + past`, `position_ids = cache_position[None]`, then
+/// `create_causal_mask` ([`mask_only`]).
+pub fn positions_and_mask(b: &mut Builder, attn: Attention) -> (Tid, Option<Tid>) {
+    let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1, Dt::I64);
+    let pos = b.plain("add", &[ar], s1, Dt::I64);
+    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    mask_only(b, pos, attn)
+}
+
 /// `create_causal_mask`: packed-sequence detection (`find_packed_sequence_indices`), and for
 /// eager attention the materialized additive mask `[b, 1, s, s_kv]` (`sdpa_mask` + `where`).
-pub fn positions_and_mask(b: &mut Builder, attn: Attention) -> (Tid, Option<Tid>) {
+pub fn mask_only(b: &mut Builder, pos: Tid, attn: Attention) -> (Tid, Option<Tid>) {
     let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
     let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1(), Dt::I64);
-    let pos = b.plain("add", &[ar], s1(), Dt::I64);
-    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
     // find_packed_sequence_indices(position_ids): diff with a prepended column, != 1, cumsum.
     let first = b.plain("sub", &[pos], Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64);
     let cat = b.plain("cat", &[first, pos], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);

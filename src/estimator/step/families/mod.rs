@@ -35,6 +35,10 @@ pub struct Shared {
     pub mask: Option<Tid>,
     /// The token embedding's weight (the LM head's, when tied).
     pub emb_w: Option<Tid>,
+    /// Locals of the model's forward held until it returns, not passed to the layers
+    /// (Llama's `inputs_embeds`, which is also the first layer's input; GPT-2's token and
+    /// position embeddings).
+    pub locals: [Option<Tid>; 2],
 }
 
 impl Shared {
@@ -93,6 +97,12 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
+}
+
+/// Whether the first layer's input is one of the model forward's locals (held until the model
+/// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
+pub fn x0_is_local(spec: &ModelSpec) -> bool {
+    !gpt2::is(spec)
 }
 
 /// The final norm of the model (`model.norm`, `transformer.ln_f`), if it has one.
