@@ -339,6 +339,21 @@ impl<'a> Builder<'a> {
         self.op("slice", "SliceBackward0", &[x], &[out], &[], bw)[0]
     }
 
+    /// A slice of `x` (`x[..., a:b]` on any dim) with `shape`: a view; SliceBackward0
+    /// allocates the full input (`slice_backward`: zeros, then the gradient copied in).
+    pub fn slice(&mut self, x: Tid, shape: Shape) -> Tid {
+        let out = self.view_out(x, shape);
+        let (bytes, dtype) = (self.bytes(x), self.t(x).dtype);
+        let bw: &[B] = if self.rg(x) { &[B::Alloc { bytes, dtype, op: "slice_backward" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        self.op("slice", "SliceBackward0", &[x], &[out], &[], bw)[0]
+    }
+
+    /// A slice covering the whole tensor: `slice` returns an alias (AliasBackward0 passes).
+    pub fn alias(&mut self, x: Tid) -> Tid {
+        let shape = self.shape(x);
+        self.view(x, shape, "AliasBackward0", false)
+    }
+
     /// `torch.cat((a, b), -1)` into `shape`: CatBackward0 hands each input a narrowed view.
     pub fn cat2(&mut self, a: Tid, b: Tid, shape: Shape) -> Tid {
         let dt = self.t(a).dt;

@@ -46,13 +46,45 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
 /// `x_embed = (x * cos) + (rotate_half(x) * sin)`, `rotate_half(x) = cat((-x2, x1), -1)`.
 /// Keeps nothing new (cos and sin are the model's).
 pub fn rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, kv: Q) -> Tid {
+    let _ = kv;
+    let full = b.shape(x);
+    let n = full.n as usize;
+    let half = match full.dims[n - 1] {
+        Dim::Q(q) => Dim::Half(q),
+        Dim::X(x) => Dim::HalfX(x),
+        d => d,
+    };
     let m1 = b.mul(x, cos);
-    let x1 = b.slice_last(x, Dim::Half(Q::D));
-    let x2 = b.slice_last(x, Dim::Half(Q::D));
+    let x1 = b.slice_last(x, half);
+    let x2 = b.slice_last(x, half);
     let ng = b.unary("neg", "NegBackward0", x2, Keep::Nothing, "neg");
-    let ct = b.cat2(ng, x1, heads(kv));
+    let ct = b.cat2(ng, x1, full);
     let m2 = b.mul(ct, sin);
     b.add(m1, m2)
+}
+
+/// Phi-3's `apply_rotary_pos_emb`: `q_rot, q_pass = q[..., :d_rot], q[..., d_rot:]` (and the
+/// same for k, both before any math), then `cat([rope(x_rot), x_pass], -1)` for q, then k — a
+/// full copy even when every dim rotates (then `x_rot` is an alias and `x_pass` empty).
+pub fn rope_cat(b: &mut Builder, q: Tid, k: Tid, cos: Tid, sin: Tid, rot: Dim) -> (Tid, Tid) {
+    let partial = !matches!(rot, Dim::Q(Q::D));
+    let split = |b: &mut Builder, x: Tid| {
+        let full = b.shape(x);
+        if partial {
+            (b.slice(x, full.last(rot)), b.slice(x, full.last(Dim::N(0))))
+        } else {
+            (b.alias(x), b.slice(x, full.last(Dim::N(0))))
+        }
+    };
+    let (qr, qp) = split(b, q);
+    let (kr, kp) = split(b, k);
+    let r = rope(b, qr, cos, sin, Q::A);
+    let qs = b.shape(q);
+    let qe = b.cat2(r, qp, qs);
+    let r = rope(b, kr, cos, sin, Q::KV);
+    let ks = b.shape(k);
+    let ke = b.cat2(r, kp, ks);
+    (qe, ke)
 }
 
 /// The attention's parameters, in registration order (`q_proj`, `k_proj`, `v_proj`, `o_proj`).
@@ -174,6 +206,12 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
 /// enable_gqa=…)` then `transpose(1, 2).contiguous()` (a view: the CPU flash kernel returns its
 /// output in `[b, s, a, d]` layout) and the reshape to `[b, s, a·d]`.
 pub fn sdpa_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+    sdpa_core_copy(b, q, k, v, false)
+}
+
+/// [`sdpa_core`]; `copy_out`: q was contiguous `[b, a, s, d]` (a `cat`), so the output is too
+/// and `transpose(1, 2).reshape(…)` copies it.
+pub fn sdpa_core_copy(b: &mut Builder, q: Tid, k: Tid, v: Tid, copy_out: bool) -> Tid {
     let (o, _lse) = b.sdpa_flash(
         q,
         k,
@@ -183,6 +221,7 @@ pub fn sdpa_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
         "_scaled_dot_product_flash_attention_for_cpu_backward",
     );
     let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    let ot = if copy_out { b.copy(ot, heads_bshd(Q::A)) } else { ot };
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
 
@@ -197,15 +236,29 @@ pub fn sdpa_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
 /// `matmul` copies q (RoPE's output is laid out `[b, s, a, d]`) and the repeated k, v;
 /// `bmm` keeps its operands; softmax keeps its fp32 result; `.to(query.dtype)` keeps the cast.
 pub fn eager_core(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Option<Tid>) {
-    b.module = "self_attn";
+    eager_core_with(b, spec, q, k, v, mask, false)
+}
+
+/// [`eager_core`]; `contiguous`: q and k are contiguous `[b, heads, s, d]` (a `cat`), so
+/// matmul's reshapes view them instead of copying.
+pub fn eager_core_with(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    q: Tid,
+    k: Tid,
+    v: Tid,
+    mask: Option<Tid>,
+    contiguous: bool,
+) -> (Tid, Option<Tid>) {
     let _ = spec;
     // With grouped heads, repeat_kv's expand + reshape copies k and v to a heads (held by the
     // function's locals); with n_rep = 1 it returns its input and matmul's reshapes copy them.
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
-    let qc = b.copy(q, heads(Q::A));
+    let qc = if contiguous { q } else { b.copy(q, heads(Q::A)) };
     let kc = match kr {
         Some(kr) => kr,
+        None if contiguous => k,
         None => b.copy(k, heads(Q::A)),
     };
     let sc = b.bmm(qc, kc, scores_shape());

@@ -9,6 +9,7 @@
 pub mod gpt2;
 pub mod llama;
 pub mod moe;
+pub mod phi3;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -83,6 +84,8 @@ impl Params<'_> {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)
+    } else if phi3::is(spec) {
+        phi3::layer(b, p, spec, x, sh, kind, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
