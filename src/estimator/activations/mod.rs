@@ -182,30 +182,33 @@ pub fn activations_ir(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers:
             (_, true, Kind::Dense) => Group::Dense,
         }
     };
-    let mut kinds: Vec<Kind> = Vec::new();
-    for &k in &setup.kinds {
-        if !kinds.contains(&k) {
-            kinds.push(k);
+    // One program per distinct (kind, attention type) of the stage's layers.
+    let mut variants: Vec<(Kind, bool)> = Vec::new();
+    for (i, &k) in setup.kinds.iter().enumerate() {
+        let v = (k, setup.sliding(i));
+        if !variants.contains(&v) {
+            variants.push(v);
         }
     }
-    let mut shared_saved: Vec<usize> = Vec::new();
-    for (ki, &kind) in kinds.iter().enumerate() {
-        let (prog, _x, sh) = setup.layer_alone(kind, false);
-        let slots: Vec<Tid> = [sh.cos, sh.sin, sh.pos, sh.mask].into_iter().map(|t| t.unwrap_or(u32::MAX)).collect();
+    let mut shared_saved = 0u8;
+    let mut kinds_done: Vec<Kind> = Vec::new();
+    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
+        let (prog, _x, sh) = setup.layer_alone(kind, sliding, 0, false);
+        shared_saved |= super::step::fast::kept_slots(&prog, &sh);
+        // Sizes are the same across attention types (a mask differs, not what is saved).
+        if kinds_done.contains(&kind) {
+            continue;
+        }
+        kinds_done.push(kind);
         for k in kept(&prog) {
             if k.elsewhere {
-                if let Some(slot) = slots.iter().position(|&s| s == k.t) {
-                    if !shared_saved.contains(&slot) {
-                        shared_saved.push(slot);
-                    }
-                }
                 continue;
             }
             let x = &prog.tensors[k.t as usize];
             let e = b.expr_of(&x.shape, x.dt);
             match group_of(k.group, kind) {
                 // Terms common to every layer: counted once, from the first kind.
-                Group::All if ki == 0 => t.layer.push((k.part, e)),
+                Group::All if vi == 0 => t.layer.push((k.part, e)),
                 Group::All => {}
                 Group::Moe => t.moe_layer.push((k.part, e)),
                 Group::Dense => t.dense_layer.push((k.part, e)),
@@ -219,10 +222,8 @@ pub fn activations_ir(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers:
             t.first.push((k.part, b.expr_of(&x.shape, x.dt)));
         }
     }
-    let pslots = [psh.cos, psh.sin, psh.pos, psh.mask];
-    shared_saved.sort();
-    for slot in shared_saved {
-        if let Some(tid) = pslots[slot] {
+    for (slot, tid) in psh.slots().into_iter().enumerate() {
+        if let Some(tid) = tid.filter(|_| shared_saved & (1 << slot) != 0) {
             let x = &pro.tensors[tid as usize];
             let part = x.part.unwrap_or(Part::Embedding);
             t.first.push((part, b.expr_of(&x.shape, x.dt)));
@@ -237,8 +238,6 @@ pub fn activations_ir(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers:
     }
     assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
 }
-
-use super::step::ir::Tid;
 
 /// Builds the activation ledger of one GPU of `stage`.
 pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {

@@ -193,29 +193,61 @@ impl Acc {
 
 /// Shapes and dtypes of the model-level tensors the model's forward releases at its end when
 /// no layer saved them: its locals (the first layer's input among them, unless that layer kept
-/// it) and the shared tensors.
-fn model_ends(first: &Program, x: Tid, sh: &Shared, pro: &Program, px0: Tid, psh: &Shared) -> Vec<(Shape, Dt)> {
-    let saved = saved_inputs(first);
+/// it) and the shared tensors (`kept`: the global slots some layer keeps).
+fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) -> Vec<(Shape, Dt)> {
     let mut out = Vec::new();
     for t in psh.locals.into_iter().flatten() {
-        if t == px0 && saved.contains(&x) {
+        if t == px0 && x0_kept {
             continue;
         }
         let tt = &pro.tensors[t as usize];
         out.push((tt.shape, tt.dt));
     }
-    // The prologue's shared tensors, slot by slot: freed at the end unless the layers keep them.
-    let layer_slots = [sh.cos, sh.sin, sh.pos, sh.mask];
-    for (slot, t) in [psh.cos, psh.sin, psh.pos, psh.mask].into_iter().enumerate() {
+    for (slot, t) in psh.slots().into_iter().enumerate() {
         let Some(t) = t else { continue };
-        if layer_slots[slot].is_some_and(|l| saved.contains(&l)) {
+        if kept & (1 << slot) != 0 {
             continue;
         }
         let tt = &pro.tensors[t as usize];
         out.push((tt.shape, tt.dt));
     }
-    let _ = first;
     out
+}
+
+/// The global slots of `sh` (a standalone layer's shared inputs) that `p` keeps.
+pub fn kept_slots(p: &Program, sh: &Shared) -> u8 {
+    let saved = saved_inputs(p);
+    let mut bits = 0u8;
+    for (slot, t) in sh.slots().into_iter().enumerate() {
+        if t.is_some_and(|t| saved.contains(&t)) {
+            bits |= 1 << slot;
+        }
+    }
+    bits
+}
+
+/// What makes one decoder layer's piece: its kind, its attention type, the shared slots its
+/// backward frees (it is their first user), whether its input is the model scope's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    pub kind: Kind,
+    pub sliding: bool,
+    pub free: u8,
+    pub pinned: bool,
+}
+
+/// Every layer's key, in order.
+pub fn layer_keys(setup: &Setup, psh: &Shared) -> Vec<Key> {
+    let mut seen = 0u8;
+    (0..setup.kinds.len())
+        .map(|i| {
+            let sliding = setup.sliding(i);
+            let used = psh.used(sliding);
+            let free = used & !seen;
+            seen |= used;
+            Key { kind: setup.kinds[i], sliding, free, pinned: i == 0 && setup.first_pinned() }
+        })
+        .collect()
 }
 
 /// Inputs of a program that a node saves or a checkpoint region holds.
@@ -252,18 +284,22 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     let n = setup.kinds.len();
     let spec = &setup.cfg.arch;
     let (pro, px0, psh) = setup.prologue();
-    let (first, fx, fsh) = setup.layer_alone(setup.kinds.first().copied().unwrap_or(Kind::Dense), true);
-    let mut mids: Vec<(Kind, Profile, Vec<u128>)> = Vec::new();
-    for &k in setup.kinds.iter().skip(1) {
-        if !mids.iter().any(|m| m.0 == k) {
-            let (prog, _, _) = setup.layer_alone(k, false);
+    let keys = layer_keys(setup, &psh);
+    // One piece per distinct key: (key, profile, optimizer parameters, kept slots, keeps x).
+    let mut pieces: Vec<(Key, Profile, Vec<u128>, u8, bool)> = Vec::new();
+    for k in &keys {
+        if !pieces.iter().any(|p| p.0 == *k) {
+            let (prog, x, sh) = setup.layer_alone(k.kind, k.sliding, k.free, k.pinned);
             let prof = profile(&prog, acc_mode, false, resident, &[], false);
-            mids.push((k, prof, optimizer_params(&prog, setup.params().weight)));
+            let keeps_x = saved_inputs(&prog).contains(&x);
+            pieces.push((*k, prof, optimizer_params(&prog, setup.params().weight), kept_slots(&prog, &sh), keeps_x));
         }
     }
-    let first_prof = profile(&first, acc_mode, false, resident, &[], false);
+    let piece = |k: &Key| pieces.iter().find(|p| p.0 == *k).expect("every key has its piece");
+    let kept = pieces.iter().fold(0u8, |a, p| a | p.3);
+    let x0_kept = keys.first().is_some_and(|k| piece(k).4);
     let has_head = setup.stage.has_head();
-    let ends = model_ends(&first, fx, &fsh, &pro, px0, &psh);
+    let ends = model_ends(x0_kept, kept, &pro, px0, &psh);
     let (epi, epi_prof) = if has_head {
         let (e, _) = setup.epilogue(&ends);
         let prof = profile(&e, acc_mode, true, resident, &[], true);
@@ -289,10 +325,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
     a.apply(Piece::Start, &zero);
     a.apply(Piece::Embedding, &pro_prof.fwd);
-    let kind_prof = |k: Kind| mids.iter().find(|m| m.0 == k).map(|m| m.1);
-    for i in 0..n {
-        let p = if i == 0 { first_prof } else { kind_prof(setup.kinds[i]).unwrap_or(first_prof) };
-        a.apply(Piece::ForwardLayer(i as u32), &p.fwd);
+    for (i, k) in keys.iter().enumerate() {
+        a.apply(Piece::ForwardLayer(i as u32), &piece(k).1.fwd);
     }
     // A later stage sends its output on and frees it; the gradient comes back.
     let y_bytes = crate::estimator::expr::numbers_only(|| {
@@ -315,9 +349,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
             a.apply(Piece::LossBackward, &recv);
         }
     }
-    for i in (0..n).rev() {
-        let p = if i == 0 { first_prof } else { kind_prof(setup.kinds[i]).unwrap_or(first_prof) };
-        a.apply(Piece::BackwardLayer(i as u32), &p.bwd);
+    for (i, k) in keys.iter().enumerate().rev() {
+        a.apply(Piece::BackwardLayer(i as u32), &piece(k).1.bwd);
     }
     a.apply(Piece::EmbeddingBackward, &pro_prof.bwd);
     if let Some(e) = epi_prof {
@@ -327,12 +360,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     // The optimizer's temporaries over the parameters in registration order.
     let weight = setup.params().weight;
     let mut numels = optimizer_params(&pro, weight);
-    for i in 0..n {
-        if i == 0 {
-            numels.extend(optimizer_params(&first, weight));
-        } else if let Some(m) = mids.iter().find(|m| m.0 == setup.kinds[i]) {
-            numels.extend(m.2.iter().copied());
-        }
+    for k in &keys {
+        numels.extend(piece(k).2.iter().copied());
     }
     if let Some(e) = &epi {
         let tied_head = spec.tied;

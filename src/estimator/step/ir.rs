@@ -144,6 +144,8 @@ pub enum Dim {
     HalfX(X),
     /// The fused q, k, v heads: a + 2k.
     Qkv,
+    /// A parameter's element count (already local to this GPU).
+    W(u64),
 }
 
 /// How a tensor is divided over tensor-parallel ranks.
@@ -225,6 +227,8 @@ pub enum Origin {
     Param { grad_bytes: u128 },
     /// The batch (token ids, labels): alive before the step, never freed by it.
     Batch,
+    /// A model buffer (Gemma's embedding scale): model state, never freed, not an activation.
+    Buffer,
     /// A tensor this program receives from its caller (a layer's input, the model's shared
     /// cos/sin): alive at entry. `free_fwd`: the program may free it when its forward liveness
     /// ends; `free_bwd`: when the last node that saved it has run (its owner has let it go).
@@ -452,6 +456,7 @@ impl<'a> Builder<'a> {
             Dim::Plus1(q) => self.c.n(q) as u128 + 1,
             Dim::HalfX(x) => (self.xv[x as usize] / 2) as u128,
             Dim::Qkv => (self.c.n(Q::A) + 2 * self.c.n(Q::KV)) as u128,
+            Dim::W(n) => n as u128,
         }
     }
 
@@ -484,6 +489,7 @@ impl<'a> Builder<'a> {
                 Dim::Plus1(q) => Expr::sum([c.v(q), Expr::num(1u8)]),
                 Dim::HalfX(x) => Expr::var(x.sym(), self.xv[x as usize]).floor_div(Expr::num(2u8)),
                 Dim::Qkv => Expr::sum([c.v(Q::A), Expr::prod([Expr::num(2u8), c.v(Q::KV)])]),
+                Dim::W(n) => Expr::num(n),
             });
         }
         let e = Expr::prod(f);
@@ -514,6 +520,7 @@ impl<'a> Builder<'a> {
             op: match origin {
                 Origin::Param { .. } => "parameter",
                 Origin::Batch => "batch",
+                Origin::Buffer => "buffer",
                 _ => "input",
             },
             hold: 0,
@@ -531,7 +538,8 @@ impl<'a> Builder<'a> {
             DType::Bf16 => Dt::Bf16,
             _ => Dt::Model,
         };
-        self.external_bytes(bytes, Shape::scalar(), dt, Origin::Param { grad_bytes }, grad_bytes > 0)
+        let numel = (bytes / dtype.bytes().max(1) as u128) as u64;
+        self.external_bytes(bytes, Shape::new(&[Dim::W(numel)], Split::None), dt, Origin::Param { grad_bytes }, grad_bytes > 0)
     }
 
     /// The op index the next op will get.

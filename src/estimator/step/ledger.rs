@@ -22,7 +22,7 @@ pub fn kept(p: &Program) -> Vec<Kept> {
     let mut push = |t: Tid, part: Part, group: Group, out: &mut Vec<Kept>| {
         let b = p.tensors[t as usize].base;
         let x = &p.tensors[b as usize];
-        if matches!(x.origin, Origin::Param { .. }) || seen[b as usize] {
+        if matches!(x.origin, Origin::Param { .. } | Origin::Buffer) || seen[b as usize] {
             return;
         }
         seen[b as usize] = true;

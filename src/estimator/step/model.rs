@@ -90,6 +90,21 @@ impl<'a> Setup<'a> {
         Params { groups: &self.groups, weight: DType::of(self.recipe.weight), grad_elem: self.recipe.grad.bytes(), shards, expert_shards }
     }
 
+    /// Whether this stage's layer `i` is a sliding-window layer (by its index in the model).
+    pub fn sliding(&self, i: usize) -> bool {
+        let first = self.first_layer();
+        families::sliding(&self.cfg.arch, first + i)
+    }
+
+    /// The model index of this stage's first layer.
+    pub fn first_layer(&self) -> usize {
+        match self.stage {
+            Stage::Whole | Stage::First => 0,
+            Stage::Middle => self.kinds.len(),
+            Stage::Last => (self.cfg.arch.layers as usize).saturating_sub(self.kinds.len()),
+        }
+    }
+
     fn ckpt(&self) -> bool {
         self.cfg.recompute == Recompute::Full
     }
@@ -103,7 +118,8 @@ impl<'a> Setup<'a> {
         let mut x = x0;
         for (i, &kind) in self.kinds.iter().enumerate() {
             b.layer = i as u16;
-            x = self.one_layer(&mut b, &p, x, &sh, kind);
+            let view = sh.view(self.sliding(i));
+            x = self.one_layer(&mut b, &p, x, &view, kind);
         }
         b.layer = MODEL;
         self.end(&mut b, &p, x, x0, &sh, spec);
@@ -124,42 +140,47 @@ impl<'a> Setup<'a> {
     }
 
     /// The shared tensors as inputs of a standalone program (same shapes and dtypes as the
-    /// prologue makes them); `free_bwd` when this program's backward may free them.
-    fn shared_inputs(&self, b: &mut Builder, free_bwd: bool) -> Shared {
+    /// prologue makes them), slot by slot; `free`: the slots this program's backward may free.
+    fn shared_inputs(&self, b: &mut Builder, free: u8) -> Shared {
         let spec = &self.cfg.arch;
-        let mk = |b: &mut Builder, shape: Shape, dt: Dt, part: Part| {
-            let t = b.external(shape, dt, Origin::Input { free_fwd: false, free_bwd }, false);
+        let mk = |b: &mut Builder, slot: usize, shape: Shape, dt: Dt, part: Part| {
+            let t = b.external(shape, dt, Origin::Input { free_fwd: false, free_bwd: free & (1 << slot) != 0 }, false);
             b.p.tensors[t as usize].elsewhere = true;
             b.p.tensors[t as usize].part = Some(part);
             t
         };
         let (cos, sin) = if families::has_rope(spec) {
-            let c = mk(b, families::cos_shape(spec), Dt::Resid, Part::Embedding);
-            let s = mk(b, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let c = mk(b, 0, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let s = mk(b, 1, families::cos_shape(spec), Dt::Resid, Part::Embedding);
             (Some(c), Some(s))
         } else {
             (None, None)
         };
-        let pos = Some(mk(b, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
-        let mask = (self.cfg.attn == Attention::Eager)
-            .then(|| mk(b, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid, Part::Checkpoints));
-        let pos = if families::gpt2::is(spec) { None } else { pos };
-        Shared { cos, sin, pos, mask, emb_w: None, locals: [None, None] }
+        let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
+        let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+        let eager = self.cfg.attn == Attention::Eager;
+        let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
+        let mask_local = (eager && families::gemma::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
     }
 
-    /// One decoder layer of `kind` on its own. `first`: the stage's first layer, whose input
-    /// the model scope holds through the forward and whose backward is the last to release
-    /// the shared tensors.
-    pub fn layer_alone(&self, kind: Kind, first: bool) -> (Program, Tid, Shared) {
+    /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
+    /// `pinned`), the shared tensors (the global slots, freed by this layer's backward where
+    /// `free` says: it is their first user), its view of them (`sliding`).
+    pub fn layer_alone(&self, kind: Kind, sliding: bool, free: u8, pinned: bool) -> (Program, Tid, Shared) {
         let mut b = self.builder();
         let p = self.params();
-        let pinned = first && self.stage.has_embedding() && families::x0_is_local(&self.cfg.arch);
         let x = families::input(&mut b, !pinned, true);
-        let sh = self.shared_inputs(&mut b, first);
+        let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
-        let y = self.one_layer(&mut b, &p, x, &sh, kind);
+        let y = self.one_layer(&mut b, &p, x, &sh.view(sliding), kind);
         b.outputs(&[y]);
         (b.p, x, sh)
+    }
+
+    /// Whether this stage's first layer's input is held by the model's forward (its local).
+    pub fn first_pinned(&self) -> bool {
+        self.stage.has_embedding() && families::x0_is_local(&self.cfg.arch)
     }
 
     /// The stage's epilogue on its own (last stage: final norm, head, loss), with the
@@ -173,7 +194,7 @@ impl<'a> Setup<'a> {
         let ends: Vec<Tid> =
             ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
         let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
-        let sh = Shared { cos: None, sin: None, pos: None, mask: None, emb_w: head_w, locals: [None, None] };
+        let sh = Shared { cos: None, sin: None, pos: None, mask: None, mask_local: None, emb_w: head_w, locals: [None, None] };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
@@ -205,7 +226,7 @@ impl<'a> Setup<'a> {
             } else {
                 (None, None)
             };
-            (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: None, locals: [None, None] })
+            (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None] })
         }
     }
 
@@ -280,7 +301,7 @@ impl<'a> Setup<'a> {
         b.p.loss_from = b.next_op();
         b.module = "(root)";
         b.part = Part::Loss;
-        let _ = spec;
+        let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
         let lf = b.to_copy(logits, Dt::F32);
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
         let pad = b.plain("constant_pad_nd", &[labels], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
@@ -509,12 +530,11 @@ impl Resident {
 }
 
 /// Model buffers (not parameters) on a stage: RoPE's `inv_freq` and `original_inv_freq`, fp32.
+/// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
-    if families::has_rope(&cfg.arch) {
-        2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4
-    } else {
-        0
-    }
+    let rope = if families::has_rope(&cfg.arch) { 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
+    let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
+    rope + scale
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).

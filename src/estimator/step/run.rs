@@ -234,7 +234,7 @@ impl<'p, S: Sink> Run<'p, S> {
                     free_fwd
                 }
             }
-            Origin::Param { .. } | Origin::Batch => false,
+            Origin::Param { .. } | Origin::Batch | Origin::Buffer => false,
         }
     }
 

@@ -199,7 +199,18 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     b.module = "transformer";
     let x0 = b.add(te, pe);
     let (_pos2, mask) = llama::mask_only(b, pos, attn);
-    (x0, Shared { cos: None, sin: None, pos: None, mask, emb_w: if spec.tied { wte } else { None }, locals: [Some(te), Some(pe)] })
+    (
+        x0,
+        Shared {
+            cos: None,
+            sin: None,
+            pos: None,
+            mask,
+            mask_local: None,
+            emb_w: if spec.tied { wte } else { None },
+            locals: [Some(te), Some(pe)],
+        },
+    )
 }
 
 /// `transformer.ln_f`.

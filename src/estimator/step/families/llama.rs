@@ -270,6 +270,8 @@ pub fn eager_core_with(
     let s32 = b.to_copy(sa, Dt::F32);
     let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
     let pc = b.to_copy(pr, b.t(q).dt);
+    // `attn_weights` names the masked scores until `softmax(…).to(query.dtype)` rebinds it.
+    b.hold(sa);
     let vc = match vr {
         Some(vr) => vr,
         None => b.copy(v, heads(Q::A)),
@@ -389,15 +391,27 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         Some(w) => embedding(b, ids, w),
         None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
     };
+    // Gemma scales the embedding by √h (a buffer) inside the embedding module.
+    let x0 = if super::gemma::is(spec) { super::gemma::scale_embedding(b, x0) } else { x0 };
     b.module = "model";
-    let (pos, mask) = positions_and_mask(b, attn);
+    let (pos, mask, mask_local) = if super::gemma::two_masks(spec) && attn == Attention::Eager {
+        let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
+        let ar = b.plain("arange", &[], s1, Dt::I64);
+        let pos = b.plain("add", &[ar], s1, Dt::I64);
+        b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+        let (full, local) = super::gemma::masks(b, pos);
+        (pos, Some(full), Some(local))
+    } else {
+        let (pos, mask) = positions_and_mask(b, attn);
+        (pos, mask, None)
+    };
     let (cos, sin) = if has_rope(spec) {
         let (c, s) = rotary(b, spec, pos);
         (Some(c), Some(s))
     } else {
         (None, None)
     };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
+    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
 }
 
 /// `nn.Embedding` on the token ids: keeps the ids; EmbeddingBackward0 allocates the weight's
@@ -426,18 +440,7 @@ pub fn positions_and_mask(b: &mut Builder, attn: Attention) -> (Tid, Option<Tid>
 /// eager attention the materialized additive mask `[b, 1, s, s_kv]` (`sdpa_mask` + `where`).
 pub fn mask_only(b: &mut Builder, pos: Tid, attn: Attention) -> (Tid, Option<Tid>) {
     let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    // find_packed_sequence_indices(position_ids): diff with a prepended column, != 1, cumsum.
-    let first = b.plain("sub", &[pos], Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64);
-    let cat = b.plain("cat", &[first, pos], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
-    let diff = b.plain("sub", &[cat], bs(), Dt::I64);
-    let ne = b.plain("ne", &[diff], bs(), Dt::Bool);
-    let cs = b.plain("cumsum", &[ne], bs(), Dt::I64);
-    let eq = b.plain("eq", &[cs], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::Bool);
-    let _all = b.plain("all", &[eq], Shape::scalar(), Dt::Bool);
-    b.hold(first);
-    b.hold(diff);
-    b.hold(cs);
+    packed_detection(b, pos);
     let mask = if attn == Attention::Eager {
         let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
         let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
@@ -459,6 +462,23 @@ pub fn mask_only(b: &mut Builder, pos: Tid, attn: Attention) -> (Tid, Option<Tid
         None
     };
     (pos, mask)
+}
+
+/// `find_packed_sequence_indices(position_ids)`: a diff with a prepended column, `!= 1`,
+/// `cumsum`, and the `all()` check — int64 temporaries of `[b, s]`.
+pub fn packed_detection(b: &mut Builder, pos: Tid) {
+    let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    // find_packed_sequence_indices(position_ids): diff with a prepended column, != 1, cumsum.
+    let first = b.plain("sub", &[pos], Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64);
+    let cat = b.plain("cat", &[first, pos], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
+    let diff = b.plain("sub", &[cat], bs(), Dt::I64);
+    let ne = b.plain("ne", &[diff], bs(), Dt::Bool);
+    let cs = b.plain("cumsum", &[ne], bs(), Dt::I64);
+    let eq = b.plain("eq", &[cs], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::Bool);
+    let _all = b.plain("all", &[eq], Shape::scalar(), Dt::Bool);
+    b.hold(first);
+    b.hold(diff);
+    b.hold(cs);
 }
 
 /// `LlamaRotaryEmbedding.forward`: `freqs = inv_freq @ position_ids` (a `mul` for one
@@ -493,7 +513,7 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
     b.part = Part::Head;
     let w = p.w(b, "norm.weight");
     match spec.norm {
-        NormKind::Rmsnorm => rms_norm(b, x, w),
+        NormKind::RmsnormGemma => super::gemma::rms_norm(b, x, w),
         _ => rms_norm(b, x, w),
     }
 }

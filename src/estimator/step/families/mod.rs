@@ -6,6 +6,7 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod gemma;
 pub mod gpt2;
 pub mod llama;
 pub mod moe;
@@ -32,8 +33,10 @@ pub struct Shared {
     pub sin: Option<Tid>,
     /// `cache_position` / `position_ids` `[s]` int64.
     pub pos: Option<Tid>,
-    /// Eager attention's additive mask `[b, 1, s, s_kv]`.
+    /// Eager attention's additive mask `[b, 1, s, s_kv]` (the full-attention layers').
     pub mask: Option<Tid>,
+    /// The sliding-window layers' mask (Gemma-2/3); a layer's view puts it in `mask`.
+    pub mask_local: Option<Tid>,
     /// The token embedding's weight (the LM head's, when tied).
     pub emb_w: Option<Tid>,
     /// Locals of the model's forward held until it returns, not passed to the layers
@@ -42,10 +45,43 @@ pub struct Shared {
     pub locals: [Option<Tid>; 2],
 }
 
+/// The shared tensors' slots, in a fixed order.
+pub const NSLOTS: usize = 5;
+
 impl Shared {
-    pub fn all(&self) -> impl Iterator<Item = Tid> {
-        [self.cos, self.sin, self.pos, self.mask].into_iter().flatten()
+    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local).
+    pub fn slots(&self) -> [Option<Tid>; NSLOTS] {
+        [self.cos, self.sin, self.pos, self.mask, self.mask_local]
     }
+    pub fn all(&self) -> impl Iterator<Item = Tid> {
+        self.slots().into_iter().flatten()
+    }
+    /// What a layer reads: a sliding-window layer's mask is the local one.
+    pub fn view(&self, sliding: bool) -> Shared {
+        let mut v = *self;
+        if sliding && self.mask_local.is_some() {
+            v.mask = self.mask_local;
+        }
+        v.mask_local = None;
+        v
+    }
+    /// The global slots a layer's view reads (bit per slot).
+    pub fn used(&self, sliding: bool) -> u8 {
+        let mut bits = 0u8;
+        for (i, t) in self.slots().into_iter().enumerate() {
+            let mask_slot = i == 3 || i == 4;
+            let reads = if mask_slot { (i == 4) == (sliding && self.mask_local.is_some()) } else { true };
+            if t.is_some() && reads {
+                bits |= 1 << i;
+            }
+        }
+        bits
+    }
+}
+
+/// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
+pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
+    gemma::two_masks(spec) && i % 2 == 0
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.
@@ -86,6 +122,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         gpt2::layer(b, p, spec, x, sh, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
+    } else if gemma::two_masks(spec) {
+        gemma::layer(b, p, spec, x, sh, kind, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
