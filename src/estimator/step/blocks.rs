@@ -24,6 +24,7 @@
 
 use super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
 use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
 
 /// Which of its tensors a unary op's node saves.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -246,6 +247,10 @@ impl<'a> Builder<'a> {
     /// the weight's gradient, then the input's; AddmmBackward0 the input's, the weight's, then
     /// the bias's `sum`.
     pub fn linear(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape) -> Tid {
+        // Under autocast, `linear` casts its input and its weight (and bias) to the compute
+        // dtype; the weight's cast is cached until the autocast context exits
+        // (`aten/src/ATen/autocast_mode.cpp`, `cached_cast`).
+        let (x, w, bias) = if self.autocast { self.autocast_linear(x, w, bias) } else { (x, w, bias) };
         let rx = self.rg(x);
         let rw = self.rg(w);
         let dt = self.t(x).dt;
@@ -254,7 +259,14 @@ impl<'a> Builder<'a> {
         let xd = self.t(x).dtype;
         let wg = self.grad_bytes(w);
         let wd = self.t(w).dtype;
-        let saved: &[S] = if rw { &[S::In(0)] } else { &[] };
+        // MmBackward0 keeps `self` (the input) for the weight's gradient and `mat2` (the weight,
+        // a parameter unless autocast cast it) for the input's.
+        let saved: &[S] = match (rw, rx) {
+            (true, true) => &[S::In(0), S::In(1)],
+            (true, false) => &[S::In(0)],
+            (false, true) => &[S::In(1)],
+            (false, false) => &[],
+        };
         match bias {
             None => {
                 let mut bw: [B; 4] = [B::Free(0); 4];
@@ -301,6 +313,35 @@ impl<'a> Builder<'a> {
                 }
                 self.op("addmm", "AddmmBackward0", &[x, w, bb], &[out], saved, &bw[..n])[0]
             }
+        }
+    }
+
+    fn autocast_linear(&mut self, x: Tid, w: Tid, bias: Option<Tid>) -> (Tid, Tid, Option<Tid>) {
+        let part = self.part;
+        let x = self.to_copy(x, Dt::Model);
+        self.part = Part::Autocast;
+        let w = self.cast_weight(w);
+        let bias = bias.map(|b| self.cast_weight(b));
+        self.part = part;
+        (x, w, bias)
+    }
+
+    /// A parameter cast to the compute dtype by autocast (cached until the forward ends).
+    pub fn cast_weight(&mut self, w: Tid) -> Tid {
+        if self.t(w).dtype == self.compute {
+            return w;
+        }
+        let c = self.to_copy(w, Dt::Model);
+        self.hold_forward(c);
+        c
+    }
+
+    /// An autocast op's input: cast to the compute dtype.
+    pub fn autocast_in(&mut self, x: Tid) -> Tid {
+        if self.autocast {
+            self.to_copy(x, Dt::Model)
+        } else {
+            x
         }
     }
 
@@ -369,6 +410,7 @@ impl<'a> Builder<'a> {
     /// q's layout and an fp32 log-sum-exp `[b, a, s]`; keeps q, k, v, output and lse; backward
     /// allocates dq, dk, dv.
     pub fn sdpa_flash(&mut self, q: Tid, k: Tid, v: Tid, name: &'static str, node: &'static str, bw_name: &'static str) -> (Tid, Tid) {
+        let (q, k, v) = (self.autocast_in(q), self.autocast_in(k), self.autocast_in(v));
         let rg = self.rg(q) || self.rg(k) || self.rg(v);
         let o = self.out(self.shape(q), self.t(q).dt, rg);
         let lse_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp);
@@ -397,6 +439,7 @@ impl<'a> Builder<'a> {
     /// `torch.bmm`-style matmul `a @ b` into `shape`; BmmBackward0 makes `b`'s gradient
     /// first, then `a`'s; it keeps `b` for `a`'s gradient and `a` for `b`'s.
     pub fn bmm(&mut self, a: Tid, b: Tid, shape: Shape) -> Tid {
+        let (a, b) = (self.autocast_in(a), self.autocast_in(b));
         let (ra, rb) = (self.rg(a), self.rg(b));
         let dt = self.t(a).dt;
         let out = self.out(shape, dt, ra || rb);
@@ -582,6 +625,26 @@ impl<'a> Builder<'a> {
         let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
         let r = self.op("split", "SplitBackward0", &[x], &o, &[], bw);
         (r[0], r[1], r[2])
+    }
+
+    /// `F.dropout(x, p, training=True)` (a no-op when p = 0). CPU (`at::dropout`, not
+    /// "fused-kernel acceptable"): `noise = empty_like(x).bernoulli_(1 - p).div_(1 - p)`, then
+    /// `x * noise` — the noise, in x's dtype, is kept. CUDA (`native_dropout`): the output and a
+    /// bool mask, kept by NativeDropoutBackward0.
+    pub fn dropout(&mut self, x: Tid) -> Tid {
+        if !self.dropout {
+            return x;
+        }
+        let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
+        if self.c.cuda {
+            let outs = [self.out(shape, dt, rg), self.out(shape, Dt::Bool, false)];
+            let bw: &[B] =
+                if rg { &[B::Alloc { bytes, dtype, op: "native_dropout_backward" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+            self.op("native_dropout", "NativeDropoutBackward0", &[x], &outs, &[S::Out(1)], bw)[0]
+        } else {
+            let noise = self.plain("bernoulli_", &[x], shape, dt);
+            self.mul(x, noise)
+        }
     }
 
     /// An op without a gradient (index arithmetic, masks): allocates `shape` in `dt`.

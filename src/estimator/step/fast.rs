@@ -90,10 +90,12 @@ fn seg(t: &Tracker, start: (i128, [i128; 3])) -> Seg {
     }
 }
 
-/// A piece's forward, backward and teardown.
+/// A piece's forward, the end of the forward pass (autocast's cache cleared), backward and
+/// teardown.
 #[derive(Clone, Copy, Debug)]
 pub struct Profile {
     pub fwd: Seg,
+    pub cache: Seg,
     pub bwd: Seg,
     pub fin: Seg,
 }
@@ -110,6 +112,9 @@ pub fn profile(prog: &Program, acc: Accumulate, inject_alloc: bool, resident: bo
     let s0 = run.sink.mark();
     run.forward();
     let fwd = seg(&run.sink, s0);
+    let sc = run.sink.mark();
+    run.end_forward();
+    let cache = seg(&run.sink, sc);
     let s1 = run.sink.mark();
     run.inject(inject_alloc);
     run.backward();
@@ -119,7 +124,7 @@ pub fn profile(prog: &Program, acc: Accumulate, inject_alloc: bool, resident: bo
         run.finish_backward();
     }
     let fin = seg(&run.sink, s2);
-    Profile { fwd, bwd, fin }
+    Profile { fwd, cache, bwd, fin }
 }
 
 /// Which piece a coarse timeline segment belongs to.
@@ -333,9 +338,20 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
         let b = setup.builder();
         b.bytes_of(&Shape::tok(Q::H), Dt::Resid)
     }) as i128;
+    // The forward pass ends: every piece's autocast casts nobody saved go.
+    let clear = |a: &mut Acc| {
+        a.shift(&pro_prof.cache);
+        for k in &keys {
+            a.shift(&piece(k).1.cache);
+        }
+        if let Some(e) = epi_prof {
+            a.shift(&e.cache);
+        }
+    };
     match epi_prof {
         Some(e) => {
             a.apply(Piece::LossForward, &e.fwd);
+            clear(&mut a);
             a.apply(Piece::LossBackward, &e.bwd);
         }
         None => {

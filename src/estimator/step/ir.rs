@@ -24,6 +24,9 @@ pub type Tid = u32;
 pub const NO_TENSOR: Tid = u32::MAX;
 /// An op index that is never reached: held until the program's end.
 pub const FOREVER: u32 = u32::MAX;
+/// Held until the forward pass ends (autocast's weight-cast cache, cleared when the autocast
+/// context exits after the model call).
+pub const FWD_END: u32 = u32::MAX - 1;
 
 /// Element type of a tensor as PyTorch stores it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -399,6 +402,10 @@ pub struct Builder<'a> {
     pub group: Group,
     /// Gradients are wanted for activations (false in a frozen prefix).
     pub grad: bool,
+    /// Under `torch.autocast`: GEMMs and attention cast their inputs to the compute dtype.
+    pub autocast: bool,
+    /// Dropout is on (p > 0, training).
+    pub dropout: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -415,6 +422,8 @@ impl<'a> Builder<'a> {
             part: Part::Embedding,
             group: Group::All,
             grad: true,
+            autocast: false,
+            dropout: false,
         }
     }
 
@@ -561,6 +570,10 @@ impl<'a> Builder<'a> {
     /// Keeps `t` alive to the program's end (a model-level local, an output).
     pub fn hold_forever(&mut self, t: Tid) {
         self.p.tensors[t as usize].hold = FOREVER;
+    }
+    /// Keeps `t` alive until the forward pass ends (autocast's cache).
+    pub fn hold_forward(&mut self, t: Tid) {
+        self.p.tensors[t as usize].hold = FWD_END;
     }
 
     /// Emits an op. `saved` refers to inputs (`S::In(i)`) and outputs (`S::Out(i)`); `bw` is

@@ -81,7 +81,10 @@ impl<'a> Setup<'a> {
     }
 
     pub fn builder(&self) -> Builder<'_> {
-        Builder::new(&self.ctx, self.compute, self.resid, self.lin, self.xv)
+        let mut b = Builder::new(&self.ctx, self.compute, self.resid, self.lin, self.xv);
+        b.autocast = self.recipe.autocast_weight_copy;
+        b.dropout = self.cfg.dropout > 0.0;
+        b
     }
 
     pub fn params(&self) -> Params<'_> {
@@ -555,6 +558,7 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
         run.grads_resident();
     }
     run.forward();
+    run.end_forward();
     run.inject(true);
     run.backward();
     run.finish_backward();

@@ -21,7 +21,7 @@
 //!   (`accumulate_grad.h`, Case 1.1); later ones are added (Case 2.3, in place; out of place
 //!   under the tracker).
 
-use super::ir::{DType, Origin, Program, Tid, B, FOREVER};
+use super::ir::{DType, Origin, Program, Tid, B, FOREVER, FWD_END};
 use super::{Cat, Phase};
 
 /// Where an allocation happens (for events and the peak's label).
@@ -92,6 +92,8 @@ pub struct Run<'p, S: Sink> {
     injected: Vec<u32>,
     /// Gradients exist before this micro-batch (accumulation): AccumulateGrad adds in place.
     resident_grads: bool,
+    /// Storages held until the forward pass ends.
+    fwd_end: Vec<bool>,
 }
 
 impl<'p, S: Sink> Run<'p, S> {
@@ -99,9 +101,13 @@ impl<'p, S: Sink> Run<'p, S> {
         let n = p.tensors.len();
         let nops = p.ops.len();
         let mut end = vec![0u32; n];
+        let mut fwd_end = vec![false; n];
         for t in &p.tensors {
             let b = t.base as usize;
-            end[b] = end[b].max(t.hold.max(t.last_use));
+            if t.hold == FWD_END {
+                fwd_end[b] = true;
+            }
+            end[b] = end[b].max(if t.hold == FWD_END { FOREVER } else { t.hold.max(t.last_use) });
         }
         let mut region_of = vec![NONE; nops];
         let mut region_first_save = vec![NONE; p.regions.len()];
@@ -178,6 +184,19 @@ impl<'p, S: Sink> Run<'p, S> {
             recomputed: vec![false; p.regions.len()],
             injected: Vec::new(),
             resident_grads: false,
+            fwd_end,
+        }
+    }
+
+    /// The forward pass is over: autocast's cache lets go of its casts (those nobody saved
+    /// are freed).
+    pub fn end_forward(&mut self) {
+        let at = At { phase: Phase::Loss, layer: NO_LAYER, module: "", op: "", node: "" };
+        for b in 0..self.p.tensors.len() {
+            if self.fwd_end[b] && self.alive[b] {
+                self.fwd_over[b] = true;
+                self.try_free(b, &at);
+            }
         }
     }
 

@@ -75,6 +75,7 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
     let pc = b.to_copy(pr, b.t(q).dt);
     // `attn_weights` names the masked scores until `softmax(…).to(query.dtype)` rebinds it.
     b.hold(sa);
+    let pc = b.dropout(pc);
     let vc = match vr {
         Some(vr) => vr,
         None => b.copy(v, heads(Q::A)),

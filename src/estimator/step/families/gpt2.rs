@@ -87,6 +87,7 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
             None => sm,
         };
         let pr = b.unary("_softmax", "SoftmaxBackward0", sa, Keep::Output, "_softmax_backward_data");
+        let pr = b.dropout(pr);
         let vc = b.copy(vt, heads(Q::A));
         let o = b.bmm(pr, vc, heads(Q::A));
         let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
@@ -102,6 +103,9 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
         Some(w) => b.linear(o, w, bo, tok(Q::H)),
         None => o,
     };
+    b.module = "attn.resid_dropout";
+    b.part = Part::Dropout;
+    let out = b.dropout(out);
     for t in [qt, kt, vt] {
         b.hold(t);
     }
@@ -120,10 +124,13 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 4], x: Tid) -> Tid {
     b.module = "mlp.act";
     let a = gelu_new(b, h);
     b.module = "mlp.c_proj";
-    match wpr {
+    let y = match wpr {
         Some(w) => b.linear(a, w, bpr, tok(Q::H)),
         None => a,
-    }
+    };
+    b.module = "mlp.dropout";
+    b.part = Part::Dropout;
+    b.dropout(y)
 }
 
 /// `GPT2Block.forward`: `ln_1` → attention → residual → `ln_2` → MLP → residual.
@@ -198,6 +205,11 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     };
     b.module = "transformer";
     let x0 = b.add(te, pe);
+    b.module = "transformer.drop";
+    b.part = Part::Dropout;
+    let x0 = b.dropout(x0);
+    b.part = Part::Embedding;
+    b.module = "transformer";
     let (_pos2, mask) = llama::mask_only(b, pos, attn);
     (
         x0,

@@ -212,6 +212,9 @@ pub fn sdpa_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
 /// [`sdpa_core`]; `copy_out`: q was contiguous `[b, a, s, d]` (a `cat`), so the output is too
 /// and `transpose(1, 2).reshape(…)` copies it.
 pub fn sdpa_core_copy(b: &mut Builder, q: Tid, k: Tid, v: Tid, copy_out: bool) -> Tid {
+    if b.dropout && !b.c.cuda {
+        return sdpa_math(b, q, k, v);
+    }
     let (o, _lse) = b.sdpa_flash(
         q,
         k,
@@ -223,6 +226,31 @@ pub fn sdpa_core_copy(b: &mut Builder, q: Tid, k: Tid, v: Tid, copy_out: bool) -
     let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
     let ot = if copy_out { b.copy(ot, heads_bshd(Q::A)) } else { ot };
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+}
+
+/// `_scaled_dot_product_attention_math`, what CPU SDPA runs with dropout: q, k, v upcast to
+/// fp32 and scaled by √scale, k and v repeated to a heads (GQA), the scores, `_safe_softmax`,
+/// dropout, the product with v, cast back; returns `[b, s, a·d]` as SDPA's caller reshapes it.
+pub fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+    let out_dt = b.t(q).dt;
+    let up = |b: &mut Builder, x: Tid| {
+        let x32 = b.to_copy(x, Dt::F32);
+        b.mul_scalar(x32)
+    };
+    let qs = up(b, q);
+    let ks = up(b, k);
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let kr = if gqa { repeat_kv(b, ks) } else { b.copy(ks, heads(Q::A)) };
+    let v32 = b.to_copy(v, Dt::F32);
+    let vr = if gqa { repeat_kv(b, v32) } else { b.copy(v32, heads(Q::A)) };
+    let sc = b.bmm(qs, kr, scores_shape());
+    let sm = b.unary("_safe_softmax", "SafeSoftmaxBackward0", sc, Keep::Output, "_softmax_backward_data");
+    let sd = b.dropout(sm);
+    let o = b.bmm(sd, vr, heads(Q::A));
+    let o = b.to_copy(o, out_dt);
+    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    let oc = b.copy(ot, heads_bshd(Q::A));
+    b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
 
 /// `eager_attention_forward`:
@@ -272,6 +300,7 @@ pub fn eager_core_with(
     let pc = b.to_copy(pr, b.t(q).dt);
     // `attn_weights` names the masked scores until `softmax(…).to(query.dtype)` rebinds it.
     b.hold(sa);
+    let pc = b.dropout(pc);
     let vc = match vr {
         Some(vr) => vr,
         None => b.copy(v, heads(Q::A)),

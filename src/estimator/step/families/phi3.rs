@@ -105,6 +105,9 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let n1 = rms_norm(b, x, n1w);
     let (a, weights) = attention(b, aw, spec, n1, sh, attn);
     b.hold(n1);
+    b.module = "resid_attn_dropout";
+    b.part = Part::Dropout;
+    let a = b.dropout(a);
     b.module = "";
     let h = b.add(x, a);
     b.module = "post_attention_layernorm";
@@ -112,6 +115,9 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let n2 = rms_norm(b, h, n2w);
     let m = mlp(b, mw, n2);
     b.hold(n2);
+    b.module = "resid_mlp_dropout";
+    b.part = Part::Dropout;
+    let m = b.dropout(m);
     b.module = "";
     let y = b.add(h, m);
     b.hold(h);
