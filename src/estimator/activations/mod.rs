@@ -452,3 +452,50 @@ mod tests {
         assert!(unbound.is_empty(), "{unbound:?}");
     }
 }
+
+#[cfg(test)]
+mod compare_old {
+    use super::*;
+    use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::precision::recipe;
+
+    #[test]
+    #[ignore]
+    fn ir_against_old_terms() {
+        let mut rows = Vec::new();
+        for p in crate::estimator::presets::presets() {
+            let base = Config { model: p.id.to_string(), arch: p.spec.clone(), seq: 2048, batch: 2, ..Config::default() };
+            let variants: Vec<(&str, Config)> = vec![
+                ("base", base.clone()),
+                ("eager", Config { attn: Attention::Eager, ..base.clone() }),
+                ("tp4", Config { tp: 4, gpus: 4, ..base.clone() }),
+                ("tp4sp", Config { tp: 4, gpus: 4, sp: true, ..base.clone() }),
+                ("lora", Config { finetune: Finetune::Lora, ..base.clone() }),
+                ("sel", Config { recompute: Recompute::Selective, ..base.clone() }),
+                ("full", Config { recompute: Recompute::Full, ..base.clone() }),
+                ("drop", Config { dropout: 0.1, ..base.clone() }),
+                ("amp", Config { precision: Precision::AmpBf16, ..base.clone() }),
+                ("chunk", Config { loss: Loss::Chunked, ..base.clone() }),
+                ("pp2", Config { pp: 2, gpus: 2, ..base.clone() }),
+            ];
+            for (name, c) in variants {
+                if crate::estimator::validate(&c).is_err() {
+                    continue;
+                }
+                let r = recipe(c.precision);
+                let (old, new) = numbers_only(|| {
+                    let l = crate::estimator::params::stage_layers(c.arch.layers, c.pp);
+                    let st = if c.pp > 1 { Stage::First } else { Stage::Whole };
+                    (activations(&c, &r, st, l).row.bytes, activations_ir(&c, &r, st, l).row.bytes)
+                });
+                let rel = (new as f64 - old as f64) / old as f64 * 100.0;
+                if rel.abs() > 0.01 {
+                    rows.push(format!("{:28} {:6} old {:>16} ir {:>16} {:+.2} %", p.id, name, old, new, rel));
+                }
+            }
+        }
+        println!("{}", rows.join("\n"));
+        println!("{} differ", rows.len());
+    }
+}

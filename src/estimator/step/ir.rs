@@ -406,6 +406,19 @@ pub struct Builder<'a> {
     pub autocast: bool,
     /// Dropout is on (p > 0, training).
     pub dropout: bool,
+    /// LoRA adapters on the linears it targets.
+    pub lora: Option<Lora>,
+    /// Megatron-style selective recomputation of the attention core.
+    pub selective: bool,
+}
+
+/// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
+#[derive(Clone, Copy, Debug)]
+pub struct Lora {
+    pub targets: u8,
+    pub rank: u64,
+    pub weight: DType,
+    pub grad_elem: u64,
 }
 
 impl<'a> Builder<'a> {
@@ -424,6 +437,8 @@ impl<'a> Builder<'a> {
             grad: true,
             autocast: false,
             dropout: false,
+            lora: None,
+            selective: false,
         }
     }
 

@@ -84,6 +84,15 @@ impl<'a> Setup<'a> {
         let mut b = Builder::new(&self.ctx, self.compute, self.resid, self.lin, self.xv);
         b.autocast = self.recipe.autocast_weight_copy;
         b.dropout = self.cfg.dropout > 0.0;
+        b.selective = self.cfg.recompute == Recompute::Selective;
+        if self.cfg.finetune != crate::estimator::config::Finetune::Full {
+            b.lora = Some(super::ir::Lora {
+                targets: self.cfg.lora_targets.0,
+                rank: self.cfg.lora_rank,
+                weight: DType::of(self.recipe.weight),
+                grad_elem: self.recipe.grad.bytes(),
+            });
+        }
         b
     }
 
@@ -293,6 +302,15 @@ impl<'a> Setup<'a> {
         let w = p.w(b, "lm_head.weight").or(sh.emb_w).or_else(|| p.w(b, "embed_tokens.weight"));
         let bias = p.w(b, "lm_head.bias");
         let vocab = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::V)], Split::Tp);
+        // Under sequence parallelism the head's input is all-gathered first (its backward
+        // reduce-scatters): the head keeps the whole sequence.
+        let xn = if self.cfg.sp && self.cfg.tp > 1 {
+            let (bytes, dtype, dt) = (b.bytes(xn), b.t(xn).dtype, b.t(xn).dt);
+            let out = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::None), dt, true);
+            b.op("all_gather", "AllGatherBackward", &[xn], &[out], &[], &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }])[0]
+        } else {
+            xn
+        };
         if self.cfg.loss == Loss::Chunked {
             self.chunked_loss(b, xn, w);
             return;

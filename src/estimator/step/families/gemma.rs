@@ -12,7 +12,7 @@ use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{ModelSpec, NormKind};
+use crate::estimator::model::{Linear, ModelSpec, NormKind};
 
 /// Gemma-2 and Gemma-3: four norms per layer, sliding-window layers beside full ones.
 pub fn two_masks(spec: &ModelSpec) -> bool {
@@ -97,20 +97,20 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
 fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
     let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
     let eager = attn == Attention::Eager;
-    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool| -> Tid {
+    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> Tid {
         b.module = module;
         b.part = Part::AttentionInputs;
         let y = match w {
-            Some(w) => b.linear(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)),
+            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
             None => x,
         };
         b.module = "self_attn";
         let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
         b.view(v, heads(h), "TransposeBackward0", false)
     };
-    let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", true);
-    let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", true);
-    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", eager);
+    let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", true, Linear::Q);
+    let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", true, Linear::K);
+    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
     b.part = Part::AttentionCore;
     let (q, k) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) => {
@@ -123,11 +123,13 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -
         _ => (q, k),
     };
     b.module = "self_attn";
+    let region = super::llama::selective_begin(b, q, k, v);
     let (o, weights) = if eager { eager_core(b, q, k, v, sh.mask) } else { (super::llama::sdpa_core(b, q, k, v), None) };
+    super::llama::selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
     let out = match wo {
-        Some(w) => b.linear(o, w, bo, tok(Q::H)),
+        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
         None => o,
     };
     b.hold(q);
@@ -143,21 +145,21 @@ fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
     let f = || tok_tp(Dim::Q(Q::F));
     b.module = "mlp.gate_proj";
     let g = match wg {
-        Some(w) => b.linear(x, w, None, f()),
+        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
         None => x,
     };
     b.module = "mlp.act_fn";
     let a = b.unary("gelu", "GeluBackward0", g, Keep::Input, "gelu_backward");
     b.module = "mlp.up_proj";
     let u = match wu {
-        Some(w) => b.linear(x, w, None, f()),
+        Some(w) => b.proj(x, w, None, f(), Linear::Up),
         None => x,
     };
     b.module = "mlp";
     let m = b.mul(a, u);
     b.module = "mlp.down_proj";
     match wd {
-        Some(w) => b.linear(m, w, None, tok(Q::H)),
+        Some(w) => b.proj(m, w, None, tok(Q::H), Linear::Down),
         None => m,
     }
 }

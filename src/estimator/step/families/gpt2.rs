@@ -9,7 +9,7 @@ use super::{llama, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
 
 /// Whether `spec` is laid out like GPT-2.
 pub fn is(spec: &ModelSpec) -> bool {
@@ -55,7 +55,7 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
     b.module = "attn.c_attn";
     let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
     let qkv = match wqkv {
-        Some(w) => b.linear(x, w, bqkv, qkv_shape),
+        Some(w) => b.proj(x, w, bqkv, qkv_shape, Linear::Qkv),
         None => x,
     };
     b.module = "attn";
@@ -76,6 +76,7 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
         let qv = b.view(q, heads_bshd(Q::A), "ViewBackward0", eager);
         b.view(qv, heads(Q::A), "TransposeBackward0", false)
     };
+    let region = llama::selective_begin(b, qt, kt, vt);
     let (o, weights) = if eager {
         // eager_attention_forward (GPT-2's): matmul copies q and kᵀ, softmax in the model dtype.
         let qc = b.copy(qt, heads(Q::A));
@@ -97,10 +98,11 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
     } else {
         (llama::sdpa_core(b, qt, kt, vt), None)
     };
+    llama::selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "attn.c_proj";
     let out = match wo {
-        Some(w) => b.linear(o, w, bo, tok(Q::H)),
+        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
         None => o,
     };
     b.module = "attn.resid_dropout";
@@ -118,14 +120,14 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 4], x: Tid) -> Tid {
     b.part = Part::Mlp;
     b.module = "mlp.c_fc";
     let h = match wfc {
-        Some(w) => b.linear(x, w, bfc, lin_shape(Dim::Q(Q::F))),
+        Some(w) => b.proj(x, w, bfc, lin_shape(Dim::Q(Q::F)), Linear::Up),
         None => x,
     };
     b.module = "mlp.act";
     let a = gelu_new(b, h);
     b.module = "mlp.c_proj";
     let y = match wpr {
-        Some(w) => b.linear(a, w, bpr, tok(Q::H)),
+        Some(w) => b.proj(a, w, bpr, tok(Q::H), Linear::Down),
         None => a,
     };
     b.module = "mlp.dropout";

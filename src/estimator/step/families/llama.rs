@@ -10,7 +10,7 @@ use super::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{ModelSpec, NormKind};
+use crate::estimator::model::{Linear, ModelSpec, NormKind};
 
 /// `LlamaRMSNorm.forward`:
 /// ```python
@@ -151,12 +151,13 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
                 h: Q,
                 module: &'static str,
                 norm: Option<(Option<Tid>, &'static str)>,
-                clone_bw: bool|
+                clone_bw: bool,
+                lin: Linear|
      -> Tid {
         b.module = module;
         b.part = Part::AttentionInputs;
         let y = match w {
-            Some(w) => b.linear(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)),
+            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
             None => x,
         };
         b.module = "self_attn";
@@ -174,9 +175,9 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
     // (from SDPA, laid out like v) views, except after eager attention's bmm.
     let qnorm = head_norm.then_some((qn, "self_attn.q_norm"));
     let knorm = head_norm.then_some((kn, "self_attn.k_norm"));
-    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, true);
-    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, true);
-    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), None, eager);
+    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, true, Linear::Q);
+    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, true, Linear::K);
+    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), None, eager, Linear::V);
     b.part = Part::AttentionCore;
     let (q, k) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) if has_rope(spec) && rotary_dims(spec) == spec.head_dim => {
@@ -189,17 +190,39 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
         _ => (q, k),
     };
     b.module = "self_attn";
+    let region = selective_begin(b, q, k, v);
     let (o, weights) = if eager { eager_core(b, spec, q, k, v, sh.mask) } else { (sdpa_core(b, q, k, v), None) };
+    selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
     let out = match wo {
-        Some(w) => b.linear(o, w, bo, tok(Q::H)),
+        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
         None => o,
     };
     b.hold(q);
     b.hold(k);
     b.hold(v);
     (out, weights)
+}
+
+/// Selective recomputation (Megatron's, Korthikanti et al. 2022 §5): the attention core
+/// between q, k, v and its output is a checkpoint region that keeps q, k, v.
+pub fn selective_begin(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Option<usize> {
+    use super::super::ir::Save;
+    b.selective.then(|| {
+        let g = b.group;
+        b.begin_checkpoint(vec![
+            Save { t: q, part: Part::AttentionCore, group: g },
+            Save { t: k, part: Part::AttentionCore, group: g },
+            Save { t: v, part: Part::AttentionCore, group: g },
+        ])
+    })
+}
+
+pub fn selective_end(b: &mut Builder, region: Option<usize>) {
+    if let Some(r) = region {
+        b.end_checkpoint(r);
+    }
 }
 
 /// `sdpa_attention_forward`: `F.scaled_dot_product_attention(q, k, v, is_causal=True,
@@ -343,21 +366,21 @@ pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
     let f = || tok_tp(Dim::Q(Q::F));
     b.module = "mlp.gate_proj";
     let g = match wg {
-        Some(w) => b.linear(x, w, None, f()),
+        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
         None => x,
     };
     b.module = "mlp.act_fn";
     let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
     b.module = "mlp.up_proj";
     let u = match wu {
-        Some(w) => b.linear(x, w, None, f()),
+        Some(w) => b.proj(x, w, None, f(), Linear::Up),
         None => x,
     };
     b.module = "mlp";
     let m = b.mul(a, u);
     b.module = "mlp.down_proj";
     match wd {
-        Some(w) => b.linear(m, w, None, tok(Q::H)),
+        Some(w) => b.proj(m, w, None, tok(Q::H), Linear::Down),
         None => m,
     }
 }

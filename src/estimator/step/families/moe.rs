@@ -89,6 +89,7 @@ pub fn experts(b: &mut Builder, w: &MoeW, x2: Tid, weights: Tid, idx: Tid) -> Ti
         Some(wg) => b.grouped_mm(xg, wg, offs, pairs(&[Dim::N(2), Dim::X(X::FE)])),
         None => b.plain("_grouped_mm", &[xg], pairs(&[Dim::N(2), Dim::X(X::FE)]), Dt::Model),
     };
+    let gu = lora_pairs(b, xg, gu, crate::estimator::model::Linear::GateUp);
     let (g, u) = b.chunk2(gu, pairs(&[Dim::X(X::FE)]));
     b.module = "mlp.experts.act_fn";
     let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
@@ -98,6 +99,7 @@ pub fn experts(b: &mut Builder, w: &MoeW, x2: Tid, weights: Tid, idx: Tid) -> Ti
         Some(wd) => b.grouped_mm(m, wd, offs, pairs(&[Dim::Q(Q::H)])),
         None => b.plain("_grouped_mm", &[m], pairs(&[Dim::Q(Q::H)]), Dt::Model),
     };
+    let d = lora_pairs(b, m, d, crate::estimator::model::Linear::Down);
     let swu = b.view(swg, pairs(&[Dim::N(1)]), "UnsqueezeBackward0", false);
     let wo = b.mul_to(d, swu, pairs(&[Dim::Q(Q::H)]), Dt::F32);
     let inv = b.plain("empty_like", &[perm], pairs(&[]), Dt::I64);
@@ -112,6 +114,32 @@ pub fn experts(b: &mut Builder, w: &MoeW, x2: Tid, weights: Tid, idx: Tid) -> Ti
         b.hold(t);
     }
     out
+}
+
+/// LoRA on 3-D expert weights, approximated as PEFT adapts per-expert linears: `lora_A` keeps
+/// the pairs' input, `lora_B` its `[S, r]` output; the delta is added to the base output.
+/// (PEFT's `target_parameters` path for fused experts is not measured.)
+fn lora_pairs(b: &mut Builder, x: Tid, base: Tid, lin: crate::estimator::model::Linear) -> Tid {
+    let Some(l) = b.lora.filter(|l| super::super::blocks::targeted(lin, l.targets)) else { return base };
+    let shape = b.shape(base);
+    let a = b.plain("lora_A", &[x], pairs(&[Dim::X(X::R)]), Dt::Model);
+    let (xb, xd, ab, ad) = (b.bytes(x), b.t(x).dtype, b.bytes(a), b.t(a).dtype);
+    let _ = l;
+    // A node that keeps x and lora_A's output, and hands x its gradient.
+    use super::super::ir::{B, S};
+    let part = b.part;
+    b.part = Part::Lora;
+    let out = b.out(shape, b.t(base).dt, true);
+    let delta = b.op(
+        "lora_B",
+        "LoraBackward",
+        &[x, a],
+        &[out],
+        &[S::In(0), S::In(1)],
+        &[B::Alloc { bytes: ab, dtype: ad, op: "mm" }, B::Free(0), B::Alloc { bytes: xb, dtype: xd, op: "mm" }, B::Grad { input: 0, temp: 1 }],
+    )[0];
+    b.part = part;
+    b.add(base, delta)
 }
 
 /// A sparse MoE block (`MixtralSparseMoeBlock.forward`): `hidden_states.view(-1, h)`, the

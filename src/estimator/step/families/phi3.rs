@@ -10,7 +10,7 @@ use super::{rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{ModelSpec, NormKind, Positions};
+use crate::estimator::model::{Linear, ModelSpec, NormKind, Positions};
 
 /// Whether `spec` is laid out like Phi-3 (fused q/k/v with RoPE and RMSNorm).
 pub fn is(spec: &ModelSpec) -> bool {
@@ -29,7 +29,7 @@ fn attention(b: &mut Builder, w: [Option<Tid>; 2], spec: &ModelSpec, x: Tid, sh:
     b.module = "self_attn.qkv_proj";
     let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
     let qkv = match wqkv {
-        Some(w) => b.linear(x, w, None, qkv_shape),
+        Some(w) => b.proj(x, w, None, qkv_shape, Linear::Qkv),
         None => x,
     };
     b.module = "self_attn";
@@ -55,7 +55,7 @@ fn attention(b: &mut Builder, w: [Option<Tid>; 2], spec: &ModelSpec, x: Tid, sh:
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
     let out = match wo {
-        Some(w) => b.linear(o, w, None, tok(Q::H)),
+        Some(w) => b.proj(o, w, None, tok(Q::H), Linear::O),
         None => o,
     };
     for t in [qe, ke, vt, qkv] {
@@ -71,7 +71,7 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 2], x: Tid) -> Tid {
     b.part = Part::Mlp;
     b.module = "mlp.gate_up_proj";
     let gu = match wgu {
-        Some(w) => b.linear(x, w, None, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::N(2), Dim::Q(Q::F)], Split::Tp)),
+        Some(w) => b.proj(x, w, None, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::N(2), Dim::Q(Q::F)], Split::Tp), Linear::GateUp),
         None => x,
     };
     b.module = "mlp";
@@ -82,7 +82,7 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 2], x: Tid) -> Tid {
     let m = b.mul(u, a);
     b.module = "mlp.down_proj";
     let y = match wd {
-        Some(w) => b.linear(m, w, None, tok(Q::H)),
+        Some(w) => b.proj(m, w, None, tok(Q::H), Linear::Down),
         None => m,
     };
     // `gate` (a view of gate_up's output) is a local to the return.
