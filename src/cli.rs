@@ -1,11 +1,12 @@
-//! The native command line: `trainmem estimate`, `trainmem presets`, `trainmem keys`,
-//! `trainmem bench`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
+//! The native command line: `trainmem estimate`, `trainmem plan`, `trainmem presets`,
+//! `trainmem keys`, `trainmem bench`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
 //! names and values as the share URL (`--seq 4096` ⇔ `?seq=4096`).
 
 use crate::config::{self, Config, ConfigError, KEYS};
 use crate::estimator::hf::{self, HfError};
+use crate::estimator::plan::{self, GlobalBatch, PlanError, PlanRequest, Space};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{explain, flatten, presets, Estimate, EstimateError};
+use crate::estimator::{estimate, explain, flatten, presets, Estimate, EstimateError};
 use serde::Serialize;
 use std::io::Write;
 
@@ -23,10 +24,17 @@ pub enum CliError {
     Io { path: String, err: String },
     #[error("{0}")]
     Bench(String),
+    #[error("{0}")]
+    Plan(#[from] PlanError),
 }
 
 const USAGE: &str = "usage:
   trainmem estimate (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
+  trainmem plan (--model ID | --hf-config PATH) --gpu ID --gpus N --seq N
+                (--global-batch-tokens N | --global-batch SEQUENCES) [--KEY VALUE ...]
+                [--try-KNOB v1,v2,...] [--top N] [--all] [--fix] [--json | --csv]
+      KNOB: batch zero recompute attn optim optim-impl offload tp pp vpp cp ep sp finetune
+      also: --compute-efficiency F, --link-efficiency F, --no-overlap
   trainmem presets [--json]
   trainmem keys
   trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
@@ -69,6 +77,10 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             } else {
                 w(out, render_table(&cfg, &e))
             }
+        }
+        "plan" => {
+            let args = parse_plan_args(rest)?;
+            w(out, run_plan(&args)?)
         }
         "presets" => {
             let json = rest.iter().any(|a| a == "--json");
@@ -206,6 +218,417 @@ pub fn to_json(cfg: &Config, e: &Estimate) -> String {
     serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
 }
 
+/// What `trainmem plan` was asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanArgs {
+    pub request: PlanRequest,
+    pub output: PlanOutput,
+    /// Print the cheapest single changes that make the base configuration fit instead.
+    pub fix: bool,
+}
+
+/// How `trainmem plan` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanOutput {
+    Text,
+    Json,
+    Csv,
+}
+
+/// The knobs `--try-KNOB` accepts, with the configuration key that spells their values.
+const TRY_KNOBS: [&str; 14] =
+    ["batch", "zero", "recompute", "attn", "optim", "optim_impl", "offload", "tp", "pp", "vpp", "cp", "ep", "sp", "finetune"];
+
+/// Reads `plan`'s arguments: plan options, `--try-KNOB` lists, and every configuration key.
+pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
+    let mut rest: Vec<String> = Vec::new();
+    let mut global: Option<GlobalBatch> = None;
+    let mut tries: Vec<(String, String)> = Vec::new();
+    let mut output = PlanOutput::Text;
+    let mut fix = false;
+    let mut all = false;
+    let mut keep: Option<usize> = None;
+    let mut assumptions = crate::estimator::cost::Assumptions::default();
+    let mut it = args.iter();
+    let value = |it: &mut std::slice::Iter<String>, name: &str, inline: Option<String>| -> Result<String, CliError> {
+        match inline {
+            Some(v) => Ok(v),
+            None => it.next().cloned().ok_or_else(|| CliError::Usage(format!("--{name} needs a value"))),
+        }
+    };
+    let count = |key: &str, v: &str| -> Result<u64, CliError> {
+        config::parse_uint(v).map_err(|reason| ConfigError { key: key.into(), value: v.into(), reason }.into())
+    };
+    let fraction = |key: &str, v: &str| -> Result<f64, CliError> {
+        match v.trim().parse::<f64>() {
+            Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+            _ => Err(ConfigError { key: key.into(), value: v.into(), reason: "must be a fraction in (0, 1]".into() }.into()),
+        }
+    };
+    while let Some(a) = it.next() {
+        let Some(flag) = a.strip_prefix("--") else {
+            rest.push(a.clone());
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n.to_string(), Some(v.to_string())),
+            None => (flag.to_string(), None),
+        };
+        match name.as_str() {
+            "json" => output = PlanOutput::Json,
+            "csv" => output = PlanOutput::Csv,
+            "fix" => fix = true,
+            "all" => all = true,
+            "no-overlap" => assumptions.overlap = false,
+            "global-batch-tokens" => global = Some(GlobalBatch::Tokens(count("global_batch_tokens", &value(&mut it, &name, inline)?)?)),
+            "global-batch" => global = Some(GlobalBatch::Sequences(count("global_batch", &value(&mut it, &name, inline)?)?)),
+            "top" => keep = Some(count("top", &value(&mut it, &name, inline)?)? as usize),
+            "compute-efficiency" => assumptions.compute_efficiency = fraction("compute_efficiency", &value(&mut it, &name, inline)?)?,
+            "link-efficiency" => assumptions.link_efficiency = fraction("link_efficiency", &value(&mut it, &name, inline)?)?,
+            n if n.starts_with("try-") => {
+                let knob = n["try-".len()..].replace('-', "_");
+                if !TRY_KNOBS.contains(&knob.as_str()) {
+                    return Err(CliError::Usage(format!("--{n}: no such knob (try one of {})", TRY_KNOBS.join(", "))));
+                }
+                tries.push((knob, value(&mut it, &name, inline)?));
+            }
+            _ => {
+                rest.push(a.clone());
+                if inline.is_none() {
+                    if let Some(v) = it.next() {
+                        rest.push(v.clone());
+                    }
+                }
+            }
+        }
+    }
+    let (base, json) = parse_estimate_args(&rest)?;
+    if json {
+        output = PlanOutput::Json;
+    }
+    let global = match global {
+        Some(g) => g,
+        None if fix => GlobalBatch::Sequences(base.batch * base.accum * base.dp().max(1)),
+        None => return Err(CliError::Usage("give the target's global batch: --global-batch-tokens N or --global-batch SEQUENCES".into())),
+    };
+    let mut space = Space::default_for(&base);
+    for (knob, list) in &tries {
+        apply_try(&mut space, &base, knob, list)?;
+    }
+    let mut request = PlanRequest { base, global_batch: global, space, assumptions, keep: plan::DEFAULT_KEEP, skip_dominated: !all };
+    if let Some(k) = keep {
+        request.keep = k;
+    }
+    Ok(PlanArgs { request, output, fix })
+}
+
+/// Sets one knob's allowed values from a comma-separated list, each read by the configuration
+/// key of the same name (so `--try-zero 2,3,full_shard` takes the URL's spellings).
+fn apply_try(space: &mut Space, base: &Config, knob: &str, list: &str) -> Result<(), CliError> {
+    let mut values: Vec<Config> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut c = base.clone();
+        config::set(&mut c, knob, item)?;
+        values.push(c);
+    }
+    if values.is_empty() {
+        return Err(ConfigError { key: knob.into(), value: list.into(), reason: "lists no value".into() }.into());
+    }
+    macro_rules! take {
+        ($field:ident) => {
+            space.$field = values.iter().map(|c| c.$field).collect()
+        };
+    }
+    match knob {
+        "batch" => take!(batch),
+        "zero" => take!(zero),
+        "recompute" => take!(recompute),
+        "attn" => take!(attn),
+        "optim" => take!(optim),
+        "optim_impl" => take!(optim_impl),
+        "offload" => take!(offload),
+        "tp" => take!(tp),
+        "pp" => take!(pp),
+        "vpp" => take!(vpp),
+        "cp" => take!(cp),
+        "ep" => take!(ep),
+        "sp" => take!(sp),
+        "finetune" => take!(finetune),
+        _ => return Err(CliError::Usage(format!("--try-{knob}: no such knob"))),
+    }
+    Ok(())
+}
+
+/// Runs `trainmem plan` and renders its output.
+pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
+    let req = &args.request;
+    if args.fix {
+        let fixes = plan::cheapest_fixes(&req.base, &req.assumptions, plan::DEFAULT_FIXES)?;
+        return Ok(render_fixes(&req.base, &fixes, args.output));
+    }
+    let started = std::time::Instant::now();
+    let result = plan::plan(req.clone())?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(match args.output {
+        PlanOutput::Json => format!("{}\n", plan_json(req, &result, seconds)),
+        PlanOutput::Csv => plan::to_csv(&result, config::encode_query),
+        PlanOutput::Text => render_plan(req, &result, seconds),
+    })
+}
+
+#[derive(Serialize)]
+struct PlanJson<'a> {
+    label: &'static str,
+    model: String,
+    gpu: &'a str,
+    gpus: u64,
+    gpus_per_node: u64,
+    seq: u64,
+    global_sequences: u64,
+    global_tokens: u64,
+    /// The base configuration as a share query.
+    query: String,
+    search_seconds: f64,
+    progress: plan::Progress,
+    pruning_rules: &'a [&'static str],
+    assumptions: &'a [crate::estimator::cost::Assumption],
+    explanation: &'a [plan::Reason],
+    plans: Vec<PlanRowJson<'a>>,
+    frontier: Vec<PlanRowJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct PlanRowJson<'a> {
+    rank: usize,
+    /// The plan as a share query (`?` + this reproduces it).
+    query: String,
+    fits: bool,
+    step_s_estimate: f64,
+    tokens_per_s_estimate: f64,
+    mfu_estimate: f64,
+    memory: u128,
+    capacity: u128,
+    headroom: i128,
+    knobs: &'a plan::Knobs,
+    memory_by_category: &'a [(&'static str, u128)],
+    cost: &'a Option<crate::estimator::cost::StepCost>,
+}
+
+fn plan_rows(plans: &[plan::Plan]) -> Vec<PlanRowJson<'_>> {
+    plans
+        .iter()
+        .map(|p| PlanRowJson {
+            rank: p.rank,
+            query: config::encode_query(&p.config),
+            fits: p.headroom >= 0,
+            step_s_estimate: p.step_s,
+            tokens_per_s_estimate: p.tokens_per_s,
+            mfu_estimate: p.mfu,
+            memory: p.memory,
+            capacity: p.capacity,
+            headroom: p.headroom,
+            knobs: &p.knobs,
+            memory_by_category: &p.memory_by_category,
+            cost: &p.cost,
+        })
+        .collect()
+}
+
+/// The stable JSON document of `trainmem plan --json`.
+pub fn plan_json(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String {
+    let doc = PlanJson {
+        label: r.label,
+        model: req.base.display_name(),
+        gpu: &req.base.gpu,
+        gpus: req.base.gpus,
+        gpus_per_node: req.base.gpus_per_node,
+        seq: req.base.seq,
+        global_sequences: r.global_sequences,
+        global_tokens: r.global_tokens,
+        query: config::encode_query(&req.base),
+        search_seconds: seconds,
+        progress: r.progress,
+        pruning_rules: &r.pruning_rules,
+        assumptions: &r.assumptions,
+        explanation: &r.explanation,
+        plans: plan_rows(&r.plans),
+        frontier: plan_rows(&r.frontier),
+    };
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
+}
+
+fn gpu_name(cfg: &Config) -> String {
+    crate::estimator::gpu::gpu(&cfg.gpu).map_or_else(|| format!("custom GPU ({} GiB)", cfg.gpu_gib), |g| g.name.to_string())
+}
+
+fn seconds_text(s: f64) -> String {
+    if s >= 100.0 {
+        format!("{s:.0} s")
+    } else if s >= 1.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.0} ms", s * 1000.0)
+    }
+}
+
+fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String {
+    let b = &req.base;
+    let u = b.unit;
+    let p = &r.progress;
+    let mut s = String::new();
+    s.push_str(&format!(
+        "Plan for {} on {} × {}, {} per node, {}\n",
+        b.display_name(),
+        b.gpus,
+        gpu_name(b),
+        b.gpus_per_node,
+        crate::estimator::cost::interconnect_name(b.interconnect)
+    ));
+    s.push_str(&format!(
+        "target: {} sequences × {} tokens = {} tokens per step\n",
+        r.global_sequences,
+        b.seq,
+        crate::estimator::expr::group_digits(r.global_tokens as u128)
+    ));
+    s.push_str(&format!(
+        "searched {} configurations in {}: {} fit, {} do not, {} pruned (proven not to fit), {} dominated (skipped; --all lists them), {} invalid; {} estimate() calls ({} probes)\n",
+        p.configurations,
+        seconds_text(seconds),
+        p.fitting,
+        p.not_fitting,
+        p.pruned,
+        p.dominated,
+        p.invalid,
+        p.estimate_calls,
+        p.probe_calls
+    ));
+    s.push_str(&format!("step times, throughput and MFU are an {}\n\n", r.label));
+    if r.plans.is_empty() {
+        s.push_str("no configuration of the space fits; try `--fix` on one, more GPUs, or a wider space (--try-KNOB)\n");
+        return s;
+    }
+    // Knobs the space varies beyond the usual ones get a column each.
+    let sp = &req.space;
+    let extra: Vec<&str> = [
+        ("attn", sp.attn.len()),
+        ("optim", sp.optim.len()),
+        ("optim_impl", sp.optim_impl.len()),
+        ("offload", sp.offload.len()),
+        ("finetune", sp.finetune.len()),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 1)
+    .map(|(k, _)| *k)
+    .collect();
+    let mut head = format!(
+        "{:>4}  {:>10}  {:>10}  {:>5}  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
+        "rank", "step est.", "tokens/s", "MFU", "memory", "headroom", "b×acc", "zero", "recompute", "tp", "pp", "vpp", "cp", "ep", "sp"
+    );
+    for k in &extra {
+        head.push_str(&format!(" {k:<16}"));
+    }
+    s.push_str(head.trim_end());
+    s.push('\n');
+    let frontier: Vec<usize> = r.frontier.iter().map(|f| f.rank).collect();
+    for pl in &r.plans {
+        let k = &pl.knobs;
+        let mut row = format!(
+            "{:>4}{} {:>10}  {:>10}  {:>4.0}%  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
+            pl.rank,
+            if frontier.contains(&pl.rank) { "*" } else { " " },
+            seconds_text(pl.step_s),
+            format_count(pl.tokens_per_s as u64),
+            pl.mfu * 100.0,
+            format_bytes(pl.memory, u),
+            format_bytes(pl.headroom.max(0) as u128, u),
+            format!("{}×{}", k.batch, k.accum),
+            config::get(&pl.config, "zero").unwrap_or_default(),
+            config::get(&pl.config, "recompute").unwrap_or_default(),
+            k.tp,
+            k.pp,
+            k.vpp,
+            k.cp,
+            k.ep,
+            if k.sp { "on" } else { "off" }
+        );
+        for key in &extra {
+            row.push_str(&format!(" {:<16}", config::get(&pl.config, key).unwrap_or_default()));
+        }
+        s.push_str(row.trim_end());
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "\n* on the frontier (headroom against estimated step time): ranks {}\n",
+        frontier.iter().map(|r| if *r == 0 { "beyond the list".to_string() } else { r.to_string() }).collect::<Vec<_>>().join(", ")
+    ));
+    if let Some(top) = r.plans.first() {
+        s.push_str(&format!("\nplan 1: ?{}\n", config::encode_query(&top.config)));
+        if let Some(c) = &top.cost {
+            s.push_str(&format!(
+                "  estimated step {}: compute {}, exposed communication {}, pipeline bubble {}, optimizer {}\n",
+                seconds_text(c.step_s),
+                seconds_text(c.compute_s),
+                seconds_text(c.exposed_comm_s),
+                seconds_text(c.bubble_s),
+                seconds_text(c.optimizer_s)
+            ));
+        }
+        s.push_str("why plan 1 sets each knob where it does:\n");
+        for reason in &r.explanation {
+            s.push_str(&format!("  - {}\n", reason.sentence));
+        }
+    }
+    s.push_str("\nassumptions of the estimate:\n");
+    for a in &r.assumptions {
+        s.push_str(&format!("  - {}\n", a.text));
+    }
+    s
+}
+
+#[derive(Serialize)]
+struct FixJson<'a> {
+    key: &'a str,
+    value: &'a str,
+    label: &'a str,
+    headroom: i128,
+    step_time_pct_estimate: f64,
+    flops_pct: f64,
+    changes_training: bool,
+    sentence: &'a str,
+    query: String,
+}
+
+fn render_fixes(base: &Config, fixes: &[plan::Fix], output: PlanOutput) -> String {
+    if output == PlanOutput::Json {
+        let v: Vec<FixJson> = fixes
+            .iter()
+            .map(|f| FixJson {
+                key: f.key,
+                value: &f.value,
+                label: &f.label,
+                headroom: f.headroom,
+                step_time_pct_estimate: f.step_time_pct,
+                flops_pct: f.flops_pct,
+                changes_training: f.changes_training,
+                sentence: &f.sentence,
+                query: config::encode_query(&f.config),
+            })
+            .collect();
+        return format!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default());
+    }
+    let mut s = String::new();
+    if fixes.is_empty() {
+        let fits = estimate(base).map(|e| plan::fits(&e)).unwrap_or(false);
+        s.push_str(if fits { "it fits already\n" } else { "no single change makes it fit\n" });
+        return s;
+    }
+    s.push_str("the cheapest single changes that make it fit (step time is an estimate):\n");
+    for f in fixes {
+        s.push_str(&format!("  - {}\n    ?{}\n", f.sentence, config::encode_query(&f.config)));
+    }
+    s
+}
+
 fn render_table(cfg: &Config, e: &Estimate) -> String {
     let u = cfg.unit;
     let mut s = String::new();
@@ -310,6 +733,36 @@ mod tests {
             assert!(v["memory"][k].is_u64(), "memory.{k}");
         }
         assert!(v["components"].as_array().is_some_and(|c| c.iter().all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
+    }
+
+    #[test]
+    fn plan_reads_its_target_its_knob_lists_and_every_key() {
+        let a = parse_plan_args(&args(
+            "--model llama-3.1-8b --gpus 16 --seq 4k --global-batch-tokens 1m --try-zero 1,3 --try-tp 2,4 --top 5 --json",
+        ))
+        .expect("valid");
+        assert_eq!(a.output, PlanOutput::Json);
+        assert_eq!(a.request.global_batch, GlobalBatch::Tokens(1 << 20));
+        assert_eq!(a.request.space.zero, vec![crate::config::Zero::Z1, crate::config::Zero::Z3]);
+        assert_eq!(a.request.space.tp, vec![2, 4]);
+        assert_eq!(a.request.keep, 5);
+        assert_eq!((a.request.base.gpus, a.request.base.seq), (16, 4096));
+    }
+
+    #[test]
+    fn a_bad_knob_value_names_the_key() {
+        let err = parse_plan_args(&args("--global-batch 8 --try-zero 9")).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.starts_with("`zero` = '9'")));
+        assert!(matches!(parse_plan_args(&args("--gpus 8")), Err(CliError::Usage(_))));
+        assert!(matches!(parse_plan_args(&args("--global-batch 8 --try-colour red")), Err(CliError::Usage(_))));
+    }
+
+    #[test]
+    fn plan_prints_ranked_plans_with_their_share_links() {
+        let mut out = Vec::new();
+        run(&args("plan --model qwen2.5-0.5b --gpus 8 --seq 1024 --global-batch 32 --top 3"), &mut out).expect("runs");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(text.contains("estimate") && text.contains("plan 1: ?") && text.contains("why plan 1"), "{text}");
     }
 
     #[test]

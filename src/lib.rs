@@ -1,11 +1,13 @@
 //! trainmem: where GPU memory goes when you train a transformer.
 //!
-//! Dependencies point one way: `ui → {config, estimator, plots, bench}`, `plots → estimator`,
+//! Dependencies point one way: `ui → {course, config, estimator, plots, bench}`, `course →
+//! {config, estimator}`, `plots → estimator`,
 //! `config → estimator`, and `estimator →` nothing of ours. The estimator never touches a web
 //! API; the CLI (native) and the UI (wasm) are thin shells over it.
 
 pub mod bench;
 pub mod config;
+pub mod course;
 pub mod estimator;
 pub mod plots;
 

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
 use serde_json::{json, Value};
 use trainmem::config::{decode_query, encode_query, KEYS};
+use trainmem::estimator::EstimateError;
 use trainmem::estimator::{estimate, hf};
 
 /// Query strings: random key/value pairs, biased towards real keys with hostile values.
@@ -99,7 +100,9 @@ fn hf_config() -> impl Strategy<Value = Value> {
 fn check_query(q: &str) -> Result<(), TestCaseError> {
     let d = decode_query(q);
     let e = estimate(&d.config);
-    prop_assert!(e.is_ok(), "decoded config rejected: {:?} from {q:?}", e.err());
+    // A decoded link is always consistent; the only refusal left is an architecture whose
+    // activations are not modelled yet, and that refusal names the feature.
+    prop_assert!(e.is_ok() || matches!(e, Err(EstimateError::Unmodelled { .. })), "decoded config rejected: {:?} from {q:?}", e.err());
     // What the page writes back decodes to the same configuration, without complaint.
     let again = decode_query(&encode_query(&d.config));
     prop_assert_eq!(&again.config, &d.config);

@@ -67,21 +67,104 @@ fn published_counts_are_matched_exactly() {
 
 #[test]
 fn every_supported_model_type_has_a_fixture() {
-    let types: Vec<String> = fixtures().iter().filter_map(|f| f["model_type"].as_str().map(String::from)).collect();
+    // A fixture's model_type, or the text model type inside a multimodal wrapper's text_config.
+    let mut types: Vec<String> = Vec::new();
+    for f in fixtures() {
+        types.extend(f["model_type"].as_str().map(String::from));
+        let file: Value = serde_json::from_str(&read(f["file"].as_str().unwrap_or_default())).expect("fixture is JSON");
+        types.extend(file["text_config"]["model_type"].as_str().map(String::from));
+    }
     for t in trainmem::estimator::hf::SUPPORTED {
         assert!(types.iter().any(|x| x == t), "no fixture for {t}");
     }
 }
 
 #[test]
+fn every_multimodal_fixture_counts_the_text_model_and_says_what_it_leaves_out() {
+    for f in fixtures().iter().filter(|f| f["counted"].as_str().is_some_and(|c| c.starts_with("the text model only"))) {
+        let file = f["file"].as_str().unwrap_or_default();
+        let m = import_json(&read(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(m.notes.first().is_some_and(|n| n.contains("vision tower") && n.contains("not")), "{file}: {:?}", m.notes);
+    }
+}
+
+#[test]
+fn mtp_layers_and_quantized_checkpoints_are_stated_not_silently_dropped() {
+    let v3 = import_json(&read("deepseek-v3.json")).expect("DeepSeek-V3 imports");
+    assert!(v3.notes.iter().any(|n| n.contains("multi-token-prediction") && n.contains("not counted")), "{:?}", v3.notes);
+    assert!(v3.notes.iter().any(|n| n.contains("fp8")), "{:?}", v3.notes);
+    let oss = import_json(&read("gpt-oss-20b.json")).expect("gpt-oss imports");
+    assert!(oss.notes.iter().any(|n| n.contains("MXFP4") && n.contains("bf16")), "{:?}", oss.notes);
+    let air = import_json(&read("glm-4.5-air.json")).expect("GLM-4.5-Air imports");
+    assert!(air.notes.iter().any(|n| n.contains("multi-token-prediction")), "{:?}", air.notes);
+    // Kimi K2 has no MTP layer (num_nextn_predict_layers 0): no such note.
+    let kimi = import_json(&read("kimi-k2-instruct.json")).expect("Kimi K2 imports");
+    assert!(!kimi.notes.iter().any(|n| n.contains("multi-token-prediction")), "{:?}", kimi.notes);
+    assert!(kimi.notes.iter().any(|n| n.contains("deepseek_v3")), "{:?}", kimi.notes);
+}
+
+#[test]
+fn the_mistral_small_wrapper_whose_class_would_tie_the_head_is_said_to_differ() {
+    // Mistral3Config defaults tie_word_embeddings to true; the text model and the checkpoint
+    // (24,011,361,280 parameters with the vision tower) keep a separate lm_head.
+    let m = import_json(&read("mistral-small-3.1-24b-instruct-2503.json")).expect("Mistral-Small-3.1 imports");
+    assert!(!m.spec.tied);
+    assert!(m.notes.iter().any(|n| n.contains("tied to the embedding")), "{:?}", m.notes);
+}
+
+#[test]
 fn presets_agree_with_their_checkpoints_config_json() {
     // A preset and the importer reading the same checkpoint's file describe the same model.
+    let mut failures = Vec::new();
     for p in trainmem::estimator::presets::presets() {
         let file = format!("{}.json", p.id);
         let alt = format!("{}-hf.json", p.id);
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
         let name = if dir.join(&file).exists() { file } else { alt };
         let m = import_json(&read(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(m.spec.counts(), p.spec.counts(), "{}", p.id);
+        if m.spec != p.spec {
+            let (a, b) = (serde_json::to_value(&p.spec).unwrap_or_default(), serde_json::to_value(&m.spec).unwrap_or_default());
+            let keys: Vec<String> = a
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter(|(k, v)| b.get(k.as_str()) != Some(*v))
+                        .map(|(k, v)| format!("{k}: preset {v}, import {}", b[k]))
+                        .collect()
+                })
+                .unwrap_or_default();
+            failures.push(format!("{}: {}", p.id, keys.join("; ")));
+        }
+        // A preset that leaves something out of its checkpoint says so, as the importer does.
+        if p.notes.is_empty() != m.notes.iter().all(|n| n.starts_with("absent from config.json")) {
+            failures.push(format!("{}: preset notes {:?}, import notes {:?}", p.id, p.notes, m.notes));
+        }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_imported_model_survives_a_share_link() {
+    // Every architecture field has a key: the URL of an imported model decodes to the same model.
+    let mut failures = Vec::new();
+    for f in fixtures() {
+        let file = f["file"].as_str().unwrap_or_default();
+        let Ok(m) = import_json(&read(file)) else { continue };
+        let mut cfg = trainmem::config::Config::default();
+        trainmem::config::apply_import(&mut cfg, &m);
+        let query = trainmem::config::encode_query(&cfg);
+        let back = trainmem::config::decode_query(&query);
+        if back.config.arch != m.spec || !back.errors.is_empty() {
+            failures.push(format!("{file}: {query} -> {:?}", back.errors));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn qwen3_next_is_refused_with_the_reason() {
+    let err = import_json(r#"{"model_type": "qwen3_next", "vocab_size": 151936}"#).err();
+    assert_eq!(err.as_ref().and_then(|e| e.key()), Some("model_type"));
+    let text = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(text.contains("qwen3_next") && text.contains("DeltaNet"), "{text}");
 }

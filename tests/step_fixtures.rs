@@ -90,9 +90,9 @@ fn config_of(configs: &serde_json::Map<String, Value>, s: &Spec) -> Option<Confi
     c.kernels = Kernels::Cpu;
     c.optim = Optimizer::Adamw;
     c.optim_impl = OptimImpl::Forloop;
-    c.cuda_ctx_mib = 0;
+    c.cuda_ctx_mib = Some(0);
     c.nccl_mib = Some(0);
-    c.frag_pct = 0;
+    c.frag_pct = None;
     Some(c)
 }
 

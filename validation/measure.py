@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """PyTorch validation harness for trainmem.
 
-Builds scaled-down Hugging Face causal-LM architectures from configs (random weights, fixed seeds, CPU), runs one
-training step and measures, byte by byte:
+Builds scaled-down Hugging Face causal-LM architectures from configs (random weights, fixed seeds, CPU), runs
+training steps and measures, byte by byte:
 
 * parameters, gradients, AdamW / SGD(momentum) optimizer state (after a real ``.step()``);
 * every storage saved for backward during the forward pass (loss included), deduplicated by storage, parameters
   excluded, each attributed to the module that was executing and to the autograd node/attribute that holds it;
 * under activation checkpointing, also the tensors the checkpoint keeps alive outside autograd's saved-tensor
-  mechanism (the layer kwargs held by the recompute closure), see README.md.
+  mechanism (the layer kwargs held by the recompute closure), see README.md;
+* the whole training step (forward, loss, backward, AdamW step, zero_grad) with the dispatch-level live-storage
+  tracker of validation/tracker.py: two steps on a fresh model, the second one (steady state) summarised in the
+  record's ``step`` object, and for a representative subset the full event log.
 
-Writes tests/fixtures/pytorch/records.json (deterministic: running twice gives byte-identical output).
+Writes tests/fixtures/pytorch/records/<family>.json (+ index.json) and tests/fixtures/pytorch/steps/<id>.json
+(deterministic: running twice gives byte-identical output).
 
-Usage:  validation/.venv/bin/python validation/measure.py [--out PATH] [--only SUBSTRING]
+Usage:  validation/.venv/bin/python validation/measure.py [--out DIR] [--only SUBSTRING] [--verify] [--no-extras]
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import json
 import os
 import re
 import sys
+import time
 import warnings
 import weakref
-from functools import partial
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,58 +45,165 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tracker as step_tracker  # noqa: E402
+
 warnings.filterwarnings("ignore")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DEFAULT_OUT = os.path.join(REPO, "tests", "fixtures", "pytorch", "records.json")
+DEFAULT_OUT = os.path.join(REPO, "tests", "fixtures", "pytorch")
 
 MODEL_SEED = 1234
 DATA_SEED = 42
 
 # --------------------------------------------------------------------------------------------------------------------
-# Scaled-down shapes. Common: hidden 64, 2 layers, 4 heads of head_dim 16, intermediate 176 (= 2.75 * 64, not a
-# multiple of 64), vocab 1000, max positions 512.
+# Scaled-down shapes. Common: hidden 64, 2 layers (4 where a family needs more layer kinds), 4 heads of head_dim 16,
+# 2 kv heads where GQA applies, intermediate 176 (= 2.75 * 64, not a multiple of 64), MoE experts' intermediate 40,
+# vocab 1000, max positions 512, sliding windows / attention chunks 48 (< every measured sequence length).
 # --------------------------------------------------------------------------------------------------------------------
-H, L, A, KV, F, V, P = 64, 2, 4, 2, 176, 1000, 512
+H, L, A, KV, D, F, FE, V, P, W = 64, 2, 4, 2, 16, 176, 40, 1000, 512, 48
+LLAMA_LIKE = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
+                  intermediate_size=F, vocab_size=V, max_position_embeddings=P)
 
-FAMILIES: dict[str, tuple[str, dict]] = {
-    "gpt2": ("gpt2", dict(n_embd=H, n_layer=L, n_head=A, n_inner=F, vocab_size=V, n_positions=P)),
-    "llama-gqa": ("llama", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-                                intermediate_size=F, vocab_size=V, max_position_embeddings=P)),
-    "llama-mha": ("llama", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=A,
-                                intermediate_size=F, vocab_size=V, max_position_embeddings=P)),
-    "qwen2": ("qwen2", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-                            intermediate_size=F, vocab_size=V, max_position_embeddings=P)),
-    "mistral": ("mistral", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-                                intermediate_size=F, vocab_size=V, max_position_embeddings=P, head_dim=H // A)),
-    "mixtral": ("mixtral", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-                                intermediate_size=F, vocab_size=V, max_position_embeddings=P, head_dim=H // A,
-                                num_local_experts=4, num_experts_per_tok=2)),
-    # gemma2: head_dim 24 != 64/4, sliding_window 128 (< 256, so s=256 really uses the sliding mask on the
-    # sliding layers), soft-capping, 4 norms per layer and sqrt(h) embedding scaling all left at their defaults.
-    "gemma2": ("gemma2", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-                              head_dim=24, intermediate_size=F, vocab_size=V, max_position_embeddings=P,
-                              sliding_window=128)),
-    # phi3: fused qkv_proj and gate_up_proj; GQA (kv 2) like phi3-medium.
-    "phi3": ("phi3", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
-                          intermediate_size=F, vocab_size=V, max_position_embeddings=P,
-                          original_max_position_embeddings=P, pad_token_id=0)),
+
+def _with(base: dict, **kw) -> dict:
+    d = dict(base)
+    d.update(kw)
+    return d
+
+
+# family -> (model_type, config kwargs, what the family exercises)
+FAMILIES: dict[str, tuple[str, dict, str]] = {
+    "gpt2": ("gpt2", dict(n_embd=H, n_layer=L, n_head=A, n_inner=F, vocab_size=V, n_positions=P),
+             "LayerNorm, Conv1D, fused c_attn, gelu_new, learned positions, tied lm_head"),
+    "gpt_neox": ("gpt_neox", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=F,
+                                  vocab_size=V, max_position_embeddings=P),
+                 "rotary_pct 0.25 (partial_rotary_factor), parallel residual (use_parallel_residual), fused "
+                 "query_key_value, biases, gelu"),
+    "gpt_neox-seq": ("gpt_neox", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=F,
+                                      vocab_size=V, max_position_embeddings=P, use_parallel_residual=False),
+                     "rotary_pct 0.25, sequential residual (use_parallel_residual False)"),
+    "opt": ("opt", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, ffn_dim=F, vocab_size=V,
+                        max_position_embeddings=P, word_embed_proj_dim=H),
+            "LayerNorm before, learned positions with offset 2, relu MLP, biases, tied lm_head"),
+    "falcon-new": ("falcon", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_kv_heads=KV,
+                                  new_decoder_architecture=True, ffn_hidden_size=F, vocab_size=V,
+                                  max_position_embeddings=P),
+                   "new_decoder_architecture with GQA (num_kv_heads 2), two LayerNorms (ln_attn, ln_mlp), "
+                   "parallel attention/MLP, fused query_key_value, gelu, tied lm_head"),
+    "falcon-new-1ln": ("falcon", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_kv_heads=KV,
+                                      new_decoder_architecture=True, num_ln_in_parallel_attn=1, ffn_hidden_size=F,
+                                      vocab_size=V, max_position_embeddings=P),
+                       "Falcon2-11B layout: new_decoder_architecture, GQA, one LayerNorm (num_ln_in_parallel_attn 1)"),
+    "falcon-old": ("falcon", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, multi_query=True,
+                                  parallel_attn=True, new_decoder_architecture=False, ffn_hidden_size=F,
+                                  vocab_size=V, max_position_embeddings=P),
+                   "falcon-7b layout: multi-query (one kv head), one LayerNorm, parallel attention/MLP"),
+    "phi": ("phi", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=A,
+                        intermediate_size=F, vocab_size=V, max_position_embeddings=P),
+            "partial rotary 0.5, one LayerNorm feeding parallel attention and MLP, gelu_new, biases"),
+    "phi3": ("phi3", _with(LLAMA_LIKE, original_max_position_embeddings=P, pad_token_id=0),
+             "fused qkv_proj and gate_up_proj, GQA"),
+    "phi3-mha": ("phi3", _with(LLAMA_LIKE, num_key_value_heads=A, original_max_position_embeddings=P, pad_token_id=0),
+                 "Phi-3-mini layout: fused qkv_proj with MHA (no repeat_kv copy: at b = 1 eager attention keeps the "
+                 "whole fused output for v)"),
+    "llama-gqa": ("llama", dict(LLAMA_LIKE), "GQA"),
+    "llama-mha": ("llama", _with(LLAMA_LIKE, num_key_value_heads=A), "MHA"),
+    "mistral": ("mistral", _with(LLAMA_LIKE, head_dim=D, sliding_window=W), "GQA, sliding_window 48 < s"),
+    "mixtral": ("mixtral", _with(LLAMA_LIKE, head_dim=D, num_local_experts=4, num_experts_per_tok=2),
+                "sparse MoE on every layer (mixtral has no dense-layer option), 4 experts top-2"),
+    "qwen2": ("qwen2", dict(LLAMA_LIKE), "q/k/v biases"),
+    "qwen2_moe": ("qwen2_moe", _with(LLAMA_LIKE, moe_intermediate_size=FE, shared_expert_intermediate_size=88,
+                                     num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0]),
+                  "layer 0 dense (mlp_only_layers), layer 1 MoE with a sigmoid-gated shared expert, qkv biases"),
+    "qwen3": ("qwen3", _with(LLAMA_LIKE, head_dim=D), "per-head q/k RMSNorm"),
+    "qwen3_moe": ("qwen3_moe", _with(LLAMA_LIKE, head_dim=D, moe_intermediate_size=FE, num_experts=4,
+                                     num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True),
+                  "q/k norm; layer 0 dense (mlp_only_layers), layer 1 MoE with renormalised top-k (norm_topk_prob, "
+                  "as Qwen3-30B-A3B)"),
+    "gemma": ("gemma", _with(LLAMA_LIKE, head_dim=24),
+              "head_dim 24 (a*d != h), (1+w) RMSNorm, sqrt(h) embedding scale, GeGLU, tied lm_head"),
+    "gemma2": ("gemma2", _with(LLAMA_LIKE, head_dim=24, sliding_window=W),
+               "head_dim 24, sliding window 48 < s on layer 0, logit soft-capping, 4 norms per layer (eager only)"),
+    "gemma3_text": ("gemma3_text", _with(LLAMA_LIKE, head_dim=24, sliding_window=W,
+                                         layer_types=["sliding_attention", "full_attention"]),
+                    "layer 0 sliding (window 48 < s), layer 1 full, per-layer RoPE bases, q/k norm, 4 norms"),
+    "olmo": ("olmo", dict(LLAMA_LIKE), "non-parametric LayerNorm (OLMo-1B layout: no clip_qkv)"),
+    "olmo-clip": ("olmo", _with(LLAMA_LIKE, clip_qkv=8.0),
+                  "non-parametric LayerNorm, clip_qkv 8 (OLMo-7B-0424 layout: clamp of q, k, v)"),
+    "olmo2": ("olmo2", dict(LLAMA_LIKE), "RMSNorm after attention/MLP (post-norm), q/k norm over the whole projection"),
+    "stablelm": ("stablelm", _with(LLAMA_LIKE, num_key_value_heads=A),
+                 "LayerNorm, partial rotary 0.25, sequential residual, no q/k norm"),
+    "stablelm-qkln-par": ("stablelm", _with(LLAMA_LIKE, qk_layernorm=True, use_parallel_residual=True),
+                          "per-head q/k LayerNorm (qk_layernorm), parallel residual, GQA"),
+    "starcoder2": ("starcoder2", _with(LLAMA_LIKE, sliding_window=W),
+                   "LayerNorm with biases, gelu MLP (c_fc/c_proj), sliding_window 48 < s, tied lm_head"),
+    "deepseek_v3": ("deepseek_v3", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+                                        num_key_value_heads=A, intermediate_size=F, moe_intermediate_size=FE,
+                                        vocab_size=V, max_position_embeddings=P, q_lora_rank=48, kv_lora_rank=32,
+                                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                                        n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
+                                        n_shared_experts=1),
+                    "MLA with q_lora_rank 48 (q_a_layernorm) and kv_lora_rank 32 (kv_a_layernorm), interleaved "
+                    "RoPE on 8 of 24 q/k dims, layer 0 dense, layer 1 MoE: 8 routed experts in 4 groups, top-2 "
+                    "groups, top-2 experts, sigmoid router in fp32, 1 shared expert"),
+    "deepseek_v2": ("deepseek_v2", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+                                        num_key_value_heads=A, intermediate_size=F, moe_intermediate_size=FE,
+                                        vocab_size=V, max_position_embeddings=P, q_lora_rank=None, kv_lora_rank=32,
+                                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                                        num_experts_per_tok=2, first_k_dense_replace=1, n_shared_experts=2),
+                    "DeepSeek-V2-Lite layout: MLA without q compression (q_lora_rank None), complex RoPE, layer 0 "
+                    "dense, layer 1 MoE with greedy softmax top-2 of 8 experts, 2 shared experts"),
+    "deepseek_v2-group": ("deepseek_v2", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+                                              num_key_value_heads=A, intermediate_size=F, moe_intermediate_size=FE,
+                                              vocab_size=V, max_position_embeddings=P, q_lora_rank=48,
+                                              kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                              v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                                              first_k_dense_replace=1, n_shared_experts=2,
+                                              topk_method="group_limited_greedy", n_group=4, topk_group=2),
+                          "DeepSeek-V2 layout: MLA with q_lora_rank 48, group-limited greedy routing (4 groups, "
+                          "top-2 groups), layer 0 dense, layer 1 MoE, 2 shared experts"),
+    "gpt_oss": ("gpt_oss", _with(LLAMA_LIKE, head_dim=D, intermediate_size=FE, num_local_experts=4,
+                                 num_experts_per_tok=2, sliding_window=W),
+                "attention sinks, layer 0 sliding (window 48 < s) / layer 1 full, experts with biases and the "
+                "clamped SwiGLU, router with bias, YaRN RoPE, every layer MoE (no dense option), eager only"),
+    "llama4_text": ("llama4_text", _with(LLAMA_LIKE, num_hidden_layers=4, head_dim=D, intermediate_size=FE,
+                                         intermediate_size_mlp=F, num_local_experts=4, num_experts_per_tok=1,
+                                         interleave_moe_layer_step=2, no_rope_layers=[1, 0, 0, 1],
+                                         attention_chunk_size=W),
+                    "4 layers: 0 RoPE+chunked(48)+dense, 1 NoPE+full+MoE, 2 NoPE+full+dense, 3 RoPE+chunked+MoE; "
+                    "weightless L2 qk-norm on RoPE layers, attention temperature tuning on NoPE layers, complex "
+                    "RoPE, shared expert beside the routed ones, intermediate_size_mlp on dense layers"),
+    "glm4_moe": ("glm4_moe", _with(LLAMA_LIKE, moe_intermediate_size=FE, n_routed_experts=8, num_experts_per_tok=2,
+                                   n_shared_experts=1, first_k_dense_replace=1, attention_bias=True),
+                 "partial rotary 0.5, q/k/v biases, layer 0 dense (first_k_dense_replace), layer 1 MoE with a "
+                 "sigmoid fp32 router and 1 shared expert (GLM-4.5-Air layout: no q/k norm)"),
+    "glm4_moe-qknorm": ("glm4_moe", _with(LLAMA_LIKE, moe_intermediate_size=FE, n_routed_experts=8,
+                                          num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                          attention_bias=True, use_qk_norm=True),
+                        "GLM-4.5 layout: glm4_moe with per-head q/k RMSNorm (use_qk_norm)"),
+    "smollm3": ("smollm3", _with(LLAMA_LIKE, no_rope_layer_interval=2, pad_token_id=0), "NoPE on every 2nd layer (layer 1), tied"),
+    "qwen3_next": ("qwen3_next", _with(LLAMA_LIKE, head_dim=D, moe_intermediate_size=FE,
+                                       shared_expert_intermediate_size=FE, num_experts=4, num_experts_per_tok=2,
+                                       layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+                                       linear_num_value_heads=4, linear_key_head_dim=D, linear_value_head_dim=D),
+                   "layer 0 gated DeltaNet (linear attention, torch fallback kernels), layer 1 gated full "
+                   "attention, partial rotary 0.25, MoE with shared expert on both layers"),
 }
 
 BATCHES = (1, 2)
-SEQS = (64, 128, 256)
-DTYPES = ("fp32", "bf16")
+SEQS = (64, 128)
+DTYPES = ("fp32", "bf16", "amp-bf16")
 ATTNS = ("eager", "sdpa")
 CKPTS = (False, True)
-# Gemma2ForCausalLM has `_supports_sdpa = False` in transformers 5.24 ("sdpa does not support softcapping"):
-# from_config(attn_implementation="sdpa") raises, so the grid has no gemma2/sdpa records.
-NO_SDPA = {"gemma2"}
 
-TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "amp-bf16": torch.float32}
+# How the representative event logs are chosen: b2 s64, (bf16, sdpa) and (fp32, eager), checkpointing off and on.
+LOGGED = {("bf16", "sdpa"), ("fp32", "eager")}
+
 DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int64: "int64",
               torch.int32: "int32", torch.bool: "bool", torch.uint8: "uint8", torch.float64: "float64",
-              torch.int8: "int8"}
+              torch.int8: "int8", torch.complex64: "complex64"}
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -108,7 +219,7 @@ def is_dropout_key(key: str) -> bool:
 # --------------------------------------------------------------------------------------------------------------------
 
 def build_config(family: str, dropout: float):
-    model_type, kwargs = FAMILIES[family]
+    model_type, kwargs, _ = FAMILIES[family]
     config = AutoConfig.for_model(model_type, **copy.deepcopy(kwargs))
     for key, value in config.to_dict().items():
         if is_dropout_key(key) and isinstance(value, float) and not isinstance(value, bool):
@@ -117,17 +228,19 @@ def build_config(family: str, dropout: float):
 
 
 def build_model(family: str, dtype: str, attn: str, dropout: float, experts_impl: str | None):
+    """fp32 and amp-bf16: an fp32 model. bf16: `from_config(dtype=bfloat16)`, which is what
+    `from_pretrained(..., dtype=torch.bfloat16)` gives: parameters in bf16 except the modules a model keeps in fp32
+    (`_keep_in_fp32_modules_strict`: deepseek/glm4_moe router weights and score-correction bias)."""
     config = build_config(family, dropout)
     torch.manual_seed(MODEL_SEED)
     extra = {}
     if experts_impl is not None:
         extra["experts_implementation"] = experts_impl
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32, **extra)
-    if dtype == "bf16":
-        model = model.to(torch.bfloat16)
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=tdtype, **extra)
     model.train()
     # What save_pretrained sets before writing config.json: the parameters' dtype and the architecture class.
-    model.config.dtype = next(model.parameters()).dtype
+    model.config.dtype = tdtype
     model.config.architectures = [model.__class__.__name__]
     return model
 
@@ -136,6 +249,16 @@ def config_dict(model) -> dict:
     d = model.config.to_dict()
     # Make sure it is JSON-serialisable and canonical.
     return json.loads(json.dumps(d, sort_keys=True, default=str))
+
+
+def attn_refusal(family: str) -> str | None:
+    """The error transformers raises when asked for sdpa on this family, or None when it is allowed."""
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(build_config(family, 0.0), attn_implementation="sdpa")
+    except Exception as e:  # noqa: BLE001 - we record whatever transformers says
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -320,7 +443,37 @@ def storage_ptrs(tensors):
 # One measurement
 # --------------------------------------------------------------------------------------------------------------------
 
-def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
+def make_ids(model, b, s):
+    gen = torch.Generator().manual_seed(DATA_SEED)
+    return torch.randint(0, model.config.vocab_size, (b, s), generator=gen)
+
+
+def routing_hooks(model, routing: list):
+    """Record how many token-expert pairs each expert got (informational: the measured sizes of the default
+    grouped_mm path depend only on their total). Works on any experts module called as
+    `experts(hidden_states, top_k_index, top_k_weights)`; llama4's experts see every token (no routing)."""
+    handles = []
+    for name, m in model.named_modules():
+        if m.__class__.__name__.endswith("Experts") and hasattr(m, "num_experts"):
+            def hook(mod, args, _n=name):
+                if len(args) >= 2 and isinstance(args[1], torch.Tensor) and not args[1].is_floating_point():
+                    routing.append(torch.bincount(args[1].reshape(-1), minlength=mod.num_experts)
+                                   [:mod.num_experts].tolist())
+            handles.append(m.register_forward_pre_hook(hook))
+    return handles
+
+
+def measure(spec: dict, verify: bool = False):
+    """The saved-tensor record of `spec`, then the whole step on a fresh model (after measure_saved's frame and
+    everything it held are gone: the step tracker classifies every tensor alive before the step)."""
+    record, cfg, verification, ids_saved_bytes = measure_saved(spec, verify)
+    gc.collect()
+    step, log = measure_step(spec, record, ids_saved_bytes, want_log=spec.get("log", False))
+    record["step"] = step
+    return record, cfg, verification, log
+
+
+def measure_saved(spec: dict, verify: bool = False):
     family, b, s, dtype, attn = spec["family"], spec["batch"], spec["seq"], spec["dtype"], spec["attn"]
     ckpt_mode = spec["checkpoint_mode"]
     dropout = spec["dropout"]
@@ -334,19 +487,14 @@ def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
     # Tied weights share a storage; parameters() already yields them once.
     parameter_count = sum(p.numel() for p in params)
     parameter_bytes = sum(p.numel() * p.element_size() for p in params)
+    param_dtypes = {}
+    for p in params:
+        param_dtypes[dtype_name(p.dtype)] = param_dtypes.get(dtype_name(p.dtype), 0) + p.numel() * p.element_size()
 
-    gen = torch.Generator().manual_seed(DATA_SEED)
-    input_ids = torch.randint(0, model.config.vocab_size, (b, s), generator=gen)
+    input_ids = make_ids(model, b, s)
 
-    routing = []
-    route_handles = []
-    if family == "mixtral":
-        for name, m in model.named_modules():
-            if m.__class__.__name__.endswith("TopKRouter"):
-                def hook(mod, args, out, _n=name):
-                    idx = out[2]
-                    routing.append(torch.bincount(idx.reshape(-1), minlength=mod.num_experts).tolist())
-                route_handles.append(m.register_forward_hook(hook))
+    routing: list = []
+    route_handles = routing_hooks(model, routing)
 
     cap = Capture(model)
     torch.manual_seed(DATA_SEED)  # dropout masks (extras)
@@ -367,35 +515,56 @@ def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
 
     cap.attribute(loss.grad_fn)
 
-    # Live events only (a pack whose graph was freed during forward is not retained).
+    # Live events only (a pack whose graph was freed during forward is not retained). A pack event that the graph
+    # walk did not reach belongs to a subgraph whose output was dropped (qwen3_next's discarded final recurrent
+    # state): without our hooks it is freed at once; with them it survives only because the Packed object holds the
+    # node's own output (a reference cycle through autograd). Those are not counted (`saved_unreachable_bytes`).
+    # Buffers are model state like parameters and are excluded the same way (gemma's bf16 embed_scale buffer).
+    buffer_ptrs = storage_ptrs(list(model.buffers()))
     storages: dict[int, dict] = {}
+    unreachable: dict[int, int] = {}
     saved_param = set()
+    saved_buffer = set()
     n_saved_tensors = 0
     n_freed = 0
     for ev, ref in zip(cap.events, cap.refs):
         if ref() is None:
             n_freed += 1
             continue
+        if ev["kind"] == "packed" and ev["op"] is None:
+            unreachable[ev["ptr"]] = ev["nbytes"]
+            continue
         if ev["kind"] == "packed":
             n_saved_tensors += 1
         if ev["ptr"] in param_ptrs:
             saved_param.add(ev["ptr"])
             continue
+        if ev["ptr"] in buffer_ptrs:
+            saved_buffer.add(ev["ptr"])
+            continue
         if ev["ptr"] not in storages:
             storages[ev["ptr"]] = ev
+    unreachable_bytes = sum(n for p, n in unreachable.items()
+                            if p not in storages and p not in param_ptrs and p not in buffer_ptrs)
     saved_bytes = sum(ev["nbytes"] for ev in storages.values())
     closure_bytes = sum(ev["nbytes"] for ev in storages.values() if ev["kind"] == "closure")
-    unattributed = [ev for ev in storages.values() if ev["op"] is None]
+    unattributed = [ev for ev in storages.values() if ev["op"] is None]  # always empty now (see above)
 
     rows: dict[tuple, dict] = {}
     for ev in sorted(storages.values(), key=lambda e: e["idx"]):
         key = (module_pattern(ev["module"]), ev["op"] or "?", ev["attr"] or "?", ev["dtype"], tuple(ev["shape"]),
                ev["nbytes"])
+        layer = layer_index(ev["module"])
         if key in rows:
             rows[key]["count"] += 1
+            if layer is not None and layer not in rows[key]["layers"]:
+                rows[key]["layers"].append(layer)
         else:
             rows[key] = {"module": key[0], "op": key[1], "attr": key[2], "dtype": key[3], "shape": list(key[4]),
-                         "bytes": key[5], "count": 1}
+                         "bytes": key[5], "count": 1, "layers": [] if layer is None else [layer]}
+    for r in rows.values():
+        if not r["layers"]:
+            del r["layers"]
 
     verification = None
     if verify:
@@ -408,7 +577,8 @@ def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
         held = {loss.untyped_storage().data_ptr(), ids_ptr}
         if logits.untyped_storage().data_ptr() not in storages:
             held.add(logits.untyped_storage().data_ptr())
-        alive = tracker.alive(exclude=param_ptrs | held)
+        # (unreachable subgraphs are kept alive by our own hooks only, see above)
+        alive = tracker.alive(exclude=param_ptrs | held | buffer_ptrs | set(unreachable))
         missing = {p: n for p, n in alive.items() if p not in storages}
         extra_ = {p: storages[p]["nbytes"] for p in storages if p not in alive and p in tracker.seen and p != ids_ptr}
         if ids_ptr in storages:
@@ -422,12 +592,20 @@ def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
     logits_ptr = logits.untyped_storage().data_ptr()
     logits_info = {"bytes": logits.untyped_storage().nbytes(), "dtype": dtype_name(logits.dtype),
                    "shape": list(logits.shape), "is_saved": logits_ptr in storages}
+    ids_saved_bytes = storages[input_ids.untyped_storage().data_ptr()]["nbytes"] \
+        if input_ids.untyped_storage().data_ptr() in storages else 0
     del out, logits
 
     # ---------------------------------------------------------------- backward, gradients
     loss.backward()
     del loss
     cap.remove()
+    # Break the Packed -> tensor -> grad_fn -> Packed cycles of unreachable subgraphs so that nothing of this model
+    # outlives this function (the step measurement that follows classifies every tensor alive).
+    for ref in cap.refs:
+        obj = ref()
+        if isinstance(obj, Packed):
+            obj.t = None
     grads = [p.grad for p in params if p.grad is not None]
     gradient_bytes = sum(g.numel() * g.element_size() for g in grads)
     grad_dtypes = sorted({dtype_name(g.dtype) for g in grads})
@@ -485,6 +663,7 @@ def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
         "parameter_count": parameter_count,
         "parameter_tensors": len(params),
         "parameter_bytes": parameter_bytes,
+        "parameter_bytes_by_dtype": dict(sorted(param_dtypes.items())),
         "gradient_bytes": gradient_bytes,
         "gradient_dtype": "/".join(grad_dtypes),
         "adamw": {"state_bytes": a_state, "state_dtype": "/".join(sorted(a_dtypes)),
@@ -496,46 +675,150 @@ def measure(spec: dict, verify: bool = False) -> tuple[dict, dict, dict | None]:
         "saved_storages": len(storages),
         "saved_tensors": n_saved_tensors,
         "saved_parameter_storages": len(saved_param),
+        "saved_buffer_storages": len(saved_buffer),
+        "saved_unreachable_bytes": unreachable_bytes,
         "saved_tensors_freed_during_forward": n_freed,
         "checkpoint_closure_bytes": closure_bytes,
         "logits": logits_info,
         "saved": list(rows.values()),
     }
-    if family == "mixtral":
+    if routing or getattr(model.config, "_experts_implementation", None) and is_moe(model):
         record["experts_implementation"] = model.config._experts_implementation
         record["moe_tokens_per_expert"] = routing
     if unattributed:
         record["unattributed_storages"] = len(unattributed)
 
-    del params, grads, model, cap
+    return record, cfg, verification, ids_saved_bytes
+
+
+def is_moe(model) -> bool:
+    return any(m.__class__.__name__.endswith("Experts") for m in model.modules())
+
+
+def measure_step(spec: dict, record: dict, ids_saved_bytes: int, want_log: bool):
+    """Two training steps under validation/tracker.py's StepTracker; the second one (steady state) is summarised.
+    Self-checks (stored in `step.checks`, each must be 0 / empty / true):
+      * forward_unexplained: live bytes right after the model call (the loss is computed inside it) minus
+        [saved_bytes - input_ids (pre-existing batch, but counted in saved_bytes) + logits (held by the output,
+        unless saved) + the loss scalar];
+      * backward_unexplained: live bytes at the end of backward minus the gradient bytes (everything the forward
+        saved is freed by backward; the output was dropped before it);
+      * step_unexplained: live bytes at the end of optimizer.step() minus the gradient bytes;
+      * end_of_step_alive: tracked storages still alive after zero_grad(set_to_none=True) (must be none);
+      * unclassified_preexisting: bytes alive before step 2 that are not parameters, buffers, optimizer states or
+        the batch (must be 0);
+      * optimizer_state_matches: the optimizer state the tracker classified equals the AdamW record."""
+    family, b, s, dtype, attn = spec["family"], spec["batch"], spec["seq"], spec["dtype"], spec["attn"]
+    ckpt_mode = spec["checkpoint_mode"]
+    model = build_model(family, dtype, attn, spec["dropout"], spec.get("experts_implementation"))
+    if ckpt_mode is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ckpt_mode == "reentrant"})
+    ids = make_ids(model, b, s)
+    opt = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(DATA_SEED)
+    tr = step_tracker.StepTracker(model, loss_after_module=model.get_output_embeddings())
+    fwd_check = {}
+
+    def on_forward(t, out):
+        lg = out.logits
+        lg_bytes = 0 if (lg.untyped_storage().data_ptr() not in t.live) else lg.untyped_storage().nbytes()
+        logits_saved = record["logits"]["is_saved"]
+        fwd_check[len(fwd_check)] = (t.live_bytes, lg_bytes if not logits_saved else 0,
+                                     out.loss.untyped_storage().nbytes())
+
+    res = step_tracker.track_training_steps(
+        model, opt, lambda step: {"input_ids": ids, "labels": ids}, steps=2, tracker=tr,
+        autocast_dtype=torch.bfloat16 if dtype == "amp-bf16" else None, log_events=want_log, on_forward=on_forward)
+    tr.remove_hooks()
+    s1, s2 = res["steps"]
+    pre = s2["preexisting_bytes"]
+    pre1 = s1["preexisting_bytes"]
+    live_fwd, lg_bytes, loss_bytes = fwd_check[1]
+    grads = record["gradient_bytes"]
+    adamw_total = record["adamw"]["state_bytes"] + record["adamw"]["step_bytes"]
+    end2 = s2["live_end_of_phase"]
+    checks = {
+        "forward_unexplained": live_fwd - (record["saved_bytes"] - ids_saved_bytes + lg_bytes + loss_bytes),
+        "backward_unexplained": end2.get("backward", 0) - grads,
+        "step_unexplained": end2.get("optimizer", 0) - grads,
+        "end_of_step_alive": [f"{e['op']}@{e['module']} {e['bytes']}" for e in s2["still_alive"]],
+        "unclassified_preexisting": pre.get("other", 0),
+        "optimizer_state_matches": pre.get("optimizer_state", 0) == adamw_total,
+    }
+    pre_total = sum(pre.values())
+    first_pre_total = sum(pre1.values())
+    step = {
+        "params_bytes": pre.get("parameter", 0),
+        "optimizer_state_bytes": pre.get("optimizer_state", 0),
+        "buffers_bytes": pre.get("buffer", 0),
+        "batch_bytes": pre.get("batch", 0),
+        "other_preexisting_bytes": pre.get("other", 0),
+        "peak_live_bytes": s2["peak_live_bytes"],
+        "measured_peak_bytes": pre_total + s2["peak_live_bytes"],
+        "peak_phase": s2["peak_phase"],
+        "peak_op": s2["peak_op"],
+        "peak_module": s2["peak_module"],
+        "peak_node": s2["peak_node"],
+        "live_after_forward": s2["live_after_model_call"],
+        "live_after_output_dropped": end2.get("loss"),
+        "live_after_backward": end2.get("backward"),
+        "live_after_step": end2.get("optimizer"),
+        "live_after_zero_grad": end2.get("zero_grad"),
+        "peak_of_phase": s2["peak_of_phase"],
+        "ops": s2["ops"],
+        "first_step_peak_live_bytes": s1["peak_live_bytes"],
+        "first_step_measured_peak_bytes": first_pre_total + s1["peak_live_bytes"],
+        "first_step_peak_phase": s1["peak_phase"],
+        "first_step_peak_op": s1["peak_op"],
+        "first_step_peak_module": s1["peak_module"],
+        "first_step_live_after_step": s1["live_end_of_phase"].get("optimizer"),
+        "first_step_peak_of_phase": s1["peak_of_phase"],
+        "optimizer_impl": s2["optimizer_impl_ran"],
+        "optimizer_impl_resolved": res["optimizer_impl_resolved"],
+        "untraced_allocations": sum(1 for e in s2["events"] if e["ev"] == "alloc" and e["op"].startswith("<untraced")),
+        "checks": checks,
+    }
+    log = None
+    if want_log:
+        log = {"id": record["id"], "step": 2, "preexisting_bytes": pre, "summary": {
+            k: step[k] for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase", "peak_op", "peak_module",
+                                 "peak_node")}, "peak_event": s2["peak_event"]}
+        log.update(s2["log"])
+    del model, opt, tr, res
     gc.collect()
-    return record, cfg, verification
+    return step, log
 
 
-def grid():
+def layer_index(name: str):
+    m = re.search(r"\.(\d+)(?=\.|$)", name or "")
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The grid, the extras, the files
+# --------------------------------------------------------------------------------------------------------------------
+
+def grid(refused: dict):
     for family in FAMILIES:
         for b in BATCHES:
             for s in SEQS:
                 for dtype in DTYPES:
                     for attn in ATTNS:
-                        if family in NO_SDPA and attn == "sdpa":
+                        if attn in refused.get(family, {}):
                             continue
                         for ck in CKPTS:
+                            log = b == 2 and s == 64 and ((dtype, attn) in LOGGED or (
+                                dtype == "bf16" and attn == "eager" and "sdpa" in refused.get(family, {})))
                             yield dict(family=family, batch=b, seq=s, dtype=dtype, attn=attn,
-                                       checkpoint_mode="non_reentrant" if ck else None, dropout=0.0, extra=False)
+                                       checkpoint_mode="non_reentrant" if ck else None, dropout=0.0, extra=False,
+                                       log=log)
 
 
-def extras():
-    """Extra records (flagged "extra": true): autocast, dropout on CPU, reentrant checkpointing, eager MoE experts."""
-    # autocast bf16 over an fp32 model: bf16 weight copies kept for backward.
-    for family in ("llama-gqa", "gpt2", "mixtral"):
-        for attn in ATTNS:
-            for ck in (None, "non_reentrant"):
-                yield dict(family=family, batch=2, seq=64, dtype="amp-bf16", attn=attn, checkpoint_mode=ck,
-                           dropout=0.0, extra=True)
+def extras(refused: dict):
+    """Extra records (flagged "extra": true): dropout on CPU, reentrant checkpointing, eager MoE experts."""
     # dropout 0.1: what CPU keeps for dropout (CUDA keeps a 1-byte bool mask).
     for family in ("gpt2", "llama-gqa", "phi3"):
-        for dtype in DTYPES:
+        for dtype in ("fp32", "bf16"):
             for attn in ATTNS:
                 yield dict(family=family, batch=2, seq=64, dtype=dtype, attn=attn, checkpoint_mode=None,
                            dropout=0.1, extra=True)
@@ -544,40 +827,87 @@ def extras():
         for attn in ATTNS:
             yield dict(family=family, batch=2, seq=64, dtype="bf16", attn=attn, checkpoint_mode="reentrant",
                        dropout=0.0, extra=True)
+    # qwen3_next's gated DeltaNet (torch fallback) works in chunks of 64 tokens: more chunks (s = 192, 256) and a
+    # sequence that is not a multiple of 64 (s = 96: padded) pin down the per-chunk terms.
+    if "qwen3_next" in FAMILIES:
+        for b in BATCHES:
+            for s in (96, 192, 256):
+                for dtype in DTYPES:
+                    yield dict(family="qwen3_next", batch=b, seq=s, dtype=dtype, attn="sdpa", checkpoint_mode=None,
+                               dropout=0.0, extra=True)
     # MoE experts through the per-expert python loop (routing-dependent) instead of the grouped_mm default.
-    for dtype in DTYPES:
+    for dtype in ("fp32", "bf16"):
         for s in (64, 128):
             yield dict(family="mixtral", batch=2, seq=s, dtype=dtype, attn="sdpa", checkpoint_mode=None,
                        dropout=0.0, extra=True, experts_implementation="eager")
 
 
+def spec_tag(spec) -> str:
+    return (f"{spec['family']}/b{spec['batch']}/s{spec['seq']}/{spec['dtype']}/{spec['attn']}/"
+            f"{spec['checkpoint_mode']}/{spec['dropout']}/{spec.get('experts_implementation')}")
+
+
+def family_doc(family: str, configs: dict, records: list, refusal: dict) -> dict:
+    model_type, _, features = FAMILIES[family]
+    return {
+        "generated_by": "validation/measure.py (trainmem PyTorch validation harness; see validation/README.md)",
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "device": "cpu",
+        "seeds": {"model": MODEL_SEED, "data": DATA_SEED},
+        "family": family,
+        "model_type": model_type,
+        "features": features,
+        "refused": refusal,
+        "configs": configs,
+        "records": records,
+    }
+
+
+def step_log_name(rid: str) -> str:
+    return rid.replace("/", "__") + ".json"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    ap.add_argument("--only", default=None, help="only run specs whose id-ish string contains this")
+    ap.add_argument("--out", default=DEFAULT_OUT, help="fixtures directory (records/ and steps/ are written in it)")
+    ap.add_argument("--only", default=None, help="only run specs whose id-ish string contains this; the records "
+                    "of the touched families are merged into the existing shards (by id)")
     ap.add_argument("--no-extras", action="store_true")
     ap.add_argument("--verify", action="store_true",
                     help="cross-check every record with an independent liveness scan (slower; output unchanged)")
     args = ap.parse_args()
 
     # One intra-op thread: fast enough for these tiny shapes, immune to OpenMP spin-waiting when the machine is busy,
-    # and it removes thread-count-dependent float reductions (mixtral's routing depends on float values).
+    # and it removes thread-count-dependent float reductions (MoE routing depends on float values).
     torch.set_num_threads(1)
-    specs = list(grid()) + ([] if args.no_extras else list(extras()))
+    t_start = time.time()
+    refused: dict[str, dict] = {}
+    for family in FAMILIES:
+        why = attn_refusal(family)
+        if why is not None:
+            refused[family] = {"sdpa": why}
+    specs = list(grid(refused)) + ([] if args.no_extras else list(extras(refused)))
+    if args.only:
+        specs = [s for s in specs if args.only in spec_tag(s)]
+    families_run = sorted({s["family"] for s in specs}, key=list(FAMILIES).index)
     # Import every model class once, then move the (large) import-time heap out of the collector's way: the
     # gc.collect() calls per record (needed to see which saved tensors really stay alive) become cheap.
-    for family in FAMILIES:
-        AutoModelForCausalLM.from_config(build_config(family, 0.0))
+    for family in families_run:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(build_config(family, 0.0))
     gc.collect()
     gc.freeze()
-    configs: dict[str, dict] = {}
-    records = []
+    rec_dir = os.path.join(args.out, "records")
+    step_dir = os.path.join(args.out, "steps")
+    os.makedirs(rec_dir, exist_ok=True)
+    os.makedirs(step_dir, exist_ok=True)
     n_verify_fail = 0
+    n_check_fail = 0
+    by_family: dict[str, tuple[dict, list]] = {f: ({}, []) for f in families_run}
     for i, spec in enumerate(specs):
-        tag = f"{spec['family']}/b{spec['batch']}/s{spec['seq']}/{spec['dtype']}/{spec['attn']}/{spec['checkpoint_mode']}/{spec['dropout']}/{spec.get('experts_implementation')}"
-        if args.only and args.only not in tag:
-            continue
-        rec, cfg, ver = measure(spec, verify=args.verify)
+        t0 = time.time()
+        rec, cfg, ver, log = measure(spec, verify=args.verify)
         if ver is not None:
             if ver["not_reported"] or ver["reported_not_alive"]:
                 n_verify_fail += 1
@@ -587,35 +917,84 @@ def main():
                 n_verify_fail += 1
                 print(f"VERIFY FAIL {rec['id']}: alive {ver['alive_bytes']} != saved {rec['saved_bytes']}",
                       file=sys.stderr)
+        ch = rec["step"]["checks"]
+        bad = {k: v for k, v in ch.items() if (v not in (0, [], True))}
+        if bad:
+            n_check_fail += 1
+            print(f"STEP CHECK {rec['id']}: {bad}", file=sys.stderr)
         key = f"{spec['family']}/{cfg.get('dtype')}" + (f"/dropout{spec['dropout']}" if spec["dropout"] else "")
+        configs, records = by_family[spec["family"]]
         if key in configs and configs[key] != cfg:
             raise SystemExit(f"two different configs for config key {key}")
         configs[key] = cfg
         rec["config_key"] = key
         records.append(rec)
-        print(f"[{i + 1}/{len(specs)}] {rec['id']}: saved {rec['saved_bytes']} B in {rec['saved_storages']} storages"
+        if log is not None:
+            with open(os.path.join(step_dir, step_log_name(rec["id"])), "w") as f:
+                f.write(dump_log(log))
+        st = rec["step"]
+        print(f"[{i + 1}/{len(specs)}] {rec['id']}: saved {rec['saved_bytes']} B in {rec['saved_storages']} storages;"
+              f" step peak {st['measured_peak_bytes']} B ({st['peak_phase']} {st['peak_op']} {st['peak_module']})"
+              f" {time.time() - t0:.2f}s"
               + (f"  UNATTRIBUTED {rec['unattributed_storages']}" if rec.get("unattributed_storages") else ""),
               file=sys.stderr, flush=True)
 
-    doc = {
-        "generated_by": "validation/measure.py (trainmem PyTorch validation harness; see validation/README.md)",
-        "torch": torch.__version__.split("+")[0],
-        "transformers": transformers.__version__,
-        "device": "cpu",
-        "seeds": {"model": MODEL_SEED, "data": DATA_SEED},
-        "configs": configs,
-        "records": records,
-    }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(dump(doc))
-    print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
+    order = {spec_tag(s): i for i, s in enumerate(list(grid(refused)) + list(extras(refused)))}
+    index_path = os.path.join(rec_dir, "index.json")
+    for family in families_run:
+        configs, records = by_family[family]
+        path = os.path.join(rec_dir, f"{family}.json")
+        if args.only and os.path.exists(path):
+            old = json.load(open(path))
+            new_ids = {r["id"] for r in records}
+            records = [r for r in old["records"] if r["id"] not in new_ids] + records
+            configs = {**old["configs"], **configs}
+        records.sort(key=lambda r: order.get(rec_tag(r), 1 << 30))
+        used = {r["config_key"] for r in records}
+        configs = {k: configs[k] for k in sorted(configs) if k in used}
+        with open(path, "w") as f:
+            f.write(dump(family_doc(family, configs, records, refused.get(family, {}))))
+    write_index(rec_dir, refused)
+    print(f"wrote {sum(len(v[1]) for v in by_family.values())} records ({len(families_run)} families) under "
+          f"{rec_dir} in {time.time() - t_start:.0f} s", file=sys.stderr)
     if args.verify:
-        print(f"verify: {len(records) - n_verify_fail}/{len(records)} records: the liveness scan finds exactly the "
-              f"reported storages", file=sys.stderr)
+        n = sum(len(v[1]) for v in by_family.values())
+        print(f"verify: {n - n_verify_fail}/{n} records: the liveness scan finds exactly the reported storages",
+              file=sys.stderr)
+    print(f"step self-checks: {n_check_fail} records with a non-zero check", file=sys.stderr)
     gc.unfreeze()
-    if n_verify_fail:
+    if n_verify_fail or n_check_fail:
         sys.exit(1)
+
+
+def rec_tag(r) -> str:
+    experts = None
+    m = re.search(r"/experts-(\w+)", r["id"])
+    if m:
+        experts = m.group(1)
+    return (f"{r['family']}/b{r['batch']}/s{r['seq']}/{r['dtype']}/{r['attn']}/{r['checkpoint_mode']}/"
+            f"{r['dropout']}/{experts}")
+
+
+def write_index(rec_dir: str, refused: dict):
+    files = []
+    total = 0
+    for family, (model_type, _, features) in FAMILIES.items():
+        path = os.path.join(rec_dir, f"{family}.json")
+        if not os.path.exists(path):
+            continue
+        doc = json.load(open(path))
+        n = len(doc["records"])
+        total += n
+        files.append({"family": family, "model_type": model_type, "file": f"{family}.json", "records": n,
+                      "grid_records": sum(1 for r in doc["records"] if not r["extra"]),
+                      "features": features, "refused": refused.get(family, {})})
+    index = {"generated_by": "validation/measure.py", "torch": torch.__version__.split("+")[0],
+             "transformers": transformers.__version__, "device": "cpu", "records": total, "families": files,
+             "steps_dir": "../steps", "layout": "one file per family, each {configs, records} like the former "
+                                                "records.json; see validation/README.md"}
+    with open(os.path.join(rec_dir, "index.json"), "w") as f:
+        f.write(json.dumps(index, indent=1) + "\n")
 
 
 def dump(doc) -> str:
@@ -634,8 +1013,9 @@ def dump(doc) -> str:
     for j, r in enumerate(recs):
         r = dict(r)
         saved = r.pop("saved")
+        step = r.pop("step", None)
         body = json.dumps(r)
-        lines = ["  " + body[:-1] + ', "saved": [']
+        lines = ["  " + body[:-1] + ((', "step": ' + json.dumps(step)) if step is not None else "") + ', "saved": [']
         for i, row in enumerate(saved):
             lines.append("    " + json.dumps(row) + ("," if i + 1 < len(saved) else ""))
         lines.append("  ]}" + ("," if j + 1 < len(recs) else ""))
@@ -643,6 +1023,17 @@ def dump(doc) -> str:
     out.append(" ]")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def dump_log(log) -> str:
+    """One event per line, everything else compact."""
+    body = {k: v for k, v in log.items() if k != "events"}
+    lines = ["{" + json.dumps(body)[1:-1] + ', "events": [']
+    evs = log["events"]
+    for i, e in enumerate(evs):
+        lines.append(json.dumps(e, separators=(",", ":")) + ("," if i + 1 < len(evs) else ""))
+    lines.append("]}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
 use crate::estimator::config::*;
 use crate::estimator::gpu::GPUS;
-use crate::estimator::model::{Activation, MlpKind, NormKind, Positions, QkNorm};
+use crate::estimator::model::{Activation, LayerRule, MlpKind, NormKind, Positions, QkNorm, Router, WindowKind};
 use crate::estimator::presets::{preset, presets};
 
 /// Where a key belongs in the UI and the help.
@@ -151,6 +151,17 @@ named!(
 );
 named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
+named!(
+    Interconnect,
+    [
+        (Interconnect::IbXdr, "ib-xdr"),
+        (Interconnect::IbNdr, "ib-ndr"),
+        (Interconnect::IbHdr, "ib-hdr"),
+        (Interconnect::Roce400, "roce-400"),
+        (Interconnect::Eth100, "eth-100"),
+        (Interconnect::Eth25, "eth-25"),
+    ]
+);
 named!(MlpKind, [(MlpKind::Plain, "plain"), (MlpKind::Gated, "gated")]);
 named!(
     Activation,
@@ -160,6 +171,17 @@ named!(
         (Activation::GeluTanh, "gelu-tanh"),
         (Activation::GeluNew, "gelu-new"),
         (Activation::Relu, "relu"),
+        (Activation::SwigluClamped, "swiglu-clamped"),
+    ]
+);
+named!(WindowKind, [(WindowKind::Sliding, "sliding"), (WindowKind::Chunked, "chunked")]);
+named!(
+    Router,
+    [
+        (Router::Softmax, "softmax"),
+        (Router::TopkSoftmax, "topk-softmax"),
+        (Router::Sigmoid, "sigmoid"),
+        (Router::TopkSigmoid, "topk-sigmoid")
     ]
 );
 named!(
@@ -226,6 +248,23 @@ fn gpu_ids() -> Vec<&'static str> {
     v
 }
 
+/// A non-negative integer key whose `auto` (the default) lets the estimator decide.
+macro_rules! auto_uint_key {
+    ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| $field.map_or("auto".to_string(), |v| v.to_string()),
+            set: |$c: &mut Config, s: &str| {
+                $field = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
+                Ok(())
+            },
+        }
+    };
+}
+
 macro_rules! uint_key {
     ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
         Key {
@@ -271,6 +310,22 @@ macro_rules! bool_key {
     };
 }
 
+macro_rules! rule_key {
+    ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: $group,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| $field.to_string(),
+            set: |$c: &mut Config, s: &str| {
+                $field = LayerRule::parse(s)?;
+                Ok(())
+            },
+        }
+    };
+}
+
 macro_rules! enum_key {
     ($name:literal, $group:expr, $help:literal, $t:ty, |$c:ident| $field:expr) => {
         Key {
@@ -286,6 +341,26 @@ macro_rules! enum_key {
         }
     };
 }
+
+/// A non-negative number of a custom GPU's datasheet (TFLOP/s, GB/s), in the cluster group.
+macro_rules! f64_key {
+    ($name:literal, $help:literal, |$c:ident| $field:expr) => {
+        Key {
+            name: $name,
+            group: Cluster,
+            help: $help,
+            choices: no_choices,
+            get: |$c: &Config| fmt_f64($field),
+            set: |$c: &mut Config, s: &str| {
+                $field = parse_f64(s, 0.0, MAX_DATASHEET_FIGURE)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+/// Largest TFLOP/s or GB/s a custom GPU may claim (a thousand times today's largest).
+const MAX_DATASHEET_FIGURE: f64 = 1.0e7;
 
 use Group::*;
 
@@ -373,6 +448,36 @@ pub static KEYS: &[Key] = &[
     bool_key!("softmax_fp32", Architecture, "eager softmax computed in fp32 (false for GPT-2)", |c| c.arch.softmax_fp32),
     bool_key!("resid_dropout", Architecture, "dropout on the attention and MLP outputs", |c| c.arch.resid_dropout),
     bool_key!("embed_dropout", Architecture, "dropout on the embeddings", |c| c.arch.embed_dropout),
+    uint_key!("q_lora_rank", Architecture, "MLA query compression rank r_q (0 = plain q_proj)", |c| c.arch.q_lora_rank),
+    uint_key!("kv_lora_rank", Architecture, "MLA key/value compression rank r_kv (0 = not MLA)", |c| c.arch.kv_lora_rank),
+    uint_key!("qk_rope_dim", Architecture, "MLA rotary dims of a query/key head d_r (head_dim = nope + d_r)", |c| c.arch.qk_rope_dim),
+    uint_key!("v_head_dim", Architecture, "MLA value head dim d_v", |c| c.arch.v_head_dim),
+    bool_key!("attn_sinks", Architecture, "a learned attention-sink logit per head (gpt-oss)", |c| c.arch.attn_sinks),
+    bool_key!("qk_l2_norm", Architecture, "weightless L2 norm of q and k on RoPE layers (Llama 4)", |c| c.arch.qk_l2_norm),
+    rule_key!(
+        "nope_layers",
+        Architecture,
+        "layers without RoPE: none, all, first:K, every:STEP:OFFSET, all-but:STEP:OFFSET, list:I,J",
+        |c| c.arch.nope_layers
+    ),
+    rule_key!("window_layers", Architecture, "layers with sliding or chunked attention (same forms as nope_layers)", |c| c
+        .arch
+        .window_layers),
+    uint_key!("window", Architecture, "tokens in a sliding window or attention chunk", |c| c.arch.window),
+    enum_key!("window_kind", Architecture, "local attention: sliding window or chunks", WindowKind, |c| c.arch.window_kind),
+    rule_key!("moe_rule", Architecture, "layers that may hold the MoE block, after dense_layers (same forms as nope_layers)", |c| c
+        .arch
+        .moe_rule),
+    enum_key!("router", Architecture, "MoE router: softmax then top-k, top-k then softmax, sigmoid, top-k then sigmoid", Router, |c| c
+        .arch
+        .router),
+    bool_key!("router_bias", Architecture, "bias on the MoE router (gpt-oss)", |c| c.arch.router_bias),
+    bool_key!("router_fp32", Architecture, "router weight kept in fp32 (DeepSeek, GLM-4.5)", |c| c.arch.router_fp32),
+    uint_key!("router_groups", Architecture, "expert groups of group-limited routing (n_group; 0 = none)", |c| c.arch.router_groups),
+    uint_key!("router_group_topk", Architecture, "groups kept by group-limited routing (topk_group)", |c| c.arch.router_group_topk),
+    bool_key!("expert_bias", Architecture, "biases on the experts (gpt-oss)", |c| c.arch.expert_bias),
+    bool_key!("experts_in_out", Architecture, "experts stored [E, in, out] (gpt-oss, Llama 4)", |c| c.arch.experts_in_out),
+    bool_key!("moe_all_experts", Architecture, "every expert computes every token (Llama 4)", |c| c.arch.moe_all_experts),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
@@ -433,10 +538,13 @@ pub static KEYS: &[Key] = &[
         get: |c| c.gpu.clone(),
         set: |c, s| {
             let id = s.to_ascii_lowercase();
-            if id != "custom" && crate::estimator::gpu::gpu(&id).is_none() {
-                return Err("unknown GPU (see the catalog)".into());
+            if id == "custom" {
+                c.gpu = id;
+                return Ok(());
             }
-            c.gpu = id;
+            // An alias (`h100`, `a100`) is stored as the card's id, so links stay canonical.
+            let g = crate::estimator::gpu::gpu(&id).ok_or_else(|| "unknown GPU (see the catalog)".to_string())?;
+            c.gpu = g.id.to_string();
             Ok(())
         },
     },
@@ -451,19 +559,39 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
-    uint_key!("cuda_ctx_mib", Overhead, "CUDA context + workspaces per GPU, MiB", |c| c.cuda_ctx_mib),
+    f64_key!("gpu_tflops", "dense 16-bit tensor TFLOP/s of a custom GPU (0 = unknown)", |c| c.gpu_tflops),
+    f64_key!("gpu_fp8_tflops", "dense FP8 tensor TFLOP/s of a custom GPU (0 = none)", |c| c.gpu_fp8_tflops),
+    f64_key!("gpu_hbm_gbs", "memory bandwidth of a custom GPU, GB/s (0 = unknown)", |c| c.gpu_hbm_gbs),
+    f64_key!("gpu_link_gbs", "NVLink/Infinity Fabric of a custom GPU, GB/s per GPU, bidirectional (0 = none)", |c| c.gpu_link_gbs),
+    f64_key!("gpu_host_gbs", "PCIe (host link) of a custom GPU, GB/s, bidirectional", |c| c.gpu_host_gbs),
+    uint_key!(positive "gpus_per_node", Cluster, "GPUs sharing one NVLink/Infinity Fabric domain (8 per HGX node, 72 per NVL72 rack)", |c| c.gpus_per_node),
+    enum_key!(
+        "interconnect",
+        Cluster,
+        "network between nodes: ib-xdr, ib-ndr, ib-hdr (one NIC per GPU), roce-400, eth-100, eth-25 (per node)",
+        Interconnect,
+        |c| c.interconnect
+    ),
+    auto_uint_key!("cuda_ctx_mib", Overhead, "CUDA context per GPU, MiB, or auto (measured for the GPU's generation)", |c| c.cuda_ctx_mib),
+    auto_uint_key!("nccl_mib", Overhead, "NCCL buffers per GPU, MiB, or auto (channels × peers × protocol buffers)", |c| c.nccl_mib),
+    auto_uint_key!(
+        "frag_pct",
+        Overhead,
+        "reserve beyond allocated as a flat percent guess, or auto (the caching allocator simulated)",
+        |c| c.frag_pct
+    ),
     Key {
-        name: "nccl_mib",
+        name: "alloc_conf",
         group: Overhead,
-        help: "NCCL buffers per GPU, MiB, or auto",
+        help: "PYTORCH_CUDA_ALLOC_CONF of the simulated allocator, e.g. expandable_segments:True",
         choices: no_choices,
-        get: |c| c.nccl_mib.map_or("auto".to_string(), |v| v.to_string()),
+        get: |c| c.alloc_conf.clone(),
         set: |c, s| {
-            c.nccl_mib = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_uint(s)?) };
+            crate::estimator::allocator::AllocatorOptions::parse(s).map_err(|e| e.to_string())?;
+            c.alloc_conf = s.to_string();
             Ok(())
         },
     },
-    uint_key!("frag_pct", Overhead, "allocator fragmentation, percent of the dynamic allocations at the peak", |c| c.frag_pct),
     uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
     bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
     enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),
@@ -498,6 +626,29 @@ mod tests {
         assert_eq!(parse_lora_targets("attn").map(lora_targets_to_string), Ok("q,k,v,o".to_string()));
         assert_eq!(parse_lora_targets("all-linear"), Ok(LoraTargets::ALL));
         assert!(parse_lora_targets("fc9").is_err());
+    }
+
+    #[test]
+    fn a_gpu_alias_is_stored_as_the_cards_id_so_links_stay_canonical() {
+        let k = KEYS.iter().find(|k| k.name == "gpu").expect("gpu key");
+        let mut c = Config::default();
+        assert_eq!((k.set)(&mut c, "H100-SXM"), Ok(()));
+        assert_eq!(c.gpu, "h100-80gb");
+        assert!((k.set)(&mut c, "tpu-v5").is_err());
+    }
+
+    #[test]
+    fn cluster_keys_read_the_interconnect_and_custom_gpu_figures() {
+        let set = |name: &str, v: &str, c: &mut Config| (KEYS.iter().find(|k| k.name == name).expect("key").set)(c, v);
+        let mut c = Config::default();
+        assert_eq!(set("interconnect", "roce-400", &mut c), Ok(()));
+        assert_eq!(c.interconnect, Interconnect::Roce400);
+        assert_eq!(set("gpus_per_node", "72", &mut c), Ok(()));
+        assert_eq!(set("gpu_tflops", "1250.5", &mut c), Ok(()));
+        assert_eq!((c.gpus_per_node, c.gpu_tflops), (72, 1250.5));
+        assert!(set("gpu_hbm_gbs", "-1", &mut c).is_err());
+        assert!(set("gpus_per_node", "0", &mut c).is_err());
+        assert!(set("interconnect", "carrier-pigeon", &mut c).is_err_and(|e| e.contains("ib-ndr")));
     }
 
     #[test]

@@ -9,14 +9,32 @@
 mod keys;
 
 pub use crate::estimator::config::*;
-pub use keys::{Group, Key, KEYS};
+pub use keys::{parse_uint, Group, Key, KEYS};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};
 
 /// Keys the page itself uses (embed mode, the panel to show, a benchmark result); the codec
 /// passes them over without complaint.
-pub const PRESENTATION_KEYS: &[&str] = &["embed", "view", "bench", "v", "theme"];
+pub const PRESENTATION_KEYS: &[&str] = &[
+    "embed",
+    "view",
+    "bench",
+    "v",
+    "theme",
+    "sections",
+    "hide",
+    "lock",
+    "step",
+    "quiz",
+    "ask",
+    "tol",
+    "hint",
+    "question",
+    "compare",
+    "allow_origin",
+    "lang",
+];
 
 /// One key that could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +47,11 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// An error about `key` = `value` of the link, for decoders beside this codec (course
+    /// settings).
+    pub fn for_key(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::new(key, value, reason)
+    }
     fn new(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
         let value: String = value.chars().take(60).collect();
         ConfigError { key: key.chars().take(60).collect(), value, reason: reason.into() }
@@ -132,7 +155,7 @@ pub fn decode_query(query: &str) -> Decoded {
 fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
     let mut reset_keys: Vec<&'static str> = Vec::new();
     for _ in 0..KEYS.len() {
-        let Err(e) = crate::estimator::validate(cfg) else {
+        let Err(e) = crate::estimator::validate_consistency(cfg) else {
             return;
         };
         let key = e.key();
@@ -145,9 +168,9 @@ fn repair(cfg: &mut Config, errors: &mut Vec<ConfigError>) {
         reset_keys.push(key);
     }
     // Still invalid: keep the model and start the rest over from the defaults.
-    if crate::estimator::validate(cfg).is_err() {
+    if crate::estimator::validate_consistency(cfg).is_err() {
         let keep = Config { model: cfg.model.clone(), name: cfg.name.clone(), arch: cfg.arch.clone(), ..Config::default() };
-        *cfg = if crate::estimator::validate(&keep).is_ok() { keep } else { Config::default() };
+        *cfg = if crate::estimator::validate_consistency(&keep).is_ok() { keep } else { Config::default() };
     }
 }
 
@@ -300,7 +323,7 @@ mod tests {
         assert_eq!(d.errors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["tp"]);
         assert_eq!((d.config.tp, d.config.gpus), (1, 8));
         assert_eq!(d.config.model, "llama-3.1-70b");
-        assert!(crate::estimator::validate(&d.config).is_ok());
+        assert!(crate::estimator::validate_consistency(&d.config).is_ok());
     }
 
     #[test]

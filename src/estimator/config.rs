@@ -189,6 +189,26 @@ pub enum Kernels {
     Cpu,
 }
 
+/// The network between nodes (`interconnect`): the class of NIC each GPU (or node) has. The
+/// bandwidth each class stands for is an assumption of the cost model, named and sourced in
+/// [`crate::estimator::cost::interconnect_gbs`]; memory does not depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Interconnect {
+    /// InfiniBand XDR, one 800 Gb/s NIC per GPU (ConnectX-8: HGX B300, GB300 NVL72).
+    IbXdr,
+    /// InfiniBand NDR, one 400 Gb/s NIC per GPU (ConnectX-7: DGX H100, H200, B200).
+    IbNdr,
+    /// InfiniBand HDR, one 200 Gb/s NIC per GPU (ConnectX-6: DGX A100).
+    IbHdr,
+    /// RoCE v2 over 400 GbE, one NIC per GPU (Spectrum-X and most cloud H100 clusters).
+    Roce400,
+    /// 100 GbE per node, shared by its GPUs (commodity clusters).
+    Eth100,
+    /// 25 GbE per node, shared by its GPUs (a rack of workstations).
+    Eth25,
+}
+
 /// Byte unit for display (`unit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -249,12 +269,34 @@ pub struct Config {
     pub gpu: String,
     /// Capacity of a custom GPU, GiB.
     pub gpu_gib: f64,
-    /// CUDA context and library workspaces per GPU, MiB (an assumption; see overhead.rs).
-    pub cuda_ctx_mib: u64,
+    /// Dense 16-bit tensor throughput of a custom GPU, TFLOP/s (0 = unknown; the cost model
+    /// needs it).
+    pub gpu_tflops: f64,
+    /// Dense FP8 tensor throughput of a custom GPU, TFLOP/s (0 = none).
+    pub gpu_fp8_tflops: f64,
+    /// Memory bandwidth of a custom GPU, GB/s (0 = unknown; the cost model needs it).
+    pub gpu_hbm_gbs: f64,
+    /// Scale-up link (NVLink, Infinity Fabric) of a custom GPU, GB/s per GPU, bidirectional as
+    /// datasheets print it (0 = none: GPUs talk through the host link).
+    pub gpu_link_gbs: f64,
+    /// Host link (PCIe) of a custom GPU, GB/s, bidirectional (PCIe 5.0 ×16: 128).
+    pub gpu_host_gbs: f64,
+    /// GPUs that share one scale-up fabric: 8 in an HGX/DGX node, 72 in a GB200 NVL72 rack.
+    /// Parallel groups inside it use the scale-up link; groups that span it, the interconnect.
+    pub gpus_per_node: u64,
+    /// The network between nodes.
+    pub interconnect: Interconnect,
+    /// The CUDA context per GPU, MiB; `None` = the measured figure for the GPU's generation
+    /// (overhead.rs, `cuda_context_mib`).
+    pub cuda_ctx_mib: Option<u64>,
     /// NCCL communicator buffers per GPU, MiB; `None` = automatic (0 on one GPU).
     pub nccl_mib: Option<u64>,
-    /// Caching-allocator fragmentation, percent of the dynamic allocations at the peak.
-    pub frag_pct: u64,
+    /// A flat guess of the caching allocator's reserve beyond what is allocated, percent of the
+    /// dynamic allocations at the peak; `None` = simulated (allocator.rs replays the step).
+    pub frag_pct: Option<u64>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` for the simulated caching allocator (`expandable_segments:True`,
+    /// `max_split_size_mb:…`, `roundup_power2_divisions:…`); empty = PyTorch's defaults.
+    pub alloc_conf: String,
     /// Unsharded layers in flight under ZeRO-3/FSDP (the one computing + prefetched ones).
     pub prefetch_layers: u64,
     /// DDP `gradient_as_bucket_view=True` (no separate bucket copy of the gradients).
@@ -298,9 +340,17 @@ impl Default for Config {
             offload: Offload::None,
             gpu: "h100-80gb".to_string(),
             gpu_gib: 80.0,
-            cuda_ctx_mib: 512,
+            gpu_tflops: 0.0,
+            gpu_fp8_tflops: 0.0,
+            gpu_hbm_gbs: 0.0,
+            gpu_link_gbs: 0.0,
+            gpu_host_gbs: 128.0,
+            gpus_per_node: 8,
+            interconnect: Interconnect::IbNdr,
+            cuda_ctx_mib: None,
             nccl_mib: None,
-            frag_pct: 10,
+            frag_pct: None,
+            alloc_conf: String::new(),
             prefetch_layers: 2,
             bucket_view: false,
             unit: Unit::Gb,
@@ -311,12 +361,7 @@ impl Default for Config {
 impl Config {
     /// Data-parallel degree: GPUs / (tp × pp × cp).
     pub fn dp(&self) -> u64 {
-        let model_parallel = self.tp * self.pp * self.cp;
-        if model_parallel == 0 {
-            0
-        } else {
-            self.gpus / model_parallel
-        }
+        self.gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)
     }
 
     /// The display name: the preset id, the custom name, or "custom model".

@@ -6,6 +6,7 @@
 pub mod activations;
 pub mod allocator;
 pub mod config;
+pub mod cost;
 pub mod expr;
 pub mod gpu;
 pub mod hf;
@@ -14,6 +15,7 @@ pub mod model;
 pub mod optimizer;
 pub mod overhead;
 pub mod params;
+pub mod plan;
 pub mod precision;
 pub mod presets;
 pub mod sharding;
@@ -36,6 +38,10 @@ pub enum EstimateError {
     Model(#[from] ModelError),
     #[error("`{key}` {reason}")]
     Invalid { key: &'static str, reason: String },
+    /// The architecture uses something whose activation memory has not been measured and
+    /// modelled yet: refused rather than approximated.
+    #[error("the activation memory of {feature} is not modelled yet (no measured fixture); the parameter count is exact, the rest is refused rather than guessed")]
+    Unmodelled { feature: &'static str },
 }
 
 impl EstimateError {
@@ -45,6 +51,7 @@ impl EstimateError {
             EstimateError::Model(ModelError::Zero(k)) => k,
             EstimateError::Model(ModelError::Invalid { key, .. }) => key,
             EstimateError::Invalid { key, .. } => key,
+            EstimateError::Unmodelled { .. } => "model",
         }
     }
 }
@@ -53,8 +60,21 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> EstimateError {
     EstimateError::Invalid { key, reason: reason.into() }
 }
 
-/// Checks that the parts of a configuration fit together.
+/// Checks that a configuration can be estimated: its parts fit together
+/// ([`validate_consistency`]) and its architecture uses nothing the activation model does not
+/// cover yet ([`unmodelled_feature`]).
 pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
+    validate_consistency(cfg)?;
+    match unmodelled_feature(&cfg.arch) {
+        Some(feature) => Err(EstimateError::Unmodelled { feature }),
+        None => Ok(()),
+    }
+}
+
+/// Checks that the parts of a configuration fit together — what a share link or the inputs must
+/// satisfy. An architecture whose activations are not modelled yet is still a valid configuration:
+/// the link keeps it, and [`estimate`] says why it cannot estimate it.
+pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     cfg.arch.validate()?;
     for (key, v) in [
         ("batch", cfg.batch),
@@ -78,8 +98,8 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
         ("accum", cfg.accum, 1 << 20),
         ("gpus", cfg.gpus, 1 << 20),
         ("lora_rank", cfg.lora_rank, 1 << 16),
-        ("cuda_ctx_mib", cfg.cuda_ctx_mib, 1 << 20),
-        ("frag_pct", cfg.frag_pct, 1000),
+        ("cuda_ctx_mib", cfg.cuda_ctx_mib.unwrap_or(0), 1 << 20),
+        ("frag_pct", cfg.frag_pct.unwrap_or(0), 1000),
         ("prefetch_layers", cfg.prefetch_layers, 1 << 10),
     ];
     for (key, v, max) in limits {
@@ -90,11 +110,14 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.nccl_mib.is_some_and(|m| m > 1 << 20) {
         return Err(invalid("nccl_mib", "is beyond the supported 1048576"));
     }
+    if let Err(e) = allocator::AllocatorOptions::parse(&cfg.alloc_conf) {
+        return Err(invalid("alloc_conf", e.to_string()));
+    }
     // Blame the first model-parallel degree that stops dividing the GPU count.
     let mut mp = 1u64;
     for (key, v) in [("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp)] {
         mp = mp.saturating_mul(v);
-        if cfg.gpus % mp != 0 {
+        if !cfg.gpus.is_multiple_of(mp) {
             return Err(invalid(key, format!("{v} does not fit the {} GPUs: tp × pp × cp = {mp} must divide them", cfg.gpus)));
         }
     }
@@ -109,10 +132,10 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
         if cfg.arch.experts == 0 {
             return Err(invalid("ep", "expert parallelism needs a mixture-of-experts model"));
         }
-        if cfg.arch.experts % cfg.ep != 0 {
+        if !cfg.arch.experts.is_multiple_of(cfg.ep) {
             return Err(invalid("ep", format!("{} experts do not split over {} GPUs", cfg.arch.experts, cfg.ep)));
         }
-        if dp % cfg.ep != 0 {
+        if !dp.is_multiple_of(cfg.ep) {
             return Err(invalid("ep", format!("the data-parallel degree {dp} is not a multiple of ep = {}", cfg.ep)));
         }
     }
@@ -137,18 +160,39 @@ pub fn validate(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.gpu == "custom" && gpu::custom_bytes(cfg.gpu_gib) == 0 {
         return Err(invalid("gpu_gib", "must be a positive number of GiB"));
     }
-    if cfg.vpp > 1 && (cfg.pp == 1 || cfg.arch.layers % (cfg.pp * cfg.vpp) != 0) {
+    if cfg.vpp > 1 && (cfg.pp == 1 || !cfg.arch.layers.is_multiple_of(cfg.pp * cfg.vpp)) {
         return Err(invalid("vpp", format!("interleaving needs pp > 1 and layers divisible by pp × vpp = {}", cfg.pp * cfg.vpp)));
     }
-    if cfg.zero == Zero::HybridShard && dp % cfg.shard_group.min(dp) != 0 {
+    if cfg.zero == Zero::HybridShard && !dp.is_multiple_of(cfg.shard_group.min(dp)) {
         return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
     }
     Ok(())
 }
 
+/// The first architectural feature whose saved tensors the activation model does not cover yet.
+/// Sliding windows are covered (they change masks, not saved shapes: measured on Gemma-2), and so
+/// are dense and MoE layers in any order (counted per layer kind).
+pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
+    use model::{Activation, Router, WindowKind};
+    let moe = spec.experts > 0;
+    [
+        (spec.is_mla(), "multi-head latent attention (MLA)"),
+        (spec.attn_sinks, "attention sinks"),
+        (spec.qk_l2_norm, "the L2 q/k norm"),
+        (spec.nope_layers.count(spec.layers) > 0, "NoPE layers"),
+        (spec.window_kind == WindowKind::Chunked && spec.window_layers.count(spec.layers) > 0, "chunked attention"),
+        (moe && spec.router != Router::Softmax, "this router (not softmax-then-top-k)"),
+        (moe && (spec.router_bias || spec.router_fp32 || spec.router_groups > 1), "this router (bias, fp32 or group-limited)"),
+        (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
+        (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
+    ]
+    .into_iter()
+    .find_map(|(on, name)| on.then_some(name))
+}
+
 impl Config {
     fn heads_per_tp_invalid(&self) -> bool {
-        self.tp > 1 && self.arch.heads % self.tp != 0
+        self.tp > 1 && !self.arch.heads.is_multiple_of(self.tp)
     }
 }
 
@@ -321,7 +365,8 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     rows.extend(temps);
     let ctx = overhead::cuda_context_bytes(cfg);
     let nccl = overhead::nccl_buffer_bytes(cfg);
-    let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes);
+    let blas = overhead::blas_workspace_bytes(cfg);
+    let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes);
 
     // The step, op by op (see `step`): its peak above what is resident, piece by piece.
     let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
@@ -332,7 +377,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let beside = timeline::Beside {
         resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
         outside_allocator: outside,
-        frag_pct: cfg.frag_pct,
+        frag_pct: cfg.frag_pct.unwrap_or(0),
         gathered: gathered_bytes,
     };
     let tl = timeline::derive(&fast.segments, &beside);
@@ -340,7 +385,10 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
     rows.push(ctx);
     rows.extend(nccl);
-    rows.push(overhead::fragmentation_bytes(cfg, peak_dynamic));
+    rows.extend(blas);
+    if let Some(pct) = cfg.frag_pct {
+        rows.push(overhead::reserve_guess_bytes(pct, peak_dynamic));
+    }
     let allocated_peak = resident.total() + fast.peak;
     StageResult { rows, host, timeline: tl, peak_label, allocated_peak }
 }

@@ -10,9 +10,17 @@
 //!
 //! Symbols (as in Megatron and Korthikanti et al. 2022): `V` vocabulary, `h` hidden size, `L`
 //! layers, `a` attention heads, `k` key/value heads, `d` head dim, `f` MLP intermediate size,
-//! `E` experts, `f_e` expert intermediate size.
+//! `E` experts, `f_e` expert intermediate size; for multi-head latent attention (MLA) `r_q` and
+//! `r_kv` the query and key/value compression ranks, `d_r` the rotary part of a query/key head,
+//! `d_v` the value head dim.
+//!
+//! Layers need not be alike (2026's models mix dense and MoE MLPs, RoPE and NoPE layers, sliding
+//! and full attention): such per-layer properties are [`LayerRule`]s, evaluated over any range
+//! of layer indices, so that a pipeline stage's share is exact ([`ModelSpec::moe_layers_in`],
+//! [`ModelSpec::stage`]).
 
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 /// Feed-forward block shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +47,11 @@ pub enum Activation {
     GeluNew,
     /// `F.relu` (OPT): saves its output.
     Relu,
+    /// gpt-oss's clamped SwiGLU on its experts (modeling_gpt_oss.py, `GptOssExperts._apply_gate`):
+    /// gate and up are the even and odd columns of `gate_up`, `gate.clamp(max=limit)`,
+    /// `up.clamp(-limit, limit)`, `glu = gate · sigmoid(alpha · gate)`, output `(up + 1) · glu`
+    /// (limit 7, alpha 1.702), written as tensor ops.
+    SwigluClamped,
 }
 
 /// Normalization layers' parameters.
@@ -92,6 +105,199 @@ pub enum Positions {
     Learned,
     /// ALiBi biases or nothing at all: no parameters.
     None,
+}
+
+/// Which decoder layers (0-based indices) a per-layer property applies to, as a compact rule that
+/// can be evaluated over any range of layers (so that a pipeline stage's share is exact).
+/// Indices at or beyond the model's layer count are simply outside the model.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayerRule {
+    /// No layer.
+    #[default]
+    None,
+    /// Every layer.
+    All,
+    /// Layers `0..k` (DeepSeek's `first_k_dense_replace`).
+    FirstK(u64),
+    /// Layers `i` with `i % step == offset` (`offset < step`): Llama 4's MoE layers
+    /// (`interleave_moe_layer_step`), gpt-oss's and Gemma's full-attention layers.
+    Every { step: u64, offset: u64 },
+    /// Layers `i` with `i % step != offset` (`offset < step`): the complement of `Every`
+    /// (Gemma 3's sliding layers, Llama 4's chunked RoPE layers).
+    AllBut { step: u64, offset: u64 },
+    /// The listed layer indices (ascending, no repeats), for patterns no rule above states.
+    List(Vec<u64>),
+}
+
+impl LayerRule {
+    /// Every layer (a serde default).
+    pub fn all() -> LayerRule {
+        LayerRule::All
+    }
+
+    /// Whether layer `i` is in the rule.
+    pub fn contains(&self, i: u64) -> bool {
+        match self {
+            LayerRule::None => false,
+            LayerRule::All => true,
+            LayerRule::FirstK(k) => i < *k,
+            LayerRule::Every { step, offset } => *step > 0 && i % step == *offset,
+            LayerRule::AllBut { step, offset } => *step == 0 || i % step != *offset,
+            LayerRule::List(v) => v.contains(&i),
+        }
+    }
+
+    /// Layers of `range` in the rule — O(1) except for `List`.
+    pub fn count_in(&self, range: Range<u64>) -> u64 {
+        let (a, b) = (range.start, range.end.max(range.start));
+        // Indices i < n with i % step == offset: ⌊(n − offset − 1) / step⌋ + 1 when n > offset.
+        let every_below = |n: u64, step: u64, offset: u64| if step == 0 || n <= offset { 0 } else { (n - offset - 1) / step + 1 };
+        match self {
+            LayerRule::None => 0,
+            LayerRule::All => b - a,
+            LayerRule::FirstK(k) => (*k).clamp(a, b) - a,
+            LayerRule::Every { step, offset } => every_below(b, *step, *offset) - every_below(a, *step, *offset),
+            LayerRule::AllBut { step, offset } => (b - a) - (every_below(b, *step, *offset) - every_below(a, *step, *offset)),
+            LayerRule::List(v) => v.iter().filter(|i| (a..b).contains(*i)).count() as u64,
+        }
+    }
+
+    /// Layers `0..layers` in the rule.
+    pub fn count(&self, layers: u64) -> u64 {
+        self.count_in(0..layers)
+    }
+
+    /// The shortest rule that holds exactly for the layers flagged `true` (layer `i` is
+    /// `flags[i]`): `None`, `All`, `FirstK`, `Every`, `AllBut`, or else a `List`.
+    pub fn from_flags(flags: &[bool]) -> LayerRule {
+        let n = flags.len() as u64;
+        let on: Vec<u64> = (0..n).filter(|&i| flags[i as usize]).collect();
+        if on.is_empty() {
+            return LayerRule::None;
+        }
+        if on.len() as u64 == n {
+            return LayerRule::All;
+        }
+        if on.iter().enumerate().all(|(j, &i)| j as u64 == i) {
+            return LayerRule::FirstK(on.len() as u64);
+        }
+        // A periodic rule is fixed by its first two members (O(n) to find and check).
+        let off: Vec<u64> = (0..n).filter(|&i| !flags[i as usize]).collect();
+        let periodic = |members: &[u64], every: bool| {
+            let (&first, &second) = (members.first()?, members.get(1)?);
+            let (step, offset) = (second - first, first);
+            let rule = if every { LayerRule::Every { step, offset } } else { LayerRule::AllBut { step, offset } };
+            (offset < step && (0..n).all(|i| rule.contains(i) == flags[i as usize])).then_some(rule)
+        };
+        if let Some(rule) = periodic(&on, true).or_else(|| periodic(&off, false)) {
+            return rule;
+        }
+        LayerRule::List(on)
+    }
+
+    /// The rule for a pipeline stage holding layers `range`, re-indexed from 0 (the stage's
+    /// first layer is its layer 0).
+    pub fn stage(&self, range: Range<u64>) -> LayerRule {
+        let (a, b) = (range.start, range.end.max(range.start));
+        match self {
+            LayerRule::None | LayerRule::All => self.clone(),
+            LayerRule::FirstK(k) => LayerRule::FirstK((*k).clamp(a, b) - a),
+            LayerRule::Every { step, offset } if offset < step => LayerRule::Every { step: *step, offset: rebase(*step, *offset, a) },
+            LayerRule::AllBut { step, offset } if offset < step => LayerRule::AllBut { step: *step, offset: rebase(*step, *offset, a) },
+            LayerRule::Every { .. } | LayerRule::AllBut { .. } => self.clone(),
+            LayerRule::List(v) => LayerRule::List(v.iter().filter(|i| (a..b).contains(*i)).map(|i| i - a).collect()),
+        }
+    }
+
+    /// Checks the rule's own numbers (not its extent, which the model's layer count bounds).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            LayerRule::Every { step, offset } | LayerRule::AllBut { step, offset } if *step == 0 || offset >= step => {
+                Err(format!("needs 0 ≤ offset < step (step {step}, offset {offset})"))
+            }
+            LayerRule::List(v) if v.windows(2).any(|w| w[0] >= w[1]) => Err("lists layers in ascending order without repeats".into()),
+            LayerRule::List(v) if v.len() > 1 << 14 => Err("lists more layers than any model has".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Parses the spelling of [`fmt::Display`](std::fmt::Display): `none`, `all`, `first:K`,
+    /// `every:STEP:OFFSET`, `all-but:STEP:OFFSET`, or `list:I,J,…`.
+    pub fn parse(s: &str) -> Result<LayerRule, String> {
+        let s = s.trim().to_ascii_lowercase();
+        let num = |t: &str| t.trim().parse::<u64>().map_err(|_| format!("'{t}' is not a layer number"));
+        let pair = |t: &str| -> Result<(u64, u64), String> {
+            let (a, b) = t.split_once(':').ok_or("expected STEP:OFFSET")?;
+            Ok((num(a)?, num(b)?))
+        };
+        let rule = match s.split_once(':') {
+            None if s == "none" => LayerRule::None,
+            None if s == "all" => LayerRule::All,
+            Some(("first", k)) => LayerRule::FirstK(num(k)?),
+            Some(("every", t)) => pair(t).map(|(step, offset)| LayerRule::Every { step, offset })?,
+            Some(("all-but", t)) => pair(t).map(|(step, offset)| LayerRule::AllBut { step, offset })?,
+            Some(("list", t)) => LayerRule::List(t.split(',').filter(|x| !x.trim().is_empty()).map(num).collect::<Result<_, _>>()?),
+            _ => return Err("expected none, all, first:K, every:STEP:OFFSET, all-but:STEP:OFFSET or list:I,J,…".into()),
+        };
+        rule.check()?;
+        Ok(rule)
+    }
+}
+
+/// The offset of layer `offset`'s residue class once layer `start` is renumbered 0:
+/// `(offset − start) mod step`, without overflow (`offset < step`).
+fn rebase(step: u64, offset: u64, start: u64) -> u64 {
+    let shift = start % step;
+    if offset >= shift {
+        offset - shift
+    } else {
+        offset + (step - shift)
+    }
+}
+
+impl std::fmt::Display for LayerRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayerRule::None => write!(f, "none"),
+            LayerRule::All => write!(f, "all"),
+            LayerRule::FirstK(k) => write!(f, "first:{k}"),
+            LayerRule::Every { step, offset } => write!(f, "every:{step}:{offset}"),
+            LayerRule::AllBut { step, offset } => write!(f, "all-but:{step}:{offset}"),
+            LayerRule::List(v) => write!(f, "list:{}", v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
+/// How the layers in [`ModelSpec::window_layers`] restrict attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WindowKind {
+    /// Each query sees the `window` tokens before it (Mistral, Gemma 2/3, gpt-oss
+    /// `sliding_attention`).
+    #[default]
+    Sliding,
+    /// The sequence is cut into chunks of `window` tokens and attention stays inside a chunk
+    /// (Llama 4's `chunked_attention`, `attention_chunk_size`).
+    Chunked,
+}
+
+/// How the MoE router turns its logits `x·Wᵣᵀ (+ b)` into the top-k experts' weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Router {
+    /// Softmax over all E experts, then top-k (Mixtral, Qwen-MoE, DeepSeek-V2; with
+    /// `router_groups` > 1, DeepSeek-V2's `group_limited_greedy`).
+    #[default]
+    Softmax,
+    /// Top-k of the logits, then a softmax over those k (gpt-oss, `GptOssTopKRouter`).
+    TopkSoftmax,
+    /// Sigmoid scores plus the `e_score_correction_bias` buffer choose the experts, group-limited
+    /// when `router_groups` > 1; the chosen sigmoid scores are normalised and scaled
+    /// (DeepSeek-V3 `DeepseekV3TopkRouter`, GLM-4.5 `Glm4MoeTopkRouter`).
+    Sigmoid,
+    /// Top-k of the logits, then a sigmoid of those (Llama 4, `Llama4Router`).
+    TopkSigmoid,
 }
 
 /// One model architecture, rich enough to count real checkpoints exactly.
@@ -168,6 +374,100 @@ pub struct ModelSpec {
     pub resid_dropout: bool,
     /// Dropout on the embeddings (GPT-2's `embd_pdrop`, OPT, NeoX, Phi-1/2, StarCoder2).
     pub embed_dropout: bool,
+
+    // ---- Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2) -----------------------
+    // modeling_deepseek_v3.py, `DeepseekV3Attention` (V2 identical). When `kv_lora_rank` > 0:
+    // `head_dim` is the query/key head dim d = d_nope + d_r (`qk_nope_head_dim` +
+    // `qk_rope_head_dim`), `kv_heads` = `heads` (keys and values are expanded per head by
+    // `kv_b_proj`), so `q_width()` = `kv_width()` = a·d and `v_width()` = a·d_v.
+    /// `r_q` (`q_lora_rank`): queries pass through `q_a_proj` [r_q, h] → `q_a_layernorm` [r_q] →
+    /// `q_b_proj` [a·d, r_q]; 0 = one plain `q_proj` [a·d, h] (DeepSeek-V2-Lite).
+    #[serde(default)]
+    pub q_lora_rank: u64,
+    /// `r_kv` (`kv_lora_rank`); > 0 makes the attention MLA: `kv_a_proj_with_mqa` [r_kv + d_r, h]
+    /// gives the compressed latent (r_kv) and one shared rotary key (d_r); `kv_a_layernorm` [r_kv];
+    /// `kv_b_proj` [a·(d_nope + d_v), r_kv] expands the latent to per-head k_nope and v;
+    /// `o_proj` [h, a·d_v]. `qkv_bias` puts biases on `q_a_proj` and `kv_a_proj_with_mqa`,
+    /// `o_bias` on `o_proj` (DeepSeek's `attention_bias` sets both). 0 = ordinary attention.
+    #[serde(default)]
+    pub kv_lora_rank: u64,
+    /// `d_r` (`qk_rope_head_dim`): the rotary part of each MLA query/key head (the rest,
+    /// `head_dim − d_r`, is `qk_nope_head_dim`). Only meaningful with `kv_lora_rank` > 0.
+    #[serde(default)]
+    pub qk_rope_dim: u64,
+    /// `d_v` (`v_head_dim`): MLA value head dim. Only meaningful with `kv_lora_rank` > 0.
+    #[serde(default)]
+    pub v_head_dim: u64,
+
+    // ---- Attention variants -------------------------------------------------------------------
+    /// gpt-oss's attention sinks: a learned logit per head (`sinks` [a], one per layer) joins
+    /// each row of the scores before the softmax and is dropped after it
+    /// (modeling_gpt_oss.py, `eager_attention_forward`).
+    #[serde(default)]
+    pub attn_sinks: bool,
+    /// Llama 4's weightless L2 norm of q and k (`Llama4TextL2Norm`, `x.float()` normalised,
+    /// cast back) on every layer that uses RoPE (those not in `nope_layers`); no parameters.
+    #[serde(default)]
+    pub qk_l2_norm: bool,
+    /// Layers without rotary embedding (NoPE): Llama 4's and SmolLM3's `no_rope_layers` entries
+    /// that are 0 (every 4th layer, `no_rope_layer_interval`). Llama 4 also scales the queries of
+    /// these layers (`attn_temperature_tuning`).
+    #[serde(default)]
+    pub nope_layers: LayerRule,
+    /// Layers whose attention is local (`window_kind` says how, `window` how far): gpt-oss's and
+    /// Gemma's `sliding_attention` layers, Llama 4's `chunked_attention` layers. Other layers
+    /// attend to the whole causal prefix.
+    #[serde(default)]
+    pub window_layers: LayerRule,
+    /// Tokens in a local-attention window or chunk (`sliding_window`, `attention_chunk_size`).
+    #[serde(default)]
+    pub window: u64,
+    /// Sliding window or chunked attention on `window_layers`.
+    #[serde(default)]
+    pub window_kind: WindowKind,
+
+    // ---- Mixture of experts -------------------------------------------------------------------
+    /// Layers that hold the MoE block: layer `i` is an MoE layer when `experts` > 0,
+    /// `i ≥ dense_layers` and `moe_rule` contains `i`; every other layer has the dense MLP of
+    /// `ffn`. `All` (the default) with `dense_layers` = k is DeepSeek's `first_k_dense_replace`;
+    /// Llama 4 Maverick is `every:2:1` (`interleave_moe_layer_step` 2); Qwen-MoE's
+    /// `decoder_sparse_step`/`mlp_only_layers` become a rule or a list.
+    #[serde(default = "LayerRule::all")]
+    pub moe_rule: LayerRule,
+    /// How router logits become expert weights (see [`Router`]).
+    #[serde(default)]
+    pub router: Router,
+    /// A bias [E] on the router (gpt-oss `router.bias`).
+    #[serde(default)]
+    pub router_bias: bool,
+    /// The router's weight is created and kept in fp32 whatever the model dtype, and its logits
+    /// computed in fp32 (DeepSeek-V2/V3, GLM-4.5: `dtype=torch.float32` in the router,
+    /// `_keep_in_fp32_modules_strict`); with `Router::Sigmoid` the `e_score_correction_bias`
+    /// buffer [E] is fp32 too (a buffer, not a parameter).
+    #[serde(default)]
+    pub router_fp32: bool,
+    /// `n_group`: experts are split into this many groups and only the best `router_group_topk`
+    /// groups compete for the top-k (DeepSeek-V3 8/4; 0 or 1 = no group limit). No parameters.
+    #[serde(default)]
+    pub router_groups: u64,
+    /// `topk_group`: groups kept by the group-limited top-k.
+    #[serde(default)]
+    pub router_group_topk: u64,
+    /// Biases on the experts: `gate_up_proj_bias` [E, 2·f_e] and `down_proj_bias` [E, h]
+    /// (gpt-oss).
+    #[serde(default)]
+    pub expert_bias: bool,
+    /// Fused experts stored `[E, in, out]` — `gate_up_proj` [E, h, 2·f_e], `down_proj` [E, f_e, h],
+    /// applied as `x @ W` (gpt-oss, Llama 4) — instead of transformers' usual `[E, out, in]`.
+    /// gpt-oss interleaves gate and up columns (`gate_up[..., ::2]`, `[..., 1::2]`).
+    #[serde(default)]
+    pub experts_in_out: bool,
+    /// Every expert processes every token, its input pre-scaled by the router score (zero for
+    /// experts not chosen): Llama 4's `Llama4TextMoe` (`hidden_states.repeat(E, 1) * scores`,
+    /// then `torch.bmm` over all E experts). Otherwise tokens are dispatched to their top-k
+    /// experts only. Counts are unaffected; `active` still counts top-k experts.
+    #[serde(default)]
+    pub moe_all_experts: bool,
 }
 
 /// Which part of the model a tensor belongs to (the breakdown's rows).
@@ -311,17 +611,117 @@ impl ModelSpec {
     pub fn kv_width(&self) -> u64 {
         self.kv_heads * self.head_dim
     }
+    /// Value width a·d_v (MLA) or k·d: the input width of `o_proj` is a·d_v (MLA) or a·d.
+    pub fn v_width(&self) -> u64 {
+        if self.is_mla() {
+            self.heads * self.v_head_dim
+        } else {
+            self.kv_width()
+        }
+    }
+    /// Input width of the attention output projection: a·d_v (MLA) or a·d.
+    pub fn o_width(&self) -> u64 {
+        if self.is_mla() {
+            self.heads * self.v_head_dim
+        } else {
+            self.q_width()
+        }
+    }
+    /// Multi-head latent attention (`kv_lora_rank` > 0).
+    pub fn is_mla(&self) -> bool {
+        self.kv_lora_rank > 0
+    }
+    /// MLA's non-rotary part of a query/key head, `qk_nope_head_dim` = d − d_r.
+    pub fn qk_nope_dim(&self) -> u64 {
+        self.head_dim.saturating_sub(self.qk_rope_dim)
+    }
+    /// Dims of each query/key head that get rotary embedding on a RoPE layer: d_r for MLA, else
+    /// ⌊d · rotary_pct / 100⌋ (0 without rotary positions).
+    pub fn rope_dims(&self) -> u64 {
+        if self.positions != Positions::Rope {
+            0
+        } else if self.is_mla() {
+            self.qk_rope_dim
+        } else {
+            self.head_dim * self.rotary_pct / 100
+        }
+    }
+    /// Whether layer `i` (0-based) holds the MoE block.
+    pub fn is_moe_layer(&self, i: u64) -> bool {
+        self.experts > 0 && i >= self.dense_layers && i < self.layers && self.moe_rule.contains(i)
+    }
+    /// MoE layers among layers `range` (clipped to the model).
+    pub fn moe_layers_in(&self, range: Range<u64>) -> u64 {
+        if self.experts == 0 {
+            return 0;
+        }
+        let end = range.end.min(self.layers);
+        let start = range.start.max(self.dense_layers).min(end);
+        self.moe_rule.count_in(start..end)
+    }
+    /// Dense-MLP layers among layers `range` (clipped to the model).
+    pub fn dense_mlp_layers_in(&self, range: Range<u64>) -> u64 {
+        let end = range.end.min(self.layers);
+        let start = range.start.min(end);
+        (end - start) - self.moe_layers_in(start..end)
+    }
+    /// NoPE layers (no rotary embedding) among layers `range` (clipped to the model).
+    pub fn nope_layers_in(&self, range: Range<u64>) -> u64 {
+        let end = range.end.min(self.layers);
+        self.nope_layers.count_in(range.start.min(end)..end)
+    }
+    /// Local-attention layers (`window_layers`) among layers `range` (clipped to the model).
+    pub fn window_layers_in(&self, range: Range<u64>) -> u64 {
+        let end = range.end.min(self.layers);
+        self.window_layers.count_in(range.start.min(end)..end)
+    }
     /// Layers whose MLP is a mixture of experts.
     pub fn moe_layers(&self) -> u64 {
-        if self.experts == 0 {
-            0
-        } else {
-            self.layers.saturating_sub(self.dense_layers)
-        }
+        self.moe_layers_in(0..self.layers)
     }
     /// Layers whose MLP is dense.
     pub fn dense_mlp_layers(&self) -> u64 {
         self.layers - self.moe_layers()
+    }
+    /// The decoder layers `range` as a model of their own, for a pipeline stage: `layers` is the
+    /// stage's layer count and every per-layer rule (`dense_layers`, `moe_rule`, `nope_layers`,
+    /// `window_layers`) is re-indexed so the stage's first layer is layer 0. The ends of the model
+    /// (embedding, final norm, head) stay in the spec; which stage holds them is the caller's.
+    pub fn stage(&self, range: Range<u64>) -> ModelSpec {
+        let end = range.end.min(self.layers);
+        let start = range.start.min(end);
+        let mut s = self.clone();
+        s.layers = end - start;
+        s.dense_layers = self.dense_layers.clamp(start, end) - start;
+        s.moe_rule = self.moe_rule.stage(start..end);
+        s.nope_layers = self.nope_layers.stage(start..end);
+        s.window_layers = self.window_layers.stage(start..end);
+        s
+    }
+    /// The architectural features this model uses beyond a uniform pre-2025 decoder, named for
+    /// messages ("… is not measured yet"): empty for every family before issue 10.
+    pub fn features(&self) -> Vec<&'static str> {
+        let mut f = Vec::new();
+        let mut add = |on: bool, name| {
+            if on {
+                f.push(name)
+            }
+        };
+        add(self.is_mla(), "multi-head latent attention (MLA)");
+        add(self.attn_sinks, "attention sinks");
+        add(self.qk_l2_norm, "L2 q/k norm");
+        add(self.nope_layers.count(self.layers) > 0, "NoPE layers");
+        add(self.window_layers.count(self.layers) > 0, "sliding-window or chunked attention layers");
+        add(self.experts > 0 && self.moe_rule != LayerRule::All, "interleaved dense and MoE layers");
+        add(self.experts > 0 && self.router != Router::Softmax, "a router other than softmax-then-top-k");
+        add(self.experts > 0 && self.router_bias, "a router bias");
+        add(self.experts > 0 && self.router_fp32, "an fp32 router");
+        add(self.experts > 0 && self.router_groups > 1, "group-limited expert routing");
+        add(self.experts > 0 && self.expert_bias, "expert biases");
+        add(self.experts > 0 && self.experts_in_out, "experts stored [E, in, out]");
+        add(self.experts > 0 && self.moe_all_experts, "every expert computing every token");
+        add(self.act == Activation::SwigluClamped, "clamped SwiGLU");
+        f
     }
     /// Width of the token embedding (`embed_proj` when OPT projects it).
     pub fn embed_width(&self) -> u64 {
@@ -364,7 +764,9 @@ impl ModelSpec {
         }
 
         // Attention, per layer.
-        if self.fused_qkv {
+        if self.is_mla() {
+            self.push_mla(&mut g);
+        } else if self.fused_qkv {
             push(&mut g, "layers.*.attn.qkv_proj.weight", vec![qw + 2 * kvw, h], l, Part::Attention, Split::Column, Some(Linear::Qkv));
             if self.qkv_bias {
                 push(&mut g, "layers.*.attn.qkv_proj.bias", vec![qw + 2 * kvw], l, Part::Attention, Split::Column, None);
@@ -379,9 +781,15 @@ impl ModelSpec {
                 push(&mut g, "layers.*.attn.v_proj.bias", vec![kvw], l, Part::Attention, Split::Column, None);
             }
         }
-        push(&mut g, "layers.*.attn.o_proj.weight", vec![h, qw], l, Part::Attention, Split::Row, Some(Linear::O));
-        if self.o_bias {
-            push(&mut g, "layers.*.attn.o_proj.bias", vec![h], l, Part::Attention, Split::Replicated, None);
+        if !self.is_mla() {
+            push(&mut g, "layers.*.attn.o_proj.weight", vec![h, qw], l, Part::Attention, Split::Row, Some(Linear::O));
+            if self.o_bias {
+                push(&mut g, "layers.*.attn.o_proj.bias", vec![h], l, Part::Attention, Split::Replicated, None);
+            }
+        }
+        if self.attn_sinks {
+            // gpt-oss: `sinks` [a], one logit per head (split with the heads).
+            push(&mut g, "layers.*.attn.sinks", vec![self.heads], l, Part::Attention, Split::Column, None);
         }
         let norm_bias = self.norm == NormKind::Layernorm;
         match self.qk_norm {
@@ -438,6 +846,9 @@ impl ModelSpec {
                 linear: None,
                 per_layer: 0,
             });
+            if self.router_bias {
+                push(&mut g, "layers.*.mlp.router.bias", vec![e], ml, Part::Router, Split::Replicated, None);
+            }
             let per = if self.fused_experts { 1 } else { e };
             let expert = |name, shape: Vec<u64>, linear, split| TensorGroup {
                 name,
@@ -450,12 +861,23 @@ impl ModelSpec {
                 per_layer: 0,
             };
             if self.fused_experts {
-                g.push(expert("layers.*.mlp.experts.gate_up_proj", vec![e, 2 * fe, h], Linear::GateUp, Split::Column));
+                // transformers 5 stacks the experts: [E, out, in], or [E, in, out] applied as x @ W
+                // (modeling_gpt_oss.py `GptOssExperts`, modeling_llama4.py `Llama4TextExperts`).
+                let (gate_up, down) =
+                    if self.experts_in_out { (vec![e, h, 2 * fe], vec![e, fe, h]) } else { (vec![e, 2 * fe, h], vec![e, h, fe]) };
+                g.push(expert("layers.*.mlp.experts.gate_up_proj", gate_up, Linear::GateUp, Split::Column));
+                g.push(expert("layers.*.mlp.experts.down_proj", down, Linear::Down, Split::Row));
             } else {
                 g.push(expert("layers.*.mlp.experts.*.gate_proj.weight", vec![e, fe, h], Linear::Gate, Split::Column));
                 g.push(expert("layers.*.mlp.experts.*.up_proj.weight", vec![e, fe, h], Linear::Up, Split::Column));
+                g.push(expert("layers.*.mlp.experts.down_proj", vec![e, h, fe], Linear::Down, Split::Row));
             }
-            g.push(expert("layers.*.mlp.experts.down_proj", vec![e, h, fe], Linear::Down, Split::Row));
+            if self.expert_bias {
+                // gpt-oss: `gate_up_proj_bias` [E, 2·f_e], `down_proj_bias` [E, h].
+                let bias = |name, shape, split| TensorGroup { linear: None, ..expert(name, shape, Linear::Down, split) };
+                g.push(bias("layers.*.mlp.experts.gate_up_proj_bias", vec![e, 2 * fe], Split::Column));
+                g.push(bias("layers.*.mlp.experts.down_proj_bias", vec![e, h], Split::Replicated));
+            }
             if self.shared_experts > 0 {
                 self.push_mlp(&mut g, self.shared_ffn * self.shared_experts, ml, Part::SharedExperts);
                 if self.shared_gate {
@@ -502,6 +924,40 @@ impl ModelSpec {
             t.per_layer = if t.part == Part::Norms { self.layer_norms } else { 1 };
         }
         g
+    }
+
+    /// MLA's attention tensors (modeling_deepseek_v3.py, `DeepseekV3Attention.__init__`; V2 is
+    /// identical). Tensor parallelism follows transformers' plan (`base_model_tp_plan`): the
+    /// down-projections `q_a_proj` and `kv_a_proj_with_mqa` are whole on every rank, the
+    /// up-projections column-parallel, `o_proj` row-parallel.
+    fn push_mla(&self, g: &mut Vec<TensorGroup>) {
+        let (h, l, a) = (self.hidden, self.layers, self.heads);
+        let (rq, rkv, dr, dv) = (self.q_lora_rank, self.kv_lora_rank, self.qk_rope_dim, self.v_head_dim);
+        let mut add = |name, shape: Vec<u64>, split, linear| {
+            if shape.iter().all(|&d| d > 0) {
+                g.push(TensorGroup { name, shape, count: l, tensors_per_instance: 1, part: Part::Attention, split, linear, per_layer: 0 });
+            }
+        };
+        if rq > 0 {
+            add("layers.*.attn.q_a_proj.weight", vec![rq, h], Split::Replicated, Some(Linear::Q));
+            if self.qkv_bias {
+                add("layers.*.attn.q_a_proj.bias", vec![rq], Split::Replicated, None);
+            }
+            add("layers.*.attn.q_a_layernorm.weight", vec![rq], Split::Replicated, None);
+            add("layers.*.attn.q_b_proj.weight", vec![a * self.head_dim, rq], Split::Column, Some(Linear::Q));
+        } else {
+            add("layers.*.attn.q_proj.weight", vec![a * self.head_dim, h], Split::Column, Some(Linear::Q));
+        }
+        add("layers.*.attn.kv_a_proj_with_mqa.weight", vec![rkv + dr, h], Split::Replicated, Some(Linear::K));
+        if self.qkv_bias {
+            add("layers.*.attn.kv_a_proj_with_mqa.bias", vec![rkv + dr], Split::Replicated, None);
+        }
+        add("layers.*.attn.kv_a_layernorm.weight", vec![rkv], Split::Replicated, None);
+        add("layers.*.attn.kv_b_proj.weight", vec![a * (self.qk_nope_dim() + dv), rkv], Split::Column, Some(Linear::V));
+        add("layers.*.attn.o_proj.weight", vec![h, a * dv], Split::Row, Some(Linear::O));
+        if self.o_bias {
+            add("layers.*.attn.o_proj.bias", vec![h], Split::Replicated, None);
+        }
     }
 
     fn push_mlp(&self, g: &mut Vec<TensorGroup>, f: u64, count: u64, part: Part) {
@@ -587,7 +1043,7 @@ impl ModelSpec {
                 return Err(ModelError::Zero(key));
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ModelError::Invalid {
                 key: "kv_heads",
                 reason: format!("{} query heads cannot be grouped over {} key/value heads", self.heads, self.kv_heads),
@@ -606,7 +1062,7 @@ impl ModelSpec {
             if self.dense_layers > self.layers {
                 return Err(ModelError::Invalid { key: "dense_layers", reason: format!("exceeds the {} layers", self.layers) });
             }
-            if self.dense_layers > 0 && self.ffn == 0 {
+            if self.dense_mlp_layers() > 0 && self.ffn == 0 {
                 return Err(ModelError::Zero("ffn"));
             }
         }
@@ -615,6 +1071,46 @@ impl ModelSpec {
         }
         if self.rotary_pct > 100 {
             return Err(ModelError::Invalid { key: "rotary_pct", reason: "is a percentage (0–100)".into() });
+        }
+        if self.is_mla() {
+            if self.qk_rope_dim == 0 || self.qk_rope_dim > self.head_dim {
+                return Err(ModelError::Invalid {
+                    key: "qk_rope_dim",
+                    reason: format!("must be between 1 and the {} dims of an MLA query/key head", self.head_dim),
+                });
+            }
+            if self.v_head_dim == 0 {
+                return Err(ModelError::Zero("v_head_dim"));
+            }
+            if self.kv_heads != self.heads {
+                return Err(ModelError::Invalid {
+                    key: "kv_heads",
+                    reason: format!("must equal the {} query heads under MLA (kv_b_proj expands keys and values per head)", self.heads),
+                });
+            }
+        }
+        for (key, rule) in [("moe_rule", &self.moe_rule), ("nope_layers", &self.nope_layers), ("window_layers", &self.window_layers)] {
+            rule.check().map_err(|reason| ModelError::Invalid { key, reason })?;
+        }
+        if self.window == 0 && self.window_layers.count(self.layers) > 0 {
+            return Err(ModelError::Zero("window"));
+        }
+        if self.experts > 0 && self.router_groups > 1 {
+            if !self.experts.is_multiple_of(self.router_groups) {
+                return Err(ModelError::Invalid {
+                    key: "router_groups",
+                    reason: format!("{} experts do not split into {} groups", self.experts, self.router_groups),
+                });
+            }
+            if self.router_group_topk == 0 || self.router_group_topk > self.router_groups {
+                return Err(ModelError::Invalid {
+                    key: "router_group_topk",
+                    reason: format!("must be between 1 and the {} groups", self.router_groups),
+                });
+            }
+        }
+        if self.act == Activation::SwigluClamped && self.mlp != MlpKind::Gated {
+            return Err(ModelError::Invalid { key: "act", reason: "the clamped SwiGLU needs a gated MLP".into() });
         }
         // Sizes beyond these are typos, and keep every product far inside u64.
         let limits = [
@@ -630,6 +1126,13 @@ impl ModelSpec {
             ("shared_experts", self.shared_experts, 1 << 8),
             ("max_pos", self.max_pos, 1 << 26),
             ("embed_proj", self.embed_proj, 1 << 20),
+            ("q_lora_rank", self.q_lora_rank, 1 << 20),
+            ("kv_lora_rank", self.kv_lora_rank, 1 << 20),
+            ("qk_rope_dim", self.qk_rope_dim, 1 << 14),
+            ("v_head_dim", self.v_head_dim, 1 << 14),
+            ("window", self.window, 1 << 26),
+            ("router_groups", self.router_groups, 1 << 12),
+            ("router_group_topk", self.router_group_topk, 1 << 12),
         ];
         for (key, v, max) in limits {
             if v > max {
@@ -713,6 +1216,25 @@ mod tests {
             softmax_fp32: false,
             resid_dropout: true,
             embed_dropout: true,
+            q_lora_rank: 0,
+            kv_lora_rank: 0,
+            qk_rope_dim: 0,
+            v_head_dim: 0,
+            attn_sinks: false,
+            qk_l2_norm: false,
+            nope_layers: LayerRule::None,
+            window_layers: LayerRule::None,
+            window: 0,
+            window_kind: WindowKind::Sliding,
+            moe_rule: LayerRule::All,
+            router: Router::Softmax,
+            router_bias: false,
+            router_fp32: false,
+            router_groups: 0,
+            router_group_topk: 0,
+            expert_bias: false,
+            experts_in_out: false,
+            moe_all_experts: false,
         }
     }
 
@@ -760,5 +1282,196 @@ mod tests {
         assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "kv_heads", .. })));
         m.kv_heads = 0;
         assert_eq!(m.validate(), Err(ModelError::Zero("kv_heads")));
+    }
+
+    /// A toy MLA model (DeepSeek-V3's layout at toy sizes), counted by hand below.
+    fn toy_mla() -> ModelSpec {
+        ModelSpec {
+            vocab: 10,
+            hidden: 8,
+            layers: 2,
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 4, // d_nope 3 + d_r 1
+            ffn: 6,
+            mlp: MlpKind::Gated,
+            act: Activation::Silu,
+            norm: NormKind::Rmsnorm,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            tied: false,
+            positions: Positions::Rope,
+            rotary_pct: 100,
+            fused_qkv: false,
+            resid_dropout: false,
+            embed_dropout: false,
+            softmax_fp32: true,
+            q_lora_rank: 4,
+            kv_lora_rank: 2,
+            qk_rope_dim: 1,
+            v_head_dim: 3,
+            ..toy_gpt2()
+        }
+    }
+
+    #[test]
+    fn a_toy_mla_model_counts_what_was_worked_out_by_hand() {
+        // Per layer: q_a_proj 4×8 = 32, q_a_layernorm 4, q_b_proj (2·4)×4 = 32,
+        // kv_a_proj_with_mqa (2 + 1)×8 = 24, kv_a_layernorm 2, kv_b_proj 2·(3 + 3)×2 = 24,
+        // o_proj 8×(2·3) = 48 → 166; gated MLP 3×8×6 = 144; two RMSNorms 16 → 326; × 2 = 652.
+        // Embedding 80 + final norm 8 + untied head 80 → 820.
+        let m = toy_mla();
+        assert_eq!(m.validate(), Ok(()));
+        let c = m.counts();
+        assert_eq!(c.total, 820);
+        // 7 attention + 3 MLP + 2 norms per layer, × 2, + embedding, final norm, head.
+        assert_eq!(c.tensors, 12 * 2 + 3);
+        assert_eq!((m.q_width(), m.kv_width(), m.v_width(), m.o_width(), m.qk_nope_dim(), m.rope_dims()), (8, 8, 6, 6, 3, 1));
+    }
+
+    #[test]
+    fn mla_without_query_compression_has_one_plain_query_projection() {
+        // DeepSeek-V2-Lite: q_proj [a·d, h] = 8×8 = 64 replaces q_a (32) + norm (4) + q_b (32).
+        let m = ModelSpec { q_lora_rank: 0, ..toy_mla() };
+        assert_eq!(m.counts().total, 820 - 2 * (32 + 4 + 32 - 64));
+        assert_eq!(m.counts().tensors, 10 * 2 + 3);
+    }
+
+    #[test]
+    fn a_toy_gpt_oss_counts_biases_sinks_and_biased_experts() {
+        // Per layer: q 4×4 + 4, k 2×4 + 2, v 2×4 + 2, o 4×4 + 4, sinks 2 → 62;
+        // router 3×4 + 3 = 15; experts gate_up 3×4×10 + 3×10, down 3×5×4 + 3×4 → 222;
+        // norms 8 → 307; × 2 = 614. Embedding 40 + final norm 4 + head 40 → 698.
+        let m = ModelSpec {
+            vocab: 10,
+            hidden: 4,
+            layers: 2,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 2,
+            ffn: 0,
+            mlp: MlpKind::Gated,
+            act: Activation::SwigluClamped,
+            norm: NormKind::Rmsnorm,
+            fused_qkv: false,
+            mlp_bias: false,
+            tied: false,
+            positions: Positions::Rope,
+            experts: 3,
+            top_k: 1,
+            expert_ffn: 5,
+            fused_experts: true,
+            experts_in_out: true,
+            expert_bias: true,
+            router: Router::TopkSoftmax,
+            router_bias: true,
+            attn_sinks: true,
+            ..toy_gpt2()
+        };
+        assert_eq!(m.validate(), Ok(()));
+        let c = m.counts();
+        assert_eq!(c.total, 698);
+        // Each expert's share of a layer is 222 / 3 = 74; two of three idle in each of 2 layers.
+        assert_eq!(c.active, 698 - 2 * 2 * 74);
+        // 9 attention + 2 router + 4 expert + 2 norms per layer, + 3 at the ends.
+        assert_eq!(c.tensors, 17 * 2 + 3);
+        let gate_up = m.tensors().into_iter().find(|t| t.name.ends_with("experts.gate_up_proj")).map(|t| t.shape);
+        assert_eq!(gate_up, Some(vec![3, 4, 10]), "stored [E, in, out]");
+    }
+
+    #[test]
+    fn layer_rules_count_any_range_exactly_as_checking_each_layer() {
+        let rules = [
+            LayerRule::None,
+            LayerRule::All,
+            LayerRule::FirstK(3),
+            LayerRule::Every { step: 4, offset: 3 },
+            LayerRule::AllBut { step: 6, offset: 5 },
+            LayerRule::List(vec![0, 5, 6, 11]),
+        ];
+        for rule in &rules {
+            for a in 0..14 {
+                for b in a..14 {
+                    let by_layer = (a..b).filter(|&i| rule.contains(i)).count() as u64;
+                    assert_eq!(rule.count_in(a..b), by_layer, "{rule} on {a}..{b}");
+                    // A pipeline stage's re-indexed rule counts the same layers.
+                    assert_eq!(rule.stage(a..b).count(b - a), by_layer, "{rule} staged on {a}..{b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flags_compress_to_the_shortest_rule_that_states_them() {
+        let of = |f: &dyn Fn(u64) -> bool, n: u64| LayerRule::from_flags(&(0..n).map(f).collect::<Vec<_>>());
+        assert_eq!(of(&|_| false, 8), LayerRule::None);
+        assert_eq!(of(&|_| true, 8), LayerRule::All);
+        assert_eq!(of(&|i| i < 3, 8), LayerRule::FirstK(3));
+        // Llama 4 Maverick's MoE layers; Gemma 3's sliding layers; SmolLM3's NoPE layers.
+        assert_eq!(of(&|i| i % 2 == 1, 48), LayerRule::Every { step: 2, offset: 1 });
+        assert_eq!(of(&|i| (i + 1) % 6 != 0, 34), LayerRule::AllBut { step: 6, offset: 5 });
+        assert_eq!(of(&|i| (i + 1) % 4 == 0, 36), LayerRule::Every { step: 4, offset: 3 });
+        assert_eq!(of(&|i| i == 2 || i == 3 || i == 7, 9), LayerRule::List(vec![2, 3, 7]));
+    }
+
+    #[test]
+    fn layer_rules_read_back_what_they_write() {
+        for rule in [
+            LayerRule::None,
+            LayerRule::All,
+            LayerRule::FirstK(3),
+            LayerRule::Every { step: 2, offset: 1 },
+            LayerRule::AllBut { step: 6, offset: 5 },
+            LayerRule::List(vec![1, 4]),
+        ] {
+            assert_eq!(LayerRule::parse(&rule.to_string()), Ok(rule.clone()));
+        }
+        assert!(LayerRule::parse("every:2:2").is_err(), "offset must be below the step");
+        assert!(LayerRule::parse("list:3,1").is_err(), "lists ascend");
+        assert!(LayerRule::parse("sometimes").is_err());
+    }
+
+    #[test]
+    fn interleaved_moe_layers_sit_where_the_rule_says_and_stages_stay_exact() {
+        // Maverick-like: 4 layers, MoE on the odd ones.
+        let mut m = toy_gpt2();
+        m.layers = 4;
+        m.mlp = MlpKind::Gated;
+        m.experts = 2;
+        m.top_k = 1;
+        m.expert_ffn = 8;
+        m.moe_rule = LayerRule::Every { step: 2, offset: 1 };
+        assert_eq!(m.validate(), Ok(()));
+        assert_eq!((m.moe_layers(), m.dense_mlp_layers()), (2, 2));
+        assert!(!m.is_moe_layer(0) && m.is_moe_layer(1) && !m.is_moe_layer(2) && m.is_moe_layer(3));
+        assert_eq!(m.moe_layers_in(0..1), 0);
+        assert_eq!(m.moe_layers_in(1..3), 1);
+        // The stage of layers 1..4 starts with an MoE layer: its rule is every:2:0.
+        let s = m.stage(1..4);
+        assert_eq!((s.layers, s.moe_layers(), s.dense_mlp_layers()), (3, 2, 1));
+        assert!(s.is_moe_layer(0));
+        // first_k_dense_replace composes with the rule: layer 1 becomes dense.
+        m.dense_layers = 2;
+        assert_eq!(m.moe_layers(), 1);
+        assert_eq!(m.stage(0..2).moe_layers(), 0);
+    }
+
+    #[test]
+    fn mla_validation_names_the_offending_key() {
+        let m = ModelSpec { kv_heads: 1, ..toy_mla() };
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "kv_heads", .. })));
+        let m = ModelSpec { qk_rope_dim: 0, ..toy_mla() };
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "qk_rope_dim", .. })));
+        let m = ModelSpec { nope_layers: LayerRule::Every { step: 0, offset: 0 }, ..toy_gpt2() };
+        assert!(matches!(m.validate(), Err(ModelError::Invalid { key: "nope_layers", .. })));
+        let m = ModelSpec { window_layers: LayerRule::All, window: 0, ..toy_gpt2() };
+        assert_eq!(m.validate(), Err(ModelError::Zero("window")));
+    }
+
+    #[test]
+    fn only_the_new_architectures_name_features_beyond_a_uniform_decoder() {
+        assert!(toy_gpt2().features().is_empty());
+        assert_eq!(toy_mla().features(), vec!["multi-head latent attention (MLA)"]);
     }
 }

@@ -1,64 +1,206 @@
-//! Framework overhead: memory no formula of the model explains but every run pays. Each is a
-//! named assumption with a default the user can change (`cuda_ctx_mib`, `nccl_mib`,
-//! `frag_pct`, `prefetch_layers`).
+//! Framework overhead: memory no formula of the model explains but every run pays, and what makes
+//! `nvidia-smi` show more than `torch.cuda.memory_allocated()`: the caching allocator's reserve
+//! (simulated by allocator.rs), cuBLAS workspaces, the CUDA context and NCCL's buffers. Each default
+//! is sourced and can be overridden (`cuda_ctx_mib`, `nccl_mib`, `frag_pct`, `alloc_conf`,
+//! `prefetch_layers`).
 
-use super::config::Config;
+use super::config::{Config, Kernels};
 use super::expr::{Expr, Sym};
 use super::gpu::MIB;
+use super::gpu::{gpu, Gpu, ScaleUp, Vendor};
 use super::ledger::{Bytes, Category, Row};
 use super::model::Part;
 use super::params::{LocalGroup, Role};
 use super::precision::Recipe;
 use super::sharding::Sharding;
 use super::statics::NF4_ELEMENTS_PER_BYTE;
+use std::borrow::Cow;
 
-/// NCCL buffers when `nccl_mib` is automatic and more than one GPU talks: NCCL allocates
-/// `NCCL_BUFFSIZE` = 4 MiB per channel per peer and protocol (docs.nvidia.com/deeplearning/nccl,
-/// "Environment Variables"); with the 16–32 channels NVLink systems open for ring and tree
-/// algorithms, communicators commonly hold a few hundred MiB. 512 MiB is our assumption.
-pub const NCCL_DEFAULT_MIB: u64 = 512;
-
-const CTX: Sym = Sym::new("C", "ctx", "CUDA context and library workspaces, MiB");
+const CTX: Sym = Sym::new("C", "ctx", "CUDA context, MiB");
 const NCCL: Sym = Sym::new("C", "nccl", "NCCL communicator buffers, MiB");
 const MIB_SYM: Sym = Sym::new("MiB", "", "2²⁰ bytes");
 const K_PRE: Sym = Sym::new("k", "pre", "unsharded layers in flight (computing + prefetched)");
 const P_LAYER: Sym = Sym::new("P", "layer", "bytes of one decoder layer's parameters on this GPU");
 const G_LAYER: Sym = Sym::new("G", "layer", "bytes of one decoder layer's gradients before reduce-scatter");
-const FRAG: Sym = Sym::new("f", "frag", "allocator fragmentation, percent");
+const FRAG: Sym = Sym::new("f", "frag", "reserve beyond allocated, percent (your guess)");
 const PEAK: Sym = Sym::new("M", "dyn", "gradients, activations and working buffers allocated at the peak");
 
-/// CUDA context: the driver's per-process state, kernel images (lazily loaded since CUDA 11.7),
-/// and cuBLAS/cuDNN workspaces — not visible to `torch.cuda.memory_allocated()` but taken from
-/// the card. 512 MiB is our default (≈ what `nvidia-smi` shows for an idle PyTorch process on
-/// H100 with CUDA 12); set `cuda_ctx_mib` to what your process shows.
-pub fn cuda_context_bytes(cfg: &Config) -> Row {
-    let e = Expr::prod([Expr::var(CTX, cfg.cuda_ctx_mib), Expr::var(MIB_SYM, MIB)]);
-    Row::new(
-        "cuda_context",
-        "CUDA context + workspaces",
-        Category::FrameworkOverhead,
-        e,
-        "assumption (cuda_ctx_mib); CUDA C++ Programming Guide, lazy loading",
-    )
-    .note("outside PyTorch's allocator; measure it with nvidia-smi on an idle process")
+/// The CUDA context measured on an idle PyTorch process, by the GPU generation it was measured on:
+/// what `nvidia-smi` shows before any tensor exists (the driver's per-process state and the kernel
+/// images loaded lazily since CUDA 11.7). It depends on the CUDA and driver versions and on how many
+/// kernels the run loads more than on the chip, so these are the closest measured figures, not laws.
+pub struct ContextFigure {
+    pub mib: u64,
+    pub source: &'static str,
 }
 
-/// NCCL's communicator buffers (only with more than one GPU).
-pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
-    let mib = cfg.nccl_mib.unwrap_or(if cfg.gpus > 1 { NCCL_DEFAULT_MIB } else { 0 });
-    if mib == 0 {
+/// RTX 3090 (Ampere), torch 2.7.1 + CUDA 12.8, driver 610: a bare context held 256 MiB
+/// (invoke-ai/InvokeAI issue #9413, 2026).
+pub const CONTEXT_AMPERE: ContextFigure =
+    ContextFigure { mib: 256, source: "RTX 3090, torch 2.7.1+cu128: 256 MiB (invoke-ai/InvokeAI #9413)" };
+/// RTX 6000 Ada, torch 2.10 + CUDA 13.0: `torch.cuda.mem_get_info()` alone made 426 MiB appear in
+/// `nvidia-smi` (unslothai/unsloth-zoo PR #1053, 2026) — the newest measurement we found; Hopper and
+/// Blackwell are assumed to be alike (no public measurement found).
+pub const CONTEXT_ADA_AND_NEWER: ContextFigure = ContextFigure {
+    mib: 426,
+    source: "RTX 6000 Ada, torch 2.10+cu130: 426 MiB (unslothai/unsloth-zoo #1053); Hopper/Blackwell assumed alike, unmeasured",
+};
+/// Older NVIDIA generations with lazy loading: "~300 MB" (pytorch/pytorch #107667), "around 400MB
+/// if CUDA >= 11.7" (#109888); 287 MB in the lazy-loading PR (#86509). We take 300 MiB.
+pub const CONTEXT_OLDER: ContextFigure = ContextFigure { mib: 300, source: "~300 MB with lazy loading (pytorch/pytorch #107667, #86509)" };
+/// AMD (ROCm): no public measurement of an idle PyTorch process found; the Ada figure is assumed.
+pub const CONTEXT_AMD: ContextFigure =
+    ContextFigure { mib: 426, source: "ROCm: no public measurement found; assumed equal to the newest NVIDIA figure" };
+
+/// The measured context figure closest to this GPU (a custom GPU: the newest figure).
+pub fn context_figure(gpu: Option<&Gpu>) -> ContextFigure {
+    match gpu.map(|g| (g.vendor, g.compute_capability)) {
+        None => CONTEXT_ADA_AND_NEWER,
+        Some((Vendor::Amd, _)) | Some((_, None)) => CONTEXT_AMD,
+        Some((_, Some(cc))) if cc >= (8, 9) => CONTEXT_ADA_AND_NEWER,
+        Some((_, Some((8, _)))) => CONTEXT_AMPERE,
+        Some(_) => CONTEXT_OLDER,
+    }
+}
+
+/// The configured GPU from the catalog (`None` for `gpu=custom`).
+pub fn configured_gpu(cfg: &Config) -> Option<Gpu> {
+    gpu(&cfg.gpu)
+}
+
+/// Whether the GPUs talk over NVLink/Infinity Fabric (NCCL opens more channels there).
+pub fn has_scale_up_link(cfg: &Config) -> bool {
+    match configured_gpu(cfg) {
+        Some(g) => g.scale_up != ScaleUp::None,
+        None => cfg.gpu_link_gbs > 0.0,
+    }
+}
+
+/// The CUDA context: outside PyTorch's allocator, but taken from the card (`nvidia-smi` counts it,
+/// `torch.cuda.memory_reserved()` does not). `cuda_ctx_mib` overrides the measured figure.
+pub fn cuda_context_bytes(cfg: &Config) -> Row {
+    let fig = context_figure(configured_gpu(cfg).as_ref());
+    let (mib, source, note) = match cfg.cuda_ctx_mib {
+        Some(mib) => (mib, "cuda_ctx_mib (set by the user)", Cow::Borrowed("your figure; outside PyTorch's allocator")),
+        None => (
+            fig.mib,
+            "measured figures by GPU generation; see overhead.rs ContextFigure",
+            Cow::Owned(format!(
+                "{}; outside PyTorch's allocator — set cuda_ctx_mib to what nvidia-smi shows for an idle process",
+                fig.source
+            )),
+        ),
+    };
+    let e = Expr::prod([Expr::var(CTX, mib), Expr::var(MIB_SYM, MIB)]);
+    Row::new("cuda_context", "CUDA context", Category::FrameworkOverhead, e, source).note(note)
+}
+
+/// cuBLAS's workspace when `CUBLAS_WORKSPACE_CONFIG` is unset: `:4096:2:16:8`, two 4 MiB and eight
+/// 16 KiB chunks = 8,519,680 B (aten/src/ATen/cuda/CublasHandlePool.cpp,
+/// `parseChosenWorkspaceSize`).
+pub const CUBLAS_WORKSPACE_BYTES: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+/// … and on compute capability exactly 9.0 (H100, H200): `4096 * 8 * 1024` = 32 MiB (same function:
+/// `sm90 = major == 9 && minor == 0`; Blackwell gets the default above).
+pub const CUBLAS_WORKSPACE_SM90_BYTES: u64 = 4096 * 8 * 1024;
+/// cuBLASLt's own workspace: 1,024 KiB unless `CUBLASLT_WORKSPACE_SIZE` says otherwise
+/// (`parseCUDABlasLtWorkspaceSize`, "default size in KiB according to #73328"); allocated
+/// separately by `getCUDABlasLtWorkspace` unless `TORCH_CUBLASLT_UNIFIED_WORKSPACE=1`.
+pub const CUBLASLT_WORKSPACE_BYTES: u64 = 1024 * 1024;
+/// Threads that issue GEMMs in a training step: the Python thread (forward, optimizer) and
+/// autograd's device thread (backward). Each reserves its own cuBLAS handle from the per-thread
+/// `DeviceThreadHandlePool`, and workspaces are keyed by (handle, stream): two of each.
+pub const CUBLAS_HANDLES_PER_STEP: u64 = 2;
+
+/// One cuBLAS workspace on a GPU of this compute capability (allocated through the caching
+/// allocator, so it is inside `memory_reserved`, and never freed).
+pub fn cublas_workspace_bytes(compute_capability: Option<(u8, u8)>) -> u64 {
+    if compute_capability == Some((9, 0)) {
+        CUBLAS_WORKSPACE_SM90_BYTES
+    } else {
+        CUBLAS_WORKSPACE_BYTES
+    }
+}
+
+const WS: Sym = Sym::new("W", "blas", "one cuBLAS workspace + one cuBLASLt workspace");
+const HANDLES: Sym = Sym::new("n", "h", "cuBLAS handles issuing GEMMs (the Python thread, autograd's device thread)");
+
+/// cuBLAS and cuBLASLt workspaces under `kernels=cuda`: n_h × (W_cuBLAS + W_cuBLASLt). Allocated
+/// through the caching allocator at the first GEMM of each thread and never freed, so they are
+/// inside `memory_allocated` and `memory_reserved`.
+pub fn blas_workspace_bytes(cfg: &Config) -> Option<Row> {
+    if cfg.kernels != Kernels::Cuda {
         return None;
     }
-    let e = Expr::prod([Expr::var(NCCL, mib), Expr::var(MIB_SYM, MIB)]);
+    let cc = configured_gpu(cfg).and_then(|g| g.compute_capability);
+    let one = cublas_workspace_bytes(cc) + CUBLASLT_WORKSPACE_BYTES;
+    let e = Expr::prod([Expr::var(HANDLES, CUBLAS_HANDLES_PER_STEP), Expr::var(WS, one)]);
+    Some(
+        Row::new(
+            "blas_workspaces",
+            "cuBLAS / cuBLASLt workspaces",
+            Category::FrameworkOverhead,
+            e,
+            "aten/src/ATen/cuda/CublasHandlePool.cpp: getChosenWorkspaceSize (8,519,680 B; 32 MiB on sm_90), getCUDABlasLtWorkspace (1 MiB)",
+        )
+        .note("per (cuBLAS handle, stream): the forward/optimizer thread and autograd's backward thread each hold one"),
+    )
+}
+
+/// NCCL's buffers per peer connection and channel, by protocol (NCCL `src/include/device.h` and
+/// `src/init.cc`): Simple = `NCCL_BUFFSIZE` 4 MiB, LL = 524,288 B, LL128 = 4,915,200 B.
+pub const NCCL_SIMPLE_BYTES: u64 = 4 * 1024 * 1024;
+pub const NCCL_LL_BYTES: u64 = 524_288;
+pub const NCCL_LL128_BYTES: u64 = 4_915_200;
+/// Peers a rank keeps buffers for on each channel of a ring: the one it receives from and the one
+/// it sends to.
+pub const NCCL_RING_PEERS: u64 = 2;
+/// Channels NCCL opens for a communicator on an NVLink/NVSwitch node (16) and over PCIe (2): our
+/// assumption from NCCL's topology search defaults (`NCCL_MIN_NCHANNELS`/`NCCL_MAX_NCHANNELS`);
+/// `nccl_mib` overrides the whole row.
+pub const NCCL_CHANNELS_NVLINK: u64 = 16;
+pub const NCCL_CHANNELS_PCIE: u64 = 2;
+
+const COMMS: Sym = Sym::new("n", "comm", "NCCL communicators this GPU is in (data, tensor, pipeline, context, expert groups)");
+const CHANNELS: Sym = Sym::new("n", "ch", "channels per communicator");
+const PEERS: Sym = Sym::new("n", "peer", "peers per channel (ring: previous and next)");
+const PROTO: Sym = Sym::new("B", "proto", "bytes per peer and channel: Simple + LL + LL128 buffers");
+
+/// The process groups a GPU communicates in, each its own NCCL communicator.
+pub fn nccl_communicators(cfg: &Config) -> u64 {
+    [cfg.dp() > 1, cfg.tp > 1, cfg.pp > 1, cfg.cp > 1, cfg.ep > 1].iter().filter(|&&b| b).count() as u64
+}
+
+/// NCCL's communicator buffers, outside PyTorch's allocator: communicators × channels × peers ×
+/// (Simple + LL + LL128) (only with more than one GPU; `nccl_mib` overrides).
+pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
+    let nvlink = has_scale_up_link(cfg);
+    if let Some(mib) = cfg.nccl_mib {
+        if mib == 0 {
+            return None;
+        }
+        let e = Expr::prod([Expr::var(NCCL, mib), Expr::var(MIB_SYM, MIB)]);
+        return Some(
+            Row::new("nccl_buffers", "NCCL buffers", Category::FrameworkOverhead, e, "nccl_mib (set by the user)")
+                .note("your figure; outside PyTorch's allocator"),
+        );
+    }
+    let comms = nccl_communicators(cfg);
+    if comms == 0 {
+        return None;
+    }
+    let channels = if nvlink { NCCL_CHANNELS_NVLINK } else { NCCL_CHANNELS_PCIE };
+    let proto = NCCL_SIMPLE_BYTES + NCCL_LL_BYTES + NCCL_LL128_BYTES;
+    let e =
+        Expr::prod([Expr::var(COMMS, comms), Expr::var(CHANNELS, channels), Expr::var(PEERS, NCCL_RING_PEERS), Expr::var(PROTO, proto)]);
     Some(
         Row::new(
             "nccl_buffers",
             "NCCL buffers",
             Category::FrameworkOverhead,
             e,
-            "assumption (nccl_mib); NCCL docs: NCCL_BUFFSIZE = 4 MiB per channel and peer",
+            "NCCL src/init.cc, src/include/device.h: per channel and peer, Simple 4 MiB + LL 512 KiB + LL128 4.69 MiB",
         )
-        .note("outside PyTorch's allocator"),
+        .note("outside PyTorch's allocator; channel counts are NCCL's topology defaults (assumed); set nccl_mib to measure"),
     )
 }
 
@@ -111,23 +253,31 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
     )
 }
 
-/// The caching allocator reserves more than it hands out: blocks are rounded (512 B small,
-/// 2 MiB large segments) and freed blocks of the wrong size cannot be reused, so
-/// `memory_reserved` exceeds `memory_allocated` — commonly by 5–30 %
-/// (c10/cuda/CUDACachingAllocator.cpp; PyTorch "CUDA semantics: memory management").
-/// Modelled as f_frag % of the dynamic allocations at the peak (gradients, activations, working
-/// buffers: what is allocated and freed every step); weights and optimizer states are allocated
-/// once, in large blocks, and waste next to nothing. Default 10 %.
-pub fn fragmentation_bytes(cfg: &Config, peak_dynamic: Bytes) -> Row {
-    let e = Expr::prod([Expr::var(FRAG, cfg.frag_pct), Expr::var(PEAK, peak_dynamic)]).ceil_div(Expr::num(100u8));
+const RESERVE: Sym = Sym::new("R", "res", "reserved minus allocated when reserved memory peaks (simulated)");
+
+/// The caching allocator's reserve beyond what is allocated, at the moment reserved memory peaks
+/// (R_res = reserved − allocated then). Blocks are rounded (512 B; 2 MiB and 20 MiB segments),
+/// freed blocks stay cached, and a request that fits no cached block takes a new segment, so
+/// `memory_reserved` exceeds `memory_allocated` (c10/cuda/CUDACachingAllocator.cpp; replayed by
+/// allocator.rs over the step's event stream with the configuration's `alloc_conf`).
+pub fn reserve_simulated_bytes(reserved_peak: Bytes, allocated_then: Bytes) -> Row {
+    let e = Expr::var(RESERVE, reserved_peak.saturating_sub(allocated_then));
     Row::new(
-        "fragmentation",
-        "Allocator fragmentation",
+        "allocator_reserve",
+        "Caching-allocator reserve (simulated)",
         Category::FrameworkOverhead,
         e,
-        "assumption (frag_pct); c10/cuda/CUDACachingAllocator.cpp",
+        "c10/cuda/CUDACachingAllocator.cpp, replayed by estimator/allocator.rs over the step",
     )
-    .note("reserved but unusable memory of PyTorch's caching allocator; expandable_segments:True lowers it")
+    .note("reserved but not allocated when reserved memory peaks; expandable_segments:True (alloc_conf) lowers it")
+}
+
+/// A flat guess instead of the simulation (`frag_pct` set): f % of the dynamic allocations at the
+/// peak (gradients, activations, working buffers — what is allocated and freed every step).
+pub fn reserve_guess_bytes(frag_pct: u64, peak_dynamic: Bytes) -> Row {
+    let e = Expr::prod([Expr::var(FRAG, frag_pct), Expr::var(PEAK, peak_dynamic)]).ceil_div(Expr::num(100u8));
+    Row::new("allocator_reserve", "Caching-allocator reserve (your guess)", Category::FrameworkOverhead, e, "frag_pct (set by the user)")
+        .note("a flat percentage instead of the simulated allocator; set frag_pct=auto to simulate")
 }
 
 #[cfg(test)]
@@ -137,17 +287,46 @@ mod tests {
     #[test]
     fn nccl_buffers_appear_only_with_more_than_one_gpu() {
         assert!(nccl_buffer_bytes(&Config::default()).is_none());
+        // 8 H100s in data parallel: one communicator × 16 NVLink channels × 2 ring peers ×
+        // (4,194,304 + 524,288 + 4,915,200) B = 32 × 9,633,792 = 308,281,344 B (294 MiB).
         let row = nccl_buffer_bytes(&Config { gpus: 8, ..Config::default() });
-        assert_eq!(row.map(|r| r.bytes), Some(512 * MIB));
+        assert_eq!(row.map(|r| r.bytes), Some(308_281_344));
+        // tp = 2 adds a second communicator.
+        let row = nccl_buffer_bytes(&Config { gpus: 8, tp: 2, ..Config::default() });
+        assert_eq!(row.map(|r| r.bytes), Some(2 * 308_281_344));
         let row = nccl_buffer_bytes(&Config { gpus: 8, nccl_mib: Some(0), ..Config::default() });
         assert!(row.is_none());
+        let row = nccl_buffer_bytes(&Config { gpus: 8, nccl_mib: Some(100), ..Config::default() });
+        assert_eq!(row.map(|r| r.bytes), Some(100 * MIB));
     }
 
     #[test]
-    fn fragmentation_is_a_percentage_of_the_allocated_peak() {
-        let cfg = Config { frag_pct: 10, ..Config::default() };
-        assert_eq!(fragmentation_bytes(&cfg, 1000).bytes, 100);
-        assert_eq!(fragmentation_bytes(&cfg, 1001).bytes, 101);
+    fn the_cublas_workspace_is_32_mib_only_on_compute_capability_9_0() {
+        // :4096:2:16:8 = 2 × 4 MiB + 8 × 16 KiB = 8,388,608 + 131,072.
+        assert_eq!(cublas_workspace_bytes(Some((8, 0))), 8_519_680);
+        assert_eq!(cublas_workspace_bytes(Some((9, 0))), 32 << 20);
+        assert_eq!(cublas_workspace_bytes(Some((10, 0))), 8_519_680);
+        // On an H100: 2 handles × (32 MiB + 1 MiB) = 66 MiB.
+        let row = blas_workspace_bytes(&Config::default());
+        assert_eq!(row.map(|r| r.bytes), Some(2 * (33 << 20)));
+        assert!(blas_workspace_bytes(&Config { kernels: Kernels::Cpu, ..Config::default() }).is_none());
+    }
+
+    #[test]
+    fn the_context_is_the_measured_figure_of_the_nearest_generation_unless_set() {
+        let h100 = cuda_context_bytes(&Config::default());
+        assert_eq!(h100.bytes, 426 * MIB);
+        let a100 = cuda_context_bytes(&Config { gpu: "a100-80gb".into(), ..Config::default() });
+        assert_eq!(a100.bytes, 256 * MIB);
+        let mine = cuda_context_bytes(&Config { cuda_ctx_mib: Some(500), ..Config::default() });
+        assert_eq!(mine.bytes, 500 * MIB);
+    }
+
+    #[test]
+    fn the_reserve_guess_is_a_percentage_of_the_allocated_peak() {
+        assert_eq!(reserve_guess_bytes(10, 1000).bytes, 100);
+        assert_eq!(reserve_guess_bytes(10, 1001).bytes, 101);
+        assert_eq!(reserve_simulated_bytes(300, 200).bytes, 100);
     }
 
     #[test]

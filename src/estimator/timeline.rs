@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn every_event_adds_up_its_categories() {
-        let e = estimate(&Config { frag_pct: 10, ..Config::default() }).expect("valid");
+        let e = estimate(&Config { frag_pct: Some(10), ..Config::default() }).expect("valid");
         for ev in &e.timeline.events {
             assert_eq!(ev.bytes, ev.by_category.iter().sum::<Bytes>());
         }

@@ -120,6 +120,7 @@ pub fn profile(prog: &Program, acc: Accumulate, inject_alloc: bool, resident: bo
     run.backward();
     let bwd = seg(&run.sink, s1);
     let s2 = run.sink.mark();
+    run.release_graph();
     if finish {
         run.finish_backward();
     }
@@ -369,6 +370,11 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
         a.apply(Piece::BackwardLayer(i as u32), &piece(k).1.bwd);
     }
     a.apply(Piece::EmbeddingBackward, &pro_prof.bwd);
+    // The graph goes: saved tensors of nodes that never ran, then what the loss held.
+    for k in &keys {
+        a.shift(&piece(k).1.fin);
+    }
+    a.shift(&pro_prof.fin);
     if let Some(e) = epi_prof {
         a.shift(&e.fin);
     }
@@ -443,7 +449,7 @@ mod tests {
     /// Small variants of every preset (the streams of real sizes are long in debug builds):
     /// 3 layers, short sequences, and a spread of recipes, attention, checkpointing, pipeline
     /// stages and optimizer implementations.
-    fn variants() -> Vec<Config> {
+    fn variants() -> Vec<(&'static str, Config)> {
         let mut out = Vec::new();
         for p in presets() {
             let mut arch = p.spec.clone();
@@ -469,10 +475,10 @@ mod tests {
                     batch: 1 + (i as u64 % 2),
                     ..base.clone()
                 };
-                out.push(c.clone());
+                out.push((p.id, c.clone()));
                 if i == 0 {
-                    out.push(Config { pp: 3, gpus: 3, ..c.clone() });
-                    out.push(Config { accum: 4, ..c });
+                    out.push((p.id, Config { pp: 3, gpus: 3, ..c.clone() }));
+                    out.push((p.id, Config { accum: 4, ..c }));
                 }
             }
         }
@@ -483,14 +489,13 @@ mod tests {
     fn the_piecewise_peak_equals_the_materialized_streams_maximum_on_every_preset() {
         let mut bad = Vec::new();
         let mut n = 0;
-        for cfg in variants() {
+        for (name, cfg) in variants() {
             for &stage in stages(cfg.pp) {
                 let (m, f) = numbers_only(|| (materialized(&cfg, stage), fast(&cfg, stage)));
                 n += 1;
                 if m != f {
                     bad.push(format!(
-                        "{} {:?} {:?} {:?} {:?} pp={} accum={} {:?}: stream {m} vs pieces {f}",
-                        cfg.arch.vocab, cfg.precision, cfg.attn, cfg.recompute, cfg.kernels, cfg.pp, cfg.accum, stage
+                        "{name} {:?} {:?} {:?} {:?} pp={} accum={} {:?}: stream {m} vs pieces {f}", cfg.precision, cfg.attn, cfg.recompute, cfg.kernels, cfg.pp, cfg.accum, stage
                     ));
                 }
             }
@@ -509,10 +514,13 @@ mod debug {
     use crate::estimator::params::Stage;
     use crate::estimator::precision::recipe;
 
+    /// `DEBUG_PRESET=<id> cargo test --lib debug_one -- --ignored --nocapture`: the stream's and
+    /// the pieces' peaks of one preset variant (Bf16, eager, CUDA, fused AdamW, b = 2, pp = 1).
     #[test]
     #[ignore]
-    fn debug_pp() {
-        for p in crate::estimator::presets::presets() {
+    fn debug_one() {
+        let want = std::env::var("DEBUG_PRESET").unwrap_or_default();
+        for p in crate::estimator::presets::presets().into_iter().filter(|p| p.id == want) {
             let mut arch = p.spec.clone();
             arch.layers = arch.layers.min(3);
             arch.dense_layers = arch.dense_layers.min(1);
@@ -521,43 +529,47 @@ mod debug {
                 model: "custom".into(),
                 arch,
                 seq: 128,
-                batch: 1,
-                pp: 3,
-                gpus: 3,
+                batch: 2,
                 precision: crate::estimator::config::Precision::Bf16,
-                kernels: crate::estimator::config::Kernels::Cpu,
-                optim_impl: crate::estimator::config::OptimImpl::Forloop,
+                attn: crate::estimator::config::Attention::Eager,
+                kernels: crate::estimator::config::Kernels::Cuda,
+                optim_impl: crate::estimator::config::OptimImpl::Fused,
                 ..Config::default()
             };
             numbers_only(|| {
                 let r = recipe(cfg.precision);
-                let s = super::super::model::simulate_stage(&cfg, &r, Stage::Middle, Default::default(), 0);
+                let s = super::super::model::simulate_stage(&cfg, &r, Stage::Whole, Default::default(), 0);
                 let pe = s.events.iter().max_by_key(|e| e.live).unwrap();
-                let setup = Setup::new(&cfg, &r, Stage::Middle);
+                let setup = Setup::new(&cfg, &r, Stage::Whole);
                 let f = super::stage(&setup, 0);
-                if f.peak != pe.live {
-                    println!(
-                        "{}: stream peak {} at {}; pieces {} at {:?}",
-                        p.id,
-                        pe.live,
-                        pe.label(),
-                        f.peak,
-                        f.at.map(|a| super::super::label(&a))
-                    );
-                    for c in &f.segments {
-                        println!("   {:?} {}", c.piece, c.live);
-                    }
-                    let mut last = 0;
-                    for e in &s.events {
-                        if e.phase != last_phase(e) {}
-                        last = e.live;
-                    }
-                    let _ = last;
+                println!("{}: stream peak {} at {}; pieces {} at {:?}", p.id, pe.live, pe.label(), f.peak, f.at.map(|a| super::super::label(&a)));
+                for c in &f.segments {
+                    println!("   {:?} {}", c.piece, c.live);
                 }
+                let mut seen0 = false;
+                for e in &s.events {
+                    if e.phase == crate::estimator::step::Phase::Backward && e.layer == Some(0) {
+                        seen0 = true;
+                    }
+                    if seen0 && e.layer != Some(0) {
+                        println!("   late {:?} {} live {} {}", e.kind, e.bytes, e.live, e.label());
+                    }
+                }
+                let mut phase = None;
+                let mut m = 0;
+                for e in &s.events {
+                    let key = (e.phase, e.layer);
+                    if phase != Some(key) {
+                        if let Some(k) = phase {
+                            println!("   stream {:?} max {m}", k);
+                        }
+                        phase = Some(key);
+                        m = 0;
+                    }
+                    m = m.max(e.live);
+                }
+                println!("   stream {:?} max {m}", phase);
             });
         }
-    }
-    fn last_phase(e: &crate::estimator::step::Event) -> crate::estimator::step::Phase {
-        e.phase
     }
 }

@@ -579,6 +579,7 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
     run.end_forward();
     run.inject(true);
     run.backward();
+    run.release_graph();
     run.finish_backward();
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();

@@ -90,6 +90,8 @@ pub struct Run<'p, S: Sink> {
     region_last_save: Vec<u32>,
     recomputed: Vec<bool>,
     injected: Vec<u32>,
+    /// Ops whose node never ran in backward but saved tensors (freed with the graph).
+    skipped: Vec<usize>,
     /// Gradients exist before this micro-batch (accumulation): AccumulateGrad adds in place.
     resident_grads: bool,
     /// Storages held until the forward pass ends.
@@ -183,6 +185,7 @@ impl<'p, S: Sink> Run<'p, S> {
             region_last_save,
             recomputed: vec![false; p.regions.len()],
             injected: Vec::new(),
+            skipped: Vec::new(),
             resident_grads: false,
             fwd_end,
         }
@@ -412,7 +415,7 @@ impl<'p, S: Sink> Run<'p, S> {
         self.backward = true;
         let mut temps: Vec<u32> = Vec::with_capacity(8);
         let mut deliver: Vec<(Tid, u32)> = Vec::with_capacity(8);
-        let mut skipped: Vec<usize> = Vec::new();
+        let mut skipped = std::mem::take(&mut self.skipped);
         for i in (0..p.ops.len()).rev() {
             let op = &p.ops[i];
             let r = self.region_of[i];
@@ -484,9 +487,15 @@ impl<'p, S: Sink> Run<'p, S> {
                 self.give(t, g, &at);
             }
         }
-        // The graph is freed: saved tensors of nodes that never ran, regions never re-run.
+        self.skipped = skipped;
+    }
+
+    /// The graph is freed when backward ends: the saved tensors of nodes that never ran and
+    /// the inputs held by checkpoint regions that never re-ran.
+    pub fn release_graph(&mut self) {
+        let p = self.p;
         let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
-        for i in skipped {
+        for i in std::mem::take(&mut self.skipped) {
             let r = self.region_of[i];
             if r == NONE || self.recomputed[r as usize] {
                 self.release_saved(i, &at);

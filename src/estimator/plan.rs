@@ -1,0 +1,1714 @@
+//! The planner: every configuration of a space that fits, ranked by the cost model; the Pareto
+//! frontier of memory headroom against estimated step time; why the best plan sets each knob
+//! where it does; and, for a configuration that does not fit, the cheapest single changes that
+//! make it fit.
+//!
+//! # Exact, with safe pruning
+//! Whether a configuration fits is decided by [`estimate`] and nothing else (through [`fits`],
+//! the one function to change when the verdict moves to reserved memory). The search skips an
+//! estimate only when a *verified* monotonicity proves the configuration cannot fit. It uses
+//! exactly these properties of [`measure`] (the memory the verdict compares), each checked by
+//! property tests in `tests/plan.rs` over random presets and knobs:
+//!
+//! - **M1, micro-batch**: with everything else fixed (accumulation included), memory never
+//!   decreases when the micro-batch grows.
+//! - **M2, accumulation**: with everything else fixed, memory never decreases when the
+//!   accumulation steps grow (gradients stay resident; pipelines hold more micro-batches).
+//! - **C, sharding and saving chains**: memory never increases one step down each chain of
+//!   [`memory_chain_below`]: ZeRO 0 → 1 → 2 (and FSDP `SHARD_GRAD_OP`), FSDP `HYBRID_SHARD` →
+//!   `FULL_SHARD`, offload none → optimizer → optimizer + parameters, recomputation
+//!   none → selective, attention eager → SDPA = flash from [`EAGER_CHAIN_MIN_SEQ`] tokens on
+//!   (SDPA and flash each below the other: the same memory), sequence parallelism off → on.
+//!
+//! What is *not* used, because the estimator breaks it: `HYBRID_SHARD` → DeepSpeed ZeRO-3 (the
+//! property test found GPT-2 on 2 × 2 GPUs where ZeRO-3's 500 M-element reduce bucket outweighs
+//! what it shards beyond hybrid sharding; FSDP has no such bucket), ZeRO-2 → ZeRO-3 (ZeRO-3 adds
+//! gathered layers and prefetch buffers: for small models on few GPUs it holds more) and
+//! selective → full recomputation (full recomputation re-materializes a layer at a time, which
+//! can exceed what selective keeps for short sequences).
+//!
+//! Rule C also applies point by point: a configuration whose chain neighbour below (same
+//! micro-batch and accumulation) does not fit does not fit either. And when that neighbour fits
+//! and the cost model says it is at least as fast, the configuration is *dominated* — the
+//! neighbour has at least its headroom (C) and no longer a step — and, unless
+//! [`PlanRequest::skip_dominated`] is off, it is not estimated.
+//!
+//! The target fixes the global batch `G` (sequences), so a micro-batch `b` comes with
+//! `accum = G / (b·dp)`. When `(b, accum)` does not fit, the search estimates the same
+//! configuration at `accum = 1` (the *probe*). If that does not fit either, no larger `b` fits:
+//! `mem(b', a') ≥ mem(b', 1)` (M2) `≥ mem(b, 1)` (M1) `> capacity`. A failed probe also prunes
+//! the same micro-batches of every configuration above it in a chain (C). Pruned configurations
+//! are therefore *proven* not to fit — never merely "probably worse"; the integration tests
+//! check this against brute force.
+//!
+//! # Ranking
+//! Fitting configurations are ranked by [`cost::step_cost`]'s estimated step time (fastest
+//! first; equal times by more headroom). The frontier keeps each configuration no other beats
+//! on both step time and headroom. Both are *estimates*: see [`cost`] for the model and its
+//! assumptions, which every result carries.
+//!
+//! # Slices, progress, cancel
+//! [`Search`] is a stepper: [`Search::step`] runs at most a given number of estimates and
+//! returns [`Progress`], so a UI can run it in slices between frames (or in a worker) and stop
+//! whenever it likes; [`Search::result`] ranks what has been found so far.
+
+use super::config::{Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
+use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
+use super::ledger::{Bytes, Category};
+use super::units::format_bytes;
+use super::{by_category, estimate, validate, Estimate, EstimateError};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// Largest micro-batch the default space tries.
+pub const MAX_MICRO_BATCH: u64 = 64;
+/// Largest pipeline degree the default space tries.
+pub const MAX_DEFAULT_PP: u64 = 16;
+/// Largest context-parallel degree the default space tries (for sequences of at least
+/// [`CP_MIN_SEQ`] tokens).
+pub const MAX_DEFAULT_CP: u64 = 4;
+/// Sequences from this length on get context parallelism in the default space.
+pub const CP_MIN_SEQ: u64 = 8192;
+/// Plans a result lists by default.
+pub const DEFAULT_KEEP: usize = 20;
+/// Changes [`cheapest_fixes`] returns by default.
+pub const DEFAULT_FIXES: usize = 3;
+
+/// The memory the verdict compares with the capacity: the step's peak today, nvidia-smi's total
+/// once issue 11 lands. Every pruning rule is a property of this one figure.
+pub fn measure(e: &Estimate) -> Bytes {
+    e.memory.peak
+}
+
+/// Whether an estimate fits its GPU: the planner's only fit test.
+pub fn fits(e: &Estimate) -> bool {
+    measure(e) <= e.capacity
+}
+
+/// Headroom by [`measure`] (negative: bytes missing).
+pub fn headroom(e: &Estimate) -> i128 {
+    i128::try_from(e.capacity).unwrap_or(i128::MAX) - i128::try_from(measure(e)).unwrap_or(i128::MAX)
+}
+
+/// Why a plan cannot be made; always names the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("`global_batch` must be at least one sequence")]
+    EmptyBatch,
+    #[error("`global_batch_tokens` = {tokens} is not a multiple of `seq` = {seq}")]
+    TokensNotMultipleOfSeq { tokens: u64, seq: u64 },
+    #[error("`{key}` allows no value in the search space")]
+    EmptySpace { key: &'static str },
+    #[error(transparent)]
+    Estimate(#[from] EstimateError),
+    #[error(transparent)]
+    Cost(#[from] CostError),
+}
+
+impl PlanError {
+    /// The key at fault.
+    pub fn key(&self) -> &'static str {
+        match self {
+            PlanError::EmptyBatch => "global_batch",
+            PlanError::TokensNotMultipleOfSeq { .. } => "global_batch_tokens",
+            PlanError::EmptySpace { key } => key,
+            PlanError::Estimate(e) => e.key(),
+            PlanError::Cost(CostError::UnknownGpu(_)) => "gpu",
+            PlanError::Cost(CostError::MissingTflops) => "gpu_tflops",
+            PlanError::Cost(CostError::MissingHbm) => "gpu_hbm_gbs",
+            PlanError::Cost(CostError::Zero { key }) => key,
+        }
+    }
+}
+
+/// The target's global batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GlobalBatch {
+    /// Tokens per optimizer step (a multiple of the sequence length).
+    Tokens(u64),
+    /// Sequences per optimizer step.
+    Sequences(u64),
+}
+
+impl GlobalBatch {
+    /// Sequences per step for sequences of `seq` tokens.
+    pub fn sequences(self, seq: u64) -> Result<u64, PlanError> {
+        let n = match self {
+            GlobalBatch::Sequences(n) => n,
+            GlobalBatch::Tokens(t) => {
+                if seq == 0 || t % seq != 0 {
+                    return Err(PlanError::TokensNotMultipleOfSeq { tokens: t, seq });
+                }
+                t / seq
+            }
+        };
+        if n == 0 {
+            return Err(PlanError::EmptyBatch);
+        }
+        Ok(n)
+    }
+}
+
+/// The values each knob may take. Empty `batch` means every micro-batch up to
+/// [`MAX_MICRO_BATCH`] that divides the global batch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Space {
+    pub batch: Vec<u64>,
+    pub zero: Vec<Zero>,
+    pub recompute: Vec<Recompute>,
+    pub attn: Vec<Attention>,
+    pub optim: Vec<Optimizer>,
+    pub optim_impl: Vec<OptimImpl>,
+    pub offload: Vec<Offload>,
+    pub tp: Vec<u64>,
+    pub pp: Vec<u64>,
+    pub vpp: Vec<u64>,
+    pub cp: Vec<u64>,
+    pub ep: Vec<u64>,
+    pub sp: Vec<bool>,
+    pub finetune: Vec<Finetune>,
+}
+
+impl Space {
+    /// Only what `base` sets (every valid micro-batch).
+    pub fn fixed(base: &Config) -> Space {
+        Space {
+            batch: Vec::new(),
+            zero: vec![base.zero],
+            recompute: vec![base.recompute],
+            attn: vec![base.attn],
+            optim: vec![base.optim],
+            optim_impl: vec![base.optim_impl],
+            offload: vec![base.offload],
+            tp: vec![base.tp],
+            pp: vec![base.pp],
+            vpp: vec![base.vpp],
+            cp: vec![base.cp],
+            ep: vec![base.ep],
+            sp: vec![base.sp],
+            finetune: vec![base.finetune],
+        }
+    }
+
+    /// What `trainmem plan` searches unless told otherwise: the sharding, recomputation and
+    /// model-parallel layouts that do not change what is trained — ZeRO 0–3 (and HSDP across
+    /// nodes), recomputation none/selective/full, tensor parallelism within a node, pipeline
+    /// parallelism up to [`MAX_DEFAULT_PP`], context parallelism for long sequences, expert
+    /// parallelism for MoE models, sequence parallelism with tensor parallelism. Optimizer,
+    /// attention kernel, offload and fine-tuning method stay as configured.
+    pub fn default_for(base: &Config) -> Space {
+        let m = &base.arch;
+        let pow2 = |max: u64| -> Vec<u64> { (0..).map(|i| 1u64 << i).take_while(|&v| v <= max).collect() };
+        let node = base.gpus_per_node.max(1).min(base.gpus.max(1));
+        let tp: Vec<u64> = pow2(node).into_iter().filter(|t| m.heads.is_multiple_of(*t)).collect();
+        let pp: Vec<u64> = pow2(MAX_DEFAULT_PP.min(m.layers).min(base.gpus.max(1))).into_iter().collect();
+        let cp = if base.seq >= CP_MIN_SEQ { pow2(MAX_DEFAULT_CP.min(base.gpus.max(1))) } else { vec![1] };
+        let ep = if m.experts > 0 {
+            pow2(m.experts.min(base.gpus.max(1))).into_iter().filter(|e| m.experts.is_multiple_of(*e)).collect()
+        } else {
+            vec![1]
+        };
+        let mut zero = vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3];
+        if base.gpus > base.gpus_per_node {
+            zero.push(Zero::HybridShard);
+        }
+        Space {
+            batch: Vec::new(),
+            zero,
+            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            attn: vec![base.attn],
+            optim: vec![base.optim],
+            optim_impl: vec![base.optim_impl],
+            offload: vec![base.offload],
+            tp,
+            pp,
+            vpp: vec![1],
+            cp,
+            ep,
+            sp: vec![false, true],
+            finetune: vec![base.finetune],
+        }
+    }
+
+    fn check(&self) -> Result<(), PlanError> {
+        let empty = [
+            ("zero", self.zero.is_empty()),
+            ("recompute", self.recompute.is_empty()),
+            ("attn", self.attn.is_empty()),
+            ("optim", self.optim.is_empty()),
+            ("optim_impl", self.optim_impl.is_empty()),
+            ("offload", self.offload.is_empty()),
+            ("tp", self.tp.is_empty()),
+            ("pp", self.pp.is_empty()),
+            ("vpp", self.vpp.is_empty()),
+            ("cp", self.cp.is_empty()),
+            ("ep", self.ep.is_empty()),
+            ("sp", self.sp.is_empty()),
+            ("finetune", self.finetune.is_empty()),
+        ];
+        match empty.iter().find(|(_, e)| *e) {
+            Some((key, _)) => Err(PlanError::EmptySpace { key }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One point of the space: every knob the planner turns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Knobs {
+    pub batch: u64,
+    pub accum: u64,
+    pub zero: Zero,
+    pub recompute: Recompute,
+    pub attn: Attention,
+    pub optim: Optimizer,
+    pub optim_impl: OptimImpl,
+    pub offload: Offload,
+    pub tp: u64,
+    pub pp: u64,
+    pub vpp: u64,
+    pub cp: u64,
+    pub ep: u64,
+    pub sp: bool,
+    pub finetune: Finetune,
+}
+
+impl std::hash::Hash for Knobs {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // The configuration's enums are fieldless: their discriminants identify them.
+        (self.batch, self.accum, self.tp, self.pp, self.vpp, self.cp, self.ep).hash(state);
+        [
+            self.zero as u8,
+            self.recompute as u8,
+            self.attn as u8,
+            self.optim as u8,
+            self.optim_impl as u8,
+            self.offload as u8,
+            self.sp as u8,
+            self.finetune as u8,
+        ]
+        .hash(state);
+    }
+}
+
+impl Knobs {
+    /// The knobs of a configuration.
+    pub fn of(c: &Config) -> Knobs {
+        Knobs {
+            batch: c.batch,
+            accum: c.accum,
+            zero: c.zero,
+            recompute: c.recompute,
+            attn: c.attn,
+            optim: c.optim,
+            optim_impl: c.optim_impl,
+            offload: c.offload,
+            tp: c.tp,
+            pp: c.pp,
+            vpp: c.vpp,
+            cp: c.cp,
+            ep: c.ep,
+            sp: c.sp,
+            finetune: c.finetune,
+        }
+    }
+
+    /// `base` with these knobs (hybrid sharding groups one node's GPUs).
+    pub fn apply(&self, base: &Config) -> Config {
+        let mut c = base.clone();
+        self.apply_to(&mut c);
+        c
+    }
+
+    fn apply_to(&self, c: &mut Config) {
+        c.batch = self.batch;
+        c.accum = self.accum;
+        c.zero = self.zero;
+        c.recompute = self.recompute;
+        c.attn = self.attn;
+        c.optim = self.optim;
+        c.optim_impl = self.optim_impl;
+        c.offload = self.offload;
+        c.tp = self.tp;
+        c.pp = self.pp;
+        c.vpp = self.vpp;
+        c.cp = self.cp;
+        c.ep = self.ep;
+        c.sp = self.sp;
+        c.finetune = self.finetune;
+        if self.zero == Zero::HybridShard {
+            c.shard_group = c.gpus_per_node.max(1);
+        }
+    }
+
+    /// Data-parallel degree on `gpus`.
+    pub fn dp(&self, gpus: u64) -> u64 {
+        gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)
+    }
+}
+
+/// The knobs whose memory chains the search uses (rule C of the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChainKnob {
+    Zero,
+    Offload,
+    Recompute,
+    Attn,
+    Sp,
+}
+
+/// The configurations one step down `knob`'s memory chain from `g`: configurations that, by the
+/// verified property C, never need more memory than `g`.
+///
+/// `seq` is the sequence length: eager attention is above SDPA only from
+/// [`EAGER_CHAIN_MIN_SEQ`] tokens on (below it, Phi-3's SDPA path keeps its fused QKV output
+/// and a copy — more than eager's small score matrices).
+pub fn memory_chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> Vec<Knobs> {
+    chain_below(knob, g, seq).into_iter().flatten().collect()
+}
+
+/// Shortest sequence from which eager attention never needs less memory than SDPA or flash.
+pub const EAGER_CHAIN_MIN_SEQ: u64 = 256;
+
+/// [`memory_chain_below`] without allocating (the search calls it for every configuration).
+fn chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> [Option<Knobs>; 2] {
+    let with = |f: &dyn Fn(&mut Knobs)| {
+        let mut k = *g;
+        f(&mut k);
+        Some(k)
+    };
+    match knob {
+        ChainKnob::Zero => match g.zero {
+            Zero::Ddp => [with(&|k| k.zero = Zero::Z1), None],
+            Zero::Z1 => [with(&|k| k.zero = Zero::Z2), with(&|k| k.zero = Zero::ShardGradOp)],
+            // HYBRID_SHARD shards within a node only: FULL_SHARD over every rank holds less.
+            Zero::HybridShard => [with(&|k| k.zero = Zero::FullShard), None],
+            _ => [None, None],
+        },
+        ChainKnob::Offload => match g.offload {
+            Offload::None => [with(&|k| k.offload = Offload::Optimizer), None],
+            Offload::Optimizer => [with(&|k| k.offload = Offload::OptimizerParams), None],
+            Offload::OptimizerParams => [None, None],
+        },
+        ChainKnob::Recompute => match g.recompute {
+            Recompute::None => [with(&|k| k.recompute = Recompute::Selective), None],
+            _ => [None, None],
+        },
+        ChainKnob::Attn => match g.attn {
+            Attention::Eager if seq >= EAGER_CHAIN_MIN_SEQ => [with(&|k| k.attn = Attention::Sdpa), with(&|k| k.attn = Attention::Flash)],
+            Attention::Eager => [None, None],
+            // SDPA's fused kernels and flash-attn keep the same tensors: each is "below" the
+            // other (a cycle is harmless: only configurations already settled are consulted).
+            Attention::Sdpa => [with(&|k| k.attn = Attention::Flash), None],
+            Attention::Flash => [with(&|k| k.attn = Attention::Sdpa), None],
+        },
+        ChainKnob::Sp => {
+            if !g.sp && g.tp > 1 {
+                [with(&|k| k.sp = true), None]
+            } else {
+                [None, None]
+            }
+        }
+    }
+}
+
+/// Every chain knob.
+pub const CHAIN_KNOBS: [ChainKnob; 5] = [ChainKnob::Zero, ChainKnob::Offload, ChainKnob::Recompute, ChainKnob::Attn, ChainKnob::Sp];
+
+/// Position of a value in the enumeration: lower-memory values of each chain come first, so a
+/// group's chain neighbours are always searched before it.
+fn zero_order(z: Zero) -> u8 {
+    match z {
+        Zero::Z3 => 0,
+        Zero::FullShard => 1,
+        Zero::HybridShard => 2,
+        Zero::Z2 => 3,
+        Zero::ShardGradOp => 4,
+        Zero::Z1 => 5,
+        Zero::Ddp => 6,
+    }
+}
+fn offload_order(o: Offload) -> u8 {
+    match o {
+        Offload::OptimizerParams => 0,
+        Offload::Optimizer => 1,
+        Offload::None => 2,
+    }
+}
+fn recompute_order(r: Recompute) -> u8 {
+    match r {
+        Recompute::Full => 0,
+        Recompute::Selective => 1,
+        Recompute::None => 2,
+    }
+}
+fn attn_order(a: Attention) -> u8 {
+    match a {
+        Attention::Flash => 0,
+        Attention::Sdpa => 1,
+        Attention::Eager => 2,
+    }
+}
+
+fn sorted_dedup<T: Copy + PartialEq>(v: &[T], key: impl Fn(T) -> u8) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(v.len());
+    for &x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out.sort_by_key(|&x| key(x));
+    out
+}
+
+fn dedup_u64(v: &[u64]) -> Vec<u64> {
+    let mut out = v.to_vec();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A planning request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanRequest {
+    /// The model, precision, GPU, GPU count, cluster and sequence length; the knobs of the
+    /// space override the rest.
+    pub base: Config,
+    pub global_batch: GlobalBatch,
+    pub space: Space,
+    pub assumptions: Assumptions,
+    /// Ranked plans to return (0: all).
+    pub keep: usize,
+    /// Skip configurations proven dominated instead of estimating them (see
+    /// [`Progress::dominated`]); off lists every fitting configuration.
+    pub skip_dominated: bool,
+}
+
+impl PlanRequest {
+    /// A request over [`Space::default_for`] the base.
+    pub fn new(base: Config, global_batch: GlobalBatch) -> PlanRequest {
+        let space = Space::default_for(&base);
+        PlanRequest { base, global_batch, space, assumptions: Assumptions::default(), keep: DEFAULT_KEEP, skip_dominated: true }
+    }
+}
+
+/// A fitting configuration found by the search.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Point {
+    pub knobs: Knobs,
+    /// [`measure`] of its estimate.
+    pub memory: Bytes,
+    pub headroom: i128,
+    /// Estimated step time, seconds.
+    pub step_s: f64,
+    pub tokens_per_s: f64,
+    pub mfu: f64,
+}
+
+/// How far the search is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Progress {
+    /// Configurations in the space (groups × their micro-batches).
+    pub configurations: u64,
+    /// Configurations settled so far (estimated, pruned or invalid).
+    pub settled: u64,
+    /// Estimated and fitting.
+    pub fitting: u64,
+    /// Estimated and not fitting.
+    pub not_fitting: u64,
+    /// Proven not to fit without an estimate of their own (rules M1, M2, C).
+    pub pruned: u64,
+    /// Of which by rule C (a configuration below them in a chain does not fit).
+    pub pruned_by_chain: u64,
+    /// Skipped as dominated (when [`PlanRequest::skip_dominated`]): a configuration below them
+    /// in a chain — so with at least as much headroom, by rule C — fits and is estimated to be
+    /// at least as fast. They may or may not fit; either way they cannot improve the ranking's
+    /// best or the frontier.
+    pub dominated: u64,
+    /// Rejected by the estimator's validation (inconsistent layout) or the cost model.
+    pub invalid: u64,
+    /// Calls of `estimate()`, probes included.
+    pub estimate_calls: u64,
+    /// Of which probes (the same configuration at accumulation 1).
+    pub probe_calls: u64,
+    pub done: bool,
+    pub cancelled: bool,
+}
+
+/// What a settled configuration tells the configurations above it in a chain.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Outcome {
+    /// It does not fit: neither does anything above it (rule C).
+    NoFit,
+    /// A listed plan with at least its headroom and at most this estimated step time (itself,
+    /// or the plan that dominates it).
+    Covered { step_s: f64 },
+}
+
+/// One group of the space: the knobs but the micro-batch, and its candidate micro-batches.
+#[derive(Clone, Debug)]
+struct Group {
+    knobs: Knobs,
+    /// Candidate (micro-batch, accumulation) pairs, micro-batch ascending.
+    batches: Vec<(u64, u64)>,
+    /// Why the whole group is invalid, when it is.
+    invalid: bool,
+}
+
+/// A resumable search (see the module docs).
+pub struct Search {
+    req: PlanRequest,
+    global_seqs: u64,
+    hw: Hardware,
+    fig: ModelFigures,
+    groups: Vec<Group>,
+    gi: usize,
+    bi: usize,
+    /// Smallest micro-batch proven not to fit at accumulation 1, per group.
+    fail_from: HashMap<Knobs, u64>,
+    /// What is known of each settled configuration, for the chains above it.
+    outcomes: HashMap<Knobs, Outcome>,
+    points: Vec<Point>,
+    progress: Progress,
+    scratch: Config,
+}
+
+impl Search {
+    /// Lays out the space; no estimate runs yet.
+    pub fn new(req: PlanRequest) -> Result<Search, PlanError> {
+        req.space.check()?;
+        let global_seqs = req.global_batch.sequences(req.base.seq)?;
+        let hw = cost::hardware(&req.base)?;
+        let fig = ModelFigures::of(&req.base.arch);
+        let groups = enumerate(&req, global_seqs);
+        let configurations = groups.iter().map(|g| g.batches.len().max(1) as u64).sum();
+        let scratch = req.base.clone();
+        Ok(Search {
+            req,
+            global_seqs,
+            hw,
+            fig,
+            groups,
+            gi: 0,
+            bi: 0,
+            fail_from: HashMap::new(),
+            outcomes: HashMap::new(),
+            points: Vec::new(),
+            progress: Progress { configurations, ..Progress::default() },
+            scratch,
+        })
+    }
+
+    /// The request.
+    pub fn request(&self) -> &PlanRequest {
+        &self.req
+    }
+
+    /// Sequences per optimizer step.
+    pub fn global_sequences(&self) -> u64 {
+        self.global_seqs
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.progress
+    }
+
+    /// Stops the search; [`Search::result`] ranks what was found.
+    pub fn cancel(&mut self) {
+        if !self.progress.done {
+            self.progress.cancelled = true;
+            self.progress.done = true;
+        }
+    }
+
+    /// Runs at most `max_estimates` calls of `estimate()` (at least one configuration is settled
+    /// per call of `step` while any remain).
+    pub fn step(&mut self, max_estimates: u64) -> Progress {
+        let budget_end = self.progress.estimate_calls + max_estimates.max(1);
+        while !self.progress.done && self.progress.estimate_calls < budget_end {
+            if self.gi >= self.groups.len() {
+                self.progress.done = true;
+                break;
+            }
+            self.advance();
+        }
+        self.progress
+    }
+
+    /// Runs the whole search.
+    pub fn run(mut self) -> PlanResult {
+        while !self.progress.done {
+            self.step(u64::MAX);
+        }
+        self.result()
+    }
+
+    /// Settles the next configuration (or the rest of a group).
+    fn advance(&mut self) {
+        let g = &self.groups[self.gi];
+        if g.invalid || g.batches.is_empty() {
+            self.progress.invalid += g.batches.len().max(1) as u64;
+            self.progress.settled += g.batches.len().max(1) as u64;
+            self.next_group();
+            return;
+        }
+        let knobs = g.knobs;
+        let (b, accum) = g.batches[self.bi];
+        // Rule C: a group below this one in a chain failed at accumulation 1 from some
+        // micro-batch on; this group's memory is at least as large.
+        let inherited = self.inherited_fail_from(&knobs);
+        if inherited.is_some_and(|f| b >= f) {
+            self.fail_rest_of_group(knobs, b, true);
+            return;
+        }
+        let k = Knobs { batch: b, accum, ..knobs };
+        k.apply_to(&mut self.scratch);
+        // Rule C at this very point: what is known of the configurations below it.
+        let mut cover: Option<f64> = None;
+        for knob in CHAIN_KNOBS {
+            for below in chain_below(knob, &k, self.req.base.seq).into_iter().flatten() {
+                match self.outcomes.get(&below) {
+                    Some(Outcome::NoFit) => {
+                        self.outcomes.insert(k, Outcome::NoFit);
+                        self.progress.pruned += 1;
+                        self.progress.pruned_by_chain += 1;
+                        self.progress.settled += 1;
+                        self.next_batch();
+                        return;
+                    }
+                    Some(Outcome::Covered { step_s }) => cover = Some(cover.map_or(*step_s, |c: f64| c.min(*step_s))),
+                    None => {}
+                }
+            }
+        }
+        if let (true, Some(best)) = (self.req.skip_dominated, cover) {
+            let mine = cost::step_cost_with(&self.scratch, &self.req.assumptions, &self.hw, &self.fig).map(|c| c.step_s);
+            if mine.is_ok_and(|t| best <= t) {
+                self.outcomes.insert(k, Outcome::Covered { step_s: best });
+                self.progress.dominated += 1;
+                self.progress.settled += 1;
+                self.next_batch();
+                return;
+            }
+        }
+        self.progress.estimate_calls += 1;
+        let e = match estimate(&self.scratch) {
+            Ok(e) => e,
+            Err(_) => {
+                self.progress.invalid += 1;
+                self.progress.settled += 1;
+                self.next_batch();
+                return;
+            }
+        };
+        if fits(&e) {
+            match cost::step_cost_with(&self.scratch, &self.req.assumptions, &self.hw, &self.fig) {
+                Ok(c) => {
+                    self.outcomes.insert(k, Outcome::Covered { step_s: c.step_s });
+                    self.points.push(Point {
+                        knobs: k,
+                        memory: measure(&e),
+                        headroom: headroom(&e),
+                        step_s: c.step_s,
+                        tokens_per_s: c.tokens_per_s,
+                        mfu: c.mfu,
+                    });
+                    self.progress.fitting += 1;
+                }
+                Err(_) => self.progress.invalid += 1,
+            }
+            self.progress.settled += 1;
+            self.next_batch();
+            return;
+        }
+        self.outcomes.insert(k, Outcome::NoFit);
+        self.progress.not_fitting += 1;
+        self.progress.settled += 1;
+        // The probe: the same configuration at accumulation 1 (rules M1, M2).
+        let probe_fails = if accum == 1 {
+            true
+        } else {
+            self.scratch.accum = 1;
+            self.progress.estimate_calls += 1;
+            self.progress.probe_calls += 1;
+            estimate(&self.scratch).map(|p| !fits(&p)).unwrap_or(false)
+        };
+        if probe_fails {
+            // Everything from the next micro-batch on is proven not to fit.
+            self.bi += 1;
+            self.fail_rest_of_group(knobs, b, false);
+        } else {
+            self.next_batch();
+        }
+    }
+
+    /// Records that `group` fails from micro-batch `b` on and settles the rest of it as pruned.
+    fn fail_rest_of_group(&mut self, group: Knobs, b: u64, include_current: bool) {
+        let entry = self.fail_from.entry(group).or_insert(b);
+        *entry = (*entry).min(b);
+        let g = &self.groups[self.gi];
+        let from = if include_current { self.bi } else { self.bi.min(g.batches.len()) };
+        let rest = (g.batches.len() - from) as u64;
+        self.progress.pruned += rest;
+        if include_current {
+            self.progress.pruned_by_chain += rest;
+        }
+        self.progress.settled += rest;
+        self.next_group();
+    }
+
+    fn inherited_fail_from(&mut self, g: &Knobs) -> Option<u64> {
+        let mut best: Option<u64> = self.fail_from.get(g).copied();
+        for knob in CHAIN_KNOBS {
+            for below in chain_below(knob, g, self.req.base.seq).into_iter().flatten() {
+                if let Some(&f) = self.fail_from.get(&below) {
+                    best = Some(best.map_or(f, |x| x.min(f)));
+                }
+            }
+        }
+        if let Some(f) = best {
+            // Remember it for the groups above this one.
+            let e = self.fail_from.entry(*g).or_insert(f);
+            *e = (*e).min(f);
+        }
+        best
+    }
+
+    fn next_batch(&mut self) {
+        self.bi += 1;
+        if self.bi >= self.groups[self.gi].batches.len() {
+            self.next_group();
+        }
+    }
+
+    fn next_group(&mut self) {
+        self.gi += 1;
+        self.bi = 0;
+        if self.gi >= self.groups.len() {
+            self.progress.done = true;
+        }
+    }
+
+    /// Every fitting configuration found so far, in search order.
+    pub fn points(&self) -> &[Point] {
+        &self.points
+    }
+
+    /// The ranked plans and the frontier of what was found so far.
+    pub fn result(&self) -> PlanResult {
+        let mut ranked: Vec<Point> = self.points.clone();
+        ranked.sort_by(rank_order);
+        let frontier_points = pareto_frontier(&ranked);
+        let keep = if self.req.keep == 0 { ranked.len() } else { self.req.keep.min(ranked.len()) };
+        let plan = |p: &Point, rank: usize| self.plan_of(p, rank);
+        let plans: Vec<Plan> = ranked.iter().take(keep).enumerate().map(|(i, p)| plan(p, i + 1)).collect();
+        let frontier: Vec<Plan> =
+            frontier_points.iter().map(|p| plan(p, ranked.iter().position(|q| q.knobs == p.knobs).map_or(0, |i| i + 1))).collect();
+        let explanation = plans.first().map(|top| explain_choice(&self.req, self.global_seqs, &top.knobs)).unwrap_or_default();
+        PlanResult {
+            label: cost::ESTIMATE_LABEL,
+            global_sequences: self.global_seqs,
+            global_tokens: self.global_seqs * self.req.base.seq,
+            progress: self.progress,
+            pruning_rules: PRUNING_RULES.to_vec(),
+            plans,
+            frontier,
+            explanation,
+            assumptions: cost::assumptions(&self.req.base, &self.req.assumptions, &self.hw),
+        }
+    }
+
+    fn plan_of(&self, p: &Point, rank: usize) -> Plan {
+        let config = p.knobs.apply(&self.req.base);
+        let cost = cost::step_cost(&config, &self.req.assumptions).ok();
+        let by_cat = estimate(&config).map(|e| by_category(&e).into_iter().map(|(c, b)| (c.label(), b)).collect()).unwrap_or_default();
+        Plan {
+            rank,
+            knobs: p.knobs,
+            memory: p.memory,
+            headroom: p.headroom,
+            capacity: super::capacity(&config),
+            step_s: p.step_s,
+            tokens_per_s: p.tokens_per_s,
+            mfu: p.mfu,
+            memory_by_category: by_cat,
+            cost,
+            config,
+        }
+    }
+}
+
+/// The pruning rules, as the result lists them.
+pub const PRUNING_RULES: [&str; 4] = [
+    "M1: with all else fixed, memory never decreases as the micro-batch grows",
+    "M2: with all else fixed, memory never decreases as gradient accumulation grows",
+    "C: memory never increases down ZeRO 0→1→2/SHARD_GRAD_OP, HYBRID_SHARD→FULL_SHARD, offload none→optimizer→optimizer+params, recompute none→selective, attention eager→sdpa=flash (from 256 tokens), sp off→on",
+    "D: a configuration is dominated when the one below it in a chain fits and is estimated to be at least as fast (it has at least as much headroom by C)",
+];
+
+/// Fastest first; equal times, more headroom first.
+fn rank_order(a: &Point, b: &Point) -> std::cmp::Ordering {
+    a.step_s.total_cmp(&b.step_s).then(b.headroom.cmp(&a.headroom))
+}
+
+/// The points no other point beats on both step time (lower) and headroom (higher), fastest
+/// first. `ranked` must be in [`rank_order`].
+pub fn pareto_frontier(ranked: &[Point]) -> Vec<Point> {
+    let mut out: Vec<Point> = Vec::new();
+    let mut best_headroom = i128::MIN;
+    for p in ranked {
+        if p.headroom > best_headroom {
+            out.push(*p);
+            best_headroom = p.headroom;
+        }
+    }
+    out
+}
+
+/// Every group of the request's space, chain neighbours first (see [`zero_order`]).
+fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
+    let s = &req.space;
+    let base = &req.base;
+    let zero = sorted_dedup(&s.zero, zero_order);
+    let offload = sorted_dedup(&s.offload, offload_order);
+    let recompute = sorted_dedup(&s.recompute, recompute_order);
+    let attn = sorted_dedup(&s.attn, attn_order);
+    let sp = sorted_dedup(&s.sp, |v| if v { 0 } else { 1 });
+    let optim = sorted_dedup(&s.optim, |o| o as u8);
+    let optim_impl = sorted_dedup(&s.optim_impl, |o| o as u8);
+    let finetune = sorted_dedup(&s.finetune, |f| f as u8);
+    let (tps, pps, vpps, cps, eps) = (dedup_u64(&s.tp), dedup_u64(&s.pp), dedup_u64(&s.vpp), dedup_u64(&s.cp), dedup_u64(&s.ep));
+    let mut out = Vec::new();
+    for &tp in &tps {
+        for &pp in &pps {
+            for &vpp in &vpps {
+                for &cp in &cps {
+                    for &ep in &eps {
+                        let probe = Knobs {
+                            batch: 1,
+                            accum: 1,
+                            zero: base.zero,
+                            recompute: base.recompute,
+                            attn: base.attn,
+                            optim: base.optim,
+                            optim_impl: base.optim_impl,
+                            offload: base.offload,
+                            tp,
+                            pp,
+                            vpp,
+                            cp,
+                            ep,
+                            sp: false,
+                            finetune: base.finetune,
+                        };
+                        let dp = probe.dp(base.gpus);
+                        let layout_ok = dp > 0 && validate(&Knobs { zero: Zero::Ddp, offload: Offload::None, ..probe }.apply(base)).is_ok();
+                        let batches = if layout_ok { micro_batches(&s.batch, global_seqs, dp) } else { Vec::new() };
+                        // With one data-parallel rank every ZeRO stage is the same configuration:
+                        // keep one (the most sharded when parameter offload, which needs it, is
+                        // allowed; else the least).
+                        let zero_here: Vec<Zero> = if dp == 1 && zero.len() > 1 {
+                            let pick = if offload.contains(&Offload::OptimizerParams) { zero.first() } else { zero.last() };
+                            pick.copied().into_iter().collect()
+                        } else {
+                            zero.clone()
+                        };
+                        for &ft in &finetune {
+                            for &o in &optim {
+                                for &oi in &optim_impl {
+                                    for &sp in &sp {
+                                        if sp && tp == 1 {
+                                            continue; // the same configuration as sp off
+                                        }
+                                        for &a in &attn {
+                                            for &r in &recompute {
+                                                for &off in &offload {
+                                                    for &z in &zero_here {
+                                                        if z == Zero::HybridShard && base.gpus_per_node >= dp {
+                                                            continue; // one group: FULL_SHARD
+                                                        }
+                                                        let knobs = Knobs {
+                                                            batch: 0,
+                                                            accum: 0,
+                                                            zero: z,
+                                                            recompute: r,
+                                                            attn: a,
+                                                            optim: o,
+                                                            optim_impl: oi,
+                                                            offload: off,
+                                                            tp,
+                                                            pp,
+                                                            vpp,
+                                                            cp,
+                                                            ep,
+                                                            sp,
+                                                            finetune: ft,
+                                                        };
+                                                        let invalid = !layout_ok
+                                                            || batches.is_empty()
+                                                            || validate(
+                                                                &Knobs { batch: batches[0].0, accum: batches[0].1, ..knobs }.apply(base),
+                                                            )
+                                                            .is_err();
+                                                        out.push(Group { knobs, batches: batches.clone(), invalid });
+                                                    }
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The (micro-batch, accumulation) pairs that make `global_seqs` sequences on `dp` replicas:
+/// `b · accum · dp = G`, `b` from `allowed` (or every divisor up to [`MAX_MICRO_BATCH`]).
+pub fn micro_batches(allowed: &[u64], global_seqs: u64, dp: u64) -> Vec<(u64, u64)> {
+    if dp == 0 || !global_seqs.is_multiple_of(dp) {
+        return Vec::new();
+    }
+    let per_replica = global_seqs / dp;
+    let mut bs: Vec<u64> = if allowed.is_empty() {
+        (1..=MAX_MICRO_BATCH.min(per_replica)).filter(|b| per_replica.is_multiple_of(*b)).collect()
+    } else {
+        allowed.iter().copied().filter(|&b| b > 0 && per_replica.is_multiple_of(b)).collect()
+    };
+    bs.sort_unstable();
+    bs.dedup();
+    bs.into_iter().map(|b| (b, per_replica / b)).collect()
+}
+
+/// One ranked plan: its configuration (the share link is `config::encode_query(&plan.config)`),
+/// its memory and its estimated cost.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// 1 = fastest estimated step.
+    pub rank: usize,
+    pub knobs: Knobs,
+    /// Memory by [`measure`], bytes.
+    pub memory: Bytes,
+    pub headroom: i128,
+    pub capacity: Bytes,
+    /// Estimated step time, seconds.
+    pub step_s: f64,
+    pub tokens_per_s: f64,
+    pub mfu: f64,
+    /// The ledger's category totals (what the explanation compares).
+    pub memory_by_category: Vec<(&'static str, Bytes)>,
+    /// The estimated step in full (FLOPs, each transfer, bubble, optimizer, assumptions).
+    pub cost: Option<StepCost>,
+    pub config: Config,
+}
+
+/// What the planner returns.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanResult {
+    /// What the step times are: [`cost::ESTIMATE_LABEL`].
+    pub label: &'static str,
+    pub global_sequences: u64,
+    pub global_tokens: u64,
+    pub progress: Progress,
+    pub pruning_rules: Vec<&'static str>,
+    /// Fastest first, at most `keep`.
+    pub plans: Vec<Plan>,
+    /// Headroom against step time: no plan of the space beats one of these on both.
+    pub frontier: Vec<Plan>,
+    /// Why the top plan sets each knob where it does.
+    pub explanation: Vec<Reason>,
+    pub assumptions: Vec<Assumption>,
+}
+
+/// Runs a whole search.
+pub fn plan(req: PlanRequest) -> Result<PlanResult, PlanError> {
+    Ok(Search::new(req)?.run())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Explain the choice
+// ---------------------------------------------------------------------------------------------
+
+/// Why one knob of the top plan is set where it is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Reason {
+    /// The configuration key (`zero`, `recompute`, `batch`, …).
+    pub key: &'static str,
+    /// The plan's value, as the URL spells it.
+    pub value: String,
+    /// The alternative it is compared with, if the space had one.
+    pub alternative: Option<String>,
+    pub sentence: String,
+}
+
+/// The knob values of `k` as the URL writes them.
+fn knob_value(key: &str, k: &Knobs) -> String {
+    match key {
+        "batch" => k.batch.to_string(),
+        "zero" => zero_name(k.zero).to_string(),
+        "recompute" => recompute_name(k.recompute).to_string(),
+        "attn" => attn_name(k.attn).to_string(),
+        "optim" => format!("{:?}", k.optim).to_lowercase(),
+        "optim_impl" => format!("{:?}", k.optim_impl).to_lowercase(),
+        "offload" => offload_name(k.offload).to_string(),
+        "tp" => k.tp.to_string(),
+        "pp" => k.pp.to_string(),
+        "vpp" => k.vpp.to_string(),
+        "cp" => k.cp.to_string(),
+        "ep" => k.ep.to_string(),
+        "sp" => k.sp.to_string(),
+        "finetune" => format!("{:?}", k.finetune).to_lowercase(),
+        _ => String::new(),
+    }
+}
+
+/// How a reader names a knob value ("ZeRO-3", "selective recompute").
+fn describe(key: &str, k: &Knobs) -> String {
+    match key {
+        "batch" => format!("micro-batch {} × {} accumulation steps", k.batch, k.accum),
+        "zero" => match k.zero {
+            Zero::Ddp => "DDP (no sharding)".into(),
+            Zero::Z1 => "ZeRO-1".into(),
+            Zero::Z2 => "ZeRO-2".into(),
+            Zero::Z3 => "ZeRO-3".into(),
+            Zero::FullShard => "FSDP FULL_SHARD".into(),
+            Zero::ShardGradOp => "FSDP SHARD_GRAD_OP".into(),
+            Zero::HybridShard => "FSDP HYBRID_SHARD".into(),
+        },
+        "recompute" => match k.recompute {
+            Recompute::None => "no recomputation".into(),
+            Recompute::Selective => "selective recompute".into(),
+            Recompute::Full => "full recompute".into(),
+        },
+        "attn" => format!("{} attention", attn_name(k.attn)),
+        "offload" => match k.offload {
+            Offload::None => "no offload".into(),
+            Offload::Optimizer => "optimizer offload".into(),
+            Offload::OptimizerParams => "optimizer and parameter offload".into(),
+        },
+        "sp" => {
+            if k.sp {
+                "sequence parallelism".into()
+            } else {
+                "no sequence parallelism".into()
+            }
+        }
+        "tp" => format!("tensor parallelism {}", k.tp),
+        "pp" => format!("pipeline parallelism {}", k.pp),
+        "vpp" => format!("{} virtual stages", k.vpp),
+        "cp" => format!("context parallelism {}", k.cp),
+        "ep" => format!("expert parallelism {}", k.ep),
+        "optim" => format!("{:?}", k.optim),
+        "optim_impl" => format!("{:?} optimizer step", k.optim_impl).to_lowercase(),
+        "finetune" => format!("{:?}", k.finetune).to_lowercase(),
+        _ => String::new(),
+    }
+}
+
+fn zero_name(z: Zero) -> &'static str {
+    match z {
+        Zero::Ddp => "0",
+        Zero::Z1 => "1",
+        Zero::Z2 => "2",
+        Zero::Z3 => "3",
+        Zero::FullShard => "full_shard",
+        Zero::ShardGradOp => "shard_grad_op",
+        Zero::HybridShard => "hybrid_shard",
+    }
+}
+fn recompute_name(r: Recompute) -> &'static str {
+    match r {
+        Recompute::None => "none",
+        Recompute::Selective => "selective",
+        Recompute::Full => "full",
+    }
+}
+fn attn_name(a: Attention) -> &'static str {
+    match a {
+        Attention::Eager => "eager",
+        Attention::Sdpa => "sdpa",
+        Attention::Flash => "flash",
+    }
+}
+fn offload_name(o: Offload) -> &'static str {
+    match o {
+        Offload::None => "none",
+        Offload::Optimizer => "optimizer",
+        Offload::OptimizerParams => "optimizer+params",
+    }
+}
+
+/// The alternatives of one knob the space allows (keeping the global batch).
+fn alternatives(key: &'static str, req: &PlanRequest, global_seqs: u64, k: &Knobs) -> Vec<Knobs> {
+    let s = &req.space;
+    let with = |f: &dyn Fn(&mut Knobs)| {
+        let mut x = *k;
+        f(&mut x);
+        x
+    };
+    let rebatch = |mut x: Knobs| -> Option<Knobs> {
+        // A layout change moves the data-parallel degree: keep the micro-batch if it still
+        // divides the global batch, else the nearest smaller one that does.
+        let dp = x.dp(req.base.gpus);
+        let pairs = micro_batches(&s.batch, global_seqs, dp);
+        let (b, a) = pairs.iter().rev().find(|(b, _)| *b <= k.batch).or(pairs.first()).copied()?;
+        x.batch = b;
+        x.accum = a;
+        Some(x)
+    };
+    let out: Vec<Knobs> = match key {
+        "batch" => {
+            let dp = k.dp(req.base.gpus);
+            micro_batches(&s.batch, global_seqs, dp)
+                .into_iter()
+                .filter(|(b, _)| *b != k.batch)
+                .map(|(b, a)| {
+                    with(&|x| {
+                        x.batch = b;
+                        x.accum = a;
+                    })
+                })
+                .collect()
+        }
+        "zero" => s.zero.iter().filter(|&&v| v != k.zero).map(|&v| with(&|x| x.zero = v)).collect(),
+        "recompute" => s.recompute.iter().filter(|&&v| v != k.recompute).map(|&v| with(&|x| x.recompute = v)).collect(),
+        "attn" => s.attn.iter().filter(|&&v| v != k.attn).map(|&v| with(&|x| x.attn = v)).collect(),
+        "optim" => s.optim.iter().filter(|&&v| v != k.optim).map(|&v| with(&|x| x.optim = v)).collect(),
+        "optim_impl" => s.optim_impl.iter().filter(|&&v| v != k.optim_impl).map(|&v| with(&|x| x.optim_impl = v)).collect(),
+        "offload" => s.offload.iter().filter(|&&v| v != k.offload).map(|&v| with(&|x| x.offload = v)).collect(),
+        "sp" => s.sp.iter().filter(|&&v| v != k.sp && k.tp > 1).map(|&v| with(&|x| x.sp = v)).collect(),
+        "finetune" => s.finetune.iter().filter(|&&v| v != k.finetune).map(|&v| with(&|x| x.finetune = v)).collect(),
+        "tp" => s.tp.iter().filter(|&&v| v != k.tp).filter_map(|&v| rebatch(with(&|x| x.tp = v))).collect(),
+        "pp" => s.pp.iter().filter(|&&v| v != k.pp).filter_map(|&v| rebatch(with(&|x| x.pp = v))).collect(),
+        "vpp" => s.vpp.iter().filter(|&&v| v != k.vpp).map(|&v| with(&|x| x.vpp = v)).collect(),
+        "cp" => s.cp.iter().filter(|&&v| v != k.cp).filter_map(|&v| rebatch(with(&|x| x.cp = v))).collect(),
+        "ep" => s.ep.iter().filter(|&&v| v != k.ep).map(|&v| with(&|x| x.ep = v)).collect(),
+        _ => Vec::new(),
+    };
+    out.into_iter().filter(|x| !(x.sp && x.tp == 1)).collect()
+}
+
+/// Every knob the explanation covers, in the order it reads.
+pub const EXPLAINED_KEYS: [&str; 14] =
+    ["zero", "recompute", "tp", "sp", "pp", "vpp", "cp", "ep", "batch", "offload", "attn", "optim", "optim_impl", "finetune"];
+
+/// One sentence per knob of `top`: compared with the alternative the space offers that would be
+/// faster (and does not fit), or, when none is faster, with the fastest one that is slower.
+pub fn explain_choice(req: &PlanRequest, global_seqs: u64, top: &Knobs) -> Vec<Reason> {
+    let a = &req.assumptions;
+    let unit = req.base.unit;
+    let chosen_cfg = top.apply(&req.base);
+    let (Ok(chosen), Ok(chosen_cost)) = (estimate(&chosen_cfg), cost::step_cost(&chosen_cfg, a)) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for key in EXPLAINED_KEYS {
+        let alts = alternatives(key, req, global_seqs, top);
+        let value = knob_value(key, top);
+        if alts.is_empty() {
+            if key == "batch" || key == "zero" || key == "recompute" {
+                out.push(Reason {
+                    key,
+                    value,
+                    alternative: None,
+                    sentence: format!("{}: the only value the search allows.", describe(key, top)),
+                });
+            }
+            continue;
+        }
+        // Evaluate every alternative.
+        let mut evaluated: Vec<(Knobs, Estimate, StepCost)> = alts
+            .iter()
+            .filter_map(|k| {
+                let c = k.apply(&req.base);
+                Some((*k, estimate(&c).ok()?, cost::step_cost(&c, a).ok()?))
+            })
+            .collect();
+        if evaluated.is_empty() {
+            continue;
+        }
+        evaluated.sort_by(|x, y| x.2.step_s.total_cmp(&y.2.step_s));
+        let faster = evaluated.iter().find(|(_, e, c)| c.step_s < chosen_cost.step_s && !fits(e));
+        let pick = faster.or_else(|| evaluated.iter().find(|(_, e, c)| c.step_s >= chosen_cost.step_s && fits(e))).or(evaluated.first());
+        let Some((alt, alt_e, alt_c)) = pick else { continue };
+        let sentence = compare_sentence(key, top, &chosen, &chosen_cost, alt, alt_e, alt_c, unit);
+        out.push(Reason { key, value, alternative: Some(knob_value(key, alt)), sentence });
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compare_sentence(
+    key: &str,
+    top: &Knobs,
+    chosen: &Estimate,
+    chosen_cost: &StepCost,
+    alt: &Knobs,
+    alt_e: &Estimate,
+    alt_c: &StepCost,
+    unit: super::config::Unit,
+) -> String {
+    let head = format!("{} instead of {}", describe(key, top), describe(key, alt));
+    // The memory category that moves most between the alternative and the plan.
+    let cats_chosen = by_category(chosen);
+    let cats_alt = by_category(alt_e);
+    let moved = cats_chosen
+        .iter()
+        .zip(&cats_alt)
+        .map(|((c, x), (_, y))| (*c, *y, *x))
+        .max_by_key(|(_, y, x)| (*y as i128 - *x as i128).unsigned_abs());
+    let mem = match moved {
+        Some((c, from, to)) if from != to => {
+            let verb = if to < from { "drop" } else { "grow" };
+            format!("{} {verb} from {} to {} per GPU", category_phrase(c), format_bytes(from, unit), format_bytes(to, unit))
+        }
+        _ => "memory is the same".into(),
+    };
+    let alt_name = describe(key, alt);
+    let missing = format_bytes((-headroom(alt_e)).max(0) as u128, unit);
+    let slower = 100.0 * (alt_c.step_s - chosen_cost.step_s) / chosen_cost.step_s;
+    if !fits(alt_e) && alt_c.step_s < chosen_cost.step_s {
+        let dt = 100.0 * (chosen_cost.step_s - alt_c.step_s) / alt_c.step_s;
+        format!(
+            "{head}: {mem}; {alt_name} does not fit (needs {missing} more); costs {} estimated step time{}.",
+            signed_pct(dt),
+            comm_delta(chosen_cost, alt_c)
+        )
+    } else if !fits(alt_e) {
+        format!("{head}: {mem}; {alt_name} does not fit (needs {missing} more).")
+    } else if slower.abs() < SAME_TIME_PCT {
+        let more = if headroom(alt_e) > headroom(chosen) { "more" } else { "less" };
+        format!("{head}: {mem}; {alt_name} would be as fast by the estimate, with {more} headroom.")
+    } else {
+        format!("{head}: {mem}; {alt_name} would be {:.1} % slower by the estimate.", slower)
+    }
+}
+
+/// Step times closer than this (percent) read as "as fast".
+const SAME_TIME_PCT: f64 = 0.05;
+
+fn category_phrase(c: Category) -> String {
+    c.label().to_lowercase()
+}
+
+fn signed_pct(v: f64) -> String {
+    if v.abs() < 0.05 {
+        "±0 %".into()
+    } else {
+        format!("{:+.1} %", v)
+    }
+}
+
+/// The transfers the plan has that the alternative has not (or larger ones), in words.
+fn comm_delta(chosen: &StepCost, alt: &StepCost) -> String {
+    let mut extra: Vec<(&str, f64)> = Vec::new();
+    for t in &chosen.comm {
+        let before: f64 = alt.comm.iter().filter(|u| u.id == t.id).map(|u| u.bytes).sum();
+        if t.bytes > before * 1.001 {
+            extra.push((t.label, t.bytes - before));
+        }
+    }
+    extra.sort_by(|a, b| b.1.total_cmp(&a.1));
+    match extra.first() {
+        Some((label, bytes)) => {
+            format!(" ({}: +{} per GPU per step)", lowercase_first(label), format_bytes(*bytes as u128, super::config::Unit::Gb))
+        }
+        None => String::new(),
+    }
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().collect::<String>() + c.as_str(),
+        None => String::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cheapest single changes that make a configuration fit
+// ---------------------------------------------------------------------------------------------
+
+/// One single change of a configuration and what it does.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Fix {
+    /// The key it changes and its new value, as the URL spells them.
+    pub key: &'static str,
+    pub value: String,
+    /// "selective recompute", "ZeRO-3", …
+    pub label: String,
+    pub fits: bool,
+    pub headroom: i128,
+    /// Estimated step time change, percent.
+    pub step_time_pct: f64,
+    /// Executed FLOPs change per step, percent.
+    pub flops_pct: f64,
+    /// Whether the change alters what is trained (optimizer, fine-tuning method), not only how.
+    pub changes_training: bool,
+    /// "selective recompute: fits, +4.1 GB headroom, +0.9 % step FLOPs, +1.2 % est. step time".
+    pub sentence: String,
+    pub config: Config,
+}
+
+/// The single changes [`cheapest_fixes`] tries on `cfg`, each labelled and flagged when it
+/// changes what is trained. Layout changes keep the global batch (accumulation absorbs the
+/// data-parallel degree).
+pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, bool, Config)> {
+    let mut out: Vec<(&'static str, String, String, bool, Config)> = Vec::new();
+    let mut push = |key: &'static str, value: String, label: String, training: bool, c: Config| {
+        if c != *cfg {
+            out.push((key, value, label, training, c));
+        }
+    };
+    for r in [Recompute::Selective, Recompute::Full] {
+        if recompute_order(r) < recompute_order(cfg.recompute) {
+            let k = Knobs { recompute: r, ..Knobs::of(cfg) };
+            push("recompute", recompute_name(r).into(), describe("recompute", &k), false, Config { recompute: r, ..cfg.clone() });
+        }
+    }
+    if cfg.attn == Attention::Eager {
+        push("attn", "sdpa".into(), "SDPA attention".into(), false, Config { attn: Attention::Sdpa, ..cfg.clone() });
+    }
+    if cfg.dp() > 1 {
+        for z in [Zero::Z1, Zero::Z2, Zero::Z3] {
+            if z.stage() > cfg.zero.stage() {
+                let k = Knobs { zero: z, ..Knobs::of(cfg) };
+                push("zero", zero_name(z).into(), describe("zero", &k), false, Config { zero: z, ..cfg.clone() });
+            }
+        }
+    }
+    if cfg.offload == Offload::None {
+        push("offload", "optimizer".into(), "optimizer offload".into(), false, Config { offload: Offload::Optimizer, ..cfg.clone() });
+    }
+    if cfg.offload != Offload::OptimizerParams && cfg.zero.stage() == 3 {
+        push(
+            "offload",
+            "optimizer+params".into(),
+            "optimizer and parameter offload".into(),
+            false,
+            Config { offload: Offload::OptimizerParams, ..cfg.clone() },
+        );
+    }
+    if cfg.optim_impl != OptimImpl::Fused {
+        push("optim_impl", "fused".into(), "fused optimizer step".into(), false, Config { optim_impl: OptimImpl::Fused, ..cfg.clone() });
+    }
+    if cfg.loss == Loss::Standard {
+        push("loss", "chunked".into(), "chunked cross-entropy".into(), false, Config { loss: Loss::Chunked, ..cfg.clone() });
+    }
+    if cfg.batch > 1 {
+        // Half the micro-batch, twice the accumulation: the same tokens per step.
+        let b = cfg.batch / 2;
+        let accum = cfg.accum * cfg.batch / b.max(1);
+        if b * accum == cfg.batch * cfg.accum {
+            push(
+                "batch",
+                b.to_string(),
+                format!("micro-batch {b} × {accum} accumulation"),
+                false,
+                Config { batch: b, accum, ..cfg.clone() },
+            );
+        }
+    }
+    if cfg.tp > 1 && !cfg.sp {
+        push("sp", "true".into(), "sequence parallelism".into(), false, Config { sp: true, ..cfg.clone() });
+    }
+    // Model parallelism ×2 on the same GPUs: data parallelism halves, accumulation doubles.
+    let dp = cfg.dp();
+    if dp >= 2 && dp.is_multiple_of(2) {
+        let twice = |c: Config| Config { accum: cfg.accum * 2, ..c };
+        if cfg.arch.heads.is_multiple_of(cfg.tp * 2) && cfg.tp * 2 <= cfg.gpus_per_node.max(1) {
+            push(
+                "tp",
+                (cfg.tp * 2).to_string(),
+                format!("tensor parallelism {}", cfg.tp * 2),
+                false,
+                twice(Config { tp: cfg.tp * 2, ..cfg.clone() }),
+            );
+        }
+        if cfg.pp * 2 <= cfg.arch.layers {
+            push(
+                "pp",
+                (cfg.pp * 2).to_string(),
+                format!("pipeline parallelism {}", cfg.pp * 2),
+                false,
+                twice(Config { pp: cfg.pp * 2, ..cfg.clone() }),
+            );
+        }
+        if cfg.cp * 2 <= cfg.seq {
+            push(
+                "cp",
+                (cfg.cp * 2).to_string(),
+                format!("context parallelism {}", cfg.cp * 2),
+                false,
+                twice(Config { cp: cfg.cp * 2, ..cfg.clone() }),
+            );
+        }
+    }
+    if cfg.arch.experts > 0 && cfg.arch.experts.is_multiple_of(cfg.ep * 2) && dp.is_multiple_of(cfg.ep * 2) {
+        push("ep", (cfg.ep * 2).to_string(), format!("expert parallelism {}", cfg.ep * 2), false, Config { ep: cfg.ep * 2, ..cfg.clone() });
+    }
+    // Changes to what is trained come last in the ranking.
+    if cfg.optim == Optimizer::Adamw {
+        push("optim", "adam8bit".into(), "8-bit Adam".into(), true, Config { optim: Optimizer::Adam8bit, ..cfg.clone() });
+    }
+    match cfg.finetune {
+        Finetune::Full => push("finetune", "lora".into(), "LoRA".into(), true, Config { finetune: Finetune::Lora, ..cfg.clone() }),
+        Finetune::Lora => push("finetune", "qlora".into(), "QLoRA".into(), true, Config { finetune: Finetune::Qlora, ..cfg.clone() }),
+        Finetune::Qlora => {}
+    }
+    out
+}
+
+/// The `n` cheapest single changes that make `cfg` fit, cheapest first: changes that keep what
+/// is trained before those that alter it, then by estimated step time. Empty when `cfg` already
+/// fits.
+pub fn cheapest_fixes(cfg: &Config, a: &Assumptions, n: usize) -> Result<Vec<Fix>, PlanError> {
+    let e = estimate(cfg)?;
+    if fits(&e) {
+        return Ok(Vec::new());
+    }
+    let base_cost = cost::step_cost(cfg, a)?;
+    let mut fixes: Vec<Fix> = candidate_changes(cfg)
+        .into_iter()
+        .filter_map(|(key, value, label, changes_training, c)| {
+            let e = estimate(&c).ok()?;
+            if !fits(&e) {
+                return None;
+            }
+            let k = cost::step_cost(&c, a).ok()?;
+            let step_time_pct = 100.0 * (k.step_s - base_cost.step_s) / base_cost.step_s;
+            let flops_pct = 100.0 * (k.flops.executed - base_cost.flops.executed) / base_cost.flops.executed;
+            let h = headroom(&e);
+            let sentence = format!(
+                "{label}: fits, +{} headroom, {} step FLOPs, {} est. step time{}",
+                format_bytes(h.max(0) as u128, cfg.unit),
+                signed_pct(flops_pct),
+                signed_pct(step_time_pct),
+                if changes_training { " (changes what is trained)" } else { "" }
+            );
+            Some(Fix { key, value, label, fits: true, headroom: h, step_time_pct, flops_pct, changes_training, sentence, config: c })
+        })
+        .collect();
+    fixes.sort_by(|x, y| {
+        x.changes_training.cmp(&y.changes_training).then(x.step_time_pct.total_cmp(&y.step_time_pct)).then(y.headroom.cmp(&x.headroom))
+    });
+    fixes.truncate(n);
+    Ok(fixes)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export
+// ---------------------------------------------------------------------------------------------
+
+/// The CSV columns of [`to_csv`].
+pub const CSV_HEADER: &str = "rank,frontier,step_s_estimate,tokens_per_s_estimate,mfu_estimate,memory_bytes,headroom_bytes,batch,accum,zero,recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,query";
+
+/// The ranked plans as CSV, one row per plan (frontier plans flagged), with each plan's share
+/// query from `query` (the caller's `config::encode_query`; the estimator does not depend on
+/// the codec).
+pub fn to_csv(result: &PlanResult, query: impl Fn(&Config) -> String) -> String {
+    let mut s = String::from(CSV_HEADER);
+    s.push('\n');
+    let mut rows: Vec<&Plan> = result.plans.iter().collect();
+    for f in &result.frontier {
+        if !rows.iter().any(|p| p.knobs == f.knobs) {
+            rows.push(f);
+        }
+    }
+    for p in rows {
+        let k = &p.knobs;
+        let on_frontier = result.frontier.iter().any(|f| f.knobs == p.knobs);
+        let fields = [
+            p.rank.to_string(),
+            on_frontier.to_string(),
+            format!("{:.4}", p.step_s),
+            format!("{:.0}", p.tokens_per_s),
+            format!("{:.4}", p.mfu),
+            p.memory.to_string(),
+            p.headroom.to_string(),
+            k.batch.to_string(),
+            k.accum.to_string(),
+            knob_value("zero", k),
+            knob_value("recompute", k),
+            knob_value("attn", k),
+            knob_value("optim", k),
+            knob_value("optim_impl", k),
+            knob_value("offload", k),
+            k.tp.to_string(),
+            k.pp.to_string(),
+            k.vpp.to_string(),
+            k.cp.to_string(),
+            k.ep.to_string(),
+            k.sp.to_string(),
+            knob_value("finetune", k),
+            csv_field(&query(&p.config)),
+        ];
+        s.push_str(&fields.join(","));
+        s.push('\n');
+    }
+    s
+}
+
+fn csv_field(v: &str) -> String {
+    if v.contains([',', '"', '\n']) {
+        format!("\"{}\"", v.replace('"', "\"\""))
+    } else {
+        v.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::presets::preset;
+
+    fn small(model: &str, gpus: u64) -> Config {
+        let arch = preset(model).map(|p| p.spec).expect("preset");
+        Config { model: model.into(), arch, gpus, seq: 1024, ..Config::default() }
+    }
+
+    #[test]
+    fn global_batches_in_tokens_must_be_whole_sequences() {
+        assert_eq!(GlobalBatch::Tokens(4 << 20).sequences(8192), Ok(512));
+        assert_eq!(GlobalBatch::Tokens(1000).sequences(8192).map_err(|e| e.key()), Err("global_batch_tokens"));
+        assert_eq!(GlobalBatch::Sequences(0).sequences(8192).map_err(|e| e.key()), Err("global_batch"));
+    }
+
+    #[test]
+    fn micro_batches_multiply_out_to_the_global_batch() {
+        // 64 sequences on 8 replicas: 8 per replica → b ∈ {1, 2, 4, 8}.
+        assert_eq!(micro_batches(&[], 64, 8), vec![(1, 8), (2, 4), (4, 2), (8, 1)]);
+        assert_eq!(micro_batches(&[3, 4], 64, 8), vec![(4, 2)]);
+        assert!(micro_batches(&[], 64, 3).is_empty());
+    }
+
+    #[test]
+    fn the_frontier_keeps_only_plans_nothing_beats_on_both_axes() {
+        let k = Knobs::of(&Config::default());
+        let p = |step_s: f64, headroom: i128| Point { knobs: k, memory: 0, headroom, step_s, tokens_per_s: 0.0, mfu: 0.0 };
+        let mut pts = vec![p(1.0, 5), p(2.0, 3), p(2.0, 9), p(3.0, 7), p(4.0, 10)];
+        pts.sort_by(rank_order);
+        let f: Vec<(f64, i128)> = pareto_frontier(&pts).iter().map(|p| (p.step_s, p.headroom)).collect();
+        assert_eq!(f, vec![(1.0, 5), (2.0, 9), (4.0, 10)]);
+    }
+
+    #[test]
+    fn every_point_the_search_returns_fits_and_its_step_time_is_the_cost_models() {
+        let base = small("qwen2.5-0.5b", 8);
+        let req = PlanRequest::new(base, GlobalBatch::Sequences(64));
+        let r = plan(req.clone()).expect("plan");
+        assert!(r.progress.done && !r.progress.cancelled);
+        assert!(!r.plans.is_empty());
+        for p in r.plans.iter().chain(&r.frontier) {
+            let e = estimate(&p.config).expect("valid");
+            assert!(fits(&e));
+            assert_eq!(measure(&e), p.memory);
+            let c = cost::step_cost(&p.config, &req.assumptions).expect("cost");
+            assert!((c.step_s - p.step_s).abs() <= 1e-12 * c.step_s);
+            assert_eq!(p.config.batch * p.config.accum * p.config.dp(), 64);
+        }
+        assert!(r.plans.windows(2).all(|w| w[0].step_s <= w[1].step_s));
+        assert_eq!(r.progress.settled, r.progress.configurations);
+        let p = r.progress;
+        assert_eq!(p.fitting + p.not_fitting + p.pruned + p.dominated + p.invalid, p.configurations);
+    }
+
+    #[test]
+    fn stepping_in_slices_finds_what_one_run_finds() {
+        let req = PlanRequest::new(small("qwen2.5-0.5b", 8), GlobalBatch::Sequences(32));
+        let whole = plan(req.clone()).expect("plan");
+        let mut s = Search::new(req).expect("search");
+        let mut slices = 0;
+        while !s.step(7).done {
+            slices += 1;
+            assert!(s.progress().settled <= s.progress().configurations);
+        }
+        assert!(slices > 1);
+        assert_eq!(s.result().plans.iter().map(|p| p.knobs).collect::<Vec<_>>(), whole.plans.iter().map(|p| p.knobs).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn cancelling_stops_the_search_and_keeps_what_it_found() {
+        let req = PlanRequest::new(small("qwen2.5-0.5b", 8), GlobalBatch::Sequences(32));
+        let mut s = Search::new(req).expect("search");
+        s.step(3);
+        s.cancel();
+        let p = s.progress();
+        assert!(p.done && p.cancelled && p.settled < p.configurations);
+        assert!(s.result().plans.iter().all(|p| p.rank >= 1));
+    }
+
+    #[test]
+    fn a_search_can_move_to_a_worker_thread() {
+        fn send<T: Send + 'static>() {}
+        send::<Search>();
+        send::<PlanResult>();
+    }
+
+    #[test]
+    fn an_empty_knob_names_its_key() {
+        let mut req = PlanRequest::new(Config::default(), GlobalBatch::Sequences(8));
+        req.space.zero.clear();
+        assert_eq!(Search::new(req).err().map(|e| e.key()), Some("zero"));
+    }
+
+    #[test]
+    fn chains_point_to_configurations_that_save_memory() {
+        let k = Knobs {
+            zero: Zero::Ddp,
+            offload: Offload::None,
+            recompute: Recompute::None,
+            attn: Attention::Eager,
+            sp: false,
+            tp: 2,
+            ..Knobs::of(&Config::default())
+        };
+        assert_eq!(memory_chain_below(ChainKnob::Zero, &k, 4096)[0].zero, Zero::Z1);
+        assert_eq!(memory_chain_below(ChainKnob::Offload, &k, 4096)[0].offload, Offload::Optimizer);
+        assert_eq!(memory_chain_below(ChainKnob::Recompute, &k, 4096)[0].recompute, Recompute::Selective);
+        assert!(memory_chain_below(ChainKnob::Sp, &k, 4096)[0].sp);
+        // ZeRO-3 and full recomputation are no chain steps (see the module docs).
+        assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z2, ..k }, 4096).is_empty());
+        assert!(memory_chain_below(ChainKnob::Recompute, &Knobs { recompute: Recompute::Selective, ..k }, 4096).is_empty());
+        // Eager attention is above SDPA only for sequences of 256 tokens and more.
+        assert_eq!(memory_chain_below(ChainKnob::Attn, &k, 4096).len(), 2);
+        assert!(memory_chain_below(ChainKnob::Attn, &k, 128).is_empty());
+    }
+
+    #[test]
+    fn a_configuration_that_fits_needs_no_fix() {
+        assert_eq!(cheapest_fixes(&small("qwen2.5-0.5b", 1), &Assumptions::default(), 3), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn the_cheapest_fixes_each_fit_and_come_cheapest_first() {
+        // Llama-3.1-8B at 16k tokens, ZeRO-3 on 8 H100s: the activations alone exceed the card
+        // (the issue's 8k example sits within a few GB of the line, which moves with the overheads).
+        let cfg = Config { seq: 16384, zero: Zero::Z3, gpus: 8, ..Config::default() };
+        assert!(!fits(&estimate(&cfg).expect("valid")));
+        let fixes = cheapest_fixes(&cfg, &Assumptions::default(), 3).expect("fixes");
+        assert!(!fixes.is_empty());
+        for f in &fixes {
+            eprintln!("{}", f.sentence);
+            assert!(fits(&estimate(&f.config).expect("valid")), "{}", f.sentence);
+            assert!(f.sentence.starts_with(&f.label) && f.sentence.contains("fits"));
+        }
+        assert!(fixes.windows(2).all(|w| (w[0].changes_training, w[0].step_time_pct) <= (w[1].changes_training, w[1].step_time_pct)));
+    }
+
+    #[test]
+    fn csv_has_a_row_per_plan_with_its_query() {
+        let r = plan(PlanRequest::new(small("qwen2.5-0.5b", 8), GlobalBatch::Sequences(32))).expect("plan");
+        let csv = to_csv(&r, |c| format!("batch={}", c.batch));
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], CSV_HEADER);
+        assert!(lines.len() > 1);
+        assert!(lines[1..].iter().all(|l| l.split(',').count() == CSV_HEADER.split(',').count() && l.contains("batch=")));
+    }
+}

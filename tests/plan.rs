@@ -1,0 +1,396 @@
+//! The planner end to end: `trainmem plan` returns ranked plans that re-estimate as fitting;
+//! the search finds exactly what brute force finds (so every configuration it pruned is proven
+//! not to fit); and the monotonicity properties its pruning rests on hold.
+
+use proptest::prelude::*;
+use std::collections::HashSet;
+use std::process::Command;
+use trainmem::config::{
+    decode_query, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
+};
+use trainmem::estimator::cost::step_cost;
+use trainmem::estimator::plan::{self, fits, measure, memory_chain_below, ChainKnob, GlobalBatch, Knobs, PlanRequest, Search, Space};
+use trainmem::estimator::presets::presets;
+use trainmem::estimator::{estimate, Estimate};
+
+fn trainmem(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_trainmem")).args(args).output().expect("the binary runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn planning_llama_3_1_70b_on_64_h100s_returns_ranked_plans_that_all_fit() {
+    let (code, out, err) = trainmem(&[
+        "plan",
+        "--model",
+        "llama-3.1-70b",
+        "--gpu",
+        "h100-80gb",
+        "--gpus",
+        "64",
+        "--seq",
+        "8192",
+        "--global-batch-tokens",
+        "4m",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["global_tokens"], 4u64 << 20);
+    assert_eq!(v["global_sequences"], 512);
+    assert!(v["label"].as_str().is_some_and(|l| l.contains("estimate")));
+    let plans = v["plans"].as_array().expect("plans");
+    assert!(!plans.is_empty());
+    let mut last = 0.0;
+    for (i, p) in plans.iter().enumerate() {
+        assert_eq!(p["rank"], i as u64 + 1);
+        let step = p["step_s_estimate"].as_f64().expect("step time");
+        assert!(step >= last, "ranked by estimated step time");
+        last = step;
+        // The share link reproduces the plan, and the plan re-estimates as fitting.
+        let d = decode_query(p["query"].as_str().expect("query"));
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let e = estimate(&d.config).expect("valid");
+        assert!(fits(&e), "{}", p["query"]);
+        assert_eq!(measure(&e) as u64, p["memory"].as_u64().expect("memory"));
+        assert_eq!(d.config.batch * d.config.accum * d.config.dp() * d.config.seq, 4 << 20);
+        assert!(p["cost"]["comm"].is_array() && p["mfu_estimate"].as_f64().is_some_and(|m| m > 0.0 && m < 1.0));
+    }
+    // The frontier: no plan beats a frontier plan on both step time and headroom.
+    let frontier = v["frontier"].as_array().expect("frontier");
+    assert!(!frontier.is_empty());
+    for f in frontier {
+        let (fs, fh) = (f["step_s_estimate"].as_f64().expect("s"), f["headroom"].as_i64().expect("h"));
+        for p in plans {
+            let (ps, ph) = (p["step_s_estimate"].as_f64().expect("s"), p["headroom"].as_i64().expect("h"));
+            assert!(!(ps <= fs && ph >= fh && (ps < fs || ph > fh)), "{} dominates {}", p["query"], f["query"]);
+        }
+    }
+    let progress = &v["progress"];
+    assert_eq!(
+        progress["fitting"].as_u64().unwrap_or(0)
+            + progress["not_fitting"].as_u64().unwrap_or(0)
+            + progress["pruned"].as_u64().unwrap_or(0)
+            + progress["invalid"].as_u64().unwrap_or(0)
+            + progress["dominated"].as_u64().unwrap_or(0),
+        progress["configurations"].as_u64().unwrap_or(u64::MAX)
+    );
+    assert!(!v["explanation"].as_array().expect("explanation").is_empty());
+    assert!(v["assumptions"].as_array().is_some_and(|a| a.len() >= 4));
+}
+
+#[test]
+fn plan_exports_csv_with_a_share_query_per_row() {
+    let (code, out, err) = trainmem(&["plan", "--model", "qwen2.5-0.5b", "--gpus", "8", "--seq", "1024", "--global-batch", "64", "--csv"]);
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(plan::CSV_HEADER));
+    let rows: Vec<&str> = lines.collect();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let query = r.rsplit(',').next().expect("query");
+        assert!(fits(&estimate(&decode_query(query).config).expect("valid")), "{r}");
+    }
+}
+
+#[test]
+fn plan_fix_lists_the_cheapest_changes_that_make_it_fit() {
+    // Llama-3.1-8B at 16k tokens with ZeRO-3 on 8 H100s does not fit (the 8k example sits
+    // within a few GB of the line, which moves with the overhead model).
+    let (code, out, err) =
+        trainmem(&["plan", "--fix", "--model", "llama-3.1-8b", "--seq", "16384", "--zero", "3", "--gpus", "8", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let fixes = v.as_array().expect("fixes");
+    assert!(!fixes.is_empty() && fixes.len() <= 3);
+    for f in fixes {
+        assert!(fits(&estimate(&decode_query(f["query"].as_str().expect("query")).config).expect("valid")));
+        assert!(f["sentence"].as_str().is_some_and(|s| s.contains("fits") && s.contains("headroom")));
+    }
+}
+
+#[test]
+fn a_global_batch_that_is_not_whole_sequences_names_the_key() {
+    let (code, _, err) = trainmem(&["plan", "--gpus", "8", "--seq", "3000", "--global-batch-tokens", "1m"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`global_batch_tokens`"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The search against brute force
+// ---------------------------------------------------------------------------------------------
+
+/// A small model on a custom GPU whose capacity puts the fit boundary inside the space.
+fn small_base(gib: f64) -> Config {
+    let mut c = decode_query("model=qwen2.5-0.5b&gpus=8&seq=2048&gpu=custom&gpu_tflops=400&gpu_hbm_gbs=2000&gpu_link_gbs=600").config;
+    c.gpu_gib = gib;
+    c
+}
+
+fn small_space() -> Space {
+    Space {
+        batch: Vec::new(),
+        zero: vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3, Zero::ShardGradOp],
+        recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        attn: vec![Attention::Eager, Attention::Sdpa],
+        optim: vec![Optimizer::Adamw],
+        optim_impl: vec![OptimImpl::Fused],
+        offload: vec![Offload::None, Offload::Optimizer],
+        tp: vec![1, 2],
+        pp: vec![1, 2],
+        vpp: vec![1],
+        cp: vec![1],
+        ep: vec![1],
+        sp: vec![false, true],
+        finetune: vec![Finetune::Full],
+    }
+}
+
+/// Every configuration of the space, estimated one by one: `(knobs, fits)`.
+fn brute_force(req: &PlanRequest, global_seqs: u64) -> Vec<(Knobs, bool)> {
+    let s = &req.space;
+    let mut out = Vec::new();
+    for &tp in &s.tp {
+        for &pp in &s.pp {
+            for &sp in &s.sp {
+                for &z in &s.zero {
+                    for &r in &s.recompute {
+                        for &a in &s.attn {
+                            for &o in &s.offload {
+                                let k0 = Knobs { tp, pp, sp, zero: z, recompute: r, attn: a, offload: o, ..Knobs::of(&req.base) };
+                                for (b, accum) in plan::micro_batches(&s.batch, global_seqs, k0.dp(req.base.gpus)) {
+                                    let k = Knobs { batch: b, accum, ..k0 };
+                                    if let Ok(e) = estimate(&k.apply(&req.base)) {
+                                        out.push((k, fits(&e)));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Two configurations are the same plan when they differ only in the ZeRO stage with one
+/// data-parallel rank, or in sequence parallelism without tensor parallelism.
+fn canonical(k: Knobs, gpus: u64) -> Knobs {
+    let zero = if k.dp(gpus) == 1 { Zero::Ddp } else { k.zero };
+    let sp = k.sp && k.tp > 1;
+    Knobs { zero, sp, ..k }
+}
+
+#[test]
+fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
+    // Capacities from "almost nothing fits" to "almost everything does".
+    let (mut pruned_somewhere, mut pruned_by_chain) = (0, 0);
+    for gib in [3.0, 5.0, 7.0, 10.0, 16.0] {
+        let base = small_base(gib);
+        let req = PlanRequest {
+            base: base.clone(),
+            global_batch: GlobalBatch::Sequences(32),
+            space: small_space(),
+            assumptions: Default::default(),
+            keep: 0,
+            skip_dominated: false,
+        };
+        let search = {
+            let mut s = Search::new(req.clone()).expect("search");
+            while !s.step(50).done {}
+            s
+        };
+        let found: HashSet<String> = search.points().iter().map(|p| format!("{:?}", canonical(p.knobs, base.gpus))).collect();
+        for p in search.points() {
+            assert!(fits(&estimate(&p.knobs.apply(&base)).expect("valid")));
+        }
+        let brute = brute_force(&req, 32);
+        let truth: HashSet<String> = brute.iter().filter(|(_, f)| *f).map(|(k, _)| format!("{:?}", canonical(*k, base.gpus))).collect();
+        // Nothing that fits was pruned, and nothing that does not fit was returned.
+        let missed: Vec<&String> = truth.difference(&found).collect();
+        assert!(missed.is_empty(), "{gib} GiB: the search missed {} fitting configurations, e.g. {:?}", missed.len(), missed.first());
+        assert_eq!(found, truth, "{gib} GiB");
+        let p = search.progress();
+        assert_eq!(p.fitting as usize, search.points().len());
+        assert!(p.estimate_calls as usize <= brute.len() * 2);
+        pruned_somewhere += p.pruned;
+        pruned_by_chain += p.pruned_by_chain;
+    }
+    assert!(pruned_somewhere > 0 && pruned_by_chain > 0, "the test must exercise both pruning rules");
+}
+
+#[test]
+fn every_configuration_skipped_as_dominated_is_dominated_by_a_listed_plan() {
+    for gib in [5.0, 10.0, 16.0] {
+        let base = small_base(gib);
+        let req = PlanRequest {
+            base: base.clone(),
+            global_batch: GlobalBatch::Sequences(32),
+            space: small_space(),
+            assumptions: Default::default(),
+            keep: 0,
+            skip_dominated: true,
+        };
+        let mut s = Search::new(req.clone()).expect("search");
+        while !s.step(50).done {}
+        assert!(s.progress().dominated > 0, "{gib} GiB: the test must exercise rule D");
+        let listed: Vec<(f64, i128, String)> =
+            s.points().iter().map(|p| (p.step_s, p.headroom, format!("{:?}", canonical(p.knobs, base.gpus)))).collect();
+        for (k, fit) in brute_force(&req, 32) {
+            if !fit {
+                continue;
+            }
+            let c = k.apply(&base);
+            let h = plan::headroom(&estimate(&c).expect("valid"));
+            let t = step_cost(&c, &req.assumptions).expect("cost").step_s;
+            let key = format!("{:?}", canonical(k, base.gpus));
+            assert!(
+                listed.iter().any(|(lt, lh, lk)| *lk == key || (*lt <= t && *lh >= h)),
+                "{gib} GiB: {} fits and is neither listed nor dominated by a listed plan",
+                encode_query(&c)
+            );
+        }
+    }
+}
+
+#[test]
+fn chain_pruning_skips_estimates_brute_force_would_make() {
+    // At 5 GiB most of the space does not fit: the search must make far fewer estimate() calls
+    // than there are configurations.
+    let base = small_base(5.0);
+    let req = PlanRequest {
+        base,
+        global_batch: GlobalBatch::Sequences(32),
+        space: small_space(),
+        assumptions: Default::default(),
+        keep: 0,
+        skip_dominated: true,
+    };
+    let mut s = Search::new(req).expect("search");
+    while !s.step(1000).done {}
+    let p = s.progress();
+    assert!(p.pruned > 0 && p.estimate_calls < p.configurations, "{p:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The monotonicity the pruning relies on (module docs of estimator::plan)
+// ---------------------------------------------------------------------------------------------
+
+fn preset_ids() -> Vec<&'static str> {
+    presets().iter().map(|p| p.id).collect()
+}
+
+prop_compose! {
+    /// A random configuration of any preset with random parallelism and savings; may be invalid.
+    fn any_knobs()(
+        model in prop::sample::select(preset_ids()),
+        dp in prop::sample::select(vec![1u64, 2, 4, 8]),
+        tp in prop::sample::select(vec![1u64, 2, 4]),
+        pp in prop::sample::select(vec![1u64, 2, 4]),
+        cp in prop::sample::select(vec![1u64, 1, 2]),
+        vpp in prop::sample::select(vec![1u64, 1, 2]),
+        ep in prop::sample::select(vec![1u64, 1, 2, 4]),
+        sp in any::<bool>(),
+        batch in 1u64..6,
+        accum in prop::sample::select(vec![1u64, 2, 3, 4, 8]),
+        seq in prop::sample::select(vec![128u64, 512, 1024, 2048, 4096]),
+        zero in prop::sample::select(vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3, Zero::FullShard, Zero::ShardGradOp, Zero::HybridShard]),
+        recompute in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        attn in prop::sample::select(vec![Attention::Eager, Attention::Sdpa, Attention::Flash]),
+        optim in prop::sample::select(vec![Optimizer::Adamw, Optimizer::Adam8bit, Optimizer::Sgd, Optimizer::Muon, Optimizer::Adafactor, Optimizer::Lion]),
+        optim_impl in prop::sample::select(vec![OptimImpl::Fused, OptimImpl::Foreach, OptimImpl::Forloop]),
+        offload in prop::sample::select(vec![Offload::None, Offload::Optimizer, Offload::OptimizerParams]),
+        finetune in prop::sample::select(vec![Finetune::Full, Finetune::Lora, Finetune::Qlora]),
+        precision in prop::sample::select(vec![Precision::MixedBf16, Precision::Bf16, Precision::MixedBf16Fp32grad, Precision::AmpBf16, Precision::MixedFp8, Precision::Fp32]),
+        shard_group in prop::sample::select(vec![2u64, 4, 8]),
+    ) -> Config {
+        let mut c = decode_query(&format!("model={model}")).config;
+        c.gpus = tp * pp * cp * dp; c.tp = tp; c.pp = pp; c.cp = cp; c.vpp = vpp; c.ep = ep; c.sp = sp;
+        c.batch = batch; c.accum = accum; c.seq = seq; c.zero = zero; c.recompute = recompute;
+        c.attn = attn; c.optim = optim; c.optim_impl = optim_impl; c.offload = offload;
+        c.finetune = finetune; c.precision = precision; c.shard_group = shard_group;
+        // Steer away from what validation rejects, so most cases test something.
+        if c.arch.experts == 0 || !c.arch.experts.is_multiple_of(c.ep) { c.ep = 1; }
+        if !c.arch.heads.is_multiple_of(c.tp) { c.tp = 1; }
+        if c.vpp > 1 && (c.pp == 1 || !c.arch.layers.is_multiple_of(c.pp * c.vpp)) { c.vpp = 1; }
+        if c.offload == Offload::OptimizerParams && c.zero.stage() < 3 { c.offload = Offload::Optimizer; }
+        c.gpus = c.tp * c.pp * c.cp * dp * c.ep;
+        c
+    }
+}
+
+fn memory(c: &Config) -> Option<u128> {
+    estimate(c).ok().map(|e: Estimate| measure(&e))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// M1.
+    #[test]
+    fn memory_never_decreases_as_the_micro_batch_grows(c in any_knobs(), more in 1u64..4) {
+        if let (Some(m0), Some(m1)) = (memory(&c), memory(&Config { batch: c.batch + more, ..c.clone() })) {
+            prop_assert!(m1 >= m0, "{}: {} < {}", encode_query(&c), m1, m0);
+        }
+    }
+
+    /// M2.
+    #[test]
+    fn memory_never_decreases_as_accumulation_grows(c in any_knobs(), more in 1u64..8) {
+        if let (Some(m0), Some(m1)) = (memory(&c), memory(&Config { accum: c.accum + more, ..c.clone() })) {
+            prop_assert!(m1 >= m0, "{}: {} < {}", encode_query(&c), m1, m0);
+        }
+    }
+
+    /// Memory is also monotone in the sequence (the sweep helpers' boundary search relies on it).
+    #[test]
+    fn memory_never_decreases_as_the_sequence_grows(c in any_knobs(), more in 1u64..4096) {
+        if let (Some(m0), Some(m1)) = (memory(&c), memory(&Config { seq: c.seq + more, ..c.clone() })) {
+            prop_assert!(m1 >= m0, "{}: {} < {}", encode_query(&c), m1, m0);
+        }
+    }
+}
+
+proptest! {
+    // Some chain violations are rare (selective → full recomputation breaks on about 1.5 % of
+    // random configurations): many cases, so a wrong chain is caught.
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// C: one step down every chain never needs more memory.
+    #[test]
+    fn memory_never_increases_down_the_chains(c in any_knobs()) {
+        let Some(m0) = memory(&c) else { return Ok(()) };
+        let k = Knobs::of(&c);
+        for knob in [ChainKnob::Zero, ChainKnob::Offload, ChainKnob::Recompute, ChainKnob::Attn, ChainKnob::Sp] {
+            for below in memory_chain_below(knob, &k, c.seq) {
+                let mut d = c.clone();
+                // apply() sets HYBRID_SHARD's group to a node; keep the sampled one.
+                let shard_group = d.shard_group;
+                d = below.apply(&d);
+                d.shard_group = shard_group;
+                if let Some(m1) = memory(&d) {
+                    prop_assert!(m1 <= m0, "{:?} from {}: {} > {}", knob, encode_query(&c), m1, m0);
+                }
+            }
+        }
+    }
+}
+
+/// What the pruning deliberately does not assume: the estimator breaks it, and rightly (see the
+/// module docs of estimator::plan). Counterexamples found by sampling.
+#[test]
+fn zero_3_and_full_recompute_are_no_chain_steps_because_they_can_cost_memory() {
+    // ZeRO-3 gathers whole layers (and prefetches more): on Mixtral with tp = 8 and ep = 2 that
+    // exceeds what it shards beyond ZeRO-2.
+    let c = decode_query("model=mixtral-8x7b-v0.1&batch=2&seq=1024&accum=4&precision=amp-bf16&optim=adafactor&optim_impl=forloop&attn=eager&gpus=32&shard_group=4&tp=8&pp=2&ep=2&offload=optimizer").config;
+    let z2 = memory(&Config { zero: Zero::Z2, ..c.clone() }).expect("valid");
+    let z3 = memory(&Config { zero: Zero::Z3, ..c.clone() }).expect("valid");
+    assert!(z3 > z2, "z2 {z2}, z3 {z3}");
+    // Full recomputation re-materializes a whole layer in backward; at 128 tokens with eager
+    // attention that exceeds what selective recomputation keeps.
+    let c = decode_query("model=qwen2.5-7b&batch=3&seq=128&precision=mixed-fp8&optim=adam8bit&attn=eager&gpus=8&zero=full_shard&tp=4&pp=2&offload=optimizer%2Bparams").config;
+    let sel = memory(&Config { recompute: Recompute::Selective, ..c.clone() }).expect("valid");
+    let full = memory(&Config { recompute: Recompute::Full, ..c.clone() }).expect("valid");
+    assert!(full > sel, "selective {sel}, full {full}");
+}
