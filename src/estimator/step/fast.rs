@@ -66,6 +66,10 @@ impl Sink for Tracker {
         self.live -= bytes as i128;
         self.cats[ci(cat)] -= bytes as i128;
     }
+    fn recat(&mut self, _id: u32, bytes: u128, from: Cat, to: Cat) {
+        self.cats[ci(from)] -= bytes as i128;
+        self.cats[ci(to)] += bytes as i128;
+    }
 }
 
 /// One segment of a piece: its peak above its start (`i128::MIN`: it allocates nothing), the
@@ -101,8 +105,19 @@ pub struct Profile {
 }
 
 /// Runs one piece on its own.
-pub fn profile(prog: &Program, acc: Accumulate, inject_alloc: bool, resident: bool, pre_grads: &[Tid], finish: bool) -> Profile {
+pub fn profile(
+    prog: &Program,
+    acc: Accumulate,
+    inject_alloc: bool,
+    resident: bool,
+    pre_grads: &[Tid],
+    finish: bool,
+    cats: &[(Tid, Cat)],
+) -> Profile {
     let mut run = Run::new(prog, Tracker::default(), acc);
+    for &(t, c) in cats {
+        run.set_cat(t, c);
+    }
     if resident {
         run.grads_resident();
     }
@@ -222,10 +237,10 @@ fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) ->
 
 /// The global slots of `sh` (a standalone layer's shared inputs) that `p` keeps.
 pub fn kept_slots(p: &Program, sh: &Shared) -> u8 {
-    let saved = saved_inputs(p);
+    let kept = kept_storages(p);
     let mut bits = 0u8;
     for (slot, t) in sh.slots().into_iter().enumerate() {
-        if t.is_some_and(|t| saved.contains(&t)) {
+        if t.is_some_and(|t| kept[p.tensors[t as usize].base as usize]) {
             bits |= 1 << slot;
         }
     }
@@ -242,6 +257,15 @@ pub struct Key {
     pub pinned: bool,
 }
 
+/// A layer piece as profiled: its program's key and whether its input and output are kept for
+/// backward (by itself or by its neighbours), which decides their category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Full {
+    key: Key,
+    in_kept: bool,
+    out_kept: bool,
+}
+
 /// Every layer's key, in order.
 pub fn layer_keys(setup: &Setup, psh: &Shared) -> Vec<Key> {
     let mut seen = 0u8;
@@ -256,28 +280,22 @@ pub fn layer_keys(setup: &Setup, psh: &Shared) -> Vec<Key> {
         .collect()
 }
 
-/// Inputs of a program that a node saves or a checkpoint region holds.
-fn saved_inputs(p: &Program) -> Vec<Tid> {
-    let mut v: Vec<Tid> = Vec::new();
-    let is_input = |t: Tid| matches!(p.tensors[t as usize].origin, Origin::Input { .. });
+/// Storages of a program that a node outside checkpoint regions saves or a region holds
+/// (indexed by storage): what the forward pass keeps for backward.
+pub fn kept_storages(p: &Program) -> Vec<bool> {
+    let mut v = vec![false; p.tensors.len()];
     let in_region = |i: usize| p.regions.iter().any(|r| (r.first as usize..r.end as usize).contains(&i));
     for (i, op) in p.ops.iter().enumerate() {
         if in_region(i) {
             continue;
         }
         for s in p.saved(op) {
-            let b = p.tensors[s.t as usize].base;
-            if is_input(b) && !v.contains(&b) {
-                v.push(b);
-            }
+            v[p.tensors[s.t as usize].base as usize] = true;
         }
     }
     for r in &p.regions {
         for s in &r.held {
-            let b = p.tensors[s.t as usize].base;
-            if is_input(b) && !v.contains(&b) {
-                v.push(b);
-            }
+            v[p.tensors[s.t as usize].base as usize] = true;
         }
     }
     v
@@ -291,28 +309,61 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     let spec = &setup.cfg.arch;
     let (pro, px0, psh) = setup.prologue();
     let keys = layer_keys(setup, &psh);
-    // One piece per distinct key: (key, profile, optimizer parameters, kept slots, keeps x).
-    let mut pieces: Vec<(Key, Profile, Vec<u128>, u8, bool)> = Vec::new();
+    // One program per distinct key: (key, program, its input, its output, its shared inputs).
+    let mut progs: Vec<(Key, Program, Tid, Tid, Shared)> = Vec::new();
     for k in &keys {
-        if !pieces.iter().any(|p| p.0 == *k) {
+        if !progs.iter().any(|p| p.0 == *k) {
             let (prog, x, sh) = setup.layer_alone(k.kind, k.sliding, k.free, k.pinned);
-            let prof = profile(&prog, acc_mode, false, resident, &[], false);
-            let keeps_x = saved_inputs(&prog).contains(&x);
-            pieces.push((*k, prof, optimizer_params(&prog, setup.params().weight), kept_slots(&prog, &sh), keeps_x));
+            let y = prog.outputs[0];
+            progs.push((*k, prog, x, y, sh));
         }
     }
-    let piece = |k: &Key| pieces.iter().find(|p| p.0 == *k).expect("every key has its piece");
-    let kept = pieces.iter().fold(0u8, |a, p| a | p.3);
-    let x0_kept = keys.first().is_some_and(|k| piece(k).4);
+    let prog_of = |k: &Key| progs.iter().find(|p| p.0 == *k).expect("every key has its program");
+    let kept_by: Vec<(Key, Vec<bool>)> = progs.iter().map(|p| (p.0, kept_storages(&p.1))).collect();
+    let kept_in = |k: &Key, t: Tid| {
+        let v = &kept_by.iter().find(|p| p.0 == *k).expect("every key").1;
+        v[prog_of(k).1.tensors[t as usize].base as usize]
+    };
+    let kept = progs.iter().fold(0u8, |a, p| a | kept_slots(&p.1, &p.4));
+    let x0_kept = keys.first().is_some_and(|k| kept_in(k, prog_of(k).2));
     let has_head = setup.stage.has_head();
     let ends = model_ends(x0_kept, kept, &pro, px0, &psh);
-    let (epi, epi_prof) = if has_head {
-        let (e, _) = setup.epilogue(&ends);
-        let prof = profile(&e, acc_mode, true, resident, &[], true);
-        (Some(e), Some(prof))
-    } else {
-        (None, None)
-    };
+    let epi = has_head.then(|| setup.epilogue(&ends));
+    let epi_keeps_x = epi.as_ref().is_some_and(|(e, x)| kept_storages(e)[e.tensors[*x as usize].base as usize]);
+    let pro_kept = kept_storages(&pro);
+    let act = |k: bool| if k { Cat::Activations } else { Cat::Transient };
+    // The shared slots' category: kept by a layer or by the prologue.
+    let slot_cat = |slot: usize, pt: Tid| act(kept & (1 << slot) != 0 || pro_kept[pro.tensors[pt as usize].base as usize]);
+    // Each layer's input and output: kept by the layer that reads it (or the epilogue).
+    let fulls: Vec<Full> = (0..keys.len())
+        .map(|i| {
+            let k = keys[i];
+            let in_kept = kept_in(&k, prog_of(&k).2) || (i == 0 && pro_kept[pro.tensors[px0 as usize].base as usize]);
+            let out_kept = if i + 1 < keys.len() { kept_in(&keys[i + 1], prog_of(&keys[i + 1]).2) } else { epi_keeps_x };
+            Full { key: k, in_kept, out_kept }
+        })
+        .collect();
+    // One profile per distinct piece: (piece, profile, optimizer parameters).
+    let mut pieces: Vec<(Full, Profile, Vec<u128>)> = Vec::new();
+    for f in &fulls {
+        if !pieces.iter().any(|p| p.0 == *f) {
+            let (_, prog, x, y, sh) = prog_of(&f.key);
+            let mut cats = vec![(*x, act(f.in_kept)), (*y, act(f.out_kept))];
+            for (slot, (t, pt)) in sh.slots().into_iter().zip(psh.slots()).enumerate() {
+                if let (Some(t), Some(pt)) = (t, pt) {
+                    cats.push((t, slot_cat(slot, pt)));
+                }
+            }
+            let prof = profile(prog, acc_mode, false, resident, &[], false, &cats);
+            pieces.push((*f, prof, optimizer_params(prog, setup.params().weight)));
+        }
+    }
+    let piece = |f: &Full| pieces.iter().find(|p| p.0 == *f).expect("every layer has its piece");
+    let epi_prof = epi.as_ref().map(|(e, x)| {
+        let last_kept = fulls.last().map_or(epi_keeps_x, |f| f.out_kept);
+        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))])
+    });
+    let epi = epi.map(|(e, _)| e);
     // A tied embedding's gradient was made first by the head (same stage only).
     let tied_pre: Vec<Tid> = if spec.tied && has_head && setup.stage.has_embedding() {
         pro.tensors
@@ -325,14 +376,20 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     } else {
         Vec::new()
     };
-    let pro_prof = profile(&pro, acc_mode, false, resident, &tied_pre, false);
+    let mut pro_cats = vec![(px0, act(fulls.first().map_or(false, |f| f.in_kept)))];
+    for (slot, pt) in psh.slots().into_iter().enumerate() {
+        if let Some(pt) = pt {
+            pro_cats.push((pt, slot_cat(slot, pt)));
+        }
+    }
+    let pro_prof = profile(&pro, acc_mode, false, resident, &tied_pre, false, &pro_cats);
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
     a.apply(Piece::Start, &zero);
     a.apply(Piece::Embedding, &pro_prof.fwd);
-    for (i, k) in keys.iter().enumerate() {
-        a.apply(Piece::ForwardLayer(i as u32), &piece(k).1.fwd);
+    for (i, f) in fulls.iter().enumerate() {
+        a.apply(Piece::ForwardLayer(i as u32), &piece(f).1.fwd);
     }
     // A later stage sends its output on and frees it; the gradient comes back.
     let y_bytes = crate::estimator::expr::numbers_only(|| {
@@ -342,8 +399,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     // The forward pass ends: every piece's autocast casts nobody saved go.
     let clear = |a: &mut Acc| {
         a.shift(&pro_prof.cache);
-        for k in &keys {
-            a.shift(&piece(k).1.cache);
+        for f in &fulls {
+            a.shift(&piece(f).1.cache);
         }
         if let Some(e) = epi_prof {
             a.shift(&e.cache);
@@ -366,13 +423,13 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
             a.apply(Piece::LossBackward, &recv);
         }
     }
-    for (i, k) in keys.iter().enumerate().rev() {
-        a.apply(Piece::BackwardLayer(i as u32), &piece(k).1.bwd);
+    for (i, f) in fulls.iter().enumerate().rev() {
+        a.apply(Piece::BackwardLayer(i as u32), &piece(f).1.bwd);
     }
     a.apply(Piece::EmbeddingBackward, &pro_prof.bwd);
     // The graph goes: saved tensors of nodes that never ran, then what the loss held.
-    for k in &keys {
-        a.shift(&piece(k).1.fin);
+    for f in &fulls {
+        a.shift(&piece(f).1.fin);
     }
     a.shift(&pro_prof.fin);
     if let Some(e) = epi_prof {
@@ -382,8 +439,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     // The optimizer's temporaries over the parameters in registration order.
     let weight = setup.params().weight;
     let mut numels = optimizer_params(&pro, weight);
-    for k in &keys {
-        numels.extend(piece(k).2.iter().copied());
+    for f in &fulls {
+        numels.extend(piece(f).2.iter().copied());
     }
     if let Some(e) = &epi {
         let tied_head = spec.tied;
@@ -525,17 +582,17 @@ mod debug {
             arch.layers = arch.layers.min(3);
             arch.dense_layers = arch.dense_layers.min(1);
             arch.vocab = arch.vocab.min(4096);
-            let cfg = Config {
-                model: "custom".into(),
-                arch,
-                seq: 128,
-                batch: 2,
-                precision: crate::estimator::config::Precision::Bf16,
-                attn: crate::estimator::config::Attention::Eager,
-                kernels: crate::estimator::config::Kernels::Cuda,
-                optim_impl: crate::estimator::config::OptimImpl::Fused,
-                ..Config::default()
-            };
+            let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+            let mut cfg = Config { model: "custom".into(), arch, seq: 128, batch: 2, ..Config::default() };
+            for (k, v) in [
+                ("precision", env("DEBUG_PRECISION", "bf16")),
+                ("attn", env("DEBUG_ATTN", "eager")),
+                ("kernels", env("DEBUG_KERNELS", "cuda")),
+                ("optim_impl", env("DEBUG_OPTIM_IMPL", "fused")),
+                ("recompute", env("DEBUG_RECOMPUTE", "none")),
+            ] {
+                crate::config::set(&mut cfg, k, &v).expect("a valid key");
+            }
             numbers_only(|| {
                 let r = recipe(cfg.precision);
                 let s = super::super::model::simulate_stage(&cfg, &r, Stage::Whole, Default::default(), 0);
@@ -544,15 +601,46 @@ mod debug {
                 let f = super::stage(&setup, 0);
                 println!("{}: stream peak {} at {}; pieces {} at {:?}", p.id, pe.live, pe.label(), f.peak, f.at.map(|a| super::super::label(&a)));
                 for c in &f.segments {
-                    println!("   {:?} {}", c.piece, c.live);
+                    println!("   {:?} {} {:?}", c.piece, c.live, c.cats);
                 }
-                let mut seen0 = false;
-                for e in &s.events {
-                    if e.phase == crate::estimator::step::Phase::Backward && e.layer == Some(0) {
-                        seen0 = true;
+                if std::env::var("DEBUG_OPS").is_ok() {
+                    let want: u16 = std::env::var("DEBUG_OPS").unwrap().parse().unwrap();
+                    let prog = setup.whole();
+                    for r in &prog.regions {
+                        println!("   region {}..{}", r.first, r.end);
                     }
-                    if seen0 && e.layer != Some(0) {
-                        println!("   late {:?} {} live {} {}", e.kind, e.bytes, e.live, e.label());
+                    for (i, op) in prog.ops.iter().enumerate().filter(|(_, o)| o.layer == want).take(12) {
+                        println!("   op {i} {} {} {} ins {:?} outs {:?}", op.name, op.node, op.module, prog.ins(op), prog.outs(op));
+                    }
+                }
+                if std::env::var("DEBUG_LAYER").is_ok() {
+                    let want: u32 = std::env::var("DEBUG_LAYER").unwrap().parse().unwrap();
+                    // Allocations made in this layer's backward and still alive when the next
+                    // layer's backward starts.
+                    let mut live: Vec<&crate::estimator::step::Event> = Vec::new();
+                    let mut started = false;
+                    for e in &s.events {
+                        let here = e.phase == crate::estimator::step::Phase::Backward && e.layer == Some(want);
+                        if here {
+                            started = true;
+                        }
+                        if started && e.phase == crate::estimator::step::Phase::Backward && e.layer.is_some_and(|l| l < want) {
+                            if std::env::var("DEBUG_ALL").is_ok() {
+                                println!("   next {:?} {:>12} live {:>12} {}", e.kind, e.bytes, e.live, e.label());
+                            }
+                            break;
+                        }
+                        if started && std::env::var("DEBUG_ALL").is_ok() {
+                            println!("   {:?} {:>12} live {:>12} {}", e.kind, e.bytes, e.live, e.label());
+                        }
+                        match e.kind {
+                            crate::estimator::step::EventKind::Alloc if here => live.push(e),
+                            crate::estimator::step::EventKind::Free => live.retain(|a| a.id != e.id),
+                            _ => {}
+                        }
+                    }
+                    for e in live {
+                        println!("   left {:?} {:>12} {:?} {}", e.kind, e.bytes, e.cat, e.label());
                     }
                 }
                 let mut phase = None;

@@ -40,6 +40,9 @@ pub trait Sink {
     fn alloc(&mut self, bytes: u128, dtype: DType, cat: Cat, at: &At) -> u32;
     /// A storage freed.
     fn free(&mut self, id: u32, bytes: u128, cat: Cat, at: &At);
+    /// A live storage changes category (a gradient handed to `AccumulateGrad` becomes the
+    /// parameter's `.grad`).
+    fn recat(&mut self, _id: u32, _bytes: u128, _from: Cat, _to: Cat) {}
 }
 
 /// How gradients are accumulated (see the module doc).
@@ -209,6 +212,13 @@ impl<'p, S: Sink> Run<'p, S> {
         self.resident_grads = true;
     }
 
+    /// The category storage `t` is counted in while alive (a standalone program's inputs and
+    /// outputs: what the neighbouring programs make of them).
+    pub fn set_cat(&mut self, t: Tid, cat: Cat) {
+        let b = self.p.tensors[t as usize].base as usize;
+        self.cat[b] = cat;
+    }
+
     /// Parameter `t` already holds a gradient allocated outside this program (a tied weight
     /// whose other use ran first).
     pub fn preexisting_grad(&mut self, t: Tid) {
@@ -341,7 +351,6 @@ impl<'p, S: Sink> Run<'p, S> {
             }
             for s in p.saved(op) {
                 let b = p.tensors[s.t as usize].base as usize;
-                self.cat[b] = Cat::Activations;
                 self.saves[b] += 1;
             }
             if !runs {
@@ -426,6 +435,9 @@ impl<'p, S: Sink> Run<'p, S> {
             }
             let at = self.at(i, Phase::Backward, op.node);
             let runs = !op.node.is_empty() && has_grad;
+            if std::env::var("DEBUG_OP").ok().and_then(|v| v.parse::<usize>().ok()) == Some(i) {
+                eprintln!("op {i} of {} {} runs {runs} has_grad {has_grad} grads {:?} region {r} script {:?} in {:?}", p.ops.len(), op.name, outs.iter().map(|&t| self.grad[t as usize]).collect::<Vec<_>>(), p.bw(op), p.ins(op).iter().map(|&t| (&p.tensors[t as usize].origin, p.tensors[t as usize].dtype, p.tensors[t as usize].requires_grad)).collect::<Vec<_>>());
+            }
             deliver.clear();
             let mut released = false;
             if runs {
@@ -569,6 +581,10 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.unref(g, at);
                 } else if old == NONE {
                     // AccumulateGrad steals the first gradient.
+                    let GBuf { id, bytes, cat, .. } = self.bufs[g as usize];
+                    if cat != Cat::Gradients {
+                        self.sink.recat(id, bytes, cat, Cat::Gradients);
+                    }
                     self.bufs[g as usize].cat = Cat::Gradients;
                     self.pgrad[t as usize] = g;
                 } else if self.accumulate == Accumulate::OutOfPlace {
