@@ -523,6 +523,18 @@ impl<'a> Builder<'a> {
         self.op("clone", "CloneBackward0", &[x], &[out], &[], bw)[0]
     }
 
+    /// `matmul`'s fold of a 4-d operand laid out `[b, s, heads, d]` into `[b·heads, s, d]` for
+    /// `bmm` (`expand(...).reshape(...)`, ATen's `_matmul_impl`): a copy, except at b = 1 where the
+    /// batch dim merges into the heads and `reshape` is a view (`ReshapeAliasBackward0`), so
+    /// `bmm` saves a view of `x` itself.
+    pub fn fold(&mut self, x: Tid, shape: Shape) -> Tid {
+        if self.c.n(Q::B) == 1 {
+            x
+        } else {
+            self.copy(x, shape)
+        }
+    }
+
     /// `x[idx]` along the first dim into `shape` (IndexBackward0 keeps the indices; backward
     /// `new_zeros` of the input and an out-of-place `index_put` with accumulation).
     pub fn index(&mut self, x: Tid, idx: Tid, shape: Shape) -> Tid {

@@ -56,10 +56,10 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
 fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Option<Tid>) {
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
-    let qc = b.copy(q, heads(Q::A));
+    let qc = b.fold(q, heads(Q::A));
     let kc = match kr {
         Some(kr) => kr,
-        None => b.copy(k, heads(Q::A)),
+        None => b.fold(k, heads(Q::A)),
     };
     let sc = b.bmm(qc, kc, scores());
     let sm = b.mul_scalar(sc);
@@ -78,7 +78,7 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
     let pc = b.dropout(pc);
     let vc = match vr {
         Some(vr) => vr,
-        None => b.copy(v, heads(Q::A)),
+        None => b.fold(v, heads(Q::A)),
     };
     let o = b.bmm(pc, vc, heads(Q::A));
     let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);

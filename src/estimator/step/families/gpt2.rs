@@ -79,8 +79,8 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
     let region = llama::selective_begin(b, qt, kt, vt);
     let (o, weights) = if eager {
         // eager_attention_forward (GPT-2's): matmul copies q and kᵀ, softmax in the model dtype.
-        let qc = b.copy(qt, heads(Q::A));
-        let kc = b.copy(kt, heads(Q::A));
+        let qc = b.fold(qt, heads(Q::A));
+        let kc = b.fold(kt, heads(Q::A));
         let sc = b.bmm(qc, kc, scores());
         let sm = b.mul_scalar(sc);
         let sa = match sh.mask {
@@ -89,7 +89,7 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
         };
         let pr = b.unary("_softmax", "SoftmaxBackward0", sa, Keep::Output, "_softmax_backward_data");
         let pr = b.dropout(pr);
-        let vc = b.copy(vt, heads(Q::A));
+        let vc = b.fold(vt, heads(Q::A));
         let o = b.bmm(pr, vc, heads(Q::A));
         let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
         let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);

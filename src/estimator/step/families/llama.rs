@@ -306,11 +306,11 @@ pub fn eager_core_with(
     // function's locals); with n_rep = 1 it returns its input and matmul's reshapes copy them.
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
-    let qc = if contiguous { q } else { b.copy(q, heads(Q::A)) };
+    let qc = if contiguous { q } else { b.fold(q, heads(Q::A)) };
     let kc = match kr {
         Some(kr) => kr,
         None if contiguous => k,
-        None => b.copy(k, heads(Q::A)),
+        None => b.fold(k, heads(Q::A)),
     };
     let sc = b.bmm(qc, kc, scores_shape());
     let sm = b.mul_scalar(sc);
@@ -326,7 +326,7 @@ pub fn eager_core_with(
     let pc = b.dropout(pc);
     let vc = match vr {
         Some(vr) => vr,
-        None => b.copy(v, heads(Q::A)),
+        None => b.fold(v, heads(Q::A)),
     };
     let o = b.bmm(pc, vc, heads(Q::A));
     // matmul's `_unsafe_view` back to [b, a, s, d]: its gradient arrives transposed (from the
