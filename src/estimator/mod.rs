@@ -318,8 +318,26 @@ struct StageResult {
     allocated_peak: Bytes,
 }
 
-fn transient_row(id: &'static str, label: &'static str, e: expr::Expr, source: &'static str) -> Option<Row> {
-    let r = Row::new(id, label, Category::Transient, e, source);
+const WORK: expr::Sym = expr::Sym::new("M", "work", "bytes alive at the step's peak beyond the saved activations and gradients (simulated)");
+
+/// What is alive at the step's peak beyond the rows for the saved activations and gradients
+/// (from the simulated step, `step::fast`): the transient buffers then (gradients of
+/// activations, the loss's logits and their gradients, a recomputed layer's tensors, autocast
+/// copies, optimizer temporaries), and any activations or gradients beyond their rows (a
+/// checkpointed layer re-materialized, unsharded gradients before their reduction).
+fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
+    let row = |id: &str| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
+    let [acts, grads, transient] = fast.cats;
+    let bytes = transient + acts.saturating_sub(row("activations")) + grads.saturating_sub(row("gradients"));
+    let at = fast.at.map(|a| step::label(&a)).unwrap_or_default();
+    let r = Row::new(
+        "step_working",
+        "Working memory at the step's peak",
+        Category::Transient,
+        expr::Expr::var(WORK, bytes),
+        "the step simulated op by op (transformers modeling code, torch autograd; see step/)",
+    )
+    .note(format!("alive at the peak ({at}) beside the saved activations and the gradients"));
     (r.bytes > 0).then_some(r)
 }
 
@@ -328,33 +346,14 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let groups = local_groups(cfg, stage);
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, working: w, .. } =
-        if cfg.framework == config::Framework::Hf && std::env::var("TRAINMEM_OLD_TERMS").is_err() {
-            activations::activations_ir(cfg, recipe, stage, layers)
-        } else {
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } =
+        if cfg.framework == config::Framework::Hf {
             activations::activations(cfg, recipe, stage, layers)
+        } else {
+            activations::megatron_activations(cfg, recipe, stage, layers)
         };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
-    let w = &w;
-    rows.extend(transient_row(
-        "forward_working",
-        "Forward working memory (scores before softmax, mask)",
-        expr::Expr::sum([w.layer_forward.clone(), w.mask_forward.clone()]),
-        "transformers eager_attention_forward: matmul scores and their fp32 upcast; create_causal_mask",
-    ));
-    rows.extend(transient_row(
-        "backward_working",
-        "Backward working memory of one layer",
-        expr::Expr::sum([w.layer_backward.clone(), w.recompute_layer.clone()]),
-        "autograd: the gradients of a layer's largest intermediates coexist during its backward; recomputation re-materializes one layer",
-    ));
-    rows.extend(transient_row(
-        "loss_working",
-        "Logits and loss gradients",
-        expr::Expr::max([w.loss_forward.clone(), w.loss_backward.clone()]),
-        "transformers ForCausalLMLoss: logits, logits.float(); torch log_softmax_backward: dL/dlog_probs and dL/dlogits in fp32",
-    ));
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
@@ -381,6 +380,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
         gathered: gathered_bytes,
     };
     let tl = timeline::derive(&fast.segments, &beside);
+    rows.extend(working_row(&fast, &rows));
     let peak_label = fast.segments.get(tl.peak).and_then(|c| c.at).map(|a| step::label(&a)).unwrap_or_default();
     let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
     rows.push(ctx);

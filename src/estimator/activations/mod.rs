@@ -1,34 +1,28 @@
 //! Activation memory: the tensors autograd saves for backward, tensor by tensor, for the code the
 //! user actually runs.
 //!
-//! By default this follows Hugging Face transformers' module code (5.x) on CUDA: what
+//! By default this follows Hugging Face transformers' module code (5.x): what
 //! `torch.autograd.graph.saved_tensors_hooks` sees at the end of the forward pass, the loss
-//! included, each storage counted once. Every term was measured in the validation harness
-//! (`validation/FINDINGS.md`, checked to the byte against PyTorch); the `framework = megatron`
-//! profile follows Korthikanti et al. 2022, §4.1 instead.
+//! included, each storage counted once. The tensors come from the op-level program of the step
+//! (`step`: one builder per decoder-layer family, the same program that gives the step's event
+//! stream and its peak), folded into formulas by ledger part; measured to the byte in the
+//! validation harness (`validation/FINDINGS.md`). The `framework = megatron` profile follows
+//! Korthikanti et al. 2022, §4.1 instead.
 //!
 //! Symbols ([`ctx::Q`]): b micro-batch, s tokens per sequence on this GPU (s / cp), h hidden, a
 //! heads, k key/value heads, d head dim, f MLP intermediate, V vocabulary, L layers on this GPU,
 //! p bytes per compute element (2 in bf16), p_r bytes of the residual stream (4 under autocast),
 //! E experts, K experts per token, r LoRA rank, t tensor-parallel degree.
 //!
-//! Layout: [`transformers`] assembles a model from the blocks — [`norms`], [`attention`],
-//! [`mlp`], [`moe`], the adapters and autocast copies of [`layer`], and the ends (embedding,
-//! head, loss); [`megatron`] is the other profile; [`working`] the transient buffers beside the
-//! saved ones; [`textbook`] the closed formulas of the literature for comparison.
+//! Layout: [`activations`] reads the kept tensors of the step's programs (`step::ledger`);
+//! [`megatron`] is the other profile; [`textbook`] the closed formulas of the literature for
+//! comparison; [`ctx`] the symbols.
 
-pub mod attention;
 pub mod ctx;
-pub mod layer;
 pub mod megatron;
-pub mod mlp;
-pub mod moe;
-pub mod norms;
 pub mod textbook;
-pub mod transformers;
-pub mod working;
 
-use super::config::{Config, Finetune, Framework, Kernels, LoraTargets};
+use super::config::{Config, Kernels};
 use super::expr::Expr;
 use super::ledger::{Bytes, Category, Row};
 use super::params::Stage;
@@ -36,7 +30,6 @@ use super::precision::{Dtype, Recipe};
 use ctx::{Ctx, Values, L, L_DENSE, L_MOE, M};
 
 pub use textbook::{eager_score_bytes, textbook_differences, textbook_rows};
-pub use working::Working;
 
 /// The sub-rows of the activation ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,8 +112,6 @@ pub struct Activations {
     /// Micro-batches whose activations are alive at once on this stage (pipeline schedule).
     pub in_flight_num: u64,
     pub in_flight_den: u64,
-    /// Transient buffers around the saved tensors.
-    pub working: Working,
 }
 
 /// Accumulates terms by part, for one decoder layer and for the model's ends.
@@ -133,37 +124,9 @@ pub struct Terms {
     pub last: Vec<(Part, Expr)>,
 }
 
-/// Which linears keep their input for the weight gradient (their weight is trainable or they
-/// carry a LoRA adapter, whose A matrix keeps the same input).
-pub struct Saves {
-    pub qkv_in: bool,
-    pub o_in: bool,
-    pub mlp_in: bool,
-    pub down_in: bool,
-    pub norm_weight: bool,
-    pub embedding: bool,
-    pub head: bool,
-}
-
-pub fn saves(cfg: &Config) -> Saves {
-    if cfg.finetune == Finetune::Full {
-        return Saves { qkv_in: true, o_in: true, mlp_in: true, down_in: true, norm_weight: true, embedding: true, head: true };
-    }
-    let t = cfg.lora_targets;
-    Saves {
-        qkv_in: t.has(LoraTargets::Q) || t.has(LoraTargets::K) || t.has(LoraTargets::V),
-        o_in: t.has(LoraTargets::O),
-        mlp_in: t.has(LoraTargets::GATE) || t.has(LoraTargets::UP),
-        down_in: t.has(LoraTargets::DOWN),
-        norm_weight: false,
-        embedding: false,
-        head: false,
-    }
-}
-
 /// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
 /// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
-pub fn activations_ir(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
     use super::step::families::Kind;
     use super::step::ir::Group;
     use super::step::ledger::kept;
@@ -239,8 +202,8 @@ pub fn activations_ir(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers:
     assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
 }
 
-/// Builds the activation ledger of one GPU of `stage`.
-pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+/// The `framework = megatron` profile's ledger (Megatron-LM's tensor list, [`megatron`]).
+pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
     let spec = &cfg.arch;
     let amp = recipe.autocast_weight_copy;
     let values = Values {
@@ -259,25 +222,9 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         tp: cfg.tp,
     };
     let c = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
-    let sv = saves(cfg);
     let mut t = Terms::default();
-    if cfg.framework == Framework::Megatron {
-        megatron::megatron_terms(&c, &mut t);
-    } else {
-        transformers::transformers_terms(&c, &sv, &mut t);
-    }
-    let mut out = assemble(cfg, recipe, stage, stage_layers, t, c.cuda);
-    out.working = working_of(&c, cfg, stage);
-    out
-}
-
-fn working_of(c: &Ctx, cfg: &Config, stage: Stage) -> Working {
-    let mut working = working::working_memory(c, cfg);
-    if !stage.has_head() {
-        working.loss_forward = Expr::zero();
-        working.loss_backward = Expr::zero();
-    }
-    working
+    megatron::megatron_terms(&c, &mut t);
+    assemble(cfg, recipe, stage, stage_layers, t, c.cuda)
 }
 
 /// The rows of the ledger from terms by part: each part is
@@ -376,15 +323,7 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
         "sum of the parts; each part's formula is its own",
     );
     row.note = "bytes of the tensors autograd keeps at the end of the forward pass, loss included, each storage once; gradient accumulation does not change them (one micro-batch is alive at a time)".into();
-    let working = Working {
-        layer_forward: Expr::zero(),
-        mask_forward: Expr::zero(),
-        layer_backward: Expr::zero(),
-        recompute_layer: Expr::zero(),
-        loss_forward: Expr::zero(),
-        loss_backward: Expr::zero(),
-    };
-    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den, working }
+    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den }
 }
 
 #[cfg(test)]
@@ -450,52 +389,5 @@ mod tests {
             }
         }
         assert!(unbound.is_empty(), "{unbound:?}");
-    }
-}
-
-#[cfg(test)]
-mod compare_old {
-    use super::*;
-    use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
-    use crate::estimator::expr::numbers_only;
-    use crate::estimator::precision::recipe;
-
-    #[test]
-    #[ignore]
-    fn ir_against_old_terms() {
-        let mut rows = Vec::new();
-        for p in crate::estimator::presets::presets() {
-            let base = Config { model: p.id.to_string(), arch: p.spec.clone(), seq: 2048, batch: 2, ..Config::default() };
-            let variants: Vec<(&str, Config)> = vec![
-                ("base", base.clone()),
-                ("eager", Config { attn: Attention::Eager, ..base.clone() }),
-                ("tp4", Config { tp: 4, gpus: 4, ..base.clone() }),
-                ("tp4sp", Config { tp: 4, gpus: 4, sp: true, ..base.clone() }),
-                ("lora", Config { finetune: Finetune::Lora, ..base.clone() }),
-                ("sel", Config { recompute: Recompute::Selective, ..base.clone() }),
-                ("full", Config { recompute: Recompute::Full, ..base.clone() }),
-                ("drop", Config { dropout: 0.1, ..base.clone() }),
-                ("amp", Config { precision: Precision::AmpBf16, ..base.clone() }),
-                ("chunk", Config { loss: Loss::Chunked, ..base.clone() }),
-                ("pp2", Config { pp: 2, gpus: 2, ..base.clone() }),
-            ];
-            for (name, c) in variants {
-                if crate::estimator::validate(&c).is_err() {
-                    continue;
-                }
-                let r = recipe(c.precision);
-                let (old, new) = numbers_only(|| {
-                    let l = crate::estimator::params::stage_layers(c.arch.layers, c.pp);
-                    let st = if c.pp > 1 { Stage::First } else { Stage::Whole };
-                    (activations(&c, &r, st, l).row.bytes, activations_ir(&c, &r, st, l).row.bytes)
-                });
-                let rel = (new as f64 - old as f64) / old as f64 * 100.0;
-                if rel.abs() > 0.01 {
-                    rows.push(format!("{:28} {:6} old {:>16} ir {:>16} {:+.2} %", p.id, name, old, new, rel));
-                }
-            }
-        }
-        println!("{}", rows.join("\n"));
-        println!("{} differ", rows.len());
     }
 }

@@ -595,9 +595,13 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
     Stream { resident: res, events: sink.events, peak_index, peak: res + live }
 }
 
-/// Whether gradients exist before the step's last micro-batch (gradient accumulation).
+/// Whether the gradients are resident outside the stream (gradient accumulation, ZeRO-2/3
+/// partitions): each new parameter gradient is then a temporary added into them.
 pub fn resident_grads(cfg: &Config) -> bool {
-    cfg.accum > 1
+    // Gradient accumulation keeps the gradients of the micro-batches before; ZeRO-2/3 (FSDP)
+    // reduce-scatter each gradient as its bucket fills and keep only their shard, resident.
+    let sh = Sharding::of(cfg);
+    cfg.accum > 1 || (sh.stage >= 2 && sh.n > 1)
 }
 
 /// The stream of the most loaded stage of `cfg`, with the estimate's resident bytes.

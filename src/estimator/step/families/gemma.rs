@@ -123,7 +123,7 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -
         _ => (q, k),
     };
     b.module = "self_attn";
-    let region = super::llama::selective_begin(b, q, k, v);
+    let (region, q, k, v) = super::llama::selective_begin(b, q, k, v);
     let (o, weights) = if eager { eager_core(b, q, k, v, sh.mask) } else { (super::llama::sdpa_core(b, q, k, v), None) };
     super::llama::selective_end(b, region);
     b.part = Part::AttentionInputs;

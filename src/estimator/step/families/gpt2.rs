@@ -76,7 +76,7 @@ fn attention(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, attn: Attention) 
         let qv = b.view(q, heads_bshd(Q::A), "ViewBackward0", eager);
         b.view(qv, heads(Q::A), "TransposeBackward0", false)
     };
-    let region = llama::selective_begin(b, qt, kt, vt);
+    let (region, qt, kt, vt) = llama::selective_begin(b, qt, kt, vt);
     let (o, weights) = if eager {
         // eager_attention_forward (GPT-2's): matmul copies q and kᵀ, softmax in the model dtype.
         let qc = b.fold(qt, heads(Q::A));

@@ -190,7 +190,7 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
         _ => (q, k),
     };
     b.module = "self_attn";
-    let region = selective_begin(b, q, k, v);
+    let (region, q, k, v) = selective_begin(b, q, k, v);
     let (o, weights) = if eager { eager_core(b, spec, q, k, v, sh.mask) } else { (sdpa_core(b, q, k, v), None) };
     selective_end(b, region);
     b.part = Part::AttentionInputs;
@@ -206,17 +206,22 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
 }
 
 /// Selective recomputation (Megatron's, Korthikanti et al. 2022 §5): the attention core
-/// between q, k, v and its output is a checkpoint region that keeps q, k, v.
-pub fn selective_begin(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Option<usize> {
+/// between q, k, v and its output is a checkpoint region that keeps q, k, v — in the compute
+/// dtype, as Megatron's `CoreAttention` receives them (under autocast the casts the kernel would
+/// make come first and are what the region keeps). Returns the region and the q, k, v to use.
+pub fn selective_begin(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> (Option<usize>, Tid, Tid, Tid) {
     use super::super::ir::Save;
-    b.selective.then(|| {
-        let g = b.group;
-        b.begin_checkpoint(vec![
-            Save { t: q, part: Part::AttentionCore, group: g },
-            Save { t: k, part: Part::AttentionCore, group: g },
-            Save { t: v, part: Part::AttentionCore, group: g },
-        ])
-    })
+    if !b.selective {
+        return (None, q, k, v);
+    }
+    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
+    let g = b.group;
+    let r = b.begin_checkpoint(vec![
+        Save { t: q, part: Part::AttentionCore, group: g },
+        Save { t: k, part: Part::AttentionCore, group: g },
+        Save { t: v, part: Part::AttentionCore, group: g },
+    ]);
+    (Some(r), q, k, v)
 }
 
 pub fn selective_end(b: &mut Builder, region: Option<usize>) {
