@@ -21,6 +21,7 @@ pub mod precision;
 pub mod presets;
 pub mod sharding;
 pub mod statics;
+pub mod step;
 pub mod timeline;
 pub mod units;
 
@@ -256,8 +257,17 @@ pub struct Memory {
     pub peak: Bytes,
     /// Host memory per GPU process.
     pub host: Bytes,
-    /// The event of the peak.
+    /// The coarse step event of the peak ("backward layer 32", "loss + LM head backward").
     pub peak_event: String,
+    /// The op of the peak inside it: "layer 31 backward, `mlp.down_proj` mm in MmBackward0"
+    /// (layers 0-based, modules relative to the layer).
+    pub peak_op: String,
+    /// Resident bytes + the step stream's largest live bytes: what
+    /// `torch.cuda.max_memory_allocated()` reports (no context, NCCL or fragmentation).
+    pub allocated_peak: Bytes,
+    /// `torch.cuda.max_memory_reserved()` from replaying the step's stream through the caching
+    /// allocator simulator (only where the stream is materialized: [`explain`], [`simulate`]).
+    pub reserved_peak: Option<Bytes>,
 }
 
 impl Memory {
@@ -303,10 +313,32 @@ struct StageResult {
     rows: Vec<Row>,
     host: Vec<Row>,
     timeline: timeline::Timeline,
+    /// Where in the step the peak is ("layer 31 backward, `mlp.down_proj` …").
+    peak_label: String,
+    /// Resident bytes + the stream's largest live bytes (what `max_memory_allocated` counts).
+    allocated_peak: Bytes,
 }
 
-fn transient_row(id: &'static str, label: &'static str, e: expr::Expr, source: &'static str) -> Option<Row> {
-    let r = Row::new(id, label, Category::Transient, e, source);
+const WORK: expr::Sym = expr::Sym::new("M", "work", "bytes alive at the step's peak beyond the saved activations and gradients (simulated)");
+
+/// What is alive at the step's peak beyond the rows for the saved activations and gradients
+/// (from the simulated step, `step::fast`): the transient buffers then (gradients of
+/// activations, the loss's logits and their gradients, a recomputed layer's tensors, autocast
+/// copies, optimizer temporaries), and any activations or gradients beyond their rows (a
+/// checkpointed layer re-materialized, unsharded gradients before their reduction).
+fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
+    let row = |id: &str| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
+    let [acts, grads, transient] = fast.cats;
+    let bytes = transient + acts.saturating_sub(row("activations")) + grads.saturating_sub(row("gradients"));
+    let at = fast.at.map(|a| step::label(&a)).unwrap_or_default();
+    let r = Row::new(
+        "step_working",
+        "Working memory at the step's peak",
+        Category::Transient,
+        expr::Expr::var(WORK, bytes),
+        "the step simulated op by op (transformers modeling code, torch autograd; see step/)",
+    )
+    .note(format!("alive at the peak ({at}) beside the saved activations and the gradients"));
     (r.bytes > 0).then_some(r)
 }
 
@@ -315,29 +347,14 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let groups = local_groups(cfg, stage);
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, working: w, .. } =
-        activations::activations(cfg, recipe, stage, layers);
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } =
+        if cfg.framework == config::Framework::Hf {
+            activations::activations(cfg, recipe, stage, layers)
+        } else {
+            activations::megatron_activations(cfg, recipe, stage, layers)
+        };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
-    let w = &w;
-    rows.extend(transient_row(
-        "forward_working",
-        "Forward working memory (scores before softmax, mask)",
-        expr::Expr::sum([w.layer_forward.clone(), w.mask_forward.clone()]),
-        "transformers eager_attention_forward: matmul scores and their fp32 upcast; create_causal_mask",
-    ));
-    rows.extend(transient_row(
-        "backward_working",
-        "Backward working memory of one layer",
-        expr::Expr::sum([w.layer_backward.clone(), w.recompute_layer.clone()]),
-        "autograd: the gradients of a layer's largest intermediates coexist during its backward; recomputation re-materializes one layer",
-    ));
-    rows.extend(transient_row(
-        "loss_working",
-        "Logits and loss gradients",
-        expr::Expr::max([w.loss_forward.clone(), w.loss_backward.clone()]),
-        "transformers ForCausalLMLoss: logits, logits.float(); torch log_softmax_backward: dL/dlog_probs and dL/dlogits in fp32",
-    ));
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
@@ -351,42 +368,21 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let blas = overhead::blas_workspace_bytes(cfg);
     let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes);
 
-    // The step.
-    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
-    let grad_buffers: Bytes = rows.iter().filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket")).map(|r| r.bytes).sum();
-    let grads = rows.iter().find(|r| r.id == "gradients").map_or(0, |r| r.bytes);
-    let trainable =
-        |pred: &dyn Fn(&params::LocalGroup) -> bool| params::elements(&groups, |g| g.role == Role::Trainable && pred(g)) as u128;
-    let t_all = trainable(&|_| true).max(1);
-    let t_layers = trainable(&|g| g.group.part.per_layer());
-    let t_head = trainable(&|g| matches!(g.group.part, Part::FinalNorm | Part::LmHead) || g.group.name.starts_with("project_out"));
-    let share = |n: u128| grads * n / t_all;
-    let one_micro = embedding + per_layer * layers as u128 + head_and_loss;
-    let inputs = timeline::StepInputs {
-        weights: sum(Category::Parameters),
-        optimizer: sum(Category::OptimizerStates),
-        grad_buffers,
-        grad_head: share(t_head),
-        grad_layer: share(t_layers) / layers.max(1) as u128,
-        grad_embedding: grads - share(t_head) - share(t_layers) / layers.max(1) as u128 * layers as u128,
-        grads_resident: cfg.accum > 1,
-        layers,
-        other_micro_batches: acts_bytes.saturating_sub(one_micro),
-        act_embedding: embedding,
-        act_layer: per_layer,
-        act_head_and_loss: head_and_loss,
-        layer_forward: w.layer_forward.eval(),
-        mask_forward: w.mask_forward.eval(),
-        layer_backward: w.layer_backward.eval(),
-        recompute_layer: w.recompute_layer.eval(),
-        loss_forward: w.loss_forward.eval(),
-        loss_backward: w.loss_backward.eval(),
-        gathered: gathered_bytes,
-        optimizer_temporaries: temp_bytes,
+    // The step, op by op (see `step`): its peak above what is resident, piece by piece.
+    let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
+    let resident = resident_of(cfg, &rows, &host, stage, other_micro);
+    let other_temp = if cfg.optim == config::Optimizer::Adamw { 0 } else { temp_bytes };
+    let setup = step::model::Setup::new(cfg, recipe, stage);
+    let fast = step::fast::stage(&setup, other_temp);
+    let beside = timeline::Beside {
+        resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
         outside_allocator: outside,
         frag_pct: cfg.frag_pct.unwrap_or(0),
+        gathered: gathered_bytes,
     };
-    let tl = timeline::simulate(&inputs);
+    let tl = timeline::derive(&fast.segments, &beside);
+    rows.extend(working_row(&fast, &rows));
+    let peak_label = fast.segments.get(tl.peak).and_then(|c| c.at).map(|a| step::label(&a)).unwrap_or_default();
     let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
     rows.push(ctx);
     rows.extend(nccl);
@@ -394,7 +390,8 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     if let Some(pct) = cfg.frag_pct {
         rows.push(overhead::reserve_guess_bytes(pct, peak_dynamic));
     }
-    StageResult { rows, host, timeline: tl }
+    let allocated_peak = resident.total() + fast.peak;
+    StageResult { rows, host, timeline: tl, peak_label, allocated_peak }
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -423,9 +420,15 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             best = Some((stage, r));
         }
     }
-    let (stage, StageResult { rows: components, host, timeline }) = best.unwrap_or((
+    let (stage, StageResult { rows: components, host, timeline, peak_label, allocated_peak }) = best.unwrap_or((
         Stage::Whole,
-        StageResult { rows: Vec::new(), host: Vec::new(), timeline: timeline::Timeline { events: Vec::new(), peak: 0 } },
+        StageResult {
+            rows: Vec::new(),
+            host: Vec::new(),
+            timeline: timeline::Timeline { events: Vec::new(), peak: 0 },
+            peak_label: String::new(),
+            allocated_peak: 0,
+        },
     ));
     // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
     let trainable = if cfg.finetune == Finetune::Full {
@@ -446,6 +449,9 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         peak: timeline.peak_bytes(),
         host: host.iter().map(|r| r.bytes).sum(),
         peak_event: timeline.peak_event().map(timeline::Event::label).unwrap_or_default(),
+        peak_op: peak_label,
+        allocated_peak,
+        reserved_peak: None,
     };
     let dp = cfg.dp();
     let layout = Layout {
@@ -488,6 +494,41 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         textbook: activations::textbook_rows(cfg),
         warnings,
     })
+}
+
+/// What lives beside the step's stream on `stage`, from the ledger's rows: weights, optimizer
+/// states (and, when the "device" is the CPU as in the validation harness, the step counters
+/// kept on the host), buffers, the batch, gradient buffers, resident gradients (accumulation)
+/// and other micro-batches' activations (`other_acts`).
+pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other_acts: Bytes) -> step::model::Resident {
+    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
+    let mut optimizer = sum(Category::OptimizerStates);
+    if cfg.kernels == config::Kernels::Cpu {
+        optimizer += host.iter().filter(|r| r.id == "optimizer_step_counters").map(|r| r.bytes).sum::<Bytes>();
+    }
+    let buckets: Bytes = rows.iter().filter(|r| matches!(r.id, "ddp_buckets" | "zero_reduce_bucket")).map(|r| r.bytes).sum();
+    let grads = if step::model::resident_grads(cfg) { rows.iter().find(|r| r.id == "gradients").map_or(0, |r| r.bytes) } else { 0 };
+    step::model::Resident {
+        weights: sum(Category::Parameters),
+        optimizer,
+        buffers: step::model::buffer_bytes(cfg),
+        batch: step::model::batch_bytes(cfg, stage),
+        gradients: buckets + grads,
+        activations: other_acts,
+    }
+}
+
+/// The step of the most loaded GPU as an event stream (see [`step`]).
+pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
+    validate(cfg)?;
+    let recipe = recipe(cfg.precision);
+    let stage = if cfg.pp > 1 { Stage::First } else { Stage::Whole };
+    let groups = local_groups(cfg, stage);
+    let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
+    let resident = resident_of(cfg, &rows, &host, stage, 0);
+    let sh = sharding::Sharding::of(cfg);
+    let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &recipe, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
+    Ok(expr::numbers_only(|| step::model::simulate_stage(cfg, &recipe, stage, resident, temp)))
 }
 
 /// Every row of the ledger, depth first (parents before their children).

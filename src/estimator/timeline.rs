@@ -1,13 +1,11 @@
-//! One training step as a sequence of events, with the memory in use after each — the analytic
-//! twin of PyTorch's memory snapshot viewer (`torch.cuda.memory._record_memory_history`).
-//!
-//! Forward grows the saved activations layer by layer; the loss briefly holds the logits and
-//! their fp32 copy; backward frees each layer's activations as its gradients appear; the
-//! optimizer step adds its temporaries. Bytes here are what the caching allocator hands out, plus
-//! fragmentation in proportion to the dynamic part (gradients, activations, working buffers) and
-//! the memory outside the allocator (CUDA context, NCCL).
+//! One training step as a sequence of coarse events — embedding, each layer forward, the loss,
+//! each layer backward, the optimizer — each with the most memory in use during it, for the
+//! charts. Derived from the op-level step (`step`): each event is the maximum of one piece of the
+//! event stream, plus what is resident beside the stream (weights, optimizer states) and the
+//! memory outside the caching allocator (CUDA context, NCCL, and the fragmentation override).
 
 use super::ledger::{Bytes, Category};
+use super::step::fast::{Coarse, Piece};
 use serde::Serialize;
 
 /// What happens at an event.
@@ -56,39 +54,18 @@ impl Event {
     }
 }
 
-/// The inputs of the simulation, all per GPU.
+/// What the step holds beside its stream, and the memory outside PyTorch's allocator.
 #[derive(Clone, Debug, Default)]
-pub struct StepInputs {
-    /// Weights (all parameter rows) — resident throughout.
-    pub weights: Bytes,
-    /// Optimizer states and master weights on the GPU — resident throughout.
-    pub optimizer: Bytes,
-    /// Gradient buffers that exist throughout (DDP buckets, ZeRO reduce buckets).
-    pub grad_buffers: Bytes,
-    /// Parameter gradients of the head end, of one layer, and of the embedding end.
-    pub grad_head: Bytes,
-    pub grad_layer: Bytes,
-    pub grad_embedding: Bytes,
-    /// Gradients exist from the start (accumulating over micro-batches).
-    pub grads_resident: bool,
-    pub layers: u64,
-    /// Saved activations of other micro-batches in flight (pipeline).
-    pub other_micro_batches: Bytes,
-    pub act_embedding: Bytes,
-    pub act_layer: Bytes,
-    pub act_head_and_loss: Bytes,
-    pub layer_forward: Bytes,
-    pub mask_forward: Bytes,
-    pub layer_backward: Bytes,
-    pub recompute_layer: Bytes,
-    pub loss_forward: Bytes,
-    pub loss_backward: Bytes,
-    /// ZeRO-3/FSDP unsharded parameters (and gradients) in flight around each layer.
-    pub gathered: Bytes,
-    pub optimizer_temporaries: Bytes,
-    /// Memory outside the allocator: CUDA context, NCCL.
+pub struct Beside {
+    /// Resident bytes by category (parameters, gradients, optimizer states, activations of other
+    /// micro-batches, transient: buffers and the batch).
+    pub resident: [Bytes; 5],
+    /// CUDA context and NCCL buffers.
     pub outside_allocator: Bytes,
+    /// Fragmentation override, percent of the dynamic allocations (0: none).
     pub frag_pct: u64,
+    /// ZeRO-3/FSDP unsharded layers in flight around each layer's forward and backward.
+    pub gathered: Bytes,
 }
 
 /// The simulated step.
@@ -115,46 +92,40 @@ const ACTS: usize = 3;
 const TRANSIENT: usize = 4;
 const OVERHEAD: usize = 5;
 
-/// Runs the step.
-pub fn simulate(x: &StepInputs) -> Timeline {
+/// The coarse timeline of a step from its segments (each the most memory alive in one piece of
+/// the stream, split into activations, gradients and transient bytes): one event per segment,
+/// with the resident bytes and the memory outside the allocator added.
+pub fn derive(segments: &[Coarse], x: &Beside) -> Timeline {
     debug_assert_eq!(Category::ALL[ACTS], Category::Activations);
-    let mut events: Vec<Event> = Vec::with_capacity(2 * x.layers as usize + 10);
-    let grads_all = x.grad_head + x.grad_layer * x.layers as u128 + x.grad_embedding;
-    let resident_grads = if x.grads_resident { grads_all } else { 0 };
-    let mut push = |kind: EventKind, layer: u64, grads: Bytes, acts: Bytes, transient: Bytes| {
-        let mut c = [0u128; 6];
-        c[PARAMS] = x.weights;
-        c[GRADS] = x.grad_buffers + grads.max(resident_grads);
-        c[OPTIM] = x.optimizer;
-        c[ACTS] = x.other_micro_batches + acts;
-        c[TRANSIENT] = transient;
-        // Fragmentation grows with what is allocated and freed during the step (activations,
-        // gradients, working buffers), not with the weights and states allocated once.
-        let dynamic: Bytes = c[GRADS] + c[ACTS] + c[TRANSIENT];
-        c[OVERHEAD] = x.outside_allocator + (dynamic * x.frag_pct as u128).div_ceil(100);
-        events.push(Event { kind, layer: layer as u32, by_category: c, bytes: c.iter().sum() });
-    };
-    let l = x.layers;
-    push(EventKind::Start, 0, 0, 0, 0);
-    push(EventKind::Embedding, 0, 0, x.act_embedding, x.mask_forward);
-    for i in 1..=l {
-        let acts = x.act_embedding + x.act_layer * i as u128;
-        push(EventKind::ForwardLayer, i, 0, acts, x.mask_forward + x.layer_forward + x.gathered);
-    }
-    let forward_done = x.act_embedding + x.act_layer * l as u128 + x.act_head_and_loss;
-    push(EventKind::LossForward, 0, 0, forward_done, x.loss_forward);
-    push(EventKind::LossBackward, 0, x.grad_head, forward_done, x.loss_backward);
-    for i in (1..=l).rev() {
-        // Layer i's activations are still alive while its backward runs, then freed.
-        let acts = x.act_embedding + x.act_layer * i as u128;
-        let grads = x.grad_head + x.grad_layer * (l - i + 1) as u128;
-        push(EventKind::BackwardLayer, i, grads, acts, x.layer_backward + x.recompute_layer + x.gathered);
-    }
-    push(EventKind::EmbeddingBackward, 0, grads_all, 0, 0);
-    push(EventKind::GradientReduction, 0, grads_all, 0, 0);
-    push(EventKind::OptimizerStep, 0, grads_all, 0, x.optimizer_temporaries);
-    // zero_grad(set_to_none=True) frees the gradients unless they accumulate.
-    push(EventKind::End, 0, 0, 0, 0);
+    let events: Vec<Event> = segments
+        .iter()
+        .map(|s| {
+            let (kind, layer) = match s.piece {
+                Piece::Start => (EventKind::Start, 0),
+                Piece::Embedding => (EventKind::Embedding, 0),
+                Piece::ForwardLayer(i) => (EventKind::ForwardLayer, i + 1),
+                Piece::LossForward => (EventKind::LossForward, 0),
+                Piece::LossBackward => (EventKind::LossBackward, 0),
+                Piece::BackwardLayer(i) => (EventKind::BackwardLayer, i + 1),
+                Piece::EmbeddingBackward => (EventKind::EmbeddingBackward, 0),
+                Piece::Reduction => (EventKind::GradientReduction, 0),
+                Piece::Optimizer => (EventKind::OptimizerStep, 0),
+                Piece::End => (EventKind::End, 0),
+            };
+            let pos = |v: i128| v.max(0) as Bytes;
+            let mut c = [0u128; 6];
+            c[PARAMS] = x.resident[0];
+            c[GRADS] = x.resident[1] + pos(s.cats[1]);
+            c[OPTIM] = x.resident[2];
+            c[ACTS] = x.resident[3] + pos(s.cats[0]);
+            let gathered = if matches!(s.piece, Piece::ForwardLayer(_) | Piece::BackwardLayer(_)) { x.gathered } else { 0 };
+            c[TRANSIENT] = x.resident[4] + pos(s.cats[2]) + gathered;
+            // The fragmentation override grows with what is allocated and freed during the step.
+            let dynamic: Bytes = c[GRADS] + c[ACTS] + c[TRANSIENT];
+            c[OVERHEAD] = x.outside_allocator + (dynamic * x.frag_pct as u128).div_ceil(100);
+            Event { kind, layer, by_category: c, bytes: c.iter().sum() }
+        })
+        .collect();
     let peak = events.iter().enumerate().max_by_key(|(i, e)| (e.bytes, std::cmp::Reverse(*i))).map_or(0, |(i, _)| i);
     Timeline { events, peak }
 }
@@ -162,55 +133,42 @@ pub fn simulate(x: &StepInputs) -> Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn toy() -> StepInputs {
-        StepInputs {
-            weights: 100,
-            optimizer: 200,
-            grad_layer: 10,
-            grad_head: 5,
-            grad_embedding: 5,
-            layers: 4,
-            act_embedding: 1,
-            act_layer: 30,
-            act_head_and_loss: 50,
-            loss_forward: 20,
-            loss_backward: 40,
-            ..StepInputs::default()
-        }
-    }
+    use crate::estimator::config::Config;
+    use crate::estimator::estimate;
 
     #[test]
     fn activations_grow_through_forward_and_shrink_through_backward() {
-        let t = simulate(&toy());
-        let acts: Vec<Bytes> = t.events.iter().map(|e| e.by_category[ACTS]).collect();
+        let e = estimate(&Config::default()).expect("valid");
+        let t = &e.timeline;
         let fwd: Vec<Bytes> = t.events.iter().filter(|e| e.kind == EventKind::ForwardLayer).map(|e| e.by_category[ACTS]).collect();
         assert!(fwd.windows(2).all(|w| w[0] < w[1]));
         let bwd: Vec<Bytes> = t.events.iter().filter(|e| e.kind == EventKind::BackwardLayer).map(|e| e.by_category[ACTS]).collect();
         assert!(bwd.windows(2).all(|w| w[0] > w[1]));
-        assert_eq!(acts.last(), Some(&0));
-    }
-
-    #[test]
-    fn the_peak_is_at_the_start_of_backward_for_a_large_loss() {
-        // At loss backward: 100 + 200 + 5 (head grads) + 1 + 120 + 50 (acts) + 40 = 516.
-        let t = simulate(&toy());
-        let peak = t.peak_event().map(|e| (e.kind, e.bytes));
-        assert_eq!(peak, Some((EventKind::LossBackward, 516)));
+        assert_eq!(t.events.last().map(|e| e.by_category[ACTS]), Some(0));
     }
 
     #[test]
     fn every_event_adds_up_its_categories() {
-        let t = simulate(&StepInputs { frag_pct: 10, outside_allocator: 7, ..toy() });
-        for e in &t.events {
-            assert_eq!(e.bytes, e.by_category.iter().sum::<Bytes>());
+        let e = estimate(&Config { frag_pct: Some(10), ..Config::default() }).expect("valid");
+        for ev in &e.timeline.events {
+            assert_eq!(ev.bytes, ev.by_category.iter().sum::<Bytes>());
         }
     }
 
     #[test]
     fn accumulated_gradients_stay_resident_through_forward() {
-        let t = simulate(&StepInputs { grads_resident: true, ..toy() });
-        let start = &t.events[0];
-        assert_eq!(start.by_category[GRADS], 5 + 40 + 5);
+        let e = estimate(&Config { accum: 4, ..Config::default() }).expect("valid");
+        let start = &e.timeline.events[0];
+        let grads = e.row("gradients").map_or(0, |r| r.bytes);
+        assert!(grads > 0);
+        assert_eq!(start.by_category[GRADS], grads);
+    }
+
+    #[test]
+    fn the_default_peak_is_in_the_loss_backward() {
+        // Llama-3.1-8B at 4k: the fp32 log-softmax and its two gradients (3 × 4 × 4096 ×
+        // 128,256 B ≈ 6.3 GB) top every layer's backward.
+        let e = estimate(&Config::default()).expect("valid");
+        assert_eq!(e.timeline.peak_event().map(|e| e.kind), Some(EventKind::LossBackward));
     }
 }

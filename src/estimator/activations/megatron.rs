@@ -4,8 +4,8 @@ use super::super::config::{Attention, Recompute};
 use super::super::expr::Expr;
 use super::super::model::MlpKind;
 use super::super::precision::BOOL_BYTES;
-use super::ctx::{Ctx, A, B, D, F, H, KV, P, S, S_KV, V};
-use super::{moe, Part, Terms};
+use super::ctx::{Ctx, A, B, D, E, F, F_E, H, KV, K_TOP, P, S, S_KV, V};
+use super::{Part, Terms};
 
 /// Megatron-LM's tensor list (Korthikanti et al. 2022, §4.1, generalized to GQA, gated MLPs and
 /// flash attention), per layer:
@@ -51,11 +51,46 @@ pub fn megatron_terms(c: &Ctx, t: &mut Terms) {
             }
         }
         if spec.moe_layers() > 0 {
-            moe::moe_terms(c, &mut t.moe_layer);
+            moe_terms(c, &mut t.moe_layer);
         }
     }
     t.last.push((Part::Head, c.sp_split(c.t(c.v(P), &[B, S, H]))));
     t.last.push((Part::Head, c.t(c.pl(), &[B, S, H])));
     // Vocab-parallel cross-entropy keeps the fp32 logits shard.
     t.last.push((Part::Loss, c.tp_split(c.t(c.fp32(), &[B, S, V]))));
+}
+
+/// The MoE block's saved tensors (transformers' grouped_mm layout, FINDINGS.md §2.2): sizes
+/// depend only on S = b·s·K token–expert pairs, not on the routing.
+fn moe_terms(c: &Ctx, out: &mut Vec<(Part, Expr)>) {
+    let spec = &c.cfg.arch;
+    let e = Expr::var(E, spec.experts);
+    let k = Expr::var(K_TOP, spec.top_k);
+    let fe = Expr::var(F_E, spec.expert_ffn);
+    let fp32 = c.fp32();
+    let i64b = c.i64();
+    let bs = || [c.v(B), c.v(S)];
+    let pairs = |bytes: Expr, more: &[Expr]| {
+        let mut v = vec![bytes];
+        v.extend(bs());
+        v.push(k.clone());
+        v.extend(more.iter().cloned());
+        Expr::prod(v)
+    };
+    // Router: fp32 softmax [T,E], top-k indices (int64) and values (fp32), their sum.
+    out.push((Part::Moe, Expr::prod([fp32.clone(), c.v(B), c.v(S), e.clone()])));
+    out.push((Part::Moe, pairs(i64b.clone(), &[])));
+    out.push((Part::Moe, pairs(fp32.clone(), &[])));
+    out.push((Part::Moe, c.t(fp32.clone(), &[B, S])));
+    // Experts: 3 int64 index tensors, int32 offsets [E], gathered tokens, gate_up [S,2f_e],
+    // act(gate), down input, fp32 routing weights, down output.
+    let pe = if c.amp { c.pr() } else { c.v(P) };
+    out.push((Part::Moe, pairs(Expr::prod([Expr::num(3u8), i64b]), &[])));
+    out.push((Part::Moe, Expr::prod([Expr::konst("INT32_BYTES", 4u8), e])));
+    out.push((Part::Moe, pairs(pe.clone(), &[c.v(H)])));
+    out.push((Part::Moe, pairs(Expr::prod([Expr::num(2u8), pe.clone()]), std::slice::from_ref(&fe))));
+    out.push((Part::Moe, pairs(pe.clone(), std::slice::from_ref(&fe))));
+    out.push((Part::Moe, pairs(pe.clone(), &[fe])));
+    out.push((Part::Moe, pairs(fp32, &[])));
+    out.push((Part::Moe, pairs(pe, &[c.v(H)])));
 }

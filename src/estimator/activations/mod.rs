@@ -1,34 +1,28 @@
 //! Activation memory: the tensors autograd saves for backward, tensor by tensor, for the code the
 //! user actually runs.
 //!
-//! By default this follows Hugging Face transformers' module code (5.x) on CUDA: what
+//! By default this follows Hugging Face transformers' module code (5.x): what
 //! `torch.autograd.graph.saved_tensors_hooks` sees at the end of the forward pass, the loss
-//! included, each storage counted once. Every term was measured in the validation harness
-//! (`validation/FINDINGS.md`, checked to the byte against PyTorch); the `framework = megatron`
-//! profile follows Korthikanti et al. 2022, §4.1 instead.
+//! included, each storage counted once. The tensors come from the op-level program of the step
+//! (`step`: one builder per decoder-layer family, the same program that gives the step's event
+//! stream and its peak), folded into formulas by ledger part; measured to the byte in the
+//! validation harness (`validation/FINDINGS.md`). The `framework = megatron` profile follows
+//! Korthikanti et al. 2022, §4.1 instead.
 //!
 //! Symbols ([`ctx::Q`]): b micro-batch, s tokens per sequence on this GPU (s / cp), h hidden, a
 //! heads, k key/value heads, d head dim, f MLP intermediate, V vocabulary, L layers on this GPU,
 //! p bytes per compute element (2 in bf16), p_r bytes of the residual stream (4 under autocast),
 //! E experts, K experts per token, r LoRA rank, t tensor-parallel degree.
 //!
-//! Layout: [`transformers`] assembles a model from the blocks — [`norms`], [`attention`],
-//! [`mlp`], [`moe`], the adapters and autocast copies of [`layer`], and the ends (embedding,
-//! head, loss); [`megatron`] is the other profile; [`working`] the transient buffers beside the
-//! saved ones; [`textbook`] the closed formulas of the literature for comparison.
+//! Layout: [`activations`] reads the kept tensors of the step's programs (`step::ledger`);
+//! [`megatron`] is the other profile; [`textbook`] the closed formulas of the literature for
+//! comparison; [`ctx`] the symbols.
 
-pub mod attention;
 pub mod ctx;
-pub mod layer;
 pub mod megatron;
-pub mod mlp;
-pub mod moe;
-pub mod norms;
 pub mod textbook;
-pub mod transformers;
-pub mod working;
 
-use super::config::{Config, Finetune, Framework, Kernels, LoraTargets};
+use super::config::{Config, Kernels};
 use super::expr::Expr;
 use super::ledger::{Bytes, Category, Row};
 use super::params::Stage;
@@ -36,7 +30,6 @@ use super::precision::{Dtype, Recipe};
 use ctx::{Ctx, Values, L, L_DENSE, L_MOE, M};
 
 pub use textbook::{eager_score_bytes, textbook_differences, textbook_rows};
-pub use working::Working;
 
 /// The sub-rows of the activation ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,8 +112,6 @@ pub struct Activations {
     /// Micro-batches whose activations are alive at once on this stage (pipeline schedule).
     pub in_flight_num: u64,
     pub in_flight_den: u64,
-    /// Transient buffers around the saved tensors.
-    pub working: Working,
 }
 
 /// Accumulates terms by part, for one decoder layer and for the model's ends.
@@ -133,36 +124,86 @@ pub struct Terms {
     pub last: Vec<(Part, Expr)>,
 }
 
-/// Which linears keep their input for the weight gradient (their weight is trainable or they
-/// carry a LoRA adapter, whose A matrix keeps the same input).
-pub struct Saves {
-    pub qkv_in: bool,
-    pub o_in: bool,
-    pub mlp_in: bool,
-    pub down_in: bool,
-    pub norm_weight: bool,
-    pub embedding: bool,
-    pub head: bool,
-}
-
-pub fn saves(cfg: &Config) -> Saves {
-    if cfg.finetune == Finetune::Full {
-        return Saves { qkv_in: true, o_in: true, mlp_in: true, down_in: true, norm_weight: true, embedding: true, head: true };
-    }
-    let t = cfg.lora_targets;
-    Saves {
-        qkv_in: t.has(LoraTargets::Q) || t.has(LoraTargets::K) || t.has(LoraTargets::V),
-        o_in: t.has(LoraTargets::O),
-        mlp_in: t.has(LoraTargets::GATE) || t.has(LoraTargets::UP),
-        down_in: t.has(LoraTargets::DOWN),
-        norm_weight: false,
-        embedding: false,
-        head: false,
-    }
-}
-
-/// Builds the activation ledger of one GPU of `stage`.
+/// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
+/// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
 pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+    use super::step::families::Kind;
+    use super::step::ir::Group;
+    use super::step::ledger::kept;
+    use super::step::model::Setup;
+    let spec = &cfg.arch;
+    let setup = Setup::new(cfg, recipe, stage);
+    let b = setup.builder();
+    let has_moe = spec.moe_layers() > 0;
+    // Terms by part: per layer group, the model's first end, and its last end.
+    let mut t = Terms::default();
+    let group_of = |g: Group, kind: Kind| -> Group {
+        match (g, has_moe, kind) {
+            (Group::All, _, _) => Group::All,
+            (_, false, _) => Group::All,
+            (_, true, Kind::Moe) => Group::Moe,
+            (_, true, Kind::Dense) => Group::Dense,
+        }
+    };
+    // One program per distinct (kind, attention type) of the stage's layers.
+    let mut variants: Vec<(Kind, bool)> = Vec::new();
+    for (i, &k) in setup.kinds.iter().enumerate() {
+        let v = (k, setup.sliding(i));
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    }
+    let mut shared_saved = 0u8;
+    let mut kinds_done: Vec<Kind> = Vec::new();
+    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
+        let (prog, _x, sh) = setup.layer_alone(kind, sliding, 0, false);
+        shared_saved |= super::step::fast::kept_slots(&prog, &sh);
+        // Sizes are the same across attention types (a mask differs, not what is saved).
+        if kinds_done.contains(&kind) {
+            continue;
+        }
+        kinds_done.push(kind);
+        for k in kept(&prog) {
+            if k.elsewhere {
+                continue;
+            }
+            let x = &prog.tensors[k.t as usize];
+            let e = b.expr_of(&x.shape, x.dt);
+            match group_of(k.group, kind) {
+                // Terms common to every layer: counted once, from the first kind.
+                Group::All if vi == 0 => t.layer.push((k.part, e)),
+                Group::All => {}
+                Group::Moe => t.moe_layer.push((k.part, e)),
+                Group::Dense => t.dense_layer.push((k.part, e)),
+            }
+        }
+    }
+    let (pro, _x0, psh) = setup.prologue();
+    if stage.has_embedding() {
+        for k in kept(&pro) {
+            let x = &pro.tensors[k.t as usize];
+            t.first.push((k.part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    for (slot, tid) in psh.slots().into_iter().enumerate() {
+        if let Some(tid) = tid.filter(|_| shared_saved & (1 << slot) != 0) {
+            let x = &pro.tensors[tid as usize];
+            let part = x.part.unwrap_or(Part::Embedding);
+            t.first.push((part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    if stage.has_head() {
+        let (epi, _) = setup.epilogue(&[]);
+        for k in kept(&epi) {
+            let x = &epi.tensors[k.t as usize];
+            t.last.push((k.part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
+}
+
+/// The `framework = megatron` profile's ledger (Megatron-LM's tensor list, [`megatron`]).
+pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
     let spec = &cfg.arch;
     let amp = recipe.autocast_weight_copy;
     let values = Values {
@@ -181,13 +222,16 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         tp: cfg.tp,
     };
     let c = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
-    let sv = saves(cfg);
     let mut t = Terms::default();
-    if cfg.framework == Framework::Megatron {
-        megatron::megatron_terms(&c, &mut t);
-    } else {
-        transformers::transformers_terms(&c, &sv, &mut t);
-    }
+    megatron::megatron_terms(&c, &mut t);
+    assemble(cfg, recipe, stage, stage_layers, t, c.cuda)
+}
+
+/// The rows of the ledger from terms by part: each part is
+/// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
+fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool) -> Activations {
+    let spec = &cfg.arch;
+    let _ = (recipe, cuda);
 
     // Micro-batches in flight: 1F1B keeps min(pp, accum) on the first stage; interleaving
     // multiplies by 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, §4.2.3).
@@ -279,13 +323,7 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         "sum of the parts; each part's formula is its own",
     );
     row.note = "bytes of the tensors autograd keeps at the end of the forward pass, loss included, each storage once; gradient accumulation does not change them (one micro-batch is alive at a time)".into();
-
-    let mut working = working::working_memory(&c, cfg);
-    if !stage.has_head() {
-        working.loss_forward = Expr::zero();
-        working.loss_backward = Expr::zero();
-    }
-    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den, working }
+    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den }
 }
 
 #[cfg(test)]

@@ -1,0 +1,245 @@
+//! Gemma-2 (`modeling_gemma2.py`): Gemma's RMSNorm (`x.float()` normalized, scaled by
+//! `1 + weight.float()`, cast back), four norms per layer (around attention and MLP), the
+//! embedding scaled by √h (a buffer), GeGLU (`gelu_pytorch_tanh`), tanh soft-capping of the
+//! attention scores and of the final logits, and alternating sliding-window / full layers with
+//! one materialized mask each.
+
+use super::super::blocks::shapes::{heads, heads_bshd, scores, tok, tok_tp};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
+use super::llama::{repeat_kv, rope, AttnW, MlpW};
+use super::{Kind, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{Linear, ModelSpec, NormKind};
+
+/// Gemma-2 and Gemma-3: four norms per layer, sliding-window layers beside full ones.
+pub fn two_masks(spec: &ModelSpec) -> bool {
+    spec.norm == NormKind::RmsnormGemma && spec.layer_norms == 4
+}
+
+/// Whether `spec` is a Gemma (Gemma's RMSNorm).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.norm == NormKind::RmsnormGemma
+}
+
+/// `Gemma2RMSNorm.forward`:
+/// ```python
+/// output = self._norm(x.float())   # x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+/// output = output * (1.0 + self.weight.float())
+/// return output.type_as(x)
+/// ```
+/// Keeps the fp32 input, the rsqrt, the normalized fp32 input and `1 + weight` (fp32 `[h]`).
+pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
+    let in_dt = b.t(x).dt;
+    let x32 = b.to_copy(x, Dt::F32);
+    let sq = b.pow(x32);
+    let var = b.mean_last(sq);
+    let ve = b.add_scalar(var);
+    let r = b.rsqrt(ve);
+    let n32 = b.mul(x32, r);
+    let o = match w {
+        Some(w) => {
+            let wf = b.to_copy(w, Dt::F32);
+            let w1 = b.add_scalar(wf);
+            b.mul(n32, w1)
+        }
+        None => n32,
+    };
+    let y = b.to_copy(o, in_dt);
+    b.hold(x);
+    y
+}
+
+/// Gemma-2's eager attention: Llama's, with `scores / cap`, `tanh`, `* cap` before the mask.
+fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Option<Tid>) {
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
+    let qc = b.fold(q, heads(Q::A));
+    let kc = match kr {
+        Some(kr) => kr,
+        None => b.fold(k, heads(Q::A)),
+    };
+    let sc = b.bmm(qc, kc, scores());
+    let sm = b.mul_scalar(sc);
+    let dv = b.unary("div", "DivBackward1", sm, Keep::Nothing, "div");
+    let th = b.unary("tanh", "TanhBackward0", dv, Keep::Output, "tanh_backward");
+    let cap = b.mul_scalar(th);
+    let sa = match mask {
+        Some(m) => b.add(cap, m),
+        None => cap,
+    };
+    let s32 = b.to_copy(sa, Dt::F32);
+    let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
+    let pc = b.to_copy(pr, b.t(q).dt);
+    // `attn_weights` names the masked scores until `softmax(…).to(query.dtype)` rebinds it.
+    b.hold(sa);
+    let pc = b.dropout(pc);
+    let vc = match vr {
+        Some(vr) => vr,
+        None => b.fold(v, heads(Q::A)),
+    };
+    let o = b.bmm(pc, vc, heads(Q::A));
+    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
+    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    let oc = b.copy(ot, heads_bshd(Q::A));
+    if let (Some(kr), Some(vr)) = (kr, vr) {
+        b.hold(kr);
+        b.hold(vr);
+    }
+    let out = b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
+    (out, Some(pc))
+}
+
+/// `Gemma2Attention.forward` (eager; transformers refuses sdpa for Gemma-2, the core below is
+/// SDPA's when asked anyway).
+fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
+    let eager = attn == Attention::Eager;
+    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> Tid {
+        b.module = module;
+        b.part = Part::AttentionInputs;
+        let y = match w {
+            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
+            None => x,
+        };
+        b.module = "self_attn";
+        let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
+        b.view(v, heads(h), "TransposeBackward0", false)
+    };
+    let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", true, Linear::Q);
+    let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", true, Linear::K);
+    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
+    b.part = Part::AttentionCore;
+    let (q, k) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) => {
+            let qe = rope(b, q, cos, sin, Q::A);
+            let ke = rope(b, k, cos, sin, Q::KV);
+            b.hold(q);
+            b.hold(k);
+            (qe, ke)
+        }
+        _ => (q, k),
+    };
+    b.module = "self_attn";
+    let (region, q, k, v) = super::llama::selective_begin(b, q, k, v);
+    let (o, weights) = if eager { eager_core(b, q, k, v, sh.mask) } else { (super::llama::sdpa_core(b, q, k, v), None) };
+    super::llama::selective_end(b, region);
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.o_proj";
+    let out = match wo {
+        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
+        None => o,
+    };
+    b.hold(q);
+    b.hold(k);
+    b.hold(v);
+    (out, weights)
+}
+
+/// `Gemma2MLP`: `down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))`.
+fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
+    let MlpW { wg, wu, wd } = *w;
+    b.part = Part::Mlp;
+    let f = || tok_tp(Dim::Q(Q::F));
+    b.module = "mlp.gate_proj";
+    let g = match wg {
+        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
+        None => x,
+    };
+    b.module = "mlp.act_fn";
+    let a = b.unary("gelu", "GeluBackward0", g, Keep::Input, "gelu_backward");
+    b.module = "mlp.up_proj";
+    let u = match wu {
+        Some(w) => b.proj(x, w, None, f(), Linear::Up),
+        None => x,
+    };
+    b.module = "mlp";
+    let m = b.mul(a, u);
+    b.module = "mlp.down_proj";
+    match wd {
+        Some(w) => b.proj(m, w, None, tok(Q::H), Linear::Down),
+        None => m,
+    }
+}
+
+/// `Gemma2DecoderLayer.forward`: `input_layernorm` → attention → `post_attention_layernorm` →
+/// residual → `pre_feedforward_layernorm` → MLP → `post_feedforward_layernorm` → residual.
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+    let _ = (spec, kind);
+    b.group = Group::All;
+    let aw = AttnW::new(b, p);
+    let mw = MlpW::new(b, p);
+    let nw: Vec<Option<Tid>> = (0..spec.layer_norms).map(|_| p.w(b, "layers.*.norm.weight")).collect();
+    let norm = |b: &mut Builder, x: Tid, i: usize, module: &'static str| {
+        b.module = module;
+        b.part = Part::Norms;
+        rms_norm(b, x, nw.get(i).copied().flatten())
+    };
+    let n1 = norm(b, x, 0, "input_layernorm");
+    let (a, weights) = attention(b, &aw, n1, sh, attn);
+    b.hold(n1);
+    let a2 = norm(b, a, 1, "post_attention_layernorm");
+    b.module = "";
+    let h = b.add(x, a2);
+    let n2 = norm(b, h, 2, "pre_feedforward_layernorm");
+    let m = mlp(b, &mw, n2);
+    b.hold(n2);
+    let m2 = norm(b, m, 3, "post_feedforward_layernorm");
+    b.module = "";
+    let y = b.add(h, m2);
+    b.hold(h);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}
+
+/// The embedding scaled by √h (`Gemma2ScaledWordEmbedding`: `embedding(ids) * embed_scale`,
+/// a buffer cast to the weight's dtype).
+pub fn scale_embedding(b: &mut Builder, e: Tid) -> Tid {
+    let scale = b.external(Shape::scalar(), Dt::Resid, super::super::ir::Origin::Buffer, false);
+    b.mul(e, scale)
+}
+
+/// `create_causal_mask` and `create_sliding_window_causal_mask` for eager attention: two
+/// materialized `[b, 1, s, s_kv]` masks (each after its own packed-sequence detection).
+pub fn masks(b: &mut Builder, pos: Tid) -> (Tid, Tid) {
+    let (_, full) = super::llama::mask_only(b, pos, Attention::Eager);
+    super::llama::packed_detection(b, pos);
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
+    let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
+    let kv0 = b.plain("arange", &[], s1(), Dt::I64);
+    let kv = b.plain("add", &[kv0], s1(), Dt::I64);
+    let q0 = b.plain("arange", &[], s1(), Dt::I64);
+    let qi = b.plain("add", &[q0], s1(), Dt::I64);
+    let ss = || Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+    let one = b.plain("new_ones", &[], Shape::scalar(), Dt::Bool);
+    let sub = b.plain("sub", &[qi], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64);
+    let gt = b.plain("gt", &[kv, sub], ss(), Dt::Bool);
+    let and1 = b.plain("bitwise_and", &[one, gt], ss(), Dt::Bool);
+    let le = b.plain("le", &[kv, qi], ss(), Dt::Bool);
+    let and2 = b.plain("bitwise_and", &[and1, le], ss(), Dt::Bool);
+    for t in [ba, ha, kv, qi] {
+        b.hold(t);
+    }
+    let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
+    let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
+    let m = b.plain("where", &[and2, zero, min], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid);
+    b.p.tensors[m as usize].part = Some(Part::Checkpoints);
+    (full.unwrap_or(m), m)
+}
+
+/// Gemma-2's final-logit soft-capping: `logits / cap`, `tanh`, `* cap` (keeps the tanh).
+pub fn softcap_logits(b: &mut Builder, logits: Tid) -> Tid {
+    let d = b.unary("div", "DivBackward1", logits, Keep::Nothing, "div");
+    let t = b.unary("tanh", "TanhBackward0", d, Keep::Output, "tanh_backward");
+    b.mul_scalar(t)
+}
+
+#[allow(dead_code)]
+fn _shapes() -> Shape {
+    tok_tp(Dim::Q(Q::F))
+}

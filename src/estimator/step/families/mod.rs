@@ -1,0 +1,183 @@
+//! Decoder layers of the model families, built from the blocks of `blocks.rs` the way each
+//! family's `modeling_*.py` calls them. A family is a function `layer(b, x, shared, kind) -> y`
+//! (and, where it differs, its own embedding, final norm and head); [`layer`] picks it from the
+//! architecture.
+//!
+//! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
+//! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
+
+pub mod gemma;
+pub mod gpt2;
+pub mod llama;
+pub mod moe;
+pub mod phi3;
+
+use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::config::{Attention, Finetune};
+use crate::estimator::model::{ModelSpec, NormKind, Positions};
+use crate::estimator::params::{LocalGroup, Role};
+
+/// The kind of a decoder layer: what its feed-forward block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Dense,
+    Moe,
+}
+
+/// Model-level tensors every layer reads (created by the model's forward before the layers).
+#[derive(Clone, Copy, Debug)]
+pub struct Shared {
+    /// RoPE cos and sin `[1, s, d_rot]` (or none).
+    pub cos: Option<Tid>,
+    pub sin: Option<Tid>,
+    /// `cache_position` / `position_ids` `[s]` int64.
+    pub pos: Option<Tid>,
+    /// Eager attention's additive mask `[b, 1, s, s_kv]` (the full-attention layers').
+    pub mask: Option<Tid>,
+    /// The sliding-window layers' mask (Gemma-2/3); a layer's view puts it in `mask`.
+    pub mask_local: Option<Tid>,
+    /// The token embedding's weight (the LM head's, when tied).
+    pub emb_w: Option<Tid>,
+    /// Locals of the model's forward held until it returns, not passed to the layers
+    /// (Llama's `inputs_embeds`, which is also the first layer's input; GPT-2's token and
+    /// position embeddings).
+    pub locals: [Option<Tid>; 2],
+}
+
+/// The shared tensors' slots, in a fixed order.
+pub const NSLOTS: usize = 5;
+
+impl Shared {
+    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local).
+    pub fn slots(&self) -> [Option<Tid>; NSLOTS] {
+        [self.cos, self.sin, self.pos, self.mask, self.mask_local]
+    }
+    pub fn all(&self) -> impl Iterator<Item = Tid> {
+        self.slots().into_iter().flatten()
+    }
+    /// What a layer reads: a sliding-window layer's mask is the local one.
+    pub fn view(&self, sliding: bool) -> Shared {
+        let mut v = *self;
+        if sliding && self.mask_local.is_some() {
+            v.mask = self.mask_local;
+        }
+        v.mask_local = None;
+        v
+    }
+    /// The global slots a layer's view reads (bit per slot).
+    pub fn used(&self, sliding: bool) -> u8 {
+        let mut bits = 0u8;
+        for (i, t) in self.slots().into_iter().enumerate() {
+            let mask_slot = i == 3 || i == 4;
+            let reads = if mask_slot { (i == 4) == (sliding && self.mask_local.is_some()) } else { true };
+            if t.is_some() && reads {
+                bits |= 1 << i;
+            }
+        }
+        bits
+    }
+}
+
+/// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
+pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
+    gemma::two_masks(spec) && i % 2 == 0
+}
+
+/// The parameters of one GPU's stage, looked up by their tensor-table name.
+pub struct Params<'g> {
+    pub groups: &'g [LocalGroup],
+    pub weight: DType,
+    /// Bytes per gradient element.
+    pub grad_elem: u64,
+    /// Shards of gradients (ZeRO-2 and up) for dense and expert tensors.
+    pub shards: u64,
+    pub expert_shards: u64,
+}
+
+impl Params<'_> {
+    /// Elements of one instance of `name` and whether it trains.
+    pub fn find(&self, name: &str) -> Option<(u64, bool, bool)> {
+        self.groups.iter().find(|g| g.group.name == name && !g.adapter).map(|g| (g.group.numel(), g.role == Role::Trainable, g.expert))
+    }
+
+    /// A parameter tensor for `name` in the program (none when the model has no such tensor).
+    pub fn w(&self, b: &mut Builder, name: &str) -> Option<Tid> {
+        let (numel, trains, expert) = self.find(name)?;
+        Some(self.make(b, numel, trains, expert))
+    }
+
+    /// A parameter of `numel` elements.
+    pub fn make(&self, b: &mut Builder, numel: u64, trains: bool, expert: bool) -> Tid {
+        let bytes = numel as u128 * self.weight.bytes() as u128;
+        let shards = if expert { self.expert_shards } else { self.shards } as u128;
+        let grad = if trains { (numel as u128).div_ceil(shards.max(1)) * self.grad_elem as u128 } else { 0 };
+        b.param(bytes, self.weight, grad)
+    }
+}
+
+/// Builds one decoder layer of `spec`'s family on input `x`; returns its output.
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+    if gpt2::is(spec) {
+        gpt2::layer(b, p, spec, x, sh, attn)
+    } else if phi3::is(spec) {
+        phi3::layer(b, p, spec, x, sh, kind, attn)
+    } else if gemma::two_masks(spec) {
+        gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else {
+        llama::layer(b, p, spec, x, sh, kind, attn)
+    }
+}
+
+/// The model's embedding block (token embedding, positions): returns the residual stream's
+/// first tensor and the model-level tensors the layers read.
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention, ft: Finetune) -> (Tid, Shared) {
+    let _ = ft;
+    if gpt2::is(spec) {
+        gpt2::embed(b, p, spec, ids, attn)
+    } else {
+        llama::embed(b, p, spec, ids, attn)
+    }
+}
+
+/// Whether the first layer's input is one of the model forward's locals (held until the model
+/// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
+pub fn x0_is_local(spec: &ModelSpec) -> bool {
+    !gpt2::is(spec)
+}
+
+/// The final norm of the model (`model.norm`, `transformer.ln_f`), if it has one.
+pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+    if gpt2::is(spec) {
+        gpt2::final_norm(b, p, spec, x)
+    } else {
+        llama::final_norm(b, p, spec, x)
+    }
+}
+
+/// A token tensor `[b, s, h]` given to a program by its caller.
+pub fn input(b: &mut Builder, free_fwd: bool, free_bwd: bool) -> Tid {
+    b.external(Shape::tok(Q::H), Dt::Resid, Origin::Input { free_fwd, free_bwd }, true)
+}
+
+/// Rotary dims per head.
+pub fn rotary_dims(spec: &ModelSpec) -> u64 {
+    (spec.head_dim * spec.rotary_pct).div_ceil(100).max(1)
+}
+
+/// Whether the model computes RoPE cos/sin.
+pub fn has_rope(spec: &ModelSpec) -> bool {
+    spec.positions == Positions::Rope
+}
+
+/// The shape of the model-level cos/sin `[1, s, d_rot]`.
+pub fn cos_shape(spec: &ModelSpec) -> Shape {
+    use super::ir::Dim;
+    let d = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
+    Shape::new(&[Dim::Q(Q::S), d], Split::None)
+}
+
+/// Norm kinds that keep statistics in the input dtype on CPU.
+pub fn layer_norm_like(n: NormKind) -> bool {
+    matches!(n, NormKind::Layernorm | NormKind::LayernormNoBias)
+}

@@ -1,0 +1,701 @@
+//! The op-level program of a training step: tensors, the ops that make them, what each op saves
+//! for backward and how its autograd node allocates — the single source of the activation ledger,
+//! the step's event stream and the peak.
+//!
+//! A [`Program`] is built by a [`Builder`] whose methods mirror transformers' modeling code line
+//! by line (see `blocks.rs`): every aten op the code dispatches becomes an [`Op`] with its output
+//! tensors (or views), the tensors its autograd node saves, and a small backward script
+//! ([`B`]) that says what the node allocates, in the order PyTorch allocates it. Python scopes
+//! are explicit: a tensor lives until its last use or until the local that names it is rebound
+//! ([`Builder::hold`]), whichever is later, unless an autograd node saved it.
+//!
+//! Every tensor's size is an [`Expr`] in the activation symbols (`b`, `s`, `h`, …): the saved
+//! ones make the ledger's formulas, and inside `expr::numbers_only` they fold to numbers.
+
+use super::super::activations::ctx::{Ctx, Q};
+use super::super::activations::Part;
+use super::super::expr::{Expr, Sym};
+use super::super::precision::{BF16_BYTES, BOOL_BYTES, INT64_BYTES};
+use serde::Serialize;
+
+/// A tensor of a program.
+pub type Tid = u32;
+/// No tensor.
+pub const NO_TENSOR: Tid = u32::MAX;
+/// An op index that is never reached: held until the program's end.
+pub const FOREVER: u32 = u32::MAX;
+/// Held until the forward pass ends (autocast's weight-cast cache, cleared when the autocast
+/// context exits after the model call).
+pub const FWD_END: u32 = u32::MAX - 1;
+
+/// Element type of a tensor as PyTorch stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Fp32,
+    Bf16,
+    Fp16,
+    Fp8,
+    I64,
+    I32,
+    Bool,
+}
+
+impl DType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::Fp32 | DType::I32 => 4,
+            DType::Bf16 | DType::Fp16 => 2,
+            DType::Fp8 | DType::Bool => 1,
+            DType::I64 => 8,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Fp32 => "float32",
+            DType::Bf16 => "bfloat16",
+            DType::Fp16 => "float16",
+            DType::Fp8 => "float8",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::Bool => "bool",
+        }
+    }
+    /// The tensor dtype of a precision recipe's element type.
+    pub fn of(d: super::super::precision::Dtype) -> DType {
+        use super::super::precision::Dtype as P;
+        match d {
+            P::Fp32 => DType::Fp32,
+            P::Bf16 => DType::Bf16,
+            P::Fp16 => DType::Fp16,
+            P::Fp8 => DType::Fp8,
+        }
+    }
+}
+
+/// A dtype as the modeling code names it: the model's compute dtype, the residual stream's, or
+/// a fixed one (`.to(torch.float32)`, token ids). Resolved to a [`DType`] and to the symbol its
+/// bytes show in a formula (`p`, `p_r`, `FP32_BYTES`, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dt {
+    /// The dtype activations are computed in (`p`).
+    Model,
+    /// The residual stream's dtype (`p_r`: fp32 under autocast).
+    Resid,
+    /// A GEMM input as saved (`p_lin`: fp8 under Transformer Engine).
+    Lin,
+    F32,
+    Bf16,
+    I64,
+    I32,
+    Bool,
+}
+
+/// Extra quantities a shape can use beyond the activation symbols of [`Q`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum X {
+    /// Rotary dims per head (d_rot).
+    DRot,
+    /// Routed experts (E).
+    E,
+    /// Experts per token (K).
+    K,
+    /// Expert intermediate size (f_e).
+    FE,
+    /// Shared experts' intermediate size (f_s).
+    FS,
+    /// LoRA rank (r).
+    R,
+    /// OPT's word_embed_proj_dim (e).
+    EProj,
+    /// Max positions of a learned position table (GPT-2's wpe rows).
+    Pos,
+    /// Rows of a chunked loss (n_chunk).
+    Chunk,
+}
+
+impl X {
+    pub const COUNT: usize = 9;
+    pub fn sym(self) -> Sym {
+        use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
+        match self {
+            X::DRot => D_ROT,
+            X::E => E_SYM,
+            X::K => K_TOP,
+            X::FE => F_E,
+            X::FS => F_S,
+            X::R => R_SYM,
+            X::EProj => Sym::new("e", "", "OPT word_embed_proj_dim"),
+            X::Pos => Sym::new("P", "", "rows of the learned position table"),
+            X::Chunk => Sym::new("n", "chunk", "rows of a loss chunk: ⌈b·s / ⌈V/h⌉⌉ (Liger)"),
+        }
+    }
+}
+
+/// One dimension of a shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Q(Q),
+    X(X),
+    /// A literal count.
+    N(u32),
+    /// Half of a quantity (rotate_half's halves).
+    Half(Q),
+    /// A quantity plus one (labels padded by one).
+    Plus1(Q),
+    /// Half of an extra quantity (half the rotary dims).
+    HalfX(X),
+    /// The fused q, k, v heads: a + 2k.
+    Qkv,
+    /// A parameter's element count (already local to this GPU).
+    W(u64),
+}
+
+/// How a tensor is divided over tensor-parallel ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    None,
+    /// Inside the tensor-parallel region (heads, MLP columns): ⌈·/t⌉.
+    Tp,
+    /// The residual stream under sequence parallelism: ⌈·/t⌉ when sp is on.
+    Sp,
+}
+
+/// A symbolic shape: up to 6 dims and a split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub dims: [Dim; 6],
+    pub n: u8,
+    pub split: Split,
+}
+
+impl Shape {
+    pub fn new(ds: &[Dim], split: Split) -> Shape {
+        let mut dims = [Dim::N(1); 6];
+        let n = ds.len().min(6);
+        dims[..n].copy_from_slice(&ds[..n]);
+        Shape { dims, n: n as u8, split }
+    }
+    /// Token-shaped `[b, s, w]` in the residual split.
+    pub fn tok(w: Q) -> Shape {
+        Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(w)], Split::Sp)
+    }
+    pub fn dims(&self) -> &[Dim] {
+        &self.dims[..self.n as usize]
+    }
+    pub fn with_split(mut self, split: Split) -> Shape {
+        self.split = split;
+        self
+    }
+    /// The same shape with dim `i` replaced.
+    pub fn set(mut self, i: usize, d: Dim) -> Shape {
+        self.dims[i] = d;
+        self
+    }
+    /// The shape without its last dim (a `keepdim` reduction: `[b, s, 1]` has `b·s` elements).
+    pub fn drop_last(mut self) -> Shape {
+        self.n = self.n.saturating_sub(1);
+        self
+    }
+    /// The shape with its last dim replaced.
+    pub fn last(mut self, d: Dim) -> Shape {
+        let n = self.n as usize;
+        self.dims[n - 1] = d;
+        self
+    }
+    /// A scalar.
+    pub fn scalar() -> Shape {
+        Shape::new(&[], Split::None)
+    }
+}
+
+/// Which decoder layers carry a saved tensor: the ledger multiplies it by their count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Group {
+    /// Every layer (L).
+    All,
+    /// Layers whose feed-forward block is a mixture of experts (L_moe).
+    Moe,
+    /// Layers with a dense MLP in a model that also has MoE layers (L_dense).
+    Dense,
+}
+
+/// Where a tensor's storage comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Allocated by the op that outputs it (or a view of another tensor's storage).
+    Op,
+    /// A parameter: alive before the step; a trainable one receives a gradient through
+    /// AccumulateGrad (`grad_bytes` per gradient, 0 when frozen).
+    Param { grad_bytes: u128 },
+    /// The batch (token ids, labels): alive before the step, never freed by it.
+    Batch,
+    /// A model buffer (Gemma's embedding scale): model state, never freed, not an activation.
+    Buffer,
+    /// A tensor this program receives from its caller (a layer's input, the model's shared
+    /// cos/sin): alive at entry. `free_fwd`: the program may free it when its forward liveness
+    /// ends; `free_bwd`: when the last node that saved it has run (its owner has let it go).
+    Input { free_fwd: bool, free_bwd: bool },
+}
+
+/// One tensor.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    /// numel × element size of this tensor (its gradient has the same size).
+    pub bytes: u128,
+    /// Its shape in symbols and its dtype as the code names it (the ledger's formula).
+    pub shape: Shape,
+    pub dt: Dt,
+    /// The ledger part it is always counted in, whoever saves it (shared cos/sin, the
+    /// checkpoints' keyword arguments).
+    pub part: Option<Part>,
+    /// The tensor whose storage this one uses (itself unless it is a view).
+    pub base: Tid,
+    pub dtype: DType,
+    pub origin: Origin,
+    pub requires_grad: bool,
+    /// The aten op that made it.
+    pub op: &'static str,
+    /// Held by a Python name until this op index (inclusive); at least its producer.
+    pub hold: u32,
+    /// The last op that reads it.
+    pub last_use: u32,
+    /// Counted in a shared model-level row rather than this program's (cos/sin in a layer).
+    pub elsewhere: bool,
+}
+
+/// One step of a node's backward, in PyTorch's order. Temporaries are numbered by their
+/// allocation order within the node (`Alloc` k is temporary k).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum B {
+    /// Allocate a buffer (a gradient or a temporary of the formula).
+    Alloc { bytes: u128, dtype: DType, op: &'static str },
+    /// Free temporary k (a formula's intermediate, or a full-size gradient after its sum).
+    Free(u8),
+    /// Temporary k becomes the gradient of input i.
+    Grad { input: u8, temp: u8 },
+    /// The gradient of output o flows on to input i unchanged (a view of it, no allocation).
+    Pass { input: u8, output: u8 },
+    /// The node's formula returns (what follows is the engine's `validate_outputs`: the
+    /// `sum_to` of broadcast inputs). Tensors unpacked from a checkpoint die here.
+    Apply,
+}
+
+/// One op of the forward pass and its autograd node.
+#[derive(Clone, Debug)]
+pub struct Op {
+    /// The aten op (forward).
+    pub name: &'static str,
+    /// Its autograd node (`MmBackward0`); empty when not differentiable.
+    pub node: &'static str,
+    /// Module path, relative to the decoder layer for layer ops.
+    pub module: &'static str,
+    /// Decoder layer index, or [`MODEL`] for the model's ends.
+    pub layer: u16,
+    pub ins: (u32, u8),
+    pub outs: (u32, u8),
+    /// Saved tensors (into `Program::saves`).
+    pub saved: (u32, u8),
+    pub bw: (u32, u16),
+}
+
+/// Layer index of model-level ops.
+pub const MODEL: u16 = u16::MAX;
+
+/// A saved reference: the tensor, and the ledger part it is counted in.
+#[derive(Clone, Copy, Debug)]
+pub struct Save {
+    pub t: Tid,
+    pub part: Part,
+    pub group: Group,
+}
+
+/// A `torch.utils.checkpoint` region (non-reentrant, HF's default): its forward saves nothing
+/// but its inputs and keyword arguments; its backward first re-runs the forward up to the last
+/// op that saves anything (early stop), then backpropagates.
+#[derive(Clone, Debug)]
+pub struct Region {
+    pub first: u32,
+    /// One past its last op.
+    pub end: u32,
+    /// What the checkpoint keeps (positional inputs, saved; closure keyword arguments, held):
+    /// released when the region's last saved tensor has been unpacked.
+    pub held: Vec<Save>,
+}
+
+/// A program: tensors and ops in forward order.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub tensors: Vec<Tensor>,
+    pub ops: Vec<Op>,
+    pub args: Vec<Tid>,
+    pub saves: Vec<Save>,
+    pub script: Vec<B>,
+    pub regions: Vec<Region>,
+    /// Tensors handed back to the caller (their gradients arrive from outside in backward).
+    pub outputs: Vec<Tid>,
+    /// Forward ops from this index on run after the LM head returned (the tracker's `loss`
+    /// phase); `u32::MAX` when the program has no loss.
+    pub loss_from: u32,
+}
+
+impl Default for Program {
+    fn default() -> Self {
+        Program {
+            tensors: Vec::new(),
+            ops: Vec::new(),
+            args: Vec::new(),
+            saves: Vec::new(),
+            script: Vec::new(),
+            regions: Vec::new(),
+            outputs: Vec::new(),
+            loss_from: u32::MAX,
+        }
+    }
+}
+
+impl Program {
+    pub fn ins(&self, op: &Op) -> &[Tid] {
+        &self.args[op.ins.0 as usize..op.ins.0 as usize + op.ins.1 as usize]
+    }
+    pub fn outs(&self, op: &Op) -> &[Tid] {
+        &self.args[op.outs.0 as usize..op.outs.0 as usize + op.outs.1 as usize]
+    }
+    pub fn saved(&self, op: &Op) -> &[Save] {
+        &self.saves[op.saved.0 as usize..op.saved.0 as usize + op.saved.1 as usize]
+    }
+    pub fn bw(&self, op: &Op) -> &[B] {
+        &self.script[op.bw.0 as usize..op.bw.0 as usize + op.bw.1 as usize]
+    }
+    /// The op index at which a tensor's storage stops being held by forward code.
+    pub fn fwd_end(&self, t: Tid) -> u32 {
+        let x = &self.tensors[t as usize];
+        x.hold.max(x.last_use)
+    }
+}
+
+/// What an op outputs.
+#[derive(Clone, Copy, Debug)]
+pub struct Out {
+    pub shape: Shape,
+    pub dt: Dt,
+    /// A view of this tensor's storage instead of a new allocation.
+    pub view_of: Option<Tid>,
+    pub requires_grad: bool,
+}
+
+/// Builds a program; carries the configuration's symbols and the current module, layer, ledger
+/// part and layer group.
+pub struct Builder<'a> {
+    pub c: &'a Ctx<'a>,
+    pub p: Program,
+    /// Activations' compute dtype and the residual stream's.
+    pub compute: DType,
+    pub resid: DType,
+    /// Dtype of saved GEMM inputs.
+    pub lin: DType,
+    /// Values of the extra quantities ([`X`]).
+    pub xv: [u64; X::COUNT],
+    pub layer: u16,
+    pub module: &'static str,
+    pub part: Part,
+    pub group: Group,
+    /// Gradients are wanted for activations (false in a frozen prefix).
+    pub grad: bool,
+    /// Under `torch.autocast`: GEMMs and attention cast their inputs to the compute dtype.
+    pub autocast: bool,
+    /// Dropout is on (p > 0, training).
+    pub dropout: bool,
+    /// LoRA adapters on the linears it targets.
+    pub lora: Option<Lora>,
+    /// Megatron-style selective recomputation of the attention core.
+    pub selective: bool,
+}
+
+/// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
+#[derive(Clone, Copy, Debug)]
+pub struct Lora {
+    pub targets: u8,
+    pub rank: u64,
+    pub weight: DType,
+    pub grad_elem: u64,
+}
+
+impl<'a> Builder<'a> {
+    pub fn new(c: &'a Ctx<'a>, compute: DType, resid: DType, lin: DType, xv: [u64; X::COUNT]) -> Builder<'a> {
+        Builder {
+            c,
+            p: Program::default(),
+            compute,
+            resid,
+            lin,
+            xv,
+            layer: MODEL,
+            module: "",
+            part: Part::Embedding,
+            group: Group::All,
+            grad: true,
+            autocast: false,
+            dropout: false,
+            lora: None,
+            selective: false,
+        }
+    }
+
+    /// The dtype a name resolves to.
+    pub fn dtype(&self, dt: Dt) -> DType {
+        match dt {
+            Dt::Model => self.compute,
+            Dt::Resid => self.resid,
+            Dt::Lin => self.lin,
+            Dt::F32 => DType::Fp32,
+            Dt::Bf16 => DType::Bf16,
+            Dt::I64 => DType::I64,
+            Dt::I32 => DType::I32,
+            Dt::Bool => DType::Bool,
+        }
+    }
+
+    /// Bytes per element of a dtype, as the formula shows it.
+    pub fn dt_expr(&self, dt: Dt) -> Expr {
+        let c = self.c;
+        match dt {
+            Dt::Model => c.v(Q::P),
+            Dt::Resid => c.pr(),
+            Dt::Lin => c.pl(),
+            Dt::F32 => c.fp32(),
+            Dt::Bf16 => Expr::konst("BF16_BYTES", BF16_BYTES),
+            Dt::I64 => Expr::konst("INT64_BYTES", INT64_BYTES),
+            Dt::I32 => Expr::konst("INT32_BYTES", 4u8),
+            Dt::Bool => Expr::konst("BOOL_BYTES", BOOL_BYTES),
+        }
+    }
+
+    fn dim_value(&self, d: Dim) -> u128 {
+        match d {
+            Dim::Q(q) => self.c.n(q) as u128,
+            Dim::X(x) => self.xv[x as usize] as u128,
+            Dim::N(n) => n as u128,
+            Dim::Half(q) => (self.c.n(q) / 2) as u128,
+            Dim::Plus1(q) => self.c.n(q) as u128 + 1,
+            Dim::HalfX(x) => (self.xv[x as usize] / 2) as u128,
+            Dim::Qkv => (self.c.n(Q::A) + 2 * self.c.n(Q::KV)) as u128,
+            Dim::W(n) => n as u128,
+        }
+    }
+
+    fn split_value(&self, split: Split) -> u128 {
+        let t = self.c.n(Q::T_TP) as u128;
+        match split {
+            Split::Tp if t > 1 => t,
+            Split::Sp if t > 1 && self.c.cfg.sp => t,
+            _ => 1,
+        }
+    }
+
+    /// Bytes of a tensor of `shape` in `dt`.
+    pub fn bytes_of(&self, shape: &Shape, dt: Dt) -> u128 {
+        let n: u128 = shape.dims().iter().fold(self.dtype(dt).bytes() as u128, |a, &d| a.saturating_mul(self.dim_value(d)));
+        n.div_ceil(self.split_value(shape.split))
+    }
+
+    /// The formula of a tensor's bytes: `p × b × s × h`, split where it is.
+    pub fn expr_of(&self, shape: &Shape, dt: Dt) -> Expr {
+        let c = self.c;
+        let mut f = Vec::with_capacity(shape.n as usize + 1);
+        f.push(self.dt_expr(dt));
+        for &d in shape.dims() {
+            f.push(match d {
+                Dim::Q(q) => c.v(q),
+                Dim::X(x) => Expr::var(x.sym(), self.xv[x as usize]),
+                Dim::N(n) => Expr::num(n),
+                Dim::Half(q) => c.v(q).floor_div(Expr::num(2u8)),
+                Dim::Plus1(q) => Expr::sum([c.v(q), Expr::num(1u8)]),
+                Dim::HalfX(x) => Expr::var(x.sym(), self.xv[x as usize]).floor_div(Expr::num(2u8)),
+                Dim::Qkv => Expr::sum([c.v(Q::A), Expr::prod([Expr::num(2u8), c.v(Q::KV)])]),
+                Dim::W(n) => Expr::num(n),
+            });
+        }
+        let e = Expr::prod(f);
+        match shape.split {
+            Split::None => e,
+            Split::Tp => c.tp_split(e),
+            Split::Sp => c.sp_split(e),
+        }
+    }
+
+    /// A tensor that exists before the program runs, of `shape` in `dt`.
+    pub fn external(&mut self, shape: Shape, dt: Dt, origin: Origin, requires_grad: bool) -> Tid {
+        let bytes = self.bytes_of(&shape, dt);
+        self.external_bytes(bytes, shape, dt, origin, requires_grad)
+    }
+
+    fn external_bytes(&mut self, bytes: u128, shape: Shape, dt: Dt, origin: Origin, requires_grad: bool) -> Tid {
+        let id = self.p.tensors.len() as Tid;
+        self.p.tensors.push(Tensor {
+            bytes,
+            shape,
+            dt,
+            part: None,
+            base: id,
+            dtype: self.dtype(dt),
+            origin,
+            requires_grad,
+            op: match origin {
+                Origin::Param { .. } => "parameter",
+                Origin::Batch => "batch",
+                Origin::Buffer => "buffer",
+                _ => "input",
+            },
+            hold: 0,
+            last_use: 0,
+            elsewhere: false,
+        });
+        id
+    }
+
+    /// A parameter of `bytes` in `dtype` (never allocated by the step); `grad_bytes` > 0 when
+    /// it trains.
+    pub fn param(&mut self, bytes: u128, dtype: DType, grad_bytes: u128) -> Tid {
+        let dt = match dtype {
+            DType::Fp32 => Dt::F32,
+            DType::Bf16 => Dt::Bf16,
+            _ => Dt::Model,
+        };
+        let numel = (bytes / dtype.bytes().max(1) as u128) as u64;
+        self.external_bytes(bytes, Shape::new(&[Dim::W(numel)], Split::None), dt, Origin::Param { grad_bytes }, grad_bytes > 0)
+    }
+
+    /// The op index the next op will get.
+    pub fn next_op(&self) -> u32 {
+        self.p.ops.len() as u32
+    }
+    /// The index of the last op emitted.
+    pub fn last_op(&self) -> u32 {
+        self.p.ops.len().saturating_sub(1) as u32
+    }
+
+    /// Keeps `t` alive until the op emitted last (the Python name that holds it is rebound or
+    /// goes out of scope there).
+    pub fn hold(&mut self, t: Tid) {
+        let last = self.last_op();
+        let x = &mut self.p.tensors[t as usize];
+        x.hold = x.hold.max(last);
+    }
+    /// Keeps `t` alive to the program's end (a model-level local, an output).
+    pub fn hold_forever(&mut self, t: Tid) {
+        self.p.tensors[t as usize].hold = FOREVER;
+    }
+    /// Keeps `t` alive until the forward pass ends (autocast's cache).
+    pub fn hold_forward(&mut self, t: Tid) {
+        self.p.tensors[t as usize].hold = FWD_END;
+    }
+
+    /// Emits an op. `saved` refers to inputs (`S::In(i)`) and outputs (`S::Out(i)`); `bw` is
+    /// its node's backward script. Returns the output tensors.
+    pub fn op(&mut self, name: &'static str, node: &'static str, ins: &[Tid], outs: &[Out], saved: &[S], bw: &[B]) -> [Tid; 4] {
+        let idx = self.p.ops.len() as u32;
+        let ins_at = self.p.args.len() as u32;
+        for &t in ins {
+            self.p.args.push(t);
+            let x = &mut self.p.tensors[t as usize];
+            x.last_use = x.last_use.max(idx);
+        }
+        let mut out_ids = [NO_TENSOR; 4];
+        let outs_at = self.p.args.len() as u32;
+        for (k, o) in outs.iter().enumerate() {
+            let id = self.p.tensors.len() as Tid;
+            let bytes = self.bytes_of(&o.shape, o.dt);
+            let base = o.view_of.map_or(id, |v| self.p.tensors[v as usize].base);
+            self.p.tensors.push(Tensor {
+                bytes,
+                shape: o.shape,
+                dt: o.dt,
+                part: None,
+                base,
+                dtype: self.dtype(o.dt),
+                origin: Origin::Op,
+                requires_grad: o.requires_grad && self.grad,
+                op: name,
+                hold: idx,
+                last_use: idx,
+                elsewhere: false,
+            });
+            self.p.args.push(id);
+            if k < 4 {
+                out_ids[k] = id;
+            }
+        }
+        let saved_at = self.p.saves.len() as u32;
+        for s in saved {
+            let t = match *s {
+                S::In(i) => ins[i as usize],
+                S::Out(i) => out_ids[i as usize],
+            };
+            self.p.saves.push(Save { t, part: self.part, group: self.group });
+        }
+        let bw_at = self.p.script.len() as u32;
+        self.p.script.extend_from_slice(bw);
+        self.p.ops.push(Op {
+            name,
+            node,
+            module: self.module,
+            layer: self.layer,
+            ins: (ins_at, ins.len() as u8),
+            outs: (outs_at, outs.len() as u8),
+            saved: (saved_at, saved.len() as u8),
+            bw: (bw_at, bw.len() as u16),
+        });
+        out_ids
+    }
+
+    /// A new output of `shape` in `dt`.
+    pub fn out(&self, shape: Shape, dt: Dt, requires_grad: bool) -> Out {
+        Out { shape, dt, view_of: None, requires_grad }
+    }
+    /// A view of `of` with `shape`.
+    pub fn view_out(&self, of: Tid, shape: Shape) -> Out {
+        let t = self.t(of);
+        Out { shape, dt: t.dt, view_of: Some(of), requires_grad: t.requires_grad }
+    }
+
+    pub fn t(&self, id: Tid) -> &Tensor {
+        &self.p.tensors[id as usize]
+    }
+    pub fn rg(&self, id: Tid) -> bool {
+        self.p.tensors[id as usize].requires_grad
+    }
+    pub fn bytes(&self, id: Tid) -> u128 {
+        self.p.tensors[id as usize].bytes
+    }
+    pub fn shape(&self, id: Tid) -> Shape {
+        self.p.tensors[id as usize].shape
+    }
+
+    /// Marks the program's outputs (their gradients come from the caller).
+    pub fn outputs(&mut self, ts: &[Tid]) {
+        for &t in ts {
+            self.hold_forever(t);
+            self.p.outputs.push(t);
+        }
+    }
+
+    /// Opens a checkpoint region whose inputs are `held` (positional inputs and closure
+    /// keyword arguments, with their ledger part).
+    pub fn begin_checkpoint(&mut self, held: Vec<Save>) -> usize {
+        let first = self.next_op();
+        self.p.regions.push(Region { first, end: first, held });
+        self.p.regions.len() - 1
+    }
+    pub fn end_checkpoint(&mut self, region: usize) {
+        let end = self.next_op();
+        self.p.regions[region].end = end;
+    }
+}
+
+/// A saved reference in [`Builder::op`]: an input or an output of the op.
+#[derive(Clone, Copy, Debug)]
+pub enum S {
+    In(u8),
+    Out(u8),
+}

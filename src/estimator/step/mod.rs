@@ -1,0 +1,158 @@
+//! One training step, tensor by tensor: the op-level program of the model (`ir`, built by the
+//! `families` from the `blocks` that mirror transformers' modeling code), run forward and
+//! backward allocation by allocation (`run`), followed by the gradient reduction, the optimizer
+//! step and `zero_grad` (`model`). The same program gives
+//!
+//! - the activation ledger (what is saved at the end of the forward pass, by part, as formulas),
+//! - the event stream of the step ([`simulate`]), which the caching-allocator simulator replays
+//!   into `memory.reserved_peak`,
+//! - `memory.peak`, computed without materializing the stream ([`fast`]): identical layers are
+//!   simulated once and their effect applied layer by layer, which equals the stream's maximum
+//!   (tested on every preset).
+
+pub mod blocks;
+pub mod families;
+pub mod fast;
+pub mod ir;
+pub mod ledger;
+pub mod model;
+pub mod run;
+
+use super::ledger::Bytes;
+use ir::DType;
+use serde::Serialize;
+
+/// The phases of a step, as `validation/tracker.py` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The model call up to the LM head.
+    Forward,
+    /// From the LM head's return to the dropped output (logits, loss).
+    Loss,
+    Backward,
+    /// Gradient reduction across data-parallel ranks (DDP buckets, ZeRO reduce-scatter).
+    Reduction,
+    Optimizer,
+    ZeroGrad,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Loss => "loss",
+            Phase::Backward => "backward",
+            Phase::Reduction => "reduction",
+            Phase::Optimizer => "optimizer",
+            Phase::ZeroGrad => "zero_grad",
+        }
+    }
+}
+
+/// What an allocation is, for the ledger's categories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cat {
+    /// Saved for backward.
+    Activations,
+    /// A parameter's gradient.
+    Gradients,
+    /// Everything else: working buffers, activation gradients, temporaries.
+    Transient,
+}
+
+/// One allocation or free of the step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Event {
+    /// `alloc` or `free`.
+    pub kind: EventKind,
+    /// The storage: allocations are numbered in order; a free names its allocation.
+    pub id: u32,
+    pub bytes: Bytes,
+    pub dtype: DType,
+    pub cat: Cat,
+    pub phase: Phase,
+    /// Decoder layer (0-based), or `None` outside the layers.
+    pub layer: Option<u32>,
+    /// Module path (`model.layers.3.mlp.down_proj`).
+    pub module: &'static str,
+    /// The aten op (forward) or the op inside a node's backward.
+    pub op: &'static str,
+    /// The autograd node running (backward).
+    pub node: &'static str,
+    /// Bytes allocated by the step's stream after this event.
+    pub live: Bytes,
+}
+
+/// Allocation or free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Alloc,
+    Free,
+}
+
+impl Event {
+    /// "layer 31 backward, `mlp.down_proj` grad input (mm)".
+    pub fn label(&self) -> String {
+        let place = match self.layer {
+            Some(l) => format!("layer {l} {}", self.phase.name()),
+            None => self.phase.name().to_string(),
+        };
+        let what = if self.node.is_empty() { self.op.to_string() } else { format!("{} in {}", self.op, self.node) };
+        if self.module.is_empty() {
+            format!("{place}, {what}")
+        } else {
+            format!("{place}, `{}` {what}", self.module)
+        }
+    }
+}
+
+/// The step's stream and what it adds up to.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Stream {
+    /// Memory alive before the step and through it (weights, optimizer states, buffers, the
+    /// batch, resident gradients, other micro-batches' activations), not in the events.
+    pub resident: Bytes,
+    pub events: Vec<Event>,
+    /// Index of the event at the peak.
+    pub peak_index: usize,
+    /// `resident` + the largest `live`.
+    pub peak: Bytes,
+}
+
+impl Stream {
+    /// The event at the peak.
+    pub fn peak_event(&self) -> Option<&Event> {
+        self.events.get(self.peak_index)
+    }
+    /// The allocator events of the stream (for `allocator::replay`).
+    pub fn alloc_events(&self) -> Vec<super::allocator::AllocEvent> {
+        use super::allocator::AllocEvent;
+        self.events
+            .iter()
+            .map(|e| match e.kind {
+                EventKind::Alloc => AllocEvent::Alloc { id: e.id, bytes: e.bytes.min(u64::MAX as u128) as u64 },
+                EventKind::Free => AllocEvent::Free { id: e.id },
+            })
+            .collect()
+    }
+    /// Live bytes at the end of each phase (after its last event).
+    pub fn live_after(&self, phase: Phase) -> Option<Bytes> {
+        self.events.iter().rev().find(|e| e.phase == phase).map(|e| e.live)
+    }
+}
+
+pub use model::{simulate, simulate_stage};
+
+/// "layer 31 backward, `mlp.down_proj` mm in MmBackward0" for a place in the step.
+pub fn label(at: &run::At) -> String {
+    let place = if at.layer == run::NO_LAYER { at.phase.name().to_string() } else { format!("layer {} {}", at.layer, at.phase.name()) };
+    let what = if at.node.is_empty() { at.op.to_string() } else { format!("{} in {}", at.op, at.node) };
+    if at.module.is_empty() {
+        format!("{place}, {what}")
+    } else {
+        format!("{place}, `{}` {what}", at.module)
+    }
+}

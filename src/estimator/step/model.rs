@@ -1,0 +1,625 @@
+//! A pipeline stage's step: the model-level program (embedding, layers, final norm, LM head,
+//! loss), what is resident beside it, and the phases after backward — gradient reduction, the
+//! optimizer step with its temporaries, `zero_grad(set_to_none=True)`.
+
+use super::families::{self, Kind, Params, Shared};
+use super::ir::{Builder, DType, Dim, Dt, Origin, Program, Save, Shape, Split, Tid, B, MODEL, S, X};
+use super::run::{Accumulate, At, Run, Sink, NO_LAYER};
+use super::{Cat, Event, EventKind, Phase, Stream};
+use crate::estimator::activations::ctx::{Ctx, Values, Q};
+use crate::estimator::activations::Part;
+use crate::estimator::config::{Attention, Config, Kernels, Loss, OptimImpl, Optimizer, Recompute};
+use crate::estimator::ledger::Bytes;
+use crate::estimator::params::{local_groups, stage_layers, LocalGroup, Role, Stage};
+use crate::estimator::precision::{Dtype, Recipe};
+use crate::estimator::sharding::Sharding;
+
+/// Everything a stage's programs are built from.
+pub struct Setup<'a> {
+    pub cfg: &'a Config,
+    pub recipe: Recipe,
+    pub stage: Stage,
+    pub ctx: Ctx<'a>,
+    pub xv: [u64; X::COUNT],
+    pub groups: Vec<LocalGroup>,
+    /// The kind of each decoder layer on this stage, in order.
+    pub kinds: Vec<Kind>,
+    pub compute: DType,
+    pub resid: DType,
+    pub lin: DType,
+    pub accumulate: Accumulate,
+}
+
+impl<'a> Setup<'a> {
+    pub fn new(cfg: &'a Config, recipe: &Recipe, stage: Stage) -> Setup<'a> {
+        let spec = &cfg.arch;
+        let amp = recipe.autocast_weight_copy;
+        let values = Values {
+            b: cfg.batch,
+            s: cfg.seq.div_ceil(cfg.cp.max(1)),
+            s_kv: cfg.seq,
+            h: spec.hidden,
+            a: spec.heads,
+            k: spec.kv_heads,
+            d: spec.head_dim,
+            f: spec.ffn,
+            v: spec.vocab,
+            p: recipe.compute.bytes(),
+            p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
+            p_lin: if recipe.fp8_weight_cache { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+            tp: cfg.tp,
+        };
+        let ctx = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
+        let mut xv = [0u64; X::COUNT];
+        xv[X::DRot as usize] = families::rotary_dims(spec);
+        xv[X::E as usize] = spec.experts;
+        xv[X::K as usize] = spec.top_k;
+        xv[X::FE as usize] = spec.expert_ffn;
+        xv[X::FS as usize] = spec.shared_ffn * spec.shared_experts;
+        xv[X::R as usize] = cfg.lora_rank;
+        xv[X::EProj as usize] = spec.embed_proj;
+        xv[X::Pos as usize] = spec.max_pos + spec.pos_offset;
+        let rows = (cfg.batch * values_s(cfg)).div_ceil(spec.vocab.div_ceil(spec.hidden.max(1)).max(1));
+        xv[X::Chunk as usize] = rows;
+        let layers = stage_layers(spec.layers, cfg.pp);
+        let moe_here = layers.min(spec.moe_layers());
+        let kinds = (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect();
+        let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
+        Setup {
+            cfg,
+            recipe: *recipe,
+            stage,
+            ctx,
+            xv,
+            groups: local_groups(cfg, stage),
+            kinds,
+            compute: DType::of(recipe.compute),
+            resid,
+            lin: if recipe.fp8_weight_cache { DType::Fp8 } else { DType::of(recipe.compute) },
+            accumulate: if cfg.kernels == Kernels::Cpu { Accumulate::OutOfPlace } else { Accumulate::InPlace },
+        }
+    }
+
+    pub fn builder(&self) -> Builder<'_> {
+        let mut b = Builder::new(&self.ctx, self.compute, self.resid, self.lin, self.xv);
+        b.autocast = self.recipe.autocast_weight_copy;
+        b.dropout = self.cfg.dropout > 0.0;
+        b.selective = self.cfg.recompute == Recompute::Selective;
+        if self.cfg.finetune != crate::estimator::config::Finetune::Full {
+            b.lora = Some(super::ir::Lora {
+                targets: self.cfg.lora_targets.0,
+                rank: self.cfg.lora_rank,
+                weight: DType::of(self.recipe.weight),
+                grad_elem: self.recipe.grad.bytes(),
+            });
+        }
+        b
+    }
+
+    pub fn params(&self) -> Params<'_> {
+        let sh = Sharding::of(self.cfg);
+        let (shards, expert_shards) = if sh.stage >= 2 && sh.n > 1 { (sh.n, sh.n_expert) } else { (1, 1) };
+        Params { groups: &self.groups, weight: DType::of(self.recipe.weight), grad_elem: self.recipe.grad.bytes(), shards, expert_shards }
+    }
+
+    /// Whether this stage's layer `i` is a sliding-window layer (by its index in the model).
+    pub fn sliding(&self, i: usize) -> bool {
+        let first = self.first_layer();
+        families::sliding(&self.cfg.arch, first + i)
+    }
+
+    /// The model index of this stage's first layer.
+    pub fn first_layer(&self) -> usize {
+        match self.stage {
+            Stage::Whole | Stage::First => 0,
+            Stage::Middle => self.kinds.len(),
+            Stage::Last => (self.cfg.arch.layers as usize).saturating_sub(self.kinds.len()),
+        }
+    }
+
+    fn ckpt(&self) -> bool {
+        self.cfg.recompute == Recompute::Full
+    }
+
+    /// The whole stage as one program: what [`simulate_stage`] runs.
+    pub fn whole(&self) -> Program {
+        let mut b = self.builder();
+        let p = self.params();
+        let spec = &self.cfg.arch;
+        let (x0, sh) = self.begin(&mut b, &p);
+        let mut x = x0;
+        for (i, &kind) in self.kinds.iter().enumerate() {
+            b.layer = i as u16;
+            let view = sh.view(self.sliding(i));
+            x = self.one_layer(&mut b, &p, x, &view, kind);
+        }
+        b.layer = MODEL;
+        self.end(&mut b, &p, x, x0, &sh, spec);
+        b.p
+    }
+
+    /// The stage's prologue on its own: its outputs (the first hidden state and the shared
+    /// tensors) stay alive for the caller.
+    pub fn prologue(&self) -> (Program, Tid, Shared) {
+        let mut b = self.builder();
+        let p = self.params();
+        let (x0, sh) = self.begin(&mut b, &p);
+        b.outputs(&[x0]);
+        for t in sh.all().chain(sh.locals.into_iter().flatten()) {
+            b.hold_forever(t);
+        }
+        (b.p, x0, sh)
+    }
+
+    /// The shared tensors as inputs of a standalone program (same shapes and dtypes as the
+    /// prologue makes them), slot by slot; `free`: the slots this program's backward may free.
+    fn shared_inputs(&self, b: &mut Builder, free: u8) -> Shared {
+        let spec = &self.cfg.arch;
+        let mk = |b: &mut Builder, slot: usize, shape: Shape, dt: Dt, part: Part| {
+            let t = b.external(shape, dt, Origin::Input { free_fwd: false, free_bwd: free & (1 << slot) != 0 }, false);
+            b.p.tensors[t as usize].elsewhere = true;
+            b.p.tensors[t as usize].part = Some(part);
+            t
+        };
+        let (cos, sin) = if families::has_rope(spec) {
+            let c = mk(b, 0, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let s = mk(b, 1, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            (Some(c), Some(s))
+        } else {
+            (None, None)
+        };
+        let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
+        let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+        let eager = self.cfg.attn == Attention::Eager;
+        let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
+        let mask_local = (eager && families::gemma::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
+    }
+
+    /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
+    /// `pinned`), the shared tensors (the global slots, freed by this layer's backward where
+    /// `free` says: it is their first user), its view of them (`sliding`).
+    pub fn layer_alone(&self, kind: Kind, sliding: bool, free: u8, pinned: bool) -> (Program, Tid, Shared) {
+        let mut b = self.builder();
+        let p = self.params();
+        let x = families::input(&mut b, !pinned, true);
+        let sh = self.shared_inputs(&mut b, free);
+        b.layer = 0;
+        let y = self.one_layer(&mut b, &p, x, &sh.view(sliding), kind);
+        b.outputs(&[y]);
+        (b.p, x, sh)
+    }
+
+    /// Whether this stage's first layer's input is held by the model's forward (its local).
+    pub fn first_pinned(&self) -> bool {
+        self.stage.has_embedding() && families::x0_is_local(&self.cfg.arch)
+    }
+
+    /// The stage's epilogue on its own (last stage: final norm, head, loss), with the
+    /// model-level tensors the model's forward lets go at its end (`ends`: sizes and dtypes of
+    /// those nobody saved).
+    pub fn epilogue(&self, ends: &[(Shape, Dt)]) -> (Program, Tid) {
+        let mut b = self.builder();
+        let p = self.params();
+        let spec = &self.cfg.arch;
+        let x = families::input(&mut b, true, true);
+        let ends: Vec<Tid> =
+            ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
+        let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
+        let sh = Shared { cos: None, sin: None, pos: None, mask: None, mask_local: None, emb_w: head_w, locals: [None, None] };
+        b.layer = MODEL;
+        let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
+        b.hold(x);
+        for &t in &ends {
+            b.hold(t);
+        }
+        self.head_and_loss(&mut b, &p, xn, &sh);
+        (b.p, x)
+    }
+
+    /// The model's forward before the layers (embedding or the received activation, positions,
+    /// mask, rotary embedding).
+    fn begin(&self, b: &mut Builder, p: &Params) -> (Tid, Shared) {
+        let spec = &self.cfg.arch;
+        b.layer = MODEL;
+        if self.stage.has_embedding() {
+            let ids = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
+            families::embed(b, p, spec, ids, self.cfg.attn, self.cfg.finetune)
+        } else {
+            // A later pipeline stage receives its input (and computes its own positions).
+            b.module = "model";
+            b.part = Part::Embedding;
+            let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
+            let x0 = b.op("recv", "", &[], &[out], &[], &[])[0];
+            let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
+            let (cos, sin) = if families::has_rope(spec) {
+                let (c, s) = families::llama::rotary(b, spec, pos);
+                (Some(c), Some(s))
+            } else {
+                (None, None)
+            };
+            (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None] })
+        }
+    }
+
+    /// One decoder layer, checkpointed under full recomputation.
+    fn one_layer(&self, b: &mut Builder, p: &Params, x: Tid, sh: &Shared, kind: Kind) -> Tid {
+        let region = self.ckpt().then(|| {
+            let mut held = vec![Save { t: x, part: Part::Checkpoints, group: super::ir::Group::All }];
+            for t in sh.all() {
+                held.push(Save { t, part: Part::Checkpoints, group: super::ir::Group::All });
+            }
+            b.begin_checkpoint(held)
+        });
+        let y = families::layer(b, p, &self.cfg.arch, x, sh, kind, self.cfg.attn);
+        if let Some(r) = region {
+            b.end_checkpoint(r);
+        }
+        b.hold(x);
+        y
+    }
+
+    /// The model's forward after the layers: the final norm, the LM head and the loss on the
+    /// last stage; on the others the output is sent on.
+    fn end(&self, b: &mut Builder, p: &Params, x: Tid, x0: Tid, sh: &Shared, spec: &crate::estimator::model::ModelSpec) {
+        b.layer = MODEL;
+        if self.stage.has_head() {
+            let xn = if spec.final_norm { families::final_norm(b, p, spec, x) } else { x };
+            b.hold(x);
+            // `LlamaModel.forward` returns: its locals go.
+            for t in sh.locals.into_iter().flatten() {
+                b.hold(t);
+            }
+            let _ = x0;
+            for t in sh.all() {
+                b.hold(t);
+            }
+            self.head_and_loss(b, p, xn, sh);
+        } else {
+            // The output is sent to the next stage and freed; its gradient comes back.
+            for t in sh.locals.into_iter().flatten() {
+                b.hold(t);
+            }
+            let _ = x0;
+            for t in sh.all() {
+                b.hold(t);
+            }
+            b.p.outputs.push(x);
+        }
+    }
+
+    /// `lm_head` and `ForCausalLMLoss` (`loss_utils.py`):
+    /// ```python
+    /// logits = logits.float()
+    /// labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+    /// shift_labels = labels[..., 1:].contiguous()
+    /// loss = F.cross_entropy(logits.view(-1, V), shift_labels.view(-1), reduction="mean")
+    /// ```
+    fn head_and_loss(&self, b: &mut Builder, p: &Params, xn: Tid, sh: &Shared) {
+        let spec = &self.cfg.arch;
+        b.module = "lm_head";
+        b.part = Part::Head;
+        let w = p.w(b, "lm_head.weight").or(sh.emb_w).or_else(|| p.w(b, "embed_tokens.weight"));
+        let bias = p.w(b, "lm_head.bias");
+        let vocab = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::V)], Split::Tp);
+        // Under sequence parallelism the head's input is all-gathered first (its backward
+        // reduce-scatters): the head keeps the whole sequence.
+        let xn = if self.cfg.sp && self.cfg.tp > 1 {
+            let (bytes, dtype, dt) = (b.bytes(xn), b.t(xn).dtype, b.t(xn).dt);
+            let out = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::None), dt, true);
+            b.op("all_gather", "AllGatherBackward", &[xn], &[out], &[], &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }])[0]
+        } else {
+            xn
+        };
+        if self.cfg.loss == Loss::Chunked {
+            self.chunked_loss(b, xn, w);
+            return;
+        }
+        let logits = match w {
+            Some(w) => b.linear(xn, w, bias, vocab),
+            None => b.plain("mm", &[xn], vocab, Dt::Model),
+        };
+        b.p.loss_from = b.next_op();
+        b.module = "(root)";
+        b.part = Part::Loss;
+        let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
+        let lf = b.to_copy(logits, Dt::F32);
+        let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
+        let pad = b.plain("constant_pad_nd", &[labels], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
+        let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+        // For b = 1 the shifted slice is already contiguous: no copy, the padded storage stays.
+        let target = if self.cfg.batch > 1 { b.plain("clone", &[pad], bs, Dt::I64) } else { b.view(pad, bs, "", false) };
+        let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", lf, super::blocks::Keep::Output, "_log_softmax_backward_data");
+        let lb = b.bytes(lsm);
+        let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
+        let r = b.op(
+            "nll_loss_forward",
+            "NllLossBackward0",
+            &[lsm, target],
+            &out,
+            &[S::In(1), S::Out(1)],
+            &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
+        );
+        // The loss function's locals and the caller's output go once the loss is computed.
+        b.hold(lf);
+        b.hold(pad);
+        b.hold(logits);
+        b.outputs(&[r[0]]);
+    }
+
+    /// Fused linear cross-entropy (Liger): per chunk of rows, fp32 logits and their gradient
+    /// exist briefly; the input's gradient is computed in forward and kept.
+    fn chunked_loss(&self, b: &mut Builder, xn: Tid, w: Option<Tid>) {
+        b.p.loss_from = b.next_op();
+        b.module = "(root)";
+        b.part = Part::Loss;
+        let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
+        let chunk = Shape::new(&[Dim::X(X::Chunk), Dim::Q(Q::V)], Split::Tp);
+        let logits = b.plain("mm", &[xn], chunk, Dt::F32);
+        let grad = b.plain("_log_softmax_backward_data", &[logits], chunk, Dt::F32);
+        b.hold(logits);
+        let _ = grad;
+        let gi = b.out(Shape::tok(Q::H), Dt::Model, false);
+        let loss = b.out(Shape::scalar(), Dt::F32, true);
+        let xb = b.bytes(xn);
+        let xd = b.t(xn).dtype;
+        let mut ins = vec![xn, labels];
+        if let Some(w) = w {
+            ins.push(w);
+        }
+        let wg = w.map_or(0, |w| b.grad_bytes(w));
+        let mut bw = vec![B::Alloc { bytes: xb, dtype: xd, op: "mul" }, B::Grad { input: 0, temp: 0 }];
+        if w.is_some_and(|w| b.rg(w)) {
+            bw.push(B::Alloc { bytes: wg, dtype: b.t(w.unwrap_or(xn)).dtype, op: "mm" });
+            bw.push(B::Grad { input: 2, temp: 1 });
+        }
+        let r = b.op(
+            "fused_linear_cross_entropy",
+            "LigerFusedLinearCrossEntropyFunctionBackward",
+            &ins,
+            &[gi, loss],
+            &[S::Out(0), S::In(1)],
+            &bw,
+        );
+        b.outputs(&[r[1]]);
+    }
+}
+
+fn values_s(cfg: &Config) -> u64 {
+    cfg.seq.div_ceil(cfg.cp.max(1))
+}
+
+/// Collects the events of a run.
+pub struct Collector {
+    pub events: Vec<Event>,
+    live: Bytes,
+    next: u32,
+    /// For frees: where each allocation came from.
+    meta: Vec<(u16, &'static str)>,
+}
+
+impl Collector {
+    pub fn new() -> Collector {
+        Collector { events: Vec::new(), live: 0, next: 0, meta: Vec::new() }
+    }
+}
+
+impl Default for Collector {
+    fn default() -> Self {
+        Collector::new()
+    }
+}
+
+fn layer_of(l: u16) -> Option<u32> {
+    (l != NO_LAYER).then_some(l as u32)
+}
+
+impl Sink for Collector {
+    fn alloc(&mut self, bytes: u128, dtype: DType, cat: Cat, at: &At) -> u32 {
+        let id = self.next;
+        self.next += 1;
+        self.live += bytes;
+        self.meta.push((at.layer, at.module));
+        self.events.push(Event {
+            kind: EventKind::Alloc,
+            id,
+            bytes,
+            dtype,
+            cat,
+            phase: at.phase,
+            layer: layer_of(at.layer),
+            module: at.module,
+            op: at.op,
+            node: at.node,
+            live: self.live,
+        });
+        id
+    }
+    fn free(&mut self, id: u32, bytes: u128, cat: Cat, at: &At) {
+        if id == u32::MAX {
+            return;
+        }
+        self.live = self.live.saturating_sub(bytes);
+        let (layer, module) = self.meta.get(id as usize).copied().unwrap_or((NO_LAYER, ""));
+        self.events.push(Event {
+            kind: EventKind::Free,
+            id,
+            bytes,
+            dtype: DType::Bool,
+            cat,
+            phase: at.phase,
+            layer: layer_of(layer),
+            module,
+            op: at.op,
+            node: at.node,
+            live: self.live,
+        });
+    }
+}
+
+/// The trainable parameters of a program in registration order: (elements of the optimizer's
+/// shard, bytes per state element).
+pub fn optimizer_params(prog: &Program, weight: DType) -> Vec<u128> {
+    prog.tensors
+        .iter()
+        .filter_map(|t| match t.origin {
+            Origin::Param { grad_bytes } if grad_bytes > 0 => Some(t.bytes / weight.bytes().max(1) as u128),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The optimizer step's allocations after backward, per `optim` and `optim_impl`
+/// (`torch/optim/adamw.py` → `adam.py`):
+/// - for-loop (`_single_tensor_adam`): per parameter `exp_avg_sq.sqrt()` (temporary) and its
+///   `/ bias_correction2_sqrt` (`denom`, kept by the Python name until the next parameter's
+///   `denom` replaces it: freed one step late);
+/// - foreach (`_multi_tensor_adam`): `torch._foreach_sqrt(exp_avg_sqs)` — one temporary per
+///   parameter, all at once, freed at the end;
+/// - fused: none. Other optimizers: `optimizer::step_temporary_bytes` as one temporary.
+pub fn optimizer_events<S: Sink>(sink: &mut S, cfg: &Config, recipe: &Recipe, numels: &[u128], other_temp: Bytes) {
+    let at = At { phase: Phase::Optimizer, layer: NO_LAYER, module: "", op: "", node: "" };
+    if cfg.offload != crate::estimator::config::Offload::None {
+        return;
+    }
+    let sh = Sharding::of(cfg);
+    let shards = if sh.stage >= 1 && sh.n > 1 { sh.n as u128 } else { 1 };
+    let state = if recipe.master.is_some() { 4 } else { recipe.state.bytes() as u128 };
+    let dtype = if state == 4 { DType::Fp32 } else { DType::of(recipe.state) };
+    let size = |n: u128| n.div_ceil(shards) * state;
+    match (cfg.optim, cfg.optim_impl) {
+        (Optimizer::Adamw, OptimImpl::Forloop) => {
+            let mut prev: Option<(u32, u128)> = None;
+            for &n in numels {
+                let bytes = size(n);
+                let s = sink.alloc(bytes, dtype, Cat::Transient, &At { op: "sqrt", ..at });
+                let d = sink.alloc(bytes, dtype, Cat::Transient, &At { op: "div", ..at });
+                sink.free(s, bytes, Cat::Transient, &at);
+                if let Some((id, b)) = prev {
+                    sink.free(id, b, Cat::Transient, &at);
+                }
+                prev = Some((d, bytes));
+            }
+            if let Some((id, b)) = prev {
+                sink.free(id, b, Cat::Transient, &at);
+            }
+        }
+        (Optimizer::Adamw, OptimImpl::Foreach) => {
+            let ids: Vec<(u32, u128)> =
+                numels.iter().map(|&n| (sink.alloc(size(n), dtype, Cat::Transient, &At { op: "_foreach_sqrt", ..at }), size(n))).collect();
+            for (id, b) in ids {
+                sink.free(id, b, Cat::Transient, &at);
+            }
+        }
+        (Optimizer::Adamw, OptimImpl::Fused) => {}
+        _ => {
+            if other_temp > 0 {
+                let id = sink.alloc(other_temp, dtype, Cat::Transient, &At { op: "step", ..at });
+                sink.free(id, other_temp, Cat::Transient, &at);
+            }
+        }
+    }
+}
+
+/// The largest extra the optimizer step holds above the gradients (what [`optimizer_events`]
+/// peaks at), without emitting events.
+pub fn optimizer_peak(cfg: &Config, recipe: &Recipe, numels: impl Iterator<Item = u128>, other_temp: Bytes) -> Bytes {
+    let mut t = super::fast::Tracker::default();
+    let v: Vec<u128> = numels.collect();
+    optimizer_events(&mut t, cfg, recipe, &v, other_temp);
+    t.peak.max(0) as Bytes
+}
+
+/// Bytes resident through the step beside the stream (weights, optimizer states, buffers,
+/// the batch, gradient buffers, resident gradients, other micro-batches' activations).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Resident {
+    pub weights: Bytes,
+    pub optimizer: Bytes,
+    pub buffers: Bytes,
+    pub batch: Bytes,
+    /// DDP buckets, ZeRO reduce buckets; gradients themselves when they accumulate.
+    pub gradients: Bytes,
+    /// Activations of other micro-batches in flight on this stage.
+    pub activations: Bytes,
+}
+
+impl Resident {
+    pub fn total(&self) -> Bytes {
+        self.weights + self.optimizer + self.buffers + self.batch + self.gradients + self.activations
+    }
+}
+
+/// Model buffers (not parameters) on a stage: RoPE's `inv_freq` and `original_inv_freq`, fp32.
+/// Gemma's embedding scale is a 0-dim buffer in the model dtype.
+pub fn buffer_bytes(cfg: &Config) -> Bytes {
+    let rope = if families::has_rope(&cfg.arch) { 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
+    let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
+    rope + scale
+}
+
+/// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).
+pub fn batch_bytes(cfg: &Config, stage: Stage) -> Bytes {
+    if stage.has_embedding() || stage.has_head() {
+        cfg.batch as u128 * values_s(cfg) as u128 * 8
+    } else {
+        0
+    }
+}
+
+/// Simulates one stage's step and returns its stream (steady state: the second step on).
+pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Resident, other_temp: Bytes) -> Stream {
+    let setup = Setup::new(cfg, recipe, stage);
+    let prog = setup.whole();
+    let mut run = Run::new(&prog, Collector::new(), setup.accumulate);
+    if resident_grads(cfg) {
+        run.grads_resident();
+    }
+    run.forward();
+    run.end_forward();
+    run.inject(true);
+    run.backward();
+    run.release_graph();
+    run.finish_backward();
+    let grads = run.param_grad_ids();
+    let mut sink = run.into_sink();
+    let numels = optimizer_params(&prog, DType::of(recipe.weight));
+    optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
+    let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };
+    for (id, bytes) in grads {
+        sink.free(id, bytes, Cat::Gradients, &at);
+    }
+    let res = resident.total();
+    let (peak_index, live) =
+        sink.events.iter().enumerate().fold((0, 0), |(bi, bl), (i, e)| if e.live > bl { (i, e.live) } else { (bi, bl) });
+    Stream { resident: res, events: sink.events, peak_index, peak: res + live }
+}
+
+/// Whether the gradients are resident outside the stream (gradient accumulation, ZeRO-2/3
+/// partitions): each new parameter gradient is then a temporary added into them.
+pub fn resident_grads(cfg: &Config) -> bool {
+    // Gradient accumulation keeps the gradients of the micro-batches before; ZeRO-2/3 (FSDP)
+    // reduce-scatter each gradient as its bucket fills and keep only their shard, resident.
+    let sh = Sharding::of(cfg);
+    cfg.accum > 1 || (sh.stage >= 2 && sh.n > 1)
+}
+
+/// The stream of the most loaded stage of `cfg`, with the estimate's resident bytes.
+pub fn simulate(cfg: &Config) -> Result<Stream, crate::estimator::EstimateError> {
+    crate::estimator::step_stream(cfg)
+}
+
+/// Which trainable parameter tensors a program has (for tests).
+pub fn trainable(prog: &Program) -> usize {
+    prog.tensors.iter().filter(|t| matches!(t.origin, Origin::Param { grad_bytes } if grad_bytes > 0)).count()
+}
+
+/// Role check helper for the groups (frozen or trainable).
+pub fn trains(g: &LocalGroup) -> bool {
+    g.role == Role::Trainable
+}
+
+/// Attention implementation helper.
+pub fn eager(cfg: &Config) -> bool {
+    cfg.attn == Attention::Eager
+}

@@ -1,0 +1,652 @@
+//! Runs a [`Program`] forward and backward, allocation by allocation, the way PyTorch's eager
+//! mode and autograd engine do:
+//!
+//! - **forward**: each op allocates its outputs (views share their base's storage); a storage
+//!   is freed after the op where its last reader ran and the Python name holding it let go,
+//!   unless an autograd node saved it (then it lives until that node has run);
+//! - **checkpointing** (`torch.utils.checkpoint`, non-reentrant): inside a region the forward
+//!   saves nothing; the region keeps its inputs and keyword arguments. In backward, just before
+//!   the node of the region's last saving op, the region's forward runs again up to that op
+//!   (`torch/utils/checkpoint.py`, `_checkpoint_hook` with early stop), now saving; what the
+//!   re-run holds beyond that op is dropped at the stop. The region's holds are released once
+//!   its first saving op's node has run (its last saved tensor unpacked);
+//! - **backward**: nodes run in reverse forward order (the engine's ready queue orders by
+//!   sequence number, `torch/csrc/autograd/engine.cpp`); each node runs its script (what its
+//!   formula allocates, `tools/autograd/derivatives.yaml`), then drops its incoming gradients,
+//!   then releases its saved tensors, then hands its gradients to its inputs' buffers. A second
+//!   gradient for the same tensor is added out of place (`InputBuffer::accumulate`: under a
+//!   `TorchDispatchMode`, as the validation tracker runs, `isTensorSubclassLike` is true and the
+//!   in-place branch is never taken); without a tracker it is added in place when the old buffer
+//!   is the only reference. A parameter's first gradient is stolen by AccumulateGrad
+//!   (`accumulate_grad.h`, Case 1.1); later ones are added (Case 2.3, in place; out of place
+//!   under the tracker).
+
+use super::ir::{DType, Origin, Program, Tid, B, FOREVER, FWD_END};
+use super::{Cat, Phase};
+
+/// Where an allocation happens (for events and the peak's label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct At {
+    pub phase: Phase,
+    pub layer: u16,
+    pub module: &'static str,
+    pub op: &'static str,
+    pub node: &'static str,
+}
+
+/// Receives the allocations and frees of a run.
+pub trait Sink {
+    /// A new storage; returns its id.
+    fn alloc(&mut self, bytes: u128, dtype: DType, cat: Cat, at: &At) -> u32;
+    /// A storage freed.
+    fn free(&mut self, id: u32, bytes: u128, cat: Cat, at: &At);
+    /// A live storage changes category (a gradient handed to `AccumulateGrad` becomes the
+    /// parameter's `.grad`).
+    fn recat(&mut self, _id: u32, _bytes: u128, _from: Cat, _to: Cat) {}
+}
+
+/// How gradients are accumulated (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulate {
+    /// Out of place, always (under the validation tracker's dispatch mode).
+    OutOfPlace,
+    /// In place when the buffer is the only reference (plain eager training).
+    InPlace,
+}
+
+/// A gradient buffer.
+#[derive(Clone, Copy, Debug)]
+struct GBuf {
+    id: u32,
+    bytes: u128,
+    refs: u16,
+    cat: Cat,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// A run of one program.
+pub struct Run<'p, S: Sink> {
+    pub p: &'p Program,
+    pub sink: S,
+    accumulate: Accumulate,
+    // Storages (indexed by base tensor).
+    alive: Vec<bool>,
+    sid: Vec<u32>,
+    saves: Vec<u16>,
+    fwd_over: Vec<bool>,
+    end: Vec<u32>,
+    cat: Vec<Cat>,
+    backward: bool,
+    // Gradients.
+    grad: Vec<u32>,
+    bufs: Vec<GBuf>,
+    /// Parameter gradients held (AccumulateGrad), by parameter tensor.
+    pgrad: Vec<u32>,
+    /// Frees after each forward op (storage ids), CSR.
+    frees_at: Vec<u32>,
+    frees: Vec<Tid>,
+    /// Region of each op, or NONE.
+    region_of: Vec<u32>,
+    /// Per region: its first and last saving ops (NONE when it saves nothing).
+    region_first_save: Vec<u32>,
+    region_last_save: Vec<u32>,
+    recomputed: Vec<bool>,
+    injected: Vec<u32>,
+    /// Ops whose node never ran in backward but saved tensors (freed with the graph).
+    skipped: Vec<usize>,
+    /// Gradients exist before this micro-batch (accumulation): AccumulateGrad adds in place.
+    resident_grads: bool,
+    /// Storages held until the forward pass ends.
+    fwd_end: Vec<bool>,
+}
+
+impl<'p, S: Sink> Run<'p, S> {
+    pub fn new(p: &'p Program, sink: S, accumulate: Accumulate) -> Self {
+        let n = p.tensors.len();
+        let nops = p.ops.len();
+        let mut end = vec![0u32; n];
+        let mut fwd_end = vec![false; n];
+        for t in &p.tensors {
+            let b = t.base as usize;
+            if t.hold == FWD_END {
+                fwd_end[b] = true;
+            }
+            end[b] = end[b].max(if t.hold == FWD_END { FOREVER } else { t.hold.max(t.last_use) });
+        }
+        let mut region_of = vec![NONE; nops];
+        let mut region_first_save = vec![NONE; p.regions.len()];
+        let mut region_last_save = vec![NONE; p.regions.len()];
+        for (r, reg) in p.regions.iter().enumerate() {
+            for i in reg.first..reg.end {
+                region_of[i as usize] = r as u32;
+                if p.ops[i as usize].saved.1 > 0 {
+                    if region_first_save[r] == NONE {
+                        region_first_save[r] = i;
+                    }
+                    region_last_save[r] = i;
+                }
+            }
+        }
+        // Which storages are activations (kept for backward) in the forward pass.
+        let mut cat = vec![Cat::Transient; n];
+        for (i, op) in p.ops.iter().enumerate() {
+            if region_of[i] == NONE {
+                for s in p.saved(op) {
+                    cat[p.tensors[s.t as usize].base as usize] = Cat::Activations;
+                }
+            }
+        }
+        for reg in &p.regions {
+            for s in &reg.held {
+                cat[p.tensors[s.t as usize].base as usize] = Cat::Activations;
+            }
+        }
+        // Free lists per op.
+        let mut counts = vec![0u32; nops + 1];
+        for (b, &e) in end.iter().enumerate() {
+            if p.tensors[b].base as usize == b && e != FOREVER && (e as usize) < nops {
+                counts[e as usize] += 1;
+            }
+        }
+        let mut frees_at = vec![0u32; nops + 1];
+        for i in 0..nops {
+            frees_at[i + 1] = frees_at[i] + counts[i];
+        }
+        let mut fill = frees_at.clone();
+        let mut frees = vec![0 as Tid; frees_at[nops] as usize];
+        for (b, &e) in end.iter().enumerate() {
+            if p.tensors[b].base as usize == b && e != FOREVER && (e as usize) < nops {
+                frees[fill[e as usize] as usize] = b as Tid;
+                fill[e as usize] += 1;
+            }
+        }
+        let mut alive = vec![false; n];
+        for (i, t) in p.tensors.iter().enumerate() {
+            if t.base as usize == i && t.origin != Origin::Op {
+                alive[i] = true;
+            }
+        }
+        Run {
+            p,
+            sink,
+            accumulate,
+            alive,
+            sid: vec![NONE; n],
+            saves: vec![0; n],
+            fwd_over: vec![false; n],
+            end,
+            cat,
+            backward: false,
+            grad: vec![NONE; n],
+            bufs: Vec::new(),
+            pgrad: vec![NONE; n],
+            frees_at,
+            frees,
+            region_of,
+            region_first_save,
+            region_last_save,
+            recomputed: vec![false; p.regions.len()],
+            injected: Vec::new(),
+            skipped: Vec::new(),
+            resident_grads: false,
+            fwd_end,
+        }
+    }
+
+    /// The forward pass is over: autocast's cache lets go of its casts (those nobody saved
+    /// are freed).
+    pub fn end_forward(&mut self) {
+        let at = At { phase: Phase::Loss, layer: NO_LAYER, module: "", op: "", node: "" };
+        for b in 0..self.p.tensors.len() {
+            if self.fwd_end[b] && self.alive[b] {
+                self.fwd_over[b] = true;
+                self.try_free(b, &at);
+            }
+        }
+    }
+
+    /// Parameters already hold gradients (gradient accumulation, resident outside the stream):
+    /// every new parameter gradient is added in place and freed.
+    pub fn grads_resident(&mut self) {
+        self.resident_grads = true;
+    }
+
+    /// The category storage `t` is counted in while alive (a standalone program's inputs and
+    /// outputs: what the neighbouring programs make of them).
+    pub fn set_cat(&mut self, t: Tid, cat: Cat) {
+        let b = self.p.tensors[t as usize].base as usize;
+        self.cat[b] = cat;
+    }
+
+    /// Parameter `t` already holds a gradient allocated outside this program (a tied weight
+    /// whose other use ran first).
+    pub fn preexisting_grad(&mut self, t: Tid) {
+        let bytes = match self.p.tensors[t as usize].origin {
+            Origin::Param { grad_bytes } => grad_bytes,
+            _ => 0,
+        };
+        self.bufs.push(GBuf { id: NONE, bytes, refs: 1, cat: Cat::Gradients });
+        self.pgrad[t as usize] = (self.bufs.len() - 1) as u32;
+    }
+
+    fn at(&self, i: usize, phase: Phase, node: &'static str) -> At {
+        let op = &self.p.ops[i];
+        At { phase, layer: op.layer, module: op.module, op: op.name, node }
+    }
+
+    fn alloc_storage(&mut self, b: usize, at: &At) {
+        let t = &self.p.tensors[b];
+        let id = self.sink.alloc(t.bytes, t.dtype, self.cat[b], at);
+        self.sid[b] = id;
+        self.alive[b] = true;
+    }
+
+    fn free_storage(&mut self, b: usize, at: &At) {
+        if !self.alive[b] {
+            return;
+        }
+        self.alive[b] = false;
+        let t = &self.p.tensors[b];
+        if t.origin == Origin::Op {
+            self.sink.free(self.sid[b], t.bytes, self.cat[b], at);
+        } else {
+            // An input: its bytes leave the caller's count.
+            self.sink.free(NONE, t.bytes, self.cat[b], at);
+        }
+    }
+
+    fn freeable(&self, b: usize) -> bool {
+        match self.p.tensors[b].origin {
+            Origin::Op => true,
+            Origin::Input { free_fwd, free_bwd } => {
+                if self.backward {
+                    free_bwd
+                } else {
+                    free_fwd
+                }
+            }
+            Origin::Param { .. } | Origin::Batch | Origin::Buffer => false,
+        }
+    }
+
+    fn try_free(&mut self, b: usize, at: &At) {
+        if self.alive[b] && self.fwd_over[b] && self.saves[b] == 0 && self.freeable(b) {
+            self.free_storage(b, at);
+        }
+    }
+
+    /// Runs the forward pass.
+    pub fn forward(&mut self) {
+        let p = self.p;
+        self.backward = false;
+        for (i, op) in p.ops.iter().enumerate() {
+            let phase = if (i as u32) >= p.loss_from { Phase::Loss } else { Phase::Forward };
+            let at = self.at(i, phase, "");
+            // A region starts: its inputs are kept.
+            let r = self.region_of[i];
+            if r != NONE && p.regions[r as usize].first == i as u32 {
+                for s in &p.regions[r as usize].held {
+                    self.saves[p.tensors[s.t as usize].base as usize] += 1;
+                }
+            }
+            for &t in p.outs(op) {
+                let b = p.tensors[t as usize].base as usize;
+                if b == t as usize && p.tensors[b].origin == Origin::Op {
+                    self.alloc_storage(b, &at);
+                }
+            }
+            if self.region_of[i] == NONE {
+                for s in p.saved(op) {
+                    self.saves[p.tensors[s.t as usize].base as usize] += 1;
+                }
+            }
+            self.free_after(i, &at, false);
+        }
+    }
+
+    /// Frees what forward code stops holding after op `i`.
+    fn free_after(&mut self, i: usize, at: &At, recompute: bool) {
+        let (a, z) = (self.frees_at[i] as usize, self.frees_at[i + 1] as usize);
+        for k in a..z {
+            let b = self.frees[k] as usize;
+            if recompute && self.region_of[i] == NONE {
+                continue;
+            }
+            self.fwd_over[b] = true;
+            self.try_free(b, at);
+        }
+    }
+
+    /// Re-runs region `r`'s forward up to its last saving op (checkpoint recomputation). The
+    /// pack hook that completes the recomputation raises as soon as the last saved tensor is
+    /// packed (`_StopRecomputationError`); an op's inputs are packed before it runs
+    /// (`VariableType`: `grad_fn->self_ = SavedVariable(self)` precedes the redispatch), so a
+    /// last op that saves only its inputs never runs again.
+    fn recompute(&mut self, r: usize, node: &'static str) {
+        let p = self.p;
+        let reg = &p.regions[r];
+        let stop = self.region_last_save[r];
+        let mut allocated: Vec<usize> = Vec::new();
+        for i in reg.first..=stop {
+            let i = i as usize;
+            let op = &p.ops[i];
+            let at = self.at(i, Phase::Backward, node);
+            let outs = p.outs(op);
+            let runs = i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
+            if runs {
+                for &t in outs {
+                    let b = p.tensors[t as usize].base as usize;
+                    if b == t as usize && p.tensors[b].origin == Origin::Op && !self.alive[b] {
+                        self.fwd_over[b] = false;
+                        self.cat[b] = if p.saved(op).iter().any(|s| p.tensors[s.t as usize].base as usize == b) {
+                            Cat::Activations
+                        } else {
+                            Cat::Transient
+                        };
+                        allocated.push(b);
+                        self.alloc_storage(b, &at);
+                    }
+                }
+            }
+            for s in p.saved(op) {
+                let b = p.tensors[s.t as usize].base as usize;
+                self.saves[b] += 1;
+            }
+            if !runs {
+                break;
+            }
+            // Liveness inside the region, as in forward (the region's own storages only).
+            let (a, z) = (self.frees_at[i] as usize, self.frees_at[i + 1] as usize);
+            for k in a..z {
+                let b = self.frees[k] as usize;
+                if allocated.contains(&b) {
+                    self.fwd_over[b] = true;
+                    let was = self.backward;
+                    self.backward = false;
+                    self.try_free(b, &at);
+                    self.backward = was;
+                }
+            }
+        }
+        // Early stop: the re-run's frame unwinds; what it held and nobody saved goes.
+        let at = self.at(stop as usize, Phase::Backward, node);
+        for b in allocated {
+            self.fwd_over[b] = true;
+            if self.alive[b] && self.saves[b] == 0 {
+                self.free_storage(b, &at);
+            }
+        }
+        self.recomputed[r] = true;
+    }
+
+    fn new_buf(&mut self, bytes: u128, dtype: DType, cat: Cat, at: &At) -> u32 {
+        let id = self.sink.alloc(bytes, dtype, cat, at);
+        self.bufs.push(GBuf { id, bytes, refs: 1, cat });
+        (self.bufs.len() - 1) as u32
+    }
+
+    fn unref(&mut self, k: u32, at: &At) {
+        let g = &mut self.bufs[k as usize];
+        g.refs -= 1;
+        if g.refs == 0 {
+            let (id, bytes, cat) = (g.id, g.bytes, g.cat);
+            self.sink.free(id, bytes, cat, at);
+        }
+    }
+
+    /// Gives the program's outputs their incoming gradients: allocated here (`alloc`, the
+    /// engine's `ones_like` for a loss) or already alive (a layer's output gradient, counted
+    /// by the caller).
+    pub fn inject(&mut self, alloc: bool) {
+        let p = self.p;
+        for &t in &p.outputs {
+            let x = &p.tensors[t as usize];
+            let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "ones_like", node: "" };
+            let k = if alloc {
+                self.new_buf(x.bytes, x.dtype, Cat::Transient, &at)
+            } else {
+                self.bufs.push(GBuf { id: NONE, bytes: x.bytes, refs: 1, cat: Cat::Transient });
+                (self.bufs.len() - 1) as u32
+            };
+            self.grad[t as usize] = k;
+            // The engine holds the root gradient until backward ends.
+            if alloc {
+                self.bufs[k as usize].refs += 1;
+                self.injected.push(k);
+            }
+        }
+    }
+
+    /// Runs the backward pass.
+    pub fn backward(&mut self) {
+        let p = self.p;
+        self.backward = true;
+        let mut temps: Vec<u32> = Vec::with_capacity(8);
+        let mut deliver: Vec<(Tid, u32)> = Vec::with_capacity(8);
+        let mut skipped = std::mem::take(&mut self.skipped);
+        for i in (0..p.ops.len()).rev() {
+            let op = &p.ops[i];
+            let r = self.region_of[i];
+            let outs = p.outs(op);
+            let has_grad = outs.iter().any(|&t| self.grad[t as usize] != NONE);
+            if r != NONE && !self.recomputed[r as usize] && self.region_last_save[r as usize] == i as u32 && has_grad {
+                self.recompute(r as usize, op.node);
+            }
+            let at = self.at(i, Phase::Backward, op.node);
+            let runs = !op.node.is_empty() && has_grad;
+            if std::env::var("DEBUG_OP").ok().and_then(|v| v.parse::<usize>().ok()) == Some(i) {
+                eprintln!("op {i} of {} {} runs {runs} has_grad {has_grad} grads {:?} region {r} script {:?} in {:?}", p.ops.len(), op.name, outs.iter().map(|&t| self.grad[t as usize]).collect::<Vec<_>>(), p.bw(op), p.ins(op).iter().map(|&t| (&p.tensors[t as usize].origin, p.tensors[t as usize].dtype, p.tensors[t as usize].requires_grad)).collect::<Vec<_>>());
+            }
+            deliver.clear();
+            let mut released = false;
+            if runs {
+                let ins = p.ins(op);
+                temps.clear();
+                let script = p.bw(op);
+                for (k, st) in script.iter().enumerate() {
+                    match *st {
+                        B::Alloc { bytes, dtype, op: name } => {
+                            // A temporary handed to a parameter is a gradient from the start.
+                            let cat = self.temp_cat(script, k, ins, temps.len() as u8);
+                            let mut a = at;
+                            a.op = name;
+                            let b = self.new_buf(bytes, dtype, cat, &a);
+                            temps.push(b);
+                        }
+                        B::Free(t) => {
+                            let b = temps[t as usize];
+                            self.unref(b, &at);
+                        }
+                        B::Grad { input, temp } => deliver.push((ins[input as usize], temps[temp as usize])),
+                        B::Pass { input, output } => {
+                            let g = self.grad[outs[output as usize] as usize];
+                            if g != NONE {
+                                self.bufs[g as usize].refs += 1;
+                                deliver.push((ins[input as usize], g));
+                            }
+                        }
+                        B::Apply => {
+                            // Tensors unpacked from a checkpoint are the formula's locals.
+                            if r != NONE && self.recomputed[r as usize] {
+                                self.release_saved(i, &at);
+                                released = true;
+                            }
+                        }
+                    }
+                }
+                // Incoming gradients go.
+                for &t in outs {
+                    let g = self.grad[t as usize];
+                    if g != NONE {
+                        self.grad[t as usize] = NONE;
+                        self.unref(g, &at);
+                    }
+                }
+                // Saved tensors go.
+                if !released && (r == NONE || self.recomputed[r as usize]) {
+                    self.release_saved(i, &at);
+                }
+            } else if op.saved.1 > 0 {
+                skipped.push(i);
+            }
+            // The region's last holder is unpacked: its inputs and kwargs go.
+            if r != NONE && self.region_first_save[r as usize] == i as u32 && self.recomputed[r as usize] {
+                self.release_region(r as usize, &at);
+            }
+            // Gradients to the inputs' buffers.
+            for &(t, g) in &deliver {
+                self.give(t, g, &at);
+            }
+        }
+        self.skipped = skipped;
+    }
+
+    /// The graph is freed when backward ends: the saved tensors of nodes that never ran and
+    /// the inputs held by checkpoint regions that never re-ran.
+    pub fn release_graph(&mut self) {
+        let p = self.p;
+        let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
+        for i in std::mem::take(&mut self.skipped) {
+            let r = self.region_of[i];
+            if r == NONE || self.recomputed[r as usize] {
+                self.release_saved(i, &at);
+            }
+        }
+        for r in 0..p.regions.len() {
+            if !self.recomputed[r] {
+                self.recomputed[r] = true;
+                self.release_region(r, &at);
+            }
+        }
+    }
+
+    fn release_saved(&mut self, i: usize, at: &At) {
+        let p = self.p;
+        for s in p.saved(&p.ops[i]) {
+            let b = p.tensors[s.t as usize].base as usize;
+            self.saves[b] = self.saves[b].saturating_sub(1);
+            self.try_free(b, at);
+        }
+    }
+
+    fn release_region(&mut self, r: usize, at: &At) {
+        let p = self.p;
+        for s in &p.regions[r].held {
+            let b = p.tensors[s.t as usize].base as usize;
+            self.saves[b] = self.saves[b].saturating_sub(1);
+            self.try_free(b, at);
+        }
+    }
+
+    /// Ends backward: the engine drops the root gradient; the caller drops the loss and
+    /// anything it held to the end.
+    pub fn finish_backward(&mut self) {
+        let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
+        for k in std::mem::take(&mut self.injected) {
+            self.unref(k, &at);
+        }
+        for b in 0..self.p.tensors.len() {
+            if self.alive[b] && self.end[b] == FOREVER && self.p.tensors[b].origin == Origin::Op && self.saves[b] == 0 {
+                self.free_storage(b, &at);
+            }
+        }
+    }
+
+    fn temp_cat(&self, script: &[B], from: usize, ins: &[Tid], temp: u8) -> Cat {
+        for st in &script[from..] {
+            if let B::Grad { input, temp: t } = *st {
+                if t == temp {
+                    return match self.p.tensors[ins[input as usize] as usize].origin {
+                        Origin::Param { .. } => Cat::Gradients,
+                        _ => Cat::Transient,
+                    };
+                }
+            }
+        }
+        Cat::Transient
+    }
+
+    /// Hands gradient buffer `g` to tensor `t`.
+    fn give(&mut self, t: Tid, g: u32, at: &At) {
+        let x = &self.p.tensors[t as usize];
+        if !x.requires_grad {
+            self.unref(g, at);
+            return;
+        }
+        match x.origin {
+            Origin::Param { grad_bytes } => {
+                let old = self.pgrad[t as usize];
+                if self.resident_grads {
+                    self.unref(g, at);
+                } else if old == NONE {
+                    // AccumulateGrad steals the first gradient.
+                    let GBuf { id, bytes, cat, .. } = self.bufs[g as usize];
+                    if cat != Cat::Gradients {
+                        self.sink.recat(id, bytes, cat, Cat::Gradients);
+                    }
+                    self.bufs[g as usize].cat = Cat::Gradients;
+                    self.pgrad[t as usize] = g;
+                } else if self.accumulate == Accumulate::OutOfPlace {
+                    let mut a = *at;
+                    a.op = "add";
+                    let n = self.new_buf(grad_bytes, x.dtype, Cat::Gradients, &a);
+                    self.unref(old, at);
+                    self.unref(g, at);
+                    self.pgrad[t as usize] = n;
+                } else {
+                    self.unref(g, at);
+                }
+            }
+            _ => {
+                let old = self.grad[t as usize];
+                if old == NONE {
+                    self.grad[t as usize] = g;
+                } else if self.accumulate == Accumulate::InPlace && self.bufs[old as usize].refs == 1 {
+                    self.unref(g, at);
+                } else {
+                    let mut a = *at;
+                    a.op = "add";
+                    let n = self.new_buf(x.bytes, x.dtype, Cat::Transient, &a);
+                    self.unref(old, at);
+                    self.unref(g, at);
+                    self.grad[t as usize] = n;
+                }
+            }
+        }
+    }
+
+    /// The gradient buffer of tensor `t` after backward (an input's gradient handed back).
+    pub fn grad_of(&self, t: Tid) -> Option<u128> {
+        let g = self.grad[t as usize];
+        (g != NONE).then(|| self.bufs[g as usize].bytes)
+    }
+
+    /// Parameter gradients still held (bytes).
+    pub fn param_grads(&self) -> u128 {
+        self.pgrad.iter().filter(|&&g| g != NONE).map(|&g| self.bufs[g as usize].bytes).sum()
+    }
+
+    /// Whether a storage is alive now.
+    pub fn is_alive(&self, t: Tid) -> bool {
+        self.alive[self.p.tensors[t as usize].base as usize]
+    }
+
+    /// Stream ids of the parameter gradients held (for zero_grad).
+    pub fn param_grad_ids(&self) -> Vec<(u32, u128)> {
+        self.pgrad.iter().filter(|&&g| g != NONE).map(|&g| (self.bufs[g as usize].id, self.bufs[g as usize].bytes)).collect()
+    }
+
+    /// Storages saved at this moment (after forward: what backward will need).
+    pub fn saved_storages(&self) -> impl Iterator<Item = Tid> + '_ {
+        (0..self.p.tensors.len()).filter(move |&b| self.saves[b] > 0 && self.p.tensors[b].base as usize == b).map(|b| b as Tid)
+    }
+
+    /// The sink, back.
+    pub fn into_sink(self) -> S {
+        self.sink
+    }
+}
+
+/// Layer index of events outside any layer.
+pub const NO_LAYER: u16 = super::ir::MODEL;
