@@ -12,5 +12,5 @@ pub mod plots;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", feature = "app"))]
 pub mod ui;

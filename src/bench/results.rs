@@ -1,28 +1,9 @@
 //! Results of a sweep: the per-point table, log-log fits, CSV and JSON.
 
-use super::gpu::{AdapterSummary, CopyProbe};
-use super::Dtype;
+use super::info::{AdapterSummary, CopyProbe, TimingMethod};
+use super::shape::Dtype;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-
-/// How a run's time was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TimingMethod {
-    /// GPU timestamps at the start of the first pass and the end of the last (`TIMESTAMP_QUERY`).
-    GpuTimestamps,
-    /// Wall clock from `queue.submit` to the work-done callback (includes submission latency).
-    WallClock,
-}
-
-impl TimingMethod {
-    pub fn label(self) -> &'static str {
-        match self {
-            TimingMethod::GpuTimestamps => "gpu timestamps",
-            TimingMethod::WallClock => "wall clock, submit to done",
-        }
-    }
-}
 
 /// Why a kernel's part of the sweep (or the whole sweep) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,6 +16,7 @@ pub mod params;
 pub mod precision;
 pub mod presets;
 pub mod statics;
+pub mod sweep;
 pub mod timeline;
 pub mod units;
 
