@@ -2,7 +2,6 @@
 //! ticks, marked limits) and what their geometry means (the s² term's slope, the read-out's
 //! pixel ↔ data transform), against the estimator's own answers.
 
-use plotters::prelude::{IntoDrawingArea, SVGBackend};
 use trainmem::config::{decode_query, Attention, Config, Unit, Zero};
 use trainmem::estimator::expr::group_digits;
 use trainmem::estimator::sweep::{self, fits, GPU_COUNTS};
@@ -12,7 +11,7 @@ use trainmem::plots::gpus::{gpus_svg, GpusData};
 use trainmem::plots::params::{params_svg, ParamsData};
 use trainmem::plots::seq::{draw_seq, seq_svg, SeqData};
 use trainmem::plots::timeline::{timeline_data, timeline_svg};
-use trainmem::plots::{hex, ChartData, ChartKind, Frame, DARK, LIGHT, PROJECTOR};
+use trainmem::plots::{draw_scene, hex, ChartData, ChartKind, Frame, DARK, LIGHT, PROJECTOR};
 
 const SIZE: (u32, u32) = (960, 480);
 
@@ -108,12 +107,8 @@ fn polylines(svg: &str, stroke: &str, width: u32) -> Vec<Vec<(i32, i32)>> {
 
 /// Draws the sequence chart into an SVG string, keeping its frame.
 fn seq_svg_and_frame(data: &SeqData) -> (String, Frame) {
-    let mut out = String::new();
-    let frame = {
-        let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
-        draw_seq(&root, data, &LIGHT).expect("draws").0
-    };
-    (out, frame)
+    let (scene, frame) = draw_scene(SIZE, |root| draw_seq(root, data, &LIGHT).expect("draws").0);
+    (scene.svg(), frame)
 }
 
 /// The slope between the drawn vertices nearest 8K and 32K tokens, read back from pixels.
@@ -441,11 +436,7 @@ fn no_legend_note_or_title_overlaps_another_or_the_plot_area_from_320_to_1600_pi
             for theme in [LIGHT, PROJECTOR] {
                 for width in (320..=1600).step_by(40) {
                     let height = d.height(width, &theme);
-                    let mut out = String::new();
-                    let layout = {
-                        let root = SVGBackend::with_string(&mut out, (width, height)).into_drawing_area();
-                        d.draw(&root, &theme).expect("draws").1
-                    };
+                    let (_, layout) = draw_scene((width, height), |root| d.draw(root, &theme).expect("draws").1);
                     assert_eq!(layout.problems(), Vec::<String>::new(), "{q} {kind} at {width} px");
                     let plot = layout.plot;
                     assert!(plot.y1 - plot.y0 >= 200, "{q} {kind} at {width} px: a plot {} px high", plot.y1 - plot.y0);
@@ -460,11 +451,7 @@ fn no_legend_note_or_title_overlaps_another_or_the_plot_area_from_320_to_1600_pi
 fn the_layout_reads_as_json_for_the_browser_tests() {
     let c = Config::default();
     let d = chart_data(ChartKind::Seq, &c).expect("valid");
-    let mut out = String::new();
-    let layout = {
-        let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
-        d.draw(&root, &LIGHT).expect("draws").1
-    };
+    let (_, layout) = draw_scene(SIZE, |root| d.draw(root, &LIGHT).expect("draws").1);
     let json = layout.json();
     let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
     assert_eq!(v["w"], 960);

@@ -41,7 +41,6 @@ impl LimitsSummary {
     pub fn max_storage_bytes(&self) -> u64 {
         self.max_buffer_size.min(self.max_storage_buffer_binding_size)
     }
-
 }
 
 /// What the UI shows about the GPU: the adapter, its backend and the limits in force.
@@ -79,4 +78,3 @@ pub struct CopyProbe {
     pub gb_per_s: f64,
     pub timing: TimingMethod,
 }
-

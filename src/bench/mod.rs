@@ -88,8 +88,12 @@ pub use compact::{decode_compact, encode_compact, DecodeError, SharedPoint, Shar
 #[cfg(feature = "gpu")]
 pub use gpu::{Bench, BenchOptions, MaterializedOutput};
 pub use info::{AdapterSummary, CopyProbe, LimitsSummary, TimingMethod};
-pub use plan::{fused_bytes, materialized_bytes, max_materializable_seq, seq_ladder, CancelToken, SweepOptions, SweepProgress, MAX_RUNS};
-pub use results::{fit_loglog, KernelPoint, KernelSlopes, Slopes, StopReason, SweepPoint, SweepResult};
+pub use plan::{
+    check_fit, check_shape, fused_bytes, kernel_point, materialized_bytes, max_materializable_seq, seq_ladder, timestamp_bytes,
+    CancelToken, Kernel, SweepOptions, SweepProgress, BLOCK, COPY_WG, FUSED_ROWS, FUSED_WORKGROUP_BYTES, MAX_HEAD_DIM, MAX_RUNS,
+    QUERY_SIZE, TILE,
+};
+pub use results::{fit_loglog, median, KernelPoint, KernelSlopes, Slopes, StopReason, SweepPoint, SweepResult};
 pub use shape::{AttentionShape, BenchError, Dtype};
 #[cfg(feature = "gpu")]
 pub use verify::{verify, verify_shapes, VerifyCase, VerifyReport, TOLERANCE, TOLERANCE_F16};

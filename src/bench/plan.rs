@@ -13,19 +13,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Workgroup size (each side) of `scores.wgsl` and `pv.wgsl`: 16 × 16 invocations.
-pub(crate) const TILE: u32 = 16;
+pub const TILE: u32 = 16;
 /// Rows (and, for `scores.wgsl`, columns) of the output block one workgroup of `scores.wgsl`
 /// or `pv.wgsl` computes; `pv.wgsl`'s block is also 64 channels wide.
-pub(crate) const BLOCK: u32 = 64;
+pub const BLOCK: u32 = 64;
 /// Query rows one workgroup of `fused.wgsl` owns (its workgroup is 16 × 16).
-pub(crate) const FUSED_ROWS: u32 = 16;
+pub const FUSED_ROWS: u32 = 16;
 /// Largest head dimension `fused.wgsl` supports (its private arrays and tiles are this wide).
-pub(crate) const MAX_HEAD_DIM: u32 = 128;
+pub const MAX_HEAD_DIM: u32 = 128;
 /// Workgroup memory `fused.wgsl` declares: a V tile (16 × 128 f32) and a score tile
 /// (16 × 16 f32).
-pub(crate) const FUSED_WORKGROUP_BYTES: u32 = (16 * MAX_HEAD_DIM + 16 * 16) * 4;
+pub const FUSED_WORKGROUP_BYTES: u32 = (16 * MAX_HEAD_DIM + 16 * 16) * 4;
 /// Workgroup size of `copy.wgsl`.
-pub(crate) const COPY_WG: u32 = 256;
+pub const COPY_WG: u32 = 256;
 
 /// Bytes of one timestamp query result (WebGPU and Vulkan write a 64-bit tick count; wgpu's
 /// `QUERY_SIZE`).
@@ -100,7 +100,7 @@ impl SweepOptions {
         AttentionShape { batch: self.batch, heads: self.heads, seq, head_dim: self.head_dim }
     }
 
-    pub(crate) fn validate(&self) -> Result<(), BenchError> {
+    pub fn validate(&self) -> Result<(), BenchError> {
         let bad = |m: String| Err(BenchError::InvalidOptions(m));
         check_shape(self.shape(self.min_seq.max(1))).map_err(BenchError::InvalidOptions)?;
         if self.min_seq == 0 {
@@ -286,7 +286,7 @@ pub fn max_materializable_seq(shape: AttentionShape, dtype: Dtype, limits: &Limi
     lo
 }
 
-pub(crate) fn timestamp_bytes(timestamps: bool, runs: u32) -> u64 {
+pub fn timestamp_bytes(timestamps: bool, runs: u32) -> u64 {
     if timestamps {
         2 * (2 * runs as u64 * QUERY_SIZE)
     } else {
@@ -299,7 +299,7 @@ fn pad4(bytes: u64) -> u64 {
     bytes.max(4).next_multiple_of(4)
 }
 
-pub(crate) fn kernel_point(
+pub fn kernel_point(
     kernel: Kernel,
     shape: AttentionShape,
     dtype: Dtype,

@@ -4,8 +4,8 @@
 use super::gpu::Bench;
 use super::info::TimingMethod;
 use super::plan::{
-    check_fit, fused_bytes, kernel_point, materialized_bytes, max_materializable_seq, seq_ladder, timestamp_bytes, CancelToken,
-    Kernel, SweepOptions, SweepProgress,
+    check_fit, fused_bytes, kernel_point, materialized_bytes, max_materializable_seq, seq_ladder, timestamp_bytes, CancelToken, Kernel,
+    SweepOptions, SweepProgress,
 };
 use super::results::{Slopes, StopReason, SweepPoint, SweepResult};
 use super::shape::{BenchError, Dtype};
@@ -158,4 +158,3 @@ impl Bench {
         Ok(result)
     }
 }
-

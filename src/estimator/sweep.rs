@@ -159,7 +159,14 @@ fn model_root(pts: &[(f64, f64)], level: f64, lo: f64, hi: f64) -> Option<f64> {
 /// `good`, then that probe's neighbour towards `bad`: an affine or quadratic peak, which the
 /// estimator's is in each of these variables between changes of its peak event, ends there.
 /// When two steps in a row fail to halve the bracket, the next is a bisection.
-fn boundary(mut good: Probe, mut bad: Probe, cap: Bytes, x_of: impl Fn(u64) -> f64, mut peak_at: impl FnMut(u64) -> Option<Bytes>, seen: &mut Vec<Probe>) -> u64 {
+fn boundary(
+    mut good: Probe,
+    mut bad: Probe,
+    cap: Bytes,
+    x_of: impl Fn(u64) -> f64,
+    mut peak_at: impl FnMut(u64) -> Option<Bytes>,
+    seen: &mut Vec<Probe>,
+) -> u64 {
     let fits = |p: Option<Bytes>| p.is_some_and(|p| p <= cap);
     let mut slow = 0u32;
     while good.at.abs_diff(bad.at) > 1 {
@@ -929,19 +936,31 @@ mod tests {
     fn the_interpolating_search_is_exact_on_affine_and_quadratic_peaks_and_cheap_on_affine_ones() {
         // peak(v) = 1000 + 37·v against 100,000: the last fit is ⌊99,000 / 37⌋ = 2,675.
         let mut calls = 0;
-        let found = last_fit(1, 1 << 20, 100_000, |v| v as f64, |v| {
-            calls += 1;
-            Some(1000 + 37 * v as u128)
-        });
+        let found = last_fit(
+            1,
+            1 << 20,
+            100_000,
+            |v| v as f64,
+            |v| {
+                calls += 1;
+                Some(1000 + 37 * v as u128)
+            },
+        );
         assert_eq!(found, Some(2675));
         assert!(calls <= 6, "{calls} estimates for an affine peak");
         // peak(v) = 5·v² + 3·v: the last fit under 10⁹ is 14,141 (5·14,141² + 3·14,141 =
         // 999,870,428; 14,142 gives 1,000,011,846). The parabola through three probes finds it.
         let mut calls = 0;
-        let found = last_fit(1, 1 << 24, 1_000_000_000, |v| v as f64, |v| {
-            calls += 1;
-            Some(5 * (v as u128) * (v as u128) + 3 * v as u128)
-        });
+        let found = last_fit(
+            1,
+            1 << 24,
+            1_000_000_000,
+            |v| v as f64,
+            |v| {
+                calls += 1;
+                Some(5 * (v as u128) * (v as u128) + 3 * v as u128)
+            },
+        );
         assert_eq!(found, Some(14_141));
         assert!(calls <= 6, "{calls} estimates for a quadratic peak");
         // Invalid values (None) count as not fitting, and nothing fits / everything fits.

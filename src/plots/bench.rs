@@ -95,7 +95,11 @@ pub fn draw_bench<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &BenchCh
     let x = Axis::log(x0, x1).with_ticks(pow2_ticks(x0, x1)).with_light([]).thinned(draw::plot_width(w), 40.0, &[]);
     let (decades, light) = decade_ticks(y0, y1);
     // Less than a decade apart: the 2…9 multiples become the ticks.
-    let y = if decades.len() < 2 { Axis::log(y0, y1).with_ticks(decades.into_iter().chain(light)) } else { Axis::log(y0, y1).with_ticks(decades).with_light(light) };
+    let y = if decades.len() < 2 {
+        Axis::log(y0, y1).with_ticks(decades.into_iter().chain(light))
+    } else {
+        Axis::log(y0, y1).with_ticks(decades).with_light(light)
+    };
     let header = bench_header(c, theme);
     let unit = c.y_unit;
     let spec = Spec {

@@ -79,6 +79,17 @@ impl ChartKind {
         }
     }
 
+    /// The `data-testid` of the chart's canvas in the page: `chart-seq`.
+    pub fn canvas_testid(self) -> &'static str {
+        match self {
+            ChartKind::Seq => "chart-seq",
+            ChartKind::Params => "chart-params",
+            ChartKind::Batch => "chart-batch",
+            ChartKind::Gpus => "chart-gpus",
+            ChartKind::Timeline => "chart-timeline",
+        }
+    }
+
     /// `trainmem-seq.csv`.
     pub fn filename(self, ext: &str) -> String {
         format!("trainmem-{}.{ext}", self.as_str())

@@ -9,6 +9,7 @@
 //! the browser tests check the same on the page, against the text widths the browser measures.
 
 use super::axis::{Axis, Frame};
+use super::scene::{draw_scene, Area};
 use super::theme::Theme;
 use crate::estimator::config::Unit;
 use crate::estimator::ledger::Bytes;
@@ -20,6 +21,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
+use std::convert::Infallible;
 
 /// The result of drawing on backend `DB`.
 pub type DrawResult<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
@@ -228,7 +230,7 @@ pub fn text_width(text: &str, size: u32, bold: bool) -> u32 {
             _ => 0.62,
         })
         .sum();
-    (em * size as f64 * if bold { 1.08 } else { 1.0 }).ceil() as u32
+    (em * size as f64 * if bold { 1.12 } else { 1.0 }).ceil() as u32
 }
 
 /// `text` broken at spaces into lines at most `width` pixels wide (a word wider than that gets a
@@ -280,7 +282,17 @@ fn layout_header(h: &Header, width: u32, theme: &Theme, top: i32) -> (Vec<Item>,
     let mut y = top;
     for line in wrap(&h.title, title, true, avail as u32).into_iter().filter(|l| !l.is_empty()) {
         let w = text_width(&line, title, true) as i32;
-        items.push(Item { part: Part::Title, lines: vec![line], size: title, bold: true, color: theme.foreground, mark: None, x: EDGE, y, w });
+        items.push(Item {
+            part: Part::Title,
+            lines: vec![line],
+            size: title,
+            bold: true,
+            color: theme.foreground,
+            mark: None,
+            x: EDGE,
+            y,
+            w,
+        });
         y += title as i32 + 5;
     }
     if y > top {
@@ -292,7 +304,7 @@ fn layout_header(h: &Header, width: u32, theme: &Theme, top: i32) -> (Vec<Item>,
         .legend
         .iter()
         .map(|e| (Part::Legend, e.label.as_str(), false, e.color, Some(e.mark)))
-        .chain(h.notes.iter().map(|(t, c)| (Part::Note, t.as_str(), true, *c, None)));
+        .chain(h.notes.iter().map(|(t, c)| (Part::Note, t.as_str(), true, *c, (*c != theme.foreground).then_some(Mark::Dot))));
     let mut x = EDGE;
     let mut row_h = 0;
     for (part, text, is_bold, color, mark) in flow {
@@ -335,12 +347,18 @@ pub fn chart_height(h: &Header, width: u32, theme: &Theme) -> u32 {
 }
 
 /// Draws the header's items from `top` down; returns their boxes and where the header ends.
-pub fn draw_header<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, h: &Header, theme: &Theme, top: i32) -> DrawResult<(Vec<Placed>, i32), DB> {
+pub fn draw_header<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    h: &Header,
+    theme: &Theme,
+    top: i32,
+) -> DrawResult<(Vec<Placed>, i32), DB> {
     let (w, _) = root.dim_in_pixel();
     let (items, height) = layout_header(h, w, theme, top);
     let mut placed = Vec::new();
     for it in items {
-        let style = (FONT, it.size).into_font().style(if it.bold { FontStyle::Bold } else { FontStyle::Normal }).color(&it.color);
+        // Text in the foreground colour (contrast); the series' colour is in the mark.
+        let style = (FONT, it.size).into_font().style(if it.bold { FontStyle::Bold } else { FontStyle::Normal }).color(&theme.foreground);
         let (x, y) = (it.x, it.y);
         let line_h = if it.part == Part::Title { it.size as i32 + 5 } else { it.size as i32 + 6 };
         if let Some(mark) = it.mark {
@@ -378,7 +396,11 @@ pub struct Spec<'s> {
 
 /// Fills the background, draws the header, builds the chart with its axes, grid, tick labels
 /// and axis titles, and hands it back for the series with the layout so far.
-pub fn frame<'a, DB: DrawingBackend>(root: &'a DrawingArea<DB, Shift>, spec: &Spec, theme: &Theme) -> DrawResult<(Chart<'a, DB>, Layout), DB> {
+pub fn frame<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    spec: &Spec,
+    theme: &Theme,
+) -> DrawResult<(Chart<'a, DB>, Layout), DB> {
     root.fill(&theme.background)?;
     let (w, h) = root.dim_in_pixel();
     let (parts, header) = draw_header(root, spec.header, theme, 8)?;
@@ -445,18 +467,11 @@ fn mesh<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, f: &Frame, spec: &Spe
 }
 
 /// Renders a drawing function into an SVG document (empty if drawing failed).
-pub fn svg_of(
-    size: (u32, u32),
-    draw: impl FnOnce(&DrawingArea<SVGBackend, Shift>) -> Result<(), DrawingAreaErrorKind<std::io::Error>>,
-) -> String {
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        if draw(&root).is_err() {
-            return String::new();
-        }
+pub fn svg_of(size: (u32, u32), draw: impl FnOnce(&Area) -> Result<(), DrawingAreaErrorKind<Infallible>>) -> String {
+    match draw_scene(size, draw) {
+        (scene, Ok(())) => scene.svg(),
+        _ => String::new(),
     }
-    out
 }
 
 fn text_is_bold(style: &TextStyle) -> bool {

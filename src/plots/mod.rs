@@ -1,6 +1,6 @@
-//! Charts, generic over plotters' `DrawingBackend`: data in, pixels out. The browser draws them
-//! on `<canvas>` (plotters-canvas), native tests render them to SVG strings and assert on what
-//! they contain. Nothing here runs the estimator: the numbers come from
+//! Charts: data in, pixels out. Each draws through plotters into a [`Scene`] (a display list,
+//! one backend so the drawing code is compiled once); the browser paints the scene on a
+//! `<canvas>`, the exports and the native tests write it as SVG and assert on what it holds. Nothing here runs the estimator: the numbers come from
 //! [`crate::estimator::sweep`] (or an estimate's own timeline), and each chart only draws them.
 //!
 //! Each chart is a data struct (a sweep plus what it is drawn with: the unit, the names, the
@@ -21,6 +21,7 @@ pub mod draw;
 pub mod format;
 pub mod gpus;
 pub mod params;
+pub mod scene;
 pub mod seq;
 pub mod table;
 pub mod theme;
@@ -30,5 +31,6 @@ pub use axis::{Axis, Frame};
 pub use chart::{ChartData, ChartKind};
 pub use draw::{svg_of, Header, Layout, Rect};
 pub use format::{gpu_name, params_label, tokens_label, y_of, zero_label};
+pub use scene::{draw_scene, Scene};
 pub use table::{Column, Reading, Table};
 pub use theme::{category_color, hex, okabe_ito, Theme, DARK, LIGHT, PROJECTOR};

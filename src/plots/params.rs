@@ -193,7 +193,14 @@ pub fn draw_params<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Par
     let cx = d.current as f64;
     if chart.as_coord_spec().x_spec().contains(cx) {
         draw::vline(&mut chart, cx, y.lo(), y.hi(), theme.muted.stroke_width(1))?;
-        draw::label(&mut chart, &format!("{} ({})", data.model, format_count(d.current)), (cx, y.hi()), draw::font(theme, 12), false, theme)?;
+        draw::label(
+            &mut chart,
+            &format!("{} ({})", data.model, format_count(d.current)),
+            (cx, y.hi()),
+            draw::font(theme, 12),
+            false,
+            theme,
+        )?;
     }
     // Where each GPU count stops fitting: a dot on the capacity line (the figures are notes).
     if d.capacity > 0 && y.contains(cap) {

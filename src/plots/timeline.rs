@@ -154,7 +154,11 @@ pub fn timeline_header(data: &TimelineData, theme: &Theme) -> Header {
 }
 
 /// Draws the chart; returns where it put the data and its layout.
-pub fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &TimelineData, theme: &Theme) -> DrawResult<(Frame, Layout), DB> {
+pub fn draw_timeline<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    data: &TimelineData,
+    theme: &Theme,
+) -> DrawResult<(Frame, Layout), DB> {
     let u = data.unit;
     let (w, _) = root.dim_in_pixel();
     let n = data.steps.len().max(2);

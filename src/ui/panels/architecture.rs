@@ -1,0 +1,18 @@
+//! Every architecture field of the model, editable: editing a preset's turns it into a custom
+//! model (the link then carries the whole architecture).
+
+use crate::config::{Group, KEYS};
+use crate::ui::widgets::fields;
+use leptos::prelude::*;
+
+#[component]
+pub fn Architecture() -> impl IntoView {
+    let keys: Vec<&'static str> = KEYS.iter().filter(|k| k.group == Group::Architecture).map(|k| k.name).collect();
+    view! {
+        <details class="arch" data-panel="architecture">
+            <summary>"Architecture (every field editable)"</summary>
+            <p class="hint">"Editing a preset's architecture turns it into a custom model."</p>
+            <div class="grid">{fields(&keys)}</div>
+        </details>
+    }
+}
