@@ -35,8 +35,23 @@ fn panel(p: Panel) -> AnyView {
     }
 }
 
+/// Whether a panel waits for the first paint: the form, the verdict and the ledger come up (and
+/// answer input) first; the answers, the bar, the textbook, the charts and the benchmark follow
+/// a frame later.
+fn waits(p: Panel) -> bool {
+    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench)
+}
+
+/// A panel shown after the first paint.
+#[component]
+fn Later(panel: Panel) -> impl IntoView {
+    let ready = RwSignal::new(false);
+    request_animation_frame(move || set_timeout(move || ready.set(true), std::time::Duration::ZERO));
+    move || ready.get().then(|| self::panel(panel))
+}
+
 fn panels(list: Vec<Panel>) -> impl IntoView {
-    list.into_iter().map(panel).collect_view()
+    list.into_iter().map(|p| if waits(p) { view! { <Later panel=p/> }.into_any() } else { panel(p) }).collect_view()
 }
 
 #[component]

@@ -48,8 +48,12 @@ fn trace(ctx: &Context, points: &[(i32, i32)]) {
     }
 }
 
-/// Paints a scene on a canvas' context (in the context's own units).
+/// Paints a scene on a canvas' context (in the context's own units). The context's state is set
+/// only when it changes (setting `font` makes the browser parse a CSS font: the dearest call of
+/// a redraw when made for every text).
 pub fn paint(ctx: &Context, scene: &Scene) {
+    let mut font = String::new();
+    let (mut align_set, mut baseline_set) = (None, None);
     for shape in &scene.shapes {
         match shape {
             Shape::Line { from, to, paint, width } => {
@@ -97,63 +101,80 @@ pub fn paint(ctx: &Context, scene: &Scene) {
                 }
             }
             Shape::Text { text, at, size, bold, family, paint, align, baseline, degrees } => {
-                ctx.save();
-                let _ = ctx.translate(at.0 as f64, at.1 as f64);
-                if *degrees != 0 {
-                    let _ = ctx.rotate(*degrees as f64 * std::f64::consts::PI / 180.0);
-                }
-                ctx.set_text_align(match align {
+                let f = format!("{}{size}px {family}", if *bold { "bold " } else { "" });
+                let a = match align {
                     Align::Start => "start",
                     Align::Center => "center",
                     Align::End => "end",
-                });
-                ctx.set_text_baseline(match baseline {
+                };
+                let b = match baseline {
                     Baseline::Top => "top",
                     Baseline::Middle => "middle",
                     Baseline::Bottom => "bottom",
-                });
+                };
                 ctx.set_fill_style_str(&paint.css());
-                ctx.set_font(&format!("{}{size}px {family}", if *bold { "bold " } else { "" }));
-                let _ = ctx.fill_text(text, 0.0, 0.0);
-                ctx.restore();
+                if *degrees != 0 {
+                    // Rotated (the y axis' title): its own state, restored after.
+                    ctx.save();
+                    let _ = ctx.translate(at.0 as f64, at.1 as f64);
+                    let _ = ctx.rotate(*degrees as f64 * std::f64::consts::PI / 180.0);
+                    ctx.set_font(&f);
+                    ctx.set_text_align(a);
+                    ctx.set_text_baseline(b);
+                    let _ = ctx.fill_text(text, 0.0, 0.0);
+                    ctx.restore();
+                } else {
+                    if f != font {
+                        ctx.set_font(&f);
+                        font = f;
+                    }
+                    if Some(a) != align_set {
+                        ctx.set_text_align(a);
+                        align_set = Some(a);
+                    }
+                    if Some(b) != baseline_set {
+                        ctx.set_text_baseline(b);
+                        baseline_set = Some(b);
+                    }
+                    let _ = ctx.fill_text(text, at.0 as f64, at.1 as f64);
+                }
             }
         }
     }
 }
 
-/// Draws a chart on `canvas` at its CSS width (`height(width)` high): the chart into a scene,
+/// Draws a chart on `canvas`, `w` CSS pixels wide and `height(w)` high: the chart into a scene,
 /// the scene onto the canvas at the device's pixel ratio, the layout into `data-layout`, then
-/// the mark `trainmem:drawn:<testid>`. Nothing if the canvas has no width yet.
+/// the mark `trainmem:drawn:<testid>`. Nothing if `w` is 0. It reads no layout (the width comes
+/// from a resize observer, the canvas' border lies outside its content box), so drawing after
+/// other panels changed never forces the page to lay out.
 pub fn draw_on(
     canvas: &web_sys::HtmlCanvasElement,
+    w: u32,
     theme: &Theme,
     draw: &dyn Fn(&Area, &Theme) -> Option<Layout>,
     height: &dyn Fn(u32, &Theme) -> u32,
 ) {
-    let w = canvas.client_width().max(0) as u32;
     if w == 0 {
         return;
     }
+    let id = canvas.get_attribute("data-testid").unwrap_or_default();
     let h = height(w, theme).max(1);
-    let (scene, layout) = draw_scene((w, h), |root| draw(root, theme));
+    let (scene, layout) = dom::timed(&format!("scene:{id}"), || draw_scene((w, h), |root| draw(root, theme)));
     let ratio = dom::pixel_ratio();
-    // The CSS box holds the canvas' border too (border-box sizing).
-    let border = (canvas.offset_height() - canvas.client_height()).max(0);
     canvas.set_width((w as f64 * ratio).round() as u32);
     canvas.set_height((h as f64 * ratio).round() as u32);
-    let _ = web_sys::HtmlElement::style(canvas).set_property("height", &format!("{}px", h as i32 + border));
+    let _ = web_sys::HtmlElement::style(canvas).set_property("height", &format!("{h}px"));
     let ctx = canvas.get_context("2d").ok().flatten().and_then(|c| c.dyn_into::<Context>().ok());
     if let Some(ctx) = ctx {
         if ctx.set_transform(ratio, 0.0, 0.0, ratio, 0.0, 0.0).is_ok() {
-            paint(&ctx, &scene);
+            dom::timed(&format!("paint:{id}"), || paint(&ctx, &scene));
         }
     }
     if let Some(layout) = layout {
         let _ = canvas.set_attribute("data-layout", &layout.json());
     }
-    if let Some(id) = canvas.get_attribute("data-testid") {
-        dom::mark(&format!("trainmem:drawn:{id}"));
-    }
+    dom::mark(&format!("trainmem:drawn:{id}"));
 }
 
 /// A canvas as wide as its container, `height(width)` high, drawn by `draw` inside a reactive
@@ -187,10 +208,10 @@ pub fn ChartCanvas(
         watch.set_value(w);
     });
     Effect::new(move |_| {
-        width.track();
+        let w = width.get();
         let theme = store.look().chart_theme();
         if let Some(canvas) = node.get() {
-            draw_on(&canvas, &theme, &*draw, &*height);
+            draw_on(&canvas, w, &theme, &*draw, &*height);
         }
     });
     view! { <canvas node_ref=node role="img" aria-label=move || label.get() data-testid=testid class="chart"></canvas> }

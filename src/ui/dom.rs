@@ -121,6 +121,17 @@ pub fn measure(name: &str, start: &str, end: &str) {
     }
 }
 
+/// Runs `f` as a `performance.measure` named `trainmem:time:<name>` (the page-speed script
+/// reads these to say where an update's time goes).
+pub fn timed<T>(name: &str, f: impl FnOnce() -> T) -> T {
+    let (start, end) = (format!("trainmem:time:{name}:start"), format!("trainmem:time:{name}:end"));
+    mark(&start);
+    let out = f();
+    mark(&end);
+    measure(&format!("trainmem:time:{name}"), &start, &end);
+    out
+}
+
 /// `performance.now()`, milliseconds.
 pub fn now_ms() -> f64 {
     window().performance().map_or(0.0, |p| p.now())

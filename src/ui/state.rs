@@ -149,7 +149,7 @@ impl Store {
         let config = RwSignal::new(decoded.config);
         Store {
             config,
-            estimate: Memo::new(move |_| config.with(estimate)),
+            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(estimate))),
             notices: RwSignal::new(decoded.errors),
             embed: get("embed").is_some_and(|v| v == "1" || v == "true"),
             view: RwSignal::new(get("view").unwrap_or_default()),
@@ -284,19 +284,36 @@ const THEME_STORAGE: &str = "trainmem-theme";
 /// An edit older than this starts a new history entry.
 const SETTLED_MS: f64 = 1000.0;
 
-/// Keeps the address bar in step with the store, and the store with back and forward.
+/// Keeps the address bar in step with the store, and the store with back and forward. The
+/// address is written a task after the change (`replaceState` is not free, and the views come
+/// first); of quick successive edits only the last is written, and a new history entry, once
+/// asked for, is kept for it.
 fn sync_url(store: Store) {
     let last_edit = StoredValue::new(0.0f64);
+    let push_due = StoredValue::new(false);
     Effect::new(move |prev: Option<String>| {
         let q = store.config.with(|c| store.query(c));
         if prev.as_deref() != Some(q.as_str()) {
             let now = dom::now_ms();
             if prev.is_some() && now - last_edit.get_value() > SETTLED_MS {
-                dom::push_query(&q);
-            } else {
-                dom::replace_query(&q);
+                push_due.set_value(true);
             }
             last_edit.set_value(now);
+            let target = q.clone();
+            set_timeout(
+                move || {
+                    let current = store.config.try_with_untracked(|c| store.query(c));
+                    if current.as_deref() != Some(target.as_str()) {
+                        return;
+                    }
+                    if push_due.try_update_value(std::mem::take).unwrap_or(false) {
+                        dom::push_query(&target);
+                    } else {
+                        dom::replace_query(&target);
+                    }
+                },
+                std::time::Duration::ZERO,
+            );
         }
         q
     });

@@ -13,7 +13,7 @@ let browser;
 before(async () => { server = await serve(); browser = await launch({ webgpu: true }); });
 after(async () => { await browser?.close(); server?.close(); });
 
-const HASHED = /-[0-9a-f]{16}(_bg)?\.(js|wasm|css|svg)$/;
+const HASHED = /-[0-9a-f]{12,16}(_bg)?\.(js|wasm|css|svg)$/;
 
 test('dist/ holds one app module and one benchmark module, every asset content-hashed', () => {
   const files = readdirSync(join(ROOT, 'dist'));

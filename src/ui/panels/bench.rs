@@ -275,7 +275,9 @@ pub fn Bench() -> impl IntoView {
                     .flatten()
                     .and_then(|c| c.dyn_into::<web_sys::HtmlCanvasElement>().ok())
                 {
-                    draw_on(&c, &theme, &|root, t| draw_bench(root, &chart, t).ok(), &|w, t| bench_height(&chart, w, t));
+                    draw_on(&c, c.client_width().max(0) as u32, &theme, &|root, t| draw_bench(root, &chart, t).ok(), &|w, t| {
+                        bench_height(&chart, w, t)
+                    });
                 }
             }
         }

@@ -127,7 +127,7 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
     });
     let table = Memo::new(move |_| {
         let t = store.look().chart_theme();
-        live.with(|d| d.as_ref().ok().map(|d| d.table(&t)))
+        dom::timed("table", || live.with(|d| d.as_ref().ok().map(|d| d.table(&t))))
     });
     let frame = StoredValue::new_local(None::<Frame>);
     let label = RwSignal::new(String::new());

@@ -1,11 +1,12 @@
 //! The ledger: every component of one GPU's memory with its bytes and share; each row opens to
 //! its formula, the same formula with this configuration's numbers, and its source.
 //!
-//! A read-out rebuilt whole on each change, as HTML text ([`crate::ui::html`]): a few dozen
-//! rows, far cheaper in wasm than a keyed list of reactive rows. Which rows are open is kept
-//! across rebuilds; their formulas come from [`explain`], run only while some row is open. A
-//! row opened or closed by the visitor is filled or emptied in place (one `toggle` listener on
-//! the list), so focus stays where it was.
+//! A read-out written as HTML text ([`crate::ui::html`]): a few dozen rows, far cheaper in wasm
+//! than a keyed list of reactive rows. When an edit keeps the same rows, only their figures are
+//! updated in place; otherwise the list is rebuilt. Which rows are open is kept across rebuilds;
+//! their formulas come from [`explain`], run only while some row is open. A row opened or
+//! closed by the visitor is filled or emptied in place (one `toggle` listener on the list), so
+//! focus stays where it was.
 
 use crate::config::{Config, Unit};
 use crate::estimator::expr::group_digits;
@@ -13,6 +14,7 @@ use crate::estimator::ledger::{Bytes, Row};
 use crate::estimator::units::format_bytes;
 use crate::estimator::{explain, Estimate, EstimateError};
 use crate::plots::{category_color, hex};
+use crate::ui::dom;
 use crate::ui::html::esc;
 use crate::ui::state::use_store;
 use leptos::html::Section;
@@ -124,13 +126,92 @@ fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &BTreeSet<Str
     s
 }
 
+/// The figures of every row, depth first: bytes, as shown, and share of the list's total.
+fn figures(rows: &[Row], total: Bytes, unit: Unit, out: &mut Vec<(Bytes, String, f64)>) {
+    for r in rows {
+        let share = if total > 0 { r.bytes as f64 * 100.0 / total as f64 } else { 0.0 };
+        out.push((r.bytes, format_bytes(r.bytes, unit), share));
+        figures(&r.children, total, unit, out);
+    }
+}
+
+/// What the ledger's HTML holds besides its figures: the rows (by key) and the stage.
+fn shape(e: &Estimate) -> String {
+    fn keys(rows: &[Row], depth: usize, host: bool, out: &mut String) {
+        for r in rows {
+            out.push_str(&row_key(r, depth, host));
+            out.push('|');
+            keys(&r.children, depth + 1, host, out);
+        }
+    }
+    let mut s = format!("{}:{}|", e.layout.stage.label(), e.layout.pp);
+    keys(&e.components, 0, false, &mut s);
+    keys(&e.host, 0, true, &mut s);
+    s
+}
+
+/// Updates the figures of a ledger whose rows are the same in place (no new HTML to parse);
+/// `false` if the page's rows do not match.
+fn patch(section: &web_sys::Element, e: &Estimate, unit: Unit) -> bool {
+    let mut rows = Vec::new();
+    figures(&e.components, e.memory.total, unit, &mut rows);
+    figures(&e.host, e.memory.host, unit, &mut rows);
+    let Ok(items) = section.query_selector_all("li.row") else { return false };
+    if items.length() as usize != rows.len() {
+        return false;
+    }
+    let set = |li: &web_sys::Element, sel: &str, f: &dyn Fn(&web_sys::Element)| {
+        if let Some(el) = li.query_selector(sel).ok().flatten() {
+            f(&el);
+        }
+    };
+    for (i, (bytes, text, share)) in rows.iter().enumerate() {
+        let Some(li) = items.item(i as u32).and_then(|n| n.dyn_into::<web_sys::Element>().ok()) else { return false };
+        set(&li, ".bytes", &|el| {
+            let _ = el.set_attribute("data-bytes", &bytes.to_string());
+            el.set_text_content(Some(text));
+        });
+        set(&li, ".share", &|el| {
+            let _ = el.set_attribute("aria-label", &format!("{share:.1} percent of the sum"));
+        });
+        set(&li, ".share-bar", &|el| {
+            let _ = el.set_attribute("style", &format!("width:{:.1}%", share.min(100.0)));
+        });
+        set(&li, ".share-num", &|el| el.set_text_content(Some(&format!("{share:.1} %"))));
+    }
+    if let Ok(sums) = section.query_selector_all(".sum strong") {
+        for (i, b) in [e.memory.total, e.memory.peak].into_iter().enumerate() {
+            if let Some(n) = sums.item(i as u32) {
+                n.set_text_content(Some(&format_bytes(b, unit)));
+            }
+        }
+    }
+    true
+}
+
 #[component]
 pub fn Ledger() -> impl IntoView {
     let store = use_store();
     // The open rows: read when the ledger is rebuilt, changed by the visitor in place.
     let open = StoredValue::new(BTreeSet::<String>::new());
-    let html = move || store.config.with(|c| store.estimate.with(|e| open.with_value(|o| ledger(e, c, o))));
     let node = NodeRef::<Section>::new();
+    // What the page's HTML was built for (rows, stage): the same rows are only patched.
+    let built = StoredValue::new(None::<String>);
+    Effect::new(move |_| {
+        let Some(section) = node.get() else { return };
+        dom::timed("ledger", || {
+            store.config.with(|c| {
+                store.estimate.with(|e| {
+                    let shape = e.as_ref().ok().map(shape);
+                    let same = shape.is_some() && built.with_value(|b| *b == shape) && open.with_value(BTreeSet::is_empty);
+                    if !(same && e.as_ref().is_ok_and(|e| patch(&section, e, c.unit))) {
+                        section.set_inner_html(&open.with_value(|o| ledger(e, c, o)));
+                        built.set_value(shape);
+                    }
+                })
+            })
+        });
+    });
     let listening = StoredValue::new_local(None::<Closure<dyn FnMut(web_sys::Event)>>);
     Effect::new(move |_| {
         let Some(section) = node.get() else { return };
@@ -166,5 +247,5 @@ pub fn Ledger() -> impl IntoView {
         let _ = section.add_event_listener_with_callback_and_bool("toggle", on_toggle.as_ref().unchecked_ref(), true);
         listening.set_value(Some(on_toggle));
     });
-    view! { <section class="ledger" aria-labelledby="ledger-h" data-panel="ledger" node_ref=node inner_html=html></section> }
+    view! { <section class="ledger" aria-labelledby="ledger-h" data-panel="ledger" node_ref=node></section> }
 }

@@ -138,7 +138,7 @@ pub fn Verdict() -> impl IntoView {
     let store = use_store();
     let first = StoredValue::new(true);
     let html = move || {
-        let s = store.config.with(|c| store.estimate.with(|e| figures(e, c)));
+        let s = dom::timed("verdict", || store.config.with(|c| store.estimate.with(|e| figures(e, c))));
         if first.get_value() {
             first.set_value(false);
             dom::mark("trainmem:verdict");
@@ -153,7 +153,7 @@ pub fn Verdict() -> impl IntoView {
 pub fn Answers() -> impl IntoView {
     let store = use_store();
     let key = Memo::new(move |_| store.config.with(|c| Config { unit: Unit::Gb, ..c.clone() }));
-    let found = Memo::new(move |_| key.with(answers));
+    let found = Memo::new(move |_| dom::timed("answers", || key.with(answers)));
     let html = move || store.config.with(|c| found.with(|a| answers_html(a, c)));
     let on_click = move |ev: leptos::ev::MouseEvent| {
         let apply = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()).and_then(|e| e.get_attribute("data-apply"));
