@@ -159,7 +159,12 @@ fn graph(area: &str) -> BTreeMap<String, BTreeSet<String>> {
 
 /// A cycle in `g`, if any, as the modules along it.
 fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
-    fn visit(n: &str, g: &BTreeMap<String, BTreeSet<String>>, state: &mut BTreeMap<String, u8>, stack: &mut Vec<String>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
         state.insert(n.to_string(), 1);
         stack.push(n.to_string());
         for m in g.get(n).into_iter().flatten() {
@@ -249,8 +254,22 @@ fn plots_only_draw_they_never_run_the_estimator() {
         let text = code(&p);
         // The estimator's entry points and every function of estimator::sweep that runs it.
         for call in [
-            "estimate(", "explain(", "run(", "seq_sweep(", "batch_sweep(", "params_sweep(", "gpus_sweep(", "answers(", "max_batch(", "max_seq(",
-            "longest_seq(", "min_gpus(", "fewest_gpus(", "smallest_gpu(", "fits(", "peak(",
+            "estimate(",
+            "explain(",
+            "run(",
+            "seq_sweep(",
+            "batch_sweep(",
+            "params_sweep(",
+            "gpus_sweep(",
+            "answers(",
+            "max_batch(",
+            "max_seq(",
+            "longest_seq(",
+            "min_gpus(",
+            "fewest_gpus(",
+            "smallest_gpu(",
+            "fits(",
+            "peak(",
         ] {
             let word_start = |i: usize| !text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.');
             let found = text.match_indices(call).any(|(i, _)| word_start(i));

@@ -360,8 +360,12 @@ pub fn fewest_gpus(cfg: &Config) -> Option<u64> {
 
 /// The GPUs of the catalog, smallest memory first.
 pub fn gpus_by_memory() -> Vec<&'static Gpu> {
-    let mut v: Vec<&'static Gpu> = GPUS.iter().collect();
-    v.sort_by_key(|g| g.mib);
+    // An insertion sort: the catalog is a dozen cards.
+    let mut v: Vec<&'static Gpu> = Vec::with_capacity(GPUS.len());
+    for g in GPUS {
+        let at = v.iter().position(|o| o.mib > g.mib).unwrap_or(v.len());
+        v.insert(at, g);
+    }
     v
 }
 

@@ -5,6 +5,7 @@ use super::dom;
 use super::layout::{Layout, Panel};
 use super::panels::{architecture, bar, bench, charts, embed, import, inputs, ledger, notices, textbook, toolbar, verdict};
 use super::state::{use_store, Store};
+use super::widgets;
 use leptos::html::Main;
 use leptos::prelude::*;
 
@@ -74,7 +75,7 @@ fn FullPage() -> impl IntoView {
         <toolbar::Toolbar/>
         <notices::Notices/>
         <main class="layout">
-            <form class="inputs" aria-label="Configuration" on:submit=|ev| ev.prevent_default()>{panels(layout.inputs)}</form>
+            <widgets::Form>{panels(layout.inputs)}</widgets::Form>
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
         </main>
         <footer class="foot">

@@ -221,14 +221,14 @@ test('each one-click answer is exact at its boundary and applies with a click', 
 
 test('a custom GPU size shows its field and the link carries it', async () => {
   const { page, problems } = await openPage(browser, server.base);
-  assert.equal(await page.$('#in-gpu_gib'), null);
+  assert.equal(await page.isVisible('#in-gpu_gib'), false);
   await page.selectOption('#in-gpu', 'custom');
-  await page.waitForSelector('#in-gpu_gib');
+  await page.waitForSelector('#in-gpu_gib', { state: 'visible' });
   await page.fill('#in-gpu_gib', '48');
   await page.waitForFunction(() => location.search.includes('gpu=custom') && location.search.includes('gpu_gib=48'));
   assert.match(await page.textContent('[data-testid=verdict]'), /custom 48 GiB GPU/);
   await page.selectOption('#in-gpu', 'h200');
   await page.waitForFunction(() => location.search.includes('gpu=h200'));
-  assert.equal(await page.$('#in-gpu_gib'), null);
+  assert.equal(await page.isVisible('#in-gpu_gib'), false);
   assert.deepEqual(problems, []);
 });

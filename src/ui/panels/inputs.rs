@@ -1,15 +1,13 @@
-//! The configuration form: the model, training, cluster and overhead fieldsets. Every field is a
-//! [`KeyInput`] of the codec's key table, except the two choices the UI holds typed: the model
-//! (a preset, or the configuration's own custom architecture) and the GPU (one of the catalog,
-//! or a custom size).
+//! The configuration form: the model, training, cluster and overhead fieldsets. Every field is
+//! one of the codec's keys ([`crate::ui::widgets`]); the model picker holds its choice typed (a
+//! preset, or the configuration's own custom architecture), as the GPU field does (one of the
+//! catalog, or a custom size).
 
-use crate::config::{Finetune, Zero};
-use crate::estimator::gpu::GPUS;
 use crate::estimator::presets::presets;
 use crate::estimator::units::format_count;
 use crate::ui::html::esc;
-use crate::ui::state::{use_store, GpuChoice, ModelChoice};
-use crate::ui::widgets::{fields, KeyInput};
+use crate::ui::state::{use_store, ModelChoice};
+use crate::ui::widgets::fields_html;
 use leptos::prelude::*;
 
 /// The searchable preset picker and the model's summary.
@@ -23,14 +21,14 @@ pub fn Model() -> impl IntoView {
             .into_iter()
             .map(|p| {
                 let label = format!("{} — {} ({})", p.id, format_count(p.spec.counts().total), p.family);
-                (p.id, format!("{} {} {}", p.id, p.family, p.checkpoint).to_lowercase(), label)
+                (p.id, format!("{} {} {}", p.id, p.family, p.checkpoint).to_ascii_lowercase(), label)
             })
             .collect::<Vec<_>>(),
     );
     let model = Memo::new(move |_| store.model());
     // The options as HTML: a few dozen, rebuilt when the filter or the model changes.
     let options = move || {
-        let f = filter.get().to_lowercase();
+        let f = filter.get().to_ascii_lowercase();
         let current = model.get();
         let mut out = String::new();
         all.with_value(|ps| {
@@ -79,76 +77,56 @@ pub fn Model() -> impl IntoView {
     }
 }
 
-#[component]
-pub fn Training() -> impl IntoView {
+/// A fieldset of fields, written once (the form keeps them in step with the configuration).
+fn fieldset(panel: &'static str, legend: &'static str, names: &[&str]) -> impl IntoView {
     let store = use_store();
-    let lora = Memo::new(move |_| store.config.with(|c| c.finetune != Finetune::Full));
+    let html = store.config.with_untracked(|c| fields_html(names, c));
     view! {
-        <fieldset data-panel="training">
-            <legend>"Training"</legend>
-            <div class="grid">
-                {fields(&["batch", "seq", "accum", "precision", "optim", "optim_impl", "finetune"])}
-                {move || lora.get().then(|| fields(&["lora_rank", "lora_targets"]))}
-                {fields(&["attn", "recompute", "dropout", "loss", "framework"])}
-            </div>
+        <fieldset data-panel=panel>
+            <legend>{legend}</legend>
+            <div class="grid" inner_html=html></div>
         </fieldset>
     }
 }
 
-/// The GPU: one of the catalog, or a custom size (then its GiB field appears).
 #[component]
-fn GpuPicker() -> impl IntoView {
-    let store = use_store();
-    let gpu = Memo::new(move |_| store.gpu());
-    let choose = move |ev: leptos::ev::Event| {
-        let id = event_target_value(&ev);
-        let choice = match GPUS.iter().find(|g| g.id == id) {
-            Some(g) => GpuChoice::Catalog(*g),
-            None => GpuChoice::Custom(store.config.with_untracked(|c| c.gpu_gib)),
-        };
-        let _ = store.set_gpu(choice);
-    };
-    let selected = move || match gpu.get() {
-        GpuChoice::Catalog(g) => g.id,
-        GpuChoice::Custom(_) => "custom",
-    };
-    let options = GPUS.iter().map(|g| view! { <option value=g.id>{g.name}</option> }).collect_view();
-    view! {
-        <div class="field">
-            <label for="in-gpu">"GPU "<code class="key">"gpu"</code></label>
-            <select id="in-gpu" prop:value=selected on:change=choose>{options}<option value="custom">"Custom size…"</option></select>
-        </div>
-        {move || matches!(gpu.get(), GpuChoice::Custom(_)).then(|| view! { <KeyInput name="gpu_gib"/> })}
-    }
+pub fn Training() -> impl IntoView {
+    fieldset(
+        "training",
+        "Training",
+        &[
+            "batch",
+            "seq",
+            "accum",
+            "precision",
+            "optim",
+            "optim_impl",
+            "finetune",
+            "lora_rank",
+            "lora_targets",
+            "attn",
+            "recompute",
+            "dropout",
+            "loss",
+            "framework",
+        ],
+    )
 }
 
 #[component]
 pub fn Cluster() -> impl IntoView {
-    let store = use_store();
-    let hybrid = Memo::new(move |_| store.config.with(|c| c.zero == Zero::HybridShard));
-    let pipeline = Memo::new(move |_| store.config.with(|c| c.pp > 1));
-    view! {
-        <fieldset data-panel="cluster">
-            <legend>"Cluster"</legend>
-            <div class="grid">
-                <GpuPicker/>
-                {fields(&["gpus", "zero"])}
-                {move || hybrid.get().then(|| fields(&["shard_group"]))}
-                {fields(&["tp", "sp", "pp"])}
-                {move || pipeline.get().then(|| fields(&["vpp"]))}
-                {fields(&["cp", "ep", "offload"])}
-            </div>
-        </fieldset>
-    }
+    fieldset("cluster", "Cluster", &["gpu", "gpu_gib", "gpus", "zero", "shard_group", "tp", "sp", "pp", "vpp", "cp", "ep", "offload"])
 }
 
 #[component]
 pub fn Overhead() -> impl IntoView {
+    let store = use_store();
+    let html = store.config.with_untracked(|c| fields_html(&["cuda_ctx_mib", "nccl_mib", "frag_pct", "prefetch_layers", "bucket_view"], c));
     view! {
         <details class="overhead" data-panel="overhead">
             <summary>"Overhead assumptions"</summary>
             <p class="hint">"Named assumptions, not measurements: set them to what your setup shows (nvidia-smi for the context, torch.cuda.memory_reserved vs memory_allocated for fragmentation)."</p>
-            <div class="grid">{fields(&["cuda_ctx_mib", "nccl_mib", "frag_pct", "prefetch_layers", "bucket_view"])}</div>
+            <div class="grid" inner_html=html></div>
         </details>
     }
 }

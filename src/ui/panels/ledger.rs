@@ -19,7 +19,6 @@ use crate::ui::html::esc;
 use crate::ui::state::use_store;
 use leptos::html::Section;
 use leptos::prelude::*;
-use std::collections::BTreeSet;
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::JsCast;
 
@@ -60,16 +59,7 @@ fn formula(r: &Row) -> String {
 }
 
 /// The rows of one list, depth first; open rows carry their formula from `explained`.
-fn rows(
-    out: &mut String,
-    rows: &[Row],
-    depth: usize,
-    host: bool,
-    total: Bytes,
-    unit: Unit,
-    open: &BTreeSet<String>,
-    explained: Option<&Estimate>,
-) {
+fn rows(out: &mut String, rows: &[Row], depth: usize, host: bool, total: Bytes, unit: Unit, open: &[String], explained: Option<&Estimate>) {
     for r in rows {
         let key = row_key(r, depth, host);
         let share = if total > 0 { r.bytes as f64 * 100.0 / total as f64 } else { 0.0 };
@@ -99,7 +89,7 @@ fn rows(
     }
 }
 
-fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &BTreeSet<String>) -> String {
+fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &[String]) -> String {
     let Ok(e) = e else { return String::new() };
     let unit = cfg.unit;
     let explained = if open.is_empty() { None } else { explain(cfg).ok() };
@@ -193,7 +183,7 @@ fn patch(section: &web_sys::Element, e: &Estimate, unit: Unit) -> bool {
 pub fn Ledger() -> impl IntoView {
     let store = use_store();
     // The open rows: read when the ledger is rebuilt, changed by the visitor in place.
-    let open = StoredValue::new(BTreeSet::<String>::new());
+    let open = StoredValue::new(Vec::<String>::new());
     let node = NodeRef::<Section>::new();
     // What the page's HTML was built for (rows, stage): the same rows are only patched.
     let built = StoredValue::new(None::<String>);
@@ -203,7 +193,7 @@ pub fn Ledger() -> impl IntoView {
             store.config.with(|c| {
                 store.estimate.with(|e| {
                     let shape = e.as_ref().ok().map(shape);
-                    let same = shape.is_some() && built.with_value(|b| *b == shape) && open.with_value(BTreeSet::is_empty);
+                    let same = shape.is_some() && built.with_value(|b| *b == shape) && open.with_value(Vec::is_empty);
                     if !(same && e.as_ref().is_ok_and(|e| patch(&section, e, c.unit))) {
                         section.set_inner_html(&open.with_value(|o| ledger(e, c, o)));
                         built.set_value(shape);
@@ -228,7 +218,9 @@ pub fn Ledger() -> impl IntoView {
             }
             if d.open() {
                 open.update_value(|o| {
-                    o.insert(key.clone());
+                    if !o.contains(&key) {
+                        o.push(key.clone());
+                    }
                 });
                 let body = store.config.with_untracked(|c| {
                     let e = explain(c).ok()?;
@@ -237,9 +229,7 @@ pub fn Ledger() -> impl IntoView {
                 });
                 slot.set_inner_html(&body.unwrap_or_default());
             } else {
-                open.update_value(|o| {
-                    o.remove(&key);
-                });
+                open.update_value(|o| o.retain(|k| *k != key));
                 slot.set_inner_html("");
             }
         });
