@@ -275,6 +275,51 @@ fn last_fit(lo: u64, hi: u64, cap: Bytes, x_of: impl Fn(u64) -> f64, mut peak_at
     }
 }
 
+/// [`last_fit`] seeded by a sweep's samples: `samples` are ascending `(value, peak)` pairs,
+/// the peak growing with the value. The answer lies between the last sample that fits and the
+/// first that does not, where [`boundary`] starts from the samples around the crossing (so a
+/// sweep's limit costs a few estimates more than its curve); below the first sample (down to
+/// `lo`) if none fits; the last sample if all do.
+pub fn last_fit_sampled(
+    samples: &[(u64, Option<Bytes>)],
+    lo: u64,
+    cap: Bytes,
+    x_of: impl Fn(u64) -> f64,
+    mut peak_at: impl FnMut(u64) -> Option<Bytes>,
+) -> Option<u64> {
+    let fits = |p: Option<Bytes>| p.is_some_and(|p| p <= cap);
+    match samples.iter().position(|(_, p)| !fits(*p)) {
+        None => samples.last().map(|(v, _)| *v),
+        Some(0) => last_fit(lo, samples[0].0.checked_sub(1)?, cap, x_of, peak_at),
+        Some(j) => {
+            let probe = |i: usize| Probe { at: samples[i].0, peak: samples[i].1 };
+            let mut seen: Vec<Probe> = (j.saturating_sub(2)..=j).map(probe).collect();
+            Some(boundary(probe(j - 1), probe(j), cap, x_of, &mut peak_at, &mut seen))
+        }
+    }
+}
+
+/// The smallest value that fits, seeded by ascending `(value, peak)` samples whose peak
+/// shrinks with the value (GPU counts): between the last sample that does not fit and the first
+/// that does, from the samples around them (`model_from` is the first sample on the curve the
+/// others follow: one replica has no NCCL buffers). `None` if no sample fits.
+pub fn first_fit_sampled(
+    samples: &[(u64, Option<Bytes>)],
+    model_from: usize,
+    cap: Bytes,
+    x_of: impl Fn(u64) -> f64,
+    mut peak_at: impl FnMut(u64) -> Option<Bytes>,
+) -> Option<u64> {
+    let fits = |p: Option<Bytes>| p.is_some_and(|p| p <= cap);
+    let j = samples.iter().position(|(_, p)| fits(*p))?;
+    if j == 0 {
+        return Some(samples[0].0);
+    }
+    let probe = |i: usize| Probe { at: samples[i].0, peak: samples[i].1 };
+    let mut seen: Vec<Probe> = (model_from.max(j.saturating_sub(1))..(j + 2).min(samples.len())).map(probe).collect();
+    Some(boundary(probe(j), probe(j - 1), cap, x_of, &mut peak_at, &mut seen))
+}
+
 /// Upper end of the micro-batch search (the estimator's own limit).
 pub const MAX_BATCH: u64 = 1 << 20;
 /// Upper end of the sequence-length search (the estimator's own limit).
@@ -551,8 +596,8 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     // The longest length that fits: a search on the estimator between the last sampled length
     // that fits and the first that does not (exact; the samples only bracket it).
     let cap = capacity(cfg);
-    let samples: Vec<(u64, bool)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, c.iter().sum::<Bytes>() <= cap)).collect();
-    let limit = largest_bracketed(&samples, cfg.cp.max(1), |s| fits(&Config { seq: s, ..cfg.clone() }));
+    let samples: Vec<(u64, Option<Bytes>)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, Some(c.iter().sum::<Bytes>()))).collect();
+    let limit = last_fit_sampled(&samples, cfg.cp.max(1), cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }));
     SeqSweep { attn: cfg.attn, other, seqs, stack, other_peak, range: (lo, hi), limit, capacity: cap }
 }
 
@@ -606,17 +651,18 @@ pub fn batch_sweep(cfg: &Config) -> BatchSweep {
     let fits_at = |c: Option<[Bytes; 6]>| c.is_some_and(|c| c.iter().sum::<Bytes>() <= cap);
     // Doubling until it no longer fits brackets the largest micro-batch; a binary search between
     // the last two doublings finds it exactly.
+    let total = |c: Option<[Bytes; 6]>| c.map(|c| c.iter().sum::<Bytes>());
     let mut samples = Vec::new();
     let mut b = 1;
     loop {
-        let ok = fits_at(at(b));
-        samples.push((b, ok));
-        if !ok || b >= MAX_BATCH {
+        let p = at(b);
+        samples.push((b, total(p)));
+        if !fits_at(p) || b >= MAX_BATCH {
             break;
         }
         b *= 2;
     }
-    let limit = largest_bracketed(&samples, 1, |b| fits_at(at(b)));
+    let limit = last_fit_sampled(&samples, 1, cap, |b| b as f64, |b| total(at(b)));
     let hi = batch_top(limit, cfg.batch);
     let mut batches = Vec::new();
     let mut stack = Vec::new();
@@ -780,8 +826,11 @@ pub fn params_sweep(cfg: &Config) -> ParamsSweep {
         .iter()
         .enumerate()
         .map(|(gi, &g)| {
-            let samples: Vec<(u64, bool)> = grid.iter().zip(&peak[gi]).map(|(i, p)| (*i, p.is_some_and(|p| p <= cap))).collect();
-            largest_bracketed(&samples, 0, |i| fits(&on_gpus(cfg, &scaled(arch, k_at(i)), g))).map(|i| params_of(&scaled(arch, k_at(i))))
+            let samples: Vec<(u64, Option<Bytes>)> = grid.iter().zip(&peak[gi]).map(|(i, p)| (*i, *p)).collect();
+            // The peak is close to affine in the parameter count, the model's coordinate.
+            let x_of = |i: u64| params_of(&scaled(arch, k_at(i))) as f64;
+            last_fit_sampled(&samples, 0, cap, x_of, |i| self::peak(&on_gpus(cfg, &scaled(arch, k_at(i)), g)))
+                .map(|i| params_of(&scaled(arch, k_at(i))))
         })
         .collect();
     let family = preset(&cfg.model).map(|p| p.family.to_string());
@@ -876,8 +925,11 @@ pub fn gpus_sweep(cfg: &Config) -> GpusSweep {
             let peak: Vec<Option<Bytes>> = gpus.iter().map(|&n| peak(&Config { gpus: n, ..base.clone() })).collect();
             // The fewest GPUs: binary search between the last sampled count that does not fit
             // and the first that does (exact; the doubling samples only bracket it).
-            let samples: Vec<(u64, bool)> = gpus.iter().zip(&peak).map(|(n, p)| (*n, p.is_some_and(|p| p <= cap))).collect();
-            let fewest = smallest_bracketed(&samples, mp, |n| fits(&Config { gpus: n, ..base.clone() }));
+            // In replicas (multiples of tp × pp × cp), where the sharded terms go as 1/replicas.
+            let samples: Vec<(u64, Option<Bytes>)> =
+                gpus.iter().zip(&peak).filter(|(n, _)| *n % mp == 0).map(|(n, p)| (*n / mp, *p)).collect();
+            let fewest = first_fit_sampled(&samples, 1, cap, |m| 1.0 / m as f64, |m| self::peak(&Config { gpus: m * mp, ..base.clone() }))
+                .map(|m| m * mp);
             ShardingLine { zero, peak, fewest }
         })
         .collect();

@@ -52,7 +52,7 @@ pub fn fields_html(names: &[&str], cfg: &Config) -> String {
         let is_bool = choices == ["false", "true"];
         let control = if *name == "gpu" {
             // The GPU: the catalog by name, or a custom size.
-            let mut o = format!("<select id=\"in-gpu\" data-key=\"gpu\">");
+            let mut o = String::from("<select id=\"in-gpu\" data-key=\"gpu\">");
             for g in GPUS {
                 o.push_str(&format!("<option value=\"{}\"{}>{}</option>", g.id, if g.id == value { " selected" } else { "" }, esc(g.name)));
             }
@@ -132,7 +132,7 @@ fn edit(store: Store, ev: &web_sys::Event) {
 
 /// Makes every field of `form` show `cfg`: the values that changed since `shown_values`, and
 /// which dependent fields are shown.
-fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut Vec<String>) {
+fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
     for (i, k) in KEYS.iter().enumerate() {
         let value = (k.get)(cfg);
         if shown_values.get(i) == Some(&value) {

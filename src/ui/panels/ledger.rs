@@ -58,14 +58,25 @@ fn formula(r: &Row) -> String {
     s
 }
 
-/// The rows of one list, depth first; open rows carry their formula from `explained`.
-fn rows(out: &mut String, rows: &[Row], depth: usize, host: bool, total: Bytes, unit: Unit, open: &[String], explained: Option<&Estimate>) {
+/// One list of the ledger (the GPU's, or the host's) and what its rows are written with.
+struct List<'a> {
+    host: bool,
+    total: Bytes,
+    unit: Unit,
+    open: &'a [String],
+    explained: Option<&'a Estimate>,
+}
+
+/// The rows of one list, depth first; open rows carry their formula from the explained
+/// estimate.
+fn rows(out: &mut String, rows: &[Row], depth: usize, list: &List) {
+    let (host, total, unit) = (list.host, list.total, list.unit);
     for r in rows {
         let key = row_key(r, depth, host);
         let share = if total > 0 { r.bytes as f64 * 100.0 / total as f64 } else { 0.0 };
-        let is_open = open.contains(&key);
+        let is_open = list.open.contains(&key);
         let body = if is_open {
-            explained.and_then(|e| find(if host { &e.host } else { &e.components }, 0, host, &key)).map(formula).unwrap_or_default()
+            list.explained.and_then(|e| find(if host { &e.host } else { &e.components }, 0, host, &key)).map(formula).unwrap_or_default()
         } else {
             String::new()
         };
@@ -85,7 +96,7 @@ fn rows(out: &mut String, rows: &[Row], depth: usize, host: bool, total: Bytes, 
             format_bytes(r.bytes, unit),
             share.min(100.0),
         ));
-        self::rows(out, &r.children, depth + 1, host, total, unit, open, explained);
+        self::rows(out, &r.children, depth + 1, list);
     }
 }
 
@@ -102,7 +113,7 @@ fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &[String]) ->
         "<h2 id=\"ledger-h\">Ledger per GPU{}</h2><p class=\"hint\">Open a row for its formula, the same formula with this configuration's numbers, and its source.</p><ul class=\"rows\" data-testid=\"ledger\">",
         esc(&stage)
     );
-    rows(&mut s, &e.components, 0, false, e.memory.total, unit, open, explained.as_ref());
+    rows(&mut s, &e.components, 0, &List { host: false, total: e.memory.total, unit, open, explained: explained.as_ref() });
     s.push_str(&format!(
         "</ul><p class=\"sum\">Sum of components: <strong>{}</strong> · peak during the step: <strong>{}</strong> (not every component is resident at once)</p>",
         format_bytes(e.memory.total, unit),
@@ -110,7 +121,7 @@ fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &[String]) ->
     ));
     if !e.host.is_empty() {
         s.push_str("<h3>Host memory per GPU process</h3><ul class=\"rows host\" data-testid=\"host-ledger\">");
-        rows(&mut s, &e.host, 0, true, e.memory.host, unit, open, explained.as_ref());
+        rows(&mut s, &e.host, 0, &List { host: true, total: e.memory.host, unit, open, explained: explained.as_ref() });
         s.push_str("</ul>");
     }
     s
