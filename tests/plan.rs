@@ -380,13 +380,24 @@ proptest! {
 /// What the pruning deliberately does not assume: the estimator breaks it, and rightly (see the
 /// module docs of estimator::plan). Counterexamples found by sampling.
 #[test]
-fn zero_3_and_full_recompute_are_no_chain_steps_because_they_can_cost_memory() {
+fn zero_2_zero_3_and_full_recompute_are_no_chain_steps_because_they_can_cost_memory() {
     // ZeRO-3 gathers whole layers (and prefetches more): on Mixtral with tp = 8 and ep = 2 that
     // exceeds what it shards beyond ZeRO-2.
     let c = decode_query("model=mixtral-8x7b-v0.1&batch=2&seq=1024&accum=4&precision=amp-bf16&optim=adafactor&optim_impl=forloop&attn=eager&gpus=32&shard_group=4&tp=8&pp=2&ep=2&offload=optimizer").config;
     let z2 = memory(&Config { zero: Zero::Z2, ..c.clone() }).expect("valid");
     let z3 = memory(&Config { zero: Zero::Z3, ..c.clone() }).expect("valid");
     assert!(z3 > z2, "z2 {z2}, z3 {z3}");
+    // ZeRO-2 keeps its gradient shard through the whole step; ZeRO-1's full gradients build up
+    // during backward only, and GPT-2's step peaks early (at the LM head's backward).
+    let c = decode_query("model=gpt2&seq=128&precision=amp-bf16&attn=eager&gpus=2&zero=1").config;
+    let z1 = memory(&c).expect("valid");
+    let z2 = memory(&Config { zero: Zero::Z2, ..c.clone() }).expect("valid");
+    assert!(z2 > z1, "z1 {z1}, z2 {z2}");
+    // Selective recomputation re-materializes the attention core in backward.
+    let c = decode_query("model=mixtral-8x7b-v0.1&seq=2048&attn=eager&gpus=2&shard_group=2&cp=2").config;
+    let none = memory(&c).expect("valid");
+    let sel = memory(&Config { recompute: Recompute::Selective, ..c.clone() }).expect("valid");
+    assert!(sel > none, "none {none}, selective {sel}");
     // Full recomputation re-materializes a whole layer in backward; at 128 tokens with eager
     // attention that exceeds what selective recomputation keeps.
     let c = decode_query("model=qwen2.5-7b&batch=3&seq=128&precision=mixed-fp8&optim=adam8bit&attn=eager&gpus=8&zero=full_shard&tp=4&pp=2&offload=optimizer%2Bparams").config;

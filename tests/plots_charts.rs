@@ -2,19 +2,45 @@
 //! ticks, marked limits) and what their geometry means (the s² term's slope, the read-out's
 //! pixel ↔ data transform), against the estimator's own answers.
 
-use plotters::prelude::{IntoDrawingArea, SVGBackend};
 use trainmem::config::{decode_query, Attention, Config, Unit, Zero};
 use trainmem::estimator::expr::group_digits;
-use trainmem::estimator::{estimate, ledger::Bytes};
-use trainmem::plots::batch::{batch_data, batch_svg};
-use trainmem::plots::gpus::{gpus_data, gpus_svg};
-use trainmem::plots::params::{params_data, params_svg, GPU_COUNTS};
-use trainmem::plots::search::fits;
-use trainmem::plots::seq::{draw_seq, seq_data, seq_svg, SeqData};
+use trainmem::estimator::sweep::{self, fits, GPU_COUNTS};
+use trainmem::estimator::{estimate, ledger::Bytes, EstimateError};
+use trainmem::plots::batch::{batch_svg, BatchData};
+use trainmem::plots::gpus::{gpus_svg, GpusData};
+use trainmem::plots::params::{params_svg, ParamsData};
+use trainmem::plots::seq::{draw_seq, seq_svg, SeqData};
 use trainmem::plots::timeline::{timeline_data, timeline_svg};
-use trainmem::plots::{chart_data, hex, sweep_key, ChartData, ChartKind, Frame, DARK, LIGHT};
+use trainmem::plots::{draw_scene, hex, ChartData, ChartKind, Frame, DARK, LIGHT, PROJECTOR};
 
 const SIZE: (u32, u32) = (960, 480);
+
+/// The chart the app shows for `kind`: the estimator's sweep (or the estimate's timeline),
+/// drawn for `cfg`.
+fn chart_data(kind: ChartKind, cfg: &Config) -> Result<ChartData, EstimateError> {
+    match kind.axis() {
+        Some(axis) => Ok(ChartData::from_sweep(sweep::run(axis, cfg)?, cfg)),
+        None => Ok(ChartData::timeline(&estimate(cfg)?, cfg)),
+    }
+}
+
+/// The sweep key of a chart (the timeline has none: it is the configuration itself).
+fn sweep_key(kind: ChartKind, cfg: &Config) -> Config {
+    kind.axis().map_or_else(|| cfg.clone(), |a| sweep::key(a, cfg))
+}
+
+fn seq_data(cfg: &Config) -> SeqData {
+    SeqData::new(sweep::seq_sweep(cfg), cfg)
+}
+fn batch_data(cfg: &Config) -> BatchData {
+    BatchData::new(sweep::batch_sweep(cfg), cfg)
+}
+fn gpus_data(cfg: &Config) -> GpusData {
+    GpusData::new(sweep::gpus_sweep(cfg), cfg)
+}
+fn params_data(cfg: &Config) -> ParamsData {
+    ParamsData::new(sweep::params_sweep(cfg), cfg)
+}
 
 fn cfg(q: &str) -> Config {
     let d = decode_query(q);
@@ -54,14 +80,14 @@ fn small_model(attn: &str) -> Config {
 fn the_eager_curve_rises_with_slope_two_and_the_sdpa_curve_with_slope_one_on_log_log_axes() {
     let eager = seq_data(&small_model("eager"));
     let peaks: Vec<Option<Bytes>> = eager.peaks().into_iter().map(Some).collect();
-    let s_eager = slope(&eager.seqs, &peaks, 8192, 32768);
-    let s_sdpa = slope(&eager.seqs, &eager.other_peak, 8192, 32768);
+    let s_eager = slope(&eager.sweep.seqs, &peaks, 8192, 32768);
+    let s_sdpa = slope(&eager.sweep.seqs, &eager.sweep.other_peak, 8192, 32768);
     assert!((s_eager - 2.0).abs() < 0.12, "eager slope {s_eager:.3}");
     assert!((s_sdpa - 1.0).abs() < 0.06, "sdpa slope {s_sdpa:.3}");
     // The overlay of an sdpa configuration is the same eager curve.
     let sdpa = seq_data(&small_model("sdpa"));
-    assert_eq!(sdpa.other, Attention::Eager);
-    assert_eq!(sdpa.other_peak, peaks);
+    assert_eq!(sdpa.sweep.other, Attention::Eager);
+    assert_eq!(sdpa.sweep.other_peak, peaks);
 }
 
 /// The polylines of one stroke colour and width in an SVG document, as pixel points.
@@ -81,12 +107,8 @@ fn polylines(svg: &str, stroke: &str, width: u32) -> Vec<Vec<(i32, i32)>> {
 
 /// Draws the sequence chart into an SVG string, keeping its frame.
 fn seq_svg_and_frame(data: &SeqData) -> (String, Frame) {
-    let mut out = String::new();
-    let frame = {
-        let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
-        draw_seq(&root, data, &LIGHT).expect("draws")
-    };
-    (out, frame)
+    let (scene, frame) = draw_scene(SIZE, |root| draw_seq(root, data, &LIGHT).expect("draws").0);
+    (scene.svg(), frame)
 }
 
 /// The slope between the drawn vertices nearest 8K and 32K tokens, read back from pixels.
@@ -116,12 +138,12 @@ fn the_drawn_curves_read_back_from_the_svg_have_the_same_slopes() {
 fn the_oom_mark_is_the_longest_sequence_that_fits_and_is_labelled() {
     let c = cfg("model=qwen2.5-0.5b&attn=eager&gpu=h200");
     let d = seq_data(&c);
-    let n = d.limit.expect("fits at short lengths");
-    assert!(n < d.range.1, "the crossing lies inside the range");
+    let n = d.sweep.limit.expect("fits at short lengths");
+    assert!(n < d.sweep.range.1, "the crossing lies inside the range");
     // The estimator's own verdict on either side of the mark.
     assert!(fits(&Config { seq: n, ..c.clone() }));
     assert!(!fits(&Config { seq: n + 1, ..c.clone() }));
-    assert!(estimate(&Config { seq: n + 1, ..c.clone() }).expect("valid").memory.peak > d.capacity);
+    assert!(estimate(&Config { seq: n + 1, ..c.clone() }).expect("valid").memory.peak > d.sweep.capacity);
     let label = format!("OOM beyond {} tokens", group_digits(n as u128));
     assert_eq!(d.limit_text(), label);
     assert!(seq_svg(&d, &LIGHT, SIZE).contains(&label));
@@ -147,17 +169,17 @@ fn the_sequence_chart_has_its_title_axes_legend_and_context_length_ticks() {
         assert!(has_text(&svg, tick), "no tick {tick} in {:?}", texts(&svg));
     }
     // 8B with AdamW holds 128 GB of model states: no length fits an 80 GB card.
-    assert_eq!(d.limit, None);
+    assert_eq!(d.sweep.limit, None);
     assert!(svg.contains("OOM at every length"));
     // Llama 3.1's 131,072 positions end the axis.
-    assert_eq!(d.range, (128, 131_072));
+    assert_eq!(d.sweep.range, (128, 131_072));
 }
 
 #[test]
 fn the_stack_is_the_peak_composition_and_adds_up_to_the_peak() {
     let c = Config::default();
     let d = seq_data(&c);
-    for (s, p) in d.seqs.iter().zip(d.peaks()) {
+    for (s, p) in d.sweep.seqs.iter().zip(d.peaks()) {
         let e = estimate(&Config { seq: *s, ..c.clone() }).expect("valid");
         assert_eq!(p, e.memory.peak, "at {s}");
     }
@@ -199,7 +221,7 @@ fn the_csv_has_one_row_per_point_and_the_exact_bytes() {
     let csv = ChartData::Seq(d.clone()).csv();
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines[0], "seq,parameters_bytes,gradients_bytes,optimizer_states_bytes,activations_bytes,transient_buffers_bytes,framework_overhead_bytes,peak_sdpa_bytes,peak_eager_bytes");
-    assert_eq!(lines.len(), d.seqs.len() + 1);
+    assert_eq!(lines.len(), d.sweep.seqs.len() + 1);
     let first: Vec<&str> = lines[1].split(',').collect();
     assert_eq!(first[0], "128");
     assert_eq!(first[7], d.peaks()[0].to_string());
@@ -209,16 +231,16 @@ fn the_csv_has_one_row_per_point_and_the_exact_bytes() {
 fn the_largest_micro_batch_is_exact_and_labelled() {
     let c = cfg("model=qwen2.5-0.5b&seq=2048");
     let d = batch_data(&c);
-    let b = d.limit.expect("a 0.5B model fits at micro-batch 1");
+    let b = d.sweep.limit.expect("a 0.5B model fits at micro-batch 1");
     assert!(fits(&Config { batch: b, ..c.clone() }));
     assert!(!fits(&Config { batch: b + 1, ..c.clone() }));
     let svg = batch_svg(&d, &LIGHT, SIZE);
     assert!(svg.contains(&format!("Largest micro-batch that fits: {}", group_digits(b as u128))));
     assert!(svg.contains("Micro-batch per GPU (log scale)"));
     // The axis reaches past the limit (to twice it, a power of two).
-    assert!(d.range.1 >= 2 * b && d.range.1.is_power_of_two());
+    assert!(d.sweep.range.1 >= 2 * b && d.sweep.range.1.is_power_of_two());
     // The stack at each point is the estimator's peak there.
-    let i = d.batches.iter().position(|x| *x == 4).expect("4 is a sweep point");
+    let i = d.sweep.batches.iter().position(|x| *x == 4).expect("4 is a sweep point");
     assert_eq!(d.peaks()[i], estimate(&Config { batch: 4, ..c }).expect("valid").memory.peak);
 }
 
@@ -228,7 +250,7 @@ fn sharding_decides_how_many_gpus_llama_8b_needs() {
     // fits an 80 GB card); ZeRO-3 divides them by the GPU count.
     let c = Config::default();
     let d = gpus_data(&c);
-    let line = |z: Zero| d.lines.iter().find(|l| l.zero == z).expect("a line per stage");
+    let line = |z: Zero| d.sweep.lines.iter().find(|l| l.zero == z).expect("a line per stage");
     assert_eq!(line(Zero::Ddp).fewest, None);
     let n = line(Zero::Z3).fewest.expect("ZeRO-3 fits on some number of GPUs");
     assert!(fits(&Config { gpus: n, zero: Zero::Z3, ..c.clone() }));
@@ -241,7 +263,7 @@ fn sharding_decides_how_many_gpus_llama_8b_needs() {
     }
     assert!(has_text(&svg, "1,024") && has_text(&svg, "1"), "{:?}", texts(&svg));
     // 1, 2, 4, …, 1,024 GPUs.
-    assert_eq!(d.gpus.len(), 11);
+    assert_eq!(d.sweep.gpus.len(), 11);
 }
 
 #[test]
@@ -260,13 +282,13 @@ fn the_model_size_chart_names_the_family_sizes_and_where_each_gpu_count_stops_fi
     }
     // ZeRO-3 divides the model states by the GPU count: on 64 GPUs a model several times
     // larger fits than on one.
-    let l: Vec<u64> = d.limits.iter().map(|l| l.expect("something fits")).collect();
+    let l: Vec<u64> = d.sweep.limits.iter().map(|l| l.expect("something fits")).collect();
     assert!(l[0] < l[1] && l[1] < l[2], "{l:?}");
     assert!(l[2] > 4 * l[0], "{l:?}");
     // Static memory per GPU on 8 GPUs is an eighth of one GPU's, once the model is large enough
     // that ZeRO's fixed-size communication buckets (counted with the gradients) are negligible.
     let mut checked = 0;
-    for ((p, one), eight) in d.params.iter().zip(&d.statics[0]).zip(&d.statics[1]) {
+    for ((p, one), eight) in d.sweep.params.iter().zip(&d.sweep.statics[0]).zip(&d.sweep.statics[1]) {
         let (one, eight) = (one.expect("valid") as f64, eight.expect("valid") as f64);
         if *p >= 20_000_000_000 {
             assert!((one / eight / 8.0 - 1.0).abs() < 0.03, "{p}: {one} vs {eight}");
@@ -275,14 +297,14 @@ fn the_model_size_chart_names_the_family_sizes_and_where_each_gpu_count_stops_fi
     }
     assert!(checked >= 4, "{checked} points of 20B and more");
     // The preset dot of the configured model is the configuration's own peak.
-    let own = d.presets.iter().find(|p| p.id == "llama-3.1-8b").expect("the family includes the model");
+    let own = d.sweep.presets.iter().find(|p| p.id == "llama-3.1-8b").expect("the family includes the model");
     assert_eq!(own.peak[0], Some(estimate(&Config { gpus: 1, ..c.clone() }).expect("valid").memory.peak));
 }
 
 #[test]
 fn under_ddp_more_gpus_do_not_make_a_larger_model_fit() {
     let d = params_data(&Config::default());
-    let l: Vec<u64> = d.limits.iter().map(|l| l.expect("small models fit")).collect();
+    let l: Vec<u64> = d.sweep.limits.iter().map(|l| l.expect("small models fit")).collect();
     // Replicas each hold everything (and more GPUs add NCCL and bucket buffers).
     assert!(l[1] <= l[0] && l[2] <= l[0], "{l:?}");
 }
@@ -388,18 +410,53 @@ fn the_unit_follows_the_configuration_without_a_new_sweep() {
 
 #[test]
 fn the_charts_bracketed_searches_agree_with_plain_binary_searches() {
-    use trainmem::plots::search::{max_batch, max_seq, min_gpus};
+    use trainmem::estimator::sweep::{max_batch, max_seq, min_gpus};
     for q in
         ["", "model=qwen2.5-0.5b&attn=eager&gpu=h200", "model=llama-3.2-1b&seq=16384&gpu=a100-40gb", "model=mistral-7b-v0.1&zero=3&gpus=8"]
     {
         let c = cfg(q);
         let s = seq_data(&c);
-        assert_eq!(s.limit, max_seq(&c, 1, s.range.1), "{q}: longest sequence");
-        assert_eq!(batch_data(&c).limit, max_batch(&c), "{q}: largest micro-batch");
+        assert_eq!(s.sweep.limit, max_seq(&c, 1, s.sweep.range.1), "{q}: longest sequence");
+        assert_eq!(batch_data(&c).sweep.limit, max_batch(&c), "{q}: largest micro-batch");
         let g = gpus_data(&c);
-        let top = *g.gpus.last().expect("points");
-        for l in &g.lines {
+        let top = *g.sweep.gpus.last().expect("points");
+        for l in &g.sweep.lines {
             assert_eq!(l.fewest, min_gpus(&c, l.zero, top), "{q}: fewest GPUs under {:?}", l.zero);
         }
     }
+}
+
+#[test]
+fn no_legend_note_or_title_overlaps_another_or_the_plot_area_from_320_to_1600_pixels() {
+    for q in ["", "model=qwen2.5-0.5b&attn=eager&gpu=h200", "model=llama-3.1-70b&gpus=64&tp=8&pp=2&zero=1&gpu=custom&gpu_gib=48"] {
+        let c = cfg(q);
+        let e = estimate(&c).ok();
+        for kind in ChartKind::ALL {
+            let d = chart_data(kind, &c).expect("valid").with_current(&c, e.as_ref());
+            for theme in [LIGHT, PROJECTOR] {
+                for width in (320..=1600).step_by(40) {
+                    let height = d.height(width, &theme);
+                    let (_, layout) = draw_scene((width, height), |root| d.draw(root, &theme).expect("draws").1);
+                    assert_eq!(layout.problems(), Vec::<String>::new(), "{q} {kind} at {width} px");
+                    let plot = layout.plot;
+                    assert!(plot.y1 - plot.y0 >= 200, "{q} {kind} at {width} px: a plot {} px high", plot.y1 - plot.y0);
+                    assert!(layout.parts.iter().any(|p| p.part == trainmem::plots::draw::Part::Legend));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_layout_reads_as_json_for_the_browser_tests() {
+    let c = Config::default();
+    let d = chart_data(ChartKind::Seq, &c).expect("valid");
+    let (_, layout) = draw_scene(SIZE, |root| d.draw(root, &LIGHT).expect("draws").1);
+    let json = layout.json();
+    let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+    assert_eq!(v["w"], 960);
+    assert_eq!(v["plot"].as_array().map(Vec::len), Some(4));
+    let parts = v["parts"].as_array().expect("parts");
+    assert!(parts.iter().any(|p| p["part"] == "legend" && p["text"] == "Activations"));
+    assert!(parts.iter().any(|p| p["part"] == "title"));
 }

@@ -2,7 +2,8 @@
 //! `cargo test --test plots_gallery -- --ignored`. (Ignored: it asserts only that each renders.)
 
 use trainmem::config::decode_query;
-use trainmem::plots::{chart_data, ChartKind, DARK, LIGHT};
+use trainmem::estimator::{estimate, sweep};
+use trainmem::plots::{ChartData, ChartKind, DARK, LIGHT};
 
 #[test]
 #[ignore]
@@ -18,7 +19,10 @@ fn every_chart_renders_to_an_svg_file_for_inspection() {
     for (name, q) in configs {
         let cfg = decode_query(q).config;
         for kind in ChartKind::ALL {
-            let data = chart_data(kind, &cfg).expect("valid configuration");
+            let data = match kind.axis() {
+                Some(axis) => ChartData::from_sweep(sweep::run(axis, &cfg).expect("valid configuration"), &cfg),
+                None => ChartData::timeline(&estimate(&cfg).expect("valid configuration"), &cfg),
+            };
             for (t, theme) in [("light", &LIGHT), ("dark", &DARK)] {
                 let svg = data.svg(theme, (900, 460));
                 assert!(svg.starts_with("<svg"), "{name} {kind} renders");

@@ -131,7 +131,13 @@ fn activation_bytes_are_within_half_a_percent_of_what_pytorch_saves() {
             }
         }
         if let Some(w) = fam.iter().max_by(|a, b| a.0.abs().total_cmp(&b.0.abs())) {
-            report.push(format!("{stem:20} {:>3} records, worst {:+8.4} % ({}){}", fam.len(), w.0 * 100.0, w.1, if ported { "" } else { "  [not ported]" }));
+            report.push(format!(
+                "{stem:20} {:>3} records, worst {:+8.4} % ({}){}",
+                fam.len(),
+                w.0 * 100.0,
+                w.1,
+                if ported { "" } else { "  [not ported]" }
+            ));
         }
     }
     println!("{}", report.join("\n"));

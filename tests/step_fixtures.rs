@@ -181,7 +181,12 @@ fn the_peak_of_every_measured_step_is_within_minus_1_to_plus_3_percent() {
     if !all.is_empty() {
         all.sort_by(f64::total_cmp);
         let worst = all.iter().map(|e| e.abs()).fold(0.0, f64::max);
-        println!("ported families: {} records, median {:+.3} %, worst |error| {:.3} %", all.len(), all[all.len() / 2] * 100.0, worst * 100.0);
+        println!(
+            "ported families: {} records, median {:+.3} %, worst |error| {:.3} %",
+            all.len(),
+            all[all.len() / 2] * 100.0,
+            worst * 100.0
+        );
     }
     assert!(failures.is_empty(), "{} records off:\n{}", failures.len(), failures.join("\n"));
 }
@@ -215,7 +220,11 @@ fn the_simulated_stream_peaks_with_every_logged_step() {
         if let Ok(dir) = std::env::var("STEP_DUMP") {
             dump(&dir, id, &stream);
         }
-        println!("{id:60} measured {measured:>12} simulated {got:>12} {:+.3} %  ({})", rel * 100.0, stream.peak_event().map(|e| e.label()).unwrap_or_default());
+        println!(
+            "{id:60} measured {measured:>12} simulated {got:>12} {:+.3} %  ({})",
+            rel * 100.0,
+            stream.peak_event().map(|e| e.label()).unwrap_or_default()
+        );
         if PORTED.contains(&stem.as_str()) {
             if !(-0.01..=0.03).contains(&rel) {
                 failures.push(format!("{id}: {got} vs {measured} ({:+.3} %)", rel * 100.0));
@@ -226,7 +235,12 @@ fn the_simulated_stream_peaks_with_every_logged_step() {
     errs.sort_by(|a, b| a.0.total_cmp(&b.0));
     if !errs.is_empty() {
         let worst = errs.iter().map(|e| e.0.abs()).fold(0.0, f64::max);
-        println!("{} logged steps of ported families: median {:+.3} %, worst |error| {:.3} %", errs.len(), errs[errs.len() / 2].0 * 100.0, worst * 100.0);
+        println!(
+            "{} logged steps of ported families: median {:+.3} %, worst |error| {:.3} %",
+            errs.len(),
+            errs[errs.len() / 2].0 * 100.0,
+            worst * 100.0
+        );
     }
     assert!(failures.is_empty(), "{} of {} off:\n{}", failures.len(), errs.len(), failures.join("\n"));
 }

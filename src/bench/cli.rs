@@ -1,7 +1,11 @@
 //! `trainmem bench`: the sweep natively (Vulkan, Metal or DX12; lavapipe on a machine without a
 //! GPU), as a table or as JSON.
 
-use super::{Bench, BenchOptions, Dtype, StopReason, SweepOptions, SweepResult};
+use super::gpu::{Bench, BenchOptions};
+use super::plan::{SweepOptions, SweepProgress};
+use super::results::{StopReason, SweepResult};
+use super::shape::Dtype;
+use super::verify::{self, VerifyReport};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
@@ -92,14 +96,14 @@ pub fn run(args: &[String], out: &mut dyn std::io::Write) -> Result<(), String> 
     };
     let bench = pollster::block_on(Bench::new(BenchOptions::default())).map_err(|e| e.to_string())?;
     if verify {
-        let report = pollster::block_on(super::verify(&bench)).map_err(|e| e.to_string())?;
+        let report = pollster::block_on(verify::verify(&bench)).map_err(|e| e.to_string())?;
         let text =
             if json { format!("{}\n", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?) } else { render_verify(&report) };
         out.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
         return if report.passed { Ok(()) } else { Err("the gpu kernels disagree with the cpu reference".into()) };
     }
     let live = !json && std::io::stderr().is_terminal();
-    let mut progress = |p: super::SweepProgress| {
+    let mut progress = |p: SweepProgress| {
         if let (true, Some(s)) = (live, p.seq) {
             eprint!("\rseq {s:>6}: {}/{} points, {:.1} s ", p.done, p.planned, p.elapsed_ms / 1e3);
         }
@@ -113,7 +117,7 @@ pub fn run(args: &[String], out: &mut dyn std::io::Write) -> Result<(), String> 
 }
 
 /// The human-readable verification report.
-pub fn render_verify(r: &super::VerifyReport) -> String {
+pub fn render_verify(r: &VerifyReport) -> String {
     let mut s = String::from("kernels against the cpu reference (max abs error):\n");
     for c in &r.cases {
         let _ = writeln!(

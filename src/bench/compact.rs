@@ -18,8 +18,9 @@
 //! [`decode_compact`] checks everything and returns a [`DecodeError`] on any malformed input;
 //! it never panics.
 
-use super::results::{Slopes, SweepResult, TimingMethod};
-use super::Dtype;
+use super::info::TimingMethod;
+use super::results::{KernelPoint, Slopes, SweepResult};
+use super::shape::Dtype;
 use serde::{Deserialize, Serialize};
 
 /// Longest value [`decode_compact`] accepts.
@@ -95,7 +96,7 @@ fn cut(s: &str, max: usize) -> String {
 impl SharedResult {
     /// The shareable part of a sweep.
     pub fn from_result(r: &SweepResult) -> SharedResult {
-        let timing = |k: Option<&super::KernelPoint>| {
+        let timing = |k: Option<&KernelPoint>| {
             k.map(|k| SharedTiming { ns: (k.median_ms * 1e6).round().clamp(0.0, u64::MAX as f64) as u64, bytes: k.bytes_allocated })
         };
         SharedResult {

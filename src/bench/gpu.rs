@@ -3,14 +3,13 @@
 //! `futures_channel::oneshot`, so the same code runs under `pollster` natively and under
 //! `wasm_bindgen_futures` in the browser.
 
-use super::kernels::{self, AttentionKernels, Kernels, Params};
+use super::info::{AdapterSummary, CopyProbe, LimitsSummary, TimingMethod};
+use super::kernels::{AttentionKernels, Kernels, Params};
+use super::plan::{self, Kernel};
 use super::reference;
-use super::results::TimingMethod;
-use super::sweep::{self, Kernel};
+use super::shape::{AttentionShape, BenchError, Dtype};
 use super::time::now_ms;
-use super::{AttentionShape, BenchError, Dtype};
 use futures_channel::oneshot;
-use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,80 +36,35 @@ impl Default for BenchOptions {
     }
 }
 
-/// The limits of the opened device that bound the benchmark.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LimitsSummary {
-    pub max_buffer_size: u64,
-    pub max_storage_buffer_binding_size: u64,
-    pub max_compute_workgroup_storage_size: u32,
-    pub max_compute_invocations_per_workgroup: u32,
-    pub max_compute_workgroup_size_x: u32,
-    pub max_compute_workgroup_size_y: u32,
-    pub max_compute_workgroups_per_dimension: u32,
-    pub max_storage_buffers_per_shader_stage: u32,
-}
-
-impl LimitsSummary {
-    fn from_wgpu(l: &wgpu::Limits) -> Self {
-        LimitsSummary {
-            max_buffer_size: l.max_buffer_size,
-            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
-            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
-            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
-            max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
-            max_compute_workgroup_size_y: l.max_compute_workgroup_size_y,
-            max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
-            max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
-        }
-    }
-
-    /// The largest storage buffer the device accepts.
-    pub fn max_storage_bytes(&self) -> u64 {
-        self.max_buffer_size.min(self.max_storage_buffer_binding_size)
-    }
-
-    /// What the kernels need, or which need is unmet.
-    fn check_needs(&self) -> Result<(), BenchError> {
-        let needs: [(&str, u64, u64); 6] = [
-            ("max_compute_invocations_per_workgroup", self.max_compute_invocations_per_workgroup as u64, 256),
-            ("max_compute_workgroup_size_x", self.max_compute_workgroup_size_x as u64, kernels::COPY_WG as u64),
-            ("max_compute_workgroup_size_y", self.max_compute_workgroup_size_y as u64, kernels::TILE as u64),
-            ("max_compute_workgroup_storage_size", self.max_compute_workgroup_storage_size as u64, kernels::FUSED_WORKGROUP_BYTES as u64),
-            ("max_storage_buffers_per_shader_stage", self.max_storage_buffers_per_shader_stage as u64, 4),
-            ("max_compute_workgroups_per_dimension", self.max_compute_workgroups_per_dimension as u64, 1),
-        ];
-        for (name, have, need) in needs {
-            if have < need {
-                return Err(BenchError::Unsupported(format!("{name} is {have}, the kernels need {need}")));
-            }
-        }
-        Ok(())
+fn limits_summary(l: &wgpu::Limits) -> LimitsSummary {
+    LimitsSummary {
+        max_buffer_size: l.max_buffer_size,
+        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+        max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x: l.max_compute_workgroup_size_x,
+        max_compute_workgroup_size_y: l.max_compute_workgroup_size_y,
+        max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+        max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
     }
 }
 
-/// What the UI shows about the GPU: the adapter, its backend and the limits in force.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AdapterSummary {
-    /// The adapter's name, e.g. "llvmpipe (LLVM 15.0.6, 256 bits)"; may be empty on the web.
-    pub name: String,
-    /// "vulkan", "metal", "dx12", "gl", "webgpu".
-    pub backend: String,
-    /// "discrete gpu", "integrated gpu", "virtual gpu", "cpu", "other".
-    pub device_type: String,
-    pub driver: String,
-    pub driver_info: String,
-    pub vendor: u32,
-    pub device: u32,
-    /// The limits of the opened device (after [`BenchOptions::max_buffer_bytes`]).
-    pub limits: LimitsSummary,
-    /// The adapter's features relevant here ("timestamp-query", "shader-f16", …).
-    pub features: Vec<String>,
-    /// Whether runs are timed with GPU timestamps (else the wall clock).
-    pub timestamps: bool,
-    /// Nanoseconds per timestamp tick.
-    pub timestamp_period_ns: f64,
-    /// Whether [`Dtype::F16`] runs are available (`shader-f16` enabled).
-    pub f16: bool,
+/// What the kernels need, or which need is unmet.
+fn check_needs(limits: &LimitsSummary) -> Result<(), BenchError> {
+    let needs: [(&str, u64, u64); 6] = [
+        ("max_compute_invocations_per_workgroup", limits.max_compute_invocations_per_workgroup as u64, 256),
+        ("max_compute_workgroup_size_x", limits.max_compute_workgroup_size_x as u64, plan::COPY_WG as u64),
+        ("max_compute_workgroup_size_y", limits.max_compute_workgroup_size_y as u64, plan::TILE as u64),
+        ("max_compute_workgroup_storage_size", limits.max_compute_workgroup_storage_size as u64, plan::FUSED_WORKGROUP_BYTES as u64),
+        ("max_storage_buffers_per_shader_stage", limits.max_storage_buffers_per_shader_stage as u64, 4),
+        ("max_compute_workgroups_per_dimension", limits.max_compute_workgroups_per_dimension as u64, 1),
+    ];
+    for (name, have, need) in needs {
+        if have < need {
+            return Err(BenchError::Unsupported(format!("{name} is {have}, the kernels need {need}")));
+        }
+    }
+    Ok(())
 }
 
 /// What the scores kernel wrote (before the softmax) and the attention output, read back
@@ -121,17 +75,6 @@ pub struct MaterializedOutput {
     pub scores: Vec<f32>,
     /// `O = softmax(S)·V`, `[bh][s][d]`.
     pub out: Vec<f32>,
-}
-
-/// The copy-bandwidth probe's result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CopyProbe {
-    /// Bytes of the source (and of the destination) buffer.
-    pub bytes: u64,
-    pub median_ms: f64,
-    /// `2 · bytes / median` (read plus write), in GB/s (10⁹ bytes per second).
-    pub gb_per_s: f64,
-    pub timing: TimingMethod,
 }
 
 /// The per-run timings of one kernel at one shape, and the bytes its buffers took.
@@ -274,8 +217,8 @@ impl Bench {
             limits.max_buffer_size = limits.max_buffer_size.min(cap);
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
-        let summary = LimitsSummary::from_wgpu(&limits);
-        summary.check_needs()?;
+        let summary = limits_summary(&limits);
+        check_needs(&summary)?;
         let timestamps = options.use_timestamps && adapter_features.contains(wgpu::Features::TIMESTAMP_QUERY);
         let f16 = options.use_f16 && adapter_features.contains(wgpu::Features::SHADER_F16);
         let mut required_features = wgpu::Features::empty();
@@ -409,7 +352,7 @@ impl Bench {
     /// to what the device allows: one warm-up, then the median of `runs` runs.
     pub async fn copy_bandwidth(&self, bytes: u64, runs: u32) -> Result<CopyProbe, BenchError> {
         let bytes = (bytes.min(self.info.limits.max_storage_bytes()) / 16 * 16).max(16);
-        let runs = runs.clamp(1, sweep::MAX_RUNS);
+        let runs = runs.clamp(1, plan::MAX_RUNS);
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
         let src = self.buffer("copy src", bytes, wgpu::BufferUsages::STORAGE, &mut alloc)?;
@@ -423,7 +366,7 @@ impl Bench {
             ],
         });
         scope.pop().await?;
-        let groups = ceil_div(bytes / 16, kernels::COPY_WG as u64).clamp(1, self.info.limits.max_compute_workgroups_per_dimension);
+        let groups = ceil_div(bytes / 16, plan::COPY_WG as u64).clamp(1, self.info.limits.max_compute_workgroups_per_dimension);
         let encode = |enc: &mut wgpu::CommandEncoder, ts: Option<(&wgpu::QuerySet, u32)>| {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("copy"),
@@ -449,7 +392,7 @@ impl Bench {
         seed: u64,
     ) -> Result<Timed, BenchError> {
         self.kernels_for(dtype)?;
-        sweep::check_fit(kernel, shape, dtype, &self.info.limits).map_err(BenchError::TooLarge)?;
+        plan::check_fit(kernel, shape, dtype, &self.info.limits).map_err(BenchError::TooLarge)?;
         let (q, k, v) = super::reference::random_qkv(shape, seed);
         let mut alloc = 0;
         let scope = ErrorScope::push(&self.device);
@@ -500,7 +443,7 @@ impl Bench {
 
     fn check_run(&self, kernel: Kernel, shape: AttentionShape, dtype: Dtype, q: &[f32], k: &[f32], v: &[f32]) -> Result<(), BenchError> {
         self.check()?;
-        sweep::check_shape(shape).map_err(BenchError::InvalidOptions)?;
+        plan::check_shape(shape).map_err(BenchError::InvalidOptions)?;
         self.kernels_for(dtype)?;
         let n = shape.qkv_elems();
         for (name, x) in [("q", q), ("k", k), ("v", v)] {
@@ -508,7 +451,7 @@ impl Bench {
                 return Err(BenchError::InvalidOptions(format!("{name} has {} elements, the shape needs {n}", x.len())));
             }
         }
-        sweep::check_fit(kernel, shape, dtype, &self.info.limits).map_err(BenchError::TooLarge)
+        plan::check_fit(kernel, shape, dtype, &self.info.limits).map_err(BenchError::TooLarge)
     }
 
     /// Creates a buffer after checking it against the device's limits; adds its size to `alloc`.
@@ -586,7 +529,7 @@ impl Bench {
         scores_copy: Option<&wgpu::Buffer>,
     ) {
         let (s, d, bh) = (shape.seq as u64, shape.head_dim as u64, shape.bh() as u32);
-        let block = kernels::BLOCK as u64;
+        let block = plan::BLOCK as u64;
         let k = if setup.dtype == Dtype::F16 { self.kernels.f16.as_ref().unwrap_or(&self.kernels.f32) } else { &self.kernels.f32 };
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -623,13 +566,13 @@ impl Bench {
         let k = if setup.dtype == Dtype::F16 { self.kernels.f16.as_ref().unwrap_or(&self.kernels.f32) } else { &self.kernels.f32 };
         pass.set_pipeline(&k.fused);
         pass.set_bind_group(0, &setup.group, &[]);
-        pass.dispatch_workgroups(ceil_div(shape.seq as u64, kernels::FUSED_ROWS as u64), shape.bh() as u32, 1);
+        pass.dispatch_workgroups(ceil_div(shape.seq as u64, plan::FUSED_ROWS as u64), shape.bh() as u32, 1);
     }
 
     /// `warmup` untimed runs, then `runs` runs each submitted alone and awaited; GPU timestamps
     /// where enabled (validated: every run must have end > begin), else submit-to-done.
     async fn time_runs(&self, warmup: u32, runs: u32, alloc: &mut u64, encode: &Encode<'_>) -> Result<Timed, BenchError> {
-        let runs = runs.clamp(1, sweep::MAX_RUNS);
+        let runs = runs.clamp(1, plan::MAX_RUNS);
         let scope = ErrorScope::push(&self.device);
         let queries = if self.info.timestamps {
             let count = 2 * runs;

@@ -1,4 +1,5 @@
-//! The WGSL kernels (one per file, included here) and their compute pipelines.
+//! The WGSL kernels (one per file, included here) and their compute pipelines. Their geometry
+//! (tile sizes, the largest head dim) is in [`super::plan`], which checks shapes against it.
 
 /// `S = Q·Kᵀ/√d` into a `[bh][s][s]` storage buffer.
 pub(crate) const SCORES_WGSL: &str = include_str!("scores.wgsl");
@@ -29,21 +30,6 @@ pub(crate) const ALL: [(&str, &str); 9] = [
     ("pv_f16.wgsl", PV_F16_WGSL),
     ("fused_f16.wgsl", FUSED_F16_WGSL),
 ];
-
-/// Workgroup size (each side) of `scores.wgsl` and `pv.wgsl`: 16 × 16 invocations.
-pub(crate) const TILE: u32 = 16;
-/// Rows (and, for `scores.wgsl`, columns) of the output block one workgroup of `scores.wgsl`
-/// or `pv.wgsl` computes; `pv.wgsl`'s block is also 64 channels wide.
-pub(crate) const BLOCK: u32 = 64;
-/// Query rows one workgroup of `fused.wgsl` owns (its workgroup is 16 × 16).
-pub(crate) const FUSED_ROWS: u32 = 16;
-/// Largest head dimension `fused.wgsl` supports (its private arrays and tiles are this wide).
-pub(crate) const MAX_HEAD_DIM: u32 = 128;
-/// Workgroup memory `fused.wgsl` declares: a V tile (16 × 128 f32) and a score tile
-/// (16 × 16 f32).
-pub(crate) const FUSED_WORKGROUP_BYTES: u32 = (16 * MAX_HEAD_DIM + 16 * 16) * 4;
-/// Workgroup size of `copy.wgsl`.
-pub(crate) const COPY_WG: u32 = 256;
 
 /// The uniform every attention kernel reads (binding 0), 16 bytes.
 #[repr(C)]
@@ -107,6 +93,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
+    use super::super::plan::FUSED_WORKGROUP_BYTES;
     use super::*;
 
     fn validate(name: &str, src: &str) -> Result<naga::valid::ModuleInfo, String> {

@@ -4,7 +4,7 @@
 //! Layouts as on the GPU: Q, K, V, O are `[batch·heads][seq][head_dim]`, S is
 //! `[batch·heads][seq][seq]`, all row-major f32.
 
-use super::AttentionShape;
+use super::shape::AttentionShape;
 
 /// Deterministic uniform values in `[-1, 1)` (xorshift64*), `n` of them.
 pub fn random_values(n: usize, seed: u64) -> Vec<f32> {

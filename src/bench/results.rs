@@ -1,28 +1,9 @@
 //! Results of a sweep: the per-point table, log-log fits, CSV and JSON.
 
-use super::gpu::{AdapterSummary, CopyProbe};
-use super::Dtype;
+use super::info::{AdapterSummary, CopyProbe, TimingMethod};
+use super::shape::Dtype;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-
-/// How a run's time was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TimingMethod {
-    /// GPU timestamps at the start of the first pass and the end of the last (`TIMESTAMP_QUERY`).
-    GpuTimestamps,
-    /// Wall clock from `queue.submit` to the work-done callback (includes submission latency).
-    WallClock,
-}
-
-impl TimingMethod {
-    pub fn label(self) -> &'static str {
-        match self {
-            TimingMethod::GpuTimestamps => "gpu timestamps",
-            TimingMethod::WallClock => "wall clock, submit to done",
-        }
-    }
-}
 
 /// Why a kernel's part of the sweep (or the whole sweep) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +24,32 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    pub const ALL: [StopReason; 6] = [
+        StopReason::MaxSeq,
+        StopReason::MemoryCap,
+        StopReason::AdapterLimit,
+        StopReason::TimeBudget,
+        StopReason::OutOfMemory,
+        StopReason::Cancelled,
+    ];
+
+    /// The JSON spelling (`max_seq`, `memory_cap`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::MaxSeq => "max_seq",
+            StopReason::MemoryCap => "memory_cap",
+            StopReason::AdapterLimit => "adapter_limit",
+            StopReason::TimeBudget => "time_budget",
+            StopReason::OutOfMemory => "out_of_memory",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+
+    /// Reads [`StopReason::name`].
+    pub fn parse(s: &str) -> Option<StopReason> {
+        StopReason::ALL.into_iter().find(|r| r.name() == s)
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             StopReason::MaxSeq => "reached max seq",
@@ -228,7 +235,7 @@ pub fn fit_loglog(points: &[(f64, f64)]) -> Option<f64> {
 }
 
 /// Median (mean of the middle two for an even count); 0 for no values.
-pub(crate) fn median(xs: &[f64]) -> f64 {
+pub fn median(xs: &[f64]) -> f64 {
     let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return 0.0;
@@ -275,6 +282,14 @@ mod tests {
         assert_eq!(fit_loglog(&[(3.0, 2.0), (3.0, 5.0)]), None);
         assert_eq!(fit_loglog(&[(0.0, 2.0), (-1.0, 5.0), (f64::NAN, 1.0)]), None);
         assert!(fit_loglog(&[(0.0, 2.0), (2.0, 4.0), (4.0, 8.0)]).is_some());
+    }
+
+    #[test]
+    fn stop_reasons_are_named_as_serde_writes_them() {
+        for r in StopReason::ALL {
+            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{}\"", r.name()));
+            assert_eq!(StopReason::parse(r.name()), Some(r));
+        }
     }
 
     #[test]

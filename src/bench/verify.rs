@@ -3,7 +3,7 @@
 
 use super::gpu::Bench;
 use super::reference::{self, max_abs_diff};
-use super::{AttentionShape, BenchError, Dtype};
+use super::shape::{AttentionShape, BenchError, Dtype};
 use serde::{Deserialize, Serialize};
 
 /// Largest absolute error accepted in f32, for S and for O (inputs are uniform in [-1, 1)).

@@ -22,6 +22,7 @@ pub mod presets;
 pub mod sharding;
 pub mod statics;
 pub mod step;
+pub mod sweep;
 pub mod timeline;
 pub mod units;
 
@@ -319,7 +320,8 @@ struct StageResult {
     allocated_peak: Bytes,
 }
 
-const WORK: expr::Sym = expr::Sym::new("M", "work", "bytes alive at the step's peak beyond the saved activations and gradients (simulated)");
+const WORK: expr::Sym =
+    expr::Sym::new("M", "work", "bytes alive at the step's peak beyond the saved activations and gradients (simulated)");
 
 /// What is alive at the step's peak beyond the rows for the saved activations and gradients
 /// (from the simulated step, `step::fast`): the transient buffers then (gradients of
@@ -347,12 +349,11 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let groups = local_groups(cfg, stage);
     let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } =
-        if cfg.framework == config::Framework::Hf {
-            activations::activations(cfg, recipe, stage, layers)
-        } else {
-            activations::megatron_activations(cfg, recipe, stage, layers)
-        };
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } = if cfg.framework == config::Framework::Hf {
+        activations::activations(cfg, recipe, stage, layers)
+    } else {
+        activations::megatron_activations(cfg, recipe, stage, layers)
+    };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);

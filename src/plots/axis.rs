@@ -41,7 +41,7 @@ impl Axis {
                 let m = (v / 10f64.powf(v.log10().floor())).round();
                 m == 2.0 || m == 5.0
             }));
-            more.sort_by(f64::total_cmp);
+            sort(&mut more);
             ticks = more;
         }
         Axis { lo, hi, log: true, ticks, light }
@@ -50,7 +50,7 @@ impl Axis {
     /// Replaces the labelled ticks (values outside the range are dropped).
     pub fn with_ticks(mut self, ticks: impl IntoIterator<Item = f64>) -> Axis {
         self.ticks = ticks.into_iter().filter(|t| self.contains(*t)).collect();
-        self.ticks.sort_by(f64::total_cmp);
+        sort(&mut self.ticks);
         self.ticks.dedup();
         self
     }
@@ -123,7 +123,7 @@ impl Axis {
                 chosen.push(t);
             }
         }
-        chosen.sort_by(f64::total_cmp);
+        sort(&mut chosen);
         chosen.dedup();
         self.ticks = chosen;
         self
@@ -176,6 +176,18 @@ impl ReversibleRanged for Axis {
         }
         let t = (input - limit.0) as f64 / (limit.1 - limit.0) as f64;
         Some(self.value_at(t))
+    }
+}
+
+/// Sorts a handful of values ascending (an insertion sort: ticks are a few dozen, and the
+/// standard library's sort would add kilobytes of code to the page for them).
+pub fn sort(v: &mut [f64]) {
+    for i in 1..v.len() {
+        let mut j = i;
+        while j > 0 && v[j - 1].total_cmp(&v[j]).is_gt() {
+            v.swap(j - 1, j);
+            j -= 1;
+        }
     }
 }
 
@@ -291,6 +303,18 @@ impl std::fmt::Debug for Frame {
 
 #[cfg(test)]
 mod tests {
+    use super::sort;
+
+    #[test]
+    fn the_tick_sort_orders_values_ascending() {
+        let mut v = vec![3.0, -1.0, 2.5, 2.5, 100.0, 0.0];
+        sort(&mut v);
+        assert_eq!(v, vec![-1.0, 0.0, 2.5, 2.5, 3.0, 100.0]);
+        let mut e: Vec<f64> = vec![];
+        sort(&mut e);
+        assert!(e.is_empty());
+    }
+
     use super::*;
 
     #[test]

@@ -1,9 +1,16 @@
 //! The ledger's stacked bar: each category of memory side by side, against the GPU's capacity.
+//!
+//! Laid out in pixels, top to bottom: the capacity's label (on its own line, beside the
+//! capacity line, never on the bar), the bar with the capacity line and the peak's mark, the
+//! axis, and the legend flowing in rows under it. The height follows the width
+//! ([`bar_height`]): a narrow screen gets more legend rows, never overlapping ones.
 
-use super::{category_color, Theme};
+use super::axis::nice_ticks;
+use super::draw::{self, DrawResult, Header, Layout, LegendEntry, Mark, Part, Placed, Rect};
+use super::theme::{category_color, Theme};
 use crate::estimator::config::Unit;
 use crate::estimator::ledger::{Bytes, Category};
-use crate::estimator::units::{in_unit, unit_symbol};
+use crate::estimator::units::{format_bytes, in_unit, unit_symbol};
 use crate::estimator::{by_category, Estimate};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -32,6 +39,19 @@ impl BarData {
     pub fn total(&self) -> Bytes {
         self.segments.iter().map(|s| s.bytes).sum()
     }
+
+    /// The capacity's label: "NVIDIA H100 80 GB (SXM): 85.5 GB".
+    pub fn capacity_text(&self) -> String {
+        format!("{}: {}", self.capacity_label, format_bytes(self.capacity, self.unit))
+    }
+
+    fn legend(&self) -> Header {
+        let mut legend: Vec<LegendEntry> = self.segments.iter().map(|s| LegendEntry::new(s.label.clone(), s.color, Mark::Area)).collect();
+        if self.peak.is_some() {
+            legend.push(LegendEntry::new("Peak during the step", RGBColor(0, 0, 0), Mark::Line));
+        }
+        Header { title: String::new(), legend, notes: Vec::new() }
+    }
 }
 
 /// The bar of an estimate: one segment per non-empty category.
@@ -44,81 +64,97 @@ pub fn bar_data(e: &Estimate, unit: Unit, gpu_label: &str) -> BarData {
     BarData { segments, capacity: e.capacity, capacity_label: gpu_label.to_string(), peak: e.memory.peak_opt(), unit }
 }
 
-/// Draws the bar into `root`.
-pub fn draw_bar<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    data: &BarData,
-    theme: &Theme,
-) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    root.fill(&theme.background)?;
-    let unit = unit_symbol(data.unit);
-    let total = in_unit(data.total(), data.unit);
-    let cap = in_unit(data.capacity, data.unit);
-    let x_max = (total.max(cap) * 1.08).max(1e-9);
-    let (w, h) = root.dim_in_pixel();
-    let font = ("sans-serif", 13).into_font().color(&theme.foreground);
-    let mut chart = ChartBuilder::on(root)
-        .margin(10)
-        .margin_right(24)
-        .x_label_area_size(34)
-        .y_label_area_size(4)
-        .build_cartesian_2d(0.0..x_max, 0.0..1.0)?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .disable_y_axis()
-        .x_desc(format!("memory per GPU ({unit})"))
-        .x_labels(if w < 420 { 4 } else { 8 })
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .axis_style(theme.muted)
-        .light_line_style(theme.grid)
-        .bold_line_style(theme.grid)
-        .label_style(font.clone())
-        .axis_desc_style(font.clone())
-        .draw()?;
+/// Left and right margins of the bar.
+const LEFT: i32 = 10;
+const RIGHT: i32 = 24;
+/// Height of the bar itself.
+const BAR: i32 = 34;
 
-    let (y0, y1) = (0.45, 0.95);
-    let mut x = 0.0;
-    for s in &data.segments {
-        let dx = in_unit(s.bytes, data.unit);
-        chart.draw_series(std::iter::once(Rectangle::new([(x, y0), (x + dx, y1)], s.color.filled())))?;
-        x += dx;
-    }
-    // Legend row under the bar: swatch + label, wrapping by the available width.
-    let legend_y = 0.3;
-    let mut lx = 0.0;
-    let step = x_max / if w < 420 { 3.0 } else { 6.0 };
-    let mut row = 0.0;
-    for s in &data.segments {
-        let y = legend_y - row * 0.14;
-        chart.draw_series(std::iter::once(Rectangle::new([(lx, y - 0.05), (lx + x_max * 0.015, y + 0.05)], s.color.filled())))?;
-        chart.draw_series(std::iter::once(Text::new(s.label.clone(), (lx + x_max * 0.022, y + 0.05), font.clone())))?;
-        lx += step;
-        if lx + step > x_max * 1.001 {
-            lx = 0.0;
-            row += 1.0;
-        }
-    }
-    if data.capacity > 0 {
-        chart.draw_series(std::iter::once(PathElement::new(vec![(cap, 0.38), (cap, 1.0)], theme.alert.stroke_width(3))))?;
-        let label = format!("{}: {cap:.1} {unit}", data.capacity_label);
-        let anchor = if cap > x_max * 0.6 { (cap - x_max * 0.01, 1.0) } else { (cap + x_max * 0.01, 1.0) };
-        let style = font.clone().color(&theme.alert);
-        let style = if cap > x_max * 0.6 { style.pos(Pos::new(HPos::Right, VPos::Top)) } else { style };
-        chart.draw_series(std::iter::once(Text::new(label, anchor, style)))?;
-    }
-    if let Some(peak) = data.peak {
-        let p = in_unit(peak, data.unit);
-        chart.draw_series(std::iter::once(PathElement::new(vec![(p, y0 - 0.04), (p, y1 + 0.04)], theme.foreground.stroke_width(2))))?;
-    }
-    let _ = h;
-    root.present()?;
-    Ok(())
+/// The vertical positions of the bar's parts at `width`: (top of the bar, top of the legend).
+fn rows(data: &BarData, width: u32, theme: &Theme) -> (i32, i32) {
+    let label_lines = draw::wrap(&data.capacity_text(), theme.px(13), false, (width as i32 - LEFT - RIGHT).max(40) as u32).len() as i32;
+    let bar_top = 6 + label_lines * (theme.px(13) as i32 + 4) + 4;
+    let axis = bar_top + BAR + 6 + 2 * theme.px(12) as i32 + 14;
+    (bar_top, axis)
 }
 
-/// The bar as an SVG document (export, and native tests).
-pub fn bar_svg(data: &BarData, theme: &Theme, size: (u32, u32)) -> String {
-    super::svg_of(size, |root| draw_bar(root, data, theme))
+/// The height the bar takes at `width` pixels.
+pub fn bar_height(data: &BarData, width: u32, theme: &Theme) -> u32 {
+    let (_, legend_top) = rows(data, width, theme);
+    let mut legend = data.legend();
+    legend.legend.iter_mut().filter(|e| e.mark == Mark::Line).for_each(|e| e.color = theme.foreground);
+    (draw::header_bottom(&legend, width, theme, legend_top) + 6).max(0) as u32
+}
+
+/// Draws the bar into `root`; returns where it put the bar and its text.
+pub fn draw_bar<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &BarData, theme: &Theme) -> DrawResult<Layout, DB> {
+    root.fill(&theme.background)?;
+    let (w, h) = root.dim_in_pixel();
+    let (bar_top, legend_top) = rows(data, w, theme);
+    let (x0, x1) = (LEFT, (w as i32 - RIGHT).max(LEFT + 40));
+    let u = data.unit;
+    let total = in_unit(data.total(), u);
+    let cap = in_unit(data.capacity, u);
+    let x_max = (total.max(cap) * 1.08).max(1e-9);
+    let px = |v: f64| x0 + ((v / x_max) * (x1 - x0) as f64).round() as i32;
+    let bar = Rect::new(x0, bar_top, x1, bar_top + BAR);
+    let mut parts = Vec::new();
+
+    // The segments.
+    let mut at = 0.0;
+    for s in &data.segments {
+        let dx = in_unit(s.bytes, u);
+        root.draw(&Rectangle::new([(px(at), bar.y0), (px(at + dx), bar.y1)], s.color.filled()))?;
+        at += dx;
+    }
+    // The axis under the bar: ticks and their values, then its title.
+    let tick_font = draw::font(theme, 12);
+    let ticks = nice_ticks(0.0, x_max, if w < 420 { 4 } else { 8 });
+    let axis_y = bar.y1 + 6;
+    root.draw(&PathElement::new(vec![(x0, axis_y), (x1, axis_y)], theme.muted))?;
+    for t in ticks {
+        let x = px(t);
+        root.draw(&PathElement::new(vec![(x, axis_y), (x, axis_y + 4)], theme.muted))?;
+        root.draw(&Text::new(draw::num_label(t), (x, axis_y + 6), tick_font.clone().pos(Pos::new(HPos::Center, VPos::Top))))?;
+    }
+    let title = format!("memory per GPU ({})", unit_symbol(u));
+    let title_y = axis_y + 8 + theme.px(12) as i32;
+    root.draw(&Text::new(title, ((x0 + x1) / 2, title_y), tick_font.clone().color(&theme.muted).pos(Pos::new(HPos::Center, VPos::Top))))?;
+
+    // The peak's mark across the bar.
+    if let Some(peak) = data.peak {
+        let x = px(in_unit(peak, u));
+        root.draw(&PathElement::new(vec![(x, bar.y0 - 3), (x, bar.y1 + 3)], theme.foreground.stroke_width(2)))?;
+    }
+    // The capacity: a line through the bar and up to its label, which sits above the bar on the
+    // line's side with the most room.
+    if data.capacity > 0 {
+        let x = px(cap);
+        root.draw(&PathElement::new(vec![(x, 4), (x, bar.y1 + 4)], theme.alert.stroke_width(3)))?;
+        let size = theme.px(13);
+        let lines = draw::wrap(&data.capacity_text(), size, false, (x1 - x0) as u32);
+        let tw = lines.iter().map(|l| draw::text_width(l, size, false) as i32).max().unwrap_or(0);
+        let lx = if x > (x0 + x1) / 2 { x - 6 - tw } else { x + 6 };
+        let lx = lx.clamp(x0, (x1 - tw).max(x0));
+        let style = (draw::FONT, size).into_font().color(&theme.alert);
+        for (i, line) in lines.iter().enumerate() {
+            root.draw(&Text::new(line.clone(), (lx, 6 + i as i32 * (size as i32 + 4)), style.clone()))?;
+        }
+        let rect = Rect::new(lx, 6, lx + tw, 6 + lines.len() as i32 * (size as i32 + 4) - 2);
+        parts.push(Placed { part: Part::Note, text: lines.join(" "), size, bold: false, rect, text_x: lx });
+    }
+    // The legend under the axis.
+    let mut legend = data.legend();
+    legend.legend.iter_mut().filter(|e| e.mark == Mark::Line).for_each(|e| e.color = theme.foreground);
+    let (placed, _) = draw::draw_header(root, &legend, theme, legend_top)?;
+    parts.extend(placed);
+    root.present()?;
+    Ok(Layout { width: w, height: h, plot: bar, parts })
+}
+
+/// The bar as an SVG document (export, and native tests), at its own height for `width`.
+pub fn bar_svg(data: &BarData, theme: &Theme, width: u32) -> String {
+    draw::svg_of((width, bar_height(data, width, theme)), |root| draw_bar(root, data, theme).map(|_| ()))
 }
 
 #[cfg(test)]
@@ -126,22 +162,18 @@ mod tests {
     use super::*;
     use crate::estimator::config::Config;
     use crate::estimator::estimate;
-    use crate::plots::LIGHT;
+    use crate::plots::theme::{hex, LIGHT, PROJECTOR};
 
     #[test]
     fn the_bar_has_a_segment_and_a_legend_entry_per_category() {
         let e = estimate(&Config::default()).expect("valid");
         let data = bar_data(&e, Unit::Gb, "H100 80 GB");
-        let svg = bar_svg(&data, &LIGHT, (720, 160));
+        let svg = bar_svg(&data, &LIGHT, 720);
         for s in &data.segments {
             assert!(svg.contains(&s.label), "legend lacks {}", s.label);
-            assert!(
-                svg.contains(&super::super::hex(s.color).to_uppercase()) || svg.contains(&super::super::hex(s.color)),
-                "no fill for {}",
-                s.label
-            );
+            assert!(svg.contains(&hex(s.color).to_uppercase()) || svg.contains(&hex(s.color)), "no fill for {}", s.label);
         }
-        assert!(svg.contains("H100 80 GB: 85.5 GB"), "capacity label");
+        assert!(svg.contains("H100 80 GB: 85.52 GB"), "capacity label");
         assert!(svg.contains("memory per GPU (GB)"));
     }
 
@@ -149,5 +181,26 @@ mod tests {
     fn the_segments_add_up_to_the_ledger_total() {
         let e = estimate(&Config::default()).expect("valid");
         assert_eq!(bar_data(&e, Unit::Gib, "x").total(), e.memory.total);
+    }
+
+    #[test]
+    fn the_legend_and_the_capacity_label_never_overlap_each_other_or_the_bar_from_320_to_1600_pixels() {
+        for q in [Config::default(), Config { gpus: 8, zero: crate::estimator::config::Zero::Z3, ..Config::default() }] {
+            let e = estimate(&q).expect("valid");
+            let data = bar_data(&e, Unit::Gb, "NVIDIA H100 80 GB (SXM)");
+            for theme in [LIGHT, PROJECTOR] {
+                for width in (320..=1600).step_by(10) {
+                    let height = bar_height(&data, width, &theme);
+                    let mut layout = None;
+                    let _ = draw::svg_of((width, height), |root| {
+                        layout = Some(draw_bar(root, &data, &theme)?);
+                        Ok(())
+                    });
+                    let layout = layout.expect("drawn");
+                    assert_eq!(layout.problems(), Vec::<String>::new(), "at {width} px");
+                    assert!(layout.parts.iter().filter(|p| p.part == Part::Legend).count() >= data.segments.len());
+                }
+            }
+        }
     }
 }

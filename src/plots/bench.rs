@@ -2,7 +2,10 @@
 //! materialized and the fused kernel, with the estimator's prediction of the score bytes for the
 //! same shapes overlaid. Plain data in (this module knows nothing of the benchmark's types).
 
-use super::{okabe_ito, tokens_label, Theme};
+use super::axis::{decade_ticks, pow2_ticks, Axis};
+use super::draw::{self, DrawResult, Header, Layout, LegendEntry, Mark, Spec};
+use super::format::tokens_label;
+use super::theme::{okabe_ito, Theme};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -62,13 +65,18 @@ fn trim(x: f64) -> String {
 
 const COLORS: [RGBColor; 3] = [okabe_ito::VERMILLION, okabe_ito::BLUE, okabe_ito::GREY];
 
-/// Draws one log-log chart.
-pub fn draw_bench<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    c: &BenchChart,
-    theme: &Theme,
-) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    root.fill(&theme.background)?;
+/// The chart's title and legend.
+pub fn bench_header(c: &BenchChart, theme: &Theme) -> Header {
+    let mut legend: Vec<LegendEntry> =
+        c.series.iter().enumerate().map(|(i, s)| LegendEntry::new(s.label.clone(), COLORS[i % COLORS.len()], Mark::Line)).collect();
+    if let Some(p) = &c.predicted {
+        legend.push(LegendEntry::new(p.label.clone(), theme.foreground, Mark::Dashed));
+    }
+    Header { title: c.title.clone(), legend, notes: Vec::new() }
+}
+
+/// Draws one log-log chart; returns its layout.
+pub fn draw_bench<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &BenchChart, theme: &Theme) -> DrawResult<Layout, DB> {
     let all: Vec<(f64, f64)> =
         c.series.iter().chain(c.predicted.iter()).flat_map(|s| s.points.iter().copied()).filter(|(x, y)| *x > 0.0 && *y > 0.0).collect();
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
@@ -83,61 +91,55 @@ pub fn draw_bench<DB: DrawingBackend>(
     }
     let (x0, x1) = (x0 / 1.15, (x1 * 1.15).max(x0 * 2.0));
     let (y0, y1) = (y0 / 1.5, (y1 * 1.5).max(y0 * 2.0));
-    let font = ("sans-serif", 13).into_font().color(&theme.foreground);
-    let mut chart = ChartBuilder::on(root)
-        .caption(&c.title, ("sans-serif", 15).into_font().color(&theme.foreground))
-        .margin(10)
-        .x_label_area_size(36)
-        .y_label_area_size(62)
-        .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
+    let (w, _) = root.dim_in_pixel();
+    let x = Axis::log(x0, x1).with_ticks(pow2_ticks(x0, x1)).with_light([]).thinned(draw::plot_width(w), 40.0, &[]);
+    let (decades, light) = decade_ticks(y0, y1);
+    // Less than a decade apart: the 2…9 multiples become the ticks.
+    let y = if decades.len() < 2 {
+        Axis::log(y0, y1).with_ticks(decades.into_iter().chain(light))
+    } else {
+        Axis::log(y0, y1).with_ticks(decades).with_light(light)
+    };
+    let header = bench_header(c, theme);
     let unit = c.y_unit;
-    chart
-        .configure_mesh()
-        .x_desc("sequence length s (tokens, log scale)")
-        .y_desc(c.y_title.clone())
-        .x_label_formatter(&|v| tokens_label(*v))
-        .y_label_formatter(&|v| y_label(*v, unit))
-        .axis_style(theme.muted)
-        .light_line_style(theme.grid)
-        .bold_line_style(theme.grid)
-        .label_style(font.clone())
-        .axis_desc_style(font.clone())
-        .draw()?;
+    let spec = Spec {
+        header: &header,
+        x,
+        y,
+        x_title: "sequence length s (tokens, log scale)",
+        y_title: &c.y_title,
+        x_label: &|v| tokens_label(v),
+        y_label: &|v| y_label(v, unit),
+    };
+    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
     for (i, s) in c.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))?
-            .label(s.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        draw::line(&mut chart, &s.points, color.stroke_width(2), false)?;
+        for p in &s.points {
+            draw::dot(&mut chart, *p, 3, color, true)?;
+        }
     }
     if let Some(p) = &c.predicted {
-        let color = theme.foreground;
-        chart
-            .draw_series(DashedLineSeries::new(p.points.iter().copied(), 6, 4, color.stroke_width(1)))?
-            .label(p.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(1)));
+        draw::line(&mut chart, &p.points, theme.foreground.stroke_width(1), true)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(theme.background.mix(0.85))
-        .border_style(theme.grid)
-        .label_font(font)
-        .draw()?;
     root.present()?;
-    Ok(())
+    Ok(layout)
+}
+
+/// The height a benchmark chart takes at `width`.
+pub fn bench_height(c: &BenchChart, width: u32, theme: &Theme) -> u32 {
+    draw::header_height(&bench_header(c, theme), width, theme) + 260
 }
 
 /// The chart as SVG (export and tests).
 pub fn bench_svg(c: &BenchChart, theme: &Theme, size: (u32, u32)) -> String {
-    super::svg_of(size, |root| draw_bench(root, c, theme))
+    draw::svg_of(size, |root| draw_bench(root, c, theme).map(|_| ()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plots::LIGHT;
+    use crate::plots::theme::LIGHT;
 
     #[test]
     fn the_memory_chart_names_both_kernels_and_the_prediction() {

@@ -1,9 +1,16 @@
-//! What every chart shares: the title and legend above the plot, the axes with their titles and
-//! tick labels, and the few marks the charts are made of (stacked areas, clipped lines, the
-//! capacity line, labelled markers). Each chart module composes these.
+//! What every chart shares: the header above the plot (the title, the legend and notes,
+//! wrapped to the width so that nothing overlaps and nothing covers data), the axes with their
+//! titles and tick labels, and the few marks the charts are made of (stacked areas, clipped
+//! lines, the capacity line, labelled markers). Each chart module composes these.
+//!
+//! Every chart reports where it put things as a [`Layout`] (in the drawing's pixels): the plot
+//! area and a box per title line, legend entry and note. The native tests check that no two
+//! boxes overlap and that none enters the plot area, at every width from 320 to 1600 pixels;
+//! the browser tests check the same on the page, against the text widths the browser measures.
 
 use super::axis::{Axis, Frame};
-use super::Theme;
+use super::scene::{draw_scene, Area};
+use super::theme::Theme;
 use crate::estimator::config::Unit;
 use crate::estimator::ledger::Bytes;
 use crate::estimator::units::{format_bytes, in_unit, unit_symbol};
@@ -14,6 +21,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
+use std::convert::Infallible;
 
 /// The result of drawing on backend `DB`.
 pub type DrawResult<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
@@ -48,34 +56,166 @@ impl LegendEntry {
     }
 }
 
-/// What the frame of a chart needs.
-pub struct Spec<'s> {
-    pub title: &'s str,
-    pub legend: &'s [LegendEntry],
-    pub x: Axis,
-    pub y: Axis,
-    pub x_title: &'s str,
-    pub y_title: &'s str,
-    pub x_label: &'s dyn Fn(f64) -> String,
-    pub y_label: &'s dyn Fn(f64) -> String,
+/// What a chart says above its plot: a title, a legend and notes (the limits it found, each in
+/// its series' colour).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Header {
+    pub title: String,
+    pub legend: Vec<LegendEntry>,
+    pub notes: Vec<(String, RGBColor)>,
+}
+
+/// A rectangle in the drawing's pixels: `x0..x1` × `y0..y1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Rect {
+    pub x0: i32,
+    pub y0: i32,
+    pub x1: i32,
+    pub y1: i32,
+}
+
+impl Rect {
+    pub fn new(x0: i32, y0: i32, x1: i32, y1: i32) -> Rect {
+        Rect { x0, y0, x1, y1 }
+    }
+    /// Whether the two share any area (touching edges do not count).
+    pub fn intersects(&self, o: &Rect) -> bool {
+        self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
+    }
+    /// Whether `o` lies inside this rectangle.
+    pub fn contains(&self, o: &Rect) -> bool {
+        o.x0 >= self.x0 && o.x1 <= self.x1 && o.y0 >= self.y0 && o.y1 <= self.y1
+    }
+}
+
+/// What a laid-out box holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Title,
+    Legend,
+    Note,
+    /// A label on the data (the capacity, a marker), placed clear of the legend.
+    Label,
+}
+
+impl Part {
+    fn name(self) -> &'static str {
+        match self {
+            Part::Title => "title",
+            Part::Legend => "legend",
+            Part::Note => "note",
+            Part::Label => "label",
+        }
+    }
+}
+
+/// One box of text the chart laid out. For a legend entry the box holds its swatch
+/// ([`SWATCH`] pixels) and its text; `text_x` is where the text starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placed {
+    pub part: Part,
+    pub text: String,
+    /// Font size in pixels, and whether bold.
+    pub size: u32,
+    pub bold: bool,
+    pub rect: Rect,
+    pub text_x: i32,
+}
+
+/// Where a chart put its plot area and its text.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Layout {
+    pub width: u32,
+    pub height: u32,
+    pub plot: Rect,
+    pub parts: Vec<Placed>,
+}
+
+impl Layout {
+    /// The layout as JSON (the page puts it in the canvas' `data-layout` for the browser
+    /// tests): `{"w":…,"h":…,"plot":[x0,y0,x1,y1],"parts":[{"part":"legend","text":…,
+    /// "size":12,"bold":false,"box":[…],"text_x":…},…]}`.
+    pub fn json(&self) -> String {
+        let r = |r: &Rect| format!("[{},{},{},{}]", r.x0, r.y0, r.x1, r.y1);
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "{{\"part\":\"{}\",\"text\":\"{}\",\"size\":{},\"bold\":{},\"box\":{},\"text_x\":{}}}",
+                    p.part.name(),
+                    json_escape(&p.text),
+                    p.size,
+                    p.bold,
+                    r(&p.rect),
+                    p.text_x
+                )
+            })
+            .collect();
+        format!("{{\"w\":{},\"h\":{},\"plot\":{},\"parts\":[{}]}}", self.width, self.height, r(&self.plot), parts.join(","))
+    }
+
+    /// What is wrong with the layout, in words: boxes of the header that overlap each other or
+    /// the plot area, or leave the drawing. Empty when it is sound.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let all = Rect::new(0, 0, self.width as i32, self.height as i32);
+        for (i, a) in self.parts.iter().enumerate() {
+            if !all.contains(&a.rect) {
+                out.push(format!("{} '{}' leaves the drawing: {:?}", a.part.name(), a.text, a.rect));
+            }
+            if a.part != Part::Label && a.rect.intersects(&self.plot) {
+                out.push(format!("{} '{}' covers the plot area", a.part.name(), a.text));
+            }
+            for b in &self.parts[i + 1..] {
+                if a.rect.intersects(&b.rect) {
+                    out.push(format!("{} '{}' overlaps {} '{}'", a.part.name(), a.text, b.part.name(), b.text));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 pub const FONT: &str = "sans-serif";
 
-pub fn font(theme: &Theme, size: u32) -> TextStyle<'static> {
-    (FONT, size).into_font().color(&theme.foreground)
+/// The theme's text at `base` size (scaled by the theme), in the foreground colour.
+pub fn font(theme: &Theme, base: u32) -> TextStyle<'static> {
+    (FONT, theme.px(base)).into_font().color(&theme.foreground)
 }
+
+/// Bold text at `base` size in `color`.
+pub fn bold(theme: &Theme, base: u32, color: RGBColor) -> TextStyle<'static> {
+    (FONT, theme.px(base)).into_font().style(FontStyle::Bold).color(&color)
+}
+
+/// The y-label area and margins around the plot: the plot spans the width less these.
+const SIDE: u32 = 20 + 64;
 
 /// Pixel width of the plotting area a chart of `width` pixels will have (for thinning ticks
 /// before the chart is built): the frame's margins and the y label area.
 pub fn plot_width(width: u32) -> f64 {
-    (width as f64 - 20.0 - 64.0).max(40.0)
+    (width as f64 - SIDE as f64).max(40.0)
 }
 
 /// The width of `text` in pixels at `size` (an estimate from character classes of a sans-serif
 /// face). Backends could measure text, but plotters' web backend does so by inserting a DOM
 /// element and reading its size — a forced layout of the whole page per string, which cost
-/// more than the rest of a redraw — so the charts lay text out by this estimate instead.
+/// more than the rest of a redraw — so the charts lay text out by this estimate instead. It
+/// errs wide: the browser tests compare it with the widths the browser measures.
 pub fn text_width(text: &str, size: u32, bold: bool) -> u32 {
     let em: f64 = text
         .chars()
@@ -90,67 +230,194 @@ pub fn text_width(text: &str, size: u32, bold: bool) -> u32 {
             _ => 0.62,
         })
         .sum();
-    (em * size as f64 * if bold { 1.08 } else { 1.0 }).ceil() as u32
+    (em * size as f64 * if bold { 1.12 } else { 1.0 }).ceil() as u32
 }
 
-/// The legend laid out in rows that fit `width`: (entry index, x) per row.
-fn legend_rows(legend: &[LegendEntry], width: u32) -> Vec<Vec<(usize, u32)>> {
-    let mut rows: Vec<Vec<(usize, u32)>> = vec![Vec::new()];
-    let mut x = 10u32;
-    for (i, e) in legend.iter().enumerate() {
-        let w = 24 + text_width(&e.label, 12, false) + 16;
-        if x + w > width.saturating_sub(10) && x > 10 {
-            rows.push(Vec::new());
-            x = 10;
+/// `text` broken at spaces into lines at most `width` pixels wide (a word wider than that gets a
+/// line of its own).
+pub fn wrap(text: &str, size: u32, bold: bool, width: u32) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for word in text.split(' ') {
+        let candidate = if cur.is_empty() { word.to_string() } else { format!("{cur} {word}") };
+        if !cur.is_empty() && text_width(&candidate, size, bold) > width {
+            lines.push(std::mem::replace(&mut cur, word.to_string()));
+        } else {
+            cur = candidate;
         }
-        if let Some(row) = rows.last_mut() {
-            row.push((i, x));
-        }
-        x += w;
     }
-    rows
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    lines
 }
 
-/// Fills the background, draws the title and the legend, builds the chart with its axes,
-/// grid, tick labels and axis titles, and hands it back for the series.
-pub fn frame<'a, DB: DrawingBackend>(root: &'a DrawingArea<DB, Shift>, spec: &Spec, theme: &Theme) -> DrawResult<Chart<'a, DB>, DB> {
-    root.fill(&theme.background)?;
-    let (w, _h) = root.dim_in_pixel();
-    let title_style = (FONT, 15).into_font().style(FontStyle::Bold).color(&theme.foreground);
-    root.draw(&Text::new(spec.title.to_string(), (10, 8), title_style))?;
-    let legend_style = font(theme, 12);
-    let rows = legend_rows(spec.legend, w);
-    let row_h = 18;
-    let top = 30;
-    for (r, row) in rows.iter().enumerate() {
-        let y = top + r as i32 * row_h;
-        for &(i, x) in row {
-            let e = &spec.legend[i];
-            let x = x as i32;
-            match e.mark {
-                Mark::Area => root.draw(&Rectangle::new([(x, y + 2), (x + 18, y + 12)], e.color.filled()))?,
-                Mark::Line => root.draw(&PathElement::new(vec![(x, y + 7), (x + 18, y + 7)], e.color.stroke_width(3)))?,
+/// Width of a legend entry's swatch and the gap before its text.
+pub const SWATCH: i32 = 24;
+/// Space between two legend entries on a row.
+const ENTRY_GAP: i32 = 16;
+/// Left and right margin of the header.
+const EDGE: i32 = 10;
+
+/// One laid-out header item before drawing: what, where, in which lines.
+struct Item {
+    part: Part,
+    lines: Vec<String>,
+    size: u32,
+    bold: bool,
+    color: RGBColor,
+    mark: Option<Mark>,
+    x: i32,
+    y: i32,
+    w: i32,
+}
+
+/// Lays the header out at `width` pixels: title lines, then legend entries and notes flowing in
+/// rows (an entry too wide for a row of its own wraps its text). Returns the items and the
+/// height the header takes.
+fn layout_header(h: &Header, width: u32, theme: &Theme, top: i32) -> (Vec<Item>, i32) {
+    let mut items = Vec::new();
+    let avail = (width as i32 - 2 * EDGE).max(40);
+    let title = theme.px(15);
+    let mut y = top;
+    for line in wrap(&h.title, title, true, avail as u32).into_iter().filter(|l| !l.is_empty()) {
+        let w = text_width(&line, title, true) as i32;
+        items.push(Item {
+            part: Part::Title,
+            lines: vec![line],
+            size: title,
+            bold: true,
+            color: theme.foreground,
+            mark: None,
+            x: EDGE,
+            y,
+            w,
+        });
+        y += title as i32 + 5;
+    }
+    if y > top {
+        y += 4;
+    }
+    let size = theme.px(12);
+    let line_h = size as i32 + 6;
+    let flow = h
+        .legend
+        .iter()
+        .map(|e| (Part::Legend, e.label.as_str(), false, e.color, Some(e.mark)))
+        .chain(h.notes.iter().map(|(t, c)| (Part::Note, t.as_str(), true, *c, (*c != theme.foreground).then_some(Mark::Dot))));
+    let mut x = EDGE;
+    let mut row_h = 0;
+    for (part, text, is_bold, color, mark) in flow {
+        let lead = if mark.is_some() { SWATCH } else { 0 };
+        let mut lines = vec![text.to_string()];
+        let mut w = lead + text_width(text, size, is_bold) as i32;
+        if w > avail {
+            lines = wrap(text, size, is_bold, (avail - lead) as u32);
+            w = lead + lines.iter().map(|l| text_width(l, size, is_bold) as i32).max().unwrap_or(0);
+        }
+        if x > EDGE && x + w > EDGE + avail {
+            x = EDGE;
+            y += row_h;
+            row_h = 0;
+        }
+        row_h = row_h.max(line_h * lines.len() as i32);
+        items.push(Item { part, lines, size, bold: is_bold, color, mark, x, y, w });
+        x += w + ENTRY_GAP;
+    }
+    y += row_h;
+    (items, y + 4)
+}
+
+/// Where a header of `h` laid out from `top` at `width` pixels ends.
+pub fn header_bottom(h: &Header, width: u32, theme: &Theme, top: i32) -> i32 {
+    layout_header(h, width, theme, top).1
+}
+
+/// The height of the header of `h` at `width` pixels.
+pub fn header_height(h: &Header, width: u32, theme: &Theme) -> u32 {
+    layout_header(h, width, theme, 8).1.max(0) as u32
+}
+
+/// Height of the plot, its tick labels and axis title under the header.
+pub const PLOT_HEIGHT: u32 = 330;
+
+/// The height a chart with header `h` takes at `width`: its header and [`PLOT_HEIGHT`].
+pub fn chart_height(h: &Header, width: u32, theme: &Theme) -> u32 {
+    header_height(h, width, theme) + PLOT_HEIGHT
+}
+
+/// Draws the header's items from `top` down; returns their boxes and where the header ends.
+pub fn draw_header<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    h: &Header,
+    theme: &Theme,
+    top: i32,
+) -> DrawResult<(Vec<Placed>, i32), DB> {
+    let (w, _) = root.dim_in_pixel();
+    let (items, height) = layout_header(h, w, theme, top);
+    let mut placed = Vec::new();
+    for it in items {
+        // Text in the foreground colour (contrast); the series' colour is in the mark.
+        let style = (FONT, it.size).into_font().style(if it.bold { FontStyle::Bold } else { FontStyle::Normal }).color(&theme.foreground);
+        let (x, y) = (it.x, it.y);
+        let line_h = if it.part == Part::Title { it.size as i32 + 5 } else { it.size as i32 + 6 };
+        if let Some(mark) = it.mark {
+            match mark {
+                Mark::Area => root.draw(&Rectangle::new([(x, y + 2), (x + 18, y + 12)], it.color.filled()))?,
+                Mark::Line => root.draw(&PathElement::new(vec![(x, y + 7), (x + 18, y + 7)], it.color.stroke_width(3)))?,
                 Mark::Dashed => {
-                    root.draw(&PathElement::new(vec![(x, y + 7), (x + 6, y + 7)], e.color.stroke_width(2)))?;
-                    root.draw(&PathElement::new(vec![(x + 12, y + 7), (x + 18, y + 7)], e.color.stroke_width(2)))?;
+                    root.draw(&PathElement::new(vec![(x, y + 7), (x + 6, y + 7)], it.color.stroke_width(2)))?;
+                    root.draw(&PathElement::new(vec![(x + 12, y + 7), (x + 18, y + 7)], it.color.stroke_width(2)))?;
                 }
-                Mark::Dot => root.draw(&Circle::new((x + 9, y + 7), 4, e.color.filled()))?,
+                Mark::Dot => root.draw(&Circle::new((x + 9, y + 7), 4, it.color.filled()))?,
             }
-            root.draw(&Text::new(e.label.clone(), (x + 24, y + 1), legend_style.clone()))?;
         }
+        let text_x = x + if it.mark.is_some() { SWATCH } else { 0 };
+        for (i, line) in it.lines.iter().enumerate() {
+            root.draw(&Text::new(line.clone(), (text_x, y + 1 + i as i32 * line_h), style.clone()))?;
+        }
+        let text = it.lines.join(" ");
+        let rect = Rect::new(x, y, x + it.w, y + line_h * it.lines.len() as i32 - 2);
+        placed.push(Placed { part: it.part, text, size: it.size, bold: it.bold, rect, text_x });
     }
-    let header = top + rows.len() as i32 * row_h + 4;
+    Ok((placed, height))
+}
 
-    let y_label_width = spec.y.ticks().iter().map(|t| text_width(&(spec.y_label)(*t), 12, false)).max().unwrap_or(24).max(16);
+/// What the frame of a chart needs.
+pub struct Spec<'s> {
+    pub header: &'s Header,
+    pub x: Axis,
+    pub y: Axis,
+    pub x_title: &'s str,
+    pub y_title: &'s str,
+    pub x_label: &'s dyn Fn(f64) -> String,
+    pub y_label: &'s dyn Fn(f64) -> String,
+}
+
+/// Fills the background, draws the header, builds the chart with its axes, grid, tick labels
+/// and axis titles, and hands it back for the series with the layout so far.
+pub fn frame<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    spec: &Spec,
+    theme: &Theme,
+) -> DrawResult<(Chart<'a, DB>, Layout), DB> {
+    root.fill(&theme.background)?;
+    let (w, h) = root.dim_in_pixel();
+    let (parts, header) = draw_header(root, spec.header, theme, 8)?;
+    let tick = theme.px(12);
+    let y_label_width = spec.y.ticks().iter().map(|t| text_width(&(spec.y_label)(*t), tick, false)).max().unwrap_or(24).max(16);
     let chart = ChartBuilder::on(root)
         .margin(10)
-        .margin_top(header as u32)
+        .margin_top(header.max(0) as u32)
         .margin_right(18)
-        .x_label_area_size(42)
-        .y_label_area_size(y_label_width + 30)
+        .x_label_area_size(30 + 2 * tick)
+        .y_label_area_size(y_label_width + 18 + tick)
         .build_cartesian_2d(spec.x.clone(), spec.y.clone())?;
-    mesh(root, &frame_of(&chart), spec, theme)?;
-    Ok(chart)
+    let f = frame_of(&chart);
+    mesh(root, &f, spec, theme)?;
+    let (xr, yr) = (f.x_pixels(), f.y_pixels());
+    let plot = Rect::new(xr.start.min(xr.end), yr.start.min(yr.end), xr.start.max(xr.end), yr.start.max(yr.end));
+    Ok((chart, Layout { width: w, height: h, plot, parts }))
 }
 
 /// Grid, axis lines, ticks, tick labels and axis titles, drawn from the chart's own frame.
@@ -177,6 +444,7 @@ fn mesh<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, f: &Frame, spec: &Spe
     }
     root.draw(&PathElement::new(vec![(left, top), (left, bottom), (right, bottom)], theme.muted))?;
     let label = font(theme, 12);
+    let tick = theme.px(12) as i32;
     for v in xa.ticks() {
         let x = px(*v);
         root.draw(&PathElement::new(vec![(x, bottom), (x, bottom + 5)], theme.muted))?;
@@ -190,12 +458,20 @@ fn mesh<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, f: &Frame, spec: &Spe
     let desc = font(theme, 12).color(&theme.muted);
     root.draw(&Text::new(
         spec.x_title.to_string(),
-        ((left + right) / 2, bottom + 25),
+        ((left + right) / 2, bottom + 13 + tick),
         desc.clone().pos(Pos::new(HPos::Center, VPos::Top)),
     ))?;
     let y_desc = desc.transform(FontTransform::Rotate270).pos(Pos::new(HPos::Center, VPos::Top));
     root.draw(&Text::new(spec.y_title.to_string(), (12, (top + bottom) / 2), y_desc))?;
     Ok(())
+}
+
+/// Renders a drawing function into an SVG document (empty if drawing failed).
+pub fn svg_of(size: (u32, u32), draw: impl FnOnce(&Area) -> Result<(), DrawingAreaErrorKind<Infallible>>) -> String {
+    match draw_scene(size, draw) {
+        (scene, Ok(())) => scene.svg(),
+        _ => String::new(),
+    }
 }
 
 fn text_is_bold(style: &TextStyle) -> bool {
@@ -318,6 +594,8 @@ pub fn label<DB: DrawingBackend>(
 }
 
 /// [`label`], moved a further `dy` pixels away from the point (to stack several labels).
+/// The label stays inside the plot area: where it would leave it above (or below, left,
+/// right), it goes to the other side of the point.
 pub fn label_dy<DB: DrawingBackend>(
     chart: &mut Chart<DB>,
     text: &str,
@@ -330,8 +608,20 @@ pub fn label_dy<DB: DrawingBackend>(
     let right_half = chart.as_coord_spec().x_spec().fraction(at.0) > 0.6;
     let bold = text_is_bold(&style);
     let (tw, th) = (text_width(text, style.font.get_size() as u32, bold) as i32, style.font.get_size().round() as i32 + 2);
-    let x0 = if right_half { -6 - tw } else { 6 };
-    let y0 = if above { -5 - th - dy } else { 5 + dy };
+    let (px, py) = chart.backend_coord(&at);
+    let (xr, yr) = chart.plotting_area().get_pixel_range();
+    let mut x0 = if right_half { -6 - tw } else { 6 };
+    let mut y0 = if above { -5 - th - dy } else { 5 + dy };
+    if py + y0 - 2 < yr.start {
+        y0 = 5 + dy;
+    } else if py + y0 + th + 2 > yr.end {
+        y0 = -5 - th - dy;
+    }
+    if px + x0 - 3 < xr.start {
+        x0 = 6;
+    } else if px + x0 + tw + 3 > xr.end {
+        x0 = -6 - tw;
+    }
     let element = EmptyElement::at(at)
         + Rectangle::new([(x0 - 3, y0 - 2), (x0 + tw + 3, y0 + th + 2)], theme.background.mix(0.85).filled())
         + Text::new(text.to_string(), (x0, y0), style);
@@ -368,47 +658,6 @@ pub fn capacity<DB: DrawingBackend>(
     if inside {
         let text = format!("{label_text}: {}", format_bytes(capacity, unit));
         label(chart, &text, (x_end, y), font(theme, 12).color(&theme.alert), true, theme)?;
-    }
-    Ok(())
-}
-
-/// Which corner of the plotting area a note goes in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Corner {
-    TopLeft,
-    TopRight,
-    BottomRight,
-}
-
-/// Lines of text in a corner of the plotting area, each in its colour, on a backing box.
-pub fn corner_note<DB: DrawingBackend>(
-    chart: &mut Chart<DB>,
-    lines: &[(String, RGBColor)],
-    corner: Corner,
-    theme: &Theme,
-) -> DrawResult<(), DB> {
-    if lines.is_empty() {
-        return Ok(());
-    }
-    let area = chart.plotting_area().strip_coord_spec();
-    let (w, h) = area.dim_in_pixel();
-    let styles: Vec<TextStyle> = lines.iter().map(|(_, c)| (FONT, 12).into_font().style(FontStyle::Bold).color(c)).collect();
-    let widths: Vec<i32> = lines.iter().map(|(t, _)| text_width(t, 12, true) as i32).collect();
-    let box_w = widths.iter().copied().max().unwrap_or(0) + 12;
-    let line_h = 17;
-    let box_h = line_h * lines.len() as i32 + 8;
-    let x0 = match corner {
-        Corner::TopLeft => 8,
-        Corner::TopRight | Corner::BottomRight => w as i32 - box_w - 8,
-    };
-    let y0 = match corner {
-        Corner::TopLeft | Corner::TopRight => 8,
-        Corner::BottomRight => h as i32 - box_h - 8,
-    };
-    area.draw(&Rectangle::new([(x0, y0), (x0 + box_w, y0 + box_h)], theme.background.mix(0.88).filled()))?;
-    area.draw(&Rectangle::new([(x0, y0), (x0 + box_w, y0 + box_h)], theme.grid.stroke_width(1)))?;
-    for (i, ((t, _), s)) in lines.iter().zip(styles).enumerate() {
-        area.draw(&Text::new(t.clone(), (x0 + 6, y0 + 5 + line_h * i as i32), s))?;
     }
     Ok(())
 }

@@ -1,58 +1,36 @@
 //! Memory vs sequence length: the configuration with `seq` swept on a log axis, the step's peak
 //! stacked by category, the other attention implementation as an overlay (the s² term of
 //! materialized scores against the linear growth of fused kernels), the GPU's capacity, and the
-//! longest sequence that fits, found exactly by search.
+//! longest sequence that fits, found exactly by search ([`crate::estimator::sweep::seq_sweep`]).
 //!
 //! The stack is the composition **at the step's peak** (the timeline's peak event), not the
 //! ledger's sum of components: its top is exactly the peak, which is what decides out-of-memory,
 //! so the stack meets the capacity line exactly where the search says it does.
 
 use super::axis::{pow2_ticks, Axis, Frame};
-use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
-use super::search::{fits, largest_bracketed};
+use super::draw::{self, DrawResult, Header, Layout, LegendEntry, Mark, Spec};
+use super::format::{gpu_name, tokens_label};
 use super::table::{stack_columns, Column, Table};
-use super::{category_color, gpu_name, okabe_ito, peak_composition, tokens_label, Theme};
+use super::theme::{category_color, okabe_ito, Theme};
 use crate::estimator::config::{Attention, Config, Unit};
-use crate::estimator::estimate;
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Bytes, Category};
+use crate::estimator::sweep::SeqSweep;
 use crate::estimator::units::in_unit;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-/// The chart's data.
+/// The chart's data: the sweep and what it is drawn with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeqData {
+    pub sweep: SeqSweep,
     pub model: String,
-    pub attn: Attention,
-    /// The overlay's attention implementation.
-    pub other: Attention,
-    /// Sequence lengths, ascending (those the estimator accepts).
-    pub seqs: Vec<u64>,
-    /// The step's peak by category at each length (`Category::ALL` order); sums to the peak.
-    pub stack: Vec<[Bytes; 6]>,
-    /// The peak with the other attention implementation.
-    pub other_peak: Vec<Option<Bytes>>,
-    /// The swept range (the axis).
-    pub range: (u64, u64),
-    /// The longest sequence in `1..=range.1` that fits (search on the peak).
-    pub limit: Option<u64>,
-    pub capacity: Bytes,
     pub gpu: String,
     pub unit: Unit,
     /// A log memory axis (shows the s² vs s slopes as 2 vs 1).
     pub log_y: bool,
     /// The configured length and its peak (the "you are here" dot).
     pub current: Option<(u64, Bytes)>,
-}
-
-/// The attention implementation the overlay compares with: materialized for fused ones and
-/// the other way round.
-pub fn other_attention(a: Attention) -> Attention {
-    match a {
-        Attention::Eager => Attention::Sdpa,
-        Attention::Sdpa | Attention::Flash => Attention::Eager,
-    }
 }
 
 fn attn_name(a: Attention) -> &'static str {
@@ -63,110 +41,46 @@ fn attn_name(a: Attention) -> &'static str {
     }
 }
 
-/// Longest length the chart shows by default: the model's maximum position, at most 1M.
-pub fn default_top(cfg: &Config) -> u64 {
-    let max = if cfg.arch.max_pos > 0 { cfg.arch.max_pos } else { 1 << 20 };
-    max.min(1 << 20)
-}
-
-/// The swept range: 128 (or less if configured less) up to [`default_top`] (or the configured
-/// length if longer); never below the context-parallel degree.
-pub fn seq_range(cfg: &Config) -> (u64, u64) {
-    let lo = cfg.seq.clamp(1, 128).max(cfg.cp);
-    let hi = default_top(cfg).max(cfg.seq).min(1 << 24).max(lo);
-    (lo, hi)
-}
-
-/// Powers of two and the midpoints between them (×1.5), plus both ends.
-pub fn octave_points(lo: u64, hi: u64) -> Vec<u64> {
-    let mut pts = vec![lo];
-    let mut p = 1u64;
-    while p <= hi {
-        for v in [p, p + p / 2] {
-            if v > lo && v < hi {
-                pts.push(v);
-            }
-        }
-        p *= 2;
-    }
-    pts.push(hi);
-    pts.sort_unstable();
-    pts.dedup();
-    pts
-}
-
-/// Sweeps `seq` for `cfg`.
-pub fn seq_data(cfg: &Config) -> SeqData {
-    let (lo, hi) = seq_range(cfg);
-    let other = other_attention(cfg.attn);
-    let mut seqs = Vec::new();
-    let mut stack = Vec::new();
-    let mut other_peak = Vec::new();
-    for s in octave_points(lo, hi) {
-        let c = Config { seq: s, ..cfg.clone() };
-        let Ok(e) = estimate(&c) else { continue };
-        seqs.push(s);
-        stack.push(peak_composition(&e));
-        other_peak.push(estimate(&Config { attn: other, ..c }).ok().map(|e| e.memory.peak));
-    }
-    let current = estimate(cfg).ok().map(|e| (cfg.seq, e.memory.peak));
-    // The longest length that fits, by binary search on the estimator between the last sampled
-    // length that fits and the first that does not (exact; the samples only bracket it).
-    let capacity = crate::estimator::capacity(cfg);
-    let samples: Vec<(u64, bool)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, c.iter().sum::<Bytes>() <= capacity)).collect();
-    let limit = largest_bracketed(&samples, cfg.cp.max(1), |s| fits(&Config { seq: s, ..cfg.clone() }));
-    SeqData {
-        model: cfg.display_name(),
-        attn: cfg.attn,
-        other,
-        seqs,
-        stack,
-        other_peak,
-        range: (lo, hi),
-        limit,
-        capacity,
-        gpu: gpu_name(cfg),
-        unit: cfg.unit,
-        log_y: false,
-        current,
-    }
-}
-
 impl SeqData {
+    /// The sweep of `cfg`, drawn in its unit, without a marker.
+    pub fn new(sweep: SeqSweep, cfg: &Config) -> SeqData {
+        SeqData { sweep, model: cfg.display_name(), gpu: gpu_name(cfg), unit: cfg.unit, log_y: false, current: None }
+    }
+
     /// The peak at each length (top of the stack).
     pub fn peaks(&self) -> Vec<Bytes> {
-        self.stack.iter().map(|s| s.iter().sum()).collect()
+        self.sweep.peaks()
     }
 
     /// What the marker says: "OOM beyond 11,264 tokens".
     pub fn limit_text(&self) -> String {
-        match self.limit {
+        match self.sweep.limit {
             None => "OOM at every length".to_string(),
-            Some(n) if n >= self.range.1 => format!("Fits up to {} tokens", group_digits(self.range.1 as u128)),
+            Some(n) if n >= self.sweep.range.1 => format!("Fits up to {} tokens", group_digits(self.sweep.range.1 as u128)),
             Some(n) => format!("OOM beyond {} tokens", group_digits(n as u128)),
         }
     }
 
     /// The chart's numbers (hover read-out and CSV).
     pub fn table(&self, theme: &Theme) -> Table {
-        let mut columns = stack_columns(&self.stack);
+        let mut columns = stack_columns(&self.sweep.stack);
         columns.push(Column {
-            key: format!("peak_{}_bytes", attn_name(self.attn)),
-            label: format!("Peak ({})", attn_name(self.attn)),
+            key: format!("peak_{}_bytes", attn_name(self.sweep.attn)),
+            label: format!("Peak ({})", attn_name(self.sweep.attn)),
             color: theme.foreground,
             values: self.peaks().into_iter().map(Some).collect(),
         });
         columns.push(Column {
-            key: format!("peak_{}_bytes", attn_name(self.other)),
-            label: format!("Peak with {} attention", attn_name(self.other)),
+            key: format!("peak_{}_bytes", attn_name(self.sweep.other)),
+            label: format!("Peak with {} attention", attn_name(self.sweep.other)),
             color: okabe_ito::SKY_BLUE,
-            values: self.other_peak.clone(),
+            values: self.sweep.other_peak.clone(),
         });
         Table {
             x_key: "seq".into(),
             x_title: "Sequence length (tokens)".into(),
-            x: self.seqs.iter().map(|s| *s as f64).collect(),
-            x_text: self.seqs.iter().map(|s| format!("{} tokens", group_digits(*s as u128))).collect(),
+            x: self.sweep.seqs.iter().map(|s| *s as f64).collect(),
+            x_text: self.sweep.seqs.iter().map(|s| format!("{} tokens", group_digits(*s as u128))).collect(),
             text_in_csv: false,
             columns,
         }
@@ -177,9 +91,9 @@ impl SeqData {
         format!(
             "Peak memory per GPU of {} against sequence length from {} to {} tokens, stacked by category, with {} attention for comparison. {}.",
             self.model,
-            tokens_label(self.range.0 as f64),
-            tokens_label(self.range.1 as f64),
-            attn_name(self.other),
+            tokens_label(self.sweep.range.0 as f64),
+            tokens_label(self.sweep.range.1 as f64),
+            attn_name(self.sweep.other),
             self.limit_text()
         )
     }
@@ -187,11 +101,11 @@ impl SeqData {
     fn y_axis(&self) -> Axis {
         let u = self.unit;
         let peaks: Vec<f64> = self.peaks().into_iter().map(|b| in_unit(b, u)).collect();
-        let cap = in_unit(self.capacity, u);
+        let cap = in_unit(self.sweep.capacity, u);
         let max = peaks.iter().copied().fold(0.0, f64::max);
         let min = peaks.iter().copied().fold(f64::INFINITY, f64::min);
         if self.log_y {
-            let others = self.other_peak.iter().flatten().map(|b| in_unit(*b, u));
+            let others = self.sweep.other_peak.iter().flatten().map(|b| in_unit(*b, u));
             let all_max = others.clone().fold(max.max(cap), f64::max);
             let all_min = others.fold(min.min(if cap > 0.0 { cap } else { f64::INFINITY }), f64::min);
             let lo = if all_min.is_finite() && all_min > 0.0 { all_min * 0.7 } else { 0.1 };
@@ -204,28 +118,35 @@ impl SeqData {
     }
 }
 
-/// Draws the chart; returns where it put the data (for the read-out).
-pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqData, theme: &Theme) -> DrawResult<Frame, DB> {
-    let u = data.unit;
-    let (w, _) = root.dim_in_pixel();
-    let (lo, hi) = (data.range.0 as f64, data.range.1 as f64);
-    let x = Axis::log(lo, hi).with_ticks(pow2_ticks(lo, hi)).with_light([]).thinned(draw::plot_width(w), 44.0, &[]);
-    let y = data.y_axis();
+/// The chart's title, legend and notes.
+pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
+    let d = &data.sweep;
     let mut legend: Vec<LegendEntry> = Category::ALL
         .iter()
         .enumerate()
-        .filter(|(i, _)| data.stack.iter().any(|s| s[*i] > 0))
+        .filter(|(i, _)| d.stack.iter().any(|s| s[*i] > 0))
         .map(|(_, c)| LegendEntry::new(c.label(), category_color(*c), Mark::Area))
         .collect();
-    legend.push(LegendEntry::new(format!("Peak ({})", attn_name(data.attn)), theme.foreground, Mark::Line));
-    legend.push(LegendEntry::new(format!("Peak with {} attention", attn_name(data.other)), okabe_ito::SKY_BLUE, Mark::Dashed));
+    legend.push(LegendEntry::new(format!("Peak ({})", attn_name(d.attn)), theme.foreground, Mark::Line));
+    legend.push(LegendEntry::new(format!("Peak with {} attention", attn_name(d.other)), okabe_ito::SKY_BLUE, Mark::Dashed));
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
-    let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(data.attn));
+    let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(d.attn));
+    Header { title, legend, notes: Vec::new() }
+}
+
+/// Draws the chart; returns where it put the data (for the read-out) and its layout.
+pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqData, theme: &Theme) -> DrawResult<(Frame, Layout), DB> {
+    let d = &data.sweep;
+    let u = data.unit;
+    let (w, _) = root.dim_in_pixel();
+    let (lo, hi) = (d.range.0 as f64, d.range.1 as f64);
+    let x = Axis::log(lo, hi).with_ticks(pow2_ticks(lo, hi)).with_light([]).thinned(draw::plot_width(w), 44.0, &[]);
+    let y = data.y_axis();
+    let header = seq_header(data, theme);
     let x_title = "Sequence length (tokens, log scale)";
     let y_title = if data.log_y { format!("{}, log scale", draw::memory_title(u)) } else { draw::memory_title(u) };
     let spec = Spec {
-        title: &title,
-        legend: &legend,
+        header: &header,
         x,
         y: y.clone(),
         x_title,
@@ -233,34 +154,30 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
         x_label: &|v| tokens_label(v),
         y_label: &|v| draw::num_label(v),
     };
-    let mut chart = draw::frame(root, &spec, theme)?;
-    let xs: Vec<f64> = data.seqs.iter().map(|s| *s as f64).collect();
-    let layers: Vec<(RGBColor, Vec<f64>)> = Category::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (category_color(*c), data.stack.iter().map(|s| in_unit(s[i], u)).collect()))
-        .collect();
+    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
+    let xs: Vec<f64> = d.seqs.iter().map(|s| *s as f64).collect();
+    let layers: Vec<(RGBColor, Vec<f64>)> =
+        Category::ALL.iter().enumerate().map(|(i, c)| (category_color(*c), d.stack.iter().map(|s| in_unit(s[i], u)).collect())).collect();
     let floor = if y.is_log() { y.lo() } else { 0.0 };
     draw::stack(&mut chart, &xs, &layers, floor)?;
     let peaks: Vec<(f64, f64)> = xs.iter().copied().zip(data.peaks().into_iter().map(|b| in_unit(b, u))).collect();
     draw::line(&mut chart, &peaks, theme.foreground.stroke_width(2), false)?;
-    let other: Vec<(f64, f64)> = xs.iter().copied().zip(data.other_peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
+    let other: Vec<(f64, f64)> = xs.iter().copied().zip(d.other_peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
     draw::line(&mut chart, &other, okabe_ito::SKY_BLUE.stroke_width(3), true)?;
-    draw::capacity(&mut chart, data.capacity, u, &data.gpu, true, theme)?;
-    let cap = in_unit(data.capacity, u);
-    let small = draw::font(theme, 12);
+    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme)?;
+    let cap = in_unit(d.capacity, u);
     if let Some((s, peak)) = data.current {
         let at = (s as f64, in_unit(peak, u));
         if chart.as_coord_spec().x_spec().contains(at.0) && y.contains(at.1) {
             draw::dot(&mut chart, at, 5, theme.foreground, false)?;
-            draw::label(&mut chart, &format!("now: {}", tokens_label(s as f64)), at, small.clone(), false, theme)?;
+            draw::label(&mut chart, &format!("now: {}", tokens_label(s as f64)), at, draw::font(theme, 12), false, theme)?;
         }
     }
     // The out-of-memory mark: where the peak reaches the capacity.
     let text = data.limit_text();
-    let strong = (draw::FONT, 13).into_font().style(FontStyle::Bold).color(&theme.alert);
-    match data.limit {
-        Some(n) if n < data.range.1 && (n as f64) >= lo && data.capacity > 0 => {
+    let strong = draw::bold(theme, 13, theme.alert);
+    match d.limit {
+        Some(n) if n < d.range.1 && (n as f64) >= lo && d.capacity > 0 => {
             let at = (n as f64, cap);
             draw::vline(&mut chart, at.0, floor, cap, theme.alert.stroke_width(2))?;
             draw::dot(&mut chart, at, 5, theme.alert, true)?;
@@ -273,10 +190,10 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
     }
     let frame = draw::frame_of(&chart);
     root.present()?;
-    Ok(frame)
+    Ok((frame, layout))
 }
 
 /// The chart as an SVG document.
 pub fn seq_svg(data: &SeqData, theme: &Theme, size: (u32, u32)) -> String {
-    super::svg_of(size, |root| draw_seq(root, data, theme).map(|_| ()))
+    draw::svg_of(size, |root| draw_seq(root, data, theme).map(|_| ()))
 }

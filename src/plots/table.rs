@@ -119,7 +119,7 @@ pub fn stack_columns(stack: &[[Bytes; 6]]) -> Vec<Column> {
         .map(|(i, c)| Column {
             key: key_of(c.label()),
             label: c.label().to_string(),
-            color: super::category_color(*c),
+            color: super::theme::category_color(*c),
             values: stack.iter().map(|s| Some(s[i])).collect(),
         })
         .collect()

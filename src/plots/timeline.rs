@@ -3,9 +3,10 @@
 //! peak marked with its event — the analytic twin of PyTorch's memory snapshot viewer.
 
 use super::axis::{Axis, Frame};
-use super::draw::{self, DrawResult, LegendEntry, Mark, Spec};
+use super::draw::{self, DrawResult, Header, Layout, LegendEntry, Mark, Spec};
+use super::format::gpu_name;
 use super::table::{key_of, Column, Table};
-use super::{category_color, gpu_name, Theme};
+use super::theme::{category_color, Theme};
 use crate::estimator::config::{Config, Unit};
 use crate::estimator::ledger::{Bytes, Category};
 use crate::estimator::timeline::EventKind;
@@ -140,8 +141,24 @@ impl TimelineData {
     }
 }
 
-/// Draws the chart; returns where it put the data.
-pub fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &TimelineData, theme: &Theme) -> DrawResult<Frame, DB> {
+/// The chart's title and legend.
+pub fn timeline_header(data: &TimelineData, theme: &Theme) -> Header {
+    let mut legend: Vec<LegendEntry> = Category::ALL
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| data.steps.iter().any(|s| s.by_category[*i] > 0))
+        .map(|(_, c)| LegendEntry::new(c.label(), category_color(*c), Mark::Area))
+        .collect();
+    legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
+    Header { title: format!("Memory during one training step — {}", data.model), legend, notes: Vec::new() }
+}
+
+/// Draws the chart; returns where it put the data and its layout.
+pub fn draw_timeline<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    data: &TimelineData,
+    theme: &Theme,
+) -> DrawResult<(Frame, Layout), DB> {
     let u = data.unit;
     let (w, _) = root.dim_in_pixel();
     let n = data.steps.len().max(2);
@@ -153,19 +170,11 @@ pub fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &T
     let cap = in_unit(data.capacity, u);
     let top = totals.iter().copied().fold(0.0, f64::max).max(cap);
     let y = draw::memory_axis(top);
-    let mut legend: Vec<LegendEntry> = Category::ALL
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| data.steps.iter().any(|s| s.by_category[*i] > 0))
-        .map(|(_, c)| LegendEntry::new(c.label(), category_color(*c), Mark::Area))
-        .collect();
-    legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
-    let title = format!("Memory during one training step — {}", data.model);
+    let header = timeline_header(data, theme);
     let y_title = draw::memory_title(u);
     let label_of = move |v: f64| names.iter().find(|(i, _)| (*i - v).abs() < 0.5).map_or_else(String::new, |(_, s)| s.clone());
     let spec = Spec {
-        title: &title,
-        legend: &legend,
+        header: &header,
         x,
         y: y.clone(),
         x_title: "Events of the step: forward → loss → backward → optimizer",
@@ -173,7 +182,7 @@ pub fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &T
         x_label: &label_of,
         y_label: &|v| draw::num_label(v),
     };
-    let mut chart = draw::frame(root, &spec, theme)?;
+    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
     let xs: Vec<f64> = (0..data.steps.len()).map(|i| i as f64).collect();
     let layers: Vec<(RGBColor, Vec<f64>)> = Category::ALL
         .iter()
@@ -200,15 +209,15 @@ pub fn draw_timeline<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &T
         let at = (data.peak as f64, p);
         draw::vline(&mut chart, at.0, 0.0, p, theme.foreground.stroke_width(1))?;
         draw::dot(&mut chart, at, 5, theme.foreground, true)?;
-        let strong = (draw::FONT, 13).into_font().style(FontStyle::Bold).color(&theme.foreground);
+        let strong = draw::bold(theme, 13, theme.foreground);
         let above = y.fraction(p) < 0.85;
         draw::label_dy(&mut chart, &data.peak_text(), at, strong, above, 4, theme)?;
     }
     let frame = draw::frame_of(&chart);
     root.present()?;
-    Ok(frame)
+    Ok((frame, layout))
 }
 
 pub fn timeline_svg(data: &TimelineData, theme: &Theme, size: (u32, u32)) -> String {
-    super::svg_of(size, |root| draw_timeline(root, data, theme).map(|_| ()))
+    draw::svg_of(size, |root| draw_timeline(root, data, theme).map(|_| ()))
 }

@@ -2,47 +2,24 @@
 //! sandboxed iframe may lack history, storage or the clipboard) and never panics.
 
 use leptos::prelude::{document, window};
-use wasm_bindgen::prelude::wasm_bindgen;
+use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 
-/// The main module tells the others that the address (configuration, theme) changed.
-pub const CONFIG_EVENT: &str = "trainmem:config";
-/// Another module asks the main one to apply a query (its `detail`).
-pub const SET_QUERY_EVENT: &str = "trainmem:set-query";
-
-#[wasm_bindgen(inline_js = "export function load_module(js, wasm) {
-  const base = document.baseURI;
-  return import(new URL(js, base).href).then((m) => m.default({ module_or_path: new URL(wasm, base).href }));
-}")]
-extern "C" {
-    #[wasm_bindgen(catch, js_name = load_module)]
-    fn load_module_js(js: &str, wasm: &str) -> Result<js_sys::Promise, JsValue>;
+fn js_error(e: JsValue) -> String {
+    e.as_string().or_else(|| e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message()))).unwrap_or_else(|| "unknown error".into())
 }
 
-/// Loads another of the app's wasm modules (paths relative to the page); its `main` mounts it.
-pub async fn load_module(js: &str, wasm: &str) -> Result<(), String> {
-    let promise = load_module_js(js, wasm).map_err(|e| format!("{e:?}"))?;
-    wasm_bindgen_futures::JsFuture::from(promise).await.map(|_| ()).map_err(|e| e.as_string().unwrap_or_else(|| format!("{e:?}")))
-}
-
-fn dispatch(name: &str, detail: Option<&str>) {
-    let init = web_sys::CustomEventInit::new();
-    if let Some(d) = detail {
-        init.set_detail(&JsValue::from_str(d));
-    }
-    if let Ok(ev) = web_sys::CustomEvent::new_with_event_init_dict(name, &init) {
-        let _ = window().dispatch_event(&ev);
-    }
-}
-
-/// Announces a new configuration or theme to the other modules.
-pub fn notify_config() {
-    dispatch(CONFIG_EVENT, None);
-}
-
-/// Asks the main module to apply `query`.
-pub fn send_query(query: &str) {
-    dispatch(SET_QUERY_EVENT, Some(query));
+/// Loads the benchmark module and resolves to its exports. The page defines the loader
+/// (`window.trainmemLoadBench`, an inline script of index.html) and names the module's
+/// content-hashed files in `<meta name="trainmem-bench">`, both written at build time.
+pub async fn load_bench() -> Result<JsValue, String> {
+    let loader = js_sys::Reflect::get(&window(), &"trainmemLoadBench".into())
+        .ok()
+        .and_then(|f| f.dyn_into::<js_sys::Function>().ok())
+        .ok_or("this page has no benchmark loader")?;
+    let promise = loader.call0(&JsValue::NULL).map_err(js_error)?;
+    let promise = promise.dyn_into::<js_sys::Promise>().map_err(|_| "the benchmark loader returned no promise".to_string())?;
+    wasm_bindgen_futures::JsFuture::from(promise).await.map_err(js_error)
 }
 
 /// `location.search` (with its leading `?`), or empty.
@@ -93,10 +70,9 @@ pub fn download(filename: &str, mime: &str, bytes: &[u8]) {
     let parts = js_sys::Array::of1(&array);
     let opts = web_sys::BlobPropertyBag::new();
     opts.set_type(mime);
-    let Ok(blob) = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &opts) else {
-        return;
-    };
-    download_blob(filename, &blob);
+    if let Ok(blob) = web_sys::Blob::new_with_u8_array_sequence_and_options(&parts, &opts) {
+        download_blob(filename, &blob);
+    }
 }
 
 /// Offers a blob as a download named `filename`.
@@ -104,14 +80,10 @@ pub fn download_blob(filename: &str, blob: &web_sys::Blob) {
     let Ok(url) = web_sys::Url::create_object_url_with_blob(blob) else {
         return;
     };
-    if let Ok(a) = document().create_element("a") {
-        if let Ok(a) = a.dyn_into::<web_sys::HtmlAnchorElement>() {
-            a.set_href(&url);
-            a.set_download(filename);
-            a.set_attribute("data-testid", "download-link").ok();
-            a.set_attribute("data-filename", filename).ok();
-            a.click();
-        }
+    if let Some(a) = document().create_element("a").ok().and_then(|a| a.dyn_into::<web_sys::HtmlAnchorElement>().ok()) {
+        a.set_href(&url);
+        a.set_download(filename);
+        a.click();
     }
     let _ = web_sys::Url::revoke_object_url(&url);
 }
@@ -135,11 +107,29 @@ pub fn set_root_attribute(name: &str, value: &str) {
     }
 }
 
-/// `performance.mark(name)` — the page-speed script reads these.
+/// `performance.mark(name)`: the page-speed script reads these.
 pub fn mark(name: &str) {
     if let Some(p) = window().performance() {
         let _ = p.mark(name);
     }
+}
+
+/// `performance.measure(name, start, end)` between two marks.
+pub fn measure(name: &str, start: &str, end: &str) {
+    if let Some(p) = window().performance() {
+        let _ = p.measure_with_start_mark_and_end_mark(name, start, end);
+    }
+}
+
+/// Runs `f` as a `performance.measure` named `trainmem:time:<name>` (the page-speed script
+/// reads these to say where an update's time goes).
+pub fn timed<T>(name: &str, f: impl FnOnce() -> T) -> T {
+    let (start, end) = (format!("trainmem:time:{name}:start"), format!("trainmem:time:{name}:end"));
+    mark(&start);
+    let out = f();
+    mark(&end);
+    measure(&format!("trainmem:time:{name}"), &start, &end);
+    out
 }
 
 /// `performance.now()`, milliseconds.
@@ -147,10 +137,22 @@ pub fn now_ms() -> f64 {
     window().performance().map_or(0.0, |p| p.now())
 }
 
-/// Posts the document's height to the embedding page:
-/// `{type: "trainmem:height", height: <CSS pixels>}` (see README, "Embedding").
-pub fn post_height() {
-    let height = document().document_element().map_or(0, |e| e.scroll_height());
+/// `devicePixelRatio` (1 where unknown), between 1 and 4.
+pub fn pixel_ratio() -> f64 {
+    let r = window().device_pixel_ratio();
+    if r.is_finite() {
+        r.clamp(1.0, 4.0)
+    } else {
+        1.0
+    }
+}
+
+/// Posts the height of `content` to the embedding page: `{type: "trainmem:height", height}`,
+/// in CSS pixels, from the content's own bounding box (the document's scroll height never falls
+/// below the frame's, so a frame given too much height could never shrink).
+pub fn post_height(content: &web_sys::Element) {
+    let rect = content.get_bounding_client_rect();
+    let height = (rect.bottom() + window().scroll_y().unwrap_or(0.0)).ceil();
     if let Ok(Some(parent)) = window().parent() {
         let msg = js_sys::Object::new();
         let _ = js_sys::Reflect::set(&msg, &"type".into(), &"trainmem:height".into());
@@ -159,7 +161,41 @@ pub fn post_height() {
     }
 }
 
+/// Calls a function now and whenever an element changes size, until dropped.
+pub struct ResizeWatch {
+    observer: web_sys::ResizeObserver,
+    _callback: Closure<dyn FnMut(js_sys::Array)>,
+}
+
+impl ResizeWatch {
+    pub fn new(el: &web_sys::Element, f: impl Fn() + 'static) -> Option<ResizeWatch> {
+        f();
+        let callback = Closure::<dyn FnMut(js_sys::Array)>::new(move |_: js_sys::Array| f());
+        let observer = web_sys::ResizeObserver::new(callback.as_ref().unchecked_ref()).ok()?;
+        observer.observe(el);
+        Some(ResizeWatch { observer, _callback: callback })
+    }
+}
+
+impl Drop for ResizeWatch {
+    fn drop(&mut self) {
+        self.observer.disconnect();
+    }
+}
+
+fn dark_query() -> Option<web_sys::MediaQueryList> {
+    window().match_media("(prefers-color-scheme: dark)").ok().flatten()
+}
+
 /// Whether the system prefers a dark colour scheme.
 pub fn prefers_dark() -> bool {
-    window().match_media("(prefers-color-scheme: dark)").ok().flatten().is_some_and(|m| m.matches())
+    dark_query().is_some_and(|m| m.matches())
+}
+
+/// Calls `f(dark)` whenever the system's colour scheme changes, for the page's life.
+pub fn on_color_scheme_change(f: impl Fn(bool) + 'static) {
+    let Some(q) = dark_query() else { return };
+    let cb = Closure::<dyn FnMut(web_sys::MediaQueryListEvent)>::new(move |e: web_sys::MediaQueryListEvent| f(e.matches()));
+    let _ = q.add_event_listener_with_callback("change", cb.as_ref().unchecked_ref());
+    cb.forget();
 }

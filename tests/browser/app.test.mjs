@@ -173,10 +173,9 @@ test('a phone-width screen shows the page without sideways scrolling', async () 
   }
 });
 
-test('the stacked bar arrives with the extras module after the first paint', async () => {
-  const { page, requests, problems } = await openPage(browser, server.base + '?model=gpt2-xl');
-  await page.waitForSelector('[data-testid=bar-canvas]');
-  await page.waitForFunction(() => { const c = document.querySelector('[data-testid=bar-canvas]'); return c && c.width > 0; });
+test('the stacked bar, the textbook table and the charts come with the page, drawn', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?model=gpt2-xl');
+  await page.waitForFunction(() => document.querySelector('[data-testid=bar-canvas]')?.dataset.layout);
   const drawn = await page.$eval('[data-testid=bar-canvas]', (c) => {
     const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
     const seen = new Set();
@@ -184,7 +183,52 @@ test('the stacked bar arrives with the extras module after the first paint', asy
     return seen.size;
   });
   assert.ok(drawn > 4, `bar colours: ${drawn}`);
-  assert.ok(requests.some((r) => r.includes('extras/trainmem-extras_bg.wasm')));
-  assert.ok(!requests.some((r) => r.includes('trainmem-bench')), 'the benchmark is not loaded until opened');
+  assert.ok(await page.$('[data-testid="textbook-textbook.korthikanti"]'), 'the textbook table');
+  assert.deepEqual(problems, []);
+});
+
+test('each one-click answer is exact at its boundary and applies with a click', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?model=qwen2.5-0.5b&seq=2048');
+  const batch = Number(await page.getAttribute('[data-testid=answer-batch]', 'data-value'));
+  const seq = Number(await page.getAttribute('[data-testid=answer-seq]', 'data-value'));
+  assert.ok(batch > 1 && seq > 2048, `answers: batch ${batch}, seq ${seq}`);
+  // The page's own verdict on either side of each answer.
+  const fits = async (q) => {
+    const { page: p } = await openPage(browser, server.base + '?model=qwen2.5-0.5b&' + q);
+    return (await p.getAttribute('[data-testid=verdict]', 'data-fits')) === 'true';
+  };
+  assert.equal(await fits(`seq=2048&batch=${batch}`), true);
+  assert.equal(await fits(`seq=2048&batch=${batch + 1}`), false);
+  assert.equal(await fits(`seq=${seq}`), true);
+  assert.equal(await fits(`seq=${seq + 1}`), false);
+  // The smallest GPU: a 0.5B model at micro-batch 1 fits a 24 GB card; applying it sets the GPU.
+  const gpu = await page.getAttribute('[data-testid=answer-gpu]', 'data-value');
+  assert.match(gpu, /rtx/);
+  await page.click('[data-testid=answer-gpu]');
+  await page.waitForFunction((g) => location.search.includes(`gpu=${g}`), gpu);
+  assert.equal(await page.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');
+  // Applying an answer changes the configuration (and the address) to it.
+  const smaller = Number(await page.getAttribute('[data-testid=answer-batch]', 'data-value'));
+  assert.ok(smaller < batch, `a smaller card holds a smaller micro-batch (${smaller} < ${batch})`);
+  await page.click('[data-testid=answer-batch]');
+  await page.waitForFunction((b) => location.search.includes(`batch=${b}`), smaller);
+  assert.equal(await page.inputValue('#in-batch'), String(smaller));
+  assert.equal(await page.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');
+  assert.match(await page.textContent('[data-testid=answer-batch]'), /this configuration/);
+  assert.ok(await page.$('[data-testid=answer-batch][disabled]'));
+  assert.deepEqual(problems, []);
+});
+
+test('a custom GPU size shows its field and the link carries it', async () => {
+  const { page, problems } = await openPage(browser, server.base);
+  assert.equal(await page.isVisible('#in-gpu_gib'), false);
+  await page.selectOption('#in-gpu', 'custom');
+  await page.waitForSelector('#in-gpu_gib', { state: 'visible' });
+  await page.fill('#in-gpu_gib', '48');
+  await page.waitForFunction(() => location.search.includes('gpu=custom') && location.search.includes('gpu_gib=48'));
+  assert.match(await page.textContent('[data-testid=verdict]'), /custom 48 GiB GPU/);
+  await page.selectOption('#in-gpu', 'h200');
+  await page.waitForFunction(() => location.search.includes('gpu=h200'));
+  assert.equal(await page.isVisible('#in-gpu_gib'), false);
   assert.deepEqual(problems, []);
 });

@@ -1,6 +1,7 @@
 // The WebGPU benchmark in headless Chromium: with --enable-unsafe-webgpu (a SwiftShader
-// adapter, no GPU needed) a short sweep runs end to end in the page and both kernels match the
-// CPU reference; without the flag the page says what to enable and nothing panics.
+// adapter, no GPU needed) the panel opens the benchmark module, a short sweep runs end to end
+// in the page, both kernels match the CPU reference, a longer sweep cancels, and results render
+// and travel by link; without the flag the page says what to enable and nothing panics.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -23,7 +24,7 @@ test('with WebGPU a short sweep runs in the page, matches the CPU reference, and
     assert.ok(!requests.some((r) => r.includes('trainmem-bench')), 'benchmark loaded lazily');
     await openBench(page);
     assert.ok(await page.$('[data-testid=bench-adapter]'), await page.textContent('[data-testid=bench-page]'));
-    assert.ok(requests.some((r) => r.includes('trainmem-bench_bg.wasm')));
+    assert.ok(requests.some((r) => /trainmem-bench-[0-9a-f]{16}_bg\.wasm$/.test(r)));
 
     await page.click('[data-testid=bench-verify]');
     await page.waitForSelector('[data-testid=bench-verify-result]', { timeout: 120000 });
@@ -36,6 +37,7 @@ test('with WebGPU a short sweep runs in the page, matches the CPU reference, and
     await page.fill('#b-budget', '60');
     await page.click('[data-testid=bench-run]');
     await page.waitForSelector('[data-testid=bench-results]', { timeout: 180000 });
+    assert.equal(await page.getAttribute('[data-testid=bench-stop]', 'data-stop'), 'max_seq');
     const slope = Number(await page.textContent('[data-testid=slope-scores]'));
     assert.ok(Math.abs(slope - 2) < 0.05, `score-matrix slope ${slope}`);
     const fusedMem = Number(await page.textContent('[data-testid=slope-fused-mem]'));
@@ -43,6 +45,7 @@ test('with WebGPU a short sweep runs in the page, matches the CPU reference, and
     const rows = await page.$$('.bench-table tbody tr');
     assert.ok(rows.length >= 3, `points: ${rows.length}`);
     for (const id of ['bench-time-chart', 'bench-memory-chart']) {
+      await page.waitForSelector(`[data-testid=${id}][data-layout]`);
       const painted = await page.$eval(`[data-testid=${id}]`, (c) => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         const first = d.slice(0, 4).join();
@@ -57,13 +60,38 @@ test('with WebGPU a short sweep runs in the page, matches the CPU reference, and
     assert.match(csv.split('\n')[0], /^seq,score_bytes,materialized_ms/);
     assert.ok(csv.trim().split('\n').length >= 4);
 
-    // The share link reopens the results page without running anything.
+    // The share link reopens the results without running anything, or loading the module.
     const link = await page.getAttribute('[data-testid=bench-share-link]', 'href');
     assert.match(link, /bench=/);
-    const { page: shared, problems: p2 } = await openPage(browser, link);
+    const { page: shared, problems: p2, requests: r2 } = await openPage(browser, link);
     await shared.waitForSelector('[data-testid=bench-results]', { timeout: 60000 });
     assert.equal((await shared.$$('.bench-table tbody tr')).length, rows.length);
+    assert.ok(!r2.some((r) => r.includes('trainmem-bench')), 'a shared result needs no benchmark module');
     assert.deepEqual(p2, []);
+    assert.deepEqual(problems, []);
+  } finally {
+    await browser.close();
+  }
+});
+
+test('with WebGPU a long sweep shows its progress and cancels, keeping what it measured', async () => {
+  const browser = await launch({ webgpu: true });
+  try {
+    const { page, problems } = await openPage(browser, server.base + '?model=gpt2');
+    await openBench(page);
+    await page.fill('#b-heads', '1');
+    await page.fill('#b-max', '65536');
+    await page.fill('#b-budget', '600');
+    await page.click('[data-testid=bench-run]');
+    // Running: cancel is enabled, and the progress counts points.
+    await page.waitForFunction(() => /\d+ of \d+ points/.test(document.querySelector('[data-testid=bench-status]')?.textContent ?? ''), null, { timeout: 120000 });
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid=bench-progress]')?.getAttribute('value')) >= 1, null, { timeout: 120000 });
+    await page.click('[data-testid=bench-cancel]');
+    await page.waitForSelector('[data-testid=bench-results]', { timeout: 120000 });
+    assert.equal(await page.getAttribute('[data-testid=bench-stop]', 'data-stop'), 'cancelled');
+    const rows = (await page.$$('.bench-table tbody tr')).length;
+    assert.ok(rows >= 1 && rows < 15, `measured before cancelling: ${rows} points`);
+    assert.ok(await page.$('[data-testid=bench-run]:not([disabled])'), 'ready to run again');
     assert.deepEqual(problems, []);
   } finally {
     await browser.close();

@@ -90,3 +90,23 @@ export function writeFile(dir, name, text) {
   writeFileSync(p, text);
   return p;
 }
+
+/** Runs axe-core on the page (injected; the context needs `bypassCSP: true`) and returns its
+ *  violations as `rule: target…` lines. */
+export async function axeViolations(page, context = 'html') {
+  await page.addScriptTag({ path: join(ROOT, 'node_modules', 'axe-core', 'axe.min.js') });
+  const result = await page.evaluate(async (ctx) => {
+    const r = await window.axe.run(ctx, { resultTypes: ['violations'] });
+    return r.violations.map((v) => `${v.id} (${v.impact}): ${v.help} — ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(' | ')}`);
+  }, context);
+  return result;
+}
+
+/** The layout a chart canvas reports (`data-layout`, CSS pixels inside its content box) and the
+ *  canvas' own box on the page. */
+export async function canvasLayout(page, testid) {
+  return page.$eval(`[data-testid=${testid}]`, (c) => {
+    const r = c.getBoundingClientRect();
+    return { layout: JSON.parse(c.dataset.layout), box: { x: r.x + c.clientLeft, y: r.y + c.clientTop, width: c.clientWidth, height: c.clientHeight }, backing: { width: c.width, height: c.height } };
+  });
+}

@@ -552,7 +552,8 @@ mod tests {
                 n += 1;
                 if m != f {
                     bad.push(format!(
-                        "{name} {:?} {:?} {:?} {:?} pp={} accum={} {:?}: stream {m} vs pieces {f}", cfg.precision, cfg.attn, cfg.recompute, cfg.kernels, cfg.pp, cfg.accum, stage
+                        "{name} {:?} {:?} {:?} {:?} pp={} accum={} {:?}: stream {m} vs pieces {f}",
+                        cfg.precision, cfg.attn, cfg.recompute, cfg.kernels, cfg.pp, cfg.accum, stage
                     ));
                 }
             }
@@ -599,7 +600,14 @@ mod debug {
                 let pe = s.events.iter().max_by_key(|e| e.live).unwrap();
                 let setup = Setup::new(&cfg, &r, Stage::Whole);
                 let f = super::stage(&setup, 0);
-                println!("{}: stream peak {} at {}; pieces {} at {:?}", p.id, pe.live, pe.label(), f.peak, f.at.map(|a| super::super::label(&a)));
+                println!(
+                    "{}: stream peak {} at {}; pieces {} at {:?}",
+                    p.id,
+                    pe.live,
+                    pe.label(),
+                    f.peak,
+                    f.at.map(|a| super::super::label(&a))
+                );
                 for c in &f.segments {
                     println!("   {:?} {} {:?}", c.piece, c.live, c.cats);
                 }

@@ -307,7 +307,14 @@ impl<'a> Setup<'a> {
         let xn = if self.cfg.sp && self.cfg.tp > 1 {
             let (bytes, dtype, dt) = (b.bytes(xn), b.t(xn).dtype, b.t(xn).dt);
             let out = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::None), dt, true);
-            b.op("all_gather", "AllGatherBackward", &[xn], &[out], &[], &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }])[0]
+            b.op(
+                "all_gather",
+                "AllGatherBackward",
+                &[xn],
+                &[out],
+                &[],
+                &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }],
+            )[0]
         } else {
             xn
         };

@@ -136,7 +136,12 @@ fn lora_pairs(b: &mut Builder, x: Tid, base: Tid, lin: crate::estimator::model::
         &[x, a],
         &[out],
         &[S::In(0), S::In(1)],
-        &[B::Alloc { bytes: ab, dtype: ad, op: "mm" }, B::Free(0), B::Alloc { bytes: xb, dtype: xd, op: "mm" }, B::Grad { input: 0, temp: 1 }],
+        &[
+            B::Alloc { bytes: ab, dtype: ad, op: "mm" },
+            B::Free(0),
+            B::Alloc { bytes: xb, dtype: xd, op: "mm" },
+            B::Grad { input: 0, temp: 1 },
+        ],
     )[0];
     b.part = part;
     b.add(base, delta)

@@ -1,0 +1,120 @@
+//! The page: the store, then the panels a [`Layout`] lists, in its two columns (or one, in an
+//! embed). Each panel is its own component under [`super::panels`]; this file only places them.
+
+use super::dom;
+use super::layout::{Layout, Panel};
+use super::panels::{architecture, bar, bench, charts, embed, import, inputs, ledger, notices, textbook, toolbar, verdict};
+use super::state::{use_store, Store};
+use super::widgets;
+use leptos::html::Main;
+use leptos::prelude::*;
+
+/// Mounts the app on `<body>`.
+pub fn mount() {
+    console_error_panic_hook::set_once();
+    dom::mark("trainmem:start");
+    leptos::mount::mount_to_body(App);
+}
+
+/// One panel.
+fn panel(p: Panel) -> AnyView {
+    match p {
+        Panel::Model => view! { <inputs::Model/> }.into_any(),
+        Panel::Import => view! { <import::Import/> }.into_any(),
+        Panel::Architecture => view! { <architecture::Architecture/> }.into_any(),
+        Panel::Training => view! { <inputs::Training/> }.into_any(),
+        Panel::Cluster => view! { <inputs::Cluster/> }.into_any(),
+        Panel::Overhead => view! { <inputs::Overhead/> }.into_any(),
+        Panel::Verdict => view! { <verdict::Verdict/> }.into_any(),
+        Panel::Answers => view! { <verdict::Answers/> }.into_any(),
+        Panel::Bar => view! { <bar::Bar/> }.into_any(),
+        Panel::Ledger => view! { <ledger::Ledger/> }.into_any(),
+        Panel::Textbook => view! { <textbook::Textbook/> }.into_any(),
+        Panel::Charts => view! { <charts::Charts/> }.into_any(),
+        Panel::Chart(kind) => view! { <charts::ChartPanel kind=kind/> }.into_any(),
+        Panel::Bench => view! { <bench::Bench/> }.into_any(),
+    }
+}
+
+/// Whether a panel waits for the first paint: the form, the verdict and the ledger come up (and
+/// answer input) first; the answers, the bar, the textbook, the charts and the benchmark follow
+/// a frame later.
+fn waits(p: Panel) -> bool {
+    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench)
+}
+
+/// A panel shown after the first paint.
+#[component]
+fn Later(panel: Panel) -> impl IntoView {
+    let ready = RwSignal::new(false);
+    request_animation_frame(move || set_timeout(move || ready.set(true), std::time::Duration::ZERO));
+    move || ready.get().then(|| self::panel(panel))
+}
+
+fn panels(list: Vec<Panel>) -> impl IntoView {
+    list.into_iter().map(|p| if waits(p) { view! { <Later panel=p/> }.into_any() } else { panel(p) }).collect_view()
+}
+
+#[component]
+fn App() -> impl IntoView {
+    let store = Store::from_url();
+    store.provide();
+    dom::mark("trainmem:mounted");
+    if store.embed {
+        EmbedPage().into_any()
+    } else {
+        FullPage().into_any()
+    }
+}
+
+#[component]
+fn FullPage() -> impl IntoView {
+    let layout = Layout::full();
+    view! {
+        <a class="skip" href="#results">"Skip to results"</a>
+        <toolbar::Toolbar/>
+        <notices::Notices/>
+        <main class="layout">
+            <widgets::Form>{panels(layout.inputs)}</widgets::Form>
+            <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
+        </main>
+        <footer class="foot">
+            <p>
+                "trainmem estimates training memory per GPU from first principles: every figure shows its formula and source. "
+                "GB = 10⁹ bytes, GiB = 2³⁰ bytes. Activation accounting follows Hugging Face transformers' module code and is checked against PyTorch's saved tensors."
+            </p>
+        </footer>
+        <embed::EmbedDialog/>
+    }
+}
+
+/// The compact page of `embed=1`: the verdict, the bar and the panel `view=` asks for, and a
+/// link to the full page. It tells its parent its height (the content's own box, so a frame
+/// given too much room shrinks to it).
+#[component]
+fn EmbedPage() -> impl IntoView {
+    let store = use_store();
+    let main = NodeRef::<Main>::new();
+    let watch = StoredValue::new_local(None::<dom::ResizeWatch>);
+    Effect::new(move |_| {
+        if let Some(el) = main.get() {
+            let content = el.clone();
+            watch.set_value(dom::ResizeWatch::new(&el, move || dom::post_height(&content)));
+        }
+    });
+    let layout = Layout::embed(&store.view.get_untracked());
+    let (list, problem) = match layout {
+        Ok(l) => (l.results, None),
+        Err(e) => (Layout::embed("").map(|l| l.results).unwrap_or_default(), Some(e)),
+    };
+    view! {
+        <main class="embed" data-testid="embed" node_ref=main>
+            <h1 class="sr-only">"trainmem"</h1>
+            // A chart alone has a third-level heading, as under the full page's "Charts".
+            {list.iter().any(|p| matches!(p, Panel::Chart(_))).then(|| view! { <h2 class="sr-only">"Charts"</h2> })}
+            {panels(list)}
+            {problem.map(|p| view! { <p class="hint">{p}</p> })}
+            <p class="open"><a href=move || store.share_url() target="_blank" rel="noopener">"Open this configuration in trainmem ↗"</a></p>
+        </main>
+    }
+}

@@ -1,0 +1,16 @@
+//! One file per panel. Each reads the store ([`super::state`]) and writes through its typed
+//! setters; none imports another (what two panels share lives in `state`, `widgets`, `canvas`
+//! or `dom`).
+
+pub mod architecture;
+pub mod bar;
+pub mod bench;
+pub mod charts;
+pub mod embed;
+pub mod import;
+pub mod inputs;
+pub mod ledger;
+pub mod notices;
+pub mod textbook;
+pub mod toolbar;
+pub mod verdict;

@@ -1,0 +1,167 @@
+//! The verdict: does the step fit and the key figures; and the one-click answers
+//! ([`crate::estimator::sweep::answers`]): the largest micro-batch, the longest sequence, the
+//! fewest GPUs and the smallest GPU that fit, each a button that applies it.
+//!
+//! Both are rebuilt whole on each change, as HTML text ([`crate::ui::html`]); the answers'
+//! buttons carry the keys they set (`data-apply="batch=6"`) and one click handler applies them.
+
+use crate::config::{Config, Unit};
+use crate::estimator::expr::group_digits;
+use crate::estimator::sweep::{answers, Answers as Found};
+use crate::estimator::units::{format_bytes, format_count};
+use crate::estimator::{Estimate, EstimateError};
+use crate::plots::zero_label;
+use crate::ui::dom;
+use crate::ui::html::{esc, stat};
+use crate::ui::state::{gpu_of, use_store};
+use leptos::prelude::*;
+use wasm_bindgen::JsCast;
+
+fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
+    let e = match e {
+        Err(e) => {
+            return format!(
+                "<div class=\"verdict bad\" data-testid=\"estimate-error\"><p><strong>This configuration cannot be estimated: </strong>{}</p></div>",
+                esc(&e.to_string())
+            )
+        }
+        Ok(e) => e,
+    };
+    let unit = cfg.unit;
+    let gpu = gpu_of(cfg).label();
+    let peak = e.memory.peak;
+    let fits = e.fits();
+    let headline = if fits {
+        format!("Fits on {gpu}: {} headroom", format_bytes(e.capacity - peak, unit))
+    } else {
+        format!("Does not fit on {gpu}: needs {} more", format_bytes(peak - e.capacity, unit))
+    };
+    let mut s = format!(
+        "<div class=\"verdict{}\" data-testid=\"verdict\" data-fits=\"{fits}\"><p class=\"headline\">{}</p><dl class=\"stats\">",
+        if fits { "" } else { " bad" },
+        esc(&headline)
+    );
+    let bytes = |testid: &str, b: u128| format!("data-testid=\"{testid}\" data-bytes=\"{b}\"");
+    stat(
+        &mut s,
+        "Peak per GPU",
+        &bytes("peak-bytes", peak),
+        &format!("{}<span class=\"sub\">at: {}</span>", format_bytes(peak, unit), esc(&e.memory.peak_event)),
+    );
+    stat(&mut s, "Sum of components", &bytes("total-bytes", e.memory.total), &format_bytes(e.memory.total, unit));
+    stat(&mut s, "GPU capacity", &bytes("capacity-bytes", e.capacity), &format_bytes(e.capacity, unit));
+    stat(
+        &mut s,
+        &format!("Cluster ({} GPUs)", e.layout.gpus),
+        &bytes("cluster-bytes", e.cluster_total()),
+        &format_bytes(e.cluster_total(), unit),
+    );
+    stat(
+        &mut s,
+        "Parameters",
+        &format!("data-testid=\"param-count\" data-count=\"{}\"", e.parameter_count),
+        &format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count)),
+    );
+    stat(&mut s, "Tokens per step", "", &group_digits(e.layout.tokens_per_step));
+    s.push_str("</dl>");
+    if e.memory.host > 0 {
+        s.push_str(&format!("<p class=\"host\">Host (CPU) memory per GPU process: {}</p>", format_bytes(e.memory.host, unit)));
+    }
+    if !e.warnings.is_empty() {
+        s.push_str("<ul class=\"warnings\">");
+        for w in &e.warnings {
+            s.push_str(&format!("<li>{}</li>", esc(w)));
+        }
+        s.push_str("</ul>");
+    }
+    s.push_str("</div>");
+    s
+}
+
+/// One answer as a button: what it says and the keys it sets (none: nothing to apply).
+fn answer(out: &mut String, id: &str, text: &str, apply: Option<(&str, String)>, current: bool) {
+    let (attr, disabled) = match &apply {
+        Some((k, v)) if !current => (format!(" data-apply=\"{k}={}\" data-value=\"{}\"", esc(v), esc(v)), ""),
+        Some((_, v)) => (format!(" data-value=\"{}\"", esc(v)), " disabled"),
+        None => (String::new(), " disabled"),
+    };
+    let label = if current { format!("{text} (this configuration)") } else { text.to_string() };
+    out.push_str(&format!(
+        "<li><button type=\"button\" class=\"answer\" data-testid=\"answer-{id}\"{attr}{disabled}>{}</button></li>",
+        esc(&label)
+    ));
+}
+
+fn answers_html(a: &Found, cfg: &Config) -> String {
+    let mut s = String::from("<h2 class=\"sr-only\">What fits</h2><ul>");
+    match a.max_batch {
+        Some(b) => answer(
+            &mut s,
+            "batch",
+            &format!("Largest micro-batch that fits: {}", group_digits(b as u128)),
+            Some(("batch", b.to_string())),
+            b == cfg.batch,
+        ),
+        None => answer(&mut s, "batch", "No micro-batch fits", None, false),
+    }
+    match a.max_seq {
+        Some(n) => answer(
+            &mut s,
+            "seq",
+            &format!("Longest sequence that fits: {} tokens", group_digits(n as u128)),
+            Some(("seq", n.to_string())),
+            n == cfg.seq,
+        ),
+        None => answer(&mut s, "seq", "No sequence length fits", None, false),
+    }
+    let zero = zero_label(cfg.zero);
+    match a.fewest_gpus {
+        Some(n) => answer(
+            &mut s,
+            "gpus",
+            &format!("Fewest GPUs that fit with {zero}: {}", group_digits(n as u128)),
+            Some(("gpus", n.to_string())),
+            n == cfg.gpus,
+        ),
+        None => answer(&mut s, "gpus", &format!("No number of GPUs fits with {zero}"), None, false),
+    }
+    match a.smallest_gpu {
+        Some(g) => answer(&mut s, "gpu", &format!("Smallest GPU that fits: {}", g.name), Some(("gpu", g.id.to_string())), g.id == cfg.gpu),
+        None => answer(&mut s, "gpu", "No GPU of the catalog fits", None, false),
+    }
+    s.push_str("</ul>");
+    s
+}
+
+#[component]
+pub fn Verdict() -> impl IntoView {
+    let store = use_store();
+    let first = StoredValue::new(true);
+    let html = move || {
+        let s = dom::timed("verdict", || store.config.with(|c| store.estimate.with(|e| figures(e, c))));
+        if first.get_value() {
+            first.set_value(false);
+            dom::mark("trainmem:verdict");
+        }
+        s
+    };
+    view! { <div data-panel="result" role="status" aria-live="polite" inner_html=html></div> }
+}
+
+/// The one-click answers, recomputed when the configuration changes (not its unit).
+#[component]
+pub fn Answers() -> impl IntoView {
+    let store = use_store();
+    let key = Memo::new(move |_| store.config.with(|c| Config { unit: Unit::Gb, ..c.clone() }));
+    let found = Memo::new(move |_| dom::timed("answers", || key.with(answers)));
+    let html = move || store.config.with(|c| found.with(|a| answers_html(a, c)));
+    let on_click = move |ev: leptos::ev::MouseEvent| {
+        let apply = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()).and_then(|e| e.get_attribute("data-apply"));
+        if let Some((k, v)) = apply.as_deref().and_then(|a| a.split_once('=')) {
+            if let Some(key) = crate::config::KEYS.iter().find(|x| x.name == k).map(|x| x.name) {
+                let _ = store.apply(&[(key, v.to_string())]);
+            }
+        }
+    };
+    view! { <section class="answers" data-testid="answers" data-panel="answers" aria-label="What fits" on:click=on_click inner_html=html></section> }
+}

@@ -1,0 +1,332 @@
+//! The page's state: one store, derived from one [`Config`].
+//!
+//! - **The configuration** is the single source of truth. The estimate (numbers only, the
+//!   fast path) is a memo of it; every panel reads one or the other and writes through the
+//!   typed setters here, which go through the codec's own keys ([`config::apply_pairs`]), so a
+//!   value typed in the page is checked exactly as one in a link.
+//! - **One URL sync** ([`sync_url`]): the address is decoded once, at start; every change is
+//!   written back with `replaceState` (and a new history entry once an edit has settled for a
+//!   second, so back and forward step through meaningful states); `popstate` restores a state.
+//! - **One theme source**: `theme=` in the link (light, dark, projector, auto), else the
+//!   visitor's last choice, else the system's; [`Store::look`] is what the page and the charts
+//!   draw with.
+//! - **One unit source**: the configuration's `unit`.
+//! - **Typed choices**: the model and the GPU are [`ModelChoice`] and [`GpuChoice`] here; the
+//!   codec's `custom` spelling stays in the URL.
+
+use super::dom;
+use crate::config::{self, decode_query, encode_query, Config, ConfigError, Unit};
+use crate::estimator::gpu::{self, Gpu};
+use crate::estimator::hf::Imported;
+use crate::estimator::{estimate, Estimate, EstimateError};
+use crate::plots::{Theme, DARK, LIGHT, PROJECTOR};
+use leptos::prelude::*;
+
+/// The theme the visitor chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThemeChoice {
+    /// The system's light or dark.
+    Auto,
+    Light,
+    Dark,
+    /// High contrast and large type, for a room's projector.
+    Projector,
+}
+
+impl ThemeChoice {
+    pub const ALL: [ThemeChoice; 4] = [ThemeChoice::Auto, ThemeChoice::Light, ThemeChoice::Dark, ThemeChoice::Projector];
+
+    /// The spelling of `theme=` and of `<html data-theme>`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThemeChoice::Auto => "auto",
+            ThemeChoice::Light => "light",
+            ThemeChoice::Dark => "dark",
+            ThemeChoice::Projector => "projector",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ThemeChoice> {
+        ThemeChoice::ALL.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// The next one of the theme button's cycle.
+    pub fn next(self) -> ThemeChoice {
+        match self {
+            ThemeChoice::Auto => ThemeChoice::Light,
+            ThemeChoice::Light => ThemeChoice::Dark,
+            ThemeChoice::Dark => ThemeChoice::Projector,
+            ThemeChoice::Projector => ThemeChoice::Auto,
+        }
+    }
+}
+
+/// What the page is drawn with: the chosen theme with `auto` resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    Light,
+    Dark,
+    Projector,
+}
+
+impl Look {
+    /// The charts' colours and type.
+    pub fn chart_theme(self) -> Theme {
+        match self {
+            Look::Light => LIGHT,
+            Look::Dark => DARK,
+            Look::Projector => PROJECTOR,
+        }
+    }
+}
+
+/// The model, as the UI holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelChoice {
+    /// A preset, by id.
+    Preset(String),
+    /// The configuration's own architecture, with its display name.
+    Custom(String),
+}
+
+/// The GPU, as the UI holds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GpuChoice {
+    Catalog(Gpu),
+    /// A GPU of this many GiB.
+    Custom(f64),
+}
+
+impl GpuChoice {
+    /// "NVIDIA H100 80 GB (SXM)", "custom 24 GiB GPU".
+    pub fn label(&self) -> String {
+        match self {
+            GpuChoice::Catalog(g) => g.name.to_string(),
+            GpuChoice::Custom(gib) => format!("custom {gib} GiB GPU"),
+        }
+    }
+}
+
+/// Everything the panels read, and the setters they write through.
+#[derive(Clone, Copy)]
+pub struct Store {
+    pub config: RwSignal<Config>,
+    /// The estimate's numbers for the configuration.
+    pub estimate: Memo<Result<Estimate, EstimateError>>,
+    /// Problems with the link the page was opened with (dismissible).
+    pub notices: RwSignal<Vec<ConfigError>>,
+    /// `embed=1`: the compact view for iframes.
+    pub embed: bool,
+    /// `view=`: the panel an embed shows, or the chart the full page opens first.
+    pub view: RwSignal<String>,
+    pub theme: RwSignal<ThemeChoice>,
+    /// Whether the link carried `theme=` (then the address keeps it).
+    theme_in_url: bool,
+    /// The system's colour scheme.
+    system_dark: RwSignal<bool>,
+    /// `bench=`: a shared benchmark result, kept in the address.
+    pub bench: RwSignal<String>,
+}
+
+/// The store of the page (set up by [`Store::provide`]).
+pub fn use_store() -> Store {
+    expect_context::<Store>()
+}
+
+impl Store {
+    /// The page's state from its address: the configuration, what was wrong with the link, and
+    /// the presentation keys.
+    pub fn from_url() -> Store {
+        Store::from_query(&dom::search())
+    }
+
+    /// The state a query string describes.
+    pub fn from_query(query: &str) -> Store {
+        let decoded = decode_query(query);
+        let get = |k: &str| decoded.presentation.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        let url_theme = get("theme").and_then(|t| ThemeChoice::parse(&t));
+        let theme = url_theme.or_else(|| dom::load(THEME_STORAGE).and_then(|t| ThemeChoice::parse(&t))).unwrap_or(ThemeChoice::Auto);
+        let config = RwSignal::new(decoded.config);
+        Store {
+            config,
+            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(estimate))),
+            notices: RwSignal::new(decoded.errors),
+            embed: get("embed").is_some_and(|v| v == "1" || v == "true"),
+            view: RwSignal::new(get("view").unwrap_or_default()),
+            theme: RwSignal::new(theme),
+            theme_in_url: url_theme.is_some(),
+            system_dark: RwSignal::new(dom::prefers_dark()),
+            bench: RwSignal::new(get("bench").unwrap_or_default()),
+        }
+    }
+
+    /// Makes this the page's store and starts what keeps it in step with the outside world:
+    /// the address, the history, the theme on `<html>` and the system's colour scheme.
+    pub fn provide(self) {
+        provide_context(self);
+        sync_url(self);
+        sync_theme(self);
+    }
+
+    /// The display unit.
+    pub fn unit(&self) -> Unit {
+        self.config.with(|c| c.unit)
+    }
+
+    /// The theme resolved against the system's.
+    pub fn look(&self) -> Look {
+        match self.theme.get() {
+            ThemeChoice::Light => Look::Light,
+            ThemeChoice::Dark => Look::Dark,
+            ThemeChoice::Projector => Look::Projector,
+            ThemeChoice::Auto if self.system_dark.get() => Look::Dark,
+            ThemeChoice::Auto => Look::Light,
+        }
+    }
+
+    /// The model of the configuration.
+    pub fn model(&self) -> ModelChoice {
+        self.config.with(|c| if c.model == "custom" { ModelChoice::Custom(c.display_name()) } else { ModelChoice::Preset(c.model.clone()) })
+    }
+
+    /// The GPU of the configuration.
+    pub fn gpu(&self) -> GpuChoice {
+        self.config.with(gpu_of)
+    }
+
+    /// Sets one key of the configuration from its text (as a link would), or says why not.
+    pub fn set_key(&self, key: &'static str, value: &str) -> Result<(), String> {
+        self.apply(&[(key, value.to_string())])
+    }
+
+    /// Sets several keys at once (a one-click answer), or says what was wrong with the first
+    /// that could not be used (then nothing changes).
+    pub fn apply(&self, pairs: &[(&'static str, String)]) -> Result<(), String> {
+        let mut c = self.config.get_untracked();
+        if let Some(e) = config::apply_pairs(&mut c, pairs.iter().map(|(k, v)| (*k, v.as_str())).collect()).into_iter().next() {
+            return Err(format!("{}: {}", e.key, e.reason));
+        }
+        if let Err(e) = crate::estimator::validate(&c) {
+            return Err(e.to_string());
+        }
+        dom::mark("trainmem:input");
+        self.config.set(c);
+        Ok(())
+    }
+
+    pub fn set_model(&self, m: &ModelChoice) -> Result<(), String> {
+        match m {
+            ModelChoice::Preset(id) => self.set_key("model", id),
+            ModelChoice::Custom(_) => self.set_key("model", "custom"),
+        }
+    }
+
+    pub fn set_gpu(&self, g: GpuChoice) -> Result<(), String> {
+        match g {
+            GpuChoice::Catalog(g) => self.set_key("gpu", g.id),
+            GpuChoice::Custom(gib) => self.apply(&[("gpu", "custom".into()), ("gpu_gib", gib.to_string())]),
+        }
+    }
+
+    pub fn set_unit(&self, u: Unit) {
+        self.config.update(|c| c.unit = u);
+    }
+
+    pub fn set_theme(&self, t: ThemeChoice) {
+        self.theme.set(t);
+        dom::store(THEME_STORAGE, t.as_str());
+    }
+
+    /// Replaces the model with an imported config.json.
+    pub fn import(&self, imported: &Imported) {
+        self.config.update(|c| config::apply_import(c, imported));
+    }
+
+    /// The address of the current state, for "copy link".
+    pub fn share_url(&self) -> String {
+        let q = self.config.with(encode_query);
+        if q.is_empty() {
+            dom::base_url()
+        } else {
+            format!("{}?{q}", dom::base_url())
+        }
+    }
+
+    /// The whole query: the configuration's keys, then the page's own (`embed`, `view`,
+    /// `theme`, `bench`).
+    fn query(&self, cfg: &Config) -> String {
+        let mut parts = Vec::new();
+        let q = encode_query(cfg);
+        if !q.is_empty() {
+            parts.push(q);
+        }
+        if self.embed {
+            parts.push("embed=1".to_string());
+        }
+        self.view.with(|v| (!v.is_empty()).then(|| parts.push(format!("view={}", config::percent_encode(v)))));
+        if self.theme_in_url {
+            parts.push(format!("theme={}", self.theme.get().as_str()));
+        }
+        self.bench.with(|b| (!b.is_empty()).then(|| parts.push(format!("bench={}", config::percent_encode(b)))));
+        parts.join("&")
+    }
+}
+
+/// The GPU of a configuration.
+pub fn gpu_of(c: &Config) -> GpuChoice {
+    match gpu::gpu(&c.gpu) {
+        Some(g) if c.gpu != "custom" => GpuChoice::Catalog(g),
+        _ => GpuChoice::Custom(c.gpu_gib),
+    }
+}
+
+const THEME_STORAGE: &str = "trainmem-theme";
+/// An edit older than this starts a new history entry.
+const SETTLED_MS: f64 = 1000.0;
+
+/// Keeps the address bar in step with the store, and the store with back and forward. The
+/// address is written a task after the change (`replaceState` is not free, and the views come
+/// first); of quick successive edits only the last is written, and a new history entry, once
+/// asked for, is kept for it.
+fn sync_url(store: Store) {
+    let last_edit = StoredValue::new(0.0f64);
+    let push_due = StoredValue::new(false);
+    Effect::new(move |prev: Option<String>| {
+        let q = store.config.with(|c| store.query(c));
+        if prev.as_deref() != Some(q.as_str()) {
+            let now = dom::now_ms();
+            if prev.is_some() && now - last_edit.get_value() > SETTLED_MS {
+                push_due.set_value(true);
+            }
+            last_edit.set_value(now);
+            let target = q.clone();
+            set_timeout(
+                move || {
+                    let current = store.config.try_with_untracked(|c| store.query(c));
+                    if current.as_deref() != Some(target.as_str()) {
+                        return;
+                    }
+                    if push_due.try_update_value(std::mem::take).unwrap_or(false) {
+                        dom::push_query(&target);
+                    } else {
+                        dom::replace_query(&target);
+                    }
+                },
+                std::time::Duration::ZERO,
+            );
+        }
+        q
+    });
+    let _ = window_event_listener(leptos::ev::popstate, move |_| {
+        let d = decode_query(&dom::search());
+        store.config.set(d.config);
+        store.notices.set(d.errors);
+    });
+}
+
+/// Puts the chosen theme on `<html data-theme>` (the stylesheet's switch) and follows the
+/// system's colour scheme for `auto`.
+fn sync_theme(store: Store) {
+    Effect::new(move |_| dom::set_root_attribute("data-theme", store.theme.get().as_str()));
+    dom::on_color_scheme_change(move |dark| store.system_dark.set(dark));
+}

@@ -1,0 +1,190 @@
+//! The form's fields: a labelled control for each configuration key, generated from the codec's
+//! key table, so its label, accepted values and the URL key it writes are the same ones the CLI
+//! documents: a select for enumerations, a checkbox for switches, a text box (accepting
+//! `8k`-style suffixes) for numbers.
+//!
+//! The fields are HTML text written once ([`fields_html`]); [`Form`] holds them all, applies
+//! what the visitor types through the store's setters (one delegated `input`/`change` handler;
+//! a value the codec or the estimator rejects is named under its field and not applied), and
+//! keeps every field showing the configuration (one effect: a field is written only when its
+//! own key's value changed, and the fields that depend on another key are shown or hidden).
+//! Seventy fields cost one handler and one effect, not seventy components.
+
+use super::html::esc;
+use super::state::{use_store, GpuChoice, Store};
+use crate::config::{Config, Finetune, Key, Zero, KEYS};
+use crate::estimator::gpu::GPUS;
+use leptos::html::Form as FormElement;
+use leptos::prelude::*;
+use wasm_bindgen::JsCast;
+
+fn key(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// The key's help text, capitalized, for a label.
+fn label_of(k: &Key) -> String {
+    let mut c = k.help.chars();
+    match c.next() {
+        Some(f) => std::iter::once(f.to_ascii_uppercase()).chain(c).collect(),
+        None => k.name.to_string(),
+    }
+}
+
+/// Whether a key's field shows for `cfg` (some only matter when another key asks for them).
+fn shown(name: &str, cfg: &Config) -> bool {
+    match name {
+        "lora_rank" | "lora_targets" => cfg.finetune != Finetune::Full,
+        "shard_group" => cfg.zero == Zero::HybridShard,
+        "vpp" => cfg.pp > 1,
+        "gpu_gib" => cfg.gpu == "custom",
+        _ => true,
+    }
+}
+
+/// The fields of `names` as HTML, showing `cfg`.
+pub fn fields_html(names: &[&str], cfg: &Config) -> String {
+    let mut s = String::new();
+    for name in names {
+        let Some(k) = key(name) else { continue };
+        let value = (k.get)(cfg);
+        let choices = (k.choices)();
+        let is_bool = choices == ["false", "true"];
+        let control = if *name == "gpu" {
+            // The GPU: the catalog by name, or a custom size.
+            let mut o = String::from("<select id=\"in-gpu\" data-key=\"gpu\">");
+            for g in GPUS {
+                o.push_str(&format!("<option value=\"{}\"{}>{}</option>", g.id, if g.id == value { " selected" } else { "" }, esc(g.name)));
+            }
+            o.push_str(&format!(
+                "<option value=\"custom\"{}>Custom size…</option></select>",
+                if value == "custom" { " selected" } else { "" }
+            ));
+            o
+        } else if is_bool {
+            format!("<input id=\"in-{name}\" type=\"checkbox\" data-key=\"{name}\"{}>", if value == "true" { " checked" } else { "" })
+        } else if !choices.is_empty() {
+            let options: String = choices
+                .iter()
+                .map(|c| format!("<option value=\"{c}\"{}>{c}</option>", if *c == value { " selected" } else { "" }))
+                .collect();
+            format!("<select id=\"in-{name}\" data-key=\"{name}\">{options}</select>")
+        } else {
+            format!(
+                "<input id=\"in-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" spellcheck=\"false\" data-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"err-{name}\">",
+                esc(&value)
+            )
+        };
+        s.push_str(&format!(
+            "<div class=\"field{}\" data-field=\"{name}\"{}><label for=\"in-{name}\">{} <code class=\"key\">{name}</code></label>{control}<span class=\"field-error\" id=\"err-{name}\" role=\"status\"></span></div>",
+            if is_bool { " check" } else { "" },
+            if shown(name, cfg) { "" } else { " hidden" },
+            esc(&label_of(k))
+        ));
+    }
+    s
+}
+
+fn element(form: &web_sys::Element, selector: &str) -> Option<web_sys::Element> {
+    form.query_selector(selector).ok().flatten()
+}
+
+/// Applies the edit an `input` or `change` event carries, if it comes from a field.
+fn edit(store: Store, ev: &web_sys::Event) {
+    let Some(target) = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()) else { return };
+    let Some(name) = target.get_attribute("data-key") else { return };
+    let Some(k) = key(&name) else { return };
+    let text_box = target.dyn_ref::<web_sys::HtmlInputElement>().filter(|i| i.type_() == "text");
+    // Text boxes apply as they are typed in; selects and checkboxes when they change.
+    if (ev.type_() == "input") != text_box.is_some() {
+        return;
+    }
+    let value = if let Some(i) = target.dyn_ref::<web_sys::HtmlInputElement>() {
+        if i.type_() == "checkbox" {
+            i.checked().to_string()
+        } else {
+            i.value()
+        }
+    } else if let Some(s) = target.dyn_ref::<web_sys::HtmlSelectElement>() {
+        s.value()
+    } else {
+        return;
+    };
+    let result = if k.name == "gpu" {
+        let choice = match GPUS.iter().find(|g| g.id == value) {
+            Some(g) => GpuChoice::Catalog(*g),
+            None => GpuChoice::Custom(store.config.with_untracked(|c| c.gpu_gib)),
+        };
+        store.set_gpu(choice)
+    } else {
+        store.set_key(k.name, &value)
+    };
+    let error = result.err().map(|e| format!("{}: {e}", k.name));
+    if let Some(form) = target.closest("form").ok().flatten() {
+        if let Some(span) = element(&form, &format!("#err-{}", k.name)) {
+            span.set_text_content(error.as_deref());
+        }
+    }
+    if text_box.is_some() {
+        let _ = target.set_attribute("aria-invalid", if error.is_some() { "true" } else { "false" });
+    }
+}
+
+/// Makes every field of `form` show `cfg`: the values that changed since `shown_values`, and
+/// which dependent fields are shown.
+fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
+    for (i, k) in KEYS.iter().enumerate() {
+        let value = (k.get)(cfg);
+        if shown_values.get(i) == Some(&value) {
+            continue;
+        }
+        if let Some(el) = element(form, &format!("[data-key=\"{}\"]", k.name)) {
+            if let Some(input) = el.dyn_ref::<web_sys::HtmlInputElement>() {
+                if input.type_() == "checkbox" {
+                    input.set_checked(value == "true");
+                } else if input.value() != value {
+                    input.set_value(&value);
+                }
+            } else if let Some(select) = el.dyn_ref::<web_sys::HtmlSelectElement>() {
+                select.set_value(&value);
+            }
+        }
+        if let Some(field) = element(form, &format!("[data-field=\"{}\"]", k.name)) {
+            field.toggle_attribute_with_force("hidden", !shown(k.name, cfg)).ok();
+        }
+        if i < shown_values.len() {
+            shown_values[i] = value;
+        }
+    }
+    // Fields shown by another key's value: checked on every change (a handful).
+    for name in ["lora_rank", "lora_targets", "shard_group", "vpp", "gpu_gib"] {
+        if let Some(field) = element(form, &format!("[data-field=\"{name}\"]")) {
+            field.toggle_attribute_with_force("hidden", !shown(name, cfg)).ok();
+        }
+    }
+}
+
+/// The configuration form around the input panels.
+#[component]
+pub fn Form(children: Children) -> impl IntoView {
+    let store = use_store();
+    let node = NodeRef::<FormElement>::new();
+    let values = StoredValue::new(KEYS.iter().map(|_| String::new()).collect::<Vec<_>>());
+    Effect::new(move |first: Option<()>| {
+        let Some(form) = node.get() else { return };
+        store.config.with(|c| {
+            if first.is_none() {
+                // The fields were written with these values.
+                values.set_value(KEYS.iter().map(|k| (k.get)(c)).collect());
+            } else {
+                values.update_value(|v| sync(&form, c, v));
+            }
+        });
+    });
+    view! {
+        <form class="inputs" aria-label="Configuration" node_ref=node on:submit=|ev| ev.prevent_default()
+            on:input=move |ev| edit(store, &ev) on:change=move |ev| edit(store, &ev)>
+            {children()}
+        </form>
+    }
+}

@@ -1,0 +1,57 @@
+// Accessibility: axe-core (injected into the page) finds no violation on the full page in the
+// light, dark and projector themes, nor on an embed; the theme switch cycles through all four.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { serve, launch, openPage, axeViolations } from './harness.mjs';
+
+let server;
+let browser;
+before(async () => { server = await serve(); browser = await launch(); });
+after(async () => { await browser?.close(); server?.close(); });
+
+async function settled(page) {
+  await page.waitForFunction(() => document.querySelector('[data-testid=bar-canvas]')?.dataset.layout && document.querySelector('[data-testid^=chart-][data-layout]'));
+}
+
+for (const [name, query, scheme] of [
+  ['the full page in light', '', 'light'],
+  ['the full page in dark', '', 'dark'],
+  ['the full page in the projector theme', '?theme=projector', 'light'],
+  ['a page with notices and an open formula', '?model=gpt2&zero=banana&gpus=8', 'light'],
+]) {
+  test(`axe finds no violation on ${name}`, async () => {
+    const { page, problems } = await openPage(browser, server.base + query, { colorScheme: scheme, bypassCSP: true });
+    await settled(page);
+    if (query.includes('banana')) {
+      await page.click('[data-testid=ledger] li.row summary');
+      await page.waitForSelector('[data-testid=ledger] .formula');
+    }
+    assert.deepEqual(await axeViolations(page), []);
+    assert.deepEqual(problems, []);
+  });
+}
+
+test('axe finds no violation on an embed, light and dark', async () => {
+  for (const scheme of ['light', 'dark']) {
+    const { page } = await openPage(browser, server.base + '?model=qwen2.5-7b&embed=1&view=seq', { colorScheme: scheme, bypassCSP: true });
+    await page.waitForSelector('[data-testid=chart-seq][data-layout]');
+    assert.deepEqual(await axeViolations(page), [], scheme);
+  }
+});
+
+test('the theme button cycles auto, light, dark and projector, and a link can set it', async () => {
+  const { page } = await openPage(browser, server.base);
+  const theme = () => page.evaluate(() => document.documentElement.dataset.theme);
+  assert.equal(await theme(), 'auto');
+  const seen = [];
+  for (let i = 0; i < 4; i++) {
+    await page.click('[data-testid=theme]');
+    seen.push(await theme());
+  }
+  assert.deepEqual(seen, ['light', 'dark', 'projector', 'auto']);
+  const { page: projector } = await openPage(browser, server.base + '?theme=projector');
+  assert.equal(await projector.evaluate(() => document.documentElement.dataset.theme), 'projector');
+  const size = await projector.evaluate(() => parseFloat(getComputedStyle(document.documentElement).fontSize));
+  assert.ok(size >= 18, `projector type is ${size} px`);
+  assert.match(projector.url(), /theme=projector/);
+});

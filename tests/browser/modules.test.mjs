@@ -1,0 +1,62 @@
+// The app's files: one wasm module for the whole app, the benchmark's own module fetched only
+// when it is opened, every file requested by its content-hashed name, and a policy that pins
+// every script.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createHash } from 'node:crypto';
+import { serve, launch, openPage, ROOT } from './harness.mjs';
+
+let server;
+let browser;
+before(async () => { server = await serve(); browser = await launch({ webgpu: true }); });
+after(async () => { await browser?.close(); server?.close(); });
+
+const HASHED = /-[0-9a-f]{12,16}(_bg)?\.(js|wasm|css|svg)$/;
+
+test('dist/ holds one app module and one benchmark module, every asset content-hashed', () => {
+  const files = readdirSync(join(ROOT, 'dist'));
+  const wasm = files.filter((f) => f.endsWith('.wasm'));
+  assert.equal(wasm.length, 2, `wasm files: ${wasm}`);
+  assert.equal(wasm.filter((f) => f.startsWith('trainmem-bench-')).length, 1);
+  for (const f of files.filter((f) => f !== 'index.html')) assert.match(f, HASHED, `${f} carries a content hash`);
+  // The benchmark's names are hashes of their contents.
+  for (const f of files.filter((f) => f.startsWith('trainmem-bench-'))) {
+    const hash = createHash('sha256').update(readFileSync(join(ROOT, 'dist', f))).digest('hex').slice(0, 16);
+    assert.ok(f.includes(hash), `${f} is named by its content (${hash})`);
+  }
+});
+
+test('the page loads its files by their hashed names, and the benchmark only when opened', async () => {
+  const { page, requests, problems } = await openPage(browser, server.base + '?model=gpt2');
+  await page.waitForSelector('[data-testid=chart-seq][data-layout]');
+  const own = requests.filter((r) => r.startsWith(server.base) && r !== server.base && !r.includes('?'));
+  assert.ok(own.length >= 3, own.join('\n'));
+  for (const r of own) assert.match(r, HASHED, `${r} is requested by its hashed name`);
+  assert.equal(own.filter((r) => r.endsWith('.wasm')).length, 1, 'one wasm module for the whole app');
+  assert.ok(!requests.some((r) => r.includes('trainmem-bench')), 'the benchmark is not loaded until opened');
+  await page.click('[data-testid=bench-open]');
+  await page.waitForSelector('[data-testid=bench-adapter], [data-testid=bench-unavailable]', { timeout: 60000 });
+  const bench = requests.filter((r) => r.includes('trainmem-bench'));
+  assert.equal(bench.length, 2, bench.join('\n'));
+  for (const r of bench) assert.match(r, /trainmem-bench-[0-9a-f]{16}(_bg\.wasm|\.js)$/);
+  assert.deepEqual(problems, []);
+});
+
+test('the policy pins every inline script, and the benchmark module is checked by its digest', async () => {
+  const html = readFileSync(join(ROOT, 'dist', 'index.html'), 'utf8');
+  const csp = html.match(/http-equiv="Content-Security-Policy" content="([^"]+)"/)[1];
+  const inline = [...html.matchAll(/<script(?![^>]*\bsrc=)[^>]*>([\s\S]*?)<\/script>/g)].map((m) => m[1]);
+  assert.ok(inline.length >= 2, 'the loader and the import map are inline');
+  for (const body of inline) {
+    const digest = createHash('sha256').update(body, 'utf8').digest('base64');
+    assert.ok(csp.includes(`'sha256-${digest}'`), `the policy names the script ${body.slice(0, 40)}…`);
+  }
+  assert.match(csp, /default-src 'none'/);
+  const meta = html.match(/<meta name="trainmem-bench"[^>]*>/)[0];
+  const wasm = meta.match(/data-wasm="\.\/([^"]+)"/)[1];
+  const sri = meta.match(/data-wasm-integrity="([^"]+)"/)[1];
+  const digest = 'sha384-' + createHash('sha384').update(readFileSync(join(ROOT, 'dist', wasm))).digest('base64');
+  assert.equal(sri, digest);
+});

@@ -1,0 +1,279 @@
+//! The source's shape, checked from the files themselves: no import cycle among the modules of
+//! `ui/`, `bench/` and `plots/`; imports between the areas run one way (`ui → plots → estimator`,
+//! and the benchmark depends on nothing of ours, so its wasm module holds no Leptos and no
+//! estimator); and `plots/` only draws (no call that runs the estimator).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The `.rs` files under `dir`, recursively.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("a source folder") {
+        let p = entry.expect("an entry").path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A file's code without its unit tests and its comments (what the app compiles).
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("readable");
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => &text[..],
+    };
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The module path of a file: `src/ui/panels/ledger.rs` → `ui::panels::ledger`,
+/// `src/ui/panels/mod.rs` → `ui::panels`.
+fn module_of(path: &Path) -> String {
+    let rel = path.strip_prefix(src()).expect("under src");
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+    if parts.last().is_some_and(|l| l == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// The modules a file's code names: `crate::a::b::…` and `super::x::…` paths (in `use`
+/// declarations, braces expanded, and in expressions), resolved to the longest known module.
+fn references(path: &Path, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let me = module_of(path);
+    // `super` of a file is its folder's module; of a mod.rs, the folder's parent.
+    // `super` names the parent module (for a mod.rs too: its folder's parent).
+    let mut base: Vec<&str> = me.split("::").collect();
+    base.pop();
+    let text = code(path);
+    // Flatten `use a::{b, c::{d, e}};` into `a::b`, `a::c::d`, `a::c::e`.
+    let mut paths = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find("use ") {
+        let line_start = rest[..i].rfind('\n').map_or(0, |n| n + 1);
+        let lead = rest[line_start..i].trim();
+        let end = rest[i..].find(';').map_or(rest.len(), |e| i + e);
+        if lead.is_empty() || lead == "pub" || lead.starts_with("pub(") {
+            let body: String = rest[i + 4..end].chars().filter(|c| !c.is_whitespace()).collect();
+            expand(&body, &mut paths);
+        }
+        rest = &rest[(i + 4).min(end.max(i + 4))..];
+    }
+    for word in text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+        if word.starts_with("crate::") || word.starts_with("super::") {
+            paths.push(word.to_string());
+        }
+    }
+    let mut out = BTreeSet::new();
+    for p in paths {
+        let full: Vec<String> = if let Some(rest) = p.strip_prefix("crate::") {
+            rest.split("::").map(str::to_string).collect()
+        } else if p.starts_with("super::") {
+            let mut b: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+            let mut rest = p.as_str();
+            while let Some(r) = rest.strip_prefix("super::") {
+                if r.starts_with("super::") {
+                    b.pop();
+                }
+                rest = r;
+            }
+            b.extend(rest.split("::").map(str::to_string));
+            b
+        } else {
+            continue;
+        };
+        // The longest prefix that is a module of ours.
+        for n in (1..=full.len()).rev() {
+            let m = full[..n].join("::");
+            if modules.contains(&m) {
+                if m != me {
+                    out.insert(m);
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn expand(body: &str, out: &mut Vec<String>) {
+    match body.find('{') {
+        None => {
+            if !body.is_empty() {
+                out.push(body.trim_end_matches("::*").to_string());
+            }
+        }
+        Some(i) => {
+            let prefix = &body[..i];
+            let inner = &body[i + 1..body.rfind('}').unwrap_or(body.len())];
+            // Split `inner` at top-level commas.
+            let (mut depth, mut start) = (0, 0);
+            let bytes: Vec<char> = inner.chars().collect();
+            for (j, c) in bytes.iter().enumerate() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        let part: String = bytes[start..j].iter().collect();
+                        expand(&format!("{prefix}{part}"), out);
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+            let part: String = bytes[start..].iter().collect();
+            expand(&format!("{prefix}{part}"), out);
+        }
+    }
+}
+
+/// The import graph of an area (`ui`, `bench`, `plots`): module → modules of the same area it
+/// names. `mod x;` declarations and `pub use` re-exports of a `mod.rs` are its children, not
+/// dependencies; a child that names its parent's own items would make a loop, and is counted.
+fn graph(area: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let all: Vec<PathBuf> = files(&src());
+    let modules: BTreeSet<String> = all.iter().map(|p| module_of(p)).collect();
+    let mut g = BTreeMap::new();
+    for p in files(&src().join(area)) {
+        let me = module_of(&p);
+        let is_mod_rs = p.file_name().is_some_and(|f| f == "mod.rs");
+        let refs: BTreeSet<String> = references(&p, &modules)
+            .into_iter()
+            .filter(|m| m == area || m.starts_with(&format!("{area}::")))
+            // A mod.rs re-exporting its children: the children are below it, not its imports.
+            .filter(|m| !(is_mod_rs && m.starts_with(&format!("{me}::"))))
+            .collect();
+        g.insert(me, refs);
+    }
+    g
+}
+
+/// A cycle in `g`, if any, as the modules along it.
+fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in g.get(n).into_iter().flatten() {
+            match state.get(m.as_str()).copied().unwrap_or(0) {
+                1 => {
+                    let i = stack.iter().position(|s| s == m).unwrap_or(0);
+                    let mut c = stack[i..].to_vec();
+                    c.push(m.clone());
+                    return Some(c);
+                }
+                0 => {
+                    if let Some(c) = visit(m, g, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in g.keys() {
+        if state.get(n.as_str()).copied().unwrap_or(0) == 0 {
+            if let Some(c) = visit(n, g, &mut state, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn the_modules_of_ui_bench_and_plots_import_each_other_without_a_cycle() {
+    for area in ["ui", "bench", "plots"] {
+        let g = graph(area);
+        assert!(g.len() > 5, "{area}: {} modules found", g.len());
+        assert_eq!(cycle(&g), None, "{area}: an import cycle");
+    }
+}
+
+#[test]
+fn the_cycle_finder_finds_a_planted_cycle() {
+    let g: BTreeMap<String, BTreeSet<String>> = [("a", vec!["b"]), ("b", vec!["c"]), ("c", vec!["a"]), ("d", vec![])]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into_iter().map(str::to_string).collect()))
+        .collect();
+    assert_eq!(cycle(&g), Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]));
+    // And reads braces and `super` the way the code writes them.
+    let mut out = Vec::new();
+    expand("super::{draw::{self,Layout},theme::Theme}", &mut out);
+    assert_eq!(out, ["super::draw::self", "super::draw::Layout", "super::theme::Theme"]);
+}
+
+#[test]
+fn imports_between_areas_run_one_way() {
+    let all: Vec<PathBuf> = files(&src());
+    let modules: BTreeSet<String> = all.iter().map(|p| module_of(p)).collect();
+    let area = |m: &str| m.split("::").next().unwrap_or("").to_string();
+    // What each area may name besides itself.
+    let allowed: BTreeMap<&str, &[&str]> =
+        [("plots", &["estimator"][..]), ("bench", &[][..]), ("ui", &["config", "estimator", "plots", "bench"][..])].into_iter().collect();
+    for (from, may) in allowed {
+        for p in files(&src().join(from)) {
+            for m in references(&p, &modules) {
+                let to = area(&m);
+                assert!(to == from || may.contains(&to.as_str()), "{} names {m}: {from} may not depend on {to}", module_of(&p));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_benchmark_names_neither_leptos_nor_the_estimator() {
+    for p in files(&src().join("bench")) {
+        let text = code(&p);
+        for forbidden in ["leptos", "crate::estimator", "crate::ui", "crate::plots", "crate::config"] {
+            assert!(!text.contains(forbidden), "{} names {forbidden}", p.display());
+        }
+    }
+}
+
+#[test]
+fn plots_only_draw_they_never_run_the_estimator() {
+    for p in files(&src().join("plots")) {
+        let text = code(&p);
+        // The estimator's entry points and every function of estimator::sweep that runs it.
+        for call in [
+            "estimate(",
+            "explain(",
+            "run(",
+            "seq_sweep(",
+            "batch_sweep(",
+            "params_sweep(",
+            "gpus_sweep(",
+            "answers(",
+            "max_batch(",
+            "max_seq(",
+            "longest_seq(",
+            "min_gpus(",
+            "fewest_gpus(",
+            "smallest_gpu(",
+            "fits(",
+            "peak(",
+        ] {
+            let word_start = |i: usize| !text[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.');
+            let found = text.match_indices(call).any(|(i, _)| word_start(i));
+            assert!(!found, "{} calls {call}", p.display());
+        }
+    }
+}
