@@ -1676,10 +1676,11 @@ mod tests {
         };
         assert_eq!(memory_chain_below(ChainKnob::Zero, &k, 4096)[0].zero, Zero::Z1);
         assert_eq!(memory_chain_below(ChainKnob::Offload, &k, 4096)[0].offload, Offload::Optimizer);
-        assert_eq!(memory_chain_below(ChainKnob::Recompute, &k, 4096)[0].recompute, Recompute::Selective);
         assert!(memory_chain_below(ChainKnob::Sp, &k, 4096)[0].sp);
-        // ZeRO-3 and full recomputation are no chain steps (see the module docs).
+        // ZeRO-2, ZeRO-3 and recomputation are no chain steps (see the module docs).
+        assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z1, ..k }, 4096).is_empty());
         assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z2, ..k }, 4096).is_empty());
+        assert!(memory_chain_below(ChainKnob::Recompute, &k, 4096).is_empty());
         assert!(memory_chain_below(ChainKnob::Recompute, &Knobs { recompute: Recompute::Selective, ..k }, 4096).is_empty());
         // Eager attention is above SDPA only for sequences of 256 tokens and more.
         assert_eq!(memory_chain_below(ChainKnob::Attn, &k, 4096).len(), 2);
