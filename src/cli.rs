@@ -37,6 +37,7 @@ const USAGE: &str = "usage:
       also: --compute-efficiency F, --link-efficiency F, --no-overlap
   trainmem presets [--json]
   trainmem keys
+  trainmem --version
   trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
 
 Every KEY is a configuration key (see `trainmem keys`), spelled as in the share URL:
@@ -92,6 +93,7 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
         "keys" => w(out, render_keys()),
         "bench" => crate::bench::cli::run(rest, out).map_err(CliError::Bench),
         "-h" | "--help" | "help" => w(out, format!("{USAGE}\n")),
+        "-V" | "--version" | "version" => w(out, format!("{}\n", crate::version::LABEL)),
         other => Err(CliError::Usage(format!("unknown command '{other}'"))),
     }
 }

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 pub mod estimator;
 pub mod plots;
+pub mod version;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
