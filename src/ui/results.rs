@@ -121,7 +121,7 @@ fn line_key(r: &Row, depth: usize, host: bool) -> String {
 
 fn flatten_lines(rows: &[Row], depth: usize, host: bool, out: &mut Vec<Line>) {
     for r in rows {
-        out.push(Line { key: line_key(r, depth, host), id: r.id, label: r.label.clone(), category: r.category, bytes: r.bytes, depth });
+        out.push(Line { key: line_key(r, depth, host), id: r.id, label: r.label.to_string(), category: r.category, bytes: r.bytes, depth });
         flatten_lines(&r.children, depth + 1, host, out);
     }
 }
