@@ -97,7 +97,8 @@ fn plan_exports_csv_with_a_share_query_per_row() {
 fn plan_fix_lists_the_cheapest_changes_that_make_it_fit() {
     // Llama-3.1-8B at 16k tokens with ZeRO-3 on 8 H100s does not fit (the 8k example sits
     // within a few GB of the line, which moves with the overhead model).
-    let (code, out, err) = trainmem(&["plan", "--fix", "--model", "llama-3.1-8b", "--seq", "16384", "--zero", "3", "--gpus", "8", "--json"]);
+    let (code, out, err) =
+        trainmem(&["plan", "--fix", "--model", "llama-3.1-8b", "--seq", "16384", "--zero", "3", "--gpus", "8", "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("json");
     let fixes = v.as_array().expect("fixes");
@@ -310,9 +311,9 @@ prop_compose! {
         c.attn = attn; c.optim = optim; c.optim_impl = optim_impl; c.offload = offload;
         c.finetune = finetune; c.precision = precision; c.shard_group = shard_group;
         // Steer away from what validation rejects, so most cases test something.
-        if c.arch.experts == 0 || c.arch.experts % c.ep != 0 { c.ep = 1; }
-        if c.arch.heads % c.tp != 0 { c.tp = 1; }
-        if c.vpp > 1 && (c.pp == 1 || c.arch.layers % (c.pp * c.vpp) != 0) { c.vpp = 1; }
+        if c.arch.experts == 0 || !c.arch.experts.is_multiple_of(c.ep) { c.ep = 1; }
+        if !c.arch.heads.is_multiple_of(c.tp) { c.tp = 1; }
+        if c.vpp > 1 && (c.pp == 1 || !c.arch.layers.is_multiple_of(c.pp * c.vpp)) { c.vpp = 1; }
         if c.offload == Offload::OptimizerParams && c.zero.stage() < 3 { c.offload = Offload::Optimizer; }
         c.gpus = c.tp * c.pp * c.cp * dp * c.ep;
         c

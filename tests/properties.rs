@@ -93,7 +93,7 @@ proptest! {
         let c = Config { sp, ..c };
         let one = est(&c).memory.activations;
         for tp in [2u64, 4, 8] {
-            if c.arch.heads % tp == 0 {
+            if c.arch.heads.is_multiple_of(tp) {
                 let t = est(&Config { tp, gpus: tp, ..c.clone() }).memory.activations;
                 prop_assert!(t <= one, "tp {}: {} > {}", tp, t, one);
             }

@@ -361,12 +361,7 @@ impl Default for Config {
 impl Config {
     /// Data-parallel degree: GPUs / (tp × pp × cp).
     pub fn dp(&self) -> u64 {
-        let model_parallel = self.tp * self.pp * self.cp;
-        if model_parallel == 0 {
-            0
-        } else {
-            self.gpus / model_parallel
-        }
+        self.gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)
     }
 
     /// The display name: the preset id, the custom name, or "custom model".

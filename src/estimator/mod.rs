@@ -116,7 +116,7 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     let mut mp = 1u64;
     for (key, v) in [("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp)] {
         mp = mp.saturating_mul(v);
-        if cfg.gpus % mp != 0 {
+        if !cfg.gpus.is_multiple_of(mp) {
             return Err(invalid(key, format!("{v} does not fit the {} GPUs: tp × pp × cp = {mp} must divide them", cfg.gpus)));
         }
     }
@@ -131,10 +131,10 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
         if cfg.arch.experts == 0 {
             return Err(invalid("ep", "expert parallelism needs a mixture-of-experts model"));
         }
-        if cfg.arch.experts % cfg.ep != 0 {
+        if !cfg.arch.experts.is_multiple_of(cfg.ep) {
             return Err(invalid("ep", format!("{} experts do not split over {} GPUs", cfg.arch.experts, cfg.ep)));
         }
-        if dp % cfg.ep != 0 {
+        if !dp.is_multiple_of(cfg.ep) {
             return Err(invalid("ep", format!("the data-parallel degree {dp} is not a multiple of ep = {}", cfg.ep)));
         }
     }
@@ -159,10 +159,10 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.gpu == "custom" && gpu::custom_bytes(cfg.gpu_gib) == 0 {
         return Err(invalid("gpu_gib", "must be a positive number of GiB"));
     }
-    if cfg.vpp > 1 && (cfg.pp == 1 || cfg.arch.layers % (cfg.pp * cfg.vpp) != 0) {
+    if cfg.vpp > 1 && (cfg.pp == 1 || !cfg.arch.layers.is_multiple_of(cfg.pp * cfg.vpp)) {
         return Err(invalid("vpp", format!("interleaving needs pp > 1 and layers divisible by pp × vpp = {}", cfg.pp * cfg.vpp)));
     }
-    if cfg.zero == Zero::HybridShard && dp % cfg.shard_group.min(dp) != 0 {
+    if cfg.zero == Zero::HybridShard && !dp.is_multiple_of(cfg.shard_group.min(dp)) {
         return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
     }
     Ok(())
@@ -191,7 +191,7 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
 
 impl Config {
     fn heads_per_tp_invalid(&self) -> bool {
-        self.tp > 1 && self.arch.heads % self.tp != 0
+        self.tp > 1 && !self.arch.heads.is_multiple_of(self.tp)
     }
 }
 

@@ -1043,7 +1043,7 @@ impl ModelSpec {
                 return Err(ModelError::Zero(key));
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ModelError::Invalid {
                 key: "kv_heads",
                 reason: format!("{} query heads cannot be grouped over {} key/value heads", self.heads, self.kv_heads),
@@ -1096,7 +1096,7 @@ impl ModelSpec {
             return Err(ModelError::Zero("window"));
         }
         if self.experts > 0 && self.router_groups > 1 {
-            if self.experts % self.router_groups != 0 {
+            if !self.experts.is_multiple_of(self.router_groups) {
                 return Err(ModelError::Invalid {
                     key: "router_groups",
                     reason: format!("{} experts do not split into {} groups", self.experts, self.router_groups),

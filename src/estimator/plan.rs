@@ -201,11 +201,11 @@ impl Space {
         let m = &base.arch;
         let pow2 = |max: u64| -> Vec<u64> { (0..).map(|i| 1u64 << i).take_while(|&v| v <= max).collect() };
         let node = base.gpus_per_node.max(1).min(base.gpus.max(1));
-        let tp: Vec<u64> = pow2(node).into_iter().filter(|t| m.heads % t == 0).collect();
+        let tp: Vec<u64> = pow2(node).into_iter().filter(|t| m.heads.is_multiple_of(*t)).collect();
         let pp: Vec<u64> = pow2(MAX_DEFAULT_PP.min(m.layers).min(base.gpus.max(1))).into_iter().collect();
         let cp = if base.seq >= CP_MIN_SEQ { pow2(MAX_DEFAULT_CP.min(base.gpus.max(1))) } else { vec![1] };
         let ep = if m.experts > 0 {
-            pow2(m.experts.min(base.gpus.max(1))).into_iter().filter(|e| m.experts % e == 0).collect()
+            pow2(m.experts.min(base.gpus.max(1))).into_iter().filter(|e| m.experts.is_multiple_of(*e)).collect()
         } else {
             vec![1]
         };
@@ -972,14 +972,14 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
 /// The (micro-batch, accumulation) pairs that make `global_seqs` sequences on `dp` replicas:
 /// `b · accum · dp = G`, `b` from `allowed` (or every divisor up to [`MAX_MICRO_BATCH`]).
 pub fn micro_batches(allowed: &[u64], global_seqs: u64, dp: u64) -> Vec<(u64, u64)> {
-    if dp == 0 || global_seqs % dp != 0 {
+    if dp == 0 || !global_seqs.is_multiple_of(dp) {
         return Vec::new();
     }
     let per_replica = global_seqs / dp;
     let mut bs: Vec<u64> = if allowed.is_empty() {
-        (1..=MAX_MICRO_BATCH.min(per_replica)).filter(|b| per_replica % b == 0).collect()
+        (1..=MAX_MICRO_BATCH.min(per_replica)).filter(|b| per_replica.is_multiple_of(*b)).collect()
     } else {
-        allowed.iter().copied().filter(|&b| b > 0 && per_replica % b == 0).collect()
+        allowed.iter().copied().filter(|&b| b > 0 && per_replica.is_multiple_of(b)).collect()
     };
     bs.sort_unstable();
     bs.dedup();
@@ -1420,9 +1420,9 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     }
     // Model parallelism ×2 on the same GPUs: data parallelism halves, accumulation doubles.
     let dp = cfg.dp();
-    if dp >= 2 && dp % 2 == 0 {
+    if dp >= 2 && dp.is_multiple_of(2) {
         let twice = |c: Config| Config { accum: cfg.accum * 2, ..c };
-        if cfg.arch.heads % (cfg.tp * 2) == 0 && cfg.tp * 2 <= cfg.gpus_per_node.max(1) {
+        if cfg.arch.heads.is_multiple_of(cfg.tp * 2) && cfg.tp * 2 <= cfg.gpus_per_node.max(1) {
             push(
                 "tp",
                 (cfg.tp * 2).to_string(),
@@ -1450,7 +1450,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             );
         }
     }
-    if cfg.arch.experts > 0 && cfg.arch.experts % (cfg.ep * 2) == 0 && dp % (cfg.ep * 2) == 0 {
+    if cfg.arch.experts > 0 && cfg.arch.experts.is_multiple_of(cfg.ep * 2) && dp.is_multiple_of(cfg.ep * 2) {
         push("ep", (cfg.ep * 2).to_string(), format!("expert parallelism {}", cfg.ep * 2), false, Config { ep: cfg.ep * 2, ..cfg.clone() });
     }
     // Changes to what is trained come last in the ranking.
