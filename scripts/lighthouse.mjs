@@ -27,12 +27,15 @@ const server = await startServer({
   root, precompressed: encoding !== 'none', encodings: encoding === 'br' ? ['br', 'gzip'] : ['gzip'], headers: true, headersBase: SUBPATH,
 });
 const url = server.origin + SUBPATH;
+// Lighthouse's launcher adds its own flags (no first run, no background networking, …); more
+// of ours made Chromium 156 close the target on the first navigation.
+const lhFlags = '--headless=new --no-sandbox';
 const flags = '--headless=new --no-sandbox --disable-quic --no-first-run --disable-background-networking --disable-component-update --disable-sync';
 
 const reports = [];
 for (let i = 0; i < runs; i++) {
   const out = join(root, `lh-${i}.json`);
-  const r = spawnSync('lighthouse', [url, '--quiet', '--output=json', `--output-path=${out}`, `--chrome-flags=${flags}`,
+  const r = spawnSync('lighthouse', [url, '--quiet', '--output=json', `--output-path=${out}`, `--chrome-flags=${lhFlags}`, '--max-wait-for-load=60000',
     '--only-categories=performance,best-practices,accessibility,seo'], { env: { ...process.env, CHROME_PATH: CHROME }, stdio: ['ignore', 'inherit', 'inherit'] });
   if (r.status !== 0) { console.error(`lighthouse exited ${r.status}`); process.exit(1); }
   reports.push(JSON.parse(readFileSync(out, 'utf8')));

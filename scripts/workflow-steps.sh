@@ -23,7 +23,7 @@ keep=""
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --keep) keep="${2:?}"; shift 2 ;;
+    --keep) keep="$(realpath -m "${2:?}")"; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
