@@ -48,7 +48,8 @@ if [ -n "$site" ]; then
   if [ "$releases" = github ]; then
     releases="$(mktemp -d)"
     # Every published release's web tarball (drafts have none; a release without one is skipped).
-    for tag in $(gh release list --limit 1000 --exclude-drafts --json tagName --jq '.[].tagName'); do
+    tags="$(gh release list --limit 1000 --exclude-drafts --json tagName --jq '.[].tagName')"
+    for tag in $tags; do
       gh release download "$tag" --pattern "trainmem-web-$tag.tar.gz" --dir "$releases" \
         || step "release $tag has no trainmem-web-$tag.tar.gz: not in the site"
     done
