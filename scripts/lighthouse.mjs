@@ -5,7 +5,7 @@
 // is what that category's installable audit read). Reports; asserts nothing.
 //
 //   node scripts/lighthouse.mjs [--runs N] [--encoding gzip|br|none] [--json FILE]
-import { spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { cpSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -35,9 +35,11 @@ const flags = '--headless=new --no-sandbox --disable-quic --no-first-run --disab
 const reports = [];
 for (let i = 0; i < runs; i++) {
   const out = join(root, `lh-${i}.json`);
-  const r = spawnSync('lighthouse', [url, '--quiet', '--output=json', `--output-path=${out}`, `--chrome-flags=${lhFlags}`, '--max-wait-for-load=60000',
+  // Asynchronously: the static server answers from this same process.
+  const child = spawn('lighthouse', [url, '--quiet', '--output=json', `--output-path=${out}`, `--chrome-flags=${lhFlags}`, '--max-wait-for-load=60000',
     '--only-categories=performance,best-practices,accessibility,seo'], { env: { ...process.env, CHROME_PATH: CHROME }, stdio: ['ignore', 'inherit', 'inherit'] });
-  if (r.status !== 0) { console.error(`lighthouse exited ${r.status}`); process.exit(1); }
+  const status = await new Promise((ok) => child.on('exit', ok));
+  if (status !== 0) { console.error(`lighthouse exited ${status}`); process.exit(1); }
   reports.push(JSON.parse(readFileSync(out, 'utf8')));
 }
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
