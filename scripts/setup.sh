@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
 # Installs everything trainmem needs on a fresh Debian machine, skipping what is already there
-# at the right version. Sourced by scripts/serve.sh and scripts/test.sh; safe to run again.
+# at the right version. Sourced by scripts/serve.sh, scripts/test.sh and scripts/build.sh, run
+# by the workflows (.github/workflows/); safe to run again.
+#
+#   scripts/setup.sh               everything: build, native tests, browser tests
+#   scripts/setup.sh --build       only what scripts/build.sh needs (no browser, no Vulkan)
+#   scripts/setup.sh --lighthouse  everything, plus Lighthouse for scripts/lighthouse.sh
 #
 # Why each pin: see ../shared/TOOLCHAIN.md (Trunk and wasm-bindgen must agree with Cargo.lock;
 # Debian's binaryen 108 produces a wasm that fails at runtime, so wasm-opt comes from npm).
 set -euo pipefail
+
+SETUP_BROWSER=1
+SETUP_LIGHTHOUSE=0
+for setup_arg in "$@"; do
+  case "$setup_arg" in
+    --build) SETUP_BROWSER=0 ;;
+    --lighthouse) SETUP_LIGHTHOUSE=1 ;;
+    # Sourced without arguments, a script's own arguments show through: ignore them.
+    *) ;;
+  esac
+done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TRUNK_VERSION="0.21.14"
@@ -16,9 +32,12 @@ as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Debian packages: Chromium + its driver (browser tests), lavapipe (native wgpu without a GPU),
-# brotli (size report), python3 (static server).
-apt_packages=(chromium chromium-driver mesa-vulkan-drivers brotli python3 ca-certificates)
+# Debian packages: brotli and zopfli (precompressed .br/.gz siblings of dist/), librsvg2-bin
+# (rsvg-convert: PNG icons from web/icon.svg), python3 (dist/ post-processing, static server);
+# for the tests also Chromium + its driver (browser tests) and lavapipe (native wgpu without a
+# GPU).
+apt_packages=(brotli zopfli librsvg2-bin python3 ca-certificates)
+[ "$SETUP_BROWSER" = 1 ] && apt_packages+=(chromium chromium-driver mesa-vulkan-drivers)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -71,7 +90,23 @@ if [ ! -x "$ROOT/node_modules/.bin/wasm-opt" ] || [ ! -d "$ROOT/node_modules/pla
 fi
 export PATH="$ROOT/node_modules/.bin:$PATH"
 
+# Lighthouse (scripts/lighthouse.sh only): its own package and lockfile (scripts/lighthouse/),
+# installed into .tools/lighthouse, so the tests' npm ci stays small. 12.2.3: newer releases
+# want Node 22 (Debian 12 has 18/20). It drives the system Chromium (CHROME_PATH); it never
+# downloads a browser.
+if [ "$SETUP_LIGHTHOUSE" = 1 ]; then
+  lh="$ROOT/.tools/lighthouse"
+  if [ ! -x "$lh/node_modules/.bin/lighthouse" ] || ! cmp -s "$ROOT/scripts/lighthouse/package-lock.json" "$lh/package-lock.json"; then
+    say "installing Lighthouse (npm, into .tools/lighthouse)"
+    mkdir -p "$lh"
+    cp "$ROOT/scripts/lighthouse/package.json" "$ROOT/scripts/lighthouse/package-lock.json" "$lh/"
+    (cd "$lh" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+  export PATH="$lh/node_modules/.bin:$PATH"
+fi
+
 # Trunk runs cargo with --offline (Trunk.toml), so the dependencies must be fetched first.
+# (scripts/build.sh fetches again with --locked, and fails if Cargo.lock is out of date.)
 (cd "$ROOT" && cargo fetch --locked -q 2>/dev/null || cargo fetch -q)
 
 export TRUNK_SKIP_VERSION_CHECK=true

@@ -42,6 +42,7 @@ const USAGE: &str = "usage:
       also: --compute-efficiency F, --link-efficiency F, --no-overlap
   trainmem presets [--json]
   trainmem keys
+  trainmem --version
   trainmem bench [--max-seq N] [--heads N] [--head-dim N] [--budget-ms N] [--mem-mib N] [--json]
   trainmem verify-script (--model ID | --hf-config PATH) [--KEY VALUE ...] [--out FILE]
       a self-contained PyTorch script that measures the step on your GPU (or CPU) beside trainmem's prediction
@@ -138,6 +139,7 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             }
         }
         "-h" | "--help" | "help" => w(out, format!("{USAGE}\n")),
+        "-V" | "--version" | "version" => w(out, format!("{}\n", crate::version::LABEL)),
         other => Err(CliError::Usage(format!("unknown command '{other}'"))),
     }
 }

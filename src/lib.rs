@@ -11,6 +11,7 @@ pub mod course;
 pub mod estimator;
 pub mod plots;
 pub mod verify;
+pub mod version;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;

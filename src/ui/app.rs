@@ -83,6 +83,7 @@ fn FullPage() -> impl IntoView {
                 "trainmem estimates training memory per GPU from first principles: every figure shows its formula and source. "
                 "GB = 10⁹ bytes, GiB = 2³⁰ bytes. Activation accounting follows Hugging Face transformers' module code and is checked against PyTorch's saved tensors."
             </p>
+            <p data-testid="version">{crate::version::LABEL}</p>
         </footer>
         <embed::EmbedDialog/>
     }
