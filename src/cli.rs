@@ -733,6 +733,15 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
     }
     s.push_str(&format!("\n{:<40} {:>12}\n", "Sum of components per GPU", format_bytes(e.memory.total, u)));
     s.push_str(&format!("{:<40} {:>12}   (at: {})\n", "Peak per GPU during the step", format_bytes(e.memory.peak, u), e.memory.peak_event));
+    s.push_str(&format!("{:<40} {:>12}   (torch.cuda.max_memory_allocated)\n", "Allocated peak", format_bytes(e.memory.allocated_peak, u)));
+    if let (Some(res), Some(smi)) = (e.memory.reserved_peak, e.memory.nvidia_smi) {
+        s.push_str(&format!("{:<40} {:>12}   (torch.cuda.max_memory_reserved, simulated)\n", "Reserved peak", format_bytes(res, u)));
+        s.push_str(&format!(
+            "{:<40} {:>12}   = reserved + CUDA context + cuBLAS workspaces + NCCL buffers; the verdict uses it\n",
+            "What nvidia-smi will show",
+            format_bytes(smi, u)
+        ));
+    }
     s.push_str(&format!("{:<40} {:>12}\n", "GPU capacity", format_bytes(e.capacity, u)));
     let h = e.headroom();
     if h >= 0 {

@@ -11,11 +11,11 @@ fn trainmem(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn estimate_with_a_tiny_hf_config_prints_the_activation_bytes_pytorch_saves() {
     // A llama with GQA as the validation harness built it; PyTorch saved 1,311,236 bytes for
-    // batch 2, seq 64, bf16, sdpa (tests/fixtures/pytorch/records.json,
+    // batch 2, seq 64, bf16, sdpa (tests/fixtures/pytorch/records/llama-gqa.json,
     // llama-gqa/b2/s64/bf16/sdpa/ckpt0) — and RMSNorm models keep the same on CUDA and CPU.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let records: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/pytorch/records.json")).expect("fixtures")).expect("json");
+        serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/pytorch/records/llama-gqa.json")).expect("fixtures")).expect("json");
     let rec = records["records"]
         .as_array()
         .and_then(|r| r.iter().find(|r| r["id"] == "llama-gqa/b2/s64/bf16/sdpa/ckpt0"))
