@@ -613,6 +613,33 @@ pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
     Ok(expr::numbers_only(|| step::model::simulate_stage(cfg, &recipe, stage, resident, temp)))
 }
 
+/// What `torch.cuda.memory_allocated()` shows right after the forward pass and its loss, with
+/// the model's output still held (`out = model(input_ids, labels=labels)`: transformers returns
+/// the logits beside the loss): what is resident before the step (parameters, optimizer states,
+/// buffers, the batch, resident gradients) + the step stream's live bytes after its last forward
+/// or loss event + the logits, which the stream frees there (the tracker's reference run drops
+/// the output). The verify script measures the same moment.
+pub fn after_forward(cfg: &Config) -> Result<Bytes, EstimateError> {
+    Ok(after_forward_of(&step_stream(cfg)?))
+}
+
+/// [`after_forward`] of a stream already simulated.
+pub fn after_forward_of(s: &step::Stream) -> Bytes {
+    use step::{EventKind, Phase};
+    let Some(last) = s.events.iter().rposition(|e| matches!(e.phase, Phase::Forward | Phase::Loss)) else {
+        return s.resident;
+    };
+    // The frees that end the loss, after its last allocation: the logits are the LM head's.
+    let output: Bytes = s.events[..=last]
+        .iter()
+        .rev()
+        .take_while(|e| e.kind == EventKind::Free)
+        .filter(|e| e.module.ends_with("lm_head"))
+        .map(|e| e.bytes)
+        .sum();
+    s.resident + s.events[last].live + output
+}
+
 /// Every row of the ledger, depth first (parents before their children).
 pub fn flatten(rows: &[Row]) -> Vec<&Row> {
     let mut out = Vec::new();

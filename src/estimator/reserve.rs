@@ -23,6 +23,7 @@ use super::allocator::{self, AllocEvent, AllocatorOptions};
 use super::config::{Config, Optimizer};
 use super::ledger::Bytes;
 use super::step::{self, EventKind, Phase, Stream};
+
 use super::EstimateError;
 
 /// What replaying the step through the caching allocator gives.
@@ -73,18 +74,31 @@ pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
     Ok(replay_stream(cfg, &stream, &params, &trainable, &opts))
 }
 
-/// The replay of [`reserved`], from a stream already simulated and the program's parameter
-/// tensors (`params`: bytes of every parameter tensor; `trainable`: elements of each trainable
-/// one).
-pub fn replay_stream(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128], opts: &AllocatorOptions) -> Reserved {
+/// The allocator's view of two steps: the events, and for each the stream event it replays
+/// (`None` for resident allocations) or what it allocates.
+struct Built {
+    events: Vec<AllocEvent>,
+    stream_at: Vec<Option<usize>>,
+    labels: Vec<&'static str>,
+    /// Index of the first event of step 2 (the steady state).
+    step2: usize,
+}
+
+fn sized(b: Bytes) -> u64 {
+    b.min(u64::MAX as u128) as u64
+}
+
+/// The allocation sequence of [`reserved`]: resident tensors, step 1 (with the optimizer states
+/// created at its first optimizer event), step 2.
+fn build(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128]) -> Built {
     let r = super::resident_parts(cfg);
-    // Resident allocations, in the order a training script makes them.
+    let mut resident: Vec<(Bytes, &'static str)> = Vec::new();
     let mut weights = Vec::new();
     per_tensor_or_flat(r.weights, params, 1, &mut weights);
-    let mut other = Vec::new();
+    resident.extend(weights.into_iter().map(|b| (b, "parameters")));
     for b in [r.buffers, r.batch, r.gradients, r.activations] {
         if b > 0 {
-            other.push(b);
+            resident.push((b, "buffers, batch and resident gradients"));
         }
     }
     let k = states_per_parameter(cfg.optim);
@@ -101,82 +115,225 @@ pub fn replay_stream(cfg: &Config, stream: &Stream, params: &[u128], trainable: 
         states.push(r.optimizer);
     }
 
-    let mut events: Vec<AllocEvent> = Vec::new();
-    let mut labels: Vec<&str> = Vec::new();
+    let mut b = Built { events: Vec::new(), stream_at: Vec::new(), labels: Vec::new(), step2: 0 };
     let mut next = 0u32;
-    let mut alloc = |events: &mut Vec<AllocEvent>, labels: &mut Vec<&str>, bytes: Bytes, what: &'static str| {
-        events.push(AllocEvent::Alloc { id: next, bytes: bytes.min(u64::MAX as u128) as u64 });
-        labels.push(what);
+    for (bytes, what) in resident {
+        b.events.push(AllocEvent::Alloc { id: next, bytes: sized(bytes) });
+        b.labels.push(what);
+        b.stream_at.push(None);
         next += 1;
-    };
-    for &b in &weights {
-        alloc(&mut events, &mut labels, b, "parameters");
     }
-    for &b in &other {
-        alloc(&mut events, &mut labels, b, "buffers, batch and resident gradients");
-    }
-    // Two steps: the optimizer states appear in the first one.
-    let base_ids = [next, next + stream.events.iter().map(|e| e.id + 1).max().unwrap_or(0) + states.len() as u32];
-    let mut stream_at: Vec<Option<usize>> = vec![None; events.len()];
-    for (step_no, &base) in base_ids.iter().enumerate() {
-        let first_opt = stream.events.iter().position(|e| e.phase == Phase::Optimizer || e.phase == Phase::ZeroGrad);
+    let span = stream.events.iter().map(|e| e.id + 1).max().unwrap_or(0);
+    let first_opt = stream.events.iter().position(|e| matches!(e.phase, Phase::Optimizer | Phase::ZeroGrad));
+    for step_no in 0..2 {
+        if step_no == 1 {
+            b.step2 = b.events.len();
+        }
+        let base = next;
+        next += span;
         let mut live: Vec<u32> = Vec::new();
+        let create_states = |b: &mut Built, next: &mut u32| {
+            for &bytes in &states {
+                b.events.push(AllocEvent::Alloc { id: *next, bytes: sized(bytes) });
+                b.labels.push("optimizer states");
+                b.stream_at.push(None);
+                *next += 1;
+            }
+        };
         for (i, e) in stream.events.iter().enumerate() {
             if step_no == 0 && Some(i) == first_opt {
-                let mut id = base + stream.events.iter().map(|e| e.id + 1).max().unwrap_or(0);
-                for &b in &states {
-                    events.push(AllocEvent::Alloc { id, bytes: b.min(u64::MAX as u128) as u64 });
-                    labels.push("optimizer states");
-                    stream_at.push(None);
-                    id += 1;
-                }
+                create_states(&mut b, &mut next);
             }
+            let id = base + e.id;
             match e.kind {
                 EventKind::Alloc => {
-                    events.push(AllocEvent::Alloc { id: base + e.id, bytes: e.bytes.min(u64::MAX as u128) as u64 });
-                    live.push(base + e.id);
+                    b.events.push(AllocEvent::Alloc { id, bytes: sized(e.bytes) });
+                    live.push(id);
                 }
                 EventKind::Free => {
-                    events.push(AllocEvent::Free { id: base + e.id });
-                    if let Some(p) = live.iter().rposition(|&x| x == base + e.id) {
+                    b.events.push(AllocEvent::Free { id });
+                    if let Some(p) = live.iter().rposition(|&x| x == id) {
                         live.swap_remove(p);
                     }
                 }
             }
-            labels.push("");
-            stream_at.push(Some(i));
+            b.labels.push("");
+            b.stream_at.push(Some(i));
         }
         if step_no == 0 && first_opt.is_none() {
-            let mut id = base + stream.events.iter().map(|e| e.id + 1).max().unwrap_or(0);
-            for &b in &states {
-                events.push(AllocEvent::Alloc { id, bytes: b.min(u64::MAX as u128) as u64 });
-                labels.push("optimizer states");
-                stream_at.push(None);
-                id += 1;
-            }
+            create_states(&mut b, &mut next);
         }
         // Whatever a step leaves allocated is released before the next (the stream frees all
-        // it allocates; this keeps a replay valid if it did not).
+        // it allocates; this keeps the replay valid if it did not).
         for id in live {
-            events.push(AllocEvent::Free { id });
-            labels.push("");
-            stream_at.push(None);
+            b.events.push(AllocEvent::Free { id });
+            b.labels.push("");
+            b.stream_at.push(None);
         }
     }
-    let n = events.len();
-    match allocator::replay(&events, opts) {
-        Ok(rep) => {
-            let i = rep.peak_reserved_at.min(n.saturating_sub(1));
-            let at = match stream_at.get(i).copied().flatten() {
-                Some(si) => stream.events.get(si).map(step::Event::label).unwrap_or_default(),
-                None => labels.get(i).map(|s| s.to_string()).unwrap_or_default(),
-            };
-            Reserved { reserved_peak: rep.peak_reserved as Bytes, allocated_peak: rep.peak_allocated as Bytes, at, events: n }
-        }
+    b
+}
+
+/// The replay of [`reserved`], from a stream already simulated and the program's parameter
+/// tensors (`params`: bytes of every parameter tensor; `trainable`: elements of each trainable
+/// one).
+pub fn replay_stream(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128], opts: &AllocatorOptions) -> Reserved {
+    let b = build(cfg, stream, params, trainable);
+    let n = b.events.len();
+    match allocator::replay(&b.events, opts) {
+        Ok(rep) => Reserved {
+            reserved_peak: rep.peak_reserved as Bytes,
+            allocated_peak: rep.peak_allocated as Bytes,
+            at: label_at(&b, stream, rep.peak_reserved_at),
+            events: n,
+        },
         // The events are well formed by construction; should the replay still refuse them, the
         // allocated bytes stand in (no reserve is claimed).
         Err(_) => Reserved { reserved_peak: stream.peak, allocated_peak: stream.peak, at: String::new(), events: n },
     }
+}
+
+fn label_at(b: &Built, stream: &Stream, i: usize) -> String {
+    let i = i.min(b.events.len().saturating_sub(1));
+    match b.stream_at.get(i).copied().flatten() {
+        Some(si) => stream.events.get(si).map(step::Event::label).unwrap_or_default(),
+        None => b.labels.get(i).map(|s| s.to_string()).unwrap_or_default(),
+    }
+}
+
+/// One point of the step's trace: the allocated bytes by what they are, and what the caching
+/// allocator has reserved, after one event of the steady-state step.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TracePoint {
+    /// The stream event (index into the step's events).
+    pub event: usize,
+    pub phase: Phase,
+    /// Decoder layer (0-based), if inside one.
+    pub layer: Option<u32>,
+    /// "layer 31 backward, `mlp.down_proj` mm in MmBackward0".
+    pub label: String,
+    /// Resident before the step: weights, optimizer states, buffers, batch, resident gradients.
+    pub weights: Bytes,
+    pub optimizer: Bytes,
+    /// Gradients resident through the step (accumulation, ZeRO-2/3 shards, DDP buckets).
+    pub resident_gradients: Bytes,
+    /// Buffers, the batch, other micro-batches' activations.
+    pub other_resident: Bytes,
+    /// The stream's live bytes by category.
+    pub activations: Bytes,
+    pub gradients: Bytes,
+    pub transient: Bytes,
+    /// `memory_reserved()` after the event (`None` under `kernels=cpu`: no caching allocator).
+    pub reserved: Option<Bytes>,
+}
+
+impl TracePoint {
+    /// `memory_allocated()` after the event.
+    pub fn allocated(&self) -> Bytes {
+        self.weights + self.optimizer + self.resident_gradients + self.other_resident + self.activations + self.gradients + self.transient
+    }
+}
+
+/// The steady-state step, op by op, downsampled for a chart: each point is the event of largest
+/// allocated memory within its stretch of events (so the peak is always a point), with the
+/// largest reserved memory of that stretch.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StepTrace {
+    pub points: Vec<TracePoint>,
+    /// Events in the step's stream.
+    pub events: usize,
+    /// Index (into `points`) of the allocated peak.
+    pub peak: usize,
+    /// The reserved peak over both replayed steps and where it happened.
+    pub reserved_peak: Option<Bytes>,
+    pub reserved_at: String,
+}
+
+/// The steady-state step's stream with `memory_reserved()` after each of its events.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamReserved {
+    pub stream: Stream,
+    /// Reserved bytes after each event of step 2, by stream index (`None` under `kernels=cpu`).
+    pub reserved: Option<Vec<Bytes>>,
+    /// The reserved peak over both replayed steps, and where it happened.
+    pub reserved_peak: Option<Bytes>,
+    pub reserved_at: String,
+}
+
+/// `cfg`'s step stream, replayed (under `kernels=cuda`) through the caching allocator with a
+/// trace of reserved memory: what `trainmem step` exports and the timeline chart draws.
+pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateError> {
+    let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::invalid("alloc_conf", e.to_string()))?;
+    let stream = super::step_stream(cfg)?;
+    if cfg.kernels != super::config::Kernels::Cuda {
+        return Ok(StreamReserved { stream, reserved: None, reserved_peak: None, reserved_at: String::new() });
+    }
+    let (params, trainable) = super::step_param_bytes(cfg);
+    let b = build(cfg, &stream, &params, &trainable);
+    Ok(match allocator::replay_with(&b.events, &opts, true) {
+        Ok(rep) => {
+            let mut by_event = vec![0 as Bytes; stream.events.len()];
+            if let Some(after) = rep.reserved_after.as_ref() {
+                for (i, at) in b.stream_at.iter().enumerate().skip(b.step2) {
+                    if let (Some(si), Some(&res)) = (at, after.get(i)) {
+                        by_event[*si] = res as Bytes;
+                    }
+                }
+            }
+            let at = label_at(&b, &stream, rep.peak_reserved_at);
+            StreamReserved { reserved: Some(by_event), reserved_peak: Some(rep.peak_reserved as Bytes), reserved_at: at, stream }
+        }
+        Err(_) => StreamReserved { stream, reserved: None, reserved_peak: None, reserved_at: String::new() },
+    })
+}
+
+/// [`StepTrace`] of `cfg` with at most `max_points` points.
+pub fn step_trace(cfg: &Config, max_points: usize) -> Result<StepTrace, EstimateError> {
+    let StreamReserved { stream, reserved: reserved_by_event, reserved_peak, reserved_at } = stream_with_reserved(cfg)?;
+    let r = super::resident_parts(cfg);
+    let other_resident = r.buffers + r.batch + r.activations;
+    let (mut act, mut grad, mut tmp) = (0i128, 0i128, 0i128);
+    let n = stream.events.len();
+    let per = n.div_ceil(max_points.max(1)).max(1);
+    let mut points: Vec<TracePoint> = Vec::new();
+    let mut best: Option<TracePoint> = None;
+    for (i, e) in stream.events.iter().enumerate() {
+        let sign = if e.kind == EventKind::Alloc { 1 } else { -1 };
+        let slot = match e.cat {
+            step::Cat::Activations => &mut act,
+            step::Cat::Gradients => &mut grad,
+            step::Cat::Transient => &mut tmp,
+        };
+        *slot += sign * e.bytes as i128;
+        let reserved = reserved_by_event.as_ref().and_then(|v| v.get(i).copied());
+        let p = TracePoint {
+            event: i,
+            phase: e.phase,
+            layer: e.layer,
+            label: String::new(),
+            weights: r.weights,
+            optimizer: r.optimizer,
+            resident_gradients: r.gradients,
+            other_resident,
+            activations: act.max(0) as Bytes,
+            gradients: grad.max(0) as Bytes,
+            transient: tmp.max(0) as Bytes,
+            reserved,
+        };
+        best = Some(match best.take() {
+            Some(b) if b.allocated() >= p.allocated() => TracePoint { reserved: b.reserved.max(p.reserved), ..b },
+            Some(b) => TracePoint { reserved: b.reserved.max(p.reserved), ..p },
+            None => p,
+        });
+        if (i + 1) % per == 0 || i + 1 == n {
+            if let Some(mut b) = best.take() {
+                b.label = stream.events[b.event].label();
+                points.push(b);
+            }
+        }
+    }
+    let peak = points.iter().enumerate().max_by_key(|(i, p)| (p.allocated(), std::cmp::Reverse(*i))).map_or(0, |(i, _)| i);
+    Ok(StepTrace { points, events: n, peak, reserved_peak, reserved_at })
 }
 
 #[cfg(test)]
@@ -203,6 +360,29 @@ mod tests {
         assert!(r.events > 1000, "{r:?}");
         assert!(!r.at.is_empty());
         println!("{r:?}");
+    }
+
+    #[test]
+    fn the_trace_keeps_the_allocated_peak_and_reserved_never_below_allocated() {
+        let cfg = Config { seq: 1024, ..Config::default() };
+        let t = step_trace(&cfg, 200).expect("valid");
+        assert!(t.points.len() <= 200 && t.points.len() > 100, "{}", t.points.len());
+        // The trace's peak is the estimate's allocated peak: the downsampling keeps the maximum.
+        let e = crate::estimator::estimate(&cfg).expect("valid");
+        assert_eq!(t.points[t.peak].allocated(), e.memory.allocated_peak);
+        assert!(!t.points[t.peak].label.is_empty());
+        // In the steady state the allocator holds at least what is allocated.
+        for p in &t.points {
+            assert!(p.reserved.expect("cuda") >= p.allocated(), "{p:?}");
+        }
+        assert!(t.reserved_peak.expect("cuda") >= t.points[t.peak].allocated());
+    }
+
+    #[test]
+    fn a_cpu_trace_has_no_reserved_memory() {
+        let cfg = Config { kernels: crate::estimator::config::Kernels::Cpu, seq: 256, ..Config::default() };
+        let t = step_trace(&cfg, 50).expect("valid");
+        assert!(t.points.iter().all(|p| p.reserved.is_none()) && t.reserved_peak.is_none());
     }
 
     #[test]
