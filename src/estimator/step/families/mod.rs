@@ -10,6 +10,7 @@ pub mod gemma;
 pub mod gpt2;
 pub mod llama;
 pub mod moe;
+pub mod opt;
 pub mod phi3;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
@@ -120,6 +121,8 @@ impl Params<'_> {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)
+    } else if opt::is(spec) {
+        opt::layer(b, p, spec, x, sh, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
@@ -135,6 +138,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if opt::is(spec) {
+        opt::embed(b, p, spec, ids, attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -143,13 +148,15 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
 /// Whether the first layer's input is one of the model forward's locals (held until the model
 /// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
 pub fn x0_is_local(spec: &ModelSpec) -> bool {
-    !gpt2::is(spec)
+    !gpt2::is(spec) && !opt::is(spec)
 }
 
 /// The final norm of the model (`model.norm`, `transformer.ln_f`), if it has one.
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
+    } else if opt::is(spec) {
+        opt::final_norm(b, p, x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
