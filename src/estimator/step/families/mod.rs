@@ -12,6 +12,7 @@ pub mod llama;
 pub mod moe;
 pub mod opt;
 pub mod phi3;
+pub mod starcoder2;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -127,6 +128,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -140,6 +143,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         gpt2::embed(b, p, spec, ids, attn)
     } else if opt::is(spec) {
         opt::embed(b, p, spec, ids, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::embed(b, p, spec, ids, attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -157,6 +162,8 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         gpt2::final_norm(b, p, spec, x)
     } else if opt::is(spec) {
         opt::final_norm(b, p, x)
+    } else if starcoder2::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
