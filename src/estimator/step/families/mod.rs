@@ -11,6 +11,7 @@ pub mod gpt2;
 pub mod llama;
 pub mod moe;
 pub mod opt;
+pub mod phi;
 pub mod phi3;
 pub mod starcoder2;
 
@@ -130,6 +131,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         gemma::layer(b, p, spec, x, sh, kind, attn)
     } else if starcoder2::is(spec) {
         starcoder2::layer(b, p, spec, x, sh, attn)
+    } else if phi::is(spec) {
+        phi::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -164,6 +167,8 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         opt::final_norm(b, p, x)
     } else if starcoder2::is(spec) {
         starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if phi::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }

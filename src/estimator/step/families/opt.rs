@@ -60,14 +60,16 @@ fn attention(b: &mut Builder, w: &llama::AttnW, spec: &ModelSpec, x: Tid, sh: &S
     let v = proj(b, w.wv, w.bv, "self_attn.v_proj", Linear::V);
     b.module = "self_attn";
     b.part = Part::AttentionCore;
-    // Eager's bmm gradients come back laid out [b, a, s, d]: the head views of q and v copy
-    // them (k's arrives transposed twice); SDPA's CPU kernel returns them like its inputs.
+    // Eager's bmm gradients come back laid out [b, a, s, d] (k's [b, a, d, s]): the head views
+    // of q and v copy them, and `k_proj`'s `_unsafe_view` back to [b, s, h] copies k's (the
+    // same bytes at the same moment; counted here). SDPA's CPU kernel returns them like its
+    // inputs.
     let t = |b: &mut Builder, x: Tid, h: Q, clone_bw: bool| {
         let xv = b.view(x, heads_bshd(h), "ViewBackward0", clone_bw);
         b.view(xv, heads(h), "TransposeBackward0", false)
     };
     let qt = t(b, q, Q::A, eager);
-    let kt = t(b, k, Q::KV, false);
+    let kt = t(b, k, Q::KV, eager);
     let vt = t(b, v, Q::KV, eager);
     let (region, qt, kt, vt) = llama::selective_begin(b, qt, kt, vt);
     let (o, weights) = if eager { llama::eager_core(b, spec, qt, kt, vt, sh.mask) } else { (llama::sdpa_core(b, qt, kt, vt), None) };
