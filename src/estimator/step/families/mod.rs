@@ -10,6 +10,7 @@ pub mod gemma;
 pub mod gpt2;
 pub mod llama;
 pub mod moe;
+pub mod neox;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
@@ -133,6 +134,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         starcoder2::layer(b, p, spec, x, sh, attn)
     } else if phi::is(spec) {
         phi::layer(b, p, spec, x, sh, attn)
+    } else if neox::is(spec) {
+        neox::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -169,6 +172,8 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         starcoder2::final_layer_norm(b, p, "model.norm", x)
     } else if phi::is(spec) {
         starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
+    } else if neox::is(spec) {
+        starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }

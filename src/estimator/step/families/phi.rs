@@ -68,7 +68,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     }
     b.module = "self_attn";
     let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => rope_parts(b, spec, q, k, cos, sin),
+        (Some(cos), Some(sin)) => rope_parts(b, spec, q, k, cos, sin, true),
         _ => (q, k),
     };
     let (region, qe, ke, vt) = llama::selective_begin(b, qe, ke, v);
@@ -89,8 +89,10 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 
 /// Phi's partial rotary embedding: all four slices first (`x[..., :d_rot]` and
 /// `x[..., d_rot:]` of q, then of k), `apply_rotary_pos_emb` on the rotated parts (q, then k),
-/// then `cat((x_rot, x_pass), -1)` for q and for k. Returns the new q and k.
-pub fn rope_parts(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid) -> (Tid, Tid) {
+/// then `cat((x_rot, x_pass), -1)` for q and for k. Returns the new q and k. `named_rot`: the
+/// rotated parts stay bound to Python names until the attention returns (Phi's `query_rot`);
+/// GPT-NeoX's `apply_rotary_pos_emb` rebinds them to the concatenations at once.
+pub fn rope_parts(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid, named_rot: bool) -> (Tid, Tid) {
     let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
     let partial = !matches!(rot, Dim::Q(Q::D));
     let split = |b: &mut Builder, x: Tid| {
@@ -110,8 +112,10 @@ pub fn rope_parts(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, s
     let ks = b.shape(k);
     let ke = b.cat2(kr2, kp, ks);
     // `query_rot`, `key_rot` (rebound to the rotated parts) live until the attention returns.
-    for t in [qr2, kr2, qp, kp] {
-        b.hold(t);
+    if named_rot {
+        for t in [qr2, kr2, qp, kp] {
+            b.hold(t);
+        }
     }
     (qe, ke)
 }
