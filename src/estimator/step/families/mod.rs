@@ -14,6 +14,7 @@ pub mod neox;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
+pub mod stablelm;
 pub mod starcoder2;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
@@ -136,6 +137,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi::layer(b, p, spec, x, sh, attn)
     } else if neox::is(spec) {
         neox::layer(b, p, spec, x, sh, attn)
+    } else if stablelm::is(spec) {
+        stablelm::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -174,6 +177,8 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
     } else if neox::is(spec) {
         starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+    } else if stablelm::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }

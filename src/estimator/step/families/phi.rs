@@ -62,9 +62,9 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     b.part = Part::AttentionCore;
     if let Some((qn, kn)) = qkn {
         b.module = "self_attn.q_layernorm";
-        q = b.layer_norm(q, qn.0, qn.1);
+        q = b.layer_norm_mixed(q, qn.0, qn.1);
         b.module = "self_attn.k_layernorm";
-        k = b.layer_norm(k, kn.0, kn.1);
+        k = b.layer_norm_mixed(k, kn.0, kn.1);
     }
     b.module = "self_attn";
     let (qe, ke) = match (sh.cos, sh.sin) {
