@@ -173,8 +173,8 @@ impl<'a> Setup<'a> {
         let eager = self.cfg.attn == Attention::Eager;
         let mask = if eager {
             Some(mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints))
-        } else if families::starcoder2::is(spec) && families::starcoder2::window_mask(b, spec) {
-            // SDPA receives the sliding window's bool mask `[1, 1, s, s_kv]`.
+        } else if families::sdpa_bool_mask(b, spec) {
+            // SDPA receives a materialized bool mask `[1, 1, s, s_kv]`.
             let bool_mask = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
             Some(mk(b, 3, bool_mask, Dt::Bool, Part::Checkpoints))
         } else {

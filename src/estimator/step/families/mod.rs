@@ -6,6 +6,7 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod falcon;
 pub mod gemma;
 pub mod gpt2;
 pub mod llama;
@@ -139,6 +140,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         neox::layer(b, p, spec, x, sh, attn)
     } else if stablelm::is(spec) {
         stablelm::layer(b, p, spec, x, sh, attn)
+    } else if falcon::is(spec) {
+        falcon::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -152,6 +155,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         gpt2::embed(b, p, spec, ids, attn)
     } else if opt::is(spec) {
         opt::embed(b, p, spec, ids, attn)
+    } else if falcon::is(spec) {
+        falcon::embed(b, p, spec, ids, attn)
     } else if starcoder2::is(spec) {
         starcoder2::embed(b, p, spec, ids, attn)
     } else {
@@ -179,9 +184,18 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
     } else if stablelm::is(spec) {
         starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if falcon::is(spec) {
+        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
+}
+
+/// Whether SDPA receives a materialized bool mask `[1, 1, s, s_kv]` from the model's forward
+/// (a model-level tensor the layers read): StarCoder2 once its sliding window bites, Falcon
+/// always (`allow_is_causal_skip=False`).
+pub fn sdpa_bool_mask(b: &Builder, spec: &ModelSpec) -> bool {
+    (starcoder2::is(spec) && starcoder2::window_mask(b, spec)) || falcon::is(spec)
 }
 
 /// A token tensor `[b, s, h]` given to a program by its caller.

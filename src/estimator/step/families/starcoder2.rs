@@ -105,6 +105,13 @@ fn mask_shape() -> Shape {
 pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (k, v) = if gqa { (llama::repeat_kv(b, k), llama::repeat_kv(b, v)) } else { (k, v) };
+    sdpa_masked_core(b, q, k, v, mask)
+}
+
+/// `F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` on CPU with a bool mask, k and v
+/// as given (see [`sdpa_masked`]); returns `[b, s, a·d]` as the callers reshape it (a view:
+/// q, and so the output, are laid out `[b, s, a, d]`).
+pub fn sdpa_masked_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
     let qdt = b.t(q).dt;
     let zero = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
