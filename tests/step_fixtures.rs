@@ -87,6 +87,11 @@ const PORTED: &[&str] = &[
     "phi",
     "gpt_neox",
     "gpt_neox-seq",
+    "stablelm",
+    "stablelm-qkln-par",
+    "falcon-old",
+    "falcon-new",
+    "falcon-new-1ln",
 ];
 
 /// The step event logs: (record id, measured peak, the log).
