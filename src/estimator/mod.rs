@@ -187,6 +187,8 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
         (moe && (spec.router_bias || spec.router_fp32 || spec.router_groups > 1), "this router (bias, fp32 or group-limited)"),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
+        // Falcon's `alibi=True` (Falcon-RW): position biases added to the scores; no fixture.
+        (spec.positions == model::Positions::None && spec.fused_qkv, "ALiBi position biases"),
     ]
     .into_iter()
     .find_map(|(on, name)| on.then_some(name))

@@ -199,7 +199,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         (o, Some(pr))
     } else {
         let o = match sh.mask {
-            Some(m) if !(b.dropout && !b.c.cuda) => starcoder2::sdpa_masked_core(b, qe, ke, v, m),
+            Some(m) if !b.dropout || b.c.cuda => starcoder2::sdpa_masked_core(b, qe, ke, v, m),
             _ => llama::sdpa_core(b, qe, ke, v),
         };
         (o, None)
@@ -357,4 +357,68 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         (None, None)
     };
     (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::hf;
+    use serde_json::json;
+
+    fn spec(extra: serde_json::Value) -> ModelSpec {
+        let mut v = json!({
+            "model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 1000, "ffn_hidden_size": 176, "bias": false, "alibi": false
+        });
+        for (k, x) in extra.as_object().expect("an object") {
+            v[k] = x.clone();
+        }
+        hf::import_value(&v).expect("a falcon config imports").spec
+    }
+
+    #[test]
+    fn falcon_7b_is_the_multi_query_layout_and_40b_the_new_one() {
+        // Falcon-7B: multi_query, parallel_attn, one norm per layer.
+        let seven = spec(json!({"multi_query": true, "parallel_attn": true, "new_decoder_architecture": false}));
+        assert!(is(&seven));
+        assert_eq!(seven.kv_heads, 1);
+        assert!(!new_arch(&seven));
+        // Falcon-40B: new_decoder_architecture, 2 kv heads here, two norms (ln_attn, ln_mlp).
+        let forty = spec(json!({"new_decoder_architecture": true, "num_kv_heads": 2}));
+        assert!(new_arch(&forty));
+        // Falcon-11B: the new layout with one norm.
+        let eleven = spec(json!({"new_decoder_architecture": true, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}));
+        assert_eq!(eleven.layer_norms, 1);
+        assert!(new_arch(&eleven));
+    }
+
+    #[test]
+    fn the_sequential_layout_is_never_the_new_architecture() {
+        let seq = spec(json!({"multi_query": false, "parallel_attn": false}));
+        assert!(is(&seq) && !seq.parallel && seq.layer_norms == 2);
+        assert!(!new_arch(&seq));
+    }
+
+    #[test]
+    fn alibi_falcon_is_refused_rather_than_estimated() {
+        let alibi = spec(json!({"alibi": true}));
+        assert_eq!(crate::estimator::unmodelled_feature(&alibi), Some("ALiBi position biases"));
+        let rotary = spec(json!({}));
+        assert_eq!(crate::estimator::unmodelled_feature(&rotary), None);
+    }
+
+    #[test]
+    fn gpt_neox_and_gpt2_are_not_taken_for_falcon() {
+        let neox = hf::import_value(&json!({
+            "model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 176, "vocab_size": 1000
+        }))
+        .expect("imports")
+        .spec;
+        assert!(super::super::neox::is(&neox) && !is(&neox));
+        let gpt2 = hf::import_value(&json!({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1000}))
+            .expect("imports")
+            .spec;
+        assert!(!is(&gpt2));
+    }
 }

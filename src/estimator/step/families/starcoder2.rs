@@ -73,7 +73,7 @@ fn attention(b: &mut Builder, w: &llama::AttnW, spec: &ModelSpec, x: Tid, sh: &S
     let (region, q, k, v) = llama::selective_begin(b, q, k, v);
     let (o, weights) = if eager {
         llama::eager_core(b, spec, q, k, v, sh.mask)
-    } else if let Some(mask) = sh.mask.filter(|_| masked && !(b.dropout && !b.c.cuda)) {
+    } else if let Some(mask) = sh.mask.filter(|_| masked && (!b.dropout || b.c.cuda)) {
         (sdpa_masked(b, q, k, v, mask), None)
     } else {
         (llama::sdpa_core(b, q, k, v), None)
@@ -210,7 +210,10 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// at p = 0), `position_ids = arange(s)[None]`, the mask (`create_sliding_window_causal_mask`
 /// once the window bites, else `create_causal_mask`), the rotary embedding.
 pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    if !window_mask(b, spec) {
+    // Eager attention always gets the sliding mask (`eager_mask` never skips it); SDPA only once
+    // the window bites.
+    let windowed = spec.window > 0 && spec.window_layers.count(spec.layers) > 0;
+    if !windowed || (attn != Attention::Eager && !window_mask(b, spec)) {
         return llama::embed(b, p, spec, ids, attn);
     }
     b.part = Part::Embedding;
@@ -227,6 +230,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
     llama::packed_detection(b, pos);
     let mask = sliding_mask(b, attn);
+    // SDPA below the window gets no mask at all (handled above); eager always the additive one.
     b.module = "model.embed_tokens";
     b.part = Part::Dropout;
     let x0 = b.dropout(x0);
@@ -293,4 +297,38 @@ pub fn final_layer_norm(b: &mut Builder, p: &Params, module: &'static str, x: Ti
     let w = p.w(b, "norm.weight");
     let bias = p.w(b, "norm.bias");
     b.layer_norm(x, w, bias)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::hf;
+    use crate::estimator::model::LayerRule;
+    use serde_json::json;
+
+    fn spec(window: serde_json::Value) -> ModelSpec {
+        hf::import_value(&json!({
+            "model_type": "starcoder2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 1000, "sliding_window": window
+        }))
+        .expect("a starcoder2 config imports")
+        .spec
+    }
+
+    #[test]
+    fn the_sliding_window_reaches_every_layer_and_a_null_one_none() {
+        let s = spec(json!(4096));
+        assert!(is(&s));
+        assert_eq!((s.window, s.window_layers.clone()), (4096, LayerRule::All));
+        let none = spec(json!(null));
+        assert_eq!((none.window, none.window_layers), (0, LayerRule::None));
+    }
+
+    #[test]
+    fn the_window_exports_as_it_was_imported() {
+        let s = spec(json!(48));
+        let exported = crate::estimator::hf_export::export(&s, Some("starcoder2")).expect("exports");
+        assert_eq!(exported.model_type, "starcoder2");
+        assert_eq!(exported.config["sliding_window"], json!(48));
+    }
 }
