@@ -159,6 +159,10 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         falcon::embed(b, p, spec, ids, attn)
     } else if starcoder2::is(spec) {
         starcoder2::embed(b, p, spec, ids, attn)
+    } else if phi::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, true)
+    } else if neox::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, false)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }

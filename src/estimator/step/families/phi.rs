@@ -178,3 +178,25 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     }
     y
 }
+
+/// The model's prologue (Llama's: embedding, positions, mask, rotary) followed by the embedding
+/// dropout the LayerNorm families apply before the first layer (a no-op at p = 0):
+/// `PhiModel.forward`'s `inputs_embeds = self.embed_dropout(inputs_embeds)` (`rebind`: the
+/// embedding's output is let go, the dropped-out tensor is the forward's local), GPT-NeoX's
+/// `hidden_states = self.emb_dropout(inputs_embeds)` and StarCoder2's
+/// `hidden_states = dropout(hidden_states, p=self.embedding_dropout)` (`inputs_embeds` stays bound).
+pub fn embed_with_dropout(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention, rebind: bool) -> (Tid, Shared) {
+    let (x0, mut sh) = llama::embed(b, p, spec, ids, attn);
+    if !b.dropout {
+        return (x0, sh);
+    }
+    b.layer = super::super::ir::MODEL;
+    b.module = "model.embed_dropout";
+    b.part = Part::Dropout;
+    let x = b.dropout(x0);
+    b.part = Part::Embedding;
+    if rebind {
+        sh.locals[0] = Some(x);
+    }
+    (x, sh)
+}

@@ -214,7 +214,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     // the window bites.
     let windowed = spec.window > 0 && spec.window_layers.count(spec.layers) > 0;
     if !windowed || (attn != Attention::Eager && !window_mask(b, spec)) {
-        return llama::embed(b, p, spec, ids, attn);
+        return super::phi::embed_with_dropout(b, p, spec, ids, attn, false);
     }
     b.part = Part::Embedding;
     b.module = "model.embed_tokens";
@@ -230,10 +230,9 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
     llama::packed_detection(b, pos);
     let mask = sliding_mask(b, attn);
-    // SDPA below the window gets no mask at all (handled above); eager always the additive one.
-    b.module = "model.embed_tokens";
+    b.module = "model";
     b.part = Part::Dropout;
-    let x0 = b.dropout(x0);
+    let x = b.dropout(x0);
     b.part = Part::Embedding;
     let (cos, sin) = if has_rope(spec) {
         let (c, s) = llama::rotary(b, spec, pos);
@@ -241,8 +240,9 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
+    // `inputs_embeds` stays bound until the model returns; the layers read the dropped-out copy.
     (
-        x0,
+        x,
         Shared {
             cos,
             sin,
