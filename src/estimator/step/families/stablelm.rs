@@ -28,10 +28,12 @@ pub fn is(spec: &ModelSpec) -> bool {
 /// where the weights are fp32 and q, k bf16), and the `cat` of
 /// their outputs (CatBackward0 hands out narrowed views). `h`: the heads (a or k).
 fn per_head_norm(b: &mut Builder, p: &Params, name: &str, x: Tid, h: Q) -> Tid {
-    let n = b.c.n(h).max(1);
+    // The heads on this GPU (tensor parallelism splits them), each a whole `[b, 1, s, d]`.
+    let all = b.c.n(h).max(1);
+    let n = all.div_ceil(b.c.n(Q::T_TP).max(1));
     let (numel, trains, expert) = p.find(name).unwrap_or((0, false, false));
-    let ws: Vec<Option<Tid>> = (0..n).map(|_| (numel > 0).then(|| p.make(b, numel / n, trains, expert))).collect();
-    let one = Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::D)], Split::Tp);
+    let ws: Vec<Option<Tid>> = (0..n).map(|_| (numel > 0).then(|| p.make(b, numel / all, trains, expert))).collect();
+    let one = Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::D)], Split::None);
     let (rg, bytes, dtype) = (b.rg(x), b.bytes(x), b.t(x).dtype);
     let outs: Vec<_> = (0..n).map(|_| b.view_out(x, one)).collect();
     let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
