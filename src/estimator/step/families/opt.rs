@@ -250,3 +250,39 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     let bias = p.w(b, "norm.bias");
     b.layer_norm(x, w, bias)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::hf;
+    use serde_json::json;
+
+    fn spec(extra: serde_json::Value) -> ModelSpec {
+        let mut v = json!({
+            "model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "ffn_dim": 176, "vocab_size": 1000, "max_position_embeddings": 512, "word_embed_proj_dim": 64
+        });
+        for (k, x) in extra.as_object().expect("an object") {
+            v[k] = x.clone();
+        }
+        hf::import_value(&v).expect("an OPT config imports").spec
+    }
+
+    #[test]
+    fn pre_layernorm_opt_has_its_own_layer_and_is_estimated() {
+        let s = spec(json!({}));
+        assert!(is(&s));
+        assert_eq!(s.pos_offset, POSITION_OFFSET);
+        assert_eq!(crate::estimator::unmodelled_feature(&s), None);
+    }
+
+    #[test]
+    fn opt_350m_post_layernorm_layout_is_refused_rather_than_approximated() {
+        // OPT-350m: word_embed_proj_dim 512 against hidden 1024, do_layer_norm_before false.
+        let s = spec(json!({"word_embed_proj_dim": 32, "do_layer_norm_before": false}));
+        assert!(!is(&s));
+        assert_eq!(crate::estimator::unmodelled_feature(&s), Some("OPT's post-LayerNorm layout (OPT-350m)"));
+        let post = spec(json!({"do_layer_norm_before": false}));
+        assert_eq!(crate::estimator::unmodelled_feature(&post), Some("OPT's post-LayerNorm layout (OPT-350m)"));
+    }
+}
