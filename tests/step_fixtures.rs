@@ -72,7 +72,27 @@ fn modelled(r: &Value) -> bool {
 
 /// Families whose decoder layer has its own builder (step/families): their peaks must be in
 /// range. The others run an approximation (the Llama layer) and are only reported.
-const PORTED: &[&str] = &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2"];
+const PORTED: &[&str] = &[
+    "llama-gqa",
+    "llama-mha",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "gpt2",
+    "phi3",
+    "phi3-mha",
+    "gemma2",
+    "opt",
+    "starcoder2",
+    "phi",
+    "gpt_neox",
+    "gpt_neox-seq",
+    "stablelm",
+    "stablelm-qkln-par",
+    "falcon-old",
+    "falcon-new",
+    "falcon-new-1ln",
+];
 
 /// The step event logs: (record id, measured peak, the log).
 fn logs() -> Vec<(String, u128, Value)> {

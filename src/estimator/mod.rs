@@ -188,6 +188,13 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
         (moe && (spec.router_bias || spec.router_fp32 || spec.router_groups > 1), "this router (bias, fp32 or group-limited)"),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
+        // Falcon's `alibi=True` (Falcon-RW): position biases added to the scores; no fixture.
+        (spec.positions == model::Positions::None && spec.fused_qkv, "ALiBi position biases"),
+        // OPT-350m: post-LayerNorm layers (`do_layer_norm_before=False`) and `project_in`/`out`.
+        (
+            spec.embed_proj > 0 || (spec.positions == model::Positions::Learned && spec.pos_offset > 0 && !spec.final_norm),
+            "OPT's post-LayerNorm layout (OPT-350m)",
+        ),
     ]
     .into_iter()
     .find_map(|(on, name)| on.then_some(name))

@@ -171,7 +171,15 @@ impl<'a> Setup<'a> {
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
         let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
         let eager = self.cfg.attn == Attention::Eager;
-        let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
+        let mask = if eager {
+            Some(mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints))
+        } else if families::sdpa_bool_mask(b, spec) {
+            // SDPA receives a materialized bool mask `[1, 1, s, s_kv]`.
+            let bool_mask = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+            Some(mk(b, 3, bool_mask, Dt::Bool, Part::Checkpoints))
+        } else {
+            None
+        };
         let mask_local = (eager && families::gemma::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
         Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
     }

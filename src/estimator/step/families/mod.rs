@@ -6,11 +6,17 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod falcon;
 pub mod gemma;
 pub mod gpt2;
 pub mod llama;
 pub mod moe;
+pub mod neox;
+pub mod opt;
+pub mod phi;
 pub mod phi3;
+pub mod stablelm;
+pub mod starcoder2;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -120,10 +126,22 @@ impl Params<'_> {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)
+    } else if opt::is(spec) {
+        opt::layer(b, p, spec, x, sh, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::layer(b, p, spec, x, sh, attn)
+    } else if phi::is(spec) {
+        phi::layer(b, p, spec, x, sh, attn)
+    } else if neox::is(spec) {
+        neox::layer(b, p, spec, x, sh, attn)
+    } else if stablelm::is(spec) {
+        stablelm::layer(b, p, spec, x, sh, attn)
+    } else if falcon::is(spec) {
+        falcon::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -135,6 +153,16 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if opt::is(spec) {
+        opt::embed(b, p, spec, ids, attn)
+    } else if falcon::is(spec) {
+        falcon::embed(b, p, spec, ids, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::embed(b, p, spec, ids, attn)
+    } else if phi::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, true)
+    } else if neox::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, false)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -143,16 +171,35 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
 /// Whether the first layer's input is one of the model forward's locals (held until the model
 /// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
 pub fn x0_is_local(spec: &ModelSpec) -> bool {
-    !gpt2::is(spec)
+    !gpt2::is(spec) && !opt::is(spec)
 }
 
 /// The final norm of the model (`model.norm`, `transformer.ln_f`), if it has one.
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
+    } else if opt::is(spec) {
+        opt::final_norm(b, p, x)
+    } else if starcoder2::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if phi::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
+    } else if neox::is(spec) {
+        starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+    } else if stablelm::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if falcon::is(spec) {
+        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
+}
+
+/// Whether SDPA receives a materialized bool mask `[1, 1, s, s_kv]` from the model's forward
+/// (a model-level tensor the layers read): StarCoder2 once its sliding window bites, Falcon
+/// always (`allow_is_causal_skip=False`).
+pub fn sdpa_bool_mask(b: &Builder, spec: &ModelSpec) -> bool {
+    (starcoder2::is(spec) && starcoder2::window_mask(b, spec)) || falcon::is(spec)
 }
 
 /// A token tensor `[b, s, h]` given to a program by its caller.
