@@ -284,6 +284,9 @@ test('compare shows A and B side by side with the ledger diff and the changed fo
   assert.ok(await p.$('[data-testid=cmp-diff] tr.formula-diff code'));
   const peaks = await p.$$eval('[data-testid^=cmp-verdict-] strong', (s) => s.map((x) => BigInt(x.dataset.bytes)));
   assert.ok(peaks[0] > peaks[1], 'eager attention keeps more than SDPA');
+  // The charts overlay B's peak on A's axes.
+  await p.waitForSelector('[data-testid=chart-panel-seq][data-compared=true]');
+  await p.waitForFunction(() => /compared configuration B/.test(document.querySelector('[data-testid=chart-seq]').getAttribute('aria-label') || ''));
   // "Duplicate as B" on a plain page, then an edit of A.
   const { page: d } = await openPage(browser, app.base + '?model=gpt2');
   await d.click('[data-testid=duplicate-b]');
