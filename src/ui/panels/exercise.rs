@@ -18,7 +18,7 @@ use crate::ui::dom;
 use crate::ui::html::esc;
 use crate::ui::state::{compare_query, use_store, Store};
 use leptos::prelude::*;
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 
 /// One question the panel can ask.
 #[derive(Clone, Debug, PartialEq)]
@@ -190,33 +190,80 @@ fn run_check(store: Store, task: &Task, guess: &str) -> String {
     s
 }
 
+/// The question, its hint and the guess control, as HTML (rebuilt when the exercise changes).
+fn ask_html(task: &Task) -> String {
+    let mut s = format!("<p class=\"question\" data-testid=\"ex-question\">{}</p>", esc(&task.question));
+    if !task.hint.is_empty() {
+        s.push_str(&format!("<details class=\"hint-box\"><summary>Hint</summary><p>{}</p></details>", esc(&task.hint)));
+    }
+    if matches!(task.target, Target::Dominant) {
+        s.push_str("<label for=\"ex-guess\">Your prediction (a category)</label><div class=\"row\"><select id=\"ex-guess\" data-testid=\"ex-guess\"><option value=\"\">Choose…</option>");
+        for c in Category::ALL {
+            s.push_str(&format!("<option value=\"{}\">{}</option>", category_name(c), c.label()));
+        }
+        s.push_str("</select>");
+    } else {
+        s.push_str(
+            "<label for=\"ex-guess\">Your prediction (208 GB, 194 GiB, 2.1e11 or 75 %)</label><div class=\"row\">\
+             <input id=\"ex-guess\" data-testid=\"ex-guess\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\">",
+        );
+    }
+    s.push_str("<button type=\"submit\" class=\"primary\" data-testid=\"ex-check\">Check</button></div>");
+    if task.query.is_some() {
+        s.push_str("<p><button type=\"button\" data-testid=\"ex-open\">Show this configuration in the calculator</button></p>");
+    }
+    s
+}
+
+/// The value of a form control found by `selector` under `root`.
+fn control_value(root: &web_sys::Element, selector: &str) -> Option<String> {
+    let el = root.query_selector(selector).ok().flatten()?;
+    if let Some(i) = el.dyn_ref::<web_sys::HtmlInputElement>() {
+        return Some(if i.type_() == "checkbox" { i.checked().to_string() } else { i.value() });
+    }
+    el.dyn_ref::<web_sys::HtmlSelectElement>().map(|s| s.value())
+}
+
+fn target_element(ev: &web_sys::Event) -> Option<web_sys::Element> {
+    ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok())
+}
+
+/// The exercises panel. Its controls are HTML text with one handler per event kind (as the
+/// form's fields are): a few signals, not a tree of reactive nodes.
 #[component]
 pub fn Exercises() -> impl IntoView {
     let store = use_store();
     let (all, step, quiz) = store.course.with_value(|s| (tasks(s), s.step, s.quiz || s.exercise.is_some()));
-    let all = StoredValue::new(all);
-    let first = step.and_then(|id| all.with_value(|t| t.iter().position(|x| x.id == id))).unwrap_or(0);
-    let chosen = RwSignal::new(first);
-    let guess = RwSignal::new(String::new());
-    let result = RwSignal::new(String::new());
-    let task = move || all.with_value(|t| t[chosen.get().min(t.len() - 1)].clone());
-    let options = all.with_value(|t| {
-        t.iter()
-            .enumerate()
-            .map(|(i, x)| view! { <option value=i.to_string() selected=i == first>{x.title.clone()}</option> })
-            .collect_view()
+    let first = step.and_then(|id| all.iter().position(|x| x.id == id)).unwrap_or(0);
+    let picker = (!quiz).then(|| {
+        let mut s = String::from("<label for=\"ex-pick\">Exercise</label><select id=\"ex-pick\" data-testid=\"ex-pick\">");
+        for (i, x) in all.iter().enumerate() {
+            s.push_str(&format!("<option value=\"{i}\"{}>{}</option>", if i == first { " selected" } else { "" }, esc(&x.title)));
+        }
+        s.push_str("</select>");
+        s
     });
-    let pick = move |ev: leptos::ev::Event| {
-        chosen.set(event_target_value(&ev).parse().unwrap_or(0));
-        guess.set(String::new());
-        result.set(String::new());
+    let all = StoredValue::new(all);
+    let chosen = RwSignal::new(first);
+    let result = RwSignal::new(String::new());
+    let task = move || all.with_value(|t| t[chosen.get_untracked().min(t.len() - 1)].clone());
+    let on_change = move |ev: leptos::ev::Event| {
+        if let Some(el) = target_element(&ev).filter(|e| e.id() == "ex-pick") {
+            if let Some(v) = el.dyn_ref::<web_sys::HtmlSelectElement>().map(|s| s.value()) {
+                chosen.set(v.parse().unwrap_or(0));
+                result.set(String::new());
+            }
+        }
     };
-    let submit = move |ev: leptos::ev::SubmitEvent| {
+    let on_submit = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
-        result.set(run_check(store, &task(), &guess.get_untracked()));
+        let guess = target_element(&ev).and_then(|f| control_value(&f, "#ex-guess")).unwrap_or_default();
+        result.set(run_check(store, &task(), &guess));
     };
-    let is_category = move || matches!(task().target, Target::Dominant);
-    let open_config = move |_| {
+    let on_click = move |ev: leptos::ev::MouseEvent| {
+        if target_element(&ev).and_then(|e| e.get_attribute("data-testid")).as_deref() != Some("ex-open") {
+            return;
+        }
         if let Some((q, c)) = task().query {
             let state = match c {
                 Some(c) => format!("{q}&compare={}", crate::config::percent_encode(c)),
@@ -228,61 +275,49 @@ pub fn Exercises() -> impl IntoView {
             }
         }
     };
+    let ask = move || all.with_value(|t| ask_html(&t[chosen.get().min(t.len() - 1)]));
     view! {
-        <section class="exercises" data-panel="exercises" data-testid="exercises" aria-labelledby="ex-h">
+        <section class="exercises" data-panel="exercises" data-testid="exercises" aria-labelledby="ex-h" on:change=on_change on:click=on_click>
             <h2 id="ex-h">{if quiz { "Predict, then reveal" } else { "Exercises" }}</h2>
-            {(!quiz).then(|| view! {
-                <div class="field">
-                    <label for="ex-pick">"Exercise"</label>
-                    <select id="ex-pick" data-testid="ex-pick" on:change=pick>{options}</select>
-                </div>
-            })}
-            <p class="question" data-testid="ex-question">{move || task().question}</p>
-            {move || {
-                let h = task().hint;
-                (!h.is_empty()).then(|| view! { <details class="hint-box"><summary>"Hint"</summary><p>{h}</p></details> })
-            }}
-            <form class="guess" on:submit=submit>
-                <label for="ex-guess">{move || if is_category() { "Your prediction (a category)" } else { "Your prediction (208 GB, 194 GiB, 2.1e11 or 75 %)" }}</label>
-                <div class="row">
-                    {move || if is_category() {
-                        view! {
-                            <select id="ex-guess" data-testid="ex-guess" on:change=move |ev| guess.set(event_target_value(&ev))>
-                                <option value="">"Choose…"</option>
-                                {Category::ALL.iter().map(|c| view! { <option value=category_name(*c)>{c.label()}</option> }).collect_view()}
-                            </select>
-                        }.into_any()
-                    } else {
-                        view! {
-                            <input id="ex-guess" data-testid="ex-guess" type="text" inputmode="decimal" autocomplete="off"
-                                prop:value=move || guess.get() on:input=move |ev| guess.set(event_target_value(&ev))/>
-                        }.into_any()
-                    }}
-                    <button type="submit" class="primary" data-testid="ex-check">"Check"</button>
-                </div>
-            </form>
+            {picker.map(|p| view! { <div class="field" inner_html=p></div> })}
+            <form class="guess" on:submit=on_submit inner_html=ask></form>
             <div class="ex-result" role="status" aria-live="polite" data-testid="ex-result" inner_html=move || result.get()></div>
-            {move || task().query.is_some().then(|| view! {
-                <button type="button" data-testid="ex-open" on:click=open_config>"Show this configuration in the calculator"</button>
-            })}
             {(!store.embed && !quiz).then(|| view! { <Author/> })}
         </section>
     }
 }
 
-/// "Make this an exercise": the current configuration plus a question, as a link.
+/// The fields of "make this an exercise", as HTML (the target list is filled separately).
+const AUTHOR_FIELDS: &str = "<div class=\"field\"><label for=\"ask-tol\">Tolerance (%)</label><input id=\"ask-tol\" data-testid=\"ask-tol\" type=\"text\" inputmode=\"decimal\" value=\"5\"></div>\
+<div class=\"field\"><label for=\"ask-question\">Question</label><input id=\"ask-question\" data-testid=\"ask-question\" type=\"text\"></div>\
+<div class=\"field\"><label for=\"ask-hint\">Hint</label><input id=\"ask-hint\" data-testid=\"ask-hint\" type=\"text\"></div>\
+<div class=\"field check\"><label for=\"ask-embed\">For an iframe (embed=1)</label><input id=\"ask-embed\" type=\"checkbox\" checked></div>";
+
+/// What the author has typed: target, tolerance, question, hint, embed.
+#[derive(Clone, Debug, PartialEq)]
+struct Draft {
+    target: String,
+    tol: String,
+    question: String,
+    hint: String,
+    embed: bool,
+}
+
+/// "Make this an exercise": the current configuration and a question, as a link.
 #[component]
 fn Author() -> impl IntoView {
     let store = use_store();
-    let target = RwSignal::new("memory:peak".to_string());
-    let tol = RwSignal::new(DEFAULT_TOLERANCE_PCT.to_string());
-    let hint = RwSignal::new(String::new());
-    let question = RwSignal::new(String::new());
-    let embed = RwSignal::new(true);
+    let draft = RwSignal::new(Draft {
+        target: "memory:peak".into(),
+        tol: DEFAULT_TOLERANCE_PCT.to_string(),
+        question: String::new(),
+        hint: String::new(),
+        embed: true,
+    });
     let fields =
         ["peak", "total", "static", "parameters", "gradients", "optimizer_states", "activations", "after_forward", "parameter_count"];
     let targets = move || {
-        let current = target.get_untracked();
+        let current = draft.with_untracked(|d| d.target.clone());
         let option = |value: String, label: String| {
             format!("<option value=\"{}\"{}>{}</option>", esc(&value), if value == current { " selected" } else { "" }, esc(&label))
         };
@@ -297,23 +332,26 @@ fn Author() -> impl IntoView {
         });
         s
     };
+    let on_edit = move |ev: leptos::ev::Event| {
+        let Some(root) = target_element(&ev).and_then(|e| e.closest("details").ok().flatten()) else { return };
+        let v = |sel: &str| control_value(&root, sel).unwrap_or_default();
+        draft.set(Draft {
+            target: v("#ask-target"),
+            tol: v("#ask-tol"),
+            question: v("#ask-question"),
+            hint: v("#ask-hint"),
+            embed: v("#ask-embed") == "true",
+        });
+    };
     let url = move || {
-        let Ok(t) = Target::parse(&target.get()) else { return String::new() };
+        let d = draft.get();
+        let Ok(t) = Target::parse(&d.target) else { return String::new() };
+        let tolerance_pct =
+            d.tol.trim().parse().ok().filter(|v: &f64| v.is_finite() && (0.0..=100.0).contains(v)).unwrap_or(DEFAULT_TOLERANCE_PCT);
         let settings = Settings {
-            embed: embed.get(),
+            embed: d.embed,
             quiz: true,
-            exercise: Some(CustomExercise {
-                target: t,
-                tolerance_pct: tol
-                    .get()
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|v: &f64| v.is_finite() && (0.0..=100.0).contains(v))
-                    .unwrap_or(DEFAULT_TOLERANCE_PCT),
-                hint: hint.get(),
-                question: question.get(),
-            }),
+            exercise: Some(CustomExercise { target: t, tolerance_pct, hint: d.hint, question: d.question }),
             compare: store.compare.with(|b| b.as_ref().map(compare_query)),
             ..Settings::default()
         };
@@ -327,21 +365,14 @@ fn Author() -> impl IntoView {
         leptos::task::spawn_local(async move { copied.set(dom::copy_text(&text).await) });
     };
     view! {
-        <details class="author" data-testid="make-exercise">
+        <details class="author" data-testid="make-exercise" on:input=on_edit on:change=on_edit>
             <summary>"Make this an exercise"</summary>
             <p class="hint">"The current configuration and your question become a link (predict, then reveal). Nothing is stored anywhere."</p>
             <div class="field">
                 <label for="ask-target">"What to predict"</label>
-                <select id="ask-target" data-testid="ask-target" on:change=move |ev| target.set(event_target_value(&ev)) inner_html=targets></select>
+                <select id="ask-target" data-testid="ask-target" inner_html=targets></select>
             </div>
-            <div class="field"><label for="ask-tol">"Tolerance (%)"</label>
-                <input id="ask-tol" data-testid="ask-tol" type="text" inputmode="decimal" prop:value=move || tol.get() on:input=move |ev| tol.set(event_target_value(&ev))/></div>
-            <div class="field"><label for="ask-question">"Question"</label>
-                <input id="ask-question" data-testid="ask-question" type="text" prop:value=move || question.get() on:input=move |ev| question.set(event_target_value(&ev))/></div>
-            <div class="field"><label for="ask-hint">"Hint"</label>
-                <input id="ask-hint" data-testid="ask-hint" type="text" prop:value=move || hint.get() on:input=move |ev| hint.set(event_target_value(&ev))/></div>
-            <div class="field check"><label for="ask-embed">"For an iframe (embed=1)"</label>
-                <input id="ask-embed" type="checkbox" prop:checked=move || embed.get() on:change=move |ev| embed.set(event_target_checked(&ev))/></div>
+            <div inner_html=AUTHOR_FIELDS></div>
             <div class="field"><label for="ask-url">"Link"</label>
                 <input id="ask-url" data-testid="exercise-url" type="text" readonly prop:value=url/></div>
             <button type="button" on:click=copy>{move || if copied.get() { "Copied ✓" } else { "Copy link" }}</button>
