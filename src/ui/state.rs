@@ -294,6 +294,15 @@ impl Store {
         self.compare.set(Some(self.config.get_untracked()));
     }
 
+    /// Swaps A and B (the display unit stays A's).
+    pub fn swap_compare(&self) {
+        if let Some(b) = self.compare.get_untracked() {
+            let a = self.config.get_untracked();
+            self.config.set(Config { unit: a.unit, ..b });
+            self.compare.set(Some(a));
+        }
+    }
+
     /// Shows the figures a quiz hid (after a guess).
     pub fn reveal(&self) {
         self.revealed.set(true);

@@ -170,13 +170,7 @@ pub fn Compare() -> impl IntoView {
                     </div>
                     <div class="cmp-body" inner_html=body></div>
                     <div class="row">
-                        <button type="button" data-testid="cmp-swap" on:click=move |_| {
-                            if let Some(b) = store.compare.get_untracked() {
-                                let a = store.config.get_untracked();
-                                store.config.set(Config { unit: a.unit, ..b });
-                                store.set_compare(Some(a));
-                            }
-                        }>"Swap A and B"</button>
+                        <button type="button" data-testid="cmp-swap" on:click=move |_| store.swap_compare()>"Swap A and B"</button>
                         <button type="button" data-testid="cmp-clear" on:click=move |_| store.set_compare(None)>"Stop comparing"</button>
                     </div>
                 }.into_any()
