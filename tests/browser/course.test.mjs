@@ -176,6 +176,11 @@ test('hide= and lock= take effect, sections= orders an embed, and a bad value is
   const { page: e } = await openPage(browser, app.base + '?model=gpt2&embed=1&sections=ledger,verdict');
   const order = await e.$$eval('[data-panel]', (els) => els.map((el) => el.dataset.panel));
   assert.deepEqual(order, ['ledger', 'result']);
+  // On the full page too: no inputs listed, no form, one column.
+  const { page: full } = await openPage(browser, app.base + '?model=gpt2&sections=ledger,verdict,exercises');
+  await full.waitForSelector('[data-testid=exercises]');
+  assert.equal(await full.$('form.inputs'), null);
+  assert.deepEqual(await full.$$eval('main [data-panel]', (els) => els.map((el) => el.dataset.panel)), ['ledger', 'result', 'answers', 'exercises']);
   assert.deepEqual(problems, []);
 });
 
