@@ -14,6 +14,7 @@ use crate::plots::{category_color, hex};
 use crate::ui::html::esc;
 use crate::ui::state::{compare_query, gpu_of, use_store};
 use leptos::prelude::*;
+use wasm_bindgen::JsCast;
 
 fn verdict(name: &str, e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
     match e {
@@ -141,40 +142,52 @@ fn html(a_cfg: &Config, b_cfg: &Config) -> String {
     s
 }
 
+/// The panel's content as HTML: the "duplicate" invitation, or B's settings, A and B, and the
+/// swap and stop buttons (one handler per event kind reads `data-action`).
+fn panel_html(a: &Config, b: Option<&Config>, error: &str) -> String {
+    let Some(b) = b else {
+        return "<p class=\"hint\">Duplicate this configuration as B, then change A: the verdicts, the bars and the ledger show what changed.</p>\
+                <button type=\"button\" data-action=\"duplicate\" data-testid=\"cmp-duplicate\">Duplicate as B</button>"
+            .into();
+    };
+    format!(
+        "<div class=\"field\"><label for=\"cmp-b\">B's settings (as in a link)</label>\
+         <input id=\"cmp-b\" data-testid=\"cmp-b\" type=\"text\" spellcheck=\"false\" value=\"{}\">\
+         <span class=\"field-error\" role=\"status\">{}</span></div><div class=\"cmp-body\">{}</div>\
+         <div class=\"row\"><button type=\"button\" data-action=\"swap\" data-testid=\"cmp-swap\">Swap A and B</button>\
+         <button type=\"button\" data-action=\"clear\" data-testid=\"cmp-clear\">Stop comparing</button></div>",
+        esc(&compare_query(b)),
+        esc(error),
+        html(a, b)
+    )
+}
+
 #[component]
 pub fn Compare() -> impl IntoView {
     let store = use_store();
-    let body = move || store.config.with(|a| store.compare.with(|b| b.as_ref().map(|b| html(a, b)).unwrap_or_default()));
-    let b_query = move || store.compare.with(|b| b.as_ref().map(compare_query).unwrap_or_default());
     let error = RwSignal::new(String::new());
-    let edit_b = move |ev: leptos::ev::Event| {
-        let q = event_target_value(&ev);
-        let d = decode_query(&q);
+    let body = move || store.config.with(|a| store.compare.with(|b| error.with(|e| panel_html(a, b.as_ref(), e))));
+    let on_click = move |ev: leptos::ev::MouseEvent| {
+        let action = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()).and_then(|e| e.get_attribute("data-action"));
+        match action.as_deref() {
+            Some("duplicate") => store.duplicate_as_b(),
+            Some("swap") => store.swap_compare(),
+            Some("clear") => store.set_compare(None),
+            _ => {}
+        }
+    };
+    let on_change = move |ev: leptos::ev::Event| {
+        let Some(input) = ev.target().and_then(|t| t.dyn_into::<web_sys::HtmlInputElement>().ok()).filter(|i| i.id() == "cmp-b") else {
+            return;
+        };
+        let d = decode_query(&input.value());
         error.set(d.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "));
         store.set_compare(Some(d.config));
     };
     view! {
-        <section class="compare" data-panel="compare" data-testid="compare" aria-labelledby="cmp-h">
+        <section class="compare" data-panel="compare" data-testid="compare" aria-labelledby="cmp-h" on:click=on_click on:change=on_change>
             <h2 id="cmp-h">"Compare A and B"</h2>
-            {move || if store.compare.with(Option::is_none) {
-                view! {
-                    <p class="hint">"Duplicate this configuration as B, then change A: the verdicts, the bars and the ledger show what changed."</p>
-                    <button type="button" data-testid="cmp-duplicate" on:click=move |_| store.duplicate_as_b()>"Duplicate as B"</button>
-                }.into_any()
-            } else {
-                view! {
-                    <div class="field">
-                        <label for="cmp-b">"B's settings (as in a link)"</label>
-                        <input id="cmp-b" data-testid="cmp-b" type="text" spellcheck="false" prop:value=b_query on:change=edit_b/>
-                        <span class="field-error" role="status">{move || error.get()}</span>
-                    </div>
-                    <div class="cmp-body" inner_html=body></div>
-                    <div class="row">
-                        <button type="button" data-testid="cmp-swap" on:click=move |_| store.swap_compare()>"Swap A and B"</button>
-                        <button type="button" data-testid="cmp-clear" on:click=move |_| store.set_compare(None)>"Stop comparing"</button>
-                    </div>
-                }.into_any()
-            }}
+            <div inner_html=body></div>
         </section>
     }
 }
