@@ -467,6 +467,58 @@ mod tests {
         assert!(diff >= 32 * 6 * 32 * 4096 * 4096);
     }
 
+    /// Every built-in exercise's key, recomputed here from the estimator's own figures by a
+    /// second route (the estimate's memory totals and parameter count, not the exercise code's
+    /// row sums), so a wrong target or a typed-in number would fail.
+    #[test]
+    fn every_builtin_answer_matches_the_estimators_own_figures() {
+        for ex in builtin() {
+            let e = estimate(&ex.config()).expect("estimates");
+            let m = &e.memory;
+            let want = match ex.id {
+                "four-categories" | "dominant-32k" => {
+                    let by = |c: Category| e.components.iter().filter(|r| r.category == c).map(|r| r.bytes).sum::<u128>();
+                    let best = Category::ALL.into_iter().max_by_key(|c| by(*c)).expect("categories");
+                    Answer::Category(best)
+                }
+                // 16 bytes for each of the estimator's Ψ parameters (2 + 2 + 4 + 4 + 4).
+                "sixteen-psi" => Answer::Bytes(16 * e.parameter_count as u128),
+                "optimizer-share" => {
+                    // The optimizer's master weights and moments against 16Ψ of model states.
+                    let row = |id: &str| flatten(&e.components).into_iter().find(|r| r.id == id).map_or(0, |r| r.bytes);
+                    let states = 16 * e.parameter_count as u128;
+                    Answer::Percent((row("master_weights") + row("optimizer_states")) as f64 * 100.0 / states as f64)
+                }
+                "adam-fp32" => {
+                    let moments = flatten(&e.components).into_iter().find(|r| r.id == "optimizer_states").map_or(0, |r| r.bytes);
+                    Answer::BytesPerParameter(moments as f64 / e.parameter_count as f64)
+                }
+                "activations-per-layer" => {
+                    let mut more = ex.config();
+                    more.arch.layers += 1;
+                    Answer::Bytes(estimate(&more).expect("estimates").memory.activations - m.activations)
+                }
+                "flash-removes" => {
+                    let other = estimate(&ex.compare_config().expect("a B")).expect("estimates");
+                    Answer::Bytes(m.activations.abs_diff(other.memory.activations))
+                }
+                "verify-allocated" => Answer::Bytes(m.parameters + m.optimizer_states + m.activations),
+                other => panic!("the built-in exercise {other} has no independent check here: add one"),
+            };
+            assert_eq!(ex.answer(), Ok(want.clone()), "{}", ex.id);
+            // Within its tolerance the exact key is right, and a guess twice the key is not.
+            let exact = match &want {
+                Answer::Bytes(b) | Answer::Count(b) => b.to_string(),
+                Answer::Percent(p) | Answer::BytesPerParameter(p) => p.to_string(),
+                Answer::Category(c) => category_name(*c).to_string(),
+            };
+            assert!(check(&want, &exact, ex.tolerance_pct).is_some_and(|c| c.correct), "{}", ex.id);
+            if let Answer::Bytes(b) = want {
+                assert!(!check(&want, &(2 * b).to_string(), ex.tolerance_pct).is_some_and(|c| c.correct), "{}", ex.id);
+            }
+        }
+    }
+
     #[test]
     fn the_after_forward_answer_is_what_the_step_holds_once_the_loss_is_computed() {
         let cfg = crate::config::decode_query("model=gpt2&precision=fp32&batch=8&seq=1024").config;

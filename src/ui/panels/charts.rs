@@ -135,6 +135,15 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
             })
         })
     });
+    // Course mode's compare: B's peak over the same axes (the timeline has none).
+    let b_series = Memo::new(move |_| {
+        store.compare.with(|b| {
+            let b = b.as_ref()?;
+            let key = kind.axis().map_or_else(|| b.clone(), |a| sweep::key(a, b));
+            let d = chart_of(kind, &key).ok()?;
+            store.compare_estimate.with(|e| d.with_current(b, e.as_ref().and_then(|e| e.as_ref().ok()))).overlay_series()
+        })
+    });
     let table = Memo::new(move |_| {
         let t = store.look().chart_theme();
         dom::timed("table", || live.with(|d| d.as_ref().ok().map(|d| d.table(&t))))
@@ -146,9 +155,18 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
     let draw: Draw = Rc::new(move |root, theme| {
         dom::mark("trainmem:charts:start");
         let t0 = dom::now_ms();
-        let text = live.with(|d| d.as_ref().map_or_else(|e| format!("No chart: {e}"), ChartData::describe));
+        let overlay = b_series.get();
+        let mut text = live.with(|d| d.as_ref().map_or_else(|e| format!("No chart: {e}"), ChartData::describe));
+        if overlay.is_some() {
+            text.push_str(" Dashed: the peak of the compared configuration B.");
+        }
         let layout = live.with(|d| match d {
-            Ok(d) => d.draw(root, theme).ok().map(|(f, l)| {
+            Ok(d) => match &overlay {
+                Some(b) => d.draw_compared(root, theme, b),
+                None => d.draw(root, theme),
+            }
+            .ok()
+            .map(|(f, l)| {
                 frame.set_value(Some(f));
                 l
             }),
@@ -287,7 +305,7 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
 
     view! {
         <section class="chart-panel" aria-labelledby=labelled_by data-testid=format!("chart-panel-{kind}") data-panel=kind.as_str()
-            data-render-ms=move || format!("{:.2}", render_ms.get())>
+            data-render-ms=move || format!("{:.2}", render_ms.get()) data-compared=move || b_series.with(Option::is_some).to_string()>
             <h3 id=heading>{kind.title()}</h3>
             <div class="chart-frame" tabindex="0" role="group" data-testid=format!("chart-{kind}-frame")
                 aria-label=format!("{}: interactive chart. Arrow keys step through the values, Escape hides them.", kind.title())
