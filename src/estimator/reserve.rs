@@ -131,7 +131,8 @@ fn build(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128]) -> 
         }
         let base = next;
         next += span;
-        let mut live: Vec<u32> = Vec::new();
+        // Which of this step's ids are still allocated (indexed by the stream's id).
+        let mut live = vec![false; span as usize];
         let create_states = |b: &mut Built, next: &mut u32| {
             for &bytes in &states {
                 b.events.push(AllocEvent::Alloc { id: *next, bytes: sized(bytes) });
@@ -148,13 +149,11 @@ fn build(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128]) -> 
             match e.kind {
                 EventKind::Alloc => {
                     b.events.push(AllocEvent::Alloc { id, bytes: sized(e.bytes) });
-                    live.push(id);
+                    live[e.id as usize] = true;
                 }
                 EventKind::Free => {
                     b.events.push(AllocEvent::Free { id });
-                    if let Some(p) = live.iter().rposition(|&x| x == id) {
-                        live.swap_remove(p);
-                    }
+                    live[e.id as usize] = false;
                 }
             }
             b.labels.push("");
@@ -165,7 +164,7 @@ fn build(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128]) -> 
         }
         // Whatever a step leaves allocated is released before the next (the stream frees all
         // it allocates; this keeps the replay valid if it did not).
-        for id in live {
+        for id in live.iter().enumerate().filter(|(_, &l)| l).map(|(i, _)| base + i as u32) {
             b.events.push(AllocEvent::Free { id });
             b.labels.push("");
             b.stream_at.push(None);
