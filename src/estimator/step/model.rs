@@ -169,10 +169,9 @@ impl<'a> Setup<'a> {
             (None, None)
         };
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
-        let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-        let eager = self.cfg.attn == Attention::Eager;
-        let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
-        let mask_local = (eager && families::gemma::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
+        let [m, l] = families::mask_shapes(spec, self.cfg.attn, self.cfg.seq);
+        let mask = m.map(|(shape, dt)| mk(b, 3, shape, dt, Part::Checkpoints));
+        let mask_local = l.map(|(shape, dt)| mk(b, 4, shape, dt, Part::Checkpoints));
         Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
     }
 

@@ -9,8 +9,10 @@
 pub mod gemma;
 pub mod gpt2;
 pub mod llama;
+pub mod mistral;
 pub mod moe;
 pub mod phi3;
+pub mod qwen_moe;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -124,6 +126,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if qwen_moe::is(spec) {
+        qwen_moe::layer(b, p, spec, x, sh, kind, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -135,6 +139,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if mistral::is(spec) {
+        mistral::embed(b, p, spec, ids, attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -180,4 +186,14 @@ pub fn cos_shape(spec: &ModelSpec) -> Shape {
 /// Norm kinds that keep statistics in the input dtype on CPU.
 pub fn layer_norm_like(n: NormKind) -> bool {
     matches!(n, NormKind::Layernorm | NormKind::LayernormNoBias)
+}
+
+/// The shapes and dtypes of the masks the layers receive (`Shared::mask`, `Shared::mask_local`)
+/// at `s_kv` keys: eager's additive masks, and the bool masks SDPA gets where a sliding window
+/// is shorter than the keys (`mistral.rs`).
+pub fn mask_shapes(spec: &ModelSpec, attn: Attention, s_kv: u64) -> [Option<(Shape, Dt)>; 2] {
+    let eager = attn == Attention::Eager;
+    let mask = if eager || (mistral::is(spec) && mistral::masked(spec.window, s_kv)) { Some(mistral::mask_shape(attn)) } else { None };
+    let local = (eager && gemma::two_masks(spec)).then(|| mistral::mask_shape(attn));
+    [mask, local]
 }

@@ -1,0 +1,158 @@
+//! Sliding-window attention on Llama's layer (`modeling_mistral.py`: Mistral passes
+//! `config.sliding_window` to every layer) and the masks `masking_utils.py` builds for it:
+//! `create_sliding_window_causal_mask` materializes a mask whenever the window is shorter than
+//! the keys (`_ignore_causal_mask_sdpa`: `kv_length >= local_attention_size` forbids the
+//! `is_causal` shortcut) — a bool `[1, 1, s, s_kv]` for SDPA, the additive `[b, 1, s, s_kv]` for
+//! eager. With a mask, `sdpa_attention_forward` cannot use SDPA's GQA path: it repeats k and v to
+//! `a` heads (`repeat_kv`), and `F.scaled_dot_product_attention` turns the bool mask into an
+//! additive one in the query's dtype (`where`), which the CPU flash kernel keeps for backward.
+
+use super::super::blocks::shapes::heads;
+use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
+use super::llama::{embedding, packed_detection, repeat_kv, rotary};
+use super::{has_rope, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{LayerRule, ModelSpec, NormKind, WindowKind};
+
+/// Whether `spec` slides a window on every layer (Mistral; Llama-like families only — Gemma,
+/// Phi-3, the MoE families and the LayerNorm families have their own layers).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.window > 0
+        && spec.window_kind == WindowKind::Sliding
+        && spec.window_layers == LayerRule::All
+        && spec.norm == NormKind::Rmsnorm
+        && spec.experts == 0
+        && !spec.fused_qkv
+        && spec.kv_lora_rank == 0
+}
+
+/// Whether a sliding mask exists at `s_kv` keys for a window of `window` tokens
+/// (`_ignore_causal_mask_sdpa`: the shortcut needs `kv_length < local_attention_size`).
+pub fn masked(window: u64, s_kv: u64) -> bool {
+    s_kv >= window
+}
+
+/// The shape and dtype of a sliding mask as the layers receive it: SDPA's bool `[1, 1, s, s_kv]`
+/// (`sdpa_mask`), or eager's additive `[b, 1, s, s_kv]` in the residual dtype.
+pub fn mask_shape(attn: Attention) -> (Shape, Dt) {
+    match attn {
+        Attention::Eager => (Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid),
+        _ => (Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool),
+    }
+}
+
+/// `create_sliding_window_causal_mask` once the window is shorter than the keys: the
+/// packed-sequence check, then `sdpa_mask` with `sliding_window_causal_mask_function`
+/// (`kv > q - window` and `kv <= q`, two bool `[1, 1, s, s_kv]` and their `bitwise_and`s);
+/// eager converts the result to the additive mask (`where(mask, 0, min)`, `[b, 1, s, s_kv]`).
+pub fn sliding_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
+    packed_detection(b, pos);
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ss = || Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+    let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
+    let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
+    let kv0 = b.plain("arange", &[], s1(), Dt::I64);
+    let kv = b.plain("add", &[kv0], s1(), Dt::I64);
+    let q0 = b.plain("arange", &[], s1(), Dt::I64);
+    let qi = b.plain("add", &[q0], s1(), Dt::I64);
+    let one = b.plain("new_ones", &[], Shape::scalar(), Dt::Bool);
+    let sub = b.plain("sub", &[qi], s1(), Dt::I64);
+    let gt = b.plain("gt", &[kv, sub], ss(), Dt::Bool);
+    let and1 = b.plain("bitwise_and", &[one, gt], ss(), Dt::Bool);
+    let le = b.plain("le", &[kv, qi], ss(), Dt::Bool);
+    let and2 = b.plain("bitwise_and", &[and1, le], ss(), Dt::Bool);
+    for t in [ba, ha, kv, qi] {
+        b.hold(t);
+    }
+    let m = if attn == Attention::Eager {
+        let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
+        let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
+        let (shape, dt) = mask_shape(attn);
+        b.plain("where", &[and2, zero, min], shape, dt)
+    } else {
+        and2
+    };
+    b.p.tensors[m as usize].part = Some(Part::Checkpoints);
+    m
+}
+
+/// `MistralModel.forward` before the layers: Llama's, with the sliding-window mask in place of
+/// the causal one (`create_sliding_window_causal_mask` when `config.sliding_window` is set).
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "model.embed_tokens";
+    let emb_w = p.w(b, "embed_tokens.weight");
+    let x0 = match emb_w {
+        Some(w) => embedding(b, ids, w),
+        None => b.plain("embedding", &[ids], super::super::blocks::shapes::tok(Q::H), Dt::Resid),
+    };
+    b.module = "model";
+    let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1, Dt::I64);
+    let pos = b.plain("add", &[ar], s1, Dt::I64);
+    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    // Eager always materializes the mask; SDPA only when the window is shorter than the keys.
+    let mask = if attn == Attention::Eager || masked(spec.window, b.c.n(Q::S_KV)) {
+        Some(sliding_mask(b, pos, attn))
+    } else {
+        super::llama::mask_only(b, pos, attn).1
+    };
+    let (cos, sin) = if has_rope(spec) {
+        let (c, s) = rotary(b, spec, pos);
+        (Some(c), Some(s))
+    } else {
+        (None, None)
+    };
+    let sh =
+        Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] };
+    (x0, sh)
+}
+
+/// `sdpa_attention_forward` with a mask:
+/// ```python
+/// key = repeat_kv(key, module.num_key_value_groups)
+/// value = repeat_kv(value, module.num_key_value_groups)
+/// attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
+/// ```
+/// SDPA converts the bool mask to an additive one in q's dtype (`where` of two scalars,
+/// `[b, 1, s, s_kv]`) and the CPU flash kernel keeps it with q, k, v, the output and the
+/// log-sum-exp; its backward allocates dq, dk, dv (k and v at `a` heads, summed back to `k` heads
+/// by `repeat_kv`'s ExpandBackward0). Returns `[b, s, a, d]` as the caller reshapes it.
+pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let (k, v) = if gqa { (repeat_kv(b, k), repeat_kv(b, v)) } else { (k, v) };
+    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
+    let qdt = b.t(q).dt;
+    let z = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
+    let mn = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
+    let am = b.plain("where", &[mask, z, mn], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), qdt);
+    let rg = b.rg(q) || b.rg(k) || b.rg(v);
+    let o: Out = b.out(b.shape(q), qdt, rg);
+    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    let mut temps = 0u8;
+    let mut grads: Vec<(u8, u8)> = Vec::new();
+    for (i, t) in [q, k, v].into_iter().enumerate() {
+        if b.rg(t) {
+            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: "_scaled_dot_product_flash_attention_for_cpu_backward" });
+            grads.push((i as u8, temps));
+            temps += 1;
+        }
+    }
+    for (input, temp) in grads {
+        bw.push(B::Grad { input, temp });
+    }
+    let r = b.op(
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        &[q, k, v, am],
+        &[o, lse],
+        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
+        &bw,
+    );
+    let ot = b.view(r[0], super::super::blocks::shapes::heads_bshd(Q::A), "TransposeBackward0", false);
+    let _ = heads(Q::A);
+    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+}
