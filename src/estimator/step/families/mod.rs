@@ -141,6 +141,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         gpt2::embed(b, p, spec, ids, attn)
     } else if mistral::is(spec) {
         mistral::embed(b, p, spec, ids, attn)
+    } else if qwen_moe::two_masks(spec) {
+        qwen_moe::embed(b, p, spec, ids, attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }

@@ -135,9 +135,6 @@ pub fn sparse_block(b: &mut Builder, w: &MoeW, sw: Option<&SharedW>, x: Tid, nor
     let (logits, weights, idx) = router(b, w.router, x2, normalize);
     let out = experts(b, w, x2, weights, idx);
     b.module = "mlp";
-    for t in [logits, weights, idx] {
-        b.hold(t);
-    }
     let y = match (sw, shared) {
         (Some(sw), Some(so)) => {
             b.module = "mlp.shared_expert_gate";
@@ -153,7 +150,10 @@ pub fn sparse_block(b: &mut Builder, w: &MoeW, sw: Option<&SharedW>, x: Tid, nor
         }
         _ => out,
     };
-    b.hold(x2);
+    // `_, routing_weights, selected_experts = self.gate(...)`: the block's locals.
+    for t in [logits, weights, idx, x2] {
+        b.hold(t);
+    }
     y
 }
 
@@ -230,4 +230,38 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         b.hold(w);
     }
     y
+}
+
+/// `Qwen2MoeModel.forward` before the layers: Llama's, and the mask of the `sliding_attention`
+/// layers too (`create_sliding_window_causal_mask`, called whatever `layer_types` says), whose
+/// window `Qwen2MoeConfig.__post_init__` sets to 0 unless `use_sliding_window`: the mask is
+/// always materialized (bool for SDPA, additive for eager), held by `causal_mask_mapping` until
+/// the model returns, and read by no layer.
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "model.embed_tokens";
+    let emb_w = p.w(b, "embed_tokens.weight");
+    let x0 = match emb_w {
+        Some(w) => super::llama::embedding(b, ids, w),
+        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+    };
+    b.module = "model";
+    let (pos, mask) = super::llama::positions_and_mask(b, attn);
+    let unused = super::mistral::sliding_mask(b, pos, attn);
+    let (cos, sin) = super::llama::rotary(b, spec, pos);
+    let sh = Shared {
+        cos: Some(cos),
+        sin: Some(sin),
+        pos: Some(pos),
+        mask,
+        mask_local: None,
+        emb_w: if spec.tied { emb_w } else { None },
+        locals: [Some(x0), Some(unused)],
+    };
+    (x0, sh)
+}
+
+/// Whether the model's forward builds the (unused) sliding-window mask: Qwen2-MoE.
+pub fn two_masks(spec: &ModelSpec) -> bool {
+    is(spec) && spec.shared_gate
 }
