@@ -239,7 +239,33 @@ pub fn softcap_logits(b: &mut Builder, logits: Tid) -> Tid {
     b.mul_scalar(t)
 }
 
-#[allow(dead_code)]
-fn _shapes() -> Shape {
-    tok_tp(Dim::Q(Q::F))
+/// `GemmaDecoderLayer.forward` (`modeling_gemma.py`): Llama's pre-norm layer with Gemma's
+/// RMSNorm ([`rms_norm`]) and the GeGLU MLP ([`mlp`]: `gelu_pytorch_tanh`); the attention is
+/// Llama's (`GemmaAttention`: no soft-capping, `head_dim` need not be h/a).
+pub fn layer_gemma1(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let aw = AttnW::new(b, p);
+    let mw = MlpW::new(b, p);
+    let n1w = p.w(b, "layers.*.norm.weight");
+    let n2w = p.w(b, "layers.*.norm.weight");
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = rms_norm(b, x, n1w);
+    let (a, weights) = super::llama::attention(b, &aw, spec, n1, sh, attn);
+    b.hold(n1);
+    b.module = "";
+    b.part = Part::Norms;
+    let h = b.add(x, a);
+    b.module = "post_attention_layernorm";
+    let n2 = rms_norm(b, h, n2w);
+    let m = mlp(b, &mw, n2);
+    b.hold(n2);
+    b.module = "";
+    let y = b.add(h, m);
+    b.hold(h);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
 }

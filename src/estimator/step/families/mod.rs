@@ -126,6 +126,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if gemma::is(spec) && spec.experts == 0 {
+        gemma::layer_gemma1(b, p, spec, x, sh, attn)
     } else if qwen_moe::is(spec) {
         qwen_moe::layer(b, p, spec, x, sh, kind, attn)
     } else {
