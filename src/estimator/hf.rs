@@ -856,7 +856,10 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
                     m.act = f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
                 }
                 "qwen3" | "qwen3_moe" => m.qk_norm = QkNorm::Head,
-                "olmo" => m.norm = NormKind::Nonparametric,
+                "olmo" => {
+                    m.norm = NormKind::Nonparametric;
+                    m.clip_qkv = f.float("clip_qkv")?.is_some();
+                }
                 "olmo2" => m.qk_norm = QkNorm::Full,
                 "phi3" => {
                     m.resid_dropout = true;

@@ -162,8 +162,8 @@ impl<'a> Setup<'a> {
             t
         };
         let (cos, sin) = if families::has_rope(spec) {
-            let c = mk(b, 0, families::cos_shape(spec), Dt::Resid, Part::Embedding);
-            let s = mk(b, 1, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let c = mk(b, 0, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+            let s = mk(b, 1, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
             (Some(c), Some(s))
         } else {
             (None, None)

@@ -11,6 +11,7 @@ pub mod gpt2;
 pub mod llama;
 pub mod mistral;
 pub mod moe;
+pub mod olmo;
 pub mod phi3;
 pub mod qwen_moe;
 
@@ -126,6 +127,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if olmo::is(spec) {
+        olmo::layer(b, p, spec, x, sh, attn)
     } else if gemma::is(spec) && spec.experts == 0 {
         gemma::layer_gemma1(b, p, spec, x, sh, attn)
     } else if qwen_moe::is(spec) {
@@ -143,6 +146,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         gpt2::embed(b, p, spec, ids, attn)
     } else if mistral::is(spec) {
         mistral::embed(b, p, spec, ids, attn)
+    } else if olmo::is(spec) {
+        olmo::embed(b, p, spec, ids, attn)
     } else if qwen_moe::two_masks(spec) {
         qwen_moe::embed(b, p, spec, ids, attn)
     } else {
@@ -160,6 +165,8 @@ pub fn x0_is_local(spec: &ModelSpec) -> bool {
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
+    } else if olmo::is(spec) {
+        olmo::final_norm(b, x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
@@ -200,4 +207,14 @@ pub fn mask_shapes(spec: &ModelSpec, attn: Attention, s_kv: u64) -> [Option<(Sha
     let mask = if eager || (mistral::is(spec) && mistral::masked(spec.window, s_kv)) { Some(mistral::mask_shape(attn)) } else { None };
     let local = (eager && gemma::two_masks(spec)).then(|| mistral::mask_shape(attn));
     [mask, local]
+}
+
+/// The dtype of the model-level RoPE cos/sin: the residual stream's (`.to(x.dtype)`), fp32 in
+/// OLMo (`OlmoRotaryEmbedding.forward` does not cast).
+pub fn cos_dt(spec: &ModelSpec) -> Dt {
+    if olmo::is(spec) {
+        Dt::F32
+    } else {
+        Dt::Resid
+    }
 }
