@@ -129,6 +129,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         gemma::layer(b, p, spec, x, sh, kind, attn)
     } else if olmo::is(spec) {
         olmo::layer(b, p, spec, x, sh, attn)
+    } else if olmo::is2(spec) {
+        olmo::layer2(b, p, spec, x, sh, attn)
     } else if gemma::is(spec) && spec.experts == 0 {
         gemma::layer_gemma1(b, p, spec, x, sh, attn)
     } else if qwen_moe::is(spec) {
@@ -146,7 +148,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         gpt2::embed(b, p, spec, ids, attn)
     } else if mistral::is(spec) {
         mistral::embed(b, p, spec, ids, attn)
-    } else if olmo::is(spec) {
+    } else if olmo::is_any(spec) {
         olmo::embed(b, p, spec, ids, attn)
     } else if qwen_moe::two_masks(spec) {
         qwen_moe::embed(b, p, spec, ids, attn)
@@ -165,8 +167,8 @@ pub fn x0_is_local(spec: &ModelSpec) -> bool {
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
-    } else if olmo::is(spec) {
-        olmo::final_norm(b, x)
+    } else if olmo::is_any(spec) {
+        olmo::final_norm(b, p, spec, x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
@@ -212,7 +214,7 @@ pub fn mask_shapes(spec: &ModelSpec, attn: Attention, s_kv: u64) -> [Option<(Sha
 /// The dtype of the model-level RoPE cos/sin: the residual stream's (`.to(x.dtype)`), fp32 in
 /// OLMo (`OlmoRotaryEmbedding.forward` does not cast).
 pub fn cos_dt(spec: &ModelSpec) -> Dt {
-    if olmo::is(spec) {
+    if olmo::is_any(spec) {
         Dt::F32
     } else {
         Dt::Resid

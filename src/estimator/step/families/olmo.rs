@@ -10,11 +10,93 @@ use super::{cos_shape, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind};
+use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm};
 
 /// Whether `spec` is OLMo (its LayerNorm has no parameters).
 pub fn is(spec: &ModelSpec) -> bool {
     spec.norm == NormKind::Nonparametric
+}
+
+/// Whether `spec` is OLMo-2 (`modeling_olmo2.py`): RMSNorms, q/k norms over all heads.
+pub fn is2(spec: &ModelSpec) -> bool {
+    spec.norm == NormKind::Rmsnorm && spec.qk_norm == QkNorm::Full
+}
+
+/// OLMo and OLMo-2: fp32 RoPE cos/sin, q and k cast back after RoPE.
+pub fn is_any(spec: &ModelSpec) -> bool {
+    is(spec) || is2(spec)
+}
+
+/// `Olmo2RMSNorm.forward`:
+/// ```python
+/// hidden_states = hidden_states.to(torch.float32)
+/// variance = hidden_states.pow(2).mean(-1, keepdim=True)
+/// hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+/// return (self.weight * hidden_states).to(input_dtype)
+/// ```
+/// Llama's, but the weight multiplies the fp32 normalized input (the product is fp32, kept by
+/// the weight's gradient) before the cast back.
+pub fn rms_norm2(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
+    let in_dt = b.t(x).dt;
+    let x32 = b.to_copy(x, Dt::F32);
+    let sq = b.pow(x32);
+    let var = mean_rows(b, sq);
+    let ve = b.add_scalar(var);
+    let r = b.rsqrt(ve);
+    let n32 = b.mul(x32, r);
+    let o = match w {
+        Some(w) => b.mul(w, n32),
+        None => n32,
+    };
+    let y = b.to_copy(o, in_dt);
+    b.hold(var);
+    b.hold(n32);
+    b.hold(x);
+    y
+}
+
+/// `x.mean(-1, keepdim=True)` over each row of a `[b, s, …]` tensor (a projection laid out
+/// `[b, s, heads, d]` is one row of `heads·d` per token) → `[b, s, 1]`; MeanBackward1: one
+/// full-size `div`.
+fn mean_rows(b: &mut Builder, x: Tid) -> Tid {
+    let (shape, dt, rg, bytes, dtype) = (b.shape(x), b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
+    let d = shape.dims();
+    let rows = Shape::new(&[d[0], d[1], Dim::N(1)], Split::None);
+    let out = b.out(rows, dt, rg);
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "div" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("mean", "MeanBackward1", &[x], &[out], &[], bw)[0]
+}
+
+/// `Olmo2DecoderLayer.forward`: no pre-norms; the norms follow the sub-layers:
+/// ```python
+/// hidden_states = residual + self.post_attention_layernorm(self.self_attn(hidden_states))
+/// hidden_states = residual + self.post_feedforward_layernorm(self.mlp(hidden_states))
+/// ```
+pub fn layer2(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Registration order: self_attn (q, k, v, o, q_norm, k_norm), mlp, post_attention_layernorm,
+    // post_feedforward_layernorm.
+    let aw = AttnW::new(b, p);
+    let mw = MlpW::new(b, p);
+    let n1w = p.w(b, "layers.*.norm.weight");
+    let n2w = p.w(b, "layers.*.norm.weight");
+    let (a, weights) = attention(b, &aw, spec, x, sh, attn, false);
+    b.module = "post_attention_layernorm";
+    b.part = Part::Norms;
+    let a2 = rms_norm2(b, a, n1w);
+    b.module = "";
+    let h = b.add(x, a2);
+    let m = super::llama::mlp(b, &mw, h);
+    b.module = "post_feedforward_layernorm";
+    b.part = Part::Norms;
+    let m2 = rms_norm2(b, m, n2w);
+    b.module = "";
+    let y = b.add(h, m2);
+    b.hold(h);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
 }
 
 /// `OlmoLayerNorm.forward`:
@@ -109,17 +191,29 @@ fn clamp_(b: &mut Builder, x: Tid) -> Tid {
 fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention, clip: bool) -> (Tid, Option<Tid>) {
     let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
     let eager = attn == Attention::Eager;
+    let AttnW { qn, kn, .. } = *w;
+    let full_norm = spec.qk_norm == QkNorm::Full;
     let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, lin: Linear| -> Tid {
         b.module = module;
         b.part = Part::AttentionInputs;
-        let y = match w {
+        match w {
             Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
             None => x,
-        };
-        y
+        }
+    };
+    // OLMo-2: `self.q_norm(self.q_proj(x))`, `self.k_norm(self.k_proj(x))` over all heads.
+    let norm = |b: &mut Builder, y: Tid, nw: Option<Tid>, module: &'static str| {
+        if !full_norm {
+            return y;
+        }
+        b.module = module;
+        b.part = Part::AttentionCore;
+        rms_norm2(b, y, nw)
     };
     let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", Linear::Q);
+    let q = norm(b, q, qn, "self_attn.q_norm");
     let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", Linear::K);
+    let k = norm(b, k, kn, "self_attn.k_norm");
     let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", Linear::V);
     b.module = "self_attn";
     let (q, k, v) = if clip { (clamp_(b, q), clamp_(b, k), clamp_(b, v)) } else { (q, k, v) };
@@ -192,9 +286,15 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     y
 }
 
-/// The final norm (`model.norm`, an [`OlmoLayerNorm`](layer_norm)).
-pub fn final_norm(b: &mut Builder, x: Tid) -> Tid {
+/// The final norm (`model.norm`: an [`OlmoLayerNorm`](layer_norm), OLMo-2's
+/// [`Olmo2RMSNorm`](rms_norm2)).
+pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     b.module = "model.norm";
     b.part = Part::Head;
-    layer_norm(b, x)
+    if is2(spec) {
+        let w = p.w(b, "norm.weight");
+        rms_norm2(b, x, w)
+    } else {
+        layer_norm(b, x)
+    }
 }
