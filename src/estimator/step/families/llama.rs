@@ -475,7 +475,20 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
+    (
+        x0,
+        Shared {
+            cos,
+            sin,
+            pos: Some(pos),
+            mask,
+            mask_local,
+            emb_w: if spec.tied { emb_w } else { None },
+            locals: [Some(x0), None],
+            cos_local: None,
+            sin_local: None,
+        },
+    )
 }
 
 /// `nn.Embedding` on the token ids: keeps the ids; EmbeddingBackward0 allocates the weight's

@@ -46,15 +46,20 @@ pub struct Shared {
     /// (Llama's `inputs_embeds`, which is also the first layer's input; GPT-2's token and
     /// position embeddings).
     pub locals: [Option<Tid>; 2],
+    /// The sliding-window layers' own RoPE cos and sin (Gemma-3's local base,
+    /// `rope_parameters["sliding_attention"]`); a layer's view puts them in `cos` and `sin`.
+    pub cos_local: Option<Tid>,
+    pub sin_local: Option<Tid>,
 }
 
 /// The shared tensors' slots, in a fixed order.
-pub const NSLOTS: usize = 5;
+pub const NSLOTS: usize = 7;
 
 impl Shared {
-    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local).
+    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local, cos_local,
+    /// sin_local).
     pub fn slots(&self) -> [Option<Tid>; NSLOTS] {
-        [self.cos, self.sin, self.pos, self.mask, self.mask_local]
+        [self.cos, self.sin, self.pos, self.mask, self.mask_local, self.cos_local, self.sin_local]
     }
     pub fn all(&self) -> impl Iterator<Item = Tid> {
         self.slots().into_iter().flatten()
@@ -65,15 +70,26 @@ impl Shared {
         if sliding && self.mask_local.is_some() {
             v.mask = self.mask_local;
         }
+        if sliding && self.cos_local.is_some() {
+            v.cos = self.cos_local;
+            v.sin = self.sin_local;
+        }
         v.mask_local = None;
+        v.cos_local = None;
+        v.sin_local = None;
         v
     }
     /// The global slots a layer's view reads (bit per slot).
     pub fn used(&self, sliding: bool) -> u8 {
         let mut bits = 0u8;
+        let local_rope = sliding && self.cos_local.is_some();
         for (i, t) in self.slots().into_iter().enumerate() {
-            let mask_slot = i == 3 || i == 4;
-            let reads = if mask_slot { (i == 4) == (sliding && self.mask_local.is_some()) } else { true };
+            let reads = match i {
+                3 | 4 => (i == 4) == (sliding && self.mask_local.is_some()),
+                0 | 1 => !local_rope,
+                5 | 6 => local_rope,
+                _ => true,
+            };
             if t.is_some() && reads {
                 bits |= 1 << i;
             }
@@ -84,7 +100,12 @@ impl Shared {
 
 /// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
 pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    gemma::two_masks(spec) && i % 2 == 0
+    if gemma::is3(spec) {
+        // Gemma-3: `layer_types` (the window rule the importer reads from it).
+        spec.window_layers.contains(i as u64)
+    } else {
+        gemma::two_masks(spec) && i % 2 == 0
+    }
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.
@@ -146,6 +167,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if gemma::is3(spec) {
+        gemma::embed3(b, p, spec, ids, attn)
     } else if mistral::is(spec) {
         mistral::embed(b, p, spec, ids, attn)
     } else if olmo::is_any(spec) {
@@ -207,7 +230,8 @@ pub fn layer_norm_like(n: NormKind) -> bool {
 pub fn mask_shapes(spec: &ModelSpec, attn: Attention, s_kv: u64) -> [Option<(Shape, Dt)>; 2] {
     let eager = attn == Attention::Eager;
     let mask = if eager || (mistral::is(spec) && mistral::masked(spec.window, s_kv)) { Some(mistral::mask_shape(attn)) } else { None };
-    let local = (eager && gemma::two_masks(spec)).then(|| mistral::mask_shape(attn));
+    let local =
+        ((eager && gemma::two_masks(spec)) || (gemma::is3(spec) && mistral::masked(spec.window, s_kv))).then(|| mistral::mask_shape(attn));
     [mask, local]
 }
 
@@ -219,4 +243,12 @@ pub fn cos_dt(spec: &ModelSpec) -> Dt {
     } else {
         Dt::Resid
     }
+}
+
+/// Whether the sliding-window layers have their own RoPE pair (`Shared::cos_local`): Gemma-3
+/// with both sliding and full layers (`Gemma3TextModel.forward` computes one pair per layer
+/// type in `set(config.layer_types)`).
+pub fn local_rope(spec: &ModelSpec) -> bool {
+    let n = spec.window_layers.count(spec.layers);
+    gemma::is3(spec) && n > 0 && n < spec.layers
 }
