@@ -86,6 +86,10 @@ const PORTED: &[&str] = &[
     "mistral",
     "qwen2_moe",
     "gemma",
+    "gemma3_text",
+    "olmo",
+    "olmo-clip",
+    "olmo2",
 ];
 
 /// The step event logs: (record id, measured peak, the log).
