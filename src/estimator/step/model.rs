@@ -247,6 +247,9 @@ impl<'a> Setup<'a> {
             b.part = Part::Embedding;
             let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
             let x0 = b.op("recv", "", &[], &[out], &[], &[])[0];
+            if let Some(sh) = families::positions(b, spec, self.cfg.attn) {
+                return (x0, sh);
+            }
             let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
             let (cos, sin) = if families::has_rope(spec) {
                 let (c, s) = families::llama::rotary(b, spec, pos);

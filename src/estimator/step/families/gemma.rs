@@ -297,12 +297,7 @@ pub fn layer_gemma1(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &
     y
 }
 
-/// `Gemma3TextModel.forward` before the layers: the scaled embedding, `position_ids`, both
-/// masks (`create_causal_mask`: for SDPA only its packed-sequence check; and
-/// `create_sliding_window_causal_mask`: a materialized mask once the window is shorter than the
-/// keys, or always for eager), and one RoPE pair per layer type (`Gemma3RotaryEmbedding.forward`
-/// with the full layers' base and the sliding layers' local base, each cast to the hidden
-/// states' dtype).
+/// `Gemma3TextModel.forward` before the layers: the scaled embedding, then [`positions3`].
 pub fn embed3(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
     b.part = Part::Embedding;
     b.module = "model.embed_tokens";
@@ -312,7 +307,21 @@ pub fn embed3(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Att
         None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
     };
     let x0 = scale_embedding(b, x0);
+    let mut sh = positions3(b, spec, attn);
+    sh.emb_w = if spec.tied { emb_w } else { None };
+    sh.locals[0] = Some(x0);
+    (x0, sh)
+}
+
+/// What `Gemma3TextModel.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): `position_ids`, both masks (`create_causal_mask`: for SDPA only its
+/// packed-sequence check; `create_sliding_window_causal_mask`: a materialized mask once the
+/// window is shorter than the keys, or always for eager), and one RoPE pair per layer type
+/// (`Gemma3RotaryEmbedding.forward` with the full layers' base and the sliding layers' local
+/// base, each cast to the hidden states' dtype).
+pub fn positions3(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
     b.module = "model";
+    b.part = Part::Embedding;
     let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
     let ar = b.plain("arange", &[], s1, Dt::I64);
     let pos = b.plain("add", &[ar], s1, Dt::I64);
@@ -337,16 +346,5 @@ pub fn embed3(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Att
     } else {
         (None, None)
     };
-    let sh = Shared {
-        cos: Some(cos),
-        sin: Some(sin),
-        pos: Some(pos),
-        mask,
-        mask_local,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), None],
-        cos_local,
-        sin_local,
-    };
-    (x0, sh)
+    Shared { cos: Some(cos), sin: Some(sin), pos: Some(pos), mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local }
 }

@@ -88,12 +88,22 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         Some(w) => embedding(b, ids, w),
         None => b.plain("embedding", &[ids], super::super::blocks::shapes::tok(Q::H), Dt::Resid),
     };
+    let mut sh = positions(b, spec, attn);
+    sh.emb_w = if spec.tied { emb_w } else { None };
+    sh.locals[0] = Some(x0);
+    (x0, sh)
+}
+
+/// What `MistralModel.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): `position_ids`, the sliding-window mask (always for eager; for SDPA once the window
+/// is shorter than the keys, else only its packed-sequence check), the rotary embedding.
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
     b.module = "model";
+    b.part = Part::Embedding;
     let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
     let ar = b.plain("arange", &[], s1, Dt::I64);
     let pos = b.plain("add", &[ar], s1, Dt::I64);
     b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-    // Eager always materializes the mask; SDPA only when the window is shorter than the keys.
     let mask = if attn == Attention::Eager || masked(spec.window, b.c.n(Q::S_KV)) {
         Some(sliding_mask(b, pos, attn))
     } else {
@@ -105,18 +115,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
-    let sh = Shared {
-        cos,
-        sin,
-        pos: Some(pos),
-        mask,
-        mask_local: None,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), None],
-        cos_local: None,
-        sin_local: None,
-    };
-    (x0, sh)
+    Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None], cos_local: None, sin_local: None }
 }
 
 /// `sdpa_attention_forward` with a mask:

@@ -252,3 +252,20 @@ pub fn local_rope(spec: &ModelSpec) -> bool {
     let n = spec.window_layers.count(spec.layers);
     gemma::is3(spec) && n > 0 && n < spec.layers
 }
+
+/// A later pipeline stage's prologue (it receives its input): the positions, masks and RoPE the
+/// family's model forward computes after the embedding, as its `embed` makes them; `None` for
+/// the families that use Llama's (`positions_and_mask` and `llama::rotary`).
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Option<Shared> {
+    if gemma::is3(spec) {
+        Some(gemma::positions3(b, spec, attn))
+    } else if mistral::is(spec) {
+        Some(mistral::positions(b, spec, attn))
+    } else if qwen_moe::two_masks(spec) {
+        Some(qwen_moe::positions(b, spec, attn))
+    } else if olmo::is_any(spec) {
+        Some(olmo::positions(b, spec, attn))
+    } else {
+        None
+    }
+}

@@ -143,21 +143,30 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         Some(w) => embedding(b, ids, w),
         None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
     };
+    let mut sh = positions(b, spec, attn);
+    sh.emb_w = if spec.tied { emb_w } else { None };
+    sh.locals[0] = Some(x0);
+    (x0, sh)
+}
+
+/// What `OlmoModel.forward` / `Olmo2Model.forward` compute after the embedding (also a later
+/// pipeline stage's prologue): `position_ids`, the causal mask, fp32 cos/sin.
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
     b.module = "model";
+    b.part = Part::Embedding;
     let (pos, mask) = positions_and_mask(b, attn);
     let (cos, sin) = rotary(b, spec, pos);
-    let sh = Shared {
+    Shared {
         cos: Some(cos),
         sin: Some(sin),
         pos: Some(pos),
         mask,
         mask_local: None,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), None],
+        emb_w: None,
+        locals: [None, None],
         cos_local: None,
         sin_local: None,
-    };
-    (x0, sh)
+    }
 }
 
 /// `tensor.clamp_(min=-c, max=c)` in place: autograd first copies the input (`clone`, what

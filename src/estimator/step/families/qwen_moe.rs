@@ -245,22 +245,31 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         Some(w) => super::llama::embedding(b, ids, w),
         None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
     };
+    let mut sh = positions(b, spec, attn);
+    sh.emb_w = if spec.tied { emb_w } else { None };
+    sh.locals[0] = Some(x0);
+    (x0, sh)
+}
+
+/// What `Qwen2MoeModel.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): `position_ids`, both masks (the sliding one, unused, a model-level local), RoPE.
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
     b.module = "model";
+    b.part = Part::Embedding;
     let (pos, mask) = super::llama::positions_and_mask(b, attn);
     let unused = super::mistral::sliding_mask(b, pos, attn);
     let (cos, sin) = super::llama::rotary(b, spec, pos);
-    let sh = Shared {
+    Shared {
         cos: Some(cos),
         sin: Some(sin),
         pos: Some(pos),
         mask,
         mask_local: None,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), Some(unused)],
+        emb_w: None,
+        locals: [None, Some(unused)],
         cos_local: None,
         sin_local: None,
-    };
-    (x0, sh)
+    }
 }
 
 /// Whether the model's forward builds the (unused) sliding-window mask: Qwen2-MoE.
