@@ -164,3 +164,95 @@ pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let _ = heads(Q::A);
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::config::{Attention, Config, Kernels, OptimImpl, Precision, Recompute};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::hf::import_value;
+    use crate::estimator::params::stages;
+    use crate::estimator::precision::recipe;
+    use crate::estimator::step::fast;
+    use crate::estimator::step::model::{simulate_stage, Setup};
+
+    /// Toy configs of the families ported with the sliding-window masks, the local RoPE pair,
+    /// fp32 RoPE and the unused Qwen2-MoE mask — the validation fixtures' shapes (window 48),
+    /// with 3 layers so that a 3-stage pipeline has a middle stage.
+    fn toys() -> Vec<(&'static str, serde_json::Value)> {
+        let base = serde_json::json!({"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 3, "vocab_size": 1000, "max_position_embeddings": 512});
+        let with = |extra: serde_json::Value| {
+            let mut v = base.clone();
+            for (k, x) in extra.as_object().expect("object") {
+                v[k] = x.clone();
+            }
+            v
+        };
+        vec![
+            ("mistral", with(serde_json::json!({"model_type": "mistral", "head_dim": 16, "sliding_window": 48}))),
+            (
+                "gemma3_text",
+                with(serde_json::json!({"model_type": "gemma3_text", "head_dim": 24, "sliding_window": 48,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]})),
+            ),
+            (
+                "qwen2_moe",
+                with(serde_json::json!({"model_type": "qwen2_moe", "moe_intermediate_size": 40, "num_experts": 4,
+                    "num_experts_per_tok": 2, "shared_expert_intermediate_size": 88, "mlp_only_layers": [0]})),
+            ),
+            ("olmo", with(serde_json::json!({"model_type": "olmo", "clip_qkv": 8.0}))),
+            ("olmo2", with(serde_json::json!({"model_type": "olmo2"}))),
+            ("gemma", with(serde_json::json!({"model_type": "gemma", "head_dim": 24}))),
+        ]
+    }
+
+    /// Every pipeline stage's piecewise peak (what `estimate` reports) equals the maximum of its
+    /// materialized stream, for sequences shorter and longer than the window — so the later
+    /// stages' prologues and the layers' shared inputs agree with the model's own.
+    #[test]
+    fn the_pieces_match_the_stream_on_every_stage_of_the_sliding_and_fp32_rope_families() {
+        let mut bad = Vec::new();
+        let mut n = 0;
+        for (name, json) in toys() {
+            let spec = import_value(&json).expect("imports").spec;
+            for (prec, attn, rec) in [
+                (Precision::Bf16, Attention::Sdpa, Recompute::None),
+                (Precision::Fp32, Attention::Eager, Recompute::Full),
+                (Precision::Bf16, Attention::Sdpa, Recompute::Full),
+            ] {
+                for seq in [32, 64] {
+                    for pp in [1, 3] {
+                        let cfg = Config {
+                            model: "custom".into(),
+                            arch: spec.clone(),
+                            seq,
+                            batch: 2,
+                            precision: prec,
+                            attn,
+                            recompute: rec,
+                            kernels: Kernels::Cpu,
+                            optim_impl: OptimImpl::Forloop,
+                            pp,
+                            gpus: pp,
+                            ..Config::default()
+                        };
+                        let r = recipe(cfg.precision);
+                        for &stage in stages(pp) {
+                            let (m, f) = numbers_only(|| {
+                                let s = simulate_stage(&cfg, &r, stage, Default::default(), 0);
+                                let m = s.events.iter().map(|e| e.live).max().unwrap_or(0);
+                                (m, fast::stage(&Setup::new(&cfg, &r, stage), 0).peak)
+                            });
+                            n += 1;
+                            if m != f {
+                                bad.push(format!("{name} {prec:?} {attn:?} {rec:?} s={seq} pp={pp} {stage:?}: stream {m} vs pieces {f}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(n >= 6 * 3 * 2 * 4);
+        assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+    }
+}
