@@ -23,7 +23,7 @@ pub mod megatron;
 pub mod textbook;
 
 use super::config::{Config, Kernels};
-use super::expr::Expr;
+use super::expr::{Expr, Sym};
 use super::ledger::{Bytes, Category, Row};
 use super::params::Stage;
 use super::precision::{Dtype, Recipe};
@@ -122,7 +122,16 @@ pub struct Terms {
     pub dense_layer: Vec<(Part, Expr)>,
     pub first: Vec<(Part, Expr)>,
     pub last: Vec<(Part, Expr)>,
+    /// What only the layers of one attention type keep (Gemma-3's sliding layers: SDPA's mask
+    /// and the repeated k and v; its full layers: k and v at `k` heads), with the symbol and
+    /// the number of those layers on the stage.
+    pub by_attention: Vec<(Sym, u64, Vec<(Part, Expr)>)>,
 }
+
+/// Sliding-window layers on this GPU.
+pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");
+/// Full-attention layers on this GPU (in a model that also has sliding-window layers).
+pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU");
 
 /// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
 /// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
@@ -154,27 +163,69 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         }
     }
     let mut shared_saved = 0u8;
-    let mut kinds_done: Vec<Kind> = Vec::new();
-    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
+    // What each variant keeps: (part, group, bytes) with the tensor's formula.
+    type Term = (Part, Group, u128, Expr);
+    let mut kept_by: Vec<((Kind, bool), Vec<Term>)> = Vec::new();
+    for &(kind, sliding) in &variants {
         let (prog, _x, sh) = setup.layer_alone(kind, sliding, 0, false);
         shared_saved |= super::step::fast::kept_slots(&prog, &sh);
-        // Sizes are the same across attention types (a mask differs, not what is saved).
-        if kinds_done.contains(&kind) {
+        let terms = kept(&prog)
+            .into_iter()
+            .filter(|k| !k.elsewhere)
+            .map(|k| {
+                let x = &prog.tensors[k.t as usize];
+                (k.part, group_of(k.group, kind), x.bytes, b.expr_of(&x.shape, x.dt))
+            })
+            .collect();
+        kept_by.push(((kind, sliding), terms));
+    }
+    // Layers of one attention type on this stage (of one kind, or of any kind).
+    let count = |kind: Option<Kind>, sliding: bool| -> u64 {
+        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.sliding(i) == sliding).count() as u64
+    };
+    let mut kinds_done: Vec<Kind> = Vec::new();
+    for (vi, ((kind, sliding), terms)) in kept_by.iter().enumerate() {
+        if kinds_done.contains(kind) {
             continue;
         }
-        kinds_done.push(kind);
-        for k in kept(&prog) {
-            if k.elsewhere {
-                continue;
+        kinds_done.push(*kind);
+        // The other attention type of the same kind, if the stage has it: what both keep counts
+        // for every layer of the kind; what only one keeps, for that type's layers.
+        let other = kept_by.iter().find(|((k, s), _)| k == kind && s != sliding).map(|(_, t)| t);
+        let mut only_here: Vec<&Term> = Vec::new();
+        let mut only_there: Vec<&Term> = other.map(|o| o.iter().collect()).unwrap_or_default();
+        let mut common: Vec<&Term> = Vec::new();
+        for term in terms {
+            if other.is_none() {
+                common.push(term);
+            } else if let Some(j) = only_there.iter().position(|o| o.0 == term.0 && o.1 == term.1 && o.2 == term.2) {
+                only_there.remove(j);
+                common.push(term);
+            } else {
+                only_here.push(term);
             }
-            let x = &prog.tensors[k.t as usize];
-            let e = b.expr_of(&x.shape, x.dt);
-            match group_of(k.group, kind) {
+        }
+        for (part, group, _, e) in common {
+            match group {
                 // Terms common to every layer: counted once, from the first kind.
-                Group::All if vi == 0 => t.layer.push((k.part, e)),
+                Group::All if vi == 0 => t.layer.push((*part, e.clone())),
                 Group::All => {}
-                Group::Moe => t.moe_layer.push((k.part, e)),
-                Group::Dense => t.dense_layer.push((k.part, e)),
+                Group::Moe => t.moe_layer.push((*part, e.clone())),
+                Group::Dense => t.dense_layer.push((*part, e.clone())),
+            }
+        }
+        for (s, list) in [(*sliding, only_here), (!*sliding, only_there)] {
+            let sym = if s { L_SLIDING } else { L_FULL };
+            for (part, group, _, e) in list {
+                let n = match group {
+                    Group::All if vi == 0 => count(None, s),
+                    Group::All => continue,
+                    _ => count(Some(*kind), s),
+                };
+                match t.by_attention.iter_mut().find(|(y, m, _)| *y == sym && *m == n) {
+                    Some((_, _, v)) => v.push((*part, e.clone())),
+                    None => t.by_attention.push((sym, n, vec![(*part, e.clone())])),
+                }
             }
         }
     }
@@ -251,15 +302,28 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let moe_layers = stage_layers.min(spec.moe_layers());
     let dense_layers = stage_layers - moe_layers;
     let l = Expr::var(L, stage_layers);
-    let mut parts: Vec<Part> =
-        t.layer.iter().chain(&t.moe_layer).chain(&t.dense_layer).chain(&t.first).chain(&t.last).map(|(p, _)| *p).collect();
+    let mut parts: Vec<Part> = t
+        .layer
+        .iter()
+        .chain(&t.moe_layer)
+        .chain(&t.dense_layer)
+        .chain(&t.first)
+        .chain(&t.last)
+        .chain(t.by_attention.iter().flat_map(|(_, _, v)| v.iter()))
+        .map(|(p, _)| *p)
+        .collect();
     parts.sort();
     parts.dedup();
     // The numbers the step simulation needs, before the terms move into the rows.
     let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
     let per_moe = eval(&t.moe_layer);
     let per_dense = eval(&t.dense_layer);
-    let per_layer = eval(&t.layer) + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense };
+    // Terms of one attention type's layers, spread over every layer (rounded up: never more
+    // "other micro-batch" bytes than there are).
+    let by_attention: Bytes = t.by_attention.iter().map(|(_, n, v)| *n as u128 * eval(v)).sum();
+    let per_layer = eval(&t.layer)
+        + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense }
+        + by_attention.div_ceil(stage_layers.max(1) as u128);
     let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
     // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
@@ -292,6 +356,13 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
             if let Some(e) = sum_of(&mut t.dense_layer, p) {
                 let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
                 terms.push(Expr::prod([count, e]));
+            }
+        }
+        for (sym, n, v) in t.by_attention.iter_mut() {
+            if *n > 0 {
+                if let Some(e) = sum_of(v, p) {
+                    terms.push(Expr::prod([Expr::var(*sym, *n), e]));
+                }
             }
         }
         if stage.has_embedding() {
