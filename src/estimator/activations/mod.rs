@@ -125,8 +125,11 @@ pub struct Terms {
     /// What only the layers of one attention type keep (Gemma-3's sliding layers: SDPA's mask
     /// and the repeated k and v; its full layers: k and v at `k` heads), with the symbol and
     /// the number of those layers on the stage.
-    pub by_attention: Vec<(Sym, u64, Vec<(Part, Expr)>)>,
+    pub by_attention: Vec<(Sym, u64, PartTerms)>,
 }
+
+/// Formulas by part.
+pub type PartTerms = Vec<(Part, Expr)>;
 
 /// Sliding-window layers on this GPU.
 pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");

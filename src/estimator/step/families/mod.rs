@@ -104,7 +104,7 @@ pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
         // Gemma-3: `layer_types` (the window rule the importer reads from it).
         spec.window_layers.contains(i as u64)
     } else {
-        gemma::two_masks(spec) && i % 2 == 0
+        gemma::two_masks(spec) && i.is_multiple_of(2)
     }
 }
 
