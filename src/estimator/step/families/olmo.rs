@@ -45,7 +45,7 @@ pub fn rms_norm2(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
     let r = b.rsqrt(ve);
     let n32 = b.mul(x32, r);
     let o = match w {
-        Some(w) => b.mul(w, n32),
+        Some(w) => weight_mul(b, w, n32),
         None => n32,
     };
     let y = b.to_copy(o, in_dt);
@@ -53,6 +53,33 @@ pub fn rms_norm2(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
     b.hold(n32);
     b.hold(x);
     y
+}
+
+/// `self.weight * hidden_states` with a bf16 weight `[w]` and an fp32 `[…, w]` input: the
+/// product is fp32; MulBackward0 keeps both, makes the input's gradient (`grad * weight`), then
+/// the weight's (`grad * input`, full size), which the engine sums to `[w]` in fp32 and casts to
+/// the weight's dtype (`validate_outputs`: `sum_to`, then `_to_copy`), freeing each step's
+/// predecessor. With a weight of the input's dtype it is [`Builder::mul`].
+fn weight_mul(b: &mut Builder, w: Tid, x: Tid) -> Tid {
+    let (wd, xd) = (b.t(w).dtype, b.t(x).dtype);
+    if wd == xd || !b.rg(w) || !b.rg(x) {
+        return b.mul(w, x);
+    }
+    let (shape, dt, full) = (b.shape(x), b.t(x).dt, b.bytes(x));
+    let summed = b.grad_bytes(w) / wd.bytes().max(1) as u128 * xd.bytes() as u128;
+    let out = b.out(shape, dt, true);
+    let bw = [
+        B::Alloc { bytes: full, dtype: xd, op: "mul" },
+        B::Alloc { bytes: full, dtype: xd, op: "mul" },
+        B::Apply,
+        B::Alloc { bytes: summed, dtype: xd, op: "sum" },
+        B::Free(1),
+        B::Alloc { bytes: b.grad_bytes(w), dtype: wd, op: "_to_copy" },
+        B::Free(2),
+        B::Grad { input: 0, temp: 3 },
+        B::Grad { input: 1, temp: 0 },
+    ];
+    b.op("mul", "MulBackward0", &[w, x], &[out], &[S::In(0), S::In(1)], &bw)[0]
 }
 
 /// `x.mean(-1, keepdim=True)` over each row of a `[b, s, …]` tensor (a projection laid out
