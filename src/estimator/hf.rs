@@ -1228,6 +1228,21 @@ mod tests {
         assert_eq!(import_json(r#"{"model_type": "llama4"}"#).err(), Some(HfError::Missing("text_config")));
     }
 
+    /// OLMo's `clip_qkv` (a number or null) becomes the spec's flag, and the exporter writes it
+    /// back for the same spec.
+    #[test]
+    fn olmo_clip_qkv_is_imported_and_exported() {
+        let base = r#""model_type": "olmo", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 6"#;
+        let clipped = import_json(&format!("{{{base}, \"clip_qkv\": 8.0}}")).expect("imports").spec;
+        let plain = import_json(&format!("{{{base}, \"clip_qkv\": null}}")).expect("imports").spec;
+        assert!(clipped.clip_qkv);
+        assert!(!plain.clip_qkv);
+        let out = crate::estimator::hf_export::export(&clipped, Some("olmo")).expect("exports");
+        let back = import_value(&serde_json::to_value(&out.config).expect("json")).expect("re-imports").spec;
+        assert!(back.clip_qkv);
+    }
+
     #[test]
     fn qwen_sliding_windows_are_refused_rather_than_approximated() {
         let err = import_json(
