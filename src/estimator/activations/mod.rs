@@ -166,72 +166,33 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         }
     }
     let mut shared_saved = 0u8;
-    // What each variant keeps: (part, group, bytes) with the tensor's formula.
-    type Term = (Part, Group, u128, Expr);
-    let mut kept_by: Vec<((Kind, bool), Vec<Term>)> = Vec::new();
-    for &(kind, sliding) in &variants {
+    let mut kinds_done: Vec<Kind> = Vec::new();
+    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
         let (prog, _x, sh) = setup.layer_alone(kind, sliding, 0, false);
         shared_saved |= super::step::fast::kept_slots(&prog, &sh);
-        let terms = kept(&prog)
-            .into_iter()
-            .filter(|k| !k.elsewhere)
-            .map(|k| {
-                let x = &prog.tensors[k.t as usize];
-                (k.part, group_of(k.group, kind), x.bytes, b.expr_of(&x.shape, x.dt))
-            })
-            .collect();
-        kept_by.push(((kind, sliding), terms));
-    }
-    // Layers of one attention type on this stage (of one kind, or of any kind).
-    let count = |kind: Option<Kind>, sliding: bool| -> u64 {
-        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.sliding(i) == sliding).count() as u64
-    };
-    let mut kinds_done: Vec<Kind> = Vec::new();
-    for (vi, ((kind, sliding), terms)) in kept_by.iter().enumerate() {
-        if kinds_done.contains(kind) {
+        // Sizes are the same across attention types (a mask differs, not what is saved).
+        if kinds_done.contains(&kind) {
             continue;
         }
-        kinds_done.push(*kind);
-        // The other attention type of the same kind, if the stage has it: what both keep counts
-        // for every layer of the kind; what only one keeps, for that type's layers.
-        let other = kept_by.iter().find(|((k, s), _)| k == kind && s != sliding).map(|(_, t)| t);
-        let mut only_here: Vec<&Term> = Vec::new();
-        let mut only_there: Vec<&Term> = other.map(|o| o.iter().collect()).unwrap_or_default();
-        let mut common: Vec<&Term> = Vec::new();
-        for term in terms {
-            if other.is_none() {
-                common.push(term);
-            } else if let Some(j) = only_there.iter().position(|o| o.0 == term.0 && o.1 == term.1 && o.2 == term.2) {
-                only_there.remove(j);
-                common.push(term);
-            } else {
-                only_here.push(term);
+        kinds_done.push(kind);
+        for k in kept(&prog) {
+            if k.elsewhere {
+                continue;
             }
-        }
-        for (part, group, _, e) in common {
-            match group {
+            let x = &prog.tensors[k.t as usize];
+            let e = b.expr_of(&x.shape, x.dt);
+            match group_of(k.group, kind) {
                 // Terms common to every layer: counted once, from the first kind.
-                Group::All if vi == 0 => t.layer.push((*part, e.clone())),
+                Group::All if vi == 0 => t.layer.push((k.part, e)),
                 Group::All => {}
-                Group::Moe => t.moe_layer.push((*part, e.clone())),
-                Group::Dense => t.dense_layer.push((*part, e.clone())),
-            }
-        }
-        for (s, list) in [(*sliding, only_here), (!*sliding, only_there)] {
-            let sym = if s { L_SLIDING } else { L_FULL };
-            for (part, group, _, e) in list {
-                let n = match group {
-                    Group::All if vi == 0 => count(None, s),
-                    Group::All => continue,
-                    _ => count(Some(*kind), s),
-                };
-                match t.by_attention.iter_mut().find(|(y, m, _)| *y == sym && *m == n) {
-                    Some((_, _, v)) => v.push((*part, e.clone())),
-                    None => t.by_attention.push((sym, n, vec![(*part, e.clone())])),
-                }
+                Group::Moe => t.moe_layer.push((k.part, e)),
+                Group::Dense => t.dense_layer.push((k.part, e)),
             }
         }
     }
+    // Where a kind's attention types keep different tensors, what only one keeps counts for its
+    // layers only.
+    split_by_attention(&setup, &b, &variants, has_moe, &mut t);
     let (pro, _x0, psh) = setup.prologue();
     if stage.has_embedding() {
         for k in kept(&pro) {
@@ -279,6 +240,88 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
     let mut t = Terms::default();
     megatron::megatron_terms(&c, &mut t);
     assemble(cfg, recipe, stage, stage_layers, t, c.cuda)
+}
+
+/// Layers of one kind whose attention types keep different tensors (Gemma-3's sliding layers:
+/// SDPA's mask and k, v repeated to `a` heads; its full layers: k and v at `k` heads): the loop
+/// of [`activations`] counted the first type's terms for every layer of the kind; what only one
+/// type keeps moves to [`Terms::by_attention`], counted for that type's layers (`L_sw`,
+/// `L_full`). Terms of every kind (`Group::All`) are the first kind's, as in that loop.
+fn split_by_attention(
+    setup: &super::step::model::Setup,
+    b: &super::step::ir::Builder,
+    variants: &[(super::step::families::Kind, bool)],
+    has_moe: bool,
+    t: &mut Terms,
+) {
+    use super::step::families::Kind;
+    use super::step::ir::Group;
+    use super::step::ledger::kept;
+    type Term = (Part, Group, u128, Expr);
+    let group_of = |g: Group, kind: Kind| match (g, has_moe, kind) {
+        (Group::All, _, _) | (_, false, _) => Group::All,
+        (_, true, Kind::Moe) => Group::Moe,
+        (_, true, Kind::Dense) => Group::Dense,
+    };
+    let terms_of = |kind: Kind, sliding: bool| -> Vec<Term> {
+        let (prog, _x, _sh) = setup.layer_alone(kind, sliding, 0, false);
+        kept(&prog)
+            .into_iter()
+            .filter(|k| !k.elsewhere)
+            .map(|k| {
+                let x = &prog.tensors[k.t as usize];
+                (k.part, group_of(k.group, kind), x.bytes, b.expr_of(&x.shape, x.dt))
+            })
+            .collect()
+    };
+    // Layers of one attention type on this stage (of one kind, or of any kind).
+    let count = |kind: Option<Kind>, sliding: bool| -> u64 {
+        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.sliding(i) == sliding).count() as u64
+    };
+    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
+        let first_of_kind = !variants[..vi].iter().any(|(k, _)| *k == kind);
+        let Some(&(_, other)) = variants.iter().find(|(k, s)| *k == kind && *s != sliding) else { continue };
+        if !first_of_kind {
+            continue;
+        }
+        let here = terms_of(kind, sliding);
+        let mut only_there = terms_of(kind, other);
+        let mut only_here = Vec::new();
+        for term in here {
+            match only_there.iter().position(|o| o.0 == term.0 && o.1 == term.1 && o.2 == term.2) {
+                Some(j) => {
+                    only_there.remove(j);
+                }
+                None => only_here.push(term),
+            }
+        }
+        // The loop counted `here` for every layer of the kind: take its own terms back.
+        for (part, group, _, e) in &only_here {
+            let list = match group {
+                Group::All if vi == 0 => &mut t.layer,
+                Group::All => continue,
+                Group::Moe => &mut t.moe_layer,
+                Group::Dense => &mut t.dense_layer,
+            };
+            if let Some(j) = list.iter().position(|(p, x)| p == part && x == e) {
+                list.remove(j);
+            }
+        }
+        for (s, list) in [(sliding, only_here), (other, only_there)] {
+            let sym = if s { L_SLIDING } else { L_FULL };
+            for (part, group, _, e) in list {
+                let n = match group {
+                    Group::All if vi == 0 => count(None, s),
+                    Group::All => continue,
+                    _ => count(Some(kind), s),
+                };
+                match t.by_attention.iter_mut().find(|(y, m, _)| *y == sym && *m == n) {
+                    Some((_, _, v)) => v.push((part, e)),
+                    None => t.by_attention.push((sym, n, vec![(part, e)])),
+                }
+            }
+        }
+    }
 }
 
 /// The rows of the ledger from terms by part: each part is
