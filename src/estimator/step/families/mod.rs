@@ -29,7 +29,7 @@ pub enum Kind {
 }
 
 /// Model-level tensors every layer reads (created by the model's forward before the layers).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Shared {
     /// RoPE cos and sin `[1, s, d_rot]` (or none).
     pub cos: Option<Tid>,

@@ -13,13 +13,17 @@ use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, QkNorm};
+use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm, Router};
 
-/// Whether `spec` is a Qwen-MoE: experts with Qwen2-MoE's shared-expert gate, or Qwen3-MoE's
-/// per-head q/k norms (Mixtral has neither; both are what the importer and the presets set for
-/// these two model types).
+/// Whether `spec` is a Qwen-MoE: Llama-style RMSNorm layers with softmax-then-top-k routing
+/// over fused experts, and Qwen2-MoE's gated shared expert or Qwen3-MoE's per-head q/k norms
+/// (Mixtral has neither; both are what the importer and the presets set for these two model
+/// types).
 pub fn is(spec: &ModelSpec) -> bool {
-    spec.experts > 0 && spec.kv_lora_rank == 0 && (spec.shared_gate || spec.qk_norm == QkNorm::Head)
+    let plain_router = spec.router == Router::Softmax && !spec.router_bias && !spec.router_fp32 && spec.router_groups <= 1;
+    let plain_experts = spec.fused_experts && !spec.expert_bias && !spec.experts_in_out && !spec.moe_all_experts;
+    let qwen = (spec.shared_gate && spec.shared_experts == 1) || (spec.qk_norm == QkNorm::Head && spec.shared_experts == 0);
+    spec.experts > 0 && spec.kv_lora_rank == 0 && spec.norm == NormKind::Rmsnorm && plain_router && plain_experts && qwen
 }
 
 /// Whether the router renormalises its top-k weights (`norm_topk_prob`): Qwen3-MoE's checkpoints
