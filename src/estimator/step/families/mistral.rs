@@ -211,6 +211,38 @@ mod tests {
         ]
     }
 
+    /// Each toy config reaches its family's builder, and the neighbours do not (Mixtral is no
+    /// Qwen-MoE, Gemma-2 no Gemma-3, Llama no Mistral).
+    #[test]
+    fn the_imported_families_route_to_their_own_builders() {
+        use super::super::{gemma, olmo, qwen_moe};
+        let spec = |name: &str| {
+            let json = toys().into_iter().find(|(n, _)| *n == name).map(|(_, j)| j).expect("toy");
+            import_value(&json).expect("imports").spec
+        };
+        assert!(super::is(&spec("mistral")));
+        assert!(gemma::is3(&spec("gemma3_text")) && !super::is(&spec("gemma3_text")));
+        assert!(qwen_moe::is(&spec("qwen2_moe")) && qwen_moe::two_masks(&spec("qwen2_moe")));
+        assert!(olmo::is(&spec("olmo")) && spec("olmo").clip_qkv && olmo::is_any(&spec("olmo2")) && !olmo::is(&spec("olmo2")));
+        assert!(gemma::is(&spec("gemma")) && !gemma::two_masks(&spec("gemma")));
+        let mixtral = import_value(&serde_json::json!({"model_type": "mixtral", "vocab_size": 10, "hidden_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 6, "num_local_experts": 4,
+            "num_experts_per_tok": 2}))
+        .expect("imports")
+        .spec;
+        assert!(!qwen_moe::is(&mixtral) && !super::is(&mixtral));
+        let gemma2 = import_value(&serde_json::json!({"model_type": "gemma2", "vocab_size": 10, "hidden_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 6, "head_dim": 4}))
+        .expect("imports")
+        .spec;
+        assert!(gemma::two_masks(&gemma2) && !gemma::is3(&gemma2));
+        let llama = import_value(&serde_json::json!({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 6}))
+        .expect("imports")
+        .spec;
+        assert!(!super::is(&llama) && !qwen_moe::is(&llama) && !olmo::is_any(&llama) && !gemma::is(&llama));
+    }
+
     /// Every pipeline stage's piecewise peak (what `estimate` reports) equals the maximum of its
     /// materialized stream, for sequences shorter and longer than the window — so the later
     /// stages' prologues and the layers' shared inputs agree with the model's own.
