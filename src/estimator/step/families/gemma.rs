@@ -2,7 +2,10 @@
 //! `1 + weight.float()`, cast back), four norms per layer (around attention and MLP), the
 //! embedding scaled by √h (a buffer), GeGLU (`gelu_pytorch_tanh`), tanh soft-capping of the
 //! attention scores and of the final logits, and alternating sliding-window / full layers with
-//! one materialized mask each.
+//! one materialized mask each. Gemma (`modeling_gemma.py`) is Llama's layer with Gemma's RMSNorm
+//! and GeGLU ([`layer_gemma1`]); Gemma-3's text model (`modeling_gemma3.py`) is Gemma-2's layer
+//! with per-head q/k norms, no soft-capping, SDPA masks on its sliding layers and a RoPE pair
+//! per layer type ([`embed3`]).
 
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok, tok_tp};
 use super::super::blocks::Keep;

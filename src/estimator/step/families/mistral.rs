@@ -7,7 +7,6 @@
 //! `a` heads (`repeat_kv`), and `F.scaled_dot_product_attention` turns the bool mask into an
 //! additive one in the query's dtype (`where`), which the CPU flash kernel keeps for backward.
 
-use super::super::blocks::shapes::heads;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
 use super::llama::{embedding, packed_detection, repeat_kv, rotary};
 use super::{has_rope, Params, Shared};
@@ -166,7 +165,6 @@ pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
         &bw,
     );
     let ot = b.view(r[0], super::super::blocks::shapes::heads_bshd(Q::A), "TransposeBackward0", false);
-    let _ = heads(Q::A);
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
 

@@ -1,7 +1,9 @@
 //! OLMo (`modeling_olmo.py`): Llama's layer with a LayerNorm without parameters computed in
 //! fp32 (`OlmoLayerNorm`), RoPE whose cos/sin stay fp32 (`OlmoRotaryEmbedding.forward` returns
 //! them uncast, `apply_rotary_pos_emb` casts q and k back), and, with `clip_qkv`, the q, k, v
-//! projections clamped in place.
+//! projections clamped in place. OLMo-2 (`modeling_olmo2.py`) keeps the fp32 RoPE and moves the
+//! norms after the sub-layers (`Olmo2RMSNorm`: the weight multiplies the fp32 normalized input),
+//! with q/k norms over all heads.
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::ir::{Builder, DType, Dim, Dt, Group, Shape, Split, Tid, B, S};
