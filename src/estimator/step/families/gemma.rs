@@ -270,7 +270,7 @@ pub fn softcap_logits(b: &mut Builder, logits: Tid) -> Tid {
 }
 
 /// `GemmaDecoderLayer.forward` (`modeling_gemma.py`): Llama's pre-norm layer with Gemma's
-/// RMSNorm ([`rms_norm`]) and the GeGLU MLP ([`mlp`]: `gelu_pytorch_tanh`); the attention is
+/// RMSNorm ([`rms_norm`]) and the GeGLU MLP (`mlp`: `gelu_pytorch_tanh`); the attention is
 /// Llama's (`GemmaAttention`: no soft-capping, `head_dim` need not be h/a).
 pub fn layer_gemma1(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;

@@ -300,7 +300,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     (out, weights)
 }
 
-/// `OlmoDecoderLayer.forward`: Llama's pre-norm layer with [`layer_norm`] and [`attention`].
+/// `OlmoDecoderLayer.forward`: Llama's pre-norm layer with [`layer_norm`] and `attention`.
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     let aw = AttnW::new(b, p);
