@@ -49,6 +49,16 @@ const PORTED: &[&str] = &[
     "olmo",
     "olmo-clip",
     "olmo2",
+    "opt",
+    "starcoder2",
+    "phi",
+    "gpt_neox",
+    "gpt_neox-seq",
+    "stablelm",
+    "stablelm-qkln-par",
+    "falcon-old",
+    "falcon-new",
+    "falcon-new-1ln",
 ];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python

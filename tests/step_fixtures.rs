@@ -90,6 +90,16 @@ const PORTED: &[&str] = &[
     "olmo",
     "olmo-clip",
     "olmo2",
+    "opt",
+    "starcoder2",
+    "phi",
+    "gpt_neox",
+    "gpt_neox-seq",
+    "stablelm",
+    "stablelm-qkln-par",
+    "falcon-old",
+    "falcon-new",
+    "falcon-new-1ln",
 ];
 
 /// The step event logs: (record id, measured peak, the log).

@@ -61,6 +61,8 @@ impl Field {
             Field::OptimizerStates => m.optimizer_states,
             Field::Activations => m.activations,
             Field::Static => m.parameters + m.gradients + m.optimizer_states,
+            // An approximation for per-layer differences only; [`answer`] takes the figure itself
+            // from the step's stream (`estimator::after_forward`).
             Field::AfterForward => m.parameters + m.optimizer_states + m.activations,
             Field::ParameterCount => e.parameter_count as u128,
         }
@@ -198,6 +200,8 @@ pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result
     Ok(match target {
         Target::Rows(r) => Answer::Bytes(sum(&e, r)?),
         Target::Memory(Field::ParameterCount) => Answer::Count(Field::ParameterCount.value(&e)),
+        // The step's own stream: resident states + what is live once forward and loss are done.
+        Target::Memory(Field::AfterForward) => Answer::Bytes(crate::estimator::after_forward(cfg)?),
         Target::Memory(f) => Answer::Bytes(f.value(&e)),
         Target::Share { part, whole } => {
             let (p, w) = (sum(&e, part)?, sum(&e, whole)?);
@@ -461,6 +465,19 @@ mod tests {
         let Ok(Answer::Bytes(diff)) = ex.answer() else { panic!("bytes") };
         // At least the fp32 softmax and its bf16 cast: 32 layers × 6 B × 32 heads × 4,096².
         assert!(diff >= 32 * 6 * 32 * 4096 * 4096);
+    }
+
+    #[test]
+    fn the_after_forward_answer_is_what_the_step_holds_once_the_loss_is_computed() {
+        let cfg = crate::config::decode_query("model=gpt2&precision=fp32&batch=8&seq=1024").config;
+        let e = estimate(&cfg).expect("valid");
+        let Ok(Answer::Bytes(b)) = answer(&Target::Memory(Field::AfterForward), &cfg, None) else { panic!("bytes") };
+        assert_eq!(b, crate::estimator::after_forward(&cfg).expect("valid"));
+        // Weights and AdamW's two moments (fp32: 4 + 8 bytes per parameter) are resident, and the
+        // saved activations and the logits come on top: more than the static states, less than
+        // the step's allocated peak (backward adds gradients).
+        assert!(b > e.memory.parameters + e.memory.optimizer_states + e.memory.activations / 2, "{b}");
+        assert!(b <= e.memory.allocated_peak, "{b} vs {}", e.memory.allocated_peak);
     }
 
     #[test]

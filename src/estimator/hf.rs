@@ -1094,6 +1094,8 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             m.mlp_bias = bias;
             m.tied = f.flag("tie_word_embeddings", true)?;
             m.max_pos = f.uint_or("max_position_embeddings", 4096)?;
+            // Starcoder2Attention passes `config.sliding_window` to every layer (null: none).
+            set_window(&mut m, f, "sliding_window", None, (LayerRule::All, WindowKind::Sliding))?;
         }
         other => return Err(HfError::Unsupported(other.to_string())),
     }

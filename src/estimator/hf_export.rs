@@ -491,8 +491,8 @@ fn starcoder2(s: &ModelSpec) -> Option<Map<String, Value>> {
         .set("use_bias", s.qkv_bias)
         .set("tie_word_embeddings", s.tied)
         .set("max_position_embeddings", s.max_pos)
-        // The importer reads no window for StarCoder2: the exported model has none either.
-        .set("sliding_window", Value::Null)
+        // Every layer attends through `sliding_window` (null: none).
+        .set("sliding_window", if s.window_layers == LayerRule::All && s.window > 0 { Value::from(s.window) } else { Value::Null })
         .done()
 }
 

@@ -3,8 +3,9 @@
 //! fits) and the sweeps the charts draw (memory against sequence length, model size,
 //! micro-batch and GPU count).
 //!
-//! "Fits" is always the step's **peak** against the GPU's capacity ([`Estimate::fits`]), the
-//! verdict the page shows, never a sampled curve. The searches rest on the estimator's
+//! "Fits" is always the step's **deciding peak** against the GPU's capacity
+//! ([`Estimate::fits`] after [`super::with_reserve`]: what nvidia-smi will show, the caching
+//! allocator's simulated reserve included), the verdict the page shows, never a sampled curve. The searches rest on the estimator's
 //! monotonicity: memory grows with the micro-batch and the sequence length and, from two
 //! model replicas on, shrinks with the GPU count (one replica has no NCCL buffers, so it is
 //! tried on its own). The tests check every answer at its boundary on every preset: the
@@ -25,20 +26,33 @@ use super::model::ModelSpec;
 use super::presets::{preset, presets};
 use super::{capacity, estimate, validate, Estimate, EstimateError};
 
-/// The step's peak for `cfg`, or `None` if it cannot be estimated.
+/// The estimate the verdict decides on: the numbers with the caching allocator replayed
+/// ([`super::with_reserve`]).
+pub fn decided(cfg: &Config) -> Result<Estimate, EstimateError> {
+    estimate(cfg).and_then(|e| super::with_reserve(cfg, e))
+}
+
+/// The step's deciding peak for `cfg` (what nvidia-smi will show), or `None` if it cannot be
+/// estimated.
 pub fn peak(cfg: &Config) -> Option<Bytes> {
-    estimate(cfg).ok().map(|e| e.memory.peak)
+    decided(cfg).ok().map(|e| e.deciding_peak())
 }
 
-/// Whether `cfg` can be estimated and its peak fits.
+/// Whether `cfg` can be estimated and its deciding peak fits.
 pub fn fits(cfg: &Config) -> bool {
-    estimate(cfg).as_ref().is_ok_and(Estimate::fits)
+    decided(cfg).as_ref().is_ok_and(Estimate::fits)
 }
 
-/// The step's peak by category (`Category::ALL` order): the timeline's peak event. Sums to
-/// `memory.peak`.
+/// Index of the framework-overhead category in `Category::ALL`.
+const OVERHEAD: usize = 5;
+
+/// The step's deciding peak by category (`Category::ALL` order): the timeline's peak event,
+/// with the caching allocator's reserve above the allocated peak counted as framework
+/// overhead. Sums to [`Estimate::deciding_peak`].
 pub fn peak_composition(e: &Estimate) -> [Bytes; 6] {
-    e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category)
+    let mut c = e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category);
+    c[OVERHEAD] += e.deciding_peak().saturating_sub(e.memory.peak);
+    c
 }
 
 // ---------------------------------------------------------------------------------------
@@ -588,7 +602,7 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     let mut other_peak = Vec::new();
     for s in octave_points(lo, hi) {
         let c = Config { seq: s, ..cfg.clone() };
-        let Ok(e) = estimate(&c) else { continue };
+        let Ok(e) = decided(&c) else { continue };
         seqs.push(s);
         stack.push(peak_composition(&e));
         other_peak.push(peak(&Config { attn: other, ..c }));
@@ -644,7 +658,7 @@ pub fn batch_sweep(cfg: &Config) -> BatchSweep {
         if let Some((_, c)) = known.iter().find(|(k, _)| *k == b) {
             return *c;
         }
-        let c = estimate(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e));
+        let c = decided(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e));
         known.push((b, c));
         c
     };
@@ -809,8 +823,8 @@ pub fn params_sweep(cfg: &Config) -> ParamsSweep {
         let mut p = Vec::new();
         let mut s = Vec::new();
         for (i, a) in archs.iter().enumerate() {
-            let e = estimate(&on_gpus(cfg, a, g)).ok();
-            p.push(e.as_ref().map(|e| e.memory.peak));
+            let e = decided(&on_gpus(cfg, a, g)).ok();
+            p.push(e.as_ref().map(|e| e.deciding_peak()));
             s.push(e.as_ref().map(|e| e.memory.parameters + e.memory.gradients + e.memory.optimizer_states));
             if gi == 0 {
                 activations[i] = e.as_ref().map(|e| e.memory.activations);

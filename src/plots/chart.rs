@@ -131,9 +131,15 @@ impl ChartData {
         }
     }
 
-    /// The step timeline of an estimate.
+    /// The step timeline of an estimate (its coarse events, layer by layer).
     pub fn timeline(e: &Estimate, cfg: &Config) -> ChartData {
         ChartData::Timeline(timeline::timeline_data(e, cfg))
+    }
+
+    /// The step timeline op by op, with the caching allocator's reserved memory
+    /// ([`crate::estimator::reserve::step_trace`]).
+    pub fn trace(t: &crate::estimator::reserve::StepTrace, e: &Estimate, cfg: &Config) -> ChartData {
+        ChartData::Timeline(timeline::trace_data(t, e, cfg))
     }
 
     pub fn kind(&self) -> ChartKind {

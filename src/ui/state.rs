@@ -18,7 +18,7 @@ use super::dom;
 use crate::config::{self, decode_query, encode_query, Config, ConfigError, Unit};
 use crate::estimator::gpu::{self, Gpu};
 use crate::estimator::hf::Imported;
-use crate::estimator::{estimate, Estimate, EstimateError};
+use crate::estimator::{Estimate, EstimateError};
 use crate::plots::{Theme, DARK, LIGHT, PROJECTOR};
 use leptos::prelude::*;
 
@@ -149,7 +149,7 @@ impl Store {
         let config = RwSignal::new(decoded.config);
         Store {
             config,
-            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(estimate))),
+            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(crate::estimator::sweep::decided))),
             notices: RwSignal::new(decoded.errors),
             embed: get("embed").is_some_and(|v| v == "1" || v == "true"),
             view: RwSignal::new(get("view").unwrap_or_default()),

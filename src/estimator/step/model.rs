@@ -169,7 +169,7 @@ impl<'a> Setup<'a> {
             (None, None)
         };
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
-        let [m, l] = families::mask_shapes(spec, self.cfg.attn, self.cfg.seq);
+        let [m, l] = families::mask_shapes(b, spec, self.cfg.attn);
         let mask = m.map(|(shape, dt)| mk(b, 3, shape, dt, Part::Checkpoints));
         let mask_local = l.map(|(shape, dt)| mk(b, 4, shape, dt, Part::Checkpoints));
         let (cos_local, sin_local) = if families::local_rope(spec) {

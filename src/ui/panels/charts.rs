@@ -80,12 +80,22 @@ pub fn Charts() -> impl IntoView {
     }
 }
 
+/// Points of the step-timeline chart (about one per device pixel of a wide chart).
+const TRACE_POINTS: usize = 600;
+
 /// The chart's data for the live configuration: its sweep (memoized on `key`) with the unit,
 /// names and marker of `cfg`.
 fn chart_of(kind: ChartKind, key: &Config) -> Result<ChartData, String> {
     match kind.axis() {
         Some(axis) => sweep::run(axis, key).map(|s| ChartData::from_sweep(s, key)).map_err(|e| e.to_string()),
-        None => crate::estimator::estimate(key).map(|e| ChartData::timeline(&e, key)).map_err(|e| e.to_string()),
+        // The step op by op with the allocator's reserved memory; the coarse timeline where the
+        // trace cannot be simulated.
+        None => crate::estimator::estimate(key)
+            .map(|e| match crate::estimator::reserve::step_trace(key, TRACE_POINTS) {
+                Ok(t) => ChartData::trace(&t, &e, key),
+                Err(_) => ChartData::timeline(&e, key),
+            })
+            .map_err(|e| e.to_string()),
     }
 }
 

@@ -6,14 +6,20 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod falcon;
 pub mod gemma;
 pub mod gpt2;
 pub mod llama;
 pub mod mistral;
 pub mod moe;
+pub mod neox;
 pub mod olmo;
+pub mod opt;
+pub mod phi;
 pub mod phi3;
 pub mod qwen_moe;
+pub mod stablelm;
+pub mod starcoder2;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -144,6 +150,8 @@ impl Params<'_> {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)
+    } else if opt::is(spec) {
+        opt::layer(b, p, spec, x, sh, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
@@ -156,6 +164,16 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         gemma::layer_gemma1(b, p, spec, x, sh, attn)
     } else if qwen_moe::is(spec) {
         qwen_moe::layer(b, p, spec, x, sh, kind, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::layer(b, p, spec, x, sh, attn)
+    } else if phi::is(spec) {
+        phi::layer(b, p, spec, x, sh, attn)
+    } else if neox::is(spec) {
+        neox::layer(b, p, spec, x, sh, attn)
+    } else if stablelm::is(spec) {
+        stablelm::layer(b, p, spec, x, sh, attn)
+    } else if falcon::is(spec) {
+        falcon::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -175,6 +193,16 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         olmo::embed(b, p, spec, ids, attn)
     } else if qwen_moe::two_masks(spec) {
         qwen_moe::embed(b, p, spec, ids, attn)
+    } else if opt::is(spec) {
+        opt::embed(b, p, spec, ids, attn)
+    } else if falcon::is(spec) {
+        falcon::embed(b, p, spec, ids, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::embed(b, p, spec, ids, attn)
+    } else if phi::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, true)
+    } else if neox::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, false)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -183,7 +211,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
 /// Whether the first layer's input is one of the model forward's locals (held until the model
 /// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
 pub fn x0_is_local(spec: &ModelSpec) -> bool {
-    !gpt2::is(spec)
+    !gpt2::is(spec) && !opt::is(spec)
 }
 
 /// The final norm of the model (`model.norm`, `transformer.ln_f`), if it has one.
@@ -192,9 +220,28 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         gpt2::final_norm(b, p, spec, x)
     } else if olmo::is_any(spec) {
         olmo::final_norm(b, p, spec, x)
+    } else if opt::is(spec) {
+        opt::final_norm(b, p, x)
+    } else if starcoder2::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if phi::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
+    } else if neox::is(spec) {
+        starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+    } else if stablelm::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if falcon::is(spec) {
+        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
+}
+
+/// Whether SDPA receives a materialized bool mask `[1, 1, s, s_kv]` from the model's forward
+/// (a model-level tensor the layers read): StarCoder2 once its sliding window bites, Falcon
+/// always (`allow_is_causal_skip=False`).
+pub fn sdpa_bool_mask(b: &Builder, spec: &ModelSpec) -> bool {
+    (starcoder2::is(spec) && starcoder2::window_mask(b, spec)) || falcon::is(spec)
 }
 
 /// A token tensor `[b, s, h]` given to a program by its caller.
@@ -224,12 +271,14 @@ pub fn layer_norm_like(n: NormKind) -> bool {
     matches!(n, NormKind::Layernorm | NormKind::LayernormNoBias)
 }
 
-/// The shapes and dtypes of the masks the layers receive (`Shared::mask`, `Shared::mask_local`)
-/// at `s_kv` keys: eager's additive masks, and the bool masks SDPA gets where a sliding window
-/// is shorter than the keys (`mistral.rs`).
-pub fn mask_shapes(spec: &ModelSpec, attn: Attention, s_kv: u64) -> [Option<(Shape, Dt)>; 2] {
+/// The shapes and dtypes of the masks the layers receive (`Shared::mask`, `Shared::mask_local`):
+/// eager's additive masks, and the bool masks SDPA gets ([`sdpa_bool_mask`], and where a sliding
+/// window is shorter than the keys, `mistral.rs`).
+pub fn mask_shapes(b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
     let eager = attn == Attention::Eager;
-    let mask = if eager || (mistral::is(spec) && mistral::masked(spec.window, s_kv)) { Some(mistral::mask_shape(attn)) } else { None };
+    let s_kv = b.c.n(Q::S_KV);
+    let sdpa_mask = sdpa_bool_mask(b, spec) || (mistral::is(spec) && mistral::masked(spec.window, s_kv));
+    let mask = if eager || sdpa_mask { Some(mistral::mask_shape(attn)) } else { None };
     let local =
         ((eager && gemma::two_masks(spec)) || (gemma::is3(spec) && mistral::masked(spec.window, s_kv))).then(|| mistral::mask_shape(attn));
     [mask, local]
