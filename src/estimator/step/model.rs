@@ -162,26 +162,24 @@ impl<'a> Setup<'a> {
             t
         };
         let (cos, sin) = if families::has_rope(spec) {
-            let c = mk(b, 0, families::cos_shape(spec), Dt::Resid, Part::Embedding);
-            let s = mk(b, 1, families::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let c = mk(b, 0, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+            let s = mk(b, 1, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
             (Some(c), Some(s))
         } else {
             (None, None)
         };
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
-        let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-        let eager = self.cfg.attn == Attention::Eager;
-        let mask = if eager {
-            Some(mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints))
-        } else if families::sdpa_bool_mask(b, spec) {
-            // SDPA receives a materialized bool mask `[1, 1, s, s_kv]`.
-            let bool_mask = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-            Some(mk(b, 3, bool_mask, Dt::Bool, Part::Checkpoints))
+        let [m, l] = families::mask_shapes(b, spec, self.cfg.attn);
+        let mask = m.map(|(shape, dt)| mk(b, 3, shape, dt, Part::Checkpoints));
+        let mask_local = l.map(|(shape, dt)| mk(b, 4, shape, dt, Part::Checkpoints));
+        let (cos_local, sin_local) = if families::local_rope(spec) {
+            let c = mk(b, 5, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+            let s = mk(b, 6, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+            (Some(c), Some(s))
         } else {
-            None
+            (None, None)
         };
-        let mask_local = (eager && families::gemma::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
-        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local }
     }
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
@@ -214,7 +212,17 @@ impl<'a> Setup<'a> {
         let ends: Vec<Tid> =
             ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
         let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
-        let sh = Shared { cos: None, sin: None, pos: None, mask: None, mask_local: None, emb_w: head_w, locals: [None, None] };
+        let sh = Shared {
+            cos: None,
+            sin: None,
+            pos: None,
+            mask: None,
+            mask_local: None,
+            emb_w: head_w,
+            locals: [None, None],
+            cos_local: None,
+            sin_local: None,
+        };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
@@ -239,6 +247,9 @@ impl<'a> Setup<'a> {
             b.part = Part::Embedding;
             let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
             let x0 = b.op("recv", "", &[], &[out], &[], &[])[0];
+            if let Some(sh) = families::positions(b, spec, self.cfg.attn) {
+                return (x0, sh);
+            }
             let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
             let (cos, sin) = if families::has_rope(spec) {
                 let (c, s) = families::llama::rotary(b, spec, pos);
@@ -246,7 +257,20 @@ impl<'a> Setup<'a> {
             } else {
                 (None, None)
             };
-            (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None] })
+            (
+                x0,
+                Shared {
+                    cos,
+                    sin,
+                    pos: Some(pos),
+                    mask,
+                    mask_local: None,
+                    emb_w: None,
+                    locals: [None, None],
+                    cos_local: None,
+                    sin_local: None,
+                },
+            )
         }
     }
 
@@ -565,10 +589,12 @@ impl Resident {
     }
 }
 
-/// Model buffers (not parameters) on a stage: RoPE's `inv_freq` and `original_inv_freq`, fp32.
+/// Model buffers (not parameters) on a stage: RoPE's `inv_freq` and `original_inv_freq`, fp32
+/// (one pair per layer type in Gemma-3: `{layer_type}_inv_freq`, `Gemma3RotaryEmbedding`).
 /// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
-    let rope = if families::has_rope(&cfg.arch) { 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
+    let pairs = if families::local_rope(&cfg.arch) { 2 } else { 1 };
+    let rope = if families::has_rope(&cfg.arch) { pairs * 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
     let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
     rope + scale
 }

@@ -356,7 +356,20 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
+    (
+        x0,
+        Shared {
+            cos,
+            sin,
+            pos: Some(pos),
+            mask,
+            mask_local: None,
+            emb_w: if spec.tied { emb_w } else { None },
+            locals: [Some(x0), None],
+            cos_local: None,
+            sin_local: None,
+        },
+    )
 }
 
 #[cfg(test)]

@@ -10,11 +10,14 @@ pub mod falcon;
 pub mod gemma;
 pub mod gpt2;
 pub mod llama;
+pub mod mistral;
 pub mod moe;
 pub mod neox;
+pub mod olmo;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
+pub mod qwen_moe;
 pub mod stablelm;
 pub mod starcoder2;
 
@@ -32,7 +35,7 @@ pub enum Kind {
 }
 
 /// Model-level tensors every layer reads (created by the model's forward before the layers).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Shared {
     /// RoPE cos and sin `[1, s, d_rot]` (or none).
     pub cos: Option<Tid>,
@@ -49,15 +52,20 @@ pub struct Shared {
     /// (Llama's `inputs_embeds`, which is also the first layer's input; GPT-2's token and
     /// position embeddings).
     pub locals: [Option<Tid>; 2],
+    /// The sliding-window layers' own RoPE cos and sin (Gemma-3's local base,
+    /// `rope_parameters["sliding_attention"]`); a layer's view puts them in `cos` and `sin`.
+    pub cos_local: Option<Tid>,
+    pub sin_local: Option<Tid>,
 }
 
 /// The shared tensors' slots, in a fixed order.
-pub const NSLOTS: usize = 5;
+pub const NSLOTS: usize = 7;
 
 impl Shared {
-    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local).
+    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local, cos_local,
+    /// sin_local).
     pub fn slots(&self) -> [Option<Tid>; NSLOTS] {
-        [self.cos, self.sin, self.pos, self.mask, self.mask_local]
+        [self.cos, self.sin, self.pos, self.mask, self.mask_local, self.cos_local, self.sin_local]
     }
     pub fn all(&self) -> impl Iterator<Item = Tid> {
         self.slots().into_iter().flatten()
@@ -68,15 +76,26 @@ impl Shared {
         if sliding && self.mask_local.is_some() {
             v.mask = self.mask_local;
         }
+        if sliding && self.cos_local.is_some() {
+            v.cos = self.cos_local;
+            v.sin = self.sin_local;
+        }
         v.mask_local = None;
+        v.cos_local = None;
+        v.sin_local = None;
         v
     }
     /// The global slots a layer's view reads (bit per slot).
     pub fn used(&self, sliding: bool) -> u8 {
         let mut bits = 0u8;
+        let local_rope = sliding && self.cos_local.is_some();
         for (i, t) in self.slots().into_iter().enumerate() {
-            let mask_slot = i == 3 || i == 4;
-            let reads = if mask_slot { (i == 4) == (sliding && self.mask_local.is_some()) } else { true };
+            let reads = match i {
+                3 | 4 => (i == 4) == (sliding && self.mask_local.is_some()),
+                0 | 1 => !local_rope,
+                5 | 6 => local_rope,
+                _ => true,
+            };
             if t.is_some() && reads {
                 bits |= 1 << i;
             }
@@ -87,7 +106,12 @@ impl Shared {
 
 /// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
 pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    gemma::two_masks(spec) && i % 2 == 0
+    if gemma::is3(spec) {
+        // Gemma-3: `layer_types` (the window rule the importer reads from it).
+        spec.window_layers.contains(i as u64)
+    } else {
+        gemma::two_masks(spec) && i.is_multiple_of(2)
+    }
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.
@@ -132,6 +156,14 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if olmo::is(spec) {
+        olmo::layer(b, p, spec, x, sh, attn)
+    } else if olmo::is2(spec) {
+        olmo::layer2(b, p, spec, x, sh, attn)
+    } else if gemma::is(spec) && spec.experts == 0 {
+        gemma::layer_gemma1(b, p, spec, x, sh, attn)
+    } else if qwen_moe::is(spec) {
+        qwen_moe::layer(b, p, spec, x, sh, kind, attn)
     } else if starcoder2::is(spec) {
         starcoder2::layer(b, p, spec, x, sh, attn)
     } else if phi::is(spec) {
@@ -153,6 +185,14 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if gemma::is3(spec) {
+        gemma::embed3(b, p, spec, ids, attn)
+    } else if mistral::is(spec) {
+        mistral::embed(b, p, spec, ids, attn)
+    } else if olmo::is_any(spec) {
+        olmo::embed(b, p, spec, ids, attn)
+    } else if qwen_moe::two_masks(spec) {
+        qwen_moe::embed(b, p, spec, ids, attn)
     } else if opt::is(spec) {
         opt::embed(b, p, spec, ids, attn)
     } else if falcon::is(spec) {
@@ -178,6 +218,8 @@ pub fn x0_is_local(spec: &ModelSpec) -> bool {
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
+    } else if olmo::is_any(spec) {
+        olmo::final_norm(b, p, spec, x)
     } else if opt::is(spec) {
         opt::final_norm(b, p, x)
     } else if starcoder2::is(spec) {
@@ -227,4 +269,52 @@ pub fn cos_shape(spec: &ModelSpec) -> Shape {
 /// Norm kinds that keep statistics in the input dtype on CPU.
 pub fn layer_norm_like(n: NormKind) -> bool {
     matches!(n, NormKind::Layernorm | NormKind::LayernormNoBias)
+}
+
+/// The shapes and dtypes of the masks the layers receive (`Shared::mask`, `Shared::mask_local`):
+/// eager's additive masks, and the bool masks SDPA gets ([`sdpa_bool_mask`], and where a sliding
+/// window is shorter than the keys, `mistral.rs`).
+pub fn mask_shapes(b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+    let eager = attn == Attention::Eager;
+    let s_kv = b.c.n(Q::S_KV);
+    let sdpa_mask = sdpa_bool_mask(b, spec) || (mistral::is(spec) && mistral::masked(spec.window, s_kv));
+    let mask = if eager || sdpa_mask { Some(mistral::mask_shape(attn)) } else { None };
+    let local =
+        ((eager && gemma::two_masks(spec)) || (gemma::is3(spec) && mistral::masked(spec.window, s_kv))).then(|| mistral::mask_shape(attn));
+    [mask, local]
+}
+
+/// The dtype of the model-level RoPE cos/sin: the residual stream's (`.to(x.dtype)`), fp32 in
+/// OLMo (`OlmoRotaryEmbedding.forward` does not cast).
+pub fn cos_dt(spec: &ModelSpec) -> Dt {
+    if olmo::is_any(spec) {
+        Dt::F32
+    } else {
+        Dt::Resid
+    }
+}
+
+/// Whether the sliding-window layers have their own RoPE pair (`Shared::cos_local`): Gemma-3
+/// with both sliding and full layers (`Gemma3TextModel.forward` computes one pair per layer
+/// type in `set(config.layer_types)`).
+pub fn local_rope(spec: &ModelSpec) -> bool {
+    let n = spec.window_layers.count(spec.layers);
+    gemma::is3(spec) && n > 0 && n < spec.layers
+}
+
+/// A later pipeline stage's prologue (it receives its input): the positions, masks and RoPE the
+/// family's model forward computes after the embedding, as its `embed` makes them; `None` for
+/// the families that use Llama's (`positions_and_mask` and `llama::rotary`).
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Option<Shared> {
+    if gemma::is3(spec) {
+        Some(gemma::positions3(b, spec, attn))
+    } else if mistral::is(spec) {
+        Some(mistral::positions(b, spec, attn))
+    } else if qwen_moe::two_masks(spec) {
+        Some(qwen_moe::positions(b, spec, attn))
+    } else if olmo::is_any(spec) {
+        Some(olmo::positions(b, spec, attn))
+    } else {
+        None
+    }
 }

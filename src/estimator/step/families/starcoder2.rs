@@ -251,6 +251,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
             mask_local: None,
             emb_w: if spec.tied { emb_w } else { None },
             locals: [Some(x0), None],
+            cos_local: None,
+            sin_local: None,
         },
     )
 }
