@@ -7,10 +7,12 @@
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
 pub mod gemma;
+pub mod glm4_moe;
 pub mod gpt2;
 pub mod llama;
 pub mod moe;
 pub mod phi3;
+pub mod sigmoid_moe;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -124,6 +126,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if glm4_moe::is(spec) {
+        glm4_moe::layer(b, p, spec, x, sh, kind, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
