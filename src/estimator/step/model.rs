@@ -562,7 +562,19 @@ impl Resident {
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let rope = if families::has_rope(&cfg.arch) { 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
     let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
-    rope + scale
+    rope + scale + router_bias_buffer_bytes(cfg)
+}
+
+/// The sigmoid routers' `e_score_correction_bias` buffer, fp32 `[E]` in every MoE layer of the
+/// (first) stage (modeling_deepseek_v3.py `DeepseekV3TopkRouter.__init__`, modeling_glm4_moe.py
+/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe.
+pub fn router_bias_buffer_bytes(cfg: &Config) -> Bytes {
+    let spec = &cfg.arch;
+    if spec.router != crate::estimator::model::Router::Sigmoid || spec.experts == 0 {
+        return 0;
+    }
+    let layers = stage_layers(spec.layers, cfg.pp);
+    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * crate::estimator::precision::FP32_BYTES as u128
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).
