@@ -178,7 +178,7 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
     [
-        (spec.is_mla(), "multi-head latent attention (MLA)"),
+        (spec.is_mla() && spec.router != Router::Sigmoid, "multi-head latent attention (MLA) with DeepSeek-V2's router"),
         (spec.attn_sinks, "attention sinks"),
         (spec.qk_l2_norm, "the L2 q/k norm"),
         (spec.nope_layers.count(spec.layers) > 0, "NoPE layers"),

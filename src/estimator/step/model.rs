@@ -61,6 +61,12 @@ impl<'a> Setup<'a> {
         xv[X::Pos as usize] = spec.max_pos + spec.pos_offset;
         let rows = (cfg.batch * values_s(cfg)).div_ceil(spec.vocab.div_ceil(spec.hidden.max(1)).max(1));
         xv[X::Chunk as usize] = rows;
+        xv[X::MlaRq as usize] = spec.q_lora_rank;
+        xv[X::MlaRkv as usize] = spec.kv_lora_rank;
+        xv[X::MlaNope as usize] = spec.qk_nope_dim();
+        xv[X::MlaV as usize] = spec.v_head_dim;
+        xv[X::MlaKvA as usize] = spec.kv_lora_rank + spec.qk_rope_dim;
+        xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
         let kinds = (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect();

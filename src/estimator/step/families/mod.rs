@@ -6,6 +6,7 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod deepseek;
 pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
@@ -126,6 +127,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if deepseek::is(spec) {
+        deepseek::layer(b, p, spec, x, sh, kind, attn)
     } else if glm4_moe::is(spec) {
         glm4_moe::layer(b, p, spec, x, sh, kind, attn)
     } else {
@@ -166,6 +169,10 @@ pub fn input(b: &mut Builder, free_fwd: bool, free_bwd: bool) -> Tid {
 
 /// Rotary dims per head.
 pub fn rotary_dims(spec: &ModelSpec) -> u64 {
+    if spec.is_mla() {
+        // MLA rotates only the shared rotary part of each head (`qk_rope_head_dim`).
+        return spec.qk_rope_dim.max(1);
+    }
     (spec.head_dim * spec.rotary_pct).div_ceil(100).max(1)
 }
 

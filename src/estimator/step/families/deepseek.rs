@@ -1,0 +1,412 @@
+//! DeepSeek-V3 (`deepseek_v3`, and Kimi K2; transformers 5.24
+//! `models/deepseek_v3/modeling_deepseek_v3.py`): Llama's pre-norm layer around multi-head
+//! latent attention (MLA, `DeepseekV3Attention`), dense MLPs on the first
+//! `first_k_dense_replace` layers and the sigmoid-routed MoE block with shared experts
+//! ([`super::sigmoid_moe`]) on the others.
+//!
+//! MLA (DeepSeek-AI 2024, DeepSeek-V2 §2.1) compresses the keys and values of a token into one
+//! latent of r_kv dims plus one rotary key of d_r dims shared by all heads
+//! (`kv_a_proj_with_mqa`, then `kv_a_layernorm` on the latent), and expands the latent per head
+//! (`kv_b_proj`) into the non-rotary key (d_nope) and the value (d_v). Queries go through a
+//! rank-r_q bottleneck (`q_a_proj`, `q_a_layernorm`, `q_b_proj`) unless `q_lora_rank` is null.
+//! What training keeps per layer is therefore the latents (`b·s·(r_q + r_kv + d_r)`) and the
+//! per-head tensors the attention core needs; the KV cache saving of MLA is an inference
+//! saving, but the projections' inputs shrink too.
+
+use super::super::blocks::shapes::tok;
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, X};
+use super::llama::{mlp, rms_norm, MlpW};
+use super::{Kind, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{Linear, ModelSpec, Router};
+
+/// Whether `spec` is DeepSeek-V3's architecture (MLA with the sigmoid router).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.is_mla() && spec.router == Router::Sigmoid
+}
+
+/// `[b, s, w]` of an MLA latent: not split by tensor parallelism (`q_a_proj` and
+/// `kv_a_proj_with_mqa` are whole on every rank).
+fn lat(w: X) -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(w)], Split::None)
+}
+
+/// `[b, s, heads, w]`.
+fn bshw(h: Dim, w: Dim) -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), h, w], Split::Tp)
+}
+
+/// `[b, heads, s, w]`.
+fn bhsw(h: Dim, w: Dim) -> Shape {
+    Shape::new(&[Dim::Q(Q::B), h, Dim::Q(Q::S), w], Split::Tp)
+}
+
+/// `[b, 1, s, w]`: the shared rotary key.
+fn b1sw(w: Dim) -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), w], Split::None)
+}
+
+const A: Dim = Dim::Q(Q::A);
+const D: Dim = Dim::Q(Q::D);
+const DR: Dim = Dim::X(X::DRot);
+const DR2: Dim = Dim::HalfX(X::DRot);
+const DV: Dim = Dim::X(X::MlaV);
+const DN: Dim = Dim::X(X::MlaNope);
+
+/// `torch.split(x, [n1, n2], dim=-1)`: two views; SplitWithSizesBackward0 concatenates their
+/// gradients into a full-size `cat`.
+fn split2(b: &mut Builder, x: Tid, s1: Shape, s2: Shape) -> (Tid, Tid) {
+    let (rg, bytes, dtype) = (b.rg(x), b.bytes(x), b.t(x).dtype);
+    let o1 = b.view_out(x, s1);
+    let o2 = b.view_out(x, s2);
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    let r = b.op("split_with_sizes", "SplitWithSizesBackward0", &[x], &[o1, o2], &[], bw);
+    (r[0], r[1])
+}
+
+/// `a - b` (SubBackward0): `a`'s gradient passes, `b`'s is `neg(grad)`.
+fn sub(b: &mut Builder, x: Tid, y: Tid) -> Tid {
+    let (shape, dt, rx, ry) = (b.shape(x), b.t(x).dt, b.rg(x), b.rg(y));
+    let (bytes, dtype) = (b.bytes(y), b.t(y).dtype);
+    let out = b.out(shape, dt, rx || ry);
+    let mut bw: Vec<B> = Vec::with_capacity(3);
+    if rx {
+        bw.push(B::Pass { input: 0, output: 0 });
+    }
+    if ry {
+        bw.push(B::Alloc { bytes, dtype, op: "neg" });
+        bw.push(B::Grad { input: 1, temp: 0 });
+    }
+    b.op("sub", "SubBackward0", &[x, y], &[out], &[], &bw)[0]
+}
+
+/// `apply_rotary_pos_emb_interleave` on one of q, k (`x` `[b, heads, s, d_r]`), given the
+/// slices `x1 = x[..., 0::2]`, `x2 = x[..., 1::2]` and the first halves of cos and sin:
+/// `cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)`.
+fn rope_pairs(b: &mut Builder, x1: Tid, x2: Tid, cos: Tid, sin: Tid, full: Shape) -> Tid {
+    let m1 = b.mul(x1, cos);
+    let m2 = b.mul(x2, sin);
+    let lo = sub(b, m1, m2);
+    let m3 = b.mul(x2, cos);
+    let m4 = b.mul(x1, sin);
+    let hi = b.add(m3, m4);
+    b.cat2(lo, hi, full)
+}
+
+/// `x[..., 0::2]` or `x[..., 1::2]`: a strided view; SliceBackward0 allocates the full input.
+fn half(b: &mut Builder, x: Tid) -> Tid {
+    let shape = b.shape(x).last(DR2);
+    b.slice(x, shape)
+}
+
+/// The MLA attention's parameters in registration order (`DeepseekV3Attention.__init__`).
+#[derive(Clone, Copy)]
+pub struct MlaW {
+    pub q: Option<Tid>,
+    pub q_a: Option<Tid>,
+    pub q_a_bias: Option<Tid>,
+    pub q_a_norm: Option<Tid>,
+    pub q_b: Option<Tid>,
+    pub kv_a: Option<Tid>,
+    pub kv_a_bias: Option<Tid>,
+    pub kv_a_norm: Option<Tid>,
+    pub kv_b: Option<Tid>,
+    pub o: Option<Tid>,
+    pub o_bias: Option<Tid>,
+}
+
+impl MlaW {
+    pub fn new(b: &mut Builder, p: &Params) -> MlaW {
+        MlaW {
+            q: p.w(b, "layers.*.attn.q_proj.weight"),
+            q_a: p.w(b, "layers.*.attn.q_a_proj.weight"),
+            q_a_bias: p.w(b, "layers.*.attn.q_a_proj.bias"),
+            q_a_norm: p.w(b, "layers.*.attn.q_a_layernorm.weight"),
+            q_b: p.w(b, "layers.*.attn.q_b_proj.weight"),
+            kv_a: p.w(b, "layers.*.attn.kv_a_proj_with_mqa.weight"),
+            kv_a_bias: p.w(b, "layers.*.attn.kv_a_proj_with_mqa.bias"),
+            kv_a_norm: p.w(b, "layers.*.attn.kv_a_layernorm.weight"),
+            kv_b: p.w(b, "layers.*.attn.kv_b_proj.weight"),
+            o: p.w(b, "layers.*.attn.o_proj.weight"),
+            o_bias: p.w(b, "layers.*.attn.o_proj.bias"),
+        }
+    }
+}
+
+/// `key_states[..., a:b].copy_(src)` into the `new_empty` key (CopySlices): no allocation
+/// forward; backward the base's gradient is cloned whole (`new_empty_strided`), the slice's
+/// gradient cloned for `src`, and — when the base itself needs a gradient — the slice zeroed in
+/// the clone (`zeros_like` of the slice, copied in).
+fn copy_slice(b: &mut Builder, base: Tid, src: Tid) -> Tid {
+    let shape = b.shape(base);
+    let (full, dtype) = (b.bytes(base), b.t(base).dtype);
+    let part = b.bytes(src);
+    let base_rg = b.rg(base);
+    let rg = base_rg || b.rg(src);
+    let out = Out { shape, dt: b.t(base).dt, view_of: Some(base), requires_grad: rg };
+    let bw: &[B] = if base_rg {
+        &[
+            B::Alloc { bytes: full, dtype, op: "new_empty_strided" },
+            B::Alloc { bytes: part, dtype, op: "clone" },
+            B::Alloc { bytes: part, dtype, op: "zeros_like" },
+            B::Free(2),
+            B::Grad { input: 0, temp: 0 },
+            B::Grad { input: 1, temp: 1 },
+        ]
+    } else {
+        &[
+            B::Alloc { bytes: full, dtype, op: "new_empty_strided" },
+            B::Alloc { bytes: part, dtype, op: "clone" },
+            B::Free(0),
+            B::Grad { input: 1, temp: 1 },
+        ]
+    };
+    b.op("copy_", "CopySlices", &[base, src], &[out], &[], if rg { bw } else { &[] })[0]
+}
+
+/// `k_rot.expand(-1, a, -1, -1)`: a view; ExpandBackward0 sums the gradient back to
+/// `[b, 1, s, d_r]`.
+fn expand_heads(b: &mut Builder, x: Tid) -> Tid {
+    let (bytes, dtype) = (b.bytes(x), b.t(x).dtype);
+    let out = b.view_out(x, bhsw(A, DR));
+    let bw: &[B] = if b.rg(x) { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("expand", "ExpandBackward0", &[x], &[out], &[], bw)[0]
+}
+
+/// `DeepseekV3Attention.forward`:
+/// ```python
+/// q_states = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))   # or q_proj
+/// q_states = q_states.view(query_shape).transpose(1, 2)
+/// q_pass, q_rot = torch.split(q_states, [d_nope, d_r], dim=-1)
+/// compressed_kv = self.kv_a_proj_with_mqa(hidden_states)
+/// kv_nope, k_rot = torch.split(compressed_kv, [r_kv, d_r], dim=-1)
+/// kv_nope = self.kv_a_layernorm(kv_nope).view(b, 1, s, r_kv); k_rot = k_rot.view(b, 1, s, d_r)
+/// q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+/// query_states = torch.cat((q_pass, q_rot), dim=-1)
+/// key_states, value_states = self.expand_kv(kv_nope, k_rot)
+/// attn_output, attn_weights = attention_interface(self, query_states, key_states, value_states, …)
+/// attn_output = self.o_proj(attn_output.reshape(b, s, -1).contiguous())
+/// ```
+/// `expand_kv`: `kv_b_proj(kv_nope).view(b, s, a, d_nope + d_v).transpose(1, 2)` split into
+/// k_nope and the value, and the key built in a `new_empty` `[b, a, s, d]` by two slice copies
+/// (k_nope, then the rotary key expanded over the heads). Every local lives until the return.
+pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let _ = spec;
+    b.part = Part::AttentionInputs;
+    let qshape = bshw(A, D);
+    let qs = match (w.q_a, w.q) {
+        (Some(wa), _) => {
+            b.module = "self_attn.q_a_proj";
+            let qa = b.proj(x, wa, w.q_a_bias, lat(X::MlaRq), Linear::Q);
+            b.module = "self_attn.q_a_layernorm";
+            b.part = Part::Norms;
+            let qn = rms_norm(b, qa, w.q_a_norm);
+            b.part = Part::AttentionInputs;
+            b.module = "self_attn.q_b_proj";
+            match w.q_b {
+                Some(wb) => b.proj(qn, wb, None, qshape, Linear::Q),
+                None => b.plain("mm", &[qn], qshape, Dt::Model),
+            }
+        }
+        (None, Some(wq)) => {
+            b.module = "self_attn.q_proj";
+            b.proj(x, wq, None, qshape, Linear::Q)
+        }
+        (None, None) => {
+            b.module = "self_attn.q_proj";
+            b.plain("mm", &[x], qshape, Dt::Model)
+        }
+    };
+    b.module = "self_attn";
+    b.part = Part::AttentionCore;
+    let q4 = b.view(qs, bshw(A, D), "ViewBackward0", true);
+    let qt = b.view(q4, bhsw(A, D), "TransposeBackward0", false);
+    let (q_pass, q_rot) = split2(b, qt, bhsw(A, DN), bhsw(A, DR));
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.kv_a_proj_with_mqa";
+    let ckv = match w.kv_a {
+        Some(wk) => b.proj(x, wk, w.kv_a_bias, lat(X::MlaKvA), Linear::K),
+        None => b.plain("mm", &[x], lat(X::MlaKvA), Dt::Model),
+    };
+    b.module = "self_attn";
+    let (kv_nope, k_rot) = split2(b, ckv, lat(X::MlaRkv), Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), DR], Split::None));
+    b.module = "self_attn.kv_a_layernorm";
+    b.part = Part::Norms;
+    let kvn = rms_norm(b, kv_nope, w.kv_a_norm);
+    b.module = "self_attn";
+    b.part = Part::AttentionCore;
+    let (q_rot, k_rot) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) => {
+            // `cos[..., : d_r // 2].unsqueeze(1)`: views of the model's cos and sin.
+            let ch = b.view(cos, Shape::new(&[Dim::Q(Q::S), DR2], Split::None), "", false);
+            let shh = b.view(sin, Shape::new(&[Dim::Q(Q::S), DR2], Split::None), "", false);
+            let q1 = half(b, q_rot);
+            let q2 = half(b, q_rot);
+            let k1 = half(b, k_rot);
+            let k2 = half(b, k_rot);
+            let qe = rope_pairs(b, q1, q2, ch, shh, bhsw(A, DR));
+            let ke = rope_pairs(b, k1, k2, ch, shh, b1sw(DR));
+            (qe, ke)
+        }
+        _ => (q_rot, k_rot),
+    };
+    let query = b.cat2(q_pass, q_rot, bhsw(A, D));
+    // expand_kv
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.kv_b_proj";
+    let kvb_shape = bshw(A, Dim::X(X::MlaKvB));
+    let kvb = match w.kv_b {
+        Some(wb) => b.proj(kvn, wb, None, kvb_shape, Linear::V),
+        None => b.plain("mm", &[kvn], kvb_shape, Dt::Model),
+    };
+    b.module = "self_attn";
+    b.part = Part::AttentionCore;
+    let kvb4 = b.view(kvb, kvb_shape, "ViewBackward0", true);
+    let kvt = b.view(kvb4, bhsw(A, Dim::X(X::MlaKvB)), "TransposeBackward0", false);
+    let (k_nope, value) = split2(b, kvt, bhsw(A, DN), bhsw(A, DV));
+    let k_rot_e = expand_heads(b, k_rot);
+    let key0 = b.plain("new_empty", &[kvb], bhsw(A, D), Dt::Model);
+    let key1 = copy_slice(b, key0, k_nope);
+    let key = copy_slice(b, key1, k_rot_e);
+    let eager = attn == Attention::Eager;
+    let (o, weights) = if eager {
+        eager_core(b, query, key, value, sh.mask)
+    } else if b.c.cuda || spec.v_head_dim == spec.head_dim {
+        (flash_core(b, query, key, value), None)
+    } else {
+        (sdpa_math(b, query, key, value), None)
+    };
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.o_proj";
+    let out = match w.o {
+        Some(wo) => b.proj(o, wo, w.o_bias, tok(Q::H), Linear::O),
+        None => b.plain("mm", &[o], tok(Q::H), Dt::Model),
+    };
+    for t in [qs, q_rot, ckv, kvn, k_rot, query, key, kvb] {
+        b.hold(t);
+    }
+    (out, weights)
+}
+
+/// `eager_attention_forward` on MLA's q, k `[b, a, s, d]` (both contiguous: a `cat` and the
+/// `new_empty` key) and v `[b, a, s, d_v]` (a view of `kv_b_proj`'s output, copied by matmul's
+/// reshape when b > 1): scores, scaling, mask, fp32 softmax, the product with v, the
+/// `transpose(1, 2).contiguous()` copy. Returns `[b, s, a, d_v]` and the probabilities.
+fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Option<Tid>) {
+    let sc = b.bmm(q, k, super::super::blocks::shapes::scores());
+    let sm = b.mul_scalar(sc);
+    let sa = match mask {
+        Some(m) => b.add(sm, m),
+        None => sm,
+    };
+    let s32 = b.to_copy(sa, Dt::F32);
+    let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
+    let pc = b.to_copy(pr, b.t(q).dt);
+    b.hold(sa);
+    let pc = b.dropout(pc);
+    let vc = b.fold(v, bhsw(A, DV));
+    let o = b.bmm(pc, vc, bhsw(A, DV));
+    let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", true);
+    let ot = b.view(o, bshw(A, DV), "TransposeBackward0", false);
+    let oc = b.copy(ot, bshw(A, DV));
+    (oc, Some(pc))
+}
+
+/// `F.scaled_dot_product_attention` when the value head differs from the query/key head
+/// (d_v ≠ d): CPU has no fused kernel for it and runs `_scaled_dot_product_attention_math`:
+/// q, k, v upcast to fp32 (reduced precision on CPU), q and kᵀ scaled by √scale, the causal
+/// mask built (`ones(s, s).tril()`, `where(…, 0, -inf)`), the scores, `_safe_softmax`, the
+/// probabilities cast back (returned and dropped), the product with v, the output cast back;
+/// then the caller's `transpose(1, 2).contiguous()` copy. Returns `[b, s, a, d_v]`.
+fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+    // Under autocast SDPA runs in the lower precision: its inputs are cast first, and the ops
+    // inside it run with autocast excluded (the math path upcasts them again).
+    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
+    let autocast = std::mem::replace(&mut b.autocast, false);
+    let out_dt = b.t(q).dt;
+    let q32 = b.to_copy(q, Dt::F32);
+    let k32 = b.to_copy(k, Dt::F32);
+    let v32 = b.to_copy(v, Dt::F32);
+    let qs = b.mul_scalar(q32);
+    let ss = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+    let ones = b.plain("ones", &[], ss, Dt::Bool);
+    let tril = b.plain("tril", &[ones], ss, Dt::Bool);
+    let zero = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::F32);
+    let ninf = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::F32);
+    let mask = b.plain("where", &[tril, zero, ninf], ss, Dt::F32);
+    let kt = b.view(k32, bhsw(A, D), "TransposeBackward0", false);
+    let ks = b.mul_scalar(kt);
+    let sc = b.bmm(qs, ks, super::super::blocks::shapes::scores());
+    let sa = b.add(sc, mask);
+    let sm = b.unary("_safe_softmax", "SafeSoftmaxBackward0", sa, Keep::Output, "_softmax_backward_data");
+    let ret = b.to_copy(sm, out_dt);
+    let vc = b.fold(v32, bhsw(A, DV));
+    let o = b.bmm(sm, vc, bhsw(A, DV));
+    let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", true);
+    let o = b.to_copy(o, out_dt);
+    for t in [mask, v32, k32, q32, ret] {
+        b.hold(t);
+    }
+    b.autocast = autocast;
+    let ot = b.view(o, bshw(A, DV), "TransposeBackward0", false);
+    b.copy(ot, bshw(A, DV))
+}
+
+/// SDPA through a fused kernel (CUDA, or d_v = d): output in q's layout `[b, a, s, d_v]`, copied
+/// by `transpose(1, 2).contiguous()` (q is contiguous after its `cat`).
+fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+    let (o, _lse) = b.sdpa_flash(
+        q,
+        k,
+        v,
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    );
+    let o = b.view(o, bhsw(A, DV), "", false);
+    let ot = b.view(o, bshw(A, DV), "TransposeBackward0", false);
+    b.copy(ot, bshw(A, DV))
+}
+
+/// `DeepseekV3DecoderLayer.forward` (Llama's): `h = x + attn(norm1(x))`, `y = h + mlp(norm2(h))`;
+/// the MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after.
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let aw = MlaW::new(b, p);
+    let ffn = match kind {
+        Kind::Moe => Err(super::sigmoid_moe::SigmoidMoeW::new(b, p)),
+        Kind::Dense => Ok(MlpW::new(b, p)),
+    };
+    let n1w = p.w(b, "layers.*.norm.weight");
+    let n2w = p.w(b, "layers.*.norm.weight");
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = rms_norm(b, x, n1w);
+    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
+    b.hold(n1);
+    b.module = "";
+    b.part = Part::Norms;
+    let h = b.add(x, a);
+    b.module = "post_attention_layernorm";
+    let n2 = rms_norm(b, h, n2w);
+    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
+    let m = match ffn {
+        Ok(mw) => mlp(b, &mw, n2),
+        // `norm_topk_prob`: DeepSeek-V3's configuration (and its checkpoints) set it.
+        Err(w) => super::sigmoid_moe::block(b, spec, &w, n2, true),
+    };
+    b.group = Group::All;
+    b.hold(n2);
+    b.module = "";
+    b.part = Part::Norms;
+    let y = b.add(h, m);
+    b.hold(h);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}
