@@ -23,9 +23,167 @@ use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, Router};
 
-/// Whether `spec` is DeepSeek-V3's architecture (MLA with the sigmoid router).
+/// Whether `spec` is DeepSeek-V3's architecture (MLA with the sigmoid router) or DeepSeek-V2's
+/// (MLA with the softmax router, [`is_v2`]).
 pub fn is(spec: &ModelSpec) -> bool {
-    spec.is_mla() && spec.router == Router::Sigmoid
+    spec.is_mla() && matches!(spec.router, Router::Sigmoid | Router::Softmax)
+}
+
+/// Whether `spec` is DeepSeek-V2's architecture (`modeling_deepseek_v2.py`): MLA with complex
+/// rotary embedding (`freqs_cis`, `apply_rotary_emb`) and the softmax router
+/// (`DeepseekV2TopkRouter`, greedy or group-limited greedy).
+pub fn is_v2(spec: &ModelSpec) -> bool {
+    spec.is_mla() && spec.router == Router::Softmax
+}
+
+/// `DeepseekV2Model.forward` before the layers: Llama's embedding, positions and mask, then
+/// `DeepseekV2RotaryEmbedding.forward`:
+/// ```python
+/// freqs = position_ids[..., None].float() * self.inv_freq
+/// freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
+/// freqs_cis = freqs_cis * self.attention_scaling
+/// ```
+/// `freqs_cis` is complex64 `[1, s, d_r / 2]` — the bytes of fp32 `[1, s, d_r]`, which is how
+/// the program carries it (in the `cos` slot; `sin` is empty).
+pub fn embed_v2(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "model.embed_tokens";
+    let emb_w = p.w(b, "embed_tokens.weight");
+    let x0 = match emb_w {
+        Some(w) => super::llama::embedding(b, ids, w),
+        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+    };
+    b.module = "model";
+    let (pos, mask) = super::llama::positions_and_mask(b, attn);
+    b.module = "model.rotary_emb";
+    let halves = Shape::new(&[Dim::Q(Q::S), DR2], Split::None);
+    let complex = Shape::new(&[Dim::Q(Q::S), DR], Split::None);
+    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
+    let freqs = b.plain("mul", &[pf], halves, Dt::F32);
+    let ones = b.plain("ones_like", &[freqs], halves, Dt::F32);
+    let polar = b.plain("polar", &[ones, freqs], complex, Dt::F32);
+    let fc = b.plain("mul", &[polar], complex, Dt::F32);
+    b.p.tensors[fc as usize].part = Some(Part::Embedding);
+    let shared = Shared {
+        cos: Some(fc),
+        sin: None,
+        pos: Some(pos),
+        mask,
+        mask_local: None,
+        emb_w: if spec.tied { emb_w } else { None },
+        locals: [Some(x0), None],
+    };
+    (x0, shared)
+}
+
+/// `xq_ * freqs_cis` on complex views (MulBackward0 keeps `freqs_cis`; backward `conj()` is
+/// materialized by a `clone`, then the product): `x` and the result carry the complex
+/// `[…, d_r / 2]` as fp32 `[…, d_r]`.
+fn complex_mul(b: &mut Builder, x: Tid, fc: Tid) -> Tid {
+    use super::super::ir::S;
+    let (shape, rg, bytes, dtype) = (b.shape(x), b.rg(x), b.bytes(x), b.t(x).dtype);
+    let fb = b.bytes(fc);
+    let out = b.out(shape, Dt::F32, rg);
+    let bw: &[B] = if rg {
+        &[
+            B::Alloc { bytes: fb, dtype, op: "clone" },
+            B::Alloc { bytes, dtype, op: "mul" },
+            B::Free(0),
+            B::Grad { input: 0, temp: 1 },
+        ]
+    } else {
+        &[]
+    };
+    b.op("mul", "MulBackward0", &[x, fc], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
+}
+
+/// DeepSeek-V2's `apply_rotary_emb(q_pe, k_pe, freqs_cis)`:
+/// ```python
+/// xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+/// xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+/// xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3).type_as(xq)
+/// xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3).type_as(xk)
+/// ```
+/// The fp32 copies (`float()`, none in fp32) live until the function returns.
+fn rope_complex(b: &mut Builder, q: Tid, k: Tid, fc: Tid) -> (Tid, Tid) {
+    let (qdt, kdt) = (b.t(q).dt, b.t(k).dt);
+    let q32 = b.to_copy(q, Dt::F32);
+    let k32 = b.to_copy(k, Dt::F32);
+    let qm = complex_mul(b, q32, fc);
+    let qe = b.to_copy(qm, qdt);
+    let km = complex_mul(b, k32, fc);
+    let ke = b.to_copy(km, kdt);
+    b.hold(q32);
+    b.hold(k32);
+    (qe, ke)
+}
+
+/// `scores.masked_fill(mask, value)`: MaskedFillBackward0 keeps the mask; backward one
+/// `masked_fill` of the gradient.
+fn masked_fill(b: &mut Builder, x: Tid, mask: Tid) -> Tid {
+    use super::super::ir::S;
+    let (shape, dt, rg, bytes, dtype) = (b.shape(x), b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
+    let out = b.out(shape, dt, rg);
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "masked_fill" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("masked_fill", "MaskedFillBackward0", &[x, mask], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
+}
+
+/// DeepSeek-V2's router (`DeepseekV2TopkRouter.forward`):
+/// ```python
+/// router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))
+/// scores = router_logits.softmax(dim=-1, dtype=torch.float32)
+/// if self.topk_method == "greedy":
+///     topk_weights, topk_indices = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
+/// elif self.topk_method == "group_limited_greedy":
+///     group_scores = scores.view(-1, G, E // G).max(dim=-1).values
+///     group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+///     group_mask = torch.zeros_like(group_scores); group_mask.scatter_(1, group_idx, 1)
+///     score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+///     scores = scores.masked_fill(~score_mask.bool(), 0.0)
+///     topk_weights, topk_indices = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
+/// topk_weights = topk_weights * self.routed_scaling_factor
+/// ```
+/// The softmax keeps its result, the masked fill its mask, the top-k its indices; the group
+/// choice (max, group top-k) carries no gradient to the loss. `norm_topk_prob` is not read.
+pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    use super::sigmoid_moe::tokens;
+    b.module = "mlp.gate";
+    let xf = b.to_copy(x2, Dt::F32);
+    let e = || tokens(&[Dim::X(X::E)]);
+    let logits = match w {
+        Some(w) => b.linear(xf, w, None, e()),
+        None => b.plain("mm", &[xf], e(), Dt::F32),
+    };
+    let lf = b.to_copy(logits, Dt::F32);
+    let scores = b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data");
+    let groups = spec.router_groups.max(1);
+    let kk = || tokens(&[Dim::X(X::K)]);
+    let (vals, idx) = if groups > 1 {
+        let g = Dim::W(groups);
+        let outs = [b.out(tokens(&[g]), Dt::F32, false), b.out(tokens(&[g]), Dt::I64, false)];
+        let r = b.plain_n("max", &[scores], &outs);
+        let (gmax, gargmax) = (r[0], r[1]);
+        let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
+        let outs = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
+        let r = b.plain_n("topk", &[gmax], &outs);
+        let gidx = r[1];
+        let gmask = b.plain("zeros_like", &[gmax], tokens(&[g]), Dt::F32);
+        b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
+        let smask = if super::sigmoid_moe::mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
+        let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
+        let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+        let filled = masked_fill(b, scores, inv);
+        let r = b.topk(filled, kk());
+        for t in [filled, gargmax, gmax, gidx, gmask, smask] {
+            b.hold(t);
+        }
+        r
+    } else {
+        b.topk(scores, kk())
+    };
+    let weights = b.mul_scalar(vals);
+    b.hold(xf);
+    (logits, weights, idx)
 }
 
 /// `[b, s, w]` of an MLA latent: not split by tensor parallelism (`q_a_proj` and
@@ -239,6 +397,8 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     b.module = "self_attn";
     b.part = Part::AttentionCore;
     let (q_rot, k_rot) = match (sh.cos, sh.sin) {
+        // DeepSeek-V2: `freqs_cis` alone.
+        (Some(fc), None) => rope_complex(b, q_rot, k_rot, fc),
         (Some(cos), Some(sin)) => {
             // `cos[..., : d_r // 2].unsqueeze(1)`: views of the model's cos and sin.
             let ch = b.view(cos, Shape::new(&[Dim::Q(Q::S), DR2], Split::None), "", false);
@@ -397,6 +557,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let m = match ffn {
         Ok(mw) => mlp(b, &mw, n2),
         // `norm_topk_prob`: DeepSeek-V3's configuration (and its checkpoints) set it.
+        Err(w) if is_v2(spec) => super::sigmoid_moe::block_with(b, spec, &w, n2, router_v2),
         Err(w) => super::sigmoid_moe::block(b, spec, &w, n2, true),
     };
     b.group = Group::All;

@@ -142,6 +142,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if deepseek::is_v2(spec) {
+        deepseek::embed_v2(b, p, spec, ids, attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }

@@ -79,6 +79,13 @@ fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
     b.op("gather", "GatherBackward0", &[x, idx], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
 }
 
+/// Whether `group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)` copies: only when
+/// both G and E / G exceed one (otherwise the expanded dims merge into a view).
+pub fn mask_copies(spec: &ModelSpec) -> bool {
+    let g = spec.router_groups.max(1);
+    g > 1 && spec.experts / g > 1
+}
+
 /// The router (`DeepseekV3TopkRouter.forward`, `Glm4MoeTopkRouter.forward`):
 /// ```python
 /// hidden_states = hidden_states.view(-1, self.hidden_dim)
@@ -128,7 +135,7 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     let gidx = r[1];
     let gmask = b.plain("zeros_like", &[gscores], tokens(&[g]), Dt::F32);
     b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
-    let smask = if groups > 1 { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
+    let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
     let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
     let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
     let filled = b.plain("masked_fill", &[choice, inv], e(), Dt::F32);
@@ -185,10 +192,28 @@ pub fn shared_mlp(b: &mut Builder, w: [Option<Tid>; 3], x: Tid) -> Tid {
 /// ```
 /// The router's logits (`_`) and weights live until the block returns.
 pub fn block(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, normalize: bool) -> Tid {
+    let route = if normalize { router_normalized } else { router_plain };
+    block_with(b, spec, w, x, route)
+}
+
+fn router_normalized(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    router(b, spec, w, x2, true)
+}
+
+fn router_plain(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    router(b, spec, w, x2, false)
+}
+
+/// A router: (builder, spec, weight, `[b·s, h]` input) → (logits, weights, indices).
+pub type RouterFn = fn(&mut Builder, &ModelSpec, Option<Tid>, Tid) -> (Tid, Tid, Tid);
+
+/// [`block`] with another router (DeepSeek-V2's softmax one, `DeepseekV2Moe.forward`, which is
+/// otherwise the same block).
+pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, route: RouterFn) -> Tid {
     b.part = Part::Moe;
     b.module = "mlp";
     let xr = b.view(x, b.shape(x), "ViewBackward0", false);
-    let (logits, weights, idx) = router(b, spec, w.experts.router, xr, normalize);
+    let (logits, weights, idx) = route(b, spec, w.experts.router, xr);
     b.module = "mlp";
     let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
     let routed = super::moe::experts(b, &w.experts, x2, weights, idx);
