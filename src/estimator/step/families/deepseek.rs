@@ -63,6 +63,8 @@ pub fn embed_v2(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: A
     let ones = b.plain("ones_like", &[freqs], halves, Dt::F32);
     let polar = b.plain("polar", &[ones, freqs], complex, Dt::F32);
     let fc = b.plain("mul", &[polar], complex, Dt::F32);
+    // `freqs` is a local of the rotary module's forward.
+    b.hold(freqs);
     b.p.tensors[fc as usize].part = Some(Part::Embedding);
     let shared = Shared {
         cos: Some(fc),
@@ -110,6 +112,15 @@ fn rope_complex(b: &mut Builder, q: Tid, k: Tid, fc: Tid) -> (Tid, Tid) {
     let q32 = b.to_copy(q, Dt::F32);
     let k32 = b.to_copy(k, Dt::F32);
     let qm = complex_mul(b, q32, fc);
+    // `view_as_real`'s backward is `view_as_complex(grad.contiguous())`: q's gradient arrives as
+    // a narrowed view of the query's (CatBackward0) and is copied, unless `type_as` made a new
+    // one (reduced precision: ToCopyBackward0).
+    let qm = if qdt == Dt::F32 || b.dtype(qdt) == b.dtype(Dt::F32) {
+        let shape = b.shape(qm);
+        b.view(qm, shape, "ViewAsRealBackward0", true)
+    } else {
+        qm
+    };
     let qe = b.to_copy(qm, qdt);
     let km = complex_mul(b, k32, fc);
     let ke = b.to_copy(km, kdt);

@@ -44,6 +44,9 @@ fn rope_partial(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin
     let qc = b.cat2(qe, qp, qs);
     let ks = b.shape(k);
     let kc = b.cat2(ke, kp, ks);
+    // The caller's q and k (and the function's arguments) are rebound only after it returns.
+    b.hold(q);
+    b.hold(k);
     (qc, kc)
 }
 
@@ -54,15 +57,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn } = *w;
     let eager = attn == Attention::Eager;
     let head_norm = spec.qk_norm == QkNorm::Head;
-    let proj = |b: &mut Builder,
-                w: Option<Tid>,
-                bias: Option<Tid>,
-                h: Q,
-                module: &'static str,
-                norm: Option<(Option<Tid>, &'static str)>,
-                clone_bw: bool,
-                lin: Linear|
-     -> Tid {
+    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> Tid {
         b.module = module;
         b.part = Part::AttentionInputs;
         let y = match w {
@@ -70,20 +65,28 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
             None => x,
         };
         b.module = "self_attn";
-        let mut v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
-        if let Some((nw, module)) = norm {
-            b.module = module;
-            b.part = Part::AttentionCore;
-            v = rms_norm(b, v, nw);
-            b.module = "self_attn";
-        }
-        b.view(v, heads(h), "TransposeBackward0", false)
+        b.view(y, heads_bshd(h), "ViewBackward0", clone_bw)
     };
-    let qnorm = head_norm.then_some((qn, "self_attn.q_norm"));
-    let knorm = head_norm.then_some((kn, "self_attn.k_norm"));
-    let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", qnorm, true, Linear::Q);
-    let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", knorm, true, Linear::K);
-    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", None, eager, Linear::V);
+    // q, k, v projected and viewed first; then the norms (GLM's "main diff from Llama"); then
+    // the transposes. The gradients of q and k come back through RoPE's `cat` in a layout the
+    // view's `reshape` must copy; v's only after eager attention's bmm.
+    let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", true, Linear::Q);
+    let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", true, Linear::K);
+    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
+    let (q, k) = if head_norm {
+        b.part = Part::AttentionCore;
+        b.module = "self_attn.q_norm";
+        let qn2 = rms_norm(b, q, qn);
+        b.module = "self_attn.k_norm";
+        let kn2 = rms_norm(b, k, kn);
+        (qn2, kn2)
+    } else {
+        (q, k)
+    };
+    b.module = "self_attn";
+    let q = b.view(q, heads(Q::A), "TransposeBackward0", false);
+    let k = b.view(k, heads(Q::KV), "TransposeBackward0", false);
+    let v = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.part = Part::AttentionCore;
     b.module = "self_attn";
     let (q, k) = match (sh.cos, sh.sin) {
