@@ -193,7 +193,6 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         b.topk(scores, kk())
     };
     let weights = b.mul_scalar(vals);
-    b.hold(xf);
     (logits, weights, idx)
 }
 

@@ -151,7 +151,7 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     }
     let scaled = b.mul_scalar(weights);
     // The function's locals live until it returns.
-    for t in [inv, filled, gi, gscores, gidx, gmask, smask, xf] {
+    for t in [inv, filled, gi, gscores, gidx, gmask, smask] {
         b.hold(t);
     }
     (logits, scaled, idx)
