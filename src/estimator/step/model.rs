@@ -167,7 +167,11 @@ impl<'a> Setup<'a> {
             b.p.tensors[t as usize].part = Some(part);
             t
         };
-        let (cos, sin) = if families::has_rope(spec) {
+        let (cos, sin) = if families::deepseek::is_v2(spec) {
+            // DeepSeek-V2's complex `freqs_cis` [s, d_r / 2] (fp32 pairs), no sin.
+            let fc = mk(b, 0, Shape::new(&[Dim::Q(Q::S), Dim::X(X::DRot)], Split::None), Dt::F32, Part::Embedding);
+            (Some(fc), None)
+        } else if families::has_rope(spec) {
             let c = mk(b, 0, families::cos_shape(spec), Dt::Resid, Part::Embedding);
             let s = mk(b, 1, families::cos_shape(spec), Dt::Resid, Part::Embedding);
             (Some(c), Some(s))
@@ -238,7 +242,9 @@ impl<'a> Setup<'a> {
             let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
             let x0 = b.op("recv", "", &[], &[out], &[], &[])[0];
             let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
-            let (cos, sin) = if families::has_rope(spec) {
+            let (cos, sin) = if families::deepseek::is_v2(spec) {
+                (Some(families::deepseek::rotary_v2(b, pos)), None)
+            } else if families::has_rope(spec) {
                 let (c, s) = families::llama::rotary(b, spec, pos);
                 (Some(c), Some(s))
             } else {

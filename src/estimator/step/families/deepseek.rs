@@ -55,6 +55,21 @@ pub fn embed_v2(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: A
     };
     b.module = "model";
     let (pos, mask) = super::llama::positions_and_mask(b, attn);
+    let fc = rotary_v2(b, pos);
+    let shared = Shared {
+        cos: Some(fc),
+        sin: None,
+        pos: Some(pos),
+        mask,
+        mask_local: None,
+        emb_w: if spec.tied { emb_w } else { None },
+        locals: [Some(x0), None],
+    };
+    (x0, shared)
+}
+
+/// `DeepseekV2RotaryEmbedding.forward` on the positions: `freqs_cis` as fp32 `[s, d_r]`.
+pub fn rotary_v2(b: &mut Builder, pos: Tid) -> Tid {
     b.module = "model.rotary_emb";
     let halves = Shape::new(&[Dim::Q(Q::S), DR2], Split::None);
     let complex = Shape::new(&[Dim::Q(Q::S), DR], Split::None);
@@ -66,16 +81,7 @@ pub fn embed_v2(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: A
     // `freqs` is a local of the rotary module's forward.
     b.hold(freqs);
     b.p.tensors[fc as usize].part = Some(Part::Embedding);
-    let shared = Shared {
-        cos: Some(fc),
-        sin: None,
-        pos: Some(pos),
-        mask,
-        mask_local: None,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), None],
-    };
-    (x0, shared)
+    fc
 }
 
 /// `xq_ * freqs_cis` on complex views (MulBackward0 keeps `freqs_cis`; backward `conj()` is
