@@ -31,7 +31,22 @@ fn shards() -> Vec<(String, Value)> {
 }
 
 /// Families whose saved activations come from their own builder (exact on their records).
-const PORTED: &[&str] = &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "glm4_moe", "glm4_moe-qknorm", "deepseek_v3", "deepseek_v2", "deepseek_v2-group"];
+const PORTED: &[&str] = &[
+    "llama-gqa",
+    "llama-mha",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "gpt2",
+    "phi3",
+    "phi3-mha",
+    "gemma2",
+    "glm4_moe",
+    "glm4_moe-qknorm",
+    "deepseek_v3",
+    "deepseek_v2",
+    "deepseek_v2-group",
+];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python
 /// loop (`experts_implementation="eager"`; the default grouped_mm path is modelled and tested),

@@ -185,7 +185,10 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
         (spec.window_kind == WindowKind::Chunked && spec.window_layers.count(spec.layers) > 0, "chunked attention"),
         (moe && !matches!(spec.router, Router::Softmax | Router::Sigmoid), "this router (not softmax-then-top-k)"),
         (moe && spec.router_bias, "this router (bias)"),
-        (moe && spec.router == Router::Softmax && !spec.is_mla() && (spec.router_fp32 || spec.router_groups > 1), "this router (fp32 or group-limited softmax)"),
+        (
+            moe && spec.router == Router::Softmax && !spec.is_mla() && (spec.router_fp32 || spec.router_groups > 1),
+            "this router (fp32 or group-limited softmax)",
+        ),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
     ]

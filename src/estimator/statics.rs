@@ -80,7 +80,8 @@ fn fp32_kept_states(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], shards
     let fp32 = Recipe { state: super::precision::Dtype::Fp32, ..*recipe };
     let a = optimizer::optimizer_state_bytes(cfg.optim, recipe, &rest, shards);
     let k = optimizer::optimizer_state_bytes(cfg.optim, &fp32, &kept, shards);
-    Row::new(all.id, all.label, all.category, Expr::sum([a.expr, k.expr]), all.source).note("the router weights' states are fp32, like the weights")
+    Row::new(all.id, all.label, all.category, Expr::sum([a.expr, k.expr]), all.source)
+        .note("the router weights' states are fp32, like the weights")
 }
 
 /// Trainable weights: ⌈Ψ_T / N⌉ × b_w, sharded from ZeRO-3 on.

@@ -93,12 +93,7 @@ fn complex_mul(b: &mut Builder, x: Tid, fc: Tid) -> Tid {
     let fb = b.bytes(fc);
     let out = b.out(shape, Dt::F32, rg);
     let bw: &[B] = if rg {
-        &[
-            B::Alloc { bytes: fb, dtype, op: "clone" },
-            B::Alloc { bytes, dtype, op: "mul" },
-            B::Free(0),
-            B::Grad { input: 0, temp: 1 },
-        ]
+        &[B::Alloc { bytes: fb, dtype, op: "clone" }, B::Alloc { bytes, dtype, op: "mul" }, B::Free(0), B::Grad { input: 0, temp: 1 }]
     } else {
         &[]
     };
@@ -531,19 +526,35 @@ fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
     b.copy(ot, bshw(A, DV))
 }
 
-/// SDPA through a fused kernel (CUDA, or d_v = d): output in q's layout `[b, a, s, d_v]`, copied
-/// by `transpose(1, 2).contiguous()` (q is contiguous after its `cat`).
+/// SDPA through a fused kernel (CUDA's memory-efficient or flash kernels; the CPU flash kernel
+/// when d_v = d): the output `[b, a, s, d_v]` in q's layout and an fp32 log-sum-exp `[b, a, s]`;
+/// the node keeps q, k, v, the output and the log-sum-exp; backward allocates dq, dk, dv (each
+/// like its input). The caller's `transpose(1, 2).contiguous()` copies the output (q is
+/// contiguous after its `cat`). Returns `[b, s, a, d_v]`.
 fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
-    let (o, _lse) = b.sdpa_flash(
-        q,
-        k,
-        v,
+    use super::super::ir::S;
+    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
+    let rg = b.rg(q) || b.rg(k) || b.rg(v);
+    let o = b.out(bhsw(A, DV), b.t(q).dt, rg);
+    let lse = b.out(Shape::new(&[Dim::Q(Q::B), A, Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    let mut grads: Vec<B> = Vec::with_capacity(3);
+    for (i, t) in [q, k, v].into_iter().enumerate() {
+        if b.rg(t) {
+            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: "_scaled_dot_product_flash_attention_for_cpu_backward" });
+            grads.push(B::Grad { input: i as u8, temp: grads.len() as u8 });
+        }
+    }
+    bw.extend(grads);
+    let r = b.op(
         "_scaled_dot_product_flash_attention_for_cpu",
         "ScaledDotProductFlashAttentionForCpuBackward0",
-        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        &[q, k, v],
+        &[o, lse],
+        &[S::In(0), S::In(1), S::In(2), S::Out(0), S::Out(1)],
+        &bw,
     );
-    let o = b.view(o, bhsw(A, DV), "", false);
-    let ot = b.view(o, bshw(A, DV), "TransposeBackward0", false);
+    let ot = b.view(r[0], bshw(A, DV), "TransposeBackward0", false);
     b.copy(ot, bshw(A, DV))
 }
 

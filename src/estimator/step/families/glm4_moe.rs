@@ -93,8 +93,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
         (Some(cos), Some(sin)) => rope_partial(b, spec, q, k, cos, sin),
         _ => (q, k),
     };
-    let (o, weights) =
-        if eager { eager_core_with(b, spec, q, k, v, sh.mask, true) } else { (sdpa_core_copy(b, q, k, v, true), None) };
+    let (o, weights) = if eager { eager_core_with(b, spec, q, k, v, sh.mask, true) } else { (sdpa_core_copy(b, q, k, v, true), None) };
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
     let out = match wo {

@@ -122,10 +122,7 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     let choice = b.plain("add", &[scores], e(), Dt::F32);
     let groups = spec.router_groups.max(1);
     let g = Dim::W(groups);
-    let top = [
-        b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::F32, false),
-        b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::I64, false),
-    ];
+    let top = [b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::F32, false), b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::I64, false)];
     let r = b.plain_n("topk", &[choice], &top);
     let (gv, gi) = (r[0], r[1]);
     let gscores = b.plain("sum", &[gv], tokens(&[g]), Dt::F32);
