@@ -370,10 +370,10 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
         (Some(wa), _) => {
             b.module = "self_attn.q_a_proj";
             let qa = b.proj(x, wa, w.q_a_bias, lat(X::MlaRq), Linear::Q);
+            // The query latent, its norm and q_b_proj's input: the MLA row of the ledger.
             b.module = "self_attn.q_a_layernorm";
-            b.part = Part::Norms;
+            b.part = Part::Mla;
             let qn = rms_norm(b, qa, w.q_a_norm);
-            b.part = Part::AttentionInputs;
             b.module = "self_attn.q_b_proj";
             match w.q_b {
                 Some(wb) => b.proj(qn, wb, None, qshape, Linear::Q),
@@ -401,9 +401,11 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
         None => b.plain("mm", &[x], lat(X::MlaKvA), Dt::Model),
     };
     b.module = "self_attn";
+    // The compressed KV latent and the shared rotary key, the latent's norm and kv_b_proj's
+    // input: the MLA row of the ledger.
+    b.part = Part::Mla;
     let (kv_nope, k_rot) = split2(b, ckv, lat(X::MlaRkv), Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), DR], Split::None));
     b.module = "self_attn.kv_a_layernorm";
-    b.part = Part::Norms;
     let kvn = rms_norm(b, kv_nope, w.kv_a_norm);
     b.module = "self_attn";
     b.part = Part::AttentionCore;
@@ -426,7 +428,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     };
     let query = b.cat2(q_pass, q_rot, bhsw(A, D));
     // expand_kv
-    b.part = Part::AttentionInputs;
+    b.part = Part::Mla;
     b.module = "self_attn.kv_b_proj";
     let kvb_shape = bshw(A, Dim::X(X::MlaKvB));
     let kvb = match w.kv_b {
