@@ -170,6 +170,7 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
     let scores = b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data");
     let groups = spec.router_groups.max(1);
     let kk = || tokens(&[Dim::X(X::K)]);
+    let mut locals: Vec<Tid> = Vec::new();
     let (vals, idx) = if groups > 1 {
         let g = Dim::W(groups);
         let outs = [b.out(tokens(&[g]), Dt::F32, false), b.out(tokens(&[g]), Dt::I64, false)];
@@ -185,15 +186,16 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
         let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
         let filled = masked_fill(b, scores, inv);
-        let r = b.topk(filled, kk());
-        for t in [filled, gargmax, gmax, gidx, gmask, smask] {
-            b.hold(t);
-        }
-        r
+        locals.extend([filled, gargmax, gmax, gidx, gmask, smask]);
+        b.topk(filled, kk())
     } else {
         b.topk(scores, kk())
     };
     let weights = b.mul_scalar(vals);
+    // The function's locals live until it returns.
+    for t in locals {
+        b.hold(t);
+    }
     (logits, weights, idx)
 }
 
@@ -520,7 +522,7 @@ fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
     let o = b.bmm(sm, vc, bhsw(A, DV));
     let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", true);
     let o = b.to_copy(o, out_dt);
-    for t in [mask, v32, k32, q32, ret] {
+    for t in [mask, v32, k32, q32, qs, sm, ret] {
         b.hold(t);
     }
     b.autocast = autocast;
