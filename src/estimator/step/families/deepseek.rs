@@ -189,6 +189,8 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         locals.extend([filled, gargmax, gmax, gidx, gmask, smask]);
         b.topk(filled, kk())
     } else {
+        // `scores` names the probabilities until the return.
+        locals.push(scores);
         b.topk(scores, kk())
     };
     let weights = b.mul_scalar(vals);
