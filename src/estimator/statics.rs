@@ -383,4 +383,24 @@ mod tests {
         let bits = row.map(|r| (r.bytes - 1024) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
         assert!(bits.is_some_and(|b| (b - 4.127).abs() < 0.001), "{bits:?}");
     }
+
+    #[test]
+    fn a_router_kept_in_fp32_costs_four_bytes_a_weight_in_pure_bf16() {
+        // 1,000 bf16 weights and a 64-element router kept in fp32 (router_fp32): weights
+        // 1,000 × 2 + 64 × 4 = 2,256; gradients the same; AdamW's two states in each tensor's
+        // dtype 2 × 2,256 = 4,512. fp32 and AMP (fp32 weights) are unchanged.
+        let mut groups = flat(1_000);
+        let mut router = flat(64).remove(0);
+        router.group.name = ROUTER_WEIGHT;
+        groups.push(router);
+        let mut cfg = Config { precision: Precision::Bf16, ..Config::default() };
+        cfg.arch.router_fp32 = true;
+        let (rows, _) = static_rows(&cfg, &recipe(Precision::Bf16), &groups);
+        let row = |id: &str| rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum::<u128>();
+        assert_eq!((row("weights"), row("gradients"), row("optimizer_states")), (2_256, 2_256, 4_512));
+        let cfg = Config { precision: Precision::AmpBf16, ..cfg };
+        let (rows, _) = static_rows(&cfg, &recipe(Precision::AmpBf16), &groups);
+        let row = |id: &str| rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum::<u128>();
+        assert_eq!((row("weights"), row("gradients")), (4_256, 4_256));
+    }
 }

@@ -604,3 +604,59 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     }
     y
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::ledger::kept;
+    use super::super::super::model::Setup;
+    use super::*;
+    use crate::estimator::config::{Config, Kernels, Precision};
+    use crate::estimator::params::Stage;
+    use crate::estimator::precision::recipe;
+    use crate::estimator::presets::preset;
+
+    /// A toy DeepSeek-V3: h = 8, a = 2, d = d_nope + d_r = 2 + 2, d_v = 2, r_q = 4, r_kv = 4.
+    fn toy() -> Config {
+        let mut m = preset("deepseek-v3").expect("preset").spec;
+        (m.vocab, m.hidden, m.layers, m.dense_layers, m.heads, m.kv_heads, m.head_dim, m.ffn) = (16, 8, 2, 1, 2, 2, 4, 8);
+        (m.qk_rope_dim, m.v_head_dim, m.q_lora_rank, m.kv_lora_rank) = (2, 2, 4, 4);
+        (m.experts, m.top_k, m.expert_ffn, m.shared_ffn, m.router_groups, m.router_group_topk) = (4, 2, 4, 4, 2, 1);
+        Config {
+            model: "custom".into(),
+            arch: m,
+            batch: 1,
+            seq: 4,
+            precision: Precision::Fp32,
+            attn: Attention::Eager,
+            kernels: Kernels::Cpu,
+            ..Config::default()
+        }
+    }
+
+    fn saved(part: Part) -> u128 {
+        let cfg = toy();
+        let setup = Setup::new(&cfg, &recipe(cfg.precision), Stage::Whole);
+        let (prog, _, _) = setup.layer_alone(Kind::Dense, false, 0, false);
+        kept(&prog).iter().filter(|k| k.part == part && !k.elsewhere).map(|k| prog.tensors[k.t as usize].bytes).sum()
+    }
+
+    #[test]
+    fn the_mla_row_keeps_the_two_latents_their_norms_and_the_up_projections_inputs() {
+        // fp32, b = 1, s = 4 (4 bytes × b·s = 16 bytes per dim of a token):
+        // q latent q_a_proj(x) [r_q] kept by q_a_layernorm's pow: 16 × 4 = 64; its rsqrt
+        // [b, s, 1]: 16; the normalized latent (its mul with the weight): 64; q_b_proj's input
+        // (the norm's output): 64 → 208.
+        // kv: kv_a_proj_with_mqa's output [r_kv + d_r] kept whole by the norm's pow on its
+        // latent slice: 16 × 6 = 96; rsqrt 16; normalized 64; kv_b_proj's input 64 → 240.
+        assert_eq!(saved(Part::Mla), 208 + 240);
+    }
+
+    #[test]
+    fn the_uncompressed_model_has_no_mla_row() {
+        let mut cfg = toy();
+        cfg.arch = crate::estimator::sweep::uncompressed_kv(&cfg.arch).expect("MLA");
+        let setup = Setup::new(&cfg, &recipe(cfg.precision), Stage::Whole);
+        let (prog, _, _) = setup.layer_alone(Kind::Dense, false, 0, false);
+        assert!(kept(&prog).iter().all(|k| k.part != Part::Mla));
+    }
+}

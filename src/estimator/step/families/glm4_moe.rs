@@ -150,3 +150,18 @@ fn spec_norm_topk(spec: &ModelSpec) -> bool {
     let _ = spec;
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::presets::preset;
+
+    #[test]
+    fn glm_4_5_takes_this_layer_and_deepseek_v3_does_not() {
+        let glm = preset("glm-4.5-air").expect("preset").spec;
+        assert!(is(&glm));
+        // Half of each head rotates: d_rot = 64 of d = 128.
+        assert_eq!((rotary_dims(&glm), glm.head_dim), (64, 128));
+        assert!(!is(&preset("deepseek-v3").expect("preset").spec));
+    }
+}

@@ -231,3 +231,36 @@ pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, ro
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::Config;
+    use crate::estimator::presets::preset;
+
+    fn spec(id: &str) -> ModelSpec {
+        preset(id).expect("preset").spec
+    }
+
+    #[test]
+    fn the_group_mask_is_copied_only_when_groups_and_experts_per_group_both_exceed_one() {
+        // DeepSeek-V3: 8 groups of 32 experts → reshape copies [T, 256].
+        assert!(mask_copies(&spec("deepseek-v3")));
+        // GLM-4.5-Air: n_group 1 → [T, 1, E] merges into a view.
+        assert!(!mask_copies(&spec("glm-4.5-air")));
+        // One expert per group → [T, G, 1] merges into a view too.
+        let mut m = spec("deepseek-v3");
+        m.router_groups = m.experts;
+        assert!(!mask_copies(&m));
+    }
+
+    #[test]
+    fn the_correction_bias_buffer_is_e_fp32_per_moe_layer() {
+        // DeepSeek-V3: 61 layers, the first 3 dense → 58 × 256 × 4 = 59,392 bytes.
+        let cfg = Config { model: "deepseek-v3".into(), arch: spec("deepseek-v3"), ..Config::default() };
+        assert_eq!(super::super::super::model::router_bias_buffer_bytes(&cfg), 59_392);
+        // Softmax routers have no such buffer.
+        let cfg = Config { model: "deepseek-v2-lite".into(), arch: spec("deepseek-v2-lite"), ..Config::default() };
+        assert_eq!(super::super::super::model::router_bias_buffer_bytes(&cfg), 0);
+    }
+}
