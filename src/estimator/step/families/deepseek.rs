@@ -171,6 +171,7 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
     let groups = spec.router_groups.max(1);
     let kk = || tokens(&[Dim::X(X::K)]);
     let mut locals: Vec<Tid> = Vec::new();
+    let mut kept_by_node: Vec<Tid> = Vec::new();
     let (vals, idx) = if groups > 1 {
         let g = Dim::W(groups);
         let outs = [b.out(tokens(&[g]), Dt::F32, false), b.out(tokens(&[g]), Dt::I64, false)];
@@ -186,7 +187,9 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
         let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
         let filled = masked_fill(b, scores, inv);
-        locals.extend([filled, gargmax, gmax, gidx, gmask, smask]);
+        locals.extend([filled, gmax, gidx, gmask, smask]);
+        // MaxBackward0 keeps the arg-max until `group_scores` goes at the return.
+        kept_by_node.push(gargmax);
         b.topk(filled, kk())
     } else {
         // `scores` names the probabilities until the return.
@@ -197,6 +200,9 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
     // The function's locals live until it returns.
     for t in locals {
         b.hold(t);
+    }
+    for t in kept_by_node {
+        super::sigmoid_moe::node_kept(b, t);
     }
     (logits, weights, idx)
 }

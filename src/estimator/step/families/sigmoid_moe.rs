@@ -79,6 +79,17 @@ fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
     b.op("gather", "GatherBackward0", &[x, idx], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
 }
 
+/// A tensor that only a dying autograd node keeps (the group top-k's indices, kept by its
+/// TopkBackward0 until the router returns and drops `group_scores`, the node's last owner):
+/// held to the return when the forward saves, freed after its last use in a checkpointed
+/// layer's first forward, which saves nothing.
+pub fn node_kept(b: &mut Builder, t: Tid) {
+    let in_checkpoint = b.p.regions.last().is_some_and(|r| r.end == r.first);
+    if !in_checkpoint {
+        b.hold(t);
+    }
+}
+
 /// Whether `group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)` copies: only when
 /// both G and E / G exceed one (otherwise the expanded dims merge into a view).
 pub fn mask_copies(spec: &ModelSpec) -> bool {
@@ -140,17 +151,25 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     let r = b.plain_n("topk", &[filled], &top);
     let idx = r[1];
     let mut weights = gather(b, scores, idx);
+    let mut den = None;
     if normalize {
         let sum = b.sum_dim(weights, tokens(&[Dim::N(1)]));
-        let den = b.add_scalar(sum);
-        weights = b.div_(weights, den);
-        b.hold(den);
+        let d = b.add_scalar(sum);
+        weights = b.div_(weights, d);
+        den = Some(d);
     }
     let scaled = b.mul_scalar(weights);
+    // `denominator` is a local too.
+    if let Some(d) = den {
+        b.hold(d);
+    }
     // The function's locals live until it returns.
-    for t in [inv, filled, gi, gscores, gidx, gmask, smask] {
+    for t in [scores, filled, gscores, gidx, gmask, smask] {
         b.hold(t);
     }
+    // The group top-k's indices and the fill's mask are kept by nodes that die at the return.
+    node_kept(b, gi);
+    node_kept(b, inv);
     (logits, scaled, idx)
 }
 
