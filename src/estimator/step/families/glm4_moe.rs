@@ -41,9 +41,9 @@ fn rope_partial(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin
     let qe = rope(b, qr, cos, sin, Q::A);
     let ke = rope(b, kr, cos, sin, Q::KV);
     let qs = b.shape(q);
-    let qc = b.cat2(qe, qp, qs);
+    let qc = super::deepseek::cat_promote(b, qe, qp, qs);
     let ks = b.shape(k);
-    let kc = b.cat2(ke, kp, ks);
+    let kc = super::deepseek::cat_promote(b, ke, kp, ks);
     // The caller's q and k (and the function's arguments) are rebound only after it returns.
     b.hold(q);
     b.hold(k);
