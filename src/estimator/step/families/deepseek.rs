@@ -513,7 +513,10 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
     let pc = b.dropout(pc);
     let vc = b.fold(v, bhsw(A, DV));
     let o = b.bmm(pc, vc, bhsw(A, DV));
-    let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", true);
+    // matmul's `_unsafe_view` back to [b, a, s, d_v]: its gradient arrives transposed (from the
+    // `.contiguous()` copy) and `reshape` copies it, unless b = 1 (the batch dim merges freely).
+    let batched = b.c.n(Q::B) > 1;
+    let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", batched);
     let ot = b.view(o, bshw(A, DV), "TransposeBackward0", false);
     let oc = b.copy(ot, bshw(A, DV));
     (oc, Some(pc))
@@ -549,7 +552,10 @@ fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
     let ret = b.to_copy(sm, out_dt);
     let vc = b.fold(v32, bhsw(A, DV));
     let o = b.bmm(sm, vc, bhsw(A, DV));
-    let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", true);
+    // matmul's `_unsafe_view` back to [b, a, s, d_v]: its gradient arrives transposed (from the
+    // `.contiguous()` copy) and `reshape` copies it, unless b = 1 (the batch dim merges freely).
+    let batched = b.c.n(Q::B) > 1;
+    let o = b.view(o, bhsw(A, DV), "UnsafeViewBackward0", batched);
     let o = b.to_copy(o, out_dt);
     for t in [mask, v32, k32, q32, qs, sm, ret] {
         b.hold(t);
