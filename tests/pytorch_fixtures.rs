@@ -59,6 +59,11 @@ const PORTED: &[&str] = &[
     "falcon-old",
     "falcon-new",
     "falcon-new-1ln",
+    "glm4_moe",
+    "glm4_moe-qknorm",
+    "deepseek_v3",
+    "deepseek_v2",
+    "deepseek_v2-group",
 ];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python

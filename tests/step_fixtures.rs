@@ -100,6 +100,11 @@ const PORTED: &[&str] = &[
     "falcon-old",
     "falcon-new",
     "falcon-new-1ln",
+    "glm4_moe",
+    "glm4_moe-qknorm",
+    "deepseek_v3",
+    "deepseek_v2",
+    "deepseek_v2-group",
 ];
 
 /// The step event logs: (record id, measured peak, the log).

@@ -179,13 +179,17 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
     [
-        (spec.is_mla(), "multi-head latent attention (MLA)"),
+        (spec.is_mla() && !matches!(spec.router, Router::Sigmoid | Router::Softmax), "multi-head latent attention (MLA) with this router"),
         (spec.attn_sinks, "attention sinks"),
         (spec.qk_l2_norm, "the L2 q/k norm"),
         (spec.nope_layers.count(spec.layers) > 0, "NoPE layers"),
         (spec.window_kind == WindowKind::Chunked && spec.window_layers.count(spec.layers) > 0, "chunked attention"),
-        (moe && spec.router != Router::Softmax, "this router (not softmax-then-top-k)"),
-        (moe && (spec.router_bias || spec.router_fp32 || spec.router_groups > 1), "this router (bias, fp32 or group-limited)"),
+        (moe && !matches!(spec.router, Router::Softmax | Router::Sigmoid), "this router (not softmax-then-top-k)"),
+        (moe && spec.router_bias, "this router (bias)"),
+        (
+            moe && spec.router == Router::Softmax && !spec.is_mla() && (spec.router_fp32 || spec.router_groups > 1),
+            "this router (fp32 or group-limited softmax)",
+        ),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
         // Falcon's `alibi=True` (Falcon-RW): position biases added to the scores; no fixture.

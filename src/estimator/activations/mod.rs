@@ -38,6 +38,8 @@ pub enum Part {
     Norms,
     AttentionInputs,
     AttentionCore,
+    /// Multi-head latent attention's compressed latents (DeepSeek-V2/V3).
+    Mla,
     Mlp,
     Moe,
     Lora,
@@ -55,6 +57,7 @@ impl Part {
             Part::Norms => "activations.norms",
             Part::AttentionInputs => "activations.attention_inputs",
             Part::AttentionCore => "activations.attention_core",
+            Part::Mla => "activations.mla_latents",
             Part::Mlp => "activations.mlp",
             Part::Moe => "activations.moe",
             Part::Lora => "activations.lora",
@@ -71,6 +74,7 @@ impl Part {
             Part::Norms => "Norm layers",
             Part::AttentionInputs => "Attention projections' inputs",
             Part::AttentionCore => "Attention core (Q, K, V, scores, output)",
+            Part::Mla => "MLA latents (compressed q and kv, their norms)",
             Part::Mlp => "MLP",
             Part::Moe => "MoE router and experts",
             Part::Lora => "LoRA adapter intermediates",
@@ -91,6 +95,11 @@ impl Part {
             Part::Checkpoints => "torch.utils.checkpoint (non-reentrant): each layer keeps its input; FINDINGS.md §4",
             Part::Autocast => "torch.autocast weight cache: bf16 copies of every GEMM weight are saved for backward (FINDINGS.md §5)",
             Part::Moe => "transformers MixtralSparseMoeBlock with grouped_mm experts; FINDINGS.md §2.2",
+            Part::Mla => {
+                "transformers DeepseekV3Attention / DeepseekV2Attention: q_a_proj → q_a_layernorm → q_b_proj and \
+                 kv_a_proj_with_mqa → kv_a_layernorm → kv_b_proj keep the b·s·r_q and b·s·(r_kv + d_r) latents \
+                 (DeepSeek-AI 2024, DeepSeek-V2 §2.1)"
+            }
             Part::Lora => "peft LoraLayer: lora_B saves lora_A's output (b·s·r)",
             Part::Dropout => "torch native_dropout: a 1-byte bool mask per element on CUDA",
             _ => "transformers modeling code; validation/FINDINGS.md §2",

@@ -61,6 +61,12 @@ impl<'a> Setup<'a> {
         xv[X::Pos as usize] = spec.max_pos + spec.pos_offset;
         let rows = (cfg.batch * values_s(cfg)).div_ceil(spec.vocab.div_ceil(spec.hidden.max(1)).max(1));
         xv[X::Chunk as usize] = rows;
+        xv[X::MlaRq as usize] = spec.q_lora_rank;
+        xv[X::MlaRkv as usize] = spec.kv_lora_rank;
+        xv[X::MlaNope as usize] = spec.qk_nope_dim();
+        xv[X::MlaV as usize] = spec.v_head_dim;
+        xv[X::MlaKvA as usize] = spec.kv_lora_rank + spec.qk_rope_dim;
+        xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
         let kinds = (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect();
@@ -161,7 +167,11 @@ impl<'a> Setup<'a> {
             b.p.tensors[t as usize].part = Some(part);
             t
         };
-        let (cos, sin) = if families::has_rope(spec) {
+        let (cos, sin) = if families::deepseek::is_v2(spec) {
+            // DeepSeek-V2's complex `freqs_cis` [s, d_r / 2] (fp32 pairs), no sin.
+            let fc = mk(b, 0, Shape::new(&[Dim::Q(Q::S), Dim::X(X::DRot)], Split::None), Dt::F32, Part::Embedding);
+            (Some(fc), None)
+        } else if families::has_rope(spec) {
             let c = mk(b, 0, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
             let s = mk(b, 1, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
             (Some(c), Some(s))
@@ -251,7 +261,9 @@ impl<'a> Setup<'a> {
                 return (x0, sh);
             }
             let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
-            let (cos, sin) = if families::has_rope(spec) {
+            let (cos, sin) = if families::deepseek::is_v2(spec) {
+                (Some(families::deepseek::rotary_v2(b, pos)), None)
+            } else if families::has_rope(spec) {
                 let (c, s) = families::llama::rotary(b, spec, pos);
                 (Some(c), Some(s))
             } else {
@@ -596,7 +608,19 @@ pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let pairs = if families::local_rope(&cfg.arch) { 2 } else { 1 };
     let rope = if families::has_rope(&cfg.arch) { pairs * 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
     let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
-    rope + scale
+    rope + scale + router_bias_buffer_bytes(cfg)
+}
+
+/// The sigmoid routers' `e_score_correction_bias` buffer, fp32 `[E]` in every MoE layer of the
+/// (first) stage (modeling_deepseek_v3.py `DeepseekV3TopkRouter.__init__`, modeling_glm4_moe.py
+/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe.
+pub fn router_bias_buffer_bytes(cfg: &Config) -> Bytes {
+    let spec = &cfg.arch;
+    if spec.router != crate::estimator::model::Router::Sigmoid || spec.experts == 0 {
+        return 0;
+    }
+    let layers = stage_layers(spec.layers, cfg.pp);
+    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * crate::estimator::precision::FP32_BYTES as u128
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).

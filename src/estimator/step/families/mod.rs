@@ -6,8 +6,10 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod deepseek;
 pub mod falcon;
 pub mod gemma;
+pub mod glm4_moe;
 pub mod gpt2;
 pub mod llama;
 pub mod mistral;
@@ -18,6 +20,7 @@ pub mod opt;
 pub mod phi;
 pub mod phi3;
 pub mod qwen_moe;
+pub mod sigmoid_moe;
 pub mod stablelm;
 pub mod starcoder2;
 
@@ -156,6 +159,10 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if deepseek::is(spec) {
+        deepseek::layer(b, p, spec, x, sh, kind, attn)
+    } else if glm4_moe::is(spec) {
+        glm4_moe::layer(b, p, spec, x, sh, kind, attn)
     } else if olmo::is(spec) {
         olmo::layer(b, p, spec, x, sh, attn)
     } else if olmo::is2(spec) {
@@ -185,6 +192,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if deepseek::is_v2(spec) {
+        deepseek::embed_v2(b, p, spec, ids, attn)
     } else if gemma::is3(spec) {
         gemma::embed3(b, p, spec, ids, attn)
     } else if mistral::is(spec) {
@@ -251,6 +260,10 @@ pub fn input(b: &mut Builder, free_fwd: bool, free_bwd: bool) -> Tid {
 
 /// Rotary dims per head.
 pub fn rotary_dims(spec: &ModelSpec) -> u64 {
+    if spec.is_mla() {
+        // MLA rotates only the shared rotary part of each head (`qk_rope_head_dim`).
+        return spec.qk_rope_dim.max(1);
+    }
     (spec.head_dim * spec.rotary_pct).div_ceil(100).max(1)
 }
 
