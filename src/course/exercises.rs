@@ -503,14 +503,13 @@ mod tests {
                     Answer::Bytes(m.activations.abs_diff(other.memory.activations))
                 }
                 "verify-allocated" => {
-                    // What the verify script predicts for the same moment, less the cuBLAS
-                    // workspaces it adds on CUDA; at least the resident states and everything
-                    // saved for backward (the logits and the loss come on top).
+                    // From the step's own stream: resident states + what is live once the loss
+                    // is computed + the logits the caller still holds (fp32 here: b × s × V × 4).
                     let cfg = ex.config();
-                    let p = crate::verify::predictions(&cfg).expect("predicts");
-                    let blas = e.components.iter().find(|r| r.id == "blas_workspaces").map_or(0, |r| r.bytes);
-                    assert!(p.after_forward - blas >= m.parameters + m.optimizer_states + m.activations);
-                    Answer::Bytes(p.after_forward - blas)
+                    let s = crate::estimator::step_stream(&cfg).expect("simulates");
+                    let last = s.events.iter().rposition(|e| e.phase <= crate::estimator::step::Phase::Loss).expect("a forward");
+                    let logits = cfg.batch as u128 * cfg.seq as u128 * cfg.arch.vocab as u128 * 4;
+                    Answer::Bytes(s.resident + s.events[last].live + logits)
                 }
                 other => panic!("the built-in exercise {other} has no independent check here: add one"),
             };
