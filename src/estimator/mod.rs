@@ -177,11 +177,15 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
 pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
+    // gpt-oss (sinks, a biased top-k-then-softmax router, biased [E, in, out] experts, the
+    // clamped SwiGLU) has its own exact layer: step/families/gpt_oss.rs.
+    if step::families::gpt_oss::layout(spec) {
+        return None;
+    }
     [
         (spec.is_mla(), "multi-head latent attention (MLA)"),
         (spec.attn_sinks, "attention sinks"),
         (spec.qk_l2_norm, "the L2 q/k norm"),
-        (spec.nope_layers.count(spec.layers) > 0, "NoPE layers"),
         (spec.window_kind == WindowKind::Chunked && spec.window_layers.count(spec.layers) > 0, "chunked attention"),
         (moe && spec.router != Router::Softmax, "this router (not softmax-then-top-k)"),
         (moe && (spec.router_bias || spec.router_fp32 || spec.router_groups > 1), "this router (bias, fp32 or group-limited)"),

@@ -146,17 +146,17 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
         }
     };
     // One program per distinct (kind, attention type) of the stage's layers.
-    let mut variants: Vec<(Kind, bool)> = Vec::new();
+    let mut variants: Vec<(Kind, super::step::families::Var)> = Vec::new();
     for (i, &k) in setup.kinds.iter().enumerate() {
-        let v = (k, setup.sliding(i));
+        let v = (k, setup.var(i));
         if !variants.contains(&v) {
             variants.push(v);
         }
     }
     let mut shared_saved = 0u8;
     let mut kinds_done: Vec<Kind> = Vec::new();
-    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
-        let (prog, _x, sh) = setup.layer_alone(kind, sliding, 0, false);
+    for (vi, &(kind, var)) in variants.iter().enumerate() {
+        let (prog, _x, sh) = setup.layer_alone(kind, var, 0, false);
         shared_saved |= super::step::fast::kept_slots(&prog, &sh);
         // Sizes are the same across attention types (a mask differs, not what is saved).
         if kinds_done.contains(&kind) {

@@ -108,6 +108,11 @@ impl<'a> Setup<'a> {
         families::sliding(&self.cfg.arch, first + i)
     }
 
+    /// This stage's layer `i`'s variant (sliding window, NoPE) by its index in the model.
+    pub fn var(&self, i: usize) -> families::Var {
+        families::var(&self.cfg.arch, self.first_layer() + i)
+    }
+
     /// The model index of this stage's first layer.
     pub fn first_layer(&self) -> usize {
         match self.stage {
@@ -130,7 +135,7 @@ impl<'a> Setup<'a> {
         let mut x = x0;
         for (i, &kind) in self.kinds.iter().enumerate() {
             b.layer = i as u16;
-            let view = sh.view(self.sliding(i));
+            let view = sh.view(self.var(i));
             x = self.one_layer(&mut b, &p, x, &view, kind);
         }
         b.layer = MODEL;
@@ -172,20 +177,20 @@ impl<'a> Setup<'a> {
         let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
         let eager = self.cfg.attn == Attention::Eager;
         let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
-        let mask_local = (eager && families::gemma::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
+        let mask_local = (eager && families::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
         Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
     }
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
     /// `pinned`), the shared tensors (the global slots, freed by this layer's backward where
-    /// `free` says: it is their first user), its view of them (`sliding`).
-    pub fn layer_alone(&self, kind: Kind, sliding: bool, free: u8, pinned: bool) -> (Program, Tid, Shared) {
+    /// `free` says: it is their first user), its view of them (`var`).
+    pub fn layer_alone(&self, kind: Kind, var: families::Var, free: u8, pinned: bool) -> (Program, Tid, Shared) {
         let mut b = self.builder();
         let p = self.params();
         let x = families::input(&mut b, !pinned, true);
         let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
-        let y = self.one_layer(&mut b, &p, x, &sh.view(sliding), kind);
+        let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind);
         b.outputs(&[y]);
         (b.p, x, sh)
     }

@@ -8,9 +8,11 @@
 
 pub mod gemma;
 pub mod gpt2;
+pub mod gpt_oss;
 pub mod llama;
 pub mod moe;
 pub mod phi3;
+pub mod smollm3;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -56,21 +58,27 @@ impl Shared {
     pub fn all(&self) -> impl Iterator<Item = Tid> {
         self.slots().into_iter().flatten()
     }
-    /// What a layer reads: a sliding-window layer's mask is the local one.
-    pub fn view(&self, sliding: bool) -> Shared {
+    /// What a layer reads: a sliding-window layer's mask is the local one; a NoPE layer reads
+    /// no cos/sin.
+    pub fn view(&self, var: Var) -> Shared {
         let mut v = *self;
-        if sliding && self.mask_local.is_some() {
+        if var.sliding && self.mask_local.is_some() {
             v.mask = self.mask_local;
         }
         v.mask_local = None;
+        if var.nope {
+            v.cos = None;
+            v.sin = None;
+        }
         v
     }
     /// The global slots a layer's view reads (bit per slot).
-    pub fn used(&self, sliding: bool) -> u8 {
+    pub fn used(&self, var: Var) -> u8 {
         let mut bits = 0u8;
         for (i, t) in self.slots().into_iter().enumerate() {
             let mask_slot = i == 3 || i == 4;
-            let reads = if mask_slot { (i == 4) == (sliding && self.mask_local.is_some()) } else { true };
+            let rope_slot = i == 0 || i == 1;
+            let reads = if mask_slot { (i == 4) == (var.sliding && self.mask_local.is_some()) } else { !(rope_slot && var.nope) };
             if t.is_some() && reads {
                 bits |= 1 << i;
             }
@@ -81,7 +89,26 @@ impl Shared {
 
 /// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
 pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    gemma::two_masks(spec) && i % 2 == 0
+    (gemma::two_masks(spec) && i % 2 == 0) || gpt_oss::sliding(spec, i)
+}
+
+/// Whether eager attention materializes two masks (a sliding-window one beside the causal one).
+pub fn two_masks(spec: &ModelSpec) -> bool {
+    gemma::two_masks(spec) || gpt_oss::is(spec)
+}
+
+/// What sets one decoder layer's attention apart from another's of the same [`Kind`]: a
+/// sliding-window mask, no rotary embedding (NoPE: SmolLM3's and Llama 4's `no_rope_layers`
+/// entries that are 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Var {
+    pub sliding: bool,
+    pub nope: bool,
+}
+
+/// The variant of decoder layer `i` (its index in the model).
+pub fn var(spec: &ModelSpec, i: usize) -> Var {
+    Var { sliding: sliding(spec, i), nope: smollm3::nope(spec, i) }
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.
@@ -120,6 +147,8 @@ impl Params<'_> {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)
+    } else if gpt_oss::is(spec) {
+        gpt_oss::layer(b, p, spec, x, sh, kind, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
@@ -135,6 +164,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if gpt_oss::is(spec) {
+        gpt_oss::embed(b, p, spec, ids, attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -150,6 +181,8 @@ pub fn x0_is_local(spec: &ModelSpec) -> bool {
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
+    } else if gpt_oss::is(spec) {
+        gpt_oss::final_norm(b, p, x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
@@ -173,7 +206,14 @@ pub fn has_rope(spec: &ModelSpec) -> bool {
 /// The shape of the model-level cos/sin `[1, s, d_rot]`.
 pub fn cos_shape(spec: &ModelSpec) -> Shape {
     use super::ir::Dim;
-    let d = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
+    // gpt-oss's rotary embedding does not repeat its frequencies: cos/sin are `[s, d/2]`.
+    let d = if gpt_oss::is(spec) {
+        Dim::Half(Q::D)
+    } else if rotary_dims(spec) == spec.head_dim {
+        Dim::Q(Q::D)
+    } else {
+        Dim::X(X::DRot)
+    };
     Shape::new(&[Dim::Q(Q::S), d], Split::None)
 }
 
