@@ -187,7 +187,12 @@ fn rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid) -> Tid {
 /// `GptOssAttention.forward` with `eager_attention_forward` (sinks): projections with biases,
 /// the half-split RoPE on q then k (the projections' outputs go when q and k are rebound), the
 /// core, `o_proj`. Returns the output and `attn_weights` (held by the layer's `_`).
-fn attention(b: &mut Builder, w: &AttnW, sinks: Option<Tid>, x: Tid, sh: &Shared) -> (Tid, Tid) {
+///
+/// transformers 5.24 runs gpt-oss eager only (`_supports_sdpa = False`). Asked for `sdpa`, the
+/// core is SDPA's flash kernel (what the flash-attention kernels with sinks keep: q, k, v, the
+/// output and the log-sum-exp; the sinks' `[a]` gradient is not modelled) — unmeasured, and
+/// `estimate` says so in its warnings.
+fn attention(b: &mut Builder, w: &AttnW, sinks: Option<Tid>, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
     let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
     let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, lin: Linear| -> (Tid, Tid) {
         b.module = module;
@@ -217,7 +222,12 @@ fn attention(b: &mut Builder, w: &AttnW, sinks: Option<Tid>, x: Tid, sh: &Shared
         }
         _ => (q, k),
     };
-    let (o, weights) = eager_sinks(b, q, k, v, sh.mask, sinks);
+    let (o, weights) = if attn == Attention::Eager {
+        let (o, w) = eager_sinks(b, q, k, v, sh.mask, sinks);
+        (o, Some(w))
+    } else {
+        (super::llama::sdpa_core_copy(b, q, k, v, true), None)
+    };
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
     let out = match wo {
@@ -524,7 +534,7 @@ fn mlp(b: &mut Builder, w: &MoeW, x: Tid) -> (Tid, Tid) {
 /// `GptOssDecoderLayer.forward`: `input_layernorm` → attention (sinks) → residual →
 /// `post_attention_layernorm` → the MoE block → residual.
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    let _ = (spec, kind, attn);
+    let _ = (spec, kind);
     b.group = Group::All;
     // Parameters in registration order: self_attn (its own `sinks` before its submodules' q, k,
     // v, o), mlp, the two norms.
@@ -536,7 +546,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     b.module = "input_layernorm";
     b.part = Part::Norms;
     let n1 = rms_norm(b, x, n_in);
-    let (a, weights) = attention(b, &aw, sinks, n1, sh);
+    let (a, weights) = attention(b, &aw, sinks, n1, sh, attn);
     b.hold(n1);
     b.module = "";
     b.part = Part::Norms;
@@ -547,7 +557,9 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let (m, scores) = mlp(b, &mw, n2);
     b.group = Group::All;
     // `hidden_states, _ = self.mlp(…)` rebinds `_`: the attention weights go.
-    b.hold(weights);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
     b.hold(n2);
     b.module = "";
     let y = b.add(h, m);
@@ -648,4 +660,69 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     b.part = Part::Head;
     let w = p.w(b, "norm.weight");
     rms_norm(b, x, w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Config, Kernels, Precision};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::model::Router;
+    use crate::estimator::params::Stage;
+    use crate::estimator::precision::recipe;
+    use crate::estimator::presets::presets;
+    use crate::estimator::step::ledger::kept;
+    use crate::estimator::step::model::Setup;
+
+    fn preset(id: &str) -> ModelSpec {
+        presets().into_iter().find(|p| p.id == id).map(|p| p.spec).expect("the preset exists")
+    }
+
+    #[test]
+    fn both_gpt_oss_presets_have_the_layout_this_module_builds() {
+        for id in ["gpt-oss-20b", "gpt-oss-120b"] {
+            assert!(layout(&preset(id)), "{id}");
+            assert!(crate::estimator::unmodelled_feature(&preset(id)).is_none(), "{id} is accepted");
+        }
+    }
+
+    #[test]
+    fn sinks_with_another_router_are_not_gpt_oss_and_stay_refused() {
+        let spec = ModelSpec { router: Router::Softmax, ..preset("gpt-oss-20b") };
+        assert!(!layout(&spec));
+        assert!(crate::estimator::unmodelled_feature(&spec).is_some());
+    }
+
+    /// A toy gpt-oss (h = 64, a = 4 heads of 16, k = 2, E = 4, K = 2, f_e = 40), fp32, eager,
+    /// b = 2, s = 64. The eager core keeps, per layer: the softmax of the scores with the sink
+    /// column, 4·b·a·s·(s + 1) = 4·2·4·64·65 = 133,120 bytes, and the row maxima's int64
+    /// indices, 8·b·a·s = 4,096 bytes.
+    #[test]
+    fn the_eager_core_keeps_the_softmax_with_the_sink_column_and_the_max_indices() {
+        let mut arch = preset("gpt-oss-20b");
+        (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 2, 1000);
+        (arch.experts, arch.top_k, arch.expert_ffn, arch.window) = (4, 2, 40, 48);
+        let cfg = Config {
+            model: "custom".into(),
+            arch,
+            batch: 2,
+            seq: 64,
+            precision: Precision::Fp32,
+            attn: Attention::Eager,
+            kernels: Kernels::Cpu,
+            ..Config::default()
+        };
+        let r = recipe(cfg.precision);
+        let sizes: Vec<u128> = numbers_only(|| {
+            let setup = Setup::new(&cfg, &r, Stage::Whole);
+            let (prog, _, _) = setup.layer_alone(Kind::Moe, super::super::Var { sliding: true, nope: false }, 0, false);
+            kept(&prog)
+                .iter()
+                .filter(|k| matches!(prog.tensors[k.t as usize].op, "_softmax" | "max"))
+                .map(|k| prog.tensors[k.t as usize].bytes)
+                .collect()
+        });
+        assert!(sizes.contains(&133_120), "{sizes:?}");
+        assert!(sizes.contains(&4_096), "{sizes:?}");
+    }
 }
