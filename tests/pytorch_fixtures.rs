@@ -32,7 +32,7 @@ fn shards() -> Vec<(String, Value)> {
 
 /// Families whose saved activations come from their own builder (exact on their records).
 const PORTED: &[&str] =
-    &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "smollm3", "gpt_oss"];
+    &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "smollm3", "gpt_oss", "llama4_text"];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python
 /// loop (`experts_implementation="eager"`; the default grouped_mm path is modelled and tested),

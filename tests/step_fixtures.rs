@@ -73,7 +73,7 @@ fn modelled(r: &Value) -> bool {
 /// Families whose decoder layer has its own builder (step/families): their peaks must be in
 /// range. The others run an approximation (the Llama layer) and are only reported.
 const PORTED: &[&str] =
-    &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "smollm3", "gpt_oss"];
+    &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "smollm3", "gpt_oss", "llama4_text"];
 
 /// The step event logs: (record id, measured peak, the log).
 fn logs() -> Vec<(String, u128, Value)> {

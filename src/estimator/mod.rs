@@ -183,6 +183,11 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     if step::families::gpt_oss::layout(spec) {
         return None;
     }
+    // Llama 4's text layers (chunked attention, NoPE layers with temperature tuning, the L2 q/k
+    // norm, complex RoPE, all-experts MoE beside a shared expert): step/families/llama4.rs.
+    if step::families::llama4::layout(spec) {
+        return None;
+    }
     [
         (
             spec.moe_all_experts || spec.qk_l2_norm,

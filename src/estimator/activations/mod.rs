@@ -27,7 +27,7 @@ use super::expr::Expr;
 use super::ledger::{Bytes, Category, Row};
 use super::params::Stage;
 use super::precision::{Dtype, Recipe};
-use ctx::{Ctx, Values, L, L_DENSE, L_MOE, M};
+use ctx::{Ctx, Values, L, L_DENSE, L_MOE, L_NOPE, L_ROPE, M};
 
 pub use textbook::{eager_score_bytes, textbook_differences, textbook_rows};
 
@@ -120,6 +120,12 @@ pub struct Terms {
     pub layer: Vec<(Part, Expr)>,
     pub moe_layer: Vec<(Part, Expr)>,
     pub dense_layer: Vec<(Part, Expr)>,
+    /// Terms only layers with rotary embedding keep, and only NoPE layers (Llama 4), with
+    /// their layer counts on this stage.
+    pub rope_layer: Vec<(Part, Expr)>,
+    pub nope_layer: Vec<(Part, Expr)>,
+    pub n_rope: u64,
+    pub n_nope: u64,
     pub first: Vec<(Part, Expr)>,
     pub last: Vec<(Part, Expr)>,
 }
@@ -140,6 +146,8 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     let group_of = |g: Group, kind: Kind| -> Group {
         match (g, has_moe, kind) {
             (Group::All, _, _) => Group::All,
+            (Group::Rope, _, _) => Group::Rope,
+            (Group::Nope, _, _) => Group::Nope,
             (_, false, _) => Group::All,
             (_, true, Kind::Moe) => Group::Moe,
             (_, true, Kind::Dense) => Group::Dense,
@@ -155,11 +163,25 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     }
     let mut shared_saved = 0u8;
     let mut kinds_done: Vec<Kind> = Vec::new();
+    // Terms of RoPE-only and NoPE-only groups: taken from the first layer of each.
+    let (mut rope_done, mut nope_done) = (false, false);
+    for i in 0..setup.kinds.len() {
+        if setup.var(i).nope {
+            t.n_nope += 1;
+        } else {
+            t.n_rope += 1;
+        }
+    }
     for (vi, &(kind, var)) in variants.iter().enumerate() {
         let (prog, _x, sh) = setup.layer_alone(kind, var, 0, false);
         shared_saved |= super::step::fast::kept_slots(&prog, &sh);
-        // Sizes are the same across attention types (a mask differs, not what is saved).
-        if kinds_done.contains(&kind) {
+        let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
+        rope_done |= !var.nope;
+        nope_done |= var.nope;
+        // Sizes are the same across attention types (a mask differs, not what is saved), except
+        // the RoPE-only and NoPE-only groups.
+        let kind_done = kinds_done.contains(&kind);
+        if kind_done && !take_rope && !take_nope {
             continue;
         }
         kinds_done.push(kind);
@@ -173,8 +195,12 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
                 // Terms common to every layer: counted once, from the first kind.
                 Group::All if vi == 0 => t.layer.push((k.part, e)),
                 Group::All => {}
-                Group::Moe => t.moe_layer.push((k.part, e)),
-                Group::Dense => t.dense_layer.push((k.part, e)),
+                Group::Moe if !kind_done => t.moe_layer.push((k.part, e)),
+                Group::Dense if !kind_done => t.dense_layer.push((k.part, e)),
+                Group::Moe | Group::Dense => {}
+                Group::Rope if take_rope => t.rope_layer.push((k.part, e)),
+                Group::Nope if take_nope => t.nope_layer.push((k.part, e)),
+                Group::Rope | Group::Nope => {}
             }
         }
     }
@@ -251,15 +277,28 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let moe_layers = stage_layers.min(spec.moe_layers());
     let dense_layers = stage_layers - moe_layers;
     let l = Expr::var(L, stage_layers);
-    let mut parts: Vec<Part> =
-        t.layer.iter().chain(&t.moe_layer).chain(&t.dense_layer).chain(&t.first).chain(&t.last).map(|(p, _)| *p).collect();
+    let mut parts: Vec<Part> = t
+        .layer
+        .iter()
+        .chain(&t.moe_layer)
+        .chain(&t.dense_layer)
+        .chain(&t.rope_layer)
+        .chain(&t.nope_layer)
+        .chain(&t.first)
+        .chain(&t.last)
+        .map(|(p, _)| *p)
+        .collect();
     parts.sort();
     parts.dedup();
     // The numbers the step simulation needs, before the terms move into the rows.
     let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
     let per_moe = eval(&t.moe_layer);
     let per_dense = eval(&t.dense_layer);
-    let per_layer = eval(&t.layer) + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense };
+    let (per_rope, per_nope) = (eval(&t.rope_layer), eval(&t.nope_layer));
+    let per_layer = eval(&t.layer)
+        + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense }
+        + if t.n_rope > 0 { per_rope } else { 0 }.max(if t.n_nope > 0 { per_nope } else { 0 });
+    let (n_rope, n_nope) = (t.n_rope, t.n_nope);
     let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
     // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
@@ -292,6 +331,13 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
             if let Some(e) = sum_of(&mut t.dense_layer, p) {
                 let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
                 terms.push(Expr::prod([count, e]));
+            }
+        }
+        for (v, n, sym) in [(&mut t.rope_layer, n_rope, L_ROPE), (&mut t.nope_layer, n_nope, L_NOPE)] {
+            if let Some(e) = sum_of(v, p) {
+                if n > 0 {
+                    terms.push(Expr::prod([Expr::var(sym, n), e]));
+                }
             }
         }
         if stage.has_embedding() {

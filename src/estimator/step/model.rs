@@ -63,7 +63,17 @@ impl<'a> Setup<'a> {
         xv[X::Chunk as usize] = rows;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
-        let kinds = (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect();
+        let kinds = if spec.moe_rule != crate::estimator::model::LayerRule::All {
+            // Interleaved MoE layers (Llama 4's `interleave_moe_layer_step`): by their index.
+            let first = match stage {
+                Stage::Whole | Stage::First => 0,
+                Stage::Middle => layers,
+                Stage::Last => spec.layers.saturating_sub(layers),
+            };
+            (0..layers).map(|i| if spec.is_moe_layer(first + i) { Kind::Moe } else { Kind::Dense }).collect()
+        } else {
+            (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
+        };
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
         Setup {
             cfg,
@@ -166,18 +176,19 @@ impl<'a> Setup<'a> {
             b.p.tensors[t as usize].part = Some(part);
             t
         };
-        let (cos, sin) = if families::has_rope(spec) {
-            let c = mk(b, 0, families::cos_shape(spec), Dt::Resid, Part::Embedding);
-            let s = mk(b, 1, families::cos_shape(spec), Dt::Resid, Part::Embedding);
-            (Some(c), Some(s))
-        } else {
-            (None, None)
+        let (cos, sin) = match families::rope_tables(spec) {
+            Some((shape, dt, two)) => {
+                let c = mk(b, 0, shape, dt, Part::Embedding);
+                let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
+                (Some(c), s)
+            }
+            None => (None, None),
         };
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
         let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
         let eager = self.cfg.attn == Attention::Eager;
         let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
-        let mask_local = (eager && families::two_masks(spec)).then(|| mk(b, 4, mshape(), Dt::Resid, Part::Checkpoints));
+        let mask_local = families::local_mask(spec, self.cfg.attn).map(|dt| mk(b, 4, mshape(), dt, Part::Checkpoints));
         Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
     }
 
@@ -230,6 +241,8 @@ impl<'a> Setup<'a> {
         if self.stage.has_embedding() {
             let ids = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
             families::embed(b, p, spec, ids, self.cfg.attn, self.cfg.finetune)
+        } else if let Some(r) = families::later_stage(b, p, spec, self.cfg.attn) {
+            r
         } else {
             // A later pipeline stage receives its input (and computes its own positions).
             b.module = "model";

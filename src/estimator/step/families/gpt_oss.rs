@@ -571,13 +571,19 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// `GptOssModel.forward` before the layers: the token embedding, `position_ids` (`arange`),
 /// `create_causal_mask` and `create_sliding_window_causal_mask` (no `position_ids` passed: no
 /// packed-sequence detection; eager materializes both), and the rotary embedding.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, attn: Attention) -> (Tid, Shared) {
     b.part = Part::Embedding;
     b.module = "model.embed_tokens";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => super::llama::embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+    let emb_w = ids.and_then(|_| p.w(b, "embed_tokens.weight"));
+    let x0 = match (ids, emb_w) {
+        (Some(ids), Some(w)) => super::llama::embedding(b, ids, w),
+        (Some(ids), None) => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+        // A later pipeline stage receives its input.
+        (None, _) => {
+            b.module = "model";
+            let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
+            b.op("recv", "", &[], &[out], &[], &[])[0]
+        }
     };
     b.module = "model";
     let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
@@ -597,7 +603,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
+    let locals = if ids.is_some() { [Some(x0), None] } else { [None, None] };
+    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local, emb_w: if spec.tied { emb_w } else { None }, locals })
 }
 
 /// One materialized eager mask `[b, 1, s, s_kv]` (`sdpa_mask` + `where`): causal, or causal

@@ -10,6 +10,7 @@ pub mod gemma;
 pub mod gpt2;
 pub mod gpt_oss;
 pub mod llama;
+pub mod llama4;
 pub mod moe;
 pub mod phi3;
 pub mod smollm3;
@@ -89,7 +90,31 @@ impl Shared {
 
 /// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
 pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    (gemma::two_masks(spec) && i % 2 == 0) || gpt_oss::sliding(spec, i)
+    (gemma::two_masks(spec) && i % 2 == 0) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
+}
+
+/// The dtype of the model's second (sliding-window or chunked) mask under `attn`, if it makes
+/// one: additive in the residual dtype for eager attention; Llama 4's chunked mask stays
+/// boolean under SDPA.
+pub fn local_mask(spec: &ModelSpec, attn: Attention) -> Option<Dt> {
+    if llama4::is(spec) {
+        let chunks = spec.window_layers.count(spec.layers) > 0;
+        return chunks.then_some(if attn == Attention::Eager { Dt::Resid } else { Dt::Bool });
+    }
+    (attn == Attention::Eager && two_masks(spec)).then_some(Dt::Resid)
+}
+
+/// The model-level rotary tables the layers read: their shape and dtype, and whether there is
+/// a sin beside the cos (Llama 4's complex `freqs_cis` is one fp32-sized `[s, d]` table).
+pub fn rope_tables(spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+    if !has_rope(spec) {
+        None
+    } else if llama4::is(spec) {
+        use super::ir::Dim;
+        Some((Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None), Dt::F32, false))
+    } else {
+        Some((cos_shape(spec), Dt::Resid, true))
+    }
 }
 
 /// Whether eager attention materializes two masks (a sliding-window one beside the causal one).
@@ -149,6 +174,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         gpt2::layer(b, p, spec, x, sh, attn)
     } else if gpt_oss::is(spec) {
         gpt_oss::layer(b, p, spec, x, sh, kind, attn)
+    } else if llama4::is(spec) {
+        llama4::layer(b, p, spec, x, sh, kind, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
@@ -165,9 +192,23 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
     } else if gpt_oss::is(spec) {
-        gpt_oss::embed(b, p, spec, ids, attn)
+        gpt_oss::embed(b, p, spec, Some(ids), attn)
+    } else if llama4::is(spec) {
+        llama4::embed(b, p, spec, Some(ids), attn)
     } else {
         llama::embed(b, p, spec, ids, attn)
+    }
+}
+
+/// A later pipeline stage's prologue: the received activation, then positions, masks and the
+/// rotary tables as the model's forward makes them; `None` where Llama's does.
+pub fn later_stage(b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> Option<(Tid, Shared)> {
+    if gpt_oss::is(spec) {
+        Some(gpt_oss::embed(b, p, spec, None, attn))
+    } else if llama4::is(spec) {
+        Some(llama4::embed(b, p, spec, None, attn))
+    } else {
+        None
     }
 }
 
@@ -183,6 +224,8 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         gpt2::final_norm(b, p, spec, x)
     } else if gpt_oss::is(spec) {
         gpt_oss::final_norm(b, p, x)
+    } else if llama4::is(spec) {
+        llama4::final_norm(b, p, x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
