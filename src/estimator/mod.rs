@@ -173,8 +173,8 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
 
 /// The first architectural feature whose saved tensors the activation model does not cover yet.
 /// Sliding windows are covered (they change masks, not saved shapes: measured on Gemma-2), and so
-/// are dense and MoE layers in any order (counted per layer kind), NoPE layers (SmolLM3: measured)
-/// and gpt-oss's layout (sinks, its router and experts: measured).
+/// are dense and MoE layers in any order (counted per layer kind), NoPE layers (SmolLM3: measured),
+/// gpt-oss's layout (sinks, its router and experts: measured) and Llama 4's (measured).
 pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;

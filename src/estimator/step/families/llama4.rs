@@ -680,3 +680,89 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
 fn _shapes() -> Shape {
     tok_tp(Dim::Q(Q::F))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Config, Kernels, Precision};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::model::LayerRule;
+    use crate::estimator::params::Stage;
+    use crate::estimator::precision::recipe;
+    use crate::estimator::presets::presets;
+    use crate::estimator::step::families::Var;
+    use crate::estimator::step::ledger::kept;
+    use crate::estimator::step::model::Setup;
+
+    fn preset(id: &str) -> ModelSpec {
+        presets().into_iter().find(|p| p.id == id).map(|p| p.spec).expect("the preset exists")
+    }
+
+    #[test]
+    fn both_llama_4_presets_have_the_layout_this_module_builds() {
+        for id in ["llama-4-scout-17b-16e-instruct", "llama-4-maverick-17b-128e-instruct"] {
+            assert!(layout(&preset(id)), "{id}");
+            assert!(crate::estimator::unmodelled_feature(&preset(id)).is_none(), "{id} is accepted");
+        }
+    }
+
+    #[test]
+    fn chunks_on_a_nope_layer_are_not_this_layout_and_stay_refused() {
+        let spec = ModelSpec { window_layers: LayerRule::All, ..preset("llama-4-scout-17b-16e-instruct") };
+        assert!(!layout(&spec));
+        assert!(crate::estimator::unmodelled_feature(&spec).is_some());
+    }
+
+    /// The fixture's toy Llama 4 (h = 64, a = 4 heads of 16, k = 2, E = 4, K = 1, f_e = f_s = 40,
+    /// f = 176, chunks of 48, layers 1 and 3 MoE, layer 3 NoPE of 4), fp32, eager, b = 2, s = 64.
+    fn toy(attn: Attention) -> Config {
+        let mut arch = preset("llama-4-maverick-17b-128e-instruct");
+        (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 4, 1000);
+        (arch.experts, arch.expert_ffn, arch.shared_ffn, arch.ffn, arch.window, arch.qk_l2_norm) = (4, 40, 40, 176, 48, true);
+        Config {
+            model: "custom".into(),
+            arch,
+            batch: 2,
+            seq: 64,
+            precision: Precision::Fp32,
+            attn,
+            kernels: Kernels::Cpu,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn moe_layers_follow_the_interleave_step() {
+        let cfg = toy(Attention::Eager);
+        let r = recipe(cfg.precision);
+        let setup = Setup::new(&cfg, &r, Stage::Whole);
+        assert_eq!(setup.kinds, [Kind::Dense, Kind::Moe, Kind::Dense, Kind::Moe]);
+        assert!(!setup.var(0).nope && setup.var(0).sliding, "layer 0: RoPE, chunked");
+        assert!(setup.var(3).nope && !setup.var(3).sliding, "layer 3: NoPE, full");
+    }
+
+    /// A RoPE layer keeps the L2 norm's rsqrt of q and k, `[b, s, heads, 1]` fp32:
+    /// 4·2·64·4 = 2,048 and 4·2·64·2 = 1,024 bytes (group `Rope`); a NoPE layer keeps the
+    /// temperature scales `[s]` fp32, 4·64 = 256 bytes (group `Nope`); an MoE layer keeps every
+    /// expert's copy of every token, `[E·b·s, h]` fp32: 4·4·128·64 = 131,072 bytes.
+    #[test]
+    fn rope_nope_and_moe_layers_keep_what_only_they_compute() {
+        let cfg = toy(Attention::Eager);
+        let r = recipe(cfg.precision);
+        let rows = |kind: Kind, var: Var| {
+            numbers_only(|| {
+                let setup = Setup::new(&cfg, &r, Stage::Whole);
+                let (prog, _, _) = setup.layer_alone(kind, var, 0, false);
+                kept(&prog).iter().map(|k| (k.group, prog.tensors[k.t as usize].op, prog.tensors[k.t as usize].bytes)).collect::<Vec<_>>()
+            })
+        };
+        let rope = rows(Kind::Dense, Var { sliding: true, nope: false });
+        assert!(rope.contains(&(Group::Rope, "rsqrt", 2_048)), "{rope:?}");
+        assert!(rope.contains(&(Group::Rope, "rsqrt", 1_024)), "{rope:?}");
+        assert!(!rope.iter().any(|k| k.0 == Group::Nope));
+        let nope = rows(Kind::Moe, Var { sliding: false, nope: true });
+        assert!(nope.contains(&(Group::Nope, "add", 256)), "{nope:?}");
+        assert!(!nope.iter().any(|k| k.0 == Group::Rope));
+        assert!(nope.contains(&(Group::Moe, "repeat", 131_072)), "{nope:?}");
+    }
+}
