@@ -90,7 +90,7 @@ impl Shared {
 
 /// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
 pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    (gemma::two_masks(spec) && i % 2 == 0) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
+    (gemma::two_masks(spec) && i.is_multiple_of(2)) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
 }
 
 /// The dtype of the model's second (sliding-window or chunked) mask under `attn`, if it makes
