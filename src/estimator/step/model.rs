@@ -188,7 +188,7 @@ impl<'a> Setup<'a> {
         let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
         let eager = self.cfg.attn == Attention::Eager;
         let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
-        let mask_local = families::local_mask(spec, self.cfg.attn).map(|dt| mk(b, 4, mshape(), dt, Part::Checkpoints));
+        let mask_local = families::local_mask(spec, self.cfg.attn, self.cfg.seq).map(|dt| mk(b, 4, mshape(), dt, Part::Checkpoints));
         Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
     }
 

@@ -31,6 +31,13 @@ pub fn chunked(spec: &ModelSpec, i: usize) -> bool {
     is(spec) && spec.window_kind == WindowKind::Chunked && spec.window_layers.contains(i as u64)
 }
 
+/// Whether the model materializes the chunked layers' mask: eager always; SDPA only when the
+/// keys reach a chunk (`_ignore_causal_mask_sdpa`: `kv_length >= local_attention_size` keeps it),
+/// else the chunked layers run causal SDPA.
+pub fn chunk_mask(spec: &ModelSpec, attn: Attention, s_kv: u64) -> bool {
+    spec.window_layers.count(spec.layers) > 0 && (attn == Attention::Eager || s_kv >= spec.window)
+}
+
 /// Whether `spec` is exactly the layout this module builds (what `estimator::unmodelled_feature`
 /// accepts): Llama 4's experts and router, a shared expert, RoPE on every layer not in
 /// `nope_layers`, the L2 q/k norm on those (or on none), chunks on RoPE layers only.
@@ -600,7 +607,17 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, at
     b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
     let (_, mask) = super::llama::mask_only(b, pos, attn);
     let chunks = spec.window_layers.count(spec.layers) > 0;
-    let mask_local = chunks.then(|| chunked_mask(b, pos, attn));
+    let s_kv = b.c.n(Q::S_KV);
+    let mask_local = if chunk_mask(spec, attn, s_kv) {
+        Some(chunked_mask(b, pos, attn))
+    } else {
+        if chunks {
+            // SDPA below one chunk: the left-padding count is made, then the mask is skipped.
+            super::llama::packed_detection(b, pos);
+            b.plain("zeros", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
+        }
+        None
+    };
     let f = rotary(b, pos);
     let locals = if ids.is_some() { [Some(x0), None] } else { [None, None] };
     (x0, Shared { cos: Some(f), sin: None, pos: Some(pos), mask, mask_local, emb_w: None, locals })
@@ -739,6 +756,23 @@ mod tests {
         assert_eq!(setup.kinds, [Kind::Dense, Kind::Moe, Kind::Dense, Kind::Moe]);
         assert!(!setup.var(0).nope && setup.var(0).sliding, "layer 0: RoPE, chunked");
         assert!(setup.var(3).nope && !setup.var(3).sliding, "layer 3: NoPE, full");
+    }
+
+    /// Under SDPA a chunked layer gets its mask (k and v repeated, the mask made additive and
+    /// kept) only when the keys reach a chunk (48): at s = 64, not at s = 32.
+    #[test]
+    fn sdpa_masks_a_chunked_layer_only_from_one_chunk_of_keys_on() {
+        for (seq, masked) in [(64, true), (32, false)] {
+            let cfg = Config { seq, ..toy(Attention::Sdpa) };
+            let r = recipe(cfg.precision);
+            let ops: Vec<&str> = numbers_only(|| {
+                let setup = Setup::new(&cfg, &r, Stage::Whole);
+                let (prog, _, _) = setup.layer_alone(Kind::Dense, setup.var(0), 0, false);
+                prog.ops.iter().map(|o| o.name).collect()
+            });
+            assert_eq!(ops.contains(&"where"), masked, "s = {seq}");
+            assert_eq!(ops.iter().filter(|&&o| o == "clone").count() >= 2, masked, "s = {seq}: repeat_kv");
+        }
     }
 
     /// A RoPE layer keeps the L2 norm's rsqrt of q and k, `[b, s, heads, 1]` fp32:

@@ -93,13 +93,12 @@ pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
     (gemma::two_masks(spec) && i.is_multiple_of(2)) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
 }
 
-/// The dtype of the model's second (sliding-window or chunked) mask under `attn`, if it makes
-/// one: additive in the residual dtype for eager attention; Llama 4's chunked mask stays
-/// boolean under SDPA.
-pub fn local_mask(spec: &ModelSpec, attn: Attention) -> Option<Dt> {
+/// The dtype of the model's second (sliding-window or chunked) mask under `attn` for `s_kv`
+/// keys, if it makes one: additive in the residual dtype for eager attention; Llama 4's chunked
+/// mask stays boolean under SDPA, which needs none below one chunk.
+pub fn local_mask(spec: &ModelSpec, attn: Attention, s_kv: u64) -> Option<Dt> {
     if llama4::is(spec) {
-        let chunks = spec.window_layers.count(spec.layers) > 0;
-        return chunks.then_some(if attn == Attention::Eager { Dt::Resid } else { Dt::Bool });
+        return llama4::chunk_mask(spec, attn, s_kv).then_some(if attn == Attention::Eager { Dt::Resid } else { Dt::Bool });
     }
     (attn == Attention::Eager && two_masks(spec)).then_some(Dt::Resid)
 }
