@@ -230,6 +230,8 @@ impl<'a> Setup<'a> {
             b.hold(t);
         }
         self.head_and_loss(&mut b, &p, xn, &sh);
+        // The caller's `hidden_states` holds the final norm's output through the loss.
+        b.hold(xn);
         (b.p, x)
     }
 
@@ -293,6 +295,10 @@ impl<'a> Setup<'a> {
                 b.hold(t);
             }
             self.head_and_loss(b, p, xn, sh);
+            // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
+            // norm's output until the loss is computed: under autocast the head keeps only its
+            // bf16 cast, and the fp32 output still lives through the loss.
+            b.hold(xn);
         } else {
             // The output is sent to the next stage and freed; its gradient comes back.
             for t in sh.locals.into_iter().flatten() {
