@@ -13,6 +13,17 @@ fn bench_estimate(c: &mut Criterion) {
     c.bench_function("estimate llama-3.1-405b 16k gpus", |b| b.iter(|| estimate(black_box(&big))));
     let moe = decode_query("model=mixtral-8x7b-v0.1&gpus=64&ep=8&zero=3&finetune=qlora&optim=adam8bit").config;
     c.bench_function("estimate mixtral qlora", |b| b.iter(|| estimate(black_box(&moe))));
+    // The full simulation (issue 11's target: ≤ 1 ms): Llama-3.1-405B, 128 layers, pp = 16 (the
+    // first stage's 8 layers), its whole event stream materialized.
+    let pp16 = decode_query("model=llama-3.1-405b&gpus=128&tp=8&pp=16&seq=8192").config;
+    c.bench_function("step stream llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::step_stream(black_box(&pp16))));
+    c.bench_function("estimate llama-3.1-405b pp16", |b| b.iter(|| estimate(black_box(&pp16))));
+    c.bench_function("reserved (stream + allocator replay) llama-3.1-405b pp16", |b| {
+        b.iter(|| trainmem::estimator::reserve::reserved(black_box(&pp16)))
+    });
+    c.bench_function("reserved (stream + allocator replay) llama-3.1-8b default", |b| {
+        b.iter(|| trainmem::estimator::reserve::reserved(black_box(&default)))
+    });
     c.bench_function("decode query", |b| b.iter(|| decode_query(black_box("model=llama-3.1-70b&seq=8192&zero=3&gpus=8&attn=eager"))));
 }
 

@@ -35,6 +35,8 @@ pub enum CliError {
 
 const USAGE: &str = "usage:
   trainmem estimate (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
+  trainmem step (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
+      the steady-state step op by op: every allocation and free, allocated and reserved after each (CSV)
   trainmem plan (--model ID | --hf-config PATH) --gpu ID --gpus N --seq N
                 (--global-batch-tokens N | --global-batch SEQUENCES) [--KEY VALUE ...]
                 [--try-KNOB v1,v2,...] [--top N] [--all] [--fix] [--json | --csv]
@@ -87,6 +89,10 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             } else {
                 w(out, render_table(&cfg, &e))
             }
+        }
+        "step" => {
+            let (cfg, json) = parse_estimate_args(rest)?;
+            w(out, render_step(&cfg, json)?)
         }
         "plan" => {
             let args = parse_plan_args(rest)?;
@@ -733,6 +739,15 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
     }
     s.push_str(&format!("\n{:<40} {:>12}\n", "Sum of components per GPU", format_bytes(e.memory.total, u)));
     s.push_str(&format!("{:<40} {:>12}   (at: {})\n", "Peak per GPU during the step", format_bytes(e.memory.peak, u), e.memory.peak_event));
+    s.push_str(&format!("{:<40} {:>12}   (torch.cuda.max_memory_allocated)\n", "Allocated peak", format_bytes(e.memory.allocated_peak, u)));
+    if let (Some(res), Some(smi)) = (e.memory.reserved_peak, e.memory.nvidia_smi) {
+        s.push_str(&format!("{:<40} {:>12}   (torch.cuda.max_memory_reserved, simulated)\n", "Reserved peak", format_bytes(res, u)));
+        s.push_str(&format!(
+            "{:<40} {:>12}   = reserved + CUDA context + cuBLAS workspaces + NCCL buffers; the verdict uses it\n",
+            "What nvidia-smi will show",
+            format_bytes(smi, u)
+        ));
+    }
     s.push_str(&format!("{:<40} {:>12}\n", "GPU capacity", format_bytes(e.capacity, u)));
     let h = e.headroom();
     if h >= 0 {
@@ -747,6 +762,47 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
         s.push_str(&format!("warning: {w}\n"));
     }
     s
+}
+
+/// The step's event stream: CSV (one row per event) or JSON (the stream, reserved per event and
+/// the reserved peak).
+fn render_step(cfg: &Config, json: bool) -> Result<String, CliError> {
+    let r = crate::estimator::reserve::stream_with_reserved(cfg)?;
+    if json {
+        let v = serde_json::json!({
+            "configuration": crate::config::encode_query(cfg),
+            "resident_bytes": r.stream.resident,
+            "allocated_peak_bytes": r.stream.peak,
+            "peak_event": r.stream.peak_index,
+            "reserved_peak_bytes": r.reserved_peak,
+            "reserved_peak_at": r.reserved_at,
+            "reserved_after_bytes": r.reserved,
+            "events": r.stream.events,
+        });
+        return Ok(format!("{v}\n"));
+    }
+    let mut s = String::from("index,kind,phase,layer,module,op,node,category,bytes,allocated_bytes,reserved_bytes\n");
+    let quote = |t: &str| if t.contains([',', '"']) { format!("\"{}\"", t.replace('"', "\"\"")) } else { t.to_string() };
+    for (i, e) in r.stream.events.iter().enumerate() {
+        let reserved = r.reserved.as_ref().and_then(|v| v.get(i)).map(|b| b.to_string()).unwrap_or_default();
+        s.push_str(&format!(
+            "{i},{},{},{},{},{},{},{},{},{},{reserved}\n",
+            if e.kind == crate::estimator::step::EventKind::Alloc { "alloc" } else { "free" },
+            e.phase.name(),
+            e.layer.map(|l| l.to_string()).unwrap_or_default(),
+            quote(e.module),
+            quote(e.op),
+            quote(e.node),
+            match e.cat {
+                crate::estimator::step::Cat::Activations => "activations",
+                crate::estimator::step::Cat::Gradients => "gradients",
+                crate::estimator::step::Cat::Transient => "transient",
+            },
+            e.bytes,
+            r.stream.resident + e.live,
+        ));
+    }
+    Ok(s)
 }
 
 fn render_presets(json: bool) -> String {

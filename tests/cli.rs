@@ -11,11 +11,12 @@ fn trainmem(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn estimate_with_a_tiny_hf_config_prints_the_activation_bytes_pytorch_saves() {
     // A llama with GQA as the validation harness built it; PyTorch saved 1,311,236 bytes for
-    // batch 2, seq 64, bf16, sdpa (tests/fixtures/pytorch/records.json,
+    // batch 2, seq 64, bf16, sdpa (tests/fixtures/pytorch/records/llama-gqa.json,
     // llama-gqa/b2/s64/bf16/sdpa/ckpt0) — and RMSNorm models keep the same on CUDA and CPU.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let records: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/pytorch/records.json")).expect("fixtures")).expect("json");
+        serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/pytorch/records/llama-gqa.json")).expect("fixtures"))
+            .expect("json");
     let rec = records["records"]
         .as_array()
         .and_then(|r| r.iter().find(|r| r["id"] == "llama-gqa/b2/s64/bf16/sdpa/ckpt0"))
@@ -93,4 +94,25 @@ fn the_table_output_shows_formulas_and_the_verdict() {
     assert!(out.contains("Ψ_T × b_w"), "{out}");
     assert!(out.contains("Peak per GPU"));
     assert!(out.contains("fits") || out.contains("does not fit"));
+}
+
+#[test]
+fn step_exports_every_event_with_allocated_and_reserved_bytes() {
+    let (code, out, err) = trainmem(&["step", "--model", "gpt2", "--seq", "128"]);
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("index,kind,phase,layer,module,op,node,category,bytes,allocated_bytes,reserved_bytes"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(rows.len() > 500, "{} events", rows.len());
+    // Reserved memory (simulated) never falls below what is allocated, event by event.
+    for r in &rows {
+        let (alloc, reserved): (u128, u128) = (r[9].parse().expect("allocated"), r[10].parse().expect("reserved"));
+        assert!(reserved >= alloc, "{r:?}");
+    }
+    // The JSON names the peak and carries the same events.
+    let (code, js, err) = trainmem(&["step", "--model", "gpt2", "--seq", "128", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&js).expect("json");
+    assert_eq!(v["events"].as_array().map(Vec::len), Some(rows.len()));
+    assert!(v["reserved_peak_bytes"].as_u64().expect("cuda") >= v["allocated_peak_bytes"].as_u64().expect("peak"));
 }

@@ -460,3 +460,26 @@ fn the_layout_reads_as_json_for_the_browser_tests() {
     assert!(parts.iter().any(|p| p["part"] == "legend" && p["text"] == "Activations"));
     assert!(parts.iter().any(|p| p["part"] == "title"));
 }
+
+#[test]
+fn the_op_level_timeline_shades_reserved_memory_above_allocated_and_names_the_peak_op() {
+    let c = cfg("seq=2048");
+    let e = trainmem::estimator::explain(&c).expect("valid");
+    let t = trainmem::estimator::reserve::step_trace(&c, 300).expect("valid");
+    let d = trainmem::plots::timeline::trace_data(&t, &e, &c);
+    // The allocated peak of the trace, with what lives outside the allocator, is the estimate's
+    // peak; reserved is drawn above it and peaks at the nvidia-smi figure of the steady state.
+    assert_eq!(d.peak_bytes(), e.memory.peak);
+    let reserved = d.reserved_peak().expect("kernels=cuda replays the allocator");
+    assert!(reserved >= d.peak_bytes());
+    assert!(reserved <= e.memory.nvidia_smi.expect("explained"));
+    let text = d.peak_text();
+    // "Peak 91.2 GB allocated at layer 31 backward, `mlp.down_proj` …; 93.0 GB reserved".
+    assert!(text.contains("allocated at ") && text.contains(" reserved"), "{text}");
+    assert!(text.contains(&t.points[t.peak].label), "{text}");
+    let svg = ChartData::Timeline(d.clone()).svg(&LIGHT, SIZE);
+    assert!(svg.contains("Reserved by the caching allocator (simulated)"));
+    assert!(svg.contains("<polygon"), "the reserved band");
+    let csv = ChartData::Timeline(d).csv();
+    assert!(csv.lines().next().expect("header").contains("reserved_bytes"), "{}", csv.lines().next().unwrap_or_default());
+}

@@ -31,8 +31,43 @@ fn shards() -> Vec<(String, Value)> {
 }
 
 /// Families whose saved activations come from their own builder (exact on their records).
-const PORTED: &[&str] =
-    &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "smollm3", "gpt_oss", "llama4_text"];
+const PORTED: &[&str] = &[
+    "llama-gqa",
+    "llama-mha",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "gpt2",
+    "phi3",
+    "phi3-mha",
+    "gemma2",
+    "qwen3_moe",
+    "mistral",
+    "qwen2_moe",
+    "gemma",
+    "gemma3_text",
+    "olmo",
+    "olmo-clip",
+    "olmo2",
+    "opt",
+    "starcoder2",
+    "phi",
+    "gpt_neox",
+    "gpt_neox-seq",
+    "stablelm",
+    "stablelm-qkln-par",
+    "falcon-old",
+    "falcon-new",
+    "falcon-new-1ln",
+    "glm4_moe",
+    "glm4_moe-qknorm",
+    "deepseek_v3",
+    "deepseek_v2",
+    "deepseek_v2-group",
+    "smollm3",
+    "gpt_oss",
+    "llama4_text",
+];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python
 /// loop (`experts_implementation="eager"`; the default grouped_mm path is modelled and tested),

@@ -72,8 +72,43 @@ fn modelled(r: &Value) -> bool {
 
 /// Families whose decoder layer has its own builder (step/families): their peaks must be in
 /// range. The others run an approximation (the Llama layer) and are only reported.
-const PORTED: &[&str] =
-    &["llama-gqa", "llama-mha", "qwen2", "qwen3", "mixtral", "gpt2", "phi3", "phi3-mha", "gemma2", "smollm3", "gpt_oss", "llama4_text"];
+const PORTED: &[&str] = &[
+    "llama-gqa",
+    "llama-mha",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "gpt2",
+    "phi3",
+    "phi3-mha",
+    "gemma2",
+    "qwen3_moe",
+    "mistral",
+    "qwen2_moe",
+    "gemma",
+    "gemma3_text",
+    "olmo",
+    "olmo-clip",
+    "olmo2",
+    "opt",
+    "starcoder2",
+    "phi",
+    "gpt_neox",
+    "gpt_neox-seq",
+    "stablelm",
+    "stablelm-qkln-par",
+    "falcon-old",
+    "falcon-new",
+    "falcon-new-1ln",
+    "glm4_moe",
+    "glm4_moe-qknorm",
+    "deepseek_v3",
+    "deepseek_v2",
+    "deepseek_v2-group",
+    "smollm3",
+    "gpt_oss",
+    "llama4_text",
+];
 
 /// The step event logs: (record id, measured peak, the log).
 fn logs() -> Vec<(String, u128, Value)> {

@@ -372,12 +372,19 @@ fn the_script_runs_on_the_cpu_and_compare_reads_its_json() {
             let on_cpu = !matches!(field, "reserved_peak" | "nvidia_smi");
             assert_eq!(r["measured"].is_u64(), on_cpu, "{name}: {field} measured");
             assert_eq!(r["predicted"].is_u64(), on_cpu, "{name}: {field} predicted");
+            // The step model's target (issue 11): −1 %..+3 % of the tracker. The optimizer step
+            // of a master-weights recipe is the script's own (it casts one gradient at a time),
+            // not a recipe trainmem models: its note says so, and it is not held to the target.
+            let scripted = field == "step_peak" && trainmem::estimator::precision::recipe(d.config.precision).master.is_some();
+            if let (Some(m), Some(p), false) = (r["measured"].as_u64(), r["predicted"].as_u64(), scripted) {
+                let rel = (p as f64 - m as f64) / m as f64;
+                assert!((-0.01..=0.03).contains(&rel), "{name}: {field} predicted {p}, measured {m} ({:+.2} %)", rel * 100.0);
+            }
         }
         let record: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON")).expect("JSON");
         assert_eq!(record["steps"].as_array().map(Vec::len), Some(3));
         assert_eq!(record["parameter_count"]["built"], record["parameter_count"]["trainmem"], "{name}: the model built is the spec");
         report.push(format!("== {name} ({seconds:.1} s)\n{text}"));
     }
-    // Closeness is not asserted yet (the op-level step model is landing): the lead reads these.
     println!("{}", report.join("\n"));
 }

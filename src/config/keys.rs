@@ -478,6 +478,7 @@ pub static KEYS: &[Key] = &[
     bool_key!("expert_bias", Architecture, "biases on the experts (gpt-oss)", |c| c.arch.expert_bias),
     bool_key!("experts_in_out", Architecture, "experts stored [E, in, out] (gpt-oss, Llama 4)", |c| c.arch.experts_in_out),
     bool_key!("moe_all_experts", Architecture, "every expert computes every token (Llama 4)", |c| c.arch.moe_all_experts),
+    bool_key!("clip_qkv", Architecture, "q, k, v projections clamped in place (OLMo's clip_qkv)", |c| c.arch.clip_qkv),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),

@@ -61,6 +61,8 @@ impl Field {
             Field::OptimizerStates => m.optimizer_states,
             Field::Activations => m.activations,
             Field::Static => m.parameters + m.gradients + m.optimizer_states,
+            // An approximation for per-layer differences only; [`answer`] takes the figure itself
+            // from the step's stream (`estimator::after_forward`).
             Field::AfterForward => m.parameters + m.optimizer_states + m.activations,
             Field::ParameterCount => e.parameter_count as u128,
         }
@@ -198,6 +200,8 @@ pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result
     Ok(match target {
         Target::Rows(r) => Answer::Bytes(sum(&e, r)?),
         Target::Memory(Field::ParameterCount) => Answer::Count(Field::ParameterCount.value(&e)),
+        // The step's own stream: resident states + what is live once forward and loss are done.
+        Target::Memory(Field::AfterForward) => Answer::Bytes(crate::estimator::after_forward(cfg)?),
         Target::Memory(f) => Answer::Bytes(f.value(&e)),
         Target::Share { part, whole } => {
             let (p, w) = (sum(&e, part)?, sum(&e, whole)?);
@@ -461,6 +465,71 @@ mod tests {
         let Ok(Answer::Bytes(diff)) = ex.answer() else { panic!("bytes") };
         // At least the fp32 softmax and its bf16 cast: 32 layers × 6 B × 32 heads × 4,096².
         assert!(diff >= 32 * 6 * 32 * 4096 * 4096);
+    }
+
+    /// Every built-in exercise's key, recomputed here from the estimator's own figures by a
+    /// second route (the estimate's memory totals and parameter count, not the exercise code's
+    /// row sums), so a wrong target or a typed-in number would fail.
+    #[test]
+    fn every_builtin_answer_matches_the_estimators_own_figures() {
+        for ex in builtin() {
+            let e = estimate(&ex.config()).expect("estimates");
+            let m = &e.memory;
+            let want = match ex.id {
+                "four-categories" | "dominant-32k" => {
+                    let by = |c: Category| e.components.iter().filter(|r| r.category == c).map(|r| r.bytes).sum::<u128>();
+                    let best = Category::ALL.into_iter().max_by_key(|c| by(*c)).expect("categories");
+                    Answer::Category(best)
+                }
+                // 16 bytes for each of the estimator's Ψ parameters (2 + 2 + 4 + 4 + 4).
+                "sixteen-psi" => Answer::Bytes(16 * e.parameter_count as u128),
+                "optimizer-share" => {
+                    // The optimizer's master weights and moments against 16Ψ of model states.
+                    let row = |id: &str| flatten(&e.components).into_iter().find(|r| r.id == id).map_or(0, |r| r.bytes);
+                    let states = 16 * e.parameter_count as u128;
+                    Answer::Percent((row("master_weights") + row("optimizer_states")) as f64 * 100.0 / states as f64)
+                }
+                "adam-fp32" => {
+                    let moments = flatten(&e.components).into_iter().find(|r| r.id == "optimizer_states").map_or(0, |r| r.bytes);
+                    Answer::BytesPerParameter(moments as f64 / e.parameter_count as f64)
+                }
+                "activations-per-layer" => {
+                    let mut more = ex.config();
+                    more.arch.layers += 1;
+                    Answer::Bytes(estimate(&more).expect("estimates").memory.activations - m.activations)
+                }
+                "flash-removes" => {
+                    let other = estimate(&ex.compare_config().expect("a B")).expect("estimates");
+                    Answer::Bytes(m.activations.abs_diff(other.memory.activations))
+                }
+                "verify-allocated" => Answer::Bytes(m.parameters + m.optimizer_states + m.activations),
+                other => panic!("the built-in exercise {other} has no independent check here: add one"),
+            };
+            assert_eq!(ex.answer(), Ok(want.clone()), "{}", ex.id);
+            // Within its tolerance the exact key is right, and a guess twice the key is not.
+            let exact = match &want {
+                Answer::Bytes(b) | Answer::Count(b) => b.to_string(),
+                Answer::Percent(p) | Answer::BytesPerParameter(p) => p.to_string(),
+                Answer::Category(c) => category_name(*c).to_string(),
+            };
+            assert!(check(&want, &exact, ex.tolerance_pct).is_some_and(|c| c.correct), "{}", ex.id);
+            if let Answer::Bytes(b) = want {
+                assert!(!check(&want, &(2 * b).to_string(), ex.tolerance_pct).is_some_and(|c| c.correct), "{}", ex.id);
+            }
+        }
+    }
+
+    #[test]
+    fn the_after_forward_answer_is_what_the_step_holds_once_the_loss_is_computed() {
+        let cfg = crate::config::decode_query("model=gpt2&precision=fp32&batch=8&seq=1024").config;
+        let e = estimate(&cfg).expect("valid");
+        let Ok(Answer::Bytes(b)) = answer(&Target::Memory(Field::AfterForward), &cfg, None) else { panic!("bytes") };
+        assert_eq!(b, crate::estimator::after_forward(&cfg).expect("valid"));
+        // Weights and AdamW's two moments (fp32: 4 + 8 bytes per parameter) are resident, and the
+        // saved activations and the logits come on top: more than the static states, less than
+        // the step's allocated peak (backward adds gradients).
+        assert!(b > e.memory.parameters + e.memory.optimizer_states + e.memory.activations / 2, "{b}");
+        assert!(b <= e.memory.allocated_peak, "{b} vs {}", e.memory.allocated_peak);
     }
 
     #[test]

@@ -856,7 +856,10 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
                     m.act = f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)?;
                 }
                 "qwen3" | "qwen3_moe" => m.qk_norm = QkNorm::Head,
-                "olmo" => m.norm = NormKind::Nonparametric,
+                "olmo" => {
+                    m.norm = NormKind::Nonparametric;
+                    m.clip_qkv = f.float("clip_qkv")?.is_some();
+                }
                 "olmo2" => m.qk_norm = QkNorm::Full,
                 "phi3" => {
                     m.resid_dropout = true;
@@ -1091,6 +1094,8 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
             m.mlp_bias = bias;
             m.tied = f.flag("tie_word_embeddings", true)?;
             m.max_pos = f.uint_or("max_position_embeddings", 4096)?;
+            // Starcoder2Attention passes `config.sliding_window` to every layer (null: none).
+            set_window(&mut m, f, "sliding_window", None, (LayerRule::All, WindowKind::Sliding))?;
         }
         other => return Err(HfError::Unsupported(other.to_string())),
     }
@@ -1223,6 +1228,21 @@ mod tests {
         assert_eq!(m.spec.counts().total, 3_880_263_168);
         assert!(m.notes[0].contains("siglip_vision_model, 27 layers of width 1152"), "{:?}", m.notes);
         assert_eq!(import_json(r#"{"model_type": "llama4"}"#).err(), Some(HfError::Missing("text_config")));
+    }
+
+    /// OLMo's `clip_qkv` (a number or null) becomes the spec's flag, and the exporter writes it
+    /// back for the same spec.
+    #[test]
+    fn olmo_clip_qkv_is_imported_and_exported() {
+        let base = r#""model_type": "olmo", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 6"#;
+        let clipped = import_json(&format!("{{{base}, \"clip_qkv\": 8.0}}")).expect("imports").spec;
+        let plain = import_json(&format!("{{{base}, \"clip_qkv\": null}}")).expect("imports").spec;
+        assert!(clipped.clip_qkv);
+        assert!(!plain.clip_qkv);
+        let out = crate::estimator::hf_export::export(&clipped, Some("olmo")).expect("exports");
+        let back = import_value(&serde_json::to_value(&out.config).expect("json")).expect("re-imports").spec;
+        assert!(back.clip_qkv);
     }
 
     #[test]

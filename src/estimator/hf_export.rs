@@ -283,6 +283,10 @@ fn llama_sizes(w: &mut Writer, s: &ModelSpec) {
 
 /// Llama, Mistral, Mixtral, Qwen2/3 (dense and MoE), Gemma 1/2, OLMo 1/2 and Phi-3: the importer's
 /// shared branch (hf.rs, `spec_for`).
+/// The `clip_qkv` written for an OLMo that clamps its q, k, v (OLMo-1.7-7B's value; the memory
+/// does not depend on it).
+const OLMO_CLIP_QKV: f64 = 8.0;
+
 fn llama_family(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
     let mut w = Writer::new(t);
     llama_sizes(&mut w, s);
@@ -314,6 +318,10 @@ fn llama_family(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
         }
         "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => {
             w.set("use_sliding_window", false);
+        }
+        // Any value clamps (and keeps) the same tensors: OLMo-1.7-7B's.
+        "olmo" if s.clip_qkv => {
+            w.set("clip_qkv", OLMO_CLIP_QKV);
         }
         _ => {}
     }
@@ -483,8 +491,8 @@ fn starcoder2(s: &ModelSpec) -> Option<Map<String, Value>> {
         .set("use_bias", s.qkv_bias)
         .set("tie_word_embeddings", s.tied)
         .set("max_position_embeddings", s.max_pos)
-        // The importer reads no window for StarCoder2: the exported model has none either.
-        .set("sliding_window", Value::Null)
+        // Every layer attends through `sliding_window` (null: none).
+        .set("sliding_window", if s.window_layers == LayerRule::All && s.window > 0 { Value::from(s.window) } else { Value::Null })
         .done()
 }
 

@@ -19,6 +19,7 @@ pub mod params;
 pub mod plan;
 pub mod precision;
 pub mod presets;
+pub mod reserve;
 pub mod sharding;
 pub mod statics;
 pub mod step;
@@ -193,14 +194,25 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
             spec.moe_all_experts || spec.qk_l2_norm,
             "Llama 4's text layers (every expert on every token beside a shared expert, weightless L2 q/k norm, complex RoPE, chunked attention, NoPE temperature tuning)",
         ),
-        (spec.is_mla(), "multi-head latent attention (MLA)"),
+        (spec.is_mla() && !matches!(spec.router, Router::Sigmoid | Router::Softmax), "multi-head latent attention (MLA) with this router"),
         (spec.attn_sinks, "attention sinks"),
         (spec.qk_l2_norm, "the L2 q/k norm"),
         (spec.window_kind == WindowKind::Chunked && spec.window_layers.count(spec.layers) > 0, "chunked attention"),
-        (moe && spec.router != Router::Softmax, "this router (not softmax-then-top-k)"),
-        (moe && (spec.router_bias || spec.router_fp32 || spec.router_groups > 1), "this router (bias, fp32 or group-limited)"),
+        (moe && !matches!(spec.router, Router::Softmax | Router::Sigmoid), "this router (not softmax-then-top-k)"),
+        (moe && spec.router_bias, "this router (bias)"),
+        (
+            moe && spec.router == Router::Softmax && !spec.is_mla() && (spec.router_fp32 || spec.router_groups > 1),
+            "this router (fp32 or group-limited softmax)",
+        ),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
+        // Falcon's `alibi=True` (Falcon-RW): position biases added to the scores; no fixture.
+        (spec.positions == model::Positions::None && spec.fused_qkv, "ALiBi position biases"),
+        // OPT-350m: post-LayerNorm layers (`do_layer_norm_before=False`) and `project_in`/`out`.
+        (
+            spec.embed_proj > 0 || (spec.positions == model::Positions::Learned && spec.pos_offset > 0 && !spec.final_norm),
+            "OPT's post-LayerNorm layout (OPT-350m)",
+        ),
     ]
     .into_iter()
     .find_map(|(on, name)| on.then_some(name))
@@ -283,6 +295,9 @@ pub struct Memory {
     /// `torch.cuda.max_memory_reserved()` from replaying the step's stream through the caching
     /// allocator simulator (only where the stream is materialized: [`explain`], [`simulate`]).
     pub reserved_peak: Option<Bytes>,
+    /// What nvidia-smi shows for the process at the step's peak: `reserved_peak` + the CUDA
+    /// context + cuBLAS workspaces + NCCL buffers (only where the allocator was replayed).
+    pub nvidia_smi: Option<Bytes>,
 }
 
 impl Memory {
@@ -293,13 +308,19 @@ impl Memory {
 }
 
 impl Estimate {
+    /// What decides whether the step fits: the nvidia-smi figure where the caching allocator was
+    /// replayed ([`explain`], [`with_reserve`]), else the allocated peak with what lives outside
+    /// the allocator.
+    pub fn deciding_peak(&self) -> Bytes {
+        self.memory.nvidia_smi.unwrap_or(self.memory.peak)
+    }
     /// Headroom on the GPU at the step's peak (negative: bytes missing).
     pub fn headroom(&self) -> i128 {
-        clamp_i128(self.capacity) - clamp_i128(self.memory.peak)
+        clamp_i128(self.capacity) - clamp_i128(self.deciding_peak())
     }
     /// Whether the step's peak fits on the GPU.
     pub fn fits(&self) -> bool {
-        self.memory.peak <= self.capacity
+        self.deciding_peak() <= self.capacity
     }
     /// The whole job's GPU memory at the peak if every GPU held as much as the most loaded one.
     pub fn cluster_total(&self) -> Bytes {
@@ -420,8 +441,45 @@ pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
 /// The same estimate with every row's formula built in full (symbols, substitution, legend):
 /// what the ledger shows when a row is opened, and what `--json` prints. Both paths run the same
 /// term functions, so their bytes are equal (tested on every preset).
+///
+/// Unless `frag_pct` overrides it (or `kernels = cpu`, which has no caching allocator), the
+/// step is also replayed through the caching allocator ([`with_reserve`]): the ledger gains the
+/// simulated reserve row, and the verdict decides on the nvidia-smi figure.
 pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
-    expr::with_formulas(|| ledger_of(cfg))
+    let e = expr::with_formulas(|| ledger_of(cfg))?;
+    with_reserve(cfg, e)
+}
+
+/// Rows that live outside the caching allocator: nvidia-smi adds them to what it reserves.
+const OUTSIDE_ALLOCATOR: [&str; 3] = ["cuda_context", "nccl_buffers", "blas_workspaces"];
+
+/// Adds the caching allocator's simulated reserve to an estimate of `cfg` (see [`reserve`]):
+/// the row `R_res = max_memory_reserved − allocated peak`, `memory.reserved_peak`, and
+/// `memory.nvidia_smi = reserved + CUDA context + cuBLAS workspaces + NCCL buffers`, which
+/// [`Estimate::fits`] then decides on. Leaves the estimate as it is under a `frag_pct` override
+/// or `kernels = cpu`.
+pub fn with_reserve(cfg: &Config, mut e: Estimate) -> Result<Estimate, EstimateError> {
+    if cfg.frag_pct.is_some() || cfg.kernels == config::Kernels::Cpu || e.components.iter().any(|r| r.id == "allocator_reserve") {
+        return Ok(e);
+    }
+    let r = reserve::reserved(cfg)?;
+    let reserved = r.reserved_peak.max(e.memory.allocated_peak);
+    let row = expr::with_formulas(|| overhead::reserve_simulated_bytes(reserved, e.memory.allocated_peak));
+    let row = if r.at.is_empty() {
+        row
+    } else {
+        {
+            let n = format!("{}; reserved memory peaks at {}", row.note, r.at);
+            row.note(n)
+        }
+    };
+    let outside: Bytes = e.components.iter().filter(|c| OUTSIDE_ALLOCATOR.contains(&c.id)).map(|c| c.bytes).sum();
+    e.memory.framework_overhead += row.bytes;
+    e.memory.total += row.bytes;
+    e.components.push(row);
+    e.memory.reserved_peak = Some(reserved);
+    e.memory.nvidia_smi = Some(reserved + outside);
+    Ok(e)
 }
 
 fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
@@ -467,6 +525,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         peak_op: peak_label,
         allocated_peak,
         reserved_peak: None,
+        nvidia_smi: None,
     };
     let dp = cfg.dp();
     let layout = Layout {
@@ -538,17 +597,77 @@ pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other
     }
 }
 
+/// The stage whose step [`step_stream`] and [`reserve`] simulate: the first under pipeline
+/// parallelism (it holds the most micro-batches in flight under 1F1B), else the whole model.
+fn stream_stage(cfg: &Config) -> Stage {
+    if cfg.pp > 1 {
+        Stage::First
+    } else {
+        Stage::Whole
+    }
+}
+
+/// What is resident beside the step's stream on [`stream_stage`]: weights, optimizer states,
+/// buffers, batch, resident gradients.
+pub fn resident_parts(cfg: &Config) -> step::model::Resident {
+    let recipe = recipe(cfg.precision);
+    let stage = stream_stage(cfg);
+    let groups = local_groups(cfg, stage);
+    let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
+    resident_of(cfg, &rows, &host, stage, 0)
+}
+
+/// The parameter tensors of the simulated stage's program: the bytes of each (as the module holds
+/// it) and the elements of each trainable one (what the optimizer keeps states for).
+pub fn step_param_bytes(cfg: &Config) -> (Vec<u128>, Vec<u128>) {
+    let recipe = recipe(cfg.precision);
+    expr::numbers_only(|| {
+        let setup = step::model::Setup::new(cfg, &recipe, stream_stage(cfg));
+        let prog = setup.whole();
+        let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();
+        let trainable = step::model::optimizer_params(&prog, step::ir::DType::of(recipe.weight));
+        (params, trainable)
+    })
+}
+
 /// The step of the most loaded GPU as an event stream (see [`step`]).
 pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
     validate(cfg)?;
     let recipe = recipe(cfg.precision);
-    let stage = if cfg.pp > 1 { Stage::First } else { Stage::Whole };
+    let stage = stream_stage(cfg);
     let groups = local_groups(cfg, stage);
     let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
     let resident = resident_of(cfg, &rows, &host, stage, 0);
     let sh = sharding::Sharding::of(cfg);
     let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &recipe, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
     Ok(expr::numbers_only(|| step::model::simulate_stage(cfg, &recipe, stage, resident, temp)))
+}
+
+/// What `torch.cuda.memory_allocated()` shows right after the forward pass and its loss, with
+/// the model's output still held (`out = model(input_ids, labels=labels)`: transformers returns
+/// the logits beside the loss): what is resident before the step (parameters, optimizer states,
+/// buffers, the batch, resident gradients) + the step stream's live bytes after its last forward
+/// or loss event + the logits, which the stream frees there (the tracker's reference run drops
+/// the output). The verify script measures the same moment.
+pub fn after_forward(cfg: &Config) -> Result<Bytes, EstimateError> {
+    Ok(after_forward_of(&step_stream(cfg)?))
+}
+
+/// [`after_forward`] of a stream already simulated.
+pub fn after_forward_of(s: &step::Stream) -> Bytes {
+    use step::{EventKind, Phase};
+    let Some(last) = s.events.iter().rposition(|e| matches!(e.phase, Phase::Forward | Phase::Loss)) else {
+        return s.resident;
+    };
+    // The frees that end the loss, after its last allocation: the logits are the LM head's.
+    let output: Bytes = s.events[..=last]
+        .iter()
+        .rev()
+        .take_while(|e| e.kind == EventKind::Free)
+        .filter(|e| e.module.ends_with("lm_head"))
+        .map(|e| e.bytes)
+        .sum();
+    s.resident + s.events[last].live + output
 }
 
 /// Every row of the ledger, depth first (parents before their children).

@@ -468,6 +468,11 @@ pub struct ModelSpec {
     /// experts only. Counts are unaffected; `active` still counts top-k experts.
     #[serde(default)]
     pub moe_all_experts: bool,
+    /// OLMo's `clip_qkv`: the q, k and v projections are clamped in place
+    /// (modeling_olmo.py, `OlmoAttention.forward`: `query_states.clamp_(…)`), whose backward
+    /// keeps the projection outputs. No parameters.
+    #[serde(default)]
+    pub clip_qkv: bool,
 }
 
 /// Which part of the model a tensor belongs to (the breakdown's rows).
@@ -1235,6 +1240,7 @@ mod tests {
             expert_bias: false,
             experts_in_out: false,
             moe_all_experts: false,
+            clip_qkv: false,
         }
     }
 

@@ -90,6 +90,7 @@ const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, 
         expert_bias: false,
         experts_in_out: false,
         moe_all_experts: false,
+        clip_qkv: false,
     }
 }
 

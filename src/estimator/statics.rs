@@ -38,6 +38,52 @@ fn sharded(groups: &[LocalGroup], role: Role, sym: Sym, shards: &Shards) -> Expr
     sharded_elements(groups, |g| g.role == role, sym, shards)
 }
 
+/// Ψ_R: trainable parameters that the model creates and keeps in fp32 whatever the recipe.
+pub const PSI_R: Sym = Sym::new("Ψ", "R", "router weights kept in fp32 (DeepSeek-V2/V3, GLM-4.5)");
+/// Ψ_T∖R: the other trainable parameters (those in the recipe's dtypes).
+pub const PSI_T_REST: Sym = Sym::new("Ψ", "T∖R", "trainable parameters other than the fp32 router weights");
+/// The router weight's tensor-table name.
+const ROUTER_WEIGHT: &str = "layers.*.mlp.router.weight";
+
+/// Whether a group is a router weight that the model keeps in fp32 (`router_fp32`: the
+/// `torch.float32` weight of `DeepseekV3TopkRouter`, `DeepseekV2Moe.gate`, `Glm4MoeTopkRouter`,
+/// listed in `_keep_in_fp32_modules_strict`, so `model.to(torch.bfloat16)` leaves it fp32).
+fn fp32_kept(cfg: &Config, g: &LocalGroup) -> bool {
+    cfg.arch.router_fp32 && g.role == Role::Trainable && g.group.name == ROUTER_WEIGHT
+}
+
+/// A weights or gradients row with the fp32-kept router split out when the recipe's type per
+/// element `b` is narrower: ⌈Ψ_T∖R / N⌉ × b + ⌈Ψ_R / N⌉ × FP32_BYTES (PyTorch makes a
+/// parameter's gradient in the parameter's dtype).
+fn with_fp32_kept(row: Row, cfg: &Config, groups: &[LocalGroup], shards: &Shards, b: u64, b_sym: Sym) -> Row {
+    if b >= FP32_BYTES || elements(groups, |g| fp32_kept(cfg, g)) == 0 {
+        return row;
+    }
+    let rest = sharded_elements(groups, |g| g.role == Role::Trainable && !fp32_kept(cfg, g), PSI_T_REST, shards);
+    let kept = sharded_elements(groups, |g| fp32_kept(cfg, g), PSI_R, shards);
+    let e = Expr::sum([Expr::prod([rest, Expr::var(b_sym, b)]), Expr::prod([kept, Expr::konst("FP32_BYTES", FP32_BYTES)])]);
+    let mut r = Row::new(row.id, row.label, row.category, e, row.source).note(format!("{}; the router weights stay fp32", row.note));
+    r.children = row.children;
+    r
+}
+
+/// Optimizer states, with those of the fp32-kept router in fp32 when the states live in the
+/// parameters' own dtype (plain PyTorch: `torch.zeros_like(p)`, torch/optim/adamw.py
+/// `_init_group`): the states of the other parameters plus the router's at FP32_BYTES.
+fn fp32_kept_states(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], shards: &Shards) -> Row {
+    let all = optimizer::optimizer_state_bytes(cfg.optim, recipe, groups, shards);
+    let plain = recipe.master.is_none() && recipe.state == recipe.weight && recipe.state.bytes() < FP32_BYTES;
+    if !plain || elements(groups, |g| fp32_kept(cfg, g)) == 0 {
+        return all;
+    }
+    let (kept, rest): (Vec<LocalGroup>, Vec<LocalGroup>) = groups.iter().cloned().partition(|g| fp32_kept(cfg, g));
+    let fp32 = Recipe { state: super::precision::Dtype::Fp32, ..*recipe };
+    let a = optimizer::optimizer_state_bytes(cfg.optim, recipe, &rest, shards);
+    let k = optimizer::optimizer_state_bytes(cfg.optim, &fp32, &kept, shards);
+    Row::new(all.id, all.label, all.category, Expr::sum([a.expr, k.expr]), all.source)
+        .note("the router weights' states are fp32, like the weights")
+}
+
 /// Trainable weights: ⌈Ψ_T / N⌉ × b_w, sharded from ZeRO-3 on.
 /// Dtype: the recipe's weight type (bf16 in mixed precision, fp32 in fp32 and AMP).
 pub fn trainable_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
@@ -187,7 +233,7 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     let offload_params = cfg.offload == Offload::OptimizerParams && sh.stage == 3;
     let offload_opt = cfg.offload != Offload::None;
 
-    let weights = trainable_weight_bytes(recipe, groups, &sh);
+    let weights = with_fp32_kept(trainable_weight_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(3), recipe.weight.bytes(), B_W);
     if offload_params {
         host.push(weights);
     } else {
@@ -196,14 +242,14 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     gpu.extend(frozen_weight_bytes(recipe, groups, &sh));
     gpu.extend(quantized_weight_bytes(groups, &sh));
     gpu.extend(fp8_weight_cache_bytes(recipe, groups));
-    gpu.push(gradient_bytes(recipe, groups, &sh));
+    gpu.push(with_fp32_kept(gradient_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(2), recipe.grad.bytes(), B_G));
     gpu.extend(reduction_buffer_bytes(cfg, recipe, groups));
 
     let opt_shards = sh.shards(1);
     let mut opt_rows: Vec<Row> = Vec::new();
     opt_rows.extend(master_weight_bytes(recipe, groups, &sh));
     if cfg.optim != Optimizer::Sgd {
-        opt_rows.push(optimizer::optimizer_state_bytes(cfg.optim, recipe, groups, &opt_shards));
+        opt_rows.push(fp32_kept_states(cfg, recipe, groups, &opt_shards));
     }
     if offload_opt {
         // ZeRO-Offload keeps the fp32 gradient partition beside the optimizer on the host
@@ -336,5 +382,25 @@ mod tests {
         let row = quantized_weight_bytes(&g, &Sharding::of(&cfg));
         let bits = row.map(|r| (r.bytes - 1024) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
         assert!(bits.is_some_and(|b| (b - 4.127).abs() < 0.001), "{bits:?}");
+    }
+
+    #[test]
+    fn a_router_kept_in_fp32_costs_four_bytes_a_weight_in_pure_bf16() {
+        // 1,000 bf16 weights and a 64-element router kept in fp32 (router_fp32): weights
+        // 1,000 × 2 + 64 × 4 = 2,256; gradients the same; AdamW's two states in each tensor's
+        // dtype 2 × 2,256 = 4,512. fp32 and AMP (fp32 weights) are unchanged.
+        let mut groups = flat(1_000);
+        let mut router = flat(64).remove(0);
+        router.group.name = ROUTER_WEIGHT;
+        groups.push(router);
+        let mut cfg = Config { precision: Precision::Bf16, ..Config::default() };
+        cfg.arch.router_fp32 = true;
+        let (rows, _) = static_rows(&cfg, &recipe(Precision::Bf16), &groups);
+        let row = |id: &str| rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum::<u128>();
+        assert_eq!((row("weights"), row("gradients"), row("optimizer_states")), (2_256, 2_256, 4_512));
+        let cfg = Config { precision: Precision::AmpBf16, ..cfg };
+        let (rows, _) = static_rows(&cfg, &recipe(Precision::AmpBf16), &groups);
+        let row = |id: &str| rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum::<u128>();
+        assert_eq!((row("weights"), row("gradients")), (4_256, 4_256));
     }
 }

@@ -3,8 +3,9 @@
 //! fits) and the sweeps the charts draw (memory against sequence length, model size,
 //! micro-batch and GPU count).
 //!
-//! "Fits" is always the step's **peak** against the GPU's capacity ([`Estimate::fits`]), the
-//! verdict the page shows, never a sampled curve. The searches rest on the estimator's
+//! "Fits" is always the step's **deciding peak** against the GPU's capacity
+//! ([`Estimate::fits`] after [`super::with_reserve`]: what nvidia-smi will show, the caching
+//! allocator's simulated reserve included), the verdict the page shows, never a sampled curve. The searches rest on the estimator's
 //! monotonicity: memory grows with the micro-batch and the sequence length and, from two
 //! model replicas on, shrinks with the GPU count (one replica has no NCCL buffers, so it is
 //! tried on its own). The tests check every answer at its boundary on every preset: the
@@ -25,20 +26,33 @@ use super::model::ModelSpec;
 use super::presets::{preset, presets};
 use super::{capacity, estimate, validate, Estimate, EstimateError};
 
-/// The step's peak for `cfg`, or `None` if it cannot be estimated.
+/// The estimate the verdict decides on: the numbers with the caching allocator replayed
+/// ([`super::with_reserve`]).
+pub fn decided(cfg: &Config) -> Result<Estimate, EstimateError> {
+    estimate(cfg).and_then(|e| super::with_reserve(cfg, e))
+}
+
+/// The step's deciding peak for `cfg` (what nvidia-smi will show), or `None` if it cannot be
+/// estimated.
 pub fn peak(cfg: &Config) -> Option<Bytes> {
-    estimate(cfg).ok().map(|e| e.memory.peak)
+    decided(cfg).ok().map(|e| e.deciding_peak())
 }
 
-/// Whether `cfg` can be estimated and its peak fits.
+/// Whether `cfg` can be estimated and its deciding peak fits.
 pub fn fits(cfg: &Config) -> bool {
-    estimate(cfg).as_ref().is_ok_and(Estimate::fits)
+    decided(cfg).as_ref().is_ok_and(Estimate::fits)
 }
 
-/// The step's peak by category (`Category::ALL` order): the timeline's peak event. Sums to
-/// `memory.peak`.
+/// Index of the framework-overhead category in `Category::ALL`.
+const OVERHEAD: usize = 5;
+
+/// The step's deciding peak by category (`Category::ALL` order): the timeline's peak event,
+/// with the caching allocator's reserve above the allocated peak counted as framework
+/// overhead. Sums to [`Estimate::deciding_peak`].
 pub fn peak_composition(e: &Estimate) -> [Bytes; 6] {
-    e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category)
+    let mut c = e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category);
+    c[OVERHEAD] += e.deciding_peak().saturating_sub(e.memory.peak);
+    c
 }
 
 // ---------------------------------------------------------------------------------------
@@ -530,6 +544,9 @@ pub struct SeqSweep {
     pub stack: Vec<[Bytes; 6]>,
     /// The peak with the other attention implementation.
     pub other_peak: Vec<Option<Bytes>>,
+    /// Multi-head latent attention only (empty otherwise): the peak of the same model with
+    /// its keys and values not compressed ([`uncompressed_kv`]) — what MLA's latent changes.
+    pub uncompressed_peak: Vec<Option<Bytes>>,
     /// The swept range (the axis).
     pub range: (u64, u64),
     /// The longest sequence in `1..=range.1` that fits (search on the peak).
@@ -579,6 +596,24 @@ pub fn octave_points(lo: u64, hi: u64) -> Vec<u64> {
     pts
 }
 
+/// An MLA model (DeepSeek-V2/V3, Kimi K2) with its keys and values not compressed: standard
+/// multi-head attention with the same heads and query/key head dim d = d_nope + d_r, keys and
+/// values projected from the hidden state per head (`k_proj`, `v_proj` [a·d, h]) and values of
+/// d dims — the attention MLA's latent (r_kv + d_r per token, DeepSeek-V2 §2.1) replaces.
+/// `None` for models without MLA.
+pub fn uncompressed_kv(spec: &crate::estimator::model::ModelSpec) -> Option<crate::estimator::model::ModelSpec> {
+    if !spec.is_mla() {
+        return None;
+    }
+    let mut m = spec.clone();
+    m.kv_lora_rank = 0;
+    m.q_lora_rank = 0;
+    m.qk_rope_dim = 0;
+    m.v_head_dim = 0;
+    m.kv_heads = m.heads;
+    Some(m)
+}
+
 /// Sweeps `seq` for `cfg`.
 pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     let (lo, hi) = seq_range(cfg);
@@ -586,11 +621,16 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     let mut seqs = Vec::new();
     let mut stack = Vec::new();
     let mut other_peak = Vec::new();
+    let mut uncompressed_peak = Vec::new();
+    let uncompressed = uncompressed_kv(&cfg.arch);
     for s in octave_points(lo, hi) {
         let c = Config { seq: s, ..cfg.clone() };
-        let Ok(e) = estimate(&c) else { continue };
+        let Ok(e) = decided(&c) else { continue };
         seqs.push(s);
         stack.push(peak_composition(&e));
+        if let Some(u) = &uncompressed {
+            uncompressed_peak.push(peak(&Config { arch: u.clone(), ..c.clone() }));
+        }
         other_peak.push(peak(&Config { attn: other, ..c }));
     }
     // The longest length that fits: a search on the estimator between the last sampled length
@@ -598,7 +638,7 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     let cap = capacity(cfg);
     let samples: Vec<(u64, Option<Bytes>)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, Some(c.iter().sum::<Bytes>()))).collect();
     let limit = last_fit_sampled(&samples, cfg.cp.max(1), cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }));
-    SeqSweep { attn: cfg.attn, other, seqs, stack, other_peak, range: (lo, hi), limit, capacity: cap }
+    SeqSweep { attn: cfg.attn, other, seqs, stack, other_peak, uncompressed_peak, range: (lo, hi), limit, capacity: cap }
 }
 
 impl SeqSweep {
@@ -644,7 +684,7 @@ pub fn batch_sweep(cfg: &Config) -> BatchSweep {
         if let Some((_, c)) = known.iter().find(|(k, _)| *k == b) {
             return *c;
         }
-        let c = estimate(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e));
+        let c = decided(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e));
         known.push((b, c));
         c
     };
@@ -809,8 +849,8 @@ pub fn params_sweep(cfg: &Config) -> ParamsSweep {
         let mut p = Vec::new();
         let mut s = Vec::new();
         for (i, a) in archs.iter().enumerate() {
-            let e = estimate(&on_gpus(cfg, a, g)).ok();
-            p.push(e.as_ref().map(|e| e.memory.peak));
+            let e = decided(&on_gpus(cfg, a, g)).ok();
+            p.push(e.as_ref().map(|e| e.deciding_peak()));
             s.push(e.as_ref().map(|e| e.memory.parameters + e.memory.gradients + e.memory.optimizer_states));
             if gi == 0 {
                 activations[i] = e.as_ref().map(|e| e.memory.activations);
@@ -1138,5 +1178,23 @@ mod tests {
     fn a_sweep_of_an_invalid_configuration_is_an_error_naming_the_key() {
         let bad = Config { tp: 3, gpus: 8, ..Config::default() };
         assert_eq!(run(Axis::Seq, &bad).err().map(|e| e.key()), Some("tp"));
+    }
+
+    #[test]
+    fn an_mla_models_sequence_sweep_draws_the_same_model_with_uncompressed_keys_and_values() {
+        let cfg = Config { seq: 2048, gpu: "mi300x".into(), gpus: 64, zero: Zero::Z3, ..with_model("deepseek-v3") };
+        let s = seq_sweep(&cfg);
+        assert_eq!(s.uncompressed_peak.len(), s.seqs.len());
+        // The uncompressed model projects k and v per head from h: 61 layers × 128 heads ×
+        // 192 dims × 7,168 × 2 more weights than MLA's latent projections replace; its peak is
+        // estimated (its sigmoid router is modelled) and differs at every length.
+        let unc = uncompressed_kv(&cfg.arch).expect("DeepSeek-V3 has MLA");
+        assert_eq!((unc.kv_lora_rank, unc.kv_heads, unc.head_dim), (0, 128, 192));
+        for (p, u) in s.peaks().iter().zip(&s.uncompressed_peak) {
+            let u = u.expect("the uncompressed model is estimated");
+            assert_ne!(*p, u);
+        }
+        // Models without MLA carry no such curve.
+        assert!(seq_sweep(&with_model("llama-3.1-8b")).uncompressed_peak.is_empty());
     }
 }

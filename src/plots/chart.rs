@@ -12,6 +12,7 @@ use super::table::Table;
 use super::theme::{Theme, LIGHT};
 use super::timeline::{self, TimelineData};
 use crate::estimator::config::{Config, Unit};
+use crate::estimator::ledger::Bytes;
 use crate::estimator::sweep::{Axis, Sweep};
 use crate::estimator::Estimate;
 use plotters::coord::Shift;
@@ -131,9 +132,15 @@ impl ChartData {
         }
     }
 
-    /// The step timeline of an estimate.
+    /// The step timeline of an estimate (its coarse events, layer by layer).
     pub fn timeline(e: &Estimate, cfg: &Config) -> ChartData {
         ChartData::Timeline(timeline::timeline_data(e, cfg))
+    }
+
+    /// The step timeline op by op, with the caching allocator's reserved memory
+    /// ([`crate::estimator::reserve::step_trace`]).
+    pub fn trace(t: &crate::estimator::reserve::StepTrace, e: &Estimate, cfg: &Config) -> ChartData {
+        ChartData::Timeline(timeline::trace_data(t, e, cfg))
     }
 
     pub fn kind(&self) -> ChartKind {
@@ -238,6 +245,37 @@ impl ChartData {
         }
     }
 
+    /// The series a comparison draws over another configuration's chart ([`draw::overlay`]):
+    /// the peak at each x (the gpus chart: the peak of the configuration's own ZeRO stage; the
+    /// params chart: its first GPU count). `None` for the timeline, whose events differ.
+    pub fn overlay_series(&self) -> Option<Vec<(f64, Option<Bytes>)>> {
+        if matches!(self, ChartData::Timeline(_)) {
+            return None;
+        }
+        let t = self.table(&LIGHT);
+        let own = match self {
+            ChartData::Gpus(d) => {
+                d.current.and_then(|(z, _, _)| t.columns.iter().find(|c| c.key.starts_with(&format!("{}_peak", gpus::key(z)))))
+            }
+            _ => None,
+        };
+        let col = own.or_else(|| t.columns.iter().find(|c| c.key.contains("peak")))?;
+        Some(t.x.iter().copied().zip(col.values.iter().copied()).collect())
+    }
+
+    /// Draws the chart with a second configuration's peak (B) over it, dashed, on A's axes.
+    pub fn draw_compared<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        theme: &Theme,
+        b: &[(f64, Option<Bytes>)],
+    ) -> Result<(Frame, Layout), DrawingAreaErrorKind<DB::ErrorType>> {
+        let (frame, layout) = self.draw(root, theme)?;
+        draw::overlay(root, &frame, b, self.unit(), "B peak", theme)?;
+        root.present()?;
+        Ok((frame, layout))
+    }
+
     pub fn unit(&self) -> Unit {
         match self {
             ChartData::Seq(d) => d.unit,
@@ -262,5 +300,24 @@ mod tests {
         assert_eq!(ChartKind::from_view("Timeline"), Some(ChartKind::Timeline));
         assert_eq!(ChartKind::from_view("ledger"), None);
         assert_eq!(ChartKind::Seq.filename("csv"), "trainmem-seq.csv");
+    }
+
+    #[test]
+    fn a_compared_configuration_is_drawn_over_the_chart_as_a_dashed_line() {
+        use crate::estimator::sweep;
+        let a = crate::config::decode_query("model=llama-3.1-8b&attn=eager").config;
+        let b = crate::config::decode_query("model=llama-3.1-8b&attn=sdpa").config;
+        let chart = |c: &Config| ChartData::from_sweep(sweep::run(sweep::Axis::Seq, c).expect("sweeps"), c);
+        let b_series = chart(&b).overlay_series().expect("a sweep has a peak");
+        assert!(b_series.iter().any(|(_, v)| v.is_some()));
+        let plain = chart(&a).svg(&LIGHT, (800, 500));
+        let compared = draw::svg_of((800, 500), |root| chart(&a).draw_compared(root, &LIGHT, &b_series).map(|_| ()));
+        let vermillion = |svg: &str| svg.to_ascii_lowercase().matches("#d55e00").count();
+        assert!(vermillion(&compared) > vermillion(&plain), "B's line is drawn");
+        assert!(!plain.contains("B peak"));
+        assert!(compared.contains("B peak"));
+        // The timeline has no overlay (its events differ between configurations).
+        let e = crate::estimator::estimate(&a).expect("estimates");
+        assert_eq!(ChartData::timeline(&e, &a).overlay_series(), None);
     }
 }

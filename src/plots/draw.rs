@@ -712,6 +712,40 @@ pub fn memory_axis(top: f64) -> Axis {
     Axis::linear(0.0, top, 6)
 }
 
+/// The colour of a compared configuration's line (B) over a chart.
+pub const OVERLAY: RGBColor = super::theme::okabe_ito::VERMILLION;
+
+/// Draws a second configuration's series (B) over a drawn chart: a dashed line through the
+/// points inside the chart's axes (`None` and points outside split the line), labelled `label`
+/// at its last point. Coordinates come from the chart's own [`Frame`], so B shares A's axes.
+pub fn overlay<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    frame: &Frame,
+    pts: &[(f64, Option<Bytes>)],
+    unit: Unit,
+    label: &str,
+    theme: &Theme,
+) -> DrawResult<(), DB> {
+    let (xa, ya) = (frame.x_axis(), frame.y_axis());
+    let mut runs: Vec<Vec<(i32, i32)>> = vec![Vec::new()];
+    for (x, b) in pts {
+        let at = b.map(|b| (*x, in_unit(b, unit))).filter(|(x, y)| xa.contains(*x) && ya.contains(*y));
+        match (at, runs.last_mut()) {
+            (Some((x, y)), Some(run)) => run.push(frame.to_px(x, y)),
+            (None, Some(run)) if !run.is_empty() => runs.push(Vec::new()),
+            _ => {}
+        }
+    }
+    let style = OVERLAY.stroke_width(3);
+    for run in runs.iter().filter(|r| r.len() > 1) {
+        root.draw(&DashedPathElement::new(run.clone(), 4, 4, style))?;
+    }
+    if let Some(&(px, py)) = runs.iter().rev().find_map(|r| r.last()) {
+        root.draw(&Text::new(label.to_string(), (px - 28, py - theme.px(13) as i32 - 6), bold(theme, 13, OVERLAY)))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,7 +97,7 @@ fn short(z: Zero) -> &'static str {
     }
 }
 
-fn key(z: Zero) -> &'static str {
+pub(crate) fn key(z: Zero) -> &'static str {
     match z {
         Zero::Ddp => "ddp",
         Zero::Z1 => "zero1",

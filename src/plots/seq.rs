@@ -33,6 +33,10 @@ pub struct SeqData {
     pub current: Option<(u64, Bytes)>,
 }
 
+/// The MLA overlay's name: the same model with keys and values not compressed
+/// ([`crate::estimator::sweep::uncompressed_kv`]).
+pub const UNCOMPRESSED: &str = "Peak without MLA (K/V uncompressed, same heads)";
+
 fn attn_name(a: Attention) -> &'static str {
     match a {
         Attention::Eager => "eager",
@@ -76,6 +80,14 @@ impl SeqData {
             color: okabe_ito::SKY_BLUE,
             values: self.sweep.other_peak.clone(),
         });
+        if !self.sweep.uncompressed_peak.is_empty() {
+            columns.push(Column {
+                key: "peak_uncompressed_kv_bytes".into(),
+                label: UNCOMPRESSED.into(),
+                color: okabe_ito::PURPLE,
+                values: self.sweep.uncompressed_peak.clone(),
+            });
+        }
         Table {
             x_key: "seq".into(),
             x_title: "Sequence length (tokens)".into(),
@@ -88,13 +100,19 @@ impl SeqData {
 
     /// A sentence for screen readers.
     pub fn describe(&self) -> String {
+        let mla = if self.sweep.uncompressed_peak.is_empty() {
+            ""
+        } else {
+            " The same model without multi-head latent attention (keys and values uncompressed) is drawn for comparison."
+        };
         format!(
-            "Peak memory per GPU of {} against sequence length from {} to {} tokens, stacked by category, with {} attention for comparison. {}.",
+            "Peak memory per GPU of {} against sequence length from {} to {} tokens, stacked by category, with {} attention for comparison. {}.{}",
             self.model,
             tokens_label(self.sweep.range.0 as f64),
             tokens_label(self.sweep.range.1 as f64),
             attn_name(self.sweep.other),
-            self.limit_text()
+            self.limit_text(),
+            mla
         )
     }
 
@@ -105,7 +123,7 @@ impl SeqData {
         let max = peaks.iter().copied().fold(0.0, f64::max);
         let min = peaks.iter().copied().fold(f64::INFINITY, f64::min);
         if self.log_y {
-            let others = self.sweep.other_peak.iter().flatten().map(|b| in_unit(*b, u));
+            let others = self.sweep.other_peak.iter().chain(&self.sweep.uncompressed_peak).flatten().map(|b| in_unit(*b, u));
             let all_max = others.clone().fold(max.max(cap), f64::max);
             let all_min = others.fold(min.min(if cap > 0.0 { cap } else { f64::INFINITY }), f64::min);
             let lo = if all_min.is_finite() && all_min > 0.0 { all_min * 0.7 } else { 0.1 };
@@ -129,6 +147,9 @@ pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
         .collect();
     legend.push(LegendEntry::new(format!("Peak ({})", attn_name(d.attn)), theme.foreground, Mark::Line));
     legend.push(LegendEntry::new(format!("Peak with {} attention", attn_name(d.other)), okabe_ito::SKY_BLUE, Mark::Dashed));
+    if !d.uncompressed_peak.is_empty() {
+        legend.push(LegendEntry::new(UNCOMPRESSED, okabe_ito::PURPLE, Mark::Dashed));
+    }
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
     let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(d.attn));
     Header { title, legend, notes: Vec::new() }
@@ -164,6 +185,11 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
     draw::line(&mut chart, &peaks, theme.foreground.stroke_width(2), false)?;
     let other: Vec<(f64, f64)> = xs.iter().copied().zip(d.other_peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
     draw::line(&mut chart, &other, okabe_ito::SKY_BLUE.stroke_width(3), true)?;
+    if !d.uncompressed_peak.is_empty() {
+        let unc: Vec<(f64, f64)> =
+            xs.iter().copied().zip(d.uncompressed_peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
+        draw::line(&mut chart, &unc, okabe_ito::PURPLE.stroke_width(2), true)?;
+    }
     draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme)?;
     let cap = in_unit(d.capacity, u);
     if let Some((s, peak)) = data.current {

@@ -9,6 +9,8 @@ use super::table::{key_of, Column, Table};
 use super::theme::{category_color, Theme};
 use crate::estimator::config::{Config, Unit};
 use crate::estimator::ledger::{Bytes, Category};
+use crate::estimator::reserve::StepTrace;
+use crate::estimator::step::Phase;
 use crate::estimator::timeline::EventKind;
 use crate::estimator::units::{format_bytes, in_unit};
 use crate::estimator::Estimate;
@@ -24,6 +26,9 @@ pub struct Step {
     pub layer: u32,
     pub label: String,
     pub by_category: [Bytes; 6],
+    /// What the caching allocator holds at this point plus what lives outside it (the
+    /// op-level trace under `kernels=cuda`), drawn as a band above the allocated memory.
+    pub reserved: Option<Bytes>,
 }
 
 /// The chart's data.
@@ -46,7 +51,7 @@ pub fn timeline_data(e: &Estimate, cfg: &Config) -> TimelineData {
             .timeline
             .events
             .iter()
-            .map(|ev| Step { kind: ev.kind, layer: ev.layer, label: ev.label(), by_category: ev.by_category })
+            .map(|ev| Step { kind: ev.kind, layer: ev.layer, label: ev.label(), by_category: ev.by_category, reserved: None })
             .collect(),
         peak: e.timeline.peak,
         capacity: e.capacity,
@@ -55,7 +60,63 @@ pub fn timeline_data(e: &Estimate, cfg: &Config) -> TimelineData {
     }
 }
 
+/// The timeline of the step op by op ([`StepTrace`]): each point stacked by category (weights,
+/// gradients, optimizer states, saved activations, temporaries, and what lives outside the
+/// allocator — CUDA context, cuBLAS workspaces, NCCL buffers), with the caching allocator's
+/// reserved memory above it.
+pub fn trace_data(t: &StepTrace, e: &Estimate, cfg: &Config) -> TimelineData {
+    let outside: Bytes =
+        e.components.iter().filter(|r| matches!(r.id, "cuda_context" | "nccl_buffers" | "blas_workspaces")).map(|r| r.bytes).sum();
+    let (mut layers_seen, mut backward_layers_seen) = (false, false);
+    let steps = t
+        .points
+        .iter()
+        .map(|p| {
+            let kind = match (p.phase, p.layer) {
+                (Phase::Forward, Some(_)) => {
+                    layers_seen = true;
+                    EventKind::ForwardLayer
+                }
+                (Phase::Forward, None) if !layers_seen => EventKind::Embedding,
+                (Phase::Forward | Phase::Loss, _) => EventKind::LossForward,
+                (Phase::Backward, Some(_)) => {
+                    backward_layers_seen = true;
+                    EventKind::BackwardLayer
+                }
+                (Phase::Backward, None) if !backward_layers_seen => EventKind::LossBackward,
+                (Phase::Backward, None) => EventKind::EmbeddingBackward,
+                (Phase::Reduction, _) => EventKind::GradientReduction,
+                (Phase::Optimizer | Phase::ZeroGrad, _) => EventKind::OptimizerStep,
+            };
+            let mut by_category = [0; 6];
+            for (i, c) in Category::ALL.iter().enumerate() {
+                by_category[i] = match c {
+                    Category::Parameters => p.weights,
+                    Category::Gradients => p.gradients + p.resident_gradients,
+                    Category::OptimizerStates => p.optimizer,
+                    Category::Activations => p.activations,
+                    Category::Transient => p.transient + p.other_resident,
+                    Category::FrameworkOverhead => outside,
+                };
+            }
+            Step {
+                kind,
+                layer: p.layer.map_or(0, |l| l + 1),
+                label: p.label.clone(),
+                by_category,
+                reserved: p.reserved.map(|r| r + outside),
+            }
+        })
+        .collect();
+    TimelineData { model: e.model.clone(), steps, peak: t.peak, capacity: e.capacity, gpu: gpu_name(cfg), unit: cfg.unit }
+}
+
 impl TimelineData {
+    /// The largest reserved memory of the trace (with what lives outside the allocator).
+    pub fn reserved_peak(&self) -> Option<Bytes> {
+        self.steps.iter().filter_map(|s| s.reserved).max()
+    }
+
     pub fn totals(&self) -> Vec<Bytes> {
         self.steps.iter().map(|s| s.by_category.iter().sum()).collect()
     }
@@ -67,7 +128,15 @@ impl TimelineData {
     /// "Peak 150.2 GB at loss + LM head backward".
     pub fn peak_text(&self) -> String {
         match self.steps.get(self.peak) {
-            Some(s) => format!("Peak {} at {}", format_bytes(self.peak_bytes(), self.unit), s.label),
+            Some(s) => match self.reserved_peak() {
+                Some(r) => format!(
+                    "Peak {} allocated at {}; {} reserved",
+                    format_bytes(self.peak_bytes(), self.unit),
+                    s.label,
+                    format_bytes(r, self.unit)
+                ),
+                None => format!("Peak {} at {}", format_bytes(self.peak_bytes(), self.unit), s.label),
+            },
             None => "No step simulated".into(),
         }
     }
@@ -90,6 +159,14 @@ impl TimelineData {
             color: theme.foreground,
             values: self.totals().into_iter().map(Some).collect(),
         });
+        if self.reserved_peak().is_some() {
+            columns.push(Column {
+                key: "reserved_bytes".into(),
+                label: "Reserved (simulated)".into(),
+                color: theme.muted,
+                values: self.steps.iter().map(|s| s.reserved).collect(),
+            });
+        }
         Table {
             x_key: "event".into(),
             x_title: "Event of the step".into(),
@@ -149,6 +226,9 @@ pub fn timeline_header(data: &TimelineData, theme: &Theme) -> Header {
         .filter(|(i, _)| data.steps.iter().any(|s| s.by_category[*i] > 0))
         .map(|(_, c)| LegendEntry::new(c.label(), category_color(*c), Mark::Area))
         .collect();
+    if data.reserved_peak().is_some() {
+        legend.push(LegendEntry::new("Reserved by the caching allocator (simulated)", theme.muted, Mark::Area));
+    }
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
     Header { title: format!("Memory during one training step — {}", data.model), legend, notes: Vec::new() }
 }
@@ -168,7 +248,8 @@ pub fn draw_timeline<DB: DrawingBackend>(
     let x = Axis::linear(0.0, (n - 1) as f64, 4).with_ticks(priority.clone()).thinned(draw::plot_width(w), 64.0, &priority);
     let totals: Vec<f64> = data.totals().into_iter().map(|b| in_unit(b, u)).collect();
     let cap = in_unit(data.capacity, u);
-    let top = totals.iter().copied().fold(0.0, f64::max).max(cap);
+    let reserved: Vec<Option<f64>> = data.steps.iter().map(|s| s.reserved.map(|r| in_unit(r, u))).collect();
+    let top = totals.iter().copied().chain(reserved.iter().flatten().copied()).fold(0.0, f64::max).max(cap);
     let y = draw::memory_axis(top);
     let header = timeline_header(data, theme);
     let y_title = draw::memory_title(u);
@@ -189,6 +270,14 @@ pub fn draw_timeline<DB: DrawingBackend>(
         .enumerate()
         .map(|(i, c)| (category_color(*c), data.steps.iter().map(|s| in_unit(s.by_category[i], u)).collect()))
         .collect();
+    // Reserved above allocated: a muted band between the two, then the stacked categories.
+    if reserved.iter().any(Option::is_some) {
+        let mut band: Vec<(f64, f64)> = xs.iter().zip(&reserved).map(|(&x, r)| (x, r.unwrap_or(0.0))).collect();
+        let top_edge = band.clone();
+        band.extend(xs.iter().rev().map(|&x| (x, 0.0)));
+        chart.draw_series(std::iter::once(Polygon::new(band, theme.muted.mix(0.35).filled())))?;
+        draw::line(&mut chart, &top_edge, theme.muted.stroke_width(1), false)?;
+    }
     draw::stack(&mut chart, &xs, &layers, 0.0)?;
     // Phase names over their stretch of events.
     let span = |k: EventKind| {

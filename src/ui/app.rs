@@ -3,7 +3,9 @@
 
 use super::dom;
 use super::layout::{Layout, Panel};
-use super::panels::{architecture, bar, bench, charts, embed, import, inputs, ledger, notices, textbook, toolbar, verdict};
+use super::panels::{
+    architecture, bar, bench, charts, compare, course, embed, exercise, import, inputs, ledger, notices, textbook, toolbar, verdict,
+};
 use super::state::{use_store, Store};
 use super::widgets;
 use leptos::html::Main;
@@ -33,6 +35,8 @@ fn panel(p: Panel) -> AnyView {
         Panel::Charts => view! { <charts::Charts/> }.into_any(),
         Panel::Chart(kind) => view! { <charts::ChartPanel kind=kind/> }.into_any(),
         Panel::Bench => view! { <bench::Bench/> }.into_any(),
+        Panel::Exercises => view! { <exercise::Exercises/> }.into_any(),
+        Panel::Compare => view! { <compare::Compare/> }.into_any(),
     }
 }
 
@@ -40,7 +44,7 @@ fn panel(p: Panel) -> AnyView {
 /// answer input) first; the answers, the bar, the textbook, the charts and the benchmark follow
 /// a frame later.
 fn waits(p: Panel) -> bool {
-    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench)
+    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench | Panel::Compare)
 }
 
 /// A panel shown after the first paint.
@@ -55,10 +59,25 @@ fn panels(list: Vec<Panel>) -> impl IntoView {
     list.into_iter().map(|p| if waits(p) { view! { <Later panel=p/> }.into_any() } else { panel(p) }).collect_view()
 }
 
+/// An embed's one column: runs of input panels go into a form of their own, in place.
+fn grouped(list: Vec<Panel>) -> impl IntoView {
+    let mut runs: Vec<(bool, Vec<Panel>)> = Vec::new();
+    for p in list {
+        match runs.last_mut() {
+            Some((input, run)) if *input == p.is_input() => run.push(p),
+            _ => runs.push((p.is_input(), vec![p])),
+        }
+    }
+    runs.into_iter()
+        .map(|(input, run)| if input { view! { <widgets::Form>{panels(run)}</widgets::Form> }.into_any() } else { panels(run).into_any() })
+        .collect_view()
+}
+
 #[component]
 fn App() -> impl IntoView {
     let store = Store::from_url();
     store.provide();
+    course::provide_course(store);
     dom::mark("trainmem:mounted");
     if store.embed {
         EmbedPage().into_any()
@@ -69,13 +88,16 @@ fn App() -> impl IntoView {
 
 #[component]
 fn FullPage() -> impl IntoView {
-    let layout = Layout::full();
+    let store = use_store();
+    let (layout, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
+    let has_inputs = !layout.inputs.is_empty();
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
         <toolbar::Toolbar/>
         <notices::Notices/>
-        <main class="layout">
-            <widgets::Form>{panels(layout.inputs)}</widgets::Form>
+        <course::CourseBar/>
+        <main class=if has_inputs { "layout" } else { "layout single" }>
+            {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
         </main>
         <footer class="foot">
@@ -86,6 +108,7 @@ fn FullPage() -> impl IntoView {
             <p data-testid="version">{crate::version::LABEL}</p>
         </footer>
         <embed::EmbedDialog/>
+        <course::PrintSheet/>
     }
 }
 
@@ -103,19 +126,17 @@ fn EmbedPage() -> impl IntoView {
             watch.set_value(dom::ResizeWatch::new(&el, move || dom::post_height(&content)));
         }
     });
-    let layout = Layout::embed(&store.view.get_untracked());
-    let (list, problem) = match layout {
-        Ok(l) => (l.results, None),
-        Err(e) => (Layout::embed("").map(|l| l.results).unwrap_or_default(), Some(e)),
-    };
+    let (layout, problem) =
+        store.course.with_value(|s| Layout::course(s, true, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some)));
+    let list = layout.results;
     view! {
         <main class="embed" data-testid="embed" node_ref=main>
             <h1 class="sr-only">"trainmem"</h1>
             // A chart alone has a third-level heading, as under the full page's "Charts".
             {list.iter().any(|p| matches!(p, Panel::Chart(_))).then(|| view! { <h2 class="sr-only">"Charts"</h2> })}
-            {panels(list)}
+            {grouped(list)}
             {problem.map(|p| view! { <p class="hint">{p}</p> })}
-            <p class="open"><a href=move || store.share_url() target="_blank" rel="noopener">"Open this configuration in trainmem ↗"</a></p>
+            <p class="open"><a data-testid="open-full" href=move || store.share_url() target="_blank" rel="noopener">"Open this configuration in trainmem ↗"</a></p>
         </main>
     }
 }

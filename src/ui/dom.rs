@@ -147,18 +147,61 @@ pub fn pixel_ratio() -> f64 {
     }
 }
 
-/// Posts the height of `content` to the embedding page: `{type: "trainmem:height", height}`,
-/// in CSS pixels, from the content's own bounding box (the document's scroll height never falls
-/// below the frame's, so a frame given too much height could never shrink).
-pub fn post_height(content: &web_sys::Element) {
+/// The height of `content` in CSS pixels, from its own bounding box (the document's scroll
+/// height never falls below the frame's, so a frame given too much height could never shrink).
+pub fn content_height(content: &web_sys::Element) -> f64 {
     let rect = content.get_bounding_client_rect();
-    let height = (rect.bottom() + window().scroll_y().unwrap_or(0.0)).ceil();
-    if let Ok(Some(parent)) = window().parent() {
+    (rect.bottom() + window().scroll_y().unwrap_or(0.0)).ceil()
+}
+
+/// Posts the height of `content` to the embedding page: `{source: "trainmem", version: 1,
+/// type: "resize", height}` (docs/embed.md), and the older `{type: "trainmem:height", height}`
+/// that snippets made before course mode listen for.
+pub fn post_height(content: &web_sys::Element) {
+    let height = content_height(content);
+    post_to_parent("resize", &[("height", JsValue::from(height))]);
+    if let Some(parent) = framed_parent() {
         let msg = js_sys::Object::new();
         let _ = js_sys::Reflect::set(&msg, &"type".into(), &"trainmem:height".into());
         let _ = js_sys::Reflect::set(&msg, &"height".into(), &JsValue::from(height));
         let _ = parent.post_message(&msg, "*");
     }
+}
+
+/// The embedding page's window, when the app runs in a frame.
+pub fn framed_parent() -> Option<web_sys::Window> {
+    let parent = window().parent().ok().flatten()?;
+    let own: JsValue = window().into();
+    let theirs: &JsValue = parent.as_ref();
+    (*theirs != own).then_some(parent)
+}
+
+/// Posts `{source: "trainmem", version: 1, type, …fields}` to the embedding page (docs/embed.md),
+/// if there is one. The messages carry only what the link already shows, so any origin may
+/// read them.
+pub fn post_to_parent(kind: &str, fields: &[(&str, JsValue)]) {
+    let Some(parent) = framed_parent() else { return };
+    let msg = js_sys::Object::new();
+    let _ = js_sys::Reflect::set(&msg, &"source".into(), &"trainmem".into());
+    let _ = js_sys::Reflect::set(&msg, &"version".into(), &JsValue::from(1));
+    let _ = js_sys::Reflect::set(&msg, &"type".into(), &kind.into());
+    for (k, v) in fields {
+        let _ = js_sys::Reflect::set(&msg, &(*k).into(), v);
+    }
+    let _ = parent.post_message(&msg, "*");
+}
+
+/// The embedding page's origin at load (from `document.referrer`), if the app runs in a frame.
+pub fn parent_origin() -> Option<String> {
+    framed_parent()?;
+    let referrer = document().referrer();
+    let origin = web_sys::Url::new(&referrer).ok()?.origin();
+    (!origin.is_empty() && origin != "null").then_some(origin)
+}
+
+/// A string field of a message's data object.
+pub fn field(data: &JsValue, name: &str) -> Option<String> {
+    js_sys::Reflect::get(data, &name.into()).ok()?.as_string()
 }
 
 /// Calls a function now and whenever an element changes size, until dropped.

@@ -3,6 +3,7 @@
 //! choose and order them (course mode's `sections=` and `hide=` build a [`Layout`] from the
 //! same names), and [`super::app`] renders whatever a layout lists.
 
+use crate::course::settings::{Section, Settings};
 use crate::plots::ChartKind;
 
 /// Everything the page can show.
@@ -34,11 +35,15 @@ pub enum Panel {
     Chart(ChartKind),
     /// The WebGPU benchmark.
     Bench,
+    /// Course mode: the built-in exercises, a quiz, "make this an exercise".
+    Exercises,
+    /// Course mode: A and B side by side.
+    Compare,
 }
 
 impl Panel {
     /// Every panel with a name of its own (a single chart is named by its kind).
-    pub const NAMED: [Panel; 13] = [
+    pub const NAMED: [Panel; 15] = [
         Panel::Model,
         Panel::Import,
         Panel::Architecture,
@@ -52,6 +57,8 @@ impl Panel {
         Panel::Textbook,
         Panel::Charts,
         Panel::Bench,
+        Panel::Exercises,
+        Panel::Compare,
     ];
 
     /// The panel's name in links and in the page (`data-panel`).
@@ -71,6 +78,8 @@ impl Panel {
             Panel::Charts => "charts",
             Panel::Chart(k) => k.as_str(),
             Panel::Bench => "bench",
+            Panel::Exercises => "exercises",
+            Panel::Compare => "compare",
         }
     }
 
@@ -117,5 +126,95 @@ impl Layout {
             },
         }
         Ok(Layout { inputs: Vec::new(), results })
+    }
+}
+
+impl Panel {
+    /// The course section (`sections=`, `hide=`) a panel belongs to.
+    pub fn section(self) -> Section {
+        match self {
+            Panel::Model | Panel::Training | Panel::Cluster | Panel::Overhead => Section::Inputs,
+            Panel::Import => Section::Import,
+            Panel::Architecture => Section::Architecture,
+            Panel::Verdict | Panel::Answers => Section::Verdict,
+            Panel::Bar => Section::Bar,
+            Panel::Ledger => Section::Ledger,
+            Panel::Textbook => Section::Textbook,
+            Panel::Charts | Panel::Chart(_) => Section::Charts,
+            Panel::Bench => Section::Bench,
+            Panel::Exercises => Section::Exercises,
+            Panel::Compare => Section::Compare,
+        }
+    }
+}
+
+/// The panels a course section stands for (the inputs are four fieldsets; the verdict brings
+/// the one-click answers on the full page).
+fn panels_of(section: Section, embed: bool) -> Vec<Panel> {
+    use Panel::*;
+    match section {
+        Section::Verdict if embed => vec![Verdict],
+        Section::Verdict => vec![Verdict, Answers],
+        Section::Inputs => vec![Model, Training, Cluster, Overhead],
+        Section::Architecture => vec![Architecture],
+        Section::Import => vec![Import],
+        Section::Ledger => vec![Ledger],
+        Section::Bar => vec![Bar],
+        Section::Charts => vec![Charts],
+        Section::Textbook => vec![Textbook],
+        Section::Bench => vec![Bench],
+        Section::Exercises => vec![Exercises],
+        Section::Compare => vec![Compare],
+        // Not panels of this page (the planner has its own; the toolbar and the formula view
+        // are hidden by `hide=` through the stylesheet).
+        Section::Plan | Section::Share | Section::Formulas => Vec::new(),
+    }
+}
+
+impl Layout {
+    /// The layout a course link asks for: `sections=` (in that order) or the page's own layout,
+    /// with the exercises when the link sets one (`step=`, `quiz=`, `ask=`) and the comparison
+    /// when it has a B; then without what `hide=` hides. An embed's layout is one column
+    /// ([`Layout::results`]), inputs included where they are listed. The second value is what
+    /// was wrong with `view=`, to say in the page.
+    pub fn course(settings: &Settings, embed: bool, view: &str, compare: bool) -> (Layout, Option<String>) {
+        let teaching = settings.quiz || settings.exercise.is_some() || settings.step.is_some();
+        let mut problem = None;
+        let mut layout = if !settings.sections.is_empty() {
+            let all: Vec<Panel> = settings.sections.iter().flat_map(|s| panels_of(*s, embed)).collect();
+            if embed {
+                Layout { inputs: Vec::new(), results: all }
+            } else {
+                let (inputs, results) = all.into_iter().partition(|p| p.is_input());
+                Layout { inputs, results }
+            }
+        } else if embed {
+            let mut l = Layout::embed(view).unwrap_or_else(|e| {
+                problem = Some(e);
+                Layout::embed("").unwrap_or(Layout { inputs: Vec::new(), results: vec![Panel::Verdict, Panel::Bar] })
+            });
+            if teaching {
+                l.results.insert(1, Panel::Exercises);
+            }
+            if compare {
+                l.results.push(Panel::Compare);
+            }
+            l
+        } else {
+            let mut l = Layout::full();
+            let at = l.results.iter().position(|p| *p == Panel::Textbook).map_or(l.results.len(), |i| i + 1);
+            l.results.insert(at, Panel::Compare);
+            l.results.insert(at, Panel::Exercises);
+            if teaching {
+                // A quiz's question comes right under the verdict it hides.
+                l.results.retain(|p| *p != Panel::Exercises);
+                l.results.insert(1, Panel::Exercises);
+            }
+            l
+        };
+        let shown = |p: &Panel| !settings.hide.contains(&p.section());
+        layout.inputs.retain(shown);
+        layout.results.retain(shown);
+        (layout, problem)
     }
 }

@@ -16,9 +16,10 @@
 
 use super::dom;
 use crate::config::{self, decode_query, encode_query, Config, ConfigError, Unit};
+use crate::course::settings::Settings;
 use crate::estimator::gpu::{self, Gpu};
 use crate::estimator::hf::Imported;
-use crate::estimator::{estimate, Estimate, EstimateError};
+use crate::estimator::{Estimate, EstimateError};
 use crate::plots::{Theme, DARK, LIGHT, PROJECTOR};
 use leptos::prelude::*;
 
@@ -126,6 +127,15 @@ pub struct Store {
     system_dark: RwSignal<bool>,
     /// `bench=`: a shared benchmark result, kept in the address.
     pub bench: RwSignal<String>,
+    /// Course mode (`sections=`, `hide=`, `lock=`, `step=`, `quiz=`, `ask=`, `allow_origin=`, …),
+    /// decoded once with the rest of the link ([`Settings::decode`]); bad values are notices.
+    pub course: StoredValue<Settings>,
+    /// The configuration compared with (`compare=`, or "duplicate as B").
+    pub compare: RwSignal<Option<Config>>,
+    /// The estimate's numbers for [`Store::compare`].
+    pub compare_estimate: Memo<Option<Result<Estimate, EstimateError>>>,
+    /// Predict-then-reveal (`quiz=1`): whether the learner has guessed, so the figures show.
+    pub revealed: RwSignal<bool>,
 }
 
 /// The store of the page (set up by [`Store::provide`]).
@@ -147,16 +157,29 @@ impl Store {
         let url_theme = get("theme").and_then(|t| ThemeChoice::parse(&t));
         let theme = url_theme.or_else(|| dom::load(THEME_STORAGE).and_then(|t| ThemeChoice::parse(&t))).unwrap_or(ThemeChoice::Auto);
         let config = RwSignal::new(decoded.config);
+        let (course, course_errors) = Settings::decode(decoded.presentation.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut notices = decoded.errors;
+        notices.extend(course_errors);
+        let compare = RwSignal::new(course.compare.as_deref().map(|q| {
+            let d = decode_query(q);
+            notices.extend(d.errors.into_iter().map(|e| ConfigError::for_key("compare", q, format!("{}: {}", e.key, e.reason))));
+            d.config
+        }));
+        let quiz = course.quiz;
         Store {
             config,
-            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(estimate))),
-            notices: RwSignal::new(decoded.errors),
+            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(crate::estimator::sweep::decided))),
+            notices: RwSignal::new(notices),
             embed: get("embed").is_some_and(|v| v == "1" || v == "true"),
             view: RwSignal::new(get("view").unwrap_or_default()),
             theme: RwSignal::new(theme),
             theme_in_url: url_theme.is_some(),
             system_dark: RwSignal::new(dom::prefers_dark()),
             bench: RwSignal::new(get("bench").unwrap_or_default()),
+            course: StoredValue::new(course),
+            compare,
+            compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(crate::estimator::sweep::decided))),
+            revealed: RwSignal::new(!quiz),
         }
     }
 
@@ -202,6 +225,9 @@ impl Store {
     /// Sets several keys at once (a one-click answer), or says what was wrong with the first
     /// that could not be used (then nothing changes).
     pub fn apply(&self, pairs: &[(&'static str, String)]) -> Result<(), String> {
+        if let Some((k, _)) = pairs.iter().find(|(k, _)| self.locked(k)) {
+            return Err(format!("{k}: locked by the course page"));
+        }
         let mut c = self.config.get_untracked();
         if let Some(e) = config::apply_pairs(&mut c, pairs.iter().map(|(k, v)| (*k, v.as_str())).collect()).into_iter().next() {
             return Err(format!("{}: {}", e.key, e.reason));
@@ -237,6 +263,51 @@ impl Store {
         dom::store(THEME_STORAGE, t.as_str());
     }
 
+    /// Whether `lock=` makes a configuration key read-only.
+    pub fn locked(&self, key: &str) -> bool {
+        self.course.with_value(|s| s.locked(key))
+    }
+
+    /// Replaces the whole state from a query string (a host page's `setState`, an exercise's
+    /// configuration): the configuration, and `compare=` and `theme=` if it has them. Locks
+    /// bind the learner, not the course page. Returns what could not be used.
+    pub fn set_state(&self, query: &str) -> Vec<ConfigError> {
+        let d = decode_query(query);
+        let get = |k: &str| d.presentation.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        if let Some(t) = get("theme").and_then(|t| ThemeChoice::parse(&t)) {
+            self.theme.set(t);
+        }
+        if let Some(q) = get("compare") {
+            self.compare.set((!q.is_empty()).then(|| decode_query(&q).config));
+        }
+        self.config.set(d.config);
+        d.errors
+    }
+
+    /// Sets (or clears) the configuration compared with.
+    pub fn set_compare(&self, b: Option<Config>) {
+        self.compare.set(b);
+    }
+
+    /// "Duplicate as B": the current configuration becomes B, to compare edits of A with.
+    pub fn duplicate_as_b(&self) {
+        self.compare.set(Some(self.config.get_untracked()));
+    }
+
+    /// Swaps A and B (the display unit stays A's).
+    pub fn swap_compare(&self) {
+        if let Some(b) = self.compare.get_untracked() {
+            let a = self.config.get_untracked();
+            self.config.set(Config { unit: a.unit, ..b });
+            self.compare.set(Some(a));
+        }
+    }
+
+    /// Shows the figures a quiz hid (after a guess).
+    pub fn reveal(&self) {
+        self.revealed.set(true);
+    }
+
     /// Replaces the model with an imported config.json.
     pub fn import(&self, imported: &Imported) {
         self.config.update(|c| config::apply_import(c, imported));
@@ -268,6 +339,16 @@ impl Store {
             parts.push(format!("theme={}", self.theme.get().as_str()));
         }
         self.bench.with(|b| (!b.is_empty()).then(|| parts.push(format!("bench={}", config::percent_encode(b)))));
+        // Course settings stay in the address (the page's own keys and `compare` are above and
+        // below).
+        self.course.with_value(|s| {
+            for (k, v) in s.encode() {
+                if !matches!(k, "embed" | "view" | "theme" | "compare") {
+                    parts.push(format!("{k}={}", config::percent_encode(&v)));
+                }
+            }
+        });
+        self.compare.with(|b| b.as_ref().map(|b| parts.push(format!("compare={}", config::percent_encode(&compare_query(b))))));
         parts.join("&")
     }
 }
@@ -277,6 +358,16 @@ pub fn gpu_of(c: &Config) -> GpuChoice {
     match gpu::gpu(&c.gpu) {
         Some(g) if c.gpu != "custom" => GpuChoice::Catalog(g),
         _ => GpuChoice::Custom(c.gpu_gib),
+    }
+}
+
+/// The query of a compared configuration, never empty (an empty `compare=` means none).
+pub fn compare_query(b: &Config) -> String {
+    let q = encode_query(b);
+    if q.is_empty() {
+        format!("model={}", b.model)
+    } else {
+        q
     }
 }
 

@@ -44,15 +44,19 @@ fn shown(name: &str, cfg: &Config) -> bool {
 
 /// The fields of `names` as HTML, showing `cfg`.
 pub fn fields_html(names: &[&str], cfg: &Config) -> String {
+    // Course mode's `lock=`: such a field is shown read-only.
+    let store = use_context::<Store>();
     let mut s = String::new();
     for name in names {
         let Some(k) = key(name) else { continue };
+        let locked = store.is_some_and(|st| st.locked(name));
+        let (dis, ro) = if locked { (" disabled", " readonly aria-readonly=\"true\"") } else { ("", "") };
         let value = (k.get)(cfg);
         let choices = (k.choices)();
         let is_bool = choices == ["false", "true"];
         let control = if *name == "gpu" {
             // The GPU: the catalog by name, or a custom size.
-            let mut o = String::from("<select id=\"in-gpu\" data-key=\"gpu\">");
+            let mut o = format!("<select id=\"in-gpu\" data-key=\"gpu\"{dis}>");
             for g in GPUS {
                 o.push_str(&format!("<option value=\"{}\"{}>{}</option>", g.id, if g.id == value { " selected" } else { "" }, esc(g.name)));
             }
@@ -62,24 +66,26 @@ pub fn fields_html(names: &[&str], cfg: &Config) -> String {
             ));
             o
         } else if is_bool {
-            format!("<input id=\"in-{name}\" type=\"checkbox\" data-key=\"{name}\"{}>", if value == "true" { " checked" } else { "" })
+            format!("<input id=\"in-{name}\" type=\"checkbox\" data-key=\"{name}\"{dis}{}>", if value == "true" { " checked" } else { "" })
         } else if !choices.is_empty() {
             let options: String = choices
                 .iter()
                 .map(|c| format!("<option value=\"{c}\"{}>{c}</option>", if *c == value { " selected" } else { "" }))
                 .collect();
-            format!("<select id=\"in-{name}\" data-key=\"{name}\">{options}</select>")
+            format!("<select id=\"in-{name}\" data-key=\"{name}\"{dis}>{options}</select>")
         } else {
             format!(
-                "<input id=\"in-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" spellcheck=\"false\" data-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"err-{name}\">",
+                "<input id=\"in-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" spellcheck=\"false\" data-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"err-{name}\"{ro}>",
                 esc(&value)
             )
         };
         s.push_str(&format!(
-            "<div class=\"field{}\" data-field=\"{name}\"{}><label for=\"in-{name}\">{} <code class=\"key\">{name}</code></label>{control}<span class=\"field-error\" id=\"err-{name}\" role=\"status\"></span></div>",
+            "<div class=\"field{}\" data-field=\"{name}\"{}{}><label for=\"in-{name}\">{} <code class=\"key\">{name}</code>{}</label>{control}<span class=\"field-error\" id=\"err-{name}\" role=\"status\"></span></div>",
             if is_bool { " check" } else { "" },
             if shown(name, cfg) { "" } else { " hidden" },
-            esc(&label_of(k))
+            if locked { " data-locked=\"true\"" } else { "" },
+            esc(&label_of(k)),
+            if locked { " <span class=\"locked\">(locked)</span>" } else { "" }
         ));
     }
     s

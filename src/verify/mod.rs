@@ -66,9 +66,8 @@ use crate::config::{
     self, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
 };
 use crate::estimator::hf_export::{self, ExportError};
-use crate::estimator::ledger::{Bytes, Category};
-use crate::estimator::timeline::{Event, EventKind};
-use crate::estimator::{self, presets, Estimate, EstimateError};
+use crate::estimator::ledger::Bytes;
+use crate::estimator::{self, presets, EstimateError};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -145,50 +144,38 @@ impl Predictions {
     }
 }
 
-/// The phase of the step the script measures an event in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Forward,
-    Backward,
-    Step,
-}
-
-/// The measured phase of a coarse timeline event: the model call and its loss are the forward,
-/// `loss.backward()` the backward, the reduction and `optimizer.step()` the step. This is the one
-/// place that reads the timeline's kinds; the op-level event stream will replace it.
-fn phase_of(kind: EventKind) -> Option<Phase> {
-    match kind {
-        EventKind::Start | EventKind::Embedding | EventKind::ForwardLayer | EventKind::LossForward => Some(Phase::Forward),
-        EventKind::LossBackward | EventKind::BackwardLayer | EventKind::EmbeddingBackward => Some(Phase::Backward),
-        EventKind::GradientReduction | EventKind::OptimizerStep => Some(Phase::Step),
-        EventKind::End => None,
-    }
-}
-
-/// What trainmem predicts for the script's fields, from an estimate of `cfg`.
+/// What trainmem predicts for the script's fields, from the step's op-level event stream of
+/// `cfg` ([`estimator::step_stream`]): allocated bytes at an event = what is resident before the
+/// step (parameters, optimizer states, buffers, the batch) + the stream's live bytes, plus the
+/// cuBLAS/cuBLASLt workspaces, which the caching allocator hands out (`kernels=cuda` only).
 ///
-/// Allocated bytes of an event = its bytes less the framework-overhead category (the CUDA
-/// context and NCCL's buffers, outside the caching allocator, and a `frag_pct` guess) plus the
-/// cuBLAS/cuBLASLt workspaces, which the caching allocator hands out (`kernels=cuda` only; under
-/// `kernels=cpu` none of these rows apply). After forward = the loss-forward event. nvidia-smi =
-/// `memory.peak`, what the verdict compares with the card. Reserved memory is `None` until the
-/// estimate replays its step through the allocator simulator.
-pub fn predictions(cfg: &Config, e: &Estimate) -> Predictions {
-    let blas = if cfg.kernels == Kernels::Cuda { e.row("blas_workspaces").map_or(0, |r| r.bytes) } else { 0 };
-    let overhead = Category::ALL.iter().position(|c| *c == Category::FrameworkOverhead).unwrap_or(Category::ALL.len() - 1);
-    let allocated = |ev: &Event| ev.bytes.saturating_sub(ev.by_category[overhead]) + blas;
-    let events = &e.timeline.events;
-    let max_in = |p: Phase| events.iter().filter(|ev| phase_of(ev.kind) == Some(p)).map(allocated).max().unwrap_or(0);
-    let after_forward = events.iter().rfind(|ev| ev.kind == EventKind::LossForward).map_or(0, allocated);
-    Predictions {
+/// - after forward: after the last event of the model call and its loss, the output and the
+///   loss still held as the script holds them ([`estimator::after_forward_of`]);
+/// - forward, backward and step peaks: the most allocated during the events of those phases
+///   (the step = the gradient reduction, `optimizer.step()` and `zero_grad`);
+/// - peak: the most allocated at any event (`memory.allocated_peak` of the estimate);
+/// - reserved and nvidia-smi (`kernels=cuda`): the step replayed through the caching allocator
+///   ([`estimator::with_reserve`]), nvidia-smi = reserved + CUDA context + cuBLAS workspaces +
+///   NCCL buffers — the figure the verdict compares with the card.
+pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
+    use estimator::step::Phase as P;
+    let stream = estimator::step_stream(cfg)?;
+    let e = estimator::with_reserve(cfg, estimator::estimate(cfg)?)?;
+    let cuda = cfg.kernels == Kernels::Cuda;
+    let blas = if cuda { e.row("blas_workspaces").map_or(0, |r| r.bytes) } else { 0 };
+    let at = |live: Bytes| stream.resident + live + blas;
+    let max_in = |phases: &[P]| stream.events.iter().filter(|ev| phases.contains(&ev.phase)).map(|ev| at(ev.live)).max().unwrap_or(at(0));
+    // The same moment as `estimator::after_forward` (the output still held).
+    let after_forward = estimator::after_forward_of(&stream) + blas;
+    Ok(Predictions {
         after_forward,
-        forward_peak: max_in(Phase::Forward),
-        backward_peak: max_in(Phase::Backward),
-        step_peak: max_in(Phase::Step),
-        peak: events.iter().map(allocated).max().unwrap_or(0),
-        reserved_peak: None,
-        nvidia_smi: (cfg.kernels == Kernels::Cuda).then_some(e.memory.peak),
-    }
+        forward_peak: max_in(&[P::Forward, P::Loss]),
+        backward_peak: max_in(&[P::Backward]),
+        step_peak: max_in(&[P::Reduction, P::Optimizer, P::ZeroGrad]),
+        peak: stream.events.iter().map(|ev| at(ev.live)).max().unwrap_or(at(0)),
+        reserved_peak: if cuda { e.memory.reserved_peak.map(|r| r + blas) } else { None },
+        nvidia_smi: if cuda { e.memory.nvidia_smi } else { None },
+    })
 }
 
 /// The configuration with `kernels` set.
@@ -200,8 +187,8 @@ fn with_kernels(cfg: &Config, kernels: Kernels) -> Config {
 /// does not model yet (the script still measures it).
 pub fn predictions_for(cfg: &Config, kernels: Kernels) -> Result<Option<Predictions>, EstimateError> {
     let c = with_kernels(cfg, kernels);
-    match estimator::estimate(&c) {
-        Ok(e) => Ok(Some(predictions(&c, &e))),
+    match predictions(&c) {
+        Ok(p) => Ok(Some(p)),
         Err(EstimateError::Unmodelled { .. }) => Ok(None),
         Err(err) => Err(err),
     }
@@ -403,46 +390,31 @@ mod tests {
     }
 
     #[test]
-    fn the_phases_cover_every_timeline_event_but_the_end() {
-        let kinds = [
-            EventKind::Start,
-            EventKind::Embedding,
-            EventKind::ForwardLayer,
-            EventKind::LossForward,
-            EventKind::LossBackward,
-            EventKind::BackwardLayer,
-            EventKind::EmbeddingBackward,
-            EventKind::GradientReduction,
-            EventKind::OptimizerStep,
-        ];
-        assert!(kinds.iter().all(|k| phase_of(*k).is_some()));
-        assert_eq!(phase_of(EventKind::End), None);
-    }
-
-    #[test]
-    fn cpu_predictions_exclude_what_lies_outside_the_allocator() {
+    fn cpu_predictions_are_the_step_streams_allocated_bytes_without_anything_outside_the_allocator() {
         let cfg = tiny();
         let e = estimator::estimate(&cfg).expect("estimates");
-        let p = predictions(&cfg, &e);
-        // Under kernels=cpu the peak allocated is the timeline's peak without its overhead rows
-        // (the CUDA context row is still in the ledger, but is not memory the tracker sees).
-        let ctx = e.row("cuda_context").map_or(0, |r| r.bytes);
-        assert!(ctx > 0);
-        assert_eq!(p.peak + ctx, e.memory.peak);
+        let p = predictions(&cfg).expect("predicts");
+        // Under kernels=cpu the peak is the estimate's allocated peak: resident + the stream's
+        // largest live bytes; no cuBLAS workspace, no reserve, no nvidia-smi.
+        assert_eq!(p.peak, e.memory.allocated_peak);
         assert!(p.after_forward <= p.forward_peak && p.forward_peak <= p.peak && p.backward_peak <= p.peak);
+        assert!(p.step_peak <= p.peak && p.step_peak > 0);
         assert_eq!((p.reserved_peak, p.nvidia_smi), (None, None));
     }
 
     #[test]
     fn cuda_predictions_keep_the_blas_workspaces_and_say_what_nvidia_smi_shows() {
         let cfg = Config { kernels: Kernels::Cuda, ..tiny() };
-        let e = estimator::estimate(&cfg).expect("estimates");
-        let p = predictions(&cfg, &e);
+        let e = estimator::explain(&cfg).expect("estimates");
+        let p = predictions(&cfg).expect("predicts");
         let row = |id: &str| e.row(id).map_or(0, |r| r.bytes);
         assert!(row("blas_workspaces") > 0);
-        // Allocated peak = the whole peak less the context (one GPU: no NCCL).
-        assert_eq!(p.peak + row("cuda_context"), e.memory.peak);
-        assert_eq!(p.nvidia_smi, Some(e.memory.peak));
+        // Allocated peak = the stream's peak + the cuBLAS workspaces the allocator hands out.
+        assert_eq!(p.peak, e.memory.allocated_peak + row("blas_workspaces"));
+        // Reserved holds at least what is allocated; nvidia-smi is the verdict's figure.
+        assert!(p.reserved_peak.expect("simulated") >= p.peak);
+        assert_eq!(p.nvidia_smi, e.memory.nvidia_smi);
+        assert_eq!(p.nvidia_smi, Some(e.deciding_peak()));
     }
 
     #[test]

@@ -120,8 +120,11 @@ test('the embed dialog writes an iframe snippet for the current configuration', 
   const { page } = await openPage(browser, server.base + '?seq=2048');
   await page.click('[data-testid=embed-button]');
   const snippet = await page.inputValue('[data-testid=embed-snippet]');
-  assert.match(snippet, /<iframe src="http:\/\/127\.0\.0\.1:\d+\/course\/week-3\/trainmem\/\?seq=2048&embed=1"/);
-  assert.match(snippet, /trainmem:height/);
+  // The default host is an LMS (Canvas keeps only a few iframe attributes; no script).
+  assert.match(snippet, /<iframe src="http:\/\/127\.0\.0\.1:\d+\/course\/week-3\/trainmem\/\?seq=2048&amp;embed=1"/);
+  assert.doesNotMatch(snippet, /<script/);
+  await page.selectOption('[data-testid=embed-host]', 'script');
+  assert.match(await page.inputValue('[data-testid=embed-snippet]'), /m\.source !== "trainmem"/);
 });
 
 test('the page makes no network request outside its own folder and pins a CSP', async () => {
@@ -201,9 +204,9 @@ test('each one-click answer is exact at its boundary and applies with a click', 
   assert.equal(await fits(`seq=2048&batch=${batch + 1}`), false);
   assert.equal(await fits(`seq=${seq}`), true);
   assert.equal(await fits(`seq=${seq + 1}`), false);
-  // The smallest GPU: a 0.5B model at micro-batch 1 fits a 24 GB card; applying it sets the GPU.
+  // The smallest GPU: a 0.5B model at micro-batch 1 fits a much smaller card; applying it sets the GPU.
   const gpu = await page.getAttribute('[data-testid=answer-gpu]', 'data-value');
-  assert.match(gpu, /rtx/);
+  assert.notEqual(gpu, 'h100-80gb', 'a smaller card than the H100');
   await page.click('[data-testid=answer-gpu]');
   await page.waitForFunction((g) => location.search.includes(`gpu=${g}`), gpu);
   assert.equal(await page.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');

@@ -13,16 +13,19 @@ let browser;
 before(async () => { server = await serve(); browser = await launch({ webgpu: true }); });
 after(async () => { await browser?.close(); server?.close(); });
 
-const HASHED = /-[0-9a-f]{12,16}(_bg)?\.(js|wasm|css|svg)$/;
+const HASHED = /-[0-9a-f]{12,16}(_bg)?\.(js|wasm|css|svg|png)(\.br|\.gz)?$/;
+// Files a host must find by a fixed name (the page, its service worker and manifest, and the
+// hosts' header rules), served no-cache (see scripts/dist.py), with their compressed twins.
+const STABLE = /^(index\.html|sw\.js|manifest\.webmanifest|_headers|versions\.json)(\.br|\.gz)?$/;
 
 test('dist/ holds one app module and one benchmark module, every asset content-hashed', () => {
   const files = readdirSync(join(ROOT, 'dist'));
   const wasm = files.filter((f) => f.endsWith('.wasm'));
   assert.equal(wasm.length, 2, `wasm files: ${wasm}`);
   assert.equal(wasm.filter((f) => f.startsWith('trainmem-bench-')).length, 1);
-  for (const f of files.filter((f) => f !== 'index.html')) assert.match(f, HASHED, `${f} carries a content hash`);
+  for (const f of files.filter((f) => !STABLE.test(f))) assert.match(f, HASHED, `${f} carries a content hash`);
   // The benchmark's names are hashes of their contents.
-  for (const f of files.filter((f) => f.startsWith('trainmem-bench-'))) {
+  for (const f of files.filter((f) => f.startsWith('trainmem-bench-') && !/\.(br|gz)$/.test(f))) {
     const hash = createHash('sha256').update(readFileSync(join(ROOT, 'dist', f))).digest('hex').slice(0, 16);
     assert.ok(f.includes(hash), `${f} is named by its content (${hash})`);
   }

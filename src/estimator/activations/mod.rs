@@ -23,7 +23,7 @@ pub mod megatron;
 pub mod textbook;
 
 use super::config::{Config, Kernels};
-use super::expr::Expr;
+use super::expr::{Expr, Sym};
 use super::ledger::{Bytes, Category, Row};
 use super::params::Stage;
 use super::precision::{Dtype, Recipe};
@@ -38,6 +38,8 @@ pub enum Part {
     Norms,
     AttentionInputs,
     AttentionCore,
+    /// Multi-head latent attention's compressed latents (DeepSeek-V2/V3).
+    Mla,
     Mlp,
     Moe,
     Lora,
@@ -55,6 +57,7 @@ impl Part {
             Part::Norms => "activations.norms",
             Part::AttentionInputs => "activations.attention_inputs",
             Part::AttentionCore => "activations.attention_core",
+            Part::Mla => "activations.mla_latents",
             Part::Mlp => "activations.mlp",
             Part::Moe => "activations.moe",
             Part::Lora => "activations.lora",
@@ -71,6 +74,7 @@ impl Part {
             Part::Norms => "Norm layers",
             Part::AttentionInputs => "Attention projections' inputs",
             Part::AttentionCore => "Attention core (Q, K, V, scores, output)",
+            Part::Mla => "MLA latents (compressed q and kv, their norms)",
             Part::Mlp => "MLP",
             Part::Moe => "MoE router and experts",
             Part::Lora => "LoRA adapter intermediates",
@@ -91,6 +95,11 @@ impl Part {
             Part::Checkpoints => "torch.utils.checkpoint (non-reentrant): each layer keeps its input; FINDINGS.md §4",
             Part::Autocast => "torch.autocast weight cache: bf16 copies of every GEMM weight are saved for backward (FINDINGS.md §5)",
             Part::Moe => "transformers MixtralSparseMoeBlock with grouped_mm experts; FINDINGS.md §2.2",
+            Part::Mla => {
+                "transformers DeepseekV3Attention / DeepseekV2Attention: q_a_proj → q_a_layernorm → q_b_proj and \
+                 kv_a_proj_with_mqa → kv_a_layernorm → kv_b_proj keep the b·s·r_q and b·s·(r_kv + d_r) latents \
+                 (DeepSeek-AI 2024, DeepSeek-V2 §2.1)"
+            }
             Part::Lora => "peft LoraLayer: lora_B saves lora_A's output (b·s·r)",
             Part::Dropout => "torch native_dropout: a 1-byte bool mask per element on CUDA",
             _ => "transformers modeling code; validation/FINDINGS.md §2",
@@ -128,7 +137,19 @@ pub struct Terms {
     pub n_nope: u64,
     pub first: Vec<(Part, Expr)>,
     pub last: Vec<(Part, Expr)>,
+    /// What only the layers of one attention type keep (Gemma-3's sliding layers: SDPA's mask
+    /// and the repeated k and v; its full layers: k and v at `k` heads), with the symbol and
+    /// the number of those layers on the stage.
+    pub by_attention: Vec<(Sym, u64, PartTerms)>,
 }
+
+/// Formulas by part.
+pub type PartTerms = Vec<(Part, Expr)>;
+
+/// Sliding-window layers on this GPU.
+pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");
+/// Full-attention layers on this GPU (in a model that also has sliding-window layers).
+pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU");
 
 /// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
 /// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
@@ -204,6 +225,9 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
             }
         }
     }
+    // Where a kind's attention types keep different tensors, what only one keeps counts for its
+    // layers only.
+    split_by_attention(&setup, &b, &variants, has_moe, &mut t);
     let (pro, _x0, psh) = setup.prologue();
     if stage.has_embedding() {
         for k in kept(&pro) {
@@ -253,6 +277,93 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
     assemble(cfg, recipe, stage, stage_layers, t, c.cuda)
 }
 
+/// Layers of one kind whose attention types keep different tensors (Gemma-3's sliding layers:
+/// SDPA's mask and k, v repeated to `a` heads; its full layers: k and v at `k` heads): the loop
+/// of [`activations`] counted the first type's terms for every layer of the kind; what only one
+/// type keeps moves to [`Terms::by_attention`], counted for that type's layers (`L_sw`,
+/// `L_full`). Terms of every kind (`Group::All`) are the first kind's, as in that loop. Only
+/// variants alike but for the window are compared: what RoPE-only and NoPE-only layers keep is
+/// counted by its own groups (`Group::Rope`, `Group::Nope`, [`Terms::rope_layer`]).
+fn split_by_attention(
+    setup: &super::step::model::Setup,
+    b: &super::step::ir::Builder,
+    variants: &[(super::step::families::Kind, super::step::families::Var)],
+    has_moe: bool,
+    t: &mut Terms,
+) {
+    use super::step::families::{Kind, Var};
+    use super::step::ir::Group;
+    use super::step::ledger::kept;
+    type Term = (Part, Group, u128, Expr);
+    let group_of = |g: Group, kind: Kind| match (g, has_moe, kind) {
+        (Group::All, _, _) | (_, false, _) => Group::All,
+        (_, true, Kind::Moe) => Group::Moe,
+        (_, true, Kind::Dense) => Group::Dense,
+    };
+    let terms_of = |kind: Kind, var: Var| -> Vec<Term> {
+        let (prog, _x, _sh) = setup.layer_alone(kind, var, 0, false);
+        kept(&prog)
+            .into_iter()
+            .filter(|k| !k.elsewhere && !matches!(k.group, Group::Rope | Group::Nope))
+            .map(|k| {
+                let x = &prog.tensors[k.t as usize];
+                (k.part, group_of(k.group, kind), x.bytes, b.expr_of(&x.shape, x.dt))
+            })
+            .collect()
+    };
+    // Layers of one attention type on this stage (of one kind, or of any kind).
+    let count = |kind: Option<Kind>, var: Var| -> u64 {
+        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.var(i) == var).count() as u64
+    };
+    for (vi, &(kind, var)) in variants.iter().enumerate() {
+        let first_of_kind = !variants[..vi].iter().any(|(k, _)| *k == kind);
+        let Some(&(_, other)) = variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && v.nope == var.nope) else {
+            continue;
+        };
+        if !first_of_kind {
+            continue;
+        }
+        let here = terms_of(kind, var);
+        let mut only_there = terms_of(kind, other);
+        let mut only_here = Vec::new();
+        for term in here {
+            match only_there.iter().position(|o| o.0 == term.0 && o.1 == term.1 && o.2 == term.2) {
+                Some(j) => {
+                    only_there.remove(j);
+                }
+                None => only_here.push(term),
+            }
+        }
+        // The loop counted `here` for every layer of the kind: take its own terms back.
+        for (part, group, _, e) in &only_here {
+            let list = match group {
+                Group::All if vi == 0 => &mut t.layer,
+                Group::All => continue,
+                Group::Moe => &mut t.moe_layer,
+                Group::Dense => &mut t.dense_layer,
+                Group::Rope | Group::Nope => continue,
+            };
+            if let Some(j) = list.iter().position(|(p, x)| p == part && x == e) {
+                list.remove(j);
+            }
+        }
+        for (s, list) in [(var, only_here), (other, only_there)] {
+            let sym = if s.sliding { L_SLIDING } else { L_FULL };
+            for (part, group, _, e) in list {
+                let n = match group {
+                    Group::All if vi == 0 => count(None, s),
+                    Group::All => continue,
+                    _ => count(Some(kind), s),
+                };
+                match t.by_attention.iter_mut().find(|(y, m, _)| *y == sym && *m == n) {
+                    Some((_, _, v)) => v.push((part, e)),
+                    None => t.by_attention.push((sym, n, vec![(part, e)])),
+                }
+            }
+        }
+    }
+}
+
 /// The rows of the ledger from terms by part: each part is
 /// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
 fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool) -> Activations {
@@ -286,6 +397,7 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
         .chain(&t.nope_layer)
         .chain(&t.first)
         .chain(&t.last)
+        .chain(t.by_attention.iter().flat_map(|(_, _, v)| v.iter()))
         .map(|(p, _)| *p)
         .collect();
     parts.sort();
@@ -295,9 +407,13 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let per_moe = eval(&t.moe_layer);
     let per_dense = eval(&t.dense_layer);
     let (per_rope, per_nope) = (eval(&t.rope_layer), eval(&t.nope_layer));
+    // Terms of one attention type's layers, spread over every layer (rounded up: never more
+    // "other micro-batch" bytes than there are).
+    let by_attention: Bytes = t.by_attention.iter().map(|(_, n, v)| *n as u128 * eval(v)).sum();
     let per_layer = eval(&t.layer)
         + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense }
-        + if t.n_rope > 0 { per_rope } else { 0 }.max(if t.n_nope > 0 { per_nope } else { 0 });
+        + if t.n_rope > 0 { per_rope } else { 0 }.max(if t.n_nope > 0 { per_nope } else { 0 })
+        + by_attention.div_ceil(stage_layers.max(1) as u128);
     let (n_rope, n_nope) = (t.n_rope, t.n_nope);
     let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
@@ -337,6 +453,13 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
             if let Some(e) = sum_of(v, p) {
                 if n > 0 {
                     terms.push(Expr::prod([Expr::var(sym, n), e]));
+                }
+            }
+        }
+        for (sym, n, v) in t.by_attention.iter_mut() {
+            if *n > 0 {
+                if let Some(e) = sum_of(v, p) {
+                    terms.push(Expr::prod([Expr::var(*sym, *n), e]));
                 }
             }
         }

@@ -673,6 +673,30 @@ impl<'a> Builder<'a> {
         self.op("native_layer_norm", "NativeLayerNormBackward0", &ins, &outs, &[S::In(0), S::Out(1), S::Out(2)], &bw)[0]
     }
 
+    /// [`Builder::layer_norm`] with a weight of another dtype than its input (under autocast:
+    /// a bf16 q or k normalized by an fp32 weight, StableLM's per-head norms). ATen's mixed-type
+    /// CPU kernel (`layer_norm_kernel.cpp`, `LayerNormKernelImplInternal<T, param_t>`) keeps
+    /// the output in the input dtype but mean and rstd in the weight's (fp32).
+    pub fn layer_norm_mixed(&mut self, x: Tid, w: Option<Tid>, bias: Option<Tid>) -> Tid {
+        let mixed = w.is_some_and(|w| self.t(w).dtype != self.t(x).dtype);
+        let y = self.layer_norm(x, w, bias);
+        if mixed && !self.c.cuda {
+            let wd = w.map_or(Dt::F32, |w| self.t(w).dt);
+            let op = self.p.ops.last().expect("the norm was just emitted").clone();
+            let stats: Vec<Tid> = self.p.outs(&op)[1..].to_vec();
+            for t in stats {
+                let shape = self.p.tensors[t as usize].shape;
+                let bytes = self.bytes_of(&shape, wd);
+                let dtype = self.dtype(wd);
+                let st = &mut self.p.tensors[t as usize];
+                st.dt = wd;
+                st.dtype = dtype;
+                st.bytes = bytes;
+            }
+        }
+        y
+    }
+
     /// `tensor.split(size, dim=-1)` into three views of `shape`: SplitBackward0 concatenates
     /// their gradients (`cat`).
     pub fn split3(&mut self, x: Tid, shape: Shape) -> (Tid, Tid, Tid) {

@@ -112,10 +112,22 @@ pub enum X {
     Pos,
     /// Rows of a chunked loss (n_chunk).
     Chunk,
+    /// MLA's query LoRA rank (r_q, `q_lora_rank`).
+    MlaRq,
+    /// MLA's compressed-KV rank (r_kv, `kv_lora_rank`).
+    MlaRkv,
+    /// MLA's non-rotary query/key head dims (d_nope, `qk_nope_head_dim`).
+    MlaNope,
+    /// MLA's value head dim (d_v, `v_head_dim`).
+    MlaV,
+    /// `kv_a_proj_with_mqa`'s output: the latent and the shared rotary key (r_kv + d_r).
+    MlaKvA,
+    /// `kv_b_proj`'s output per head: the key's non-rotary part and the value (d_nope + d_v).
+    MlaKvB,
 }
 
 impl X {
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 15;
     pub fn sym(self) -> Sym {
         use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
@@ -128,6 +140,12 @@ impl X {
             X::EProj => Sym::new("e", "", "OPT word_embed_proj_dim"),
             X::Pos => Sym::new("P", "", "rows of the learned position table"),
             X::Chunk => Sym::new("n", "chunk", "rows of a loss chunk: ⌈b·s / ⌈V/h⌉⌉ (Liger)"),
+            X::MlaRq => Sym::new("r", "q", "MLA query rank (q_lora_rank)"),
+            X::MlaRkv => Sym::new("r", "kv", "MLA compressed-KV rank (kv_lora_rank)"),
+            X::MlaNope => Sym::new("d", "nope", "MLA non-rotary query/key head dims (qk_nope_head_dim)"),
+            X::MlaV => Sym::new("d", "v", "MLA value head dim (v_head_dim)"),
+            X::MlaKvA => Sym::new("c", "kv", "MLA latent plus shared rotary key: r_kv + d_r (kv_a_proj_with_mqa)"),
+            X::MlaKvB => Sym::new("d", "kvb", "MLA per-head key-nope plus value: d_nope + d_v (kv_b_proj)"),
         }
     }
 }

@@ -61,6 +61,12 @@ impl<'a> Setup<'a> {
         xv[X::Pos as usize] = spec.max_pos + spec.pos_offset;
         let rows = (cfg.batch * values_s(cfg)).div_ceil(spec.vocab.div_ceil(spec.hidden.max(1)).max(1));
         xv[X::Chunk as usize] = rows;
+        xv[X::MlaRq as usize] = spec.q_lora_rank;
+        xv[X::MlaRkv as usize] = spec.kv_lora_rank;
+        xv[X::MlaNope as usize] = spec.qk_nope_dim();
+        xv[X::MlaV as usize] = spec.v_head_dim;
+        xv[X::MlaKvA as usize] = spec.kv_lora_rank + spec.qk_rope_dim;
+        xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
         let kinds = if spec.moe_rule != crate::estimator::model::LayerRule::All {
@@ -176,20 +182,32 @@ impl<'a> Setup<'a> {
             b.p.tensors[t as usize].part = Some(part);
             t
         };
-        let (cos, sin) = match families::rope_tables(spec) {
-            Some((shape, dt, two)) => {
-                let c = mk(b, 0, shape, dt, Part::Embedding);
-                let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
-                (Some(c), s)
+        let (cos, sin) = if families::deepseek::is_v2(spec) {
+            // DeepSeek-V2's complex `freqs_cis` [s, d_r / 2] (fp32 pairs), no sin.
+            let fc = mk(b, 0, Shape::new(&[Dim::Q(Q::S), Dim::X(X::DRot)], Split::None), Dt::F32, Part::Embedding);
+            (Some(fc), None)
+        } else {
+            match families::rope_tables(spec) {
+                Some((shape, dt, two)) => {
+                    let c = mk(b, 0, shape, dt, Part::Embedding);
+                    let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
+                    (Some(c), s)
+                }
+                None => (None, None),
             }
-            None => (None, None),
         };
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
-        let mshape = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-        let eager = self.cfg.attn == Attention::Eager;
-        let mask = eager.then(|| mk(b, 3, mshape(), Dt::Resid, Part::Checkpoints));
-        let mask_local = families::local_mask(spec, self.cfg.attn, self.cfg.seq).map(|dt| mk(b, 4, mshape(), dt, Part::Checkpoints));
-        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None] }
+        let [m, l] = families::mask_shapes(b, spec, self.cfg.attn);
+        let mask = m.map(|(shape, dt)| mk(b, 3, shape, dt, Part::Checkpoints));
+        let mask_local = l.map(|(shape, dt)| mk(b, 4, shape, dt, Part::Checkpoints));
+        let (cos_local, sin_local) = if families::local_rope(spec) {
+            let c = mk(b, 5, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+            let s = mk(b, 6, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+            (Some(c), Some(s))
+        } else {
+            (None, None)
+        };
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local }
     }
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
@@ -222,7 +240,17 @@ impl<'a> Setup<'a> {
         let ends: Vec<Tid> =
             ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
         let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
-        let sh = Shared { cos: None, sin: None, pos: None, mask: None, mask_local: None, emb_w: head_w, locals: [None, None] };
+        let sh = Shared {
+            cos: None,
+            sin: None,
+            pos: None,
+            mask: None,
+            mask_local: None,
+            emb_w: head_w,
+            locals: [None, None],
+            cos_local: None,
+            sin_local: None,
+        };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
@@ -251,14 +279,32 @@ impl<'a> Setup<'a> {
             b.part = Part::Embedding;
             let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
             let x0 = b.op("recv", "", &[], &[out], &[], &[])[0];
+            if let Some(sh) = families::positions(b, spec, self.cfg.attn) {
+                return (x0, sh);
+            }
             let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
-            let (cos, sin) = if families::has_rope(spec) {
+            let (cos, sin) = if families::deepseek::is_v2(spec) {
+                (Some(families::deepseek::rotary_v2(b, pos)), None)
+            } else if families::has_rope(spec) {
                 let (c, s) = families::llama::rotary(b, spec, pos);
                 (Some(c), Some(s))
             } else {
                 (None, None)
             };
-            (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None] })
+            (
+                x0,
+                Shared {
+                    cos,
+                    sin,
+                    pos: Some(pos),
+                    mask,
+                    mask_local: None,
+                    emb_w: None,
+                    locals: [None, None],
+                    cos_local: None,
+                    sin_local: None,
+                },
+            )
         }
     }
 
@@ -581,12 +627,26 @@ impl Resident {
     }
 }
 
-/// Model buffers (not parameters) on a stage: RoPE's `inv_freq` and `original_inv_freq`, fp32.
+/// Model buffers (not parameters) on a stage: RoPE's `inv_freq` and `original_inv_freq`, fp32
+/// (one pair per layer type in Gemma-3: `{layer_type}_inv_freq`, `Gemma3RotaryEmbedding`).
 /// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
-    let rope = if families::has_rope(&cfg.arch) { 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
+    let pairs = if families::local_rope(&cfg.arch) { 2 } else { 1 };
+    let rope = if families::has_rope(&cfg.arch) { pairs * 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
     let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
-    rope + scale
+    rope + scale + router_bias_buffer_bytes(cfg)
+}
+
+/// The sigmoid routers' `e_score_correction_bias` buffer, fp32 `[E]` in every MoE layer of the
+/// (first) stage (modeling_deepseek_v3.py `DeepseekV3TopkRouter.__init__`, modeling_glm4_moe.py
+/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe.
+pub fn router_bias_buffer_bytes(cfg: &Config) -> Bytes {
+    let spec = &cfg.arch;
+    if spec.router != crate::estimator::model::Router::Sigmoid || spec.experts == 0 {
+        return 0;
+    }
+    let layers = stage_layers(spec.layers, cfg.pp);
+    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * crate::estimator::precision::FP32_BYTES as u128
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).

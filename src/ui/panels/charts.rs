@@ -80,12 +80,22 @@ pub fn Charts() -> impl IntoView {
     }
 }
 
+/// Points of the step-timeline chart (about one per device pixel of a wide chart).
+const TRACE_POINTS: usize = 600;
+
 /// The chart's data for the live configuration: its sweep (memoized on `key`) with the unit,
 /// names and marker of `cfg`.
 fn chart_of(kind: ChartKind, key: &Config) -> Result<ChartData, String> {
     match kind.axis() {
         Some(axis) => sweep::run(axis, key).map(|s| ChartData::from_sweep(s, key)).map_err(|e| e.to_string()),
-        None => crate::estimator::estimate(key).map(|e| ChartData::timeline(&e, key)).map_err(|e| e.to_string()),
+        // The step op by op with the allocator's reserved memory; the coarse timeline where the
+        // trace cannot be simulated.
+        None => crate::estimator::estimate(key)
+            .map(|e| match crate::estimator::reserve::step_trace(key, TRACE_POINTS) {
+                Ok(t) => ChartData::trace(&t, &e, key),
+                Err(_) => ChartData::timeline(&e, key),
+            })
+            .map_err(|e| e.to_string()),
     }
 }
 
@@ -125,6 +135,15 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
             })
         })
     });
+    // Course mode's compare: B's peak over the same axes (the timeline has none).
+    let b_series = Memo::new(move |_| {
+        store.compare.with(|b| {
+            let b = b.as_ref()?;
+            let key = kind.axis().map_or_else(|| b.clone(), |a| sweep::key(a, b));
+            let d = chart_of(kind, &key).ok()?;
+            store.compare_estimate.with(|e| d.with_current(b, e.as_ref().and_then(|e| e.as_ref().ok()))).overlay_series()
+        })
+    });
     let table = Memo::new(move |_| {
         let t = store.look().chart_theme();
         dom::timed("table", || live.with(|d| d.as_ref().ok().map(|d| d.table(&t))))
@@ -136,9 +155,18 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
     let draw: Draw = Rc::new(move |root, theme| {
         dom::mark("trainmem:charts:start");
         let t0 = dom::now_ms();
-        let text = live.with(|d| d.as_ref().map_or_else(|e| format!("No chart: {e}"), ChartData::describe));
+        let overlay = b_series.get();
+        let mut text = live.with(|d| d.as_ref().map_or_else(|e| format!("No chart: {e}"), ChartData::describe));
+        if overlay.is_some() {
+            text.push_str(" Dashed: the peak of the compared configuration B.");
+        }
         let layout = live.with(|d| match d {
-            Ok(d) => d.draw(root, theme).ok().map(|(f, l)| {
+            Ok(d) => match &overlay {
+                Some(b) => d.draw_compared(root, theme, b),
+                None => d.draw(root, theme),
+            }
+            .ok()
+            .map(|(f, l)| {
                 frame.set_value(Some(f));
                 l
             }),
@@ -277,7 +305,7 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
 
     view! {
         <section class="chart-panel" aria-labelledby=labelled_by data-testid=format!("chart-panel-{kind}") data-panel=kind.as_str()
-            data-render-ms=move || format!("{:.2}", render_ms.get())>
+            data-render-ms=move || format!("{:.2}", render_ms.get()) data-compared=move || b_series.with(Option::is_some).to_string()>
             <h3 id=heading>{kind.title()}</h3>
             <div class="chart-frame" tabindex="0" role="group" data-testid=format!("chart-{kind}-frame")
                 aria-label=format!("{}: interactive chart. Arrow keys step through the values, Escape hides them.", kind.title())

@@ -1,28 +1,19 @@
-//! The embed dialog: the `<iframe>` snippet for the current configuration, with the panel to
-//! show under the result, and the listener a host page adds so the frame takes its content's
-//! height. The frame posts `{type: "trainmem:height", height: <CSS pixels>}` on load and
-//! whenever its content changes size (see README, "Embedding").
+//! The embed dialog: the snippet for the current configuration, for the host it goes into
+//! ([`crate::course::snippets`]: an LMS iframe, an iframe with the resize script, MyST, Jupyter,
+//! reveal.js, Quarto, MkDocs), with the panel to show under the result, the theme, and
+//! predict-then-reveal. The frame speaks the versioned message protocol of docs/embed.md.
 
 use super::toolbar::EMBED_DIALOG;
 use crate::config::encode_query;
+use crate::course::snippets::{snippet, Embed, Host, DEFAULT_HEIGHT};
 use crate::ui::dom;
-use crate::ui::state::use_store;
+use crate::ui::state::{compare_query, use_store};
 use leptos::html::Dialog;
 use leptos::prelude::*;
-
-/// The listener an embedding page adds (shown in the dialog).
-pub const PARENT_LISTENER: &str = r#"<script>
-window.addEventListener("message", (e) => {
-  if (e.data && e.data.type === "trainmem:height") {
-    for (const f of document.querySelectorAll("iframe")) {
-      if (f.contentWindow === e.source) f.style.height = e.data.height + "px";
-    }
-  }
-});
-</script>"#;
+use wasm_bindgen::JsCast;
 
 /// The panels an embed can show under the result (`view=`), with their descriptions.
-const VIEWS: [(&str, &str); 8] = [
+const VIEWS: [(&str, &str); 9] = [
     ("", "none (result and bar)"),
     ("ledger", "ledger with formulas"),
     ("seq", "memory vs sequence length"),
@@ -30,26 +21,80 @@ const VIEWS: [(&str, &str); 8] = [
     ("batch", "memory vs micro-batch"),
     ("gpus", "memory vs GPUs per ZeRO stage"),
     ("timeline", "step timeline"),
+    ("exercises", "exercises"),
     ("bench", "WebGPU benchmark"),
 ];
+
+/// What the dialog's controls say.
+#[derive(Clone, Debug, PartialEq)]
+struct Choice {
+    host: Host,
+    view: String,
+    theme: String,
+    quiz: bool,
+}
+
+/// The dialog's controls as HTML (written once; one `change` handler reads them).
+fn controls_html() -> String {
+    let mut s = String::from(
+        "<div class=\"field\"><label for=\"embed-host\">Where it goes</label><select id=\"embed-host\" data-testid=\"embed-host\">",
+    );
+    for h in Host::ALL {
+        s.push_str(&format!("<option value=\"{}\">{}</option>", h.id(), h.label()));
+    }
+    s.push_str("</select></div><div class=\"field\"><label for=\"embed-view\">Panel under the result</label><select id=\"embed-view\">");
+    for (v, label) in VIEWS {
+        s.push_str(&format!("<option value=\"{v}\">{label}</option>"));
+    }
+    s.push_str(
+        "</select></div><div class=\"field\"><label for=\"embed-theme\">Theme</label><select id=\"embed-theme\">\
+         <option value=\"\">the reader's</option><option value=\"light\">light</option><option value=\"dark\">dark</option>\
+         <option value=\"projector\">projector (high contrast, large type)</option></select></div>\
+         <div class=\"field check\"><label for=\"embed-quiz\">Predict, then reveal (quiz=1)</label><input id=\"embed-quiz\" type=\"checkbox\"></div>",
+    );
+    s
+}
+
+fn value_of(root: &web_sys::Element, id: &str) -> String {
+    match root.query_selector(&format!("#{id}")).ok().flatten() {
+        Some(el) => match el.dyn_ref::<web_sys::HtmlInputElement>() {
+            Some(i) => i.checked().to_string(),
+            None => el.dyn_ref::<web_sys::HtmlSelectElement>().map(|s| s.value()).unwrap_or_default(),
+        },
+        None => String::new(),
+    }
+}
 
 #[component]
 pub fn EmbedDialog() -> impl IntoView {
     let store = use_store();
     let dialog = NodeRef::<Dialog>::new();
-    let view_sel = RwSignal::new(String::new());
-    let snippet = move || {
+    let choice = RwSignal::new(Choice { host: Host::Lms, view: String::new(), theme: String::new(), quiz: false });
+    let url = move || {
+        let c = choice.get();
+        let mut parts = vec![];
         let q = store.config.with(encode_query);
-        let mut query = if q.is_empty() { "embed=1".to_string() } else { format!("{q}&embed=1") };
-        view_sel.with(|v| {
-            if !v.is_empty() {
-                query.push_str("&view=");
-                query.push_str(v);
-            }
-        });
-        format!(
-            "<iframe src=\"{}?{query}\" title=\"trainmem: GPU memory for this training configuration\" width=\"100%\" height=\"420\" style=\"border:0\" loading=\"lazy\"></iframe>\n{PARENT_LISTENER}",
-            dom::base_url()
+        if !q.is_empty() {
+            parts.push(q);
+        }
+        parts.push("embed=1".to_string());
+        if !c.view.is_empty() {
+            parts.push(format!("view={}", c.view));
+        }
+        if !c.theme.is_empty() {
+            parts.push(format!("theme={}", c.theme));
+        }
+        if c.quiz {
+            parts.push("quiz=1".into());
+        }
+        store.compare.with(|b| b.as_ref().map(|b| parts.push(format!("compare={}", crate::config::percent_encode(&compare_query(b))))));
+        format!("{}?{}", dom::base_url(), parts.join("&"))
+    };
+    let text = move || {
+        let u = url();
+        snippet(
+            choice.with(|c| c.host),
+            &Embed { url: &u, title: "trainmem: GPU memory for this training configuration", height: DEFAULT_HEIGHT, placeholder: None },
         )
     };
     let close = move |_| {
@@ -59,22 +104,29 @@ pub fn EmbedDialog() -> impl IntoView {
     };
     let copied = RwSignal::new(false);
     let copy = move |_| {
-        let text = snippet();
-        leptos::task::spawn_local(async move { copied.set(dom::copy_text(&text).await) });
+        let t = text();
+        leptos::task::spawn_local(async move { copied.set(dom::copy_text(&t).await) });
     };
-    let options = VIEWS.iter().map(|(v, label)| view! { <option value=*v>{*label}</option> }).collect_view();
+    let on_change = move |_: leptos::ev::Event| {
+        let Some(d) = dialog.get_untracked() else { return };
+        let host = value_of(&d, "embed-host");
+        choice.set(Choice {
+            host: Host::ALL.into_iter().find(|h| h.id() == host).unwrap_or(Host::Lms),
+            view: value_of(&d, "embed-view"),
+            theme: value_of(&d, "embed-theme"),
+            quiz: value_of(&d, "embed-quiz") == "true",
+        });
+    };
     view! {
-        <dialog id=EMBED_DIALOG node_ref=dialog aria-labelledby="embed-h" data-testid="embed-dialog">
+        <dialog id=EMBED_DIALOG node_ref=dialog aria-labelledby="embed-h" data-testid="embed-dialog" on:change=on_change>
             <h2 id="embed-h">"Embed this configuration"</h2>
-            <p class="hint">"Paste into a course page. The frame reports its height with postMessage; the script below resizes it."</p>
+            <p class="hint">"Paste into a course page. Without a script the frame scrolls inside and links to the full page; with one it takes its content's height (docs/embed.md)."</p>
+            <div inner_html=controls_html()></div>
             <div class="field">
-                <label for="embed-view">"Panel under the result"</label>
-                <select id="embed-view" on:change=move |ev| view_sel.set(event_target_value(&ev))>{options}</select>
+                <label for="embed-snippet">"Snippet"</label>
+                <textarea id="embed-snippet" rows="10" readonly data-testid="embed-snippet" prop:value=text></textarea>
             </div>
-            <div class="field">
-                <label for="embed-snippet">"HTML"</label>
-                <textarea id="embed-snippet" rows="10" readonly data-testid="embed-snippet" prop:value=snippet></textarea>
-            </div>
+            <p class="hint" data-testid="embed-note">{move || choice.with(|c| c.host.note())}</p>
             <div class="row">
                 <button type="button" class="primary" on:click=copy>{move || if copied.get() { "Copied ✓" } else { "Copy snippet" }}</button>
                 <button type="button" on:click=close>"Close"</button>

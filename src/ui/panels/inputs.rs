@@ -55,6 +55,7 @@ pub fn Model() -> impl IntoView {
             })
         })
     };
+    let locked = store.locked("model");
     let choose = move |ev: leptos::ev::Event| {
         let id = event_target_value(&ev);
         let choice = if id == "custom" { ModelChoice::Custom(String::new()) } else { ModelChoice::Preset(id) };
@@ -65,12 +66,12 @@ pub fn Model() -> impl IntoView {
             <legend>"Model"</legend>
             <div class="field">
                 <label for="preset-filter">"Find a model"</label>
-                <input id="preset-filter" type="search" placeholder="llama, qwen, gemma…" autocomplete="off"
+                <input id="preset-filter" type="search" placeholder="llama, qwen, gemma…" autocomplete="off" disabled=locked
                     prop:value=move || filter.get() on:input=move |ev| filter.set(event_target_value(&ev))/>
             </div>
             <div class="field">
                 <label for="in-model">"Model "<code class="key">"model"</code></label>
-                <select id="in-model" size="6" data-testid="model-select" on:change=choose inner_html=options></select>
+                <select id="in-model" size="6" data-testid="model-select" disabled=locked on:change=choose inner_html=options></select>
             </div>
             <p class="model-summary" data-testid="model-summary">{summary}</p>
         </fieldset>

@@ -30,11 +30,15 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
     let unit = cfg.unit;
     let gpu = gpu_of(cfg).label();
     let peak = e.memory.peak;
+    // The verdict decides on what nvidia-smi will show (the caching allocator replayed) where
+    // it was simulated, else on the allocated peak with what lives outside the allocator.
+    let deciding = e.deciding_peak();
     let fits = e.fits();
+    let basis = if e.memory.nvidia_smi.is_some() { " (by what nvidia-smi will show)" } else { "" };
     let headline = if fits {
-        format!("Fits on {gpu}: {} headroom", format_bytes(e.capacity - peak, unit))
+        format!("Fits on {gpu}: {} headroom{basis}", format_bytes(e.capacity - deciding, unit))
     } else {
-        format!("Does not fit on {gpu}: needs {} more", format_bytes(peak - e.capacity, unit))
+        format!("Does not fit on {gpu}: needs {} more{basis}", format_bytes(deciding - e.capacity, unit))
     };
     let mut s = format!(
         "<div class=\"verdict{}\" data-testid=\"verdict\" data-fits=\"{fits}\"><p class=\"headline\">{}</p><dl class=\"stats\">",
@@ -44,9 +48,29 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
     let bytes = |testid: &str, b: u128| format!("data-testid=\"{testid}\" data-bytes=\"{b}\"");
     stat(
         &mut s,
-        "Peak per GPU",
+        "Peak in use per GPU",
         &bytes("peak-bytes", peak),
         &format!("{}<span class=\"sub\">at: {}</span>", format_bytes(peak, unit), esc(&e.memory.peak_event)),
+    );
+    if let (Some(smi), Some(res)) = (e.memory.nvidia_smi, e.memory.reserved_peak) {
+        let outside = smi.saturating_sub(res);
+        stat(
+            &mut s,
+            "nvidia-smi will show",
+            &bytes("nvidia-smi-bytes", smi),
+            &format!(
+                "{}<span class=\"sub\">= reserved {} (caching allocator, simulated) + {} CUDA context, cuBLAS, NCCL</span>",
+                format_bytes(smi, unit),
+                format_bytes(res, unit),
+                format_bytes(outside, unit)
+            ),
+        );
+    }
+    stat(
+        &mut s,
+        "Allocated peak",
+        &bytes("allocated-peak-bytes", e.memory.allocated_peak),
+        &format!("{}<span class=\"sub\">torch.cuda.max_memory_allocated()</span>", format_bytes(e.memory.allocated_peak, unit)),
     );
     stat(&mut s, "Sum of components", &bytes("total-bytes", e.memory.total), &format_bytes(e.memory.total, unit));
     stat(&mut s, "GPU capacity", &bytes("capacity-bytes", e.capacity), &format_bytes(e.capacity, unit));

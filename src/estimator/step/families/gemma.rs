@@ -2,7 +2,10 @@
 //! `1 + weight.float()`, cast back), four norms per layer (around attention and MLP), the
 //! embedding scaled by √h (a buffer), GeGLU (`gelu_pytorch_tanh`), tanh soft-capping of the
 //! attention scores and of the final logits, and alternating sliding-window / full layers with
-//! one materialized mask each.
+//! one materialized mask each. Gemma (`modeling_gemma.py`) is Llama's layer with Gemma's RMSNorm
+//! and GeGLU ([`layer_gemma1`]); Gemma-3's text model (`modeling_gemma3.py`) is Gemma-2's layer
+//! with per-head q/k norms, no soft-capping, SDPA masks on its sliding layers and a RoPE pair
+//! per layer type ([`embed3`]).
 
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok, tok_tp};
 use super::super::blocks::Keep;
@@ -12,7 +15,7 @@ use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind};
+use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm};
 
 /// Gemma-2 and Gemma-3: four norms per layer, sliding-window layers beside full ones.
 pub fn two_masks(spec: &ModelSpec) -> bool {
@@ -22,6 +25,12 @@ pub fn two_masks(spec: &ModelSpec) -> bool {
 /// Whether `spec` is a Gemma (Gemma's RMSNorm).
 pub fn is(spec: &ModelSpec) -> bool {
     spec.norm == NormKind::RmsnormGemma
+}
+
+/// Whether `spec` is Gemma-3's text model (`modeling_gemma3.py`): Gemma-2's layout with
+/// per-head q/k norms, no soft-capping, a RoPE pair per layer type.
+pub fn is3(spec: &ModelSpec) -> bool {
+    two_masks(spec) && spec.qk_norm == QkNorm::Head
 }
 
 /// `Gemma2RMSNorm.forward`:
@@ -93,10 +102,17 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
 }
 
 /// `Gemma2Attention.forward` (eager; transformers refuses sdpa for Gemma-2, the core below is
-/// SDPA's when asked anyway).
-fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
+/// SDPA's when asked anyway) and `Gemma3Attention.forward`: the same projections and RoPE, with
+/// `q_norm`/`k_norm` (Gemma's RMSNorm over `head_dim`) on the transposed `[b, heads, s, d]`
+/// views before RoPE, no soft-capping (Llama's eager core), and on sliding layers whose window
+/// is shorter than the keys SDPA with the bool mask (`mistral::sdpa_masked`: k and v repeated).
+/// `query_pre_attn_scalar` only sets the scale (a `mul` by a Python number in eager, SDPA's
+/// `scale`): no tensor of its own.
+fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn } = *w;
     let eager = attn == Attention::Eager;
+    let gemma3 = is3(spec);
+    let masked_sdpa = !eager && sh.mask.is_some();
     let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> Tid {
         b.module = module;
         b.part = Part::AttentionInputs;
@@ -110,8 +126,17 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -
     };
     let q = proj(b, wq, bq, Q::A, "self_attn.q_proj", true, Linear::Q);
     let k = proj(b, wk, bk, Q::KV, "self_attn.k_proj", true, Linear::K);
-    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
+    let v = proj(b, wv, bv, Q::KV, "self_attn.v_proj", eager || masked_sdpa, Linear::V);
     b.part = Part::AttentionCore;
+    let (q, k) = if gemma3 {
+        b.module = "self_attn.q_norm";
+        let qn_out = rms_norm(b, q, qn);
+        b.module = "self_attn.k_norm";
+        let kn_out = rms_norm(b, k, kn);
+        (qn_out, kn_out)
+    } else {
+        (q, k)
+    };
     let (q, k) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) => {
             let qe = rope(b, q, cos, sin, Q::A);
@@ -124,7 +149,12 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, attn: Attention) -
     };
     b.module = "self_attn";
     let (region, q, k, v) = super::llama::selective_begin(b, q, k, v);
-    let (o, weights) = if eager { eager_core(b, q, k, v, sh.mask) } else { (super::llama::sdpa_core(b, q, k, v), None) };
+    let (o, weights) = match sh.mask {
+        _ if eager && spec.softcap => eager_core(b, q, k, v, sh.mask),
+        _ if eager => super::llama::eager_core(b, spec, q, k, v, sh.mask),
+        Some(m) => (super::mistral::sdpa_masked(b, q, k, v, m), None),
+        None => (super::llama::sdpa_core(b, q, k, v), None),
+    };
     super::llama::selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
@@ -167,7 +197,7 @@ fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
 /// `Gemma2DecoderLayer.forward`: `input_layernorm` → attention → `post_attention_layernorm` →
 /// residual → `pre_feedforward_layernorm` → MLP → `post_feedforward_layernorm` → residual.
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    let _ = (spec, kind);
+    let _ = kind;
     b.group = Group::All;
     let aw = AttnW::new(b, p);
     let mw = MlpW::new(b, p);
@@ -178,7 +208,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         rms_norm(b, x, nw.get(i).copied().flatten())
     };
     let n1 = norm(b, x, 0, "input_layernorm");
-    let (a, weights) = attention(b, &aw, n1, sh, attn);
+    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
     b.hold(n1);
     let a2 = norm(b, a, 1, "post_attention_layernorm");
     b.module = "";
@@ -239,7 +269,85 @@ pub fn softcap_logits(b: &mut Builder, logits: Tid) -> Tid {
     b.mul_scalar(t)
 }
 
-#[allow(dead_code)]
-fn _shapes() -> Shape {
-    tok_tp(Dim::Q(Q::F))
+/// `GemmaDecoderLayer.forward` (`modeling_gemma.py`): Llama's pre-norm layer with Gemma's
+/// RMSNorm ([`rms_norm`]) and the GeGLU MLP (`mlp`: `gelu_pytorch_tanh`); the attention is
+/// Llama's (`GemmaAttention`: no soft-capping, `head_dim` need not be h/a).
+pub fn layer_gemma1(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let aw = AttnW::new(b, p);
+    let mw = MlpW::new(b, p);
+    let n1w = p.w(b, "layers.*.norm.weight");
+    let n2w = p.w(b, "layers.*.norm.weight");
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = rms_norm(b, x, n1w);
+    let (a, weights) = super::llama::attention(b, &aw, spec, n1, sh, attn);
+    b.hold(n1);
+    b.module = "";
+    b.part = Part::Norms;
+    let h = b.add(x, a);
+    b.module = "post_attention_layernorm";
+    let n2 = rms_norm(b, h, n2w);
+    let m = mlp(b, &mw, n2);
+    b.hold(n2);
+    b.module = "";
+    let y = b.add(h, m);
+    b.hold(h);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}
+
+/// `Gemma3TextModel.forward` before the layers: the scaled embedding, then [`positions3`].
+pub fn embed3(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "model.embed_tokens";
+    let emb_w = p.w(b, "embed_tokens.weight");
+    let x0 = match emb_w {
+        Some(w) => super::llama::embedding(b, ids, w),
+        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+    };
+    let x0 = scale_embedding(b, x0);
+    let mut sh = positions3(b, spec, attn);
+    sh.emb_w = if spec.tied { emb_w } else { None };
+    sh.locals[0] = Some(x0);
+    (x0, sh)
+}
+
+/// What `Gemma3TextModel.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): `position_ids`, both masks (`create_causal_mask`: for SDPA only its
+/// packed-sequence check; `create_sliding_window_causal_mask`: a materialized mask once the
+/// window is shorter than the keys, or always for eager), and one RoPE pair per layer type
+/// (`Gemma3RotaryEmbedding.forward` with the full layers' base and the sliding layers' local
+/// base, each cast to the hidden states' dtype).
+pub fn positions3(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+    b.module = "model";
+    b.part = Part::Embedding;
+    let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1, Dt::I64);
+    let pos = b.plain("add", &[ar], s1, Dt::I64);
+    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    let (mask, mask_local) = if attn == Attention::Eager {
+        let (full, local) = masks(b, pos);
+        (Some(full), Some(local))
+    } else {
+        super::llama::packed_detection(b, pos);
+        let local = if super::mistral::masked(spec.window, b.c.n(Q::S_KV)) {
+            Some(super::mistral::sliding_mask(b, pos, attn))
+        } else {
+            super::llama::packed_detection(b, pos);
+            None
+        };
+        (None, local)
+    };
+    let (cos, sin) = super::llama::rotary(b, spec, pos);
+    let (cos_local, sin_local) = if super::local_rope(spec) {
+        let (c, s) = super::llama::rotary(b, spec, pos);
+        (Some(c), Some(s))
+    } else {
+        (None, None)
+    };
+    Shared { cos: Some(cos), sin: Some(sin), pos: Some(pos), mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local }
 }

@@ -223,6 +223,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
             mask_local: None,
             emb_w: if spec.tied { wte } else { None },
             locals: [Some(te), Some(pe)],
+            cos_local: None,
+            sin_local: None,
         },
     )
 }

@@ -604,7 +604,20 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, at
         (None, None)
     };
     let locals = if ids.is_some() { [Some(x0), None] } else { [None, None] };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local, emb_w: if spec.tied { emb_w } else { None }, locals })
+    (
+        x0,
+        Shared {
+            cos,
+            sin,
+            pos: Some(pos),
+            mask,
+            mask_local,
+            emb_w: if spec.tied { emb_w } else { None },
+            locals,
+            cos_local: None,
+            sin_local: None,
+        },
+    )
 }
 
 /// One materialized eager mask `[b, 1, s, s_kv]` (`sdpa_mask` + `where`): causal, or causal

@@ -179,7 +179,10 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
     let qk_clone = !super::smollm3::nope_view(spec, sh) || eager;
     let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, qk_clone, Linear::Q);
     let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, qk_clone, Linear::K);
-    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), None, eager, Linear::V);
+    // A mask under SDPA (a sliding window shorter than the keys, `mistral.rs`) repeats k and v:
+    // v's gradient then comes back from a `sum`, laid out like eager's.
+    let masked_sdpa = !eager && sh.mask.is_some();
+    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), None, eager || masked_sdpa, Linear::V);
     b.part = Part::AttentionCore;
     let (q, k) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) if has_rope(spec) && rotary_dims(spec) == spec.head_dim => {
@@ -193,7 +196,11 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
     };
     b.module = "self_attn";
     let (region, q, k, v) = selective_begin(b, q, k, v);
-    let (o, weights) = if eager { eager_core(b, spec, q, k, v, sh.mask) } else { (sdpa_core(b, q, k, v), None) };
+    let (o, weights) = match sh.mask {
+        _ if eager => eager_core(b, spec, q, k, v, sh.mask),
+        Some(m) => (super::mistral::sdpa_masked(b, q, k, v, m), None),
+        None => (sdpa_core(b, q, k, v), None),
+    };
     selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
@@ -470,7 +477,20 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     } else {
         (None, None)
     };
-    (x0, Shared { cos, sin, pos: Some(pos), mask, mask_local, emb_w: if spec.tied { emb_w } else { None }, locals: [Some(x0), None] })
+    (
+        x0,
+        Shared {
+            cos,
+            sin,
+            pos: Some(pos),
+            mask,
+            mask_local,
+            emb_w: if spec.tied { emb_w } else { None },
+            locals: [Some(x0), None],
+            cos_local: None,
+            sin_local: None,
+        },
+    )
 }
 
 /// `nn.Embedding` on the token ids: keeps the ids; EmbeddingBackward0 allocates the weight's

@@ -620,7 +620,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, at
     };
     let f = rotary(b, pos);
     let locals = if ids.is_some() { [Some(x0), None] } else { [None, None] };
-    (x0, Shared { cos: Some(f), sin: None, pos: Some(pos), mask, mask_local, emb_w: None, locals })
+    (x0, Shared { cos: Some(f), sin: None, pos: Some(pos), mask, mask_local, emb_w: None, locals, cos_local: None, sin_local: None })
 }
 
 /// `create_chunked_causal_mask` (`masking_utils.py`, `chunked_causal_mask_function` and

@@ -6,14 +6,26 @@
 //! Adding a family: write `families/<name>.rs` with its layer (and ends, if they differ) from
 //! the shared pieces here, route it in [`layer`], and add its step logs to the fixture test.
 
+pub mod deepseek;
+pub mod falcon;
 pub mod gemma;
+pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_oss;
 pub mod llama;
 pub mod llama4;
+pub mod mistral;
 pub mod moe;
+pub mod neox;
+pub mod olmo;
+pub mod opt;
+pub mod phi;
 pub mod phi3;
+pub mod qwen_moe;
+pub mod sigmoid_moe;
 pub mod smollm3;
+pub mod stablelm;
+pub mod starcoder2;
 
 use super::ir::{Builder, DType, Dt, Origin, Shape, Split, Tid, X};
 use crate::estimator::activations::ctx::Q;
@@ -29,7 +41,7 @@ pub enum Kind {
 }
 
 /// Model-level tensors every layer reads (created by the model's forward before the layers).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Shared {
     /// RoPE cos and sin `[1, s, d_rot]` (or none).
     pub cos: Option<Tid>,
@@ -46,15 +58,20 @@ pub struct Shared {
     /// (Llama's `inputs_embeds`, which is also the first layer's input; GPT-2's token and
     /// position embeddings).
     pub locals: [Option<Tid>; 2],
+    /// The sliding-window layers' own RoPE cos and sin (Gemma-3's local base,
+    /// `rope_parameters["sliding_attention"]`); a layer's view puts them in `cos` and `sin`.
+    pub cos_local: Option<Tid>,
+    pub sin_local: Option<Tid>,
 }
 
 /// The shared tensors' slots, in a fixed order.
-pub const NSLOTS: usize = 5;
+pub const NSLOTS: usize = 7;
 
 impl Shared {
-    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local).
+    /// Every shared tensor, slot by slot (cos, sin, pos, mask, mask_local, cos_local,
+    /// sin_local).
     pub fn slots(&self) -> [Option<Tid>; NSLOTS] {
-        [self.cos, self.sin, self.pos, self.mask, self.mask_local]
+        [self.cos, self.sin, self.pos, self.mask, self.mask_local, self.cos_local, self.sin_local]
     }
     pub fn all(&self) -> impl Iterator<Item = Tid> {
         self.slots().into_iter().flatten()
@@ -66,7 +83,13 @@ impl Shared {
         if var.sliding && self.mask_local.is_some() {
             v.mask = self.mask_local;
         }
+        if var.sliding && self.cos_local.is_some() {
+            v.cos = self.cos_local;
+            v.sin = self.sin_local;
+        }
         v.mask_local = None;
+        v.cos_local = None;
+        v.sin_local = None;
         if var.nope {
             v.cos = None;
             v.sin = None;
@@ -76,10 +99,14 @@ impl Shared {
     /// The global slots a layer's view reads (bit per slot).
     pub fn used(&self, var: Var) -> u8 {
         let mut bits = 0u8;
+        let local_rope = var.sliding && self.cos_local.is_some();
         for (i, t) in self.slots().into_iter().enumerate() {
-            let mask_slot = i == 3 || i == 4;
-            let rope_slot = i == 0 || i == 1;
-            let reads = if mask_slot { (i == 4) == (var.sliding && self.mask_local.is_some()) } else { !(rope_slot && var.nope) };
+            let reads = match i {
+                3 | 4 => (i == 4) == (var.sliding && self.mask_local.is_some()),
+                0 | 1 => !local_rope && !var.nope,
+                5 | 6 => local_rope && !var.nope,
+                _ => true,
+            };
             if t.is_some() && reads {
                 bits |= 1 << i;
             }
@@ -90,17 +117,12 @@ impl Shared {
 
 /// Whether decoder layer `i` attends through a sliding window (Gemma-2: even layers).
 pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    (gemma::two_masks(spec) && i.is_multiple_of(2)) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
-}
-
-/// The dtype of the model's second (sliding-window or chunked) mask under `attn` for `s_kv`
-/// keys, if it makes one: additive in the residual dtype for eager attention; Llama 4's chunked
-/// mask stays boolean under SDPA, which needs none below one chunk.
-pub fn local_mask(spec: &ModelSpec, attn: Attention, s_kv: u64) -> Option<Dt> {
-    if llama4::is(spec) {
-        return llama4::chunk_mask(spec, attn, s_kv).then_some(if attn == Attention::Eager { Dt::Resid } else { Dt::Bool });
+    if gemma::is3(spec) {
+        // Gemma-3: `layer_types` (the window rule the importer reads from it).
+        spec.window_layers.contains(i as u64)
+    } else {
+        (gemma::two_masks(spec) && i.is_multiple_of(2)) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
     }
-    (attn == Attention::Eager && two_masks(spec)).then_some(Dt::Resid)
 }
 
 /// The model-level rotary tables the layers read: their shape and dtype, and whether there is
@@ -112,7 +134,7 @@ pub fn rope_tables(spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
         use super::ir::Dim;
         Some((Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None), Dt::F32, false))
     } else {
-        Some((cos_shape(spec), Dt::Resid, true))
+        Some((cos_shape(spec), cos_dt(spec), true))
     }
 }
 
@@ -175,10 +197,34 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         gpt_oss::layer(b, p, spec, x, sh, kind, attn)
     } else if llama4::is(spec) {
         llama4::layer(b, p, spec, x, sh, kind, attn)
+    } else if opt::is(spec) {
+        opt::layer(b, p, spec, x, sh, attn)
     } else if phi3::is(spec) {
         phi3::layer(b, p, spec, x, sh, kind, attn)
     } else if gemma::two_masks(spec) {
         gemma::layer(b, p, spec, x, sh, kind, attn)
+    } else if deepseek::is(spec) {
+        deepseek::layer(b, p, spec, x, sh, kind, attn)
+    } else if glm4_moe::is(spec) {
+        glm4_moe::layer(b, p, spec, x, sh, kind, attn)
+    } else if olmo::is(spec) {
+        olmo::layer(b, p, spec, x, sh, attn)
+    } else if olmo::is2(spec) {
+        olmo::layer2(b, p, spec, x, sh, attn)
+    } else if gemma::is(spec) && spec.experts == 0 {
+        gemma::layer_gemma1(b, p, spec, x, sh, attn)
+    } else if qwen_moe::is(spec) {
+        qwen_moe::layer(b, p, spec, x, sh, kind, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::layer(b, p, spec, x, sh, attn)
+    } else if phi::is(spec) {
+        phi::layer(b, p, spec, x, sh, attn)
+    } else if neox::is(spec) {
+        neox::layer(b, p, spec, x, sh, attn)
+    } else if stablelm::is(spec) {
+        stablelm::layer(b, p, spec, x, sh, attn)
+    } else if falcon::is(spec) {
+        falcon::layer(b, p, spec, x, sh, attn)
     } else {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
@@ -194,6 +240,26 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         gpt_oss::embed(b, p, spec, Some(ids), attn)
     } else if llama4::is(spec) {
         llama4::embed(b, p, spec, Some(ids), attn)
+    } else if deepseek::is_v2(spec) {
+        deepseek::embed_v2(b, p, spec, ids, attn)
+    } else if gemma::is3(spec) {
+        gemma::embed3(b, p, spec, ids, attn)
+    } else if mistral::is(spec) {
+        mistral::embed(b, p, spec, ids, attn)
+    } else if olmo::is_any(spec) {
+        olmo::embed(b, p, spec, ids, attn)
+    } else if qwen_moe::two_masks(spec) {
+        qwen_moe::embed(b, p, spec, ids, attn)
+    } else if opt::is(spec) {
+        opt::embed(b, p, spec, ids, attn)
+    } else if falcon::is(spec) {
+        falcon::embed(b, p, spec, ids, attn)
+    } else if starcoder2::is(spec) {
+        starcoder2::embed(b, p, spec, ids, attn)
+    } else if phi::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, true)
+    } else if neox::is(spec) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, false)
     } else {
         llama::embed(b, p, spec, ids, attn)
     }
@@ -214,7 +280,7 @@ pub fn later_stage(b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attentio
 /// Whether the first layer's input is one of the model forward's locals (held until the model
 /// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
 pub fn x0_is_local(spec: &ModelSpec) -> bool {
-    !gpt2::is(spec)
+    !gpt2::is(spec) && !opt::is(spec)
 }
 
 /// The final norm of the model (`model.norm`, `transformer.ln_f`), if it has one.
@@ -225,9 +291,30 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         gpt_oss::final_norm(b, p, x)
     } else if llama4::is(spec) {
         llama4::final_norm(b, p, x)
+    } else if olmo::is_any(spec) {
+        olmo::final_norm(b, p, spec, x)
+    } else if opt::is(spec) {
+        opt::final_norm(b, p, x)
+    } else if starcoder2::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if phi::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
+    } else if neox::is(spec) {
+        starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+    } else if stablelm::is(spec) {
+        starcoder2::final_layer_norm(b, p, "model.norm", x)
+    } else if falcon::is(spec) {
+        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
     } else {
         llama::final_norm(b, p, spec, x)
     }
+}
+
+/// Whether SDPA receives a materialized bool mask `[1, 1, s, s_kv]` from the model's forward
+/// (a model-level tensor the layers read): StarCoder2 once its sliding window bites, Falcon
+/// always (`allow_is_causal_skip=False`).
+pub fn sdpa_bool_mask(b: &Builder, spec: &ModelSpec) -> bool {
+    (starcoder2::is(spec) && starcoder2::window_mask(b, spec)) || falcon::is(spec)
 }
 
 /// A token tensor `[b, s, h]` given to a program by its caller.
@@ -237,6 +324,10 @@ pub fn input(b: &mut Builder, free_fwd: bool, free_bwd: bool) -> Tid {
 
 /// Rotary dims per head.
 pub fn rotary_dims(spec: &ModelSpec) -> u64 {
+    if spec.is_mla() {
+        // MLA rotates only the shared rotary part of each head (`qk_rope_head_dim`).
+        return spec.qk_rope_dim.max(1);
+    }
     (spec.head_dim * spec.rotary_pct).div_ceil(100).max(1)
 }
 
@@ -262,4 +353,59 @@ pub fn cos_shape(spec: &ModelSpec) -> Shape {
 /// Norm kinds that keep statistics in the input dtype on CPU.
 pub fn layer_norm_like(n: NormKind) -> bool {
     matches!(n, NormKind::Layernorm | NormKind::LayernormNoBias)
+}
+
+/// The shapes and dtypes of the masks the layers receive (`Shared::mask`, `Shared::mask_local`):
+/// eager's additive masks, and the bool masks SDPA gets ([`sdpa_bool_mask`], and where a sliding
+/// window is shorter than the keys, `mistral.rs`). Llama 4's chunked mask `[b, s, s_kv]` is
+/// additive in the residual dtype under eager and stays boolean under SDPA, which needs none
+/// below one chunk ([`llama4::chunk_mask`]).
+pub fn mask_shapes(b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+    use super::ir::Dim;
+    let eager = attn == Attention::Eager;
+    let s_kv = b.c.n(Q::S_KV);
+    let sdpa_mask = sdpa_bool_mask(b, spec) || (mistral::is(spec) && mistral::masked(spec.window, s_kv));
+    let mask = if eager || sdpa_mask { Some(mistral::mask_shape(attn)) } else { None };
+    let local = if llama4::is(spec) {
+        let dt = if eager { Dt::Resid } else { Dt::Bool };
+        llama4::chunk_mask(spec, attn, s_kv).then(|| (Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), dt))
+    } else {
+        ((eager && two_masks(spec)) || (gemma::is3(spec) && mistral::masked(spec.window, s_kv))).then(|| mistral::mask_shape(attn))
+    };
+    [mask, local]
+}
+
+/// The dtype of the model-level RoPE cos/sin: the residual stream's (`.to(x.dtype)`), fp32 in
+/// OLMo (`OlmoRotaryEmbedding.forward` does not cast).
+pub fn cos_dt(spec: &ModelSpec) -> Dt {
+    if olmo::is_any(spec) {
+        Dt::F32
+    } else {
+        Dt::Resid
+    }
+}
+
+/// Whether the sliding-window layers have their own RoPE pair (`Shared::cos_local`): Gemma-3
+/// with both sliding and full layers (`Gemma3TextModel.forward` computes one pair per layer
+/// type in `set(config.layer_types)`).
+pub fn local_rope(spec: &ModelSpec) -> bool {
+    let n = spec.window_layers.count(spec.layers);
+    gemma::is3(spec) && n > 0 && n < spec.layers
+}
+
+/// A later pipeline stage's prologue (it receives its input): the positions, masks and RoPE the
+/// family's model forward computes after the embedding, as its `embed` makes them; `None` for
+/// the families that use Llama's (`positions_and_mask` and `llama::rotary`).
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Option<Shared> {
+    if gemma::is3(spec) {
+        Some(gemma::positions3(b, spec, attn))
+    } else if mistral::is(spec) {
+        Some(mistral::positions(b, spec, attn))
+    } else if qwen_moe::two_masks(spec) {
+        Some(qwen_moe::positions(b, spec, attn))
+    } else if olmo::is_any(spec) {
+        Some(olmo::positions(b, spec, attn))
+    } else {
+        None
+    }
 }

@@ -101,7 +101,10 @@ pub fn experts(b: &mut Builder, w: &MoeW, x2: Tid, weights: Tid, idx: Tid) -> Ti
     };
     let d = lora_pairs(b, m, d, crate::estimator::model::Linear::Down);
     let swu = b.view(swg, pairs(&[Dim::N(1)]), "UnsqueezeBackward0", false);
-    let wo = b.mul_to(d, swu, pairs(&[Dim::Q(Q::H)]), Dt::F32);
+    // `proj_out * sample_weights_g.unsqueeze(-1)`: type promotion (fp32 with Mixtral's fp32
+    // weights, the experts' dtype with Qwen's weights cast back to the logits' dtype).
+    let wdt = b.promote(d, swu, d);
+    let wo = b.mul_to(d, swu, pairs(&[Dim::Q(Q::H)]), wdt);
     let inv = b.plain("empty_like", &[perm], pairs(&[]), Dt::I64);
     let ar = b.plain("arange", &[], pairs(&[]), Dt::I64);
     b.op("index_put_", "", &[inv, perm, ar], &[], &[], &[]);

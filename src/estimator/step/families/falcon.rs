@@ -1,0 +1,437 @@
+//! Falcon (`modeling_falcon.py`): a fused, bias-free `query_key_value` (`FalconLinear`:
+//! `input @ weight.T`) split by `FalconAttention._split_heads`, RoPE, SDPA with the causal mask
+//! always materialized (`create_causal_mask(…, allow_is_causal_skip=False)`), `dense`, and a
+//! parallel block (the MLP reads `ln_mlp`'s output, or the shared `input_layernorm`'s) whose
+//! outputs join the residual through `mlp_output += attention_output` and `dropout_add`; the
+//! pre-2023 sequential layout (`parallel_attn=False`) runs `post_attention_layernorm` on the
+//! attention residual. ALiBi (`alibi=True`) is not built here: its layers run the rotary path.
+//!
+//! The architecture flags are not kept by the importer; they follow from the spec:
+//! - `new_decoder_architecture` (Falcon-40B/180B/11B: grouped q/k/v per kv head, `num_kv_heads`,
+//!   1 or 2 norms): a parallel block with two norms, or with one norm and kv heads other than 1;
+//! - otherwise the original layout: multi-query (`multi_query`, one kv head) or one k and v per
+//!   head, parallel with one norm or sequential with two.
+
+use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
+use super::{has_rope, llama, starcoder2, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind};
+
+/// Whether `spec` is laid out like Falcon (a fused q/k/v and LayerNorm without GPT-NeoX's
+/// biases, a plain MLP).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.norm == NormKind::Layernorm && spec.fused_qkv && spec.mlp == MlpKind::Plain && !super::neox::is(spec) && !super::gpt2::is(spec)
+}
+
+/// `config.new_decoder_architecture`, as the spec shows it (see the module doc).
+pub fn new_arch(spec: &ModelSpec) -> bool {
+    spec.parallel && (spec.layer_norms == 2 || spec.kv_heads != 1)
+}
+
+fn lin_shape(w: Dim) -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), w], Split::Tp)
+}
+
+/// `FalconLinear.forward`: `hidden_states = input @ self.weight.T` (an `mm` on the flattened
+/// rows), then `hidden_states + self.bias` as a separate broadcast `add` when there is a bias.
+fn falcon_linear(b: &mut Builder, x: Tid, w: Option<Tid>, bias: Option<Tid>, shape: Shape, lin: Linear) -> Tid {
+    let Some(w) = w else { return x };
+    let y = b.proj(x, w, None, shape, lin);
+    match bias {
+        Some(bb) => b.add(y, bb),
+        None => y,
+    }
+}
+
+/// `FalconAttention._split_heads` and the head layout of `forward` (ALiBi off):
+/// ```python
+/// # new_decoder_architecture
+/// qkv = fused_qkv.view(batch, seq_len, -1, self.num_heads // self.num_kv_heads + 2, self.head_dim)
+/// query = qkv[:, :, :, :-2]; key = qkv[:, :, :, [-2]]; value = qkv[:, :, :, [-1]]
+/// key = torch.broadcast_to(key, query.shape); value = torch.broadcast_to(value, query.shape)
+/// query, key, value = [x.flatten(2, 3) for x in (query, key, value)]
+/// # multi_query
+/// fused_qkv = fused_qkv.view(batch_size, seq_length, self.num_heads + 2, self.head_dim)
+/// return fused_qkv[..., :-2, :], fused_qkv[..., [-2], :], fused_qkv[..., [-1], :]
+/// # then
+/// query_layer = query_layer.transpose(1, 2).reshape(batch_size, self.num_heads, query_length, self.head_dim)
+/// ```
+/// The list indices (`[-2]`, `[-1]`: two int64 `[1]`) copy k and v (IndexBackward0: `new_zeros`
+/// and `index_put` of the whole projection in backward); q is a slice (SliceBackward0). In the
+/// new layout `flatten` copies q (a strided slice) and the broadcast k and v once the kv heads
+/// are grouped (ExpandBackward0 sums them back); they then carry `a` heads.
+fn split_heads(b: &mut Builder, spec: &ModelSpec, fused: Tid) -> (Tid, Tid, Tid) {
+    let idx = |b: &mut Builder| b.plain("lift_fresh", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
+    if new_arch(spec) {
+        let grouped = b.c.n(Q::KV) != b.c.n(Q::A);
+        let q = b.slice(fused, heads_bshd(Q::A));
+        let ik = idx(b);
+        let k = b.index(fused, ik, heads_bshd(Q::KV));
+        let iv = idx(b);
+        let v = b.index(fused, iv, heads_bshd(Q::KV));
+        if !grouped {
+            let t = |b: &mut Builder, x: Tid| b.view(x, heads(Q::A), "TransposeBackward0", false);
+            return (t(b, q), t(b, k), t(b, v));
+        }
+        let qc = b.copy(q, heads_bshd(Q::A));
+        let kc = llama::repeat_kv(b, k);
+        let vc = llama::repeat_kv(b, v);
+        let t = |b: &mut Builder, x: Tid| b.view(x, heads(Q::A), "TransposeBackward0", false);
+        (t(b, qc), t(b, kc), t(b, vc))
+    } else if spec.kv_heads == 1 {
+        let q = b.slice(fused, heads_bshd(Q::A));
+        let ik = idx(b);
+        let k = b.index(fused, ik, heads_bshd(Q::KV));
+        let iv = idx(b);
+        let v = b.index(fused, iv, heads_bshd(Q::KV));
+        let q = b.view(q, heads(Q::A), "TransposeBackward0", false);
+        let k = b.view(k, heads(Q::KV), "TransposeBackward0", false);
+        let v = b.view(v, heads(Q::KV), "TransposeBackward0", false);
+        (q, k, v)
+    } else {
+        // `fused_qkv.view(b, s, a, 3, d)[..., i, :]`: selects (a full-size gradient each).
+        let q = b.slice(fused, heads_bshd(Q::A));
+        let k = b.slice(fused, heads_bshd(Q::A));
+        let v = b.slice(fused, heads_bshd(Q::A));
+        let t = |b: &mut Builder, x: Tid| b.view(x, heads(Q::A), "TransposeBackward0", false);
+        (t(b, q), t(b, k), t(b, v))
+    }
+}
+
+/// `FalconAttention.forward`'s eager branch (ALiBi off):
+/// ```python
+/// attention_scores = query_layer @ key_layer.transpose(-1, -2)
+/// attention_scores /= math.sqrt(self.head_dim)
+/// attention_scores = F.softmax(attention_scores + attention_mask, dim=-1, dtype=hidden_states.dtype)
+/// attn_output = attention_scores @ value_layer
+/// attn_output = attn_output.view(b, a, s, d).permute(0, 2, 1, 3).reshape(b, s, a·d)
+/// ```
+/// `matmul` copies q and k (broadcasting one kv head to `a`: an expand copy, summed back in
+/// backward); the in-place division allocates nothing forward and its gradient (DivBackward0)
+/// in backward; the softmax runs in the hidden states' dtype (the residual's) and keeps its
+/// result; the output's reshape copies.
+fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Tid) {
+    let fold_or_repeat = |b: &mut Builder, x: Tid| {
+        if b.shape(x).dims()[1] != Dim::Q(Q::A) && b.c.n(Q::KV) != b.c.n(Q::A) {
+            // Autocast casts matmul's operands before matmul broadcasts them.
+            let x = b.autocast_in(x);
+            if b.c.n(Q::B) == 1 {
+                expand_view(b, x)
+            } else {
+                llama::repeat_kv(b, x)
+            }
+        } else {
+            b.fold(x, heads(Q::A))
+        }
+    };
+    let qc = b.fold(q, heads(Q::A));
+    let kc = fold_or_repeat(b, k);
+    let sc = b.bmm(qc, kc, scores());
+    let sd = div_scalar_(b, sc);
+    let sa = match mask {
+        Some(m) => b.add(sd, m),
+        None => sd,
+    };
+    let s32 = b.to_copy(sa, Dt::Resid);
+    let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
+    let vc = fold_or_repeat(b, v);
+    let o = b.bmm(pr, vc, heads(Q::A));
+    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
+    let ot = b.view(o, heads_bshd(Q::A), "PermuteBackward0", false);
+    let oc = b.copy(ot, heads_bshd(Q::A));
+    (b.view(oc, heads_bshd(Q::A), "ViewBackward0", false), pr)
+}
+
+/// `matmul`'s broadcast of one kv head to `a` at b = 1: the expanded `[1, a, s, d]` folds to
+/// `[a, s, d]` as a view (a zero stride), so nothing is copied; ExpandBackward0 sums the
+/// gradient back to one head.
+fn expand_view(b: &mut Builder, x: Tid) -> Tid {
+    let (rg, bytes, dtype) = (b.rg(x), b.bytes(x), b.t(x).dtype);
+    let out = b.view_out(x, heads(Q::A));
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("expand", "ExpandBackward0", &[x], &[out], &[], bw)[0]
+}
+
+/// `x /= c` in place for a Python number: no allocation; DivBackward0 allocates `grad / c`.
+fn div_scalar_(b: &mut Builder, x: Tid) -> Tid {
+    let (shape, rg, bytes, dtype) = (b.shape(x), b.rg(x), b.bytes(x), b.t(x).dtype);
+    let out = b.view_out(x, shape);
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "div" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    let saved: &[S] = &[];
+    b.op("div_", "DivBackward0", &[x], &[out], saved, bw)[0]
+}
+
+/// `FalconAttention.forward` (ALiBi off): `query_key_value`, the head split, RoPE on q and k,
+/// SDPA with the materialized bool mask (`is_causal` is false when a mask is given; no
+/// `enable_gqa`, so k and v keep the heads the split gave them) or the eager branch, `dense`.
+/// Returns the output and the eager probabilities.
+fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
+    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
+    let wo = p.w(b, "layers.*.attn.o_proj.weight");
+    let bo = p.w(b, "layers.*.attn.o_proj.bias");
+    let eager = attn == Attention::Eager;
+    b.part = Part::AttentionInputs;
+    b.module = "self_attention.query_key_value";
+    let fused = falcon_linear(b, x, wqkv, bqkv, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp), Linear::Qkv);
+    b.module = "self_attention";
+    b.part = Part::AttentionCore;
+    let (q, k, v) = split_heads(b, spec, fused);
+    let (qe, ke) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) if has_rope(spec) => {
+            let kv = if b.shape(k).dims()[1] == Dim::Q(Q::A) { Q::A } else { Q::KV };
+            let qe = llama::rope(b, q, cos, sin, Q::A);
+            let ke = llama::rope(b, k, cos, sin, kv);
+            (qe, ke)
+        }
+        _ => (q, k),
+    };
+    // `query_layer`, `key_layer` rebind to the rotated tensors: the copies before go.
+    b.hold(q);
+    b.hold(k);
+    let (region, qe, ke, v) = llama::selective_begin(b, qe, ke, v);
+    let (o, weights) = if eager {
+        let (o, pr) = eager_core(b, qe, ke, v, sh.mask);
+        (o, Some(pr))
+    } else {
+        let o = match sh.mask {
+            Some(m) if !b.dropout || b.c.cuda => starcoder2::sdpa_masked_core(b, qe, ke, v, m),
+            _ => llama::sdpa_core(b, qe, ke, v),
+        };
+        (o, None)
+    };
+    llama::selective_end(b, region);
+    b.part = Part::AttentionInputs;
+    b.module = "self_attention.dense";
+    let out = falcon_linear(b, o, wo, bo, tok(Q::H), Linear::O);
+    for t in [fused, qe, ke, v] {
+        b.hold(t);
+    }
+    (out, weights)
+}
+
+/// `FalconMLP.forward`: `dense_4h_to_h(act(dense_h_to_4h(x)))` (`get_activation("gelu")`:
+/// `F.gelu`, keeping its input).
+fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+    let w1 = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
+    let w2 = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
+    b.part = Part::Mlp;
+    b.module = "mlp.dense_h_to_4h";
+    let h = falcon_linear(b, x, w1.0, w1.1, lin_shape(Dim::Q(Q::F)), Linear::Up);
+    b.module = "mlp.act";
+    let a = match spec.act {
+        Activation::GeluNew => super::gpt2::gelu_new(b, h),
+        Activation::Relu => b.unary("relu", "ReluBackward0", h, Keep::Output, "threshold_backward"),
+        _ => b.unary("gelu", "GeluBackward0", h, Keep::Input, "gelu_backward"),
+    };
+    b.module = "mlp.dense_4h_to_h";
+    falcon_linear(b, a, w2.0, w2.1, tok(Q::H), Linear::Down)
+}
+
+/// `a += b` in place (AddBackward0: the gradient passes to both; no allocation).
+fn add_(b: &mut Builder, a: Tid, x: Tid) -> Tid {
+    let (shape, rg) = (b.shape(a), b.rg(a) || b.rg(x));
+    let out = b.view_out(a, shape);
+    let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }, B::Pass { input: 1, output: 0 }] } else { &[] };
+    b.op("add_", "AddBackward0", &[a, x], &[out], &[], bw)[0]
+}
+
+/// `FalconDecoderLayer.forward`:
+/// ```python
+/// residual = hidden_states
+/// if new_decoder_architecture and num_ln_in_parallel_attn == 2:
+///     attention_layernorm_out = self.ln_attn(hidden_states); mlp_layernorm_out = self.ln_mlp(hidden_states)
+/// else:
+///     attention_layernorm_out = self.input_layernorm(hidden_states)
+/// attention_output, attn_weights = self.self_attention(attention_layernorm_out, …)
+/// if not new_decoder_architecture:
+///     if parallel_attn: mlp_layernorm_out = attention_layernorm_out
+///     else:
+///         residual = dropout_add(attention_output, residual, …)
+///         mlp_layernorm_out = self.post_attention_layernorm(residual)
+/// mlp_output = self.mlp(mlp_layernorm_out)
+/// if new_decoder_architecture or parallel_attn: mlp_output += attention_output
+/// output = dropout_add(mlp_output, residual, …)            # dropout(x) then residual + x
+/// ```
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
+    b.group = Group::All;
+    let two = spec.layer_norms >= 2;
+    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+    let ln2 = if two { (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias")) } else { (None, None) };
+    b.part = Part::Norms;
+    if spec.parallel {
+        b.module = if two { "ln_attn" } else { "input_layernorm" };
+        let n1 = b.layer_norm(x, ln1.0, ln1.1);
+        let n2 = if two {
+            b.module = "ln_mlp";
+            b.layer_norm(x, ln2.0, ln2.1)
+        } else {
+            n1
+        };
+        let (a, weights) = attention(b, p, spec, n1, sh, attn);
+        let m = mlp(b, p, spec, n2);
+        b.module = "";
+        b.part = Part::Norms;
+        let m = add_(b, m, a);
+        b.part = Part::Dropout;
+        let m = b.dropout(m);
+        b.part = Part::Norms;
+        let y = b.add(x, m);
+        for t in [n1, n2, a, m] {
+            b.hold(t);
+        }
+        if let Some(w) = weights {
+            b.hold(w);
+        }
+        y
+    } else {
+        b.module = "input_layernorm";
+        let n1 = b.layer_norm(x, ln1.0, ln1.1);
+        let (a, weights) = attention(b, p, spec, n1, sh, attn);
+        b.module = "";
+        b.part = Part::Dropout;
+        let a = b.dropout(a);
+        b.part = Part::Norms;
+        let h = b.add(x, a);
+        b.module = "post_attention_layernorm";
+        let n2 = b.layer_norm(h, ln2.0, ln2.1);
+        let m = mlp(b, p, spec, n2);
+        b.module = "";
+        b.part = Part::Dropout;
+        let m = b.dropout(m);
+        b.part = Part::Norms;
+        let y = b.add(h, m);
+        for t in [n1, n2, a, h, m] {
+            b.hold(t);
+        }
+        if let Some(w) = weights {
+            b.hold(w);
+        }
+        y
+    }
+}
+
+/// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
+/// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
+/// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive
+/// (`where`) for eager — and the rotary embedding.
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "transformer.word_embeddings";
+    let emb_w = p.w(b, "embed_tokens.weight");
+    let x0 = match emb_w {
+        Some(w) => llama::embedding(b, ids, w),
+        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+    };
+    b.module = "transformer";
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1(), Dt::I64);
+    let pos = b.plain("add", &[ar], s1(), Dt::I64);
+    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    let mask = if attn == Attention::Eager {
+        llama::mask_only(b, pos, attn).1
+    } else {
+        llama::packed_detection(b, pos);
+        let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
+        let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
+        let kv0 = b.plain("arange", &[], s1(), Dt::I64);
+        let kv = b.plain("add", &[kv0], s1(), Dt::I64);
+        let q0 = b.plain("arange", &[], s1(), Dt::I64);
+        let qi = b.plain("add", &[q0], s1(), Dt::I64);
+        let le = b.plain("le", &[kv, qi], Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool);
+        b.hold(ba);
+        b.hold(ha);
+        b.hold(kv);
+        b.hold(qi);
+        b.p.tensors[le as usize].part = Some(Part::Checkpoints);
+        Some(le)
+    };
+    let (cos, sin) = if has_rope(spec) {
+        let (c, s) = llama::rotary(b, spec, pos);
+        (Some(c), Some(s))
+    } else {
+        (None, None)
+    };
+    (
+        x0,
+        Shared {
+            cos,
+            sin,
+            pos: Some(pos),
+            mask,
+            mask_local: None,
+            emb_w: if spec.tied { emb_w } else { None },
+            locals: [Some(x0), None],
+            cos_local: None,
+            sin_local: None,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::hf;
+    use serde_json::json;
+
+    fn spec(extra: serde_json::Value) -> ModelSpec {
+        let mut v = json!({
+            "model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 1000, "ffn_hidden_size": 176, "bias": false, "alibi": false
+        });
+        for (k, x) in extra.as_object().expect("an object") {
+            v[k] = x.clone();
+        }
+        hf::import_value(&v).expect("a falcon config imports").spec
+    }
+
+    #[test]
+    fn falcon_7b_is_the_multi_query_layout_and_40b_the_new_one() {
+        // Falcon-7B: multi_query, parallel_attn, one norm per layer.
+        let seven = spec(json!({"multi_query": true, "parallel_attn": true, "new_decoder_architecture": false}));
+        assert!(is(&seven));
+        assert_eq!(seven.kv_heads, 1);
+        assert!(!new_arch(&seven));
+        // Falcon-40B: new_decoder_architecture, 2 kv heads here, two norms (ln_attn, ln_mlp).
+        let forty = spec(json!({"new_decoder_architecture": true, "num_kv_heads": 2}));
+        assert!(new_arch(&forty));
+        // Falcon-11B: the new layout with one norm.
+        let eleven = spec(json!({"new_decoder_architecture": true, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}));
+        assert_eq!(eleven.layer_norms, 1);
+        assert!(new_arch(&eleven));
+    }
+
+    #[test]
+    fn the_sequential_layout_is_never_the_new_architecture() {
+        let seq = spec(json!({"multi_query": false, "parallel_attn": false}));
+        assert!(is(&seq) && !seq.parallel && seq.layer_norms == 2);
+        assert!(!new_arch(&seq));
+    }
+
+    #[test]
+    fn alibi_falcon_is_refused_rather_than_estimated() {
+        let alibi = spec(json!({"alibi": true}));
+        assert_eq!(crate::estimator::unmodelled_feature(&alibi), Some("ALiBi position biases"));
+        let rotary = spec(json!({}));
+        assert_eq!(crate::estimator::unmodelled_feature(&rotary), None);
+    }
+
+    #[test]
+    fn gpt_neox_and_gpt2_are_not_taken_for_falcon() {
+        let neox = hf::import_value(&json!({
+            "model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 176, "vocab_size": 1000
+        }))
+        .expect("imports")
+        .spec;
+        assert!(super::super::neox::is(&neox) && !is(&neox));
+        let gpt2 = hf::import_value(&json!({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1000}))
+            .expect("imports")
+            .spec;
+        assert!(!is(&gpt2));
+    }
+}

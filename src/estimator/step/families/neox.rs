@@ -1,0 +1,165 @@
+//! GPT-NeoX / Pythia (`modeling_gpt_neox.py`): a fused `query_key_value` projection whose
+//! output is laid out per head `[b, s, a, 3·d]` and chunked into q, k, v; partial RoPE
+//! (`rotary_pct`) on the first `d_rot` dims of q and k; `dense`; two biased LayerNorms per
+//! layer and either the parallel residual (`use_parallel_residual`, the default: attention and
+//! MLP both read the layer's input) or the sequential one; `dense_h_to_4h` → GELU →
+//! `dense_4h_to_h`; a final LayerNorm and an untied `embed_out` head.
+
+use super::super::blocks::shapes::{heads, tok, tok_tp};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
+use super::{gpt2, llama, phi, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+
+/// Whether `spec` is laid out like GPT-NeoX (a fused, biased q/k/v with RoPE, two LayerNorms,
+/// a plain MLP with biases).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.norm == NormKind::Layernorm
+        && spec.positions == Positions::Rope
+        && spec.mlp == MlpKind::Plain
+        && spec.fused_qkv
+        && spec.mlp_bias
+        && spec.qkv_bias
+        && spec.kv_heads == spec.heads
+        && spec.layer_norms == 2
+}
+
+/// `GPTNeoXAttention.forward`:
+/// ```python
+/// qkv = self.query_key_value(hidden_states).view(*input_shape, -1, 3 * head_size).transpose(1, 2)
+/// query_states, key_states, value_states = qkv.chunk(3, dim=-1)
+/// query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+/// attn_output = self.dense(attention_interface(…).reshape(*input_shape, -1).contiguous())
+/// ```
+/// v stays a view of the projection's output; RoPE's `cat` makes q and k contiguous
+/// `[b, a, s, d]`, so SDPA's output is copied by the reshape and eager's matmul views q and k.
+/// The chunks' gradients meet in one `cat` `[b, a, s, 3·d]` whose transpose the head view
+/// copies back.
+fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
+    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
+    let wo = p.w(b, "layers.*.attn.o_proj.weight");
+    let bo = p.w(b, "layers.*.attn.o_proj.bias");
+    let eager = attn == Attention::Eager;
+    b.part = Part::AttentionInputs;
+    b.module = "attention.query_key_value";
+    let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
+    let qkv = match wqkv {
+        Some(w) => b.proj(x, w, bqkv, qkv_shape, Linear::Qkv),
+        None => x,
+    };
+    b.module = "attention";
+    b.part = Part::AttentionCore;
+    let per_head = b.view(qkv, qkv_shape, "ViewBackward0", true);
+    let t = b.view(per_head, qkv_shape, "TransposeBackward0", false);
+    let (q, k, v) = b.split3(t, heads(Q::A));
+    let (qe, ke) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) => phi::rope_parts(b, spec, q, k, cos, sin, false),
+        _ => (q, k),
+    };
+    let (region, qe, ke, v) = llama::selective_begin(b, qe, ke, v);
+    let (o, weights) =
+        if eager { llama::eager_core_with(b, spec, qe, ke, v, sh.mask, true) } else { (llama::sdpa_core_copy(b, qe, ke, v, true), None) };
+    llama::selective_end(b, region);
+    b.part = Part::AttentionInputs;
+    b.module = "attention.dense";
+    let out = match wo {
+        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
+        None => o,
+    };
+    b.hold(qkv);
+    b.hold(qe);
+    b.hold(ke);
+    (out, weights)
+}
+
+/// `GPTNeoXMLP.forward`: `dense_4h_to_h(act(dense_h_to_4h(x)))`.
+fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+    let w1 = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
+    let w2 = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
+    b.part = Part::Mlp;
+    b.module = "mlp.dense_h_to_4h";
+    let h = match w1.0 {
+        Some(w) => b.proj(x, w, w1.1, tok_tp(Dim::Q(Q::F)), Linear::Up),
+        None => x,
+    };
+    b.module = "mlp.act";
+    let a = match spec.act {
+        Activation::GeluNew => gpt2::gelu_new(b, h),
+        Activation::Relu => b.unary("relu", "ReluBackward0", h, Keep::Output, "threshold_backward"),
+        _ => b.unary("gelu", "GeluBackward0", h, Keep::Input, "gelu_backward"),
+    };
+    b.module = "mlp.dense_4h_to_h";
+    match w2.0 {
+        Some(w) => b.proj(a, w, w2.1, tok(Q::H), Linear::Down),
+        None => a,
+    }
+}
+
+/// `GPTNeoXLayer.forward`:
+/// ```python
+/// attn_output, _ = self.attention(self.input_layernorm(hidden_states), …)
+/// attn_output = self.post_attention_dropout(attn_output)
+/// if self.use_parallel_residual:
+///     mlp_output = self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(hidden_states)))
+///     hidden_states = mlp_output + attn_output + hidden_states
+/// else:
+///     attn_output = attn_output + hidden_states
+///     mlp_output = self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(attn_output)))
+///     hidden_states = mlp_output + attn_output
+/// ```
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Registration order: input_layernorm, post_attention_layernorm, attention, mlp.
+    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+    let ln2 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let (a, weights) = attention(b, p, spec, n1, sh, attn);
+    b.hold(n1);
+    b.module = "post_attention_dropout";
+    b.part = Part::Dropout;
+    let a = b.dropout(a);
+    let y = if spec.parallel {
+        b.module = "post_attention_layernorm";
+        b.part = Part::Norms;
+        let n2 = b.layer_norm(x, ln2.0, ln2.1);
+        let m = mlp(b, p, spec, n2);
+        b.hold(n2);
+        b.module = "post_mlp_dropout";
+        b.part = Part::Dropout;
+        let m = b.dropout(m);
+        b.module = "";
+        b.part = Part::Norms;
+        let ma = b.add(m, a);
+        let y = b.add(ma, x);
+        b.hold(m);
+        y
+    } else {
+        b.module = "";
+        b.part = Part::Norms;
+        let h = b.add(a, x);
+        b.module = "post_attention_layernorm";
+        let n2 = b.layer_norm(h, ln2.0, ln2.1);
+        let m = mlp(b, p, spec, n2);
+        b.hold(n2);
+        b.module = "post_mlp_dropout";
+        b.part = Part::Dropout;
+        let m = b.dropout(m);
+        b.module = "";
+        b.part = Part::Norms;
+        let y = b.add(m, h);
+        b.hold(h);
+        b.hold(m);
+        y
+    };
+    b.hold(a);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}

@@ -1,0 +1,285 @@
+//! The mixture-of-experts block of DeepSeek-V3 and GLM-4.5 (`DeepseekV3MoE`,
+//! `Glm4MoeMoE`; GLM's modular file copies DeepSeek-V3's): a sigmoid router kept in fp32 with the
+//! `e_score_correction_bias` buffer and a group-limited top-k (`DeepseekV3TopkRouter`,
+//! `Glm4MoeTopkRouter`), the routed experts of `grouped_mm_experts_forward` ([`super::moe`]),
+//! and the shared experts, a gated MLP of `n_shared_experts · moe_intermediate_size` on the
+//! block's input, added to the routed output.
+//!
+//! Sources: transformers 5.24, `models/deepseek_v3/modeling_deepseek_v3.py`
+//! (`DeepseekV3TopkRouter.forward`, `DeepseekV3MoE.forward`) and
+//! `models/glm4_moe/modeling_glm4_moe.py` (`Glm4MoeTopkRouter.forward`, `Glm4MoeMoE.forward`).
+
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
+use super::moe::MoeW;
+use super::Params;
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::model::{Linear, ModelSpec};
+
+/// Bytes of an fp32 element (the router's weight and logits whatever the model dtype).
+pub const FP32_BYTES: u64 = 4;
+/// `topk(2, dim=-1)` in the group scores: each group is scored by its two best experts.
+pub const GROUP_SCORE_TOP: u32 = 2;
+
+/// `[b, s, extra…]`: one row per token.
+pub fn tokens(extra: &[Dim]) -> Shape {
+    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
+    d.extend_from_slice(extra);
+    Shape::new(&d, Split::None)
+}
+
+/// A parameter created in fp32 whatever the model dtype (`torch.zeros(..., dtype=torch.float32)`
+/// in the router's `__init__`, kept by `_keep_in_fp32_modules_strict`): fp32 weight, fp32
+/// gradient.
+pub fn fp32_param(b: &mut Builder, p: &Params, name: &str) -> Option<Tid> {
+    let (numel, trains, expert) = p.find(name)?;
+    let shards = if expert { p.expert_shards } else { p.shards } as u128;
+    let bytes = numel as u128 * FP32_BYTES as u128;
+    let grad = if trains { (numel as u128).div_ceil(shards.max(1)) * FP32_BYTES as u128 } else { 0 };
+    Some(b.param(bytes, super::super::ir::DType::Fp32, grad))
+}
+
+/// The block's parameters in registration order (`experts`, `gate`, `shared_experts`).
+#[derive(Clone, Copy)]
+pub struct SigmoidMoeW {
+    pub experts: MoeW,
+    pub shared: [Option<Tid>; 3],
+}
+
+impl SigmoidMoeW {
+    pub fn new(b: &mut Builder, p: &Params) -> SigmoidMoeW {
+        let gate_up = p.w(b, "layers.*.mlp.experts.gate_up_proj");
+        let down = p.w(b, "layers.*.mlp.experts.down_proj");
+        let router = fp32_param(b, p, "layers.*.mlp.router.weight");
+        let shared = [
+            p.w(b, "layers.*.mlp.shared_expert.gate_proj.weight"),
+            p.w(b, "layers.*.mlp.shared_expert.up_proj.weight"),
+            p.w(b, "layers.*.mlp.shared_expert.down_proj.weight"),
+        ];
+        SigmoidMoeW { experts: MoeW { router, gate_up, down }, shared }
+    }
+}
+
+/// `scores.gather(1, topk_indices)` into `[b, s, K]`: GatherBackward0 keeps the indices and
+/// scatters the gradient into zeros of the input (`new_zeros`, `scatter_add`).
+fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
+    let (dt, rg, bytes, dtype) = (b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
+    let out = b.out(tokens(&[Dim::X(X::K)]), dt, rg);
+    let bw: &[B] = if rg {
+        &[
+            B::Alloc { bytes, dtype, op: "new_zeros" },
+            B::Alloc { bytes, dtype, op: "scatter_add" },
+            B::Free(0),
+            B::Grad { input: 0, temp: 1 },
+        ]
+    } else {
+        &[]
+    };
+    b.op("gather", "GatherBackward0", &[x, idx], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
+}
+
+/// A tensor that only a dying autograd node keeps (the group top-k's indices, kept by its
+/// TopkBackward0 until the router returns and drops `group_scores`, the node's last owner):
+/// held to the return when the forward saves, freed after its last use in a checkpointed
+/// layer's first forward, which saves nothing.
+pub fn node_kept(b: &mut Builder, t: Tid) {
+    let in_checkpoint = b.p.regions.last().is_some_and(|r| r.end == r.first);
+    if !in_checkpoint {
+        b.hold(t);
+    }
+}
+
+/// Whether `group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)` copies: only when
+/// both G and E / G exceed one (otherwise the expanded dims merge into a view).
+pub fn mask_copies(spec: &ModelSpec) -> bool {
+    let g = spec.router_groups.max(1);
+    g > 1 && spec.experts / g > 1
+}
+
+/// The router (`DeepseekV3TopkRouter.forward`, `Glm4MoeTopkRouter.forward`):
+/// ```python
+/// hidden_states = hidden_states.view(-1, self.hidden_dim)
+/// router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))
+/// scores = router_logits.sigmoid()
+/// scores_for_choice = scores + self.e_score_correction_bias
+/// group_scores = scores_for_choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+/// group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+/// group_mask = torch.zeros_like(group_scores); group_mask.scatter_(1, group_idx, 1)
+/// score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+/// scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), float("-inf"))
+/// topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]
+/// topk_weights = scores.gather(1, topk_indices)
+/// if self.norm_topk_prob:
+///     denominator = topk_weights.sum(dim=-1, keepdim=True) + 1e-20
+///     topk_weights /= denominator
+/// topk_weights = topk_weights * self.routed_scaling_factor
+/// ```
+/// The choice (bias, group scores, mask, top-k values) carries no gradient that reaches the
+/// loss: its autograd nodes die with their outputs, so only the logits (`mm`, keeping the fp32
+/// input), the sigmoid (keeping its result), the gather and the normalisation are in the graph.
+/// With one group `reshape` of the expanded mask is a view; with more it copies `[T, E]`.
+/// Returns (logits, weights, indices).
+pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normalize: bool) -> (Tid, Tid, Tid) {
+    b.module = "mlp.gate";
+    let xf = b.to_copy(x2, Dt::F32);
+    let e = || tokens(&[Dim::X(X::E)]);
+    let logits = match w {
+        Some(w) => b.linear(xf, w, None, e()),
+        None => b.plain("mm", &[xf], e(), Dt::F32),
+    };
+    let scores = b.unary("sigmoid", "SigmoidBackward0", logits, Keep::Output, "sigmoid_backward");
+    // The choice: no gradient reaches the loss through it.
+    let choice = b.plain("add", &[scores], e(), Dt::F32);
+    let groups = spec.router_groups.max(1);
+    let g = Dim::W(groups);
+    let top = [b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::F32, false), b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::I64, false)];
+    let r = b.plain_n("topk", &[choice], &top);
+    let (gv, gi) = (r[0], r[1]);
+    let gscores = b.plain("sum", &[gv], tokens(&[g]), Dt::F32);
+    let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
+    let top = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
+    let r = b.plain_n("topk", &[gscores], &top);
+    let gidx = r[1];
+    let gmask = b.plain("zeros_like", &[gscores], tokens(&[g]), Dt::F32);
+    b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
+    let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
+    let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
+    let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+    let filled = b.plain("masked_fill", &[choice, inv], e(), Dt::F32);
+    let top = [b.out(tokens(&[Dim::X(X::K)]), Dt::F32, false), b.out(tokens(&[Dim::X(X::K)]), Dt::I64, false)];
+    let r = b.plain_n("topk", &[filled], &top);
+    let idx = r[1];
+    let mut weights = gather(b, scores, idx);
+    let mut den = None;
+    if normalize {
+        let sum = b.sum_dim(weights, tokens(&[Dim::N(1)]));
+        let d = b.add_scalar(sum);
+        weights = b.div_(weights, d);
+        den = Some(d);
+    }
+    let scaled = b.mul_scalar(weights);
+    // `denominator` is a local too.
+    if let Some(d) = den {
+        b.hold(d);
+    }
+    // The function's locals live until it returns.
+    for t in [scores, filled, gscores, gidx, gmask, smask] {
+        b.hold(t);
+    }
+    // The group top-k's indices and the fill's mask are kept by nodes that die at the return.
+    node_kept(b, gi);
+    node_kept(b, inv);
+    (logits, scaled, idx)
+}
+
+/// The shared experts (`DeepseekV3MLP` / `Glm4MoeMLP` of `n_shared · f_e`):
+/// `down_proj(act_fn(gate_proj(x)) * up_proj(x))`.
+pub fn shared_mlp(b: &mut Builder, w: [Option<Tid>; 3], x: Tid) -> Tid {
+    let [wg, wu, wd] = w;
+    let f = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::FS)], Split::Tp);
+    b.module = "mlp.shared_experts.gate_proj";
+    let g = match wg {
+        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
+        None => x,
+    };
+    b.module = "mlp.shared_experts.act_fn";
+    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
+    b.module = "mlp.shared_experts.up_proj";
+    let u = match wu {
+        Some(w) => b.proj(x, w, None, f(), Linear::Up),
+        None => x,
+    };
+    b.module = "mlp.shared_experts";
+    let m = b.mul(a, u);
+    b.module = "mlp.shared_experts.down_proj";
+    match wd {
+        Some(w) => b.proj(m, w, None, Shape::tok(Q::H), Linear::Down),
+        None => m,
+    }
+}
+
+/// The block (`DeepseekV3MoE.forward`, `Glm4MoeMoE.forward`):
+/// ```python
+/// residuals = hidden_states
+/// _, topk_weights, topk_indices = self.gate(hidden_states)
+/// hidden_states = self.experts(hidden_states.view(-1, h), topk_indices, topk_weights).view(*orig_shape)
+/// hidden_states = hidden_states + self.shared_experts(residuals)
+/// ```
+/// The router's logits (`_`) and weights live until the block returns.
+pub fn block(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, normalize: bool) -> Tid {
+    let route = if normalize { router_normalized } else { router_plain };
+    block_with(b, spec, w, x, route)
+}
+
+fn router_normalized(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    router(b, spec, w, x2, true)
+}
+
+fn router_plain(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    router(b, spec, w, x2, false)
+}
+
+/// A router: (builder, spec, weight, `[b·s, h]` input) → (logits, weights, indices).
+pub type RouterFn = fn(&mut Builder, &ModelSpec, Option<Tid>, Tid) -> (Tid, Tid, Tid);
+
+/// [`block`] with another router (DeepSeek-V2's softmax one, `DeepseekV2Moe.forward`, which is
+/// otherwise the same block).
+pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, route: RouterFn) -> Tid {
+    b.part = Part::Moe;
+    b.module = "mlp";
+    let xr = b.view(x, b.shape(x), "ViewBackward0", false);
+    let (logits, weights, idx) = route(b, spec, w.experts.router, xr);
+    b.module = "mlp";
+    let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
+    let routed = super::moe::experts(b, &w.experts, x2, weights, idx);
+    let routed = b.view(routed, Shape::tok(Q::H), "ViewBackward0", false);
+    let shared = if w.shared.iter().any(Option::is_some) {
+        b.part = Part::Moe;
+        Some(shared_mlp(b, w.shared, x))
+    } else {
+        None
+    };
+    b.module = "mlp";
+    let out = match shared {
+        Some(s) => b.add(routed, s),
+        None => routed,
+    };
+    for t in [logits, weights, idx, xr, x2] {
+        b.hold(t);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::Config;
+    use crate::estimator::presets::preset;
+
+    fn spec(id: &str) -> ModelSpec {
+        preset(id).expect("preset").spec
+    }
+
+    #[test]
+    fn the_group_mask_is_copied_only_when_groups_and_experts_per_group_both_exceed_one() {
+        // DeepSeek-V3: 8 groups of 32 experts → reshape copies [T, 256].
+        assert!(mask_copies(&spec("deepseek-v3")));
+        // GLM-4.5-Air: n_group 1 → [T, 1, E] merges into a view.
+        assert!(!mask_copies(&spec("glm-4.5-air")));
+        // One expert per group → [T, G, 1] merges into a view too.
+        let mut m = spec("deepseek-v3");
+        m.router_groups = m.experts;
+        assert!(!mask_copies(&m));
+    }
+
+    #[test]
+    fn the_correction_bias_buffer_is_e_fp32_per_moe_layer() {
+        // DeepSeek-V3: 61 layers, the first 3 dense → 58 × 256 × 4 = 59,392 bytes.
+        let cfg = Config { model: "deepseek-v3".into(), arch: spec("deepseek-v3"), ..Config::default() };
+        assert_eq!(super::super::super::model::router_bias_buffer_bytes(&cfg), 59_392);
+        // Softmax routers have no such buffer.
+        let cfg = Config { model: "deepseek-v2-lite".into(), arch: spec("deepseek-v2-lite"), ..Config::default() };
+        assert_eq!(super::super::super::model::router_bias_buffer_bytes(&cfg), 0);
+    }
+}

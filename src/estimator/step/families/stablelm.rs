@@ -1,0 +1,163 @@
+//! StableLM (`modeling_stablelm.py`): biased LayerNorms, q/k/v projections (biased when
+//! `use_qkv_bias`), an optional per-head LayerNorm on q and k (`qk_layernorm`:
+//! `StableLmLayerNormPerHead`, one bias-free `nn.LayerNorm(d)` per head), partial RoPE by slices
+//! and `cat` (Phi's), a bias-free `o_proj`, Llama's gated MLP, and either the sequential
+//! residual or the parallel one (`use_parallel_residual`: attention and MLP both read
+//! `input_layernorm`'s output).
+
+use super::super::blocks::shapes::{heads, heads_bshd, tok};
+use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
+use super::{llama, phi, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{Linear, MlpKind, ModelSpec, NormKind, Positions, QkNorm};
+
+/// Whether `spec` is laid out like StableLM (biased LayerNorm, RoPE, a gated MLP).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.norm == NormKind::Layernorm && spec.positions == Positions::Rope && spec.mlp == MlpKind::Gated && !spec.fused_qkv
+}
+
+/// `StableLmLayerNormPerHead.forward`:
+/// ```python
+/// states_per_heads = torch.split(hidden_states, 1, dim=1)
+/// return torch.cat([norm(hidden_states) for norm, hidden_states in zip(self.norms, states_per_heads)], dim=1)
+/// ```
+/// on `x` `[b, heads, s, d]`: one view per head (SplitBackward0 concatenates their gradients),
+/// a LayerNorm each (keeping its input view, mean and rstd `[b, 1, s, 1]` — fp32 under autocast,
+/// where the weights are fp32 and q, k bf16), and the `cat` of
+/// their outputs (CatBackward0 hands out narrowed views). `h`: the heads (a or k).
+fn per_head_norm(b: &mut Builder, p: &Params, name: &str, x: Tid, h: Q) -> Tid {
+    // The heads on this GPU (tensor parallelism splits them), each a whole `[b, 1, s, d]`.
+    let all = b.c.n(h).max(1);
+    let n = all.div_ceil(b.c.n(Q::T_TP).max(1));
+    let (numel, trains, expert) = p.find(name).unwrap_or((0, false, false));
+    let ws: Vec<Option<Tid>> = (0..n).map(|_| (numel > 0).then(|| p.make(b, numel / all, trains, expert))).collect();
+    let one = Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::D)], Split::None);
+    let (rg, bytes, dtype) = (b.rg(x), b.bytes(x), b.t(x).dtype);
+    let outs: Vec<_> = (0..n).map(|_| b.view_out(x, one)).collect();
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("split", "SplitBackward0", &[x], &outs, &[], bw);
+    let op = b.p.ops.last().expect("the split was just emitted");
+    let parts: Vec<Tid> = b.p.outs(op).to_vec();
+    let normed: Vec<Tid> = parts.iter().zip(&ws).map(|(&t, &w)| b.layer_norm_mixed(t, w, None)).collect();
+    let full = b.shape(x);
+    let dt = b.t(normed[0]).dt;
+    let rg = normed.iter().any(|&t| b.rg(t));
+    let out = b.out(full, dt, rg);
+    let bw: Vec<B> = (0..normed.len()).map(|i| B::Pass { input: i as u8, output: 0 }).collect();
+    b.op("cat", "CatBackward0", &normed, &[out], &[], if rg { &bw } else { &[] })[0]
+}
+
+/// `StableLmAttention.forward`: q, k, v projections and their `[b, heads, s, d]` views, the
+/// per-head q/k norms, Phi's partial RoPE (`query_rot`, `key_rot` bound until the return),
+/// the attention core, `o_proj` on `attn_output.reshape(b, s, -1)`.
+fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let w = llama::AttnW::new(b, p);
+    let eager = attn == Attention::Eager;
+    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| {
+        b.module = module;
+        b.part = Part::AttentionInputs;
+        let y = match w {
+            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
+            None => x,
+        };
+        b.module = "self_attn";
+        let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
+        b.view(v, heads(h), "TransposeBackward0", false)
+    };
+    // q's and k's gradients come back from a `cat` laid out [b, heads, s, d]: their views copy;
+    // v's too after eager's bmm, not from SDPA's kernel.
+    let q = proj(b, w.wq, w.bq, Q::A, "self_attn.q_proj", true, Linear::Q);
+    let k = proj(b, w.wk, w.bk, Q::KV, "self_attn.k_proj", true, Linear::K);
+    let v = proj(b, w.wv, w.bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
+    b.part = Part::AttentionCore;
+    let (q, k) = if spec.qk_norm == QkNorm::PerHead {
+        b.module = "self_attn.q_layernorm";
+        let qn = per_head_norm(b, p, "layers.*.attn.q_layernorm.norms.*.weight", q, Q::A);
+        b.module = "self_attn.k_layernorm";
+        let kn = per_head_norm(b, p, "layers.*.attn.k_layernorm.norms.*.weight", k, Q::KV);
+        (qn, kn)
+    } else {
+        (q, k)
+    };
+    b.module = "self_attn";
+    let (qe, ke) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) => phi::rope_parts(b, spec, q, k, cos, sin, true),
+        _ => (q, k),
+    };
+    let (region, qe, ke, v) = llama::selective_begin(b, qe, ke, v);
+    let (o, weights) =
+        if eager { llama::eager_core_with(b, spec, qe, ke, v, sh.mask, true) } else { (llama::sdpa_core_copy(b, qe, ke, v, true), None) };
+    llama::selective_end(b, region);
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.o_proj";
+    let out = match w.wo {
+        Some(wo) => b.proj(o, wo, w.bo, tok(Q::H), Linear::O),
+        None => o,
+    };
+    for t in [q, k, v, qe, ke] {
+        b.hold(t);
+    }
+    (out, weights)
+}
+
+/// `StableLmDecoderLayer.forward`:
+/// ```python
+/// residual = hidden_states
+/// hidden_states = self.input_layernorm(hidden_states)
+/// self_attn_output, _ = self.self_attn(hidden_states=hidden_states, …)
+/// if self.use_parallel_residual:
+///     mlp_output = self.dropout(self.mlp(hidden_states))
+///     hidden_states = residual + self_attn_output + mlp_output
+/// else:
+///     residual = residual + self_attn_output
+///     mlp_output = self.dropout(self.mlp(self.post_attention_layernorm(residual)))
+///     hidden_states = residual + mlp_output
+/// ```
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Registration order: self_attn, mlp, input_layernorm, [post_attention_layernorm], dropout.
+    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let (a, weights) = attention(b, p, spec, n1, sh, attn);
+    let mw = llama::MlpW::new(b, p);
+    let y = if spec.parallel {
+        let m = llama::mlp(b, &mw, n1);
+        b.module = "dropout";
+        b.part = Part::Dropout;
+        let m = b.dropout(m);
+        b.module = "";
+        b.part = Part::Norms;
+        let xa = b.add(x, a);
+        let y = b.add(xa, m);
+        b.hold(m);
+        y
+    } else {
+        let ln2 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+        b.module = "";
+        b.part = Part::Norms;
+        let h = b.add(x, a);
+        b.module = "post_attention_layernorm";
+        let n2 = b.layer_norm(h, ln2.0, ln2.1);
+        let m = llama::mlp(b, &mw, n2);
+        b.hold(n2);
+        b.module = "dropout";
+        b.part = Part::Dropout;
+        let m = b.dropout(m);
+        b.module = "";
+        b.part = Part::Norms;
+        let y = b.add(h, m);
+        b.hold(h);
+        b.hold(m);
+        y
+    };
+    b.hold(n1);
+    b.hold(a);
+    if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}
