@@ -364,14 +364,16 @@ pub struct Program {
 
 impl Default for Program {
     fn default() -> Self {
+        // Sized for one decoder layer (a Llama layer has about 60 ops and 90 tensors), so
+        // building one does not regrow its vectors op by op.
         Program {
-            tensors: Vec::new(),
-            ops: Vec::new(),
-            args: Vec::new(),
-            saves: Vec::new(),
-            script: Vec::new(),
+            tensors: Vec::with_capacity(128),
+            ops: Vec::with_capacity(96),
+            args: Vec::with_capacity(256),
+            saves: Vec::with_capacity(96),
+            script: Vec::with_capacity(256),
             regions: Vec::new(),
-            outputs: Vec::new(),
+            outputs: Vec::with_capacity(2),
             loss_from: u32::MAX,
         }
     }

@@ -435,19 +435,6 @@ impl<'p, S: Sink> Run<'p, S> {
             }
             let at = self.at(i, Phase::Backward, op.node);
             let runs = !op.node.is_empty() && has_grad;
-            if std::env::var("DEBUG_OP").ok().and_then(|v| v.parse::<usize>().ok()) == Some(i) {
-                eprintln!(
-                    "op {i} of {} {} runs {runs} has_grad {has_grad} grads {:?} region {r} script {:?} in {:?}",
-                    p.ops.len(),
-                    op.name,
-                    outs.iter().map(|&t| self.grad[t as usize]).collect::<Vec<_>>(),
-                    p.bw(op),
-                    p.ins(op)
-                        .iter()
-                        .map(|&t| (&p.tensors[t as usize].origin, p.tensors[t as usize].dtype, p.tensors[t as usize].requires_grad))
-                        .collect::<Vec<_>>()
-                );
-            }
             deliver.clear();
             let mut released = false;
             if runs {
