@@ -64,6 +64,9 @@ const PORTED: &[&str] = &[
     "deepseek_v3",
     "deepseek_v2",
     "deepseek_v2-group",
+    "smollm3",
+    "gpt_oss",
+    "llama4_text",
 ];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python

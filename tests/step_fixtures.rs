@@ -105,6 +105,9 @@ const PORTED: &[&str] = &[
     "deepseek_v3",
     "deepseek_v2",
     "deepseek_v2-group",
+    "smollm3",
+    "gpt_oss",
+    "llama4_text",
 ];
 
 /// The step event logs: (record id, measured peak, the log).

@@ -174,15 +174,29 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
 
 /// The first architectural feature whose saved tensors the activation model does not cover yet.
 /// Sliding windows are covered (they change masks, not saved shapes: measured on Gemma-2), and so
-/// are dense and MoE layers in any order (counted per layer kind).
+/// are dense and MoE layers in any order (counted per layer kind), NoPE layers (SmolLM3: measured),
+/// gpt-oss's layout (sinks, its router and experts: measured) and Llama 4's (measured).
 pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
+    // gpt-oss (sinks, a biased top-k-then-softmax router, biased [E, in, out] experts, the
+    // clamped SwiGLU) has its own exact layer: step/families/gpt_oss.rs.
+    if step::families::gpt_oss::layout(spec) {
+        return None;
+    }
+    // Llama 4's text layers (chunked attention, NoPE layers with temperature tuning, the L2 q/k
+    // norm, complex RoPE, all-experts MoE beside a shared expert): step/families/llama4.rs.
+    if step::families::llama4::layout(spec) {
+        return None;
+    }
     [
+        (
+            spec.moe_all_experts || spec.qk_l2_norm,
+            "Llama 4's text layers (every expert on every token beside a shared expert, weightless L2 q/k norm, complex RoPE, chunked attention, NoPE temperature tuning)",
+        ),
         (spec.is_mla() && !matches!(spec.router, Router::Sigmoid | Router::Softmax), "multi-head latent attention (MLA) with this router"),
         (spec.attn_sinks, "attention sinks"),
         (spec.qk_l2_norm, "the L2 q/k norm"),
-        (spec.nope_layers.count(spec.layers) > 0, "NoPE layers"),
         (spec.window_kind == WindowKind::Chunked && spec.window_layers.count(spec.layers) > 0, "chunked attention"),
         (moe && !matches!(spec.router, Router::Softmax | Router::Sigmoid), "this router (not softmax-then-top-k)"),
         (moe && spec.router_bias, "this router (bias)"),
@@ -533,6 +547,11 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
     if cfg.arch.softcap && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
         warnings.push(
             "transformers 5 refuses sdpa for Gemma-2 (its soft-capping needs eager or flash attention); estimated as if it ran".to_string(),
+        );
+    }
+    if step::families::gpt_oss::is(&cfg.arch) && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
+        warnings.push(
+            "transformers 5.24 runs gpt-oss with eager attention only (sinks); sdpa is estimated as a flash kernel keeping q, k, v, the output and the log-sum-exp (not measured)".to_string(),
         );
     }
     if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {

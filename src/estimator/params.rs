@@ -82,6 +82,9 @@ fn stage_spec(spec: &ModelSpec, layers: u64) -> ModelSpec {
     let moe_here = spec.moe_layers().min(layers);
     s.layers = layers;
     s.dense_layers = if spec.experts > 0 { layers - moe_here } else { 0 };
+    // The stage's MoE layers are counted, not placed: its last `moe_here` layers (an
+    // interleaving rule such as Llama 4's would otherwise drop those below `dense_layers`).
+    s.moe_rule = crate::estimator::model::LayerRule::All;
     s
 }
 

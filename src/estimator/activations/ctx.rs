@@ -82,6 +82,10 @@ pub const L: Sym = Sym::new("L", "", "decoder layers on this GPU");
 pub const L_MOE: Sym = Sym::new("L", "moe", "MoE layers on this GPU");
 /// Dense-MLP layers on this GPU.
 pub const L_DENSE: Sym = Sym::new("L", "dense", "dense-MLP layers on this GPU");
+/// Layers with rotary embedding on this GPU (in a model that also has NoPE layers).
+pub const L_ROPE: Sym = Sym::new("L", "rope", "layers with rotary embedding on this GPU");
+/// NoPE layers (no rotary embedding) on this GPU.
+pub const L_NOPE: Sym = Sym::new("L", "nope", "NoPE layers on this GPU");
 /// Micro-batches whose activations are alive at once on this pipeline stage.
 pub const M: Sym = Sym::new("m", "", "micro-batches in flight on this pipeline stage");
 

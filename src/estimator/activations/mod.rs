@@ -27,7 +27,7 @@ use super::expr::{Expr, Sym};
 use super::ledger::{Bytes, Category, Row};
 use super::params::Stage;
 use super::precision::{Dtype, Recipe};
-use ctx::{Ctx, Values, L, L_DENSE, L_MOE, M};
+use ctx::{Ctx, Values, L, L_DENSE, L_MOE, L_NOPE, L_ROPE, M};
 
 pub use textbook::{eager_score_bytes, textbook_differences, textbook_rows};
 
@@ -129,6 +129,12 @@ pub struct Terms {
     pub layer: Vec<(Part, Expr)>,
     pub moe_layer: Vec<(Part, Expr)>,
     pub dense_layer: Vec<(Part, Expr)>,
+    /// Terms only layers with rotary embedding keep, and only NoPE layers (Llama 4), with
+    /// their layer counts on this stage.
+    pub rope_layer: Vec<(Part, Expr)>,
+    pub nope_layer: Vec<(Part, Expr)>,
+    pub n_rope: u64,
+    pub n_nope: u64,
     pub first: Vec<(Part, Expr)>,
     pub last: Vec<(Part, Expr)>,
     /// What only the layers of one attention type keep (Gemma-3's sliding layers: SDPA's mask
@@ -161,26 +167,42 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     let group_of = |g: Group, kind: Kind| -> Group {
         match (g, has_moe, kind) {
             (Group::All, _, _) => Group::All,
+            (Group::Rope, _, _) => Group::Rope,
+            (Group::Nope, _, _) => Group::Nope,
             (_, false, _) => Group::All,
             (_, true, Kind::Moe) => Group::Moe,
             (_, true, Kind::Dense) => Group::Dense,
         }
     };
     // One program per distinct (kind, attention type) of the stage's layers.
-    let mut variants: Vec<(Kind, bool)> = Vec::new();
+    let mut variants: Vec<(Kind, super::step::families::Var)> = Vec::new();
     for (i, &k) in setup.kinds.iter().enumerate() {
-        let v = (k, setup.sliding(i));
+        let v = (k, setup.var(i));
         if !variants.contains(&v) {
             variants.push(v);
         }
     }
     let mut shared_saved = 0u8;
     let mut kinds_done: Vec<Kind> = Vec::new();
-    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
-        let (prog, _x, sh) = setup.layer_alone(kind, sliding, 0, false);
+    // Terms of RoPE-only and NoPE-only groups: taken from the first layer of each.
+    let (mut rope_done, mut nope_done) = (false, false);
+    for i in 0..setup.kinds.len() {
+        if setup.var(i).nope {
+            t.n_nope += 1;
+        } else {
+            t.n_rope += 1;
+        }
+    }
+    for (vi, &(kind, var)) in variants.iter().enumerate() {
+        let (prog, _x, sh) = setup.layer_alone(kind, var, 0, false);
         shared_saved |= super::step::fast::kept_slots(&prog, &sh);
-        // Sizes are the same across attention types (a mask differs, not what is saved).
-        if kinds_done.contains(&kind) {
+        let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
+        rope_done |= !var.nope;
+        nope_done |= var.nope;
+        // Sizes are the same across attention types (a mask differs, not what is saved), except
+        // the RoPE-only and NoPE-only groups.
+        let kind_done = kinds_done.contains(&kind);
+        if kind_done && !take_rope && !take_nope {
             continue;
         }
         kinds_done.push(kind);
@@ -194,8 +216,12 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
                 // Terms common to every layer: counted once, from the first kind.
                 Group::All if vi == 0 => t.layer.push((k.part, e)),
                 Group::All => {}
-                Group::Moe => t.moe_layer.push((k.part, e)),
-                Group::Dense => t.dense_layer.push((k.part, e)),
+                Group::Moe if !kind_done => t.moe_layer.push((k.part, e)),
+                Group::Dense if !kind_done => t.dense_layer.push((k.part, e)),
+                Group::Moe | Group::Dense => {}
+                Group::Rope if take_rope => t.rope_layer.push((k.part, e)),
+                Group::Nope if take_nope => t.nope_layer.push((k.part, e)),
+                Group::Rope | Group::Nope => {}
             }
         }
     }
@@ -255,15 +281,17 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
 /// SDPA's mask and k, v repeated to `a` heads; its full layers: k and v at `k` heads): the loop
 /// of [`activations`] counted the first type's terms for every layer of the kind; what only one
 /// type keeps moves to [`Terms::by_attention`], counted for that type's layers (`L_sw`,
-/// `L_full`). Terms of every kind (`Group::All`) are the first kind's, as in that loop.
+/// `L_full`). Terms of every kind (`Group::All`) are the first kind's, as in that loop. Only
+/// variants alike but for the window are compared: what RoPE-only and NoPE-only layers keep is
+/// counted by its own groups (`Group::Rope`, `Group::Nope`, [`Terms::rope_layer`]).
 fn split_by_attention(
     setup: &super::step::model::Setup,
     b: &super::step::ir::Builder,
-    variants: &[(super::step::families::Kind, bool)],
+    variants: &[(super::step::families::Kind, super::step::families::Var)],
     has_moe: bool,
     t: &mut Terms,
 ) {
-    use super::step::families::Kind;
+    use super::step::families::{Kind, Var};
     use super::step::ir::Group;
     use super::step::ledger::kept;
     type Term = (Part, Group, u128, Expr);
@@ -272,11 +300,11 @@ fn split_by_attention(
         (_, true, Kind::Moe) => Group::Moe,
         (_, true, Kind::Dense) => Group::Dense,
     };
-    let terms_of = |kind: Kind, sliding: bool| -> Vec<Term> {
-        let (prog, _x, _sh) = setup.layer_alone(kind, sliding, 0, false);
+    let terms_of = |kind: Kind, var: Var| -> Vec<Term> {
+        let (prog, _x, _sh) = setup.layer_alone(kind, var, 0, false);
         kept(&prog)
             .into_iter()
-            .filter(|k| !k.elsewhere)
+            .filter(|k| !k.elsewhere && !matches!(k.group, Group::Rope | Group::Nope))
             .map(|k| {
                 let x = &prog.tensors[k.t as usize];
                 (k.part, group_of(k.group, kind), x.bytes, b.expr_of(&x.shape, x.dt))
@@ -284,16 +312,18 @@ fn split_by_attention(
             .collect()
     };
     // Layers of one attention type on this stage (of one kind, or of any kind).
-    let count = |kind: Option<Kind>, sliding: bool| -> u64 {
-        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.sliding(i) == sliding).count() as u64
+    let count = |kind: Option<Kind>, var: Var| -> u64 {
+        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.var(i) == var).count() as u64
     };
-    for (vi, &(kind, sliding)) in variants.iter().enumerate() {
+    for (vi, &(kind, var)) in variants.iter().enumerate() {
         let first_of_kind = !variants[..vi].iter().any(|(k, _)| *k == kind);
-        let Some(&(_, other)) = variants.iter().find(|(k, s)| *k == kind && *s != sliding) else { continue };
+        let Some(&(_, other)) = variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && v.nope == var.nope) else {
+            continue;
+        };
         if !first_of_kind {
             continue;
         }
-        let here = terms_of(kind, sliding);
+        let here = terms_of(kind, var);
         let mut only_there = terms_of(kind, other);
         let mut only_here = Vec::new();
         for term in here {
@@ -311,13 +341,14 @@ fn split_by_attention(
                 Group::All => continue,
                 Group::Moe => &mut t.moe_layer,
                 Group::Dense => &mut t.dense_layer,
+                Group::Rope | Group::Nope => continue,
             };
             if let Some(j) = list.iter().position(|(p, x)| p == part && x == e) {
                 list.remove(j);
             }
         }
-        for (s, list) in [(sliding, only_here), (other, only_there)] {
-            let sym = if s { L_SLIDING } else { L_FULL };
+        for (s, list) in [(var, only_here), (other, only_there)] {
+            let sym = if s.sliding { L_SLIDING } else { L_FULL };
             for (part, group, _, e) in list {
                 let n = match group {
                     Group::All if vi == 0 => count(None, s),
@@ -362,6 +393,8 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
         .iter()
         .chain(&t.moe_layer)
         .chain(&t.dense_layer)
+        .chain(&t.rope_layer)
+        .chain(&t.nope_layer)
         .chain(&t.first)
         .chain(&t.last)
         .chain(t.by_attention.iter().flat_map(|(_, _, v)| v.iter()))
@@ -373,12 +406,15 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
     let per_moe = eval(&t.moe_layer);
     let per_dense = eval(&t.dense_layer);
+    let (per_rope, per_nope) = (eval(&t.rope_layer), eval(&t.nope_layer));
     // Terms of one attention type's layers, spread over every layer (rounded up: never more
     // "other micro-batch" bytes than there are).
     let by_attention: Bytes = t.by_attention.iter().map(|(_, n, v)| *n as u128 * eval(v)).sum();
     let per_layer = eval(&t.layer)
         + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense }
+        + if t.n_rope > 0 { per_rope } else { 0 }.max(if t.n_nope > 0 { per_nope } else { 0 })
         + by_attention.div_ceil(stage_layers.max(1) as u128);
+    let (n_rope, n_nope) = (t.n_rope, t.n_nope);
     let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
     // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
@@ -411,6 +447,13 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
             if let Some(e) = sum_of(&mut t.dense_layer, p) {
                 let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
                 terms.push(Expr::prod([count, e]));
+            }
+        }
+        for (v, n, sym) in [(&mut t.rope_layer, n_rope, L_ROPE), (&mut t.nope_layer, n_nope, L_NOPE)] {
+            if let Some(e) = sum_of(v, p) {
+                if n > 0 {
+                    terms.push(Expr::prod([Expr::var(sym, n), e]));
+                }
             }
         }
         for (sym, n, v) in t.by_attention.iter_mut() {

@@ -252,7 +252,7 @@ pub fn kept_slots(p: &Program, sh: &Shared) -> u8 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
     pub kind: Kind,
-    pub sliding: bool,
+    pub var: super::families::Var,
     pub free: u8,
     pub pinned: bool,
 }
@@ -271,11 +271,11 @@ pub fn layer_keys(setup: &Setup, psh: &Shared) -> Vec<Key> {
     let mut seen = 0u8;
     (0..setup.kinds.len())
         .map(|i| {
-            let sliding = setup.sliding(i);
-            let used = psh.used(sliding);
+            let var = setup.var(i);
+            let used = psh.used(var);
             let free = used & !seen;
             seen |= used;
-            Key { kind: setup.kinds[i], sliding, free, pinned: i == 0 && setup.first_pinned() }
+            Key { kind: setup.kinds[i], var, free, pinned: i == 0 && setup.first_pinned() }
         })
         .collect()
 }
@@ -313,7 +313,7 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     let mut progs: Vec<(Key, Program, Tid, Tid, Shared)> = Vec::new();
     for k in &keys {
         if !progs.iter().any(|p| p.0 == *k) {
-            let (prog, x, sh) = setup.layer_alone(k.kind, k.sliding, k.free, k.pinned);
+            let (prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
             let y = prog.outputs[0];
             progs.push((*k, prog, x, y, sh));
         }

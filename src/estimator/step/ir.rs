@@ -236,6 +236,11 @@ pub enum Group {
     Moe,
     /// Layers with a dense MLP in a model that also has MoE layers (L_dense).
     Dense,
+    /// Layers with rotary embedding in a model that also has NoPE layers (L_rope): what only
+    /// they keep (Llama 4's L2 q/k norm, its chunked layers' SDPA mask).
+    Rope,
+    /// NoPE layers (L_nope): what only they keep (Llama 4's attention temperature scales).
+    Nope,
 }
 
 /// Where a tensor's storage comes from.

@@ -69,7 +69,17 @@ impl<'a> Setup<'a> {
         xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
-        let kinds = (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect();
+        let kinds = if spec.moe_rule != crate::estimator::model::LayerRule::All {
+            // Interleaved MoE layers (Llama 4's `interleave_moe_layer_step`): by their index.
+            let first = match stage {
+                Stage::Whole | Stage::First => 0,
+                Stage::Middle => layers,
+                Stage::Last => spec.layers.saturating_sub(layers),
+            };
+            (0..layers).map(|i| if spec.is_moe_layer(first + i) { Kind::Moe } else { Kind::Dense }).collect()
+        } else {
+            (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
+        };
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
         Setup {
             cfg,
@@ -114,6 +124,11 @@ impl<'a> Setup<'a> {
         families::sliding(&self.cfg.arch, first + i)
     }
 
+    /// This stage's layer `i`'s variant (sliding window, NoPE) by its index in the model.
+    pub fn var(&self, i: usize) -> families::Var {
+        families::var(&self.cfg.arch, self.first_layer() + i)
+    }
+
     /// The model index of this stage's first layer.
     pub fn first_layer(&self) -> usize {
         match self.stage {
@@ -136,7 +151,7 @@ impl<'a> Setup<'a> {
         let mut x = x0;
         for (i, &kind) in self.kinds.iter().enumerate() {
             b.layer = i as u16;
-            let view = sh.view(self.sliding(i));
+            let view = sh.view(self.var(i));
             x = self.one_layer(&mut b, &p, x, &view, kind);
         }
         b.layer = MODEL;
@@ -171,12 +186,15 @@ impl<'a> Setup<'a> {
             // DeepSeek-V2's complex `freqs_cis` [s, d_r / 2] (fp32 pairs), no sin.
             let fc = mk(b, 0, Shape::new(&[Dim::Q(Q::S), Dim::X(X::DRot)], Split::None), Dt::F32, Part::Embedding);
             (Some(fc), None)
-        } else if families::has_rope(spec) {
-            let c = mk(b, 0, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
-            let s = mk(b, 1, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
-            (Some(c), Some(s))
         } else {
-            (None, None)
+            match families::rope_tables(spec) {
+                Some((shape, dt, two)) => {
+                    let c = mk(b, 0, shape, dt, Part::Embedding);
+                    let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
+                    (Some(c), s)
+                }
+                None => (None, None),
+            }
         };
         let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
         let [m, l] = families::mask_shapes(b, spec, self.cfg.attn);
@@ -194,14 +212,14 @@ impl<'a> Setup<'a> {
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
     /// `pinned`), the shared tensors (the global slots, freed by this layer's backward where
-    /// `free` says: it is their first user), its view of them (`sliding`).
-    pub fn layer_alone(&self, kind: Kind, sliding: bool, free: u8, pinned: bool) -> (Program, Tid, Shared) {
+    /// `free` says: it is their first user), its view of them (`var`).
+    pub fn layer_alone(&self, kind: Kind, var: families::Var, free: u8, pinned: bool) -> (Program, Tid, Shared) {
         let mut b = self.builder();
         let p = self.params();
         let x = families::input(&mut b, !pinned, true);
         let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
-        let y = self.one_layer(&mut b, &p, x, &sh.view(sliding), kind);
+        let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind);
         b.outputs(&[y]);
         (b.p, x, sh)
     }
@@ -240,6 +258,8 @@ impl<'a> Setup<'a> {
             b.hold(t);
         }
         self.head_and_loss(&mut b, &p, xn, &sh);
+        // The caller's `hidden_states` holds the final norm's output through the loss.
+        b.hold(xn);
         (b.p, x)
     }
 
@@ -251,6 +271,8 @@ impl<'a> Setup<'a> {
         if self.stage.has_embedding() {
             let ids = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
             families::embed(b, p, spec, ids, self.cfg.attn, self.cfg.finetune)
+        } else if let Some(r) = families::later_stage(b, p, spec, self.cfg.attn) {
+            r
         } else {
             // A later pipeline stage receives its input (and computes its own positions).
             b.module = "model";
@@ -319,6 +341,10 @@ impl<'a> Setup<'a> {
                 b.hold(t);
             }
             self.head_and_loss(b, p, xn, sh);
+            // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
+            // norm's output until the loss is computed: under autocast the head keeps only its
+            // bf16 cast, and the fp32 output still lives through the loss.
+            b.hold(xn);
         } else {
             // The output is sent to the next stage and freed; its gradient comes back.
             for t in sh.locals.into_iter().flatten() {

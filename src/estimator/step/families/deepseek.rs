@@ -671,7 +671,7 @@ mod tests {
     fn saved(part: Part) -> u128 {
         let cfg = toy();
         let setup = Setup::new(&cfg, &recipe(cfg.precision), Stage::Whole);
-        let (prog, _, _) = setup.layer_alone(Kind::Dense, false, 0, false);
+        let (prog, _, _) = setup.layer_alone(Kind::Dense, super::super::Var::default(), 0, false);
         kept(&prog).iter().filter(|k| k.part == part && !k.elsewhere).map(|k| prog.tensors[k.t as usize].bytes).sum()
     }
 
@@ -691,7 +691,7 @@ mod tests {
         let mut cfg = toy();
         cfg.arch = crate::estimator::sweep::uncompressed_kv(&cfg.arch).expect("MLA");
         let setup = Setup::new(&cfg, &recipe(cfg.precision), Stage::Whole);
-        let (prog, _, _) = setup.layer_alone(Kind::Dense, false, 0, false);
+        let (prog, _, _) = setup.layer_alone(Kind::Dense, super::super::Var::default(), 0, false);
         assert!(kept(&prog).iter().all(|k| k.part != Part::Mla));
     }
 }

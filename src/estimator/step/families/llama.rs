@@ -175,8 +175,10 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
     // (from SDPA, laid out like v) views, except after eager attention's bmm.
     let qnorm = head_norm.then_some((qn, "self_attn.q_norm"));
     let knorm = head_norm.then_some((kn, "self_attn.k_norm"));
-    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, true, Linear::Q);
-    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, true, Linear::K);
+    // A NoPE layer (no cos/sin in its view) hands q and k to the core as it hands v.
+    let qk_clone = !super::smollm3::nope_view(spec, sh) || eager;
+    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, qk_clone, Linear::Q);
+    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, qk_clone, Linear::K);
     // A mask under SDPA (a sliding window shorter than the keys, `mistral.rs`) repeats k and v:
     // v's gradient then comes back from a `sum`, laid out like eager's.
     let masked_sdpa = !eager && sh.mask.is_some();

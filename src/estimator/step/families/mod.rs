@@ -11,7 +11,9 @@ pub mod falcon;
 pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
+pub mod gpt_oss;
 pub mod llama;
+pub mod llama4;
 pub mod mistral;
 pub mod moe;
 pub mod neox;
@@ -21,6 +23,7 @@ pub mod phi;
 pub mod phi3;
 pub mod qwen_moe;
 pub mod sigmoid_moe;
+pub mod smollm3;
 pub mod stablelm;
 pub mod starcoder2;
 
@@ -73,30 +76,35 @@ impl Shared {
     pub fn all(&self) -> impl Iterator<Item = Tid> {
         self.slots().into_iter().flatten()
     }
-    /// What a layer reads: a sliding-window layer's mask is the local one.
-    pub fn view(&self, sliding: bool) -> Shared {
+    /// What a layer reads: a sliding-window layer's mask is the local one; a NoPE layer reads
+    /// no cos/sin.
+    pub fn view(&self, var: Var) -> Shared {
         let mut v = *self;
-        if sliding && self.mask_local.is_some() {
+        if var.sliding && self.mask_local.is_some() {
             v.mask = self.mask_local;
         }
-        if sliding && self.cos_local.is_some() {
+        if var.sliding && self.cos_local.is_some() {
             v.cos = self.cos_local;
             v.sin = self.sin_local;
         }
         v.mask_local = None;
         v.cos_local = None;
         v.sin_local = None;
+        if var.nope {
+            v.cos = None;
+            v.sin = None;
+        }
         v
     }
     /// The global slots a layer's view reads (bit per slot).
-    pub fn used(&self, sliding: bool) -> u8 {
+    pub fn used(&self, var: Var) -> u8 {
         let mut bits = 0u8;
-        let local_rope = sliding && self.cos_local.is_some();
+        let local_rope = var.sliding && self.cos_local.is_some();
         for (i, t) in self.slots().into_iter().enumerate() {
             let reads = match i {
-                3 | 4 => (i == 4) == (sliding && self.mask_local.is_some()),
-                0 | 1 => !local_rope,
-                5 | 6 => local_rope,
+                3 | 4 => (i == 4) == (var.sliding && self.mask_local.is_some()),
+                0 | 1 => !local_rope && !var.nope,
+                5 | 6 => local_rope && !var.nope,
                 _ => true,
             };
             if t.is_some() && reads {
@@ -113,8 +121,40 @@ pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
         // Gemma-3: `layer_types` (the window rule the importer reads from it).
         spec.window_layers.contains(i as u64)
     } else {
-        gemma::two_masks(spec) && i.is_multiple_of(2)
+        (gemma::two_masks(spec) && i.is_multiple_of(2)) || gpt_oss::sliding(spec, i) || llama4::chunked(spec, i)
     }
+}
+
+/// The model-level rotary tables the layers read: their shape and dtype, and whether there is
+/// a sin beside the cos (Llama 4's complex `freqs_cis` is one fp32-sized `[s, d]` table).
+pub fn rope_tables(spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+    if !has_rope(spec) {
+        None
+    } else if llama4::is(spec) {
+        use super::ir::Dim;
+        Some((Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None), Dt::F32, false))
+    } else {
+        Some((cos_shape(spec), cos_dt(spec), true))
+    }
+}
+
+/// Whether eager attention materializes two masks (a sliding-window one beside the causal one).
+pub fn two_masks(spec: &ModelSpec) -> bool {
+    gemma::two_masks(spec) || gpt_oss::is(spec)
+}
+
+/// What sets one decoder layer's attention apart from another's of the same [`Kind`]: a
+/// sliding-window mask, no rotary embedding (NoPE: SmolLM3's and Llama 4's `no_rope_layers`
+/// entries that are 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Var {
+    pub sliding: bool,
+    pub nope: bool,
+}
+
+/// The variant of decoder layer `i` (its index in the model).
+pub fn var(spec: &ModelSpec, i: usize) -> Var {
+    Var { sliding: sliding(spec, i), nope: smollm3::nope(spec, i) }
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.
@@ -153,6 +193,10 @@ impl Params<'_> {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)
+    } else if gpt_oss::is(spec) {
+        gpt_oss::layer(b, p, spec, x, sh, kind, attn)
+    } else if llama4::is(spec) {
+        llama4::layer(b, p, spec, x, sh, kind, attn)
     } else if opt::is(spec) {
         opt::layer(b, p, spec, x, sh, attn)
     } else if phi3::is(spec) {
@@ -192,6 +236,10 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let _ = ft;
     if gpt2::is(spec) {
         gpt2::embed(b, p, spec, ids, attn)
+    } else if gpt_oss::is(spec) {
+        gpt_oss::embed(b, p, spec, Some(ids), attn)
+    } else if llama4::is(spec) {
+        llama4::embed(b, p, spec, Some(ids), attn)
     } else if deepseek::is_v2(spec) {
         deepseek::embed_v2(b, p, spec, ids, attn)
     } else if gemma::is3(spec) {
@@ -217,6 +265,18 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     }
 }
 
+/// A later pipeline stage's prologue: the received activation, then positions, masks and the
+/// rotary tables as the model's forward makes them; `None` where Llama's does.
+pub fn later_stage(b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> Option<(Tid, Shared)> {
+    if gpt_oss::is(spec) {
+        Some(gpt_oss::embed(b, p, spec, None, attn))
+    } else if llama4::is(spec) {
+        Some(llama4::embed(b, p, spec, None, attn))
+    } else {
+        None
+    }
+}
+
 /// Whether the first layer's input is one of the model forward's locals (held until the model
 /// returns): Llama's `hidden_states = inputs_embeds`; GPT-2's sum of embeddings is not.
 pub fn x0_is_local(spec: &ModelSpec) -> bool {
@@ -227,6 +287,10 @@ pub fn x0_is_local(spec: &ModelSpec) -> bool {
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     if gpt2::is(spec) {
         gpt2::final_norm(b, p, spec, x)
+    } else if gpt_oss::is(spec) {
+        gpt_oss::final_norm(b, p, x)
+    } else if llama4::is(spec) {
+        llama4::final_norm(b, p, x)
     } else if olmo::is_any(spec) {
         olmo::final_norm(b, p, spec, x)
     } else if opt::is(spec) {
@@ -275,7 +339,14 @@ pub fn has_rope(spec: &ModelSpec) -> bool {
 /// The shape of the model-level cos/sin `[1, s, d_rot]`.
 pub fn cos_shape(spec: &ModelSpec) -> Shape {
     use super::ir::Dim;
-    let d = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
+    // gpt-oss's rotary embedding does not repeat its frequencies: cos/sin are `[s, d/2]`.
+    let d = if gpt_oss::is(spec) {
+        Dim::Half(Q::D)
+    } else if rotary_dims(spec) == spec.head_dim {
+        Dim::Q(Q::D)
+    } else {
+        Dim::X(X::DRot)
+    };
     Shape::new(&[Dim::Q(Q::S), d], Split::None)
 }
 
@@ -286,14 +357,21 @@ pub fn layer_norm_like(n: NormKind) -> bool {
 
 /// The shapes and dtypes of the masks the layers receive (`Shared::mask`, `Shared::mask_local`):
 /// eager's additive masks, and the bool masks SDPA gets ([`sdpa_bool_mask`], and where a sliding
-/// window is shorter than the keys, `mistral.rs`).
+/// window is shorter than the keys, `mistral.rs`). Llama 4's chunked mask `[b, s, s_kv]` is
+/// additive in the residual dtype under eager and stays boolean under SDPA, which needs none
+/// below one chunk ([`llama4::chunk_mask`]).
 pub fn mask_shapes(b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+    use super::ir::Dim;
     let eager = attn == Attention::Eager;
     let s_kv = b.c.n(Q::S_KV);
     let sdpa_mask = sdpa_bool_mask(b, spec) || (mistral::is(spec) && mistral::masked(spec.window, s_kv));
     let mask = if eager || sdpa_mask { Some(mistral::mask_shape(attn)) } else { None };
-    let local =
-        ((eager && gemma::two_masks(spec)) || (gemma::is3(spec) && mistral::masked(spec.window, s_kv))).then(|| mistral::mask_shape(attn));
+    let local = if llama4::is(spec) {
+        let dt = if eager { Dt::Resid } else { Dt::Bool };
+        llama4::chunk_mask(spec, attn, s_kv).then(|| (Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), dt))
+    } else {
+        ((eager && two_masks(spec)) || (gemma::is3(spec) && mistral::masked(spec.window, s_kv))).then(|| mistral::mask_shape(attn))
+    };
     [mask, local]
 }
 

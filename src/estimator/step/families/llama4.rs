@@ -1,0 +1,802 @@
+//! Llama 4's text model (`modeling_llama4.py`, transformers 5.24): RMSNorms that cast back before
+//! the weight, complex RoPE (`apply_rotary_emb`: q and k viewed as complex numbers times
+//! `freqs_cis`) followed by a weightless L2 norm of q and k on RoPE layers, NoPE layers (every
+//! `no_rope_layer_interval`-th) whose queries are scaled by `attn_temperature_tuning`, chunked
+//! attention on the RoPE layers (a materialized chunked mask), a softmax in the scores' dtype,
+//! and `interleave_moe_layer_step`: MoE layers (`Llama4TextMoe`: every expert runs every token,
+//! its input scaled by the sigmoid of the routed top-k logits, beside a shared expert) between
+//! dense layers of `intermediate_size_mlp`.
+//!
+//! Every op below is one aten op the modeling code dispatches, in its order, checked allocation
+//! by allocation against `tests/fixtures/pytorch/steps/llama4_text__*.json`. Complex64 tensors
+//! are written as fp32 tensors of twice the last dim (the same bytes).
+
+use super::super::blocks::shapes::{heads, heads_bshd, scores, tok, tok_tp};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
+use super::llama::{repeat_kv, AttnW, MlpW};
+use super::{Kind, Params, Shared};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::activations::Part;
+use crate::estimator::config::Attention;
+use crate::estimator::model::{Linear, ModelSpec, WindowKind};
+
+/// Whether `spec` is Llama 4's text model (every expert runs every token).
+pub fn is(spec: &ModelSpec) -> bool {
+    spec.moe_all_experts
+}
+
+/// Whether decoder layer `i` attends within chunks (`chunked_attention` in `layer_types`).
+pub fn chunked(spec: &ModelSpec, i: usize) -> bool {
+    is(spec) && spec.window_kind == WindowKind::Chunked && spec.window_layers.contains(i as u64)
+}
+
+/// Whether the model materializes the chunked layers' mask: eager always; SDPA only when the
+/// keys reach a chunk (`_ignore_causal_mask_sdpa`: `kv_length >= local_attention_size` keeps it),
+/// else the chunked layers run causal SDPA.
+pub fn chunk_mask(spec: &ModelSpec, attn: Attention, s_kv: u64) -> bool {
+    spec.window_layers.count(spec.layers) > 0 && (attn == Attention::Eager || s_kv >= spec.window)
+}
+
+/// Whether `spec` is exactly the layout this module builds (what `estimator::unmodelled_feature`
+/// accepts): Llama 4's experts and router, a shared expert, RoPE on every layer not in
+/// `nope_layers`, the L2 q/k norm on those (or on none), chunks on RoPE layers only.
+pub fn layout(spec: &ModelSpec) -> bool {
+    use crate::estimator::model::{Activation, Router};
+    // Chunks on exactly the RoPE layers (the default `layer_types`), or on none: what a layer
+    // keeps then depends only on whether it has RoPE.
+    let chunks = spec.window_layers.count(spec.layers) > 0;
+    let rope_only_chunks = !chunks || (0..spec.layers).all(|i| spec.window_layers.contains(i) != spec.nope_layers.contains(i));
+    is(spec)
+        && !spec.is_mla()
+        && !spec.attn_sinks
+        && spec.experts > 0
+        && spec.router == Router::TopkSigmoid
+        && !spec.router_bias
+        && !spec.router_fp32
+        && spec.router_groups <= 1
+        && !spec.expert_bias
+        && spec.experts_in_out
+        && spec.shared_experts == 1
+        && !spec.shared_gate
+        && spec.dense_layers == 0
+        && spec.act == Activation::Silu
+        && (spec.window_kind == WindowKind::Chunked || spec.window_layers.count(spec.layers) == 0)
+        && rope_only_chunks
+        && super::has_rope(spec)
+        && super::rotary_dims(spec) == spec.head_dim
+}
+
+/// `Llama4TextRMSNorm.forward`:
+/// ```python
+/// output = self._norm(x.float()).type_as(x)   # x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+/// return output * self.weight
+/// ```
+/// One expression: the mean and the sum die as soon as they are used. Keeps the fp32 input,
+/// the rsqrt, and the normalized input cast back (the weight's gradient).
+pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
+    let o = l2_norm(b, x);
+    let y = match w {
+        Some(w) => b.mul(o, w),
+        None => o,
+    };
+    b.hold(x);
+    y
+}
+
+/// `Llama4TextL2Norm.forward`: `self._norm(x.float()).type_as(x)` (no weight).
+fn l2_norm(b: &mut Builder, x: Tid) -> Tid {
+    let in_dt = b.t(x).dt;
+    let x32 = b.to_copy(x, Dt::F32);
+    let sq = b.pow(x32);
+    let var = b.mean_last(sq);
+    let ve = b.add_scalar(var);
+    let r = b.rsqrt(ve);
+    let n32 = b.mul(x32, r);
+    b.to_copy(n32, in_dt)
+}
+
+/// `xq_ * freqs_cis[:, :, None, :]` on complex views: MulBackward0 keeps `freqs_cis` and makes
+/// `grad * freqs_cis.conj()` (the conjugate resolved first: a copy of `freqs_cis`).
+fn complex_mul(b: &mut Builder, x: Tid, f: Tid) -> Tid {
+    let (shape, rg, bytes, dtype) = (b.shape(x), b.rg(x), b.bytes(x), b.t(x).dtype);
+    let out = b.out(shape, Dt::F32, rg);
+    let fb = b.bytes(f);
+    let bw: &[B] = if rg {
+        &[B::Alloc { bytes: fb, dtype, op: "clone" }, B::Alloc { bytes, dtype, op: "mul" }, B::Free(0), B::Grad { input: 0, temp: 1 }]
+    } else {
+        &[]
+    };
+    b.op("mul", "MulBackward0", &[x, f], &[out], &[S::In(1)], bw)[0]
+}
+
+/// `apply_rotary_emb(xq, xk, freqs_cis)`:
+/// ```python
+/// xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+/// xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+/// xq_out = torch.view_as_real(xq_ * freqs_cis[:, :, None, :]).flatten(3)
+/// xk_out = torch.view_as_real(xk_ * freqs_cis[:, :, None, :]).flatten(3)
+/// return xq_out.type_as(xq), xk_out.type_as(xk)
+/// ```
+/// `view_as_real`'s backward needs a contiguous gradient (`clone` when it is not: `q_contig`,
+/// `k_contig` say whether it arrives contiguous).
+fn rope(b: &mut Builder, q: Tid, k: Tid, f: Tid, q_contig: bool, k_contig: bool) -> (Tid, Tid) {
+    let (qdt, kdt) = (b.t(q).dt, b.t(k).dt);
+    let q32 = b.to_copy(q, Dt::F32);
+    let qc = b.view(q32, b.shape(q32), "ViewAsComplexBackward0", false);
+    let k32 = b.to_copy(k, Dt::F32);
+    let kc = b.view(k32, b.shape(k32), "ViewAsComplexBackward0", false);
+    let mq = complex_mul(b, qc, f);
+    let qr = b.view(mq, b.shape(mq), "ViewAsRealBackward0", !q_contig);
+    let mk = complex_mul(b, kc, f);
+    let kr = b.view(mk, b.shape(mk), "ViewAsRealBackward0", !k_contig);
+    let qo = b.to_copy(qr, qdt);
+    let ko = b.to_copy(kr, kdt);
+    // The function's locals (xq_, xk_, xq_out, xk_out) go at its return.
+    for t in [q32, k32, mq, mk] {
+        b.hold(t);
+    }
+    (qo, ko)
+}
+
+/// `attn_temperature_tuning` on a NoPE layer:
+/// ```python
+/// positions = torch.arange(s) + past_seen_tokens
+/// attn_scales = torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+/// query_states = (query_states * attn_scales.view(1, s, 1, 1).expand(b, s, 1, 1)).to(query_states.dtype)
+/// ```
+/// Returns the scaled q and the positions and scales (locals of the attention's forward).
+fn temperature(b: &mut Builder, q: Tid) -> (Tid, [Tid; 2]) {
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1(), Dt::I64);
+    let pos = b.plain("add", &[ar], s1(), Dt::I64);
+    let pf = b.plain("_to_copy", &[pos], s1(), Dt::F32);
+    let p1 = b.plain("add", &[pf], s1(), Dt::F32);
+    let dv = b.plain("div", &[p1], s1(), Dt::F32);
+    let fl = b.plain("floor", &[dv], s1(), Dt::F32);
+    let lg = b.plain("log1p", &[fl], s1(), Dt::F32);
+    let ml = b.plain("mul", &[lg], s1(), Dt::F32);
+    let sc = b.plain("add", &[ml], s1(), Dt::F32);
+    let qdt = b.t(q).dt;
+    let shape = b.shape(q);
+    let dt = if b.t(q).dtype.bytes() >= 4 { qdt } else { Dt::F32 };
+    let qs = b.mul_to(q, sc, shape, dt);
+    let qs = b.to_copy(qs, qdt);
+    // `attn_scales` and `positions` are locals of the attention's forward.
+    b.p.tensors[sc as usize].hold = b.p.tensors[sc as usize].hold.max(b.last_op());
+    (qs, [pos, sc])
+}
+
+/// Llama 4's `eager_attention_forward`: Llama's with `softmax(attn_weights, dim=-1)` in the
+/// scores' dtype (no fp32 upcast). q arrives transposed (`matmul` copies it).
+fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Tid) {
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
+    let qc = b.fold(q, heads(Q::A));
+    let kc = match kr {
+        Some(kr) => kr,
+        None => b.fold(k, heads(Q::A)),
+    };
+    let sc = b.bmm(qc, kc, scores());
+    let sm = b.mul_scalar(sc);
+    let sa = match mask {
+        Some(m) => b.add(sm, m),
+        None => sm,
+    };
+    let pr = b.unary("_softmax", "SoftmaxBackward0", sa, Keep::Output, "_softmax_backward_data");
+    let pr = b.dropout(pr);
+    let vc = match vr {
+        Some(vr) => vr,
+        None => b.fold(v, heads(Q::A)),
+    };
+    let o = b.bmm(pr, vc, heads(Q::A));
+    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
+    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    let oc = b.copy(ot, heads_bshd(Q::A));
+    if let (Some(kr), Some(vr)) = (kr, vr) {
+        b.hold(kr);
+        b.hold(vr);
+    }
+    let out = b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
+    (out, pr)
+}
+
+/// `sdpa_attention_forward` with the chunked layers' boolean mask: k and v repeated to a heads
+/// (`repeat_kv`: no `enable_gqa` with a mask on CPU), the mask turned additive in the model dtype
+/// (`torch.where`, two `scalar_tensor`s), then the CPU flash kernel, which keeps the mask too.
+fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
+    let kr = repeat_kv(b, k);
+    let vr = repeat_kv(b, v);
+    let m1 = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Model);
+    let m2 = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Model);
+    let wm =
+        b.plain("where", &[mask, m1, m2], Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Model);
+    let (q, kr, vr) = (b.autocast_in(q), b.autocast_in(kr), b.autocast_in(vr));
+    let rg = b.rg(q) || b.rg(kr) || b.rg(vr);
+    let o = b.out(b.shape(q), b.t(q).dt, rg);
+    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
+    let op = "_scaled_dot_product_flash_attention_for_cpu_backward";
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
+    for (i, t) in [q, kr, vr].into_iter().enumerate() {
+        if b.rg(t) {
+            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op });
+            grads.push((i as u8, grads.len() as u8));
+        }
+    }
+    for (input, temp) in grads {
+        bw.push(B::Grad { input, temp });
+    }
+    let r = b.op(
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        &[q, kr, vr, wm],
+        &[o, lse],
+        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
+        &bw,
+    );
+    b.hold(kr);
+    b.hold(vr);
+    let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
+    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+}
+
+/// `Llama4TextAttention.forward`. q and k stay `[b, s, heads, d]` through RoPE, the L2 norm (RoPE
+/// layers) or the temperature (NoPE layers), then are transposed for the core; v is transposed
+/// at once. Returns the output and the eager attention weights.
+fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
+    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
+    let eager = attn == Attention::Eager;
+    let rope_layer = sh.cos.is_some();
+    let mask = sh.mask;
+    let proj =
+        |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> (Tid, Tid) {
+            b.module = module;
+            b.part = Part::AttentionInputs;
+            let y = match w {
+                Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
+                None => x,
+            };
+            b.module = "self_attn";
+            (y, b.view(y, heads_bshd(h), "ViewBackward0", clone_bw))
+        };
+    // Which gradients come back laid out [b, heads, s, d] (a copy for `view` or `view_as_real`):
+    // eager attention's (matmul's copies, repeat_kv's sum), SDPA's for repeated k and v; SDPA's
+    // dq (and dk, dv without repeat_kv) are laid out like q.
+    let repeated = eager || mask.is_some();
+    let (qy, q) = proj(b, wq, bq, Q::A, "self_attn.q_proj", eager && !rope_layer, Linear::Q);
+    let (ky, k) = proj(b, wk, bk, Q::KV, "self_attn.k_proj", repeated && !rope_layer, Linear::K);
+    let (vy, v) = proj(b, wv, bv, Q::KV, "self_attn.v_proj", repeated, Linear::V);
+    let v = b.view(v, heads(Q::KV), "TransposeBackward0", false);
+    b.part = Part::AttentionCore;
+    b.module = "self_attn";
+    let (q, k, pos) = match sh.cos {
+        Some(f) => {
+            let (q, k) = rope(b, q, k, f, !eager, !repeated);
+            b.hold(qy);
+            b.hold(ky);
+            if spec.qk_l2_norm {
+                b.module = "self_attn.qk_norm";
+                let g = b.group;
+                b.group = Group::Rope;
+                let qn = l2_norm(b, q);
+                b.hold(q);
+                let kn = l2_norm(b, k);
+                b.hold(k);
+                b.group = g;
+                b.module = "self_attn";
+                (qn, kn, None)
+            } else {
+                (q, k, None)
+            }
+        }
+        None => {
+            let g = b.group;
+            b.group = Group::Nope;
+            let (qs, pos) = temperature(b, q);
+            b.group = g;
+            b.hold(qy);
+            (qs, k, Some(pos))
+        }
+    };
+    let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
+    let kt = b.view(k, heads(Q::KV), "TransposeBackward0", false);
+    let (o, weights) = if eager {
+        let (o, w) = eager_core(b, qt, kt, v, mask);
+        (o, Some(w))
+    } else {
+        // SDPA keeps more on chunked (RoPE) layers (k and v repeated, the additive mask) than on
+        // NoPE layers: its saves are counted per group.
+        let g = b.group;
+        b.group = if rope_layer { Group::Rope } else { Group::Nope };
+        let o = match mask {
+            Some(m) => sdpa_masked(b, qt, kt, v, m),
+            None => super::llama::sdpa_core(b, qt, kt, v),
+        };
+        b.group = g;
+        (o, None)
+    };
+    b.part = Part::AttentionInputs;
+    b.module = "self_attn.o_proj";
+    let out = match wo {
+        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
+        None => o,
+    };
+    // The forward's locals (query_states, key_states, value_states, positions) go at its return.
+    b.hold(q);
+    b.hold(k);
+    b.hold(vy);
+    for t in pos.into_iter().flatten() {
+        b.hold(t);
+    }
+    (out, weights)
+}
+
+/// The MoE block's parameters in registration order (`experts.gate_up_proj`,
+/// `experts.down_proj`, `router`, `shared_expert`).
+#[derive(Clone, Copy)]
+struct MoeW {
+    gate_up: Option<Tid>,
+    down: Option<Tid>,
+    router: Option<Tid>,
+    sg: Option<Tid>,
+    su: Option<Tid>,
+    sd: Option<Tid>,
+}
+
+impl MoeW {
+    fn new(b: &mut Builder, p: &Params) -> MoeW {
+        MoeW {
+            gate_up: p.w(b, "layers.*.mlp.experts.gate_up_proj"),
+            down: p.w(b, "layers.*.mlp.experts.down_proj"),
+            router: p.w(b, "layers.*.mlp.router.weight"),
+            sg: p.w(b, "layers.*.mlp.shared_expert.gate_proj.weight"),
+            su: p.w(b, "layers.*.mlp.shared_expert.up_proj.weight"),
+            sd: p.w(b, "layers.*.mlp.shared_expert.down_proj.weight"),
+        }
+    }
+}
+
+/// `[b, s, extra…]`: one row per token.
+fn tokens(extra: &[Dim]) -> Shape {
+    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
+    d.extend_from_slice(extra);
+    Shape::new(&d, Split::None)
+}
+
+/// `[E, b, s, extra…]`: every expert's copy of every token.
+fn all_pairs(extra: &[Dim]) -> Shape {
+    let mut d = vec![Dim::X(X::E), Dim::Q(Q::B), Dim::Q(Q::S)];
+    d.extend_from_slice(extra);
+    Shape::new(&d, Split::None)
+}
+
+/// `Llama4Router.forward`:
+/// ```python
+/// router_logits = super().forward(hidden_states)
+/// router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=1)
+/// router_scores = torch.full_like(router_logits, float("-inf")).scatter_(1, router_indices, router_top_value)
+/// router_scores = torch.nn.functional.sigmoid(router_scores.float()).to(router_scores.dtype)
+/// ```
+/// Returns (scores, logits).
+fn router(b: &mut Builder, w: Option<Tid>, x2: Tid) -> (Tid, Tid) {
+    b.module = "feed_forward.router";
+    let e = tokens(&[Dim::X(X::E)]);
+    let logits = match w {
+        Some(w) => b.linear(x2, w, None, e),
+        None => b.plain("mm", &[x2], e, Dt::Model),
+    };
+    let (vals, idx) = b.topk(logits, tokens(&[Dim::X(X::K)]));
+    let full = b.plain("full_like", &[logits], e, b.t(logits).dt);
+    // scatter_ in place: ScatterBackward0 keeps the indices; the source's gradient is `gather`.
+    let (vb, vd, rg) = (b.bytes(vals), b.t(vals).dtype, b.rg(vals));
+    let o = b.view_out(full, e);
+    let o = Out { requires_grad: rg, ..o };
+    let bw: &[B] = if rg { &[B::Alloc { bytes: vb, dtype: vd, op: "gather" }, B::Grad { input: 2, temp: 0 }] } else { &[] };
+    let sc = b.op("scatter_", "ScatterBackward0", &[full, idx, vals], &[o], &[S::In(1)], bw)[0];
+    let dt = b.t(logits).dt;
+    let s32 = b.to_copy(sc, Dt::F32);
+    let sg = b.unary("sigmoid", "SigmoidBackward0", s32, Keep::Output, "sigmoid_backward");
+    let scores = b.to_copy(sg, dt);
+    // `router_scores` names the scattered logits until the sigmoid's cast rebinds it; the
+    // forward's locals (router_top_value, router_indices) go at its return.
+    b.hold(full);
+    b.hold(vals);
+    b.hold(idx);
+    (scores, logits)
+}
+
+/// Under autocast, `bmm` casts a parameter (a leaf that requires grad) through autocast's weight
+/// cache (`cached_cast`): the copy lives until the autocast context exits.
+fn cached_cast(b: &mut Builder, p: Tid) -> Tid {
+    if !b.autocast {
+        return p;
+    }
+    let part = b.part;
+    b.part = Part::Autocast;
+    let c = b.cast_weight(p);
+    b.part = part;
+    c
+}
+
+/// `hidden_states.repeat(E, 1)`: RepeatBackward0 sums the copies back (`sum`).
+fn repeat(b: &mut Builder, x: Tid, shape: Shape) -> Tid {
+    let (dt, rg, bytes, dtype) = (b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
+    let out = b.out(shape, dt, rg);
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("repeat", "RepeatBackward0", &[x], &[out], &[], bw)[0]
+}
+
+/// `Llama4TextMoe.forward`:
+/// ```python
+/// router_scores, router_logits = self.router(hidden_states)
+/// routed_in = hidden_states.repeat(router_scores.shape[1], 1)
+/// routed_in = routed_in * router_scores.transpose(0, 1).reshape(-1, 1)
+/// routed_out = self.experts(routed_in)      # bmm with gate_up_proj, chunk, up * silu(gate), bmm with down_proj
+/// out = self.shared_expert(hidden_states)
+/// out.add_(routed_out.reshape(E, -1, h).sum(dim=0))
+/// ```
+/// Returns (out, router_logits).
+fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> (Tid, Tid) {
+    b.part = Part::Moe;
+    b.module = "feed_forward";
+    let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
+    let (scores, logits) = router(b, w.router, x2);
+    b.module = "feed_forward";
+    let rep = repeat(b, x2, all_pairs(&[Dim::Q(Q::H)]));
+    let st = b.view(scores, Shape::new(&[Dim::X(X::E), Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), "TransposeBackward0", false);
+    let sc = b.copy(st, all_pairs(&[Dim::N(1)]));
+    let ri = b.mul(rep, sc);
+    b.hold(rep);
+    b.module = "feed_forward.experts";
+    let gu_shape = all_pairs(&[Dim::N(2), Dim::X(X::FE)]);
+    let gu = match w.gate_up {
+        Some(p) => {
+            let p = cached_cast(b, p);
+            b.bmm(ri, p, gu_shape)
+        }
+        None => b.plain("bmm", &[ri], gu_shape, Dt::Model),
+    };
+    let (g, u) = b.chunk2(gu, all_pairs(&[Dim::X(X::FE)]));
+    b.module = "feed_forward.experts.act_fn";
+    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
+    b.module = "feed_forward.experts";
+    let m = b.mul(u, a);
+    let ro = match w.down {
+        Some(p) => {
+            let p = cached_cast(b, p);
+            b.bmm(m, p, all_pairs(&[Dim::Q(Q::H)]))
+        }
+        None => b.plain("bmm", &[m], all_pairs(&[Dim::Q(Q::H)]), Dt::Model),
+    };
+    b.hold(gu);
+    b.module = "feed_forward.shared_expert";
+    let out = shared_expert(b, w, x2);
+    b.module = "feed_forward";
+    let rv = b.view(ro, all_pairs(&[Dim::Q(Q::H)]), "ViewBackward0", true);
+    let sm = b.sum_dim(rv, tokens(&[Dim::Q(Q::H)]));
+    let o = b.view_out(out, b.shape(out));
+    let o = Out { requires_grad: b.rg(out) || b.rg(sm), ..o };
+    let y = b.op("add_", "AddBackward0", &[out, sm], &[o], &[], &[B::Pass { input: 0, output: 0 }, B::Pass { input: 1, output: 0 }])[0];
+    // The forward's locals (routed_in, routed_out) go at its return.
+    b.hold(ri);
+    b.hold(ro);
+    b.hold(scores);
+    (y, logits)
+}
+
+/// `Llama4TextMLP` as the shared expert (`intermediate_size`): `down(silu(gate(x)) * up(x))`.
+fn shared_expert(b: &mut Builder, w: &MoeW, x: Tid) -> Tid {
+    let f = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::FS)], Split::Tp);
+    b.module = "feed_forward.shared_expert.gate_proj";
+    let g = match w.sg {
+        Some(p) => b.proj(x, p, None, f(), Linear::Gate),
+        None => x,
+    };
+    b.module = "feed_forward.shared_expert.activation_fn";
+    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
+    b.module = "feed_forward.shared_expert.up_proj";
+    let u = match w.su {
+        Some(p) => b.proj(x, p, None, f(), Linear::Up),
+        None => x,
+    };
+    b.module = "feed_forward.shared_expert";
+    let m = b.mul(a, u);
+    b.module = "feed_forward.shared_expert.down_proj";
+    match w.sd {
+        Some(p) => b.proj(m, p, None, tok(Q::H), Linear::Down),
+        None => m,
+    }
+}
+
+/// A layer's feed-forward parameters.
+enum Ffn {
+    Dense(MlpW),
+    Moe(MoeW),
+}
+
+/// `Llama4TextDecoderLayer.forward`:
+/// ```python
+/// residual = hidden_states
+/// hidden_states = self.input_layernorm(hidden_states)
+/// attention_states, _ = self.self_attn(...)
+/// hidden_states = residual + attention_states
+/// residual = hidden_states
+/// hidden_states = self.post_attention_layernorm(hidden_states)
+/// hidden_states = self.feed_forward(hidden_states)
+/// if self.is_moe_layer:
+///     hidden_states, _ = hidden_states
+/// hidden_states = residual + hidden_states.view(residual.shape)
+/// ```
+/// `attention_states` (o_proj's output) lives until the layer returns.
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+    b.group = Group::All;
+    // Parameters in registration order: self_attn, feed_forward, the two norms.
+    let aw = AttnW::new(b, p);
+    let ffn = match kind {
+        Kind::Moe => Ffn::Moe(MoeW::new(b, p)),
+        Kind::Dense => Ffn::Dense(MlpW::new(b, p)),
+    };
+    let n_in = p.w(b, "layers.*.norm.weight");
+    let n_post = p.w(b, "layers.*.norm.weight");
+    b.module = "input_layernorm";
+    b.part = Part::Norms;
+    let n1 = rms_norm(b, x, n_in);
+    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
+    b.module = "";
+    b.part = Part::Norms;
+    let h = b.add(x, a);
+    b.hold(n1);
+    b.module = "post_attention_layernorm";
+    let n2 = rms_norm(b, h, n_post);
+    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
+    let (m, logits) = match ffn {
+        Ffn::Dense(mw) => {
+            let m = super::llama::mlp(b, &mw, n2);
+            (m, None)
+        }
+        Ffn::Moe(w) => {
+            let (m, l) = moe(b, &w, n2);
+            (m, Some(l))
+        }
+    };
+    b.group = Group::All;
+    b.hold(n2);
+    // `hidden_states, _ = hidden_states` rebinds `_`: the attention weights go.
+    if let (Some(w), Some(_)) = (weights, logits) {
+        b.hold(w);
+    }
+    b.module = "";
+    let y = b.add(h, m);
+    for t in [a, m, h] {
+        b.hold(t);
+    }
+    if let Some(l) = logits {
+        b.hold(l);
+    } else if let Some(w) = weights {
+        b.hold(w);
+    }
+    y
+}
+
+/// `Llama4TextModel.forward` before the layers: the token embedding, `position_ids`,
+/// `create_causal_mask` (packed-sequence detection; eager materializes it, SDPA runs causal) and
+/// `create_chunked_causal_mask` (packed-sequence detection, then the chunk test: eager makes it
+/// additive, SDPA keeps it boolean), and the rotary embedding (`freqs_cis`, complex).
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, attn: Attention) -> (Tid, Shared) {
+    b.part = Part::Embedding;
+    b.module = "model.embed_tokens";
+    let x0 = match ids {
+        Some(ids) => {
+            let emb_w = p.w(b, "embed_tokens.weight");
+            match emb_w {
+                Some(w) => super::llama::embedding(b, ids, w),
+                None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
+            }
+        }
+        None => {
+            b.module = "model";
+            let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
+            b.op("recv", "", &[], &[out], &[], &[])[0]
+        }
+    };
+    b.module = "model";
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let ar = b.plain("arange", &[], s1(), Dt::I64);
+    let pos = b.plain("add", &[ar], s1(), Dt::I64);
+    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    let (_, mask) = super::llama::mask_only(b, pos, attn);
+    let chunks = spec.window_layers.count(spec.layers) > 0;
+    let s_kv = b.c.n(Q::S_KV);
+    let mask_local = if chunk_mask(spec, attn, s_kv) {
+        Some(chunked_mask(b, pos, attn))
+    } else {
+        if chunks {
+            // SDPA below one chunk: the left-padding count is made, then the mask is skipped.
+            super::llama::packed_detection(b, pos);
+            b.plain("zeros", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
+        }
+        None
+    };
+    let f = rotary(b, pos);
+    let locals = if ids.is_some() { [Some(x0), None] } else { [None, None] };
+    (x0, Shared { cos: Some(f), sin: None, pos: Some(pos), mask, mask_local, emb_w: None, locals, cos_local: None, sin_local: None })
+}
+
+/// `create_chunked_causal_mask` (`masking_utils.py`, `chunked_causal_mask_function` and
+/// `sdpa_mask`): the chunk index of every key and query (`(idx - left_padding) // chunk`),
+/// `eq`, `and` with causality; eager turns it into an additive `where` in the model dtype.
+fn chunked_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
+    super::llama::packed_detection(b, pos);
+    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    let b4 = |d: [Dim; 4]| Shape::new(&d, Split::None);
+    let (bb, one, s, skv) = (Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV));
+    let pad = b.plain("zeros", &[], Shape::new(&[bb], Split::None), Dt::I64);
+    let ba = b.plain("arange", &[], Shape::new(&[bb], Split::None), Dt::I64);
+    let ha = b.plain("arange", &[], Shape::new(&[one], Split::None), Dt::I64);
+    let kv0 = b.plain("arange", &[], s1(), Dt::I64);
+    let kv = b.plain("add", &[kv0], s1(), Dt::I64);
+    let q0 = b.plain("arange", &[], s1(), Dt::I64);
+    let qi = b.plain("add", &[q0], s1(), Dt::I64);
+    let t = b.plain("new_ones", &[], Shape::scalar(), Dt::Bool);
+    let ik = b.plain("index", &[pad], b4([bb, one, one, one]), Dt::I64);
+    let sk = b.plain("sub", &[kv, ik], b4([bb, one, one, skv]), Dt::I64);
+    let ck = b.plain("floor_divide", &[sk], b4([bb, one, one, skv]), Dt::I64);
+    let iq = b.plain("index", &[pad], b4([bb, one, one, one]), Dt::I64);
+    let sq = b.plain("sub", &[qi, iq], b4([bb, one, s, one]), Dt::I64);
+    let cq = b.plain("floor_divide", &[sq], b4([bb, one, s, one]), Dt::I64);
+    let eq = b.plain("eq", &[ck, cq], b4([bb, one, s, skv]), Dt::Bool);
+    let and1 = b.plain("bitwise_and", &[t, eq], b4([bb, one, s, skv]), Dt::Bool);
+    let le = b.plain("le", &[kv, qi], Shape::new(&[s, skv], Split::None), Dt::Bool);
+    let and2 = b.plain("bitwise_and", &[and1, le], b4([bb, one, s, skv]), Dt::Bool);
+    for t in [ba, ha, kv, qi] {
+        b.hold(t);
+    }
+    let m = if attn == Attention::Eager {
+        let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
+        let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
+        b.plain("where", &[and2, zero, min], b4([bb, one, s, skv]), Dt::Resid)
+    } else {
+        and2
+    };
+    b.hold(pad);
+    b.p.tensors[m as usize].part = Some(Part::Checkpoints);
+    m
+}
+
+/// `Llama4TextRotaryEmbedding.forward`:
+/// ```python
+/// freqs = position_ids[..., None].float() * self.inv_freq
+/// freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
+/// freqs_cis = freqs_cis * self.attention_scaling
+/// ```
+/// `freqs_cis` is complex64 `[1, s, d/2]` (the bytes of fp32 `[s, d]`), whatever the model dtype.
+fn rotary(b: &mut Builder, pos: Tid) -> Tid {
+    b.module = "model.rotary_emb";
+    let half = Shape::new(&[Dim::Q(Q::S), Dim::Half(Q::D)], Split::None);
+    let full = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None);
+    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
+    let freqs = b.plain("mul", &[pf], half, Dt::F32);
+    let ones = b.plain("ones_like", &[freqs], half, Dt::F32);
+    let polar = b.plain("polar", &[ones, freqs], full, Dt::F32);
+    let f = b.plain("mul", &[polar], full, Dt::F32);
+    b.hold(freqs);
+    b.p.tensors[f as usize].part = Some(Part::Embedding);
+    f
+}
+
+/// The final norm (`model.norm`).
+pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
+    b.module = "model.norm";
+    b.part = Part::Head;
+    let w = p.w(b, "norm.weight");
+    rms_norm(b, x, w)
+}
+
+#[allow(dead_code)]
+fn _shapes() -> Shape {
+    tok_tp(Dim::Q(Q::F))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Config, Kernels, Precision};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::model::LayerRule;
+    use crate::estimator::params::Stage;
+    use crate::estimator::precision::recipe;
+    use crate::estimator::presets::presets;
+    use crate::estimator::step::families::Var;
+    use crate::estimator::step::ledger::kept;
+    use crate::estimator::step::model::Setup;
+
+    fn preset(id: &str) -> ModelSpec {
+        presets().into_iter().find(|p| p.id == id).map(|p| p.spec).expect("the preset exists")
+    }
+
+    #[test]
+    fn both_llama_4_presets_have_the_layout_this_module_builds() {
+        for id in ["llama-4-scout-17b-16e-instruct", "llama-4-maverick-17b-128e-instruct"] {
+            assert!(layout(&preset(id)), "{id}");
+            assert!(crate::estimator::unmodelled_feature(&preset(id)).is_none(), "{id} is accepted");
+        }
+    }
+
+    #[test]
+    fn chunks_on_a_nope_layer_are_not_this_layout_and_stay_refused() {
+        let spec = ModelSpec { window_layers: LayerRule::All, ..preset("llama-4-scout-17b-16e-instruct") };
+        assert!(!layout(&spec));
+        assert!(crate::estimator::unmodelled_feature(&spec).is_some());
+    }
+
+    /// The fixture's toy Llama 4 (h = 64, a = 4 heads of 16, k = 2, E = 4, K = 1, f_e = f_s = 40,
+    /// f = 176, chunks of 48, layers 1 and 3 MoE, layer 3 NoPE of 4), fp32, eager, b = 2, s = 64.
+    fn toy(attn: Attention) -> Config {
+        let mut arch = preset("llama-4-maverick-17b-128e-instruct");
+        (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 4, 1000);
+        (arch.experts, arch.expert_ffn, arch.shared_ffn, arch.ffn, arch.window, arch.qk_l2_norm) = (4, 40, 40, 176, 48, true);
+        Config {
+            model: "custom".into(),
+            arch,
+            batch: 2,
+            seq: 64,
+            precision: Precision::Fp32,
+            attn,
+            kernels: Kernels::Cpu,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn moe_layers_follow_the_interleave_step() {
+        let cfg = toy(Attention::Eager);
+        let r = recipe(cfg.precision);
+        let setup = Setup::new(&cfg, &r, Stage::Whole);
+        assert_eq!(setup.kinds, [Kind::Dense, Kind::Moe, Kind::Dense, Kind::Moe]);
+        assert!(!setup.var(0).nope && setup.var(0).sliding, "layer 0: RoPE, chunked");
+        assert!(setup.var(3).nope && !setup.var(3).sliding, "layer 3: NoPE, full");
+    }
+
+    /// Under SDPA a chunked layer gets its mask (k and v repeated, the mask made additive and
+    /// kept) only when the keys reach a chunk (48): at s = 64, not at s = 32.
+    #[test]
+    fn sdpa_masks_a_chunked_layer_only_from_one_chunk_of_keys_on() {
+        for (seq, masked) in [(64, true), (32, false)] {
+            let cfg = Config { seq, ..toy(Attention::Sdpa) };
+            let r = recipe(cfg.precision);
+            let ops: Vec<&str> = numbers_only(|| {
+                let setup = Setup::new(&cfg, &r, Stage::Whole);
+                let (prog, _, _) = setup.layer_alone(Kind::Dense, setup.var(0), 0, false);
+                prog.ops.iter().map(|o| o.name).collect()
+            });
+            assert_eq!(ops.contains(&"where"), masked, "s = {seq}");
+            assert_eq!(ops.iter().filter(|&&o| o == "clone").count() >= 2, masked, "s = {seq}: repeat_kv");
+        }
+    }
+
+    /// A RoPE layer keeps the L2 norm's rsqrt of q and k, `[b, s, heads, 1]` fp32:
+    /// 4·2·64·4 = 2,048 and 4·2·64·2 = 1,024 bytes (group `Rope`); a NoPE layer keeps the
+    /// temperature scales `[s]` fp32, 4·64 = 256 bytes (group `Nope`); an MoE layer keeps every
+    /// expert's copy of every token, `[E·b·s, h]` fp32: 4·4·128·64 = 131,072 bytes.
+    #[test]
+    fn rope_nope_and_moe_layers_keep_what_only_they_compute() {
+        let cfg = toy(Attention::Eager);
+        let r = recipe(cfg.precision);
+        let rows = |kind: Kind, var: Var| {
+            numbers_only(|| {
+                let setup = Setup::new(&cfg, &r, Stage::Whole);
+                let (prog, _, _) = setup.layer_alone(kind, var, 0, false);
+                kept(&prog).iter().map(|k| (k.group, prog.tensors[k.t as usize].op, prog.tensors[k.t as usize].bytes)).collect::<Vec<_>>()
+            })
+        };
+        let rope = rows(Kind::Dense, Var { sliding: true, nope: false });
+        assert!(rope.contains(&(Group::Rope, "rsqrt", 2_048)), "{rope:?}");
+        assert!(rope.contains(&(Group::Rope, "rsqrt", 1_024)), "{rope:?}");
+        assert!(!rope.iter().any(|k| k.0 == Group::Nope));
+        let nope = rows(Kind::Moe, Var { sliding: false, nope: true });
+        assert!(nope.contains(&(Group::Nope, "add", 256)), "{nope:?}");
+        assert!(!nope.iter().any(|k| k.0 == Group::Rope));
+        assert!(nope.contains(&(Group::Moe, "repeat", 131_072)), "{nope:?}");
+    }
+}
