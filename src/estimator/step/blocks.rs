@@ -24,7 +24,7 @@
 
 use super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
+use crate::estimator::step::part::Part;
 
 /// Whether PEFT's `target_modules` covers a linear.
 pub fn targeted(lin: crate::estimator::model::Linear, t: u8) -> bool {

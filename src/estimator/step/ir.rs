@@ -13,9 +13,9 @@
 //! ones make the ledger's formulas, and inside `expr::numbers_only` they fold to numbers.
 
 use super::super::activations::ctx::{Ctx, Q};
-use super::super::activations::Part;
 use super::super::expr::{Expr, Sym};
 use super::super::precision::{BF16_BYTES, BOOL_BYTES, INT64_BYTES};
+use crate::estimator::step::part::Part;
 use serde::Serialize;
 
 /// A tensor of a program.

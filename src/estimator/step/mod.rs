@@ -16,6 +16,7 @@ pub mod fast;
 pub mod ir;
 pub mod ledger;
 pub mod model;
+pub mod part;
 pub mod run;
 
 use super::ledger::Bytes;

@@ -7,12 +7,12 @@ use super::ir::{Builder, DType, Dim, Dt, Origin, Program, Save, Shape, Split, Ti
 use super::run::{Accumulate, At, Run, Sink, NO_LAYER};
 use super::{Cat, Event, EventKind, Phase, Stream};
 use crate::estimator::activations::ctx::{Ctx, Values, Q};
-use crate::estimator::activations::Part;
 use crate::estimator::config::{Attention, Config, Kernels, Loss, OptimImpl, Optimizer, Recompute};
 use crate::estimator::ledger::Bytes;
 use crate::estimator::params::{local_groups, stage_layers, LocalGroup, Role, Stage};
 use crate::estimator::precision::{Dtype, Recipe};
 use crate::estimator::sharding::Sharding;
+use crate::estimator::step::part::Part;
 
 /// Everything a stage's programs are built from.
 pub struct Setup<'a> {
@@ -601,7 +601,7 @@ pub fn optimizer_events<S: Sink>(sink: &mut S, cfg: &Config, recipe: &Recipe, nu
 /// The largest extra the optimizer step holds above the gradients (what [`optimizer_events`]
 /// peaks at), without emitting events.
 pub fn optimizer_peak(cfg: &Config, recipe: &Recipe, numels: impl Iterator<Item = u128>, other_temp: Bytes) -> Bytes {
-    let mut t = super::fast::Tracker::default();
+    let mut t = super::run::Tracker::default();
     let v: Vec<u128> = numels.collect();
     optimizer_events(&mut t, cfg, recipe, &v, other_temp);
     t.peak.max(0) as Bytes

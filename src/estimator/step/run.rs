@@ -647,3 +647,61 @@ impl<'p, S: Sink> Run<'p, S> {
 
 /// Layer index of events outside any layer.
 pub const NO_LAYER: u16 = super::ir::MODEL;
+
+/// A sink that tracks live bytes relative to its start, and the maximum since its last mark.
+#[derive(Clone, Copy, Debug)]
+pub struct Tracker {
+    pub live: i128,
+    /// Live bytes by category (activations, gradients, transient).
+    pub cats: [i128; 3],
+    /// The largest `live` after an allocation since [`Tracker::mark`] (`i128::MIN`: none).
+    pub peak: i128,
+    pub at_peak: [i128; 3],
+    pub peak_at: Option<At>,
+    next: u32,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker { live: 0, cats: [0; 3], peak: i128::MIN, at_peak: [0; 3], peak_at: None, next: 0 }
+    }
+}
+
+impl Tracker {
+    /// Starts a new segment: returns the live bytes and categories at its start.
+    pub fn mark(&mut self) -> (i128, [i128; 3]) {
+        self.peak = i128::MIN;
+        self.peak_at = None;
+        (self.live, self.cats)
+    }
+}
+
+pub(crate) fn ci(c: Cat) -> usize {
+    match c {
+        Cat::Activations => 0,
+        Cat::Gradients => 1,
+        Cat::Transient => 2,
+    }
+}
+
+impl Sink for Tracker {
+    fn alloc(&mut self, bytes: u128, _dtype: DType, cat: Cat, at: &At) -> u32 {
+        self.live += bytes as i128;
+        self.cats[ci(cat)] += bytes as i128;
+        if self.live > self.peak {
+            self.peak = self.live;
+            self.at_peak = self.cats;
+            self.peak_at = Some(*at);
+        }
+        self.next += 1;
+        self.next - 1
+    }
+    fn free(&mut self, _id: u32, bytes: u128, cat: Cat, _at: &At) {
+        self.live -= bytes as i128;
+        self.cats[ci(cat)] -= bytes as i128;
+    }
+    fn recat(&mut self, _id: u32, bytes: u128, from: Cat, to: Cat) {
+        self.cats[ci(from)] -= bytes as i128;
+        self.cats[ci(to)] += bytes as i128;
+    }
+}

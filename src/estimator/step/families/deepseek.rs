@@ -19,9 +19,9 @@ use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, X};
 use super::llama::{mlp, rms_norm, MlpW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, Router};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is DeepSeek-V3's architecture (MLA with the sigmoid router) or DeepSeek-V2's
 /// (MLA with the softmax router, [`is_v2`]).

@@ -17,9 +17,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
 use super::{has_rope, llama, starcoder2, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like Falcon (a fused q/k/v and LayerNorm without GPT-NeoX's
 /// biases, a plain MLP).

@@ -13,9 +13,9 @@ use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
 use super::llama::{repeat_kv, rope, AttnW, MlpW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm};
+use crate::estimator::step::part::Part;
 
 /// Gemma-2 and Gemma-3: four norms per layer, sliding-window layers beside full ones.
 pub fn two_masks(spec: &ModelSpec) -> bool {

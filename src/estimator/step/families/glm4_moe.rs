@@ -10,9 +10,9 @@ use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
 use super::llama::{eager_core_with, mlp, rms_norm, rope, sdpa_core_copy, AttnW, MlpW};
 use super::{rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, QkNorm, Router};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is GLM-4.5's architecture: a sigmoid router without MLA (DeepSeek-V3 has MLA).
 pub fn is(spec: &ModelSpec) -> bool {

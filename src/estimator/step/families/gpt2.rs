@@ -7,9 +7,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
 use super::{llama, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like GPT-2.
 pub fn is(spec: &ModelSpec) -> bool {

@@ -16,9 +16,9 @@ use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X}
 use super::llama::{repeat_kv, AttnW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is gpt-oss (its attention has sinks).
 pub fn is(spec: &ModelSpec) -> bool {

@@ -8,9 +8,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
 use super::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, NormKind};
+use crate::estimator::step::part::Part;
 
 /// `LlamaRMSNorm.forward`:
 /// ```python

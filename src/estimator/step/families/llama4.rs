@@ -17,9 +17,9 @@ use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X}
 use super::llama::{repeat_kv, AttnW, MlpW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, WindowKind};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is Llama 4's text model (every expert runs every token).
 pub fn is(spec: &ModelSpec) -> bool {

@@ -11,9 +11,9 @@ use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
 use super::llama::{embedding, packed_detection, repeat_kv, rotary};
 use super::{has_rope, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{LayerRule, ModelSpec, NormKind, WindowKind};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` slides a window on every layer (Mistral; Llama-like families only — Gemma,
 /// Phi-3, the MoE families and the LayerNorm families have their own layers).

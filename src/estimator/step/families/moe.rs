@@ -7,7 +7,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, X};
 use super::Params;
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
+use crate::estimator::step::part::Part;
 
 /// The block's parameters in registration order (`gate`, `experts.gate_up_proj`,
 /// `experts.down_proj`).

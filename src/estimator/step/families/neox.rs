@@ -10,9 +10,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
 use super::{gpt2, llama, phi, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like GPT-NeoX (a fused, biased q/k/v with RoPE, two LayerNorms,
 /// a plain MLP with biases).

@@ -10,9 +10,9 @@ use super::super::ir::{Builder, DType, Dim, Dt, Group, Shape, Split, Tid, B, S};
 use super::llama::{eager_core, embedding, positions_and_mask, rope, sdpa_core, selective_begin, selective_end, AttnW, MlpW};
 use super::{cos_shape, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is OLMo (its LayerNorm has no parameters).
 pub fn is(spec: &ModelSpec) -> bool {

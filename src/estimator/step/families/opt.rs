@@ -9,9 +9,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
 use super::{gpt2, llama, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, Positions};
+use crate::estimator::step::part::Part;
 
 /// Extra rows of OPT's learned position table: `OPTLearnedPositionalEmbedding.offset`.
 pub const POSITION_OFFSET: u64 = 2;

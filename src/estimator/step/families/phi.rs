@@ -7,9 +7,9 @@ use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
 use super::{gpt2, llama, rotary_dims, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions, QkNorm};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like Phi (a parallel block with one LayerNorm, separate q/k/v,
 /// RoPE, a plain MLP).

@@ -8,9 +8,9 @@ use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
 use super::llama::{eager_core_with, rms_norm, rope_cat, sdpa_core_copy};
 use super::{rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, NormKind, Positions};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like Phi-3 (fused q/k/v with RoPE and RMSNorm).
 pub fn is(spec: &ModelSpec) -> bool {

@@ -11,9 +11,9 @@ use super::llama::{attention, rms_norm, AttnW, MlpW};
 use super::moe::{experts, MoeW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm, Router};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is a Qwen-MoE: Llama-style RMSNorm layers with softmax-then-top-k routing
 /// over fused experts, and Qwen2-MoE's gated shared expert or Qwen3-MoE's per-head q/k norms

@@ -14,8 +14,8 @@ use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
 use super::moe::MoeW;
 use super::Params;
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::step::part::Part;
 
 /// Bytes of an fp32 element (the router's weight and logits whatever the model dtype).
 pub const FP32_BYTES: u64 = 4;

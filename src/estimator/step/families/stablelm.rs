@@ -9,9 +9,9 @@ use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
 use super::{llama, phi, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, MlpKind, ModelSpec, NormKind, Positions, QkNorm};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like StableLM (biased LayerNorm, RoPE, a gated MLP).
 pub fn is(spec: &ModelSpec) -> bool {

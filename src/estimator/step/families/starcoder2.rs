@@ -14,9 +14,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
 use super::{has_rope, llama, rotary_dims, Params, Shared};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::activations::Part;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::step::part::Part;
 
 /// Whether `spec` is laid out like StarCoder2 (biased LayerNorm, separate q/k/v with RoPE, a
 /// plain MLP, sequential residuals).
