@@ -30,44 +30,10 @@ fn shards() -> Vec<(String, Value)> {
         .collect()
 }
 
-/// Families whose saved activations come from their own builder (exact on their records).
-const PORTED: &[&str] = &[
-    "llama-gqa",
-    "llama-mha",
-    "qwen2",
-    "qwen3",
-    "mixtral",
-    "gpt2",
-    "phi3",
-    "phi3-mha",
-    "gemma2",
-    "qwen3_moe",
-    "mistral",
-    "qwen2_moe",
-    "gemma",
-    "gemma3_text",
-    "olmo",
-    "olmo-clip",
-    "olmo2",
-    "opt",
-    "starcoder2",
-    "phi",
-    "gpt_neox",
-    "gpt_neox-seq",
-    "stablelm",
-    "stablelm-qkln-par",
-    "falcon-old",
-    "falcon-new",
-    "falcon-new-1ln",
-    "glm4_moe",
-    "glm4_moe-qknorm",
-    "deepseek_v3",
-    "deepseek_v2",
-    "deepseek_v2-group",
-    "smollm3",
-    "gpt_oss",
-    "llama4_text",
-];
+/// Families of the grid the estimator refuses, each with the reason its refusal gives (issue
+/// 10: refused explicitly, never approximated). Every other family is checked record by record:
+/// an architecture the estimator accepts is an architecture it must get right.
+const REFUSED: &[&str] = &["qwen3_next"];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python
 /// loop (`experts_implementation="eager"`; the default grouped_mm path is modelled and tested),
@@ -144,12 +110,20 @@ fn activation_bytes_are_within_half_a_percent_of_what_pytorch_saves() {
     let mut worst = (0.0f64, String::new());
     let mut checked = 0;
     for (stem, doc) in shards() {
-        let ported = PORTED.contains(&stem.as_str());
+        let ported = !REFUSED.contains(&stem.as_str());
         let mut fam: Vec<(f64, String)> = Vec::new();
         for r in doc["records"].as_array().into_iter().flatten().filter(|r| modelled(r)) {
             let id = r["id"].as_str().unwrap_or_default();
             let Some(cfg) = config_of(&doc, r, Optimizer::Adamw) else { continue };
-            let Ok(e) = estimate(&cfg) else { continue };
+            let e = match estimate(&cfg) {
+                Ok(e) => e,
+                Err(err) => {
+                    if ported {
+                        failures.push(format!("{id}: refused: {err}"));
+                    }
+                    continue;
+                }
+            };
             let want = r["saved_bytes"].as_u64().unwrap_or(0) as f64;
             let got = e.memory.activations as f64;
             let rel = (got - want) / want;
