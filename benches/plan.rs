@@ -4,30 +4,13 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
-use trainmem::config::{decode_query, Attention, Offload, OptimImpl, Optimizer, Recompute, Zero};
-use trainmem::estimator::plan::{GlobalBatch, PlanRequest, Search, Space};
+use trainmem::estimator::plan::{benchmark_request, PlanRequest, Search};
 
 /// Llama-3.1-8B on 64 H100s at 4k tokens, 1,024 sequences per step, with every sharding,
-/// recomputation, attention, optimizer, offload and layout knob open: 10⁵ configurations.
+/// recomputation, attention, optimizer, offload and layout knob open: 10⁵ configurations (the
+/// page's test hook searches the same request).
 pub fn request() -> PlanRequest {
-    let base = decode_query("model=llama-3.1-8b&gpus=64&seq=4096").config;
-    let space = Space {
-        batch: Vec::new(),
-        zero: vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3, Zero::HybridShard],
-        recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
-        attn: vec![Attention::Eager, Attention::Sdpa, Attention::Flash],
-        optim: vec![Optimizer::Adamw, Optimizer::Adam8bit],
-        optim_impl: vec![OptimImpl::Fused, OptimImpl::Foreach],
-        offload: vec![Offload::None, Offload::Optimizer, Offload::OptimizerParams],
-        tp: vec![1, 2, 4, 8],
-        pp: vec![1, 2, 4],
-        vpp: vec![1],
-        cp: vec![1, 2],
-        ep: vec![1],
-        sp: vec![false, true],
-        finetune: vec![trainmem::config::Finetune::Full],
-    };
-    PlanRequest { base, global_batch: GlobalBatch::Sequences(1024), space, assumptions: Default::default(), keep: 20, skip_dominated: true }
+    benchmark_request()
 }
 
 fn bench_plan(c: &mut Criterion) {

@@ -3,7 +3,7 @@
 
 use super::dom;
 use super::layout::{Layout, Panel};
-use super::panels::{architecture, bar, bench, charts, embed, import, inputs, ledger, notices, textbook, toolbar, verdict};
+use super::panels::{architecture, bar, bench, charts, embed, import, inputs, ledger, notices, plan, textbook, toolbar, verdict};
 use super::state::{use_store, Store};
 use super::widgets;
 use leptos::html::Main;
@@ -33,6 +33,7 @@ fn panel(p: Panel) -> AnyView {
         Panel::Charts => view! { <charts::Charts/> }.into_any(),
         Panel::Chart(kind) => view! { <charts::ChartPanel kind=kind/> }.into_any(),
         Panel::Bench => view! { <bench::Bench/> }.into_any(),
+        Panel::Plan => view! { <plan::Plan/> }.into_any(),
     }
 }
 
@@ -40,7 +41,7 @@ fn panel(p: Panel) -> AnyView {
 /// answer input) first; the answers, the bar, the textbook, the charts and the benchmark follow
 /// a frame later.
 fn waits(p: Panel) -> bool {
-    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench)
+    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench | Panel::Plan)
 }
 
 /// A panel shown after the first paint.

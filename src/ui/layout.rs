@@ -34,11 +34,13 @@ pub enum Panel {
     Chart(ChartKind),
     /// The WebGPU benchmark.
     Bench,
+    /// The planner: what fits, ranked by estimated step time.
+    Plan,
 }
 
 impl Panel {
     /// Every panel with a name of its own (a single chart is named by its kind).
-    pub const NAMED: [Panel; 13] = [
+    pub const NAMED: [Panel; 14] = [
         Panel::Model,
         Panel::Import,
         Panel::Architecture,
@@ -52,6 +54,7 @@ impl Panel {
         Panel::Textbook,
         Panel::Charts,
         Panel::Bench,
+        Panel::Plan,
     ];
 
     /// The panel's name in links and in the page (`data-panel`).
@@ -71,6 +74,7 @@ impl Panel {
             Panel::Charts => "charts",
             Panel::Chart(k) => k.as_str(),
             Panel::Bench => "bench",
+            Panel::Plan => "plan",
         }
     }
 
@@ -100,7 +104,7 @@ impl Layout {
         use Panel::*;
         Layout {
             inputs: vec![Model, Import, Architecture, Training, Cluster, Overhead],
-            results: vec![Verdict, Answers, Bar, Ledger, Textbook, Charts, Bench],
+            results: vec![Verdict, Answers, Bar, Ledger, Textbook, Charts, Plan, Bench],
         }
     }
 
