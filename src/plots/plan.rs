@@ -128,10 +128,11 @@ pub fn plan_height(data: &PlanChartData, width: u32, theme: &Theme) -> u32 {
 pub fn draw_plan<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &PlanChartData, theme: &Theme) -> DrawResult<(Frame, Layout), DB> {
     let u = data.unit;
     let all = data.cloud.iter().chain(&data.frontier);
-    let (mut t_lo, mut t_hi, mut h_hi) = (f64::INFINITY, 0.0f64, 0.0f64);
+    let (mut t_lo, mut t_hi, mut h_lo, mut h_hi) = (f64::INFINITY, 0.0f64, f64::INFINITY, 0.0f64);
     for d in all {
         t_lo = t_lo.min(d.step_s);
         t_hi = t_hi.max(d.step_s);
+        h_lo = h_lo.min(in_unit(d.headroom, u));
         h_hi = h_hi.max(in_unit(d.headroom, u));
     }
     if !t_lo.is_finite() || t_lo <= 0.0 {
@@ -139,7 +140,14 @@ pub fn draw_plan<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &PlanC
     }
     // A log time axis: plans differ by factors (pipeline bubbles, offload), not by seconds.
     let x = Axis::log(t_lo / 1.15, (t_hi * 1.15).max(t_lo * 2.0));
-    let y = draw::memory_axis(h_hi);
+    // The headroom axis spans the points (from 0 when they reach down near it): plans often
+    // differ by a few GB out of tens, and an axis from 0 would flatten them into a line.
+    let y = if h_lo.is_finite() && h_hi > h_lo && h_lo > 0.25 * h_hi {
+        let pad = 0.08 * (h_hi - h_lo);
+        Axis::linear((h_lo - pad).max(0.0), h_hi + pad, 6)
+    } else {
+        draw::memory_axis(h_hi)
+    };
     let header = plan_header(data, theme);
     let y_title = format!("Headroom per GPU ({})", unit_symbol(u));
     let spec = Spec {
