@@ -22,6 +22,7 @@ try {
   const r = runs[0];
   console.log(`benchmark request: ${r.configurations} configurations, ${r.estimate_calls} estimate() calls, ${r.fitting} fit`);
   console.log(`search, median of 5: ${median(runs.map((x) => x.search_ms)).toFixed(1)} ms (with the ranked result: ${median(runs.map((x) => x.search_and_result_ms)).toFixed(1)} ms)`);
+  console.log(`where it goes (median): laying out the space ${median(runs.map((x) => x.layout_ms)).toFixed(1)} ms; estimate() alone on the ${r.fitting} fitting configurations ${median(runs.map((x) => x.fitting_estimates_ms)).toFixed(1)} ms`);
   for (const k of ['attn', 'optim', 'offload']) await page.check(`[data-testid=plan-knob-${k}]`);
   await page.fill('[data-testid=plan-global]', '1024');
   await page.click('[data-testid=plan-run]');

@@ -1054,7 +1054,14 @@ pub fn benchmark_request() -> PlanRequest {
         sp: vec![false, true],
         finetune: vec![Finetune::Full],
     };
-    PlanRequest { base, global_batch: GlobalBatch::Sequences(1024), space, assumptions: Assumptions::default(), keep: DEFAULT_KEEP, skip_dominated: true }
+    PlanRequest {
+        base,
+        global_batch: GlobalBatch::Sequences(1024),
+        space,
+        assumptions: Assumptions::default(),
+        keep: DEFAULT_KEEP,
+        skip_dominated: true,
+    }
 }
 
 /// Runs a whole search.

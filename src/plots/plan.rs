@@ -125,7 +125,11 @@ pub fn plan_height(data: &PlanChartData, width: u32, theme: &Theme) -> u32 {
 }
 
 /// Draws the chart; returns where it put the data and its layout.
-pub fn draw_plan<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &PlanChartData, theme: &Theme) -> DrawResult<(Frame, Layout), DB> {
+pub fn draw_plan<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    data: &PlanChartData,
+    theme: &Theme,
+) -> DrawResult<(Frame, Layout), DB> {
     let u = data.unit;
     let all = data.cloud.iter().chain(&data.frontier);
     let (mut t_lo, mut t_hi, mut h_lo, mut h_hi) = (f64::INFINITY, 0.0f64, f64::INFINITY, 0.0f64);
@@ -211,7 +215,8 @@ mod tests {
         let blue = hex(FRONTIER).to_uppercase();
         assert!(svg.matches("<circle").count() >= d.cloud.len() + d.frontier.len() + 1);
         // Each frontier plan is a filled dot of radius 4 in the frontier's colour.
-        let filled = svg.split("<circle").filter(|c| c.contains("r=\"4\"") && c.to_uppercase().contains(&format!("FILL=\"{blue}\""))).count();
+        let filled =
+            svg.split("<circle").filter(|c| c.contains("r=\"4\"") && c.to_uppercase().contains(&format!("FILL=\"{blue}\""))).count();
         assert_eq!(filled, d.frontier.len());
         let ring = svg.split("<circle").filter(|c| c.contains("r=\"8\"") && c.to_uppercase().contains(&hex(TOP).to_uppercase())).count();
         assert_eq!(ring, 1);

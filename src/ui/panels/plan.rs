@@ -11,7 +11,8 @@
 //!
 //! Test hook: `window.trainmemPlanBenchmark()` runs [`plan::benchmark_request`] (the native
 //! benchmark's 10⁵-configuration search) in one go and returns its time by the page's clock
-//! (`performance.now()`), as JSON. The panel also carries the wall time of its last search
+//! (`performance.now()`), as JSON, with where it goes: laying out the space, and `estimate()`
+//! alone re-run on every fitting configuration found. The panel also carries the wall time of its last search
 //! (`data-search-ms`) and the time spent searching inside its slices (`data-compute-ms`).
 
 use crate::config::{self, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, KEYS};
@@ -33,7 +34,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 /// How long one slice of the search runs before the page gets the thread back, milliseconds.
-const SLICE_MS: f64 = 12.0;
+const SLICE_MS: f64 = 25.0;
 /// Estimates per call of [`Search::step`] inside a slice (the clock is read between calls).
 const STEP_ESTIMATES: u64 = 32;
 
@@ -54,8 +55,19 @@ enum Knob {
 }
 
 impl Knob {
-    const ALL: [Knob; 11] =
-        [Knob::Batch, Knob::Zero, Knob::Recompute, Knob::Attn, Knob::Optim, Knob::Offload, Knob::Tp, Knob::Pp, Knob::Cp, Knob::Ep, Knob::Finetune];
+    const ALL: [Knob; 11] = [
+        Knob::Batch,
+        Knob::Zero,
+        Knob::Recompute,
+        Knob::Attn,
+        Knob::Optim,
+        Knob::Offload,
+        Knob::Tp,
+        Knob::Pp,
+        Knob::Cp,
+        Knob::Ep,
+        Knob::Finetune,
+    ];
 
     fn id(self) -> &'static str {
         match self {
@@ -325,7 +337,9 @@ fn summary_html(f: &Finished) -> String {
         }
         s.push_str("</ul>");
     } else {
-        s.push_str("<p data-testid=\"plan-none\">No configuration of the space fits: open more knobs, add GPUs or shorten the sequence.</p>");
+        s.push_str(
+            "<p data-testid=\"plan-none\">No configuration of the space fits: open more knobs, add GPUs or shorten the sequence.</p>",
+        );
     }
     s.push_str("<details class=\"plan-assumptions\"><summary>The cost model's assumptions (the step time is an estimate)</summary><ul>");
     for a in &r.assumptions {
@@ -340,17 +354,25 @@ fn install_benchmark_hook() {
     let f = Closure::<dyn Fn() -> JsValue>::new(|| {
         let req = plan::benchmark_request();
         let t0 = dom::now_ms();
-        let mut s = match Search::new(req) {
+        let mut s = match Search::new(req.clone()) {
             Ok(s) => s,
             Err(e) => return JsValue::from_str(&format!("{{\"error\":\"{e}\"}}")),
         };
+        let layout_ms = dom::now_ms() - t0;
         while !s.step(u64::MAX).done {}
         let search_ms = dom::now_ms() - t0;
         let r = s.result();
         let total_ms = dom::now_ms() - t0;
         let p = r.progress;
+        // Where the time goes: estimate() alone on every fitting configuration found.
+        let configs: Vec<Config> = s.points().iter().map(|q| q.knobs.apply(&req.base)).collect();
+        let t1 = dom::now_ms();
+        for c in &configs {
+            let _ = crate::estimator::estimate(c);
+        }
+        let fitting_estimates_ms = dom::now_ms() - t1;
         JsValue::from_str(&format!(
-            "{{\"search_ms\":{search_ms:.1},\"search_and_result_ms\":{total_ms:.1},\"configurations\":{},\"estimate_calls\":{},\"fitting\":{},\"plans\":{}}}",
+            "{{\"search_ms\":{search_ms:.1},\"search_and_result_ms\":{total_ms:.1},\"layout_ms\":{layout_ms:.1},\"fitting_estimates_ms\":{fitting_estimates_ms:.1},\"configurations\":{},\"estimate_calls\":{},\"fitting\":{},\"plans\":{}}}",
             p.configurations,
             p.estimate_calls,
             p.fitting,

@@ -14,8 +14,8 @@
 
 use crate::config::{Config, Unit, KEYS};
 use crate::estimator::cost::Assumptions;
-use crate::estimator::plan::{cheapest_fixes, Fix, PlanError, DEFAULT_FIXES};
 use crate::estimator::expr::group_digits;
+use crate::estimator::plan::{cheapest_fixes, Fix, PlanError, DEFAULT_FIXES};
 use crate::estimator::sweep::{answers, Answers as Found};
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
@@ -220,7 +220,8 @@ pub fn Answers() -> impl IntoView {
         let target = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok());
         let fix = target.as_ref().and_then(|e| e.closest("[data-fix]").ok().flatten()).and_then(|e| e.get_attribute("data-fix"));
         if let Some(i) = fix.and_then(|i| i.parse::<usize>().ok()) {
-            let pairs = fixes.with_untracked(|f| f.as_ref().ok().and_then(|f| f.get(i)).map(|f| key.with_untracked(|k| fix_pairs(k, &f.config))));
+            let pairs =
+                fixes.with_untracked(|f| f.as_ref().ok().and_then(|f| f.get(i)).map(|f| key.with_untracked(|k| fix_pairs(k, &f.config))));
             if let Some(pairs) = pairs {
                 let _ = store.apply(&pairs);
             }
