@@ -190,7 +190,7 @@ fn fields_html(cfg: &Config) -> String {
 
 /// Applies a field's edit through the store's setters; returns the error to show.
 fn edit(store: Store, key: &str, value: &str) -> Option<String> {
-    let Some(k) = KEYS.iter().find(|k| k.name == key) else { return None };
+    let k = KEYS.iter().find(|k| k.name == key)?;
     let r = if k.name == "gpu" {
         match GPUS.iter().find(|g| g.id == value) {
             Some(g) => store.set_gpu(GpuChoice::Catalog(*g)),
@@ -399,7 +399,7 @@ pub fn Plan() -> impl IntoView {
     let store = use_store();
     install_benchmark_hook();
     let fields = NodeRef::<Div>::new();
-    let initial = store.config.with_untracked(|c| fields_html(c));
+    let initial = store.config.with_untracked(fields_html);
     Effect::new(move |_| {
         let Some(root) = fields.get() else { return };
         store.config.with(|c| sync_fields(&root, c));
