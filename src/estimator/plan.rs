@@ -397,10 +397,8 @@ fn chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> [Option<Knobs>; 2] {
             Offload::Optimizer => [with(&|k| k.offload = Offload::OptimizerParams), None],
             Offload::OptimizerParams => [None, None],
         },
-        ChainKnob::Recompute => match g.recompute {
-            // No step is safe: see the module docs.
-            _ => [None, None],
-        },
+        // No recomputation step is safe: see the module docs.
+        ChainKnob::Recompute => [None, None],
         ChainKnob::Attn => match g.attn {
             Attention::Eager if seq >= EAGER_CHAIN_MIN_SEQ => [with(&|k| k.attn = Attention::Sdpa), with(&|k| k.attn = Attention::Flash)],
             Attention::Eager => [None, None],
