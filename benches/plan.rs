@@ -4,30 +4,13 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
-use trainmem::config::{decode_query, Attention, Offload, OptimImpl, Optimizer, Recompute, Zero};
-use trainmem::estimator::plan::{GlobalBatch, PlanRequest, Search, Space};
+use trainmem::estimator::plan::{benchmark_request, PlanRequest, Search};
 
 /// Llama-3.1-8B on 64 H100s at 4k tokens, 1,024 sequences per step, with every sharding,
-/// recomputation, attention, optimizer, offload and layout knob open: 10⁵ configurations.
+/// recomputation, attention, optimizer, offload and layout knob open: 10⁵ configurations (the
+/// page's test hook searches the same request).
 pub fn request() -> PlanRequest {
-    let base = decode_query("model=llama-3.1-8b&gpus=64&seq=4096").config;
-    let space = Space {
-        batch: Vec::new(),
-        zero: vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3, Zero::HybridShard],
-        recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
-        attn: vec![Attention::Eager, Attention::Sdpa, Attention::Flash],
-        optim: vec![Optimizer::Adamw, Optimizer::Adam8bit],
-        optim_impl: vec![OptimImpl::Fused, OptimImpl::Foreach],
-        offload: vec![Offload::None, Offload::Optimizer, Offload::OptimizerParams],
-        tp: vec![1, 2, 4, 8],
-        pp: vec![1, 2, 4],
-        vpp: vec![1],
-        cp: vec![1, 2],
-        ep: vec![1],
-        sp: vec![false, true],
-        finetune: vec![trainmem::config::Finetune::Full],
-    };
-    PlanRequest { base, global_batch: GlobalBatch::Sequences(1024), space, assumptions: Default::default(), keep: 20, skip_dominated: true }
+    benchmark_request()
 }
 
 fn bench_plan(c: &mut Criterion) {
@@ -49,6 +32,31 @@ fn bench_plan(c: &mut Criterion) {
         p.invalid,
         started.elapsed().as_secs_f64()
     );
+    // Where the time goes (printed once): laying out the space, and estimate() and the cost
+    // model alone on every fitting configuration the search found.
+    let t = std::time::Instant::now();
+    let fresh = Search::new(req.clone()).expect("valid request");
+    let layout_s = t.elapsed().as_secs_f64();
+    drop(fresh);
+    let configs: Vec<_> = s.points().iter().map(|q| q.knobs.apply(&req.base)).collect();
+    let t = std::time::Instant::now();
+    for cfg in &configs {
+        black_box(trainmem::estimator::estimate(cfg).ok());
+    }
+    let est_s = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    for cfg in &configs {
+        black_box(trainmem::estimator::cost::step_cost(cfg, &req.assumptions).ok());
+    }
+    let cost_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "where it goes: laying out the space {:.3} s; estimate() on the {} fitting configurations {:.3} s ({:.0} µs each); the cost model on them {:.3} s",
+        layout_s,
+        configs.len(),
+        est_s,
+        1e6 * est_s / configs.len().max(1) as f64,
+        cost_s
+    );
     let mut g = c.benchmark_group("plan");
     g.sample_size(10);
     g.bench_function("search 1e5 configurations (llama-3.1-8b, 64 GPUs)", |b| {
@@ -57,6 +65,24 @@ fn bench_plan(c: &mut Criterion) {
             while !s.step(u64::MAX).done {}
             black_box(s.progress())
         })
+    });
+    // Where the search's time goes: one estimate() and one cost-model call on a configuration
+    // of the space (the search makes `estimate_calls` of the first and about as many of the
+    // second); the rest is enumeration and bookkeeping.
+    let one = trainmem::estimator::plan::Knobs {
+        batch: 1,
+        accum: 8,
+        zero: trainmem::config::Zero::Z3,
+        tp: 2,
+        sp: true,
+        ..trainmem::estimator::plan::Knobs::of(&req.base)
+    }
+    .apply(&req.base);
+    g.bench_function("one estimate() of a configuration of the space", |b| {
+        b.iter(|| black_box(trainmem::estimator::estimate(black_box(&one))))
+    });
+    g.bench_function("one cost::step_cost() of a configuration of the space", |b| {
+        b.iter(|| black_box(trainmem::estimator::cost::step_cost(black_box(&one), &req.assumptions)))
     });
     g.bench_function("search 1e5 configurations + ranked result", |b| b.iter(|| black_box(Search::new(req.clone()).expect("valid").run())));
     g.finish();

@@ -459,85 +459,10 @@ pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
     })
 }
 
-#[derive(Serialize)]
-struct PlanJson<'a> {
-    label: &'static str,
-    model: String,
-    gpu: &'a str,
-    gpus: u64,
-    gpus_per_node: u64,
-    seq: u64,
-    global_sequences: u64,
-    global_tokens: u64,
-    /// The base configuration as a share query.
-    query: String,
-    search_seconds: f64,
-    progress: plan::Progress,
-    pruning_rules: &'a [&'static str],
-    assumptions: &'a [crate::estimator::cost::Assumption],
-    explanation: &'a [plan::Reason],
-    plans: Vec<PlanRowJson<'a>>,
-    frontier: Vec<PlanRowJson<'a>>,
-}
-
-#[derive(Serialize)]
-struct PlanRowJson<'a> {
-    rank: usize,
-    /// The plan as a share query (`?` + this reproduces it).
-    query: String,
-    fits: bool,
-    step_s_estimate: f64,
-    tokens_per_s_estimate: f64,
-    mfu_estimate: f64,
-    memory: u128,
-    capacity: u128,
-    headroom: i128,
-    knobs: &'a plan::Knobs,
-    memory_by_category: &'a [(&'static str, u128)],
-    cost: &'a Option<crate::estimator::cost::StepCost>,
-}
-
-fn plan_rows(plans: &[plan::Plan]) -> Vec<PlanRowJson<'_>> {
-    plans
-        .iter()
-        .map(|p| PlanRowJson {
-            rank: p.rank,
-            query: config::encode_query(&p.config),
-            fits: p.headroom >= 0,
-            step_s_estimate: p.step_s,
-            tokens_per_s_estimate: p.tokens_per_s,
-            mfu_estimate: p.mfu,
-            memory: p.memory,
-            capacity: p.capacity,
-            headroom: p.headroom,
-            knobs: &p.knobs,
-            memory_by_category: &p.memory_by_category,
-            cost: &p.cost,
-        })
-        .collect()
-}
-
-/// The stable JSON document of `trainmem plan --json`.
+/// The stable JSON document of `trainmem plan --json` (the page's JSON export is the same,
+/// from [`plan::to_json`]).
 pub fn plan_json(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String {
-    let doc = PlanJson {
-        label: r.label,
-        model: req.base.display_name(),
-        gpu: &req.base.gpu,
-        gpus: req.base.gpus,
-        gpus_per_node: req.base.gpus_per_node,
-        seq: req.base.seq,
-        global_sequences: r.global_sequences,
-        global_tokens: r.global_tokens,
-        query: config::encode_query(&req.base),
-        search_seconds: seconds,
-        progress: r.progress,
-        pruning_rules: &r.pruning_rules,
-        assumptions: &r.assumptions,
-        explanation: &r.explanation,
-        plans: plan_rows(&r.plans),
-        frontier: plan_rows(&r.frontier),
-    };
-    serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
+    plan::to_json(req, r, seconds, config::encode_query)
 }
 
 fn gpu_name(cfg: &Config) -> String {

@@ -397,10 +397,8 @@ fn chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> [Option<Knobs>; 2] {
             Offload::Optimizer => [with(&|k| k.offload = Offload::OptimizerParams), None],
             Offload::OptimizerParams => [None, None],
         },
-        ChainKnob::Recompute => match g.recompute {
-            // No step is safe: see the module docs.
-            _ => [None, None],
-        },
+        // No recomputation step is safe: see the module docs.
+        ChainKnob::Recompute => [None, None],
         ChainKnob::Attn => match g.attn {
             Attention::Eager if seq >= EAGER_CHAIN_MIN_SEQ => [with(&|k| k.attn = Attention::Sdpa), with(&|k| k.attn = Attention::Flash)],
             Attention::Eager => [None, None],
@@ -1031,6 +1029,39 @@ pub struct PlanResult {
     pub assumptions: Vec<Assumption>,
 }
 
+/// The benchmark's request (`cargo bench --bench plan` natively, the page's test hook in the
+/// browser: the same space on both): Llama-3.1-8B on 64 H100s at 4k tokens, 1,024 sequences
+/// per step, with every sharding, recomputation, attention, optimizer, offload and layout knob
+/// open — about 10⁵ configurations.
+pub fn benchmark_request() -> PlanRequest {
+    let arch = super::presets::preset("llama-3.1-8b").map(|p| p.spec).unwrap_or_else(|| Config::default().arch);
+    let base = Config { model: "llama-3.1-8b".into(), arch, gpus: 64, seq: 4096, ..Config::default() };
+    let space = Space {
+        batch: Vec::new(),
+        zero: vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3, Zero::HybridShard],
+        recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        attn: vec![Attention::Eager, Attention::Sdpa, Attention::Flash],
+        optim: vec![Optimizer::Adamw, Optimizer::Adam8bit],
+        optim_impl: vec![OptimImpl::Fused, OptimImpl::Foreach],
+        offload: vec![Offload::None, Offload::Optimizer, Offload::OptimizerParams],
+        tp: vec![1, 2, 4, 8],
+        pp: vec![1, 2, 4],
+        vpp: vec![1],
+        cp: vec![1, 2],
+        ep: vec![1],
+        sp: vec![false, true],
+        finetune: vec![Finetune::Full],
+    };
+    PlanRequest {
+        base,
+        global_batch: GlobalBatch::Sequences(1024),
+        space,
+        assumptions: Assumptions::default(),
+        keep: DEFAULT_KEEP,
+        skip_dominated: true,
+    }
+}
+
 /// Runs a whole search.
 pub fn plan(req: PlanRequest) -> Result<PlanResult, PlanError> {
     Ok(Search::new(req)?.run())
@@ -1560,6 +1591,88 @@ pub fn to_csv(result: &PlanResult, query: impl Fn(&Config) -> String) -> String 
     s
 }
 
+#[derive(Serialize)]
+struct PlanJson<'a> {
+    label: &'static str,
+    model: String,
+    gpu: &'a str,
+    gpus: u64,
+    gpus_per_node: u64,
+    seq: u64,
+    global_sequences: u64,
+    global_tokens: u64,
+    /// The base configuration as a share query.
+    query: String,
+    search_seconds: f64,
+    progress: Progress,
+    pruning_rules: &'a [&'static str],
+    assumptions: &'a [cost::Assumption],
+    explanation: &'a [Reason],
+    plans: Vec<PlanRowJson<'a>>,
+    frontier: Vec<PlanRowJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct PlanRowJson<'a> {
+    rank: usize,
+    /// The plan as a share query (`?` + this reproduces it).
+    query: String,
+    fits: bool,
+    step_s_estimate: f64,
+    tokens_per_s_estimate: f64,
+    mfu_estimate: f64,
+    memory: u128,
+    capacity: u128,
+    headroom: i128,
+    knobs: &'a Knobs,
+    memory_by_category: &'a [(&'static str, u128)],
+    cost: &'a Option<cost::StepCost>,
+}
+
+fn plan_rows<'a>(plans: &'a [Plan], query: &dyn Fn(&Config) -> String) -> Vec<PlanRowJson<'a>> {
+    plans
+        .iter()
+        .map(|p| PlanRowJson {
+            rank: p.rank,
+            query: query(&p.config),
+            fits: p.headroom >= 0,
+            step_s_estimate: p.step_s,
+            tokens_per_s_estimate: p.tokens_per_s,
+            mfu_estimate: p.mfu,
+            memory: p.memory,
+            capacity: p.capacity,
+            headroom: p.headroom,
+            knobs: &p.knobs,
+            memory_by_category: &p.memory_by_category,
+            cost: &p.cost,
+        })
+        .collect()
+}
+
+/// The stable JSON document of `trainmem plan --json` and of the page's JSON export, with each
+/// plan's share query from `query` (the caller's `config::encode_query`).
+pub fn to_json(req: &PlanRequest, r: &PlanResult, seconds: f64, query: impl Fn(&Config) -> String) -> String {
+    let doc = PlanJson {
+        label: r.label,
+        model: req.base.display_name(),
+        gpu: &req.base.gpu,
+        gpus: req.base.gpus,
+        gpus_per_node: req.base.gpus_per_node,
+        seq: req.base.seq,
+        global_sequences: r.global_sequences,
+        global_tokens: r.global_tokens,
+        query: query(&req.base),
+        search_seconds: seconds,
+        progress: r.progress,
+        pruning_rules: &r.pruning_rules,
+        assumptions: &r.assumptions,
+        explanation: &r.explanation,
+        plans: plan_rows(&r.plans, &query),
+        frontier: plan_rows(&r.frontier, &query),
+    };
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
+}
+
 fn csv_field(v: &str) -> String {
     if v.contains([',', '"', '\n']) {
         format!("\"{}\"", v.replace('"', "\"\""))
@@ -1706,6 +1819,25 @@ mod tests {
             assert!(f.sentence.starts_with(&f.label) && f.sentence.contains("fits"));
         }
         assert!(fixes.windows(2).all(|w| (w[0].changes_training, w[0].step_time_pct) <= (w[1].changes_training, w[1].step_time_pct)));
+    }
+
+    #[test]
+    fn the_benchmark_request_spans_about_a_hundred_thousand_configurations() {
+        let s = Search::new(benchmark_request()).expect("valid request");
+        let n = s.progress().configurations;
+        assert!((50_000..=200_000).contains(&n), "{n} configurations");
+    }
+
+    #[test]
+    fn the_json_document_lists_each_plan_with_its_query_and_labels_the_estimates() {
+        let req = PlanRequest::new(small("qwen2.5-0.5b", 8), GlobalBatch::Sequences(32));
+        let r = plan(req.clone()).expect("plan");
+        let doc: serde_json::Value = serde_json::from_str(&to_json(&req, &r, 0.5, |c| format!("batch={}", c.batch))).expect("json");
+        assert_eq!(doc["label"], cost::ESTIMATE_LABEL);
+        assert_eq!(doc["plans"].as_array().map(Vec::len), Some(r.plans.len()));
+        assert_eq!(doc["plans"][0]["query"], format!("batch={}", r.plans[0].config.batch));
+        assert_eq!(doc["plans"][0]["step_s_estimate"].as_f64(), Some(r.plans[0].step_s));
+        assert_eq!(doc["search_seconds"].as_f64(), Some(0.5));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod draw;
 pub mod format;
 pub mod gpus;
 pub mod params;
+pub mod plan;
 pub mod scene;
 pub mod seq;
 pub mod table;

@@ -4,7 +4,7 @@
 use super::dom;
 use super::layout::{Layout, Panel};
 use super::panels::{
-    architecture, bar, bench, charts, compare, course, embed, exercise, import, inputs, ledger, notices, textbook, toolbar, verdict,
+    architecture, bar, bench, charts, compare, course, embed, exercise, import, inputs, ledger, notices, plan, textbook, toolbar, verdict,
 };
 use super::state::{use_store, Store};
 use super::widgets;
@@ -37,6 +37,7 @@ fn panel(p: Panel) -> AnyView {
         Panel::Bench => view! { <bench::Bench/> }.into_any(),
         Panel::Exercises => view! { <exercise::Exercises/> }.into_any(),
         Panel::Compare => view! { <compare::Compare/> }.into_any(),
+        Panel::Plan => view! { <plan::Plan/> }.into_any(),
     }
 }
 
@@ -44,7 +45,10 @@ fn panel(p: Panel) -> AnyView {
 /// answer input) first; the answers, the bar, the textbook, the charts and the benchmark follow
 /// a frame later.
 fn waits(p: Panel) -> bool {
-    matches!(p, Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench | Panel::Compare)
+    matches!(
+        p,
+        Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench | Panel::Compare | Panel::Plan
+    )
 }
 
 /// A panel shown after the first paint.

@@ -39,11 +39,13 @@ pub enum Panel {
     Exercises,
     /// Course mode: A and B side by side.
     Compare,
+    /// The planner: what fits, ranked by estimated step time.
+    Plan,
 }
 
 impl Panel {
     /// Every panel with a name of its own (a single chart is named by its kind).
-    pub const NAMED: [Panel; 15] = [
+    pub const NAMED: [Panel; 16] = [
         Panel::Model,
         Panel::Import,
         Panel::Architecture,
@@ -59,6 +61,7 @@ impl Panel {
         Panel::Bench,
         Panel::Exercises,
         Panel::Compare,
+        Panel::Plan,
     ];
 
     /// The panel's name in links and in the page (`data-panel`).
@@ -80,6 +83,7 @@ impl Panel {
             Panel::Bench => "bench",
             Panel::Exercises => "exercises",
             Panel::Compare => "compare",
+            Panel::Plan => "plan",
         }
     }
 
@@ -109,7 +113,7 @@ impl Layout {
         use Panel::*;
         Layout {
             inputs: vec![Model, Import, Architecture, Training, Cluster, Overhead],
-            results: vec![Verdict, Answers, Bar, Ledger, Textbook, Charts, Bench],
+            results: vec![Verdict, Answers, Bar, Ledger, Textbook, Charts, Plan, Bench],
         }
     }
 
@@ -144,6 +148,7 @@ impl Panel {
             Panel::Bench => Section::Bench,
             Panel::Exercises => Section::Exercises,
             Panel::Compare => Section::Compare,
+            Panel::Plan => Section::Plan,
         }
     }
 }
@@ -165,9 +170,10 @@ fn panels_of(section: Section, embed: bool) -> Vec<Panel> {
         Section::Bench => vec![Bench],
         Section::Exercises => vec![Exercises],
         Section::Compare => vec![Compare],
-        // Not panels of this page (the planner has its own; the toolbar and the formula view
-        // are hidden by `hide=` through the stylesheet).
-        Section::Plan | Section::Share | Section::Formulas => Vec::new(),
+        Section::Plan => vec![Plan],
+        // Not panels (the toolbar and the formula view are hidden by `hide=` through the
+        // stylesheet).
+        Section::Share | Section::Formulas => Vec::new(),
     }
 }
 

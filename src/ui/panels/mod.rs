@@ -14,6 +14,7 @@ pub mod import;
 pub mod inputs;
 pub mod ledger;
 pub mod notices;
+pub mod plan;
 pub mod textbook;
 pub mod toolbar;
 pub mod verdict;

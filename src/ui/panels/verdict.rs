@@ -2,11 +2,20 @@
 //! ([`crate::estimator::sweep::answers`]): the largest micro-batch, the longest sequence, the
 //! fewest GPUs and the smallest GPU that fit, each a button that applies it.
 //!
+//! When the configuration does not fit, the answers also list the three cheapest single changes
+//! that make it fit ([`crate::estimator::plan::cheapest_fixes`]), each with its new headroom and
+//! its cost (executed FLOPs and the cost model's estimated step time), each a button that
+//! applies it.
+//!
 //! Both are rebuilt whole on each change, as HTML text ([`crate::ui::html`]); the answers'
-//! buttons carry the keys they set (`data-apply="batch=6"`) and one click handler applies them.
+//! buttons carry the keys they set (`data-apply="batch=6"`), a fix's button its index
+//! (`data-fix="0"`: a change may set several keys, applied together), and one click handler
+//! applies them through the store's setters.
 
-use crate::config::{Config, Unit};
+use crate::config::{Config, Unit, KEYS};
+use crate::estimator::cost::Assumptions;
 use crate::estimator::expr::group_digits;
+use crate::estimator::plan::{cheapest_fixes, Fix, PlanError, DEFAULT_FIXES};
 use crate::estimator::sweep::{answers, Answers as Found};
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
@@ -157,6 +166,57 @@ fn answers_html(a: &Found, cfg: &Config) -> String {
     s
 }
 
+fn pct(v: f64) -> String {
+    if v.abs() < 0.05 {
+        "±0 %".into()
+    } else {
+        format!("{v:+.1} %")
+    }
+}
+
+/// The cheapest single changes that make the configuration fit, as buttons (nothing when it
+/// fits).
+fn fixes_html(fixes: &Result<Vec<Fix>, PlanError>, unit: Unit) -> String {
+    let fixes = match fixes {
+        Ok(f) if f.is_empty() => return String::new(),
+        Ok(f) => f,
+        Err(e) => return format!("<p class=\"hint\" data-testid=\"fixes-error\">No change ranked: {}</p>", esc(&e.to_string())),
+    };
+    let mut s = String::from(
+        "<h3 id=\"fixes-h\">Cheapest changes that make it fit</h3><p class=\"hint\">Each is one change; its cost is the change in executed FLOPs per step and in the cost model's estimated step time (an estimate).</p><ul data-testid=\"fixes\" aria-labelledby=\"fixes-h\">",
+    );
+    for (i, f) in fixes.iter().enumerate() {
+        let text = format!(
+            "{}: fits, +{} headroom, {} step FLOPs, {} est. step time{}",
+            f.label,
+            format_bytes(f.headroom.max(0) as u128, unit),
+            pct(f.flops_pct),
+            pct(f.step_time_pct),
+            if f.changes_training { " (changes what is trained)" } else { "" }
+        );
+        s.push_str(&format!(
+            "<li><button type=\"button\" class=\"answer\" data-testid=\"fix-{i}\" data-fix=\"{i}\" data-key=\"{}\" data-value=\"{}\">{}</button></li>",
+            f.key,
+            esc(&f.value),
+            esc(&text)
+        ));
+    }
+    s.push_str("</ul>");
+    s
+}
+
+/// The keys (and values) on which a fix's configuration differs from `from`, as the codec
+/// spells them: what applying the fix sets.
+fn fix_pairs(from: &Config, fix: &Config) -> Vec<(&'static str, String)> {
+    KEYS.iter()
+        .filter(|k| k.name != "unit")
+        .filter_map(|k| {
+            let v = (k.get)(fix);
+            (v != (k.get)(from)).then_some((k.name, v))
+        })
+        .collect()
+}
+
 #[component]
 pub fn Verdict() -> impl IntoView {
     let store = use_store();
@@ -178,9 +238,20 @@ pub fn Answers() -> impl IntoView {
     let store = use_store();
     let key = Memo::new(move |_| store.config.with(|c| Config { unit: Unit::Gb, ..c.clone() }));
     let found = Memo::new(move |_| dom::timed("answers", || key.with(answers)));
-    let html = move || store.config.with(|c| found.with(|a| answers_html(a, c)));
+    let fixes = Memo::new(move |_| dom::timed("fixes", || key.with(|k| cheapest_fixes(k, &Assumptions::default(), DEFAULT_FIXES))));
+    let html = move || store.config.with(|c| found.with(|a| answers_html(a, c)) + &fixes.with(|f| fixes_html(f, c.unit)));
     let on_click = move |ev: leptos::ev::MouseEvent| {
-        let apply = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()).and_then(|e| e.get_attribute("data-apply"));
+        let target = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok());
+        let fix = target.as_ref().and_then(|e| e.closest("[data-fix]").ok().flatten()).and_then(|e| e.get_attribute("data-fix"));
+        if let Some(i) = fix.and_then(|i| i.parse::<usize>().ok()) {
+            let pairs =
+                fixes.with_untracked(|f| f.as_ref().ok().and_then(|f| f.get(i)).map(|f| key.with_untracked(|k| fix_pairs(k, &f.config))));
+            if let Some(pairs) = pairs {
+                let _ = store.apply(&pairs);
+            }
+            return;
+        }
+        let apply = target.and_then(|e| e.get_attribute("data-apply"));
         if let Some((k, v)) = apply.as_deref().and_then(|a| a.split_once('=')) {
             if let Some(key) = crate::config::KEYS.iter().find(|x| x.name == k).map(|x| x.name) {
                 let _ = store.apply(&[(key, v.to_string())]);
