@@ -53,6 +53,11 @@ fn planning_llama_3_1_70b_on_64_h100s_returns_ranked_plans_that_all_fit() {
         let e = estimate(&d.config).expect("valid");
         assert!(fits(&e), "{}", p["query"]);
         assert_eq!(measure(&e) as u64, p["memory"].as_u64().expect("memory"));
+        // And by the verdict's own figure: what nvidia-smi will show, the caching allocator
+        // replayed, is on the card.
+        let smi = p["nvidia_smi"].as_u64().expect("simulated");
+        assert!(u128::from(smi) <= trainmem::estimator::sweep::decided(&d.config).expect("valid").capacity, "{}", p["query"]);
+        assert_eq!(Some(u128::from(smi)), trainmem::estimator::sweep::decided(&d.config).expect("valid").memory.nvidia_smi);
         assert_eq!(d.config.batch * d.config.accum * d.config.dp() * d.config.seq, 4 << 20);
         assert!(p["cost"]["comm"].is_array() && p["mfu_estimate"].as_f64().is_some_and(|m| m > 0.0 && m < 1.0));
     }
@@ -398,6 +403,11 @@ fn zero_2_zero_3_and_full_recompute_are_no_chain_steps_because_they_can_cost_mem
     let none = memory(&c).expect("valid");
     let sel = memory(&Config { recompute: Recompute::Selective, ..c.clone() }).expect("valid");
     assert!(sel > none, "none {none}, selective {sel}");
+    // Sequence parallelism all-gathers the sequence before the LM head.
+    let c = decode_query("model=qwen3-235b-a22b&seq=128&precision=fp32&attn=eager&recompute=full&gpus=2&shard_group=2&tp=2").config;
+    let off = memory(&c).expect("valid");
+    let on = memory(&Config { sp: true, ..c.clone() }).expect("valid");
+    assert!(on > off, "sp off {off}, on {on}");
     // Full recomputation re-materializes a whole layer in backward; at 128 tokens with eager
     // attention that exceeds what selective recomputation keeps.
     let c = decode_query("model=qwen2.5-7b&batch=3&seq=128&precision=mixed-fp8&optim=adam8bit&attn=eager&gpus=8&zero=full_shard&tp=4&pp=2&offload=optimizer%2Bparams").config;

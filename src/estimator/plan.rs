@@ -15,10 +15,9 @@
 //! - **M2, accumulation**: with everything else fixed, memory never decreases when the
 //!   accumulation steps grow (gradients stay resident; pipelines hold more micro-batches).
 //! - **C, sharding and saving chains**: memory never increases one step down each chain of
-//!   [`memory_chain_below`]: ZeRO 0 → 1, FSDP `HYBRID_SHARD` →
-//!   `FULL_SHARD`, offload none → optimizer → optimizer + parameters, recomputation
-//!   none → selective, attention eager → SDPA = flash from [`EAGER_CHAIN_MIN_SEQ`] tokens on
-//!   (SDPA and flash each below the other: the same memory), sequence parallelism off → on.
+//!   [`memory_chain_below`]: ZeRO 0 → 1, FSDP `HYBRID_SHARD` → `FULL_SHARD`, offload none →
+//!   optimizer → optimizer + parameters, attention eager → SDPA = flash from
+//!   [`EAGER_CHAIN_MIN_SEQ`] tokens on (SDPA and flash each below the other: the same memory).
 //!
 //! What is *not* used, because the estimator breaks it: `HYBRID_SHARD` → DeepSpeed ZeRO-3 (the
 //! property test found GPT-2 on 2 × 2 GPUs where ZeRO-3's 500 M-element reduce bucket outweighs
@@ -29,7 +28,9 @@
 //! higher at the LM head's backward under ZeRO-2 than at the embedding's under ZeRO-1),
 //! no recomputation → selective (the recomputed attention core is re-materialized in backward
 //! beside the tensors selective recomputation still keeps: Mixtral-8x7B with eager attention
-//! at 2,048 tokens and cp = 2 peaks 4 MiB higher) and
+//! at 2,048 tokens and cp = 2 peaks 4 MiB higher), sequence parallelism off → on (the
+//! all-gathered sequence before the LM head and the reduce-scatter of its gradient: Qwen3-235B
+//! at 128 tokens with tp = 2, eager attention and full recomputation peaks 96 MB higher) and
 //! selective → full recomputation (full recomputation re-materializes a layer at a time, which
 //! can exceed what selective keeps for short sequences).
 //!
@@ -407,13 +408,8 @@ fn chain_below(knob: ChainKnob, g: &Knobs, seq: u64) -> [Option<Knobs>; 2] {
             Attention::Sdpa => [with(&|k| k.attn = Attention::Flash), None],
             Attention::Flash => [with(&|k| k.attn = Attention::Sdpa), None],
         },
-        ChainKnob::Sp => {
-            if !g.sp && g.tp > 1 {
-                [with(&|k| k.sp = true), None]
-            } else {
-                [None, None]
-            }
-        }
+        // No step is safe: see the module docs.
+        ChainKnob::Sp => [None, None],
     }
 }
 
@@ -805,12 +801,30 @@ impl Search {
         ranked.sort_by(rank_order);
         let frontier_points = pareto_frontier(&ranked);
         let keep = if self.req.keep == 0 { ranked.len() } else { self.req.keep.min(ranked.len()) };
-        let plan = |p: &Point, rank: usize| self.plan_of(p, rank);
-        let plans: Vec<Plan> = ranked.iter().take(keep).enumerate().map(|(i, p)| plan(p, i + 1)).collect();
-        let frontier: Vec<Plan> =
-            frontier_points.iter().map(|p| plan(p, ranked.iter().position(|q| q.knobs == p.knobs).map_or(0, |i| i + 1))).collect();
+        // The search decides on the allocated peak (fast); each plan it lists is re-checked on
+        // the verdict's figure, what nvidia-smi will show (the step replayed through the caching
+        // allocator), and one that no longer fits is left out and counted.
+        let mut plans: Vec<Plan> = Vec::with_capacity(keep);
+        let mut dropped_by_reserve = 0u64;
+        for p in &ranked {
+            if plans.len() >= keep {
+                break;
+            }
+            let pl = self.plan_of(p, plans.len() + 1);
+            if pl.fits_with_reserve {
+                plans.push(pl);
+            } else {
+                dropped_by_reserve += 1;
+            }
+        }
+        let frontier: Vec<Plan> = frontier_points
+            .iter()
+            .map(|p| self.plan_of(p, plans.iter().find(|q| q.knobs == p.knobs).map_or(0, |q| q.rank)))
+            .filter(|p| p.fits_with_reserve)
+            .collect();
         let explanation = plans.first().map(|top| explain_choice(&self.req, self.global_seqs, &top.knobs)).unwrap_or_default();
         PlanResult {
+            dropped_by_reserve,
             label: cost::ESTIMATE_LABEL,
             global_sequences: self.global_seqs,
             global_tokens: self.global_seqs * self.req.base.seq,
@@ -826,7 +840,10 @@ impl Search {
     fn plan_of(&self, p: &Point, rank: usize) -> Plan {
         let config = p.knobs.apply(&self.req.base);
         let cost = cost::step_cost(&config, &self.req.assumptions).ok();
-        let by_cat = estimate(&config).map(|e| by_category(&e).into_iter().map(|(c, b)| (c.label(), b)).collect()).unwrap_or_default();
+        let decided = estimate(&config).and_then(|e| super::with_reserve(&config, e)).ok();
+        let by_cat = decided.as_ref().map(|e| by_category(e).into_iter().map(|(c, b)| (c.label(), b)).collect()).unwrap_or_default();
+        let nvidia_smi = decided.as_ref().and_then(|e| e.memory.nvidia_smi);
+        let fits_with_reserve = decided.as_ref().is_some_and(Estimate::fits);
         Plan {
             rank,
             knobs: p.knobs,
@@ -837,6 +854,8 @@ impl Search {
             tokens_per_s: p.tokens_per_s,
             mfu: p.mfu,
             memory_by_category: by_cat,
+            nvidia_smi,
+            fits_with_reserve,
             cost,
             config,
         }
@@ -847,7 +866,7 @@ impl Search {
 pub const PRUNING_RULES: [&str; 4] = [
     "M1: with all else fixed, memory never decreases as the micro-batch grows",
     "M2: with all else fixed, memory never decreases as gradient accumulation grows",
-    "C: memory never increases down ZeRO 0→1→2/SHARD_GRAD_OP, HYBRID_SHARD→FULL_SHARD, offload none→optimizer→optimizer+params, recompute none→selective, attention eager→sdpa=flash (from 256 tokens), sp off→on",
+    "C: memory never increases down ZeRO 0→1, HYBRID_SHARD→FULL_SHARD, offload none→optimizer→optimizer+params, attention eager→sdpa=flash (from 256 tokens)",
     "D: a configuration is dominated when the one below it in a chain fits and is estimated to be at least as fast (it has at least as much headroom by C)",
 ];
 
@@ -1006,6 +1025,11 @@ pub struct Plan {
     pub mfu: f64,
     /// The ledger's category totals (what the explanation compares).
     pub memory_by_category: Vec<(&'static str, Bytes)>,
+    /// What nvidia-smi will show: the step replayed through the caching allocator (`None` under
+    /// a `frag_pct` override or `kernels=cpu`).
+    pub nvidia_smi: Option<Bytes>,
+    /// Whether the plan fits by the verdict's own figure (nvidia-smi where simulated).
+    pub fits_with_reserve: bool,
     /// The estimated step in full (FLOPs, each transfer, bubble, optimizer, assumptions).
     pub cost: Option<StepCost>,
     pub config: Config,
@@ -1014,6 +1038,9 @@ pub struct Plan {
 /// What the planner returns.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PlanResult {
+    /// Plans the search found fitting by the allocated peak that the caching allocator's
+    /// reserve pushes over the card (left out of `plans`).
+    pub dropped_by_reserve: u64,
     /// What the step times are: [`cost::ESTIMATE_LABEL`].
     pub label: &'static str,
     pub global_sequences: u64,
@@ -1622,6 +1649,8 @@ struct PlanRowJson<'a> {
     tokens_per_s_estimate: f64,
     mfu_estimate: f64,
     memory: u128,
+    /// What nvidia-smi will show (the caching allocator simulated), bytes.
+    nvidia_smi: Option<u128>,
     capacity: u128,
     headroom: i128,
     knobs: &'a Knobs,
@@ -1640,6 +1669,7 @@ fn plan_rows<'a>(plans: &'a [Plan], query: &dyn Fn(&Config) -> String) -> Vec<Pl
             tokens_per_s_estimate: p.tokens_per_s,
             mfu_estimate: p.mfu,
             memory: p.memory,
+            nvidia_smi: p.nvidia_smi,
             capacity: p.capacity,
             headroom: p.headroom,
             knobs: &p.knobs,
@@ -1789,7 +1819,7 @@ mod tests {
         };
         assert_eq!(memory_chain_below(ChainKnob::Zero, &k, 4096)[0].zero, Zero::Z1);
         assert_eq!(memory_chain_below(ChainKnob::Offload, &k, 4096)[0].offload, Offload::Optimizer);
-        assert!(memory_chain_below(ChainKnob::Sp, &k, 4096)[0].sp);
+        assert!(memory_chain_below(ChainKnob::Sp, &k, 4096).is_empty());
         // ZeRO-2, ZeRO-3 and recomputation are no chain steps (see the module docs).
         assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z1, ..k }, 4096).is_empty());
         assert!(memory_chain_below(ChainKnob::Zero, &Knobs { zero: Zero::Z2, ..k }, 4096).is_empty());
