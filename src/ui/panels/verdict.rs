@@ -68,7 +68,7 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
             "nvidia-smi will show",
             &bytes("nvidia-smi-bytes", smi),
             &format!(
-                "{}<span class=\"sub\">= reserved {} (caching allocator, simulated) + {} CUDA context, cuBLAS, NCCL</span>",
+                "{}<span class=\"sub\">{} reserved (simulated) + {} context, cuBLAS, NCCL</span>",
                 format_bytes(smi, unit),
                 format_bytes(res, unit),
                 format_bytes(outside, unit)
@@ -79,7 +79,7 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
         &mut s,
         "Allocated peak",
         &bytes("allocated-peak-bytes", e.memory.allocated_peak),
-        &format!("{}<span class=\"sub\">torch.cuda.max_memory_allocated()</span>", format_bytes(e.memory.allocated_peak, unit)),
+        &format!("{}<span class=\"sub\">max_memory_allocated</span>", format_bytes(e.memory.allocated_peak, unit)),
     );
     stat(&mut s, "Sum of components", &bytes("total-bytes", e.memory.total), &format_bytes(e.memory.total, unit));
     stat(&mut s, "GPU capacity", &bytes("capacity-bytes", e.capacity), &format_bytes(e.capacity, unit));
