@@ -388,3 +388,21 @@ fn the_script_runs_on_the_cpu_and_compare_reads_its_json() {
     }
     println!("{}", report.join("\n"));
 }
+
+#[test]
+fn a_committed_cpu_measurement_compares_exactly_with_todays_estimate() {
+    // tests/fixtures/verify/gpt2-ampbf16-sdpa.cpu.json: the script's JSON from a CPU run (torch
+    // 2.15, transformers 5.24): every field the tracker measures is predicted to the byte.
+    let path = root().join("tests/fixtures/verify/gpt2-ampbf16-sdpa.cpu.json");
+    let (code, js, err) = trainmem(&["compare", path.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let c: Value = serde_json::from_str(&js).expect("json");
+    let mut measured = 0;
+    for r in c["rows"].as_array().expect("rows") {
+        if let (Some(m), Some(p)) = (r["measured"].as_u64(), r["predicted"].as_u64()) {
+            assert_eq!(p, m, "{}", r["field"]);
+            measured += 1;
+        }
+    }
+    assert_eq!(measured, 5, "after forward, forward, backward and step peaks, and the peak");
+}

@@ -5,6 +5,7 @@ use super::dom;
 use super::layout::{Layout, Panel};
 use super::panels::{
     architecture, bar, bench, charts, compare, course, embed, exercise, import, inputs, ledger, notices, plan, textbook, toolbar, verdict,
+    verify,
 };
 use super::state::{use_store, Store};
 use super::widgets;
@@ -38,6 +39,7 @@ fn panel(p: Panel) -> AnyView {
         Panel::Exercises => view! { <exercise::Exercises/> }.into_any(),
         Panel::Compare => view! { <compare::Compare/> }.into_any(),
         Panel::Plan => view! { <plan::Plan/> }.into_any(),
+        Panel::Verify => view! { <verify::Verify/> }.into_any(),
     }
 }
 

@@ -41,11 +41,13 @@ pub enum Panel {
     Compare,
     /// The planner: what fits, ranked by estimated step time.
     Plan,
+    /// "Verify on your GPU": the script to download, its JSON compared row by row.
+    Verify,
 }
 
 impl Panel {
     /// Every panel with a name of its own (a single chart is named by its kind).
-    pub const NAMED: [Panel; 16] = [
+    pub const NAMED: [Panel; 17] = [
         Panel::Model,
         Panel::Import,
         Panel::Architecture,
@@ -62,6 +64,7 @@ impl Panel {
         Panel::Exercises,
         Panel::Compare,
         Panel::Plan,
+        Panel::Verify,
     ];
 
     /// The panel's name in links and in the page (`data-panel`).
@@ -84,6 +87,7 @@ impl Panel {
             Panel::Exercises => "exercises",
             Panel::Compare => "compare",
             Panel::Plan => "plan",
+            Panel::Verify => "verify",
         }
     }
 
@@ -113,7 +117,7 @@ impl Layout {
         use Panel::*;
         Layout {
             inputs: vec![Model, Import, Architecture, Training, Cluster, Overhead],
-            results: vec![Verdict, Answers, Bar, Ledger, Textbook, Charts, Plan, Bench],
+            results: vec![Verdict, Answers, Bar, Ledger, Verify, Textbook, Charts, Plan, Bench],
         }
     }
 
@@ -149,6 +153,7 @@ impl Panel {
             Panel::Exercises => Section::Exercises,
             Panel::Compare => Section::Compare,
             Panel::Plan => Section::Plan,
+            Panel::Verify => Section::Ledger,
         }
     }
 }

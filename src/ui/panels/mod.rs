@@ -18,3 +18,4 @@ pub mod plan;
 pub mod textbook;
 pub mod toolbar;
 pub mod verdict;
+pub mod verify;
