@@ -40,7 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEB = os.path.join(ROOT, "web")
 
 #: A content hash in a file or folder name: 16 hex digits between separators.
-HASH_TOKEN = re.compile(r"(?:^|[-_.])[0-9a-f]{16}(?=[-_.]|$)")
+# Trunk prints its 64-bit content hash in hex without leading zeros: 16 digits, or fewer
+# (one in sixteen builds has 15).
+HASH_TOKEN = re.compile(r"(?:^|[-_.])[0-9a-f]{12,16}(?=[-_.]|$)")
 #: wasm-bindgen's snippet folders are named for the crate, not for their content.
 SNIPPETS = re.compile(r"(?:^|/)snippets/")
 #: Served with no-cache and named without a hash, by design.
