@@ -10,7 +10,7 @@ import { startServer } from './static-server.mjs';
 
 export const DIST = join(ROOT, 'dist');
 /** A content hash in a name, as scripts/dist.py checks it. */
-export const HASH_TOKEN = /(?:^|[-_.])[0-9a-f]{16}(?=[-_.]|$)/;
+export const HASH_TOKEN = /(?:^|[-_.])[0-9a-f]{12,16}(?=[-_.]|$)/;
 /** Served under stable names by design (no-cache). */
 export const STABLE = new Set(['', 'index.html', 'sw.js', 'manifest.webmanifest']);
 

@@ -122,7 +122,7 @@ test('the built files: hashed names everywhere but the page, worker and manifest
   const csp = readFileSync(join(DIST, 'index.html'), 'utf8').match(/http-equiv="Content-Security-Policy" content="([^"]*)"/)[1];
   assert.ok(rules.includes(`/index.html\n  Content-Security-Policy: ${csp}\n`), 'the same CSP as the meta tag');
   assert.match(rules, /\/sw\.js\n(?:  .*\n)*  Cache-Control: no-cache/);
-  const wasm = files.find((f) => /^trainmem-[0-9a-f]{16}_bg\.wasm$/.test(f));
+  const wasm = files.find((f) => /^trainmem-[0-9a-f]{12,16}_bg\.wasm$/.test(f));
   assert.ok(rules.includes(`/${wasm}\n  X-Content-Type-Options: nosniff\n  Cache-Control: public, max-age=31536000, immutable\n`), wasm);
 });
 

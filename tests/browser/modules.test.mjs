@@ -43,7 +43,7 @@ test('the page loads its files by their hashed names, and the benchmark only whe
   await page.waitForSelector('[data-testid=bench-adapter], [data-testid=bench-unavailable]', { timeout: 60000 });
   const bench = requests.filter((r) => r.includes('trainmem-bench'));
   assert.equal(bench.length, 2, bench.join('\n'));
-  for (const r of bench) assert.match(r, /trainmem-bench-[0-9a-f]{16}(_bg\.wasm|\.js)$/);
+  for (const r of bench) assert.match(r, /trainmem-bench-[0-9a-f]{12,16}(_bg\.wasm|\.js)$/);
   assert.deepEqual(problems, []);
 });
 
