@@ -43,7 +43,7 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
     // it was simulated, else on the allocated peak with what lives outside the allocator.
     let deciding = e.deciding_peak();
     let fits = e.fits();
-    let basis = if e.memory.nvidia_smi.is_some() { " (by what nvidia-smi will show)" } else { "" };
+    let basis = if e.memory.nvidia_smi.is_some() { " (nvidia-smi)" } else { "" };
     let headline = if fits {
         format!("Fits on {gpu}: {} headroom{basis}", format_bytes(e.capacity - deciding, unit))
     } else {
