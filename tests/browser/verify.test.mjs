@@ -31,7 +31,7 @@ test('the verify script downloads for the configuration on screen, and a multi-G
 });
 
 test('a run\'s JSON pasted back is compared row by row, and a bad paste is named', async () => {
-  const { page, problems } = await openPage(browser, server.base + '?model=gpt2');
+  const { page, problems } = await openPage(browser, server.base + '?model=gpt2', { bypassCSP: true });
   await page.click('[data-panel=verify] > summary');
   const record = readFileSync(join(ROOT, 'tests/fixtures/verify/gpt2-ampbf16-sdpa.cpu.json'), 'utf8');
   await page.fill('#verify-json', record);
@@ -59,7 +59,8 @@ test('the step timeline draws the step op by op with reserved memory and names t
   await page.click('[data-testid=chart-tab-timeline]');
   await page.waitForSelector('[data-testid=chart-timeline][data-layout]');
   const label = await page.getAttribute('[data-testid=chart-timeline]', 'aria-label');
-  assert.match(label, /allocated at layer \d+ (forward|backward)|allocated at loss/, label);
+  // "Peak 24.56 GB allocated at backward, `(root)` _log_softmax_backward_data …; 25.1 GB reserved".
+  assert.match(label, /allocated at (layer \d+ )?(forward|loss|backward), /, label);
   assert.match(label, /reserved/);
   assert.deepEqual(problems, []);
 });
