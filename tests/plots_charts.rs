@@ -181,9 +181,9 @@ fn the_stack_is_the_peak_composition_and_adds_up_to_the_peak() {
     let c = Config::default();
     let d = seq_data(&c);
     for (s, p) in d.sweep.seqs.iter().zip(d.peaks()) {
-        // The verdict's figure: what nvidia-smi will show (the allocator replayed).
-        let e = decided(&Config { seq: *s, ..c.clone() }).expect("valid");
-        assert_eq!(p, e.deciding_peak(), "at {s}");
+        // The curve is the fast figure (allocated + context, cuBLAS, NCCL).
+        let e = estimate(&Config { seq: *s, ..c.clone() }).expect("valid");
+        assert_eq!(p, e.memory.peak, "at {s}");
     }
 }
 
@@ -243,7 +243,7 @@ fn the_largest_micro_batch_is_exact_and_labelled() {
     assert!(d.sweep.range.1 >= 2 * b && d.sweep.range.1.is_power_of_two());
     // The stack at each point is the estimator's peak there.
     let i = d.sweep.batches.iter().position(|x| *x == 4).expect("4 is a sweep point");
-    assert_eq!(d.peaks()[i], decided(&Config { batch: 4, ..c }).expect("valid").deciding_peak());
+    assert_eq!(d.peaks()[i], estimate(&Config { batch: 4, ..c }).expect("valid").memory.peak);
 }
 
 #[test]
@@ -300,7 +300,7 @@ fn the_model_size_chart_names_the_family_sizes_and_where_each_gpu_count_stops_fi
     assert!(checked >= 4, "{checked} points of 20B and more");
     // The preset dot of the configured model is the configuration's own peak.
     let own = d.sweep.presets.iter().find(|p| p.id == "llama-3.1-8b").expect("the family includes the model");
-    assert_eq!(own.peak[0], Some(decided(&Config { gpus: 1, ..c.clone() }).expect("valid").deciding_peak()));
+    assert_eq!(own.peak[0], Some(estimate(&Config { gpus: 1, ..c.clone() }).expect("valid").memory.peak));
 }
 
 #[test]

@@ -477,8 +477,11 @@ pub fn with_reserve(cfg: &Config, mut e: Estimate) -> Result<Estimate, EstimateE
     e.memory.framework_overhead += row.bytes;
     e.memory.total += row.bytes;
     e.components.push(row);
+    // What the coarse timeline holds beyond the step's stream and the rows outside the
+    // allocator (ZeRO-3's gathered layers in flight) is allocated too: it comes on top.
+    let beyond_stream = e.memory.peak.saturating_sub(e.memory.allocated_peak + outside);
     e.memory.reserved_peak = Some(reserved);
-    e.memory.nvidia_smi = Some(reserved + outside);
+    e.memory.nvidia_smi = Some(reserved + outside + beyond_stream);
     Ok(e)
 }
 

@@ -5,7 +5,11 @@
 //!
 //! "Fits" is always the step's **deciding peak** against the GPU's capacity
 //! ([`Estimate::fits`] after [`super::with_reserve`]: what nvidia-smi will show, the caching
-//! allocator's simulated reserve included), the verdict the page shows, never a sampled curve. The searches rest on the estimator's
+//! allocator's simulated reserve included), the verdict the page shows, never a sampled curve.
+//! Replaying the allocator costs milliseconds, so the searches run on the fast figure — the
+//! allocated peak with what lives outside the allocator, never above the deciding one — and then
+//! refine their answer on the deciding figure: the exact limit can only lie below (or, for GPU
+//! counts, above) the fast one, a few replays away. The chart curves draw the fast figure. The searches rest on the estimator's
 //! monotonicity: memory grows with the micro-batch and the sequence length and, from two
 //! model replicas on, shrinks with the GPU count (one replica has no NCCL buffers, so it is
 //! tried on its own). The tests check every answer at its boundary on every preset: the
@@ -32,10 +36,36 @@ pub fn decided(cfg: &Config) -> Result<Estimate, EstimateError> {
     estimate(cfg).and_then(|e| super::with_reserve(cfg, e))
 }
 
+/// The step's peak for `cfg` by the fast path (allocated + CUDA context, cuBLAS, NCCL; never
+/// above [`deciding_peak`]), or `None` if it cannot be estimated.
+pub fn peak(cfg: &Config) -> Option<Bytes> {
+    estimate(cfg).ok().map(|e| e.memory.peak)
+}
+
 /// The step's deciding peak for `cfg` (what nvidia-smi will show), or `None` if it cannot be
 /// estimated.
-pub fn peak(cfg: &Config) -> Option<Bytes> {
+pub fn deciding_peak(cfg: &Config) -> Option<Bytes> {
     decided(cfg).ok().map(|e| e.deciding_peak())
+}
+
+/// A largest value that fits, found on the fast peak (`fast`), refined on the deciding peak:
+/// that is never lower, so the answer is `fast` itself or lies below it.
+fn refine_largest(
+    lo: u64,
+    fast: Option<u64>,
+    cap: Bytes,
+    x_of: impl Fn(u64) -> f64,
+    deciding_at: impl FnMut(u64) -> Option<Bytes>,
+) -> Option<u64> {
+    let mut deciding_at = deciding_at;
+    let b = fast?;
+    if deciding_at(b).is_some_and(|p| p <= cap) {
+        return Some(b);
+    }
+    if b <= lo {
+        return None;
+    }
+    last_fit(lo, b - 1, cap, x_of, deciding_at)
 }
 
 /// Whether `cfg` can be estimated and its deciding peak fits.
@@ -43,16 +73,10 @@ pub fn fits(cfg: &Config) -> bool {
     decided(cfg).as_ref().is_ok_and(Estimate::fits)
 }
 
-/// Index of the framework-overhead category in `Category::ALL`.
-const OVERHEAD: usize = 5;
-
-/// The step's deciding peak by category (`Category::ALL` order): the timeline's peak event,
-/// with the caching allocator's reserve above the allocated peak counted as framework
-/// overhead. Sums to [`Estimate::deciding_peak`].
+/// The step's peak by category (`Category::ALL` order): the timeline's peak event. Sums to
+/// `memory.peak`.
 pub fn peak_composition(e: &Estimate) -> [Bytes; 6] {
-    let mut c = e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category);
-    c[OVERHEAD] += e.deciding_peak().saturating_sub(e.memory.peak);
-    c
+    e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -344,13 +368,15 @@ pub const MAX_GPUS: u64 = 1 << 20;
 /// The largest micro-batch whose step fits, everything else as in `cfg` (`None`: not even 1).
 pub fn max_batch(cfg: &Config) -> Option<u64> {
     let cap = capacity(cfg);
-    last_fit(1, MAX_BATCH, cap, |b| b as f64, |b| peak(&Config { batch: b, ..cfg.clone() }))
+    let fast = last_fit(1, MAX_BATCH, cap, |b| b as f64, |b| peak(&Config { batch: b, ..cfg.clone() }));
+    refine_largest(1, fast, cap, |b| b as f64, |b| deciding_peak(&Config { batch: b, ..cfg.clone() }))
 }
 
 /// The longest sequence in `lo..=hi` whose step fits, everything else as in `cfg`.
 pub fn max_seq(cfg: &Config, lo: u64, hi: u64) -> Option<u64> {
     let cap = capacity(cfg);
-    last_fit(lo.max(1), hi, cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }))
+    let fast = last_fit(lo.max(1), hi, cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }));
+    refine_largest(lo.max(1), fast, cap, |s| s as f64, |s| deciding_peak(&Config { seq: s, ..cfg.clone() }))
 }
 
 /// The longest sequence whose step fits, to one token (from the context-parallel degree up
@@ -414,7 +440,33 @@ pub fn min_gpus(cfg: &Config, zero: Zero, hi: u64) -> Option<u64> {
 
 /// The fewest GPUs on which `cfg` fits with its own sharding (valid counts only).
 pub fn fewest_gpus(cfg: &Config) -> Option<u64> {
-    min_gpus_step(cfg, cfg.zero, gpu_step(cfg), MAX_GPUS)
+    let step = gpu_step(cfg);
+    let fast = min_gpus_step(cfg, cfg.zero, step, MAX_GPUS)?;
+    // The deciding peak is never below the fast one: the answer is `fast` or more GPUs. From
+    // two replicas on memory only shrinks with more GPUs: double until it fits, then bisect.
+    let cap = capacity(cfg);
+    let ok = |g: u64| deciding_peak(&Config { gpus: g, ..cfg.clone() }).is_some_and(|p| p <= cap);
+    if ok(fast) {
+        return Some(fast);
+    }
+    let max_m = (MAX_GPUS / step).max(1);
+    let (mut bad, mut m) = (fast / step, (fast / step).max(1) * 2);
+    while m <= max_m && !ok(m * step) {
+        bad = m;
+        m *= 2;
+    }
+    if m > max_m {
+        return None;
+    }
+    while m - bad > 1 {
+        let mid = bad + (m - bad) / 2;
+        if ok(mid * step) {
+            m = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Some(m * step)
 }
 
 /// The GPUs of the catalog, smallest memory first.
@@ -431,7 +483,11 @@ pub fn gpus_by_memory() -> Vec<&'static Gpu> {
 /// The GPU of the catalog with the least memory on which `cfg` fits (each estimated, the
 /// smallest first).
 pub fn smallest_gpu(cfg: &Config) -> Option<&'static Gpu> {
-    gpus_by_memory().into_iter().find(|g| fits(&Config { gpu: g.id.to_string(), ..cfg.clone() }))
+    // The fast peak rules out the cards that cannot hold it; the deciding one confirms.
+    gpus_by_memory().into_iter().find(|g| {
+        let c = Config { gpu: g.id.to_string(), ..cfg.clone() };
+        peak(&c).is_some_and(|p| p <= capacity(&c)) && fits(&c)
+    })
 }
 
 /// The one-click answers next to the verdict: what this configuration can grow to, or must
@@ -625,7 +681,7 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     let uncompressed = uncompressed_kv(&cfg.arch);
     for s in octave_points(lo, hi) {
         let c = Config { seq: s, ..cfg.clone() };
-        let Ok(e) = decided(&c) else { continue };
+        let Ok(e) = estimate(&c) else { continue };
         seqs.push(s);
         stack.push(peak_composition(&e));
         if let Some(u) = &uncompressed {
@@ -637,7 +693,8 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     // that fits and the first that does not (exact; the samples only bracket it).
     let cap = capacity(cfg);
     let samples: Vec<(u64, Option<Bytes>)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, Some(c.iter().sum::<Bytes>()))).collect();
-    let limit = last_fit_sampled(&samples, cfg.cp.max(1), cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }));
+    let fast = last_fit_sampled(&samples, cfg.cp.max(1), cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }));
+    let limit = refine_largest(cfg.cp.max(1), fast, cap, |s| s as f64, |s| deciding_peak(&Config { seq: s, ..cfg.clone() }));
     SeqSweep { attn: cfg.attn, other, seqs, stack, other_peak, uncompressed_peak, range: (lo, hi), limit, capacity: cap }
 }
 
@@ -684,7 +741,7 @@ pub fn batch_sweep(cfg: &Config) -> BatchSweep {
         if let Some((_, c)) = known.iter().find(|(k, _)| *k == b) {
             return *c;
         }
-        let c = decided(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e));
+        let c = estimate(&Config { batch: b, ..cfg.clone() }).ok().map(|e| peak_composition(&e));
         known.push((b, c));
         c
     };
@@ -702,7 +759,8 @@ pub fn batch_sweep(cfg: &Config) -> BatchSweep {
         }
         b *= 2;
     }
-    let limit = last_fit_sampled(&samples, 1, cap, |b| b as f64, |b| total(at(b)));
+    let fast = last_fit_sampled(&samples, 1, cap, |b| b as f64, |b| total(at(b)));
+    let limit = refine_largest(1, fast, cap, |b| b as f64, |b| deciding_peak(&Config { batch: b, ..cfg.clone() }));
     let hi = batch_top(limit, cfg.batch);
     let mut batches = Vec::new();
     let mut stack = Vec::new();
@@ -849,8 +907,8 @@ pub fn params_sweep(cfg: &Config) -> ParamsSweep {
         let mut p = Vec::new();
         let mut s = Vec::new();
         for (i, a) in archs.iter().enumerate() {
-            let e = decided(&on_gpus(cfg, a, g)).ok();
-            p.push(e.as_ref().map(|e| e.deciding_peak()));
+            let e = estimate(&on_gpus(cfg, a, g)).ok();
+            p.push(e.as_ref().map(|e| e.memory.peak));
             s.push(e.as_ref().map(|e| e.memory.parameters + e.memory.gradients + e.memory.optimizer_states));
             if gi == 0 {
                 activations[i] = e.as_ref().map(|e| e.memory.activations);
