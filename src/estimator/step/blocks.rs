@@ -95,25 +95,18 @@ impl<'a> Builder<'a> {
 
     /// `x.pow(n)` for a Python exponent: keeps `x`; backward `x.pow(n-1)`, `n * ·`, `grad * ·`.
     pub fn pow(&mut self, x: Tid) -> Tid {
-        let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
-        let out = self.out(shape, dt, rg);
-        let bw: &[B] = if rg {
-            &[
-                B::Alloc { bytes, dtype, op: "pow" },
-                B::Alloc { bytes, dtype, op: "mul" },
-                B::Alloc { bytes, dtype, op: "mul" },
-                B::Free(1),
-                B::Free(0),
-                B::Grad { input: 0, temp: 2 },
-            ]
-        } else {
-            &[]
-        };
-        self.op("pow", "PowBackward0", &[x], &[out], &[S::In(0)], bw)[0]
+        self.elementwise_power(x, "pow", "PowBackward0", S::In(0))
     }
 
     /// `torch.rsqrt(x)`: keeps its result; backward `result.pow(3)`, `-0.5 * ·`, `grad * ·`.
     pub fn rsqrt(&mut self, x: Tid) -> Tid {
+        self.elementwise_power(x, "rsqrt", "RsqrtBackward0", S::Out(0))
+    }
+
+    /// An element-wise power (`pow`, `rsqrt`): one output of `x`'s shape, saving `save`; its
+    /// backward (PowBackward0, RsqrtBackward0) allocates a `pow`, then two `mul`s, frees the first
+    /// two and hands the last on as the gradient.
+    fn elementwise_power(&mut self, x: Tid, name: &'static str, node: &'static str, save: S) -> Tid {
         let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
         let out = self.out(shape, dt, rg);
         let bw: &[B] = if rg {
@@ -128,7 +121,7 @@ impl<'a> Builder<'a> {
         } else {
             &[]
         };
-        self.op("rsqrt", "RsqrtBackward0", &[x], &[out], &[S::Out(0)], bw)[0]
+        self.op(name, node, &[x], &[out], &[save], bw)[0]
     }
 
     /// `x.mean(-1, keepdim=True)` → `[…, 1]`; backward one full-size `div`.
