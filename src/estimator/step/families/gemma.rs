@@ -7,7 +7,7 @@
 //! with per-head q/k norms, no soft-capping, SDPA masks on its sliding layers and a RoPE pair
 //! per layer type ([`embed3`]).
 
-use super::super::blocks::shapes::{heads, heads_bshd, scores, tok, tok_tp};
+use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
 use super::llama::{repeat_kv, rope, AttnW, MlpW};
@@ -170,28 +170,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
 
 /// `Gemma2MLP`: `down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))`.
 fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
-    let MlpW { wg, wu, wd } = *w;
-    b.part = Part::Mlp;
-    let f = || tok_tp(Dim::Q(Q::F));
-    b.module = "mlp.gate_proj";
-    let g = match wg {
-        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
-        None => x,
-    };
-    b.module = "mlp.act_fn";
-    let a = b.unary("gelu", "GeluBackward0", g, Keep::Input, "gelu_backward");
-    b.module = "mlp.up_proj";
-    let u = match wu {
-        Some(w) => b.proj(x, w, None, f(), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp";
-    let m = b.mul(a, u);
-    b.module = "mlp.down_proj";
-    match wd {
-        Some(w) => b.proj(m, w, None, tok(Q::H), Linear::Down),
-        None => m,
-    }
+    super::llama::gated_mlp(b, w, x, super::llama::GELU_TANH)
 }
 
 /// `Gemma2DecoderLayer.forward`: `input_layernorm` → attention → `post_attention_layernorm` →

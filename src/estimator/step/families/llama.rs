@@ -373,8 +373,21 @@ pub fn repeat_kv(b: &mut Builder, x: Tid) -> Tid {
     b.op("clone", "ExpandBackward0", &[e], &[out], &[], bw)[0]
 }
 
-/// The gated MLP (`LlamaMLP`): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`.
+/// The gated MLP (`LlamaMLP`): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, SiLU.
 pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
+    gated_mlp(b, w, x, SILU)
+}
+
+/// An activation as the gated MLP runs it: (aten op, autograd node, its backward op).
+pub type Act = (&'static str, &'static str, &'static str);
+/// `F.silu`.
+pub const SILU: Act = ("silu", "SiluBackward0", "silu_backward");
+/// `gelu_pytorch_tanh` (Gemma's `hidden_activation`).
+pub const GELU_TANH: Act = ("gelu", "GeluBackward0", "gelu_backward");
+
+/// `down_proj(act(gate_proj(x)) * up_proj(x))` (`LlamaMLP`, `Gemma2MLP`, …): the activation keeps
+/// its input, the product keeps both factors.
+pub fn gated_mlp(b: &mut Builder, w: &MlpW, x: Tid, act: Act) -> Tid {
     let MlpW { wg, wu, wd } = *w;
     b.part = Part::Mlp;
     let f = || tok_tp(Dim::Q(Q::F));
@@ -384,7 +397,8 @@ pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
         None => x,
     };
     b.module = "mlp.act_fn";
-    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
+    let (op, node, back) = act;
+    let a = b.unary(op, node, g, Keep::Input, back);
     b.module = "mlp.up_proj";
     let u = match wu {
         Some(w) => b.proj(x, w, None, f(), Linear::Up),
