@@ -76,7 +76,10 @@ proptest! {
     /// the whole fused QKV output plus a copy of its output (FINDINGS.md §2.3), 3·b·s·a·d more
     /// than eager, while eager's scores are only 6·b·a·s².
     #[test]
-    fn eager_attention_keeps_at_least_as_much_as_sdpa(c in any_config(), seq_pow in 8u32..14) {
+    // From 2k tokens on, where the s² scores dominate: at a few hundred tokens a fused kernel's
+    // contiguous q/k/v copies and its log-sum-exp can outweigh eager's scores (Phi-3, fp32,
+    // CUDA: 4.85 GB SDPA vs 4.78 GB eager at 256 tokens).
+    fn eager_attention_keeps_at_least_as_much_as_sdpa(c in any_config(), seq_pow in 11u32..14) {
         let c = Config { seq: 1 << seq_pow, ..c };
         let eager = est(&Config { attn: Attention::Eager, ..c.clone() }).memory.activations;
         let sdpa = est(&Config { attn: Attention::Sdpa, ..c.clone() }).memory.activations;
