@@ -19,7 +19,7 @@
 //! (`reset_peak_memory_stats()` between phases), the peak of the whole step, the largest
 //! `max_memory_reserved()`, and what nvidia-smi shows (pynvml's figure for this process, else for
 //! the device, else `torch.cuda.mem_get_info()` total − free; the JSON says which). On CPU the
-//! dispatch-level tracker of `validation/tracker.py` (embedded verbatim, see `tracker.py` here)
+//! dispatch-level tracker of `validation/tracker.py` (embedded verbatim at build time)
 //! gives the same fields from live storages (views of one storage counted once) plus the storages
 //! alive before the step (parameters, optimizer states, buffers, the batch); reserved memory and
 //! nvidia-smi do not apply there and are `null`. The third step is the steady state compared.
@@ -73,8 +73,9 @@ use serde_json::{json, Value};
 
 /// The script's template (placeholders `__NAME__`, filled by [`verify_script`]).
 const TEMPLATE: &str = include_str!("template.py");
-/// `validation/tracker.py`, verbatim (kept in sync by a test once the file is merged).
-pub const TRACKER: &str = include_str!("tracker.py");
+/// `validation/tracker.py` itself, embedded at build time (the script and the fixtures measure
+/// with the same tracker; no copy to keep in sync).
+pub const TRACKER: &str = include_str!("../../validation/tracker.py");
 /// Where [`TRACKER`] was copied from: the measure branch's commit that last changed it.
 pub const TRACKER_COMMIT: &str = "ae262ace6ac82733293719f880aa29271486a72e";
 /// The version of the script's JSON document.
