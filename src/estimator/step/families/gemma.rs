@@ -7,10 +7,10 @@
 //! with per-head q/k norms, no soft-capping, SDPA masks on its sliding layers and a RoPE pair
 //! per layer type ([`embed3`]).
 
-use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
+use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
-use super::llama::{repeat_kv, rope, AttnW, MlpW};
+use super::llama::{rope, AttnW, MlpW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -59,46 +59,6 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
     let y = b.to_copy(o, in_dt);
     b.hold(x);
     y
-}
-
-/// Gemma-2's eager attention: Llama's, with `scores / cap`, `tanh`, `* cap` before the mask.
-fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Option<Tid>) {
-    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
-    let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
-    let qc = b.fold(q, heads(Q::A));
-    let kc = match kr {
-        Some(kr) => kr,
-        None => b.fold(k, heads(Q::A)),
-    };
-    let sc = b.bmm(qc, kc, scores());
-    let sm = b.mul_scalar(sc);
-    let dv = b.unary("div", "DivBackward1", sm, Keep::Nothing, "div");
-    let th = b.unary("tanh", "TanhBackward0", dv, Keep::Output, "tanh_backward");
-    let cap = b.mul_scalar(th);
-    let sa = match mask {
-        Some(m) => b.add(cap, m),
-        None => cap,
-    };
-    let s32 = b.to_copy(sa, Dt::F32);
-    let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
-    let pc = b.to_copy(pr, b.t(q).dt);
-    // `attn_weights` names the masked scores until `softmax(…).to(query.dtype)` rebinds it.
-    b.hold(sa);
-    let pc = b.dropout(pc);
-    let vc = match vr {
-        Some(vr) => vr,
-        None => b.fold(v, heads(Q::A)),
-    };
-    let o = b.bmm(pc, vc, heads(Q::A));
-    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
-    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
-    let oc = b.copy(ot, heads_bshd(Q::A));
-    if let (Some(kr), Some(vr)) = (kr, vr) {
-        b.hold(kr);
-        b.hold(vr);
-    }
-    let out = b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
-    (out, Some(pc))
 }
 
 /// `Gemma2Attention.forward` (eager; transformers refuses sdpa for Gemma-2, the core below is
@@ -150,7 +110,6 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     b.module = "self_attn";
     let (region, q, k, v) = super::llama::selective_begin(b, q, k, v);
     let (o, weights) = match sh.mask {
-        _ if eager && spec.softcap => eager_core(b, q, k, v, sh.mask),
         _ if eager => super::llama::eager_core(b, spec, q, k, v, sh.mask),
         Some(m) => (super::mistral::sdpa_masked(b, q, k, v, m), None),
         None => (super::llama::sdpa_core(b, q, k, v), None),

@@ -315,7 +315,6 @@ pub fn eager_core_with(
     mask: Option<Tid>,
     contiguous: bool,
 ) -> (Tid, Option<Tid>) {
-    let _ = spec;
     // With grouped heads, repeat_kv's expand + reshape copies k and v to a heads (held by the
     // function's locals); with n_rep = 1 it returns its input and matmul's reshapes copy them.
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
@@ -328,6 +327,15 @@ pub fn eager_core_with(
     };
     let sc = b.bmm(qc, kc, scores_shape());
     let sm = b.mul_scalar(sc);
+    // Gemma-2's attention soft-capping (`attn_logit_softcapping`): `scores / cap`, `tanh`,
+    // `* cap`, before the mask (`modeling_gemma2.py`, `eager_attention_forward`).
+    let sm = if spec.softcap {
+        let dv = b.unary("div", "DivBackward1", sm, Keep::Nothing, "div");
+        let th = b.unary("tanh", "TanhBackward0", dv, Keep::Output, "tanh_backward");
+        b.mul_scalar(th)
+    } else {
+        sm
+    };
     let sa = match mask {
         Some(m) => b.add(sm, m),
         None => sm,
