@@ -610,31 +610,21 @@ fn stream_stage(cfg: &Config) -> Stage {
     }
 }
 
-/// What is resident beside the step's stream on [`stream_stage`]: weights, optimizer states,
-/// buffers, batch, resident gradients.
-pub fn resident_parts(cfg: &Config) -> step::model::Resident {
-    let recipe = recipe(cfg.precision);
-    let stage = stream_stage(cfg);
-    let groups = local_groups(cfg, stage);
-    let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
-    resident_of(cfg, &rows, &host, stage, 0)
+/// The step of the simulated stage ([`stream_stage`]) and what the caching-allocator replay
+/// ([`reserve`]) needs beside it, from one build of the stage's program.
+pub struct StepParts {
+    pub stream: step::Stream,
+    /// The bytes of every parameter tensor, as the module holds it.
+    pub params: Vec<u128>,
+    /// The elements of each trainable parameter tensor (what the optimizer keeps states for).
+    pub trainable: Vec<u128>,
+    /// What is resident beside the stream: weights, optimizer states, buffers, batch, resident
+    /// gradients.
+    pub resident: step::model::Resident,
 }
 
-/// The parameter tensors of the simulated stage's program: the bytes of each (as the module holds
-/// it) and the elements of each trainable one (what the optimizer keeps states for).
-pub fn step_param_bytes(cfg: &Config) -> (Vec<u128>, Vec<u128>) {
-    let recipe = recipe(cfg.precision);
-    expr::numbers_only(|| {
-        let setup = step::model::Setup::new(cfg, &recipe, stream_stage(cfg));
-        let prog = setup.whole();
-        let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();
-        let trainable = step::model::optimizer_params(&prog, step::ir::DType::of(recipe.weight));
-        (params, trainable)
-    })
-}
-
-/// The step of the most loaded GPU as an event stream (see [`step`]).
-pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
+/// [`StepParts`] of `cfg`.
+pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
     validate(cfg)?;
     let recipe = recipe(cfg.precision);
     let stage = stream_stage(cfg);
@@ -643,7 +633,19 @@ pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
     let resident = resident_of(cfg, &rows, &host, stage, 0);
     let sh = sharding::Sharding::of(cfg);
     let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &recipe, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
-    Ok(expr::numbers_only(|| step::model::simulate_stage(cfg, &recipe, stage, resident, temp)))
+    Ok(expr::numbers_only(|| {
+        let setup = step::model::Setup::new(cfg, &recipe, stage);
+        let prog = setup.whole();
+        let stream = step::model::simulate_program(cfg, &recipe, &setup, &prog, resident, temp);
+        let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();
+        let trainable = step::model::optimizer_params(&prog, step::ir::DType::of(recipe.weight));
+        StepParts { stream, params, trainable, resident }
+    }))
+}
+
+/// The step of the most loaded GPU as an event stream (see [`step`]).
+pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
+    step_parts(cfg).map(|p| p.stream)
 }
 
 /// What `torch.cuda.memory_allocated()` shows right after the forward pass and its loss, with

@@ -24,7 +24,7 @@ use super::config::{Config, Optimizer};
 use super::ledger::Bytes;
 use super::step::{self, EventKind, Phase, Stream};
 
-use super::EstimateError;
+use super::{EstimateError, StepParts};
 
 /// What replaying the step through the caching allocator gives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,9 +69,7 @@ fn per_tensor_or_flat(total: Bytes, parts: &[u128], per_unit: u128, out: &mut Ve
 /// allocator with the configuration's `alloc_conf`.
 pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
     let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::invalid("alloc_conf", e.to_string()))?;
-    let stream = super::step_stream(cfg)?;
-    let (params, trainable) = super::step_param_bytes(cfg);
-    Ok(replay_stream(cfg, &stream, &params, &trainable, &opts))
+    Ok(replay_parts(cfg, &super::step_parts(cfg)?, &opts))
 }
 
 /// The allocator's view of two steps: the events, and for each the stream event it replays
@@ -90,8 +88,8 @@ fn sized(b: Bytes) -> u64 {
 
 /// The allocation sequence of [`reserved`]: resident tensors, step 1 (with the optimizer states
 /// created at its first optimizer event), step 2.
-fn build(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128]) -> Built {
-    let r = super::resident_parts(cfg);
+fn build(cfg: &Config, parts: &StepParts) -> Built {
+    let StepParts { stream, params, trainable, resident: r } = parts;
     let mut resident: Vec<(Bytes, &'static str)> = Vec::new();
     let mut weights = Vec::new();
     per_tensor_or_flat(r.weights, params, 1, &mut weights);
@@ -173,11 +171,10 @@ fn build(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128]) -> 
     b
 }
 
-/// The replay of [`reserved`], from a stream already simulated and the program's parameter
-/// tensors (`params`: bytes of every parameter tensor; `trainable`: elements of each trainable
-/// one).
-pub fn replay_stream(cfg: &Config, stream: &Stream, params: &[u128], trainable: &[u128], opts: &AllocatorOptions) -> Reserved {
-    let b = build(cfg, stream, params, trainable);
+/// The replay of [`reserved`], from a step already simulated.
+pub fn replay_parts(cfg: &Config, parts: &StepParts, opts: &AllocatorOptions) -> Reserved {
+    let stream = &parts.stream;
+    let b = build(cfg, parts);
     let n = b.events.len();
     match allocator::replay(&b.events, opts) {
         Ok(rep) => Reserved {
@@ -252,6 +249,8 @@ pub struct StepTrace {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamReserved {
     pub stream: Stream,
+    /// What is resident beside the stream (weights, optimizer states, buffers, batch, …).
+    pub resident: super::step::model::Resident,
     /// Reserved bytes after each event of step 2, by stream index (`None` under `kernels=cpu`).
     pub reserved: Option<Vec<Bytes>>,
     /// The reserved peak over both replayed steps, and where it happened.
@@ -263,12 +262,18 @@ pub struct StreamReserved {
 /// trace of reserved memory: what `trainmem step` exports and the timeline chart draws.
 pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateError> {
     let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::invalid("alloc_conf", e.to_string()))?;
-    let stream = super::step_stream(cfg)?;
+    let parts = super::step_parts(cfg)?;
     if cfg.kernels != super::config::Kernels::Cuda {
-        return Ok(StreamReserved { stream, reserved: None, reserved_peak: None, reserved_at: String::new() });
+        return Ok(StreamReserved {
+            resident: parts.resident,
+            stream: parts.stream,
+            reserved: None,
+            reserved_peak: None,
+            reserved_at: String::new(),
+        });
     }
-    let (params, trainable) = super::step_param_bytes(cfg);
-    let b = build(cfg, &stream, &params, &trainable);
+    let b = build(cfg, &parts);
+    let (stream, resident) = (parts.stream, parts.resident);
     Ok(match allocator::replay_with(&b.events, &opts, true) {
         Ok(rep) => {
             let mut by_event = vec![0 as Bytes; stream.events.len()];
@@ -280,16 +285,15 @@ pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateErro
                 }
             }
             let at = label_at(&b, &stream, rep.peak_reserved_at);
-            StreamReserved { reserved: Some(by_event), reserved_peak: Some(rep.peak_reserved as Bytes), reserved_at: at, stream }
+            StreamReserved { reserved: Some(by_event), reserved_peak: Some(rep.peak_reserved as Bytes), reserved_at: at, stream, resident }
         }
-        Err(_) => StreamReserved { stream, reserved: None, reserved_peak: None, reserved_at: String::new() },
+        Err(_) => StreamReserved { stream, resident, reserved: None, reserved_peak: None, reserved_at: String::new() },
     })
 }
 
 /// [`StepTrace`] of `cfg` with at most `max_points` points.
 pub fn step_trace(cfg: &Config, max_points: usize) -> Result<StepTrace, EstimateError> {
-    let StreamReserved { stream, reserved: reserved_by_event, reserved_peak, reserved_at } = stream_with_reserved(cfg)?;
-    let r = super::resident_parts(cfg);
+    let StreamReserved { stream, resident: r, reserved: reserved_by_event, reserved_peak, reserved_at } = stream_with_reserved(cfg)?;
     let other_resident = r.buffers + r.batch + r.activations;
     let (mut act, mut grad, mut tmp) = (0i128, 0i128, 0i128);
     let n = stream.events.len();

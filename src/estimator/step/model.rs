@@ -662,7 +662,12 @@ pub fn batch_bytes(cfg: &Config, stage: Stage) -> Bytes {
 pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Resident, other_temp: Bytes) -> Stream {
     let setup = Setup::new(cfg, recipe, stage);
     let prog = setup.whole();
-    let mut run = Run::new(&prog, Collector::new(), setup.accumulate);
+    simulate_program(cfg, recipe, &setup, &prog, resident, other_temp)
+}
+
+/// [`simulate_stage`] of a stage's program already built (`setup.whole()`).
+pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Program, resident: Resident, other_temp: Bytes) -> Stream {
+    let mut run = Run::new(prog, Collector::new(), setup.accumulate);
     if resident_grads(cfg) {
         run.grads_resident();
     }
@@ -674,7 +679,7 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
     run.finish_backward();
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
-    let numels = optimizer_params(&prog, DType::of(recipe.weight));
+    let numels = optimizer_params(prog, DType::of(recipe.weight));
     optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
     let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };
     for (id, bytes) in grads {
