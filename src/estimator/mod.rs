@@ -380,12 +380,15 @@ fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
 }
 
 /// Estimates one stage's ledger and simulates its step.
-fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
-    let groups = local_groups(cfg, stage);
-    let (mut rows, host) = statics::static_rows(cfg, recipe, &groups);
+fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage, built: &mut Vec<step::fast::LayerProg>) -> StageResult {
+    // The stage's programs, built once for the activation ledger and the peak.
+    let setup = step::model::Setup::new(cfg, recipe, stage);
+    let pieces = step::fast::pieces_with(&setup, built);
+    let groups = &setup.groups;
+    let (mut rows, host) = statics::static_rows(cfg, recipe, groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
     let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } = if cfg.framework == config::Framework::Hf {
-        activations::activations(cfg, recipe, stage, layers)
+        activations::activations_of(&setup, &pieces, layers)
     } else {
         activations::megatron_activations(cfg, recipe, stage, layers)
     };
@@ -408,8 +411,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage) -> StageResult {
     let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
     let resident = resident_of(cfg, &rows, &host, stage, other_micro);
     let other_temp = if cfg.optim == config::Optimizer::Adamw { 0 } else { temp_bytes };
-    let setup = step::model::Setup::new(cfg, recipe, stage);
-    let fast = step::fast::stage(&setup, other_temp);
+    let fast = step::fast::stage_of(&setup, &pieces, other_temp);
     let beside = timeline::Beside {
         resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
         outside_allocator: outside,
@@ -490,8 +492,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
     let recipe = recipe(cfg.precision);
     let counts = cfg.arch.counts();
     let mut best: Option<(Stage, StageResult)> = None;
+    // Decoder-layer programs built for one stage serve the others.
+    let mut built = Vec::new();
     for &stage in stages(cfg.pp) {
-        let r = stage_ledger(cfg, &recipe, stage);
+        let r = stage_ledger(cfg, &recipe, stage, &mut built);
         if best.as_ref().is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes()) {
             best = Some((stage, r));
         }

@@ -80,12 +80,19 @@ pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU
 /// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
 /// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
 pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+    let setup = super::step::model::Setup::new(cfg, recipe, stage);
+    let pieces = super::step::fast::pieces(&setup);
+    activations_of(&setup, &pieces, stage_layers)
+}
+
+/// [`activations`] from the stage's programs already built (the estimate builds them once for
+/// the ledger and the peak).
+pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::fast::Pieces, stage_layers: u64) -> Activations {
     use super::step::families::Kind;
     use super::step::ir::Group;
     use super::step::ledger::kept;
-    use super::step::model::Setup;
+    let (cfg, recipe, stage) = (setup.cfg, &setup.recipe, setup.stage);
     let spec = &cfg.arch;
-    let setup = Setup::new(cfg, recipe, stage);
     let b = setup.builder();
     let has_moe = spec.moe_layers() > 0;
     // Terms by part: per layer group, the model's first end, and its last end.
@@ -108,7 +115,6 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
             variants.push(v);
         }
     }
-    let mut shared_saved = 0u8;
     let mut kinds_done: Vec<Kind> = Vec::new();
     // Terms of RoPE-only and NoPE-only groups: taken from the first layer of each.
     let (mut rope_done, mut nope_done) = (false, false);
@@ -119,9 +125,9 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
             t.n_rope += 1;
         }
     }
+    let shared_saved = pieces.kept_slots();
     for (vi, &(kind, var)) in variants.iter().enumerate() {
-        let (prog, _x, sh) = setup.layer_alone(kind, var, 0, false);
-        shared_saved |= super::step::fast::kept_slots(&prog, &sh);
+        let prog = &pieces.variant(kind, var).expect("every variant of the stage has its program").prog;
         let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
         rope_done |= !var.nope;
         nope_done |= var.nope;
@@ -132,7 +138,7 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
             continue;
         }
         kinds_done.push(kind);
-        for k in kept(&prog) {
+        for k in kept(prog) {
             if k.elsewhere {
                 continue;
             }
@@ -153,10 +159,10 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
     }
     // Where a kind's attention types keep different tensors, what only one keeps counts for its
     // layers only.
-    split_by_attention(&setup, &b, &variants, has_moe, &mut t);
-    let (pro, _x0, psh) = setup.prologue();
+    split_by_attention(setup, pieces, &b, &variants, has_moe, &mut t);
+    let (pro, psh) = (&pieces.pro, &pieces.psh);
     if stage.has_embedding() {
-        for k in kept(&pro) {
+        for k in kept(pro) {
             let x = &pro.tensors[k.t as usize];
             t.first.push((k.part, b.expr_of(&x.shape, x.dt)));
         }
@@ -168,9 +174,8 @@ pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u6
             t.first.push((part, b.expr_of(&x.shape, x.dt)));
         }
     }
-    if stage.has_head() {
-        let (epi, _) = setup.epilogue(&[]);
-        for k in kept(&epi) {
+    if let Some((epi, _)) = &pieces.epi {
+        for k in kept(epi) {
             let x = &epi.tensors[k.t as usize];
             t.last.push((k.part, b.expr_of(&x.shape, x.dt)));
         }
@@ -212,6 +217,7 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
 /// counted by its own groups (`Group::Rope`, `Group::Nope`, [`Terms::rope_layer`]).
 fn split_by_attention(
     setup: &super::step::model::Setup,
+    pieces: &super::step::fast::Pieces,
     b: &super::step::ir::Builder,
     variants: &[(super::step::families::Kind, super::step::families::Var)],
     has_moe: bool,
@@ -227,8 +233,9 @@ fn split_by_attention(
         (_, true, Kind::Dense) => Group::Dense,
     };
     let terms_of = |kind: Kind, var: Var| -> Vec<Term> {
-        let (prog, _x, _sh) = setup.layer_alone(kind, var, 0, false);
-        kept(&prog)
+        let Some(l) = pieces.variant(kind, var) else { return Vec::new() };
+        let prog = &l.prog;
+        kept(prog)
             .into_iter()
             .filter(|k| !k.elsewhere && !matches!(k.group, Group::Rope | Group::Nope))
             .map(|k| {

@@ -84,6 +84,7 @@ pub fn profile(
         run.finish_backward();
     }
     let fin = seg(&run.sink, s2);
+    run.recycle();
     Profile { fwd, cache, bwd, fin }
 }
 
@@ -245,36 +246,143 @@ pub fn kept_storages(p: &Program) -> Vec<bool> {
     v
 }
 
+/// One decoder layer's program as the stage runs it: its key, the program, its input and
+/// output, and its shared inputs.
+pub struct LayerProg {
+    pub key: Key,
+    pub prog: Program,
+    pub x: Tid,
+    pub y: Tid,
+    pub sh: Shared,
+}
+
+/// A stage's program cut into pieces, each built once per estimate: the prologue, one program
+/// per distinct layer [`Key`], and the epilogue (last stage). The activation ledger
+/// (`activations::activations_of`) and the piecewise peak ([`stage`]) both read them.
+pub struct Pieces {
+    pub pro: Program,
+    pub px0: Tid,
+    pub psh: Shared,
+    /// Every layer's key, in order.
+    pub keys: Vec<Key>,
+    pub layers: Vec<LayerProg>,
+    /// The epilogue and its input; its extra inputs are the model-level tensors nobody saved.
+    pub epi: Option<(Program, Tid)>,
+    /// Shapes and dtypes of the model-level tensors the forward releases at its end.
+    pub ends: Vec<(Shape, Dt)>,
+    /// Storages each layer program keeps for backward (by `layers` index).
+    kept_by: Vec<Vec<bool>>,
+    /// The global slots some layer keeps.
+    kept: u8,
+}
+
+impl Pieces {
+    /// The program of `key`.
+    pub fn layer(&self, key: &Key) -> &LayerProg {
+        self.layers.iter().find(|l| l.key == *key).expect("every key has its program")
+    }
+    /// A program of a layer of `kind` and variant `var` (any key: what it saves is the same).
+    pub fn variant(&self, kind: Kind, var: super::families::Var) -> Option<&LayerProg> {
+        self.layers.iter().find(|l| l.key.kind == kind && l.key.var == var)
+    }
+    /// The global slots some layer keeps.
+    pub fn kept_slots(&self) -> u8 {
+        self.kept
+    }
+    fn kept_in(&self, key: &Key, t: Tid) -> bool {
+        let i = self.layers.iter().position(|l| l.key == *key).expect("every key");
+        let l = &self.layers[i];
+        self.kept_by[i][l.prog.tensors[t as usize].base as usize]
+    }
+}
+
+/// The program of a layer `key` from one already built for its kind and variant: the same ops
+/// and tensors, only what its caller lets it free differs (the input's and the shared slots'
+/// origins, which the builders never read).
+fn repin(from: &LayerProg, key: Key) -> LayerProg {
+    let mut prog = from.prog.clone();
+    prog.tensors[from.x as usize].origin = Origin::Input { free_fwd: !key.pinned, free_bwd: true };
+    for (slot, t) in from.sh.slots().into_iter().enumerate() {
+        if let Some(t) = t {
+            prog.tensors[t as usize].origin = Origin::Input { free_fwd: false, free_bwd: key.free & (1 << slot) != 0 };
+        }
+    }
+    LayerProg { key, prog, x: from.x, y: from.y, sh: from.sh }
+}
+
+/// Builds the stage's [`Pieces`].
+pub fn pieces(setup: &Setup) -> Pieces {
+    pieces_with(setup, &mut Vec::new())
+}
+
+/// [`pieces`], taking layer programs from `built` (programs of other stages of the same
+/// configuration: a decoder layer's program does not depend on the stage it sits on, tested
+/// on every preset) and adding the ones it builds.
+pub fn pieces_with(setup: &Setup, built: &mut Vec<LayerProg>) -> Pieces {
+    let (pro, px0, psh) = setup.prologue();
+    let keys = layer_keys(setup, &psh);
+    let mut layers: Vec<LayerProg> = Vec::with_capacity(4);
+    for k in &keys {
+        if layers.iter().any(|l| l.key == *k) {
+            continue;
+        }
+        let like = |l: &&LayerProg| l.key.kind == k.kind && l.key.var == k.var;
+        let l = match layers.iter().find(like).or_else(|| built.iter().find(like)) {
+            Some(from) => repin(from, *k),
+            None => {
+                let (prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
+                let y = prog.outputs[0];
+                let l = LayerProg { key: *k, prog, x, y, sh };
+                built.push(repin(&l, l.key));
+                l
+            }
+        };
+        layers.push(l);
+    }
+    let kept_by: Vec<Vec<bool>> = layers.iter().map(|l| kept_storages(&l.prog)).collect();
+    let kept = layers.iter().zip(&kept_by).fold(0u8, |a, (l, v)| a | slots_kept(v, &l.prog, &l.sh));
+    let mut p = Pieces { pro, px0, psh, keys, layers, epi: None, ends: Vec::new(), kept_by, kept };
+    let x0_kept = p.keys.first().is_some_and(|k| p.kept_in(k, p.layer(k).x));
+    p.ends = model_ends(x0_kept, p.kept, &p.pro, p.px0, &p.psh);
+    if setup.stage.has_head() {
+        p.epi = Some(setup.epilogue(&p.ends));
+    }
+    p
+}
+
+/// The global slots of `sh` whose storages `kept` marks.
+fn slots_kept(kept: &[bool], p: &Program, sh: &Shared) -> u8 {
+    let mut bits = 0u8;
+    for (slot, t) in sh.slots().into_iter().enumerate() {
+        if t.is_some_and(|t| kept[p.tensors[t as usize].base as usize]) {
+            bits |= 1 << slot;
+        }
+    }
+    bits
+}
+
 /// The stage's peak above its resident bytes, and its coarse segments.
 pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
+    stage_of(setup, &pieces(setup), other_temp)
+}
+
+/// [`stage`] from pieces already built.
+pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
     let acc_mode = setup.accumulate;
     let resident = resident_grads(setup.cfg);
     let n = setup.kinds.len();
     let spec = &setup.cfg.arch;
-    let (pro, px0, psh) = setup.prologue();
-    let keys = layer_keys(setup, &psh);
-    // One program per distinct key: (key, program, its input, its output, its shared inputs).
-    let mut progs: Vec<(Key, Program, Tid, Tid, Shared)> = Vec::new();
-    for k in &keys {
-        if !progs.iter().any(|p| p.0 == *k) {
-            let (prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
-            let y = prog.outputs[0];
-            progs.push((*k, prog, x, y, sh));
-        }
-    }
-    let prog_of = |k: &Key| progs.iter().find(|p| p.0 == *k).expect("every key has its program");
-    let kept_by: Vec<(Key, Vec<bool>)> = progs.iter().map(|p| (p.0, kept_storages(&p.1))).collect();
-    let kept_in = |k: &Key, t: Tid| {
-        let v = &kept_by.iter().find(|p| p.0 == *k).expect("every key").1;
-        v[prog_of(k).1.tensors[t as usize].base as usize]
+    let (pro, px0, psh) = (&pcs.pro, pcs.px0, &pcs.psh);
+    let keys = &pcs.keys;
+    let prog_of = |k: &Key| {
+        let l = pcs.layer(k);
+        (&l.prog, l.x, l.y, &l.sh)
     };
-    let kept = progs.iter().fold(0u8, |a, p| a | kept_slots(&p.1, &p.4));
-    let x0_kept = keys.first().is_some_and(|k| kept_in(k, prog_of(k).2));
-    let has_head = setup.stage.has_head();
-    let ends = model_ends(x0_kept, kept, &pro, px0, &psh);
-    let epi = has_head.then(|| setup.epilogue(&ends));
-    let epi_keeps_x = epi.as_ref().is_some_and(|(e, x)| kept_storages(e)[e.tensors[*x as usize].base as usize]);
-    let pro_kept = kept_storages(&pro);
+    let kept_in = |k: &Key, t: Tid| pcs.kept_in(k, t);
+    let kept = pcs.kept;
+    let epi = pcs.epi.as_ref();
+    let epi_keeps_x = epi.is_some_and(|(e, x)| kept_storages(e)[e.tensors[*x as usize].base as usize]);
+    let pro_kept = kept_storages(pro);
     let act = |k: bool| if k { Cat::Activations } else { Cat::Transient };
     // The shared slots' category: kept by a layer or by the prologue.
     let slot_cat = |slot: usize, pt: Tid| act(kept & (1 << slot) != 0 || pro_kept[pro.tensors[pt as usize].base as usize]);
@@ -291,8 +399,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     let mut pieces: Vec<(Full, Profile, Vec<u128>)> = Vec::new();
     for f in &fulls {
         if !pieces.iter().any(|p| p.0 == *f) {
-            let (_, prog, x, y, sh) = prog_of(&f.key);
-            let mut cats = vec![(*x, act(f.in_kept)), (*y, act(f.out_kept))];
+            let (prog, x, y, sh) = prog_of(&f.key);
+            let mut cats = vec![(x, act(f.in_kept)), (y, act(f.out_kept))];
             for (slot, (t, pt)) in sh.slots().into_iter().zip(psh.slots()).enumerate() {
                 if let (Some(t), Some(pt)) = (t, pt) {
                     cats.push((t, slot_cat(slot, pt)));
@@ -303,7 +411,8 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
         }
     }
     let piece = |f: &Full| pieces.iter().find(|p| p.0 == *f).expect("every layer has its piece");
-    let epi_prof = epi.as_ref().map(|(e, x)| {
+    let has_head = epi.is_some();
+    let epi_prof = epi.map(|(e, x)| {
         let last_kept = fulls.last().map_or(epi_keeps_x, |f| f.out_kept);
         profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))])
     });
@@ -320,13 +429,13 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     } else {
         Vec::new()
     };
-    let mut pro_cats = vec![(px0, act(fulls.first().map_or(false, |f| f.in_kept)))];
+    let mut pro_cats = vec![(px0, act(fulls.first().is_some_and(|f| f.in_kept)))];
     for (slot, pt) in psh.slots().into_iter().enumerate() {
         if let Some(pt) = pt {
             pro_cats.push((pt, slot_cat(slot, pt)));
         }
     }
-    let pro_prof = profile(&pro, acc_mode, false, resident, &tied_pre, false, &pro_cats);
+    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats);
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
@@ -358,7 +467,7 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
         }
         None => {
             // Forward: the output is sent and freed (with the model scope's ends).
-            let ends_bytes: i128 = ends_bytes(setup, &ends);
+            let ends_bytes: i128 = ends_bytes(setup, &pcs.ends);
             let send =
                 Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: -y_bytes - ends_bytes, delta_cats: [0, 0, -y_bytes - ends_bytes] };
             a.apply(Piece::LossForward, &send);
@@ -382,11 +491,11 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     a.apply(Piece::Reduction, &zero);
     // The optimizer's temporaries over the parameters in registration order.
     let weight = setup.params().weight;
-    let mut numels = optimizer_params(&pro, weight);
+    let mut numels = optimizer_params(pro, weight);
     for f in &fulls {
         numels.extend(piece(f).2.iter().copied());
     }
-    if let Some(e) = &epi {
+    if let Some(e) = epi {
         let tied_head = spec.tied;
         let mut v = optimizer_params(e, weight);
         if tied_head && !v.is_empty() && setup.stage.has_embedding() {
@@ -505,6 +614,27 @@ mod tests {
         println!("{n} stage streams compared");
         assert!(n > 100);
         assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+    }
+
+    #[test]
+    fn a_layer_program_taken_from_another_stage_or_layer_is_the_one_built_for_its_own_key() {
+        let mut n = 0;
+        for (name, cfg) in variants() {
+            let r = recipe(cfg.precision);
+            let mut built = Vec::new();
+            for &stage in stages(cfg.pp) {
+                let setup = Setup::new(&cfg, &r, stage);
+                let shared = pieces_with(&setup, &mut built);
+                for l in &shared.layers {
+                    let (prog, x, sh) = setup.layer_alone(l.key.kind, l.key.var, l.key.free, l.key.pinned);
+                    assert_eq!(format!("{prog:?}"), format!("{:?}", l.prog), "{name} {stage:?} {:?}", l.key);
+                    assert_eq!((x, sh.slots()), (l.x, l.sh.slots()), "{name} {stage:?}");
+                    n += 1;
+                }
+            }
+        }
+        println!("{n} layer programs compared");
+        assert!(n > 100);
     }
 }
 

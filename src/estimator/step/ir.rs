@@ -526,6 +526,11 @@ impl<'a> Builder<'a> {
 
     /// The formula of a tensor's bytes: `p × b × s × h`, split where it is.
     pub fn expr_of(&self, shape: &Shape, dt: Dt) -> Expr {
+        if super::super::expr::is_numeric() {
+            // The formula's value without building it (the numeric path; equal by construction,
+            // and checked on every preset against the explained path).
+            return Expr::num(self.bytes_of(shape, dt));
+        }
         let c = self.c;
         let mut f = Vec::with_capacity(shape.n as usize + 1);
         f.push(self.dt_expr(dt));

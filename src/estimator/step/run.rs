@@ -99,14 +99,54 @@ pub struct Run<'p, S: Sink> {
     resident_grads: bool,
     /// Storages held until the forward pass ends.
     fwd_end: Vec<bool>,
+    /// Scratch of [`Run::new`] (kept for [`Run::recycle`]).
+    counts: Vec<u32>,
+}
+
+/// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
+/// piecewise peak runs four small programs per estimate, and allocating some twenty vectors for
+/// each cost more than running them.
+#[derive(Default)]
+struct Scratch {
+    alive: Vec<bool>,
+    sid: Vec<u32>,
+    saves: Vec<u16>,
+    fwd_over: Vec<bool>,
+    end: Vec<u32>,
+    cat: Vec<Cat>,
+    grad: Vec<u32>,
+    bufs: Vec<GBuf>,
+    pgrad: Vec<u32>,
+    frees_at: Vec<u32>,
+    frees: Vec<Tid>,
+    region_of: Vec<u32>,
+    region_first_save: Vec<u32>,
+    region_last_save: Vec<u32>,
+    recomputed: Vec<bool>,
+    injected: Vec<u32>,
+    skipped: Vec<usize>,
+    fwd_end: Vec<bool>,
+    counts: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `v` emptied, then `n` copies of `x`.
+fn filled<T: Clone>(mut v: Vec<T>, n: usize, x: T) -> Vec<T> {
+    v.clear();
+    v.resize(n, x);
+    v
 }
 
 impl<'p, S: Sink> Run<'p, S> {
     pub fn new(p: &'p Program, sink: S, accumulate: Accumulate) -> Self {
+        let sc = SCRATCH.with(|c| c.borrow_mut().take()).unwrap_or_default();
         let n = p.tensors.len();
         let nops = p.ops.len();
-        let mut end = vec![0u32; n];
-        let mut fwd_end = vec![false; n];
+        let mut end = filled(sc.end, n, 0u32);
+        let mut fwd_end = filled(sc.fwd_end, n, false);
         for t in &p.tensors {
             let b = t.base as usize;
             if t.hold == FWD_END {
@@ -114,9 +154,9 @@ impl<'p, S: Sink> Run<'p, S> {
             }
             end[b] = end[b].max(if t.hold == FWD_END { FOREVER } else { t.hold.max(t.last_use) });
         }
-        let mut region_of = vec![NONE; nops];
-        let mut region_first_save = vec![NONE; p.regions.len()];
-        let mut region_last_save = vec![NONE; p.regions.len()];
+        let mut region_of = filled(sc.region_of, nops, NONE);
+        let mut region_first_save = filled(sc.region_first_save, p.regions.len(), NONE);
+        let mut region_last_save = filled(sc.region_last_save, p.regions.len(), NONE);
         for (r, reg) in p.regions.iter().enumerate() {
             for i in reg.first..reg.end {
                 region_of[i as usize] = r as u32;
@@ -129,7 +169,7 @@ impl<'p, S: Sink> Run<'p, S> {
             }
         }
         // Which storages are activations (kept for backward) in the forward pass.
-        let mut cat = vec![Cat::Transient; n];
+        let mut cat = filled(sc.cat, n, Cat::Transient);
         for (i, op) in p.ops.iter().enumerate() {
             if region_of[i] == NONE {
                 for s in p.saved(op) {
@@ -142,56 +182,90 @@ impl<'p, S: Sink> Run<'p, S> {
                 cat[p.tensors[s.t as usize].base as usize] = Cat::Activations;
             }
         }
-        // Free lists per op.
-        let mut counts = vec![0u32; nops + 1];
+        // Free lists per op (CSR: `frees_at[i]..frees_at[i + 1]` are freed after op i).
+        let mut counts = filled(sc.counts, nops + 1, 0u32);
         for (b, &e) in end.iter().enumerate() {
             if p.tensors[b].base as usize == b && e != FOREVER && (e as usize) < nops {
                 counts[e as usize] += 1;
             }
         }
-        let mut frees_at = vec![0u32; nops + 1];
+        let mut frees_at = filled(sc.frees_at, nops + 1, 0u32);
         for i in 0..nops {
             frees_at[i + 1] = frees_at[i] + counts[i];
         }
-        let mut fill = frees_at.clone();
-        let mut frees = vec![0 as Tid; frees_at[nops] as usize];
+        // `counts` becomes each op's next free slot.
+        counts[..=nops].copy_from_slice(&frees_at);
+        let mut frees = filled(sc.frees, frees_at[nops] as usize, 0 as Tid);
         for (b, &e) in end.iter().enumerate() {
             if p.tensors[b].base as usize == b && e != FOREVER && (e as usize) < nops {
-                frees[fill[e as usize] as usize] = b as Tid;
-                fill[e as usize] += 1;
+                frees[counts[e as usize] as usize] = b as Tid;
+                counts[e as usize] += 1;
             }
         }
-        let mut alive = vec![false; n];
+        let mut alive = filled(sc.alive, n, false);
         for (i, t) in p.tensors.iter().enumerate() {
             if t.base as usize == i && t.origin != Origin::Op {
                 alive[i] = true;
             }
         }
+        let mut bufs = sc.bufs;
+        bufs.clear();
+        let mut injected = sc.injected;
+        injected.clear();
+        let mut skipped = sc.skipped;
+        skipped.clear();
         Run {
             p,
             sink,
             accumulate,
             alive,
-            sid: vec![NONE; n],
-            saves: vec![0; n],
-            fwd_over: vec![false; n],
+            sid: filled(sc.sid, n, NONE),
+            saves: filled(sc.saves, n, 0),
+            fwd_over: filled(sc.fwd_over, n, false),
             end,
             cat,
             backward: false,
-            grad: vec![NONE; n],
-            bufs: Vec::new(),
-            pgrad: vec![NONE; n],
+            grad: filled(sc.grad, n, NONE),
+            bufs,
+            pgrad: filled(sc.pgrad, n, NONE),
             frees_at,
             frees,
             region_of,
             region_first_save,
             region_last_save,
-            recomputed: vec![false; p.regions.len()],
-            injected: Vec::new(),
-            skipped: Vec::new(),
+            recomputed: filled(sc.recomputed, p.regions.len(), false),
+            injected,
+            skipped,
             resident_grads: false,
             fwd_end,
+            counts,
         }
+    }
+
+    /// Hands this run's buffers to the next [`Run::new`] on this thread.
+    pub fn recycle(self) {
+        let sc = Scratch {
+            alive: self.alive,
+            sid: self.sid,
+            saves: self.saves,
+            fwd_over: self.fwd_over,
+            end: self.end,
+            cat: self.cat,
+            grad: self.grad,
+            bufs: self.bufs,
+            pgrad: self.pgrad,
+            frees_at: self.frees_at,
+            frees: self.frees,
+            region_of: self.region_of,
+            region_first_save: self.region_first_save,
+            region_last_save: self.region_last_save,
+            recomputed: self.recomputed,
+            injected: self.injected,
+            skipped: self.skipped,
+            fwd_end: self.fwd_end,
+            counts: self.counts,
+        };
+        SCRATCH.with(|c| *c.borrow_mut() = Some(sc));
     }
 
     /// The forward pass is over: autocast's cache lets go of its casts (those nobody saved
