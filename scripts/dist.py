@@ -15,7 +15,9 @@
   4. index.html: theme colour, manifest and touch-icon links, and web/register.js inline
      (the service worker's registration and the "updated" notice); the CSP is pinned again by
      scripts/csp.py so that it allows exactly the page's inline scripts; checks that every URL
-     in the page is relative and names a file of DIST; stamps the build id;
+     in the page is relative and names a file of DIST; stamps the build id; the app's wasm
+     is fetched after the first paint and compiled in a worker (`after_first_paint`,
+     web/compile-worker.js under a hashed name), not preloaded with the page;
   5. sw.js from web/sw.js: the build id and the precache list (every file, by hashed name);
   6. _headers (Netlify, Cloudflare Pages): the page's CSP on the page and the worker, one-year
      immutable caching for hashed files, no-cache for the page, the worker, the manifest and
@@ -194,6 +196,41 @@ def inline_script(js):
     return "\n".join(ln for ln in js.splitlines() if not ln.lstrip().startswith("//")).strip()
 
 
+#: Trunk's preload of the app's wasm: `<link rel="preload" href=… integrity=… as="fetch" …>`.
+WASM_PRELOAD = re.compile(r'<link rel="preload" href="(\./[^"]+_bg\.wasm)" crossorigin="anonymous" integrity="([^"]+)" as="fetch" type="application/wasm">')
+
+
+def after_first_paint(html, worker):
+    """Starts the app's wasm after the page's first paint, compiled off the main thread.
+
+    index.html paints the page's header at once; preloaded with the page, the 500 KB wasm would
+    compete with it for a slow link (Lighthouse's simulated mobile network counts every request
+    that starts before the largest paint). So the loader waits for a frame (or 100 ms where
+    frames are throttled, as in a hidden tab), then has `worker` (web/compile-worker.js) fetch
+    and compile the wasm, with the subresource integrity the preload carried, and instantiates
+    the compiled module; without workers it fetches the wasm itself, as Trunk's loader does.
+    """
+    m = WASM_PRELOAD.search(html)
+    if not m:
+        fail("index.html: Trunk's preload of the app's wasm is not where expected")
+    href, sri = m.group(1), m.group(2)
+    html = html.replace(m.group(0), "", 1)
+    call = f"const wasm = await init({{ module_or_path: '{href}' }});"
+    if html.count(call) != 1:
+        fail("index.html: Trunk's loader call is not where expected")
+    later = (
+        "await new Promise((go) => { requestAnimationFrame(() => setTimeout(go, 0)); setTimeout(go, 100); });\n"
+        "const compiled = await new Promise((ok, no) => {\n"
+        f"  const w = new Worker('./{worker}');\n"
+        "  w.onmessage = (e) => { w.terminate(); e.data instanceof WebAssembly.Module ? ok(e.data) : no(new Error(e.data)); };\n"
+        "  w.onerror = (e) => { w.terminate(); no(e); };\n"
+        f"  w.postMessage({{ url: new URL('{href}', document.baseURI).href, integrity: '{sri}' }});\n"
+        f"}}).catch(() => fetch('{href}', {{ integrity: '{sri}' }}));\n"
+        "const wasm = await init({ module_or_path: compiled });"
+    )
+    return html.replace(call, later, 1)
+
+
 def process(dist):
     index = os.path.join(dist, "index.html")
     if not os.path.exists(index):
@@ -202,13 +239,16 @@ def process(dist):
         fail(f"{dist} was processed already (it has sw.js): build it again")
 
     icons, touch = make_icons(dist)
+    worker_js = read(os.path.join(WEB, "compile-worker.js"), "rb")
+    worker = hashed_name("compile-worker", worker_js, ".js")
+    write(os.path.join(dist, worker), worker_js)
     hashed, revalidate = classify(files_of(dist))
 
     manifest = json.loads(read(os.path.join(WEB, "manifest.json")))
     manifest["icons"] = icons
     write(os.path.join(dist, "manifest.webmanifest"), json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
-    html = read(index)
+    html = after_first_paint(read(index), worker)
     head = "\n".join(
         [
             f'    <meta name="theme-color" content="{THEME_COLOR}" />',

@@ -4,7 +4,7 @@
 // check (Lighthouse 12 dropped its PWA category; Chromium's own `Page.getInstallabilityErrors`
 // is what that category's installable audit read). Reports; asserts nothing.
 //
-//   node scripts/lighthouse.mjs [--runs N] [--encoding gzip|br|none] [--json FILE]
+//   node scripts/lighthouse.mjs [--runs N] [--encoding gzip|br|none] [--json FILE] [--report FILE]
 import { spawn } from 'node:child_process';
 import { cpSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,6 +19,8 @@ const arg = (name, dflt) => { const i = process.argv.indexOf(name); return i > 0
 const runs = Number(arg('--runs', '3'));
 const encoding = arg('--encoding', 'gzip');
 const jsonOut = arg('--json', null);
+// The median run's whole Lighthouse report (every audit's details), for digging in.
+const reportOut = arg('--report', null);
 
 const root = mkdtempSync(join(tmpdir(), 'trainmem-lh-'));
 mkdirSync(join(root, SUBPATH), { recursive: true });
@@ -46,6 +48,7 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const byPerf = [...reports].sort((a, b) => a.categories.performance.score - b.categories.performance.score);
 const mid = byPerf[Math.floor(byPerf.length / 2)];
 
+if (reportOut) writeFileSync(reportOut, JSON.stringify(mid));
 console.log(`\nLighthouse ${mid.lighthouseVersion}, ${mid.configSettings.formFactor} preset (${mid.configSettings.throttlingMethod} throttling), ${runs} run(s)`);
 console.log(`URL ${url} served ${encoding === 'none' ? 'uncompressed' : encoding === 'br' ? 'brotli/gzip' : 'gzip'}-compressed; Chromium ${mid.environment.hostUserAgent.match(/Chrome\/([\d.]+)/)?.[1]}`);
 for (const c of ['performance', 'best-practices', 'accessibility', 'seo']) {

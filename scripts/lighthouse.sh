@@ -4,7 +4,7 @@
 # best practices, accessibility, SEO (median of 3 runs), what weighs on them, and whether
 # Chromium finds the app installable. Reports; asserts nothing (speed is measured, not tested).
 #
-#   scripts/lighthouse.sh [--runs N] [--encoding gzip|br|none] [--json FILE]
+#   scripts/lighthouse.sh [--runs N] [--encoding gzip|br|none] [--json FILE] [--report FILE]
 # Builds dist/ with scripts/build.sh first unless it is already a build of it
 # (TRAINMEM_LIGHTHOUSE_REBUILD=1 forces a new build).
 set -euo pipefail

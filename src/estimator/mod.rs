@@ -380,7 +380,7 @@ fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
 }
 
 /// Estimates one stage's ledger and simulates its step.
-fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage, built: &mut Vec<step::fast::LayerProg>) -> StageResult {
+fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage, built: &mut Vec<std::rc::Rc<step::fast::LayerProg>>) -> StageResult {
     // The stage's programs, built once for the activation ledger and the peak.
     let setup = step::model::Setup::new(cfg, recipe, stage);
     let pieces = step::fast::pieces_with(&setup, built);

@@ -16,7 +16,17 @@ use leptos::prelude::*;
 pub fn mount() {
     console_error_panic_hook::set_once();
     dom::mark("trainmem:start");
-    leptos::mount::mount_to_body(App);
+    // A task of its own, apart from the wasm's instantiation: the page's start-up comes in
+    // short tasks (see `waits`).
+    set_timeout(
+        || {
+            // index.html paints the page's header before the wasm arrives; the app's own takes
+            // its place in the same task, so nothing flickers or shifts.
+            dom::remove_by_id("boot");
+            leptos::mount::mount_to_body(App);
+        },
+        std::time::Duration::ZERO,
+    );
 }
 
 /// One panel.
@@ -44,20 +54,57 @@ fn panel(p: Panel) -> AnyView {
 }
 
 /// Whether a panel waits for the first paint: the form, the verdict and the ledger come up (and
-/// answer input) first; the answers, the bar, the textbook, the charts and the benchmark follow
-/// a frame later.
+/// answer input) first; the rest follows, one panel per task ([`Later`]), so that no single
+/// task of the page's start-up blocks input for long (the wasm compiles each function the
+/// first time it runs).
 fn waits(p: Panel) -> bool {
     matches!(
         p,
-        Panel::Answers | Panel::Bar | Panel::Textbook | Panel::Charts | Panel::Chart(_) | Panel::Bench | Panel::Compare | Panel::Plan
+        Panel::Cluster
+            | Panel::Overhead
+            | Panel::Verdict
+            | Panel::Ledger
+            | Panel::Answers
+            | Panel::Bar
+            | Panel::Textbook
+            | Panel::Charts
+            | Panel::Chart(_)
+            | Panel::Bench
+            | Panel::Compare
+            | Panel::Plan
+            | Panel::Import
+            | Panel::Architecture
+            | Panel::Exercises
+            | Panel::Verify
     )
 }
 
-/// A panel shown after the first paint.
+thread_local! {
+    /// Panels waiting to be shown, in page order ([`Later`]).
+    static QUEUE: std::cell::RefCell<std::collections::VecDeque<RwSignal<bool>>> = Default::default();
+}
+
+/// Shows the next waiting panel, then schedules the one after it in a task of its own.
+fn show_next() {
+    if let Some(ready) = QUEUE.with(|q| q.borrow_mut().pop_front()) {
+        ready.set(true);
+        set_timeout(show_next, std::time::Duration::ZERO);
+    }
+}
+
+/// A panel shown after the first paint, in its turn: the first waits a frame, each next one a
+/// task after the one before.
 #[component]
 fn Later(panel: Panel) -> impl IntoView {
     let ready = RwSignal::new(false);
-    request_animation_frame(move || set_timeout(move || ready.set(true), std::time::Duration::ZERO));
+    let first = QUEUE.with(|q| {
+        let mut q = q.borrow_mut();
+        q.push_back(ready);
+        q.len() == 1
+    });
+    if first {
+        request_animation_frame(move || set_timeout(show_next, std::time::Duration::ZERO));
+    }
     move || ready.get().then(|| self::panel(panel))
 }
 

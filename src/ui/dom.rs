@@ -100,6 +100,13 @@ pub fn store(key: &str, value: &str) {
     }
 }
 
+/// Removes the element with `id`, if there is one.
+pub fn remove_by_id(id: &str) {
+    if let Some(el) = document().get_element_by_id(id) {
+        el.remove();
+    }
+}
+
 /// Sets an attribute on `<html>` (the theme).
 pub fn set_root_attribute(name: &str, value: &str) {
     if let Some(el) = document().document_element() {

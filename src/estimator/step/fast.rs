@@ -57,8 +57,12 @@ pub fn profile(
     pre_grads: &[Tid],
     finish: bool,
     cats: &[(Tid, Cat)],
+    inputs: &[(Tid, bool, bool)],
 ) -> Profile {
     let mut run = Run::new(prog, Tracker::default(), acc);
+    for &(t, free_fwd, free_bwd) in inputs {
+        run.set_input(t, free_fwd, free_bwd);
+    }
     for &(t, c) in cats {
         run.set_cat(t, c);
     }
@@ -246,18 +250,37 @@ pub fn kept_storages(p: &Program) -> Vec<bool> {
     v
 }
 
-/// One decoder layer's program as the stage runs it: its key, the program, its input and
-/// output, and its shared inputs.
+/// One decoder layer's program for a kind and variant: the program, its input and output,
+/// and its shared inputs. Layers of one kind and variant run the same program; what differs
+/// between them (whether the model scope holds their input, which shared tensors they may
+/// free) is given to each run ([`LayerProg::inputs`]).
 pub struct LayerProg {
-    pub key: Key,
+    pub kind: Kind,
+    pub var: super::families::Var,
     pub prog: Program,
     pub x: Tid,
     pub y: Tid,
     pub sh: Shared,
+    /// Storages the program keeps for backward.
+    kept: Vec<bool>,
+}
+
+impl LayerProg {
+    /// What the layer of `key` may free among its inputs: its input unless the model scope
+    /// holds it (`pinned`), and the shared slots it is the first user of (`free`).
+    pub fn inputs(&self, key: &Key) -> Vec<(Tid, bool, bool)> {
+        let mut v = vec![(self.x, !key.pinned, true)];
+        for (slot, t) in self.sh.slots().into_iter().enumerate() {
+            if let Some(t) = t {
+                v.push((t, false, key.free & (1 << slot) != 0));
+            }
+        }
+        v
+    }
 }
 
 /// A stage's program cut into pieces, each built once per estimate: the prologue, one program
-/// per distinct layer [`Key`], and the epilogue (last stage). The activation ledger
+/// per kind and variant of its layers, and the epilogue (last stage). The activation ledger
 /// (`activations::activations_of`) and the piecewise peak ([`stage`]) both read them.
 pub struct Pieces {
     pub pro: Program,
@@ -265,49 +288,32 @@ pub struct Pieces {
     pub psh: Shared,
     /// Every layer's key, in order.
     pub keys: Vec<Key>,
-    pub layers: Vec<LayerProg>,
+    pub layers: Vec<std::rc::Rc<LayerProg>>,
     /// The epilogue and its input; its extra inputs are the model-level tensors nobody saved.
     pub epi: Option<(Program, Tid)>,
     /// Shapes and dtypes of the model-level tensors the forward releases at its end.
     pub ends: Vec<(Shape, Dt)>,
-    /// Storages each layer program keeps for backward (by `layers` index).
-    kept_by: Vec<Vec<bool>>,
     /// The global slots some layer keeps.
     kept: u8,
 }
 
 impl Pieces {
-    /// The program of `key`.
-    pub fn layer(&self, key: &Key) -> &LayerProg {
-        self.layers.iter().find(|l| l.key == *key).expect("every key has its program")
-    }
-    /// A program of a layer of `kind` and variant `var` (any key: what it saves is the same).
+    /// The program of a layer of `kind` and variant `var`.
     pub fn variant(&self, kind: Kind, var: super::families::Var) -> Option<&LayerProg> {
-        self.layers.iter().find(|l| l.key.kind == kind && l.key.var == var)
+        self.layers.iter().find(|l| l.kind == kind && l.var == var).map(|l| &**l)
+    }
+    /// The program of the layer of `key`.
+    pub fn layer(&self, key: &Key) -> &LayerProg {
+        self.variant(key.kind, key.var).expect("every key has its program")
     }
     /// The global slots some layer keeps.
     pub fn kept_slots(&self) -> u8 {
         self.kept
     }
     fn kept_in(&self, key: &Key, t: Tid) -> bool {
-        let i = self.layers.iter().position(|l| l.key == *key).expect("every key");
-        let l = &self.layers[i];
-        self.kept_by[i][l.prog.tensors[t as usize].base as usize]
+        let l = self.layer(key);
+        l.kept[l.prog.tensors[t as usize].base as usize]
     }
-}
-
-/// The program of a layer `key` from one already built for its kind and variant: the same ops
-/// and tensors, only what its caller lets it free differs (the input's and the shared slots'
-/// origins, which the builders never read).
-fn repin(from: &LayerProg, key: Key) -> LayerProg {
-    let mut prog = from.prog.clone();
-    prog.tensors[from.x as usize].origin = Origin::Input { free_fwd: !key.pinned, free_bwd: true };
-    for (slot, t) in from.sh.slots().into_iter().enumerate() {
-        if let Some(t) = t {
-            prog.tensors[t as usize].origin = Origin::Input { free_fwd: false, free_bwd: key.free & (1 << slot) != 0 };
-        }
-    }
-    LayerProg { key, prog, x: from.x, y: from.y, sh: from.sh }
 }
 
 /// Builds the stage's [`Pieces`].
@@ -318,30 +324,30 @@ pub fn pieces(setup: &Setup) -> Pieces {
 /// [`pieces`], taking layer programs from `built` (programs of other stages of the same
 /// configuration: a decoder layer's program does not depend on the stage it sits on, tested
 /// on every preset) and adding the ones it builds.
-pub fn pieces_with(setup: &Setup, built: &mut Vec<LayerProg>) -> Pieces {
+pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pieces {
     let (pro, px0, psh) = setup.prologue();
     let keys = layer_keys(setup, &psh);
-    let mut layers: Vec<LayerProg> = Vec::with_capacity(4);
+    let mut layers: Vec<std::rc::Rc<LayerProg>> = Vec::with_capacity(4);
     for k in &keys {
-        if layers.iter().any(|l| l.key == *k) {
+        if layers.iter().any(|l| l.kind == k.kind && l.var == k.var) {
             continue;
         }
-        let like = |l: &&LayerProg| l.key.kind == k.kind && l.key.var == k.var;
-        let l = match layers.iter().find(like).or_else(|| built.iter().find(like)) {
-            Some(from) => repin(from, *k),
+        let l = match built.iter().find(|l| l.kind == k.kind && l.var == k.var) {
+            Some(l) => l.clone(),
             None => {
+                // Built for the first layer of its kind; others of it differ only in inputs.
                 let (prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
                 let y = prog.outputs[0];
-                let l = LayerProg { key: *k, prog, x, y, sh };
-                built.push(repin(&l, l.key));
+                let kept = kept_storages(&prog);
+                let l = std::rc::Rc::new(LayerProg { kind: k.kind, var: k.var, prog, x, y, sh, kept });
+                built.push(l.clone());
                 l
             }
         };
         layers.push(l);
     }
-    let kept_by: Vec<Vec<bool>> = layers.iter().map(|l| kept_storages(&l.prog)).collect();
-    let kept = layers.iter().zip(&kept_by).fold(0u8, |a, (l, v)| a | slots_kept(v, &l.prog, &l.sh));
-    let mut p = Pieces { pro, px0, psh, keys, layers, epi: None, ends: Vec::new(), kept_by, kept };
+    let kept = layers.iter().fold(0u8, |a, l| a | slots_kept(&l.kept, &l.prog, &l.sh));
+    let mut p = Pieces { pro, px0, psh, keys, layers, epi: None, ends: Vec::new(), kept };
     let x0_kept = p.keys.first().is_some_and(|k| p.kept_in(k, p.layer(k).x));
     p.ends = model_ends(x0_kept, p.kept, &p.pro, p.px0, &p.psh);
     if setup.stage.has_head() {
@@ -406,7 +412,7 @@ pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
                     cats.push((t, slot_cat(slot, pt)));
                 }
             }
-            let prof = profile(prog, acc_mode, false, resident, &[], false, &cats);
+            let prof = profile(prog, acc_mode, false, resident, &[], false, &cats, &pcs.layer(&f.key).inputs(&f.key));
             pieces.push((*f, prof, optimizer_params(prog, setup.params().weight)));
         }
     }
@@ -414,7 +420,7 @@ pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
     let has_head = epi.is_some();
     let epi_prof = epi.map(|(e, x)| {
         let last_kept = fulls.last().map_or(epi_keeps_x, |f| f.out_kept);
-        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))])
+        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))], &[])
     });
     let epi = epi.map(|(e, _)| e);
     // A tied embedding's gradient was made first by the head (same stage only).
@@ -435,7 +441,7 @@ pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
             pro_cats.push((pt, slot_cat(slot, pt)));
         }
     }
-    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats);
+    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats, &[]);
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
@@ -618,6 +624,8 @@ mod tests {
 
     #[test]
     fn a_layer_program_taken_from_another_stage_or_layer_is_the_one_built_for_its_own_key() {
+        // Built for its own key, a layer's program differs only in its inputs' origins, which
+        // each run sets from the key (`LayerProg::inputs`).
         let mut n = 0;
         for (name, cfg) in variants() {
             let r = recipe(cfg.precision);
@@ -625,10 +633,15 @@ mod tests {
             for &stage in stages(cfg.pp) {
                 let setup = Setup::new(&cfg, &r, stage);
                 let shared = pieces_with(&setup, &mut built);
-                for l in &shared.layers {
-                    let (prog, x, sh) = setup.layer_alone(l.key.kind, l.key.var, l.key.free, l.key.pinned);
-                    assert_eq!(format!("{prog:?}"), format!("{:?}", l.prog), "{name} {stage:?} {:?}", l.key);
+                for k in &shared.keys {
+                    let l = shared.layer(k);
+                    let (mut prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
                     assert_eq!((x, sh.slots()), (l.x, l.sh.slots()), "{name} {stage:?}");
+                    for (t, free_fwd, free_bwd) in l.inputs(k) {
+                        assert_eq!(prog.tensors[t as usize].origin, Origin::Input { free_fwd, free_bwd }, "{name} {stage:?} {k:?}");
+                        prog.tensors[t as usize].origin = l.prog.tensors[t as usize].origin;
+                    }
+                    assert_eq!(format!("{prog:?}"), format!("{:?}", l.prog), "{name} {stage:?} {k:?}");
                     n += 1;
                 }
             }

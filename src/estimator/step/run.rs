@@ -101,6 +101,8 @@ pub struct Run<'p, S: Sink> {
     fwd_end: Vec<bool>,
     /// Scratch of [`Run::new`] (kept for [`Run::recycle`]).
     counts: Vec<u32>,
+    /// Inputs whose freeing this run decides instead of their origin ([`Run::set_input`]).
+    inputs: Vec<(u32, bool, bool)>,
 }
 
 /// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
@@ -239,7 +241,16 @@ impl<'p, S: Sink> Run<'p, S> {
             resident_grads: false,
             fwd_end,
             counts,
+            inputs: Vec::new(),
         }
+    }
+
+    /// Input `t` may be freed when its forward liveness ends (`free_fwd`) and when the last node
+    /// that saved it has run (`free_bwd`), whatever its origin in the program says: one layer
+    /// program serves every layer of its kind, whose callers let go of different inputs.
+    pub fn set_input(&mut self, t: Tid, free_fwd: bool, free_bwd: bool) {
+        let b = self.p.tensors[t as usize].base;
+        self.inputs.push((b, free_fwd, free_bwd));
     }
 
     /// Hands this run's buffers to the next [`Run::new`] on this thread.
@@ -334,6 +345,8 @@ impl<'p, S: Sink> Run<'p, S> {
         match self.p.tensors[b].origin {
             Origin::Op => true,
             Origin::Input { free_fwd, free_bwd } => {
+                let (free_fwd, free_bwd) =
+                    self.inputs.iter().find(|i| i.0 as usize == b).map_or((free_fwd, free_bwd), |&(_, f, g)| (f, g));
                 if self.backward {
                     free_bwd
                 } else {

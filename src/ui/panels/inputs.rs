@@ -42,17 +42,12 @@ pub fn Model() -> impl IntoView {
         }
         out
     };
+    // From the configuration alone (the counts the estimate reports), so that the model's line
+    // shows before the first estimate has run.
     let summary = move || {
-        store.estimate.with(|e| {
-            e.as_ref().map_or(String::new(), |e| {
-                format!(
-                    "{} — {} parameters ({} active), {} tensors",
-                    e.model,
-                    format_count(e.parameter_count),
-                    format_count(e.active_parameter_count),
-                    e.parameter_tensors
-                )
-            })
+        store.config.with(|c| {
+            let n = c.arch.counts();
+            format!("{} — {} parameters ({} active), {} tensors", c.display_name(), format_count(n.total), format_count(n.active), n.tensors)
         })
     };
     let locked = store.locked("model");
