@@ -237,3 +237,25 @@ test('a custom GPU size shows its field and the link carries it', async () => {
   assert.equal(await page.isVisible('#in-gpu_gib'), false);
   assert.deepEqual(problems, []);
 });
+
+test('the static header paints before the wasm and the app replaces it with its own, once', async () => {
+  const { page, problems } = await openPage(browser, server.base);
+  // The page's HTML carries the header (what a slow phone paints first) …
+  const html = await (await fetch(server.base)).text();
+  assert.match(html, /<header class="top" id="boot">[\s\S]*<h1>trainmem<\/h1>/);
+  // … and no preload of the app's wasm: it is fetched after the first paint, by a worker.
+  assert.doesNotMatch(html, /rel="preload"[^>]*_bg\.wasm/);
+  assert.match(html, /new Worker\('\.\/compile-worker-[0-9a-f]{12,16}\.js'\)/);
+  // Mounted, the app's header is the only one.
+  assert.equal(await page.locator('#boot').count(), 0);
+  assert.equal(await page.locator('h1').count(), 1);
+  assert.equal(await page.locator('header.top .tools').count(), 1);
+  assert.deepEqual(problems, []);
+});
+
+test('an embed never shows the static page header', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?embed=1');
+  assert.equal(await page.evaluate(() => document.documentElement.classList.contains('embed-boot')), true);
+  assert.equal(await page.locator('header.top').count(), 0);
+  assert.deepEqual(problems, []);
+});
