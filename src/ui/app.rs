@@ -29,28 +29,103 @@ pub fn mount() {
     );
 }
 
-/// One panel.
+/// One panel. Each arm is a function of its own (`#[inline(never)]`): WebAssembly compiles a
+/// function the first time it runs, so showing the first panels compiles their code only, not
+/// every panel's.
 fn panel(p: Panel) -> AnyView {
     match p {
-        Panel::Model => view! { <inputs::Model/> }.into_any(),
-        Panel::Import => view! { <import::Import/> }.into_any(),
-        Panel::Architecture => view! { <architecture::Architecture/> }.into_any(),
-        Panel::Training => view! { <inputs::Training/> }.into_any(),
-        Panel::Cluster => view! { <inputs::Cluster/> }.into_any(),
-        Panel::Overhead => view! { <inputs::Overhead/> }.into_any(),
-        Panel::Verdict => view! { <verdict::Verdict/> }.into_any(),
-        Panel::Answers => view! { <verdict::Answers/> }.into_any(),
-        Panel::Bar => view! { <bar::Bar/> }.into_any(),
-        Panel::Ledger => view! { <ledger::Ledger/> }.into_any(),
-        Panel::Textbook => view! { <textbook::Textbook/> }.into_any(),
-        Panel::Charts => view! { <charts::Charts/> }.into_any(),
-        Panel::Chart(kind) => view! { <charts::ChartPanel kind=kind/> }.into_any(),
-        Panel::Bench => view! { <bench::Bench/> }.into_any(),
-        Panel::Exercises => view! { <exercise::Exercises/> }.into_any(),
-        Panel::Compare => view! { <compare::Compare/> }.into_any(),
-        Panel::Plan => view! { <plan::Plan/> }.into_any(),
-        Panel::Verify => view! { <verify::Verify/> }.into_any(),
+        Panel::Model => model(),
+        Panel::Import => import(),
+        Panel::Architecture => architecture(),
+        Panel::Training => training(),
+        Panel::Cluster => cluster(),
+        Panel::Overhead => overhead(),
+        Panel::Verdict => verdict(),
+        Panel::Answers => answers(),
+        Panel::Bar => bar(),
+        Panel::Ledger => ledger(),
+        Panel::Textbook => textbook(),
+        Panel::Charts => charts(),
+        Panel::Chart(kind) => chart(kind),
+        Panel::Bench => bench(),
+        Panel::Exercises => exercises(),
+        Panel::Compare => compare(),
+        Panel::Plan => plan(),
+        Panel::Verify => verify(),
     }
+}
+
+#[inline(never)]
+fn model() -> AnyView {
+    view! { <inputs::Model/> }.into_any()
+}
+#[inline(never)]
+fn import() -> AnyView {
+    view! { <import::Import/> }.into_any()
+}
+#[inline(never)]
+fn architecture() -> AnyView {
+    view! { <architecture::Architecture/> }.into_any()
+}
+#[inline(never)]
+fn training() -> AnyView {
+    view! { <inputs::Training/> }.into_any()
+}
+#[inline(never)]
+fn cluster() -> AnyView {
+    view! { <inputs::Cluster/> }.into_any()
+}
+#[inline(never)]
+fn overhead() -> AnyView {
+    view! { <inputs::Overhead/> }.into_any()
+}
+#[inline(never)]
+fn verdict() -> AnyView {
+    view! { <verdict::Verdict/> }.into_any()
+}
+#[inline(never)]
+fn answers() -> AnyView {
+    view! { <verdict::Answers/> }.into_any()
+}
+#[inline(never)]
+fn bar() -> AnyView {
+    view! { <bar::Bar/> }.into_any()
+}
+#[inline(never)]
+fn ledger() -> AnyView {
+    view! { <ledger::Ledger/> }.into_any()
+}
+#[inline(never)]
+fn textbook() -> AnyView {
+    view! { <textbook::Textbook/> }.into_any()
+}
+#[inline(never)]
+fn charts() -> AnyView {
+    view! { <charts::Charts/> }.into_any()
+}
+#[inline(never)]
+fn chart(kind: crate::plots::ChartKind) -> AnyView {
+    view! { <charts::ChartPanel kind=kind/> }.into_any()
+}
+#[inline(never)]
+fn bench() -> AnyView {
+    view! { <bench::Bench/> }.into_any()
+}
+#[inline(never)]
+fn exercises() -> AnyView {
+    view! { <exercise::Exercises/> }.into_any()
+}
+#[inline(never)]
+fn compare() -> AnyView {
+    view! { <compare::Compare/> }.into_any()
+}
+#[inline(never)]
+fn plan() -> AnyView {
+    view! { <plan::Plan/> }.into_any()
+}
+#[inline(never)]
+fn verify() -> AnyView {
+    view! { <verify::Verify/> }.into_any()
 }
 
 /// Whether a panel waits for the first paint: the form, the verdict and the ledger come up (and
@@ -79,14 +154,30 @@ fn waits(p: Panel) -> bool {
     )
 }
 
-thread_local! {
-    /// Panels waiting to be shown, in page order ([`Later`]).
-    static QUEUE: std::cell::RefCell<std::collections::VecDeque<RwSignal<bool>>> = Default::default();
+/// The order waiting panels are shown in: the verdict, then the ledger, then the rest in page
+/// order (the answer first; what is below the first screen after).
+fn turn(p: Panel) -> u8 {
+    match p {
+        Panel::Verdict => 0,
+        Panel::Ledger => 1,
+        _ => 2,
+    }
 }
 
-/// Shows the next waiting panel, then schedules the one after it in a task of its own.
+thread_local! {
+    /// Panels waiting to be shown, with their [`turn`] ([`Later`]).
+    static QUEUE: std::cell::RefCell<Vec<(u8, RwSignal<bool>)>> = Default::default();
+}
+
+/// Shows the next waiting panel (the first of the lowest turn), then schedules the one after it
+/// in a task of its own.
 fn show_next() {
-    if let Some(ready) = QUEUE.with(|q| q.borrow_mut().pop_front()) {
+    let next = QUEUE.with(|q| {
+        let mut q = q.borrow_mut();
+        let i = (0..q.len()).min_by_key(|&i| (q[i].0, i))?;
+        Some(q.remove(i).1)
+    });
+    if let Some(ready) = next {
         ready.set(true);
         set_timeout(show_next, std::time::Duration::ZERO);
     }
@@ -99,7 +190,7 @@ fn Later(panel: Panel) -> impl IntoView {
     let ready = RwSignal::new(false);
     let first = QUEUE.with(|q| {
         let mut q = q.borrow_mut();
-        q.push_back(ready);
+        q.push((turn(panel), ready));
         q.len() == 1
     });
     if first {

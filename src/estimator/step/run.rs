@@ -345,8 +345,7 @@ impl<'p, S: Sink> Run<'p, S> {
         match self.p.tensors[b].origin {
             Origin::Op => true,
             Origin::Input { free_fwd, free_bwd } => {
-                let (free_fwd, free_bwd) =
-                    self.inputs.iter().find(|i| i.0 as usize == b).map_or((free_fwd, free_bwd), |&(_, f, g)| (f, g));
+                let (free_fwd, free_bwd) = self.inputs.iter().find(|i| i.0 as usize == b).map_or((free_fwd, free_bwd), |&(_, f, g)| (f, g));
                 if self.backward {
                     free_bwd
                 } else {

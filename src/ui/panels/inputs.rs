@@ -47,7 +47,13 @@ pub fn Model() -> impl IntoView {
     let summary = move || {
         store.config.with(|c| {
             let n = c.arch.counts();
-            format!("{} — {} parameters ({} active), {} tensors", c.display_name(), format_count(n.total), format_count(n.active), n.tensors)
+            format!(
+                "{} — {} parameters ({} active), {} tensors",
+                c.display_name(),
+                format_count(n.total),
+                format_count(n.active),
+                n.tensors
+            )
         })
     };
     let locked = store.locked("model");
