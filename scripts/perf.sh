@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-[ "${1:-}" = "--no-build" ] || trunk build --release >/dev/null
+[ "${1:-}" = "--no-build" ] || scripts/build.sh >/dev/null
 
 echo "== files (dist/), bytes"
 printf '%-48s %10s %10s %10s\n' file raw gzip brotli

@@ -396,8 +396,8 @@ pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
     let fulls: Vec<Full> = (0..keys.len())
         .map(|i| {
             let k = keys[i];
-            let in_kept = kept_in(&k, prog_of(&k).2) || (i == 0 && pro_kept[pro.tensors[px0 as usize].base as usize]);
-            let out_kept = if i + 1 < keys.len() { kept_in(&keys[i + 1], prog_of(&keys[i + 1]).2) } else { epi_keeps_x };
+            let in_kept = kept_in(&k, pcs.layer(&k).x) || (i == 0 && pro_kept[pro.tensors[px0 as usize].base as usize]);
+            let out_kept = if i + 1 < keys.len() { kept_in(&keys[i + 1], pcs.layer(&keys[i + 1]).x) } else { epi_keeps_x };
             Full { key: k, in_kept, out_kept }
         })
         .collect();
