@@ -5,12 +5,6 @@
 //! `config → estimator`, and `estimator →` nothing of ours. The estimator never touches a web
 //! API; the CLI (native) and the UI (wasm) are thin shells over it.
 
-/// The wasm modules' allocator: Talc, faster than Rust's default dlmalloc on wasm32 for the
-/// estimator's many small vectors (see `scripts/perf-plan.mjs` for the planner's figures).
-#[cfg(all(target_family = "wasm", not(target_feature = "atomics")))]
-#[global_allocator]
-static TALC: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
-
 pub mod bench;
 pub mod config;
 pub mod course;
