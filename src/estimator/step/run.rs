@@ -70,6 +70,19 @@ pub struct Run<'p, S: Sink> {
     pub p: &'p Program,
     pub sink: S,
     accumulate: Accumulate,
+    backward: bool,
+    /// Gradients exist before this micro-batch (accumulation): AccumulateGrad adds in place.
+    resident_grads: bool,
+    /// Inputs whose freeing this run decides instead of their origin ([`Run::set_input`]).
+    inputs: Vec<(u32, bool, bool)>,
+    b: Buffers,
+}
+
+/// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
+/// piecewise peak runs four small programs per estimate, and allocating some twenty vectors for
+/// each cost more than running them.
+#[derive(Default)]
+struct Buffers {
     // Storages (indexed by base tensor).
     alive: Vec<bool>,
     sid: Vec<u32>,
@@ -77,7 +90,6 @@ pub struct Run<'p, S: Sink> {
     fwd_over: Vec<bool>,
     end: Vec<u32>,
     cat: Vec<Cat>,
-    backward: bool,
     // Gradients.
     grad: Vec<u32>,
     bufs: Vec<GBuf>,
@@ -95,44 +107,14 @@ pub struct Run<'p, S: Sink> {
     injected: Vec<u32>,
     /// Ops whose node never ran in backward but saved tensors (freed with the graph).
     skipped: Vec<usize>,
-    /// Gradients exist before this micro-batch (accumulation): AccumulateGrad adds in place.
-    resident_grads: bool,
     /// Storages held until the forward pass ends.
     fwd_end: Vec<bool>,
-    /// Scratch of [`Run::new`] (kept for [`Run::recycle`]).
-    counts: Vec<u32>,
-    /// Inputs whose freeing this run decides instead of their origin ([`Run::set_input`]).
-    inputs: Vec<(u32, bool, bool)>,
-}
-
-/// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
-/// piecewise peak runs four small programs per estimate, and allocating some twenty vectors for
-/// each cost more than running them.
-#[derive(Default)]
-struct Scratch {
-    alive: Vec<bool>,
-    sid: Vec<u32>,
-    saves: Vec<u16>,
-    fwd_over: Vec<bool>,
-    end: Vec<u32>,
-    cat: Vec<Cat>,
-    grad: Vec<u32>,
-    bufs: Vec<GBuf>,
-    pgrad: Vec<u32>,
-    frees_at: Vec<u32>,
-    frees: Vec<Tid>,
-    region_of: Vec<u32>,
-    region_first_save: Vec<u32>,
-    region_last_save: Vec<u32>,
-    recomputed: Vec<bool>,
-    injected: Vec<u32>,
-    skipped: Vec<usize>,
-    fwd_end: Vec<bool>,
+    /// The free lists' fill counters while [`Run::new`] builds them.
     counts: Vec<u32>,
 }
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
+    static SCRATCH: std::cell::RefCell<Option<Buffers>> = const { std::cell::RefCell::new(None) };
 }
 
 /// `v` emptied, then `n` copies of `x`.
@@ -216,17 +198,13 @@ impl<'p, S: Sink> Run<'p, S> {
         injected.clear();
         let mut skipped = sc.skipped;
         skipped.clear();
-        Run {
-            p,
-            sink,
-            accumulate,
+        let b = Buffers {
             alive,
             sid: filled(sc.sid, n, NONE),
             saves: filled(sc.saves, n, 0),
             fwd_over: filled(sc.fwd_over, n, false),
             end,
             cat,
-            backward: false,
             grad: filled(sc.grad, n, NONE),
             bufs,
             pgrad: filled(sc.pgrad, n, NONE),
@@ -238,11 +216,15 @@ impl<'p, S: Sink> Run<'p, S> {
             recomputed: filled(sc.recomputed, p.regions.len(), false),
             injected,
             skipped,
-            resident_grads: false,
             fwd_end,
             counts,
-            inputs: Vec::new(),
-        }
+        };
+        Run { p, sink, accumulate, backward: false, resident_grads: false, inputs: Vec::new(), b }
+    }
+
+    /// Hands this run's buffers to the next [`Run::new`] on this thread.
+    pub fn recycle(self) {
+        SCRATCH.with(|c| *c.borrow_mut() = Some(self.b));
     }
 
     /// Input `t` may be freed when its forward liveness ends (`free_fwd`) and when the last node
@@ -253,39 +235,13 @@ impl<'p, S: Sink> Run<'p, S> {
         self.inputs.push((b, free_fwd, free_bwd));
     }
 
-    /// Hands this run's buffers to the next [`Run::new`] on this thread.
-    pub fn recycle(self) {
-        let sc = Scratch {
-            alive: self.alive,
-            sid: self.sid,
-            saves: self.saves,
-            fwd_over: self.fwd_over,
-            end: self.end,
-            cat: self.cat,
-            grad: self.grad,
-            bufs: self.bufs,
-            pgrad: self.pgrad,
-            frees_at: self.frees_at,
-            frees: self.frees,
-            region_of: self.region_of,
-            region_first_save: self.region_first_save,
-            region_last_save: self.region_last_save,
-            recomputed: self.recomputed,
-            injected: self.injected,
-            skipped: self.skipped,
-            fwd_end: self.fwd_end,
-            counts: self.counts,
-        };
-        SCRATCH.with(|c| *c.borrow_mut() = Some(sc));
-    }
-
     /// The forward pass is over: autocast's cache lets go of its casts (those nobody saved
     /// are freed).
     pub fn end_forward(&mut self) {
         let at = At { phase: Phase::Loss, layer: NO_LAYER, module: "", op: "", node: "" };
         for b in 0..self.p.tensors.len() {
-            if self.fwd_end[b] && self.alive[b] {
-                self.fwd_over[b] = true;
+            if self.b.fwd_end[b] && self.b.alive[b] {
+                self.b.fwd_over[b] = true;
                 self.try_free(b, &at);
             }
         }
@@ -301,7 +257,7 @@ impl<'p, S: Sink> Run<'p, S> {
     /// outputs: what the neighbouring programs make of them).
     pub fn set_cat(&mut self, t: Tid, cat: Cat) {
         let b = self.p.tensors[t as usize].base as usize;
-        self.cat[b] = cat;
+        self.b.cat[b] = cat;
     }
 
     /// Parameter `t` already holds a gradient allocated outside this program (a tied weight
@@ -311,8 +267,8 @@ impl<'p, S: Sink> Run<'p, S> {
             Origin::Param { grad_bytes } => grad_bytes,
             _ => 0,
         };
-        self.bufs.push(GBuf { id: NONE, bytes, refs: 1, cat: Cat::Gradients });
-        self.pgrad[t as usize] = (self.bufs.len() - 1) as u32;
+        self.b.bufs.push(GBuf { id: NONE, bytes, refs: 1, cat: Cat::Gradients });
+        self.b.pgrad[t as usize] = (self.b.bufs.len() - 1) as u32;
     }
 
     fn at(&self, i: usize, phase: Phase, node: &'static str) -> At {
@@ -322,22 +278,22 @@ impl<'p, S: Sink> Run<'p, S> {
 
     fn alloc_storage(&mut self, b: usize, at: &At) {
         let t = &self.p.tensors[b];
-        let id = self.sink.alloc(t.bytes, t.dtype, self.cat[b], at);
-        self.sid[b] = id;
-        self.alive[b] = true;
+        let id = self.sink.alloc(t.bytes, t.dtype, self.b.cat[b], at);
+        self.b.sid[b] = id;
+        self.b.alive[b] = true;
     }
 
     fn free_storage(&mut self, b: usize, at: &At) {
-        if !self.alive[b] {
+        if !self.b.alive[b] {
             return;
         }
-        self.alive[b] = false;
+        self.b.alive[b] = false;
         let t = &self.p.tensors[b];
         if t.origin == Origin::Op {
-            self.sink.free(self.sid[b], t.bytes, self.cat[b], at);
+            self.sink.free(self.b.sid[b], t.bytes, self.b.cat[b], at);
         } else {
             // An input: its bytes leave the caller's count.
-            self.sink.free(NONE, t.bytes, self.cat[b], at);
+            self.sink.free(NONE, t.bytes, self.b.cat[b], at);
         }
     }
 
@@ -357,7 +313,7 @@ impl<'p, S: Sink> Run<'p, S> {
     }
 
     fn try_free(&mut self, b: usize, at: &At) {
-        if self.alive[b] && self.fwd_over[b] && self.saves[b] == 0 && self.freeable(b) {
+        if self.b.alive[b] && self.b.fwd_over[b] && self.b.saves[b] == 0 && self.freeable(b) {
             self.free_storage(b, at);
         }
     }
@@ -370,10 +326,10 @@ impl<'p, S: Sink> Run<'p, S> {
             let phase = if (i as u32) >= p.loss_from { Phase::Loss } else { Phase::Forward };
             let at = self.at(i, phase, "");
             // A region starts: its inputs are kept.
-            let r = self.region_of[i];
+            let r = self.b.region_of[i];
             if r != NONE && p.regions[r as usize].first == i as u32 {
                 for s in &p.regions[r as usize].held {
-                    self.saves[p.tensors[s.t as usize].base as usize] += 1;
+                    self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
             }
             for &t in p.outs(op) {
@@ -382,9 +338,9 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.alloc_storage(b, &at);
                 }
             }
-            if self.region_of[i] == NONE {
+            if self.b.region_of[i] == NONE {
                 for s in p.saved(op) {
-                    self.saves[p.tensors[s.t as usize].base as usize] += 1;
+                    self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
             }
             self.free_after(i, &at, false);
@@ -393,13 +349,13 @@ impl<'p, S: Sink> Run<'p, S> {
 
     /// Frees what forward code stops holding after op `i`.
     fn free_after(&mut self, i: usize, at: &At, recompute: bool) {
-        let (a, z) = (self.frees_at[i] as usize, self.frees_at[i + 1] as usize);
+        let (a, z) = (self.b.frees_at[i] as usize, self.b.frees_at[i + 1] as usize);
         for k in a..z {
-            let b = self.frees[k] as usize;
-            if recompute && self.region_of[i] == NONE {
+            let b = self.b.frees[k] as usize;
+            if recompute && self.b.region_of[i] == NONE {
                 continue;
             }
-            self.fwd_over[b] = true;
+            self.b.fwd_over[b] = true;
             self.try_free(b, at);
         }
     }
@@ -412,7 +368,7 @@ impl<'p, S: Sink> Run<'p, S> {
     fn recompute(&mut self, r: usize, node: &'static str) {
         let p = self.p;
         let reg = &p.regions[r];
-        let stop = self.region_last_save[r];
+        let stop = self.b.region_last_save[r];
         let mut allocated: Vec<usize> = Vec::new();
         for i in reg.first..=stop {
             let i = i as usize;
@@ -423,9 +379,9 @@ impl<'p, S: Sink> Run<'p, S> {
             if runs {
                 for &t in outs {
                     let b = p.tensors[t as usize].base as usize;
-                    if b == t as usize && p.tensors[b].origin == Origin::Op && !self.alive[b] {
-                        self.fwd_over[b] = false;
-                        self.cat[b] = if p.saved(op).iter().any(|s| p.tensors[s.t as usize].base as usize == b) {
+                    if b == t as usize && p.tensors[b].origin == Origin::Op && !self.b.alive[b] {
+                        self.b.fwd_over[b] = false;
+                        self.b.cat[b] = if p.saved(op).iter().any(|s| p.tensors[s.t as usize].base as usize == b) {
                             Cat::Activations
                         } else {
                             Cat::Transient
@@ -437,17 +393,17 @@ impl<'p, S: Sink> Run<'p, S> {
             }
             for s in p.saved(op) {
                 let b = p.tensors[s.t as usize].base as usize;
-                self.saves[b] += 1;
+                self.b.saves[b] += 1;
             }
             if !runs {
                 break;
             }
             // Liveness inside the region, as in forward (the region's own storages only).
-            let (a, z) = (self.frees_at[i] as usize, self.frees_at[i + 1] as usize);
+            let (a, z) = (self.b.frees_at[i] as usize, self.b.frees_at[i + 1] as usize);
             for k in a..z {
-                let b = self.frees[k] as usize;
+                let b = self.b.frees[k] as usize;
                 if allocated.contains(&b) {
-                    self.fwd_over[b] = true;
+                    self.b.fwd_over[b] = true;
                     let was = self.backward;
                     self.backward = false;
                     self.try_free(b, &at);
@@ -458,22 +414,22 @@ impl<'p, S: Sink> Run<'p, S> {
         // Early stop: the re-run's frame unwinds; what it held and nobody saved goes.
         let at = self.at(stop as usize, Phase::Backward, node);
         for b in allocated {
-            self.fwd_over[b] = true;
-            if self.alive[b] && self.saves[b] == 0 {
+            self.b.fwd_over[b] = true;
+            if self.b.alive[b] && self.b.saves[b] == 0 {
                 self.free_storage(b, &at);
             }
         }
-        self.recomputed[r] = true;
+        self.b.recomputed[r] = true;
     }
 
     fn new_buf(&mut self, bytes: u128, dtype: DType, cat: Cat, at: &At) -> u32 {
         let id = self.sink.alloc(bytes, dtype, cat, at);
-        self.bufs.push(GBuf { id, bytes, refs: 1, cat });
-        (self.bufs.len() - 1) as u32
+        self.b.bufs.push(GBuf { id, bytes, refs: 1, cat });
+        (self.b.bufs.len() - 1) as u32
     }
 
     fn unref(&mut self, k: u32, at: &At) {
-        let g = &mut self.bufs[k as usize];
+        let g = &mut self.b.bufs[k as usize];
         g.refs -= 1;
         if g.refs == 0 {
             let (id, bytes, cat) = (g.id, g.bytes, g.cat);
@@ -492,14 +448,14 @@ impl<'p, S: Sink> Run<'p, S> {
             let k = if alloc {
                 self.new_buf(x.bytes, x.dtype, Cat::Transient, &at)
             } else {
-                self.bufs.push(GBuf { id: NONE, bytes: x.bytes, refs: 1, cat: Cat::Transient });
-                (self.bufs.len() - 1) as u32
+                self.b.bufs.push(GBuf { id: NONE, bytes: x.bytes, refs: 1, cat: Cat::Transient });
+                (self.b.bufs.len() - 1) as u32
             };
-            self.grad[t as usize] = k;
+            self.b.grad[t as usize] = k;
             // The engine holds the root gradient until backward ends.
             if alloc {
-                self.bufs[k as usize].refs += 1;
-                self.injected.push(k);
+                self.b.bufs[k as usize].refs += 1;
+                self.b.injected.push(k);
             }
         }
     }
@@ -510,13 +466,13 @@ impl<'p, S: Sink> Run<'p, S> {
         self.backward = true;
         let mut temps: Vec<u32> = Vec::with_capacity(8);
         let mut deliver: Vec<(Tid, u32)> = Vec::with_capacity(8);
-        let mut skipped = std::mem::take(&mut self.skipped);
+        let mut skipped = std::mem::take(&mut self.b.skipped);
         for i in (0..p.ops.len()).rev() {
             let op = &p.ops[i];
-            let r = self.region_of[i];
+            let r = self.b.region_of[i];
             let outs = p.outs(op);
-            let has_grad = outs.iter().any(|&t| self.grad[t as usize] != NONE);
-            if r != NONE && !self.recomputed[r as usize] && self.region_last_save[r as usize] == i as u32 && has_grad {
+            let has_grad = outs.iter().any(|&t| self.b.grad[t as usize] != NONE);
+            if r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
                 self.recompute(r as usize, op.node);
             }
             let at = self.at(i, Phase::Backward, op.node);
@@ -543,15 +499,15 @@ impl<'p, S: Sink> Run<'p, S> {
                         }
                         B::Grad { input, temp } => deliver.push((ins[input as usize], temps[temp as usize])),
                         B::Pass { input, output } => {
-                            let g = self.grad[outs[output as usize] as usize];
+                            let g = self.b.grad[outs[output as usize] as usize];
                             if g != NONE {
-                                self.bufs[g as usize].refs += 1;
+                                self.b.bufs[g as usize].refs += 1;
                                 deliver.push((ins[input as usize], g));
                             }
                         }
                         B::Apply => {
                             // Tensors unpacked from a checkpoint are the formula's locals.
-                            if r != NONE && self.recomputed[r as usize] {
+                            if r != NONE && self.b.recomputed[r as usize] {
                                 self.release_saved(i, &at);
                                 released = true;
                             }
@@ -560,21 +516,21 @@ impl<'p, S: Sink> Run<'p, S> {
                 }
                 // Incoming gradients go.
                 for &t in outs {
-                    let g = self.grad[t as usize];
+                    let g = self.b.grad[t as usize];
                     if g != NONE {
-                        self.grad[t as usize] = NONE;
+                        self.b.grad[t as usize] = NONE;
                         self.unref(g, &at);
                     }
                 }
                 // Saved tensors go.
-                if !released && (r == NONE || self.recomputed[r as usize]) {
+                if !released && (r == NONE || self.b.recomputed[r as usize]) {
                     self.release_saved(i, &at);
                 }
             } else if op.saved.1 > 0 {
                 skipped.push(i);
             }
             // The region's last holder is unpacked: its inputs and kwargs go.
-            if r != NONE && self.region_first_save[r as usize] == i as u32 && self.recomputed[r as usize] {
+            if r != NONE && self.b.region_first_save[r as usize] == i as u32 && self.b.recomputed[r as usize] {
                 self.release_region(r as usize, &at);
             }
             // Gradients to the inputs' buffers.
@@ -582,7 +538,7 @@ impl<'p, S: Sink> Run<'p, S> {
                 self.give(t, g, &at);
             }
         }
-        self.skipped = skipped;
+        self.b.skipped = skipped;
     }
 
     /// The graph is freed when backward ends: the saved tensors of nodes that never ran and
@@ -590,15 +546,15 @@ impl<'p, S: Sink> Run<'p, S> {
     pub fn release_graph(&mut self) {
         let p = self.p;
         let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
-        for i in std::mem::take(&mut self.skipped) {
-            let r = self.region_of[i];
-            if r == NONE || self.recomputed[r as usize] {
+        for i in std::mem::take(&mut self.b.skipped) {
+            let r = self.b.region_of[i];
+            if r == NONE || self.b.recomputed[r as usize] {
                 self.release_saved(i, &at);
             }
         }
         for r in 0..p.regions.len() {
-            if !self.recomputed[r] {
-                self.recomputed[r] = true;
+            if !self.b.recomputed[r] {
+                self.b.recomputed[r] = true;
                 self.release_region(r, &at);
             }
         }
@@ -608,7 +564,7 @@ impl<'p, S: Sink> Run<'p, S> {
         let p = self.p;
         for s in p.saved(&p.ops[i]) {
             let b = p.tensors[s.t as usize].base as usize;
-            self.saves[b] = self.saves[b].saturating_sub(1);
+            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
             self.try_free(b, at);
         }
     }
@@ -617,7 +573,7 @@ impl<'p, S: Sink> Run<'p, S> {
         let p = self.p;
         for s in &p.regions[r].held {
             let b = p.tensors[s.t as usize].base as usize;
-            self.saves[b] = self.saves[b].saturating_sub(1);
+            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
             self.try_free(b, at);
         }
     }
@@ -626,11 +582,11 @@ impl<'p, S: Sink> Run<'p, S> {
     /// anything it held to the end.
     pub fn finish_backward(&mut self) {
         let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
-        for k in std::mem::take(&mut self.injected) {
+        for k in std::mem::take(&mut self.b.injected) {
             self.unref(k, &at);
         }
         for b in 0..self.p.tensors.len() {
-            if self.alive[b] && self.end[b] == FOREVER && self.p.tensors[b].origin == Origin::Op && self.saves[b] == 0 {
+            if self.b.alive[b] && self.b.end[b] == FOREVER && self.p.tensors[b].origin == Origin::Op && self.b.saves[b] == 0 {
                 self.free_storage(b, &at);
             }
         }
@@ -659,33 +615,33 @@ impl<'p, S: Sink> Run<'p, S> {
         }
         match x.origin {
             Origin::Param { grad_bytes } => {
-                let old = self.pgrad[t as usize];
+                let old = self.b.pgrad[t as usize];
                 if self.resident_grads {
                     self.unref(g, at);
                 } else if old == NONE {
                     // AccumulateGrad steals the first gradient.
-                    let GBuf { id, bytes, cat, .. } = self.bufs[g as usize];
+                    let GBuf { id, bytes, cat, .. } = self.b.bufs[g as usize];
                     if cat != Cat::Gradients {
                         self.sink.recat(id, bytes, cat, Cat::Gradients);
                     }
-                    self.bufs[g as usize].cat = Cat::Gradients;
-                    self.pgrad[t as usize] = g;
+                    self.b.bufs[g as usize].cat = Cat::Gradients;
+                    self.b.pgrad[t as usize] = g;
                 } else if self.accumulate == Accumulate::OutOfPlace {
                     let mut a = *at;
                     a.op = "add";
                     let n = self.new_buf(grad_bytes, x.dtype, Cat::Gradients, &a);
                     self.unref(old, at);
                     self.unref(g, at);
-                    self.pgrad[t as usize] = n;
+                    self.b.pgrad[t as usize] = n;
                 } else {
                     self.unref(g, at);
                 }
             }
             _ => {
-                let old = self.grad[t as usize];
+                let old = self.b.grad[t as usize];
                 if old == NONE {
-                    self.grad[t as usize] = g;
-                } else if self.accumulate == Accumulate::InPlace && self.bufs[old as usize].refs == 1 {
+                    self.b.grad[t as usize] = g;
+                } else if self.accumulate == Accumulate::InPlace && self.b.bufs[old as usize].refs == 1 {
                     self.unref(g, at);
                 } else {
                     let mut a = *at;
@@ -693,7 +649,7 @@ impl<'p, S: Sink> Run<'p, S> {
                     let n = self.new_buf(x.bytes, x.dtype, Cat::Transient, &a);
                     self.unref(old, at);
                     self.unref(g, at);
-                    self.grad[t as usize] = n;
+                    self.b.grad[t as usize] = n;
                 }
             }
         }
@@ -701,28 +657,28 @@ impl<'p, S: Sink> Run<'p, S> {
 
     /// The gradient buffer of tensor `t` after backward (an input's gradient handed back).
     pub fn grad_of(&self, t: Tid) -> Option<u128> {
-        let g = self.grad[t as usize];
-        (g != NONE).then(|| self.bufs[g as usize].bytes)
+        let g = self.b.grad[t as usize];
+        (g != NONE).then(|| self.b.bufs[g as usize].bytes)
     }
 
     /// Parameter gradients still held (bytes).
     pub fn param_grads(&self) -> u128 {
-        self.pgrad.iter().filter(|&&g| g != NONE).map(|&g| self.bufs[g as usize].bytes).sum()
+        self.b.pgrad.iter().filter(|&&g| g != NONE).map(|&g| self.b.bufs[g as usize].bytes).sum()
     }
 
     /// Whether a storage is alive now.
     pub fn is_alive(&self, t: Tid) -> bool {
-        self.alive[self.p.tensors[t as usize].base as usize]
+        self.b.alive[self.p.tensors[t as usize].base as usize]
     }
 
     /// Stream ids of the parameter gradients held (for zero_grad).
     pub fn param_grad_ids(&self) -> Vec<(u32, u128)> {
-        self.pgrad.iter().filter(|&&g| g != NONE).map(|&g| (self.bufs[g as usize].id, self.bufs[g as usize].bytes)).collect()
+        self.b.pgrad.iter().filter(|&&g| g != NONE).map(|&g| (self.b.bufs[g as usize].id, self.b.bufs[g as usize].bytes)).collect()
     }
 
     /// Storages saved at this moment (after forward: what backward will need).
     pub fn saved_storages(&self) -> impl Iterator<Item = Tid> + '_ {
-        (0..self.p.tensors.len()).filter(move |&b| self.saves[b] > 0 && self.p.tensors[b].base as usize == b).map(|b| b as Tid)
+        (0..self.p.tensors.len()).filter(move |&b| self.b.saves[b] > 0 && self.p.tensors[b].base as usize == b).map(|b| b as Tid)
     }
 
     /// The sink, back.
