@@ -65,7 +65,7 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
 /// SDPA's when asked anyway) and `Gemma3Attention.forward`: the same projections and RoPE, with
 /// `q_norm`/`k_norm` (Gemma's RMSNorm over `head_dim`) on the transposed `[b, heads, s, d]`
 /// views before RoPE, no soft-capping (Llama's eager core), and on sliding layers whose window
-/// is shorter than the keys SDPA with the bool mask (`mistral::sdpa_masked`: k and v repeated).
+/// is shorter than the keys SDPA with the bool mask (`llama::sdpa_masked`: k and v repeated).
 /// `query_pre_attn_scalar` only sets the scale (a `mul` by a Python number in eager, SDPA's
 /// `scale`): no tensor of its own.
 fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
@@ -111,7 +111,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     let (region, q, k, v) = super::llama::selective_begin(b, q, k, v);
     let (o, weights) = match sh.mask {
         _ if eager => super::llama::eager_core(b, spec, q, k, v, sh.mask),
-        Some(m) => (super::mistral::sdpa_masked(b, q, k, v, m), None),
+        Some(m) => (super::llama::sdpa_masked(b, q, k, v, m), None),
         None => (super::llama::sdpa_core(b, q, k, v), None),
     };
     super::llama::selective_end(b, region);
@@ -167,6 +167,23 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 
 /// The embedding scaled by √h (`Gemma2ScaledWordEmbedding`: `embedding(ids) * embed_scale`,
 /// a buffer cast to the weight's dtype).
+/// `GemmaModel.forward` before the layers: Llama's, with the embedding scaled by √h inside the
+/// embedding module and, for Gemma-2 under eager attention, a full and a sliding-window mask.
+pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    let (x0, emb_w) = super::llama::token_embedding(b, p, ids);
+    let x0 = scale_embedding(b, x0);
+    let two: Option<super::llama::TwoMasks> = (two_masks(spec) && attn == Attention::Eager).then_some(masks);
+    super::llama::model_inputs(b, spec, attn, x0, emb_w, two)
+}
+
+/// The final norm (`model.norm`): Gemma's RMSNorm.
+pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
+    b.module = "model.norm";
+    b.part = Part::Head;
+    let w = p.w(b, "norm.weight");
+    rms_norm(b, x, w)
+}
+
 pub fn scale_embedding(b: &mut Builder, e: Tid) -> Tid {
     let scale = b.external(Shape::scalar(), Dt::Resid, super::super::ir::Origin::Buffer, false);
     b.mul(e, scale)

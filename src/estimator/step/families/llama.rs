@@ -5,11 +5,11 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
+use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
 use super::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
 /// `LlamaRMSNorm.forward`:
@@ -198,7 +198,7 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
     let (region, q, k, v) = selective_begin(b, q, k, v);
     let (o, weights) = match sh.mask {
         _ if eager => eager_core(b, spec, q, k, v, sh.mask),
-        Some(m) => (super::mistral::sdpa_masked(b, q, k, v, m), None),
+        Some(m) => (sdpa_masked(b, q, k, v, m), None),
         None => (sdpa_core(b, q, k, v), None),
     };
     selective_end(b, region);
@@ -473,6 +473,13 @@ fn norm_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> [Option<Tid>; 
 /// `LlamaModel.forward` before the layers: the token embedding, `cache_position` /
 /// `position_ids`, the causal-mask preparation (`create_causal_mask`) and the rotary embedding.
 pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+    let (x0, emb_w) = token_embedding(b, p, ids);
+    model_inputs(b, spec, attn, x0, emb_w, None)
+}
+
+/// `model.embed_tokens` on the token ids: the residual stream's first tensor and the embedding
+/// weight (the head's too when tied).
+pub fn token_embedding(b: &mut Builder, p: &Params, ids: Tid) -> (Tid, Option<Tid>) {
     b.part = Part::Embedding;
     b.module = "model.embed_tokens";
     let emb_w = p.w(b, "embed_tokens.weight");
@@ -480,19 +487,37 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         Some(w) => embedding(b, ids, w),
         None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
     };
-    // Gemma scales the embedding by √h (a buffer) inside the embedding module.
-    let x0 = if super::gemma::is(spec) { super::gemma::scale_embedding(b, x0) } else { x0 };
+    (x0, emb_w)
+}
+
+/// A pair of masks a model builds from its positions instead of Llama's one (Gemma-2's full
+/// and sliding-window masks under eager attention): `(full, local)`.
+pub type TwoMasks = fn(&mut Builder, Tid) -> (Tid, Tid);
+
+/// The rest of the model's forward before the layers, after the embedding `x0`: positions, the
+/// causal mask (or `two_masks`' pair) and the rotary tables, as the layers receive them.
+pub fn model_inputs(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    attn: Attention,
+    x0: Tid,
+    emb_w: Option<Tid>,
+    two_masks: Option<TwoMasks>,
+) -> (Tid, Shared) {
     b.module = "model";
-    let (pos, mask, mask_local) = if super::gemma::two_masks(spec) && attn == Attention::Eager {
-        let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
-        let ar = b.plain("arange", &[], s1, Dt::I64);
-        let pos = b.plain("add", &[ar], s1, Dt::I64);
-        b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-        let (full, local) = super::gemma::masks(b, pos);
-        (pos, Some(full), Some(local))
-    } else {
-        let (pos, mask) = positions_and_mask(b, attn);
-        (pos, mask, None)
+    let (pos, mask, mask_local) = match two_masks {
+        Some(masks) => {
+            let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
+            let ar = b.plain("arange", &[], s1, Dt::I64);
+            let pos = b.plain("add", &[ar], s1, Dt::I64);
+            b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+            let (full, local) = masks(b, pos);
+            (pos, Some(full), Some(local))
+        }
+        None => {
+            let (pos, mask) = positions_and_mask(b, attn);
+            (pos, mask, None)
+        }
     };
     let (cos, sin) = if has_rope(spec) {
         let (c, s) = rotary(b, spec, pos);
@@ -610,12 +635,60 @@ pub fn rotary(b: &mut Builder, spec: &ModelSpec, pos: Tid) -> (Tid, Tid) {
 }
 
 /// The final norm (`model.norm`).
-pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     b.module = "model.norm";
     b.part = Part::Head;
     let w = p.w(b, "norm.weight");
-    match spec.norm {
-        NormKind::RmsnormGemma => super::gemma::rms_norm(b, x, w),
-        _ => rms_norm(b, x, w),
+    rms_norm(b, x, w)
+}
+
+/// `sdpa_attention_forward` with a mask:
+/// ```python
+/// key = repeat_kv(key, module.num_key_value_groups)
+/// value = repeat_kv(value, module.num_key_value_groups)
+/// attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
+/// ```
+/// SDPA converts the bool mask to an additive one in q's dtype (`where` of two scalars,
+/// `[b, 1, s, s_kv]`) and the CPU flash kernel keeps it with q, k, v, the output and the
+/// log-sum-exp; its backward allocates dq, dk, dv (k and v at `a` heads, summed back to `k` heads
+/// by `repeat_kv`'s ExpandBackward0). Returns `[b, s, a, d]` as the caller reshapes it.
+pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
+    // With dropout CPU SDPA runs its math path, as without a mask (`llama::sdpa_core`; the
+    // mask's addition to the scores is not modelled there: no fixture measures it).
+    if b.dropout && !b.c.cuda {
+        return sdpa_math(b, q, k, v);
     }
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let (k, v) = if gqa { (repeat_kv(b, k), repeat_kv(b, v)) } else { (k, v) };
+    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
+    let qdt = b.t(q).dt;
+    let z = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
+    let mn = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
+    let am = b.plain("where", &[mask, z, mn], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), qdt);
+    let rg = b.rg(q) || b.rg(k) || b.rg(v);
+    let o: Out = b.out(b.shape(q), qdt, rg);
+    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    let mut temps = 0u8;
+    let mut grads: Vec<(u8, u8)> = Vec::new();
+    for (i, t) in [q, k, v].into_iter().enumerate() {
+        if b.rg(t) {
+            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: "_scaled_dot_product_flash_attention_for_cpu_backward" });
+            grads.push((i as u8, temps));
+            temps += 1;
+        }
+    }
+    for (input, temp) in grads {
+        bw.push(B::Grad { input, temp });
+    }
+    let r = b.op(
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        &[q, k, v, am],
+        &[o, lse],
+        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
+        &bw,
+    );
+    let ot = b.view(r[0], super::super::blocks::shapes::heads_bshd(Q::A), "TransposeBackward0", false);
+    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }

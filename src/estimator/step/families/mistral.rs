@@ -4,11 +4,11 @@
 //! the keys (`_ignore_causal_mask_sdpa`: `kv_length >= local_attention_size` forbids the
 //! `is_causal` shortcut) — a bool `[1, 1, s, s_kv]` for SDPA, the additive `[b, 1, s, s_kv]` for
 //! eager. With a mask, `sdpa_attention_forward` cannot use SDPA's GQA path: it repeats k and v to
-//! `a` heads (`repeat_kv`), and `F.scaled_dot_product_attention` turns the bool mask into an
+//! `a` heads (`repeat_kv`; `llama::sdpa_masked`), and `F.scaled_dot_product_attention` turns the bool mask into an
 //! additive one in the query's dtype (`where`), which the CPU flash kernel keeps for backward.
 
-use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
-use super::llama::{embedding, packed_detection, repeat_kv, rotary};
+use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid};
+use super::llama::{embedding, packed_detection, rotary};
 use super::{has_rope, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -115,57 +115,6 @@ pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         (None, None)
     };
     Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None], cos_local: None, sin_local: None }
-}
-
-/// `sdpa_attention_forward` with a mask:
-/// ```python
-/// key = repeat_kv(key, module.num_key_value_groups)
-/// value = repeat_kv(value, module.num_key_value_groups)
-/// attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
-/// ```
-/// SDPA converts the bool mask to an additive one in q's dtype (`where` of two scalars,
-/// `[b, 1, s, s_kv]`) and the CPU flash kernel keeps it with q, k, v, the output and the
-/// log-sum-exp; its backward allocates dq, dk, dv (k and v at `a` heads, summed back to `k` heads
-/// by `repeat_kv`'s ExpandBackward0). Returns `[b, s, a, d]` as the caller reshapes it.
-pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
-    // With dropout CPU SDPA runs its math path, as without a mask (`llama::sdpa_core`; the
-    // mask's addition to the scores is not modelled there: no fixture measures it).
-    if b.dropout && !b.c.cuda {
-        return super::llama::sdpa_math(b, q, k, v);
-    }
-    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
-    let (k, v) = if gqa { (repeat_kv(b, k), repeat_kv(b, v)) } else { (k, v) };
-    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
-    let qdt = b.t(q).dt;
-    let z = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
-    let mn = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
-    let am = b.plain("where", &[mask, z, mn], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), qdt);
-    let rg = b.rg(q) || b.rg(k) || b.rg(v);
-    let o: Out = b.out(b.shape(q), qdt, rg);
-    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    let mut temps = 0u8;
-    let mut grads: Vec<(u8, u8)> = Vec::new();
-    for (i, t) in [q, k, v].into_iter().enumerate() {
-        if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: "_scaled_dot_product_flash_attention_for_cpu_backward" });
-            grads.push((i as u8, temps));
-            temps += 1;
-        }
-    }
-    for (input, temp) in grads {
-        bw.push(B::Grad { input, temp });
-    }
-    let r = b.op(
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, k, v, am],
-        &[o, lse],
-        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
-        &bw,
-    );
-    let ot = b.view(r[0], super::super::blocks::shapes::heads_bshd(Q::A), "TransposeBackward0", false);
-    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
 
 #[cfg(test)]

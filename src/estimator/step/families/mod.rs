@@ -246,6 +246,8 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
         deepseek::embed_v2(b, p, spec, ids, attn)
     } else if gemma::is3(spec) {
         gemma::embed3(b, p, spec, ids, attn)
+    } else if gemma::is(spec) {
+        gemma::embed(b, p, spec, ids, attn)
     } else if mistral::is(spec) {
         mistral::embed(b, p, spec, ids, attn)
     } else if olmo::is_any(spec) {
@@ -307,8 +309,10 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
         starcoder2::final_layer_norm(b, p, "model.norm", x)
     } else if falcon::is(spec) {
         starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
+    } else if gemma::is(spec) {
+        gemma::final_norm(b, p, x)
     } else {
-        llama::final_norm(b, p, spec, x)
+        llama::final_norm(b, p, x)
     }
 }
 
