@@ -18,6 +18,10 @@ fn bench_estimate(c: &mut Criterion) {
     let pp16 = decode_query("model=llama-3.1-405b&gpus=128&tp=8&pp=16&seq=8192").config;
     c.bench_function("step stream llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::step_stream(black_box(&pp16))));
     c.bench_function("estimate llama-3.1-405b pp16", |b| b.iter(|| estimate(black_box(&pp16))));
+    // Beside the numeric path, the full explained ledger (every row's formula, substitution and
+    // source, and the caching allocator's replay): what opening the ledger and `--json` cost.
+    c.bench_function("explain llama-3.1-8b default", |b| b.iter(|| trainmem::estimator::explain(black_box(&default))));
+    c.bench_function("explain llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::explain(black_box(&pp16))));
     c.bench_function("reserved (stream + allocator replay) llama-3.1-405b pp16", |b| {
         b.iter(|| trainmem::estimator::reserve::reserved(black_box(&pp16)))
     });
