@@ -601,7 +601,7 @@ fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
 
 /// `DeepseekV3DecoderLayer.forward` (Llama's): `h = x + attn(norm1(x))`, `y = h + mlp(norm2(h))`;
 /// the MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.

@@ -257,7 +257,7 @@ fn add_(b: &mut Builder, a: Tid, x: Tid) -> Tid {
 /// if new_decoder_architecture or parallel_attn: mlp_output += attention_output
 /// output = dropout_add(mlp_output, residual, …)            # dropout(x) then residual + x
 /// ```
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     let two = spec.layer_norms >= 2;

@@ -134,7 +134,7 @@ fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
 
 /// `Gemma2DecoderLayer.forward`: `input_layernorm` → attention → `post_attention_layernorm` →
 /// residual → `pre_feedforward_layernorm` → MLP → `post_feedforward_layernorm` → residual.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     let _ = kind;
     b.group = Group::All;
@@ -228,7 +228,7 @@ pub fn softcap_logits(b: &mut Builder, logits: Tid) -> Tid {
 /// `GemmaDecoderLayer.forward` (`modeling_gemma.py`): Llama's pre-norm layer with Gemma's
 /// RMSNorm ([`rms_norm`]) and the GeGLU MLP (`mlp`: `gelu_pytorch_tanh`); the attention is
 /// Llama's (`GemmaAttention`: no soft-capping, `head_dim` need not be h/a).
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer_gemma1(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.

@@ -136,7 +136,7 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 4], x: Tid) -> Tid {
 }
 
 /// `GPT2Block.forward`: `ln_1` → attention → residual → `ln_2` → MLP → residual.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     let _ = spec;
     b.group = Group::All;

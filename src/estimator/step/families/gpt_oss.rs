@@ -533,7 +533,7 @@ fn mlp(b: &mut Builder, w: &MoeW, x: Tid) -> (Tid, Tid) {
 
 /// `GptOssDecoderLayer.forward`: `input_layernorm` → attention (sinks) → residual →
 /// `post_attention_layernorm` → the MoE block → residual.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     let _ = (spec, kind);
     b.group = Group::All;

@@ -422,7 +422,7 @@ pub fn gated_mlp(b: &mut Builder, w: &MlpW, x: Tid, act: Act) -> Tid {
 }
 
 /// One decoder layer (`LlamaDecoderLayer.forward`).
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     b.group = Group::All;
     // Parameters in registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.

@@ -529,7 +529,7 @@ enum Ffn {
 /// hidden_states = residual + hidden_states.view(residual.shape)
 /// ```
 /// `attention_states` (o_proj's output) lives until the layer returns.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     b.group = Group::All;
     // Parameters in registration order: self_attn, feed_forward, the two norms.

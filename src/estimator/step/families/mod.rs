@@ -191,7 +191,7 @@ impl Params<'_> {
 
 /// Builds one decoder layer of `spec`'s family on input `x`; returns its output.
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    // Each family's `layer` is `#[inline(never)]`: WebAssembly compiles a function the first
+    // In wasm each family's `layer` is `#[inline(never)]`: WebAssembly compiles a function the first
     // time it runs, so a page estimating a Llama compiles the Llama builder, not all twenty.
     if gpt2::is(spec) {
         gpt2::layer(b, p, spec, x, sh, attn)

@@ -111,7 +111,7 @@ fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
 ///     mlp_output = self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(attn_output)))
 ///     hidden_states = mlp_output + attn_output
 /// ```
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: input_layernorm, post_attention_layernorm, attention, mlp.

@@ -101,7 +101,7 @@ fn mean_rows(b: &mut Builder, x: Tid) -> Tid {
 /// hidden_states = residual + self.post_attention_layernorm(self.self_attn(hidden_states))
 /// hidden_states = residual + self.post_feedforward_layernorm(self.mlp(hidden_states))
 /// ```
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer2(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn (q, k, v, o, q_norm, k_norm), mlp, post_attention_layernorm,
@@ -302,7 +302,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
 }
 
 /// `OlmoDecoderLayer.forward`: Llama's pre-norm layer with [`layer_norm`] and `attention`.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     let aw = AttnW::new(b, p);

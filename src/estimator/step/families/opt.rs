@@ -96,7 +96,7 @@ fn attention(b: &mut Builder, w: &llama::AttnW, spec: &ModelSpec, x: Tid, sh: &S
 /// hidden_states = self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(hidden_states))))
 /// hidden_states = (residual + dropout(hidden_states)).view(hidden_states_shape)
 /// ```
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn (k, v, q, out_proj), self_attn_layer_norm, fc1, fc2,

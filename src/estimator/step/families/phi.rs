@@ -151,7 +151,7 @@ fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
 /// feed_forward_hidden_states = self.resid_dropout(self.mlp(hidden_states))
 /// hidden_states = attn_outputs + feed_forward_hidden_states + residual
 /// ```
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm (created inside in that order).

@@ -91,7 +91,7 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 2], x: Tid) -> Tid {
 }
 
 /// `Phi3DecoderLayer.forward` (Llama's, with no-op residual dropouts).
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     let _ = kind;
     b.group = Group::All;

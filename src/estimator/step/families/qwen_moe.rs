@@ -186,7 +186,7 @@ fn add_promote(b: &mut Builder, x: Tid, y: Tid) -> Tid {
 
 /// One decoder layer (`Qwen2MoeDecoderLayer.forward` = `LlamaDecoderLayer.forward` with the
 /// sparse block on MoE layers).
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     b.group = Group::All;
     // Parameters in registration order: self_attn, mlp (Qwen2-MoE: gate, experts,

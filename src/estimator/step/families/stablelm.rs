@@ -115,7 +115,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 ///     mlp_output = self.dropout(self.mlp(self.post_attention_layernorm(residual)))
 ///     hidden_states = residual + mlp_output
 /// ```
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm, [post_attention_layernorm], dropout.

@@ -171,7 +171,7 @@ fn mlp(b: &mut Builder, w: [Option<Tid>; 4], spec: &ModelSpec, x: Tid) -> Tid {
 
 /// `Starcoder2DecoderLayer.forward`: `input_layernorm` → attention → residual →
 /// `post_attention_layernorm` → MLP → residual.
-#[inline(never)] // see `families::layer`
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn (q, k, v, o), mlp (c_fc, c_proj), input_layernorm,
