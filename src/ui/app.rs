@@ -183,20 +183,37 @@ fn show_next() {
     }
 }
 
-/// A panel shown after the first paint, in its turn: the first waits a frame, each next one a
-/// task after the one before.
-#[component]
-fn Later(panel: Panel) -> impl IntoView {
+/// A signal that turns true in `turn` (the first waits a frame, each next one a task after the
+/// one before).
+fn queued(turn: u8) -> RwSignal<bool> {
     let ready = RwSignal::new(false);
     let first = QUEUE.with(|q| {
         let mut q = q.borrow_mut();
-        q.push((turn(panel), ready));
+        q.push((turn, ready));
         q.len() == 1
     });
     if first {
         request_animation_frame(move || set_timeout(show_next, std::time::Duration::ZERO));
     }
+    ready
+}
+
+/// A panel shown after the first paint, in its turn.
+#[component]
+fn Later(panel: Panel) -> impl IntoView {
+    let ready = queued(turn(panel));
     move || ready.get().then(|| self::panel(panel))
+}
+
+/// What comes after every panel (the footer, the dialogs): while panels are still coming, a
+/// footer would sit in the first screen and be its largest paint.
+const LAST: u8 = 3;
+
+/// Anything shown after the first paint, last.
+#[component]
+fn AtTheEnd(children: ChildrenFn) -> impl IntoView {
+    let ready = queued(LAST);
+    move || ready.get().then(|| children())
 }
 
 fn panels(list: Vec<Panel>) -> impl IntoView {
@@ -244,15 +261,17 @@ fn FullPage() -> impl IntoView {
             {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
         </main>
-        <footer class="foot">
-            <p>
-                "trainmem estimates training memory per GPU from first principles: every figure shows its formula and source. "
-                "GB = 10⁹ bytes, GiB = 2³⁰ bytes. Activation accounting follows Hugging Face transformers' module code and is checked against PyTorch's saved tensors."
-            </p>
-            <p data-testid="version">{crate::version::LABEL}</p>
-        </footer>
-        <embed::EmbedDialog/>
-        <course::PrintSheet/>
+        <AtTheEnd>
+            <footer class="foot">
+                <p>
+                    "trainmem estimates training memory per GPU from first principles: every figure shows its formula and source. "
+                    "GB = 10⁹ bytes, GiB = 2³⁰ bytes. Activation accounting follows Hugging Face transformers' module code and is checked against PyTorch's saved tensors."
+                </p>
+                <p data-testid="version">{crate::version::LABEL}</p>
+            </footer>
+            <embed::EmbedDialog/>
+            <course::PrintSheet/>
+        </AtTheEnd>
     }
 }
 
