@@ -205,7 +205,7 @@ fn Later(panel: Panel) -> impl IntoView {
     move || ready.get().then(|| self::panel(panel))
 }
 
-/// What comes after every panel (the footer, the dialogs): while panels are still coming, a
+/// What comes after every panel (the footer, the embed dialog): while panels are still coming, a
 /// footer would sit in the first screen and be its largest paint.
 const LAST: u8 = 3;
 
@@ -270,8 +270,9 @@ fn FullPage() -> impl IntoView {
                 <p data-testid="version">{crate::version::LABEL}</p>
             </footer>
             <embed::EmbedDialog/>
-            <course::PrintSheet/>
         </AtTheEnd>
+        // Empty until the browser prints; listening from the start.
+        <course::PrintSheet/>
     }
 }
 
