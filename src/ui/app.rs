@@ -205,7 +205,7 @@ fn Later(panel: Panel) -> impl IntoView {
     move || ready.get().then(|| self::panel(panel))
 }
 
-/// What comes after every panel (the footer, the embed dialog): while panels are still coming, a
+/// What comes after every panel (the footer): while panels are still coming, a
 /// footer would sit in the first screen and be its largest paint.
 const LAST: u8 = 3;
 
@@ -269,9 +269,9 @@ fn FullPage() -> impl IntoView {
                 </p>
                 <p data-testid="version">{crate::version::LABEL}</p>
             </footer>
-            <embed::EmbedDialog/>
         </AtTheEnd>
-        // Empty until the browser prints; listening from the start.
+        // Ready from the start: the toolbar opens the one, the browser's print fills the other.
+        <embed::EmbedDialog/>
         <course::PrintSheet/>
     }
 }
