@@ -380,7 +380,13 @@ fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
 }
 
 /// Estimates one stage's ledger and simulates its step.
-fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage, built: &mut Vec<std::rc::Rc<step::fast::LayerProg>>) -> StageResult {
+fn stage_ledger(
+    cfg: &Config,
+    recipe: &Recipe,
+    stage: Stage,
+    built: &mut Vec<std::rc::Rc<step::fast::LayerProg>>,
+    runs: &mut Vec<step::fast::LayerRun>,
+) -> StageResult {
     // The stage's programs, built once for the activation ledger and the peak.
     let setup = step::model::Setup::new(cfg, recipe, stage);
     let pieces = step::fast::pieces_with(&setup, built);
@@ -411,7 +417,7 @@ fn stage_ledger(cfg: &Config, recipe: &Recipe, stage: Stage, built: &mut Vec<std
     let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
     let resident = resident_of(cfg, &rows, &host, stage, other_micro);
     let other_temp = if cfg.optim == config::Optimizer::Adamw { 0 } else { temp_bytes };
-    let fast = step::fast::stage_of(&setup, &pieces, other_temp);
+    let fast = step::fast::stage_with(&setup, &pieces, other_temp, runs);
     let beside = timeline::Beside {
         resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
         outside_allocator: outside,
@@ -492,10 +498,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
     let recipe = recipe(cfg.precision);
     let counts = cfg.arch.counts();
     let mut best: Option<(Stage, StageResult)> = None;
-    // Decoder-layer programs built for one stage serve the others.
-    let mut built = Vec::new();
+    // Decoder-layer programs built for one stage, and their runs, serve the others.
+    let (mut built, mut runs) = (Vec::new(), Vec::new());
     for &stage in stages(cfg.pp) {
-        let r = stage_ledger(cfg, &recipe, stage, &mut built);
+        let r = stage_ledger(cfg, &recipe, stage, &mut built, &mut runs);
         if best.as_ref().is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes()) {
             best = Some((stage, r));
         }

@@ -304,7 +304,10 @@ impl Pieces {
     }
     /// The program of the layer of `key`.
     pub fn layer(&self, key: &Key) -> &LayerProg {
-        self.variant(key.kind, key.var).expect("every key has its program")
+        self.layer_rc(key)
+    }
+    fn layer_rc(&self, key: &Key) -> &std::rc::Rc<LayerProg> {
+        self.layers.iter().find(|l| l.kind == key.kind && l.var == key.var).expect("every key has its program")
     }
     /// The global slots some layer keeps.
     pub fn kept_slots(&self) -> u8 {
@@ -372,8 +375,25 @@ pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
     stage_of(setup, &pieces(setup), other_temp)
 }
 
+/// A layer piece's profile, kept for the other stages of the same estimate: its program, what
+/// its run was given, and what it gave.
+pub struct LayerRun {
+    prog: std::rc::Rc<LayerProg>,
+    full: Full,
+    cats: Vec<(Tid, Cat)>,
+    prof: Profile,
+    numels: Vec<u128>,
+}
+
 /// [`stage`] from pieces already built.
 pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
+    stage_with(setup, pcs, other_temp, &mut Vec::new())
+}
+
+/// [`stage_of`], taking layer profiles from `runs` (profiles of other stages of the same
+/// configuration: the same program run with the same inputs and categories gives the same
+/// profile) and adding the ones it makes.
+pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
     let acc_mode = setup.accumulate;
     let resident = resident_grads(setup.cfg);
     let n = setup.kinds.len();
@@ -412,8 +432,18 @@ pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
                     cats.push((t, slot_cat(slot, pt)));
                 }
             }
-            let prof = profile(prog, acc_mode, false, resident, &[], false, &cats, &pcs.layer(&f.key).inputs(&f.key));
-            pieces.push((*f, prof, optimizer_params(prog, setup.params().weight)));
+            let rc = pcs.layer_rc(&f.key);
+            let done = runs.iter().find(|r| std::rc::Rc::ptr_eq(&r.prog, rc) && r.full == *f && r.cats == cats);
+            let (prof, numels) = match done {
+                Some(r) => (r.prof, r.numels.clone()),
+                None => {
+                    let prof = profile(prog, acc_mode, false, resident, &[], false, &cats, &pcs.layer(&f.key).inputs(&f.key));
+                    let numels = optimizer_params(prog, setup.params().weight);
+                    runs.push(LayerRun { prog: rc.clone(), full: *f, cats, prof, numels: numels.clone() });
+                    (prof, numels)
+                }
+            };
+            pieces.push((*f, prof, numels));
         }
     }
     let piece = |f: &Full| pieces.iter().find(|p| p.0 == *f).expect("every layer has its piece");
