@@ -184,18 +184,6 @@ fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) ->
     out
 }
 
-/// The global slots of `sh` (a standalone layer's shared inputs) that `p` keeps.
-pub fn kept_slots(p: &Program, sh: &Shared) -> u8 {
-    let kept = kept_storages(p);
-    let mut bits = 0u8;
-    for (slot, t) in sh.slots().into_iter().enumerate() {
-        if t.is_some_and(|t| kept[p.tensors[t as usize].base as usize]) {
-            bits |= 1 << slot;
-        }
-    }
-    bits
-}
-
 /// What makes one decoder layer's piece: its kind, its attention type, the shared slots its
 /// backward frees (it is their first user), whether its input is the model scope's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,7 +360,7 @@ fn slots_kept(kept: &[bool], p: &Program, sh: &Shared) -> u8 {
 
 /// The stage's peak above its resident bytes, and its coarse segments.
 pub fn stage(setup: &Setup, other_temp: Bytes) -> Fast {
-    stage_of(setup, &pieces(setup), other_temp)
+    stage_with(setup, &pieces(setup), other_temp, &mut Vec::new())
 }
 
 /// A layer piece's profile, kept for the other stages of the same estimate: its program, what
@@ -385,12 +373,7 @@ pub struct LayerRun {
     numels: Vec<u128>,
 }
 
-/// [`stage`] from pieces already built.
-pub fn stage_of(setup: &Setup, pcs: &Pieces, other_temp: Bytes) -> Fast {
-    stage_with(setup, pcs, other_temp, &mut Vec::new())
-}
-
-/// [`stage_of`], taking layer profiles from `runs` (profiles of other stages of the same
+/// [`stage`] from pieces already built, taking layer profiles from `runs` (profiles of other stages of the same
 /// configuration: the same program run with the same inputs and categories gives the same
 /// profile) and adding the ones it makes.
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
@@ -400,10 +383,6 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     let spec = &setup.cfg.arch;
     let (pro, px0, psh) = (&pcs.pro, pcs.px0, &pcs.psh);
     let keys = &pcs.keys;
-    let prog_of = |k: &Key| {
-        let l = pcs.layer(k);
-        (&l.prog, l.x, l.y, &l.sh)
-    };
     let kept_in = |k: &Key, t: Tid| pcs.kept_in(k, t);
     let kept = pcs.kept;
     let epi = pcs.epi.as_ref();
@@ -425,21 +404,20 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     let mut pieces: Vec<(Full, Profile, Vec<u128>)> = Vec::new();
     for f in &fulls {
         if !pieces.iter().any(|p| p.0 == *f) {
-            let (prog, x, y, sh) = prog_of(&f.key);
-            let mut cats = vec![(x, act(f.in_kept)), (y, act(f.out_kept))];
-            for (slot, (t, pt)) in sh.slots().into_iter().zip(psh.slots()).enumerate() {
+            let l = pcs.layer_rc(&f.key);
+            let mut cats = vec![(l.x, act(f.in_kept)), (l.y, act(f.out_kept))];
+            for (slot, (t, pt)) in l.sh.slots().into_iter().zip(psh.slots()).enumerate() {
                 if let (Some(t), Some(pt)) = (t, pt) {
                     cats.push((t, slot_cat(slot, pt)));
                 }
             }
-            let rc = pcs.layer_rc(&f.key);
-            let done = runs.iter().find(|r| std::rc::Rc::ptr_eq(&r.prog, rc) && r.full == *f && r.cats == cats);
+            let done = runs.iter().find(|r| std::rc::Rc::ptr_eq(&r.prog, l) && r.full == *f && r.cats == cats);
             let (prof, numels) = match done {
                 Some(r) => (r.prof, r.numels.clone()),
                 None => {
-                    let prof = profile(prog, acc_mode, false, resident, &[], false, &cats, &pcs.layer(&f.key).inputs(&f.key));
-                    let numels = optimizer_params(prog, setup.params().weight);
-                    runs.push(LayerRun { prog: rc.clone(), full: *f, cats, prof, numels: numels.clone() });
+                    let prof = profile(&l.prog, acc_mode, false, resident, &[], false, &cats, &l.inputs(&f.key));
+                    let numels = optimizer_params(&l.prog, setup.params().weight);
+                    runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
                     (prof, numels)
                 }
             };
