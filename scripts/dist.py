@@ -198,6 +198,7 @@ def inline_script(js):
 
 #: Trunk's preload of the app's wasm: `<link rel="preload" href=… integrity=… as="fetch" …>`.
 WASM_PRELOAD = re.compile(r'<link rel="preload" href="(\./[^"]+_bg\.wasm)" crossorigin="anonymous" integrity="([^"]+)" as="fetch" type="application/wasm">')
+GLUE_IMPORT = re.compile(r"import init, \* as bindings from '(\./[^']+\.js)';")
 
 
 def after_first_paint(html, worker):
@@ -209,12 +210,19 @@ def after_first_paint(html, worker):
     frames are throttled, as in a hidden tab), then has `worker` (web/compile-worker.js) fetch
     and compile the wasm, with the subresource integrity the preload carried, and instantiates
     the compiled module; without workers it fetches the wasm itself, as Trunk's loader does.
+    The worker gets the glue's URL and the page's query too: before it hands the module back,
+    it runs the first screen's analysis once, so that code is compiled off the main thread
+    (src/ui/warm.rs); then it closes itself.
     """
     m = WASM_PRELOAD.search(html)
     if not m:
         fail("index.html: Trunk's preload of the app's wasm is not where expected")
     href, sri = m.group(1), m.group(2)
     html = html.replace(m.group(0), "", 1)
+    glue_import = GLUE_IMPORT.search(html)
+    if not glue_import:
+        fail("index.html: Trunk's import of the app's glue is not where expected")
+    glue = glue_import.group(1)
     call = f"const wasm = await init({{ module_or_path: '{href}' }});"
     if html.count(call) != 1:
         fail("index.html: Trunk's loader call is not where expected")
@@ -222,9 +230,14 @@ def after_first_paint(html, worker):
         "await new Promise((go) => { requestAnimationFrame(() => setTimeout(go, 0)); setTimeout(go, 100); });\n"
         "const compiled = await new Promise((ok, no) => {\n"
         f"  const w = new Worker('./{worker}');\n"
-        "  w.onmessage = (e) => { w.terminate(); e.data instanceof WebAssembly.Module ? ok(e.data) : no(new Error(e.data)); };\n"
+        "  w.onmessage = (e) => {\n"
+        "    w.terminate();\n"
+        "    if (!(e.data?.module instanceof WebAssembly.Module)) return no(new Error(e.data));\n"
+        "    if (e.data.warmed) performance.mark('trainmem:warmed');\n"
+        "    ok(e.data.module);\n"
+        "  };\n"
         "  w.onerror = (e) => { w.terminate(); no(e); };\n"
-        f"  w.postMessage({{ url: new URL('{href}', document.baseURI).href, integrity: '{sri}' }});\n"
+        f"  w.postMessage({{ url: new URL('{href}', document.baseURI).href, integrity: '{sri}', glue: new URL('{glue}', document.baseURI).href, query: location.search }});\n"
         f"}}).catch(() => fetch('{href}', {{ integrity: '{sri}' }}));\n"
         "const wasm = await init({ module_or_path: compiled });"
     )

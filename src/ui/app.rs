@@ -12,8 +12,13 @@ use super::widgets;
 use leptos::html::Main;
 use leptos::prelude::*;
 
-/// Mounts the app on `<body>`.
+/// Mounts the app on `<body>`; in the compile worker (no `window`), runs the first screen's
+/// analysis instead, so that its code is compiled off the page's main thread (see [`super::warm`]).
 pub fn mount() {
+    if web_sys::window().is_none() {
+        super::warm::run();
+        return;
+    }
     console_error_panic_hook::set_once();
     dom::mark("trainmem:start");
     // A task of its own, apart from the wasm's instantiation: the page's start-up comes in

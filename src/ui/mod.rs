@@ -7,6 +7,8 @@
 //! - [`app`]: mounts the store and lays the panels out.
 //! - Shared by panels: `widgets` (the key input), `canvas` (hi-DPI chart canvases), `dom`
 //!   (browser calls), `bench_client` (the lazily loaded benchmark module's typed API).
+//! - [`warm`]: the first screen's analysis, run in the compile worker so that its code is
+//!   compiled there, off the page's main thread.
 //!
 //! Imports run one way: `app → panels → {state, widgets, canvas, bench_client} → dom`, and
 //! everything here → `config`, `estimator`, `plots`, `bench` (its plain data).
@@ -19,6 +21,7 @@ mod html;
 pub mod layout;
 pub mod panels;
 pub mod state;
+mod warm;
 mod widgets;
 
 pub use app::mount;

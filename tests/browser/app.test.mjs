@@ -253,6 +253,25 @@ test('the static header paints before the wasm and the app replaces it with its 
   assert.deepEqual(problems, []);
 });
 
+test('the compile worker runs the first screen once for the page query, without mounting, before the page starts', async () => {
+  const { page, context, problems } = await openPage(browser, null);
+  const workers = [];
+  page.on('worker', (w) => workers.push(w.url()));
+  await page.goto(server.base + '?model=llama-3.1-70b&gpus=8&zero=3');
+  await waitForApp(page);
+  // The worker said it warmed the module (src/ui/warm.rs ran: the start function found no
+  // window), and it did so before the page instantiated it.
+  const marks = await page.evaluate(() => ['trainmem:warmed', 'trainmem:start'].map((n) => performance.getEntriesByName(n)[0]?.startTime));
+  assert.ok(marks[0] !== undefined, 'no trainmem:warmed mark');
+  assert.ok(marks[0] <= marks[1], `warmed at ${marks[0]} ms, after the app started at ${marks[1]} ms`);
+  assert.equal(workers.filter((u) => /compile-worker-[0-9a-f]+\.js$/.test(u)).length, 1);
+  // The page is the one that mounted, once, with the linked configuration.
+  assert.equal(await page.locator('h1').count(), 1);
+  assert.match(await page.textContent('[data-testid=verdict]'), /Cluster \(8 GPUs\)/);
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test('an embed never shows the static page header', async () => {
   const { page, problems } = await openPage(browser, server.base + '?embed=1');
   assert.equal(await page.evaluate(() => document.documentElement.classList.contains('embed-boot')), true);

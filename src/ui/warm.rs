@@ -1,0 +1,39 @@
+//! The app's module, run once in the compile worker before the page starts it: the analysis the
+//! first screen needs, so that its code is compiled there and not on the page's main thread.
+//!
+//! Why: browsers compile a WebAssembly function the first time it runs (V8's lazy
+//! compilation). On the first screen that is ~2,000 functions and ~100 ms of the page's main
+//! thread (a Chromium trace's `wasm.CompileLazy`), in the tasks Lighthouse counts as blocking.
+//! A compiled module posted from a worker shares its code with the page, what was compiled
+//! lazily in the worker included, so running the first screen's analysis there first leaves
+//! the page's main thread only the UI's own code to compile (~1,400 functions). Measured: see
+//! web/compile-worker.js.
+//!
+//! web/compile-worker.js sets the page's query as `trainmemWarmQuery` on the worker's global
+//! and instantiates the module; its start function (`main` → [`super::mount`]) finds no
+//! `window` and comes here. Nothing here touches the DOM, and nothing it computes is kept: the
+//! worker posts the module to the page and closes.
+
+use crate::config::decode_query;
+use crate::estimator::cost::Assumptions;
+use crate::estimator::plan::{cheapest_fixes, DEFAULT_FIXES};
+use crate::estimator::{activations, sweep};
+use crate::plots::chart::ChartData;
+use std::hint::black_box;
+
+/// The worker-global property that holds the page's query string.
+const QUERY_PROPERTY: &str = "trainmemWarmQuery";
+
+/// Runs what the first screen computes for the page's configuration, in the order the page
+/// shows it: the decided estimate (verdict, ledger, bar), the one-click answers and fixes, the
+/// textbook's notes and the sequence chart's sweep.
+pub fn run() {
+    let query = js_sys::Reflect::get(&js_sys::global(), &QUERY_PROPERTY.into()).ok().and_then(|q| q.as_string()).unwrap_or_default();
+    let cfg = decode_query(query.trim_start_matches('?')).config;
+    let _ = black_box(sweep::decided(&cfg));
+    let _ = black_box(sweep::answers(&cfg));
+    let _ = black_box(cheapest_fixes(&cfg, &Assumptions::default(), DEFAULT_FIXES));
+    let _ = black_box(activations::textbook_differences(&cfg));
+    let key = sweep::key(sweep::Axis::Seq, &cfg);
+    let _ = black_box(sweep::run(sweep::Axis::Seq, &key).map(|s| ChartData::from_sweep(s, &key)));
+}
