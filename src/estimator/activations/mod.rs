@@ -93,7 +93,7 @@ pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::f
     use super::step::ledger::kept;
     let (cfg, recipe, stage) = (setup.cfg, &setup.recipe, setup.stage);
     let spec = &cfg.arch;
-    let b = setup.builder();
+    let b = setup.sizer();
     let has_moe = spec.moe_layers() > 0;
     // Terms by part: per layer group, the model's first end, and its last end.
     let mut t = Terms::default();
@@ -350,11 +350,14 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let (n_rope, n_nope) = (t.n_rope, t.n_nope);
     let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
-    // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
-    // sweep point).
+    // Moves one part's terms out of a list (no clones, and no vector of them either: the sum
+    // takes them as they are extracted, which on the numeric path folds them without allocating;
+    // estimate() runs per keystroke and per sweep point).
     let sum_of = |v: &mut Vec<(Part, Expr)>, p: Part| -> Option<Expr> {
-        let terms: Vec<Expr> = v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e).collect();
-        (!terms.is_empty()).then(|| Expr::sum_merged(terms))
+        if !v.iter().any(|(q, _)| *q == p) {
+            return None;
+        }
+        Some(Expr::sum_merged(v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e)))
     };
     let in_flight = |e: Expr| -> Expr {
         if num == 1 && den == 1 {

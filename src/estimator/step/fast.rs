@@ -460,7 +460,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     }
     // A later stage sends its output on and frees it; the gradient comes back.
     let y_bytes = crate::estimator::expr::numbers_only(|| {
-        let b = setup.builder();
+        let b = setup.sizer();
         b.bytes_of(&Shape::tok(Q::H), Dt::Resid)
     }) as i128;
     // The forward pass ends: every piece's autocast casts nobody saved go.
@@ -535,7 +535,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
 
 fn ends_bytes(setup: &Setup, ends: &[(Shape, Dt)]) -> i128 {
     crate::estimator::expr::numbers_only(|| {
-        let b = setup.builder();
+        let b = setup.sizer();
         ends.iter().map(|(s, d)| b.bytes_of(s, *d) as i128).sum()
     })
 }

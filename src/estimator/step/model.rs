@@ -96,8 +96,20 @@ impl<'a> Setup<'a> {
         }
     }
 
+    /// A builder for one of this stage's programs.
     pub fn builder(&self) -> Builder<'_> {
-        let mut b = Builder::new(&self.ctx, self.compute, self.resid, self.lin, self.xv);
+        self.builder_of(Program::default())
+    }
+
+    /// A builder that only sizes tensors (`bytes_of`, `expr_of`) with this stage's symbols and
+    /// switches: it reserves no room for a program (sizing on the numeric path runs several
+    /// times per estimate).
+    pub fn sizer(&self) -> Builder<'_> {
+        self.builder_of(Program::empty())
+    }
+
+    fn builder_of(&self, p: Program) -> Builder<'_> {
+        let mut b = Builder::with_program(&self.ctx, self.compute, self.resid, self.lin, self.xv, p);
         b.autocast = self.recipe.autocast_weight_copy;
         b.dropout = self.cfg.dropout > 0.0;
         b.selective = self.cfg.recompute == Recompute::Selective;
