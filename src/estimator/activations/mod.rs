@@ -127,7 +127,8 @@ pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::f
     }
     let shared_saved = pieces.kept_slots();
     for (vi, &(kind, var)) in variants.iter().enumerate() {
-        let prog = &pieces.variant(kind, var).expect("every variant of the stage has its program").prog;
+        let layer = pieces.variant(kind, var).expect("every variant of the stage has its program");
+        let prog = &layer.prog;
         let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
         rope_done |= !var.nope;
         nope_done |= var.nope;
@@ -138,7 +139,7 @@ pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::f
             continue;
         }
         kinds_done.push(kind);
-        for k in kept(prog) {
+        for &k in &layer.saved {
             if k.elsewhere {
                 continue;
             }
@@ -225,7 +226,6 @@ fn split_by_attention(
 ) {
     use super::step::families::{Kind, Var};
     use super::step::ir::Group;
-    use super::step::ledger::kept;
     type Term = (Part, Group, u128, Expr);
     let group_of = |g: Group, kind: Kind| match (g, has_moe, kind) {
         (Group::All, _, _) | (_, false, _) => Group::All,
@@ -235,8 +235,8 @@ fn split_by_attention(
     let terms_of = |kind: Kind, var: Var| -> Vec<Term> {
         let Some(l) = pieces.variant(kind, var) else { return Vec::new() };
         let prog = &l.prog;
-        kept(prog)
-            .into_iter()
+        l.saved
+            .iter()
             .filter(|k| !k.elsewhere && !matches!(k.group, Group::Rope | Group::Nope))
             .map(|k| {
                 let x = &prog.tensors[k.t as usize];
