@@ -349,8 +349,11 @@ struct StageResult {
     rows: Vec<Row>,
     host: Vec<Row>,
     timeline: timeline::Timeline,
-    /// Where in the step the peak is ("layer 31 backward, `mlp.down_proj` …").
-    peak_label: String,
+    /// Where in the step the peak is; written out ("layer 31 backward, `mlp.down_proj` …") for
+    /// the most loaded stage only ([`StageResult::labelled`]).
+    peak_at: Option<step::run::At>,
+    /// Where the simulated peak of the working-memory row is (its note names it).
+    work_at: Option<step::run::At>,
     /// Resident bytes + the stream's largest live bytes (what `max_memory_allocated` counts).
     allocated_peak: Bytes,
 }
@@ -363,20 +366,39 @@ const WORK: expr::Sym =
 /// activations, the loss's logits and their gradients, a recomputed layer's tensors, autocast
 /// copies, optimizer temporaries), and any activations or gradients beyond their rows (a
 /// checkpointed layer re-materialized, unsharded gradients before their reduction).
+///
+/// Its note, which names the op of that peak, is written by [`working_note`] once the most
+/// loaded stage is known: under pipeline parallelism the other stages' rows are dropped.
 fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
     let row = |id: &str| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
     let [acts, grads, transient] = fast.cats;
     let bytes = transient + acts.saturating_sub(row("activations")) + grads.saturating_sub(row("gradients"));
-    let at = fast.at.map(|a| step::label(&a)).unwrap_or_default();
     let r = Row::new(
         "step_working",
         "Working memory at the step's peak",
         Category::Transient,
         expr::Expr::var(WORK, bytes),
         "the step simulated op by op (transformers modeling code, torch autograd; see step/)",
-    )
-    .note(format!("alive at the peak ({at}) beside the saved activations and the gradients"));
+    );
     (r.bytes > 0).then_some(r)
+}
+
+/// The note of [`working_row`]: where its peak is (`at`, the simulated step's peak op).
+fn working_note(at: Option<step::run::At>) -> String {
+    let at = at.map(|a| step::label(&a)).unwrap_or_default();
+    format!("alive at the peak ({at}) beside the saved activations and the gradients")
+}
+
+impl StageResult {
+    /// The ledger of the most loaded stage, its labels written out: the working-memory row's
+    /// note and the peak's op (formatting them for every stage cost more than the stage's rows).
+    fn labelled(mut self) -> (StageResult, String) {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.id == "step_working") {
+            r.note = working_note(self.work_at).into();
+        }
+        let peak_label = self.peak_at.map(|a| step::label(&a)).unwrap_or_default();
+        (self, peak_label)
+    }
 }
 
 /// Estimates one stage's ledger and simulates its step.
@@ -426,7 +448,7 @@ fn stage_ledger(
     };
     let tl = timeline::derive(&fast.segments, &beside);
     rows.extend(working_row(&fast, &rows));
-    let peak_label = fast.segments.get(tl.peak).and_then(|c| c.at).map(|a| step::label(&a)).unwrap_or_default();
+    let peak_at = fast.segments.get(tl.peak).and_then(|c| c.at);
     let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
     rows.push(ctx);
     rows.extend(nccl);
@@ -435,7 +457,7 @@ fn stage_ledger(
         rows.push(overhead::reserve_guess_bytes(pct, peak_dynamic));
     }
     let allocated_peak = resident.total() + fast.peak;
-    StageResult { rows, host, timeline: tl, peak_label, allocated_peak }
+    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak }
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -506,16 +528,18 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             best = Some((stage, r));
         }
     }
-    let (stage, StageResult { rows: components, host, timeline, peak_label, allocated_peak }) = best.unwrap_or((
+    let (stage, best) = best.unwrap_or((
         Stage::Whole,
         StageResult {
             rows: Vec::new(),
             host: Vec::new(),
             timeline: timeline::Timeline { events: Vec::new(), peak: 0 },
-            peak_label: String::new(),
+            peak_at: None,
+            work_at: None,
             allocated_peak: 0,
         },
     ));
+    let (StageResult { rows: components, host, timeline, allocated_peak, .. }, peak_label) = best.labelled();
     // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
     let trainable = if cfg.finetune == Finetune::Full {
         counts.total

@@ -92,6 +92,20 @@ const ACTS: usize = 3;
 const TRANSIENT: usize = 4;
 const OVERHEAD: usize = 5;
 
+/// Percent: what a `frag_pct` override is a share of.
+const PERCENT: u128 = 100;
+
+/// The fragmentation override's bytes at one event: ⌈dynamic × frag_pct / 100⌉ of the bytes
+/// allocated and freed during the step. Without an override (the usual case) it is 0, and the
+/// `u128` division every event would pay is skipped.
+fn fragmentation_bytes(dynamic: Bytes, frag_pct: u64) -> Bytes {
+    if frag_pct == 0 {
+        0
+    } else {
+        (dynamic * frag_pct as u128).div_ceil(PERCENT)
+    }
+}
+
 /// The coarse timeline of a step from its segments (each the most memory alive in one piece of
 /// the stream, split into activations, gradients and transient bytes): one event per segment,
 /// with the resident bytes and the memory outside the allocator added.
@@ -122,7 +136,7 @@ pub fn derive(segments: &[Coarse], x: &Beside) -> Timeline {
             c[TRANSIENT] = x.resident[4] + pos(s.cats[2]) + gathered;
             // The fragmentation override grows with what is allocated and freed during the step.
             let dynamic: Bytes = c[GRADS] + c[ACTS] + c[TRANSIENT];
-            c[OVERHEAD] = x.outside_allocator + (dynamic * x.frag_pct as u128).div_ceil(100);
+            c[OVERHEAD] = x.outside_allocator + fragmentation_bytes(dynamic, x.frag_pct);
             Event { kind, layer, by_category: c, bytes: c.iter().sum() }
         })
         .collect();

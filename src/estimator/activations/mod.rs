@@ -93,7 +93,7 @@ pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::f
     use super::step::ledger::kept;
     let (cfg, recipe, stage) = (setup.cfg, &setup.recipe, setup.stage);
     let spec = &cfg.arch;
-    let b = setup.builder();
+    let b = setup.sizer();
     let has_moe = spec.moe_layers() > 0;
     // Terms by part: per layer group, the model's first end, and its last end.
     let mut t = Terms::default();
@@ -127,7 +127,8 @@ pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::f
     }
     let shared_saved = pieces.kept_slots();
     for (vi, &(kind, var)) in variants.iter().enumerate() {
-        let prog = &pieces.variant(kind, var).expect("every variant of the stage has its program").prog;
+        let layer = pieces.variant(kind, var).expect("every variant of the stage has its program");
+        let prog = &layer.prog;
         let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
         rope_done |= !var.nope;
         nope_done |= var.nope;
@@ -138,7 +139,7 @@ pub fn activations_of(setup: &super::step::model::Setup, pieces: &super::step::f
             continue;
         }
         kinds_done.push(kind);
-        for k in kept(prog) {
+        for &k in &layer.saved {
             if k.elsewhere {
                 continue;
             }
@@ -225,7 +226,6 @@ fn split_by_attention(
 ) {
     use super::step::families::{Kind, Var};
     use super::step::ir::Group;
-    use super::step::ledger::kept;
     type Term = (Part, Group, u128, Expr);
     let group_of = |g: Group, kind: Kind| match (g, has_moe, kind) {
         (Group::All, _, _) | (_, false, _) => Group::All,
@@ -235,8 +235,8 @@ fn split_by_attention(
     let terms_of = |kind: Kind, var: Var| -> Vec<Term> {
         let Some(l) = pieces.variant(kind, var) else { return Vec::new() };
         let prog = &l.prog;
-        kept(prog)
-            .into_iter()
+        l.saved
+            .iter()
             .filter(|k| !k.elsewhere && !matches!(k.group, Group::Rope | Group::Nope))
             .map(|k| {
                 let x = &prog.tensors[k.t as usize];
@@ -350,11 +350,14 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let (n_rope, n_nope) = (t.n_rope, t.n_nope);
     let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
     let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
-    // Moves one part's terms out of a list (no clones: estimate() runs per keystroke and per
-    // sweep point).
+    // Moves one part's terms out of a list (no clones, and no vector of them either: the sum
+    // takes them as they are extracted, which on the numeric path folds them without allocating;
+    // estimate() runs per keystroke and per sweep point).
     let sum_of = |v: &mut Vec<(Part, Expr)>, p: Part| -> Option<Expr> {
-        let terms: Vec<Expr> = v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e).collect();
-        (!terms.is_empty()).then(|| Expr::sum_merged(terms))
+        if !v.iter().any(|(q, _)| *q == p) {
+            return None;
+        }
+        Some(Expr::sum_merged(v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e)))
     };
     let in_flight = |e: Expr| -> Expr {
         if num == 1 && den == 1 {

@@ -251,6 +251,10 @@ pub struct LayerProg {
     pub sh: Shared,
     /// Storages the program keeps for backward.
     kept: Vec<bool>,
+    /// What the program keeps at the end of its forward pass, as the activation ledger counts
+    /// it ([`super::ledger::kept`]): listed once per program, which every stage of the
+    /// estimate shares.
+    pub saved: Vec<super::ledger::Kept>,
 }
 
 impl LayerProg {
@@ -330,7 +334,8 @@ pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pi
                 let (prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
                 let y = prog.outputs[0];
                 let kept = kept_storages(&prog);
-                let l = std::rc::Rc::new(LayerProg { kind: k.kind, var: k.var, prog, x, y, sh, kept });
+                let saved = super::ledger::kept(&prog);
+                let l = std::rc::Rc::new(LayerProg { kind: k.kind, var: k.var, prog, x, y, sh, kept, saved });
                 built.push(l.clone());
                 l
             }
@@ -400,10 +405,14 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             Full { key: k, in_kept, out_kept }
         })
         .collect();
-    // One profile per distinct piece: (piece, profile, optimizer parameters).
+    // One profile per distinct piece: (piece, profile, optimizer parameters); `which[i]`: layer
+    // i's piece (looked up once here, then read four times per layer).
     let mut pieces: Vec<(Full, Profile, Vec<u128>)> = Vec::new();
+    let mut which: Vec<usize> = Vec::with_capacity(fulls.len());
     for f in &fulls {
-        if !pieces.iter().any(|p| p.0 == *f) {
+        if let Some(j) = pieces.iter().position(|p| p.0 == *f) {
+            which.push(j);
+        } else {
             let l = pcs.layer_rc(&f.key);
             let mut cats = vec![(l.x, act(f.in_kept)), (l.y, act(f.out_kept))];
             for (slot, (t, pt)) in l.sh.slots().into_iter().zip(psh.slots()).enumerate() {
@@ -421,10 +430,11 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
                     (prof, numels)
                 }
             };
+            which.push(pieces.len());
             pieces.push((*f, prof, numels));
         }
     }
-    let piece = |f: &Full| pieces.iter().find(|p| p.0 == *f).expect("every layer has its piece");
+    let piece = |i: usize| &pieces[which[i]];
     let has_head = epi.is_some();
     let epi_prof = epi.map(|(e, x)| {
         let last_kept = fulls.last().map_or(epi_keeps_x, |f| f.out_kept);
@@ -455,19 +465,19 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
     a.apply(Piece::Start, &zero);
     a.apply(Piece::Embedding, &pro_prof.fwd);
-    for (i, f) in fulls.iter().enumerate() {
-        a.apply(Piece::ForwardLayer(i as u32), &piece(f).1.fwd);
+    for i in 0..fulls.len() {
+        a.apply(Piece::ForwardLayer(i as u32), &piece(i).1.fwd);
     }
     // A later stage sends its output on and frees it; the gradient comes back.
     let y_bytes = crate::estimator::expr::numbers_only(|| {
-        let b = setup.builder();
+        let b = setup.sizer();
         b.bytes_of(&Shape::tok(Q::H), Dt::Resid)
     }) as i128;
     // The forward pass ends: every piece's autocast casts nobody saved go.
     let clear = |a: &mut Acc| {
         a.shift(&pro_prof.cache);
-        for f in &fulls {
-            a.shift(&piece(f).1.cache);
+        for i in 0..fulls.len() {
+            a.shift(&piece(i).1.cache);
         }
         if let Some(e) = epi_prof {
             a.shift(&e.cache);
@@ -490,13 +500,13 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             a.apply(Piece::LossBackward, &recv);
         }
     }
-    for (i, f) in fulls.iter().enumerate().rev() {
-        a.apply(Piece::BackwardLayer(i as u32), &piece(f).1.bwd);
+    for i in (0..fulls.len()).rev() {
+        a.apply(Piece::BackwardLayer(i as u32), &piece(i).1.bwd);
     }
     a.apply(Piece::EmbeddingBackward, &pro_prof.bwd);
     // The graph goes: saved tensors of nodes that never ran, then what the loss held.
-    for f in &fulls {
-        a.shift(&piece(f).1.fin);
+    for i in 0..fulls.len() {
+        a.shift(&piece(i).1.fin);
     }
     a.shift(&pro_prof.fin);
     if let Some(e) = epi_prof {
@@ -506,8 +516,8 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     // The optimizer's temporaries over the parameters in registration order.
     let weight = setup.params().weight;
     let mut numels = optimizer_params(pro, weight);
-    for f in &fulls {
-        numels.extend(piece(f).2.iter().copied());
+    for i in 0..fulls.len() {
+        numels.extend(piece(i).2.iter().copied());
     }
     if let Some(e) = epi {
         let tied_head = spec.tied;
@@ -535,7 +545,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
 
 fn ends_bytes(setup: &Setup, ends: &[(Shape, Dt)]) -> i128 {
     crate::estimator::expr::numbers_only(|| {
-        let b = setup.builder();
+        let b = setup.sizer();
         ends.iter().map(|(s, d)| b.bytes_of(s, *d) as i128).sum()
     })
 }

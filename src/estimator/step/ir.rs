@@ -380,6 +380,20 @@ impl Default for Program {
 }
 
 impl Program {
+    /// A program with no room reserved: for a [`Builder`] that only sizes tensors
+    /// ([`Builder::bytes_of`], [`Builder::expr_of`]) and never emits an op.
+    pub fn empty() -> Program {
+        Program {
+            tensors: Vec::new(),
+            ops: Vec::new(),
+            args: Vec::new(),
+            saves: Vec::new(),
+            script: Vec::new(),
+            regions: Vec::new(),
+            outputs: Vec::new(),
+            loss_from: u32::MAX,
+        }
+    }
     pub fn ins(&self, op: &Op) -> &[Tid] {
         &self.args[op.ins.0 as usize..op.ins.0 as usize + op.ins.1 as usize]
     }
@@ -448,9 +462,14 @@ pub struct Lora {
 
 impl<'a> Builder<'a> {
     pub fn new(c: &'a Ctx<'a>, compute: DType, resid: DType, lin: DType, xv: [u64; X::COUNT]) -> Builder<'a> {
+        Builder::with_program(c, compute, resid, lin, xv, Program::default())
+    }
+
+    /// A builder that adds to `p` ([`Program::empty`] for one that only sizes tensors).
+    pub fn with_program(c: &'a Ctx<'a>, compute: DType, resid: DType, lin: DType, xv: [u64; X::COUNT], p: Program) -> Builder<'a> {
         Builder {
             c,
-            p: Program::default(),
+            p,
             compute,
             resid,
             lin,
@@ -518,10 +537,24 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Bytes of a tensor of `shape` in `dt`.
+    /// Bytes of a tensor of `shape` in `dt`: element size × every dim, divided (rounding up) by
+    /// its split.
+    ///
+    /// Every program op sizes its outputs here, so the product is first taken in `u64` (a
+    /// machine multiply and divide); only a product past `u64` is redone in saturating `u128`
+    /// arithmetic, which gives the same value wherever both fit.
     pub fn bytes_of(&self, shape: &Shape, dt: Dt) -> u128 {
-        let n: u128 = shape.dims().iter().fold(self.dtype(dt).bytes() as u128, |a, &d| a.saturating_mul(self.dim_value(d)));
-        n.div_ceil(self.split_value(shape.split))
+        let elem = self.dtype(dt).bytes();
+        let split = self.split_value(shape.split);
+        let narrow = shape.dims().iter().try_fold(elem, |a, &d| u64::try_from(self.dim_value(d)).ok().and_then(|v| a.checked_mul(v)));
+        match narrow {
+            Some(n) if split == 1 => n as u128,
+            Some(n) => n.div_ceil(split as u64) as u128,
+            None => {
+                let n: u128 = shape.dims().iter().fold(elem as u128, |a, &d| a.saturating_mul(self.dim_value(d)));
+                n.div_ceil(split)
+            }
+        }
     }
 
     /// The formula of a tensor's bytes: `p × b × s × h`, split where it is.

@@ -24,10 +24,24 @@ pub struct Setup<'a> {
     pub groups: Vec<LocalGroup>,
     /// The kind of each decoder layer on this stage, in order.
     pub kinds: Vec<Kind>,
+    /// The variant (sliding window, NoPE) of each decoder layer on this stage, in order: looked
+    /// up once here, since the pieces and the activation ledger ask for each layer's several
+    /// times per estimate.
+    vars: Vec<families::Var>,
     pub compute: DType,
     pub resid: DType,
     pub lin: DType,
     pub accumulate: Accumulate,
+}
+
+/// The model index of the first of a stage's `stage_layers` decoder layers, in a model of
+/// `layers`.
+fn first_layer_of(stage: Stage, layers: u64, stage_layers: usize) -> usize {
+    match stage {
+        Stage::Whole | Stage::First => 0,
+        Stage::Middle => stage_layers,
+        Stage::Last => (layers as usize).saturating_sub(stage_layers),
+    }
 }
 
 impl<'a> Setup<'a> {
@@ -69,7 +83,7 @@ impl<'a> Setup<'a> {
         xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
-        let kinds = if spec.moe_rule != crate::estimator::model::LayerRule::All {
+        let kinds: Vec<Kind> = if spec.moe_rule != crate::estimator::model::LayerRule::All {
             // Interleaved MoE layers (Llama 4's `interleave_moe_layer_step`): by their index.
             let first = match stage {
                 Stage::Whole | Stage::First => 0,
@@ -81,6 +95,8 @@ impl<'a> Setup<'a> {
             (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
         };
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
+        let first = first_layer_of(stage, spec.layers, kinds.len());
+        let vars = (0..kinds.len()).map(|i| families::var(spec, first + i)).collect();
         Setup {
             cfg,
             recipe: *recipe,
@@ -89,6 +105,7 @@ impl<'a> Setup<'a> {
             xv,
             groups: local_groups(cfg, stage),
             kinds,
+            vars,
             compute: DType::of(recipe.compute),
             resid,
             lin: if recipe.fp8_weight_cache { DType::Fp8 } else { DType::of(recipe.compute) },
@@ -96,8 +113,20 @@ impl<'a> Setup<'a> {
         }
     }
 
+    /// A builder for one of this stage's programs.
     pub fn builder(&self) -> Builder<'_> {
-        let mut b = Builder::new(&self.ctx, self.compute, self.resid, self.lin, self.xv);
+        self.builder_of(Program::default())
+    }
+
+    /// A builder that only sizes tensors (`bytes_of`, `expr_of`) with this stage's symbols and
+    /// switches: it reserves no room for a program (sizing on the numeric path runs several
+    /// times per estimate).
+    pub fn sizer(&self) -> Builder<'_> {
+        self.builder_of(Program::empty())
+    }
+
+    fn builder_of(&self, p: Program) -> Builder<'_> {
+        let mut b = Builder::with_program(&self.ctx, self.compute, self.resid, self.lin, self.xv, p);
         b.autocast = self.recipe.autocast_weight_copy;
         b.dropout = self.cfg.dropout > 0.0;
         b.selective = self.cfg.recompute == Recompute::Selective;
@@ -126,16 +155,12 @@ impl<'a> Setup<'a> {
 
     /// This stage's layer `i`'s variant (sliding window, NoPE) by its index in the model.
     pub fn var(&self, i: usize) -> families::Var {
-        families::var(&self.cfg.arch, self.first_layer() + i)
+        self.vars[i]
     }
 
     /// The model index of this stage's first layer.
     pub fn first_layer(&self) -> usize {
-        match self.stage {
-            Stage::Whole | Stage::First => 0,
-            Stage::Middle => self.kinds.len(),
-            Stage::Last => (self.cfg.arch.layers as usize).saturating_sub(self.kinds.len()),
-        }
+        first_layer_of(self.stage, self.cfg.arch.layers, self.kinds.len())
     }
 
     fn ckpt(&self) -> bool {
