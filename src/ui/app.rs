@@ -163,7 +163,7 @@ fn waits(p: Panel) -> bool {
 /// order (the answer first; what is below the first screen after).
 fn turn(p: Panel) -> u8 {
     match p {
-        Panel::Verdict => 0,
+        Panel::Verdict => FIRST,
         Panel::Ledger => 1,
         _ => 2,
     }
@@ -213,6 +213,17 @@ fn Later(panel: Panel) -> impl IntoView {
 /// What comes after every panel (the footer): while panels are still coming, a
 /// footer would sit in the first screen and be its largest paint.
 const LAST: u8 = 3;
+
+/// Anything shown after the first paint in the first turn, in a task of its own (the dialogs
+/// the toolbar and the browser's print open: ready once the verdict is, out of the form's task).
+#[component]
+fn Soon(children: ChildrenFn) -> impl IntoView {
+    let ready = queued(FIRST);
+    move || ready.get().then(|| children())
+}
+
+/// The first turn (the verdict's).
+const FIRST: u8 = 0;
 
 /// Anything shown after the first paint, last.
 #[component]
@@ -275,9 +286,12 @@ fn FullPage() -> impl IntoView {
                 <p data-testid="version">{crate::version::LABEL}</p>
             </footer>
         </AtTheEnd>
-        // Ready from the start: the toolbar opens the one, the browser's print fills the other.
-        <embed::EmbedDialog/>
-        <course::PrintSheet/>
+        // In the first turn, a task after the form's: the toolbar opens the one, the browser's
+        // print fills the other.
+        <Soon>
+            <embed::EmbedDialog/>
+            <course::PrintSheet/>
+        </Soon>
     }
 }
 

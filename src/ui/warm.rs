@@ -18,22 +18,37 @@ use crate::config::decode_query;
 use crate::estimator::cost::Assumptions;
 use crate::estimator::plan::{cheapest_fixes, DEFAULT_FIXES};
 use crate::estimator::{activations, sweep};
+use crate::plots::bar::{bar_data, bar_height, draw_bar};
 use crate::plots::chart::ChartData;
+use crate::plots::scene::draw_scene;
+use crate::plots::theme::LIGHT;
+use crate::ui::state::gpu_of;
 use std::hint::black_box;
 
 /// The worker-global property that holds the page's query string.
 const QUERY_PROPERTY: &str = "trainmemWarmQuery";
 
+/// The width the bar and the chart are drawn at here (CSS pixels; any width runs the same code).
+const DRAW_WIDTH: u32 = 640;
+
 /// Runs what the first screen computes for the page's configuration, in the order the page
-/// shows it: the decided estimate (verdict, ledger, bar), the one-click answers and fixes, the
-/// textbook's notes and the sequence chart's sweep.
+/// shows it: the decided estimate (verdict, ledger) and its bar, drawn into a scene as the page
+/// draws it; the one-click answers and fixes; the textbook's notes; the sequence chart's sweep,
+/// drawn likewise.
 pub fn run() {
     let query = js_sys::Reflect::get(&js_sys::global(), &QUERY_PROPERTY.into()).ok().and_then(|q| q.as_string()).unwrap_or_default();
     let cfg = decode_query(query.trim_start_matches('?')).config;
-    let _ = black_box(sweep::decided(&cfg));
+    let decided = sweep::decided(&cfg);
+    if let Ok(e) = &decided {
+        let bar = bar_data(e, cfg.unit, &gpu_of(&cfg).label());
+        let _ = black_box(draw_scene((DRAW_WIDTH, bar_height(&bar, DRAW_WIDTH, &LIGHT)), |root| draw_bar(root, &bar, &LIGHT).is_ok()));
+    }
     let _ = black_box(sweep::answers(&cfg));
     let _ = black_box(cheapest_fixes(&cfg, &Assumptions::default(), DEFAULT_FIXES));
     let _ = black_box(activations::textbook_differences(&cfg));
     let key = sweep::key(sweep::Axis::Seq, &cfg);
-    let _ = black_box(sweep::run(sweep::Axis::Seq, &key).map(|s| ChartData::from_sweep(s, &key)));
+    if let Ok(chart) = sweep::run(sweep::Axis::Seq, &key).map(|s| ChartData::from_sweep(s, &key).with_current(&cfg, decided.as_ref().ok()))
+    {
+        let _ = black_box(draw_scene((DRAW_WIDTH, chart.height(DRAW_WIDTH, &LIGHT)), |root| chart.draw(root, &LIGHT).is_ok()));
+    }
 }
