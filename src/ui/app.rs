@@ -140,7 +140,8 @@ fn verify() -> AnyView {
 fn waits(p: Panel) -> bool {
     matches!(
         p,
-        Panel::Cluster
+        Panel::Training
+            | Panel::Cluster
             | Panel::Overhead
             | Panel::Verdict
             | Panel::Ledger
@@ -159,15 +160,26 @@ fn waits(p: Panel) -> bool {
     )
 }
 
-/// The order waiting panels are shown in: the verdict, then the ledger, then the rest in page
-/// order (the answer first; what is below the first screen after).
+/// The order waiting panels are shown in: the rest of the form's first screen, then (after the
+/// estimate, computed in a task of its own: [`Estimated`]) the verdict, then the ledger, then
+/// the rest in page order (the answers first; what is below the first screen after).
 fn turn(p: Panel) -> u8 {
     match p {
+        Panel::Training => FORM,
         Panel::Verdict => FIRST,
-        Panel::Ledger => 1,
-        _ => 2,
+        Panel::Ledger => FIRST + 1,
+        _ => FIRST + 2,
     }
 }
+
+/// The turn of the form's fieldsets after the first.
+const FORM: u8 = 0;
+
+/// The estimate's turn: after the form, before the verdict.
+const ESTIMATE: u8 = 1;
+
+/// The verdict's turn.
+const FIRST: u8 = 2;
 
 thread_local! {
     /// Panels waiting to be shown, with their [`turn`] ([`Later`]).
@@ -212,7 +224,20 @@ fn Later(panel: Panel) -> impl IntoView {
 
 /// What comes after every panel (the footer): while panels are still coming, a
 /// footer would sit in the first screen and be its largest paint.
-const LAST: u8 = 3;
+const LAST: u8 = FIRST + 3;
+
+/// Computes the estimate in its turn, a task of its own: the verdict's task then only shows it
+/// (two shorter tasks at start-up instead of one long one). Shows nothing.
+#[component]
+fn Estimated() -> impl IntoView {
+    let store = use_store();
+    let ready = queued(ESTIMATE);
+    move || {
+        if ready.get() {
+            store.estimate.with_untracked(|_| ());
+        }
+    }
+}
 
 /// Anything shown after the first paint in the first turn, in a task of its own (the dialogs
 /// the toolbar and the browser's print open: ready once the verdict is, out of the form's task).
@@ -221,9 +246,6 @@ fn Soon(children: ChildrenFn) -> impl IntoView {
     let ready = queued(FIRST);
     move || ready.get().then(|| children())
 }
-
-/// The first turn (the verdict's).
-const FIRST: u8 = 0;
 
 /// Anything shown after the first paint, last.
 #[component]
@@ -273,6 +295,7 @@ fn FullPage() -> impl IntoView {
         <toolbar::Toolbar/>
         <notices::Notices/>
         <course::CourseBar/>
+        <Estimated/>
         <main class=if has_inputs { "layout" } else { "layout single" }>
             {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
