@@ -504,7 +504,16 @@ impl Collector {
     pub fn new() -> Collector {
         Collector { events: Vec::new(), live: 0, next: 0, meta: Vec::new() }
     }
+
+    /// A collector with room for `events` events (and as many allocations' origins).
+    pub fn with_capacity(events: usize) -> Collector {
+        Collector { events: Vec::with_capacity(events), live: 0, next: 0, meta: Vec::with_capacity(events) }
+    }
 }
+
+/// Events a tensor of a simulated program gives, at most, without recomputation: its allocation
+/// and its free (a collector sized for them regrows only under recomputation).
+const EVENTS_PER_TENSOR: usize = 2;
 
 impl Default for Collector {
     fn default() -> Self {
@@ -692,7 +701,7 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
 
 /// [`simulate_stage`] of a stage's program already built (`setup.whole()`).
 pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Program, resident: Resident, other_temp: Bytes) -> Stream {
-    let mut run = Run::new(prog, Collector::new(), setup.accumulate);
+    let mut run = Run::new(prog, Collector::with_capacity(EVENTS_PER_TENSOR * prog.tensors.len()), setup.accumulate);
     if resident_grads(cfg) {
         run.grads_resident();
     }
