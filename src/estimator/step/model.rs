@@ -83,19 +83,14 @@ impl<'a> Setup<'a> {
         xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
+        let first = first_layer_of(stage, spec.layers, layers as usize);
         let kinds: Vec<Kind> = if spec.moe_rule != crate::estimator::model::LayerRule::All {
             // Interleaved MoE layers (Llama 4's `interleave_moe_layer_step`): by their index.
-            let first = match stage {
-                Stage::Whole | Stage::First => 0,
-                Stage::Middle => layers,
-                Stage::Last => spec.layers.saturating_sub(layers),
-            };
-            (0..layers).map(|i| if spec.is_moe_layer(first + i) { Kind::Moe } else { Kind::Dense }).collect()
+            (0..layers).map(|i| if spec.is_moe_layer(first as u64 + i) { Kind::Moe } else { Kind::Dense }).collect()
         } else {
             (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
         };
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
-        let first = first_layer_of(stage, spec.layers, kinds.len());
         let vars = (0..kinds.len()).map(|i| families::var(spec, first + i)).collect();
         Setup {
             cfg,
