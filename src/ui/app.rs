@@ -133,10 +133,10 @@ fn verify() -> AnyView {
     view! { <verify::Verify/> }.into_any()
 }
 
-/// Whether a panel waits for the first paint: the form, the verdict and the ledger come up (and
-/// answer input) first; the rest follows, one panel per task ([`Later`]), so that no single
-/// task of the page's start-up blocks input for long (the wasm compiles each function the
-/// first time it runs).
+/// Whether a panel waits for the first paint: only the model's fieldset comes with the mount;
+/// the rest follows one panel per task in its [`turn`] ([`Later`]), so that no single task of
+/// the page's start-up blocks input for long (the wasm compiles each function the first time it
+/// runs).
 fn waits(p: Panel) -> bool {
     matches!(
         p,
@@ -166,20 +166,24 @@ fn waits(p: Panel) -> bool {
 fn turn(p: Panel) -> u8 {
     match p {
         Panel::Training => FORM,
-        Panel::Verdict => FIRST,
-        Panel::Ledger => FIRST + 1,
-        _ => FIRST + 2,
+        Panel::Verdict => VERDICT,
+        Panel::Ledger => LEDGER,
+        _ => REST,
     }
 }
 
-/// The turn of the form's fieldsets after the first.
+/// The turns, in order. The form's fieldsets after the first.
 const FORM: u8 = 0;
-
-/// The estimate's turn: after the form, before the verdict.
+/// The estimate ([`Estimated`]): after the form, before the verdict.
 const ESTIMATE: u8 = 1;
-
-/// The verdict's turn.
-const FIRST: u8 = 2;
+/// The verdict, then the dialogs the toolbar and the browser's print open.
+const VERDICT: u8 = 2;
+const LEDGER: u8 = 3;
+/// Every other panel, in page order.
+const REST: u8 = 4;
+/// What comes after every panel (the footer): while panels are still coming, a footer would sit
+/// in the first screen and be its largest paint.
+const LAST: u8 = 5;
 
 thread_local! {
     /// Panels waiting to be shown, with their [`turn`] ([`Later`]).
@@ -222,10 +226,6 @@ fn Later(panel: Panel) -> impl IntoView {
     move || ready.get().then(|| self::panel(panel))
 }
 
-/// What comes after every panel (the footer): while panels are still coming, a
-/// footer would sit in the first screen and be its largest paint.
-const LAST: u8 = FIRST + 3;
-
 /// Computes the estimate in its turn, a task of its own: the verdict's task then only shows it
 /// (two shorter tasks at start-up instead of one long one). Shows nothing.
 #[component]
@@ -239,18 +239,10 @@ fn Estimated() -> impl IntoView {
     }
 }
 
-/// Anything shown after the first paint in the first turn, in a task of its own (the dialogs
-/// the toolbar and the browser's print open: ready once the verdict is, out of the form's task).
+/// Anything else shown after the first paint, in `turn`.
 #[component]
-fn Soon(children: ChildrenFn) -> impl IntoView {
-    let ready = queued(FIRST);
-    move || ready.get().then(|| children())
-}
-
-/// Anything shown after the first paint, last.
-#[component]
-fn AtTheEnd(children: ChildrenFn) -> impl IntoView {
-    let ready = queued(LAST);
+fn InTurn(turn: u8, children: ChildrenFn) -> impl IntoView {
+    let ready = queued(turn);
     move || ready.get().then(|| children())
 }
 
@@ -300,7 +292,7 @@ fn FullPage() -> impl IntoView {
             {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
         </main>
-        <AtTheEnd>
+        <InTurn turn=LAST>
             <footer class="foot">
                 <p>
                     "trainmem estimates training memory per GPU from first principles: every figure shows its formula and source. "
@@ -308,13 +300,13 @@ fn FullPage() -> impl IntoView {
                 </p>
                 <p data-testid="version">{crate::version::LABEL}</p>
             </footer>
-        </AtTheEnd>
-        // In the first turn, a task after the form's: the toolbar opens the one, the browser's
-        // print fills the other.
-        <Soon>
+        </InTurn>
+        // In the verdict's turn, a task after the form's (ready once the verdict is): the
+        // toolbar opens the one, the browser's print fills the other.
+        <InTurn turn=VERDICT>
             <embed::EmbedDialog/>
             <course::PrintSheet/>
-        </Soon>
+        </InTurn>
     }
 }
 

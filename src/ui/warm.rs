@@ -37,7 +37,7 @@ const DRAW_WIDTH: u32 = 640;
 /// drawn likewise.
 pub fn run() {
     let query = js_sys::Reflect::get(&js_sys::global(), &QUERY_PROPERTY.into()).ok().and_then(|q| q.as_string()).unwrap_or_default();
-    let cfg = decode_query(query.trim_start_matches('?')).config;
+    let cfg = decode_query(&query).config;
     let decided = sweep::decided(&cfg);
     if let Ok(e) = &decided {
         let bar = bar_data(e, cfg.unit, &gpu_of(&cfg).label());
