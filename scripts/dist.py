@@ -212,7 +212,8 @@ def after_first_paint(html, worker):
     the compiled module; without workers it fetches the wasm itself, as Trunk's loader does.
     The worker gets the glue's URL and the page's query too: before it hands the module back,
     it runs the first screen's analysis once, so that code is compiled off the main thread
-    (src/ui/warm.rs); then it closes itself.
+    (src/ui/warm.rs). Warmed, it stays as the page's analysis worker (`trainmemAnalysis`, with
+    the page's first answers as `trainmemFound`: src/ui/analysis.rs); else it closes.
     """
     m = WASM_PRELOAD.search(html)
     if not m:
@@ -231,9 +232,14 @@ def after_first_paint(html, worker):
         "const compiled = await new Promise((ok, no) => {\n"
         f"  const w = new Worker('./{worker}');\n"
         "  w.onmessage = (e) => {\n"
-        "    w.terminate();\n"
-        "    if (!(e.data?.module instanceof WebAssembly.Module)) return no(new Error(e.data));\n"
-        "    if (e.data.warmed) performance.mark('trainmem:warmed');\n"
+        "    w.onmessage = null;\n"
+        "    w.onerror = null;\n"
+        "    if (!(e.data?.module instanceof WebAssembly.Module)) { w.terminate(); return no(new Error(e.data)); }\n"
+        "    if (e.data.warmed) {\n"
+        "      performance.mark('trainmem:warmed');\n"
+        "      window.trainmemAnalysis = w;\n"
+        "      window.trainmemFound = e.data.found;\n"
+        "    } else w.terminate();\n"
         "    ok(e.data.module);\n"
         "  };\n"
         "  w.onerror = (e) => { w.terminate(); no(e); };\n"

@@ -56,8 +56,9 @@ try {
   console.log(`navigation start → first verdict: median ${ms(median(loads.map((l) => l.verdict)))} (7 loads: ${loads.map((l) => l.verdict.toFixed(0)).join(', ')})`);
   console.log(`navigation start → first input reflected: median ${ms(median(loads.map((l) => l.reflected)))} (7 loads: ${loads.map((l) => l.reflected.toFixed(0)).join(', ')}; typed at a median ${ms(median(loads.map((l) => l.input)))})`);
 
-  // Input → every visible view updated: the verdict's and the ledger's figures (DOM), and the
-  // bar's and the open chart's canvases (their `trainmem:drawn:*` marks).
+  // Input → every visible view updated: the verdict's and the ledger's figures (DOM), the
+  // bar's and the open chart's canvases (their `trainmem:drawn:*` marks), and the answers
+  // (`trainmem:answers`: they come from the analysis worker where there is one).
   const { page } = await openPage(browser, server.base);
   await page.waitForFunction(() => document.querySelector('[data-testid=chart-seq]')?.dataset.layout);
   await page.waitForTimeout(300);
@@ -76,11 +77,14 @@ try {
       input.dispatchEvent(new Event('input', { bubbles: true }));
       // Everything the change triggers runs in this task and its microtasks; wait a frame.
       await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+      // The answers may come from the analysis worker, after that frame: wait for them too.
+      for (let waited = 0; drawnAfter('trainmem:answers', t0) === undefined && waited < 500; waited += 2) await new Promise((r) => setTimeout(r, 2));
       mo.disconnect();
       const bar = drawnAfter('trainmem:drawn:bar-canvas', t0);
       const chart = drawnAfter('trainmem:drawn:chart-seq', t0);
-      if (domAt === null || bar === undefined || chart === undefined) { out.push(NaN); continue; }
-      out.push(Math.max(domAt, bar, chart) - t0);
+      const answers = drawnAfter('trainmem:answers', t0);
+      if (domAt === null || bar === undefined || chart === undefined || answers === undefined) { out.push(NaN); continue; }
+      out.push(Math.max(domAt, bar, chart, answers) - t0);
     }
     return out;
   });

@@ -1,10 +1,11 @@
 //! trainmem: where GPU memory goes when you train a transformer.
 //!
-//! Dependencies point one way: `ui → {course, verify, config, estimator, plots, bench}`,
-//! `course → {config, estimator}`, `verify → {config, estimator}`, `plots → estimator`,
+//! Dependencies point one way: `ui → {answers, course, verify, config, estimator, plots, bench}`,
+//! `answers → {config, estimator}`, `course → {config, estimator}`, `verify → {config, estimator}`, `plots → estimator`,
 //! `config → estimator`, and `estimator →` nothing of ours. The estimator never touches a web
 //! API; the CLI (native) and the UI (wasm) are thin shells over it.
 
+pub mod answers;
 pub mod bench;
 pub mod config;
 pub mod course;

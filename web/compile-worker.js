@@ -11,6 +11,12 @@
 // them, and the page's tasks would take longer (Lighthouse's blocking time grew, measured).
 // Any failure here only skips the warm-up; `warmed` says whether it ran (the page marks
 // `trainmem:warmed`).
+//
+// Warmed, the worker stays as the page's analysis worker (src/ui/analysis.rs): it sends the
+// one-click answers for the page's query with the module (`found`), then answers each
+// `{ analyse: query }` with `{ found }`, the JSON the module's `analyse` export returns, or
+// null if it failed (a trap leaves the instance unusable; the page then computes them itself).
+// Not warmed, it closes.
 onmessage = async (e) => {
   const { url, integrity, glue, query } = e.data;
   let module;
@@ -26,17 +32,31 @@ onmessage = async (e) => {
     postMessage(String(err));
     return;
   }
-  let warmed = false;
+  let bindings = null;
+  let found = null;
   if (glue) {
     try {
       self.trainmemWarmQuery = query || '';
-      const bindings = await import(glue);
-      await bindings.default({ module_or_path: module });
-      warmed = true;
+      const glueModule = await import(glue);
+      await glueModule.default({ module_or_path: module });
+      bindings = glueModule;
+      found = bindings.analyse(query || '');
     } catch {
       // No module import in this worker, or the warm-up failed: the page compiles lazily.
     }
   }
-  postMessage({ module, warmed });
-  close();
+  postMessage({ module, warmed: bindings !== null, found });
+  if (bindings === null) {
+    close();
+    return;
+  }
+  onmessage = (m) => {
+    let answer = null;
+    try {
+      answer = bindings.analyse(String(m.data?.analyse ?? ''));
+    } catch {
+      // Reported as null: the page computes from then on.
+    }
+    postMessage({ found: answer });
+  };
 };

@@ -131,12 +131,23 @@ pub fn measure(name: &str, start: &str, end: &str) {
 /// Runs `f` as a `performance.measure` named `trainmem:time:<name>` (the page-speed script
 /// reads these to say where an update's time goes).
 pub fn timed<T>(name: &str, f: impl FnOnce() -> T) -> T {
-    let (start, end) = (format!("trainmem:time:{name}:start"), format!("trainmem:time:{name}:end"));
-    mark(&start);
+    time_from(name);
     let out = f();
+    time_to(name);
+    out
+}
+
+/// Starts the `trainmem:time:<name>` measure that [`time_to`] ends (work that spans tasks: a
+/// worker's round trip).
+pub fn time_from(name: &str) {
+    mark(&format!("trainmem:time:{name}:start"));
+}
+
+/// Ends the `trainmem:time:<name>` measure [`time_from`] started.
+pub fn time_to(name: &str) {
+    let (start, end) = (format!("trainmem:time:{name}:start"), format!("trainmem:time:{name}:end"));
     mark(&end);
     measure(&format!("trainmem:time:{name}"), &start, &end);
-    out
 }
 
 /// `performance.now()`, milliseconds.
@@ -248,4 +259,14 @@ pub fn on_color_scheme_change(f: impl Fn(bool) + 'static) {
     let cb = Closure::<dyn FnMut(web_sys::MediaQueryListEvent)>::new(move |e: web_sys::MediaQueryListEvent| f(e.matches()));
     let _ = q.add_event_listener_with_callback("change", cb.as_ref().unchecked_ref());
     cb.forget();
+}
+
+/// A property the page's loader left on the window (`None`: absent, undefined or null).
+pub fn window_property(name: &str) -> Option<wasm_bindgen::JsValue> {
+    js_sys::Reflect::get(&window(), &name.into()).ok().filter(|v| !v.is_undefined() && !v.is_null())
+}
+
+/// Removes a property from the window (what is taken once).
+pub fn delete_window_property(name: &str) {
+    let _ = js_sys::Reflect::delete_property(&window(), &name.into());
 }

@@ -6,13 +6,15 @@
 //! - [`panels`]: one file per panel; each reads the store and writes through its setters.
 //! - [`app`]: mounts the store and lays the panels out.
 //! - Shared by panels: `widgets` (the key input), `canvas` (hi-DPI chart canvases), `dom`
-//!   (browser calls), `bench_client` (the lazily loaded benchmark module's typed API).
+//!   (browser calls), `bench_client` (the lazily loaded benchmark module's typed API),
+//!   `analysis` (the answers, from the analysis worker where there is one).
 //! - [`warm`]: the first screen's analysis, run in the compile worker so that its code is
 //!   compiled there, off the page's main thread.
 //!
-//! Imports run one way: `app → panels → {state, widgets, canvas, bench_client} → dom`, and
+//! Imports run one way: `app → panels → {state, widgets, canvas, bench_client, analysis} → dom`, and
 //! everything here → `config`, `estimator`, `plots`, `bench` (its plain data).
 
+mod analysis;
 pub mod app;
 mod bench_client;
 mod canvas;

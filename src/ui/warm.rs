@@ -11,12 +11,9 @@
 //!
 //! web/compile-worker.js sets the page's query as `trainmemWarmQuery` on the worker's global
 //! and instantiates the module; its start function (`main` → [`super::mount`]) finds no
-//! `window` and comes here. Nothing here touches the DOM, and nothing it computes is kept: the
-//! worker posts the module to the page and closes.
+//! `window` and comes here. Nothing here touches the DOM, and nothing it computes is kept.
 
 use crate::config::decode_query;
-use crate::estimator::cost::Assumptions;
-use crate::estimator::plan::{cheapest_fixes, DEFAULT_FIXES};
 use crate::estimator::{activations, sweep};
 use crate::plots::bar::{bar_data, bar_height, draw_bar};
 use crate::plots::chart::ChartData;
@@ -33,8 +30,10 @@ const DRAW_WIDTH: u32 = 640;
 
 /// Runs what the first screen computes for the page's configuration, in the order the page
 /// shows it: the decided estimate (verdict, ledger) and its bar, drawn into a scene as the page
-/// draws it; the one-click answers and fixes; the textbook's notes; the sequence chart's sweep,
-/// drawn likewise.
+/// draws it; the textbook's notes; the sequence chart's sweep, drawn likewise. The one-click
+/// answers and fixes come next, from the worker itself: it calls the module's `analyse` export
+/// and hands their result to the page with the module, and it stays as the page's analysis
+/// worker ([`super::analysis`]).
 pub fn run() {
     let query = js_sys::Reflect::get(&js_sys::global(), &QUERY_PROPERTY.into()).ok().and_then(|q| q.as_string()).unwrap_or_default();
     let cfg = decode_query(&query).config;
@@ -43,8 +42,6 @@ pub fn run() {
         let bar = bar_data(e, cfg.unit, &gpu_of(&cfg).label());
         let _ = black_box(draw_scene((DRAW_WIDTH, bar_height(&bar, DRAW_WIDTH, &LIGHT)), |root| draw_bar(root, &bar, &LIGHT).is_ok()));
     }
-    let _ = black_box(sweep::answers(&cfg));
-    let _ = black_box(cheapest_fixes(&cfg, &Assumptions::default(), DEFAULT_FIXES));
     let _ = black_box(activations::textbook_differences(&cfg));
     let key = sweep::key(sweep::Axis::Seq, &cfg);
     if let Ok(chart) = sweep::run(sweep::Axis::Seq, &key).map(|s| ChartData::from_sweep(s, &key).with_current(&cfg, decided.as_ref().ok()))

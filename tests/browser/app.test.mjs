@@ -1,7 +1,7 @@
 // The web app in a real browser: share URLs, reload, garbage links, HF import, embed, CSP.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serve, launch, openPage, waitForApp, cliJson, jsonInteger, writeFile, SUBPATH } from './harness.mjs';
+import { serve, launch, openPage, waitForApp, settled, cliJson, jsonInteger, writeFile, SUBPATH } from './harness.mjs';
 
 let server;
 let browser;
@@ -211,11 +211,13 @@ test('each one-click answer is exact at its boundary and applies with a click', 
   await page.waitForFunction((g) => location.search.includes(`gpu=${g}`), gpu);
   assert.equal(await page.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');
   // Applying an answer changes the configuration (and the address) to it.
+  await settled(page);
   const smaller = Number(await page.getAttribute('[data-testid=answer-batch]', 'data-value'));
   assert.ok(smaller < batch, `a smaller card holds a smaller micro-batch (${smaller} < ${batch})`);
   if (smaller > 1) {
     await page.click('[data-testid=answer-batch]');
     await page.waitForFunction((b) => location.search.includes(`batch=${b}`), smaller);
+    await settled(page);
   }
   assert.equal(await page.inputValue('#in-batch'), String(smaller));
   assert.equal(await page.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');
@@ -270,6 +272,29 @@ test('the compile worker runs the first screen once for the page query, without 
   assert.match(await page.textContent('[data-testid=verdict]'), /Cluster \(8 GPUs\)/);
   assert.deepEqual(problems, []);
   await context.close();
+});
+
+test('the analysis worker answers every change as the page itself would, and the page answers alone without it', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?model=qwen2.5-0.5b&seq=2048');
+  assert.equal(await page.evaluate(() => window.trainmemAnalysis instanceof Worker), true, 'the compile worker stayed as the analysis worker');
+  const answers = () => page.textContent('[data-testid=answers]');
+  const first = await answers();
+  // Changes faster than the worker answers: only the last one counts.
+  for (const b of ['2', '3', '5', '4']) await page.fill('#in-batch', b);
+  await page.waitForFunction(() => new URLSearchParams(location.search).get('batch') === '4');
+  await settled(page);
+  const changed = await answers();
+  assert.notEqual(changed, first, 'the answers followed the change');
+  // The same configuration on a page without the worker (its script refused): computed there.
+  const { page: alone, context } = await openPage(browser, null);
+  await context.route('**/compile-worker-*.js', (r) => r.abort());
+  await alone.goto(server.base + '?model=qwen2.5-0.5b&seq=2048&batch=4');
+  await waitForApp(alone);
+  assert.equal(await alone.evaluate(() => window.trainmemAnalysis), undefined);
+  assert.equal(await alone.textContent('[data-testid=answers]'), changed);
+  assert.equal(await alone.getAttribute('[data-testid=answers]', 'aria-busy'), 'false');
+  await context.close();
+  assert.deepEqual(problems, []);
 });
 
 test('an embed never shows the static page header', async () => {

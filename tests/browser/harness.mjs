@@ -65,6 +65,13 @@ export async function openPage(browser, url, options = {}) {
 
 export async function waitForApp(page) {
   await page.waitForSelector('[data-testid=verdict], [data-testid=estimate-error]', { timeout: 30000 });
+  await settled(page);
+}
+
+/** Waits until the answers panel, where there is one, shows the current configuration's
+ * answers: they come from the analysis worker, a reply after each change (`aria-busy`). */
+export async function settled(page) {
+  await page.waitForFunction(() => !document.querySelector('[data-testid=answers][aria-busy=true]'), null, { timeout: 30000 });
 }
 
 /** The CLI's JSON for the same configuration (the native binary built by `cargo test`). */

@@ -7,19 +7,20 @@
 //! its cost (executed FLOPs and the cost model's estimated step time), each a button that
 //! applies it.
 //!
-//! Both are rebuilt whole on each change, as HTML text ([`crate::ui::html`]); the answers'
+//! Both come from [`crate::ui::analysis`]: from the analysis worker where there is one, so the
+//! panel lags a reply behind a change and says so (`aria-busy="true"`, its buttons inert until
+//! then). Both are rebuilt whole on each change, as HTML text ([`crate::ui::html`]); the answers'
 //! buttons carry the keys they set (`data-apply="batch=6"`), a fix's button its index
 //! (`data-fix="0"`: a change may set several keys, applied together), and one click handler
 //! applies them through the store's setters.
 
-use crate::config::{Config, Unit, KEYS};
-use crate::estimator::cost::Assumptions;
+use crate::answers::{key_of, Found, FoundFix};
+use crate::config::{encode_query, Config, Unit, KEYS};
 use crate::estimator::expr::group_digits;
-use crate::estimator::plan::{cheapest_fixes, Fix, PlanError, DEFAULT_FIXES};
-use crate::estimator::sweep::{answers, Answers as Found};
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
 use crate::plots::zero_label;
+use crate::ui::analysis::found_for;
 use crate::ui::dom;
 use crate::ui::html::{esc, stat};
 use crate::ui::state::{gpu_of, use_store};
@@ -158,29 +159,21 @@ fn answers_html(a: &Found, cfg: &Config) -> String {
         ),
         None => answer(&mut s, "gpus", &format!("No number of GPUs fits with {zero}"), None, false),
     }
-    match a.smallest_gpu {
-        Some(g) => answer(&mut s, "gpu", &format!("Smallest GPU that fits: {}", g.name), Some(("gpu", g.id.to_string())), g.id == cfg.gpu),
+    match &a.smallest_gpu {
+        Some((id, name)) => answer(&mut s, "gpu", &format!("Smallest GPU that fits: {name}"), Some(("gpu", id.clone())), *id == cfg.gpu),
         None => answer(&mut s, "gpu", "No GPU of the catalog fits", None, false),
     }
     s.push_str("</ul>");
     s
 }
 
-fn pct(v: f64) -> String {
-    if v.abs() < 0.05 {
-        "±0 %".into()
-    } else {
-        format!("{v:+.1} %")
-    }
-}
-
 /// The cheapest single changes that make the configuration fit, as buttons (nothing when it
 /// fits).
-fn fixes_html(fixes: &Result<Vec<Fix>, PlanError>, unit: Unit) -> String {
+fn fixes_html(fixes: &Result<Vec<FoundFix>, String>, unit: Unit) -> String {
     let fixes = match fixes {
         Ok(f) if f.is_empty() => return String::new(),
         Ok(f) => f,
-        Err(e) => return format!("<p class=\"hint\" data-testid=\"fixes-error\">No change ranked: {}</p>", esc(&e.to_string())),
+        Err(e) => return format!("<p class=\"hint\" data-testid=\"fixes-error\">No change ranked: {}</p>", esc(e)),
     };
     let mut s = String::from(
         "<h3 id=\"fixes-h\">Cheapest changes that make it fit</h3><p class=\"hint\">Each is one change; its cost is the change in executed FLOPs per step and in the cost model's estimated step time (an estimate).</p><ul data-testid=\"fixes\" aria-labelledby=\"fixes-h\">",
@@ -190,8 +183,8 @@ fn fixes_html(fixes: &Result<Vec<Fix>, PlanError>, unit: Unit) -> String {
             "{}: fits, +{} headroom, {} step FLOPs, {} est. step time{}",
             f.label,
             format_bytes(f.headroom.max(0) as u128, unit),
-            pct(f.flops_pct),
-            pct(f.step_time_pct),
+            f.flops,
+            f.step_time,
             if f.changes_training { " (changes what is trained)" } else { "" }
         );
         s.push_str(&format!(
@@ -203,18 +196,6 @@ fn fixes_html(fixes: &Result<Vec<Fix>, PlanError>, unit: Unit) -> String {
     }
     s.push_str("</ul>");
     s
-}
-
-/// The keys (and values) on which a fix's configuration differs from `from`, as the codec
-/// spells them: what applying the fix sets.
-fn fix_pairs(from: &Config, fix: &Config) -> Vec<(&'static str, String)> {
-    KEYS.iter()
-        .filter(|k| k.name != "unit")
-        .filter_map(|k| {
-            let v = (k.get)(fix);
-            (v != (k.get)(from)).then_some((k.name, v))
-        })
-        .collect()
 }
 
 #[component]
@@ -233,19 +214,38 @@ pub fn Verdict() -> impl IntoView {
 }
 
 /// The one-click answers, recomputed when the configuration changes (not its unit).
+/// Marked each time the answers panel shows the current configuration's answers (the
+/// page-speed script waits for it).
+const ANSWERS_MARK: &str = "trainmem:answers";
+
 #[component]
 pub fn Answers() -> impl IntoView {
     let store = use_store();
-    let key = Memo::new(move |_| store.config.with(|c| Config { unit: Unit::Gb, ..c.clone() }));
-    let found = Memo::new(move |_| dom::timed("answers", || key.with(answers)));
-    let fixes = Memo::new(move |_| dom::timed("fixes", || key.with(|k| cheapest_fixes(k, &Assumptions::default(), DEFAULT_FIXES))));
-    let html = move || store.config.with(|c| found.with(|a| answers_html(a, c)) + &fixes.with(|f| fixes_html(f, c.unit)));
+    let key = Memo::new(move |_| store.config.with(key_of));
+    let found = found_for(key);
+    // Until the analysis worker answers for this configuration, the answers shown are those of
+    // an earlier one (or none yet): said, and their buttons do nothing.
+    let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| key.with(|k| f.query != encode_query(k)))));
+    let html = move || {
+        let s = store
+            .config
+            .with(|c| found.with(|f| f.as_ref().map(|f| answers_html(f, c) + &fixes_html(&f.fixes, c.unit)).unwrap_or_default()));
+        if !busy.get() {
+            dom::mark(ANSWERS_MARK);
+        }
+        s
+    };
     let on_click = move |ev: leptos::ev::MouseEvent| {
+        if busy.get_untracked() {
+            return;
+        }
         let target = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok());
         let fix = target.as_ref().and_then(|e| e.closest("[data-fix]").ok().flatten()).and_then(|e| e.get_attribute("data-fix"));
         if let Some(i) = fix.and_then(|i| i.parse::<usize>().ok()) {
-            let pairs =
-                fixes.with_untracked(|f| f.as_ref().ok().and_then(|f| f.get(i)).map(|f| key.with_untracked(|k| fix_pairs(k, &f.config))));
+            let pairs = found.with_untracked(|f| {
+                let fix = f.as_ref().and_then(|f| f.fixes.as_ref().ok()).and_then(|f| f.get(i))?;
+                Some(fix.pairs.iter().filter_map(|(k, v)| Some((key_named(k)?, v.clone()))).collect::<Vec<_>>())
+            });
             if let Some(pairs) = pairs {
                 let _ = store.apply(&pairs);
             }
@@ -253,10 +253,17 @@ pub fn Answers() -> impl IntoView {
         }
         let apply = target.and_then(|e| e.get_attribute("data-apply"));
         if let Some((k, v)) = apply.as_deref().and_then(|a| a.split_once('=')) {
-            if let Some(key) = crate::config::KEYS.iter().find(|x| x.name == k).map(|x| x.name) {
+            if let Some(key) = key_named(k) {
                 let _ = store.apply(&[(key, v.to_string())]);
             }
         }
     };
-    view! { <section class="answers" data-testid="answers" data-panel="answers" aria-label="What fits" on:click=on_click inner_html=html></section> }
+    view! {
+        <section class="answers" data-testid="answers" data-panel="answers" aria-label="What fits" aria-busy=move || busy.get().to_string() on:click=on_click inner_html=html></section>
+    }
+}
+
+/// The codec's own name of a key (`None`: no such key).
+fn key_named(name: &str) -> Option<&'static str> {
+    KEYS.iter().find(|k| k.name == name).map(|k| k.name)
 }

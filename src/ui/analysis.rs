@@ -1,0 +1,136 @@
+//! The one-click answers and the cheapest fixes, computed beside the page in the analysis
+//! worker where there is one.
+//!
+//! Why: every change of the configuration recomputes them, and they are the page's costliest
+//! update: binary searches over the decided estimate, each step a replay of the caching
+//! allocator (~4–5 ms of the ~15 ms an input took on the main thread, by `scripts/perf.sh`).
+//! The compile worker (web/compile-worker.js) already holds an instance of the app's module,
+//! warmed on the page's configuration; it stays alive as the analysis worker and computes them
+//! on the second core while the page's main thread updates the verdict, the ledger and the
+//! charts. The page's loader leaves that worker as `trainmemAnalysis` on the window, with its
+//! first answers (`trainmemFound`, computed during the warm-up for the page's own query).
+//!
+//! What crosses is [`Found`] as JSON ([`crate::answers`]).
+//!
+//! Without a worker (it failed, or the page was started another way), or once the worker has
+//! failed, the page computes them itself, at once, as it always did: [`found_for`] hides which.
+//! Replies come in order and at most one request is in flight: when the configuration changed
+//! meanwhile, only its latest value is asked for next.
+
+use super::dom;
+use crate::answers::{analyse, Found};
+use crate::config::{encode_query, Config};
+use leptos::prelude::*;
+use std::cell::RefCell;
+use std::rc::Rc;
+use wasm_bindgen::closure::Closure;
+use wasm_bindgen::{JsCast, JsValue};
+
+/// The window property the page's loader leaves the analysis worker in.
+const WORKER_PROPERTY: &str = "trainmemAnalysis";
+/// The measure of a request's round trip, from its post to its reply's arrival.
+const ROUND_TRIP: &str = "answers:worker";
+/// The window property that holds the warm-up's answers (JSON), taken once.
+const FIRST_PROPERTY: &str = "trainmemFound";
+
+/// The answers and fixes for the configuration `key` holds (a [`key_of`]), kept current:
+/// from the analysis worker where there is one (the value lags a reply behind a change; its
+/// [`Found::query`] says which configuration it is for), else computed here at once.
+pub fn found_for(key: Memo<Config>) -> Signal<Option<Found>> {
+    let Some(worker) = analysis_worker() else {
+        return Signal::derive(local(key));
+    };
+    let found = RwSignal::new(take_first());
+    let client = Rc::new(Client { worker, posted: RefCell::new(None), wanted: RefCell::new(None), alive: RefCell::new(true) });
+    let on_reply = {
+        let client = client.clone();
+        Closure::<dyn Fn(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| client.reply(ev, found, key))
+    };
+    client.worker.set_onmessage(Some(on_reply.as_ref().unchecked_ref()));
+    // The worker's listener lives as long as the page.
+    on_reply.forget();
+    Effect::new(move |_| {
+        let query = key.with(encode_query);
+        if found.with_untracked(|f| f.as_ref().is_some_and(|f| f.query == query)) {
+            // The warm-up's answers were for this configuration.
+            return;
+        }
+        if !*client.alive.borrow() {
+            found.set(Some(dom::timed("answers", || key.with_untracked(analyse))));
+            return;
+        }
+        *client.wanted.borrow_mut() = Some(query);
+        if client.posted.borrow().is_none() {
+            client.post_wanted();
+        }
+    });
+    found.into()
+}
+
+/// The in-page path: computed at once for each change.
+fn local(key: Memo<Config>) -> impl Fn() -> Option<Found> + Send + Sync + 'static {
+    let found = Memo::new(move |_| dom::timed("answers", || key.with(analyse)));
+    move || Some(found.get())
+}
+
+/// The page's side of the analysis worker.
+struct Client {
+    worker: web_sys::Worker,
+    /// The query in flight, if any.
+    posted: RefCell<Option<String>>,
+    /// The latest query the page wants answers for.
+    wanted: RefCell<Option<String>>,
+    /// False once the worker failed: the page computes from then on.
+    alive: RefCell<bool>,
+}
+
+impl Client {
+    fn post_wanted(&self) {
+        let Some(query) = self.wanted.borrow_mut().take() else { return };
+        let message = js_sys::Object::new();
+        let _ = js_sys::Reflect::set(&message, &"analyse".into(), &JsValue::from_str(&query));
+        if self.worker.post_message(&message).is_ok() {
+            dom::time_from(ROUND_TRIP);
+            *self.posted.borrow_mut() = Some(query);
+        } else {
+            *self.alive.borrow_mut() = false;
+        }
+    }
+
+    /// A reply: shown (it is newer than what is shown), then the latest wanted query asked for.
+    fn reply(&self, ev: web_sys::MessageEvent, found: RwSignal<Option<Found>>, key: Memo<Config>) {
+        if self.posted.borrow_mut().take().is_some() {
+            dom::time_to(ROUND_TRIP);
+        }
+        let json = js_sys::Reflect::get(&ev.data(), &"found".into()).ok().and_then(|f| f.as_string());
+        match json.as_deref().map(serde_json::from_str::<Found>) {
+            Some(Ok(f)) => {
+                // Changed and changed back while this was computed: nothing more to ask.
+                if self.wanted.borrow().as_ref() == Some(&f.query) {
+                    self.wanted.borrow_mut().take();
+                }
+                found.set(Some(f));
+                self.post_wanted();
+            }
+            _ => {
+                // The worker failed (a trap leaves its instance unusable): compute here.
+                *self.alive.borrow_mut() = false;
+                self.worker.terminate();
+                self.wanted.borrow_mut().take();
+                found.set(Some(dom::timed("answers", || key.with_untracked(analyse))));
+            }
+        }
+    }
+}
+
+/// The analysis worker the page's loader left, if any.
+fn analysis_worker() -> Option<web_sys::Worker> {
+    dom::window_property(WORKER_PROPERTY)?.dyn_into::<web_sys::Worker>().ok()
+}
+
+/// The warm-up's answers (once: the property is cleared).
+fn take_first() -> Option<Found> {
+    let json = dom::window_property(FIRST_PROPERTY)?.as_string();
+    dom::delete_window_property(FIRST_PROPERTY);
+    serde_json::from_str(&json?).ok()
+}
