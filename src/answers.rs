@@ -33,9 +33,11 @@ pub struct Found {
     pub fewest_gpus: Option<u64>,
     /// The smallest GPU of the catalog that fits: its id and name.
     pub smallest_gpu: Option<(String, String)>,
-    /// The cheapest single changes that make it fit (empty when it fits), or why none was
-    /// ranked.
-    pub fixes: Result<Vec<FoundFix>, String>,
+    /// The cheapest single changes that make it fit (empty when it fits or none was ranked).
+    pub fixes: Vec<FoundFix>,
+    /// Why no change was ranked, if none could be. (Two fields, not a `Result`: serde's
+    /// `Result` visitor costs the app's wasm ~6 KB for this one type.)
+    pub fixes_error: Option<String>,
 }
 
 /// One of the cheapest fixes, as its button shows and applies it.
@@ -46,8 +48,8 @@ pub struct FoundFix {
     pub value: String,
     /// "selective recompute", "ZeRO-3", …
     pub label: String,
-    /// Bytes left free once it fits.
-    pub headroom: i128,
+    /// Bytes left free once it fits (a fix always fits, so never below zero).
+    pub headroom: u64,
     /// The change in executed FLOPs per step, as shown ("+0.9 %", "±0 %").
     pub flops: String,
     /// The change in the cost model's estimated step time, as shown.
@@ -61,9 +63,10 @@ pub struct FoundFix {
 /// Computes the answers and fixes for `key` (a [`key_of`]).
 pub fn analyse(key: &Config) -> Found {
     let a = answers(key);
-    let fixes = cheapest_fixes(key, &Assumptions::default(), DEFAULT_FIXES)
-        .map(|f| f.iter().map(|f| found_fix(key, f)).collect())
-        .map_err(|e| e.to_string());
+    let (fixes, fixes_error) = match cheapest_fixes(key, &Assumptions::default(), DEFAULT_FIXES) {
+        Ok(f) => (f.iter().map(|f| found_fix(key, f)).collect(), None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
     Found {
         query: encode_query(key),
         max_batch: a.max_batch,
@@ -71,6 +74,7 @@ pub fn analyse(key: &Config) -> Found {
         fewest_gpus: a.fewest_gpus,
         smallest_gpu: a.smallest_gpu.map(|g| (g.id.to_string(), g.name.to_string())),
         fixes,
+        fixes_error,
     }
 }
 
@@ -87,7 +91,7 @@ fn found_fix(from: &Config, f: &Fix) -> FoundFix {
         key: f.key.to_string(),
         value: f.value.clone(),
         label: f.label.clone(),
-        headroom: f.headroom,
+        headroom: u64::try_from(f.headroom.max(0)).unwrap_or(u64::MAX),
         flops: pct(f.flops_pct),
         step_time: pct(f.step_time_pct),
         changes_training: f.changes_training,
@@ -128,7 +132,7 @@ mod tests {
         // A configuration that does not fit, so that fixes are ranked too.
         let cfg = decode_query("seq=16384&zero=3&gpus=8").config;
         let found = analyse(&key_of(&cfg));
-        assert!(matches!(&found.fixes, Ok(f) if !f.is_empty()), "{:?}", found.fixes);
+        assert!(!found.fixes.is_empty() && found.fixes_error.is_none(), "{:?}", found.fixes_error);
         let json = serde_json::to_string(&found).unwrap();
         assert_eq!(serde_json::from_str::<Found>(&json).unwrap(), found);
         assert_eq!(analyse_query(&found.query), json, "the worker's entry gives the same for the key's query");

@@ -169,12 +169,13 @@ fn answers_html(a: &Found, cfg: &Config) -> String {
 
 /// The cheapest single changes that make the configuration fit, as buttons (nothing when it
 /// fits).
-fn fixes_html(fixes: &Result<Vec<FoundFix>, String>, unit: Unit) -> String {
-    let fixes = match fixes {
-        Ok(f) if f.is_empty() => return String::new(),
-        Ok(f) => f,
-        Err(e) => return format!("<p class=\"hint\" data-testid=\"fixes-error\">No change ranked: {}</p>", esc(e)),
-    };
+fn fixes_html(fixes: &[FoundFix], error: Option<&str>, unit: Unit) -> String {
+    if let Some(e) = error {
+        return format!("<p class=\"hint\" data-testid=\"fixes-error\">No change ranked: {}</p>", esc(e));
+    }
+    if fixes.is_empty() {
+        return String::new();
+    }
     let mut s = String::from(
         "<h3 id=\"fixes-h\">Cheapest changes that make it fit</h3><p class=\"hint\">Each is one change; its cost is the change in executed FLOPs per step and in the cost model's estimated step time (an estimate).</p><ul data-testid=\"fixes\" aria-labelledby=\"fixes-h\">",
     );
@@ -182,7 +183,7 @@ fn fixes_html(fixes: &Result<Vec<FoundFix>, String>, unit: Unit) -> String {
         let text = format!(
             "{}: fits, +{} headroom, {} step FLOPs, {} est. step time{}",
             f.label,
-            format_bytes(f.headroom.max(0) as u128, unit),
+            format_bytes(u128::from(f.headroom), unit),
             f.flops,
             f.step_time,
             if f.changes_training { " (changes what is trained)" } else { "" }
@@ -227,9 +228,11 @@ pub fn Answers() -> impl IntoView {
     // an earlier one (or none yet): said, and their buttons do nothing.
     let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| key.with(|k| f.query != encode_query(k)))));
     let html = move || {
-        let s = store
-            .config
-            .with(|c| found.with(|f| f.as_ref().map(|f| answers_html(f, c) + &fixes_html(&f.fixes, c.unit)).unwrap_or_default()));
+        let s = store.config.with(|c| {
+            found.with(|f| {
+                f.as_ref().map(|f| answers_html(f, c) + &fixes_html(&f.fixes, f.fixes_error.as_deref(), c.unit)).unwrap_or_default()
+            })
+        });
         if !busy.get() {
             dom::mark(ANSWERS_MARK);
         }
@@ -243,7 +246,7 @@ pub fn Answers() -> impl IntoView {
         let fix = target.as_ref().and_then(|e| e.closest("[data-fix]").ok().flatten()).and_then(|e| e.get_attribute("data-fix"));
         if let Some(i) = fix.and_then(|i| i.parse::<usize>().ok()) {
             let pairs = found.with_untracked(|f| {
-                let fix = f.as_ref().and_then(|f| f.fixes.as_ref().ok()).and_then(|f| f.get(i))?;
+                let fix = f.as_ref().and_then(|f| f.fixes.get(i))?;
                 Some(fix.pairs.iter().filter_map(|(k, v)| Some((key_named(k)?, v.clone()))).collect::<Vec<_>>())
             });
             if let Some(pairs) = pairs {
