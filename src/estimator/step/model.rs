@@ -169,10 +169,15 @@ impl<'a> Setup<'a> {
         let spec = &self.cfg.arch;
         let (x0, sh) = self.begin(&mut b, &p);
         let mut x = x0;
+        let before_layers = b.p.lengths();
         for (i, &kind) in self.kinds.iter().enumerate() {
             b.layer = i as u16;
             let view = sh.view(self.var(i));
             x = self.one_layer(&mut b, &p, x, &view, kind);
+            if i == 0 {
+                // The other layers (and about one more for the epilogue), sized by the first.
+                b.p.reserve_repeats(before_layers, self.kinds.len());
+            }
         }
         b.layer = MODEL;
         self.end(&mut b, &p, x, x0, &sh, spec);
