@@ -631,6 +631,7 @@ impl Default for FreeSet {
 
 impl FreeSet {
     /// Size class: the leading bit's position and the next two bits — monotone in size.
+    #[inline(always)]
     fn class_of(size: u64) -> usize {
         let size = size.max(1);
         let lead = size.ilog2();
@@ -643,6 +644,7 @@ impl FreeSet {
         self.classes.iter().map(Vec::len).sum()
     }
 
+    #[inline(always)]
     fn insert(&mut self, k: FreeKey) {
         let c = Self::class_of(k.0);
         let v = &mut self.classes[c];
@@ -654,6 +656,7 @@ impl FreeSet {
         }
     }
 
+    #[inline(always)]
     fn remove(&mut self, k: FreeKey) {
         let c = Self::class_of(k.0);
         let v = &mut self.classes[c];
@@ -705,7 +708,42 @@ impl FreeSet {
         self.classes[n].last().copied()
     }
 
+    /// Where the smallest key ≥ `k` is: its class and its index in the class's vector.
+    #[inline(always)]
+    fn lower_bound_at(&self, k: FreeKey) -> Option<(usize, usize)> {
+        let c = Self::class_of(k.0);
+        let v = &self.classes[c];
+        // Fast path: the class's smallest key already fits.
+        if v.last().is_some_and(|&last| last >= k) {
+            return Some((c, v.len() - 1));
+        }
+        match v.partition_point(|e| *e >= k) {
+            0 => {
+                let n = self.class_at_or_after(c + 1)?;
+                Some((n, self.classes[n].len() - 1))
+            }
+            pos => Some((c, pos - 1)),
+        }
+    }
+
+    /// The key at a place [`FreeSet::lower_bound_at`] gave.
+    #[inline(always)]
+    fn at(&self, (c, pos): (usize, usize)) -> FreeKey {
+        self.classes[c][pos]
+    }
+
+    /// Removes the key at a place [`FreeSet::lower_bound_at`] gave (no search).
+    #[inline(always)]
+    fn remove_at(&mut self, (c, pos): (usize, usize)) {
+        let v = &mut self.classes[c];
+        v.remove(pos);
+        if v.is_empty() {
+            self.nonempty[c / 64] &= !(1 << (c % 64));
+        }
+    }
+
     /// The smallest key ≥ `k` (`std::set::lower_bound`).
+    #[inline(always)]
     fn lower_bound(&self, k: FreeKey) -> Option<FreeKey> {
         let c = Self::class_of(k.0);
         let v = &self.classes[c];
@@ -871,6 +909,17 @@ impl CachingAllocator {
     /// Only the best-fitting block is considered; if the rules reject it, nothing is found.
     fn get_free_block(&mut self, pool: usize, size: u64) -> Option<u32> {
         let max_split = self.opts.max_split();
+        if !self.opts.expandable_segments {
+            // No expandable blocks: the best fit is the lower bound itself, removed where found.
+            let free = &mut self.pools[pool].free;
+            let place = free.lower_bound_at((size, 0, 0))?;
+            let (b_size, _, chosen) = free.at(place);
+            if !self.fits_oversize_rules(size, b_size, max_split) {
+                return None;
+            }
+            self.pools[pool].free.remove_at(place);
+            return Some(chosen);
+        }
         let free = &self.pools[pool].free;
         let mut cur = free.lower_bound((size, 0, 0))?;
         if self.blocks[cur.2 as usize].expandable {
@@ -884,14 +933,23 @@ impl CachingAllocator {
         }
         let chosen = cur.2;
         let b_size = self.blocks[chosen as usize].size;
-        if size < max_split && b_size >= max_split {
-            return None;
-        }
-        if size >= max_split && b_size >= size.saturating_add(self.opts.max_non_split_rounding) {
+        if !self.fits_oversize_rules(size, b_size, max_split) {
             return None;
         }
         self.remove_free(chosen);
         Some(chosen)
+    }
+
+    /// The oversize rules of `get_free_block`: a request below `max_split_size` never takes a
+    /// block of `max_split_size` or more; a larger request takes one only if the block is less
+    /// than `size + max_non_split_rounding`.
+    #[inline(always)]
+    fn fits_oversize_rules(&self, size: u64, b_size: u64, max_split: u64) -> bool {
+        if size < max_split {
+            b_size < max_split
+        } else {
+            b_size < size.saturating_add(self.opts.max_non_split_rounding)
+        }
     }
 
     /// `expandable_size` in `get_free_block`: a block's size plus the unmapped range after it.
@@ -997,6 +1055,7 @@ impl CachingAllocator {
 
     /// `try_merge_blocks`: absorb neighbour `src` into `dst` if it is free and in the same
     /// mapped state; returns the bytes absorbed. `dst` must not be in a cache set.
+    #[inline(always)]
     fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;
@@ -1293,12 +1352,14 @@ impl CachingAllocator {
         self.vacant.push(i);
     }
 
+    #[inline(always)]
     fn insert_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         let k = (b.size, b.addr, i);
         self.pools[b.pool as usize].free.insert(k);
     }
 
+    #[inline(always)]
     fn remove_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         let k = (b.size, b.addr, i);
@@ -1391,7 +1452,7 @@ pub fn replay_with(events: &[AllocEvent], opts: &AllocatorOptions, trace: bool) 
             }
             AllocEvent::EmptyCache => sim.empty_cache(),
         }
-        let s = sim.stats();
+        let s = &sim.stats;
         if s.max_reserved > peak_seen {
             peak_seen = s.max_reserved;
             peak_reserved_at = index;

@@ -72,14 +72,69 @@ pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
     Ok(replay_parts(cfg, &super::step_parts(cfg)?, &opts))
 }
 
-/// The allocator's view of two steps: the events, and for each the stream event it replays
-/// (`None` for resident allocations) or what it allocates.
+/// The allocator's view of two steps: the events, and where each comes from, by position:
+/// the resident tensors (parameters first), step 1 (the optimizer states created before its
+/// event `states_at`), what step 1 left allocated freed, step 2, and what it left freed.
+/// Positions stand in for a per-event table: the replay only ever asks where its peak was.
 struct Built {
     events: Vec<AllocEvent>,
-    stream_at: Vec<Option<usize>>,
-    labels: Vec<&'static str>,
+    /// Resident allocations, and how many of them are parameters.
+    resident: usize,
+    weights: usize,
+    /// Optimizer states, and the stream event of step 1 they are created before (the stream's
+    /// length: after it).
+    states: usize,
+    states_at: usize,
+    /// Events in the step's stream.
+    stream: usize,
+    /// Frees after each step of what it left allocated.
+    leftover: usize,
     /// Index of the first event of step 2 (the steady state).
     step2: usize,
+}
+
+/// Where an event of [`Built`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The stream's event of this index.
+    Stream(usize),
+    /// An allocation or free outside the stream, by what it is ("" for the frees of leftovers).
+    Other(&'static str),
+}
+
+impl Built {
+    /// Where event `i` comes from.
+    fn origin(&self, i: usize) -> Origin {
+        if i < self.weights {
+            return Origin::Other("parameters");
+        }
+        if i < self.resident {
+            return Origin::Other("buffers, batch and resident gradients");
+        }
+        let mut j = i - self.resident;
+        if j < self.states_at {
+            return Origin::Stream(j);
+        }
+        j -= self.states_at;
+        if j < self.states {
+            return Origin::Other("optimizer states");
+        }
+        j -= self.states;
+        let after_states = self.stream - self.states_at;
+        if j < after_states {
+            return Origin::Stream(self.states_at + j);
+        }
+        j -= after_states;
+        if j < self.leftover {
+            return Origin::Other("");
+        }
+        j -= self.leftover;
+        if j < self.stream {
+            Origin::Stream(j)
+        } else {
+            Origin::Other("")
+        }
+    }
 }
 
 /// Steps replayed: the first (which creates the optimizer states) and the steady state.
@@ -93,15 +148,9 @@ fn sized(b: Bytes) -> u64 {
 /// created at its first optimizer event), step 2.
 fn build(cfg: &Config, parts: &StepParts) -> Built {
     let StepParts { stream, params, trainable, resident: r } = parts;
-    let mut resident: Vec<(Bytes, &'static str)> = Vec::new();
     let mut weights = Vec::new();
     per_tensor_or_flat(r.weights, params, 1, &mut weights);
-    resident.extend(weights.into_iter().map(|b| (b, "parameters")));
-    for b in [r.buffers, r.batch, r.gradients, r.activations] {
-        if b > 0 {
-            resident.push((b, "buffers, batch and resident gradients"));
-        }
-    }
+    let others: Vec<Bytes> = [r.buffers, r.batch, r.gradients, r.activations].into_iter().filter(|&b| b > 0).collect();
     let k = states_per_parameter(cfg.optim);
     let numel: u128 = trainable.iter().sum();
     let mut states = Vec::new();
@@ -115,72 +164,54 @@ fn build(cfg: &Config, parts: &StepParts) -> Built {
     } else if r.optimizer > 0 {
         states.push(r.optimizer);
     }
+    let span = stream.events.iter().map(|e| e.id + 1).max().unwrap_or(0);
+    // Which of the stream's ids are still allocated at its end (the same in both steps).
+    let mut live = vec![false; span as usize];
+    for e in &stream.events {
+        live[e.id as usize] = e.kind == EventKind::Alloc;
+    }
+    let leftover: Vec<u32> = live.iter().enumerate().filter(|(_, &l)| l).map(|(i, _)| i as u32).collect();
+    let n = stream.events.len();
+    let states_at = stream.events.iter().position(|e| matches!(e.phase, Phase::Optimizer | Phase::ZeroGrad)).unwrap_or(n);
 
-    // Every resident tensor and optimizer state once, each step's stream twice over, and what a
-    // step might leave allocated: sized up front, the three lists never grow (regrowing them
-    // was ~4 % of the replay's instructions, callgrind).
-    let capacity = resident.len() + states.len() + STEPS_REPLAYED * stream.events.len() + stream.events.len();
-    let mut b = Built {
-        events: Vec::with_capacity(capacity),
-        stream_at: Vec::with_capacity(capacity),
-        labels: Vec::with_capacity(capacity),
-        step2: 0,
-    };
+    // Every resident tensor and optimizer state once, each step's stream and its leftovers'
+    // frees: sized up front, the list never grows.
+    let resident = weights.len() + others.len();
+    let capacity = resident + states.len() + STEPS_REPLAYED * (n + leftover.len());
+    let mut events = Vec::with_capacity(capacity);
     let mut next = 0u32;
-    for (bytes, what) in resident {
-        b.events.push(AllocEvent::Alloc { id: next, bytes: sized(bytes) });
-        b.labels.push(what);
-        b.stream_at.push(None);
+    for bytes in weights.iter().chain(&others) {
+        events.push(AllocEvent::Alloc { id: next, bytes: sized(*bytes) });
         next += 1;
     }
-    let span = stream.events.iter().map(|e| e.id + 1).max().unwrap_or(0);
-    let first_opt = stream.events.iter().position(|e| matches!(e.phase, Phase::Optimizer | Phase::ZeroGrad));
+    let mut step2 = 0;
     for step_no in 0..STEPS_REPLAYED {
         if step_no == 1 {
-            b.step2 = b.events.len();
+            step2 = events.len();
         }
         let base = next;
         next += span;
-        // Which of this step's ids are still allocated (indexed by the stream's id).
-        let mut live = vec![false; span as usize];
-        let create_states = |b: &mut Built, next: &mut u32| {
-            for &bytes in &states {
-                b.events.push(AllocEvent::Alloc { id: *next, bytes: sized(bytes) });
-                b.labels.push("optimizer states");
-                b.stream_at.push(None);
-                *next += 1;
-            }
+        let replay = |events: &mut Vec<AllocEvent>, range: &[step::Event]| {
+            events.extend(range.iter().map(|e| match e.kind {
+                EventKind::Alloc => AllocEvent::Alloc { id: base + e.id, bytes: sized(e.bytes) },
+                EventKind::Free => AllocEvent::Free { id: base + e.id },
+            }))
         };
-        for (i, e) in stream.events.iter().enumerate() {
-            if step_no == 0 && Some(i) == first_opt {
-                create_states(&mut b, &mut next);
+        if step_no == 0 {
+            replay(&mut events, &stream.events[..states_at]);
+            for &bytes in &states {
+                events.push(AllocEvent::Alloc { id: next, bytes: sized(bytes) });
+                next += 1;
             }
-            let id = base + e.id;
-            match e.kind {
-                EventKind::Alloc => {
-                    b.events.push(AllocEvent::Alloc { id, bytes: sized(e.bytes) });
-                    live[e.id as usize] = true;
-                }
-                EventKind::Free => {
-                    b.events.push(AllocEvent::Free { id });
-                    live[e.id as usize] = false;
-                }
-            }
-            b.labels.push("");
-            b.stream_at.push(Some(i));
-        }
-        if step_no == 0 && first_opt.is_none() {
-            create_states(&mut b, &mut next);
+            replay(&mut events, &stream.events[states_at..]);
+        } else {
+            replay(&mut events, &stream.events);
         }
         // Whatever a step leaves allocated is released before the next (the stream frees all
         // it allocates; this keeps the replay valid if it did not).
-        for id in live.iter().enumerate().filter(|(_, &l)| l).map(|(i, _)| base + i as u32) {
-            b.events.push(AllocEvent::Free { id });
-            b.labels.push("");
-            b.stream_at.push(None);
-        }
+        events.extend(leftover.iter().map(|&id| AllocEvent::Free { id: base + id }));
     }
-    b
+    Built { events, resident, weights: weights.len(), states: states.len(), states_at, stream: n, leftover: leftover.len(), step2 }
 }
 
 /// The replay of [`reserved`], from a step already simulated.
@@ -203,9 +234,9 @@ pub fn replay_parts(cfg: &Config, parts: &StepParts, opts: &AllocatorOptions) ->
 
 fn label_at(b: &Built, stream: &Stream, i: usize) -> String {
     let i = i.min(b.events.len().saturating_sub(1));
-    match b.stream_at.get(i).copied().flatten() {
-        Some(si) => stream.events.get(si).map(step::Event::label).unwrap_or_default(),
-        None => b.labels.get(i).map(|s| s.to_string()).unwrap_or_default(),
+    match b.origin(i) {
+        Origin::Stream(si) => stream.events.get(si).map(step::Event::label).unwrap_or_default(),
+        Origin::Other(what) => what.to_string(),
     }
 }
 
@@ -290,9 +321,9 @@ pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateErro
         Ok(rep) => {
             let mut by_event = vec![0 as Bytes; stream.events.len()];
             if let Some(after) = rep.reserved_after.as_ref() {
-                for (i, at) in b.stream_at.iter().enumerate().skip(b.step2) {
-                    if let (Some(si), Some(&res)) = (at, after.get(i)) {
-                        by_event[*si] = res as Bytes;
+                for (i, &res) in after.iter().enumerate().skip(b.step2) {
+                    if let Origin::Stream(si) = b.origin(i) {
+                        by_event[si] = res as Bytes;
                     }
                 }
             }
