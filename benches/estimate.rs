@@ -28,6 +28,10 @@ fn bench_estimate(c: &mut Criterion) {
     c.bench_function("reserved (stream + allocator replay) llama-3.1-8b default", |b| {
         b.iter(|| trainmem::estimator::reserve::reserved(black_box(&default)))
     });
+    // What the page's every input and each point of a chart sweep run: the estimate, then the
+    // caching allocator's replay of the step (`sweep::decided`).
+    c.bench_function("decided llama-3.1-8b default", |b| b.iter(|| trainmem::estimator::sweep::decided(black_box(&default))));
+    c.bench_function("decided llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::sweep::decided(black_box(&pp16))));
     c.bench_function("decode query", |b| b.iter(|| decode_query(black_box("model=llama-3.1-70b&seq=8192&zero=3&gpus=8&attn=eager"))));
 }
 
