@@ -790,6 +790,225 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// The builder's state an op takes from it (module, ledger part, layer group, whether
+/// activations want gradients): a decoder layer built from one state is copied only where the
+/// builder stands in the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuilderState {
+    pub module: &'static str,
+    pub part: Part,
+    pub group: Group,
+    pub grad: bool,
+}
+
+/// What building one decoder layer changed on a tensor made before it (its input, a shared
+/// tensor): the fields as the layer left them, where they changed.
+#[derive(Clone, Copy, Debug)]
+struct Touched {
+    t: Tid,
+    hold: Option<u32>,
+    last_use: Option<u32>,
+    part: Option<Option<Part>>,
+    elsewhere: Option<bool>,
+}
+
+/// One decoder layer as built into a whole stage's program, kept to be copied as the later
+/// layers of the same kind and variant: a Llama-3.1-8B stage builds 32 identical layers, each
+/// ~33 k instructions of shape arithmetic and op emission, where copying one with its tensor
+/// and op indices moved is a few thousand (see [`Builder::copy_layer`]).
+#[derive(Clone, Debug)]
+pub struct Fragment {
+    /// The lists' lengths at the layer's start and end; its checkpoint regions.
+    from: Lengths,
+    to: Lengths,
+    regions: (usize, usize),
+    /// The layer's input and output, and its input as it was before the layer was built.
+    x: Tid,
+    y: Tid,
+    x_was: Tensor,
+    /// Tensors made before the stage's first layer (the prologue's: shared cos/sin, mask,
+    /// parameters): the layer may read them and only them, besides its input.
+    before_layers: usize,
+    /// The layer's own tensors as it left them (later layers raise their holds and uses).
+    tensors: Vec<Tensor>,
+    touched: Vec<Touched>,
+    start: BuilderState,
+    end: BuilderState,
+}
+
+/// Whether a hold or last use is not an op's index, so a copied layer keeps it as it is: one of
+/// the sentinels [`FOREVER`] and [`FWD_END`], or 0 (a parameter's or an input's, which no op
+/// of a later layer can have: the prologue and the first layer come first).
+fn sentinel(op: u32) -> bool {
+    op >= FWD_END || op == 0
+}
+
+impl Fragment {
+    /// Where the copy's tensor stands for the template's `t`: the layer's own tensors move
+    /// with it, its input becomes the copy's, the prologue's stay.
+    fn map(&self, t: Tid, shift: u32, x: Tid) -> Tid {
+        if t as usize >= self.from.tensors {
+            t + shift
+        } else if t == self.x {
+            x
+        } else {
+            t
+        }
+    }
+}
+
+impl<'a> Builder<'a> {
+    /// The state of the builder an op reads.
+    pub fn state(&self) -> BuilderState {
+        BuilderState { module: self.module, part: self.part, group: self.group, grad: self.grad }
+    }
+
+    /// Builds one decoder layer with `build` on input `x` and returns its output, with the
+    /// layer kept as a [`Fragment`] when it can be copied: it reads nothing of the layers
+    /// before it but its input, and touches nothing of them but its input. `before_layers`:
+    /// the tensors made before the stage's first layer.
+    pub fn layer_kept(&mut self, x: Tid, before_layers: usize, build: impl FnOnce(&mut Builder<'a>) -> Tid) -> (Tid, Option<Fragment>) {
+        let from = self.p.lengths();
+        let regions_from = self.p.regions.len();
+        let (outputs, loss_from) = (self.p.outputs.len(), self.p.loss_from);
+        let start = self.state();
+        let x_was = self.p.tensors[x as usize].clone();
+        let was: Vec<(u32, u32, Option<Part>, bool)> = self.p.tensors.iter().map(|t| (t.hold, t.last_use, t.part, t.elsewhere)).collect();
+        let y = build(self);
+        let to = self.p.lengths();
+        let p = &self.p;
+        let outside_ok = |t: Tid| (t as usize) < before_layers || t == x || t as usize >= from.tensors;
+        let op_ok = |o: u32| sentinel(o) || (o as usize >= from.ops && (o as usize) < to.ops);
+        let fits = x_was.base == x
+            && p.outputs.len() == outputs
+            && p.loss_from == loss_from
+            && (y as usize) >= from.tensors
+            && p.tensors[from.tensors..].iter().all(|t| outside_ok(t.base) && op_ok(t.hold) && op_ok(t.last_use))
+            && p.args[from.args..].iter().all(|&t| outside_ok(t))
+            && p.saves[from.saves..].iter().all(|s| outside_ok(s.t))
+            && p.regions[regions_from..].iter().all(|r| r.held.iter().all(|s| outside_ok(s.t)))
+            && p.ops[from.ops..].iter().all(|o| o.layer == self.layer);
+        if !fits {
+            return (y, None);
+        }
+        let mut touched = Vec::new();
+        for (i, &(hold, last_use, part, elsewhere)) in was.iter().enumerate() {
+            let t = &p.tensors[i];
+            let changed = |a: u32, b: u32| (a != b).then_some(b);
+            let tc = Touched {
+                t: i as Tid,
+                hold: changed(hold, t.hold),
+                last_use: changed(last_use, t.last_use),
+                part: (part != t.part).then_some(t.part),
+                elsewhere: (elsewhere != t.elsewhere).then_some(t.elsewhere),
+            };
+            if tc.hold.is_none() && tc.last_use.is_none() && tc.part.is_none() && tc.elsewhere.is_none() {
+                continue;
+            }
+            if !outside_ok(i as Tid) || tc.hold.is_some_and(|o| !op_ok(o)) || tc.last_use.is_some_and(|o| !op_ok(o)) {
+                return (y, None);
+            }
+            touched.push(tc);
+        }
+        let f = Fragment {
+            from,
+            to,
+            regions: (regions_from, p.regions.len()),
+            x,
+            y,
+            x_was,
+            before_layers,
+            tensors: p.tensors[from.tensors..].to_vec(),
+            touched,
+            start,
+            end: self.state(),
+        };
+        (y, Some(f))
+    }
+
+    /// Copies the decoder layer `f` on input `x` as the builder's current layer, as building it
+    /// would have made it; `None` (nothing emitted) where the builder's state or the input
+    /// differ from the template's, so building it is what tells.
+    pub fn copy_layer(&mut self, f: &Fragment, x: Tid) -> Option<Tid> {
+        let xt = &self.p.tensors[x as usize];
+        let w = &f.x_was;
+        let same_input = xt.base == x
+            && xt.bytes == w.bytes
+            && xt.shape == w.shape
+            && xt.dt == w.dt
+            && xt.dtype == w.dtype
+            && xt.origin == w.origin
+            && xt.requires_grad == w.requires_grad
+            && xt.part == w.part
+            && xt.elsewhere == w.elsewhere
+            && xt.op == w.op;
+        if !same_input || self.state() != f.start || (x as usize) < f.before_layers {
+            return None;
+        }
+        let now = self.p.lengths();
+        let st = (now.tensors - f.from.tensors) as u32;
+        let so = (now.ops - f.from.ops) as u32;
+        let sa = (now.args - f.from.args) as u32;
+        let ss = (now.saves - f.from.saves) as u32;
+        let sc = (now.script - f.from.script) as u32;
+        let op = |o: u32| if sentinel(o) { o } else { o + so };
+        let p = &mut self.p;
+        p.tensors.extend(f.tensors.iter().map(|t| Tensor {
+            base: f.map(t.base, st, x),
+            hold: op(t.hold),
+            last_use: op(t.last_use),
+            ..t.clone()
+        }));
+        for k in f.from.args..f.to.args {
+            let t = f.map(p.args[k], st, x);
+            p.args.push(t);
+        }
+        for k in f.from.saves..f.to.saves {
+            let s = p.saves[k];
+            p.saves.push(Save { t: f.map(s.t, st, x), ..s });
+        }
+        p.script.extend_from_within(f.from.script..f.to.script);
+        let layer = self.layer;
+        for k in f.from.ops..f.to.ops {
+            let o = p.ops[k].clone();
+            p.ops.push(Op {
+                layer,
+                ins: (o.ins.0 + sa, o.ins.1),
+                outs: (o.outs.0 + sa, o.outs.1),
+                saved: (o.saved.0 + ss, o.saved.1),
+                bw: (o.bw.0 + sc, o.bw.1),
+                ..o
+            });
+        }
+        for k in f.regions.0..f.regions.1 {
+            let r = &p.regions[k];
+            let held = r.held.iter().map(|s| Save { t: f.map(s.t, st, x), ..*s }).collect();
+            let r = Region { first: r.first + so, end: r.end + so, held };
+            p.regions.push(r);
+        }
+        for tc in &f.touched {
+            let t = &mut p.tensors[f.map(tc.t, st, x) as usize];
+            // A hold or use inside the layer moves with it (raised, as `hold` and `op` do); a
+            // sentinel is set as it was.
+            let moved = |cur: u32, v: u32| if sentinel(v) { v } else { cur.max(v + so) };
+            if let Some(v) = tc.hold {
+                t.hold = moved(t.hold, v);
+            }
+            if let Some(v) = tc.last_use {
+                t.last_use = moved(t.last_use, v);
+            }
+            if let Some(v) = tc.part {
+                t.part = v;
+            }
+            if let Some(v) = tc.elsewhere {
+                t.elsewhere = v;
+            }
+        }
+        (self.module, self.part, self.group, self.grad) = (f.end.module, f.end.part, f.end.group, f.end.grad);
+        Some(f.map(f.y, st, x))
+    }
+}
+
 /// A saved reference in [`Builder::op`]: an input or an output of the op.
 #[derive(Clone, Copy, Debug)]
 pub enum S {

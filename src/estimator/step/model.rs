@@ -3,7 +3,7 @@
 //! optimizer step with its temporaries, `zero_grad(set_to_none=True)`.
 
 use super::families::{self, Kind, Params, Shared};
-use super::ir::{Builder, DType, Dim, Dt, Origin, Program, Save, Shape, Split, Tid, B, MODEL, S, X};
+use super::ir::{Builder, DType, Dim, Dt, Fragment, Origin, Program, Save, Shape, Split, Tid, B, MODEL, S, X};
 use super::run::{Accumulate, At, Run, Sink, NO_LAYER};
 use super::{Cat, Event, EventKind, Phase, Stream};
 use crate::estimator::activations::ctx::{Ctx, Values, Q};
@@ -164,16 +164,37 @@ impl<'a> Setup<'a> {
 
     /// The whole stage as one program: what [`simulate_stage`] runs.
     pub fn whole(&self) -> Program {
+        self.whole_with(true)
+    }
+
+    /// [`Setup::whole`], its later layers copied from the first of their kind and variant
+    /// after the stage's first layer (`copy`) or each built.
+    fn whole_with(&self, copy: bool) -> Program {
         let mut b = self.builder();
         let p = self.params();
         let spec = &self.cfg.arch;
         let (x0, sh) = self.begin(&mut b, &p);
         let mut x = x0;
         let before_layers = b.p.lengths();
+        // One layer of each kind and variant after the first is kept (where it can be) and
+        // copied as the later ones: the same ops on the same shapes, moved.
+        let mut kept: Vec<((Kind, families::Var), Option<Fragment>)> = Vec::new();
         for (i, &kind) in self.kinds.iter().enumerate() {
             b.layer = i as u16;
-            let view = sh.view(self.var(i));
-            x = self.one_layer(&mut b, &p, x, &view, kind);
+            let var = self.var(i);
+            let key = (kind, var);
+            let template = kept.iter().find(|(k, _)| *k == key).filter(|_| copy);
+            let copied = template.and_then(|(_, f)| f.as_ref()).and_then(|f| b.copy_layer(f, x));
+            x = match copied {
+                Some(y) => y,
+                None if copy && i > 0 && template.is_none() => {
+                    let view = sh.view(var);
+                    let (y, f) = b.layer_kept(x, before_layers.tensors, |b| self.one_layer(b, &p, x, &view, kind));
+                    kept.push((key, f));
+                    y
+                }
+                None => self.one_layer(&mut b, &p, x, &sh.view(var), kind),
+            };
             if i == 0 {
                 // The other layers (and about one more for the epilogue), sized by the first.
                 b.p.reserve_repeats(before_layers, self.kinds.len());
@@ -754,4 +775,42 @@ pub fn trains(g: &LocalGroup) -> bool {
 /// Attention implementation helper.
 pub fn eager(cfg: &Config) -> bool {
     cfg.attn == Attention::Eager
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Finetune, Precision};
+    use crate::estimator::params::stages;
+    use crate::estimator::presets::presets;
+
+    #[test]
+    fn a_stage_whose_later_layers_are_copied_is_the_program_built_layer_by_layer_on_every_preset() {
+        let mut n = 0;
+        for p in presets() {
+            let mut arch = p.spec.clone();
+            // Enough layers for every preset's pattern of kinds and variants (Gemma-3's sliding
+            // window every sixth, Llama 4's interleaved MoE) to repeat.
+            arch.layers = arch.layers.min(14);
+            arch.dense_layers = arch.dense_layers.min(2);
+            arch.vocab = arch.vocab.min(4096);
+            let base = Config { model: "custom".into(), arch, seq: 128, batch: 2, ..Config::default() };
+            for cfg in [
+                base.clone(),
+                Config { recompute: Recompute::Full, attn: Attention::Eager, ..base.clone() },
+                Config { recompute: Recompute::Selective, precision: Precision::MixedBf16, ..base.clone() },
+                Config { finetune: Finetune::Lora, kernels: Kernels::Cpu, ..base.clone() },
+                Config { pp: 2, gpus: 2, accum: 2, ..base.clone() },
+            ] {
+                let r = crate::estimator::precision::recipe(cfg.precision);
+                for &stage in stages(cfg.pp) {
+                    let setup = Setup::new(&cfg, &r, stage);
+                    let (copied, built) = crate::estimator::expr::numbers_only(|| (setup.whole(), setup.whole_with(false)));
+                    assert_eq!(format!("{copied:?}"), format!("{built:?}"), "{} {stage:?}", p.id);
+                    n += 1;
+                }
+            }
+        }
+        assert!(n > 100, "{n}");
+    }
 }
