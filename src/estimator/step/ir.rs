@@ -953,32 +953,29 @@ impl<'a> Builder<'a> {
         let sc = (now.script - f.from.script) as u32;
         let op = |o: u32| if sentinel(o) { o } else { o + so };
         let p = &mut self.p;
-        p.tensors.extend(f.tensors.iter().map(|t| Tensor {
-            base: f.map(t.base, st, x),
-            hold: op(t.hold),
-            last_use: op(t.last_use),
-            ..t.clone()
-        }));
-        for k in f.from.args..f.to.args {
-            let t = f.map(p.args[k], st, x);
-            p.args.push(t);
+        // Each list copied whole, then its indices moved in place.
+        p.tensors.extend_from_slice(&f.tensors);
+        for t in &mut p.tensors[now.tensors..] {
+            t.base = f.map(t.base, st, x);
+            t.hold = op(t.hold);
+            t.last_use = op(t.last_use);
         }
-        for k in f.from.saves..f.to.saves {
-            let s = p.saves[k];
-            p.saves.push(Save { t: f.map(s.t, st, x), ..s });
+        p.args.extend_from_within(f.from.args..f.to.args);
+        for t in &mut p.args[now.args..] {
+            *t = f.map(*t, st, x);
+        }
+        p.saves.extend_from_within(f.from.saves..f.to.saves);
+        for s in &mut p.saves[now.saves..] {
+            s.t = f.map(s.t, st, x);
         }
         p.script.extend_from_within(f.from.script..f.to.script);
-        let layer = self.layer;
-        for k in f.from.ops..f.to.ops {
-            let o = p.ops[k].clone();
-            p.ops.push(Op {
-                layer,
-                ins: (o.ins.0 + sa, o.ins.1),
-                outs: (o.outs.0 + sa, o.outs.1),
-                saved: (o.saved.0 + ss, o.saved.1),
-                bw: (o.bw.0 + sc, o.bw.1),
-                ..o
-            });
+        p.ops.extend_from_within(f.from.ops..f.to.ops);
+        for o in &mut p.ops[now.ops..] {
+            o.layer = self.layer;
+            o.ins.0 += sa;
+            o.outs.0 += sa;
+            o.saved.0 += ss;
+            o.bw.0 += sc;
         }
         for k in f.regions.0..f.regions.1 {
             let r = &p.regions[k];
