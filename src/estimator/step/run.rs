@@ -681,8 +681,11 @@ impl<'p, S: Sink> Run<'p, S> {
         (0..self.p.tensors.len()).filter(move |&b| self.b.saves[b] > 0 && self.p.tensors[b].base as usize == b).map(|b| b as Tid)
     }
 
-    /// The sink, back.
+    /// The sink, back; the run's buffers go to the next [`Run::new`] on this thread (a whole
+    /// stage's are the largest: freed, glibc hands them back to the system and the next step
+    /// faults them in again).
     pub fn into_sink(self) -> S {
+        SCRATCH.with(|c| *c.borrow_mut() = Some(self.b));
         self.sink
     }
 }
