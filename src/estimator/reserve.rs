@@ -69,7 +69,10 @@ fn per_tensor_or_flat(total: Bytes, parts: &[u128], per_unit: u128, out: &mut Ve
 /// allocator with the configuration's `alloc_conf`.
 pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
     let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::invalid("alloc_conf", e.to_string()))?;
-    Ok(replay_parts(cfg, &super::step_parts(cfg)?, &opts))
+    let parts = super::step_parts(cfg)?;
+    let r = replay_parts(cfg, &parts, &opts);
+    step::model::recycle(parts.stream.events);
+    Ok(r)
 }
 
 /// The allocator's view of two steps: the events, and where each comes from, by position:
