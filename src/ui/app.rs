@@ -1,6 +1,7 @@
 //! The page: the store, then the panels a [`Layout`] lists, in its two columns (or one, in an
 //! embed). Each panel is its own component under [`super::panels`]; this file only places them.
 
+use super::analysis;
 use super::dom;
 use super::layout::{Layout, Panel};
 use super::panels::{
@@ -281,6 +282,9 @@ fn App() -> impl IntoView {
 fn FullPage() -> impl IntoView {
     let store = use_store();
     let (layout, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
+    if layout.results.contains(&Panel::Answers) {
+        analysis::provide(store.config);
+    }
     let has_inputs = !layout.inputs.is_empty();
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
@@ -327,6 +331,9 @@ fn EmbedPage() -> impl IntoView {
     let (layout, problem) =
         store.course.with_value(|s| Layout::course(s, true, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some)));
     let list = layout.results;
+    if list.contains(&Panel::Answers) {
+        analysis::provide(store.config);
+    }
     view! {
         <main class="embed" data-testid="embed" node_ref=main>
             <h1 class="sr-only">"trainmem"</h1>

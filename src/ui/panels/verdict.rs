@@ -14,13 +14,13 @@
 //! (`data-fix="0"`: a change may set several keys, applied together), and one click handler
 //! applies them through the store's setters.
 
-use crate::answers::{key_of, Found, FoundFix};
+use crate::answers::{Found, FoundFix};
 use crate::config::{encode_query, Config, Unit, KEYS};
 use crate::estimator::expr::group_digits;
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
 use crate::plots::zero_label;
-use crate::ui::analysis::found_for;
+use crate::ui::analysis::{use_answers, Answers};
 use crate::ui::dom;
 use crate::ui::html::{esc, stat};
 use crate::ui::state::{gpu_of, use_store};
@@ -222,8 +222,7 @@ const ANSWERS_MARK: &str = "trainmem:answers";
 #[component]
 pub fn Answers() -> impl IntoView {
     let store = use_store();
-    let key = Memo::new(move |_| store.config.with(key_of));
-    let found = found_for(key);
+    let Answers { key, found } = use_answers();
     // Until the analysis worker answers for this configuration, the answers shown are those of
     // an earlier one (or none yet): said, and their buttons do nothing.
     let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| key.with(|k| f.query != encode_query(k)))));
