@@ -60,9 +60,11 @@ export async function plainHost(root) {
 /** Waits until a service worker controls the page (its precache is then complete). */
 export async function controlled(page) {
   return page.evaluate(async () => {
-    const reg = await navigator.serviceWorker.ready;
+    // Fails after 20 s rather than waiting forever.
+    const late = (what) => new Promise((_, no) => setTimeout(() => no(new Error(`${what} in 20 s`)), 20000));
+    const reg = await Promise.race([navigator.serviceWorker.ready, late('no service worker ready')]);
     if (!navigator.serviceWorker.controller) {
-      await new Promise((ok) => navigator.serviceWorker.addEventListener('controllerchange', ok, { once: true }));
+      await Promise.race([new Promise((ok) => navigator.serviceWorker.addEventListener('controllerchange', ok, { once: true })), late('no controller')]);
     }
     return { scope: reg.scope, script: navigator.serviceWorker.controller.scriptURL };
   });
@@ -70,9 +72,19 @@ export async function controlled(page) {
 
 /** The build id of the worker controlling the page (asked by message). */
 export async function workerBuild(page) {
-  return page.evaluate(() => new Promise((ok) => {
-    navigator.serviceWorker.addEventListener('message', (e) => { if (e.data?.type === 'BUILD') ok(e.data.build); }, { once: true });
-    navigator.serviceWorker.controller.postMessage({ type: 'BUILD' });
+  // Asked again every half second, of whichever worker controls the page by then: one that is
+  // being replaced may never answer (without this, a test could wait forever). Fails after 20 s.
+  return page.evaluate(() => new Promise((ok, no) => {
+    const ask = () => navigator.serviceWorker.controller?.postMessage({ type: 'BUILD' });
+    const again = setInterval(ask, 500);
+    const give_up = setTimeout(() => { clearInterval(again); no(new Error('no service worker answered BUILD in 20 s')); }, 20000);
+    navigator.serviceWorker.addEventListener('message', (e) => {
+      if (e.data?.type !== 'BUILD') return;
+      clearInterval(again);
+      clearTimeout(give_up);
+      ok(e.data.build);
+    });
+    ask();
   }));
 }
 
