@@ -67,7 +67,8 @@ pub struct Decoded {
     pub presentation: Vec<(String, String)>,
 }
 
-fn find_key(name: &str) -> Option<&'static Key> {
+/// The key named `name` in the codec's table (`None`: no such key).
+pub fn find_key(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name == name)
 }
 

@@ -12,15 +12,11 @@
 
 use super::html::esc;
 use super::state::{use_store, GpuChoice, Store};
-use crate::config::{Config, Finetune, Key, Zero, KEYS};
+use crate::config::{find_key, Config, Finetune, Key, Zero, KEYS};
 use crate::estimator::gpu::GPUS;
 use leptos::html::Form as FormElement;
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
-
-fn key(name: &str) -> Option<&'static Key> {
-    KEYS.iter().find(|k| k.name == name)
-}
 
 /// The key's help text, capitalized, for a label.
 fn label_of(k: &Key) -> String {
@@ -48,7 +44,7 @@ pub fn fields_html(names: &[&str], cfg: &Config) -> String {
     let store = use_context::<Store>();
     let mut s = String::new();
     for name in names {
-        let Some(k) = key(name) else { continue };
+        let Some(k) = find_key(name) else { continue };
         let locked = store.is_some_and(|st| st.locked(name));
         let (dis, ro) = if locked { (" disabled", " readonly aria-readonly=\"true\"") } else { ("", "") };
         let value = (k.get)(cfg);
@@ -99,7 +95,7 @@ fn element(form: &web_sys::Element, selector: &str) -> Option<web_sys::Element> 
 fn edit(store: Store, ev: &web_sys::Event) {
     let Some(target) = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()) else { return };
     let Some(name) = target.get_attribute("data-key") else { return };
-    let Some(k) = key(&name) else { return };
+    let Some(k) = find_key(&name) else { return };
     let text_box = target.dyn_ref::<web_sys::HtmlInputElement>().filter(|i| i.type_() == "text");
     // Text boxes apply as they are typed in; selects and checkboxes when they change.
     if (ev.type_() == "input") != text_box.is_some() {

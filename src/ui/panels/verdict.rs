@@ -15,7 +15,7 @@
 //! applies them through the store's setters.
 
 use crate::answers::{Found, FoundFix};
-use crate::config::{encode_query, Config, Unit, KEYS};
+use crate::config::{encode_query, find_key, Config, Unit};
 use crate::estimator::expr::group_digits;
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
@@ -214,11 +214,11 @@ pub fn Verdict() -> impl IntoView {
     view! { <div data-panel="result" role="status" aria-live="polite" inner_html=html></div> }
 }
 
-/// The one-click answers, recomputed when the configuration changes (not its unit).
 /// Marked each time the answers panel shows the current configuration's answers (the
 /// page-speed script waits for it).
 const ANSWERS_MARK: &str = "trainmem:answers";
 
+/// The one-click answers, recomputed when the configuration changes (not its unit).
 #[component]
 pub fn Answers() -> impl IntoView {
     let store = use_store();
@@ -246,7 +246,7 @@ pub fn Answers() -> impl IntoView {
         if let Some(i) = fix.and_then(|i| i.parse::<usize>().ok()) {
             let pairs = found.with_untracked(|f| {
                 let fix = f.as_ref().and_then(|f| f.fixes.get(i))?;
-                Some(fix.pairs.iter().filter_map(|(k, v)| Some((key_named(k)?, v.clone()))).collect::<Vec<_>>())
+                Some(fix.pairs.iter().filter_map(|(k, v)| Some((find_key(k)?.name, v.clone()))).collect::<Vec<_>>())
             });
             if let Some(pairs) = pairs {
                 let _ = store.apply(&pairs);
@@ -255,17 +255,12 @@ pub fn Answers() -> impl IntoView {
         }
         let apply = target.and_then(|e| e.get_attribute("data-apply"));
         if let Some((k, v)) = apply.as_deref().and_then(|a| a.split_once('=')) {
-            if let Some(key) = key_named(k) {
-                let _ = store.apply(&[(key, v.to_string())]);
+            if let Some(key) = find_key(k) {
+                let _ = store.apply(&[(key.name, v.to_string())]);
             }
         }
     };
     view! {
         <section class="answers" data-testid="answers" data-panel="answers" aria-label="What fits" aria-busy=move || busy.get().to_string() on:click=on_click inner_html=html></section>
     }
-}
-
-/// The codec's own name of a key (`None`: no such key).
-fn key_named(name: &str) -> Option<&'static str> {
-    KEYS.iter().find(|k| k.name == name).map(|k| k.name)
 }
