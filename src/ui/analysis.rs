@@ -21,7 +21,7 @@ use super::dom;
 use crate::answers::{analyse, Found};
 use crate::config::{encode_query, Config};
 use leptos::prelude::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
@@ -33,11 +33,12 @@ const ROUND_TRIP: &str = "answers:worker";
 /// The window property that holds the warm-up's answers (JSON), taken once.
 const FIRST_PROPERTY: &str = "trainmemFound";
 
-/// The answers panel's inputs and answers, as [`provide`] sets them up for the page.
+/// The page's answers and the query they must be for, as [`provide`] sets them up.
 #[derive(Clone, Copy)]
 pub struct Answers {
-    /// The configuration the answers depend on ([`crate::answers::key_of`]).
-    pub key: Memo<Config>,
+    /// The query ([`encode_query`]) of the configuration the answers depend on
+    /// ([`crate::answers::key_of`]): what a [`Found`] says it is for.
+    pub query: Memo<String>,
     /// Its answers, possibly an earlier configuration's (see [`found_for`]).
     pub found: Signal<Option<Found>>,
 }
@@ -49,7 +50,8 @@ pub struct Answers {
 /// after them, ~8 ms into each change (measured).
 pub fn provide(config: RwSignal<Config>) {
     let key = Memo::new(move |_| config.with(crate::answers::key_of));
-    provide_context(Answers { key, found: found_for(key) });
+    let query = Memo::new(move |_| key.with(encode_query));
+    provide_context(Answers { query, found: found_for(key, query) });
 }
 
 /// The page's answers ([`provide`]).
@@ -57,55 +59,66 @@ pub fn use_answers() -> Answers {
     expect_context::<Answers>()
 }
 
-/// The answers and fixes for the configuration `key` holds (a [`key_of`]), kept current:
-/// from the analysis worker where there is one (the value lags a reply behind a change; its
-/// [`Found::query`] says which configuration it is for), else computed here at once.
-fn found_for(key: Memo<Config>) -> Signal<Option<Found>> {
+/// The answers and fixes for the configuration `key` holds (a [`key_of`], `query` its query),
+/// kept current: from the analysis worker where there is one (the value lags a reply behind a
+/// change; its [`Found::query`] says which configuration it is for), else computed here at
+/// once.
+fn found_for(key: Memo<Config>, query: Memo<String>) -> Signal<Option<Found>> {
     let Some(worker) = analysis_worker() else {
-        return Signal::derive(local(key));
+        let found = Memo::new(move |_| computed_here(key));
+        return Signal::derive(move || Some(found.get()));
     };
-    let found = RwSignal::new(take_first());
-    let client = Rc::new(Client { worker, posted: RefCell::new(None), wanted: RefCell::new(None), alive: RefCell::new(true) });
+    let client = Rc::new(Client {
+        worker,
+        found: RwSignal::new(take_first()),
+        key,
+        in_flight: Cell::new(false),
+        wanted: RefCell::new(None),
+        alive: Cell::new(true),
+    });
     let on_reply = {
         let client = client.clone();
-        Closure::<dyn Fn(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| client.reply(ev, found, key))
+        Closure::<dyn Fn(web_sys::MessageEvent)>::new(move |ev: web_sys::MessageEvent| client.reply(ev))
     };
     client.worker.set_onmessage(Some(on_reply.as_ref().unchecked_ref()));
     // The worker's listener lives as long as the page.
     on_reply.forget();
+    let found = client.found;
     Effect::new(move |_| {
-        let query = key.with(encode_query);
+        let query = query.get();
         if found.with_untracked(|f| f.as_ref().is_some_and(|f| f.query == query)) {
-            // The warm-up's answers were for this configuration.
+            // Already shown: the warm-up's answers, or a reply for it.
             return;
         }
-        if !*client.alive.borrow() {
-            found.set(Some(dom::timed("answers", || key.with_untracked(analyse))));
+        if !client.alive.get() {
+            client.found.set(Some(computed_here(key)));
             return;
         }
         *client.wanted.borrow_mut() = Some(query);
-        if client.posted.borrow().is_none() {
+        if !client.in_flight.get() {
             client.post_wanted();
         }
     });
     found.into()
 }
 
-/// The in-page path: computed at once for each change.
-fn local(key: Memo<Config>) -> impl Fn() -> Option<Found> + Send + Sync + 'static {
-    let found = Memo::new(move |_| dom::timed("answers", || key.with(analyse)));
-    move || Some(found.get())
+/// The answers computed on the page's main thread (no worker, or it failed).
+fn computed_here(key: Memo<Config>) -> Found {
+    dom::timed("answers", || key.with(analyse))
 }
 
 /// The page's side of the analysis worker.
 struct Client {
     worker: web_sys::Worker,
-    /// The query in flight, if any.
-    posted: RefCell<Option<String>>,
-    /// The latest query the page wants answers for.
+    /// What the panel shows.
+    found: RwSignal<Option<Found>>,
+    key: Memo<Config>,
+    /// Whether a request is in flight.
+    in_flight: Cell<bool>,
+    /// The latest query the page wants answers for, not yet asked.
     wanted: RefCell<Option<String>>,
     /// False once the worker failed: the page computes from then on.
-    alive: RefCell<bool>,
+    alive: Cell<bool>,
 }
 
 impl Client {
@@ -115,15 +128,15 @@ impl Client {
         let _ = js_sys::Reflect::set(&message, &"analyse".into(), &JsValue::from_str(&query));
         if self.worker.post_message(&message).is_ok() {
             dom::time_from(ROUND_TRIP);
-            *self.posted.borrow_mut() = Some(query);
+            self.in_flight.set(true);
         } else {
-            *self.alive.borrow_mut() = false;
+            self.give_up();
         }
     }
 
     /// A reply: shown (it is newer than what is shown), then the latest wanted query asked for.
-    fn reply(&self, ev: web_sys::MessageEvent, found: RwSignal<Option<Found>>, key: Memo<Config>) {
-        if self.posted.borrow_mut().take().is_some() {
+    fn reply(&self, ev: web_sys::MessageEvent) {
+        if self.in_flight.replace(false) {
             dom::time_to(ROUND_TRIP);
         }
         let json = js_sys::Reflect::get(&ev.data(), &"found".into()).ok().and_then(|f| f.as_string());
@@ -133,17 +146,20 @@ impl Client {
                 if self.wanted.borrow().as_ref() == Some(&f.query) {
                     self.wanted.borrow_mut().take();
                 }
-                found.set(Some(f));
+                self.found.set(Some(f));
                 self.post_wanted();
             }
-            _ => {
-                // The worker failed (a trap leaves its instance unusable): compute here.
-                *self.alive.borrow_mut() = false;
-                self.worker.terminate();
-                self.wanted.borrow_mut().take();
-                found.set(Some(dom::timed("answers", || key.with_untracked(analyse))));
-            }
+            // The worker failed (a trap leaves its instance unusable).
+            _ => self.give_up(),
         }
+    }
+
+    /// Drops the worker and computes the current answers here, as from now on.
+    fn give_up(&self) {
+        self.alive.set(false);
+        self.worker.terminate();
+        self.wanted.borrow_mut().take();
+        self.found.set(Some(computed_here(self.key)));
     }
 }
 

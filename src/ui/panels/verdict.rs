@@ -15,7 +15,7 @@
 //! applies them through the store's setters.
 
 use crate::answers::{Found, FoundFix};
-use crate::config::{encode_query, find_key, Config, Unit};
+use crate::config::{find_key, Config, Unit};
 use crate::estimator::expr::group_digits;
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
@@ -222,10 +222,10 @@ const ANSWERS_MARK: &str = "trainmem:answers";
 #[component]
 pub fn Answers() -> impl IntoView {
     let store = use_store();
-    let Answers { key, found } = use_answers();
+    let Answers { query, found } = use_answers();
     // Until the analysis worker answers for this configuration, the answers shown are those of
     // an earlier one (or none yet): said, and their buttons do nothing.
-    let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| key.with(|k| f.query != encode_query(k)))));
+    let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| query.with(|q| f.query != *q))));
     let html = move || {
         let s = store.config.with(|c| {
             found.with(|f| {
