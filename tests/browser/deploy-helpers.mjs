@@ -78,12 +78,14 @@ export async function workerBuild(page) {
     const ask = () => navigator.serviceWorker.controller?.postMessage({ type: 'BUILD' });
     const again = setInterval(ask, 500);
     const give_up = setTimeout(() => { clearInterval(again); no(new Error('no service worker answered BUILD in 20 s')); }, 20000);
-    navigator.serviceWorker.addEventListener('message', (e) => {
+    const answered = (e) => {
       if (e.data?.type !== 'BUILD') return;
       clearInterval(again);
       clearTimeout(give_up);
+      navigator.serviceWorker.removeEventListener('message', answered);
       ok(e.data.build);
-    });
+    };
+    navigator.serviceWorker.addEventListener('message', answered);
     ask();
   }));
 }
