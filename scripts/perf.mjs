@@ -58,16 +58,15 @@ try {
 
   // Input → every visible view updated: the verdict's and the ledger's figures (DOM), the
   // bar's and the open chart's canvases (their `trainmem:drawn:*` marks), and the answers
-  // (`trainmem:answers`: they come from the analysis worker where there is one).
-  const { page } = await openPage(browser, server.base);
-  await page.waitForFunction(() => document.querySelector('[data-testid=chart-seq]')?.dataset.layout);
-  await page.waitForTimeout(300);
-  const lat = await page.evaluate(async () => {
+  // (`trainmem:answers`: they come from the analysis worker where there is one). Measured on a
+  // page as a visitor gets it; then, for where the time goes, on a page that records its
+  // timings (`trainmemTiming`: ~30 performance entries per change, which a visitor's page skips).
+  const changes = async (page, n) => page.evaluate(async (n) => {
     const input = document.querySelector('#in-seq');
     const dom = () => [document.querySelector('[data-testid=total-bytes]')?.dataset.bytes, document.querySelector('[data-row=activations] .bytes')?.dataset.bytes].join('/');
     const drawnAfter = (name, t0) => performance.getEntriesByName(name).map((m) => m.startTime).filter((t) => t >= t0)[0];
     const out = [];
-    for (let i = 0; i < 200; i++) {
+    for (let i = 0; i < n; i++) {
       const before = dom();
       let domAt = null;
       const mo = new MutationObserver(() => { if (domAt === null && dom() !== before && !dom().includes('undefined')) domAt = performance.now(); });
@@ -87,13 +86,27 @@ try {
       out.push([Math.max(domAt, bar, chart, answers) - t0, Math.max(domAt, bar, chart) - t0]);
     }
     return out;
-  });
+  }, n);
+  const settle = async (page) => {
+    await page.waitForFunction(() => document.querySelector('[data-testid=chart-seq]')?.dataset.layout);
+    await page.waitForTimeout(300);
+  };
+  const { page: visitor } = await openPage(browser, server.base);
+  await settle(visitor);
+  const lat = await changes(visitor, 200);
   const ok = lat.map((x) => x[0]).filter((x) => Number.isFinite(x));
   console.log(`input → every visible view updated (verdict, answers, ledger, textbook, bar, chart), ${ok.length} of ${lat.length} changes: median ${ms(median(ok))}, p95 ${ms(pct(ok, 0.95))}, max ${ms(Math.max(...ok))}`);
   // The same changes without the answers (where they come from the analysis worker, a reply later).
   const views = lat.map((x) => x[1]).filter((x) => Number.isFinite(x));
   console.log(`  of which every view but the answers: median ${ms(median(views))}, p95 ${ms(pct(views, 0.95))}`);
-  // Where that time goes: the app's own `trainmem:time:*` measures.
+  // Where that time goes: the app's own `trainmem:time:*` measures, on a page that records them.
+  const { page, context } = await openPage(browser, null);
+  await context.addInitScript(() => { window.trainmemTiming = true; });
+  await page.goto(server.base);
+  await settle(page);
+  const timed = await changes(page, 100);
+  const timedOk = timed.map((x) => x[0]).filter((x) => Number.isFinite(x));
+  console.log(`  with the page recording its timings (100 changes): every view median ${ms(median(timedOk))}, p95 ${ms(pct(timedOk, 0.95))}; its parts:`);
   const parts = await page.evaluate(() => {
     const by = {};
     for (const m of performance.getEntriesByType('measure')) if (m.name.startsWith('trainmem:time:')) (by[m.name.slice(14)] ??= []).push(m.duration);

@@ -5,8 +5,9 @@
 //!   typed setters here, which go through the codec's own keys ([`config::apply_pairs`]), so a
 //!   value typed in the page is checked exactly as one in a link.
 //! - **One URL sync** ([`sync_url`]): the address is decoded once, at start; every change is
-//!   written back with `replaceState` (and a new history entry once an edit has settled for a
-//!   second, so back and forward step through meaningful states); `popstate` restores a state.
+//!   written back with `replaceState` once a run of quick edits has ended (and a new history
+//!   entry once an edit has settled for a second, so back and forward step through meaningful
+//!   states); `popstate` restores a state.
 //! - **One theme source**: `theme=` in the link (light, dark, projector, auto), else the
 //!   visitor's last choice, else the system's; [`Store::look`] is what the page and the charts
 //!   draw with.
@@ -374,14 +375,35 @@ pub fn compare_query(b: &Config) -> String {
 const THEME_STORAGE: &str = "trainmem-theme";
 /// An edit older than this starts a new history entry.
 const SETTLED_MS: f64 = 1000.0;
+/// How long the address waits after an edit before it is written: of quick successive edits
+/// (typing a number, holding an arrow key) only the last is written. `replaceState` costs
+/// ~1.6 ms of the page's main thread per call (Chromium, this page; a CPU profile of 60 edits),
+/// the views come first, and Chromium throttles a page that calls it hundreds of times in a
+/// few seconds.
+const URL_WRITE_MS: u64 = 250;
 
 /// Keeps the address bar in step with the store, and the store with back and forward. The
-/// address is written a task after the change (`replaceState` is not free, and the views come
-/// first); of quick successive edits only the last is written, and a new history entry, once
-/// asked for, is kept for it.
+/// address is written [`URL_WRITE_MS`] after the last of a run of edits, and at once when the
+/// page is hidden (another tab, a closed window: the session keeps the last edit); a new history
+/// entry, once asked for, is kept for it. An address that already says the configuration
+/// (after back or forward, say) is left alone.
 fn sync_url(store: Store) {
     let last_edit = StoredValue::new(0.0f64);
     let push_due = StoredValue::new(false);
+    // The query waiting to be written, if any.
+    let pending = StoredValue::new(None::<String>);
+    let write = move || {
+        let Some(target) = pending.try_update_value(Option::take).flatten() else { return };
+        let push = push_due.try_update_value(std::mem::take).unwrap_or(false);
+        if dom::search().trim_start_matches('?') == target {
+            return;
+        }
+        if push {
+            dom::push_query(&target);
+        } else {
+            dom::replace_query(&target);
+        }
+    };
     Effect::new(move |prev: Option<String>| {
         let q = store.config.with(|c| store.query(c));
         if prev.as_deref() != Some(q.as_str()) {
@@ -390,25 +412,24 @@ fn sync_url(store: Store) {
                 push_due.set_value(true);
             }
             last_edit.set_value(now);
+            pending.set_value(Some(q.clone()));
             let target = q.clone();
             set_timeout(
                 move || {
-                    let current = store.config.try_with_untracked(|c| store.query(c));
-                    if current.as_deref() != Some(target.as_str()) {
-                        return;
-                    }
-                    if push_due.try_update_value(std::mem::take).unwrap_or(false) {
-                        dom::push_query(&target);
-                    } else {
-                        dom::replace_query(&target);
+                    // A later edit has its own timer: only the last of a run writes.
+                    if pending.try_with_value(|p| p.as_deref() == Some(target.as_str())).unwrap_or(false) {
+                        write();
                     }
                 },
-                std::time::Duration::ZERO,
+                std::time::Duration::from_millis(URL_WRITE_MS),
             );
         }
         q
     });
+    let _ = window_event_listener(leptos::ev::pagehide, move |_| write());
+    let _ = window_event_listener(leptos::ev::visibilitychange, move |_| write());
     let _ = window_event_listener(leptos::ev::popstate, move |_| {
+        pending.set_value(None);
         let d = decode_query(&dom::search());
         store.config.set(d.config);
         store.notices.set(d.errors);

@@ -62,6 +62,49 @@ test('back and forward step through settled edits', async () => {
   assert.equal(await page.inputValue('#in-seq'), '16384');
 });
 
+test('a run of quick edits writes the address once, after the last, and back after a pause adds no duplicate entry', async () => {
+  const { page, context } = await openPage(browser, server.base);
+  await page.waitForTimeout(400);
+  // Count the page's own history writes (replaceState and pushState) from here on.
+  await page.evaluate(() => {
+    window.__writes = [];
+    for (const name of ['replaceState', 'pushState']) {
+      const original = history[name].bind(history);
+      history[name] = (state, title, url) => { window.__writes.push(`${name} ${url}`); return original(state, title, url); };
+    }
+  });
+  const length = await page.evaluate(() => history.length);
+  // Five values typed in quick succession, as a visitor holding an arrow key would.
+  await page.evaluate(() => {
+    const input = document.querySelector('#in-seq');
+    for (const v of ['4096', '4160', '4224', '4288', '4352']) {
+      input.value = v;
+      input.dispatchEvent(new Event('input', { bubbles: true }));
+    }
+  });
+  await page.waitForFunction(() => location.search.includes('seq=4352'));
+  await page.waitForTimeout(400);
+  const writes = await page.evaluate(() => window.__writes);
+  assert.equal(writes.length, 1, `history writes: ${writes.join(', ')}`);
+  assert.match(writes[0], /seq=4352/);
+  // A later edit after a pause is its own entry; back returns to the run's last value and
+  // writes nothing (the address already says it).
+  await page.waitForTimeout(1100);
+  await page.fill('#in-seq', '16384');
+  await page.waitForFunction(() => location.search.includes('seq=16384'));
+  assert.equal(await page.evaluate(() => history.length), length + 1);
+  // Back after a pause longer than a settled edit: the restored state must not be pushed again
+  // (that would drop the forward entry).
+  await page.waitForTimeout(1100);
+  await page.goBack();
+  await page.waitForFunction(() => location.search.includes('seq=4352'));
+  assert.equal(await page.inputValue('#in-seq'), '4352');
+  await page.waitForTimeout(400);
+  await page.goForward();
+  await page.waitForFunction(() => location.search.includes('seq=16384'));
+  await context.close();
+});
+
 test('a garbage URL shows a notice naming each bad key, keeps the rest, and never panics', async () => {
   const garbage = '?seq=99999999999999999999999&batch=-3&zero=banana&colour=blue&%E2%9C%93=%F0%9F%92%A5&gpus=8&tp=3&model=llama-3.1-70b&dropout=NaN&%ZZ=1&&=&lora_targets=q,zz';
   const { page, problems } = await openPage(browser, server.base + garbage);
