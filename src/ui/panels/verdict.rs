@@ -226,15 +226,20 @@ pub fn Answers() -> impl IntoView {
     // Until the analysis worker answers for this configuration, the answers shown are those of
     // an earlier one (or none yet): said, and their buttons do nothing.
     let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| query.with(|q| f.query != *q))));
+    // While a reply is due the panel keeps what it shows (the same text: no new HTML to parse
+    // and lay out); the reply, or a change that needs none (the unit), renders it again.
+    let shown = StoredValue::new(String::new());
     let html = move || {
+        if busy.get() {
+            return shown.get_value();
+        }
         let s = store.config.with(|c| {
             found.with(|f| {
                 f.as_ref().map(|f| answers_html(f, c) + &fixes_html(&f.fixes, f.fixes_error.as_deref(), c.unit)).unwrap_or_default()
             })
         });
-        if !busy.get() {
-            dom::mark(ANSWERS_MARK);
-        }
+        dom::mark(ANSWERS_MARK);
+        shown.set_value(s.clone());
         s
     };
     let on_click = move |ev: leptos::ev::MouseEvent| {
