@@ -126,6 +126,8 @@ test('pasting a Hugging Face config.json imports it, and bad JSON names the prob
   await page.fill('[data-testid=hf-text]', JSON.stringify(cfg));
   await page.click('[data-testid=hf-import]');
   await page.waitForFunction(() => document.querySelector('[data-testid=param-count]')?.dataset.count === '494032768');
+  // The address follows a quarter of a second after the edit.
+  await page.waitForFunction(() => location.search.includes('model=custom'));
   assert.match(page.url(), /model=custom/);
   await page.fill('[data-testid=hf-text]', '{"model_type": "llama", "vocab_size": 32000}');
   await page.click('[data-testid=hf-import]');
