@@ -148,9 +148,6 @@ pub fn timing() -> bool {
 /// Runs `f` as a `performance.measure` named `trainmem:time:<name>` (the page-speed script
 /// reads these to say where an update's time goes), when the page records its timings.
 pub fn timed<T>(name: &str, f: impl FnOnce() -> T) -> T {
-    if !timing() {
-        return f();
-    }
     time_from(name);
     let out = f();
     time_to(name);
