@@ -60,11 +60,15 @@ export async function plainHost(root) {
 /** Waits until a service worker controls the page (its precache is then complete). */
 export async function controlled(page) {
   return page.evaluate(async () => {
-    // Fails after 20 s rather than waiting forever.
-    const late = (what) => new Promise((_, no) => setTimeout(() => no(new Error(`${what} in 20 s`)), 20000));
-    const reg = await Promise.race([navigator.serviceWorker.ready, late('no service worker ready')]);
+    // Fails after 20 s rather than waiting forever; the timer goes once the wait is over (a
+    // timeout left behind would reject later, an uncaught error on a page still open).
+    const within = (wait, what) => new Promise((ok, no) => {
+      const late = setTimeout(() => no(new Error(`${what} in 20 s`)), 20000);
+      wait.then((v) => { clearTimeout(late); ok(v); }, (e) => { clearTimeout(late); no(e); });
+    });
+    const reg = await within(navigator.serviceWorker.ready, 'no service worker ready');
     if (!navigator.serviceWorker.controller) {
-      await Promise.race([new Promise((ok) => navigator.serviceWorker.addEventListener('controllerchange', ok, { once: true })), late('no controller')]);
+      await within(new Promise((ok) => navigator.serviceWorker.addEventListener('controllerchange', ok, { once: true })), 'no controller');
     }
     return { scope: reg.scope, script: navigator.serviceWorker.controller.scriptURL };
   });
