@@ -1,8 +1,7 @@
 // Accessibility: axe-core (injected into the page) finds no violation on the full page in the
 // light, dark and projector themes, nor on an embed; the theme switch cycles through all four.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serve, launch, openPage, axeViolations } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, axeViolations } from './harness.mjs';
 
 let server;
 let browser;

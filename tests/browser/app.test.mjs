@@ -1,7 +1,6 @@
 // The web app in a real browser: share URLs, reload, garbage links, HF import, embed, CSP.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serve, launch, openPage, waitForApp, settled, cliJson, jsonInteger, writeFile, SUBPATH } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, waitForApp, settled, cliJson, jsonInteger, writeFile, SUBPATH } from './harness.mjs';
 
 let server;
 let browser;

@@ -2,21 +2,23 @@
 // adapter, no GPU needed) the panel opens the benchmark module, a short sweep runs end to end
 // in the page, both kernels match the CPU reference, a longer sweep cancels, and results render
 // and travel by link; without the flag the page says what to enable and nothing panics.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { serve, launch, openPage } from './harness.mjs';
+import { test, before, after, serve, launch, openPage } from './harness.mjs';
 
 let server;
 before(async () => { server = await serve(); });
 after(() => server?.close());
+
+/** The sweeps on SwiftShader wait up to minutes on a slow machine (see their selectors' waits). */
+const SWEEP_TEST = { timeout: 420_000 };
 
 async function openBench(page) {
   await page.click('[data-testid=bench-open]');
   await page.waitForSelector('[data-testid=bench-adapter], [data-testid=bench-unavailable]', { timeout: 60000 });
 }
 
-test('with WebGPU a short sweep runs in the page, matches the CPU reference, and its results render and travel', async () => {
+test('with WebGPU a short sweep runs in the page, matches the CPU reference, and its results render and travel', SWEEP_TEST, async () => {
   const browser = await launch({ webgpu: true });
   try {
     const { page, problems, requests } = await openPage(browser, server.base + '?model=gpt2');
@@ -74,7 +76,7 @@ test('with WebGPU a short sweep runs in the page, matches the CPU reference, and
   }
 });
 
-test('with WebGPU a long sweep shows its progress and cancels, keeping what it measured', async () => {
+test('with WebGPU a long sweep shows its progress and cancels, keeping what it measured', SWEEP_TEST, async () => {
   const browser = await launch({ webgpu: true });
   try {
     const { page, problems } = await openPage(browser, server.base + '?model=gpt2');

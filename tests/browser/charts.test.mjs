@@ -1,9 +1,8 @@
 // The charts in a real browser: drawn after load, redrawn when an input changes, readable by
 // pointer and keyboard, exported as valid SVG, PNG and CSV, and shown alone in embed mode.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { serve, launch, openPage, waitForApp } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, waitForApp } from './harness.mjs';
 
 const KINDS = ['seq', 'params', 'batch', 'gpus', 'timeline'];
 let server;

@@ -4,12 +4,11 @@
 // scrolls; a host with the documented script resizes the frame both ways and drives it with
 // setState/setTheme from allowed origins only; hide= and lock=; predict-then-reveal; the
 // built-in exercises and "make this an exercise"; compare; print media; snapshots; axe-core.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { serve, launch, openPage, axeViolations, waitForApp } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, axeViolations, waitForApp } from './harness.mjs';
 import { startServer } from './static-server.mjs';
 
 let app;

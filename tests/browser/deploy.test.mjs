@@ -4,14 +4,13 @@
 // every asset is relative and hashed; a second load is served from the service worker (and,
 // without one, from the HTTP cache); it works offline; a new deploy is offered and activates;
 // it is installable; released versions live side by side under versioned sub-paths.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { chromium } from 'playwright-core';
-import { ROOT, SUBPATH, launch, waitForApp } from './harness.mjs';
+import { test, before, after, within, ROOT, SUBPATH, launch, waitForApp } from './harness.mjs';
 import {
   DIST, STABLE, allowedUnhashed, isHashed, webroot, gzipHost, plainHost, controlled, workerBuild, pageBuild,
   verdict, computeChange, somethingDrawn, load, cliVersion, redeploy,
@@ -33,13 +32,23 @@ async function host(kind, dir) {
   return { ...h, root };
 }
 
-/** Polls `check` (which may fail while the page navigates) until it holds, for up to 20 s. */
+/**
+ * Polls `check` (which may fail while the page navigates) until it holds, for up to 20 s. One
+ * check may wait at most 5 s: an evaluation issued while a navigation is pending waits for the
+ * next document, and Playwright leaves that wait unbounded.
+ */
 async function until(check, what) {
-  for (let i = 0; i < 200; i++) {
-    try { if (await check()) return; } catch { /* navigating */ }
+  const end = Date.now() + 20000;
+  while (Date.now() < end) {
+    try { if (await within(check(), 5000, what)) return; } catch { /* navigating */ }
     await new Promise((r) => setTimeout(r, 100));
   }
   assert.fail(`timed out: ${what}`);
+}
+
+/** Asks the browser to look for a new deploy now (as it does on navigation), for up to 20 s. */
+async function checkForUpdate(page) {
+  await within(page.evaluate(() => navigator.serviceWorker.getRegistration().then((r) => r.update())), 20000, 'registration.update()');
 }
 
 /** Relative path of a request inside the app's folder, or null for one outside it. */
@@ -200,7 +209,7 @@ test('a new deploy: the page offers it in an accessible notice, Reload switches 
   assert.equal(await workerBuild(page), first);
 
   const second = redeploy(h.root);
-  await page.evaluate(() => navigator.serviceWorker.getRegistration().then((r) => r.update()));
+  await checkForUpdate(page);
   const notice = await page.waitForSelector('[data-testid=update-notice]', { timeout: 20000 });
   assert.equal(await notice.getAttribute('role'), 'status');
   await page.waitForSelector('[data-testid=update-reload]');
@@ -213,7 +222,7 @@ test('a new deploy: the page offers it in an accessible notice, Reload switches 
   assert.equal(await workerBuild(page), second);
 
   const third = redeploy(h.root);
-  await page.evaluate(() => navigator.serviceWorker.getRegistration().then((r) => r.update()));
+  await checkForUpdate(page);
   await page.waitForSelector('[data-testid=update-notice]', { timeout: 20000 });
   await page.reload();
   // The worker hands over and the page refreshes itself once more: poll across navigations.

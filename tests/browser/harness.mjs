@@ -7,9 +7,40 @@ import { cpSync, mkdtempSync, mkdirSync, writeFileSync, existsSync } from 'node:
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createServer } from 'node:net';
+import * as nodeTest from 'node:test';
 
 export const ROOT = resolve(import.meta.dirname, '..', '..');
 export const SUBPATH = '/course/week-3/trainmem/';
+
+/**
+ * The longest one browser test may run. The slowest (an axe sweep of every course page and
+ * embed in one theme) takes ~40 s on a 2-core machine; a test that hangs (a wedged renderer, a
+ * service worker that never answers) fails after this instead of holding CI until its own limit.
+ * (node 20's `--test-timeout` cannot say this: with `--test` it bounds each whole file.)
+ */
+export const TEST_TIMEOUT_MS = 180_000;
+/** The longest a file's set-up or clean-up (a browser launch or close, a server) may run. */
+export const HOOK_TIMEOUT_MS = 60_000;
+
+/** `node:test`'s `test`, with TEST_TIMEOUT_MS unless the options say otherwise. */
+export function test(name, options, fn) {
+  if (typeof options === 'function') [options, fn] = [{}, options];
+  return nodeTest.test(name, { timeout: TEST_TIMEOUT_MS, ...options }, fn);
+}
+/** `node:test`'s `before`, bounded by HOOK_TIMEOUT_MS. */
+export const before = (fn) => nodeTest.before(fn, { timeout: HOOK_TIMEOUT_MS });
+/** `node:test`'s `after`, bounded by HOOK_TIMEOUT_MS. */
+export const after = (fn) => nodeTest.after(fn, { timeout: HOOK_TIMEOUT_MS });
+
+/**
+ * Settles as `promise` does, or rejects naming `what` after `ms`: for waits Playwright leaves
+ * unbounded (`page.evaluate` of a promise, a CDP call).
+ */
+export function within(promise, ms, what) {
+  let late;
+  const timer = new Promise((_, no) => { late = setTimeout(() => no(new Error(`timed out after ${ms} ms: ${what}`)), ms); });
+  return Promise.race([promise, timer]).finally(() => clearTimeout(late));
+}
 
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'];

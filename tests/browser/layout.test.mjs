@@ -1,9 +1,8 @@
 // Layout in a real browser: legends and notes that never overlap each other or the data, at
 // phone, tablet and desktop widths; canvases drawn at the device's pixel ratio; an embed that
 // reports its content's height, so a frame given too much room shrinks to it.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { serve, launch, openPage, canvasLayout, writeFile, SUBPATH } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, canvasLayout, writeFile, SUBPATH } from './harness.mjs';
 
 let server;
 let browser;

@@ -1,12 +1,11 @@
 // The app's files: one wasm module for the whole app, the benchmark's own module fetched only
 // when it is opened, every file requested by its content-hashed name, and a policy that pins
 // every script.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createHash } from 'node:crypto';
-import { serve, launch, openPage, ROOT } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, ROOT } from './harness.mjs';
 
 let server;
 let browser;

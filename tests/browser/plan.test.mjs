@@ -3,12 +3,11 @@
 // plans (each row's link reproduces its configuration), the CLI's own CSV and JSON, and why
 // plan 1 sets each knob; the verdict lists the cheapest changes that make a configuration fit,
 // and each applies and fits. axe-core finds no violation with the panel's results open.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, existsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { serve, launch, openPage, waitForApp, axeViolations, ROOT } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, waitForApp, axeViolations, ROOT } from './harness.mjs';
 
 let server;
 let browser;

@@ -2,11 +2,10 @@
 // configuration it cannot reproduce is refused by key, and the JSON a run writes (a committed
 // CPU measurement) pasted back is compared row by row with the page's own estimate; the step
 // timeline draws the op-level step with the caching allocator's reserved memory.
-import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { serve, launch, openPage, axeViolations, ROOT } from './harness.mjs';
+import { test, before, after, serve, launch, openPage, axeViolations, ROOT } from './harness.mjs';
 
 let server;
 let browser;
