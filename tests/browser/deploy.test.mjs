@@ -199,34 +199,42 @@ test('offline: after one visit the page loads with the network gone, and an inpu
   await context.close();
 });
 
-test('a new deploy: the page offers it in an accessible notice, Reload switches to it; ignored, the next load activates it', async () => {
+test('a new deploy: the page offers it in an accessible notice, Reload switches to it; ignored, the next load activates it', async (t) => {
+  // Each phase is logged, so a failure (or a timeout) says how far the test got.
+  const phase = (what) => t.diagnostic(`${new Date().toISOString().slice(11, 23)} ${what}`);
   const h = await host('gzip');
   const context = await browser.newContext();
   const page = await context.newPage();
   await load(page, h.base + QUERY);
   await controlled(page);
+  phase('loaded and controlled by the first worker');
   const first = await pageBuild(page);
   assert.equal(await workerBuild(page), first);
 
   const second = redeploy(h.root);
   await checkForUpdate(page);
+  phase('second deploy laid; update checked');
   const notice = await page.waitForSelector('[data-testid=update-notice]', { timeout: 20000 });
   assert.equal(await notice.getAttribute('role'), 'status');
   await page.waitForSelector('[data-testid=update-reload]');
   assert.match(await notice.textContent(), /updated/i);
   // The running page keeps working on its build until the visitor chooses.
   assert.equal(await pageBuild(page), first);
+  phase('notice shown; pressing Reload');
   await Promise.all([page.waitForNavigation(), page.focus('[data-testid=update-reload]').then(() => page.keyboard.press('Enter'))]);
   await waitForApp(page);
   assert.equal(await pageBuild(page), second, 'Reload shows the new deploy');
   assert.equal(await workerBuild(page), second);
+  phase('second deploy running');
 
   const third = redeploy(h.root);
   await checkForUpdate(page);
   await page.waitForSelector('[data-testid=update-notice]', { timeout: 20000 });
+  phase('third deploy offered; reloading');
   await page.reload();
   // The worker hands over and the page refreshes itself once more: poll across navigations.
   await until(async () => (await pageBuild(page)) === third, 'the next load shows the new deploy');
+  phase('third deploy shown');
   await waitForApp(page);
   assert.equal(await workerBuild(page), third, 'the next load activated the new worker');
   await context.close();
