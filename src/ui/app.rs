@@ -278,13 +278,19 @@ fn App() -> impl IntoView {
     }
 }
 
+/// Sets up the answers (the analysis worker) where `results` shows them, before any panel is
+/// created (see [`analysis::provide`] for why the order matters).
+fn provide_answers(results: &[Panel], store: Store) {
+    if results.contains(&Panel::Answers) {
+        analysis::provide(store.config);
+    }
+}
+
 #[component]
 fn FullPage() -> impl IntoView {
     let store = use_store();
     let (layout, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
-    if layout.results.contains(&Panel::Answers) {
-        analysis::provide(store.config);
-    }
+    provide_answers(&layout.results, store);
     let has_inputs = !layout.inputs.is_empty();
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
@@ -331,9 +337,7 @@ fn EmbedPage() -> impl IntoView {
     let (layout, problem) =
         store.course.with_value(|s| Layout::course(s, true, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some)));
     let list = layout.results;
-    if list.contains(&Panel::Answers) {
-        analysis::provide(store.config);
-    }
+    provide_answers(&list, store);
     view! {
         <main class="embed" data-testid="embed" node_ref=main>
             <h1 class="sr-only">"trainmem"</h1>

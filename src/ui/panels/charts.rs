@@ -109,12 +109,13 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
     let key = Memo::new(move |_| store.config.with(|c| kind.axis().map_or_else(|| c.clone(), |a| sweep::key(a, c))));
     let sweep_started = StoredValue::new(None::<String>);
     let swept = Memo::new(move |_| {
+        let sweep = || key.with(|k| chart_of(kind, k));
         if !dom::timing() {
-            return key.with(|k| chart_of(kind, k));
+            return sweep();
         }
         let (start, end) = (format!("trainmem:sweep:{kind}:start"), format!("trainmem:sweep:{kind}:end"));
         dom::mark(&start);
-        let r = key.with(|k| chart_of(kind, k));
+        let r = sweep();
         dom::mark(&end);
         dom::measure(&format!("trainmem:sweep:{kind}"), &start, &end);
         sweep_started.set_value(Some(start));
