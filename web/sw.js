@@ -12,8 +12,11 @@
 // - Updates: a new deploy changes this file (its build id and file list), so the browser
 //   installs the new worker next to the running one. It waits; the page shows an "updated —
 //   reload" notice, and Reload asks it to take over (SKIP_WAITING). If the notice is ignored,
-//   the next load activates it: a navigation with a waiting worker and no other tab open hands
-//   over and reloads at once (an empty response with Refresh: 0).
+//   the next load activates it: a navigation with a waiting worker and no other tab open asks it
+//   to take over and reloads at once (an empty response with Refresh: 0). Until the new worker
+//   has begun to take over (at most HANDOVER_RETRY_MS), each reload that still reaches this one
+//   reloads again: the new worker may need a moment to start, and showing the old build then
+//   would leave the page on it after the handover.
 // - Activation deletes this scope's caches older than the previous build; other scopes (other
 //   versions of the app on the same origin) are never touched.
 //
@@ -34,6 +37,8 @@ const PAGE = new URL('./', self.location).href;
 const PAGE_FILE = new URL('./index.html', self.location).href;
 /** How long after asking a waiting worker to take over a navigation is served normally. */
 const HANDOVER_GRACE_MS = 10000;
+/** How long after asking, a navigation that still reaches this worker reloads again. */
+const HANDOVER_RETRY_MS = 3000;
 let handoverAt = 0;
 
 const absolute = (path) => new URL(path, self.location).href;
@@ -89,14 +94,21 @@ async function lookup(url) {
   return undefined;
 }
 
+/** An empty page that reloads at once. */
+const reloadNow = () => new Response('', { headers: { Refresh: '0', 'Content-Type': 'text/html; charset=utf-8' } });
+
 async function navigate(request) {
   const waiting = self.registration.waiting;
-  if (waiting && Date.now() - handoverAt > HANDOVER_GRACE_MS) {
-    const tabs = await self.clients.matchAll({ type: 'window' });
-    if (tabs.length < 2) {
-      handoverAt = Date.now();
-      waiting.postMessage({ type: 'SKIP_WAITING' });
-      return new Response('', { headers: { Refresh: '0', 'Content-Type': 'text/html; charset=utf-8' } });
+  if (waiting) {
+    const since = Date.now() - handoverAt;
+    if (since < HANDOVER_RETRY_MS) return reloadNow();
+    if (since > HANDOVER_GRACE_MS) {
+      const tabs = await self.clients.matchAll({ type: 'window' });
+      if (tabs.length < 2) {
+        handoverAt = Date.now();
+        waiting.postMessage({ type: 'SKIP_WAITING' });
+        return reloadNow();
+      }
     }
   }
   return (await lookup(PAGE)) || fetch(request);
