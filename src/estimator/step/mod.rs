@@ -97,16 +97,7 @@ pub enum EventKind {
 impl Event {
     /// "layer 31 backward, `mlp.down_proj` grad input (mm)".
     pub fn label(&self) -> String {
-        let place = match self.layer {
-            Some(l) => format!("layer {l} {}", self.phase.name()),
-            None => self.phase.name().to_string(),
-        };
-        let what = if self.node.is_empty() { self.op.to_string() } else { format!("{} in {}", self.op, self.node) };
-        if self.module.is_empty() {
-            format!("{place}, {what}")
-        } else {
-            format!("{place}, `{}` {what}", self.module)
-        }
+        write_label(self.phase, self.layer, self.module, self.op, self.node)
     }
 }
 
@@ -149,11 +140,30 @@ pub use model::{simulate, simulate_stage};
 
 /// "layer 31 backward, `mlp.down_proj` mm in MmBackward0" for a place in the step.
 pub fn label(at: &run::At) -> String {
-    let place = if at.layer == run::NO_LAYER { at.phase.name().to_string() } else { format!("layer {} {}", at.layer, at.phase.name()) };
-    let what = if at.node.is_empty() { at.op.to_string() } else { format!("{} in {}", at.op, at.node) };
-    if at.module.is_empty() {
-        format!("{place}, {what}")
-    } else {
-        format!("{place}, `{}` {what}", at.module)
+    let layer = (at.layer != run::NO_LAYER).then_some(u32::from(at.layer));
+    write_label(at.phase, layer, at.module, at.op, at.node)
+}
+
+/// "layer 31 backward, `mlp.down_proj` mm in MmBackward0": where, the module, the op and its
+/// node, written into one string (the estimate labels its peak on every call).
+fn write_label(phase: Phase, layer: Option<u32>, module: &str, op: &str, node: &str) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(64 + module.len() + op.len() + node.len());
+    if let Some(l) = layer {
+        // Writing into a `String` cannot fail.
+        let _ = write!(s, "layer {l} ");
     }
+    s.push_str(phase.name());
+    s.push_str(", ");
+    if !module.is_empty() {
+        s.push('`');
+        s.push_str(module);
+        s.push_str("` ");
+    }
+    s.push_str(op);
+    if !node.is_empty() {
+        s.push_str(" in ");
+        s.push_str(node);
+    }
+    s
 }
