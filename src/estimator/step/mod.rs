@@ -144,11 +144,15 @@ pub fn label(at: &run::At) -> String {
     write_label(at.phase, layer, at.module, at.op, at.node)
 }
 
+/// Room a label needs beyond its module, op and node ("layer 125 ", the phase, the separators),
+/// so that writing it never regrows the string.
+const LABEL_FIXED_ROOM: usize = 64;
+
 /// "layer 31 backward, `mlp.down_proj` mm in MmBackward0": where, the module, the op and its
 /// node, written into one string (the estimate labels its peak on every call).
 fn write_label(phase: Phase, layer: Option<u32>, module: &str, op: &str, node: &str) -> String {
     use std::fmt::Write;
-    let mut s = String::with_capacity(64 + module.len() + op.len() + node.len());
+    let mut s = String::with_capacity(LABEL_FIXED_ROOM + module.len() + op.len() + node.len());
     if let Some(l) = layer {
         // Writing into a `String` cannot fail.
         let _ = write!(s, "layer {l} ");
