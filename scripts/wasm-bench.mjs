@@ -21,13 +21,14 @@ if (!glueName || !wasmName) throw new Error(`${dist} holds no app module: run sc
 // the compile worker; it reads the page's query from the worker's global.
 globalThis.self = globalThis;
 globalThis.trainmemWarmQuery = '';
+const wasm = readFileSync(join(dist, wasmName));
 const glue = await import(pathToFileURL(join(dist, glueName)).href);
-await glue.default({ module_or_path: readFileSync(join(dist, wasmName)) });
+await glue.default({ module_or_path: wasm });
 
 const QUERIES = ['', 'seq=8192', 'model=llama-3.1-405b&gpus=128&tp=8&pp=16&seq=8192', 'model=mixtral-8x7b-v0.1&gpus=64&ep=8&zero=3'];
 const CALLS = 20;
 const ROUNDS = 3;
-console.log(`${wasmName}: ${readFileSync(join(dist, wasmName)).length} bytes`);
+console.log(`${wasmName}: ${wasm.length} bytes`);
 for (let round = 1; round <= ROUNDS; round++) {
   for (const q of QUERIES) {
     const t0 = performance.now();
