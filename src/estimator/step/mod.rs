@@ -95,7 +95,8 @@ pub enum EventKind {
 }
 
 impl Event {
-    /// "layer 31 backward, `mlp.down_proj` grad input (mm)".
+    /// Where the event happened, as the ledger and `trainmem step` name it ([`write_label`]):
+    /// "layer 31 backward, `mlp.down_proj` mm in MmBackward0".
     pub fn label(&self) -> String {
         write_label(self.phase, self.layer, self.module, self.op, self.node)
     }
@@ -170,4 +171,27 @@ fn write_label(phase: Phase, layer: Option<u32>, module: &str, op: &str, node: &
         s.push_str(node);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(phase: Phase, layer: Option<u32>, module: &'static str, op: &'static str, node: &'static str) -> Event {
+        Event { kind: EventKind::Alloc, id: 0, bytes: 0, dtype: DType::Bf16, cat: Cat::Transient, phase, layer, module, op, node, live: 0 }
+    }
+
+    #[test]
+    fn an_event_label_names_the_layer_the_phase_the_module_the_op_and_the_node() {
+        let e = event(Phase::Backward, Some(31), "mlp.down_proj", "mm", "MmBackward0");
+        assert_eq!(e.label(), "layer 31 backward, `mlp.down_proj` mm in MmBackward0");
+    }
+
+    #[test]
+    fn an_event_label_leaves_out_what_the_event_does_not_have() {
+        // Outside the layers, no module, no node: the phase and the op alone.
+        assert_eq!(event(Phase::Optimizer, None, "", "_foreach_add", "").label(), "optimizer, _foreach_add");
+        // Layer 0 is a layer: it is named.
+        assert_eq!(event(Phase::Forward, Some(0), "self_attn.q_proj", "mm", "").label(), "layer 0 forward, `self_attn.q_proj` mm");
+    }
 }
