@@ -199,7 +199,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         (o, Some(pr))
     } else {
         let o = match sh.mask {
-            Some(m) if !b.dropout || b.c.cuda => starcoder2::sdpa_masked_core(b, qe, ke, v, m),
+            Some(m) if !b.dropout || b.c.cuda => llama::sdpa_bool_mask(b, qe, ke, v, m, starcoder2::mask_build()),
             _ => llama::sdpa_core(b, qe, ke, v),
         };
         (o, None)

@@ -648,10 +648,8 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
 /// value = repeat_kv(value, module.num_key_value_groups)
 /// attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
 /// ```
-/// SDPA converts the bool mask to an additive one in q's dtype (`where` of two scalars,
-/// `[b, 1, s, s_kv]`) and the CPU flash kernel keeps it with q, k, v, the output and the
-/// log-sum-exp; its backward allocates dq, dk, dv (k and v at `a` heads, summed back to `k` heads
-/// by `repeat_kv`'s ExpandBackward0). Returns `[b, s, a, d]` as the caller reshapes it.
+/// See [`sdpa_bool_mask`]; Llama's additive mask is counted as `[b, s, s_kv]` (the tensor is
+/// `[b, 1, s, s_kv]`: the same bytes, without the unit dim in the formula).
 pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     // With dropout CPU SDPA runs its math path, as without a mask (`llama::sdpa_core`; the
     // mask's addition to the scores is not modelled there: no fixture measures it).
@@ -660,35 +658,69 @@ pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     }
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (k, v) = if gqa { (repeat_kv(b, k), repeat_kv(b, v)) } else { (k, v) };
+    let shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+    sdpa_bool_mask(b, q, k, v, mask, MaskBuild { shape, before_autocast: false, hold_kv: false })
+}
+
+/// Where the families' modeling code differs around SDPA with a bool mask ([`sdpa_bool_mask`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MaskBuild {
+    /// The additive mask's shape as the ledger counts it.
+    pub shape: Shape,
+    /// The additive mask is built in the model dtype before autocast casts q, k and v (Llama 4
+    /// calls `torch.where` itself); else SDPA builds it in q's dtype, after.
+    pub before_autocast: bool,
+    /// The caller's names still hold k and v after the call (Llama 4's repeated `key_states`
+    /// and `value_states`).
+    pub hold_kv: bool,
+}
+
+/// `F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` on CPU with a bool mask, k and v
+/// as given (already repeated to `a` heads where the caller repeats them). The bool mask is
+/// turned additive (`convert_boolean_attn_mask`: `where(mask, 0, -inf)`, two `scalar_tensor`s)
+/// and the CPU flash kernel keeps it with q, k, v, the output and the log-sum-exp; its backward
+/// allocates dq, dk, dv (k and v at `a` heads, summed back to `k` heads by `repeat_kv`'s
+/// ExpandBackward0). Returns `[b, s, a, d]` as the callers reshape it (a view: q, and so the
+/// output, are laid out `[b, s, a, d]`). Llama, Gemma, Starcoder2, Falcon and Llama 4 differ
+/// only in [`MaskBuild`].
+pub fn sdpa_bool_mask(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid, how: MaskBuild) -> Tid {
+    let additive = |b: &mut Builder, dt: Dt| {
+        let zero = b.plain("scalar_tensor", &[], Shape::scalar(), dt);
+        let ninf = b.plain("scalar_tensor", &[], Shape::scalar(), dt);
+        b.plain("where", &[mask, zero, ninf], how.shape, dt)
+    };
+    let early = how.before_autocast.then(|| additive(b, Dt::Model));
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
     let qdt = b.t(q).dt;
-    let z = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
-    let mn = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
-    let am = b.plain("where", &[mask, z, mn], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), qdt);
+    let add = match early {
+        Some(m) => m,
+        None => additive(b, qdt),
+    };
     let rg = b.rg(q) || b.rg(k) || b.rg(v);
     let o: Out = b.out(b.shape(q), qdt, rg);
     let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
+    const BW: &str = "_scaled_dot_product_flash_attention_for_cpu_backward";
     let mut bw: Vec<B> = Vec::with_capacity(6);
-    let mut temps = 0u8;
-    let mut grads: Vec<(u8, u8)> = Vec::new();
+    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
     for (i, t) in [q, k, v].into_iter().enumerate() {
         if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: "_scaled_dot_product_flash_attention_for_cpu_backward" });
-            grads.push((i as u8, temps));
-            temps += 1;
+            grads.push((i as u8, bw.len() as u8));
+            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: BW });
         }
     }
-    for (input, temp) in grads {
-        bw.push(B::Grad { input, temp });
-    }
+    bw.extend(grads.into_iter().map(|(input, temp)| B::Grad { input, temp }));
     let r = b.op(
         "_scaled_dot_product_flash_attention_for_cpu",
         "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, k, v, am],
+        &[q, k, v, add],
         &[o, lse],
         &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
         &bw,
     );
-    let ot = b.view(r[0], super::super::blocks::shapes::heads_bshd(Q::A), "TransposeBackward0", false);
+    if how.hold_kv {
+        b.hold(k);
+        b.hold(v);
+    }
+    let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }

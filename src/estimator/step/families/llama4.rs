@@ -207,38 +207,8 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
 fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let kr = repeat_kv(b, k);
     let vr = repeat_kv(b, v);
-    let m1 = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Model);
-    let m2 = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Model);
-    let wm =
-        b.plain("where", &[mask, m1, m2], Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Model);
-    let (q, kr, vr) = (b.autocast_in(q), b.autocast_in(kr), b.autocast_in(vr));
-    let rg = b.rg(q) || b.rg(kr) || b.rg(vr);
-    let o = b.out(b.shape(q), b.t(q).dt, rg);
-    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
-    let op = "_scaled_dot_product_flash_attention_for_cpu_backward";
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
-    for (i, t) in [q, kr, vr].into_iter().enumerate() {
-        if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op });
-            grads.push((i as u8, grads.len() as u8));
-        }
-    }
-    for (input, temp) in grads {
-        bw.push(B::Grad { input, temp });
-    }
-    let r = b.op(
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, kr, vr, wm],
-        &[o, lse],
-        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
-        &bw,
-    );
-    b.hold(kr);
-    b.hold(vr);
-    let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
-    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+    let shape = Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+    super::llama::sdpa_bool_mask(b, q, kr, vr, mask, super::llama::MaskBuild { shape, before_autocast: true, hold_kv: true })
 }
 
 /// `Llama4TextAttention.forward`. q and k stay `[b, s, heads, d]` through RoPE, the L2 norm (RoPE

@@ -11,7 +11,7 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
+use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
 use super::{has_rope, llama, rotary_dims, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -105,42 +105,13 @@ fn mask_shape() -> Shape {
 pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (k, v) = if gqa { (llama::repeat_kv(b, k), llama::repeat_kv(b, v)) } else { (k, v) };
-    sdpa_masked_core(b, q, k, v, mask)
+    llama::sdpa_bool_mask(b, q, k, v, mask, mask_build())
 }
 
-/// `F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` on CPU with a bool mask, k and v
-/// as given (see [`sdpa_masked`]); returns `[b, s, a·d]` as the callers reshape it (a view:
-/// q, and so the output, are laid out `[b, s, a, d]`).
-pub fn sdpa_masked_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
-    let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
-    let qdt = b.t(q).dt;
-    let zero = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
-    let ninf = b.plain("scalar_tensor", &[], Shape::scalar(), qdt);
-    let add =
-        b.plain("where", &[mask, zero, ninf], Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), qdt);
-    let rg = b.rg(q) || b.rg(k) || b.rg(v);
-    let o = b.out(b.shape(q), qdt, rg);
-    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
-    const BW: &str = "_scaled_dot_product_flash_attention_for_cpu_backward";
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
-    for (i, t) in [q, k, v].into_iter().enumerate() {
-        if b.rg(t) {
-            grads.push((i as u8, bw.len() as u8));
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: BW });
-        }
-    }
-    bw.extend(grads.into_iter().map(|(input, temp)| B::Grad { input, temp }));
-    let r = b.op(
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, k, v, add],
-        &[o, lse],
-        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
-        if rg { &bw } else { &[] },
-    );
-    let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
-    b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+/// Starcoder2's (and Falcon's) additive mask: `[b, 1, s, s_kv]`, built by SDPA after autocast.
+pub fn mask_build() -> llama::MaskBuild {
+    let shape = Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+    llama::MaskBuild { shape, before_autocast: false, hold_kv: false }
 }
 
 /// `Starcoder2MLP.forward`: `c_proj(act(c_fc(x)))`, then `residual_dropout`. The tanh GELU
