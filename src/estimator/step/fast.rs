@@ -6,12 +6,11 @@
 //! alive, so this equals the materialized stream's maximum (tested on every preset).
 
 use super::families::{Kind, Shared};
-use super::ir::{Dim, Dt, Origin, Program, Shape, Split, Tid};
+use super::ir::{Dt, Origin, Program, Shape, Tid};
 use super::model::{optimizer_events, optimizer_params, resident_grads, Setup};
 use super::run::{Accumulate, At, Run, NO_LAYER};
 use super::{Cat, Phase};
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::config::Attention;
 use crate::estimator::ledger::Bytes;
 
 pub use super::run::Tracker;
@@ -550,14 +549,10 @@ fn ends_bytes(setup: &Setup, ends: &[(Shape, Dt)]) -> i128 {
     })
 }
 
-/// Keeps imports honest across configurations.
-#[allow(dead_code)]
-fn _unused(_: Dim, _: Split, _: Attention) {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimator::config::{Config, Kernels, OptimImpl, Precision, Recompute};
+    use crate::estimator::config::{Attention, Config, Kernels, OptimImpl, Precision, Recompute};
     use crate::estimator::expr::numbers_only;
     use crate::estimator::params::{stages, Stage};
     use crate::estimator::precision::recipe;

@@ -11,7 +11,7 @@
 //! by allocation against `tests/fixtures/pytorch/steps/llama4_text__*.json`. Complex64 tensors
 //! are written as fp32 tensors of twice the last dim (the same bytes).
 
-use super::super::blocks::shapes::{heads, heads_bshd, scores, tok, tok_tp};
+use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
 use super::llama::{repeat_kv, AttnW, MlpW};
@@ -662,11 +662,6 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     b.part = Part::Head;
     let w = p.w(b, "norm.weight");
     rms_norm(b, x, w)
-}
-
-#[allow(dead_code)]
-fn _shapes() -> Shape {
-    tok_tp(Dim::Q(Q::F))
 }
 
 #[cfg(test)]
