@@ -106,7 +106,10 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             w(out, render_presets(json))
         }
         "keys" => w(out, render_keys()),
+        #[cfg(feature = "gpu")]
         "bench" => crate::bench::cli::run(rest, out).map_err(CliError::Bench),
+        #[cfg(not(feature = "gpu"))]
+        "bench" => Err(CliError::Bench("this build has no GPU benchmark: it was built without the `gpu` feature".into())),
         "verify-script" => {
             let (rest, path) = take_out(rest)?;
             if rest.iter().any(|a| a == "--json") {
