@@ -1,4 +1,4 @@
-//! The charts as the app draws them, rendered to SVG natively: what they say (titles, legends,
+//! The charts and the stacked bar as the app draws them, rendered to SVG natively: what they say (titles, legends,
 //! ticks, marked limits) and what their geometry means (the s² term's slope, the read-out's
 //! pixel ↔ data transform), against the estimator's own answers.
 
@@ -7,12 +7,14 @@ use trainmem::estimator::expr::group_digits;
 use trainmem::estimator::sweep::decided;
 use trainmem::estimator::sweep::{self, fits, GPU_COUNTS};
 use trainmem::estimator::{estimate, ledger::Bytes, EstimateError};
+use trainmem::plots::bar::{bar_data, bar_height, bar_svg, draw_bar};
 use trainmem::plots::batch::{batch_svg, BatchData};
+use trainmem::plots::draw::Part;
 use trainmem::plots::gpus::{gpus_svg, GpusData};
 use trainmem::plots::params::{params_svg, ParamsData};
 use trainmem::plots::seq::{draw_seq, seq_svg, SeqData};
 use trainmem::plots::timeline::{timeline_data, timeline_svg};
-use trainmem::plots::{draw_scene, hex, ChartData, ChartKind, Frame, DARK, LIGHT, PROJECTOR};
+use trainmem::plots::{draw_scene, hex, svg_of, ChartData, ChartKind, Frame, DARK, LIGHT, PROJECTOR};
 
 const SIZE: (u32, u32) = (960, 480);
 
@@ -484,4 +486,64 @@ fn the_op_level_timeline_shades_reserved_memory_above_allocated_and_names_the_pe
     assert!(svg.contains("<polygon"), "the reserved band");
     let csv = ChartData::Timeline(d).csv();
     assert!(csv.lines().next().expect("header").contains("reserved_bytes"), "{}", csv.lines().next().unwrap_or_default());
+}
+
+// The stacked bar, drawn from the default configuration's estimate.
+
+#[test]
+fn the_bar_has_a_segment_and_a_legend_entry_per_category() {
+    let e = estimate(&Config::default()).expect("valid");
+    let data = bar_data(&e, Unit::Gb, "H100 80 GB");
+    let svg = bar_svg(&data, &LIGHT, 720);
+    for s in &data.segments {
+        assert!(svg.contains(&s.label), "legend lacks {}", s.label);
+        assert!(svg.contains(&hex(s.color).to_uppercase()) || svg.contains(&hex(s.color)), "no fill for {}", s.label);
+    }
+    assert!(svg.contains("H100 80 GB: 85.52 GB"), "capacity label");
+    assert!(svg.contains("memory per GPU (GB)"));
+}
+
+#[test]
+fn the_segments_add_up_to_the_ledger_total() {
+    let e = estimate(&Config::default()).expect("valid");
+    assert_eq!(bar_data(&e, Unit::Gib, "x").total(), e.memory.total);
+}
+
+#[test]
+fn the_legend_and_the_capacity_label_never_overlap_each_other_or_the_bar_from_320_to_1600_pixels() {
+    for q in [Config::default(), Config { gpus: 8, zero: Zero::Z3, ..Config::default() }] {
+        let e = estimate(&q).expect("valid");
+        let data = bar_data(&e, Unit::Gb, "NVIDIA H100 80 GB (SXM)");
+        for theme in [LIGHT, PROJECTOR] {
+            for width in (320..=1600).step_by(10) {
+                let height = bar_height(&data, width, &theme);
+                let mut layout = None;
+                let _ = svg_of((width, height), |root| {
+                    layout = Some(draw_bar(root, &data, &theme)?);
+                    Ok(())
+                });
+                let layout = layout.expect("drawn");
+                assert_eq!(layout.problems(), Vec::<String>::new(), "at {width} px");
+                assert!(layout.parts.iter().filter(|p| p.part == Part::Legend).count() >= data.segments.len());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_compared_configuration_is_drawn_over_the_chart_as_a_dashed_line() {
+    let a = decode_query("model=llama-3.1-8b&attn=eager").config;
+    let b = decode_query("model=llama-3.1-8b&attn=sdpa").config;
+    let chart = |c: &Config| ChartData::from_sweep(sweep::run(sweep::Axis::Seq, c).expect("sweeps"), c);
+    let b_series = chart(&b).overlay_series().expect("a sweep has a peak");
+    assert!(b_series.iter().any(|(_, v)| v.is_some()));
+    let plain = chart(&a).svg(&LIGHT, (800, 500));
+    let compared = svg_of((800, 500), |root| chart(&a).draw_compared(root, &LIGHT, &b_series).map(|_| ()));
+    let vermillion = |svg: &str| svg.to_ascii_lowercase().matches("#d55e00").count();
+    assert!(vermillion(&compared) > vermillion(&plain), "B's line is drawn");
+    assert!(!plain.contains("B peak"));
+    assert!(compared.contains("B peak"));
+    // The timeline has no overlay (its events differ between configurations).
+    let e = estimate(&a).expect("estimates");
+    assert_eq!(ChartData::timeline(&e, &a).overlay_series(), None);
 }

@@ -301,23 +301,4 @@ mod tests {
         assert_eq!(ChartKind::from_view("ledger"), None);
         assert_eq!(ChartKind::Seq.filename("csv"), "trainmem-seq.csv");
     }
-
-    #[test]
-    fn a_compared_configuration_is_drawn_over_the_chart_as_a_dashed_line() {
-        use crate::estimator::sweep;
-        let a = crate::config::decode_query("model=llama-3.1-8b&attn=eager").config;
-        let b = crate::config::decode_query("model=llama-3.1-8b&attn=sdpa").config;
-        let chart = |c: &Config| ChartData::from_sweep(sweep::run(sweep::Axis::Seq, c).expect("sweeps"), c);
-        let b_series = chart(&b).overlay_series().expect("a sweep has a peak");
-        assert!(b_series.iter().any(|(_, v)| v.is_some()));
-        let plain = chart(&a).svg(&LIGHT, (800, 500));
-        let compared = draw::svg_of((800, 500), |root| chart(&a).draw_compared(root, &LIGHT, &b_series).map(|_| ()));
-        let vermillion = |svg: &str| svg.to_ascii_lowercase().matches("#d55e00").count();
-        assert!(vermillion(&compared) > vermillion(&plain), "B's line is drawn");
-        assert!(!plain.contains("B peak"));
-        assert!(compared.contains("B peak"));
-        // The timeline has no overlay (its events differ between configurations).
-        let e = crate::estimator::estimate(&a).expect("estimates");
-        assert_eq!(ChartData::timeline(&e, &a).overlay_series(), None);
-    }
 }
