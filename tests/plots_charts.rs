@@ -1,6 +1,6 @@
-//! The charts and the stacked bar as the app draws them, rendered to SVG natively: what they say (titles, legends,
-//! ticks, marked limits) and what their geometry means (the s² term's slope, the read-out's
-//! pixel ↔ data transform), against the estimator's own answers.
+//! The charts and the stacked bar as the app draws them, rendered to SVG natively: what they
+//! say (titles, legends, ticks, marked limits) and what their geometry means (the s² term's
+//! slope, the read-out's pixel ↔ data transform), against the estimator's own answers.
 
 use trainmem::config::{decode_query, Attention, Config, Unit, Zero};
 use trainmem::estimator::expr::group_digits;
