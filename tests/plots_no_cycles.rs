@@ -1,7 +1,7 @@
 //! The source's shape, checked from the files themselves: no import cycle among the modules of
-//! `ui/`, `bench/`, `plots/` and `estimator/`; imports between the areas run one way (`ui → plots → estimator`,
-//! and the benchmark depends on nothing of ours, so its wasm module holds no Leptos and no
-//! estimator); and `plots/` only draws (no call that runs the estimator).
+//! `ui/`, `bench/`, `plots/` and `estimator/`; imports between the areas run one way
+//! (`ui → plots → estimator`, and the benchmark depends on nothing of ours, so its wasm module
+//! holds no Leptos and no estimator); and `plots/` only draws (no call that runs the estimator).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
