@@ -534,7 +534,7 @@ fn the_legend_and_the_capacity_label_never_overlap_each_other_or_the_bar_from_32
 fn a_compared_configuration_is_drawn_over_the_chart_as_a_dashed_line() {
     let a = decode_query("model=llama-3.1-8b&attn=eager").config;
     let b = decode_query("model=llama-3.1-8b&attn=sdpa").config;
-    let chart = |c: &Config| ChartData::from_sweep(sweep::run(sweep::Axis::Seq, c).expect("sweeps"), c);
+    let chart = |c: &Config| chart_data(ChartKind::Seq, c).expect("sweeps");
     let b_series = chart(&b).overlay_series().expect("a sweep has a peak");
     assert!(b_series.iter().any(|(_, v)| v.is_some()));
     let plain = chart(&a).svg(&LIGHT, (800, 500));
