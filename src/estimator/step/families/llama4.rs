@@ -14,7 +14,7 @@
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
-use super::llama::{repeat_kv, AttnW, MlpW};
+use super::llama::{repeat_kv, sdpa_bool_mask, AttnW, MaskBuild, MlpW};
 use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -208,7 +208,7 @@ fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let kr = repeat_kv(b, k);
     let vr = repeat_kv(b, v);
     let shape = Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-    super::llama::sdpa_bool_mask(b, q, kr, vr, mask, super::llama::MaskBuild { shape, before_autocast: true, hold_kv: true })
+    sdpa_bool_mask(b, q, kr, vr, mask, MaskBuild { shape, before_autocast: true, hold_kv: true })
 }
 
 /// `Llama4TextAttention.forward`. q and k stay `[b, s, heads, d]` through RoPE, the L2 norm (RoPE
