@@ -31,9 +31,10 @@ pub unsafe extern "C" fn first_screen(ptr: *const u8, len: usize) -> u64 {
     let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
     let cfg = decode_query(std::str::from_utf8(bytes).unwrap_or_default()).config;
     let mut seen = 0u64;
-    if let Ok(e) = sweep::decided(&cfg) {
+    let decided = sweep::decided(&cfg);
+    if let Ok(e) = &decided {
         let label = gpu::gpu(&cfg.gpu).map_or_else(|| format!("{} GiB", cfg.gpu_gib), |g| g.name.to_string());
-        let bar = bar_data(&e, cfg.unit, &label);
+        let bar = bar_data(e, cfg.unit, &label);
         let (scene, _) = draw_scene((DRAW_WIDTH, bar_height(&bar, DRAW_WIDTH, &LIGHT)), |root| draw_bar(root, &bar, &LIGHT).is_ok());
         seen += scene.shapes.len() as u64 + e.memory.total as u64;
     }
@@ -42,7 +43,8 @@ pub unsafe extern "C" fn first_screen(ptr: *const u8, len: usize) -> u64 {
     }
     seen += activations::textbook_differences(&cfg).len() as u64;
     let key = sweep::key(sweep::Axis::Seq, &cfg);
-    if let Ok(chart) = sweep::run(sweep::Axis::Seq, &key).map(|s| ChartData::from_sweep(s, &key)) {
+    if let Ok(chart) = sweep::run(sweep::Axis::Seq, &key).map(|s| ChartData::from_sweep(s, &key).with_current(&cfg, decided.as_ref().ok()))
+    {
         let (scene, _) = draw_scene((DRAW_WIDTH, chart.height(DRAW_WIDTH, &LIGHT)), |root| chart.draw(root, &LIGHT).is_ok());
         seen += scene.shapes.len() as u64;
     }

@@ -6,9 +6,11 @@
 #
 #   scripts/size-floor.sh
 #
-# Needs what scripts/build.sh installs (the wasm target, wasm-bindgen, npm's wasm-opt, brotli).
+# Installs what is missing first, as scripts/build.sh does (scripts/setup.sh --build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+set --
+source scripts/setup.sh --build
 root="$PWD"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -38,8 +40,8 @@ TOML
 
 (cd "$work" && CARGO_TARGET_DIR="$root/target/size-floor" cargo build --quiet --release --target wasm32-unknown-unknown)
 wasm-bindgen --target web --out-dir "$work/out" "$root/target/size-floor/wasm32-unknown-unknown/release/size_floor.wasm"
-node_modules/.bin/wasm-opt -Oz --strip-debug --strip-producers --enable-bulk-memory --enable-nontrapping-float-to-int \
-  --enable-sign-ext "$work/out/size_floor_bg.wasm" -o "$work/floor.wasm"
+# As scripts/build-modules.sh optimises the benchmark module.
+wasm-opt -Oz "$work/out/size_floor_bg.wasm" -o "$work/floor.wasm"
 
 br() { brotli -q 11 -w 24 -c "$1" | wc -c; }
 printf 'first screen without a UI (estimate, ledger formulas, bar, textbook, sequence chart): %s bytes raw, %s brotli\n' \
