@@ -9,7 +9,7 @@ use super::families::{Kind, Shared};
 use super::ir::{Dt, Origin, Program, Shape, Tid};
 use super::model::{optimizer_events, optimizer_params, resident_grads, Setup};
 use super::run::{Accumulate, At, Run, NO_LAYER};
-use super::{Cat, Phase};
+use super::stream::{Cat, Phase};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::ledger::Bytes;
 
@@ -706,7 +706,7 @@ mod debug {
                     pe.live,
                     pe.label(),
                     f.peak,
-                    f.at.map(|a| super::super::label(&a))
+                    f.at.map(|a| super::run::label(&a))
                 );
                 for c in &f.segments {
                     println!("   {:?} {} {:?}", c.piece, c.live, c.cats);
@@ -725,14 +725,14 @@ mod debug {
                     let want: u32 = std::env::var("DEBUG_LAYER").unwrap().parse().unwrap();
                     // Allocations made in this layer's backward and still alive when the next
                     // layer's backward starts.
-                    let mut live: Vec<&crate::estimator::step::Event> = Vec::new();
+                    let mut live: Vec<&crate::estimator::step::stream::Event> = Vec::new();
                     let mut started = false;
                     for e in &s.events {
-                        let here = e.phase == crate::estimator::step::Phase::Backward && e.layer == Some(want);
+                        let here = e.phase == crate::estimator::step::stream::Phase::Backward && e.layer == Some(want);
                         if here {
                             started = true;
                         }
-                        if started && e.phase == crate::estimator::step::Phase::Backward && e.layer.is_some_and(|l| l < want) {
+                        if started && e.phase == crate::estimator::step::stream::Phase::Backward && e.layer.is_some_and(|l| l < want) {
                             if std::env::var("DEBUG_ALL").is_ok() {
                                 println!("   next {:?} {:>12} live {:>12} {}", e.kind, e.bytes, e.live, e.label());
                             }
@@ -742,8 +742,8 @@ mod debug {
                             println!("   {:?} {:>12} live {:>12} {}", e.kind, e.bytes, e.live, e.label());
                         }
                         match e.kind {
-                            crate::estimator::step::EventKind::Alloc if here => live.push(e),
-                            crate::estimator::step::EventKind::Free => live.retain(|a| a.id != e.id),
+                            crate::estimator::step::stream::EventKind::Alloc if here => live.push(e),
+                            crate::estimator::step::stream::EventKind::Free => live.retain(|a| a.id != e.id),
                             _ => {}
                         }
                     }

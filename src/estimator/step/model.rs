@@ -5,7 +5,7 @@
 use super::families::{self, Kind, Params, Shared};
 use super::ir::{Builder, DType, Dim, Dt, Fragment, Origin, Program, Save, Shape, Split, Tid, B, MODEL, S, X};
 use super::run::{Accumulate, At, Run, Sink, NO_LAYER};
-use super::{Cat, Event, EventKind, Phase, Stream};
+use super::stream::{Cat, Event, EventKind, Phase, Stream};
 use crate::estimator::activations::ctx::{Ctx, Values, Q};
 use crate::estimator::config::{Attention, Config, Kernels, Loss, OptimImpl, Optimizer, Recompute};
 use crate::estimator::ledger::Bytes;

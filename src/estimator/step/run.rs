@@ -22,7 +22,7 @@
 //!   under the tracker).
 
 use super::ir::{DType, Origin, Program, Tid, B, FOREVER, FWD_END};
-use super::{Cat, Phase};
+use super::stream::{Cat, Phase};
 
 /// Where an allocation happens (for events and the peak's label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -749,4 +749,10 @@ impl Sink for Tracker {
         self.cats[ci(from)] -= bytes as i128;
         self.cats[ci(to)] += bytes as i128;
     }
+}
+
+/// "layer 31 backward, `mlp.down_proj` mm in MmBackward0" for a place in the step.
+pub fn label(at: &At) -> String {
+    let layer = (at.layer != NO_LAYER).then_some(u32::from(at.layer));
+    super::stream::write_label(at.phase, layer, at.module, at.op, at.node)
 }
