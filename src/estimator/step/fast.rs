@@ -706,7 +706,7 @@ mod debug {
                     pe.live,
                     pe.label(),
                     f.peak,
-                    f.at.map(|a| super::run::label(&a))
+                    f.at.map(|a| crate::estimator::step::run::label(&a))
                 );
                 for c in &f.segments {
                     println!("   {:?} {} {:?}", c.piece, c.live, c.cats);
