@@ -67,7 +67,7 @@ class Dims:
         if mt == "falcon":
             self.k = 1 if (g("multi_query") and not g("new_decoder_architecture")) else g("num_kv_heads")
         self.d = g("head_dim") or self.h // self.a
-        if mt in ("deepseek_v2", "deepseek_v3"):
+        if mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
             self.d = None  # MLA: see qk_nope/qk_rope/v_head_dim
         self.V = cfg["vocab_size"]
         rp = g("rope_parameters") or {}
@@ -297,7 +297,7 @@ def masked(x: Dims, kind):
 def llama_family(rec, x: Dims, *, norm="llama", fused_qkv=False, fused_gate_up=False, act="silu", qk_norm=None,
                  post_norms=False, pre_mlp="post_attention_layernorm", o_copy=False, rope_fp32=False,
                  clip_qkv=False, normalizer=False, attn_softcap=False, final_softcap=False, moe=None,
-                 resid_dropout=False, rope_pairs=1):
+                 resid_dropout=False, rope_pairs=1, pre_norms=True, pre_attn="input_layernorm"):
     """llama/modeling_llama.py LlamaDecoderLayer.forward (+ LlamaAttention, LlamaMLP, LlamaRMSNorm) and the families
     that follow its layout; the keyword flags name where a family differs (see FINDINGS.md, one section each)."""
     t = Terms()
@@ -312,16 +312,18 @@ def llama_family(rec, x: Dims, *, norm="llama", fused_qkv=False, fused_gate_up=F
     # `embed_scale.to(weight.dtype)` is the buffer itself (same dtype), model state like the parameters: not counted.
     rope_dim = int(d * x.prf)
     if x.ckpt:
-        eager_masks = (2 if any(ty == "sliding" for ty in types) and x.mt in ("gemma2", "gemma3_text") else 1)
+        # one additive mask per distinct layer kind (create_causal_mask / create_sliding_window_causal_mask):
+        # 2 with sliding and full layers (gemma2, gemma3_text, olmo3, exaone4), else 1
+        eager_masks = len(set(types))
         ckpt_terms(t, x, lay, rope_dims=[rope_dim] * rope_pairs, eager_masks=eager_masks,
                    sdpa_masks=1 if n_sl else 0, rope_bytes=F32 if rope_fp32 else None)
     else:
         # ---- attention block
-        if norm != "olmo2":
+        if pre_norms and norm != "olmo2":
             if norm == "layernorm":  # olmo: OlmoLayerNorm = F.layer_norm(x.to(fp32)).to(orig dtype), no weight
                 ln_terms(t, x, lay + ".input_layernorm", L, T, h, F32)
             else:
-                rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb, norm)
+                rms_terms(t, x, lay + "." + pre_attn, L, T, h, hb, norm)
         qkv_mod = lay + (".self_attn.qkv_proj" if fused_qkv else ".self_attn.q_proj")
         # the norm output (olmo2: the residual stream itself) is the q/k/v input: one storage shared by q, k, v;
         # under autocast each linear casts its fp32 input separately.
@@ -346,6 +348,9 @@ def llama_family(rec, x: Dims, *, norm="llama", fused_qkv=False, fused_gate_up=F
         elif qk_norm == "full":  # olmo2: RMSNorm over the whole projection a*d (and k*d)
             rms_terms(t, x, att + ".q_norm", L, T, a * d, cb, "olmo2")
             rms_terms(t, x, att + ".k_norm", L, T, k * d, cb, "olmo2")
+        elif qk_norm == "full_llama":  # minimax_m2 (FlexOlmoAttention): llama-style RMSNorm over a*d and k*d
+            rms_terms(t, x, att + ".q_norm", L, T, a * d, cb, "llama")
+            rms_terms(t, x, att + ".k_norm", L, T, k * d, cb, "llama")
         rope_terms(t, x, att, rope_dim, pairs=rope_pairs, dtype_bytes=F32 if rope_fp32 else None)
         o_mod = att + ".o_proj"
         if x.attn == "sdpa" and not x.dropout:
@@ -383,7 +388,7 @@ def llama_family(rec, x: Dims, *, norm="llama", fused_qkv=False, fused_gate_up=F
             t.add(lay + ".resid_attn_dropout", "residual dropout mask [b,s,h] (CPU: model dtype)", p * T * h, L)
             t.add(lay + ".resid_mlp_dropout", "residual dropout mask [b,s,h] (CPU: model dtype)", p * T * h, L)
         # ---- MLP block
-        if norm != "olmo2":
+        if pre_norms and norm != "olmo2":
             pm = lay + "." + pre_mlp
             if norm == "layernorm":
                 ln_terms(t, x, pm, L, T, h, F32)
@@ -417,7 +422,38 @@ def llama_family(rec, x: Dims, *, norm="llama", fused_qkv=False, fused_gate_up=F
     return t
 
 
-def swiglu_terms(t: Terms, x: Dims, m, n, rows, h, f, in_bytes, act_mod=".act_fn", input_saved=True):
+def apertus_mlp(t: Terms, x: Dims, rec):
+    """apertus/modeling_apertus.py ApertusMLP.forward: down_proj(act_fn(up_proj(x))), no gate; act_fn =
+    transformers/activations.py XIELUActivation._xielu_python (no CUDA `xielu` package here):
+        alpha_p = softplus(self.alpha_p); alpha_n = beta + softplus(self.alpha_n)      # [1] parameters
+        where(x > 0, alpha_p * x * x + beta * x, (expm1(min(x, eps)) - x) * alpha_n + beta * x)
+    beta and eps are 0-dim buffers (they do not promote); alpha_p, alpha_n are [1] parameters (they do: under
+    autocast they are fp32 while x is bf16, so alpha_p * x and everything after the `* alpha_n` is fp32).
+    Saved per layer: x (the up_proj output, `mul other`), alpha_p * x, expm1(min(x, eps)) - x, the expm1 result,
+    the bool condition x > 0, the two [1] scalars, and the down_proj input (the where result; under autocast its bf16
+    cast)."""
+    T, h, f, L = x.T, x.h, x.f, x.L
+    cb, hb = x.cb, x.hb
+    e = F32 if x.amp else x.p  # dtype of alpha_p * x and of the [1] scalars
+    m = "model.layers.*.mlp"
+    if x.amp:
+        amp_cast(t, x, m + ".up_proj", T, h, L)
+    else:
+        t.add(m + ".up_proj", "feedforward_layernorm output = up_proj input [b,s,h]", hb * T * h, L)
+    amp_weight(t, x, m + ".up_proj", h, f, L)
+    a = m + ".act_fn"
+    t.add(a, "xielu: x = up_proj output [b,s,f]", cb * T * f, L)
+    t.add(a, "xielu: alpha_p * x [b,s,f] (fp32 under autocast)", e * T * f, L)
+    t.add(a, "xielu: expm1(min(x, eps)) - x [b,s,f]", cb * T * f, L)
+    t.add(a, "xielu: expm1 result [b,s,f]", cb * T * f, L)
+    t.add(a, "xielu: where condition x > 0 [b,s,f] bool", BOOL * T * f, L)
+    t.add(a, "xielu: softplus(alpha_p), beta + softplus(alpha_n) [1] x2", 2 * e, L)
+    t.add(m + ".down_proj", "xielu output = down_proj input [b,s,f] (under autocast: its bf16 cast)", cb * T * f, L)
+    amp_weight(t, x, m + ".down_proj", f, h, L)
+
+
+def swiglu_terms(t: Terms, x: Dims, m, n, rows, h, f, in_bytes, act_mod=".act_fn", input_saved=True,
+                 first="gate_proj"):
     """LlamaMLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x)) (GeGLU for gemma: act = gelu_tanh):
     gate/up input (one storage; under autocast a bf16 cast per linear), the act input (gate output), act(gate),
     up output, and the down_proj input, all in the matmul dtype."""
@@ -425,8 +461,8 @@ def swiglu_terms(t: Terms, x: Dims, m, n, rows, h, f, in_bytes, act_mod=".act_fn
     if x.amp and in_bytes == F32:
         amp_cast(t, x, m + ".gate_proj", rows, h, n)
         amp_cast(t, x, m + ".up_proj", rows, h, n)
-    elif input_saved:
-        t.add(m + ".gate_proj", "gate/up input [rows,h] (one storage)", in_bytes * rows * h, n)
+    elif input_saved:  # labelled with the projection that runs first (falcon_h1: up_proj)
+        t.add(m + "." + first, "gate/up input [rows,h] (one storage)", in_bytes * rows * h, n)
     amp_weight(t, x, m + ".gate_proj", h, f, n)
     amp_weight(t, x, m + ".up_proj", h, f, n)
     amp_weight(t, x, m + ".down_proj", f, h, n)
@@ -546,9 +582,12 @@ def stablelm(rec, x: Dims):
     par, qkln = cfg.get("use_parallel_residual"), cfg.get("qk_layernorm")
     lay = "model.layers.*"
     rot = int(d * x.prf)
+    # Qwen3.5's text rotary embedding is M-RoPE (Qwen3VLTextRotaryEmbedding, interleaved sections): text position
+    # ids are expanded to [3, b, s], so cos/sin are [b, s, rot], not [1, s, rot]
+    rope_b = b if x.mt in ("qwen3_5_text", "qwen3_5_moe_text") else 1
     t.add("model.embed_tokens", "input_ids int64", I64 * T)
     if x.ckpt:
-        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+        ckpt_terms(t, x, lay, rope_dims=[rot * rope_b], eager_masks=1)
     else:
         ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
         att = lay + ".self_attn"
@@ -582,9 +621,12 @@ def phi(rec, x: Dims):
     hb, cb = x.hb, x.cb
     lay = "model.layers.*"
     rot = int(d * x.prf)
+    # Qwen3.5's text rotary embedding is M-RoPE (Qwen3VLTextRotaryEmbedding, interleaved sections): text position
+    # ids are expanded to [3, b, s], so cos/sin are [b, s, rot], not [1, s, rot]
+    rope_b = b if x.mt in ("qwen3_5_text", "qwen3_5_moe_text") else 1
     t.add("model.embed_tokens", "input_ids int64", I64 * T)
     if x.ckpt:
-        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+        ckpt_terms(t, x, lay, rope_dims=[rot * rope_b], eager_masks=1)
     else:
         ln2(t, x, lay + ".input_layernorm", L, T, h, hb)
         att = lay + ".self_attn"
@@ -878,7 +920,9 @@ def qwen_moe_mlp(t: Terms, x: Dims, rec):
     m = "model.layers.*.mlp"
     swiglu_terms(t, x, m, dense, x.T, x.h, x.f, in_bytes=x.hb)
     shared = x.cfg.get("shared_expert_intermediate_size") or 0
-    moe_layers_terms(t, x, m, moe, router="softmax", norm_topk=x.cfg.get("norm_topk_prob"), fe=x.fe,
+    # Qwen3_5MoeTopKRouter.forward renormalises the top-k values unconditionally (its config has no norm_topk_prob)
+    norm_topk = True if x.mt == "qwen3_5_moe_text" else x.cfg.get("norm_topk_prob")
+    moe_layers_terms(t, x, m, moe, router="softmax", norm_topk=norm_topk, fe=x.fe,
                      shared_f=shared, shared_gate=bool(shared), shared_first=True)
 
 
@@ -918,14 +962,17 @@ def deepseek(rec, x: Dims):
     ql, r = cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     dq = dn + dr
-    v3 = x.mt == "deepseek_v3"
+    v3 = x.mt in ("deepseek_v3", "deepseek_v32")  # deepseek_v32 = V3's MLA/MoE + the no_grad DSA indexer
+    v32 = x.mt == "deepseek_v32"
     lay = "model.layers.*"
     att = lay + ".self_attn"
     t.add("model.embed_tokens", "input_ids int64", I64 * T)
     rope_bytes = 2 * hb * s * dr if v3 else 8 * s * (dr // 2)
     if x.ckpt:
-        ckpt_terms(t, x, lay, eager_masks=1, extra=[(lay, "closure: position_embeddings (cos+sin [1,s,dr] / "
-                                                          "freqs_cis complex64 [1,s,dr/2])", rope_bytes)])
+        # deepseek_v32 builds its causal mask even for sdpa (allow_is_causal_skip=False: the indexer needs it)
+        ckpt_terms(t, x, lay, eager_masks=1, sdpa_masks=1 if v32 else 0,
+                   extra=[(lay, "closure: position_embeddings (cos+sin [1,s,dr] / "
+                                "freqs_cis complex64 [1,s,dr/2])", rope_bytes)])
     else:
         rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb)
         first = att + (".q_a_proj" if ql else ".q_proj")
@@ -1176,13 +1223,17 @@ def deltanet_terms(t: Terms, x: Dims, la, n_layers):
     cd = 2 * Hk * dk + Hv * dv
     cb, hb = x.cb, x.hb
     N = n_layers
-    if x.amp:
-        amp_cast(t, x, la + ".in_proj_qkvz", T, h, N)
-        amp_cast(t, x, la + ".in_proj_ba", T, h, N)
-        amp_weight(t, x, la + ".in_proj_qkvz", h, 2 * Hk * dk + 2 * Hv * dv, N)
-        amp_weight(t, x, la + ".in_proj_ba", h, 2 * Hv, N)
+    split = x.mt in ("qwen3_5_text", "qwen3_5_moe_text")  # Qwen3_5GatedDeltaNet: 4 projections, not 2
+    if split:
+        projs = (("in_proj_qkv", cd), ("in_proj_z", Hv * dv), ("in_proj_b", Hv), ("in_proj_a", Hv))
     else:
-        t.add(la + ".in_proj_qkvz", "norm output = in_proj_qkvz / in_proj_ba input [T,h]", hb * T * h, N)
+        projs = (("in_proj_qkvz", 2 * Hk * dk + 2 * Hv * dv), ("in_proj_ba", 2 * Hv))
+    if x.amp:
+        for nm, out in projs:
+            amp_cast(t, x, la + "." + nm, T, h, N)
+            amp_weight(t, x, la + "." + nm, h, out, N)
+    else:
+        t.add(la + "." + projs[0][0], "norm output = the in_proj_* input [T,h]", hb * T * h, N)
     t.add(la, "conv1d input = cat(q,k,v) [b,cd,s]", cb * b * cd * s, N)
     if x.amp:
         t.add(la, "autocast bf16 copy of the conv1d weight [cd,1,Kc]", BF16 * cd * Kc, N)
@@ -1259,9 +1310,12 @@ def qwen3_next(rec, x: Dims):
     n_att = L - n_lin
     lay = "model.layers.*"
     rot = int(d * x.prf)
+    # Qwen3.5's text rotary embedding is M-RoPE (Qwen3VLTextRotaryEmbedding, interleaved sections): text position
+    # ids are expanded to [3, b, s], so cos/sin are [b, s, rot], not [1, s, rot]
+    rope_b = b if x.mt in ("qwen3_5_text", "qwen3_5_moe_text") else 1
     t.add("model.embed_tokens", "input_ids int64", I64 * T)
     if x.ckpt:
-        ckpt_terms(t, x, lay, rope_dims=[rot], eager_masks=1)
+        ckpt_terms(t, x, lay, rope_dims=[rot * rope_b], eager_masks=1)
     else:
         rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb, "gemma")
         deltanet_terms(t, x, lay + ".linear_attn", n_lin)
@@ -1278,7 +1332,7 @@ def qwen3_next(rec, x: Dims):
         t.add(qn, "q_norm rsqrt, 1+w, normalised x fp32", F32 * T * a + F32 * d + F32 * T * a * d, n_att)
         rms_terms(t, x, att + ".k_norm", n_att, T * k, d, cb, "gemma")
         if n_att:
-            rope_terms(t, x, att, rot)
+            rope_terms(t, x, att, rot * rope_b)
         o_mod = att + ".o_proj"
         if x.attn == "sdpa":
             sdpa_terms(t, x, att, n_att, a=a, kv=k, dq=d, o_copy=True, o_mod=att)
@@ -1288,8 +1342,209 @@ def qwen3_next(rec, x: Dims):
         t.add(o_mod, "attn_output * sigmoid(gate) = o_proj input [T,a*d]", cb * T * a * d, n_att)
         amp_weight(t, x, o_mod, a * d, h, n_att)
         rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb, "gemma")
-        qwen_moe_mlp(t, x, rec)
+        if x.mt == "qwen3_5_text":  # Qwen3_5MLP (dense SwiGLU, intermediate_size) on every layer
+            swiglu_terms(t, x, lay + ".mlp", L, T, h, x.f, in_bytes=hb)
+        else:
+            qwen_moe_mlp(t, x, rec)
     rms_terms(t, x, "model.norm", 1, T, h, hb, "gemma")
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Mamba-2 hybrids (issue 25): falcon_h1, granitemoehybrid
+# ----------------------------------------------------------------------------------------------------------------------
+
+def mamba2_terms(t: Terms, x: Dims, mm, n_layers, *, mup, out_mod=None):
+    """The Mamba-2 mixer on transformers' torch path (no mamba_ssm / causal_conv1d installed):
+    falcon_h1/modeling_falcon_h1.py FalconH1Mixer.forward (mup=True) and granitemoehybrid/modeling_granitemoehybrid.py
+    GraniteMoeHybridMambaLayer.forward (mup=False), both calling causal_conv1d_fn (F.conv1d + silu) and
+    mamba2_chunk_scan (the SSD "torch_forward": chunked scan with segment_sum). Symbols: H = mamba_n_heads,
+    P = mamba_d_head, N = mamba_d_state, G = mamba_n_groups, d = H*P (mamba_d_ssm), cd = d + 2*G*N (conv channels),
+    Din = d + cd + H (in_proj width), Kc = mamba_d_conv, C = mamba_chunk_size, n = ceil(s/C), sp = n*C (padded).
+    Inside the scan everything is fp32 (`.float()`), except that under autocast every einsum runs as a bf16 bmm
+    (e = 2), else e = 4. m = bytes of the in_proj output as the mixer uses it: falcon multiplies it by the fp32
+    mup_vector buffer (fp32 under autocast), granite uses it as is (bf16 under autocast)."""
+    cfg = x.cfg
+    b, s, T, h, p = x.b, x.s, x.T, x.h, x.p
+    H, P, N, G = cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_d_state"], cfg["mamba_n_groups"]
+    Kc, C = cfg["mamba_d_conv"], cfg["mamba_chunk_size"]
+    d = H * P
+    cd = d + 2 * G * N
+    Din = d + cd + H
+    n = -(-s // C)
+    sp = n * C
+    amp, hb, cb = x.amp, x.hb, x.cb
+    e = BF16 if amp else F32
+    m = (F32 if mup else BF16) if amp else p
+    NL = n_layers
+    if amp:
+        amp_cast(t, x, mm + ".in_proj", T, h, NL)
+    else:
+        t.add(mm + ".in_proj", "mixer input [T,h] (falcon: x * ssm_in_multiplier, a new tensor)", hb * T * h, NL)
+    amp_weight(t, x, mm + ".in_proj", h, Din, NL)
+    t.add(mm, "A = -exp(A_log.float()): exp result and A [H] fp32", 2 * F32 * H, NL)
+    if amp:
+        t.add(mm, "conv1d input: autocast's bf16 copy of the xBC slice [b,cd,s]", BF16 * b * cd * s, NL)
+        if mup:
+            t.add(mm, "silu(gate) input = the whole fp32 in_proj*mup_vector output [T,Din]", F32 * T * Din, NL)
+    else:
+        t.add(mm, "conv1d input = a view of the in_proj output: the whole [T,Din] storage", m * T * Din, NL)
+    amp_weight(t, x, mm, cd, Kc, NL, "conv1d weight")
+    cw = BF16 if amp else p
+    t.add(mm, "conv1d output (padding Kc-1, sliced [:s]) = silu input [b,cd,s+Kc-1]", cw * b * cd * (s + Kc - 1), NL)
+    t.add(mm, "dt + dt_bias (softplus input) and softplus output (clamp input) [b,s,H]", 2 * m * T * H, NL)
+    if m == BF16:  # bf16 models, and granite under autocast (the conv output is cast back to the bf16 input dtype)
+        t.add(mm, "x.float() copy [b,s,H,P] fp32 (x * dt self)", F32 * T * d, NL)
+        t.add(mm, "dt[..., None].float() and dt.float() copies [b,s,H] fp32", 2 * F32 * T * H, NL)
+    else:
+        t.add(mm, "x = the fp32 silu output [b,cd,s] (fp32 model: .float() no-op; falcon under autocast: its "
+                  ".to(fp32) copy)", F32 * b * cd * s, NL)
+        t.add(mm, "dt.float() = the clamp output [b,s,H] fp32", F32 * T * H, NL)
+    t.add(mm, "F.pad(x) for D_residual [b,sp,H,P] fp32 (a copy even when the pad is 0)", F32 * b * sp * d, NL)
+    t.add(mm, "segment_sum masks ~tril [C,C] x2 and [n+1,n+1] x2 bool", 2 * C * C + 2 * (n + 1) ** 2, NL)
+    t.add(mm, "L = exp(segment_sum(A)) [b,H,n,C,C] fp32", F32 * b * H * sp * C, NL)
+    t.add(mm, "G = einsum(C, B): bmm operands B^T and C [b*n*H, C, N], and C again for C_times_states",
+          3 * e * b * sp * H * N, NL)
+    t.add(mm, "G (M = G * L self) [b,n,C,C,H]", e * b * sp * C * H, NL)
+    t.add(mm, "Y_diag = einsum(M, x*dt): M copy [b*n*H,C,C] and x*dt chunks [b*n*H,C,P]", e * b * sp * (C * H + d), NL)
+    t.add(mm, "exp(A_cumsum[-1:] - A_cumsum) and exp(A_cumsum) [b,H,n,C] fp32", 2 * F32 * b * H * sp, NL)
+    t.add(mm, "B (padded, repeated to H heads) [b,n,C,H,N] fp32 (B_decay = B * decay self)", F32 * b * sp * H * N, NL)
+    t.add(mm, "states = einsum(B_decay, x*dt): B_decay [b*n*H,C,N] and x^T [b*n*H,P,C]", e * b * sp * (H * N + d), NL)
+    t.add(mm, "decay_chunk = exp(segment_sum(pad(A_cumsum[..., -1]))) [b,H,n+1,n+1] fp32", F32 * b * H * (n + 1) ** 2,
+          NL)
+    if amp:
+        t.add(mm, "decay_chunk bf16 cast for the bmm [b*H,n+1,n+1]", BF16 * b * H * (n + 1) ** 2, NL)
+    t.add(mm, "new_states = einsum(decay_chunk, states): states [b*H, n+1, P*N]", e * b * H * (n + 1) * P * N, NL)
+    t.add(mm, "C_times_states = einsum(C, states[:, :-1]): states [b*n*H, N, P]", e * b * n * H * N * P, NL)
+    t.add(mm, "C_times_states [b,n,C,H,P] (Y_off mul self)", e * b * sp * d, NL)
+    t.add(out_mod or mm, "scan output (y + D_residual, padded storage) [b,sp,H,P] fp32 (gate mul / norm input)",
+          F32 * b * sp * d, NL)
+    return m, d
+
+
+def falcon_h1(rec, x: Dims):
+    """falcon_h1/modeling_falcon_h1.py FalconH1DecoderLayer.forward: input_layernorm (llama RMSNorm); the Mamba-2 mixer
+    (mamba2_terms, then `scan_output * silu(gate)` and out_proj(scan_output.to(dtype))) and GQA attention run in
+    parallel on the same normed input, each on its own scaled copy (`x * ssm_in_multiplier`,
+    `x * attention_in_multiplier`: new tensors, saved by in_proj and q/k/v); pre_ff_layernorm; SwiGLU MLP with
+    `act(gate_proj(x) * gate_multiplier)` (the silu input is the product, same bytes as llama's)."""
+    t = Terms()
+    T, h, a, k, d, f, L = x.T, x.h, x.a, x.k, x.d, x.f, x.L
+    hb, cb, amp = x.hb, x.cb, x.amp
+    lay = "model.layers.*"
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, rope_dims=[d], eager_masks=1)
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb)
+        mm = lay + ".mamba"
+        m, dm = mamba2_terms(t, x, mm, L, mup=True)
+        t.add(mm, "silu(gate) [b,s,d] (gate mul other)", m * T * dm, L)
+        if amp:
+            amp_cast(t, x, mm + ".out_proj", T, dm, L)
+        else:
+            t.add(mm + ".out_proj", "out_proj input [T,d] (bf16: the .to(dtype) copy; fp32: the product)",
+                  x.p * T * dm, L)
+        amp_weight(t, x, mm + ".out_proj", dm, h, L)
+        att = lay + ".self_attn"
+        if amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, L)
+                amp_weight(t, x, att + "." + nm, h, out, L)
+        else:
+            t.add(att + ".q_proj", "x * attention_in_multiplier = q/k/v input [T,h]", hb * T * h, L)
+        rope_terms(t, x, att, d)
+        if x.attn == "sdpa":
+            sdpa_terms(t, x, att, L, a=a, kv=k, dq=d)
+        else:
+            eager_terms(t, x, att, L, a=a, dq=d, o_mod=att + ".o_proj")
+        amp_weight(t, x, att + ".o_proj", a * d, h, L)
+        rms_terms(t, x, lay + ".pre_ff_layernorm", L, T, h, hb)
+        swiglu_terms(t, x, lay + ".feed_forward", L, T, h, f, in_bytes=hb, first="up_proj")
+    rms_terms(t, x, "model.final_layernorm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+def granitemoehybrid(rec, x: Dims):
+    """granitemoehybrid/modeling_granitemoehybrid.py GraniteMoeHybridDecoderLayer.forward: input_layernorm; on
+    "mamba" (linear_attention) layers GraniteMoeHybridMambaLayer (mamba2_terms without mup, then the gated
+    GraniteMoeHybridRMSNormGated(scan_output, gate) in fp32 per group, then out_proj(scan_output.to(dtype))); on
+    "attention" layers GQA attention without RoPE (position_embedding_type "nope"); residual * residual_multiplier;
+    post_attention_layernorm; GraniteMoeHybridMoE (router: F.linear in the model dtype, .float(), top-k of the
+    logits, softmax over the k values, .type_as(x)) + the shared GraniteMoeHybridMLP (input_linear h->2F, chunk,
+    silu(first) * second, output_linear) on every layer."""
+    t = Terms()
+    cfg = x.cfg
+    T, h, a, k, d, L, b = x.T, x.h, x.a, x.k, x.d, x.L, x.b
+    hb, cb, amp = x.hb, x.cb, x.amp
+    types = cfg["layer_types"][:L]
+    n_m = sum(1 for ty in types if ty == "linear_attention")
+    n_a = L - n_m
+    lay = "model.layers.*"
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    rope = cfg.get("position_embedding_type") == "rope"
+    if x.ckpt:
+        # position_ids are not passed to the layers when there is no RoPE
+        ckpt_terms(t, x, lay, rope_dims=[d] if rope else [], eager_masks=1, position_ids=rope)
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb)
+        mm = lay + ".mamba"
+        G = cfg["mamba_n_groups"]
+        nrm = mm + ".norm"
+        m, dm = mamba2_terms(t, x, mm, n_m, mup=False, out_mod=nrm)
+        if x.p != F32 or amp:
+            t.add(nrm, "gated norm: gate.to(fp32) copy = silu input [b,s,d]", F32 * T * dm, n_m)
+        t.add(nrm, "gated norm: silu(gate) [b,s,d] fp32 (mul other)", F32 * T * dm, n_m)
+        t.add(nrm, "gated norm: x * silu(gate) [b,s,G,d/G] fp32 (pow self)", F32 * T * dm, n_m)
+        t.add(nrm, "gated norm: rsqrt [b,s,G] fp32", F32 * T * G, n_m)
+        t.add(nrm, "gated norm: normalised x fp32 (weight * x: mul other)", F32 * T * dm, n_m)
+        if amp:
+            amp_cast(t, x, mm + ".out_proj", T, dm, n_m)
+        else:
+            t.add(mm + ".out_proj", "out_proj input [T,d] (bf16: the .to(dtype) copy; fp32: the norm output)",
+                  x.p * T * dm, n_m)
+        amp_weight(t, x, mm + ".out_proj", dm, h, n_m)
+        att = lay + ".self_attn"
+        if amp:
+            for nm, out in (("q_proj", a * d), ("k_proj", k * d), ("v_proj", k * d)):
+                amp_cast(t, x, att + "." + nm, T, h, n_a)
+                amp_weight(t, x, att + "." + nm, h, out, n_a)
+        else:
+            t.add(att + ".q_proj", "norm output = q/k/v input [T,h]", hb * T * h, n_a)
+        if n_a and rope:
+            rope_terms(t, x, att, d)
+        if x.attn == "sdpa":
+            sdpa_terms(t, x, att, n_a, a=a, kv=k, dq=d)
+        else:
+            eager_terms(t, x, att, n_a, a=a, dq=d, o_mod=att + ".o_proj")
+        amp_weight(t, x, att + ".o_proj", a * d, h, n_a)
+        rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb)
+        moe = lay + ".block_sparse_moe"
+        r = moe + ".router"
+        E, K, S = x.E, x.K, T * x.K
+        if amp:
+            amp_cast(t, x, r, T, h, L, "router input")
+            amp_cast(t, x, lay + ".shared_mlp.input_linear", T, h, L, "shared_mlp input")
+        else:
+            t.add(r, "post_attention_layernorm output = router and shared_mlp input [T,h]", hb * T * h, L)
+        amp_weight(t, x, r, h, E, L, "router")
+        t.add(r, "top-k indices of the fp32 logits [T,K] int64", I64 * T * K, L)
+        t.add(r, "softmax over the top-k logits [T,K] fp32", F32 * T * K, L)
+        # routing weights = softmax(...).type_as(router input): the stream dtype (fp32 under autocast)
+        grouped_experts_terms(t, x, moe + ".experts", L, S, x.f, hb, rw_bytes=hb)
+        sm = lay + ".shared_mlp"
+        F2 = cfg["shared_intermediate_size"]
+        amp_weight(t, x, sm + ".input_linear", h, 2 * F2, L)
+        t.add(sm + ".activation", "input_linear output [T,2F] (silu saves the first chunk: the whole storage)",
+              cb * T * 2 * F2, L)
+        t.add(sm, "silu(first chunk) [T,F] (mul self)", cb * T * F2, L)
+        t.add(sm + ".output_linear", "output_linear input [T,F]", cb * T * F2, L)
+        amp_weight(t, x, sm + ".output_linear", F2, h, L)
+    rms_terms(t, x, "model.norm", 1, T, h, hb)
     lm_head_terms(t, x, "lm_head", hb)
     loss_terms(t, x)
     return t
@@ -1357,10 +1612,15 @@ def gpt2(rec, x: Dims):
         ln(lay + ".ln_2")
         t.add(lay + ".mlp.c_fc", "c_fc input [b,s,h]", cp * T * h, L)
         act = lay + ".mlp.act"
-        t.add(act, "gelu_new: x (c_fc output) [b,s,f]", cp * T * f, L)
-        t.add(act, "gelu_new: tanh(...) [b,s,f]", cp * T * f, L)
-        t.add(act, "gelu_new: 0.5*x [b,s,f]", cp * T * f, L)
-        t.add(act, "gelu_new: 1+tanh [b,s,f]", cp * T * f, L)
+        if x.cfg.get("activation_function") == "gelu_pytorch_tanh":
+            # issue 25 (gpt2-tanh): PytorchGELUTanh = F.gelu(x, approximate="tanh"), one aten op whose
+            # GeluBackward0 keeps only its input (the c_fc output), in the matmul output dtype.
+            t.add(act, "gelu(approximate=tanh): its input (c_fc output) [b,s,f]", cp * T * f, L)
+        else:
+            t.add(act, "gelu_new: x (c_fc output) [b,s,f]", cp * T * f, L)
+            t.add(act, "gelu_new: tanh(...) [b,s,f]", cp * T * f, L)
+            t.add(act, "gelu_new: 0.5*x [b,s,f]", cp * T * f, L)
+            t.add(act, "gelu_new: 1+tanh [b,s,f]", cp * T * f, L)
         t.add(lay + ".mlp.c_proj", "c_proj input [b,s,f]", cp * T * f, L)
         if x.dropout:
             t.add(lay + ".mlp.dropout", "mlp dropout mask [b,s,h]", p * T * h, L)
@@ -1381,6 +1641,20 @@ def gpt2(rec, x: Dims):
 
 FAMILY_FN = {
     "gpt2": gpt2,
+    "gpt2-tanh": gpt2,
+    "seed_oss": llama_family,
+    # minimax_m2: whole-projection llama-style q/k norms, partial RoPE (rotary_dim) ending in cat -> o-copy; the
+    # MiniMaxM2TopKRouter saves the same bytes as mixtral's (sigmoid(logits.float()) fp32 [T,E] instead of the
+    # softmax, the gather index instead of the topk indices, the renormalised fp32 weights), experts of width
+    # intermediate_size
+    "minimax_m2": lambda r, x: llama_family(r, x, qk_norm="full_llama", o_copy=True, moe=mixtral_moe),
+    "apertus": lambda r, x: llama_family(r, x, qk_norm="head", pre_attn="attention_layernorm",
+                                         pre_mlp="feedforward_layernorm", moe=apertus_mlp),
+    # exaone4: no pre-norms, llama-style post-norms on the sub-layer outputs, per-head q/k norm; its NoPE full layers
+    # change nothing here (cos/sin are saved once by the sliding layers that rotate)
+    "exaone4": lambda r, x: llama_family(r, x, qk_norm="head", post_norms=True, pre_norms=False),
+    "olmo3": lambda r, x: llama_family(r, x, norm="olmo2", qk_norm="full", post_norms=True, rope_fp32=True,
+                                       rope_pairs=2),
     "llama-gqa": llama_family,
     "llama-mha": llama_family,
     "qwen2": llama_family,
@@ -1406,9 +1680,14 @@ FAMILY_FN = {
     "deepseek_v3": deepseek,
     "deepseek_v2": deepseek,
     "deepseek_v2-group": deepseek,
+    "deepseek_v32": deepseek,
     "gpt_oss": gpt_oss,
     "llama4_text": llama4_text,
     "qwen3_next": qwen3_next,
+    "falcon_h1": falcon_h1,
+    "granitemoehybrid": granitemoehybrid,
+    "qwen3_5_text": qwen3_next,
+    "qwen3_5_moe_text": qwen3_next,
     "starcoder2": starcoder2,
     "stablelm": stablelm,
     "stablelm-qkln-par": stablelm,

@@ -198,17 +198,17 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
     "qwen3_5_text": ("qwen3_5_text", _with(LLAMA_LIKE, head_dim=32, layer_types=["linear_attention",
                                                                               "full_attention"],
                                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=D,
-                                           linear_value_head_dim=D,
+                                           linear_value_head_dim=24,
                                            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                                             "partial_rotary_factor": 0.25,
                                                             "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
-                     "Qwen3.5 dense text model: layer 0 gated DeltaNet (separate in_proj_qkv/z/b/a, torch "
-                     "fallbacks), layer 1 gated full attention (head_dim 32, partial rotary 0.25, interleaved "
+                     "Qwen3.5 dense text model: layer 0 gated DeltaNet (separate in_proj_qkv/z/b/a, 2 key heads "
+                     "of 16, 4 value heads of 24, torch fallbacks), layer 1 gated full attention (head_dim 32, partial rotary 0.25, interleaved "
                      "M-RoPE sections [2,1,1]), dense SwiGLU MLP on both"),
     "qwen3_5_moe_text": ("qwen3_5_moe_text", _with(LLAMA_LIKE, head_dim=32,
                                                    layer_types=["linear_attention", "full_attention"],
                                                    linear_num_key_heads=2, linear_num_value_heads=4,
-                                                   linear_key_head_dim=D, linear_value_head_dim=D,
+                                                   linear_key_head_dim=D, linear_value_head_dim=24,
                                                    moe_intermediate_size=FE, shared_expert_intermediate_size=FE,
                                                    num_experts=4, num_experts_per_tok=2,
                                                    rope_parameters={"rope_type": "default",
@@ -255,18 +255,20 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
     "falcon_h1": ("falcon_h1", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                     num_key_value_heads=KV, head_dim=D, intermediate_size=F, vocab_size=V,
                                     max_position_embeddings=P, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16,
-                                    mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=32),
-                  "every layer: Mamba-2 mixer (torch SSD chunked scan, chunk 32 < s) in parallel with GQA "
+                                    mamba_n_groups=2, mamba_d_state=24, mamba_d_conv=4, mamba_chunk_size=32),
+                  "every layer: Mamba-2 mixer (8 heads of 16, 2 groups, state 24, torch SSD chunked scan, chunk 32 < "
+                  "s) in parallel with GQA "
                   "attention, then a SwiGLU MLP; muP multipliers (1.0 here, same ops)"),
     "granitemoehybrid": ("granitemoehybrid", dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                                   num_key_value_heads=KV, intermediate_size=FE,
                                                   shared_intermediate_size=F, num_local_experts=4,
                                                   num_experts_per_tok=2, vocab_size=V, max_position_embeddings=P,
-                                                  mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
-                                                  mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=32,
+                                                  mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+                                                  mamba_d_state=24, mamba_d_conv=4, mamba_chunk_size=32,
                                                   position_embedding_type="nope",
                                                   layer_types=["mamba", "attention"]),
-                         "Granite 4.0-H: layer 0 Mamba-2 (torch SSD chunked scan, chunk 32 < s, gated RMSNorm), "
+                         "Granite 4.0-H: layer 0 Mamba-2 (8 heads of 16, 2 groups, state 24, torch SSD chunked scan, "
+                         "chunk 32 < s, gated RMSNorm), "
                          "layer 1 NoPE GQA attention; MoE (4 experts top-2) + shared SwiGLU MLP on both"),
 }
 
@@ -932,14 +934,14 @@ def extras(refused: dict):
                 for dtype in DTYPES:
                     yield dict(family="qwen3_next", batch=b, seq=s, dtype=dtype, attn="sdpa", checkpoint_mode=None,
                                dropout=0.0, extra=True)
-    # issue 25: the chunked torch fallbacks of the new linear-attention / SSM families (gated DeltaNet chunk 64, KDA
-    # chunk 64, Mamba-2 SSD chunk 32 here) pad the sequence to a multiple of the chunk: s = 96 is not a multiple of
-    # either, so the padded terms are pinned down too.
-    for family in ("qwen3_5_text", "kimi_linear", "falcon_h1", "granitemoehybrid"):
+    # issue 25: the chunked torch fallbacks of the new linear-attention / SSM families pad the sequence to a
+    # multiple of the chunk (gated DeltaNet and KDA: 64, so s = 96; Mamba-2 SSD: 32 here, so s = 80), so the padded
+    # terms are pinned down too.
+    for family, s in (("qwen3_5_text", 96), ("kimi_linear", 96), ("falcon_h1", 80), ("granitemoehybrid", 80)):
         if family in FAMILIES:
             for b in BATCHES:
                 for dtype in DTYPES:
-                    yield dict(family=family, batch=b, seq=96, dtype=dtype, attn="sdpa", checkpoint_mode=None,
+                    yield dict(family=family, batch=b, seq=s, dtype=dtype, attn="sdpa", checkpoint_mode=None,
                                dropout=0.0, extra=True)
     # MoE experts through the per-expert python loop (routing-dependent) instead of the grouped_mm default.
     for dtype in ("fp32", "bf16"):
