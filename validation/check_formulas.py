@@ -77,7 +77,7 @@ class Dims:
             self.prf = g("partial_rotary_factor") or 1.0
         # MoE symbols
         self.E = g("num_local_experts") or g("n_routed_experts") or g("num_experts")
-        self.K = g("num_experts_per_tok")
+        self.K = g("num_experts_per_tok") or g("num_experts_per_token")  # kimi_linear spells it ..._token
         self.fe = g("moe_intermediate_size")
         # p: bytes of the model dtype (parameters in fp32/bf16 records); under amp-bf16 the model is fp32 and the
         # residual stream fp32 (hb = 4) while autocast's matmuls produce bf16 (cb = 2).
@@ -1551,6 +1551,166 @@ def granitemoehybrid(rec, x: Dims):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Kimi Linear (issue 25): KDA linear attention + NoPE MLA + MoE
+# ----------------------------------------------------------------------------------------------------------------------
+
+KDA_CHUNK = 64  # chunk_kimi_delta_attention(chunk_size=64)
+
+
+def kda_terms(t: Terms, x: Dims, la, N):
+    """kimi_linear/modeling_kimi_linear.py KimiLinearDeltaAttention.forward with the pure-torch fallbacks (no fla /
+    causal-conv1d): causal_conv1d_fn on cat(q_proj, k_proj, v_proj) (silu), KimiLinearForgetGate (per-channel decay:
+    -exp(A_log) * softplus(f_b_proj(f_a_proj(x)) + dt_bias), written as where(g > 20, g, log(1 + exp(g)))),
+    beta = sigmoid(b_proj(x)), chunk_kimi_delta_attention (chunk C = 64, s padded to sp = n*C; everything fp32),
+    the output gate g_b_proj(g_a_proj(x)) and KimiLinearRMSNormGated (fp32, sigmoid gate).
+    Symbols: H = linear_num_heads, K = linear_head_dim (q, k and v share it), Kc = linear_conv_kernel_dim.
+    The chunk kernel keeps, per layer: the fp32 decay mask exp(g_i - g_j) [b,H,n,C,C,K] and the
+    k_beta*key*decay product of the same size (the two dominant terms: 8*b*H*sp*C*K bytes), every clone of the
+    sequential row update (`for i in 1..C-1: row, sub = attn[..., i, :i], attn[..., :i, :i]`: sum of 4*b*H*n*(i + i^2)),
+    per chunk the intra-chunk product [b,H,C,C,K], and one recurrent state [b,H,K,K] per chunk. The state update of
+    the last chunk feeds only the discarded final state: that subgraph is dead and frees itself (not counted)."""
+    cfg = x.cfg
+    b, s, T, h = x.b, x.s, x.T, x.h
+    H, K, Kc = cfg["linear_num_heads"], cfg["linear_head_dim"], cfg["linear_conv_kernel_dim"]
+    HK = H * K
+    C = KDA_CHUNK
+    n = -(-s // C)
+    sp = n * C
+    p, cb, hb, amp = x.p, x.cb, x.hb, x.amp
+    f4 = F32 * b * H
+    if amp:
+        for nm, out in (("q_proj", HK), ("k_proj", HK), ("v_proj", HK), ("forget_gate.f_a_proj", K),
+                        ("b_proj", H), ("g_a_proj", K)):
+            amp_cast(t, x, la + "." + nm, T, h, N)
+            amp_weight(t, x, la + "." + nm, h, out, N)
+    else:
+        t.add(la + ".q_proj", "norm output = q/k/v, f_a, b, g_a projection input [T,h]", hb * T * h, N)
+    t.add(la, "cat(q, k, v) = conv1d input [b,3HK,s]", cb * T * 3 * HK, N)
+    if amp:
+        t.add(la, "autocast bf16 copy of the conv1d weight [3HK,1,Kc]", BF16 * 3 * HK * Kc, N)
+    t.add(la, "conv1d output (padded, sliced) = silu input [b,3HK,s+Kc-1]", cb * b * 3 * HK * (s + Kc - 1), N)
+    fg = la + ".forget_gate"
+    t.add(fg + ".f_b_proj", "f_a_proj output = f_b_proj input [T,K]", cb * T * K, N)
+    amp_weight(t, x, fg + ".f_b_proj", K, HK, N)
+    t.add(fg, "exp(A_log) and -exp(A_log) [H] fp32", 2 * F32 * H, N)
+    t.add(fg, "exp(g), 1 + exp(g) (log input), softplus result [b,s,H,K] fp32 x3", 3 * F32 * T * HK, N)
+    t.add(fg, "where condition g > 20 [b,s,H,K] bool", BOOL * T * HK, N)
+    t.add(la, "beta = sigmoid(b_proj(x)) [b,s,H]", cb * T * H, N)
+    t.add(la, "l2norm inputs q, k [b,H,s,K] fp32 x2 and sqrt results [b,H,s,1] x2", 2 * f4 * s * (K + 1), N)
+    t.add(la, "padded beta [b,H,sp] fp32", f4 * sp, N)
+    t.add(la, "padded value, key, scaled query, k_beta, exp(g) (for k_cumdecay) [b,H,sp,K] fp32 x5",
+          5 * f4 * sp * K, N)
+    t.add(la, "decay mask exp [b,H,n,C,C,K] fp32 and k_beta*key*decay product (same size)", 2 * f4 * sp * C * K, N)
+    t.add(la, "masks: strict triu [C,C,1], triu [C,C], triu(1) [C,C] bool", 3 * C * C, N)
+    t.add(la, "row-update clones: sum over i=1..C-1 of row [b,H,n,i] and sub [b,H,n,i,i] fp32",
+          f4 * n * sum(i + i * i for i in range(1, C)), N)
+    e = BF16 if amp else F32  # matmul operands (autocast casts them to bf16 and does not cache activation casts)
+    if amp:
+        t.add(la, "attn bf16 casts for attn @ v_beta and attn @ (k_beta*exp(g)) [b,H,n,C,C] x2",
+              2 * BF16 * b * H * n * C * C, N)
+    else:
+        t.add(la, "attn (+eye) [b,H,n,C,C] fp32", f4 * n * C * C, N)
+    t.add(la, "v_beta and k_beta*exp(g) [b,H,sp,K] (bmm mat2)", 2 * e * b * H * sp * K, N)
+    t.add(la, "per chunk: exp(g_i) [b,H,C,K] fp32, intra-chunk product [b,H,C,C,K] fp32", n * f4 * C * K * (1 + C), N)
+    t.add(la, "per chunk: attn_intra [b,H,C,C] and v_new [b,H,C,K] (bmm operands)", n * e * b * H * C * (C + K), N)
+    if amp:  # bf16 casts of the states: one for chunk 0's two matmuls with S_0, two per later chunk
+        t.add(la, "recurrent states: bf16 casts [b,H,K,K] x(2n-1) (bmm mat2)", (2 * n - 1) * e * b * H * K * K, N)
+    else:
+        t.add(la, "recurrent states S_0..S_{n-1} [b,H,K,K] fp32 (bmm mat2)", n * e * b * H * K * K, N)
+    if n >= 2:
+        t.add(la, "chunks 1..n-1: (q_i * exp(g_i)) [b,H,C,K] (bmm self)", (n - 1) * e * b * H * C * K, N)
+        t.add(la, "k_cumdecay [b,H,sp,K] (bmm self, chunks 1..n-1)", e * b * H * sp * K, N)
+        t.add(la, "state updates 0..n-2: exp(g_last) [b,H,K] and exp(g_last - g_i) [b,H,C,K] fp32",
+              (n - 1) * f4 * K * (1 + C), N)
+        t.add(la, "state updates 0..n-2: (k_i * decay)^T [b,H,K,C] (bmm self)", (n - 1) * e * b * H * C * K, N)
+    t.add(la + ".g_b_proj", "g_a_proj output = g_b_proj input [T,K]", cb * T * K, N)
+    amp_weight(t, x, la + ".g_b_proj", K, HK, N)
+    on = la + ".o_norm"
+    t.add(on, "gated norm: fp32 input, normalised x, sigmoid(gate.float()), weight*x [b,s,H,K] fp32 x4",
+          4 * F32 * T * HK, N)
+    t.add(on, "gated norm: rsqrt [b,s,H,1] fp32", F32 * T * H, N)
+    if p != F32 and not amp:
+        t.add(on, "gated norm: weight.to(fp32) [K] (a copy in bf16 models)", F32 * K, N)
+    if amp:
+        amp_cast(t, x, la + ".o_proj", T, HK, N)
+    else:
+        t.add(la + ".o_proj", "o_proj input [T,HK] (bf16: the .to(input dtype) copy)", p * T * HK, N)
+    amp_weight(t, x, la + ".o_proj", HK, h, N)
+
+
+def kimi_linear(rec, x: Dims):
+    """kimi_linear/modeling_kimi_linear.py KimiLinearDecoderLayer.forward: input_layernorm; "linear_attention"
+    layers KimiLinearDeltaAttention (kda_terms), "full_attention" layers KimiLinearAttention (DeepSeek-style MLA with
+    NoPE: q_proj (q_lora_rank None), kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj -> expand_kv, no rotary
+    embedding at all, the k_rot slice used as is); post_attention_layernorm; KimiLinearMLP on "dense" layers, else
+    KimiLinearMoE (DeepSeek-V3-style fp32 sigmoid router with renormalisation, grouped_mm experts, shared_experts of
+    width moe_intermediate_size * num_shared_experts)."""
+    t = Terms()
+    cfg = x.cfg
+    T, h, a, s, b, L = x.T, x.h, x.a, x.s, x.b, x.L
+    hb, cb, amp = x.hb, x.cb, x.amp
+    types = cfg["layer_types"][:L]
+    n_lin = sum(1 for ty in types if ty == "linear_attention")
+    n_att = L - n_lin
+    mlp_types = cfg["mlp_layer_types"][:L]
+    n_dense = sum(1 for ty in mlp_types if ty == "dense")
+    n_moe = L - n_dense
+    lay = "model.layers.*"
+    att = lay + ".self_attn"
+    t.add("model.embed_tokens", "input_ids int64", I64 * T)
+    if x.ckpt:
+        ckpt_terms(t, x, lay, eager_masks=1 if n_att else 0)
+    else:
+        rms_terms(t, x, lay + ".input_layernorm", L, T, h, hb)
+        kda_terms(t, x, att, n_lin)
+        # MLA without RoPE (deepseek() without its rope term)
+        r, dn, dr, dv = cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        dq = dn + dr
+        if amp:
+            amp_cast(t, x, att + ".q_proj", T, h, n_att)
+            amp_cast(t, x, att + ".kv_a_proj_with_mqa", T, h, n_att)
+        else:
+            t.add(att + ".q_proj", "norm output = q_proj and kv_a_proj_with_mqa input [T,h]", hb * T * h, n_att)
+        amp_weight(t, x, att + ".q_proj", h, a * dq, n_att)
+        amp_weight(t, x, att + ".kv_a_proj_with_mqa", h, r + dr, n_att)
+        kvn = att + ".kv_a_layernorm"
+        if cb == F32:
+            t.add(kvn, "kv_a_layernorm: fp32 input = the kv_nope slice: whole [T, r+dr] storage", F32 * T * (r + dr),
+                  n_att)
+        else:
+            t.add(kvn, "kv_a_layernorm: fp32 copy of the kv_nope slice [T,r]", F32 * T * r, n_att)
+        t.add(kvn, "kv_a_layernorm: rsqrt [T] fp32", F32 * T, n_att)
+        t.add(kvn, "kv_a_layernorm: normalised x in the input dtype [T,r]", cb * T * r, n_att)
+        t.add(att + ".kv_b_proj", "kv_a_layernorm output = kv_b_proj input [T,r]", cb * T * r, n_att)
+        amp_weight(t, x, att + ".kv_b_proj", r, a * (dn + dv), n_att)
+        o_mod = att + ".o_proj"
+        v_whole = x.b == 1 and (x.attn == "eager" or cb == F32)
+        if x.attn == "sdpa":
+            t.add(att, "math sdpa: q*sqrt(scale) [b*a,s,dq] fp32", F32 * T * a * dq, n_att)
+            t.add(att, "math sdpa: k*sqrt(scale) [b*a,dq,s] fp32", F32 * T * a * dq, n_att)
+            t.add(att, "math sdpa: safe softmax [b,a,s,s] fp32", F32 * b * a * s * s, n_att)
+            if v_whole:
+                t.add(att, "math sdpa: v = the whole kv_b_proj output (b = 1 view)", F32 * T * a * (dn + dv), n_att)
+            else:
+                t.add(att, "math sdpa: v [b*a,s,dv] fp32", F32 * T * a * dv, n_att)
+            t.add(o_mod, "o_proj input [T,a*dv]", cb * T * a * dv, n_att)
+        else:
+            eager_terms(t, x, att, n_att, a=a, dq=dq, dv=dv, o_mod=o_mod,
+                        v_storage=cb * T * a * (dn + dv) if v_whole else None)
+        amp_weight(t, x, o_mod, a * dv, h, n_att)
+        rms_terms(t, x, lay + ".post_attention_layernorm", L, T, h, hb)
+        m = lay + ".mlp"
+        swiglu_terms(t, x, m, n_dense, T, h, x.f, in_bytes=hb)
+        # KimiLinearConfig's attribute_map: num_shared_experts, moe_renormalize (= n_shared_experts, norm_topk_prob)
+        moe_layers_terms(t, x, m, n_moe, router="sigmoid", norm_topk=cfg.get("moe_renormalize"), fe=x.fe,
+                         shared_f=x.fe * cfg["num_shared_experts"])
+    rms_terms(t, x, "model.norm", 1, T, h, hb)
+    lm_head_terms(t, x, "lm_head", hb)
+    loss_terms(t, x)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # gpt2
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -1685,6 +1845,7 @@ FAMILY_FN = {
     "llama4_text": llama4_text,
     "qwen3_next": qwen3_next,
     "falcon_h1": falcon_h1,
+    "kimi_linear": kimi_linear,
     "granitemoehybrid": granitemoehybrid,
     "qwen3_5_text": qwen3_next,
     "qwen3_5_moe_text": qwen3_next,
