@@ -115,9 +115,8 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             if rest.iter().any(|a| a == "--json") {
                 return Err(CliError::Usage("verify-script writes a Python script; --json is not one of its options".into()));
             }
-            let hint = hf_config_model_type(&rest);
             let (cfg, _) = parse_estimate_args(&rest)?;
-            let script = verify::verify_script_with_hint(&cfg, hint.as_deref())?;
+            let script = verify::verify_script(&cfg)?;
             match path {
                 Some(p) => {
                     std::fs::write(&p, script).map_err(|e| CliError::Io { path: p.clone(), err: e.to_string() })?;
@@ -170,18 +169,6 @@ fn take_out(args: &[String]) -> Result<(Vec<String>, Option<String>), CliError> 
     Ok((rest, path))
 }
 
-/// The `model_type` of the file `--hf-config` names, if it can be read (the import itself reports
-/// what is wrong with the file).
-fn hf_config_model_type(args: &[String]) -> Option<String> {
-    let path = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--hf-config") {
-        Some("") => args.get(i + 1).cloned(),
-        Some(v) => v.strip_prefix('=').map(String::from),
-        None => None,
-    })?;
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    v.get("model_type").and_then(serde_json::Value::as_str).map(String::from)
-}
-
 /// Reads `estimate`'s arguments into a configuration (and whether to print JSON).
 pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> {
     let mut pairs: Vec<(String, String)> = Vec::new();
@@ -220,7 +207,11 @@ pub fn parse_estimate_args(args: &[String]) -> Result<(Config, bool), CliError> 
         let imported = hf::import_json(&text).map_err(|err| CliError::Hf { path: path.clone(), err })?;
         config::apply_import(&mut cfg, &imported);
     }
+    let old_custom = hf_path.is_none() && config::names_an_old_custom_architecture(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let errors = config::apply_pairs(&mut cfg, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect());
+    if old_custom && cfg.model == "custom" {
+        cfg.arch.family = config::family_of_old_link(&cfg.arch);
+    }
     match errors.into_iter().next() {
         Some(e) => Err(e.into()),
         None => Ok((cfg, json)),

@@ -2,6 +2,7 @@
 //! and written. The URL, the CLI and the UI all go through this one table.
 
 use crate::estimator::config::*;
+use crate::estimator::family::Family;
 use crate::estimator::gpu::GPUS;
 use crate::estimator::model::{Activation, LayerRule, MlpKind, NormKind, Positions, QkNorm, Router, WindowKind};
 use crate::estimator::presets::{preset, presets};
@@ -236,6 +237,10 @@ fn parse_lora_targets(s: &str) -> Result<LoraTargets, String> {
     Ok(LoraTargets(bits))
 }
 
+fn family_names() -> Vec<&'static str> {
+    Family::ALL.iter().map(|(_, t, _)| *t).collect()
+}
+
 fn preset_ids() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = presets().iter().map(|p| p.id).collect();
     v.push("custom");
@@ -393,6 +398,18 @@ pub static KEYS: &[Key] = &[
         get: |c| c.name.clone(),
         set: |c, s| {
             c.name = s.chars().filter(|ch| !ch.is_control()).take(120).collect();
+            Ok(())
+        },
+    },
+    Key {
+        name: "family",
+        group: Architecture,
+        help: "whose modeling code the model runs (transformers model_type)",
+        choices: family_names,
+        get: |c| c.arch.family.model_type().to_string(),
+        set: |c, s| {
+            c.arch.family =
+                Family::from_model_type(&s.to_ascii_lowercase()).ok_or_else(|| format!("expected one of {}", family_names().join(", ")))?;
             Ok(())
         },
     },

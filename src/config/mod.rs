@@ -7,6 +7,7 @@
 //! the keys that differ from the defaults, in a fixed order, so links stay short and readable.
 
 mod keys;
+mod legacy;
 
 pub use crate::estimator::config::*;
 pub use keys::{parse_uint, Group, Key, KEYS};
@@ -107,9 +108,34 @@ pub fn decode_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> 
             ordered.push((k, v));
         }
     }
+    let old_custom = names_an_old_custom_architecture(ordered.iter().map(|(k, v)| (*k, *v)));
     errors.extend(apply_pairs(&mut cfg, ordered));
+    if old_custom && cfg.model == "custom" {
+        cfg.arch.family = legacy::family_of_old_link(&cfg.arch);
+    }
     repair(&mut cfg, &mut errors);
     Decoded { config: cfg, errors, presentation }
+}
+
+/// Whether these pairs describe a custom architecture the way links did before the `family` key:
+/// architecture keys on no preset (no `model`, or `model=custom`) and no `family`. Such a link's
+/// family is read from its numbers as the estimator of the day chose it ([`legacy`]).
+pub fn names_an_old_custom_architecture<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> bool {
+    let (mut arch, mut preset, mut family) = (false, false, false);
+    for (k, v) in pairs {
+        match k {
+            "family" => family = true,
+            "model" => preset = !v.trim().eq_ignore_ascii_case("custom"),
+            _ => arch |= find_key(k).is_some_and(|key| key.group == Group::Architecture),
+        }
+    }
+    arch && !preset && !family
+}
+
+/// The family an old link's custom architecture was built with (see
+/// [`names_an_old_custom_architecture`]).
+pub fn family_of_old_link(spec: &crate::estimator::model::ModelSpec) -> crate::estimator::family::Family {
+    legacy::family_of_old_link(spec)
 }
 
 /// Applies key/value pairs to `cfg` — `model` first (it sets the architecture), then the

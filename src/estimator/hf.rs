@@ -12,6 +12,7 @@
 //! What the import assumes or leaves out is said in [`Imported::notes`]; what it cannot represent
 //! exactly is refused with an error that names the model type or key.
 
+use super::family::Family;
 use super::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, Positions, QkNorm, Router, WindowKind};
 use super::presets::default_spec;
 use serde_json::{Map, Value};
@@ -313,7 +314,10 @@ pub fn import_value(v: &Value) -> Result<Imported, HfError> {
         return import_multimodal(&f, &model_type, text_type);
     }
     let mut notes = Vec::new();
-    let spec = spec_for(&model_type, &f, &mut notes)?;
+    let mut spec = spec_for(&model_type, &f, &mut notes)?;
+    // The family is the model type's: decided here, once (Kimi K2 is DeepSeek-V3's code).
+    let text_type = if model_type == "kimi_k2" { "deepseek_v3" } else { model_type.as_str() };
+    spec.family = Family::from_model_type(text_type).ok_or_else(|| HfError::Unsupported(model_type.clone()))?;
     spec.validate().map_err(|e| HfError::Model(e.to_string()))?;
     notes.extend(defaults_note(&model_type, &f));
     notes.extend(quantization_note(&model_type, &f)?);
@@ -1240,7 +1244,7 @@ mod tests {
         let plain = import_json(&format!("{{{base}, \"clip_qkv\": null}}")).expect("imports").spec;
         assert!(clipped.clip_qkv);
         assert!(!plain.clip_qkv);
-        let out = crate::estimator::hf_export::export(&clipped, Some("olmo")).expect("exports");
+        let out = crate::estimator::hf_export::export(&clipped).expect("exports");
         let back = import_value(&serde_json::to_value(&out.config).expect("json")).expect("re-imports").spec;
         assert!(back.clip_qkv);
     }

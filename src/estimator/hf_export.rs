@@ -5,20 +5,18 @@
 //! `AutoConfig.for_model(model_type, **config)` and `AutoModelForCausalLM.from_config`, with random
 //! weights.
 //!
-//! # How a model type is chosen
+//! # How the model type is chosen
 //!
-//! Each model type the importer reads has a writer here that puts every field of the spec into the
-//! keys that type's configuration class reads (transformers 5.24,
-//! `models/<type>/configuration_<type>.py`) — and only those: a key the class ignores would make
-//! the round trip below pass while transformers built something else. The candidates are tried in
-//! order — the hint first (a preset's family or an imported config's `model_type`), then every
-//! type of [`EXPORTABLE`] — and a candidate is accepted only if the importer reads the written
-//! file back into a spec **equal** to the input (the round trip; per-layer rules are compared in
-//! their shortest form over the model's layers, so a Gemma-2 cut to two layers, whose
-//! `every:2:0` is `first:1` there, still round-trips). Fields a type fixes (Gemma's
-//! four norms, Qwen2's q/k/v biases, gpt-oss's sinks) thereby decide which types can express a
-//! spec at all. No type reproducing it is an error that names the closest candidate and the fields
-//! it could not express.
+//! It is the spec's family ([`ModelSpec::family`], decided by the importer, a preset or the link):
+//! each family has a writer here that puts every field of the spec into the keys that type's
+//! configuration class reads (transformers 5.24, `models/<type>/configuration_<type>.py`) — and
+//! only those: a key the class ignores would make the round trip below pass while transformers
+//! built something else. The file is accepted only if the importer reads it back into a spec
+//! **equal** to the input (the round trip; per-layer rules are compared in their shortest form
+//! over the model's layers, so a Gemma-2 cut to two layers, whose `every:2:0` is `first:1` there,
+//! still round-trips). Fields a type fixes (Gemma's four norms, Qwen2's q/k/v biases, gpt-oss's
+//! sinks) thereby decide what a family's class can express: an architecture its class does not
+//! build is an error that names the fields it could not express.
 //!
 //! # What is written beyond the spec
 //!
@@ -30,48 +28,22 @@
 //!   harness), Qwen2-MoE does not (Qwen1.5-MoE-A2.7B).
 //! - Nothing about RoPE bases, token ids or initialisation: they change no byte of the step.
 
-use super::hf::{self, MULTIMODAL};
-use super::model::{Activation, LayerRule, ModelSpec, NormKind, Positions, QkNorm, Router, WindowKind};
-use super::presets::Preset;
+use super::family::Family;
+use super::hf;
+use super::model::{Activation, LayerRule, ModelSpec, NormKind, Positions, QkNorm, WindowKind};
 use serde_json::{Map, Value};
 
-/// The model types [`to_config_json`] can write, in the order they are tried without a hint
-/// (the commonest first, so that a plain Llama-style spec becomes `llama`).
-pub const EXPORTABLE: &[&str] = &[
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "olmo",
-    "olmo2",
-    "phi3",
-    "gpt2",
-    "gpt_neox",
-    "opt",
-    "falcon",
-    "phi",
-    "stablelm",
-    "starcoder2",
-    "deepseek_v2",
-    "deepseek_v3",
-    "gpt_oss",
-    "llama4_text",
-    "glm4_moe",
-    "smollm3",
-];
+/// The model types [`to_config_json`] can write: every family's.
+pub fn exportable() -> impl Iterator<Item = &'static str> {
+    Family::ALL.iter().map(|(_, t, _)| *t)
+}
 
 /// Why a spec cannot be exported.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ExportError {
     /// No model type's configuration reads back into the spec.
-    #[error("this custom architecture has no transformers model_type that builds it exactly: {reason}")]
-    NoModelType { reason: String },
+    #[error("this custom architecture is not one transformers' `{model_type}` class builds exactly: {reason}")]
+    NoModelType { model_type: &'static str, reason: String },
     /// The spec itself is not a valid model.
     #[error("the architecture is not a valid model: {0}")]
     Invalid(String),
@@ -84,46 +56,38 @@ pub struct Exported {
     pub config: Value,
 }
 
-/// A transformers 5.24 `config.json` whose model is exactly `spec` (see the module doc for how the
-/// model type is chosen). `model_type_hint` is tried first: a preset's ([`preset_model_type`]) or
-/// an imported config's `model_type` (multimodal wrappers and aliases are mapped to their text
-/// model's type: `gemma3` → `gemma3_text`, `kimi_k2` → `deepseek_v3`).
-pub fn to_config_json(spec: &ModelSpec, model_type_hint: Option<&str>) -> Result<Value, ExportError> {
-    export(spec, model_type_hint).map(|e| e.config)
+/// A transformers 5.24 `config.json` of `spec`'s family whose model is exactly `spec` (see the
+/// module doc).
+pub fn to_config_json(spec: &ModelSpec) -> Result<Value, ExportError> {
+    export(spec).map(|e| e.config)
 }
 
-/// [`to_config_json`] with the model type it chose.
-pub fn export(spec: &ModelSpec, model_type_hint: Option<&str>) -> Result<Exported, ExportError> {
+/// [`to_config_json`] with its model type.
+pub fn export(spec: &ModelSpec) -> Result<Exported, ExportError> {
     spec.validate().map_err(|e| ExportError::Invalid(e.to_string()))?;
     let want = canonical(spec);
-    let hint = model_type_hint.and_then(normalize_hint);
-    let order = hint.into_iter().chain(EXPORTABLE.iter().copied().filter(|t| Some(*t) != hint));
-    // The closest miss, for the error: (differing fields, model type, what differs).
-    let mut closest: Option<(usize, &'static str, String)> = None;
-    for t in order {
-        for config in candidates(t, spec) {
-            let value = Value::Object(config);
-            match hf::import_value(&value) {
-                Ok(back) if canonical(&back.spec) == want => return Ok(Exported { model_type: t, config: value }),
-                Ok(back) => {
-                    let diff = differing_fields(&want, &canonical(&back.spec));
-                    if closest.as_ref().is_none_or(|(n, _, _)| diff.len() < *n) {
-                        closest = Some((diff.len(), t, format!("it would change {}", diff.join(", "))));
-                    }
+    let t = spec.family.model_type();
+    // The closest miss, for the error: (differing fields, what differs).
+    let mut closest: Option<(usize, String)> = None;
+    for config in candidates(t, spec) {
+        let value = Value::Object(config);
+        match hf::import_value(&value) {
+            Ok(back) if canonical(&back.spec) == want => return Ok(Exported { model_type: t, config: value }),
+            Ok(back) => {
+                let diff = differing_fields(&want, &canonical(&back.spec));
+                if closest.as_ref().is_none_or(|(n, _)| diff.len() < *n) {
+                    closest = Some((diff.len(), format!("its config would change {}", diff.join(", "))));
                 }
-                Err(e) => {
-                    if closest.is_none() {
-                        closest = Some((usize::MAX, t, format!("its config does not import ({e})")));
-                    }
+            }
+            Err(e) => {
+                if closest.is_none() {
+                    closest = Some((usize::MAX, format!("its config does not import ({e})")));
                 }
             }
         }
     }
-    let reason = match closest {
-        Some((_, t, why)) => format!("the closest is `{t}`, but {why}"),
-        None => "no model type accepts it".to_string(),
-    };
-    Err(ExportError::NoModelType { reason })
+    let reason = closest.map_or_else(|| "no writer accepts it".to_string(), |(_, why)| why);
+    Err(ExportError::NoModelType { model_type: t, reason })
 }
 
 /// The spec with its per-layer rules in their shortest form over its layers (`every:2:0` over two
@@ -142,42 +106,6 @@ fn canonical(spec: &ModelSpec) -> ModelSpec {
         s.window_kind = WindowKind::default();
     }
     s
-}
-
-/// The model type a hint names, among those [`EXPORTABLE`]; wrappers and aliases map to the type
-/// of the model they hold.
-fn normalize_hint(hint: &str) -> Option<&'static str> {
-    let h = hint.trim().to_ascii_lowercase();
-    let h = MULTIMODAL.iter().find(|(wrapper, _)| *wrapper == h).map_or(h.as_str(), |(_, text)| text);
-    let h = if h == "kimi_k2" { "deepseek_v3" } else { h };
-    EXPORTABLE.iter().copied().find(|t| *t == h)
-}
-
-/// The transformers model type of a preset's checkpoint, from its family (and, where a family
-/// spans two classes, from its architecture).
-pub fn preset_model_type(p: &Preset) -> Option<&'static str> {
-    let moe = p.spec.experts > 0;
-    Some(match p.family {
-        "GPT-2" => "gpt2",
-        "Llama 2" | "Llama 3.1" | "Llama 3.2" => "llama",
-        "Mistral" if moe => "mixtral",
-        "Mistral" => "mistral",
-        "Qwen2.5" => "qwen2",
-        "Qwen3" if moe => "qwen3_moe",
-        "Qwen3" => "qwen3",
-        "Gemma 2" => "gemma2",
-        "Gemma 3" => "gemma3_text",
-        "Phi-3" | "Phi-4" => "phi3",
-        "OLMo 2" => "olmo2",
-        "SmolLM3" => "smollm3",
-        "DeepSeek" if p.spec.router == Router::Sigmoid => "deepseek_v3",
-        "DeepSeek" => "deepseek_v2",
-        "Kimi K2" => "deepseek_v3",
-        "gpt-oss" => "gpt_oss",
-        "Llama 4" => "llama4_text",
-        "GLM-4.5" => "glm4_moe",
-        _ => return None,
-    })
 }
 
 /// The names of the spec fields that differ (serde names, in declaration order).
@@ -606,16 +534,12 @@ mod tests {
     use crate::estimator::presets::presets;
 
     #[test]
-    fn every_preset_round_trips_through_its_own_model_type() {
+    fn every_preset_round_trips_through_its_familys_model_type() {
         let mut failures = Vec::new();
         for p in presets() {
-            let hint = preset_model_type(&p);
-            assert!(hint.is_some(), "{} has no model_type hint (family {})", p.id, p.family);
-            match export(&p.spec, hint) {
+            match export(&p.spec) {
                 Ok(e) => {
-                    if Some(e.model_type) != hint {
-                        failures.push(format!("{}: exported as {} rather than its own {hint:?}", p.id, e.model_type));
-                    }
+                    assert_eq!(e.model_type, p.spec.family.model_type(), "{}", p.id);
                     let back = hf::import_value(&e.config).map(|i| i.spec);
                     assert_eq!(back.as_ref(), Ok(&p.spec), "{}", p.id);
                 }
@@ -626,45 +550,23 @@ mod tests {
     }
 
     #[test]
-    fn without_a_hint_a_plain_llama_is_exported_as_llama_and_gpt2_as_gpt2() {
-        let llama = crate::estimator::presets::preset("llama-3.1-8b").map(|p| p.spec).expect("preset");
-        assert_eq!(export(&llama, None).map(|e| e.model_type), Ok("llama"));
-        let gpt2 = crate::estimator::presets::preset("gpt2").map(|p| p.spec).expect("preset");
-        assert_eq!(export(&gpt2, None).map(|e| e.model_type), Ok("gpt2"));
-    }
-
-    #[test]
-    fn a_hint_names_the_text_model_of_a_wrapper_or_alias() {
-        assert_eq!(normalize_hint("gemma3"), Some("gemma3_text"));
-        assert_eq!(normalize_hint("Kimi_K2"), Some("deepseek_v3"));
-        assert_eq!(normalize_hint("mistral3"), Some("mistral"));
-        assert_eq!(normalize_hint("bert"), None);
-    }
-
-    #[test]
-    fn a_hint_that_cannot_express_the_spec_falls_back_to_one_that_can() {
-        // GPT-2 with a hint of llama: llama fixes RMSNorm and gated MLPs, so gpt2 is chosen.
-        let gpt2 = crate::estimator::presets::preset("gpt2").map(|p| p.spec).expect("preset");
-        assert_eq!(export(&gpt2, Some("llama")).map(|e| e.model_type), Ok("gpt2"));
-    }
-
-    #[test]
-    fn an_architecture_no_class_builds_is_refused_naming_the_closest_type() {
-        // Llama with a learned position table: no transformers class has RMSNorm, SwiGLU and
-        // learned positions.
+    fn an_architecture_its_familys_class_does_not_build_is_refused_naming_what_differs() {
+        // Llama with a learned position table: transformers' llama class has RoPE only.
         let mut spec = crate::estimator::presets::default_spec();
         spec.positions = Positions::Learned;
         spec.rotary_pct = 0;
-        let err = export(&spec, None).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.starts_with("this custom architecture has no transformers model_type that builds it exactly"), "{err}");
-        assert!(err.contains("the closest is `"), "{err}");
+        let err = export(&spec).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.starts_with("this custom architecture is not one transformers' `llama` class builds exactly"), "{err}");
         assert!(err.contains("positions"), "{err}");
     }
 
     #[test]
-    fn a_custom_window_on_every_layer_makes_a_llama_a_mistral() {
-        let spec = ModelSpec { window_layers: LayerRule::All, window: 512, ..crate::estimator::presets::default_spec() };
-        let e = export(&spec, Some("llama")).expect("exports");
+    fn a_window_on_every_layer_exports_as_mistral_once_the_family_is_mistral() {
+        let llama = ModelSpec { window_layers: LayerRule::All, window: 512, ..crate::estimator::presets::default_spec() };
+        // Llama's class reads no `sliding_window`: the window cannot be written as a llama.
+        assert!(export(&llama).is_err());
+        let mistral = ModelSpec { family: Family::Mistral, ..llama };
+        let e = export(&mistral).expect("exports");
         assert_eq!(e.model_type, "mistral");
         assert_eq!(e.config["sliding_window"], 512);
     }
@@ -673,7 +575,7 @@ mod tests {
     fn a_preset_cut_to_fewer_layers_still_round_trips_through_its_type() {
         // Gemma-2's sliding layers are every:2:0; over two layers the importer writes first:1.
         let spec = ModelSpec { layers: 2, ..crate::estimator::presets::preset("gemma-2-2b").map(|p| p.spec).expect("preset") };
-        let e = export(&spec, Some("gemma2")).expect("exports");
+        let e = export(&spec).expect("exports");
         assert_eq!(e.model_type, "gemma2");
         assert_eq!(e.config["layer_types"], serde_json::json!(["sliding_attention", "full_attention"]));
         let back = hf::import_value(&e.config).map(|i| i.spec.window_layers);
@@ -683,6 +585,6 @@ mod tests {
     #[test]
     fn an_invalid_spec_is_an_error_not_a_config() {
         let spec = ModelSpec { heads: 0, ..crate::estimator::presets::default_spec() };
-        assert!(matches!(export(&spec, None), Err(ExportError::Invalid(_))));
+        assert!(matches!(export(&spec), Err(ExportError::Invalid(_))));
     }
 }

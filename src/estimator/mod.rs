@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod config;
 pub mod cost;
 pub mod expr;
+pub mod family;
 pub mod gpu;
 pub mod hf;
 pub mod hf_export;

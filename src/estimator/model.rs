@@ -19,6 +19,7 @@
 //! of layer indices, so that a pipeline stage's share is exact ([`ModelSpec::moe_layers_in`],
 //! [`ModelSpec::stage`]).
 
+use super::family::Family;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -303,6 +304,10 @@ pub enum Router {
 /// One model architecture, rich enough to count real checkpoints exactly.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
+    /// Whose modeling code the model runs (transformers' `model_type`): decided once, by the
+    /// importer, a preset or the `family` key, and read by the step's builders.
+    #[serde(default)]
+    pub family: Family,
     /// `V`: vocabulary size (rows of the embedding).
     pub vocab: u64,
     /// `h`: hidden size.
@@ -1183,6 +1188,7 @@ mod tests {
     /// A toy GPT-2-shaped model whose count is worked out by hand below.
     fn toy_gpt2() -> ModelSpec {
         ModelSpec {
+            family: Family::Gpt2,
             vocab: 10,
             hidden: 4,
             layers: 2,
@@ -1293,6 +1299,7 @@ mod tests {
     /// A toy MLA model (DeepSeek-V3's layout at toy sizes), counted by hand below.
     fn toy_mla() -> ModelSpec {
         ModelSpec {
+            family: Family::DeepseekV3,
             vocab: 10,
             hidden: 8,
             layers: 2,

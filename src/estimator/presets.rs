@@ -7,6 +7,7 @@
 //! Figures come from each checkpoint's `config.json` (committed under `tests/fixtures/hf/`,
 //! where the importer test reads them too and checks that the import equals the preset).
 
+use super::family::Family;
 use super::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, Positions, QkNorm, Router, WindowKind};
 
 /// A named preset.
@@ -33,6 +34,7 @@ pub const fn default_spec() -> ModelSpec {
 /// Llama-style decoder: RMSNorm, SwiGLU, rotary, untied, no biases.
 const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64, max_pos: u64) -> ModelSpec {
     ModelSpec {
+        family: Family::Llama,
         vocab,
         hidden,
         layers,
@@ -98,6 +100,7 @@ const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, 
 /// tied head, n_positions = 1024.
 const fn gpt2(hidden: u64, layers: u64, heads: u64) -> ModelSpec {
     let mut m = llama(50257, hidden, layers, heads, heads, 4 * hidden, 1024);
+    m.family = Family::Gpt2;
     m.mlp = MlpKind::Plain;
     m.act = Activation::GeluNew;
     m.norm = NormKind::Layernorm;
@@ -127,6 +130,7 @@ const fn with_head_dim(mut m: ModelSpec, head_dim: u64) -> ModelSpec {
 /// Qwen2: Llama with biases on Q, K and V.
 const fn qwen2(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64, max_pos: u64) -> ModelSpec {
     let mut m = llama(vocab, hidden, layers, heads, kv_heads, ffn, max_pos);
+    m.family = Family::Qwen2;
     m.qkv_bias = true;
     m
 }
@@ -135,6 +139,7 @@ const fn qwen2(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, 
 /// vocabulary, tanh soft-capping of scores and logits.
 const fn gemma2(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
     let mut m = llama(256000, hidden, layers, heads, kv_heads, ffn, 8192);
+    m.family = Family::Gemma2;
     m.head_dim = head_dim;
     m.act = Activation::GeluTanh;
     m.norm = NormKind::RmsnormGemma;
@@ -156,12 +161,13 @@ fn gemma2_windowed(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim
 
 /// Mistral-7B-v0.1: Llama with GQA and a 4,096-token sliding window on every layer.
 fn mistral_7b() -> ModelSpec {
-    ModelSpec { window_layers: LayerRule::All, window: 4096, ..llama(32000, 4096, 32, 32, 8, 14336, 32768) }
+    ModelSpec { family: Family::Mistral, window_layers: LayerRule::All, window: 4096, ..llama(32000, 4096, 32, 32, 8, 14336, 32768) }
 }
 
 /// Qwen3 dense: head_dim 128, RMSNorm over each head of q and k, 40,960 positions.
 const fn qwen3(hidden: u64, layers: u64, heads: u64, ffn: u64, tied: bool) -> ModelSpec {
     let mut m = llama(151_936, hidden, layers, heads, 8, ffn, 40_960);
+    m.family = Family::Qwen3;
     m.head_dim = 128;
     m.qk_norm = QkNorm::Head;
     m.tied = tied;
@@ -171,6 +177,7 @@ const fn qwen3(hidden: u64, layers: u64, heads: u64, ffn: u64, tied: bool) -> Mo
 /// Qwen3-MoE: every layer sparse, fused experts, no shared expert.
 const fn qwen3_moe(hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64, expert_ffn: u64) -> ModelSpec {
     let mut m = qwen3(hidden, layers, heads, ffn, false);
+    m.family = Family::Qwen3Moe;
     m.kv_heads = kv_heads;
     m.experts = 128;
     m.top_k = 8;
@@ -184,6 +191,7 @@ const fn qwen3_moe(hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64
 /// window for every full one (1B differs in vocabulary, positions and window).
 fn gemma3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
     let mut m = gemma2(hidden, layers, heads, kv_heads, head_dim, ffn);
+    m.family = Family::Gemma3;
     m.vocab = 262_208;
     m.max_pos = 131_072;
     m.softcap = false;
@@ -194,6 +202,7 @@ fn gemma3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ff
 /// OLMo-2: untied Llama with q/k RMSNorms over all heads, 100,352 vocabulary, 4,096 positions.
 const fn olmo2(hidden: u64, layers: u64, heads: u64, ffn: u64) -> ModelSpec {
     let mut m = llama(100_352, hidden, layers, heads, heads, ffn, 4096);
+    m.family = Family::Olmo2;
     m.qk_norm = QkNorm::Full;
     m
 }
@@ -213,6 +222,7 @@ const fn mla(mut m: ModelSpec, q_lora_rank: u64) -> ModelSpec {
 /// router in fp32 with correction bias, group-limited over `groups` groups.
 const fn deepseek_v3(vocab: u64, heads: u64, experts: u64, dense: u64, groups: u64, topk_groups: u64, max_pos: u64) -> ModelSpec {
     let mut m = mla(llama(vocab, 7168, 61, heads, heads, 18_432, max_pos), 1536);
+    m.family = Family::DeepseekV3;
     m.experts = experts;
     m.top_k = 8;
     m.expert_ffn = 2048;
@@ -231,6 +241,7 @@ const fn deepseek_v3(vocab: u64, heads: u64, experts: u64, dense: u64, groups: u
 /// (top-6) + 2 shared experts of 1,408, softmax router in fp32.
 const fn deepseek_v2_lite() -> ModelSpec {
     let mut m = mla(llama(102_400, 2048, 27, 16, 16, 10_944, 163_840), 0);
+    m.family = Family::DeepseekV2;
     m.experts = 64;
     m.top_k = 6;
     m.expert_ffn = 1408;
@@ -247,6 +258,7 @@ const fn deepseek_v2_lite() -> ModelSpec {
 /// sliding window of 128 on the even layers, 201,088 vocabulary.
 fn gpt_oss(layers: u64, experts: u64) -> ModelSpec {
     let mut m = llama(201_088, 2880, layers, 64, 8, 0, 131_072);
+    m.family = Family::GptOss;
     m.head_dim = 64;
     m.qkv_bias = true;
     m.o_bias = true;
@@ -269,6 +281,7 @@ fn gpt_oss(layers: u64, experts: u64) -> ModelSpec {
 /// the RoPE layers, optional weightless L2 q/k norm there.
 fn llama4(experts: u64, moe_rule: LayerRule, qk_l2_norm: bool, max_pos: u64) -> ModelSpec {
     let mut m = llama(202_048, 5120, 48, 40, 8, 16_384, max_pos);
+    m.family = Family::Llama4;
     m.experts = experts;
     m.top_k = 1;
     m.expert_ffn = 8192;
@@ -293,6 +306,7 @@ fn llama4(experts: u64, moe_rule: LayerRule, qk_l2_norm: bool, max_pos: u64) -> 
 /// 10,944, then 128 routed (top-8) + 1 shared expert of 1,408, sigmoid fp32 router.
 const fn glm45_air() -> ModelSpec {
     let mut m = llama(151_552, 4096, 46, 96, 8, 10_944, 131_072);
+    m.family = Family::Glm4Moe;
     m.head_dim = 128;
     m.qkv_bias = true;
     m.rotary_pct = 50;
@@ -312,12 +326,17 @@ const fn glm45_air() -> ModelSpec {
 
 /// SmolLM3-3B: tied Llama with 16 query / 4 KV heads and every 4th layer NoPE.
 fn smollm3_3b() -> ModelSpec {
-    ModelSpec { nope_layers: LayerRule::Every { step: 4, offset: 3 }, ..tied(llama(128_256, 2048, 36, 16, 4, 11_008, 65_536)) }
+    ModelSpec {
+        family: Family::Smollm3,
+        nope_layers: LayerRule::Every { step: 4, offset: 3 },
+        ..tied(llama(128_256, 2048, 36, 16, 4, 11_008, 65_536))
+    }
 }
 
 /// Phi-4: Phi-3's fused layout at 14B, GQA 40/10, 100,352 vocabulary, untied.
 const fn phi4() -> ModelSpec {
     let mut m = llama(100_352, 5120, 40, 40, 10, 17_920, 16_384);
+    m.family = Family::Phi3;
     m.fused_qkv = true;
     m.fused_gate_up = true;
     m.resid_dropout = true;
@@ -326,6 +345,7 @@ const fn phi4() -> ModelSpec {
 
 const fn mixtral() -> ModelSpec {
     let mut m = llama(32000, 4096, 32, 32, 8, 0, 32768);
+    m.family = Family::Mixtral;
     m.experts = 8;
     m.top_k = 2;
     m.expert_ffn = 14336;
@@ -337,6 +357,7 @@ const fn mixtral() -> ModelSpec {
 /// (`sliding_window` in its config.json, passed to every layer by modeling_phi3.py).
 fn phi3_mini() -> ModelSpec {
     let mut m = llama(32064, 3072, 32, 32, 32, 8192, 4096);
+    m.family = Family::Phi3;
     m.fused_qkv = true;
     m.fused_gate_up = true;
     m.resid_dropout = true;
@@ -396,7 +417,7 @@ pub fn presets() -> Vec<Preset> {
             "mistral-small-3.1-24b-instruct-2503",
             "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
             "Mistral",
-            ModelSpec { head_dim: 128, ..llama(131_072, 5120, 40, 32, 8, 32_768, 131_072) },
+            ModelSpec { family: Family::Mistral, head_dim: 128, ..llama(131_072, 5120, 40, 32, 8, 32_768, 131_072) },
             VISION_NOT_COUNTED,
         ),
         n(

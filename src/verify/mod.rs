@@ -67,7 +67,7 @@ use crate::config::{
 };
 use crate::estimator::hf_export::{self, ExportError};
 use crate::estimator::ledger::Bytes;
-use crate::estimator::{self, presets, EstimateError};
+use crate::estimator::{self, EstimateError};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -254,22 +254,12 @@ fn refusal(cfg: &Config, key: &'static str, reason: &'static str) -> VerifyError
     VerifyError::Refused { key, value: config::get(cfg, key).unwrap_or_default(), reason }
 }
 
-/// The model type to export a configuration's architecture as: its preset's.
-pub fn model_type_hint(cfg: &Config) -> Option<&'static str> {
-    presets::preset(&cfg.model).filter(|p| p.spec == cfg.arch).as_ref().and_then(hf_export::preset_model_type)
-}
-
-/// The script for `cfg` (see the module doc); a preset's architecture is exported as its own
+/// The script for `cfg` (see the module doc); the architecture is exported as its family's
 /// model type.
 pub fn verify_script(cfg: &Config) -> Result<String, VerifyError> {
-    verify_script_with_hint(cfg, model_type_hint(cfg))
-}
-
-/// [`verify_script`] with the model type to try first (an imported config's `model_type`).
-pub fn verify_script_with_hint(cfg: &Config, hint: Option<&str>) -> Result<String, VerifyError> {
     estimator::validate_consistency(cfg)?;
     reproducible(cfg)?;
-    let exported = hf_export::export(&cfg.arch, hint.or(model_type_hint(cfg)))?;
+    let exported = hf_export::export(&cfg.arch)?;
     let spec = spec_json(cfg, &exported)?;
     // JSON inside a Python raw triple-quoted string: a quote can only occur inside a JSON string,
     // where `\u0027` means the same.

@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn the_window_exports_as_it_was_imported() {
         let s = spec(json!(48));
-        let exported = crate::estimator::hf_export::export(&s, Some("starcoder2")).expect("exports");
+        let exported = crate::estimator::hf_export::export(&s).expect("exports");
         assert_eq!(exported.model_type, "starcoder2");
         assert_eq!(exported.config["sliding_window"], json!(48));
     }
