@@ -986,6 +986,14 @@ def main():
                     help="cross-check every record with an independent liveness scan (slower; output unchanged)")
     args = ap.parse_args()
 
+    # The records are transformers' pure-torch paths (kernels=cpu). With flash-linear-attention, causal-conv1d,
+    # mamba-ssm, the `kernels` hub package or the CUDA xIELU package importable, transformers would route the gated
+    # DeltaNet / KDA / Mamba-2 / conv / activation calls to them instead: refuse to measure then.
+    import importlib.util
+    fused = [m for m in ("fla", "causal_conv1d", "mamba_ssm", "kernels", "xielu") if importlib.util.find_spec(m)]
+    if fused:
+        raise SystemExit(f"fused-kernel packages are installed ({', '.join(fused)}): the records must be measured on "
+                         "transformers' torch fallbacks; use a venv without them")
     # One intra-op thread: fast enough for these tiny shapes, immune to OpenMP spin-waiting when the machine is busy,
     # and it removes thread-count-dependent float reductions (MoE routing depends on float values).
     torch.set_num_threads(1)
