@@ -180,14 +180,10 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
 pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
-    // gpt-oss (sinks, a biased top-k-then-softmax router, biased [E, in, out] experts, the
-    // clamped SwiGLU) has its own exact layer: step/families/gpt_oss.rs.
-    if step::families::gpt_oss::layout(spec) {
-        return None;
-    }
-    // Llama 4's text layers (chunked attention, NoPE layers with temperature tuning, the L2 q/k
-    // norm, complex RoPE, all-experts MoE beside a shared expert): step/families/llama4.rs.
-    if step::families::llama4::layout(spec) {
+    // A family whose code builds this exact layout (gpt-oss's sinks, biased router and experts,
+    // clamped SwiGLU; Llama 4's chunked attention, NoPE temperature tuning, L2 q/k norm, complex
+    // RoPE, all-experts MoE): its own layer is exact.
+    if step::families::modeling(spec.family).builds_own_layout(spec) {
         return None;
     }
     [
@@ -587,7 +583,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             "transformers 5 refuses sdpa for Gemma-2 (its soft-capping needs eager or flash attention); estimated as if it ran".to_string(),
         );
     }
-    if step::families::gpt_oss::is(&cfg.arch) && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
+    if cfg.arch.family == family::Family::GptOss && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
         warnings.push(
             "transformers 5.24 runs gpt-oss with eager attention only (sinks); sdpa is estimated as a flash kernel keeping q, k, v, the output and the log-sum-exp (not measured)".to_string(),
         );

@@ -667,6 +667,14 @@ pub fn uncompressed_kv(spec: &crate::estimator::model::ModelSpec) -> Option<crat
     m.qk_rope_dim = 0;
     m.v_head_dim = 0;
     m.kv_heads = m.heads;
+    // The code of that attention beside the same MoE: GLM-4.5's layer is DeepSeek-V3's sigmoid
+    // router and experts with ordinary attention; DeepSeek-V2's softmax router is Llama's MoE
+    // block's.
+    m.family = if m.router == crate::estimator::model::Router::Sigmoid {
+        crate::estimator::family::Family::Glm4Moe
+    } else {
+        crate::estimator::family::Family::Llama
+    };
     Some(m)
 }
 

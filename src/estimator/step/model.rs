@@ -65,7 +65,7 @@ impl<'a> Setup<'a> {
         };
         let ctx = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
         let mut xv = [0u64; X::COUNT];
-        xv[X::DRot as usize] = families::rotary_dims(spec);
+        xv[X::DRot as usize] = families::common::rotary_dims(spec);
         xv[X::E as usize] = spec.experts;
         xv[X::K as usize] = spec.top_k;
         xv[X::FE as usize] = spec.expert_ffn;
@@ -145,7 +145,8 @@ impl<'a> Setup<'a> {
     /// Whether this stage's layer `i` is a sliding-window layer (by its index in the model).
     pub fn sliding(&self, i: usize) -> bool {
         let first = self.first_layer();
-        families::sliding(&self.cfg.arch, first + i)
+        let spec = &self.cfg.arch;
+        families::modeling(spec.family).sliding(spec, first + i)
     }
 
     /// This stage's layer `i`'s variant (sliding window, NoPE) by its index in the model.
@@ -228,27 +229,23 @@ impl<'a> Setup<'a> {
             b.p.tensors[t as usize].part = Some(part);
             t
         };
-        let (cos, sin) = if families::deepseek::is_v2(spec) {
-            // DeepSeek-V2's complex `freqs_cis` [s, d_r / 2] (fp32 pairs), no sin.
-            let fc = mk(b, 0, Shape::new(&[Dim::Q(Q::S), Dim::X(X::DRot)], Split::None), Dt::F32, Part::Embedding);
-            (Some(fc), None)
-        } else {
-            match families::rope_tables(spec) {
-                Some((shape, dt, two)) => {
-                    let c = mk(b, 0, shape, dt, Part::Embedding);
-                    let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
-                    (Some(c), s)
-                }
-                None => (None, None),
+        let code = families::modeling(spec.family);
+        let (cos, sin) = match code.rope_tables(spec) {
+            Some((shape, dt, two)) => {
+                let c = mk(b, 0, shape, dt, Part::Embedding);
+                let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
+                (Some(c), s)
             }
+            None => (None, None),
         };
-        let pos = (!families::gpt2::is(spec)).then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
-        let [m, l] = families::mask_shapes(b, spec, self.cfg.attn);
+        let pos = code.shares_positions().then(|| mk(b, 2, Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::I64, Part::Checkpoints));
+        let [m, l] = code.mask_shapes(b, spec, self.cfg.attn);
         let mask = m.map(|(shape, dt)| mk(b, 3, shape, dt, Part::Checkpoints));
         let mask_local = l.map(|(shape, dt)| mk(b, 4, shape, dt, Part::Checkpoints));
-        let (cos_local, sin_local) = if families::local_rope(spec) {
-            let c = mk(b, 5, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
-            let s = mk(b, 6, families::cos_shape(spec), families::cos_dt(spec), Part::Embedding);
+        let (cos_local, sin_local) = if code.local_rope(spec) {
+            // The sliding layers' own pair: Llama's shape and dtype (Gemma-3).
+            let c = mk(b, 5, families::common::cos_shape(spec), Dt::Resid, Part::Embedding);
+            let s = mk(b, 6, families::common::cos_shape(spec), Dt::Resid, Part::Embedding);
             (Some(c), Some(s))
         } else {
             (None, None)
@@ -262,7 +259,7 @@ impl<'a> Setup<'a> {
     pub fn layer_alone(&self, kind: Kind, var: families::Var, free: u8, pinned: bool) -> (Program, Tid, Shared) {
         let mut b = self.builder();
         let p = self.params();
-        let x = families::input(&mut b, !pinned, true);
+        let x = families::common::input(&mut b, !pinned, true);
         let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
         let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind);
@@ -272,7 +269,7 @@ impl<'a> Setup<'a> {
 
     /// Whether this stage's first layer's input is held by the model's forward (its local).
     pub fn first_pinned(&self) -> bool {
-        self.stage.has_embedding() && families::x0_is_local(&self.cfg.arch)
+        self.stage.has_embedding() && families::modeling(self.cfg.arch.family).x0_is_local()
     }
 
     /// The stage's epilogue on its own (last stage: final norm, head, loss), with the
@@ -282,7 +279,7 @@ impl<'a> Setup<'a> {
         let mut b = self.builder();
         let p = self.params();
         let spec = &self.cfg.arch;
-        let x = families::input(&mut b, true, true);
+        let x = families::common::input(&mut b, true, true);
         let ends: Vec<Tid> =
             ends.iter().map(|&(sh, dt)| b.external(sh, dt, Origin::Input { free_fwd: true, free_bwd: false }, false)).collect();
         let head_w = if spec.tied { p.w(&mut b, "embed_tokens.weight") } else { None };
@@ -298,7 +295,7 @@ impl<'a> Setup<'a> {
             sin_local: None,
         };
         b.layer = MODEL;
-        let xn = if spec.final_norm { families::final_norm(&mut b, &p, spec, x) } else { x };
+        let xn = if spec.final_norm { families::modeling(spec.family).final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
         for &t in &ends {
             b.hold(t);
@@ -314,43 +311,13 @@ impl<'a> Setup<'a> {
     fn begin(&self, b: &mut Builder, p: &Params) -> (Tid, Shared) {
         let spec = &self.cfg.arch;
         b.layer = MODEL;
+        let code = families::modeling(spec.family);
         if self.stage.has_embedding() {
             let ids = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
-            families::embed(b, p, spec, ids, self.cfg.attn, self.cfg.finetune)
-        } else if let Some(r) = families::later_stage(b, p, spec, self.cfg.attn) {
-            r
+            code.embed(b, p, spec, ids, self.cfg.attn)
         } else {
             // A later pipeline stage receives its input (and computes its own positions).
-            b.module = "model";
-            b.part = Part::Embedding;
-            let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
-            let x0 = b.op("recv", "", &[], &[out], &[], &[])[0];
-            if let Some(sh) = families::positions(b, spec, self.cfg.attn) {
-                return (x0, sh);
-            }
-            let (pos, mask) = families::llama::positions_and_mask(b, self.cfg.attn);
-            let (cos, sin) = if families::deepseek::is_v2(spec) {
-                (Some(families::deepseek::rotary_v2(b, pos)), None)
-            } else if families::has_rope(spec) {
-                let (c, s) = families::llama::rotary(b, spec, pos);
-                (Some(c), Some(s))
-            } else {
-                (None, None)
-            };
-            (
-                x0,
-                Shared {
-                    cos,
-                    sin,
-                    pos: Some(pos),
-                    mask,
-                    mask_local: None,
-                    emb_w: None,
-                    locals: [None, None],
-                    cos_local: None,
-                    sin_local: None,
-                },
-            )
+            code.receive(b, p, spec, self.cfg.attn)
         }
     }
 
@@ -363,7 +330,8 @@ impl<'a> Setup<'a> {
             }
             b.begin_checkpoint(held)
         });
-        let y = families::layer(b, p, &self.cfg.arch, x, sh, kind, self.cfg.attn);
+        let spec = &self.cfg.arch;
+        let y = families::modeling(spec.family).layer(b, p, spec, x, sh, kind, self.cfg.attn);
         if let Some(r) = region {
             b.end_checkpoint(r);
         }
@@ -376,7 +344,7 @@ impl<'a> Setup<'a> {
     fn end(&self, b: &mut Builder, p: &Params, x: Tid, x0: Tid, sh: &Shared, spec: &crate::estimator::model::ModelSpec) {
         b.layer = MODEL;
         if self.stage.has_head() {
-            let xn = if spec.final_norm { families::final_norm(b, p, spec, x) } else { x };
+            let xn = if spec.final_norm { families::modeling(spec.family).final_norm(b, p, spec, x) } else { x };
             b.hold(x);
             // `LlamaModel.forward` returns: its locals go.
             for t in sh.locals.into_iter().flatten() {
@@ -717,9 +685,11 @@ impl Resident {
 /// (one pair per layer type in Gemma-3: `{layer_type}_inv_freq`, `Gemma3RotaryEmbedding`).
 /// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
-    let pairs = if families::local_rope(&cfg.arch) { 2 } else { 1 };
-    let rope = if families::has_rope(&cfg.arch) { pairs * 2 * (families::rotary_dims(&cfg.arch) / 2) as u128 * 4 } else { 0 };
-    let scale = if families::gemma::is(&cfg.arch) { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
+    let spec = &cfg.arch;
+    let code = families::modeling(spec.family);
+    let pairs = if code.local_rope(spec) { 2 } else { 1 };
+    let rope = if families::common::has_rope(spec) { pairs * 2 * (families::common::rotary_dims(spec) / 2) as u128 * 4 } else { 0 };
+    let scale = if code.embed_scale_buffer() { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
     rope + scale + router_bias_buffer_bytes(cfg)
 }
 

@@ -16,25 +16,15 @@
 use super::super::blocks::shapes::tok;
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, X};
+use super::common::received;
+use super::common::{Kind, Params, Shared};
 use super::llama::{mlp, rms_norm, MlpW};
-use super::{Kind, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, Router};
+use crate::estimator::family::Family;
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is DeepSeek-V3's architecture (MLA with the sigmoid router) or DeepSeek-V2's
-/// (MLA with the softmax router, [`is_v2`]).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.is_mla() && matches!(spec.router, Router::Sigmoid | Router::Softmax)
-}
-
-/// Whether `spec` is DeepSeek-V2's architecture (`modeling_deepseek_v2.py`): MLA with complex
-/// rotary embedding (`freqs_cis`, `apply_rotary_emb`) and the softmax router
-/// (`DeepseekV2TopkRouter`, greedy or group-limited greedy).
-pub fn is_v2(spec: &ModelSpec) -> bool {
-    spec.is_mla() && spec.router == Router::Softmax
-}
 
 /// `DeepseekV2Model.forward` before the layers: Llama's embedding, positions and mask, then
 /// `DeepseekV2RotaryEmbedding.forward`:
@@ -626,7 +616,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let m = match ffn {
         Ok(mw) => mlp(b, &mw, n2),
         // `norm_topk_prob`: DeepSeek-V3's configuration (and its checkpoints) set it.
-        Err(w) if is_v2(spec) => super::sigmoid_moe::block_with(b, spec, &w, n2, router_v2),
+        Err(w) if spec.family == Family::DeepseekV2 => super::sigmoid_moe::block_with(b, spec, &w, n2, router_v2),
         Err(w) => super::sigmoid_moe::block(b, spec, &w, n2, true),
     };
     b.group = Group::All;
@@ -639,6 +629,38 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         b.hold(w);
     }
     y
+}
+
+/// DeepSeek-V2 (`modeling_deepseek_v2.py`): MLA with complex rotary embedding (`freqs_cis`,
+/// `apply_rotary_emb`) and the softmax router (`DeepseekV2TopkRouter`, greedy or group-limited
+/// greedy).
+pub struct DeepseekV2;
+impl Modeling for DeepseekV2 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed_v2(b, p, spec, ids, attn)
+    }
+    fn receive(&self, b: &mut Builder, _p: &Params, _spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let x0 = received(b);
+        let (pos, mask) = super::llama::positions_and_mask(b, attn);
+        let fc = rotary_v2(b, pos);
+        (x0, Shared { cos: Some(fc), pos: Some(pos), mask, ..Shared::default() })
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+    /// `freqs_cis` `[s, d_r / 2]` complex64: the bytes of fp32 `[s, d_r]`, no sin.
+    fn rope_tables(&self, _spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        Some((Shape::new(&[Dim::Q(Q::S), DR], Split::None), Dt::F32, false))
+    }
+}
+
+/// DeepSeek-V3 (`modeling_deepseek_v3.py`, also Kimi K2): MLA with Llama's rotary tables and the
+/// sigmoid router with its correction bias, group-limited.
+pub struct DeepseekV3;
+impl Modeling for DeepseekV3 {
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
 }
 
 #[cfg(test)]
@@ -672,7 +694,7 @@ mod tests {
     fn saved(part: Part) -> u128 {
         let cfg = toy();
         let setup = Setup::new(&cfg, &recipe(cfg.precision), Stage::Whole);
-        let (prog, _, _) = setup.layer_alone(Kind::Dense, super::super::Var::default(), 0, false);
+        let (prog, _, _) = setup.layer_alone(Kind::Dense, super::super::common::Var::default(), 0, false);
         kept(&prog).iter().filter(|k| k.part == part && !k.elsewhere).map(|k| prog.tensors[k.t as usize].bytes).sum()
     }
 
@@ -692,7 +714,7 @@ mod tests {
         let mut cfg = toy();
         cfg.arch = crate::estimator::sweep::uncompressed_kv(&cfg.arch).expect("MLA");
         let setup = Setup::new(&cfg, &recipe(cfg.precision), Stage::Whole);
-        let (prog, _, _) = setup.layer_alone(Kind::Dense, super::super::Var::default(), 0, false);
+        let (prog, _, _) = setup.layer_alone(Kind::Dense, super::super::common::Var::default(), 0, false);
         assert!(kept(&prog).iter().all(|k| k.part != Part::Mla));
     }
 }

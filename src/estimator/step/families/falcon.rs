@@ -15,17 +15,14 @@
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
-use super::{has_rope, llama, starcoder2, Params, Shared};
+use super::common::{has_rope, Params, Shared};
+use super::common::{mask_shape, Kind};
+use super::modeling::Modeling;
+use super::{llama, starcoder2};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind};
+use crate::estimator::model::{Activation, Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like Falcon (a fused q/k/v and LayerNorm without GPT-NeoX's
-/// biases, a plain MLP).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Layernorm && spec.fused_qkv && spec.mlp == MlpKind::Plain && !super::neox::is(spec) && !super::gpt2::is(spec)
-}
 
 /// `config.new_decoder_architecture`, as the spec shows it (see the module doc).
 pub fn new_arch(spec: &ModelSpec) -> bool {
@@ -373,6 +370,24 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     )
 }
 
+/// Falcon (`modeling_falcon.py`): fused `query_key_value`, parallel attention and MLP under
+/// one or two LayerNorms, and a bool mask SDPA always receives (`allow_is_causal_skip=False`).
+pub struct Falcon;
+impl Modeling for Falcon {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
+    }
+    fn mask_shapes(&self, _b: &Builder, _spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        [Some(mask_shape(attn)), None]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,7 +409,7 @@ mod tests {
     fn falcon_7b_is_the_multi_query_layout_and_40b_the_new_one() {
         // Falcon-7B: multi_query, parallel_attn, one norm per layer.
         let seven = spec(json!({"multi_query": true, "parallel_attn": true, "new_decoder_architecture": false}));
-        assert!(is(&seven));
+        assert_eq!(seven.family, crate::estimator::family::Family::Falcon);
         assert_eq!(seven.kv_heads, 1);
         assert!(!new_arch(&seven));
         // Falcon-40B: new_decoder_architecture, 2 kv heads here, two norms (ln_attn, ln_mlp).
@@ -409,7 +424,7 @@ mod tests {
     #[test]
     fn the_sequential_layout_is_never_the_new_architecture() {
         let seq = spec(json!({"multi_query": false, "parallel_attn": false}));
-        assert!(is(&seq) && !seq.parallel && seq.layer_norms == 2);
+        assert!(!seq.parallel && seq.layer_norms == 2);
         assert!(!new_arch(&seq));
     }
 
@@ -419,20 +434,5 @@ mod tests {
         assert_eq!(crate::estimator::unmodelled_feature(&alibi), Some("ALiBi position biases"));
         let rotary = spec(json!({}));
         assert_eq!(crate::estimator::unmodelled_feature(&rotary), None);
-    }
-
-    #[test]
-    fn gpt_neox_and_gpt2_are_not_taken_for_falcon() {
-        let neox = hf::import_value(&json!({
-            "model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "intermediate_size": 176, "vocab_size": 1000
-        }))
-        .expect("imports")
-        .spec;
-        assert!(super::super::neox::is(&neox) && !is(&neox));
-        let gpt2 = hf::import_value(&json!({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1000}))
-            .expect("imports")
-            .spec;
-        assert!(!is(&gpt2));
     }
 }

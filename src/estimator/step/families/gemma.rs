@@ -10,28 +10,15 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
+use super::common::{mask_shape, masked, received};
+use super::common::{Kind, Params, Shared};
 use super::llama::{rope, AttnW, MlpW};
-use super::{Kind, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm};
+use crate::estimator::family::Family;
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Gemma-2 and Gemma-3: four norms per layer, sliding-window layers beside full ones.
-pub fn two_masks(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::RmsnormGemma && spec.layer_norms == 4
-}
-
-/// Whether `spec` is a Gemma (Gemma's RMSNorm).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::RmsnormGemma
-}
-
-/// Whether `spec` is Gemma-3's text model (`modeling_gemma3.py`): Gemma-2's layout with
-/// per-head q/k norms, no soft-capping, a RoPE pair per layer type.
-pub fn is3(spec: &ModelSpec) -> bool {
-    two_masks(spec) && spec.qk_norm == QkNorm::Head
-}
 
 /// `Gemma2RMSNorm.forward`:
 /// ```python
@@ -71,7 +58,7 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
 fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
     let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn } = *w;
     let eager = attn == Attention::Eager;
-    let gemma3 = is3(spec);
+    let gemma3 = spec.family == Family::Gemma3;
     let masked_sdpa = !eager && sh.mask.is_some();
     let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> Tid {
         b.module = module;
@@ -172,7 +159,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
     let (x0, emb_w) = super::llama::token_embedding(b, p, ids);
     let x0 = scale_embedding(b, x0);
-    let two: Option<super::llama::TwoMasks> = (two_masks(spec) && attn == Attention::Eager).then_some(masks);
+    let two: Option<super::llama::TwoMasks> = (spec.family == Family::Gemma2 && attn == Attention::Eager).then_some(masks);
     super::llama::model_inputs(b, spec, attn, x0, emb_w, two)
 }
 
@@ -291,7 +278,7 @@ pub fn positions3(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared 
         (Some(full), Some(local))
     } else {
         super::llama::packed_detection(b, pos);
-        let local = if super::mistral::masked(spec.window, b.c.n(Q::S_KV)) {
+        let local = if super::common::masked(spec.window, b.c.n(Q::S_KV)) {
             Some(super::mistral::sliding_mask(b, pos, attn))
         } else {
             super::llama::packed_detection(b, pos);
@@ -300,11 +287,98 @@ pub fn positions3(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared 
         (None, local)
     };
     let (cos, sin) = super::llama::rotary(b, spec, pos);
-    let (cos_local, sin_local) = if super::local_rope(spec) {
+    let (cos_local, sin_local) = if local_rope(spec) {
         let (c, s) = super::llama::rotary(b, spec, pos);
         (Some(c), Some(s))
     } else {
         (None, None)
     };
     Shared { cos: Some(cos), sin: Some(sin), pos: Some(pos), mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local }
+}
+
+/// Whether Gemma-3's sliding-window layers have a rotary pair of their own: with both sliding
+/// and full layers (`Gemma3TextModel.forward` computes one pair per layer type in
+/// `set(config.layer_types)`).
+fn local_rope(spec: &ModelSpec) -> bool {
+    let n = spec.window_layers.count(spec.layers);
+    n > 0 && n < spec.layers
+}
+
+/// Gemma (`modeling_gemma.py`): Llama's layout with Gemma's RMSNorm (`1 + weight`), GeGLU and
+/// the embedding scaled by √h.
+pub struct Gemma;
+impl Modeling for Gemma {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer_gemma1(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, x)
+    }
+    fn embed_scale_buffer(&self) -> bool {
+        true
+    }
+}
+
+/// Gemma-2 (`modeling_gemma2.py`): four norms per layer, soft-capping, sliding-window attention
+/// on the even layers, and under eager attention a full and a sliding-window mask.
+pub struct Gemma2;
+impl Modeling for Gemma2 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, x)
+    }
+    /// Gemma2Config's `layer_types`: sliding where `(i + 1) % 2 != 0`, the even layers.
+    fn sliding(&self, _spec: &ModelSpec, i: usize) -> bool {
+        i.is_multiple_of(2)
+    }
+    fn mask_shapes(&self, _b: &Builder, _spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let eager = attn == Attention::Eager;
+        [eager.then(|| mask_shape(attn)), eager.then(|| mask_shape(attn))]
+    }
+    fn embed_scale_buffer(&self) -> bool {
+        true
+    }
+}
+
+/// Gemma-3's text model (`modeling_gemma3.py`): Gemma-2's layout with per-head q/k norms, no
+/// soft-capping, sliding layers from `layer_types` with a RoPE pair of their own.
+pub struct Gemma3;
+impl Modeling for Gemma3 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed3(b, p, spec, ids, attn)
+    }
+    fn receive(&self, b: &mut Builder, _p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let x0 = received(b);
+        (x0, positions3(b, spec, attn))
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, x)
+    }
+    /// `layer_types` (the window rule the importer reads from it).
+    fn sliding(&self, spec: &ModelSpec, i: usize) -> bool {
+        spec.window_layers.contains(i as u64)
+    }
+    fn local_rope(&self, spec: &ModelSpec) -> bool {
+        local_rope(spec)
+    }
+    /// Eager's two masks; under SDPA the sliding mask once the window is shorter than the keys.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let eager = attn == Attention::Eager;
+        let local = eager || masked(spec.window, b.c.n(Q::S_KV));
+        [eager.then(|| mask_shape(attn)), local.then(|| mask_shape(attn))]
+    }
+    fn embed_scale_buffer(&self) -> bool {
+        true
+    }
 }

@@ -7,17 +7,13 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
+use super::common::{rotary_dims, Kind, Params, Shared};
 use super::llama::{eager_core_with, mlp, rms_norm, rope, sdpa_core_copy, AttnW, MlpW};
-use super::{rotary_dims, Kind, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, QkNorm, Router};
+use crate::estimator::model::{Linear, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is GLM-4.5's architecture: a sigmoid router without MLA (DeepSeek-V3 has MLA).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.router == Router::Sigmoid && !spec.is_mla()
-}
 
 /// `apply_rotary_pos_emb` of `modeling_glm4_moe.py`:
 /// ```python
@@ -152,17 +148,24 @@ fn spec_norm_topk(spec: &ModelSpec) -> bool {
     true
 }
 
+/// GLM-4.5 (`modeling_glm4_moe.py`): partial rotary on interleaved halves, q/k/v biases,
+/// optional q/k norms, the sigmoid router of DeepSeek-V3.
+pub struct Glm4Moe;
+impl Modeling for Glm4Moe {
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::estimator::presets::preset;
 
     #[test]
-    fn glm_4_5_takes_this_layer_and_deepseek_v3_does_not() {
+    fn glm_4_5_air_rotates_half_of_each_head() {
         let glm = preset("glm-4.5-air").expect("preset").spec;
-        assert!(is(&glm));
         // Half of each head rotates: d_rot = 64 of d = 128.
         assert_eq!((rotary_dims(&glm), glm.head_dim), (64, 128));
-        assert!(!is(&preset("deepseek-v3").expect("preset").spec));
     }
 }

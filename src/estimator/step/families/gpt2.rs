@@ -5,22 +5,14 @@
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
-use super::{llama, Params, Shared};
+use super::common::Kind;
+use super::common::{Params, Shared};
+use super::llama;
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like GPT-2.
-pub fn is(spec: &ModelSpec) -> bool {
-    matches!(spec.norm, NormKind::Layernorm | NormKind::LayernormNoBias)
-        && spec.positions == Positions::Learned
-        && spec.fused_qkv
-        && spec.mlp == MlpKind::Plain
-        && spec.act == Activation::GeluNew
-        && spec.pos_offset == 0
-        && spec.embed_proj == 0
-}
 
 /// `NewGELUActivation.forward`, tensor op by tensor op:
 /// `0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))`.
@@ -238,4 +230,25 @@ pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid 
     let w = p.w(b, "norm.weight");
     let bias = p.w(b, "norm.bias");
     b.layer_norm(x, w, bias)
+}
+
+/// GPT-2 (`modeling_gpt2.py`): learned positions summed into the embedding, LayerNorm, fused
+/// `Conv1D` attention, its own MLP and `ln_f`.
+pub struct Gpt2;
+impl Modeling for Gpt2 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, spec, x)
+    }
+    fn x0_is_local(&self) -> bool {
+        false
+    }
+    fn shares_positions(&self) -> bool {
+        false
+    }
 }

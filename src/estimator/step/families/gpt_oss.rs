@@ -13,17 +13,14 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
+use super::common::{has_rope, mask_shape};
+use super::common::{Kind, Params, Shared};
 use super::llama::{repeat_kv, AttnW};
-use super::{Kind, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is gpt-oss (its attention has sinks).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.attn_sinks
-}
 
 /// Whether `spec` is exactly the layout this module builds: sinks, sliding or full layers,
 /// every layer an MoE layer with a biased top-k-then-softmax router (model dtype) and biased
@@ -31,7 +28,7 @@ pub fn is(spec: &ModelSpec) -> bool {
 /// (`estimator::unmodelled_feature` accepts such a spec).
 pub fn layout(spec: &ModelSpec) -> bool {
     use crate::estimator::model::{Activation, LayerRule, Router, WindowKind};
-    is(spec)
+    spec.attn_sinks
         && !spec.is_mla()
         && !spec.qk_l2_norm
         && spec.nope_layers.count(spec.layers) == 0
@@ -48,11 +45,6 @@ pub fn layout(spec: &ModelSpec) -> bool {
         && spec.experts_in_out
         && !spec.moe_all_experts
         && spec.act == Activation::SwigluClamped
-}
-
-/// Whether decoder layer `i` is one of gpt-oss's `sliding_attention` layers.
-pub fn sliding(spec: &ModelSpec, i: usize) -> bool {
-    is(spec) && spec.window_layers.contains(i as u64)
 }
 
 /// `GptOssRMSNorm.forward`:
@@ -598,7 +590,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, at
     } else {
         (None, None)
     };
-    let (cos, sin) = if super::has_rope(spec) {
+    let (cos, sin) = if super::common::has_rope(spec) {
         let (c, s) = rotary(b, spec, pos);
         (Some(c), Some(s))
     } else {
@@ -657,7 +649,7 @@ fn mask(b: &mut Builder, sliding: bool) -> Tid {
 /// (YaRN's factor), the same for sin, both cast to the hidden states' dtype.
 fn rotary(b: &mut Builder, spec: &ModelSpec, pos: Tid) -> (Tid, Tid) {
     b.module = "model.rotary_emb";
-    let half = super::cos_shape(spec);
+    let half = cos_shape(spec);
     let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
     let freqs = b.plain("mul", &[pf], half, Dt::F32);
     let c = b.plain("cos", &[freqs], half, Dt::F32);
@@ -681,6 +673,45 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     b.part = Part::Head;
     let w = p.w(b, "norm.weight");
     rms_norm(b, x, w)
+}
+
+/// The shape of gpt-oss's cos/sin `[s, d/2]`: its rotary embedding does not repeat its
+/// frequencies.
+fn cos_shape(spec: &ModelSpec) -> Shape {
+    let _ = spec;
+    Shape::new(&[Dim::Q(Q::S), Dim::Half(Q::D)], Split::None)
+}
+
+/// gpt-oss (see the module doc).
+pub struct GptOss;
+impl Modeling for GptOss {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, Some(ids), attn)
+    }
+    fn receive(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, None, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, x)
+    }
+    /// `layer_types`' `sliding_attention` layers.
+    fn sliding(&self, spec: &ModelSpec, i: usize) -> bool {
+        spec.window_layers.contains(i as u64)
+    }
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        has_rope(spec).then(|| (cos_shape(spec), Dt::Resid, true))
+    }
+    /// Eager attention materializes both the causal and the sliding-window mask.
+    fn mask_shapes(&self, _b: &Builder, _spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let eager = attn == Attention::Eager;
+        [eager.then(|| mask_shape(attn)), eager.then(|| mask_shape(attn))]
+    }
+    fn builds_own_layout(&self, spec: &ModelSpec) -> bool {
+        layout(spec)
+    }
 }
 
 #[cfg(test)]
@@ -736,7 +767,7 @@ mod tests {
         let r = recipe(cfg.precision);
         let sizes: Vec<u128> = numbers_only(|| {
             let setup = Setup::new(&cfg, &r, Stage::Whole);
-            let (prog, _, _) = setup.layer_alone(Kind::Moe, super::super::Var { sliding: true, nope: false }, 0, false);
+            let (prog, _, _) = setup.layer_alone(Kind::Moe, super::super::common::Var { sliding: true, nope: false }, 0, false);
             kept(&prog)
                 .iter()
                 .filter(|k| matches!(prog.tensors[k.t as usize].op, "_softmax" | "max"))

@@ -6,7 +6,7 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
-use super::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
+use super::common::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec};
@@ -176,7 +176,7 @@ pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shar
     let qnorm = head_norm.then_some((qn, "self_attn.q_norm"));
     let knorm = head_norm.then_some((kn, "self_attn.k_norm"));
     // A NoPE layer (no cos/sin in its view) hands q and k to the core as it hands v.
-    let qk_clone = !super::smollm3::nope_view(spec, sh) || eager;
+    let qk_clone = !super::common::nope_view(spec, sh) || eager;
     let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, qk_clone, Linear::Q);
     let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, qk_clone, Linear::K);
     // A mask under SDPA (a sliding window shorter than the keys, `mistral.rs`) repeats k and v:
@@ -632,6 +632,19 @@ pub fn rotary(b: &mut Builder, spec: &ModelSpec, pos: Tid) -> (Tid, Tid) {
         b.p.tensors[t as usize].part = Some(Part::Embedding);
     }
     (cos, sin)
+}
+
+/// What `LlamaModel.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): positions, the causal mask ([`positions_and_mask`]) and the rotary embedding.
+pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+    let (pos, mask) = positions_and_mask(b, attn);
+    let (cos, sin) = if has_rope(spec) {
+        let (c, s) = rotary(b, spec, pos);
+        (Some(c), Some(s))
+    } else {
+        (None, None)
+    };
+    Shared { cos, sin, pos: Some(pos), mask, ..Shared::default() }
 }
 
 /// The final norm (`model.norm`).

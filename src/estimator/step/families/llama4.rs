@@ -14,22 +14,14 @@
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
+use super::common::{has_rope, mask_shape};
+use super::common::{Kind, Params, Shared};
 use super::llama::{repeat_kv, sdpa_bool_mask, AttnW, MaskBuild, MlpW};
-use super::{Kind, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, WindowKind};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is Llama 4's text model (every expert runs every token).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.moe_all_experts
-}
-
-/// Whether decoder layer `i` attends within chunks (`chunked_attention` in `layer_types`).
-pub fn chunked(spec: &ModelSpec, i: usize) -> bool {
-    is(spec) && spec.window_kind == WindowKind::Chunked && spec.window_layers.contains(i as u64)
-}
 
 /// Whether the model materializes the chunked layers' mask: eager always; SDPA only when the
 /// keys reach a chunk (`_ignore_causal_mask_sdpa`: `kv_length >= local_attention_size` keeps it),
@@ -47,7 +39,7 @@ pub fn layout(spec: &ModelSpec) -> bool {
     // keeps then depends only on whether it has RoPE.
     let chunks = spec.window_layers.count(spec.layers) > 0;
     let rope_only_chunks = !chunks || (0..spec.layers).all(|i| spec.window_layers.contains(i) != spec.nope_layers.contains(i));
-    is(spec)
+    spec.moe_all_experts
         && !spec.is_mla()
         && !spec.attn_sinks
         && spec.experts > 0
@@ -63,8 +55,8 @@ pub fn layout(spec: &ModelSpec) -> bool {
         && spec.act == Activation::Silu
         && (spec.window_kind == WindowKind::Chunked || spec.window_layers.count(spec.layers) == 0)
         && rope_only_chunks
-        && super::has_rope(spec)
-        && super::rotary_dims(spec) == spec.head_dim
+        && super::common::has_rope(spec)
+        && super::common::rotary_dims(spec) == spec.head_dim
 }
 
 /// `Llama4TextRMSNorm.forward`:
@@ -662,6 +654,43 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     b.part = Part::Head;
     let w = p.w(b, "norm.weight");
     rms_norm(b, x, w)
+}
+
+/// Llama 4's text model (see the module doc).
+pub struct Llama4;
+impl Modeling for Llama4 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, Some(ids), attn)
+    }
+    fn receive(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, None, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, x)
+    }
+    /// The `chunked_attention` layers of `layer_types`.
+    fn sliding(&self, spec: &ModelSpec, i: usize) -> bool {
+        spec.window_kind == WindowKind::Chunked && spec.window_layers.contains(i as u64)
+    }
+    /// One complex `freqs_cis` `[s, d]` table (fp32 pairs), no sin.
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        has_rope(spec).then(|| (Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None), Dt::F32, false))
+    }
+    /// Eager's causal mask, and the chunked layers' `[b, s, s_kv]` mask: additive in the
+    /// residual dtype under eager, boolean under SDPA, which needs none below one chunk.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let eager = attn == Attention::Eager;
+        let dt = if eager { Dt::Resid } else { Dt::Bool };
+        let chunks =
+            chunk_mask(spec, attn, b.c.n(Q::S_KV)).then(|| (Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), dt));
+        [eager.then(|| mask_shape(attn)), chunks]
+    }
+    fn builds_own_layout(&self, spec: &ModelSpec) -> bool {
+        layout(spec)
+    }
 }
 
 #[cfg(test)]

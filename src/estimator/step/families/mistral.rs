@@ -8,16 +8,18 @@
 //! additive one in the query's dtype (`where`), which the CPU flash kernel keeps for backward.
 
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid};
+use super::common::{has_rope, Params, Shared};
+use super::common::{mask_shape, masked, received};
 use super::llama::{embedding, packed_detection, rotary};
-use super::{has_rope, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{LayerRule, ModelSpec, NormKind, WindowKind};
 use crate::estimator::step::part::Part;
 
-/// Whether `spec` slides a window on every layer (Mistral; Llama-like families only — Gemma,
-/// Phi-3, the MoE families and the LayerNorm families have their own layers).
-pub fn is(spec: &ModelSpec) -> bool {
+/// Whether the window is set: on every layer (`config.sliding_window` not null). Without one
+/// Mistral runs Llama's code.
+pub fn slides(spec: &ModelSpec) -> bool {
     spec.window > 0
         && spec.window_kind == WindowKind::Sliding
         && spec.window_layers == LayerRule::All
@@ -25,21 +27,6 @@ pub fn is(spec: &ModelSpec) -> bool {
         && spec.experts == 0
         && !spec.fused_qkv
         && spec.kv_lora_rank == 0
-}
-
-/// Whether a sliding mask exists at `s_kv` keys for a window of `window` tokens
-/// (`_ignore_causal_mask_sdpa`: the shortcut needs `kv_length < local_attention_size`).
-pub fn masked(window: u64, s_kv: u64) -> bool {
-    s_kv >= window
-}
-
-/// The shape and dtype of a sliding mask as the layers receive it: SDPA's bool `[1, 1, s, s_kv]`
-/// (`sdpa_mask`), or eager's additive `[b, 1, s, s_kv]` in the residual dtype.
-pub fn mask_shape(attn: Attention) -> (Shape, Dt) {
-    match attn {
-        Attention::Eager => (Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid),
-        _ => (Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool),
-    }
 }
 
 /// `create_sliding_window_causal_mask` once the window is shorter than the keys: the
@@ -117,6 +104,29 @@ pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
     Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None], cos_local: None, sin_local: None }
 }
 
+/// Mistral (`modeling_mistral.py`): Llama's layers, with the sliding-window mask once
+/// `config.sliding_window` is set.
+pub struct Mistral;
+impl Modeling for Mistral {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        if slides(spec) {
+            embed(b, p, spec, ids, attn)
+        } else {
+            super::llama::embed(b, p, spec, ids, attn)
+        }
+    }
+    fn receive(&self, b: &mut Builder, _p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let x0 = received(b);
+        let sh = if slides(spec) { positions(b, spec, attn) } else { super::llama::positions(b, spec, attn) };
+        (x0, sh)
+    }
+    /// Eager's mask, and SDPA's once the window is shorter than the keys.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let mask = attn == Attention::Eager || (slides(spec) && masked(spec.window, b.c.n(Q::S_KV)));
+        [mask.then(|| mask_shape(attn)), None]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::estimator::config::{Attention, Config, Kernels, OptimImpl, Precision, Recompute};
@@ -158,36 +168,14 @@ mod tests {
         ]
     }
 
-    /// Each toy config reaches its family's builder, and the neighbours do not (Mixtral is no
-    /// Qwen-MoE, Gemma-2 no Gemma-3, Llama no Mistral).
+    /// Each toy config is read as its own family (the importer decides it from `model_type`).
     #[test]
-    fn the_imported_families_route_to_their_own_builders() {
-        use super::super::{gemma, olmo, qwen_moe};
-        let spec = |name: &str| {
-            let json = toys().into_iter().find(|(n, _)| *n == name).map(|(_, j)| j).expect("toy");
-            import_value(&json).expect("imports").spec
-        };
-        assert!(super::is(&spec("mistral")));
-        assert!(gemma::is3(&spec("gemma3_text")) && !super::is(&spec("gemma3_text")));
-        assert!(qwen_moe::is(&spec("qwen2_moe")) && qwen_moe::two_masks(&spec("qwen2_moe")));
-        assert!(olmo::is(&spec("olmo")) && spec("olmo").clip_qkv && olmo::is_any(&spec("olmo2")) && !olmo::is(&spec("olmo2")));
-        assert!(gemma::is(&spec("gemma")) && !gemma::two_masks(&spec("gemma")));
-        let mixtral = import_value(&serde_json::json!({"model_type": "mixtral", "vocab_size": 10, "hidden_size": 8,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 6, "num_local_experts": 4,
-            "num_experts_per_tok": 2}))
-        .expect("imports")
-        .spec;
-        assert!(!qwen_moe::is(&mixtral) && !super::is(&mixtral));
-        let gemma2 = import_value(&serde_json::json!({"model_type": "gemma2", "vocab_size": 10, "hidden_size": 8,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 6, "head_dim": 4}))
-        .expect("imports")
-        .spec;
-        assert!(gemma::two_masks(&gemma2) && !gemma::is3(&gemma2));
-        let llama = import_value(&serde_json::json!({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 6}))
-        .expect("imports")
-        .spec;
-        assert!(!super::is(&llama) && !qwen_moe::is(&llama) && !olmo::is_any(&llama) && !gemma::is(&llama));
+    fn the_imported_toys_carry_their_families() {
+        use crate::estimator::family::Family;
+        for (name, json) in toys() {
+            let spec = import_value(&json).expect("imports").spec;
+            assert_eq!(Some(spec.family), Family::from_model_type(name), "{name}");
+        }
     }
 
     /// Every pipeline stage's piecewise peak (what `estimate` reports) equals the maximum of its

@@ -5,7 +5,7 @@
 
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, X};
-use super::Params;
+use super::common::Params;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::step::part::Part;
 

@@ -8,24 +8,14 @@
 use super::super::blocks::shapes::{heads, tok, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::{gpt2, llama, phi, Params, Shared};
+use super::common::Kind;
+use super::common::{Params, Shared};
+use super::modeling::Modeling;
+use super::{gpt2, llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::model::{Activation, Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like GPT-NeoX (a fused, biased q/k/v with RoPE, two LayerNorms,
-/// a plain MLP with biases).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Layernorm
-        && spec.positions == Positions::Rope
-        && spec.mlp == MlpKind::Plain
-        && spec.fused_qkv
-        && spec.mlp_bias
-        && spec.qkv_bias
-        && spec.kv_heads == spec.heads
-        && spec.layer_norms == 2
-}
 
 /// `GPTNeoXAttention.forward`:
 /// ```python
@@ -163,4 +153,19 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         b.hold(w);
     }
     y
+}
+
+/// GPT-NeoX (`modeling_gpt_neox.py`): fused `query_key_value`, partial rotary, parallel or
+/// sequential residuals, `final_layer_norm`.
+pub struct GptNeox;
+impl Modeling for GptNeox {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        phi::embed_with_dropout(b, p, spec, ids, attn, false)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        super::starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+    }
 }

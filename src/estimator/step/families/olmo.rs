@@ -7,27 +7,15 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::ir::{Builder, DType, Dim, Dt, Group, Shape, Split, Tid, B, S};
+use super::common::{cos_shape, Params, Shared};
+use super::common::{has_rope, received, Kind};
 use super::llama::{eager_core, embedding, positions_and_mask, rope, sdpa_core, selective_begin, selective_end, AttnW, MlpW};
-use super::{cos_shape, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm};
+use crate::estimator::family::Family;
+use crate::estimator::model::{Linear, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is OLMo (its LayerNorm has no parameters).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Nonparametric
-}
-
-/// Whether `spec` is OLMo-2 (`modeling_olmo2.py`): RMSNorms, q/k norms over all heads.
-pub fn is2(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Rmsnorm && spec.qk_norm == QkNorm::Full
-}
-
-/// OLMo and OLMo-2: fp32 RoPE cos/sin, q and k cast back after RoPE.
-pub fn is_any(spec: &ModelSpec) -> bool {
-    is(spec) || is2(spec)
-}
 
 /// `Olmo2RMSNorm.forward`:
 /// ```python
@@ -333,10 +321,54 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 pub fn final_norm(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
     b.module = "model.norm";
     b.part = Part::Head;
-    if is2(spec) {
+    if spec.family == Family::Olmo2 {
         let w = p.w(b, "norm.weight");
         rms_norm2(b, x, w)
     } else {
         layer_norm(b, x)
+    }
+}
+
+/// OLMo (see the module doc).
+pub struct Olmo;
+impl Modeling for Olmo {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn receive(&self, b: &mut Builder, _p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let x0 = received(b);
+        (x0, positions(b, spec, attn))
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, spec, x)
+    }
+    /// cos and sin stay fp32 (`OlmoRotaryEmbedding.forward` does not cast them).
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        has_rope(spec).then(|| (cos_shape(spec), Dt::F32, true))
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+}
+
+/// OLMo-2 (see the module doc).
+pub struct Olmo2;
+impl Modeling for Olmo2 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn receive(&self, b: &mut Builder, _p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let x0 = received(b);
+        (x0, positions(b, spec, attn))
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, spec, x)
+    }
+    /// cos and sin stay fp32 (`OlmoRotaryEmbedding.forward` does not cast them).
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        has_rope(spec).then(|| (cos_shape(spec), Dt::F32, true))
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer2(b, p, spec, x, sh, attn)
     }
 }

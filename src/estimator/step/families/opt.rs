@@ -7,24 +7,17 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
-use super::{gpt2, llama, Params, Shared};
+use super::common::Kind;
+use super::common::{Params, Shared};
+use super::modeling::Modeling;
+use super::{gpt2, llama};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, Positions};
+use crate::estimator::model::{Activation, Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
 /// Extra rows of OPT's learned position table: `OPTLearnedPositionalEmbedding.offset`.
 pub const POSITION_OFFSET: u64 = 2;
-
-/// Whether `spec` is laid out like OPT (learned positions with OPT's offset, a plain MLP).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.positions == Positions::Learned
-        && spec.pos_offset == POSITION_OFFSET
-        && spec.mlp == MlpKind::Plain
-        && !spec.fused_qkv
-        && spec.embed_proj == 0
-        && super::layer_norm_like(spec.norm)
-}
 
 fn heads4(h: Q) -> Shape {
     Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)
@@ -254,6 +247,24 @@ pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
     b.layer_norm(x, w, bias)
 }
 
+/// OPT (`modeling_opt.py`): learned positions with an offset of 2, pre-LayerNorm layers with a
+/// ReLU MLP, `final_layer_norm`.
+pub struct Opt;
+impl Modeling for Opt {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_norm(b, p, x)
+    }
+    fn x0_is_local(&self) -> bool {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,7 +285,6 @@ mod tests {
     #[test]
     fn pre_layernorm_opt_has_its_own_layer_and_is_estimated() {
         let s = spec(json!({}));
-        assert!(is(&s));
         assert_eq!(s.pos_offset, POSITION_OFFSET);
         assert_eq!(crate::estimator::unmodelled_feature(&s), None);
     }
@@ -283,7 +293,6 @@ mod tests {
     fn opt_350m_post_layernorm_layout_is_refused_rather_than_approximated() {
         // OPT-350m: word_embed_proj_dim 512 against hidden 1024, do_layer_norm_before false.
         let s = spec(json!({"word_embed_proj_dim": 32, "do_layer_norm_before": false}));
-        assert!(!is(&s));
         assert_eq!(crate::estimator::unmodelled_feature(&s), Some("OPT's post-LayerNorm layout (OPT-350m)"));
         let post = spec(json!({"do_layer_norm_before": false}));
         assert_eq!(crate::estimator::unmodelled_feature(&post), Some("OPT's post-LayerNorm layout (OPT-350m)"));

@@ -5,22 +5,14 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
-use super::{gpt2, llama, rotary_dims, Params, Shared};
+use super::common::Kind;
+use super::common::{rotary_dims, Params, Shared};
+use super::modeling::Modeling;
+use super::{gpt2, llama};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions, QkNorm};
+use crate::estimator::model::{Activation, Linear, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like Phi (a parallel block with one LayerNorm, separate q/k/v,
-/// RoPE, a plain MLP).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Layernorm
-        && spec.positions == Positions::Rope
-        && spec.mlp == MlpKind::Plain
-        && !spec.fused_qkv
-        && spec.parallel
-        && spec.layer_norms == 1
-}
 
 /// `PhiAttention.forward`:
 /// ```python
@@ -200,4 +192,19 @@ pub fn embed_with_dropout(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Ti
         sh.locals[0] = Some(x);
     }
     (x, sh)
+}
+
+/// Phi-1/2 (`modeling_phi.py`): one LayerNorm feeding parallel attention and MLP, partial
+/// rotary, biases everywhere, embedding dropout, `final_layernorm`, a biased head.
+pub struct Phi;
+impl Modeling for Phi {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed_with_dropout(b, p, spec, ids, attn, true)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        super::starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
+    }
 }

@@ -5,17 +5,13 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
+use super::common::{rotary_dims, Kind, Params, Shared};
 use super::llama::{eager_core_with, rms_norm, rope_cat, sdpa_core_copy};
-use super::{rotary_dims, Kind, Params, Shared};
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind, Positions};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like Phi-3 (fused q/k/v with RoPE and RMSNorm).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.fused_qkv && spec.positions == Positions::Rope && spec.norm == NormKind::Rmsnorm
-}
 
 fn heads4(h: Q) -> Shape {
     Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp)
@@ -126,4 +122,13 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         b.hold(w);
     }
     y
+}
+
+/// Phi-3 (`modeling_phi3.py`, also Phi-4): Llama with fused `qkv_proj` and `gate_up_proj`,
+/// partial RoPE by slicing, and residual dropout.
+pub struct Phi3;
+impl Modeling for Phi3 {
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
 }

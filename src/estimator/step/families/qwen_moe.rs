@@ -7,24 +7,15 @@
 use super::super::blocks::shapes::{tok, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
+use super::common::received;
+use super::common::{Kind, Params, Shared};
 use super::llama::{attention, rms_norm, AttnW, MlpW};
+use super::modeling::Modeling;
 use super::moe::{experts, MoeW};
-use super::{Kind, Params, Shared};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, NormKind, QkNorm, Router};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is a Qwen-MoE: Llama-style RMSNorm layers with softmax-then-top-k routing
-/// over fused experts, and Qwen2-MoE's gated shared expert or Qwen3-MoE's per-head q/k norms
-/// (Mixtral has neither; both are what the importer and the presets set for these two model
-/// types).
-pub fn is(spec: &ModelSpec) -> bool {
-    let plain_router = spec.router == Router::Softmax && !spec.router_bias && !spec.router_fp32 && spec.router_groups <= 1;
-    let plain_experts = spec.fused_experts && !spec.expert_bias && !spec.experts_in_out && !spec.moe_all_experts;
-    let qwen = (spec.shared_gate && spec.shared_experts == 1) || (spec.qk_norm == QkNorm::Head && spec.shared_experts == 0);
-    spec.experts > 0 && spec.kv_lora_rank == 0 && spec.norm == NormKind::Rmsnorm && plain_router && plain_experts && qwen
-}
 
 /// Whether the router renormalises its top-k weights (`norm_topk_prob`): Qwen3-MoE's checkpoints
 /// set it, Qwen2-MoE's (Qwen1.5-MoE-A2.7B, the configuration default) do not — as
@@ -277,7 +268,27 @@ pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
     }
 }
 
-/// Whether the model's forward builds the (unused) sliding-window mask: Qwen2-MoE.
-pub fn two_masks(spec: &ModelSpec) -> bool {
-    is(spec) && spec.shared_gate
+/// Qwen2-MoE (`modeling_qwen2_moe.py`): Llama's layers with sparse blocks of softmax-then-top-k
+/// experts beside a gated shared expert, and the unused sliding-window mask its model builds.
+pub struct Qwen2Moe;
+impl Modeling for Qwen2Moe {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn receive(&self, b: &mut Builder, _p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let x0 = received(b);
+        (x0, positions(b, spec, attn))
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+}
+
+/// Qwen3-MoE (`modeling_qwen3_moe.py`): Qwen3's attention (per-head q/k norms) with sparse
+/// blocks of softmax-then-top-k experts, renormalised.
+pub struct Qwen3Moe;
+impl Modeling for Qwen3Moe {
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
 }

@@ -11,8 +11,8 @@
 
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
+use super::common::Params;
 use super::moe::MoeW;
-use super::Params;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;

@@ -5,34 +5,28 @@
 //! ([`super::llama::layer`]).
 //!
 //! What a NoPE layer changes in the step: its view of the model's tensors has no cos/sin
-//! ([`super::Shared::view`]), so the attention core receives q and k as the transposed views of
+//! ([`super::common::Shared::view`]), so the attention core receives q and k as the transposed views of
 //! `q_proj`/`k_proj`'s outputs. SDPA's CPU flash backward lays dq and dk out like q and k, so their
 //! `view` backward needs no copy (as for v); eager attention's `matmul` copies them (`fold`) and
 //! their gradients come back transposed: `ViewBackward0` clones, as for v. Saved bytes are those of
 //! a RoPE layer: the core keeps q and k either way (RoPE's `mul`s keep only the shared cos/sin).
 
-use super::{has_rope, Shared};
-use crate::estimator::model::ModelSpec;
+use super::modeling::Modeling;
 
-/// Whether decoder layer `i` (its index in the model) has no rotary embedding.
-pub fn nope(spec: &ModelSpec, i: usize) -> bool {
-    has_rope(spec) && spec.nope_layers.contains(i as u64)
-}
-
-/// Whether a layer's view of the shared tensors is a NoPE layer's: the model computes cos/sin
-/// but this layer does not read them.
-pub fn nope_view(spec: &ModelSpec, sh: &Shared) -> bool {
-    has_rope(spec) && sh.cos.is_none()
-}
+/// SmolLM3 (`modeling_smollm3.py`): Llama's code; its NoPE layers are in the spec
+/// (`nope_layers`), read by every family through `common::nope`.
+pub struct Smollm3;
+impl Modeling for Smollm3 {}
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::estimator::config::{Attention, Config, Kernels, Precision};
     use crate::estimator::expr::numbers_only;
+    use crate::estimator::model::ModelSpec;
     use crate::estimator::params::Stage;
     use crate::estimator::precision::recipe;
     use crate::estimator::presets::presets;
+    use crate::estimator::step::families::common::nope;
     use crate::estimator::step::families::{Kind, Var};
     use crate::estimator::step::ledger::kept;
     use crate::estimator::step::model::Setup;

@@ -7,16 +7,14 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
-use super::{llama, phi, Params, Shared};
+use super::common::Kind;
+use super::common::{Params, Shared};
+use super::modeling::Modeling;
+use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, MlpKind, ModelSpec, NormKind, Positions, QkNorm};
+use crate::estimator::model::{Linear, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like StableLM (biased LayerNorm, RoPE, a gated MLP).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Layernorm && spec.positions == Positions::Rope && spec.mlp == MlpKind::Gated && !spec.fused_qkv
-}
 
 /// `StableLmLayerNormPerHead.forward`:
 /// ```python
@@ -161,4 +159,16 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         b.hold(w);
     }
     y
+}
+
+/// StableLM (`modeling_stablelm.py`): LayerNorms, partial rotary, a gated MLP, optional
+/// per-head q/k LayerNorms and parallel residuals.
+pub struct Stablelm;
+impl Modeling for Stablelm {
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        super::starcoder2::final_layer_norm(b, p, "model.norm", x)
+    }
 }

@@ -12,22 +12,14 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
-use super::{has_rope, llama, rotary_dims, Params, Shared};
+use super::common::Kind;
+use super::common::{has_rope, rotary_dims, Params, Shared};
+use super::llama;
+use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::model::{Activation, Linear, ModelSpec};
 use crate::estimator::step::part::Part;
-
-/// Whether `spec` is laid out like StarCoder2 (biased LayerNorm, separate q/k/v with RoPE, a
-/// plain MLP, sequential residuals).
-pub fn is(spec: &ModelSpec) -> bool {
-    spec.norm == NormKind::Layernorm
-        && spec.positions == Positions::Rope
-        && spec.mlp == MlpKind::Plain
-        && !spec.fused_qkv
-        && !spec.parallel
-        && spec.layer_norms == 2
-}
 
 /// Whether the sliding window materializes SDPA's mask at this sequence length
 /// (`_ignore_causal_mask_sdpa`: a local attention size no longer than the keys).
@@ -273,6 +265,25 @@ pub fn final_layer_norm(b: &mut Builder, p: &Params, module: &'static str, x: Ti
     b.layer_norm(x, w, bias)
 }
 
+/// StarCoder2 (see the module doc).
+pub struct Starcoder2;
+impl Modeling for Starcoder2 {
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        embed(b, p, spec, ids, attn)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, attn)
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
+        final_layer_norm(b, p, "model.norm", x)
+    }
+    /// Eager's mask; SDPA's bool mask once the window bites.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let mask = attn == Attention::Eager || window_mask(b, spec);
+        [mask.then(|| super::common::mask_shape(attn)), None]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,7 +303,6 @@ mod tests {
     #[test]
     fn the_sliding_window_reaches_every_layer_and_a_null_one_none() {
         let s = spec(json!(4096));
-        assert!(is(&s));
         assert_eq!((s.window, s.window_layers.clone()), (4096, LayerRule::All));
         let none = spec(json!(null));
         assert_eq!((none.window, none.window_layers), (0, LayerRule::None));

@@ -1,0 +1,99 @@
+//! [`Modeling`]: the pieces of a family's modeling code the step is built from — the model's
+//! forward before the layers (the prologue), a decoder layer, the final norm, and what those
+//! hand each other (masks, rotary tables, which layers slide a window). Every method defaults
+//! to Llama's (`modeling_llama.py`); a family overrides only what its own modeling file does
+//! differently.
+
+use super::super::ir::{Builder, Dt, Shape, Tid};
+use super::common::{cos_shape, has_rope, mask_shape, received, Kind, Params, Shared};
+use super::llama;
+use crate::estimator::config::Attention;
+use crate::estimator::model::ModelSpec;
+
+/// One family's modeling code, as the step program builds it (see the module doc).
+pub trait Modeling: Sync {
+    /// The model's forward before the decoder layers on the first pipeline stage, from the
+    /// token ids: the first hidden state and the model-level tensors the layers read.
+    ///
+    /// Llama (`LlamaModel.forward`): the token embedding, `cache_position` / `position_ids`,
+    /// `create_causal_mask` and the rotary embedding.
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        llama::embed(b, p, spec, ids, attn)
+    }
+
+    /// A later pipeline stage's prologue: the activation it receives, then what the model's
+    /// forward computes after the embedding (Llama: positions, the causal mask, the rotary
+    /// embedding).
+    fn receive(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
+        let _ = p;
+        let x0 = received(b);
+        (x0, llama::positions(b, spec, attn))
+    }
+
+    /// One decoder layer on `x` (`LlamaDecoderLayer.forward`); returns its output.
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        llama::layer(b, p, spec, x, sh, kind, attn)
+    }
+
+    /// The norm after the last layer (`model.norm`).
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        let _ = spec;
+        llama::final_norm(b, p, x)
+    }
+
+    /// Whether the first layer's input is one of the model forward's locals, held until the model
+    /// returns (Llama's `hidden_states = inputs_embeds`).
+    fn x0_is_local(&self) -> bool {
+        true
+    }
+
+    /// Whether decoder layer `i` attends through a local window (Llama: none does).
+    fn sliding(&self, spec: &ModelSpec, i: usize) -> bool {
+        let _ = (spec, i);
+        false
+    }
+
+    /// The model-level rotary tables the layers read: their shape and dtype, and whether a sin
+    /// comes beside the cos (Llama: cos and sin `[1, s, d_rot]` in the residual dtype).
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        has_rope(spec).then(|| (cos_shape(spec), Dt::Resid, true))
+    }
+
+    /// Whether the sliding-window layers have a rotary pair of their own (`Shared::cos_local`).
+    fn local_rope(&self, spec: &ModelSpec) -> bool {
+        let _ = spec;
+        false
+    }
+
+    /// The shapes and dtypes of the masks the layers receive (`Shared::mask`,
+    /// `Shared::mask_local`). Llama: eager attention's additive causal mask; SDPA runs causal
+    /// without one.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let _ = (b, spec);
+        [(attn == Attention::Eager).then(|| mask_shape(attn)), None]
+    }
+
+    /// Whether the layers receive `position_ids` (GPT-2's do not).
+    fn shares_positions(&self) -> bool {
+        true
+    }
+
+    /// Whether the embedding is scaled by a 0-dim buffer in the model dtype (Gemma's
+    /// `embed_scale`).
+    fn embed_scale_buffer(&self) -> bool {
+        false
+    }
+
+    /// Whether this family's code builds exactly `spec`'s layout, features the estimator refuses
+    /// elsewhere included (gpt-oss's sinks, Llama 4's experts): such a spec is accepted as it is.
+    fn builds_own_layout(&self, spec: &ModelSpec) -> bool {
+        let _ = spec;
+        false
+    }
+}
+
+/// Llama (`modeling_llama.py`): every default; also the code of Mixtral, Qwen2, Qwen3 and
+/// SmolLM3, which transformers generates from Llama's (their differences are in the spec: MoE
+/// layers, biases, q/k norms, NoPE layers).
+pub struct Llama;
+impl Modeling for Llama {}
