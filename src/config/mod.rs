@@ -250,7 +250,10 @@ pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
         .filter(|k| k.name != "name" || custom)
         .filter_map(|k| {
             let v = (k.get)(cfg);
-            (v != (k.get)(&default)).then_some((k.name, v))
+            // A custom architecture always names its family, even Llama's: a custom link
+            // without one is a link from before the key ([`names_an_old_custom_architecture`]).
+            let always = custom && k.name == "family";
+            (always || v != (k.get)(&default)).then_some((k.name, v))
         })
         .collect()
 }
@@ -351,6 +354,20 @@ mod tests {
         assert_eq!((d.config.tp, d.config.gpus), (1, 8));
         assert_eq!(d.config.model, "llama-3.1-70b");
         assert!(crate::estimator::validate_consistency(&d.config).is_ok());
+    }
+
+    #[test]
+    fn a_custom_link_names_its_family_and_an_old_one_reads_it_from_the_numbers() {
+        // Written now: the family is in the link, Llama's too.
+        let d = decode_query("model=custom&fused_qkv=true&family=llama");
+        assert_eq!(d.config.arch.family, crate::estimator::family::Family::Llama);
+        assert!(encode_query(&d.config).contains("family=llama"), "{}", encode_query(&d.config));
+        assert_eq!(decode_query(&encode_query(&d.config)).config, d.config);
+        // Written before the key: a fused-QKV RMSNorm RoPE model was built with Phi-3's code.
+        let old = decode_query("model=custom&fused_qkv=true");
+        assert_eq!(old.config.arch.family, crate::estimator::family::Family::Phi3);
+        // A preset's family comes with it and needs no key.
+        assert_eq!(decode_query("model=gpt2&layers=6").config.arch.family, crate::estimator::family::Family::Gpt2);
     }
 
     #[test]

@@ -61,9 +61,10 @@
 
 use super::config::{Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
 use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
+use super::estimate::{by_category, capacity, estimate, with_reserve, Estimate};
 use super::ledger::{Bytes, Category};
 use super::units::format_bytes;
-use super::{by_category, estimate, validate, Estimate, EstimateError};
+use super::validate::{validate, EstimateError};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -843,7 +844,7 @@ impl Search {
     fn plan_of(&self, p: &Point, rank: usize) -> Plan {
         let config = p.knobs.apply(&self.req.base);
         let cost = cost::step_cost(&config, &self.req.assumptions).ok();
-        let decided = estimate(&config).and_then(|e| super::with_reserve(&config, e)).ok();
+        let decided = estimate(&config).and_then(|e| with_reserve(&config, e)).ok();
         let by_cat = decided.as_ref().map(|e| by_category(e).into_iter().map(|(c, b)| (c.label(), b)).collect()).unwrap_or_default();
         let nvidia_smi = decided.as_ref().and_then(|e| e.memory.nvidia_smi);
         let fits_with_reserve = decided.as_ref().is_some_and(Estimate::fits);
@@ -852,7 +853,7 @@ impl Search {
             knobs: p.knobs,
             memory: p.memory,
             headroom: p.headroom,
-            capacity: super::capacity(&config),
+            capacity: capacity(&config),
             step_s: p.step_s,
             tokens_per_s: p.tokens_per_s,
             mfu: p.mfu,

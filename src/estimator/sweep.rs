@@ -24,16 +24,17 @@
 //! does not.
 
 use super::config::{Attention, Config, Offload, Unit, Zero};
+use super::estimate::{capacity, estimate, with_reserve, Estimate};
 use super::gpu::{Gpu, GPUS};
 use super::ledger::Bytes;
 use super::model::ModelSpec;
 use super::presets::{preset, presets};
-use super::{capacity, estimate, validate, Estimate, EstimateError};
+use super::validate::{validate, EstimateError};
 
 /// The estimate the verdict decides on: the numbers with the caching allocator replayed
 /// ([`super::with_reserve`]).
 pub fn decided(cfg: &Config) -> Result<Estimate, EstimateError> {
-    estimate(cfg).and_then(|e| super::with_reserve(cfg, e))
+    estimate(cfg).and_then(|e| with_reserve(cfg, e))
 }
 
 /// The step's peak for `cfg` by the fast path (allocated + CUDA context, cuBLAS, NCCL; never

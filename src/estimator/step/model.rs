@@ -757,11 +757,6 @@ pub fn resident_grads(cfg: &Config) -> bool {
     cfg.accum > 1 || (sh.stage >= 2 && sh.n > 1)
 }
 
-/// The stream of the most loaded stage of `cfg`, with the estimate's resident bytes.
-pub fn simulate(cfg: &Config) -> Result<Stream, crate::estimator::EstimateError> {
-    crate::estimator::step_stream(cfg)
-}
-
 /// Which trainable parameter tensors a program has (for tests).
 pub fn trainable(prog: &Program) -> usize {
     prog.tensors.iter().filter(|t| matches!(t.origin, Origin::Param { grad_bytes } if grad_bytes > 0)).count()

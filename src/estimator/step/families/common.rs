@@ -199,3 +199,14 @@ pub fn received(b: &mut Builder) -> Tid {
     let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
     b.op("recv", "", &[], &[out], &[], &[])[0]
 }
+
+/// A final `nn.LayerNorm` with weight and bias (`model.norm` in StarCoder2 and StableLM,
+/// `final_layernorm` in Phi, `final_layer_norm` in GPT-NeoX, `ln_f` in Falcon), named by its
+/// module path.
+pub fn final_layer_norm(b: &mut Builder, p: &Params, module: &'static str, x: Tid) -> Tid {
+    b.module = module;
+    b.part = Part::Head;
+    let w = p.w(b, "norm.weight");
+    let bias = p.w(b, "norm.bias");
+    b.layer_norm(x, w, bias)
+}

@@ -381,7 +381,7 @@ impl Modeling for Falcon {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
+        super::common::final_layer_norm(b, p, "transformer.ln_f", x)
     }
     fn mask_shapes(&self, _b: &Builder, _spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
         [Some(mask_shape(attn)), None]

@@ -169,6 +169,6 @@ impl Modeling for Stablelm {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        super::starcoder2::final_layer_norm(b, p, "model.norm", x)
+        super::common::final_layer_norm(b, p, "model.norm", x)
     }
 }

@@ -255,16 +255,6 @@ fn sliding_mask(b: &mut Builder, attn: Attention) -> Tid {
     w
 }
 
-/// A final `nn.LayerNorm` with weight and bias (`model.norm` here; `final_layer_norm`,
-/// `ln_f` … in the other LayerNorm families), named by its module path.
-pub fn final_layer_norm(b: &mut Builder, p: &Params, module: &'static str, x: Tid) -> Tid {
-    b.module = module;
-    b.part = Part::Head;
-    let w = p.w(b, "norm.weight");
-    let bias = p.w(b, "norm.bias");
-    b.layer_norm(x, w, bias)
-}
-
 /// StarCoder2 (see the module doc).
 pub struct Starcoder2;
 impl Modeling for Starcoder2 {
@@ -275,7 +265,7 @@ impl Modeling for Starcoder2 {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        final_layer_norm(b, p, "model.norm", x)
+        super::common::final_layer_norm(b, p, "model.norm", x)
     }
     /// Eager's mask; SDPA's bool mask once the window bites.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
