@@ -6,7 +6,7 @@ use crate::config::{self, Config, ConfigError, KEYS};
 use crate::estimator::hf::{self, HfError};
 use crate::estimator::plan::{self, GlobalBatch, PlanError, PlanRequest, Space};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{estimate, explain, flatten, presets, Estimate, EstimateError};
+use crate::estimator::{flatten, presets, Estimate, EstimateError};
 use crate::verify::{self, compare::CompareError, VerifyError};
 use serde::Serialize;
 use std::io::Write;
@@ -83,7 +83,7 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     match cmd.as_str() {
         "estimate" => {
             let (cfg, json) = parse_estimate_args(rest)?;
-            let e = explain(&cfg)?;
+            let e = crate::estimator::analyse(&cfg)?.explain()?;
             if json {
                 w(out, format!("{}\n", to_json(&cfg, &e)))
             } else {
@@ -620,7 +620,7 @@ fn render_fixes(base: &Config, fixes: &[plan::Fix], output: PlanOutput) -> Strin
     }
     let mut s = String::new();
     if fixes.is_empty() {
-        let fits = estimate(base).map(|e| plan::fits(&e)).unwrap_or(false);
+        let fits = crate::estimator::analyse(base).is_ok_and(|a| a.verdict.fits);
         s.push_str(if fits { "it fits already\n" } else { "no single change makes it fit\n" });
         return s;
     }

@@ -4,7 +4,6 @@
 
 use trainmem::config::{decode_query, Attention, Config, Unit, Zero};
 use trainmem::estimator::expr::group_digits;
-use trainmem::estimator::sweep::decided;
 use trainmem::estimator::sweep::{self, fits, GPU_COUNTS};
 use trainmem::estimator::{estimate, ledger::Bytes, EstimateError};
 use trainmem::plots::bar::{bar_data, bar_height, bar_svg, draw_bar};
@@ -146,7 +145,7 @@ fn the_oom_mark_is_the_longest_sequence_that_fits_and_is_labelled() {
     // The estimator's own verdict on either side of the mark.
     assert!(fits(&Config { seq: n, ..c.clone() }));
     assert!(!fits(&Config { seq: n + 1, ..c.clone() }));
-    assert!(decided(&Config { seq: n + 1, ..c.clone() }).expect("valid").deciding_peak() > d.sweep.capacity);
+    assert!(trainmem::estimator::analyse(&Config { seq: n + 1, ..c.clone() }).expect("valid").verdict.deciding > d.sweep.capacity);
     let label = format!("OOM beyond {} tokens", group_digits(n as u128));
     assert_eq!(d.limit_text(), label);
     assert!(seq_svg(&d, &LIGHT, SIZE).contains(&label));

@@ -11,7 +11,7 @@
 
 use crate::config::{decode_query, Config};
 use crate::estimator::ledger::Category;
-use crate::estimator::{estimate, flatten, Estimate, EstimateError};
+use crate::estimator::{analyse, flatten, Estimate, EstimateError};
 
 /// A whole-step memory figure a question can ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,7 +196,8 @@ pub fn category_name(c: Category) -> &'static str {
 /// The answer key: the figure `target` names, computed by the estimator for `cfg` (and, for a
 /// difference, the `compare` configuration).
 pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result<Answer, ExerciseError> {
-    let e = estimate(cfg)?;
+    // The page's own figures: the ledger and the verdict as `analyse` gives them.
+    let e = analyse(cfg)?.estimate;
     Ok(match target {
         Target::Rows(r) => Answer::Bytes(sum(&e, r)?),
         Target::Memory(Field::ParameterCount) => Answer::Count(Field::ParameterCount.value(&e)),
@@ -211,7 +212,7 @@ pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result
         Target::PerLayer(f) => {
             let mut more = cfg.clone();
             more.arch.layers += 1;
-            let e2 = estimate(&more)?;
+            let e2 = analyse(&more)?.estimate;
             Answer::Bytes(f.value(&e2).saturating_sub(f.value(&e)))
         }
         Target::Dominant => {
@@ -219,7 +220,7 @@ pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result
             Answer::Category(best.map_or(Category::Activations, |(c, _)| c))
         }
         Target::Difference(r) => {
-            let other = estimate(compare.ok_or(ExerciseError::NoComparison)?)?;
+            let other = analyse(compare.ok_or(ExerciseError::NoComparison)?)?.estimate;
             // A row the other configuration lacks (e.g. eager-only scores) counts as 0 there.
             let (a, b) = (sum(&e, r)?, sum(&other, r).unwrap_or(0));
             Answer::Bytes(a.abs_diff(b))
@@ -418,6 +419,7 @@ pub fn builtin() -> Vec<Exercise> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimator::estimate;
 
     #[test]
     fn every_builtin_exercise_has_a_computed_answer() {

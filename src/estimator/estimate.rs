@@ -271,25 +271,33 @@ pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
 /// Rows that live outside the caching allocator: nvidia-smi adds them to what it reserves.
 const OUTSIDE_ALLOCATOR: [&str; 3] = ["cuda_context", "nccl_buffers", "blas_workspaces"];
 
+/// Whether the step is replayed through the caching allocator: not under a `frag_pct` override,
+/// nor with `kernels = cpu` (no caching allocator).
+pub fn replays_allocator(cfg: &Config) -> bool {
+    cfg.frag_pct.is_none() && cfg.kernels != config::Kernels::Cpu
+}
+
 /// Adds the caching allocator's simulated reserve to an estimate of `cfg` (see [`reserve`]):
 /// the row `R_res = max_memory_reserved − allocated peak`, `memory.reserved_peak`, and
 /// `memory.nvidia_smi = reserved + CUDA context + cuBLAS workspaces + NCCL buffers`, which
-/// [`Estimate::fits`] then decides on. Leaves the estimate as it is under a `frag_pct` override
-/// or `kernels = cpu`.
-pub fn with_reserve(cfg: &Config, mut e: Estimate) -> Result<Estimate, EstimateError> {
-    if cfg.frag_pct.is_some() || cfg.kernels == config::Kernels::Cpu || e.components.iter().any(|r| r.id == "allocator_reserve") {
+/// [`Estimate::fits`] then decides on. Leaves the estimate as it is where the allocator is not
+/// replayed ([`replays_allocator`]).
+pub fn with_reserve(cfg: &Config, e: Estimate) -> Result<Estimate, EstimateError> {
+    if !replays_allocator(cfg) || e.components.iter().any(|r| r.id == "allocator_reserve") {
         return Ok(e);
     }
-    let r = reserve::reserved(cfg)?;
+    Ok(attach_reserve(e, &reserve::reserved(cfg)?))
+}
+
+/// [`with_reserve`] with the replay already run (`r`, of the same configuration).
+pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
     let reserved = r.reserved_peak.max(e.memory.allocated_peak);
     let row = expr::with_formulas(|| overhead::reserve_simulated_bytes(reserved, e.memory.allocated_peak));
     let row = if r.at.is_empty() {
         row
     } else {
-        {
-            let n = format!("{}; reserved memory peaks at {}", row.note, r.at);
-            row.note(n)
-        }
+        let n = format!("{}; reserved memory peaks at {}", row.note, r.at);
+        row.note(n)
     };
     let outside: Bytes = e.components.iter().filter(|c| OUTSIDE_ALLOCATOR.contains(&c.id)).map(|c| c.bytes).sum();
     e.memory.framework_overhead += row.bytes;
@@ -300,7 +308,13 @@ pub fn with_reserve(cfg: &Config, mut e: Estimate) -> Result<Estimate, EstimateE
     let beyond_stream = e.memory.peak.saturating_sub(e.memory.allocated_peak + outside);
     e.memory.reserved_peak = Some(reserved);
     e.memory.nvidia_smi = Some(reserved + outside + beyond_stream);
-    Ok(e)
+    e
+}
+
+/// The ledger with every row's formula built in full, no reserve (what [`explain`] and
+/// `Analysis::explain` add it to).
+pub fn with_formulas(cfg: &Config) -> Result<Estimate, EstimateError> {
+    expr::with_formulas(|| ledger_of(cfg))
 }
 
 fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {

@@ -6,6 +6,7 @@
 
 pub mod activations;
 pub mod allocator;
+pub mod analyse;
 pub mod config;
 pub mod cost;
 pub mod estimate;
@@ -32,6 +33,7 @@ pub mod timeline;
 pub mod units;
 pub mod validate;
 
+pub use analyse::{analyse, Analysis, Verdict};
 pub use config::Config;
 pub use estimate::{by_category, capacity, estimate, explain, flatten, with_reserve, Estimate, Layout, Memory};
 pub use step_stream::{after_forward, after_forward_of, resident_of, step_parts, step_stream, StepParts};

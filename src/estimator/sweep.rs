@@ -23,19 +23,14 @@
 //! answers stay exact: the search ends only when it holds a value that fits next to one that
 //! does not.
 
+use super::analyse::analyse;
 use super::config::{Attention, Config, Offload, Unit, Zero};
-use super::estimate::{capacity, estimate, with_reserve, Estimate};
+use super::estimate::{capacity, estimate, Estimate};
 use super::gpu::{Gpu, GPUS};
 use super::ledger::Bytes;
 use super::model::ModelSpec;
 use super::presets::{preset, presets};
 use super::validate::{validate, EstimateError};
-
-/// The estimate the verdict decides on: the numbers with the caching allocator replayed
-/// ([`super::with_reserve`]).
-pub fn decided(cfg: &Config) -> Result<Estimate, EstimateError> {
-    estimate(cfg).and_then(|e| with_reserve(cfg, e))
-}
 
 /// The step's peak for `cfg` by the fast path (allocated + CUDA context, cuBLAS, NCCL; never
 /// above [`deciding_peak`]), or `None` if it cannot be estimated.
@@ -46,7 +41,7 @@ pub fn peak(cfg: &Config) -> Option<Bytes> {
 /// The step's deciding peak for `cfg` (what nvidia-smi will show), or `None` if it cannot be
 /// estimated.
 pub fn deciding_peak(cfg: &Config) -> Option<Bytes> {
-    decided(cfg).ok().map(|e| e.deciding_peak())
+    analyse(cfg).ok().map(|a| a.verdict.deciding)
 }
 
 /// A largest value that fits, found on the fast peak (`fast`), refined on the deciding peak:
@@ -71,7 +66,7 @@ fn refine_largest(
 
 /// Whether `cfg` can be estimated and its deciding peak fits.
 pub fn fits(cfg: &Config) -> bool {
-    decided(cfg).as_ref().is_ok_and(Estimate::fits)
+    analyse(cfg).is_ok_and(|a| a.verdict.fits)
 }
 
 /// The step's peak by category (`Category::ALL` order): the timeline's peak event. Sums to

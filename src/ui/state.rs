@@ -169,7 +169,7 @@ impl Store {
         let quiz = course.quiz;
         Store {
             config,
-            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(crate::estimator::sweep::decided))),
+            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
             notices: RwSignal::new(notices),
             embed: get("embed").is_some_and(|v| v == "1" || v == "true"),
             view: RwSignal::new(get("view").unwrap_or_default()),
@@ -179,7 +179,7 @@ impl Store {
             bench: RwSignal::new(get("bench").unwrap_or_default()),
             course: StoredValue::new(course),
             compare,
-            compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(crate::estimator::sweep::decided))),
+            compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
             revealed: RwSignal::new(!quiz),
         }
     }

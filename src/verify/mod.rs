@@ -156,12 +156,12 @@ impl Predictions {
 ///   (the step = the gradient reduction, `optimizer.step()` and `zero_grad`);
 /// - peak: the most allocated at any event (`memory.allocated_peak` of the estimate);
 /// - reserved and nvidia-smi (`kernels=cuda`): the step replayed through the caching allocator
-///   ([`estimator::with_reserve`]), nvidia-smi = reserved + CUDA context + cuBLAS workspaces +
+///   ([`estimator::analyse`]), nvidia-smi = reserved + CUDA context + cuBLAS workspaces +
 ///   NCCL buffers — the figure the verdict compares with the card.
 pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     use estimator::step::Phase as P;
     let stream = estimator::step_stream(cfg)?;
-    let e = estimator::with_reserve(cfg, estimator::estimate(cfg)?)?;
+    let e = estimator::analyse(cfg)?.estimate;
     let cuda = cfg.kernels == Kernels::Cuda;
     let blas = if cuda { e.row("blas_workspaces").map_or(0, |r| r.bytes) } else { 0 };
     let at = |live: Bytes| stream.resident + live + blas;
