@@ -205,6 +205,9 @@ fn row(name: &'static str, label: &'static str, bytes: i128, formula: &str, subs
 pub fn gpu_layers(cfg: &Config) -> Result<Vec<KvLayer>, ServeError> {
     let per_stage = cfg.arch.layers.div_ceil(cfg.pp.max(1));
     let stage = cfg.arch.stage(0..per_stage);
+    if cfg.serve.engine == Engine::Transformers {
+        return Ok(super::layers::transformers_layers(&stage)?);
+    }
     let tp_attn = if cfg.serve.dp_attention { 1 } else { cfg.tp };
     Ok(kv_layers(&stage, tp_attn)?)
 }

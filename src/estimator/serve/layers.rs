@@ -87,6 +87,24 @@ pub fn kv_layers(spec: &ModelSpec, tp: u64) -> Result<Vec<KvLayer>, LayoutError>
     Ok((0..spec.layers).map(|i| KvLayer { attn: attn_of(spec, i), k, v }).collect())
 }
 
+/// Falcon's `new_decoder_architecture` (Falcon-40B/180B), as the spec shows it: parallel blocks
+/// with two norms or more than one KV head (the predicate of step/families/falcon.rs `new_arch`).
+fn falcon_new_decoder(spec: &ModelSpec) -> bool {
+    spec.family == super::super::family::Family::Falcon && spec.parallel && (spec.layer_norms == 2 || spec.kv_heads != 1)
+}
+
+/// The cache of every layer as transformers 5.24 holds it: [`kv_layers`] on one GPU, except that
+/// Falcon's new decoder broadcasts its KV heads to all `a` query heads before
+/// `layer_past.update` (modeling_falcon.py `FalconAttention._split_heads` and `forward`:
+/// `num_kv_heads = self.num_heads if self.new_decoder_architecture`), so it caches `a · d`.
+pub fn transformers_layers(spec: &ModelSpec) -> Result<Vec<KvLayer>, LayoutError> {
+    if falcon_new_decoder(spec) {
+        let w = spec.heads * spec.head_dim;
+        return Ok((0..spec.layers).map(|i| KvLayer { attn: attn_of(spec, i), k: w, v: w }).collect());
+    }
+    kv_layers(spec, 1)
+}
+
 /// The same model with MLA's latent expanded to per-head keys and values (what an engine that
 /// runs MLA as ordinary attention would cache: `a · (d_nope + d_r)` keys and `a · d_v` values per
 /// token) — the comparison the charts draw.

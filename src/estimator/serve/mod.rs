@@ -7,6 +7,7 @@ mod budget;
 mod dtype;
 mod kv;
 mod layers;
+mod report;
 mod series;
 mod settings;
 mod weights;
@@ -20,7 +21,8 @@ pub use budget::{
 };
 pub use dtype::{Format, BF16, FP16};
 pub use kv::{per_token_bytes, transformers_bytes, window_tokens, Count, PagedError, PagedLayout, SLIDING_WINDOW_TENSOR_BYTES};
-pub use layers::{attn_of, kv_heads_per_gpu, kv_layers, without_mla, without_windows, Attn, KvLayer, LayoutError};
+pub use layers::{attn_of, kv_heads_per_gpu, kv_layers, transformers_layers, without_mla, without_windows, Attn, KvLayer, LayoutError};
+pub use report::{render_text, to_json};
 pub use series::{concurrency_against_context, context_axis, kv_against_context, Series};
 pub use settings::{Engine, KvDtype, Mode, Serving, WeightDtype};
 pub use weights::{quantized_linear_bytes, weight_bytes, VOCAB_PADDING};
