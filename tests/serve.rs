@@ -152,3 +152,40 @@ fn fp8_weights_of_a_70b_fit_one_h100_and_bf16_do_not() {
     let f = weight_bytes(&bf16, WeightDtype::Fp8, true);
     assert!(b > 80 << 30 && f < 80 << 30, "{b} {f}");
 }
+
+#[test]
+fn every_serving_key_round_trips_through_the_url() {
+    use trainmem::config::{encode_query, Group, KEYS};
+    let q = "mode=serve&engine=sglang&context=32k&concurrency=12&kv_dtype=nvfp4&weight_dtype=int4-gptq\
+             &gpu_memory_utilization=0.85&max_num_batched_tokens=4096&max_num_seqs=64&block_size=32\
+             &mem_fraction_static=0.8&free_gpu_memory_fraction=0.7&cuda_graphs=false&cuda_graph_mib=900&dp_attention=true";
+    let d = decode_query(q);
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+    let again = decode_query(&encode_query(&d.config));
+    assert_eq!(again.config, d.config);
+    // Every key of the serving group was set to something other than its default.
+    let encoded = encode_query(&d.config);
+    for k in KEYS.iter().filter(|k| k.group == Group::Serving) {
+        assert!(encoded.contains(&format!("{}=", k.name)), "{} missing from {encoded}", k.name);
+    }
+    assert_eq!(encode_query(&trainmem::config::Config::default()), "");
+    // A bad value names its key.
+    let bad = decode_query("kv_dtype=fp7&gpu_memory_utilization=1.5");
+    let keys: Vec<_> = bad.errors.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["kv_dtype", "gpu_memory_utilization"]);
+}
+
+#[test]
+fn the_cli_prints_the_promised_fields() {
+    let args: Vec<String> =
+        "serve --model gemma-3-27b-it --context 32768 --concurrency 4 --kv_dtype fp8 --json".split_whitespace().map(String::from).collect();
+    let mut out = Vec::new();
+    trainmem::cli::run(&args, &mut out).unwrap_or_else(|e| panic!("{e}"));
+    let v: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
+    for k in ["weights", "kv_per_token", "kv_blocks", "max_context"] {
+        assert!(v[k].is_u64(), "{k}: {v}");
+    }
+    assert!(v["kv_bytes"].is_u64() && v["max_concurrency"].is_f64());
+    assert!(v["rows"].as_array().is_some_and(|r| r.iter().all(|r| r["formula"].is_string() && r["source"].is_string())));
+    assert_eq!(v["query"], "model=gemma-3-27b-it&mode=serve&context=32768&concurrency=4&kv_dtype=fp8");
+}
