@@ -474,6 +474,18 @@ pub fn analyse_serving(cfg: &Config) -> Result<Serve, ServeError> {
         notes.push(format!("context {context} is beyond the model's max_position_embeddings {}", cfg.arch.max_pos));
     }
     let fixes = if max_concurrency >= n as f64 { Vec::new() } else { fixes(cfg, context, n) };
+    let max_context = sized.pool.max_context(per_gpu_n, sized.cell);
+    if max_context > cfg.arch.max_pos {
+        notes.push(format!(
+            "the cache would hold {max_context} tokens per sequence, beyond the model's max_position_embeddings {} (an engine refuses a longer max_model_len unless told to)",
+            cfg.arch.max_pos
+        ));
+    }
+    if fixes.is_empty() && max_concurrency < n as f64 {
+        notes.push(format!(
+            "no single change (FP8 KV, a smaller prefill chunk, twice the TP, another replica) makes {n} sequences of {context} tokens fit"
+        ));
+    }
     Ok(Serve {
         engine: cfg.serve.engine.label(),
         model: cfg.display_name(),
@@ -494,7 +506,7 @@ pub fn analyse_serving(cfg: &Config) -> Result<Serve, ServeError> {
         },
         kv_blocks: sized.pool.blocks(),
         max_concurrency,
-        max_context: sized.pool.max_context(per_gpu_n, sized.cell),
+        max_context,
         activation_peak: sized.activation,
         max_num_batched_tokens: sized.batched,
         process_bytes: sized.process_bytes,
