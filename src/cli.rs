@@ -31,6 +31,8 @@ pub enum CliError {
     Verify(#[from] VerifyError),
     #[error("{path}: {err}")]
     Compare { path: String, err: CompareError },
+    #[error("{0}")]
+    Serve(#[from] crate::estimator::serve::ServeError),
 }
 
 const USAGE: &str = "usage:
@@ -50,6 +52,10 @@ const USAGE: &str = "usage:
       a self-contained PyTorch script that measures the step on your GPU (or CPU) beside trainmem's prediction
   trainmem compare FILE.json [--json]
       the script's measurements against a fresh estimate, row by row
+  trainmem serve (--model ID | --hf-config PATH) [--engine vllm|sglang|trtllm|transformers] [--context N]
+                 [--concurrency N] [--kv_dtype auto|bf16|fp8|int8|nvfp4] [--KEY VALUE ...] [--json]
+      serving memory per GPU: weights, KV cache per token and sequence, the engine's budget and blocks,
+      max concurrency, max context (verify-script --mode serve writes the vLLM/SGLang check)
 
 Every KEY is a configuration key (see `trainmem keys`), spelled as in the share URL:
   trainmem estimate --model llama-3.1-8b --seq 8192 --zero 3 --gpus 8";
@@ -98,6 +104,17 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             let args = parse_plan_args(rest)?;
             w(out, run_plan(&args)?)
         }
+        "serve" => {
+            let (mut cfg, json) = parse_estimate_args(rest)?;
+            cfg.serve.mode = crate::estimator::serve::Mode::Serve;
+            let s = crate::estimator::serve::analyse_serving(&cfg)?;
+            let query = config::encode_query(&cfg);
+            if json {
+                w(out, format!("{}\n", crate::estimator::serve::to_json(&s, &query)))
+            } else {
+                w(out, crate::estimator::serve::render_text(&s, &query))
+            }
+        }
         "presets" => {
             let json = rest.iter().any(|a| a == "--json");
             if let Some(bad) = rest.iter().find(|a| *a != "--json") {
@@ -116,7 +133,11 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
                 return Err(CliError::Usage("verify-script writes a Python script; --json is not one of its options".into()));
             }
             let (cfg, _) = parse_estimate_args(&rest)?;
-            let script = verify::verify_script(&cfg)?;
+            let script = if cfg.serve.mode == crate::estimator::serve::Mode::Serve {
+                verify::serve::serve_script(&cfg)?
+            } else {
+                verify::verify_script(&cfg)?
+            };
             match path {
                 Some(p) => {
                     std::fs::write(&p, script).map_err(|e| CliError::Io { path: p.clone(), err: e.to_string() })?;

@@ -302,6 +302,9 @@ pub struct Config {
     /// DDP `gradient_as_bucket_view=True` (no separate bucket copy of the gradients).
     pub bucket_view: bool,
     pub unit: Unit,
+    /// Serving: the engine, context, concurrency and served dtypes (`mode=serve`).
+    #[serde(default)]
+    pub serve: super::serve::Serving,
 }
 
 impl Default for Config {
@@ -354,6 +357,7 @@ impl Default for Config {
             prefetch_layers: 2,
             bucket_view: false,
             unit: Unit::Gb,
+            serve: super::serve::Serving::default(),
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod plan;
 pub mod precision;
 pub mod presets;
 pub mod reserve;
+pub mod serve;
 pub mod sharding;
 pub mod statics;
 pub mod step;

@@ -61,6 +61,7 @@
 //! `predicted`} in bytes (`null` where it does not apply); `notes`.
 
 pub mod compare;
+pub mod serve;
 
 use crate::config::{
     self, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
