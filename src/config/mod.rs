@@ -8,9 +8,11 @@
 
 mod keys;
 mod legacy;
+mod recipes;
 
 pub use crate::estimator::config::*;
 pub use keys::{parse_uint, Group, Key, KEYS};
+pub use recipes::{recipe, Recipe, RECIPES};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};
@@ -126,6 +128,7 @@ pub fn names_an_old_custom_architecture<'a>(pairs: impl IntoIterator<Item = (&'a
         match k {
             "family" => family = true,
             "model" => preset = !v.trim().eq_ignore_ascii_case("custom"),
+            "recipe" => preset |= recipe(v).is_some_and(|r| r.pairs.iter().any(|(k, _)| *k == "model")),
             _ => arch |= find_key(k).is_some_and(|key| key.group == Group::Architecture),
         }
     }
@@ -143,17 +146,19 @@ pub fn family_of_old_link(spec: &crate::estimator::model::ModelSpec) -> crate::e
 /// architecture that no longer equals its preset turns the model into `custom`. The URL decoder
 /// and the CLI both go through here.
 pub fn apply_pairs<'a>(cfg: &mut Config, mut pairs: Vec<(&'a str, &'a str)>) -> Vec<ConfigError> {
+    // `recipe` first (it sets many keys, the model among them), then `model`, then the rest.
     let rank = |k: &str| match find_key(k).map(|k| k.group) {
-        _ if k == "model" => 0,
-        Some(Group::Architecture) => 1,
-        _ => 2,
+        _ if k == "recipe" => 0,
+        _ if k == "model" => 1,
+        Some(Group::Architecture) => 2,
+        _ => 3,
     };
     pairs.sort_by_key(|(k, _)| rank(k));
     let mut errors = Vec::new();
     let mut arch_touched = false;
     for (k, v) in pairs {
         match set(cfg, k, v) {
-            Ok(()) => arch_touched |= rank(k) == 1,
+            Ok(()) => arch_touched |= rank(k) == 2,
             Err(e) => errors.push(e),
         }
     }
@@ -241,16 +246,21 @@ pub fn apply_import(cfg: &mut Config, imported: &Imported) {
     cfg.arch = imported.spec.clone();
 }
 
-/// The non-default keys of `cfg`, in canonical order.
+/// The non-default keys of `cfg`, in canonical order. A configuration that has every key of a
+/// recipe preset is written as `recipe=…` and the keys that differ from that recipe's.
 pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
-    let default = Config::default();
+    let mut default = Config::default();
+    if let Some(r) = recipes::matching(cfg) {
+        let _ = recipes::apply(&mut default, r);
+    }
     let custom = cfg.model == "custom";
     KEYS.iter()
         .filter(|k| k.group != Group::Architecture || custom)
         .filter(|k| k.name != "name" || custom)
         .filter_map(|k| {
             let v = (k.get)(cfg);
-            (v != (k.get)(&default)).then_some((k.name, v))
+            let differs = if k.name == "recipe" { !v.is_empty() } else { v != (k.get)(&default) };
+            differs.then_some((k.name, v))
         })
         .collect()
 }
