@@ -381,8 +381,8 @@ pub static KEYS: &[Key] = &[
         help:
             "a framework's shipped config (e.g. torchtitan-llama3-8b); applies first, any key after it changes it (see `trainmem recipes`)",
         choices: recipe_ids,
-        // The recipe whose every key the configuration has (empty: none).
-        get: |c| super::recipes::matching(c).map_or(String::new(), |r| r.id.to_string()),
+        // Input only: a link spells the recipe's keys out.
+        get: |_| String::new(),
         set: |c, s| {
             if s.trim().is_empty() {
                 return Ok(());

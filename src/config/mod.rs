@@ -12,7 +12,7 @@ mod recipes;
 
 pub use crate::estimator::config::*;
 pub use keys::{parse_uint, Group, Key, KEYS};
-pub use recipes::{recipe, Recipe, RECIPES};
+pub use recipes::{matching_recipe, recipe, Recipe, RECIPES};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};
@@ -246,21 +246,17 @@ pub fn apply_import(cfg: &mut Config, imported: &Imported) {
     cfg.arch = imported.spec.clone();
 }
 
-/// The non-default keys of `cfg`, in canonical order. A configuration that has every key of a
-/// recipe preset is written as `recipe=…` and the keys that differ from that recipe's.
+/// The non-default keys of `cfg`, in canonical order. A recipe preset is never written: a link
+/// spells its keys out (a recipe of mostly default keys would otherwise name any configuration).
 pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
-    let mut default = Config::default();
-    if let Some(r) = recipes::matching(cfg) {
-        let _ = recipes::apply(&mut default, r);
-    }
+    let default = Config::default();
     let custom = cfg.model == "custom";
     KEYS.iter()
         .filter(|k| k.group != Group::Architecture || custom)
         .filter(|k| k.name != "name" || custom)
         .filter_map(|k| {
             let v = (k.get)(cfg);
-            let differs = if k.name == "recipe" { !v.is_empty() } else { v != (k.get)(&default) };
-            differs.then_some((k.name, v))
+            (v != (k.get)(&default)).then_some((k.name, v))
         })
         .collect()
 }

@@ -2,7 +2,7 @@
 //! the file and version it comes from; `tests/frameworks.rs` imports that file (committed under
 //! `tests/fixtures/frameworks/`) and checks that it gives exactly these pairs. A recipe applies
 //! before every other key of a link (like `model=`), so `?recipe=…&batch=4` is the recipe with
-//! batch 4. It sets only the keys its file decides: the GPU type, the overhead assumptions and
+//! batch 4. Links spell a recipe's keys out (the `recipe` key reads back empty). It sets only the keys its file decides: the GPU type, the overhead assumptions and
 //! — where the file names none — the model are left as they are.
 
 use super::keys::KEYS;
@@ -507,8 +507,9 @@ pub fn apply(cfg: &mut Config, r: &Recipe) -> Result<(), String> {
     Ok(())
 }
 
-/// The first recipe whose every key has its value in `cfg` (the one a link names).
-pub fn matching(cfg: &Config) -> Option<&'static Recipe> {
+/// The first recipe whose every key has its value in `cfg` (for a page that shows which recipe
+/// the configuration still is).
+pub fn matching_recipe(cfg: &Config) -> Option<&'static Recipe> {
     RECIPES.iter().find(|r| {
         let mut c = cfg.clone();
         apply(&mut c, r).is_ok() && c == *cfg
@@ -525,13 +526,13 @@ mod tests {
             let mut c = Config::default();
             assert_eq!(apply(&mut c, r), Ok(()), "{}", r.id);
             assert!(crate::estimator::validate_consistency(&c).is_ok(), "{}", r.id);
-            assert!(matching(&c).is_some(), "{}", r.id);
+            assert!(matching_recipe(&c).is_some(), "{}", r.id);
         }
     }
 
     #[test]
     fn no_recipe_matches_the_default_configuration() {
-        assert_eq!(matching(&Config::default()), None);
+        assert_eq!(matching_recipe(&Config::default()), None);
     }
 
     #[test]
