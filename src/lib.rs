@@ -2,7 +2,7 @@
 //!
 //! Dependencies point one way: `ui → {answers, course, verify, config, estimator, plots, bench}`,
 //! `answers → {config, estimator}`, `course → {config, estimator}`, `verify → {config, estimator}`, `plots → estimator`,
-//! `config → estimator`, and `estimator →` nothing of ours. The estimator never touches a web
+//! `frameworks → {config, estimator}`, `config → estimator`, and `estimator →` nothing of ours. The estimator never touches a web
 //! API; the CLI (native) and the UI (wasm) are thin shells over it.
 
 pub mod answers;
@@ -10,6 +10,7 @@ pub mod bench;
 pub mod config;
 pub mod course;
 pub mod estimator;
+pub mod frameworks;
 pub mod plots;
 pub mod verify;
 pub mod version;

@@ -251,6 +251,8 @@ fn imports_between_areas_run_one_way() {
             ("course", &["config", "estimator"][..]),
             ("verify", &["config", "estimator"][..]),
             ("answers", &["config", "estimator"][..]),
+            // `frameworks` (framework config files in and out) reads and writes configurations.
+            ("frameworks", &["config", "estimator"][..]),
             ("ui", &["answers", "config", "estimator", "plots", "bench", "course", "verify", "version"][..]),
         ]
         .into_iter()

@@ -289,6 +289,10 @@ fn preset_ids() -> Vec<&'static str> {
     v
 }
 
+fn recipe_ids() -> Vec<&'static str> {
+    super::recipes::RECIPES.iter().map(|r| r.id).collect()
+}
+
 fn gpu_ids() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = GPUS.iter().map(|g| g.id).collect();
     v.push("custom");
@@ -413,6 +417,22 @@ use Group::*;
 
 /// Every key, in the canonical order of encoded URLs and of the CLI's help.
 pub static KEYS: &[Key] = &[
+    Key {
+        name: "recipe",
+        group: Model,
+        help:
+            "a framework's shipped config (e.g. torchtitan-llama3-8b); applies first, any key after it changes it (see `trainmem recipes`)",
+        choices: recipe_ids,
+        // Input only: a link spells the recipe's keys out.
+        get: |_| String::new(),
+        set: |c, s| {
+            if s.trim().is_empty() {
+                return Ok(());
+            }
+            let r = super::recipes::recipe(s).ok_or_else(|| "unknown recipe (see `trainmem recipes`)".to_string())?;
+            super::recipes::apply(c, r)
+        },
+    },
     Key {
         name: "model",
         group: Model,

@@ -8,9 +8,11 @@
 
 mod keys;
 mod legacy;
+mod recipes;
 
 pub use crate::estimator::config::*;
 pub use keys::{parse_uint, Group, Key, KEYS};
+pub use recipes::{matching_recipe, recipe, Recipe, RECIPES};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};
@@ -126,6 +128,7 @@ pub fn names_an_old_custom_architecture<'a>(pairs: impl IntoIterator<Item = (&'a
         match k {
             "family" => family = true,
             "model" => preset = !v.trim().eq_ignore_ascii_case("custom"),
+            "recipe" => preset |= recipe(v).is_some_and(|r| r.pairs.iter().any(|(k, _)| *k == "model")),
             _ => arch |= find_key(k).is_some_and(|key| key.group == Group::Architecture),
         }
     }
@@ -143,17 +146,19 @@ pub fn family_of_old_link(spec: &crate::estimator::model::ModelSpec) -> crate::e
 /// architecture that no longer equals its preset turns the model into `custom`. The URL decoder
 /// and the CLI both go through here.
 pub fn apply_pairs<'a>(cfg: &mut Config, mut pairs: Vec<(&'a str, &'a str)>) -> Vec<ConfigError> {
+    // `recipe` first (it sets many keys, the model among them), then `model`, then the rest.
     let rank = |k: &str| match find_key(k).map(|k| k.group) {
-        _ if k == "model" => 0,
-        Some(Group::Architecture) => 1,
-        _ => 2,
+        _ if k == "recipe" => 0,
+        _ if k == "model" => 1,
+        Some(Group::Architecture) => 2,
+        _ => 3,
     };
     pairs.sort_by_key(|(k, _)| rank(k));
     let mut errors = Vec::new();
     let mut arch_touched = false;
     for (k, v) in pairs {
         match set(cfg, k, v) {
-            Ok(()) => arch_touched |= rank(k) == 1,
+            Ok(()) => arch_touched |= rank(k) == 2,
             Err(e) => errors.push(e),
         }
     }
@@ -241,7 +246,8 @@ pub fn apply_import(cfg: &mut Config, imported: &Imported) {
     cfg.arch = imported.spec.clone();
 }
 
-/// The non-default keys of `cfg`, in canonical order.
+/// The non-default keys of `cfg`, in canonical order. A recipe preset is never written: a link
+/// spells its keys out (a recipe of mostly default keys would otherwise name any configuration).
 pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
     let default = Config::default();
     let custom = cfg.model == "custom";
