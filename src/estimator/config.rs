@@ -304,7 +304,7 @@ pub struct Config {
     pub unit: Unit,
     /// Serving: the engine, context, concurrency and served dtypes (`mode=serve`).
     #[serde(default)]
-    pub serve: super::serve::Serving,
+    pub serve: super::serve::settings::Serving,
 }
 
 impl Default for Config {
@@ -357,7 +357,7 @@ impl Default for Config {
             prefetch_layers: 2,
             bucket_view: false,
             unit: Unit::Gb,
-            serve: super::serve::Serving::default(),
+            serve: super::serve::settings::Serving::default(),
         }
     }
 }

@@ -9,7 +9,7 @@ mod kv;
 mod layers;
 mod report;
 mod series;
-mod settings;
+pub mod settings;
 mod weights;
 
 pub use activation::{prefill_peak_bytes, SAMPLER_FP32_COPIES};
