@@ -38,7 +38,9 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 
@@ -259,8 +261,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--only", default=None)
+    ap.add_argument("--fsdp2", action="store_true", help="only the FSDP2 float8 all-gather records (2 CPU ranks)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.fsdp2:
+        run_fsdp2(args.out)
+        return
     os.makedirs(os.path.join(args.out, "steps"), exist_ok=True)
     records, configs, bad = [], {}, 0
     t_start = time.time()
@@ -327,6 +333,108 @@ def main():
     print(f"wrote {len(records)} records in {time.time() - t_start:.0f}s; step self-checks failing: {bad}",
           file=sys.stderr)
     sys.exit(1 if bad else 0)
+
+
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# FSDP2 with torchao's float8 all-gather (--fsdp2): two CPU ranks over gloo
+# ----------------------------------------------------------------------------------------------------------------------
+# gloo has no float8 dtypes ("Invalid scalar type"): the one adaptation is to hand FSDP2's all-gather the same bytes as
+# uint8 views. Every call's input and output buffers are recorded (the all-gather input is the rank's shard as FSDP2
+# builds it, the output the flat unsharded buffer of the whole parameter group), as are the reduce-scatters.
+
+FSDP2_CASES = (("bf16-allgather", False, False), ("fp8-allgather", True, False), ("fp8-allgather-precompute", True, True))
+
+
+def _fsdp2_worker(rank: int, world: int, port: int, family: str, case: str, out_path: str):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torchao.float8.fsdp_utils import precompute_float8_dynamic_scale_for_fsdp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    calls: list = []
+    phase = {"p": "init", "step": 0}
+    f8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    ag, rs = dist.all_gather_single, dist.reduce_scatter_single
+
+    def desc(t):
+        return [measure.dtype_name(t.dtype), list(t.shape), t.untyped_storage().nbytes()]
+
+    def ag8(out, inp, group=None, async_op=False):
+        calls.append(["all_gather", phase["step"], phase["p"], desc(inp), desc(out)])
+        if out.dtype in f8:
+            return ag(out.view(torch.uint8), inp.view(torch.uint8), group=group, async_op=async_op)
+        return ag(out, inp, group=group, async_op=async_op)
+
+    def rs8(output, input, *a, **kw):
+        calls.append(["reduce_scatter", phase["step"], phase["p"], desc(input), desc(output)])
+        return rs(output, input, *a, **kw)
+
+    dist.all_gather_single, dist.reduce_scatter_single = ag8, rs8
+    _, fp8_ag, precompute = next(c for c in FSDP2_CASES if c[0] == case)
+    model = _orig_build_model(family, "fp32", "sdpa", 0.0, None)  # fp32 masters, bf16 compute (mp_policy)
+    cfg = Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_ag)
+    convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn.split(".")[-1] != FILTER, config=cfg)
+    mesh = init_device_mesh("cpu", (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters())
+    ids = measure.make_ids(model, 2, 64)
+    sharded = {}
+    for n, p in model.named_parameters():
+        loc = p._local_tensor
+        inner = getattr(loc, "_tensor", loc)
+        sharded[measure.module_pattern(n)] = [type(loc).__name__, measure.dtype_name(inner.dtype), list(inner.shape)]
+    for step in (1, 2):
+        phase["step"] = step
+        phase["p"] = "forward"
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        phase["p"] = "backward"
+        out.loss.backward()
+        phase["p"] = "optimizer"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if precompute:
+            phase["p"] = "precompute"
+            precompute_float8_dynamic_scale_for_fsdp(model)
+        del out
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"calls": [c for c in calls if c[1] == 2], "sharded_parameters": sharded}, f)
+    dist.destroy_process_group()
+
+
+def run_fsdp2(out_dir: str):
+    import socket
+    import torch.multiprocessing as mp
+    doc = {"generated_by": "validation/measure_fp8.py --fsdp2 (issue 27; FINDINGS.md §10.3)",
+           "torch": torch.__version__.split("+")[0], "torchao": torchao.__version__, "device": "cpu",
+           "world_size": 2, "backend": "gloo (float8 buffers all-gathered as uint8 views: gloo has no float8 dtype)",
+           "model": "llama-gqa and qwen3 tiny, fp32 parameters, MixedPrecisionPolicy(param_dtype=bf16, "
+                    "reduce_dtype=fp32), fully_shard per decoder layer + root, b2 s64, AdamW; step 2 recorded",
+           "call_fields": ["collective", "step", "phase", "input [dtype, shape, bytes]", "output [dtype, shape, bytes]"],
+           "records": []}
+    tmp = tempfile.mkdtemp(prefix="m27-fsdp2-")
+    for family in FAMILIES:
+        for case, _, _ in FSDP2_CASES:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            path = os.path.join(tmp, "r.json")
+            mp.spawn(_fsdp2_worker, args=(2, port, family, case, path), nprocs=2, join=True)
+            r = json.load(open(path))
+            doc["records"].append({"id": f"{family}/fsdp2-w2/b2/s64/{case}", "family": family, "case": case, **r})
+            ag = [c for c in r["calls"] if c[0] == "all_gather"]
+            print(f"{family} {case}: {len(ag)} all-gathers, output bytes {[c[4][2] for c in ag]}", file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    with open(os.path.join(out_dir, "fsdp2_allgather.json"), "w") as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
