@@ -317,10 +317,9 @@ def linear4bit_forward(lead, K, N, in_fp32: bool, nested: bool, blocksize=64):
     wd = p.a("dequantize_4bit", "bfloat16", [N, K])
     out = p.a("linear", "bfloat16", list(lead) + [N])
     p.f(wd, ab2)
-    if in_fp32:
-        p.f(xc)
+    if in_fp32:  # the bf16 copy of the input and the bf16 output live until the fp32 output exists
         o32 = p.a("_to_copy", "float32", list(lead) + [N])
-        p.f(out)
+        p.f(out, xc)
     return p
 
 
@@ -372,8 +371,12 @@ def check_qlora():
               q["quant_state_bytes"] == total_qs == q["quant_state_bytes_tracker"],
               f"{r['id']}: {q['quant_state_bytes']} {total_qs} {q['quant_state_bytes_tracker']}")
         if q["prepare_model_for_kbit_training"]:
-            check("qlora: prepare_model_for_kbit_training leaves no bf16 parameter (all non-4-bit -> fp32)",
-                  "bfloat16" not in q["frozen_parameter_bytes_by_dtype"], r["id"])
+            packed_total = sum(l["packed_bytes"] * l["count"] for l in q["layout"])
+            fz = q["frozen_parameter_bytes_by_dtype"]
+            check("qlora: prepare_model_for_kbit_training casts every non-4-bit parameter to fp32 (the packed "
+                  "weights keep their quant_storage dtype)",
+                  fz.get("bfloat16" if storage == "bf16" else "uint8", 0) == packed_total and
+                  set(fz) == {"float32", "bfloat16" if storage == "bf16" else "uint8"}, r["id"])
         check("qlora: gradients = the fp32 LoRA parameters only", r["gradient_bytes"] == q["trainable_parameter_bytes"],
               r["id"])
         check("qlora: AdamW state = 2 x the LoRA parameter bytes", r["adamw"]["state_bytes"] ==
@@ -384,7 +387,9 @@ def check_qlora():
                 continue
             name = w["module"].split(".")[-2]
             K, N = LINEAR_DIMS[name]
-            in_fp32 = q["prepare_model_for_kbit_training"] and name not in ("o_proj", "down_proj")
+            # prepare_model_for_kbit_training makes the norms fp32, so every hidden state and every Linear4bit input
+            # is fp32 (Linear4bit casts to bf16 and its output back to the input's dtype); without it all is bf16
+            in_fp32 = q["prepare_model_for_kbit_training"]
             if w["kind"] in ("forward", "recompute"):
                 prog = linear4bit_forward([b, s], K, N, in_fp32, q["double_quant"])
             else:
