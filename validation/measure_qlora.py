@@ -364,6 +364,8 @@ def run_one(spec) -> dict:
             shutil.rmtree(d, ignore_errors=True)
     if log is not None:
         log["id"] = rid
+    # the config as loaded names the temporary checkpoint directory: not part of the record
+    cfg = dict(cfg, _name_or_path="(temporary save_pretrained directory)")
     key = f"{spec['family']}/nf4-{spec['storage']}{'-dq' if spec['double_quant'] else ''}"
     rec["config_key"] = key
     return {"rec": rec, "cfg": cfg, "key": key, "log": log}
