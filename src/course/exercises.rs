@@ -167,7 +167,7 @@ impl Target {
 
 /// The bytes of a row (by id) or of a whole category (by its snake_case name).
 fn bytes_of(e: &Estimate, id: &str) -> Result<u128, ExerciseError> {
-    if let Some(r) = flatten(&e.components).into_iter().find(|r| r.id == id) {
+    if let Some(r) = flatten(&e.components).into_iter().find(|r| r.id.as_str() == id) {
         return Ok(r.bytes);
     }
     Category::ALL
@@ -487,12 +487,15 @@ mod tests {
                 "sixteen-psi" => Answer::Bytes(16 * e.parameter_count as u128),
                 "optimizer-share" => {
                     // The optimizer's master weights and moments against 16Ψ of model states.
-                    let row = |id: &str| flatten(&e.components).into_iter().find(|r| r.id == id).map_or(0, |r| r.bytes);
+                    let row = |id: &str| flatten(&e.components).into_iter().find(|r| r.id.as_str() == id).map_or(0, |r| r.bytes);
                     let states = 16 * e.parameter_count as u128;
                     Answer::Percent((row("master_weights") + row("optimizer_states")) as f64 * 100.0 / states as f64)
                 }
                 "adam-fp32" => {
-                    let moments = flatten(&e.components).into_iter().find(|r| r.id == "optimizer_states").map_or(0, |r| r.bytes);
+                    let moments = flatten(&e.components)
+                        .into_iter()
+                        .find(|r| r.id == crate::estimator::ledger::RowId::OptimizerStates)
+                        .map_or(0, |r| r.bytes);
                     Answer::BytesPerParameter(moments as f64 / e.parameter_count as f64)
                 }
                 "activations-per-layer" => {

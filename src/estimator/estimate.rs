@@ -3,7 +3,7 @@
 //! ([`with_reserve`]).
 
 use super::config::{self, Config, Finetune, Offload};
-use super::ledger::{Bytes, Category, Row, Summary};
+use super::ledger::{Bytes, Category, Row, RowId, Summary};
 use super::model::Part;
 use super::params::{self, local_groups, stages, Role, Stage};
 use super::precision::{recipe, Recipe};
@@ -114,7 +114,7 @@ impl Estimate {
     pub fn cluster_total(&self) -> Bytes {
         self.memory.peak.saturating_mul(self.layout.gpus as u128)
     }
-    pub fn row(&self, id: &str) -> Option<&Row> {
+    pub fn row(&self, id: RowId) -> Option<&Row> {
         self.components.iter().find(|r| r.id == id)
     }
 }
@@ -158,11 +158,11 @@ const WORK: expr::Sym =
 /// Its note, which names the op of that peak, is written by [`working_note`] once the most
 /// loaded stage is known: under pipeline parallelism the other stages' rows are dropped.
 fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
-    let row = |id: &str| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
+    let row = |id: RowId| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
     let [acts, grads, transient] = fast.cats;
-    let bytes = transient + acts.saturating_sub(row("activations")) + grads.saturating_sub(row("gradients"));
+    let bytes = transient + acts.saturating_sub(row(RowId::Activations)) + grads.saturating_sub(row(RowId::Gradients));
     let r = Row::new(
-        "step_working",
+        RowId::StepWorking,
         "Working memory at the step's peak",
         Category::Transient,
         expr::Expr::var(WORK, bytes),
@@ -181,7 +181,7 @@ impl StageResult {
     /// The ledger of the most loaded stage, its labels written out: the working-memory row's
     /// note and the peak's op (formatting them for every stage cost more than the stage's rows).
     fn labelled(mut self) -> (StageResult, String) {
-        if let Some(r) = self.rows.iter_mut().find(|r| r.id == "step_working") {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.id == RowId::StepWorking) {
             r.note = working_note(self.work_at).into();
         }
         let peak_label = self.peak_at.map(|a| step::label(&a)).unwrap_or_default();
@@ -268,9 +268,6 @@ pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
     with_reserve(cfg, e)
 }
 
-/// Rows that live outside the caching allocator: nvidia-smi adds them to what it reserves.
-const OUTSIDE_ALLOCATOR: [&str; 3] = ["cuda_context", "nccl_buffers", "blas_workspaces"];
-
 /// Whether the step is replayed through the caching allocator: not under a `frag_pct` override,
 /// nor with `kernels = cpu` (no caching allocator).
 pub fn replays_allocator(cfg: &Config) -> bool {
@@ -283,7 +280,7 @@ pub fn replays_allocator(cfg: &Config) -> bool {
 /// [`Estimate::fits`] then decides on. Leaves the estimate as it is where the allocator is not
 /// replayed ([`replays_allocator`]).
 pub fn with_reserve(cfg: &Config, e: Estimate) -> Result<Estimate, EstimateError> {
-    if !replays_allocator(cfg) || e.components.iter().any(|r| r.id == "allocator_reserve") {
+    if !replays_allocator(cfg) || e.components.iter().any(|r| r.id == RowId::AllocatorReserve) {
         return Ok(e);
     }
     Ok(attach_reserve(e, &reserve::reserved(cfg)?))
@@ -299,7 +296,7 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
         let n = format!("{}; reserved memory peaks at {}", row.note, r.at);
         row.note(n)
     };
-    let outside: Bytes = e.components.iter().filter(|c| OUTSIDE_ALLOCATOR.contains(&c.id)).map(|c| c.bytes).sum();
+    let outside: Bytes = e.components.iter().filter(|c| c.id.outside_allocator()).map(|c| c.bytes).sum();
     e.memory.framework_overhead += row.bytes;
     e.memory.total += row.bytes;
     e.components.push(row);
@@ -469,8 +466,11 @@ mod tests {
     #[test]
     fn llama_3_1_8b_mixed_bf16_adamw_needs_16_bytes_per_parameter_of_model_states() {
         let e = estimate(&Config { precision: Precision::MixedBf16, ..Config::default() }).expect("valid");
-        let states: Bytes =
-            ["weights", "gradients", "master_weights", "optimizer_states"].iter().filter_map(|id| e.row(id)).map(|r| r.bytes).sum();
+        let states: Bytes = [RowId::Weights, RowId::Gradients, RowId::MasterWeights, RowId::OptimizerStates]
+            .into_iter()
+            .filter_map(|id| e.row(id))
+            .map(|r| r.bytes)
+            .sum();
         assert_eq!(states, 16 * 8_030_261_248);
     }
 }

@@ -65,8 +65,7 @@ pub fn timeline_data(e: &Estimate, cfg: &Config) -> TimelineData {
 /// allocator — CUDA context, cuBLAS workspaces, NCCL buffers), with the caching allocator's
 /// reserved memory above it.
 pub fn trace_data(t: &StepTrace, e: &Estimate, cfg: &Config) -> TimelineData {
-    let outside: Bytes =
-        e.components.iter().filter(|r| matches!(r.id, "cuda_context" | "nccl_buffers" | "blas_workspaces")).map(|r| r.bytes).sum();
+    let outside: Bytes = e.components.iter().filter(|r| r.id.outside_allocator()).map(|r| r.bytes).sum();
     let (mut layers_seen, mut backward_layers_seen) = (false, false);
     let steps = t
         .points

@@ -164,7 +164,7 @@ pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     let stream = estimator::step_stream(cfg)?;
     let e = estimator::analyse(cfg)?.estimate;
     let cuda = cfg.kernels == Kernels::Cuda;
-    let blas = if cuda { e.row("blas_workspaces").map_or(0, |r| r.bytes) } else { 0 };
+    let blas = if cuda { e.row(estimator::ledger::RowId::BlasWorkspaces).map_or(0, |r| r.bytes) } else { 0 };
     let at = |live: Bytes| stream.resident + live + blas;
     let max_in = |phases: &[P]| stream.events.iter().filter(|ev| phases.contains(&ev.phase)).map(|ev| at(ev.live)).max().unwrap_or(at(0));
     // The same moment as `estimator::after_forward` (the output still held).
@@ -399,10 +399,10 @@ mod tests {
         let cfg = Config { kernels: Kernels::Cuda, ..tiny() };
         let e = estimator::explain(&cfg).expect("estimates");
         let p = predictions(&cfg).expect("predicts");
-        let row = |id: &str| e.row(id).map_or(0, |r| r.bytes);
-        assert!(row("blas_workspaces") > 0);
+        let blas = e.row(estimator::ledger::RowId::BlasWorkspaces).map_or(0, |r| r.bytes);
+        assert!(blas > 0);
         // Allocated peak = the stream's peak + the cuBLAS workspaces the allocator hands out.
-        assert_eq!(p.peak, e.memory.allocated_peak + row("blas_workspaces"));
+        assert_eq!(p.peak, e.memory.allocated_peak + blas);
         // Reserved holds at least what is allocated; nvidia-smi is the verdict's figure.
         assert!(p.reserved_peak.expect("simulated") >= p.peak);
         assert_eq!(p.nvidia_smi, e.memory.nvidia_smi);

@@ -7,7 +7,7 @@ use super::megatron;
 use super::terms::Terms;
 use crate::estimator::config::{Config, Kernels};
 use crate::estimator::expr::{Expr, Sym};
-use crate::estimator::ledger::{Bytes, Category, Row};
+use crate::estimator::ledger::{Bytes, Category, Row, RowId};
 use crate::estimator::params::Stage;
 use crate::estimator::precision::{Dtype, Recipe};
 
@@ -375,14 +375,14 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
             }
         }
         if let Some(e) = expr {
-            let row = Row::new(p.id(), p.label(), Category::Activations, e, p.source());
+            let row = Row::new(RowId::Activation(p), p.label(), Category::Activations, e, p.source());
             if row.bytes > 0 {
                 children.push(row);
             }
         }
     }
     let mut row = Row::parent(
-        "activations",
+        RowId::Activations,
         "Activations (saved for backward)",
         Category::Activations,
         children,
@@ -428,7 +428,7 @@ mod tests {
     fn full_recomputation_keeps_one_input_per_layer() {
         let cfg = Config { recompute: Recompute::Full, ..Config::default() };
         let x = acts(&cfg);
-        let ckpt = x.row.children.iter().find(|r| r.id == "activations.checkpoints").map(|r| r.bytes);
+        let ckpt = x.row.children.iter().find(|r| r.id == RowId::Activation(Part::Checkpoints)).map(|r| r.bytes);
         // 32 layers × b·s·h × 2 B + position_ids 8·s.
         assert_eq!(ckpt, Some(32 * 4096 * 4096 * 2 + 8 * 4096));
     }
@@ -436,7 +436,7 @@ mod tests {
     #[test]
     fn the_loss_of_a_128k_vocabulary_is_a_large_share() {
         let x = acts(&Config::default());
-        let loss = x.row.children.iter().find(|r| r.id == "activations.loss").map_or(0, |r| r.bytes);
+        let loss = x.row.children.iter().find(|r| r.id == RowId::Activation(Part::Loss)).map_or(0, |r| r.bytes);
         // 4 B × 4096 × 128,256 fp32 log-probabilities ≈ 2.1 GB.
         assert!(loss >= 4 * 4096 * 128_256);
     }
