@@ -58,6 +58,8 @@ fn panel(p: Panel) -> AnyView {
         Panel::Compare => compare(),
         Panel::Plan => plan(),
         Panel::Verify => verify(),
+        // Parts of other things, never placed on their own.
+        Panel::Share | Panel::Formulas => ().into_any(),
     }
 }
 

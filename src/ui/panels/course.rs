@@ -10,7 +10,7 @@
 use crate::config::encode_query;
 use crate::config::KEYS;
 use crate::course::exercises::Target;
-use crate::course::settings::Section;
+use crate::course::panel::Panel;
 use crate::estimator::expr::group_digits;
 use crate::estimator::units::format_bytes;
 use crate::estimator::{explain, flatten};
@@ -45,7 +45,7 @@ fn quiz_rows_css(rows: &[String]) -> String {
 pub fn provide_course(store: Store) {
     let (hide, quiz, rows) = store.course.with_value(|s| {
         let target = s.exercise.as_ref().map(|e| e.target.clone()).unwrap_or(Target::Memory(crate::course::exercises::Field::Peak));
-        (s.hide.iter().map(|h| h.name()).collect::<Vec<_>>().join(" "), s.quiz, target.rows())
+        (s.hide.iter().map(|h| h.id()).collect::<Vec<_>>().join(" "), s.quiz, target.rows())
     });
     if !hide.is_empty() {
         dom::set_root_attribute("data-hide", &hide);
@@ -251,7 +251,7 @@ pub fn CourseBar() -> impl IntoView {
             download_png(svg, "trainmem-snapshot.png");
         }
     };
-    let compare_shown = store.course.with_value(|s| s.shows(Section::Compare));
+    let compare_shown = store.course.with_value(|s| s.shows(Panel::Compare));
     view! {
         <aside class="course-tools" aria-label="Course tools" data-testid="course-tools"><div class="row" role="toolbar" aria-label="Course tools">
             {compare_shown.then(|| view! {
