@@ -294,12 +294,15 @@ fn FullPage() -> impl IntoView {
     let (layout, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
     provide_answers(&layout.results, store);
     let has_inputs = !layout.inputs.is_empty();
+    let pinned = has_inputs && layout.results.contains(&Panel::Verdict);
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
         <toolbar::Toolbar/>
         <notices::Notices/>
         <course::CourseBar/>
         <Estimated/>
+        // The verdict's line, pinned on a phone (where the results come after the form).
+        {pinned.then(|| view! { <InTurn turn=VERDICT><verdict::Pin/></InTurn> })}
         <main class=if has_inputs { "layout" } else { "layout single" }>
             {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>

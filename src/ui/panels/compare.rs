@@ -13,6 +13,7 @@ use crate::estimator::{explain, flatten, Estimate, EstimateError};
 use crate::plots::{category_color, hex};
 use crate::ui::html::esc;
 use crate::ui::state::{compare_query, gpu_of, use_store};
+use crate::words;
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 
@@ -23,19 +24,18 @@ fn verdict(name: &str, e: &Result<Estimate, EstimateError>, cfg: &Config) -> Str
             esc(&err.to_string())
         ),
         Ok(e) => {
-            let gpu = gpu_of(cfg).label();
-            let head = if e.fits() {
-                format!("Fits on {gpu}: {} headroom", format_bytes(e.capacity - e.memory.peak, cfg.unit))
-            } else {
-                format!("Does not fit on {gpu}: needs {} more", format_bytes(e.memory.peak - e.capacity, cfg.unit))
-            };
+            // The page's own verdict line for this configuration (the same function, the same
+            // figure: nvidia-smi against the usable capacity).
+            let v = words::verdict(e, cfg, &gpu_of(cfg).label());
             format!(
-                "<div class=\"cmp-verdict{}\" data-testid=\"cmp-verdict-{name}\" data-fits=\"{}\"><h3>{name}: {}</h3><p>{}</p><p>Peak per GPU <strong data-bytes=\"{}\">{}</strong></p></div>",
-                if e.fits() { "" } else { " bad" },
-                e.fits(),
+                "<div class=\"cmp-verdict{}\" data-testid=\"cmp-verdict-{name}\" data-fits=\"{}\" data-headroom=\"{}\"><h3>{name}: {}</h3><p data-testid=\"cmp-headline-{name}\">{}</p><p>nvidia-smi <strong data-bytes=\"{}\">{}</strong> · peak in use {}</p></div>",
+                if v.fits { "" } else { " bad" },
+                v.fits,
+                v.headroom,
                 esc(&e.model),
-                esc(&head),
-                e.memory.peak,
+                esc(&v.headline),
+                e.deciding_peak(),
+                format_bytes(e.deciding_peak(), cfg.unit),
                 format_bytes(e.memory.peak, cfg.unit)
             )
         }
@@ -122,9 +122,11 @@ fn diff(a: &Estimate, b: &Estimate, cfg: &Config) -> String {
         }
     }
     s.push_str(&format!(
-        "</tbody><tfoot><tr><th scope=\"row\">Peak</th><td>{}</td><td>{}</td><td></td></tr></tfoot></table>",
+        "</tbody><tfoot><tr><th scope=\"row\">Peak in use</th><td>{}</td><td>{}</td><td></td></tr><tr><th scope=\"row\">nvidia-smi (decides)</th><td>{}</td><td>{}</td><td></td></tr></tfoot></table>",
         format_bytes(a.memory.peak, unit),
-        format_bytes(b.memory.peak, unit)
+        format_bytes(b.memory.peak, unit),
+        format_bytes(a.deciding_peak(), unit),
+        format_bytes(b.deciding_peak(), unit)
     ));
     s
 }

@@ -119,11 +119,7 @@ fn snapshot_svg(store: Store) -> Option<String> {
         let bar_h = bar_height(&data, width, &theme);
         let bar = svg_of((width, bar_h), |root| draw_bar(root, &data, &theme).map(|_| ()));
         let (fg, muted, bg) = (hex(theme.foreground), hex(theme.muted), hex(theme.background));
-        let headline = if e.fits() {
-            format!("Fits on {gpu}: {} headroom", format_bytes(e.capacity - e.memory.peak, unit))
-        } else {
-            format!("Does not fit on {gpu}: needs {} more", format_bytes(e.memory.peak - e.capacity, unit))
-        };
+        let headline = crate::words::verdict(e, &cfg, &gpu).headline;
         let mut rows = String::new();
         let top = 96 + bar_h;
         let mut y = top + 28;
