@@ -1167,7 +1167,7 @@ fn describe(key: &str, k: &Knobs) -> String {
         }
         "tp" => format!("tensor parallelism {}", k.tp),
         "pp" => format!("pipeline parallelism {}", k.pp),
-        "vpp" => format!("{} virtual stages", k.vpp),
+        "vpp" => format!("{} virtual stage{}", k.vpp, if k.vpp == 1 { "" } else { "s" }),
         "cp" => format!("context parallelism {}", k.cp),
         "ep" => format!("expert parallelism {}", k.ep),
         "optim" => format!("{:?}", k.optim),
