@@ -341,15 +341,21 @@ fn EmbedPage() -> impl IntoView {
     });
     let (layout, problem) =
         store.course.with_value(|s| Layout::course(s, true, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some)));
+    // A `view=` that names no panel is one more thing the link's notice lists.
+    if let Some(p) = problem {
+        let view = store.view.get_untracked();
+        store.notices.update(|n| n.push(crate::config::ConfigError::for_key("view", &view, p)));
+    }
     let list = layout.results;
     provide_answers(&list, store);
     view! {
         <main class="embed" data-testid="embed" node_ref=main>
             <h1 class="sr-only">"trainmem"</h1>
+            // The same notice as the full page's: what in the link could not be used.
+            <notices::Notices/>
             // A chart alone has a third-level heading, as under the full page's "Charts".
             {list.iter().any(|p| matches!(p, Panel::Chart(_))).then(|| view! { <h2 class="sr-only">"Charts"</h2> })}
             {grouped(list)}
-            {problem.map(|p| view! { <p class="hint">{p}</p> })}
             <p class="open"><a data-testid="open-full" href=move || store.share_url() target="_blank" rel="noopener">"Open this configuration in trainmem ↗"</a></p>
         </main>
     }

@@ -80,6 +80,14 @@ fn talk_to_parent(store: Store) {
         let height = document().body().map_or(0.0, |b| dom::content_height(&b));
         dom::post_to_parent("ready", &[("state", store.config.with_untracked(encode_query).into()), ("height", height.into())]);
     });
+    // `warning`: what in the link (or a `setState`) could not be used, as the notice says it.
+    Effect::new(move |prev: Option<Vec<crate::config::ConfigError>>| {
+        let now = store.notices.get();
+        if !now.is_empty() && prev.as_ref() != Some(&now) {
+            post_warning(&now);
+        }
+        now
+    });
     let _ = window_event_listener(leptos::ev::message, move |ev: web_sys::MessageEvent| {
         let origin = ev.origin();
         if !store.course.with_value(|s| s.accepts_origin(&origin, parent.as_deref())) {
@@ -104,6 +112,24 @@ fn talk_to_parent(store: Store) {
             _ => {}
         }
     });
+}
+
+/// Posts `warning` with the problems the page's notice lists: `notices` (`{key, value,
+/// reason}` each) and `text` (the notice's sentence).
+fn post_warning(notices: &[crate::config::ConfigError]) {
+    let list = js_sys::Array::new();
+    for n in notices {
+        let o = js_sys::Object::new();
+        let _ = js_sys::Reflect::set(&o, &"key".into(), &n.key.as_str().into());
+        let _ = js_sys::Reflect::set(&o, &"value".into(), &n.value.as_str().into());
+        let _ = js_sys::Reflect::set(&o, &"reason".into(), &n.reason.as_str().into());
+        list.push(&o);
+    }
+    let text = format!(
+        "Some settings in this link could not be used — the rest of the configuration applies: {}",
+        notices.iter().map(|n| format!("{} = '{}': {}", n.key, n.value, n.reason)).collect::<Vec<_>>().join("; ")
+    );
+    dom::post_to_parent("warning", &[("notices", list.into()), ("text", text.into())]);
 }
 
 /// The snapshot of the current view as SVG: the verdict, the stacked bar and the ledger's rows.
