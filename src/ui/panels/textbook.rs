@@ -3,7 +3,8 @@
 //! formulas and notes only updates the figures in place (the MathML is not parsed again).
 
 use crate::config::{Config, Unit};
-use crate::estimator::activations::textbook_differences;
+use crate::estimator::activations::{textbook_differences, textbook_rows};
+use crate::estimator::expr::with_formulas;
 use crate::estimator::ledger::Bytes;
 use crate::estimator::units::format_bytes;
 use crate::estimator::Estimate;
@@ -28,15 +29,19 @@ fn table(e: &Estimate, cfg: &Config, notes: &[String]) -> String {
          <td class=\"num\"><strong data-testid=\"textbook-exact\">{}</strong></td><td class=\"num\">—</td></tr>",
         format_bytes(exact, unit)
     );
+    // The estimate's rows are numbers only (their formulas folded to their values): the
+    // formulas come from the same rows built with their symbols.
+    let formulas = with_formulas(|| textbook_rows(cfg));
     for r in &e.textbook {
+        let formula = formulas.iter().find(|f| f.id == r.id).map_or_else(String::new, |f| f.expr.mathml(false));
         s.push_str(&format!(
-            "<tr><td>{}<br><span class=\"math\"><math>{}</math></span><br><small>{}</small></td><td class=\"num\" data-testid=\"textbook-{}\">{}</td><td class=\"num\" data-testid=\"textbook-diff-{}\">{}</td></tr>",
+            "<tr><td>{}<br><span class=\"math\"><math>{formula}</math></span><br><small>{}</small></td><td class=\"num\" data-testid=\"textbook-{}\" data-bytes=\"{}\">{}</td><td class=\"num\" data-testid=\"textbook-diff-{}\">{}</td></tr>",
             esc(&r.label),
-            r.expr.mathml(false),
             esc(r.source),
             esc(r.id),
-            esc(r.id),
+            r.bytes,
             format_bytes(r.bytes, unit),
+            esc(r.id),
             diff(r.bytes)
         ));
     }
