@@ -56,9 +56,12 @@ fn bar(name: &str, e: &Estimate, max: u128, cfg: &Config) -> String {
         said.push(format!("{} {}", c.label(), format_bytes(b, cfg.unit)));
     }
     let cap = e.capacity as f64 * 100.0 / max.max(1) as f64;
+    // What decides, as on the page's bar: nvidia-smi's figure, marked dashed.
+    let smi = e.deciding_peak() as f64 * 100.0 / max.max(1) as f64;
     format!(
-        "<div class=\"cmp-bar\" role=\"img\" data-testid=\"cmp-bar-{name}\" aria-label=\"{name}: {}; capacity {}\"><span class=\"cmp-name\" aria-hidden=\"true\">{name}</span><div class=\"track\">{parts}<span class=\"cap\" style=\"left:{cap:.2}%\"></span></div></div>",
+        "<div class=\"cmp-bar\" role=\"img\" data-testid=\"cmp-bar-{name}\" aria-label=\"{name}: {}; nvidia-smi will show {}; capacity {}\"><span class=\"cmp-name\" aria-hidden=\"true\">{name}</span><div class=\"track\">{parts}<span class=\"smi\" style=\"left:{smi:.2}%\"></span><span class=\"cap\" style=\"left:{cap:.2}%\"></span></div></div>",
         esc(&said.join(", ")),
+        format_bytes(e.deciding_peak(), cfg.unit),
         format_bytes(e.capacity, cfg.unit)
     )
 }
@@ -136,7 +139,8 @@ fn html(a_cfg: &Config, b_cfg: &Config) -> String {
     let (a, b) = (explain(a_cfg), explain(&b_cfg));
     let mut s = format!("<div class=\"cmp-verdicts\">{}{}</div>", verdict("A", &a, a_cfg), verdict("B", &b, &b_cfg));
     if let (Ok(a), Ok(b)) = (&a, &b) {
-        let max = [a.memory.total, b.memory.total, a.capacity, b.capacity].into_iter().max().unwrap_or(1);
+        let max =
+            [a.memory.total, b.memory.total, a.capacity, b.capacity, a.deciding_peak(), b.deciding_peak()].into_iter().max().unwrap_or(1);
         s.push_str(&bar("A", a, max, a_cfg));
         s.push_str(&bar("B", b, max, &b_cfg));
         s.push_str(&diff(a, b, a_cfg));

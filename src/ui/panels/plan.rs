@@ -185,7 +185,10 @@ fn fields_html(cfg: &Config) -> String {
                     format!("<option value=\"{c}\"{}>{}</option>", if *c == value { " selected" } else { "" }, esc(&option_text(name, c)))
                 })
                 .collect();
-            format!("<select id=\"plan-{name}\" data-plan-key=\"{name}\">{options}</select>")
+            format!(
+                "<select id=\"plan-{name}\" data-plan-key=\"{name}\" aria-describedby=\"plan-id-{name}\">{options}</select><small class=\"choice-id\" id=\"plan-id-{name}\" data-plan-id=\"{name}\">{}</small>",
+                esc(&value)
+            )
         } else {
             format!(
                 "<input id=\"plan-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" data-plan-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"plan-err-{name}\">",
@@ -231,6 +234,9 @@ fn sync_fields(root: &web_sys::Element, cfg: &Config) {
                     s.set_value(&value);
                 }
             }
+        }
+        if let Ok(Some(id)) = root.query_selector(&format!("[data-plan-id=\"{name}\"]")) {
+            id.set_text_content(Some(&value));
         }
         if custom_only(name) {
             if let Ok(Some(f)) = root.query_selector(&format!("[data-plan-field=\"{name}\"]")) {
