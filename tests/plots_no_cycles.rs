@@ -242,18 +242,26 @@ fn imports_between_areas_run_one_way() {
     let area = |m: &str| m.split("::").next().unwrap_or("").to_string();
     // What each area may name besides itself.
     let allowed: BTreeMap<&str, &[&str]> =
-        // `version` is a leaf (the build's name); `course` (exercises answered by the estimator),
-        // `verify` (the verify script and its comparison) and `answers` (the answers panel's
-        // data, computed in the analysis worker) sit beside the estimator.
+        // `version` is a leaf (the build's name); `course` (exercises answered by the estimator,
+        // the page's panels by name, a chart's kind among them), `verify` (the verify script and
+        // its comparison), `answers` (the answers panel's data, computed in the analysis worker),
+        // `words` (the page's words for figures and choices), `next_change` (the changes offered
+        // after a tight fit) and `search` (the model search) sit beside the estimator.
         [
             ("plots", &["estimator"][..]),
             ("bench", &[][..]),
-            ("course", &["config", "estimator"][..]),
+            ("course", &["config", "estimator", "plots"][..]),
             ("verify", &["config", "estimator"][..]),
             ("answers", &["config", "estimator"][..]),
             // `frameworks` (framework config files in and out) reads and writes configurations.
             ("frameworks", &["config", "estimator"][..]),
-            ("ui", &["answers", "config", "estimator", "plots", "bench", "course", "verify", "version"][..]),
+            ("words", &["config", "estimator"][..]),
+            ("next_change", &["words", "config", "estimator"][..]),
+            ("search", &["estimator"][..]),
+            (
+                "ui",
+                &["answers", "config", "estimator", "plots", "bench", "course", "verify", "version", "words", "next_change", "search"][..],
+            ),
         ]
         .into_iter()
         .collect();

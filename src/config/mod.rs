@@ -8,7 +8,7 @@
 
 mod keys;
 mod legacy;
-mod recipes;
+pub mod recipes;
 
 pub use crate::estimator::config::*;
 pub use keys::{parse_uint, Group, Key, KEYS};

@@ -262,6 +262,39 @@ pub fn check(answer: &Answer, guess: &str, tolerance_pct: f64) -> Option<Check> 
     }
 }
 
+/// An example of how to write a guess for `answer`, in its kind and, for bytes, in `unit`
+/// ("e.g. 42 GB"): a figure at least three times away from the answer (or, for a percentage,
+/// 25 points), so that the hint never gives the answer away nor lies near it.
+pub fn example_guess(answer: &Answer, unit: crate::estimator::config::Unit) -> String {
+    use crate::estimator::config::Unit;
+    let far = |want: f64, candidates: &[f64]| {
+        candidates.iter().copied().find(|c| want <= 0.0 || !(want / 3.0..=want * 3.0).contains(c)).unwrap_or(candidates[0])
+    };
+    match answer {
+        Answer::Bytes(b) => {
+            let (scale, sym) = match unit {
+                Unit::Gb => (1e9, "GB"),
+                Unit::Gib => (1_073_741_824.0, "GiB"),
+            };
+            let v = far(*b as f64 / scale, &[42.0, 640.0, 3.5, 9000.0]);
+            format!("e.g. {v} {sym}")
+        }
+        Answer::Count(n) => {
+            let v = far(*n as f64, &[3.2e9, 7.5e11, 1.2e8, 4.0e13]);
+            format!("e.g. {v:e}")
+        }
+        Answer::Percent(p) => {
+            let v = [35.0, 85.0, 5.0].into_iter().find(|c: &f64| (c - p).abs() >= 25.0).unwrap_or(35.0);
+            format!("e.g. {v} %")
+        }
+        Answer::BytesPerParameter(p) => {
+            let v = far(*p, &[3.0, 40.0, 0.5]);
+            format!("e.g. {v} bytes per parameter")
+        }
+        Answer::Category(_) => "a category".into(),
+    }
+}
+
 /// Reads a guess: digits with optional separators and an SI/binary suffix (`208 GB`, `1.5e9`,
 /// `194 GiB`, `75 %`).
 pub fn parse_number(s: &str) -> Option<f64> {
@@ -420,6 +453,35 @@ pub fn builtin() -> Vec<Exercise> {
 mod tests {
     use super::*;
     use crate::estimator::estimate;
+
+    #[test]
+    fn the_guess_example_is_far_from_the_answer_and_in_its_unit() {
+        use crate::estimator::config::Unit;
+        // The docs' 16Ψ exercise (llama-2-13b): 208.3 GB; the old fixed hint read "208 GB".
+        let sixteen_psi = Answer::Bytes(208_300_000_000);
+        for unit in [Unit::Gb, Unit::Gib] {
+            let e = example_guess(&sixteen_psi, unit);
+            assert!(!e.contains("208") && !e.contains("194"), "{e}");
+            assert!(e.ends_with(if unit == Unit::Gb { " GB" } else { " GiB" }), "{e}");
+        }
+        let builtin = builtin();
+        let answers = builtin.iter().filter_map(|ex| ex.answer().ok()).chain([
+            sixteen_psi,
+            Answer::Bytes(42_000_000_000),
+            Answer::Count(8_030_261_248),
+            Answer::Percent(35.0),
+            Answer::BytesPerParameter(16.0),
+        ]);
+        for a in answers {
+            if matches!(a, Answer::Category(_)) {
+                continue;
+            }
+            let e = example_guess(&a, Unit::Gb);
+            let written = e.trim_start_matches("e.g. ").trim_end_matches(" bytes per parameter");
+            let c = check(&a, written, 50.0).expect("the example reads as a guess");
+            assert!(!c.correct, "{a:?}: the example {e} lies within 50 % of the answer");
+        }
+    }
 
     #[test]
     fn every_builtin_exercise_has_a_computed_answer() {

@@ -59,7 +59,7 @@
 //! returns [`Progress`], so a UI can run it in slices between frames (or in a worker) and stop
 //! whenever it likes; [`Search::result`] ranks what has been found so far.
 
-use super::analyse::{analyse, Analysis};
+use super::analyse::{analyse, headroom_pct, Analysis};
 use super::config::{Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
 use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
 use super::estimate::{by_category, estimate, Estimate};
@@ -1196,7 +1196,7 @@ fn describe(key: &str, k: &Knobs) -> String {
         }
         "tp" => format!("tensor parallelism {}", k.tp),
         "pp" => format!("pipeline parallelism {}", k.pp),
-        "vpp" => format!("{} virtual stages", k.vpp),
+        "vpp" => format!("{} virtual stage{}", k.vpp, if k.vpp == 1 { "" } else { "s" }),
         "cp" => format!("context parallelism {}", k.cp),
         "ep" => format!("expert parallelism {}", k.ep),
         "optim" => format!("{:?}", k.optim),
@@ -1568,6 +1568,14 @@ pub fn cheapest_fixes(cfg: &Config, a: &Assumptions, n: usize) -> Result<Vec<Fix
     if analyse(cfg)?.verdict.fits {
         return Ok(Vec::new());
     }
+    changes_that_fit(cfg, a, n, 0.0)
+}
+
+/// The `n` cheapest single changes of `cfg` that fit with at least `min_free_pct` percent of the
+/// capacity free, by the verdict itself ([`analyse`]: each fix's headroom is the one its own link
+/// shows), cheapest first as [`cheapest_fixes`] orders them. What the page offers after a fix
+/// that still does not fit, or fits with under [`super::analyse::TIGHT_PCT`] to spare.
+pub fn changes_that_fit(cfg: &Config, a: &Assumptions, n: usize, min_free_pct: f64) -> Result<Vec<Fix>, PlanError> {
     let base_cost = cost::step_cost(cfg, a)?;
     let mut fixes: Vec<Fix> = candidate_changes(cfg)
         .into_iter()
@@ -1578,7 +1586,7 @@ pub fn cheapest_fixes(cfg: &Config, a: &Assumptions, n: usize) -> Result<Vec<Fix
             }
             // Then the verdict itself: the fix promises what its own link will show.
             let v = analyse(&c).ok()?.verdict;
-            if !v.fits {
+            if !v.fits || headroom_pct(v.headroom, v.capacity) < min_free_pct {
                 return None;
             }
             let k = cost::step_cost(&c, a).ok()?;
