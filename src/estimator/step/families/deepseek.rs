@@ -15,65 +15,24 @@
 
 use super::super::blocks::shapes::tok;
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, X};
-use super::common::received;
-use super::common::{Kind, Params, Shared};
-use super::llama::{mlp, rms_norm, MlpW};
+use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, X};
+use super::common::{cache_position, causal_mask, rms_norm, rotary_polar, tokens};
+use super::common::{Kind, Params, Rms, Shared};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::family::Family;
 use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
-/// `DeepseekV2Model.forward` before the layers: Llama's embedding, positions and mask, then
-/// `DeepseekV2RotaryEmbedding.forward`:
-/// ```python
-/// freqs = position_ids[..., None].float() * self.inv_freq
-/// freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
-/// freqs_cis = freqs_cis * self.attention_scaling
-/// ```
-/// `freqs_cis` is complex64 `[1, s, d_r / 2]` — the bytes of fp32 `[1, s, d_r]`, which is how
-/// the program carries it (in the `cos` slot; `sin` is empty).
-pub fn embed_v2(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "model.embed_tokens";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => super::llama::embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
-    };
-    b.module = "model";
-    let (pos, mask) = super::llama::positions_and_mask(b, attn);
-    let fc = rotary_v2(b, pos);
-    let shared = Shared {
-        cos: Some(fc),
-        sin: None,
-        pos: Some(pos),
-        mask,
-        mask_local: None,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), None],
-        cos_local: None,
-        sin_local: None,
-    };
-    (x0, shared)
-}
-
-/// `DeepseekV2RotaryEmbedding.forward` on the positions: `freqs_cis` as fp32 `[s, d_r]`.
-pub fn rotary_v2(b: &mut Builder, pos: Tid) -> Tid {
-    b.module = "model.rotary_emb";
-    let halves = Shape::new(&[Dim::Q(Q::S), DR2], Split::None);
-    let complex = Shape::new(&[Dim::Q(Q::S), DR], Split::None);
-    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
-    let freqs = b.plain("mul", &[pf], halves, Dt::F32);
-    let ones = b.plain("ones_like", &[freqs], halves, Dt::F32);
-    let polar = b.plain("polar", &[ones, freqs], complex, Dt::F32);
-    let fc = b.plain("mul", &[polar], complex, Dt::F32);
-    // `freqs` is a local of the rotary module's forward.
-    b.hold(freqs);
-    b.p.tensors[fc as usize].part = Some(Part::Embedding);
-    fc
+/// What `DeepseekV2Model.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): Llama's positions and mask, then `DeepseekV2RotaryEmbedding.forward`
+/// ([`rotary_polar`]): `freqs_cis` complex64 `[1, s, d_r / 2]` — the bytes of fp32
+/// `[1, s, d_r]`, which is how the program carries it (in the `cos` slot; `sin` is empty).
+fn positions_v2(b: &mut Builder, attn: Attention) -> Shared {
+    let pos = cache_position(b);
+    let mask = causal_mask(b, pos, attn);
+    let fc = rotary_polar(b, pos, Shape::new(&[Dim::Q(Q::S), DR2], Split::None), Shape::new(&[Dim::Q(Q::S), DR], Split::None));
+    Shared { cos: Some(fc), pos: Some(pos), mask, ..Shared::default() }
 }
 
 /// `xq_ * freqs_cis` on complex views (MulBackward0 keeps `freqs_cis`; backward `conj()` is
@@ -150,7 +109,6 @@ fn masked_fill(b: &mut Builder, x: Tid, mask: Tid) -> Tid {
 /// The softmax keeps its result, the masked fill its mask, the top-k its indices; the group
 /// choice (max, group top-k) carries no gradient to the loss. `norm_topk_prob` is not read.
 pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    use super::sigmoid_moe::tokens;
     b.module = "mlp.gate";
     let xf = b.to_copy(x2, Dt::F32);
     let e = || tokens(&[Dim::X(X::E)]);
@@ -396,7 +354,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
             // The query latent, its norm and q_b_proj's input: the MLA row of the ledger.
             b.module = "self_attn.q_a_layernorm";
             b.part = Part::Mla;
-            let qn = rms_norm(b, qa, w.q_a_norm);
+            let qn = rms_norm(b, qa, w.q_a_norm, Rms::Llama);
             b.module = "self_attn.q_b_proj";
             match w.q_b {
                 Some(wb) => b.proj(qn, wb, None, qshape, Linear::Q),
@@ -429,7 +387,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     b.part = Part::Mla;
     let (kv_nope, k_rot) = split2(b, ckv, lat(X::MlaRkv), Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), DR], Split::None));
     b.module = "self_attn.kv_a_layernorm";
-    let kvn = rms_norm(b, kv_nope, w.kv_a_norm);
+    let kvn = rms_norm(b, kv_nope, w.kv_a_norm, Rms::Llama);
     b.module = "self_attn";
     b.part = Part::AttentionCore;
     let (q_rot, k_rot) = match (sh.cos, sh.sin) {
@@ -589,46 +547,22 @@ fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
     b.copy(ot, bshw(A, DV))
 }
 
-/// `DeepseekV3DecoderLayer.forward` (Llama's): `h = x + attn(norm1(x))`, `y = h + mlp(norm2(h))`;
-/// the MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after.
+/// `DeepseekV3DecoderLayer.forward` (Llama's, [`super::sigmoid_moe::layer`]) around MLA; the
+/// MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after
+/// (DeepSeek-V2: `DeepseekV2Moe`, with [`router_v2`]).
 #[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
-pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    b.group = Group::All;
-    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+pub fn layer(
+    b: &mut Builder,
+    p: &Params,
+    spec: &ModelSpec,
+    x: Tid,
+    sh: &Shared,
+    kind: Kind,
+    attn: Attention,
+    router: super::sigmoid_moe::RouterFn,
+) -> Tid {
     let aw = MlaW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe => Err(super::sigmoid_moe::SigmoidMoeW::new(b, p)),
-        Kind::Dense => Ok(MlpW::new(b, p)),
-    };
-    let n1w = p.w(b, "layers.*.norm.weight");
-    let n2w = p.w(b, "layers.*.norm.weight");
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = rms_norm(b, x, n1w);
-    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
-    b.hold(n1);
-    b.module = "";
-    b.part = Part::Norms;
-    let h = b.add(x, a);
-    b.module = "post_attention_layernorm";
-    let n2 = rms_norm(b, h, n2w);
-    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
-    let m = match ffn {
-        Ok(mw) => mlp(b, &mw, n2),
-        // `norm_topk_prob`: DeepSeek-V3's configuration (and its checkpoints) set it.
-        Err(w) if spec.family == Family::DeepseekV2 => super::sigmoid_moe::block_with(b, spec, &w, n2, router_v2),
-        Err(w) => super::sigmoid_moe::block(b, spec, &w, n2, true),
-    };
-    b.group = Group::All;
-    b.hold(n2);
-    b.module = "";
-    b.part = Part::Norms;
-    let y = b.add(h, m);
-    b.hold(h);
-    if let Some(w) = weights {
-        b.hold(w);
-    }
-    y
+    super::sigmoid_moe::layer(b, p, spec, x, kind, |b, n| attention(b, &aw, spec, n, sh, attn), router)
 }
 
 /// DeepSeek-V2 (`modeling_deepseek_v2.py`): MLA with complex rotary embedding (`freqs_cis`,
@@ -636,17 +570,11 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// greedy).
 pub struct DeepseekV2;
 impl Modeling for DeepseekV2 {
-    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed_v2(b, p, spec, ids, attn)
-    }
-    fn receive(&self, b: &mut Builder, _p: &Params, _spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
-        let x0 = received(b);
-        let (pos, mask) = super::llama::positions_and_mask(b, attn);
-        let fc = rotary_v2(b, pos);
-        (x0, Shared { cos: Some(fc), pos: Some(pos), mask, ..Shared::default() })
+    fn positions(&self, b: &mut Builder, _spec: &ModelSpec, attn: Attention) -> Shared {
+        positions_v2(b, attn)
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        layer(b, p, spec, x, sh, kind, attn)
+        layer(b, p, spec, x, sh, kind, attn, router_v2)
     }
     /// `freqs_cis` `[s, d_r / 2]` complex64: the bytes of fp32 `[s, d_r]`, no sin.
     fn rope_tables(&self, _spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
@@ -655,11 +583,12 @@ impl Modeling for DeepseekV2 {
 }
 
 /// DeepSeek-V3 (`modeling_deepseek_v3.py`, also Kimi K2): MLA with Llama's rotary tables and the
-/// sigmoid router with its correction bias, group-limited.
+/// sigmoid router with its correction bias, group-limited, renormalised (`norm_topk_prob`: its
+/// configuration and checkpoints set it).
 pub struct DeepseekV3;
 impl Modeling for DeepseekV3 {
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        layer(b, p, spec, x, sh, kind, attn)
+        layer(b, p, spec, x, sh, kind, attn, super::sigmoid_moe::router_normalized)
     }
 }
 

@@ -15,22 +15,20 @@
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
-use super::common::{has_rope, Params, Shared};
-use super::common::{mask_shape, Kind};
+use super::common::{
+    cache_position, causal_mask, final_norm, has_rope, mask_shape, packed_detection, plain_mlp_w, plain_mlp_with, rope_pair, sdpa_mask,
+};
+use super::common::{set_part, tied, token_embedding, Kind, Norm, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
 use super::{llama, starcoder2};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, ModelSpec};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
 /// `config.new_decoder_architecture`, as the spec shows it (see the module doc).
 pub fn new_arch(spec: &ModelSpec) -> bool {
     spec.parallel && (spec.layer_norms == 2 || spec.kv_heads != 1)
-}
-
-fn lin_shape(w: Dim) -> Shape {
-    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), w], Split::Tp)
 }
 
 /// `FalconLinear.forward`: `hidden_states = input @ self.weight.T` (an `mm` on the flattened
@@ -212,21 +210,10 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 }
 
 /// `FalconMLP.forward`: `dense_4h_to_h(act(dense_h_to_4h(x)))` (`get_activation("gelu")`:
-/// `F.gelu`, keeping its input).
+/// `F.gelu`, keeping its input), on [`falcon_linear`]s.
 fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
-    let w1 = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
-    let w2 = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
-    b.part = Part::Mlp;
-    b.module = "mlp.dense_h_to_4h";
-    let h = falcon_linear(b, x, w1.0, w1.1, lin_shape(Dim::Q(Q::F)), Linear::Up);
-    b.module = "mlp.act";
-    let a = match spec.act {
-        Activation::GeluNew => super::gpt2::gelu_new(b, h),
-        Activation::Relu => b.unary("relu", "ReluBackward0", h, Keep::Output, "threshold_backward"),
-        _ => b.unary("gelu", "GeluBackward0", h, Keep::Input, "gelu_backward"),
-    };
-    b.module = "mlp.dense_4h_to_h";
-    falcon_linear(b, a, w2.0, w2.1, tok(Q::H), Linear::Down)
+    let w = plain_mlp_w(b, p);
+    plain_mlp_with(b, w, x, spec.act, ["mlp.dense_h_to_4h", "mlp.act", "mlp.dense_4h_to_h"], falcon_linear)
 }
 
 /// `a += b` in place (AddBackward0: the gradient passes to both; no allocation).
@@ -258,8 +245,8 @@ fn add_(b: &mut Builder, a: Tid, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     let two = spec.layer_norms >= 2;
-    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    let ln2 = if two { (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias")) } else { (None, None) };
+    let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let ln2 = if two { Norm::LayerNorm.weights(b, p, LAYER_NORM) } else { (None, None) };
     b.part = Part::Norms;
     if spec.parallel {
         b.module = if two { "ln_attn" } else { "input_layernorm" };
@@ -318,56 +305,18 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive
 /// (`where`) for eager — and the rotary embedding.
 pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "transformer.word_embeddings";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => llama::embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
-    };
+    let (x0, emb_w) = token_embedding(b, p, ids, "transformer.word_embeddings");
     b.module = "transformer";
-    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1(), Dt::I64);
-    let pos = b.plain("add", &[ar], s1(), Dt::I64);
-    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
+    let pos = cache_position(b);
     let mask = if attn == Attention::Eager {
-        llama::mask_only(b, pos, attn).1
+        causal_mask(b, pos, attn)
     } else {
-        llama::packed_detection(b, pos);
-        let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
-        let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
-        let kv0 = b.plain("arange", &[], s1(), Dt::I64);
-        let kv = b.plain("add", &[kv0], s1(), Dt::I64);
-        let q0 = b.plain("arange", &[], s1(), Dt::I64);
-        let qi = b.plain("add", &[q0], s1(), Dt::I64);
-        let le = b.plain("le", &[kv, qi], Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool);
-        b.hold(ba);
-        b.hold(ha);
-        b.hold(kv);
-        b.hold(qi);
-        b.p.tensors[le as usize].part = Some(Part::Checkpoints);
-        Some(le)
+        packed_detection(b, pos);
+        let le = sdpa_mask(b, false);
+        Some(set_part(b, le, Part::Checkpoints))
     };
-    let (cos, sin) = if has_rope(spec) {
-        let (c, s) = llama::rotary(b, spec, pos);
-        (Some(c), Some(s))
-    } else {
-        (None, None)
-    };
-    (
-        x0,
-        Shared {
-            cos,
-            sin,
-            pos: Some(pos),
-            mask,
-            mask_local: None,
-            emb_w: if spec.tied { emb_w } else { None },
-            locals: [Some(x0), None],
-            cos_local: None,
-            sin_local: None,
-        },
-    )
+    let (cos, sin) = rope_pair(b, spec, pos, true);
+    (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: tied(spec, emb_w), locals: [Some(x0), None], ..Shared::default() })
 }
 
 /// Falcon (`modeling_falcon.py`): fused `query_key_value`, parallel attention and MLP under
@@ -381,7 +330,7 @@ impl Modeling for Falcon {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
+        final_norm(b, p, "transformer.ln_f", Norm::LayerNorm, x)
     }
     fn mask_shapes(&self, _b: &Builder, _spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
         [Some(mask_shape(attn)), None]

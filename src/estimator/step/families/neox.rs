@@ -5,16 +5,14 @@
 //! MLP both read the layer's input) or the sequential one; `dense_h_to_4h` → GELU →
 //! `dense_4h_to_h`; a final LayerNorm and an untied `embed_out` head.
 
-use super::super::blocks::shapes::{heads, tok, tok_tp};
-use super::super::blocks::Keep;
+use super::super::blocks::shapes::heads;
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::common::Kind;
-use super::common::{Params, Shared};
+use super::common::{final_norm, out_proj, plain_mlp, plain_mlp_w, proj_or, Kind, Norm, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
-use super::{gpt2, llama, phi};
+use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, ModelSpec};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
 /// `GPTNeoXAttention.forward`:
@@ -33,14 +31,10 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
     let wo = p.w(b, "layers.*.attn.o_proj.weight");
     let bo = p.w(b, "layers.*.attn.o_proj.bias");
-    let eager = attn == Attention::Eager;
     b.part = Part::AttentionInputs;
     b.module = "attention.query_key_value";
     let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
-    let qkv = match wqkv {
-        Some(w) => b.proj(x, w, bqkv, qkv_shape, Linear::Qkv),
-        None => x,
-    };
+    let qkv = proj_or(b, x, wqkv, bqkv, qkv_shape, Linear::Qkv);
     b.module = "attention";
     b.part = Part::AttentionCore;
     let per_head = b.view(qkv, qkv_shape, "ViewBackward0", true);
@@ -50,16 +44,8 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         (Some(cos), Some(sin)) => phi::rope_parts(b, spec, q, k, cos, sin, false),
         _ => (q, k),
     };
-    let (region, qe, ke, v) = llama::selective_begin(b, qe, ke, v);
-    let (o, weights) =
-        if eager { llama::eager_core_with(b, spec, qe, ke, v, sh.mask, true) } else { (llama::sdpa_core_copy(b, qe, ke, v, true), None) };
-    llama::selective_end(b, region);
-    b.part = Part::AttentionInputs;
-    b.module = "attention.dense";
-    let out = match wo {
-        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
-        None => o,
-    };
+    let (o, weights, [qe, ke, _]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Eager::CONTIGUOUS);
+    let out = out_proj(b, o, wo, bo, "attention.dense");
     b.hold(qkv);
     b.hold(qe);
     b.hold(ke);
@@ -68,25 +54,8 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 
 /// `GPTNeoXMLP.forward`: `dense_4h_to_h(act(dense_h_to_4h(x)))`.
 fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
-    let w1 = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
-    let w2 = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
-    b.part = Part::Mlp;
-    b.module = "mlp.dense_h_to_4h";
-    let h = match w1.0 {
-        Some(w) => b.proj(x, w, w1.1, tok_tp(Dim::Q(Q::F)), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp.act";
-    let a = match spec.act {
-        Activation::GeluNew => gpt2::gelu_new(b, h),
-        Activation::Relu => b.unary("relu", "ReluBackward0", h, Keep::Output, "threshold_backward"),
-        _ => b.unary("gelu", "GeluBackward0", h, Keep::Input, "gelu_backward"),
-    };
-    b.module = "mlp.dense_4h_to_h";
-    match w2.0 {
-        Some(w) => b.proj(a, w, w2.1, tok(Q::H), Linear::Down),
-        None => a,
-    }
+    let w = plain_mlp_w(b, p);
+    plain_mlp(b, w, x, spec.act, ["mlp.dense_h_to_4h", "mlp.act", "mlp.dense_4h_to_h"])
 }
 
 /// `GPTNeoXLayer.forward`:
@@ -105,8 +74,8 @@ fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: input_layernorm, post_attention_layernorm, attention, mlp.
-    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    let ln2 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+    let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
     b.module = "input_layernorm";
     b.part = Part::Norms;
     let n1 = b.layer_norm(x, ln1.0, ln1.1);
@@ -166,6 +135,6 @@ impl Modeling for GptNeox {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        super::starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+        final_norm(b, p, "gpt_neox.final_layer_norm", Norm::LayerNorm, x)
     }
 }

@@ -10,24 +10,18 @@
 //! `models/glm4_moe/modeling_glm4_moe.py` (`Glm4MoeTopkRouter.forward`, `Glm4MoeMoE.forward`).
 
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
-use super::common::Params;
+use super::super::ir::{Builder, Dim, Dt, Shape, Tid, B, S, X};
+use super::common::{gated_mlp, tokens, Gated, Kind, MlpW, Norm, Params, Rms, SILU};
+use super::llama::{decoder_layer, in_group, mlp};
 use super::moe::MoeW;
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::model::ModelSpec;
 use crate::estimator::step::part::Part;
 
 /// Bytes of an fp32 element (the router's weight and logits whatever the model dtype).
 pub const FP32_BYTES: u64 = 4;
 /// `topk(2, dim=-1)` in the group scores: each group is scored by its two best experts.
 pub const GROUP_SCORE_TOP: u32 = 2;
-
-/// `[b, s, extra…]`: one row per token.
-pub fn tokens(extra: &[Dim]) -> Shape {
-    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
-    d.extend_from_slice(extra);
-    Shape::new(&d, Split::None)
-}
 
 /// A parameter created in fp32 whatever the model dtype (`torch.zeros(..., dtype=torch.float32)`
 /// in the router's `__init__`, kept by `_keep_in_fp32_modules_strict`): fp32 weight, fp32
@@ -44,7 +38,7 @@ pub fn fp32_param(b: &mut Builder, p: &Params, name: &str) -> Option<Tid> {
 #[derive(Clone, Copy)]
 pub struct SigmoidMoeW {
     pub experts: MoeW,
-    pub shared: [Option<Tid>; 3],
+    pub shared: MlpW,
 }
 
 impl SigmoidMoeW {
@@ -52,11 +46,7 @@ impl SigmoidMoeW {
         let gate_up = p.w(b, "layers.*.mlp.experts.gate_up_proj");
         let down = p.w(b, "layers.*.mlp.experts.down_proj");
         let router = fp32_param(b, p, "layers.*.mlp.router.weight");
-        let shared = [
-            p.w(b, "layers.*.mlp.shared_expert.gate_proj.weight"),
-            p.w(b, "layers.*.mlp.shared_expert.up_proj.weight"),
-            p.w(b, "layers.*.mlp.shared_expert.down_proj.weight"),
-        ];
+        let shared = MlpW::shared(b, p);
         SigmoidMoeW { experts: MoeW { router, gate_up, down }, shared }
     }
 }
@@ -175,31 +165,29 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
 
 /// The shared experts (`DeepseekV3MLP` / `Glm4MoeMLP` of `n_shared · f_e`):
 /// `down_proj(act_fn(gate_proj(x)) * up_proj(x))`.
-pub fn shared_mlp(b: &mut Builder, w: [Option<Tid>; 3], x: Tid) -> Tid {
-    let [wg, wu, wd] = w;
-    let f = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::FS)], Split::Tp);
-    b.module = "mlp.shared_experts.gate_proj";
-    let g = match wg {
-        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
-        None => x,
-    };
-    b.module = "mlp.shared_experts.act_fn";
-    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
-    b.module = "mlp.shared_experts.up_proj";
-    let u = match wu {
-        Some(w) => b.proj(x, w, None, f(), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp.shared_experts";
-    let m = b.mul(a, u);
-    b.module = "mlp.shared_experts.down_proj";
-    match wd {
-        Some(w) => b.proj(m, w, None, Shape::tok(Q::H), Linear::Down),
-        None => m,
-    }
+const SHARED_EXPERTS: Gated = Gated {
+    modules: [
+        "mlp.shared_experts.gate_proj",
+        "mlp.shared_experts.act_fn",
+        "mlp.shared_experts.up_proj",
+        "mlp.shared_experts",
+        "mlp.shared_experts.down_proj",
+    ],
+    width: Dim::X(X::FS),
+    act: SILU,
+};
+
+/// The router with `norm_topk_prob` (DeepSeek-V3's and GLM-4.5's configurations and
+/// checkpoints set it; the importer does not keep it).
+pub fn router_normalized(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    router(b, spec, w, x2, true)
 }
 
-/// The block (`DeepseekV3MoE.forward`, `Glm4MoeMoE.forward`):
+/// A router: (builder, spec, weight, `[b·s, h]` input) → (logits, weights, indices).
+pub type RouterFn = fn(&mut Builder, &ModelSpec, Option<Tid>, Tid) -> (Tid, Tid, Tid);
+
+/// The block (`DeepseekV3MoE.forward`, `Glm4MoeMoE.forward`; DeepSeek-V2's `DeepseekV2Moe.forward`
+/// with its softmax router is otherwise the same block):
 /// ```python
 /// residuals = hidden_states
 /// _, topk_weights, topk_indices = self.gate(hidden_states)
@@ -207,25 +195,7 @@ pub fn shared_mlp(b: &mut Builder, w: [Option<Tid>; 3], x: Tid) -> Tid {
 /// hidden_states = hidden_states + self.shared_experts(residuals)
 /// ```
 /// The router's logits (`_`) and weights live until the block returns.
-pub fn block(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, normalize: bool) -> Tid {
-    let route = if normalize { router_normalized } else { router_plain };
-    block_with(b, spec, w, x, route)
-}
-
-fn router_normalized(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    router(b, spec, w, x2, true)
-}
-
-fn router_plain(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    router(b, spec, w, x2, false)
-}
-
-/// A router: (builder, spec, weight, `[b·s, h]` input) → (logits, weights, indices).
-pub type RouterFn = fn(&mut Builder, &ModelSpec, Option<Tid>, Tid) -> (Tid, Tid, Tid);
-
-/// [`block`] with another router (DeepSeek-V2's softmax one, `DeepseekV2Moe.forward`, which is
-/// otherwise the same block).
-pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, route: RouterFn) -> Tid {
+pub fn block(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, route: RouterFn) -> Tid {
     b.part = Part::Moe;
     b.module = "mlp";
     let xr = b.view(x, b.shape(x), "ViewBackward0", false);
@@ -234,9 +204,10 @@ pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, ro
     let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
     let routed = super::moe::experts(b, &w.experts, x2, weights, idx);
     let routed = b.view(routed, Shape::tok(Q::H), "ViewBackward0", false);
-    let shared = if w.shared.iter().any(Option::is_some) {
+    let s = &w.shared;
+    let shared = if s.wg.is_some() || s.wu.is_some() || s.wd.is_some() {
         b.part = Part::Moe;
-        Some(shared_mlp(b, w.shared, x))
+        Some(gated_mlp(b, s, x, &SHARED_EXPERTS))
     } else {
         None
     };
@@ -249,6 +220,31 @@ pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, ro
         b.hold(t);
     }
     out
+}
+
+/// The decoder layer of DeepSeek-V2/V3 and GLM-4.5 (`DeepseekV3DecoderLayer.forward`,
+/// `Glm4MoeDecoderLayer.forward`: Llama's, [`decoder_layer`]) around the family's attention,
+/// whose parameters the caller has registered: the dense MLP on the first
+/// `first_k_dense_replace` layers, the block ([`block`], routed by `route`) on the others.
+pub fn layer(
+    b: &mut Builder,
+    p: &Params,
+    spec: &ModelSpec,
+    x: Tid,
+    kind: Kind,
+    attention: impl FnOnce(&mut Builder, Tid) -> (Tid, Option<Tid>),
+    route: RouterFn,
+) -> Tid {
+    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let ffn = match kind {
+        Kind::Moe => Err(SigmoidMoeW::new(b, p)),
+        Kind::Dense => Ok(MlpW::new(b, p)),
+    };
+    let ffn = |b: &mut Builder, n: Tid| match ffn {
+        Ok(mw) => mlp(b, &mw, n),
+        Err(w) => block(b, spec, &w, n, route),
+    };
+    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), attention, |b, n| in_group(b, kind, |b| ffn(b, n)))
 }
 
 #[cfg(test)]
