@@ -218,6 +218,13 @@ pub fn set_part(b: &mut Builder, t: Tid, part: Part) -> Tid {
     t
 }
 
+/// `nn.Dropout` (the module at `module`, or `F.dropout` called there) on `x`: a no-op at p = 0.
+pub fn dropout(b: &mut Builder, module: &'static str, x: Tid) -> Tid {
+    b.module = module;
+    b.part = Part::Dropout;
+    b.dropout(x)
+}
+
 // ------------------------------------------------------------------ shapes
 
 /// `[s]`: one entry per position.
@@ -684,6 +691,13 @@ impl Norm {
             Norm::LayerNorm => (p.w(b, names[0]), p.w(b, names[1])),
             Norm::LayerNormFp32 => (None, None),
         }
+    }
+
+    /// The module at `module` on `x` (with its parameters `w`), counted with the norms.
+    pub fn call(self, b: &mut Builder, module: &'static str, x: Tid, w: NormW) -> Tid {
+        b.module = module;
+        b.part = Part::Norms;
+        self.run(b, x, w)
     }
 
     /// The module's forward on `x`.

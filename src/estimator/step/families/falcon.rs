@@ -18,7 +18,7 @@ use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
 use super::common::{
     cache_position, causal_mask, final_norm, has_rope, mask_shape, packed_detection, plain_mlp_w, plain_mlp_with, rope_pair, sdpa_mask,
 };
-use super::common::{set_part, tied, token_embedding, Kind, Norm, Params, Shared, LAYER_NORM};
+use super::common::{dropout, set_part, tied, token_embedding, Kind, Norm, NormW, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
 use super::{llama, starcoder2};
 use crate::estimator::activations::ctx::Q;
@@ -247,54 +247,31 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let two = spec.layer_norms >= 2;
     let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
     let ln2 = if two { Norm::LayerNorm.weights(b, p, LAYER_NORM) } else { (None, None) };
-    b.part = Part::Norms;
+    let ln = |b: &mut Builder, module: &'static str, x: Tid, w: NormW| Norm::LayerNorm.call(b, module, x, w);
     if spec.parallel {
-        b.module = if two { "ln_attn" } else { "input_layernorm" };
-        let n1 = b.layer_norm(x, ln1.0, ln1.1);
-        let n2 = if two {
-            b.module = "ln_mlp";
-            b.layer_norm(x, ln2.0, ln2.1)
-        } else {
-            n1
-        };
+        let n1 = ln(b, if two { "ln_attn" } else { "input_layernorm" }, x, ln1);
+        let n2 = if two { ln(b, "ln_mlp", x, ln2) } else { n1 };
         let (a, weights) = attention(b, p, spec, n1, sh, attn);
         let m = mlp(b, p, spec, n2);
         b.module = "";
-        b.part = Part::Norms;
         let m = add_(b, m, a);
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.part = Part::Norms;
+        let m = dropout(b, "", m);
         let y = b.add(x, m);
-        for t in [n1, n2, a, m] {
+        for t in [n1, n2, a, m].into_iter().chain(weights) {
             b.hold(t);
-        }
-        if let Some(w) = weights {
-            b.hold(w);
         }
         y
     } else {
-        b.module = "input_layernorm";
-        let n1 = b.layer_norm(x, ln1.0, ln1.1);
+        let n1 = ln(b, "input_layernorm", x, ln1);
         let (a, weights) = attention(b, p, spec, n1, sh, attn);
-        b.module = "";
-        b.part = Part::Dropout;
-        let a = b.dropout(a);
-        b.part = Part::Norms;
+        let a = dropout(b, "", a);
         let h = b.add(x, a);
-        b.module = "post_attention_layernorm";
-        let n2 = b.layer_norm(h, ln2.0, ln2.1);
+        let n2 = ln(b, "post_attention_layernorm", h, ln2);
         let m = mlp(b, p, spec, n2);
-        b.module = "";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.part = Part::Norms;
+        let m = dropout(b, "", m);
         let y = b.add(h, m);
-        for t in [n1, n2, a, h, m] {
+        for t in [n1, n2, a, h, m].into_iter().chain(weights) {
             b.hold(t);
-        }
-        if let Some(w) = weights {
-            b.hold(w);
         }
         y
     }

@@ -4,7 +4,7 @@
 
 use super::super::blocks::shapes::{heads_bshd, tok};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::common::{arange, causal_mask, final_norm, lookup, out_proj, plain_mlp, plain_mlp_w, proj_or, tied, to_heads};
+use super::common::{arange, causal_mask, dropout, final_norm, lookup, out_proj, plain_mlp, plain_mlp_w, proj_or, tied, to_heads};
 use super::common::{Kind, Norm, Params, Shared, LAYER_NORM};
 use super::llama;
 use super::modeling::Modeling;
@@ -38,9 +38,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let how = llama::Eager { contiguous: false, fp32: false };
     let (o, weights, kept) = llama::attend(b, spec, [qt, kt, vt], sh.mask, attn, how);
     let out = out_proj(b, o, wo, bo, "attn.c_proj");
-    b.module = "attn.resid_dropout";
-    b.part = Part::Dropout;
-    let out = b.dropout(out);
+    let out = dropout(b, "attn.resid_dropout", out);
     for t in kept {
         b.hold(t);
     }
@@ -50,9 +48,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// `GPT2MLP.forward`: `c_fc` → `gelu_new` → `c_proj`, then `dropout`.
 fn mlp(b: &mut Builder, w: [Option<Tid>; 4], x: Tid) -> Tid {
     let y = plain_mlp(b, w, x, Activation::GeluNew, ["mlp.c_fc", "mlp.act", "mlp.c_proj"]);
-    b.module = "mlp.dropout";
-    b.part = Part::Dropout;
-    b.dropout(y)
+    dropout(b, "mlp.dropout", y)
 }
 
 /// `GPT2Block.forward`: `ln_1` → attention → residual → `ln_2` → MLP → residual.
@@ -61,10 +57,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     b.group = Group::All;
     // Registration order: ln_1, attn (c_attn, c_proj), ln_2, mlp (c_fc, c_proj).
     let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
-    b.module = "ln_1";
-    b.part = Part::Norms;
     // The attention's weights are created inside (registered right after ln_1).
-    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let n1 = Norm::LayerNorm.call(b, "ln_1", x, ln1);
     let (a, weights) = attention(b, p, spec, n1, sh, attn);
     let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
     let mw = plain_mlp_w(b, p);
@@ -73,18 +67,13 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     // `attn_output, _ = self.attn(hidden_states)` leaves `hidden_states` (ln_1's output) bound
     // until the residual add rebinds it; the same for ln_2's around the MLP.
     b.hold(n1);
-    b.module = "ln_2";
-    b.part = Part::Norms;
-    let n2 = b.layer_norm(h, ln2.0, ln2.1);
+    let n2 = Norm::LayerNorm.call(b, "ln_2", h, ln2);
     let m = mlp(b, mw, n2);
     b.module = "";
     let y = b.add(h, m);
     // `attn_output` and `feed_forward_hidden_states` are the block's locals to its return.
-    for t in [n2, h, a, m] {
+    for t in [n2, h, a, m].into_iter().chain(weights) {
         b.hold(t);
-    }
-    if let Some(w) = weights {
-        b.hold(w);
     }
     y
 }
@@ -102,9 +91,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     let pe = lookup(b, pos, wpe, Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::H)], Split::Sp));
     b.module = "transformer";
     let x0 = b.add(te, pe);
-    b.module = "transformer.drop";
-    b.part = Part::Dropout;
-    let x0 = b.dropout(x0);
+    let x0 = dropout(b, "transformer.drop", x0);
     b.part = Part::Embedding;
     b.module = "transformer";
     let mask = causal_mask(b, pos, attn);

@@ -6,7 +6,9 @@
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S};
-use super::common::{cache_position, causal_mask, gated_mlp, has_rope, head_proj, nope_view, out_proj, rms_norm, rope_pair, rotary_dims};
+use super::common::{
+    cache_position, causal_mask, dropout, gated_mlp, has_rope, head_proj, nope_view, out_proj, rms_norm, rope_pair, rotary_dims,
+};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LAYER_NORM, LLAMA_MLP};
 use super::moe::{MoeW, Topk};
 use crate::estimator::activations::ctx::Q;
@@ -470,11 +472,7 @@ pub fn decoder_layer_with(
     let w1 = norm.weights(b, p, LAYER_NORM);
     let w2 = norm.weights(b, p, LAYER_NORM);
     let dropout = |b: &mut Builder, t: Tid, i: usize| match how.dropouts {
-        Some(modules) => {
-            b.module = modules[i];
-            b.part = Part::Dropout;
-            b.dropout(t)
-        }
+        Some(modules) => dropout(b, modules[i], t),
         None => t,
     };
     b.module = "input_layernorm";

@@ -7,7 +7,7 @@
 
 use super::super::blocks::shapes::heads;
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::common::{final_norm, out_proj, plain_mlp, plain_mlp_w, proj_or, Kind, Norm, Params, Shared, LAYER_NORM};
+use super::common::{dropout, final_norm, out_proj, plain_mlp, plain_mlp_w, proj_or, Kind, Norm, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
@@ -76,50 +76,31 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     // Registration order: input_layernorm, post_attention_layernorm, attention, mlp.
     let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
     let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let n1 = Norm::LayerNorm.call(b, "input_layernorm", x, ln1);
     let (a, weights) = attention(b, p, spec, n1, sh, attn);
     b.hold(n1);
-    b.module = "post_attention_dropout";
-    b.part = Part::Dropout;
-    let a = b.dropout(a);
-    let y = if spec.parallel {
-        b.module = "post_attention_layernorm";
-        b.part = Part::Norms;
-        let n2 = b.layer_norm(x, ln2.0, ln2.1);
-        let m = mlp(b, p, spec, n2);
-        b.hold(n2);
-        b.module = "post_mlp_dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
+    let a = dropout(b, "post_attention_dropout", a);
+    // The sequential residual adds the attention's output first, and normalizes that.
+    let h = (!spec.parallel).then(|| {
         b.module = "";
         b.part = Part::Norms;
-        let ma = b.add(m, a);
-        let y = b.add(ma, x);
-        b.hold(m);
-        y
-    } else {
-        b.module = "";
-        b.part = Part::Norms;
-        let h = b.add(a, x);
-        b.module = "post_attention_layernorm";
-        let n2 = b.layer_norm(h, ln2.0, ln2.1);
-        let m = mlp(b, p, spec, n2);
-        b.hold(n2);
-        b.module = "post_mlp_dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.module = "";
-        b.part = Part::Norms;
-        let y = b.add(m, h);
-        b.hold(h);
-        b.hold(m);
-        y
+        b.add(a, x)
+    });
+    let n2 = Norm::LayerNorm.call(b, "post_attention_layernorm", h.unwrap_or(x), ln2);
+    let m = mlp(b, p, spec, n2);
+    b.hold(n2);
+    let m = dropout(b, "post_mlp_dropout", m);
+    b.module = "";
+    b.part = Part::Norms;
+    let y = match h {
+        Some(h) => b.add(m, h),
+        None => {
+            let ma = b.add(m, a);
+            b.add(ma, x)
+        }
     };
-    b.hold(a);
-    if let Some(w) = weights {
-        b.hold(w);
+    for t in h.into_iter().chain([m, a]).chain(weights) {
+        b.hold(t);
     }
     y
 }

@@ -6,7 +6,9 @@
 
 use super::super::blocks::shapes::tok;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid};
-use super::common::{additive_mask, final_norm, head_proj, lookup, out_proj, plain_mlp, plain_mlp_w, sdpa_mask, set_part, tied, to_heads};
+use super::common::{
+    additive_mask, dropout, final_norm, head_proj, lookup, out_proj, plain_mlp, plain_mlp_w, sdpa_mask, set_part, tied, to_heads,
+};
 use super::common::{AttnW, Kind, Norm, Params, Shared, LAYER_NORM};
 use super::llama;
 use super::modeling::Modeling;
@@ -74,28 +76,17 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
     let fc = plain_mlp_w(b, p);
     let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
-    b.module = "self_attn_layer_norm";
-    b.part = Part::Norms;
-    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let n1 = Norm::LayerNorm.call(b, "self_attn_layer_norm", x, ln1);
     let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
     b.hold(n1);
-    b.module = "";
-    b.part = Part::Dropout;
-    let a = b.dropout(a);
-    b.part = Part::Norms;
+    let a = dropout(b, "", a);
     let h = b.add(x, a);
-    b.module = "final_layer_norm";
-    let n2 = b.layer_norm(h, ln2.0, ln2.1);
+    let n2 = Norm::LayerNorm.call(b, "final_layer_norm", h, ln2);
     let m = plain_mlp(b, fc, n2, spec.act, ["fc1", "activation_fn", "fc2"]);
-    b.module = "";
-    b.part = Part::Dropout;
-    let m = b.dropout(m);
-    b.part = Part::Norms;
+    let m = dropout(b, "", m);
     let y = b.add(h, m);
-    b.hold(n2);
-    b.hold(h);
-    if let Some(w) = weights {
-        b.hold(w);
+    for t in [n2, h].into_iter().chain(weights) {
+        b.hold(t);
     }
     y
 }

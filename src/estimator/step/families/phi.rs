@@ -4,7 +4,10 @@
 //! concatenated back), `fc1` → `gelu_new` → `fc2`, a final LayerNorm and a biased LM head.
 
 use super::super::ir::{Builder, Dim, Group, Tid, X};
-use super::common::{embed_then, final_norm, out_proj, plain_mlp, plain_mlp_w, qkv, rotary_dims, AttnW, Kind, Norm, NormW, Params, Shared};
+use super::common::{
+    dropout, embed_then, final_norm, out_proj, plain_mlp, plain_mlp_w, qkv, rotary_dims, AttnW, Kind, Norm, NormW, Params, Shared,
+    LAYER_NORM,
+};
 use super::llama;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -132,27 +135,17 @@ fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm (created inside in that order).
-    let ln = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n = b.layer_norm(x, ln.0, ln.1);
+    let ln = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let n = Norm::LayerNorm.call(b, "input_layernorm", x, ln);
     let (a, weights) = attention(b, p, spec, n, sh, attn);
-    b.module = "resid_dropout";
-    b.part = Part::Dropout;
-    let a = b.dropout(a);
+    let a = dropout(b, "resid_dropout", a);
     let m = mlp(b, p, spec, n);
-    b.module = "resid_dropout";
-    b.part = Part::Dropout;
-    let m = b.dropout(m);
+    let m = dropout(b, "resid_dropout", m);
     b.module = "";
-    b.part = Part::Norms;
     let am = b.add(a, m);
     let y = b.add(am, x);
-    for t in [n, a, m] {
+    for t in [n, a, m].into_iter().chain(weights) {
         b.hold(t);
-    }
-    if let Some(w) = weights {
-        b.hold(w);
     }
     y
 }
@@ -169,9 +162,7 @@ pub fn embed_with_dropout(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Ti
         return (x0, sh);
     }
     b.layer = super::super::ir::MODEL;
-    b.module = "model.embed_dropout";
-    b.part = Part::Dropout;
-    let x = b.dropout(x0);
+    let x = dropout(b, "model.embed_dropout", x0);
     b.part = Part::Embedding;
     if rebind {
         sh.locals[0] = Some(x);

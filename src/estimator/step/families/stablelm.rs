@@ -6,7 +6,7 @@
 //! `input_layernorm`'s output).
 
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
-use super::common::{qkv, AttnW, Kind, MlpW, Norm, Params, Shared, LAYER_NORM};
+use super::common::{dropout, qkv, AttnW, Kind, MlpW, Norm, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
@@ -84,45 +84,34 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm, [post_attention_layernorm], dropout.
     let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let n1 = Norm::LayerNorm.call(b, "input_layernorm", x, ln1);
     let (a, weights) = attention(b, p, spec, n1, sh, attn);
     let mw = MlpW::new(b, p);
-    let y = if spec.parallel {
-        let m = llama::mlp(b, &mw, n1);
-        b.module = "dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.module = "";
-        b.part = Part::Norms;
-        let xa = b.add(x, a);
-        let y = b.add(xa, m);
-        b.hold(m);
-        y
-    } else {
+    // The parallel residual's MLP reads `input_layernorm`'s output; the sequential one adds the
+    // attention's output first, and normalizes that.
+    let h = (!spec.parallel).then(|| {
         let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
         b.module = "";
         b.part = Part::Norms;
         let h = b.add(x, a);
-        b.module = "post_attention_layernorm";
-        let n2 = b.layer_norm(h, ln2.0, ln2.1);
-        let m = llama::mlp(b, &mw, n2);
+        (h, Norm::LayerNorm.call(b, "post_attention_layernorm", h, ln2))
+    });
+    let m = llama::mlp(b, &mw, h.map_or(n1, |h| h.1));
+    if let Some((_, n2)) = h {
         b.hold(n2);
-        b.module = "dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.module = "";
-        b.part = Part::Norms;
-        let y = b.add(h, m);
-        b.hold(h);
-        b.hold(m);
-        y
+    }
+    let m = dropout(b, "dropout", m);
+    b.module = "";
+    b.part = Part::Norms;
+    let y = match h {
+        Some((h, _)) => b.add(h, m),
+        None => {
+            let xa = b.add(x, a);
+            b.add(xa, m)
+        }
     };
-    b.hold(n1);
-    b.hold(a);
-    if let Some(w) = weights {
-        b.hold(w);
+    for t in h.map(|h| h.0).into_iter().chain([m, n1, a]).chain(weights) {
+        b.hold(t);
     }
     y
 }

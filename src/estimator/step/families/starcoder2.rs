@@ -10,7 +10,9 @@
 //! bool mask to an additive one in q's dtype (`where`, `[b, 1, s, s_kv]`), which its node keeps.
 
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid};
-use super::common::{cache_position, out_proj, plain_mlp, plain_mlp_w, qkv, rope_pair, sliding_window_mask, tied, token_embedding};
+use super::common::{
+    cache_position, dropout, out_proj, plain_mlp, plain_mlp_w, qkv, rope_pair, sliding_window_mask, tied, token_embedding,
+};
 use super::common::{AttnW, Kind, Norm, Params, Shared};
 use super::llama;
 use super::modeling::Modeling;
@@ -51,9 +53,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     b.hold(q);
     b.hold(k);
     b.hold(v);
-    b.module = "self_attn";
-    b.part = Part::Dropout;
-    (b.dropout(out), weights)
+    (dropout(b, "self_attn", out), weights)
 }
 
 /// `sdpa_attention_forward` with a materialized bool mask: `repeat_kv` on k and v (a copy
@@ -77,9 +77,7 @@ pub fn mask_build() -> llama::MaskBuild {
 /// (`F.gelu(approximate="tanh")`, GeluBackward0) keeps its input.
 fn mlp(b: &mut Builder, w: [Option<Tid>; 4], spec: &ModelSpec, x: Tid) -> Tid {
     let y = plain_mlp(b, w, x, spec.act, ["mlp.c_fc", "mlp.act", "mlp.c_proj"]);
-    b.module = "mlp";
-    b.part = Part::Dropout;
-    b.dropout(y)
+    dropout(b, "mlp", y)
 }
 
 /// `Starcoder2DecoderLayer.forward`: Llama's ([`llama::decoder_layer`]) with LayerNorms.
@@ -106,9 +104,7 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Atte
     b.module = "model";
     let pos = cache_position(b);
     let mask = sliding_window_mask(b, pos, attn);
-    b.module = "model";
-    b.part = Part::Dropout;
-    let x = b.dropout(x0);
+    let x = dropout(b, "model", x0);
     b.part = Part::Embedding;
     let (cos, sin) = rope_pair(b, spec, pos, true);
     // `inputs_embeds` stays bound until the model returns; the layers read the dropped-out copy.
