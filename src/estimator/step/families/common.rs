@@ -225,6 +225,27 @@ pub fn dropout(b: &mut Builder, module: &'static str, x: Tid) -> Tid {
     b.dropout(x)
 }
 
+/// `torch.cat((a, b), -1)` with type promotion: under autocast RoPE's product with the fp32
+/// cos/sin is fp32 while the pass-through part is bf16, and `cat` first copies the narrower
+/// operand to the wider dtype (`_to_copy`; ToCopyBackward0 casts its gradient back).
+pub fn cat_promote(b: &mut Builder, x: Tid, y: Tid, shape: Shape) -> Tid {
+    let (dx, dy) = (b.t(x).dtype, b.t(y).dtype);
+    let (x, y) = if dx.bytes() < dy.bytes() {
+        let dt = b.t(y).dt;
+        (b.to_copy(x, dt), y)
+    } else if dy.bytes() < dx.bytes() {
+        let dt = b.t(x).dt;
+        (x, b.to_copy(y, dt))
+    } else {
+        (x, y)
+    };
+    let dt = b.t(x).dt;
+    let rg = b.rg(x) || b.rg(y);
+    let out = b.out(shape, dt, rg);
+    let bw: &[B] = &[B::Pass { input: 0, output: 0 }, B::Pass { input: 1, output: 0 }];
+    b.op("cat", "CatBackward0", &[x, y], &[out], &[], if rg { bw } else { &[] })[0]
+}
+
 // ------------------------------------------------------------------ shapes
 
 /// `[s]`: one entry per position.

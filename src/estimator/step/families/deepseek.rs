@@ -16,7 +16,7 @@
 use super::super::blocks::shapes::tok;
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, X};
-use super::common::{cache_position, causal_mask, rms_norm, rotary_polar, tokens};
+use super::common::{cache_position, cat_promote, causal_mask, rms_norm, rotary_polar, tokens};
 use super::common::{Kind, Params, Rms, Shared};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -194,27 +194,6 @@ fn split2(b: &mut Builder, x: Tid, s1: Shape, s2: Shape) -> (Tid, Tid) {
     let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
     let r = b.op("split_with_sizes", "SplitWithSizesBackward0", &[x], &[o1, o2], &[], bw);
     (r[0], r[1])
-}
-
-/// `torch.cat((a, b), -1)` with type promotion: under autocast RoPE's product with the fp32
-/// cos/sin is fp32 while the pass-through part is bf16, and `cat` first copies the narrower
-/// operand to the wider dtype (`_to_copy`; ToCopyBackward0 casts its gradient back).
-pub fn cat_promote(b: &mut Builder, x: Tid, y: Tid, shape: Shape) -> Tid {
-    let (dx, dy) = (b.t(x).dtype, b.t(y).dtype);
-    let (x, y) = if dx.bytes() < dy.bytes() {
-        let dt = b.t(y).dt;
-        (b.to_copy(x, dt), y)
-    } else if dy.bytes() < dx.bytes() {
-        let dt = b.t(x).dt;
-        (x, b.to_copy(y, dt))
-    } else {
-        (x, y)
-    };
-    let dt = b.t(x).dt;
-    let rg = b.rg(x) || b.rg(y);
-    let out = b.out(shape, dt, rg);
-    let bw: &[B] = &[B::Pass { input: 0, output: 0 }, B::Pass { input: 1, output: 0 }];
-    b.op("cat", "CatBackward0", &[x, y], &[out], &[], if rg { bw } else { &[] })[0]
 }
 
 /// `a - b` (SubBackward0): `a`'s gradient passes, `b`'s is `neg(grad)`.

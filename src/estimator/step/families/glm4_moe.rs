@@ -6,45 +6,14 @@
 //! ([`super::sigmoid_moe`]) on the others.
 
 use super::super::blocks::shapes::{heads, heads_bshd};
-use super::super::ir::{Builder, Dim, Tid, X};
-use super::common::{head_proj, out_proj, rms_norm, rotary_dims, AttnW, Kind, Params, Rms, Shared};
-use super::llama::{attend_plain, rope, Eager};
+use super::super::ir::{Builder, Tid};
+use super::common::{head_proj, rms_norm, AttnW, Kind, Params, Rms, Shared};
+use super::llama::{attend_out, rope_partial, Core, PartialRope};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Linear, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
-
-/// `apply_rotary_pos_emb` of `modeling_glm4_moe.py`:
-/// ```python
-/// rotary_dim = cos.shape[-1]
-/// q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
-/// k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
-/// q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
-/// k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
-/// q_embed = torch.cat([q_embed, q_pass], dim=-1)
-/// k_embed = torch.cat([k_embed, k_pass], dim=-1)
-/// ```
-/// Both rotations come before both concatenations (Phi-3's interleaves them).
-fn rope_partial(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid) -> (Tid, Tid) {
-    let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
-    let split = |b: &mut Builder, x: Tid| {
-        let full = b.shape(x);
-        (b.slice(x, full.last(rot)), b.slice(x, full.last(Dim::N(0))))
-    };
-    let (qr, qp) = split(b, q);
-    let (kr, kp) = split(b, k);
-    let qe = rope(b, qr, cos, sin, Q::A);
-    let ke = rope(b, kr, cos, sin, Q::KV);
-    let qs = b.shape(q);
-    let qc = super::deepseek::cat_promote(b, qe, qp, qs);
-    let ks = b.shape(k);
-    let kc = super::deepseek::cat_promote(b, ke, kp, ks);
-    // The caller's q and k (and the function's arguments) are rebound only after it returns.
-    b.hold(q);
-    b.hold(k);
-    (qc, kc)
-}
 
 /// `Glm4MoeAttention.forward`: q/k/v projections (with biases under `attention_bias`) viewed
 /// `[b, s, heads, d]`, q_norm/k_norm there when `use_qk_norm`, transposed, partial RoPE, the
@@ -77,15 +46,18 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     let v = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.part = Part::AttentionCore;
     let (q, k) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => rope_partial(b, spec, q, k, cos, sin),
+        (Some(cos), Some(sin)) => {
+            // Both rotations before both concatenations; the caller's q and k are rebound only
+            // after `apply_rotary_pos_emb` returns.
+            let how = PartialRope { slice_full: true, promote: true, ..PartialRope::default() };
+            let qk = rope_partial(b, spec, q, k, cos, sin, how);
+            b.hold(q);
+            b.hold(k);
+            qk
+        }
         _ => (q, k),
     };
-    let (o, weights) = attend_plain(b, spec, [q, k, v], sh.mask, attn, Eager::CONTIGUOUS);
-    let out = out_proj(b, o, w.wo, w.bo, "self_attn.o_proj");
-    for t in [q, k, v] {
-        b.hold(t);
-    }
-    (out, weights)
+    attend_out(b, spec, [q, k, v], sh, attn, Core { selective: false, ..Core::CONTIGUOUS }, (w.wo, w.bo))
 }
 
 /// `Glm4MoeDecoderLayer.forward` (Llama's, [`super::sigmoid_moe::layer`]).
@@ -106,7 +78,7 @@ impl Modeling for Glm4Moe {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::common::rotary_dims;
     use crate::estimator::presets::preset;
 
     #[test]

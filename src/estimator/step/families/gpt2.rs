@@ -35,7 +35,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let vt = to_heads(b, v, Q::KV, eager);
     let qt = to_heads(b, q, Q::A, eager);
     // `eager_attention_forward` (GPT-2's): matmul copies q and kᵀ, softmax in the model dtype.
-    let how = llama::Eager { contiguous: false, fp32: false };
+    let how = llama::Core { fp32: false, ..llama::Core::LLAMA };
     let (o, weights, kept) = llama::attend(b, spec, [qt, kt, vt], sh.mask, attn, how);
     let out = out_proj(b, o, wo, bo, "attn.c_proj");
     let out = dropout(b, "attn.resid_dropout", out);

@@ -5,9 +5,10 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S};
+use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
 use super::common::{
-    cache_position, causal_mask, dropout, gated_mlp, has_rope, head_proj, nope_view, out_proj, rms_norm, rope_pair, rotary_dims,
+    cache_position, cat_promote, causal_mask, dropout, gated_mlp, has_rope, head_proj, nope_view, out_proj, rms_norm, rope_pair,
+    rotary_dims,
 };
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LAYER_NORM, LLAMA_MLP};
 use super::moe::{MoeW, Topk};
@@ -37,27 +38,65 @@ pub fn rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, kv: Q) -> Tid {
     b.add(m1, m2)
 }
 
-/// Phi-3's `apply_rotary_pos_emb`: `q_rot, q_pass = q[..., :d_rot], q[..., d_rot:]` (and the
-/// same for k, both before any math), then `cat([rope(x_rot), x_pass], -1)` for q, then k — a
-/// full copy even when every dim rotates (then `x_rot` is an alias and `x_pass` empty).
-pub fn rope_cat(b: &mut Builder, q: Tid, k: Tid, cos: Tid, sin: Tid, rot: Dim) -> (Tid, Tid) {
-    let partial = !matches!(rot, Dim::Q(Q::D));
+/// How a family writes its partial rotary embedding (see [`rope_partial`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PartialRope {
+    /// q is rotated and joined before k is (Phi-3's `apply_rotary_pos_emb`); else both are
+    /// rotated, then both joined (Phi's, GPT-NeoX's, GLM-4.5's).
+    pub q_first: bool,
+    /// A slice over every dim stays a slice (GLM-4.5's); else it is an alias.
+    pub slice_full: bool,
+    /// `torch.cat` promotes the pass-through part to the rotated part's dtype (GLM-4.5's: under
+    /// autocast, RoPE's product with the tables is wider than the projection).
+    pub promote: bool,
+    /// The rotated and passed parts stay bound until the attention returns (Phi's
+    /// `query_rot`, `query_pass`); GPT-NeoX's `apply_rotary_pos_emb` rebinds them at once.
+    pub named: bool,
+}
+
+/// A partial rotary embedding (Phi's attention, GPT-NeoX's, Phi-3's and GLM-4.5's
+/// `apply_rotary_pos_emb`):
+/// ```python
+/// q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+/// k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+/// q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)      # [`rope`]; k_embed alike
+/// q_embed = torch.cat([q_embed, q_pass], dim=-1)            # k_embed alike
+/// ```
+/// All four slices first, then the rotations and the concatenations in the order `how` says —
+/// a full copy even when every dim rotates (`x_pass` is then empty). Returns the new q and k.
+pub fn rope_partial(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid, how: PartialRope) -> (Tid, Tid) {
+    let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
+    let alias = !how.slice_full && rot == Dim::Q(Q::D);
     let split = |b: &mut Builder, x: Tid| {
         let full = b.shape(x);
-        if partial {
-            (b.slice(x, full.last(rot)), b.slice(x, full.last(Dim::N(0))))
+        let r = if alias { b.alias(x) } else { b.slice(x, full.last(rot)) };
+        (r, b.slice(x, full.last(Dim::N(0))))
+    };
+    let cat = |b: &mut Builder, r: Tid, pass: Tid, x: Tid| {
+        let shape = b.shape(x);
+        if how.promote {
+            cat_promote(b, r, pass, shape)
         } else {
-            (b.alias(x), b.slice(x, full.last(Dim::N(0))))
+            b.cat2(r, pass, shape)
         }
     };
     let (qr, qp) = split(b, q);
     let (kr, kp) = split(b, k);
-    let r = rope(b, qr, cos, sin, Q::A);
-    let qs = b.shape(q);
-    let qe = b.cat2(r, qp, qs);
-    let r = rope(b, kr, cos, sin, Q::KV);
-    let ks = b.shape(k);
-    let ke = b.cat2(r, kp, ks);
+    if how.q_first {
+        let r = rope(b, qr, cos, sin, Q::A);
+        let qe = cat(b, r, qp, q);
+        let r = rope(b, kr, cos, sin, Q::KV);
+        return (qe, cat(b, r, kp, k));
+    }
+    let qr = rope(b, qr, cos, sin, Q::A);
+    let kr = rope(b, kr, cos, sin, Q::KV);
+    let qe = cat(b, qr, qp, q);
+    let ke = cat(b, kr, kp, k);
+    if how.named {
+        for t in [qr, kr, qp, kp] {
+            b.hold(t);
+        }
+    }
     (qe, ke)
 }
 
@@ -137,13 +176,7 @@ pub fn attention_with(
         None => (q, k),
     };
     let (q, k) = rope_qk(b, q, k, full_rope(spec, sh));
-    b.module = "self_attn";
-    let (o, weights, kept) = attend(b, spec, [q, k, v], sh.mask, attn, Eager::LLAMA);
-    let out = out_proj(b, o, w.wo, w.bo, "self_attn.o_proj");
-    for t in kept {
-        b.hold(t);
-    }
-    (out, weights)
+    attend_out(b, spec, [q, k, v], sh, attn, Core::LLAMA, (w.wo, w.bo))
 }
 
 /// The layer's cos and sin where it rotates every dim of its heads (Llama's RoPE: none on a
@@ -163,61 +196,73 @@ pub fn rope_qk(b: &mut Builder, q: Tid, k: Tid, tables: Option<(Tid, Tid)>) -> (
     (qe, ke)
 }
 
-/// `attention_interface(self, q, k, v, attention_mask, …)` as a selective-recomputation region
-/// ([`selective_begin`]) around [`attend_plain`]. Returns the output, `attn_weights` and the
-/// q, k, v the core received (the forward's locals, held by the caller until it returns).
+/// `attention_interface(self, q, k, v, attention_mask, …)`: `eager_attention_forward`
+/// ([`eager_core_as`]), or SDPA with the layer's mask ([`sdpa_masked`]: k and v repeated) or
+/// causal ([`sdpa_core_copy`]) — as `how` says, and where it says so inside a
+/// selective-recomputation region ([`selective_begin`]). Returns the output, `attn_weights`
+/// and the q, k, v the core received (the forward's locals, held by the caller until it
+/// returns).
 pub fn attend(
     b: &mut Builder,
     spec: &ModelSpec,
     qkv: [Tid; 3],
     mask: Option<Tid>,
     attn: Attention,
-    how: Eager,
+    how: Core,
 ) -> (Tid, Option<Tid>, [Tid; 3]) {
     let [q, k, v] = qkv;
-    let (region, q, k, v) = selective_begin(b, q, k, v);
-    let (o, weights) = attend_plain(b, spec, [q, k, v], mask, attn, how);
+    let (region, q, k, v) = if how.selective { selective_begin(b, q, k, v) } else { (None, q, k, v) };
+    let (o, weights) = match mask {
+        _ if attn == Attention::Eager => eager_core_as(b, spec, [q, k, v], mask, how),
+        Some(m) => (sdpa_masked(b, q, k, v, m), None),
+        None => (sdpa_core_copy(b, q, k, v, how.contiguous), None),
+    };
     selective_end(b, region);
     (o, weights, [q, k, v])
 }
 
-/// `attention_interface`: `eager_attention_forward` ([`eager_core_as`], as `how` says), or
-/// SDPA with the layer's mask ([`sdpa_masked`]: k and v repeated) or causal
-/// ([`sdpa_core_copy`]).
-pub fn attend_plain(
+/// The attention's end from q, k, v, in `self_attn`: the core ([`attend`], as `how` says) and
+/// `o_proj` (`wo`: weight, bias); the q, k, v the core received are the forward's locals.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_out(
     b: &mut Builder,
     spec: &ModelSpec,
     qkv: [Tid; 3],
-    mask: Option<Tid>,
+    sh: &Shared,
     attn: Attention,
-    how: Eager,
+    how: Core,
+    wo: (Option<Tid>, Option<Tid>),
 ) -> (Tid, Option<Tid>) {
-    let [q, k, v] = qkv;
-    match mask {
-        _ if attn == Attention::Eager => eager_core_as(b, spec, qkv, mask, how),
-        Some(m) => (sdpa_masked(b, q, k, v, m), None),
-        None => (sdpa_core_copy(b, q, k, v, how.contiguous), None),
+    b.module = "self_attn";
+    let (o, weights, kept) = attend(b, spec, qkv, sh.mask, attn, how);
+    let out = out_proj(b, o, wo.0, wo.1, "self_attn.o_proj");
+    for t in kept {
+        b.hold(t);
     }
+    (out, weights)
 }
 
-/// How the attention core receives q and k and runs `eager_attention_forward`'s softmax.
+/// How the attention core receives q and k and runs.
 #[derive(Clone, Copy, Debug)]
-pub struct Eager {
+pub struct Core {
     /// q and k are contiguous `[b, heads, s, d]` (a `cat`): matmul's reshapes view them, and
     /// SDPA's output, laid out like q, is copied by the caller's reshape.
     pub contiguous: bool,
-    /// The softmax runs in fp32 and is cast back to q's dtype (Llama's
+    /// `eager_attention_forward`'s softmax runs in fp32 and is cast back to q's dtype (Llama's
     /// `softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)`); else in the
     /// scores' own dtype (Llama 4's and GPT-2's `softmax(attn_weights, dim=-1)`, which rebinds
     /// `attn_weights` itself).
     pub fp32: bool,
+    /// Selective recomputation makes the core a checkpoint region (GLM-4.5's and Phi-3's code
+    /// is built without one).
+    pub selective: bool,
 }
 
-impl Eager {
+impl Core {
     /// Llama's: q and k as RoPE leaves them (transposed views), fp32 softmax.
-    pub const LLAMA: Eager = Eager { contiguous: false, fp32: true };
-    /// q and k concatenated by a partial RoPE (Phi, GPT-NeoX, StableLM, GLM-4.5, Phi-3).
-    pub const CONTIGUOUS: Eager = Eager { contiguous: true, fp32: true };
+    pub const LLAMA: Core = Core { contiguous: false, fp32: true, selective: true };
+    /// q and k concatenated by a partial RoPE (Phi, GPT-NeoX, StableLM; GLM-4.5, Phi-3).
+    pub const CONTIGUOUS: Core = Core { contiguous: true, fp32: true, selective: true };
 }
 
 /// Selective recomputation (Megatron's, Korthikanti et al. 2022 §5): the attention core
@@ -321,13 +366,13 @@ pub fn eager_core_with(
     mask: Option<Tid>,
     contiguous: bool,
 ) -> (Tid, Option<Tid>) {
-    eager_core_as(b, spec, [q, k, v], mask, Eager { contiguous, fp32: true })
+    eager_core_as(b, spec, [q, k, v], mask, Core { contiguous, ..Core::LLAMA })
 }
 
 /// [`eager_core_with`] as `how` says (q and k contiguous; the softmax's dtype).
-pub fn eager_core_as(b: &mut Builder, spec: &ModelSpec, qkv: [Tid; 3], mask: Option<Tid>, how: Eager) -> (Tid, Option<Tid>) {
+pub fn eager_core_as(b: &mut Builder, spec: &ModelSpec, qkv: [Tid; 3], mask: Option<Tid>, how: Core) -> (Tid, Option<Tid>) {
     let [q, k, v] = qkv;
-    let Eager { contiguous, fp32 } = how;
+    let Core { contiguous, fp32, .. } = how;
     // With grouped heads, repeat_kv's expand + reshape copies k and v to a heads (held by the
     // function's locals); with n_rep = 1 it returns its input and matmul's reshapes copy them.
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);

@@ -19,7 +19,7 @@ use super::common::{
     rotary_polar, sdpa_mask_of, set_part, tokens,
 };
 use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, SILU};
-use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Eager, MaskBuild, Residual};
+use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Core, MaskBuild, Residual};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -194,7 +194,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     let (o, weights) = if eager {
         // Llama 4's `eager_attention_forward`: Llama's with `softmax(attn_weights, dim=-1)` in the
         // scores' dtype (no fp32 upcast).
-        eager_core_as(b, spec, [qt, kt, v], mask, Eager { contiguous: false, fp32: false })
+        eager_core_as(b, spec, [qt, kt, v], mask, Core { fp32: false, ..Core::LLAMA })
     } else {
         // SDPA keeps more on chunked (RoPE) layers (k and v repeated, the additive mask) than on
         // NoPE layers: its saves are counted per group.

@@ -41,10 +41,10 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let t = b.view(per_head, qkv_shape, "TransposeBackward0", false);
     let (q, k, v) = b.split3(t, heads(Q::A));
     let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => phi::rope_parts(b, spec, q, k, cos, sin, false),
+        (Some(cos), Some(sin)) => llama::rope_partial(b, spec, q, k, cos, sin, llama::PartialRope::default()),
         _ => (q, k),
     };
-    let (o, weights, [qe, ke, _]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Eager::CONTIGUOUS);
+    let (o, weights, [qe, ke, _]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Core::CONTIGUOUS);
     let out = out_proj(b, o, wo, bo, "attention.dense");
     b.hold(qkv);
     b.hold(qe);

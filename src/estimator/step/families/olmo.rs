@@ -6,9 +6,9 @@
 //! with q/k norms over all heads.
 
 use super::super::ir::{Builder, DType, Dt, Shape, Tid, B, S};
-use super::common::{cache_position, causal_mask, cos_shape, has_rope, head_proj, out_proj, rms_norm, rope_pair, to_heads};
+use super::common::{cache_position, causal_mask, cos_shape, has_rope, head_proj, rms_norm, rope_pair, to_heads};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
-use super::llama::{attend, decoder_layer, mlp, rope, Eager};
+use super::llama::{attend_out, decoder_layer, mlp, rope, Core};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -111,13 +111,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
         }
         _ => (q, k),
     };
-    b.module = "self_attn";
-    let (o, weights, kept) = attend(b, spec, [q, k, v], sh.mask, attn, Eager::LLAMA);
-    let out = out_proj(b, o, w.wo, w.bo, "self_attn.o_proj");
-    for t in kept {
-        b.hold(t);
-    }
-    (out, weights)
+    attend_out(b, spec, [q, k, v], sh, attn, Core::LLAMA, (w.wo, w.bo))
 }
 
 /// `OlmoDecoderLayer.forward`: Llama's pre-norm layer ([`decoder_layer`]) with

@@ -49,7 +49,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     let qt = to_heads(b, q, Q::A, eager);
     let kt = to_heads(b, k, Q::KV, eager);
     let vt = to_heads(b, v, Q::KV, eager);
-    let (o, weights, _) = llama::attend(b, spec, [qt, kt, vt], sh.mask, attn, llama::Eager::LLAMA);
+    let (o, weights, _) = llama::attend(b, spec, [qt, kt, vt], sh.mask, attn, llama::Core::LLAMA);
     let out = out_proj(b, o, w.wo, w.bo, "self_attn.out_proj");
     for t in [q, k, v] {
         b.hold(t);

@@ -3,14 +3,12 @@
 //! projections and `dense`, partial RoPE on the first `d_rot` dims of each head (sliced, rotated,
 //! concatenated back), `fc1` → `gelu_new` → `fc2`, a final LayerNorm and a biased LM head.
 
-use super::super::ir::{Builder, Dim, Group, Tid, X};
+use super::super::ir::{Builder, Group, Tid};
 use super::common::{
-    dropout, embed_then, final_norm, out_proj, plain_mlp, plain_mlp_w, qkv, rotary_dims, AttnW, Kind, Norm, NormW, Params, Shared,
-    LAYER_NORM,
+    dropout, embed_then, final_norm, out_proj, plain_mlp, plain_mlp_w, qkv, AttnW, Kind, Norm, NormW, Params, Shared, LAYER_NORM,
 };
-use super::llama;
+use super::llama::{self, PartialRope};
 use super::modeling::Modeling;
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{Activation, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
@@ -54,7 +52,7 @@ pub fn qk_layernorm(b: &mut Builder, q: (Tid, NormW), k: (Tid, NormW), modules: 
 }
 
 /// The rest of Phi's attention (StableLM's too) from the `[b, heads, s, d]` q, k, v: the partial
-/// RoPE ([`rope_parts`], `query_rot`/`key_rot` bound until the return), the attention core on
+/// RoPE ([`llama::rope_partial`], `query_rot`/`key_rot` bound until the return), the attention core on
 /// the contiguous q and k, the output projection (`wo`, at `module`); the locals live to the
 /// return — of v, the projection's view (`v_view`, Phi) or what the core received (StableLM).
 #[allow(clippy::too_many_arguments)]
@@ -70,48 +68,15 @@ pub fn attention_out(
 ) -> (Tid, Option<Tid>) {
     b.module = "self_attn";
     let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => rope_parts(b, spec, q, k, cos, sin, true),
+        (Some(cos), Some(sin)) => llama::rope_partial(b, spec, q, k, cos, sin, PartialRope { named: true, ..PartialRope::default() }),
         _ => (q, k),
     };
-    let (o, weights, [qe, ke, vt]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Eager::CONTIGUOUS);
+    let (o, weights, [qe, ke, vt]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Core::CONTIGUOUS);
     let out = out_proj(b, o, wo.0, wo.1, module);
     for t in [q, k, if v_view { v } else { vt }, qe, ke] {
         b.hold(t);
     }
     (out, weights)
-}
-
-/// Phi's partial rotary embedding: all four slices first (`x[..., :d_rot]` and
-/// `x[..., d_rot:]` of q, then of k), `apply_rotary_pos_emb` on the rotated parts (q, then k),
-/// then `cat((x_rot, x_pass), -1)` for q and for k. Returns the new q and k. `named_rot`: the
-/// rotated parts stay bound to Python names until the attention returns (Phi's `query_rot`);
-/// GPT-NeoX's `apply_rotary_pos_emb` rebinds them to the concatenations at once.
-pub fn rope_parts(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid, named_rot: bool) -> (Tid, Tid) {
-    let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
-    let partial = !matches!(rot, Dim::Q(Q::D));
-    let split = |b: &mut Builder, x: Tid| {
-        let full = b.shape(x);
-        if partial {
-            (b.slice(x, full.last(rot)), b.slice(x, full.last(Dim::N(0))))
-        } else {
-            (b.alias(x), b.slice(x, full.last(Dim::N(0))))
-        }
-    };
-    let (qr, qp) = split(b, q);
-    let (kr, kp) = split(b, k);
-    let qr2 = llama::rope(b, qr, cos, sin, Q::A);
-    let kr2 = llama::rope(b, kr, cos, sin, Q::KV);
-    let qs = b.shape(q);
-    let qe = b.cat2(qr2, qp, qs);
-    let ks = b.shape(k);
-    let ke = b.cat2(kr2, kp, ks);
-    // `query_rot`, `key_rot` (rebound to the rotated parts) live until the attention returns.
-    if named_rot {
-        for t in [qr2, kr2, qp, kp] {
-            b.hold(t);
-        }
-    }
-    (qe, ke)
 }
 
 /// `PhiMLP.forward`: `fc2(activation_fn(fc1(x)))`, with `gelu_new` or (any other

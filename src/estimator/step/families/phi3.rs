@@ -4,9 +4,9 @@
 
 use super::super::blocks::shapes::{heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Shape, Split, Tid, X};
-use super::common::{out_proj, proj_or, rotary_dims, to_heads, Kind, Norm, Params, Rms, Shared};
-use super::llama::{attend_plain, decoder_layer_with, rope_cat, Eager, Residual};
+use super::super::ir::{Builder, Dim, Shape, Split, Tid};
+use super::common::{proj_or, to_heads, Kind, Norm, Params, Rms, Shared};
+use super::llama::{attend_out, decoder_layer_with, rope_partial, Core, PartialRope, Residual};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -29,17 +29,13 @@ fn attention(b: &mut Builder, w: [Option<Tid>; 2], spec: &ModelSpec, x: Tid, sh:
     let qt = to_heads(b, q, Q::A, true);
     let kt = to_heads(b, k, Q::KV, true);
     let vt = to_heads(b, v, Q::KV, eager);
-    let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
     let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => rope_cat(b, qt, kt, cos, sin, rot),
+        (Some(cos), Some(sin)) => rope_partial(b, spec, qt, kt, cos, sin, PartialRope { q_first: true, ..PartialRope::default() }),
         _ => (qt, kt),
     };
     // RoPE's `cat` leaves q and k contiguous [b, heads, s, d].
-    let (o, weights) = attend_plain(b, spec, [qe, ke, vt], sh.mask, attn, Eager::CONTIGUOUS);
-    let out = out_proj(b, o, wo, None, "self_attn.o_proj");
-    for t in [qe, ke, vt, qkv] {
-        b.hold(t);
-    }
+    let (out, weights) = attend_out(b, spec, [qe, ke, vt], sh, attn, Core { selective: false, ..Core::CONTIGUOUS }, (wo, None));
+    b.hold(qkv);
     (out, weights)
 }
 
