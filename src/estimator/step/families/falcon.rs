@@ -277,31 +277,27 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     }
 }
 
-/// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
-/// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
-/// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive
-/// (`where`) for eager — and the rotary embedding.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    let (x0, emb_w) = token_embedding(b, p, ids, "transformer.word_embeddings");
-    b.module = "transformer";
-    let pos = cache_position(b);
-    let mask = if attn == Attention::Eager {
-        causal_mask(b, pos, attn)
-    } else {
-        packed_detection(b, pos);
-        let le = sdpa_mask(b, false);
-        Some(set_part(b, le, Part::Checkpoints))
-    };
-    let (cos, sin) = rope_pair(b, spec, pos, true);
-    (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: tied(spec, emb_w), locals: [Some(x0), None], ..Shared::default() })
-}
-
 /// Falcon (`modeling_falcon.py`): fused `query_key_value`, parallel attention and MLP under
 /// one or two LayerNorms, and a bool mask SDPA always receives (`allow_is_causal_skip=False`).
 pub struct Falcon;
 impl Modeling for Falcon {
+    /// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
+    /// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
+    /// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive
+    /// (`where`) for eager — and the rotary embedding.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, ids, attn)
+        let (x0, emb_w) = token_embedding(b, p, ids, "transformer.word_embeddings");
+        b.module = "transformer";
+        let pos = cache_position(b);
+        let mask = if attn == Attention::Eager {
+            causal_mask(b, pos, attn)
+        } else {
+            packed_detection(b, pos);
+            let le = sdpa_mask(b, false);
+            Some(set_part(b, le, Part::Checkpoints))
+        };
+        let (cos, sin) = rope_pair(b, spec, pos, true);
+        (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: tied(spec, emb_w), locals: [Some(x0), None], ..Shared::default() })
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)

@@ -78,32 +78,28 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     y
 }
 
-/// `GPT2Model.forward` before the blocks: `wte(input_ids) + wpe(position_ids)`, the mask.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "transformer.wte";
-    let wte = p.w(b, "embed_tokens.weight");
-    let wpe = p.w(b, "embed_positions.weight");
-    let te = lookup(b, ids, wte, tok(Q::H));
-    b.module = "transformer";
-    let pos = arange(b);
-    b.module = "transformer.wpe";
-    let pe = lookup(b, pos, wpe, Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::H)], Split::Sp));
-    b.module = "transformer";
-    let x0 = b.add(te, pe);
-    let x0 = dropout(b, "transformer.drop", x0);
-    b.part = Part::Embedding;
-    b.module = "transformer";
-    let mask = causal_mask(b, pos, attn);
-    (x0, Shared { mask, emb_w: tied(spec, wte), locals: [Some(te), Some(pe)], ..Shared::default() })
-}
-
 /// GPT-2 (`modeling_gpt2.py`): learned positions summed into the embedding, LayerNorm, fused
 /// `Conv1D` attention, its own MLP and `ln_f`.
 pub struct Gpt2;
 impl Modeling for Gpt2 {
+    /// `GPT2Model.forward` before the blocks: `wte(input_ids) + wpe(position_ids)`, the mask.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, ids, attn)
+        b.part = Part::Embedding;
+        b.module = "transformer.wte";
+        let wte = p.w(b, "embed_tokens.weight");
+        let wpe = p.w(b, "embed_positions.weight");
+        let te = lookup(b, ids, wte, tok(Q::H));
+        b.module = "transformer";
+        let pos = arange(b);
+        b.module = "transformer.wpe";
+        let pe = lookup(b, pos, wpe, Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::H)], Split::Sp));
+        b.module = "transformer";
+        let x0 = b.add(te, pe);
+        let x0 = dropout(b, "transformer.drop", x0);
+        b.part = Part::Embedding;
+        b.module = "transformer";
+        let mask = causal_mask(b, pos, attn);
+        (x0, Shared { mask, emb_w: tied(spec, wte), locals: [Some(te), Some(pe)], ..Shared::default() })
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)

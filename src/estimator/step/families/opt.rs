@@ -91,57 +91,63 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     y
 }
 
-/// `OPTDecoder.forward` before the layers:
-/// ```python
-/// inputs_embeds = self.embed_tokens(input_ids)
-/// position_attention_mask = torch.ones(b, s)                       # fp32
-/// position_ids = torch.cumsum(position_attention_mask, dim=1)
-/// position_ids = (position_ids * position_attention_mask - 1).long()
-/// causal_mask = create_causal_mask(…)                                # eager: [b, 1, s, s]
-/// pos_embeds = self.embed_positions(…, position_ids=position_ids)   # embedding(position_ids + 2)
-/// hidden_states = inputs_embeds + pos_embeds
-/// ```
-/// `inputs_embeds`, `pos_embeds`, `position_ids` and the ones mask stay bound until the decoder
-/// returns; the offset ids are kept by the position embedding's node.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "model.decoder.embed_tokens";
-    let wte = p.w(b, "embed_tokens.weight");
-    let wpe = p.w(b, "embed_positions.weight");
-    let te = lookup(b, ids, wte, tok(Q::H));
-    b.module = "model.decoder";
-    let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    let ones = b.plain("ones", &[], bs(), Dt::F32);
-    let cs = b.plain("cumsum", &[ones], bs(), Dt::F32);
-    let m = b.plain("mul", &[cs, ones], bs(), Dt::F32);
-    let sub = b.plain("sub", &[m], bs(), Dt::F32);
-    let pos = b.plain("_to_copy", &[sub], bs(), Dt::I64);
-    b.hold(cs);
-    // `create_causal_mask` without position ids (no packed-sequence check).
-    let mask = (attn == Attention::Eager).then(|| {
-        let m = sdpa_mask(b, false);
-        additive_mask(b, m)
-    });
-    b.module = "model.decoder.embed_positions";
-    let off = b.plain("add", &[pos], bs(), Dt::I64);
-    let pe = lookup(b, off, wpe, tok(Q::H));
-    b.module = "model.decoder";
-    let x0 = b.add(te, pe);
-    for t in [pos, ones] {
-        set_part(b, t, Part::Embedding);
-    }
-    // `position_ids` is passed to every layer (which ignores it); the all-ones
-    // `position_attention_mask`, a local of the decoder's forward like the others, sits in the
-    // one slot no OPT layer reads.
-    (x0, Shared { pos: Some(pos), mask, mask_local: Some(ones), emb_w: tied(spec, wte), locals: [Some(te), Some(pe)], ..Shared::default() })
-}
-
 /// OPT (`modeling_opt.py`): learned positions with an offset of 2, pre-LayerNorm layers with a
 /// ReLU MLP, `final_layer_norm`.
 pub struct Opt;
 impl Modeling for Opt {
+    /// `OPTDecoder.forward` before the layers:
+    /// ```python
+    /// inputs_embeds = self.embed_tokens(input_ids)
+    /// position_attention_mask = torch.ones(b, s)                       # fp32
+    /// position_ids = torch.cumsum(position_attention_mask, dim=1)
+    /// position_ids = (position_ids * position_attention_mask - 1).long()
+    /// causal_mask = create_causal_mask(…)                                # eager: [b, 1, s, s]
+    /// pos_embeds = self.embed_positions(…, position_ids=position_ids)   # embedding(position_ids + 2)
+    /// hidden_states = inputs_embeds + pos_embeds
+    /// ```
+    /// `inputs_embeds`, `pos_embeds`, `position_ids` and the ones mask stay bound until the decoder
+    /// returns; the offset ids are kept by the position embedding's node.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, ids, attn)
+        b.part = Part::Embedding;
+        b.module = "model.decoder.embed_tokens";
+        let wte = p.w(b, "embed_tokens.weight");
+        let wpe = p.w(b, "embed_positions.weight");
+        let te = lookup(b, ids, wte, tok(Q::H));
+        b.module = "model.decoder";
+        let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+        let ones = b.plain("ones", &[], bs(), Dt::F32);
+        let cs = b.plain("cumsum", &[ones], bs(), Dt::F32);
+        let m = b.plain("mul", &[cs, ones], bs(), Dt::F32);
+        let sub = b.plain("sub", &[m], bs(), Dt::F32);
+        let pos = b.plain("_to_copy", &[sub], bs(), Dt::I64);
+        b.hold(cs);
+        // `create_causal_mask` without position ids (no packed-sequence check).
+        let mask = (attn == Attention::Eager).then(|| {
+            let m = sdpa_mask(b, false);
+            additive_mask(b, m)
+        });
+        b.module = "model.decoder.embed_positions";
+        let off = b.plain("add", &[pos], bs(), Dt::I64);
+        let pe = lookup(b, off, wpe, tok(Q::H));
+        b.module = "model.decoder";
+        let x0 = b.add(te, pe);
+        for t in [pos, ones] {
+            set_part(b, t, Part::Embedding);
+        }
+        // `position_ids` is passed to every layer (which ignores it); the all-ones
+        // `position_attention_mask`, a local of the decoder's forward like the others, sits in the
+        // one slot no OPT layer reads.
+        (
+            x0,
+            Shared {
+                pos: Some(pos),
+                mask,
+                mask_local: Some(ones),
+                emb_w: tied(spec, wte),
+                locals: [Some(te), Some(pe)],
+                ..Shared::default()
+            },
+        )
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)

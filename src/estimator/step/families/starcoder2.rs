@@ -90,32 +90,28 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     llama::decoder_layer(b, p, x, Norm::LayerNorm, |b, n| attention(b, &aw, spec, n, sh, attn), |b, n| mlp(b, mw, spec, n))
 }
 
-/// `Starcoder2Model.forward` before the layers: the token embedding (its dropout is a no-op
-/// at p = 0), `position_ids = arange(s)[None]`, the mask (`create_sliding_window_causal_mask`
-/// once the window bites, else `create_causal_mask`), the rotary embedding.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    // Eager attention always gets the sliding mask (`eager_mask` never skips it); SDPA only once
-    // the window bites.
-    let windowed = spec.window > 0 && spec.window_layers.count(spec.layers) > 0;
-    if !windowed || (attn != Attention::Eager && !window_mask(b, spec)) {
-        return super::phi::embed_with_dropout(b, p, spec, ids, attn, false);
-    }
-    let (x0, emb_w) = token_embedding(b, p, ids, "model.embed_tokens");
-    b.module = "model";
-    let pos = cache_position(b);
-    let mask = sliding_window_mask(b, pos, attn);
-    let x = dropout(b, "model", x0);
-    b.part = Part::Embedding;
-    let (cos, sin) = rope_pair(b, spec, pos, true);
-    // `inputs_embeds` stays bound until the model returns; the layers read the dropped-out copy.
-    (x, Shared { cos, sin, pos: Some(pos), mask: Some(mask), emb_w: tied(spec, emb_w), locals: [Some(x0), None], ..Shared::default() })
-}
-
 /// StarCoder2 (see the module doc).
 pub struct Starcoder2;
 impl Modeling for Starcoder2 {
+    /// `Starcoder2Model.forward` before the layers: the token embedding (its dropout is a no-op
+    /// at p = 0), `position_ids = arange(s)[None]`, the mask (`create_sliding_window_causal_mask`
+    /// once the window bites, else `create_causal_mask`), the rotary embedding.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, ids, attn)
+        // Eager attention always gets the sliding mask (`eager_mask` never skips it); SDPA only once
+        // the window bites.
+        let windowed = spec.window > 0 && spec.window_layers.count(spec.layers) > 0;
+        if !windowed || (attn != Attention::Eager && !window_mask(b, spec)) {
+            return super::phi::embed_with_dropout(b, p, spec, ids, attn, false);
+        }
+        let (x0, emb_w) = token_embedding(b, p, ids, "model.embed_tokens");
+        b.module = "model";
+        let pos = cache_position(b);
+        let mask = sliding_window_mask(b, pos, attn);
+        let x = dropout(b, "model", x0);
+        b.part = Part::Embedding;
+        let (cos, sin) = rope_pair(b, spec, pos, true);
+        // `inputs_embeds` stays bound until the model returns; the layers read the dropped-out copy.
+        (x, Shared { cos, sin, pos: Some(pos), mask: Some(mask), emb_w: tied(spec, emb_w), locals: [Some(x0), None], ..Shared::default() })
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)
