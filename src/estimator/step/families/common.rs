@@ -246,6 +246,26 @@ pub fn cat_promote(b: &mut Builder, x: Tid, y: Tid, shape: Shape) -> Tid {
     b.op("cat", "CatBackward0", &[x, y], &[out], &[], if rg { bw } else { &[] })[0]
 }
 
+/// ClampBackward1's script for an input `x` (`clamp_backward`:
+/// `where((self >= min) & (self <= max), grad, 0)`): a scalar zero, a bool mask per bound (`both`
+/// bounds, or `max` alone), the `where` gradient; the masks and the scalar are freed. Nothing
+/// when `x` needs no gradient.
+pub fn clamp_backward(b: &Builder, x: Tid, both: bool) -> Vec<B> {
+    if !b.rg(x) {
+        return Vec::new();
+    }
+    let (bytes, dtype) = (b.bytes(x), b.t(x).dtype);
+    let numel = bytes / dtype.bytes().max(1) as u128;
+    let masks: &[&'static str] = if both { &["gt", "lt"] } else { &["lt"] };
+    let mut bw = vec![B::Alloc { bytes: dtype.bytes() as u128, dtype, op: "scalar_tensor" }];
+    bw.extend(masks.iter().map(|&op| B::Alloc { bytes: numel, dtype: DType::Bool, op }));
+    bw.push(B::Alloc { bytes, dtype, op: "where" });
+    let grad = masks.len() as u8 + 1;
+    bw.extend((0..grad).rev().map(B::Free));
+    bw.push(B::Grad { input: 0, temp: grad });
+    bw
+}
+
 // ------------------------------------------------------------------ shapes
 
 /// `[s]`: one entry per position.
@@ -508,6 +528,50 @@ pub fn rotary_polar(b: &mut Builder, pos: Tid, half: Shape, full: Shape) -> Tid 
     let fc = b.plain("mul", &[polar], full, Dt::F32);
     b.hold(freqs);
     set_part(b, fc, Part::Embedding)
+}
+
+/// `a - b` (SubBackward0): `other`'s gradient `-grad` (`neg`, summed to its shape when it was
+/// broadcast), `self`'s the gradient itself.
+pub fn sub(b: &mut Builder, a: Tid, o: Tid) -> Tid {
+    let (shape, dt) = (b.shape(a), b.t(a).dt);
+    let (ra, ro) = (b.rg(a), b.rg(o));
+    let out = b.out(shape, dt, ra || ro);
+    let (full, fd) = (b.bytes(a), b.t(a).dtype);
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    if ro {
+        bw.push(B::Alloc { bytes: full, dtype: fd, op: "neg" });
+        if b.bytes(o) < full {
+            bw.push(B::Apply);
+            bw.push(B::Alloc { bytes: b.grad_bytes(o), dtype: b.t(o).dtype, op: "sum" });
+            bw.push(B::Free(0));
+            bw.push(B::Grad { input: 1, temp: 1 });
+        } else {
+            bw.push(B::Grad { input: 1, temp: 0 });
+        }
+    }
+    if ra {
+        bw.push(B::Pass { input: 0, output: 0 });
+    }
+    b.op("sub", "SubBackward0", &[a, o], &[out], &[], &bw)[0]
+}
+
+/// The rotation of a head's two halves `x1`, `x2` by the first halves of cos and sin
+/// (gpt-oss's `_apply_rotary_emb` on `torch.chunk(x, 2, dim=-1)`, DeepSeek-V3's
+/// `apply_rotary_pos_emb_interleave` on `x[..., 0::2]`, `x[..., 1::2]`):
+/// ```python
+/// first_ = first_half * cos - second_half * sin
+/// second_ = second_half * cos + first_half * sin
+/// return torch.cat((first_, second_), dim=-1)
+/// ```
+/// into `full`. The products keep only the shared cos/sin; the output is a contiguous `cat`.
+pub fn rotate_halves(b: &mut Builder, x1: Tid, x2: Tid, cos: Tid, sin: Tid, full: Shape) -> Tid {
+    let m1 = b.mul(x1, cos);
+    let m2 = b.mul(x2, sin);
+    let lo = sub(b, m1, m2);
+    let m3 = b.mul(x2, cos);
+    let m4 = b.mul(x1, sin);
+    let hi = b.add(m3, m4);
+    b.cat2(lo, hi, full)
 }
 
 // ------------------------------------------------------------------ norms

@@ -16,7 +16,7 @@
 use super::super::blocks::shapes::tok;
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, X};
-use super::common::{cache_position, cat_promote, causal_mask, rms_norm, rotary_polar, tokens};
+use super::common::{cache_position, cat_promote, causal_mask, rms_norm, rotary_polar, rotate_halves, tokens};
 use super::common::{Kind, Params, Rms, Shared};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -109,13 +109,7 @@ fn masked_fill(b: &mut Builder, x: Tid, mask: Tid) -> Tid {
 /// The softmax keeps its result, the masked fill its mask, the top-k its indices; the group
 /// choice (max, group top-k) carries no gradient to the loss. `norm_topk_prob` is not read.
 pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    b.module = "mlp.gate";
-    let xf = b.to_copy(x2, Dt::F32);
-    let e = || tokens(&[Dim::X(X::E)]);
-    let logits = match w {
-        Some(w) => b.linear(xf, w, None, e()),
-        None => b.plain("mm", &[xf], e(), Dt::F32),
-    };
+    let logits = super::sigmoid_moe::fp32_logits(b, w, x2);
     let lf = b.to_copy(logits, Dt::F32);
     let scores = b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data");
     let groups = spec.router_groups.max(1);
@@ -127,15 +121,7 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         let outs = [b.out(tokens(&[g]), Dt::F32, false), b.out(tokens(&[g]), Dt::I64, false)];
         let r = b.plain_n("max", &[scores], &outs);
         let (gmax, gargmax) = (r[0], r[1]);
-        let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
-        let outs = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
-        let r = b.plain_n("topk", &[gmax], &outs);
-        let gidx = r[1];
-        let gmask = b.plain("zeros_like", &[gmax], tokens(&[g]), Dt::F32);
-        b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
-        let smask = if super::sigmoid_moe::mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
-        let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
-        let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+        let [gidx, gmask, smask, inv] = super::sigmoid_moe::group_mask(b, spec, gmax);
         let filled = masked_fill(b, scores, inv);
         locals.extend([filled, gmax, gidx, gmask, smask]);
         // MaxBackward0 keeps the arg-max until `group_scores` goes at the return.
@@ -194,35 +180,6 @@ fn split2(b: &mut Builder, x: Tid, s1: Shape, s2: Shape) -> (Tid, Tid) {
     let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
     let r = b.op("split_with_sizes", "SplitWithSizesBackward0", &[x], &[o1, o2], &[], bw);
     (r[0], r[1])
-}
-
-/// `a - b` (SubBackward0): `a`'s gradient passes, `b`'s is `neg(grad)`.
-fn sub(b: &mut Builder, x: Tid, y: Tid) -> Tid {
-    let (shape, dt, rx, ry) = (b.shape(x), b.t(x).dt, b.rg(x), b.rg(y));
-    let (bytes, dtype) = (b.bytes(y), b.t(y).dtype);
-    let out = b.out(shape, dt, rx || ry);
-    let mut bw: Vec<B> = Vec::with_capacity(3);
-    if rx {
-        bw.push(B::Pass { input: 0, output: 0 });
-    }
-    if ry {
-        bw.push(B::Alloc { bytes, dtype, op: "neg" });
-        bw.push(B::Grad { input: 1, temp: 0 });
-    }
-    b.op("sub", "SubBackward0", &[x, y], &[out], &[], &bw)[0]
-}
-
-/// `apply_rotary_pos_emb_interleave` on one of q, k (`x` `[b, heads, s, d_r]`), given the
-/// slices `x1 = x[..., 0::2]`, `x2 = x[..., 1::2]` and the first halves of cos and sin:
-/// `cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)`.
-fn rope_pairs(b: &mut Builder, x1: Tid, x2: Tid, cos: Tid, sin: Tid, full: Shape) -> Tid {
-    let m1 = b.mul(x1, cos);
-    let m2 = b.mul(x2, sin);
-    let lo = sub(b, m1, m2);
-    let m3 = b.mul(x2, cos);
-    let m4 = b.mul(x1, sin);
-    let hi = b.add(m3, m4);
-    b.cat2(lo, hi, full)
 }
 
 /// `x[..., 0::2]` or `x[..., 1::2]`: a strided view; SliceBackward0 allocates the full input.
@@ -380,8 +337,8 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
             let q2 = half(b, q_rot);
             let k1 = half(b, k_rot);
             let k2 = half(b, k_rot);
-            let qe = rope_pairs(b, q1, q2, ch, shh, bhsw(A, DR));
-            let ke = rope_pairs(b, k1, k2, ch, shh, b1sw(DR));
+            let qe = rotate_halves(b, q1, q2, ch, shh, bhsw(A, DR));
+            let ke = rotate_halves(b, k1, k2, ch, shh, b1sw(DR));
             (qe, ke)
         }
         _ => (q_rot, k_rot),

@@ -14,7 +14,8 @@ use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S, X};
 use super::common::{
-    additive_mask, cache_position, has_rope, head_proj, mask_shape, out_proj, pairs, rotary_tables, sdpa_mask, to_heads, tokens,
+    additive_mask, cache_position, clamp_backward, has_rope, head_proj, mask_shape, out_proj, pairs, rotary_tables, rotate_halves,
+    sdpa_mask, sub, to_heads, tokens,
 };
 use super::common::{AttnW, Kind, Norm, Params, Rms, Shared};
 use super::llama::{decoder_layer_with, in_group, repeat_kv, Residual};
@@ -53,50 +54,13 @@ pub fn layout(spec: &ModelSpec) -> bool {
 /// `GptOssRMSNorm` (the weight multiplies the fp32 normalized input: [`Rms::WeightFirst`]).
 const NORM: Norm = Norm::Rms(Rms::WeightFirst { rows: false });
 
-/// `a - b` (SubBackward0): `other`'s gradient `-grad` (`neg`, summed to its shape when it was
-/// broadcast), `self`'s the gradient itself.
-fn sub(b: &mut Builder, a: Tid, o: Tid) -> Tid {
-    let (shape, dt) = (b.shape(a), b.t(a).dt);
-    let (ra, ro) = (b.rg(a), b.rg(o));
-    let out = b.out(shape, dt, ra || ro);
-    let (full, fd) = (b.bytes(a), b.t(a).dtype);
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    if ro {
-        bw.push(B::Alloc { bytes: full, dtype: fd, op: "neg" });
-        if b.bytes(o) < full {
-            bw.push(B::Apply);
-            bw.push(B::Alloc { bytes: b.grad_bytes(o), dtype: b.t(o).dtype, op: "sum" });
-            bw.push(B::Free(0));
-            bw.push(B::Grad { input: 1, temp: 1 });
-        } else {
-            bw.push(B::Grad { input: 1, temp: 0 });
-        }
-    }
-    if ra {
-        bw.push(B::Pass { input: 0, output: 0 });
-    }
-    b.op("sub", "SubBackward0", &[a, o], &[out], &[], &bw)[0]
-}
-
 /// `_apply_rotary_emb(x, cos, sin)` on one of q, k (`[b, heads, s, d]`, cos/sin `[1, 1, s, d/2]`):
-/// ```python
-/// first_half, second_half = torch.chunk(x, 2, dim=-1)
-/// first_ = first_half * cos - second_half * sin
-/// second_ = second_half * cos + first_half * sin
-/// return torch.cat((first_, second_), dim=-1)
-/// ```
-/// The products keep only the shared cos/sin; the output is a contiguous `cat`.
+/// `first_half, second_half = torch.chunk(x, 2, dim=-1)`, then [`rotate_halves`].
 fn rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid) -> Tid {
     let full = b.shape(x);
     let half = full.last(Dim::Half(Q::D));
     let (first, second) = b.chunk2(x, half);
-    let m1 = b.mul(first, cos);
-    let m2 = b.mul(second, sin);
-    let f = sub(b, m1, m2);
-    let m3 = b.mul(second, cos);
-    let m4 = b.mul(first, sin);
-    let s = b.add(m3, m4);
-    b.cat2(f, s, full)
+    rotate_halves(b, first, second, cos, sin, full)
 }
 
 /// `GptOssAttention.forward` with `eager_attention_forward` (sinks): projections with biases,
@@ -282,36 +246,11 @@ fn add_(b: &mut Builder, out: Tid, bias: Tid) -> Tid {
 }
 
 /// `x.clamp(min, max)` (both bounds) or `x.clamp(max=…)`: ClampBackward1 keeps x; backward
-/// `scalar_tensor`, the bound masks (bool), and `where`.
+/// [`clamp_backward`].
 fn clamp(b: &mut Builder, x: Tid, both: bool) -> Tid {
-    let (shape, dt, rg, bytes, dtype) = (b.shape(x), b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
+    let (shape, dt, rg) = (b.shape(x), b.t(x).dt, b.rg(x));
     let out = b.out(shape, dt, rg);
-    let mask = bytes / dtype.bytes().max(1) as u128;
-    let scalar = dtype.bytes() as u128;
-    use super::super::ir::DType;
-    let bw: Vec<B> = if !rg {
-        Vec::new()
-    } else if both {
-        vec![
-            B::Alloc { bytes: scalar, dtype, op: "scalar_tensor" },
-            B::Alloc { bytes: mask, dtype: DType::Bool, op: "gt" },
-            B::Alloc { bytes: mask, dtype: DType::Bool, op: "lt" },
-            B::Alloc { bytes, dtype, op: "where" },
-            B::Free(2),
-            B::Free(1),
-            B::Free(0),
-            B::Grad { input: 0, temp: 3 },
-        ]
-    } else {
-        vec![
-            B::Alloc { bytes: scalar, dtype, op: "scalar_tensor" },
-            B::Alloc { bytes: mask, dtype: DType::Bool, op: "lt" },
-            B::Alloc { bytes, dtype, op: "where" },
-            B::Free(1),
-            B::Free(0),
-            B::Grad { input: 0, temp: 2 },
-        ]
-    };
+    let bw = clamp_backward(b, x, both);
     b.op("clamp", "ClampBackward1", &[x], &[out], &[S::In(0)], &bw)[0]
 }
 

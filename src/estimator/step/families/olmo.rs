@@ -5,8 +5,8 @@
 //! norms after the sub-layers (`Olmo2RMSNorm`: the weight multiplies the fp32 normalized input),
 //! with q/k norms over all heads.
 
-use super::super::ir::{Builder, DType, Dt, Shape, Tid, B, S};
-use super::common::{cache_position, causal_mask, cos_shape, has_rope, head_proj, rms_norm, rope_pair, to_heads};
+use super::super::ir::{Builder, Dt, Shape, Tid, S};
+use super::common::{cache_position, causal_mask, clamp_backward, cos_shape, has_rope, head_proj, rms_norm, rope_pair, to_heads};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attend_out, decoder_layer, mlp, rope, Core};
 use super::modeling::Modeling;
@@ -44,29 +44,13 @@ pub fn layer2(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared
 
 /// `tensor.clamp_(min=-c, max=c)` in place: autograd first copies the input (`clone`, what
 /// ClampBackward1 keeps: `clamp_backward` needs the values before the clamp); the result is
-/// the input's storage. Backward (`clamp_backward`: `where((self >= min) & (self <= max),
-/// grad, 0)`): a scalar zero, two bool masks of the input's numel (`gt`, `lt`), the `where`
-/// gradient; the masks and the scalar are freed.
+/// the input's storage. Backward: [`clamp_backward`] with both bounds.
 fn clamp_(b: &mut Builder, x: Tid) -> Tid {
-    let (shape, dt, bytes, dtype, rg) = (b.shape(x), b.t(x).dt, b.bytes(x), b.t(x).dtype, b.rg(x));
+    let (shape, dt) = (b.shape(x), b.t(x).dt);
     let old = b.plain("clone", &[x], shape, dt);
-    let numel = bytes / dtype.bytes().max(1) as u128;
     let out = b.view_out(x, shape);
-    let bw: &[B] = if rg {
-        &[
-            B::Alloc { bytes: dtype.bytes() as u128, dtype, op: "scalar_tensor" },
-            B::Alloc { bytes: numel, dtype: DType::Bool, op: "gt" },
-            B::Alloc { bytes: numel, dtype: DType::Bool, op: "lt" },
-            B::Alloc { bytes, dtype, op: "where" },
-            B::Free(2),
-            B::Free(1),
-            B::Free(0),
-            B::Grad { input: 0, temp: 3 },
-        ]
-    } else {
-        &[]
-    };
-    b.op("clamp_", "ClampBackward1", &[x, old], &[out], &[S::In(1)], bw)[0]
+    let bw = clamp_backward(b, x, true);
+    b.op("clamp_", "ClampBackward1", &[x, old], &[out], &[S::In(1)], &bw)[0]
 }
 
 /// `OlmoAttention.forward`: the projections (clamped with `clip_qkv`), their head views, RoPE

@@ -87,6 +87,43 @@ pub fn mask_copies(spec: &ModelSpec) -> bool {
     g > 1 && spec.experts / g > 1
 }
 
+/// The router's logits in fp32 (DeepSeek-V2's and V3's, GLM-4.5's `mlp.gate`):
+/// `router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))`.
+pub fn fp32_logits(b: &mut Builder, w: Option<Tid>, x2: Tid) -> Tid {
+    b.module = "mlp.gate";
+    let xf = b.to_copy(x2, Dt::F32);
+    let e = tokens(&[Dim::X(X::E)]);
+    match w {
+        Some(w) => b.linear(xf, w, None, e),
+        None => b.plain("mm", &[xf], e, Dt::F32),
+    }
+}
+
+/// The group limit's mask over the experts, from the scores of the G groups (no gradient):
+/// ```python
+/// group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+/// group_mask = torch.zeros_like(group_scores)
+/// group_mask.scatter_(1, group_idx, 1)
+/// score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+/// ~score_mask.bool()
+/// ```
+/// Returns the chosen groups, the group and the expert masks (the function's locals), and the
+/// inverted expert mask.
+pub fn group_mask(b: &mut Builder, spec: &ModelSpec, group_scores: Tid) -> [Tid; 4] {
+    let e = || tokens(&[Dim::X(X::E)]);
+    let groups = spec.router_groups.max(1);
+    let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
+    let top = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
+    let r = b.plain_n("topk", &[group_scores], &top);
+    let gidx = r[1];
+    let gmask = b.plain("zeros_like", &[group_scores], tokens(&[Dim::W(groups)]), Dt::F32);
+    b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
+    let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
+    let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
+    let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+    [gidx, gmask, smask, inv]
+}
+
 /// The router (`DeepseekV3TopkRouter.forward`, `Glm4MoeTopkRouter.forward`):
 /// ```python
 /// hidden_states = hidden_states.view(-1, self.hidden_dim)
@@ -111,13 +148,8 @@ pub fn mask_copies(spec: &ModelSpec) -> bool {
 /// With one group `reshape` of the expanded mask is a view; with more it copies `[T, E]`.
 /// Returns (logits, weights, indices).
 pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normalize: bool) -> (Tid, Tid, Tid) {
-    b.module = "mlp.gate";
-    let xf = b.to_copy(x2, Dt::F32);
     let e = || tokens(&[Dim::X(X::E)]);
-    let logits = match w {
-        Some(w) => b.linear(xf, w, None, e()),
-        None => b.plain("mm", &[xf], e(), Dt::F32),
-    };
+    let logits = fp32_logits(b, w, x2);
     let scores = b.unary("sigmoid", "SigmoidBackward0", logits, Keep::Output, "sigmoid_backward");
     // The choice: no gradient reaches the loss through it.
     let choice = b.plain("add", &[scores], e(), Dt::F32);
@@ -127,15 +159,7 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     let r = b.plain_n("topk", &[choice], &top);
     let (gv, gi) = (r[0], r[1]);
     let gscores = b.plain("sum", &[gv], tokens(&[g]), Dt::F32);
-    let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
-    let top = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
-    let r = b.plain_n("topk", &[gscores], &top);
-    let gidx = r[1];
-    let gmask = b.plain("zeros_like", &[gscores], tokens(&[g]), Dt::F32);
-    b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
-    let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
-    let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
-    let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+    let [gidx, gmask, smask, inv] = group_mask(b, spec, gscores);
     let filled = b.plain("masked_fill", &[choice, inv], e(), Dt::F32);
     let top = [b.out(tokens(&[Dim::X(X::K)]), Dt::F32, false), b.out(tokens(&[Dim::X(X::K)]), Dt::I64, false)];
     let r = b.plain_n("topk", &[filled], &top);
