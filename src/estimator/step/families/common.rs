@@ -876,6 +876,30 @@ pub fn qkv(b: &mut Builder, w: &AttnW, x: Tid, clone_bw: [bool; 3]) -> (Tid, Tid
     (q, k, v)
 }
 
+/// A fused attention's parameters in registration order: the q, k, v projection's and the
+/// output projection's, weight and bias each (`qkv_proj`, `o_proj` in the tensor table).
+pub fn fused_attn_w(b: &mut Builder, p: &Params) -> [(Option<Tid>, Option<Tid>); 2] {
+    let qkv = (p.w(b, "layers.*.attn.qkv_proj.weight"), p.w(b, "layers.*.attn.qkv_proj.bias"));
+    [qkv, (p.w(b, "layers.*.attn.o_proj.weight"), p.w(b, "layers.*.attn.o_proj.bias"))]
+}
+
+/// The `[b, s, a + 2k, d]` of a fused q, k, v projection.
+pub fn qkv_shape() -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp)
+}
+
+/// A fused q, k, v projection by `linear` (GPT-2's `c_attn`, GPT-NeoX's and Falcon's
+/// `query_key_value`, Phi-3's `qkv_proj`: `modules[0]`) into [`qkv_shape`]; what follows is the
+/// attention's core, in its module (`modules[1]`).
+pub fn fused_qkv(b: &mut Builder, x: Tid, (w, bias): (Option<Tid>, Option<Tid>), modules: [&'static str; 2], linear: LinearFn) -> Tid {
+    b.part = Part::AttentionInputs;
+    b.module = modules[0];
+    let qkv = linear(b, x, w, bias, qkv_shape(), Linear::Qkv);
+    b.module = modules[1];
+    b.part = Part::AttentionCore;
+    qkv
+}
+
 /// The attention's output projection on `attn_output.reshape(b, s, -1)` (the module at
 /// `module`: `o_proj`, `dense`, `out_proj`, `c_proj`).
 pub fn out_proj(b: &mut Builder, o: Tid, w: Option<Tid>, bias: Option<Tid>, module: &'static str) -> Tid {

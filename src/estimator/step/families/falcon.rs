@@ -16,7 +16,8 @@ use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
 use super::common::{
-    cache_position, causal_mask, final_norm, has_rope, mask_shape, packed_detection, plain_mlp_w, plain_mlp_with, rope_pair, sdpa_mask,
+    cache_position, causal_mask, final_norm, fused_attn_w, fused_qkv, has_rope, mask_shape, packed_detection, plain_mlp_w, plain_mlp_with,
+    rope_pair, sdpa_mask,
 };
 use super::common::{dropout, set_part, tied, token_embedding, Kind, Norm, NormW, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
@@ -165,16 +166,9 @@ fn div_scalar_(b: &mut Builder, x: Tid) -> Tid {
 /// `enable_gqa`, so k and v keep the heads the split gave them) or the eager branch, `dense`.
 /// Returns the output and the eager probabilities.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
-    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
-    let wo = p.w(b, "layers.*.attn.o_proj.weight");
-    let bo = p.w(b, "layers.*.attn.o_proj.bias");
+    let [wqkv, wo] = fused_attn_w(b, p);
     let eager = attn == Attention::Eager;
-    b.part = Part::AttentionInputs;
-    b.module = "self_attention.query_key_value";
-    let fused = falcon_linear(b, x, wqkv, bqkv, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp), Linear::Qkv);
-    b.module = "self_attention";
-    b.part = Part::AttentionCore;
+    let fused = fused_qkv(b, x, wqkv, ["self_attention.query_key_value", "self_attention"], falcon_linear);
     let (q, k, v) = split_heads(b, spec, fused);
     let (qe, ke) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) if has_rope(spec) => {
@@ -202,7 +196,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     llama::selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "self_attention.dense";
-    let out = falcon_linear(b, o, wo, bo, tok(Q::H), Linear::O);
+    let out = falcon_linear(b, o, wo.0, wo.1, tok(Q::H), Linear::O);
     for t in [fused, qe, ke, v] {
         b.hold(t);
     }

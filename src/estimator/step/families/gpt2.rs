@@ -4,30 +4,24 @@
 
 use super::super::blocks::shapes::{heads_bshd, tok};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::common::{arange, causal_mask, dropout, final_norm, lookup, out_proj, plain_mlp, plain_mlp_w, proj_or, tied, to_heads};
+use super::common::{
+    arange, causal_mask, dropout, final_norm, fused_attn_w, fused_qkv, lookup, out_proj, plain_mlp, plain_mlp_w, proj_or, tied, to_heads,
+};
 use super::common::{Kind, Norm, Params, Shared, LAYER_NORM};
 use super::llama;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, ModelSpec};
+use crate::estimator::model::{Activation, ModelSpec};
 use crate::estimator::step::part::Part;
 
 /// `GPT2Attention.forward` (self-attention): `c_attn` → `split` → `view(…, -1, d).transpose`
 /// (k and v first, then q), the attention core, `c_proj`. Returns the output and the eager
 /// attention weights.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
-    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
-    let wo = p.w(b, "layers.*.attn.o_proj.weight");
-    let bo = p.w(b, "layers.*.attn.o_proj.bias");
+    let [wqkv, wo] = fused_attn_w(b, p);
     let eager = attn == Attention::Eager;
-    b.part = Part::AttentionInputs;
-    b.module = "attn.c_attn";
-    let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
-    let qkv = proj_or(b, x, wqkv, bqkv, qkv_shape, Linear::Qkv);
-    b.module = "attn";
-    b.part = Part::AttentionCore;
+    let qkv = fused_qkv(b, x, wqkv, ["attn.c_attn", "attn"], proj_or);
     let (q, k, v) = b.split3(qkv, heads_bshd(Q::A));
     // Eager's bmm gradients come back laid out [b, a, s, d]: the head views of q and v copy
     // them (k's arrives transposed twice); SDPA's CPU kernel returns them [b, s, a, d].
@@ -37,7 +31,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     // `eager_attention_forward` (GPT-2's): matmul copies q and kᵀ, softmax in the model dtype.
     let how = llama::Core { fp32: false, ..llama::Core::LLAMA };
     let (o, weights, kept) = llama::attend(b, spec, [qt, kt, vt], sh.mask, attn, how);
-    let out = out_proj(b, o, wo, bo, "attn.c_proj");
+    let out = out_proj(b, o, wo.0, wo.1, "attn.c_proj");
     let out = dropout(b, "attn.resid_dropout", out);
     for t in kept {
         b.hold(t);

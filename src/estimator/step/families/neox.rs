@@ -6,13 +6,16 @@
 //! `dense_4h_to_h`; a final LayerNorm and an untied `embed_out` head.
 
 use super::super::blocks::shapes::heads;
-use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::common::{dropout, final_norm, out_proj, plain_mlp, plain_mlp_w, proj_or, Kind, Norm, Params, Shared, LAYER_NORM};
+use super::super::ir::{Builder, Group, Tid};
+use super::common::{
+    dropout, final_norm, fused_attn_w, fused_qkv, out_proj, plain_mlp, plain_mlp_w, proj_or, qkv_shape, Kind, Norm, Params, Shared,
+    LAYER_NORM,
+};
 use super::modeling::Modeling;
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::model::ModelSpec;
 use crate::estimator::step::part::Part;
 
 /// `GPTNeoXAttention.forward`:
@@ -27,16 +30,9 @@ use crate::estimator::step::part::Part;
 /// The chunks' gradients meet in one `cat` `[b, a, s, 3·d]` whose transpose the head view
 /// copies back.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
-    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
-    let wo = p.w(b, "layers.*.attn.o_proj.weight");
-    let bo = p.w(b, "layers.*.attn.o_proj.bias");
-    b.part = Part::AttentionInputs;
-    b.module = "attention.query_key_value";
-    let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
-    let qkv = proj_or(b, x, wqkv, bqkv, qkv_shape, Linear::Qkv);
-    b.module = "attention";
-    b.part = Part::AttentionCore;
+    let [wqkv, wo] = fused_attn_w(b, p);
+    let qkv = fused_qkv(b, x, wqkv, ["attention.query_key_value", "attention"], proj_or);
+    let qkv_shape = qkv_shape();
     let per_head = b.view(qkv, qkv_shape, "ViewBackward0", true);
     let t = b.view(per_head, qkv_shape, "TransposeBackward0", false);
     let (q, k, v) = b.split3(t, heads(Q::A));
@@ -45,7 +41,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
         _ => (q, k),
     };
     let (o, weights, [qe, ke, _]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Core::CONTIGUOUS);
-    let out = out_proj(b, o, wo, bo, "attention.dense");
+    let out = out_proj(b, o, wo.0, wo.1, "attention.dense");
     b.hold(qkv);
     b.hold(qe);
     b.hold(ke);

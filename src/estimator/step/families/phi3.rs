@@ -5,7 +5,7 @@
 use super::super::blocks::shapes::{heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Shape, Split, Tid};
-use super::common::{proj_or, to_heads, Kind, Norm, Params, Rms, Shared};
+use super::common::{fused_qkv, proj_or, to_heads, Kind, Norm, Params, Rms, Shared};
 use super::llama::{attend_out, decoder_layer_with, rope_partial, Core, PartialRope, Residual};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -17,12 +17,7 @@ use crate::estimator::step::part::Part;
 fn attention(b: &mut Builder, w: [Option<Tid>; 2], spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
     let [wo, wqkv] = w;
     let eager = attn == Attention::Eager;
-    b.part = Part::AttentionInputs;
-    b.module = "self_attn.qkv_proj";
-    let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
-    let qkv = proj_or(b, x, wqkv, None, qkv_shape, Linear::Qkv);
-    b.module = "self_attn";
-    b.part = Part::AttentionCore;
+    let qkv = fused_qkv(b, x, (wqkv, None), ["self_attn.qkv_proj", "self_attn"], proj_or);
     let q = b.slice(qkv, heads_bshd(Q::A));
     let k = b.slice(qkv, heads_bshd(Q::KV));
     let v = b.slice(qkv, heads_bshd(Q::KV));
