@@ -451,15 +451,43 @@ pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     // Parameters in registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
     let aw = AttnW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe => Err(MoeW::new(b, p)),
-        Kind::Dense => Ok(MlpW::new(b, p)),
-    };
-    let mlp = |b: &mut Builder, n: Tid| match ffn {
-        Ok(mw) => mlp(b, &mw, n),
-        Err(w) => super::moe::sparse_block(b, &w, None, n, Topk::MIXTRAL),
-    };
-    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), |b, n| attention(b, &aw, spec, n, sh, attn), |b, n| in_group(b, kind, |b| mlp(b, n)))
+    let ffn = Ffn::new(b, p, kind, MoeW::new);
+    let mlp = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| super::moe::sparse_block(b, &w, None, n, Topk::MIXTRAL));
+    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), |b, n| attention(b, &aw, spec, n, sh, attn), mlp)
+}
+
+/// A decoder layer's feed-forward block: the gated MLP (`LlamaMLP`, [`mlp`]) on a dense layer,
+/// a family's MoE block (`M`: its parameters) on an MoE layer.
+pub enum Ffn<M> {
+    Dense(MlpW),
+    Moe(M),
+}
+
+impl<M> Ffn<M> {
+    /// Registers the block's parameters for a layer of `kind` (`moe`: the MoE block's).
+    pub fn new(b: &mut Builder, p: &Params, kind: Kind, moe: impl FnOnce(&mut Builder, &Params) -> M) -> Ffn<M> {
+        match kind {
+            Kind::Moe => Ffn::Moe(moe(b, p)),
+            Kind::Dense => Ffn::Dense(MlpW::new(b, p)),
+        }
+    }
+
+    /// The block on `x` ([`in_group`]): the gated MLP, or `moe` on the MoE block's parameters.
+    pub fn forward(self, b: &mut Builder, x: Tid, moe: impl FnOnce(&mut Builder, M, Tid) -> Tid) -> Tid {
+        let kind = self.kind();
+        in_group(b, kind, |b| match self {
+            Ffn::Dense(w) => mlp(b, &w, x),
+            Ffn::Moe(w) => moe(b, w, x),
+        })
+    }
+
+    /// The kind of layer the block is for.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Ffn::Dense(_) => Kind::Dense,
+            Ffn::Moe(_) => Kind::Moe,
+        }
+    }
 }
 
 /// `LlamaDecoderLayer.forward` around a family's attention and MLP:

@@ -19,7 +19,7 @@ use super::common::{
     rotary_polar, sdpa_mask_of, set_part, tokens,
 };
 use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, SILU};
-use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Core, MaskBuild, Residual};
+use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Core, Ffn, MaskBuild, Residual};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -395,14 +395,11 @@ const SHARED_EXPERT: Gated = Gated {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
     // Parameters in registration order: self_attn, feed_forward, the two norms.
     let aw = AttnW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe => Err(MoeW::new(b, p)),
-        Kind::Dense => Ok(MlpW::new(b, p)),
-    };
+    let ffn = Ffn::new(b, p, kind, MoeW::new);
     // `hidden_states, _ = hidden_states` on MoE layers: the router logits rebind `_`.
     let ffn = |b: &mut Builder, n: Tid| match ffn {
-        Ok(mw) => (mlp(b, &mw, n), None),
-        Err(w) => {
+        Ffn::Dense(mw) => (mlp(b, &mw, n), None),
+        Ffn::Moe(w) => {
             let (m, logits) = moe(b, &w, n);
             (m, Some(logits))
         }

@@ -7,8 +7,8 @@
 
 use super::super::ir::{Builder, Tid};
 use super::common::{cache_position, causal_mask, rope_pair, sliding_window_mask};
-use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
-use super::llama::{attention, decoder_layer, in_group, mlp};
+use super::common::{AttnW, Kind, Norm, Params, Rms, Shared};
+use super::llama::{attention, decoder_layer, Ffn};
 use super::modeling::Modeling;
 use super::moe::{sparse_block, MoeW, SharedW, Topk};
 use crate::estimator::config::Attention;
@@ -29,22 +29,18 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     // shared_expert, shared_expert_gate; Qwen3-MoE: experts, gate), input_layernorm,
     // post_attention_layernorm.
     let aw = AttnW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe if spec.shared_gate => Err((MoeW::new(b, p), Some(SharedW::new(b, p)))),
-        Kind::Moe => {
-            // Qwen3MoeSparseMoeBlock.__init__ registers `experts` before `gate`.
-            let gate_up = p.w(b, "layers.*.mlp.experts.gate_up_proj");
-            let down = p.w(b, "layers.*.mlp.experts.down_proj");
-            let router = p.w(b, "layers.*.mlp.router.weight");
-            Err((MoeW { router, gate_up, down }, None))
+    let ffn = Ffn::new(b, p, kind, |b, p| {
+        if spec.shared_gate {
+            return (MoeW::new(b, p), Some(SharedW::new(b, p)));
         }
-        Kind::Dense => Ok(MlpW::new(b, p)),
-    };
-    let ffn = |b: &mut Builder, n: Tid| match ffn {
-        Ok(mw) => mlp(b, &mw, n),
-        Err((w, sw)) => sparse_block(b, &w, sw.as_ref(), n, topk(spec)),
-    };
-    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), |b, n| attention(b, &aw, spec, n, sh, attn), |b, n| in_group(b, kind, |b| ffn(b, n)))
+        // Qwen3MoeSparseMoeBlock.__init__ registers `experts` before `gate`.
+        let gate_up = p.w(b, "layers.*.mlp.experts.gate_up_proj");
+        let down = p.w(b, "layers.*.mlp.experts.down_proj");
+        let router = p.w(b, "layers.*.mlp.router.weight");
+        (MoeW { router, gate_up, down }, None)
+    });
+    let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, (w, sw), n| sparse_block(b, &w, sw.as_ref(), n, topk(spec)));
+    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), |b, n| attention(b, &aw, spec, n, sh, attn), ffn)
 }
 
 /// Qwen2-MoE (`modeling_qwen2_moe.py`): Llama's layers with sparse blocks of softmax-then-top-k

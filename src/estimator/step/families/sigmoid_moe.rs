@@ -12,7 +12,7 @@
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Shape, Tid, B, S, X};
 use super::common::{gated_mlp, tokens, Gated, Kind, MlpW, Norm, Params, Rms, SILU};
-use super::llama::{decoder_layer, in_group, mlp};
+use super::llama::{decoder_layer, Ffn};
 use super::moe::MoeW;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::model::ModelSpec;
@@ -260,15 +260,8 @@ pub fn layer(
     route: RouterFn,
 ) -> Tid {
     // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
-    let ffn = match kind {
-        Kind::Moe => Err(SigmoidMoeW::new(b, p)),
-        Kind::Dense => Ok(MlpW::new(b, p)),
-    };
-    let ffn = |b: &mut Builder, n: Tid| match ffn {
-        Ok(mw) => mlp(b, &mw, n),
-        Err(w) => block(b, spec, &w, n, route),
-    };
-    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), attention, |b, n| in_group(b, kind, |b| ffn(b, n)))
+    let ffn = Ffn::new(b, p, kind, SigmoidMoeW::new);
+    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), attention, |b, n| ffn.forward(b, n, |b, w, n| block(b, spec, &w, n, route)))
 }
 
 #[cfg(test)]
