@@ -417,31 +417,11 @@ mod tests {
     use super::*;
     use crate::estimator::config::{Config, Kernels, Precision};
     use crate::estimator::expr::numbers_only;
-    use crate::estimator::model::Router;
     use crate::estimator::params::Stage;
     use crate::estimator::precision::recipe;
-    use crate::estimator::presets::presets;
+    use crate::estimator::presets::preset;
     use crate::estimator::step::ledger::kept;
     use crate::estimator::step::model::Setup;
-
-    fn preset(id: &str) -> ModelSpec {
-        presets().into_iter().find(|p| p.id == id).map(|p| p.spec).expect("the preset exists")
-    }
-
-    #[test]
-    fn both_gpt_oss_presets_have_the_layout_this_module_builds() {
-        for id in ["gpt-oss-20b", "gpt-oss-120b"] {
-            assert!(layout(&preset(id)), "{id}");
-            assert!(crate::estimator::unmodelled_feature(&preset(id)).is_none(), "{id} is accepted");
-        }
-    }
-
-    #[test]
-    fn sinks_with_another_router_are_not_gpt_oss_and_stay_refused() {
-        let spec = ModelSpec { router: Router::Softmax, ..preset("gpt-oss-20b") };
-        assert!(!layout(&spec));
-        assert!(crate::estimator::unmodelled_feature(&spec).is_some());
-    }
 
     /// A toy gpt-oss (h = 64, a = 4 heads of 16, k = 2, E = 4, K = 2, f_e = 40), fp32, eager,
     /// b = 2, s = 64. The eager core keeps, per layer: the softmax of the scores with the sink
@@ -449,7 +429,7 @@ mod tests {
     /// indices, 8·b·a·s = 4,096 bytes.
     #[test]
     fn the_eager_core_keeps_the_softmax_with_the_sink_column_and_the_max_indices() {
-        let mut arch = preset("gpt-oss-20b");
+        let mut arch = preset("gpt-oss-20b").expect("the preset exists").spec;
         (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 2, 1000);
         (arch.experts, arch.top_k, arch.expert_ffn, arch.window) = (4, 2, 40, 48);
         let cfg = Config {

@@ -515,37 +515,17 @@ mod tests {
     use super::*;
     use crate::estimator::config::{Config, Kernels, Precision};
     use crate::estimator::expr::numbers_only;
-    use crate::estimator::model::LayerRule;
     use crate::estimator::params::Stage;
     use crate::estimator::precision::recipe;
-    use crate::estimator::presets::presets;
+    use crate::estimator::presets::preset;
     use crate::estimator::step::families::Var;
     use crate::estimator::step::ledger::kept;
     use crate::estimator::step::model::Setup;
 
-    fn preset(id: &str) -> ModelSpec {
-        presets().into_iter().find(|p| p.id == id).map(|p| p.spec).expect("the preset exists")
-    }
-
-    #[test]
-    fn both_llama_4_presets_have_the_layout_this_module_builds() {
-        for id in ["llama-4-scout-17b-16e-instruct", "llama-4-maverick-17b-128e-instruct"] {
-            assert!(layout(&preset(id)), "{id}");
-            assert!(crate::estimator::unmodelled_feature(&preset(id)).is_none(), "{id} is accepted");
-        }
-    }
-
-    #[test]
-    fn chunks_on_a_nope_layer_are_not_this_layout_and_stay_refused() {
-        let spec = ModelSpec { window_layers: LayerRule::All, ..preset("llama-4-scout-17b-16e-instruct") };
-        assert!(!layout(&spec));
-        assert!(crate::estimator::unmodelled_feature(&spec).is_some());
-    }
-
     /// The fixture's toy Llama 4 (h = 64, a = 4 heads of 16, k = 2, E = 4, K = 1, f_e = f_s = 40,
     /// f = 176, chunks of 48, layers 1 and 3 MoE, layer 3 NoPE of 4), fp32, eager, b = 2, s = 64.
     fn toy(attn: Attention) -> Config {
-        let mut arch = preset("llama-4-maverick-17b-128e-instruct");
+        let mut arch = preset("llama-4-maverick-17b-128e-instruct").expect("the preset exists").spec;
         (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 4, 1000);
         (arch.experts, arch.expert_ffn, arch.shared_ffn, arch.ffn, arch.window, arch.qk_l2_norm) = (4, 40, 40, 176, 48, true);
         Config {

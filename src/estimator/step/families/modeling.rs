@@ -107,3 +107,33 @@ pub trait Modeling: Sync {
 /// layers, biases, q/k norms, NoPE layers).
 pub struct Llama;
 impl Modeling for Llama {}
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::model::{LayerRule, ModelSpec, Router};
+    use crate::estimator::presets::preset;
+    use crate::estimator::step::families::modeling;
+    use crate::estimator::unmodelled_feature;
+
+    /// gpt-oss's and Llama 4's code builds exactly their presets' layouts (`gpt_oss::layout`,
+    /// `llama4::layout`): the presets are accepted as they are, and a feature changed — sinks
+    /// with another router, chunks on Llama 4's NoPE layers — is refused rather than
+    /// approximated.
+    #[test]
+    fn the_families_that_build_their_own_layout_accept_their_presets_and_refuse_what_differs() {
+        let own = |spec: &ModelSpec| modeling(spec.family).builds_own_layout(spec);
+        let spec = |id: &str| preset(id).expect("the preset exists").spec;
+        for id in ["gpt-oss-20b", "gpt-oss-120b", "llama-4-scout-17b-16e-instruct", "llama-4-maverick-17b-128e-instruct"] {
+            assert!(own(&spec(id)), "{id}");
+            assert!(unmodelled_feature(&spec(id)).is_none(), "{id} is accepted");
+        }
+        let changed = [
+            ModelSpec { router: Router::Softmax, ..spec("gpt-oss-20b") },
+            ModelSpec { window_layers: LayerRule::All, ..spec("llama-4-scout-17b-16e-instruct") },
+        ];
+        for s in changed {
+            assert!(!own(&s), "{:?}", s.family);
+            assert!(unmodelled_feature(&s).is_some(), "{:?}", s.family);
+        }
+    }
+}
