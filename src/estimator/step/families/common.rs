@@ -3,15 +3,22 @@
 //! positions, and the modules and functions the families' modeling files all call, each once,
 //! with parameters where the families differ:
 //! - the shapes of token rows and token–expert pairs ([`tokens`], [`pairs`]);
+//! - ops several families' code dispatches as such ([`dropout`], [`cat_promote`], [`sub`],
+//!   [`clamp_backward`]);
 //! - the embedding blocks ([`token_embedding`], [`lookup`], [`embed_then`]);
 //! - the positions and the masks `masking_utils.py` builds ([`cache_position`],
 //!   [`causal_mask`], [`sliding_window_mask`], their parts [`sdpa_mask`], [`additive_mask`]);
-//! - the rotary tables ([`rope_pair`], [`rotary_tables`], [`rotary_polar`]);
+//! - the rotary tables ([`rope_pair`], [`rotary_tables`], [`rotary_polar`]) and the rotation of
+//!   two halves ([`rotate_halves`]; Llama's `rotate_half` is `llama::rope`);
 //! - the norms: the RMSNorm forms ([`rms_norm`], [`Rms`]), OLMo's fp32 LayerNorm, the norm
 //!   modules of the layers and the final norm ([`Norm`], [`final_norm`]);
-//! - the attention's input and output projections ([`AttnW`], [`qkv`], [`out_proj`]);
+//! - the attention's input and output projections ([`AttnW`], [`qkv`], [`fused_qkv`],
+//!   [`out_proj`]);
 //! - the MLPs: the gated MLP ([`MlpW`], [`gated_mlp`]) and the plain `fc1` → act → `fc2`
 //!   ([`plain_mlp`], [`activation`]).
+//!
+//! The decoder layers' residual structures are `llama::decoder_layer` (pre-norm) and
+//! `gemma::post_norm_layer`; the MoE blocks are in `moe.rs` and `sigmoid_moe.rs`.
 
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
@@ -218,6 +225,29 @@ pub fn set_part(b: &mut Builder, t: Tid, part: Part) -> Tid {
     t
 }
 
+// ------------------------------------------------------------------ shapes
+
+/// `[s]`: one entry per position.
+pub fn seq() -> Shape {
+    Shape::new(&[Dim::Q(Q::S)], Split::None)
+}
+
+/// `[b, s, extra…]`: one row per token.
+pub fn tokens(extra: &[Dim]) -> Shape {
+    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
+    d.extend_from_slice(extra);
+    Shape::new(&d, Split::None)
+}
+
+/// `[b, s, K, extra…]`: one row per token–expert pair.
+pub fn pairs(extra: &[Dim]) -> Shape {
+    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::K)];
+    d.extend_from_slice(extra);
+    Shape::new(&d, Split::None)
+}
+
+// ------------------------------------------------------------------ ops
+
 /// `nn.Dropout` (the module at `module`, or `F.dropout` called there) on `x`: a no-op at p = 0.
 pub fn dropout(b: &mut Builder, module: &'static str, x: Tid) -> Tid {
     b.module = module;
@@ -246,6 +276,31 @@ pub fn cat_promote(b: &mut Builder, x: Tid, y: Tid, shape: Shape) -> Tid {
     b.op("cat", "CatBackward0", &[x, y], &[out], &[], if rg { bw } else { &[] })[0]
 }
 
+/// `a - b` (SubBackward0): `other`'s gradient `-grad` (`neg`, summed to its shape when it was
+/// broadcast), `self`'s the gradient itself.
+pub fn sub(b: &mut Builder, a: Tid, o: Tid) -> Tid {
+    let (shape, dt) = (b.shape(a), b.t(a).dt);
+    let (ra, ro) = (b.rg(a), b.rg(o));
+    let out = b.out(shape, dt, ra || ro);
+    let (full, fd) = (b.bytes(a), b.t(a).dtype);
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    if ro {
+        bw.push(B::Alloc { bytes: full, dtype: fd, op: "neg" });
+        if b.bytes(o) < full {
+            bw.push(B::Apply);
+            bw.push(B::Alloc { bytes: b.grad_bytes(o), dtype: b.t(o).dtype, op: "sum" });
+            bw.push(B::Free(0));
+            bw.push(B::Grad { input: 1, temp: 1 });
+        } else {
+            bw.push(B::Grad { input: 1, temp: 0 });
+        }
+    }
+    if ra {
+        bw.push(B::Pass { input: 0, output: 0 });
+    }
+    b.op("sub", "SubBackward0", &[a, o], &[out], &[], &bw)[0]
+}
+
 /// ClampBackward1's script for an input `x` (`clamp_backward`:
 /// `where((self >= min) & (self <= max), grad, 0)`): a scalar zero, a bool mask per bound (`both`
 /// bounds, or `max` alone), the `where` gradient; the masks and the scalar are freed. Nothing
@@ -264,27 +319,6 @@ pub fn clamp_backward(b: &Builder, x: Tid, both: bool) -> Vec<B> {
     bw.extend((0..grad).rev().map(B::Free));
     bw.push(B::Grad { input: 0, temp: grad });
     bw
-}
-
-// ------------------------------------------------------------------ shapes
-
-/// `[s]`: one entry per position.
-pub fn seq() -> Shape {
-    Shape::new(&[Dim::Q(Q::S)], Split::None)
-}
-
-/// `[b, s, extra…]`: one row per token.
-pub fn tokens(extra: &[Dim]) -> Shape {
-    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
-    d.extend_from_slice(extra);
-    Shape::new(&d, Split::None)
-}
-
-/// `[b, s, K, extra…]`: one row per token–expert pair.
-pub fn pairs(extra: &[Dim]) -> Shape {
-    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::K)];
-    d.extend_from_slice(extra);
-    Shape::new(&d, Split::None)
 }
 
 // ------------------------------------------------------------------ embeddings
@@ -528,31 +562,6 @@ pub fn rotary_polar(b: &mut Builder, pos: Tid, half: Shape, full: Shape) -> Tid 
     let fc = b.plain("mul", &[polar], full, Dt::F32);
     b.hold(freqs);
     set_part(b, fc, Part::Embedding)
-}
-
-/// `a - b` (SubBackward0): `other`'s gradient `-grad` (`neg`, summed to its shape when it was
-/// broadcast), `self`'s the gradient itself.
-pub fn sub(b: &mut Builder, a: Tid, o: Tid) -> Tid {
-    let (shape, dt) = (b.shape(a), b.t(a).dt);
-    let (ra, ro) = (b.rg(a), b.rg(o));
-    let out = b.out(shape, dt, ra || ro);
-    let (full, fd) = (b.bytes(a), b.t(a).dtype);
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    if ro {
-        bw.push(B::Alloc { bytes: full, dtype: fd, op: "neg" });
-        if b.bytes(o) < full {
-            bw.push(B::Apply);
-            bw.push(B::Alloc { bytes: b.grad_bytes(o), dtype: b.t(o).dtype, op: "sum" });
-            bw.push(B::Free(0));
-            bw.push(B::Grad { input: 1, temp: 1 });
-        } else {
-            bw.push(B::Grad { input: 1, temp: 0 });
-        }
-    }
-    if ra {
-        bw.push(B::Pass { input: 0, output: 0 });
-    }
-    b.op("sub", "SubBackward0", &[a, o], &[out], &[], &bw)[0]
 }
 
 /// The rotation of a head's two halves `x1`, `x2` by the first halves of cos and sin
@@ -837,6 +846,10 @@ impl AttnW {
     }
 }
 
+/// A linear layer as a family's modules run it: (builder, input, weight, bias, output shape,
+/// which linear) → output.
+pub type LinearFn = fn(&mut Builder, Tid, Option<Tid>, Option<Tid>, Shape, Linear) -> Tid;
+
 /// `linear(x)` into `shape` where the weight exists; else `x` itself.
 pub fn proj_or(b: &mut Builder, x: Tid, w: Option<Tid>, bias: Option<Tid>, shape: Shape, lin: Linear) -> Tid {
     match w {
@@ -1018,10 +1031,6 @@ pub fn plain_mlp_w(b: &mut Builder, p: &Params) -> [Option<Tid>; 4] {
 pub fn plain_mlp(b: &mut Builder, w: [Option<Tid>; 4], x: Tid, act: Activation, modules: [&'static str; 3]) -> Tid {
     plain_mlp_with(b, w, x, act, modules, proj_or)
 }
-
-/// A linear layer as a family's modules run it: (builder, input, weight, bias, output shape,
-/// which linear) → output.
-pub type LinearFn = fn(&mut Builder, Tid, Option<Tid>, Option<Tid>, Shape, Linear) -> Tid;
 
 /// [`plain_mlp`] whose projections are `linear` (Falcon's `FalconLinear` adds its bias apart).
 pub fn plain_mlp_with(b: &mut Builder, w: [Option<Tid>; 4], x: Tid, act: Activation, modules: [&'static str; 3], linear: LinearFn) -> Tid {

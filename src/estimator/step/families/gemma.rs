@@ -5,7 +5,7 @@
 //! one materialized mask each. Gemma (`modeling_gemma.py`) is Llama's layer with Gemma's RMSNorm
 //! and GeGLU ([`layer_gemma1`]); Gemma-3's text model (`modeling_gemma3.py`) is Gemma-2's layer
 //! with per-head q/k norms, no soft-capping, SDPA masks on its sliding layers and a RoPE pair
-//! per layer type ([`positions`]).
+//! per layer type (`positions`).
 
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dt, Group, Shape, Tid};

@@ -2,6 +2,13 @@
 //! Mixtral …, which transformers generates from it with `# Copied from` / modular code):
 //! pre-norm decoder layers of RMSNorm → attention with RoPE → residual → RMSNorm → gated MLP
 //! (or a sparse MoE block) → residual.
+//!
+//! What other families reuse of it lives here, with parameters where they differ: the
+//! attention ([`attention_with`]: where the q/k norms sit), RoPE ([`rope`], [`rope_qk`]) and the
+//! partial RoPEs ([`rope_partial`]), the attention core ([`attend`], [`attend_out`], [`Core`]),
+//! and the decoder layer ([`decoder_layer`], [`decoder_layer_with`] and [`Residual`]: Llama 4's
+//! named attention output, Phi-3's residual dropouts, an MoE block's `_`), with its
+//! feed-forward block ([`Ffn`]).
 
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;

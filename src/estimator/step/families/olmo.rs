@@ -99,7 +99,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
 }
 
 /// `OlmoDecoderLayer.forward`: Llama's pre-norm layer ([`decoder_layer`]) with
-/// `OlmoLayerNorm`s and [`attention`].
+/// `OlmoLayerNorm`s and `attention`.
 #[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     let aw = AttnW::new(b, p);
