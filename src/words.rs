@@ -44,7 +44,12 @@ pub struct Verdict {
 pub fn verdict(e: &Estimate, cfg: &Config, gpu: &str) -> Verdict {
     let fits = e.fits();
     let headroom = e.headroom();
-    let basis = if e.memory.nvidia_smi.is_some() { " (nvidia-smi)" } else { "" };
+    let basis = match (e.loading_decides(), e.memory.nvidia_smi.is_some()) {
+        (true, true) => " (nvidia-smi while loading the model)",
+        (true, false) => " (while loading the model)",
+        (false, true) => " (nvidia-smi)",
+        (false, false) => "",
+    };
     let what = trained(cfg);
     let amount = format_bytes(headroom.unsigned_abs(), cfg.unit);
     let headline = if fits {
@@ -139,6 +144,18 @@ pub fn choice_label(key: &str, value: &str) -> Option<&'static str> {
         ("weight_dtype", "int4-gptq") => "int4 GPTQ",
         ("weight_dtype", "nvfp4") => "NVFP4 (4-bit, block scales)",
         ("weight_dtype", "mxfp4") => "MXFP4 (gpt-oss experts)",
+        ("fp8", "none") => "none (16-bit GEMMs)",
+        ("fp8", "torchao-tensorwise") => "torchao, per-tensor scales",
+        ("fp8", "torchao-rowwise") => "torchao, per-row scales",
+        ("fp8", "te-delayed") => "Transformer Engine, delayed",
+        ("fp8", "te-current") => "Transformer Engine, current",
+        ("fp8", "te-mxfp8") => "Transformer Engine, MXFP8",
+        ("qlora_quant", "nf4") => "NF4 (bitsandbytes)",
+        ("qlora_quant", "gptq") => "int4 GPTQ/AWQ",
+        ("load", "from-pretrained") => "from_pretrained (device_map)",
+        ("load", "quantize-on-load") => "load, then quantize (NF4)",
+        ("load", "meta-sharded") => "meta device, sharded load",
+        ("load", "zero-init") => "DeepSpeed zero.Init",
         ("family", t) => return crate::estimator::family::Family::from_model_type(t).map(|f| f.label()),
         ("recipe", id) => return crate::config::recipes::recipe(id).map(|r| r.title),
         ("mlp", "plain") => "plain (2 matrices)",

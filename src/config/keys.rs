@@ -201,6 +201,27 @@ named!(
 named!(QkNorm, [(QkNorm::None, "none"), (QkNorm::Head, "head"), (QkNorm::Full, "full"), (QkNorm::PerHead, "per-head")]);
 named!(Positions, [(Positions::Rope, "rope"), (Positions::Learned, "learned"), (Positions::None, "none")]);
 
+named!(
+    Fp8,
+    [
+        (Fp8::None, "none"),
+        (Fp8::TorchaoTensorwise, "torchao-tensorwise"),
+        (Fp8::TorchaoRowwise, "torchao-rowwise"),
+        (Fp8::TeDelayed, "te-delayed"),
+        (Fp8::TeCurrent, "te-current"),
+        (Fp8::TeMxfp8, "te-mxfp8"),
+    ]
+);
+named!(QloraQuant, [(QloraQuant::Nf4, "nf4"), (QloraQuant::Gptq, "gptq")]);
+named!(
+    Load,
+    [
+        (Load::FromPretrained, "from-pretrained"),
+        (Load::QuantizeOnLoad, "quantize-on-load"),
+        (Load::MetaSharded, "meta-sharded"),
+        (Load::ZeroInit, "zero-init"),
+    ]
+);
 named!(Mode, [(Mode::Train, "train"), (Mode::Serve, "serve")]);
 named!(Engine, [(Engine::Vllm, "vllm"), (Engine::Sglang, "sglang"), (Engine::Trtllm, "trtllm"), (Engine::Transformers, "transformers")]);
 named!(
@@ -674,6 +695,30 @@ pub static KEYS: &[Key] = &[
     },
     uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
     bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
+    enum_key!(
+        "fp8",
+        Training,
+        "FP8 training recipe: none, torchao-tensorwise, torchao-rowwise (Float8Linear), te-delayed, te-current, te-mxfp8 (Transformer Engine)",
+        Fp8,
+        |c| c.fp8
+    ),
+    bool_key!("fp8_allgather", Cluster, "FSDP2 all-gathers the FP8 weights (torchao, tensorwise, precomputed scales)", |c| c.fp8_allgather),
+    bool_key!(
+        "fp8_recompute_weight",
+        Training,
+        "FP8 weight re-cast in backward instead of saved (torchao force_recompute_fp8_weight_in_bwd: no effect in 0.18)",
+        |c| c.fp8_recompute_weight
+    ),
+    bool_key!("fp8_model_init", Training, "Transformer Engine fp8_model_init: FP8 parameters, no 16-bit weights", |c| c.fp8_model_init),
+    enum_key!("qlora_quant", Training, "QLoRA's 4-bit base: nf4 (bitsandbytes) or gptq (int4 GPTQ/AWQ)", QloraQuant, |c| c.qlora_quant),
+    enum_key!(
+        "load",
+        Training,
+        "how the model is loaded: from-pretrained, quantize-on-load (NF4), meta-sharded (FSDP2), zero-init (DeepSpeed)",
+        Load,
+        |c| c.load
+    ),
+    bool_key!("empty_cache", Overhead, "torch.cuda.empty_cache() after loading (what loading cached is released)", |c| c.empty_cache),
     enum_key!("mode", Serving, "what to answer: train (the training step) or serve (inference memory)", Mode, |c| c.serve.mode),
     enum_key!("engine", Serving, "inference engine whose KV layout and budget apply", Engine, |c| c.serve.engine),
     auto_uint_key!("context", Serving, "tokens per sequence (vLLM max_model_len), or auto (the model's max_position_embeddings)", |c| c

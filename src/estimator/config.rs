@@ -209,6 +209,73 @@ pub enum Interconnect {
     Eth25,
 }
 
+/// FP8 training recipe (`fp8`): which linears run their GEMMs in FP8, and what each recipe
+/// allocates, keeps and frees (validation/FINDINGS.md §10). Embeddings, the LM head, norms, the
+/// router and the attention core stay in the recipe's 16-bit dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fp8 {
+    /// No FP8 (unless `precision = mixed-fp8`, which stands for `te-delayed`).
+    #[default]
+    None,
+    /// torchao 0.18 `Float8Linear`, dynamic tensorwise scales (torchtitan's default): saves the
+    /// bf16 input as `nn.Linear` does; FP8 casts are transients of each GEMM.
+    TorchaoTensorwise,
+    /// torchao 0.18 `Float8Linear`, row-wise scales (power-of-2 rounded), e4m3 everywhere.
+    TorchaoRowwise,
+    /// Transformer Engine 2.20 delayed scaling: a 1,024-entry amax history per FP8 tensor.
+    TeDelayed,
+    /// Transformer Engine 2.20 current (per-tensor, just-in-time) scaling: no amax history.
+    TeCurrent,
+    /// Transformer Engine 2.20 MXFP8 (Blackwell): 1×32 E8M0 block scales, both layouts kept.
+    TeMxfp8,
+}
+
+impl Fp8 {
+    /// A torchao `Float8Linear` recipe.
+    pub fn torchao(self) -> bool {
+        matches!(self, Fp8::TorchaoTensorwise | Fp8::TorchaoRowwise)
+    }
+    /// A Transformer Engine recipe.
+    pub fn te(self) -> bool {
+        matches!(self, Fp8::TeDelayed | Fp8::TeCurrent | Fp8::TeMxfp8)
+    }
+}
+
+/// How QLoRA's frozen base is quantized (`qlora_quant`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum QloraQuant {
+    /// bitsandbytes NF4 `Linear4bit` (blocks of 64, double quantization, bf16 compute).
+    #[default]
+    Nf4,
+    /// An int4 GPTQ/AWQ checkpoint (gptqmodel's packed `qweight`, `qzeros`, fp16 `scales`,
+    /// `g_idx`; group 128), trained through its dequantizing torch kernel.
+    Gptq,
+}
+
+/// How the model is loaded before the first step (`load`): its peak, and what the caching
+/// allocator still holds from it when the step starts (validation/FINDINGS.md §12).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Load {
+    /// transformers' `from_pretrained(device_map=…)`: `caching_allocator_warmup` reserves one
+    /// segment of the parameter bytes, then one allocation per parameter. Under DeepSpeed
+    /// ZeRO-3 transformers itself loads through `zero.Init` (as `zero-init`), under FSDP
+    /// sharded (as `meta-sharded`).
+    #[default]
+    FromPretrained,
+    /// Load, then quantize each weight to NF4 on the GPU (bitsandbytes): its bf16 copy and
+    /// absmax temporaries one weight at a time.
+    QuantizeOnLoad,
+    /// FSDP2: build on the meta device, `to_empty` the local shards, then a sharded (DCP) or
+    /// broadcast load one full tensor at a time.
+    MetaSharded,
+    /// DeepSpeed `zero.Init`: partitioned as each module is built, loaded module by module
+    /// under `GatheredParameters`.
+    ZeroInit,
+}
+
 /// Byte unit for display (`unit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -305,6 +372,29 @@ pub struct Config {
     /// Serving: the engine, context, concurrency and served dtypes (`mode=serve`).
     #[serde(default)]
     pub serve: super::serve::settings::Serving,
+    /// FP8 training recipe.
+    #[serde(default)]
+    pub fp8: Fp8,
+    /// FSDP2 all-gathers the FP8 weights (torchao `enable_fsdp_float8_all_gather` with
+    /// precomputed scales; tensorwise only).
+    #[serde(default)]
+    pub fp8_allgather: bool,
+    /// `force_recompute_fp8_weight_in_bwd` (torchao: a no-op in 0.18) / Transformer Engine's
+    /// FP8 weight re-quantized in backward instead of saved.
+    #[serde(default)]
+    pub fp8_recompute_weight: bool,
+    /// Transformer Engine `fp8_model_init`: the parameters themselves are FP8, no 16-bit weights.
+    #[serde(default)]
+    pub fp8_model_init: bool,
+    /// QLoRA's 4-bit base format.
+    #[serde(default)]
+    pub qlora_quant: QloraQuant,
+    /// How the model is loaded before the step.
+    #[serde(default)]
+    pub load: Load,
+    /// `torch.cuda.empty_cache()` after loading: what loading left cached is released.
+    #[serde(default)]
+    pub empty_cache: bool,
 }
 
 impl Default for Config {
@@ -358,6 +448,13 @@ impl Default for Config {
             bucket_view: false,
             unit: Unit::Gb,
             serve: super::serve::settings::Serving::default(),
+            fp8: Fp8::None,
+            fp8_allgather: false,
+            fp8_recompute_weight: false,
+            fp8_model_init: false,
+            qlora_quant: QloraQuant::Nf4,
+            load: Load::FromPretrained,
+            empty_cache: false,
         }
     }
 }

@@ -142,6 +142,45 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.zero == Zero::HybridShard && !dp.is_multiple_of(cfg.shard_group.min(dp)) {
         return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
     }
+    validate_recipes(cfg)
+}
+
+/// The FP8, 4-bit and loading recipes (issue 27): each where its code runs.
+fn validate_recipes(cfg: &Config) -> Result<(), EstimateError> {
+    use super::config::{Fp8, Load, QloraQuant};
+    let fp8 = step::lowbit::fp8_of(cfg);
+    if fp8 != Fp8::None && cfg.finetune == Finetune::Qlora {
+        return Err(invalid("fp8", "does not apply to QLoRA: its 4-bit base runs bitsandbytes' or gptqmodel's kernels"));
+    }
+    if fp8 == Fp8::TeMxfp8 {
+        let cc = gpu::gpu(&cfg.gpu).and_then(|g| g.compute_capability);
+        if cfg.gpu != "custom" && !matches!(cc, Some((10, _))) {
+            return Err(invalid("fp8", "te-mxfp8 runs on Blackwell B200/B300 only (compute capability 10.x: transformer_engine quantization.py _compute_mxfp8_support)"));
+        }
+    }
+    if cfg.fp8_allgather && (fp8 != Fp8::TorchaoTensorwise || cfg.zero.stage() < 3) {
+        return Err(invalid("fp8_allgather", "needs fp8=torchao-tensorwise under FSDP2 sharding (zero=3, full_shard or hybrid_shard): torchao asserts tensorwise scaling for it"));
+    }
+    if cfg.fp8_model_init {
+        if !fp8.te() {
+            return Err(invalid("fp8_model_init", "is Transformer Engine's: needs fp8=te-delayed, te-current or te-mxfp8"));
+        }
+        if super::precision::recipe(cfg.precision).master.is_none() {
+            return Err(invalid(
+                "fp8_model_init",
+                "drops the 16-bit weights: it needs fp32 master weights in the optimizer (precision=mixed-*)",
+            ));
+        }
+    }
+    if cfg.load == Load::QuantizeOnLoad && (cfg.finetune != Finetune::Qlora || cfg.qlora_quant != QloraQuant::Nf4) {
+        return Err(invalid("load", "quantize-on-load quantizes an NF4 base: it needs finetune=qlora with qlora_quant=nf4"));
+    }
+    if matches!(cfg.load, Load::MetaSharded | Load::ZeroInit) && cfg.zero.stage() < 3 {
+        return Err(invalid(
+            "load",
+            "a sharded load (meta-sharded, zero-init) needs parameter sharding (zero=3, full_shard or hybrid_shard)",
+        ));
+    }
     Ok(())
 }
 
