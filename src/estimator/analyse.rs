@@ -6,7 +6,8 @@
 //! One figure decides: nvidia-smi's total (the step replayed through the caching allocator,
 //! plus the CUDA context, cuBLAS workspaces and NCCL buffers) against the GPU's usable
 //! capacity ([`Estimate::fits`]); where no allocator is replayed (`frag_pct` set, or
-//! `kernels = cpu`), the step's peak with what lives outside the allocator.
+//! `kernels = cpu`), the step's peak with what lives outside the allocator. Loading the model
+//! comes first (`load`): its peak stands beside the step's, and the larger decides.
 
 use super::config::Config;
 use super::estimate::{attach_reserve, estimate, replays_allocator, with_formulas, Estimate};
@@ -32,6 +33,9 @@ pub struct Verdict {
     pub headroom: i128,
     /// Fits with less than [`TIGHT_PCT`] of the capacity free.
     pub tight: bool,
+    /// The step's figure and the loading's, shown side by side; `deciding` is the larger.
+    pub step: Bytes,
+    pub load: Bytes,
 }
 
 impl Verdict {
@@ -45,6 +49,8 @@ impl Verdict {
             capacity: e.capacity,
             headroom,
             tight: fits && headroom_pct(headroom, e.capacity) < TIGHT_PCT,
+            step: e.step_deciding(),
+            load: e.memory.load_peak,
         }
     }
 }
@@ -125,7 +131,15 @@ mod tests {
 
     #[test]
     fn a_fit_with_under_two_percent_free_is_tight() {
-        let e = |deciding: Bytes| Verdict { fits: true, deciding, capacity: 1000, headroom: 1000 - deciding as i128, tight: false };
+        let e = |deciding: Bytes| Verdict {
+            fits: true,
+            deciding,
+            capacity: 1000,
+            headroom: 1000 - deciding as i128,
+            tight: false,
+            step: deciding,
+            load: 0,
+        };
         assert!(headroom_pct(e(985).headroom, 1000) < TIGHT_PCT);
         assert!(headroom_pct(e(970).headroom, 1000) >= TIGHT_PCT);
         assert_eq!(headroom_pct(5, 0), 0.0);

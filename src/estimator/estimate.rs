@@ -83,9 +83,20 @@ pub struct Memory {
     /// `torch.cuda.max_memory_reserved()` from replaying the step's stream through the caching
     /// allocator simulator (only where the stream is materialized: [`explain`], [`simulate`]).
     pub reserved_peak: Option<Bytes>,
-    /// What nvidia-smi shows for the process at the step's peak: `reserved_peak` + the CUDA
-    /// context + cuBLAS workspaces + NCCL buffers (only where the allocator was replayed).
+    /// What nvidia-smi shows for the process at the step's peak: `step_reserved_peak` + the
+    /// CUDA context + cuBLAS workspaces + NCCL buffers (only where the allocator was replayed).
     pub nvidia_smi: Option<Bytes>,
+    /// `max_memory_reserved()` over the steps alone, with what the loading left reserved
+    /// (`reserved_peak` is the whole run's, loading included).
+    pub step_reserved_peak: Option<Bytes>,
+    /// The loading's peak as the verdict compares it beside the step's: what nvidia-smi shows
+    /// at its peak (the loading's reserved peak + the CUDA context, + NCCL's buffers for the
+    /// sharded loaders) where the allocator was replayed, else its allocated peak + the same.
+    pub load_peak: Bytes,
+    /// `max_memory_allocated()` over the loading (`load`, see `loading.rs`).
+    pub load_allocated_peak: Bytes,
+    /// `max_memory_reserved()` over the loading alone (where the allocator was replayed).
+    pub load_reserved_peak: Option<Bytes>,
 }
 
 impl Memory {
@@ -96,11 +107,19 @@ impl Memory {
 }
 
 impl Estimate {
-    /// What decides whether the step fits: the nvidia-smi figure where the caching allocator was
-    /// replayed ([`explain`], [`with_reserve`]), else the allocated peak with what lives outside
-    /// the allocator.
+    /// What decides whether the run fits: the larger of the step's figure — nvidia-smi where
+    /// the caching allocator was replayed ([`explain`], [`with_reserve`]), else the allocated
+    /// peak with what lives outside the allocator — and the loading's (`memory.load_peak`).
     pub fn deciding_peak(&self) -> Bytes {
+        self.step_deciding().max(self.memory.load_peak)
+    }
+    /// The step's figure of [`Estimate::deciding_peak`].
+    pub fn step_deciding(&self) -> Bytes {
         self.memory.nvidia_smi.unwrap_or(self.memory.peak)
+    }
+    /// Whether the loading, not the step, decides.
+    pub fn loading_decides(&self) -> bool {
+        self.memory.load_peak > self.step_deciding()
     }
     /// Headroom on the GPU at the step's peak (negative: bytes missing).
     pub fn headroom(&self) -> i128 {
@@ -144,6 +163,8 @@ struct StageResult {
     work_at: Option<step::run::At>,
     /// Resident bytes + the stream's largest live bytes (what `max_memory_allocated` counts).
     allocated_peak: Bytes,
+    /// The loading's allocated peak on this stage.
+    load_allocated_peak: Bytes,
 }
 
 const WORK: expr::Sym =
@@ -214,8 +235,14 @@ fn stage_ledger(
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
     let sh = sharding::Sharding::of(cfg);
-    let temps =
-        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1)).filter(|_| cfg.offload == Offload::None);
+    let temps = optimizer::step_temporary_bytes(
+        cfg.optim,
+        cfg.optim_impl,
+        &super::precision::trainable_recipe(cfg, recipe),
+        &groups,
+        &sh.shards(1),
+    )
+    .filter(|_| cfg.offload == Offload::None);
     let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
     rows.extend(temps);
     let ctx = overhead::cuda_context_bytes(cfg);
@@ -245,7 +272,8 @@ fn stage_ledger(
         rows.push(overhead::reserve_guess_bytes(pct, peak_dynamic));
     }
     let allocated_peak = resident.total() + fast.peak;
-    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak }
+    let load_allocated_peak = super::loading::peak(cfg, resident.weights, groups, capacity(cfg));
+    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak, load_allocated_peak }
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -286,9 +314,17 @@ pub fn with_reserve(cfg: &Config, e: Estimate) -> Result<Estimate, EstimateError
     Ok(attach_reserve(e, &reserve::reserved(cfg)?))
 }
 
+/// What lives outside the caching allocator while the model loads: the CUDA context, and NCCL's
+/// buffers for the loaders that communicate (`meta-sharded` broadcasts, `zero-init` gathers);
+/// cuBLAS's workspaces come with the first GEMM.
+fn load_outside(cfg: &Config, rows: &[Row]) -> Bytes {
+    let sharded = matches!(super::loading::effective(cfg), config::Load::MetaSharded | config::Load::ZeroInit);
+    rows.iter().filter(|r| r.id == RowId::CudaContext || (sharded && r.id == RowId::NcclBuffers)).map(|r| r.bytes).sum()
+}
+
 /// [`with_reserve`] with the replay already run (`r`, of the same configuration).
 pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
-    let reserved = r.reserved_peak.max(e.memory.allocated_peak);
+    let reserved = r.step_reserved_peak.max(e.memory.allocated_peak);
     let row = expr::with_formulas(|| overhead::reserve_simulated_bytes(reserved, e.memory.allocated_peak));
     let row = if r.at.is_empty() {
         row
@@ -303,8 +339,12 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
     // What the coarse timeline holds beyond the step's stream and the rows outside the
     // allocator (ZeRO-3's gathered layers in flight) is allocated too: it comes on top.
     let beyond_stream = e.memory.peak.saturating_sub(e.memory.allocated_peak + outside);
-    e.memory.reserved_peak = Some(reserved);
+    e.memory.reserved_peak = Some(r.reserved_peak.max(reserved));
+    e.memory.step_reserved_peak = Some(reserved);
     e.memory.nvidia_smi = Some(reserved + outside + beyond_stream);
+    let load_reserved = r.load_reserved_peak.max(e.memory.load_allocated_peak);
+    e.memory.load_reserved_peak = Some(load_reserved);
+    e.memory.load_peak = load_reserved + (e.memory.load_peak - e.memory.load_allocated_peak);
     e
 }
 
@@ -336,9 +376,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             peak_at: None,
             work_at: None,
             allocated_peak: 0,
+            load_allocated_peak: 0,
         },
     ));
-    let (StageResult { rows: components, host, timeline, allocated_peak, .. }, peak_label) = best.labelled();
+    let (StageResult { rows: components, host, timeline, allocated_peak, load_allocated_peak, .. }, peak_label) = best.labelled();
     // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
     let trainable = if cfg.finetune == Finetune::Full {
         counts.total
@@ -362,6 +403,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         allocated_peak,
         reserved_peak: None,
         nvidia_smi: None,
+        step_reserved_peak: None,
+        load_peak: load_allocated_peak + load_outside(cfg, &components),
+        load_allocated_peak,
+        load_reserved_peak: None,
     };
     let dp = cfg.dp();
     let layout = Layout {

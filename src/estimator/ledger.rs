@@ -58,6 +58,7 @@ pub enum RowId {
     OptimizerStepTemporaries,
     OptimizerStepCounters,
     Fp8WeightCache,
+    Fp8AmaxHistory,
     GatheredLayers,
     DdpBuckets,
     ZeroReduceBucket,
@@ -75,7 +76,7 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 34] = [
+    pub const ALL: [RowId; 35] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
@@ -86,6 +87,7 @@ impl RowId {
         RowId::OptimizerStepTemporaries,
         RowId::OptimizerStepCounters,
         RowId::Fp8WeightCache,
+        RowId::Fp8AmaxHistory,
         RowId::GatheredLayers,
         RowId::DdpBuckets,
         RowId::ZeroReduceBucket,
@@ -125,6 +127,7 @@ impl RowId {
             RowId::OptimizerStepTemporaries => "optimizer_step_temporaries",
             RowId::OptimizerStepCounters => "optimizer_step_counters",
             RowId::Fp8WeightCache => "fp8_weight_cache",
+            RowId::Fp8AmaxHistory => "fp8_amax_history",
             RowId::GatheredLayers => "gathered_layers",
             RowId::DdpBuckets => "ddp_buckets",
             RowId::ZeroReduceBucket => "zero_reduce_bucket",

@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod hf;
 pub mod hf_export;
 pub mod ledger;
+pub mod loading;
 pub mod model;
 pub mod optimizer;
 pub mod overhead;

@@ -204,10 +204,23 @@ pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
 }
 
 /// Bytes of one decoder layer's parameters on this GPU, unsharded (what ZeRO-3/FSDP gathers).
+/// With FSDP2's float8 all-gather (`fp8_allgather`) the FP8 linears' weights travel as 1 byte an
+/// element (torchao `fsdp_utils.py WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`;
+/// measured on 2 CPU ranks: 92,416 → 46,336 B a layer, validation/FINDINGS.md §10.2).
 pub fn layer_parameter_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Bytes {
+    let fp8 = cfg.fp8_allgather && super::step::lowbit::fp8_of(cfg) == super::config::Fp8::TorchaoTensorwise;
     layer_elements(cfg, groups, |_| true)
         .map(|(g, numel)| match g.role {
             Role::Quantized => numel.div_ceil(NF4_ELEMENTS_PER_BYTE as u128),
+            Role::Trainable
+                if fp8
+                    && !g.adapter
+                    && !g.expert
+                    && g.group.linear.is_some()
+                    && g.group.shape.iter().rev().take(2).all(|d| d % 16 == 0) =>
+            {
+                numel
+            }
             _ => numel * recipe.weight.bytes() as u128,
         })
         .sum()
@@ -239,18 +252,37 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
     let p = layer_parameter_bytes(cfg, recipe, groups);
     let trainable: u128 =
         layer_elements(cfg, groups, |g| g.role == Role::Trainable).map(|(_, n)| n).sum::<u128>() * recipe.grad.bytes() as u128;
-    let e = Expr::sum([Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(P_LAYER, p)]), Expr::var(G_LAYER, trainable)]);
+    let mut terms = vec![Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(P_LAYER, p)]), Expr::var(G_LAYER, trainable)];
+    let offload = cfg.offload == super::config::Offload::OptimizerParams;
+    if offload {
+        // With parameter offload each group in flight is first copied host-to-device as its
+        // shard (`_fsdp_param.py all_gather_inputs`: `sharded_param_data.to(device)`, the
+        // shard's dtype) and cast to the compute dtype (`_to_dtype_if_needed`) before the
+        // all-gather (validation/FINDINGS.md §13).
+        let elems: u128 = layer_elements(cfg, groups, |_| true).map(|(_, n)| n).sum();
+        let shard_b = recipe.master.unwrap_or(recipe.weight).bytes() + recipe.weight.bytes();
+        terms.push(Expr::prod([
+            Expr::var(K_PRE, cfg.prefetch_layers),
+            Expr::var(SHARD_COPY, elems.div_ceil(sh.n as u128) * shard_b as u128),
+        ]));
+    }
     Some(
         Row::new(
             RowId::GatheredLayers,
             "ZeRO-3/FSDP unsharded layers in flight",
             Category::Transient,
-            e,
-            "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers)",
+            Expr::sum(terms),
+            "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers); FSDP2 _fsdp_param.py (offload: H2D shard copies)",
         )
-        .note("assumption (prefetch_layers): the layer computing plus the one prefetched"),
+        .note(if offload {
+            "assumption (prefetch_layers): the layer computing plus the one prefetched, each with its shard copied from the host; the sharded parameters, gradients and optimizer states stay on the host"
+        } else {
+            "assumption (prefetch_layers): the layer computing plus the one prefetched"
+        }),
     )
 }
+
+const SHARD_COPY: Sym = Sym::new("S", "h2d", "one layer's shard copied from the host and cast (parameter offload)");
 
 const RESERVE: Sym = Sym::new("R", "res", "reserved minus allocated when reserved memory peaks (simulated)");
 

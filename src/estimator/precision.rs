@@ -127,6 +127,20 @@ pub fn recipe(p: Precision) -> Recipe {
     }
 }
 
+/// The recipe of the trainable parameters of `cfg`: `recipe` itself, except that peft gives a
+/// QLoRA model's adapters fp32 weights where the base runs in a 16-bit dtype without a master
+/// copy (`get_peft_model(autocast_adapter_dtype=True)`, peft 0.21 `tuners_utils.py
+/// _cast_adapter_dtype`; measured: tests/fixtures/pytorch/qlora, 74,752 B of fp32 adapters),
+/// so their gradients and optimizer states are fp32 too.
+pub fn trainable_recipe(cfg: &super::config::Config, recipe: &Recipe) -> Recipe {
+    let adapters_fp32 = cfg.finetune == super::config::Finetune::Qlora && recipe.master.is_none() && recipe.weight.bytes() < FP32_BYTES;
+    if adapters_fp32 {
+        Recipe { weight: Dtype::Fp32, grad: Dtype::Fp32, state: Dtype::Fp32, ..*recipe }
+    } else {
+        *recipe
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,11 +27,17 @@ use super::step::{self, EventKind, Phase, Stream};
 use super::step_stream::StepParts;
 use super::validate::EstimateError;
 
-/// What replaying the step through the caching allocator gives.
+/// What replaying the loading and the step through the caching allocator gives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reserved {
-    /// `torch.cuda.max_memory_reserved()` over the first two steps.
+    /// `torch.cuda.max_memory_reserved()` over the whole run: the loading and the first two
+    /// steps.
     pub reserved_peak: Bytes,
+    /// `max_memory_reserved()` over the steps alone, with what the loading left reserved (what
+    /// `reset_peak_memory_stats()` after loading, then the steps, would show).
+    pub step_reserved_peak: Bytes,
+    /// `max_memory_reserved()` over the loading alone.
+    pub load_reserved_peak: Bytes,
     /// `torch.cuda.max_memory_allocated()` as the allocator counts it (requests rounded to 512 B).
     pub allocated_peak: Bytes,
     /// Where in the step reserved memory reached its peak ("layer 3 backward, …"), or what
@@ -66,8 +72,8 @@ fn per_tensor_or_flat(total: Bytes, parts: &[u128], per_unit: u128, out: &mut Ve
     }
 }
 
-/// Replays `cfg`'s step (two steps, after the resident allocations) through the caching
-/// allocator with the configuration's `alloc_conf`.
+/// Replays `cfg`'s loading and step (two steps, after the resident allocations) through the
+/// caching allocator with the configuration's `alloc_conf`.
 pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
     let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::validate::invalid("alloc_conf", e.to_string()))?;
     let parts = super::step_stream::step_parts(cfg)?;
@@ -82,7 +88,8 @@ pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
 /// Positions stand in for a per-event table: the replay only ever asks where its peak was.
 struct Built {
     events: Vec<AllocEvent>,
-    /// Resident allocations, and how many of them are parameters.
+    /// Resident allocations, and how many of them are the loading's events (the parameters and
+    /// the loader's transients; `empty_cache` after it included).
     resident: usize,
     weights: usize,
     /// Optimizer states, and the stream event of step 1 they are created before (the stream's
@@ -110,7 +117,7 @@ impl Built {
     /// Where event `i` comes from.
     fn origin(&self, i: usize) -> Origin {
         if i < self.weights {
-            return Origin::Other("parameters");
+            return Origin::Other("loading the model");
         }
         if i < self.resident {
             return Origin::Other("buffers, batch and resident gradients");
@@ -151,9 +158,12 @@ fn sized(b: Bytes) -> u64 {
 /// The allocation sequence of [`reserved`]: resident tensors, step 1 (with the optimizer states
 /// created at its first optimizer event), step 2.
 fn build(cfg: &Config, parts: &StepParts) -> Built {
-    let StepParts { stream, params, trainable, resident: r } = parts;
+    let StepParts { stream, params, trainable, resident: r, groups } = parts;
     let mut weights = Vec::new();
     per_tensor_or_flat(r.weights, params, 1, &mut weights);
+    // The loading first: it ends with the weights allocated (ids 0.. of `weights`, or its own
+    // per-tensor allocations standing for them), then `empty_cache` if asked.
+    let plan = super::loading::plan(cfg, &weights, groups, super::estimate::capacity(cfg));
     let others: Vec<Bytes> = [r.buffers, r.batch, r.gradients, r.activations].into_iter().filter(|&b| b > 0).collect();
     let k = states_per_parameter(cfg.optim);
     let numel: u128 = trainable.iter().sum();
@@ -180,11 +190,16 @@ fn build(cfg: &Config, parts: &StepParts) -> Built {
 
     // Every resident tensor and optimizer state once, each step's stream and its leftovers'
     // frees: sized up front, the list never grows.
-    let resident = weights.len() + others.len();
+    let load_events = plan.events.len() + usize::from(cfg.empty_cache);
+    let resident = load_events + others.len();
     let capacity = resident + states.len() + STEPS_REPLAYED * (n + leftover.len());
     let mut events = Vec::with_capacity(capacity);
-    let mut next = 0u32;
-    for bytes in weights.iter().chain(&others) {
+    events.extend_from_slice(&plan.events);
+    if cfg.empty_cache {
+        events.push(AllocEvent::EmptyCache);
+    }
+    let mut next = plan.next;
+    for bytes in &others {
         events.push(AllocEvent::Alloc { id: next, bytes: sized(*bytes) });
         next += 1;
     }
@@ -215,7 +230,7 @@ fn build(cfg: &Config, parts: &StepParts) -> Built {
         // it allocates; this keeps the replay valid if it did not).
         events.extend(leftover.iter().map(|&id| AllocEvent::Free { id: base + id }));
     }
-    Built { events, resident, weights: weights.len(), states: states.len(), states_at, stream: n, leftover: leftover.len(), step2 }
+    Built { events, resident, weights: load_events, states: states.len(), states_at, stream: n, leftover: leftover.len(), step2 }
 }
 
 /// The replay of [`reserved`], from a step already simulated.
@@ -223,16 +238,40 @@ pub fn replay_parts(cfg: &Config, parts: &StepParts, opts: &AllocatorOptions) ->
     let stream = &parts.stream;
     let b = build(cfg, parts);
     let n = b.events.len();
+    // The loading alone: its own reserved peak (a few events).
+    let load_reserved_peak = allocator::replay(&b.events[..b.weights], opts).map_or(0, |r| r.peak_reserved as Bytes);
     match allocator::replay(&b.events, opts) {
-        Ok(rep) => Reserved {
-            reserved_peak: rep.peak_reserved as Bytes,
-            allocated_peak: rep.peak_allocated as Bytes,
-            at: label_at(&b, stream, rep.peak_reserved_at),
-            events: n,
-        },
+        Ok(rep) => {
+            // Without `empty_cache` reserved memory only grows, so the steps' peak is the whole
+            // run's unless the loading reached it; then the steps' own maximum is read off a
+            // trace.
+            let step_reserved_peak = if rep.peak_reserved_at >= b.weights {
+                rep.peak_reserved as Bytes
+            } else {
+                allocator::replay_with(&b.events, opts, true)
+                    .ok()
+                    .and_then(|t| t.reserved_after.and_then(|v| v[b.weights..].iter().max().copied()))
+                    .unwrap_or(rep.peak_reserved) as Bytes
+            };
+            Reserved {
+                reserved_peak: rep.peak_reserved as Bytes,
+                step_reserved_peak,
+                load_reserved_peak,
+                allocated_peak: rep.peak_allocated as Bytes,
+                at: label_at(&b, stream, rep.peak_reserved_at),
+                events: n,
+            }
+        }
         // The events are well formed by construction; should the replay still refuse them, the
         // allocated bytes stand in (no reserve is claimed).
-        Err(_) => Reserved { reserved_peak: stream.peak, allocated_peak: stream.peak, at: String::new(), events: n },
+        Err(_) => Reserved {
+            reserved_peak: stream.peak,
+            step_reserved_peak: stream.peak,
+            load_reserved_peak,
+            allocated_peak: stream.peak,
+            at: String::new(),
+            events: n,
+        },
     }
 }
 

@@ -6,18 +6,30 @@
 //! DDP (2 + 2 + K)Ψ; ZeRO-1 4Ψ + KΨ/N; ZeRO-2 2Ψ + (2 + K)Ψ/N; ZeRO-3 (4 + K)Ψ/N; and
 //! Megatron's 18 and 6 + 12/d bytes per parameter (Korthikanti et al. 2022, §5).
 
-use super::config::{Config, Offload, OptimImpl, Optimizer, Zero};
+use super::config::{Config, Fp8, Offload, OptimImpl, Optimizer, QloraQuant, Zero};
 use super::expr::{Expr, Sym};
 use super::ledger::{Category, Row, RowId};
 use super::optimizer;
 use super::params::{elements, tensor_count, LocalGroup, Role};
-use super::precision::{Recipe, FP32_BYTES, FP8_WEIGHT_CACHE_BYTES};
+use super::precision::{Recipe, FP32_BYTES};
 use super::sharding::{sharded_elements, Sharding, Shards, PSI_T};
 
 pub const PSI_F: Sym = Sym::new("Ψ", "F", "frozen parameters on this GPU");
 pub const PSI_Q: Sym = Sym::new("Ψ", "Q", "NF4-quantized parameters on this GPU");
 pub const N_Q: Sym = Sym::new("n", "Q", "quantized tensors");
 pub const PSI_LIN: Sym = Sym::new("Ψ", "lin", "parameters of linear layers (fp8 GEMM weights)");
+pub const PSI_T_REST_LIN: Sym = Sym::new("Ψ", "T∖lin", "trainable parameters outside the FP8 GEMMs (embeddings, norms, LM head, router)");
+pub const N_GEMM: Sym = Sym::new("n", "gemm", "FP8 GEMMs (Transformer Engine modules' GEMMs)");
+pub const B_FP8: Sym = Sym::new("b", "fp8", "bytes per FP8 weight element (data, + transpose on Hopper/Ada, MXFP8 both layouts)");
+/// Transformer Engine's `amax_history_len` default (`common/recipe/__init__.py DelayedScaling`).
+pub const AMAX_HISTORY_LEN: u64 = 1024;
+/// A `QuantState`'s own tensors beside the absmax: the fp32 offset (4 B), the NF4 code table
+/// (16 fp32, 64 B) and the nested state's dynamic map (256 fp32, 1,024 B) — one copy per weight.
+pub const NF4_STATE_CONSTANTS: u64 = 4 + 64 + 1024;
+/// bitsandbytes' process-wide tables (measured: `library_constant` of the qlora records).
+pub const BNB_CONSTANTS: u64 = 1420;
+/// gptqmodel's usual quantization group (inputs per scale).
+pub const GPTQ_GROUP: u64 = 128;
 pub const B_W: Sym = Sym::new("b", "w", "bytes per weight");
 pub const B_G: Sym = Sym::new("b", "g", "bytes per gradient");
 pub const B_M: Sym = Sym::new("b", "m", "bytes per master weight (fp32)");
@@ -28,9 +40,6 @@ pub const NF4_ELEMENTS_PER_BYTE: u64 = 2;
 pub const NF4_BLOCK: u64 = 64;
 /// The 8-bit constants are grouped in blocks of 256, each with an fp32 scale: 64 × 256.
 pub const NF4_SECOND_LEVEL_BLOCK: u64 = 64 * 256;
-/// Per quantized tensor, bitsandbytes keeps the 16-entry NF4 code table and an fp32 offset as
-/// separate tensors (bitsandbytes/functional.py `QuantState`), each a 512-byte allocation.
-pub const NF4_STATE_ALLOCATIONS: u64 = 2;
 /// DeepSpeed's default `reduce_bucket_size` (5e8 elements; deepspeed/runtime/zero/config.py).
 pub const ZERO_REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
 
@@ -117,48 +126,229 @@ pub fn frozen_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
     )
 }
 
-/// NF4 base of QLoRA with double quantization (Dettmers et al. 2023, §3; bitsandbytes
-/// `quantize_4bit(compress_statistics=True, blocksize=64)`):
-/// ⌈Ψ_Q/2⌉ 4-bit codes + ⌈Ψ_Q/64⌉ 8-bit block constants + 4 × ⌈Ψ_Q/16,384⌉ fp32 second-level
-/// scales + two 512-byte state allocations per tensor — ≈ 4.127 bits per parameter.
-pub fn quantized_weight_bytes(groups: &[LocalGroup], sh: &Sharding) -> Option<Row> {
+/// The 4-bit base of QLoRA (`qlora_quant`), per tensor of `n` elements:
+///
+/// - NF4 (bitsandbytes 0.50.2 `quantize_4bit`, blocksize 64, double quantization;
+///   validation/FINDINGS.md §11.1, rules Q1–Q2 on 36 records): ⌈n/2⌉ packed codes, ⌈n/64⌉
+///   8-bit absmax, 4·⌈n/16,384⌉ fp32 second-level absmax, a 4-byte offset, and each
+///   `QuantState`'s own code tables (16 fp32 NF4 values, 256 fp32 of the dynamic map), plus
+///   1,420 B of bitsandbytes' process-wide constants. Under ZeRO-3/FSDP the packed bytes are
+///   stored as bf16 (`bnb_4bit_quant_storage`) and sharded with the other parameters; the
+///   quant state stays whole on every rank (§11.2).
+/// - GPTQ/AWQ int4 (gptqmodel `BaseQuantLinear`, group 128; §11.3), per `[N, K]` weight:
+///   `qweight` K·N/2, `qzeros` ⌈K/128⌉·N/2, fp16 `scales` 2·⌈K/128⌉·N, int32 `g_idx` 4·K.
+pub fn quantized_weight_bytes(cfg: &Config, groups: &[LocalGroup], sh: &Sharding) -> Option<Row> {
+    quantized_rows(cfg, groups, sh, None)
+}
+
+/// [`quantized_weight_bytes`], or with `packed` only the NF4 codes (`Some(true)`: the
+/// `Params4bit` parameters, which FSDP's parameter offload moves to the host) or only the rest
+/// (`Some(false)`: the quant states, which stay on the GPU).
+fn quantized_rows(cfg: &Config, groups: &[LocalGroup], sh: &Sharding, packed_only: Option<bool>) -> Option<Row> {
     let q = elements(groups, |g| g.role == Role::Quantized);
     if q == 0 {
         return None;
     }
-    let n = tensor_count(groups, |g| g.role == Role::Quantized);
     let shards = sh.shards(3);
-    let psi = || Expr::var(PSI_Q, q).shard(shards.dense.clone());
-    let e = Expr::sum([
-        psi().ceil_div(Expr::konst("NF4_ELEMENTS_PER_BYTE", NF4_ELEMENTS_PER_BYTE)),
-        psi().ceil_div(Expr::konst("NF4_BLOCK", NF4_BLOCK)),
-        Expr::prod([Expr::konst("FP32_BYTES", FP32_BYTES), psi().ceil_div(Expr::konst("NF4_SECOND_LEVEL_BLOCK", NF4_SECOND_LEVEL_BLOCK))]),
-        Expr::prod([
-            Expr::var(N_Q, n),
-            Expr::konst("NF4_STATE_ALLOCATIONS", NF4_STATE_ALLOCATIONS),
-            Expr::konst("ALLOCATOR_MIN_BLOCK", optimizer::ALLOCATOR_MIN_BLOCK),
-        ]),
-    ]);
-    Some(
-        Row::new(RowId::QuantizedWeights, "NF4-quantized base weights", Category::Parameters, e, "Dettmers et al. 2023 (QLoRA), §3: NF4 + double quantization; bitsandbytes/functional.py")
-            .note("4-bit NF4 codes, blocks of 64 with 8-bit constants, fp32 scales per 256 blocks; lm_head, embeddings and norms stay unquantized"),
-    )
+    let quantized = groups.iter().filter(|g| g.role == Role::Quantized);
+    let num = |v: u64| Expr::num(v);
+    let (e, source, note) = match cfg.qlora_quant {
+        QloraQuant::Nf4 => {
+            let packed = Expr::sum(quantized.clone().map(|g| {
+                Expr::prod([
+                    Expr::var(N_Q, g.group.tensor_count()),
+                    num(g.group.numel()).ceil_div(Expr::konst("NF4_ELEMENTS_PER_BYTE", NF4_ELEMENTS_PER_BYTE)),
+                ])
+            }))
+            .shard(shards.dense.clone());
+            let state = Expr::sum(quantized.map(|g| {
+                let n = || num(g.group.numel());
+                Expr::prod([
+                    Expr::var(N_Q, g.group.tensor_count()),
+                    Expr::sum([
+                        n().ceil_div(Expr::konst("NF4_BLOCK", NF4_BLOCK)),
+                        Expr::prod([
+                            Expr::konst("FP32_BYTES", FP32_BYTES),
+                            n().ceil_div(Expr::konst("NF4_SECOND_LEVEL_BLOCK", NF4_SECOND_LEVEL_BLOCK)),
+                        ]),
+                        Expr::konst("NF4_STATE_CONSTANTS", NF4_STATE_CONSTANTS),
+                    ]),
+                ])
+            }));
+            let parts = match packed_only {
+                None => vec![packed, state, Expr::konst("BNB_CONSTANTS", BNB_CONSTANTS)],
+                Some(true) => vec![packed],
+                Some(false) => vec![state, Expr::konst("BNB_CONSTANTS", BNB_CONSTANTS)],
+            };
+            (
+                Expr::sum(parts),
+                "Dettmers et al. 2023 (QLoRA), §3; bitsandbytes 0.50.2 functional.py quantize_4bit, QuantState (validation/FINDINGS.md §11.1–11.2)",
+                "4-bit NF4 codes (sharded under ZeRO-3/FSDP as bf16 storage), 8-bit absmax per 64, fp32 per 16,384, and each weight's quant state (offset 4 B, code tables 1,088 B; not sharded); embeddings, norms and the LM head stay unquantized",
+            )
+        }
+        QloraQuant::Gptq => {
+            let per = Expr::sum(quantized.map(|g| {
+                let (out, inp) = match g.group.shape.as_slice() {
+                    [.., o, i] => (*o, *i),
+                    _ => (g.group.numel(), 1),
+                };
+                let groups_k = || num(inp).ceil_div(Expr::konst("GPTQ_GROUP", GPTQ_GROUP));
+                Expr::prod([
+                    Expr::var(N_Q, g.group.tensor_count()),
+                    Expr::sum([
+                        Expr::prod([num(inp), num(out)]).ceil_div(Expr::num(2u8)),
+                        Expr::prod([groups_k(), num(out)]).ceil_div(Expr::num(2u8)),
+                        Expr::prod([Expr::konst("FP16_BYTES", 2u8), groups_k(), num(out)]),
+                        Expr::prod([Expr::konst("INT32_BYTES", 4u8), num(inp)]),
+                    ]),
+                ])
+            }));
+            (
+                per.shard(shards.dense.clone()),
+                "gptqmodel qlinear/__init__.py BaseQuantLinear (ModelCloud/GPTQModel @ 011c00a6; validation/FINDINGS.md §11.3)",
+                "int4 qweight, qzeros, fp16 scales per group of 128 inputs, int32 g_idx (act-order): ≈ 0.52 B per weight; buffers, not parameters",
+            )
+        }
+    };
+    let label = match (cfg.qlora_quant, packed_only) {
+        (QloraQuant::Nf4, None) => "NF4-quantized base weights",
+        (QloraQuant::Nf4, Some(true)) => "NF4 codes of the base (offloaded)",
+        (QloraQuant::Nf4, Some(false)) => "NF4 quant states of the base",
+        (QloraQuant::Gptq, _) => "int4 GPTQ/AWQ base weights",
+    };
+    Some(Row::new(RowId::QuantizedWeights, label, Category::Parameters, e, source).note(note))
 }
 
-/// Transformer Engine's fp8 weight copies for the GEMMs: Ψ_lin × 2 B (row- and column-wise).
-pub fn fp8_weight_cache_bytes(recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
-    if !recipe.fp8_weight_cache {
-        return None;
+/// Whether a linear weight group runs its GEMM in FP8: both of its matrix dims multiples of 16
+/// (torchao's `_auto_filter_for_recipe`, TE's alignment), not an adapter, not quantized.
+fn fp8_linear(g: &LocalGroup) -> bool {
+    !g.adapter && g.group.linear.is_some() && g.role != Role::Quantized && g.group.shape.iter().rev().take(2).all(|d| d % 16 == 0)
+}
+
+/// FP8 GEMMs of one GPU's stage: each FP8 linear weight tensor of the decoder layers, counted
+/// as Megatron fuses them (q, k, v in one GEMM, gate and up in one) under `framework =
+/// megatron`, where routed experts are FP8 too (TE's `GroupedLinear`: one GEMM per local
+/// expert); under HF code only `nn.Linear`s (not 3-D expert tensors).
+pub fn fp8_gemms(cfg: &Config, groups: &[LocalGroup]) -> u64 {
+    use super::model::Linear as L;
+    let megatron = cfg.framework == super::config::Framework::Megatron;
+    groups
+        .iter()
+        .filter(|g| fp8_linear(g) && (megatron || !g.expert))
+        .filter(|g| !megatron || !matches!(g.group.linear, Some(L::K | L::V | L::Up)))
+        .map(|g| g.group.tensor_count())
+        .sum()
+}
+
+/// Elements of the FP8 GEMMs' weights on this GPU.
+pub fn fp8_weight_elements(cfg: &Config, groups: &[LocalGroup]) -> u64 {
+    let megatron = cfg.framework == super::config::Framework::Megatron;
+    elements(groups, |g| fp8_linear(g) && (megatron || !g.expert))
+}
+
+/// Bytes per element of a Transformer Engine FP8 weight with row- and column-wise usage:
+/// data + its transpose where non-TN GEMMs are unsupported (Hopper, Ada: 2), the data alone
+/// on B200/B300 (1); MXFP8 both layouts (2) — its E8M0 scales (1 per 32 in each layout) are
+/// the separate [`MXFP8_SCALE_DIVISOR`] term.
+fn te_weight_bytes_per_element(cfg: &Config, fp8: Fp8) -> u64 {
+    if fp8 == Fp8::TeMxfp8 || crate::estimator::step::lowbit::te_transposes(cfg) {
+        2
+    } else {
+        1
     }
-    let lin = elements(groups, |g| g.group.linear.is_some() && !g.adapter);
-    let e = Expr::prod([Expr::var(PSI_LIN, lin), Expr::konst("FP8_WEIGHT_CACHE_BYTES", FP8_WEIGHT_CACHE_BYTES)]);
-    Some(Row::new(
-        RowId::Fp8WeightCache,
-        "fp8 weight copies",
+}
+
+/// MXFP8 keeps one E8M0 scale byte per 32 elements in each of its two layouts: Ψ/16 bytes.
+pub const MXFP8_SCALE_DIVISOR: u64 = 16;
+
+/// The persistent memory of the FP8 recipe (`fp8`; validation/FINDINGS.md §10):
+///
+/// - Transformer Engine delayed scaling: per FP8 GEMM, `scale` fp32 `[3]` + `[2]` and
+///   `amax_history` fp32 `[1024, 3]` + `[1024, 2]` (forward input/weight/output, backward
+///   grad_output/grad_input; `quantization.py DelayedScalingRecipeState`): 20,500 B;
+/// - Transformer Engine's FP8 weight copies kept across steps: Megatron passes
+///   `is_first_microbatch`, so each module caches its FP8 weight (`_fp8_workspaces`) with its
+///   transpose on Hopper (`fp8_weight_cache`). Without the cache (HF code) the copies live from
+///   each layer's forward to its backward: the step counts them. With `fp8_model_init` the
+///   parameters are those copies (the weights row).
+///
+/// torchao keeps nothing: its casts are transients of each GEMM (the step).
+pub fn fp8_rows(cfg: &Config, groups: &[LocalGroup]) -> Vec<Row> {
+    let fp8 = crate::estimator::step::lowbit::fp8_of(cfg);
+    let mut rows = Vec::new();
+    if fp8 == Fp8::TeDelayed {
+        let n = fp8_gemms(cfg, groups);
+        if n > 0 {
+            let e = Expr::prod([
+                Expr::var(N_GEMM, n),
+                Expr::sum([Expr::prod([Expr::konst("AMAX_HISTORY_LEN", AMAX_HISTORY_LEN), Expr::num(5u8)]), Expr::num(5u8)]),
+                Expr::konst("FP32_BYTES", FP32_BYTES),
+            ]);
+            rows.push(
+                Row::new(
+                    RowId::Fp8AmaxHistory,
+                    "FP8 amax histories and scales",
+                    Category::FrameworkOverhead,
+                    e,
+                    "transformer_engine 2.20.2 quantization.py DelayedScalingRecipeState; module/base.py set_meta_tensor (3 forward + 2 backward FP8 tensors per GEMM)",
+                )
+                .note("delayed scaling: amax_history_len = 1,024 per FP8 tensor, fp32, persistent (saved in the checkpoint's extra state)"),
+            );
+        }
+    }
+    if fp8.te() && cfg.framework == super::config::Framework::Megatron && !cfg.fp8_model_init {
+        let lin = fp8_weight_elements(cfg, groups);
+        let b = te_weight_bytes_per_element(cfg, fp8);
+        let mut terms = vec![Expr::prod([Expr::var(PSI_LIN, lin), Expr::var(B_FP8, b)])];
+        if fp8 == Fp8::TeMxfp8 {
+            terms.push(Expr::var(PSI_LIN, lin).ceil_div(Expr::konst("MXFP8_SCALE_DIVISOR", MXFP8_SCALE_DIVISOR)));
+        }
+        rows.push(
+            Row::new(
+                RowId::Fp8WeightCache,
+                "FP8 weight copies",
+                Category::Parameters,
+                Expr::sum(terms),
+                "transformer_engine 2.20.2 module/base.py quantize_weight with is_first_microbatch (_fp8_workspaces); float8_tensor_storage.py update_usage",
+            )
+            .note(if fp8 == Fp8::TeMxfp8 {
+                "MXFP8: row- and column-wise data with their 1×32 E8M0 scales, cached across micro-batches and steps"
+            } else if b == 2 {
+                "row-wise data + its transpose (this GPU runs no non-TN FP8 GEMM), cached across micro-batches and steps"
+            } else {
+                "row-wise data only (Blackwell reads it for every GEMM layout), cached across micro-batches and steps"
+            }),
+        );
+    }
+    rows
+}
+
+/// Trainable weights under Transformer Engine's `fp8_model_init`: the linear weights are FP8
+/// tensors (data, transpose on Hopper, MXFP8 scales) and no 16-bit copy exists; the other
+/// trainable parameters keep the recipe's dtype. The fp32 master copy stays in the optimizer.
+fn fp8_model_init_weights(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
+    let fp8 = crate::estimator::step::lowbit::fp8_of(cfg);
+    let lin = elements(groups, |g| {
+        g.role == Role::Trainable && fp8_linear(g) && (cfg.framework == super::config::Framework::Megatron || !g.expert)
+    });
+    let all = elements(groups, |g| g.role == Role::Trainable);
+    let shards = sh.shards(3);
+    let b = te_weight_bytes_per_element(cfg, fp8);
+    let mut terms = vec![
+        Expr::prod([Expr::var(PSI_LIN, lin).shard(shards.dense.clone()), Expr::var(B_FP8, b)]),
+        Expr::prod([Expr::var(PSI_T_REST_LIN, all.saturating_sub(lin)).shard(shards.dense.clone()), Expr::var(B_W, recipe.weight.bytes())]),
+    ];
+    if fp8 == Fp8::TeMxfp8 {
+        terms.push(Expr::var(PSI_LIN, lin).shard(shards.dense.clone()).ceil_div(Expr::konst("MXFP8_SCALE_DIVISOR", MXFP8_SCALE_DIVISOR)));
+    }
+    Row::new(
+        RowId::Weights,
+        "Trainable weights",
         Category::Parameters,
-        e,
-        "transformer_engine/pytorch/module/linear.py: Float8Tensor weight cache (row-wise + column-wise on Hopper)",
-    ))
+        Expr::sum(terms),
+        "transformer_engine 2.20.2 quantization.py fp8_model_init / quantized_model_init; module/base.py reset_parameters",
+    )
+    .note("fp8_model_init: the linear weights are FP8 parameters (no 16-bit copy); the fp32 master weights stay in the optimizer")
 }
 
 /// Gradients: ⌈Ψ_T / N⌉ × b_g, sharded from ZeRO-2 on. Dtype: the recipe's gradient type
@@ -233,16 +423,43 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     let offload_params = cfg.offload == Offload::OptimizerParams && sh.stage == 3;
     let offload_opt = cfg.offload != Offload::None;
 
-    let weights = with_fp32_kept(trainable_weight_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(3), recipe.weight.bytes(), B_W);
+    // The trainable parameters' own recipe (peft's fp32 adapters on a 16-bit QLoRA base).
+    let frozen_recipe = recipe;
+    let recipe = &super::precision::trainable_recipe(cfg, recipe);
+    let weights = if cfg.fp8_model_init && crate::estimator::step::lowbit::fp8_of(cfg).te() {
+        fp8_model_init_weights(cfg, recipe, groups, &sh)
+    } else {
+        with_fp32_kept(trainable_weight_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(3), recipe.weight.bytes(), B_W)
+    };
     if offload_params {
         host.push(weights);
     } else {
         gpu.push(weights);
     }
-    gpu.extend(frozen_weight_bytes(recipe, groups, &sh));
-    gpu.extend(quantized_weight_bytes(groups, &sh));
-    gpu.extend(fp8_weight_cache_bytes(recipe, groups));
-    gpu.push(with_fp32_kept(gradient_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(2), recipe.grad.bytes(), B_G));
+    // Parameter offload (FSDP `CPUOffloadPolicy` / `CPUOffload(offload_params=True)`, ZeRO-3
+    // `offload_param`): every sharded parameter — frozen and 4-bit ones too — and the sharded
+    // gradients live on the host; only the layers in flight come to the GPU (the gathered
+    // row), and GPTQ's packed tensors, which are buffers, stay (validation/FINDINGS.md §13).
+    let frozen = frozen_weight_bytes(frozen_recipe, groups, &sh);
+    if offload_params {
+        host.extend(frozen);
+        if cfg.qlora_quant == QloraQuant::Nf4 {
+            host.extend(quantized_rows(cfg, groups, &sh, Some(true)));
+            gpu.extend(quantized_rows(cfg, groups, &sh, Some(false)));
+        } else {
+            gpu.extend(quantized_weight_bytes(cfg, groups, &sh));
+        }
+    } else {
+        gpu.extend(frozen);
+        gpu.extend(quantized_weight_bytes(cfg, groups, &sh));
+    }
+    gpu.extend(fp8_rows(cfg, groups));
+    let gradients = with_fp32_kept(gradient_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(2), recipe.grad.bytes(), B_G);
+    if offload_params {
+        host.push(gradients);
+    } else {
+        gpu.push(gradients);
+    }
     gpu.extend(reduction_buffer_bytes(cfg, recipe, groups));
 
     let opt_shards = sh.shards(1);
@@ -382,8 +599,8 @@ mod tests {
         let mut g = flat(64 * 256 * 1000);
         g[0].role = Role::Quantized;
         let cfg = Config::default();
-        let row = quantized_weight_bytes(&g, &Sharding::of(&cfg));
-        let bits = row.map(|r| (r.bytes - 1024) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
+        let row = quantized_weight_bytes(&cfg, &g, &Sharding::of(&cfg));
+        let bits = row.map(|r| (r.bytes - (NF4_STATE_CONSTANTS + BNB_CONSTANTS) as u128) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
         assert!(bits.is_some_and(|b| (b - 4.127).abs() < 0.001), "{bits:?}");
     }
 

@@ -52,6 +52,8 @@ pub struct StepParts {
     /// What is resident beside the stream: weights, optimizer states, buffers, batch, resident
     /// gradients.
     pub resident: step::model::Resident,
+    /// The stage's parameter tensors (what the loading allocates).
+    pub groups: Vec<super::params::LocalGroup>,
 }
 
 /// [`StepParts`] of `cfg`.
@@ -63,14 +65,15 @@ pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
     let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
     let resident = resident_of(cfg, &rows, &host, stage, 0);
     let sh = sharding::Sharding::of(cfg);
-    let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &recipe, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
+    let adapters = super::precision::trainable_recipe(cfg, &recipe);
+    let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &adapters, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
     Ok(expr::numbers_only(|| {
         let setup = step::model::Setup::new(cfg, &recipe, stage);
         let prog = setup.whole();
         let stream = step::model::simulate_program(cfg, &recipe, &setup, &prog, resident, temp);
         let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();
         let trainable = step::model::optimizer_params(&prog, step::ir::DType::of(recipe.weight));
-        StepParts { stream, params, trainable, resident }
+        StepParts { stream, params, trainable, resident, groups }
     }))
 }
 

@@ -33,6 +33,8 @@ pub struct Activations {
 pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");
 /// Full-attention layers on this GPU (in a model that also has sliding-window layers).
 pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU");
+/// Layers whose input needs a gradient: all but a first layer on a frozen embedding.
+pub const L_GRAD: Sym = Sym::new("L", "grad", "layers whose input needs a gradient (all but the first on a frozen embedding)");
 
 /// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
 /// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
@@ -122,6 +124,7 @@ pub fn activations_of(
     // Where a kind's attention types keep different tensors, what only one keeps counts for its
     // layers only.
     split_by_attention(setup, pieces, &b, &variants, has_moe, &mut t);
+    first_without_grad(setup, pieces, &b, has_moe, &mut t);
     let (pro, psh) = (&pieces.pro, &pieces.psh);
     if stage.has_embedding() {
         for k in kept(pro) {
@@ -161,7 +164,11 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
         v: spec.vocab,
         p: recipe.compute.bytes(),
         p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
-        p_lin: if recipe.fp8_weight_cache { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+        p_lin: if recipe.fp8_weight_cache || crate::estimator::step::lowbit::fp8_of(cfg).te() {
+            Dtype::Fp8.bytes()
+        } else {
+            recipe.compute.bytes()
+        },
         tp: cfg.tp,
     };
     let c = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
@@ -254,6 +261,45 @@ fn split_by_attention(
                     None => t.by_attention.push((sym, n, vec![(part, e)])),
                 }
             }
+        }
+    }
+}
+
+/// A first layer on a frozen embedding (LoRA, QLoRA without checkpointing) keeps nothing that
+/// only its input's gradient needs (its input norm, before the first adapter): what only the
+/// other layers of its kind keep moves from the per-layer terms to [`Terms::by_attention`],
+/// counted for those layers (`L_grad`).
+fn first_without_grad(
+    setup: &crate::estimator::step::model::Setup,
+    pieces: &crate::estimator::step::fast::Pieces,
+    b: &crate::estimator::step::ir::Builder,
+    has_moe: bool,
+    t: &mut Terms,
+) {
+    use crate::estimator::step::families::Kind;
+    use crate::estimator::step::ir::Group;
+    let Some(first) = pieces.first_without_grad() else { return };
+    let Some(normal) = pieces.variant(first.kind, first.var).filter(|l| l.grad) else { return };
+    let mut theirs: Vec<(Part, Group, u128)> =
+        first.saved.iter().filter(|k| !k.elsewhere).map(|k| (k.part, k.group, first.prog.tensors[k.t as usize].bytes)).collect();
+    let kind_layers = setup.kinds.iter().filter(|&&k| k == first.kind).count() as u64;
+    for k in normal.saved.iter().filter(|k| !k.elsewhere) {
+        let x = &normal.prog.tensors[k.t as usize];
+        if let Some(j) = theirs.iter().position(|o| *o == (k.part, k.group, x.bytes)) {
+            theirs.remove(j);
+            continue;
+        }
+        let e = b.expr_of(&x.shape, x.dt);
+        let (list, n) = match (k.group, has_moe, first.kind) {
+            (Group::All, _, _) | (_, false, _) => (&mut t.layer, setup.kinds.len() as u64 - 1),
+            (_, true, Kind::Moe) => (&mut t.moe_layer, kind_layers - 1),
+            (_, true, Kind::Dense) => (&mut t.dense_layer, kind_layers - 1),
+        };
+        let Some(j) = list.iter().position(|(p, y)| *p == k.part && *y == e) else { continue };
+        list.remove(j);
+        match t.by_attention.iter_mut().find(|(y, m, _)| *y == L_GRAD && *m == n) {
+            Some((_, _, v)) => v.push((k.part, e)),
+            None => t.by_attention.push((L_GRAD, n, vec![(k.part, e)])),
         }
     }
 }

@@ -356,28 +356,18 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// A projection of the modeling code (`q_proj`, `down_proj`, …): `linear`, with a LoRA
-    /// adapter when PEFT targets it (`peft/tuners/lora/layer.py`, `Linear.forward`):
+    /// A projection of the modeling code (`q_proj`, `down_proj`, …): `linear` (or the FP8
+    /// recipe's linear, QLoRA's quantized base: `lowbit.rs`), with a LoRA adapter when PEFT
+    /// targets it (`peft/tuners/lora/layer.py`, `Linear.forward`):
     /// `result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling` — `lora_A` keeps x
     /// (the frozen base keeps nothing), `lora_B` keeps `lora_A`'s output `[b, s, r]`.
     pub fn proj(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, lin: crate::estimator::model::Linear) -> Tid {
-        let base = self.linear(x, w, bias, shape);
+        if let Some(q) = self.lowbit.quant.filter(|_| !self.rg(w)) {
+            return self.quantized_proj(x, w, bias, shape, lin, q);
+        }
+        let base = self.base_linear(x, w, bias, shape);
         let Some(l) = self.lora.filter(|l| targeted(lin, l.targets)) else { return base };
-        let tokens = (self.c.n(Q::B) * self.c.n(Q::S)).max(1) as u128;
-        let numel = |b: &Self, t: Tid| b.bytes(t) / b.t(t).dtype.bytes().max(1) as u128 / tokens;
-        let (n_in, n_out) = (numel(self, x), self.bytes_of(&shape, Dt::Model) / self.dtype(Dt::Model).bytes().max(1) as u128 / tokens);
-        let r = l.rank as u128;
-        let a_w = self.param(r * n_in * l.weight.bytes() as u128, l.weight, r * n_in * l.grad_elem as u128);
-        let b_w = self.param(n_out * r * l.weight.bytes() as u128, l.weight, n_out * r * l.grad_elem as u128);
-        let module = self.module;
-        let part = self.part;
-        self.module = "lora_A";
-        let a = self.linear(x, a_w, None, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(super::ir::X::R)], Split::None));
-        self.module = "lora_B";
-        self.part = Part::Lora;
-        let bb = self.linear(a, b_w, None, shape);
-        self.part = part;
-        self.module = module;
+        let bb = self.lora_branch(x, x, shape, l);
         let sc = self.mul_scalar(bb);
         self.add(base, sc)
     }

@@ -191,6 +191,8 @@ pub struct Key {
     pub var: super::families::Var,
     pub free: u8,
     pub pinned: bool,
+    /// Its input needs a gradient (not the first layer's on a frozen embedding).
+    pub grad: bool,
 }
 
 /// A layer piece as profiled: its program's key and whether its input and output are kept for
@@ -211,7 +213,7 @@ pub fn layer_keys(setup: &Setup, psh: &Shared) -> Vec<Key> {
             let used = psh.used(var);
             let free = used & !seen;
             seen |= used;
-            Key { kind: setup.kinds[i], var, free, pinned: i == 0 && setup.first_pinned() }
+            Key { kind: setup.kinds[i], var, free, pinned: i == 0 && setup.first_pinned(), grad: i > 0 || setup.first_input_grad() }
         })
         .collect()
 }
@@ -244,6 +246,8 @@ pub fn kept_storages(p: &Program) -> Vec<bool> {
 pub struct LayerProg {
     pub kind: Kind,
     pub var: super::families::Var,
+    /// Built with an input that needs a gradient.
+    pub grad: bool,
     pub prog: Program,
     pub x: Tid,
     pub y: Tid,
@@ -291,14 +295,21 @@ pub struct Pieces {
 impl Pieces {
     /// The program of a layer of `kind` and variant `var`.
     pub fn variant(&self, kind: Kind, var: super::families::Var) -> Option<&LayerProg> {
-        self.layers.iter().find(|l| l.kind == kind && l.var == var).map(|l| &**l)
+        let mut of = self.layers.iter().filter(|l| l.kind == kind && l.var == var);
+        let first = of.next();
+        of.chain(first).find(|l| l.grad).or(first).map(|l| &**l)
+    }
+    /// The first layer's program where its input needs no gradient (a frozen embedding's).
+    pub fn first_without_grad(&self) -> Option<&LayerProg> {
+        let k = self.keys.first().filter(|k| !k.grad)?;
+        self.layers.iter().find(|l| l.kind == k.kind && l.var == k.var && !l.grad).map(|l| &**l)
     }
     /// The program of the layer of `key`.
     pub fn layer(&self, key: &Key) -> &LayerProg {
         self.layer_rc(key)
     }
     fn layer_rc(&self, key: &Key) -> &std::rc::Rc<LayerProg> {
-        self.layers.iter().find(|l| l.kind == key.kind && l.var == key.var).expect("every key has its program")
+        self.layers.iter().find(|l| l.kind == key.kind && l.var == key.var && l.grad == key.grad).expect("every key has its program")
     }
     /// The global slots some layer keeps.
     pub fn kept_slots(&self) -> u8 {
@@ -323,18 +334,18 @@ pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pi
     let keys = layer_keys(setup, &psh);
     let mut layers: Vec<std::rc::Rc<LayerProg>> = Vec::with_capacity(4);
     for k in &keys {
-        if layers.iter().any(|l| l.kind == k.kind && l.var == k.var) {
+        if layers.iter().any(|l| l.kind == k.kind && l.var == k.var && l.grad == k.grad) {
             continue;
         }
-        let l = match built.iter().find(|l| l.kind == k.kind && l.var == k.var) {
+        let l = match built.iter().find(|l| l.kind == k.kind && l.var == k.var && l.grad == k.grad) {
             Some(l) => l.clone(),
             None => {
                 // Built for the first layer of its kind; others of it differ only in inputs.
-                let (prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
+                let (prog, x, sh) = setup.layer_alone_with(k.kind, k.var, k.free, k.pinned, k.grad);
                 let y = prog.outputs[0];
                 let kept = kept_storages(&prog);
                 let saved = super::ledger::kept(&prog);
-                let l = std::rc::Rc::new(LayerProg { kind: k.kind, var: k.var, prog, x, y, sh, kept, saved });
+                let l = std::rc::Rc::new(LayerProg { kind: k.kind, var: k.var, grad: k.grad, prog, x, y, sh, kept, saved });
                 built.push(l.clone());
                 l
             }
@@ -648,7 +659,7 @@ mod tests {
                 let shared = pieces_with(&setup, &mut built);
                 for k in &shared.keys {
                     let l = shared.layer(k);
-                    let (mut prog, x, sh) = setup.layer_alone(k.kind, k.var, k.free, k.pinned);
+                    let (mut prog, x, sh) = setup.layer_alone_with(k.kind, k.var, k.free, k.pinned, k.grad);
                     assert_eq!((x, sh.slots()), (l.x, l.sh.slots()), "{name} {stage:?}");
                     for (t, free_fwd, free_bwd) in l.inputs(k) {
                         assert_eq!(prog.tensors[t as usize].origin, Origin::Input { free_fwd, free_bwd }, "{name} {stage:?} {k:?}");

@@ -39,6 +39,8 @@ pub enum DType {
     I64,
     I32,
     Bool,
+    /// fp64 (torchao's scale arithmetic).
+    F64,
 }
 
 impl DType {
@@ -47,7 +49,7 @@ impl DType {
             DType::Fp32 | DType::I32 => 4,
             DType::Bf16 | DType::Fp16 => 2,
             DType::Fp8 | DType::Bool => 1,
-            DType::I64 => 8,
+            DType::I64 | DType::F64 => 8,
         }
     }
     pub fn name(self) -> &'static str {
@@ -59,6 +61,7 @@ impl DType {
             DType::I64 => "int64",
             DType::I32 => "int32",
             DType::Bool => "bool",
+            DType::F64 => "float64",
         }
     }
     /// The tensor dtype of a precision recipe's element type.
@@ -89,6 +92,12 @@ pub enum Dt {
     I64,
     I32,
     Bool,
+    /// Fixed fp16 (GPTQ's dequantized weights and scales).
+    F16,
+    /// Fixed fp64 (torchao's scale arithmetic).
+    F64,
+    /// Fixed fp8 (torchao's and Transformer Engine's casts; 1 byte).
+    Fp8,
 }
 
 /// Extra quantities a shape can use beyond the activation symbols of [`Q`].
@@ -483,6 +492,9 @@ pub struct Builder<'a> {
     pub lora: Option<Lora>,
     /// Megatron-style selective recomputation of the attention core.
     pub selective: bool,
+    /// How projections run their GEMMs beyond plain `nn.Linear`: FP8 recipes and QLoRA's
+    /// quantized base (`lowbit.rs`).
+    pub lowbit: super::lowbit::LowBit,
 }
 
 /// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
@@ -517,6 +529,7 @@ impl<'a> Builder<'a> {
             dropout: false,
             lora: None,
             selective: false,
+            lowbit: super::lowbit::LowBit::default(),
         }
     }
 
@@ -531,6 +544,9 @@ impl<'a> Builder<'a> {
             Dt::I64 => DType::I64,
             Dt::I32 => DType::I32,
             Dt::Bool => DType::Bool,
+            Dt::F16 => DType::Fp16,
+            Dt::F64 => DType::F64,
+            Dt::Fp8 => DType::Fp8,
         }
     }
 
@@ -546,6 +562,9 @@ impl<'a> Builder<'a> {
             Dt::I64 => Expr::konst("INT64_BYTES", INT64_BYTES),
             Dt::I32 => Expr::konst("INT32_BYTES", 4u8),
             Dt::Bool => Expr::konst("BOOL_BYTES", BOOL_BYTES),
+            Dt::F16 => Expr::konst("FP16_BYTES", 2u8),
+            Dt::F64 => Expr::konst("FP64_BYTES", 8u8),
+            Dt::Fp8 => Expr::konst("FP8_BYTES", 1u8),
         }
     }
 
@@ -723,6 +742,10 @@ impl<'a> Builder<'a> {
                 out_ids[k] = id;
             }
         }
+        // Autograd makes a node only when an input requires a gradient: without one nothing is
+        // saved (a frozen embedding keeps no ids; a LoRA model's first norm, on the frozen
+        // embedding's output, keeps nothing — measured: tests/fixtures/pytorch/qlora).
+        let saved = if ins.iter().any(|&t| self.p.tensors[t as usize].requires_grad) { saved } else { &[] };
         let saved_at = self.p.saves.len() as u32;
         for s in saved {
             let t = match *s {

@@ -15,6 +15,7 @@ pub mod families;
 pub mod fast;
 pub mod ir;
 pub mod ledger;
+pub mod lowbit;
 pub mod model;
 pub mod part;
 pub mod run;

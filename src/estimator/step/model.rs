@@ -60,7 +60,11 @@ impl<'a> Setup<'a> {
             v: spec.vocab,
             p: recipe.compute.bytes(),
             p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
-            p_lin: if recipe.fp8_weight_cache { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+            p_lin: if recipe.fp8_weight_cache || crate::estimator::step::lowbit::fp8_of(cfg).te() {
+                Dtype::Fp8.bytes()
+            } else {
+                recipe.compute.bytes()
+            },
             tp: cfg.tp,
         };
         let ctx = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
@@ -103,7 +107,11 @@ impl<'a> Setup<'a> {
             vars,
             compute: DType::of(recipe.compute),
             resid,
-            lin: if recipe.fp8_weight_cache { DType::Fp8 } else { DType::of(recipe.compute) },
+            lin: if recipe.fp8_weight_cache || crate::estimator::step::lowbit::fp8_of(cfg).te() {
+                DType::Fp8
+            } else {
+                DType::of(recipe.compute)
+            },
             accumulate: if cfg.kernels == Kernels::Cpu { Accumulate::OutOfPlace } else { Accumulate::InPlace },
         }
     }
@@ -126,13 +134,15 @@ impl<'a> Setup<'a> {
         b.dropout = self.cfg.dropout > 0.0;
         b.selective = self.cfg.recompute == Recompute::Selective;
         if self.cfg.finetune != crate::estimator::config::Finetune::Full {
+            let adapters = crate::estimator::precision::trainable_recipe(self.cfg, &self.recipe);
             b.lora = Some(super::ir::Lora {
                 targets: self.cfg.lora_targets.0,
                 rank: self.cfg.lora_rank,
-                weight: DType::of(self.recipe.weight),
-                grad_elem: self.recipe.grad.bytes(),
+                weight: DType::of(adapters.weight),
+                grad_elem: adapters.grad.bytes(),
             });
         }
+        b.lowbit = super::lowbit::of(self.cfg);
         b
     }
 
@@ -257,14 +267,30 @@ impl<'a> Setup<'a> {
     /// `pinned`), the shared tensors (the global slots, freed by this layer's backward where
     /// `free` says: it is their first user), its view of them (`var`).
     pub fn layer_alone(&self, kind: Kind, var: families::Var, free: u8, pinned: bool) -> (Program, Tid, Shared) {
+        self.layer_alone_with(kind, var, free, pinned, true)
+    }
+
+    /// [`Setup::layer_alone`] with an input that needs a gradient (`grad`) or not (the first
+    /// layer on a frozen embedding, [`Setup::first_input_grad`]).
+    pub fn layer_alone_with(&self, kind: Kind, var: families::Var, free: u8, pinned: bool, grad: bool) -> (Program, Tid, Shared) {
         let mut b = self.builder();
         let p = self.params();
         let x = families::common::input(&mut b, !pinned, true);
+        b.p.tensors[x as usize].requires_grad = grad;
         let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
         let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind);
         b.outputs(&[y]);
         (b.p, x, sh)
+    }
+
+    /// Whether this stage's first layer's input needs a gradient: not when it comes from a frozen
+    /// embedding (LoRA, QLoRA), unless checkpointing made peft and transformers call
+    /// `enable_input_require_grads()` (`prepare_model_for_kbit_training(use_gradient_checkpointing
+    /// =True)`, `PreTrainedModel.gradient_checkpointing_enable` on a PEFT model). Measured: the
+    /// qlora records' first layer keeps nothing before its first adapter without checkpointing.
+    pub fn first_input_grad(&self) -> bool {
+        !self.stage.has_embedding() || self.cfg.finetune == crate::estimator::config::Finetune::Full || self.ckpt()
     }
 
     /// Whether this stage's first layer's input is held by the model's forward (its local).
@@ -314,7 +340,13 @@ impl<'a> Setup<'a> {
         let code = families::modeling(spec.family);
         if self.stage.has_embedding() {
             let ids = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
-            code.embed(b, p, spec, ids, self.cfg.attn)
+            let (x0, sh) = code.embed(b, p, spec, ids, self.cfg.attn);
+            // `enable_input_require_grads()`: a forward hook makes the frozen embedding's output
+            // require a gradient ([`Setup::first_input_grad`]).
+            if self.first_input_grad() {
+                b.p.tensors[x0 as usize].requires_grad = true;
+            }
+            (x0, sh)
         } else {
             // A later pipeline stage receives its input (and computes its own positions).
             code.receive(b, p, spec, self.cfg.attn)
@@ -590,11 +622,12 @@ impl Sink for Collector {
 
 /// The trainable parameters of a program in registration order: (elements of the optimizer's
 /// shard, bytes per state element).
-pub fn optimizer_params(prog: &Program, weight: DType) -> Vec<u128> {
+pub fn optimizer_params(prog: &Program, _weight: DType) -> Vec<u128> {
+    // Each parameter's own dtype (peft's fp32 adapters on a 16-bit QLoRA base).
     prog.tensors
         .iter()
         .filter_map(|t| match t.origin {
-            Origin::Param { grad_bytes } if grad_bytes > 0 => Some(t.bytes / weight.bytes().max(1) as u128),
+            Origin::Param { grad_bytes } if grad_bytes > 0 => Some(t.bytes / t.dtype.bytes().max(1) as u128),
             _ => None,
         })
         .collect()
@@ -615,6 +648,7 @@ pub fn optimizer_events<S: Sink>(sink: &mut S, cfg: &Config, recipe: &Recipe, nu
     }
     let sh = Sharding::of(cfg);
     let shards = if sh.stage >= 1 && sh.n > 1 { sh.n as u128 } else { 1 };
+    let recipe = &crate::estimator::precision::trainable_recipe(cfg, recipe);
     let state = if recipe.master.is_some() { 4 } else { recipe.state.bytes() as u128 };
     let dtype = if state == 4 { DType::Fp32 } else { DType::of(recipe.state) };
     let size = |n: u128| n.div_ceil(shards) * state;

@@ -1,0 +1,594 @@
+//! Projections that do not run a plain `nn.Linear`: the FP8 recipes' linears (torchao
+//! `Float8Linear`, Transformer Engine's `te.Linear`) and QLoRA's quantized base (bitsandbytes
+//! `Linear4bit`, gptqmodel's `TorchQuantLinear`), each with what it allocates in forward, what
+//! its autograd node saves, and what that node allocates in backward, in order
+//! (validation/FINDINGS.md §10–§11; the torchao and bitsandbytes programs are checked window by
+//! window against `tests/fixtures/pytorch/{fp8,qlora}` by `tests/lowbit_fixtures.rs`).
+//!
+//! Which linears: every projection of a decoder layer ([`Builder::proj`]); the embeddings, the
+//! LM head, norms, the router and the attention core never come here, so they stay in the
+//! recipe's 16-bit dtype.
+
+use super::ir::{Builder, DType, Dim, Dt, Lora, Shape, Split, Tid, B, S};
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::config::{Config, Finetune, Fp8, Precision, QloraQuant};
+
+/// How the projections of a program run (none: `nn.Linear`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LowBit {
+    pub fp8: Option<Fp8Linear>,
+    pub quant: Option<Quant4>,
+}
+
+/// An FP8 recipe's linear.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fp8Linear {
+    pub recipe: Fp8,
+    /// FSDP2 all-gathers the weights already cast to FP8 (torchao `enable_fsdp_float8_all_gather`,
+    /// tensorwise): the forward casts no weight, the backward re-casts none for grad_input.
+    pub allgathered: bool,
+    /// Transformer Engine keeps a transposed (column-wise) copy of FP8 data: Hopper, Ada and
+    /// sm120 (`is_non_tn_fp8_gemm_supported()` is false there), not B200/B300.
+    pub te_transpose: bool,
+    /// Transformer Engine: the FP8 weight is re-quantized in backward instead of saved
+    /// (`fp8_recompute_weight`, as TE does under FSDP2).
+    pub te_recompute_weight: bool,
+    /// Transformer Engine `fp8_model_init`: the parameter is the FP8 weight (no per-step cast).
+    pub te_model_init: bool,
+}
+
+/// QLoRA's quantized base.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quant4 {
+    pub kind: QloraQuant,
+    /// bitsandbytes double quantization (8-bit absmax with an fp32 scale per 256 blocks).
+    pub double_quant: bool,
+}
+
+/// bitsandbytes' NF4 block (`blocksize=64`).
+pub const NF4_BLOCK: u128 = 64;
+
+/// An element count as a shape (`numel` elements, no split): the transients below are sized by
+/// their numbers (they appear in the step, not in the ledger's formulas).
+fn flat(n: u128) -> Shape {
+    Shape::new(&[Dim::W(n as u64)], Split::None)
+}
+
+/// Builds a node's backward script: allocations numbered in order, frees by number.
+struct Script {
+    b: Vec<B>,
+    n: u8,
+}
+
+impl Script {
+    fn new() -> Script {
+        Script { b: Vec::with_capacity(64), n: 0 }
+    }
+    fn alloc(&mut self, bytes: u128, dtype: DType, op: &'static str) -> u8 {
+        self.b.push(B::Alloc { bytes, dtype, op });
+        self.n += 1;
+        self.n - 1
+    }
+    fn free(&mut self, t: Option<u8>) {
+        if let Some(t) = t {
+            self.b.push(B::Free(t));
+        }
+    }
+}
+
+/// A torchao scale: its elements and whether it is per row/column (axiswise) or one per tensor.
+#[derive(Clone, Copy)]
+struct Scale {
+    elems: u128,
+    axis: bool,
+}
+
+impl Scale {
+    fn tensorwise() -> Scale {
+        Scale { elems: 1, axis: false }
+    }
+    fn of(axis: bool, elems: u128) -> Scale {
+        if axis {
+            Scale { elems, axis }
+        } else {
+            Scale::tensorwise()
+        }
+    }
+}
+
+impl<'a> Builder<'a> {
+    fn numel(&self, t: Tid) -> u128 {
+        self.bytes(t) / self.t(t).dtype.bytes().max(1) as u128
+    }
+
+    fn tokens(&self) -> u128 {
+        (self.c.n(Q::B) * self.c.n(Q::S)).max(1) as u128
+    }
+
+    // ------------------------------------------------------------------ torchao
+
+    /// `tensor_to_scale` + `hp_tensor_and_scale_to_float8` of `src` as forward ops
+    /// (torchao 0.18 `float8_scaling_utils.py`, `float8_utils.py amax_to_scale`): `abs`, `max`
+    /// (`amax` per row), the scale in fp64 (`_to_copy`, `clamp`, `reciprocal`, `mul`), an fp32
+    /// scale (rounded to a power of 2 for rowwise: `log2`, `floor`, `exp2`), then
+    /// `x.to(fp32) * scale`, `clamp`, `.to(fp8)`: 9 bytes per element above the live set.
+    /// Returns the FP8 tensor and its scale.
+    fn fp8_cast_fwd(&mut self, src: Tid, hp: Shape, scale: Shape, rowwise: bool) -> (Tid, Tid) {
+        let sdt = self.t(src).dt;
+        let ab = self.plain("abs", &[src], hp, sdt);
+        let am = self.plain(if rowwise { "amax" } else { "max" }, &[ab], scale, sdt);
+        let c64 = self.plain("_to_copy", &[am], scale, Dt::F64);
+        let cl = self.plain("clamp", &[c64], scale, Dt::F64);
+        let rc = self.plain("reciprocal", &[cl], scale, Dt::F64);
+        let mu = self.plain("mul", &[rc], scale, Dt::F64);
+        self.hold(cl);
+        let s32 = self.plain("_to_copy", &[mu], scale, Dt::F32);
+        let sc = if rowwise {
+            let lg = self.plain("log2", &[s32], scale, Dt::F32);
+            let fl = self.plain("floor", &[lg], scale, Dt::F32);
+            let ex = self.plain("exp2", &[fl], scale, Dt::F32);
+            self.hold(s32);
+            ex
+        } else {
+            s32
+        };
+        self.hold(c64);
+        self.hold(am);
+        let c32 = if self.t(src).dtype == DType::Fp32 { src } else { self.plain("_to_copy", &[src], hp, Dt::F32) };
+        let m = self.plain("mul", &[c32, sc], hp, Dt::F32);
+        let cl2 = self.plain("clamp", &[m], hp, Dt::F32);
+        let q = self.plain("_to_copy", &[cl2], hp, Dt::Fp8);
+        self.hold(m);
+        (q, sc)
+    }
+
+    /// torchao `Float8Linear.forward` (`float8_linear.py`, `matmul_with_hp_or_float8_args`): the
+    /// input and the weight cast to FP8 (tensorwise or rowwise), `_scaled_mm` into the output;
+    /// the node saves the 16-bit input and the weight itself, no FP8 tensor.
+    pub fn torchao_linear(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, f: Fp8Linear) -> Tid {
+        let rowwise = f.recipe == Fp8::TorchaoRowwise;
+        let (rx, rw) = (self.rg(x), self.rg(w));
+        let t = self.tokens();
+        let k = (self.numel(x) / t).max(1);
+        let n = (self.numel(w) / k).max(1);
+        let xshape = self.shape(x);
+        let (xq, xs) = self.fp8_cast_fwd(x, xshape, if rowwise { xshape.last(Dim::N(1)) } else { Shape::scalar() }, rowwise);
+        let mut ins = vec![x, w, xq, xs];
+        let ws = if f.allgathered {
+            None
+        } else {
+            let (wq, ws) = self.fp8_cast_fwd(w, flat(k * n), if rowwise { flat(n) } else { Shape::scalar() }, rowwise);
+            ins.extend([wq, ws]);
+            Some(ws)
+        };
+        // addmm_float8_unwrapped: the reciprocals of both scales (the gathered weight's own scale
+        // when all-gathered).
+        let ra = self.plain("reciprocal", &[xs], self.shape(xs), Dt::F32);
+        let rb = match ws {
+            Some(ws) => self.plain("reciprocal", &[ws], self.shape(ws), Dt::F32),
+            None => self.plain("reciprocal", &[w], Shape::scalar(), Dt::F32),
+        };
+        ins.extend([ra, rb]);
+        let dt = self.t(x).dt;
+        let out = self.out(shape, dt, rx || rw);
+        let bw = if rx || rw { self.torchao_backward(x, w, &shape, dt, f, t, k, n) } else { Vec::new() };
+        let saved: &[S] = if rx || rw { &[S::In(0), S::In(1)] } else { &[] };
+        let y = self.op("_scaled_mm", "matmul_with_hp_or_float8_argsBackward", &ins, &[out], saved, &bw)[0];
+        match bias {
+            Some(b) => self.add(y, b),
+            None => y,
+        }
+    }
+
+    /// `matmul_with_hp_or_float8_args.backward`: grad_output cast (e5m2 tensorwise, e4m3
+    /// rowwise), the weight cast again, its transposed `.contiguous()` copy, `_scaled_mm` into
+    /// grad_input (rowwise: an fp32 post-scale of the output's size); then grad_output and the
+    /// saved input cast again for grad_weight, both transposed copies, `_scaled_mm` into it.
+    #[allow(clippy::too_many_arguments)]
+    fn torchao_backward(&self, x: Tid, w: Tid, shape: &Shape, dt: Dt, f: Fp8Linear, t: u128, k: u128, n: u128) -> Vec<B> {
+        let ax = f.recipe == Fp8::TorchaoRowwise;
+        let (gd, xd, wd) = (self.dtype(dt), self.t(x).dtype, self.t(w).dtype);
+        let g_elems = self.bytes_of(shape, dt) / gd.bytes().max(1) as u128;
+        let t = if g_elems > 0 && n > 0 { g_elems / n } else { t };
+        let mut s = Script::new();
+        let cast = |s: &mut Script, elems: u128, d: DType, sc: Scale| -> [Option<u8>; 2] {
+            let ab = s.alloc(elems * d.bytes() as u128, d, "abs");
+            let am = s.alloc(sc.elems * d.bytes() as u128, d, if sc.axis { "amax" } else { "max" });
+            s.free(Some(ab));
+            let c64 = s.alloc(8 * sc.elems, DType::F64, "_to_copy");
+            let cl = s.alloc(8 * sc.elems, DType::F64, "clamp");
+            let rc = s.alloc(8 * sc.elems, DType::F64, "reciprocal");
+            let mu = s.alloc(8 * sc.elems, DType::F64, "mul");
+            s.free(Some(rc));
+            s.free(Some(cl));
+            let s32 = s.alloc(4 * sc.elems, DType::Fp32, "_to_copy");
+            s.free(Some(mu));
+            let scale = if ax {
+                let lg = s.alloc(4 * sc.elems, DType::Fp32, "log2");
+                let fl = s.alloc(4 * sc.elems, DType::Fp32, "floor");
+                s.free(Some(lg));
+                let ex = s.alloc(4 * sc.elems, DType::Fp32, "exp2");
+                for h in [fl, s32, c64, am] {
+                    s.free(Some(h));
+                }
+                ex
+            } else {
+                s.free(Some(c64));
+                s.free(Some(am));
+                s32
+            };
+            let c32 = (d != DType::Fp32).then(|| s.alloc(4 * elems, DType::Fp32, "_to_copy"));
+            let m = s.alloc(4 * elems, DType::Fp32, "mul");
+            s.free(c32);
+            let cl2 = s.alloc(4 * elems, DType::Fp32, "clamp");
+            let q = s.alloc(elems, DType::Fp8, "_to_copy");
+            s.free(Some(cl2));
+            s.free(Some(m));
+            [Some(q), Some(scale)]
+        };
+        let scaled_mm = |s: &mut Script, a_rows: u128, a: Scale, b_cols: u128, b: Scale, out: u128| -> u8 {
+            let (mut a, mut b) = (a, b);
+            let mut extra = None;
+            if !a.axis && b.axis {
+                extra = Some(s.alloc(4 * a_rows, DType::Fp32, "repeat"));
+                a = Scale { elems: a_rows, axis: true };
+            } else if a.axis && !b.axis {
+                extra = Some(s.alloc(4 * b_cols, DType::Fp32, "repeat"));
+                b = Scale { elems: b_cols, axis: true };
+            }
+            let ra = s.alloc(4 * a.elems, DType::Fp32, "reciprocal");
+            let rb = s.alloc(4 * b.elems, DType::Fp32, "reciprocal");
+            let o = if a.axis && b.axis {
+                // rowwise, use_fast_accum=False: an fp32 post-scale of the output's size.
+                let post = s.alloc(4 * out, DType::Fp32, "mul");
+                let o1 = s.alloc(4, DType::Fp32, "new_ones");
+                s.free(Some(ra));
+                let o2 = s.alloc(4, DType::Fp32, "new_ones");
+                s.free(Some(rb));
+                let o = s.alloc(2 * out, DType::Bf16, "_scaled_mm");
+                s.free(Some(o1));
+                s.free(Some(o2));
+                s.free(Some(post));
+                o
+            } else {
+                let o = s.alloc(2 * out, DType::Bf16, "_scaled_mm");
+                s.free(Some(ra));
+                s.free(Some(rb));
+                o
+            };
+            s.free(extra);
+            o
+        };
+        let (rx, rw) = (self.rg(x), self.rg(w));
+        let mut keep: Vec<Option<u8>> = Vec::new();
+        let mut gi = None;
+        let mut gw = None;
+        // grad_input = grad_output @ weight.
+        let [gq, gs] = cast(&mut s, t * n, gd, Scale::of(ax, t));
+        keep.extend([gq, gs]);
+        if rx || rw {
+            let wgi = Scale::of(ax, k);
+            if !f.allgathered {
+                keep.extend(cast(&mut s, k * n, wd, wgi));
+            }
+            let wc = s.alloc(k * n, DType::Fp8, "contiguous");
+            let o = scaled_mm(&mut s, t, Scale::of(ax, t), k, wgi, t * k);
+            s.free(Some(wc));
+            gi = Some(o);
+        }
+        // grad_weight = grad_outputᵀ @ input.
+        if rw {
+            keep.extend(cast(&mut s, t * n, gd, Scale::of(ax, n)));
+            keep.extend(cast(&mut s, t * k, xd, Scale::of(ax, k)));
+            let ac = s.alloc(n * t, DType::Fp8, "contiguous");
+            let bc = s.alloc(k * t, DType::Fp8, "contiguous");
+            let o = scaled_mm(&mut s, n, Scale::of(ax, n), k, Scale::of(ax, k), n * k);
+            s.free(Some(ac));
+            s.free(Some(bc));
+            gw = Some(o);
+        }
+        for h in keep {
+            s.free(h);
+        }
+        if let (Some(o), true) = (gi, rx) {
+            s.b.push(B::Grad { input: 0, temp: o });
+        } else {
+            s.free(gi);
+        }
+        if let Some(o) = gw {
+            s.b.push(B::Grad { input: 1, temp: o });
+        }
+        s.b
+    }
+
+    // ------------------------------------------------------------------ Transformer Engine
+
+    /// Bytes of a quantized `[m, k]` tensor with the usages TE gives it: FP8 data (1 B/element)
+    /// and, where non-TN GEMMs are unsupported, its transpose; MXFP8 both layouts with their
+    /// E8M0 1×32 scales padded to 128×4 (`mxfp8_tensor.py get_scale_shape`).
+    pub fn te_quantized_bytes(recipe: Fp8, transpose: bool, m: u128, k: u128, both: bool) -> u128 {
+        match recipe {
+            Fp8::TeMxfp8 => {
+                let row = m * k + m.div_ceil(128) * 128 * (k.div_ceil(32).div_ceil(4) * 4);
+                let col = m * k + (m.div_ceil(32).div_ceil(4) * 4) * (k.div_ceil(128) * 128);
+                if both {
+                    row + col
+                } else {
+                    row
+                }
+            }
+            _ => {
+                let data = if both && transpose { 2 * m * k } else { m * k };
+                data + 4
+            }
+        }
+    }
+
+    /// Transformer Engine `te.Linear` (`module/linear.py _linear_forward_impl`): the input
+    /// quantized row- and column-wise, the weight quantized every forward (`base.py
+    /// quantize_weight`, unless `fp8_model_init`), the GEMM into a 16-bit output; the row-wise
+    /// input data is dropped after the GEMM, the column-wise input and the FP8 weight are saved.
+    /// Backward (`_linear_backward`): grad_output quantized both ways, dgrad and wgrad in 16
+    /// bits; the saved FP8 tensors go when the node returns.
+    pub fn te_linear(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, f: Fp8Linear) -> Tid {
+        let (rx, rw) = (self.rg(x), self.rg(w));
+        let t = self.tokens();
+        let k = (self.numel(x) / t).max(1);
+        let n = (self.numel(w) / k).max(1);
+        let tr = f.te_transpose;
+        let x_row = self.plain("quantize", &[x], flat(Builder::te_quantized_bytes(f.recipe, tr, t, k, false)), Dt::Fp8);
+        // The column-wise input wgrad reads: its own copy (a transpose, MXFP8's column-wise
+        // layout) or, where GEMMs read row-wise data in any layout, the row-wise data kept.
+        let col = self.te_col_bytes(f.recipe, tr, t, k);
+        let x_col = match (rw, col) {
+            (false, _) => None,
+            (true, 0) => Some(x_row),
+            (true, c) => Some(self.plain("quantize", &[x], flat(c), Dt::Fp8)),
+        };
+        let mut ins = vec![x, w, x_row];
+        let w8 = if f.te_model_init {
+            None
+        } else {
+            let wb = Builder::te_quantized_bytes(f.recipe, tr, n, k, true);
+            let w8 = self.plain("quantize", &[w], flat(wb), Dt::Fp8);
+            ins.push(w8);
+            Some(w8)
+        };
+        if let Some(c) = x_col.filter(|&c| c != x_row) {
+            ins.push(c);
+        }
+        let dt = self.t(x).dt;
+        let out = self.out(shape, dt, rx || rw);
+        let gd = self.dtype(dt);
+        let mut s = Script::new();
+        if rx || rw {
+            let gq = s.alloc(Builder::te_quantized_bytes(f.recipe, tr, t, n, true), DType::Fp8, "quantize");
+            let wq = if f.te_recompute_weight && !f.te_model_init {
+                Some(s.alloc(Builder::te_quantized_bytes(f.recipe, tr, n, k, true), DType::Fp8, "quantize"))
+            } else {
+                None
+            };
+            let gi = rx.then(|| s.alloc(t * k * gd.bytes() as u128, gd, "general_gemm"));
+            s.free(wq);
+            let gw = rw.then(|| s.alloc(self.grad_bytes(w), self.t(w).dtype, "general_gemm"));
+            s.free(Some(gq));
+            if let Some(o) = gi {
+                s.b.push(B::Grad { input: 0, temp: o });
+            }
+            if let Some(o) = gw {
+                s.b.push(B::Grad { input: 1, temp: o });
+            }
+        }
+        // Saved: the column-wise input (index of x_col in `ins`) and the FP8 weight unless it is
+        // re-quantized in backward.
+        let mut saved: Vec<S> = Vec::new();
+        if rx || rw {
+            if let Some(c) = x_col {
+                let i = ins.iter().position(|&t| t == c).unwrap_or(2);
+                saved.push(S::In(i as u8));
+            }
+            if w8.is_some() && !f.te_recompute_weight {
+                saved.push(S::In(3));
+            }
+        }
+        let y = self.op("general_gemm", "_LinearBackward", &ins, &[out], &saved, &s.b)[0];
+        match bias {
+            Some(b) => self.add(y, b),
+            None => y,
+        }
+    }
+
+    /// The column-wise part of a quantized `[m, k]` input: its transpose (Hopper) or, where
+    /// GEMMs read the row-wise data in any layout (Blackwell), the row-wise data kept; MXFP8's
+    /// column-wise copy with its scales.
+    fn te_col_bytes(&self, recipe: Fp8, transpose: bool, m: u128, k: u128) -> u128 {
+        match recipe {
+            Fp8::TeMxfp8 => m * k + (m.div_ceil(32).div_ceil(4) * 4) * (k.div_ceil(128) * 128),
+            _ if transpose => m * k + 4,
+            _ => 0,
+        }
+    }
+
+    // ------------------------------------------------------------------ 4-bit bases
+
+    /// bitsandbytes 0.50.2 `Linear4bit.forward` (`nn/modules.py`) → `matmul_4bit` →
+    /// `MatMul4Bit` → `gemm_4bit`'s dequantizing path (`backends/default/ops.py`, on CUDA
+    /// `_dequant_linear_fallback`): the input cast to the compute dtype (bf16), the nested
+    /// absmax dequantized (`dequantize_blockwise`, `+ offset`), the weight dequantized to
+    /// `[N, K]` bf16, `linear`, then the output cast back to the input's dtype. Nothing is saved;
+    /// the backward dequantizes again and makes grad_input only.
+    pub fn linear4bit(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, q: Quant4) -> Tid {
+        let in_dt = self.t(x).dt;
+        let xin = self.to_copy(x, Dt::Bf16);
+        let n_w = self.numel(w);
+        let nb = n_w.div_ceil(NF4_BLOCK);
+        let absmax = if q.double_quant {
+            let ab = self.plain("dequantize_blockwise", &[w], flat(nb), Dt::F32);
+            Some(self.plain("add", &[ab], flat(nb), Dt::F32))
+        } else {
+            None
+        };
+        let wd = self.plain("dequantize_4bit", &[w], flat(n_w), Dt::Bf16);
+        let b16 = bias.map(|b| self.to_copy(b, Dt::Bf16));
+        let mut ins = vec![xin, w, wd];
+        ins.extend(absmax);
+        ins.extend(b16);
+        let rx = self.rg(xin);
+        let out = self.out(shape, Dt::Bf16, rx);
+        let mut s = Script::new();
+        if rx {
+            let ab = q.double_quant.then(|| s.alloc(4 * nb, DType::Fp32, "dequantize_blockwise"));
+            let wd = s.alloc(2 * n_w, DType::Bf16, "dequantize_4bit");
+            s.free(ab);
+            let gi = s.alloc(self.bytes(xin), DType::Bf16, "mm");
+            s.free(Some(wd));
+            s.b.push(B::Grad { input: 0, temp: gi });
+        }
+        let y = self.op("linear", "MatMul4BitBackward", &ins, &[out], &[], &s.b)[0];
+        let back = self.to_copy(y, in_dt);
+        if xin != x {
+            self.hold(xin);
+        }
+        back
+    }
+
+    /// gptqmodel's `TorchQuantLinear.forward` (`qlinear/torch.py`, the training path peft's
+    /// GPTQ LoRA wraps): `dequantize_weight()` into an fp16 `[K, N]` weight (compiled: one
+    /// kernel), `.to(x.dtype)`, then `torch.matmul(x, weights)`, whose node saves the
+    /// dequantized weight until backward.
+    pub fn gptq_linear(&mut self, x: Tid, w: Tid, shape: Shape) -> Tid {
+        let n_w = self.numel(w);
+        let w16 = self.plain("dequantize_weight", &[w], flat(n_w), Dt::F16);
+        let xd = self.t(x).dt;
+        let wx = if self.dtype(xd) == DType::Fp16 { w16 } else { self.plain("_to_copy", &[w16], flat(n_w), xd) };
+        let rx = self.rg(x);
+        let out = self.out(shape, xd, rx);
+        let bw: &[B] =
+            if rx { &[B::Alloc { bytes: self.bytes(x), dtype: self.t(x).dtype, op: "mm" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+        let saved: &[S] = if rx { &[S::In(1)] } else { &[] };
+        self.op("mm", "MmBackward0", &[x, wx], &[out], saved, bw)[0]
+    }
+}
+
+/// The FP8 recipe a configuration runs: its `fp8` key, or Transformer Engine's delayed scaling
+/// for `precision = mixed-fp8` (which stands for `mixed-bf16-fp32grad` with `fp8 = te-delayed`).
+pub fn fp8_of(cfg: &Config) -> Fp8 {
+    if cfg.fp8 == Fp8::None && cfg.precision == Precision::MixedFp8 {
+        Fp8::TeDelayed
+    } else {
+        cfg.fp8
+    }
+}
+
+/// Whether Transformer Engine keeps transposed FP8 copies on the configuration's GPU: where
+/// non-TN FP8 GEMMs are unsupported (`utils.py is_non_tn_fp8_gemm_supported`: compute capability
+/// 10.0–11.x and ≥ 13.0 support them), i.e. Hopper, Ada and sm120; a custom card is taken for
+/// a Hopper.
+pub fn te_transposes(cfg: &Config) -> bool {
+    let cc = crate::estimator::gpu::gpu(&cfg.gpu).and_then(|g| g.compute_capability);
+    !matches!(cc, Some((10..=11, _)) | Some((13.., _)))
+}
+
+/// How `cfg`'s projections run.
+pub fn of(cfg: &Config) -> LowBit {
+    let recipe = fp8_of(cfg);
+    let fp8 = (recipe != Fp8::None).then(|| Fp8Linear {
+        recipe,
+        allgathered: cfg.fp8_allgather && recipe == Fp8::TorchaoTensorwise && cfg.zero.stage() == 3,
+        te_transpose: te_transposes(cfg),
+        te_recompute_weight: cfg.fp8_recompute_weight,
+        te_model_init: cfg.fp8_model_init && recipe.te(),
+    });
+    let quant = (cfg.finetune == Finetune::Qlora).then_some(Quant4 { kind: cfg.qlora_quant, double_quant: true });
+    LowBit { fp8, quant }
+}
+
+/// FP8 GEMMs need both dims multiples of 16 (torchao's `_auto_filter_for_recipe`, TE's
+/// alignment assertion): other linears stay in 16 bits.
+fn fp8_aligned(k: u128, n: u128) -> bool {
+    k % 16 == 0 && n % 16 == 0
+}
+
+impl<'a> Builder<'a> {
+    /// The base GEMM of a projection: `nn.Linear`, or the FP8 recipe's linear.
+    pub fn base_linear(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape) -> Tid {
+        if let Some(f) = self.lowbit.fp8 {
+            let k = (self.numel(x) / self.tokens()).max(1);
+            let n = self.numel(w) / k;
+            if fp8_aligned(k, n) {
+                if f.recipe.torchao() {
+                    return self.torchao_linear(x, w, bias, shape, f);
+                }
+                return self.te_linear(x, w, bias, shape, f);
+            }
+        }
+        self.linear(x, w, bias, shape)
+    }
+
+    /// A LoRA adapter pair on input `xa` (the projection's input, or its copy in the adapters'
+    /// dtype), sized by `x`: `lora_B(lora_A(xa))` into `shape`.
+    pub fn lora_branch(&mut self, x: Tid, xa: Tid, shape: Shape, l: Lora) -> Tid {
+        let tokens = self.tokens();
+        let n_in = self.numel(x) / tokens;
+        let n_out = self.bytes_of(&shape, Dt::Model) / self.dtype(Dt::Model).bytes().max(1) as u128 / tokens;
+        let r = l.rank as u128;
+        let a_w = self.param(r * n_in * l.weight.bytes() as u128, l.weight, r * n_in * l.grad_elem as u128);
+        let b_w = self.param(n_out * r * l.weight.bytes() as u128, l.weight, n_out * r * l.grad_elem as u128);
+        let module = self.module;
+        let part = self.part;
+        self.module = "lora_A";
+        let a = self.linear(xa, a_w, None, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(super::ir::X::R)], Split::None));
+        self.module = "lora_B";
+        self.part = super::part::Part::Lora;
+        let bb = self.linear(a, b_w, None, shape);
+        self.part = part;
+        self.module = module;
+        bb
+    }
+
+    /// A projection on QLoRA's quantized base with its adapter as peft 0.21 runs it
+    /// (`tuners/lora/bnb.py Linear4bit.forward`: the base's result cloned — "as per Tim Dettmers,
+    /// for 4bit, we need to defensively clone here" — then, outside autocast, the input cast to
+    /// the adapters' dtype, `lora_B(lora_A(x)) * scaling` cast back to the result's dtype and
+    /// added; `tuners/lora/gptq.py QuantLinear.forward`: no clone, the cast before the scaling).
+    pub fn quantized_proj(
+        &mut self,
+        x: Tid,
+        w: Tid,
+        bias: Option<Tid>,
+        shape: Shape,
+        lin: crate::estimator::model::Linear,
+        q: Quant4,
+    ) -> Tid {
+        let base = match q.kind {
+            QloraQuant::Nf4 => self.linear4bit(x, w, bias, shape, q),
+            QloraQuant::Gptq => self.gptq_linear(x, w, shape),
+        };
+        let Some(l) = self.lora.filter(|l| super::blocks::targeted(lin, l.targets)) else { return base };
+        let result = if q.kind == QloraQuant::Nf4 { self.copy(base, self.shape(base)) } else { base };
+        let convert = !self.autocast;
+        let expected = self.t(result).dt;
+        let lora_dt = match l.weight {
+            DType::Fp32 => Dt::F32,
+            DType::Fp16 => Dt::F16,
+            _ => Dt::Bf16,
+        };
+        let xa = if convert { self.to_copy(x, lora_dt) } else { x };
+        let bb = self.lora_branch(x, xa, shape, l);
+        let out = match q.kind {
+            QloraQuant::Nf4 => {
+                let sc = self.mul_scalar(bb);
+                if convert {
+                    self.to_copy(sc, expected)
+                } else {
+                    sc
+                }
+            }
+            QloraQuant::Gptq => {
+                let o = if convert { self.to_copy(bb, expected) } else { bb };
+                self.mul_scalar(o)
+            }
+        };
+        self.add(result, out)
+    }
+}
