@@ -120,7 +120,7 @@ CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 def torchtitan_sac_context_fn(module, base_fqn: str, save_ops: set, log: list | None,
-                              force_recompute_fqns=("moe.router.gate",)):
+                              force_recompute_fqns=("moe.router.gate",), allow_mutation=False):
     """SelectiveAC._wrap_block's context_fn for one block (torchtitan 0.3.0). `log` (ours) records every forward
     decision: (op, policy, mm index)."""
     mm_recompute_shapes = set()
@@ -158,12 +158,17 @@ def torchtitan_sac_context_fn(module, base_fqn: str, save_ops: set, log: list | 
 
         return wrapped_policy
 
-    return lambda: create_selective_checkpoint_contexts(_get_custom_policy())
+    # allow_mutation (ours, off = torchtitan): see measure_checkpoint_recipe
+    return lambda: create_selective_checkpoint_contexts(_get_custom_policy(), allow_cache_entry_mutation=allow_mutation)
 
 
 def _logged(log, ctx, func, policy, mm_count):
     if log is not None and not ctx.is_recompute:
-        log.append((str(func), policy == CheckpointPolicy.MUST_SAVE, mm_count))
+        outs = []
+        for t in torch.utils._pytree.tree_flatten(getattr(ctx, "op_output", None))[0]:
+            if isinstance(t, torch.Tensor):
+                outs.append([t.untyped_storage().nbytes(), M.dtype_name(t.dtype), list(t.shape)])
+        log.append((str(func), policy == CheckpointPolicy.MUST_SAVE, mm_count, outs))
     return policy
 
 
@@ -176,8 +181,9 @@ def attn_for(family: str, refused: dict) -> str:
 
 
 def decoder_layers(model):
-    """The repeated decoder layers (model.model.layers for every family measured)."""
-    return model.model.layers
+    """The repeated decoder layers: model.model.layers, or model.transformer.h (gpt2)."""
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None)
+    return inner.layers if hasattr(inner, "layers") else inner.h
 
 
 def param_info(model):
@@ -796,8 +802,21 @@ def main():
     ap.add_argument("--only", default=None, help="substring of the record id")
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--families", default=None)
+    ap.add_argument("--seq", type=int, default=S, help="sequence length (default 64; the compile formulas are "
+                    "also checked at 128)")
+    ap.add_argument("--child", nargs=5, metavar=("FAMILY", "DTYPE", "ATTN", "RECIPE", "OUT_JSON"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    global S
+    S = args.seq
+    if args.child:
+        family, dtype, attn, recipe, out_json = args.child
+        opts: dict = {}
+        rec = MEASURERS[recipe](family, dtype, attn, opts)
+        with open(out_json, "w") as f:
+            json.dump({"record": rec, "cfg": opts.get("cfg")}, f)
+        return
     refused = {}
     for family in M.FAMILIES:
         why = M.attn_refusal(family)
@@ -818,9 +837,22 @@ def main():
                 if args.only and args.only not in rid:
                     continue
                 t0 = time.time()
-                rec = MEASURERS[recipe](family, dtype, attn, opts) if recipe in MEASURERS else \
-                    measure_eager_recipe(family, dtype, attn, recipe, opts)
-                cfg = opts.pop("cfg", None)
+                if recipe in MEASURERS:
+                    # torch.compile leaves objects behind (dynamo caches hold old modules' buffers, the graphs'
+                    # constants): each compiled record runs in a fresh interpreter so that nothing it leaves can be
+                    # counted as pre-existing memory by the next record
+                    rec, cfg = run_child(family, dtype, attn, recipe)
+                else:
+                    LAST_LOG.clear()
+                    rec = measure_eager_recipe(family, dtype, attn, recipe, opts)
+                    cfg = opts.pop("cfg", None)
+                    if "log" in LAST_LOG:
+                        log = {"id": rec["id"], "summary": {k: rec["step"].get(k) for k in (
+                            "peak_live_bytes", "measured_peak_bytes", "peak_phase", "peak_op", "peak_module",
+                            "peak_node")}, **LAST_LOG.pop("log")}
+                        os.makedirs(os.path.join(args.out, "steps"), exist_ok=True)
+                        with open(os.path.join(args.out, "steps", M.step_log_name(rec["id"])), "w") as f:
+                            f.write(M.dump_log(log))
                 configs, records = by_family.setdefault(family, ({}, []))
                 if cfg is not None:
                     configs[rec["config_key"]] = cfg
@@ -832,12 +864,28 @@ def main():
                 st = rec["step"]
                 print(f"{rid}: saved {rec['saved_bytes']} B; peak {st['measured_peak_bytes']} B "
                       f"({st.get('peak_phase')}) {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-    for family, (configs, records) in by_family.items():
-        write_shard(args.out, family, configs, records, refused)
-    write_index(args.out, refused)
+        if family in by_family:  # each family's shard as soon as it is done (merged by id)
+            configs, records = by_family.pop(family)
+            write_shard(args.out, family, configs, records, refused)
+            write_index(args.out, refused)
     print(f"done in {time.time() - t_start:.0f}s; {n_fail} records with a failed check", file=sys.stderr)
     if n_fail:
         sys.exit(1)
+
+
+def run_child(family, dtype, attn, recipe):
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rec.json")
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--seq", str(S), "--child", family, dtype,
+                            attn, recipe, out],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0 or not os.path.exists(out):
+            tail = "\n".join(r.stdout.splitlines()[-30:])
+            raise SystemExit(f"{family}/{dtype}/{attn}/{recipe}: child failed ({r.returncode}):\n{tail}")
+        d = json.load(open(out))
+    return d["record"], d["cfg"]
 
 
 def write_shard(out_dir, family, configs, records, refused):
@@ -936,6 +984,8 @@ def hf_forward(model, ids):
 def step_summary(s2, s1, grads_bytes):
     pre = s2["preexisting_bytes"]
     end = s2["live_end_of_phase"]
+    if "log" in s2:
+        LAST_LOG["log"] = {"step": 2, "preexisting_bytes": pre, "peak_event": s2["peak_event"], **s2["log"]}
     return {"params_bytes": pre.get("parameter", 0), "optimizer_state_bytes": pre.get("optimizer_state", 0),
             "buffers_bytes": pre.get("buffer", 0), "batch_bytes": pre.get("batch", 0),
             "other_preexisting_bytes": pre.get("other", 0),
@@ -952,7 +1002,7 @@ def step_summary(s2, s1, grads_bytes):
             "step_method": "validation/tracker.py (dispatch-level live storages)"}
 
 
-def checkpoint_setup(model, recipe, sac_logs):
+def checkpoint_setup(model, recipe, sac_logs, allow_mutation=False):
     """Apply the recipe's checkpointing to the decoder layers; returns (checkpointed layer indices, kwargs note)."""
     from functools import partial
     from torch.utils.checkpoint import checkpoint
@@ -968,7 +1018,8 @@ def checkpoint_setup(model, recipe, sac_logs):
             layer._gradient_checkpointing_func = partial(
                 checkpoint, use_reentrant=False, preserve_rng_state=True, determinism_check="default",
                 early_stop=False, context_fn=_recording_context_fn(
-                    torchtitan_sac_context_fn(layer, f"layers.{i}", save_ops, log), i, sac_logs))
+                    torchtitan_sac_context_fn(layer, f"layers.{i}", save_ops, log, allow_mutation=allow_mutation),
+                    i, sac_logs))
         return list(range(len(layers)))
     if recipe == "recompute_every=2":
         # torchtitan v0.2.2 _apply_layer_sac: the block whose 1-based count is divisible by N is wrapped
@@ -989,6 +1040,7 @@ def checkpoint_setup(model, recipe, sac_logs):
 
 
 SAC_STORES: list = []
+LAST_LOG: dict = {}  # the event log of the last tracked step 2 (written to <out>/steps/ by main)
 
 
 def _recording_context_fn(context_fn, layer_idx, sac_logs):
@@ -999,14 +1051,14 @@ def _recording_context_fn(context_fn, layer_idx, sac_logs):
     return fn
 
 
-def _checkpoint_saved(family, dtype, attn, recipe):
+def _checkpoint_saved(family, dtype, attn, recipe, allow_mutation=False):
     """Saved bytes under a checkpointing recipe: measure.py's hooks + graph walk (checkpoint frames, closures,
     everything outside the checkpointed layers) + the SAC cache. Returns plain data only."""
     model = M.build_model(family, dtype, attn, 0.0, None)
     cfg = M.config_dict(model)
     sac_logs: list = []
     SAC_STORES.clear()
-    ckpt_layers = checkpoint_setup(model, recipe, sac_logs)
+    ckpt_layers = checkpoint_setup(model, recipe, sac_logs, allow_mutation=allow_mutation)
     ids = M.make_ids(model, B, S)
     params = list(model.parameters())
     param_ptrs = M.storage_ptrs(params)
@@ -1084,12 +1136,13 @@ def _checkpoint_saved(family, dtype, attn, recipe):
                    "shape": list(logits.shape), "is_saved": logits.untyped_storage().data_ptr() in storages}
     policy = None
     if sac_logs:
+        # every op the policy saw in the forward, per layer: [op, saved?, mm count, module, [[storage bytes, dtype,
+        # shape] of each tensor output]]
         policy = []
-        for i, log in sac_logs[:1]:
+        for i, log in sac_logs:
             mods_i = per_layer_mods[i]
-            for (func, saved, mm_count), (_, mod) in zip(log, mods_i):
-                policy.append({"op": func.replace("aten.", ""), "module": M.module_pattern(mod), "save": saved,
-                               "mm_count": mm_count})
+            policy.append([[func.replace("aten.", ""), saved, mm_count, M.module_pattern(mod), outs]
+                           for (func, saved, mm_count, outs), (_, mod) in zip(log, mods_i)])
     del out, logits
     loss.backward()
     del loss
@@ -1107,7 +1160,22 @@ def _checkpoint_saved(family, dtype, attn, recipe):
 
 def measure_checkpoint_recipe(family, dtype, attn, recipe, opts):
     """recompute=op / op-literal / recompute_every=2 / 2-hf: saved bytes and the tracked step."""
-    r = _checkpoint_saved(family, dtype, attn, recipe)
+    # torchtitan's policy saves topk's outputs; models that modify them in place (mixtral's router:
+    # `router_top_value /= router_top_value.sum(...)`) make the recompute raise "Tensor cached during selective
+    # activation checkpoint has been mutated" in backward. The error is recorded and the recipe measured again with
+    # create_selective_checkpoint_contexts(..., allow_cache_entry_mutation=True) (same tensors kept, no check).
+    policy_error = None
+    allow = False
+    try:
+        r = _checkpoint_saved(family, dtype, attn, recipe)
+    except RuntimeError as e:
+        if "mutated" not in str(e):
+            raise
+        policy_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        SAC_STORES.clear()
+        gc.collect()
+        allow = True
+        r = _checkpoint_saved(family, dtype, attn, recipe, allow_mutation=True)
     gc.collect()
     cfg, ckpt_layers, entries, saved_bytes = r["cfg"], r["ckpt_layers"], r["entries"], r["saved_bytes"]
     ids_saved, logits_info, policy = r["ids_saved"], r["logits_info"], r["policy"]
@@ -1115,7 +1183,7 @@ def measure_checkpoint_recipe(family, dtype, attn, recipe, opts):
     # the step, tracked, on a fresh model
     model2 = M.build_model(family, dtype, attn, 0.0, None)
     ids = M.make_ids(model2, B, S)
-    checkpoint_setup(model2, recipe, [])
+    checkpoint_setup(model2, recipe, [], allow_mutation=allow)
     SAC_STORES.clear()
     opt = torch.optim.AdamW(model2.parameters())
     fwd = {}
@@ -1125,7 +1193,7 @@ def measure_checkpoint_recipe(family, dtype, attn, recipe, opts):
         fwd[step] = (tr.live_bytes, 0 if lg.untyped_storage().data_ptr() not in tr.live or logits_info["is_saved"]
                      else lg.untyped_storage().nbytes(), loss.untyped_storage().nbytes())
     torch.manual_seed(M.DATA_SEED)
-    s1, s2 = tracked_steps(model2, opt, ids, forward=hf_forward, on_forward=on_forward)
+    s1, s2 = tracked_steps(model2, opt, ids, forward=hf_forward, on_forward=on_forward, log_events=True)
     SAC_STORES.clear()
     pi = param_info(model2)
     step = step_summary(s2, s1, pi["parameter_bytes"])
@@ -1139,7 +1207,9 @@ def measure_checkpoint_recipe(family, dtype, attn, recipe, opts):
           "checkpointed_layers": ckpt_layers, "checkpoint": "torch.utils.checkpoint non-reentrant"}
     if recipe.startswith("recompute=op"):
         rc.update({"policy": "torchtitan 0.3.0 SelectiveAC", "cpu_sdpa_saved": recipe == "recompute=op",
-                   "early_stop": False})
+                   "early_stop": False, "allow_cache_entry_mutation": allow})
+        if policy_error:
+            rc["torchtitan_as_is"] = policy_error
     elif recipe == "recompute_every=2":
         rc.update({"recompute_every": 2, "policy": "torchtitan v0.2.2 _apply_layer_sac (1-based count % N == 0)",
                    "early_stop": False})
@@ -1150,7 +1220,7 @@ def measure_checkpoint_recipe(family, dtype, attn, recipe, opts):
                 "sac_cache_bytes": r["sac_cache_bytes"], "sac_cached_tensors": r["n_sac"],
                 "checkpoint_closure_bytes": r["closure_bytes"], "step": step})
     if policy is not None:
-        rec["sac_policy_layer0"] = policy
+        rec["sac_ops"] = policy
     rec["saved"] = aggregate_rows(entries)
     del model2, opt
     gc.collect()
@@ -1191,7 +1261,7 @@ def measure_optim_in_bwd(family, dtype, attn, opts):
         fwd[step] = tr.live_bytes
     torch.manual_seed(M.DATA_SEED)
     s1, s2 = tracked_steps(model, view, ids, forward=hf_forward, optimizer_phase=False, on_forward=on_forward,
-                           state_fn=lambda: T.optimizer_state_tensors(view))
+                           state_fn=lambda: T.optimizer_state_tensors(view), log_events=True)
     for h in handles:
         h.remove()
     pi = param_info(model)
@@ -1486,7 +1556,7 @@ def measure_offload(family, dtype, attn, recipe, opts):
     T.StepTracker = _Tr
     try:
         torch.manual_seed(M.DATA_SEED)
-        s1, s2 = tracked_steps(model, opt, ids, forward=forward, on_forward=on_forward)
+        s1, s2 = tracked_steps(model, opt, ids, forward=forward, on_forward=on_forward, log_events=True)
     finally:
         T.StepTracker = orig_cls
     for h in (h1, h2):

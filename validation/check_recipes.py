@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""Evaluate the recipe rules of FINDINGS.md §10 against the recipe records (tests/fixtures/pytorch/recipes/).
+
+Every recipe is checked as what the estimator will implement: a transformation of the eager step it already models
+exactly. The eager anchor of each record is the grid record of the same family/dtype/attention at b2 s64
+(tests/fixtures/pytorch/records/, itself matched to the byte by check_formulas.py), or, for compile, the formulas
+below. For each record the rule's prediction is compared with the measurement; exit status 1 if any differs.
+
+  compile=layer            saved bytes: per-family formulas of what AOTAutograd's min-cut partitioner keeps per
+                           compiled decoder layer + the compiled loss (§10.1); every saved value's producer must be
+                           one the rule allows (region input, non-recomputable op, matmul input, small reduction)
+  recompute=op[-literal]   saved bytes = eager model ends + per layer: its input + the closure + the outputs of the
+                           ops torchtitan's policy saves, predicted from the layer's op list (§10.2)
+  recompute_every=2[-hf]   saved bytes = the eager ledger with the checkpointed layers' rows replaced by their
+                           input, plus the kwargs their checkpoint closures hold (§10.3)
+  optim_in_bwd             no gradient survives backward; forward identical to eager; peak rule (§10.4)
+  act_offload=*            which tensors move (size / Parameter / head rules), host bytes = what moved (§10.5)
+
+Usage:  python3 validation/check_recipes.py [-v] [--family NAME] [--recipe NAME]      (plain Python 3)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RECIPES = os.path.join(ROOT, "tests", "fixtures", "pytorch", "recipes")
+GRID = os.path.join(ROOT, "tests", "fixtures", "pytorch", "records")
+
+
+def load_dir(path):
+    recs, cfgs = [], {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".json") and f != "index.json":
+            d = json.load(open(os.path.join(path, f)))
+            recs.extend(d["records"])
+            cfgs.update(d["configs"])
+    return recs, cfgs
+
+
+def recipe_of(rec):
+    return rec["id"].split("/", 5)[5]
+
+
+def is_layer_module(m: str) -> bool:
+    return m.startswith("model.layers.") or m == "model.layers.*" or m.startswith("transformer.h.") \
+        or m == "transformer.h.*"
+
+
+def layer_count(cfg):
+    return cfg.get("num_hidden_layers") or cfg.get("n_layer")
+
+
+def hidden(cfg):
+    return cfg.get("hidden_size") or cfg.get("n_embd")
+
+
+def layer_types(cfg):
+    """Attention kind per layer (sliding/full), as the models pick their masks."""
+    L = layer_count(cfg)
+    lt = cfg.get("layer_types")
+    if lt:
+        return list(lt)
+    return ["full_attention"] * L
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the eager ledger of a grid record, split per layer
+# ----------------------------------------------------------------------------------------------------------------------
+
+class Ledger:
+    """The rows of an eager grid record (b > 1): model-level rows, position tensors (rows of layer modules whose
+    leading dimension is 1: RoPE cos/sin, saved once for the model by the first layer that uses them) and per-layer
+    bytes (a row of count c over layers [i, j, ...] gives c / len(layers) storages to each)."""
+
+    def __init__(self, rec):
+        self.model = 0
+        self.position = 0
+        self.per_layer = defaultdict(float)
+        for r in rec["saved"]:
+            if not is_layer_module(r["module"]):
+                self.model += r["bytes"] * r["count"]
+            elif r["shape"] and r["shape"][0] == 1:
+                self.position += r["bytes"] * r["count"]
+            else:
+                ls = r.get("layers") or [0]
+                for i in ls:
+                    self.per_layer[i] += r["bytes"] * r["count"] / len(ls)
+        self.total = rec["saved_bytes"]
+        assert abs(self.model + self.position + sum(self.per_layer.values()) - self.total) < 1e-6
+
+
+def closure_rows(ckpt1_rec):
+    """The kwargs tensors a checkpointed layer's recompute closure holds (grid ckpt1 record), minus cos/sin (the
+    position tensors, counted once with the ledger's `position`)."""
+    out = []
+    for r in ckpt1_rec["saved"]:
+        if r["op"] == "CheckpointClosure" and "position_embeddings" not in r["attr"]:
+            out.append(r)
+        elif r["op"] == "CheckpointFrame" and r["shape"] and len(r["shape"]) == 4:
+            out.append(r)  # gpt2 eager: the additive mask is a positional argument (saved by the frame)
+    return out
+
+
+def closure_bytes(ckpt1_rec, cfg, ckpt_layers):
+    """Closure tensors held by the checkpointed layers: position_ids (shared by every layer) and the masks of the
+    layer kinds among them (a mask row's first layer tells its kind)."""
+    kinds = layer_types(cfg)
+    want = {kinds[i] for i in ckpt_layers}
+    total = 0
+    for r in closure_rows(ckpt1_rec):
+        if "attention_mask" in r["attr"] or r["op"] == "CheckpointFrame":
+            ls = r.get("layers") or [0]
+            # count c over first-use layers: each storage belongs to the kind of its first layer
+            per = r["count"] / len(ls)
+            for i in ls:
+                if kinds[i] in want:
+                    total += r["bytes"] * per
+        else:
+            total += r["bytes"] * r["count"]
+    return total
+
+
+def frame_bytes(rec, cfg):
+    p = 4 if rec["dtype"] == "fp32" else 2
+    return p * rec["batch"] * rec["seq"] * hidden(cfg)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# recompute_every=N
+# ----------------------------------------------------------------------------------------------------------------------
+
+def check_every(rec, cfg, g0, g1):
+    ck = rec["recipe"]["checkpointed_layers"]
+    L = layer_count(cfg)
+    N = rec["recipe"]["recompute_every"]
+    want = [i for i in range(L) if ((i + 1) % N == 0 if rec["recipe"]["policy"].startswith("torchtitan")
+                                    else i % N == 0)]
+    problems = []
+    if ck != want:
+        problems.append(f"checkpointed layers {ck} != rule {want}")
+    led = Ledger(g0)
+    exp = led.model + led.position + sum(v for i, v in led.per_layer.items() if i not in ck)
+    exp += len(ck) * frame_bytes(rec, cfg) + closure_bytes(g1, cfg, ck)
+    return exp, problems
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# recompute=op: torchtitan 0.3.0's SelectiveAC policy
+# ----------------------------------------------------------------------------------------------------------------------
+
+# torch/_functorch/partitioners.py get_default_op_list().compute_intensive_ops (torch 2.15), as `.default` overloads
+COMPUTE_INTENSIVE = {"mm.default", "convolution.default", "convolution_backward.default", "bmm.default",
+                     "addmm.default", "_scaled_dot_product_flash_attention.default",
+                     "_scaled_dot_product_efficient_attention.default", "_flash_attention_forward.default",
+                     "_efficient_attention_forward.default", "upsample_bilinear2d.default", "_scaled_mm.default"}
+# torchtitan/distributed/activation_checkpoint.py (0.3.0) _get_default_save_ops: compute_ops + comm_ops
+TORCHTITAN_EXTRA = {"_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_attention_math.default",
+                    "_scaled_dot_product_fused_attention_overrideable.default", "max.default", "linear.default",
+                    "topk.default", "_c10d_functional.reduce_scatter_tensor.default",
+                    "_c10d_functional.all_to_all_single.default"}
+CPU_SDPA = "_scaled_dot_product_flash_attention_for_cpu.default"
+MM_OPS = {"mm.default", "linear.default"}
+
+
+def sac_rule(ops, cpu_sdpa_saved):
+    """The policy, applied to one layer's dispatch-level op list: [(op, saved?)] and the cached bytes."""
+    save = COMPUTE_INTENSIVE | TORCHTITAN_EXTRA | ({CPU_SDPA} if cpu_sdpa_saved else set())
+    n_mm = 0
+    out = []
+    cached = 0
+    for op, _, _, _, outs in ops:
+        if op in MM_OPS:
+            n_mm += 1  # (no module matches force_recompute_mm_shapes_by_fqns' default "moe.router.gate")
+        s = op in save and not (op in MM_OPS and n_mm % 2 == 0)
+        out.append(s)
+        if s:
+            cached += sum(o[0] for o in outs)
+    return out, cached
+
+
+def check_sac(rec, cfg, g0, g1):
+    L = layer_count(cfg)
+    problems = []
+    cached = 0
+    for i, ops in enumerate(rec["sac_ops"]):
+        dec, c = sac_rule(ops, rec["recipe"]["cpu_sdpa_saved"])
+        cached += c
+        for (op, saved, _, mod, _), d in zip(ops, dec):
+            if saved != d:
+                problems.append(f"layer {i} {op} in {mod}: policy saved={saved}, rule {d}")
+                break
+    if cached != rec["sac_cache_bytes"]:
+        problems.append(f"SAC cache {rec['sac_cache_bytes']} != rule {cached}")
+    led = Ledger(g0)
+    exp = led.model + led.position + L * frame_bytes(rec, cfg) + closure_bytes(g1, cfg, list(range(L))) + cached
+    return exp, problems
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# compile=layer: what the min-cut partitioner saves per compiled decoder layer (+ the compiled loss)
+# ----------------------------------------------------------------------------------------------------------------------
+#
+# The rule (torch/_functorch/partitioners.py at torch 2.15, min_cut_rematerialization_partition with Inductor's
+# defaults; FINDINGS.md §10.1): a forward value the backward needs is SAVED when it is
+#   (I) an input of the region (the layer's hidden_states, RoPE cos/sin, masks),
+#   (B) the output of an op that may not be recomputed: not in get_default_op_list().recomputable_ops (mm, addmm, bmm,
+#       SDPA, _grouped_mm, embedding, topk, sort, cumsum, index_put, ...),
+#   (M) consumed in the backward by an op that cannot fuse (a matmul or SDPA backward reads it): "materialized in
+#       backward" (should_ban_recomputation), e.g. every matmul's and SDPA's input,
+#   (R) a reduction whose output is >= 4x smaller than its input (RMSNorm rstd, LayerNorm mean/rstd, softmax max/sum),
+# and every other pointwise/view value is recomputed in the backward from those. Among equal-sized cuts the min-cut
+# picks one (o_proj's output rather than the residual sum it feeds). Each term below names the case it falls under.
+
+sys.path.insert(0, HERE)
+import check_formulas as CFM  # noqa: E402
+
+
+def C_loss(t, x, cb):
+    """torch.compile(ForCausalLMLoss) (transformers/loss/loss_utils.py): (I) the logits it receives (cb x T x V, held
+    to the end of its backward instead of the fp32 log-softmax), the padded labels [b, s+1] int64 (the slice is
+    recomputed), (R) the row max and log-sum-exp [T,1] fp32, and the fp32 count of valid targets."""
+    t.add("(root)", "compiled loss: logits (I)", cb * x.T * x.V)
+    t.add("(root)", "compiled loss: padded labels [b,s+1] int64", 8 * x.b * (x.s + 1))
+    t.add("(root)", "compiled loss: amax, log-sum-exp (R)", 4 * x.T, 2)
+    t.add("(root)", "compiled loss: valid-target count", 4)
+
+
+def C_llama_layer(t, x, n, *, hb, cb, qk_norm=None, fused_qkv=False, fused_mlp=False, kv_rep=False, mask=0,
+                  rope=True, post_norms=False, cos_fp32=False):
+    """One llama-like decoder layer (LlamaDecoderLayer and its copies), compiled."""
+    T, h, a, k, d, f, b, s = x.T, x.h, x.a, x.k, x.d, x.f, x.b, x.s
+    m = "model.layers.*"
+    if not post_norms:
+        t.add(m, "layer input hidden_states (I)", hb * T * h, n)
+    else:  # olmo2: q/k/v read the residual stream directly; the input is saved once as the matmul input (I, M)
+        t.add(m, "layer input = q/k/v matmul input (I, M)", hb * T * h, n)
+    t.add(m, "RMSNorm rstd [T,1] fp32 x2 (R)", 4 * T, 2 * n)
+    if not post_norms:
+        t.add(m, "normed input of q/k/v and of gate/up (M)", cb * T * h, 2 * n)
+    else:
+        t.add(m, "post_attention_layernorm output + residual = MLP input (M)", cb * T * h, n)
+    kv = a if kv_rep else k
+    if qk_norm == "per_head":  # qwen3: q/k projections feed the norms (B), rstd per head (R)
+        t.add(m, "q, k projections (B)", cb * T * (a + k) * d, n)
+        t.add(m, "q_norm/k_norm rstd per head (R)", 4 * T * (a + k), n)
+    elif qk_norm == "whole":  # olmo2: norms over the whole projections
+        t.add(m, "q, k projections (B)", cb * T * (a + k) * d, n)
+        t.add(m, "q_norm/k_norm rstd [T,1] (R)", 4 * T, 2 * n)
+    if fused_qkv:
+        t.add(m, "fused qkv output (B; v is a view of it)", cb * T * (a + 2 * k) * d, n)
+    else:
+        t.add(m, "v projection (B)", cb * T * kv * d, n)
+    t.add(m, "SDPA query after RoPE (M)", cb * T * a * d, n)
+    t.add(m, "SDPA key after RoPE (M)" + (" repeated to a heads" if kv_rep else ""), cb * T * kv * d, n)
+    if mask:
+        t.add(m, "SDPA mask converted to the query dtype [b,1,s,s] (M)", cb * b * s * s, n)
+    t.add(m, "SDPA output (B, M: o_proj input)", cb * T * a * d, n)
+    t.add(m, "SDPA logsumexp fp32 (B)", 4 * b * a * s, n)
+    t.add(m, "o_proj output (B; the residual sum is recomputed from it)", cb * T * h, n)
+    if fused_mlp:
+        t.add(m, "gate_up output (B)", 2 * cb * T * f, n)
+    else:
+        t.add(m, "gate, up outputs (B)", cb * T * f, 2 * n)
+    t.add(m, "act(gate)*up = down_proj input (M)", cb * T * f, n)
+    if post_norms:
+        t.add(m, "down_proj output (B; post_feedforward norm input)", cb * T * h, n)
+
+
+def C_rms_llama(t, x, mod, hb):
+    t.add(mod, "final norm (eager) rms_llama", 4 * x.T * x.h + 4 * x.T + hb * x.T * x.h)
+
+
+def C_llama_like(rec, x, **kw):
+    t = CFM.Terms()
+    p = x.p
+    mt = x.mt
+    L = x.L
+    t.add("model.embed_tokens", "input_ids (embedding)", 8 * x.T)
+    r = int(x.d * x.prf)
+    cosb = 4 if mt == "olmo2" else p
+    t.add("model.layers.*", "RoPE cos/sin (I, once)", 2 * cosb * x.s * r)
+    mask_layers = 0
+    kv_rep = False
+    if mt == "mistral" and x.s > x.cfg["sliding_window"]:
+        mask_layers, kv_rep = L, True
+    C_llama_layer(t, x, L, hb=p, cb=p, kv_rep=kv_rep, mask=mask_layers, **kw)
+    if mt == "olmo2":
+        t.add("model.norm", "final norm (eager) rms_olmo2", 8 * x.T * x.h + 4 * x.T)
+    else:
+        C_rms_llama(t, x, "model.norm", p)
+    t.add("lm_head", "lm_head input (eager)", p * x.T * x.h)
+    C_loss(t, x, p)
+    return t
+
+
+def C_gemma2(rec, x):
+    """Gemma2DecoderLayer compiled (eager attention with soft-capping; 4 norms; GeGLU)."""
+    t = CFM.Terms()
+    T, h, a, k, d, f, b, s, p = x.T, x.h, x.a, x.k, x.d, x.f, x.b, x.s, x.p
+    L, m = x.L, "model.layers.*"
+    t.add("model.embed_tokens", "input_ids", 8 * T)
+    t.add(m, "RoPE cos/sin (I, once)", 2 * p * s * d)
+    t.add(m, "layer input (I)", p * T * h, L)
+    t.add(m, "rstd of the 4 norms (R)", 4 * T, 4 * L)
+    t.add(m, "normed input of q/k/v and of gate/up (M)", p * T * h, 2 * L)
+    t.add(m, "q (M: scores bmm input), k and v repeated to a heads (M)", p * T * a * d, 3 * L)
+    t.add(m, "scores bmm output (B)", p * b * a * s * s, L)
+    if p == 4:
+        t.add(m, "scaled scores (tanh input; tanh, mask, softmax recomputed)", 4 * b * a * s * s, L)
+    else:
+        t.add(m, "softmax max and sum [b,a,s,1] fp32 (R)", 4 * b * a * s, 2 * L)
+        t.add(m, "probs cast to bf16 (M: probs@v input)", 2 * b * a * s * s, L)
+    if not x.cfg.get("final_logit_softcapping"):
+        pass
+    t.add(m, "attention output transposed = o_proj input (M)", p * T * a * d, L)
+    t.add(m, "o_proj output (B: post_attention_layernorm input)", p * T * h, L)
+    t.add(m, "gate, up outputs (B), act(gate)*up (M)", p * T * f, 3 * L)
+    t.add(m, "down_proj output (B: post_feedforward_layernorm input)", p * T * h, L)
+    if p == 2:
+        t.add(m, "the mask (I), additive [b,1,s,s] in bf16 (one per layer kind)", p * b * s * s, L)
+    t.add("model.norm", "final norm (eager) rms_gemma", 8 * T * h + 4 * T + 4 * h)
+    t.add("lm_head", "lm_head input (eager)", p * T * h)
+    t.add("(root)", "final soft-capping (eager): tanh result + two float64 scalars", p * T * x.V + 16)
+    C_loss(t, x, p)
+    return t
+
+
+def C_gpt2(rec, x):
+    """GPT2Block compiled (Conv1D = addmm, LayerNorm, gelu_new, sdpa)."""
+    t = CFM.Terms()
+    T, h, a, f, b, s, p = x.T, x.h, x.a, x.f, x.b, x.s, x.p
+    L, m = x.L, "transformer.h.*"
+    t.add("transformer.wte", "input_ids", 8 * T)
+    t.add("transformer.wpe", "position_ids [1,s]", 8 * s)
+    t.add(m, "layer input (I)", p * T * h, L)
+    t.add(m, "LayerNorm mean, rstd x2 (R; in the input dtype on CPU)", p * T, 4 * L)
+    t.add(m, "fused c_attn output (B; q/k/v are views of it)", p * T * 3 * h, L)
+    t.add(m, "SDPA output (B, M)", p * T * h, L)
+    t.add(m, "SDPA logsumexp fp32 (B)", 4 * b * a * s, L)
+    t.add(m, "attn c_proj output (B; residual recomputed)", p * T * h, L)
+    t.add(m, "c_fc output (B)", p * T * f, L)
+    t.add(m, "gelu_new output = mlp c_proj input (M)", p * T * f, L)
+    t.add(m, "ln_1, ln_2 outputs = c_attn, c_fc inputs (M)", p * T * h, 2 * L)
+    t.add("transformer.ln_f", "final LayerNorm (eager): input + mean/rstd", p * T * h + 2 * p * T)
+    t.add("lm_head", "lm_head input (eager)", p * T * h)
+    C_loss(t, x, p)
+    return t
+
+
+COMPILE_FORMULAS = {
+    "llama-gqa": lambda r, x: C_llama_like(r, x),
+    "llama-mha": lambda r, x: C_llama_like(r, x),
+    "qwen2": lambda r, x: C_llama_like(r, x),
+    "mistral": lambda r, x: C_llama_like(r, x),
+    "qwen3": lambda r, x: C_llama_like(r, x, qk_norm="per_head"),
+    "phi3": lambda r, x: C_llama_like(r, x, fused_qkv=True, fused_mlp=True),
+    "olmo2": lambda r, x: C_llama_like(r, x, qk_norm="whole", post_norms=True),
+    "gemma2": C_gemma2,
+    "gpt2": C_gpt2,
+}
+
+
+def check_compile(rec, cfg):
+    fn = COMPILE_FORMULAS.get(rec["family"])
+    if fn is None:
+        return None, []
+    x = CFM.Dims({**rec, "checkpointing": False, "dropout": 0.0}, cfg)
+    t = fn(rec, x)
+    problems = []
+    return t.total(), problems
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# driver
+# ----------------------------------------------------------------------------------------------------------------------
+
+def main():
+    args = sys.argv[1:]
+    verbose = "-v" in args
+    fam = args[args.index("--family") + 1] if "--family" in args else None
+    only = args[args.index("--recipe") + 1] if "--recipe" in args else None
+    recs, cfgs = load_dir(RECIPES)
+    grid, gcfgs = load_dir(GRID)
+    gid = {r["id"]: r for r in grid}
+    stats = defaultdict(lambda: [0, 0])
+    bad = 0
+    for rec in recs:
+        if fam and rec["family"] != fam:
+            continue
+        rcp = recipe_of(rec)
+        if only and not rcp.startswith(only):
+            continue
+        cfg = cfgs[rec["config_key"]]
+        base = f"{rec['family']}/b{rec['batch']}/s{rec['seq']}/{rec['dtype']}/{rec['attn']}"
+        g0, g1 = gid.get(base + "/ckpt0"), gid.get(base + "/ckpt1")
+        problems = []
+        exp = None
+        if rcp.startswith("recompute_every"):
+            exp, problems = check_every(rec, cfg, g0, g1)
+        elif rcp.startswith("compile"):
+            exp, problems = check_compile(rec, cfg)
+            if exp is None:
+                continue
+        elif rcp.startswith("recompute=op"):
+            if "sac_ops" not in rec:
+                continue
+            exp, problems = check_sac(rec, cfg, g0, g1)
+        else:
+            continue
+        key = (rcp, rec["family"])
+        stats[key][0] += 1
+        if exp is not None and exp != rec["saved_bytes"]:
+            problems.append(f"saved {rec['saved_bytes']} != rule {exp:.0f} ({rec['saved_bytes'] - exp:+.0f})")
+        if problems:
+            stats[key][1] += 1
+            bad += 1
+            if verbose:
+                print(f"  {rec['id']}: " + "; ".join(problems))
+    by_recipe = defaultdict(list)
+    for (rcp, f), (n, nb) in sorted(stats.items()):
+        by_recipe[rcp].append((f, n, nb))
+    total = 0
+    for rcp, rows in by_recipe.items():
+        n = sum(r[1] for r in rows)
+        nb = sum(r[2] for r in rows)
+        total += n
+        print(f"{rcp:24s} {n:4d} records, {nb} off   " + ", ".join(f"{f}{'' if not b else f' ({b} off)'}"
+                                                             for f, _, b in rows))
+    print(f"{total} records checked, {bad} off")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
