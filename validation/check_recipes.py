@@ -352,7 +352,122 @@ def C_gpt2(rec, x):
     return t
 
 
+def C_experts(t, x, m, n, cb, *, bias=False):
+    """transformers/integrations/moe.py grouped_mm_experts_forward, compiled: the sort permutation, perm // K and
+    the inverse permutation [S] int64 (B: sort/index_put), the per-expert offsets [E] int32 (B: cumsum), the gathered
+    input [S,h] (B: index; M: grouped_mm input), gate_up [S,2fe] (B), act(gate)*up [S,fe] (M), the down output [S,h]
+    (B; the routing-weight multiply's input). gpt_oss (biases, clamped SwiGLU): a second int64 [S] index and the
+    bias adds' outputs in place of the grouped_mm outputs (same sizes)."""
+    S, h, fe, E = x.T * x.K, x.h, x.fe or x.f, x.E
+    t.add(m, "expert permutation, perm//K, inverse [S] int64 (B)", 8 * S, (4 if bias else 3) * n)
+    t.add(m, "expert offsets [E] int32 (B)", 4 * E, n)
+    t.add(m, "gathered input [S,h] (B, M)", cb * S * h, n)
+    t.add(m, "gate_up [S,2fe] (B)", cb * S * 2 * fe, n)
+    t.add(m, "act(gate)*up [S,fe] (M)", cb * S * fe, n)
+    t.add(m, "down output [S,h] (B)", cb * S * h, n)
+
+
+def C_mixtral_like(rec, x, qk_norm=None):
+    """mixtral (every layer MoE) / qwen3_moe (layer 0 dense, mlp_only_layers): llama attention + softmax router
+    (router logits (B: mm), top-k values fp32 and indices (B: topk)) + grouped_mm experts."""
+    t = CFM.Terms()
+    p, T, h, a, k, d, E, K = x.p, x.T, x.h, x.a, x.k, x.d, x.E, x.K
+    m = "model.layers.*"
+    t.add("model.embed_tokens", "input_ids", 8 * T)
+    t.add(m, "RoPE cos/sin (I, once)", 2 * p * x.s * d)
+    dense = x.cfg.get("mlp_only_layers") or []
+    n_moe = x.L - len(dense)
+    # attention part of every layer: C_llama_layer without the MLP, then the MLP kinds
+    tt = CFM.Terms()
+    C_llama_layer(tt, x, x.L, hb=p, cb=p, qk_norm=qk_norm)
+    for mod, what, b, n in tt.items:
+        if what.startswith(("gate, up", "act(gate)")):
+            t.add(mod, what + " (dense layers)", b, n * len(dense) // x.L)
+        else:
+            t.add(mod, what, b, n)
+    t.add(m, "router logits [T,E] (B: mm)", p * T * E, n_moe)
+    t.add(m, "top-k values fp32 [T,K] (B: topk)", 4 * T * K, n_moe)
+    t.add(m, "top-k indices int64 [T,K] (B: topk)", 8 * T * K, n_moe)
+    C_experts(t, x, m, n_moe, p)
+    C_rms_llama(t, x, "model.norm", p)
+    t.add("lm_head", "lm_head input (eager)", p * T * h)
+    C_loss(t, x, p)
+    return t
+
+
+def C_deepseek_v3(rec, x):
+    """DeepseekV3DecoderLayer compiled: MLA (q_lora, kv_lora, interleaved RoPE) through CPU math SDPA (dq != dv: the
+    math path upcasts q, k, v to fp32 and keeps fp32 probabilities), layer 0 dense, layer 1 MoE with the fp32 sigmoid
+    router (F.linear(x.float(), w.float())), grouped_mm experts and one shared expert."""
+    t = CFM.Terms()
+    g = x.cfg
+    p, T, h, a, b, s = x.p, x.T, x.h, x.a, x.b, x.s
+    ql, r, dr, dn, dv = g["q_lora_rank"], g["kv_lora_rank"], g["qk_rope_head_dim"], g["qk_nope_head_dim"], \
+        g["v_head_dim"]
+    dq = dn + dr
+    L, m = x.L, "model.layers.*"
+    n_dense = g.get("first_k_dense_replace", 0)
+    n_moe = L - n_dense
+    t.add("model.embed_tokens", "input_ids", 8 * T)
+    t.add(m, "RoPE cos/sin [1,s,dr] (I, once)", 2 * p * s * dr)
+    t.add(m, "layer input (I)", p * T * h, L)
+    t.add(m, "rstd of input, q_a, kv_a, post-attention norms (R)", 4 * T, 4 * L)
+    t.add(m, "normed input of q_a/kv_a (M)", p * T * h, L)
+    t.add(m, "q_a_proj output (B)", p * T * ql, L)
+    t.add(m, "q_a_layernorm output = q_b_proj input (M)", p * T * ql, L)
+    t.add(m, "kv_a_proj output [T, r+dr] (B)", p * T * (r + dr), L)
+    t.add(m, "kv_a_layernorm output = kv_b_proj input (M)", p * T * r, L)
+    t.add(m, "math SDPA: probabilities fp32 [b,a,s,s] (M)", 4 * b * a * s * s, L)
+    t.add(m, "math SDPA: v fp32 (M)", 4 * T * a * dv, L)
+    t.add(m, "math SDPA: scaled q and k fp32 (M)", 4 * T * a * dq, 2 * L)
+    t.add(m, "attention output = o_proj input (M)", p * T * a * dv, L)
+    t.add(m, "o_proj output (B)", p * T * h, L)
+    t.add(m, "post-attention normed = MLP input (M)", p * T * h, L)
+    t.add(m, "dense MLP gate, up (B), act*up (M)", p * T * x.f, 3 * n_dense)
+    t.add(m, "router input fp32 copy (bf16 models; M)", 4 * T * h if p == 2 else 0, n_moe)
+    t.add(m, "router logits fp32 [T,E] (B: mm)", 4 * T * x.E, n_moe)
+    t.add(m, "top-k indices int64 (B) + gathered weights fp32 (B: gather of the sigmoid scores)",
+          8 * T * x.K + 4 * T * x.K, n_moe)
+    C_experts(t, x, m, n_moe, p)
+    fs = x.fe * g.get("n_shared_experts", 1)
+    t.add(m, "shared expert gate, up (B), act*up (M)", p * T * fs, 3 * n_moe)
+    C_rms_llama(t, x, "model.norm", p)
+    t.add("lm_head", "lm_head input (eager)", p * T * h)
+    C_loss(t, x, p)
+    return t
+
+
+def C_gpt_oss(rec, x):
+    """GptOssDecoderLayer compiled (eager attention with sinks, every layer MoE, experts with biases)."""
+    t = CFM.Terms()
+    p, T, h, a, d, b, s, K = x.p, x.T, x.h, x.a, x.d, x.b, x.s, x.K
+    L, m = x.L, "model.layers.*"
+    S = T * K
+    t.add("model.embed_tokens", "input_ids", 8 * T)
+    t.add(m, "RoPE cos/sin [1,s,d/2] (I, once)", 2 * p * s * (d // 2))
+    t.add(m, "layer input (I)", p * T * h, L)
+    t.add(m, "rstd x2 (R)", 4 * T, 2 * L)
+    t.add(m, "normed input of q/k/v and of the router/experts (M)", p * T * h, 2 * L)
+    t.add(m, "q, k and v repeated to a heads (M: bmm inputs)", p * T * a * d, 3 * L)
+    t.add(m, "max over [scores, sinks]: indices int64 [b,a,s,1] (B)", 8 * b * a * s, L)
+    t.add(m, "probabilities over s+1 columns [b,a,s,s+1] (fp32: the scaled scores; bf16: the bf16 probs) (M)",
+          p * b * a * s * (s + 1), L)
+    t.add(m, "attention output = o_proj input (M)", p * T * a * d, L)
+    t.add(m, "o_proj output (B: addmm)", p * T * h, L)
+    t.add(m, "top-k indices int64 [T,K] (B)", 8 * T * K, L)
+    t.add(m, "routing weights [T,K] (softmax of the top-k values, model dtype)", p * T * K, L)
+    C_experts(t, x, m, L, p, bias=True)
+    t.add("model.norm", "final norm (eager) rms_olmo2", 8 * T * h + 4 * T)
+    t.add("lm_head", "lm_head input (eager)", p * T * h)
+    C_loss(t, x, p)
+    return t
+
+
 COMPILE_FORMULAS = {
+    "mixtral": lambda r, x: C_mixtral_like(r, x),
+    "qwen3_moe": lambda r, x: C_mixtral_like(r, x, qk_norm="per_head"),
+    "deepseek_v3": C_deepseek_v3,
+    "gpt_oss": C_gpt_oss,
     "llama-gqa": lambda r, x: C_llama_like(r, x),
     "llama-mha": lambda r, x: C_llama_like(r, x),
     "qwen2": lambda r, x: C_llama_like(r, x),
@@ -373,6 +488,71 @@ def check_compile(rec, cfg):
     t = fn(rec, x)
     problems = []
     return t.total(), problems
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# optim_in_bwd and activation offloading
+# ----------------------------------------------------------------------------------------------------------------------
+
+def check_optim_in_bwd(rec, g0):
+    st = rec["step"]
+    problems = []
+    if st["live_after_backward"] != 0:
+        problems.append(f"{st['live_after_backward']} B alive after backward (every gradient must be freed by its hook)")
+    if "optimizer" in st["peak_of_phase"]:
+        problems.append("an optimizer phase exists")
+    if g0 is not None and st["live_after_forward"] != g0["step"]["live_after_forward"]:
+        problems.append("forward differs from the eager grid record")
+    plain = rec.get("plain_adamw_step") or (g0 and g0["step"])
+    if plain is not None and st["measured_peak_bytes"] > plain["measured_peak_bytes"]:
+        problems.append("peak above the plain AdamW step")
+    # the forward/loss part of the step is the plain step's: the peak can only differ after backward starts
+    if plain is not None and st["peak_of_phase"].get("loss") != plain["peak_of_phase"].get("loss"):
+        problems.append("loss-phase peak differs from the plain step")
+    return problems
+
+
+def offload_rule(row, kind):
+    """torchtune OffloadActivations.pack_tensor: move iff numel*element_size >= 1024 and the packed tensor is not an
+    nn.Parameter/nn.Buffer instance (a weight's t() view is neither: it moves), outside the output head (NoOpManager
+    around lm_head). save_on_cpu: every packed tensor moves."""
+    if kind == "save_on_cpu":
+        return "offloaded"
+    if row["module"] == "lm_head" or row["module"].startswith("lm_head."):
+        return None  # under the NoOpManager: not packed by OffloadActivations at all
+    if row["bytes"] < 1024:
+        return "kept: < min_offload_size"
+    if row["producer"] == "parameter":
+        return "kept: Parameter/Buffer"
+    return "offloaded"
+
+
+def check_offload(rec, cfg):
+    kind = rec["recipe"]["act_offload"]
+    st = rec["step"]
+    problems = []
+    moved = 0
+    for r in rec["packed"]:
+        want = offload_rule(r, kind)
+        if want is None:
+            problems.append(f"packed inside the output head: {r}")
+        elif r["decision"] != want:
+            problems.append(f"{r['module']} {r['producer']} {r['bytes']} B: {r['decision']} != rule {want}")
+        if r["decision"] == "offloaded":
+            moved += r["bytes"] * r["count"]
+    if moved != st["host_bytes_after_forward"]:
+        problems.append(f"host bytes {st['host_bytes_after_forward']} != moved {moved}")
+    if kind == "save_on_cpu":
+        # everything moved: the device keeps only the output (logits, unless the loss saved them) and the loss
+        p = 4 if rec["dtype"] == "fp32" else 2
+        logits = p * rec["batch"] * rec["seq"] * cfg["vocab_size"]
+        if st["live_after_forward"] != logits + 4:
+            problems.append(f"device bytes after forward {st['live_after_forward']} != logits + loss {logits + 4}")
+        if st["h2d_copies"] != rec["packs"]:
+            problems.append("each packed tensor must come back once")
+    if st["live_after_backward"] != rec["parameter_bytes"]:
+        problems.append("backward must end with the gradients only")
+    return problems
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -402,6 +582,10 @@ def main():
         exp = None
         if rcp.startswith("recompute_every"):
             exp, problems = check_every(rec, cfg, g0, g1)
+        elif rcp.startswith("optim_in_bwd"):
+            problems = check_optim_in_bwd(rec, g0)
+        elif rcp.startswith("act_offload"):
+            problems = check_offload(rec, cfg)
         elif rcp.startswith("compile"):
             exp, problems = check_compile(rec, cfg)
             if exp is None:

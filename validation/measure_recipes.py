@@ -62,6 +62,8 @@ B, S = 2, 64
 DTYPES = ("fp32", "bf16")
 RECIPES = ("compile=layer", "recompute=op", "recompute=op-literal", "recompute_every=2", "recompute_every=2-hf",
            "optim_in_bwd", "act_offload=torchtune", "act_offload=save_on_cpu")
+EXTRA_RECIPES = ("compile=layer+recompute=op", "compile=layer+recompute=full",  # run with --recipes
+                 "optim=paged_adamw8bit")  # needs bitsandbytes (a separate environment: validation/README.md)
 
 # ====================================================================================================================
 # torchtitan 0.3.0's per-op selective AC policy (torchtitan/distributed/activation_checkpoint.py in the
@@ -646,7 +648,9 @@ def compiled_saved(model, ids, ranges: SeqRanges, amp=False):
     return entries, logits_info, loss, extra
 
 
-def measure_compile(family, dtype, attn, opts):
+def measure_compile(family, dtype, attn, opts, recompute=None):
+    """compile=layer, optionally with checkpointing inside each compiled layer (torchtitan applies AC, then compiles
+    each block: the checkpoint is traced by dynamo and the partitioner follows its policy tags)."""
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
@@ -659,6 +663,23 @@ def measure_compile(family, dtype, attn, opts):
     cfg = M.config_dict(model)
     ids = M.make_ids(model, B, S)
     layers = list(decoder_layers(model))
+    if recompute == "full":
+        # non-reentrant checkpoint of every layer (torchtitan FullAC: early_stop=False)
+        from functools import partial
+        from torch.utils.checkpoint import checkpoint
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for layer in layers:
+            layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False, preserve_rng_state=True,
+                                                         determinism_check="default", early_stop=False)
+    elif recompute == "op":
+        from functools import partial
+        from torch.utils.checkpoint import checkpoint
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        save_ops = _get_default_save_ops() | {CPU_SDPA}
+        for i, layer in enumerate(layers):
+            layer._gradient_checkpointing_func = partial(
+                checkpoint, use_reentrant=False, preserve_rng_state=True, determinism_check="default",
+                early_stop=False, context_fn=torchtitan_sac_context_fn(layer, f"layers.{i}", save_ops, None))
     ranges = SeqRanges(model, opaque=layers)
     compile_layers(model)
     opt = torch.optim.AdamW(model.parameters())
@@ -709,9 +730,12 @@ def measure_compile(family, dtype, attn, opts):
     step["compiled_constant_bytes"] = pre.get("other", 0)
     # eager reference: the same model uncompiled, profiler vs tracker (how far the profiler's CPU allocations are
     # from the dispatch-level storages the grid's tracker counts)
-    rec = base_record(family, dtype, attn, model, cfg, "compile=layer")
+    tag = "compile=layer" + (f"+recompute={recompute}" if recompute else "")
+    rec = base_record(family, dtype, attn, model, cfg, tag)
     opts["cfg"] = cfg
-    rec.update({"recipe": {"compile": True, "compile_regions": "layer", "compiled_loss": True},
+    rec.update({"recipe": {"compile": True, "compile_regions": "layer", "compiled_loss": True,
+                           "recompute": recompute or "none",
+                           **({"policy": "torchtitan 0.3.0 SelectiveAC (+ CPU SDPA)"} if recompute == "op" else {})},
                 "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
                 "saved_parameter_storages": extra["saved_parameter_storages"],
                 "saved_buffer_storages": extra["saved_buffer_storages"],
@@ -793,10 +817,13 @@ def base_record(family, dtype, attn, model, cfg, recipe_tag):
 # driver
 # ====================================================================================================================
 
-MEASURERS = {"compile=layer": measure_compile}
+MEASURERS = {"compile=layer": measure_compile,
+             "compile=layer+recompute=op": lambda f, d, a, o: measure_compile(f, d, a, o, recompute="op"),
+             "compile=layer+recompute=full": lambda f, d, a, o: measure_compile(f, d, a, o, recompute="full")}
 
 
 def main():
+    global S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--only", default=None, help="substring of the record id")
@@ -808,7 +835,6 @@ def main():
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    global S
     S = args.seq
     if args.child:
         family, dtype, attn, recipe, out_json = args.child
@@ -895,7 +921,7 @@ def write_shard(out_dir, family, configs, records, refused):
         new_ids = {r["id"] for r in records}
         records = [r for r in old["records"] if r["id"] not in new_ids] + records
         configs = {**old["configs"], **configs}
-    order = {r: i for i, r in enumerate(RECIPES)}
+    order = {r: i for i, r in enumerate(RECIPES + EXTRA_RECIPES)}
     records.sort(key=lambda r: (DTYPES.index(r["dtype"]), order.get(r["id"].split("/", 5)[5], 99), r["id"]))
     used = {r["config_key"] for r in records}
     configs = {k: configs[k] for k in sorted(configs) if k in used}
@@ -1273,14 +1299,31 @@ def measure_optim_in_bwd(family, dtype, attn, opts):
                       "end_of_step_alive": [f"{e['op']}@{e['module']} {e['bytes']}" for e in s2["still_alive"]],
                       "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0),
                       "forward_matches_grid": (g is None or fwd[1] == g["step"]["live_after_forward"])}
+    # the same step with a plain AdamW (optimizer phase after backward), same shape: the comparison at shapes the
+    # grid does not have
+    del model, optim_dict, view
+    gc.collect()
+    model = M.build_model(family, dtype, attn, 0.0, None)
+    opt = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(M.DATA_SEED)
+    LAST = dict(LAST_LOG)
+    p1, p2 = tracked_steps(model, opt, ids, forward=hf_forward)
+    LAST_LOG.clear()
+    LAST_LOG.update(LAST)
+    plain = step_summary(p2, p1, 0)
+    LAST_LOG.clear()
+    LAST_LOG.update(LAST)
     rec = base_record(family, dtype, attn, model, cfg, "optim_in_bwd")
+    rec["plain_adamw_step"] = {k: plain[k] for k in ("measured_peak_bytes", "peak_live_bytes", "peak_phase", "peak_op",
+                                                     "peak_node", "live_after_forward", "live_after_backward",
+                                                     "peak_of_phase")}
     rec.update({"recipe": {"optim_in_bwd": True, "optimizer": "torch.optim.AdamW per parameter (defaults)",
                            "hook": "register_post_accumulate_grad_hook: step(); zero_grad(set_to_none=True)"},
                 "saved_bytes": g["saved_bytes"] if g else None,
                 "saved_bytes_source": g["id"] if g else None,
                 "grid_measured_peak_bytes": g["step"]["measured_peak_bytes"] if g else None,
                 "step": step, "saved": []})
-    del model, optim_dict, view
+    del model, opt
     gc.collect()
     return rec
 
@@ -1614,6 +1657,58 @@ def measure_offload(family, dtype, attn, recipe, opts):
     return rec
 
 
+def measure_paged8bit(family, dtype, attn, opts):
+    """bitsandbytes 0.50.2 PagedAdamW8bit (defaults: 8-bit blockwise states for parameters of >= min_8bit_size 4096
+    elements, fp32 states below; paged = cudaMallocManaged only for states of >= 1e5 elements). On a CPU,
+    Optimizer8bit.get_state_buffer falls back to ordinary tensors (it warns "Paged optimizers are not supported on
+    CPU"): the state sizes and the step's temporaries of the CPU kernel are measured, the paging is not (see
+    FINDINGS.md §10.6). Needs bitsandbytes importable (validation/README.md: the .venv26 environment)."""
+    import bitsandbytes as bnb
+    model = M.build_model(family, dtype, attn, 0.0, None)
+    cfg = M.config_dict(model)
+    opts["cfg"] = cfg
+    ids = M.make_ids(model, B, S)
+    opt = bnb.optim.PagedAdamW8bit(model.parameters())
+    torch.manual_seed(M.DATA_SEED)
+    s1, s2 = tracked_steps(model, opt, ids, forward=hf_forward, log_events=True)
+    pi = param_info(model)
+    step = step_summary(s2, s1, pi["parameter_bytes"])
+    by_key: dict[str, int] = {}
+    seen = set()
+    n8 = n32 = 0
+    would_page = 0
+    for p_, st in opt.state.items():
+        if st["state1"].dtype == torch.uint8:
+            n8 += 1
+        else:
+            n32 += 1
+        if p_.numel() >= 1e5:
+            would_page += sum(st[k].untyped_storage().nbytes() for k in ("state1", "state2") if k in st)
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in seen:
+                seen.add(v.untyped_storage().data_ptr())
+                by_key[k] = by_key.get(k, 0) + v.untyped_storage().nbytes()
+    step["checks"] = {"backward_unexplained": s2["live_end_of_phase"].get("backward", 0) - pi["parameter_bytes"],
+                      "step_unexplained": s2["live_end_of_phase"].get("optimizer", 0) - pi["parameter_bytes"],
+                      "end_of_step_alive": [f"{e['op']}@{e['module']} {e['bytes']}" for e in s2["still_alive"]],
+                      "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0),
+                      "state_matches": sum(by_key.values()) == s2["preexisting_bytes"].get("optimizer_state", 0)}
+    g = grid_record(family, dtype, attn)
+    rec = base_record(family, dtype, attn, model, cfg, "optim=paged_adamw8bit")
+    rec.update({"recipe": {"optimizer": "bitsandbytes 0.50.2 PagedAdamW8bit (defaults)", "bitsandbytes": bnb.__version__,
+                           "paged_on_this_machine": False},
+                "optimizer_state_bytes_by_key": dict(sorted(by_key.items())),
+                "params_8bit_states": n8, "params_fp32_states": n32,
+                "state_bytes_paged_on_cuda": would_page,
+                "saved_bytes": g["saved_bytes"] if g else None, "saved_bytes_source": g["id"] if g else None,
+                "grid_measured_peak_bytes": g["step"]["measured_peak_bytes"] if g else None,
+                "grid_adamw_state_bytes": (g["adamw"]["state_bytes"] + g["adamw"]["step_bytes"]) if g else None,
+                "step": step, "saved": []})
+    del model, opt
+    gc.collect()
+    return rec
+
+
 def measure_eager_recipe(family, dtype, attn, recipe, opts):
     torch._dynamo.reset()
     gc.collect()
@@ -1623,6 +1718,8 @@ def measure_eager_recipe(family, dtype, attn, recipe, opts):
         return measure_optim_in_bwd(family, dtype, attn, opts)
     if recipe.startswith("act_offload"):
         return measure_offload(family, dtype, attn, recipe, opts)
+    if recipe == "optim=paged_adamw8bit":
+        return measure_paged8bit(family, dtype, attn, opts)
     raise SystemExit(f"unknown recipe {recipe}")
 
 
