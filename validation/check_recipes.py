@@ -16,7 +16,8 @@ below. For each record the rule's prediction is compared with the measurement; e
   optim_in_bwd             no gradient survives backward; forward identical to eager; peak rule (§10.4)
   act_offload=*            which tensors move (size / Parameter / head rules), host bytes = what moved (§10.5)
 
-Usage:  python3 validation/check_recipes.py [-v] [--family NAME] [--recipe NAME]      (plain Python 3)
+Usage:  python3 validation/check_recipes.py [-v] [--family NAME] [--recipe NAME] [--table]   (plain Python 3)
+        --table   saved bytes / step peak of every b2 s64 record against its eager grid record (markdown)
 """
 
 from __future__ import annotations
@@ -559,6 +560,34 @@ def check_offload(rec, cfg):
 # driver
 # ----------------------------------------------------------------------------------------------------------------------
 
+def table(recs, gid):
+    """Markdown: saved bytes and step peak of every recipe record as a change against the eager grid record."""
+    cols = ["compile=layer", "recompute=op", "recompute=op-literal", "recompute_every=2", "recompute_every=2-hf",
+            "optim_in_bwd", "act_offload=torchtune", "act_offload=save_on_cpu", "optim=paged_adamw8bit"]
+    by = defaultdict(dict)
+    for r in recs:
+        if r["seq"] == 64:
+            by[(r["family"], r["dtype"], r["attn"])][recipe_of(r)] = r
+    print("| family | dtype | eager saved / peak (B) | " + " | ".join(cols) + " |")
+    print("|---|---|---|" + "---|" * len(cols))
+    for (fam, dt, attn), rs in sorted(by.items()):
+        g = gid.get(f"{fam}/b2/s64/{dt}/{attn}/ckpt0")
+        if g is None:
+            continue
+        gs, gp = g["saved_bytes"], g["step"]["measured_peak_bytes"]
+        cells = []
+        for c in cols:
+            r = rs.get(c)
+            if r is None:
+                cells.append("")
+                continue
+            sv = r.get("saved_bytes")
+            pk = r["step"]["measured_peak_bytes"]
+            a = "=" if sv == gs else f"{100 * (sv - gs) / gs:+.0f}%"
+            cells.append(f"{a} / {100 * (pk - gp) / gp:+.1f}%")
+        print(f"| {fam} | {dt} | {gs} / {gp} | " + " | ".join(cells) + " |")
+
+
 def main():
     args = sys.argv[1:]
     verbose = "-v" in args
@@ -567,6 +596,9 @@ def main():
     recs, cfgs = load_dir(RECIPES)
     grid, gcfgs = load_dir(GRID)
     gid = {r["id"]: r for r in grid}
+    if "--table" in args:
+        table(recs, gid)
+        return
     stats = defaultdict(lambda: [0, 0])
     bad = 0
     for rec in recs:

@@ -468,7 +468,20 @@ def run_step_profiled(model, opt, ids, autocast=None, loss_hook_module=None, opt
                 opt.zero_grad(set_to_none=True)
         return None
     _, evs, phases, marks = profiled_call(fn)
-    return summarize_profile(evs, phases, marks), evs
+    summary = summarize_profile(evs, phases, marks)
+    # the allocation trace of the step, compact: [bytes (+ alloc / - free), phase index, innermost op index]
+    order = [k for k, _ in sorted(phases.items(), key=lambda kv: kv[1][0])]
+    ops: dict[str, int] = {}
+    rows = []
+    for t, sz, stack in evs:
+        ph = None
+        for i, name in enumerate(order):
+            if t >= phases[name][0]:
+                ph = i
+        top = stack[-1] if stack else ""
+        rows.append([sz, ph, ops.setdefault(top, len(ops))])
+    summary["_trace"] = {"phases": order, "ops": list(ops), "fields": ["bytes", "phase", "op"], "events": rows}
+    return summary, evs
 
 
 # ====================================================================================================================
@@ -476,6 +489,7 @@ def run_step_profiled(model, opt, ids, autocast=None, loss_hook_module=None, opt
 # ====================================================================================================================
 
 GRAPHS: dict[int, dict] = {}
+PROFILE_LOG: dict = {}  # the profiled step's allocation trace of the last compiled record
 
 
 def install_partition_spy():
@@ -707,6 +721,8 @@ def measure_compile(family, dtype, attn, opts, recompute=None):
     pre = classify_preexisting(model, state, ids)
     del state
     prof, evs = run_step_profiled(model, opt, ids)
+    PROFILE_LOG["trace"] = prof.pop("_trace")
+    PROFILE_LOG["pre"] = pre
     counters_2 = dynamo_counters()
     if counters_2["unique_graphs"] != counters_1["unique_graphs"]:
         raise SystemExit(f"{family}: recompiled during the profiled step {counters_1} -> {counters_2}")
@@ -787,6 +803,7 @@ def eager_reference(family, dtype, attn):
     pre = classify_preexisting(model, state, ids)
     del state
     prof, _ = run_step_profiled(model, opt, ids)
+    prof.pop("_trace", None)
     tr = T.StepTracker(model, loss_after_module=model.get_output_embeddings())
     res = T.track_training_steps(model, opt, lambda s: {"input_ids": ids, "labels": ids}, steps=1, tracker=tr)
     tr.remove_hooks()
@@ -840,6 +857,17 @@ def main():
         family, dtype, attn, recipe, out_json = args.child
         opts: dict = {}
         rec = MEASURERS[recipe](family, dtype, attn, opts)
+        if "trace" in PROFILE_LOG:
+            # step 2's allocation trace (torch.profiler memory events) next to the tracker's event logs
+            d = os.path.join(DEFAULT_OUT, "steps")
+            os.makedirs(d, exist_ok=True)
+            log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
+                   "preexisting_bytes": PROFILE_LOG["pre"],
+                   "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes",
+                                                               "peak_phase", "peak_stack")},
+                   **PROFILE_LOG["trace"]}
+            with open(os.path.join(d, M.step_log_name(rec["id"])), "w") as f:
+                f.write(M.dump_log(log))
         with open(out_json, "w") as f:
             json.dump({"record": rec, "cfg": opts.get("cfg")}, f)
         return
