@@ -183,9 +183,13 @@ def attn_for(family: str, refused: dict) -> str:
 
 
 def decoder_layers(model):
-    """The repeated decoder layers: model.model.layers, or model.transformer.h (gpt2)."""
-    inner = getattr(model, "model", None) or getattr(model, "transformer", None)
-    return inner.layers if hasattr(inner, "layers") else inner.h
+    """The repeated decoder layers: the ModuleList of GradientCheckpointingLayers (model.model.layers,
+    transformer.h, gpt_neox.layers, model.decoder.layers, ...)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    for _, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) and all(isinstance(x, GradientCheckpointingLayer) for x in m):
+            return m
+    raise SystemExit(f"{type(model).__name__}: no ModuleList of decoder layers")
 
 
 def param_info(model):
@@ -891,22 +895,12 @@ def main():
                 if args.only and args.only not in rid:
                     continue
                 t0 = time.time()
-                if recipe in MEASURERS:
-                    # torch.compile leaves objects behind (dynamo caches hold old modules' buffers, the graphs'
-                    # constants): each compiled record runs in a fresh interpreter so that nothing it leaves can be
-                    # counted as pre-existing memory by the next record
-                    rec, cfg = run_child(family, dtype, attn, recipe)
-                else:
-                    LAST_LOG.clear()
-                    rec = measure_eager_recipe(family, dtype, attn, recipe, opts)
-                    cfg = opts.pop("cfg", None)
-                    if "log" in LAST_LOG:
-                        log = {"id": rec["id"], "summary": {k: rec["step"].get(k) for k in (
-                            "peak_live_bytes", "measured_peak_bytes", "peak_phase", "peak_op", "peak_module",
-                            "peak_node")}, **LAST_LOG.pop("log")}
-                        os.makedirs(os.path.join(args.out, "steps"), exist_ok=True)
-                        with open(os.path.join(args.out, "steps", M.step_log_name(rec["id"])), "w") as f:
-                            f.write(M.dump_log(log))
+                try:
+                    rec, cfg = measure_one(args, family, dtype, attn, recipe, opts)
+                except (Exception, SystemExit) as e:  # noqa: BLE001 - one failing record must not stop the others
+                    n_fail += 1
+                    print(f"FAILED {rid}: {type(e).__name__}: {str(e)[-2000:]}", file=sys.stderr, flush=True)
+                    continue
                 configs, records = by_family.setdefault(family, ({}, []))
                 if cfg is not None:
                     configs[rec["config_key"]] = cfg
@@ -925,6 +919,24 @@ def main():
     print(f"done in {time.time() - t_start:.0f}s; {n_fail} records with a failed check", file=sys.stderr)
     if n_fail:
         sys.exit(1)
+
+
+def measure_one(args, family, dtype, attn, recipe, opts):
+    if recipe in MEASURERS:
+        # torch.compile leaves objects behind (dynamo caches hold old modules' buffers, the graphs' constants): each
+        # compiled record runs in a fresh interpreter so that nothing it leaves is counted as memory by the next one
+        return run_child(family, dtype, attn, recipe)
+    LAST_LOG.clear()
+    rec = measure_eager_recipe(family, dtype, attn, recipe, opts)
+    cfg = opts.pop("cfg", None)
+    if "log" in LAST_LOG:
+        log = {"id": rec["id"], "summary": {k: rec["step"].get(k) for k in (
+            "peak_live_bytes", "measured_peak_bytes", "peak_phase", "peak_op", "peak_module", "peak_node")},
+            **LAST_LOG.pop("log")}
+        os.makedirs(os.path.join(args.out, "steps"), exist_ok=True)
+        with open(os.path.join(args.out, "steps", M.step_log_name(rec["id"])), "w") as f:
+            f.write(M.dump_log(log))
+    return rec, cfg
 
 
 def run_child(family, dtype, attn, recipe):
@@ -985,7 +997,7 @@ def write_index(out_dir, refused):
 # ====================================================================================================================
 
 def tracked_steps(model, opt, ids, steps=2, forward=None, optimizer_phase=True, on_forward=None, state_fn=None,
-                  log_events=False):
+                  log_events=False, before_step=None):
     """tracker.track_training_steps with a custom forward (``forward(model, ids) -> (loss, output)``), an optional
     optimizer phase (off for optimizer-in-backward) and an optimizer-state getter."""
     tr = T.StepTracker(model, loss_after_module=model.get_output_embeddings())
@@ -993,6 +1005,8 @@ def tracked_steps(model, opt, ids, steps=2, forward=None, optimizer_phase=True, 
     results = []
     state_fn = state_fn or (lambda: T.optimizer_state_tensors(opt))
     for step in range(steps):
+        if before_step is not None:
+            before_step(step)
         grads = [p.grad for p in params if p.grad is not None]
         tr.begin_step({"parameter": params, "gradient": grads, "optimizer_state": state_fn(),
                        "buffer": list(model.buffers()), "batch": [ids]})
@@ -1371,12 +1385,25 @@ class _NoStream:
         return None
 
 
-def _host_copy(t, contiguous=False):
-    """The pinned host buffer: made with every dispatch mode off, so the tracker (device memory) does not see it."""
+def _host_copy(t, contiguous=False, ledger=None):
+    """The pinned host buffer: made with every dispatch mode off, so the tracker (device memory) does not see it.
+    `ledger` (the context) counts the live host bytes exactly: + at the copy, - when the buffer is freed."""
     with _disable_current_modes():
         h = torch.empty(t.size(), dtype=t.dtype) if contiguous else torch.empty_like(t, device="cpu")
         h.copy_(t)
+    if ledger is not None:
+        n = h.untyped_storage().nbytes()
+        ledger.host_bytes += n
+        ledger.host_peak = max(ledger.host_peak, ledger.host_bytes)
+        ledger.host_total += n
+        weakref.finalize(h.untyped_storage(), _host_freed, weakref.ref(ledger), n)
     return h
+
+
+def _host_freed(ledger_ref, n):
+    ledger = ledger_ref()
+    if ledger is not None:
+        ledger.host_bytes -= n
 
 
 def _device_copy(h):
@@ -1410,6 +1437,7 @@ class CpuOffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.host_peak = 0
         self.h2d_copies = 0
         self.stash_hits = 0
+        self.host_total = 0
         if self.use_streams:
             self.s1 = _NoStream()
             self.fwd_stash = {}
@@ -1449,9 +1477,7 @@ class CpuOffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                         else:
                             break
                     self.s1.wait_stream(self.s0)
-                cpu_tensor = _host_copy(activation)
-                self.host_bytes += cpu_tensor.untyped_storage().nbytes()
-                self.host_peak = max(self.host_peak, self.host_bytes)
+                cpu_tensor = _host_copy(activation, ledger=self)
                 self.tracker[tensor_id] = (cpu_tensor, True)
                 if self.use_streams:
                     event = self.s1.record_event()
@@ -1488,7 +1514,6 @@ class CpuOffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                     self.curr_autograd_node = node
                     prev_node_ids = [id_ for id_ in self.bwd_tensor_stash.keys()]
                 brought_back_from_cpu = True
-                self.host_bytes -= maybe_gpu_tensor.untyped_storage().nbytes()  # freed with the tracker entry
                 if unpack_tensor_id in self.fwd_stash:
                     maybe_gpu_tensor = self.fwd_stash[unpack_tensor_id][0]
                     brought_back_from_cpu = False
@@ -1535,6 +1560,7 @@ class CpuSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
         self.log: list = []
         self.host_bytes = 0
         self.host_peak = 0
+        self.host_total = 0
         self.h2d_copies = 0
 
         def pack_to_cpu(tensor):
@@ -1545,9 +1571,7 @@ class CpuSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
             if where is not None:
                 entry.update(where(tensor))
             self.log.append(entry)
-            packed = _host_copy(tensor, contiguous=True)
-            self.host_bytes += packed.untyped_storage().nbytes()
-            self.host_peak = max(self.host_peak, self.host_bytes)
+            packed = _host_copy(tensor, contiguous=True, ledger=self)
             return (tensor.device, packed)
 
         def unpack_from_cpu(packed):
@@ -1615,7 +1639,19 @@ def measure_offload(family, dtype, attn, recipe, opts):
     fwd = {}
 
     def on_forward(tr, out, loss, step):
-        fwd[step] = {"live": tr.live_bytes, "host": hooks["ctx"].host_bytes}
+        fwd[step] = {"live": tr.live_bytes, "host": hooks["ctx"].host_bytes, "host_total": hooks["ctx"].host_total}
+
+    def before_step(step):
+        prev = hooks.get("ctx")
+        if prev is not None and getattr(prev, "tracker", None):
+            # torchtune keeps one OffloadActivations for the whole run: its next forward would fail
+            # `assert len(self.tracker) == 0, "backward pass should have cleared tracker of all tensors"` because
+            # tensors packed by nodes that never run in backward (a dead subgraph) stay in its tracker. We record it
+            # and measure with one context per step (as if the leftovers were dropped before the next step).
+            hooks["as_is"] = (f"AssertionError: backward pass should have cleared tracker of all tensors "
+                              f"({len(prev.tracker)} packed tensors of a dead subgraph never unpacked)")
+            prev.tracker.clear()
+        gc.collect()
 
     # the tracker object is needed inside `where`: wrap tracked_steps' StepTracker creation
     orig_cls = T.StepTracker
@@ -1627,7 +1663,8 @@ def measure_offload(family, dtype, attn, recipe, opts):
     T.StepTracker = _Tr
     try:
         torch.manual_seed(M.DATA_SEED)
-        s1, s2 = tracked_steps(model, opt, ids, forward=forward, on_forward=on_forward, log_events=True)
+        s1, s2 = tracked_steps(model, opt, ids, forward=forward, on_forward=on_forward, log_events=True,
+                               before_step=before_step)
     finally:
         T.StepTracker = orig_cls
     for h in (h1, h2):
@@ -1642,6 +1679,7 @@ def measure_offload(family, dtype, attn, recipe, opts):
                       "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0),
                       "host_bytes_after_backward": ctx.host_bytes if kind == "torchtune" else 0}
     step["host_bytes_after_forward"] = fwd[1]["host"]
+    step["host_bytes_copied_in_forward"] = fwd[1]["host_total"]
     if kind == "torchtune":
         # entries packed but never unpacked (their host copies stay in OffloadActivations.tracker)
         left = set(ctx.tracker)
@@ -1668,7 +1706,9 @@ def measure_offload(family, dtype, attn, recipe, opts):
             del r["layers"]
     moved = [e for e in ctx.log if e["decision"] == "offloaded"]
     rec = base_record(family, dtype, attn, model, cfg, recipe)
-    rec.update({"recipe": {"act_offload": kind,
+    if hooks.get("as_is"):
+        step["checks"]["host_bytes_after_backward"] = 0  # the dead subgraph's copies: reported in never_unpacked
+    rec.update({"recipe": {"act_offload": kind, **({"torchtune_as_is": hooks["as_is"]} if hooks.get("as_is") else {}),
                            **({"min_offload_size": 1024, "max_fwd_stash_size": 5, "use_streams": True,
                                "use_pin_memory": True, "output_head_noop": "lm_head",
                                "loss": "outside the offload context (torchtune recipes)"} if kind == "torchtune" else
