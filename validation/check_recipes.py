@@ -562,6 +562,31 @@ def check_offload(rec, cfg):
     return problems
 
 
+def check_paged8bit(rec):
+    """bitsandbytes 0.50.2 Optimizer2State.init_state (optim_bits 8, min_8bit_size 4096, blocksize 256): per parameter
+    of n elements, n < 4096: fp32 state1 + state2 (8n B); else uint8 state1 + state2 (2n B) + fp32 absmax1 + absmax2
+    [ceil(n/256)] (8·ceil(n/256) B); plus the two 256-entry fp32 quantization maps, shared (2 KiB)."""
+    problems = []
+    exp = 0
+    any8 = False
+    for n in rec["parameter_numels"]:
+        if n < 4096:
+            exp += 8 * n
+        else:
+            any8 = True
+            exp += 2 * n + 8 * ((n + 255) // 256)
+    exp += 2 * 256 * 4 if any8 else 0
+    got = sum(rec["optimizer_state_bytes_by_key"].values())
+    if got != exp:
+        problems.append(f"state bytes {got} != rule {exp}")
+    if rec["step"]["optimizer_state_bytes"] != got:
+        problems.append("tracker's optimizer state != the optimizer's")
+    paged = sum(2 * n for n in rec["parameter_numels"] if n >= 100000)
+    if rec["state_bytes_paged_on_cuda"] != paged:
+        problems.append("paged bytes != 2n over parameters of >= 1e5 elements")
+    return problems
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------------------------------------
@@ -602,6 +627,7 @@ def main():
     recs, cfgs = load_dir(RECIPES)
     grid, gcfgs = load_dir(GRID)
     gid = {r["id"]: r for r in grid}
+    rid_map = {r["id"]: r for r in recs}
     if "--table" in args:
         table(recs, gid)
         return
@@ -615,11 +641,18 @@ def main():
             continue
         cfg = cfgs[rec["config_key"]]
         base = f"{rec['family']}/b{rec['batch']}/s{rec['seq']}/{rec['dtype']}/{rec['attn']}"
-        g0, g1 = gid.get(base + "/ckpt0"), gid.get(base + "/ckpt1")
+        g0 = gid.get(base + "/ckpt0") or rid_map.get(base + "/eager")
+        g1 = gid.get(base + "/ckpt1") or rid_map.get(base + "/recompute=full")
+        if rcp in ("eager", "recompute=full"):
+            continue  # the deep variants' anchors (measure.py's own records; check_formulas' domain)
         problems = []
         exp = None
         if rcp.startswith("recompute_every"):
             exp, problems = check_every(rec, cfg, g0, g1)
+        elif rcp == "optim=paged_adamw8bit":
+            if "parameter_numels" not in rec:
+                continue
+            problems = check_paged8bit(rec)
         elif rcp.startswith("optim_in_bwd"):
             problems = check_optim_in_bwd(rec, g0)
         elif rcp.startswith("act_offload"):

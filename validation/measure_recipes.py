@@ -63,7 +63,19 @@ DTYPES = ("fp32", "bf16")
 RECIPES = ("compile=layer", "recompute=op", "recompute=op-literal", "recompute_every=2", "recompute_every=2-hf",
            "optim_in_bwd", "act_offload=torchtune", "act_offload=save_on_cpu")
 EXTRA_RECIPES = ("compile=layer+recompute=op", "compile=layer+recompute=full",  # run with --recipes
-                 "optim=paged_adamw8bit")  # needs bitsandbytes (a separate environment: validation/README.md)
+                 "optim=paged_adamw8bit",  # needs bitsandbytes (a separate environment: validation/README.md)
+                 "eager", "recompute=full")  # measure.py's grid record (ckpt0 / ckpt1) for the deep variants below
+
+# Deep variants (recipe records only): with 2 layers and V = 1000 the loss dominates every eager step peak, so the
+# recipes' backward transients (recomputation, brought-back tensors, freed gradients) never set the peak. With 8
+# layers the activations dominate. Their eager anchors are measured here too ("eager", "recompute=full").
+DEEP = {
+    "llama-gqa-L8": ("llama", dict(M.LLAMA_LIKE, num_hidden_layers=8), "llama-gqa with 8 layers (recipe peaks)"),
+    "mixtral-L8": ("mixtral", dict(M.LLAMA_LIKE, num_hidden_layers=8, head_dim=M.D, num_local_experts=4,
+                                   num_experts_per_tok=2), "mixtral with 8 layers (recipe peaks)"),
+}
+for _k, _v in DEEP.items():
+    M.FAMILIES.setdefault(_k, _v)
 
 # ====================================================================================================================
 # torchtitan 0.3.0's per-op selective AC policy (torchtitan/distributed/activation_checkpoint.py in the
@@ -238,13 +250,15 @@ def classify_preexisting(model, opt_state, ids):
 
 
 def grid_record(family: str, dtype: str, attn: str, ckpt: str = "ckpt0"):
-    path = os.path.join(GRID_DIR, f"{family}.json")
-    if not os.path.exists(path):
-        return None
-    rid = f"{family}/b{B}/s{S}/{dtype}/{attn}/{ckpt}"
-    for r in json.load(open(path))["records"]:
-        if r["id"] == rid:
-            return r
+    """The eager anchor: the grid record, or for the deep variants the recipe shard's "eager"/"recompute=full"."""
+    for d, tag in ((GRID_DIR, ckpt), (DEFAULT_OUT, {"ckpt0": "eager", "ckpt1": "recompute=full"}[ckpt])):
+        path = os.path.join(d, f"{family}.json")
+        if not os.path.exists(path):
+            continue
+        rid = f"{family}/b{B}/s{S}/{dtype}/{attn}/{tag}"
+        for r in json.load(open(path))["records"]:
+            if r["id"] == rid:
+                return r
     return None
 
 
@@ -1732,6 +1746,16 @@ def measure_paged8bit(family, dtype, attn, opts):
     CPU"): the state sizes and the step's temporaries of the CPU kernel are measured, the paging is not (see
     FINDINGS.md §10.6). Needs bitsandbytes importable (validation/README.md: the .venv26 environment)."""
     import bitsandbytes as bnb
+    # tensors bitsandbytes creates at import (its CPU backend's 16-entry NF4/FP4 code tables): alive before every
+    # step, not optimizer state
+    gc.collect()
+    lib_bytes = 0
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and not isinstance(o, torch._subclasses.FakeTensor) and o.device.type == "cpu":
+            try:
+                lib_bytes += o.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):
+                pass
     model = M.build_model(family, dtype, attn, 0.0, None)
     cfg = M.config_dict(model)
     opts["cfg"] = cfg
@@ -1759,14 +1783,16 @@ def measure_paged8bit(family, dtype, attn, opts):
     step["checks"] = {"backward_unexplained": s2["live_end_of_phase"].get("backward", 0) - pi["parameter_bytes"],
                       "step_unexplained": s2["live_end_of_phase"].get("optimizer", 0) - pi["parameter_bytes"],
                       "end_of_step_alive": [f"{e['op']}@{e['module']} {e['bytes']}" for e in s2["still_alive"]],
-                      "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0),
+                      "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0) - lib_bytes,
                       "state_matches": sum(by_key.values()) == s2["preexisting_bytes"].get("optimizer_state", 0)}
+    step["library_constant_bytes"] = lib_bytes
     g = grid_record(family, dtype, attn)
     rec = base_record(family, dtype, attn, model, cfg, "optim=paged_adamw8bit")
     rec.update({"recipe": {"optimizer": "bitsandbytes 0.50.2 PagedAdamW8bit (defaults)", "bitsandbytes": bnb.__version__,
                            "paged_on_this_machine": False},
                 "optimizer_state_bytes_by_key": dict(sorted(by_key.items())),
                 "params_8bit_states": n8, "params_fp32_states": n32,
+                "parameter_numels": [p_.numel() for p_ in model.parameters()],
                 "state_bytes_paged_on_cuda": would_page,
                 "saved_bytes": g["saved_bytes"] if g else None, "saved_bytes_source": g["id"] if g else None,
                 "grid_measured_peak_bytes": g["step"]["measured_peak_bytes"] if g else None,
@@ -1777,9 +1803,27 @@ def measure_paged8bit(family, dtype, attn, opts):
     return rec
 
 
+def measure_grid_like(family, dtype, attn, recipe, opts):
+    """measure.py's own record (saved tensors + tracked step) for the anchors of the deep variants."""
+    spec = dict(family=family, batch=B, seq=S, dtype=dtype, attn=attn,
+                checkpoint_mode=None if recipe == "eager" else "non_reentrant", dropout=0.0, extra=True, log=True)
+    rec, cfg, _, log = M.measure(spec)
+    rec["id"] = f"{family}/b{B}/s{S}/{dtype}/{attn}/{recipe}"
+    rec["config_key"] = f"{family}/{cfg.get('dtype')}"
+    rec["recipe"] = {"recompute": "none" if recipe == "eager" else "full",
+                     "measured_by": "validation/measure.py measure() (the grid's code)"}
+    opts["cfg"] = cfg
+    if log is not None:
+        log["id"] = rec["id"]
+        LAST_LOG["log"] = {k: v for k, v in log.items() if k not in ("id", "summary")}
+    return rec
+
+
 def measure_eager_recipe(family, dtype, attn, recipe, opts):
     torch._dynamo.reset()
     gc.collect()
+    if recipe in ("eager", "recompute=full"):
+        return measure_grid_like(family, dtype, attn, recipe, opts)
     if recipe.startswith("recompute"):
         return measure_checkpoint_recipe(family, dtype, attn, recipe, opts)
     if recipe == "optim_in_bwd":
