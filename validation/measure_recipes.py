@@ -404,28 +404,43 @@ def aggregate_rows(entries):
 # ====================================================================================================================
 
 def profiled_call(fn):
-    """Run fn() under torch.profiler with memory events; return (result, allocation events, phase ranges)."""
+    """Run fn() under torch.profiler with memory events; return (result, allocation events, phase ranges, marks).
+    Each event is (time, +/-bytes, innermost op names, is_workspace): an allocation freed before the aten op that
+    made it returns (and that free) is a kernel's internal workspace — invisible to a dispatch-level tracker, which
+    counts tensors that ops return; the summaries give the peak with and without them."""
     from torch.profiler import ProfilerActivity, profile
     from torch._C._profiler import _EventType
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
-    evs, phases, marks = [], {}, {}
+    raw, phases, marks = [], {}, {}
 
-    def walk(e, stack):
+    def walk(e, stack, op):
         if e.tag == _EventType.Allocation:
             ex = e.extra_fields
             if ex.device.type == "cpu":
-                evs.append((e.start_time_ns, ex.alloc_size, tuple(stack[-4:])))
+                raw.append([e.start_time_ns, ex.alloc_size, tuple(stack[-4:]), ex.ptr, op, False])
         elif e.tag in (_EventType.TorchOp,) and e.name.startswith("phase:"):
             phases[e.name[6:]] = (e.start_time_ns, e.end_time_ns)
         elif e.tag in (_EventType.TorchOp,) and e.name.startswith("mark:"):
             marks[e.name[5:]] = e.start_time_ns
+        is_op = e.tag == _EventType.TorchOp and not e.name.startswith(("phase:", "mark:"))
         for c in e.children:
-            walk(c, stack + ([e.name] if e.tag == _EventType.TorchOp and not e.name.startswith(("phase:", "mark:"))
-                             else []))
+            walk(c, stack + ([e.name] if is_op else []),
+                 (e.start_time_ns, e.end_time_ns) if is_op and e.name.startswith("aten::") else op)
     for r in prof.profiler.kineto_results.experimental_event_tree():
-        walk(r, [])
-    evs.sort(key=lambda x: x[0])
+        walk(r, [], None)
+    raw.sort(key=lambda x: x[0])
+    open_allocs: dict[int, list] = {}
+    for ev in raw:
+        t, sz, _, ptr, op, _ = ev
+        if sz > 0:
+            open_allocs[ptr] = ev
+        else:
+            a = open_allocs.pop(ptr, None)
+            if a is not None and a[4] is not None and t <= a[4][1]:
+                a[5] = True
+                ev[5] = True
+    evs = [(t, sz, stack, ws) for t, sz, stack, _, _, ws in raw]
     return result, evs, phases, marks
 
 
@@ -438,30 +453,42 @@ def summarize_profile(evs, phases, marks=None):
             if t >= a:
                 cur = name
         return cur
-    live = peak = 0
-    at = None
-    peak_of_phase: dict[str, int] = {}
-    end_of_phase: dict[str, int] = {}
-    n_alloc = n_free = 0
-    for t, sz, stack in evs:
-        live += sz
-        ph = phase_of(t)
-        if sz > 0:
-            n_alloc += 1
+    out = {}
+    for tag, keep in (("", lambda ws: True), ("tensors_", lambda ws: not ws)):
+        live = peak = 0
+        at = None
+        peak_of_phase: dict[str, int] = {}
+        end_of_phase: dict[str, int] = {}
+        n_alloc = n_free = 0
+        for t, sz, stack, ws in evs:
+            if not keep(ws):
+                continue
+            live += sz
+            ph = phase_of(t)
+            if sz > 0:
+                n_alloc += 1
+            else:
+                n_free += 1
+            if live > peak:
+                peak = live
+                at = (ph, list(stack), sz)
+            if ph is not None:
+                peak_of_phase[ph] = max(peak_of_phase.get(ph, 0), live)
+                end_of_phase[ph] = live
+        if tag == "":
+            out.update({"peak_live_bytes": peak, "peak_phase": at[0] if at else None,
+                        "peak_stack": at[1] if at else None, "peak_alloc_bytes": at[2] if at else None,
+                        "peak_of_phase": peak_of_phase, "live_end_of_phase": end_of_phase, "allocations": n_alloc,
+                        "frees": n_free, "net_bytes": live})
         else:
-            n_free += 1
-        if live > peak:
-            peak = live
-            at = (ph, list(stack), sz)
-        if ph is not None:
-            peak_of_phase[ph] = max(peak_of_phase.get(ph, 0), live)
-            end_of_phase[ph] = live
-    out = {"peak_live_bytes": peak, "peak_phase": at[0] if at else None, "peak_stack": at[1] if at else None,
-           "peak_alloc_bytes": at[2] if at else None, "peak_of_phase": peak_of_phase,
-           "live_end_of_phase": end_of_phase, "allocations": n_alloc, "frees": n_free, "net_bytes": live}
+            out.update({"tensors_peak_live_bytes": peak, "tensors_peak_phase": at[0] if at else None,
+                        "tensors_peak_stack": at[1] if at else None,
+                        "tensors_peak_of_phase": peak_of_phase})
+    out["workspace_allocations"] = sum(1 for e in evs if e[3] and e[1] > 0)
+    out["workspace_max_bytes"] = max([e[1] for e in evs if e[3] and e[1] > 0], default=0)
     if marks:
         for k, t in marks.items():
-            out[k] = sum(sz for tt, sz, _ in evs if tt <= t)
+            out[k] = sum(sz for tt, sz, _, _ in evs if tt <= t)
     return out
 
 
@@ -491,14 +518,15 @@ def run_step_profiled(model, opt, ids, autocast=None, loss_hook_module=None, opt
     order = [k for k, _ in sorted(phases.items(), key=lambda kv: kv[1][0])]
     ops: dict[str, int] = {}
     rows = []
-    for t, sz, stack in evs:
+    for t, sz, stack, ws in evs:
         ph = None
         for i, name in enumerate(order):
             if t >= phases[name][0]:
                 ph = i
         top = stack[-1] if stack else ""
-        rows.append([sz, ph, ops.setdefault(top, len(ops))])
-    summary["_trace"] = {"phases": order, "ops": list(ops), "fields": ["bytes", "phase", "op"], "events": rows}
+        rows.append([sz, ph, ops.setdefault(top, len(ops)), int(ws)])
+    summary["_trace"] = {"phases": order, "ops": list(ops), "fields": ["bytes", "phase", "op", "workspace"],
+                         "events": rows}
     return summary, evs
 
 
@@ -794,6 +822,12 @@ def step_from_profile(prof, pre):
             "peak_live_bytes": prof["peak_live_bytes"], "measured_peak_bytes": pre_total + prof["peak_live_bytes"],
             "peak_phase": prof["peak_phase"], "peak_stack": prof["peak_stack"],
             "peak_alloc_bytes": prof["peak_alloc_bytes"],
+            # without kernel-internal workspaces (the tracker's convention: what ops return)
+            "tensors_peak_live_bytes": prof["tensors_peak_live_bytes"],
+            "tensors_measured_peak_bytes": pre_total + prof["tensors_peak_live_bytes"],
+            "tensors_peak_phase": prof["tensors_peak_phase"], "tensors_peak_stack": prof["tensors_peak_stack"],
+            "workspace_allocations": prof["workspace_allocations"],
+            "workspace_max_bytes": prof["workspace_max_bytes"],
             "live_after_forward": prof.get("live_after_forward"),
             "live_end_of_phase": prof["live_end_of_phase"], "peak_of_phase": prof["peak_of_phase"],
             "allocations": prof["allocations"], "frees": prof["frees"]}
@@ -827,6 +861,8 @@ def eager_reference(family, dtype, attn):
     tr.remove_hooks()
     s = res["steps"][0]
     out = {"profiler_peak_live_bytes": prof["peak_live_bytes"], "profiler_peak_phase": prof["peak_phase"],
+           "profiler_tensors_peak_live_bytes": prof["tensors_peak_live_bytes"],
+           "profiler_workspace_max_bytes": prof["workspace_max_bytes"],
            "profiler_peak_stack": prof["peak_stack"], "profiler_live_after_forward": prof["live_after_forward"],
            "tracker_peak_live_bytes": s["peak_live_bytes"], "tracker_peak_op": s["peak_op"],
            "tracker_live_after_forward": s["live_after_model_call"],
