@@ -75,18 +75,22 @@ def layer_types(cfg):
 # ----------------------------------------------------------------------------------------------------------------------
 
 class Ledger:
-    """The rows of an eager grid record (b > 1): model-level rows, position tensors (rows of layer modules whose
-    leading dimension is 1: RoPE cos/sin, saved once for the model by the first layer that uses them) and per-layer
-    bytes (a row of count c over layers [i, j, ...] gives c / len(layers) storages to each)."""
+    """The rows of an eager grid record: model-level rows, position tensors (rows of layer modules with a leading 1
+    whose dtype and size are those of the RoPE tables the checkpoint closures hold: cos/sin, saved once for the model
+    by the first layer that uses them) and per-layer bytes (a row of count c over layers [i, j, ...] gives
+    c / len(layers) storages to each)."""
 
-    def __init__(self, rec):
+    def __init__(self, rec, ckpt1_rec=None):
         self.model = 0
         self.position = 0
         self.per_layer = defaultdict(float)
+        # the RoPE tables: the (dtype, bytes) of what the checkpoint closures hold as position_embeddings
+        pos = {(r["dtype"], r["bytes"]) for r in (ckpt1_rec or {}).get("saved", [])
+               if r["op"] == "CheckpointClosure" and "position_embeddings" in r["attr"]}
         for r in rec["saved"]:
             if not is_layer_module(r["module"]):
                 self.model += r["bytes"] * r["count"]
-            elif r["shape"] and r["shape"][0] == 1:
+            elif len(r["shape"]) >= 2 and r["shape"][0] == 1 and (r["dtype"], r["bytes"]) in pos:
                 self.position += r["bytes"] * r["count"]
             else:
                 ls = r.get("layers") or [0]
@@ -145,7 +149,7 @@ def check_every(rec, cfg, g0, g1):
     problems = []
     if ck != want:
         problems.append(f"checkpointed layers {ck} != rule {want}")
-    led = Ledger(g0)
+    led = Ledger(g0, g1)
     exp = led.model + led.position + sum(v for i, v in led.per_layer.items() if i not in ck)
     exp += len(ck) * frame_bytes(rec, cfg) + closure_bytes(g1, cfg, ck)
     return exp, problems
@@ -198,7 +202,7 @@ def check_sac(rec, cfg, g0, g1):
                 break
     if cached != rec["sac_cache_bytes"]:
         problems.append(f"SAC cache {rec['sac_cache_bytes']} != rule {cached}")
-    led = Ledger(g0)
+    led = Ledger(g0, g1)
     exp = led.model + led.position + L * frame_bytes(rec, cfg) + closure_bytes(g1, cfg, list(range(L))) + cached
     return exp, problems
 
