@@ -52,7 +52,7 @@ pub struct Plan {
 pub fn effective(cfg: &Config) -> Load {
     let sh = Sharding::of(cfg);
     match cfg.load {
-        Load::FromPretrained if sh.stage >= 3 && sh.n > 1 => {
+        Load::FromPretrained if sh.splits(crate::estimator::sharding::PARAMETERS_FROM) => {
             if cfg.zero == Zero::Z3 {
                 Load::ZeroInit
             } else {

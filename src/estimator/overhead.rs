@@ -246,7 +246,7 @@ fn layer_elements<'a>(
 /// `limit_all_gathers`).
 pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
     let sh = Sharding::of(cfg);
-    if sh.stage < 3 || sh.n <= 1 {
+    if !sh.splits(super::sharding::PARAMETERS_FROM) {
         return None;
     }
     let p = layer_parameter_bytes(cfg, recipe, groups);
