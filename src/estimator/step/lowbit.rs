@@ -152,7 +152,9 @@ impl<'a> Builder<'a> {
         let k = (self.numel(x) / t).max(1);
         let n = (self.numel(w) / k).max(1);
         let xshape = self.shape(x);
-        let (xq, xs) = self.fp8_cast_fwd(x, xshape, if rowwise { xshape.last(Dim::N(1)) } else { Shape::scalar() }, rowwise);
+        // Row-wise: one scale per row of the input seen as [tokens, k] (a 4-D attention output,
+        // [b, s, heads, head_dim] before its reshape, still has b·s rows).
+        let (xq, xs) = self.fp8_cast_fwd(x, xshape, if rowwise { flat(self.numel(x) / k) } else { Shape::scalar() }, rowwise);
         let mut ins = vec![x, w, xq, xs];
         let ws = if f.allgathered {
             None
