@@ -327,10 +327,12 @@ fn fsdp2s_float8_all_gather_moves_one_byte_a_float8_weight() {
     let Some(doc) = load("fp8/fsdp2_allgather.json") else { return };
     let Some(recs) = load("fp8/records.json") else { return };
     let world = doc["world_size"].as_u64().expect("world size");
-    let r0 = &recs["records"][0];
     let mut checked = 0;
     for r in doc["records"].as_array().expect("records") {
         let case = r["case"].as_str().unwrap_or_default();
+        // The model: the fp8 records' tiny config of the same family.
+        let same = recs["records"].as_array().into_iter().flatten().find(|x| x["family"] == r["family"]);
+        let Some(r0) = same else { panic!("{}: no fp8 record of its family", r["id"]) };
         let mut cfg = base_config(&recs, r0);
         cfg.gpus = world;
         cfg.zero = Zero::FullShard;
@@ -466,14 +468,24 @@ fn loading_reserves_one_block_of_the_weights_then_allocates_each_parameter() {
         let family = r["family"].as_str().unwrap_or_default();
         let s = &r["summary"];
         // The model: the same tiny config as the fp8 records (gpt2's from the grid).
-        let Some(base) = fp8["records"].as_array().into_iter().flatten().find(|x| x["family"] == family) else {
-            continue;
+        let grid = if family == "gpt2" { load(&format!("records/{family}.json")) } else { None };
+        let (mdoc, base) = match fp8["records"].as_array().into_iter().flatten().find(|x| x["family"] == family) {
+            Some(b) => (&fp8, b),
+            None => {
+                let Some(g) = grid.as_ref() else { panic!("{id}: no model for the family {family}") };
+                (g, g["records"].as_array().and_then(|rs| rs.first()).expect("a grid record"))
+            }
         };
-        let mut cfg = base_config(&fp8, base);
+        let mut cfg = base_config(mdoc, base);
         let nf4 = id.ends_with("load-nf4");
         if nf4 {
-            let q = ql["records"].as_array().into_iter().flatten().find(|x| x["family"] == family).expect("a qlora record");
-            cfg = qlora_config(&ql, q);
+            match ql["records"].as_array().into_iter().flatten().find(|x| x["family"] == family) {
+                Some(q) => cfg = qlora_config(&ql, q),
+                None => {
+                    cfg.finetune = Finetune::Qlora;
+                    cfg.lora_rank = 8;
+                }
+            }
             cfg.precision = Precision::Bf16;
             cfg.load = Load::QuantizeOnLoad;
         }

@@ -85,10 +85,24 @@ fn in_layer(part: Part, first_norm: bool) -> u8 {
     }
 }
 
+/// The position of a tensor in a GPT-2 block's checkpoint keys (`attn.*` < `ln_1` < `ln_2` <
+/// `mlp.*`).
+fn in_gpt2_layer(part: Part, first_norm: bool) -> u8 {
+    match part {
+        Part::Norms if first_norm => 1,
+        Part::Norms => 2,
+        Part::Mlp => 3,
+        _ => 0,
+    }
+}
+
 /// The model's parameter tensors in checkpoint order: the LM head, the embeddings, each layer's
-/// tensors, the final norm (transformers' keys in natural order: `lm_head` < `model.*`).
+/// tensors, the final norm (transformers' keys in natural order: `lm_head` < `model.*`). GPT-2's
+/// keys put the blocks first (`transformer.h.*` < `transformer.ln_f` < `transformer.wpe` <
+/// `transformer.wte`; measured, `tests/fixtures/pytorch/loading`).
 fn tensors(cfg: &Config, groups: &[LocalGroup], weight: u64) -> Vec<Tensor> {
     let layers = cfg.arch.layers.max(1);
+    let gpt2 = cfg.arch.family == super::family::Family::Gpt2;
     let mut out = Vec::new();
     for g in groups.iter().filter(|g| !g.adapter) {
         let per_tensor = (g.group.numel() / g.group.tensors_per_instance.max(1)) as u128;
@@ -103,12 +117,14 @@ fn tensors(cfg: &Config, groups: &[LocalGroup], weight: u64) -> Vec<Tensor> {
             for i in 0..n {
                 let layer = i / per_layer;
                 let first_norm = i % per_layer == 0;
-                out.push(Tensor { bytes, nf4, order: (1 + layer, in_layer(g.group.part, first_norm), g.group.name) });
+                let pos = if gpt2 { in_gpt2_layer(g.group.part, first_norm) } else { in_layer(g.group.part, first_norm) };
+                out.push(Tensor { bytes, nf4, order: (1 + layer, pos, g.group.name) });
             }
         } else {
             let order = match g.group.part {
                 Part::LmHead => (0, 0, g.group.name),
                 Part::FinalNorm => (u64::MAX, 0, g.group.name),
+                _ if gpt2 => (u64::MAX, 1, g.group.name),
                 _ => (0, 1, g.group.name),
             };
             for _ in 0..n {
