@@ -9,7 +9,7 @@ use super::params::{self, local_groups, stages, Role, Stage};
 use super::precision::{recipe, Recipe};
 use super::step_stream::resident_of;
 use super::validate::{validate, EstimateError};
-use super::{activations, expr, family, gpu, optimizer, overhead, reserve, sharding, statics, step, timeline};
+use super::{activations, expr, family, optimizer, overhead, reserve, sharding, statics, step, timeline};
 use serde::Serialize;
 
 /// How the cluster is cut.
@@ -142,14 +142,8 @@ fn clamp_i128(b: Bytes) -> i128 {
     i128::try_from(b).unwrap_or(i128::MAX)
 }
 
-/// Capacity of the configured GPU.
-pub fn capacity(cfg: &Config) -> Bytes {
-    if cfg.gpu == "custom" {
-        gpu::custom_bytes(cfg.gpu_gib)
-    } else {
-        gpu::gpu(&cfg.gpu).map_or(0, |g| g.bytes())
-    }
-}
+/// Capacity of the configured GPU (in `gpu.rs`, where the allocator replay reads it too).
+pub use super::gpu::capacity;
 
 /// One stage's ledger, host rows and simulated step.
 struct StageResult {

@@ -600,6 +600,15 @@ pub fn custom_bytes(gib: f64) -> u128 {
     }
 }
 
+/// Capacity of the configured GPU: the card's bytes, `gpu_gib` for a custom one (0: unknown).
+pub fn capacity(cfg: &super::config::Config) -> u128 {
+    if cfg.gpu == "custom" {
+        custom_bytes(cfg.gpu_gib)
+    } else {
+        gpu(&cfg.gpu).map_or(0, |g| g.bytes())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -163,7 +163,7 @@ fn build(cfg: &Config, parts: &StepParts) -> Built {
     per_tensor_or_flat(r.weights, params, 1, &mut weights);
     // The loading first: it ends with the weights allocated (ids 0.. of `weights`, or its own
     // per-tensor allocations standing for them), then `empty_cache` if asked.
-    let plan = super::loading::plan(cfg, &weights, groups, super::estimate::capacity(cfg));
+    let plan = super::loading::plan(cfg, &weights, groups, super::gpu::capacity(cfg));
     let others: Vec<Bytes> = [r.buffers, r.batch, r.gradients, r.activations].into_iter().filter(|&b| b > 0).collect();
     let k = states_per_parameter(cfg.optim);
     let numel: u128 = trainable.iter().sum();

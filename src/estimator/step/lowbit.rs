@@ -13,37 +13,7 @@ use super::ir::{Builder, DType, Dim, Dt, Lora, Shape, Split, Tid, B, S};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Config, Finetune, Fp8, Precision, QloraQuant};
 
-/// How the projections of a program run (none: `nn.Linear`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LowBit {
-    pub fp8: Option<Fp8Linear>,
-    pub quant: Option<Quant4>,
-}
-
-/// An FP8 recipe's linear.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Fp8Linear {
-    pub recipe: Fp8,
-    /// FSDP2 all-gathers the weights already cast to FP8 (torchao `enable_fsdp_float8_all_gather`,
-    /// tensorwise): the forward casts no weight, the backward re-casts none for grad_input.
-    pub allgathered: bool,
-    /// Transformer Engine keeps a transposed (column-wise) copy of FP8 data: Hopper, Ada and
-    /// sm120 (`is_non_tn_fp8_gemm_supported()` is false there), not B200/B300.
-    pub te_transpose: bool,
-    /// Transformer Engine: the FP8 weight is re-quantized in backward instead of saved
-    /// (`fp8_recompute_weight`, as TE does under FSDP2).
-    pub te_recompute_weight: bool,
-    /// Transformer Engine `fp8_model_init`: the parameter is the FP8 weight (no per-step cast).
-    pub te_model_init: bool,
-}
-
-/// QLoRA's quantized base.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Quant4 {
-    pub kind: QloraQuant,
-    /// bitsandbytes double quantization (8-bit absmax with an fp32 scale per 256 blocks).
-    pub double_quant: bool,
-}
+pub use super::ir::{Fp8Linear, LowBit, Quant4};
 
 /// bitsandbytes' NF4 block (`blocksize=64`).
 pub const NF4_BLOCK: u128 = 64;
