@@ -259,12 +259,7 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
         // shard (`_fsdp_param.py all_gather_inputs`: `sharded_param_data.to(device)`, the
         // shard's dtype) and cast to the compute dtype (`_to_dtype_if_needed`) before the
         // all-gather (validation/FINDINGS.md §13).
-        let elems: u128 = layer_elements(cfg, groups, |_| true).map(|(_, n)| n).sum();
-        let shard_b = recipe.master.unwrap_or(recipe.weight).bytes() + recipe.weight.bytes();
-        terms.push(Expr::prod([
-            Expr::var(K_PRE, cfg.prefetch_layers),
-            Expr::var(SHARD_COPY, elems.div_ceil(sh.n as u128) * shard_b as u128),
-        ]));
+        terms.push(Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(SHARD_COPY, layer_shard_copy_bytes(cfg, recipe, groups))]));
     }
     Some(
         Row::new(
@@ -280,6 +275,27 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
             "assumption (prefetch_layers): the layer computing plus the one prefetched"
         }),
     )
+}
+
+/// One layer's shard as parameter offload brings it to the GPU before the all-gather: each
+/// parameter's `⌈numel / n⌉` elements copied host-to-device in the dtype the host keeps
+/// (`_fsdp_param.py all_gather_inputs`: `sharded_param_data.to(device)`), plus its cast to the
+/// compute dtype where they differ (`_to_dtype_if_needed`): trainable parameters held as fp32
+/// masters, b_m + b_w an element; frozen ones, b_w; 4-bit ones, their packed codes (½ B, no
+/// cast). validation/FINDINGS.md §13.
+fn layer_shard_copy_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Bytes {
+    let n = Sharding::of(cfg).n.max(1) as u128;
+    let w = recipe.weight.bytes() as u128;
+    layer_elements(cfg, groups, |_| true)
+        .map(|(g, numel)| {
+            let shard = numel.div_ceil(n);
+            match g.role {
+                Role::Quantized => shard.div_ceil(NF4_ELEMENTS_PER_BYTE as u128),
+                Role::Trainable => shard * recipe.master.map_or(w, |m| m.bytes() as u128 + w),
+                _ => shard * w,
+            }
+        })
+        .sum()
 }
 
 const SHARD_COPY: Sym = Sym::new("S", "h2d", "one layer's shard copied from the host and cast (parameter offload)");

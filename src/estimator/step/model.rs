@@ -787,8 +787,12 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
 pub fn resident_grads(cfg: &Config) -> bool {
     // Gradient accumulation keeps the gradients of the micro-batches before; ZeRO-2/3 (FSDP)
     // reduce-scatter each gradient as its bucket fills and keep only their shard, resident.
+    // With parameter offload each gradient is copied to the host once reduced and its GPU copy
+    // dropped, on one GPU too (validation/FINDINGS.md §13): the resident gradients are the
+    // host's.
     let sh = Sharding::of(cfg);
-    cfg.accum > 1 || sh.splits(crate::estimator::sharding::GRADIENTS_FROM)
+    let offloaded = cfg.offload == crate::estimator::config::Offload::OptimizerParams && sh.stage == 3;
+    cfg.accum > 1 || sh.splits(crate::estimator::sharding::GRADIENTS_FROM) || offloaded
 }
 
 /// Which trainable parameter tensors a program has (for tests).
