@@ -413,7 +413,10 @@ fn zero_2_zero_3_and_full_recompute_are_no_chain_steps_because_they_can_cost_mem
     // Full recomputation re-materializes a whole layer in backward; at 128 tokens with eager
     // attention that exceeds what selective recomputation keeps. (Not under parameter offload:
     // there each gradient leaves for the host once reduced, validation/FINDINGS.md §13.)
-    let c = decode_query("model=qwen2.5-7b&batch=3&seq=128&precision=mixed-fp8&optim=adam8bit&attn=eager&gpus=8&zero=full_shard&tp=4&pp=2&offload=optimizer").config;
+    let c = decode_query(
+        "model=qwen2.5-7b&batch=3&seq=128&precision=mixed-fp8&optim=adam8bit&attn=eager&gpus=8&zero=full_shard&tp=4&pp=2&offload=optimizer",
+    )
+    .config;
     let sel = memory(&Config { recompute: Recompute::Selective, ..c.clone() }).expect("valid");
     let full = memory(&Config { recompute: Recompute::Full, ..c.clone() }).expect("valid");
     assert!(full > sel, "selective {sel}, full {full}");

@@ -267,7 +267,11 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
             "ZeRO-3/FSDP unsharded layers in flight",
             Category::Transient,
             Expr::sum(terms),
-            "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers); FSDP2 _fsdp_param.py (offload: H2D shard copies)",
+            if offload {
+                "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers); FSDP2 _fsdp_param.py (offload: H2D shard copies)"
+            } else {
+                "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers)"
+            },
         )
         .note(if offload {
             "assumption (prefetch_layers): the layer computing plus the one prefetched, each with its shard copied from the host; the sharded parameters, gradients and optimizer states stay on the host"

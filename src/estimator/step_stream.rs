@@ -72,7 +72,7 @@ pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
         let prog = setup.whole();
         let stream = step::model::simulate_program(cfg, &recipe, &setup, &prog, resident, temp);
         let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();
-        let trainable = step::model::optimizer_params(&prog, step::ir::DType::of(recipe.weight));
+        let trainable = step::model::optimizer_params(&prog, setup.optimizer_weight());
         StepParts { stream, params, trainable, resident, groups }
     }))
 }

@@ -435,7 +435,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
                 Some(r) => (r.prof, r.numels.clone()),
                 None => {
                     let prof = profile(&l.prog, acc_mode, false, resident, &[], false, &cats, &l.inputs(&f.key));
-                    let numels = optimizer_params(&l.prog, setup.params().weight);
+                    let numels = optimizer_params(&l.prog, setup.optimizer_weight());
                     runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
                     (prof, numels)
                 }
@@ -524,7 +524,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     }
     a.apply(Piece::Reduction, &zero);
     // The optimizer's temporaries over the parameters in registration order.
-    let weight = setup.params().weight;
+    let weight = setup.optimizer_weight();
     let mut numels = optimizer_params(pro, weight);
     for i in 0..fulls.len() {
         numels.extend(piece(i).2.iter().copied());

@@ -146,6 +146,11 @@ impl<'a> Setup<'a> {
         b
     }
 
+    /// The unit [`optimizer_params`] counts in: the trainable parameters' weight dtype.
+    pub fn optimizer_weight(&self) -> DType {
+        DType::of(crate::estimator::precision::trainable_recipe(self.cfg, &self.recipe).weight)
+    }
+
     pub fn params(&self) -> Params<'_> {
         let sh = Sharding::of(self.cfg);
         let (shards, expert_shards) = sh.ways(crate::estimator::sharding::GRADIENTS_FROM);
@@ -622,12 +627,14 @@ impl Sink for Collector {
 
 /// The trainable parameters of a program in registration order: (elements of the optimizer's
 /// shard, bytes per state element).
-pub fn optimizer_params(prog: &Program, _weight: DType) -> Vec<u128> {
-    // Each parameter's own dtype (peft's fp32 adapters on a 16-bit QLoRA base).
+pub fn optimizer_params(prog: &Program, weight: DType) -> Vec<u128> {
+    // In units of the trainable recipe's weight ([`Setup::optimizer_weight`]: peft's fp32
+    // adapters on a 16-bit QLoRA base): a parameter kept wider than it (an fp32 router in a
+    // bf16 model) has states as wide as itself.
     prog.tensors
         .iter()
         .filter_map(|t| match t.origin {
-            Origin::Param { grad_bytes } if grad_bytes > 0 => Some(t.bytes / t.dtype.bytes().max(1) as u128),
+            Origin::Param { grad_bytes } if grad_bytes > 0 => Some(t.bytes / weight.bytes().max(1) as u128),
             _ => None,
         })
         .collect()
@@ -769,7 +776,7 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     run.finish_backward();
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
-    let numels = optimizer_params(prog, DType::of(recipe.weight));
+    let numels = optimizer_params(prog, DType::of(crate::estimator::precision::trainable_recipe(cfg, recipe).weight));
     optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
     let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };
     for (id, bytes) in grads {
