@@ -1735,6 +1735,9 @@ def measure_offload(family, dtype, attn, recipe, opts):
         left = set(ctx.tracker)
         step["never_unpacked"] = [{k: e.get(k) for k in ("module", "producer", "dtype", "shape", "bytes",
                                                           "decision")} for e in ctx.log if e["id"] in left]
+        # the last step's leftovers: their tensors hold the dead subgraph's autograd nodes and, through them, the
+        # parameters (qwen3_next's A_log): alive, they were counted as the next record's preexisting memory
+        ctx.tracker.clear()
     step["host_peak_bytes"] = ctx.host_peak
     step["h2d_copies"] = ctx.h2d_copies
     step["unpacked_from_fwd_stash"] = getattr(ctx, "stash_hits", 0)
