@@ -37,7 +37,7 @@ as_root() {
 # for the tests also Chromium + its driver (browser tests) and lavapipe (native wgpu without a
 # GPU).
 apt_packages=(brotli zopfli librsvg2-bin python3 ca-certificates)
-[ "$SETUP_BROWSER" = 1 ] && apt_packages+=(chromium chromium-driver mesa-vulkan-drivers)
+[ "$SETUP_BROWSER" = 1 ] && apt_packages+=(chromium chromium-driver mesa-vulkan-drivers python3-venv)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -89,6 +89,20 @@ if [ ! -x "$ROOT/node_modules/.bin/wasm-opt" ] || [ ! -d "$ROOT/node_modules/pla
   (cd "$ROOT" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 export PATH="$ROOT/node_modules/.bin:$PATH"
+
+# Python with torch and transformers at validation/requirements.txt's pins, in validation/.venv:
+# the tests run the verify script and count exported configs with them on the CPU (under CI=1 a
+# test that cannot run fails, so the full set-up installs them; PyPI only).
+if [ "$SETUP_BROWSER" = 1 ]; then
+  venv="$ROOT/validation/.venv"
+  if ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1 \
+     || [ "$ROOT/validation/requirements.txt" -nt "$venv/.installed" ]; then
+    say "installing torch and transformers into validation/.venv (validation/requirements.txt; about a minute)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check -r "$ROOT/validation/requirements.txt"
+    touch "$venv/.installed"
+  fi
+fi
 
 # Lighthouse (scripts/lighthouse.sh only): its own package and lockfile (scripts/lighthouse/),
 # installed into .tools/lighthouse, so the tests' npm ci stays small. 12.2.3: newer releases

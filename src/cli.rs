@@ -1,12 +1,13 @@
 //! The native command line: `trainmem estimate`, `trainmem plan`, `trainmem presets`,
-//! `trainmem keys`, `trainmem bench`, `trainmem verify-script`, `trainmem compare`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
+//! `trainmem keys`, `trainmem bench`, `trainmem verify-script`, `trainmem compare`, `trainmem import`,
+//! `trainmem export`, `trainmem recipes`. Every `--KEY VALUE` is a configuration key of [`crate::config`], the same
 //! names and values as the share URL (`--seq 4096` ⇔ `?seq=4096`).
 
 use crate::config::{self, Config, ConfigError, KEYS};
 use crate::estimator::hf::{self, HfError};
 use crate::estimator::plan::{self, GlobalBatch, PlanError, PlanRequest, Space};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{estimate, explain, flatten, presets, Estimate, EstimateError};
+use crate::estimator::{flatten, presets, Estimate, EstimateError};
 use crate::verify::{self, compare::CompareError, VerifyError};
 use serde::Serialize;
 use std::io::Write;
@@ -31,6 +32,10 @@ pub enum CliError {
     Verify(#[from] VerifyError),
     #[error("{path}: {err}")]
     Compare { path: String, err: CompareError },
+    #[error("{0}")]
+    Serve(#[from] crate::estimator::serve::ServeError),
+    #[error("{0}")]
+    Import(#[from] crate::frameworks::ImportError),
 }
 
 const USAGE: &str = "usage:
@@ -50,6 +55,17 @@ const USAGE: &str = "usage:
       a self-contained PyTorch script that measures the step on your GPU (or CPU) beside trainmem's prediction
   trainmem compare FILE.json [--json]
       the script's measurements against a fresh estimate, row by row
+  trainmem serve (--model ID | --hf-config PATH) [--engine vllm|sglang|trtllm|transformers] [--context N]
+                 [--concurrency N] [--kv_dtype auto|bf16|fp8|int8|nvfp4] [--KEY VALUE ...] [--json]
+      serving memory per GPU: weights, KV cache per token and sequence, the engine's budget and blocks,
+      max concurrency, max context (verify-script --mode serve writes the vLLM/SGLang check)
+  trainmem import FILE... [--as FORMAT] [--json]
+      framework config files (torchtune/axolotl/litgpt/accelerate/Megatron-Bridge YAML, torchtitan TOML,
+      DeepSpeed/Trainer/PEFT JSON, Megatron-LM arguments) as a share-URL query and a report of every key
+  trainmem export --format torchtune|torchtitan|accelerate-deepspeed|megatron [--out DIR] [--KEY VALUE ...]
+      the configuration as the file a framework runs: only the keys memory depends on, commented
+  trainmem recipes [--json]
+      the recipe presets (recipe=ID) and the file and version each comes from
 
 Every KEY is a configuration key (see `trainmem keys`), spelled as in the share URL:
   trainmem estimate --model llama-3.1-8b --seq 8192 --zero 3 --gpus 8";
@@ -83,7 +99,7 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     match cmd.as_str() {
         "estimate" => {
             let (cfg, json) = parse_estimate_args(rest)?;
-            let e = explain(&cfg)?;
+            let e = crate::estimator::analyse(&cfg)?.explain()?;
             if json {
                 w(out, format!("{}\n", to_json(&cfg, &e)))
             } else {
@@ -97,6 +113,17 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
         "plan" => {
             let args = parse_plan_args(rest)?;
             w(out, run_plan(&args)?)
+        }
+        "serve" => {
+            let (mut cfg, json) = parse_estimate_args(rest)?;
+            cfg.serve.mode = crate::estimator::serve::Mode::Serve;
+            let s = crate::estimator::serve::analyse_serving(&cfg)?;
+            let query = config::encode_query(&cfg);
+            if json {
+                w(out, format!("{}\n", crate::estimator::serve::to_json(&s, &query)))
+            } else {
+                w(out, crate::estimator::serve::render_text(&s, &query))
+            }
         }
         "presets" => {
             let json = rest.iter().any(|a| a == "--json");
@@ -116,7 +143,11 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
                 return Err(CliError::Usage("verify-script writes a Python script; --json is not one of its options".into()));
             }
             let (cfg, _) = parse_estimate_args(&rest)?;
-            let script = verify::verify_script(&cfg)?;
+            let script = if cfg.serve.mode == crate::estimator::serve::Mode::Serve {
+                verify::serve::serve_script(&cfg)?
+            } else {
+                verify::verify_script(&cfg)?
+            };
             match path {
                 Some(p) => {
                     std::fs::write(&p, script).map_err(|e| CliError::Io { path: p.clone(), err: e.to_string() })?;
@@ -145,6 +176,15 @@ pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
             } else {
                 w(out, verify::compare::render_text(&c))
             }
+        }
+        "import" => run_import(rest, out),
+        "export" => run_export(rest, out),
+        "recipes" => {
+            let json = rest.iter().any(|a| a == "--json");
+            if let Some(bad) = rest.iter().find(|a| *a != "--json") {
+                return Err(CliError::Usage(format!("unexpected argument '{bad}'")));
+            }
+            w(out, render_recipes(json))
         }
         "-h" | "--help" | "help" => w(out, format!("{USAGE}\n")),
         "-V" | "--version" | "version" => w(out, format!("{}\n", crate::version::LABEL)),
@@ -620,7 +660,7 @@ fn render_fixes(base: &Config, fixes: &[plan::Fix], output: PlanOutput) -> Strin
     }
     let mut s = String::new();
     if fixes.is_empty() {
-        let fits = estimate(base).map(|e| plan::fits(&e)).unwrap_or(false);
+        let fits = crate::estimator::analyse(base).is_ok_and(|a| a.verdict.fits);
         s.push_str(if fits { "it fits already\n" } else { "no single change makes it fit\n" });
         return s;
     }
@@ -823,4 +863,128 @@ mod tests {
         assert!(matches!(run(&args("frobnicate"), &mut out), Err(CliError::Usage(_))));
         assert!(matches!(run(&args("estimate --colour blue"), &mut out), Err(CliError::Config(_))));
     }
+}
+
+/// `trainmem import FILE... [--as FORMAT] [--json]`: the query on the first line, then one
+/// line per key (or the JSON document); keys whose values could not be used are listed on
+/// stderr too and make the exit status 1, with the rest of the configuration still printed.
+fn run_import(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
+    use crate::frameworks::{import_with, Format};
+    let mut json = false;
+    let mut format: Option<Format> = None;
+    let mut paths: Vec<(String, Option<Format>)> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--as" => {
+                let name = it.next().ok_or_else(|| CliError::Usage("--as needs a format".into()))?;
+                format = Some(Format::parse(name).ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "--as {name}: expected one of {}",
+                        Format::ALL.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+                    ))
+                })?);
+            }
+            flag if flag.starts_with("--") => return Err(CliError::Usage(format!("import: unexpected option '{flag}'"))),
+            path => paths.push((path.to_string(), format)),
+        }
+    }
+    if paths.is_empty() {
+        return Err(CliError::Usage("import needs at least one file".into()));
+    }
+    let mut texts = Vec::new();
+    for (p, f) in &paths {
+        let text = std::fs::read_to_string(p).map_err(|e| CliError::Io { path: p.clone(), err: e.to_string() })?;
+        texts.push((p.clone(), text, *f));
+    }
+    let files: Vec<(&str, &str, Option<Format>)> = texts.iter().map(|(p, t, f)| (p.as_str(), t.as_str(), *f)).collect();
+    let imported = import_with(&files)?;
+    let text = if json { format!("{}\n", imported.to_json()) } else { imported.to_text() };
+    out.write_all(text.as_bytes()).map_err(|e| CliError::Io { path: "stdout".into(), err: e.to_string() })?;
+    match imported.errors.first() {
+        Some(e) => Err(CliError::Import(e.clone())),
+        None => Ok(()),
+    }
+}
+
+/// `trainmem export --format F [--out DIR] [--KEY VALUE ...]`.
+fn run_export(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
+    use crate::frameworks::{export, export_files, ExportFormat};
+    let (rest, dir) = take_out(args)?;
+    let mut format = None;
+    let mut keys = Vec::new();
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        if a == "--format" || a.starts_with("--format=") {
+            let name = match a.strip_prefix("--format=") {
+                Some(v) => v.to_string(),
+                None => it.next().cloned().ok_or_else(|| CliError::Usage("--format needs a value".into()))?,
+            };
+            format = Some(ExportFormat::parse(&name).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "--format {name}: expected one of {}",
+                    ExportFormat::ALL.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+                ))
+            })?);
+        } else {
+            keys.push(a.clone());
+        }
+    }
+    let format =
+        format.ok_or_else(|| CliError::Usage("export needs --format torchtune|torchtitan|accelerate-deepspeed|megatron".into()))?;
+    if keys.iter().any(|a| a == "--json") {
+        return Err(CliError::Usage("export writes a framework's file; --json is not one of its options".into()));
+    }
+    let (cfg, _) = parse_estimate_args(&keys)?;
+    let write = |out: &mut dyn Write, s: String| {
+        out.write_all(s.as_bytes()).map_err(|e| CliError::Io { path: "stdout".into(), err: e.to_string() })
+    };
+    match dir {
+        None => write(out, export(&cfg, format)),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(|e| CliError::Io { path: dir.clone(), err: e.to_string() })?;
+            for f in export_files(&cfg, format) {
+                let path = std::path::Path::new(&dir).join(&f.name);
+                std::fs::write(&path, &f.text).map_err(|e| CliError::Io { path: path.display().to_string(), err: e.to_string() })?;
+                write(out, format!("wrote {}\n", path.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `trainmem recipes`: each recipe preset, its source and what it sets.
+fn render_recipes(json: bool) -> String {
+    if json {
+        #[derive(Serialize)]
+        struct R<'a> {
+            id: &'a str,
+            framework: &'a str,
+            title: &'a str,
+            repo: &'a str,
+            version: &'a str,
+            path: &'a str,
+            query: String,
+        }
+        let all: Vec<R> = config::RECIPES
+            .iter()
+            .map(|r| R {
+                id: r.id,
+                framework: r.framework,
+                title: r.title,
+                repo: r.repo,
+                version: r.version,
+                path: r.path,
+                query: r.pairs.iter().map(|(k, v)| format!("{k}={}", config::percent_encode(v))).collect::<Vec<_>>().join("&"),
+            })
+            .collect();
+        return format!("{}\n", serde_json::to_string_pretty(&all).unwrap_or_default());
+    }
+    let mut s = String::new();
+    for r in config::RECIPES {
+        s.push_str(&format!("{:<44} {} ({} {}: {})\n", r.id, r.title, r.repo, r.version, r.path));
+        s.push_str(&format!("{:<44} {}\n", "", r.pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")));
+    }
+    s
 }

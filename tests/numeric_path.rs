@@ -20,7 +20,7 @@ const VARIANTS: &[&str] = &[
     "kernels=cpu&optim=lion&optim_impl=foreach&loss=chunked",
 ];
 
-fn rows(rows: &[Row]) -> Vec<(&'static str, u128)> {
+fn rows(rows: &[Row]) -> Vec<(trainmem::estimator::ledger::RowId, u128)> {
     flatten(rows).into_iter().map(|r| (r.id, r.bytes)).collect()
 }
 
@@ -59,6 +59,6 @@ fn the_numeric_path_carries_bare_numbers_and_the_explained_path_carries_symbols(
         assert_eq!(r.expr, Expr::Num(r.bytes), "{} is folded to its value", r.id);
     }
     let x = explain(&cfg).expect("valid");
-    let weights = x.row("weights").expect("a weights row");
+    let weights = x.row(trainmem::estimator::ledger::RowId::Weights).expect("a weights row");
     assert_eq!(weights.expr.symbolic(), "⌈Ψ_T / N_d⌉ × b_w");
 }

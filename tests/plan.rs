@@ -9,9 +9,9 @@ use trainmem::config::{
     decode_query, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
 };
 use trainmem::estimator::cost::step_cost;
-use trainmem::estimator::plan::{self, fits, measure, memory_chain_below, ChainKnob, GlobalBatch, Knobs, PlanRequest, Search, Space};
+use trainmem::estimator::plan::{self, memory_chain_below, peak_fits, ChainKnob, GlobalBatch, Knobs, PlanRequest, Search, Space};
 use trainmem::estimator::presets::presets;
-use trainmem::estimator::{estimate, Estimate};
+use trainmem::estimator::{analyse, estimate, Estimate};
 
 fn trainmem(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_trainmem")).args(args).output().expect("the binary runs");
@@ -50,14 +50,13 @@ fn planning_llama_3_1_70b_on_64_h100s_returns_ranked_plans_that_all_fit() {
         // The share link reproduces the plan, and the plan re-estimates as fitting.
         let d = decode_query(p["query"].as_str().expect("query"));
         assert!(d.errors.is_empty(), "{:?}", d.errors);
-        let e = estimate(&d.config).expect("valid");
-        assert!(fits(&e), "{}", p["query"]);
-        assert_eq!(measure(&e) as u64, p["memory"].as_u64().expect("memory"));
-        // And by the verdict's own figure: what nvidia-smi will show, the caching allocator
-        // replayed, is on the card.
+        // By the verdict's own figure: what nvidia-smi will show, the caching allocator
+        // replayed, is on the card, and it is the plan's memory.
+        let a = analyse(&d.config).expect("valid");
+        assert!(a.verdict.fits, "{}", p["query"]);
+        assert_eq!(a.verdict.deciding as u64, p["memory"].as_u64().expect("memory"));
         let smi = p["nvidia_smi"].as_u64().expect("simulated");
-        assert!(u128::from(smi) <= trainmem::estimator::sweep::decided(&d.config).expect("valid").capacity, "{}", p["query"]);
-        assert_eq!(Some(u128::from(smi)), trainmem::estimator::sweep::decided(&d.config).expect("valid").memory.nvidia_smi);
+        assert_eq!(Some(u128::from(smi)), a.estimate.memory.nvidia_smi);
         assert_eq!(d.config.batch * d.config.accum * d.config.dp() * d.config.seq, 4 << 20);
         assert!(p["cost"]["comm"].is_array() && p["mfu_estimate"].as_f64().is_some_and(|m| m > 0.0 && m < 1.0));
     }
@@ -94,7 +93,7 @@ fn plan_exports_csv_with_a_share_query_per_row() {
     assert!(!rows.is_empty());
     for r in rows {
         let query = r.rsplit(',').next().expect("query");
-        assert!(fits(&estimate(&decode_query(query).config).expect("valid")), "{r}");
+        assert!(analyse(&decode_query(query).config).expect("valid").verdict.fits, "{r}");
     }
 }
 
@@ -109,7 +108,9 @@ fn plan_fix_lists_the_cheapest_changes_that_make_it_fit() {
     let fixes = v.as_array().expect("fixes");
     assert!(!fixes.is_empty() && fixes.len() <= 3);
     for f in fixes {
-        assert!(fits(&estimate(&decode_query(f["query"].as_str().expect("query")).config).expect("valid")));
+        let v = analyse(&decode_query(f["query"].as_str().expect("query")).config).expect("valid").verdict;
+        assert!(v.fits);
+        assert_eq!(v.headroom as i64, f["headroom"].as_i64().expect("headroom"));
         assert!(f["sentence"].as_str().is_some_and(|s| s.contains("fits") && s.contains("headroom")));
     }
 }
@@ -166,7 +167,7 @@ fn brute_force(req: &PlanRequest, global_seqs: u64) -> Vec<(Knobs, bool)> {
                                 for (b, accum) in plan::micro_batches(&s.batch, global_seqs, k0.dp(req.base.gpus)) {
                                     let k = Knobs { batch: b, accum, ..k0 };
                                     if let Ok(e) = estimate(&k.apply(&req.base)) {
-                                        out.push((k, fits(&e)));
+                                        out.push((k, peak_fits(&e)));
                                     }
                                 }
                             }
@@ -208,7 +209,7 @@ fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
         };
         let found: HashSet<String> = search.points().iter().map(|p| format!("{:?}", canonical(p.knobs, base.gpus))).collect();
         for p in search.points() {
-            assert!(fits(&estimate(&p.knobs.apply(&base)).expect("valid")));
+            assert!(peak_fits(&estimate(&p.knobs.apply(&base)).expect("valid")));
         }
         let brute = brute_force(&req, 32);
         let truth: HashSet<String> = brute.iter().filter(|(_, f)| *f).map(|(k, _)| format!("{:?}", canonical(*k, base.gpus))).collect();
@@ -247,7 +248,8 @@ fn every_configuration_skipped_as_dominated_is_dominated_by_a_listed_plan() {
                 continue;
             }
             let c = k.apply(&base);
-            let h = plan::headroom(&estimate(&c).expect("valid"));
+            let e = estimate(&c).expect("valid");
+            let h = e.capacity as i128 - e.memory.peak as i128;
             let t = step_cost(&c, &req.assumptions).expect("cost").step_s;
             let key = format!("{:?}", canonical(k, base.gpus));
             assert!(
@@ -326,7 +328,7 @@ prop_compose! {
 }
 
 fn memory(c: &Config) -> Option<u128> {
-    estimate(c).ok().map(|e: Estimate| measure(&e))
+    estimate(c).ok().map(|e: Estimate| e.memory.peak)
 }
 
 proptest! {

@@ -4,7 +4,6 @@
 
 use trainmem::config::{decode_query, Attention, Config, Unit, Zero};
 use trainmem::estimator::expr::group_digits;
-use trainmem::estimator::sweep::decided;
 use trainmem::estimator::sweep::{self, fits, GPU_COUNTS};
 use trainmem::estimator::{estimate, ledger::Bytes, EstimateError};
 use trainmem::plots::bar::{bar_data, bar_height, bar_svg, draw_bar};
@@ -146,7 +145,7 @@ fn the_oom_mark_is_the_longest_sequence_that_fits_and_is_labelled() {
     // The estimator's own verdict on either side of the mark.
     assert!(fits(&Config { seq: n, ..c.clone() }));
     assert!(!fits(&Config { seq: n + 1, ..c.clone() }));
-    assert!(decided(&Config { seq: n + 1, ..c.clone() }).expect("valid").deciding_peak() > d.sweep.capacity);
+    assert!(trainmem::estimator::analyse(&Config { seq: n + 1, ..c.clone() }).expect("valid").verdict.deciding > d.sweep.capacity);
     let label = format!("OOM beyond {} tokens", group_digits(n as u128));
     assert_eq!(d.limit_text(), label);
     assert!(seq_svg(&d, &LIGHT, SIZE).contains(&label));
@@ -546,4 +545,54 @@ fn a_compared_configuration_is_drawn_over_the_chart_as_a_dashed_line() {
     // The timeline has no overlay (its events differ between configurations).
     let e = estimate(&a).expect("estimates");
     assert_eq!(ChartData::timeline(&e, &a).overlay_series(), None);
+}
+
+/// The tick labels a layout reports under its plot (x) and left of it (y).
+fn tick_labels(layout: &trainmem::plots::Layout) -> (Vec<String>, Vec<String>) {
+    let p = layout.plot;
+    let of = |f: &dyn Fn(&trainmem::plots::draw::Placed) -> bool| {
+        layout.parts.iter().filter(|q| q.part == Part::Axis && f(q)).map(|q| q.text.clone()).collect::<Vec<_>>()
+    };
+    (of(&|q| q.rect.y0 == p.y1 + 8), of(&|q| q.rect.x1 == p.x0 - 8))
+}
+
+#[test]
+fn every_axis_keeps_three_labelled_ticks_and_every_label_stays_in_the_drawing_at_phone_tablet_and_desktop_widths() {
+    // The default (whose sequence chart's peak runs past the cut axis), a small model, a
+    // pipeline on a custom card, and a LoRA run on a 24 GB card.
+    for q in [
+        "",
+        "model=qwen2.5-0.5b&attn=eager&gpu=h200",
+        "model=llama-3.1-70b&gpus=64&tp=8&pp=2&zero=1&gpu=custom&gpu_gib=48",
+        "finetune=lora&gpu=rtx-4090",
+    ] {
+        let c = cfg(q);
+        let e = estimate(&c).ok();
+        for kind in ChartKind::ALL {
+            let d = chart_data(kind, &c).expect("valid").with_current(&c, e.as_ref());
+            for width in [390, 700, 1400] {
+                let height = d.height(width, &LIGHT);
+                let (_, layout) = draw_scene((width, height), |root| d.draw(root, &LIGHT).expect("draws").1);
+                assert_eq!(layout.problems(), Vec::<String>::new(), "{q} {kind} at {width} px");
+                let (x, y) = tick_labels(&layout);
+                assert!(x.len() >= 3, "{q} {kind} at {width} px: x ticks {x:?}");
+                assert!(y.len() >= 3, "{q} {kind} at {width} px: y ticks {y:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_y_axis_cut_below_the_peak_says_so_on_the_plot() {
+    // Llama 3.1 8B on an H100: at 131,072 tokens the peak is ~1.2 TB; the axis stops near twice
+    // the card.
+    let c = cfg("");
+    let d = chart_data(ChartKind::Seq, &c).expect("valid");
+    let (_, layout) = draw_scene((900, d.height(900, &LIGHT)), |root| d.draw(root, &LIGHT).expect("draws").1);
+    let note = layout.parts.iter().find(|p| p.part == Part::Label && p.text.contains("axis cut at"));
+    assert!(note.is_some_and(|n| n.text.contains("the peak") && n.text.contains("reaches")), "{:?}", layout.parts);
+    // The timeline's axis holds its every point: no such note.
+    let d = chart_data(ChartKind::Timeline, &c).expect("valid");
+    let (_, layout) = draw_scene((900, d.height(900, &LIGHT)), |root| d.draw(root, &LIGHT).expect("draws").1);
+    assert!(!layout.parts.iter().any(|p| p.text.contains("axis cut")));
 }

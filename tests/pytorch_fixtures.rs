@@ -81,7 +81,7 @@ fn config_of(doc: &Value, r: &Value, optim: Optimizer) -> Option<Config> {
 }
 
 fn row(e: &Estimate, id: &str) -> u128 {
-    e.components.iter().chain(&e.host).filter(|r| r.id == id).map(|r| r.bytes).sum()
+    e.components.iter().chain(&e.host).filter(|r| r.id.as_str() == id).map(|r| r.bytes).sum()
 }
 
 #[test]

@@ -6,6 +6,7 @@ use crate::estimator::family::Family;
 use crate::estimator::gpu::GPUS;
 use crate::estimator::model::{Activation, LayerRule, MlpKind, NormKind, Positions, QkNorm, Router, WindowKind};
 use crate::estimator::presets::{preset, presets};
+use crate::estimator::serve::{Engine, KvDtype, Mode, WeightDtype};
 
 /// Where a key belongs in the UI and the help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub enum Group {
     Cluster,
     Overhead,
     Display,
+    /// Serving (`mode=serve`): engine, context, concurrency, served dtypes, engine budgets.
+    Serving,
 }
 
 /// One configuration key.
@@ -198,6 +201,45 @@ named!(
 named!(QkNorm, [(QkNorm::None, "none"), (QkNorm::Head, "head"), (QkNorm::Full, "full"), (QkNorm::PerHead, "per-head")]);
 named!(Positions, [(Positions::Rope, "rope"), (Positions::Learned, "learned"), (Positions::None, "none")]);
 
+named!(Mode, [(Mode::Train, "train"), (Mode::Serve, "serve")]);
+named!(Engine, [(Engine::Vllm, "vllm"), (Engine::Sglang, "sglang"), (Engine::Trtllm, "trtllm"), (Engine::Transformers, "transformers")]);
+named!(
+    KvDtype,
+    [
+        (KvDtype::Auto, "auto"),
+        (KvDtype::Bf16, "bf16"),
+        (KvDtype::Fp16, "fp16"),
+        (KvDtype::Fp8, "fp8"),
+        (KvDtype::Int8, "int8"),
+        (KvDtype::Nvfp4, "nvfp4"),
+    ]
+);
+named!(
+    WeightDtype,
+    [
+        (WeightDtype::Auto, "auto"),
+        (WeightDtype::Bf16, "bf16"),
+        (WeightDtype::Fp16, "fp16"),
+        (WeightDtype::Fp8, "fp8"),
+        (WeightDtype::Fp8Block, "fp8-block"),
+        (WeightDtype::Int8, "int8"),
+        (WeightDtype::Int4Awq, "int4-awq"),
+        (WeightDtype::Int4Gptq, "int4-gptq"),
+        (WeightDtype::Nvfp4, "nvfp4"),
+        (WeightDtype::Mxfp4, "mxfp4"),
+    ]
+);
+
+/// A fraction in (0, 1] (`gpu_memory_utilization`, `mem_fraction_static`,
+/// `free_gpu_memory_fraction`).
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s, 0.0, 1.0)?;
+    if v == 0.0 {
+        return Err("must be more than 0".into());
+    }
+    Ok(v)
+}
+
 fn no_choices() -> Vec<&'static str> {
     Vec::new()
 }
@@ -245,6 +287,10 @@ fn preset_ids() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = presets().iter().map(|p| p.id).collect();
     v.push("custom");
     v
+}
+
+fn recipe_ids() -> Vec<&'static str> {
+    super::recipes::RECIPES.iter().map(|r| r.id).collect()
 }
 
 fn gpu_ids() -> Vec<&'static str> {
@@ -367,10 +413,49 @@ macro_rules! f64_key {
 /// Largest TFLOP/s or GB/s a custom GPU may claim (a thousand times today's largest).
 const MAX_DATASHEET_FIGURE: f64 = 1.0e7;
 
+use super::recipes::{Recipe, RECIPES};
+
+/// Sets every key of the recipe on `cfg`; the recipe is checked whole first, so a failure
+/// leaves `cfg` unchanged.
+pub fn apply_recipe(cfg: &mut Config, r: &Recipe) -> Result<(), String> {
+    let mut next = cfg.clone();
+    for (k, v) in r.pairs {
+        let key = KEYS.iter().find(|key| key.name == *k).ok_or_else(|| format!("names an unknown key {k}"))?;
+        (key.set)(&mut next, v).map_err(|e| format!("{k}={v}: {e}"))?;
+    }
+    *cfg = next;
+    Ok(())
+}
+
+/// The first recipe whose every key has its value in `cfg` (for a page that shows which recipe
+/// the configuration still is).
+pub fn matching_recipe(cfg: &Config) -> Option<&'static Recipe> {
+    RECIPES.iter().find(|r| {
+        let mut c = cfg.clone();
+        apply_recipe(&mut c, r).is_ok() && c == *cfg
+    })
+}
+
 use Group::*;
 
 /// Every key, in the canonical order of encoded URLs and of the CLI's help.
 pub static KEYS: &[Key] = &[
+    Key {
+        name: "recipe",
+        group: Model,
+        help:
+            "a framework's shipped config (e.g. torchtitan-llama3-8b); applies first, any key after it changes it (see `trainmem recipes`)",
+        choices: recipe_ids,
+        // Input only: a link spells the recipe's keys out.
+        get: |_| String::new(),
+        set: |c, s| {
+            if s.trim().is_empty() {
+                return Ok(());
+            }
+            let r = super::recipes::recipe(s).ok_or_else(|| "unknown recipe (see `trainmem recipes`)".to_string())?;
+            apply_recipe(c, r)
+        },
+    },
     Key {
         name: "model",
         group: Model,
@@ -612,12 +697,74 @@ pub static KEYS: &[Key] = &[
     },
     uint_key!("prefetch_layers", Overhead, "ZeRO-3/FSDP unsharded layers in flight", |c| c.prefetch_layers),
     bool_key!("bucket_view", Overhead, "DDP gradient_as_bucket_view", |c| c.bucket_view),
+    enum_key!("mode", Serving, "what to answer: train (the training step) or serve (inference memory)", Mode, |c| c.serve.mode),
+    enum_key!("engine", Serving, "inference engine whose KV layout and budget apply", Engine, |c| c.serve.engine),
+    auto_uint_key!("context", Serving, "tokens per sequence (vLLM max_model_len), or auto (the model's max_position_embeddings)", |c| c
+        .serve
+        .context),
+    uint_key!(positive "concurrency", Serving, "concurrent sequences the longest-context answer is for", |c| c.serve.concurrency),
+    enum_key!("kv_dtype", Serving, "KV cache dtype (vLLM --kv-cache-dtype); auto = the model's", KvDtype, |c| c.serve.kv_dtype),
+    enum_key!("weight_dtype", Serving, "dtype the weights are served in", WeightDtype, |c| c.serve.weight_dtype),
+    Key {
+        name: "gpu_memory_utilization",
+        group: Serving,
+        help: "vLLM's share of the card's total memory",
+        choices: no_choices,
+        get: |c| fmt_f64(c.serve.gpu_memory_utilization),
+        set: |c, s| {
+            c.serve.gpu_memory_utilization = parse_fraction(s)?;
+            Ok(())
+        },
+    },
+    auto_uint_key!("max_num_batched_tokens", Serving, "tokens of one prefill chunk, or auto (8192)", |c| c.serve.max_num_batched_tokens),
+    uint_key!(positive "max_num_seqs", Serving, "most sequences in one batch (vLLM max_num_seqs)", |c| c.serve.max_num_seqs),
+    auto_uint_key!("block_size", Serving, "tokens per KV block, or auto (vLLM 16, SGLang 1, TensorRT-LLM 32)", |c| c.serve.block_size),
+    Key {
+        name: "mem_fraction_static",
+        group: Serving,
+        help: "SGLang --mem-fraction-static, or auto (its table by tp)",
+        choices: no_choices,
+        get: |c| c.serve.mem_fraction_static.map_or("auto".to_string(), fmt_f64),
+        set: |c, s| {
+            c.serve.mem_fraction_static = if s.eq_ignore_ascii_case("auto") { None } else { Some(parse_fraction(s)?) };
+            Ok(())
+        },
+    },
+    Key {
+        name: "free_gpu_memory_fraction",
+        group: Serving,
+        help: "TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction",
+        choices: no_choices,
+        get: |c| fmt_f64(c.serve.free_gpu_memory_fraction),
+        set: |c, s| {
+            c.serve.free_gpu_memory_fraction = parse_fraction(s)?;
+            Ok(())
+        },
+    },
+    bool_key!("cuda_graphs", Serving, "CUDA graphs captured (false = --enforce-eager)", |c| c.serve.cuda_graphs),
+    auto_uint_key!("cuda_graph_mib", Serving, "memory of the CUDA graphs, MiB, or auto (512, assumed)", |c| c.serve.cuda_graph_mib),
+    bool_key!("dp_attention", Serving, "data-parallel attention: whole KV heads per GPU, its own sequences", |c| c.serve.dp_attention),
     enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),
 ];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_recipe_applies_cleanly_and_is_found_again() {
+        for r in RECIPES {
+            let mut c = Config::default();
+            assert_eq!(apply_recipe(&mut c, r), Ok(()), "{}", r.id);
+            assert!(crate::estimator::validate_consistency(&c).is_ok(), "{}", r.id);
+            assert!(matching_recipe(&c).is_some(), "{}", r.id);
+        }
+    }
+
+    #[test]
+    fn no_recipe_matches_the_default_configuration() {
+        assert_eq!(matching_recipe(&Config::default()), None);
+    }
 
     #[test]
     fn integers_accept_k_and_m_suffixes() {

@@ -8,9 +8,12 @@
 
 mod keys;
 mod legacy;
+pub mod recipes;
 
 pub use crate::estimator::config::*;
+pub use keys::{apply_recipe, matching_recipe};
 pub use keys::{parse_uint, Group, Key, KEYS};
+pub use recipes::{recipe, Recipe, RECIPES};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};
@@ -126,6 +129,7 @@ pub fn names_an_old_custom_architecture<'a>(pairs: impl IntoIterator<Item = (&'a
         match k {
             "family" => family = true,
             "model" => preset = !v.trim().eq_ignore_ascii_case("custom"),
+            "recipe" => preset |= recipe(v).is_some_and(|r| r.pairs.iter().any(|(k, _)| *k == "model")),
             _ => arch |= find_key(k).is_some_and(|key| key.group == Group::Architecture),
         }
     }
@@ -143,17 +147,19 @@ pub fn family_of_old_link(spec: &crate::estimator::model::ModelSpec) -> crate::e
 /// architecture that no longer equals its preset turns the model into `custom`. The URL decoder
 /// and the CLI both go through here.
 pub fn apply_pairs<'a>(cfg: &mut Config, mut pairs: Vec<(&'a str, &'a str)>) -> Vec<ConfigError> {
+    // `recipe` first (it sets many keys, the model among them), then `model`, then the rest.
     let rank = |k: &str| match find_key(k).map(|k| k.group) {
-        _ if k == "model" => 0,
-        Some(Group::Architecture) => 1,
-        _ => 2,
+        _ if k == "recipe" => 0,
+        _ if k == "model" => 1,
+        Some(Group::Architecture) => 2,
+        _ => 3,
     };
     pairs.sort_by_key(|(k, _)| rank(k));
     let mut errors = Vec::new();
     let mut arch_touched = false;
     for (k, v) in pairs {
         match set(cfg, k, v) {
-            Ok(()) => arch_touched |= rank(k) == 1,
+            Ok(()) => arch_touched |= rank(k) == 2,
             Err(e) => errors.push(e),
         }
     }
@@ -241,7 +247,8 @@ pub fn apply_import(cfg: &mut Config, imported: &Imported) {
     cfg.arch = imported.spec.clone();
 }
 
-/// The non-default keys of `cfg`, in canonical order.
+/// The non-default keys of `cfg`, in canonical order. A recipe preset is never written: a link
+/// spells its keys out (a recipe of mostly default keys would otherwise name any configuration).
 pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
     let default = Config::default();
     let custom = cfg.model == "custom";
@@ -250,7 +257,10 @@ pub fn encode_pairs(cfg: &Config) -> Vec<(&'static str, String)> {
         .filter(|k| k.name != "name" || custom)
         .filter_map(|k| {
             let v = (k.get)(cfg);
-            (v != (k.get)(&default)).then_some((k.name, v))
+            // A custom architecture always names its family, even Llama's: a custom link
+            // without one is a link from before the key ([`names_an_old_custom_architecture`]).
+            let always = custom && k.name == "family";
+            (always || v != (k.get)(&default)).then_some((k.name, v))
         })
         .collect()
 }
@@ -351,6 +361,20 @@ mod tests {
         assert_eq!((d.config.tp, d.config.gpus), (1, 8));
         assert_eq!(d.config.model, "llama-3.1-70b");
         assert!(crate::estimator::validate_consistency(&d.config).is_ok());
+    }
+
+    #[test]
+    fn a_custom_link_names_its_family_and_an_old_one_reads_it_from_the_numbers() {
+        // Written now: the family is in the link, Llama's too.
+        let d = decode_query("model=custom&fused_qkv=true&family=llama");
+        assert_eq!(d.config.arch.family, crate::estimator::family::Family::Llama);
+        assert!(encode_query(&d.config).contains("family=llama"), "{}", encode_query(&d.config));
+        assert_eq!(decode_query(&encode_query(&d.config)).config, d.config);
+        // Written before the key: a fused-QKV RMSNorm RoPE model was built with Phi-3's code.
+        let old = decode_query("model=custom&fused_qkv=true");
+        assert_eq!(old.config.arch.family, crate::estimator::family::Family::Phi3);
+        // A preset's family comes with it and needs no key.
+        assert_eq!(decode_query("model=gpt2&layers=6").config.arch.family, crate::estimator::family::Family::Gpt2);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use crate::config::{decode_query, Config};
 use crate::estimator::ledger::Category;
-use crate::estimator::{estimate, flatten, Estimate, EstimateError};
+use crate::estimator::{analyse, flatten, Estimate, EstimateError};
 
 /// A whole-step memory figure a question can ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,7 +167,7 @@ impl Target {
 
 /// The bytes of a row (by id) or of a whole category (by its snake_case name).
 fn bytes_of(e: &Estimate, id: &str) -> Result<u128, ExerciseError> {
-    if let Some(r) = flatten(&e.components).into_iter().find(|r| r.id == id) {
+    if let Some(r) = flatten(&e.components).into_iter().find(|r| r.id.as_str() == id) {
         return Ok(r.bytes);
     }
     Category::ALL
@@ -196,7 +196,8 @@ pub fn category_name(c: Category) -> &'static str {
 /// The answer key: the figure `target` names, computed by the estimator for `cfg` (and, for a
 /// difference, the `compare` configuration).
 pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result<Answer, ExerciseError> {
-    let e = estimate(cfg)?;
+    // The page's own figures: the ledger and the verdict as `analyse` gives them.
+    let e = analyse(cfg)?.estimate;
     Ok(match target {
         Target::Rows(r) => Answer::Bytes(sum(&e, r)?),
         Target::Memory(Field::ParameterCount) => Answer::Count(Field::ParameterCount.value(&e)),
@@ -211,7 +212,7 @@ pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result
         Target::PerLayer(f) => {
             let mut more = cfg.clone();
             more.arch.layers += 1;
-            let e2 = estimate(&more)?;
+            let e2 = analyse(&more)?.estimate;
             Answer::Bytes(f.value(&e2).saturating_sub(f.value(&e)))
         }
         Target::Dominant => {
@@ -219,7 +220,7 @@ pub fn answer(target: &Target, cfg: &Config, compare: Option<&Config>) -> Result
             Answer::Category(best.map_or(Category::Activations, |(c, _)| c))
         }
         Target::Difference(r) => {
-            let other = estimate(compare.ok_or(ExerciseError::NoComparison)?)?;
+            let other = analyse(compare.ok_or(ExerciseError::NoComparison)?)?.estimate;
             // A row the other configuration lacks (e.g. eager-only scores) counts as 0 there.
             let (a, b) = (sum(&e, r)?, sum(&other, r).unwrap_or(0));
             Answer::Bytes(a.abs_diff(b))
@@ -258,6 +259,39 @@ pub fn check(answer: &Answer, guess: &str, tolerance_pct: f64) -> Option<Check> 
             let g = guess.trim().to_ascii_lowercase().replace([' ', '-'], "_");
             Some(Check { correct: g == category_name(*c) || g == c.label().to_ascii_lowercase().replace(' ', "_"), error_pct: 0.0 })
         }
+    }
+}
+
+/// An example of how to write a guess for `answer`, in its kind and, for bytes, in `unit`
+/// ("e.g. 42 GB"): a figure at least three times away from the answer (or, for a percentage,
+/// 25 points), so that the hint never gives the answer away nor lies near it.
+pub fn example_guess(answer: &Answer, unit: crate::estimator::config::Unit) -> String {
+    use crate::estimator::config::Unit;
+    let far = |want: f64, candidates: &[f64]| {
+        candidates.iter().copied().find(|c| want <= 0.0 || !(want / 3.0..=want * 3.0).contains(c)).unwrap_or(candidates[0])
+    };
+    match answer {
+        Answer::Bytes(b) => {
+            let (scale, sym) = match unit {
+                Unit::Gb => (1e9, "GB"),
+                Unit::Gib => (1_073_741_824.0, "GiB"),
+            };
+            let v = far(*b as f64 / scale, &[42.0, 640.0, 3.5, 9000.0]);
+            format!("e.g. {v} {sym}")
+        }
+        Answer::Count(n) => {
+            let v = far(*n as f64, &[3.2e9, 7.5e11, 1.2e8, 4.0e13]);
+            format!("e.g. {v:e}")
+        }
+        Answer::Percent(p) => {
+            let v = [35.0, 85.0, 5.0].into_iter().find(|c: &f64| (c - p).abs() >= 25.0).unwrap_or(35.0);
+            format!("e.g. {v} %")
+        }
+        Answer::BytesPerParameter(p) => {
+            let v = far(*p, &[3.0, 40.0, 0.5]);
+            format!("e.g. {v} bytes per parameter")
+        }
+        Answer::Category(_) => "a category".into(),
     }
 }
 
@@ -418,6 +452,36 @@ pub fn builtin() -> Vec<Exercise> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimator::estimate;
+
+    #[test]
+    fn the_guess_example_is_far_from_the_answer_and_in_its_unit() {
+        use crate::estimator::config::Unit;
+        // The docs' 16Ψ exercise (llama-2-13b): 208.3 GB; the old fixed hint read "208 GB".
+        let sixteen_psi = Answer::Bytes(208_300_000_000);
+        for unit in [Unit::Gb, Unit::Gib] {
+            let e = example_guess(&sixteen_psi, unit);
+            assert!(!e.contains("208") && !e.contains("194"), "{e}");
+            assert!(e.ends_with(if unit == Unit::Gb { " GB" } else { " GiB" }), "{e}");
+        }
+        let builtin = builtin();
+        let answers = builtin.iter().filter_map(|ex| ex.answer().ok()).chain([
+            sixteen_psi,
+            Answer::Bytes(42_000_000_000),
+            Answer::Count(8_030_261_248),
+            Answer::Percent(35.0),
+            Answer::BytesPerParameter(16.0),
+        ]);
+        for a in answers {
+            if matches!(a, Answer::Category(_)) {
+                continue;
+            }
+            let e = example_guess(&a, Unit::Gb);
+            let written = e.trim_start_matches("e.g. ").trim_end_matches(" bytes per parameter");
+            let c = check(&a, written, 50.0).expect("the example reads as a guess");
+            assert!(!c.correct, "{a:?}: the example {e} lies within 50 % of the answer");
+        }
+    }
 
     #[test]
     fn every_builtin_exercise_has_a_computed_answer() {
@@ -485,12 +549,15 @@ mod tests {
                 "sixteen-psi" => Answer::Bytes(16 * e.parameter_count as u128),
                 "optimizer-share" => {
                     // The optimizer's master weights and moments against 16Ψ of model states.
-                    let row = |id: &str| flatten(&e.components).into_iter().find(|r| r.id == id).map_or(0, |r| r.bytes);
+                    let row = |id: &str| flatten(&e.components).into_iter().find(|r| r.id.as_str() == id).map_or(0, |r| r.bytes);
                     let states = 16 * e.parameter_count as u128;
                     Answer::Percent((row("master_weights") + row("optimizer_states")) as f64 * 100.0 / states as f64)
                 }
                 "adam-fp32" => {
-                    let moments = flatten(&e.components).into_iter().find(|r| r.id == "optimizer_states").map_or(0, |r| r.bytes);
+                    let moments = flatten(&e.components)
+                        .into_iter()
+                        .find(|r| r.id == crate::estimator::ledger::RowId::OptimizerStates)
+                        .map_or(0, |r| r.bytes);
                     Answer::BytesPerParameter(moments as f64 / e.parameter_count as f64)
                 }
                 "activations-per-layer" => {

@@ -2,8 +2,11 @@
 //! embed link, exercises whose answer key is the estimator itself, and snippets for the places
 //! courses live. Pure and natively tested; the UI renders it.
 //!
-//! Depends on `config` and `estimator`; nothing depends on it but the UI and the CLI.
+//! Depends on `config`, `estimator` and `plots` (a chart's kind names its panel); nothing
+//! depends on it but the UI and the CLI.
 
 pub mod exercises;
+pub mod layout;
+pub mod panel;
 pub mod settings;
 pub mod snippets;

@@ -10,73 +10,8 @@
 //! applet parameters behave the same way). `docs/embed.md` documents each one.
 
 use super::exercises::{self, Target};
+use super::panel::{list_names, Panel};
 use crate::config::{percent_encode, ConfigError, KEYS};
-
-/// A panel of the page, as `sections=` and `hide=` name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Section {
-    Verdict,
-    Inputs,
-    Architecture,
-    Import,
-    Ledger,
-    Bar,
-    Charts,
-    Textbook,
-    Bench,
-    Plan,
-    Exercises,
-    Compare,
-    /// The share/embed/print toolbar.
-    Share,
-    /// The formula view inside ledger rows (hide-only).
-    Formulas,
-}
-
-impl Section {
-    pub const ALL: [Section; 14] = [
-        Section::Verdict,
-        Section::Inputs,
-        Section::Architecture,
-        Section::Import,
-        Section::Ledger,
-        Section::Bar,
-        Section::Charts,
-        Section::Textbook,
-        Section::Bench,
-        Section::Plan,
-        Section::Exercises,
-        Section::Compare,
-        Section::Share,
-        Section::Formulas,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            Section::Verdict => "verdict",
-            Section::Inputs => "inputs",
-            Section::Architecture => "architecture",
-            Section::Import => "import",
-            Section::Ledger => "ledger",
-            Section::Bar => "bar",
-            Section::Charts => "charts",
-            Section::Textbook => "textbook",
-            Section::Bench => "bench",
-            Section::Plan => "plan",
-            Section::Exercises => "exercises",
-            Section::Compare => "compare",
-            Section::Share => "share",
-            Section::Formulas => "formulas",
-        }
-    }
-    pub fn from_name(s: &str) -> Option<Section> {
-        Section::ALL.into_iter().find(|x| x.name().eq_ignore_ascii_case(s.trim()))
-    }
-    /// Whether the section is a panel that `sections=` can place (the formulas are part of the
-    /// ledger, not a panel).
-    pub fn is_panel(self) -> bool {
-        self != Section::Formulas
-    }
-}
 
 /// The page's colour scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -117,6 +52,8 @@ pub struct CustomExercise {
 
 /// The tolerance an exercise gets when the link names none: within 5 % counts as right.
 pub const DEFAULT_TOLERANCE_PCT: f64 = 5.0;
+/// What a bad `sections=` or `hide=` name is told.
+const SECTION_NAMES: &str = "names no panel (verdict, inputs, model, training, cluster, overhead, architecture, import, answers, bar, ledger, verify, charts, seq, params, batch, gpus, timeline, textbook, bench, plan, exercises, compare, share, formulas)";
 /// The longest free text (hint, question) a link may carry.
 pub const MAX_TEXT: usize = 500;
 /// The only language for now (`lang=` is reserved for translations).
@@ -130,9 +67,9 @@ pub struct Settings {
     /// `view=`: the one panel an embed shows (kept for old links; `sections=` generalizes it).
     pub view: Option<String>,
     /// `sections=`: the panels to show, in this order (empty: the page's own layout).
-    pub sections: Vec<Section>,
-    /// `hide=`: panels (and the formula view) to leave out.
-    pub hide: Vec<Section>,
+    pub sections: Vec<Panel>,
+    /// `hide=`: panels (and the share buttons, the formula view) to leave out.
+    pub hide: Vec<Panel>,
     /// `lock=`: configuration keys shown read-only.
     pub lock: Vec<&'static str>,
     pub theme: Theme,
@@ -198,11 +135,18 @@ impl Settings {
                 "sections" | "hide" => {
                     let mut out = Vec::new();
                     for name in list(v) {
-                        match Section::from_name(name) {
-                            Some(x) if k == "sections" && !x.is_panel() => err(k, name, "is not a panel (hide it instead)"),
-                            Some(x) if !out.contains(&x) => out.push(x),
-                            Some(_) => {}
-                            None => err(k, name, "names no section (verdict, inputs, architecture, import, ledger, bar, charts, textbook, bench, plan, exercises, compare, share, formulas)"),
+                        match Panel::parse_item(name) {
+                            Some(ps) if k == "sections" && ps.iter().any(|p| !p.is_panel()) => {
+                                err(k, name, "is not a panel (hide it instead)")
+                            }
+                            Some(ps) => {
+                                for p in ps {
+                                    if !out.contains(&p) {
+                                        out.push(p);
+                                    }
+                                }
+                            }
+                            None => err(k, name, SECTION_NAMES),
                         }
                     }
                     if k == "sections" {
@@ -272,7 +216,6 @@ impl Settings {
     /// The settings as link pairs, in a fixed order, leaving out what is at its default.
     pub fn encode(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
-        let names = |v: &[Section]| v.iter().map(|x| x.name()).collect::<Vec<_>>().join(",");
         if self.embed {
             out.push(("embed", "1".to_string()));
         }
@@ -280,10 +223,10 @@ impl Settings {
             out.push(("view", v.clone()));
         }
         if !self.sections.is_empty() {
-            out.push(("sections", names(&self.sections)));
+            out.push(("sections", list_names(&self.sections)));
         }
         if !self.hide.is_empty() {
-            out.push(("hide", names(&self.hide)));
+            out.push(("hide", list_names(&self.hide)));
         }
         if !self.lock.is_empty() {
             out.push(("lock", self.lock.join(",")));
@@ -323,9 +266,15 @@ impl Settings {
         self.encode().into_iter().map(|(k, v)| format!("{k}={}", percent_encode(&v))).collect::<Vec<_>>().join("&")
     }
 
-    /// Whether a panel shows: not hidden, and listed when `sections=` lists panels.
-    pub fn shows(&self, section: Section) -> bool {
-        !self.hide.contains(&section) && (self.sections.is_empty() || !section.is_panel() || self.sections.contains(&section))
+    /// Whether a panel shows: not hidden (itself or the panel it goes with), and listed when
+    /// `sections=` lists panels.
+    pub fn shows(&self, panel: Panel) -> bool {
+        !self.hides(panel) && (self.sections.is_empty() || !panel.is_panel() || self.sections.contains(&panel))
+    }
+
+    /// Whether `hide=` leaves the panel out, itself or with the panel it goes with.
+    pub fn hides(&self, panel: Panel) -> bool {
+        self.hide.contains(&panel) || panel.goes_with().is_some_and(|p| self.hide.contains(&p))
     }
 
     /// Whether the configuration key is read-only for the learner.
@@ -354,10 +303,10 @@ mod tests {
     fn hide_lock_and_sections_are_read_in_order_and_deduplicated() {
         let (s, errors) = decode("sections=verdict,ledger,verdict&hide=inputs,formulas&lock=seq,model");
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(s.sections, [Section::Verdict, Section::Ledger]);
-        assert_eq!(s.hide, [Section::Inputs, Section::Formulas]);
+        assert_eq!(s.sections, [Panel::Verdict, Panel::Ledger]);
+        assert_eq!(s.hide, [Panel::Model, Panel::Training, Panel::Cluster, Panel::Overhead, Panel::Formulas]);
         assert_eq!(s.lock, ["seq", "model"]);
-        assert!(s.shows(Section::Ledger) && !s.shows(Section::Charts) && !s.shows(Section::Inputs));
+        assert!(s.shows(Panel::Ledger) && !s.shows(Panel::Charts) && !s.shows(Panel::Training));
         assert!(s.locked("seq") && !s.locked("batch"));
     }
 
@@ -367,7 +316,7 @@ mod tests {
         let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["theme", "hide", "lock", "tol", "lang"]);
         assert_eq!(s.theme, Theme::Auto);
-        assert_eq!(s.hide, [Section::Inputs]);
+        assert_eq!(s.hide, super::super::panel::INPUTS);
         assert_eq!(s.lock, ["batch"]);
         assert_eq!(s.lang, "en");
         // A hint with nothing to predict is reported under `ask`.
@@ -379,7 +328,7 @@ mod tests {
     #[test]
     fn the_formula_view_can_be_hidden_but_not_placed_as_a_panel() {
         let (s, errors) = decode("sections=ledger,formulas");
-        assert_eq!(s.sections, [Section::Ledger]);
+        assert_eq!(s.sections, [Panel::Ledger]);
         assert_eq!(errors.len(), 1);
     }
 

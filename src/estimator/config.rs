@@ -302,6 +302,9 @@ pub struct Config {
     /// DDP `gradient_as_bucket_view=True` (no separate bucket copy of the gradients).
     pub bucket_view: bool,
     pub unit: Unit,
+    /// Serving: the engine, context, concurrency and served dtypes (`mode=serve`).
+    #[serde(default)]
+    pub serve: super::serve::settings::Serving,
 }
 
 impl Default for Config {
@@ -354,6 +357,7 @@ impl Default for Config {
             prefetch_layers: 2,
             bucket_view: false,
             unit: Unit::Gb,
+            serve: super::serve::settings::Serving::default(),
         }
     }
 }
@@ -362,6 +366,14 @@ impl Config {
     /// Data-parallel degree: GPUs / (tp × pp × cp).
     pub fn dp(&self) -> u64 {
         self.gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)
+    }
+
+    /// Tokens of one sequence on one GPU: context parallelism splits each sequence over `cp`
+    /// GPUs, each holding ⌈s / cp⌉ of its tokens (Megatron's `--context-parallel-size`; the
+    /// keys and values of the others pass through in ring attention). The one place `seq` and
+    /// `cp` are bound: the activation ledger, the step's program and the cost model read it.
+    pub fn seq_per_gpu(&self) -> u64 {
+        self.seq.div_ceil(self.cp.max(1))
     }
 
     /// The display name: the preset id, the custom name, or "custom model".

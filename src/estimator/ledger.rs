@@ -1,6 +1,7 @@
 //! The ledger: one row per memory component, each with its bytes, its formula and its source.
 
 use super::expr::{Expr, Sym};
+use super::step::part::Part;
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use std::borrow::Cow;
@@ -43,11 +44,125 @@ impl Category {
     }
 }
 
+/// What a ledger row is: the identity the page, the charts, the exercises, the CLI and the
+/// allocator's rules look a row up by (its `name` in the JSON, [`RowId::as_str`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RowId {
+    Weights,
+    FrozenWeights,
+    QuantizedWeights,
+    MasterWeights,
+    Gradients,
+    OffloadFp32Gradients,
+    OptimizerStates,
+    OptimizerStepTemporaries,
+    OptimizerStepCounters,
+    Fp8WeightCache,
+    GatheredLayers,
+    DdpBuckets,
+    ZeroReduceBucket,
+    /// The saved activations, and their sub-rows by part.
+    Activations,
+    Activation(Part),
+    StepWorking,
+    CudaContext,
+    NcclBuffers,
+    BlasWorkspaces,
+    AllocatorReserve,
+    TextbookKorthikanti,
+    TextbookSeed,
+}
+
+impl RowId {
+    /// Every row the ledger can have, in no particular order.
+    pub const ALL: [RowId; 34] = [
+        RowId::Weights,
+        RowId::FrozenWeights,
+        RowId::QuantizedWeights,
+        RowId::MasterWeights,
+        RowId::Gradients,
+        RowId::OffloadFp32Gradients,
+        RowId::OptimizerStates,
+        RowId::OptimizerStepTemporaries,
+        RowId::OptimizerStepCounters,
+        RowId::Fp8WeightCache,
+        RowId::GatheredLayers,
+        RowId::DdpBuckets,
+        RowId::ZeroReduceBucket,
+        RowId::Activations,
+        RowId::Activation(Part::Embedding),
+        RowId::Activation(Part::Norms),
+        RowId::Activation(Part::AttentionInputs),
+        RowId::Activation(Part::AttentionCore),
+        RowId::Activation(Part::Mla),
+        RowId::Activation(Part::Mlp),
+        RowId::Activation(Part::Moe),
+        RowId::Activation(Part::Lora),
+        RowId::Activation(Part::Dropout),
+        RowId::Activation(Part::Checkpoints),
+        RowId::Activation(Part::Autocast),
+        RowId::Activation(Part::Head),
+        RowId::Activation(Part::Loss),
+        RowId::StepWorking,
+        RowId::CudaContext,
+        RowId::NcclBuffers,
+        RowId::BlasWorkspaces,
+        RowId::AllocatorReserve,
+        RowId::TextbookKorthikanti,
+        RowId::TextbookSeed,
+    ];
+
+    /// The row's machine name (`weights`, `activations.attention_core`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowId::Weights => "weights",
+            RowId::FrozenWeights => "frozen_weights",
+            RowId::QuantizedWeights => "quantized_weights",
+            RowId::MasterWeights => "master_weights",
+            RowId::Gradients => "gradients",
+            RowId::OffloadFp32Gradients => "offload_fp32_gradients",
+            RowId::OptimizerStates => "optimizer_states",
+            RowId::OptimizerStepTemporaries => "optimizer_step_temporaries",
+            RowId::OptimizerStepCounters => "optimizer_step_counters",
+            RowId::Fp8WeightCache => "fp8_weight_cache",
+            RowId::GatheredLayers => "gathered_layers",
+            RowId::DdpBuckets => "ddp_buckets",
+            RowId::ZeroReduceBucket => "zero_reduce_bucket",
+            RowId::Activations => "activations",
+            RowId::Activation(p) => p.id(),
+            RowId::StepWorking => "step_working",
+            RowId::CudaContext => "cuda_context",
+            RowId::NcclBuffers => "nccl_buffers",
+            RowId::BlasWorkspaces => "blas_workspaces",
+            RowId::AllocatorReserve => "allocator_reserve",
+            RowId::TextbookKorthikanti => "textbook.korthikanti",
+            RowId::TextbookSeed => "textbook.seed",
+        }
+    }
+
+    /// The row of a machine name (as a link or an exercise spells it).
+    pub fn parse(name: &str) -> Option<RowId> {
+        RowId::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    /// Whether the row's memory lives outside the caching allocator: nvidia-smi adds it to what
+    /// the allocator reserves (the CUDA context, cuBLAS workspaces, NCCL's buffers).
+    pub fn outside_allocator(self) -> bool {
+        matches!(self, RowId::CudaContext | RowId::NcclBuffers | RowId::BlasWorkspaces)
+    }
+}
+
+impl std::fmt::Display for RowId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One component of memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    /// Stable machine name (`weights`, `optimizer_states`, `activations.attention`, …).
-    pub id: &'static str,
+    /// What the row is ([`RowId`]; its machine name is the JSON's `name`).
+    pub id: RowId,
     pub label: Cow<'static, str>,
     pub category: Category,
     pub bytes: Bytes,
@@ -63,7 +178,7 @@ pub struct Row {
 
 impl Row {
     /// A row whose bytes are its formula's value.
-    pub fn new(id: &'static str, label: impl Into<Cow<'static, str>>, category: Category, expr: Expr, source: &'static str) -> Row {
+    pub fn new(id: RowId, label: impl Into<Cow<'static, str>>, category: Category, expr: Expr, source: &'static str) -> Row {
         Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: Cow::Borrowed(""), children: Vec::new() }
     }
     pub fn note(mut self, note: impl Into<Cow<'static, str>>) -> Row {
@@ -71,15 +186,10 @@ impl Row {
         self
     }
     /// A row that is the sum of its children; its formula is the sum of theirs by symbol.
-    pub fn parent(
-        id: &'static str,
-        label: impl Into<Cow<'static, str>>,
-        category: Category,
-        children: Vec<Row>,
-        source: &'static str,
-    ) -> Row {
-        let sym_terms =
-            children.iter().map(|c| Expr::var(Sym::new("M", c.id.rsplit('.').next().unwrap_or(c.id), "a sub-row's bytes"), c.bytes));
+    pub fn parent(id: RowId, label: impl Into<Cow<'static, str>>, category: Category, children: Vec<Row>, source: &'static str) -> Row {
+        let sym_terms = children
+            .iter()
+            .map(|c| Expr::var(Sym::new("M", c.id.as_str().rsplit('.').next().unwrap_or(c.id.as_str()), "a sub-row's bytes"), c.bytes));
         let expr = Expr::sum(sym_terms);
         Row { id, label: label.into(), category, bytes: expr.eval(), expr, source, note: Cow::Borrowed(""), children }
     }
@@ -88,7 +198,7 @@ impl Row {
 impl Serialize for Row {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut st = s.serialize_struct("Row", 8)?;
-        st.serialize_field("name", self.id)?;
+        st.serialize_field("name", self.id.as_str())?;
         st.serialize_field("label", &self.label)?;
         st.serialize_field("category", &self.category)?;
         st.serialize_field("bytes", &self.bytes)?;
@@ -151,23 +261,34 @@ mod tests {
 
     #[test]
     fn a_parent_row_is_the_sum_of_its_children() {
-        let a = Row::new("a", "A", Category::Activations, Expr::num(3u8), "");
-        let b = Row::new("b", "B", Category::Activations, Expr::num(4u8), "");
-        let p = Row::parent("p", "P", Category::Activations, vec![a, b], "");
+        let a = Row::new(RowId::Weights, "A", Category::Activations, Expr::num(3u8), "");
+        let b = Row::new(RowId::Gradients, "B", Category::Activations, Expr::num(4u8), "");
+        let p = Row::parent(RowId::Activations, "P", Category::Activations, vec![a, b], "");
         assert_eq!(p.bytes, 7);
-        assert_eq!(p.expr.symbolic(), "M_a + M_b");
-        let c = Row::new("x.norms", "N", Category::Activations, Expr::num(1u8), "");
-        assert_eq!(Row::parent("x", "X", Category::Activations, vec![c], "").expr.symbolic(), "M_norms");
+        assert_eq!(p.expr.symbolic(), "M_weights + M_gradients");
+        // A sub-row's symbol is its name after the last dot.
+        let c = Row::new(RowId::Activation(Part::Norms), "N", Category::Activations, Expr::num(1u8), "");
+        assert_eq!(Row::parent(RowId::Activations, "X", Category::Activations, vec![c], "").expr.symbolic(), "M_norms");
     }
 
     #[test]
     fn the_summary_total_adds_every_category() {
         let rows = vec![
-            Row::new("w", "W", Category::Parameters, Expr::num(10u8), ""),
-            Row::new("g", "G", Category::Gradients, Expr::num(5u8), ""),
-            Row::new("o", "O", Category::FrameworkOverhead, Expr::num(1u8), ""),
+            Row::new(RowId::Weights, "W", Category::Parameters, Expr::num(10u8), ""),
+            Row::new(RowId::Gradients, "G", Category::Gradients, Expr::num(5u8), ""),
+            Row::new(RowId::CudaContext, "O", Category::FrameworkOverhead, Expr::num(1u8), ""),
         ];
         let s = Summary::of(&rows);
         assert_eq!((s.parameters, s.gradients, s.framework_overhead, s.total), (10, 5, 1, 16));
+    }
+
+    #[test]
+    fn every_row_reads_back_from_its_name_and_only_the_outside_rows_are_outside_the_allocator() {
+        for r in RowId::ALL {
+            assert_eq!(RowId::parse(r.as_str()), Some(r), "{r}");
+        }
+        let outside: Vec<&str> = RowId::ALL.into_iter().filter(|r| r.outside_allocator()).map(RowId::as_str).collect();
+        assert_eq!(outside, ["cuda_context", "nccl_buffers", "blas_workspaces"]);
+        assert_eq!(RowId::parse("weight"), None);
     }
 }

@@ -3,7 +3,7 @@
 
 use super::config::{OptimImpl, Optimizer};
 use super::expr::{Expr, Sym};
-use super::ledger::{Category, Row};
+use super::ledger::{Category, Row, RowId};
 use super::model::Part;
 use super::params::{LocalGroup, Role};
 use super::precision::{Recipe, FP32_BYTES};
@@ -145,7 +145,7 @@ pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalG
             if recipe.master.is_some() { "beside the fp32 master copy" } else { "the parameters' own dtype, as torch.optim keeps them" }
         ),
     };
-    Row::new("optimizer_states", "Optimizer states", Category::OptimizerStates, expr, source).note(note)
+    Row::new(RowId::OptimizerStates, "Optimizer states", Category::OptimizerStates, expr, source).note(note)
 }
 
 /// Bytes of the `step` counters PyTorch's optimizers keep per parameter tensor, and whether they
@@ -204,7 +204,7 @@ pub fn step_temporary_bytes(optim: Optimizer, imp: OptimImpl, recipe: &Recipe, g
         }
         _ => return None,
     };
-    Some(Row::new("optimizer_step_temporaries", label, Category::Transient, expr, source))
+    Some(Row::new(RowId::OptimizerStepTemporaries, label, Category::Transient, expr, source))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use super::config::{Config, Kernels};
 use super::expr::{Expr, Sym};
 use super::gpu::MIB;
 use super::gpu::{gpu, Gpu, ScaleUp, Vendor};
-use super::ledger::{Bytes, Category, Row};
+use super::ledger::{Bytes, Category, Row, RowId};
 use super::model::Part;
 use super::params::{LocalGroup, Role};
 use super::precision::Recipe;
@@ -92,7 +92,7 @@ pub fn cuda_context_bytes(cfg: &Config) -> Row {
         ),
     };
     let e = Expr::prod([Expr::var(CTX, mib), Expr::var(MIB_SYM, MIB)]);
-    Row::new("cuda_context", "CUDA context", Category::FrameworkOverhead, e, source).note(note)
+    Row::new(RowId::CudaContext, "CUDA context", Category::FrameworkOverhead, e, source).note(note)
 }
 
 /// cuBLAS's workspace when `CUBLAS_WORKSPACE_CONFIG` is unset: `:4096:2:16:8`, two 4 MiB and eight
@@ -135,8 +135,7 @@ pub fn blas_workspace_bytes(cfg: &Config) -> Option<Row> {
     let one = cublas_workspace_bytes(cc) + CUBLASLT_WORKSPACE_BYTES;
     let e = Expr::prod([Expr::var(HANDLES, CUBLAS_HANDLES_PER_STEP), Expr::var(WS, one)]);
     Some(
-        Row::new(
-            "blas_workspaces",
+        Row::new(RowId::BlasWorkspaces,
             "cuBLAS / cuBLASLt workspaces",
             Category::FrameworkOverhead,
             e,
@@ -180,7 +179,7 @@ pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
         }
         let e = Expr::prod([Expr::var(NCCL, mib), Expr::var(MIB_SYM, MIB)]);
         return Some(
-            Row::new("nccl_buffers", "NCCL buffers", Category::FrameworkOverhead, e, "nccl_mib (set by the user)")
+            Row::new(RowId::NcclBuffers, "NCCL buffers", Category::FrameworkOverhead, e, "nccl_mib (set by the user)")
                 .note("your figure; outside PyTorch's allocator"),
         );
     }
@@ -194,7 +193,7 @@ pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
         Expr::prod([Expr::var(COMMS, comms), Expr::var(CHANNELS, channels), Expr::var(PEERS, NCCL_RING_PEERS), Expr::var(PROTO, proto)]);
     Some(
         Row::new(
-            "nccl_buffers",
+            RowId::NcclBuffers,
             "NCCL buffers",
             Category::FrameworkOverhead,
             e,
@@ -243,7 +242,7 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
     let e = Expr::sum([Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(P_LAYER, p)]), Expr::var(G_LAYER, trainable)]);
     Some(
         Row::new(
-            "gathered_layers",
+            RowId::GatheredLayers,
             "ZeRO-3/FSDP unsharded layers in flight",
             Category::Transient,
             e,
@@ -263,7 +262,7 @@ const RESERVE: Sym = Sym::new("R", "res", "reserved minus allocated when reserve
 pub fn reserve_simulated_bytes(reserved_peak: Bytes, allocated_then: Bytes) -> Row {
     let e = Expr::var(RESERVE, reserved_peak.saturating_sub(allocated_then));
     Row::new(
-        "allocator_reserve",
+        RowId::AllocatorReserve,
         "Caching-allocator reserve (simulated)",
         Category::FrameworkOverhead,
         e,
@@ -276,8 +275,14 @@ pub fn reserve_simulated_bytes(reserved_peak: Bytes, allocated_then: Bytes) -> R
 /// peak (gradients, activations, working buffers — what is allocated and freed every step).
 pub fn reserve_guess_bytes(frag_pct: u64, peak_dynamic: Bytes) -> Row {
     let e = Expr::prod([Expr::var(FRAG, frag_pct), Expr::var(PEAK, peak_dynamic)]).ceil_div(Expr::num(100u8));
-    Row::new("allocator_reserve", "Caching-allocator reserve (your guess)", Category::FrameworkOverhead, e, "frag_pct (set by the user)")
-        .note("a flat percentage instead of the simulated allocator; set frag_pct=auto to simulate")
+    Row::new(
+        RowId::AllocatorReserve,
+        "Caching-allocator reserve (your guess)",
+        Category::FrameworkOverhead,
+        e,
+        "frag_pct (set by the user)",
+    )
+    .note("a flat percentage instead of the simulated allocator; set frag_pct=auto to simulate")
 }
 
 #[cfg(test)]

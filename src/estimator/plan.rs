@@ -59,11 +59,13 @@
 //! returns [`Progress`], so a UI can run it in slices between frames (or in a worker) and stop
 //! whenever it likes; [`Search::result`] ranks what has been found so far.
 
+use super::analyse::{analyse, headroom_pct, Analysis};
 use super::config::{Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
 use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
+use super::estimate::{by_category, estimate, Estimate};
 use super::ledger::{Bytes, Category};
 use super::units::format_bytes;
-use super::{by_category, estimate, validate, Estimate, EstimateError};
+use super::validate::{validate, EstimateError};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -81,20 +83,11 @@ pub const DEFAULT_KEEP: usize = 20;
 /// Changes [`cheapest_fixes`] returns by default.
 pub const DEFAULT_FIXES: usize = 3;
 
-/// The memory the verdict compares with the capacity: the step's peak today, nvidia-smi's total
-/// once issue 11 lands. Every pruning rule is a property of this one figure.
-pub fn measure(e: &Estimate) -> Bytes {
-    e.memory.peak
-}
-
-/// Whether an estimate fits its GPU: the planner's only fit test.
-pub fn fits(e: &Estimate) -> bool {
-    measure(e) <= e.capacity
-}
-
-/// Headroom by [`measure`] (negative: bytes missing).
-pub fn headroom(e: &Estimate) -> i128 {
-    i128::try_from(e.capacity).unwrap_or(i128::MAX) - i128::try_from(measure(e)).unwrap_or(i128::MAX)
+/// Whether an estimate's step peak in use fits its GPU: what the search prunes on. It is
+/// necessary for the verdict ([`Verdict`]: nvidia-smi never shows less than the peak in use), and
+/// fast; every plan and fix the planner reports is then decided by [`analyse`] itself.
+pub fn peak_fits(e: &Estimate) -> bool {
+    e.memory.peak <= e.capacity
 }
 
 /// Why a plan cannot be made; always names the key.
@@ -705,14 +698,14 @@ impl Search {
                 return;
             }
         };
-        if fits(&e) {
+        if peak_fits(&e) {
             match cost::step_cost_with(&self.scratch, &self.req.assumptions, &self.hw, &self.fig) {
                 Ok(c) => {
                     self.outcomes.insert(k, Outcome::Covered { step_s: c.step_s });
                     self.points.push(Point {
                         knobs: k,
-                        memory: measure(&e),
-                        headroom: headroom(&e),
+                        memory: e.memory.peak,
+                        headroom: e.capacity as i128 - e.memory.peak as i128,
                         step_s: c.step_s,
                         tokens_per_s: c.tokens_per_s,
                         mfu: c.mfu,
@@ -735,7 +728,7 @@ impl Search {
             self.scratch.accum = 1;
             self.progress.estimate_calls += 1;
             self.progress.probe_calls += 1;
-            estimate(&self.scratch).map(|p| !fits(&p)).unwrap_or(false)
+            estimate(&self.scratch).map(|p| !peak_fits(&p)).unwrap_or(false)
         };
         if probe_fails {
             // Everything from the next micro-batch on is proven not to fit.
@@ -802,28 +795,61 @@ impl Search {
     pub fn result(&self) -> PlanResult {
         let mut ranked: Vec<Point> = self.points.clone();
         ranked.sort_by(rank_order);
-        let frontier_points = pareto_frontier(&ranked);
         let keep = if self.req.keep == 0 { ranked.len() } else { self.req.keep.min(ranked.len()) };
-        // The search decides on the allocated peak (fast); each plan it lists is re-checked on
-        // the verdict's figure, what nvidia-smi will show (the step replayed through the caching
-        // allocator), and one that no longer fits is left out and counted.
+        // The search decides on the step's peak in use (fast, and necessary); each plan it lists
+        // is decided again by the verdict itself ([`analyse`]: nvidia-smi against the usable
+        // capacity), with the headroom that verdict gives. One that no longer fits is left out
+        // and counted.
+        let mut decided: HashMap<Knobs, Option<Plan>> = HashMap::new();
+        let decide =
+            |decided: &mut HashMap<Knobs, Option<Plan>>, p: &Point| decided.entry(p.knobs).or_insert_with(|| self.plan_of(p)).clone();
         let mut plans: Vec<Plan> = Vec::with_capacity(keep);
         let mut dropped_by_reserve = 0u64;
         for p in &ranked {
             if plans.len() >= keep {
                 break;
             }
-            let pl = self.plan_of(p, plans.len() + 1);
-            if pl.fits_with_reserve {
-                plans.push(pl);
-            } else {
-                dropped_by_reserve += 1;
+            match decide(&mut decided, p) {
+                Some(pl) => plans.push(pl),
+                None => dropped_by_reserve += 1,
             }
         }
-        let frontier: Vec<Plan> = frontier_points
-            .iter()
-            .map(|p| self.plan_of(p, plans.iter().find(|q| q.knobs == p.knobs).map_or(0, |q| q.rank)))
-            .filter(|p| p.fits_with_reserve)
+        plans.sort_by(|x, y| x.step_s.total_cmp(&y.step_s).then(y.headroom.cmp(&x.headroom)));
+        for (i, pl) in plans.iter_mut().enumerate() {
+            pl.rank = i + 1;
+        }
+        // The frontier on the decided headroom: the points' peak headroom is an upper bound of
+        // it, so the frontier of the points decided so far (and of the others' bounds) is
+        // decided point by point until every point on it is decided.
+        let frontier = loop {
+            let bounds: Vec<Point> = ranked
+                .iter()
+                .filter_map(|p| match decided.get(&p.knobs) {
+                    Some(Some(pl)) => Some(Point { headroom: pl.headroom, memory: pl.memory, ..*p }),
+                    Some(None) => None,
+                    None => Some(*p),
+                })
+                .collect();
+            let mut sorted = bounds;
+            sorted.sort_by(rank_order);
+            let front = pareto_frontier(&sorted);
+            let undecided: Vec<Point> = front.iter().filter(|p| !decided.contains_key(&p.knobs)).copied().collect();
+            if undecided.is_empty() {
+                break front.iter().filter_map(|p| decided.get(&p.knobs).cloned().flatten()).collect::<Vec<Plan>>();
+            }
+            for p in &undecided {
+                let pl = decide(&mut decided, p);
+                if pl.is_none() {
+                    dropped_by_reserve += 1;
+                }
+            }
+        };
+        let frontier: Vec<Plan> = frontier
+            .into_iter()
+            .map(|mut f| {
+                f.rank = plans.iter().find(|q| q.knobs == f.knobs).map_or(0, |q| q.rank);
+                f
+            })
             .collect();
         let explanation = plans.first().map(|top| explain_choice(&self.req, self.global_seqs, &top.knobs)).unwrap_or_default();
         PlanResult {
@@ -840,28 +866,31 @@ impl Search {
         }
     }
 
-    fn plan_of(&self, p: &Point, rank: usize) -> Plan {
+    /// A point decided by the verdict ([`analyse`]): its plan, with the deciding figure as its
+    /// memory and the verdict's headroom, or `None` when it does not fit after all.
+    fn plan_of(&self, p: &Point) -> Option<Plan> {
         let config = p.knobs.apply(&self.req.base);
+        let a = analyse(&config).ok()?;
+        if !a.verdict.fits {
+            return None;
+        }
         let cost = cost::step_cost(&config, &self.req.assumptions).ok();
-        let decided = estimate(&config).and_then(|e| super::with_reserve(&config, e)).ok();
-        let by_cat = decided.as_ref().map(|e| by_category(e).into_iter().map(|(c, b)| (c.label(), b)).collect()).unwrap_or_default();
-        let nvidia_smi = decided.as_ref().and_then(|e| e.memory.nvidia_smi);
-        let fits_with_reserve = decided.as_ref().is_some_and(Estimate::fits);
-        Plan {
-            rank,
+        let by_cat = by_category(&a.estimate).into_iter().map(|(c, b)| (c.label(), b)).collect();
+        Some(Plan {
+            rank: 0,
             knobs: p.knobs,
-            memory: p.memory,
-            headroom: p.headroom,
-            capacity: super::capacity(&config),
+            memory: a.verdict.deciding,
+            headroom: a.verdict.headroom,
+            capacity: a.verdict.capacity,
             step_s: p.step_s,
             tokens_per_s: p.tokens_per_s,
             mfu: p.mfu,
             memory_by_category: by_cat,
-            nvidia_smi,
-            fits_with_reserve,
+            nvidia_smi: a.estimate.memory.nvidia_smi,
+            fits_with_reserve: true,
             cost,
             config,
-        }
+        })
     }
 }
 
@@ -1167,7 +1196,7 @@ fn describe(key: &str, k: &Knobs) -> String {
         }
         "tp" => format!("tensor parallelism {}", k.tp),
         "pp" => format!("pipeline parallelism {}", k.pp),
-        "vpp" => format!("{} virtual stages", k.vpp),
+        "vpp" => format!("{} virtual stage{}", k.vpp, if k.vpp == 1 { "" } else { "s" }),
         "cp" => format!("context parallelism {}", k.cp),
         "ep" => format!("expert parallelism {}", k.ep),
         "optim" => format!("{:?}", k.optim),
@@ -1270,7 +1299,7 @@ pub fn explain_choice(req: &PlanRequest, global_seqs: u64, top: &Knobs) -> Vec<R
     let a = &req.assumptions;
     let unit = req.base.unit;
     let chosen_cfg = top.apply(&req.base);
-    let (Ok(chosen), Ok(chosen_cost)) = (estimate(&chosen_cfg), cost::step_cost(&chosen_cfg, a)) else {
+    let (Ok(chosen), Ok(chosen_cost)) = (analyse(&chosen_cfg), cost::step_cost(&chosen_cfg, a)) else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -1289,19 +1318,20 @@ pub fn explain_choice(req: &PlanRequest, global_seqs: u64, top: &Knobs) -> Vec<R
             continue;
         }
         // Evaluate every alternative.
-        let mut evaluated: Vec<(Knobs, Estimate, StepCost)> = alts
+        let mut evaluated: Vec<(Knobs, Analysis, StepCost)> = alts
             .iter()
             .filter_map(|k| {
                 let c = k.apply(&req.base);
-                Some((*k, estimate(&c).ok()?, cost::step_cost(&c, a).ok()?))
+                Some((*k, analyse(&c).ok()?, cost::step_cost(&c, a).ok()?))
             })
             .collect();
         if evaluated.is_empty() {
             continue;
         }
         evaluated.sort_by(|x, y| x.2.step_s.total_cmp(&y.2.step_s));
-        let faster = evaluated.iter().find(|(_, e, c)| c.step_s < chosen_cost.step_s && !fits(e));
-        let pick = faster.or_else(|| evaluated.iter().find(|(_, e, c)| c.step_s >= chosen_cost.step_s && fits(e))).or(evaluated.first());
+        let faster = evaluated.iter().find(|(_, e, c)| c.step_s < chosen_cost.step_s && !e.verdict.fits);
+        let pick =
+            faster.or_else(|| evaluated.iter().find(|(_, e, c)| c.step_s >= chosen_cost.step_s && e.verdict.fits)).or(evaluated.first());
         let Some((alt, alt_e, alt_c)) = pick else { continue };
         let sentence = compare_sentence(key, top, &chosen, &chosen_cost, alt, alt_e, alt_c, unit);
         out.push(Reason { key, value, alternative: Some(knob_value(key, alt)), sentence });
@@ -1313,17 +1343,17 @@ pub fn explain_choice(req: &PlanRequest, global_seqs: u64, top: &Knobs) -> Vec<R
 fn compare_sentence(
     key: &str,
     top: &Knobs,
-    chosen: &Estimate,
+    chosen: &Analysis,
     chosen_cost: &StepCost,
     alt: &Knobs,
-    alt_e: &Estimate,
+    alt_e: &Analysis,
     alt_c: &StepCost,
     unit: super::config::Unit,
 ) -> String {
     let head = format!("{} instead of {}", describe(key, top), describe(key, alt));
     // The memory category that moves most between the alternative and the plan.
-    let cats_chosen = by_category(chosen);
-    let cats_alt = by_category(alt_e);
+    let cats_chosen = by_category(&chosen.estimate);
+    let cats_alt = by_category(&alt_e.estimate);
     let moved = cats_chosen
         .iter()
         .zip(&cats_alt)
@@ -1337,19 +1367,19 @@ fn compare_sentence(
         _ => "memory is the same".into(),
     };
     let alt_name = describe(key, alt);
-    let missing = format_bytes((-headroom(alt_e)).max(0) as u128, unit);
+    let missing = format_bytes((-alt_e.verdict.headroom).max(0) as u128, unit);
     let slower = 100.0 * (alt_c.step_s - chosen_cost.step_s) / chosen_cost.step_s;
-    if !fits(alt_e) && alt_c.step_s < chosen_cost.step_s {
+    if !alt_e.verdict.fits && alt_c.step_s < chosen_cost.step_s {
         let dt = 100.0 * (chosen_cost.step_s - alt_c.step_s) / alt_c.step_s;
         format!(
             "{head}: {mem}; {alt_name} does not fit (needs {missing} more); costs {} estimated step time{}.",
             signed_pct(dt),
             comm_delta(chosen_cost, alt_c)
         )
-    } else if !fits(alt_e) {
+    } else if !alt_e.verdict.fits {
         format!("{head}: {mem}; {alt_name} does not fit (needs {missing} more).")
     } else if slower.abs() < SAME_TIME_PCT {
-        let more = if headroom(alt_e) > headroom(chosen) { "more" } else { "less" };
+        let more = if alt_e.verdict.headroom > chosen.verdict.headroom { "more" } else { "less" };
         format!("{head}: {mem}; {alt_name} would be as fast by the estimate, with {more} headroom.")
     } else {
         format!("{head}: {mem}; {alt_name} would be {:.1} % slower by the estimate.", slower)
@@ -1452,7 +1482,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     if cfg.offload == Offload::None {
         push("offload", "optimizer".into(), "optimizer offload".into(), false, Config { offload: Offload::Optimizer, ..cfg.clone() });
     }
-    if cfg.offload != Offload::OptimizerParams && cfg.zero.stage() == 3 {
+    if cfg.offload != Offload::OptimizerParams && cfg.zero.stage() >= super::sharding::PARAMETERS_FROM {
         push(
             "offload",
             "optimizer+params".into(),
@@ -1535,22 +1565,34 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
 /// is trained before those that alter it, then by estimated step time. Empty when `cfg` already
 /// fits.
 pub fn cheapest_fixes(cfg: &Config, a: &Assumptions, n: usize) -> Result<Vec<Fix>, PlanError> {
-    let e = estimate(cfg)?;
-    if fits(&e) {
+    if analyse(cfg)?.verdict.fits {
         return Ok(Vec::new());
     }
+    changes_that_fit(cfg, a, n, 0.0)
+}
+
+/// The `n` cheapest single changes of `cfg` that fit with at least `min_free_pct` percent of the
+/// capacity free, by the verdict itself ([`analyse`]: each fix's headroom is the one its own link
+/// shows), cheapest first as [`cheapest_fixes`] orders them. What the page offers after a fix
+/// that still does not fit, or fits with under [`super::analyse::TIGHT_PCT`] to spare.
+pub fn changes_that_fit(cfg: &Config, a: &Assumptions, n: usize, min_free_pct: f64) -> Result<Vec<Fix>, PlanError> {
     let base_cost = cost::step_cost(cfg, a)?;
     let mut fixes: Vec<Fix> = candidate_changes(cfg)
         .into_iter()
         .filter_map(|(key, value, label, changes_training, c)| {
-            let e = estimate(&c).ok()?;
-            if !fits(&e) {
+            // The step's peak in use first (fast): nvidia-smi never shows less.
+            if !estimate(&c).ok().is_some_and(|e| peak_fits(&e)) {
+                return None;
+            }
+            // Then the verdict itself: the fix promises what its own link will show.
+            let v = analyse(&c).ok()?.verdict;
+            if !v.fits || headroom_pct(v.headroom, v.capacity) < min_free_pct {
                 return None;
             }
             let k = cost::step_cost(&c, a).ok()?;
             let step_time_pct = 100.0 * (k.step_s - base_cost.step_s) / base_cost.step_s;
             let flops_pct = 100.0 * (k.flops.executed - base_cost.flops.executed) / base_cost.flops.executed;
-            let h = headroom(&e);
+            let h = v.headroom;
             let sentence = format!(
                 "{label}: fits, +{} headroom, {} step FLOPs, {} est. step time{}",
                 format_bytes(h.max(0) as u128, cfg.unit),
@@ -1757,9 +1799,9 @@ mod tests {
         assert!(r.progress.done && !r.progress.cancelled);
         assert!(!r.plans.is_empty());
         for p in r.plans.iter().chain(&r.frontier) {
-            let e = estimate(&p.config).expect("valid");
-            assert!(fits(&e));
-            assert_eq!(measure(&e), p.memory);
+            let a = analyse(&p.config).expect("valid");
+            assert!(a.verdict.fits);
+            assert_eq!((a.verdict.deciding, a.verdict.headroom), (p.memory, p.headroom));
             let c = cost::step_cost(&p.config, &req.assumptions).expect("cost");
             assert!((c.step_s - p.step_s).abs() <= 1e-12 * c.step_s);
             assert_eq!(p.config.batch * p.config.accum * p.config.dp(), 64);
@@ -1843,12 +1885,14 @@ mod tests {
         // Llama-3.1-8B at 16k tokens, ZeRO-3 on 8 H100s: the activations alone exceed the card
         // (the issue's 8k example sits within a few GB of the line, which moves with the overheads).
         let cfg = Config { seq: 16384, zero: Zero::Z3, gpus: 8, ..Config::default() };
-        assert!(!fits(&estimate(&cfg).expect("valid")));
+        assert!(!analyse(&cfg).expect("valid").verdict.fits);
         let fixes = cheapest_fixes(&cfg, &Assumptions::default(), 3).expect("fixes");
         assert!(!fixes.is_empty());
         for f in &fixes {
             eprintln!("{}", f.sentence);
-            assert!(fits(&estimate(&f.config).expect("valid")), "{}", f.sentence);
+            let v = analyse(&f.config).expect("valid").verdict;
+            assert!(v.fits, "{}", f.sentence);
+            assert_eq!(v.headroom, f.headroom, "{}", f.sentence);
             assert!(f.sentence.starts_with(&f.label) && f.sentence.contains("fits"));
         }
         assert!(fixes.windows(2).all(|w| (w[0].changes_training, w[0].step_time_pct) <= (w[1].changes_training, w[1].step_time_pct)));

@@ -24,7 +24,8 @@ use super::config::{Config, Optimizer};
 use super::ledger::Bytes;
 use super::step::{self, EventKind, Phase, Stream};
 
-use super::{EstimateError, StepParts};
+use super::step_stream::StepParts;
+use super::validate::EstimateError;
 
 /// What replaying the step through the caching allocator gives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +69,8 @@ fn per_tensor_or_flat(total: Bytes, parts: &[u128], per_unit: u128, out: &mut Ve
 /// Replays `cfg`'s step (two steps, after the resident allocations) through the caching
 /// allocator with the configuration's `alloc_conf`.
 pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
-    let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::invalid("alloc_conf", e.to_string()))?;
-    let parts = super::step_parts(cfg)?;
+    let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::validate::invalid("alloc_conf", e.to_string()))?;
+    let parts = super::step_stream::step_parts(cfg)?;
     let r = replay_parts(cfg, &parts, &opts);
     step::model::recycle(parts.stream.events);
     Ok(r)
@@ -307,8 +308,8 @@ pub struct StreamReserved {
 /// `cfg`'s step stream, replayed (under `kernels=cuda`) through the caching allocator with a
 /// trace of reserved memory: what `trainmem step` exports and the timeline chart draws.
 pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateError> {
-    let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::invalid("alloc_conf", e.to_string()))?;
-    let parts = super::step_parts(cfg)?;
+    let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::validate::invalid("alloc_conf", e.to_string()))?;
+    let parts = super::step_stream::step_parts(cfg)?;
     if cfg.kernels != super::config::Kernels::Cuda {
         return Ok(StreamReserved {
             resident: parts.resident,

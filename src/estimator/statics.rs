@@ -8,7 +8,7 @@
 
 use super::config::{Config, Offload, OptimImpl, Optimizer, Zero};
 use super::expr::{Expr, Sym};
-use super::ledger::{Category, Row};
+use super::ledger::{Category, Row, RowId};
 use super::optimizer;
 use super::params::{elements, tensor_count, LocalGroup, Role};
 use super::precision::{Recipe, FP32_BYTES, FP8_WEIGHT_CACHE_BYTES};
@@ -89,7 +89,7 @@ fn fp32_kept_states(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], shards
 pub fn trainable_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
     let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(3)), Expr::var(B_W, recipe.weight.bytes())]);
     Row::new(
-        "weights",
+        RowId::Weights,
         "Trainable weights",
         Category::Parameters,
         e,
@@ -107,7 +107,7 @@ pub fn frozen_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
     let e = Expr::prod([sharded(groups, Role::Frozen, PSI_F, &sh.shards(3)), Expr::var(B_W, recipe.weight.bytes())]);
     Some(
         Row::new(
-            "frozen_weights",
+            RowId::FrozenWeights,
             "Frozen base weights",
             Category::Parameters,
             e,
@@ -140,7 +140,7 @@ pub fn quantized_weight_bytes(groups: &[LocalGroup], sh: &Sharding) -> Option<Ro
         ]),
     ]);
     Some(
-        Row::new("quantized_weights", "NF4-quantized base weights", Category::Parameters, e, "Dettmers et al. 2023 (QLoRA), §3: NF4 + double quantization; bitsandbytes/functional.py")
+        Row::new(RowId::QuantizedWeights, "NF4-quantized base weights", Category::Parameters, e, "Dettmers et al. 2023 (QLoRA), §3: NF4 + double quantization; bitsandbytes/functional.py")
             .note("4-bit NF4 codes, blocks of 64 with 8-bit constants, fp32 scales per 256 blocks; lm_head, embeddings and norms stay unquantized"),
     )
 }
@@ -153,7 +153,7 @@ pub fn fp8_weight_cache_bytes(recipe: &Recipe, groups: &[LocalGroup]) -> Option<
     let lin = elements(groups, |g| g.group.linear.is_some() && !g.adapter);
     let e = Expr::prod([Expr::var(PSI_LIN, lin), Expr::konst("FP8_WEIGHT_CACHE_BYTES", FP8_WEIGHT_CACHE_BYTES)]);
     Some(Row::new(
-        "fp8_weight_cache",
+        RowId::Fp8WeightCache,
         "fp8 weight copies",
         Category::Parameters,
         e,
@@ -167,7 +167,7 @@ pub fn fp8_weight_cache_bytes(recipe: &Recipe, groups: &[LocalGroup]) -> Option<
 pub fn gradient_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
     let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(2)), Expr::var(B_G, recipe.grad.bytes())]);
     Row::new(
-        "gradients",
+        RowId::Gradients,
         "Gradients",
         Category::Gradients,
         e,
@@ -189,7 +189,7 @@ pub fn reduction_buffer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGrou
     match cfg.zero {
         Zero::Ddp if cfg.dp() > 1 && !cfg.bucket_view => Some(
             Row::new(
-                "ddp_buckets",
+                RowId::DdpBuckets,
                 "DDP gradient buckets",
                 Category::Gradients,
                 Expr::prod([Expr::var(PSI_T, t), b_g]),
@@ -198,7 +198,7 @@ pub fn reduction_buffer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGrou
             .note("set bucket_view=true (gradient_as_bucket_view) to drop this copy"),
         ),
         Zero::Z1 | Zero::Z2 | Zero::Z3 if cfg.dp() > 1 => Some(Row::new(
-            "zero_reduce_bucket",
+            RowId::ZeroReduceBucket,
             "ZeRO reduce bucket",
             Category::Gradients,
             Expr::prod([Expr::min([Expr::var(PSI_T, t), Expr::konst("ZERO_REDUCE_BUCKET_ELEMENTS", ZERO_REDUCE_BUCKET_ELEMENTS)]), b_g]),
@@ -214,7 +214,7 @@ pub fn master_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
     let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(1)), Expr::var(B_M, m.bytes())]);
     Some(
         Row::new(
-            "master_weights",
+            RowId::MasterWeights,
             "Master weights (fp32)",
             Category::OptimizerStates,
             e,
@@ -256,7 +256,7 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
         // (deepspeed/runtime/zero/stage_1_and_2.py, single_partition_of_fp32_groups[i].grad).
         let e = Expr::prod([sharded(groups, Role::Trainable, PSI_T, &sh.shards(1)), Expr::konst("FP32_BYTES", FP32_BYTES)]);
         host.push(Row::new(
-            "offload_fp32_gradients",
+            RowId::OffloadFp32Gradients,
             "fp32 gradient partition (offloaded)",
             Category::Gradients,
             e,
@@ -271,7 +271,7 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t)
     {
         let row = Row::new(
-            "optimizer_step_counters",
+            RowId::OptimizerStepCounters,
             "Optimizer step counters",
             Category::OptimizerStates,
             e,
@@ -316,7 +316,10 @@ mod tests {
     fn model_states(psi: u64, gpus: u64, zero: Zero, precision: Precision) -> u128 {
         let cfg = Config { gpus, zero, precision, ..Config::default() };
         let (rows, _) = static_rows(&cfg, &recipe(precision), &flat(psi));
-        rows.iter().filter(|r| matches!(r.id, "weights" | "gradients" | "master_weights" | "optimizer_states")).map(|r| r.bytes).sum()
+        rows.iter()
+            .filter(|r| matches!(r.id, RowId::Weights | RowId::Gradients | RowId::MasterWeights | RowId::OptimizerStates))
+            .map(|r| r.bytes)
+            .sum()
     }
 
     const B7: u64 = 7_000_000_000;
@@ -358,17 +361,17 @@ mod tests {
     fn ddp_buckets_copy_every_gradient_unless_bucket_view_is_on() {
         let cfg = Config { gpus: 2, ..Config::default() };
         let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
-        assert_eq!(rows.iter().find(|r| r.id == "ddp_buckets").map(|r| r.bytes), Some(2000));
+        assert_eq!(rows.iter().find(|r| r.id == RowId::DdpBuckets).map(|r| r.bytes), Some(2000));
         let cfg = Config { bucket_view: true, ..cfg };
         let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
-        assert!(rows.iter().all(|r| r.id != "ddp_buckets"));
+        assert!(rows.iter().all(|r| r.id != RowId::DdpBuckets));
     }
 
     #[test]
     fn offloading_the_optimizer_moves_master_states_and_fp32_gradients_to_the_host() {
         let cfg = Config { offload: Offload::Optimizer, ..Config::default() };
         let (gpu, host) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
-        assert!(gpu.iter().all(|r| r.id != "master_weights" && r.id != "optimizer_states"));
+        assert!(gpu.iter().all(|r| r.id != RowId::MasterWeights && r.id != RowId::OptimizerStates));
         let host_bytes: u128 = host.iter().map(|r| r.bytes).sum();
         // master 4 + states 8 + fp32 grads 4 per parameter, + one 4-byte step counter.
         assert_eq!(host_bytes, 16_000 + 4);
@@ -396,11 +399,11 @@ mod tests {
         let mut cfg = Config { precision: Precision::Bf16, ..Config::default() };
         cfg.arch.router_fp32 = true;
         let (rows, _) = static_rows(&cfg, &recipe(Precision::Bf16), &groups);
-        let row = |id: &str| rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum::<u128>();
+        let row = |id: &str| rows.iter().filter(|r| r.id.as_str() == id).map(|r| r.bytes).sum::<u128>();
         assert_eq!((row("weights"), row("gradients"), row("optimizer_states")), (2_256, 2_256, 4_512));
         let cfg = Config { precision: Precision::AmpBf16, ..cfg };
         let (rows, _) = static_rows(&cfg, &recipe(Precision::AmpBf16), &groups);
-        let row = |id: &str| rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum::<u128>();
+        let row = |id: &str| rows.iter().filter(|r| r.id.as_str() == id).map(|r| r.bytes).sum::<u128>();
         assert_eq!((row("weights"), row("gradients")), (4_256, 4_256));
     }
 }

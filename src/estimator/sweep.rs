@@ -23,18 +23,14 @@
 //! answers stay exact: the search ends only when it holds a value that fits next to one that
 //! does not.
 
+use super::analyse::analyse;
 use super::config::{Attention, Config, Offload, Unit, Zero};
+use super::estimate::{capacity, estimate, Estimate};
 use super::gpu::{Gpu, GPUS};
 use super::ledger::Bytes;
 use super::model::ModelSpec;
 use super::presets::{preset, presets};
-use super::{capacity, estimate, validate, Estimate, EstimateError};
-
-/// The estimate the verdict decides on: the numbers with the caching allocator replayed
-/// ([`super::with_reserve`]).
-pub fn decided(cfg: &Config) -> Result<Estimate, EstimateError> {
-    estimate(cfg).and_then(|e| super::with_reserve(cfg, e))
-}
+use super::validate::{validate, EstimateError};
 
 /// The step's peak for `cfg` by the fast path (allocated + CUDA context, cuBLAS, NCCL; never
 /// above [`deciding_peak`]), or `None` if it cannot be estimated.
@@ -45,7 +41,7 @@ pub fn peak(cfg: &Config) -> Option<Bytes> {
 /// The step's deciding peak for `cfg` (what nvidia-smi will show), or `None` if it cannot be
 /// estimated.
 pub fn deciding_peak(cfg: &Config) -> Option<Bytes> {
-    decided(cfg).ok().map(|e| e.deciding_peak())
+    analyse(cfg).ok().map(|a| a.verdict.deciding)
 }
 
 /// A largest value that fits, found on the fast peak (`fast`), refined on the deciding peak:
@@ -70,7 +66,7 @@ fn refine_largest(
 
 /// Whether `cfg` can be estimated and its deciding peak fits.
 pub fn fits(cfg: &Config) -> bool {
-    decided(cfg).as_ref().is_ok_and(Estimate::fits)
+    analyse(cfg).is_ok_and(|a| a.verdict.fits)
 }
 
 /// The step's peak by category (`Category::ALL` order): the timeline's peak event. Sums to
@@ -1026,7 +1022,11 @@ pub fn gpus_sweep(cfg: &Config) -> GpusSweep {
         .into_iter()
         .map(|zero| {
             // Offloading parameters needs ZeRO-3; the lower stages offload the optimizer only.
-            let offload = if zero.stage() < 3 && cfg.offload == Offload::OptimizerParams { Offload::Optimizer } else { cfg.offload };
+            let offload = if zero.stage() < super::sharding::PARAMETERS_FROM && cfg.offload == Offload::OptimizerParams {
+                Offload::Optimizer
+            } else {
+                cfg.offload
+            };
             let base = Config { zero, offload, ..cfg.clone() };
             let peak: Vec<Option<Bytes>> = gpus.iter().map(|&n| peak(&Config { gpus: n, ..base.clone() })).collect();
             // The fewest GPUs: binary search between the last sampled count that does not fit

@@ -173,7 +173,7 @@ mod tests {
     fn accumulated_gradients_stay_resident_through_forward() {
         let e = estimate(&Config { accum: 4, ..Config::default() }).expect("valid");
         let start = &e.timeline.events[0];
-        let grads = e.row("gradients").map_or(0, |r| r.bytes);
+        let grads = e.row(crate::estimator::ledger::RowId::Gradients).map_or(0, |r| r.bytes);
         assert!(grads > 0);
         assert_eq!(start.by_category[GRADS], grads);
     }

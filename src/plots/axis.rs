@@ -44,6 +44,11 @@ impl Axis {
             sort(&mut more);
             ticks = more;
         }
+        // Over less than a factor of about five (70 to 90 s) even those may be one or none:
+        // evenly spaced "nice" values then, so that every axis has at least three ticks.
+        if ticks.len() < 3 {
+            ticks = nice_ticks(lo, hi, 4);
+        }
         Axis { lo, hi, log: true, ticks, light }
     }
 
@@ -125,6 +130,11 @@ impl Axis {
         }
         sort(&mut chosen);
         chosen.dedup();
+        // Never fewer than three where there were three: the first, the middle and the last.
+        if chosen.len() < 3 && self.ticks.len() >= 3 {
+            let t = &self.ticks;
+            chosen = vec![t[0], t[t.len() / 2], t[t.len() - 1]];
+        }
         self.ticks = chosen;
         self
     }

@@ -1,8 +1,11 @@
-//! The ledger's stacked bar: each category of memory side by side, against the GPU's capacity.
+//! The ledger's stacked bar: each category of memory side by side (the ledger's sums, under the
+//! ledger's names), against the GPU's capacity, with the two figures of the step: the peak in
+//! use, and what nvidia-smi will show — the figure the verdict decides on — with what it adds
+//! above the peak (the caching allocator's reserve) bracketed between the two marks.
 //!
 //! Laid out in pixels, top to bottom: the capacity's label (on its own line, beside the
-//! capacity line, never on the bar), the bar with the capacity line and the peak's mark, the
-//! axis, and the legend flowing in rows under it. The height follows the width
+//! capacity line, never on the bar), the bar with the capacity line, the peak's mark and the
+//! nvidia-smi mark, the axis, and the legend flowing in rows under it. The height follows the width
 //! ([`bar_height`]): a narrow screen gets more legend rows, never overlapping ones.
 
 use super::axis::nice_ticks;
@@ -32,6 +35,9 @@ pub struct BarData {
     pub capacity_label: String,
     /// The step's peak (the components are not all resident at once).
     pub peak: Option<Bytes>,
+    /// What nvidia-smi will show at the peak (the caching allocator replayed): what the
+    /// verdict decides on.
+    pub nvidia_smi: Option<Bytes>,
     pub unit: Unit,
 }
 
@@ -47,8 +53,19 @@ impl BarData {
 
     fn legend(&self) -> Header {
         let mut legend: Vec<LegendEntry> = self.segments.iter().map(|s| LegendEntry::new(s.label.clone(), s.color, Mark::Area)).collect();
-        if self.peak.is_some() {
-            legend.push(LegendEntry::new("Peak during the step", RGBColor(0, 0, 0), Mark::Line));
+        if let Some(p) = self.peak {
+            legend.push(LegendEntry::new(format!("Peak in use: {}", format_bytes(p, self.unit)), RGBColor(0, 0, 0), Mark::Line));
+        }
+        if let (Some(smi), Some(p)) = (self.nvidia_smi, self.peak) {
+            legend.push(LegendEntry::new(
+                format!(
+                    "nvidia-smi will show: {} (+{} above the peak, the allocator's reserve; decides the verdict)",
+                    format_bytes(smi, self.unit),
+                    format_bytes(smi.saturating_sub(p), self.unit)
+                ),
+                RGBColor(0, 0, 0),
+                Mark::Dashed,
+            ));
         }
         Header { title: String::new(), legend, notes: Vec::new() }
     }
@@ -61,7 +78,14 @@ pub fn bar_data(e: &Estimate, unit: Unit, gpu_label: &str) -> BarData {
         .filter(|(_, b)| *b > 0)
         .map(|(c, b): (Category, Bytes)| Segment { label: c.label().to_string(), bytes: b, color: category_color(c) })
         .collect();
-    BarData { segments, capacity: e.capacity, capacity_label: gpu_label.to_string(), peak: e.memory.peak_opt(), unit }
+    BarData {
+        segments,
+        capacity: e.capacity,
+        capacity_label: gpu_label.to_string(),
+        peak: e.memory.peak_opt(),
+        nvidia_smi: e.memory.nvidia_smi,
+        unit,
+    }
 }
 
 /// Left and right margins of the bar.
@@ -82,7 +106,7 @@ fn rows(data: &BarData, width: u32, theme: &Theme) -> (i32, i32) {
 pub fn bar_height(data: &BarData, width: u32, theme: &Theme) -> u32 {
     let (_, legend_top) = rows(data, width, theme);
     let mut legend = data.legend();
-    legend.legend.iter_mut().filter(|e| e.mark == Mark::Line).for_each(|e| e.color = theme.foreground);
+    legend.legend.iter_mut().filter(|e| matches!(e.mark, Mark::Line | Mark::Dashed)).for_each(|e| e.color = theme.foreground);
     (draw::header_bottom(&legend, width, theme, legend_top) + 6).max(0) as u32
 }
 
@@ -95,7 +119,8 @@ pub fn draw_bar<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &BarDat
     let u = data.unit;
     let total = in_unit(data.total(), u);
     let cap = in_unit(data.capacity, u);
-    let x_max = (total.max(cap) * 1.08).max(1e-9);
+    let smi = data.nvidia_smi.map_or(0.0, |b| in_unit(b, u));
+    let x_max = (total.max(cap).max(smi) * 1.08).max(1e-9);
     let px = |v: f64| x0 + ((v / x_max) * (x1 - x0) as f64).round() as i32;
     let bar = Rect::new(x0, bar_top, x1, bar_top + BAR);
     let mut parts = Vec::new();
@@ -121,10 +146,19 @@ pub fn draw_bar<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &BarDat
     let title_y = axis_y + 8 + theme.px(12) as i32;
     root.draw(&Text::new(title, ((x0 + x1) / 2, title_y), tick_font.clone().color(&theme.muted).pos(Pos::new(HPos::Center, VPos::Top))))?;
 
-    // The peak's mark across the bar.
+    // The peak's mark across the bar; nvidia-smi's beside it, dashed, and a bracket over the
+    // bar from the one to the other (what nvidia-smi adds above the peak).
     if let Some(peak) = data.peak {
         let x = px(in_unit(peak, u));
         root.draw(&PathElement::new(vec![(x, bar.y0 - 3), (x, bar.y1 + 3)], theme.foreground.stroke_width(2)))?;
+        if let Some(smi) = data.nvidia_smi {
+            let smi_style = theme.foreground.stroke_width(3);
+            let xs = px(in_unit(smi, u));
+            root.draw(&PathElement::new(vec![(xs, bar.y0 - 3), (xs, bar.y0 + 4)], smi_style))?;
+            root.draw(&PathElement::new(vec![(xs, bar.y0 + 9), (xs, bar.y1 - 9)], smi_style))?;
+            root.draw(&PathElement::new(vec![(xs, bar.y1 - 4), (xs, bar.y1 + 3)], smi_style))?;
+            root.draw(&PathElement::new(vec![(x, bar.y0 - 3), (xs.max(x + 1), bar.y0 - 3)], smi_style))?;
+        }
     }
     // The capacity: a line through the bar and up to its label, which sits above the bar on the
     // line's side with the most room.
@@ -145,8 +179,9 @@ pub fn draw_bar<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &BarDat
     }
     // The legend under the axis.
     let mut legend = data.legend();
-    legend.legend.iter_mut().filter(|e| e.mark == Mark::Line).for_each(|e| e.color = theme.foreground);
+    legend.legend.iter_mut().filter(|e| matches!(e.mark, Mark::Line | Mark::Dashed)).for_each(|e| e.color = theme.foreground);
     let (placed, _) = draw::draw_header(root, &legend, theme, legend_top)?;
+
     parts.extend(placed);
     root.present()?;
     Ok(Layout { width: w, height: h, plot: bar, parts })

@@ -85,7 +85,7 @@ pub fn batch_header(data: &BatchData, theme: &Theme) -> Header {
     legend.push(LegendEntry::new("Peak", theme.foreground, Mark::Line));
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
     let title = format!("Peak memory vs micro-batch — {}, {} tokens", data.model, group_digits(d.seq as u128));
-    Header { title, legend, notes: Vec::new() }
+    Header { title, legend, notes: vec![(super::seq::STACKED.to_string(), theme.foreground)] }
 }
 
 /// Draws the chart; returns where it put the data and its layout.
@@ -112,19 +112,22 @@ pub fn draw_batch<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Batc
         x_label: &|v| draw::num_label(v.round()),
         y_label: &|v| draw::num_label(v),
     };
-    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
+    let (mut chart, mut layout) = draw::frame(root, &spec, theme)?;
     let xs: Vec<f64> = d.batches.iter().map(|b| *b as f64).collect();
     let layers: Vec<(RGBColor, Vec<f64>)> =
         Category::ALL.iter().enumerate().map(|(i, c)| (category_color(*c), d.stack.iter().map(|s| in_unit(s[i], u)).collect())).collect();
     draw::stack(&mut chart, &xs, &layers, 0.0)?;
     let pts: Vec<(f64, f64)> = xs.iter().copied().zip(peaks.iter().copied()).collect();
     draw::line(&mut chart, &pts, theme.foreground.stroke_width(2), false)?;
-    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme)?;
+    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme, &mut layout.parts)?;
+    if let Some((i, top)) = peaks.iter().copied().enumerate().max_by(|a, b| a.1.total_cmp(&b.1)) {
+        draw::cut_note(&mut chart, u, top, &format!("the peak (micro-batch {})", xs[i]), theme, &mut layout.parts)?;
+    }
     if let Some((b, peak)) = data.current {
         let at = (b as f64, in_unit(peak, u));
         if chart.as_coord_spec().x_spec().contains(at.0) && y.contains(at.1) {
             draw::dot(&mut chart, at, 5, theme.foreground, false)?;
-            draw::label(&mut chart, &format!("now: {b}"), at, draw::font(theme, 12), false, theme)?;
+            draw::label(&mut chart, &format!("now: {b}"), at, draw::font(theme, 12), false, theme, &mut layout.parts)?;
         }
     }
     let strong = draw::bold(theme, 13, theme.alert);
@@ -134,9 +137,18 @@ pub fn draw_batch<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Batc
             let at = (b as f64, cap);
             draw::vline(&mut chart, at.0, 0.0, cap, theme.alert.stroke_width(2))?;
             draw::dot(&mut chart, at, 5, theme.alert, true)?;
-            draw::label_dy(&mut chart, &text, (at.0, if y.contains(cap) { cap } else { y.hi() }), strong, true, 16, theme)?;
+            draw::label_dy(
+                &mut chart,
+                &text,
+                (at.0, if y.contains(cap) { cap } else { y.hi() }),
+                strong,
+                true,
+                16,
+                theme,
+                &mut layout.parts,
+            )?;
         }
-        _ => draw::label(&mut chart, &text, (lo, y.hi()), strong, false, theme)?,
+        _ => draw::label(&mut chart, &text, (lo, y.hi()), strong, false, theme, &mut layout.parts)?,
     }
     let frame = draw::frame_of(&chart);
     root.present()?;

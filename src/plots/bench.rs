@@ -34,7 +34,10 @@ pub struct BenchChart {
 pub enum YUnit {
     #[default]
     Milliseconds,
+    /// Bytes in decimal units (KB, MB, GB), as the page's GB setting.
     Bytes,
+    /// Bytes in binary units (KiB, MiB, GiB), as the page's GiB setting.
+    BinaryBytes,
 }
 
 fn y_label(v: f64, unit: YUnit) -> String {
@@ -50,6 +53,10 @@ fn y_label(v: f64, unit: YUnit) -> String {
         }
         YUnit::Bytes => {
             let units = [(1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB")];
+            units.iter().find(|(s, _)| v >= *s).map_or(format!("{v:.0} B"), |(s, u)| format!("{} {u}", trim(v / s)))
+        }
+        YUnit::BinaryBytes => {
+            let units = [(1_099_511_627_776.0, "TiB"), (1_073_741_824.0, "GiB"), (1_048_576.0, "MiB"), (1024.0, "KiB")];
             units.iter().find(|(s, _)| v >= *s).map_or(format!("{v:.0} B"), |(s, u)| format!("{} {u}", trim(v / s)))
         }
     }
@@ -165,6 +172,7 @@ mod tests {
     #[test]
     fn tick_labels_read_in_human_units() {
         assert_eq!(y_label(1_500_000.0, YUnit::Bytes), "1.5 MB");
+        assert_eq!(y_label(1_572_864.0, YUnit::BinaryBytes), "1.5 MiB");
         assert_eq!(y_label(0.25, YUnit::Milliseconds), "250 µs");
         assert_eq!(y_label(2500.0, YUnit::Milliseconds), "2.5 s");
     }

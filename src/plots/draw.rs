@@ -94,8 +94,11 @@ pub enum Part {
     Title,
     Legend,
     Note,
-    /// A label on the data (the capacity, a marker), placed clear of the legend.
+    /// A label on the data (the capacity, a marker), placed clear of the legend and of the
+    /// other labels, inside the plot area.
     Label,
+    /// An axis' tick label or title, outside the plot area.
+    Axis,
 }
 
 impl Part {
@@ -105,6 +108,7 @@ impl Part {
             Part::Legend => "legend",
             Part::Note => "note",
             Part::Label => "label",
+            Part::Axis => "axis",
         }
     }
 }
@@ -164,7 +168,7 @@ impl Layout {
             if !all.contains(&a.rect) {
                 out.push(format!("{} '{}' leaves the drawing: {:?}", a.part.name(), a.text, a.rect));
             }
-            if a.part != Part::Label && a.rect.intersects(&self.plot) {
+            if !matches!(a.part, Part::Label) && a.rect.intersects(&self.plot) {
                 out.push(format!("{} '{}' covers the plot area", a.part.name(), a.text));
             }
             for b in &self.parts[i + 1..] {
@@ -414,14 +418,25 @@ pub fn frame<'a, DB: DrawingBackend>(
         .y_label_area_size(y_label_width + 18 + tick)
         .build_cartesian_2d(spec.x.clone(), spec.y.clone())?;
     let f = frame_of(&chart);
-    mesh(root, &f, spec, theme)?;
+    let mut parts = parts;
+    mesh(root, &f, spec, theme, &mut parts)?;
     let (xr, yr) = (f.x_pixels(), f.y_pixels());
     let plot = Rect::new(xr.start.min(xr.end), yr.start.min(yr.end), xr.start.max(xr.end), yr.start.max(yr.end));
     Ok((chart, Layout { width: w, height: h, plot, parts }))
 }
 
-/// Grid, axis lines, ticks, tick labels and axis titles, drawn from the chart's own frame.
-fn mesh<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, f: &Frame, spec: &Spec, theme: &Theme) -> DrawResult<(), DB> {
+/// Grid, axis lines, ticks, tick labels and axis titles, drawn from the chart's own frame. Each
+/// tick label and title is kept inside the drawing (a label at the axis' end is moved in, a
+/// title too wide for the chart is wrapped) and reported in `parts`.
+fn mesh<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    f: &Frame,
+    spec: &Spec,
+    theme: &Theme,
+    parts: &mut Vec<Placed>,
+) -> DrawResult<(), DB> {
+    let (w, _) = root.dim_in_pixel();
+    let w = w as i32;
     let xr = f.x_pixels();
     let yr = f.y_pixels();
     let (left, right) = (xr.start.min(xr.end), xr.start.max(xr.end));
@@ -443,26 +458,54 @@ fn mesh<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, f: &Frame, spec: &Spe
         root.draw(&PathElement::new(vec![(left, py(*v)), (right, py(*v))], theme.grid))?;
     }
     root.draw(&PathElement::new(vec![(left, top), (left, bottom), (right, bottom)], theme.muted))?;
+    let size = theme.px(12);
     let label = font(theme, 12);
-    let tick = theme.px(12) as i32;
+    let tick = size as i32;
+    let mut axis_part =
+        |text: String, rect: Rect, text_x: i32| parts.push(Placed { part: Part::Axis, text, size, bold: false, rect, text_x });
+    let mut last_x1 = i32::MIN;
     for v in xa.ticks() {
         let x = px(*v);
         root.draw(&PathElement::new(vec![(x, bottom), (x, bottom + 5)], theme.muted))?;
-        root.draw(&Text::new((spec.x_label)(*v), (x, bottom + 8), label.clone().pos(Pos::new(HPos::Center, VPos::Top))))?;
+        let text = (spec.x_label)(*v);
+        if text.is_empty() {
+            continue;
+        }
+        // Centred under its tick, moved in where it would leave the drawing; a label that would
+        // touch the one before it is left out (its tick stays).
+        let tw = text_width(&text, size, false) as i32;
+        let x0 = (x - tw / 2).clamp(2, (w - 2 - tw).max(2));
+        if x0 < last_x1 + 4 {
+            continue;
+        }
+        last_x1 = x0 + tw;
+        root.draw(&Text::new(text.clone(), (x0, bottom + 8), label.clone()))?;
+        axis_part(text, Rect::new(x0, bottom + 8, x0 + tw, bottom + 8 + tick), x0);
     }
     for v in ya.ticks() {
         let y = py(*v);
         root.draw(&PathElement::new(vec![(left - 5, y), (left, y)], theme.muted))?;
-        root.draw(&Text::new((spec.y_label)(*v), (left - 8, y), label.clone().pos(Pos::new(HPos::Right, VPos::Center))))?;
+        let text = (spec.y_label)(*v);
+        let tw = text_width(&text, size, false) as i32;
+        root.draw(&Text::new(text.clone(), (left - 8, y), label.clone().pos(Pos::new(HPos::Right, VPos::Center))))?;
+        axis_part(text, Rect::new(left - 8 - tw, y - tick / 2 - 1, left - 8, y + tick / 2 + 1), left - 8 - tw);
     }
     let desc = font(theme, 12).color(&theme.muted);
-    root.draw(&Text::new(
-        spec.x_title.to_string(),
-        ((left + right) / 2, bottom + 13 + tick),
-        desc.clone().pos(Pos::new(HPos::Center, VPos::Top)),
-    ))?;
+    // The x title under the tick labels, on two lines if one is wider than the drawing.
+    let lines = wrap(spec.x_title, size, false, (w - 8).max(40) as u32);
+    for (i, line) in lines.iter().take(2).enumerate() {
+        let tw = text_width(line, size, false) as i32;
+        let x0 = ((left + right) / 2 - tw / 2).clamp(2, (w - 2 - tw).max(2));
+        let y0 = bottom + 13 + tick + i as i32 * (tick + 2);
+        root.draw(&Text::new(line.clone(), (x0, y0), desc.clone()))?;
+        axis_part(line.clone(), Rect::new(x0, y0, x0 + tw, y0 + tick), x0);
+    }
+    // The y title, turned, centred on the plot's height (shortened to it if longer).
+    let th = text_width(spec.y_title, size, false) as i32;
     let y_desc = desc.transform(FontTransform::Rotate270).pos(Pos::new(HPos::Center, VPos::Top));
-    root.draw(&Text::new(spec.y_title.to_string(), (12, (top + bottom) / 2), y_desc))?;
+    let mid = (top + bottom) / 2;
+    root.draw(&Text::new(spec.y_title.to_string(), (12, mid), y_desc))?;
+    axis_part(spec.y_title.to_string(), Rect::new(12, mid - th / 2, 12 + tick, mid + th / 2), 12);
     Ok(())
 }
 
@@ -581,7 +624,7 @@ pub fn vline<DB: DrawingBackend>(chart: &mut Chart<DB>, x: f64, y0: f64, y1: f64
 }
 
 /// A label at a data point on a backing box of the background colour, placed left or right of
-/// the point depending on where it sits, above or below it.
+/// the point depending on where it sits, above or below it; reported in `parts`.
 pub fn label<DB: DrawingBackend>(
     chart: &mut Chart<DB>,
     text: &str,
@@ -589,13 +632,18 @@ pub fn label<DB: DrawingBackend>(
     style: TextStyle,
     above: bool,
     theme: &Theme,
+    parts: &mut Vec<Placed>,
 ) -> DrawResult<(), DB> {
-    label_dy(chart, text, at, style, above, 0, theme)
+    label_dy(chart, text, at, style, above, 0, theme, parts)
 }
 
 /// [`label`], moved a further `dy` pixels away from the point (to stack several labels).
-/// The label stays inside the plot area: where it would leave it above (or below, left,
-/// right), it goes to the other side of the point.
+///
+/// The label stays inside the plot area and clear of the labels already in `parts`: it is
+/// wrapped to the plot's width, and of the places beside the point (the preferred side and
+/// height first, then the other side, the other height, then further away) it takes the first
+/// that fits; its box is added to `parts`.
+#[allow(clippy::too_many_arguments)]
 pub fn label_dy<DB: DrawingBackend>(
     chart: &mut Chart<DB>,
     text: &str,
@@ -604,28 +652,53 @@ pub fn label_dy<DB: DrawingBackend>(
     above: bool,
     dy: i32,
     theme: &Theme,
+    parts: &mut Vec<Placed>,
 ) -> DrawResult<(), DB> {
     let right_half = chart.as_coord_spec().x_spec().fraction(at.0) > 0.6;
     let bold = text_is_bold(&style);
-    let (tw, th) = (text_width(text, style.font.get_size() as u32, bold) as i32, style.font.get_size().round() as i32 + 2);
+    let size = style.font.get_size().round() as u32;
     let (px, py) = chart.backend_coord(&at);
     let (xr, yr) = chart.plotting_area().get_pixel_range();
-    let mut x0 = if right_half { -6 - tw } else { 6 };
-    let mut y0 = if above { -5 - th - dy } else { 5 + dy };
-    if py + y0 - 2 < yr.start {
-        y0 = 5 + dy;
-    } else if py + y0 + th + 2 > yr.end {
-        y0 = -5 - th - dy;
+    let lines = wrap(text, size, bold, (xr.end - xr.start - 12).max(40) as u32);
+    let line_h = size as i32 + 2;
+    let tw = lines.iter().map(|l| text_width(l, size, bold) as i32).max().unwrap_or(0);
+    let th = line_h * lines.len() as i32;
+    let others: Vec<Rect> = parts.iter().filter(|p| p.part == Part::Label).map(|p| p.rect).collect();
+    // The label's box for offsets (x0, y0) of its text from the point.
+    let rect = |x0: i32, y0: i32| Rect::new(px + x0 - 3, py + y0 - 2, px + x0 + tw + 3, py + y0 + th + 2);
+    let inside = |r: &Rect| r.x0 >= xr.start && r.x1 <= xr.end && r.y0 >= yr.start && r.y1 <= yr.end;
+    let free = |r: &Rect| !others.iter().any(|o| o.intersects(r));
+    // Beside the point on either side, or (a label as wide as the plot) moved in to fit.
+    let fit = |x0: i32| x0.clamp(xr.start - px + 3, (xr.end - px - tw - 3).max(xr.start - px + 3));
+    let sides = if right_half { [-6 - tw, 6, fit(-tw / 2)] } else { [6, -6 - tw, fit(-tw / 2)] };
+    let heights = if above { [-5 - th - dy, 5 + dy] } else { [5 + dy, -5 - th - dy] };
+    let mut chosen = None;
+    'search: for step in 0..16 {
+        for y0 in heights {
+            let y0 = y0 + step * (th + 4) * y0.signum();
+            for x0 in sides {
+                if inside(&rect(x0, y0)) && free(&rect(x0, y0)) {
+                    chosen = Some((x0, y0));
+                    break 'search;
+                }
+            }
+        }
     }
-    if px + x0 - 3 < xr.start {
-        x0 = 6;
-    } else if px + x0 + tw + 3 > xr.end {
-        x0 = -6 - tw;
+    // Nowhere free: the preferred place, moved inside the plot.
+    let (x0, y0) = chosen.unwrap_or_else(|| {
+        let (x0, y0) = (sides[0], heights[0]);
+        let x0 = fit(x0);
+        let y0 = y0.clamp(yr.start - py + 2, (yr.end - py - th - 2).max(yr.start - py + 2));
+        (x0, y0)
+    });
+    let backing =
+        EmptyElement::at(at) + Rectangle::new([(x0 - 3, y0 - 2), (x0 + tw + 3, y0 + th + 2)], theme.background.mix(0.85).filled());
+    chart.draw_series(std::iter::once(backing))?;
+    for (i, line) in lines.iter().enumerate() {
+        let t = EmptyElement::at(at) + Text::new(line.clone(), (x0, y0 + i as i32 * line_h), style.clone());
+        chart.draw_series(std::iter::once(t))?;
     }
-    let element = EmptyElement::at(at)
-        + Rectangle::new([(x0 - 3, y0 - 2), (x0 + tw + 3, y0 + th + 2)], theme.background.mix(0.85).filled())
-        + Text::new(text.to_string(), (x0, y0), style);
-    chart.draw_series(std::iter::once(element))?;
+    parts.push(Placed { part: Part::Label, text: lines.join(" "), size, bold, rect: rect(x0, y0), text_x: px + x0 });
     Ok(())
 }
 
@@ -645,6 +718,7 @@ pub fn capacity<DB: DrawingBackend>(
     label_text: &str,
     left: bool,
     theme: &Theme,
+    parts: &mut Vec<Placed>,
 ) -> DrawResult<(), DB> {
     if capacity == 0 {
         return Ok(());
@@ -657,9 +731,31 @@ pub fn capacity<DB: DrawingBackend>(
     hline(chart, y, theme.alert.stroke_width(2))?;
     if inside {
         let text = format!("{label_text}: {}", format_bytes(capacity, unit));
-        label(chart, &text, (x_end, y), font(theme, 12).color(&theme.alert), true, theme)?;
+        label(chart, &text, (x_end, y), font(theme, 12).color(&theme.alert), true, theme, parts)?;
     }
     Ok(())
+}
+
+/// Where a y axis stops below the highest value it plots: a note at the top of the plot saying
+/// where it was cut and how high the series goes (`what` names the series and where it peaks).
+pub fn cut_note<DB: DrawingBackend>(
+    chart: &mut Chart<DB>,
+    unit: Unit,
+    highest: f64,
+    what: &str,
+    theme: &Theme,
+    parts: &mut Vec<Placed>,
+) -> DrawResult<(), DB> {
+    let (x, y) = {
+        let c = chart.as_coord_spec();
+        (c.x_spec().clone(), c.y_spec().clone())
+    };
+    if !(highest.is_finite() && highest > y.hi()) {
+        return Ok(());
+    }
+    let sym = unit_symbol(unit);
+    let text = format!("↑ axis cut at {} {sym}: {what} reaches {} {sym}", num_label(y.hi().round()), num_label(highest.round()));
+    label(chart, &text, (x.value_at(0.99), y.hi()), bold(theme, 12, theme.foreground), false, theme, parts)
 }
 
 /// `1,234.5`-style tick labels: as few decimals as the ticks need, thousands grouped.

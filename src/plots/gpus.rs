@@ -158,7 +158,7 @@ pub fn draw_gpus<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &GpusD
         x_label: &|v| draw::num_label(v.round()),
         y_label: &|v| draw::num_label(v),
     };
-    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
+    let (mut chart, mut layout) = draw::frame(root, &spec, theme)?;
     // Solid lines first, dashed ones on top: ZeRO-1 and the FSDP variants often coincide with
     // another line (at the peak ZeRO-1 and ZeRO-2 may hold the same), and a dashed line on top
     // shows both.
@@ -173,7 +173,7 @@ pub fn draw_gpus<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &GpusD
             }
         }
     }
-    draw::capacity(&mut chart, d.capacity, u, &data.gpu, false, theme)?;
+    draw::capacity(&mut chart, d.capacity, u, &data.gpu, false, theme, &mut layout.parts)?;
     if let Some((_, n, peak)) = data.current {
         let at = (n as f64, in_unit(peak, u));
         if chart.as_coord_spec().x_spec().contains(at.0) && y.contains(at.1) {

@@ -169,7 +169,7 @@ pub fn draw_params<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Par
         x_label: &x_label,
         y_label: &|v| draw::num_label(v),
     };
-    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
+    let (mut chart, mut layout) = draw::frame(root, &spec, theme)?;
     let xs: Vec<f64> = d.params.iter().map(|p| *p as f64).collect();
     let series = |v: &[Option<Bytes>]| -> Vec<(f64, f64)> {
         xs.iter().copied().zip(v.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect()
@@ -189,7 +189,7 @@ pub fn draw_params<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Par
             }
         }
     }
-    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme)?;
+    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme, &mut layout.parts)?;
     let cx = d.current as f64;
     if chart.as_coord_spec().x_spec().contains(cx) {
         draw::vline(&mut chart, cx, y.lo(), y.hi(), theme.muted.stroke_width(1))?;
@@ -200,6 +200,7 @@ pub fn draw_params<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &Par
             draw::font(theme, 12),
             false,
             theme,
+            &mut layout.parts,
         )?;
     }
     // Where each GPU count stops fitting: a dot on the capacity line (the figures are notes).

@@ -190,6 +190,7 @@ mod tests {
     use crate::estimator::config::Config;
     use crate::estimator::plan::{plan, GlobalBatch, PlanRequest, Search};
     use crate::estimator::presets::preset;
+    use crate::plots::draw::Part;
     use crate::plots::scene::draw_scene;
     use crate::plots::{hex, LIGHT};
 
@@ -238,6 +239,29 @@ mod tests {
                 let r = layout.plot;
                 assert!(x >= r.x0 && x <= r.x1 && y >= r.y0 && y <= r.y1, "({x}, {y}) outside {r:?} at {w} px");
             }
+        }
+    }
+
+    #[test]
+    fn plans_close_in_time_still_get_three_time_ticks() {
+        // Every plan between 70 and 90 s: the log axis' decades and 2-5 marks give one tick
+        // ("100"), so it falls back to evenly spaced ones.
+        let dot = |step_s: f64, gb: u128| PlanDot { step_s, headroom: gb * 1_000_000_000, rank: None };
+        let d = PlanChartData {
+            cloud: vec![dot(71.0, 3), dot(78.0, 6), dot(89.0, 9)],
+            frontier: vec![dot(71.0, 3), dot(89.0, 9)],
+            top: None,
+            model: "m".into(),
+            gpu: "g".into(),
+            unit: Unit::Gb,
+        };
+        for w in [390, 700, 1400] {
+            let (_, r) = draw_scene((w, plan_height(&d, w, &LIGHT)), |root| draw_plan(root, &d, &LIGHT));
+            let (_, layout) = r.expect("draws");
+            assert_eq!(layout.problems(), Vec::<String>::new(), "at {w} px");
+            let x_ticks: Vec<&str> =
+                layout.parts.iter().filter(|p| p.part == Part::Axis && p.rect.y0 == layout.plot.y1 + 8).map(|p| p.text.as_str()).collect();
+            assert!(x_ticks.len() >= 3, "at {w} px: {x_ticks:?}");
         }
     }
 

@@ -33,6 +33,9 @@ pub struct SeqData {
     pub current: Option<(u64, Bytes)>,
 }
 
+/// What the stack is, in the ledger's words (its "At the peak" column).
+pub const STACKED: &str = "Stacked: each of the ledger's categories in use at the step's peak";
+
 /// The MLA overlay's name: the same model with keys and values not compressed
 /// ([`crate::estimator::sweep::uncompressed_kv`]).
 pub const UNCOMPRESSED: &str = "Peak without MLA (K/V uncompressed, same heads)";
@@ -152,7 +155,7 @@ pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
     }
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
     let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(d.attn));
-    Header { title, legend, notes: Vec::new() }
+    Header { title, legend, notes: vec![(STACKED.to_string(), theme.foreground)] }
 }
 
 /// Draws the chart; returns where it put the data (for the read-out) and its layout.
@@ -175,7 +178,7 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
         x_label: &|v| tokens_label(v),
         y_label: &|v| draw::num_label(v),
     };
-    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
+    let (mut chart, mut layout) = draw::frame(root, &spec, theme)?;
     let xs: Vec<f64> = d.seqs.iter().map(|s| *s as f64).collect();
     let layers: Vec<(RGBColor, Vec<f64>)> =
         Category::ALL.iter().enumerate().map(|(i, c)| (category_color(*c), d.stack.iter().map(|s| in_unit(s[i], u)).collect())).collect();
@@ -190,13 +193,25 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
             xs.iter().copied().zip(d.uncompressed_peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
         draw::line(&mut chart, &unc, okabe_ito::PURPLE.stroke_width(2), true)?;
     }
-    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme)?;
+    draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme, &mut layout.parts)?;
     let cap = in_unit(d.capacity, u);
+    if let Some((i, top)) = peaks.iter().enumerate().map(|(i, p)| (i, p.1)).max_by(|a, b| a.1.total_cmp(&b.1)) {
+        let at = format!("the peak ({})", tokens_label(xs[i]));
+        draw::cut_note(&mut chart, u, top, &at, theme, &mut layout.parts)?;
+    }
     if let Some((s, peak)) = data.current {
         let at = (s as f64, in_unit(peak, u));
         if chart.as_coord_spec().x_spec().contains(at.0) && y.contains(at.1) {
             draw::dot(&mut chart, at, 5, theme.foreground, false)?;
-            draw::label(&mut chart, &format!("now: {}", tokens_label(s as f64)), at, draw::font(theme, 12), false, theme)?;
+            draw::label(
+                &mut chart,
+                &format!("now: {}", tokens_label(s as f64)),
+                at,
+                draw::font(theme, 12),
+                false,
+                theme,
+                &mut layout.parts,
+            )?;
         }
     }
     // The out-of-memory mark: where the peak reaches the capacity.
@@ -208,10 +223,10 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
             draw::vline(&mut chart, at.0, floor, cap, theme.alert.stroke_width(2))?;
             draw::dot(&mut chart, at, 5, theme.alert, true)?;
             let y_label = if y.contains(cap) { cap } else { y.hi() };
-            draw::label_dy(&mut chart, &text, (at.0, y_label), strong, true, 16, theme)?;
+            draw::label_dy(&mut chart, &text, (at.0, y_label), strong, true, 16, theme, &mut layout.parts)?;
         }
         _ => {
-            draw::label(&mut chart, &text, (lo, y.hi()), strong, false, theme)?;
+            draw::label(&mut chart, &text, (lo, y.hi()), strong, false, theme, &mut layout.parts)?;
         }
     }
     let frame = draw::frame_of(&chart);

@@ -109,13 +109,14 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-/// One column per ledger category that is non-zero somewhere in a stacked chart's points.
+/// One column per ledger category of a stacked chart's points.
 pub fn stack_columns(stack: &[[Bytes; 6]]) -> Vec<Column> {
     use crate::estimator::ledger::Category;
+    // Every one of the ledger's categories, under its name, a category none of which is in use
+    // at the peak included (its 0 is what the ledger's "At the peak" column says too).
     Category::ALL
         .iter()
         .enumerate()
-        .filter(|(i, _)| stack.iter().any(|s| s[*i] > 0))
         .map(|(i, c)| Column {
             key: key_of(c.label()),
             label: c.label().to_string(),

@@ -65,8 +65,7 @@ pub fn timeline_data(e: &Estimate, cfg: &Config) -> TimelineData {
 /// allocator — CUDA context, cuBLAS workspaces, NCCL buffers), with the caching allocator's
 /// reserved memory above it.
 pub fn trace_data(t: &StepTrace, e: &Estimate, cfg: &Config) -> TimelineData {
-    let outside: Bytes =
-        e.components.iter().filter(|r| matches!(r.id, "cuda_context" | "nccl_buffers" | "blas_workspaces")).map(|r| r.bytes).sum();
+    let outside: Bytes = e.components.iter().filter(|r| r.id.outside_allocator()).map(|r| r.bytes).sum();
     let (mut layers_seen, mut backward_layers_seen) = (false, false);
     let steps = t
         .points
@@ -263,7 +262,7 @@ pub fn draw_timeline<DB: DrawingBackend>(
         x_label: &label_of,
         y_label: &|v| draw::num_label(v),
     };
-    let (mut chart, layout) = draw::frame(root, &spec, theme)?;
+    let (mut chart, mut layout) = draw::frame(root, &spec, theme)?;
     let xs: Vec<f64> = (0..data.steps.len()).map(|i| i as f64).collect();
     let layers: Vec<(RGBColor, Vec<f64>)> = Category::ALL
         .iter()
@@ -293,14 +292,14 @@ pub fn draw_timeline<DB: DrawingBackend>(
     }
     let pts: Vec<(f64, f64)> = xs.iter().copied().zip(totals.iter().copied()).collect();
     draw::line(&mut chart, &pts, theme.foreground.stroke_width(2), false)?;
-    draw::capacity(&mut chart, data.capacity, u, &data.gpu, false, theme)?;
+    draw::capacity(&mut chart, data.capacity, u, &data.gpu, false, theme, &mut layout.parts)?;
     if let Some(&p) = totals.get(data.peak) {
         let at = (data.peak as f64, p);
         draw::vline(&mut chart, at.0, 0.0, p, theme.foreground.stroke_width(1))?;
         draw::dot(&mut chart, at, 5, theme.foreground, true)?;
         let strong = draw::bold(theme, 13, theme.foreground);
         let above = y.fraction(p) < 0.85;
-        draw::label_dy(&mut chart, &data.peak_text(), at, strong, above, 4, theme)?;
+        draw::label_dy(&mut chart, &data.peak_text(), at, strong, above, 4, theme, &mut layout.parts)?;
     }
     let frame = draw::frame_of(&chart);
     root.present()?;

@@ -58,6 +58,8 @@ fn panel(p: Panel) -> AnyView {
         Panel::Compare => compare(),
         Panel::Plan => plan(),
         Panel::Verify => verify(),
+        // Parts of other things, never placed on their own.
+        Panel::Share | Panel::Formulas => ().into_any(),
     }
 }
 
@@ -292,12 +294,15 @@ fn FullPage() -> impl IntoView {
     let (layout, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
     provide_answers(&layout.results, store);
     let has_inputs = !layout.inputs.is_empty();
+    let pinned = has_inputs && layout.results.contains(&Panel::Verdict);
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
         <toolbar::Toolbar/>
         <notices::Notices/>
         <course::CourseBar/>
         <Estimated/>
+        // The verdict's line, pinned on a phone (where the results come after the form).
+        {pinned.then(|| view! { <InTurn turn=VERDICT><verdict::Pin/></InTurn> })}
         <main class=if has_inputs { "layout" } else { "layout single" }>
             {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
             <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
@@ -336,15 +341,21 @@ fn EmbedPage() -> impl IntoView {
     });
     let (layout, problem) =
         store.course.with_value(|s| Layout::course(s, true, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some)));
+    // A `view=` that names no panel is one more thing the link's notice lists.
+    if let Some(p) = problem {
+        let view = store.view.get_untracked();
+        store.notices.update(|n| n.push(crate::config::ConfigError::for_key("view", &view, p)));
+    }
     let list = layout.results;
     provide_answers(&list, store);
     view! {
         <main class="embed" data-testid="embed" node_ref=main>
             <h1 class="sr-only">"trainmem"</h1>
+            // The same notice as the full page's: what in the link could not be used.
+            <notices::Notices/>
             // A chart alone has a third-level heading, as under the full page's "Charts".
             {list.iter().any(|p| matches!(p, Panel::Chart(_))).then(|| view! { <h2 class="sr-only">"Charts"</h2> })}
             {grouped(list)}
-            {problem.map(|p| view! { <p class="hint">{p}</p> })}
             <p class="open"><a data-testid="open-full" href=move || store.share_url() target="_blank" rel="noopener">"Open this configuration in trainmem ↗"</a></p>
         </main>
     }

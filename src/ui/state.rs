@@ -137,6 +137,21 @@ pub struct Store {
     pub compare_estimate: Memo<Option<Result<Estimate, EstimateError>>>,
     /// Predict-then-reveal (`quiz=1`): whether the learner has guessed, so the figures show.
     pub revealed: RwSignal<bool>,
+    /// The last change applied from the answers panel (a fix, a next change): what it promised,
+    /// so that the verdict can say whether the configuration it led to keeps that promise.
+    pub applied: RwSignal<Option<Applied>>,
+}
+
+/// A change applied from the answers panel, and what it promised.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// What the button called it ("full recompute").
+    pub label: String,
+    /// The headroom it claimed, bytes.
+    pub promised: Option<u64>,
+    /// The query of the configuration it led to ([`crate::answers::key_of`], encoded): the
+    /// verdict speaks of it only while the page shows that configuration.
+    pub query: String,
 }
 
 /// The store of the page (set up by [`Store::provide`]).
@@ -169,7 +184,7 @@ impl Store {
         let quiz = course.quiz;
         Store {
             config,
-            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(crate::estimator::sweep::decided))),
+            estimate: Memo::new(move |_| dom::timed("estimate", || config.with(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
             notices: RwSignal::new(notices),
             embed: get("embed").is_some_and(|v| v == "1" || v == "true"),
             view: RwSignal::new(get("view").unwrap_or_default()),
@@ -179,8 +194,9 @@ impl Store {
             bench: RwSignal::new(get("bench").unwrap_or_default()),
             course: StoredValue::new(course),
             compare,
-            compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(crate::estimator::sweep::decided))),
+            compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
             revealed: RwSignal::new(!quiz),
+            applied: RwSignal::new(None),
         }
     }
 
@@ -307,6 +323,15 @@ impl Store {
     /// Shows the figures a quiz hid (after a guess).
     pub fn reveal(&self) {
         self.revealed.set(true);
+    }
+
+    /// Applies a change from the answers panel and remembers what it promised (see
+    /// [`Store::applied`]).
+    pub fn apply_promised(&self, label: String, promised: Option<u64>, pairs: &[(&'static str, String)]) -> Result<(), String> {
+        self.apply(pairs)?;
+        let query = self.config.with_untracked(|c| encode_query(&crate::answers::key_of(c)));
+        self.applied.set(Some(Applied { label, promised, query }));
+        Ok(())
     }
 
     /// Replaces the model with an imported config.json.

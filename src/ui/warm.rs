@@ -37,7 +37,7 @@ const DRAW_WIDTH: u32 = 640;
 pub fn run() {
     let query = js_sys::Reflect::get(&js_sys::global(), &QUERY_PROPERTY.into()).ok().and_then(|q| q.as_string()).unwrap_or_default();
     let cfg = decode_query(&query).config;
-    let decided = sweep::decided(&cfg);
+    let decided = crate::estimator::analyse(&cfg).map(|a| a.estimate);
     if let Ok(e) = &decided {
         let bar = bar_data(e, cfg.unit, &gpu_of(&cfg).label());
         let _ = black_box(draw_scene((DRAW_WIDTH, bar_height(&bar, DRAW_WIDTH, &LIGHT)), |root| draw_bar(root, &bar, &LIGHT).is_ok()));

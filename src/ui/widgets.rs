@@ -11,16 +11,19 @@
 //! Seventy fields cost one handler and one effect, not seventy components.
 
 use super::html::esc;
-use super::state::{use_store, GpuChoice, Store};
+use super::state::{gpu_of, use_store, GpuChoice, Store};
 use crate::config::{find_key, Config, Finetune, Key, Zero, KEYS};
-use crate::estimator::gpu::GPUS;
+use crate::estimator::gpu::{Vendor, GPUS};
+use crate::words::{capacity_note, gpu_short, option_text};
 use leptos::html::Form as FormElement;
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 
-/// The key's help text, capitalized, for a label.
+/// The key's help text, capitalized, for a label; for a choice, only what comes before a colon
+/// (after it the help lists the ids, which the options now say in words).
 fn label_of(k: &Key) -> String {
-    let mut c = k.help.chars();
+    let help = if (k.choices)().len() > 2 { k.help.split(':').next().unwrap_or(k.help) } else { k.help };
+    let mut c = help.chars();
     match c.next() {
         Some(f) => std::iter::once(f.to_ascii_uppercase()).chain(c).collect(),
         None => k.name.to_string(),
@@ -50,34 +53,60 @@ pub fn fields_html(names: &[&str], cfg: &Config) -> String {
         let value = (k.get)(cfg);
         let choices = (k.choices)();
         let is_bool = choices == ["false", "true"];
-        let control = if *name == "gpu" {
-            // The GPU: the catalog by name, or a custom size.
-            let mut o = format!("<select id=\"in-gpu\" data-key=\"gpu\"{dis}>");
-            for g in GPUS {
-                o.push_str(&format!("<option value=\"{}\"{}>{}</option>", g.id, if g.id == value { " selected" } else { "" }, esc(g.name)));
+        let (control, below) = if *name == "gpu" {
+            // The GPU: the catalog by maker and short name (no select cuts it off), or a custom
+            // size; under it the card's marketed size beside what a process can use.
+            let mut o = format!("<select id=\"in-gpu\" data-key=\"gpu\" aria-describedby=\"gpu-note\"{dis}>");
+            for (maker, vendor) in [("NVIDIA", Vendor::Nvidia), ("AMD", Vendor::Amd)] {
+                o.push_str(&format!("<optgroup label=\"{maker}\">"));
+                for g in GPUS.iter().filter(|g| g.vendor == vendor) {
+                    o.push_str(&format!(
+                        "<option value=\"{}\"{}>{}</option>",
+                        g.id,
+                        if g.id == value { " selected" } else { "" },
+                        esc(&gpu_short(g))
+                    ));
+                }
+                o.push_str("</optgroup>");
             }
             o.push_str(&format!(
                 "<option value=\"custom\"{}>Custom size…</option></select>",
                 if value == "custom" { " selected" } else { "" }
             ));
-            o
+            (o, format!("<small class=\"gpu-note\" id=\"gpu-note\" data-testid=\"gpu-note\">{}</small>", esc(&gpu_note(cfg))))
         } else if is_bool {
-            format!("<input id=\"in-{name}\" type=\"checkbox\" data-key=\"{name}\"{dis}{}>", if value == "true" { " checked" } else { "" })
+            (
+                format!(
+                    "<input id=\"in-{name}\" type=\"checkbox\" data-key=\"{name}\"{dis}{}>",
+                    if value == "true" { " checked" } else { "" }
+                ),
+                String::new(),
+            )
         } else if !choices.is_empty() {
             let options: String = choices
                 .iter()
-                .map(|c| format!("<option value=\"{c}\"{}>{c}</option>", if *c == value { " selected" } else { "" }))
+                .map(|c| {
+                    format!("<option value=\"{c}\"{}>{}</option>", if *c == value { " selected" } else { "" }, esc(&option_text(name, c)))
+                })
                 .collect();
-            format!("<select id=\"in-{name}\" data-key=\"{name}\"{dis}>{options}</select>")
+            (
+                format!("<select id=\"in-{name}\" data-key=\"{name}\" aria-describedby=\"id-{name}\"{dis}>{options}</select>"),
+                format!("<small class=\"choice-id\" id=\"id-{name}\" data-choice-id=\"{name}\">{}</small>", esc(&value)),
+            )
         } else {
-            format!(
-                "<input id=\"in-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" spellcheck=\"false\" data-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"err-{name}\"{ro}>",
-                esc(&value)
+            (
+                format!(
+                    "<input id=\"in-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" spellcheck=\"false\" data-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"err-{name}\"{ro}>",
+                    esc(&value)
+                ),
+                String::new(),
             )
         };
+        let wide = !is_bool && !choices.is_empty();
         s.push_str(&format!(
-            "<div class=\"field{}\" data-field=\"{name}\"{}{}><label for=\"in-{name}\">{} <code class=\"key\">{name}</code>{}</label>{control}<span class=\"field-error\" id=\"err-{name}\" role=\"status\"></span></div>",
+            "<div class=\"field{}{}\" data-field=\"{name}\"{}{}><div class=\"field-head\"><label for=\"in-{name}\">{}{}</label><code class=\"key\">{name}</code></div>{control}{below}<span class=\"field-error\" id=\"err-{name}\" role=\"status\"></span></div>",
             if is_bool { " check" } else { "" },
+            if wide { " wide" } else { "" },
             if shown(name, cfg) { "" } else { " hidden" },
             if locked { " data-locked=\"true\"" } else { "" },
             esc(&label_of(k)),
@@ -85,6 +114,14 @@ pub fn fields_html(names: &[&str], cfg: &Config) -> String {
         ));
     }
     s
+}
+
+/// The line under the GPU field ([`capacity_note`]).
+fn gpu_note(cfg: &Config) -> String {
+    match gpu_of(cfg) {
+        GpuChoice::Catalog(g) => capacity_note(Some(&g), 0.0, cfg.unit),
+        GpuChoice::Custom(gib) => capacity_note(None, gib, cfg.unit),
+    }
 }
 
 fn element(form: &web_sys::Element, selector: &str) -> Option<web_sys::Element> {
@@ -153,6 +190,15 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
         }
         if let Some(field) = element(form, &format!("[data-field=\"{}\"]", k.name)) {
             field.toggle_attribute_with_force("hidden", !shown(k.name, cfg)).ok();
+        }
+        if let Some(id) = element(form, &format!("[data-choice-id=\"{}\"]", k.name)) {
+            id.set_text_content(Some(&value));
+        }
+        // The GPU's line depends on the card, a custom size and the unit.
+        if matches!(k.name, "gpu" | "gpu_gib" | "unit") {
+            if let Some(note) = element(form, "[data-testid=gpu-note]") {
+                note.set_text_content(Some(&gpu_note(cfg)));
+            }
         }
         if i < shown_values.len() {
             shown_values[i] = value;

@@ -61,6 +61,7 @@
 //! `predicted`} in bytes (`null` where it does not apply); `notes`.
 
 pub mod compare;
+pub mod serve;
 
 use crate::config::{
     self, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
@@ -156,14 +157,14 @@ impl Predictions {
 ///   (the step = the gradient reduction, `optimizer.step()` and `zero_grad`);
 /// - peak: the most allocated at any event (`memory.allocated_peak` of the estimate);
 /// - reserved and nvidia-smi (`kernels=cuda`): the step replayed through the caching allocator
-///   ([`estimator::with_reserve`]), nvidia-smi = reserved + CUDA context + cuBLAS workspaces +
+///   ([`estimator::analyse`]), nvidia-smi = reserved + CUDA context + cuBLAS workspaces +
 ///   NCCL buffers — the figure the verdict compares with the card.
 pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     use estimator::step::Phase as P;
     let stream = estimator::step_stream(cfg)?;
-    let e = estimator::with_reserve(cfg, estimator::estimate(cfg)?)?;
+    let e = estimator::analyse(cfg)?.estimate;
     let cuda = cfg.kernels == Kernels::Cuda;
-    let blas = if cuda { e.row("blas_workspaces").map_or(0, |r| r.bytes) } else { 0 };
+    let blas = if cuda { e.row(estimator::ledger::RowId::BlasWorkspaces).map_or(0, |r| r.bytes) } else { 0 };
     let at = |live: Bytes| stream.resident + live + blas;
     let max_in = |phases: &[P]| stream.events.iter().filter(|ev| phases.contains(&ev.phase)).map(|ev| at(ev.live)).max().unwrap_or(at(0));
     // The same moment as `estimator::after_forward` (the output still held).
@@ -398,10 +399,10 @@ mod tests {
         let cfg = Config { kernels: Kernels::Cuda, ..tiny() };
         let e = estimator::explain(&cfg).expect("estimates");
         let p = predictions(&cfg).expect("predicts");
-        let row = |id: &str| e.row(id).map_or(0, |r| r.bytes);
-        assert!(row("blas_workspaces") > 0);
+        let blas = e.row(estimator::ledger::RowId::BlasWorkspaces).map_or(0, |r| r.bytes);
+        assert!(blas > 0);
         // Allocated peak = the stream's peak + the cuBLAS workspaces the allocator hands out.
-        assert_eq!(p.peak, e.memory.allocated_peak + row("blas_workspaces"));
+        assert_eq!(p.peak, e.memory.allocated_peak + blas);
         // Reserved holds at least what is allocated; nvidia-smi is the verdict's figure.
         assert!(p.reserved_peak.expect("simulated") >= p.peak);
         assert_eq!(p.nvidia_smi, e.memory.nvidia_smi);

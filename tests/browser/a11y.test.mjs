@@ -54,3 +54,15 @@ test('the theme button cycles auto, light, dark and projector, and a link can se
   assert.ok(size >= 18, `projector type is ${size} px`);
   assert.match(projector.url(), /theme=projector/);
 });
+
+test('axe finds no violation on a phone-width page with its pinned verdict, nor on an embed with a notice, light and dark', async () => {
+  for (const scheme of ['light', 'dark']) {
+    const { page } = await openPage(browser, server.base + '?finetune=lora&gpu=a100-80gb&seq=8800', { colorScheme: scheme, bypassCSP: true, viewport: { width: 390, height: 844 } });
+    await settled(page);
+    await page.waitForSelector('[data-testid=verdict-pin]');
+    assert.deepEqual(await axeViolations(page), [], `phone, ${scheme}`);
+    const { page: embed } = await openPage(browser, server.base + '?model=gpt2&seq=1024&embed=1&theme=neon&hide=nonsense', { colorScheme: scheme, bypassCSP: true });
+    await embed.waitForSelector('[data-testid=notice]');
+    assert.deepEqual(await axeViolations(embed), [], `embed with a notice, ${scheme}`);
+  }
+});

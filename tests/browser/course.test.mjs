@@ -174,12 +174,12 @@ test('hide= and lock= take effect, sections= orders an embed, and a bad value is
   // sections= picks and orders an embed's panels.
   const { page: e } = await openPage(browser, app.base + '?model=gpt2&embed=1&sections=ledger,verdict');
   const order = await e.$$eval('[data-panel]', (els) => els.map((el) => el.dataset.panel));
-  assert.deepEqual(order, ['ledger', 'result']);
+  assert.deepEqual(order, ['ledger', 'verdict']);
   // On the full page too: no inputs listed, no form, one column.
   const { page: full } = await openPage(browser, app.base + '?model=gpt2&sections=ledger,verdict,exercises');
   await full.waitForSelector('[data-testid=exercises]');
   assert.equal(await full.$('form.inputs'), null);
-  assert.deepEqual(await full.$$eval('main [data-panel]', (els) => els.map((el) => el.dataset.panel)), ['ledger', 'result', 'answers', 'exercises']);
+  assert.deepEqual(await full.$$eval('main [data-panel]', (els) => els.map((el) => el.dataset.panel)), ['ledger', 'verdict', 'answers', 'exercises']);
   assert.deepEqual(problems, []);
 });
 
@@ -192,7 +192,7 @@ test('a quiz hides the answer until a guess, then checks it and shows the answer
   assert.equal(await p.textContent('[data-testid=ex-question]'), 'How many bytes are 16 Psi?');
   assert.equal(await p.evaluate(() => document.documentElement.dataset.quiz), 'hidden');
   const hidden = (sel) => p.$eval(sel, (el) => getComputedStyle(el).visibility === 'hidden');
-  assert.ok(await hidden('[data-panel=result] .headline'), 'the verdict is hidden');
+  assert.ok(await hidden('[data-panel=verdict] .headline'), 'the verdict is hidden');
   assert.ok(await hidden('[data-testid=peak-bytes]'), 'the peak is hidden');
   await p.waitForSelector('[data-testid=ledger] li.row[data-row=weights]');
   assert.ok(await hidden('[data-testid=ledger] li.row[data-row=weights] .bytes'), 'the chosen row is hidden');
@@ -207,7 +207,7 @@ test('a quiz hides the answer until a guess, then checks it and shows the answer
   assert.match(await p.textContent('[data-testid=ex-verdict]'), /error: 50\.0 %/);
   // …and everything shows: the verdict and the rows, each with its substituted formula.
   assert.equal(await p.evaluate(() => document.documentElement.dataset.quiz), 'revealed');
-  assert.ok(!(await hidden('[data-panel=result] .headline')));
+  assert.ok(!(await hidden('[data-panel=verdict] .headline')));
   assert.ok(!(await hidden('[data-testid=ledger] li.row[data-row=weights] .bytes')));
   assert.equal(await p.$$eval('[data-testid=ex-rows] > li', (l) => l.length), 4);
   assert.equal(await p.$$eval('[data-testid=ex-rows] > li math', (l) => l.length), 8);

@@ -5,7 +5,8 @@ use super::super::expr::Expr;
 use super::super::model::MlpKind;
 use super::super::precision::BOOL_BYTES;
 use super::ctx::{Ctx, A, B, D, E, F, F_E, H, KV, K_TOP, P, S, S_KV, V};
-use super::{Part, Terms};
+use super::terms::Terms;
+use crate::estimator::step::part::Part;
 
 /// Megatron-LM's tensor list (Korthikanti et al. 2022, §4.1, generalized to GQA, gated MLPs and
 /// flash attention), per layer:

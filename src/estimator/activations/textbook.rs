@@ -4,7 +4,7 @@
 
 use super::super::config::{Attention, Config, Framework, Loss, Recompute};
 use super::super::expr::{Expr, Sym};
-use super::super::ledger::{Bytes, Category, Row};
+use super::super::ledger::{Bytes, Category, Row, RowId};
 use super::super::model::{Activation, MlpKind, NormKind};
 use super::super::precision::{Dtype, FP32_BYTES};
 use super::ctx::{A, B, H, L};
@@ -35,9 +35,9 @@ pub fn textbook_rows(cfg: &Config) -> Vec<Row> {
         Expr::sum([Expr::prod([Expr::num(22u8), vb.clone(), vs.clone(), vh]), Expr::prod([Expr::num(2u8), vb, va, vs.clone(), vs])]),
     ]);
     vec![
-        Row::new("textbook.korthikanti", "Korthikanti et al.: sbh(34 + 5as/h) per layer", Category::Activations, korthikanti, "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, eq. (1)")
+        Row::new(RowId::TextbookKorthikanti, "Korthikanti et al.: sbh(34 + 5as/h) per layer", Category::Activations, korthikanti, "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, eq. (1)")
             .note("assumes fp16, dropout, a 4h GELU MLP with no gating, multi-head attention with scores materialized, and no loss"),
-        Row::new("textbook.seed", "Seed formula: 2 × (22·bsh + 2·bas²) per layer", Category::Activations, seed, "the course's seed material (bf16, materialized scores and probabilities)")
+        Row::new(RowId::TextbookSeed, "Seed formula: 2 × (22·bsh + 2·bas²) per layer", Category::Activations, seed, "the course's seed material (bf16, materialized scores and probabilities)")
             .note("counts elements of a generic layer in bf16; ignores the fp32 copies real frameworks keep (norm upcasts, fp32 softmax) and the loss"),
     ]
 }

@@ -734,8 +734,8 @@ impl<'a> Builder<'a> {
 
 /// Shapes the blocks use.
 pub mod shapes {
-    use super::super::ir::{Dim, Shape, Split};
     use crate::estimator::activations::ctx::Q;
+    use crate::estimator::step::ir::{Dim, Shape, Split};
 
     /// `[b, s, w]`, split like the residual stream.
     pub fn tok(w: Q) -> Shape {

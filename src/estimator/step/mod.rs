@@ -20,6 +20,6 @@ pub mod part;
 pub mod run;
 pub mod stream;
 
-pub use model::{simulate, simulate_stage};
+pub use model::simulate_stage;
 pub use run::label;
 pub use stream::{Cat, Event, EventKind, Phase, Stream};

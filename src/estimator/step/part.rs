@@ -3,7 +3,7 @@
 //! (`activations`) groups the kept storages by it.
 
 /// The sub-rows of the activation ledger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Part {
     Embedding,
     Norms,

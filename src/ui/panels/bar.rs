@@ -20,7 +20,11 @@ pub fn Bar() -> impl IntoView {
             Some(d) => {
                 let parts: Vec<String> =
                     d.segments.iter().map(|s| format!("{} {}", s.label, crate::estimator::units::format_bytes(s.bytes, d.unit))).collect();
-                format!("Stacked bar of the ledger's categories: {}; against {}", parts.join(", "), d.capacity_text())
+                let u = d.unit;
+                let fmt = |b: u128| crate::estimator::units::format_bytes(b, u);
+                let peak = d.peak.map_or(String::new(), |p| format!("; peak in use {}", fmt(p)));
+                let smi = d.nvidia_smi.map_or(String::new(), |s| format!("; nvidia-smi will show {} (decides the verdict)", fmt(s)));
+                format!("Stacked bar of the ledger's categories: {}{peak}{smi}; against {}", parts.join(", "), d.capacity_text())
             }
             None => "no estimate".into(),
         })

@@ -66,7 +66,7 @@ fn options() -> SweepOptions {
         heads: num("b-heads", 8.0).clamp(1.0, 64.0) as u32,
         head_dim: num("b-hd", 64.0) as u32,
         max_seq: num("b-max", 4096.0).max(256.0) as u32,
-        mem_cap_bytes: (num("b-cap", 1024.0).max(16.0) as u64) << 20,
+        mem_cap_bytes: (num("b-cap", 1024.0).max(16.0) * if setting("b-cap-unit") == "mib" { 1_048_576.0 } else { 1e6 }) as u64,
         budget_ms: num("b-budget", 20.0).max(1.0) * 1000.0,
         dtype: if setting("b-f16") == "true" { Dtype::F16 } else { Dtype::F32 },
         ..SweepOptions::default()
@@ -91,12 +91,17 @@ fn render(p: &Panel, cfg: &Config) -> String {
             s.push_str(&format!("<p class=\"notice\" role=\"alert\" data-testid=\"bench-unavailable\">{}</p>", esc(m)))
         }
         Device::Ready(a) => {
+            if a.device_type.eq_ignore_ascii_case("cpu") {
+                s.push_str(
+                    "<p class=\"notice\" data-testid=\"bench-software\">This adapter is a software renderer (device type: cpu — SwiftShader or llvmpipe): its timings say how fast your processor emulates a GPU, nothing about a GPU. The memory it allocates still shows the s² term.</p>",
+                );
+            }
             s.push_str("<dl class=\"stats\" data-testid=\"bench-adapter\">");
-            let gib = |b: u64| format_bytes(b as u128, Unit::Gib);
+            let bytes = |b: u64| format_bytes(b as u128, cfg.unit);
             stat(&mut s, "Adapter", "", &esc(if a.name.is_empty() { "(name hidden by the browser)" } else { &a.name }));
             stat(&mut s, "Backend / type", "", &esc(&format!("{} / {}", a.backend, a.device_type)));
-            stat(&mut s, "Largest buffer", "", &gib(a.max_buffer_size));
-            stat(&mut s, "Largest storage binding", "", &gib(a.max_storage_buffer_binding_size));
+            stat(&mut s, "Largest buffer", "", &bytes(a.max_buffer_size));
+            stat(&mut s, "Largest storage binding", "", &bytes(a.max_storage_buffer_binding_size));
             stat(&mut s, "Timing", "", if a.timestamps { "GPU timestamps" } else { "wall clock (no timestamp queries)" });
             stat(&mut s, "f16", "", if a.f16 { "available" } else { "not available" });
             s.push_str("</dl>");
@@ -151,7 +156,11 @@ fn charts(shared: &SharedResult, cfg: &Config) -> [BenchChart; 2] {
             BenchSeries { label: "fused (flash-style)".into(), points: series(shared, true, time) },
         ],
         predicted,
-        y_unit: if time { YUnit::Milliseconds } else { YUnit::Bytes },
+        y_unit: match (time, cfg.unit) {
+            (true, _) => YUnit::Milliseconds,
+            (false, Unit::Gb) => YUnit::Bytes,
+            (false, Unit::Gib) => YUnit::BinaryBytes,
+        },
     };
     let p = recipe(cfg.precision).compute.bytes();
     let predicted = shared
@@ -227,13 +236,13 @@ fn results(s: &mut String, shared: &SharedResult, full: Option<&Finished>, cfg: 
         let score = pt.seq as u128 * pt.seq as u128 * shared.heads as u128 * shared.batch as u128 * elem;
         let cell = |t: Option<&SharedTiming>| {
             t.map_or("<td>—</td><td>—</td>".to_string(), |t| {
-                format!("<td>{:.3}</td><td>{}</td>", t.ms(), format_bytes(t.bytes as u128, Unit::Gib))
+                format!("<td>{:.3}</td><td>{}</td>", t.ms(), format_bytes(t.bytes as u128, cfg.unit))
             })
         };
         s.push_str(&format!(
             "<tr><td>{}</td><td>{}</td>{}{}</tr>",
             pt.seq,
-            format_bytes(score, Unit::Gib),
+            format_bytes(score, cfg.unit),
             cell(pt.materialized.as_ref()),
             cell(pt.fused.as_ref())
         ));
@@ -282,9 +291,13 @@ pub fn Bench() -> impl IntoView {
             }
         }
     };
+    // The unit alone (a change of any other key leaves the results as they are).
+    let unit = Memo::new(move |_| store.config.with(|c| c.unit));
     Effect::new(move |_| {
-        // Once mounted, and again when the theme changes (the charts' colours).
+        // Once mounted, and again when the theme changes (the charts' colours) or the unit (every
+        // figure follows the page's GB or GiB).
         store.look();
+        unit.get();
         refresh();
     });
     let on_event = move |e: Event| {
@@ -345,7 +358,8 @@ pub fn Bench() -> impl IntoView {
                 <div class="field"><label for="b-heads">"Heads"</label><input id="b-heads" type="number" min="1" max="64" value=heads/></div>
                 <div class="field"><label for="b-hd">"Head dim"</label><select id="b-hd" inner_html=hd_options></select></div>
                 <div class="field"><label for="b-max">"Longest sequence (tokens)"</label><input id="b-max" type="number" min="256" value="4096"/></div>
-                <div class="field"><label for="b-cap">"Memory cap (MiB)"</label><input id="b-cap" type="number" min="16" value="1024"/></div>
+                <div class="field"><label for="b-cap">{move || if unit.get() == Unit::Gib { "Memory cap (MiB)" } else { "Memory cap (MB)" }}</label><input id="b-cap" type="number" min="16" value="1024"/>
+                    <input type="hidden" id="b-cap-unit" prop:value=move || if unit.get() == Unit::Gib { "mib" } else { "mb" }/></div>
                 <div class="field"><label for="b-budget">"Time budget (s)"</label><input id="b-budget" type="number" min="1" value="20"/></div>
                 <div class="field check"><label for="b-f16">"f16 (where supported)"</label><input id="b-f16" type="checkbox"/></div>
             </form>

@@ -9,10 +9,11 @@ use crate::config::{decode_query, Config};
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Category, Row};
 use crate::estimator::units::format_bytes;
-use crate::estimator::{explain, flatten, Estimate, EstimateError};
+use crate::estimator::{flatten, Estimate, EstimateError};
 use crate::plots::{category_color, hex};
 use crate::ui::html::esc;
 use crate::ui::state::{compare_query, gpu_of, use_store};
+use crate::words;
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 
@@ -23,19 +24,18 @@ fn verdict(name: &str, e: &Result<Estimate, EstimateError>, cfg: &Config) -> Str
             esc(&err.to_string())
         ),
         Ok(e) => {
-            let gpu = gpu_of(cfg).label();
-            let head = if e.fits() {
-                format!("Fits on {gpu}: {} headroom", format_bytes(e.capacity - e.memory.peak, cfg.unit))
-            } else {
-                format!("Does not fit on {gpu}: needs {} more", format_bytes(e.memory.peak - e.capacity, cfg.unit))
-            };
+            // The page's own verdict line for this configuration (the same function, the same
+            // figure: nvidia-smi against the usable capacity).
+            let v = words::verdict(e, cfg, &gpu_of(cfg).label());
             format!(
-                "<div class=\"cmp-verdict{}\" data-testid=\"cmp-verdict-{name}\" data-fits=\"{}\"><h3>{name}: {}</h3><p>{}</p><p>Peak per GPU <strong data-bytes=\"{}\">{}</strong></p></div>",
-                if e.fits() { "" } else { " bad" },
-                e.fits(),
+                "<div class=\"cmp-verdict{}\" data-testid=\"cmp-verdict-{name}\" data-fits=\"{}\" data-headroom=\"{}\"><h3>{name}: {}</h3><p data-testid=\"cmp-headline-{name}\">{}</p><p>nvidia-smi <strong data-bytes=\"{}\">{}</strong> · peak in use {}</p></div>",
+                if v.fits { "" } else { " bad" },
+                v.fits,
+                v.headroom,
                 esc(&e.model),
-                esc(&head),
-                e.memory.peak,
+                esc(&v.headline),
+                e.deciding_peak(),
+                format_bytes(e.deciding_peak(), cfg.unit),
                 format_bytes(e.memory.peak, cfg.unit)
             )
         }
@@ -56,9 +56,12 @@ fn bar(name: &str, e: &Estimate, max: u128, cfg: &Config) -> String {
         said.push(format!("{} {}", c.label(), format_bytes(b, cfg.unit)));
     }
     let cap = e.capacity as f64 * 100.0 / max.max(1) as f64;
+    // What decides, as on the page's bar: nvidia-smi's figure, marked dashed.
+    let smi = e.deciding_peak() as f64 * 100.0 / max.max(1) as f64;
     format!(
-        "<div class=\"cmp-bar\" role=\"img\" data-testid=\"cmp-bar-{name}\" aria-label=\"{name}: {}; capacity {}\"><span class=\"cmp-name\" aria-hidden=\"true\">{name}</span><div class=\"track\">{parts}<span class=\"cap\" style=\"left:{cap:.2}%\"></span></div></div>",
+        "<div class=\"cmp-bar\" role=\"img\" data-testid=\"cmp-bar-{name}\" aria-label=\"{name}: {}; nvidia-smi will show {}; capacity {}\"><span class=\"cmp-name\" aria-hidden=\"true\">{name}</span><div class=\"track\">{parts}<span class=\"smi\" style=\"left:{smi:.2}%\"></span><span class=\"cap\" style=\"left:{cap:.2}%\"></span></div></div>",
         esc(&said.join(", ")),
+        format_bytes(e.deciding_peak(), cfg.unit),
         format_bytes(e.capacity, cfg.unit)
     )
 }
@@ -66,9 +69,9 @@ fn bar(name: &str, e: &Estimate, max: u128, cfg: &Config) -> String {
 /// The ledger diff: A's rows in order, then B's rows A lacks.
 fn diff(a: &Estimate, b: &Estimate, cfg: &Config) -> String {
     let (ra, rb) = (flatten(&a.components), flatten(&b.components));
-    let find = |rows: &[&'_ Row], id: &str| rows.iter().find(|r| r.id == id).map(|r| (*r).clone());
-    let mut ids: Vec<&str> = ra.iter().map(|r| r.id).collect();
-    ids.extend(rb.iter().map(|r| r.id).filter(|id| !ra.iter().any(|r| r.id == *id)));
+    let find = |rows: &[&'_ Row], id: &str| rows.iter().find(|r| r.id.as_str() == id).map(|r| (*r).clone());
+    let mut ids: Vec<&str> = ra.iter().map(|r| r.id.as_str()).collect();
+    ids.extend(rb.iter().map(|r| r.id.as_str()).filter(|id| !ra.iter().any(|r| r.id.as_str() == *id)));
     ids.dedup();
     let unit = cfg.unit;
     let mut s = String::from(
@@ -122,19 +125,22 @@ fn diff(a: &Estimate, b: &Estimate, cfg: &Config) -> String {
         }
     }
     s.push_str(&format!(
-        "</tbody><tfoot><tr><th scope=\"row\">Peak</th><td>{}</td><td>{}</td><td></td></tr></tfoot></table>",
+        "</tbody><tfoot><tr><th scope=\"row\">Peak in use</th><td>{}</td><td>{}</td><td></td></tr><tr><th scope=\"row\">nvidia-smi (decides)</th><td>{}</td><td>{}</td><td></td></tr></tfoot></table>",
         format_bytes(a.memory.peak, unit),
-        format_bytes(b.memory.peak, unit)
+        format_bytes(b.memory.peak, unit),
+        format_bytes(a.deciding_peak(), unit),
+        format_bytes(b.deciding_peak(), unit)
     ));
     s
 }
 
 fn html(a_cfg: &Config, b_cfg: &Config) -> String {
     let b_cfg = Config { unit: a_cfg.unit, ..b_cfg.clone() };
-    let (a, b) = (explain(a_cfg), explain(&b_cfg));
+    let (a, b) = (crate::estimator::analyse(a_cfg).and_then(|a| a.explain()), crate::estimator::analyse(&b_cfg).and_then(|a| a.explain()));
     let mut s = format!("<div class=\"cmp-verdicts\">{}{}</div>", verdict("A", &a, a_cfg), verdict("B", &b, &b_cfg));
     if let (Ok(a), Ok(b)) = (&a, &b) {
-        let max = [a.memory.total, b.memory.total, a.capacity, b.capacity].into_iter().max().unwrap_or(1);
+        let max =
+            [a.memory.total, b.memory.total, a.capacity, b.capacity, a.deciding_peak(), b.deciding_peak()].into_iter().max().unwrap_or(1);
         s.push_str(&bar("A", a, max, a_cfg));
         s.push_str(&bar("B", b, max, &b_cfg));
         s.push_str(&diff(a, b, a_cfg));

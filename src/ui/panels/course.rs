@@ -10,10 +10,10 @@
 use crate::config::encode_query;
 use crate::config::KEYS;
 use crate::course::exercises::Target;
-use crate::course::settings::Section;
+use crate::course::panel::Panel;
 use crate::estimator::expr::group_digits;
+use crate::estimator::flatten;
 use crate::estimator::units::format_bytes;
-use crate::estimator::{explain, flatten};
 use crate::plots::bar::{bar_data, bar_height, draw_bar};
 use crate::plots::{category_color, hex, svg_of};
 use crate::ui::dom;
@@ -45,7 +45,7 @@ fn quiz_rows_css(rows: &[String]) -> String {
 pub fn provide_course(store: Store) {
     let (hide, quiz, rows) = store.course.with_value(|s| {
         let target = s.exercise.as_ref().map(|e| e.target.clone()).unwrap_or(Target::Memory(crate::course::exercises::Field::Peak));
-        (s.hide.iter().map(|h| h.name()).collect::<Vec<_>>().join(" "), s.quiz, target.rows())
+        (s.hide.iter().map(|h| h.id()).collect::<Vec<_>>().join(" "), s.quiz, target.rows())
     });
     if !hide.is_empty() {
         dom::set_root_attribute("data-hide", &hide);
@@ -80,6 +80,14 @@ fn talk_to_parent(store: Store) {
         let height = document().body().map_or(0.0, |b| dom::content_height(&b));
         dom::post_to_parent("ready", &[("state", store.config.with_untracked(encode_query).into()), ("height", height.into())]);
     });
+    // `warning`: what in the link (or a `setState`) could not be used, as the notice says it.
+    Effect::new(move |prev: Option<Vec<crate::config::ConfigError>>| {
+        let now = store.notices.get();
+        if !now.is_empty() && prev.as_ref() != Some(&now) {
+            post_warning(&now);
+        }
+        now
+    });
     let _ = window_event_listener(leptos::ev::message, move |ev: web_sys::MessageEvent| {
         let origin = ev.origin();
         if !store.course.with_value(|s| s.accepts_origin(&origin, parent.as_deref())) {
@@ -106,6 +114,24 @@ fn talk_to_parent(store: Store) {
     });
 }
 
+/// Posts `warning` with the problems the page's notice lists: `notices` (`{key, value,
+/// reason}` each) and `text` (the notice's sentence).
+fn post_warning(notices: &[crate::config::ConfigError]) {
+    let list = js_sys::Array::new();
+    for n in notices {
+        let o = js_sys::Object::new();
+        let _ = js_sys::Reflect::set(&o, &"key".into(), &n.key.as_str().into());
+        let _ = js_sys::Reflect::set(&o, &"value".into(), &n.value.as_str().into());
+        let _ = js_sys::Reflect::set(&o, &"reason".into(), &n.reason.as_str().into());
+        list.push(&o);
+    }
+    let text = format!(
+        "Some settings in this link could not be used — the rest of the configuration applies: {}",
+        notices.iter().map(|n| format!("{} = '{}': {}", n.key, n.value, n.reason)).collect::<Vec<_>>().join("; ")
+    );
+    dom::post_to_parent("warning", &[("notices", list.into()), ("text", text.into())]);
+}
+
 /// The snapshot of the current view as SVG: the verdict, the stacked bar and the ledger's rows.
 fn snapshot_svg(store: Store) -> Option<String> {
     let theme = store.look().chart_theme();
@@ -119,11 +145,7 @@ fn snapshot_svg(store: Store) -> Option<String> {
         let bar_h = bar_height(&data, width, &theme);
         let bar = svg_of((width, bar_h), |root| draw_bar(root, &data, &theme).map(|_| ()));
         let (fg, muted, bg) = (hex(theme.foreground), hex(theme.muted), hex(theme.background));
-        let headline = if e.fits() {
-            format!("Fits on {gpu}: {} headroom", format_bytes(e.capacity - e.memory.peak, unit))
-        } else {
-            format!("Does not fit on {gpu}: needs {} more", format_bytes(e.memory.peak - e.capacity, unit))
-        };
+        let headline = crate::words::verdict(e, &cfg, &gpu).headline;
         let mut rows = String::new();
         let top = 96 + bar_h;
         let mut y = top + 28;
@@ -199,7 +221,7 @@ fn print_html(store: Store) -> String {
         }
     }
     s.push_str("</tbody></table>");
-    if let Ok(e) = explain(&cfg) {
+    if let Ok(e) = crate::estimator::analyse(&cfg).and_then(|a| a.explain()) {
         s.push_str("<h2>Every ledger row with its formula</h2><ol class=\"print-rows\" data-testid=\"print-rows\">");
         for r in flatten(&e.components).into_iter().chain(flatten(&e.host)) {
             s.push_str(&format!(
@@ -251,7 +273,7 @@ pub fn CourseBar() -> impl IntoView {
             download_png(svg, "trainmem-snapshot.png");
         }
     };
-    let compare_shown = store.course.with_value(|s| s.shows(Section::Compare));
+    let compare_shown = store.course.with_value(|s| s.shows(Panel::Compare));
     view! {
         <aside class="course-tools" aria-label="Course tools" data-testid="course-tools"><div class="row" role="toolbar" aria-label="Course tools">
             {compare_shown.then(|| view! {

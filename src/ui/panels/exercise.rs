@@ -8,12 +8,12 @@
 //! is stored anywhere.
 
 use crate::config::{encode_query, Config};
-use crate::course::exercises::{answer, builtin, category_name, check, Answer, Field, Target};
+use crate::course::exercises::{answer, builtin, category_name, check, example_guess, Answer, Field, Target};
 use crate::course::settings::{CustomExercise, Settings, DEFAULT_TOLERANCE_PCT};
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Category, Row};
 use crate::estimator::units::{format_bytes, format_count};
-use crate::estimator::{explain, flatten, Estimate};
+use crate::estimator::{flatten, Estimate};
 use crate::ui::dom;
 use crate::ui::html::esc;
 use crate::ui::state::{compare_query, use_store, Store};
@@ -113,7 +113,7 @@ fn reveal_rows<'a>(e: &'a Estimate, target: &Target) -> Vec<&'a Row> {
     let all = flatten(&e.components);
     let mut out = Vec::new();
     for id in &ids {
-        match all.iter().find(|r| r.id == id.as_str()) {
+        match all.iter().find(|r| r.id.as_str() == id.as_str()) {
             Some(r) => out.push(*r),
             None => out.extend(e.components.iter().filter(|r| category_name(r.category) == id.as_str())),
         }
@@ -126,7 +126,7 @@ fn rows_html(e: &Estimate, target: &Target, cfg: &Config, title: &str) -> String
     for r in reveal_rows(e, target) {
         s.push_str(&format!(
             "<li data-row=\"{}\"><strong>{}</strong>: {}<div class=\"math\" tabindex=\"0\"><math display=\"block\">{}</math></div><div class=\"math\" tabindex=\"0\"><math display=\"block\"><mrow>{}<mo>=</mo><mn>{}</mn><mtext>&#160;B</mtext></mrow></math></div></li>",
-            esc(r.id),
+            esc(r.id.as_str()),
             esc(&r.label),
             esc(&format_bytes(r.bytes, cfg.unit)),
             r.expr.mathml(false),
@@ -140,17 +140,16 @@ fn rows_html(e: &Estimate, target: &Target, cfg: &Config, title: &str) -> String
 
 /// Checks a guess and writes the reveal; posts `answered`.
 fn run_check(store: Store, task: &Task, guess: &str) -> String {
-    let (cfg, cmp) = match task.query {
-        Some((q, c)) => (crate::config::decode_query(q).config, c.map(|c| crate::config::decode_query(c).config)),
-        None => (store.config.get_untracked(), store.compare.get_untracked()),
-    };
-    let cfg = Config { unit: store.unit(), ..cfg };
+    let (cfg, cmp) = task_configs(store, task, store.unit());
     let a = match answer(&task.target, &cfg, cmp.as_ref()) {
         Ok(a) => a,
         Err(e) => return format!("<p class=\"bad\">{}</p>", esc(&e.to_string())),
     };
     let Some(c) = check(&a, guess, task.tolerance_pct) else {
-        return "<p class=\"bad\" data-testid=\"ex-unreadable\">Enter a number (208 GB, 194 GiB, 2.1e11 and 75 % all work).</p>".into();
+        return format!(
+            "<p class=\"bad\" data-testid=\"ex-unreadable\">Enter a number, with its unit if it has one ({}; GB, GiB, 1.5e9 and % all work).</p>",
+            esc(&example_guess(&a, cfg.unit))
+        );
     };
     store.reveal();
     dom::post_to_parent(
@@ -181,17 +180,37 @@ fn run_check(store: Store, task: &Task, guess: &str) -> String {
     if !task.explanation.is_empty() {
         s.push_str(&format!("<p>{}</p>", esc(&task.explanation)));
     }
-    if let Ok(e) = explain(&cfg) {
+    if let Ok(e) = crate::estimator::analyse(&cfg).and_then(|a| a.explain()) {
         s.push_str(&rows_html(&e, &task.target, &cfg, if cmp.is_some() { "The rows behind it (A)" } else { "The rows behind it" }));
-        if let Some(Ok(b)) = cmp.as_ref().map(explain) {
+        if let Some(Ok(b)) = cmp.as_ref().map(|c| crate::estimator::analyse(c).and_then(|a| a.explain())) {
             s.push_str(&rows_html(&b, &task.target, &cfg, "The same rows in B"));
         }
     }
     s
 }
 
-/// The question, its hint and the guess control, as HTML (rebuilt when the exercise changes).
-fn ask_html(task: &Task) -> String {
+/// The configuration (and B) a task is asked about, in the page's unit.
+fn task_configs(store: Store, task: &Task, unit: crate::config::Unit) -> (Config, Option<Config>) {
+    let (cfg, cmp) = match task.query {
+        Some((q, c)) => (crate::config::decode_query(q).config, c.map(|c| crate::config::decode_query(c).config)),
+        None => (store.config.get_untracked(), store.compare.get_untracked()),
+    };
+    (Config { unit, ..cfg }, cmp)
+}
+
+/// How to write a guess for `task`: an example in the answer's kind and the page's unit, far
+/// from the answer ([`example_guess`]); never the answer itself.
+fn example_for(store: Store, task: &Task, unit: crate::config::Unit) -> String {
+    let (cfg, cmp) = task_configs(store, task, unit);
+    match answer(&task.target, &cfg, cmp.as_ref()) {
+        Ok(a) => example_guess(&a, unit),
+        Err(_) => "a number".into(),
+    }
+}
+
+/// The question, its hint and the guess control, as HTML (rebuilt when the exercise or the
+/// unit changes). `example` shows how to write a guess ([`example_for`]).
+fn ask_html(task: &Task, example: &str) -> String {
     let mut s = format!("<p class=\"question\" data-testid=\"ex-question\">{}</p>", esc(&task.question));
     if !task.hint.is_empty() {
         s.push_str(&format!("<details class=\"hint-box\"><summary>Hint</summary><p>{}</p></details>", esc(&task.hint)));
@@ -203,10 +222,11 @@ fn ask_html(task: &Task) -> String {
         }
         s.push_str("</select>");
     } else {
-        s.push_str(
-            "<label for=\"ex-guess\">Your prediction (208 GB, 194 GiB, 2.1e11 or 75 %)</label><div class=\"row\">\
+        s.push_str(&format!(
+            "<label for=\"ex-guess\">Your prediction <span class=\"example\" data-testid=\"ex-example\">({})</span></label><div class=\"row\">\
              <input id=\"ex-guess\" data-testid=\"ex-guess\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\">",
-        );
+            esc(example)
+        ));
     }
     s.push_str("<button type=\"submit\" class=\"primary\" data-testid=\"ex-check\">Check</button></div>");
     if task.query.is_some() {
@@ -275,7 +295,14 @@ pub fn Exercises() -> impl IntoView {
             }
         }
     };
-    let ask = move || all.with_value(|t| ask_html(&t[chosen.get().min(t.len() - 1)]));
+    let unit = Memo::new(move |_| store.config.with(|c| c.unit));
+    let ask = move || {
+        let unit = unit.get();
+        all.with_value(|t| {
+            let task = &t[chosen.get().min(t.len() - 1)];
+            ask_html(task, &example_for(store, task, unit))
+        })
+    };
     view! {
         <section class="exercises" data-panel="exercises" data-testid="exercises" aria-labelledby="ex-h" on:change=on_change on:click=on_click>
             <h2 id="ex-h">{if quiz { "Predict, then reveal" } else { "Exercises" }}</h2>

@@ -5,42 +5,58 @@
 
 use crate::estimator::presets::presets;
 use crate::estimator::units::format_count;
+use crate::search::{haystack, matches};
 use crate::ui::html::esc;
 use crate::ui::state::{use_store, ModelChoice};
 use crate::ui::widgets::fields_html;
 use leptos::prelude::*;
 
-/// The searchable preset picker and the model's summary.
+/// The searchable preset picker and the model's summary. The search is forgiving
+/// ([`crate::search`]: "llama 3.1 8b", "llama8b", "405b"); Enter in the search box takes the
+/// first model found, ArrowDown moves into the list (Enter there takes the one highlighted), and
+/// a search that finds nothing says so.
 #[component]
 pub fn Model() -> impl IntoView {
     let store = use_store();
     let filter = RwSignal::new(String::new());
-    // Labels once; the list is rebuilt only when the filter or the model changes.
+    // Labels and search tokens once; the list is rebuilt only when the filter or the model
+    // changes.
     let all = StoredValue::new(
         presets()
             .into_iter()
             .map(|p| {
                 let label = format!("{} — {} ({})", p.id, format_count(p.spec.counts().total), p.family);
-                (p.id, format!("{} {} {}", p.id, p.family, p.checkpoint).to_ascii_lowercase(), label)
+                (p.id, haystack(&p), label)
             })
             .collect::<Vec<_>>(),
     );
     let model = Memo::new(move |_| store.model());
+    // The ids the filter finds, in the catalog's order.
+    let found = Memo::new(move |_| {
+        filter.with(|f| all.with_value(|ps| ps.iter().filter(|(_, h, _)| matches(f, h)).map(|(id, _, _)| *id).collect::<Vec<_>>()))
+    });
     // The options as HTML: a few dozen, rebuilt when the filter or the model changes.
     let options = move || {
-        let f = filter.get().to_ascii_lowercase();
         let current = model.get();
         let mut out = String::new();
-        all.with_value(|ps| {
-            for (id, _, label) in ps.iter().filter(|(_, h, _)| f.is_empty() || h.contains(&f)) {
-                let selected = matches!(&current, ModelChoice::Preset(p) if p == id);
-                out.push_str(&format!("<option value=\"{id}\"{}>{}</option>", if selected { " selected" } else { "" }, esc(label)));
-            }
+        found.with(|ids| {
+            all.with_value(|ps| {
+                for (id, _, label) in ps.iter().filter(|(id, _, _)| ids.contains(id)) {
+                    let selected = matches!(&current, ModelChoice::Preset(p) if p == id);
+                    out.push_str(&format!("<option value=\"{id}\"{}>{}</option>", if selected { " selected" } else { "" }, esc(label)));
+                }
+            })
         });
         if let ModelChoice::Custom(name) = current {
             out.push_str(&format!("<option value=\"custom\" selected>custom: {}</option>", esc(&name)));
         }
         out
+    };
+    let none = move || {
+        found.with(|ids| ids.is_empty()).then(|| {
+            let q = filter.get();
+            format!("No model matches “{q}”: try a family (llama, qwen, gemma) or a size (8b, 70b).")
+        })
     };
     // From the configuration alone (the counts the estimate reports), so that the model's line
     // shows before the first estimate has run.
@@ -57,22 +73,54 @@ pub fn Model() -> impl IntoView {
         })
     };
     let locked = store.locked("model");
-    let choose = move |ev: leptos::ev::Event| {
-        let id = event_target_value(&ev);
+    let choose_id = move |id: String| {
         let choice = if id == "custom" { ModelChoice::Custom(String::new()) } else { ModelChoice::Preset(id) };
         let _ = store.set_model(&choice);
+    };
+    let choose = move |ev: leptos::ev::Event| choose_id(event_target_value(&ev));
+    let list = NodeRef::<leptos::html::Select>::new();
+    let on_search_key = move |ev: leptos::ev::KeyboardEvent| match ev.key().as_str() {
+        "Enter" => {
+            ev.prevent_default();
+            if let Some(id) = found.with_untracked(|ids| ids.first().copied()) {
+                choose_id(id.to_string());
+            }
+        }
+        "ArrowDown" => {
+            ev.prevent_default();
+            if let Some(el) = list.get_untracked() {
+                if found.with_untracked(|ids| !ids.is_empty()) {
+                    el.set_selected_index(0);
+                }
+                let _ = el.focus();
+            }
+        }
+        _ => {}
+    };
+    let on_list_key = move |ev: leptos::ev::KeyboardEvent| {
+        if ev.key() == "Enter" {
+            ev.prevent_default();
+            if let Some(el) = list.get_untracked() {
+                let v = el.value();
+                if !v.is_empty() {
+                    choose_id(v);
+                }
+            }
+        }
     };
     view! {
         <fieldset data-panel="model">
             <legend>"Model"</legend>
             <div class="field">
                 <label for="preset-filter">"Find a model"</label>
-                <input id="preset-filter" type="search" placeholder="llama, qwen, gemma…" autocomplete="off" disabled=locked
-                    prop:value=move || filter.get() on:input=move |ev| filter.set(event_target_value(&ev))/>
+                <input id="preset-filter" type="search" placeholder="llama 3.1 8b, qwen 7b, 405b…" autocomplete="off" disabled=locked
+                    data-testid="model-search" aria-describedby="model-none" aria-controls="in-model"
+                    prop:value=move || filter.get() on:input=move |ev| filter.set(event_target_value(&ev)) on:keydown=on_search_key/>
+                <span class="hint" id="model-none" role="status" data-testid="model-none">{none}</span>
             </div>
             <div class="field">
-                <label for="in-model">"Model "<code class="key">"model"</code></label>
-                <select id="in-model" size="6" data-testid="model-select" disabled=locked on:change=choose inner_html=options></select>
+                <div class="field-head"><label for="in-model">"Model"</label><code class="key">"model"</code></div>
+                <select id="in-model" size="6" data-testid="model-select" disabled=locked node_ref=list on:change=choose on:keydown=on_list_key inner_html=options></select>
             </div>
             <p class="model-summary" data-testid="model-summary">{summary}</p>
         </fieldset>

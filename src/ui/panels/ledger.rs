@@ -9,10 +9,11 @@
 //! focus stays where it was.
 
 use crate::config::{Config, Unit};
+use crate::course::exercises::category_name;
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Bytes, Row};
 use crate::estimator::units::format_bytes;
-use crate::estimator::{explain, Estimate, EstimateError};
+use crate::estimator::{by_category, Estimate, EstimateError};
 use crate::plots::{category_color, hex};
 use crate::ui::dom;
 use crate::ui::html::esc;
@@ -86,7 +87,7 @@ fn rows(out: &mut String, rows: &[Row], depth: usize, list: &List) {
              <span class=\"bytes\" data-bytes=\"{}\">{}</span>\
              <span class=\"share\" aria-label=\"{share:.1} percent of the sum\"><span class=\"share-bar\" style=\"width:{:.1}%\"></span><span class=\"share-num\">{share:.1} %</span></span>\
              </summary><div class=\"slot\">{body}</div></details></li>",
-            esc(r.id),
+            esc(r.id.as_str()),
             depth * 22,
             esc(&key),
             if is_open { " open" } else { "" },
@@ -100,10 +101,69 @@ fn rows(out: &mut String, rows: &[Row], depth: usize, list: &List) {
     }
 }
 
+/// The ledger's categories: each one's sum of rows and what of it is resident at the step's
+/// peak (the figures the bar and the charts stack, under the same names), then what nvidia-smi
+/// adds above the peak and the deciding total.
+fn categories(e: &Estimate, unit: Unit) -> String {
+    let at_peak = e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category);
+    let sums = by_category(e);
+    let mut s = String::from(
+        "<table class=\"by-category\" data-testid=\"ledger-categories\"><caption>By category: every row of a category added up, and what of it is in use at the step's peak (what the bar and the charts draw)</caption>\
+         <thead><tr><th scope=\"col\">Category</th><th scope=\"col\">Sum of rows</th><th scope=\"col\">At the peak</th></tr></thead><tbody>",
+    );
+    for (i, (c, sum)) in sums.iter().enumerate() {
+        let key = category_name(*c);
+        s.push_str(&format!(
+            "<tr data-category=\"{key}\"><th scope=\"row\"><span class=\"swatch\" style=\"background:{}\" aria-hidden=\"true\"></span> {}</th>\
+             <td data-testid=\"cat-sum-{key}\" data-bytes=\"{sum}\">{}</td><td data-testid=\"cat-peak-{key}\" data-bytes=\"{}\">{}</td></tr>",
+            hex(category_color(*c)),
+            esc(c.label()),
+            format_bytes(*sum, unit),
+            at_peak[i],
+            format_bytes(at_peak[i], unit)
+        ));
+    }
+    s.push_str(&format!(
+        "</tbody><tfoot><tr><th scope=\"row\">Total</th><td data-testid=\"cat-sum-total\" data-bytes=\"{}\">{}</td><td data-testid=\"cat-peak-total\" data-bytes=\"{}\">{}</td></tr>",
+        e.memory.total,
+        format_bytes(e.memory.total, unit),
+        e.memory.peak,
+        format_bytes(e.memory.peak, unit)
+    ));
+    if let Some(smi) = e.memory.nvidia_smi {
+        let adds = smi.saturating_sub(e.memory.peak);
+        s.push_str(&format!(
+            "<tr><th scope=\"row\">nvidia-smi adds above the peak (the caching allocator's reserve)</th><td></td><td data-testid=\"cat-smi-adds\" data-bytes=\"{adds}\">{}</td></tr>\
+             <tr><th scope=\"row\">nvidia-smi will show (decides the verdict)</th><td></td><td data-testid=\"cat-smi\" data-bytes=\"{smi}\">{}</td></tr>",
+            format_bytes(adds, unit),
+            format_bytes(smi, unit)
+        ));
+    }
+    s.push_str("</tfoot></table>");
+    s
+}
+
+/// The category table's cells and their bytes, for [`patch`].
+fn category_cells(e: &Estimate) -> Vec<(String, Bytes)> {
+    let at_peak = e.timeline.peak_event().map_or([0; 6], |ev| ev.by_category);
+    let mut out = Vec::new();
+    for (i, (c, sum)) in by_category(e).into_iter().enumerate() {
+        out.push((format!("cat-sum-{}", category_name(c)), sum));
+        out.push((format!("cat-peak-{}", category_name(c)), at_peak[i]));
+    }
+    out.push(("cat-sum-total".into(), e.memory.total));
+    out.push(("cat-peak-total".into(), e.memory.peak));
+    if let Some(smi) = e.memory.nvidia_smi {
+        out.push(("cat-smi-adds".into(), smi.saturating_sub(e.memory.peak)));
+        out.push(("cat-smi".into(), smi));
+    }
+    out
+}
+
 fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &[String]) -> String {
     let Ok(e) = e else { return String::new() };
     let unit = cfg.unit;
-    let explained = if open.is_empty() { None } else { explain(cfg).ok() };
+    let explained = if open.is_empty() { None } else { crate::estimator::analyse(cfg).and_then(|a| a.explain()).ok() };
     let stage = if e.layout.pp > 1 {
         format!(" — the {} ({} layers), the most loaded", e.layout.stage.label(), e.layout.stage_layers)
     } else {
@@ -114,8 +174,10 @@ fn ledger(e: &Result<Estimate, EstimateError>, cfg: &Config, open: &[String]) ->
         esc(&stage)
     );
     rows(&mut s, &e.components, 0, &List { host: false, total: e.memory.total, unit, open, explained: explained.as_ref() });
+    s.push_str("</ul>");
+    s.push_str(&categories(e, unit));
     s.push_str(&format!(
-        "</ul><p class=\"sum\">Sum of components: <strong>{}</strong> · peak during the step: <strong>{}</strong> (not every component is resident at once)</p>",
+        "<p class=\"sum\">Sum of components: <strong>{}</strong> · peak during the step: <strong>{}</strong> (not every component is resident at once)</p>",
         format_bytes(e.memory.total, unit),
         format_bytes(e.memory.peak, unit)
     ));
@@ -145,7 +207,7 @@ fn shape(e: &Estimate) -> String {
             keys(&r.children, depth + 1, host, out);
         }
     }
-    let mut s = format!("{}:{}|", e.layout.stage.label(), e.layout.pp);
+    let mut s = format!("{}:{}:{}|", e.layout.stage.label(), e.layout.pp, e.memory.nvidia_smi.is_some());
     keys(&e.components, 0, false, &mut s);
     keys(&e.host, 0, true, &mut s);
     s
@@ -179,6 +241,12 @@ fn patch(section: &web_sys::Element, e: &Estimate, unit: Unit) -> bool {
             let _ = el.set_attribute("style", &format!("width:{:.1}%", share.min(100.0)));
         });
         set(&li, ".share-num", &|el| el.set_text_content(Some(&format!("{share:.1} %"))));
+    }
+    for (id, b) in category_cells(e) {
+        if let Some(el) = section.query_selector(&format!("[data-testid=\"{id}\"]")).ok().flatten() {
+            let _ = el.set_attribute("data-bytes", &b.to_string());
+            el.set_text_content(Some(&format_bytes(b, unit)));
+        }
     }
     if let Ok(sums) = section.query_selector_all(".sum strong") {
         for (i, b) in [e.memory.total, e.memory.peak].into_iter().enumerate() {
@@ -234,7 +302,7 @@ pub fn Ledger() -> impl IntoView {
                     }
                 });
                 let body = store.config.with_untracked(|c| {
-                    let e = explain(c).ok()?;
+                    let e = crate::estimator::analyse(c).and_then(|a| a.explain()).ok()?;
                     let host = key.starts_with("host:");
                     find(if host { &e.host } else { &e.components }, 0, host, &key).map(formula)
                 });

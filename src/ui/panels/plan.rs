@@ -17,7 +17,7 @@
 
 use crate::config::{self, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, KEYS};
 use crate::estimator::expr::group_digits;
-use crate::estimator::gpu::GPUS;
+use crate::estimator::gpu::{Vendor, GPUS};
 use crate::estimator::plan::{self, GlobalBatch, PlanRequest, PlanResult, Progress, Search, Space};
 use crate::estimator::units::format_bytes;
 use crate::plots::plan::{draw_plan, plan_height, PlanChartData};
@@ -26,6 +26,7 @@ use crate::ui::canvas::{ChartCanvas, Draw, Height};
 use crate::ui::dom;
 use crate::ui::html::esc;
 use crate::ui::state::{gpu_of, use_store, GpuChoice, Store};
+use crate::words::{gpu_short, option_text};
 use leptos::html::Div;
 use leptos::prelude::*;
 use std::rc::Rc;
@@ -160,19 +161,34 @@ fn fields_html(cfg: &Config) -> String {
     for (name, label) in CLUSTER_KEYS.iter().chain(&[("seq", "Target sequence length, tokens")]) {
         let Some(k) = KEYS.iter().find(|k| k.name == *name) else { continue };
         let value = (k.get)(cfg);
+        let wide = *name == "gpu" || !(k.choices)().is_empty();
         let control = if *name == "gpu" {
             let mut o = String::from("<select id=\"plan-gpu\" data-plan-key=\"gpu\">");
-            for g in GPUS {
-                o.push_str(&format!("<option value=\"{}\"{}>{}</option>", g.id, if g.id == value { " selected" } else { "" }, esc(g.name)));
+            for (maker, vendor) in [("NVIDIA", Vendor::Nvidia), ("AMD", Vendor::Amd)] {
+                o.push_str(&format!("<optgroup label=\"{maker}\">"));
+                for g in GPUS.iter().filter(|g| g.vendor == vendor) {
+                    o.push_str(&format!(
+                        "<option value=\"{}\"{}>{}</option>",
+                        g.id,
+                        if g.id == value { " selected" } else { "" },
+                        esc(&gpu_short(g))
+                    ));
+                }
+                o.push_str("</optgroup>");
             }
             o.push_str(&format!("<option value=\"custom\"{}>Custom…</option></select>", if value == "custom" { " selected" } else { "" }));
             o
         } else if !(k.choices)().is_empty() {
             let options: String = (k.choices)()
                 .iter()
-                .map(|c| format!("<option value=\"{c}\"{}>{c}</option>", if *c == value { " selected" } else { "" }))
+                .map(|c| {
+                    format!("<option value=\"{c}\"{}>{}</option>", if *c == value { " selected" } else { "" }, esc(&option_text(name, c)))
+                })
                 .collect();
-            format!("<select id=\"plan-{name}\" data-plan-key=\"{name}\">{options}</select>")
+            format!(
+                "<select id=\"plan-{name}\" data-plan-key=\"{name}\" aria-describedby=\"plan-id-{name}\">{options}</select><small class=\"choice-id\" id=\"plan-id-{name}\" data-plan-id=\"{name}\">{}</small>",
+                esc(&value)
+            )
         } else {
             format!(
                 "<input id=\"plan-{name}\" type=\"text\" inputmode=\"decimal\" autocomplete=\"off\" data-plan-key=\"{name}\" value=\"{}\" aria-invalid=\"false\" aria-describedby=\"plan-err-{name}\">",
@@ -180,7 +196,8 @@ fn fields_html(cfg: &Config) -> String {
             )
         };
         s.push_str(&format!(
-            "<div class=\"field\" data-plan-field=\"{name}\"{}><label for=\"plan-{name}\">{} <code class=\"key\">{name}</code></label>{control}<span class=\"field-error\" id=\"plan-err-{name}\" role=\"status\"></span></div>",
+            "<div class=\"field{}\" data-plan-field=\"{name}\"{}><div class=\"field-head\"><label for=\"plan-{name}\">{}</label><code class=\"key\">{name}</code></div>{control}<span class=\"field-error\" id=\"plan-err-{name}\" role=\"status\"></span></div>",
+            if wide { " wide" } else { "" },
             if custom_only(name) && cfg.gpu != "custom" { " hidden" } else { "" },
             esc(label)
         ));
@@ -217,6 +234,9 @@ fn sync_fields(root: &web_sys::Element, cfg: &Config) {
                     s.set_value(&value);
                 }
             }
+        }
+        if let Ok(Some(id)) = root.query_selector(&format!("[data-plan-id=\"{name}\"]")) {
+            id.set_text_content(Some(&value));
         }
         if custom_only(name) {
             if let Ok(Some(f)) = root.query_selector(&format!("[data-plan-field=\"{name}\"]")) {
@@ -592,11 +612,12 @@ pub fn Plan() -> impl IntoView {
                 </div>
                 <div class="field">
                     <label for="plan-global-unit">"Global batch counted in"</label>
-                    <select id="plan-global-unit" data-testid="plan-global-unit"
+                    <select id="plan-global-unit" data-testid="plan-global-unit" aria-describedby="plan-global-hint"
                         on:change=move |ev| batch_in_tokens.set(event_target_value(&ev) == "tokens")>
                         <option value="sequences" selected=true>"sequences"</option>
-                        <option value="tokens">"tokens (multiple of the sequence length)"</option>
+                        <option value="tokens">"tokens"</option>
                     </select>
+                    <small class="choice-id" id="plan-global-hint">"tokens: a multiple of the sequence length"</small>
                 </div>
             </div>
             <fieldset class="plan-knobs">

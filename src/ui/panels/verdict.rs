@@ -13,103 +13,147 @@
 //! buttons carry the keys they set (`data-apply="batch=6"`), a fix's button its index
 //! (`data-fix="0"`: a change may set several keys, applied together), and one click handler
 //! applies them through the store's setters.
+//!
+//! The verdict is written with `view!`: the same markup as an HTML string cost 4.1 KB less
+//! brotli wasm (scripts/build.sh's size table: 545,782 against 549,842 B), under the 10 KB bar.
+//! The answers stay an HTML string for now (not measured).
+//!
+//! The verdict's line is [`crate::words::verdict`]'s, the one every panel writes. A fix applied
+//! here is remembered with what it promised ([`crate::ui::state::Applied`]): when the
+//! configuration it led to still does not fit, or fits with under 2 % of the card to spare, the
+//! verdict says so and the answers offer the next changes ([`crate::next_change`]), each
+//! re-estimated as the verdict is, in place of the fixes.
 
-use crate::answers::{Found, FoundFix};
-use crate::config::{find_key, Config, Unit};
+use crate::answers::{key_of, Found, FoundFix};
+use crate::config::{encode_query, find_key, Config, Unit};
 use crate::estimator::expr::group_digits;
 use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{Estimate, EstimateError};
+use crate::next_change::{next_changes, NextChange};
 use crate::plots::zero_label;
 use crate::ui::analysis::{use_answers, Answers};
 use crate::ui::dom;
-use crate::ui::html::{esc, stat};
-use crate::ui::state::{gpu_of, use_store};
+use crate::ui::html::esc;
+use crate::ui::state::{gpu_of, use_store, Applied, GpuChoice};
+use crate::words;
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 
-fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config) -> String {
+/// One figure of the verdict's `<dl class="stats">`.
+fn stat(dt: String, testid: &'static str, bytes: Option<String>, dd: String, sub: Option<String>) -> impl IntoView {
+    view! {
+        <div>
+            <dt>{dt}</dt>
+            <dd data-testid=(!testid.is_empty()).then_some(testid) data-bytes=bytes>{dd}{sub.map(|s| view! { <span class="sub">{s}</span> })}</dd>
+        </div>
+    }
+}
+
+/// What the verdict says about the change last applied from the answers panel, while the page
+/// shows the configuration it led to: whether it kept its promise, and when it did not (or left
+/// under 2 % to spare), that the next changes are listed under it.
+fn applied_note(applied: &Applied, v: &words::Verdict, capacity: u128, unit: Unit) -> Option<String> {
+    let promised = applied.promised.map_or_else(String::new, |p| format!(" (it promised +{} headroom)", format_bytes(u128::from(p), unit)));
+    let pct = words::headroom_pct(v.headroom, capacity);
+    Some(if !v.fits {
+        format!(
+            "After “{}”{promised}: it still does not fit — {} more are needed. The next changes are listed below, each checked the way this verdict is.",
+            applied.label,
+            format_bytes(v.headroom.unsigned_abs(), unit)
+        )
+    } else if v.tight {
+        format!(
+            "After “{}”{promised}: it fits, with only {} ({pct:.1} %) to spare — under {} %, a different library version or allocator setting can tip it over. The next changes are listed below.",
+            applied.label,
+            format_bytes(v.headroom.unsigned_abs(), unit),
+            words::TIGHT_PCT
+        )
+    } else {
+        format!(
+            "After “{}”{promised}: it fits, with {} ({pct:.1} %) to spare.",
+            applied.label,
+            format_bytes(v.headroom.unsigned_abs(), unit)
+        )
+    })
+}
+
+fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config, applied: Option<&Applied>) -> AnyView {
     let e = match e {
         Err(e) => {
-            return format!(
-                "<div class=\"verdict bad\" data-testid=\"estimate-error\"><p><strong>This configuration cannot be estimated: </strong>{}</p></div>",
-                esc(&e.to_string())
-            )
+            let why = e.to_string();
+            return view! {
+                <div class="verdict bad" data-testid="estimate-error"><p><strong>"This configuration cannot be estimated: "</strong>{why}</p></div>
+            }
+            .into_any();
         }
         Ok(e) => e,
     };
     let unit = cfg.unit;
-    let gpu = gpu_of(cfg).label();
-    let peak = e.memory.peak;
+    let gpu = gpu_of(cfg);
     // The verdict decides on what nvidia-smi will show (the caching allocator replayed) where
     // it was simulated, else on the allocated peak with what lives outside the allocator.
-    let deciding = e.deciding_peak();
-    let fits = e.fits();
-    let basis = if e.memory.nvidia_smi.is_some() { " (nvidia-smi)" } else { "" };
-    let headline = if fits {
-        format!("Fits on {gpu}: {} headroom{basis}", format_bytes(e.capacity - deciding, unit))
+    let v = words::verdict(e, cfg, &gpu.label());
+    let note = applied.and_then(|a| applied_note(a, &v, e.capacity, unit));
+    let tight = (v.tight && note.is_none()).then(|| {
+        format!(
+            "Only {:.1} % of the card is left free: under {} %, a different library version or allocator setting can tip it over. The next changes are listed below.",
+            words::headroom_pct(v.headroom, e.capacity),
+            words::TIGHT_PCT
+        )
+    });
+    let class = if !v.fits {
+        "verdict bad"
+    } else if v.tight {
+        "verdict tight"
     } else {
-        format!("Does not fit on {gpu}: needs {} more{basis}", format_bytes(deciding - e.capacity, unit))
+        "verdict"
     };
-    let mut s = format!(
-        "<div class=\"verdict{}\" data-testid=\"verdict\" data-fits=\"{fits}\"><p class=\"headline\">{}</p><dl class=\"stats\">",
-        if fits { "" } else { " bad" },
-        esc(&headline)
-    );
-    let bytes = |testid: &str, b: u128| format!("data-testid=\"{testid}\" data-bytes=\"{b}\"");
-    stat(
-        &mut s,
-        "Peak in use per GPU",
-        &bytes("peak-bytes", peak),
-        &format!("{}<span class=\"sub\">at: {}</span>", format_bytes(peak, unit), esc(&e.memory.peak_event)),
-    );
-    if let (Some(smi), Some(res)) = (e.memory.nvidia_smi, e.memory.reserved_peak) {
-        let outside = smi.saturating_sub(res);
-        stat(
-            &mut s,
-            "nvidia-smi will show",
-            &bytes("nvidia-smi-bytes", smi),
-            &format!(
-                "{}<span class=\"sub\">{} reserved (simulated) + {} context, cuBLAS, NCCL</span>",
-                format_bytes(smi, unit),
+    let peak = e.memory.peak;
+    let bytes = |b: u128| Some(b.to_string());
+    let smi = match (e.memory.nvidia_smi, e.memory.reserved_peak) {
+        (Some(smi), Some(res)) => Some(stat(
+            "nvidia-smi will show".into(),
+            "nvidia-smi-bytes",
+            bytes(smi),
+            format_bytes(smi, unit),
+            Some(format!(
+                "{} reserved (simulated) + {} context, cuBLAS, NCCL",
                 format_bytes(res, unit),
-                format_bytes(outside, unit)
-            ),
-        );
+                format_bytes(smi.saturating_sub(res), unit)
+            )),
+        )),
+        _ => None,
+    };
+    let capacity_sub = match gpu {
+        GpuChoice::Catalog(g) => words::marketed_gb(g.name).map(|m| format!("usable; sold as {m} GB")),
+        GpuChoice::Custom(_) => Some("custom size".into()),
+    };
+    let params = format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count));
+    let host = (e.memory.host > 0).then(|| format!("Host (CPU) memory per GPU process: {}", format_bytes(e.memory.host, unit)));
+    let warnings = (!e.warnings.is_empty()).then(|| {
+        let items = e.warnings.iter().map(|w| view! { <li>{w.clone()}</li> }).collect_view();
+        view! { <ul class="warnings">{items}</ul> }
+    });
+    view! {
+        <div class=class data-testid="verdict" data-fits=v.fits.to_string() data-tight=v.tight.to_string() data-headroom=v.headroom.to_string()>
+            <p class="headline" data-testid="verdict-headline">{v.headline}</p>
+            {note.map(|n| view! { <p class="after-fix" data-testid="verdict-after-fix">{n}</p> })}
+            {tight.map(|n| view! { <p class="after-fix" data-testid="verdict-tight">{n}</p> })}
+            <dl class="stats">
+                {stat("Peak in use per GPU".into(), "peak-bytes", bytes(peak), format_bytes(peak, unit), Some(format!("at: {}", e.memory.peak_event)))}
+                {smi}
+                {stat("Allocated peak".into(), "allocated-peak-bytes", bytes(e.memory.allocated_peak), format_bytes(e.memory.allocated_peak, unit), Some("max_memory_allocated".into()))}
+                {stat("Sum of components".into(), "total-bytes", bytes(e.memory.total), format_bytes(e.memory.total, unit), None)}
+                {stat("GPU capacity".into(), "capacity-bytes", bytes(e.capacity), format_bytes(e.capacity, unit), capacity_sub)}
+                {stat(format!("Cluster ({})", words::count_of(e.layout.gpus, "GPU", "GPUs")), "cluster-bytes", bytes(e.cluster_total()), format_bytes(e.cluster_total(), unit), None)}
+                <div><dt>"Parameters"</dt><dd data-testid="param-count" data-count=e.parameter_count.to_string()>{params}</dd></div>
+                {stat("Tokens per step".into(), "", None, group_digits(e.layout.tokens_per_step), None)}
+            </dl>
+            {host.map(|h| view! { <p class="host">{h}</p> })}
+            {warnings}
+        </div>
     }
-    stat(
-        &mut s,
-        "Allocated peak",
-        &bytes("allocated-peak-bytes", e.memory.allocated_peak),
-        &format!("{}<span class=\"sub\">max_memory_allocated</span>", format_bytes(e.memory.allocated_peak, unit)),
-    );
-    stat(&mut s, "Sum of components", &bytes("total-bytes", e.memory.total), &format_bytes(e.memory.total, unit));
-    stat(&mut s, "GPU capacity", &bytes("capacity-bytes", e.capacity), &format_bytes(e.capacity, unit));
-    stat(
-        &mut s,
-        &format!("Cluster ({} GPUs)", e.layout.gpus),
-        &bytes("cluster-bytes", e.cluster_total()),
-        &format_bytes(e.cluster_total(), unit),
-    );
-    stat(
-        &mut s,
-        "Parameters",
-        &format!("data-testid=\"param-count\" data-count=\"{}\"", e.parameter_count),
-        &format!("{} ({} trainable)", format_count(e.parameter_count), format_count(e.trainable_parameter_count)),
-    );
-    stat(&mut s, "Tokens per step", "", &group_digits(e.layout.tokens_per_step));
-    s.push_str("</dl>");
-    if e.memory.host > 0 {
-        s.push_str(&format!("<p class=\"host\">Host (CPU) memory per GPU process: {}</p>", format_bytes(e.memory.host, unit)));
-    }
-    if !e.warnings.is_empty() {
-        s.push_str("<ul class=\"warnings\">");
-        for w in &e.warnings {
-            s.push_str(&format!("<li>{}</li>", esc(w)));
-        }
-        s.push_str("</ul>");
-    }
-    s.push_str("</div>");
-    s
+    .into_any()
 }
 
 /// One answer as a button: what it says and the keys it sets (none: nothing to apply).
@@ -203,20 +247,95 @@ fn fixes_html(fixes: &[FoundFix], error: Option<&str>, unit: Unit) -> String {
 pub fn Verdict() -> impl IntoView {
     let store = use_store();
     let first = StoredValue::new(true);
-    let html = move || {
-        let s = dom::timed("verdict", || store.config.with(|c| store.estimate.with(|e| figures(e, c))));
+    // The applied change is spoken of only while the page shows the configuration it led to.
+    Effect::new(move |_| {
+        let query = store.config.with(|c| encode_query(&key_of(c)));
+        if store.applied.with_untracked(|a| a.as_ref().is_some_and(|a| a.query != query)) {
+            store.applied.set(None);
+        }
+    });
+    let body = move || {
+        let v = dom::timed("verdict", || {
+            store.applied.with(|a| {
+                store.config.with(|c| store.estimate.with(|e| figures(e, c, a.as_ref().filter(|a| a.query == encode_query(&key_of(c))))))
+            })
+        });
         if first.get_value() {
             first.set_value(false);
             dom::mark("trainmem:verdict");
         }
-        s
+        v
     };
-    view! { <div data-panel="result" role="status" aria-live="polite" inner_html=html></div> }
+    view! { <div data-panel="verdict" role="status" aria-live="polite">{body}</div> }
+}
+
+/// On a narrow screen the verdict's line stays pinned at the top of the page while the form
+/// is scrolled and edited (the stylesheet shows it below 860 px only): every edit stays one
+/// glance from its result. The same line as the verdict's ([`words::verdict`]), with the card's
+/// short name; hidden from screen readers, which have the verdict itself.
+#[component]
+pub fn Pin() -> impl IntoView {
+    let store = use_store();
+    let line = Memo::new(move |_| {
+        store.config.with(|c| {
+            store.estimate.with(|e| match e {
+                Ok(e) => {
+                    let gpu = match gpu_of(c) {
+                        GpuChoice::Catalog(g) => words::gpu_short(&g),
+                        g => g.label(),
+                    };
+                    let v = words::verdict(e, c, &gpu);
+                    let class = if !v.fits {
+                        "pin bad"
+                    } else if v.tight {
+                        "pin tight"
+                    } else {
+                        "pin"
+                    };
+                    (class, v.headline, v.fits.to_string(), v.headroom.to_string())
+                }
+                Err(e) => ("pin bad", format!("Cannot be estimated: {e}"), "false".into(), String::new()),
+            })
+        })
+    });
+    view! {
+        <div class=move || line.with(|l| l.0) data-testid="verdict-pin" aria-hidden="true"
+            data-fits=move || line.with(|l| l.2.clone()) data-headroom=move || line.with(|l| l.3.clone())>
+            {move || line.with(|l| l.1.clone())}
+        </div>
+    }
 }
 
 /// Marked each time the answers panel shows the current configuration's answers (the
 /// page-speed script waits for it).
 const ANSWERS_MARK: &str = "trainmem:answers";
+
+/// The next changes ([`next_changes`]) as buttons, each with the headroom its own link shows.
+fn next_html(next: &[NextChange], unit: Unit) -> String {
+    if next.is_empty() {
+        return "<p class=\"hint\" data-testid=\"next-none\">No single change leaves 2 % of the card free: see the Plan panel for combined changes.</p>".into();
+    }
+    let mut s = String::from(
+        "<h3 id=\"next-h\">Next change: each leaves at least 2 % of the card free</h3><p class=\"hint\">Each is one change, re-estimated as the verdict above is (nvidia-smi against the usable capacity); its cost is the change in the cost model's estimated step time.</p><ul data-testid=\"next\" aria-labelledby=\"next-h\">",
+    );
+    for (i, n) in next.iter().enumerate() {
+        let time = if n.step_time_pct.abs() < 0.05 { "±0 %".to_string() } else { format!("{:+.1} %", n.step_time_pct) };
+        let text = format!(
+            "{}: fits, +{} headroom ({:.1} %), {time} est. step time{}",
+            n.label,
+            format_bytes(u128::from(n.headroom), unit),
+            n.headroom_pct,
+            if n.changes_training { " (changes what is trained)" } else { "" }
+        );
+        s.push_str(&format!(
+            "<li><button type=\"button\" class=\"answer\" data-testid=\"next-{i}\" data-next=\"{i}\" data-headroom=\"{}\">{}</button></li>",
+            n.headroom,
+            esc(&text)
+        ));
+    }
+    s.push_str("</ul>");
+    s
+}
 
 /// The one-click answers, recomputed when the configuration changes (not its unit).
 #[component]
@@ -226,6 +345,17 @@ pub fn Answers() -> impl IntoView {
     // Until the analysis worker answers for this configuration, the answers shown are those of
     // an earlier one (or none yet): said, and their buttons do nothing.
     let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| query.with(|q| f.query != *q))));
+    // The next changes, when the configuration fits with under 2 % to spare or a change just
+    // applied did not make it fit (computed here, only then).
+    let next = Memo::new(move |_| {
+        let due = store.estimate.with(|e| {
+            let Ok(e) = e else { return false };
+            let v = store.config.with(|c| words::verdict(e, c, ""));
+            let failed = !v.fits && store.applied.with(|a| a.as_ref().is_some_and(|a| query.with(|q| a.query == *q)));
+            v.tight || failed
+        });
+        due.then(|| store.config.with(|c| next_changes(&key_of(c), 3)))
+    });
     // While a reply is due the panel keeps what it shows (the same text: no new HTML to parse
     // and lay out); the reply, or a change that needs none (the unit), renders it again.
     let shown = StoredValue::new(String::new());
@@ -235,7 +365,15 @@ pub fn Answers() -> impl IntoView {
         }
         let s = store.config.with(|c| {
             found.with(|f| {
-                f.as_ref().map(|f| answers_html(f, c) + &fixes_html(&f.fixes, f.fixes_error.as_deref(), c.unit)).unwrap_or_default()
+                let Some(f) = f.as_ref() else { return String::new() };
+                let mut s = answers_html(f, c);
+                match next.with(|n| n.as_ref().map(|n| next_html(n, c.unit))) {
+                    // After a change that did not keep its promise, only changes checked as the
+                    // verdict is are offered.
+                    Some(n) => s.push_str(&n),
+                    None => s.push_str(&fixes_html(&f.fixes, f.fixes_error.as_deref(), c.unit)),
+                }
+                s
             })
         });
         dom::mark(ANSWERS_MARK);
@@ -247,19 +385,26 @@ pub fn Answers() -> impl IntoView {
             return;
         }
         let target = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok());
-        let fix = target.as_ref().and_then(|e| e.closest("[data-fix]").ok().flatten()).and_then(|e| e.get_attribute("data-fix"));
-        if let Some(i) = fix.and_then(|i| i.parse::<usize>().ok()) {
-            let pairs = found.with_untracked(|f| {
+        let attr =
+            |name: &str| target.as_ref().and_then(|e| e.closest(&format!("[{name}]")).ok().flatten()).and_then(|e| e.get_attribute(name));
+        if let Some(i) = attr("data-fix").and_then(|i| i.parse::<usize>().ok()) {
+            let fix = found.with_untracked(|f| {
                 let fix = f.as_ref().and_then(|f| f.fixes.get(i))?;
-                Some(fix.pairs.iter().filter_map(|(k, v)| Some((find_key(k)?.name, v.clone()))).collect::<Vec<_>>())
+                let pairs = fix.pairs.iter().filter_map(|(k, v)| Some((find_key(k)?.name, v.clone()))).collect::<Vec<_>>();
+                Some((fix.label.clone(), fix.headroom, pairs))
             });
-            if let Some(pairs) = pairs {
-                let _ = store.apply(&pairs);
+            if let Some((label, headroom, pairs)) = fix {
+                let _ = store.apply_promised(label, Some(headroom), &pairs);
             }
             return;
         }
-        let apply = target.and_then(|e| e.get_attribute("data-apply"));
-        if let Some((k, v)) = apply.as_deref().and_then(|a| a.split_once('=')) {
+        if let Some(i) = attr("data-next").and_then(|i| i.parse::<usize>().ok()) {
+            if let Some(n) = next.with_untracked(|n| n.as_ref().and_then(|n| n.get(i).cloned())) {
+                let _ = store.apply_promised(n.label, Some(n.headroom), &n.pairs);
+            }
+            return;
+        }
+        if let Some((k, v)) = attr("data-apply").as_deref().and_then(|a| a.split_once('=')) {
             if let Some(key) = find_key(k) {
                 let _ = store.apply(&[(key.name, v.to_string())]);
             }

@@ -15,65 +15,24 @@
 
 use super::super::blocks::shapes::tok;
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, X};
-use super::common::received;
-use super::common::{Kind, Params, Shared};
-use super::llama::{mlp, rms_norm, MlpW};
+use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, X};
+use super::common::{cache_position, cat_promote, causal_mask, rms_norm, rotary_polar, rotate_halves, tokens};
+use super::common::{Kind, Params, Rms, Shared};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::family::Family;
 use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
-/// `DeepseekV2Model.forward` before the layers: Llama's embedding, positions and mask, then
-/// `DeepseekV2RotaryEmbedding.forward`:
-/// ```python
-/// freqs = position_ids[..., None].float() * self.inv_freq
-/// freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
-/// freqs_cis = freqs_cis * self.attention_scaling
-/// ```
-/// `freqs_cis` is complex64 `[1, s, d_r / 2]` — the bytes of fp32 `[1, s, d_r]`, which is how
-/// the program carries it (in the `cos` slot; `sin` is empty).
-pub fn embed_v2(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "model.embed_tokens";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => super::llama::embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
-    };
-    b.module = "model";
-    let (pos, mask) = super::llama::positions_and_mask(b, attn);
-    let fc = rotary_v2(b, pos);
-    let shared = Shared {
-        cos: Some(fc),
-        sin: None,
-        pos: Some(pos),
-        mask,
-        mask_local: None,
-        emb_w: if spec.tied { emb_w } else { None },
-        locals: [Some(x0), None],
-        cos_local: None,
-        sin_local: None,
-    };
-    (x0, shared)
-}
-
-/// `DeepseekV2RotaryEmbedding.forward` on the positions: `freqs_cis` as fp32 `[s, d_r]`.
-pub fn rotary_v2(b: &mut Builder, pos: Tid) -> Tid {
-    b.module = "model.rotary_emb";
-    let halves = Shape::new(&[Dim::Q(Q::S), DR2], Split::None);
-    let complex = Shape::new(&[Dim::Q(Q::S), DR], Split::None);
-    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
-    let freqs = b.plain("mul", &[pf], halves, Dt::F32);
-    let ones = b.plain("ones_like", &[freqs], halves, Dt::F32);
-    let polar = b.plain("polar", &[ones, freqs], complex, Dt::F32);
-    let fc = b.plain("mul", &[polar], complex, Dt::F32);
-    // `freqs` is a local of the rotary module's forward.
-    b.hold(freqs);
-    b.p.tensors[fc as usize].part = Some(Part::Embedding);
-    fc
+/// What `DeepseekV2Model.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): Llama's positions and mask, then `DeepseekV2RotaryEmbedding.forward`
+/// ([`rotary_polar`]): `freqs_cis` complex64 `[1, s, d_r / 2]` — the bytes of fp32
+/// `[1, s, d_r]`, which is how the program carries it (in the `cos` slot; `sin` is empty).
+fn positions_v2(b: &mut Builder, attn: Attention) -> Shared {
+    let pos = cache_position(b);
+    let mask = causal_mask(b, pos, attn);
+    let fc = rotary_polar(b, pos, Shape::new(&[Dim::Q(Q::S), DR2], Split::None), Shape::new(&[Dim::Q(Q::S), DR], Split::None));
+    Shared { cos: Some(fc), pos: Some(pos), mask, ..Shared::default() }
 }
 
 /// `xq_ * freqs_cis` on complex views (MulBackward0 keeps `freqs_cis`; backward `conj()` is
@@ -150,14 +109,7 @@ fn masked_fill(b: &mut Builder, x: Tid, mask: Tid) -> Tid {
 /// The softmax keeps its result, the masked fill its mask, the top-k its indices; the group
 /// choice (max, group top-k) carries no gradient to the loss. `norm_topk_prob` is not read.
 pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    use super::sigmoid_moe::tokens;
-    b.module = "mlp.gate";
-    let xf = b.to_copy(x2, Dt::F32);
-    let e = || tokens(&[Dim::X(X::E)]);
-    let logits = match w {
-        Some(w) => b.linear(xf, w, None, e()),
-        None => b.plain("mm", &[xf], e(), Dt::F32),
-    };
+    let logits = super::sigmoid_moe::fp32_logits(b, w, x2);
     let lf = b.to_copy(logits, Dt::F32);
     let scores = b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data");
     let groups = spec.router_groups.max(1);
@@ -169,15 +121,7 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         let outs = [b.out(tokens(&[g]), Dt::F32, false), b.out(tokens(&[g]), Dt::I64, false)];
         let r = b.plain_n("max", &[scores], &outs);
         let (gmax, gargmax) = (r[0], r[1]);
-        let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
-        let outs = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
-        let r = b.plain_n("topk", &[gmax], &outs);
-        let gidx = r[1];
-        let gmask = b.plain("zeros_like", &[gmax], tokens(&[g]), Dt::F32);
-        b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
-        let smask = if super::sigmoid_moe::mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
-        let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
-        let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+        let [gidx, gmask, smask, inv] = super::sigmoid_moe::group_mask(b, spec, gmax);
         let filled = masked_fill(b, scores, inv);
         locals.extend([filled, gmax, gidx, gmask, smask]);
         // MaxBackward0 keeps the arg-max until `group_scores` goes at the return.
@@ -236,56 +180,6 @@ fn split2(b: &mut Builder, x: Tid, s1: Shape, s2: Shape) -> (Tid, Tid) {
     let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
     let r = b.op("split_with_sizes", "SplitWithSizesBackward0", &[x], &[o1, o2], &[], bw);
     (r[0], r[1])
-}
-
-/// `torch.cat((a, b), -1)` with type promotion: under autocast RoPE's product with the fp32
-/// cos/sin is fp32 while the pass-through part is bf16, and `cat` first copies the narrower
-/// operand to the wider dtype (`_to_copy`; ToCopyBackward0 casts its gradient back).
-pub fn cat_promote(b: &mut Builder, x: Tid, y: Tid, shape: Shape) -> Tid {
-    let (dx, dy) = (b.t(x).dtype, b.t(y).dtype);
-    let (x, y) = if dx.bytes() < dy.bytes() {
-        let dt = b.t(y).dt;
-        (b.to_copy(x, dt), y)
-    } else if dy.bytes() < dx.bytes() {
-        let dt = b.t(x).dt;
-        (x, b.to_copy(y, dt))
-    } else {
-        (x, y)
-    };
-    let dt = b.t(x).dt;
-    let rg = b.rg(x) || b.rg(y);
-    let out = b.out(shape, dt, rg);
-    let bw: &[B] = &[B::Pass { input: 0, output: 0 }, B::Pass { input: 1, output: 0 }];
-    b.op("cat", "CatBackward0", &[x, y], &[out], &[], if rg { bw } else { &[] })[0]
-}
-
-/// `a - b` (SubBackward0): `a`'s gradient passes, `b`'s is `neg(grad)`.
-fn sub(b: &mut Builder, x: Tid, y: Tid) -> Tid {
-    let (shape, dt, rx, ry) = (b.shape(x), b.t(x).dt, b.rg(x), b.rg(y));
-    let (bytes, dtype) = (b.bytes(y), b.t(y).dtype);
-    let out = b.out(shape, dt, rx || ry);
-    let mut bw: Vec<B> = Vec::with_capacity(3);
-    if rx {
-        bw.push(B::Pass { input: 0, output: 0 });
-    }
-    if ry {
-        bw.push(B::Alloc { bytes, dtype, op: "neg" });
-        bw.push(B::Grad { input: 1, temp: 0 });
-    }
-    b.op("sub", "SubBackward0", &[x, y], &[out], &[], &bw)[0]
-}
-
-/// `apply_rotary_pos_emb_interleave` on one of q, k (`x` `[b, heads, s, d_r]`), given the
-/// slices `x1 = x[..., 0::2]`, `x2 = x[..., 1::2]` and the first halves of cos and sin:
-/// `cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)`.
-fn rope_pairs(b: &mut Builder, x1: Tid, x2: Tid, cos: Tid, sin: Tid, full: Shape) -> Tid {
-    let m1 = b.mul(x1, cos);
-    let m2 = b.mul(x2, sin);
-    let lo = sub(b, m1, m2);
-    let m3 = b.mul(x2, cos);
-    let m4 = b.mul(x1, sin);
-    let hi = b.add(m3, m4);
-    b.cat2(lo, hi, full)
 }
 
 /// `x[..., 0::2]` or `x[..., 1::2]`: a strided view; SliceBackward0 allocates the full input.
@@ -396,7 +290,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
             // The query latent, its norm and q_b_proj's input: the MLA row of the ledger.
             b.module = "self_attn.q_a_layernorm";
             b.part = Part::Mla;
-            let qn = rms_norm(b, qa, w.q_a_norm);
+            let qn = rms_norm(b, qa, w.q_a_norm, Rms::Llama);
             b.module = "self_attn.q_b_proj";
             match w.q_b {
                 Some(wb) => b.proj(qn, wb, None, qshape, Linear::Q),
@@ -429,7 +323,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     b.part = Part::Mla;
     let (kv_nope, k_rot) = split2(b, ckv, lat(X::MlaRkv), Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), DR], Split::None));
     b.module = "self_attn.kv_a_layernorm";
-    let kvn = rms_norm(b, kv_nope, w.kv_a_norm);
+    let kvn = rms_norm(b, kv_nope, w.kv_a_norm, Rms::Llama);
     b.module = "self_attn";
     b.part = Part::AttentionCore;
     let (q_rot, k_rot) = match (sh.cos, sh.sin) {
@@ -443,8 +337,8 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
             let q2 = half(b, q_rot);
             let k1 = half(b, k_rot);
             let k2 = half(b, k_rot);
-            let qe = rope_pairs(b, q1, q2, ch, shh, bhsw(A, DR));
-            let ke = rope_pairs(b, k1, k2, ch, shh, b1sw(DR));
+            let qe = rotate_halves(b, q1, q2, ch, shh, bhsw(A, DR));
+            let ke = rotate_halves(b, k1, k2, ch, shh, b1sw(DR));
             (qe, ke)
         }
         _ => (q_rot, k_rot),
@@ -589,46 +483,22 @@ fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
     b.copy(ot, bshw(A, DV))
 }
 
-/// `DeepseekV3DecoderLayer.forward` (Llama's): `h = x + attn(norm1(x))`, `y = h + mlp(norm2(h))`;
-/// the MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after.
+/// `DeepseekV3DecoderLayer.forward` (Llama's, [`super::sigmoid_moe::layer`]) around MLA; the
+/// MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after
+/// (DeepSeek-V2: `DeepseekV2Moe`, with [`router_v2`]).
 #[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
-pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    b.group = Group::All;
-    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+pub fn layer(
+    b: &mut Builder,
+    p: &Params,
+    spec: &ModelSpec,
+    x: Tid,
+    sh: &Shared,
+    kind: Kind,
+    attn: Attention,
+    router: super::sigmoid_moe::RouterFn,
+) -> Tid {
     let aw = MlaW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe => Err(super::sigmoid_moe::SigmoidMoeW::new(b, p)),
-        Kind::Dense => Ok(MlpW::new(b, p)),
-    };
-    let n1w = p.w(b, "layers.*.norm.weight");
-    let n2w = p.w(b, "layers.*.norm.weight");
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = rms_norm(b, x, n1w);
-    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
-    b.hold(n1);
-    b.module = "";
-    b.part = Part::Norms;
-    let h = b.add(x, a);
-    b.module = "post_attention_layernorm";
-    let n2 = rms_norm(b, h, n2w);
-    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
-    let m = match ffn {
-        Ok(mw) => mlp(b, &mw, n2),
-        // `norm_topk_prob`: DeepSeek-V3's configuration (and its checkpoints) set it.
-        Err(w) if spec.family == Family::DeepseekV2 => super::sigmoid_moe::block_with(b, spec, &w, n2, router_v2),
-        Err(w) => super::sigmoid_moe::block(b, spec, &w, n2, true),
-    };
-    b.group = Group::All;
-    b.hold(n2);
-    b.module = "";
-    b.part = Part::Norms;
-    let y = b.add(h, m);
-    b.hold(h);
-    if let Some(w) = weights {
-        b.hold(w);
-    }
-    y
+    super::sigmoid_moe::layer(b, p, spec, x, kind, |b, n| attention(b, &aw, spec, n, sh, attn), router)
 }
 
 /// DeepSeek-V2 (`modeling_deepseek_v2.py`): MLA with complex rotary embedding (`freqs_cis`,
@@ -636,17 +506,11 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// greedy).
 pub struct DeepseekV2;
 impl Modeling for DeepseekV2 {
-    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed_v2(b, p, spec, ids, attn)
-    }
-    fn receive(&self, b: &mut Builder, _p: &Params, _spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
-        let x0 = received(b);
-        let (pos, mask) = super::llama::positions_and_mask(b, attn);
-        let fc = rotary_v2(b, pos);
-        (x0, Shared { cos: Some(fc), pos: Some(pos), mask, ..Shared::default() })
+    fn positions(&self, b: &mut Builder, _spec: &ModelSpec, attn: Attention) -> Shared {
+        positions_v2(b, attn)
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        layer(b, p, spec, x, sh, kind, attn)
+        layer(b, p, spec, x, sh, kind, attn, router_v2)
     }
     /// `freqs_cis` `[s, d_r / 2]` complex64: the bytes of fp32 `[s, d_r]`, no sin.
     fn rope_tables(&self, _spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
@@ -655,11 +519,12 @@ impl Modeling for DeepseekV2 {
 }
 
 /// DeepSeek-V3 (`modeling_deepseek_v3.py`, also Kimi K2): MLA with Llama's rotary tables and the
-/// sigmoid router with its correction bias, group-limited.
+/// sigmoid router with its correction bias, group-limited, renormalised (`norm_topk_prob`: its
+/// configuration and checkpoints set it).
 pub struct DeepseekV3;
 impl Modeling for DeepseekV3 {
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        layer(b, p, spec, x, sh, kind, attn)
+        layer(b, p, spec, x, sh, kind, attn, super::sigmoid_moe::router_normalized)
     }
 }
 

@@ -15,22 +15,21 @@
 use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, B, S};
-use super::common::{has_rope, Params, Shared};
-use super::common::{mask_shape, Kind};
+use super::common::{
+    cache_position, causal_mask, final_norm, fused_attn_w, fused_qkv, has_rope, mask_shape, packed_detection, plain_mlp_w, plain_mlp_with,
+    rope_pair, sdpa_mask,
+};
+use super::common::{dropout, set_part, tied, token_embedding, Kind, Norm, NormW, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
 use super::{llama, starcoder2};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, ModelSpec};
+use crate::estimator::model::{Linear, ModelSpec};
 use crate::estimator::step::part::Part;
 
 /// `config.new_decoder_architecture`, as the spec shows it (see the module doc).
 pub fn new_arch(spec: &ModelSpec) -> bool {
     spec.parallel && (spec.layer_norms == 2 || spec.kv_heads != 1)
-}
-
-fn lin_shape(w: Dim) -> Shape {
-    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), w], Split::Tp)
 }
 
 /// `FalconLinear.forward`: `hidden_states = input @ self.weight.T` (an `mm` on the flattened
@@ -167,16 +166,9 @@ fn div_scalar_(b: &mut Builder, x: Tid) -> Tid {
 /// `enable_gqa`, so k and v keep the heads the split gave them) or the eager branch, `dense`.
 /// Returns the output and the eager probabilities.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
-    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
-    let wo = p.w(b, "layers.*.attn.o_proj.weight");
-    let bo = p.w(b, "layers.*.attn.o_proj.bias");
+    let [wqkv, wo] = fused_attn_w(b, p);
     let eager = attn == Attention::Eager;
-    b.part = Part::AttentionInputs;
-    b.module = "self_attention.query_key_value";
-    let fused = falcon_linear(b, x, wqkv, bqkv, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp), Linear::Qkv);
-    b.module = "self_attention";
-    b.part = Part::AttentionCore;
+    let fused = fused_qkv(b, x, wqkv, ["self_attention.query_key_value", "self_attention"], falcon_linear);
     let (q, k, v) = split_heads(b, spec, fused);
     let (qe, ke) = match (sh.cos, sh.sin) {
         (Some(cos), Some(sin)) if has_rope(spec) => {
@@ -204,7 +196,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     llama::selective_end(b, region);
     b.part = Part::AttentionInputs;
     b.module = "self_attention.dense";
-    let out = falcon_linear(b, o, wo, bo, tok(Q::H), Linear::O);
+    let out = falcon_linear(b, o, wo.0, wo.1, tok(Q::H), Linear::O);
     for t in [fused, qe, ke, v] {
         b.hold(t);
     }
@@ -212,21 +204,10 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 }
 
 /// `FalconMLP.forward`: `dense_4h_to_h(act(dense_h_to_4h(x)))` (`get_activation("gelu")`:
-/// `F.gelu`, keeping its input).
+/// `F.gelu`, keeping its input), on [`falcon_linear`]s.
 fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
-    let w1 = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
-    let w2 = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
-    b.part = Part::Mlp;
-    b.module = "mlp.dense_h_to_4h";
-    let h = falcon_linear(b, x, w1.0, w1.1, lin_shape(Dim::Q(Q::F)), Linear::Up);
-    b.module = "mlp.act";
-    let a = match spec.act {
-        Activation::GeluNew => super::gpt2::gelu_new(b, h),
-        Activation::Relu => b.unary("relu", "ReluBackward0", h, Keep::Output, "threshold_backward"),
-        _ => b.unary("gelu", "GeluBackward0", h, Keep::Input, "gelu_backward"),
-    };
-    b.module = "mlp.dense_4h_to_h";
-    falcon_linear(b, a, w2.0, w2.1, tok(Q::H), Linear::Down)
+    let w = plain_mlp_w(b, p);
+    plain_mlp_with(b, w, x, spec.act, ["mlp.dense_h_to_4h", "mlp.act", "mlp.dense_4h_to_h"], falcon_linear)
 }
 
 /// `a += b` in place (AddBackward0: the gradient passes to both; no allocation).
@@ -258,130 +239,65 @@ fn add_(b: &mut Builder, a: Tid, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     let two = spec.layer_norms >= 2;
-    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    let ln2 = if two { (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias")) } else { (None, None) };
-    b.part = Part::Norms;
+    let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let ln2 = if two { Norm::LayerNorm.weights(b, p, LAYER_NORM) } else { (None, None) };
+    let ln = |b: &mut Builder, module: &'static str, x: Tid, w: NormW| Norm::LayerNorm.call(b, module, x, w);
     if spec.parallel {
-        b.module = if two { "ln_attn" } else { "input_layernorm" };
-        let n1 = b.layer_norm(x, ln1.0, ln1.1);
-        let n2 = if two {
-            b.module = "ln_mlp";
-            b.layer_norm(x, ln2.0, ln2.1)
-        } else {
-            n1
-        };
+        let n1 = ln(b, if two { "ln_attn" } else { "input_layernorm" }, x, ln1);
+        let n2 = if two { ln(b, "ln_mlp", x, ln2) } else { n1 };
         let (a, weights) = attention(b, p, spec, n1, sh, attn);
         let m = mlp(b, p, spec, n2);
         b.module = "";
-        b.part = Part::Norms;
         let m = add_(b, m, a);
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.part = Part::Norms;
+        let m = dropout(b, "", m);
         let y = b.add(x, m);
-        for t in [n1, n2, a, m] {
+        for t in [n1, n2, a, m].into_iter().chain(weights) {
             b.hold(t);
-        }
-        if let Some(w) = weights {
-            b.hold(w);
         }
         y
     } else {
-        b.module = "input_layernorm";
-        let n1 = b.layer_norm(x, ln1.0, ln1.1);
+        let n1 = ln(b, "input_layernorm", x, ln1);
         let (a, weights) = attention(b, p, spec, n1, sh, attn);
-        b.module = "";
-        b.part = Part::Dropout;
-        let a = b.dropout(a);
-        b.part = Part::Norms;
+        let a = dropout(b, "", a);
         let h = b.add(x, a);
-        b.module = "post_attention_layernorm";
-        let n2 = b.layer_norm(h, ln2.0, ln2.1);
+        let n2 = ln(b, "post_attention_layernorm", h, ln2);
         let m = mlp(b, p, spec, n2);
-        b.module = "";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.part = Part::Norms;
+        let m = dropout(b, "", m);
         let y = b.add(h, m);
-        for t in [n1, n2, a, h, m] {
+        for t in [n1, n2, a, h, m].into_iter().chain(weights) {
             b.hold(t);
-        }
-        if let Some(w) = weights {
-            b.hold(w);
         }
         y
     }
-}
-
-/// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
-/// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
-/// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive
-/// (`where`) for eager — and the rotary embedding.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "transformer.word_embeddings";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => llama::embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
-    };
-    b.module = "transformer";
-    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1(), Dt::I64);
-    let pos = b.plain("add", &[ar], s1(), Dt::I64);
-    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-    let mask = if attn == Attention::Eager {
-        llama::mask_only(b, pos, attn).1
-    } else {
-        llama::packed_detection(b, pos);
-        let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
-        let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
-        let kv0 = b.plain("arange", &[], s1(), Dt::I64);
-        let kv = b.plain("add", &[kv0], s1(), Dt::I64);
-        let q0 = b.plain("arange", &[], s1(), Dt::I64);
-        let qi = b.plain("add", &[q0], s1(), Dt::I64);
-        let le = b.plain("le", &[kv, qi], Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool);
-        b.hold(ba);
-        b.hold(ha);
-        b.hold(kv);
-        b.hold(qi);
-        b.p.tensors[le as usize].part = Some(Part::Checkpoints);
-        Some(le)
-    };
-    let (cos, sin) = if has_rope(spec) {
-        let (c, s) = llama::rotary(b, spec, pos);
-        (Some(c), Some(s))
-    } else {
-        (None, None)
-    };
-    (
-        x0,
-        Shared {
-            cos,
-            sin,
-            pos: Some(pos),
-            mask,
-            mask_local: None,
-            emb_w: if spec.tied { emb_w } else { None },
-            locals: [Some(x0), None],
-            cos_local: None,
-            sin_local: None,
-        },
-    )
 }
 
 /// Falcon (`modeling_falcon.py`): fused `query_key_value`, parallel attention and MLP under
 /// one or two LayerNorms, and a bool mask SDPA always receives (`allow_is_causal_skip=False`).
 pub struct Falcon;
 impl Modeling for Falcon {
+    /// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
+    /// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
+    /// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive
+    /// (`where`) for eager — and the rotary embedding.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, ids, attn)
+        let (x0, emb_w) = token_embedding(b, p, ids, "transformer.word_embeddings");
+        b.module = "transformer";
+        let pos = cache_position(b);
+        let mask = if attn == Attention::Eager {
+            causal_mask(b, pos, attn)
+        } else {
+            packed_detection(b, pos);
+            let le = sdpa_mask(b, false);
+            Some(set_part(b, le, Part::Checkpoints))
+        };
+        let (cos, sin) = rope_pair(b, spec, pos, true);
+        (x0, Shared { cos, sin, pos: Some(pos), mask, emb_w: tied(spec, emb_w), locals: [Some(x0), None], ..Shared::default() })
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        starcoder2::final_layer_norm(b, p, "transformer.ln_f", x)
+        final_norm(b, p, "transformer.ln_f", Norm::LayerNorm, x)
     }
     fn mask_shapes(&self, _b: &Builder, _spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
         [Some(mask_shape(attn)), None]

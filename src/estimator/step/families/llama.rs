@@ -2,45 +2,27 @@
 //! Mixtral …, which transformers generates from it with `# Copied from` / modular code):
 //! pre-norm decoder layers of RMSNorm → attention with RoPE → residual → RMSNorm → gated MLP
 //! (or a sparse MoE block) → residual.
+//!
+//! What other families reuse of it lives here, with parameters where they differ: the
+//! attention ([`attention_with`]: where the q/k norms sit), RoPE ([`rope`], [`rope_qk`]) and the
+//! partial RoPEs ([`rope_partial`]), the attention core ([`attend`], [`attend_out`], [`Core`]),
+//! and the decoder layer ([`decoder_layer`], [`decoder_layer_with`] and [`Residual`]: Llama 4's
+//! named attention output, Phi-3's residual dropouts, an MoE block's `_`), with its
+//! feed-forward block ([`Ffn`]).
 
-use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
+use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
-use super::common::{cos_shape, has_rope, rotary_dims, Kind, Params, Shared};
+use super::common::{
+    cache_position, cat_promote, causal_mask, dropout, gated_mlp, has_rope, head_proj, nope_view, out_proj, rms_norm, rope_pair,
+    rotary_dims,
+};
+use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LAYER_NORM, LLAMA_MLP};
+use super::moe::{MoeW, Topk};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::model::{Linear, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
-
-/// `LlamaRMSNorm.forward`:
-/// ```python
-/// input_dtype = hidden_states.dtype
-/// hidden_states = hidden_states.to(torch.float32)
-/// variance = hidden_states.pow(2).mean(-1, keepdim=True)
-/// hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-/// return self.weight * hidden_states.to(input_dtype)
-/// ```
-/// Keeps the fp32 input (pow, mul), the rsqrt, and the normalized input in the input dtype
-/// (the weight's gradient). `variance` and the fp32 product live until the return.
-pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
-    let in_dt = b.t(x).dt;
-    let x32 = b.to_copy(x, Dt::F32);
-    let sq = b.pow(x32);
-    let var = b.mean_last(sq);
-    let ve = b.add_scalar(var);
-    let r = b.rsqrt(ve);
-    let n32 = b.mul(x32, r);
-    let n = b.to_copy(n32, in_dt);
-    let y = match w {
-        Some(w) => b.mul(w, n),
-        None => n,
-    };
-    b.hold(var);
-    b.hold(n32);
-    // The caller's argument lives until the module returns.
-    b.hold(x);
-    y
-}
 
 /// `apply_rotary_pos_emb(q, k, cos, sin)` on one of them:
 /// `x_embed = (x * cos) + (rotate_half(x) * sin)`, `rotate_half(x) = cat((-x2, x1), -1)`.
@@ -63,155 +45,231 @@ pub fn rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, kv: Q) -> Tid {
     b.add(m1, m2)
 }
 
-/// Phi-3's `apply_rotary_pos_emb`: `q_rot, q_pass = q[..., :d_rot], q[..., d_rot:]` (and the
-/// same for k, both before any math), then `cat([rope(x_rot), x_pass], -1)` for q, then k — a
-/// full copy even when every dim rotates (then `x_rot` is an alias and `x_pass` empty).
-pub fn rope_cat(b: &mut Builder, q: Tid, k: Tid, cos: Tid, sin: Tid, rot: Dim) -> (Tid, Tid) {
-    let partial = !matches!(rot, Dim::Q(Q::D));
+/// How a family writes its partial rotary embedding (see [`rope_partial`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PartialRope {
+    /// q is rotated and joined before k is (Phi-3's `apply_rotary_pos_emb`); else both are
+    /// rotated, then both joined (Phi's, GPT-NeoX's, GLM-4.5's).
+    pub q_first: bool,
+    /// A slice over every dim stays a slice (GLM-4.5's); else it is an alias.
+    pub slice_full: bool,
+    /// `torch.cat` promotes the pass-through part to the rotated part's dtype (GLM-4.5's: under
+    /// autocast, RoPE's product with the tables is wider than the projection).
+    pub promote: bool,
+    /// The rotated and passed parts stay bound until the attention returns (Phi's
+    /// `query_rot`, `query_pass`); GPT-NeoX's `apply_rotary_pos_emb` rebinds them at once.
+    pub named: bool,
+}
+
+/// A partial rotary embedding (Phi's attention, GPT-NeoX's, Phi-3's and GLM-4.5's
+/// `apply_rotary_pos_emb`):
+/// ```python
+/// q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+/// k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+/// q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)      # [`rope`]; k_embed alike
+/// q_embed = torch.cat([q_embed, q_pass], dim=-1)            # k_embed alike
+/// ```
+/// All four slices first, then the rotations and the concatenations in the order `how` says —
+/// a full copy even when every dim rotates (`x_pass` is then empty). Returns the new q and k.
+pub fn rope_partial(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid, how: PartialRope) -> (Tid, Tid) {
+    let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
+    let alias = !how.slice_full && rot == Dim::Q(Q::D);
     let split = |b: &mut Builder, x: Tid| {
         let full = b.shape(x);
-        if partial {
-            (b.slice(x, full.last(rot)), b.slice(x, full.last(Dim::N(0))))
+        let r = if alias { b.alias(x) } else { b.slice(x, full.last(rot)) };
+        (r, b.slice(x, full.last(Dim::N(0))))
+    };
+    let cat = |b: &mut Builder, r: Tid, pass: Tid, x: Tid| {
+        let shape = b.shape(x);
+        if how.promote {
+            cat_promote(b, r, pass, shape)
         } else {
-            (b.alias(x), b.slice(x, full.last(Dim::N(0))))
+            b.cat2(r, pass, shape)
         }
     };
     let (qr, qp) = split(b, q);
     let (kr, kp) = split(b, k);
-    let r = rope(b, qr, cos, sin, Q::A);
-    let qs = b.shape(q);
-    let qe = b.cat2(r, qp, qs);
-    let r = rope(b, kr, cos, sin, Q::KV);
-    let ks = b.shape(k);
-    let ke = b.cat2(r, kp, ks);
+    if how.q_first {
+        let r = rope(b, qr, cos, sin, Q::A);
+        let qe = cat(b, r, qp, q);
+        let r = rope(b, kr, cos, sin, Q::KV);
+        return (qe, cat(b, r, kp, k));
+    }
+    let qr = rope(b, qr, cos, sin, Q::A);
+    let kr = rope(b, kr, cos, sin, Q::KV);
+    let qe = cat(b, qr, qp, q);
+    let ke = cat(b, kr, kp, k);
+    if how.named {
+        for t in [qr, kr, qp, kp] {
+            b.hold(t);
+        }
+    }
     (qe, ke)
 }
 
-/// The attention's parameters, in registration order (`q_proj`, `k_proj`, `v_proj`, `o_proj`).
-#[derive(Clone, Copy)]
-pub struct AttnW {
-    pub wq: Option<Tid>,
-    pub bq: Option<Tid>,
-    pub wk: Option<Tid>,
-    pub bk: Option<Tid>,
-    pub wv: Option<Tid>,
-    pub bv: Option<Tid>,
-    pub wo: Option<Tid>,
-    pub bo: Option<Tid>,
-    /// Per-head q/k norm weights (Qwen3, Gemma-3: `q_norm`, `k_norm`, registered after `o_proj`).
-    pub qn: Option<Tid>,
-    pub kn: Option<Tid>,
-}
-
-impl AttnW {
-    pub fn new(b: &mut Builder, p: &Params) -> AttnW {
-        let wq = p.w(b, "layers.*.attn.q_proj.weight");
-        let bq = p.w(b, "layers.*.attn.q_proj.bias");
-        let wk = p.w(b, "layers.*.attn.k_proj.weight");
-        let bk = p.w(b, "layers.*.attn.k_proj.bias");
-        let wv = p.w(b, "layers.*.attn.v_proj.weight");
-        let bv = p.w(b, "layers.*.attn.v_proj.bias");
-        let wo = p.w(b, "layers.*.attn.o_proj.weight");
-        let bo = p.w(b, "layers.*.attn.o_proj.bias");
-        let qn = p.w(b, "layers.*.attn.q_norm.weight");
-        let kn = p.w(b, "layers.*.attn.k_norm.weight");
-        AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn }
-    }
-}
-
-/// The gated MLP's parameters (`gate_proj`, `up_proj`, `down_proj`).
-#[derive(Clone, Copy)]
-pub struct MlpW {
-    pub wg: Option<Tid>,
-    pub wu: Option<Tid>,
-    pub wd: Option<Tid>,
-}
-
-impl MlpW {
-    pub fn new(b: &mut Builder, p: &Params) -> MlpW {
-        let wg = p.w(b, "layers.*.mlp.gate_proj.weight");
-        let wu = p.w(b, "layers.*.mlp.up_proj.weight");
-        let wd = p.w(b, "layers.*.mlp.down_proj.weight");
-        MlpW { wg, wu, wd }
-    }
-}
-
 /// The attention block (`LlamaAttention.forward` with the `sdpa` or `eager` interface): the
-/// q, k, v projections and their head views, RoPE, the attention core, `o_proj`. Returns the
-/// output and `attn_weights` (eager: the probabilities, which the caller's `_` holds until the
-/// decoder layer returns).
+/// q, k, v projections and their head views (Qwen3's per-head q/k norms on the `[b, s, heads,
+/// d]` views), RoPE, the attention core, `o_proj`. Returns the output and `attn_weights` (eager:
+/// the probabilities, which the caller's `_` holds until the decoder layer returns).
 pub fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let name = |s: &'static str| s;
-    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn } = *w;
+    attention_with(b, w, spec, x, sh, attn, HeadNorm::Bshd(Rms::Llama))
+}
+
+/// Where an attention normalizes q and k per head (`q_norm`, `k_norm` over `head_dim`, when the
+/// spec has per-head q/k norms), and with which RMSNorm.
+#[derive(Clone, Copy, Debug)]
+pub enum HeadNorm {
+    /// On each projection's `[b, s, heads, d]` view, before its transpose (Qwen3:
+    /// `self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)`).
+    Bshd(Rms),
+    /// On the transposed `[b, heads, s, d]` q and k, after all three projections (Gemma-3:
+    /// `query_states = self.q_norm(query_states)`); RoPE then runs in `k_norm`'s module.
+    Bhsd(Rms),
+}
+
+/// [`attention`] with the q/k norms `head_norm` (Gemma's `Gemma2Attention.forward` and
+/// `Gemma3Attention.forward` are Llama's with Gemma-3's norms on the transposed views).
+pub fn attention_with(
+    b: &mut Builder,
+    w: &AttnW,
+    spec: &ModelSpec,
+    x: Tid,
+    sh: &Shared,
+    attn: Attention,
+    head_norm: HeadNorm,
+) -> (Tid, Option<Tid>) {
     let eager = attn == Attention::Eager;
-    let head_norm = spec.qk_norm == crate::estimator::model::QkNorm::Head;
+    let per_head = spec.qk_norm == QkNorm::Head;
+    let (on_views, on_heads) = match head_norm {
+        HeadNorm::Bshd(form) => (per_head.then_some(form), None),
+        HeadNorm::Bhsd(form) => (None, per_head.then_some(form)),
+    };
     let proj = |b: &mut Builder,
-                w: Option<Tid>,
-                bias: Option<Tid>,
+                (w, bias): (Option<Tid>, Option<Tid>),
                 h: Q,
                 module: &'static str,
                 norm: Option<(Option<Tid>, &'static str)>,
                 clone_bw: bool,
-                lin: Linear|
-     -> Tid {
-        b.module = module;
-        b.part = Part::AttentionInputs;
-        let y = match w {
-            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
-            None => x,
-        };
+                lin: Linear| {
+        let y = head_proj(b, x, w, bias, h, module, lin);
         b.module = "self_attn";
         let mut v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
-        if let Some((nw, module)) = norm {
-            // q_norm / k_norm over head_dim on the [b, s, heads, d] view (Qwen3).
+        if let (Some(form), Some((nw, module))) = (on_views, norm) {
             b.module = module;
             b.part = Part::AttentionCore;
-            v = rms_norm(b, v, nw);
+            v = rms_norm(b, v, nw, form);
             b.module = "self_attn";
         }
         b.view(v, heads(h), "TransposeBackward0", false)
     };
     // The gradients of q and k come back through RoPE in a layout `reshape` must copy; v's
-    // (from SDPA, laid out like v) views, except after eager attention's bmm.
-    let qnorm = head_norm.then_some((qn, "self_attn.q_norm"));
-    let knorm = head_norm.then_some((kn, "self_attn.k_norm"));
-    // A NoPE layer (no cos/sin in its view) hands q and k to the core as it hands v.
-    let qk_clone = !super::common::nope_view(spec, sh) || eager;
-    let q = proj(b, wq, bq, Q::A, name("self_attn.q_proj"), qnorm, qk_clone, Linear::Q);
-    let k = proj(b, wk, bk, Q::KV, name("self_attn.k_proj"), knorm, qk_clone, Linear::K);
+    // (from SDPA, laid out like v) views, except after eager attention's bmm. A NoPE layer (no
+    // cos/sin in its view) hands q and k to the core as it hands v.
+    let qk_clone = !nope_view(spec, sh) || eager;
+    let q = proj(b, (w.wq, w.bq), Q::A, "self_attn.q_proj", Some((w.qn, "self_attn.q_norm")), qk_clone, Linear::Q);
+    let k = proj(b, (w.wk, w.bk), Q::KV, "self_attn.k_proj", Some((w.kn, "self_attn.k_norm")), qk_clone, Linear::K);
     // A mask under SDPA (a sliding window shorter than the keys, `mistral.rs`) repeats k and v:
     // v's gradient then comes back from a `sum`, laid out like eager's.
     let masked_sdpa = !eager && sh.mask.is_some();
-    let v = proj(b, wv, bv, Q::KV, name("self_attn.v_proj"), None, eager || masked_sdpa, Linear::V);
+    let v = proj(b, (w.wv, w.bv), Q::KV, "self_attn.v_proj", None, eager || masked_sdpa, Linear::V);
     b.part = Part::AttentionCore;
-    let (q, k) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) if has_rope(spec) && rotary_dims(spec) == spec.head_dim => {
-            let qe = rope(b, q, cos, sin, Q::A);
-            let ke = rope(b, k, cos, sin, Q::KV);
-            b.hold(q);
-            b.hold(k);
-            (qe, ke)
+    let (q, k) = match on_heads {
+        Some(form) => {
+            b.module = "self_attn.q_norm";
+            let qn = rms_norm(b, q, w.qn, form);
+            b.module = "self_attn.k_norm";
+            (qn, rms_norm(b, k, w.kn, form))
         }
-        _ => (q, k),
+        None => (q, k),
     };
-    b.module = "self_attn";
-    let (region, q, k, v) = selective_begin(b, q, k, v);
-    let (o, weights) = match sh.mask {
-        _ if eager => eager_core(b, spec, q, k, v, sh.mask),
-        Some(m) => (sdpa_masked(b, q, k, v, m), None),
-        None => (sdpa_core(b, q, k, v), None),
-    };
-    selective_end(b, region);
-    b.part = Part::AttentionInputs;
-    b.module = "self_attn.o_proj";
-    let out = match wo {
-        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
-        None => o,
-    };
+    let (q, k) = rope_qk(b, q, k, full_rope(spec, sh));
+    attend_out(b, spec, [q, k, v], sh, attn, Core::LLAMA, (w.wo, w.bo))
+}
+
+/// The layer's cos and sin where it rotates every dim of its heads (Llama's RoPE: none on a
+/// NoPE layer).
+pub fn full_rope(spec: &ModelSpec, sh: &Shared) -> Option<(Tid, Tid)> {
+    sh.cos.zip(sh.sin).filter(|_| has_rope(spec) && rotary_dims(spec) == spec.head_dim)
+}
+
+/// `q, k = apply_rotary_pos_emb(q, k, cos, sin)` with the layer's tables: the rotated q and k;
+/// the names bound to the projections' views are rebound after both.
+pub fn rope_qk(b: &mut Builder, q: Tid, k: Tid, tables: Option<(Tid, Tid)>) -> (Tid, Tid) {
+    let Some((cos, sin)) = tables else { return (q, k) };
+    let qe = rope(b, q, cos, sin, Q::A);
+    let ke = rope(b, k, cos, sin, Q::KV);
     b.hold(q);
     b.hold(k);
-    b.hold(v);
+    (qe, ke)
+}
+
+/// `attention_interface(self, q, k, v, attention_mask, …)`: `eager_attention_forward`
+/// ([`eager_core_as`]), or SDPA with the layer's mask ([`sdpa_masked`]: k and v repeated) or
+/// causal ([`sdpa_core_copy`]) — as `how` says, and where it says so inside a
+/// selective-recomputation region ([`selective_begin`]). Returns the output, `attn_weights`
+/// and the q, k, v the core received (the forward's locals, held by the caller until it
+/// returns).
+pub fn attend(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    qkv: [Tid; 3],
+    mask: Option<Tid>,
+    attn: Attention,
+    how: Core,
+) -> (Tid, Option<Tid>, [Tid; 3]) {
+    let [q, k, v] = qkv;
+    let (region, q, k, v) = if how.selective { selective_begin(b, q, k, v) } else { (None, q, k, v) };
+    let (o, weights) = match mask {
+        _ if attn == Attention::Eager => eager_core_as(b, spec, [q, k, v], mask, how),
+        Some(m) => (sdpa_masked(b, q, k, v, m), None),
+        None => (sdpa_core_copy(b, q, k, v, how.contiguous), None),
+    };
+    selective_end(b, region);
+    (o, weights, [q, k, v])
+}
+
+/// The attention's end from q, k, v, in `self_attn`: the core ([`attend`], as `how` says) and
+/// `o_proj` (`wo`: weight, bias); the q, k, v the core received are the forward's locals.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_out(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    qkv: [Tid; 3],
+    sh: &Shared,
+    attn: Attention,
+    how: Core,
+    wo: (Option<Tid>, Option<Tid>),
+) -> (Tid, Option<Tid>) {
+    b.module = "self_attn";
+    let (o, weights, kept) = attend(b, spec, qkv, sh.mask, attn, how);
+    let out = out_proj(b, o, wo.0, wo.1, "self_attn.o_proj");
+    for t in kept {
+        b.hold(t);
+    }
     (out, weights)
+}
+
+/// How the attention core receives q and k and runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Core {
+    /// q and k are contiguous `[b, heads, s, d]` (a `cat`): matmul's reshapes view them, and
+    /// SDPA's output, laid out like q, is copied by the caller's reshape.
+    pub contiguous: bool,
+    /// `eager_attention_forward`'s softmax runs in fp32 and is cast back to q's dtype (Llama's
+    /// `softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)`); else in the
+    /// scores' own dtype (Llama 4's and GPT-2's `softmax(attn_weights, dim=-1)`, which rebinds
+    /// `attn_weights` itself).
+    pub fp32: bool,
+    /// Selective recomputation makes the core a checkpoint region (GLM-4.5's and Phi-3's code
+    /// is built without one).
+    pub selective: bool,
+}
+
+impl Core {
+    /// Llama's: q and k as RoPE leaves them (transposed views), fp32 softmax.
+    pub const LLAMA: Core = Core { contiguous: false, fp32: true, selective: true };
+    /// q and k concatenated by a partial RoPE (Phi, GPT-NeoX, StableLM; GLM-4.5, Phi-3).
+    pub const CONTIGUOUS: Core = Core { contiguous: true, fp32: true, selective: true };
 }
 
 /// Selective recomputation (Megatron's, Korthikanti et al. 2022 §5): the attention core
@@ -315,6 +373,13 @@ pub fn eager_core_with(
     mask: Option<Tid>,
     contiguous: bool,
 ) -> (Tid, Option<Tid>) {
+    eager_core_as(b, spec, [q, k, v], mask, Core { contiguous, ..Core::LLAMA })
+}
+
+/// [`eager_core_with`] as `how` says (q and k contiguous; the softmax's dtype).
+pub fn eager_core_as(b: &mut Builder, spec: &ModelSpec, qkv: [Tid; 3], mask: Option<Tid>, how: Core) -> (Tid, Option<Tid>) {
+    let [q, k, v] = qkv;
+    let Core { contiguous, fp32, .. } = how;
     // With grouped heads, repeat_kv's expand + reshape copies k and v to a heads (held by the
     // function's locals); with n_rep = 1 it returns its input and matmul's reshapes copy them.
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
@@ -340,9 +405,9 @@ pub fn eager_core_with(
         Some(m) => b.add(sm, m),
         None => sm,
     };
-    let s32 = b.to_copy(sa, Dt::F32);
+    let s32 = if fp32 { b.to_copy(sa, Dt::F32) } else { sa };
     let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
-    let pc = b.to_copy(pr, b.t(q).dt);
+    let pc = if fp32 { b.to_copy(pr, b.t(q).dt) } else { pr };
     // `attn_weights` names the masked scores until `softmax(…).to(query.dtype)` rebinds it.
     b.hold(sa);
     let pc = b.dropout(pc);
@@ -383,276 +448,170 @@ pub fn repeat_kv(b: &mut Builder, x: Tid) -> Tid {
 
 /// The gated MLP (`LlamaMLP`): `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, SiLU.
 pub fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
-    gated_mlp(b, w, x, SILU)
+    b.part = Part::Mlp;
+    gated_mlp(b, w, x, &LLAMA_MLP)
 }
 
-/// An activation as the gated MLP runs it: (aten op, autograd node, its backward op).
-pub type Act = (&'static str, &'static str, &'static str);
-/// `F.silu`.
-pub const SILU: Act = ("silu", "SiluBackward0", "silu_backward");
-/// `gelu_pytorch_tanh` (Gemma's `hidden_activation`).
-pub const GELU_TANH: Act = ("gelu", "GeluBackward0", "gelu_backward");
+/// One decoder layer (`LlamaDecoderLayer.forward`, [`decoder_layer`]): Llama's attention, and
+/// the gated MLP or Mixtral's sparse block (`MixtralSparseMoeBlock`, renormalised top-k).
+#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
+pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+    // Parameters in registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let aw = AttnW::new(b, p);
+    let ffn = Ffn::new(b, p, kind, MoeW::new);
+    let mlp = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| super::moe::sparse_block(b, &w, None, n, Topk::MIXTRAL));
+    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), |b, n| attention(b, &aw, spec, n, sh, attn), mlp)
+}
 
-/// `down_proj(act(gate_proj(x)) * up_proj(x))` (`LlamaMLP`, `Gemma2MLP`, …): the activation keeps
-/// its input, the product keeps both factors.
-pub fn gated_mlp(b: &mut Builder, w: &MlpW, x: Tid, act: Act) -> Tid {
-    let MlpW { wg, wu, wd } = *w;
-    b.part = Part::Mlp;
-    let f = || tok_tp(Dim::Q(Q::F));
-    b.module = "mlp.gate_proj";
-    let g = match wg {
-        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
-        None => x,
-    };
-    b.module = "mlp.act_fn";
-    let (op, node, back) = act;
-    let a = b.unary(op, node, g, Keep::Input, back);
-    b.module = "mlp.up_proj";
-    let u = match wu {
-        Some(w) => b.proj(x, w, None, f(), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp";
-    let m = b.mul(a, u);
-    b.module = "mlp.down_proj";
-    match wd {
-        Some(w) => b.proj(m, w, None, tok(Q::H), Linear::Down),
-        None => m,
+/// A decoder layer's feed-forward block: the gated MLP (`LlamaMLP`, [`mlp`]) on a dense layer,
+/// a family's MoE block (`M`: its parameters) on an MoE layer.
+pub enum Ffn<M> {
+    Dense(MlpW),
+    Moe(M),
+}
+
+impl<M> Ffn<M> {
+    /// Registers the block's parameters for a layer of `kind` (`moe`: the MoE block's).
+    pub fn new(b: &mut Builder, p: &Params, kind: Kind, moe: impl FnOnce(&mut Builder, &Params) -> M) -> Ffn<M> {
+        match kind {
+            Kind::Moe => Ffn::Moe(moe(b, p)),
+            Kind::Dense => Ffn::Dense(MlpW::new(b, p)),
+        }
+    }
+
+    /// The block on `x` ([`in_group`]): the gated MLP, or `moe` on the MoE block's parameters.
+    pub fn forward(self, b: &mut Builder, x: Tid, moe: impl FnOnce(&mut Builder, M, Tid) -> Tid) -> Tid {
+        let kind = self.kind();
+        in_group(b, kind, |b| match self {
+            Ffn::Dense(w) => mlp(b, &w, x),
+            Ffn::Moe(w) => moe(b, w, x),
+        })
+    }
+
+    /// The kind of layer the block is for.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Ffn::Dense(_) => Kind::Dense,
+            Ffn::Moe(_) => Kind::Moe,
+        }
     }
 }
 
-/// One decoder layer (`LlamaDecoderLayer.forward`).
-#[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
-pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+/// `LlamaDecoderLayer.forward` around a family's attention and MLP:
+/// ```python
+/// residual = hidden_states
+/// hidden_states = self.input_layernorm(hidden_states)
+/// hidden_states, _ = self.self_attn(hidden_states=hidden_states, …)
+/// hidden_states = residual + hidden_states
+/// residual = hidden_states
+/// hidden_states = self.post_attention_layernorm(hidden_states)
+/// hidden_states = self.mlp(hidden_states)
+/// hidden_states = residual + hidden_states
+/// ```
+/// The caller has registered the attention's and the MLP's parameters (`self_attn`, then
+/// `mlp`); the two norms' (`norm`) come after them. `attention` returns the output and
+/// `attn_weights` (eager's probabilities, which `_` holds until the layer returns). The norms'
+/// outputs are rebound by the sub-modules' calls; `residual` lives to the return.
+pub fn decoder_layer(
+    b: &mut Builder,
+    p: &Params,
+    x: Tid,
+    norm: Norm,
+    attention: impl FnOnce(&mut Builder, Tid) -> (Tid, Option<Tid>),
+    mlp: impl FnOnce(&mut Builder, Tid) -> Tid,
+) -> Tid {
+    decoder_layer_with(b, p, x, norm, Residual::default(), attention, |b, n| (mlp(b, n), None))
+}
+
+/// Where a family's pre-norm decoder layer departs from `LlamaDecoderLayer.forward`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Residual {
+    /// The attention's output has a name of its own (Llama 4's
+    /// `attention_states, _ = self.self_attn(…)`; `hidden_states = residual + attention_states`):
+    /// the norm's output lives through the residual add, the attention's to the return.
+    pub attention_states: bool,
+    /// Dropouts (their modules) on the attention's and the MLP's outputs before they join the
+    /// residual (Phi-3's `resid_attn_dropout`, `resid_mlp_dropout`).
+    pub dropouts: Option<[&'static str; 2]>,
+}
+
+/// [`decoder_layer`] with the departures `how`, and an MLP that may return a second value bound
+/// to the layer's `_` (`hidden_states, _ = self.mlp(hidden_states)`: gpt-oss's router scores,
+/// Llama 4's router logits): `_` is rebound there, letting the attention weights go, and the new
+/// value lives to the return.
+pub fn decoder_layer_with(
+    b: &mut Builder,
+    p: &Params,
+    x: Tid,
+    norm: Norm,
+    how: Residual,
+    attention: impl FnOnce(&mut Builder, Tid) -> (Tid, Option<Tid>),
+    mlp: impl FnOnce(&mut Builder, Tid) -> (Tid, Option<Tid>),
+) -> Tid {
     b.group = Group::All;
-    // Parameters in registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
-    let aw = AttnW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe => Ffn::Moe(super::moe::MoeW::new(b, p)),
-        Kind::Dense => Ffn::Dense(MlpW::new(b, p)),
+    let w1 = norm.weights(b, p, LAYER_NORM);
+    let w2 = norm.weights(b, p, LAYER_NORM);
+    let dropout = |b: &mut Builder, t: Tid, i: usize| match how.dropouts {
+        Some(modules) => dropout(b, modules[i], t),
+        None => t,
     };
-    let norms = norm_weights(b, p, spec);
     b.module = "input_layernorm";
     b.part = Part::Norms;
-    let n1 = rms_norm(b, x, norms[0]);
-    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
-    b.hold(n1);
+    let n1 = norm.run(b, x, w1);
+    let (a, weights) = attention(b, n1);
+    if !how.attention_states {
+        b.hold(n1);
+    }
+    let ad = dropout(b, a, 0);
     b.module = "";
     b.part = Part::Norms;
-    let h = b.add(x, a);
+    let h = b.add(x, ad);
+    if how.attention_states {
+        b.hold(n1);
+    }
     b.module = "post_attention_layernorm";
-    let n2 = rms_norm(b, h, norms[1]);
-    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
-    let m = match ffn {
-        Ffn::Dense(mw) => mlp(b, &mw, n2),
-        Ffn::Moe(w) => super::moe::sparse_block(b, &w, n2, true),
-    };
-    b.group = Group::All;
+    let n2 = norm.run(b, h, w2);
+    let (m, rebound) = mlp(b, n2);
     b.hold(n2);
+    let last = match rebound {
+        Some(r) => {
+            if let Some(w) = weights {
+                b.hold(w);
+            }
+            Some(r)
+        }
+        None => weights,
+    };
+    let m = dropout(b, m, 1);
     b.module = "";
     let y = b.add(h, m);
     b.hold(h);
-    if let Some(w) = weights {
-        b.hold(w);
+    if how.attention_states {
+        b.hold(a);
+    }
+    if let Some(t) = last {
+        b.hold(t);
     }
     y
 }
 
-/// A layer's feed-forward parameters.
-enum Ffn {
-    Dense(MlpW),
-    Moe(super::moe::MoeW),
-}
-
-/// The layer's norm weights (registered after the attention and MLP in Llama).
-fn norm_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> [Option<Tid>; 2] {
-    let _ = spec;
-    [p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.weight")]
-}
-
-/// `LlamaModel.forward` before the layers: the token embedding, `cache_position` /
-/// `position_ids`, the causal-mask preparation (`create_causal_mask`) and the rotary embedding.
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    let (x0, emb_w) = token_embedding(b, p, ids);
-    model_inputs(b, spec, attn, x0, emb_w, None)
-}
-
-/// `model.embed_tokens` on the token ids: the residual stream's first tensor and the embedding
-/// weight (the head's too when tied).
-pub fn token_embedding(b: &mut Builder, p: &Params, ids: Tid) -> (Tid, Option<Tid>) {
-    b.part = Part::Embedding;
-    b.module = "model.embed_tokens";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
-    };
-    (x0, emb_w)
-}
-
-/// A pair of masks a model builds from its positions instead of Llama's one (Gemma-2's full
-/// and sliding-window masks under eager attention): `(full, local)`.
-pub type TwoMasks = fn(&mut Builder, Tid) -> (Tid, Tid);
-
-/// The rest of the model's forward before the layers, after the embedding `x0`: positions, the
-/// causal mask (or `two_masks`' pair) and the rotary tables, as the layers receive them.
-pub fn model_inputs(
-    b: &mut Builder,
-    spec: &ModelSpec,
-    attn: Attention,
-    x0: Tid,
-    emb_w: Option<Tid>,
-    two_masks: Option<TwoMasks>,
-) -> (Tid, Shared) {
-    b.module = "model";
-    let (pos, mask, mask_local) = match two_masks {
-        Some(masks) => {
-            let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
-            let ar = b.plain("arange", &[], s1, Dt::I64);
-            let pos = b.plain("add", &[ar], s1, Dt::I64);
-            b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-            let (full, local) = masks(b, pos);
-            (pos, Some(full), Some(local))
-        }
-        None => {
-            let (pos, mask) = positions_and_mask(b, attn);
-            (pos, mask, None)
-        }
-    };
-    let (cos, sin) = if has_rope(spec) {
-        let (c, s) = rotary(b, spec, pos);
-        (Some(c), Some(s))
-    } else {
-        (None, None)
-    };
-    (
-        x0,
-        Shared {
-            cos,
-            sin,
-            pos: Some(pos),
-            mask,
-            mask_local,
-            emb_w: if spec.tied { emb_w } else { None },
-            locals: [Some(x0), None],
-            cos_local: None,
-            sin_local: None,
-        },
-    )
-}
-
-/// `nn.Embedding` on the token ids: keeps the ids; EmbeddingBackward0 allocates the weight's
-/// gradient (`embedding_dense_backward`).
-pub fn embedding(b: &mut Builder, ids: Tid, w: Tid) -> Tid {
-    use super::super::ir::{B, S};
-    let rg = b.rg(w);
-    let out = b.out(tok(Q::H), Dt::Resid, rg);
-    let g = b.grad_bytes(w);
-    let bw: &[B] =
-        if rg { &[B::Alloc { bytes: g, dtype: b.t(w).dtype, op: "embedding_dense_backward" }, B::Grad { input: 1, temp: 0 }] } else { &[] };
-    b.op("embedding", "EmbeddingBackward0", &[ids, w], &[out], &[S::In(0)], bw)[0]
-}
-
-/// `cache_position = arange(s) + past`, `position_ids = cache_position[None]`, then
-/// `create_causal_mask` ([`mask_only`]).
-pub fn positions_and_mask(b: &mut Builder, attn: Attention) -> (Tid, Option<Tid>) {
-    let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1, Dt::I64);
-    let pos = b.plain("add", &[ar], s1, Dt::I64);
-    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-    mask_only(b, pos, attn)
-}
-
-/// `create_causal_mask`: packed-sequence detection (`find_packed_sequence_indices`), and for
-/// eager attention the materialized additive mask `[b, 1, s, s_kv]` (`sdpa_mask` + `where`).
-pub fn mask_only(b: &mut Builder, pos: Tid, attn: Attention) -> (Tid, Option<Tid>) {
-    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    packed_detection(b, pos);
-    let mask = if attn == Attention::Eager {
-        let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
-        let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
-        let kv0 = b.plain("arange", &[], s1(), Dt::I64);
-        let kv = b.plain("add", &[kv0], s1(), Dt::I64);
-        let q0 = b.plain("arange", &[], s1(), Dt::I64);
-        let qi = b.plain("add", &[q0], s1(), Dt::I64);
-        let le = b.plain("le", &[kv, qi], Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Bool);
-        b.hold(ba);
-        b.hold(ha);
-        b.hold(kv);
-        b.hold(qi);
-        let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
-        let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
-        let m = b.plain("where", &[le, zero, min], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None), Dt::Resid);
-        b.p.tensors[m as usize].part = Some(Part::Checkpoints);
-        Some(m)
-    } else {
-        None
-    };
-    (pos, mask)
-}
-
-/// `find_packed_sequence_indices(position_ids)`: a diff with a prepended column, `!= 1`,
-/// `cumsum`, and the `all()` check — int64 temporaries of `[b, s]`.
-pub fn packed_detection(b: &mut Builder, pos: Tid) {
-    let bs = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    // find_packed_sequence_indices(position_ids): diff with a prepended column, != 1, cumsum.
-    let first = b.plain("sub", &[pos], Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64);
-    let cat = b.plain("cat", &[first, pos], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
-    let diff = b.plain("sub", &[cat], bs(), Dt::I64);
-    let ne = b.plain("ne", &[diff], bs(), Dt::Bool);
-    let cs = b.plain("cumsum", &[ne], bs(), Dt::I64);
-    let eq = b.plain("eq", &[cs], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::Bool);
-    let _all = b.plain("all", &[eq], Shape::scalar(), Dt::Bool);
-    b.hold(first);
-    b.hold(diff);
-    b.hold(cs);
-}
-
-/// `LlamaRotaryEmbedding.forward`: `freqs = inv_freq @ position_ids` (a `mul` for one
-/// position row), `emb = cat(freqs, freqs)`, `cos = emb.cos() * attention_scaling`, the same for
-/// sin, both cast to the hidden states' dtype. Returns `(cos, sin)` `[1, s, d_rot]`.
-pub fn rotary(b: &mut Builder, spec: &ModelSpec, pos: Tid) -> (Tid, Tid) {
-    b.module = "model.rotary_emb";
-    let full = cos_shape(spec);
-    let half = if rotary_dims(spec) == spec.head_dim { full.last(Dim::Half(Q::D)) } else { full.last(Dim::HalfX(X::DRot)) };
-    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
-    let freqs = b.plain("mul", &[pf], half, Dt::F32);
-    let emb = b.plain("cat", &[freqs], full, Dt::F32);
-    let c = b.plain("cos", &[emb], full, Dt::F32);
-    let cs = b.plain("mul", &[c], full, Dt::F32);
-    let s = b.plain("sin", &[emb], full, Dt::F32);
-    let ss = b.plain("mul", &[s], full, Dt::F32);
-    let cos = b.to_copy(cs, Dt::Resid);
-    let sin = b.to_copy(ss, Dt::Resid);
-    b.hold(freqs);
-    b.hold(emb);
-    b.hold(cs);
-    b.hold(ss);
-    for t in [cos, sin] {
-        b.p.tensors[t as usize].part = Some(Part::Embedding);
-    }
-    (cos, sin)
+/// Runs a layer's feed-forward block `f` in its kind's group (what its nodes keep is counted
+/// for that kind of layer), then returns to the layer's.
+pub fn in_group<T>(b: &mut Builder, kind: Kind, f: impl FnOnce(&mut Builder) -> T) -> T {
+    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
+    let m = f(b);
+    b.group = Group::All;
+    m
 }
 
 /// What `LlamaModel.forward` computes after the embedding (also a later pipeline stage's
-/// prologue): positions, the causal mask ([`positions_and_mask`]) and the rotary embedding.
+/// prologue): `cache_position` / `position_ids`, the causal mask (`create_causal_mask`) and the
+/// rotary embedding (`LlamaRotaryEmbedding.forward`).
 pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
-    let (pos, mask) = positions_and_mask(b, attn);
-    let (cos, sin) = if has_rope(spec) {
-        let (c, s) = rotary(b, spec, pos);
-        (Some(c), Some(s))
-    } else {
-        (None, None)
-    };
+    let pos = cache_position(b);
+    let mask = causal_mask(b, pos, attn);
+    let (cos, sin) = rope_pair(b, spec, pos, true);
     Shared { cos, sin, pos: Some(pos), mask, ..Shared::default() }
-}
-
-/// The final norm (`model.norm`).
-pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
-    b.module = "model.norm";
-    b.part = Part::Head;
-    let w = p.w(b, "norm.weight");
-    rms_norm(b, x, w)
 }
 
 /// `sdpa_attention_forward` with a mask:

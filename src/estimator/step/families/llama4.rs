@@ -11,12 +11,15 @@
 //! by allocation against `tests/fixtures/pytorch/steps/llama4_text__*.json`. Complex64 tensors
 //! are written as fp32 tensors of twice the last dim (the same bytes).
 
-use super::super::blocks::shapes::{heads, heads_bshd, scores, tok};
+use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
-use super::common::{has_rope, mask_shape};
-use super::common::{Kind, Params, Shared};
-use super::llama::{repeat_kv, sdpa_bool_mask, AttnW, MaskBuild, MlpW};
+use super::common::{
+    arange, cache_position, causal_mask, embed_then, gated_mlp, has_rope, head_proj, mask_shape, out_proj, packed_detection, rms_norm,
+    rotary_polar, sdpa_mask_of, set_part, tokens,
+};
+use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, SILU};
+use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Core, Ffn, MaskBuild, Residual};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -59,34 +62,8 @@ pub fn layout(spec: &ModelSpec) -> bool {
         && super::common::rotary_dims(spec) == spec.head_dim
 }
 
-/// `Llama4TextRMSNorm.forward`:
-/// ```python
-/// output = self._norm(x.float()).type_as(x)   # x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-/// return output * self.weight
-/// ```
-/// One expression: the mean and the sum die as soon as they are used. Keeps the fp32 input,
-/// the rsqrt, and the normalized input cast back (the weight's gradient).
-pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>) -> Tid {
-    let o = l2_norm(b, x);
-    let y = match w {
-        Some(w) => b.mul(o, w),
-        None => o,
-    };
-    b.hold(x);
-    y
-}
-
-/// `Llama4TextL2Norm.forward`: `self._norm(x.float()).type_as(x)` (no weight).
-fn l2_norm(b: &mut Builder, x: Tid) -> Tid {
-    let in_dt = b.t(x).dt;
-    let x32 = b.to_copy(x, Dt::F32);
-    let sq = b.pow(x32);
-    let var = b.mean_last(sq);
-    let ve = b.add_scalar(var);
-    let r = b.rsqrt(ve);
-    let n32 = b.mul(x32, r);
-    b.to_copy(n32, in_dt)
-}
+/// `Llama4TextRMSNorm` ([`Rms::Llama4`]), in the layers and after them.
+const NORM: Norm = Norm::Rms(Rms::Llama4);
 
 /// `xq_ * freqs_cis[:, :, None, :]` on complex views: MulBackward0 keeps `freqs_cis` and makes
 /// `grad * freqs_cis.conj()` (the conjugate resolved first: a copy of `freqs_cis`).
@@ -140,8 +117,7 @@ fn rope(b: &mut Builder, q: Tid, k: Tid, f: Tid, q_contig: bool, k_contig: bool)
 /// Returns the scaled q and the positions and scales (locals of the attention's forward).
 fn temperature(b: &mut Builder, q: Tid) -> (Tid, [Tid; 2]) {
     let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1(), Dt::I64);
-    let pos = b.plain("add", &[ar], s1(), Dt::I64);
+    let pos = arange(b);
     let pf = b.plain("_to_copy", &[pos], s1(), Dt::F32);
     let p1 = b.plain("add", &[pf], s1(), Dt::F32);
     let dv = b.plain("div", &[p1], s1(), Dt::F32);
@@ -159,40 +135,6 @@ fn temperature(b: &mut Builder, q: Tid) -> (Tid, [Tid; 2]) {
     (qs, [pos, sc])
 }
 
-/// Llama 4's `eager_attention_forward`: Llama's with `softmax(attn_weights, dim=-1)` in the
-/// scores' dtype (no fp32 upcast). q arrives transposed (`matmul` copies it).
-fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Tid, Tid) {
-    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
-    let (kr, vr) = if gqa { (Some(repeat_kv(b, k)), Some(repeat_kv(b, v))) } else { (None, None) };
-    let qc = b.fold(q, heads(Q::A));
-    let kc = match kr {
-        Some(kr) => kr,
-        None => b.fold(k, heads(Q::A)),
-    };
-    let sc = b.bmm(qc, kc, scores());
-    let sm = b.mul_scalar(sc);
-    let sa = match mask {
-        Some(m) => b.add(sm, m),
-        None => sm,
-    };
-    let pr = b.unary("_softmax", "SoftmaxBackward0", sa, Keep::Output, "_softmax_backward_data");
-    let pr = b.dropout(pr);
-    let vc = match vr {
-        Some(vr) => vr,
-        None => b.fold(v, heads(Q::A)),
-    };
-    let o = b.bmm(pr, vc, heads(Q::A));
-    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
-    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
-    let oc = b.copy(ot, heads_bshd(Q::A));
-    if let (Some(kr), Some(vr)) = (kr, vr) {
-        b.hold(kr);
-        b.hold(vr);
-    }
-    let out = b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
-    (out, pr)
-}
-
 /// `sdpa_attention_forward` with the chunked layers' boolean mask: k and v repeated to a heads
 /// (`repeat_kv`: no `enable_gqa` with a mask on CPU), the mask turned additive in the model dtype
 /// (`torch.where`, two `scalar_tensor`s), then the CPU flash kernel, which keeps the mask too.
@@ -207,18 +149,12 @@ fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
 /// layers) or the temperature (NoPE layers), then are transposed for the core; v is transposed
 /// at once. Returns the output and the eager attention weights.
 fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let AttnW { wq, bq, wk, bk, wv, bv, wo, bo, .. } = *w;
     let eager = attn == Attention::Eager;
     let rope_layer = sh.cos.is_some();
     let mask = sh.mask;
     let proj =
         |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| -> (Tid, Tid) {
-            b.module = module;
-            b.part = Part::AttentionInputs;
-            let y = match w {
-                Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
-                None => x,
-            };
+            let y = head_proj(b, x, w, bias, h, module, lin);
             b.module = "self_attn";
             (y, b.view(y, heads_bshd(h), "ViewBackward0", clone_bw))
         };
@@ -226,9 +162,9 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     // eager attention's (matmul's copies, repeat_kv's sum), SDPA's for repeated k and v; SDPA's
     // dq (and dk, dv without repeat_kv) are laid out like q.
     let repeated = eager || mask.is_some();
-    let (qy, q) = proj(b, wq, bq, Q::A, "self_attn.q_proj", eager && !rope_layer, Linear::Q);
-    let (ky, k) = proj(b, wk, bk, Q::KV, "self_attn.k_proj", repeated && !rope_layer, Linear::K);
-    let (vy, v) = proj(b, wv, bv, Q::KV, "self_attn.v_proj", repeated, Linear::V);
+    let (qy, q) = proj(b, w.wq, w.bq, Q::A, "self_attn.q_proj", eager && !rope_layer, Linear::Q);
+    let (ky, k) = proj(b, w.wk, w.bk, Q::KV, "self_attn.k_proj", repeated && !rope_layer, Linear::K);
+    let (vy, v) = proj(b, w.wv, w.bv, Q::KV, "self_attn.v_proj", repeated, Linear::V);
     let v = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.part = Part::AttentionCore;
     b.module = "self_attn";
@@ -238,14 +174,9 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
             b.hold(qy);
             b.hold(ky);
             if spec.qk_l2_norm {
+                // `Llama4TextL2Norm`: the RMSNorm without a weight.
                 b.module = "self_attn.qk_norm";
-                let g = b.group;
-                b.group = Group::Rope;
-                let qn = l2_norm(b, q);
-                b.hold(q);
-                let kn = l2_norm(b, k);
-                b.hold(k);
-                b.group = g;
+                let (qn, kn) = in_group_of(b, Group::Rope, |b| (rms_norm(b, q, None, Rms::Llama4), rms_norm(b, k, None, Rms::Llama4)));
                 b.module = "self_attn";
                 (qn, kn, None)
             } else {
@@ -253,10 +184,7 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
             }
         }
         None => {
-            let g = b.group;
-            b.group = Group::Nope;
-            let (qs, pos) = temperature(b, q);
-            b.group = g;
+            let (qs, pos) = in_group_of(b, Group::Nope, |b| temperature(b, q));
             b.hold(qy);
             (qs, k, Some(pos))
         }
@@ -264,26 +192,19 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
     let kt = b.view(k, heads(Q::KV), "TransposeBackward0", false);
     let (o, weights) = if eager {
-        let (o, w) = eager_core(b, qt, kt, v, mask);
-        (o, Some(w))
+        // Llama 4's `eager_attention_forward`: Llama's with `softmax(attn_weights, dim=-1)` in the
+        // scores' dtype (no fp32 upcast).
+        eager_core_as(b, spec, [qt, kt, v], mask, Core { fp32: false, ..Core::LLAMA })
     } else {
         // SDPA keeps more on chunked (RoPE) layers (k and v repeated, the additive mask) than on
         // NoPE layers: its saves are counted per group.
-        let g = b.group;
-        b.group = if rope_layer { Group::Rope } else { Group::Nope };
-        let o = match mask {
+        let o = in_group_of(b, if rope_layer { Group::Rope } else { Group::Nope }, |b| match mask {
             Some(m) => sdpa_masked(b, qt, kt, v, m),
             None => super::llama::sdpa_core(b, qt, kt, v),
-        };
-        b.group = g;
+        });
         (o, None)
     };
-    b.part = Part::AttentionInputs;
-    b.module = "self_attn.o_proj";
-    let out = match wo {
-        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
-        None => o,
-    };
+    let out = out_proj(b, o, w.wo, w.bo, "self_attn.o_proj");
     // The forward's locals (query_states, key_states, value_states, positions) go at its return.
     b.hold(q);
     b.hold(k);
@@ -294,6 +215,16 @@ fn attention(b: &mut Builder, w: &AttnW, spec: &ModelSpec, x: Tid, sh: &Shared, 
     (out, weights)
 }
 
+/// Runs `f` with its saves counted in `group` (the RoPE or the NoPE layers'), then returns to
+/// the layer's.
+fn in_group_of<T>(b: &mut Builder, group: Group, f: impl FnOnce(&mut Builder) -> T) -> T {
+    let g = b.group;
+    b.group = group;
+    let r = f(b);
+    b.group = g;
+    r
+}
+
 /// The MoE block's parameters in registration order (`experts.gate_up_proj`,
 /// `experts.down_proj`, `router`, `shared_expert`).
 #[derive(Clone, Copy)]
@@ -301,29 +232,16 @@ struct MoeW {
     gate_up: Option<Tid>,
     down: Option<Tid>,
     router: Option<Tid>,
-    sg: Option<Tid>,
-    su: Option<Tid>,
-    sd: Option<Tid>,
+    shared: MlpW,
 }
 
 impl MoeW {
     fn new(b: &mut Builder, p: &Params) -> MoeW {
-        MoeW {
-            gate_up: p.w(b, "layers.*.mlp.experts.gate_up_proj"),
-            down: p.w(b, "layers.*.mlp.experts.down_proj"),
-            router: p.w(b, "layers.*.mlp.router.weight"),
-            sg: p.w(b, "layers.*.mlp.shared_expert.gate_proj.weight"),
-            su: p.w(b, "layers.*.mlp.shared_expert.up_proj.weight"),
-            sd: p.w(b, "layers.*.mlp.shared_expert.down_proj.weight"),
-        }
+        let gate_up = p.w(b, "layers.*.mlp.experts.gate_up_proj");
+        let down = p.w(b, "layers.*.mlp.experts.down_proj");
+        let router = p.w(b, "layers.*.mlp.router.weight");
+        MoeW { gate_up, down, router, shared: MlpW::shared(b, p) }
     }
-}
-
-/// `[b, s, extra…]`: one row per token.
-fn tokens(extra: &[Dim]) -> Shape {
-    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
-    d.extend_from_slice(extra);
-    Shape::new(&d, Split::None)
 }
 
 /// `[E, b, s, extra…]`: every expert's copy of every token.
@@ -432,8 +350,7 @@ fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> (Tid, Tid) {
         None => b.plain("bmm", &[m], all_pairs(&[Dim::Q(Q::H)]), Dt::Model),
     };
     b.hold(gu);
-    b.module = "feed_forward.shared_expert";
-    let out = shared_expert(b, w, x2);
+    let out = gated_mlp(b, &w.shared, x2, &SHARED_EXPERT);
     b.module = "feed_forward";
     let rv = b.view(ro, all_pairs(&[Dim::Q(Q::H)]), "ViewBackward0", true);
     let sm = b.sum_dim(rv, tokens(&[Dim::Q(Q::H)]));
@@ -448,34 +365,17 @@ fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> (Tid, Tid) {
 }
 
 /// `Llama4TextMLP` as the shared expert (`intermediate_size`): `down(silu(gate(x)) * up(x))`.
-fn shared_expert(b: &mut Builder, w: &MoeW, x: Tid) -> Tid {
-    let f = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::FS)], Split::Tp);
-    b.module = "feed_forward.shared_expert.gate_proj";
-    let g = match w.sg {
-        Some(p) => b.proj(x, p, None, f(), Linear::Gate),
-        None => x,
-    };
-    b.module = "feed_forward.shared_expert.activation_fn";
-    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
-    b.module = "feed_forward.shared_expert.up_proj";
-    let u = match w.su {
-        Some(p) => b.proj(x, p, None, f(), Linear::Up),
-        None => x,
-    };
-    b.module = "feed_forward.shared_expert";
-    let m = b.mul(a, u);
-    b.module = "feed_forward.shared_expert.down_proj";
-    match w.sd {
-        Some(p) => b.proj(m, p, None, tok(Q::H), Linear::Down),
-        None => m,
-    }
-}
-
-/// A layer's feed-forward parameters.
-enum Ffn {
-    Dense(MlpW),
-    Moe(MoeW),
-}
+const SHARED_EXPERT: Gated = Gated {
+    modules: [
+        "feed_forward.shared_expert.gate_proj",
+        "feed_forward.shared_expert.activation_fn",
+        "feed_forward.shared_expert.up_proj",
+        "feed_forward.shared_expert",
+        "feed_forward.shared_expert.down_proj",
+    ],
+    width: Dim::X(X::FS),
+    act: SILU,
+};
 
 /// `Llama4TextDecoderLayer.forward`:
 /// ```python
@@ -493,82 +393,30 @@ enum Ffn {
 /// `attention_states` (o_proj's output) lives until the layer returns.
 #[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-    b.group = Group::All;
     // Parameters in registration order: self_attn, feed_forward, the two norms.
     let aw = AttnW::new(b, p);
-    let ffn = match kind {
-        Kind::Moe => Ffn::Moe(MoeW::new(b, p)),
-        Kind::Dense => Ffn::Dense(MlpW::new(b, p)),
-    };
-    let n_in = p.w(b, "layers.*.norm.weight");
-    let n_post = p.w(b, "layers.*.norm.weight");
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = rms_norm(b, x, n_in);
-    let (a, weights) = attention(b, &aw, spec, n1, sh, attn);
-    b.module = "";
-    b.part = Part::Norms;
-    let h = b.add(x, a);
-    b.hold(n1);
-    b.module = "post_attention_layernorm";
-    let n2 = rms_norm(b, h, n_post);
-    b.group = if kind == Kind::Moe { Group::Moe } else { Group::Dense };
-    let (m, logits) = match ffn {
-        Ffn::Dense(mw) => {
-            let m = super::llama::mlp(b, &mw, n2);
-            (m, None)
-        }
+    let ffn = Ffn::new(b, p, kind, MoeW::new);
+    // `hidden_states, _ = hidden_states` on MoE layers: the router logits rebind `_`.
+    let ffn = |b: &mut Builder, n: Tid| match ffn {
+        Ffn::Dense(mw) => (mlp(b, &mw, n), None),
         Ffn::Moe(w) => {
-            let (m, l) = moe(b, &w, n2);
-            (m, Some(l))
+            let (m, logits) = moe(b, &w, n);
+            (m, Some(logits))
         }
     };
-    b.group = Group::All;
-    b.hold(n2);
-    // `hidden_states, _ = hidden_states` rebinds `_`: the attention weights go.
-    if let (Some(w), Some(_)) = (weights, logits) {
-        b.hold(w);
-    }
-    b.module = "";
-    let y = b.add(h, m);
-    for t in [a, m, h] {
-        b.hold(t);
-    }
-    if let Some(l) = logits {
-        b.hold(l);
-    } else if let Some(w) = weights {
-        b.hold(w);
-    }
-    y
+    let how = Residual { attention_states: true, ..Residual::default() };
+    decoder_layer_with(b, p, x, NORM, how, |b, n| attention(b, &aw, spec, n, sh, attn), |b, n| in_group(b, kind, |b| ffn(b, n)))
 }
 
-/// `Llama4TextModel.forward` before the layers: the token embedding, `position_ids`,
-/// `create_causal_mask` (packed-sequence detection; eager materializes it, SDPA runs causal) and
-/// `create_chunked_causal_mask` (packed-sequence detection, then the chunk test: eager makes it
-/// additive, SDPA keeps it boolean), and the rotary embedding (`freqs_cis`, complex).
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "model.embed_tokens";
-    let x0 = match ids {
-        Some(ids) => {
-            let emb_w = p.w(b, "embed_tokens.weight");
-            match emb_w {
-                Some(w) => super::llama::embedding(b, ids, w),
-                None => b.plain("embedding", &[ids], tok(Q::H), Dt::Resid),
-            }
-        }
-        None => {
-            b.module = "model";
-            let out = b.out(Shape::tok(Q::H), Dt::Resid, true);
-            b.op("recv", "", &[], &[out], &[], &[])[0]
-        }
-    };
-    b.module = "model";
-    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1(), Dt::I64);
-    let pos = b.plain("add", &[ar], s1(), Dt::I64);
-    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-    let (_, mask) = super::llama::mask_only(b, pos, attn);
+/// What `Llama4TextModel.forward` computes after the embedding (also a later pipeline stage's
+/// prologue): `position_ids`, `create_causal_mask` (packed-sequence detection; eager
+/// materializes it, SDPA runs causal) and `create_chunked_causal_mask` (packed-sequence
+/// detection, then the chunk test: eager makes it additive, SDPA keeps it boolean), and the
+/// rotary embedding (`freqs_cis`, complex: [`rotary_polar`], `[1, s, d/2]` complex64 — the
+/// bytes of fp32 `[s, d]` — whatever the model dtype).
+fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+    let pos = cache_position(b);
+    let mask = causal_mask(b, pos, attn);
     let chunks = spec.window_layers.count(spec.layers) > 0;
     let s_kv = b.c.n(Q::S_KV);
     let mask_local = if chunk_mask(spec, attn, s_kv) {
@@ -576,100 +424,69 @@ pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Option<Tid>, at
     } else {
         if chunks {
             // SDPA below one chunk: the left-padding count is made, then the mask is skipped.
-            super::llama::packed_detection(b, pos);
+            packed_detection(b, pos);
             b.plain("zeros", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
         }
         None
     };
-    let f = rotary(b, pos);
-    let locals = if ids.is_some() { [Some(x0), None] } else { [None, None] };
-    (x0, Shared { cos: Some(f), sin: None, pos: Some(pos), mask, mask_local, emb_w: None, locals, cos_local: None, sin_local: None })
+    let f = rotary_polar(
+        b,
+        pos,
+        Shape::new(&[Dim::Q(Q::S), Dim::Half(Q::D)], Split::None),
+        Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None),
+    );
+    Shared { cos: Some(f), pos: Some(pos), mask, mask_local, ..Shared::default() }
 }
 
 /// `create_chunked_causal_mask` (`masking_utils.py`, `chunked_causal_mask_function` and
 /// `sdpa_mask`): the chunk index of every key and query (`(idx - left_padding) // chunk`),
 /// `eq`, `and` with causality; eager turns it into an additive `where` in the model dtype.
 fn chunked_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
-    super::llama::packed_detection(b, pos);
-    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
+    packed_detection(b, pos);
     let b4 = |d: [Dim; 4]| Shape::new(&d, Split::None);
     let (bb, one, s, skv) = (Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), Dim::Q(Q::S_KV));
     let pad = b.plain("zeros", &[], Shape::new(&[bb], Split::None), Dt::I64);
-    let ba = b.plain("arange", &[], Shape::new(&[bb], Split::None), Dt::I64);
-    let ha = b.plain("arange", &[], Shape::new(&[one], Split::None), Dt::I64);
-    let kv0 = b.plain("arange", &[], s1(), Dt::I64);
-    let kv = b.plain("add", &[kv0], s1(), Dt::I64);
-    let q0 = b.plain("arange", &[], s1(), Dt::I64);
-    let qi = b.plain("add", &[q0], s1(), Dt::I64);
-    let t = b.plain("new_ones", &[], Shape::scalar(), Dt::Bool);
-    let ik = b.plain("index", &[pad], b4([bb, one, one, one]), Dt::I64);
-    let sk = b.plain("sub", &[kv, ik], b4([bb, one, one, skv]), Dt::I64);
-    let ck = b.plain("floor_divide", &[sk], b4([bb, one, one, skv]), Dt::I64);
-    let iq = b.plain("index", &[pad], b4([bb, one, one, one]), Dt::I64);
-    let sq = b.plain("sub", &[qi, iq], b4([bb, one, s, one]), Dt::I64);
-    let cq = b.plain("floor_divide", &[sq], b4([bb, one, s, one]), Dt::I64);
-    let eq = b.plain("eq", &[ck, cq], b4([bb, one, s, skv]), Dt::Bool);
-    let and1 = b.plain("bitwise_and", &[t, eq], b4([bb, one, s, skv]), Dt::Bool);
-    let le = b.plain("le", &[kv, qi], Shape::new(&[s, skv], Split::None), Dt::Bool);
-    let and2 = b.plain("bitwise_and", &[and1, le], b4([bb, one, s, skv]), Dt::Bool);
-    for t in [ba, ha, kv, qi] {
-        b.hold(t);
-    }
+    let m = sdpa_mask_of(b, |b, kv, qi| {
+        let t = b.plain("new_ones", &[], Shape::scalar(), Dt::Bool);
+        let ik = b.plain("index", &[pad], b4([bb, one, one, one]), Dt::I64);
+        let sk = b.plain("sub", &[kv, ik], b4([bb, one, one, skv]), Dt::I64);
+        let ck = b.plain("floor_divide", &[sk], b4([bb, one, one, skv]), Dt::I64);
+        let iq = b.plain("index", &[pad], b4([bb, one, one, one]), Dt::I64);
+        let sq = b.plain("sub", &[qi, iq], b4([bb, one, s, one]), Dt::I64);
+        let cq = b.plain("floor_divide", &[sq], b4([bb, one, s, one]), Dt::I64);
+        let eq = b.plain("eq", &[ck, cq], b4([bb, one, s, skv]), Dt::Bool);
+        let and1 = b.plain("bitwise_and", &[t, eq], b4([bb, one, s, skv]), Dt::Bool);
+        let le = b.plain("le", &[kv, qi], Shape::new(&[s, skv], Split::None), Dt::Bool);
+        b.plain("bitwise_and", &[and1, le], b4([bb, one, s, skv]), Dt::Bool)
+    });
     let m = if attn == Attention::Eager {
         let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
         let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
-        b.plain("where", &[and2, zero, min], b4([bb, one, s, skv]), Dt::Resid)
+        b.plain("where", &[m, zero, min], b4([bb, one, s, skv]), Dt::Resid)
     } else {
-        and2
+        m
     };
     b.hold(pad);
-    b.p.tensors[m as usize].part = Some(Part::Checkpoints);
-    m
-}
-
-/// `Llama4TextRotaryEmbedding.forward`:
-/// ```python
-/// freqs = position_ids[..., None].float() * self.inv_freq
-/// freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
-/// freqs_cis = freqs_cis * self.attention_scaling
-/// ```
-/// `freqs_cis` is complex64 `[1, s, d/2]` (the bytes of fp32 `[s, d]`), whatever the model dtype.
-fn rotary(b: &mut Builder, pos: Tid) -> Tid {
-    b.module = "model.rotary_emb";
-    let half = Shape::new(&[Dim::Q(Q::S), Dim::Half(Q::D)], Split::None);
-    let full = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None);
-    let pf = b.plain("_to_copy", &[pos], Shape::new(&[Dim::Q(Q::S)], Split::None), Dt::F32);
-    let freqs = b.plain("mul", &[pf], half, Dt::F32);
-    let ones = b.plain("ones_like", &[freqs], half, Dt::F32);
-    let polar = b.plain("polar", &[ones, freqs], full, Dt::F32);
-    let f = b.plain("mul", &[polar], full, Dt::F32);
-    b.hold(freqs);
-    b.p.tensors[f as usize].part = Some(Part::Embedding);
-    f
-}
-
-/// The final norm (`model.norm`).
-pub fn final_norm(b: &mut Builder, p: &Params, x: Tid) -> Tid {
-    b.module = "model.norm";
-    b.part = Part::Head;
-    let w = p.w(b, "norm.weight");
-    rms_norm(b, x, w)
+    set_part(b, m, Part::Checkpoints)
 }
 
 /// Llama 4's text model (see the module doc).
 pub struct Llama4;
 impl Modeling for Llama4 {
+    /// `Llama4TextModel.forward` before the layers: Llama's; the model's embedding weight is
+    /// not handed to a tied head (which registers its own).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, Some(ids), attn)
+        let (x0, sh) = embed_then(b, p, spec, ids, false, |b| positions(b, spec, attn));
+        (x0, Shared { emb_w: None, ..sh })
     }
-    fn receive(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
-        embed(b, p, spec, None, attn)
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        positions(b, spec, attn)
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)
     }
-    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        final_norm(b, p, x)
+    fn norm(&self) -> Norm {
+        NORM
     }
     /// The `chunked_attention` layers of `layer_types`.
     fn sliding(&self, spec: &ModelSpec, i: usize) -> bool {
@@ -698,37 +515,17 @@ mod tests {
     use super::*;
     use crate::estimator::config::{Config, Kernels, Precision};
     use crate::estimator::expr::numbers_only;
-    use crate::estimator::model::LayerRule;
     use crate::estimator::params::Stage;
     use crate::estimator::precision::recipe;
-    use crate::estimator::presets::presets;
+    use crate::estimator::presets::preset;
     use crate::estimator::step::families::Var;
     use crate::estimator::step::ledger::kept;
     use crate::estimator::step::model::Setup;
 
-    fn preset(id: &str) -> ModelSpec {
-        presets().into_iter().find(|p| p.id == id).map(|p| p.spec).expect("the preset exists")
-    }
-
-    #[test]
-    fn both_llama_4_presets_have_the_layout_this_module_builds() {
-        for id in ["llama-4-scout-17b-16e-instruct", "llama-4-maverick-17b-128e-instruct"] {
-            assert!(layout(&preset(id)), "{id}");
-            assert!(crate::estimator::unmodelled_feature(&preset(id)).is_none(), "{id} is accepted");
-        }
-    }
-
-    #[test]
-    fn chunks_on_a_nope_layer_are_not_this_layout_and_stay_refused() {
-        let spec = ModelSpec { window_layers: LayerRule::All, ..preset("llama-4-scout-17b-16e-instruct") };
-        assert!(!layout(&spec));
-        assert!(crate::estimator::unmodelled_feature(&spec).is_some());
-    }
-
     /// The fixture's toy Llama 4 (h = 64, a = 4 heads of 16, k = 2, E = 4, K = 1, f_e = f_s = 40,
     /// f = 176, chunks of 48, layers 1 and 3 MoE, layer 3 NoPE of 4), fp32, eager, b = 2, s = 64.
     fn toy(attn: Attention) -> Config {
-        let mut arch = preset("llama-4-maverick-17b-128e-instruct");
+        let mut arch = preset("llama-4-maverick-17b-128e-instruct").expect("the preset exists").spec;
         (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 4, 1000);
         (arch.experts, arch.expert_ffn, arch.shared_ffn, arch.ffn, arch.window, arch.qk_l2_norm) = (4, 40, 40, 176, 48, true);
         Config {

@@ -7,15 +7,12 @@
 //! `a` heads (`repeat_kv`; `llama::sdpa_masked`), and `F.scaled_dot_product_attention` turns the bool mask into an
 //! additive one in the query's dtype (`where`), which the CPU flash kernel keeps for backward.
 
-use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid};
-use super::common::{has_rope, Params, Shared};
-use super::common::{mask_shape, masked, received};
-use super::llama::{embedding, packed_detection, rotary};
+use super::super::ir::{Builder, Dt, Shape};
+use super::common::{cache_position, mask_shape, masked, rope_pair, sliding_window_mask_for, Shared};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::model::{LayerRule, ModelSpec, NormKind, WindowKind};
-use crate::estimator::step::part::Part;
 
 /// Whether the window is set: on every layer (`config.sliding_window` not null). Without one
 /// Mistral runs Llama's code.
@@ -29,96 +26,23 @@ pub fn slides(spec: &ModelSpec) -> bool {
         && spec.kv_lora_rank == 0
 }
 
-/// `create_sliding_window_causal_mask` once the window is shorter than the keys: the
-/// packed-sequence check, then `sdpa_mask` with `sliding_window_causal_mask_function`
-/// (`kv > q - window` and `kv <= q`, two bool `[1, 1, s, s_kv]` and their `bitwise_and`s);
-/// eager converts the result to the additive mask (`where(mask, 0, min)`, `[b, 1, s, s_kv]`).
-pub fn sliding_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
-    packed_detection(b, pos);
-    let s1 = || Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ss = || Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-    let ba = b.plain("arange", &[], Shape::new(&[Dim::Q(Q::B)], Split::None), Dt::I64);
-    let ha = b.plain("arange", &[], Shape::new(&[Dim::N(1)], Split::None), Dt::I64);
-    let kv0 = b.plain("arange", &[], s1(), Dt::I64);
-    let kv = b.plain("add", &[kv0], s1(), Dt::I64);
-    let q0 = b.plain("arange", &[], s1(), Dt::I64);
-    let qi = b.plain("add", &[q0], s1(), Dt::I64);
-    let one = b.plain("new_ones", &[], Shape::scalar(), Dt::Bool);
-    let sub = b.plain("sub", &[qi], s1(), Dt::I64);
-    let gt = b.plain("gt", &[kv, sub], ss(), Dt::Bool);
-    let and1 = b.plain("bitwise_and", &[one, gt], ss(), Dt::Bool);
-    let le = b.plain("le", &[kv, qi], ss(), Dt::Bool);
-    let and2 = b.plain("bitwise_and", &[and1, le], ss(), Dt::Bool);
-    for t in [ba, ha, kv, qi] {
-        b.hold(t);
-    }
-    let m = if attn == Attention::Eager {
-        let zero = b.plain("zeros", &[], Shape::scalar(), Dt::Resid);
-        let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
-        let (shape, dt) = mask_shape(attn);
-        b.plain("where", &[and2, zero, min], shape, dt)
-    } else {
-        and2
-    };
-    b.p.tensors[m as usize].part = Some(Part::Checkpoints);
-    m
-}
-
-/// `MistralModel.forward` before the layers: Llama's, with the sliding-window mask in place of
-/// the causal one (`create_sliding_window_causal_mask` when `config.sliding_window` is set).
-pub fn embed(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-    b.part = Part::Embedding;
-    b.module = "model.embed_tokens";
-    let emb_w = p.w(b, "embed_tokens.weight");
-    let x0 = match emb_w {
-        Some(w) => embedding(b, ids, w),
-        None => b.plain("embedding", &[ids], super::super::blocks::shapes::tok(Q::H), Dt::Resid),
-    };
-    let mut sh = positions(b, spec, attn);
-    sh.emb_w = if spec.tied { emb_w } else { None };
-    sh.locals[0] = Some(x0);
-    (x0, sh)
-}
-
-/// What `MistralModel.forward` computes after the embedding (also a later pipeline stage's
-/// prologue): `position_ids`, the sliding-window mask (always for eager; for SDPA once the window
-/// is shorter than the keys, else only its packed-sequence check), the rotary embedding.
-pub fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
-    b.module = "model";
-    b.part = Part::Embedding;
-    let s1 = Shape::new(&[Dim::Q(Q::S)], Split::None);
-    let ar = b.plain("arange", &[], s1, Dt::I64);
-    let pos = b.plain("add", &[ar], s1, Dt::I64);
-    b.p.tensors[pos as usize].part = Some(Part::Checkpoints);
-    let mask = if attn == Attention::Eager || masked(spec.window, b.c.n(Q::S_KV)) {
-        Some(sliding_mask(b, pos, attn))
-    } else {
-        super::llama::mask_only(b, pos, attn).1
-    };
-    let (cos, sin) = if has_rope(spec) {
-        let (c, s) = rotary(b, spec, pos);
-        (Some(c), Some(s))
-    } else {
-        (None, None)
-    };
-    Shared { cos, sin, pos: Some(pos), mask, mask_local: None, emb_w: None, locals: [None, None], cos_local: None, sin_local: None }
-}
-
 /// Mistral (`modeling_mistral.py`): Llama's layers, with the sliding-window mask once
 /// `config.sliding_window` is set.
 pub struct Mistral;
 impl Modeling for Mistral {
-    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        if slides(spec) {
-            embed(b, p, spec, ids, attn)
-        } else {
-            super::llama::embed(b, p, spec, ids, attn)
+    /// What `MistralModel.forward` computes after the embedding (also a later pipeline stage's
+    /// prologue): `position_ids`, the sliding-window mask in place of the causal one
+    /// (`create_sliding_window_causal_mask` when `config.sliding_window` is set: always for
+    /// eager; for SDPA once the window is shorter than the keys, else only its packed-sequence
+    /// check), the rotary embedding.
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        if !slides(spec) {
+            return super::llama::positions(b, spec, attn);
         }
-    }
-    fn receive(&self, b: &mut Builder, _p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
-        let x0 = received(b);
-        let sh = if slides(spec) { positions(b, spec, attn) } else { super::llama::positions(b, spec, attn) };
-        (x0, sh)
+        let pos = cache_position(b);
+        let mask = sliding_window_mask_for(b, pos, attn, spec.window);
+        let (cos, sin) = rope_pair(b, spec, pos, true);
+        Shared { cos, sin, pos: Some(pos), mask, ..Shared::default() }
     }
     /// Eager's mask, and SDPA's once the window is shorter than the keys.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {

@@ -2,19 +2,21 @@
 //! few close variants), each implementing [`Modeling`] — the prologue before the layers, a
 //! decoder layer, the final norm and what they hand each other — by overriding only what its
 //! transformers `modeling_<type>.py` does differently from Llama's, which the trait's defaults
-//! follow. The pieces families share (norms, rotary embeddings, attention cores, MLPs, masks,
-//! the MoE blocks) live in `common.rs`, `llama.rs` (the Llama-shaped attention and MLP) and
-//! `moe.rs` / `sigmoid_moe.rs`.
+//! follow. What families share is written once and called with parameters where they differ:
+//! the embeddings, masks, rotary tables, norms, projections and MLPs in `common.rs`; Llama's
+//! attention, its core, the partial RoPEs and the pre-norm decoder layer (`decoder_layer`, the
+//! feed-forward block `Ffn`) in `llama.rs`; the MoE blocks in `moe.rs` and `sigmoid_moe.rs`.
 //!
 //! The family of a model is decided once, when it is imported, picked as a preset or named by
-//! a link's `family` key ([`crate::estimator::family::Family`]); [`modeling`] maps it to its code.
+//! a link's `family` key ([`crate::estimator::family::Family`]); [`modeling()`] maps it to its code.
 //! Nothing here guesses a family from the architecture's numbers.
 //!
 //! Adding a family:
-//! 1. `families/<name>.rs`: its `pub struct` and `impl Modeling` (only the methods that differ),
-//!    the ops of what differs, built from the shared pieces, each citing the transformers 5.24
-//!    file and function it follows;
-//! 2. its variant and `model_type` in `estimator/family.rs`, and its arm in [`modeling`] here;
+//! 1. `families/<name>.rs`: its `pub struct` and `impl Modeling` (only the methods that differ:
+//!    often just `layer`, `positions` — what the forward computes after the embedding — and
+//!    `norm`), the ops of what differs, built from the shared pieces, each citing the
+//!    transformers 5.24 file and function it follows;
+//! 2. its variant and `model_type` in `estimator/family.rs`, and its arm in [`modeling()`] here;
 //! 3. its `config.json` reading in `estimator/hf.rs` and a preset in `estimator/presets.rs`
 //!    (named after its public checkpoint);
 //! 4. its measured records in `tests/fixtures/pytorch/` (see `validation/README.md`), which

@@ -5,7 +5,7 @@
 //! differently.
 
 use super::super::ir::{Builder, Dt, Shape, Tid};
-use super::common::{cos_shape, has_rope, mask_shape, received, Kind, Params, Shared};
+use super::common::{cos_shape, embed_then, final_norm, has_rope, mask_shape, received, Kind, Norm, Params, Rms, Shared};
 use super::llama;
 use crate::estimator::config::Attention;
 use crate::estimator::model::ModelSpec;
@@ -15,19 +15,24 @@ pub trait Modeling: Sync {
     /// The model's forward before the decoder layers on the first pipeline stage, from the
     /// token ids: the first hidden state and the model-level tensors the layers read.
     ///
-    /// Llama (`LlamaModel.forward`): the token embedding, `cache_position` / `position_ids`,
-    /// `create_causal_mask` and the rotary embedding.
+    /// Llama (`LlamaModel.forward`): the token embedding (scaled by the `embed_scale` buffer
+    /// where [`Modeling::embed_scale_buffer`]), then [`Modeling::positions`].
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        llama::embed(b, p, spec, ids, attn)
+        embed_then(b, p, spec, ids, self.embed_scale_buffer(), |b| self.positions(b, spec, attn))
     }
 
-    /// A later pipeline stage's prologue: the activation it receives, then what the model's
-    /// forward computes after the embedding (Llama: positions, the causal mask, the rotary
-    /// embedding).
+    /// A later pipeline stage's prologue: the activation it receives, then
+    /// [`Modeling::positions`].
     fn receive(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, attn: Attention) -> (Tid, Shared) {
         let _ = p;
         let x0 = received(b);
-        (x0, llama::positions(b, spec, attn))
+        (x0, self.positions(b, spec, attn))
+    }
+
+    /// What the model's forward computes after the embedding, for the layers (Llama:
+    /// `cache_position` / `position_ids`, `create_causal_mask` and the rotary embedding).
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        llama::positions(b, spec, attn)
     }
 
     /// One decoder layer on `x` (`LlamaDecoderLayer.forward`); returns its output.
@@ -35,10 +40,15 @@ pub trait Modeling: Sync {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }
 
-    /// The norm after the last layer (`model.norm`).
+    /// The family's norm module (Llama: `LlamaRMSNorm`), in its layers and after them.
+    fn norm(&self) -> Norm {
+        Norm::Rms(Rms::Llama)
+    }
+
+    /// The norm after the last layer (`model.norm`, [`Modeling::norm`]).
     fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
         let _ = spec;
-        llama::final_norm(b, p, x)
+        final_norm(b, p, "model.norm", self.norm(), x)
     }
 
     /// Whether the first layer's input is one of the model forward's locals, held until the model
@@ -97,3 +107,33 @@ pub trait Modeling: Sync {
 /// layers, biases, q/k norms, NoPE layers).
 pub struct Llama;
 impl Modeling for Llama {}
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::model::{LayerRule, ModelSpec, Router};
+    use crate::estimator::presets::preset;
+    use crate::estimator::step::families::modeling;
+    use crate::estimator::unmodelled_feature;
+
+    /// gpt-oss's and Llama 4's code builds exactly their presets' layouts (`gpt_oss::layout`,
+    /// `llama4::layout`): the presets are accepted as they are, and a feature changed — sinks
+    /// with another router, chunks on Llama 4's NoPE layers — is refused rather than
+    /// approximated.
+    #[test]
+    fn the_families_that_build_their_own_layout_accept_their_presets_and_refuse_what_differs() {
+        let own = |spec: &ModelSpec| modeling(spec.family).builds_own_layout(spec);
+        let spec = |id: &str| preset(id).expect("the preset exists").spec;
+        for id in ["gpt-oss-20b", "gpt-oss-120b", "llama-4-scout-17b-16e-instruct", "llama-4-maverick-17b-128e-instruct"] {
+            assert!(own(&spec(id)), "{id}");
+            assert!(unmodelled_feature(&spec(id)).is_none(), "{id} is accepted");
+        }
+        let changed = [
+            ModelSpec { router: Router::Softmax, ..spec("gpt-oss-20b") },
+            ModelSpec { window_layers: LayerRule::All, ..spec("llama-4-scout-17b-16e-instruct") },
+        ];
+        for s in changed {
+            assert!(!own(&s), "{:?}", s.family);
+            assert!(unmodelled_feature(&s).is_some(), "{:?}", s.family);
+        }
+    }
+}

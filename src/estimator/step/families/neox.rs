@@ -5,16 +5,17 @@
 //! MLP both read the layer's input) or the sequential one; `dense_h_to_4h` → GELU →
 //! `dense_4h_to_h`; a final LayerNorm and an untied `embed_out` head.
 
-use super::super::blocks::shapes::{heads, tok, tok_tp};
-use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid};
-use super::common::Kind;
-use super::common::{Params, Shared};
+use super::super::blocks::shapes::heads;
+use super::super::ir::{Builder, Group, Tid};
+use super::common::{
+    dropout, final_norm, fused_attn_w, fused_qkv, out_proj, plain_mlp, plain_mlp_w, proj_or, qkv_shape, Kind, Norm, Params, Shared,
+    LAYER_NORM,
+};
 use super::modeling::Modeling;
-use super::{gpt2, llama, phi};
+use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, ModelSpec};
+use crate::estimator::model::ModelSpec;
 use crate::estimator::step::part::Part;
 
 /// `GPTNeoXAttention.forward`:
@@ -29,37 +30,18 @@ use crate::estimator::step::part::Part;
 /// The chunks' gradients meet in one `cat` `[b, a, s, 3·d]` whose transpose the head view
 /// copies back.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let wqkv = p.w(b, "layers.*.attn.qkv_proj.weight");
-    let bqkv = p.w(b, "layers.*.attn.qkv_proj.bias");
-    let wo = p.w(b, "layers.*.attn.o_proj.weight");
-    let bo = p.w(b, "layers.*.attn.o_proj.bias");
-    let eager = attn == Attention::Eager;
-    b.part = Part::AttentionInputs;
-    b.module = "attention.query_key_value";
-    let qkv_shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Qkv, Dim::Q(Q::D)], Split::Tp);
-    let qkv = match wqkv {
-        Some(w) => b.proj(x, w, bqkv, qkv_shape, Linear::Qkv),
-        None => x,
-    };
-    b.module = "attention";
-    b.part = Part::AttentionCore;
+    let [wqkv, wo] = fused_attn_w(b, p);
+    let qkv = fused_qkv(b, x, wqkv, ["attention.query_key_value", "attention"], proj_or);
+    let qkv_shape = qkv_shape();
     let per_head = b.view(qkv, qkv_shape, "ViewBackward0", true);
     let t = b.view(per_head, qkv_shape, "TransposeBackward0", false);
     let (q, k, v) = b.split3(t, heads(Q::A));
     let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => phi::rope_parts(b, spec, q, k, cos, sin, false),
+        (Some(cos), Some(sin)) => llama::rope_partial(b, spec, q, k, cos, sin, llama::PartialRope::default()),
         _ => (q, k),
     };
-    let (region, qe, ke, v) = llama::selective_begin(b, qe, ke, v);
-    let (o, weights) =
-        if eager { llama::eager_core_with(b, spec, qe, ke, v, sh.mask, true) } else { (llama::sdpa_core_copy(b, qe, ke, v, true), None) };
-    llama::selective_end(b, region);
-    b.part = Part::AttentionInputs;
-    b.module = "attention.dense";
-    let out = match wo {
-        Some(w) => b.proj(o, w, bo, tok(Q::H), Linear::O),
-        None => o,
-    };
+    let (o, weights, [qe, ke, _]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Core::CONTIGUOUS);
+    let out = out_proj(b, o, wo.0, wo.1, "attention.dense");
     b.hold(qkv);
     b.hold(qe);
     b.hold(ke);
@@ -68,25 +50,8 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 
 /// `GPTNeoXMLP.forward`: `dense_4h_to_h(act(dense_h_to_4h(x)))`.
 fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
-    let w1 = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
-    let w2 = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
-    b.part = Part::Mlp;
-    b.module = "mlp.dense_h_to_4h";
-    let h = match w1.0 {
-        Some(w) => b.proj(x, w, w1.1, tok_tp(Dim::Q(Q::F)), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp.act";
-    let a = match spec.act {
-        Activation::GeluNew => gpt2::gelu_new(b, h),
-        Activation::Relu => b.unary("relu", "ReluBackward0", h, Keep::Output, "threshold_backward"),
-        _ => b.unary("gelu", "GeluBackward0", h, Keep::Input, "gelu_backward"),
-    };
-    b.module = "mlp.dense_4h_to_h";
-    match w2.0 {
-        Some(w) => b.proj(a, w, w2.1, tok(Q::H), Linear::Down),
-        None => a,
-    }
+    let w = plain_mlp_w(b, p);
+    plain_mlp(b, w, x, spec.act, ["mlp.dense_h_to_4h", "mlp.act", "mlp.dense_4h_to_h"])
 }
 
 /// `GPTNeoXLayer.forward`:
@@ -105,52 +70,33 @@ fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: input_layernorm, post_attention_layernorm, attention, mlp.
-    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    let ln2 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let n1 = Norm::LayerNorm.call(b, "input_layernorm", x, ln1);
     let (a, weights) = attention(b, p, spec, n1, sh, attn);
     b.hold(n1);
-    b.module = "post_attention_dropout";
-    b.part = Part::Dropout;
-    let a = b.dropout(a);
-    let y = if spec.parallel {
-        b.module = "post_attention_layernorm";
-        b.part = Part::Norms;
-        let n2 = b.layer_norm(x, ln2.0, ln2.1);
-        let m = mlp(b, p, spec, n2);
-        b.hold(n2);
-        b.module = "post_mlp_dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
+    let a = dropout(b, "post_attention_dropout", a);
+    // The sequential residual adds the attention's output first, and normalizes that.
+    let h = (!spec.parallel).then(|| {
         b.module = "";
         b.part = Part::Norms;
-        let ma = b.add(m, a);
-        let y = b.add(ma, x);
-        b.hold(m);
-        y
-    } else {
-        b.module = "";
-        b.part = Part::Norms;
-        let h = b.add(a, x);
-        b.module = "post_attention_layernorm";
-        let n2 = b.layer_norm(h, ln2.0, ln2.1);
-        let m = mlp(b, p, spec, n2);
-        b.hold(n2);
-        b.module = "post_mlp_dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.module = "";
-        b.part = Part::Norms;
-        let y = b.add(m, h);
-        b.hold(h);
-        b.hold(m);
-        y
+        b.add(a, x)
+    });
+    let n2 = Norm::LayerNorm.call(b, "post_attention_layernorm", h.unwrap_or(x), ln2);
+    let m = mlp(b, p, spec, n2);
+    b.hold(n2);
+    let m = dropout(b, "post_mlp_dropout", m);
+    b.module = "";
+    b.part = Part::Norms;
+    let y = match h {
+        Some(h) => b.add(m, h),
+        None => {
+            let ma = b.add(m, a);
+            b.add(ma, x)
+        }
     };
-    b.hold(a);
-    if let Some(w) = weights {
-        b.hold(w);
+    for t in h.into_iter().chain([m, a]).chain(weights) {
+        b.hold(t);
     }
     y
 }
@@ -166,6 +112,6 @@ impl Modeling for GptNeox {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        super::starcoder2::final_layer_norm(b, p, "gpt_neox.final_layer_norm", x)
+        final_norm(b, p, "gpt_neox.final_layer_norm", Norm::LayerNorm, x)
     }
 }

@@ -3,15 +3,14 @@
 //! projections and `dense`, partial RoPE on the first `d_rot` dims of each head (sliced, rotated,
 //! concatenated back), `fc1` → `gelu_new` → `fc2`, a final LayerNorm and a biased LM head.
 
-use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
-use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, X};
-use super::common::Kind;
-use super::common::{rotary_dims, Params, Shared};
+use super::super::ir::{Builder, Group, Tid};
+use super::common::{
+    dropout, embed_then, final_norm, out_proj, plain_mlp, plain_mlp_w, qkv, AttnW, Kind, Norm, NormW, Params, Shared, LAYER_NORM,
+};
+use super::llama::{self, PartialRope};
 use super::modeling::Modeling;
-use super::{gpt2, llama};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, Linear, ModelSpec, QkNorm};
+use crate::estimator::model::{Activation, ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
 
 /// `PhiAttention.forward`:
@@ -27,111 +26,65 @@ use crate::estimator::step::part::Part;
 /// in the reshape; eager's matmul views them). With `qk_layernorm`, a LayerNorm over `d` on
 /// each of q and k before RoPE.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let w = llama::AttnW::new(b, p);
+    let w = AttnW::new(b, p);
     let qkn = (spec.qk_norm == QkNorm::Head).then(|| {
-        (
-            (p.w(b, "layers.*.attn.q_norm.weight"), p.w(b, "layers.*.attn.q_norm.bias")),
-            (p.w(b, "layers.*.attn.k_norm.weight"), p.w(b, "layers.*.attn.k_norm.bias")),
-        )
+        let qn = Norm::LayerNorm.weights(b, p, ["layers.*.attn.q_norm.weight", "layers.*.attn.q_norm.bias"]);
+        (qn, Norm::LayerNorm.weights(b, p, ["layers.*.attn.k_norm.weight", "layers.*.attn.k_norm.bias"]))
     });
-    let eager = attn == Attention::Eager;
-    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| {
-        b.module = module;
-        b.part = Part::AttentionInputs;
-        let y = match w {
-            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
-            None => x,
-        };
-        b.module = "self_attn";
-        let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
-        b.view(v, heads(h), "TransposeBackward0", false)
-    };
     // q's and k's gradients come back from `cat` laid out [b, heads, s, d]: their views copy;
     // v's too after eager's bmm, not after SDPA's kernel.
-    let mut q = proj(b, w.wq, w.bq, Q::A, "self_attn.q_proj", true, Linear::Q);
-    let mut k = proj(b, w.wk, w.bk, Q::KV, "self_attn.k_proj", true, Linear::K);
-    let v = proj(b, w.wv, w.bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
+    let (q, k, v) = qkv(b, &w, x, [true, true, attn == Attention::Eager]);
     b.part = Part::AttentionCore;
-    if let Some((qn, kn)) = qkn {
-        b.module = "self_attn.q_layernorm";
-        q = b.layer_norm_mixed(q, qn.0, qn.1);
-        b.module = "self_attn.k_layernorm";
-        k = b.layer_norm_mixed(k, kn.0, kn.1);
-    }
+    let (q, k) = match qkn {
+        Some((qn, kn)) => qk_layernorm(b, (q, qn), (k, kn), ["self_attn.q_layernorm", "self_attn.k_layernorm"]),
+        None => (q, k),
+    };
+    attention_out(b, spec, [q, k, v], sh, attn, (w.wo, w.bo), "self_attn.dense", true)
+}
+
+/// `self.q_layernorm(query_states)`, `self.k_layernorm(key_states)` (`modules`): a LayerNorm over
+/// `d` each, with weights of the input's dtype or (under autocast) fp32.
+pub fn qk_layernorm(b: &mut Builder, q: (Tid, NormW), k: (Tid, NormW), modules: [&'static str; 2]) -> (Tid, Tid) {
+    b.module = modules[0];
+    let qn = b.layer_norm_mixed(q.0, q.1 .0, q.1 .1);
+    b.module = modules[1];
+    (qn, b.layer_norm_mixed(k.0, k.1 .0, k.1 .1))
+}
+
+/// The rest of Phi's attention (StableLM's too) from the `[b, heads, s, d]` q, k, v: the partial
+/// RoPE ([`llama::rope_partial`], `query_rot`/`key_rot` bound until the return), the attention core on
+/// the contiguous q and k, the output projection (`wo`, at `module`); the locals live to the
+/// return — of v, the projection's view (`v_view`, Phi) or what the core received (StableLM).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_out(
+    b: &mut Builder,
+    spec: &ModelSpec,
+    [q, k, v]: [Tid; 3],
+    sh: &Shared,
+    attn: Attention,
+    wo: (Option<Tid>, Option<Tid>),
+    module: &'static str,
+    v_view: bool,
+) -> (Tid, Option<Tid>) {
     b.module = "self_attn";
     let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => rope_parts(b, spec, q, k, cos, sin, true),
+        (Some(cos), Some(sin)) => llama::rope_partial(b, spec, q, k, cos, sin, PartialRope { named: true, ..PartialRope::default() }),
         _ => (q, k),
     };
-    let (region, qe, ke, vt) = llama::selective_begin(b, qe, ke, v);
-    let (o, weights) =
-        if eager { llama::eager_core_with(b, spec, qe, ke, vt, sh.mask, true) } else { (llama::sdpa_core_copy(b, qe, ke, vt, true), None) };
-    llama::selective_end(b, region);
-    b.part = Part::AttentionInputs;
-    b.module = "self_attn.dense";
-    let out = match w.wo {
-        Some(wo) => b.proj(o, wo, w.bo, tok(Q::H), Linear::O),
-        None => o,
-    };
-    for t in [q, k, v, qe, ke] {
+    let (o, weights, [qe, ke, vt]) = llama::attend(b, spec, [qe, ke, v], sh.mask, attn, llama::Core::CONTIGUOUS);
+    let out = out_proj(b, o, wo.0, wo.1, module);
+    for t in [q, k, if v_view { v } else { vt }, qe, ke] {
         b.hold(t);
     }
     (out, weights)
 }
 
-/// Phi's partial rotary embedding: all four slices first (`x[..., :d_rot]` and
-/// `x[..., d_rot:]` of q, then of k), `apply_rotary_pos_emb` on the rotated parts (q, then k),
-/// then `cat((x_rot, x_pass), -1)` for q and for k. Returns the new q and k. `named_rot`: the
-/// rotated parts stay bound to Python names until the attention returns (Phi's `query_rot`);
-/// GPT-NeoX's `apply_rotary_pos_emb` rebinds them to the concatenations at once.
-pub fn rope_parts(b: &mut Builder, spec: &ModelSpec, q: Tid, k: Tid, cos: Tid, sin: Tid, named_rot: bool) -> (Tid, Tid) {
-    let rot = if rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
-    let partial = !matches!(rot, Dim::Q(Q::D));
-    let split = |b: &mut Builder, x: Tid| {
-        let full = b.shape(x);
-        if partial {
-            (b.slice(x, full.last(rot)), b.slice(x, full.last(Dim::N(0))))
-        } else {
-            (b.alias(x), b.slice(x, full.last(Dim::N(0))))
-        }
-    };
-    let (qr, qp) = split(b, q);
-    let (kr, kp) = split(b, k);
-    let qr2 = llama::rope(b, qr, cos, sin, Q::A);
-    let kr2 = llama::rope(b, kr, cos, sin, Q::KV);
-    let qs = b.shape(q);
-    let qe = b.cat2(qr2, qp, qs);
-    let ks = b.shape(k);
-    let ke = b.cat2(kr2, kp, ks);
-    // `query_rot`, `key_rot` (rebound to the rotated parts) live until the attention returns.
-    if named_rot {
-        for t in [qr2, kr2, qp, kp] {
-            b.hold(t);
-        }
-    }
-    (qe, ke)
-}
-
-/// `PhiMLP.forward`: `fc2(activation_fn(fc1(x)))`.
+/// `PhiMLP.forward`: `fc2(activation_fn(fc1(x)))`, with `gelu_new` or (any other
+/// `hidden_act`) `F.gelu`.
 fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
-    let wfc = (p.w(b, "layers.*.mlp.up_proj.weight"), p.w(b, "layers.*.mlp.up_proj.bias"));
-    let wpr = (p.w(b, "layers.*.mlp.down_proj.weight"), p.w(b, "layers.*.mlp.down_proj.bias"));
-    b.part = Part::Mlp;
-    b.module = "mlp.fc1";
-    let h = match wfc.0 {
-        Some(w) => b.proj(x, w, wfc.1, tok_tp(Dim::Q(Q::F)), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp.activation_fn";
-    let a = match spec.act {
-        Activation::GeluNew => gpt2::gelu_new(b, h),
-        _ => b.unary("gelu", "GeluBackward0", h, super::super::blocks::Keep::Input, "gelu_backward"),
-    };
-    b.module = "mlp.fc2";
-    match wpr.0 {
-        Some(w) => b.proj(a, w, wpr.1, tok(Q::H), Linear::Down),
-        None => a,
-    }
+    let w = plain_mlp_w(b, p);
+    let act = if spec.act == Activation::GeluNew { Activation::GeluNew } else { Activation::Gelu };
+    plain_mlp(b, w, x, act, ["mlp.fc1", "mlp.activation_fn", "mlp.fc2"])
 }
 
 /// `PhiDecoderLayer.forward`:
@@ -147,27 +100,17 @@ fn mlp(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm (created inside in that order).
-    let ln = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n = b.layer_norm(x, ln.0, ln.1);
+    let ln = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let n = Norm::LayerNorm.call(b, "input_layernorm", x, ln);
     let (a, weights) = attention(b, p, spec, n, sh, attn);
-    b.module = "resid_dropout";
-    b.part = Part::Dropout;
-    let a = b.dropout(a);
+    let a = dropout(b, "resid_dropout", a);
     let m = mlp(b, p, spec, n);
-    b.module = "resid_dropout";
-    b.part = Part::Dropout;
-    let m = b.dropout(m);
+    let m = dropout(b, "resid_dropout", m);
     b.module = "";
-    b.part = Part::Norms;
     let am = b.add(a, m);
     let y = b.add(am, x);
-    for t in [n, a, m] {
+    for t in [n, a, m].into_iter().chain(weights) {
         b.hold(t);
-    }
-    if let Some(w) = weights {
-        b.hold(w);
     }
     y
 }
@@ -179,14 +122,12 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// `hidden_states = self.emb_dropout(inputs_embeds)` and StarCoder2's
 /// `hidden_states = dropout(hidden_states, p=self.embedding_dropout)` (`inputs_embeds` stays bound).
 pub fn embed_with_dropout(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention, rebind: bool) -> (Tid, Shared) {
-    let (x0, mut sh) = llama::embed(b, p, spec, ids, attn);
+    let (x0, mut sh) = embed_then(b, p, spec, ids, false, |b| llama::positions(b, spec, attn));
     if !b.dropout {
         return (x0, sh);
     }
     b.layer = super::super::ir::MODEL;
-    b.module = "model.embed_dropout";
-    b.part = Part::Dropout;
-    let x = b.dropout(x0);
+    let x = dropout(b, "model.embed_dropout", x0);
     b.part = Part::Embedding;
     if rebind {
         sh.locals[0] = Some(x);
@@ -205,6 +146,6 @@ impl Modeling for Phi {
         layer(b, p, spec, x, sh, attn)
     }
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        super::starcoder2::final_layer_norm(b, p, "model.final_layernorm", x)
+        final_norm(b, p, "model.final_layernorm", Norm::LayerNorm, x)
     }
 }

@@ -10,24 +10,18 @@
 //! `models/glm4_moe/modeling_glm4_moe.py` (`Glm4MoeTopkRouter.forward`, `Glm4MoeMoE.forward`).
 
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
-use super::common::Params;
+use super::super::ir::{Builder, Dim, Dt, Shape, Tid, B, S, X};
+use super::common::{gated_mlp, tokens, Gated, Kind, MlpW, Norm, Params, Rms, SILU};
+use super::llama::{decoder_layer, Ffn};
 use super::moe::MoeW;
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::model::ModelSpec;
 use crate::estimator::step::part::Part;
 
 /// Bytes of an fp32 element (the router's weight and logits whatever the model dtype).
 pub const FP32_BYTES: u64 = 4;
 /// `topk(2, dim=-1)` in the group scores: each group is scored by its two best experts.
 pub const GROUP_SCORE_TOP: u32 = 2;
-
-/// `[b, s, extra…]`: one row per token.
-pub fn tokens(extra: &[Dim]) -> Shape {
-    let mut d = vec![Dim::Q(Q::B), Dim::Q(Q::S)];
-    d.extend_from_slice(extra);
-    Shape::new(&d, Split::None)
-}
 
 /// A parameter created in fp32 whatever the model dtype (`torch.zeros(..., dtype=torch.float32)`
 /// in the router's `__init__`, kept by `_keep_in_fp32_modules_strict`): fp32 weight, fp32
@@ -44,7 +38,7 @@ pub fn fp32_param(b: &mut Builder, p: &Params, name: &str) -> Option<Tid> {
 #[derive(Clone, Copy)]
 pub struct SigmoidMoeW {
     pub experts: MoeW,
-    pub shared: [Option<Tid>; 3],
+    pub shared: MlpW,
 }
 
 impl SigmoidMoeW {
@@ -52,11 +46,7 @@ impl SigmoidMoeW {
         let gate_up = p.w(b, "layers.*.mlp.experts.gate_up_proj");
         let down = p.w(b, "layers.*.mlp.experts.down_proj");
         let router = fp32_param(b, p, "layers.*.mlp.router.weight");
-        let shared = [
-            p.w(b, "layers.*.mlp.shared_expert.gate_proj.weight"),
-            p.w(b, "layers.*.mlp.shared_expert.up_proj.weight"),
-            p.w(b, "layers.*.mlp.shared_expert.down_proj.weight"),
-        ];
+        let shared = MlpW::shared(b, p);
         SigmoidMoeW { experts: MoeW { router, gate_up, down }, shared }
     }
 }
@@ -97,6 +87,43 @@ pub fn mask_copies(spec: &ModelSpec) -> bool {
     g > 1 && spec.experts / g > 1
 }
 
+/// The router's logits in fp32 (DeepSeek-V2's and V3's, GLM-4.5's `mlp.gate`):
+/// `router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))`.
+pub fn fp32_logits(b: &mut Builder, w: Option<Tid>, x2: Tid) -> Tid {
+    b.module = "mlp.gate";
+    let xf = b.to_copy(x2, Dt::F32);
+    let e = tokens(&[Dim::X(X::E)]);
+    match w {
+        Some(w) => b.linear(xf, w, None, e),
+        None => b.plain("mm", &[xf], e, Dt::F32),
+    }
+}
+
+/// The group limit's mask over the experts, from the scores of the G groups (no gradient):
+/// ```python
+/// group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+/// group_mask = torch.zeros_like(group_scores)
+/// group_mask.scatter_(1, group_idx, 1)
+/// score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+/// ~score_mask.bool()
+/// ```
+/// Returns the chosen groups, the group and the expert masks (the function's locals), and the
+/// inverted expert mask.
+pub fn group_mask(b: &mut Builder, spec: &ModelSpec, group_scores: Tid) -> [Tid; 4] {
+    let e = || tokens(&[Dim::X(X::E)]);
+    let groups = spec.router_groups.max(1);
+    let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
+    let top = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
+    let r = b.plain_n("topk", &[group_scores], &top);
+    let gidx = r[1];
+    let gmask = b.plain("zeros_like", &[group_scores], tokens(&[Dim::W(groups)]), Dt::F32);
+    b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
+    let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
+    let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
+    let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+    [gidx, gmask, smask, inv]
+}
+
 /// The router (`DeepseekV3TopkRouter.forward`, `Glm4MoeTopkRouter.forward`):
 /// ```python
 /// hidden_states = hidden_states.view(-1, self.hidden_dim)
@@ -121,13 +148,8 @@ pub fn mask_copies(spec: &ModelSpec) -> bool {
 /// With one group `reshape` of the expanded mask is a view; with more it copies `[T, E]`.
 /// Returns (logits, weights, indices).
 pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normalize: bool) -> (Tid, Tid, Tid) {
-    b.module = "mlp.gate";
-    let xf = b.to_copy(x2, Dt::F32);
     let e = || tokens(&[Dim::X(X::E)]);
-    let logits = match w {
-        Some(w) => b.linear(xf, w, None, e()),
-        None => b.plain("mm", &[xf], e(), Dt::F32),
-    };
+    let logits = fp32_logits(b, w, x2);
     let scores = b.unary("sigmoid", "SigmoidBackward0", logits, Keep::Output, "sigmoid_backward");
     // The choice: no gradient reaches the loss through it.
     let choice = b.plain("add", &[scores], e(), Dt::F32);
@@ -137,15 +159,7 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     let r = b.plain_n("topk", &[choice], &top);
     let (gv, gi) = (r[0], r[1]);
     let gscores = b.plain("sum", &[gv], tokens(&[g]), Dt::F32);
-    let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
-    let top = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
-    let r = b.plain_n("topk", &[gscores], &top);
-    let gidx = r[1];
-    let gmask = b.plain("zeros_like", &[gscores], tokens(&[g]), Dt::F32);
-    b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
-    let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
-    let mb = b.plain("_to_copy", &[smask], e(), Dt::Bool);
-    let inv = b.plain("bitwise_not", &[mb], e(), Dt::Bool);
+    let [gidx, gmask, smask, inv] = group_mask(b, spec, gscores);
     let filled = b.plain("masked_fill", &[choice, inv], e(), Dt::F32);
     let top = [b.out(tokens(&[Dim::X(X::K)]), Dt::F32, false), b.out(tokens(&[Dim::X(X::K)]), Dt::I64, false)];
     let r = b.plain_n("topk", &[filled], &top);
@@ -175,31 +189,29 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
 
 /// The shared experts (`DeepseekV3MLP` / `Glm4MoeMLP` of `n_shared · f_e`):
 /// `down_proj(act_fn(gate_proj(x)) * up_proj(x))`.
-pub fn shared_mlp(b: &mut Builder, w: [Option<Tid>; 3], x: Tid) -> Tid {
-    let [wg, wu, wd] = w;
-    let f = || Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(X::FS)], Split::Tp);
-    b.module = "mlp.shared_experts.gate_proj";
-    let g = match wg {
-        Some(w) => b.proj(x, w, None, f(), Linear::Gate),
-        None => x,
-    };
-    b.module = "mlp.shared_experts.act_fn";
-    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
-    b.module = "mlp.shared_experts.up_proj";
-    let u = match wu {
-        Some(w) => b.proj(x, w, None, f(), Linear::Up),
-        None => x,
-    };
-    b.module = "mlp.shared_experts";
-    let m = b.mul(a, u);
-    b.module = "mlp.shared_experts.down_proj";
-    match wd {
-        Some(w) => b.proj(m, w, None, Shape::tok(Q::H), Linear::Down),
-        None => m,
-    }
+const SHARED_EXPERTS: Gated = Gated {
+    modules: [
+        "mlp.shared_experts.gate_proj",
+        "mlp.shared_experts.act_fn",
+        "mlp.shared_experts.up_proj",
+        "mlp.shared_experts",
+        "mlp.shared_experts.down_proj",
+    ],
+    width: Dim::X(X::FS),
+    act: SILU,
+};
+
+/// The router with `norm_topk_prob` (DeepSeek-V3's and GLM-4.5's configurations and
+/// checkpoints set it; the importer does not keep it).
+pub fn router_normalized(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
+    router(b, spec, w, x2, true)
 }
 
-/// The block (`DeepseekV3MoE.forward`, `Glm4MoeMoE.forward`):
+/// A router: (builder, spec, weight, `[b·s, h]` input) → (logits, weights, indices).
+pub type RouterFn = fn(&mut Builder, &ModelSpec, Option<Tid>, Tid) -> (Tid, Tid, Tid);
+
+/// The block (`DeepseekV3MoE.forward`, `Glm4MoeMoE.forward`; DeepSeek-V2's `DeepseekV2Moe.forward`
+/// with its softmax router is otherwise the same block):
 /// ```python
 /// residuals = hidden_states
 /// _, topk_weights, topk_indices = self.gate(hidden_states)
@@ -207,25 +219,7 @@ pub fn shared_mlp(b: &mut Builder, w: [Option<Tid>; 3], x: Tid) -> Tid {
 /// hidden_states = hidden_states + self.shared_experts(residuals)
 /// ```
 /// The router's logits (`_`) and weights live until the block returns.
-pub fn block(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, normalize: bool) -> Tid {
-    let route = if normalize { router_normalized } else { router_plain };
-    block_with(b, spec, w, x, route)
-}
-
-fn router_normalized(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    router(b, spec, w, x2, true)
-}
-
-fn router_plain(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, Tid, Tid) {
-    router(b, spec, w, x2, false)
-}
-
-/// A router: (builder, spec, weight, `[b·s, h]` input) → (logits, weights, indices).
-pub type RouterFn = fn(&mut Builder, &ModelSpec, Option<Tid>, Tid) -> (Tid, Tid, Tid);
-
-/// [`block`] with another router (DeepSeek-V2's softmax one, `DeepseekV2Moe.forward`, which is
-/// otherwise the same block).
-pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, route: RouterFn) -> Tid {
+pub fn block(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, route: RouterFn) -> Tid {
     b.part = Part::Moe;
     b.module = "mlp";
     let xr = b.view(x, b.shape(x), "ViewBackward0", false);
@@ -234,9 +228,10 @@ pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, ro
     let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
     let routed = super::moe::experts(b, &w.experts, x2, weights, idx);
     let routed = b.view(routed, Shape::tok(Q::H), "ViewBackward0", false);
-    let shared = if w.shared.iter().any(Option::is_some) {
+    let s = &w.shared;
+    let shared = if s.wg.is_some() || s.wu.is_some() || s.wd.is_some() {
         b.part = Part::Moe;
-        Some(shared_mlp(b, w.shared, x))
+        Some(gated_mlp(b, s, x, &SHARED_EXPERTS))
     } else {
         None
     };
@@ -249,6 +244,24 @@ pub fn block_with(b: &mut Builder, spec: &ModelSpec, w: &SigmoidMoeW, x: Tid, ro
         b.hold(t);
     }
     out
+}
+
+/// The decoder layer of DeepSeek-V2/V3 and GLM-4.5 (`DeepseekV3DecoderLayer.forward`,
+/// `Glm4MoeDecoderLayer.forward`: Llama's, [`decoder_layer`]) around the family's attention,
+/// whose parameters the caller has registered: the dense MLP on the first
+/// `first_k_dense_replace` layers, the block ([`block`], routed by `route`) on the others.
+pub fn layer(
+    b: &mut Builder,
+    p: &Params,
+    spec: &ModelSpec,
+    x: Tid,
+    kind: Kind,
+    attention: impl FnOnce(&mut Builder, Tid) -> (Tid, Option<Tid>),
+    route: RouterFn,
+) -> Tid {
+    // Registration order: self_attn, mlp, input_layernorm, post_attention_layernorm.
+    let ffn = Ffn::new(b, p, kind, SigmoidMoeW::new);
+    decoder_layer(b, p, x, Norm::Rms(Rms::Llama), attention, |b, n| ffn.forward(b, n, |b, w, n| block(b, spec, &w, n, route)))
 }
 
 #[cfg(test)]

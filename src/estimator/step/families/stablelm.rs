@@ -5,15 +5,13 @@
 //! residual or the parallel one (`use_parallel_residual`: attention and MLP both read
 //! `input_layernorm`'s output).
 
-use super::super::blocks::shapes::{heads, heads_bshd, tok};
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
-use super::common::Kind;
-use super::common::{Params, Shared};
+use super::common::{dropout, qkv, AttnW, Kind, MlpW, Norm, Params, Shared, LAYER_NORM};
 use super::modeling::Modeling;
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, QkNorm};
+use crate::estimator::model::{ModelSpec, QkNorm};
 use crate::estimator::step::part::Part;
 
 /// `StableLmLayerNormPerHead.forward`:
@@ -51,24 +49,10 @@ fn per_head_norm(b: &mut Builder, p: &Params, name: &str, x: Tid, h: Q) -> Tid {
 /// per-head q/k norms, Phi's partial RoPE (`query_rot`, `key_rot` bound until the return),
 /// the attention core, `o_proj` on `attn_output.reshape(b, s, -1)`.
 fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
-    let w = llama::AttnW::new(b, p);
-    let eager = attn == Attention::Eager;
-    let proj = |b: &mut Builder, w: Option<Tid>, bias: Option<Tid>, h: Q, module: &'static str, clone_bw: bool, lin: Linear| {
-        b.module = module;
-        b.part = Part::AttentionInputs;
-        let y = match w {
-            Some(w) => b.proj(x, w, bias, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(h), Dim::Q(Q::D)], Split::Tp), lin),
-            None => x,
-        };
-        b.module = "self_attn";
-        let v = b.view(y, heads_bshd(h), "ViewBackward0", clone_bw);
-        b.view(v, heads(h), "TransposeBackward0", false)
-    };
+    let w = AttnW::new(b, p);
     // q's and k's gradients come back from a `cat` laid out [b, heads, s, d]: their views copy;
     // v's too after eager's bmm, not from SDPA's kernel.
-    let q = proj(b, w.wq, w.bq, Q::A, "self_attn.q_proj", true, Linear::Q);
-    let k = proj(b, w.wk, w.bk, Q::KV, "self_attn.k_proj", true, Linear::K);
-    let v = proj(b, w.wv, w.bv, Q::KV, "self_attn.v_proj", eager, Linear::V);
+    let (q, k, v) = qkv(b, &w, x, [true, true, attn == Attention::Eager]);
     b.part = Part::AttentionCore;
     let (q, k) = if spec.qk_norm == QkNorm::PerHead {
         b.module = "self_attn.q_layernorm";
@@ -79,25 +63,7 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     } else {
         (q, k)
     };
-    b.module = "self_attn";
-    let (qe, ke) = match (sh.cos, sh.sin) {
-        (Some(cos), Some(sin)) => phi::rope_parts(b, spec, q, k, cos, sin, true),
-        _ => (q, k),
-    };
-    let (region, qe, ke, v) = llama::selective_begin(b, qe, ke, v);
-    let (o, weights) =
-        if eager { llama::eager_core_with(b, spec, qe, ke, v, sh.mask, true) } else { (llama::sdpa_core_copy(b, qe, ke, v, true), None) };
-    llama::selective_end(b, region);
-    b.part = Part::AttentionInputs;
-    b.module = "self_attn.o_proj";
-    let out = match w.wo {
-        Some(wo) => b.proj(o, wo, w.bo, tok(Q::H), Linear::O),
-        None => o,
-    };
-    for t in [q, k, v, qe, ke] {
-        b.hold(t);
-    }
-    (out, weights)
+    phi::attention_out(b, spec, [q, k, v], sh, attn, (w.wo, w.bo), "self_attn.o_proj", false)
 }
 
 /// `StableLmDecoderLayer.forward`:
@@ -117,46 +83,35 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> Tid {
     b.group = Group::All;
     // Registration order: self_attn, mlp, input_layernorm, [post_attention_layernorm], dropout.
-    let ln1 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
-    b.module = "input_layernorm";
-    b.part = Part::Norms;
-    let n1 = b.layer_norm(x, ln1.0, ln1.1);
+    let ln1 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
+    let n1 = Norm::LayerNorm.call(b, "input_layernorm", x, ln1);
     let (a, weights) = attention(b, p, spec, n1, sh, attn);
-    let mw = llama::MlpW::new(b, p);
-    let y = if spec.parallel {
-        let m = llama::mlp(b, &mw, n1);
-        b.module = "dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.module = "";
-        b.part = Part::Norms;
-        let xa = b.add(x, a);
-        let y = b.add(xa, m);
-        b.hold(m);
-        y
-    } else {
-        let ln2 = (p.w(b, "layers.*.norm.weight"), p.w(b, "layers.*.norm.bias"));
+    let mw = MlpW::new(b, p);
+    // The parallel residual's MLP reads `input_layernorm`'s output; the sequential one adds the
+    // attention's output first, and normalizes that.
+    let h = (!spec.parallel).then(|| {
+        let ln2 = Norm::LayerNorm.weights(b, p, LAYER_NORM);
         b.module = "";
         b.part = Part::Norms;
         let h = b.add(x, a);
-        b.module = "post_attention_layernorm";
-        let n2 = b.layer_norm(h, ln2.0, ln2.1);
-        let m = llama::mlp(b, &mw, n2);
+        (h, Norm::LayerNorm.call(b, "post_attention_layernorm", h, ln2))
+    });
+    let m = llama::mlp(b, &mw, h.map_or(n1, |h| h.1));
+    if let Some((_, n2)) = h {
         b.hold(n2);
-        b.module = "dropout";
-        b.part = Part::Dropout;
-        let m = b.dropout(m);
-        b.module = "";
-        b.part = Part::Norms;
-        let y = b.add(h, m);
-        b.hold(h);
-        b.hold(m);
-        y
+    }
+    let m = dropout(b, "dropout", m);
+    b.module = "";
+    b.part = Part::Norms;
+    let y = match h {
+        Some((h, _)) => b.add(h, m),
+        None => {
+            let xa = b.add(x, a);
+            b.add(xa, m)
+        }
     };
-    b.hold(n1);
-    b.hold(a);
-    if let Some(w) = weights {
-        b.hold(w);
+    for t in h.map(|h| h.0).into_iter().chain([m, n1, a]).chain(weights) {
+        b.hold(t);
     }
     y
 }
@@ -168,7 +123,7 @@ impl Modeling for Stablelm {
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)
     }
-    fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
-        super::starcoder2::final_layer_norm(b, p, "model.norm", x)
+    fn norm(&self) -> Norm {
+        Norm::LayerNorm
     }
 }

@@ -1,0 +1,459 @@
+//! The activation ledger of one GPU: what autograd saves for backward, from the op-level
+//! program of the step (transformers' code) or Megatron's profile (see the module doc of
+//! `activations`).
+
+use super::ctx::{Ctx, Values, L, L_DENSE, L_MOE, L_NOPE, L_ROPE, M};
+use super::megatron;
+use super::terms::Terms;
+use crate::estimator::config::{Config, Kernels};
+use crate::estimator::expr::{Expr, Sym};
+use crate::estimator::ledger::{Bytes, Category, Row, RowId};
+use crate::estimator::params::Stage;
+use crate::estimator::precision::{Dtype, Recipe};
+
+use crate::estimator::step::part::Part;
+
+/// What one GPU keeps for backward, and the numbers the step simulation needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Activations {
+    /// The ledger row (children by part); bytes = saved at the end of the forward pass.
+    pub row: Row,
+    /// Saved bytes of one decoder layer of one micro-batch.
+    pub per_layer: Bytes,
+    /// Saved bytes outside the layers before the head (embedding, positions) for one micro-batch.
+    pub embedding: Bytes,
+    /// Saved bytes of the final norm, head input and loss for one micro-batch (last stage).
+    pub head_and_loss: Bytes,
+    /// Micro-batches whose activations are alive at once on this stage (pipeline schedule).
+    pub in_flight_num: u64,
+    pub in_flight_den: u64,
+}
+
+/// Sliding-window layers on this GPU.
+pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");
+/// Full-attention layers on this GPU (in a model that also has sliding-window layers).
+pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU");
+
+/// The activation ledger of one GPU of `stage` from the op-level program (`step`): every storage
+/// the forward pass keeps for backward, once, by part; decoder layers counted per kind.
+pub fn activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+    let setup = crate::estimator::step::model::Setup::new(cfg, recipe, stage);
+    let pieces = crate::estimator::step::fast::pieces(&setup);
+    activations_of(&setup, &pieces, stage_layers)
+}
+
+/// [`activations`] from the stage's programs already built (the estimate builds them once for
+/// the ledger and the peak).
+pub fn activations_of(
+    setup: &crate::estimator::step::model::Setup,
+    pieces: &crate::estimator::step::fast::Pieces,
+    stage_layers: u64,
+) -> Activations {
+    use crate::estimator::step::families::Kind;
+    use crate::estimator::step::ir::Group;
+    use crate::estimator::step::ledger::kept;
+    let (cfg, recipe, stage) = (setup.cfg, &setup.recipe, setup.stage);
+    let spec = &cfg.arch;
+    let b = setup.sizer();
+    let has_moe = spec.moe_layers() > 0;
+    // Terms by part: per layer group, the model's first end, and its last end.
+    let mut t = Terms::default();
+    let group_of = |g: Group, kind: Kind| -> Group {
+        match (g, has_moe, kind) {
+            (Group::All, _, _) => Group::All,
+            (Group::Rope, _, _) => Group::Rope,
+            (Group::Nope, _, _) => Group::Nope,
+            (_, false, _) => Group::All,
+            (_, true, Kind::Moe) => Group::Moe,
+            (_, true, Kind::Dense) => Group::Dense,
+        }
+    };
+    // One program per distinct (kind, attention type) of the stage's layers.
+    let mut variants: Vec<(Kind, crate::estimator::step::families::Var)> = Vec::new();
+    for (i, &k) in setup.kinds.iter().enumerate() {
+        let v = (k, setup.var(i));
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    }
+    let mut kinds_done: Vec<Kind> = Vec::new();
+    // Terms of RoPE-only and NoPE-only groups: taken from the first layer of each.
+    let (mut rope_done, mut nope_done) = (false, false);
+    for i in 0..setup.kinds.len() {
+        if setup.var(i).nope {
+            t.n_nope += 1;
+        } else {
+            t.n_rope += 1;
+        }
+    }
+    let shared_saved = pieces.kept_slots();
+    for (vi, &(kind, var)) in variants.iter().enumerate() {
+        let layer = pieces.variant(kind, var).expect("every variant of the stage has its program");
+        let prog = &layer.prog;
+        let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
+        rope_done |= !var.nope;
+        nope_done |= var.nope;
+        // Sizes are the same across attention types (a mask differs, not what is saved), except
+        // the RoPE-only and NoPE-only groups.
+        let kind_done = kinds_done.contains(&kind);
+        if kind_done && !take_rope && !take_nope {
+            continue;
+        }
+        kinds_done.push(kind);
+        for &k in &layer.saved {
+            if k.elsewhere {
+                continue;
+            }
+            let x = &prog.tensors[k.t as usize];
+            let e = b.expr_of(&x.shape, x.dt);
+            match group_of(k.group, kind) {
+                // Terms common to every layer: counted once, from the first kind.
+                Group::All if vi == 0 => t.layer.push((k.part, e)),
+                Group::All => {}
+                Group::Moe if !kind_done => t.moe_layer.push((k.part, e)),
+                Group::Dense if !kind_done => t.dense_layer.push((k.part, e)),
+                Group::Moe | Group::Dense => {}
+                Group::Rope if take_rope => t.rope_layer.push((k.part, e)),
+                Group::Nope if take_nope => t.nope_layer.push((k.part, e)),
+                Group::Rope | Group::Nope => {}
+            }
+        }
+    }
+    // Where a kind's attention types keep different tensors, what only one keeps counts for its
+    // layers only.
+    split_by_attention(setup, pieces, &b, &variants, has_moe, &mut t);
+    let (pro, psh) = (&pieces.pro, &pieces.psh);
+    if stage.has_embedding() {
+        for k in kept(pro) {
+            let x = &pro.tensors[k.t as usize];
+            t.first.push((k.part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    for (slot, tid) in psh.slots().into_iter().enumerate() {
+        if let Some(tid) = tid.filter(|_| shared_saved & (1 << slot) != 0) {
+            let x = &pro.tensors[tid as usize];
+            let part = x.part.unwrap_or(Part::Embedding);
+            t.first.push((part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    if let Some((epi, _)) = &pieces.epi {
+        for k in kept(epi) {
+            let x = &epi.tensors[k.t as usize];
+            t.last.push((k.part, b.expr_of(&x.shape, x.dt)));
+        }
+    }
+    assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
+}
+
+/// The `framework = megatron` profile's ledger (Megatron-LM's tensor list, [`megatron`]).
+pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
+    let spec = &cfg.arch;
+    let amp = recipe.autocast_weight_copy;
+    let values = Values {
+        b: cfg.batch,
+        s: cfg.seq_per_gpu(),
+        s_kv: cfg.seq,
+        h: spec.hidden,
+        a: spec.heads,
+        k: spec.kv_heads,
+        d: spec.head_dim,
+        f: spec.ffn,
+        v: spec.vocab,
+        p: recipe.compute.bytes(),
+        p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
+        p_lin: if recipe.fp8_weight_cache { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+        tp: cfg.tp,
+    };
+    let c = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
+    let mut t = Terms::default();
+    megatron::megatron_terms(&c, &mut t);
+    assemble(cfg, recipe, stage, stage_layers, t, c.cuda)
+}
+
+/// Layers of one kind whose attention types keep different tensors (Gemma-3's sliding layers:
+/// SDPA's mask and k, v repeated to `a` heads; its full layers: k and v at `k` heads): the loop
+/// of [`activations`] counted the first type's terms for every layer of the kind; what only one
+/// type keeps moves to [`Terms::by_attention`], counted for that type's layers (`L_sw`,
+/// `L_full`). Terms of every kind (`Group::All`) are the first kind's, as in that loop. Only
+/// variants alike but for the window are compared: what RoPE-only and NoPE-only layers keep is
+/// counted by its own groups (`Group::Rope`, `Group::Nope`, [`Terms::rope_layer`]).
+fn split_by_attention(
+    setup: &crate::estimator::step::model::Setup,
+    pieces: &crate::estimator::step::fast::Pieces,
+    b: &crate::estimator::step::ir::Builder,
+    variants: &[(crate::estimator::step::families::Kind, crate::estimator::step::families::Var)],
+    has_moe: bool,
+    t: &mut Terms,
+) {
+    use crate::estimator::step::families::{Kind, Var};
+    use crate::estimator::step::ir::Group;
+    type Term = (Part, Group, u128, Expr);
+    let group_of = |g: Group, kind: Kind| match (g, has_moe, kind) {
+        (Group::All, _, _) | (_, false, _) => Group::All,
+        (_, true, Kind::Moe) => Group::Moe,
+        (_, true, Kind::Dense) => Group::Dense,
+    };
+    let terms_of = |kind: Kind, var: Var| -> Vec<Term> {
+        let Some(l) = pieces.variant(kind, var) else { return Vec::new() };
+        let prog = &l.prog;
+        l.saved
+            .iter()
+            .filter(|k| !k.elsewhere && !matches!(k.group, Group::Rope | Group::Nope))
+            .map(|k| {
+                let x = &prog.tensors[k.t as usize];
+                (k.part, group_of(k.group, kind), x.bytes, b.expr_of(&x.shape, x.dt))
+            })
+            .collect()
+    };
+    // Layers of one attention type on this stage (of one kind, or of any kind).
+    let count = |kind: Option<Kind>, var: Var| -> u64 {
+        (0..setup.kinds.len()).filter(|&i| kind.is_none_or(|k| setup.kinds[i] == k) && setup.var(i) == var).count() as u64
+    };
+    for (vi, &(kind, var)) in variants.iter().enumerate() {
+        let first_of_kind = !variants[..vi].iter().any(|(k, _)| *k == kind);
+        let Some(&(_, other)) = variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && v.nope == var.nope) else {
+            continue;
+        };
+        if !first_of_kind {
+            continue;
+        }
+        let here = terms_of(kind, var);
+        let mut only_there = terms_of(kind, other);
+        let mut only_here = Vec::new();
+        for term in here {
+            match only_there.iter().position(|o| o.0 == term.0 && o.1 == term.1 && o.2 == term.2) {
+                Some(j) => {
+                    only_there.remove(j);
+                }
+                None => only_here.push(term),
+            }
+        }
+        // The loop counted `here` for every layer of the kind: take its own terms back.
+        for (part, group, _, e) in &only_here {
+            let list = match group {
+                Group::All if vi == 0 => &mut t.layer,
+                Group::All => continue,
+                Group::Moe => &mut t.moe_layer,
+                Group::Dense => &mut t.dense_layer,
+                Group::Rope | Group::Nope => continue,
+            };
+            if let Some(j) = list.iter().position(|(p, x)| p == part && x == e) {
+                list.remove(j);
+            }
+        }
+        for (s, list) in [(var, only_here), (other, only_there)] {
+            let sym = if s.sliding { L_SLIDING } else { L_FULL };
+            for (part, group, _, e) in list {
+                let n = match group {
+                    Group::All if vi == 0 => count(None, s),
+                    Group::All => continue,
+                    _ => count(Some(kind), s),
+                };
+                match t.by_attention.iter_mut().find(|(y, m, _)| *y == sym && *m == n) {
+                    Some((_, _, v)) => v.push((part, e)),
+                    None => t.by_attention.push((sym, n, vec![(part, e)])),
+                }
+            }
+        }
+    }
+}
+
+/// The rows of the ledger from terms by part: each part is
+/// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
+fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool) -> Activations {
+    let spec = &cfg.arch;
+    let _ = (recipe, cuda);
+
+    // Micro-batches in flight: 1F1B keeps min(pp, accum) on the first stage; interleaving
+    // multiplies by 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, §4.2.3).
+    let (num, den) = match stage {
+        Stage::Whole | Stage::Last => (1, 1),
+        Stage::First | Stage::Middle => {
+            let m = cfg.pp.min(cfg.accum).max(1);
+            let m = if stage == Stage::Middle { m.div_ceil(2) } else { m };
+            if cfg.vpp > 1 {
+                (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)
+            } else {
+                (m, 1)
+            }
+        }
+    };
+
+    let moe_layers = stage_layers.min(spec.moe_layers());
+    let dense_layers = stage_layers - moe_layers;
+    let l = Expr::var(L, stage_layers);
+    let mut parts: Vec<Part> = t
+        .layer
+        .iter()
+        .chain(&t.moe_layer)
+        .chain(&t.dense_layer)
+        .chain(&t.rope_layer)
+        .chain(&t.nope_layer)
+        .chain(&t.first)
+        .chain(&t.last)
+        .chain(t.by_attention.iter().flat_map(|(_, _, v)| v.iter()))
+        .map(|(p, _)| *p)
+        .collect();
+    parts.sort();
+    parts.dedup();
+    // The numbers the step simulation needs, before the terms move into the rows.
+    let eval = |v: &[(Part, Expr)]| -> Bytes { v.iter().map(|(_, e)| e.eval()).sum() };
+    let per_moe = eval(&t.moe_layer);
+    let per_dense = eval(&t.dense_layer);
+    let (per_rope, per_nope) = (eval(&t.rope_layer), eval(&t.nope_layer));
+    // Terms of one attention type's layers, spread over every layer (rounded up: never more
+    // "other micro-batch" bytes than there are).
+    let by_attention: Bytes = t.by_attention.iter().map(|(_, n, v)| *n as u128 * eval(v)).sum();
+    let per_layer = eval(&t.layer)
+        + if spec.moe_layers() > 0 { per_moe.max(per_dense) } else { per_dense }
+        + if t.n_rope > 0 { per_rope } else { 0 }.max(if t.n_nope > 0 { per_nope } else { 0 })
+        + by_attention.div_ceil(stage_layers.max(1) as u128);
+    let (n_rope, n_nope) = (t.n_rope, t.n_nope);
+    let embedding = if stage.has_embedding() { eval(&t.first) } else { 0 };
+    let head_and_loss = if stage.has_head() { eval(&t.last) } else { 0 };
+    // Moves one part's terms out of a list (no clones, and no vector of them either: the sum
+    // takes them as they are extracted, which on the numeric path folds them without allocating;
+    // estimate() runs per keystroke and per sweep point).
+    let sum_of = |v: &mut Vec<(Part, Expr)>, p: Part| -> Option<Expr> {
+        if !v.iter().any(|(q, _)| *q == p) {
+            return None;
+        }
+        Some(Expr::sum_merged(v.extract_if(.., |(q, _)| *q == p).map(|(_, e)| e)))
+    };
+    let in_flight = |e: Expr| -> Expr {
+        if num == 1 && den == 1 {
+            e
+        } else if den == 1 {
+            Expr::prod([Expr::var(M, num), e])
+        } else {
+            Expr::prod([Expr::var(M, num), e]).ceil_div(Expr::num(den))
+        }
+    };
+    let mut children = Vec::new();
+    for p in parts {
+        let mut terms = Vec::new();
+        if let Some(e) = sum_of(&mut t.layer, p) {
+            terms.push(Expr::prod([l.clone(), e]));
+        }
+        if moe_layers > 0 {
+            if let Some(e) = sum_of(&mut t.moe_layer, p) {
+                terms.push(Expr::prod([Expr::var(L_MOE, moe_layers), e]));
+            }
+        }
+        if dense_layers > 0 {
+            if let Some(e) = sum_of(&mut t.dense_layer, p) {
+                let count = if spec.moe_layers() > 0 { Expr::var(L_DENSE, dense_layers) } else { l.clone() };
+                terms.push(Expr::prod([count, e]));
+            }
+        }
+        for (v, n, sym) in [(&mut t.rope_layer, n_rope, L_ROPE), (&mut t.nope_layer, n_nope, L_NOPE)] {
+            if let Some(e) = sum_of(v, p) {
+                if n > 0 {
+                    terms.push(Expr::prod([Expr::var(sym, n), e]));
+                }
+            }
+        }
+        for (sym, n, v) in t.by_attention.iter_mut() {
+            if *n > 0 {
+                if let Some(e) = sum_of(v, p) {
+                    terms.push(Expr::prod([Expr::var(*sym, *n), e]));
+                }
+            }
+        }
+        if stage.has_embedding() {
+            if let Some(e) = sum_of(&mut t.first, p) {
+                terms.push(e);
+            }
+        }
+        let mut expr = if terms.is_empty() { None } else { Some(in_flight(Expr::sum(terms))) };
+        if stage.has_head() {
+            if let Some(e) = sum_of(&mut t.last, p) {
+                expr = Some(match expr {
+                    Some(x) => Expr::sum([x, e]),
+                    None => e,
+                });
+            }
+        }
+        if let Some(e) = expr {
+            let row = Row::new(RowId::Activation(p), p.label(), Category::Activations, e, p.source());
+            if row.bytes > 0 {
+                children.push(row);
+            }
+        }
+    }
+    let mut row = Row::parent(
+        RowId::Activations,
+        "Activations (saved for backward)",
+        Category::Activations,
+        children,
+        "sum of the parts; each part's formula is its own",
+    );
+    row.note = "bytes of the tensors autograd keeps at the end of the forward pass, loss included, each storage once; gradient accumulation does not change them (one micro-batch is alive at a time)".into();
+    Activations { row, per_layer, embedding, head_and_loss, in_flight_num: num, in_flight_den: den }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Attention, Kernels, Precision, Recompute};
+    use crate::estimator::precision::recipe;
+
+    fn acts(cfg: &Config) -> Activations {
+        activations(cfg, &recipe(cfg.precision), Stage::Whole, cfg.arch.layers)
+    }
+
+    /// The worked example of FINDINGS.md: llama-gqa b2 s64 bf16 sdpa, T = 128, h = 64, a = 4,
+    /// k = 2, d = 16, f = 176, V = 1000, 2 layers →
+    /// layer = 65,536 + 1,024 + 4·16,384 + 32,768 + 16,384 + 2,048 + 180,224 = 363,520;
+    /// ends = 1,024 + 4,096 + 49,664 + 16,384 + 512,000 + 1,024 + 4 = 584,196; total 1,311,236.
+    #[test]
+    fn the_findings_worked_example_comes_out_to_the_byte() {
+        let mut cfg = Config { batch: 2, seq: 64, precision: Precision::Bf16, kernels: Kernels::Cpu, ..Config::default() };
+        let a = &mut cfg.arch;
+        (a.vocab, a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.ffn) = (1000, 64, 2, 4, 2, 16, 176);
+        let x = acts(&cfg);
+        assert_eq!(x.per_layer, 363_520);
+        assert_eq!(x.row.bytes, 1_311_236);
+    }
+
+    #[test]
+    fn eager_attention_keeps_quadratic_scores_that_sdpa_does_not() {
+        let sdpa = acts(&Config::default()).row.bytes;
+        let eager = acts(&Config { attn: Attention::Eager, ..Config::default() }).row.bytes;
+        // 32 layers × (4 + 2) bytes × a·s² = 32 × 6 × 32 × 4096² more, minus sdpa's linear terms.
+        assert!(eager > sdpa + 32 * 6 * 32 * 4096 * 4096 - 32 * 4 * 4096 * 4096);
+    }
+
+    #[test]
+    fn full_recomputation_keeps_one_input_per_layer() {
+        let cfg = Config { recompute: Recompute::Full, ..Config::default() };
+        let x = acts(&cfg);
+        let ckpt = x.row.children.iter().find(|r| r.id == RowId::Activation(Part::Checkpoints)).map(|r| r.bytes);
+        // 32 layers × b·s·h × 2 B + position_ids 8·s.
+        assert_eq!(ckpt, Some(32 * 4096 * 4096 * 2 + 8 * 4096));
+    }
+
+    #[test]
+    fn the_loss_of_a_128k_vocabulary_is_a_large_share() {
+        let x = acts(&Config::default());
+        let loss = x.row.children.iter().find(|r| r.id == RowId::Activation(Part::Loss)).map_or(0, |r| r.bytes);
+        // 4 B × 4096 × 128,256 fp32 log-probabilities ≈ 2.1 GB.
+        assert!(loss >= 4 * 4096 * 128_256);
+    }
+
+    #[test]
+    fn every_symbol_the_terms_use_is_bound_to_its_value() {
+        let cfg = Config::default();
+        let r = recipe(cfg.precision);
+        let x = activations(&cfg, &r, Stage::Whole, 32);
+        let mut unbound = Vec::new();
+        for row in &x.row.children {
+            for (s, v) in row.expr.symbols() {
+                if v == 0 {
+                    unbound.push(format!("{}_{} in {}", s.base, s.sub, row.id));
+                }
+            }
+        }
+        assert!(unbound.is_empty(), "{unbound:?}");
+    }
+}

@@ -1,0 +1,476 @@
+//! The ledger of one GPU for a configuration ([`estimate`], numbers only; [`explain`], with
+//! every formula), the step simulated op by op beside it, and the caching allocator's reserve
+//! ([`with_reserve`]).
+
+use super::config::{self, Config, Finetune, Offload};
+use super::ledger::{Bytes, Category, Row, RowId, Summary};
+use super::model::Part;
+use super::params::{self, local_groups, stages, Role, Stage};
+use super::precision::{recipe, Recipe};
+use super::step_stream::resident_of;
+use super::validate::{validate, EstimateError};
+use super::{activations, expr, family, gpu, optimizer, overhead, reserve, sharding, statics, step, timeline};
+use serde::Serialize;
+
+/// How the cluster is cut.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Layout {
+    pub gpus: u64,
+    pub dp: u64,
+    pub tp: u64,
+    pub pp: u64,
+    pub cp: u64,
+    pub ep: u64,
+    /// GPUs one ZeRO/FSDP shard spans.
+    pub shard: u64,
+    /// The stage the ledger describes (the most loaded one).
+    pub stage: Stage,
+    /// Decoder layers on that stage.
+    pub stage_layers: u64,
+    /// Tokens per optimizer step over the whole job: batch × seq × accum × dp.
+    pub tokens_per_step: u128,
+}
+
+/// The result for one configuration, per GPU (the most loaded one).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub model: String,
+    pub parameter_count: u64,
+    pub trainable_parameter_count: u64,
+    /// Parameters a token uses (MoE: routed experts counted top_k times).
+    pub active_parameter_count: u64,
+    pub parameter_tensors: u64,
+    pub breakdown: Vec<(Part, u64)>,
+    pub layout: Layout,
+    /// The ledger of one GPU.
+    pub components: Vec<Row>,
+    /// What lives in host memory per GPU process (offload, CPU-side optimizer counters).
+    pub host: Vec<Row>,
+    pub memory: Memory,
+    /// GPU capacity the verdict compares with.
+    pub capacity: Bytes,
+    /// One simulated training step of this GPU.
+    pub timeline: timeline::Timeline,
+    /// The closed formulas of the literature for the same configuration (teaching view).
+    pub textbook: Vec<Row>,
+    pub warnings: Vec<String>,
+}
+
+/// Per-GPU bytes by category (`memory` in the CLI's JSON).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Memory {
+    pub parameters: Bytes,
+    pub gradients: Bytes,
+    pub optimizer_states: Bytes,
+    pub activations: Bytes,
+    pub transient: Bytes,
+    pub framework_overhead: Bytes,
+    /// Sum of every ledger row: every component at its largest, as if all were resident at once.
+    pub total: Bytes,
+    /// The most memory in use at any moment of the step (≤ `total`): what decides whether the
+    /// run fits.
+    pub peak: Bytes,
+    /// Host memory per GPU process.
+    pub host: Bytes,
+    /// The coarse step event of the peak ("backward layer 32", "loss + LM head backward").
+    pub peak_event: String,
+    /// The op of the peak inside it: "layer 31 backward, `mlp.down_proj` mm in MmBackward0"
+    /// (layers 0-based, modules relative to the layer).
+    pub peak_op: String,
+    /// Resident bytes + the step stream's largest live bytes: what
+    /// `torch.cuda.max_memory_allocated()` reports (no context, NCCL or fragmentation).
+    pub allocated_peak: Bytes,
+    /// `torch.cuda.max_memory_reserved()` from replaying the step's stream through the caching
+    /// allocator simulator (only where the stream is materialized: [`explain`], [`simulate`]).
+    pub reserved_peak: Option<Bytes>,
+    /// What nvidia-smi shows for the process at the step's peak: `reserved_peak` + the CUDA
+    /// context + cuBLAS workspaces + NCCL buffers (only where the allocator was replayed).
+    pub nvidia_smi: Option<Bytes>,
+}
+
+impl Memory {
+    /// The peak, when the step was simulated.
+    pub fn peak_opt(&self) -> Option<Bytes> {
+        (self.peak > 0).then_some(self.peak)
+    }
+}
+
+impl Estimate {
+    /// What decides whether the step fits: the nvidia-smi figure where the caching allocator was
+    /// replayed ([`explain`], [`with_reserve`]), else the allocated peak with what lives outside
+    /// the allocator.
+    pub fn deciding_peak(&self) -> Bytes {
+        self.memory.nvidia_smi.unwrap_or(self.memory.peak)
+    }
+    /// Headroom on the GPU at the step's peak (negative: bytes missing).
+    pub fn headroom(&self) -> i128 {
+        clamp_i128(self.capacity) - clamp_i128(self.deciding_peak())
+    }
+    /// Whether the step's peak fits on the GPU.
+    pub fn fits(&self) -> bool {
+        self.deciding_peak() <= self.capacity
+    }
+    /// The whole job's GPU memory at the peak if every GPU held as much as the most loaded one.
+    pub fn cluster_total(&self) -> Bytes {
+        self.memory.peak.saturating_mul(self.layout.gpus as u128)
+    }
+    pub fn row(&self, id: RowId) -> Option<&Row> {
+        self.components.iter().find(|r| r.id == id)
+    }
+}
+
+fn clamp_i128(b: Bytes) -> i128 {
+    i128::try_from(b).unwrap_or(i128::MAX)
+}
+
+/// Capacity of the configured GPU.
+pub fn capacity(cfg: &Config) -> Bytes {
+    if cfg.gpu == "custom" {
+        gpu::custom_bytes(cfg.gpu_gib)
+    } else {
+        gpu::gpu(&cfg.gpu).map_or(0, |g| g.bytes())
+    }
+}
+
+/// One stage's ledger, host rows and simulated step.
+struct StageResult {
+    rows: Vec<Row>,
+    host: Vec<Row>,
+    timeline: timeline::Timeline,
+    /// Where in the step the peak is; written out ("layer 31 backward, `mlp.down_proj` …") for
+    /// the most loaded stage only ([`StageResult::labelled`]).
+    peak_at: Option<step::run::At>,
+    /// Where the simulated peak of the working-memory row is (its note names it).
+    work_at: Option<step::run::At>,
+    /// Resident bytes + the stream's largest live bytes (what `max_memory_allocated` counts).
+    allocated_peak: Bytes,
+}
+
+const WORK: expr::Sym =
+    expr::Sym::new("M", "work", "bytes alive at the step's peak beyond the saved activations and gradients (simulated)");
+
+/// What is alive at the step's peak beyond the rows for the saved activations and gradients
+/// (from the simulated step, `step::fast`): the transient buffers then (gradients of
+/// activations, the loss's logits and their gradients, a recomputed layer's tensors, autocast
+/// copies, optimizer temporaries), and any activations or gradients beyond their rows (a
+/// checkpointed layer re-materialized, unsharded gradients before their reduction).
+///
+/// Its note, which names the op of that peak, is written by [`working_note`] once the most
+/// loaded stage is known: under pipeline parallelism the other stages' rows are dropped.
+fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
+    let row = |id: RowId| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
+    let [acts, grads, transient] = fast.cats;
+    let bytes = transient + acts.saturating_sub(row(RowId::Activations)) + grads.saturating_sub(row(RowId::Gradients));
+    let r = Row::new(
+        RowId::StepWorking,
+        "Working memory at the step's peak",
+        Category::Transient,
+        expr::Expr::var(WORK, bytes),
+        "the step simulated op by op (transformers modeling code, torch autograd; see step/)",
+    );
+    (r.bytes > 0).then_some(r)
+}
+
+/// The note of [`working_row`]: where its peak is (`at`, the simulated step's peak op).
+fn working_note(at: Option<step::run::At>) -> String {
+    let at = at.map(|a| step::label(&a)).unwrap_or_default();
+    format!("alive at the peak ({at}) beside the saved activations and the gradients")
+}
+
+impl StageResult {
+    /// The ledger of the most loaded stage, its labels written out: the working-memory row's
+    /// note and the peak's op (formatting them for every stage cost more than the stage's rows).
+    fn labelled(mut self) -> (StageResult, String) {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.id == RowId::StepWorking) {
+            r.note = working_note(self.work_at).into();
+        }
+        let peak_label = self.peak_at.map(|a| step::label(&a)).unwrap_or_default();
+        (self, peak_label)
+    }
+}
+
+/// Estimates one stage's ledger and simulates its step.
+fn stage_ledger(
+    cfg: &Config,
+    recipe: &Recipe,
+    stage: Stage,
+    built: &mut Vec<std::rc::Rc<step::fast::LayerProg>>,
+    runs: &mut Vec<step::fast::LayerRun>,
+) -> StageResult {
+    // The stage's programs, built once for the activation ledger and the peak.
+    let setup = step::model::Setup::new(cfg, recipe, stage);
+    let pieces = step::fast::pieces_with(&setup, built);
+    let groups = &setup.groups;
+    let (mut rows, host) = statics::static_rows(cfg, recipe, groups);
+    let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } = if cfg.framework == config::Framework::Hf {
+        activations::activations_of(&setup, &pieces, layers)
+    } else {
+        activations::megatron_activations(cfg, recipe, stage, layers)
+    };
+    let acts_bytes = acts_row.bytes;
+    rows.push(acts_row);
+    let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
+    let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
+    rows.extend(gathered);
+    let sh = sharding::Sharding::of(cfg);
+    let temps =
+        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, recipe, &groups, &sh.shards(1)).filter(|_| cfg.offload == Offload::None);
+    let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
+    rows.extend(temps);
+    let ctx = overhead::cuda_context_bytes(cfg);
+    let nccl = overhead::nccl_buffer_bytes(cfg);
+    let blas = overhead::blas_workspace_bytes(cfg);
+    let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes);
+
+    // The step, op by op (see `step`): its peak above what is resident, piece by piece.
+    let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
+    let resident = resident_of(cfg, &rows, &host, stage, other_micro);
+    let other_temp = if cfg.optim == config::Optimizer::Adamw { 0 } else { temp_bytes };
+    let fast = step::fast::stage_with(&setup, &pieces, other_temp, runs);
+    let beside = timeline::Beside {
+        resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
+        outside_allocator: outside,
+        frag_pct: cfg.frag_pct.unwrap_or(0),
+        gathered: gathered_bytes,
+    };
+    let tl = timeline::derive(&fast.segments, &beside);
+    rows.extend(working_row(&fast, &rows));
+    let peak_at = fast.segments.get(tl.peak).and_then(|c| c.at);
+    let peak_dynamic: Bytes = tl.peak_event().map_or(0, |e| e.by_category[1] + e.by_category[3] + e.by_category[4]);
+    rows.push(ctx);
+    rows.extend(nccl);
+    rows.extend(blas);
+    if let Some(pct) = cfg.frag_pct {
+        rows.push(overhead::reserve_guess_bytes(pct, peak_dynamic));
+    }
+    let allocated_peak = resident.total() + fast.peak;
+    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak }
+}
+
+/// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
+/// the verdict, with each row's `expr` folded to its value (see [`expr::numbers_only`]). This is
+/// the path the UI recomputes on every input and the planner runs for every candidate; open a
+/// row's formula with [`explain`].
+pub fn estimate(cfg: &Config) -> Result<Estimate, EstimateError> {
+    expr::numbers_only(|| ledger_of(cfg))
+}
+
+/// The same estimate with every row's formula built in full (symbols, substitution, legend):
+/// what the ledger shows when a row is opened, and what `--json` prints. Both paths run the same
+/// term functions, so their bytes are equal (tested on every preset).
+///
+/// Unless `frag_pct` overrides it (or `kernels = cpu`, which has no caching allocator), the
+/// step is also replayed through the caching allocator ([`with_reserve`]): the ledger gains the
+/// simulated reserve row, and the verdict decides on the nvidia-smi figure.
+pub fn explain(cfg: &Config) -> Result<Estimate, EstimateError> {
+    let e = expr::with_formulas(|| ledger_of(cfg))?;
+    with_reserve(cfg, e)
+}
+
+/// Whether the step is replayed through the caching allocator: not under a `frag_pct` override,
+/// nor with `kernels = cpu` (no caching allocator).
+pub fn replays_allocator(cfg: &Config) -> bool {
+    cfg.frag_pct.is_none() && cfg.kernels != config::Kernels::Cpu
+}
+
+/// Adds the caching allocator's simulated reserve to an estimate of `cfg` (see [`reserve`]):
+/// the row `R_res = max_memory_reserved − allocated peak`, `memory.reserved_peak`, and
+/// `memory.nvidia_smi = reserved + CUDA context + cuBLAS workspaces + NCCL buffers`, which
+/// [`Estimate::fits`] then decides on. Leaves the estimate as it is where the allocator is not
+/// replayed ([`replays_allocator`]).
+pub fn with_reserve(cfg: &Config, e: Estimate) -> Result<Estimate, EstimateError> {
+    if !replays_allocator(cfg) || e.components.iter().any(|r| r.id == RowId::AllocatorReserve) {
+        return Ok(e);
+    }
+    Ok(attach_reserve(e, &reserve::reserved(cfg)?))
+}
+
+/// [`with_reserve`] with the replay already run (`r`, of the same configuration).
+pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
+    let reserved = r.reserved_peak.max(e.memory.allocated_peak);
+    let row = expr::with_formulas(|| overhead::reserve_simulated_bytes(reserved, e.memory.allocated_peak));
+    let row = if r.at.is_empty() {
+        row
+    } else {
+        let n = format!("{}; reserved memory peaks at {}", row.note, r.at);
+        row.note(n)
+    };
+    let outside: Bytes = e.components.iter().filter(|c| c.id.outside_allocator()).map(|c| c.bytes).sum();
+    e.memory.framework_overhead += row.bytes;
+    e.memory.total += row.bytes;
+    e.components.push(row);
+    // What the coarse timeline holds beyond the step's stream and the rows outside the
+    // allocator (ZeRO-3's gathered layers in flight) is allocated too: it comes on top.
+    let beyond_stream = e.memory.peak.saturating_sub(e.memory.allocated_peak + outside);
+    e.memory.reserved_peak = Some(reserved);
+    e.memory.nvidia_smi = Some(reserved + outside + beyond_stream);
+    e
+}
+
+/// The ledger with every row's formula built in full, no reserve (what [`explain`] and
+/// `Analysis::explain` add it to).
+pub fn with_formulas(cfg: &Config) -> Result<Estimate, EstimateError> {
+    expr::with_formulas(|| ledger_of(cfg))
+}
+
+fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
+    validate(cfg)?;
+    let recipe = recipe(cfg.precision);
+    let counts = cfg.arch.counts();
+    let mut best: Option<(Stage, StageResult)> = None;
+    // Decoder-layer programs built for one stage, and their runs, serve the others.
+    let (mut built, mut runs) = (Vec::new(), Vec::new());
+    for &stage in stages(cfg.pp) {
+        let r = stage_ledger(cfg, &recipe, stage, &mut built, &mut runs);
+        if best.as_ref().is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes()) {
+            best = Some((stage, r));
+        }
+    }
+    let (stage, best) = best.unwrap_or((
+        Stage::Whole,
+        StageResult {
+            rows: Vec::new(),
+            host: Vec::new(),
+            timeline: timeline::Timeline { events: Vec::new(), peak: 0 },
+            peak_at: None,
+            work_at: None,
+            allocated_peak: 0,
+        },
+    ));
+    let (StageResult { rows: components, host, timeline, allocated_peak, .. }, peak_label) = best.labelled();
+    // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
+    let trainable = if cfg.finetune == Finetune::Full {
+        counts.total
+    } else {
+        let whole = Config { tp: 1, pp: 1, ep: 1, cp: 1, gpus: 1, ..cfg.clone() };
+        params::elements(&local_groups(&whole, Stage::Whole), |g| g.role == Role::Trainable)
+    };
+    let s = Summary::of(&components);
+    let memory = Memory {
+        parameters: s.parameters,
+        gradients: s.gradients,
+        optimizer_states: s.optimizer_states,
+        activations: s.activations,
+        transient: s.transient,
+        framework_overhead: s.framework_overhead,
+        total: s.total,
+        peak: timeline.peak_bytes(),
+        host: host.iter().map(|r| r.bytes).sum(),
+        peak_event: timeline.peak_event().map(timeline::Event::label).unwrap_or_default(),
+        peak_op: peak_label,
+        allocated_peak,
+        reserved_peak: None,
+        nvidia_smi: None,
+    };
+    let dp = cfg.dp();
+    let layout = Layout {
+        gpus: cfg.gpus,
+        dp,
+        tp: cfg.tp,
+        pp: cfg.pp,
+        cp: cfg.cp,
+        ep: cfg.ep,
+        shard: sharding::Sharding::of(cfg).n,
+        stage,
+        stage_layers: params::stage_layers(cfg.arch.layers, cfg.pp),
+        tokens_per_step: cfg.batch as u128 * cfg.seq as u128 * cfg.accum as u128 * dp as u128,
+    };
+    let mut warnings = Vec::new();
+    if cfg.sp && cfg.tp == 1 {
+        warnings.push("sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string());
+    }
+    if cfg.arch.softcap && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
+        warnings.push(
+            "transformers 5 refuses sdpa for Gemma-2 (its soft-capping needs eager or flash attention); estimated as if it ran".to_string(),
+        );
+    }
+    if cfg.arch.family == family::Family::GptOss && cfg.attn == config::Attention::Sdpa && cfg.framework == config::Framework::Hf {
+        warnings.push(
+            "transformers 5.24 runs gpt-oss with eager attention only (sinks); sdpa is estimated as a flash kernel keeping q, k, v, the output and the log-sum-exp (not measured)".to_string(),
+        );
+    }
+    if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
+        warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));
+    }
+    Ok(Estimate {
+        model: cfg.display_name(),
+        parameter_count: counts.total,
+        trainable_parameter_count: trainable,
+        active_parameter_count: counts.active,
+        parameter_tensors: counts.tensors,
+        breakdown: counts.by_part,
+        layout,
+        components,
+        host,
+        memory,
+        capacity: capacity(cfg),
+        timeline,
+        textbook: activations::textbook_rows(cfg),
+        warnings,
+    })
+}
+
+/// Every row of the ledger, depth first (parents before their children).
+pub fn flatten(rows: &[Row]) -> Vec<&Row> {
+    let mut out = Vec::new();
+    fn walk<'a>(rows: &'a [Row], out: &mut Vec<&'a Row>) {
+        for r in rows {
+            out.push(r);
+            walk(&r.children, out);
+        }
+    }
+    walk(rows, &mut out);
+    out
+}
+
+/// The category totals (for charts).
+pub fn by_category(e: &Estimate) -> Vec<(Category, Bytes)> {
+    let s = Summary::of(&e.components);
+    Category::ALL.iter().map(|&c| (c, s.get(c))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Precision, Zero};
+
+    #[test]
+    fn the_default_estimate_adds_up_to_its_rows() {
+        let e = estimate(&Config::default()).expect("default config is valid");
+        let sum: Bytes = e.components.iter().map(|r| r.bytes).sum();
+        assert_eq!(e.memory.total, sum);
+        assert_eq!(e.parameter_count, 8_030_261_248);
+        assert_eq!(e.trainable_parameter_count, 8_030_261_248);
+    }
+
+    #[test]
+    fn every_row_equals_its_formula() {
+        let cfg = Config { gpus: 8, zero: Zero::Z3, ..Config::default() };
+        let e = estimate(&cfg).expect("valid");
+        for r in flatten(&e.components) {
+            assert_eq!(r.bytes, r.expr.eval(), "{}", r.id);
+        }
+    }
+
+    #[test]
+    fn inconsistent_parallelism_names_the_key() {
+        let err = estimate(&Config { gpus: 6, tp: 4, ..Config::default() }).err();
+        assert_eq!(err.map(|e| e.key()), Some("tp"));
+        let err = estimate(&Config { ep: 2, gpus: 2, ..Config::default() }).err();
+        assert_eq!(err.map(|e| e.key()), Some("ep"));
+        let err = estimate(&Config { offload: Offload::OptimizerParams, ..Config::default() }).err();
+        assert_eq!(err.map(|e| e.key()), Some("offload"));
+    }
+
+    #[test]
+    fn llama_3_1_8b_mixed_bf16_adamw_needs_16_bytes_per_parameter_of_model_states() {
+        let e = estimate(&Config { precision: Precision::MixedBf16, ..Config::default() }).expect("valid");
+        let states: Bytes = [RowId::Weights, RowId::Gradients, RowId::MasterWeights, RowId::OptimizerStates]
+            .into_iter()
+            .filter_map(|id| e.row(id))
+            .map(|r| r.bytes)
+            .sum();
+        assert_eq!(states, 16 * 8_030_261_248);
+    }
+}

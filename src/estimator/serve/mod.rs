@@ -1,0 +1,28 @@
+//! Serving memory: the KV cache, exact per architecture and engine layout, and the inference
+//! engines' budgets (vLLM, SGLang, TensorRT-LLM, transformers' `generate()`).
+
+mod activation;
+mod analyse;
+mod budget;
+mod dtype;
+mod kv;
+mod layers;
+mod report;
+mod series;
+pub mod settings;
+mod weights;
+
+pub use activation::{prefill_peak_bytes, SAMPLER_FP32_COPIES};
+pub use analyse::{
+    analyse_serving, context_of, fixes, gpu_layers, kv_format, size, Pool, Serve, ServeError, ServeFix, ServeRow, Sized, MAX_CONTEXT,
+};
+pub use budget::{
+    cuda_graph_bytes, fraction_of, sglang_default_fraction, torch_total_bytes, CUDA_GRAPH_DEFAULT_MIB, H100_80GB_TORCH_TOTAL_CENTI_GIB,
+};
+pub use dtype::{Format, BF16, FP16};
+pub use kv::{per_token_bytes, transformers_bytes, window_tokens, Count, PagedError, PagedLayout, SLIDING_WINDOW_TENSOR_BYTES};
+pub use layers::{attn_of, kv_heads_per_gpu, kv_layers, transformers_layers, without_mla, without_windows, Attn, KvLayer, LayoutError};
+pub use report::{render_text, to_json};
+pub use series::{concurrency_against_context, context_axis, kv_against_context, Series};
+pub use settings::{Engine, KvDtype, Mode, Serving, WeightDtype};
+pub use weights::{quantized_linear_bytes, weight_bytes, VOCAB_PADDING};

@@ -1,0 +1,107 @@
+//! The step of the simulated stage as an event stream ([`step_stream`]), with what the caching
+//! allocator's replay needs beside it ([`step_parts`]), and what is resident beside it
+//! ([`resident_of`]).
+
+use super::config::{self, Config};
+use super::ledger::{Bytes, Category, Row, RowId};
+use super::params::{local_groups, Stage};
+use super::precision::recipe;
+use super::validate::{validate, EstimateError};
+use super::{expr, optimizer, sharding, statics, step};
+
+/// What lives beside the step's stream on `stage`, from the ledger's rows: weights, optimizer
+/// states (and, when the "device" is the CPU as in the validation harness, the step counters
+/// kept on the host), buffers, the batch, gradient buffers, resident gradients (accumulation)
+/// and other micro-batches' activations (`other_acts`).
+pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other_acts: Bytes) -> step::model::Resident {
+    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
+    let mut optimizer = sum(Category::OptimizerStates);
+    if cfg.kernels == config::Kernels::Cpu {
+        optimizer += host.iter().filter(|r| r.id == RowId::OptimizerStepCounters).map(|r| r.bytes).sum::<Bytes>();
+    }
+    let buckets: Bytes = rows.iter().filter(|r| matches!(r.id, RowId::DdpBuckets | RowId::ZeroReduceBucket)).map(|r| r.bytes).sum();
+    let grads = if step::model::resident_grads(cfg) { rows.iter().find(|r| r.id == RowId::Gradients).map_or(0, |r| r.bytes) } else { 0 };
+    step::model::Resident {
+        weights: sum(Category::Parameters),
+        optimizer,
+        buffers: step::model::buffer_bytes(cfg),
+        batch: step::model::batch_bytes(cfg, stage),
+        gradients: buckets + grads,
+        activations: other_acts,
+    }
+}
+
+/// The stage whose step [`step_stream`] and [`reserve`] simulate: the first under pipeline
+/// parallelism (it holds the most micro-batches in flight under 1F1B), else the whole model.
+fn stream_stage(cfg: &Config) -> Stage {
+    if cfg.pp > 1 {
+        Stage::First
+    } else {
+        Stage::Whole
+    }
+}
+
+/// The step of the simulated stage ([`stream_stage`]) and what the caching-allocator replay
+/// ([`reserve`]) needs beside it, from one build of the stage's program.
+pub struct StepParts {
+    pub stream: step::Stream,
+    /// The bytes of every parameter tensor, as the module holds it.
+    pub params: Vec<u128>,
+    /// The elements of each trainable parameter tensor (what the optimizer keeps states for).
+    pub trainable: Vec<u128>,
+    /// What is resident beside the stream: weights, optimizer states, buffers, batch, resident
+    /// gradients.
+    pub resident: step::model::Resident,
+}
+
+/// [`StepParts`] of `cfg`.
+pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
+    validate(cfg)?;
+    let recipe = recipe(cfg.precision);
+    let stage = stream_stage(cfg);
+    let groups = local_groups(cfg, stage);
+    let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
+    let resident = resident_of(cfg, &rows, &host, stage, 0);
+    let sh = sharding::Sharding::of(cfg);
+    let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &recipe, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
+    Ok(expr::numbers_only(|| {
+        let setup = step::model::Setup::new(cfg, &recipe, stage);
+        let prog = setup.whole();
+        let stream = step::model::simulate_program(cfg, &recipe, &setup, &prog, resident, temp);
+        let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();
+        let trainable = step::model::optimizer_params(&prog, step::ir::DType::of(recipe.weight));
+        StepParts { stream, params, trainable, resident }
+    }))
+}
+
+/// The step of the most loaded GPU as an event stream (see [`step`]).
+pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
+    step_parts(cfg).map(|p| p.stream)
+}
+
+/// What `torch.cuda.memory_allocated()` shows right after the forward pass and its loss, with
+/// the model's output still held (`out = model(input_ids, labels=labels)`: transformers returns
+/// the logits beside the loss): what is resident before the step (parameters, optimizer states,
+/// buffers, the batch, resident gradients) + the step stream's live bytes after its last forward
+/// or loss event + the logits, which the stream frees there (the tracker's reference run drops
+/// the output). The verify script measures the same moment.
+pub fn after_forward(cfg: &Config) -> Result<Bytes, EstimateError> {
+    Ok(after_forward_of(&step_stream(cfg)?))
+}
+
+/// [`after_forward`] of a stream already simulated.
+pub fn after_forward_of(s: &step::Stream) -> Bytes {
+    use step::{EventKind, Phase};
+    let Some(last) = s.events.iter().rposition(|e| matches!(e.phase, Phase::Forward | Phase::Loss)) else {
+        return s.resident;
+    };
+    // The frees that end the loss, after its last allocation: the logits are the LM head's.
+    let output: Bytes = s.events[..=last]
+        .iter()
+        .rev()
+        .take_while(|e| e.kind == EventKind::Free)
+        .filter(|e| e.module.ends_with("lm_head"))
+        .map(|e| e.bytes)
+        .sum();
+    s.resident + s.events[last].live + output
+}

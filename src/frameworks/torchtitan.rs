@@ -1,0 +1,203 @@
+//! torchtitan job configs (TOML; the `train_configs/*.toml` layout of torchtitan 0.1–0.2.2,
+//! `torchtitan/config/job_config.py`). torchtitan trains with FSDP2 (parameters sharded in fp32,
+//! gathered in bf16: `mixed_precision_param`), SDPA attention, and its own op-level selective
+//! activation checkpointing by default. A key the file leaves out gets job_config.py's default.
+
+use super::models;
+use super::report::{on_off, positive, FileState, Out};
+use super::tree::{self, boolean, int, text};
+use serde_json::Value;
+
+pub fn read(root: &Value, st: &mut FileState) {
+    let g = |k: &str| tree::get(root, k);
+    // The degrees decide sharding and the GPU count together.
+    let degree = |k: &str, old: &str, default: i64| g(k).or_else(|| g(old)).and_then(int).unwrap_or(default);
+    let shard = degree("parallelism.data_parallel_shard_degree", "training.data_parallel_shard_degree", -1);
+    let replicate = degree("parallelism.data_parallel_replicate_degree", "training.data_parallel_replicate_degree", 1);
+    let others = ["tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"]
+        .iter()
+        .map(|k| degree(&format!("parallelism.{k}"), &format!("training.{k}"), 1).max(1))
+        .product::<i64>();
+    for (key, v) in tree::leaves(root) {
+        let out = map(&key, v, root, shard, replicate, others);
+        st.record(&key, v, out);
+    }
+    let defaults: [(&str, &str, Vec<(&'static str, String)>, &str); 6] = [
+        ("training.local_batch_size", "training.batch_size", vec![("batch", "8".into())], "job_config.py's default"),
+        ("training.seq_len", "training.seq_len", vec![("seq", "2048".into())], "job_config.py's default"),
+        (
+            "training.mixed_precision_param",
+            "training.mixed_precision_param",
+            vec![("precision", "mixed-bf16".into())],
+            "FSDP2 gathers parameters in bf16 and keeps the fp32 shards and optimizer states",
+        ),
+        ("optimizer.name", "optimizer.name", vec![("optim", "adamw".into())], "job_config.py's default"),
+        ("optimizer.implementation", "optimizer.implementation", vec![("optim_impl", "fused".into())], "job_config.py's default"),
+        (
+            "parallelism.data_parallel_shard_degree",
+            "training.data_parallel_shard_degree",
+            vec![("zero", "full_shard".into())],
+            "-1: FSDP2 over every GPU the other degrees leave",
+        ),
+    ];
+    for (key, old, pairs, note) in defaults {
+        if g(key).is_none() && g(old).is_none() {
+            st.default(key, pairs, note);
+        }
+    }
+    if g("activation_checkpoint.mode").is_none() {
+        st.default(
+            "activation_checkpoint.mode",
+            vec![("recompute", "none".into())],
+            "selective, every 2nd layer (job_config.py's default): not modelled; estimated without checkpointing (an upper bound)",
+        );
+    }
+    st.default(
+        "(model code)",
+        vec![("attn", "sdpa".into()), ("loss", "standard".into())],
+        "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits",
+    );
+    if shard > 0 && replicate > 0 {
+        st.default("(degrees)", vec![("gpus", (shard * replicate * others).to_string())], "the product of the parallel degrees");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i64) -> Out {
+    let top = key.split('.').next().unwrap_or("");
+    let _ = others;
+    match key {
+        "model.name" => {
+            let flavor = tree::get(root, "model.flavor").and_then(text).unwrap_or_default();
+            let Some(name) = text(v) else { return Out::invalid("expected a model name") };
+            match models::TORCHTITAN.iter().find(|(n, f, _)| *n == name && f.eq_ignore_ascii_case(&flavor)) {
+                Some((_, _, id)) => Out::one("model", id),
+                None => Out::unmodelled(format!("no trainmem preset for {name} {flavor}: choose the model yourself")),
+            }
+        }
+        "model.flavor" => Out::ignored("read with model.name"),
+        "model.converters" => match v.as_array() {
+            Some(list) if list.is_empty() => Out::ignored("no converters"),
+            Some(_) => Out::unmodelled("FP8/MX linears (torchao converters): not modelled; estimated in bf16"),
+            None => Out::invalid("expected a list"),
+        },
+        "model.hf_assets_path" | "model.tokenizer_path" | "model.print_after_conversion" => {
+            Out::ignored("files and logging: no GPU memory")
+        }
+        "training.local_batch_size" | "training.batch_size" => positive(v, "batch"),
+        "training.seq_len" => positive(v, "seq"),
+        "training.global_batch_size" => match int(v) {
+            Some(n) if n <= 0 => Out::one("accum", 1).note("-1: one micro-batch per step"),
+            Some(n) => {
+                let local = tree::get(root, "training.local_batch_size").and_then(int).unwrap_or(8).max(1);
+                let dp = shard.max(1) * replicate.max(1);
+                if shard > 0 && n % (local * dp) == 0 {
+                    Out::one("accum", n / (local * dp))
+                } else {
+                    Out::unmodelled("gradient accumulation = global / (local × data-parallel degree), which depends on the GPU count: set accum yourself")
+                }
+            }
+            None => Out::invalid("expected a whole number"),
+        },
+        "training.mixed_precision_param" => match text(v).as_deref() {
+            Some("bfloat16") => Out::one("precision", "mixed-bf16"),
+            Some("float32") => Out::one("precision", "fp32"),
+            _ => Out::invalid("expected bfloat16 or float32"),
+        },
+        "training.mixed_precision_reduce" => Out::ignored("gradients reduce in fp32 into the fp32 shards (the estimate's layout)"),
+        "training.dtype" => Out::ignored("the parameter dtype without FSDP; under FSDP mixed_precision_param decides"),
+        "training.enable_cpu_offload" => match boolean(v) {
+            Some(true) => Out::one("offload", "optimizer+params"),
+            Some(false) => Out::ignored("no CPU offload"),
+            None => Out::invalid("expected true or false"),
+        },
+        "training.compile" | "compile.enable" => {
+            on_off(v, "torch.compile saves fewer tensors: not modelled (the estimate follows eager PyTorch)", "eager PyTorch")
+        }
+        "compile.components" | "compile.backend" => Out::ignored("read with compile.enable"),
+        "optimizer.name" => match text(v).as_deref() {
+            Some("AdamW") | Some("Adam") => Out::one("optim", "adamw"),
+            _ => Out::unmodelled("an optimizer trainmem does not know: the estimate keeps optim as set"),
+        },
+        "optimizer.implementation" => match text(v).as_deref() {
+            Some("fused") => Out::one("optim_impl", "fused"),
+            Some("foreach") => Out::one("optim_impl", "foreach"),
+            Some("for-loop") => Out::one("optim_impl", "forloop"),
+            _ => Out::invalid("expected fused, foreach or for-loop"),
+        },
+        "optimizer.early_step_in_backward" => on_off(v, "the optimizer steps inside backward: not modelled (an upper bound)", "off"),
+        "parallelism.data_parallel_shard_degree" | "training.data_parallel_shard_degree" => match int(v) {
+            Some(-1) => Out::one("zero", if replicate > 1 { "hybrid_shard" } else { "full_shard" })
+                .note("-1: FSDP2 over every GPU the other degrees leave; set gpus yourself"),
+            Some(1) if replicate > 1 => Out::one("zero", "0").note("replicated only: DDP"),
+            Some(1) => Out::one("zero", "0").note("no sharding"),
+            Some(n) if n > 1 && replicate > 1 => Out::set(vec![("zero", "hybrid_shard".into()), ("shard_group", n.to_string())]),
+            Some(n) if n > 1 => Out::one("zero", "full_shard"),
+            _ => Out::invalid("expected -1 or a positive whole number"),
+        },
+        "parallelism.data_parallel_replicate_degree" | "training.data_parallel_replicate_degree" => match int(v) {
+            Some(n) if n >= 1 => Out::ignored("read with data_parallel_shard_degree").status_understood(),
+            _ => Out::invalid("expected a positive whole number"),
+        },
+        "parallelism.fsdp_reshard_after_forward" => match text(v).as_deref() {
+            Some("never") => Out::one("zero", "shard_grad_op"),
+            Some("default") | Some("always") => Out::ignored("parameters are freed after forward (FULL_SHARD)"),
+            _ => Out::invalid("expected default, always or never"),
+        },
+        "parallelism.tensor_parallel_degree" | "training.tensor_parallel_degree" => match int(v) {
+            Some(1) => Out::set(vec![("tp", "1".into()), ("sp", "false".into())]),
+            Some(n) if n > 1 => Out::set(vec![("tp", n.to_string()), ("sp", "true".into())])
+                .note("torchtitan's TP plan shards norms and dropout over the sequence"),
+            _ => Out::invalid("expected a positive whole number"),
+        },
+        "parallelism.pipeline_parallel_degree" | "experimental.pipeline_parallel_degree" => positive(v, "pp"),
+        "parallelism.context_parallel_degree" | "experimental.context_parallel_degree" => positive(v, "cp"),
+        "parallelism.expert_parallel_degree" => positive(v, "ep"),
+        "parallelism.pipeline_parallel_schedule" => match text(v).as_deref() {
+            Some("1F1B") | Some("GPipe") => Out::ignored("the estimate's pipeline memory is 1F1B's"),
+            _ => Out::unmodelled("a schedule other than 1F1B: the estimate keeps 1F1B with vpp as set"),
+        },
+        "parallelism.pipeline_parallel_microbatch_size" => Out::ignored("micro-batches of the pipeline: the estimate uses batch"),
+        "parallelism.disable_loss_parallel"
+        | "parallelism.enable_async_tensor_parallel"
+        | "parallelism.context_parallel_rotate_method"
+        | "parallelism.context_parallel_load_balancer"
+        | "parallelism.expert_tensor_parallel_degree"
+        | "parallelism.pipeline_parallel_schedule_csv"
+        | "parallelism.module_fqns_per_model_part"
+        | "parallelism.pipeline_parallel_first_stage_less_layers"
+        | "parallelism.pipeline_parallel_last_stage_less_layers"
+        | "parallelism.pipeline_parallel_layers_per_stage"
+        | "parallelism.expert_parallel_comm_backend"
+        | "parallelism.pipeline_parallel_expert_parallel_overlap" => Out::unmodelled("a parallelism detail trainmem does not model"),
+        "activation_checkpoint.mode" => {
+            let option = tree::get(root, "activation_checkpoint.selective_ac_option").and_then(text).unwrap_or_else(|| "2".into());
+            match text(v).as_deref() {
+                Some("none") => Out::one("recompute", "none"),
+                Some("full") => Out::one("recompute", "full"),
+                Some("selective") if option == "1" => Out::one("recompute", "full").note("selective with option 1 checkpoints every layer"),
+                Some("selective") if option == "op" => Out::one("recompute", "none").approx("op-level selective checkpointing (matmul outputs saved, the rest recomputed): not modelled; estimated without checkpointing (an upper bound)"),
+                Some("selective") => Out::one("recompute", "none").approx(format!("every {option}th layer checkpointed: not modelled; estimated without checkpointing (an upper bound)")),
+                Some("memory_budget") => Out::one("recompute", "none").approx("a memory budget for the compiler: not modelled; estimated without checkpointing"),
+                _ => Out::invalid("expected none, selective, full or memory_budget"),
+            }
+        }
+        "activation_checkpoint.selective_ac_option" => Out::ignored("read with activation_checkpoint.mode"),
+        _ => match top {
+            "job" | "profiling" | "metrics" | "checkpoint" | "validation" | "comm" | "fault_tolerance" | "memory_estimation" | "debug"
+            | "experimental" => Out::ignored("bookkeeping, checkpoints or logging: no GPU memory in the step"),
+            "lr_scheduler" => Out::ignored("schedule: no memory"),
+            "optimizer" => Out::ignored("hyperparameter: no memory"),
+            "quantize" | "float8" | "mx" => Out::ignored("read only when model.converters asks for it"),
+            "activation_checkpoint" => Out::unmodelled("a checkpointing detail trainmem does not model"),
+            "training" if is_data(key) => Out::ignored("data, steps or clipping: no stored state"),
+            _ => Out::unknown(),
+        },
+    }
+}
+
+fn is_data(key: &str) -> bool {
+    let leaf = key.rsplit('.').next().unwrap_or("");
+    matches!(leaf, "dataset" | "dataset_path" | "steps" | "max_norm" | "gc_freq" | "gc_debug" | "seed" | "deterministic" | "warmup_steps")
+        || key.starts_with("training.dataloader")
+}

@@ -1,0 +1,209 @@
+//! torchtune recipe configs (YAML; torchtune 0.6): `model._component_` builds the model,
+//! `batch_size`, `dtype`, `optimizer`, `loss`, `enable_activation_checkpointing` … set the
+//! run. Which recipe runs the config (`tune run full_finetune_single_device` or
+//! `full_finetune_distributed`) is not in the file: keys only the distributed recipes read
+//! (`custom_sharded_layers`, `fsdp_*`, `tensor_parallel_*`, `data_parallel_*`) mark it as
+//! distributed, which shards with FSDP2 over every GPU.
+
+use super::models::{self, Tuning};
+use super::report::{dropout, on_off, positive, FileState, Out};
+use super::tree::{self, boolean, count, text};
+use serde_json::Value;
+
+/// Keys only the distributed recipes read.
+const DISTRIBUTED: &[&str] = &[
+    "custom_sharded_layers",
+    "fsdp_cpu_offload",
+    "fsdp_reshard_after_forward",
+    "tensor_parallel_dim",
+    "tensor_parallel_plan",
+    "data_parallel_shard_dim",
+    "data_parallel_replicate_dim",
+];
+
+pub fn read(root: &Value, st: &mut FileState) {
+    let distributed = DISTRIBUTED.iter().any(|k| root.get(k).is_some());
+    let mut lora_bits: Option<(Vec<&str>, bool)> = None;
+    for (key, v) in tree::leaves(root) {
+        let out = map(&key, v, root, distributed, &mut lora_bits);
+        st.record(&key, v, out);
+    }
+    if let Some((attn, mlp)) = lora_bits {
+        let mut parts: Vec<&str> = attn;
+        if mlp {
+            parts.extend(["gate", "up", "down"]);
+        }
+        if !parts.is_empty() {
+            st.pairs.push(("lora_targets", parts.join(",")));
+        }
+    }
+    if distributed && !st.has("zero") {
+        st.default(
+            "(recipe)",
+            vec![("zero", "full_shard".into())],
+            "keys only the distributed recipes read: FSDP2 shards every parameter over all GPUs",
+        );
+    }
+    for (key, pairs, note) in [
+        ("dtype", vec![("precision", "bf16".to_string())], "the recipes' default dtype is bf16"),
+        ("gradient_accumulation_steps", vec![("accum", "1".into())], "the recipes' default"),
+        ("enable_activation_checkpointing", vec![("recompute", "none".into())], "the recipes' default is off"),
+    ] {
+        if root.get(key).is_none() {
+            st.default(key, pairs, note);
+        }
+    }
+    if root.get("model").is_some() && !st.has("attn") {
+        st.default(
+            "(model code)",
+            vec![("attn", "sdpa".into())],
+            "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)",
+        );
+    }
+}
+
+fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<(Vec<&'static str>, bool)>) -> Out {
+    let top = key.split('.').next().unwrap_or("");
+    match key {
+        "model._component_" => {
+            let Some(c) = text(v) else { return Out::invalid("expected a builder's dotted name") };
+            match models::torchtune_builder(&c) {
+                Some((id, tuning)) => {
+                    let quantize = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true);
+                    let ft = match tuning {
+                        Tuning::Qlora => "qlora",
+                        Tuning::Lora if quantize => "qlora",
+                        Tuning::Lora => "lora",
+                        Tuning::Full => "full",
+                    };
+                    Out::set(vec![("model", id.into()), ("finetune", ft.into())])
+                }
+                None => Out::unmodelled("no trainmem preset for this builder: choose the model yourself"),
+            }
+        }
+        "model.lora_rank" => count(v).filter(|n| *n > 0).map_or_else(|| Out::invalid("expected a positive whole number"), |n| Out::one("lora_rank", n)),
+        "model.lora_attn_modules" => {
+            let Some(list) = v.as_array() else { return Out::invalid("expected a list of q_proj, k_proj, v_proj, output_proj") };
+            let mut parts = Vec::new();
+            for m in list {
+                match m.as_str().map(str::trim) {
+                    Some("q_proj") => parts.push("q"),
+                    Some("k_proj") => parts.push("k"),
+                    Some("v_proj") => parts.push("v"),
+                    Some("output_proj") => parts.push("o"),
+                    _ => return Out::invalid(format!("unknown module {} (q_proj, k_proj, v_proj, output_proj)", tree::show(m))),
+                }
+            }
+            let entry = lora.get_or_insert((Vec::new(), false));
+            entry.0 = parts.clone();
+            Out::ignored("").note(format!("lora_targets gets {}", parts.join(","))).status_understood()
+        }
+        "model.apply_lora_to_mlp" => match boolean(v) {
+            Some(b) => {
+                lora.get_or_insert((Vec::new(), false)).1 = b;
+                Out::ignored("").note(if b { "lora_targets gets gate,up,down" } else { "no adapters on the MLP" }).status_understood()
+            }
+            None => Out::invalid("expected true or false"),
+        },
+        "model.apply_lora_to_output" => match boolean(v) {
+            Some(true) => Out::unmodelled("an adapter on the output projection: not counted"),
+            Some(false) => Out::ignored("no adapter on the output projection"),
+            None => Out::invalid("expected true or false"),
+        },
+        "model.quantize_base" => Out::ignored("read with model._component_ (QLoRA when true)"),
+        "model.lora_alpha" => Out::ignored("a scale: no memory"),
+        "model.lora_dropout" => dropout(v),
+        "model.use_dora" => on_off(v, "DoRA's magnitude vectors and their activations are not modelled", "plain LoRA"),
+        "batch_size" => positive(v, "batch"),
+        "gradient_accumulation_steps" => positive(v, "accum"),
+        "dtype" => match text(v).as_deref() {
+            Some("bf16") => Out::one("precision", "bf16"),
+            Some("fp32") => Out::one("precision", "fp32"),
+            Some(other) => Out::invalid(format!("torchtune trains in bf16 or fp32, not {other}")),
+            None => Out::invalid("expected bf16 or fp32"),
+        },
+        "optimizer._component_" => optimizer(v, root),
+        "optimizer.fused" => match boolean(v) {
+            Some(true) => Out::one("optim_impl", "fused"),
+            Some(false) => Out::ignored("read with optimizer._component_"),
+            None => Out::invalid("expected true or false"),
+        },
+        "optimizer.foreach" => Out::ignored("read with optimizer._component_"),
+        "optimizer_in_bwd" => on_off(v, "the optimizer steps inside backward and frees each gradient at once: not modelled, the estimate keeps every gradient until the step (an upper bound)", "the optimizer steps after backward"),
+        "loss._component_" => match text(v).as_deref().map(|s| s.rsplit('.').next().unwrap_or("")) {
+            Some("CEWithChunkedOutputLoss") | Some("LinearCrossEntropyLoss") => Out::one("loss", "chunked"),
+            Some("CrossEntropyLoss") => Out::one("loss", "standard"),
+            _ => Out::unmodelled("a loss trainmem does not know: the estimate keeps loss as set"),
+        },
+        "enable_activation_checkpointing" => match boolean(v) {
+            Some(true) => Out::one("recompute", "full").note("torchtune checkpoints every transformer layer"),
+            Some(false) => Out::one("recompute", "none"),
+            None => Out::invalid("expected true or false"),
+        },
+        "enable_activation_offloading" => on_off(v, "saved activations are offloaded to the CPU: not modelled (the estimate keeps them on the GPU)", "off"),
+        "compile" => on_off(v, "torch.compile fuses kernels and saves fewer tensors: not modelled (the estimate follows eager PyTorch)", "eager PyTorch"),
+        "tokenizer.max_seq_len" => match v {
+            Value::Null => Out::unmodelled("null: each batch is as long as its longest sample; the estimate keeps seq as set"),
+            _ => positive(v, "seq"),
+        },
+        "dataset.packed" => Out::ignored("packing fills each sequence to tokenizer.max_seq_len; memory follows seq"),
+        "custom_sharded_layers" => Out::ignored("wraps the embedding and output as FSDP units of their own").note(if distributed { "marks the distributed recipe" } else { "" }),
+        "fsdp_cpu_offload" => match boolean(v) {
+            Some(true) => Out::one("offload", "optimizer+params"),
+            Some(false) => Out::one("offload", "none"),
+            None => Out::invalid("expected true or false"),
+        },
+        "fsdp_reshard_after_forward" => match boolean(v) {
+            Some(true) => Out::one("zero", "full_shard"),
+            Some(false) => Out::one("zero", "shard_grad_op"),
+            None => Out::invalid("expected true or false"),
+        },
+        "tensor_parallel_dim" => positive(v, "tp"),
+        "data_parallel_shard_dim" | "data_parallel_replicate_dim" | "tensor_parallel_plan._component_" => {
+            Out::ignored("the data-parallel layout follows gpus, zero and tp")
+        }
+        "device" => Out::ignored("where the run happens"),
+        "clip_grad_norm" => Out::ignored("clipping computes a norm: no stored state"),
+        "log_peak_memory_stats" | "log_every_n_steps" | "output_dir" | "seed" | "shuffle" | "epochs" | "max_steps_per_epoch" | "resume_from_checkpoint"
+        | "save_adapter_weights_only" | "low_cpu_ram" | "run_val_every_n_steps" | "log_level" => Out::ignored("bookkeeping: no GPU memory"),
+        _ => match top {
+            "optimizer" => Out::ignored("hyperparameter: no memory"),
+            "lr_scheduler" => Out::ignored("schedule: no memory"),
+            "tokenizer" | "dataset" | "checkpointer" | "metric_logger" | "profiler" | "collate_fn" | "dataset_val" => {
+                Out::ignored("data, checkpoints, logging or profiling: no GPU memory in the step")
+            }
+            "model" => Out::unknown(),
+            _ => Out::unknown(),
+        },
+    }
+}
+
+fn optimizer(v: &Value, root: &Value) -> Out {
+    let Some(c) = text(v) else { return Out::invalid("expected an optimizer's dotted name") };
+    let fused = tree::get(root, "optimizer.fused").and_then(boolean) == Some(true);
+    let foreach = tree::get(root, "optimizer.foreach").and_then(boolean);
+    let torch_impl = if fused {
+        "fused"
+    } else if foreach == Some(false) {
+        "forloop"
+    } else {
+        "foreach"
+    };
+    match c.as_str() {
+        "torch.optim.AdamW" | "torch.optim.Adam" => Out::set(vec![("optim", "adamw".into()), ("optim_impl", torch_impl.into())]),
+        "torch.optim.SGD" => {
+            let momentum = tree::get(root, "optimizer.momentum").and_then(tree::float).unwrap_or(0.0) > 0.0;
+            Out::set(vec![("optim", if momentum { "momentum" } else { "sgd" }.into()), ("optim_impl", torch_impl.into())])
+        }
+        "bitsandbytes.optim.PagedAdamW8bit"
+        | "bitsandbytes.optim.AdamW8bit"
+        | "bitsandbytes.optim.Adam8bit"
+        | "torchao.optim.AdamW8bit" => Out::one("optim", "adam8bit"),
+        "bitsandbytes.optim.PagedAdamW" | "bitsandbytes.optim.PagedAdamW32bit" | "bitsandbytes.optim.AdamW" => Out::one("optim", "adamw"),
+        "torchao.optim.AdamW4bit" => Out::one("optim", "adam8bit").approx("4-bit Adam states: estimated as 8-bit (an upper bound)"),
+        "torchao.optim.CPUOffloadOptimizer" => {
+            Out::one("offload", "optimizer").approx("torchao's CPU-offloaded optimizer: estimated as ZeRO-Offload of the optimizer")
+        }
+        _ => Out::unmodelled("an optimizer trainmem does not know: the estimate keeps optim as set"),
+    }
+}

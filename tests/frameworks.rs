@@ -1,0 +1,348 @@
+//! Framework config files: every recipe preset re-imports from its own source file to the same
+//! configuration, every format round-trips import → export → import, and a seeded mutator over
+//! the fixture files finds no panic and no error that does not name its key or line.
+//!
+//! The normal run mutates 100,000 files; `TRAINMEM_FRAMEWORK_FUZZ_CASES` changes the count.
+
+use std::path::{Path, PathBuf};
+use trainmem::config::{self, decode_query, encode_query, Config, RECIPES};
+use trainmem::frameworks::{export, export_files, import, ExportFormat, Format, ImportError, Status};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/frameworks")
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(fixtures().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Every fixture a format reads, with its format.
+fn all_fixtures() -> Vec<(String, Format)> {
+    let mut out = Vec::new();
+    for r in RECIPES {
+        for f in r.fixtures {
+            if !out.iter().any(|(n, _): &(String, Format)| n == f) {
+                let imp = import(&[(f, &read(f))]).unwrap_or_else(|e| panic!("{e}"));
+                out.push((f.to_string(), imp.formats[0].1));
+            }
+        }
+    }
+    for extra in ["accelerate/deepspeed.yaml", "accelerate/zero_stage2_config.json", "megatron_bridge/llama32_1b_pretrain.yaml"] {
+        let imp = import(&[(extra, &read(extra))]).unwrap_or_else(|e| panic!("{e}"));
+        out.push((extra.to_string(), imp.formats[0].1));
+    }
+    out
+}
+
+#[test]
+fn each_recipe_reimports_from_its_own_source_files_to_the_same_configuration() {
+    assert!(RECIPES.len() >= 12, "{} recipes", RECIPES.len());
+    let frameworks: std::collections::BTreeSet<&str> = RECIPES.iter().map(|r| r.framework).collect();
+    assert!(frameworks.len() >= 7, "{frameworks:?}");
+    for r in RECIPES {
+        let texts: Vec<(String, String)> = r.fixtures.iter().map(|f| (f.to_string(), read(f))).collect();
+        let files: Vec<(&str, &str)> = texts.iter().map(|(n, t)| (n.as_str(), t.as_str())).collect();
+        let imp = import(&files).unwrap_or_else(|e| panic!("{}: {e}", r.id));
+        assert_eq!(imp.errors, Vec::<ImportError>::new(), "{}", r.id);
+        let got: Vec<(&str, &str)> = imp.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, r.pairs.to_vec(), "{}: the recipe's keys are not what its file gives", r.id);
+        let chosen = decode_query(&format!("recipe={}", r.id));
+        assert_eq!(chosen.errors, vec![], "{}", r.id);
+        assert_eq!(chosen.config, imp.config, "{}", r.id);
+        assert_eq!(config::matching_recipe(&imp.config).map(|m| m.id).is_some(), true, "{}", r.id);
+    }
+}
+
+#[test]
+fn a_recipe_applies_first_and_any_key_after_it_changes_it() {
+    let d = decode_query("batch=4&recipe=torchtitan-llama3-8b&gpus=64");
+    assert_eq!(d.errors, vec![]);
+    assert_eq!((d.config.batch, d.config.gpus, d.config.seq), (4, 64, 8192));
+    // The link spells the configuration out, and reproduces it.
+    assert_eq!(decode_query(&encode_query(&d.config)).config, d.config);
+    // Changing the model keeps the rest of the recipe.
+    let d = decode_query("recipe=torchtune-llama3.1-8b-lora-single-device&model=qwen2.5-7b");
+    assert_eq!((d.config.model.as_str(), d.config.lora_rank), ("qwen2.5-7b", 8));
+    assert!(decode_query("recipe=no-such-recipe").errors.iter().any(|e| e.key == "recipe"));
+}
+
+#[test]
+fn every_fixture_reports_every_key_and_none_is_unknown() {
+    for (f, format) in all_fixtures() {
+        let imp = import(&[(&f, &read(&f))]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(imp.formats[0].1, format);
+        let unknown: Vec<&str> = imp.keys.iter().filter(|k| k.status == Status::Unknown).map(|k| k.key.as_str()).collect();
+        assert_eq!(unknown, Vec::<&str>::new(), "{f}");
+        for k in &imp.keys {
+            if matches!(k.status, Status::Ignored | Status::Unmodelled) {
+                assert!(!k.note.is_empty(), "{f}: {} has no reason", k.key);
+            }
+            if k.status == Status::Understood {
+                assert!(!k.set.is_empty() || !k.note.is_empty(), "{f}: {} says nothing", k.key);
+            }
+        }
+    }
+}
+
+#[test]
+fn unmodelled_features_are_reported_never_silently_ignored() {
+    let status = |f: &str, key: &str| {
+        let imp = import(&[(f, &read(f))]).unwrap_or_else(|e| panic!("{e}"));
+        imp.keys.iter().find(|k| k.key == key).map(|k| k.status)
+    };
+    assert_eq!(status("torchtune/llama3_1_8B_full_single_device.yaml", "optimizer_in_bwd"), Some(Status::Unmodelled));
+    assert_eq!(status("torchtitan/llama3_8b.toml", "activation_checkpoint.mode"), Some(Status::Unmodelled));
+    assert_eq!(status("megatron_lm/train_llama3_8b_h100_fp8.args", "--fp8-param-gather"), Some(Status::Unmodelled));
+    assert_eq!(status("axolotl/llama-3-lora-8b.yml", "load_in_8bit"), Some(Status::Unmodelled));
+}
+
+#[test]
+fn a_trainer_json_and_its_deepspeed_json_combine_in_either_order() {
+    let trainer = r#"{"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "fp16": true, "gradient_checkpointing": true, "optim": "adamw_torch"}"#;
+    // accelerate's ZeRO-2 template with its fp16 and accumulation left to the Trainer.
+    let ds = read("accelerate/zero_stage2_config.json")
+        .replace("\"enabled\": true", "\"enabled\": \"auto\"")
+        .replace("\"gradient_accumulation_steps\": 1", "\"gradient_accumulation_steps\": \"auto\"");
+    let a = import(&[("args.json", trainer), ("ds.json", &ds)]).expect("imports");
+    let b = import(&[("ds.json", &ds), ("args.json", trainer)]).expect("imports");
+    assert_eq!(a.config, b.config);
+    let c = &a.config;
+    assert_eq!((c.batch, c.accum, c.zero, c.precision), (4, 2, config::Zero::Z2, config::Precision::MixedFp16));
+    assert_eq!(c.recompute, config::Recompute::Full);
+}
+
+fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
+    let q = |s: &str| {
+        let d = decode_query(s);
+        assert_eq!(d.errors, vec![], "{s}");
+        d.config
+    };
+    match format {
+        ExportFormat::Torchtune => vec![
+            q("recipe=torchtune-llama3.1-8b-full-single-device"),
+            q("recipe=torchtune-llama3.1-8b-lora-single-device&seq=2048"),
+            q("recipe=torchtune-llama3.1-8b-qlora-single-device&seq=4096&lora_rank=16&lora_targets=q,k,v,o"),
+            q("model=qwen2.5-7b&precision=bf16&finetune=lora&lora_rank=32&lora_targets=all&recompute=full&batch=4&attn=sdpa&loss=chunked&optim_impl=foreach&gpus=8&zero=full_shard"),
+        ],
+        ExportFormat::Torchtitan => vec![
+            q("recipe=torchtitan-llama3-8b&gpus=64"),
+            q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
+            q("model=qwen3-32b&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
+        ],
+        ExportFormat::AccelerateDeepspeed => vec![
+            q("gpus=8&zero=3&batch=2&accum=4"),
+            q("gpus=16&zero=2&precision=mixed-fp16&offload=optimizer"),
+            q("gpus=4&zero=3&offload=optimizer%2Bparams&batch=1"),
+        ],
+        ExportFormat::Megatron => vec![
+            q("recipe=megatron-lm-llama3-8b-fp8&accum=1&precision=mixed-bf16-fp32grad"),
+            q("model=llama-3.1-70b&framework=megatron&attn=flash&gpus=64&tp=8&pp=4&vpp=5&sp=true&zero=1&precision=mixed-bf16-fp32grad&recompute=selective&seq=8192&accum=16"),
+            q("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&tp=2&cp=2&sp=true&zero=1&precision=mixed-bf16&recompute=full&batch=2"),
+        ],
+    }
+}
+
+#[test]
+fn every_export_format_round_trips_import_export_import() {
+    for format in ExportFormat::ALL {
+        for cfg in roundtrip_configs(format) {
+            let files = export_files(&cfg, format);
+            let texts: Vec<(&str, &str)> = files.iter().map(|f| (f.name.as_str(), f.text.as_str())).collect();
+            let imp = import(&texts).unwrap_or_else(|e| panic!("{}: {e}\n{}", format.name(), export(&cfg, format)));
+            // What the file fixes (the rest of the configuration is the script's business).
+            let back = apply_over(&cfg, &imp);
+            assert_eq!(imp.errors, vec![], "{}", format.name());
+            assert_eq!(encode_query(&back), encode_query(&cfg), "{}:\n{}", format.name(), export(&cfg, format));
+            // And again: export → import is a fixed point.
+            let again = export_files(&back, format);
+            assert_eq!(again, files, "{}", format.name());
+        }
+    }
+}
+
+/// `cfg` with an import applied on top.
+fn apply_over(cfg: &Config, imp: &trainmem::frameworks::Imported) -> Config {
+    trainmem::frameworks::apply(cfg, imp)
+}
+
+#[test]
+fn exports_carry_only_memory_keys_each_commented() {
+    let cfg = decode_query("recipe=torchtune-llama3.1-8b-qlora-single-device").config;
+    let yaml = export(&cfg, ExportFormat::Torchtune);
+    for line in yaml.lines().filter(|l| !l.trim_start().starts_with('#') && l.contains(": ") && !l.trim_end().ends_with(':')) {
+        assert!(line.contains('#'), "uncommented: {line}");
+    }
+    assert!(yaml.contains("quantize_base: True"));
+    let pair = export(&decode_query("gpus=8&zero=3").config, ExportFormat::AccelerateDeepspeed);
+    assert!(pair.contains("==> accelerate_config.yaml <==") && pair.contains("==> ds_config.json <=="));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fuzz: a seeded mutator over the fixture files.
+
+/// xorshift64*: a reproducible stream without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+const HOSTILE: &[&str] = &[
+    "-1",
+    "0",
+    "1e400",
+    "NaN",
+    ".inf",
+    "null",
+    "~",
+    "true",
+    "\"auto\"",
+    "[]",
+    "{}",
+    "[1, [2]]",
+    "99999999999999999999999",
+    "'",
+    "\"",
+    "\\",
+    "\t",
+    "{{",
+    "]]",
+    "0x10",
+    "8k",
+    "full_shard",
+    "bf16",
+    "- a",
+    "*anchor",
+    "&a",
+    "!!binary x",
+    "%YAML 1.2",
+    "---",
+    "...",
+    "\u{0}",
+    "é✓",
+    "=",
+    ":",
+    "[[x]]",
+    "--",
+];
+
+fn mutate(text: &str, rng: &mut Rng) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let n = 1 + rng.below(3);
+    for _ in 0..n {
+        if lines.is_empty() {
+            lines.push(String::new());
+        }
+        let i = rng.below(lines.len());
+        match rng.below(9) {
+            0 => {
+                lines.remove(i);
+            }
+            1 => {
+                let l = lines[i].clone();
+                lines.insert(i, l);
+            }
+            2 => {
+                // Replace a value (after ':' or '=' or a flag) with something hostile.
+                let l = &lines[i];
+                let cut = l.find([':', '=']).map(|p| p + 1).or_else(|| l.find(' ')).unwrap_or(l.len());
+                let h = HOSTILE[rng.below(HOSTILE.len())];
+                lines[i] = format!("{} {h}", &l[..cut]);
+            }
+            3 => {
+                // Flip one character.
+                let chars: Vec<char> = lines[i].chars().collect();
+                if !chars.is_empty() {
+                    let j = rng.below(chars.len());
+                    let c = HOSTILE[rng.below(HOSTILE.len())].chars().next().unwrap_or('x');
+                    lines[i] = chars[..j].iter().chain(std::iter::once(&c)).chain(chars[j + 1..].iter()).collect();
+                }
+            }
+            4 => lines.truncate(i),
+            5 => {
+                // Re-indent.
+                lines[i] = format!("{}{}", " ".repeat(rng.below(6)), lines[i].trim_start());
+            }
+            6 => {
+                let j = rng.below(lines.len());
+                lines.swap(i, j);
+            }
+            7 => {
+                let h = HOSTILE[rng.below(HOSTILE.len())];
+                lines.insert(i, h.to_string());
+            }
+            _ => {
+                // Deep nesting.
+                let depth = rng.below(200);
+                lines.insert(i, format!("{}{}", "[".repeat(depth), "]".repeat(rng.below(depth + 1))));
+            }
+        }
+    }
+    lines.join("\n")
+}
+
+#[test]
+fn a_hundred_thousand_mutated_files_never_panic_and_every_error_names_its_key_or_line() {
+    let cases: usize = std::env::var("TRAINMEM_FRAMEWORK_FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let sources: Vec<(String, String)> = all_fixtures().into_iter().map(|(f, _)| (f.clone(), read(&f))).collect();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut ok, mut refused, mut invalid) = (0usize, 0usize, 0usize);
+    for case in 0..cases {
+        let (name, text) = &sources[case % sources.len()];
+        let mutated = mutate(text, &mut rng);
+        match import(&[(name, &mutated)]) {
+            Ok(imp) => {
+                ok += 1;
+                assert!(trainmem::estimator::validate_consistency(&imp.config).is_ok(), "case {case}: {name}");
+                for e in &imp.errors {
+                    invalid += 1;
+                    let ImportError::Value { key, .. } = e else { panic!("case {case}: {e}") };
+                    assert!(e.to_string().contains(&format!("`{key}`")), "case {case}: {e}");
+                }
+                assert_eq!(config::decode_query(&imp.query).config, imp.config, "case {case}: {name}");
+            }
+            Err(e) => {
+                refused += 1;
+                let msg = e.to_string();
+                let names = match &e {
+                    ImportError::Syntax { line, .. } => line.is_some() || msg.contains("near `"),
+                    ImportError::Format { .. } => msg.contains('`') || msg.contains("empty"),
+                    ImportError::Value { key, .. } => msg.contains(key.as_str()),
+                    ImportError::NoFiles => false,
+                };
+                if !names {
+                    std::fs::write(std::env::temp_dir().join("trainmem-fuzz-case.txt"), &mutated).ok();
+                }
+                assert!(names, "case {case} ({name}): the error names no key or line: {msg}");
+                assert!(msg.starts_with(name.as_str()), "case {case}: {msg}");
+            }
+        }
+    }
+    eprintln!("{cases} mutated files: {ok} imported ({invalid} invalid keys reported), {refused} refused");
+    assert!(ok > cases / 10 && refused > 0);
+}
+
+#[test]
+#[ignore = "prints the recipe table's pairs from the fixtures"]
+fn print_recipe_pairs() {
+    for r in RECIPES {
+        let texts: Vec<(String, String)> = r.fixtures.iter().map(|f| (f.to_string(), read(f))).collect();
+        let files: Vec<(&str, &str)> = texts.iter().map(|(n, t)| (n.as_str(), t.as_str())).collect();
+        let imp = import(&files).unwrap_or_else(|e| panic!("{}: {e}", r.id));
+        let pairs: Vec<String> = imp.pairs.iter().map(|(k, v)| format!("(\"{k}\", \"{v}\")")).collect();
+        println!("PAIRS {} {}", r.id, pairs.join(", "));
+        for e in &imp.errors {
+            println!("ERR {} {e}", r.id);
+        }
+        for k in imp.keys.iter().filter(|k| k.status == Status::Unknown) {
+            println!("UNKNOWN {} {}", r.id, k.key);
+        }
+    }
+}
