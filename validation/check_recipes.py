@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Evaluate the recipe rules of FINDINGS.md §10 against the recipe records (tests/fixtures/pytorch/recipes/).
+"""Evaluate the recipe rules of FINDINGS.md §15 against the recipe records (tests/fixtures/pytorch/recipes/).
 
 Every recipe is checked as what the estimator will implement: a transformation of the eager step it already models
 exactly. The eager anchor of each record is the grid record of the same family/dtype/attention at b2 s64
@@ -7,14 +7,14 @@ exactly. The eager anchor of each record is the grid record of the same family/d
 below. For each record the rule's prediction is compared with the measurement; exit status 1 if any differs.
 
   compile=layer            saved bytes: per-family formulas of what AOTAutograd's min-cut partitioner keeps per
-                           compiled decoder layer + the compiled loss (§10.1); every saved value's producer must be
+                           compiled decoder layer + the compiled loss (§15.1); every saved value's producer must be
                            one the rule allows (region input, non-recomputable op, matmul input, small reduction)
   recompute=op[-literal]   saved bytes = eager model ends + per layer: its input + the closure + the outputs of the
-                           ops torchtitan's policy saves, predicted from the layer's op list (§10.2)
+                           ops torchtitan's policy saves, predicted from the layer's op list (§15.2)
   recompute_every=2[-hf]   saved bytes = the eager ledger with the checkpointed layers' rows replaced by their
-                           input, plus the kwargs their checkpoint closures hold (§10.3)
-  optim_in_bwd             no gradient survives backward; forward identical to eager; peak rule (§10.4)
-  act_offload=*            which tensors move (size / Parameter / head rules), host bytes = what moved (§10.5)
+                           input, plus the kwargs their checkpoint closures hold (§15.3)
+  optim_in_bwd             no gradient survives backward; forward identical to eager; peak rule (§15.4)
+  act_offload=*            which tensors move (size / Parameter / head rules), host bytes = what moved (§15.5)
 
 Usage:  python3 validation/check_recipes.py [-v] [--family NAME] [--recipe NAME] [--table]   (plain Python 3)
         --table   saved bytes / step peak of every b2 s64 record against its eager grid record (markdown)
@@ -223,7 +223,7 @@ def check_sac(rec, cfg, g0, g1):
 # ----------------------------------------------------------------------------------------------------------------------
 #
 # The rule (torch/_functorch/partitioners.py at torch 2.15, min_cut_rematerialization_partition with Inductor's
-# defaults; FINDINGS.md §10.1): a forward value the backward needs is SAVED when it is
+# defaults; FINDINGS.md §15.1): a forward value the backward needs is SAVED when it is
 #   (I) an input of the region (the layer's hidden_states, RoPE cos/sin, masks),
 #   (B) the output of an op that may not be recomputed: not in get_default_op_list().recomputable_ops (mm, addmm, bmm,
 #       SDPA, _grouped_mm, embedding, topk, sort, cumsum, index_put, ...),
