@@ -230,7 +230,7 @@ pub fn kept_storages(p: &Program) -> Vec<bool> {
         }
     }
     for r in &p.regions {
-        for s in &r.held {
+        for s in r.held.iter().chain(&r.cached) {
             v[p.tensors[s.t as usize].base as usize] = true;
         }
     }

@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod model;
 pub mod part;
 pub mod run;
+pub mod sac;
 pub mod stream;
 
 pub use model::simulate_stage;

@@ -91,7 +91,8 @@ impl<'a> Setup<'a> {
             (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
         };
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
-        let vars = (0..kinds.len()).map(|i| families::var(spec, first + i)).collect();
+        let vars =
+            (0..kinds.len()).map(|i| families::Var { every_nth: every_nth(cfg, first + i), ..families::var(spec, first + i) }).collect();
         Setup {
             cfg,
             recipe: *recipe,
@@ -159,8 +160,22 @@ impl<'a> Setup<'a> {
         first_layer_of(self.stage, self.cfg.arch.layers, self.kinds.len())
     }
 
-    fn ckpt(&self) -> bool {
-        self.cfg.recompute == Recompute::Full
+    /// How a layer of variant `var` is checkpointed: full (`recompute = full`: transformers'
+    /// `GradientCheckpointingLayer`, early stop; one of every `recompute_every`: torchtitan's
+    /// `ptd_checkpoint_wrapper`, no early stop), by op (torchtitan's SAC) or not at all.
+    fn ckpt(&self, var: families::Var) -> Option<(bool, Option<super::sac::Policy>)> {
+        if var.every_nth {
+            // torchtitan's `ptd_checkpoint_wrapper(early_stop=False)`; transformers' wrapper
+            // keeps `torch.utils.checkpoint`'s early stop.
+            return Some((self.cfg.recompute_every_first, None));
+        }
+        match self.cfg.recompute {
+            Recompute::Full => Some((true, None)),
+            Recompute::Op => {
+                Some((false, Some(super::sac::Policy { attention_saved: self.cfg.kernels != Kernels::Cpu || self.cfg.sac_cpu_sdpa })))
+            }
+            Recompute::None | Recompute::Selective => None,
+        }
     }
 
     /// The whole stage as one program: what [`simulate_stage`] runs.
@@ -190,11 +205,11 @@ impl<'a> Setup<'a> {
                 Some(y) => y,
                 None if copy && i > 0 && template.is_none() => {
                     let view = sh.view(var);
-                    let (y, f) = b.layer_kept(x, before_layers.tensors, |b| self.one_layer(b, &p, x, &view, kind));
+                    let (y, f) = b.layer_kept(x, before_layers.tensors, |b| self.one_layer(b, &p, x, &view, kind, var));
                     kept.push((key, f));
                     y
                 }
-                None => self.one_layer(&mut b, &p, x, &sh.view(var), kind),
+                None => self.one_layer(&mut b, &p, x, &sh.view(var), kind, var),
             };
             if i == 0 {
                 // The other layers (and about one more for the epilogue), sized by the first.
@@ -262,7 +277,7 @@ impl<'a> Setup<'a> {
         let x = families::common::input(&mut b, !pinned, true);
         let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
-        let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind);
+        let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind, var);
         b.outputs(&[y]);
         (b.p, x, sh)
     }
@@ -322,13 +337,13 @@ impl<'a> Setup<'a> {
     }
 
     /// One decoder layer, checkpointed under full recomputation.
-    fn one_layer(&self, b: &mut Builder, p: &Params, x: Tid, sh: &Shared, kind: Kind) -> Tid {
-        let region = self.ckpt().then(|| {
+    fn one_layer(&self, b: &mut Builder, p: &Params, x: Tid, sh: &Shared, kind: Kind, var: families::Var) -> Tid {
+        let region = self.ckpt(var).map(|(early_stop, sac)| {
             let mut held = vec![Save { t: x, part: Part::Checkpoints, group: super::ir::Group::All }];
             for t in sh.all() {
                 held.push(Save { t, part: Part::Checkpoints, group: super::ir::Group::All });
             }
-            b.begin_checkpoint(held)
+            b.begin_checkpoint_as(held, early_stop, sac)
         });
         let spec = &self.cfg.arch;
         let y = families::modeling(spec.family).layer(b, p, spec, x, sh, kind, self.cfg.attn);
@@ -808,4 +823,14 @@ mod tests {
         }
         assert!(n > 100, "{n}");
     }
+}
+
+/// Whether model layer `i` is one of every `recompute_every` fully checkpointed: torchtitan
+/// v0.2.2 `_apply_layer_sac` counts blocks from 1 and wraps the block when `count % N == 0`
+/// (layers N−1, 2N−1, … by index); transformers 5.24 `_set_gradient_checkpointing` wraps
+/// `layer_index % N == 0` (layers 0, N, 2N, …: `recompute_every_first`).
+pub fn every_nth(cfg: &Config, i: usize) -> bool {
+    let n = cfg.recompute_every as usize;
+    let k = if cfg.recompute_every_first { i } else { i + 1 };
+    n > 0 && k % n == 0
 }

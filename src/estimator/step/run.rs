@@ -162,7 +162,7 @@ impl<'p, S: Sink> Run<'p, S> {
             }
         }
         for reg in &p.regions {
-            for s in &reg.held {
+            for s in reg.held.iter().chain(&reg.cached) {
                 cat[p.tensors[s.t as usize].base as usize] = Cat::Activations;
             }
         }
@@ -328,7 +328,9 @@ impl<'p, S: Sink> Run<'p, S> {
             // A region starts: its inputs are kept.
             let r = self.b.region_of[i];
             if r != NONE && p.regions[r as usize].first == i as u32 {
-                for s in &p.regions[r as usize].held {
+                // Selective checkpointing's cache is taken with them: counted before its
+                // tensors exist, it keeps each one from its allocation on.
+                for s in p.regions[r as usize].held.iter().chain(&p.regions[r as usize].cached) {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
             }
@@ -368,14 +370,14 @@ impl<'p, S: Sink> Run<'p, S> {
     fn recompute(&mut self, r: usize, node: &'static str) {
         let p = self.p;
         let reg = &p.regions[r];
-        let stop = self.b.region_last_save[r];
+        let stop = if reg.early_stop { self.b.region_last_save[r] } else { reg.end - 1 };
         let mut allocated: Vec<usize> = Vec::new();
         for i in reg.first..=stop {
             let i = i as usize;
             let op = &p.ops[i];
             let at = self.at(i, Phase::Backward, node);
             let outs = p.outs(op);
-            let runs = i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
+            let runs = !reg.early_stop || i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
             if runs {
                 for &t in outs {
                     let b = p.tensors[t as usize].base as usize;
@@ -394,6 +396,16 @@ impl<'p, S: Sink> Run<'p, S> {
             for s in p.saved(op) {
                 let b = p.tensors[s.t as usize].base as usize;
                 self.b.saves[b] += 1;
+            }
+            // A cached output is popped from the cache (`storage[func].pop(0)`): from here on
+            // it lives as the re-run's own output.
+            for s in &reg.cached {
+                let b = p.tensors[s.t as usize].base as usize;
+                if outs.iter().any(|&t| p.tensors[t as usize].base as usize == b) && !allocated.contains(&b) {
+                    self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+                    self.b.fwd_over[b] = false;
+                    allocated.push(b);
+                }
             }
             if !runs {
                 break;
@@ -555,6 +567,12 @@ impl<'p, S: Sink> Run<'p, S> {
         for r in 0..p.regions.len() {
             if !self.b.recomputed[r] {
                 self.b.recomputed[r] = true;
+                for s in &p.regions[r].cached {
+                    let b = p.tensors[s.t as usize].base as usize;
+                    self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+                    self.b.fwd_over[b] = true;
+                    self.try_free(b, &at);
+                }
                 self.release_region(r, &at);
             }
         }
