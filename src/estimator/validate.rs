@@ -199,7 +199,17 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
 /// yet: refused by name (never estimated as something else). The records that will check them
 /// are in `tests/fixtures/pytorch/recipes/` (validation/FINDINGS.md §15).
 fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
-    let pending: [(bool, &str, &str); 4] = [
+    let pending: [(bool, &str, &str); 6] = [
+        (
+            cfg.optim_in_bwd && cfg.optim != super::config::Optimizer::Adamw,
+            "optim_in_bwd",
+            "the optimizer step in backward with an optimizer other than AdamW",
+        ),
+        (
+            cfg.optim_in_bwd && cfg.dp() > 1,
+            "optim_in_bwd",
+            "the optimizer step in backward with data parallelism (gradients reduced in the hook)",
+        ),
         (cfg.compile, "compile", "torch.compile's partition (FINDINGS §15.1)"),
         (cfg.act_offload, "act_offload", "torchtune's activation offloading (FINDINGS §15.5)"),
         (cfg.act_offload_layers > 0, "act_offload_layers", "Megatron's per-layer activation offloading"),

@@ -155,6 +155,21 @@ impl<'a> Setup<'a> {
         self.vars[i]
     }
 
+    /// The optimizer step inside backward (`optim_in_bwd`), as [`optimizer_events`] steps one
+    /// AdamW parameter: for-loop two temporaries, foreach one, fused none.
+    pub fn step_hook(&self) -> Option<super::run::StepHook> {
+        if !self.cfg.optim_in_bwd {
+            return None;
+        }
+        let state_bytes = if self.recipe.master.is_some() { 4 } else { self.recipe.state.bytes() };
+        let temps = match self.cfg.optim_impl {
+            OptimImpl::Forloop => 2,
+            OptimImpl::Foreach => 1,
+            OptimImpl::Fused => 0,
+        };
+        Some(super::run::StepHook { state_bytes, temps })
+    }
+
     /// The model index of this stage's first layer.
     pub fn first_layer(&self) -> usize {
         first_layer_of(self.stage, self.cfg.arch.layers, self.kinds.len())
@@ -742,6 +757,9 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     if resident_grads(cfg) {
         run.grads_resident();
     }
+    if let Some(hook) = setup.step_hook() {
+        run.step_in_backward(hook, &[]);
+    }
     run.forward();
     run.end_forward();
     run.inject(true);
@@ -750,8 +768,10 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     run.finish_backward();
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
-    let numels = optimizer_params(prog, DType::of(recipe.weight));
-    optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
+    if !cfg.optim_in_bwd {
+        let numels = optimizer_params(prog, DType::of(recipe.weight));
+        optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
+    }
     let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };
     for (id, bytes) in grads {
         sink.free(id, bytes, Cat::Gradients, &at);
