@@ -193,6 +193,15 @@ fn every_recipe_record_is_estimated_within_half_a_percent_or_refused_by_name() {
                     failures.push(format!("{id}: peak {got} vs {want} ({:+.3} %) at {}", rel * 100.0, e.memory.peak_op));
                 }
             }
+            // The 8-bit states, key by key (FINDINGS §15.6): exact.
+            if let Some(by_key) = r["optimizer_state_bytes_by_key"].as_object() {
+                let want: u64 = by_key.values().filter_map(Value::as_u64).sum();
+                let got: u128 = e.components.iter().filter(|c| c.id.as_str() == "optimizer_states").map(|c| c.bytes).sum();
+                line += &format!("  states {got} / {want}");
+                if got != u128::from(want) {
+                    failures.push(format!("{id}: optimizer states {got} vs {want}"));
+                }
+            }
             if verbose {
                 println!("{line}");
             }

@@ -189,6 +189,12 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
             "offloads by layer (Megatron) where act_offload already offloads every saved tensor (torchtune): choose one",
         ));
     }
+    if cfg.optim_paged && !matches!(cfg.optim, super::config::Optimizer::Adam8bit | super::config::Optimizer::Adamw) {
+        return Err(invalid(
+            "optim_paged",
+            "bitsandbytes pages AdamW's states (PagedAdamW) and 8-bit Adam's (PagedAdamW8bit): set optim = adamw or adam8bit",
+        ));
+    }
     if !(cfg.host_ram_gib.is_finite() && cfg.host_ram_gib > 0.0) {
         return Err(invalid("host_ram_gib", "must be a positive number of GiB"));
     }
@@ -199,7 +205,18 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
 /// yet: refused by name (never estimated as something else). The records that will check them
 /// are in `tests/fixtures/pytorch/recipes/` (validation/FINDINGS.md §15).
 fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
+    let paged = cfg.optim_paged
+        && super::params::stages(cfg.pp).iter().any(|&st| {
+            super::params::local_groups(cfg, st)
+                .iter()
+                .any(|g| g.role == super::params::Role::Trainable && g.group.elements_per_tensor() >= super::optimizer::PAGED_MIN_ELEMENTS)
+        });
     let pending: [(bool, &str, &str); 6] = [
+        (
+            paged,
+            "optim_paged",
+            "bitsandbytes' paged states (tensors of 10⁵ elements or more: CUDA unified memory, outside PyTorch's allocator)",
+        ),
         (
             cfg.optim_in_bwd && cfg.optim != super::config::Optimizer::Adamw,
             "optim_in_bwd",
@@ -213,7 +230,6 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
         (cfg.compile, "compile", "torch.compile's partition (FINDINGS §15.1)"),
         (cfg.act_offload, "act_offload", "torchtune's activation offloading (FINDINGS §15.5)"),
         (cfg.act_offload_layers > 0, "act_offload_layers", "Megatron's per-layer activation offloading"),
-        (cfg.optim_paged, "optim_paged", "bitsandbytes' paged optimizer states (FINDINGS §15.6)"),
     ];
     match pending.iter().find(|p| p.0) {
         Some(&(_, key, what)) => Err(invalid(key, format!("{what} is not modelled yet"))),
