@@ -216,7 +216,7 @@ impl Space {
         Space {
             batch: Vec::new(),
             zero,
-            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Op, Recompute::Full],
             attn: vec![base.attn],
             optim: vec![base.optim],
             optim_impl: vec![base.optim_impl],
@@ -1465,8 +1465,10 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             out.push((key, value, label, training, c));
         }
     };
-    for r in [Recompute::Selective, Recompute::Full] {
-        if recompute_order(r) < recompute_order(cfg.recompute) {
+    for r in [Recompute::Selective, Recompute::Op, Recompute::Full] {
+        if recompute_order(r) < recompute_order(cfg.recompute)
+            && (r != Recompute::Op || cfg.framework == crate::estimator::config::Framework::Hf)
+        {
             let k = Knobs { recompute: r, ..Knobs::of(cfg) };
             push("recompute", recompute_name(r).into(), describe("recompute", &k), false, Config { recompute: r, ..cfg.clone() });
         }

@@ -211,7 +211,13 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
                 .iter()
                 .any(|g| g.role == super::params::Role::Trainable && g.group.elements_per_tensor() >= super::optimizer::PAGED_MIN_ELEMENTS)
         });
-    let pending: [(bool, &str, &str); 6] = [
+    let master = super::precision::recipe(cfg.precision).master.is_some();
+    let pending: [(bool, &str, &str); 7] = [
+        (
+            cfg.optim_in_bwd && master,
+            "optim_in_bwd",
+            "the optimizer step in backward with fp32 master weights (torchtune trains in pure bf16)",
+        ),
         (
             paged,
             "optim_paged",
