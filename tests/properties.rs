@@ -36,6 +36,11 @@ prop_compose! {
         c.attn = attn;
         c.recompute = recompute;
         c.finetune = finetune;
+        // FP8 GEMMs do not apply to QLoRA's 4-bit base (refused, naming `fp8`): its mixed
+        // precision is bf16.
+        if finetune == Finetune::Qlora && precision == Precision::MixedFp8 {
+            c.precision = Precision::MixedBf16;
+        }
         c
     }
 }

@@ -137,7 +137,7 @@ named!(
 named!(OptimImpl, [(OptimImpl::Foreach, "foreach"), (OptimImpl::Fused, "fused"), (OptimImpl::Forloop, "forloop")]);
 named!(Finetune, [(Finetune::Full, "full"), (Finetune::Lora, "lora"), (Finetune::Qlora, "qlora")]);
 named!(Attention, [(Attention::Eager, "eager"), (Attention::Sdpa, "sdpa"), (Attention::Flash, "flash")]);
-named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full")]);
+named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full"), (Recompute::Op, "op")]);
 named!(Loss, [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]);
 named!(Framework, [(Framework::Hf, "hf"), (Framework::Megatron, "megatron")]);
 named!(Kernels, [(Kernels::Cuda, "cuda"), (Kernels::Cpu, "cpu")]);
@@ -155,6 +155,7 @@ named!(
 );
 named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
+named!(CompileRegions, [(CompileRegions::Layer, "layer"), (CompileRegions::Block, "block"), (CompileRegions::Model, "model")]);
 named!(
     Interconnect,
     [
@@ -789,6 +790,69 @@ pub static KEYS: &[Key] = &[
     bool_key!("cuda_graphs", Serving, "CUDA graphs captured (false = --enforce-eager)", |c| c.serve.cuda_graphs),
     auto_uint_key!("cuda_graph_mib", Serving, "memory of the CUDA graphs, MiB, or auto (512, assumed)", |c| c.serve.cuda_graph_mib),
     bool_key!("dp_attention", Serving, "data-parallel attention: whole KV heads per GPU, its own sequences", |c| c.serve.dp_attention),
+    bool_key!("compile", Training, "torch.compile: the partitioner saves matmul inputs and outputs, recomputes pointwise chains", |c| c
+        .compile),
+    enum_key!(
+        "compile_regions",
+        Training,
+        "what compiles as one graph: layer (torchtune: each layer + the loss), block (torchtitan), model (Trainer)",
+        CompileRegions,
+        |c| c.compile_regions
+    ),
+    Key {
+        name: "recompute_every",
+        group: Training,
+        help: "full checkpointing of every Nth layer (N−1, 2N−1, …: torchtitan selective_ac_option=N); 0 = off",
+        choices: no_choices,
+        get: |c| c.recompute_every.to_string(),
+        set: |c, s| {
+            let v = parse_uint(s)?;
+            if v > 1 << 20 {
+                return Err("is beyond the supported 1048576 layers".into());
+            }
+            c.recompute_every = v;
+            Ok(())
+        },
+    },
+    bool_key!(
+        "recompute_every_first",
+        Training,
+        "recompute_every counts from the first layer (0, N, 2N, …: transformers' every_n_layers) instead of torchtitan's N−1, 2N−1, …",
+        |c| c.recompute_every_first
+    ),
+    bool_key!(
+        "sac_cpu_sdpa",
+        Training,
+        "recompute=op on kernels=cpu: save the CPU SDPA kernel's outputs as torchtitan saves CUDA's (its list omits the CPU kernel)",
+        |c| c.sac_cpu_sdpa
+    ),
+    bool_key!("act_offload", Training, "activation offloading (torchtune): saved tensors ≥ 1 KiB to pinned host memory", |c| c
+        .act_offload),
+    uint_key!(
+        "act_offload_layers",
+        Training,
+        "Megatron's activation offload: the first N layers' saved tensors to pinned host memory (0 = off)",
+        |c| c.act_offload_layers
+    ),
+    bool_key!(
+        "optim_in_bwd",
+        Training,
+        "optimizer step inside backward (torchtune): each gradient freed after its step; needs accum = 1",
+        |c| c.optim_in_bwd
+    ),
+    bool_key!("optim_paged", Training, "bitsandbytes paged optimizer: states of tensors ≥ 10⁵ elements in unified memory", |c| c
+        .optim_paged),
+    Key {
+        name: "host_ram_gib",
+        group: Cluster,
+        help: "host RAM per node, GiB: pinned host memory (offloaded activations) must fit in it",
+        choices: no_choices,
+        get: |c| fmt_f64(c.host_ram_gib),
+        set: |c, s| {
+            c.host_ram_gib = parse_f64(s, 0.001, 1.0e7)?;
+            Ok(())
+        },
+    },
     enum_key!("unit", Display, "byte unit: gb (10^9) or gib (2^30)", Unit, |c| c.unit),
 ];
 

@@ -436,6 +436,17 @@ pub fn builtin() -> Vec<Exercise> {
             explanation: "The s² terms: eager attention keeps the fp32 softmax and its bf16 cast (6·b·a·s² bytes per layer) and K, V repeated to every head; FlashAttention keeps q, k, v, the output and an fp32 log-sum-exp per row.",
         },
         Exercise {
+            id: "op-sac-saves",
+            title: "What selective checkpointing by op keeps",
+            question: "Llama-3.1-8B at 8,192 tokens with SDPA on a GPU: how many bytes of activations does torchtitan's per-op selective checkpointing (recompute=op) save against keeping everything?",
+            query: "model=llama-3.1-8b&seq=8192",
+            compare: Some("model=llama-3.1-8b&seq=8192&recompute=op"),
+            target: Target::Difference(rows(&["activations"])),
+            tolerance_pct: 5.0,
+            hint: "The policy keeps the outputs of every second matmul of a layer (q, v, gate, down), the attention kernel's output and log-sum-exp, and the layer input; everything else is recomputed.",
+            explanation: "Per layer, op SAC keeps the layer input, q_proj's, v_proj's, gate_proj's and down_proj's outputs and SDPA's output and log-sum-exp; the norms' fp32 copies and outputs, k, the RoPE'd q and k, up, SiLU's output and the products are recomputed in backward (torchtitan 0.3.0, activation_checkpoint.py).",
+        },
+        Exercise {
             id: "verify-allocated",
             title: "Verify with memory_allocated",
             question: "GPT-2 (124M) in fp32 with AdamW, batch 8 at 1,024 tokens: what will torch.cuda.memory_allocated() report right after the forward pass of a steady-state step?",
@@ -565,7 +576,7 @@ mod tests {
                     more.arch.layers += 1;
                     Answer::Bytes(estimate(&more).expect("estimates").memory.activations - m.activations)
                 }
-                "flash-removes" => {
+                "flash-removes" | "op-sac-saves" => {
                     let other = estimate(&ex.compare_config().expect("a B")).expect("estimates");
                     Answer::Bytes(m.activations.abs_diff(other.memory.activations))
                 }

@@ -113,6 +113,25 @@ pub enum Recompute {
     Selective,
     /// Every layer keeps only its input; one layer is recomputed at a time.
     Full,
+    /// torchtitan's per-op selective checkpointing (`ac_config.mode = "selective"`,
+    /// `selective_ac_option = "op"`): each layer keeps the outputs of every second `mm`, of
+    /// addmm, bmm, SDPA, `max` and `topk` (`torch.utils.checkpoint` with
+    /// `create_selective_checkpoint_contexts`) and recomputes the rest.
+    Op,
+}
+
+/// What `torch.compile` compiles as one graph (`compile_regions`): AOTAutograd's partitioner
+/// decides per region what crosses from forward to backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompileRegions {
+    /// Each decoder layer and the loss (torchtune's `compile: True`).
+    #[default]
+    Layer,
+    /// Each `TransformerBlock` (torchtitan's `compile.enable`); the loss is left eager.
+    Block,
+    /// The whole model at once (Trainer's `torch_compile`), with its graph breaks.
+    Model,
 }
 
 /// The loss's implementation (`loss`).
@@ -395,6 +414,52 @@ pub struct Config {
     /// `torch.cuda.empty_cache()` after loading: what loading left cached is released.
     #[serde(default)]
     pub empty_cache: bool,
+    /// `torch.compile` on the regions of `compile_regions` (issue 26).
+    #[serde(default)]
+    pub compile: bool,
+    #[serde(default)]
+    pub compile_regions: CompileRegions,
+    /// Full checkpointing of every Nth decoder layer (layers N−1, 2N−1, …: torchtitan's
+    /// `selective_ac_option = "N"`); the others as `recompute` says. 0: off.
+    #[serde(default)]
+    pub recompute_every: u64,
+    /// transformers' choice of those layers (`activation_checkpointing_enable(every_n_layers=N)`:
+    /// layers 0, N, 2N, …, recomputed with early stop) instead of torchtitan's.
+    #[serde(default)]
+    pub recompute_every_first: bool,
+    /// `recompute = op` on `kernels = cpu`: the CPU's SDPA kernel
+    /// (`_scaled_dot_product_flash_attention_for_cpu`) counted as in torchtitan's save list, as
+    /// CUDA's kernels are — what the validation records call `recompute=op` (a GPU run's
+    /// semantics on a CPU); off: the list as it is (`recompute=op-literal`).
+    #[serde(default)]
+    pub sac_cpu_sdpa: bool,
+    /// torchtune's `OffloadActivations`: saved tensors of at least 1,024 B go to pinned host
+    /// memory in forward and come back in backward.
+    #[serde(default)]
+    pub act_offload: bool,
+    /// Megatron's per-layer activation offload (`--cpu-offloading-num-layers`): the saved
+    /// tensors of the first N decoder layers go to pinned host memory. 0: off.
+    #[serde(default)]
+    pub act_offload_layers: u64,
+    /// The optimizer step inside backward (torchtune's `optimizer_in_bwd`): each parameter is
+    /// stepped and its gradient freed in a post-accumulate-grad hook.
+    #[serde(default)]
+    pub optim_in_bwd: bool,
+    /// bitsandbytes' paged optimizers (`PagedAdamW8bit`, `PagedAdamW`): states of parameters of
+    /// at least 10⁵ elements in CUDA unified memory, outside PyTorch's caching allocator.
+    #[serde(default)]
+    pub optim_paged: bool,
+    /// Host RAM per node, GiB: what pinned host memory (offloaded activations) is checked
+    /// against.
+    #[serde(default = "default_host_ram_gib")]
+    pub host_ram_gib: f64,
+}
+
+/// Host RAM per node assumed when `host_ram_gib` is not given: 1 TiB (an 8-GPU HGX server has 1–2 TiB).
+pub const DEFAULT_HOST_RAM_GIB: f64 = 1024.0;
+
+fn default_host_ram_gib() -> f64 {
+    DEFAULT_HOST_RAM_GIB
 }
 
 impl Default for Config {
@@ -455,6 +520,16 @@ impl Default for Config {
             qlora_quant: QloraQuant::Nf4,
             load: Load::FromPretrained,
             empty_cache: false,
+            compile: false,
+            compile_regions: CompileRegions::Layer,
+            recompute_every: 0,
+            recompute_every_first: false,
+            sac_cpu_sdpa: false,
+            act_offload: false,
+            act_offload_layers: 0,
+            optim_in_bwd: false,
+            optim_paged: false,
+            host_ram_gib: DEFAULT_HOST_RAM_GIB,
         }
     }
 }

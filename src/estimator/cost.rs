@@ -401,6 +401,24 @@ pub struct Flops {
     pub tokens: f64,
 }
 
+/// Share of a layer's matmul FLOPs that `recompute = op` runs again: torchtitan 0.3.0's
+/// `SelectiveAC` (`torchtitan/distributed/activation_checkpoint.py`, `wrapped_policy`) recomputes
+/// the even-numbered mm of each block (k, o, up projections of a Llama layer: 3 of 7, about half
+/// of its matmul FLOPs).
+pub const OP_SAC_MATMULS_RECOMPUTED: f64 = 0.5;
+
+/// The recompute FLOPs per token with every `recompute_every`-th layer fully checkpointed: those
+/// layers recompute their whole forward (`full`), the others what `recompute` says.
+fn every_nth_recompute(cfg: &Config, matmul_re: f64, attention_re: f64, full_matmul: f64, attention_fwd: f64) -> (f64, f64) {
+    let n = cfg.recompute_every;
+    if n == 0 || cfg.recompute == Recompute::Full {
+        return (matmul_re, attention_re);
+    }
+    let layers = cfg.arch.layers.max(1) as f64;
+    let share = (cfg.arch.layers / n) as f64 / layers;
+    (matmul_re * (1.0 - share) + full_matmul * share, attention_re * (1.0 - share) + attention_fwd * share)
+}
+
 /// The step's FLOPs (see the module docs for the formulas).
 pub fn step_flops(cfg: &Config) -> Flops {
     step_flops_with(cfg, &matmul_params(&cfg.arch))
@@ -420,7 +438,13 @@ pub fn step_flops_with(cfg: &Config, p: &MatmulParams) -> Flops {
         Recompute::Selective => (0.0, attention_fwd),
         // Each layer's forward again; the LM head and loss are not recomputed.
         Recompute::Full => (FLOPS_PER_MAC * (p.layers_active + lora), attention_fwd),
+        // torchtitan's op-level SAC saves every odd-numbered mm and the attention kernel's
+        // outputs: about half of each layer's matmuls run again, attention does not.
+        Recompute::Op => (OP_SAC_MATMULS_RECOMPUTED * FLOPS_PER_MAC * (p.layers_active + lora), 0.0),
     };
+    // recompute_every = N: every Nth layer is fully checkpointed, the others as `recompute` says.
+    let (matmul_re, attention_re) =
+        every_nth_recompute(cfg, matmul_re, attention_re, FLOPS_PER_MAC * (p.layers_active + lora), attention_fwd);
     let model = (matmul_model + attention_model) * tokens;
     let recompute = (matmul_re + attention_re) * tokens;
     Flops { model, recompute, executed: model + recompute, matmul: (matmul_model + matmul_re) * tokens, tokens }

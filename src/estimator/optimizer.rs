@@ -25,6 +25,14 @@ pub const ADAM8BIT_BLOCK: u64 = 256;
 pub const ADAM8BIT_MIN_SIZE: u64 = 4096;
 /// One byte per 8-bit state element.
 pub const ADAM8BIT_STATE_BYTES: u64 = 1;
+/// The dynamic quantization maps of an 8-bit optimizer: `qmap1` and `qmap2`, 256 fp32 entries
+/// each, one pair shared by the optimizer's 8-bit parameters (bitsandbytes 0.50.2
+/// `Optimizer2State.init_state`, `self.name2qmap["dynamic"]`; measured in the
+/// `optim=paged_adamw8bit` records' `optimizer_state_bytes_by_key`, FINDINGS §15.6).
+pub const ADAM8BIT_QMAP_BYTES: u64 = 2 * 256 * 4;
+/// Elements from which bitsandbytes' paged optimizers put a parameter's states in CUDA unified
+/// memory (`Optimizer8bit.get_state_buffer`: `if not self.is_paged or A.numel() < 1e5`).
+pub const PAGED_MIN_ELEMENTS: u64 = 100_000;
 /// PyTorch's optimizers keep `step` as a 0-dim fp32 tensor per parameter tensor
 /// (`_get_scalar_dtype()`), on the CPU unless `fused` or `capturable`.
 pub const STEP_BYTES: u64 = FP32_BYTES;
@@ -116,8 +124,9 @@ pub fn optimizer_state_bytes(optim: Optimizer, recipe: &Recipe, groups: &[LocalG
                 ]),
             ]);
             let full = Expr::prod([two(), trainable_sharded(groups, small, PSI_S, shards), Expr::konst("FP32_BYTES", FP32_BYTES)]);
+            let qmaps = if blocks > 0 { Expr::konst("ADAM8BIT_QMAP_BYTES", ADAM8BIT_QMAP_BYTES) } else { Expr::zero() };
             (
-                Expr::sum([quantized, full]),
+                Expr::sum([quantized, full, qmaps]),
                 "Dettmers et al. 2022 (8-bit Optimizers via Block-wise Quantization); bitsandbytes/optim/optimizer.py",
             )
         }
@@ -256,8 +265,9 @@ mod tests {
     fn eight_bit_adam_quantizes_only_tensors_of_at_least_4096_elements() {
         let r = recipe(Precision::Bf16);
         let row = optimizer_state_bytes(Optimizer::Adam8bit, &r, &toy_groups(), &Shards::none());
-        // Matrix: 2 × (4096 × 1 B + 16 blocks × 4 B) = 8,320; vector: 2 × 64 × 4 B = 512.
-        assert_eq!(row.bytes, 8_832);
+        // Matrix: 2 × (4096 × 1 B + 16 blocks × 4 B) = 8,320; vector: 2 × 64 × 4 B = 512; the
+        // two 256-entry fp32 quantization maps: 2,048.
+        assert_eq!(row.bytes, 10_880);
     }
 
     #[test]

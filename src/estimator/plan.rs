@@ -216,7 +216,7 @@ impl Space {
         Space {
             batch: Vec::new(),
             zero,
-            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            recompute: vec![Recompute::None, Recompute::Selective, Recompute::Op, Recompute::Full],
             attn: vec![base.attn],
             optim: vec![base.optim],
             optim_impl: vec![base.optim_impl],
@@ -435,8 +435,9 @@ fn offload_order(o: Offload) -> u8 {
 fn recompute_order(r: Recompute) -> u8 {
     match r {
         Recompute::Full => 0,
-        Recompute::Selective => 1,
-        Recompute::None => 2,
+        Recompute::Op => 1,
+        Recompute::Selective => 2,
+        Recompute::None => 3,
     }
 }
 fn attn_order(a: Attention) -> u8 {
@@ -1180,6 +1181,7 @@ fn describe(key: &str, k: &Knobs) -> String {
             Recompute::None => "no recomputation".into(),
             Recompute::Selective => "selective recompute".into(),
             Recompute::Full => "full recompute".into(),
+            Recompute::Op => "op-level selective checkpointing".into(),
         },
         "attn" => format!("{} attention", attn_name(k.attn)),
         "offload" => match k.offload {
@@ -1222,6 +1224,7 @@ fn recompute_name(r: Recompute) -> &'static str {
         Recompute::None => "none",
         Recompute::Selective => "selective",
         Recompute::Full => "full",
+        Recompute::Op => "op",
     }
 }
 fn attn_name(a: Attention) -> &'static str {
@@ -1462,8 +1465,10 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             out.push((key, value, label, training, c));
         }
     };
-    for r in [Recompute::Selective, Recompute::Full] {
-        if recompute_order(r) < recompute_order(cfg.recompute) {
+    for r in [Recompute::Selective, Recompute::Op, Recompute::Full] {
+        if recompute_order(r) < recompute_order(cfg.recompute)
+            && (r != Recompute::Op || cfg.framework == crate::estimator::config::Framework::Hf)
+        {
             let k = Knobs { recompute: r, ..Knobs::of(cfg) };
             push("recompute", recompute_name(r).into(), describe("recompute", &k), false, Config { recompute: r, ..cfg.clone() });
         }

@@ -225,6 +225,7 @@ fn torchtitan(cfg: &Config) -> String {
     s += &match cfg.recompute {
         Recompute::None => "mode = \"none\"  # recompute=none\n".to_string(),
         Recompute::Full => "mode = \"full\"  # recompute=full\n".to_string(),
+        Recompute::Op => "mode = \"selective\"\nselective_ac_option = \"op\"  # recompute=op\n".to_string(),
         Recompute::Selective => {
             "mode = \"none\"  # recompute=selective (Megatron's) has no torchtitan equivalent: op-level SAC is mode = \"selective\"\n"
                 .to_string()
@@ -327,6 +328,7 @@ fn megatron(cfg: &Config) -> String {
         Recompute::Full => {
             s += "    --recompute-granularity full  # recompute\n    --recompute-method uniform\n    --recompute-num-layers 1\n"
         }
+        Recompute::Op => s += "    # recompute=op: torchtitan's op-level SAC has no Megatron equivalent\n",
     }
     s += &match cfg.optim {
         Optimizer::Adamw => "    --optimizer adam  # optim=adamw\n".to_string(),
@@ -356,6 +358,7 @@ fn rec(r: Recompute) -> &'static str {
         Recompute::None => "none",
         Recompute::Selective => "selective",
         Recompute::Full => "full",
+        Recompute::Op => "op",
     }
 }
 

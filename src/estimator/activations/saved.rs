@@ -125,6 +125,9 @@ pub fn activations_of(
     // layers only.
     split_by_attention(setup, pieces, &b, &variants, has_moe, &mut t);
     first_without_grad(setup, pieces, &b, has_moe, &mut t);
+    if cfg.recompute_every > 0 {
+        by_variant(setup, pieces, &b, &variants, &mut t);
+    }
     let (pro, psh) = (&pieces.pro, &pieces.psh);
     if stage.has_embedding() {
         for k in kept(pro) {
@@ -146,6 +149,43 @@ pub fn activations_of(
         }
     }
     assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
+}
+
+/// Layers fully checkpointed as one of every `recompute_every` on this GPU.
+pub const L_EVERY: Sym = Sym::new("L", "ckpt", "layers fully checkpointed (one of every recompute_every) on this GPU");
+/// The other layers on this GPU when one of every `recompute_every` is checkpointed.
+pub const L_KEPT: Sym = Sym::new("L", "kept", "layers not fully checkpointed (recompute_every) on this GPU");
+
+/// With `recompute_every = N` one layer in N keeps only its input (torchtitan's
+/// `selective_ac_option = "N"`): the layers no longer share their terms, so each variant's
+/// terms count for its own layers (`L_ckpt`, `L_kept`), whatever their group, in place of the
+/// per-group terms [`activations_of`] collected.
+fn by_variant(
+    setup: &crate::estimator::step::model::Setup,
+    pieces: &crate::estimator::step::fast::Pieces,
+    b: &crate::estimator::step::ir::Builder,
+    variants: &[(crate::estimator::step::families::Kind, crate::estimator::step::families::Var)],
+    t: &mut Terms,
+) {
+    t.layer.clear();
+    t.moe_layer.clear();
+    t.dense_layer.clear();
+    t.rope_layer.clear();
+    t.nope_layer.clear();
+    t.by_attention.clear();
+    for &(kind, var) in variants {
+        let Some(l) = pieces.variant(kind, var) else { continue };
+        let n = (0..setup.kinds.len()).filter(|&i| setup.kinds[i] == kind && setup.var(i) == var).count() as u64;
+        let sym = if var.every_nth { L_EVERY } else { L_KEPT };
+        let terms = l.saved.iter().filter(|k| !k.elsewhere).map(|k| {
+            let x = &l.prog.tensors[k.t as usize];
+            (k.part, b.expr_of(&x.shape, x.dt))
+        });
+        match t.by_attention.iter_mut().find(|(y, m, _)| *y == sym && *m == n) {
+            Some((_, _, v)) => v.extend(terms),
+            None => t.by_attention.push((sym, n, terms.collect())),
+        }
+    }
 }
 
 /// The `framework = megatron` profile's ledger (Megatron-LM's tensor list, [`megatron`]).

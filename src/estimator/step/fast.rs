@@ -57,8 +57,12 @@ pub fn profile(
     finish: bool,
     cats: &[(Tid, Cat)],
     inputs: &[(Tid, bool, bool)],
+    hook: Option<(super::run::StepHook, &[Tid])>,
 ) -> Profile {
     let mut run = Run::new(prog, Tracker::default(), acc);
+    if let Some((h, elsewhere)) = hook {
+        run.step_in_backward(h, elsewhere);
+    }
     for &(t, free_fwd, free_bwd) in inputs {
         run.set_input(t, free_fwd, free_bwd);
     }
@@ -232,7 +236,7 @@ pub fn kept_storages(p: &Program) -> Vec<bool> {
         }
     }
     for r in &p.regions {
-        for s in &r.held {
+        for s in r.held.iter().chain(&r.cached) {
             v[p.tensors[s.t as usize].base as usize] = true;
         }
     }
@@ -393,6 +397,7 @@ pub struct LayerRun {
 /// profile) and adding the ones it makes.
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
     let acc_mode = setup.accumulate;
+    let hook = setup.step_hook();
     let resident = resident_grads(setup.cfg);
     let n = setup.kinds.len();
     let spec = &setup.cfg.arch;
@@ -434,7 +439,8 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             let (prof, numels) = match done {
                 Some(r) => (r.prof, r.numels.clone()),
                 None => {
-                    let prof = profile(&l.prog, acc_mode, false, resident, &[], false, &cats, &l.inputs(&f.key));
+                    let prof =
+                        profile(&l.prog, acc_mode, false, resident, &[], false, &cats, &l.inputs(&f.key), hook.map(|h| (h, &[][..])));
                     let numels = optimizer_params(&l.prog, setup.optimizer_weight());
                     runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
                     (prof, numels)
@@ -446,9 +452,22 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     }
     let piece = |i: usize| &pieces[which[i]];
     let has_head = epi.is_some();
+    // Under `optim_in_bwd` a tied head's weight is stepped by the embedding's backward, which
+    // completes its gradient (the epilogue's first parameter: `epilogue` makes it first).
+    let tied_here = spec.tied && has_head_stage(setup);
     let epi_prof = epi.map(|(e, x)| {
         let last_kept = fulls.last().map_or(epi_keeps_x, |f| f.out_kept);
-        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))], &[])
+        let tied: Vec<Tid> = if tied_here {
+            e.tensors
+                .iter()
+                .position(|t| matches!(t.origin, Origin::Param { grad_bytes } if grad_bytes > 0))
+                .map(|i| i as Tid)
+                .into_iter()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
     });
     let epi = epi.map(|(e, _)| e);
     // A tied embedding's gradient was made first by the head (same stage only).
@@ -469,7 +488,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             pro_cats.push((pt, slot_cat(slot, pt)));
         }
     }
-    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats, &[]);
+    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
@@ -539,7 +558,9 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     }
     let mut t = Tracker::default();
     let s = t.mark();
-    optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
+    if hook.is_none() {
+        optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
+    }
     a.apply(Piece::Optimizer, &seg(&t, s));
     a.apply(Piece::End, &zero);
     let (i, best) = a.segments.iter().enumerate().fold((0, i128::MIN), |(bi, bl), (i, c)| if c.live > bl { (i, c.live) } else { (bi, bl) });
@@ -551,6 +572,11 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         peak_seg: i,
         segments: a.segments,
     }
+}
+
+/// Whether this stage holds both the embedding and the head (a tied weight's two uses).
+fn has_head_stage(setup: &Setup) -> bool {
+    setup.stage.has_embedding() && setup.stage.has_head()
 }
 
 fn ends_bytes(setup: &Setup, ends: &[(Shape, Dt)]) -> i128 {

@@ -353,6 +353,14 @@ pub struct Region {
     /// What the checkpoint keeps (positional inputs, saved; closure keyword arguments, held):
     /// released when the region's last saved tensor has been unpacked.
     pub held: Vec<Save>,
+    /// Selective checkpointing (`recompute = op`): the outputs of the ops the policy marks
+    /// `MUST_SAVE`, cached in forward by `_CachingTorchDispatchMode` and handed to the
+    /// recomputation in place of running those ops again (see [`super::sac`]).
+    pub cached: Vec<Save>,
+    /// The recomputation stops after the last op that saves anything (`early_stop=True`,
+    /// `torch.utils.checkpoint`'s default and transformers'); torchtitan's
+    /// `ptd_checkpoint_wrapper(..., early_stop=False)` re-runs the whole region.
+    pub early_stop: bool,
 }
 
 /// The lengths of a [`Program`]'s growing lists at one point of its building.
@@ -495,6 +503,8 @@ pub struct Builder<'a> {
     /// How projections run their GEMMs beyond plain `nn.Linear`: FP8 recipes and QLoRA's
     /// quantized base (`lowbit.rs`).
     pub lowbit: LowBit,
+    /// The selective-checkpoint region being built (`recompute = op`), if any.
+    pub sac: Option<super::sac::Open>,
 }
 
 /// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
@@ -530,6 +540,7 @@ impl<'a> Builder<'a> {
             lora: None,
             selective: false,
             lowbit: LowBit::default(),
+            sac: None,
         }
     }
 
@@ -754,6 +765,14 @@ impl<'a> Builder<'a> {
             };
             self.p.saves.push(Save { t, part: self.part, group: self.group });
         }
+        if let Some(open) = self.sac.as_mut() {
+            if open.saves(name, outs.len()) {
+                let (part, group) = (self.part, self.group);
+                for &t in out_ids.iter().take(outs.len()) {
+                    self.p.regions[open.region].cached.push(Save { t, part, group });
+                }
+            }
+        }
         let bw_at = self.p.script.len() as u32;
         self.p.script.extend_from_slice(bw);
         self.p.ops.push(Op {
@@ -803,13 +822,23 @@ impl<'a> Builder<'a> {
     /// Opens a checkpoint region whose inputs are `held` (positional inputs and closure
     /// keyword arguments, with their ledger part).
     pub fn begin_checkpoint(&mut self, held: Vec<Save>) -> usize {
+        self.begin_checkpoint_as(held, true, None)
+    }
+    /// [`Builder::begin_checkpoint`] with its recomputation's early stop and, for selective
+    /// checkpointing, the policy whose saved ops' outputs the region caches.
+    pub fn begin_checkpoint_as(&mut self, held: Vec<Save>, early_stop: bool, sac: Option<super::sac::Policy>) -> usize {
         let first = self.next_op();
-        self.p.regions.push(Region { first, end: first, held });
-        self.p.regions.len() - 1
+        self.p.regions.push(Region { first, end: first, held, cached: Vec::new(), early_stop });
+        let r = self.p.regions.len() - 1;
+        self.sac = sac.map(|policy| super::sac::Open { region: r, policy, mm_count: 0 });
+        r
     }
     pub fn end_checkpoint(&mut self, region: usize) {
         let end = self.next_op();
         self.p.regions[region].end = end;
+        if self.sac.is_some_and(|o| o.region == region) {
+            self.sac = None;
+        }
     }
 }
 
@@ -1003,7 +1032,8 @@ impl<'a> Builder<'a> {
         for k in f.regions.0..f.regions.1 {
             let r = &p.regions[k];
             let held = r.held.iter().map(|s| Save { t: f.map(s.t, st, x), ..*s }).collect();
-            let r = Region { first: r.first + so, end: r.end + so, held };
+            let cached = r.cached.iter().map(|s| Save { t: f.map(s.t, st, x), ..*s }).collect();
+            let r = Region { first: r.first + so, end: r.end + so, held, cached, early_stop: r.early_stop };
             p.regions.push(r);
         }
         for tc in &f.touched {

@@ -34,7 +34,7 @@ pub fn kept(p: &Program) -> Vec<Kept> {
         while region < p.regions.len() && p.regions[region].first as usize <= i {
             let r = &p.regions[region];
             if r.end > r.first {
-                for s in &r.held {
+                for s in r.held.iter().chain(&r.cached) {
                     push(s.t, s.part, s.group, &mut out);
                 }
             }

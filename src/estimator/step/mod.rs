@@ -19,6 +19,7 @@ pub mod lowbit;
 pub mod model;
 pub mod part;
 pub mod run;
+pub mod sac;
 pub mod stream;
 
 pub use model::simulate_stage;

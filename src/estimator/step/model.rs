@@ -95,7 +95,8 @@ impl<'a> Setup<'a> {
             (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
         };
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
-        let vars = (0..kinds.len()).map(|i| families::var(spec, first + i)).collect();
+        let vars =
+            (0..kinds.len()).map(|i| families::Var { every_nth: every_nth(cfg, first + i), ..families::var(spec, first + i) }).collect();
         Setup {
             cfg,
             recipe: *recipe,
@@ -169,13 +170,42 @@ impl<'a> Setup<'a> {
         self.vars[i]
     }
 
+    /// The optimizer step inside backward (`optim_in_bwd`), as [`optimizer_events`] steps one
+    /// AdamW parameter: for-loop two temporaries, foreach one, fused none.
+    pub fn step_hook(&self) -> Option<super::run::StepHook> {
+        if !self.cfg.optim_in_bwd {
+            return None;
+        }
+        let state_bytes = if self.recipe.master.is_some() { 4 } else { self.recipe.state.bytes() };
+        let temps = match self.cfg.optim_impl {
+            OptimImpl::Forloop => 2,
+            OptimImpl::Foreach => 1,
+            OptimImpl::Fused => 0,
+        };
+        Some(super::run::StepHook { state_bytes, temps })
+    }
+
     /// The model index of this stage's first layer.
     pub fn first_layer(&self) -> usize {
         first_layer_of(self.stage, self.cfg.arch.layers, self.kinds.len())
     }
 
-    fn ckpt(&self) -> bool {
-        self.cfg.recompute == Recompute::Full
+    /// How a layer of variant `var` is checkpointed: full (`recompute = full`: transformers'
+    /// `GradientCheckpointingLayer`, early stop; one of every `recompute_every`: torchtitan's
+    /// `ptd_checkpoint_wrapper`, no early stop), by op (torchtitan's SAC) or not at all.
+    fn ckpt(&self, var: families::Var) -> Option<(bool, Option<super::sac::Policy>)> {
+        if var.every_nth {
+            // torchtitan's `ptd_checkpoint_wrapper(early_stop=False)`; transformers' wrapper
+            // keeps `torch.utils.checkpoint`'s early stop.
+            return Some((self.cfg.recompute_every_first, None));
+        }
+        match self.cfg.recompute {
+            Recompute::Full => Some((true, None)),
+            Recompute::Op => {
+                Some((false, Some(super::sac::Policy { attention_saved: self.cfg.kernels != Kernels::Cpu || self.cfg.sac_cpu_sdpa })))
+            }
+            Recompute::None | Recompute::Selective => None,
+        }
     }
 
     /// The whole stage as one program: what [`simulate_stage`] runs.
@@ -205,11 +235,11 @@ impl<'a> Setup<'a> {
                 Some(y) => y,
                 None if copy && i > 0 && template.is_none() => {
                     let view = sh.view(var);
-                    let (y, f) = b.layer_kept(x, before_layers.tensors, |b| self.one_layer(b, &p, x, &view, kind));
+                    let (y, f) = b.layer_kept(x, before_layers.tensors, |b| self.one_layer(b, &p, x, &view, kind, var));
                     kept.push((key, f));
                     y
                 }
-                None => self.one_layer(&mut b, &p, x, &sh.view(var), kind),
+                None => self.one_layer(&mut b, &p, x, &sh.view(var), kind, var),
             };
             if i == 0 {
                 // The other layers (and about one more for the epilogue), sized by the first.
@@ -284,7 +314,7 @@ impl<'a> Setup<'a> {
         b.p.tensors[x as usize].requires_grad = grad;
         let sh = self.shared_inputs(&mut b, free);
         b.layer = 0;
-        let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind);
+        let y = self.one_layer(&mut b, &p, x, &sh.view(var), kind, var);
         b.outputs(&[y]);
         (b.p, x, sh)
     }
@@ -295,7 +325,10 @@ impl<'a> Setup<'a> {
     /// =True)`, `PreTrainedModel.gradient_checkpointing_enable` on a PEFT model). Measured: the
     /// qlora records' first layer keeps nothing before its first adapter without checkpointing.
     pub fn first_input_grad(&self) -> bool {
-        !self.stage.has_embedding() || self.cfg.finetune == crate::estimator::config::Finetune::Full || self.ckpt()
+        !self.stage.has_embedding()
+            || self.cfg.finetune == crate::estimator::config::Finetune::Full
+            || self.cfg.recompute == Recompute::Full
+            || self.cfg.recompute_every > 0
     }
 
     /// Whether this stage's first layer's input is held by the model's forward (its local).
@@ -359,13 +392,13 @@ impl<'a> Setup<'a> {
     }
 
     /// One decoder layer, checkpointed under full recomputation.
-    fn one_layer(&self, b: &mut Builder, p: &Params, x: Tid, sh: &Shared, kind: Kind) -> Tid {
-        let region = self.ckpt().then(|| {
+    fn one_layer(&self, b: &mut Builder, p: &Params, x: Tid, sh: &Shared, kind: Kind, var: families::Var) -> Tid {
+        let region = self.ckpt(var).map(|(early_stop, sac)| {
             let mut held = vec![Save { t: x, part: Part::Checkpoints, group: super::ir::Group::All }];
             for t in sh.all() {
                 held.push(Save { t, part: Part::Checkpoints, group: super::ir::Group::All });
             }
-            b.begin_checkpoint(held)
+            b.begin_checkpoint_as(held, early_stop, sac)
         });
         let spec = &self.cfg.arch;
         let y = families::modeling(spec.family).layer(b, p, spec, x, sh, kind, self.cfg.attn);
@@ -768,6 +801,9 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     if resident_grads(cfg) {
         run.grads_resident();
     }
+    if let Some(hook) = setup.step_hook() {
+        run.step_in_backward(hook, &[]);
+    }
     run.forward();
     run.end_forward();
     run.inject(true);
@@ -776,8 +812,10 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     run.finish_backward();
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
-    let numels = optimizer_params(prog, DType::of(crate::estimator::precision::trainable_recipe(cfg, recipe).weight));
-    optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
+    if !cfg.optim_in_bwd {
+        let numels = optimizer_params(prog, DType::of(crate::estimator::precision::trainable_recipe(cfg, recipe).weight));
+        optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
+    }
     let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };
     for (id, bytes) in grads {
         sink.free(id, bytes, Cat::Gradients, &at);
@@ -853,4 +891,14 @@ mod tests {
         }
         assert!(n > 100, "{n}");
     }
+}
+
+/// Whether model layer `i` is one of every `recompute_every` fully checkpointed: torchtitan
+/// v0.2.2 `_apply_layer_sac` counts blocks from 1 and wraps the block when `count % N == 0`
+/// (layers N−1, 2N−1, … by index); transformers 5.24 `_set_gradient_checkpointing` wraps
+/// `layer_index % N == 0` (layers 0, N, 2N, …: `recompute_every_first`).
+pub fn every_nth(cfg: &Config, i: usize) -> bool {
+    let n = cfg.recompute_every as usize;
+    let k = if cfg.recompute_every_first { i } else { i + 1 };
+    n > 0 && k % n == 0
 }

@@ -54,6 +54,19 @@ pub enum Accumulate {
     InPlace,
 }
 
+/// The optimizer step inside backward (`optim_in_bwd`, torchtune 0.6.1
+/// `training/memory.py` `register_optim_in_bwd_hooks`): each trainable parameter has its own
+/// optimizer, stepped in a post-accumulate-grad hook once its gradient is complete, then
+/// `zero_grad(set_to_none=True)` frees the gradient. AdamW's step on one parameter allocates
+/// `temps` temporaries of `numel × state_bytes` (for-loop: `exp_avg_sq.sqrt()` and its division,
+/// freed when the step returns; foreach: one; fused: none) — [`super::model::optimizer_events`]
+/// for a single parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepHook {
+    pub state_bytes: u64,
+    pub temps: u8,
+}
+
 /// A gradient buffer.
 #[derive(Clone, Copy, Debug)]
 struct GBuf {
@@ -76,6 +89,10 @@ pub struct Run<'p, S: Sink> {
     /// Inputs whose freeing this run decides instead of their origin ([`Run::set_input`]).
     inputs: Vec<(u32, bool, bool)>,
     b: Buffers,
+    /// `optim_in_bwd`: the hook, and per parameter the gradient deliveries still to come
+    /// (a parameter whose count is `u16::MAX` is stepped by another program: a tied head).
+    hook: Option<StepHook>,
+    remaining: Vec<u16>,
 }
 
 /// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
@@ -162,7 +179,7 @@ impl<'p, S: Sink> Run<'p, S> {
             }
         }
         for reg in &p.regions {
-            for s in &reg.held {
+            for s in reg.held.iter().chain(&reg.cached) {
                 cat[p.tensors[s.t as usize].base as usize] = Cat::Activations;
             }
         }
@@ -219,7 +236,59 @@ impl<'p, S: Sink> Run<'p, S> {
             fwd_end,
             counts,
         };
-        Run { p, sink, accumulate, backward: false, resident_grads: false, inputs: Vec::new(), b }
+        Run { p, sink, accumulate, backward: false, resident_grads: false, inputs: Vec::new(), b, hook: None, remaining: Vec::new() }
+    }
+
+    /// Steps each parameter inside backward once its last gradient has arrived ([`StepHook`]);
+    /// `elsewhere`: parameters another program steps (a tied head's weight, whose gradient the
+    /// embedding's backward completes).
+    pub fn step_in_backward(&mut self, hook: StepHook, elsewhere: &[Tid]) {
+        let p = self.p;
+        let mut remaining = vec![0u16; p.tensors.len()];
+        for op in &p.ops {
+            if op.node.is_empty() {
+                continue;
+            }
+            let ins = p.ins(op);
+            for st in p.bw(op) {
+                let input = match *st {
+                    B::Grad { input, .. } | B::Pass { input, .. } => input,
+                    _ => continue,
+                };
+                let t = ins[input as usize] as usize;
+                if matches!(p.tensors[t].origin, Origin::Param { grad_bytes } if grad_bytes > 0) && p.tensors[t].requires_grad {
+                    remaining[t] = remaining[t].saturating_add(1);
+                }
+            }
+        }
+        for &t in elsewhere {
+            remaining[t as usize] = u16::MAX;
+        }
+        self.remaining = remaining;
+        self.hook = Some(hook);
+    }
+
+    /// The hook of parameter `t`, whose gradient buffer is complete: the optimizer's temporaries,
+    /// then the gradient freed.
+    fn step_param(&mut self, t: Tid, hook: StepHook, at: &At) {
+        let x = &self.p.tensors[t as usize];
+        let numel = x.bytes / x.dtype.bytes().max(1) as u128;
+        let bytes = numel * hook.state_bytes as u128;
+        let dtype = if hook.state_bytes == 4 { DType::Fp32 } else { x.dtype };
+        let mut ids = [0u32; 2];
+        let n = (hook.temps as usize).min(ids.len());
+        for (k, id) in ids.iter_mut().enumerate().take(n) {
+            let op = if k == 0 { "sqrt" } else { "div" };
+            *id = self.sink.alloc(bytes, dtype, Cat::Transient, &At { op, node: "torch::autograd::AccumulateGrad", ..*at });
+        }
+        for &id in &ids[..n] {
+            self.sink.free(id, bytes, Cat::Transient, at);
+        }
+        let g = self.b.pgrad[t as usize];
+        if g != NONE {
+            self.b.pgrad[t as usize] = NONE;
+            self.unref(g, at);
+        }
     }
 
     /// Hands this run's buffers to the next [`Run::new`] on this thread.
@@ -328,7 +397,9 @@ impl<'p, S: Sink> Run<'p, S> {
             // A region starts: its inputs are kept.
             let r = self.b.region_of[i];
             if r != NONE && p.regions[r as usize].first == i as u32 {
-                for s in &p.regions[r as usize].held {
+                // Selective checkpointing's cache is taken with them: counted before its
+                // tensors exist, it keeps each one from its allocation on.
+                for s in p.regions[r as usize].held.iter().chain(&p.regions[r as usize].cached) {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
             }
@@ -368,14 +439,14 @@ impl<'p, S: Sink> Run<'p, S> {
     fn recompute(&mut self, r: usize, node: &'static str) {
         let p = self.p;
         let reg = &p.regions[r];
-        let stop = self.b.region_last_save[r];
+        let stop = if reg.early_stop { self.b.region_last_save[r] } else { reg.end - 1 };
         let mut allocated: Vec<usize> = Vec::new();
         for i in reg.first..=stop {
             let i = i as usize;
             let op = &p.ops[i];
             let at = self.at(i, Phase::Backward, node);
             let outs = p.outs(op);
-            let runs = i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
+            let runs = !reg.early_stop || i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
             if runs {
                 for &t in outs {
                     let b = p.tensors[t as usize].base as usize;
@@ -394,6 +465,16 @@ impl<'p, S: Sink> Run<'p, S> {
             for s in p.saved(op) {
                 let b = p.tensors[s.t as usize].base as usize;
                 self.b.saves[b] += 1;
+            }
+            // A cached output is popped from the cache (`storage[func].pop(0)`): from here on
+            // it lives as the re-run's own output.
+            for s in &reg.cached {
+                let b = p.tensors[s.t as usize].base as usize;
+                if outs.iter().any(|&t| p.tensors[t as usize].base as usize == b) && !allocated.contains(&b) {
+                    self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+                    self.b.fwd_over[b] = false;
+                    allocated.push(b);
+                }
             }
             if !runs {
                 break;
@@ -555,6 +636,12 @@ impl<'p, S: Sink> Run<'p, S> {
         for r in 0..p.regions.len() {
             if !self.b.recomputed[r] {
                 self.b.recomputed[r] = true;
+                for s in &p.regions[r].cached {
+                    let b = p.tensors[s.t as usize].base as usize;
+                    self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+                    self.b.fwd_over[b] = true;
+                    self.try_free(b, &at);
+                }
                 self.release_region(r, &at);
             }
         }
@@ -635,6 +722,15 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.b.pgrad[t as usize] = n;
                 } else {
                     self.unref(g, at);
+                }
+                if let Some(hook) = self.hook.filter(|_| !self.resident_grads) {
+                    let left = &mut self.remaining[t as usize];
+                    if *left != u16::MAX {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            self.step_param(t, hook, at);
+                        }
+                    }
                 }
             }
             _ => {

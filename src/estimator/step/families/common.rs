@@ -118,6 +118,9 @@ impl Shared {
 pub struct Var {
     pub sliding: bool,
     pub nope: bool,
+    /// Fully checkpointed as one of every `recompute_every` layers (torchtitan's
+    /// `selective_ac_option = "N"`), whatever `recompute` says of the others.
+    pub every_nth: bool,
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.

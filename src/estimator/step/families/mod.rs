@@ -81,5 +81,5 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
 
 /// The variant (sliding window, NoPE) of decoder layer `i` (its index in the model).
 pub fn var(spec: &crate::estimator::model::ModelSpec, i: usize) -> Var {
-    Var { sliding: modeling(spec.family).sliding(spec, i), nope: common::nope(spec, i) }
+    Var { sliding: modeling(spec.family).sliding(spec, i), nope: common::nope(spec, i), every_nth: false }
 }

@@ -1,0 +1,73 @@
+//! Selective activation checkpointing by op (`recompute = op`): torchtitan's policy, applied to
+//! each decoder layer through `torch.utils.checkpoint`'s `create_selective_checkpoint_contexts`.
+//!
+//! Source: torchtitan 0.3.0, `torchtitan/distributed/activation_checkpoint.py`
+//! (`_get_default_save_ops`, `SelectiveAC._wrap_block.wrapped_policy`): the outputs of the
+//! ops in the save list are `MUST_SAVE` (cached in forward by torch 2.15's
+//! `_CachingTorchDispatchMode`, handed back to the recomputation), every other op is
+//! `PREFER_RECOMPUTE`. An `mm` / `linear` increments a per-block counter and only the
+//! odd-numbered ones (1st, 3rd, …) are saved; `addmm`, `bmm`, the attention kernels, `max`
+//! (full reduction: float8's amax) and `topk` are saved every time. `force_recompute_mm_shapes_by_fqns`
+//! (default `["moe.router.gate"]`) names torchtitan's own MoE module and matches no transformers
+//! module, so a router's mm takes a parity slot like any other (validation/FINDINGS.md §15.2).
+
+/// Which kernels the policy may save: the save list names CUDA's SDPA kernels
+/// (`_scaled_dot_product_flash_attention`, `_efficient_attention`, cuDNN) but not the CPU's
+/// `_scaled_dot_product_flash_attention_for_cpu`, which a CPU run therefore recomputes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// The attention kernel's outputs are saved (every CUDA kernel; not the CPU's).
+    pub attention_saved: bool,
+}
+
+/// A selective-checkpoint region being built: its index and the block's mm counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Open {
+    pub region: usize,
+    pub policy: Policy,
+    /// mm / linear ops seen in this block so far (`wrapped_policy`'s `meta["mm_count"]`).
+    pub mm_count: u32,
+}
+
+/// The CUDA and CPU names of the fused attention kernels as the step program emits them.
+const ATTENTION_KERNELS_CPU: &str = "_scaled_dot_product_flash_attention_for_cpu";
+
+impl Open {
+    /// Whether the policy saves the outputs of op `name` with `outs` outputs (and counts it).
+    pub fn saves(&mut self, name: &str, outs: usize) -> bool {
+        match name {
+            "mm" | "linear" => {
+                self.mm_count += 1;
+                // torchtitan: `if meta[mm_count_key] % 2 == 0: return PREFER_RECOMPUTE`.
+                self.mm_count % 2 == 1
+            }
+            "addmm" | "bmm" | "topk" | "_scaled_mm" => true,
+            // `max.default` (a full reduction) is in the list, `max.dim` (values and indices) is not.
+            "max" => outs == 1,
+            ATTENTION_KERNELS_CPU => self.policy.attention_saved,
+            "_scaled_dot_product_flash_attention" | "_scaled_dot_product_efficient_attention" | "_scaled_dot_product_cudnn_attention" => {
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_odd_numbered_mm_of_a_block_is_saved_and_every_even_one_recomputed() {
+        let mut o = Open { region: 0, policy: Policy { attention_saved: true }, mm_count: 0 };
+        let saved: Vec<bool> = (0..7).map(|_| o.saves("mm", 1)).collect();
+        assert_eq!(saved, [true, false, true, false, true, false, true]);
+    }
+
+    #[test]
+    fn the_cpu_attention_kernel_is_saved_only_where_the_policy_says_so() {
+        let mut cpu = Open { region: 0, policy: Policy { attention_saved: false }, mm_count: 0 };
+        assert!(!cpu.saves(ATTENTION_KERNELS_CPU, 2));
+        assert!(cpu.saves("addmm", 1) && cpu.saves("topk", 2) && !cpu.saves("max", 2) && !cpu.saves("_grouped_mm", 1));
+    }
+}
