@@ -86,9 +86,10 @@ impl Imported {
     }
 }
 
-/// Parses a config.json text.
+/// Parses a config.json text, as Python's `json` writes it (`Infinity`, `-Infinity` and `NaN`
+/// included: [`fields::python_json`]).
 pub fn import_json(text: &str) -> Result<Imported, HfError> {
-    let v: Value = serde_json::from_str(text).map_err(|e| HfError::Json(e.to_string()))?;
+    let v: Value = serde_json::from_str(&fields::python_json(text)?).map_err(|e| HfError::Json(e.to_string()))?;
     import_value(&v)
 }
 
@@ -228,6 +229,28 @@ mod tests {
     fn a_field_of_the_wrong_type_is_named() {
         let err = import_json(r#"{"model_type": "llama", "vocab_size": "many"}"#).err();
         assert_eq!(err.as_ref().and_then(HfError::key), Some("vocab_size"));
+    }
+
+    /// Real Falcon-H1 and Granite-4 files carry `time_step_limit: [0.0, Infinity]`, as Python's
+    /// `json` writes it; a config with Python's three non-finite numbers imports like one
+    /// without them, and any other non-standard number is refused naming its key.
+    #[test]
+    fn python_infinity_and_nan_import_and_other_bare_numbers_are_refused_naming_the_key() {
+        let base = r#""model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 6"#;
+        let plain = import_json(&format!("{{{base}}}")).map(|m| m.spec);
+        let python = format!(r#"{{{base}, "time_step_limit": [0.0, Infinity], "lo": -Infinity, "x": {{"y": NaN}}, "s": "NaN: Infinity"}}"#);
+        assert_eq!(import_json(&python).map(|m| m.spec), plain);
+        let v: Value = serde_json::from_str(&fields::python_json(&python).expect("reads")).expect("standard JSON");
+        assert_eq!(v["time_step_limit"][1], "Infinity");
+        assert_eq!(v["s"], "NaN: Infinity", "strings are left as they are");
+        assert_eq!(fields::python_float("-Infinity"), Some(f64::NEG_INFINITY));
+        for (bad, key) in [("0x10", "hidden_act"), ("inf", "time_step_limit"), ("1.", "rope_theta"), ("+1", "rope_theta"), (".5", "a")] {
+            let json = format!(r#"{{{base}, "{key}": [1, {bad}]}}"#);
+            let err = import_json(&json).err();
+            assert_eq!(err, Some(HfError::BadNumber { key: key.to_string(), token: bad.to_string() }), "{json}");
+            assert!(err.map(|e| e.to_string()).is_some_and(|s| s.contains(&format!("`{key}`"))));
+        }
     }
 
     #[test]

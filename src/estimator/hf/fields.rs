@@ -31,6 +31,9 @@ pub enum HfError {
     Field { key: &'static str, reason: String },
     #[error("config.json describes an impossible model: {0}")]
     Model(String),
+    /// A bare value that is neither JSON's nor one of the three Python's `json` writes.
+    #[error("`{key}` in config.json: `{token}` is not a number (JSON's, or Python's Infinity, -Infinity or NaN)")]
+    BadNumber { key: String, token: String },
 }
 
 impl HfError {
@@ -162,10 +165,14 @@ impl<'a> Fields<'a> {
             Some(v) => v.as_bool().ok_or(HfError::Type { key, expected: "true or false" }),
         }
     }
+    /// A number; Python's `Infinity`, `-Infinity` and `NaN` (read by [`python_json`] as their
+    /// names) are the floats they name.
     pub fn float(&self, key: &'static str) -> Result<Option<f64>, HfError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or(HfError::Type { key, expected: "a number" }),
+            Some(v) => {
+                v.as_f64().or_else(|| v.as_str().and_then(python_float)).map(Some).ok_or(HfError::Type { key, expected: "a number" })
+            }
         }
     }
     pub fn string(&self, key: &'static str) -> Result<Option<&str>, HfError> {
@@ -411,4 +418,130 @@ pub fn no_qwen_sliding_window(f: &Fields) -> Result<(), HfError> {
         });
     }
     Ok(())
+}
+
+/// Python's non-finite floats, as its `json.dumps` writes them (`allow_nan=True`, the default).
+const PYTHON_FLOATS: [(&str, f64); 3] = [("Infinity", f64::INFINITY), ("-Infinity", f64::NEG_INFINITY), ("NaN", f64::NAN)];
+
+/// The float a Python non-finite token names (`"Infinity"` → +∞), if it is one.
+pub fn python_float(token: &str) -> Option<f64> {
+    PYTHON_FLOATS.iter().find(|(t, _)| *t == token).map(|(_, f)| *f)
+}
+
+/// A `config.json` as Python's `json` writes it, made standard JSON: the bare `Infinity`,
+/// `-Infinity` and `NaN` (real Falcon-H1 and Granite-4 files carry `time_step_limit: [0.0,
+/// Infinity]`) become the strings of their names, which [`Fields::float`] reads back as floats.
+/// Any other bare value that is not `true`, `false`, `null` or a JSON number is an error naming
+/// its key (the innermost object key around it). Text inside strings is left as it is.
+pub fn python_json(text: &str) -> Result<String, HfError> {
+    let mut out = String::with_capacity(text.len());
+    // The key of each open container (an array inherits its key's), and the last string read.
+    let mut keys: Vec<String> = vec![String::new()];
+    let mut last = String::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => {
+                let start = i;
+                let mut end = text.len();
+                let mut escaped = false;
+                for (j, d) in chars.by_ref() {
+                    if escaped {
+                        escaped = false;
+                    } else if d == '\\' {
+                        escaped = true;
+                    } else if d == '"' {
+                        end = j + 1;
+                        break;
+                    }
+                }
+                let s = &text[start..end];
+                out.push_str(s);
+                last = s.trim_matches('"').to_string();
+            }
+            ':' => {
+                if let Some(k) = keys.last_mut() {
+                    *k = std::mem::take(&mut last);
+                }
+                out.push(c);
+            }
+            '{' => {
+                keys.push(String::new());
+                out.push(c);
+            }
+            '[' => {
+                let k = keys.last().cloned().unwrap_or_default();
+                keys.push(k);
+                out.push(c);
+            }
+            '}' | ']' => {
+                keys.pop();
+                out.push(c);
+            }
+            c if c.is_whitespace() || c == ',' => out.push(c),
+            _ => {
+                let mut end = text.len();
+                while let Some(&(j, d)) = chars.peek() {
+                    if d.is_whitespace() || matches!(d, ',' | ']' | '}' | ':' | '"' | '[' | '{') {
+                        end = j;
+                        break;
+                    }
+                    chars.next();
+                }
+                let token = &text[i..end];
+                if python_float(token).is_some() {
+                    out.push('"');
+                    out.push_str(token);
+                    out.push('"');
+                } else if matches!(token, "true" | "false" | "null") || json_number(token) {
+                    out.push_str(token);
+                } else {
+                    let key = keys.last().cloned().unwrap_or_default();
+                    if key.is_empty() {
+                        // Not a key's value: not a config at all, which the JSON parser says.
+                        out.push_str(token);
+                        continue;
+                    }
+                    return Err(HfError::BadNumber { key, token: token.chars().take(40).collect() });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `t` is a number as JSON writes one: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+fn json_number(t: &str) -> bool {
+    let b = t.as_bytes();
+    let mut i = usize::from(b.first() == Some(&b'-'));
+    let digits = |i: &mut usize| {
+        let s = *i;
+        while b.get(*i).is_some_and(u8::is_ascii_digit) {
+            *i += 1;
+        }
+        *i - s
+    };
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(d) if d.is_ascii_digit() => {
+            digits(&mut i);
+        }
+        _ => return false,
+    }
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == b.len()
 }

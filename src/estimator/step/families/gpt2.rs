@@ -1,5 +1,6 @@
 //! GPT-2 (`modeling_gpt2.py`): LayerNorm, Conv1D projections (`addmm` with `[in, out]`
-//! weights), a fused `c_attn` split into q, k, v, `gelu_new` written as tensor ops, learned
+//! weights), a fused `c_attn` split into q, k, v, `activation_function` (`gelu_new` written as
+//! tensor ops by default), learned
 //! positions, a tied LM head.
 
 use super::super::blocks::shapes::{heads_bshd, tok};
@@ -44,9 +45,12 @@ fn attention(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     (out, weights)
 }
 
-/// `GPT2MLP.forward`: `c_fc` → `gelu_new` → `c_proj`, then `dropout`.
-fn mlp(b: &mut Builder, w: [Option<Tid>; 4], x: Tid) -> Tid {
-    let y = plain_mlp(b, w, x, Activation::GeluNew, ["mlp.c_fc", "mlp.act", "mlp.c_proj"]);
+/// `GPT2MLP.forward`: `c_fc` → `ACT2FN[config.activation_function]` → `c_proj`, then
+/// `dropout`. `gelu_new` (the default) is written as tensor ops and keeps four f-wide tensors;
+/// `gelu_pytorch_tanh` is `F.gelu(x, approximate="tanh")`, one op that keeps its input
+/// (transformers 5.24 `activations.py`, `NewGELUActivation` and `PytorchGELUTanh`).
+fn mlp(b: &mut Builder, spec: &ModelSpec, w: [Option<Tid>; 4], x: Tid) -> Tid {
+    let y = plain_mlp(b, w, x, spec.act, ["mlp.c_fc", "mlp.act", "mlp.c_proj"]);
     dropout(b, "mlp.dropout", y)
 }
 
@@ -67,7 +71,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     // until the residual add rebinds it; the same for ln_2's around the MLP.
     b.hold(n1);
     let n2 = Norm::LayerNorm.call(b, "ln_2", h, ln2);
-    let m = mlp(b, mw, n2);
+    let m = mlp(b, spec, mw, n2);
     b.module = "";
     let y = b.add(h, m);
     // `attn_output` and `feed_forward_hidden_states` are the block's locals to its return.
