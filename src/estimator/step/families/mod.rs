@@ -57,6 +57,7 @@ pub mod phi;
 pub mod phi3;
 pub mod qwen;
 pub mod qwen_moe;
+pub mod seed_oss;
 pub mod sigmoid_moe;
 pub mod smollm3;
 pub mod stablelm;
@@ -96,6 +97,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Glm4Moe => &glm4_moe::Glm4Moe,
         Family::GptOss => &gpt_oss::GptOss,
         Family::Llama4 => &llama4::Llama4,
+        Family::SeedOss => &seed_oss::SeedOss,
     }
 }
 
