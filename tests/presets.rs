@@ -59,6 +59,7 @@ const COUNTED: &[(&str, u64)] = &[
     ("llama-4-maverick-17b-128e-instruct", 400_711_848_960), // 401.6 B with the vision tower
     ("glm-4.5-air", 106_852_245_504),                        // 106 B, MTP layer excluded
     ("seed-oss-36b-instruct", 36_151_104_512),               // 36 B
+    ("olmo-3-1025-7b", 7_298_011_136),                       // 7 B
 ];
 
 #[test]

@@ -43,6 +43,7 @@ pub enum Family {
     Llama4,
     Smollm3,
     SeedOss,
+    Olmo3,
 }
 
 impl Family {
@@ -75,6 +76,7 @@ impl Family {
         (Family::Llama4, "llama4_text", "Llama 4"),
         (Family::Smollm3, "smollm3", "SmolLM3"),
         (Family::SeedOss, "seed_oss", "Seed-OSS"),
+        (Family::Olmo3, "olmo3", "OLMo 3"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -98,6 +98,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::GptOss => &gpt_oss::GptOss,
         Family::Llama4 => &llama4::Llama4,
         Family::SeedOss => &seed_oss::SeedOss,
+        Family::Olmo3 => &olmo::Olmo3,
     }
 }
 
