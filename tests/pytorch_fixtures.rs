@@ -36,13 +36,10 @@ fn shards() -> Vec<(String, Value)> {
 const REFUSED: &[&str] = &[
     "qwen3_next",
     // issue 25: measured, estimator pending
-    "gpt2-tanh",
     "qwen3_5_text",
     "qwen3_5_moe_text",
     "deepseek_v32",
     "minimax_m2",
-    "seed_oss",
-    "olmo3",
     "exaone4",
     "apertus",
     "kimi_linear",

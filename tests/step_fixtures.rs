@@ -81,13 +81,10 @@ fn modelled(r: &Value) -> bool {
 const REFUSED: &[&str] = &[
     "qwen3_next",
     // issue 25: measured, estimator pending
-    "gpt2-tanh",
     "qwen3_5_text",
     "qwen3_5_moe_text",
     "deepseek_v32",
     "minimax_m2",
-    "seed_oss",
-    "olmo3",
     "exaone4",
     "apertus",
     "kimi_linear",
@@ -96,10 +93,9 @@ const REFUSED: &[&str] = &[
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
-/// wrongly (issue 25: measured, estimator pending): reported only, not failed for being estimated.
-/// gpt2 with `activation_function: gelu_pytorch_tanh` is imported and estimated as if it were
-/// `gelu_new`.
-const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh"];
+/// wrongly (measured, estimator pending): reported only, not failed for being estimated. None
+/// today (issue 25's gpt2 with `activation_function: gelu_pytorch_tanh` is modelled).
+const ACCEPTED_PENDING: &[&str] = &[];
 
 /// The step event logs: (record id, measured peak, the log).
 fn logs() -> Vec<(String, u128, Value)> {

@@ -42,6 +42,8 @@ pub enum Family {
     #[serde(rename = "llama4_text")]
     Llama4,
     Smollm3,
+    SeedOss,
+    Olmo3,
 }
 
 impl Family {
@@ -73,6 +75,8 @@ impl Family {
         (Family::GptOss, "gpt_oss", "gpt-oss"),
         (Family::Llama4, "llama4_text", "Llama 4"),
         (Family::Smollm3, "smollm3", "SmolLM3"),
+        (Family::SeedOss, "seed_oss", "Seed-OSS"),
+        (Family::Olmo3, "olmo3", "OLMo 3"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).
