@@ -42,6 +42,7 @@ pub enum Family {
     #[serde(rename = "llama4_text")]
     Llama4,
     Smollm3,
+    FalconH1,
 }
 
 impl Family {
@@ -73,6 +74,7 @@ impl Family {
         (Family::GptOss, "gpt_oss", "gpt-oss"),
         (Family::Llama4, "llama4_text", "Llama 4"),
         (Family::Smollm3, "smollm3", "SmolLM3"),
+        (Family::FalconH1, "falcon_h1", "Falcon-H1"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -50,6 +50,7 @@ pub const SUPPORTED: &[&str] = &[
     "gpt_oss",
     "glm4_moe",
     "smollm3",
+    "falcon_h1",
 ];
 
 /// Multimodal checkpoints whose language model (`text_config`) is imported, with the text model
@@ -765,6 +766,54 @@ fn smollm3(f: &Fields) -> Result<ModelSpec, HfError> {
     Ok(m)
 }
 
+/// Falcon-H1 (transformers 5.24 `configuration_falcon_h1.py` `FalconH1Config`, the model
+/// `modeling_falcon_h1.py`): every layer runs a Mamba-2 mixer (`FalconH1Mixer`) and Llama's GQA
+/// attention side by side on one input norm, then a SwiGLU MLP. `mamba_d_ssm` (default: the
+/// expand × hidden) is H·P; `mamba_d_head` "auto" is `mamba_d_ssm / mamba_n_heads`.
+fn falcon_h1(f: &Fields) -> Result<ModelSpec, HfError> {
+    let mut m = llama_like(
+        f,
+        Dims {
+            vocab: 128_000,
+            hidden: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: Some(8),
+            head_dim: None,
+            ffn: 14_336,
+            max_pos: 8192,
+            tied: false,
+        },
+    )?;
+    m.qkv_bias = f.flag("attention_bias", false)?;
+    m.o_bias = m.qkv_bias;
+    m.mlp_bias = f.flag("mlp_bias", false)?;
+    let heads = f.size("mamba_n_heads", 128)?;
+    let expand = f.uint_or("mamba_expand", 2)?;
+    let inner = f.uint("mamba_d_ssm")?.unwrap_or(expand * m.hidden);
+    let head_dim = match f.uint("mamba_d_head") {
+        Ok(Some(d)) => d,
+        _ => inner / heads.max(1),
+    };
+    if heads * head_dim != inner {
+        return Err(HfError::Model(format!("`mamba_n_heads` × `mamba_d_head` ({heads} × {head_dim}) must be `mamba_d_ssm` ({inner})")));
+    }
+    m.ssm = crate::estimator::model::Ssm {
+        heads,
+        head_dim,
+        state: f.size("mamba_d_state", 256)?,
+        groups: f.size("mamba_n_groups", 1)?,
+        conv: f.size("mamba_d_conv", 4)?,
+        chunk: f.size("mamba_chunk_size", 256)?,
+        conv_bias: f.flag("mamba_conv_bias", true)?,
+        in_bias: f.flag("mamba_proj_bias", false)?,
+        out_bias: f.flag("projectors_bias", false)?,
+        gated_norm: f.flag("mamba_rms_norm", false)?,
+        mup: true,
+    };
+    Ok(m)
+}
+
 /// Gemma 3's text model (configuration_gemma3.py `Gemma3TextConfig`): Gemma RMSNorms, four per
 /// layer, q/k norms over the head, GeGLU, tied head, five sliding layers for every full one.
 fn gemma3_text(f: &Fields) -> Result<ModelSpec, HfError> {
@@ -805,6 +854,7 @@ fn spec_for(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, H
         "llama4_text" => return llama4_text(f),
         "glm4_moe" => return glm4_moe(f, notes),
         "smollm3" => return smollm3(f),
+        "falcon_h1" => return falcon_h1(f),
         "gemma3_text" => return gemma3_text(f),
         _ => {}
     }

@@ -25,12 +25,14 @@
 pub mod common;
 pub mod deepseek;
 pub mod falcon;
+pub mod falcon_h1;
 pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_oss;
 pub mod llama;
 pub mod llama4;
+pub mod mamba2;
 pub mod mistral;
 pub mod modeling;
 pub mod moe;
@@ -76,6 +78,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Glm4Moe => &glm4_moe::Glm4Moe,
         Family::GptOss => &gpt_oss::GptOss,
         Family::Llama4 => &llama4::Llama4,
+        Family::FalconH1 => &falcon_h1::FalconH1,
     }
 }
 
