@@ -24,8 +24,8 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let sw = MambaW::new(b, p);
     let aw = AttnW::new(b, p);
     let mixers = |b: &mut Builder, n: Tid| {
-        let (y, gate) = mixer_scan(b, &sw, spec, n);
-        let mo = gated_out(b, &sw, y, gate);
+        let (y, gate, locals) = mixer_scan(b, &sw, spec, n);
+        let mo = gated_out(b, &sw, y, gate, locals);
         b.module = "mamba";
         let mo = b.mul_scalar(mo);
         b.module = "self_attn";

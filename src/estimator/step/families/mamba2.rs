@@ -149,7 +149,9 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     let bias = b.to_copy(w.dt_bias, dt_dt);
     let dt1 = b.add(dt, bias);
     let sp = b.unary("softplus", "SoftplusBackward0", dt1, Keep::Input, "softplus_backward");
+    b.hold(dt1);
     let dt = b.unary("clamp", "ClampBackward1", sp, Keep::Input, "where");
+    b.hold(sp);
     // hidden_states.float(); B/C .float().repeat_interleave(H // G, dim=2)
     let xf = b.to_copy(x, Dt::F32);
     let bf = b.to_copy(bm, Dt::F32);
@@ -164,13 +166,18 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     let dt4 = b.view(dt, shape(&[BD, SD, HD, Dim::N(1)]), "UnsqueezeBackward0", false);
     let dtf = b.to_copy(dt4, Dt::F32);
     let xdt = b.mul_to(xf, dtf, f32s(&[BD, SD, HD, PD]), Dt::F32);
+    b.hold(xf);
     let dtf2 = b.to_copy(dt, Dt::F32);
     let adt = b.mul_to(a, dtf2, f32s(&[BD, SD, HD]), Dt::F32);
+    b.hold(a);
     // reshape_into_chunks: each padded (a copy), then viewed [b, n_c, C, …]
     let xdt = pad(b, xdt, f32s(&[BD, SP, HD, PD]));
     let adt = pad(b, adt, f32s(&[BD, SP, HD]));
     let bp = pad(b, br, f32s(&[BD, SP, HD, ND]));
     let cp = pad(b, cr, f32s(&[BD, SP, HD, ND]));
+    for t in [xdt, adt, br, cr] {
+        b.hold(t);
+    }
     // A = A.permute(0, 3, 1, 2); A_cumsum = torch.cumsum(A, dim=-1)
     let ap = b.view(adt, f32s(&[BD, HD, NC, CD]), "PermuteBackward0", false);
     let acs = node(b, "cumsum", "CumsumBackward0", &[ap], f32s(&[BD, HD, NC, CD]), Dt::F32, &[]);
@@ -180,7 +187,7 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     let lp = b.view(l, f32s(&[BD, NC, CD, CD, HD]), "PermuteBackward0", false);
     let gv = b.view(g, f32s(&[BD, NC, CD, CD, HD]), "PermuteBackward0", false);
     let m = b.mul_to(gv, lp, f32s(&[BD, NC, CD, CD, HD]), Dt::F32);
-    let y_diag = einsum(b, m, Some(f32s(&[BD, NC, HD, CD, CD])), xdt, f32s(&[BD, NC, HD, CD, PD]), f32s(&[BD, NC, HD, CD, PD]));
+    let y_diag = einsum(b, m, None, xdt, f32s(&[BD, NC, HD, CD, PD]), f32s(&[BD, NC, HD, CD, PD]));
     // 2. decay_states = exp(A_cumsum[..., -1:] - A_cumsum); B_decay = B * decay; states = einsum
     let last = b.slice(acs, f32s(&[BD, HD, NC, Dim::N(1)]));
     let diff = sub(b, last, acs);
@@ -192,11 +199,13 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     let sd = b.t(states).dt;
     let zeros = b.plain("zeros", &[], f32s(&[BD, Dim::N(1), HD, PD, ND]), sd);
     let cat = b.cat2(zeros, states, f32s(&[BD, NC1, HD, PD, ND]));
+    b.hold(states);
     let lastc = b.slice(acs, f32s(&[BD, HD, NC]));
     let padded = pad(b, lastc, f32s(&[BD, HD, NC1]));
     let decay_chunk = exp_segment_sum(b, padded, NC1, f32s(&[BD, HD, NC1, NC1]));
     let new_states = einsum(b, decay_chunk, None, cat, f32s(&[BD, HD, NC1, PD, ND]), f32s(&[BD, HD, NC1, PD, ND]));
     let prev = b.slice(new_states, f32s(&[BD, NC, HD, PD, ND]));
+    b.hold(cat);
     // 4. state_decay_out = exp(A_cumsum); C_times_states = einsum(C, states); Y_off = C_times_states * decay_out
     let decay_out = b.unary("exp", "ExpBackward0", acs, Keep::Output, "mul");
     let cts = einsum(b, cp, Some(f32s(&[BD, NC, HD, CD, ND])), prev, f32s(&[BD, NC, HD, ND, PD]), f32s(&[BD, NC, HD, CD, PD]));
@@ -206,7 +215,16 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     // output = (Y_diag + Y_off).contiguous().reshape(b, -1, H, P) + D_residual
     let ydv = b.view(y_diag, f32s(&[BD, SP, HD, PD]), "PermuteBackward0", false);
     let y = b.add(ydv, y_off);
-    b.add(y, d_res)
+    let y = b.copy(y, f32s(&[BD, SP, HD, PD]));
+    let out = b.add(y, d_res);
+    b.hold(y);
+    // The function's locals live until it returns.
+    for t in
+        [dt, xdt, adt, bp, cp, d_res, acs, l, g, m, y_diag, decay, b_decay, zeros, decay_chunk, new_states, prev, decay_out, cts, y_off]
+    {
+        b.hold(t);
+    }
+    out
 }
 
 /// The mixer's forward up to the scan's output (`FalconH1Mixer.forward` /
@@ -214,8 +232,9 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
 /// `x * ssm_in_multiplier`, times the `mup_vector` buffer), `A = -exp(A_log.float())`, the
 /// split into gate, xBC and dt, `causal_conv1d_fn` (`F.conv1d` of xBC `.to(weight.dtype)`,
 /// padding K_c − 1, sliced to s, SiLU, `.to(xBC.dtype)`), the split into x, B, C, and
-/// [`chunk_scan`]. Returns (the scan's output viewed `[b, s, d_ssm]`, the gate).
-pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid, Tid) {
+/// [`chunk_scan`]. Returns the scan's output viewed `[b, s, d_ssm]`, the gate, and the
+/// forward's other locals (held by the caller until the forward returns).
+pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid, Tid, [Tid; 8]) {
     let m = spec.ssm;
     b.module = "mamba";
     b.part = Part::AttentionInputs;
@@ -226,7 +245,9 @@ pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid
     b.part = Part::AttentionCore;
     let proj = if m.mup {
         let buf = b.external(shape(&[Dim::N(1), Dim::N(1), Dim::X(X::SsmIn)]), Dt::Resid, Origin::Buffer, false);
-        b.mul(proj, buf)
+        let y = b.mul(proj, buf);
+        b.hold(xs);
+        y
     } else {
         proj
     };
@@ -263,7 +284,7 @@ pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid
     let out = chunk_scan(b, w, xv, dt, a, bm, cm);
     let sliced = if b.c.n(Q::S) % m.chunk.max(1) == 0 { out } else { b.slice(out, shape(&[BD, SD, HD, PD])) };
     let y = b.view(sliced, tok(X::SsmInner), "ViewBackward0", false);
-    (y, gate)
+    (y, gate, [proj, a, dt, act_t, xh, bm, cm, out])
 }
 
 /// `out_proj(scan_output.to(dtype))` with `dtype` the mixer input's (`Dt::Resid`).
@@ -275,11 +296,15 @@ pub fn out_proj(b: &mut Builder, w: &MambaW, y: Tid) -> Tid {
 }
 
 /// Falcon-H1's mixer without its gated norm (`mamba_rms_norm` false): `scan_output *
-/// silu(gate)`, then [`out_proj`].
-pub fn gated_out(b: &mut Builder, w: &MambaW, y: Tid, gate: Tid) -> Tid {
+/// silu(gate)`, then [`out_proj`]; the forward's locals (`locals`) die when it returns.
+pub fn gated_out(b: &mut Builder, w: &MambaW, y: Tid, gate: Tid, locals: [Tid; 8]) -> Tid {
     b.module = "mamba";
     let sg = b.unary("silu", "SiluBackward0", gate, Keep::Input, "silu_backward");
     let shp = b.shape(y);
     let g = b.mul_to(y, sg, shp, Dt::F32);
-    out_proj(b, w, g)
+    let o = out_proj(b, w, g);
+    for t in locals.into_iter().chain([y, g]) {
+        b.hold(t);
+    }
+    o
 }
