@@ -74,7 +74,7 @@ fn every_supported_model_type_has_a_fixture() {
         let file: Value = serde_json::from_str(&read(f["file"].as_str().unwrap_or_default())).expect("fixture is JSON");
         types.extend(file["text_config"]["model_type"].as_str().map(String::from));
     }
-    for t in trainmem::estimator::hf::SUPPORTED {
+    for t in trainmem::estimator::hf::SUPPORTED.iter() {
         assert!(types.iter().any(|x| x == t), "no fixture for {t}");
     }
 }

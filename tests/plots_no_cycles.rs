@@ -138,8 +138,9 @@ fn expand(body: &str, out: &mut Vec<String>) {
 }
 
 /// The import graph of an area (`ui`, `bench`, `plots`, `estimator`): module → modules of the
-/// same area it names, and every `mod.rs` → its child modules (a parent holds its children: a
-/// child that names its parent's own items makes a loop, and is counted).
+/// same area it names, and every parent (a `mod.rs`, or a `name.rs` beside `name/`) → its child
+/// modules (a parent holds its children: a child that names its parent's own items makes a
+/// loop, and is counted).
 fn graph(area: &str) -> BTreeMap<String, BTreeSet<String>> {
     let all: Vec<PathBuf> = files(&src());
     let modules: BTreeSet<String> = all.iter().map(|p| module_of(p)).collect();
@@ -148,15 +149,15 @@ fn graph(area: &str) -> BTreeMap<String, BTreeSet<String>> {
         let me = module_of(&p);
         let mut refs: BTreeSet<String> =
             references(&p, &modules).into_iter().filter(|m| m == area || m.starts_with(&format!("{area}::"))).collect();
-        if p.file_name().is_some_and(|f| f == "mod.rs") {
-            refs.extend(children(&me, &modules));
-        }
+        // A parent holds its children, whether it is a `mod.rs` or a `name.rs` beside a
+        // `name/` folder.
+        refs.extend(children(&me, &modules));
         g.insert(me, refs);
     }
     g
 }
 
-/// The modules directly below `module` (what its `mod.rs` declares).
+/// The modules directly below `module` (what its `mod.rs`, or `name.rs`, declares).
 fn children(module: &str, modules: &BTreeSet<String>) -> Vec<String> {
     let prefix = format!("{module}::");
     modules.iter().filter(|m| m.strip_prefix(&prefix).is_some_and(|rest| !rest.contains("::"))).cloned().collect()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Evaluate the recipe rules of FINDINGS.md §10 against the recipe records (tests/fixtures/pytorch/recipes/).
+"""Evaluate the recipe rules of FINDINGS.md §15 against the recipe records (tests/fixtures/pytorch/recipes/).
 
 Every recipe is checked as what the estimator will implement: a transformation of the eager step it already models
 exactly. The eager anchor of each record is the grid record of the same family/dtype/attention at b2 s64
@@ -7,14 +7,14 @@ exactly. The eager anchor of each record is the grid record of the same family/d
 below. For each record the rule's prediction is compared with the measurement; exit status 1 if any differs.
 
   compile=layer            saved bytes: per-family formulas of what AOTAutograd's min-cut partitioner keeps per
-                           compiled decoder layer + the compiled loss (§10.1); every saved value's producer must be
+                           compiled decoder layer + the compiled loss (§15.1); every saved value's producer must be
                            one the rule allows (region input, non-recomputable op, matmul input, small reduction)
   recompute=op[-literal]   saved bytes = eager model ends + per layer: its input + the closure + the outputs of the
-                           ops torchtitan's policy saves, predicted from the layer's op list (§10.2)
+                           ops torchtitan's policy saves, predicted from the layer's op list (§15.2)
   recompute_every=2[-hf]   saved bytes = the eager ledger with the checkpointed layers' rows replaced by their
-                           input, plus the kwargs their checkpoint closures hold (§10.3)
-  optim_in_bwd             no gradient survives backward; forward identical to eager; peak rule (§10.4)
-  act_offload=*            which tensors move (size / Parameter / head rules), host bytes = what moved (§10.5)
+                           input, plus the kwargs their checkpoint closures hold (§15.3)
+  optim_in_bwd             no gradient survives backward; forward identical to eager; peak rule (§15.4)
+  act_offload=*            which tensors move (size / Parameter / head rules), host bytes = what moved (§15.5)
 
 Usage:  python3 validation/check_recipes.py [-v] [--family NAME] [--recipe NAME] [--table]   (plain Python 3)
         --table   saved bytes / step peak of every b2 s64 record against its eager grid record (markdown)
@@ -74,23 +74,34 @@ def layer_types(cfg):
 # the eager ledger of a grid record, split per layer
 # ----------------------------------------------------------------------------------------------------------------------
 
+def squeezed(shape) -> tuple:
+    """A shape without its size-1 dims."""
+    return tuple(n for n in shape if n != 1)
+
+
 class Ledger:
-    """The rows of an eager grid record: model-level rows, position tensors (rows of layer modules with a leading 1
-    whose dtype and size are those of the RoPE tables the checkpoint closures hold: cos/sin, saved once for the model
-    by the first layer that uses them) and per-layer bytes (a row of count c over layers [i, j, ...] gives
+    """The rows of an eager grid record: model-level rows, position tensors (rows of layer modules whose dtype and size
+    are those of the RoPE tables the checkpoint closures hold, with a leading 1 or the same shape less size-1 dims:
+    cos/sin, saved once for the model by the first layer that uses them) and per-layer bytes (a row of count c over layers [i, j, ...] gives
     c / len(layers) storages to each)."""
 
     def __init__(self, rec, ckpt1_rec=None):
         self.model = 0
         self.position = 0
         self.per_layer = defaultdict(float)
-        # the RoPE tables: the (dtype, bytes) of what the checkpoint closures hold as position_embeddings
-        pos = {(r["dtype"], r["bytes"]) for r in (ckpt1_rec or {}).get("saved", [])
-               if r["op"] == "CheckpointClosure" and "position_embeddings" in r["attr"]}
+        # the RoPE tables: the dtype and bytes of what the checkpoint closures hold as position_embeddings. A layer
+        # saves them unsqueezed for the heads, shared by the batch ([1, 1, s, d] of a [1, s, d] table, or a view of
+        # it: DeepSeek-V3's interleaved halves [1, 1, s, d/2] of the same storage) or, for Qwen3.5's M-RoPE tables,
+        # per batch row ([b, 1, s, d] of [b, s, d]: the same shape without size-1 dims)
+        closures = [r for r in (ckpt1_rec or {}).get("saved", [])
+                    if r["op"] == "CheckpointClosure" and "position_embeddings" in r["attr"]]
+        pos = {(r["dtype"], r["bytes"]) for r in closures}
+        pos_shapes = {(r["dtype"], r["bytes"], squeezed(r["shape"])) for r in closures}
         for r in rec["saved"]:
             if not is_layer_module(r["module"]):
                 self.model += r["bytes"] * r["count"]
-            elif len(r["shape"]) >= 2 and r["shape"][0] == 1 and (r["dtype"], r["bytes"]) in pos:
+            elif len(r["shape"]) >= 2 and ((r["shape"][0] == 1 and (r["dtype"], r["bytes"]) in pos)
+                                           or (r["dtype"], r["bytes"], squeezed(r["shape"])) in pos_shapes):
                 self.position += r["bytes"] * r["count"]
             else:
                 ls = r.get("layers") or [0]
@@ -212,7 +223,7 @@ def check_sac(rec, cfg, g0, g1):
 # ----------------------------------------------------------------------------------------------------------------------
 #
 # The rule (torch/_functorch/partitioners.py at torch 2.15, min_cut_rematerialization_partition with Inductor's
-# defaults; FINDINGS.md §10.1): a forward value the backward needs is SAVED when it is
+# defaults; FINDINGS.md §15.1): a forward value the backward needs is SAVED when it is
 #   (I) an input of the region (the layer's hidden_states, RoPE cos/sin, masks),
 #   (B) the output of an op that may not be recomputed: not in get_default_op_list().recomputable_ops (mm, addmm, bmm,
 #       SDPA, _grouped_mm, embedding, topk, sort, cumsum, index_put, ...),
@@ -561,8 +572,13 @@ def check_offload(rec, cfg):
             problems.append("a packed tensor came back more than once")
         if st["h2d_copies"] < rec["packs"] and st.get("host_bytes_after_forward") == copied:
             problems.append("tensors never unpacked but their host copies were not freed (no dead subgraph)")
-    if st["live_after_backward"] != rec["parameter_bytes"]:
-        problems.append("backward must end with the gradients only")
+    # torchtune's pack_tensor stores a kept tensor itself in its tracker (`self.tracker[id] = (activation, False)`):
+    # the kept ones of a dead subgraph (packed, never unpacked: Qwen3-Next/Qwen3.5's gated-delta chunk decays) stay
+    # on the device after backward, beside the gradients
+    dead_kept = sum(e["bytes"] for e in st.get("never_unpacked") or [] if e["decision"].startswith("kept"))
+    if st["live_after_backward"] != rec["parameter_bytes"] + dead_kept:
+        problems.append(f"after backward {st['live_after_backward']} B != gradients {rec['parameter_bytes']} B + "
+                        f"kept tensors of a dead subgraph {dead_kept} B")
     return problems
 
 
@@ -654,9 +670,7 @@ def main():
         if rcp.startswith("recompute_every"):
             exp, problems = check_every(rec, cfg, g0, g1)
         elif rcp == "optim=paged_adamw8bit":
-            if "parameter_numels" not in rec:
-                continue
-            problems = check_paged8bit(rec)
+            problems = check_paged8bit(rec) if "parameter_numels" in rec else ["no parameter_numels: rule unchecked"]
         elif rcp.startswith("optim_in_bwd"):
             problems = check_optim_in_bwd(rec, g0)
         elif rcp.startswith("act_offload"):
@@ -666,9 +680,10 @@ def main():
             if exp is None:
                 continue
         elif rcp.startswith("recompute=op"):
-            if "sac_ops" not in rec:
-                continue
-            exp, problems = check_sac(rec, cfg, g0, g1)
+            if "sac_ops" in rec:
+                exp, problems = check_sac(rec, cfg, g0, g1)
+            else:
+                problems = ["no sac_ops: rule unchecked"]
         else:
             continue
         key = (rcp, rec["family"])

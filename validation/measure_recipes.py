@@ -3,7 +3,7 @@
 optimizer step in backward, activation offloading) on transformers 5.24's modeling code, on CPU.
 
 Every record is one family × dtype (fp32, bf16) × attention (sdpa; eager where transformers refuses sdpa) × b2 s64 ×
-recipe. What is measured and how (details in validation/README.md, "Recipes"; the per-layer rules in FINDINGS.md §10):
+recipe. What is measured and how (details in validation/README.md, "Recipes"; the per-layer rules in FINDINGS.md §15):
 
 * ``compile=layer``: ``model.model.layers[i].compile()`` (torchtune's per-layer regions) and the loss function
   compiled (``model.loss_function = torch.compile(ForCausalLMLoss)``; torchtune compiles its loss). Inductor on the
@@ -1735,6 +1735,9 @@ def measure_offload(family, dtype, attn, recipe, opts):
         left = set(ctx.tracker)
         step["never_unpacked"] = [{k: e.get(k) for k in ("module", "producer", "dtype", "shape", "bytes",
                                                           "decision")} for e in ctx.log if e["id"] in left]
+        # the last step's leftovers: their tensors hold the dead subgraph's autograd nodes and, through them, the
+        # parameters (qwen3_next's A_log): alive, they were counted as the next record's preexisting memory
+        ctx.tracker.clear()
     step["host_peak_bytes"] = ctx.host_peak
     step["h2d_copies"] = ctx.h2d_copies
     step["unpacked_from_fwd_stash"] = getattr(ctx, "stash_hits", 0)
@@ -1780,7 +1783,7 @@ def measure_paged8bit(family, dtype, attn, opts):
     elements, fp32 states below; paged = cudaMallocManaged only for states of >= 1e5 elements). On a CPU,
     Optimizer8bit.get_state_buffer falls back to ordinary tensors (it warns "Paged optimizers are not supported on
     CPU"): the state sizes and the step's temporaries of the CPU kernel are measured, the paging is not (see
-    FINDINGS.md §10.6). Needs bitsandbytes importable (validation/README.md: the .venv26 environment)."""
+    FINDINGS.md §15.6). Needs bitsandbytes importable (validation/README.md: the .venv26 environment)."""
     import bitsandbytes as bnb
     # tensors bitsandbytes creates at import (its CPU backend's 16-entry NF4/FP4 code tables): alive before every
     # step, not optimizer state

@@ -4,7 +4,7 @@
 //! the estimator depends on nothing else of ours.
 
 use super::model::ModelSpec;
-use super::presets::{default_spec, DEFAULT_PRESET};
+use super::presets::base::{default_spec, DEFAULT_PRESET};
 use serde::{Deserialize, Serialize};
 
 /// Data types of the precision recipe (`precision`).

@@ -21,8 +21,13 @@ use super::common::{Kind, Params, Rms, Shared};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Linear, ModelSpec, Router};
+use crate::estimator::presets::base::{llama, Preset, FP8_CHECKPOINT};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// What `DeepseekV2Model.forward` computes after the embedding (also a later pipeline stage's
 /// prologue): Llama's positions and mask, then `DeepseekV2RotaryEmbedding.forward`
@@ -501,11 +506,145 @@ pub fn layer(
     super::sigmoid_moe::layer(b, p, spec, x, kind, |b, n| attention(b, &aw, spec, n, sh, attn), router)
 }
 
+/// DeepSeek-V2/V3 (and Kimi K2, DeepSeek-V3's architecture): MLA attention, `first_k_dense_replace`
+/// dense layers, then MoE layers of routed and shared experts (configuration_deepseek_v3.py,
+/// configuration_deepseek_v2.py; modeling_deepseek_v3.py `DeepseekV3DecoderLayer`, `DeepseekV3MoE`).
+fn import(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+    let v3 = t != "deepseek_v2";
+    let d = |v2: u64, v3v: u64| if v3 { v3v } else { v2 };
+    let mut m = fields::llama_like(
+        f,
+        fields::Dims {
+            vocab: d(102_400, 129_280),
+            hidden: d(4096, 7168),
+            layers: d(32, 61),
+            heads: d(32, 128),
+            kv_heads: None,
+            head_dim: None,
+            ffn: d(11_008, 18_432),
+            max_pos: d(2048, 4096),
+            tied: false,
+        },
+    )?;
+    if let Some(kv) = f.uint("num_key_value_heads")? {
+        if kv != m.heads {
+            return Err(HfError::Field {
+                key: "num_key_value_heads",
+                reason: format!(
+                    "{kv} differs from the {} attention heads; transformers' MLA expands keys and values for every head, so \
+                     only equal counts build",
+                    m.heads
+                ),
+            });
+        }
+    }
+    m.kv_heads = m.heads;
+    m.kv_lora_rank = f.size("kv_lora_rank", 512)?;
+    // `q_lora_rank: null` (DeepSeek-V2-Lite) means a plain q_proj; absent means the default 1536.
+    m.q_lora_rank = if f.is_null("q_lora_rank") { 0 } else { f.size("q_lora_rank", 1536)? };
+    m.qk_rope_dim = f.size("qk_rope_head_dim", 64)?;
+    m.head_dim = f.size("qk_nope_head_dim", 128)?.saturating_add(m.qk_rope_dim);
+    m.v_head_dim = f.size("v_head_dim", 128)?;
+    let attention_bias = f.flag("attention_bias", false)?;
+    m.qkv_bias = attention_bias;
+    m.o_bias = attention_bias;
+    // DeepseekV2MLP takes `mlp_bias`; DeepseekV3MLP has none.
+    m.mlp_bias = !v3 && f.flag("mlp_bias", false)?;
+    m.experts = f.size_any(&["n_routed_experts", "num_local_experts", "num_experts"], d(64, 256))?;
+    m.top_k = match f.uint("num_experts_per_tok")? {
+        Some(k) => k,
+        None if v3 => 8,
+        None => return Err(HfError::Missing("num_experts_per_tok")),
+    };
+    m.expert_ffn = f.size("moe_intermediate_size", d(1407, 2048))?;
+    m.shared_experts = f.uint_or("n_shared_experts", d(2, 1))?;
+    m.shared_ffn = m.expert_ffn;
+    m.dense_layers = f.uint_or("first_k_dense_replace", d(0, 3))?.min(m.layers);
+    m.fused_experts = true;
+    m.router_fp32 = true;
+    if let Some(freq) = f.uint("moe_layer_freq")? {
+        if freq != 1 {
+            return Err(HfError::Field {
+                key: "moe_layer_freq",
+                reason: format!(
+                    "{freq}: transformers' DeepSeek classes put an MoE block on every layer from first_k_dense_replace on and \
+                     ignore this key, so they cannot build such a checkpoint"
+                ),
+            });
+        }
+    }
+    if v3 {
+        m.router = Router::Sigmoid;
+        m.router_groups = f.uint_or("n_group", 8)?;
+        m.router_group_topk = f.uint_or("topk_group", 4)?;
+    } else {
+        m.router = Router::Softmax;
+        if f.string("topk_method")? == Some("group_limited_greedy") {
+            m.router_groups = f.uint("n_group")?.ok_or(HfError::Missing("n_group"))?;
+            m.router_group_topk = f.uint("topk_group")?.ok_or(HfError::Missing("topk_group"))?;
+        }
+    }
+    if t == "kimi_k2" {
+        notes.push(
+            "model_type `kimi_k2` is DeepSeek-V3's architecture (its config names DeepseekV3ForCausalLM); it is read as \
+             `deepseek_v3`, as transformers reads Kimi K2.5's text model"
+                .into(),
+        );
+    }
+    notes.extend(fields::mtp_note(f, if v3 { "DeepseekV3ForCausalLM" } else { "DeepseekV2ForCausalLM" })?);
+    Ok(m)
+}
+
+/// DeepSeek-V2/V3: MLA, `first_k_dense_replace` dense layers, routed and shared experts.
+fn config(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
+    let mut w = writer::Writer::new(t);
+    w.set("vocab_size", s.vocab)
+        .set("hidden_size", s.hidden)
+        .set("num_hidden_layers", s.layers)
+        .set("num_attention_heads", s.heads)
+        .set("num_key_value_heads", s.heads)
+        .set("intermediate_size", s.ffn)
+        .set("max_position_embeddings", s.max_pos)
+        .set("tie_word_embeddings", s.tied)
+        .set("hidden_act", writer::act_name(s.act)?)
+        .set("kv_lora_rank", s.kv_lora_rank)
+        .set("q_lora_rank", if s.q_lora_rank > 0 { Value::from(s.q_lora_rank) } else { Value::Null })
+        .set("qk_rope_head_dim", s.qk_rope_dim)
+        .set("qk_nope_head_dim", s.head_dim.checked_sub(s.qk_rope_dim)?)
+        .set("v_head_dim", s.v_head_dim)
+        .set("attention_bias", s.qkv_bias)
+        .set("n_routed_experts", s.experts)
+        .set("num_experts_per_tok", s.top_k)
+        .set("moe_intermediate_size", s.expert_ffn)
+        .set("n_shared_experts", s.shared_experts)
+        .set("first_k_dense_replace", s.dense_layers);
+    if t == "deepseek_v3" {
+        w.set("n_group", s.router_groups).set("topk_group", s.router_group_topk);
+    } else {
+        w.set("mlp_bias", s.mlp_bias);
+        if s.router_groups > 0 {
+            w.set("topk_method", "group_limited_greedy").set("n_group", s.router_groups).set("topk_group", s.router_group_topk);
+        } else {
+            w.set("topk_method", "greedy");
+        }
+    }
+    w.done()
+}
+
 /// DeepSeek-V2 (`modeling_deepseek_v2.py`): MLA with complex rotary embedding (`freqs_cis`,
 /// `apply_rotary_emb`) and the softmax router (`DeepseekV2TopkRouter`, greedy or group-limited
 /// greedy).
 pub struct DeepseekV2;
 impl Modeling for DeepseekV2 {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(39, "deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", "DeepSeek", deepseek_v2_lite())]
+    }
+    fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        import(t, f, notes)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        config("deepseek_v2", s).into_iter().collect()
+    }
     fn positions(&self, b: &mut Builder, _spec: &ModelSpec, attn: Attention) -> Shared {
         positions_v2(b, attn)
     }
@@ -518,11 +657,76 @@ impl Modeling for DeepseekV2 {
     }
 }
 
+/// MLA attention of DeepSeek-V2/V3 (d = 128 + 64 per query/key head, d_v = 128, r_kv = 512).
+const fn mla(mut m: ModelSpec, q_lora_rank: u64) -> ModelSpec {
+    m.kv_lora_rank = 512;
+    m.q_lora_rank = q_lora_rank;
+    m.qk_rope_dim = 64;
+    m.head_dim = 128 + 64;
+    m.v_head_dim = 128;
+    m
+}
+
+/// DeepSeek-V3's architecture (also Kimi K2): MLA with r_q = 1536, `dense` dense layers of
+/// 18,432, then MoE layers of `experts` × 2,048 routed (top-8) + one shared expert, sigmoid
+/// router in fp32 with correction bias, group-limited over `groups` groups.
+const fn deepseek_v3(vocab: u64, heads: u64, experts: u64, dense: u64, groups: u64, topk_groups: u64, max_pos: u64) -> ModelSpec {
+    let mut m = mla(llama(vocab, 7168, 61, heads, heads, 18_432, max_pos), 1536);
+    m.family = Family::DeepseekV3;
+    m.experts = experts;
+    m.top_k = 8;
+    m.expert_ffn = 2048;
+    m.shared_experts = 1;
+    m.shared_ffn = 2048;
+    m.dense_layers = dense;
+    m.fused_experts = true;
+    m.router = Router::Sigmoid;
+    m.router_fp32 = true;
+    m.router_groups = groups;
+    m.router_group_topk = topk_groups;
+    m
+}
+
+/// DeepSeek-V2-Lite: MLA without query compression, one dense layer of 10,944, then 64 routed
+/// (top-6) + 2 shared experts of 1,408, softmax router in fp32.
+const fn deepseek_v2_lite() -> ModelSpec {
+    let mut m = mla(llama(102_400, 2048, 27, 16, 16, 10_944, 163_840), 0);
+    m.family = Family::DeepseekV2;
+    m.experts = 64;
+    m.top_k = 6;
+    m.expert_ffn = 1408;
+    m.shared_experts = 2;
+    m.shared_ffn = 1408;
+    m.dense_layers = 1;
+    m.fused_experts = true;
+    m.router_fp32 = true;
+    m
+}
+
 /// DeepSeek-V3 (`modeling_deepseek_v3.py`, also Kimi K2): MLA with Llama's rotary tables and the
 /// sigmoid router with its correction bias, group-limited, renormalised (`norm_topk_prob`: its
 /// configuration and checkpoints set it).
 pub struct DeepseekV3;
 impl Modeling for DeepseekV3 {
+    fn presets(&self) -> Vec<Preset> {
+        vec![
+            Preset::new(38, "deepseek-v3", "deepseek-ai/DeepSeek-V3", "DeepSeek", deepseek_v3(129_280, 128, 256, 3, 8, 4, 163_840)).with_notes(&[
+                "the checkpoint's multi-token-prediction layer (num_nextn_predict_layers 1) is not built by transformers' DeepseekV3ForCausalLM and is not counted",
+                FP8_CHECKPOINT,
+            ]),
+            Preset::new(40, "kimi-k2-instruct", "moonshotai/Kimi-K2-Instruct", "Kimi K2", deepseek_v3(163_840, 64, 384, 1, 1, 1, 131_072))
+                .with_notes(&["Kimi K2 is DeepSeek-V3's architecture (model_type kimi_k2, read as deepseek_v3)", FP8_CHECKPOINT]),
+        ]
+    }
+    fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        import(t, f, notes)
+    }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["kimi_k2"]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        config("deepseek_v3", s).into_iter().collect()
+    }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn, super::sigmoid_moe::router_normalized)
     }

@@ -24,8 +24,11 @@ use super::modeling::Modeling;
 use super::{llama, starcoder2};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `config.new_decoder_architecture`, as the spec shows it (see the module doc).
 pub fn new_arch(spec: &ModelSpec) -> bool {
@@ -275,6 +278,69 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// one or two LayerNorms, and a bool mask SDPA always receives (`allow_is_causal_skip=False`).
 pub struct Falcon;
 impl Modeling for Falcon {
+    /// `FalconConfig`: multi-query or MHA (original layout) or `num_kv_heads` (`new_decoder_architecture`), fused `query_key_value`, parallel attention, ALiBi or RoPE.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.resid_dropout = true;
+        m.hidden = f.required(&["hidden_size"])?;
+        m.layers = f.required(&["num_hidden_layers", "n_layer"])?;
+        m.heads = f.required(&["num_attention_heads", "n_head"])?;
+        m.head_dim = m.hidden / m.heads.max(1);
+        let new_arch = f.flag("new_decoder_architecture", false)?;
+        let multi_query = f.flag("multi_query", true)?;
+        m.kv_heads = if new_arch {
+            f.uint_or("num_kv_heads", m.heads)?
+        } else if multi_query {
+            1
+        } else {
+            m.heads
+        };
+        m.ffn = f.uint("ffn_hidden_size")?.unwrap_or(m.hidden.saturating_mul(4));
+        m.mlp = MlpKind::Plain;
+        m.act = f.activation(&["activation"], Activation::Gelu)?;
+        m.norm = NormKind::Layernorm;
+        let bias = f.flag("bias", false)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        m.mlp_bias = bias;
+        m.tied = f.flag("tie_word_embeddings", true)?;
+        m.max_pos = f.uint_or("max_position_embeddings", 2048)?;
+        m.positions = if f.flag("alibi", false)? { Positions::None } else { Positions::Rope };
+        let parallel = f.flag("parallel_attn", true)?;
+        m.parallel = parallel || new_arch;
+        m.layer_norms = if new_arch {
+            f.uint_or("num_ln_in_parallel_attn", 2)?
+        } else if parallel {
+            1
+        } else {
+            2
+        };
+        m.fused_qkv = true;
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        let base = |new_arch: bool| {
+            let mut w = writer::Writer::new("falcon");
+            w.set("vocab_size", s.vocab)
+                .set("hidden_size", s.hidden)
+                .set("num_hidden_layers", s.layers)
+                .set("num_attention_heads", s.heads)
+                .set("ffn_hidden_size", s.ffn)
+                .set("activation", act)
+                .set("bias", s.qkv_bias)
+                .set("tie_word_embeddings", s.tied)
+                .set("max_position_embeddings", s.max_pos)
+                .set("alibi", s.positions == Positions::None)
+                .set("new_decoder_architecture", new_arch);
+            w
+        };
+        let mut old = base(false);
+        old.set("multi_query", s.kv_heads == 1).set("parallel_attn", s.parallel);
+        let mut new = base(true);
+        new.set("num_kv_heads", s.kv_heads).set("num_ln_in_parallel_attn", s.layer_norms).set("parallel_attn", true);
+        [old.done(), new.done()].into_iter().flatten().collect()
+    }
     /// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
     /// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
     /// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive

@@ -12,8 +12,12 @@ use super::llama::{attention, decoder_layer, mlp};
 use super::mamba2::{gated_out, mixer_scan, MambaW};
 use super::modeling::Modeling;
 use crate::estimator::config::Attention;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
 use crate::estimator::model::ModelSpec;
+use crate::estimator::model::Ssm;
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// One decoder layer (`FalconH1DecoderLayer.forward`).
 #[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
@@ -43,6 +47,77 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// Falcon-H1: Llama's model forward around [`layer`].
 pub struct FalconH1;
 impl Modeling for FalconH1 {
+    /// `configuration_falcon_h1.py` `FalconH1Config`: Llama's sizes, `mamba_d_ssm` (default:
+    /// `mamba_expand` × hidden) = H·P, `mamba_d_head` "auto" = `mamba_d_ssm / mamba_n_heads`,
+    /// biases by `attention_bias`, `mlp_bias`, `mamba_conv_bias`, `mamba_proj_bias` and
+    /// `projectors_bias`, the gated norm by `mamba_rms_norm`.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_like(
+            f,
+            fields::Dims {
+                vocab: 128_000,
+                hidden: 4096,
+                layers: 32,
+                heads: 32,
+                kv_heads: Some(8),
+                head_dim: None,
+                ffn: 14_336,
+                max_pos: 8192,
+                tied: false,
+            },
+        )?;
+        m.qkv_bias = f.flag("attention_bias", false)?;
+        m.o_bias = m.qkv_bias;
+        m.mlp_bias = f.flag("mlp_bias", false)?;
+        let heads = f.size("mamba_n_heads", 128)?;
+        let expand = f.uint_or("mamba_expand", 2)?;
+        let inner = f.uint("mamba_d_ssm")?.unwrap_or(expand * m.hidden);
+        let head_dim = match f.uint("mamba_d_head") {
+            Ok(Some(d)) => d,
+            _ => inner / heads.max(1),
+        };
+        if heads * head_dim != inner {
+            return Err(HfError::Model(format!("`mamba_n_heads` × `mamba_d_head` ({heads} × {head_dim}) must be `mamba_d_ssm` ({inner})")));
+        }
+        m.ssm = Ssm {
+            heads,
+            head_dim,
+            state: f.size("mamba_d_state", 256)?,
+            groups: f.size("mamba_n_groups", 1)?,
+            conv: f.size("mamba_d_conv", 4)?,
+            chunk: f.size("mamba_chunk_size", 256)?,
+            conv_bias: f.flag("mamba_conv_bias", true)?,
+            in_bias: f.flag("mamba_proj_bias", false)?,
+            out_bias: f.flag("projectors_bias", false)?,
+            gated_norm: f.flag("mamba_rms_norm", false)?,
+            mup: true,
+        };
+        Ok(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        let m = s.ssm;
+        let mut w = writer::Writer::new("falcon_h1");
+        writer::llama_sizes(&mut w, s);
+        w.set("hidden_act", act)
+            .set("intermediate_size", s.ffn)
+            .set("attention_bias", s.qkv_bias)
+            .set("mlp_bias", s.mlp_bias)
+            .set("mamba_n_heads", m.heads)
+            .set("mamba_d_head", m.head_dim)
+            .set("mamba_d_ssm", m.inner())
+            .set("mamba_d_state", m.state)
+            .set("mamba_n_groups", m.groups)
+            .set("mamba_d_conv", m.conv)
+            .set("mamba_chunk_size", m.chunk)
+            .set("mamba_conv_bias", m.conv_bias)
+            .set("mamba_proj_bias", m.in_bias)
+            .set("projectors_bias", m.out_bias)
+            .set("mamba_rms_norm", m.gated_norm)
+            .done()
+            .into_iter()
+            .collect()
+    }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = kind;
         layer(b, p, spec, x, sh, attn)

@@ -15,8 +15,14 @@ use super::llama::{attention_with, decoder_layer, HeadNorm};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Dims, Ffn, Fields, HfError};
+use crate::estimator::hf_export::writer;
 use crate::estimator::model::ModelSpec;
+use crate::estimator::model::{Activation, LayerRule, NormKind, QkNorm, WindowKind};
+use crate::estimator::presets::base::{llama, Preset, VISION_NOT_COUNTED};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `GemmaRMSNorm` (`1 + weight`, [`Rms::Gemma`]), in the layers and after them.
 const NORM: Norm = Norm::Rms(Rms::Gemma);
@@ -149,10 +155,76 @@ fn local_rope(spec: &ModelSpec) -> bool {
     n > 0 && n < spec.layers
 }
 
+/// Gemma-2: GeGLU (tanh GELU), four RMSNorms per layer, explicit head_dim, tied 256K
+/// vocabulary, tanh soft-capping of scores and logits.
+const fn gemma2(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
+    let mut m = llama(256000, hidden, layers, heads, kv_heads, ffn, 8192);
+    m.family = Family::Gemma2;
+    m.head_dim = head_dim;
+    m.act = Activation::GeluTanh;
+    m.norm = NormKind::RmsnormGemma;
+    m.layer_norms = 4;
+    m.tied = true;
+    m.softcap = true;
+    m
+}
+
+/// Gemma-2 with its local layers: Gemma2Config's default `layer_types` slide a 4,096-token
+/// window on the even layers.
+fn gemma2_windowed(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
+    ModelSpec {
+        window_layers: LayerRule::Every { step: 2, offset: 0 },
+        window: 4096,
+        ..gemma2(hidden, layers, heads, kv_heads, head_dim, ffn)
+    }
+}
+
+/// Gemma 3's text model as the 4B–27B checkpoints have it: Gemma-2's layout plus q/k norms,
+/// 262,208 vocabulary, 131,072 positions, no soft-capping, five layers with a 1,024-token sliding
+/// window for every full one (1B differs in vocabulary, positions and window).
+fn gemma3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> ModelSpec {
+    let mut m = gemma2(hidden, layers, heads, kv_heads, head_dim, ffn);
+    m.family = Family::Gemma3;
+    m.vocab = 262_208;
+    m.max_pos = 131_072;
+    m.softcap = false;
+    m.qk_norm = QkNorm::Head;
+    ModelSpec { window_layers: LayerRule::AllBut { step: 6, offset: 5 }, window: 1024, ..m }
+}
+
+/// Gemma's and Gemma 2's shared keys: Llama's, Gemma's RMSNorm, a tied head and 8,192
+/// positions by default.
+fn gemma_keys(f: &Fields) -> Result<ModelSpec, HfError> {
+    let mut m = fields::llama_keys(f, Ffn::Required, true, 8192)?;
+    m.norm = NormKind::RmsnormGemma;
+    Ok(m)
+}
+
+/// The activation: `hidden_activation`, else `hidden_act`, the tanh GELU by default.
+fn activation(f: &Fields) -> Result<Activation, HfError> {
+    f.activation(&["hidden_activation", "hidden_act"], Activation::GeluTanh)
+}
+
+/// Soft-capping is on when either cap is set.
+fn softcap(f: &Fields) -> Result<bool, HfError> {
+    Ok(f.float("attn_logit_softcapping")?.is_some() || f.float("final_logit_softcapping")?.is_some())
+}
+
 /// Gemma (`modeling_gemma.py`): Llama's layout with Gemma's RMSNorm (`1 + weight`), GeGLU and
 /// the embedding scaled by √h.
 pub struct Gemma;
 impl Modeling for Gemma {
+    /// `GemmaConfig`: Llama's keys with Gemma's norm and activation.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = gemma_keys(f)?;
+        m.act = activation(f)?;
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("gemma", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
+        w.done().into_iter().collect()
+    }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer_gemma1(b, p, spec, x, sh, attn)
     }
@@ -168,6 +240,34 @@ impl Modeling for Gemma {
 /// on the even layers, and under eager attention a full and a sliding-window mask.
 pub struct Gemma2;
 impl Modeling for Gemma2 {
+    /// `Gemma2Config`: Gemma's keys, four norms a layer, soft-capping, and `layer_types`
+    /// (default: a 4,096-token window on the even layers).
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = gemma_keys(f)?;
+        m.layer_norms = 4;
+        m.softcap = softcap(f)?;
+        m.act = activation(f)?;
+        // Gemma2Config: layer_types default sliding where (i + 1) % 2 != 0 (even layers).
+        fields::set_window(&mut m, f, "sliding_window", Some(4096), (LayerRule::Every { step: 2, offset: 0 }, WindowKind::Sliding))?;
+        fields::with_heads(m)
+    }
+    fn presets(&self) -> Vec<Preset> {
+        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Gemma 2", spec);
+        vec![
+            p(17, "gemma-2-2b", "google/gemma-2-2b", gemma2_windowed(2304, 26, 8, 4, 256, 9216)),
+            p(18, "gemma-2-9b", "google/gemma-2-9b", gemma2_windowed(3584, 42, 16, 8, 256, 14336)),
+            p(19, "gemma-2-27b", "google/gemma-2-27b", gemma2_windowed(4608, 46, 32, 16, 128, 36864)),
+        ]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("gemma2", s, "hidden_activation") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn)
+            .set("attention_bias", s.qkv_bias)
+            .set("sliding_window", writer::window_or_null(s))
+            .set("layer_types", writer::layer_types(s, "sliding_attention"));
+        writer::softcaps(&mut w, s);
+        w.done().into_iter().collect()
+    }
     /// `Gemma2Model.forward` before the layers: Llama's, with the embedding scaled by √h and,
     /// under eager attention, a full and a sliding-window mask.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
@@ -199,6 +299,68 @@ impl Modeling for Gemma2 {
 /// soft-capping, sliding layers from `layer_types` with a RoPE pair of their own.
 pub struct Gemma3;
 impl Modeling for Gemma3 {
+    /// Gemma 3's text model (configuration_gemma3.py `Gemma3TextConfig`): Gemma RMSNorms, four
+    /// per layer, q/k norms over the head, GeGLU, tied head, five sliding layers for every full
+    /// one; absent sizes take the class's defaults.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_like(
+            f,
+            Dims {
+                vocab: 262_208,
+                hidden: 2304,
+                layers: 26,
+                heads: 8,
+                kv_heads: Some(4),
+                head_dim: Some(256),
+                ffn: 9216,
+                max_pos: 131_072,
+                tied: true,
+            },
+        )?;
+        m.norm = NormKind::RmsnormGemma;
+        m.layer_norms = 4;
+        m.qk_norm = QkNorm::Head;
+        m.softcap = softcap(f)?;
+        m.act = activation(f)?;
+        let bias = f.flag("attention_bias", false)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        // Default layer_types: sliding where (i + 1) % sliding_window_pattern != 0 (pattern 6).
+        let pattern = f.uint_or("sliding_window_pattern", 6)?;
+        let rule = if pattern == 0 { LayerRule::None } else { LayerRule::AllBut { step: pattern, offset: pattern - 1 } };
+        let rule = if pattern == 1 { LayerRule::None } else { rule };
+        fields::set_window(&mut m, f, "sliding_window", Some(4096), (rule, WindowKind::Sliding))?;
+        Ok(m)
+    }
+    fn wrappers(&self) -> &'static [&'static str] {
+        &["gemma3"]
+    }
+    fn presets(&self) -> Vec<Preset> {
+        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Gemma 3", spec);
+        vec![
+            p(
+                30,
+                "gemma-3-1b-it",
+                "google/gemma-3-1b-it",
+                ModelSpec { vocab: 262_144, max_pos: 32_768, window: 512, ..gemma3(1152, 26, 4, 1, 256, 6912) },
+            ),
+            p(31, "gemma-3-4b-it", "google/gemma-3-4b-it", gemma3(2560, 34, 8, 4, 256, 10_240)).with_notes(VISION_NOT_COUNTED),
+            p(32, "gemma-3-12b-it", "google/gemma-3-12b-it", gemma3(3840, 48, 16, 8, 256, 15_360)).with_notes(VISION_NOT_COUNTED),
+            p(33, "gemma-3-27b-it", "google/gemma-3-27b-it", gemma3(5376, 62, 32, 16, 128, 21_504)).with_notes(VISION_NOT_COUNTED),
+        ]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let mut w = writer::Writer::new("gemma3_text");
+        writer::llama_sizes(&mut w, s);
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        w.set("intermediate_size", s.ffn)
+            .set("hidden_activation", act)
+            .set("attention_bias", s.qkv_bias)
+            .set("sliding_window", writer::window_or_null(s))
+            .set("layer_types", writer::layer_types(s, "sliding_attention"));
+        writer::softcaps(&mut w, s);
+        w.done().into_iter().collect()
+    }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn, local_rope(spec))
     }

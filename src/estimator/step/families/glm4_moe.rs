@@ -12,8 +12,13 @@ use super::llama::{attend_out, rope_partial, Core, PartialRope};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, QkNorm};
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Linear, ModelSpec, QkNorm, Router};
+use crate::estimator::presets::base::{llama, Preset};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `Glm4MoeAttention.forward`: q/k/v projections (with biases under `attention_bias`) viewed
 /// `[b, s, heads, d]`, q_norm/k_norm there when `use_qk_norm`, transposed, partial RoPE, the
@@ -67,10 +72,95 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     super::sigmoid_moe::layer(b, p, spec, x, kind, |b, n| attention(b, &aw, spec, n, sh, attn), super::sigmoid_moe::router_normalized)
 }
 
+/// GLM-4.5-Air: 96 query / 8 KV heads of 128 with q/k/v biases, half-rotary, one dense layer of
+/// 10,944, then 128 routed (top-8) + 1 shared expert of 1,408, sigmoid fp32 router.
+const fn glm45_air() -> ModelSpec {
+    let mut m = llama(151_552, 4096, 46, 96, 8, 10_944, 131_072);
+    m.family = Family::Glm4Moe;
+    m.head_dim = 128;
+    m.qkv_bias = true;
+    m.rotary_pct = 50;
+    m.experts = 128;
+    m.top_k = 8;
+    m.expert_ffn = 1408;
+    m.shared_experts = 1;
+    m.shared_ffn = 1408;
+    m.dense_layers = 1;
+    m.fused_experts = true;
+    m.router = Router::Sigmoid;
+    m.router_fp32 = true;
+    m.router_groups = 1;
+    m.router_group_topk = 1;
+    m
+}
+
 /// GLM-4.5 (`modeling_glm4_moe.py`): partial rotary on interleaved halves, q/k/v biases,
 /// optional q/k norms, the sigmoid router of DeepSeek-V3.
 pub struct Glm4Moe;
 impl Modeling for Glm4Moe {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(45, "glm-4.5-air", "zai-org/GLM-4.5-Air", "GLM-4.5", glm45_air()).with_notes(&[
+            "the checkpoint's multi-token-prediction layer (num_nextn_predict_layers 1) is not built by transformers' Glm4MoeForCausalLM and is not counted",
+        ])]
+    }
+    /// GLM-4.5 (configuration_glm4_moe.py, modeling_glm4_moe.py): partial rotary, q/k/v biases,
+    /// optional q/k RMSNorm over the head, `first_k_dense_replace` dense layers, then MoE with a
+    /// shared expert and a sigmoid router with correction bias.
+    fn import(&self, _t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_like(
+            f,
+            fields::Dims {
+                vocab: 151_552,
+                hidden: 4096,
+                layers: 46,
+                heads: 96,
+                kv_heads: Some(8),
+                head_dim: None,
+                ffn: 10_944,
+                max_pos: 131_072,
+                tied: false,
+            },
+        )?;
+        m.qkv_bias = f.flag("attention_bias", false)?;
+        m.o_bias = false;
+        if f.flag("use_qk_norm", false)? {
+            m.qk_norm = QkNorm::Head;
+        }
+        m.rotary_pct = f.rotary_pct(0.5)?;
+        m.experts = f.size_any(&["n_routed_experts", "num_local_experts"], 128)?;
+        m.top_k = f.uint_or("num_experts_per_tok", 8)?;
+        m.expert_ffn = f.size("moe_intermediate_size", 1408)?;
+        m.shared_experts = f.uint_or("n_shared_experts", 1)?;
+        m.shared_ffn = m.expert_ffn;
+        m.dense_layers = f.uint_or("first_k_dense_replace", 1)?.min(m.layers);
+        m.fused_experts = true;
+        m.router = Router::Sigmoid;
+        m.router_fp32 = true;
+        m.router_groups = f.uint_or("n_group", 1)?;
+        m.router_group_topk = f.uint_or("topk_group", 1)?;
+        notes.extend(fields::mtp_note(f, "Glm4MoeForCausalLM")?);
+        Ok(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        let mut w = writer::Writer::new("glm4_moe");
+        writer::llama_sizes(&mut w, s);
+        w.set("hidden_act", act)
+            .set("intermediate_size", s.ffn)
+            .set("attention_bias", s.qkv_bias)
+            .set("use_qk_norm", s.qk_norm == QkNorm::Head)
+            .set("partial_rotary_factor", writer::rotary_fraction(s))
+            .set("n_routed_experts", s.experts)
+            .set("num_experts_per_tok", s.top_k)
+            .set("moe_intermediate_size", s.expert_ffn)
+            .set("n_shared_experts", s.shared_experts)
+            .set("first_k_dense_replace", s.dense_layers)
+            .set("n_group", s.router_groups)
+            .set("topk_group", s.router_group_topk)
+            .done()
+            .into_iter()
+            .collect()
+    }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)
     }

@@ -12,8 +12,13 @@ use super::llama;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, ModelSpec};
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, Positions};
+use crate::estimator::presets::base::{self, Preset};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `GPT2Attention.forward` (self-attention): `c_attn` → `split` → `view(…, -1, d).transpose`
 /// (k and v first, then q), the attention core, `c_proj`. Returns the output and the eager
@@ -76,6 +81,75 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// `Conv1D` attention, its own MLP and `ln_f`.
 pub struct Gpt2;
 impl Modeling for Gpt2 {
+    fn presets(&self) -> Vec<Preset> {
+        // Learned positions, LayerNorm, `gelu_new` MLP of 4h, fused Conv1D QKV, all biases, tied
+        // head, n_positions = 1024.
+        let gpt2 = |hidden, layers, heads| {
+            let mut m = base::llama(50257, hidden, layers, heads, heads, 4 * hidden, 1024);
+            m.family = Family::Gpt2;
+            m.mlp = MlpKind::Plain;
+            m.act = Activation::GeluNew;
+            m.norm = NormKind::Layernorm;
+            m.qkv_bias = true;
+            m.o_bias = true;
+            m.mlp_bias = true;
+            m.tied = true;
+            m.positions = Positions::Learned;
+            m.rotary_pct = 0;
+            m.fused_qkv = true;
+            m.softmax_fp32 = false;
+            m.resid_dropout = true;
+            m.embed_dropout = true;
+            m
+        };
+        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "GPT-2", spec);
+        vec![
+            p(0, "gpt2", "openai-community/gpt2", gpt2(768, 12, 12)),
+            p(1, "gpt2-medium", "openai-community/gpt2-medium", gpt2(1024, 24, 16)),
+            p(2, "gpt2-large", "openai-community/gpt2-large", gpt2(1280, 36, 20)),
+            p(3, "gpt2-xl", "openai-community/gpt2-xl", gpt2(1600, 48, 25)),
+        ]
+    }
+    /// GPT2Config (configuration_gpt2.py): `n_embd`, `n_layer`, `n_head`, `n_inner` (default 4h), `activation_function`, `n_positions`; learned positions, biases everywhere, fused `c_attn`.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.hidden = f.required(&["n_embd", "hidden_size"])?;
+        m.layers = f.required(&["n_layer", "num_hidden_layers"])?;
+        m.heads = f.required(&["n_head", "num_attention_heads"])?;
+        m.kv_heads = m.heads;
+        m.head_dim = m.hidden / m.heads.max(1);
+        m.ffn = f.uint("n_inner")?.unwrap_or(m.hidden.saturating_mul(4));
+        m.mlp = MlpKind::Plain;
+        m.act = f.activation(&["activation_function"], Activation::GeluNew)?;
+        m.norm = NormKind::Layernorm;
+        m.qkv_bias = true;
+        m.o_bias = true;
+        m.mlp_bias = true;
+        m.tied = f.flag("tie_word_embeddings", true)?;
+        m.positions = Positions::Learned;
+        m.max_pos = f.uint_or("n_positions", 1024)?;
+        m.rotary_pct = 0;
+        m.fused_qkv = true;
+        m.softmax_fp32 = false;
+        m.resid_dropout = true;
+        m.embed_dropout = true;
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        writer::Writer::new("gpt2")
+            .set("vocab_size", s.vocab)
+            .set("n_embd", s.hidden)
+            .set("n_layer", s.layers)
+            .set("n_head", s.heads)
+            .set("n_inner", s.ffn)
+            .set("activation_function", act)
+            .set("n_positions", s.max_pos)
+            .set("tie_word_embeddings", s.tied)
+            .done()
+            .into_iter()
+            .collect()
+    }
     /// `GPT2Model.forward` before the blocks: `wte(input_ids) + wpe(position_ids)`, the mask.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         b.part = Part::Embedding;

@@ -23,8 +23,13 @@ use super::modeling::Modeling;
 use super::moe::{group_pairs, ungroup};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, LayerRule, Linear, ModelSpec, Router, WindowKind};
+use crate::estimator::presets::base::{llama, Preset};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// Whether `spec` is exactly the layout this module builds: sinks, sliding or full layers,
 /// every layer an MoE layer with a biased top-k-then-softmax router (model dtype) and biased
@@ -383,9 +388,88 @@ fn cos_shape(spec: &ModelSpec) -> Shape {
     Shape::new(&[Dim::Q(Q::S), Dim::Half(Q::D)], Split::None)
 }
 
+/// gpt-oss: 64 query / 8 KV heads of 64 with biases and sinks, every layer MoE (top-4) with
+/// biased experts of 2,880 stored [E, in, out] and a clamped SwiGLU, biased top-k-softmax router,
+/// sliding window of 128 on the even layers, 201,088 vocabulary.
+fn gpt_oss(layers: u64, experts: u64) -> ModelSpec {
+    let mut m = llama(201_088, 2880, layers, 64, 8, 0, 131_072);
+    m.family = Family::GptOss;
+    m.head_dim = 64;
+    m.qkv_bias = true;
+    m.o_bias = true;
+    m.attn_sinks = true;
+    m.act = Activation::SwigluClamped;
+    m.experts = experts;
+    m.top_k = 4;
+    m.expert_ffn = 2880;
+    m.fused_experts = true;
+    m.experts_in_out = true;
+    m.expert_bias = true;
+    m.router = Router::TopkSoftmax;
+    m.router_bias = true;
+    ModelSpec { window_layers: LayerRule::Every { step: 2, offset: 0 }, window: 128, ..m }
+}
+
 /// gpt-oss (see the module doc).
 pub struct GptOss;
 impl Modeling for GptOss {
+    fn presets(&self) -> Vec<Preset> {
+        const MXFP4: &[&str] =
+            &["the checkpoint stores its experts in MXFP4; trainmem assumes training from the dequantized weights in the recipe's dtype (e.g. bf16)"];
+        vec![
+            Preset::new(41, "gpt-oss-20b", "openai/gpt-oss-20b", "gpt-oss", gpt_oss(24, 32)).with_notes(MXFP4),
+            Preset::new(42, "gpt-oss-120b", "openai/gpt-oss-120b", "gpt-oss", gpt_oss(36, 128)).with_notes(MXFP4),
+        ]
+    }
+    /// gpt-oss (configuration_gpt_oss.py, modeling_gpt_oss.py): biased q/k/v/o, attention sinks,
+    /// alternating sliding (128) and full layers, every layer MoE with biased experts stored
+    /// `[E, h, 2f]`/`[E, f, h]`, a biased router whose top-k logits are softmaxed, clamped SwiGLU.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_like(
+            f,
+            fields::Dims {
+                vocab: 201_088,
+                hidden: 2880,
+                layers: 36,
+                heads: 64,
+                kv_heads: Some(8),
+                head_dim: Some(64),
+                ffn: 2880,
+                max_pos: 131_072,
+                tied: false,
+            },
+        )?;
+        m.expert_ffn = m.ffn;
+        m.ffn = 0;
+        m.act = Activation::SwigluClamped;
+        m.experts = f.size_any(&["num_local_experts", "num_experts"], 128)?;
+        m.top_k = f.uint_or("num_experts_per_tok", 4)?;
+        m.fused_experts = true;
+        m.experts_in_out = true;
+        m.expert_bias = true;
+        m.router = Router::TopkSoftmax;
+        m.router_bias = true;
+        m.attn_sinks = true;
+        let bias = f.flag("attention_bias", true)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        // Default layer_types: sliding_attention where (i + 1) % 2 != 0, i.e. the even layers.
+        fields::set_window(&mut m, f, "sliding_window", Some(128), (LayerRule::Every { step: 2, offset: 0 }, WindowKind::Sliding))?;
+        Ok(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let mut w = writer::Writer::new("gpt_oss");
+        writer::llama_sizes(&mut w, s);
+        w.set("intermediate_size", s.expert_ffn)
+            .set("num_local_experts", s.experts)
+            .set("num_experts_per_tok", s.top_k)
+            .set("attention_bias", s.qkv_bias)
+            .set("sliding_window", writer::window_or_null(s))
+            .set("layer_types", writer::layer_types(s, "sliding_attention"))
+            .done()
+            .into_iter()
+            .collect()
+    }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)
     }

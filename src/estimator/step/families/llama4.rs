@@ -23,8 +23,13 @@ use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, 
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec, WindowKind};
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{LayerRule, Linear, ModelSpec, Router, WindowKind};
+use crate::estimator::presets::base::{llama, Preset, VISION_NOT_COUNTED};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// Whether the model materializes the chunked layers' mask: eager always; SDPA only when the
 /// keys reach a chunk (`_ignore_causal_mask_sdpa`: `kv_length >= local_attention_size` keeps it),
@@ -470,9 +475,139 @@ fn chunked_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
     set_part(b, m, Part::Checkpoints)
 }
 
+/// Llama 4's text model: 40 query / 8 KV heads of 128, MoE layers by `moe_rule` with `experts`
+/// routed (top-1, sigmoid of the top logit, every expert computing every token) + one shared
+/// expert of 8,192, dense layers of 16,384, every 4th layer NoPE, chunked attention (8,192) on
+/// the RoPE layers, optional weightless L2 q/k norm there.
+fn llama4(experts: u64, moe_rule: LayerRule, qk_l2_norm: bool, max_pos: u64) -> ModelSpec {
+    let mut m = llama(202_048, 5120, 48, 40, 8, 16_384, max_pos);
+    m.family = Family::Llama4;
+    m.experts = experts;
+    m.top_k = 1;
+    m.expert_ffn = 8192;
+    m.shared_experts = 1;
+    m.shared_ffn = 8192;
+    m.fused_experts = true;
+    m.experts_in_out = true;
+    m.moe_all_experts = true;
+    m.router = Router::TopkSigmoid;
+    m.qk_l2_norm = qk_l2_norm;
+    ModelSpec {
+        moe_rule,
+        nope_layers: LayerRule::Every { step: 4, offset: 3 },
+        window_layers: LayerRule::AllBut { step: 4, offset: 3 },
+        window: 8192,
+        window_kind: WindowKind::Chunked,
+        ..m
+    }
+}
+
 /// Llama 4's text model (see the module doc).
 pub struct Llama4;
 impl Modeling for Llama4 {
+    fn presets(&self) -> Vec<Preset> {
+        vec![
+            Preset::new(
+                43,
+                "llama-4-scout-17b-16e-instruct",
+                "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+                "Llama 4",
+                llama4(16, LayerRule::All, true, 10_485_760),
+            )
+            .with_notes(VISION_NOT_COUNTED),
+            Preset::new(
+                44,
+                "llama-4-maverick-17b-128e-instruct",
+                "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+                "Llama 4",
+                llama4(128, LayerRule::Every { step: 2, offset: 1 }, false, 1_048_576),
+            )
+            .with_notes(VISION_NOT_COUNTED),
+        ]
+    }
+    /// Llama 4's text model (configuration_llama4.py `Llama4TextConfig`, modeling_llama4.py).
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_like(
+            f,
+            fields::Dims {
+                vocab: 202_048,
+                hidden: 5120,
+                layers: 48,
+                heads: 40,
+                kv_heads: Some(8),
+                head_dim: Some(128),
+                ffn: 8192,
+                max_pos: 131_072,
+                tied: false,
+            },
+        )?;
+        let l = m.layers as usize;
+        // Routed experts and the shared expert use `intermediate_size`; dense layers
+        // `intermediate_size_mlp` (`Llama4TextDecoderLayer`).
+        m.expert_ffn = m.ffn;
+        m.shared_experts = 1;
+        m.shared_ffn = m.ffn;
+        m.ffn = f.size("intermediate_size_mlp", 16_384)?;
+        m.experts = f.size("num_local_experts", 16)?;
+        m.top_k = f.uint_or("num_experts_per_tok", 1)?;
+        m.fused_experts = true;
+        m.experts_in_out = true;
+        m.moe_all_experts = true;
+        m.router = Router::TopkSigmoid;
+        let bias = f.flag("attention_bias", false)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        // MoE layers: `moe_layers` as listed, else every `interleave_moe_layer_step`-th from step − 1.
+        m.moe_rule = match f.get("moe_layers") {
+            Some(_) => {
+                let listed = f.list_len("moe_layers")?;
+                LayerRule::from_flags(&(0..m.layers).map(|i| listed.contains(&i)).collect::<Vec<_>>())
+            }
+            None => {
+                let step = f.uint_or("interleave_moe_layer_step", 1)?;
+                if step == 0 {
+                    return Err(HfError::Field { key: "interleave_moe_layer_step", reason: "must be at least 1".into() });
+                }
+                LayerRule::from_flags(&(0..m.layers).map(|i| i % step == step - 1).collect::<Vec<_>>())
+            }
+        };
+        // `no_rope_layers[i]` is 1 where layer i uses RoPE; empty or absent: every
+        // `no_rope_layer_interval`-th layer is NoPE.
+        let rope = fields::rope_flags(f, l)?;
+        m.nope_layers = LayerRule::from_flags(&rope.iter().map(|r| !r).collect::<Vec<_>>());
+        m.qk_l2_norm = f.flag("use_qk_norm", true)?;
+        // Default layer_types: chunked_attention on the RoPE layers when attention_chunk_size is set.
+        let rope_rule = LayerRule::from_flags(&rope);
+        fields::set_window(&mut m, f, "attention_chunk_size", Some(8192), (rope_rule, WindowKind::Chunked))?;
+        Ok(m)
+    }
+    fn wrappers(&self) -> &'static [&'static str] {
+        &["llama4"]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        let chunked = s.window_kind == WindowKind::Chunked || s.window_layers.count(s.layers) == 0;
+        if !chunked {
+            return Vec::new();
+        }
+        let mut w = writer::Writer::new("llama4_text");
+        writer::llama_sizes(&mut w, s);
+        let rope: Vec<u64> = (0..s.layers).map(|i| u64::from(!s.nope_layers.contains(i))).collect();
+        w.set("hidden_act", act)
+            .set("intermediate_size", s.expert_ffn)
+            .set("intermediate_size_mlp", s.ffn)
+            .set("num_local_experts", s.experts)
+            .set("num_experts_per_tok", s.top_k)
+            .set("moe_layers", writer::indices(&s.moe_rule, s.layers))
+            .set("no_rope_layers", rope)
+            .set("use_qk_norm", s.qk_l2_norm)
+            .set("attention_bias", s.qkv_bias)
+            .set("attention_chunk_size", writer::window_or_null(s))
+            .set("layer_types", writer::layer_types(s, "chunked_attention"))
+            .done()
+            .into_iter()
+            .collect()
+    }
     /// `Llama4TextModel.forward` before the layers: Llama's; the model's embedding weight is
     /// not handed to a tied head (which registers its own).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {

@@ -12,7 +12,12 @@ use super::common::{cache_position, mask_shape, masked, rope_pair, sliding_windo
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
+use crate::estimator::hf_export::writer;
 use crate::estimator::model::{LayerRule, ModelSpec, NormKind, WindowKind};
+use crate::estimator::presets::base::{llama, Preset, VISION_NOT_COUNTED};
+use serde_json::{Map, Value};
 
 /// Whether the window is set: on every layer (`config.sliding_window` not null). Without one
 /// Mistral runs Llama's code.
@@ -30,6 +35,36 @@ pub fn slides(spec: &ModelSpec) -> bool {
 /// `config.sliding_window` is set.
 pub struct Mistral;
 impl Modeling for Mistral {
+    /// `MistralConfig`: Llama's keys, 131,072 positions and a 4,096-token `sliding_window` on
+    /// every layer by default (null: none).
+    fn import(&self, t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_keys(f, Ffn::Required, false, 131_072)?;
+        fields::window_on_every_layer(&mut m, f, t, Some(4096))?;
+        fields::with_heads(m)
+    }
+    fn wrappers(&self) -> &'static [&'static str] {
+        &["mistral3"]
+    }
+    fn presets(&self) -> Vec<Preset> {
+        // Mistral-7B-v0.1: Llama with GQA and a 4,096-token sliding window on every layer.
+        let mistral_7b = ModelSpec {
+            family: Family::Mistral,
+            window_layers: LayerRule::All,
+            window: 4096,
+            ..llama(32000, 4096, 32, 32, 8, 14336, 32768)
+        };
+        let small = ModelSpec { family: Family::Mistral, head_dim: 128, ..llama(131_072, 5120, 40, 32, 8, 32_768, 131_072) };
+        vec![
+            Preset::new(12, "mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", "Mistral", mistral_7b),
+            Preset::new(37, "mistral-small-3.1-24b-instruct-2503", "mistralai/Mistral-Small-3.1-24B-Instruct-2503", "Mistral", small)
+                .with_notes(VISION_NOT_COUNTED),
+        ]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("mistral", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("sliding_window", writer::every_layer_window(s));
+        w.done().into_iter().collect()
+    }
     /// What `MistralModel.forward` computes after the embedding (also a later pipeline stage's
     /// prologue): `position_ids`, the sliding-window mask in place of the causal one
     /// (`create_sliding_window_causal_mask` when `config.sliding_window` is set: always for

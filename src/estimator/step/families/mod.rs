@@ -1,26 +1,41 @@
-//! Each model family's modeling code, as the step program builds it: one file per family (or a
-//! few close variants), each implementing [`Modeling`] — the prologue before the layers, a
-//! decoder layer, the final norm and what they hand each other — by overriding only what its
+//! Each model family, in one file per family (or a few close variants): its `config.json`
+//! reading and writing, its presets, and its modeling code as the step program builds it, each
+//! implementing [`Modeling`] — for the step, the prologue before the layers, a decoder layer,
+//! the final norm and what they hand each other — by overriding only what its
 //! transformers `modeling_<type>.py` does differently from Llama's, which the trait's defaults
 //! follow. What families share is written once and called with parameters where they differ:
 //! the embeddings, masks, rotary tables, norms, projections and MLPs in `common.rs`; Llama's
 //! attention, its core, the partial RoPEs and the pre-norm decoder layer (`decoder_layer`, the
 //! feed-forward block `Ffn`) in `llama.rs`; the MoE blocks in `moe.rs` and `sigmoid_moe.rs`.
+//! Llama's own `impl Modeling` is in `modeling.rs`, beside the trait whose defaults it is.
 //!
 //! The family of a model is decided once, when it is imported, picked as a preset or named by
-//! a link's `family` key ([`crate::estimator::family::Family`]); [`modeling()`] maps it to its code.
+//! a link's `family` key ([`Family`]); [`modeling()`] maps it to its code.
 //! Nothing here guesses a family from the architecture's numbers.
 //!
-//! Adding a family:
-//! 1. `families/<name>.rs`: its `pub struct` and `impl Modeling` (only the methods that differ:
-//!    often just `layer`, `positions` — what the forward computes after the embedding — and
-//!    `norm`), the ops of what differs, built from the shared pieces, each citing the
-//!    transformers 5.24 file and function it follows;
-//! 2. its variant and `model_type` in `estimator/family.rs`, and its arm in [`modeling()`] here;
-//! 3. its `config.json` reading in `estimator/hf.rs` and a preset in `estimator/presets.rs`
-//!    (named after its public checkpoint);
-//! 4. its measured records in `tests/fixtures/pytorch/` (see `validation/README.md`), which
-//!    `tests/step_fixtures.rs` checks.
+//! Adding a family takes one new file and one arm here, and nothing else in `src/`:
+//! 1. `families/<name>.rs` (or a variant beside a close family's): its `pub struct` and
+//!    `impl Modeling`, citing the transformers 5.24 `modeling_<type>.py` it follows —
+//!    - `import`: its `configuration_<type>.py` keys and class defaults into a [`ModelSpec`]
+//!      (with the shared readers of `estimator::hf::fields`), and `aliases`/`wrappers` for
+//!      other model types read alike;
+//!    - `presets`: its public checkpoints, named after them (built from
+//!      `estimator::presets::base`);
+//!    - `export`: the `config.json` that builds a spec back (with `estimator::hf_export::writer`);
+//!    - the step: only the methods whose code differs from Llama's defaults (often `layer`,
+//!      `positions` and `norm`), built from the shared pieces;
+//! 2. its variant in [`Family`] with its `model_type` and name in `Family::ALL`
+//!    (`estimator/family.rs`), and its arm in [`modeling()`] here;
+//! 3. in `tests/`: its presets' exact counts (`tests/presets.rs`), its checkpoint's
+//!    `config.json` (`tests/fixtures/hf/`), and its measured records (`tests/fixtures/pytorch/`,
+//!    see `validation/README.md`), which `tests/pytorch_fixtures.rs` and
+//!    `tests/step_fixtures.rs` check.
+//!
+//! The importer (`estimator::hf`), the exporter (`estimator::hf_export`) and the preset list
+//! (`estimator::presets`) go through [`modeling()`] for every family in `Family::ALL`; they
+//! need no change.
+//!
+//! [`ModelSpec`]: crate::estimator::model::ModelSpec
 
 pub mod common;
 pub mod deepseek;
@@ -34,6 +49,7 @@ pub mod llama;
 pub mod llama4;
 pub mod mamba2;
 pub mod mistral;
+pub mod mixtral;
 pub mod modeling;
 pub mod moe;
 pub mod neox;
@@ -41,6 +57,7 @@ pub mod olmo;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
+pub mod qwen;
 pub mod qwen_moe;
 pub mod sigmoid_moe;
 pub mod smollm3;
@@ -55,7 +72,10 @@ use crate::estimator::family::Family;
 /// The modeling code of `family`.
 pub fn modeling(family: Family) -> &'static dyn Modeling {
     match family {
-        Family::Llama | Family::Mixtral | Family::Qwen2 | Family::Qwen3 => &modeling::Llama,
+        Family::Llama => &modeling::Llama,
+        Family::Mixtral => &mixtral::Mixtral,
+        Family::Qwen2 => &qwen::Qwen2,
+        Family::Qwen3 => &qwen::Qwen3,
         Family::Smollm3 => &smollm3::Smollm3,
         Family::Mistral => &mistral::Mistral,
         Family::Qwen2Moe => &qwen_moe::Qwen2Moe,

@@ -1,17 +1,52 @@
-//! [`Modeling`]: the pieces of a family's modeling code the step is built from — the model's
-//! forward before the layers (the prologue), a decoder layer, the final norm, and what those
-//! hand each other (masks, rotary tables, which layers slide a window). Every method defaults
-//! to Llama's (`modeling_llama.py`); a family overrides only what its own modeling file does
-//! differently.
+//! [`Modeling`]: everything of a family — how its `config.json` reads into a [`ModelSpec`] and
+//! is written back, its presets, and the pieces of its modeling code the step is built from:
+//! the model's forward before the layers (the prologue), a decoder layer, the final norm, and
+//! what those hand each other (masks, rotary tables, which layers slide a window). Every method
+//! of the step defaults to Llama's (`modeling_llama.py`); a family overrides only what its own
+//! modeling file does differently.
 
 use super::super::ir::{Builder, Dt, Shape, Tid};
 use super::common::{cos_shape, embed_then, final_norm, has_rope, mask_shape, received, Kind, Norm, Params, Rms, Shared};
 use super::llama;
 use crate::estimator::config::Attention;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
 use crate::estimator::model::ModelSpec;
+use crate::estimator::presets::base::{default_spec, llama as llama_spec, tied, with_head_dim, Preset};
+use serde_json::{Map, Value};
 
-/// One family's modeling code, as the step program builds it (see the module doc).
+/// One family's code: its `config.json`, its presets, and its modeling code as the step
+/// program builds it (see the module doc).
 pub trait Modeling: Sync {
+    /// The model of a `config.json` of model type `t` (the family's own or one of its
+    /// [`Modeling::aliases`]), read with the keys and class defaults of its transformers
+    /// `configuration_<type>.py` ([`Fields`] says which sizes took a default); what the import
+    /// assumes or leaves out goes to `notes`, one sentence each. The importer sets the spec's
+    /// family afterwards.
+    fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError>;
+
+    /// Other `model_type`s read as this family (Kimi K2's `kimi_k2` is DeepSeek-V3's).
+    fn aliases(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Multimodal wrappers (`model_type` of a checkpoint with a `text_config` beside a vision
+    /// tower) whose language model is this family's; their `text_config` is imported as one.
+    fn wrappers(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The family's presets: real checkpoints, each pinned to its exact count (the picker lists
+    /// every family's by [`Preset::order`]).
+    fn presets(&self) -> Vec<Preset> {
+        Vec::new()
+    }
+
+    /// The `config.json` files of the family's model type that may build `spec` exactly, to be
+    /// tried in order: `estimator::hf_export` accepts the first that reads back into `spec`
+    /// (every key the class reads, and only those; empty when no file can express `spec`).
+    fn export(&self, spec: &ModelSpec) -> Vec<Map<String, Value>>;
+
     /// The model's forward before the decoder layers on the first pipeline stage, from the
     /// token ids: the first hidden state and the model-level tensors the layers read.
     ///
@@ -102,11 +137,47 @@ pub trait Modeling: Sync {
     }
 }
 
-/// Llama (`modeling_llama.py`): every default; also the code of Mixtral, Qwen2, Qwen3 and
-/// SmolLM3, which transformers generates from Llama's (their differences are in the spec: MoE
-/// layers, biases, q/k norms, NoPE layers).
+/// Llama (`models/llama/`, transformers 5.24): every default of [`Modeling`]'s step. It lives
+/// beside the trait whose defaults are its code (`llama.rs` holds that code, which the other
+/// families call too).
 pub struct Llama;
-impl Modeling for Llama {}
+impl Modeling for Llama {
+    /// `LlamaConfig` (configuration_llama.py): the sizes required, `attention_bias`,
+    /// `mlp_bias`, 2,048 positions by default.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        fields::with_heads(fields::llama_keys(f, fields::Ffn::Required, false, 2048)?)
+    }
+    fn presets(&self) -> Vec<Preset> {
+        let p = |order, id, checkpoint, family, spec| Preset::new(order, id, checkpoint, family, spec);
+        vec![
+            p(4, "llama-2-7b", "meta-llama/Llama-2-7b-hf", "Llama 2", llama_spec(32000, 4096, 32, 32, 32, 11008, 4096)),
+            p(5, "llama-2-13b", "meta-llama/Llama-2-13b-hf", "Llama 2", llama_spec(32000, 5120, 40, 40, 40, 13824, 4096)),
+            p(6, "llama-2-70b", "meta-llama/Llama-2-70b-hf", "Llama 2", llama_spec(32000, 8192, 80, 64, 8, 28672, 4096)),
+            p(7, "llama-3.1-8b", "meta-llama/Llama-3.1-8B", "Llama 3.1", default_spec()),
+            p(8, "llama-3.1-70b", "meta-llama/Llama-3.1-70B", "Llama 3.1", llama_spec(128256, 8192, 80, 64, 8, 28672, 131072)),
+            p(9, "llama-3.1-405b", "meta-llama/Llama-3.1-405B", "Llama 3.1", llama_spec(128256, 16384, 126, 128, 8, 53248, 131072)),
+            p(
+                10,
+                "llama-3.2-1b",
+                "meta-llama/Llama-3.2-1B",
+                "Llama 3.2",
+                with_head_dim(tied(llama_spec(128256, 2048, 16, 32, 8, 8192, 131072)), 64),
+            ),
+            p(
+                11,
+                "llama-3.2-3b",
+                "meta-llama/Llama-3.2-3B",
+                "Llama 3.2",
+                with_head_dim(tied(llama_spec(128256, 3072, 28, 24, 8, 8192, 131072)), 128),
+            ),
+        ]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("llama", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias).set("mlp_bias", s.mlp_bias);
+        w.done().into_iter().collect()
+    }
+}
 
 #[cfg(test)]
 mod tests {

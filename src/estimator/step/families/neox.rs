@@ -15,8 +15,11 @@ use super::modeling::Modeling;
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::ModelSpec;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `GPTNeoXAttention.forward`:
 /// ```python
@@ -105,6 +108,49 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// sequential residuals, `final_layer_norm`.
 pub struct GptNeox;
 impl Modeling for GptNeox {
+    /// `GPTNeoXConfig`: fused `query_key_value`, `attention_bias`, partial RoPE (`rotary_pct`), parallel residual by default.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.resid_dropout = true;
+        m.embed_dropout = true;
+        m.hidden = f.required(&["hidden_size"])?;
+        m.layers = f.required(&["num_hidden_layers"])?;
+        m.heads = f.required(&["num_attention_heads"])?;
+        m.kv_heads = m.heads;
+        m.head_dim = m.hidden / m.heads.max(1);
+        m.ffn = f.required(&["intermediate_size"])?;
+        m.mlp = MlpKind::Plain;
+        m.act = f.activation(&["hidden_act"], Activation::Gelu)?;
+        m.norm = NormKind::Layernorm;
+        let bias = f.flag("attention_bias", true)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        m.mlp_bias = true;
+        m.tied = f.flag("tie_word_embeddings", false)?;
+        m.max_pos = f.uint_or("max_position_embeddings", 2048)?;
+        m.rotary_pct = f.rotary_pct(0.25)?;
+        m.parallel = f.flag("use_parallel_residual", true)?;
+        m.fused_qkv = true;
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        writer::Writer::new("gpt_neox")
+            .set("vocab_size", s.vocab)
+            .set("hidden_size", s.hidden)
+            .set("num_hidden_layers", s.layers)
+            .set("num_attention_heads", s.heads)
+            .set("intermediate_size", s.ffn)
+            .set("hidden_act", act)
+            .set("attention_bias", s.qkv_bias)
+            .set("tie_word_embeddings", s.tied)
+            .set("max_position_embeddings", s.max_pos)
+            .set("partial_rotary_factor", writer::rotary_fraction(s))
+            .set("use_parallel_residual", s.parallel)
+            .done()
+            .into_iter()
+            .collect()
+    }
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         phi::embed_with_dropout(b, p, spec, ids, attn, false)
     }

@@ -12,8 +12,14 @@ use super::llama::{attend_out, decoder_layer, mlp, rope, Core};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::NormKind;
 use crate::estimator::model::{Linear, ModelSpec, QkNorm};
+use crate::estimator::presets::base::{llama, Preset};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `Olmo2RMSNorm` (the weight multiplies the fp32 normalized input, the mean over the token's
 /// row: [`Rms::WeightFirst`]).
@@ -120,6 +126,24 @@ fn positions(b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
 /// OLMo (see the module doc).
 pub struct Olmo;
 impl Modeling for Olmo {
+    /// `OlmoConfig`: Llama's keys, the parameterless LayerNorm, `clip_qkv` (a number: q, k and v
+    /// are clamped; null: not).
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_keys(f, Ffn::Required, false, 2048)?;
+        m.norm = NormKind::Nonparametric;
+        m.clip_qkv = f.float("clip_qkv")?.is_some();
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        // Any value clamps (and keeps) the same tensors: OLMo-1.7-7B's.
+        const OLMO_CLIP_QKV: f64 = 8.0;
+        let Some(mut w) = writer::llama_base("olmo", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
+        if s.clip_qkv {
+            w.set("clip_qkv", OLMO_CLIP_QKV);
+        }
+        w.done().into_iter().collect()
+    }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)
     }
@@ -139,6 +163,29 @@ impl Modeling for Olmo {
 /// OLMo-2 (see the module doc).
 pub struct Olmo2;
 impl Modeling for Olmo2 {
+    /// `Olmo2Config`: Llama's keys and q/k norms over the whole projections.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_keys(f, Ffn::Required, false, 2048)?;
+        m.qk_norm = QkNorm::Full;
+        fields::with_heads(m)
+    }
+    fn presets(&self) -> Vec<Preset> {
+        // Untied Llama with q/k RMSNorms over all heads, 100,352 vocabulary, 4,096 positions.
+        let olmo2 = |hidden, layers, heads, ffn| ModelSpec {
+            family: Family::Olmo2,
+            qk_norm: QkNorm::Full,
+            ..llama(100_352, hidden, layers, heads, heads, ffn, 4096)
+        };
+        vec![
+            Preset::new(34, "olmo-2-1124-7b", "allenai/OLMo-2-1124-7B", "OLMo 2", olmo2(4096, 32, 32, 11_008)),
+            Preset::new(35, "olmo-2-1124-13b", "allenai/OLMo-2-1124-13B", "OLMo 2", olmo2(5120, 40, 40, 13_824)),
+        ]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("olmo2", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
+        w.done().into_iter().collect()
+    }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)
     }

@@ -14,8 +14,11 @@ use super::llama;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// Extra rows of OPT's learned position table: `OPTLearnedPositionalEmbedding.offset`.
 pub const POSITION_OFFSET: u64 = 2;
@@ -95,6 +98,67 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// ReLU MLP, `final_layer_norm`.
 pub struct Opt;
 impl Modeling for Opt {
+    /// `OPTConfig`: `ffn_dim`, `activation_function` (ReLU), LayerNorm per `layer_norm_elementwise_affine`/`enable_bias`, learned positions with 2 extra rows, `word_embed_proj_dim`, post-norm (`do_layer_norm_before: false`) without a final norm.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.resid_dropout = true;
+        m.embed_dropout = true;
+        m.hidden = f.required(&["hidden_size"])?;
+        m.layers = f.required(&["num_hidden_layers"])?;
+        m.heads = f.required(&["num_attention_heads"])?;
+        m.kv_heads = m.heads;
+        m.head_dim = m.hidden / m.heads.max(1);
+        m.ffn = f.required(&["ffn_dim"])?;
+        m.mlp = MlpKind::Plain;
+        m.act = f.activation(&["activation_function"], Activation::Relu)?;
+        let affine = f.flag("layer_norm_elementwise_affine", true)?;
+        let bias = f.flag("enable_bias", true)?;
+        m.norm = match (affine, bias) {
+            (false, _) => NormKind::Nonparametric,
+            (true, true) => NormKind::Layernorm,
+            (true, false) => NormKind::LayernormNoBias,
+        };
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        m.mlp_bias = bias;
+        m.tied = f.flag("tie_word_embeddings", true)?;
+        m.positions = Positions::Learned;
+        m.max_pos = f.uint_or("max_position_embeddings", 2048)?;
+        // OPTLearnedPositionalEmbedding keeps 2 extra rows (modeling_opt.py, offset = 2).
+        m.pos_offset = 2;
+        m.rotary_pct = 0;
+        let proj = f.uint_or("word_embed_proj_dim", m.hidden)?;
+        m.embed_proj = if proj != m.hidden { proj } else { 0 };
+        // Post-norm OPT (350m) removes the decoder's final layer norm.
+        m.final_norm = f.flag("do_layer_norm_before", true)? && !f.flag("_remove_final_layer_norm", false)?;
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        let (affine, bias) = match s.norm {
+            NormKind::Nonparametric => (false, s.qkv_bias),
+            NormKind::Layernorm => (true, true),
+            NormKind::LayernormNoBias => (true, false),
+            NormKind::Rmsnorm | NormKind::RmsnormGemma => return Vec::new(),
+        };
+        writer::Writer::new("opt")
+            .set("vocab_size", s.vocab)
+            .set("hidden_size", s.hidden)
+            .set("num_hidden_layers", s.layers)
+            .set("num_attention_heads", s.heads)
+            .set("ffn_dim", s.ffn)
+            .set("activation_function", act)
+            .set("layer_norm_elementwise_affine", affine)
+            .set("enable_bias", bias)
+            .set("tie_word_embeddings", s.tied)
+            .set("max_position_embeddings", s.max_pos)
+            .set("word_embed_proj_dim", if s.embed_proj > 0 { s.embed_proj } else { s.hidden })
+            // Pre-norm OPT has a final layer norm; post-norm OPT (350m) has none.
+            .set("do_layer_norm_before", s.final_norm)
+            .done()
+            .into_iter()
+            .collect()
+    }
     /// `OPTDecoder.forward` before the layers:
     /// ```python
     /// inputs_embeds = self.embed_tokens(input_ids)

@@ -10,8 +10,11 @@ use super::common::{
 use super::llama::{self, PartialRope};
 use super::modeling::Modeling;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{Activation, ModelSpec, QkNorm};
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, QkNorm};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `PhiAttention.forward`:
 /// ```python
@@ -139,6 +142,52 @@ pub fn embed_with_dropout(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Ti
 /// rotary, biases everywhere, embedding dropout, `final_layernorm`, a biased head.
 pub struct Phi;
 impl Modeling for Phi {
+    /// `PhiConfig`: one LayerNorm per parallel block, biases everywhere, partial RoPE, `qk_layernorm`.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.resid_dropout = true;
+        m.embed_dropout = true;
+        m.hidden = f.required(&["hidden_size"])?;
+        m.layers = f.required(&["num_hidden_layers"])?;
+        m.heads = f.required(&["num_attention_heads"])?;
+        m.kv_heads = f.uint_or("num_key_value_heads", m.heads)?;
+        m.head_dim = m.hidden / m.heads.max(1);
+        m.ffn = f.required(&["intermediate_size"])?;
+        m.mlp = MlpKind::Plain;
+        m.act = f.activation(&["hidden_act"], Activation::GeluNew)?;
+        m.norm = NormKind::Layernorm;
+        m.layer_norms = 1;
+        m.parallel = true;
+        m.qkv_bias = true;
+        m.o_bias = true;
+        m.mlp_bias = true;
+        m.head_bias = true;
+        m.tied = f.flag("tie_word_embeddings", false)?;
+        m.max_pos = f.uint_or("max_position_embeddings", 2048)?;
+        m.rotary_pct = f.rotary_pct(0.5)?;
+        if f.flag("qk_layernorm", false)? {
+            m.qk_norm = QkNorm::Head;
+        }
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        writer::Writer::new("phi")
+            .set("vocab_size", s.vocab)
+            .set("hidden_size", s.hidden)
+            .set("num_hidden_layers", s.layers)
+            .set("num_attention_heads", s.heads)
+            .set("num_key_value_heads", s.kv_heads)
+            .set("intermediate_size", s.ffn)
+            .set("hidden_act", act)
+            .set("tie_word_embeddings", s.tied)
+            .set("max_position_embeddings", s.max_pos)
+            .set("partial_rotary_factor", writer::rotary_fraction(s))
+            .set("qk_layernorm", s.qk_norm == QkNorm::Head)
+            .done()
+            .into_iter()
+            .collect()
+    }
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         embed_with_dropout(b, p, spec, ids, attn, true)
     }

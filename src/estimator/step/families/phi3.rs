@@ -10,8 +10,14 @@ use super::llama::{attend_out, decoder_layer_with, rope_partial, Core, PartialRo
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::LayerRule;
 use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::presets::base::{llama, Preset};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `Phi3Attention.forward`.
 fn attention(b: &mut Builder, w: [Option<Tid>; 2], spec: &ModelSpec, x: Tid, sh: &Shared, attn: Attention) -> (Tid, Option<Tid>) {
@@ -71,6 +77,42 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// partial RoPE by slicing, and residual dropout.
 pub struct Phi3;
 impl Modeling for Phi3 {
+    /// `Phi3Config`: Llama's keys, fused q/k/v and gate/up, residual dropout,
+    /// `partial_rotary_factor`, `sliding_window` on every layer (null: none), 4,096 positions.
+    fn import(&self, t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_keys(f, Ffn::Required, false, 4096)?;
+        m.resid_dropout = true;
+        m.fused_qkv = true;
+        m.fused_gate_up = true;
+        m.rotary_pct = f.rotary_pct(1.0)?;
+        fields::window_on_every_layer(&mut m, f, t, None)?;
+        fields::with_heads(m)
+    }
+    fn presets(&self) -> Vec<Preset> {
+        let fused = |mut m: ModelSpec| {
+            m.family = Family::Phi3;
+            m.fused_qkv = true;
+            m.fused_gate_up = true;
+            m.resid_dropout = true;
+            m
+        };
+        // Phi-3-mini-4k: a 2,047-token sliding window on every layer (`sliding_window` in its
+        // config.json, passed to every layer by modeling_phi3.py).
+        let mini = ModelSpec { window_layers: LayerRule::All, window: 2047, ..fused(llama(32064, 3072, 32, 32, 32, 8192, 4096)) };
+        // Phi-4: Phi-3's fused layout at 14B, GQA 40/10, 100,352 vocabulary, untied.
+        let phi4 = fused(llama(100_352, 5120, 40, 40, 10, 17_920, 16_384));
+        vec![
+            Preset::new(20, "phi-3-mini-4k-instruct", "microsoft/Phi-3-mini-4k-instruct", "Phi-3", mini),
+            Preset::new(21, "phi-4", "microsoft/phi-4", "Phi-4", phi4),
+        ]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("phi3", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn)
+            .set("partial_rotary_factor", writer::rotary_fraction(s))
+            .set("sliding_window", writer::every_layer_window(s));
+        w.done().into_iter().collect()
+    }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)
     }

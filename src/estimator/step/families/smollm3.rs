@@ -12,11 +12,73 @@
 //! a RoPE layer: the core keeps q and k either way (RoPE's `mul`s keep only the shared cos/sin).
 
 use super::modeling::Modeling;
+use crate::estimator::family::Family;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{LayerRule, ModelSpec, WindowKind};
+use crate::estimator::presets::base::{llama, tied, Preset};
+use serde_json::{Map, Value};
 
 /// SmolLM3 (`modeling_smollm3.py`): Llama's code; its NoPE layers are in the spec
 /// (`nope_layers`), read by every family through `common::nope`.
 pub struct Smollm3;
-impl Modeling for Smollm3 {}
+impl Modeling for Smollm3 {
+    fn presets(&self) -> Vec<Preset> {
+        // SmolLM3-3B: tied Llama with 16 query / 4 KV heads and every 4th layer NoPE.
+        let spec = ModelSpec {
+            family: Family::Smollm3,
+            nope_layers: LayerRule::Every { step: 4, offset: 3 },
+            ..tied(llama(128_256, 2048, 36, 16, 4, 11_008, 65_536))
+        };
+        vec![Preset::new(36, "smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "SmolLM3", spec)]
+    }
+    /// SmolLM3 (configuration_smollm3.py): Llama with NoPE on every `no_rope_layer_interval`-th
+    /// layer, biases by `attention_bias`/`mlp_bias`, tied head by default.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::llama_like(
+            f,
+            fields::Dims {
+                vocab: 128_256,
+                hidden: 2048,
+                layers: 36,
+                heads: 16,
+                kv_heads: Some(4),
+                head_dim: None,
+                ffn: 11_008,
+                max_pos: 32_768,
+                tied: true,
+            },
+        )?;
+        let bias = f.flag("attention_bias", false)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        m.mlp_bias = f.flag("mlp_bias", false)?;
+        let rope = fields::rope_flags(f, m.layers as usize)?;
+        m.nope_layers = LayerRule::from_flags(&rope.iter().map(|r| !r).collect::<Vec<_>>());
+        // Default layer_types: sliding on the NoPE layers when use_sliding_window and sliding_window.
+        let sliding = if f.flag("use_sliding_window", false)? { m.nope_layers.clone() } else { LayerRule::None };
+        fields::set_window(&mut m, f, "sliding_window", None, (sliding, WindowKind::Sliding))?;
+        Ok(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        let mut w = writer::Writer::new("smollm3");
+        writer::llama_sizes(&mut w, s);
+        let rope: Vec<u64> = (0..s.layers).map(|i| u64::from(!s.nope_layers.contains(i))).collect();
+        let windowed = s.window_layers.count(s.layers) > 0;
+        w.set("hidden_act", act)
+            .set("intermediate_size", s.ffn)
+            .set("attention_bias", s.qkv_bias)
+            .set("mlp_bias", s.mlp_bias)
+            .set("no_rope_layers", rope)
+            .set("use_sliding_window", windowed)
+            .set("sliding_window", writer::window_or_null(s))
+            .set("layer_types", writer::layer_types(s, "sliding_attention"))
+            .done()
+            .into_iter()
+            .collect()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -11,8 +11,11 @@ use super::modeling::Modeling;
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::{ModelSpec, QkNorm};
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, QkNorm};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// `StableLmLayerNormPerHead.forward`:
 /// ```python
@@ -120,6 +123,50 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// per-head q/k LayerNorms and parallel residuals.
 pub struct Stablelm;
 impl Modeling for Stablelm {
+    /// `StableLmConfig`: LayerNorm, `use_qkv_bias`, partial RoPE, `use_parallel_residual`, per-head `qk_layernorm`.
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.resid_dropout = true;
+        m.hidden = f.required(&["hidden_size"])?;
+        m.layers = f.required(&["num_hidden_layers"])?;
+        m.heads = f.required(&["num_attention_heads"])?;
+        m.kv_heads = f.uint_or("num_key_value_heads", m.heads)?;
+        m.head_dim = m.hidden / m.heads.max(1);
+        m.ffn = f.required(&["intermediate_size"])?;
+        m.mlp = MlpKind::Gated;
+        m.act = f.activation(&["hidden_act"], Activation::Silu)?;
+        m.norm = NormKind::Layernorm;
+        m.qkv_bias = f.flag("use_qkv_bias", false)?;
+        m.tied = f.flag("tie_word_embeddings", false)?;
+        m.max_pos = f.uint_or("max_position_embeddings", 4096)?;
+        m.rotary_pct = f.rotary_pct(0.25)?;
+        m.parallel = f.flag("use_parallel_residual", false)?;
+        m.layer_norms = if m.parallel { 1 } else { 2 };
+        if f.flag("qk_layernorm", false)? {
+            m.qk_norm = QkNorm::PerHead;
+        }
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        writer::Writer::new("stablelm")
+            .set("vocab_size", s.vocab)
+            .set("hidden_size", s.hidden)
+            .set("num_hidden_layers", s.layers)
+            .set("num_attention_heads", s.heads)
+            .set("num_key_value_heads", s.kv_heads)
+            .set("intermediate_size", s.ffn)
+            .set("hidden_act", act)
+            .set("use_qkv_bias", s.qkv_bias)
+            .set("tie_word_embeddings", s.tied)
+            .set("max_position_embeddings", s.max_pos)
+            .set("partial_rotary_factor", writer::rotary_fraction(s))
+            .set("use_parallel_residual", s.parallel)
+            .set("qk_layernorm", s.qk_norm == QkNorm::PerHead)
+            .done()
+            .into_iter()
+            .collect()
+    }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)
     }

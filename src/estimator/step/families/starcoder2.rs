@@ -18,8 +18,11 @@ use super::llama;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::model::ModelSpec;
+use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_export::writer;
+use crate::estimator::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, WindowKind};
 use crate::estimator::step::part::Part;
+use serde_json::{Map, Value};
 
 /// Whether the sliding window materializes SDPA's mask at this sequence length
 /// (`_ignore_causal_mask_sdpa`: a local attention size no longer than the keys).
@@ -93,6 +96,49 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// StarCoder2 (see the module doc).
 pub struct Starcoder2;
 impl Modeling for Starcoder2 {
+    /// `Starcoder2Config`: LayerNorm, `use_bias`, a plain MLP, `sliding_window` on every layer (null: none).
+    fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        let mut m = fields::with_vocab(f)?;
+        m.resid_dropout = true;
+        m.embed_dropout = true;
+        m.hidden = f.required(&["hidden_size"])?;
+        m.layers = f.required(&["num_hidden_layers"])?;
+        m.heads = f.required(&["num_attention_heads"])?;
+        m.kv_heads = f.uint_or("num_key_value_heads", 2)?;
+        m.head_dim = m.hidden / m.heads.max(1);
+        m.ffn = f.required(&["intermediate_size"])?;
+        m.mlp = MlpKind::Plain;
+        m.act = f.activation(&["hidden_act"], Activation::GeluTanh)?;
+        m.norm = NormKind::Layernorm;
+        let bias = f.flag("use_bias", true)?;
+        m.qkv_bias = bias;
+        m.o_bias = bias;
+        m.mlp_bias = bias;
+        m.tied = f.flag("tie_word_embeddings", true)?;
+        m.max_pos = f.uint_or("max_position_embeddings", 4096)?;
+        // Starcoder2Attention passes `config.sliding_window` to every layer (null: none).
+        fields::set_window(&mut m, f, "sliding_window", None, (LayerRule::All, WindowKind::Sliding))?;
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        writer::Writer::new("starcoder2")
+            .set("vocab_size", s.vocab)
+            .set("hidden_size", s.hidden)
+            .set("num_hidden_layers", s.layers)
+            .set("num_attention_heads", s.heads)
+            .set("num_key_value_heads", s.kv_heads)
+            .set("intermediate_size", s.ffn)
+            .set("hidden_act", act)
+            .set("use_bias", s.qkv_bias)
+            .set("tie_word_embeddings", s.tied)
+            .set("max_position_embeddings", s.max_pos)
+            // Every layer attends through `sliding_window` (null: none).
+            .set("sliding_window", if s.window_layers == LayerRule::All && s.window > 0 { Value::from(s.window) } else { Value::Null })
+            .done()
+            .into_iter()
+            .collect()
+    }
     /// `Starcoder2Model.forward` before the layers: the token embedding (its dropout is a no-op
     /// at p = 0), `position_ids = arange(s)[None]`, the mask (`create_sliding_window_causal_mask`
     /// once the window bites, else `create_causal_mask`), the rotary embedding.
