@@ -9,7 +9,7 @@
 use super::super::ir::{Builder, Tid};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attention, decoder_layer, mlp};
-use super::mamba2::{gated_out, mixer_scan, MambaW};
+use super::mamba2::{gated_out, mixer_fused, mixer_scan, MambaW};
 use super::modeling::Modeling;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -30,8 +30,12 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     let sw = MambaW::new(b, p);
     let aw = AttnW::new(b, p);
     let mixers = |b: &mut Builder, n: Tid| {
-        let (y, gate, locals) = mixer_scan(b, &sw, spec, n);
-        let mo = gated_out(b, &sw, y, gate, locals);
+        let mo = if b.c.cuda {
+            mixer_fused(b, &sw, spec, n)
+        } else {
+            let (y, gate, locals) = mixer_scan(b, &sw, spec, n);
+            gated_out(b, &sw, y, gate, locals)
+        };
         b.module = "mamba";
         let mo = b.mul_scalar(mo);
         b.module = "self_attn";

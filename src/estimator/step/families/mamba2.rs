@@ -308,3 +308,59 @@ pub fn gated_out(b: &mut Builder, w: &MambaW, y: Tid, gate: Tid, locals: [Tid; 8
     }
     o
 }
+
+/// The mixer with `kernels = cuda` (training, no cache): `FalconH1Mixer.forward` /
+/// `GraniteMoeHybridMambaLayer.forward` hand `in_proj`'s output to mamba_ssm's
+/// `mamba_split_conv1d_scan_combined` (`mamba_ssm/ops/triton/ssd_combined.py`,
+/// `MambaSplitConv1dScanCombinedFn.forward`), one autograd node from `zxbcdt` to `out_proj`'s
+/// output that keeps `ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D,
+/// dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, outproj_weight, outproj_bias)`: the
+/// `in_proj` output `[b, s, D_in]`, the scan's output `out_x` `[b, s, d_ssm]` (its dtype), and with
+/// the gated norm its fp32 `rstd` `[b·s·G]`; the convolution, the chunk states and `out_proj`'s
+/// input are recomputed in its backward, which allocates the gradients of `zxbcdt` and the
+/// weights.
+pub fn mixer_fused(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> Tid {
+    let m = spec.ssm;
+    b.module = "mamba";
+    b.part = Part::AttentionInputs;
+    let xs = if m.mup { b.mul_scalar(x) } else { x };
+    b.module = "mamba.in_proj";
+    let proj = b.linear(xs, w.in_w, w.in_b, shape(&[BD, SD, Dim::X(X::SsmIn)]));
+    b.module = "mamba";
+    b.part = Part::AttentionCore;
+    let proj = if m.mup {
+        let buf = b.external(shape(&[Dim::N(1), Dim::N(1), Dim::X(X::SsmIn)]), Dt::Resid, Origin::Buffer, false);
+        let y = b.mul(proj, buf);
+        b.hold(xs);
+        y
+    } else {
+        proj
+    };
+    let af = b.to_copy(w.a_log, Dt::F32);
+    let e = b.unary("exp", "ExpBackward0", af, Keep::Output, "mul");
+    let a = b.unary("neg", "NegBackward0", e, Keep::Nothing, "neg");
+    let pd = b.t(proj).dt;
+    // out_x and rstd: made inside the node, kept by it (outputs of a no-grad helper here).
+    let out_x = b.plain("_mamba_chunk_scan_combined_fwd", &[proj], shape(&[BD, SD, Dim::X(X::SsmInner)]), pd);
+    let rstd = w.norm_w.map(|_| b.plain("_layer_norm_fwd", &[out_x], shape(&[BD, SD, Dim::N(m.groups.max(1) as u32)]), Dt::F32));
+    let mut ins = vec![proj, out_x, a, w.conv_w, w.d, w.dt_bias, w.out_w];
+    ins.extend(rstd);
+    let mut saved = vec![S::In(0), S::In(1)];
+    if rstd.is_some() {
+        saved.push(S::In(7));
+    }
+    let rg = b.rg(proj);
+    let out = b.out(Shape::tok(Q::H), Dt::Resid, rg);
+    let mut bw: Vec<B> = Vec::new();
+    let mut k = 0u8;
+    for (i, t) in [(0u8, proj), (2, a), (3, w.conv_w), (4, w.d), (5, w.dt_bias), (6, w.out_w)] {
+        if b.rg(t) {
+            bw.push(B::Alloc { bytes: b.grad_bytes(t), dtype: b.t(t).dtype, op: "mamba_split_conv1d_scan_combined_bwd" });
+            bw.push(B::Grad { input: i, temp: k });
+            k += 1;
+        }
+    }
+    let o = b.op("mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFnBackward", &ins, &[out], &saved, &bw)[0];
+    b.hold(proj);
+    o
+}
