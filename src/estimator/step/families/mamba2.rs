@@ -20,7 +20,7 @@
 
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Origin, Out, Shape, Split, Tid, B, S, X};
-use super::common::{sub, Params};
+use super::common::Params;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::model::ModelSpec;
 use crate::estimator::step::part::Part;
@@ -190,7 +190,7 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     let y_diag = einsum(b, m, None, xdt, f32s(&[BD, NC, HD, CD, PD]), f32s(&[BD, NC, HD, CD, PD]));
     // 2. decay_states = exp(A_cumsum[..., -1:] - A_cumsum); B_decay = B * decay; states = einsum
     let last = b.slice(acs, f32s(&[BD, HD, NC, Dim::N(1)]));
-    let diff = sub(b, last, acs);
+    let diff = node(b, "sub", "SubBackward0", &[last, acs], f32s(&[BD, HD, NC, CD]), Dt::F32, &[]);
     let decay = b.unary("exp", "ExpBackward0", diff, Keep::Output, "mul");
     let dp = b.view(decay, f32s(&[BD, NC, CD, HD, Dim::N(1)]), "UnsqueezeBackward0", false);
     let b_decay = b.mul_to(bp, dp, f32s(&[BD, SP, HD, ND]), Dt::F32);
