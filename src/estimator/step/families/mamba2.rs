@@ -364,3 +364,37 @@ pub fn mixer_fused(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> Tid
     b.hold(proj);
     o
 }
+
+/// Granite 4's mixer end (`GraniteMoeHybridMambaLayer.forward`: `self.norm(scan_output, gate)`,
+/// then [`out_proj`]): `GraniteMoeHybridRMSNormGated.forward` in fp32 — `x * silu(gate.to(fp32))`,
+/// an RMSNorm over each of the `groups` groups of `d_ssm / groups` (`pow`, `mean`, `rsqrt`, the
+/// product), then `weight * x.to(input_dtype)` (the scan's output is fp32, so that cast is a
+/// no-op and the product fp32). The forward's `locals` die when it returns.
+pub fn gated_norm_out(b: &mut Builder, w: &MambaW, y: Tid, gate: Tid, groups: u64, locals: [Tid; 8]) -> Tid {
+    b.module = "mamba.norm";
+    let g32 = b.to_copy(gate, Dt::F32);
+    let sg = b.unary("silu", "SiluBackward0", g32, Keep::Input, "silu_backward");
+    let shp = b.shape(y);
+    let prod = b.mul_to(y, sg, shp, Dt::F32);
+    let grouped = shape(&[BD, SD, Dim::N(groups.max(1) as u32), Dim::X(X::SsmInner)]);
+    let stats = shape(&[BD, SD, Dim::N(groups.max(1) as u32)]);
+    let pv = b.view(prod, shp, "ViewBackward0", false);
+    let sq = b.pow(pv);
+    let var = node(b, "mean", "MeanBackward1", &[sq], stats, Dt::F32, &[]);
+    let ve = b.add_scalar(var);
+    let r = b.rsqrt(ve);
+    let normed = b.mul_to(pv, r, shp, Dt::F32);
+    let _ = grouped;
+    let out = match w.norm_w {
+        Some(nw) => b.mul_to(nw, normed, shp, Dt::F32),
+        None => normed,
+    };
+    for t in [g32, sg, prod, sq, var, ve, r, normed] {
+        b.hold(t);
+    }
+    let o = out_proj(b, w, out);
+    for t in locals.into_iter().chain([y, out]) {
+        b.hold(t);
+    }
+    o
+}
