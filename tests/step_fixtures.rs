@@ -88,7 +88,6 @@ const REFUSED: &[&str] = &[
     "exaone4",
     "apertus",
     "kimi_linear",
-    "falcon_h1",
     "granitemoehybrid",
 ];
 

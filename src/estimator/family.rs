@@ -44,6 +44,7 @@ pub enum Family {
     Smollm3,
     SeedOss,
     Olmo3,
+    FalconH1,
 }
 
 impl Family {
@@ -77,6 +78,7 @@ impl Family {
         (Family::Smollm3, "smollm3", "SmolLM3"),
         (Family::SeedOss, "seed_oss", "Seed-OSS"),
         (Family::Olmo3, "olmo3", "OLMo 3"),
+        (Family::FalconH1, "falcon_h1", "Falcon-H1"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

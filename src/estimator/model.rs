@@ -478,6 +478,72 @@ pub struct ModelSpec {
     /// keeps the projection outputs. No parameters.
     #[serde(default)]
     pub clip_qkv: bool,
+
+    // ---- State-space mixers (Mamba-2: Falcon-H1, Granite 4) -----------------------------------
+    /// The Mamba-2 mixer of the layers that have one (`Ssm::NONE`: none).
+    #[serde(default)]
+    pub ssm: Ssm,
+}
+
+/// A Mamba-2 mixer (transformers 5.24 `modeling_falcon_h1.py` `FalconH1Mixer.__init__`,
+/// `modeling_granitemoehybrid.py` `GraniteMoeHybridMambaLayer.__init__`): `in_proj` [Din, h] with
+/// Din = 2·H·P + 2·G·N + H (gate, x, B, C, dt), a depthwise `conv1d` [cd, 1, Kc] over
+/// cd = H·P + 2·G·N channels, `dt_bias`, `A_log`, `D` [H], an optional gated RMSNorm [H·P]
+/// and `out_proj` [h, H·P].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ssm {
+    /// `H` (`mamba_n_heads`); 0 = no mixer.
+    pub heads: u64,
+    /// `P` (`mamba_d_head`).
+    pub head_dim: u64,
+    /// `N` (`mamba_d_state`).
+    pub state: u64,
+    /// `G` (`mamba_n_groups`).
+    pub groups: u64,
+    /// `Kc` (`mamba_d_conv`).
+    pub conv: u64,
+    /// `C` (`mamba_chunk_size`): the SSD scan's chunk.
+    pub chunk: u64,
+    /// Bias on `conv1d` (`mamba_conv_bias`).
+    pub conv_bias: bool,
+    /// Bias on `in_proj` (`mamba_proj_bias`).
+    pub in_bias: bool,
+    /// Bias on `out_proj` (Falcon-H1's `projectors_bias`).
+    pub out_bias: bool,
+    /// The gated RMSNorm before `out_proj` (Falcon-H1's `mamba_rms_norm`; always in Granite 4).
+    pub gated_norm: bool,
+    /// Falcon-H1's µP: `in_proj`'s output times the fp32 `mup_vector` buffer [1, 1, Din], the
+    /// input times `ssm_in_multiplier`.
+    pub mup: bool,
+}
+
+impl Ssm {
+    /// No mixer.
+    pub const NONE: Ssm = Ssm {
+        heads: 0,
+        head_dim: 0,
+        state: 0,
+        groups: 0,
+        conv: 0,
+        chunk: 0,
+        conv_bias: false,
+        in_bias: false,
+        out_bias: false,
+        gated_norm: false,
+        mup: false,
+    };
+    /// `d` = H·P: the scan's width.
+    pub fn inner(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+    /// `cd` = d + 2·G·N: the convolution's channels (x, B, C).
+    pub fn conv_dim(&self) -> u64 {
+        self.inner() + 2 * self.groups * self.state
+    }
+    /// `Din` = d + cd + H: `in_proj`'s output (gate, x, B, C, dt).
+    pub fn in_width(&self) -> u64 {
+        self.inner() + self.conv_dim() + self.heads
+    }
 }
 
 /// Which part of the model a tensor belongs to (the breakdown's rows).
@@ -905,6 +971,10 @@ impl ModelSpec {
             }
         }
 
+        if self.ssm.heads > 0 {
+            self.push_ssm(&mut g);
+        }
+
         // Norms, per layer.
         let nt = self.norm.tensors();
         if nt > 0 {
@@ -934,6 +1004,33 @@ impl ModelSpec {
             t.per_layer = if t.part == Part::Norms { self.layer_norms } else { 1 };
         }
         g
+    }
+
+    /// The Mamba-2 mixer's tensors on every layer (`FalconH1Mixer.__init__`, registration
+    /// order: conv1d, in_proj, dt_bias, A_log, norm, D, out_proj).
+    fn push_ssm(&self, g: &mut Vec<TensorGroup>) {
+        let (h, l, m) = (self.hidden, self.layers, self.ssm);
+        let mut add = |name: &'static str, shape: Vec<u64>, split: Split, linear: Option<Linear>| {
+            g.push(TensorGroup { name, shape, count: l, tensors_per_instance: 1, part: Part::Attention, split, linear, per_layer: 0 });
+        };
+        add("layers.*.mamba.conv1d.weight", vec![m.conv_dim(), 1, m.conv], Split::Replicated, None);
+        if m.conv_bias {
+            add("layers.*.mamba.conv1d.bias", vec![m.conv_dim()], Split::Replicated, None);
+        }
+        add("layers.*.mamba.in_proj.weight", vec![m.in_width(), h], Split::Replicated, None);
+        if m.in_bias {
+            add("layers.*.mamba.in_proj.bias", vec![m.in_width()], Split::Replicated, None);
+        }
+        add("layers.*.mamba.dt_bias", vec![m.heads], Split::Replicated, None);
+        add("layers.*.mamba.A_log", vec![m.heads], Split::Replicated, None);
+        if m.gated_norm {
+            add("layers.*.mamba.norm.weight", vec![m.inner()], Split::Replicated, None);
+        }
+        add("layers.*.mamba.D", vec![m.heads], Split::Replicated, None);
+        add("layers.*.mamba.out_proj.weight", vec![h, m.inner()], Split::Replicated, None);
+        if m.out_bias {
+            add("layers.*.mamba.out_proj.bias", vec![h], Split::Replicated, None);
+        }
     }
 
     /// MLA's attention tensors (modeling_deepseek_v3.py, `DeepseekV3Attention.__init__`; V2 is
@@ -1247,6 +1344,7 @@ mod tests {
             experts_in_out: false,
             moe_all_experts: false,
             clip_qkv: false,
+            ssm: Ssm::NONE,
         }
     }
 

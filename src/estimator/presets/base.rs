@@ -105,6 +105,7 @@ pub const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u
         experts_in_out: false,
         moe_all_experts: false,
         clip_qkv: false,
+        ssm: crate::estimator::model::Ssm::NONE,
     }
 }
 

@@ -133,10 +133,34 @@ pub enum X {
     MlaKvA,
     /// `kv_b_proj`'s output per head: the key's non-rotary part and the value (d_nope + d_v).
     MlaKvB,
+    /// Mamba-2 heads (H, `mamba_n_heads`).
+    SsmHeads,
+    /// Mamba-2 head dim (P, `mamba_d_head`).
+    SsmHeadDim,
+    /// Mamba-2 state size (N, `mamba_d_state`).
+    SsmState,
+    /// Mamba-2 scan width (d_ssm = H·P).
+    SsmInner,
+    /// Mamba-2 convolution channels (c_d = d_ssm + 2·G·N).
+    SsmConvDim,
+    /// Mamba-2 `in_proj` width (D_in = d_ssm + c_d + H).
+    SsmIn,
+    /// Mamba-2 B/C width (G·N).
+    SsmGroupState,
+    /// The SSD scan's chunk (C, `mamba_chunk_size`).
+    SsmChunk,
+    /// Chunks of the sequence (n_c = ⌈s / C⌉).
+    SsmChunks,
+    /// Chunks plus the initial state (n_c + 1).
+    SsmChunks1,
+    /// The sequence padded to whole chunks (s_p = n_c·C).
+    SsmPadded,
+    /// The causal convolution's output before its slice (s + K_c − 1).
+    SsmConvLen,
 }
 
 impl X {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 27;
     pub fn sym(self) -> Sym {
         use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
@@ -155,6 +179,18 @@ impl X {
             X::MlaV => Sym::new("d", "v", "MLA value head dim (v_head_dim)"),
             X::MlaKvA => Sym::new("c", "kv", "MLA latent plus shared rotary key: r_kv + d_r (kv_a_proj_with_mqa)"),
             X::MlaKvB => Sym::new("d", "kvb", "MLA per-head key-nope plus value: d_nope + d_v (kv_b_proj)"),
+            X::SsmHeads => Sym::new("H", "", "Mamba-2 heads (mamba_n_heads)"),
+            X::SsmHeadDim => Sym::new("P", "", "Mamba-2 head dim (mamba_d_head)"),
+            X::SsmState => Sym::new("N", "", "Mamba-2 state size (mamba_d_state)"),
+            X::SsmInner => Sym::new("d", "ssm", "Mamba-2 scan width: H·P"),
+            X::SsmConvDim => Sym::new("c", "d", "Mamba-2 conv channels: d_ssm + 2·G·N"),
+            X::SsmIn => Sym::new("D", "in", "Mamba-2 in_proj width: d_ssm + c_d + H"),
+            X::SsmGroupState => Sym::new("G", "N", "Mamba-2 B/C width: G·N"),
+            X::SsmChunk => Sym::new("C", "", "SSD scan chunk (mamba_chunk_size)"),
+            X::SsmChunks => Sym::new("n", "c", "SSD chunks: ⌈s / C⌉"),
+            X::SsmChunks1 => Sym::new("n", "c+1", "SSD chunks plus the initial state"),
+            X::SsmPadded => Sym::new("s", "p", "sequence padded to whole chunks: n_c·C"),
+            X::SsmConvLen => Sym::new("s", "conv", "causal conv output before its slice: s + K_c − 1"),
         }
     }
 }

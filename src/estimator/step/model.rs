@@ -85,6 +85,23 @@ impl<'a> Setup<'a> {
         xv[X::MlaV as usize] = spec.v_head_dim;
         xv[X::MlaKvA as usize] = spec.kv_lora_rank + spec.qk_rope_dim;
         xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
+        let m = spec.ssm;
+        if m.heads > 0 {
+            let s = values_s(cfg);
+            let chunks = s.div_ceil(m.chunk.max(1));
+            xv[X::SsmHeads as usize] = m.heads;
+            xv[X::SsmHeadDim as usize] = m.head_dim;
+            xv[X::SsmState as usize] = m.state;
+            xv[X::SsmInner as usize] = m.inner();
+            xv[X::SsmConvDim as usize] = m.conv_dim();
+            xv[X::SsmIn as usize] = m.in_width();
+            xv[X::SsmGroupState as usize] = m.groups * m.state;
+            xv[X::SsmChunk as usize] = m.chunk;
+            xv[X::SsmChunks as usize] = chunks;
+            xv[X::SsmChunks1 as usize] = chunks + 1;
+            xv[X::SsmPadded as usize] = chunks * m.chunk;
+            xv[X::SsmConvLen as usize] = s + m.conv.saturating_sub(1);
+        }
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
         let first = first_layer_of(stage, spec.layers, layers as usize);

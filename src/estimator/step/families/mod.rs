@@ -40,12 +40,14 @@
 pub mod common;
 pub mod deepseek;
 pub mod falcon;
+pub mod falcon_h1;
 pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_oss;
 pub mod llama;
 pub mod llama4;
+pub mod mamba2;
 pub mod mistral;
 pub mod mixtral;
 pub mod modeling;
@@ -99,6 +101,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Llama4 => &llama4::Llama4,
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
+        Family::FalconH1 => &falcon_h1::FalconH1,
     }
 }
 
