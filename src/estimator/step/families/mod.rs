@@ -44,10 +44,12 @@ pub mod sigmoid_moe;
 pub mod smollm3;
 pub mod stablelm;
 pub mod starcoder2;
+pub mod torchtitan;
 
 pub use common::{Kind, Params, Shared, Var};
 pub use modeling::Modeling;
 
+use crate::estimator::config::Framework;
 use crate::estimator::family::Family;
 
 /// The modeling code of `family`.
@@ -76,6 +78,16 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Glm4Moe => &glm4_moe::Glm4Moe,
         Family::GptOss => &gpt_oss::GptOss,
         Family::Llama4 => &llama4::Llama4,
+    }
+}
+
+/// The modeling code `framework` runs for `family`: a training framework's own model where it
+/// ships one for the family (`framework = torchtitan`: its Llama 3), else transformers'.
+/// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
+pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
+    match (framework, family) {
+        (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
+        _ => modeling(family),
     }
 }
 
