@@ -217,16 +217,19 @@ mod tests {
     use crate::estimator::estimate;
     use crate::estimator::presets::preset;
 
-    /// torchtitan's Llama keeps less than transformers' (no bf16 casts of the norms, no rotary
-    /// tables, no shifted labels): its activations are smaller for the same model, and its
-    /// buffers hold `freqs_cis` for the training sequence.
+    /// torchtitan's Llama keeps other tensors than transformers' (fp32 normalized inputs, no
+    /// rotary tables, no shifted labels): the same model's activations differ, and its buffers
+    /// hold `freqs_cis` for the training sequence; another family is refused, not approximated.
     #[test]
-    fn torchtitan_llama_keeps_less_than_transformers_llama_and_holds_freqs_cis() {
+    fn torchtitan_llama_keeps_its_own_tensors_holds_freqs_cis_and_refuses_other_families() {
         let base =
             Config { model: "llama-3.1-8b".into(), arch: preset("llama-3.1-8b").expect("preset").spec, seq: 4096, ..Config::default() };
         let hf = estimate(&base).expect("hf estimates");
         let tt = estimate(&Config { framework: Framework::Torchtitan, ..base.clone() }).expect("torchtitan estimates");
-        assert!(tt.memory.activations < hf.memory.activations, "{} vs {}", tt.memory.activations, hf.memory.activations);
-        assert_eq!(super::buffer_bytes(&Config { framework: Framework::Torchtitan, ..base }), Some(4096 * 64 * 8));
+        assert_ne!(tt.memory.activations, hf.memory.activations);
+        assert_eq!(super::buffer_bytes(&Config { framework: Framework::Torchtitan, ..base.clone() }), Some(4096 * 64 * 8));
+        assert_eq!(super::buffer_bytes(&base), None);
+        let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
+        assert!(estimate(&Config { framework: Framework::Torchtitan, arch: gemma, ..base }).is_err());
     }
 }
