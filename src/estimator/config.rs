@@ -195,6 +195,11 @@ pub enum Framework {
     Hf,
     /// Megatron-LM's tensor list (Korthikanti et al. 2022).
     Megatron,
+    /// torchtitan 0.2.2's own modeling code (`torchtitan/models/llama3/model/model.py`: Llama 3),
+    /// its loss (`components/loss.py`) and full activation checkpointing
+    /// (`distributed/activation_checkpoint.py`); the step program follows it
+    /// (`step/families/torchtitan.rs`).
+    Torchtitan,
 }
 
 /// Whose kernels decide what is saved (`kernels`): CUDA (what training runs on) or PyTorch's

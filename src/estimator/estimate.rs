@@ -218,11 +218,12 @@ fn stage_ledger(
     let groups = &setup.groups;
     let (mut rows, host) = statics::static_rows(cfg, recipe, groups);
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } = if cfg.framework == config::Framework::Hf {
-        activations::activations_of(&setup, &pieces, layers)
-    } else {
-        activations::megatron_activations(cfg, recipe, stage, layers)
-    };
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } =
+        if cfg.framework != config::Framework::Megatron {
+            activations::activations_of(&setup, &pieces, layers)
+        } else {
+            activations::megatron_activations(cfg, recipe, stage, layers)
+        };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);

@@ -142,6 +142,9 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.zero == Zero::HybridShard && !dp.is_multiple_of(cfg.shard_group.min(dp)) {
         return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));
     }
+    if let Some(reason) = framework_refusal(cfg) {
+        return Err(invalid("framework", reason));
+    }
     validate_recipes(cfg)?;
     recipes_fit(cfg)
 }
@@ -281,6 +284,31 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
         Some(&(_, key, what)) => Err(invalid(key, format!("{what} is not modelled yet"))),
         None => Ok(()),
     }
+}
+
+/// What a framework's own modeling code does not have (or the estimator does not follow yet) for
+/// this configuration: torchtitan 0.2.2's Llama 3 (`models/llama3/model/model.py`) is dense,
+/// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`).
+fn framework_refusal(cfg: &Config) -> Option<String> {
+    use crate::estimator::config::Framework;
+    use crate::estimator::family::Family;
+    if cfg.framework != Framework::Torchtitan {
+        return None;
+    }
+    let spec = &cfg.arch;
+    if spec.family != Family::Llama {
+        return Some(format!("torchtitan is modelled for Llama 3 only (yet), not {:?}", spec.family));
+    }
+    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
+        return Some("torchtitan's Llama 3 has no experts, biases or q/k norms".into());
+    }
+    if cfg.attn != crate::estimator::config::Attention::Sdpa {
+        return Some("torchtitan's Llama 3 attends through SDPA (attn=sdpa)".into());
+    }
+    if cfg.dropout > 0.0 {
+        return Some("torchtitan's Llama 3 has no dropout".into());
+    }
+    None
 }
 
 /// The first architectural feature whose saved tensors the activation model does not cover yet.

@@ -138,6 +138,10 @@ pub fn activations_of(
     for (slot, tid) in psh.slots().into_iter().enumerate() {
         if let Some(tid) = tid.filter(|_| shared_saved & (1 << slot) != 0) {
             let x = &pro.tensors[tid as usize];
+            // A model buffer the layers read (torchtitan's `freqs_cis`) is model state.
+            if x.origin == crate::estimator::step::ir::Origin::Buffer {
+                continue;
+            }
             let part = x.part.unwrap_or(Part::Embedding);
             t.first.push((part, b.expr_of(&x.shape, x.dt)));
         }

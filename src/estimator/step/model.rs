@@ -179,7 +179,7 @@ impl<'a> Setup<'a> {
     pub fn sliding(&self, i: usize) -> bool {
         let first = self.first_layer();
         let spec = &self.cfg.arch;
-        families::modeling(spec.family).sliding(spec, first + i)
+        families::modeling_for(self.cfg.framework, spec.family).sliding(spec, first + i)
     }
 
     /// This stage's layer `i`'s variant (sliding window, NoPE) by its index in the model.
@@ -291,8 +291,9 @@ impl<'a> Setup<'a> {
             b.p.tensors[t as usize].part = Some(part);
             t
         };
-        let code = families::modeling(spec.family);
+        let code = families::modeling_for(self.cfg.framework, spec.family);
         let (cos, sin) = match code.rope_tables(spec) {
+            Some((shape, dt, _)) if code.rope_table_is_buffer() => (Some(b.external(shape, dt, Origin::Buffer, false)), None),
             Some((shape, dt, two)) => {
                 let c = mk(b, 0, shape, dt, Part::Embedding);
                 let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
@@ -350,7 +351,7 @@ impl<'a> Setup<'a> {
 
     /// Whether this stage's first layer's input is held by the model's forward (its local).
     pub fn first_pinned(&self) -> bool {
-        self.stage.has_embedding() && families::modeling(self.cfg.arch.family).x0_is_local()
+        self.stage.has_embedding() && families::modeling_for(self.cfg.framework, self.cfg.arch.family).x0_is_local()
     }
 
     /// The stage's epilogue on its own (last stage: final norm, head, loss), with the
@@ -376,7 +377,7 @@ impl<'a> Setup<'a> {
             sin_local: None,
         };
         b.layer = MODEL;
-        let xn = if spec.final_norm { families::modeling(spec.family).final_norm(&mut b, &p, spec, x) } else { x };
+        let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
         for &t in &ends {
             b.hold(t);
@@ -392,7 +393,7 @@ impl<'a> Setup<'a> {
     fn begin(&self, b: &mut Builder, p: &Params) -> (Tid, Shared) {
         let spec = &self.cfg.arch;
         b.layer = MODEL;
-        let code = families::modeling(spec.family);
+        let code = families::modeling_for(self.cfg.framework, spec.family);
         if self.stage.has_embedding() {
             let ids = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
             let (x0, sh) = code.embed(b, p, spec, ids, self.cfg.attn);
@@ -418,7 +419,7 @@ impl<'a> Setup<'a> {
             b.begin_checkpoint_as(held, early_stop, sac)
         });
         let spec = &self.cfg.arch;
-        let y = families::modeling(spec.family).layer(b, p, spec, x, sh, kind, self.cfg.attn);
+        let y = families::modeling_for(self.cfg.framework, spec.family).layer(b, p, spec, x, sh, kind, self.cfg.attn);
         if let Some(r) = region {
             b.end_checkpoint(r);
         }
@@ -431,7 +432,7 @@ impl<'a> Setup<'a> {
     fn end(&self, b: &mut Builder, p: &Params, x: Tid, x0: Tid, sh: &Shared, spec: &crate::estimator::model::ModelSpec) {
         b.layer = MODEL;
         if self.stage.has_head() {
-            let xn = if spec.final_norm { families::modeling(spec.family).final_norm(b, p, spec, x) } else { x };
+            let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(b, p, spec, x) } else { x };
             b.hold(x);
             // `LlamaModel.forward` returns: its locals go.
             for t in sh.locals.into_iter().flatten() {
@@ -491,6 +492,10 @@ impl<'a> Setup<'a> {
         };
         if self.cfg.loss == Loss::Chunked {
             self.chunked_loss(b, xn, w);
+            return;
+        }
+        if self.cfg.framework == crate::estimator::config::Framework::Torchtitan {
+            families::torchtitan::head_and_loss(b, xn, w, bias, vocab);
             return;
         }
         let logits = match w {
@@ -777,6 +782,9 @@ impl Resident {
 /// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let spec = &cfg.arch;
+    if let Some(bytes) = families::torchtitan::buffer_bytes(cfg) {
+        return bytes;
+    }
     let code = families::modeling(spec.family);
     let pairs = if code.local_rope(spec) { 2 } else { 1 };
     let rope = if families::common::has_rope(spec) { pairs * 2 * (families::common::rotary_dims(spec) / 2) as u128 * 4 } else { 0 };

@@ -632,6 +632,18 @@ pub enum Rms {
     /// One expression: the mean and the sum die as soon as they are used. Keeps the fp32 input,
     /// the rsqrt, and the normalized input cast back (the weight's gradient).
     Llama4,
+    /// `torch.nn.RMSNorm` (`F.rms_norm`; aten's composite `rms_norm` on CPU, torch 2.x), which
+    /// torchtitan's models use:
+    /// ```c++
+    /// upcasted_input = input.to(opmath_t);
+    /// rqrst_input = rsqrt(at::pow(upcasted_input, 2).mean(dims, true).add_(eps));
+    /// result = upcasted_input.mul(rqrst_input);
+    /// if (weight) result = result.mul(weight);
+    /// return result.type_as(input);
+    /// ```
+    /// Keeps what [`Rms::WeightFirst`] keeps (the fp32 input, the rsqrt, the fp32 normalized
+    /// input for the weight's gradient); C++ locals, nothing is held to the return.
+    Torch,
 }
 
 /// An RMSNorm of `form` on `x`, with its weight `w` (none: unweighted). The caller's argument
@@ -674,6 +686,10 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>, form: Rms) -> Tid {
                 b.hold(t);
             }
             y
+        }
+        Rms::Torch => {
+            let o = w.map_or(n32, |w| weight_mul(b, w, n32));
+            b.to_copy(o, in_dt)
         }
         Rms::Llama4 => {
             let o = b.to_copy(n32, in_dt);

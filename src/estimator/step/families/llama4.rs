@@ -94,7 +94,7 @@ fn complex_mul(b: &mut Builder, x: Tid, f: Tid) -> Tid {
 /// ```
 /// `view_as_real`'s backward needs a contiguous gradient (`clone` when it is not: `q_contig`,
 /// `k_contig` say whether it arrives contiguous).
-fn rope(b: &mut Builder, q: Tid, k: Tid, f: Tid, q_contig: bool, k_contig: bool) -> (Tid, Tid) {
+pub fn rope(b: &mut Builder, q: Tid, k: Tid, f: Tid, q_contig: bool, k_contig: bool) -> (Tid, Tid) {
     let (qdt, kdt) = (b.t(q).dt, b.t(k).dt);
     let q32 = b.to_copy(q, Dt::F32);
     let qc = b.view(q32, b.shape(q32), "ViewAsComplexBackward0", false);

@@ -64,10 +64,12 @@ pub mod sigmoid_moe;
 pub mod smollm3;
 pub mod stablelm;
 pub mod starcoder2;
+pub mod torchtitan;
 
 pub use common::{Kind, Params, Shared, Var};
 pub use modeling::Modeling;
 
+use crate::estimator::config::Framework;
 use crate::estimator::family::Family;
 
 /// The modeling code of `family`.
@@ -102,6 +104,16 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
         Family::FalconH1 => &falcon_h1::FalconH1,
+    }
+}
+
+/// The modeling code `framework` runs for `family`: a training framework's own model where it
+/// ships one for the family (`framework = torchtitan`: its Llama 3), else transformers'.
+/// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
+pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
+    match (framework, family) {
+        (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
+        _ => modeling(family),
     }
 }
 

@@ -104,6 +104,12 @@ pub trait Modeling: Sync {
         has_rope(spec).then(|| (cos_shape(spec), Dt::Resid, true))
     }
 
+    /// Whether the rotary table the layers read is a model buffer (model state, not an
+    /// activation: torchtitan's `freqs_cis`) rather than computed by each forward.
+    fn rope_table_is_buffer(&self) -> bool {
+        false
+    }
+
     /// Whether the sliding-window layers have a rotary pair of their own (`Shared::cos_local`).
     fn local_rope(&self, spec: &ModelSpec) -> bool {
         let _ = spec;
