@@ -18,6 +18,8 @@ printf '%-48s %10s %10s %10s\n' file raw gzip brotli
 first=0; bench=0; more=0
 for f in dist/*; do
   [ -f "$f" ] || continue
+  # The .br and .gz siblings are the same files compressed: counted once, by their originals.
+  case "$f" in *.br | *.gz) continue ;; esac
   raw=$(stat -c %s "$f"); gz=$(gzip -9 -c "$f" | wc -c); br=$(brotli -q 11 -c "$f" | wc -c)
   printf '%-48s %10d %10d %10d\n' "$(basename "$f")" "$raw" "$gz" "$br"
   case "$(basename "$f")" in
