@@ -99,7 +99,7 @@ if [ "$SETUP_BROWSER" = 1 ]; then
      || [ "$ROOT/validation/requirements.txt" -nt "$venv/.installed" ]; then
     say "installing torch and transformers into validation/.venv (validation/requirements.txt; about a minute)"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$ROOT/validation/requirements.txt"
+    "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check -r "$ROOT/validation/requirements.txt"
     touch "$venv/.installed"
   fi
 fi

@@ -413,6 +413,29 @@ macro_rules! f64_key {
 /// Largest TFLOP/s or GB/s a custom GPU may claim (a thousand times today's largest).
 const MAX_DATASHEET_FIGURE: f64 = 1.0e7;
 
+use super::recipes::{Recipe, RECIPES};
+
+/// Sets every key of the recipe on `cfg`; the recipe is checked whole first, so a failure
+/// leaves `cfg` unchanged.
+pub fn apply_recipe(cfg: &mut Config, r: &Recipe) -> Result<(), String> {
+    let mut next = cfg.clone();
+    for (k, v) in r.pairs {
+        let key = KEYS.iter().find(|key| key.name == *k).ok_or_else(|| format!("names an unknown key {k}"))?;
+        (key.set)(&mut next, v).map_err(|e| format!("{k}={v}: {e}"))?;
+    }
+    *cfg = next;
+    Ok(())
+}
+
+/// The first recipe whose every key has its value in `cfg` (for a page that shows which recipe
+/// the configuration still is).
+pub fn matching_recipe(cfg: &Config) -> Option<&'static Recipe> {
+    RECIPES.iter().find(|r| {
+        let mut c = cfg.clone();
+        apply_recipe(&mut c, r).is_ok() && c == *cfg
+    })
+}
+
 use Group::*;
 
 /// Every key, in the canonical order of encoded URLs and of the CLI's help.
@@ -430,7 +453,7 @@ pub static KEYS: &[Key] = &[
                 return Ok(());
             }
             let r = super::recipes::recipe(s).ok_or_else(|| "unknown recipe (see `trainmem recipes`)".to_string())?;
-            super::recipes::apply(c, r)
+            apply_recipe(c, r)
         },
     },
     Key {
@@ -727,6 +750,21 @@ pub static KEYS: &[Key] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_recipe_applies_cleanly_and_is_found_again() {
+        for r in RECIPES {
+            let mut c = Config::default();
+            assert_eq!(apply_recipe(&mut c, r), Ok(()), "{}", r.id);
+            assert!(crate::estimator::validate_consistency(&c).is_ok(), "{}", r.id);
+            assert!(matching_recipe(&c).is_some(), "{}", r.id);
+        }
+    }
+
+    #[test]
+    fn no_recipe_matches_the_default_configuration() {
+        assert_eq!(matching_recipe(&Config::default()), None);
+    }
 
     #[test]
     fn integers_accept_k_and_m_suffixes() {

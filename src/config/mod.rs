@@ -11,8 +11,9 @@ mod legacy;
 pub mod recipes;
 
 pub use crate::estimator::config::*;
+pub use keys::{apply_recipe, matching_recipe};
 pub use keys::{parse_uint, Group, Key, KEYS};
-pub use recipes::{matching_recipe, recipe, Recipe, RECIPES};
+pub use recipes::{recipe, Recipe, RECIPES};
 
 use crate::estimator::hf::Imported;
 use crate::estimator::presets::{default_spec, preset};

@@ -5,9 +5,6 @@
 //! batch 4. Links spell a recipe's keys out (the `recipe` key reads back empty). It sets only the keys its file decides: the GPU type, the overhead assumptions and
 //! — where the file names none — the model are left as they are.
 
-use super::keys::KEYS;
-use crate::estimator::config::Config;
-
 /// One recipe preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recipe {
@@ -495,45 +492,9 @@ pub fn recipe(id: &str) -> Option<&'static Recipe> {
     RECIPES.iter().find(|r| r.id == id)
 }
 
-/// Sets every key of the recipe on `cfg`; the recipe is checked whole first, so a failure
-/// leaves `cfg` unchanged.
-pub fn apply(cfg: &mut Config, r: &Recipe) -> Result<(), String> {
-    let mut next = cfg.clone();
-    for (k, v) in r.pairs {
-        let key = KEYS.iter().find(|key| key.name == *k).ok_or_else(|| format!("names an unknown key {k}"))?;
-        (key.set)(&mut next, v).map_err(|e| format!("{k}={v}: {e}"))?;
-    }
-    *cfg = next;
-    Ok(())
-}
-
-/// The first recipe whose every key has its value in `cfg` (for a page that shows which recipe
-/// the configuration still is).
-pub fn matching_recipe(cfg: &Config) -> Option<&'static Recipe> {
-    RECIPES.iter().find(|r| {
-        let mut c = cfg.clone();
-        apply(&mut c, r).is_ok() && c == *cfg
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_recipe_applies_cleanly_and_is_found_again() {
-        for r in RECIPES {
-            let mut c = Config::default();
-            assert_eq!(apply(&mut c, r), Ok(()), "{}", r.id);
-            assert!(crate::estimator::validate_consistency(&c).is_ok(), "{}", r.id);
-            assert!(matching_recipe(&c).is_some(), "{}", r.id);
-        }
-    }
-
-    #[test]
-    fn no_recipe_matches_the_default_configuration() {
-        assert_eq!(matching_recipe(&Config::default()), None);
-    }
 
     #[test]
     fn recipe_ids_are_unique() {

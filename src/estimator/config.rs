@@ -368,6 +368,14 @@ impl Config {
         self.gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)
     }
 
+    /// Tokens of one sequence on one GPU: context parallelism splits each sequence over `cp`
+    /// GPUs, each holding ⌈s / cp⌉ of its tokens (Megatron's `--context-parallel-size`; the
+    /// keys and values of the others pass through in ring attention). The one place `seq` and
+    /// `cp` are bound: the activation ledger, the step's program and the cost model read it.
+    pub fn seq_per_gpu(&self) -> u64 {
+        self.seq.div_ceil(self.cp.max(1))
+    }
+
     /// The display name: the preset id, the custom name, or "custom model".
     pub fn display_name(&self) -> String {
         if self.model != "custom" {

@@ -39,6 +39,7 @@ use super::config::{Attention, Config, Finetune, Interconnect, LoraTargets, Offl
 use super::gpu::{self, ScaleUp};
 use super::model::{MlpKind, ModelSpec};
 use super::precision::{recipe, Dtype};
+use super::sharding::{Sharding, OPTIMIZER_STATES_FROM};
 use serde::Serialize;
 
 /// What every figure of this module is, in the words the UI and CLI show beside it.
@@ -694,7 +695,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     if tp > 1 {
         let layers = super::params::stage_layers(m.layers, pp) as f64;
         let calls = TP_COLLECTIVES_PER_LAYER + if cfg.recompute == Recompute::Full { TP_COLLECTIVES_RECOMPUTED } else { 0.0 };
-        let s = cfg.batch as f64 * (cfg.seq / cp).max(1) as f64 * m.hidden as f64 * act;
+        let s = cfg.batch as f64 * cfg.seq_per_gpu() as f64 * m.hidden as f64 * act;
         let (link, gbs) = group_link(hw, a, 1, tp);
         let bytes = calls * layers * accum * s;
         out.push(CommTerm {
@@ -717,7 +718,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     // hops forward; backward passes K, V and their gradients (twice the forward volume).
     if cp > 1 {
         let layers = super::params::stage_layers(m.layers, pp) as f64;
-        let chunk = K_AND_V * cfg.batch as f64 * (cfg.seq / cp).max(1) as f64 * (m.kv_width() / tp).max(1) as f64 * act;
+        let chunk = K_AND_V * cfg.batch as f64 * cfg.seq_per_gpu() as f64 * (m.kv_width() / tp).max(1) as f64 * act;
         let bytes = CP_RING_PASSES * (cp - 1) as f64 * chunk * layers * accum;
         let (link, gbs) = group_link(hw, a, tp, cp);
         out.push(CommTerm {
@@ -739,7 +740,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     // Pipeline parallelism: each micro-batch sends its activations forward and receives the
     // gradients back at every stage boundary — vpp times with interleaving.
     if pp > 1 {
-        let mut s = cfg.batch as f64 * (cfg.seq / cp).max(1) as f64 * m.hidden as f64 * act;
+        let mut s = cfg.batch as f64 * cfg.seq_per_gpu() as f64 * m.hidden as f64 * act;
         if cfg.sp {
             // Megatron's scatter-gather: each tensor-parallel rank sends its 1/t slice.
             s /= tp as f64;
@@ -767,7 +768,7 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     if ep > 1 && m.moe_layers() > 0 {
         let layers = m.moe_layers() as f64 / pp as f64;
         let calls = EP_ALL_TO_ALLS_PER_LAYER + if cfg.recompute == Recompute::Full { EP_ALL_TO_ALLS_RECOMPUTED } else { 0.0 };
-        let tokens = cfg.batch as f64 * (cfg.seq / cp).max(1) as f64;
+        let tokens = cfg.batch as f64 * cfg.seq_per_gpu() as f64;
         let bytes = calls * layers * accum * tokens * m.top_k as f64 * m.hidden as f64 * act;
         let (link, gbs) = group_link(hw, a, tp * cp, ep);
         out.push(CommTerm {
@@ -789,7 +790,8 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
     // CPU offload: gradients down and updated weights up over the host link each step; with
     // parameter offload also the weights of every forward and backward.
     if cfg.offload != Offload::None {
-        let shards = if cfg.zero.stage() >= 1 { dp as f64 } else { 1.0 };
+        // Each GPU offloads and updates its shard of the optimizer's tensors.
+        let shards = Sharding::of(cfg).ways(OPTIMIZER_STATES_FROM).0 as f64;
         let psi = (local.dense + local.expert) / shards;
         let host = hw.host_gbs / DIRECTIONS * a.link_efficiency;
         let mut bytes = psi * trainable * (grad + dtype_bytes(r.weight));
@@ -933,7 +935,7 @@ pub fn step_cost_with(cfg: &Config, a: &Assumptions, hw: &Hardware, fig: &ModelF
 
     // Optimizer step: memory-bound on the GPU, or the CPU's under offload.
     let lp = local_params(fig, cfg);
-    let shards = if cfg.zero.stage() >= 1 { cfg.dp().max(1) as f64 } else { 1.0 };
+    let shards = Sharding::of(cfg).ways(OPTIMIZER_STATES_FROM).0 as f64;
     let trainable_local = (lp.dense + lp.expert) * trainable_fraction(cfg, fig) / shards;
     let optimizer_s = if cfg.offload == Offload::None {
         trainable_local * optimizer_bytes_per_param(cfg) / (hw.hbm_gbs * GB)

@@ -1482,7 +1482,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     if cfg.offload == Offload::None {
         push("offload", "optimizer".into(), "optimizer offload".into(), false, Config { offload: Offload::Optimizer, ..cfg.clone() });
     }
-    if cfg.offload != Offload::OptimizerParams && cfg.zero.stage() == 3 {
+    if cfg.offload != Offload::OptimizerParams && cfg.zero.stage() >= super::sharding::PARAMETERS_FROM {
         push(
             "offload",
             "optimizer+params".into(),

@@ -22,15 +22,35 @@ pub struct Sharding {
     pub n_expert: u64,
 }
 
+/// The ZeRO stage from which each role is sharded (Rajbhandari et al. 2020, §5): optimizer
+/// states (and master weights) from stage 1, gradients from stage 2, parameters from stage 3.
+pub const OPTIMIZER_STATES_FROM: u8 = 1;
+pub const GRADIENTS_FROM: u8 = 2;
+pub const PARAMETERS_FROM: u8 = 3;
+
 impl Sharding {
     pub fn of(cfg: &Config) -> Sharding {
         let dp = cfg.dp().max(1);
         let n = if cfg.zero == Zero::HybridShard { cfg.shard_group.clamp(1, dp) } else { dp };
         Sharding { stage: cfg.zero.stage(), n, n_expert: (n / cfg.ep.max(1)).max(1) }
     }
+    /// Whether a role sharded from `from_stage` on (see [`GRADIENTS_FROM`] …) is split over more
+    /// than one GPU here: the one test every sharded term and the step's program ask.
+    pub fn splits(&self, from_stage: u8) -> bool {
+        self.stage >= from_stage && self.n > 1
+    }
+    /// How many GPUs share a role sharded from `from_stage` on: (dense tensors, routed experts);
+    /// (1, 1) where it is not split ([`Sharding::splits`]).
+    pub fn ways(&self, from_stage: u8) -> (u64, u64) {
+        if self.splits(from_stage) {
+            (self.n, self.n_expert)
+        } else {
+            (1, 1)
+        }
+    }
     /// The divisors for a role sharded from `from_stage` on.
     pub fn shards(&self, from_stage: u8) -> Shards {
-        if self.stage >= from_stage && self.n > 1 {
+        if self.splits(from_stage) {
             Shards { dense: Expr::var(N_D, self.n), expert: Expr::var(N_E, self.n_expert) }
         } else {
             Shards::none()

@@ -1022,7 +1022,11 @@ pub fn gpus_sweep(cfg: &Config) -> GpusSweep {
         .into_iter()
         .map(|zero| {
             // Offloading parameters needs ZeRO-3; the lower stages offload the optimizer only.
-            let offload = if zero.stage() < 3 && cfg.offload == Offload::OptimizerParams { Offload::Optimizer } else { cfg.offload };
+            let offload = if zero.stage() < super::sharding::PARAMETERS_FROM && cfg.offload == Offload::OptimizerParams {
+                Offload::Optimizer
+            } else {
+                cfg.offload
+            };
             let base = Config { zero, offload, ..cfg.clone() };
             let peak: Vec<Option<Bytes>> = gpus.iter().map(|&n| peak(&Config { gpus: n, ..base.clone() })).collect();
             // The fewest GPUs: binary search between the last sampled count that does not fit

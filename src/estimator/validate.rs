@@ -127,7 +127,7 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.finetune != Finetune::Full && cfg.lora_targets.0 == 0 {
         return Err(invalid("lora_targets", "names no module"));
     }
-    if cfg.offload == Offload::OptimizerParams && cfg.zero.stage() < 3 {
+    if cfg.offload == Offload::OptimizerParams && cfg.zero.stage() < super::sharding::PARAMETERS_FROM {
         return Err(invalid("offload", "offloading parameters needs zero=3 (or FSDP full/hybrid sharding)"));
     }
     if cfg.gpu != "custom" && gpu::gpu(&cfg.gpu).is_none() {

@@ -151,7 +151,7 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
     let amp = recipe.autocast_weight_copy;
     let values = Values {
         b: cfg.batch,
-        s: cfg.seq.div_ceil(cfg.cp.max(1)),
+        s: cfg.seq_per_gpu(),
         s_kv: cfg.seq,
         h: spec.hidden,
         a: spec.heads,

@@ -517,54 +517,58 @@ pub fn analyse_serving(cfg: &Config) -> Result<Serve, ServeError> {
     })
 }
 
-/// Concurrency at `context` after applying `set` to `cfg` (`None` when the change is invalid).
-fn concurrency_after(cfg: &Config, set: &[(&'static str, String)], context: u64) -> Option<f64> {
-    let mut c = cfg.clone();
-    for (k, v) in set {
-        crate::config::set(&mut c, k, v).ok()?;
-    }
-    let sized = size(&c).ok()?;
-    Some(group_concurrency(&c, &sized.pool, context, sized.cell))
+/// Concurrency at `context` of the changed configuration `c`.
+fn concurrency_of(c: &Config, context: u64) -> Option<f64> {
+    let sized = size(c).ok()?;
+    Some(group_concurrency(c, &sized.pool, context, sized.cell))
 }
 
 /// The single changes that make `n` sequences of `context` tokens fit, cheapest first: an FP8
 /// KV cache, a smaller prefill chunk, twice the tensor parallelism, another GPU (a data-parallel
-/// replica, which serves half the sequences).
+/// replica, which serves half the sequences). Each change is made on the configuration itself
+/// and named by the keys a share link writes for it.
 pub fn fixes(cfg: &Config, context: u64, n: u64) -> Vec<ServeFix> {
     let s = &cfg.serve;
-    let mut candidates: Vec<(String, Vec<(&'static str, String)>)> = Vec::new();
+    let more_gpus = cfg.gpus.max(cfg.tp * cfg.pp) * 2;
+    let mut candidates: Vec<(String, Vec<(&'static str, String)>, Config)> = Vec::new();
     if matches!(s.kv_dtype, KvDtype::Auto | KvDtype::Bf16 | KvDtype::Fp16) {
-        candidates.push(("FP8 KV cache".into(), vec![("kv_dtype", "fp8".into())]));
+        let mut c = cfg.clone();
+        c.serve.kv_dtype = KvDtype::Fp8;
+        candidates.push(("FP8 KV cache".into(), vec![("kv_dtype", "fp8".into())], c));
     }
     let batched = s.max_num_batched_tokens.unwrap_or(VLLM_MAX_NUM_BATCHED_TOKENS);
     if matches!(s.engine, Engine::Vllm | Engine::Trtllm) && batched > 2048 {
+        let mut c = cfg.clone();
+        c.serve.max_num_batched_tokens = Some(batched / 2);
         candidates.push((
             format!("max_num_batched_tokens {} instead of {batched}", batched / 2),
             vec![("max_num_batched_tokens", (batched / 2).to_string())],
+            c,
         ));
     }
     let tp = cfg.tp * 2;
     if s.engine != Engine::Transformers {
-        candidates.push((
-            format!("tensor parallelism {tp}"),
-            vec![("tp", tp.to_string()), ("gpus", (cfg.gpus.max(cfg.tp * cfg.pp) * 2).to_string())],
-        ));
+        let c = Config { tp, gpus: more_gpus, ..cfg.clone() };
+        candidates.push((format!("tensor parallelism {tp}"), vec![("tp", tp.to_string()), ("gpus", more_gpus.to_string())], c));
     }
     let mut out = Vec::new();
-    for (change, set) in candidates {
-        if let Some(c) = concurrency_after(cfg, &set, context) {
-            if c >= n as f64 {
-                out.push(ServeFix { change, set, max_concurrency: c });
+    for (change, set, c) in candidates {
+        // A change the configuration rejects (heads that do not split over tp) is no fix.
+        if crate::estimator::validate::validate_consistency(&c).is_err() {
+            continue;
+        }
+        if let Some(conc) = concurrency_of(&c, context) {
+            if conc >= n as f64 {
+                out.push(ServeFix { change, set, max_concurrency: conc });
             }
         }
     }
     // Another replica: each serves half the sequences.
-    if let Ok(sized) = size(cfg) {
-        let c = group_concurrency(cfg, &sized.pool, context, sized.cell);
+    if let Some(c) = concurrency_of(cfg, context) {
         if 2.0 * c >= n as f64 {
             out.push(ServeFix {
                 change: "another GPU group (a data-parallel replica)".into(),
-                set: vec![("gpus", (cfg.gpus.max(cfg.tp * cfg.pp) * 2).to_string())],
+                set: vec![("gpus", more_gpus.to_string())],
                 max_concurrency: 2.0 * c,
             });
         }

@@ -50,7 +50,7 @@ impl<'a> Setup<'a> {
         let amp = recipe.autocast_weight_copy;
         let values = Values {
             b: cfg.batch,
-            s: cfg.seq.div_ceil(cfg.cp.max(1)),
+            s: cfg.seq_per_gpu(),
             s_kv: cfg.seq,
             h: spec.hidden,
             a: spec.heads,
@@ -138,7 +138,7 @@ impl<'a> Setup<'a> {
 
     pub fn params(&self) -> Params<'_> {
         let sh = Sharding::of(self.cfg);
-        let (shards, expert_shards) = if sh.stage >= 2 && sh.n > 1 { (sh.n, sh.n_expert) } else { (1, 1) };
+        let (shards, expert_shards) = sh.ways(crate::estimator::sharding::GRADIENTS_FROM);
         Params { groups: &self.groups, weight: DType::of(self.recipe.weight), grad_elem: self.recipe.grad.bytes(), shards, expert_shards }
     }
 
@@ -477,7 +477,7 @@ impl<'a> Setup<'a> {
 }
 
 fn values_s(cfg: &Config) -> u64 {
-    cfg.seq.div_ceil(cfg.cp.max(1))
+    cfg.seq_per_gpu()
 }
 
 /// Collects the events of a run.
@@ -614,7 +614,7 @@ pub fn optimizer_events<S: Sink>(sink: &mut S, cfg: &Config, recipe: &Recipe, nu
         return;
     }
     let sh = Sharding::of(cfg);
-    let shards = if sh.stage >= 1 && sh.n > 1 { sh.n as u128 } else { 1 };
+    let shards = sh.ways(crate::estimator::sharding::OPTIMIZER_STATES_FROM).0 as u128;
     let state = if recipe.master.is_some() { 4 } else { recipe.state.bytes() as u128 };
     let dtype = if state == 4 { DType::Fp32 } else { DType::of(recipe.state) };
     let size = |n: u128| n.div_ceil(shards) * state;
@@ -754,7 +754,7 @@ pub fn resident_grads(cfg: &Config) -> bool {
     // Gradient accumulation keeps the gradients of the micro-batches before; ZeRO-2/3 (FSDP)
     // reduce-scatter each gradient as its bucket fills and keep only their shard, resident.
     let sh = Sharding::of(cfg);
-    cfg.accum > 1 || (sh.stage >= 2 && sh.n > 1)
+    cfg.accum > 1 || sh.splits(crate::estimator::sharding::GRADIENTS_FROM)
 }
 
 /// Which trainable parameter tensors a program has (for tests).
