@@ -14,8 +14,7 @@
 //! - **Export**: the configuration on screen as a torchtune YAML, a torchtitan TOML, an
 //!   accelerate + DeepSpeed pair or Megatron-LM arguments.
 
-use crate::config::recipes::{matching_recipe, recipe, RECIPES};
-use crate::config::{decode_query, KEYS};
+use crate::config::{decode_query, matching_recipe, recipe, KEYS, RECIPES};
 use crate::frameworks::api::{import_formats, FileIn, ImportReply, KeyRow};
 use crate::ui::frameworks_client::{self, ExportButtons};
 use crate::ui::state::use_store;
