@@ -70,7 +70,7 @@ test('axe finds no violation on a phone-width page with its pinned verdict, nor 
 test('axe finds no violation on the serving view (its fixes and an open budget row) and its embed, light and dark', async () => {
   for (const scheme of ['light', 'dark']) {
     const { page, problems } = await openPage(browser, null, { colorScheme: scheme, bypassCSP: true });
-    await page.goto(server.base + '?mode=serve&model=llama-3.1-70b&gpus=4&tp=4&context=32768&concurrency=64');
+    await page.goto(server.base + '?mode=serve&model=llama-3.1-70b&gpus=4&tp=4&context=32768&concurrency=24');
     await page.waitForSelector('[data-testid=serve-fixes]');
     await page.waitForSelector('[data-testid=chart-serve-kv][data-layout]');
     await page.waitForSelector('[data-testid=chart-serve-concurrency][data-layout]');

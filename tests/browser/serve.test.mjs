@@ -103,16 +103,16 @@ test('the mode tabs work from the keyboard and a link with mode=serve opens in s
 });
 
 test('a target that does not fit offers its cheapest fixes, and each applies and fits', async () => {
-  const query = '?mode=serve&model=llama-3.1-70b&gpus=4&tp=4&context=32768&concurrency=64';
+  const query = '?mode=serve&model=llama-3.1-70b&gpus=4&tp=4&context=32768&concurrency=24';
   const { page, problems } = await openServing(query);
   assert.equal(await page.getAttribute('[data-testid=serve-verdict]', 'data-fits'), 'false');
   const fixes = await page.$$eval('[data-testid=serve-fixes] button', (bs) => bs.map((b) => b.textContent));
   assert.ok(fixes.length >= 1, fixes.join('\n'));
-  const cli = cliServe(['--model', 'llama-3.1-70b', '--gpus', '4', '--tp', '4', '--context', '32768', '--concurrency', '64']);
+  const cli = cliServe(['--model', 'llama-3.1-70b', '--gpus', '4', '--tp', '4', '--context', '32768', '--concurrency', '24']);
   assert.equal(fixes.length, cli.fixes.length);
   await page.click('[data-testid=serve-fix-0]');
   await page.waitForFunction(() => document.querySelector('[data-testid=serve-verdict]')?.dataset.fits === 'true');
-  assert.ok(Number(await value(page, 'serve-max-concurrency')) >= 64);
+  assert.ok(Number(await value(page, 'serve-max-concurrency')) >= 24);
   for (const [k, v] of cli.fixes[0].set) await page.waitForFunction(([k, v]) => new URLSearchParams(location.search).get(k) === v, [k, v]);
   assert.deepEqual(problems, []);
 });
