@@ -62,10 +62,13 @@ pub fn ModeTabs() -> impl IntoView {
         }
     };
     view! {
-        <div class="mode-tabs" role="tablist" aria-label="What to answer" data-testid="mode-tabs" on:keydown=on_key>
-            {tab(false, "mode-tab-train", "Training: the step")}
-            {tab(true, "mode-tab-serve", "Serving: KV cache and engine")}
-        </div>
+        // In a landmark of its own, as every piece of the page is (axe's region rule).
+        <nav aria-label="Mode">
+            <div class="mode-tabs" role="tablist" aria-label="What to answer" data-testid="mode-tabs" on:keydown=on_key>
+                {tab(false, "mode-tab-train", "Training: the step")}
+                {tab(true, "mode-tab-serve", "Serving: KV cache and engine")}
+            </div>
+        </nav>
     }
 }
 
