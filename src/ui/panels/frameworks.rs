@@ -231,7 +231,7 @@ pub fn Frameworks() -> impl IntoView {
     view! {
         <details class="hf frameworks" data-panel="frameworks" data-testid="frameworks">
             <summary>"Framework config files: import, recipes, export"</summary>
-            <h3 class="fw-h">"Import the files your run has"</h3>
+            <h2 class="fw-h">"Import the files your run has"</h2>
             <p class="hint">"torchtune, axolotl, litgpt, accelerate and Megatron-Bridge YAML; torchtitan TOML; DeepSpeed, Trainer and PEFT JSON; Megatron-LM arguments. Several files combine (a Trainer JSON with its DeepSpeed JSON); the result replaces the configuration, as trainmem import does."</p>
             <For each=move || slots.get() key=|s| s.id children=slot_view/>
             <div class="row">
@@ -252,7 +252,7 @@ pub fn Frameworks() -> impl IntoView {
                     {(!r.keys.is_empty()).then(|| report(r))}
                 }
             }))}
-            <h3 class="fw-h">"Start from a framework's recipe"</h3>
+            <h2 class="fw-h">"Start from a framework's recipe"</h2>
             <div class="field">
                 <div class="field-head"><label for="in-recipe">"Recipe (a framework's shipped config; any key can be changed after)"</label><code class="key">"recipe"</code></div>
                 <select id="in-recipe" data-testid="fw-recipe" disabled=locked_recipe on:change=on_recipe>
@@ -262,7 +262,7 @@ pub fn Frameworks() -> impl IntoView {
                 <span class="field-error" role="status">{move || recipe_problem.get()}</span>
                 <small class="choice-id" data-testid="fw-recipe-source">{recipe_line}</small>
             </div>
-            <h3 class="fw-h">"Run it"</h3>
+            <h2 class="fw-h">"Run it"</h2>
             <ExportButtons config=Signal::derive(move || Some(store.config.get())) id="fw-export" label="Download this configuration as"/>
         </details>
     }
