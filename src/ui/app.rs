@@ -1,9 +1,12 @@
 //! The page: the store, then the panels a [`Layout`] lists, in its two columns (or one, in an
 //! embed). Each panel is its own component under [`super::panels`]; this file only places them.
+//! The panels a visitor opens later are placed as their shells: each loads its panel from the
+//! lazily loaded module when it is opened ([`super::lazy`]).
 
 use super::analysis;
 use super::dom;
 use super::layout::{Layout, Panel};
+use super::lazy;
 use super::panels::{
     architecture, bar, bench, charts, compare, course, embed, exercise, import, inputs, ledger, notices, plan, textbook, toolbar, verdict,
     verify,
@@ -121,15 +124,15 @@ fn bench() -> AnyView {
 }
 #[inline(never)]
 fn exercises() -> AnyView {
-    view! { <exercise::Exercises/> }.into_any()
+    view! { <exercise::Shell/> }.into_any()
 }
 #[inline(never)]
 fn compare() -> AnyView {
-    view! { <compare::Compare/> }.into_any()
+    view! { <compare::Shell/> }.into_any()
 }
 #[inline(never)]
 fn plan() -> AnyView {
-    view! { <plan::Plan/> }.into_any()
+    view! { <plan::Shell/> }.into_any()
 }
 #[inline(never)]
 fn verify() -> AnyView {
@@ -271,6 +274,7 @@ fn grouped(list: Vec<Panel>) -> impl IntoView {
 fn App() -> impl IntoView {
     let store = Store::from_url();
     store.provide();
+    lazy::provide(store);
     course::provide_course(store);
     dom::mark("trainmem:mounted");
     if store.embed {
@@ -319,7 +323,7 @@ fn FullPage() -> impl IntoView {
         // In the verdict's turn, a task after the form's (ready once the verdict is): the
         // toolbar opens the one, the browser's print fills the other.
         <InTurn turn=VERDICT>
-            <embed::EmbedDialog/>
+            <embed::Shell/>
             <course::PrintSheet/>
         </InTurn>
     }

@@ -17,7 +17,7 @@ impl BenchModule {
     /// Loads the module (its content-hashed files, fetched only now) and opens the adapter;
     /// every event it reports from then on goes to `on_event`.
     pub async fn load(on_event: impl Fn(Event) + 'static) -> Result<BenchModule, String> {
-        let exports = dom::load_bench().await?;
+        let exports = dom::load_module("bench").await?;
         let module = BenchModule { exports };
         let callback = Closure::<dyn Fn(String)>::new(move |json: String| {
             on_event(Event::read(&json).unwrap_or_else(Event::Failed));

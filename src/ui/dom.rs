@@ -9,17 +9,30 @@ fn js_error(e: JsValue) -> String {
     e.as_string().or_else(|| e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message()))).unwrap_or_else(|| "unknown error".into())
 }
 
-/// Loads the benchmark module and resolves to its exports. The page defines the loader
-/// (`window.trainmemLoadBench`, an inline script of index.html) and names the module's
-/// content-hashed files in `<meta name="trainmem-bench">`, both written at build time.
-pub async fn load_bench() -> Result<JsValue, String> {
-    let loader = js_sys::Reflect::get(&window(), &"trainmemLoadBench".into())
+/// Loads one of the lazily loaded modules (`bench`, `more`) and resolves to its exports. The
+/// page defines the loader (`window.trainmemLoad`, an inline script of index.html) and names
+/// each module's content-hashed files in `<meta name="trainmem-NAME">`, both written at build
+/// time (scripts/build-modules.sh); the loader fetches a module once.
+pub async fn load_module(name: &str) -> Result<JsValue, String> {
+    let loader = js_sys::Reflect::get(&window(), &"trainmemLoad".into())
         .ok()
         .and_then(|f| f.dyn_into::<js_sys::Function>().ok())
-        .ok_or("this page has no benchmark loader")?;
-    let promise = loader.call0(&JsValue::NULL).map_err(js_error)?;
-    let promise = promise.dyn_into::<js_sys::Promise>().map_err(|_| "the benchmark loader returned no promise".to_string())?;
+        .ok_or("this page has no module loader")?;
+    let promise = loader.call1(&JsValue::NULL, &name.into()).map_err(js_error)?;
+    let promise = promise.dyn_into::<js_sys::Promise>().map_err(|_| "the module loader returned no promise".to_string())?;
     wasm_bindgen_futures::JsFuture::from(promise).await.map_err(js_error)
+}
+
+/// Moves the focus to the first control under `el` (a panel that took the place of the
+/// button that opened it).
+pub fn focus_first(el: &web_sys::Element) {
+    let first = el
+        .query_selector("button:not([disabled]), input:not([disabled]), select:not([disabled]), textarea, summary, a[href]")
+        .ok()
+        .flatten();
+    if let Some(f) = first.and_then(|f| f.dyn_into::<web_sys::HtmlElement>().ok()) {
+        let _ = f.focus();
+    }
 }
 
 /// `location.search` (with its leading `?`), or empty.

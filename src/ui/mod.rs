@@ -21,6 +21,8 @@ mod canvas;
 mod dom;
 mod html;
 pub mod layout;
+mod lazy;
+pub mod more;
 pub mod panels;
 pub mod state;
 mod warm;

@@ -14,6 +14,10 @@
 //! - **One unit source**: the configuration's `unit`.
 //! - **Typed choices**: the model and the GPU are [`ModelChoice`] and [`GpuChoice`] here; the
 //!   codec's `custom` spelling stays in the URL.
+//! - **One store across two modules**: the panels a visitor opens later run in their own wasm
+//!   module (`ui::more`), with a store of their own that mirrors the page's ([`Mirror`]) and
+//!   sends every change to the page's ([`Change`]): the page's store stays the one source of
+//!   truth, and a panel writes through the same setters in either module.
 
 use super::dom;
 use crate::config::{self, decode_query, encode_query, Config, ConfigError, Unit};
@@ -140,6 +144,110 @@ pub struct Store {
     /// The last change applied from the answers panel (a fix, a next change): what it promised,
     /// so that the verdict can say whether the configuration it led to keeps that promise.
     pub applied: RwSignal<Option<Applied>>,
+    /// In the lazily loaded module: where its changes go (the page's store, which answers
+    /// with its new state); `None` on the page, where they are applied here.
+    remote: Option<StoredValue<Remote, LocalStorage>>,
+}
+
+/// Sends a change to the page's store and follows the state it answers with.
+pub type Remote = std::rc::Rc<dyn Fn(Change) -> Result<(), String>>;
+
+/// A change of the page's state, as one of the store's setters makes it: applied to the page's
+/// store, or sent to it from the lazily loaded module as text ([`Change::encode`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// Configuration keys and their values, as a link spells them ([`Store::apply`]).
+    Keys(Vec<(String, String)>),
+    /// A whole configuration (an imported architecture): its query.
+    Config(String),
+    /// A whole state: the configuration, and `compare=` and `theme=` if it has them
+    /// ([`Store::set_state`]).
+    State(String),
+    /// The configuration compared with (its query), or none.
+    Compare(Option<String>),
+    /// A and B change places ([`Store::swap_compare`]).
+    Swap,
+    /// A quiz's figures show ([`Store::reveal`]).
+    Reveal,
+}
+
+impl Change {
+    /// One line naming the change, then its text (percent-encoded).
+    pub fn encode(&self) -> String {
+        let pe = config::percent_encode;
+        match self {
+            Change::Keys(pairs) => {
+                format!("keys\n{}", pairs.iter().map(|(k, v)| format!("{}={}", pe(k), pe(v))).collect::<Vec<_>>().join("&"))
+            }
+            Change::Config(q) => format!("config\n{}", pe(q)),
+            Change::State(q) => format!("state\n{}", pe(q)),
+            Change::Compare(Some(q)) => format!("compare\n{}", pe(q)),
+            Change::Compare(None) => "compare".into(),
+            Change::Swap => "swap".into(),
+            Change::Reveal => "reveal".into(),
+        }
+    }
+
+    pub fn decode(text: &str) -> Option<Change> {
+        let (kind, rest) = text.split_once('\n').map_or((text, None), |(k, r)| (k, Some(r)));
+        let pd = config::percent_decode;
+        Some(match (kind, rest) {
+            ("keys", Some(r)) => Change::Keys(
+                r.split('&').filter(|p| !p.is_empty()).filter_map(|p| p.split_once('=')).map(|(k, v)| (pd(k), pd(v))).collect(),
+            ),
+            ("config", Some(r)) => Change::Config(pd(r)),
+            ("state", Some(r)) => Change::State(pd(r)),
+            ("compare", r) => Change::Compare(r.map(pd)),
+            ("swap", None) => Change::Swap,
+            ("reveal", None) => Change::Reveal,
+            _ => return None,
+        })
+    }
+}
+
+/// What the lazily loaded module's panels read of the page's state, as the page sends it
+/// ([`Store::mirror`], [`Store::follow`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mirror {
+    /// The configuration's query.
+    pub config: String,
+    /// The configuration compared with, its query.
+    pub compare: Option<String>,
+    /// The theme the page is drawn in.
+    pub look: Look,
+    /// Whether a quiz's figures show.
+    pub revealed: bool,
+    /// A shared benchmark result (`bench=`).
+    pub bench: String,
+}
+
+impl Mirror {
+    /// One line a field, each percent-encoded.
+    pub fn encode(&self) -> String {
+        let pe = config::percent_encode;
+        let look = match self.look {
+            Look::Light => "light",
+            Look::Dark => "dark",
+            Look::Projector => "projector",
+        };
+        let compare = self.compare.as_deref().map_or_else(|| "-".to_string(), |q| format!("+{}", pe(q)));
+        format!("{}\n{compare}\n{look}\n{}\n{}", pe(&self.config), u8::from(self.revealed), pe(&self.bench))
+    }
+
+    pub fn decode(text: &str) -> Option<Mirror> {
+        let pd = config::percent_decode;
+        let mut lines = text.split('\n');
+        let config = pd(lines.next()?);
+        let compare = lines.next()?.strip_prefix('+').map(pd);
+        let look = match lines.next()? {
+            "dark" => Look::Dark,
+            "projector" => Look::Projector,
+            _ => Look::Light,
+        };
+        let revealed = lines.next()? == "1";
+        let bench = pd(lines.next()?);
+        Some(Mirror { config, compare, look, revealed, bench })
+    }
 }
 
 /// A change applied from the answers panel, and what it promised.
@@ -197,6 +305,90 @@ impl Store {
             compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
             revealed: RwSignal::new(!quiz),
             applied: RwSignal::new(None),
+            remote: None,
+        }
+    }
+
+    /// This store, sending its changes to the page's through `remote` (the lazily loaded
+    /// module's store).
+    pub fn with_remote(self, remote: Remote) -> Store {
+        Store { remote: Some(StoredValue::new_local(remote)), ..self }
+    }
+
+    /// Applies a change here, or sends it to the page's store (which then answers with its
+    /// state, followed at once).
+    pub fn send(&self, change: Change) -> Result<(), String> {
+        match self.remote {
+            Some(remote) => remote.with_value(|r| r.clone())(change),
+            None => self.change(change),
+        }
+    }
+
+    /// Applies a change to this store (the page's).
+    pub fn change(&self, change: Change) -> Result<(), String> {
+        match change {
+            Change::Keys(pairs) => self.apply_here(&pairs),
+            Change::Config(q) => {
+                self.config.set(decode_query(&q).config);
+                Ok(())
+            }
+            Change::State(q) => {
+                self.set_state_here(&q);
+                Ok(())
+            }
+            Change::Compare(q) => {
+                self.compare.set(q.map(|q| decode_query(&q).config));
+                Ok(())
+            }
+            Change::Swap => {
+                if let Some(b) = self.compare.get_untracked() {
+                    let a = self.config.get_untracked();
+                    self.config.set(Config { unit: a.unit, ..b });
+                    self.compare.set(Some(a));
+                }
+                Ok(())
+            }
+            Change::Reveal => {
+                self.revealed.set(true);
+                Ok(())
+            }
+        }
+    }
+
+    /// What the lazily loaded module's panels read of this store (tracked).
+    pub fn mirror(&self) -> Mirror {
+        Mirror {
+            config: self.config.with(encode_query),
+            compare: self.compare.with(|b| b.as_ref().map(compare_query)),
+            look: self.look(),
+            revealed: self.revealed.get(),
+            bench: self.bench.get(),
+        }
+    }
+
+    /// Takes the page's state into this store (the lazily loaded module's): what differs is set.
+    pub fn follow(&self, m: &Mirror) {
+        let cfg = decode_query(&m.config).config;
+        if self.config.with_untracked(|c| *c != cfg) {
+            self.config.set(cfg);
+        }
+        let b = m.compare.as_deref().map(|q| decode_query(q).config);
+        if self.compare.with_untracked(|c| *c != b) {
+            self.compare.set(b);
+        }
+        let theme = match m.look {
+            Look::Light => ThemeChoice::Light,
+            Look::Dark => ThemeChoice::Dark,
+            Look::Projector => ThemeChoice::Projector,
+        };
+        if self.theme.get_untracked() != theme {
+            self.theme.set(theme);
+        }
+        if self.revealed.get_untracked() != m.revealed {
+            self.revealed.set(m.revealed);
+        }
+        if self.bench.with_untracked(|b| *b != m.bench) {
+            self.bench.set(m.bench.clone());
         }
     }
 
@@ -242,11 +434,15 @@ impl Store {
     /// Sets several keys at once (a one-click answer), or says what was wrong with the first
     /// that could not be used (then nothing changes).
     pub fn apply(&self, pairs: &[(&'static str, String)]) -> Result<(), String> {
+        self.send(Change::Keys(pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()))
+    }
+
+    fn apply_here(&self, pairs: &[(String, String)]) -> Result<(), String> {
         if let Some((k, _)) = pairs.iter().find(|(k, _)| self.locked(k)) {
             return Err(format!("{k}: locked by the course page"));
         }
         let mut c = self.config.get_untracked();
-        if let Some(e) = config::apply_pairs(&mut c, pairs.iter().map(|(k, v)| (*k, v.as_str())).collect()).into_iter().next() {
+        if let Some(e) = config::apply_pairs(&mut c, pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()).into_iter().next() {
             return Err(format!("{}: {}", e.key, e.reason));
         }
         if let Err(e) = crate::estimator::validate(&c) {
@@ -289,6 +485,14 @@ impl Store {
     /// configuration): the configuration, and `compare=` and `theme=` if it has them. Locks
     /// bind the learner, not the course page. Returns what could not be used.
     pub fn set_state(&self, query: &str) -> Vec<ConfigError> {
+        if self.remote.is_some() {
+            let _ = self.send(Change::State(query.to_string()));
+            return decode_query(query).errors;
+        }
+        self.set_state_here(query)
+    }
+
+    fn set_state_here(&self, query: &str) -> Vec<ConfigError> {
         let d = decode_query(query);
         let get = |k: &str| d.presentation.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
         if let Some(t) = get("theme").and_then(|t| ThemeChoice::parse(&t)) {
@@ -303,26 +507,22 @@ impl Store {
 
     /// Sets (or clears) the configuration compared with.
     pub fn set_compare(&self, b: Option<Config>) {
-        self.compare.set(b);
+        let _ = self.send(Change::Compare(b.as_ref().map(compare_query)));
     }
 
     /// "Duplicate as B": the current configuration becomes B, to compare edits of A with.
     pub fn duplicate_as_b(&self) {
-        self.compare.set(Some(self.config.get_untracked()));
+        self.set_compare(Some(self.config.get_untracked()));
     }
 
     /// Swaps A and B (the display unit stays A's).
     pub fn swap_compare(&self) {
-        if let Some(b) = self.compare.get_untracked() {
-            let a = self.config.get_untracked();
-            self.config.set(Config { unit: a.unit, ..b });
-            self.compare.set(Some(a));
-        }
+        let _ = self.send(Change::Swap);
     }
 
     /// Shows the figures a quiz hid (after a guess).
     pub fn reveal(&self) {
-        self.revealed.set(true);
+        let _ = self.send(Change::Reveal);
     }
 
     /// Applies a change from the answers panel and remembers what it promised (see
@@ -336,7 +536,9 @@ impl Store {
 
     /// Replaces the model with an imported config.json.
     pub fn import(&self, imported: &Imported) {
-        self.config.update(|c| config::apply_import(c, imported));
+        let mut c = self.config.get_untracked();
+        config::apply_import(&mut c, imported);
+        let _ = self.send(Change::Config(encode_query(&c)));
     }
 
     /// The address of the current state, for "copy link".

@@ -26,6 +26,8 @@ const SMALL = '?model=qwen2.5-0.5b&gpus=8&seq=1024';
 
 async function openPlan(query, options = {}) {
   const opened = await openPage(browser, server.base + query, options);
+  // The planner is in the lazily loaded module: its button fetches it.
+  await opened.page.click('[data-testid=plan-open]');
   await opened.page.waitForSelector('[data-testid=plan-run]');
   return opened;
 }

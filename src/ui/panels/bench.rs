@@ -8,6 +8,11 @@
 //! form read when a run starts; everything else is one HTML text ([`crate::ui::html`]) rebuilt
 //! from the panel's state after each event of the module, its buttons answer through one
 //! delegated click handler (`data-action`), and its two charts are painted after each rebuild.
+//!
+//! The panel's page lives in the lazily loaded module ([`crate::ui::lazy`]): the page holds the
+//! heading, the settings and the button that opens the benchmark ([`Bench`]); pressing it loads
+//! the module, whose [`Page`] then loads the benchmark's own. A shared result (`bench=`) or an
+//! embed of the benchmark loads it at once.
 
 use crate::bench::api::{Adapter, Event, Finished};
 use crate::bench::{decode_compact, Dtype, SharedResult, SharedTiming, SweepOptions};
@@ -21,6 +26,7 @@ use crate::ui::bench_client::BenchModule;
 use crate::ui::canvas::draw_on;
 use crate::ui::dom;
 use crate::ui::html::{esc, stat};
+use crate::ui::lazy::{use_more, Lazy, Slot};
 use crate::ui::state::{use_store, Store};
 use leptos::html::Div;
 use leptos::prelude::*;
@@ -257,8 +263,48 @@ fn results(s: &mut String, shared: &SharedResult, full: Option<&Finished>, cfg: 
     ));
 }
 
+/// The page's side: the heading, the settings (read when a run starts) and the button that
+/// opens the benchmark; then its page, from the lazily loaded module.
 #[component]
 pub fn Bench() -> impl IntoView {
+    let store = use_store();
+    let more = use_more();
+    let unit = Memo::new(move |_| store.config.with(|c| c.unit));
+    // The shape from the user's model, capped to what runs in seconds on most GPUs.
+    let cfg = store.config.get_untracked();
+    let heads = cfg.arch.heads.clamp(1, 8).to_string();
+    let hd = if cfg.arch.head_dim % 4 == 0 && cfg.arch.head_dim <= 128 { cfg.arch.head_dim } else { 64 };
+    let hd_options = [64u64, 128, 32].map(|d| view! { <option value=d.to_string() selected=d == hd>{d.to_string()}</option> });
+    // An embed of the benchmark opens it at once; a shared result shows without the GPU.
+    let embedded = store.embed && store.view.get_untracked() == "bench";
+    let shared = !store.bench.with_untracked(String::is_empty);
+    let options = Callback::new(move |_| if embedded || more.requested(Lazy::Bench) { "open" } else { "" });
+    view! {
+        <section class="bench" aria-labelledby="bench-h" data-testid="bench-panel" data-panel="bench">
+            <h2 id="bench-h">"Attention on your own GPU (WebGPU benchmark)"</h2>
+            <p class="hint">"Times eager-style attention, which writes the whole b·a·s² score matrix to memory, against a fused FlashAttention-style kernel that never stores it, over growing sequence lengths — so you can watch the quadratic term the ledger predicts. The benchmark is loaded only when you open it."</p>
+            <form class="grid bench-controls" on:submit=|ev| ev.prevent_default() aria-label="Benchmark settings">
+                <div class="field"><label for="b-heads">"Heads"</label><input id="b-heads" type="number" min="1" max="64" value=heads/></div>
+                <div class="field"><label for="b-hd">"Head dim"</label><select id="b-hd">{hd_options}</select></div>
+                <div class="field"><label for="b-max">"Longest sequence (tokens)"</label><input id="b-max" type="number" min="256" value="4096"/></div>
+                <div class="field"><label for="b-cap">{move || if unit.get() == Unit::Gib { "Memory cap (MiB)" } else { "Memory cap (MB)" }}</label><input id="b-cap" type="number" min="16" value="1024"/>
+                    <input type="hidden" id="b-cap-unit" prop:value=move || if unit.get() == Unit::Gib { "mib" } else { "mb" }/></div>
+                <div class="field"><label for="b-budget">"Time budget (s)"</label><input id="b-budget" type="number" min="1" value="20"/></div>
+                <div class="field check"><label for="b-f16">"f16 (where supported)"</label><input id="b-f16" type="checkbox"/></div>
+            </form>
+            <div class="bench-page" data-testid="bench-page">
+                <Slot panel=Lazy::Bench open=embedded || shared options=options>
+                    <button type="button" class="primary" data-testid="bench-open" on:click=move |_| more.request(Lazy::Bench)>"Open the benchmark"</button>
+                </Slot>
+            </div>
+        </section>
+    }
+}
+
+/// The benchmark's page (in the lazily loaded module): the device, the progress, the results.
+/// `open`: open the benchmark at once (its button on the page was pressed, or an embed shows it).
+#[component]
+pub fn Page(open: bool) -> impl IntoView {
     let store = use_store();
     let state = StoredValue::new_local(Panel::default());
     let root = NodeRef::<Div>::new();
@@ -324,7 +370,7 @@ pub fn Bench() -> impl IntoView {
         });
         refresh();
     };
-    let open = move || {
+    let open_now = move || {
         state.update_value(|p| p.device = Device::Loading);
         refresh();
         leptos::task::spawn_local(async move {
@@ -337,35 +383,14 @@ pub fn Bench() -> impl IntoView {
             }
         });
     };
-    if store.embed && store.view.get_untracked() == "bench" {
-        request_animation_frame(open);
+    if open {
+        open_now();
     }
     let on_click = move |ev: leptos::ev::MouseEvent| {
         let action = ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok()).and_then(|e| e.get_attribute("data-action"));
-        act(store, state, action.as_deref().unwrap_or(""), &open, &refresh);
+        act(store, state, action.as_deref().unwrap_or(""), &open_now, &refresh);
     };
-    // The shape from the user's model, capped to what runs in seconds on most GPUs.
-    let cfg = store.config.get_untracked();
-    let heads = cfg.arch.heads.clamp(1, 8).to_string();
-    let hd = if cfg.arch.head_dim % 4 == 0 && cfg.arch.head_dim <= 128 { cfg.arch.head_dim } else { 64 };
-    let hd_options: String =
-        [64u64, 128, 32].iter().map(|d| format!("<option value=\"{d}\"{}>{d}</option>", if *d == hd { " selected" } else { "" })).collect();
-    view! {
-        <section class="bench" aria-labelledby="bench-h" data-testid="bench-panel" data-panel="bench">
-            <h2 id="bench-h">"Attention on your own GPU (WebGPU benchmark)"</h2>
-            <p class="hint">"Times eager-style attention, which writes the whole b·a·s² score matrix to memory, against a fused FlashAttention-style kernel that never stores it, over growing sequence lengths — so you can watch the quadratic term the ledger predicts. The benchmark is loaded only when you open it."</p>
-            <form class="grid bench-controls" on:submit=|ev| ev.prevent_default() aria-label="Benchmark settings">
-                <div class="field"><label for="b-heads">"Heads"</label><input id="b-heads" type="number" min="1" max="64" value=heads/></div>
-                <div class="field"><label for="b-hd">"Head dim"</label><select id="b-hd" inner_html=hd_options></select></div>
-                <div class="field"><label for="b-max">"Longest sequence (tokens)"</label><input id="b-max" type="number" min="256" value="4096"/></div>
-                <div class="field"><label for="b-cap">{move || if unit.get() == Unit::Gib { "Memory cap (MiB)" } else { "Memory cap (MB)" }}</label><input id="b-cap" type="number" min="16" value="1024"/>
-                    <input type="hidden" id="b-cap-unit" prop:value=move || if unit.get() == Unit::Gib { "mib" } else { "mb" }/></div>
-                <div class="field"><label for="b-budget">"Time budget (s)"</label><input id="b-budget" type="number" min="1" value="20"/></div>
-                <div class="field check"><label for="b-f16">"f16 (where supported)"</label><input id="b-f16" type="checkbox"/></div>
-            </form>
-            <div class="bench-page" data-testid="bench-page" node_ref=root on:click=on_click></div>
-        </section>
-    }
+    view! { <div node_ref=root on:click=on_click></div> }
 }
 
 /// What a button of the panel does.

@@ -4,6 +4,10 @@
 //!
 //! A read-out written as HTML text ([`crate::ui::html`]), rebuilt when A or B changes. The
 //! formulas come from [`explain`] of both configurations.
+//!
+//! The panel lives in the lazily loaded module ([`crate::ui::lazy`]): until something is
+//! compared, the page shows its invitation ([`Shell`]), and the first B (from the button, the
+//! course tools, `compare=`, an exercise) loads it.
 
 use crate::config::{decode_query, Config};
 use crate::estimator::expr::group_digits;
@@ -12,6 +16,7 @@ use crate::estimator::units::format_bytes;
 use crate::estimator::{flatten, Estimate, EstimateError};
 use crate::plots::{category_color, hex};
 use crate::ui::html::esc;
+use crate::ui::lazy::{Lazy, Slot};
 use crate::ui::state::{compare_query, gpu_of, use_store};
 use crate::words;
 use leptos::prelude::*;
@@ -152,9 +157,9 @@ fn html(a_cfg: &Config, b_cfg: &Config) -> String {
 /// swap and stop buttons (one handler per event kind reads `data-action`).
 fn panel_html(a: &Config, b: Option<&Config>, error: &str) -> String {
     let Some(b) = b else {
-        return "<p class=\"hint\">Duplicate this configuration as B, then change A: the verdicts, the bars and the ledger show what changed.</p>\
-                <button type=\"button\" data-action=\"duplicate\" data-testid=\"cmp-duplicate\">Duplicate as B</button>"
-            .into();
+        return format!(
+            "<p class=\"hint\">{INVITE}</p><button type=\"button\" data-action=\"duplicate\" data-testid=\"cmp-duplicate\">Duplicate as B</button>"
+        );
     };
     format!(
         "<div class=\"field\"><label for=\"cmp-b\">B's settings (as in a link)</label>\
@@ -168,6 +173,29 @@ fn panel_html(a: &Config, b: Option<&Config>, error: &str) -> String {
     )
 }
 
+/// What the panel says before anything is compared.
+const INVITE: &str = "Duplicate this configuration as B, then change A: the verdicts, the bars and the ledger show what changed.";
+
+/// The page's side: the invitation, until there is a B to compare with; then the panel
+/// (fetching the lazily loaded module).
+#[component]
+pub fn Shell() -> impl IntoView {
+    let store = use_store();
+    let comparing = Signal::derive(move || store.compare.with(Option::is_some));
+    view! {
+        <Slot panel=Lazy::Compare open=comparing>
+            <section class="compare" data-panel="compare" data-testid="compare" aria-labelledby="cmp-h">
+                <h2 id="cmp-h">"Compare A and B"</h2>
+                <div>
+                    <p class="hint">{INVITE}</p>
+                    <button type="button" data-testid="cmp-duplicate" on:click=move |_| store.duplicate_as_b()>"Duplicate as B"</button>
+                </div>
+            </section>
+        </Slot>
+    }
+}
+
+/// The comparison (in the lazily loaded module).
 #[component]
 pub fn Compare() -> impl IntoView {
     let store = use_store();

@@ -2,11 +2,15 @@
 //! ([`crate::course::snippets`]: an LMS iframe, an iframe with the resize script, MyST, Jupyter,
 //! reveal.js, Quarto, MkDocs), with the panel to show under the result, the theme, and
 //! predict-then-reveal. The frame speaks the versioned message protocol of docs/embed.md.
+//!
+//! The dialog lives in the lazily loaded module ([`crate::ui::lazy`]): the toolbar's button asks
+//! for it, and the page's [`Shell`] mounts it and opens it.
 
 use super::toolbar::EMBED_DIALOG;
 use crate::config::encode_query;
 use crate::course::snippets::{snippet, Embed, Host, DEFAULT_HEIGHT};
 use crate::ui::dom;
+use crate::ui::lazy::{Lazy, Slot};
 use crate::ui::state::{compare_query, use_store};
 use leptos::html::Dialog;
 use leptos::prelude::*;
@@ -65,6 +69,21 @@ fn value_of(root: &web_sys::Element, id: &str) -> String {
     }
 }
 
+/// Opens the dialog once it is there.
+fn show() {
+    if let Some(d) = document().get_element_by_id(EMBED_DIALOG) {
+        let _ = d.unchecked_into::<web_sys::HtmlDialogElement>().show_modal();
+    }
+}
+
+/// The page's side: where the dialog goes once the toolbar's button asks for it; it opens as
+/// soon as it is there.
+#[component]
+pub fn Shell() -> impl IntoView {
+    view! { <Slot panel=Lazy::Embed open=false on_mount=Callback::new(|_| show())>{()}</Slot> }
+}
+
+/// The dialog (in the lazily loaded module).
 #[component]
 pub fn EmbedDialog() -> impl IntoView {
     let store = use_store();

@@ -6,9 +6,14 @@
 //!
 //! "Make this an exercise" turns the current configuration and a question into a link; nothing
 //! is stored anywhere.
+//!
+//! The panel lives in the lazily loaded module ([`crate::ui::lazy`]): the page shows its heading
+//! and the button that opens it ([`Shell`]), or opens it at once where the link asks for an
+//! exercise (`quiz=`, `ask=`, `step=`), lists it (`sections=`) or is an embed's.
 
 use crate::config::{encode_query, Config};
 use crate::course::exercises::{answer, builtin, category_name, check, example_guess, Answer, Field, Target};
+use crate::course::panel::Panel;
 use crate::course::settings::{CustomExercise, Settings, DEFAULT_TOLERANCE_PCT};
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Category, Row};
@@ -16,6 +21,7 @@ use crate::estimator::units::{format_bytes, format_count};
 use crate::estimator::{flatten, Estimate};
 use crate::ui::dom;
 use crate::ui::html::esc;
+use crate::ui::lazy::{use_more, Lazy, Slot};
 use crate::ui::state::{compare_query, use_store, Store};
 use leptos::prelude::*;
 use wasm_bindgen::{JsCast, JsValue};
@@ -248,7 +254,33 @@ fn target_element(ev: &web_sys::Event) -> Option<web_sys::Element> {
     ev.target().and_then(|t| t.dyn_into::<web_sys::Element>().ok())
 }
 
-/// The exercises panel. Its controls are HTML text with one handler per event kind (as the
+/// The page's side: the panel's heading and the button that opens the exercises (fetching the
+/// lazily loaded module), or the exercises at once where the link asks for them.
+#[component]
+pub fn Shell() -> impl IntoView {
+    let store = use_store();
+    let more = use_more();
+    let (asked, quiz) = store.course.with_value(|s| {
+        let teaching = s.quiz || s.exercise.is_some() || s.step.is_some();
+        (teaching || store.embed || s.sections.contains(&Panel::Exercises), s.quiz || s.exercise.is_some())
+    });
+    let loading = move || more.requested(Lazy::Exercises);
+    view! {
+        <Slot panel=Lazy::Exercises open=asked>
+            <section class="exercises" data-panel="exercises" aria-labelledby="ex-h">
+                <h2 id="ex-h">{if quiz { "Predict, then reveal" } else { "Exercises" }}</h2>
+                {(!asked).then(|| view! {
+                    <p class="hint">"Predict a figure of a worked configuration, check it against the estimator, and see the rows and formulas behind the answer — or make this configuration an exercise of your own."</p>
+                    <button type="button" class="primary" data-testid="exercises-open" aria-busy=move || loading().to_string() on:click=move |_| more.request(Lazy::Exercises)>
+                        {move || if loading() { "Loading the exercises…" } else { "Open the exercises" }}
+                    </button>
+                })}
+            </section>
+        </Slot>
+    }
+}
+
+/// The exercises panel (in the lazily loaded module). Its controls are HTML text with one handler per event kind (as the
 /// form's fields are): a few signals, not a tree of reactive nodes.
 #[component]
 pub fn Exercises() -> impl IntoView {

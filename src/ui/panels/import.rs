@@ -1,14 +1,34 @@
 //! Paste or upload a Hugging Face `config.json`: the model becomes a custom one with that
 //! architecture.
+//!
+//! The importer (serde_json and the Hugging Face reader) lives in the lazily loaded module
+//! ([`crate::ui::lazy`]): the page holds the disclosure ([`Import`]), and opening it loads its
+//! body ([`Body`]).
 
 use crate::estimator::hf;
 use crate::estimator::units::format_count;
+use crate::ui::lazy::{use_more, Lazy, Slot};
 use crate::ui::state::use_store;
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 
+/// The page's side: the disclosure; opening it loads its body.
 #[component]
 pub fn Import() -> impl IntoView {
+    let more = use_more();
+    view! {
+        <details class="hf" data-panel="import" on:toggle=move |ev| { if event_target::<web_sys::HtmlDetailsElement>(&ev).open() { more.request(Lazy::Import) } }>
+            <summary>"Import a Hugging Face config.json"</summary>
+            <Slot panel=Lazy::Import open=false>
+                <p class="hint" role="status">"Loading…"</p>
+            </Slot>
+        </details>
+    }
+}
+
+/// The disclosure's body (in the lazily loaded module).
+#[component]
+pub fn Body() -> impl IntoView {
     let store = use_store();
     let text = RwSignal::new(String::new());
     let status = RwSignal::new(None::<Result<String, String>>);
@@ -42,8 +62,6 @@ pub fn Import() -> impl IntoView {
         });
     };
     view! {
-        <details class="hf" data-panel="import">
-            <summary>"Import a Hugging Face config.json"</summary>
             <div class="field">
                 <label for="hf-text">"Paste config.json"</label>
                 <textarea id="hf-text" rows="5" spellcheck="false" data-testid="hf-text"
@@ -57,6 +75,5 @@ pub fn Import() -> impl IntoView {
                 {move || status.get().map(|s| s.unwrap_or_else(|e| e))}
             </p>
             <p class="hint">{format!("Supported model_type: {}.", hf::SUPPORTED.join(", "))}</p>
-        </details>
     }
 }

@@ -9,6 +9,10 @@
 //! knobs are the panel's. Step times, throughput and MFU are the cost model's estimates, and
 //! every place that shows one says so.
 //!
+//! The planner lives in the lazily loaded module ([`crate::ui::lazy`]): the page shows the
+//! panel's heading and the button that opens it ([`Shell`]), or opens it at once where the link
+//! asks for it (`sections=plan`, an embed's `view=plan`).
+//!
 //! Test hook: `window.trainmemPlanBenchmark()` runs [`plan::benchmark_request`] (the native
 //! benchmark's 10⁵-configuration search) in one go and returns its time by the page's clock
 //! (`performance.now()`), as JSON, with where it goes: laying out the space, and `estimate()`
@@ -16,6 +20,7 @@
 //! (`data-search-ms`) and the time spent searching inside its slices (`data-compute-ms`).
 
 use crate::config::{self, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, KEYS};
+use crate::course::panel::Panel;
 use crate::estimator::expr::group_digits;
 use crate::estimator::gpu::{Vendor, GPUS};
 use crate::estimator::plan::{self, GlobalBatch, PlanRequest, PlanResult, Progress, Search, Space};
@@ -25,6 +30,7 @@ use crate::plots::Layout;
 use crate::ui::canvas::{ChartCanvas, Draw, Height};
 use crate::ui::dom;
 use crate::ui::html::esc;
+use crate::ui::lazy::{use_more, Lazy, Slot};
 use crate::ui::state::{gpu_of, use_store, GpuChoice, Store};
 use crate::words::{gpu_short, option_text};
 use leptos::html::Div;
@@ -414,6 +420,31 @@ fn PlanChart(chart: Memo<Option<PlanChartData>>) -> impl IntoView {
     view! { <ChartCanvas label=label draw=draw height=height testid="chart-plan"/> }
 }
 
+/// What the panel says under its heading.
+const HINT: &str = "Every configuration of the space that fits, ranked by the cost model's estimated step time (an estimate, not a measurement). Pruning only skips configurations proven not to fit or dominated.";
+
+/// The page's side: the panel's heading and the button that opens the planner (fetching the
+/// lazily loaded module), or the planner at once where the link asks for it.
+#[component]
+pub fn Shell() -> impl IntoView {
+    let store = use_store();
+    let more = use_more();
+    let asked = store.embed || store.course.with_value(|s| s.sections.contains(&Panel::Plan));
+    let loading = move || more.requested(Lazy::Plan);
+    view! {
+        <Slot panel=Lazy::Plan open=asked>
+            <section class="plan" aria-labelledby="plan-h" data-panel="plan">
+                <h2 id="plan-h">"Plan"</h2>
+                <p class="hint">{HINT}</p>
+                <button type="button" class="primary" data-testid="plan-open" aria-busy=move || loading().to_string() on:click=move |_| more.request(Lazy::Plan)>
+                    {move || if loading() { "Loading the planner…" } else { "Open the planner" }}
+                </button>
+            </section>
+        </Slot>
+    }
+}
+
+/// The planner (in the lazily loaded module).
 #[component]
 pub fn Plan() -> impl IntoView {
     let store = use_store();
@@ -602,7 +633,7 @@ pub fn Plan() -> impl IntoView {
         <section class="plan" aria-labelledby="plan-h" data-testid="plan" data-panel="plan"
             data-search-ms=move || format!("{:.1}", wall_ms.get()) data-compute-ms=move || format!("{:.1}", compute_ms.get())>
             <h2 id="plan-h">"Plan"</h2>
-            <p class="hint">"Every configuration of the space that fits, ranked by the cost model's estimated step time (an estimate, not a measurement). Pruning only skips configurations proven not to fit or dominated."</p>
+            <p class="hint">{HINT}</p>
             <div class="grid" node_ref=fields on:input=on_field on:change=on_field inner_html=initial></div>
             <div class="grid">
                 <div class="field">

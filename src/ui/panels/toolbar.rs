@@ -2,10 +2,12 @@
 
 use crate::config::Unit;
 use crate::ui::dom;
+use crate::ui::lazy::{use_more, Lazy};
 use crate::ui::state::use_store;
 use leptos::prelude::*;
 
-/// The id of the embed dialog ([`super::embed::EmbedDialog`]), which the button opens.
+/// The id of the embed dialog ([`super::embed::EmbedDialog`]), which the button opens (asking
+/// for it first: it is in the lazily loaded module, and opens itself once there).
 pub const EMBED_DIALOG: &str = "embed-dialog";
 
 #[component]
@@ -20,10 +22,12 @@ pub fn Toolbar() -> impl IntoView {
         });
     };
     let gib = move || store.unit() == Unit::Gib;
-    let open_embed = |_| {
-        if let Some(d) = document().get_element_by_id(EMBED_DIALOG) {
+    let more = use_more();
+    let open_embed = move |_| match document().get_element_by_id(EMBED_DIALOG) {
+        Some(d) => {
             let _ = wasm_bindgen::JsCast::unchecked_into::<web_sys::HtmlDialogElement>(d).show_modal();
         }
+        None => more.request(Lazy::Embed),
     };
     view! {
         <header class="top">

@@ -2,9 +2,14 @@
 //! download ([`crate::verify::verify_script`], the same script `trainmem verify-script` writes),
 //! and the JSON it writes pasted back, compared with a fresh estimate row by row
 //! ([`crate::verify::compare`], what `trainmem compare` prints).
+//!
+//! The panel's body lives in the lazily loaded module ([`crate::ui::lazy`]), with the script's
+//! template: the page holds the disclosure ([`Verify`]), and opening it loads the body
+//! ([`Body`]).
 
 use crate::estimator::units::format_bytes;
 use crate::ui::dom;
+use crate::ui::lazy::{use_more, Lazy, Slot};
 use crate::ui::state::use_store;
 use crate::verify::{self, compare};
 use leptos::prelude::*;
@@ -52,8 +57,23 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
+/// The page's side: the disclosure; opening it loads its body.
 #[component]
 pub fn Verify() -> impl IntoView {
+    let more = use_more();
+    view! {
+        <details class="verify" data-panel="verify" on:toggle=move |ev| { if event_target::<web_sys::HtmlDetailsElement>(&ev).open() { more.request(Lazy::Verify) } }>
+            <summary>"Verify on your GPU"</summary>
+            <Slot panel=Lazy::Verify open=false>
+                <p class="hint" role="status">"Loading…"</p>
+            </Slot>
+        </details>
+    }
+}
+
+/// The disclosure's body (in the lazily loaded module).
+#[component]
+pub fn Body() -> impl IntoView {
     let store = use_store();
     let text = RwSignal::new(String::new());
     let problem = RwSignal::new(String::new());
@@ -79,8 +99,6 @@ pub fn Verify() -> impl IntoView {
         }
     };
     view! {
-        <details class="verify" data-panel="verify">
-            <summary>"Verify on your GPU"</summary>
             <p class="hint">
                 "A self-contained PyTorch script (torch + transformers, random weights, nothing downloaded) that trains this configuration for three steps and prints what it measures — allocated after forward, the forward, backward and step peaks, max_memory_reserved and nvidia-smi — beside trainmem's prediction. It also runs on a CPU (a dispatch-level tracker instead of torch.cuda). Paste the JSON it writes below to compare row by row."
             </p>
@@ -97,6 +115,5 @@ pub fn Verify() -> impl IntoView {
             </div>
             <p class="status error" role="status" data-testid="verify-problem">{move || problem.get()}</p>
             <div class="verify-result" aria-live="polite" inner_html=move || result.get()></div>
-        </details>
     }
 }
