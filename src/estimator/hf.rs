@@ -357,6 +357,37 @@ mod tests {
         assert_eq!(err.as_ref().and_then(HfError::key), Some("use_sliding_window"));
     }
 
+    /// Every mix of Python's non-finite numbers, JSON's own values and malformed numbers, in
+    /// any of a key's value positions: Python's read as floats, anything else refused naming
+    /// the key, never a panic.
+    #[test]
+    fn non_standard_numbers_anywhere_in_a_config_are_read_or_refused_by_key() {
+        let tokens = ["Infinity", "-Infinity", "NaN", "0.0", "-1e5", "true", "null", "inf", "nan", "1.", "-", "Infinityx", "0x1F", "+2"];
+        let python = |t: &str| fields::python_float(t).is_some();
+        let json_ok = |t: &str| serde_json::from_str::<Value>(t).is_ok();
+        for a in tokens {
+            for b in tokens {
+                for (form, used) in
+                    [(a.to_string(), vec![a]), (format!("[{a}, {b}]"), vec![a, b]), (format!(r#"{{"lo": {a}, "hi": [{b}]}}"#), vec![a, b])]
+                {
+                    let text = format!(r#"{{"model_type": "llama", "vocab_size": 10, "time_step_limit": {form}}}"#);
+                    let standard = used.iter().all(|t| python(t) || json_ok(t));
+                    match fields::python_json(&text) {
+                        Ok(out) => {
+                            assert!(standard, "{text}");
+                            assert!(serde_json::from_str::<Value>(&out).is_ok(), "{text} -> {out}");
+                        }
+                        Err(HfError::BadNumber { key, token }) => {
+                            assert!(!python(&token) && !json_ok(&token), "{text}: {token}");
+                            assert!(["time_step_limit", "lo", "hi"].contains(&key.as_str()), "{text}: {key}");
+                        }
+                        Err(e) => panic!("{text}: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn absurd_numbers_in_the_new_families_are_errors_not_panics() {
         let huge = u64::MAX;
