@@ -46,12 +46,20 @@ pub static MULTIMODAL: LazyLock<Vec<(&'static str, &'static str)>> =
     LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| modeling(f).wrappers().iter().map(move |&w| (w, t))).collect());
 
 /// Model types refused on purpose, with the reason.
-pub const REFUSED: &[(&str, &str)] = &[(
-    "qwen3_next",
-    "its layers alternate gated DeltaNet linear attention (a recurrent state and causal convolutions in place of an \
-     attention matrix) with gated full attention, and trainmem does not model the DeltaNet layers' activations, so it \
-     could not account for them exactly",
-)];
+pub const REFUSED: &[(&str, &str)] = &[
+    (
+        "qwen3_next",
+        "its layers alternate gated DeltaNet linear attention (a recurrent state and causal convolutions in place of an \
+         attention matrix) with gated full attention, and trainmem does not model the DeltaNet layers' activations, so it \
+         could not account for them exactly",
+    ),
+    (
+        "granitemoehybrid",
+        "Granite 4.0-H's layers are each either a Mamba-2 mixer or NoPE attention (`layer_types`), followed by \
+         GraniteMoe's experts beside a shared MLP; trainmem models the Mamba-2 mixer only inside Falcon-H1's layer so \
+         far, not this layout",
+    ),
+];
 
 /// The family whose code reads `model_type`: its own, or one of its aliases.
 pub fn family_of(model_type: &str) -> Option<Family> {
@@ -251,6 +259,14 @@ mod tests {
             assert_eq!(err, Some(HfError::BadNumber { key: key.to_string(), token: bad.to_string() }), "{json}");
             assert!(err.map(|e| e.to_string()).is_some_and(|s| s.contains(&format!("`{key}`"))));
         }
+    }
+
+    #[test]
+    fn granite_4_is_refused_by_name_with_the_reason() {
+        let err = import_json(r#"{"model_type": "granitemoehybrid", "time_step_limit": [0.0, Infinity]}"#).err();
+        assert_eq!(err.as_ref().and_then(HfError::key), Some("model_type"));
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("granitemoehybrid") && text.contains("Mamba-2"), "{text}");
     }
 
     #[test]
