@@ -47,11 +47,22 @@ pub struct Profile {
     pub fin: Seg,
 }
 
+/// How a piece's output gradients arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inject {
+    /// Allocated by the engine (`ones_like` of the loss) and held until backward ends.
+    Alloc,
+    /// Made by the piece after it (a later layer's backward), counted there.
+    Given,
+    /// Sent by the next pipeline stage: counted by the caller, held until backward ends.
+    Held,
+}
+
 /// Runs one piece on its own.
 pub fn profile(
     prog: &Program,
     acc: Accumulate,
-    inject_alloc: bool,
+    inject: Inject,
     resident: bool,
     pre_grads: &[Tid],
     finish: bool,
@@ -82,7 +93,11 @@ pub fn profile(
     run.end_forward();
     let cache = seg(&run.sink, sc);
     let s1 = run.sink.mark();
-    run.inject(inject_alloc);
+    match inject {
+        Inject::Alloc => run.inject(true),
+        Inject::Given => run.inject(false),
+        Inject::Held => run.inject_held(),
+    }
     run.backward();
     let bwd = seg(&run.sink, s1);
     let s2 = run.sink.mark();
@@ -206,6 +221,9 @@ struct Full {
     key: Key,
     in_kept: bool,
     out_kept: bool,
+    /// The stage's last layer without an epilogue: its output gradient comes from the next
+    /// stage and is held until backward ends.
+    held: bool,
 }
 
 /// Every layer's key, in order.
@@ -417,7 +435,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             let k = keys[i];
             let in_kept = kept_in(&k, pcs.layer(&k).x) || (i == 0 && pro_kept[pro.tensors[px0 as usize].base as usize]);
             let out_kept = if i + 1 < keys.len() { kept_in(&keys[i + 1], pcs.layer(&keys[i + 1]).x) } else { epi_keeps_x };
-            Full { key: k, in_kept, out_kept }
+            Full { key: k, in_kept, out_kept, held: i + 1 == keys.len() && epi.is_none() }
         })
         .collect();
     // One profile per distinct piece: (piece, profile, optimizer parameters); `which[i]`: layer
@@ -439,8 +457,17 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             let (prof, numels) = match done {
                 Some(r) => (r.prof, r.numels.clone()),
                 None => {
-                    let prof =
-                        profile(&l.prog, acc_mode, false, resident, &[], false, &cats, &l.inputs(&f.key), hook.map(|h| (h, &[][..])));
+                    let prof = profile(
+                        &l.prog,
+                        acc_mode,
+                        if f.held { Inject::Held } else { Inject::Given },
+                        resident,
+                        &[],
+                        false,
+                        &cats,
+                        &l.inputs(&f.key),
+                        hook.map(|h| (h, &[][..])),
+                    );
                     let numels = optimizer_params(&l.prog, setup.optimizer_weight());
                     runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
                     (prof, numels)
@@ -467,7 +494,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         } else {
             Vec::new()
         };
-        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
+        profile(e, acc_mode, Inject::Alloc, resident, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
     });
     let epi = epi.map(|(e, _)| e);
     // A tied embedding's gradient was made first by the head (same stage only).
@@ -488,7 +515,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             pro_cats.push((pt, slot_cat(slot, pt)));
         }
     }
-    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
+    let pro_prof = profile(pro, acc_mode, Inject::Given, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
@@ -540,6 +567,10 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     a.shift(&pro_prof.fin);
     if let Some(e) = epi_prof {
         a.shift(&e.fin);
+    }
+    // The gradient the next stage sent, held by the caller until backward ends.
+    if epi_prof.is_none() && !fulls.is_empty() {
+        a.shift(&Seg { delta: -y_bytes, delta_cats: [0, 0, -y_bytes], ..zero });
     }
     a.apply(Piece::Reduction, &zero);
     // The optimizer's temporaries over the parameters in registration order.
@@ -731,11 +762,20 @@ mod debug {
             ] {
                 crate::config::set(&mut cfg, k, &v).expect("a valid key");
             }
+            // DEBUG_PP=3: the middle stage of three.
+            let stage = if env("DEBUG_PP", "1") == "3" {
+                cfg.pp = 3;
+                cfg.gpus = 3;
+                cfg.batch = 1;
+                Stage::Middle
+            } else {
+                Stage::Whole
+            };
             numbers_only(|| {
                 let r = recipe(cfg.precision);
-                let s = super::super::model::simulate_stage(&cfg, &r, Stage::Whole, Default::default(), 0);
+                let s = super::super::model::simulate_stage(&cfg, &r, stage, Default::default(), 0);
                 let pe = s.events.iter().max_by_key(|e| e.live).unwrap();
-                let setup = Setup::new(&cfg, &r, Stage::Whole);
+                let setup = Setup::new(&cfg, &r, stage);
                 let f = super::stage(&setup, 0);
                 println!(
                     "{}: stream peak {} at {}; pieces {} at {:?}",
@@ -758,12 +798,35 @@ mod debug {
                         println!("   op {i} {} {} {} ins {:?} outs {:?}", op.name, op.node, op.module, prog.ins(op), prog.outs(op));
                     }
                 }
+                if std::env::var("DEBUG_PIECE").is_ok() {
+                    let pcs = pieces(&setup);
+                    for k in &pcs.keys {
+                        let l = pcs.layer(k);
+                        println!("   key {k:?} inputs {:?}", l.inputs(k));
+                        let mut run = crate::estimator::step::run::Run::new(
+                            &l.prog,
+                            crate::estimator::step::model::Collector::new(),
+                            setup.accumulate,
+                        );
+                        for (t, a, b) in l.inputs(k) {
+                            run.set_input(t, a, b);
+                        }
+                        run.forward();
+                        run.end_forward();
+                        run.inject(true);
+                        run.backward();
+                        run.release_graph();
+                        for e in &run.into_sink().events {
+                            println!("   piece {:?} {:>12} live {:>12} {}", e.kind, e.bytes, e.live, e.label());
+                        }
+                    }
+                }
                 if std::env::var("DEBUG_LAYER").is_ok() {
                     let want: u32 = std::env::var("DEBUG_LAYER").unwrap().parse().unwrap();
                     // Allocations made in this layer's backward and still alive when the next
                     // layer's backward starts.
                     let mut live: Vec<&crate::estimator::step::stream::Event> = Vec::new();
-                    let mut started = false;
+                    let mut started = std::env::var("DEBUG_ALL").is_ok_and(|v| v == "2");
                     for e in &s.events {
                         let here = e.phase == crate::estimator::step::stream::Phase::Backward && e.layer == Some(want);
                         if here {

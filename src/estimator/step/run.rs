@@ -541,6 +541,18 @@ impl<'p, S: Sink> Run<'p, S> {
         }
     }
 
+    /// Gives the program's outputs the gradients a later pipeline stage sent: alive already
+    /// (counted by the caller) and held by the caller's `backward(grad_tensors=…)` until
+    /// backward ends, so never freed (nor reused in place) here.
+    pub fn inject_held(&mut self) {
+        let p = self.p;
+        for &t in &p.outputs {
+            let x = &p.tensors[t as usize];
+            self.b.bufs.push(GBuf { id: NONE, bytes: x.bytes, refs: 2, cat: Cat::Transient });
+            self.b.grad[t as usize] = (self.b.bufs.len() - 1) as u32;
+        }
+    }
+
     /// Runs the backward pass.
     pub fn backward(&mut self) {
         let p = self.p;
