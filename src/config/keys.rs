@@ -576,6 +576,9 @@ pub static KEYS: &[Key] = &[
     uint_key!("kv_lora_rank", Architecture, "MLA key/value compression rank r_kv (0 = not MLA)", |c| c.arch.kv_lora_rank),
     uint_key!("qk_rope_dim", Architecture, "MLA rotary dims of a query/key head d_r (head_dim = nope + d_r)", |c| c.arch.qk_rope_dim),
     uint_key!("v_head_dim", Architecture, "MLA value head dim d_v", |c| c.arch.v_head_dim),
+    uint_key!("index_n_heads", Architecture, "DeepSeek-V3.2 sparse-attention indexer heads H_i (0 = no indexer)", |c| c.arch.dsa.heads),
+    uint_key!("index_head_dim", Architecture, "DeepSeek-V3.2 indexer head dim d_i", |c| c.arch.dsa.head_dim),
+    uint_key!("index_topk", Architecture, "keys the DeepSeek-V3.2 indexer keeps per query", |c| c.arch.dsa.topk),
     bool_key!("attn_sinks", Architecture, "a learned attention-sink logit per head (gpt-oss)", |c| c.arch.attn_sinks),
     bool_key!("qk_l2_norm", Architecture, "weightless L2 norm of q and k on RoPE layers (Llama 4)", |c| c.arch.qk_l2_norm),
     rule_key!(

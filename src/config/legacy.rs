@@ -63,6 +63,9 @@ pub fn family_of_old_link(s: &ModelSpec) -> Family {
         }
     } else if s.is_mla() && s.router == Router::Softmax {
         Family::DeepseekV2
+    } else if s.is_mla() && s.dsa.heads > 0 {
+        // The indexer's keys came with the `family` key: only DeepSeek-V3.2 sets them.
+        Family::DeepseekV32
     } else if s.is_mla() && s.router == Router::Sigmoid {
         Family::DeepseekV3
     } else if s.router == Router::Sigmoid && !s.is_mla() {

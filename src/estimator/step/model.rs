@@ -85,6 +85,13 @@ impl<'a> Setup<'a> {
         xv[X::MlaV as usize] = spec.v_head_dim;
         xv[X::MlaKvA as usize] = spec.kv_lora_rank + spec.qk_rope_dim;
         xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
+        let x = spec.dsa;
+        if x.heads > 0 {
+            xv[X::IdxHeads as usize] = x.heads;
+            xv[X::IdxHeadDim as usize] = x.head_dim;
+            xv[X::IdxQ as usize] = x.heads * x.head_dim;
+            xv[X::IdxTopk as usize] = x.topk.min(values_s(cfg));
+        }
         let m = spec.ssm;
         if m.heads > 0 {
             let s = values_s(cfg);
