@@ -71,7 +71,9 @@ fn every_supported_model_type_has_a_fixture() {
     let mut types: Vec<String> = Vec::new();
     for f in fixtures() {
         types.extend(f["model_type"].as_str().map(String::from));
-        let file: Value = serde_json::from_str(&read(f["file"].as_str().unwrap_or_default())).expect("fixture is JSON");
+        let text =
+            trainmem::estimator::hf::fields::python_json(&read(f["file"].as_str().unwrap_or_default())).expect("fixture is Python JSON");
+        let file: Value = serde_json::from_str(&text).expect("fixture is JSON");
         types.extend(file["text_config"]["model_type"].as_str().map(String::from));
     }
     for t in trainmem::estimator::hf::SUPPORTED.iter() {

@@ -61,6 +61,7 @@ const COUNTED: &[(&str, u64)] = &[
     ("glm-4.5-air", 106_852_245_504),                        // 106 B, MTP layer excluded
     ("seed-oss-36b-instruct", 36_151_104_512),               // 36 B
     ("olmo-3-1025-7b", 7_298_011_136),                       // 7 B
+    ("exaone-4.0-32b", 32_003_216_384),                      // 32.0 B
 ];
 
 #[test]

@@ -45,6 +45,7 @@ pub enum Family {
     SeedOss,
     Olmo3,
     FalconH1,
+    Exaone4,
 }
 
 impl Family {
@@ -79,6 +80,7 @@ impl Family {
         (Family::SeedOss, "seed_oss", "Seed-OSS"),
         (Family::Olmo3, "olmo3", "OLMo 3"),
         (Family::FalconH1, "falcon_h1", "Falcon-H1"),
+        (Family::Exaone4, "exaone4", "EXAONE 4"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -39,6 +39,7 @@
 
 pub mod common;
 pub mod deepseek;
+pub mod exaone4;
 pub mod falcon;
 pub mod falcon_h1;
 pub mod gemma;
@@ -104,6 +105,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
         Family::FalconH1 => &falcon_h1::FalconH1,
+        Family::Exaone4 => &exaone4::Exaone4,
     }
 }
 
