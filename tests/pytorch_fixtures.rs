@@ -40,7 +40,6 @@ const REFUSED: &[&str] = &[
     "qwen3_5_moe_text",
     "deepseek_v32",
     "minimax_m2",
-    "apertus",
     "kimi_linear",
     "granitemoehybrid",
 ];

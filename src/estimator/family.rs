@@ -46,6 +46,7 @@ pub enum Family {
     Olmo3,
     FalconH1,
     Exaone4,
+    Apertus,
 }
 
 impl Family {
@@ -81,6 +82,7 @@ impl Family {
         (Family::Olmo3, "olmo3", "OLMo 3"),
         (Family::FalconH1, "falcon_h1", "Falcon-H1"),
         (Family::Exaone4, "exaone4", "EXAONE 4"),
+        (Family::Apertus, "apertus", "Apertus"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -37,6 +37,7 @@
 //!
 //! [`ModelSpec`]: crate::estimator::model::ModelSpec
 
+pub mod apertus;
 pub mod common;
 pub mod deepseek;
 pub mod exaone4;
@@ -106,6 +107,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Olmo3 => &olmo::Olmo3,
         Family::FalconH1 => &falcon_h1::FalconH1,
         Family::Exaone4 => &exaone4::Exaone4,
+        Family::Apertus => &apertus::Apertus,
     }
 }
 
