@@ -63,6 +63,7 @@ const COUNTED: &[(&str, u64)] = &[
     ("olmo-3-1025-7b", 7_298_011_136),                       // 7 B
     ("exaone-4.0-32b", 32_003_216_384),                      // 32.0 B
     ("apertus-8b-2509", 8_053_338_176),                      // 8 B
+    ("minimax-m2.5", 228_689_748_992),                       // 230 B total / 10 B active, MTP modules excluded
 ];
 
 #[test]

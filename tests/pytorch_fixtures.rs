@@ -39,7 +39,6 @@ const REFUSED: &[&str] = &[
     "qwen3_5_text",
     "qwen3_5_moe_text",
     "deepseek_v32",
-    "minimax_m2",
     "kimi_linear",
     "granitemoehybrid",
 ];

@@ -47,6 +47,7 @@ pub enum Family {
     FalconH1,
     Exaone4,
     Apertus,
+    MinimaxM2,
 }
 
 impl Family {
@@ -83,6 +84,7 @@ impl Family {
         (Family::FalconH1, "falcon_h1", "Falcon-H1"),
         (Family::Exaone4, "exaone4", "EXAONE 4"),
         (Family::Apertus, "apertus", "Apertus"),
+        (Family::MinimaxM2, "minimax_m2", "MiniMax-M2"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -810,14 +810,20 @@ const XIELU_BUFFERS: u128 = 2;
 
 /// The sigmoid routers' `e_score_correction_bias` buffer, fp32 `[E]` in every MoE layer of the
 /// (first) stage (modeling_deepseek_v3.py `DeepseekV3TopkRouter.__init__`, modeling_glm4_moe.py
-/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe.
+/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe; in the model dtype where the family
+/// creates it without a dtype (MiniMax-M2's `torch.zeros(num_local_experts)`).
 pub fn router_bias_buffer_bytes(cfg: &Config) -> Bytes {
     let spec = &cfg.arch;
     if spec.router != crate::estimator::model::Router::Sigmoid || spec.experts == 0 {
         return 0;
     }
     let layers = stage_layers(spec.layers, cfg.pp);
-    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * crate::estimator::precision::FP32_BYTES as u128
+    let elem = if families::modeling(spec.family).router_bias_fp32() {
+        crate::estimator::precision::FP32_BYTES as u128
+    } else {
+        crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128
+    };
+    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * elem
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).

@@ -50,6 +50,7 @@ pub mod gpt_oss;
 pub mod llama;
 pub mod llama4;
 pub mod mamba2;
+pub mod minimax_m2;
 pub mod mistral;
 pub mod mixtral;
 pub mod modeling;
@@ -108,6 +109,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::FalconH1 => &falcon_h1::FalconH1,
         Family::Exaone4 => &exaone4::Exaone4,
         Family::Apertus => &apertus::Apertus,
+        Family::MinimaxM2 => &minimax_m2::MinimaxM2,
     }
 }
 
