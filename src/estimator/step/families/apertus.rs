@@ -236,3 +236,20 @@ impl Modeling for Apertus {
         layer(b, p, spec, x, sh, attn)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::config::{Config, Precision};
+    use crate::estimator::presets::preset;
+    use crate::estimator::step::model::xielu_buffer_bytes;
+
+    /// xIELU's `beta` and `eps` are 0-dim buffers in the model dtype, one pair per layer:
+    /// Apertus-8B's 32 layers hold 32 × 2 × 2 = 128 bytes in bf16, 256 in fp32.
+    #[test]
+    fn apertus_keeps_two_scalar_buffers_per_layer_in_the_model_dtype() {
+        let spec = preset("apertus-8b-2509").expect("the preset exists").spec;
+        let cfg = |precision| Config { model: "apertus-8b-2509".into(), arch: spec.clone(), precision, ..Config::default() };
+        assert_eq!(xielu_buffer_bytes(&cfg(Precision::Bf16)), 128);
+        assert_eq!(xielu_buffer_bytes(&cfg(Precision::Fp32)), 256);
+    }
+}

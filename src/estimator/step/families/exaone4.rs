@@ -173,3 +173,21 @@ fn rule_of(f: &Fields, layers: u64, window_layers: &LayerRule) -> Result<LayerRu
         None => window_layers.clone(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::presets::preset;
+    use crate::estimator::step::families::var;
+
+    /// EXAONE-4.0-32B: layers 0–2 of every four slide a window and rotate; the fourth attends
+    /// globally without RoPE.
+    #[test]
+    fn exaone_4_rotates_its_sliding_layers_and_leaves_its_global_layers_without_rope() {
+        let spec = preset("exaone-4.0-32b").expect("the preset exists").spec;
+        for i in 0..8 {
+            let v = var(&spec, i);
+            assert_eq!(v.sliding, i % 4 != 3, "layer {i}");
+            assert_eq!(v.nope, i % 4 == 3, "layer {i}");
+        }
+    }
+}

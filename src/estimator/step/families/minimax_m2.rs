@@ -226,3 +226,20 @@ impl Modeling for MinimaxM2 {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::config::{Config, Precision};
+    use crate::estimator::presets::preset;
+    use crate::estimator::step::model::router_bias_buffer_bytes;
+
+    /// `e_score_correction_bias` is `torch.zeros(num_local_experts)` in the model dtype:
+    /// MiniMax-M2.5's 62 layers × 256 experts hold 31,744 bytes in bf16, 63,488 in fp32.
+    #[test]
+    fn minimax_m2_keeps_its_correction_bias_in_the_model_dtype() {
+        let spec = preset("minimax-m2.5").expect("the preset exists").spec;
+        let cfg = |precision| Config { model: "minimax-m2.5".into(), arch: spec.clone(), precision, ..Config::default() };
+        assert_eq!(router_bias_buffer_bytes(&cfg(Precision::Bf16)), 31_744);
+        assert_eq!(router_bias_buffer_bytes(&cfg(Precision::Fp32)), 63_488);
+    }
+}
