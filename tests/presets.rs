@@ -62,6 +62,9 @@ const COUNTED: &[(&str, u64)] = &[
     ("glm-4.5-air", 106_852_245_504),                        // 106 B, MTP layer excluded
     ("seed-oss-36b-instruct", 36_151_104_512),               // 36 B
     ("olmo-3-1025-7b", 7_298_011_136),                       // 7 B
+    ("exaone-4.0-32b", 32_003_216_384),                      // 32.0 B
+    ("apertus-8b-2509", 8_053_338_176),                      // 8 B
+    ("minimax-m2.5", 228_689_748_992),                       // 230 B total / 10 B active, MTP modules excluded
 ];
 
 #[test]

@@ -177,6 +177,7 @@ named!(
         (Activation::GeluNew, "gelu-new"),
         (Activation::Relu, "relu"),
         (Activation::SwigluClamped, "swiglu-clamped"),
+        (Activation::Xielu, "xielu"),
     ]
 );
 named!(WindowKind, [(WindowKind::Sliding, "sliding"), (WindowKind::Chunked, "chunked")]);

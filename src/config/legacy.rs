@@ -105,13 +105,16 @@ mod tests {
     use crate::estimator::presets::presets;
 
     /// The families the old dispatch could not tell from Llama's, whose code it ran as Llama's
-    /// (Mistral's only differs once its window is set). Seed-OSS and OLMo 3 came after the
-    /// `family` key, so no old link names them: their numbers alone were Llama's and OLMo 2's
-    /// to the old dispatch, which is what such a link showed.
+    /// (Mistral's only differs once its window is set); and the families added after the
+    /// `family` key, which no old link names: the old dispatch read their numbers as the family
+    /// whose rule they meet first (OLMo 3's q/k norms over the projections as OLMo-2's,
+    /// MiniMax-M2's sigmoid router as GLM-4.5's, the others as Llama's).
     fn built_as(s: &ModelSpec) -> Family {
         match s.family {
-            Family::Qwen2 | Family::Qwen3 | Family::Mixtral | Family::Smollm3 | Family::SeedOss => Family::Llama,
+            Family::Qwen2 | Family::Qwen3 | Family::Mixtral | Family::Smollm3 => Family::Llama,
+            Family::SeedOss | Family::Exaone4 | Family::Apertus => Family::Llama,
             Family::Olmo3 => Family::Olmo2,
+            Family::MinimaxM2 => Family::Glm4Moe,
             Family::Mistral if s.window == 0 => Family::Llama,
             f => f,
         }

@@ -53,6 +53,11 @@ pub enum Activation {
     /// `up.clamp(-limit, limit)`, `glu = gate · sigmoid(alpha · gate)`, output `(up + 1) · glu`
     /// (limit 7, alpha 1.702), written as tensor ops.
     SwigluClamped,
+    /// Apertus's xIELU (`transformers.activations.XIELUActivation`, its Python path): two
+    /// learnable scalars per MLP (`act_fn.alpha_p`, `act_fn.alpha_n`, `[1]` in the model dtype)
+    /// and two 0-dim buffers (`beta`, `eps`); `where(x > 0, softplus(alpha_p)·x·x + beta·x,
+    /// (expm1(min(x, eps)) − x)·(beta + softplus(alpha_n)) + beta·x)`, written as tensor ops.
+    Xielu,
 }
 
 /// Normalization layers' parameters.
@@ -1164,6 +1169,12 @@ impl ModelSpec {
         );
         if self.mlp_bias {
             add("layers.*.mlp.down_proj.bias", vec![h], Split::Replicated, None);
+        }
+        if self.act == Activation::Xielu && !shared {
+            // ApertusMLP: `self.act_fn = XIELUActivation(dtype=config.dtype)`, registered after
+            // the projections: `alpha_p` and `alpha_n`, `[1]` each.
+            add("layers.*.mlp.act_fn.alpha_p", vec![1], Split::Replicated, None);
+            add("layers.*.mlp.act_fn.alpha_n", vec![1], Split::Replicated, None);
         }
     }
 

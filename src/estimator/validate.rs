@@ -345,6 +345,7 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
         ),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
+        (spec.act == Activation::Xielu && spec.family != crate::estimator::family::Family::Apertus, "the xIELU activation outside Apertus"),
         // Falcon's `alibi=True` (Falcon-RW): position biases added to the scores; no fixture.
         (spec.positions == model::Positions::None && spec.fused_qkv, "ALiBi position biases"),
         // OPT-350m: post-LayerNorm layers (`do_layer_norm_before=False`) and `project_in`/`out`.

@@ -796,19 +796,41 @@ pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let pairs = if code.local_rope(spec) { 2 } else { 1 };
     let rope = if families::common::has_rope(spec) { pairs * 2 * (families::common::rotary_dims(spec) / 2) as u128 * 4 } else { 0 };
     let scale = if code.embed_scale_buffer() { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
-    rope + scale + router_bias_buffer_bytes(cfg)
+    rope + scale + router_bias_buffer_bytes(cfg) + xielu_buffer_bytes(cfg)
 }
+
+/// xIELU's two 0-dim buffers (`beta`, `eps`: `register_buffer(..., torch.tensor(v, dtype=dtype))`
+/// in `XIELUActivation.__init__`, transformers 5.24 `activations.py`), in the model dtype, in
+/// every dense MLP of the (first) stage: 2 × weight bytes × L.
+pub fn xielu_buffer_bytes(cfg: &Config) -> Bytes {
+    let spec = &cfg.arch;
+    if spec.act != crate::estimator::model::Activation::Xielu {
+        return 0;
+    }
+    let layers = stage_layers(spec.layers, cfg.pp);
+    let weight = crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128;
+    XIELU_BUFFERS * weight * layers as u128
+}
+
+/// `beta` and `eps`: the buffers of one `XIELUActivation`.
+const XIELU_BUFFERS: u128 = 2;
 
 /// The sigmoid routers' `e_score_correction_bias` buffer, fp32 `[E]` in every MoE layer of the
 /// (first) stage (modeling_deepseek_v3.py `DeepseekV3TopkRouter.__init__`, modeling_glm4_moe.py
-/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe.
+/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe; in the model dtype where the family
+/// creates it without a dtype (MiniMax-M2's `torch.zeros(num_local_experts)`).
 pub fn router_bias_buffer_bytes(cfg: &Config) -> Bytes {
     let spec = &cfg.arch;
     if spec.router != crate::estimator::model::Router::Sigmoid || spec.experts == 0 {
         return 0;
     }
     let layers = stage_layers(spec.layers, cfg.pp);
-    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * crate::estimator::precision::FP32_BYTES as u128
+    let elem = if families::modeling(spec.family).router_bias_fp32() {
+        crate::estimator::precision::FP32_BYTES as u128
+    } else {
+        crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128
+    };
+    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * elem
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).
