@@ -133,14 +133,6 @@ const TOLERANCE: f64 = 0.005;
 /// their own without offloading (a Parameter, a second save of one storage) are missing from
 /// these families' op programs; under offloading each is a copy of its own.
 const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
-    // save_on_cpu copies LayerNorm's saved weight and bias (Parameters): 2·h·p per LayerNorm.
-    ("falcon", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
-    ("gpt2/", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
-    ("gpt_neox", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
-    ("opt/", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
-    ("phi/", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
-    ("stablelm", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
-    ("starcoder2/", "act_offload=save_on_cpu", "LayerNorm's saved weight and bias"),
     ("llama4_text/", "act_offload=save_on_cpu", "−512 B"),
     ("gpt_oss/", "act_offload=save_on_cpu", "the experts' saved Parameters and routing indices"),
     // The MoE blocks' routing: index tensors and second saves of one storage.
@@ -155,11 +147,6 @@ const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
 /// recipe, residual), reported, not failed (FINDINGS §15.5). Every other offload record's peak is
 /// within the tolerance (exact on the dense families), and every record's host bytes are exact.
 const OFFLOAD_PEAK_PENDING: &[(&str, &str, &str)] = &[
-    // A LayerNorm final norm (5 packs, 1 moved): the estimated stash still holds the last MLP's
-    // fc-sized tensor at the loss that the measured run had dropped.
-    ("gpt2/", "act_offload=torchtune", "+2·b·s·f·p at the loss backward (the stash across ln_f)"),
-    ("phi/", "act_offload=torchtune", "+2·b·s·f·p at the loss backward (the stash across the final LayerNorm)"),
-    ("stablelm", "act_offload=torchtune", "+2·b·s·f·p at the loss backward (the stash across the final LayerNorm)"),
     // Below the measured peak: the group-limited router's dead top-k subgraph.
     ("deepseek_v", "act_offload=save_on_cpu", "−1.1 to −1.7 % (the router's dead top-k subgraph)"),
     ("llama4_text/", "act_offload", "−2.9 % / −4.7 % (the all-experts MoE)"),
