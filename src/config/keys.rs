@@ -155,6 +155,7 @@ named!(
 );
 named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
+named!(ActOffload, [(ActOffload::None, "none"), (ActOffload::Torchtune, "torchtune"), (ActOffload::SaveOnCpu, "save_on_cpu")]);
 named!(CompileRegions, [(CompileRegions::Layer, "layer"), (CompileRegions::Block, "block"), (CompileRegions::Model, "model")]);
 named!(
     Interconnect,
@@ -841,8 +842,21 @@ pub static KEYS: &[Key] = &[
         "recompute=op on kernels=cpu: save the CPU SDPA kernel's outputs as torchtitan saves CUDA's (its list omits the CPU kernel)",
         |c| c.sac_cpu_sdpa
     ),
-    bool_key!("act_offload", Training, "activation offloading (torchtune): saved tensors ≥ 1 KiB to pinned host memory", |c| c
-        .act_offload),
+    Key {
+        name: "act_offload",
+        group: Training,
+        help: "activation offloading: torchtune (saved tensors ≥ 1 KiB, not parameters, to pinned host memory; head and loss on the device), save_on_cpu (torch's: every saved tensor), none; true = torchtune",
+        choices: <ActOffload as Named>::names,
+        get: |c| c.act_offload.name().to_string(),
+        set: |c, s| {
+            c.act_offload = match s.to_ascii_lowercase().as_str() {
+                "true" => ActOffload::Torchtune,
+                "false" => ActOffload::None,
+                _ => <ActOffload as Named>::parse(s)?,
+            };
+            Ok(())
+        },
+    },
     uint_key!(
         "act_offload_layers",
         Training,

@@ -414,6 +414,9 @@ pub struct LayerRun {
 /// configuration: the same program run with the same inputs and categories gives the same
 /// profile) and adding the ones it makes.
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
+    if setup.offload().is_some() {
+        return whole(setup, other_temp);
+    }
     let acc_mode = setup.accumulate;
     let hook = setup.step_hook();
     let resident = resident_grads(setup.cfg);
@@ -602,6 +605,134 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         at: c.at,
         peak_seg: i,
         segments: a.segments,
+    }
+}
+
+/// A sink that cuts one whole run into the coarse segments of [`stage_with`]: per segment the
+/// most live bytes after an allocation (or its starting level), the categories then, and where.
+struct Coarser {
+    t: Tracker,
+    segs: Vec<Coarse>,
+    /// The segment now, and how many decoder layers the stage has.
+    cur: usize,
+    layers: usize,
+}
+
+impl Coarser {
+    /// The index of the segment an allocation at `at` belongs to (the order of
+    /// [`stage_with`]'s segments: start, embedding, layers forward, loss, layers backward,
+    /// embedding backward, reduction, optimizer, end).
+    fn index(&self, at: &At) -> usize {
+        let n = self.layers;
+        let layer = (at.layer != NO_LAYER).then_some(at.layer as usize);
+        match (at.phase, layer) {
+            (Phase::Forward, Some(i)) => 2 + i.min(n.saturating_sub(1)),
+            (Phase::Forward, None) if self.cur < 2 => 1,
+            (Phase::Forward, None) | (Phase::Loss, _) => 2 + n,
+            (Phase::Backward, Some(i)) => 4 + n + (n - 1 - i.min(n.saturating_sub(1))),
+            (Phase::Backward, None) if self.cur <= 3 + n => 3 + n,
+            (Phase::Backward, None) => 4 + 2 * n,
+            (Phase::Reduction, _) => 5 + 2 * n,
+            (Phase::Optimizer, _) => 6 + 2 * n,
+            (Phase::ZeroGrad, _) => 7 + 2 * n,
+        }
+    }
+    /// Moves to segment `j` (never back): the segments passed start at the level now.
+    fn enter(&mut self, j: usize) {
+        while self.cur < j && self.cur + 1 < self.segs.len() {
+            self.cur += 1;
+            let c = &mut self.segs[self.cur];
+            c.live = self.t.live;
+            c.cats = self.t.cats;
+            c.at = None;
+        }
+    }
+}
+
+impl super::run::Sink for Coarser {
+    fn alloc(&mut self, bytes: u128, dtype: super::ir::DType, cat: Cat, at: &At) -> u32 {
+        let j = self.index(at);
+        self.enter(j);
+        let id = self.t.alloc(bytes, dtype, cat, at);
+        let c = &mut self.segs[self.cur];
+        if self.t.live > c.live {
+            c.live = self.t.live;
+            c.cats = self.t.cats;
+            c.at = Some(*at);
+        }
+        id
+    }
+    fn free(&mut self, id: u32, bytes: u128, cat: Cat, at: &At) {
+        self.t.free(id, bytes, cat, at);
+    }
+    fn recat(&mut self, id: u32, bytes: u128, from: Cat, to: Cat) {
+        self.t.recat(id, bytes, from, to);
+    }
+}
+
+/// [`stage_with`] for activation offloading: torchtune's stash and its copies brought back
+/// reach across the pieces' boundaries (a layer's last moved tensors stay on the device into
+/// the next layer's forward, or the final norm's; a node's copies until the next node that
+/// unpacks), so the stage's program runs whole, once, into the same coarse segments.
+fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
+    let prog = setup.whole();
+    let n = setup.kinds.len();
+    let pieces: Vec<Piece> = [Piece::Start, Piece::Embedding]
+        .into_iter()
+        .chain((0..n).map(|i| Piece::ForwardLayer(i as u32)))
+        .chain([Piece::LossForward, Piece::LossBackward])
+        .chain((0..n).rev().map(|i| Piece::BackwardLayer(i as u32)))
+        .chain([Piece::EmbeddingBackward, Piece::Reduction, Piece::Optimizer, Piece::End])
+        .collect();
+    let segs = pieces.iter().map(|&piece| Coarse { piece, live: 0, cats: [0; 3], at: None }).collect();
+    let sink = Coarser { t: Tracker::default(), segs, cur: 0, layers: n };
+    let mut run = Run::new(&prog, sink, setup.accumulate);
+    if resident_grads(setup.cfg) {
+        run.grads_resident();
+    }
+    if let Some(hook) = setup.step_hook() {
+        run.step_in_backward(hook, &[]);
+    }
+    if let Some(off) = setup.offload() {
+        run.offload(off);
+    }
+    run.forward();
+    run.end_forward();
+    run.inject(true);
+    run.backward();
+    run.release_graph();
+    run.finish_backward();
+    let mut sink = run.into_sink();
+    let last = sink.segs.len() - 1;
+    sink.enter(last - 2);
+    if setup.step_hook().is_none() {
+        let numels = optimizer_params(&prog, setup.optimizer_weight());
+        let mut t = Tracker::default();
+        let s = t.mark();
+        optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
+        let o = seg(&t, s);
+        let c = &mut sink.segs[last - 1];
+        c.live = sink.t.live;
+        c.cats = sink.t.cats;
+        if o.peak != i128::MIN {
+            c.live += o.peak;
+            c.cats = [c.cats[0] + o.at_peak[0], c.cats[1] + o.at_peak[1], c.cats[2] + o.at_peak[2]];
+            c.at = o.at;
+        }
+        sink.t.live += o.delta;
+    } else {
+        sink.enter(last - 1);
+    }
+    sink.enter(last);
+    let segments = sink.segs;
+    let (i, best) = segments.iter().enumerate().fold((0, i128::MIN), |(bi, bl), (i, c)| if c.live > bl { (i, c.live) } else { (bi, bl) });
+    let c = segments[i];
+    Fast {
+        peak: best.max(0) as Bytes,
+        cats: [c.cats[0].max(0) as Bytes, c.cats[1].max(0) as Bytes, c.cats[2].max(0) as Bytes],
+        at: c.at,
+        peak_seg: i,
+        segments,
     }
 }
 

@@ -435,6 +435,11 @@ pub struct Program {
     /// Forward ops from this index on run after the LM head returned (the tracker's `loss`
     /// phase); `u32::MAX` when the program has no loss.
     pub loss_from: u32,
+    /// Forward ops from this index on are the loss function's (`ForCausalLMLoss`, called on the
+    /// logits the model returned: Gemma-2's soft-capping before it is the model's own);
+    /// `u32::MAX` when the program has no loss. torchtune's recipes compute it outside their
+    /// activation-offloading context.
+    pub loss_fn_from: u32,
 }
 
 impl Default for Program {
@@ -450,6 +455,7 @@ impl Default for Program {
             regions: Vec::new(),
             outputs: Vec::with_capacity(2),
             loss_from: u32::MAX,
+            loss_fn_from: u32::MAX,
         }
     }
 }
@@ -467,6 +473,7 @@ impl Program {
             regions: Vec::new(),
             outputs: Vec::new(),
             loss_from: u32::MAX,
+            loss_fn_from: u32::MAX,
         }
     }
 

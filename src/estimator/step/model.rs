@@ -196,6 +196,17 @@ impl<'a> Setup<'a> {
 
     /// The optimizer step inside backward (`optim_in_bwd`), as [`optimizer_events`] steps one
     /// AdamW parameter: for-loop two temporaries, foreach one, fused none.
+    /// Activation offloading's hooks for this configuration ([`super::run::Offload`]).
+    pub fn offload(&self) -> Option<super::run::Offload> {
+        use crate::estimator::family::Family;
+        let fam = self.cfg.arch.family;
+        self.cfg.act_offload.on().then_some(super::run::Offload {
+            kind: self.cfg.act_offload,
+            addmm_saves_parameter: fam == Family::Gpt2,
+            grouped_mm_saves_parameter: fam == Family::GptOss,
+        })
+    }
+
     pub fn step_hook(&self) -> Option<super::run::StepHook> {
         if !self.cfg.optim_in_bwd {
             return None;
@@ -513,6 +524,7 @@ impl<'a> Setup<'a> {
         b.module = "(root)";
         b.part = Part::Loss;
         let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
+        b.p.loss_fn_from = b.next_op();
         let lf = b.to_copy(logits, Dt::F32);
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
         let pad = b.plain("constant_pad_nd", &[labels], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
@@ -527,7 +539,10 @@ impl<'a> Setup<'a> {
             "NllLossBackward0",
             &[lsm, target],
             &out,
-            &[S::In(1), S::Out(1)],
+            // `nll_loss_backward(grad, self, target, weight, reduction, ignore_index,
+            // total_weight)`: `self` (the log-softmax, also LogSoftmaxBackward0's: one storage,
+            // its own copy under `save_on_cpu`), the target and the total weight.
+            &[S::In(0), S::In(1), S::Out(1)],
             &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
         );
         // The loss function's locals and the caller's output go once the loss is computed.
@@ -857,6 +872,9 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     }
     if let Some(hook) = setup.step_hook() {
         run.step_in_backward(hook, &[]);
+    }
+    if let Some(off) = setup.offload() {
+        run.offload(off);
     }
     run.forward();
     run.end_forward();
