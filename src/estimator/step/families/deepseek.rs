@@ -208,7 +208,7 @@ pub struct MlaW {
     pub o: Option<Tid>,
     pub o_bias: Option<Tid>,
     /// DeepSeek-V3.2's indexer (registered after `o_proj`).
-    pub idx: super::deepseek_v32::IndexerW,
+    pub idx: super::dsa::IndexerW,
 }
 
 impl MlaW {
@@ -225,7 +225,7 @@ impl MlaW {
             kv_b: p.w(b, "layers.*.attn.kv_b_proj.weight"),
             o: p.w(b, "layers.*.attn.o_proj.weight"),
             o_bias: p.w(b, "layers.*.attn.o_proj.bias"),
-            idx: super::deepseek_v32::IndexerW::new(b, p),
+            idx: super::dsa::IndexerW::new(b, p),
         }
     }
 }
@@ -373,7 +373,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     let key = copy_slice(b, key1, k_rot_e);
     // DeepSeek-V3.2: the indexer's top-k folded into the mask (`DeepseekV32Attention.forward`).
     let sparse = match q_resid.filter(|_| spec.dsa.heads > 0) {
-        Some(qr) => super::deepseek_v32::sparse_mask(b, &w.idx, x, qr, sh),
+        Some(qr) => super::dsa::sparse_mask(b, &w.idx, x, qr, sh),
         None => None,
     };
     let mask = sparse.map_or(sh.mask, |(m, _)| Some(m));
@@ -440,7 +440,7 @@ fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) ->
     let autocast = std::mem::replace(&mut b.autocast, false);
     let out_dt = b.t(q).dt;
     // A given bool mask (DeepSeek-V3.2's) is made additive in q's dtype before the kernel.
-    let given = bool_mask.map(|m| super::deepseek_v32::sdpa_float_mask(b, m, q));
+    let given = bool_mask.map(|m| super::dsa::sdpa_float_mask(b, m, q));
     let q32 = b.to_copy(q, Dt::F32);
     let k32 = b.to_copy(k, Dt::F32);
     let v32 = b.to_copy(v, Dt::F32);
@@ -487,7 +487,7 @@ fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
     // A given bool mask (DeepSeek-V3.2's): made additive in q's dtype, an input the kernel's
     // node keeps.
-    let mask = bool_mask.map(|m| super::deepseek_v32::sdpa_float_mask(b, m, q));
+    let mask = bool_mask.map(|m| super::dsa::sdpa_float_mask(b, m, q));
     let rg = b.rg(q) || b.rg(k) || b.rg(v);
     let o = b.out(bhsw(A, DV), b.t(q).dt, rg);
     let lse = b.out(Shape::new(&[Dim::Q(Q::B), A, Dim::Q(Q::S)], Split::Tp), Dt::F32, false);

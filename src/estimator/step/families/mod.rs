@@ -41,6 +41,7 @@ pub mod apertus;
 pub mod common;
 pub mod deepseek;
 pub mod deepseek_v32;
+pub mod dsa;
 pub mod exaone4;
 pub mod falcon;
 pub mod falcon_h1;
