@@ -122,8 +122,10 @@ const REFUSED: &[&str] = &[
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
-/// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`.
-const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh"];
+/// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`;
+/// qwen3_next's op-level SAC records (`recompute=op`) are off by −3.5 % to −5.4 % (saved) and
+/// its peaks by up to +1.6 % (the gated DeltaNet's ops are not in the SAC policies yet).
+const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh", "qwen3_next"];
 
 /// Within ±0.5 %.
 const TOLERANCE: f64 = 0.005;

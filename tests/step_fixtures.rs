@@ -79,6 +79,8 @@ fn modelled(r: &Value) -> bool {
 /// 10: refused explicitly, never approximated). Every other family is checked record by record:
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
+    // saved bytes exact on all 66 records and every step peak exact but the bf16/autocast
+    // checkpointed ones (+3.5 % to +10.6 %: the gated DeltaNet's recomputed backward)
     "qwen3_next",
     // issue 25: measured, estimator pending
     "qwen3_5_text",
@@ -92,9 +94,9 @@ const REFUSED: &[&str] = &[
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
-/// wrongly (measured, estimator pending): reported only, not failed for being estimated. None
-/// today (issue 25's gpt2 with `activation_function: gelu_pytorch_tanh` is modelled).
-const ACCEPTED_PENDING: &[&str] = &[];
+/// wrongly (measured, estimator pending): reported only, not failed for being estimated:
+/// qwen3_next, whose checkpointed bf16/autocast step peaks are still over.
+const ACCEPTED_PENDING: &[&str] = &["qwen3_next"];
 
 /// The step event logs: (record id, measured peak, the log).
 fn logs() -> Vec<(String, u128, Value)> {

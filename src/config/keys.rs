@@ -603,6 +603,16 @@ pub static KEYS: &[Key] = &[
     bool_key!("experts_in_out", Architecture, "experts stored [E, in, out] (gpt-oss, Llama 4)", |c| c.arch.experts_in_out),
     bool_key!("moe_all_experts", Architecture, "every expert computes every token (Llama 4)", |c| c.arch.moe_all_experts),
     bool_key!("clip_qkv", Architecture, "q, k, v projections clamped in place (OLMo's clip_qkv)", |c| c.arch.clip_qkv),
+    uint_key!("gdn_k_heads", Architecture, "gated DeltaNet key heads (linear_num_key_heads; 0 = none)", |c| c.arch.gdn.k_heads),
+    uint_key!("gdn_v_heads", Architecture, "gated DeltaNet value heads (linear_num_value_heads)", |c| c.arch.gdn.v_heads),
+    uint_key!("gdn_k_dim", Architecture, "gated DeltaNet key head dim (linear_key_head_dim)", |c| c.arch.gdn.k_dim),
+    uint_key!("gdn_v_dim", Architecture, "gated DeltaNet value head dim (linear_value_head_dim)", |c| c.arch.gdn.v_dim),
+    uint_key!("gdn_conv", Architecture, "gated DeltaNet causal conv kernel (linear_conv_kernel_dim)", |c| c.arch.gdn.conv),
+    bool_key!("gdn_split", Architecture, "gated DeltaNet with four input projections (Qwen3.5)", |c| c.arch.gdn.split),
+    rule_key!("linear_layers", Architecture, "gated DeltaNet layers (layer_types linear_attention; same forms as nope_layers)", |c| c
+        .arch
+        .linear_layers),
+    bool_key!("attn_gate", Architecture, "q_proj also emits a sigmoid output gate (Qwen3-Next)", |c| c.arch.attn_gate),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),

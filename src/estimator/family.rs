@@ -45,6 +45,7 @@ pub enum Family {
     SeedOss,
     Olmo3,
     FalconH1,
+    Qwen3Next,
 }
 
 impl Family {
@@ -79,6 +80,7 @@ impl Family {
         (Family::SeedOss, "seed_oss", "Seed-OSS"),
         (Family::Olmo3, "olmo3", "OLMo 3"),
         (Family::FalconH1, "falcon_h1", "Falcon-H1"),
+        (Family::Qwen3Next, "qwen3_next", "Qwen3-Next"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -46,12 +46,7 @@ pub static MULTIMODAL: LazyLock<Vec<(&'static str, &'static str)>> =
     LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| modeling(f).wrappers().iter().map(move |&w| (w, t))).collect());
 
 /// Model types refused on purpose, with the reason.
-pub const REFUSED: &[(&str, &str)] = &[(
-    "qwen3_next",
-    "its layers alternate gated DeltaNet linear attention (a recurrent state and causal convolutions in place of an \
-     attention matrix) with gated full attention, and trainmem does not model the DeltaNet layers' activations, so it \
-     could not account for them exactly",
-)];
+pub const REFUSED: &[(&str, &str)] = &[];
 
 /// The family whose code reads `model_type`: its own, or one of its aliases.
 pub fn family_of(model_type: &str) -> Option<Family> {

@@ -33,6 +33,8 @@ pub struct Activations {
 pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");
 /// Full-attention layers on this GPU (in a model that also has sliding-window layers).
 pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU");
+/// Gated DeltaNet (linear-attention) layers on this GPU (Qwen3-Next, Qwen3.5).
+pub const L_LINEAR: Sym = Sym::new("L", "lin", "gated DeltaNet (linear-attention) layers on this GPU");
 /// Layers whose input needs a gradient: all but a first layer on a frozen embedding.
 pub const L_GRAD: Sym = Sym::new("L", "grad", "layers whose input needs a gradient (all but the first on a frozen embedding)");
 
@@ -93,7 +95,8 @@ pub fn activations_of(
         let layer = pieces.variant(kind, var).expect("every variant of the stage has its program");
         let prog = &layer.prog;
         let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
-        rope_done |= !var.nope;
+        // A gated DeltaNet layer reads no rotary tables: the first attention layer's count.
+        rope_done |= !var.nope && (!var.linear || layer.saved.iter().any(|k| k.group == Group::Rope));
         nope_done |= var.nope;
         // Sizes are the same across attention types (a mask differs, not what is saved), except
         // the RoPE-only and NoPE-only groups.
@@ -262,7 +265,9 @@ fn split_by_attention(
     };
     for (vi, &(kind, var)) in variants.iter().enumerate() {
         let first_of_kind = !variants[..vi].iter().any(|(k, _)| *k == kind);
-        let Some(&(_, other)) = variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && v.nope == var.nope) else {
+        let Some(&(_, other)) =
+            variants.iter().find(|(k, v)| *k == kind && (v.sliding != var.sliding || v.linear != var.linear) && v.nope == var.nope)
+        else {
             continue;
         };
         if !first_of_kind {
@@ -293,7 +298,13 @@ fn split_by_attention(
             }
         }
         for (s, list) in [(var, only_here), (other, only_there)] {
-            let sym = if s.sliding { L_SLIDING } else { L_FULL };
+            let sym = if s.linear {
+                L_LINEAR
+            } else if s.sliding {
+                L_SLIDING
+            } else {
+                L_FULL
+            };
             for (part, group, _, e) in list {
                 let n = match group {
                     Group::All if vi == 0 => count(None, s),
