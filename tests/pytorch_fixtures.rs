@@ -35,8 +35,6 @@ fn shards() -> Vec<(String, Value)> {
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
-    "qwen3_5_text",
-    "qwen3_5_moe_text",
     "deepseek_v32",
     "minimax_m2",
     "exaone4",

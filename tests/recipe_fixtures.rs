@@ -107,9 +107,9 @@ fn config_of(doc: &Value, r: &Value) -> Result<Config, String> {
 /// refused, never estimated.
 const REFUSED: &[&str] = &[
     "qwen3_next",
-    "gpt2-tanh",
     "qwen3_5_text",
     "qwen3_5_moe_text",
+    "gpt2-tanh",
     "deepseek_v32",
     "minimax_m2",
     "seed_oss",
@@ -123,9 +123,9 @@ const REFUSED: &[&str] = &[
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
 /// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`;
-/// qwen3_next's op-level SAC records (`recompute=op`) are off by −3.5 % to −5.4 % (saved) and
-/// its peaks by up to +1.6 % (the gated DeltaNet's ops are not in the SAC policies yet).
-const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh", "qwen3_next"];
+/// the gated DeltaNet families' op-level SAC records (`recompute=op`) are off by −3.5 % to −6.3 %
+/// (saved) and their peaks by up to +2.9 % (the gated DeltaNet's ops are not in the SAC policies yet).
+const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"];
 
 /// Within ±0.5 %.
 const TOLERANCE: f64 = 0.005;

@@ -35,7 +35,14 @@ pub fn family_of_old_link(s: &ModelSpec) -> Family {
         && !s.fused_qkv
         && s.kv_lora_rank == 0;
     let gemma_norm = s.norm == NormKind::RmsnormGemma;
-    if gpt2 {
+    if s.gdn.k_heads > 0 {
+        // Gated DeltaNet layers: Qwen3.5 has four input projections, Qwen3-Next two.
+        match (s.gdn.split, s.experts > 0) {
+            (false, _) => Family::Qwen3Next,
+            (true, false) => Family::Qwen35Text,
+            (true, true) => Family::Qwen35MoeText,
+        }
+    } else if gpt2 {
         Family::Gpt2
     } else if s.attn_sinks {
         Family::GptOss

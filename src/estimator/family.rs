@@ -46,6 +46,10 @@ pub enum Family {
     Olmo3,
     FalconH1,
     Qwen3Next,
+    #[serde(rename = "qwen3_5_text")]
+    Qwen35Text,
+    #[serde(rename = "qwen3_5_moe_text")]
+    Qwen35MoeText,
 }
 
 impl Family {
@@ -81,6 +85,8 @@ impl Family {
         (Family::Olmo3, "olmo3", "OLMo 3"),
         (Family::FalconH1, "falcon_h1", "Falcon-H1"),
         (Family::Qwen3Next, "qwen3_next", "Qwen3-Next"),
+        (Family::Qwen35Text, "qwen3_5_text", "Qwen3.5"),
+        (Family::Qwen35MoeText, "qwen3_5_moe_text", "Qwen3.5-MoE"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -105,6 +105,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
         Family::Qwen3Next => &qwen3_next::Qwen3Next,
+        Family::Qwen35Text | Family::Qwen35MoeText => &qwen3_next::Qwen35,
         Family::FalconH1 => &falcon_h1::FalconH1,
     }
 }

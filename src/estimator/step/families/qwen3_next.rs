@@ -591,6 +591,19 @@ fn linear_layers(f: &Fields, layers: u64) -> Result<LayerRule, HfError> {
     })
 }
 
+/// How a config.json states the gated DeltaNet layers: `full_attention_interval` when every
+/// `step`-th layer is full attention (as the configurations default to), else `layer_types`.
+fn layer_types(s: &ModelSpec) -> (&'static str, Value) {
+    match s.linear_layers {
+        LayerRule::AllBut { step, offset } if step > 0 && offset + 1 == step => ("full_attention_interval", step.into()),
+        _ => {
+            let types: Vec<&str> =
+                (0..s.layers).map(|i| if s.linear_layers.contains(i) { "linear_attention" } else { "full_attention" }).collect();
+            ("layer_types", types.into())
+        }
+    }
+}
+
 /// The gated DeltaNet's keys (`Qwen3NextConfig`, `Qwen3_5TextConfig`).
 fn gdn_keys(f: &Fields, split: bool) -> Result<Gdn, HfError> {
     let g = Gdn {
@@ -661,8 +674,7 @@ impl Modeling for Qwen3Next {
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
         let Some(mut w) = writer::llama_base("qwen3_next", s, "hidden_act") else { return Vec::new() };
         let g = s.gdn;
-        let types: Vec<&str> =
-            (0..s.layers).map(|i| if s.linear_layers.contains(i) { "linear_attention" } else { "full_attention" }).collect();
+        let types = layer_types(s);
         let dense: Vec<u64> = (0..s.layers).filter(|&i| !s.moe_rule.contains(i)).collect();
         w.set("intermediate_size", s.ffn)
             .set("attention_bias", s.qkv_bias)
@@ -672,7 +684,7 @@ impl Modeling for Qwen3Next {
             .set("linear_key_head_dim", g.k_dim)
             .set("linear_value_head_dim", g.v_dim)
             .set("linear_conv_kernel_dim", g.conv)
-            .set("layer_types", types)
+            .set(types.0, types.1)
             .set("num_experts", s.experts)
             .set("num_experts_per_tok", s.top_k)
             .set("moe_intermediate_size", s.expert_ffn)
@@ -681,6 +693,105 @@ impl Modeling for Qwen3Next {
             .set("mlp_only_layers", dense)
             .set("norm_topk_prob", true);
         w.done().into_iter().collect()
+    }
+    fn norm(&self) -> Norm {
+        Norm::Rms(Rms::Gemma)
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        layer(b, p, spec, x, sh, kind, attn)
+    }
+}
+
+/// The interleaved M-RoPE tables of Qwen3.5 (`Qwen3_5TextRotaryEmbedding`, Qwen3-VL's): text
+/// position ids are expanded to `[3, b, s]`, so cos and sin are `[b, s, d_rot]`, one row of
+/// positions per batch row.
+fn mrope_shape(spec: &ModelSpec) -> Shape {
+    let d = if super::common::rotary_dims(spec) == spec.head_dim { Dim::Q(Q::D) } else { Dim::X(X::DRot) };
+    Shape::new(&[BD, SD, d], Split::None)
+}
+
+/// Qwen3.5 text models (`models/qwen3_5/modeling_qwen3_5.py` `Qwen3_5ForCausalLM`, and
+/// `models/qwen3_5_moe/modeling_qwen3_5_moe.py` `Qwen3_5MoeForCausalLM`): Qwen3-Next's mixers,
+/// the gated DeltaNet with four input projections (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+/// `in_proj_a`), M-RoPE tables per batch row; a dense SwiGLU on every layer (`qwen3_5_text`) or
+/// Qwen3-Next's sparse block, its top-k always renormalised (`qwen3_5_moe_text`).
+pub struct Qwen35;
+impl Modeling for Qwen35 {
+    fn wrappers(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// `Qwen3_5TextConfig` / `Qwen3_5MoeTextConfig`: Llama's sizes, `head_dim`, the rotary
+    /// fraction of `rope_parameters`, the gated DeltaNet's `linear_*` keys and `layer_types`;
+    /// the MoE one its experts and shared expert.
+    fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        notes.push(TORCH_PATH.into());
+        let moe = t == "qwen3_5_moe_text";
+        let ffn = if moe { fields::Ffn::Optional } else { fields::Ffn::Required };
+        let mut m = fields::llama_keys(f, ffn, false, 32_768)?;
+        m.family = if moe { Family::Qwen35MoeText } else { Family::Qwen35Text };
+        m.qkv_bias = f.flag("attention_bias", false)?;
+        m.o_bias = m.qkv_bias;
+        m.qk_norm = QkNorm::Head;
+        if !f.flag("attn_output_gate", true)? {
+            return Err(HfError::Field { key: "attn_output_gate", reason: "false is not modelled".into() });
+        }
+        m.attn_gate = true;
+        m.rotary_pct = f.rotary_pct(0.25)?;
+        m.gdn = gdn_keys(f, true)?;
+        m.linear_layers = linear_layers(f, m.layers)?;
+        if moe {
+            m.fused_experts = true;
+            m.experts = f.required(&["num_experts"])?;
+            m.top_k = f.required(&["num_experts_per_tok"])?;
+            m.expert_ffn = f.required(&["moe_intermediate_size"])?;
+            m.moe_rule = LayerRule::All;
+            m.dense_layers = 0;
+            m.shared_ffn = f.uint_or("shared_expert_intermediate_size", 0)?;
+            m.shared_experts = u64::from(m.shared_ffn > 0);
+            m.shared_gate = m.shared_ffn > 0;
+        }
+        fields::with_heads(m)
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let moe = s.family == Family::Qwen35MoeText;
+        let t = if moe { "qwen3_5_moe_text" } else { "qwen3_5_text" };
+        let Some(mut w) = writer::llama_base(t, s, "hidden_act") else { return Vec::new() };
+        let g = s.gdn;
+        let types = layer_types(s);
+        w.set("attention_bias", s.qkv_bias)
+            .set("partial_rotary_factor", s.rotary_pct as f64 / 100.0)
+            .set("linear_num_key_heads", g.k_heads)
+            .set("linear_num_value_heads", g.v_heads)
+            .set("linear_key_head_dim", g.k_dim)
+            .set("linear_value_head_dim", g.v_dim)
+            .set("linear_conv_kernel_dim", g.conv)
+            .set(types.0, types.1);
+        if moe {
+            w.set("num_experts", s.experts)
+                .set("num_experts_per_tok", s.top_k)
+                .set("moe_intermediate_size", s.expert_ffn)
+                .set("shared_expert_intermediate_size", s.shared_ffn);
+        } else {
+            w.set("intermediate_size", s.ffn);
+        }
+        w.done().into_iter().collect()
+    }
+    /// `Qwen3_5TextModel.forward` before the layers: the causal mask and the M-RoPE tables
+    /// (`[b, s, d_rot]`).
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        let pos = super::common::cache_position(b);
+        let mask = super::common::causal_mask(b, pos, attn);
+        if !super::common::has_rope(spec) {
+            return Shared { pos: Some(pos), mask, ..Shared::default() };
+        }
+        let full = mrope_shape(spec);
+        let half =
+            if super::common::rotary_dims(spec) == spec.head_dim { full.last(Dim::Half(Q::D)) } else { full.last(Dim::HalfX(X::DRot)) };
+        let (cos, sin) = super::common::rotary_tables(b, pos, half, Some(full), true);
+        Shared { cos: Some(cos), sin: Some(sin), pos: Some(pos), mask, ..Shared::default() }
+    }
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        super::common::has_rope(spec).then(|| (mrope_shape(spec), Dt::Resid, true))
     }
     fn norm(&self) -> Norm {
         Norm::Rms(Rms::Gemma)
