@@ -105,7 +105,8 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
         Family::Qwen3Next => &qwen3_next::Qwen3Next,
-        Family::Qwen35Text | Family::Qwen35MoeText => &qwen3_next::Qwen35,
+        Family::Qwen35Text => &qwen3_next::Qwen35 { moe: false },
+        Family::Qwen35MoeText => &qwen3_next::Qwen35 { moe: true },
         Family::FalconH1 => &falcon_h1::FalconH1,
     }
 }

@@ -582,10 +582,15 @@ fn linear_layers(f: &Fields, layers: u64) -> Result<LayerRule, HfError> {
             None => return Err(HfError::Type { key: KEY, expected: "a list of layer types" }),
         }
     }
+    // Every `step`-th layer full (the configurations' `full_attention_interval` layout).
+    let step = (0..layers).find(|i| !lin.contains(i)).map_or(0, |f| f + 1);
+    let interval = step > 1 && (0..layers).all(|i| lin.contains(&i) == (i % step != step - 1));
     Ok(if lin.is_empty() {
         LayerRule::None
     } else if lin.len() as u64 == layers {
         LayerRule::All
+    } else if interval {
+        LayerRule::AllBut { step, offset: step - 1 }
     } else {
         LayerRule::List(lin)
     })
@@ -715,10 +720,66 @@ fn mrope_shape(spec: &ModelSpec) -> Shape {
 /// the gated DeltaNet with four input projections (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,
 /// `in_proj_a`), M-RoPE tables per batch row; a dense SwiGLU on every layer (`qwen3_5_text`) or
 /// Qwen3-Next's sparse block, its top-k always renormalised (`qwen3_5_moe_text`).
-pub struct Qwen35;
+pub struct Qwen35 {
+    /// `qwen3_5_moe_text` (else `qwen3_5_text`).
+    pub moe: bool,
+}
+
+/// Qwen3.5-27B's language model: 64 layers of h 5120 (three gated DeltaNet layers, then one
+/// gated attention layer, repeated), 24 query / 4 KV heads of 256 with a quarter rotary, DeltaNet
+/// of 16 key heads × 128 and 48 value heads × 128, a dense SwiGLU of 17,408, vocab 248,320.
+fn qwen35_27b() -> ModelSpec {
+    let mut m = llama(248_320, 5120, 64, 24, 4, 17_408, 262_144);
+    m.family = Family::Qwen35Text;
+    m.head_dim = 256;
+    m.rotary_pct = 25;
+    m.qk_norm = QkNorm::Head;
+    m.attn_gate = true;
+    m.gdn = Gdn { k_heads: 16, v_heads: 48, k_dim: 128, v_dim: 128, conv: 4, split: true };
+    m.linear_layers = LayerRule::AllBut { step: 4, offset: 3 };
+    m
+}
+
+/// Qwen3.5-35B-A3B's language model: 40 layers of h 2048, 16 query / 2 KV heads of 256,
+/// DeltaNet of 16 key heads × 128 and 32 value heads × 128, 256 experts (top 8) of 512 and a
+/// gated shared expert of 512 on every layer.
+fn qwen35_35b_a3b() -> ModelSpec {
+    let mut m = llama(248_320, 2048, 40, 16, 2, 0, 262_144);
+    m.family = Family::Qwen35MoeText;
+    m.head_dim = 256;
+    m.rotary_pct = 25;
+    m.qk_norm = QkNorm::Head;
+    m.attn_gate = true;
+    m.experts = 256;
+    m.top_k = 8;
+    m.expert_ffn = 512;
+    m.fused_experts = true;
+    m.shared_experts = 1;
+    m.shared_ffn = 512;
+    m.shared_gate = true;
+    m.moe_rule = LayerRule::All;
+    m.gdn = Gdn { k_heads: 16, v_heads: 32, k_dim: 128, v_dim: 128, conv: 4, split: true };
+    m.linear_layers = LayerRule::AllBut { step: 4, offset: 3 };
+    m
+}
+
 impl Modeling for Qwen35 {
+    /// The multimodal checkpoints' `qwen3_5` / `qwen3_5_moe` (`Qwen3_5ForConditionalGeneration`):
+    /// their `text_config`.
     fn wrappers(&self) -> &'static [&'static str] {
-        &[]
+        if self.moe {
+            &["qwen3_5_moe"]
+        } else {
+            &["qwen3_5"]
+        }
+    }
+    fn presets(&self) -> Vec<Preset> {
+        let (order, id, checkpoint, spec) = if self.moe {
+            (72, "qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", qwen35_35b_a3b())
+        } else {
+            (71, "qwen3.5-27b", "Qwen/Qwen3.5-27B", qwen35_27b())
+        };
+        vec![Preset::new(order, id, checkpoint, "Qwen3.5", spec).with_notes(&[TORCH_PATH])]
     }
     /// `Qwen3_5TextConfig` / `Qwen3_5MoeTextConfig`: Llama's sizes, `head_dim`, the rotary
     /// fraction of `rope_parameters`, the gated DeltaNet's `linear_*` keys and `layer_types`;
