@@ -79,11 +79,6 @@ fn modelled(r: &Value) -> bool {
 /// 10: refused explicitly, never approximated). Every other family is checked record by record:
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
-    // gated DeltaNet: saved bytes exact on every record, every step peak exact but the
-    // bf16/autocast checkpointed ones (+3.5 % to +12.1 %: the DeltaNet's recomputed backward)
-    "qwen3_next",
-    "qwen3_5_text",
-    "qwen3_5_moe_text",
     // issue 25: measured, estimator pending
     "deepseek_v32",
     "minimax_m2",
@@ -94,9 +89,9 @@ const REFUSED: &[&str] = &[
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
-/// wrongly (measured, estimator pending): reported only, not failed for being estimated:
-/// the gated DeltaNet families, whose checkpointed bf16/autocast step peaks are still over.
-const ACCEPTED_PENDING: &[&str] = &["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"];
+/// wrongly (measured, estimator pending): reported only, not failed for being estimated. None
+/// today (issue 25's gpt2 with `activation_function: gelu_pytorch_tanh` is modelled).
+const ACCEPTED_PENDING: &[&str] = &[];
 
 /// The step event logs: (record id, measured peak, the log).
 fn logs() -> Vec<(String, u128, Value)> {

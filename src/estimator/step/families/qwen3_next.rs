@@ -117,14 +117,26 @@ fn solve_triangular(b: &mut Builder, a: Tid, rhs: Tid) -> Tid {
     let (shp, dt) = (b.shape(rhs), b.t(rhs).dt);
     let rg = b.rg(a) || b.rg(rhs);
     let out = b.out(shp, dt, rg);
+    // grad_B = solve_triangular(A^H, grad); grad_A = -(grad_B @ X^H), then its lower triangle
+    // (`linalg_solve_triangular_backward`): a matmul, its negation and the `tril`, each of A's
+    // size, the previous freed after the next is made.
     let mut bw: Vec<B> = Vec::new();
-    let mut k = 0u8;
-    for (i, t) in [(1u8, rhs), (0, a)] {
-        if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: "linalg_solve_triangular" });
-            bw.push(B::Grad { input: i, temp: k });
-            k += 1;
-        }
+    if b.rg(rhs) || b.rg(a) {
+        bw.push(B::Alloc { bytes: b.bytes(rhs), dtype: b.t(rhs).dtype, op: "linalg_solve_triangular" });
+    }
+    if b.rg(a) {
+        let (bytes, dtype) = (b.bytes(a), b.t(a).dtype);
+        bw.push(B::Alloc { bytes, dtype, op: "bmm" });
+        bw.push(B::Alloc { bytes, dtype, op: "neg" });
+        bw.push(B::Free(1));
+        bw.push(B::Alloc { bytes, dtype, op: "tril" });
+        bw.push(B::Free(2));
+        bw.push(B::Grad { input: 0, temp: 3 });
+    }
+    if b.rg(rhs) {
+        bw.push(B::Grad { input: 1, temp: 0 });
+    } else if b.rg(a) {
+        bw.push(B::Free(0));
     }
     b.op("linalg_solve_triangular", "LinalgSolveTriangularBackward0", &[a, rhs], &[out], &[S::In(0), S::Out(0)], &bw)[0]
 }
@@ -302,14 +314,12 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
     let sl = if s % c == 0 { flat } else { b.slice(flat, bhs(DV)) };
     let t = b.view(sl, shape(&[BD, SD, HV, DV]), "TransposeBackward0", false);
     let y = if b.dtype(in_dt) == b.dtype(Dt::F32) { b.copy(t, shape(&[BD, SD, HV, DV])) } else { b.to_copy(t, in_dt) };
-    // The function's locals live until it returns.
-    for t in [qf, kf, vf, betaf, gf, qn, kn, qs, qp, kp, vp, bp, gp, v_beta, k_beta, cum, pair, ut, intra, ce1, dkb, new_values] {
+    // The function's locals live until it returns (the names rebound on the way — the fp32
+    // copies, the l2norm and scaled q/k, the pairwise differences — die at once unless saved).
+    for t in [qp, kp, vp, bp, gp, v_beta, k_beta, cum, pair, ut, intra, ce1, dkb, new_values, k_cumdecay, ce2, qd, state, out, upper] {
         b.hold(t);
     }
     for t in decays.map_or([None, None], |(kd, cd)| [Some(kd), Some(cd)]).into_iter().flatten() {
-        b.hold(t);
-    }
-    for t in [k_cumdecay, ce2, qd, state, out, kb_kt, q_kt, diff, filled, upper] {
         b.hold(t);
     }
     y
@@ -343,7 +353,8 @@ fn gated_norm(b: &mut Builder, w: Option<Tid>, x: Tid, z: Tid) -> Tid {
     let shp = b.shape(x);
     let y = b.mul_to(wn, sg, shp, Dt::F32);
     let o = b.to_copy(y, in_dt);
-    for t in [x32, var, n32, nd, wn, z32, sg, y] {
+    // `variance` and the last `hidden_states` live until the return.
+    for t in [var, y] {
         b.hold(t);
     }
     b.hold(x);
