@@ -874,6 +874,22 @@ impl Modeling for Qwen35 {
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_old_link_to_a_gated_deltanet_preset_reads_as_its_family() {
+        let gdn = [Family::Qwen3Next, Family::Qwen35Text, Family::Qwen35MoeText];
+        let presets: Vec<Preset> = crate::estimator::presets::presets().into_iter().filter(|p| gdn.contains(&p.spec.family)).collect();
+        assert_eq!(presets.len(), 3);
+        for p in presets {
+            let old = ModelSpec { family: Family::Llama, ..p.spec.clone() };
+            assert_eq!(crate::config::family_of_old_link(&old), p.spec.family, "{}", p.id);
+        }
+    }
+}
+
+#[cfg(test)]
 mod debug {
     use crate::estimator::config::{Attention, Config, Kernels, Precision, Recompute};
     use crate::estimator::expr::numbers_only;
