@@ -165,9 +165,22 @@ fn every_imported_model_survives_a_share_link() {
 }
 
 #[test]
-fn qwen3_next_is_refused_with_the_reason() {
-    let err = import_json(r#"{"model_type": "qwen3_next", "vocab_size": 151936}"#).err();
-    assert_eq!(err.as_ref().and_then(|e| e.key()), Some("model_type"));
-    let text = err.map(|e| e.to_string()).unwrap_or_default();
-    assert!(text.contains("qwen3_next") && text.contains("DeltaNet"), "{text}");
+fn qwen3_next_reads_its_gated_deltanet_layers_from_layer_types() {
+    let config = |types: &str| {
+        format!(
+            r#"{{"model_type": "qwen3_next", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 176,
+                "layer_types": {types}, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 40, "shared_expert_intermediate_size": 40, "partial_rotary_factor": 0.25}}"#
+        )
+    };
+    let imported = import_json(&config(r#"["linear_attention", "full_attention"]"#)).expect("qwen3_next imports");
+    let m = &imported.spec;
+    assert_eq!((m.linear_attention_layers(), m.attention_layers()), (1, 1));
+    assert_eq!(m.gdn.conv_dim(), 128);
+    assert!(m.attn_gate);
+    assert_eq!(m.counts().total, 239_608, "the measured tiny model's parameters (validation/ qwen3_next records)");
+    let err = import_json(&config(r#"["linear_attention", "sliding_attention"]"#)).err();
+    assert_eq!(err.as_ref().and_then(|e| e.key()), Some("layer_types"));
 }

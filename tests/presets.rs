@@ -35,6 +35,9 @@ const PUBLISHED: &[(&str, u64)] = &[
 const COUNTED: &[(&str, u64)] = &[
     ("phi-4", 14_659_507_200),                               // 14.7 B
     ("falcon-h1-0.5b-instruct", 521_411_104),                // 0.5 B (transformers 5.24 on the meta device)
+    ("qwen3-next-80b-a3b-thinking", 79_674_391_296),         // 80 B (transformers 5.24 on the meta device)
+    ("qwen3.5-27b", 26_895_998_464),                         // 27 B (its text model; transformers 5.24 on the meta device)
+    ("qwen3.5-35b-a3b", 34_660_610_688),                     // 35 B (its text model)
     ("qwen3-0.6b", 596_049_920),                             // 0.6 B
     ("qwen3-1.7b", 1_720_574_976),                           // 1.7 B
     ("qwen3-4b", 4_022_468_096),                             // 4.0 B

@@ -34,10 +34,7 @@ fn shards() -> Vec<(String, Value)> {
 /// 10: refused explicitly, never approximated). Every other family is checked record by record:
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
-    "qwen3_next",
     // issue 25: measured, estimator pending
-    "qwen3_5_text",
-    "qwen3_5_moe_text",
     "kimi_linear",
     "granitemoehybrid",
 ];

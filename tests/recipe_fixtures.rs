@@ -107,9 +107,9 @@ fn config_of(doc: &Value, r: &Value) -> Result<Config, String> {
 /// refused, never estimated.
 const REFUSED: &[&str] = &[
     "qwen3_next",
-    "gpt2-tanh",
     "qwen3_5_text",
     "qwen3_5_moe_text",
+    "gpt2-tanh",
     "deepseek_v32",
     "seed_oss",
     "olmo3",
@@ -119,8 +119,10 @@ const REFUSED: &[&str] = &[
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
-/// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`.
-const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh"];
+/// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`;
+/// the gated DeltaNet families' op-level SAC records (`recompute=op`) keep −3.5 % to −6.3 % less
+/// than measured (the gated DeltaNet's ops are not in the SAC policies yet).
+const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"];
 
 /// Within ±0.5 %.
 const TOLERANCE: f64 = 0.005;

@@ -79,10 +79,7 @@ fn modelled(r: &Value) -> bool {
 /// 10: refused explicitly, never approximated). Every other family is checked record by record:
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
-    "qwen3_next",
     // issue 25: measured, estimator pending
-    "qwen3_5_text",
-    "qwen3_5_moe_text",
     "kimi_linear",
     "granitemoehybrid",
 ];

@@ -619,6 +619,16 @@ pub static KEYS: &[Key] = &[
     bool_key!("ssm_out_bias", Architecture, "bias on the Mamba-2 out_proj (Falcon-H1's projectors_bias)", |c| c.arch.ssm.out_bias),
     bool_key!("ssm_gated_norm", Architecture, "gated RMSNorm before the Mamba-2 out_proj", |c| c.arch.ssm.gated_norm),
     bool_key!("ssm_mup", Architecture, "Falcon-H1's µP multipliers on the Mamba-2 in_proj", |c| c.arch.ssm.mup),
+    uint_key!("gdn_k_heads", Architecture, "gated DeltaNet key heads (linear_num_key_heads; 0 = none)", |c| c.arch.gdn.k_heads),
+    uint_key!("gdn_v_heads", Architecture, "gated DeltaNet value heads (linear_num_value_heads)", |c| c.arch.gdn.v_heads),
+    uint_key!("gdn_k_dim", Architecture, "gated DeltaNet key head dim (linear_key_head_dim)", |c| c.arch.gdn.k_dim),
+    uint_key!("gdn_v_dim", Architecture, "gated DeltaNet value head dim (linear_value_head_dim)", |c| c.arch.gdn.v_dim),
+    uint_key!("gdn_conv", Architecture, "gated DeltaNet causal conv kernel (linear_conv_kernel_dim)", |c| c.arch.gdn.conv),
+    bool_key!("gdn_split", Architecture, "gated DeltaNet with four input projections (Qwen3.5)", |c| c.arch.gdn.split),
+    rule_key!("linear_layers", Architecture, "gated DeltaNet layers (layer_types linear_attention; same forms as nope_layers)", |c| c
+        .arch
+        .linear_layers),
+    bool_key!("attn_gate", Architecture, "q_proj also emits a sigmoid output gate (Qwen3-Next)", |c| c.arch.attn_gate),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),

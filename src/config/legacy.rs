@@ -39,6 +39,13 @@ pub fn family_of_old_link(s: &ModelSpec) -> Family {
         // No link before the `family` key carried a Mamba-2 mixer; one that does without naming
         // its family is read as the only hybrid with these keys' µP (Falcon-H1).
         Family::FalconH1
+    } else if s.gdn.k_heads > 0 {
+        // Gated DeltaNet layers: Qwen3.5 has four input projections, Qwen3-Next two.
+        match (s.gdn.split, s.experts > 0) {
+            (false, _) => Family::Qwen3Next,
+            (true, false) => Family::Qwen35Text,
+            (true, true) => Family::Qwen35MoeText,
+        }
     } else if gpt2 {
         Family::Gpt2
     } else if s.attn_sinks {

@@ -49,6 +49,11 @@ pub enum Family {
     Exaone4,
     Apertus,
     MinimaxM2,
+    Qwen3Next,
+    #[serde(rename = "qwen3_5_text")]
+    Qwen35Text,
+    #[serde(rename = "qwen3_5_moe_text")]
+    Qwen35MoeText,
 }
 
 impl Family {
@@ -87,6 +92,9 @@ impl Family {
         (Family::Exaone4, "exaone4", "EXAONE 4"),
         (Family::Apertus, "apertus", "Apertus"),
         (Family::MinimaxM2, "minimax_m2", "MiniMax-M2"),
+        (Family::Qwen3Next, "qwen3_next", "Qwen3-Next"),
+        (Family::Qwen35Text, "qwen3_5_text", "Qwen3.5"),
+        (Family::Qwen35MoeText, "qwen3_5_moe_text", "Qwen3.5-MoE"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -46,20 +46,12 @@ pub static MULTIMODAL: LazyLock<Vec<(&'static str, &'static str)>> =
     LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| modeling(f).wrappers().iter().map(move |&w| (w, t))).collect());
 
 /// Model types refused on purpose, with the reason.
-pub const REFUSED: &[(&str, &str)] = &[
-    (
-        "qwen3_next",
-        "its layers alternate gated DeltaNet linear attention (a recurrent state and causal convolutions in place of an \
-         attention matrix) with gated full attention, and trainmem does not model the DeltaNet layers' activations, so it \
-         could not account for them exactly",
-    ),
-    (
-        "granitemoehybrid",
-        "Granite 4.0-H's layers are each either a Mamba-2 mixer or NoPE attention (`layer_types`), followed by \
+pub const REFUSED: &[(&str, &str)] = &[(
+    "granitemoehybrid",
+    "Granite 4.0-H's layers are each either a Mamba-2 mixer or NoPE attention (`layer_types`), followed by \
          GraniteMoe's experts beside a shared MLP; trainmem models the Mamba-2 mixer only inside Falcon-H1's layer so \
          far, not this layout",
-    ),
-];
+)];
 
 /// The family whose code reads `model_type`: its own, or one of its aliases.
 pub fn family_of(model_type: &str) -> Option<Family> {

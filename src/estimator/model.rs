@@ -491,6 +491,61 @@ pub struct ModelSpec {
     /// The Mamba-2 mixer of the layers that have one (`Ssm::NONE`: none).
     #[serde(default)]
     pub ssm: Ssm,
+
+    // ---- Gated DeltaNet (Qwen3-Next, Qwen3.5) -------------------------------------------------
+    /// The gated DeltaNet linear attention of the layers in `linear_layers` (`Gdn::NONE`: none).
+    #[serde(default)]
+    pub gdn: Gdn,
+    /// The layers whose mixer is the gated DeltaNet (`layer_types` "linear_attention"); the
+    /// others run (gated) full attention.
+    #[serde(default)]
+    pub linear_layers: LayerRule,
+    /// Qwen3-Next's gated attention: `q_proj` emits q and a gate (`[b, s, a, 2d]`), the attention
+    /// output is multiplied by `sigmoid(gate)` before `o_proj`.
+    #[serde(default)]
+    pub attn_gate: bool,
+}
+
+/// A gated DeltaNet mixer (transformers 5.24 `modeling_qwen3_next.py`
+/// `Qwen3NextGatedDeltaNet.__init__`; `modeling_qwen3_5.py` `Qwen3_5GatedDeltaNet.__init__`):
+/// Hk key heads of dk, Hv value heads of dv, a depthwise `conv1d` [cd, 1, Kc] over
+/// cd = 2·Hk·dk + Hv·dv channels (no bias), `dt_bias` and `A_log` [Hv], the gated RMSNorm
+/// weight [dv] and `out_proj` [h, Hv·dv]; the input projections are `in_proj_qkvz`
+/// [2·Hk·dk + 2·Hv·dv, h] and `in_proj_ba` [2·Hv, h] (Qwen3-Next) or `in_proj_qkv` [cd, h],
+/// `in_proj_z` [Hv·dv, h], `in_proj_b` and `in_proj_a` [Hv, h] (Qwen3.5: `split`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gdn {
+    /// Hk (`linear_num_key_heads`); 0 = no mixer.
+    pub k_heads: u64,
+    /// Hv (`linear_num_value_heads`).
+    pub v_heads: u64,
+    /// dk (`linear_key_head_dim`).
+    pub k_dim: u64,
+    /// dv (`linear_value_head_dim`).
+    pub v_dim: u64,
+    /// Kc (`linear_conv_kernel_dim`).
+    pub conv: u64,
+    /// Qwen3.5's four input projections instead of Qwen3-Next's two.
+    pub split: bool,
+}
+
+impl Gdn {
+    /// No mixer.
+    pub const NONE: Gdn = Gdn { k_heads: 0, v_heads: 0, k_dim: 0, v_dim: 0, conv: 0, split: false };
+    /// `torch_chunk_gated_delta_rule`'s chunk (`chunk_size=64`).
+    pub const CHUNK: u64 = 64;
+    /// Hk·dk: the query (and key) width.
+    pub fn key_width(&self) -> u64 {
+        self.k_heads * self.k_dim
+    }
+    /// Hv·dv: the value (and z, and output) width.
+    pub fn value_width(&self) -> u64 {
+        self.v_heads * self.v_dim
+    }
+    /// cd = 2·Hk·dk + Hv·dv: the convolution's channels (q, k, v).
+    pub fn conv_dim(&self) -> u64 {
+        2 * self.key_width() + self.value_width()
+    }
 }
 
 /// A Mamba-2 mixer (transformers 5.24 `modeling_falcon_h1.py` `FalconH1Mixer.__init__`,
@@ -871,44 +926,46 @@ impl ModelSpec {
             push(&mut g, "project_in.weight", vec![h, ew], 1, Part::Projection, Split::Replicated, None);
         }
 
-        // Attention, per layer.
+        // Attention, per (full-attention) layer; Qwen3-Next's q_proj also emits the gate.
+        let la = self.attention_layers();
+        let qpw = if self.attn_gate { 2 * qw } else { qw };
         if self.is_mla() {
             self.push_mla(&mut g);
         } else if self.fused_qkv {
-            push(&mut g, "layers.*.attn.qkv_proj.weight", vec![qw + 2 * kvw, h], l, Part::Attention, Split::Column, Some(Linear::Qkv));
+            push(&mut g, "layers.*.attn.qkv_proj.weight", vec![qw + 2 * kvw, h], la, Part::Attention, Split::Column, Some(Linear::Qkv));
             if self.qkv_bias {
-                push(&mut g, "layers.*.attn.qkv_proj.bias", vec![qw + 2 * kvw], l, Part::Attention, Split::Column, None);
+                push(&mut g, "layers.*.attn.qkv_proj.bias", vec![qw + 2 * kvw], la, Part::Attention, Split::Column, None);
             }
         } else {
-            push(&mut g, "layers.*.attn.q_proj.weight", vec![qw, h], l, Part::Attention, Split::Column, Some(Linear::Q));
-            push(&mut g, "layers.*.attn.k_proj.weight", vec![kvw, h], l, Part::Attention, Split::Column, Some(Linear::K));
-            push(&mut g, "layers.*.attn.v_proj.weight", vec![kvw, h], l, Part::Attention, Split::Column, Some(Linear::V));
+            push(&mut g, "layers.*.attn.q_proj.weight", vec![qpw, h], la, Part::Attention, Split::Column, Some(Linear::Q));
+            push(&mut g, "layers.*.attn.k_proj.weight", vec![kvw, h], la, Part::Attention, Split::Column, Some(Linear::K));
+            push(&mut g, "layers.*.attn.v_proj.weight", vec![kvw, h], la, Part::Attention, Split::Column, Some(Linear::V));
             if self.qkv_bias {
-                push(&mut g, "layers.*.attn.q_proj.bias", vec![qw], l, Part::Attention, Split::Column, None);
-                push(&mut g, "layers.*.attn.k_proj.bias", vec![kvw], l, Part::Attention, Split::Column, None);
-                push(&mut g, "layers.*.attn.v_proj.bias", vec![kvw], l, Part::Attention, Split::Column, None);
+                push(&mut g, "layers.*.attn.q_proj.bias", vec![qpw], la, Part::Attention, Split::Column, None);
+                push(&mut g, "layers.*.attn.k_proj.bias", vec![kvw], la, Part::Attention, Split::Column, None);
+                push(&mut g, "layers.*.attn.v_proj.bias", vec![kvw], la, Part::Attention, Split::Column, None);
             }
         }
         if !self.is_mla() {
-            push(&mut g, "layers.*.attn.o_proj.weight", vec![h, qw], l, Part::Attention, Split::Row, Some(Linear::O));
+            push(&mut g, "layers.*.attn.o_proj.weight", vec![h, qw], la, Part::Attention, Split::Row, Some(Linear::O));
             if self.o_bias {
-                push(&mut g, "layers.*.attn.o_proj.bias", vec![h], l, Part::Attention, Split::Replicated, None);
+                push(&mut g, "layers.*.attn.o_proj.bias", vec![h], la, Part::Attention, Split::Replicated, None);
             }
         }
         if self.attn_sinks {
             // gpt-oss: `sinks` [a], one logit per head (split with the heads).
-            push(&mut g, "layers.*.attn.sinks", vec![self.heads], l, Part::Attention, Split::Column, None);
+            push(&mut g, "layers.*.attn.sinks", vec![self.heads], la, Part::Attention, Split::Column, None);
         }
         let norm_bias = self.norm == NormKind::Layernorm;
         match self.qk_norm {
             QkNorm::None => {}
             QkNorm::Head | QkNorm::Full => {
                 let (qn, kn) = if self.qk_norm == QkNorm::Head { (self.head_dim, self.head_dim) } else { (qw, kvw) };
-                push(&mut g, "layers.*.attn.q_norm.weight", vec![qn], l, Part::Attention, Split::Replicated, None);
-                push(&mut g, "layers.*.attn.k_norm.weight", vec![kn], l, Part::Attention, Split::Replicated, None);
+                push(&mut g, "layers.*.attn.q_norm.weight", vec![qn], la, Part::Attention, Split::Replicated, None);
+                push(&mut g, "layers.*.attn.k_norm.weight", vec![kn], la, Part::Attention, Split::Replicated, None);
                 if norm_bias {
-                    push(&mut g, "layers.*.attn.q_norm.bias", vec![qn], l, Part::Attention, Split::Replicated, None);
-                    push(&mut g, "layers.*.attn.k_norm.bias", vec![kn], l, Part::Attention, Split::Replicated, None);
+                    push(&mut g, "layers.*.attn.q_norm.bias", vec![qn], la, Part::Attention, Split::Replicated, None);
+                    push(&mut g, "layers.*.attn.k_norm.bias", vec![kn], la, Part::Attention, Split::Replicated, None);
                 }
             }
             QkNorm::PerHead => {
@@ -916,7 +973,7 @@ impl ModelSpec {
                 g.push(TensorGroup {
                     name: "layers.*.attn.q_layernorm.norms.*.weight",
                     shape: vec![self.heads, self.head_dim],
-                    count: l,
+                    count: la,
                     tensors_per_instance: self.heads,
                     part: Part::Attention,
                     split: Split::Replicated,
@@ -926,7 +983,7 @@ impl ModelSpec {
                 g.push(TensorGroup {
                     name: "layers.*.attn.k_layernorm.norms.*.weight",
                     shape: vec![self.kv_heads, self.head_dim],
-                    count: l,
+                    count: la,
                     tensors_per_instance: self.kv_heads,
                     part: Part::Attention,
                     split: Split::Replicated,
@@ -1006,6 +1063,9 @@ impl ModelSpec {
         if self.ssm.heads > 0 {
             self.push_ssm(&mut g);
         }
+        if self.gdn.k_heads > 0 {
+            self.push_gdn(&mut g);
+        }
 
         // Norms, per layer.
         let nt = self.norm.tensors();
@@ -1036,6 +1096,55 @@ impl ModelSpec {
             t.per_layer = if t.part == Part::Norms { self.layer_norms } else { 1 };
         }
         g
+    }
+
+    /// The layers with (full) attention: all but the gated DeltaNet ones.
+    pub fn attention_layers(&self) -> u64 {
+        self.layers - self.linear_attention_layers()
+    }
+
+    /// The gated DeltaNet layers (`layer_types` "linear_attention").
+    pub fn linear_attention_layers(&self) -> u64 {
+        if self.gdn.k_heads == 0 {
+            return 0;
+        }
+        self.linear_layers.count_in(0..self.layers)
+    }
+
+    /// The gated DeltaNet's tensors on its layers (`Qwen3NextGatedDeltaNet.__init__`,
+    /// registration order: conv1d, the input projections, dt_bias, A_log, norm, out_proj).
+    fn push_gdn(&self, g: &mut Vec<TensorGroup>) {
+        let (h, m) = (self.hidden, self.gdn);
+        let l = self.linear_attention_layers();
+        if l == 0 {
+            return;
+        }
+        let mut add = |name: &'static str, shape: Vec<u64>| {
+            g.push(TensorGroup {
+                name,
+                shape,
+                count: l,
+                tensors_per_instance: 1,
+                part: Part::Attention,
+                split: Split::Replicated,
+                linear: None,
+                per_layer: 0,
+            });
+        };
+        add("layers.*.linear_attn.conv1d.weight", vec![m.conv_dim(), 1, m.conv]);
+        if m.split {
+            add("layers.*.linear_attn.in_proj_qkv.weight", vec![m.conv_dim(), h]);
+            add("layers.*.linear_attn.in_proj_z.weight", vec![m.value_width(), h]);
+            add("layers.*.linear_attn.in_proj_b.weight", vec![m.v_heads, h]);
+            add("layers.*.linear_attn.in_proj_a.weight", vec![m.v_heads, h]);
+        } else {
+            add("layers.*.linear_attn.in_proj_qkvz.weight", vec![2 * m.key_width() + 2 * m.value_width(), h]);
+            add("layers.*.linear_attn.in_proj_ba.weight", vec![2 * m.v_heads, h]);
+        }
+        add("layers.*.linear_attn.dt_bias", vec![m.v_heads]);
+        add("layers.*.linear_attn.A_log", vec![m.v_heads]);
+        add("layers.*.linear_attn.norm.weight", vec![m.v_dim]);
+        add("layers.*.linear_attn.out_proj.weight", vec![h, m.value_width()]);
     }
 
     /// The Mamba-2 mixer's tensors on every layer (`FalconH1Mixer.__init__`, registration
@@ -1397,6 +1506,9 @@ mod tests {
             clip_qkv: false,
             ssm: Ssm::NONE,
             dsa: Dsa::NONE,
+            gdn: Gdn::NONE,
+            linear_layers: LayerRule::None,
+            attn_gate: false,
         }
     }
 

@@ -33,6 +33,8 @@ pub struct Activations {
 pub const L_SLIDING: Sym = Sym::new("L", "sw", "sliding-window layers on this GPU");
 /// Full-attention layers on this GPU (in a model that also has sliding-window layers).
 pub const L_FULL: Sym = Sym::new("L", "full", "full-attention layers on this GPU");
+/// Gated DeltaNet (linear-attention) layers on this GPU (Qwen3-Next, Qwen3.5).
+pub const L_LINEAR: Sym = Sym::new("L", "lin", "gated DeltaNet (linear-attention) layers on this GPU");
 /// Layers whose input needs a gradient: all but a first layer on a frozen embedding.
 pub const L_GRAD: Sym = Sym::new("L", "grad", "layers whose input needs a gradient (all but the first on a frozen embedding)");
 
@@ -93,7 +95,8 @@ pub fn activations_of(
         let layer = pieces.variant(kind, var).expect("every variant of the stage has its program");
         let prog = &layer.prog;
         let (take_rope, take_nope) = (!var.nope && !rope_done, var.nope && !nope_done);
-        rope_done |= !var.nope;
+        // A gated DeltaNet layer reads no rotary tables: the first attention layer's count.
+        rope_done |= !var.nope && (!var.linear || layer.saved.iter().any(|k| k.group == Group::Rope));
         nope_done |= var.nope;
         // Sizes are the same across attention types (a mask differs, not what is saved), except
         // the RoPE-only and NoPE-only groups.
@@ -265,8 +268,11 @@ fn split_by_attention(
         // The other attention type with the same RoPE, else with the other (EXAONE 4: its
         // sliding layers rotate, its full ones are NoPE; what RoPE keeps is in the Rope/Nope
         // groups, left out of these terms).
-        let other_type =
-            |same_rope: bool| variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && (!same_rope || v.nope == var.nope));
+        let other_type = |same_rope: bool| {
+            variants
+                .iter()
+                .find(|(k, v)| *k == kind && (v.sliding != var.sliding || v.linear != var.linear) && (!same_rope || v.nope == var.nope))
+        };
         let Some(&(_, other)) = other_type(true).or_else(|| other_type(false)) else {
             continue;
         };
@@ -298,7 +304,13 @@ fn split_by_attention(
             }
         }
         for (s, list) in [(var, only_here), (other, only_there)] {
-            let sym = if s.sliding { L_SLIDING } else { L_FULL };
+            let sym = if s.linear {
+                L_LINEAR
+            } else if s.sliding {
+                L_SLIDING
+            } else {
+                L_FULL
+            };
             for (part, group, _, e) in list {
                 let n = match group {
                     Group::All if vi == 0 => count(None, s),

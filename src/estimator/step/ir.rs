@@ -165,10 +165,36 @@ pub enum X {
     IdxQ,
     /// Keys the indexer keeps per query: min(`index_topk`, s).
     IdxTopk,
+    /// Gated DeltaNet key heads (Hk, `linear_num_key_heads`).
+    GdnKHeads,
+    /// Gated DeltaNet value heads (Hv, `linear_num_value_heads`).
+    GdnVHeads,
+    /// Gated DeltaNet key head dim (dk).
+    GdnKDim,
+    /// Gated DeltaNet value head dim (dv).
+    GdnVDim,
+    /// Gated DeltaNet query/key width (Hk·dk).
+    GdnKeyWidth,
+    /// Gated DeltaNet value width (Hv·dv).
+    GdnValueWidth,
+    /// Gated DeltaNet convolution channels (cd = 2·Hk·dk + Hv·dv).
+    GdnConvDim,
+    /// Qwen3-Next's `in_proj_qkvz` width (2·Hk·dk + 2·Hv·dv).
+    GdnQkvz,
+    /// Qwen3-Next's `in_proj_ba` width (2·Hv).
+    GdnBa,
+    /// `torch_chunk_gated_delta_rule`'s chunk (C = 64).
+    GdnChunk,
+    /// Its chunks (n = ⌈s / C⌉).
+    GdnChunks,
+    /// The sequence padded to whole chunks (s_p = n·C).
+    GdnPadded,
+    /// The causal convolution's output before its slice (s + K_c − 1).
+    GdnConvLen,
 }
 
 impl X {
-    pub const COUNT: usize = 31;
+    pub const COUNT: usize = 44;
     pub fn sym(self) -> Sym {
         use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
@@ -203,6 +229,19 @@ impl X {
             X::IdxHeadDim => Sym::new("d", "i", "DSA indexer head dim (index_head_dim)"),
             X::IdxQ => Sym::new("q", "i", "DSA indexer query width: H_i·d_i"),
             X::IdxTopk => Sym::new("k", "i", "keys the DSA indexer keeps: min(index_topk, s)"),
+            X::GdnKHeads => Sym::new("H", "k", "gated DeltaNet key heads (linear_num_key_heads)"),
+            X::GdnVHeads => Sym::new("H", "v", "gated DeltaNet value heads (linear_num_value_heads)"),
+            X::GdnKDim => Sym::new("d", "k", "gated DeltaNet key head dim (linear_key_head_dim)"),
+            X::GdnVDim => Sym::new("d", "v", "gated DeltaNet value head dim (linear_value_head_dim)"),
+            X::GdnKeyWidth => Sym::new("w", "k", "gated DeltaNet query/key width: H_k·d_k"),
+            X::GdnValueWidth => Sym::new("w", "v", "gated DeltaNet value width: H_v·d_v"),
+            X::GdnConvDim => Sym::new("c", "gdn", "gated DeltaNet conv channels: 2·H_k·d_k + H_v·d_v"),
+            X::GdnQkvz => Sym::new("D", "qkvz", "in_proj_qkvz width: 2·H_k·d_k + 2·H_v·d_v"),
+            X::GdnBa => Sym::new("D", "ba", "in_proj_ba width: 2·H_v"),
+            X::GdnChunk => Sym::new("C", "gdn", "gated delta rule chunk (64)"),
+            X::GdnChunks => Sym::new("n", "gdn", "gated delta rule chunks: ⌈s / 64⌉"),
+            X::GdnPadded => Sym::new("s", "gdn", "sequence padded to whole 64-token chunks"),
+            X::GdnConvLen => Sym::new("s", "gconv", "gated DeltaNet conv output before its slice: s + K_c − 1"),
         }
     }
 }

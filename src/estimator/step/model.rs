@@ -109,6 +109,25 @@ impl<'a> Setup<'a> {
             xv[X::SsmPadded as usize] = chunks * m.chunk;
             xv[X::SsmConvLen as usize] = s + m.conv.saturating_sub(1);
         }
+        let g = spec.gdn;
+        if g.k_heads > 0 {
+            let s = values_s(cfg);
+            let c = crate::estimator::model::Gdn::CHUNK;
+            let chunks = s.div_ceil(c);
+            xv[X::GdnKHeads as usize] = g.k_heads;
+            xv[X::GdnVHeads as usize] = g.v_heads;
+            xv[X::GdnKDim as usize] = g.k_dim;
+            xv[X::GdnVDim as usize] = g.v_dim;
+            xv[X::GdnKeyWidth as usize] = g.key_width();
+            xv[X::GdnValueWidth as usize] = g.value_width();
+            xv[X::GdnConvDim as usize] = g.conv_dim();
+            xv[X::GdnQkvz as usize] = 2 * g.key_width() + 2 * g.value_width();
+            xv[X::GdnBa as usize] = 2 * g.v_heads;
+            xv[X::GdnChunk as usize] = c;
+            xv[X::GdnChunks as usize] = chunks;
+            xv[X::GdnPadded as usize] = chunks * c;
+            xv[X::GdnConvLen as usize] = s + g.conv.saturating_sub(1);
+        }
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
         let first = first_layer_of(stage, spec.layers, layers as usize);
@@ -331,7 +350,7 @@ impl<'a> Setup<'a> {
         } else {
             (None, None)
         };
-        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local }
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local, linear: false }
     }
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
@@ -393,6 +412,7 @@ impl<'a> Setup<'a> {
             locals: [None, None],
             cos_local: None,
             sin_local: None,
+            linear: false,
         };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(&mut b, &p, spec, x) } else { x };

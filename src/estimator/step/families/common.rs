@@ -58,6 +58,8 @@ pub struct Shared {
     /// `rope_parameters["sliding_attention"]`); a layer's view puts them in `cos` and `sin`.
     pub cos_local: Option<Tid>,
     pub sin_local: Option<Tid>,
+    /// A layer's view: its mixer is the gated DeltaNet (Qwen3-Next's `linear_attention` layers).
+    pub linear: bool,
 }
 
 /// The shared tensors' slots, in a fixed order.
@@ -86,6 +88,7 @@ impl Shared {
         v.mask_local = None;
         v.cos_local = None;
         v.sin_local = None;
+        v.linear = var.linear;
         if var.nope {
             v.cos = None;
             v.sin = None;
@@ -121,6 +124,8 @@ pub struct Var {
     /// Fully checkpointed as one of every `recompute_every` layers (torchtitan's
     /// `selective_ac_option = "N"`), whatever `recompute` says of the others.
     pub every_nth: bool,
+    /// A gated DeltaNet layer (`layer_types` "linear_attention": Qwen3-Next, Qwen3.5).
+    pub linear: bool,
 }
 
 /// The parameters of one GPU's stage, looked up by their tensor-table name.

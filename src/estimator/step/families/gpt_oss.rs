@@ -529,8 +529,12 @@ mod tests {
         let r = recipe(cfg.precision);
         let sizes: Vec<u128> = numbers_only(|| {
             let setup = Setup::new(&cfg, &r, Stage::Whole);
-            let (prog, _, _) =
-                setup.layer_alone(Kind::Moe, super::super::common::Var { sliding: true, nope: false, every_nth: false }, 0, false);
+            let (prog, _, _) = setup.layer_alone(
+                Kind::Moe,
+                super::super::common::Var { sliding: true, nope: false, every_nth: false, linear: false },
+                0,
+                false,
+            );
             kept(&prog)
                 .iter()
                 .filter(|k| matches!(prog.tensors[k.t as usize].op, "_softmax" | "max"))

@@ -717,11 +717,11 @@ mod tests {
                 kept(&prog).iter().map(|k| (k.group, prog.tensors[k.t as usize].op, prog.tensors[k.t as usize].bytes)).collect::<Vec<_>>()
             })
         };
-        let rope = rows(Kind::Dense, Var { sliding: true, nope: false, every_nth: false });
+        let rope = rows(Kind::Dense, Var { sliding: true, nope: false, every_nth: false, linear: false });
         assert!(rope.contains(&(Group::Rope, "rsqrt", 2_048)), "{rope:?}");
         assert!(rope.contains(&(Group::Rope, "rsqrt", 1_024)), "{rope:?}");
         assert!(!rope.iter().any(|k| k.0 == Group::Nope));
-        let nope = rows(Kind::Moe, Var { sliding: false, nope: true, every_nth: false });
+        let nope = rows(Kind::Moe, Var { sliding: false, nope: true, every_nth: false, linear: false });
         assert!(nope.contains(&(Group::Nope, "add", 256)), "{nope:?}");
         assert!(!nope.iter().any(|k| k.0 == Group::Rope));
         assert!(nope.contains(&(Group::Moe, "repeat", 131_072)), "{nope:?}");

@@ -63,6 +63,7 @@ pub mod opt;
 pub mod phi;
 pub mod phi3;
 pub mod qwen;
+pub mod qwen3_next;
 pub mod qwen_moe;
 pub mod seed_oss;
 pub mod sigmoid_moe;
@@ -108,6 +109,9 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Llama4 => &llama4::Llama4,
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
+        Family::Qwen3Next => &qwen3_next::Qwen3Next,
+        Family::Qwen35Text => &qwen3_next::Qwen35 { moe: false },
+        Family::Qwen35MoeText => &qwen3_next::Qwen35 { moe: true },
         Family::FalconH1 => &falcon_h1::FalconH1,
         Family::DeepseekV32 => &deepseek_v32::DeepseekV32,
         Family::Exaone4 => &exaone4::Exaone4,
@@ -128,5 +132,6 @@ pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeli
 
 /// The variant (sliding window, NoPE) of decoder layer `i` (its index in the model).
 pub fn var(spec: &crate::estimator::model::ModelSpec, i: usize) -> Var {
-    Var { sliding: modeling(spec.family).sliding(spec, i), nope: common::nope(spec, i), every_nth: false }
+    let linear = spec.gdn.k_heads > 0 && spec.linear_layers.contains(i as u64);
+    Var { sliding: modeling(spec.family).sliding(spec, i), nope: common::nope(spec, i), every_nth: false, linear }
 }

@@ -125,7 +125,10 @@ mod tests {
                     let reads_cos = prog.ops.iter().any(|op| sh.cos.is_some_and(|c| prog.ins(op).contains(&c)));
                     (kept(&prog).iter().filter(|k| !k.elsewhere).map(|k| prog.tensors[k.t as usize].bytes).sum::<u128>(), reads_cos)
                 };
-                (saved(Var { sliding: false, nope: false, every_nth: false }), saved(Var { sliding: false, nope: true, every_nth: false }))
+                (
+                    saved(Var { sliding: false, nope: false, every_nth: false, linear: false }),
+                    saved(Var { sliding: false, nope: true, every_nth: false, linear: false }),
+                )
             });
             assert!(rope.1, "{attn:?}: a RoPE layer reads cos");
             assert!(!nope_.1, "{attn:?}: a NoPE layer does not");
