@@ -136,7 +136,15 @@ impl<'a> Builder<'a> {
             let ins = self.p.ins(op);
             let biggest = ins.iter().map(|&i| self.p.tensors[i as usize].bytes).max().unwrap_or(0);
             let reduction = x.bytes.saturating_mul(4) <= biggest && !op.name.starts_with("split");
-            if not_recomputable(op.name) || mat[base as usize] || reduction {
+            // A same-size layout copy (`clone`: the o_proj input of an SDPA output laid out
+            // `[b, a, s, d]`) of a value saved anyway costs nothing to recompute: the min-cut
+            // keeps the source (measured: phi3, `getitem` saved, the copy recomputed).
+            let relayout = op.name == "clone" && ins.len() == 1 && {
+                let src = self.p.tensors[ins[0] as usize].base as usize;
+                let at = producer[src];
+                self.p.tensors[src].bytes == x.bytes && at != u32::MAX && not_recomputable(self.p.ops[at as usize].name)
+            };
+            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction) {
                 save(&mut fate, &mut kept); // (B), (M), (R)
                 continue;
             }

@@ -510,6 +510,12 @@ impl<'a> Setup<'a> {
         b.module = "(root)";
         b.part = Part::Loss;
         let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
+        if spec.softcap && self.compiled_layers() {
+            // Measured only in the compiled runs (FINDINGS §15.1, gemma2): the eager
+            // soft-capping keeps two float64 0-dim scalars (16 B) beside its tanh result.
+            let f64s = [b.out(Shape::scalar(), Dt::F64, false), b.out(Shape::scalar(), Dt::F64, false)];
+            b.op("scalar_tensor", "", &[logits], &f64s, &[S::Out(0), S::Out(1)], &[]);
+        }
         let loss_first = b.next_op();
         let lf = b.to_copy(logits, Dt::F32);
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
