@@ -241,3 +241,22 @@ impl<'a> Builder<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::config::{CompileRegions, Config};
+    use crate::estimator::estimate;
+
+    #[test]
+    fn a_compiled_llama_keeps_less_than_its_eager_step_and_the_other_regions_are_refused_by_name() {
+        let eager = Config::default();
+        let compiled = Config { compile: true, ..eager.clone() };
+        let (e, c) = (estimate(&eager).expect("eager"), estimate(&compiled).expect("compiled"));
+        assert!(c.memory.activations < e.memory.activations, "{} vs {}", c.memory.activations, e.memory.activations);
+        assert!(c.memory.peak < e.memory.peak);
+        for regions in [CompileRegions::Block, CompileRegions::Model] {
+            let err = estimate(&Config { compile_regions: regions, ..compiled.clone() }).err().expect("refused").to_string();
+            assert!(err.contains("not modelled yet"), "{err}");
+        }
+    }
+}
