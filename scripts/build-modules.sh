@@ -4,6 +4,9 @@
 #   trainmem-bench-<hash>.js, trainmem-bench-<hash>_bg.wasm
 #       the WebGPU benchmark: a Leptos-free wasm-bindgen library (wgpu with WebGPU and WGSL
 #       only, the kernels and the sweep; no estimator), loaded when the benchmark is opened;
+#   trainmem-frameworks-<hash>.js, trainmem-frameworks-<hash>_bg.wasm
+#       framework config files: a Leptos-free library (the yaml_serde, toml and shlex importers
+#       and the exporters), loaded when a framework file is first imported or exported;
 #   trainmem-more-<hash>.js, trainmem-more-<hash>_bg.wasm
 #       the panels a visitor opens later (the planner, the exercises, compare, verify, the embed
 #       dialog, the benchmark's page, the config.json import; src/bin/trainmem-more.rs), loaded
@@ -38,8 +41,9 @@ module() {
   fi
 }
 module trainmem-bench gpu
+module trainmem-frameworks gpu
 module trainmem-more app
-python3 - "$tmp" "$staging" trainmem-bench trainmem-more <<'PY'
+python3 - "$tmp" "$staging" trainmem-bench trainmem-frameworks trainmem-more <<'PY'
 import base64, hashlib, os, re, sys
 tmp, staging, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 def digest(data):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measures the release page and prints a report; asserts nothing.
 #   1. the files: raw, gzip -9 and brotli -q 11 sizes; what the default page loads; the
-#      later panels' module and the benchmark module (each loaded only when opened);
+#      later panels' module and the benchmark module (each loaded only when opened) and the
+#      frameworks module (the first framework file imported or exported);
 #   2. what is in each wasm module, by crate (twiggy, on names kept by wasm-opt -g): Leptos and
 #      the estimator are in the app's module once, and not in the benchmark's;
 #   3. page speed by the page's own clock (scripts/perf.mjs): navigation start to the first
@@ -15,7 +16,7 @@ source scripts/setup.sh
 
 echo "== files (dist/), bytes"
 printf '%-48s %10s %10s %10s\n' file raw gzip brotli
-first=0; bench=0; more=0
+first=0; bench=0; more=0; frameworks=0
 for f in dist/*; do
   [ -f "$f" ] || continue
   # The .br and .gz siblings are the same files compressed: counted once, by their originals.
@@ -25,12 +26,14 @@ for f in dist/*; do
   case "$(basename "$f")" in
     trainmem-bench-*) bench=$((bench + br)) ;;
     trainmem-more-*) more=$((more + br)) ;;
+    trainmem-frameworks-*) frameworks=$((frameworks + br)) ;;
     *) first=$((first + br)) ;;
   esac
 done
 echo "default page (index.html, app js + wasm, css, icon), brotli: $first bytes"
 echo "later panels' module (js + wasm, fetched when one is opened), brotli: $more bytes"
 echo "benchmark module (js + wasm, fetched on open), brotli: $bench bytes"
+echo "frameworks module (js + wasm, fetched on the first import or export), brotli: $frameworks bytes"
 
 if command -v twiggy >/dev/null 2>&1; then
   echo

@@ -261,7 +261,7 @@ fn imports_between_areas_run_one_way() {
             ("search", &["estimator"][..]),
             (
                 "ui",
-                &["answers", "config", "estimator", "plots", "bench", "course", "verify", "version", "words", "next_change", "search"][..],
+                &["answers", "config", "estimator", "plots", "bench", "course", "verify", "version", "words", "next_change", "search", "frameworks"][..],
             ),
         ]
         .into_iter()
@@ -276,6 +276,25 @@ fn imports_between_areas_run_one_way() {
                 let to = area(&m);
                 assert!(to == from || may.contains(&to.as_str()), "{} names {m}: {from} may not depend on {to}", module_of(&p));
             }
+        }
+    }
+}
+
+#[test]
+fn the_page_names_the_frameworks_only_through_their_lazily_loaded_modules_api() {
+    // The parsers (yaml_serde, toml, shlex) are reached from frameworks' readers alone; the app
+    // names only `frameworks::api`'s plain data and calls the module it loads on demand, so the
+    // first screen's wasm links none of them.
+    for p in files(&src().join("ui")) {
+        let text = code(&p);
+        for (i, _) in text.match_indices("frameworks::") {
+            let before = &text[..i];
+            if before.ends_with("crate::") || before.ends_with("super::") {
+                assert!(text[i..].starts_with("frameworks::api::"), "{} names {}", p.display(), &text[i..(i + 40).min(text.len())]);
+            }
+        }
+        for parser in ["yaml_serde", "toml::", "shlex"] {
+            assert!(!text.contains(parser), "{} names {parser}", p.display());
         }
     }
 }

@@ -52,6 +52,7 @@ const COUNTED: &[(&str, u64)] = &[
     ("smollm3-3b", 3_075_098_624),                           // 3.1 B
     ("mistral-small-3.1-24b-instruct-2503", 23_572_403_200), // 24,011,361,280 with the vision tower
     ("deepseek-v3", 671_026_404_352),                        // 671 B, MTP layer excluded
+    ("deepseek-v3.2", 671_877_929_216),                      // 671 B + 851.5 M of indexers, MTP layer excluded
     ("deepseek-v2-lite", 15_706_484_224),                    // 15.7 B
     ("kimi-k2-instruct", 1_026_408_209_408),                 // 1.03 T
     ("gpt-oss-20b", 20_914_757_184),                         // 20.9 B
@@ -61,6 +62,9 @@ const COUNTED: &[(&str, u64)] = &[
     ("glm-4.5-air", 106_852_245_504),                        // 106 B, MTP layer excluded
     ("seed-oss-36b-instruct", 36_151_104_512),               // 36 B
     ("olmo-3-1025-7b", 7_298_011_136),                       // 7 B
+    ("exaone-4.0-32b", 32_003_216_384),                      // 32.0 B
+    ("apertus-8b-2509", 8_053_338_176),                      // 8 B
+    ("minimax-m2.5", 228_689_748_992),                       // 230 B total / 10 B active, MTP modules excluded
 ];
 
 #[test]

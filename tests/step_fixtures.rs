@@ -83,10 +83,6 @@ const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
     "qwen3_5_text",
     "qwen3_5_moe_text",
-    "deepseek_v32",
-    "minimax_m2",
-    "exaone4",
-    "apertus",
     "kimi_linear",
     "granitemoehybrid",
 ];

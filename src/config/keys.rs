@@ -155,6 +155,7 @@ named!(
 );
 named!(Offload, [(Offload::None, "none"), (Offload::Optimizer, "optimizer"), (Offload::OptimizerParams, "optimizer+params")]);
 named!(Unit, [(Unit::Gb, "gb"), (Unit::Gib, "gib")]);
+named!(ActOffload, [(ActOffload::None, "none"), (ActOffload::Torchtune, "torchtune"), (ActOffload::SaveOnCpu, "save_on_cpu")]);
 named!(CompileRegions, [(CompileRegions::Layer, "layer"), (CompileRegions::Block, "block"), (CompileRegions::Model, "model")]);
 named!(
     Interconnect,
@@ -177,6 +178,7 @@ named!(
         (Activation::GeluNew, "gelu-new"),
         (Activation::Relu, "relu"),
         (Activation::SwigluClamped, "swiglu-clamped"),
+        (Activation::Xielu, "xielu"),
     ]
 );
 named!(WindowKind, [(WindowKind::Sliding, "sliding"), (WindowKind::Chunked, "chunked")]);
@@ -576,6 +578,9 @@ pub static KEYS: &[Key] = &[
     uint_key!("kv_lora_rank", Architecture, "MLA key/value compression rank r_kv (0 = not MLA)", |c| c.arch.kv_lora_rank),
     uint_key!("qk_rope_dim", Architecture, "MLA rotary dims of a query/key head d_r (head_dim = nope + d_r)", |c| c.arch.qk_rope_dim),
     uint_key!("v_head_dim", Architecture, "MLA value head dim d_v", |c| c.arch.v_head_dim),
+    uint_key!("index_n_heads", Architecture, "DeepSeek-V3.2 sparse-attention indexer heads H_i (0 = no indexer)", |c| c.arch.dsa.heads),
+    uint_key!("index_head_dim", Architecture, "DeepSeek-V3.2 indexer head dim d_i", |c| c.arch.dsa.head_dim),
+    uint_key!("index_topk", Architecture, "keys the DeepSeek-V3.2 indexer keeps per query", |c| c.arch.dsa.topk),
     bool_key!("attn_sinks", Architecture, "a learned attention-sink logit per head (gpt-oss)", |c| c.arch.attn_sinks),
     bool_key!("qk_l2_norm", Architecture, "weightless L2 norm of q and k on RoPE layers (Llama 4)", |c| c.arch.qk_l2_norm),
     rule_key!(
@@ -603,6 +608,17 @@ pub static KEYS: &[Key] = &[
     bool_key!("experts_in_out", Architecture, "experts stored [E, in, out] (gpt-oss, Llama 4)", |c| c.arch.experts_in_out),
     bool_key!("moe_all_experts", Architecture, "every expert computes every token (Llama 4)", |c| c.arch.moe_all_experts),
     bool_key!("clip_qkv", Architecture, "q, k, v projections clamped in place (OLMo's clip_qkv)", |c| c.arch.clip_qkv),
+    uint_key!("ssm_heads", Architecture, "Mamba-2 mixer heads H (mamba_n_heads; 0 = no mixer)", |c| c.arch.ssm.heads),
+    uint_key!("ssm_head_dim", Architecture, "Mamba-2 head width P (mamba_d_head)", |c| c.arch.ssm.head_dim),
+    uint_key!("ssm_state", Architecture, "Mamba-2 state size N (mamba_d_state)", |c| c.arch.ssm.state),
+    uint_key!("ssm_groups", Architecture, "Mamba-2 B/C groups G (mamba_n_groups)", |c| c.arch.ssm.groups),
+    uint_key!("ssm_conv", Architecture, "Mamba-2 causal convolution width (mamba_d_conv)", |c| c.arch.ssm.conv),
+    uint_key!("ssm_chunk", Architecture, "Mamba-2 SSD scan chunk (mamba_chunk_size)", |c| c.arch.ssm.chunk),
+    bool_key!("ssm_conv_bias", Architecture, "bias on the Mamba-2 conv1d (mamba_conv_bias)", |c| c.arch.ssm.conv_bias),
+    bool_key!("ssm_in_bias", Architecture, "bias on the Mamba-2 in_proj (mamba_proj_bias)", |c| c.arch.ssm.in_bias),
+    bool_key!("ssm_out_bias", Architecture, "bias on the Mamba-2 out_proj (Falcon-H1's projectors_bias)", |c| c.arch.ssm.out_bias),
+    bool_key!("ssm_gated_norm", Architecture, "gated RMSNorm before the Mamba-2 out_proj", |c| c.arch.ssm.gated_norm),
+    bool_key!("ssm_mup", Architecture, "Falcon-H1's µP multipliers on the Mamba-2 in_proj", |c| c.arch.ssm.mup),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
@@ -826,8 +842,21 @@ pub static KEYS: &[Key] = &[
         "recompute=op on kernels=cpu: save the CPU SDPA kernel's outputs as torchtitan saves CUDA's (its list omits the CPU kernel)",
         |c| c.sac_cpu_sdpa
     ),
-    bool_key!("act_offload", Training, "activation offloading (torchtune): saved tensors ≥ 1 KiB to pinned host memory", |c| c
-        .act_offload),
+    Key {
+        name: "act_offload",
+        group: Training,
+        help: "activation offloading: torchtune (saved tensors ≥ 1 KiB, not parameters, to pinned host memory; head and loss on the device), save_on_cpu (torch's: every saved tensor), none; true = torchtune",
+        choices: <ActOffload as Named>::names,
+        get: |c| c.act_offload.name().to_string(),
+        set: |c, s| {
+            c.act_offload = match s.to_ascii_lowercase().as_str() {
+                "true" => ActOffload::Torchtune,
+                "false" => ActOffload::None,
+                _ => <ActOffload as Named>::parse(s)?,
+            };
+            Ok(())
+        },
+    },
     uint_key!(
         "act_offload_layers",
         Training,

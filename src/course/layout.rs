@@ -20,7 +20,7 @@ impl Layout {
     pub fn full() -> Layout {
         use Panel::*;
         Layout {
-            inputs: vec![Model, Import, Architecture, Training, Cluster, Overhead],
+            inputs: vec![Model, Import, Frameworks, Architecture, Training, Cluster, Overhead],
             results: vec![Verdict, Answers, Bar, Ledger, Verify, Textbook, Charts, Plan, Bench],
         }
     }
@@ -34,10 +34,12 @@ impl Layout {
             "" => {}
             v => match Panel::parse(v) {
                 Some(p) if results.contains(&p) => {}
+                // Serving's answers stand alone: the training verdict and bar say nothing of them.
+                Some(Panel::Serve) => results = vec![Panel::Serve],
                 Some(p) if p.is_panel() && !p.is_input() => results.push(p),
                 _ => {
                     return Err(
-                        "names no panel an embed can show (ledger, seq, params, batch, gpus, timeline, textbook, exercises, compare, bench, plan, verify, answers)"
+                        "names no panel an embed can show (ledger, seq, params, batch, gpus, timeline, textbook, exercises, compare, bench, plan, verify, answers, serve)"
                             .into(),
                     )
                 }
@@ -105,6 +107,43 @@ impl Layout {
     }
 }
 
+/// Whether a panel answers the training step (in serving mode, `mode=serve`, the serving
+/// answers take the place of all of them).
+fn answers_training(p: Panel) -> bool {
+    use Panel::*;
+    matches!(p, Verdict | Answers | Bar | Ledger | Verify | Textbook | Charts | Chart(_) | Plan | Bench | Exercises | Compare)
+}
+
+impl Layout {
+    /// The same page in serving mode (`mode=serve`): the serving fieldset in place of the training
+    /// one (the framework files, which describe training runs, go), and the serving answers in
+    /// place of the first panel that answers training (the others go); then without what
+    /// `hide=` hides. A layout without training panels keeps what it lists.
+    pub fn serving(self, settings: &Settings) -> Layout {
+        let mut inputs = Vec::new();
+        for p in self.inputs {
+            match p {
+                Panel::Training if !inputs.contains(&Panel::Serving) => inputs.push(Panel::Serving),
+                Panel::Training | Panel::Frameworks => {}
+                p => inputs.push(p),
+            }
+        }
+        let mut results = Vec::new();
+        let has_serve = self.results.contains(&Panel::Serve);
+        for p in self.results {
+            if !answers_training(p) {
+                results.push(p);
+            } else if !has_serve && !results.contains(&Panel::Serve) {
+                results.push(Panel::Serve);
+            }
+        }
+        let shown = |p: &Panel| !settings.hides(*p);
+        inputs.retain(shown);
+        results.retain(shown);
+        Layout { inputs, results }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,10 +177,29 @@ mod tests {
     }
 
     #[test]
+    fn serving_mode_swaps_the_training_fieldset_and_answers_for_the_serving_ones() {
+        let (l, _) = Layout::course(&settings(""), false, "", false);
+        let s = l.serving(&settings(""));
+        assert_eq!(s.inputs, [Panel::Model, Panel::Import, Panel::Architecture, Panel::Serving, Panel::Cluster, Panel::Overhead]);
+        assert_eq!(s.results, [Panel::Serve]);
+        // An embed's verdict and bar become the serving answers; view=serve shows them alone.
+        let (e, _) = Layout::course(&settings("embed=1"), true, "", false);
+        assert_eq!(e.serving(&settings("")).results, [Panel::Serve]);
+        assert_eq!(Layout::embed("serve").map(|l| l.results), Ok(vec![Panel::Serve]));
+        let (v, problem) = Layout::course(&settings("embed=1"), true, "serve", false);
+        assert_eq!((v.results.as_slice(), problem), (&[Panel::Serve][..], None));
+        // sections= places them like any panel, and hide= takes them out.
+        let (c, _) = Layout::course(&settings("sections=serving,serve"), true, "", false);
+        assert_eq!(c.results, [Panel::Serving, Panel::Serve]);
+        let hidden = settings("hide=serve");
+        assert_eq!(Layout::course(&hidden, false, "", false).0.serving(&hidden).results, Vec::<Panel>::new());
+    }
+
+    #[test]
     fn hide_takes_a_panel_with_what_goes_with_it() {
         let (l, _) = Layout::course(&settings("hide=verdict,inputs"), false, "", false);
         assert!(!l.results.contains(&Panel::Verdict) && !l.results.contains(&Panel::Answers));
-        assert_eq!(l.inputs, [Panel::Import, Panel::Architecture]);
+        assert_eq!(l.inputs, [Panel::Import, Panel::Frameworks, Panel::Architecture]);
         let (l, _) = Layout::course(&settings("hide=ledger"), false, "", false);
         assert!(!l.results.contains(&Panel::Ledger) && !l.results.contains(&Panel::Verify));
         let (l, _) = Layout::course(&settings("embed=1&hide=charts"), true, "seq", false);

@@ -17,12 +17,18 @@ pub enum Panel {
     Model,
     /// Importing a Hugging Face config.json.
     Import,
+    /// Framework config files in (torchtune, torchtitan, DeepSpeed, …) and out, and the recipes.
+    Frameworks,
     /// Every architecture field.
     Architecture,
     Training,
     Cluster,
     /// The overhead assumptions.
     Overhead,
+    /// The serving fieldset (`mode=serve`): engine, context, concurrency, dtypes, budgets.
+    Serving,
+    /// Serving's answers: weights, KV cache, the engine's budget, concurrency, fixes, charts.
+    Serve,
     /// The verdict and its key figures.
     Verdict,
     /// The one-click answers: what fits.
@@ -61,13 +67,16 @@ pub const INPUTS_NAME: &str = "inputs";
 
 impl Panel {
     /// Every name of its own (a single chart is named by its kind).
-    pub const NAMED: [Panel; 20] = [
+    pub const NAMED: [Panel; 23] = [
         Panel::Model,
         Panel::Import,
+        Panel::Frameworks,
         Panel::Architecture,
         Panel::Training,
         Panel::Cluster,
         Panel::Overhead,
+        Panel::Serving,
+        Panel::Serve,
         Panel::Verdict,
         Panel::Answers,
         Panel::Bar,
@@ -90,10 +99,13 @@ impl Panel {
         match self {
             Panel::Model => "model",
             Panel::Import => "import",
+            Panel::Frameworks => "frameworks",
             Panel::Architecture => "architecture",
             Panel::Training => "training",
             Panel::Cluster => "cluster",
             Panel::Overhead => "overhead",
+            Panel::Serving => "serving",
+            Panel::Serve => "serve",
             Panel::Verdict => "verdict",
             Panel::Answers => "answers",
             Panel::Bar => "bar",
@@ -147,7 +159,17 @@ impl Panel {
 
     /// Whether the panel belongs to the form (the inputs' column).
     pub fn is_input(self) -> bool {
-        matches!(self, Panel::Model | Panel::Import | Panel::Architecture | Panel::Training | Panel::Cluster | Panel::Overhead)
+        matches!(
+            self,
+            Panel::Model
+                | Panel::Import
+                | Panel::Frameworks
+                | Panel::Architecture
+                | Panel::Training
+                | Panel::Cluster
+                | Panel::Overhead
+                | Panel::Serving
+        )
     }
 
     /// The panel this one goes with: hiding that one hides this one too (the answers go with

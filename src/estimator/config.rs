@@ -134,6 +134,53 @@ pub enum CompileRegions {
     Model,
 }
 
+/// Activation offloading through saved-tensor hooks (`act_offload`, validation/FINDINGS.md
+/// §15.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ActOffload {
+    /// Saved tensors stay on the device.
+    #[default]
+    None,
+    /// torchtune 0.6.1 `training/_activation_offloading.py` `OffloadActivations` (streams on,
+    /// `max_fwd_stash_size = 5`, `min_offload_size = 1024`, pinned): the model call runs under
+    /// it, the output head under a `NoOpManager`, the loss outside.
+    Torchtune,
+    /// `torch.autograd.graph.save_on_cpu(pin_memory=True)` around the model call (HF's loss
+    /// inside): every saved tensor, any size, parameters' views included.
+    SaveOnCpu,
+}
+
+impl ActOffload {
+    /// Whether saved tensors are offloaded at all.
+    pub fn on(self) -> bool {
+        self != ActOffload::None
+    }
+}
+
+/// Reads `act_offload` as written now (`"torchtune"`, `"save_on_cpu"`, `"none"`) or as the
+/// boolean it was (`true`: torchtune's).
+impl<'de> Deserialize<'de> for ActOffload {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Flag(bool),
+            Name(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Flag(true) => Ok(ActOffload::Torchtune),
+            Repr::Flag(false) => Ok(ActOffload::None),
+            Repr::Name(n) => match n.as_str() {
+                "none" => Ok(ActOffload::None),
+                "torchtune" => Ok(ActOffload::Torchtune),
+                "save_on_cpu" => Ok(ActOffload::SaveOnCpu),
+                other => Err(serde::de::Error::custom(format!("unknown act_offload {other:?}: expected none, torchtune or save_on_cpu"))),
+            },
+        }
+    }
+}
+
 /// The loss's implementation (`loss`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -438,10 +485,12 @@ pub struct Config {
     /// semantics on a CPU); off: the list as it is (`recompute=op-literal`).
     #[serde(default)]
     pub sac_cpu_sdpa: bool,
-    /// torchtune's `OffloadActivations`: saved tensors of at least 1,024 B go to pinned host
-    /// memory in forward and come back in backward.
+    /// Activation offloading through saved-tensor hooks: torchtune's `OffloadActivations`
+    /// (saved tensors of at least 1,024 B that are not parameters go to pinned host memory in
+    /// forward and come back in backward) or `torch.autograd.graph.save_on_cpu` (every saved
+    /// tensor). See [`ActOffload`].
     #[serde(default)]
-    pub act_offload: bool,
+    pub act_offload: ActOffload,
     /// Megatron's per-layer activation offload (`--cpu-offloading-num-layers`): the saved
     /// tensors of the first N decoder layers go to pinned host memory. 0: off.
     #[serde(default)]
@@ -530,7 +579,7 @@ impl Default for Config {
             recompute_every: 0,
             recompute_every_first: false,
             sac_cpu_sdpa: false,
-            act_offload: false,
+            act_offload: ActOffload::None,
             act_offload_layers: 0,
             optim_in_bwd: false,
             optim_paged: false,

@@ -204,6 +204,55 @@ impl StageResult {
     }
 }
 
+/// The pinned host memory activation offloading fills (`act_offload`, validation/FINDINGS.md
+/// §15.5): every saved tensor the forward pass moves, each at its own size (views of one storage
+/// are copied separately; `empty_like` of a view), all alive when backward starts:
+///
+/// `H_off = H_emb + Σ_kinds L_kind · H_layer(kind) + H_head`
+///
+/// where each `H` sums `numel · element_size` over the piece's moved saves — torchtune 0.6.1
+/// `OffloadActivations.pack_tensor`: those of at least `min_offload_size` = 1,024 B that are not
+/// `nn.Parameter` instances, outside the output head (`NoOpManager`) and the loss (outside the
+/// context); `torch.autograd.graph.save_on_cpu`: every saved tensor, head and loss included.
+/// Pinned (page-locked) memory, per GPU process. Checked exactly against the recipe records'
+/// `host_bytes_copied_in_forward`.
+fn offloaded_activations_row(setup: &step::model::Setup, pieces: &step::fast::Pieces) -> Option<Row> {
+    use crate::estimator::expr::{Expr, Sym};
+    let off = setup.offload()?;
+    let count = |p: &step::ir::Program| step::run::offloaded_bytes(p, &off);
+    let mut terms = vec![Expr::var(Sym::new("H", "emb", "host bytes the model's start offloads"), count(&pieces.pro))];
+    let mut done: Vec<(step::families::Kind, step::families::Var, bool)> = Vec::new();
+    for k in &pieces.keys {
+        if done.contains(&(k.kind, k.var, k.grad)) {
+            continue;
+        }
+        done.push((k.kind, k.var, k.grad));
+        let n = pieces.keys.iter().filter(|j| (j.kind, j.var, j.grad) == (k.kind, k.var, k.grad)).count();
+        let per = count(&pieces.layer(k).prog);
+        terms.push(Expr::prod([
+            Expr::var(Sym::new("L", "", "decoder layers of this kind on the stage"), n as u128),
+            Expr::var(Sym::new("H", "layer", "host bytes one decoder layer offloads"), per),
+        ]));
+    }
+    if let Some((e, _)) = &pieces.epi {
+        terms.push(Expr::var(Sym::new("H", "head", "host bytes the final norm, head and loss offload"), count(e)));
+    }
+    let source = match setup.cfg.act_offload {
+        config::ActOffload::SaveOnCpu => "torch 2.15 autograd/graph.py save_on_cpu(pin_memory=True)",
+        _ => "torchtune 0.6.1 training/_activation_offloading.py OffloadActivations.pack_tensor",
+    };
+    Some(
+        Row::new(
+            RowId::OffloadedActivations,
+            "Offloaded activations (pinned host memory)",
+            Category::Activations,
+            Expr::sum(terms),
+            source,
+        )
+        .note("each moved saved tensor at its own size, all alive when backward starts; brought back node by node in backward"),
+    )
+}
+
 /// Estimates one stage's ledger and simulates its step.
 fn stage_ledger(
     cfg: &Config,
@@ -216,7 +265,8 @@ fn stage_ledger(
     let setup = step::model::Setup::new(cfg, recipe, stage);
     let pieces = step::fast::pieces_with(&setup, built);
     let groups = &setup.groups;
-    let (mut rows, host) = statics::static_rows(cfg, recipe, groups);
+    let (mut rows, mut host) = statics::static_rows(cfg, recipe, groups);
+    host.extend(offloaded_activations_row(&setup, &pieces));
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
     let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } =
         if cfg.framework != config::Framework::Megatron {
@@ -429,6 +479,19 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         warnings.push(
             "transformers 5.24 runs gpt-oss with eager attention only (sinks); sdpa is estimated as a flash kernel keeping q, k, v, the output and the log-sum-exp (not measured)".to_string(),
         );
+    }
+    // Pinned host memory per node (offloaded activations and the other host rows, one set per
+    // GPU process) against `host_ram_gib`.
+    let host_bytes: Bytes = memory.host;
+    let per_node = host_bytes.saturating_mul(cfg.gpus.clamp(1, cfg.gpus_per_node.max(1)) as u128);
+    let ram = (cfg.host_ram_gib * (1u64 << 30) as f64) as u128;
+    if host_bytes > 0 && per_node > ram {
+        warnings.push(format!(
+            "host memory per node ({} GiB: {} GiB per GPU process) exceeds host_ram_gib = {}",
+            per_node >> 30,
+            host_bytes >> 30,
+            cfg.host_ram_gib
+        ));
     }
     if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
         warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));

@@ -45,6 +45,10 @@ pub enum Family {
     SeedOss,
     Olmo3,
     FalconH1,
+    DeepseekV32,
+    Exaone4,
+    Apertus,
+    MinimaxM2,
 }
 
 impl Family {
@@ -79,6 +83,10 @@ impl Family {
         (Family::SeedOss, "seed_oss", "Seed-OSS"),
         (Family::Olmo3, "olmo3", "OLMo 3"),
         (Family::FalconH1, "falcon_h1", "Falcon-H1"),
+        (Family::DeepseekV32, "deepseek_v32", "DeepSeek-V3.2"),
+        (Family::Exaone4, "exaone4", "EXAONE 4"),
+        (Family::Apertus, "apertus", "Apertus"),
+        (Family::MinimaxM2, "minimax_m2", "MiniMax-M2"),
     ];
 
     /// The transformers `model_type` (`family=` in a link).

@@ -46,12 +46,20 @@ pub static MULTIMODAL: LazyLock<Vec<(&'static str, &'static str)>> =
     LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| modeling(f).wrappers().iter().map(move |&w| (w, t))).collect());
 
 /// Model types refused on purpose, with the reason.
-pub const REFUSED: &[(&str, &str)] = &[(
-    "qwen3_next",
-    "its layers alternate gated DeltaNet linear attention (a recurrent state and causal convolutions in place of an \
-     attention matrix) with gated full attention, and trainmem does not model the DeltaNet layers' activations, so it \
-     could not account for them exactly",
-)];
+pub const REFUSED: &[(&str, &str)] = &[
+    (
+        "qwen3_next",
+        "its layers alternate gated DeltaNet linear attention (a recurrent state and causal convolutions in place of an \
+         attention matrix) with gated full attention, and trainmem does not model the DeltaNet layers' activations, so it \
+         could not account for them exactly",
+    ),
+    (
+        "granitemoehybrid",
+        "Granite 4.0-H's layers are each either a Mamba-2 mixer or NoPE attention (`layer_types`), followed by \
+         GraniteMoe's experts beside a shared MLP; trainmem models the Mamba-2 mixer only inside Falcon-H1's layer so \
+         far, not this layout",
+    ),
+];
 
 /// The family whose code reads `model_type`: its own, or one of its aliases.
 pub fn family_of(model_type: &str) -> Option<Family> {
@@ -254,6 +262,14 @@ mod tests {
     }
 
     #[test]
+    fn granite_4_is_refused_by_name_with_the_reason() {
+        let err = import_json(r#"{"model_type": "granitemoehybrid", "time_step_limit": [0.0, Infinity]}"#).err();
+        assert_eq!(err.as_ref().and_then(HfError::key), Some("model_type"));
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("granitemoehybrid") && text.contains("Mamba-2"), "{text}");
+    }
+
+    #[test]
     fn bad_json_is_a_clear_error() {
         assert!(matches!(import_json("{not json"), Err(HfError::Json(_))));
         assert_eq!(import_json("[1, 2]"), Err(HfError::NotObject));
@@ -355,6 +371,37 @@ mod tests {
         )
         .err();
         assert_eq!(err.as_ref().and_then(HfError::key), Some("use_sliding_window"));
+    }
+
+    /// Every mix of Python's non-finite numbers, JSON's own values and malformed numbers, in
+    /// any of a key's value positions: Python's read as floats, anything else refused naming
+    /// the key, never a panic.
+    #[test]
+    fn non_standard_numbers_anywhere_in_a_config_are_read_or_refused_by_key() {
+        let tokens = ["Infinity", "-Infinity", "NaN", "0.0", "-1e5", "true", "null", "inf", "nan", "1.", "-", "Infinityx", "0x1F", "+2"];
+        let python = |t: &str| fields::python_float(t).is_some();
+        let json_ok = |t: &str| serde_json::from_str::<Value>(t).is_ok();
+        for a in tokens {
+            for b in tokens {
+                for (form, used) in
+                    [(a.to_string(), vec![a]), (format!("[{a}, {b}]"), vec![a, b]), (format!(r#"{{"lo": {a}, "hi": [{b}]}}"#), vec![a, b])]
+                {
+                    let text = format!(r#"{{"model_type": "llama", "vocab_size": 10, "time_step_limit": {form}}}"#);
+                    let standard = used.iter().all(|t| python(t) || json_ok(t));
+                    match fields::python_json(&text) {
+                        Ok(out) => {
+                            assert!(standard, "{text}");
+                            assert!(serde_json::from_str::<Value>(&out).is_ok(), "{text} -> {out}");
+                        }
+                        Err(HfError::BadNumber { key, token }) => {
+                            assert!(!python(&token) && !json_ok(&token), "{text}: {token}");
+                            assert!(["time_step_limit", "lo", "hi"].contains(&key.as_str()), "{text}: {key}");
+                        }
+                        Err(e) => panic!("{text}: {e}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub enum RowId {
     MasterWeights,
     Gradients,
     OffloadFp32Gradients,
+    /// Saved activations offloaded to pinned host memory (`act_offload`).
+    OffloadedActivations,
     OptimizerStates,
     OptimizerStepTemporaries,
     OptimizerStepCounters,
@@ -76,13 +78,14 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 35] = [
+    pub const ALL: [RowId; 36] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
         RowId::MasterWeights,
         RowId::Gradients,
         RowId::OffloadFp32Gradients,
+        RowId::OffloadedActivations,
         RowId::OptimizerStates,
         RowId::OptimizerStepTemporaries,
         RowId::OptimizerStepCounters,
@@ -123,6 +126,7 @@ impl RowId {
             RowId::MasterWeights => "master_weights",
             RowId::Gradients => "gradients",
             RowId::OffloadFp32Gradients => "offload_fp32_gradients",
+            RowId::OffloadedActivations => "offloaded_activations",
             RowId::OptimizerStates => "optimizer_states",
             RowId::OptimizerStepTemporaries => "optimizer_step_temporaries",
             RowId::OptimizerStepCounters => "optimizer_step_counters",

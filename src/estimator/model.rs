@@ -53,6 +53,11 @@ pub enum Activation {
     /// `up.clamp(-limit, limit)`, `glu = gate · sigmoid(alpha · gate)`, output `(up + 1) · glu`
     /// (limit 7, alpha 1.702), written as tensor ops.
     SwigluClamped,
+    /// Apertus's xIELU (`transformers.activations.XIELUActivation`, its Python path): two
+    /// learnable scalars per MLP (`act_fn.alpha_p`, `act_fn.alpha_n`, `[1]` in the model dtype)
+    /// and two 0-dim buffers (`beta`, `eps`); `where(x > 0, softplus(alpha_p)·x·x + beta·x,
+    /// (expm1(min(x, eps)) − x)·(beta + softplus(alpha_n)) + beta·x)`, written as tensor ops.
+    Xielu,
 }
 
 /// Normalization layers' parameters.
@@ -403,6 +408,9 @@ pub struct ModelSpec {
     /// `d_v` (`v_head_dim`): MLA value head dim. Only meaningful with `kv_lora_rank` > 0.
     #[serde(default)]
     pub v_head_dim: u64,
+    /// DeepSeek-V3.2's sparse-attention indexer on every MLA layer (`Dsa::NONE`: none).
+    #[serde(default)]
+    pub dsa: Dsa,
 
     // ---- Attention variants -------------------------------------------------------------------
     /// gpt-oss's attention sinks: a learned logit per head (`sinks` [a], one per layer) joins
@@ -545,6 +553,30 @@ impl Ssm {
         self.inner() + self.conv_dim() + self.heads
     }
 }
+
+/// DeepSeek Sparse Attention's lightning indexer (transformers 5.24
+/// `models/deepseek_v32/modeling_deepseek_v32.py`, `DeepseekV32Indexer.__init__`): `wq_b`
+/// [H_i·d_i, r_q] on the query latent, `wk` [d_i, h], `k_norm` (LayerNorm d_i, weight and bias),
+/// `weights_proj` [H_i, h]. Its forward runs under `torch.no_grad()`: these parameters never get
+/// a gradient in transformers (DeepSeek trains them with a separate KL loss transformers does
+/// not implement), so they have no gradient and no optimizer state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dsa {
+    /// `H_i` (`index_n_heads`); 0 = no indexer.
+    pub heads: u64,
+    /// `d_i` (`index_head_dim`).
+    pub head_dim: u64,
+    /// `index_topk`: keys each query keeps (all of them when the sequence is shorter).
+    pub topk: u64,
+}
+
+impl Dsa {
+    /// No indexer.
+    pub const NONE: Dsa = Dsa { heads: 0, head_dim: 0, topk: 0 };
+}
+
+/// The prefix of the indexer's tensors, which get no gradient ([`Dsa`]).
+pub const INDEXER_PREFIX: &str = "layers.*.attn.indexer.";
 
 /// Which part of the model a tensor belongs to (the breakdown's rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -1065,6 +1097,16 @@ impl ModelSpec {
         if self.o_bias {
             add("layers.*.attn.o_proj.bias", vec![h], Split::Replicated, None);
         }
+        // DeepSeek-V3.2's indexer (`DeepseekV32Attention.__init__` registers it after o_proj):
+        // whole on every rank (no tensor-parallel plan), not a LoRA target.
+        let x = self.dsa;
+        if x.heads > 0 {
+            add("layers.*.attn.indexer.wq_b.weight", vec![x.heads * x.head_dim, rq], Split::Replicated, None);
+            add("layers.*.attn.indexer.wk.weight", vec![x.head_dim, h], Split::Replicated, None);
+            add("layers.*.attn.indexer.k_norm.weight", vec![x.head_dim], Split::Replicated, None);
+            add("layers.*.attn.indexer.k_norm.bias", vec![x.head_dim], Split::Replicated, None);
+            add("layers.*.attn.indexer.weights_proj.weight", vec![x.heads, h], Split::Replicated, None);
+        }
     }
 
     fn push_mlp(&self, g: &mut Vec<TensorGroup>, f: u64, count: u64, part: Part) {
@@ -1127,6 +1169,12 @@ impl ModelSpec {
         );
         if self.mlp_bias {
             add("layers.*.mlp.down_proj.bias", vec![h], Split::Replicated, None);
+        }
+        if self.act == Activation::Xielu && !shared {
+            // ApertusMLP: `self.act_fn = XIELUActivation(dtype=config.dtype)`, registered after
+            // the projections: `alpha_p` and `alpha_n`, `[1]` each.
+            add("layers.*.mlp.act_fn.alpha_p", vec![1], Split::Replicated, None);
+            add("layers.*.mlp.act_fn.alpha_n", vec![1], Split::Replicated, None);
         }
     }
 
@@ -1237,6 +1285,9 @@ impl ModelSpec {
             ("kv_lora_rank", self.kv_lora_rank, 1 << 20),
             ("qk_rope_dim", self.qk_rope_dim, 1 << 14),
             ("v_head_dim", self.v_head_dim, 1 << 14),
+            ("index_n_heads", self.dsa.heads, 1 << 12),
+            ("index_head_dim", self.dsa.head_dim, 1 << 14),
+            ("index_topk", self.dsa.topk, 1 << 26),
             ("window", self.window, 1 << 26),
             ("router_groups", self.router_groups, 1 << 12),
             ("router_group_topk", self.router_group_topk, 1 << 12),
@@ -1345,6 +1396,7 @@ mod tests {
             moe_all_experts: false,
             clip_qkv: false,
             ssm: Ssm::NONE,
+            dsa: Dsa::NONE,
         }
     }
 

@@ -3,7 +3,7 @@
 //! tensor and expert parallelism. ZeRO/FSDP sharding comes later, per role, in `statics`.
 
 use super::config::{Config, Finetune, LoraTargets};
-use super::model::{Linear, ModelSpec, Part, Split, TensorGroup};
+use super::model::{Linear, ModelSpec, Part, Split, TensorGroup, INDEXER_PREFIX};
 use serde::Serialize;
 
 /// What a tensor costs and whether it learns.
@@ -12,7 +12,8 @@ use serde::Serialize;
 pub enum Role {
     /// Has gradients and optimizer states.
     Trainable,
-    /// Frozen, in the recipe's weight dtype (LoRA's base, QLoRA's non-quantized tensors).
+    /// Frozen, in the recipe's weight dtype (LoRA's base, QLoRA's non-quantized tensors, and
+    /// under any method DeepSeek-V3.2's indexer, whose forward runs under `torch.no_grad()`).
     Frozen,
     /// Frozen and NF4-quantized (QLoRA's base linears).
     Quantized,
@@ -174,6 +175,9 @@ pub fn local_groups(cfg: &Config, stage: Stage) -> Vec<LocalGroup> {
             out.push(LocalGroup { group: localize(g, cfg.tp, cfg.ep), role, expert, adapter })
         };
         match (cfg.finetune, g.linear) {
+            // DeepSeek-V3.2's indexer gets no gradient (`DeepseekV32Indexer.forward` is
+            // `@torch.no_grad()`): no gradient, no optimizer state, no AdamW step counter.
+            _ if g.name.starts_with(INDEXER_PREFIX) => push(&mut out, g, Role::Frozen, false),
             (Finetune::Full, _) => push(&mut out, g, Role::Trainable, false),
             (ft, Some(lin)) => {
                 if targeted(lin, cfg.lora_targets) && cfg.lora_rank > 0 {

@@ -9,6 +9,7 @@
 use super::config::{Config, Fp8, Offload, OptimImpl, Optimizer, QloraQuant, Zero};
 use super::expr::{Expr, Sym};
 use super::ledger::{Category, Row, RowId};
+use super::model::INDEXER_PREFIX;
 use super::optimizer;
 use super::params::{elements, tensor_count, LocalGroup, Role};
 use super::precision::{Recipe, FP32_BYTES};
@@ -114,15 +115,19 @@ pub fn frozen_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
         return None;
     }
     let e = Expr::prod([sharded(groups, Role::Frozen, PSI_F, &sh.shards(3)), Expr::var(B_W, recipe.weight.bytes())]);
-    Some(
-        Row::new(
-            RowId::FrozenWeights,
-            "Frozen base weights",
-            Category::Parameters,
-            e,
-            "Hu et al. 2021 (LoRA), §4: the pre-trained weights are frozen",
+    // Without adapters or a quantized base the only frozen tensors are DeepSeek-V3.2's indexer.
+    let fine_tuned = groups.iter().any(|g| g.adapter || g.role == Role::Quantized);
+    let (label, source) = if fine_tuned || groups.iter().any(|g| g.role == Role::Frozen && !g.group.name.starts_with(INDEXER_PREFIX)) {
+        ("Frozen base weights", "Hu et al. 2021 (LoRA), §4: the pre-trained weights are frozen")
+    } else {
+        (
+            "Weights without gradients",
+            "transformers 5.24 modeling_deepseek_v32.py: DeepseekV32Indexer.forward runs under torch.no_grad(), so the indexer's parameters get no gradient",
         )
-        .note(format!("{} weights; no gradients or optimizer states", recipe.weight.name())),
+    };
+    Some(
+        Row::new(RowId::FrozenWeights, label, Category::Parameters, e, source)
+            .note(format!("{} weights; no gradients or optimizer states", recipe.weight.name())),
     )
 }
 

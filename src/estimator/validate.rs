@@ -3,7 +3,7 @@
 //! nothing the activation model does not cover yet ([`unmodelled_feature`]); every refusal names
 //! the key at fault ([`EstimateError`]).
 
-use super::config::{Config, Finetune, Offload, Zero};
+use super::config::{Config, Finetune, Framework, Offload, Recompute, Zero};
 use super::model::{self, ModelError};
 use super::{allocator, gpu, step};
 
@@ -191,7 +191,6 @@ fn validate_recipes(cfg: &Config) -> Result<(), EstimateError> {
 /// The recipes of issue 26 against the rest: what their frameworks refuse, and what only the
 /// transformers program (`framework = hf`) can express.
 fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
-    use super::config::{Framework, Recompute};
     // torchtune's recipes (`full_finetune_single_device.py` `__init__`): "Gradient accumulation
     // is not supported with optimizer in bwd".
     if cfg.optim_in_bwd && cfg.accum > 1 {
@@ -226,7 +225,7 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.act_offload_layers > cfg.arch.layers {
         return Err(invalid("act_offload_layers", format!("{} exceeds the {} layers", cfg.act_offload_layers, cfg.arch.layers)));
     }
-    if cfg.act_offload && cfg.act_offload_layers > 0 {
+    if cfg.act_offload.on() && cfg.act_offload_layers > 0 {
         return Err(invalid(
             "act_offload_layers",
             "offloads by layer (Megatron) where act_offload already offloads every saved tensor (torchtune): choose one",
@@ -255,7 +254,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
                 .any(|g| g.role == super::params::Role::Trainable && g.group.elements_per_tensor() >= super::optimizer::PAGED_MIN_ELEMENTS)
         });
     let master = super::precision::recipe(cfg.precision).master.is_some();
-    let pending: [(bool, &str, &str); 7] = [
+    let pending: [(bool, &str, &str); 11] = [
         (
             cfg.optim_in_bwd && master,
             "optim_in_bwd",
@@ -281,7 +280,23 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "compile_regions",
             "torch.compile of torchtitan's blocks or of the whole model (only compile_regions = layer is modelled: FINDINGS §15.1)",
         ),
-        (cfg.act_offload, "act_offload", "torchtune's activation offloading (FINDINGS §15.5)"),
+        (cfg.compile && cfg.act_offload.on(), "act_offload", "activation offloading of a compiled step's saved tensors"),
+        (
+            cfg.act_offload.on() && (cfg.recompute != Recompute::None || cfg.recompute_every > 0),
+            "act_offload",
+            "activation offloading with activation checkpointing (the checkpoints' inputs packed, their recomputation unhooked)",
+        ),
+        (cfg.act_offload.on() && cfg.pp > 1, "act_offload", "activation offloading with pipeline parallelism"),
+        (
+            cfg.act_offload.on() && cfg.framework != Framework::Hf,
+            "act_offload",
+            "activation offloading outside transformers' modeling code (framework = hf)",
+        ),
+        (
+            cfg.act_offload.on() && cfg.loss == super::config::Loss::Chunked,
+            "act_offload",
+            "activation offloading with a chunked loss (its head and loss fused)",
+        ),
         (cfg.act_offload_layers > 0, "act_offload_layers", "Megatron's per-layer activation offloading"),
     ];
     if let Some(&(_, key, what)) = pending.iter().find(|p| p.0) {
@@ -353,6 +368,10 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
 pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
+    // A Mamba-2 mixer is Falcon-H1's layer only (Granite 4's is not modelled yet).
+    if spec.ssm.heads > 0 && spec.family != crate::estimator::family::Family::FalconH1 {
+        return Some("a Mamba-2 mixer outside Falcon-H1 (Granite 4.0-H is not modelled yet)");
+    }
     // A family whose code builds this exact layout (gpt-oss's sinks, biased router and experts,
     // clamped SwiGLU; Llama 4's chunked attention, NoPE temperature tuning, L2 q/k norm, complex
     // RoPE, all-experts MoE): its own layer is exact.
@@ -376,6 +395,7 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
         ),
         (moe && (spec.expert_bias || spec.experts_in_out || spec.moe_all_experts), "this expert layout"),
         (spec.act == Activation::SwigluClamped, "the clamped SwiGLU"),
+        (spec.act == Activation::Xielu && spec.family != crate::estimator::family::Family::Apertus, "the xIELU activation outside Apertus"),
         // Falcon's `alibi=True` (Falcon-RW): position biases added to the scores; no fixture.
         (spec.positions == model::Positions::None && spec.fused_qkv, "ALiBi position biases"),
         // OPT-350m: post-LayerNorm layers (`do_layer_norm_before=False`) and `project_in`/`out`.

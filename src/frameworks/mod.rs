@@ -10,6 +10,7 @@
 //! estimate assumes about it: `docs/frameworks.md`.
 
 mod accelerate;
+pub mod api;
 mod deepspeed;
 mod export;
 mod import;

@@ -24,6 +24,7 @@ pub mod params;
 pub mod plan;
 pub mod scene;
 pub mod seq;
+pub mod serve;
 pub mod table;
 pub mod theme;
 pub mod timeline;

@@ -8,8 +8,8 @@ use super::dom;
 use super::layout::{Layout, Panel};
 use super::lazy;
 use super::panels::{
-    architecture, bar, bench, charts, compare, course, embed, exercise, import, inputs, ledger, notices, plan, textbook, toolbar, verdict,
-    verify,
+    architecture, bar, bench, charts, compare, course, embed, exercise, frameworks, import, inputs, ledger, notices, plan, serve, textbook,
+    toolbar, verdict, verify,
 };
 use super::state::{use_store, Store};
 use super::widgets;
@@ -61,6 +61,9 @@ fn panel(p: Panel) -> AnyView {
         Panel::Compare => compare(),
         Panel::Plan => plan(),
         Panel::Verify => verify(),
+        Panel::Frameworks => frameworks(),
+        Panel::Serving => serving(),
+        Panel::Serve => serve(),
         // Parts of other things, never placed on their own.
         Panel::Share | Panel::Formulas => ().into_any(),
     }
@@ -138,6 +141,18 @@ fn plan() -> AnyView {
 fn verify() -> AnyView {
     view! { <verify::Verify/> }.into_any()
 }
+#[inline(never)]
+fn frameworks() -> AnyView {
+    view! { <frameworks::Frameworks/> }.into_any()
+}
+#[inline(never)]
+fn serving() -> AnyView {
+    view! { <serve::Serving/> }.into_any()
+}
+#[inline(never)]
+fn serve() -> AnyView {
+    view! { <serve::Serve/> }.into_any()
+}
 
 /// Whether a panel waits for the first paint: only the model's fieldset comes with the mount;
 /// the rest follows one panel per task in its [`turn`] ([`Later`]), so that no single task of
@@ -163,6 +178,9 @@ fn waits(p: Panel) -> bool {
             | Panel::Architecture
             | Panel::Exercises
             | Panel::Verify
+            | Panel::Frameworks
+            | Panel::Serving
+            | Panel::Serve
     )
 }
 
@@ -172,8 +190,9 @@ fn waits(p: Panel) -> bool {
 fn turn(p: Panel) -> u8 {
     match p {
         Panel::Training => FORM,
-        Panel::Verdict => VERDICT,
+        Panel::Verdict | Panel::Serve => VERDICT,
         Panel::Ledger => LEDGER,
+        Panel::Serving => FORM,
         _ => REST,
     }
 }
@@ -295,22 +314,37 @@ fn provide_answers(results: &[Panel], store: Store) {
 #[component]
 fn FullPage() -> impl IntoView {
     let store = use_store();
-    let (layout, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
-    provide_answers(&layout.results, store);
-    let has_inputs = !layout.inputs.is_empty();
-    let pinned = has_inputs && layout.results.contains(&Panel::Verdict);
+    let (training, _) = store.course.with_value(|s| Layout::course(s, false, "", store.compare.with_untracked(Option::is_some)));
+    provide_answers(&training.results, store);
+    // `mode=serve` (the mode tabs): the serving fieldset and answers take the training ones'
+    // places; the page is laid out again when the mode changes.
+    let serving = Memo::new(move |_| store.config.with(|c| c.serve.mode == crate::estimator::serve::Mode::Serve));
+    let layout = move || if serving.get() { store.course.with_value(|s| training.clone().serving(s)) } else { training.clone() };
+    let tabs = !store.locked("mode") || serving.get_untracked();
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
         <toolbar::Toolbar/>
         <notices::Notices/>
         <course::CourseBar/>
         <Estimated/>
-        // The verdict's line, pinned on a phone (where the results come after the form).
-        {pinned.then(|| view! { <InTurn turn=VERDICT><verdict::Pin/></InTurn> })}
-        <main class=if has_inputs { "layout" } else { "layout single" }>
-            {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
-            <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
-        </main>
+        {tabs.then(|| view! { <serve::ModeTabs/> })}
+        // Unnamed: a named tabpanel outside a landmark is a region axe asks to be one (the tabs
+        // that control it say what it shows).
+        <div id="mode-panel" role="tabpanel">
+            {move || {
+                let layout = layout();
+                let has_inputs = !layout.inputs.is_empty();
+                let pinned = has_inputs && layout.results.contains(&Panel::Verdict);
+                view! {
+                    // The verdict's line, pinned on a phone (where the results come after the form).
+                    {pinned.then(|| view! { <InTurn turn=VERDICT><verdict::Pin/></InTurn> })}
+                    <main class=if has_inputs { "layout" } else { "layout single" }>
+                        {has_inputs.then(|| view! { <widgets::Form>{panels(layout.inputs)}</widgets::Form> })}
+                        <section id="results" class="results" aria-label="Results" tabindex="-1">{panels(layout.results)}</section>
+                    </main>
+                }
+            }}
+        </div>
         <InTurn turn=LAST>
             <footer class="foot">
                 <p>
@@ -350,8 +384,10 @@ fn EmbedPage() -> impl IntoView {
         let view = store.view.get_untracked();
         store.notices.update(|n| n.push(crate::config::ConfigError::for_key("view", &view, p)));
     }
-    let list = layout.results;
-    provide_answers(&list, store);
+    provide_answers(&layout.results, store);
+    // In serving mode the serving answers take the training verdict's place.
+    let serving = store.config.with_untracked(|c| c.serve.mode == crate::estimator::serve::Mode::Serve);
+    let list = if serving { store.course.with_value(|s| layout.serving(s)).results } else { layout.results };
     view! {
         <main class="embed" data-testid="embed" node_ref=main>
             <h1 class="sr-only">"trainmem"</h1>

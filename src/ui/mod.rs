@@ -7,7 +7,8 @@
 //! - [`app`]: mounts the store and lays the panels out.
 //! - Shared by panels: `widgets` (the key input), `canvas` (hi-DPI chart canvases), `dom`
 //!   (browser calls), `bench_client` (the lazily loaded benchmark module's typed API),
-//!   `analysis` (the answers, from the analysis worker where there is one).
+//!   `analysis` (the answers, from the analysis worker where there is one), `frameworks_client`
+//!   (the lazily loaded frameworks module's typed API and the export buttons).
 //! - [`warm`]: the first screen's analysis, run in the compile worker so that its code is
 //!   compiled there, off the page's main thread.
 //!
@@ -19,6 +20,7 @@ pub mod app;
 mod bench_client;
 mod canvas;
 mod dom;
+mod frameworks_client;
 mod html;
 pub mod layout;
 mod lazy;

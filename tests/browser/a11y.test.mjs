@@ -66,3 +66,33 @@ test('axe finds no violation on a phone-width page with its pinned verdict, nor 
     assert.deepEqual(await axeViolations(embed), [], `embed with a notice, ${scheme}`);
   }
 });
+
+test('axe finds no violation on the serving view (its fixes and an open budget row) and its embed, light and dark', async () => {
+  for (const scheme of ['light', 'dark']) {
+    const { page, problems } = await openPage(browser, null, { colorScheme: scheme, bypassCSP: true });
+    await page.goto(server.base + '?mode=serve&model=llama-3.1-70b&gpus=4&tp=4&context=32768&concurrency=24');
+    await page.waitForSelector('[data-testid=serve-fixes]');
+    await page.waitForSelector('[data-testid=chart-serve-kv][data-layout]');
+    await page.waitForSelector('[data-testid=chart-serve-concurrency][data-layout]');
+    await page.click('[data-testid=serve-rows] li.row summary');
+    assert.deepEqual(await axeViolations(page), [], `serving, ${scheme}`);
+    const { page: embed } = await openPage(browser, null, { colorScheme: scheme, bypassCSP: true });
+    await embed.goto(server.base + '?model=gemma-3-27b-it&embed=1&view=serve');
+    await embed.waitForSelector('[data-testid=chart-serve-kv][data-layout]');
+    assert.deepEqual(await axeViolations(embed), [], `serving embed, ${scheme}`);
+    assert.deepEqual(problems, []);
+  }
+});
+
+test('axe finds no violation on the framework files panel with a key report, light and dark', async () => {
+  const ds = '{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 2, "wall_clock_breakdown": false}';
+  for (const scheme of ['light', 'dark']) {
+    const { page } = await openPage(browser, server.base, { colorScheme: scheme, bypassCSP: true });
+    await page.click('[data-testid=frameworks] > summary');
+    await page.fill('[data-testid=fw-text-0]', ds);
+    await page.click('[data-testid=fw-import]');
+    await page.waitForSelector('[data-testid=fw-report]', { timeout: 60000 });
+    await settled(page);
+    assert.deepEqual(await axeViolations(page), [], scheme);
+  }
+});

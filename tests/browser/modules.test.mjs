@@ -1,6 +1,7 @@
 // The app's files: one wasm module for the first screen, the panels a visitor opens later
-// (`trainmem-more`) and the benchmark in modules of their own fetched only when opened, every
-// file requested by its content-hashed name, and a policy that pins every script.
+// (`trainmem-more`), the benchmark and the framework config files' parsers (`trainmem-frameworks`)
+// in modules of their own fetched only when opened (or when a file is first imported or
+// exported), every file requested by its content-hashed name, and a policy that pins every script.
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -12,20 +13,25 @@ let browser;
 before(async () => { server = await serve(); browser = await launch({ webgpu: true }); });
 after(async () => { await browser?.close(); server?.close(); });
 
+/** Strings of the importers and their parsers (yaml_serde, toml, shlex), found in the frameworks
+ *  module's data and nowhere in the app's. */
+const MARKERS = ['did not find expected', 'no key says which framework wrote it', 'invalid table header'];
+
 const HASHED = /-[0-9a-f]{12,16}(_bg)?\.(js|wasm|css|svg|png)(\.br|\.gz)?$/;
 // Files a host must find by a fixed name (the page, its service worker and manifest, and the
 // hosts' header rules), served no-cache (see scripts/dist.py), with their compressed twins.
 const STABLE = /^(index\.html|sw\.js|manifest\.webmanifest|_headers|versions\.json)(\.br|\.gz)?$/;
 
-test('dist/ holds the first screen\'s module, the later panels\' and the benchmark\'s, every asset content-hashed', () => {
+test('dist/ holds the first screen\'s module, the later panels\', the benchmark\'s and the frameworks\', every asset content-hashed', () => {
   const files = readdirSync(join(ROOT, 'dist'));
   const wasm = files.filter((f) => f.endsWith('.wasm'));
-  assert.equal(wasm.length, 3, `wasm files: ${wasm}`);
+  assert.equal(wasm.length, 4, `wasm files: ${wasm}`);
   assert.equal(wasm.filter((f) => f.startsWith('trainmem-bench-')).length, 1);
   assert.equal(wasm.filter((f) => f.startsWith('trainmem-more-')).length, 1);
+  assert.equal(wasm.filter((f) => f.startsWith('trainmem-frameworks-')).length, 1);
   for (const f of files.filter((f) => !STABLE.test(f))) assert.match(f, HASHED, `${f} carries a content hash`);
   // The lazily loaded modules' names are hashes of their contents.
-  for (const f of files.filter((f) => /^trainmem-(bench|more)-/.test(f) && !/\.(br|gz)$/.test(f))) {
+  for (const f of files.filter((f) => /^trainmem-(bench|more|frameworks)-/.test(f) && !/\.(br|gz)$/.test(f))) {
     const hash = createHash('sha256').update(readFileSync(join(ROOT, 'dist', f))).digest('hex').slice(0, 16);
     assert.ok(f.includes(hash), `${f} is named by its content (${hash})`);
   }
@@ -40,6 +46,7 @@ test('the page loads its files by their hashed names, and the later panels and t
   assert.equal(own.filter((r) => r.endsWith('.wasm')).length, 1, 'one wasm module for the first screen');
   assert.ok(!requests.some((r) => r.includes('trainmem-bench')), 'the benchmark is not loaded until opened');
   assert.ok(!requests.some((r) => r.includes('trainmem-more')), 'the later panels are not loaded until opened');
+  assert.ok(!requests.some((r) => r.includes('trainmem-frameworks')), 'the frameworks module is not loaded until a file is imported or exported');
   await page.click('[data-testid=bench-open]');
   await page.waitForSelector('[data-testid=bench-adapter], [data-testid=bench-unavailable]', { timeout: 60000 });
   const bench = requests.filter((r) => r.includes('trainmem-bench'));
@@ -61,11 +68,27 @@ test('the policy pins every inline script, and the lazily loaded modules are che
     assert.ok(csp.includes(`'sha256-${digest}'`), `the policy names the script ${body.slice(0, 40)}…`);
   }
   assert.match(csp, /default-src 'none'/);
-  for (const name of ['trainmem-bench', 'trainmem-more']) {
+  for (const name of ['trainmem-bench', 'trainmem-more', 'trainmem-frameworks']) {
     const meta = html.match(new RegExp(`<meta name="${name}"[^>]*>`))[0];
     const wasm = meta.match(/data-wasm="\.\/([^"]+)"/)[1];
     const sri = meta.match(/data-wasm-integrity="([^"]+)"/)[1];
     const digest = 'sha384-' + createHash('sha384').update(readFileSync(join(ROOT, 'dist', wasm))).digest('base64');
     assert.equal(sri, digest, name);
+    // The import map pins the module's script too.
+    const js = meta.match(/data-js="\.\/([^"]+)"/)[1];
+    const jsDigest = 'sha384-' + createHash('sha384').update(readFileSync(join(ROOT, 'dist', js))).digest('base64');
+    assert.ok(html.includes(`"./${js}": "${jsDigest}"`), `the import map names ${js}`);
+  }
+});
+
+test('the parsers are in the frameworks module, not in the app module the first screen loads', () => {
+  const files = readdirSync(join(ROOT, 'dist'));
+  const app = files.find((f) => /^trainmem-[0-9a-f]{12,16}_bg\.wasm$/.test(f));
+  const fw = files.find((f) => /^trainmem-frameworks-[0-9a-f]{12,16}_bg\.wasm$/.test(f));
+  const text = (f) => readFileSync(join(ROOT, 'dist', f)).toString('latin1');
+  // Messages only the YAML, TOML and argument parsers and the importers write.
+  for (const s of MARKERS) {
+    assert.ok(text(fw).includes(s), `the frameworks module has '${s}'`);
+    assert.ok(!text(app).includes(s), `the app module has no '${s}'`);
   }
 });

@@ -262,7 +262,12 @@ fn split_by_attention(
     };
     for (vi, &(kind, var)) in variants.iter().enumerate() {
         let first_of_kind = !variants[..vi].iter().any(|(k, _)| *k == kind);
-        let Some(&(_, other)) = variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && v.nope == var.nope) else {
+        // The other attention type with the same RoPE, else with the other (EXAONE 4: its
+        // sliding layers rotate, its full ones are NoPE; what RoPE keeps is in the Rope/Nope
+        // groups, left out of these terms).
+        let other_type =
+            |same_rope: bool| variants.iter().find(|(k, v)| *k == kind && v.sliding != var.sliding && (!same_rope || v.nope == var.nope));
+        let Some(&(_, other)) = other_type(true).or_else(|| other_type(false)) else {
             continue;
         };
         if !first_of_kind {

@@ -35,6 +35,7 @@ pub fn act_name(a: Activation) -> Option<&'static str> {
         Activation::GeluNew => "gelu_new",
         Activation::Relu => "relu",
         Activation::SwigluClamped => return None,
+        Activation::Xielu => "xielu",
     })
 }
 

@@ -653,7 +653,18 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        self.op("native_layer_norm", "NativeLayerNormBackward0", &ins, &outs, &[S::In(0), S::Out(1), S::Out(2)], &bw)[0]
+        // NativeLayerNormBackward0 also saves the weight and the bias (Parameters: no memory of
+        // their own, but each a pack under activation offloading), in the generated node's
+        // order of its saved variables: bias, input, result1 (mean), result2 (rstd), weight.
+        let mut saved: Vec<S> = Vec::with_capacity(5);
+        if bias.is_some() {
+            saved.push(S::In(ins.len() as u8 - 1));
+        }
+        saved.extend([S::In(0), S::Out(1), S::Out(2)]);
+        if w.is_some() {
+            saved.push(S::In(1));
+        }
+        self.op("native_layer_norm", "NativeLayerNormBackward0", &ins, &outs, &saved, &bw)[0]
     }
 
     /// [`Builder::layer_norm`] with a weight of another dtype than its input (under autocast:

@@ -47,11 +47,22 @@ pub struct Profile {
     pub fin: Seg,
 }
 
+/// How a piece's output gradients arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inject {
+    /// Allocated by the engine (`ones_like` of the loss) and held until backward ends.
+    Alloc,
+    /// Made by the piece after it (a later layer's backward), counted there.
+    Given,
+    /// Sent by the next pipeline stage: counted by the caller, held until backward ends.
+    Held,
+}
+
 /// Runs one piece on its own.
 pub fn profile(
     prog: &Program,
     acc: Accumulate,
-    inject_alloc: bool,
+    inject: Inject,
     resident: bool,
     pre_grads: &[Tid],
     finish: bool,
@@ -82,7 +93,11 @@ pub fn profile(
     run.end_forward();
     let cache = seg(&run.sink, sc);
     let s1 = run.sink.mark();
-    run.inject(inject_alloc);
+    match inject {
+        Inject::Alloc => run.inject(true),
+        Inject::Given => run.inject(false),
+        Inject::Held => run.inject_held(),
+    }
     run.backward();
     let bwd = seg(&run.sink, s1);
     let s2 = run.sink.mark();
@@ -206,6 +221,9 @@ struct Full {
     key: Key,
     in_kept: bool,
     out_kept: bool,
+    /// The stage's last layer without an epilogue: its output gradient comes from the next
+    /// stage and is held until backward ends.
+    held: bool,
 }
 
 /// Every layer's key, in order.
@@ -396,6 +414,9 @@ pub struct LayerRun {
 /// configuration: the same program run with the same inputs and categories gives the same
 /// profile) and adding the ones it makes.
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
+    if setup.offload().is_some() {
+        return whole(setup, other_temp);
+    }
     let acc_mode = setup.accumulate;
     let hook = setup.step_hook();
     let resident = resident_grads(setup.cfg);
@@ -417,7 +438,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             let k = keys[i];
             let in_kept = kept_in(&k, pcs.layer(&k).x) || (i == 0 && pro_kept[pro.tensors[px0 as usize].base as usize]);
             let out_kept = if i + 1 < keys.len() { kept_in(&keys[i + 1], pcs.layer(&keys[i + 1]).x) } else { epi_keeps_x };
-            Full { key: k, in_kept, out_kept }
+            Full { key: k, in_kept, out_kept, held: i + 1 == keys.len() && epi.is_none() }
         })
         .collect();
     // One profile per distinct piece: (piece, profile, optimizer parameters); `which[i]`: layer
@@ -439,8 +460,17 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             let (prof, numels) = match done {
                 Some(r) => (r.prof, r.numels.clone()),
                 None => {
-                    let prof =
-                        profile(&l.prog, acc_mode, false, resident, &[], false, &cats, &l.inputs(&f.key), hook.map(|h| (h, &[][..])));
+                    let prof = profile(
+                        &l.prog,
+                        acc_mode,
+                        if f.held { Inject::Held } else { Inject::Given },
+                        resident,
+                        &[],
+                        false,
+                        &cats,
+                        &l.inputs(&f.key),
+                        hook.map(|h| (h, &[][..])),
+                    );
                     let numels = optimizer_params(&l.prog, setup.optimizer_weight());
                     runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
                     (prof, numels)
@@ -467,7 +497,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         } else {
             Vec::new()
         };
-        profile(e, acc_mode, true, resident, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
+        profile(e, acc_mode, Inject::Alloc, resident, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
     });
     let epi = epi.map(|(e, _)| e);
     // A tied embedding's gradient was made first by the head (same stage only).
@@ -488,7 +518,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             pro_cats.push((pt, slot_cat(slot, pt)));
         }
     }
-    let pro_prof = profile(pro, acc_mode, false, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
+    let pro_prof = profile(pro, acc_mode, Inject::Given, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
@@ -541,6 +571,10 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     if let Some(e) = epi_prof {
         a.shift(&e.fin);
     }
+    // The gradient the next stage sent, held by the caller until backward ends.
+    if epi_prof.is_none() && !fulls.is_empty() {
+        a.shift(&Seg { delta: -y_bytes, delta_cats: [0, 0, -y_bytes], ..zero });
+    }
     a.apply(Piece::Reduction, &zero);
     // The optimizer's temporaries over the parameters in registration order.
     let weight = setup.optimizer_weight();
@@ -571,6 +605,134 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         at: c.at,
         peak_seg: i,
         segments: a.segments,
+    }
+}
+
+/// A sink that cuts one whole run into the coarse segments of [`stage_with`]: per segment the
+/// most live bytes after an allocation (or its starting level), the categories then, and where.
+struct Coarser {
+    t: Tracker,
+    segs: Vec<Coarse>,
+    /// The segment now, and how many decoder layers the stage has.
+    cur: usize,
+    layers: usize,
+}
+
+impl Coarser {
+    /// The index of the segment an allocation at `at` belongs to (the order of
+    /// [`stage_with`]'s segments: start, embedding, layers forward, loss, layers backward,
+    /// embedding backward, reduction, optimizer, end).
+    fn index(&self, at: &At) -> usize {
+        let n = self.layers;
+        let layer = (at.layer != NO_LAYER).then_some(at.layer as usize);
+        match (at.phase, layer) {
+            (Phase::Forward, Some(i)) => 2 + i.min(n.saturating_sub(1)),
+            (Phase::Forward, None) if self.cur < 2 => 1,
+            (Phase::Forward, None) | (Phase::Loss, _) => 2 + n,
+            (Phase::Backward, Some(i)) => 4 + n + (n - 1 - i.min(n.saturating_sub(1))),
+            (Phase::Backward, None) if self.cur <= 3 + n => 3 + n,
+            (Phase::Backward, None) => 4 + 2 * n,
+            (Phase::Reduction, _) => 5 + 2 * n,
+            (Phase::Optimizer, _) => 6 + 2 * n,
+            (Phase::ZeroGrad, _) => 7 + 2 * n,
+        }
+    }
+    /// Moves to segment `j` (never back): the segments passed start at the level now.
+    fn enter(&mut self, j: usize) {
+        while self.cur < j && self.cur + 1 < self.segs.len() {
+            self.cur += 1;
+            let c = &mut self.segs[self.cur];
+            c.live = self.t.live;
+            c.cats = self.t.cats;
+            c.at = None;
+        }
+    }
+}
+
+impl super::run::Sink for Coarser {
+    fn alloc(&mut self, bytes: u128, dtype: super::ir::DType, cat: Cat, at: &At) -> u32 {
+        let j = self.index(at);
+        self.enter(j);
+        let id = self.t.alloc(bytes, dtype, cat, at);
+        let c = &mut self.segs[self.cur];
+        if self.t.live > c.live {
+            c.live = self.t.live;
+            c.cats = self.t.cats;
+            c.at = Some(*at);
+        }
+        id
+    }
+    fn free(&mut self, id: u32, bytes: u128, cat: Cat, at: &At) {
+        self.t.free(id, bytes, cat, at);
+    }
+    fn recat(&mut self, id: u32, bytes: u128, from: Cat, to: Cat) {
+        self.t.recat(id, bytes, from, to);
+    }
+}
+
+/// [`stage_with`] for activation offloading: torchtune's stash and its copies brought back
+/// reach across the pieces' boundaries (a layer's last moved tensors stay on the device into
+/// the next layer's forward, or the final norm's; a node's copies until the next node that
+/// unpacks), so the stage's program runs whole, once, into the same coarse segments.
+fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
+    let prog = setup.whole();
+    let n = setup.kinds.len();
+    let pieces: Vec<Piece> = [Piece::Start, Piece::Embedding]
+        .into_iter()
+        .chain((0..n).map(|i| Piece::ForwardLayer(i as u32)))
+        .chain([Piece::LossForward, Piece::LossBackward])
+        .chain((0..n).rev().map(|i| Piece::BackwardLayer(i as u32)))
+        .chain([Piece::EmbeddingBackward, Piece::Reduction, Piece::Optimizer, Piece::End])
+        .collect();
+    let segs = pieces.iter().map(|&piece| Coarse { piece, live: 0, cats: [0; 3], at: None }).collect();
+    let sink = Coarser { t: Tracker::default(), segs, cur: 0, layers: n };
+    let mut run = Run::new(&prog, sink, setup.accumulate);
+    if resident_grads(setup.cfg) {
+        run.grads_resident();
+    }
+    if let Some(hook) = setup.step_hook() {
+        run.step_in_backward(hook, &[]);
+    }
+    if let Some(off) = setup.offload() {
+        run.offload(off);
+    }
+    run.forward();
+    run.end_forward();
+    run.inject(true);
+    run.backward();
+    run.release_graph();
+    run.finish_backward();
+    let mut sink = run.into_sink();
+    let last = sink.segs.len() - 1;
+    sink.enter(last - 2);
+    if setup.step_hook().is_none() {
+        let numels = optimizer_params(&prog, setup.optimizer_weight());
+        let mut t = Tracker::default();
+        let s = t.mark();
+        optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
+        let o = seg(&t, s);
+        let c = &mut sink.segs[last - 1];
+        c.live = sink.t.live;
+        c.cats = sink.t.cats;
+        if o.peak != i128::MIN {
+            c.live += o.peak;
+            c.cats = [c.cats[0] + o.at_peak[0], c.cats[1] + o.at_peak[1], c.cats[2] + o.at_peak[2]];
+            c.at = o.at;
+        }
+        sink.t.live += o.delta;
+    } else {
+        sink.enter(last - 1);
+    }
+    sink.enter(last);
+    let segments = sink.segs;
+    let (i, best) = segments.iter().enumerate().fold((0, i128::MIN), |(bi, bl), (i, c)| if c.live > bl { (i, c.live) } else { (bi, bl) });
+    let c = segments[i];
+    Fast {
+        peak: best.max(0) as Bytes,
+        cats: [c.cats[0].max(0) as Bytes, c.cats[1].max(0) as Bytes, c.cats[2].max(0) as Bytes],
+        at: c.at,
+        peak_seg: i,
+        segments,
     }
 }
 
@@ -731,11 +893,20 @@ mod debug {
             ] {
                 crate::config::set(&mut cfg, k, &v).expect("a valid key");
             }
+            // DEBUG_PP=3: the middle stage of three.
+            let stage = if env("DEBUG_PP", "1") == "3" {
+                cfg.pp = 3;
+                cfg.gpus = 3;
+                cfg.batch = 1;
+                Stage::Middle
+            } else {
+                Stage::Whole
+            };
             numbers_only(|| {
                 let r = recipe(cfg.precision);
-                let s = super::super::model::simulate_stage(&cfg, &r, Stage::Whole, Default::default(), 0);
+                let s = super::super::model::simulate_stage(&cfg, &r, stage, Default::default(), 0);
                 let pe = s.events.iter().max_by_key(|e| e.live).unwrap();
-                let setup = Setup::new(&cfg, &r, Stage::Whole);
+                let setup = Setup::new(&cfg, &r, stage);
                 let f = super::stage(&setup, 0);
                 println!(
                     "{}: stream peak {} at {}; pieces {} at {:?}",
@@ -758,12 +929,35 @@ mod debug {
                         println!("   op {i} {} {} {} ins {:?} outs {:?}", op.name, op.node, op.module, prog.ins(op), prog.outs(op));
                     }
                 }
+                if std::env::var("DEBUG_PIECE").is_ok() {
+                    let pcs = pieces(&setup);
+                    for k in &pcs.keys {
+                        let l = pcs.layer(k);
+                        println!("   key {k:?} inputs {:?}", l.inputs(k));
+                        let mut run = crate::estimator::step::run::Run::new(
+                            &l.prog,
+                            crate::estimator::step::model::Collector::new(),
+                            setup.accumulate,
+                        );
+                        for (t, a, b) in l.inputs(k) {
+                            run.set_input(t, a, b);
+                        }
+                        run.forward();
+                        run.end_forward();
+                        run.inject(true);
+                        run.backward();
+                        run.release_graph();
+                        for e in &run.into_sink().events {
+                            println!("   piece {:?} {:>12} live {:>12} {}", e.kind, e.bytes, e.live, e.label());
+                        }
+                    }
+                }
                 if std::env::var("DEBUG_LAYER").is_ok() {
                     let want: u32 = std::env::var("DEBUG_LAYER").unwrap().parse().unwrap();
                     // Allocations made in this layer's backward and still alive when the next
                     // layer's backward starts.
                     let mut live: Vec<&crate::estimator::step::stream::Event> = Vec::new();
-                    let mut started = false;
+                    let mut started = std::env::var("DEBUG_ALL").is_ok_and(|v| v == "2");
                     for e in &s.events {
                         let here = e.phase == crate::estimator::step::stream::Phase::Backward && e.layer == Some(want);
                         if here {

@@ -157,10 +157,18 @@ pub enum X {
     SsmPadded,
     /// The causal convolution's output before its slice (s + K_c − 1).
     SsmConvLen,
+    /// DeepSeek-V3.2 indexer heads (H_i, `index_n_heads`).
+    IdxHeads,
+    /// DeepSeek-V3.2 indexer head dim (d_i, `index_head_dim`).
+    IdxHeadDim,
+    /// The indexer's query width (H_i·d_i, `wq_b`'s output).
+    IdxQ,
+    /// Keys the indexer keeps per query: min(`index_topk`, s).
+    IdxTopk,
 }
 
 impl X {
-    pub const COUNT: usize = 27;
+    pub const COUNT: usize = 31;
     pub fn sym(self) -> Sym {
         use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
@@ -191,6 +199,10 @@ impl X {
             X::SsmChunks1 => Sym::new("n", "c+1", "SSD chunks plus the initial state"),
             X::SsmPadded => Sym::new("s", "p", "sequence padded to whole chunks: n_c·C"),
             X::SsmConvLen => Sym::new("s", "conv", "causal conv output before its slice: s + K_c − 1"),
+            X::IdxHeads => Sym::new("H", "i", "DSA indexer heads (index_n_heads)"),
+            X::IdxHeadDim => Sym::new("d", "i", "DSA indexer head dim (index_head_dim)"),
+            X::IdxQ => Sym::new("q", "i", "DSA indexer query width: H_i·d_i"),
+            X::IdxTopk => Sym::new("k", "i", "keys the DSA indexer keeps: min(index_topk, s)"),
         }
     }
 }
@@ -423,6 +435,11 @@ pub struct Program {
     /// Forward ops from this index on run after the LM head returned (the tracker's `loss`
     /// phase); `u32::MAX` when the program has no loss.
     pub loss_from: u32,
+    /// Forward ops from this index on are the loss function's (`ForCausalLMLoss`, called on the
+    /// logits the model returned: Gemma-2's soft-capping before it is the model's own);
+    /// `u32::MAX` when the program has no loss. torchtune's recipes compute it outside their
+    /// activation-offloading context.
+    pub loss_fn_from: u32,
 }
 
 impl Default for Program {
@@ -438,6 +455,7 @@ impl Default for Program {
             regions: Vec::new(),
             outputs: Vec::with_capacity(2),
             loss_from: u32::MAX,
+            loss_fn_from: u32::MAX,
         }
     }
 }
@@ -455,6 +473,7 @@ impl Program {
             regions: Vec::new(),
             outputs: Vec::new(),
             loss_from: u32::MAX,
+            loss_fn_from: u32::MAX,
         }
     }
 
@@ -541,6 +560,9 @@ pub struct Builder<'a> {
     pub lowbit: LowBit,
     /// The selective-checkpoint region being built (`recompute = op`), if any.
     pub sac: Option<super::sac::Open>,
+    /// Inside `torch.no_grad()`: no op makes an autograd node (nothing saved, no output
+    /// requires a gradient).
+    pub no_grad: bool,
 }
 
 /// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
@@ -577,6 +599,7 @@ impl<'a> Builder<'a> {
             selective: false,
             lowbit: LowBit::default(),
             sac: None,
+            no_grad: false,
         }
     }
 
@@ -778,7 +801,7 @@ impl<'a> Builder<'a> {
                 base,
                 dtype: self.dtype(o.dt),
                 origin: Origin::Op,
-                requires_grad: o.requires_grad && self.grad,
+                requires_grad: o.requires_grad && self.grad && !self.no_grad,
                 op: name,
                 hold: idx,
                 last_use: idx,
@@ -792,7 +815,9 @@ impl<'a> Builder<'a> {
         // Autograd makes a node only when an input requires a gradient: without one nothing is
         // saved (a frozen embedding keeps no ids; a LoRA model's first norm, on the frozen
         // embedding's output, keeps nothing — measured: tests/fixtures/pytorch/qlora).
-        let saved = if ins.iter().any(|&t| self.p.tensors[t as usize].requires_grad) { saved } else { &[] };
+        let autograd = !self.no_grad && ins.iter().any(|&t| self.p.tensors[t as usize].requires_grad);
+        let saved = if autograd { saved } else { &[] };
+        let bw = if self.no_grad { &[] } else { bw };
         let saved_at = self.p.saves.len() as u32;
         for s in saved {
             let t = match *s {

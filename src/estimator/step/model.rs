@@ -85,6 +85,13 @@ impl<'a> Setup<'a> {
         xv[X::MlaV as usize] = spec.v_head_dim;
         xv[X::MlaKvA as usize] = spec.kv_lora_rank + spec.qk_rope_dim;
         xv[X::MlaKvB as usize] = spec.qk_nope_dim() + spec.v_head_dim;
+        let x = spec.dsa;
+        if x.heads > 0 {
+            xv[X::IdxHeads as usize] = x.heads;
+            xv[X::IdxHeadDim as usize] = x.head_dim;
+            xv[X::IdxQ as usize] = x.heads * x.head_dim;
+            xv[X::IdxTopk as usize] = x.topk.min(values_s(cfg));
+        }
         let m = spec.ssm;
         if m.heads > 0 {
             let s = values_s(cfg);
@@ -189,6 +196,17 @@ impl<'a> Setup<'a> {
 
     /// The optimizer step inside backward (`optim_in_bwd`), as [`optimizer_events`] steps one
     /// AdamW parameter: for-loop two temporaries, foreach one, fused none.
+    /// Activation offloading's hooks for this configuration ([`super::run::Offload`]).
+    pub fn offload(&self) -> Option<super::run::Offload> {
+        use crate::estimator::family::Family;
+        let fam = self.cfg.arch.family;
+        self.cfg.act_offload.on().then_some(super::run::Offload {
+            kind: self.cfg.act_offload,
+            addmm_saves_parameter: fam == Family::Gpt2,
+            grouped_mm_saves_parameter: fam == Family::GptOss,
+        })
+    }
+
     pub fn step_hook(&self) -> Option<super::run::StepHook> {
         if !self.cfg.optim_in_bwd {
             return None;
@@ -516,7 +534,8 @@ impl<'a> Setup<'a> {
             let f64s = [b.out(Shape::scalar(), Dt::F64, false), b.out(Shape::scalar(), Dt::F64, false)];
             b.op("scalar_tensor", "", &[logits], &f64s, &[S::Out(0), S::Out(1)], &[]);
         }
-        let loss_first = b.next_op();
+        b.p.loss_fn_from = b.next_op();
+        let loss_first = b.p.loss_fn_from;
         let lf = b.to_copy(logits, Dt::F32);
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
         let pad = b.plain("constant_pad_nd", &[labels], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
@@ -531,7 +550,10 @@ impl<'a> Setup<'a> {
             "NllLossBackward0",
             &[lsm, target],
             &out,
-            &[S::In(1), S::Out(1)],
+            // `nll_loss_backward(grad, self, target, weight, reduction, ignore_index,
+            // total_weight)`: `self` (the log-softmax, also LogSoftmaxBackward0's: one storage,
+            // its own copy under `save_on_cpu`), the target and the total weight.
+            &[S::In(0), S::In(1), S::Out(1)],
             &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
         );
         // The loss function's locals and the caller's output go once the loss is computed.
@@ -811,19 +833,41 @@ pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let pairs = if code.local_rope(spec) { 2 } else { 1 };
     let rope = if families::common::has_rope(spec) { pairs * 2 * (families::common::rotary_dims(spec) / 2) as u128 * 4 } else { 0 };
     let scale = if code.embed_scale_buffer() { crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128 } else { 0 };
-    rope + scale + router_bias_buffer_bytes(cfg)
+    rope + scale + router_bias_buffer_bytes(cfg) + xielu_buffer_bytes(cfg)
 }
+
+/// xIELU's two 0-dim buffers (`beta`, `eps`: `register_buffer(..., torch.tensor(v, dtype=dtype))`
+/// in `XIELUActivation.__init__`, transformers 5.24 `activations.py`), in the model dtype, in
+/// every dense MLP of the (first) stage: 2 × weight bytes × L.
+pub fn xielu_buffer_bytes(cfg: &Config) -> Bytes {
+    let spec = &cfg.arch;
+    if spec.act != crate::estimator::model::Activation::Xielu {
+        return 0;
+    }
+    let layers = stage_layers(spec.layers, cfg.pp);
+    let weight = crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128;
+    XIELU_BUFFERS * weight * layers as u128
+}
+
+/// `beta` and `eps`: the buffers of one `XIELUActivation`.
+const XIELU_BUFFERS: u128 = 2;
 
 /// The sigmoid routers' `e_score_correction_bias` buffer, fp32 `[E]` in every MoE layer of the
 /// (first) stage (modeling_deepseek_v3.py `DeepseekV3TopkRouter.__init__`, modeling_glm4_moe.py
-/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe.
+/// `Glm4MoeTopkRouter.__init__`): E × FP32_BYTES × L_moe; in the model dtype where the family
+/// creates it without a dtype (MiniMax-M2's `torch.zeros(num_local_experts)`).
 pub fn router_bias_buffer_bytes(cfg: &Config) -> Bytes {
     let spec = &cfg.arch;
     if spec.router != crate::estimator::model::Router::Sigmoid || spec.experts == 0 {
         return 0;
     }
     let layers = stage_layers(spec.layers, cfg.pp);
-    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * crate::estimator::precision::FP32_BYTES as u128
+    let elem = if families::modeling(spec.family).router_bias_fp32() {
+        crate::estimator::precision::FP32_BYTES as u128
+    } else {
+        crate::estimator::precision::recipe(cfg.precision).weight.bytes() as u128
+    };
+    spec.moe_layers_in(0..layers) as u128 * spec.experts as u128 * elem
 }
 
 /// The batch on the GPU: `input_ids` `[b, s]` int64 (the labels are the same tensor).
@@ -850,6 +894,9 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     }
     if let Some(hook) = setup.step_hook() {
         run.step_in_backward(hook, &[]);
+    }
+    if let Some(off) = setup.offload() {
+        run.offload(off);
     }
     run.forward();
     run.end_forward();

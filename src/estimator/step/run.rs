@@ -67,6 +67,111 @@ pub struct StepHook {
     pub temps: u8,
 }
 
+/// Activation offloading through saved-tensor hooks (`act_offload`, validation/FINDINGS.md
+/// §15.5): which saved tensors move to pinned host memory in forward, and how backward brings
+/// them back.
+///
+/// - **torchtune** 0.6.1 `training/_activation_offloading.py` `OffloadActivations`
+///   (`use_streams=True`, `max_fwd_stash_size=5`, `min_offload_size=1024`): packs the model
+///   call's saved tensors (not the output head's: `NoOpManager`; not the loss's: computed outside
+///   the context). `pack_tensor` moves a tensor iff `numel·element_size ≥ 1024` and it is not an
+///   `nn.Parameter` instance (a Linear's saved weight is `weight.t()`, a view: it moves; a norm's
+///   weight is the Parameter: it stays). Each moved tensor's device original stays in the
+///   `fwd_stash` until a later moved pack's id is 5 past its own (or backward's first hook
+///   clears it). In backward a node unpacking a moved tensor copies it back (`.to("cuda")`, its
+///   own size) unless the stash still has the original; the copies live until the next such
+///   node has run (its hook deletes the previous node's), the last ones until backward ends.
+/// - **save_on_cpu** (`torch.autograd.graph.save_on_cpu(pin_memory=True)`, torch 2.15
+///   `autograd/graph.py`) around the whole model call with HF's loss: every saved tensor moves;
+///   each node's unpacked copies live while it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offload {
+    pub kind: crate::estimator::config::ActOffload,
+    /// GPT-2's `Conv1D` (`addmm(bias, x, weight)` with `[in, out]` weights) saves the Parameter
+    /// itself, not a `t()` view: torchtune keeps it.
+    pub addmm_saves_parameter: bool,
+    /// gpt-oss's experts (`_grouped_mm` with `[E, in, out]` weights) save the Parameter itself.
+    pub grouped_mm_saves_parameter: bool,
+}
+
+/// torchtune's `min_offload_size`: smaller saved tensors stay on the device.
+pub const MIN_OFFLOAD_BYTES: u128 = 1024;
+/// torchtune's `max_fwd_stash_size`: a moved tensor's original is dropped from the stash when a
+/// later moved pack's id is this far past its own.
+pub const MAX_FWD_STASH: i64 = 5;
+
+impl Offload {
+    fn torchtune(&self) -> bool {
+        self.kind == crate::estimator::config::ActOffload::Torchtune
+    }
+    /// Whether op `i`'s saved tensors go through the hooks at all: torchtune's context is the
+    /// model call without the output head (`NoOpManager` around `lm_head`) and without the loss.
+    pub fn packs(&self, p: &Program, i: usize) -> bool {
+        if !self.torchtune() {
+            return true;
+        }
+        let op = &p.ops[i];
+        (i as u32) < p.loss_fn_from && !(op.module == "lm_head" || op.module.starts_with("lm_head."))
+    }
+    /// Whether the saved reference `s` of op `i` moves to the host (given that the op packs).
+    pub fn moves(&self, p: &Program, i: usize, t: Tid) -> bool {
+        if !self.torchtune() {
+            return true;
+        }
+        let x = &p.tensors[t as usize];
+        if x.bytes < MIN_OFFLOAD_BYTES {
+            return false;
+        }
+        match x.origin {
+            // The Parameter object itself (a norm's weight, GPT-2's Conv1D, gpt-oss's and Llama 4's
+            // experts) stays; a Linear's `weight.t()` (and the MoE experts' transposed views) moves.
+            Origin::Param { .. } => match p.ops[i].name {
+                "mm" => true,
+                "addmm" => !self.addmm_saves_parameter,
+                "_grouped_mm" => !self.grouped_mm_saves_parameter,
+                _ => false,
+            },
+            _ => true,
+        }
+    }
+}
+
+/// The bytes a program's forward pass copies to the host under `off`: every moved save, each
+/// at its own size (views of one storage are copied separately).
+pub fn offloaded_bytes(p: &Program, off: &Offload) -> u128 {
+    let mut total = 0;
+    for (i, op) in p.ops.iter().enumerate() {
+        if op.saved.1 == 0 || !off.packs(p, i) || p.regions.iter().any(|r| (r.first as usize..r.end as usize).contains(&i)) {
+            continue;
+        }
+        for s in p.saved(op) {
+            if off.moves(p, i, s.t) {
+                total += p.tensors[s.t as usize].bytes;
+            }
+        }
+    }
+    total
+}
+
+/// A run's offloading state (see [`Offload`]).
+#[derive(Default)]
+struct OffState {
+    /// torchtune's `tensor_id` of the last pack.
+    next_id: i64,
+    /// Per save (index into `Program::saves`): whether it moved, and its pack id.
+    moved: Vec<bool>,
+    id: Vec<i64>,
+    /// `fwd_stash`: (pack id, storage).
+    stash: Vec<(i64, u32)>,
+    /// `bwd_tensor_stash`: the copies brought back by the last node that unpacked a moved
+    /// tensor (stream id, bytes).
+    held: Vec<(u32, u128)>,
+    /// Host bytes alive now, at most, and copied in forward.
+    host: u128,
+    host_peak: u128,
+    copied: u128,
+}
+
 /// A gradient buffer.
 #[derive(Clone, Copy, Debug)]
 struct GBuf {
@@ -93,6 +198,8 @@ pub struct Run<'p, S: Sink> {
     /// (a parameter whose count is `u16::MAX` is stepped by another program: a tied head).
     hook: Option<StepHook>,
     remaining: Vec<u16>,
+    off: Option<Offload>,
+    os: OffState,
 }
 
 /// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
@@ -236,7 +343,117 @@ impl<'p, S: Sink> Run<'p, S> {
             fwd_end,
             counts,
         };
-        Run { p, sink, accumulate, backward: false, resident_grads: false, inputs: Vec::new(), b, hook: None, remaining: Vec::new() }
+        Run {
+            p,
+            sink,
+            accumulate,
+            backward: false,
+            resident_grads: false,
+            inputs: Vec::new(),
+            b,
+            hook: None,
+            remaining: Vec::new(),
+            off: None,
+            os: OffState::default(),
+        }
+    }
+
+    /// Offloads saved tensors as `off` says ([`Offload`]).
+    pub fn offload(&mut self, off: Offload) {
+        self.off = Some(off);
+        self.os.moved = vec![false; self.p.saves.len()];
+        self.os.id = vec![0; self.p.saves.len()];
+    }
+
+    /// Host bytes: copied in forward, and the most alive at once.
+    pub fn host_bytes(&self) -> (u128, u128) {
+        (self.os.copied, self.os.host_peak)
+    }
+
+    /// Drops one stash entry: its original goes unless something else holds it.
+    fn unstash(&mut self, b: u32, at: &At) {
+        let b = b as usize;
+        self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+        self.try_free(b, at);
+    }
+
+    /// Packs save `k` (index into `Program::saves`) of op `i`: kept on the device (a saved
+    /// reference), or copied to the host (torchtune: its original stashed).
+    fn pack(&mut self, i: usize, k: usize, off: Offload, at: &At) {
+        let p = self.p;
+        let t = p.saves[k].t;
+        let b = p.tensors[t as usize].base as usize;
+        self.os.next_id += 1;
+        let id = self.os.next_id;
+        if !off.moves(p, i, t) {
+            self.b.saves[b] += 1;
+            return;
+        }
+        let bytes = p.tensors[t as usize].bytes;
+        self.os.moved[k] = true;
+        self.os.id[k] = id;
+        self.os.host += bytes;
+        self.os.copied += bytes;
+        self.os.host_peak = self.os.host_peak.max(self.os.host);
+        if off.torchtune() {
+            while let Some(&(old, ob)) = self.os.stash.first() {
+                if old > id - MAX_FWD_STASH {
+                    break;
+                }
+                self.os.stash.remove(0);
+                self.unstash(ob, at);
+            }
+            self.os.stash.push((id, b as u32));
+            self.b.saves[b] += 1;
+        }
+    }
+
+    /// Brings op `i`'s moved tensors back for its node: a device copy each (its own size),
+    /// unless torchtune's stash still holds the original. Returns whether any was moved (the
+    /// node unpacks an offloaded tensor).
+    fn unpack(&mut self, i: usize, copies: &mut Vec<(u32, u128)>, at: &At) -> bool {
+        let p = self.p;
+        let op = &p.ops[i];
+        let mut any = false;
+        for k in op.saved.0 as usize..op.saved.0 as usize + op.saved.1 as usize {
+            if !self.os.moved[k] {
+                continue;
+            }
+            any = true;
+            let t = &p.tensors[p.saves[k].t as usize];
+            self.os.host = self.os.host.saturating_sub(t.bytes);
+            let id = self.os.id[k];
+            if self.os.stash.iter().any(|e| e.0 == id) {
+                continue;
+            }
+            let mut a = *at;
+            a.op = "_to_copy";
+            let sid = self.sink.alloc(t.bytes, t.dtype, Cat::Activations, &a);
+            copies.push((sid, t.bytes));
+        }
+        any
+    }
+
+    /// torchtune's hook after a node that unpacked a moved tensor: the stash is emptied and the
+    /// previous such node's copies go; this node's stay until the next one.
+    fn after_unpack(&mut self, copies: Vec<(u32, u128)>, at: &At) {
+        for (_, b) in std::mem::take(&mut self.os.stash) {
+            self.unstash(b, at);
+        }
+        for (sid, bytes) in std::mem::replace(&mut self.os.held, copies) {
+            self.sink.free(sid, bytes, Cat::Activations, at);
+        }
+    }
+
+    /// Backward has ended: torchtune's queued callback deletes the last copies (and what the
+    /// stash still holds).
+    fn end_unpacks(&mut self, at: &At) {
+        for (_, b) in std::mem::take(&mut self.os.stash) {
+            self.unstash(b, at);
+        }
+        for (sid, bytes) in std::mem::take(&mut self.os.held) {
+            self.sink.free(sid, bytes, Cat::Activations, at);
+        }
     }
 
     /// Steps each parameter inside backward once its last gradient has arrived ([`StepHook`]);
@@ -403,13 +620,29 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
             }
+            let hooked = self.off.filter(|o| self.b.region_of[i] == NONE && op.saved.1 > 0 && o.packs(p, i));
+            let saves = op.saved.0 as usize..op.saved.0 as usize + op.saved.1 as usize;
+            // An op's inputs are packed before it runs, its outputs after.
+            if let Some(o) = hooked {
+                for k in saves.clone() {
+                    if !p.outs(op).contains(&p.saves[k].t) {
+                        self.pack(i, k, o, &at);
+                    }
+                }
+            }
             for &t in p.outs(op) {
                 let b = p.tensors[t as usize].base as usize;
                 if b == t as usize && p.tensors[b].origin == Origin::Op {
                     self.alloc_storage(b, &at);
                 }
             }
-            if self.b.region_of[i] == NONE {
+            if let Some(o) = hooked {
+                for k in saves {
+                    if p.outs(op).contains(&p.saves[k].t) {
+                        self.pack(i, k, o, &at);
+                    }
+                }
+            } else if self.b.region_of[i] == NONE {
                 for s in p.saved(op) {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
@@ -541,6 +774,18 @@ impl<'p, S: Sink> Run<'p, S> {
         }
     }
 
+    /// Gives the program's outputs the gradients a later pipeline stage sent: alive already
+    /// (counted by the caller) and held by the caller's `backward(grad_tensors=…)` until
+    /// backward ends, so never freed (nor reused in place) here.
+    pub fn inject_held(&mut self) {
+        let p = self.p;
+        for &t in &p.outputs {
+            let x = &p.tensors[t as usize];
+            self.b.bufs.push(GBuf { id: NONE, bytes: x.bytes, refs: 2, cat: Cat::Transient });
+            self.b.grad[t as usize] = (self.b.bufs.len() - 1) as u32;
+        }
+    }
+
     /// Runs the backward pass.
     pub fn backward(&mut self) {
         let p = self.p;
@@ -560,6 +805,8 @@ impl<'p, S: Sink> Run<'p, S> {
             let runs = !op.node.is_empty() && has_grad;
             deliver.clear();
             let mut released = false;
+            let mut copies: Vec<(u32, u128)> = Vec::new();
+            let unpacked = runs && self.off.is_some() && self.unpack(i, &mut copies, &at);
             if runs {
                 let ins = p.ins(op);
                 temps.clear();
@@ -595,6 +842,12 @@ impl<'p, S: Sink> Run<'p, S> {
                         }
                     }
                 }
+                // save_on_cpu: the node's unpacked copies are its formula's locals.
+                if unpacked && !self.off.is_some_and(|o| o.torchtune()) {
+                    for (sid, bytes) in std::mem::take(&mut copies) {
+                        self.sink.free(sid, bytes, Cat::Activations, &at);
+                    }
+                }
                 // Incoming gradients go.
                 for &t in outs {
                     let g = self.b.grad[t as usize];
@@ -606,6 +859,9 @@ impl<'p, S: Sink> Run<'p, S> {
                 // Saved tensors go.
                 if !released && (r == NONE || self.b.recomputed[r as usize]) {
                     self.release_saved(i, &at);
+                }
+                if unpacked && self.off.is_some_and(|o| o.torchtune()) {
+                    self.after_unpack(copies, &at);
                 }
             } else if op.saved.1 > 0 {
                 skipped.push(i);
@@ -620,6 +876,10 @@ impl<'p, S: Sink> Run<'p, S> {
             }
         }
         self.b.skipped = skipped;
+        if self.off.is_some() {
+            let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
+            self.end_unpacks(&at);
+        }
     }
 
     /// The graph is freed when backward ends: the saved tensors of nodes that never ran and
@@ -649,7 +909,12 @@ impl<'p, S: Sink> Run<'p, S> {
 
     fn release_saved(&mut self, i: usize, at: &At) {
         let p = self.p;
-        for s in p.saved(&p.ops[i]) {
+        let first = p.ops[i].saved.0 as usize;
+        for (k, s) in p.saved(&p.ops[i]).iter().enumerate() {
+            // A moved tensor holds nothing on the device (its host copy goes with the node).
+            if self.os.moved.get(first + k).copied().unwrap_or(false) {
+                continue;
+            }
             let b = p.tensors[s.t as usize].base as usize;
             self.b.saves[b] = self.b.saves[b].saturating_sub(1);
             self.try_free(b, at);

@@ -679,6 +679,8 @@ pub fn Plan() -> impl IntoView {
                         <button type="button" data-testid="plan-export-csv" on:click=move |_| export(false)>"Download plans (CSV)"</button>
                         <button type="button" data-testid="plan-export-json" on:click=move |_| export(true)>"Download plans (JSON)"</button>
                     </div>
+                    <crate::ui::frameworks_client::ExportButtons id="plan-export-top" label="Download plan 1 to run as"
+                        config=Signal::derive(move || { version.get(); finished.with_value(|f| f.as_ref().and_then(|f| f.result.plans.first().map(|p| p.config.clone()))) })/>
                     <div class="plan-table-wrap" tabindex="0" role="region" aria-label="Ranked plans" inner_html=table></div>
                 </div>
             })}

@@ -603,6 +603,10 @@ pub enum Rms {
     /// Keeps the fp32 input (pow, mul), the rsqrt, and the normalized input in the input dtype
     /// (the weight's gradient). `variance` and the fp32 product live until the return.
     Llama,
+    /// [`Rms::Llama`] with the mean over all of a token's dims after `[b, s]`: a projection
+    /// laid out `[b, s, heads, d]` normalized as one row (MiniMax-M2's `q_norm`, `k_norm` over
+    /// the whole `q_proj`, `k_proj` outputs).
+    LlamaRows,
     /// `GemmaRMSNorm.forward` (Gemma, Gemma-2, Gemma-3):
     /// ```python
     /// output = self._norm(x.float())   # x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -653,14 +657,14 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>, form: Rms) -> Tid {
     let x32 = b.to_copy(x, Dt::F32);
     let sq = b.pow(x32);
     let var = match form {
-        Rms::WeightFirst { rows: true } => mean_rows(b, sq),
+        Rms::WeightFirst { rows: true } | Rms::LlamaRows => mean_rows(b, sq),
         _ => b.mean_last(sq),
     };
     let ve = b.add_scalar(var);
     let r = b.rsqrt(ve);
     let n32 = b.mul(x32, r);
     let y = match form {
-        Rms::Llama => {
+        Rms::Llama | Rms::LlamaRows => {
             let n = b.to_copy(n32, in_dt);
             let y = w.map_or(n, |w| b.mul(w, n));
             b.hold(var);

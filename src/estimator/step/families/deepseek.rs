@@ -207,6 +207,8 @@ pub struct MlaW {
     pub kv_b: Option<Tid>,
     pub o: Option<Tid>,
     pub o_bias: Option<Tid>,
+    /// DeepSeek-V3.2's indexer (registered after `o_proj`).
+    pub idx: super::deepseek_v32::IndexerW,
 }
 
 impl MlaW {
@@ -223,6 +225,7 @@ impl MlaW {
             kv_b: p.w(b, "layers.*.attn.kv_b_proj.weight"),
             o: p.w(b, "layers.*.attn.o_proj.weight"),
             o_bias: p.w(b, "layers.*.attn.o_proj.bias"),
+            idx: super::deepseek_v32::IndexerW::new(b, p),
         }
     }
 }
@@ -288,6 +291,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     let _ = spec;
     b.part = Part::AttentionInputs;
     let qshape = bshw(A, D);
+    let mut q_resid = None;
     let qs = match (w.q_a, w.q) {
         (Some(wa), _) => {
             b.module = "self_attn.q_a_proj";
@@ -296,6 +300,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
             b.module = "self_attn.q_a_layernorm";
             b.part = Part::Mla;
             let qn = rms_norm(b, qa, w.q_a_norm, Rms::Llama);
+            q_resid = Some(qn);
             b.module = "self_attn.q_b_proj";
             match w.q_b {
                 Some(wb) => b.proj(qn, wb, None, qshape, Linear::Q),
@@ -366,13 +371,19 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     let key0 = b.plain("new_empty", &[kvb], bhsw(A, D), Dt::Model);
     let key1 = copy_slice(b, key0, k_nope);
     let key = copy_slice(b, key1, k_rot_e);
+    // DeepSeek-V3.2: the indexer's top-k folded into the mask (`DeepseekV32Attention.forward`).
+    let sparse = match q_resid.filter(|_| spec.dsa.heads > 0) {
+        Some(qr) => super::deepseek_v32::sparse_mask(b, &w.idx, x, qr, sh),
+        None => None,
+    };
+    let mask = sparse.map_or(sh.mask, |(m, _)| Some(m));
     let eager = attn == Attention::Eager;
     let (o, weights) = if eager {
-        eager_core(b, query, key, value, sh.mask)
+        eager_core(b, query, key, value, mask)
     } else if b.c.cuda || spec.v_head_dim == spec.head_dim {
-        (flash_core(b, query, key, value), None)
+        (flash_core(b, query, key, value, sparse.map(|(m, _)| m)), None)
     } else {
-        (sdpa_math(b, query, key, value), None)
+        (sdpa_math(b, query, key, value, sparse.map(|(m, _)| m)), None)
     };
     b.part = Part::AttentionInputs;
     b.module = "self_attn.o_proj";
@@ -381,6 +392,9 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
         None => b.plain("mm", &[o], tok(Q::H), Dt::Model),
     };
     for t in [qs, q_rot, ckv, kvn, k_rot, query, key, kvb] {
+        b.hold(t);
+    }
+    for t in sparse.map(|(_, held)| held).into_iter().flatten() {
         b.hold(t);
     }
     (out, weights)
@@ -419,22 +433,29 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
 /// mask built (`ones(s, s).tril()`, `where(…, 0, -inf)`), the scores, `_safe_softmax`, the
 /// probabilities cast back (returned and dropped), the product with v, the output cast back;
 /// then the caller's `transpose(1, 2).contiguous()` copy. Returns `[b, s, a, d_v]`.
-fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -> Tid {
     // Under autocast SDPA runs in the lower precision: its inputs are cast first, and the ops
     // inside it run with autocast excluded (the math path upcasts them again).
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
     let autocast = std::mem::replace(&mut b.autocast, false);
     let out_dt = b.t(q).dt;
+    // A given bool mask (DeepSeek-V3.2's) is made additive in q's dtype before the kernel.
+    let given = bool_mask.map(|m| super::deepseek_v32::sdpa_float_mask(b, m, q));
     let q32 = b.to_copy(q, Dt::F32);
     let k32 = b.to_copy(k, Dt::F32);
     let v32 = b.to_copy(v, Dt::F32);
     let qs = b.mul_scalar(q32);
-    let ss = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
-    let ones = b.plain("ones", &[], ss, Dt::Bool);
-    let tril = b.plain("tril", &[ones], ss, Dt::Bool);
-    let zero = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::F32);
-    let ninf = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::F32);
-    let mask = b.plain("where", &[tril, zero, ninf], ss, Dt::F32);
+    let mask = match given {
+        Some(m) => m,
+        None => {
+            let ss = Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
+            let ones = b.plain("ones", &[], ss, Dt::Bool);
+            let tril = b.plain("tril", &[ones], ss, Dt::Bool);
+            let zero = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::F32);
+            let ninf = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::F32);
+            b.plain("where", &[tril, zero, ninf], ss, Dt::F32)
+        }
+    };
     let kt = b.view(k32, bhsw(A, D), "TransposeBackward0", false);
     let ks = b.mul_scalar(kt);
     let sc = b.bmm(qs, ks, super::super::blocks::shapes::scores());
@@ -461,9 +482,12 @@ fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
 /// the node keeps q, k, v, the output and the log-sum-exp; backward allocates dq, dk, dv (each
 /// like its input). The caller's `transpose(1, 2).contiguous()` copies the output (q is
 /// contiguous after its `cat`). Returns `[b, s, a, d_v]`.
-fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
+fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -> Tid {
     use super::super::ir::S;
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
+    // A given bool mask (DeepSeek-V3.2's): made additive in q's dtype, an input the kernel's
+    // node keeps.
+    let mask = bool_mask.map(|m| super::deepseek_v32::sdpa_float_mask(b, m, q));
     let rg = b.rg(q) || b.rg(k) || b.rg(v);
     let o = b.out(bhsw(A, DV), b.t(q).dt, rg);
     let lse = b.out(Shape::new(&[Dim::Q(Q::B), A, Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
@@ -476,14 +500,24 @@ fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid) -> Tid {
         }
     }
     bw.extend(grads);
-    let r = b.op(
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, k, v],
-        &[o, lse],
-        &[S::In(0), S::In(1), S::In(2), S::Out(0), S::Out(1)],
-        &bw,
-    );
+    let r = match mask {
+        None => b.op(
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "ScaledDotProductFlashAttentionForCpuBackward0",
+            &[q, k, v],
+            &[o, lse],
+            &[S::In(0), S::In(1), S::In(2), S::Out(0), S::Out(1)],
+            &bw,
+        ),
+        Some(m) => b.op(
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "ScaledDotProductFlashAttentionForCpuBackward0",
+            &[q, k, v, m],
+            &[o, lse],
+            &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
+            &bw,
+        ),
+    };
     let ot = b.view(r[0], bshw(A, DV), "TransposeBackward0", false);
     b.copy(ot, bshw(A, DV))
 }
@@ -509,7 +543,7 @@ pub fn layer(
 /// DeepSeek-V2/V3 (and Kimi K2, DeepSeek-V3's architecture): MLA attention, `first_k_dense_replace`
 /// dense layers, then MoE layers of routed and shared experts (configuration_deepseek_v3.py,
 /// configuration_deepseek_v2.py; modeling_deepseek_v3.py `DeepseekV3DecoderLayer`, `DeepseekV3MoE`).
-fn import(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+pub(super) fn import(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
     let v3 = t != "deepseek_v2";
     let d = |v2: u64, v3v: u64| if v3 { v3v } else { v2 };
     let mut m = fields::llama_like(
@@ -591,12 +625,17 @@ fn import(t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfE
                 .into(),
         );
     }
-    notes.extend(fields::mtp_note(f, if v3 { "DeepseekV3ForCausalLM" } else { "DeepseekV2ForCausalLM" })?);
+    let class = match t {
+        "deepseek_v2" => "DeepseekV2ForCausalLM",
+        "deepseek_v32" => "DeepseekV32ForCausalLM",
+        _ => "DeepseekV3ForCausalLM",
+    };
+    notes.extend(fields::mtp_note(f, class)?);
     Ok(m)
 }
 
 /// DeepSeek-V2/V3: MLA, `first_k_dense_replace` dense layers, routed and shared experts.
-fn config(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
+pub(super) fn config(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
     let mut w = writer::Writer::new(t);
     w.set("vocab_size", s.vocab)
         .set("hidden_size", s.hidden)
@@ -618,7 +657,7 @@ fn config(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
         .set("moe_intermediate_size", s.expert_ffn)
         .set("n_shared_experts", s.shared_experts)
         .set("first_k_dense_replace", s.dense_layers);
-    if t == "deepseek_v3" {
+    if t != "deepseek_v2" {
         w.set("n_group", s.router_groups).set("topk_group", s.router_group_topk);
     } else {
         w.set("mlp_bias", s.mlp_bias);
@@ -670,7 +709,15 @@ const fn mla(mut m: ModelSpec, q_lora_rank: u64) -> ModelSpec {
 /// DeepSeek-V3's architecture (also Kimi K2): MLA with r_q = 1536, `dense` dense layers of
 /// 18,432, then MoE layers of `experts` × 2,048 routed (top-8) + one shared expert, sigmoid
 /// router in fp32 with correction bias, group-limited over `groups` groups.
-const fn deepseek_v3(vocab: u64, heads: u64, experts: u64, dense: u64, groups: u64, topk_groups: u64, max_pos: u64) -> ModelSpec {
+pub(super) const fn deepseek_v3(
+    vocab: u64,
+    heads: u64,
+    experts: u64,
+    dense: u64,
+    groups: u64,
+    topk_groups: u64,
+    max_pos: u64,
+) -> ModelSpec {
     let mut m = mla(llama(vocab, 7168, 61, heads, heads, 18_432, max_pos), 1536);
     m.family = Family::DeepseekV3;
     m.experts = experts;

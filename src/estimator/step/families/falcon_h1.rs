@@ -151,3 +151,28 @@ impl Modeling for FalconH1 {
         layer(b, p, spec, x, sh, attn)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{decode_query, encode_query, Config};
+    use crate::estimator::family::Family;
+    use crate::estimator::presets::preset;
+    use crate::estimator::validate::unmodelled_feature;
+
+    /// The mixer's fields are keys of a link: a modified Falcon-H1 keeps them, and a link
+    /// that puts them on a family without a Mamba-2 layer is refused by name, not estimated as
+    /// that family.
+    #[test]
+    fn a_custom_falcon_h1_link_keeps_its_mixer_and_other_families_refuse_one() {
+        let mut arch = preset("falcon-h1-0.5b-instruct").expect("the preset exists").spec;
+        arch.ssm.state = 64;
+        let cfg = Config { model: "custom".into(), arch: arch.clone(), ..Config::default() };
+        let query = encode_query(&cfg);
+        assert!(query.contains("ssm_state=64") && query.contains("family=falcon_h1"), "{query}");
+        let back = decode_query(&query);
+        assert_eq!((back.config.arch, back.errors.len()), (arch.clone(), 0), "{query}");
+        assert_eq!(unmodelled_feature(&arch), None);
+        let llama = crate::estimator::model::ModelSpec { family: Family::Llama, ..arch };
+        assert!(unmodelled_feature(&llama).is_some_and(|f| f.contains("Mamba-2")));
+    }
+}

@@ -37,8 +37,11 @@
 //!
 //! [`ModelSpec`]: crate::estimator::model::ModelSpec
 
+pub mod apertus;
 pub mod common;
 pub mod deepseek;
+pub mod deepseek_v32;
+pub mod exaone4;
 pub mod falcon;
 pub mod falcon_h1;
 pub mod gemma;
@@ -48,6 +51,7 @@ pub mod gpt_oss;
 pub mod llama;
 pub mod llama4;
 pub mod mamba2;
+pub mod minimax_m2;
 pub mod mistral;
 pub mod mixtral;
 pub mod modeling;
@@ -104,6 +108,10 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::SeedOss => &seed_oss::SeedOss,
         Family::Olmo3 => &olmo::Olmo3,
         Family::FalconH1 => &falcon_h1::FalconH1,
+        Family::DeepseekV32 => &deepseek_v32::DeepseekV32,
+        Family::Exaone4 => &exaone4::Exaone4,
+        Family::Apertus => &apertus::Apertus,
+        Family::MinimaxM2 => &minimax_m2::MinimaxM2,
     }
 }
 

@@ -135,6 +135,12 @@ pub trait Modeling: Sync {
         false
     }
 
+    /// Whether a sigmoid router's `e_score_correction_bias` buffer is fp32 whatever the model
+    /// dtype (DeepSeek-V3's and GLM-4.5's routers create it with `dtype=torch.float32`).
+    fn router_bias_fp32(&self) -> bool {
+        true
+    }
+
     /// Whether this family's code builds exactly `spec`'s layout, features the estimator refuses
     /// elsewhere included (gpt-oss's sinks, Llama 4's experts): such a spec is accepted as it is.
     fn builds_own_layout(&self, spec: &ModelSpec) -> bool {

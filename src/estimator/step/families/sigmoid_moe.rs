@@ -53,7 +53,7 @@ impl SigmoidMoeW {
 
 /// `scores.gather(1, topk_indices)` into `[b, s, K]`: GatherBackward0 keeps the indices and
 /// scatters the gradient into zeros of the input (`new_zeros`, `scatter_add`).
-fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
+pub fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
     let (dt, rg, bytes, dtype) = (b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
     let out = b.out(tokens(&[Dim::X(X::K)]), dt, rg);
     let bw: &[B] = if rg {
