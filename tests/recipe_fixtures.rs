@@ -127,6 +127,10 @@ const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh", "qwen3_next", "qwen3_5_text", "
 /// Within ±0.5 %.
 const TOLERANCE: f64 = 0.005;
 
+/// The CPU bf16 `mm`'s packing workspace, at most 134 KiB (FINDINGS §15.1), which the compile
+/// records' peaks include and the estimator's do not.
+const MM_WORKSPACE_MAX: f64 = 134.0 * 1024.0;
+
 /// Activation-offloading records whose host bytes the estimator does not reach yet: (id prefix,
 /// recipe, residual), reported, not failed. Saved references that hold no device memory of
 /// their own without offloading (a Parameter, a second save of one storage) are missing from
@@ -214,9 +218,18 @@ fn every_recipe_record_is_estimated_within_half_a_percent_or_refused_by_name() {
                 let got = e.memory.peak as f64;
                 let rel = (got - want as f64) / want as f64;
                 line += &format!("  peak {got:>10} / {want:>10} {:+7.3} % ({})", rel * 100.0, e.memory.peak_op);
+                // The compile records predate the workspace split (FINDINGS §15.1): their peak
+                // counts kernel workspaces, which the estimator (the dispatch tracker's
+                // convention) does not — in bf16 the CPU mm's packing buffer (134 KiB at most)
+                // at lm_head's MmBackward0. Such a record may be under by at most that buffer.
+                let workspace =
+                    recipe == "compile=layer" && r["dtype"] == "bf16" && got <= want as f64 && want as f64 - got <= MM_WORKSPACE_MAX;
+                if workspace {
+                    line += " (under by the mm workspace)";
+                }
                 if let Some((_, _, why)) = pending_peak.filter(|_| rel.abs() > TOLERANCE) {
                     println!("pending: {id}: peak {got} vs {want} ({:+.3} %): {why}", rel * 100.0);
-                } else if rel.abs() > TOLERANCE {
+                } else if rel.abs() > TOLERANCE && !workspace {
                     failures.push(format!("{id}: peak {got} vs {want} ({:+.3} %) at {}", rel * 100.0, e.memory.peak_op));
                 }
             }

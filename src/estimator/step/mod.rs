@@ -11,6 +11,7 @@
 //!   (tested on every preset).
 
 pub mod blocks;
+pub mod compile;
 pub mod families;
 pub mod fast;
 pub mod ir;

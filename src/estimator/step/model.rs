@@ -457,9 +457,13 @@ impl<'a> Setup<'a> {
             b.begin_checkpoint_as(held, early_stop, sac)
         });
         let spec = &self.cfg.arch;
+        let first = b.next_op();
         let y = families::modeling_for(self.cfg.framework, spec.family).layer(b, p, spec, x, sh, kind, self.cfg.attn);
         if let Some(r) = region {
             b.end_checkpoint(r);
+        }
+        if self.compiled_layers() {
+            b.compile_region(first, b.next_op(), &[y]);
         }
         b.hold(x);
         y
@@ -544,7 +548,14 @@ impl<'a> Setup<'a> {
         b.module = "(root)";
         b.part = Part::Loss;
         let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
+        if spec.softcap && self.compiled_layers() {
+            // Measured only in the compiled runs (FINDINGS §15.1, gemma2): the eager
+            // soft-capping keeps two float64 0-dim scalars (16 B) beside its tanh result.
+            let f64s = [b.out(Shape::scalar(), Dt::F64, false), b.out(Shape::scalar(), Dt::F64, false)];
+            b.op("scalar_tensor", "", &[logits], &f64s, &[S::Out(0), S::Out(1)], &[]);
+        }
         b.p.loss_fn_from = b.next_op();
+        let loss_first = b.p.loss_fn_from;
         let lf = b.to_copy(logits, Dt::F32);
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
         let pad = b.plain("constant_pad_nd", &[labels], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
@@ -570,6 +581,17 @@ impl<'a> Setup<'a> {
         b.hold(pad);
         b.hold(logits);
         b.outputs(&[r[0]]);
+        if self.compiled_layers() {
+            let end = b.next_op();
+            b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8);
+            b.compile_region(loss_first, end, &[r[0]]);
+        }
+    }
+
+    /// `compile = true` with `compile_regions = layer`: each decoder layer and the loss are
+    /// compiled regions ([`super::compile`]).
+    fn compiled_layers(&self) -> bool {
+        self.cfg.compile && self.cfg.compile_regions == crate::estimator::config::CompileRegions::Layer
     }
 
     /// Fused linear cross-entropy (Liger): per chunk of rows, fp32 logits and their gradient
