@@ -105,24 +105,13 @@ fn config_of(doc: &Value, r: &Value) -> Result<Config, String> {
 /// Families the estimator refuses (as `tests/step_fixtures.rs` lists them: issue 10's refusals,
 /// issue 25's families measured with the estimator pending): every record of theirs must be
 /// refused, never estimated.
-const REFUSED: &[&str] = &[
-    "qwen3_next",
-    "qwen3_5_text",
-    "qwen3_5_moe_text",
-    "gpt2-tanh",
-    "deepseek_v32",
-    "seed_oss",
-    "olmo3",
-    "kimi_linear",
-    "falcon_h1",
-    "granitemoehybrid",
-];
+const REFUSED: &[&str] = &["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "falcon_h1", "granitemoehybrid"];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
 /// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`;
 /// the gated DeltaNet families' op-level SAC records (`recompute=op`) keep −3.5 % to −6.3 % less
 /// than measured (the gated DeltaNet's ops are not in the SAC policies yet).
-const ACCEPTED_PENDING: &[&str] = &["gpt2-tanh", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"];
+const ACCEPTED_PENDING: &[&str] = &["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"];
 
 /// Within ±0.5 %.
 const TOLERANCE: f64 = 0.005;
@@ -144,6 +133,9 @@ const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
     ("mixtral/", "act_offload", "the MoE routing's saved indices and views (−27 %)"),
     ("qwen2_moe/", "act_offload", "the MoE routing's saved indices and views"),
     ("qwen3_moe/", "act_offload", "the MoE routing's saved indices and views"),
+    // OLMo 3 in bf16: 8,192 B short on the host (its per-layer-type rotary pair, fp32, not found yet).
+    ("olmo3/b2/s64/bf16/", "act_offload", "−8,192 B"),
+    ("minimax_m2/", "act_offload", "the MoE routing's saved indices and views (−7 to −11 %)"),
 ];
 
 /// Activation-offloading records whose step peak the estimator does not reach yet: (id prefix,
