@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use trainmem::config::{self, Config};
+use trainmem::estimator::hf::fields::python_json;
 use trainmem::estimator::hf_export::{self, export};
 use trainmem::estimator::{hf, presets};
 use trainmem::verify::{self, FIELDS};
@@ -72,6 +73,8 @@ fn hf_fixtures() -> Vec<(String, Value)> {
         .filter_map(|e| e["file"].as_str())
         .map(|name| {
             let text = std::fs::read_to_string(dir.join(name)).expect("readable fixture");
+            // Read as the importer reads it: Python's `json` writes `Infinity` (Falcon-H1's time_step_limit).
+            let text = python_json(&text).expect("fixture is Python's JSON");
             (name.to_string(), serde_json::from_str(&text).expect("JSON fixture"))
         })
         .collect();
@@ -143,7 +146,9 @@ fn every_preset_exported_builds_its_exact_parameter_count_in_transformers() {
     let py = torch_python().unwrap_or("python3");
     let out = Command::new(py).arg(&script).stdin(std::fs::File::open(&input).expect("items")).output().expect("python runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).expect("the helper prints JSON");
+    // The helper echoes configs through Python's `json`, which writes `Infinity`.
+    let printed = python_json(&String::from_utf8_lossy(&out.stdout)).expect("the helper prints Python's JSON");
+    let results: Vec<Value> = serde_json::from_str(&printed).expect("the helper prints JSON");
     assert_eq!(results.len(), all.len());
     let mut failures = Vec::new();
     for (p, r) in all.iter().zip(&results) {
