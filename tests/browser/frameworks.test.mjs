@@ -139,6 +139,8 @@ test('a recipe sets its knobs, each can be changed after, and the configuration 
 
 test('the planner\'s top plan downloads as each framework\'s files', async () => {
   const { page, problems } = await openPage(browser, server.base + '?model=qwen2.5-0.5b&gpus=8&seq=1024');
+  // The planner is in the later panels' module: its button loads it.
+  await page.click('[data-testid=plan-open]');
   await page.waitForSelector('[data-testid=plan-run]');
   await page.fill('[data-testid=plan-global]', '32');
   await page.click('[data-testid=plan-run]');

@@ -15,7 +15,7 @@ after(async () => { await browser?.close(); server?.close(); });
 
 /** Strings of the importers and their parsers (yaml_serde, toml, shlex), found in the frameworks
  *  module's data and nowhere in the app's. */
-const MARKERS = ['did not find expected', 'no key says which framework wrote it', 'invalid table header'];
+const MARKERS = ['did not find expected', 'no key says which framework wrote it', 'missing assignment between key'];
 
 const HASHED = /-[0-9a-f]{12,16}(_bg)?\.(js|wasm|css|svg|png)(\.br|\.gz)?$/;
 // Files a host must find by a fixed name (the page, its service worker and manifest, and the

@@ -82,7 +82,8 @@ test('a row\'s link opens exactly that plan, which fits', async () => {
   // The page reads the link and writes back the same configuration.
   await opened.waitForFunction((q) => location.search === '?' + q, row.query);
   assert.equal(await opened.getAttribute('[data-testid=verdict]', 'data-fits'), 'true');
-  assert.equal(await opened.getAttribute('[data-testid=peak-bytes]', 'data-bytes'), String(plan2.memory));
+  // A plan's memory is the figure the verdict decides on: what nvidia-smi will show.
+  assert.equal(await opened.getAttribute('[data-testid=nvidia-smi-bytes]', 'data-bytes'), String(plan2.memory));
   assert.equal(await opened.inputValue('#in-batch'), String(plan2.knobs.batch));
   assert.equal(await opened.inputValue('#in-tp'), String(plan2.knobs.tp));
   assert.deepEqual([...problems, ...p2], []);

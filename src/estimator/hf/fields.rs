@@ -343,6 +343,19 @@ pub fn with_vocab(f: &Fields) -> Result<ModelSpec, HfError> {
     Ok(ModelSpec { vocab, ..default_spec() })
 }
 
+/// [`with_vocab`] and the sizes GPT-NeoX, OPT, Phi, StableLM and StarCoder2 read under the same
+/// names (`hidden_size`, `num_hidden_layers`, `num_attention_heads`, all required), with the
+/// residual and embedding dropout their modeling files apply.
+pub fn with_plain_sizes(f: &Fields) -> Result<ModelSpec, HfError> {
+    let mut m = with_vocab(f)?;
+    m.resid_dropout = true;
+    m.embed_dropout = true;
+    m.hidden = f.required(&["hidden_size"])?;
+    m.layers = f.required(&["num_hidden_layers"])?;
+    m.heads = f.required(&["num_attention_heads"])?;
+    Ok(m)
+}
+
 /// How a Llama-style class reads `intermediate_size` ([`llama_keys`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ffn {

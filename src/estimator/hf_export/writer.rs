@@ -85,6 +85,25 @@ pub fn llama_base(t: &str, s: &ModelSpec, act_key: &str) -> Option<Writer> {
     Some(w)
 }
 
+/// The sizes GPT-NeoX, Phi, StableLM and StarCoder2 read under the same names (`intermediate_size`,
+/// `hidden_act`; `num_key_value_heads` where the class has grouped queries); the family writes the
+/// rest. `None` for an activation no class names.
+pub fn plain_base(t: &str, s: &ModelSpec, kv_heads: bool) -> Option<Writer> {
+    let mut w = Writer::new(t);
+    w.set("vocab_size", s.vocab)
+        .set("hidden_size", s.hidden)
+        .set("num_hidden_layers", s.layers)
+        .set("num_attention_heads", s.heads)
+        .set("intermediate_size", s.ffn)
+        .set("hidden_act", act_name(s.act)?)
+        .set("tie_word_embeddings", s.tied)
+        .set("max_position_embeddings", s.max_pos);
+    if kv_heads {
+        w.set("num_key_value_heads", s.kv_heads);
+    }
+    Some(w)
+}
+
 /// Gemma-2's and Gemma-3's tanh soft-capping: the Gemma-2 checkpoints' values, or none.
 pub fn softcaps(w: &mut Writer, s: &ModelSpec) {
     const ATTN_SOFTCAP: f64 = 50.0;

@@ -52,7 +52,8 @@ pub const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u
         layers,
         heads,
         kv_heads,
-        head_dim: hidden / heads,
+        // An importer may pass a file's 0 heads; `fields::with_heads` refuses it after.
+        head_dim: if heads == 0 { 0 } else { hidden / heads },
         ffn,
         mlp: MlpKind::Gated,
         act: Activation::Silu,

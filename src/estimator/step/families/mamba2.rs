@@ -227,14 +227,11 @@ pub fn chunk_scan(b: &mut Builder, w: &MambaW, x: Tid, dt: Tid, a: Tid, bm: Tid,
     out
 }
 
-/// The mixer's forward up to the scan's output (`FalconH1Mixer.forward` /
-/// `GraniteMoeHybridMambaLayer.forward` before the gate): `in_proj` (Falcon-H1: of
-/// `x * ssm_in_multiplier`, times the `mup_vector` buffer), `A = -exp(A_log.float())`, the
-/// split into gate, xBC and dt, `causal_conv1d_fn` (`F.conv1d` of xBC `.to(weight.dtype)`,
-/// padding K_c − 1, sliced to s, SiLU, `.to(xBC.dtype)`), the split into x, B, C, and
-/// [`chunk_scan`]. Returns the scan's output viewed `[b, s, d_ssm]`, the gate, and the
-/// forward's other locals (held by the caller until the forward returns).
-pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid, Tid, [Tid; 8]) {
+/// The mixer's input projection and its `A` (shared by the torch fallback, [`mixer_scan`], and
+/// the fused kernel, [`mixer_fused`]): `in_proj` (Falcon-H1: of `x * ssm_in_multiplier`, times the
+/// `mup_vector` buffer) and `A = -exp(A_log.float())`. Returns `[b, s, D_in]`, `A` `[H]` fp32 and
+/// the projection's dtype.
+fn in_proj_and_a(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid, Tid, Dt) {
     let m = spec.ssm;
     b.module = "mamba";
     b.part = Part::AttentionInputs;
@@ -255,6 +252,19 @@ pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid
     let e = b.unary("exp", "ExpBackward0", af, Keep::Output, "mul");
     let a = b.unary("neg", "NegBackward0", e, Keep::Nothing, "neg");
     let pd = b.t(proj).dt;
+    (proj, a, pd)
+}
+
+/// The mixer's forward up to the scan's output (`FalconH1Mixer.forward` /
+/// `GraniteMoeHybridMambaLayer.forward` before the gate): `in_proj` (Falcon-H1: of
+/// `x * ssm_in_multiplier`, times the `mup_vector` buffer), `A = -exp(A_log.float())`, the
+/// split into gate, xBC and dt, `causal_conv1d_fn` (`F.conv1d` of xBC `.to(weight.dtype)`,
+/// padding K_c − 1, sliced to s, SiLU, `.to(xBC.dtype)`), the split into x, B, C, and
+/// [`chunk_scan`]. Returns the scan's output viewed `[b, s, d_ssm]`, the gate, and the
+/// forward's other locals (held by the caller until the forward returns).
+pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid, Tid, [Tid; 8]) {
+    let m = spec.ssm;
+    let (proj, a, pd) = in_proj_and_a(b, w, spec, x);
     let tok = |x: X| shape(&[BD, SD, Dim::X(x)]);
     let [gate, xbc, dt, _] = split_views(b, proj, &[tok(X::SsmInner), tok(X::SsmConvDim), tok(X::SsmHeads)]);
     let xbc_t = b.view(xbc, shape(&[BD, Dim::X(X::SsmConvDim), SD]), "TransposeBackward0", false);
@@ -321,25 +331,7 @@ pub fn gated_out(b: &mut Builder, w: &MambaW, y: Tid, gate: Tid, locals: [Tid; 8
 /// weights.
 pub fn mixer_fused(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> Tid {
     let m = spec.ssm;
-    b.module = "mamba";
-    b.part = Part::AttentionInputs;
-    let xs = if m.mup { b.mul_scalar(x) } else { x };
-    b.module = "mamba.in_proj";
-    let proj = b.linear(xs, w.in_w, w.in_b, shape(&[BD, SD, Dim::X(X::SsmIn)]));
-    b.module = "mamba";
-    b.part = Part::AttentionCore;
-    let proj = if m.mup {
-        let buf = b.external(shape(&[Dim::N(1), Dim::N(1), Dim::X(X::SsmIn)]), Dt::Resid, Origin::Buffer, false);
-        let y = b.mul(proj, buf);
-        b.hold(xs);
-        y
-    } else {
-        proj
-    };
-    let af = b.to_copy(w.a_log, Dt::F32);
-    let e = b.unary("exp", "ExpBackward0", af, Keep::Output, "mul");
-    let a = b.unary("neg", "NegBackward0", e, Keep::Nothing, "neg");
-    let pd = b.t(proj).dt;
+    let (proj, a, pd) = in_proj_and_a(b, w, spec, x);
     // out_x and rstd: made inside the node, kept by it (outputs of a no-grad helper here).
     let out_x = b.plain("_mamba_chunk_scan_combined_fwd", &[proj], shape(&[BD, SD, Dim::X(X::SsmInner)]), pd);
     let rstd = w.norm_w.map(|_| b.plain("_layer_norm_fwd", &[out_x], shape(&[BD, SD, Dim::N(m.groups.max(1) as u32)]), Dt::F32));

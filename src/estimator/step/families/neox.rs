@@ -110,12 +110,7 @@ pub struct GptNeox;
 impl Modeling for GptNeox {
     /// `GPTNeoXConfig`: fused `query_key_value`, `attention_bias`, partial RoPE (`rotary_pct`), parallel residual by default.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
-        let mut m = fields::with_vocab(f)?;
-        m.resid_dropout = true;
-        m.embed_dropout = true;
-        m.hidden = f.required(&["hidden_size"])?;
-        m.layers = f.required(&["num_hidden_layers"])?;
-        m.heads = f.required(&["num_attention_heads"])?;
+        let mut m = fields::with_plain_sizes(f)?;
         m.kv_heads = m.heads;
         m.head_dim = m.hidden / m.heads.max(1);
         m.ffn = f.required(&["intermediate_size"])?;
@@ -134,17 +129,8 @@ impl Modeling for GptNeox {
         fields::with_heads(m)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
-        writer::Writer::new("gpt_neox")
-            .set("vocab_size", s.vocab)
-            .set("hidden_size", s.hidden)
-            .set("num_hidden_layers", s.layers)
-            .set("num_attention_heads", s.heads)
-            .set("intermediate_size", s.ffn)
-            .set("hidden_act", act)
-            .set("attention_bias", s.qkv_bias)
-            .set("tie_word_embeddings", s.tied)
-            .set("max_position_embeddings", s.max_pos)
+        let Some(mut w) = writer::plain_base("gpt_neox", s, false) else { return Vec::new() };
+        w.set("attention_bias", s.qkv_bias)
             .set("partial_rotary_factor", writer::rotary_fraction(s))
             .set("use_parallel_residual", s.parallel)
             .done()

@@ -100,12 +100,7 @@ pub struct Opt;
 impl Modeling for Opt {
     /// `OPTConfig`: `ffn_dim`, `activation_function` (ReLU), LayerNorm per `layer_norm_elementwise_affine`/`enable_bias`, learned positions with 2 extra rows, `word_embed_proj_dim`, post-norm (`do_layer_norm_before: false`) without a final norm.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
-        let mut m = fields::with_vocab(f)?;
-        m.resid_dropout = true;
-        m.embed_dropout = true;
-        m.hidden = f.required(&["hidden_size"])?;
-        m.layers = f.required(&["num_hidden_layers"])?;
-        m.heads = f.required(&["num_attention_heads"])?;
+        let mut m = fields::with_plain_sizes(f)?;
         m.kv_heads = m.heads;
         m.head_dim = m.hidden / m.heads.max(1);
         m.ffn = f.required(&["ffn_dim"])?;

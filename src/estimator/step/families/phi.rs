@@ -144,12 +144,7 @@ pub struct Phi;
 impl Modeling for Phi {
     /// `PhiConfig`: one LayerNorm per parallel block, biases everywhere, partial RoPE, `qk_layernorm`.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
-        let mut m = fields::with_vocab(f)?;
-        m.resid_dropout = true;
-        m.embed_dropout = true;
-        m.hidden = f.required(&["hidden_size"])?;
-        m.layers = f.required(&["num_hidden_layers"])?;
-        m.heads = f.required(&["num_attention_heads"])?;
+        let mut m = fields::with_plain_sizes(f)?;
         m.kv_heads = f.uint_or("num_key_value_heads", m.heads)?;
         m.head_dim = m.hidden / m.heads.max(1);
         m.ffn = f.required(&["intermediate_size"])?;
@@ -171,18 +166,8 @@ impl Modeling for Phi {
         fields::with_heads(m)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
-        writer::Writer::new("phi")
-            .set("vocab_size", s.vocab)
-            .set("hidden_size", s.hidden)
-            .set("num_hidden_layers", s.layers)
-            .set("num_attention_heads", s.heads)
-            .set("num_key_value_heads", s.kv_heads)
-            .set("intermediate_size", s.ffn)
-            .set("hidden_act", act)
-            .set("tie_word_embeddings", s.tied)
-            .set("max_position_embeddings", s.max_pos)
-            .set("partial_rotary_factor", writer::rotary_fraction(s))
+        let Some(mut w) = writer::plain_base("phi", s, true) else { return Vec::new() };
+        w.set("partial_rotary_factor", writer::rotary_fraction(s))
             .set("qk_layernorm", s.qk_norm == QkNorm::Head)
             .done()
             .into_iter()

@@ -542,28 +542,41 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
     decoder_layer(b, p, x, Norm::Rms(Rms::Gemma), mixer, ffn)
 }
 
-/// Qwen3-Next-80B-A3B: 48 layers of h 2048 (three gated DeltaNet layers, then one gated
-/// attention layer, repeated), 16 query / 2 KV heads of 256 with a quarter rotary, DeltaNet of
-/// 16 key heads × 128 and 32 value heads × 128 (conv 4), 512 experts (top 10) of 512 and a gated
-/// shared expert of 512, vocab 151,936, untied.
-fn qwen3_next_80b() -> ModelSpec {
-    let mut m = llama(151_936, 2048, 48, 16, 2, 5120, 262_144);
-    m.family = Family::Qwen3Next;
+/// What every Qwen3-Next / Qwen3.5 checkpoint shares: heads of 256 with a quarter rotary, q/k
+/// norms per head, the gated attention's output gate, gated DeltaNet key/value heads of 128 with a
+/// conv of 4, and three DeltaNet layers to each full-attention layer (`layer_types`).
+fn hybrid(family: Family, base: ModelSpec, k_heads: u64, v_heads: u64, split: bool) -> ModelSpec {
+    let mut m = base;
+    m.family = family;
     m.head_dim = 256;
     m.rotary_pct = 25;
     m.qk_norm = QkNorm::Head;
     m.attn_gate = true;
-    m.experts = 512;
-    m.top_k = 10;
+    m.gdn = Gdn { k_heads, v_heads, k_dim: 128, v_dim: 128, conv: 4, split };
+    m.linear_layers = LayerRule::AllBut { step: 4, offset: 3 };
+    m
+}
+
+/// A fused-expert MoE on every layer with one gated shared expert, experts and shared expert of 512.
+fn hybrid_moe(mut m: ModelSpec, experts: u64, top_k: u64) -> ModelSpec {
+    m.experts = experts;
+    m.top_k = top_k;
     m.expert_ffn = 512;
     m.fused_experts = true;
     m.shared_experts = 1;
     m.shared_ffn = 512;
     m.shared_gate = true;
     m.moe_rule = LayerRule::All;
-    m.gdn = Gdn { k_heads: 16, v_heads: 32, k_dim: 128, v_dim: 128, conv: 4, split: false };
-    m.linear_layers = LayerRule::AllBut { step: 4, offset: 3 };
     m
+}
+
+/// Qwen3-Next-80B-A3B: 48 layers of h 2048 (three gated DeltaNet layers, then one gated
+/// attention layer, repeated), 16 query / 2 KV heads of 256 with a quarter rotary, DeltaNet of
+/// 16 key heads × 128 and 32 value heads × 128 (conv 4), 512 experts (top 10) of 512 and a gated
+/// shared expert of 512, vocab 151,936, untied.
+fn qwen3_next_80b() -> ModelSpec {
+    let m = hybrid(Family::Qwen3Next, llama(151_936, 2048, 48, 16, 2, 5120, 262_144), 16, 32, false);
+    hybrid_moe(m, 512, 10)
 }
 
 /// `layer_types` as the gated DeltaNet layers (`linear_attention`); every other entry must be
@@ -740,38 +753,15 @@ pub struct Qwen35 {
 /// gated attention layer, repeated), 24 query / 4 KV heads of 256 with a quarter rotary, DeltaNet
 /// of 16 key heads × 128 and 48 value heads × 128, a dense SwiGLU of 17,408, vocab 248,320.
 fn qwen35_27b() -> ModelSpec {
-    let mut m = llama(248_320, 5120, 64, 24, 4, 17_408, 262_144);
-    m.family = Family::Qwen35Text;
-    m.head_dim = 256;
-    m.rotary_pct = 25;
-    m.qk_norm = QkNorm::Head;
-    m.attn_gate = true;
-    m.gdn = Gdn { k_heads: 16, v_heads: 48, k_dim: 128, v_dim: 128, conv: 4, split: true };
-    m.linear_layers = LayerRule::AllBut { step: 4, offset: 3 };
-    m
+    hybrid(Family::Qwen35Text, llama(248_320, 5120, 64, 24, 4, 17_408, 262_144), 16, 48, true)
 }
 
 /// Qwen3.5-35B-A3B's language model: 40 layers of h 2048, 16 query / 2 KV heads of 256,
 /// DeltaNet of 16 key heads × 128 and 32 value heads × 128, 256 experts (top 8) of 512 and a
 /// gated shared expert of 512 on every layer.
 fn qwen35_35b_a3b() -> ModelSpec {
-    let mut m = llama(248_320, 2048, 40, 16, 2, 0, 262_144);
-    m.family = Family::Qwen35MoeText;
-    m.head_dim = 256;
-    m.rotary_pct = 25;
-    m.qk_norm = QkNorm::Head;
-    m.attn_gate = true;
-    m.experts = 256;
-    m.top_k = 8;
-    m.expert_ffn = 512;
-    m.fused_experts = true;
-    m.shared_experts = 1;
-    m.shared_ffn = 512;
-    m.shared_gate = true;
-    m.moe_rule = LayerRule::All;
-    m.gdn = Gdn { k_heads: 16, v_heads: 32, k_dim: 128, v_dim: 128, conv: 4, split: true };
-    m.linear_layers = LayerRule::AllBut { step: 4, offset: 3 };
-    m
+    let m = hybrid(Family::Qwen35MoeText, llama(248_320, 2048, 40, 16, 2, 0, 262_144), 16, 32, true);
+    hybrid_moe(m, 256, 8)
 }
 
 impl Modeling for Qwen35 {

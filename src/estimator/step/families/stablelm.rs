@@ -148,18 +148,8 @@ impl Modeling for Stablelm {
         fields::with_heads(m)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
-        writer::Writer::new("stablelm")
-            .set("vocab_size", s.vocab)
-            .set("hidden_size", s.hidden)
-            .set("num_hidden_layers", s.layers)
-            .set("num_attention_heads", s.heads)
-            .set("num_key_value_heads", s.kv_heads)
-            .set("intermediate_size", s.ffn)
-            .set("hidden_act", act)
-            .set("use_qkv_bias", s.qkv_bias)
-            .set("tie_word_embeddings", s.tied)
-            .set("max_position_embeddings", s.max_pos)
+        let Some(mut w) = writer::plain_base("stablelm", s, true) else { return Vec::new() };
+        w.set("use_qkv_bias", s.qkv_bias)
             .set("partial_rotary_factor", writer::rotary_fraction(s))
             .set("use_parallel_residual", s.parallel)
             .set("qk_layernorm", s.qk_norm == QkNorm::PerHead)

@@ -98,12 +98,7 @@ pub struct Starcoder2;
 impl Modeling for Starcoder2 {
     /// `Starcoder2Config`: LayerNorm, `use_bias`, a plain MLP, `sliding_window` on every layer (null: none).
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
-        let mut m = fields::with_vocab(f)?;
-        m.resid_dropout = true;
-        m.embed_dropout = true;
-        m.hidden = f.required(&["hidden_size"])?;
-        m.layers = f.required(&["num_hidden_layers"])?;
-        m.heads = f.required(&["num_attention_heads"])?;
+        let mut m = fields::with_plain_sizes(f)?;
         m.kv_heads = f.uint_or("num_key_value_heads", 2)?;
         m.head_dim = m.hidden / m.heads.max(1);
         m.ffn = f.required(&["intermediate_size"])?;
@@ -121,18 +116,8 @@ impl Modeling for Starcoder2 {
         fields::with_heads(m)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
-        writer::Writer::new("starcoder2")
-            .set("vocab_size", s.vocab)
-            .set("hidden_size", s.hidden)
-            .set("num_hidden_layers", s.layers)
-            .set("num_attention_heads", s.heads)
-            .set("num_key_value_heads", s.kv_heads)
-            .set("intermediate_size", s.ffn)
-            .set("hidden_act", act)
-            .set("use_bias", s.qkv_bias)
-            .set("tie_word_embeddings", s.tied)
-            .set("max_position_embeddings", s.max_pos)
+        let Some(mut w) = writer::plain_base("starcoder2", s, true) else { return Vec::new() };
+        w.set("use_bias", s.qkv_bias)
             // Every layer attends through `sliding_window` (null: none).
             .set("sliding_window", if s.window_layers == LayerRule::All && s.window > 0 { Value::from(s.window) } else { Value::Null })
             .done()
