@@ -162,7 +162,7 @@ pub fn Frameworks() -> impl IntoView {
         std::iter::once("auto")
             .chain(import_formats())
             .map(|f| {
-                let text = if f == "auto" { "detect from file" } else { f };
+                let text = if f == "auto" { "auto-detect" } else { f };
                 view! { <option value=f selected=move || current.with(|c| c == f || (c.is_empty() && f == "auto"))>{text}</option> }
             })
             .collect_view()
