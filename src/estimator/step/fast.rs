@@ -7,7 +7,7 @@
 
 use super::families::{Kind, Shared};
 use super::ir::{Dt, Origin, Program, Shape, Tid};
-use super::model::{optimizer_events, optimizer_params, resident_grads, Setup};
+use super::model::{forward_and_backward, optimizer_events, optimizer_params, resident_grads, Setup};
 use super::run::{Accumulate, At, Run, NO_LAYER};
 use super::stream::{Cat, Phase};
 use crate::estimator::activations::ctx::Q;
@@ -686,23 +686,7 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
         .collect();
     let segs = pieces.iter().map(|&piece| Coarse { piece, live: 0, cats: [0; 3], at: None }).collect();
     let sink = Coarser { t: Tracker::default(), segs, cur: 0, layers: n };
-    let mut run = Run::new(&prog, sink, setup.accumulate);
-    if resident_grads(setup.cfg) {
-        run.grads_resident();
-    }
-    if let Some(hook) = setup.step_hook() {
-        run.step_in_backward(hook, &[]);
-    }
-    if let Some(off) = setup.offload() {
-        run.offload(off);
-    }
-    run.forward();
-    run.end_forward();
-    run.inject(true);
-    run.backward();
-    run.release_graph();
-    run.finish_backward();
-    let mut sink = run.into_sink();
+    let mut sink = forward_and_backward(setup, &prog, sink).into_sink();
     let last = sink.segs.len() - 1;
     sink.enter(last - 2);
     if setup.step_hook().is_none() {

@@ -906,10 +906,13 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
     simulate_program(cfg, recipe, &setup, &prog, resident, other_temp)
 }
 
-/// [`simulate_stage`] of a stage's program already built (`setup.whole()`).
-pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Program, resident: Resident, other_temp: Bytes) -> Stream {
-    let mut run = Run::new(prog, Collector::with_capacity(EVENTS_PER_TENSOR * prog.tensors.len()), setup.accumulate);
-    if resident_grads(cfg) {
+/// A stage's whole program run through forward and backward into `sink`, as the stage's setup
+/// asks (gradients resident, the optimizer step in backward's hooks, activation offloading):
+/// what [`simulate_program`] and the coarse whole-stage run of `fast.rs` both step through
+/// before the optimizer.
+pub fn forward_and_backward<'p, S: Sink>(setup: &Setup, prog: &'p Program, sink: S) -> Run<'p, S> {
+    let mut run = Run::new(prog, sink, setup.accumulate);
+    if resident_grads(setup.cfg) {
         run.grads_resident();
     }
     if let Some(hook) = setup.step_hook() {
@@ -924,6 +927,12 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     run.backward();
     run.release_graph();
     run.finish_backward();
+    run
+}
+
+/// [`simulate_stage`] of a stage's program already built (`setup.whole()`).
+pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Program, resident: Resident, other_temp: Bytes) -> Stream {
+    let run = forward_and_backward(setup, prog, Collector::with_capacity(EVENTS_PER_TENSOR * prog.tensors.len()));
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
     if !cfg.optim_in_bwd {
