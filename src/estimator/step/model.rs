@@ -936,7 +936,7 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
     if !cfg.optim_in_bwd {
-        let numels = optimizer_params(prog, DType::of(crate::estimator::precision::trainable_recipe(cfg, recipe).weight));
+        let numels = optimizer_params(prog, setup.optimizer_weight());
         optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
     }
     let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };
