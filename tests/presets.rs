@@ -68,6 +68,7 @@ const COUNTED: &[(&str, u64)] = &[
     ("exaone-4.0-32b", 32_003_216_384),                      // 32.0 B
     ("apertus-8b-2509", 8_053_338_176),                      // 8 B
     ("minimax-m2.5", 228_689_748_992),                       // 230 B total / 10 B active, MTP modules excluded
+    ("kimi-linear-48b-a3b", 49_122_675_072),                 // 48 B total / 3 B active (transformers 5.24 on the meta device)
 ];
 
 #[test]

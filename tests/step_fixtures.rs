@@ -80,7 +80,6 @@ fn modelled(r: &Value) -> bool {
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
-    "kimi_linear",
     "granitemoehybrid",
 ];
 

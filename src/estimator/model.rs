@@ -630,6 +630,10 @@ impl Dsa {
     pub const NONE: Dsa = Dsa { heads: 0, head_dim: 0, topk: 0 };
 }
 
+/// Kimi Linear's forget-gate bias (`KimiLinearForgetGate.dt_bias`), kept in fp32 in every model
+/// dtype (`_keep_in_fp32_modules_strict`).
+pub const KDA_DT_BIAS: &str = "layers.*.linear_attn.forget_gate.dt_bias";
+
 /// The prefix of the indexer's tensors, which get no gradient ([`Dsa`]).
 pub const INDEXER_PREFIX: &str = "layers.*.attn.indexer.";
 
@@ -1063,7 +1067,9 @@ impl ModelSpec {
         if self.ssm.heads > 0 {
             self.push_ssm(&mut g);
         }
-        if self.gdn.k_heads > 0 {
+        if self.gdn.k_heads > 0 && self.family == Family::KimiLinear {
+            self.push_kda(&mut g);
+        } else if self.gdn.k_heads > 0 {
             self.push_gdn(&mut g);
         }
 
@@ -1147,6 +1153,44 @@ impl ModelSpec {
         add("layers.*.linear_attn.out_proj.weight", vec![h, m.value_width()]);
     }
 
+    /// Kimi Delta Attention's tensors on its layers (transformers 5.24 `modeling_kimi_linear.py`
+    /// `KimiLinearDeltaAttention.__init__`, H = `gdn.v_heads` heads of K = `gdn.v_dim`, named
+    /// parameters' order: q/k/v_proj [HK, h], conv1d [3HK, 1, Kc], the forget gate's own
+    /// `dt_bias` [HK] and `A_log` [1, 1, H, 1] before its `f_a_proj` [K, h] and `f_b_proj`
+    /// [HK, K], `b_proj` [H, h], `g_a_proj` [K, h], `g_b_proj` [HK, K], `o_norm` [K],
+    /// `o_proj` [h, HK]).
+    fn push_kda(&self, g: &mut Vec<TensorGroup>) {
+        let (h, m) = (self.hidden, self.gdn);
+        let (l, hk, k) = (self.linear_attention_layers(), m.value_width(), m.v_dim);
+        let mut add = |name: &'static str, shape: Vec<u64>, linear: Option<Linear>| {
+            if l > 0 {
+                g.push(TensorGroup {
+                    name,
+                    shape,
+                    count: l,
+                    tensors_per_instance: 1,
+                    part: Part::Attention,
+                    split: Split::Replicated,
+                    linear,
+                    per_layer: 0,
+                });
+            }
+        };
+        add("layers.*.linear_attn.q_proj.weight", vec![hk, h], Some(Linear::Q));
+        add("layers.*.linear_attn.k_proj.weight", vec![hk, h], Some(Linear::K));
+        add("layers.*.linear_attn.v_proj.weight", vec![hk, h], Some(Linear::V));
+        add("layers.*.linear_attn.conv1d.weight", vec![m.conv_dim(), 1, m.conv], None);
+        add(KDA_DT_BIAS, vec![hk], None);
+        add("layers.*.linear_attn.forget_gate.A_log", vec![1, 1, m.v_heads, 1], None);
+        add("layers.*.linear_attn.forget_gate.f_a_proj.weight", vec![k, h], None);
+        add("layers.*.linear_attn.forget_gate.f_b_proj.weight", vec![hk, k], None);
+        add("layers.*.linear_attn.b_proj.weight", vec![m.v_heads, h], None);
+        add("layers.*.linear_attn.g_a_proj.weight", vec![k, h], None);
+        add("layers.*.linear_attn.g_b_proj.weight", vec![hk, k], None);
+        add("layers.*.linear_attn.o_norm.weight", vec![k], None);
+        add("layers.*.linear_attn.o_proj.weight", vec![h, hk], Some(Linear::O));
+    }
+
     /// The Mamba-2 mixer's tensors on every layer (`FalconH1Mixer.__init__`, registration
     /// order: conv1d, in_proj, dt_bias, A_log, norm, D, out_proj).
     fn push_ssm(&self, g: &mut Vec<TensorGroup>) {
@@ -1179,7 +1223,8 @@ impl ModelSpec {
     /// down-projections `q_a_proj` and `kv_a_proj_with_mqa` are whole on every rank, the
     /// up-projections column-parallel, `o_proj` row-parallel.
     fn push_mla(&self, g: &mut Vec<TensorGroup>) {
-        let (h, l, a) = (self.hidden, self.layers, self.heads);
+        // Kimi Linear: MLA on its full-attention layers only.
+        let (h, l, a) = (self.hidden, self.attention_layers(), self.heads);
         let (rq, rkv, dr, dv) = (self.q_lora_rank, self.kv_lora_rank, self.qk_rope_dim, self.v_head_dim);
         let mut add = |name, shape: Vec<u64>, split, linear| {
             if shape.iter().all(|&d| d > 0) {

@@ -9,7 +9,7 @@
 use super::config::{Config, Fp8, Offload, OptimImpl, Optimizer, QloraQuant, Zero};
 use super::expr::{Expr, Sym};
 use super::ledger::{Category, Row, RowId};
-use super::model::INDEXER_PREFIX;
+use super::model::{INDEXER_PREFIX, KDA_DT_BIAS};
 use super::optimizer;
 use super::params::{elements, tensor_count, LocalGroup, Role};
 use super::precision::{Recipe, FP32_BYTES};
@@ -49,17 +49,19 @@ fn sharded(groups: &[LocalGroup], role: Role, sym: Sym, shards: &Shards) -> Expr
 }
 
 /// Ψ_R: trainable parameters that the model creates and keeps in fp32 whatever the recipe.
-pub const PSI_R: Sym = Sym::new("Ψ", "R", "router weights kept in fp32 (DeepSeek-V2/V3, GLM-4.5)");
+pub const PSI_R: Sym = Sym::new("Ψ", "R", "parameters kept in fp32: routers (DeepSeek-V2/V3, GLM-4.5), Kimi Linear's dt_bias");
 /// Ψ_T∖R: the other trainable parameters (those in the recipe's dtypes).
 pub const PSI_T_REST: Sym = Sym::new("Ψ", "T∖R", "trainable parameters other than the fp32 router weights");
 /// The router weight's tensor-table name.
 const ROUTER_WEIGHT: &str = "layers.*.mlp.router.weight";
 
-/// Whether a group is a router weight that the model keeps in fp32 (`router_fp32`: the
-/// `torch.float32` weight of `DeepseekV3TopkRouter`, `DeepseekV2Moe.gate`, `Glm4MoeTopkRouter`,
-/// listed in `_keep_in_fp32_modules_strict`, so `model.to(torch.bfloat16)` leaves it fp32).
+/// Whether a group is a parameter that the model keeps in fp32: a router weight (`router_fp32`:
+/// the `torch.float32` weight of `DeepseekV3TopkRouter`, `DeepseekV2Moe.gate`,
+/// `Glm4MoeTopkRouter`) or Kimi Linear's forget-gate `dt_bias`, both listed in
+/// `_keep_in_fp32_modules_strict`, so `model.to(torch.bfloat16)` leaves them fp32.
 fn fp32_kept(cfg: &Config, g: &LocalGroup) -> bool {
-    cfg.arch.router_fp32 && g.role == Role::Trainable && g.group.name == ROUTER_WEIGHT
+    let name = g.group.name;
+    g.role == Role::Trainable && ((cfg.arch.router_fp32 && name == ROUTER_WEIGHT) || name == KDA_DT_BIAS)
 }
 
 /// A weights or gradients row with the fp32-kept router split out when the recipe's type per

@@ -273,14 +273,22 @@ fn split_by_attention(
                 .iter()
                 .find(|(k, v)| *k == kind && (v.sliding != var.sliding || v.linear != var.linear) && (!same_rope || v.nope == var.nope))
         };
-        let Some(&(_, other)) = other_type(true).or_else(|| other_type(false)) else {
-            continue;
+        // Kimi Linear: the first layer's kind has one attention type only (its dense layer is
+        // KDA); its terms common to every layer pair with the other type's, in another kind.
+        let across = if vi == 0 { variants.iter().find(|(_, v)| v.sliding != var.sliding || v.linear != var.linear) } else { None };
+        let (other_kind, other, all_only) = match other_type(true).or_else(|| other_type(false)) {
+            Some(&(_, other)) => (kind, other, false),
+            None => match across {
+                Some(&(k, other)) => (k, other, true),
+                None => continue,
+            },
         };
         if !first_of_kind {
             continue;
         }
-        let here = terms_of(kind, var);
-        let mut only_there = terms_of(kind, other);
+        let only_all = |v: Vec<Term>| -> Vec<Term> { v.into_iter().filter(|t| !all_only || t.1 == Group::All).collect() };
+        let here = only_all(terms_of(kind, var));
+        let mut only_there = only_all(terms_of(other_kind, other));
         let mut only_here = Vec::new();
         for term in here {
             match only_there.iter().position(|o| o.0 == term.0 && o.1 == term.1 && o.2 == term.2) {

@@ -89,6 +89,9 @@ impl Shared {
         v.cos_local = None;
         v.sin_local = None;
         v.linear = var.linear;
+        if var.linear {
+            v.mask = None;
+        }
         if var.nope {
             v.cos = None;
             v.sin = None;
@@ -101,7 +104,9 @@ impl Shared {
         let local_rope = var.sliding && self.cos_local.is_some();
         for (i, t) in self.slots().into_iter().enumerate() {
             let reads = match i {
-                3 | 4 => (i == 4) == (var.sliding && self.mask_local.is_some()),
+                // A linear-attention layer gets no attention mask (Kimi Linear's and Qwen3-Next's
+                // `linear_attention` layers are handed the recurrent mask, None without padding).
+                3 | 4 => !var.linear && (i == 4) == (var.sliding && self.mask_local.is_some()),
                 0 | 1 => !local_rope && !var.nope,
                 5 | 6 => local_rope && !var.nope,
                 _ => true,

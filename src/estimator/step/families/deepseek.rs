@@ -320,7 +320,10 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     b.part = Part::AttentionCore;
     let q4 = b.view(qs, bshw(A, D), "ViewBackward0", true);
     let qt = b.view(q4, bhsw(A, D), "TransposeBackward0", false);
-    let (q_pass, q_rot) = split2(b, qt, bhsw(A, DN), bhsw(A, DR));
+    // Kimi Linear's NoPE MLA (`KimiLinearAttention.forward`): no rotary tables, the query used
+    // as projected (its transposed view), neither split nor concatenated.
+    let nope = sh.cos.is_none();
+    let (q_pass, q_rot) = if nope { (qt, qt) } else { split2(b, qt, bhsw(A, DN), bhsw(A, DR)) };
     b.part = Part::AttentionInputs;
     b.module = "self_attn.kv_a_proj_with_mqa";
     let ckv = match w.kv_a {
@@ -353,7 +356,13 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
         }
         _ => (q_rot, k_rot),
     };
-    let query = cat_promote(b, q_pass, q_rot, bhsw(A, D));
+    let eager = attn == Attention::Eager;
+    let query = match nope {
+        // matmul folds the transposed view into `[b·a, s, d]`: a copy unless b = 1.
+        true if eager => b.fold(qt, bhsw(A, D)),
+        true => qt,
+        false => cat_promote(b, q_pass, q_rot, bhsw(A, D)),
+    };
     // expand_kv
     b.part = Part::Mla;
     b.module = "self_attn.kv_b_proj";
@@ -377,7 +386,6 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
         None => None,
     };
     let mask = sparse.map_or(sh.mask, |(m, _)| Some(m));
-    let eager = attn == Attention::Eager;
     let (o, weights) = if eager {
         eager_core(b, query, key, value, mask)
     } else if b.c.cuda || spec.v_head_dim == spec.head_dim {

@@ -49,6 +49,7 @@ pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_oss;
+pub mod kimi_linear;
 pub mod llama;
 pub mod llama4;
 pub mod mamba2;
@@ -117,6 +118,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Exaone4 => &exaone4::Exaone4,
         Family::Apertus => &apertus::Apertus,
         Family::MinimaxM2 => &minimax_m2::MinimaxM2,
+        Family::KimiLinear => &kimi_linear::KimiLinear,
     }
 }
 

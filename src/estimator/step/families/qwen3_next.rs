@@ -79,7 +79,7 @@ impl GdnW {
 }
 
 /// A parameter the mixer always has (a frozen empty one where the stage lacks it).
-fn req(b: &mut Builder, w: Option<Tid>) -> Tid {
+pub(super) fn req(b: &mut Builder, w: Option<Tid>) -> Tid {
     match w {
         Some(t) => t,
         None => b.plain("zeros", &[], shape(&[Dim::N(0)]), Dt::Model),
@@ -104,7 +104,7 @@ fn reshape_copy(b: &mut Builder, x: Tid, to: Shape) -> Tid {
 
 /// `F.pad(x, …)` (`constant_pad_nd`): a new tensor even when the pad is 0; its gradient is a
 /// narrowed view of the incoming one.
-fn pad(b: &mut Builder, x: Tid, to: Shape) -> Tid {
+pub(super) fn pad(b: &mut Builder, x: Tid, to: Shape) -> Tid {
     let (dt, rg) = (b.t(x).dt, b.rg(x));
     let out = b.out(to, dt, rg);
     let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
