@@ -115,13 +115,16 @@ mod tests {
     /// (Mistral's only differs once its window is set); and the families added after the
     /// `family` key, which no old link names: the old dispatch read their numbers as the family
     /// whose rule they meet first (OLMo 3's q/k norms over the projections as OLMo-2's,
-    /// MiniMax-M2's sigmoid router as GLM-4.5's, the others as Llama's).
+    /// MiniMax-M2's sigmoid router as GLM-4.5's, Kimi Linear's KDA layers as Qwen3-Next's gated
+    /// DeltaNet, the others as Llama's).
     fn built_as(s: &ModelSpec) -> Family {
         match s.family {
             Family::Qwen2 | Family::Qwen3 | Family::Mixtral | Family::Smollm3 => Family::Llama,
             Family::SeedOss | Family::Exaone4 | Family::Apertus => Family::Llama,
             Family::Olmo3 => Family::Olmo2,
             Family::MinimaxM2 => Family::Glm4Moe,
+            // Its KDA layers sit in the gated DeltaNet's keys (two projections' worth: not split).
+            Family::KimiLinear => Family::Qwen3Next,
             Family::Mistral if s.window == 0 => Family::Llama,
             f => f,
         }

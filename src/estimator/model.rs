@@ -734,6 +734,19 @@ impl TensorGroup {
     pub fn numel(&self) -> u64 {
         self.shape.iter().product()
     }
+    /// An attention tensor of `count` layers, whole on every rank, not a linear's weight.
+    fn replicated_attention(name: &'static str, shape: Vec<u64>, count: u64) -> TensorGroup {
+        TensorGroup {
+            name,
+            shape,
+            count,
+            tensors_per_instance: 1,
+            part: Part::Attention,
+            split: Split::Replicated,
+            linear: None,
+            per_layer: 0,
+        }
+    }
     /// Elements of all instances.
     pub fn total(&self) -> u64 {
         self.numel() * self.count
@@ -1125,18 +1138,7 @@ impl ModelSpec {
         if l == 0 {
             return;
         }
-        let mut add = |name: &'static str, shape: Vec<u64>| {
-            g.push(TensorGroup {
-                name,
-                shape,
-                count: l,
-                tensors_per_instance: 1,
-                part: Part::Attention,
-                split: Split::Replicated,
-                linear: None,
-                per_layer: 0,
-            });
-        };
+        let mut add = |name: &'static str, shape: Vec<u64>| g.push(TensorGroup::replicated_attention(name, shape, l));
         add("layers.*.linear_attn.conv1d.weight", vec![m.conv_dim(), 1, m.conv]);
         if m.split {
             add("layers.*.linear_attn.in_proj_qkv.weight", vec![m.conv_dim(), h]);
@@ -1164,16 +1166,7 @@ impl ModelSpec {
         let (l, hk, k) = (self.linear_attention_layers(), m.value_width(), m.v_dim);
         let mut add = |name: &'static str, shape: Vec<u64>, linear: Option<Linear>| {
             if l > 0 {
-                g.push(TensorGroup {
-                    name,
-                    shape,
-                    count: l,
-                    tensors_per_instance: 1,
-                    part: Part::Attention,
-                    split: Split::Replicated,
-                    linear,
-                    per_layer: 0,
-                });
+                g.push(TensorGroup { linear, ..TensorGroup::replicated_attention(name, shape, l) });
             }
         };
         add("layers.*.linear_attn.q_proj.weight", vec![hk, h], Some(Linear::Q));

@@ -606,9 +606,17 @@ impl<'a> Builder<'a> {
     pub fn div_(&mut self, a: Tid, b: Tid) -> Tid {
         let (shape, dt) = (self.shape(a), self.t(a).dt);
         let old = self.plain("clone", &[a], shape, dt);
-        let (ab, ad, bb, bd) = (self.bytes(a), self.t(a).dtype, self.bytes(b), self.t(b).dtype);
         let out = self.view_out(a, shape);
-        let bw = [
+        let bw = self.div_backward(a, b);
+        self.op("div_", "DivBackward0", &[a, b, old], &[out], &[S::In(2), S::In(1)], &bw)[0]
+    }
+
+    /// DivBackward0's script for `a / b` with `b` broadcast: `other`'s gradient
+    /// `-grad * (self / other) / other` (four temporaries of `a`'s size), then `self`'s
+    /// `grad / other`, then `other`'s `sum` to its shape.
+    pub fn div_backward(&self, a: Tid, b: Tid) -> [B; 13] {
+        let (ab, ad, bb, bd) = (self.bytes(a), self.t(a).dtype, self.bytes(b), self.t(b).dtype);
+        [
             B::Alloc { bytes: ab, dtype: ad, op: "div" },
             B::Alloc { bytes: ab, dtype: ad, op: "div" },
             B::Alloc { bytes: ab, dtype: ad, op: "neg" },
@@ -622,8 +630,7 @@ impl<'a> Builder<'a> {
             B::Free(3),
             B::Grad { input: 0, temp: 4 },
             B::Grad { input: 1, temp: 5 },
-        ];
-        self.op("div_", "DivBackward0", &[a, b, old], &[out], &[S::In(2), S::In(1)], &bw)[0]
+        ]
     }
 
     /// `F.layer_norm(x, (h,), w, b)` → `native_layer_norm`: output, mean and rstd `[b, s, 1]`

@@ -6,7 +6,7 @@
 //! ops in the save list are `MUST_SAVE` (cached in forward by torch 2.15's
 //! `_CachingTorchDispatchMode`, handed back to the recomputation), every other op is
 //! `PREFER_RECOMPUTE`. An `mm` / `linear` increments a per-block counter and only the
-//! odd-numbered ones (1st, 3rd, …) are saved; `addmm`, `bmm`, the attention kernels, `max`
+//! odd-numbered ones (1st, 3rd, …) are saved; `addmm`, `bmm`, `convolution`, the attention kernels, `max`
 //! (full reduction: float8's amax) and `topk` are saved every time. `force_recompute_mm_shapes_by_fqns`
 //! (default `["moe.router.gate"]`) names torchtitan's own MoE module and matches no transformers
 //! module, so a router's mm takes a parity slot like any other (validation/FINDINGS.md §15.2).
@@ -41,7 +41,9 @@ impl Open {
                 // torchtitan: `if meta[mm_count_key] % 2 == 0: return PREFER_RECOMPUTE`.
                 self.mm_count % 2 == 1
             }
-            "addmm" | "bmm" | "topk" | "_scaled_mm" => true,
+            // `compute_intensive_ops` also lists `convolution` (the gated DeltaNet's and KDA's
+            // causal conv1d: its output is cached, FINDINGS §15.2).
+            "addmm" | "bmm" | "convolution" | "topk" | "_scaled_mm" => true,
             // `max.default` (a full reduction) is in the list, `max.dim` (values and indices) is not.
             "max" => outs == 1,
             ATTENTION_KERNELS_CPU => self.policy.attention_saved,

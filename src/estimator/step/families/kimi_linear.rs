@@ -28,7 +28,7 @@ use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S, X};
 use super::common::{proj_or, Kind, Params, Shared};
 use super::mamba2::node;
 use super::modeling::Modeling;
-use super::qwen3_next::{pad, req};
+use super::qwen3_next::{dead_state_bmm, pad, req};
 use super::sigmoid_moe::{fp32_param, router_normalized, RouterFn};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -36,7 +36,7 @@ use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Fields, HfError};
 use crate::estimator::hf_export::writer;
 use crate::estimator::model::{Gdn, LayerRule, Linear, ModelSpec, Positions, Router, KDA_DT_BIAS};
-use crate::estimator::presets::base::{llama, Preset};
+use crate::estimator::presets::base::Preset;
 use crate::estimator::step::part::Part;
 use serde_json::{Map, Value};
 
@@ -136,28 +136,12 @@ fn sub_to(b: &mut Builder, a: Tid, o: Tid, to: Shape) -> Tid {
     b.op("sub", "SubBackward0", &[a, o], &[out], &[], &bw)[0]
 }
 
-/// `a / d` with `d` broadcast over the last dim (DivBackward0 keeps both): `other`'s gradient
-/// `-grad · (self / other) / other` (four temporaries), `self`'s `grad / other`, then `other`'s
-/// `sum`.
+/// `a / d` with `d` broadcast over the last dim: DivBackward0 keeps both
+/// ([`Builder::div_backward`]).
 fn div(b: &mut Builder, a: Tid, d: Tid) -> Tid {
     let (shp, dt) = (b.shape(a), b.t(a).dt);
-    let (ab, ad, db) = (b.bytes(a), b.t(a).dtype, b.bytes(d));
     let out = b.out(shp, dt, b.rg(a) || b.rg(d));
-    let bw = [
-        B::Alloc { bytes: ab, dtype: ad, op: "div" },
-        B::Alloc { bytes: ab, dtype: ad, op: "div" },
-        B::Alloc { bytes: ab, dtype: ad, op: "neg" },
-        B::Alloc { bytes: ab, dtype: ad, op: "mul" },
-        B::Free(2),
-        B::Free(1),
-        B::Free(0),
-        B::Alloc { bytes: ab, dtype: ad, op: "div" },
-        B::Apply,
-        B::Alloc { bytes: db, dtype: ad, op: "sum" },
-        B::Free(3),
-        B::Grad { input: 0, temp: 4 },
-        B::Grad { input: 1, temp: 5 },
-    ];
+    let bw = b.div_backward(a, d);
     b.op("div", "DivBackward0", &[a, d], &[out], &[S::In(0), S::In(1)], &bw)[0]
 }
 
@@ -332,6 +316,8 @@ fn chunk_kda(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid 
             let upd = b.bmm(kt, v_new, shape(&[BD, HV, DK, DK]));
             b.hold(state);
             state = b.add(sd, upd);
+        } else {
+            kept.extend(dead_state_bmm(b, v_new, shape(&[BD, HV, DK, DK])));
         }
     }
     for t in kept {
@@ -618,28 +604,15 @@ fn kda_keys(f: &Fields) -> Result<Gdn, HfError> {
 /// experts 1,811,939,328, router 589,824, shared 7,077,888 (1,819,607,040 × 26); norms
 /// 2 × 2,304 × 27 + 2,304.
 fn kimi_linear_48b() -> ModelSpec {
-    let mut m = llama(163_840, 2304, 27, 32, 32, 9216, 1_048_576);
+    // DeepSeek-V3's MLA (r_kv 512, d_nope 128 + d_r 64, d_v 128) and MoE (top 8 of 256, one
+    // shared, fp32 sigmoid router) at Kimi's sizes, q_proj uncompressed and no rotary anywhere.
+    let mut m = super::deepseek::deepseek_v3(163_840, 32, 256, 1, 1, 1, 1_048_576);
     m.family = Family::KimiLinear;
+    (m.hidden, m.layers, m.ffn, m.q_lora_rank, m.expert_ffn, m.shared_ffn) = (2304, 27, 9216, 0, 1024, 1024);
     m.positions = Positions::None;
-    m.kv_lora_rank = 512;
-    m.q_lora_rank = 0;
-    m.qk_rope_dim = 64;
-    m.head_dim = 128 + 64;
-    m.v_head_dim = 128;
     m.gdn = Gdn { k_heads: 32, v_heads: 32, k_dim: 128, v_dim: 128, conv: 4, split: false };
     let full = [3u64, 7, 11, 15, 19, 23, 26];
     m.linear_layers = LayerRule::from_flags(&(0..27).map(|i| !full.contains(&i)).collect::<Vec<_>>());
-    m.experts = 256;
-    m.top_k = 8;
-    m.expert_ffn = 1024;
-    m.shared_experts = 1;
-    m.shared_ffn = 1024;
-    m.dense_layers = 1;
-    m.fused_experts = true;
-    m.router = Router::Sigmoid;
-    m.router_fp32 = true;
-    m.router_groups = 1;
-    m.router_group_topk = 1;
     m
 }
 

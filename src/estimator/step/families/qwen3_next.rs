@@ -304,6 +304,8 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
             b.hold(state);
             state = b.add(sd, upd);
             kept.extend([sd, upd]);
+        } else {
+            kept.extend(dead_state_bmm(b, v_new, shape(&[BD, HV, DK, DV])));
         }
     }
     for t in kept {
@@ -323,6 +325,14 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
         b.hold(t);
     }
     y
+}
+
+/// The last chunk's state update feeds only the discarded final state: a dead graph (freed at
+/// once, not built), except that op-level selective checkpointing caches its `bmm`'s output
+/// `[b, H, dk, dv]` all the same (`_CachingTorchDispatchMode` caches every saved op's output).
+pub(super) fn dead_state_bmm(b: &mut Builder, v_new: Tid, state: Shape) -> Option<Tid> {
+    let dt = if b.autocast { Dt::Bf16 } else { Dt::F32 };
+    b.sac.is_some().then(|| b.plain("bmm", &[v_new], state, dt))
 }
 
 /// `Qwen3NextRMSNormGated.forward(core_attn_out, z)` on `[b·s·Hv, dv]` rows:
