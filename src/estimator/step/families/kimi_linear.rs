@@ -34,7 +34,6 @@ use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
 use crate::estimator::model::{Gdn, LayerRule, Linear, ModelSpec, Positions, Router, KDA_DT_BIAS};
 use crate::estimator::presets::base::Preset;
 use crate::estimator::step::part::Part;
@@ -616,6 +615,15 @@ fn kimi_linear_48b() -> ModelSpec {
     m
 }
 
+/// DeepSeek-V3's configuration keys as `KimiLinearConfig` names them (its `attribute_map`).
+const KIMI_NAMES: [(&str, &str); 5] = [
+    ("max_position_embeddings", "model_max_length"),
+    ("n_routed_experts", "num_experts"),
+    ("num_experts_per_tok", "num_experts_per_token"),
+    ("n_shared_experts", "num_shared_experts"),
+    ("n_group", "num_expert_group"),
+];
+
 /// Kimi Linear: KDA and NoPE MLA layers, DeepSeek-V3's MoE.
 pub struct KimiLinear;
 impl Modeling for KimiLinear {
@@ -687,40 +695,29 @@ impl Modeling for KimiLinear {
         }
         Ok(m)
     }
+    /// DeepSeek-V3's keys ([`super::deepseek::config`]) under Kimi's names, the KDA keys, both
+    /// layer-type lists (in place of `first_k_dense_replace`) and `moe_renormalize`.
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let mut w = writer::Writer::new("kimi_linear");
+        let Some(mut m) = super::deepseek::config("kimi_linear", s) else { return Vec::new() };
+        for (from, to) in KIMI_NAMES {
+            if let Some(v) = m.remove(from) {
+                m.insert(to.into(), v);
+            }
+        }
+        m.remove("first_k_dense_replace");
         let types: Vec<&str> =
             (0..s.layers).map(|i| if s.linear_layers.contains(i) { "linear_attention" } else { "full_attention" }).collect();
         let mlp: Vec<&str> = (0..s.layers).map(|i| if s.is_moe_layer(i) { "sparse" } else { "dense" }).collect();
-        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
-        let Some(nope) = s.head_dim.checked_sub(s.qk_rope_dim) else { return Vec::new() };
-        w.set("vocab_size", s.vocab)
-            .set("hidden_size", s.hidden)
-            .set("num_hidden_layers", s.layers)
-            .set("num_attention_heads", s.heads)
-            .set("num_key_value_heads", s.heads)
-            .set("intermediate_size", s.ffn)
-            .set("model_max_length", s.max_pos)
-            .set("tie_word_embeddings", s.tied)
-            .set("hidden_act", act)
-            .set("kv_lora_rank", s.kv_lora_rank)
-            .set("q_lora_rank", if s.q_lora_rank > 0 { Value::from(s.q_lora_rank) } else { Value::Null })
-            .set("qk_rope_head_dim", s.qk_rope_dim)
-            .set("qk_nope_head_dim", nope)
-            .set("v_head_dim", s.v_head_dim)
-            .set("linear_num_heads", s.gdn.v_heads)
-            .set("linear_head_dim", s.gdn.v_dim)
-            .set("linear_conv_kernel_dim", s.gdn.conv)
-            .set("layer_types", types)
-            .set("mlp_layer_types", mlp)
-            .set("num_experts", s.experts)
-            .set("num_experts_per_token", s.top_k)
-            .set("moe_intermediate_size", s.expert_ffn)
-            .set("num_shared_experts", s.shared_experts)
-            .set("num_expert_group", s.router_groups)
-            .set("topk_group", s.router_group_topk)
-            .set("moe_renormalize", true);
-        w.done().into_iter().collect()
+        let extra: [(&str, Value); 6] = [
+            ("linear_num_heads", s.gdn.v_heads.into()),
+            ("linear_head_dim", s.gdn.v_dim.into()),
+            ("linear_conv_kernel_dim", s.gdn.conv.into()),
+            ("layer_types", types.into()),
+            ("mlp_layer_types", mlp.into()),
+            ("moe_renormalize", true.into()),
+        ];
+        m.extend(extra.into_iter().map(|(k, v)| (k.to_string(), v)));
+        vec![m]
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)
