@@ -112,9 +112,10 @@ fn lin(b: &mut Builder, x: Tid, w: Option<Tid>, width: Dim, module: &'static str
 /// broadcast input's `sum` to its shape, the full temporary freed).
 fn sub_to(b: &mut Builder, a: Tid, o: Tid, to: Shape) -> Tid {
     let (ra, ro) = (b.rg(a), b.rg(o));
-    let out = b.out(to, Dt::F32, ra || ro);
-    let full = b.bytes_of(&to, Dt::F32);
-    let dtype = b.dtype(Dt::F32);
+    let dt = b.promote(a, o, a);
+    let out = b.out(to, dt, ra || ro);
+    let full = b.bytes_of(&to, dt);
+    let dtype = b.dtype(dt);
     let mut bw: Vec<B> = Vec::new();
     if ro {
         bw.push(B::Alloc { bytes: full, dtype, op: "neg" });
@@ -268,8 +269,10 @@ fn chunk_kda(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid 
     let k_cumdecay = b.bmm(attn, kbg, chunked(DK));
     // The loop over the chunks: the state starts at zeros (no gradient); the last chunk's
     // update feeds only the discarded final state (a dead graph, freed at once: not built).
-    let mut state = b.plain("zeros", &[], shape(&[BD, HV, DK, DK]), Dt::F32);
-    let mut out = b.plain("zeros_like", &[], chunked(DK), Dt::F32);
+    // Both in `value`'s dtype: bf16 under autocast (its `bmm`'s output).
+    let vdt = b.t(value).dt;
+    let mut state = b.plain("zeros", &[], shape(&[BD, HV, DK, DK]), vdt);
+    let mut out = b.plain("zeros_like", &[], chunked(DK), vdt);
     let ones2 = b.plain("ones", &[], shape(&[CH, CH]), Dt::Bool);
     let mask2 = b.plain("triu", &[ones2], shape(&[CH, CH]), Dt::Bool);
     let mut kept: Vec<Tid> = Vec::new();
