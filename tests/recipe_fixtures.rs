@@ -136,16 +136,19 @@ const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
     // OLMo 3 in bf16: 8,192 B short on the host (its per-layer-type rotary pair, fp32, not found yet).
     ("olmo3/b2/s64/bf16/", "act_offload", "−8,192 B"),
     ("minimax_m2/", "act_offload", "the MoE routing's saved indices and views (−7 to −11 %)"),
-    // Kimi Linear: DeepSeek-V3's MoE routing as above, and second saves of one storage in the KDA
-    // chunk; −862,208 / −857,088 B in fp32 (−2.5 % / −2.4 %), −613,376 / −611,328 B in bf16
-    // (−1.9 % / −1.8 %), torchtune / save_on_cpu.
-    // The gated DeltaNet families: second saves of one storage in the chunked rule (and, with
-    // experts, the MoE routing's): qwen3_next −4.8 to −7.6 %, qwen3_5_text −2.0 to −3.3 %,
-    // qwen3_5_moe_text −4.7 to −6.9 % (fp32 and bf16, torchtune and save_on_cpu).
-    ("qwen3_next/", "act_offload", "the chunked rule's second saves, the MoE routing's saved indices and views (−4.8 to −7.6 %)"),
-    ("qwen3_5_text/", "act_offload", "the chunked rule's second saves (−2.0 to −3.3 %)"),
-    ("qwen3_5_moe_text/", "act_offload", "the chunked rule's second saves, the MoE routing's saved indices and views (−4.7 to −6.9 %)"),
-    ("kimi_linear/", "act_offload", "the MoE routing's saved indices and views, the KDA chunk's second saves (−1.8 to −2.5 %)"),
+    // The gated DeltaNet families: qwen3_next −4.8 to −7.6 %, qwen3_5_text −2.0 to −3.3 %,
+    // qwen3_5_moe_text −4.7 to −6.9 % (fp32 and bf16, torchtune and save_on_cpu); probably the
+    // chunked rule's last, dead state update as Kimi Linear's below (not checked pack by pack),
+    // and with experts the MoE routing's saved indices and views.
+    ("qwen3_next/", "act_offload", "the chunked rule's dead last update (probably), the MoE routing (−4.8 to −7.6 %)"),
+    ("qwen3_5_text/", "act_offload", "the chunked rule's dead last update (probably) (−2.0 to −3.3 %)"),
+    ("qwen3_5_moe_text/", "act_offload", "the chunked rule's dead last update (probably), the MoE routing (−4.7 to −6.9 %)"),
+    // Kimi Linear: −862,208 / −857,088 B in fp32 (−2.5 % / −2.4 %), −613,376 / −611,328 B in bf16
+    // (−1.9 % / −1.8 %), torchtune / save_on_cpu. Per KDA layer (fp32, save_on_cpu) the 7 packs
+    // of the last chunk's state update (172,544 B): its graph is dead — the final state is
+    // discarded — and the step program does not build it, but the hooks pack its saves in
+    // forward before it dies; per MoE layer DeepSeek-V3's routing as above (256,000 B).
+    ("kimi_linear/", "act_offload", "the last chunk's dead state update, packed before its graph dies; the MoE routing (−1.8 to −2.5 %)"),
 ];
 
 /// Activation-offloading records whose step peak the estimator does not reach yet: (id prefix,
