@@ -726,3 +726,50 @@ impl Modeling for KimiLinear {
         layer(b, p, spec, x, sh, kind, attn)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::hf::{import_value, HfError};
+    use crate::estimator::model::LayerRule;
+    use serde_json::{json, Value};
+
+    /// A 4-layer Kimi Linear config.json with `extra` keys on top.
+    fn tiny(extra: Value) -> Value {
+        let mut c = json!({
+            "model_type": "kimi_linear", "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 4,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64, "moe_intermediate_size": 16,
+            "kv_lora_rank": 8, "q_lora_rank": null, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 8,
+            "num_experts": 4, "num_experts_per_token": 2, "num_shared_experts": 1,
+        });
+        c.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        c
+    }
+
+    #[test]
+    fn the_checkpoints_one_indexed_layer_lists_name_its_kda_and_mla_layers() {
+        let c = tiny(json!({"linear_attn_config": {"full_attn_layers": [2, 4], "kda_layers": [1, 3], "num_heads": 2,
+            "head_dim": 8, "short_conv_kernel_size": 4}, "first_k_dense_replace": 1}));
+        let m = import_value(&c).expect("imports").spec;
+        assert_eq!((0..4).filter(|&i| m.linear_layers.contains(i)).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!((m.gdn.v_heads, m.gdn.v_dim, m.gdn.conv), (2, 8, 4));
+        assert_eq!((m.dense_layers, m.moe_rule.clone()), (1, LayerRule::All));
+    }
+
+    #[test]
+    fn layer_types_win_over_the_checkpoints_lists_and_mlp_layer_types_over_first_k_dense_replace() {
+        let c = tiny(json!({
+            "layer_types": ["full_attention", "linear_attention", "linear_attention", "linear_attention"],
+            "linear_attn_config": {"full_attn_layers": [2], "kda_layers": [1, 3, 4]},
+            "mlp_layer_types": ["sparse", "dense", "sparse", "sparse"], "first_k_dense_replace": 3,
+        }));
+        let m = import_value(&c).expect("imports").spec;
+        assert_eq!((0..4).filter(|&i| m.linear_layers.contains(i)).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!((0..4).filter(|&i| m.is_moe_layer(i)).collect::<Vec<_>>(), vec![0, 2, 3]);
+    }
+
+    #[test]
+    fn top_k_weights_left_unnormalised_are_refused_naming_the_key() {
+        let err = import_value(&tiny(json!({"moe_renormalize": false}))).err();
+        assert!(matches!(err, Some(HfError::Field { key: "moe_renormalize", .. })), "{err:?}");
+    }
+}
