@@ -459,6 +459,26 @@ mod tests {
     }
 
     #[test]
+    fn the_step_in_backward_with_master_weights_or_a_loss_scaler_is_refused_by_its_key() {
+        // The estimator or the script refuses it; either way the error names `optim_in_bwd`.
+        for precision in [Precision::MixedBf16, Precision::MixedBf16Fp32grad, Precision::AmpFp16] {
+            let cfg = Config { optim_in_bwd: true, precision, optim_impl: OptimImpl::Fused, ..tiny() };
+            assert_eq!(verify_script(&cfg).err().as_ref().map(VerifyError::key), Some("optim_in_bwd"), "{precision:?}");
+        }
+    }
+
+    #[test]
+    fn the_recipes_checkpointing_reaches_the_script_as_the_records_apply_it() {
+        let cfg = Config { recompute: Recompute::Op, recompute_every: 2, sac_cpu_sdpa: true, optim_in_bwd: true, ..tiny() };
+        let script = verify_script(&cfg).unwrap_or_default();
+        assert!(
+            script.contains(r#""kind": "op""#) && script.contains(r#""every": 2"#) && script.contains(r#""cpu_sdpa": true"#),
+            "{script}"
+        );
+        assert!(script.contains(r#""optim_in_bwd": true"#));
+    }
+
+    #[test]
     fn each_refusal_names_its_key() {
         let base = tiny();
         let cases: Vec<(&str, Config)> = vec![
@@ -475,7 +495,6 @@ mod tests {
             ("framework", Config { framework: Framework::Megatron, ..base.clone() }),
             ("loss", Config { loss: Loss::Chunked, ..base.clone() }),
             ("act_offload", Config { act_offload: ActOffload::SaveOnCpu, ..base.clone() }),
-            ("optim_in_bwd", Config { optim_in_bwd: true, precision: Precision::MixedBf16, optim_impl: OptimImpl::Fused, ..base.clone() }),
         ];
         for (key, cfg) in cases {
             let err = verify_script(&cfg).err();
