@@ -45,6 +45,7 @@ pub mod dsa;
 pub mod exaone4;
 pub mod falcon;
 pub mod falcon_h1;
+pub mod fla;
 pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
