@@ -19,7 +19,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
 use super::common::{proj_or, tied, token_embedding, tokens, AttnW, Kind, Norm, Params, Rms, Shared, LAYER_NORM};
 use super::llama::{attention, in_group};
-use super::mamba2::{gated_norm_out, mixer_fused, mixer_scan, MambaW};
+use super::mamba2::{gated_norm_out, mixer_fused, mixer_scan, ssm_keys, write_ssm_keys, MambaW};
 use super::modeling::Modeling;
 use super::moe::{experts, MoeW};
 use crate::estimator::activations::ctx::Q;
@@ -302,31 +302,9 @@ impl Modeling for GraniteMoeHybrid {
         }
         let linear = mamba_layers(f, m.layers)?;
         if linear.count_in(0..m.layers) > 0 {
-            let heads = f.size("mamba_n_heads", 128)?;
             let inner = f.uint_or("mamba_expand", 2)? * m.hidden;
-            let head_dim = match f.uint("mamba_d_head") {
-                Ok(Some(d)) => d,
-                _ => inner / heads.max(1),
-            };
-            if heads * head_dim != inner {
-                return Err(HfError::Model(format!(
-                    "`mamba_n_heads` × `mamba_d_head` ({heads} × {head_dim}) must be `mamba_expand` × `hidden_size` ({inner})"
-                )));
-            }
-            let bias = f.flag("mamba_proj_bias", false)?;
-            m.ssm = Ssm {
-                heads,
-                head_dim,
-                state: f.size("mamba_d_state", 256)?,
-                groups: f.size("mamba_n_groups", 1)?,
-                conv: f.size("mamba_d_conv", 4)?,
-                chunk: f.size("mamba_chunk_size", 256)?,
-                conv_bias: f.flag("mamba_conv_bias", true)?,
-                in_bias: bias,
-                out_bias: bias,
-                gated_norm: true,
-                mup: false,
-            };
+            let own = Ssm { out_bias: f.flag("mamba_proj_bias", false)?, gated_norm: true, mup: false, ..Ssm::NONE };
+            m.ssm = ssm_keys(f, inner, "`mamba_expand` × `hidden_size`", own)?;
             m.linear_layers = linear;
         }
         Ok(m)
@@ -348,15 +326,8 @@ impl Modeling for GraniteMoeHybrid {
             .set("position_embedding_type", "nope")
             .set("layer_types", types);
         if m.heads > 0 {
-            w.set("mamba_n_heads", m.heads)
-                .set("mamba_d_head", m.head_dim)
-                .set("mamba_expand", m.inner() / s.hidden.max(1))
-                .set("mamba_d_state", m.state)
-                .set("mamba_n_groups", m.groups)
-                .set("mamba_d_conv", m.conv)
-                .set("mamba_chunk_size", m.chunk)
-                .set("mamba_conv_bias", m.conv_bias)
-                .set("mamba_proj_bias", m.in_bias);
+            w.set("mamba_expand", m.inner() / s.hidden.max(1));
+            write_ssm_keys(&mut w, &m);
         }
         w.done().into_iter().collect()
     }
