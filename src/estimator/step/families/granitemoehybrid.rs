@@ -389,3 +389,60 @@ impl Modeling for GraniteMoeHybrid {
                     && spec.moe_rule == LayerRule::All)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Config, Kernels, Precision};
+    use crate::estimator::expr::numbers_only;
+    use crate::estimator::params::Stage;
+    use crate::estimator::precision::recipe;
+    use crate::estimator::presets::preset;
+    use crate::estimator::step::ledger::kept;
+    use crate::estimator::step::model::Setup;
+
+    /// What the Mamba-2 layer of the measured toy Granite (h = 64; H = 8 heads of 16, G = 2,
+    /// N = 24, chunk 32; E = 4, K = 2, f_e = 40, shared 176), fp32, b = 2, s = 64, keeps from
+    /// each op (op name, bytes).
+    fn mamba_layer_keeps(kernels: Kernels) -> Vec<(&'static str, u128)> {
+        let mut arch = preset("granite-4.0-h-tiny").expect("the preset exists").spec;
+        (arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.layers, arch.vocab) = (64, 4, 2, 16, 2, 1000);
+        (arch.experts, arch.top_k, arch.expert_ffn, arch.shared_ffn) = (4, 2, 40, 176);
+        arch.linear_layers = LayerRule::List(vec![0]);
+        (arch.ssm.heads, arch.ssm.head_dim, arch.ssm.groups, arch.ssm.state, arch.ssm.chunk) = (8, 16, 2, 24, 32);
+        let cfg = Config {
+            model: "custom".into(),
+            arch,
+            batch: 2,
+            seq: 64,
+            precision: Precision::Fp32,
+            attn: Attention::Sdpa,
+            kernels,
+            ..Config::default()
+        };
+        let r = recipe(cfg.precision);
+        numbers_only(|| {
+            let setup = Setup::new(&cfg, &r, Stage::Whole);
+            let var = super::super::common::Var { sliding: false, nope: false, every_nth: false, linear: true };
+            let (prog, _, _) = setup.layer_alone(Kind::Moe, var, 0, false);
+            kept(&prog).iter().map(|k| (prog.tensors[k.t as usize].op, prog.tensors[k.t as usize].bytes)).collect()
+        })
+    }
+
+    /// On a CPU the torch SSD scan keeps its `[b, H, n_c, C, C]` fp32 decay `L` (4·2·8·2·32·32 =
+    /// 131,072 bytes); with `kernels = cuda` mamba_ssm's fused scan keeps in its place only the
+    /// scan's output `out_x` (4·b·s·H·P = 65,536) and the gated norm's `rstd` (4·b·s·G = 1,024)
+    /// beside `in_proj`'s output (4·b·s·D_in = 4·128·360 = 184,320).
+    #[test]
+    fn the_fused_cuda_scan_keeps_its_output_and_rstd_where_the_cpu_scan_keeps_its_chunks() {
+        let cpu = mamba_layer_keeps(Kernels::Cpu);
+        assert!(cpu.contains(&("exp", 131_072)), "{cpu:?}");
+        assert!(cpu.iter().all(|&(op, _)| op != "_mamba_chunk_scan_combined_fwd"), "{cpu:?}");
+        let cuda = mamba_layer_keeps(Kernels::Cuda);
+        for want in [("_mamba_chunk_scan_combined_fwd", 65_536), ("_layer_norm_fwd", 1_024), ("mm", 184_320)] {
+            assert!(cuda.contains(&want), "{want:?} in {cuda:?}");
+        }
+        assert!(!cuda.contains(&("exp", 131_072)), "{cuda:?}");
+        assert!(cuda.iter().all(|&(op, _)| !matches!(op, "bmm" | "convolution" | "constant_pad_nd" | "masked_fill")), "{cuda:?}");
+    }
+}
