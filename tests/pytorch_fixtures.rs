@@ -36,7 +36,6 @@ fn shards() -> Vec<(String, Value)> {
 const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
     "kimi_linear",
-    "granitemoehybrid",
 ];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python

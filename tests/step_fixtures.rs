@@ -81,7 +81,6 @@ fn modelled(r: &Value) -> bool {
 const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
     "kimi_linear",
-    "granitemoehybrid",
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models

@@ -380,9 +380,10 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
 pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
     use model::{Activation, Router, WindowKind};
     let moe = spec.experts > 0;
-    // A Mamba-2 mixer is Falcon-H1's layer only (Granite 4's is not modelled yet).
-    if spec.ssm.heads > 0 && spec.family != crate::estimator::family::Family::FalconH1 {
-        return Some("a Mamba-2 mixer outside Falcon-H1 (Granite 4.0-H is not modelled yet)");
+    // A Mamba-2 mixer is Falcon-H1's (beside attention) or Granite 4.0-H's (in its place).
+    use crate::estimator::family::Family;
+    if spec.ssm.heads > 0 && !matches!(spec.family, Family::FalconH1 | Family::GraniteMoeHybrid) {
+        return Some("a Mamba-2 mixer outside Falcon-H1 and Granite 4.0-H");
     }
     // A family whose code builds this exact layout (gpt-oss's sinks, biased router and experts,
     // clamped SwiGLU; Llama 4's chunked attention, NoPE temperature tuning, L2 q/k norm, complex
