@@ -35,6 +35,7 @@ const PUBLISHED: &[(&str, u64)] = &[
 const COUNTED: &[(&str, u64)] = &[
     ("phi-4", 14_659_507_200),                               // 14.7 B
     ("falcon-h1-0.5b-instruct", 521_411_104),                // 0.5 B (transformers 5.24 on the meta device)
+    ("granite-4.0-h-tiny", 6_939_037_248),                   // 7 B total, 1 B active (transformers 5.24 on the meta device)
     ("qwen3-next-80b-a3b-thinking", 79_674_391_296),         // 80 B (transformers 5.24 on the meta device)
     ("qwen3.5-27b", 26_895_998_464),                         // 27 B (its text model; transformers 5.24 on the meta device)
     ("qwen3.5-35b-a3b", 34_660_610_688),                     // 35 B (its text model)

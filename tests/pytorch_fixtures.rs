@@ -35,7 +35,6 @@ fn shards() -> Vec<(String, Value)> {
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
-    "granitemoehybrid",
 ];
 
 /// Records of an implementation the estimator does not model: transformers' per-expert Python

@@ -80,7 +80,6 @@ fn modelled(r: &Value) -> bool {
 /// an architecture the estimator accepts is an architecture it must get right.
 const REFUSED: &[&str] = &[
     // issue 25: measured, estimator pending
-    "granitemoehybrid",
 ];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models

@@ -329,6 +329,29 @@ const RUNS: &[(&str, &str)] = &[
         "model=mixtral-8x7b-v0.1&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&experts=4&top_k=2&expert_ffn=40&max_pos=512\
          &batch=2&seq=64&precision=bf16&attn=sdpa&optim_impl=forloop",
     ),
+    // Issue 26's recipes, on the tiny Llama: op-level SAC (the CPU's SDPA kernel saved, as the
+    // records' recompute=op), every 2nd layer of 4 checkpointed, the step in backward.
+    (
+        "llama-op-sac",
+        "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+         &batch=2&seq=64&precision=fp32&attn=sdpa&optim_impl=foreach&recompute=op&sac_cpu_sdpa=true",
+    ),
+    // Mixtral's router divides its saved top-k values in place: the script's policy allows it.
+    (
+        "mixtral-op-sac",
+        "model=mixtral-8x7b-v0.1&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&experts=4&top_k=2&expert_ffn=40&max_pos=512\
+         &batch=2&seq=64&precision=bf16&attn=sdpa&optim_impl=forloop&recompute=op&sac_cpu_sdpa=true",
+    ),
+    (
+        "llama-every-2",
+        "model=llama-3.2-1b&vocab=1000&hidden=64&layers=4&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+         &batch=2&seq=64&precision=bf16&attn=sdpa&optim_impl=foreach&recompute_every=2",
+    ),
+    (
+        "llama-optim-in-bwd",
+        "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+         &batch=2&seq=64&precision=fp32&attn=sdpa&optim_impl=foreach&optim_in_bwd=true",
+    ),
     (
         "llama-mixedbf16-fused",
         "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\

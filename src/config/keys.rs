@@ -625,7 +625,7 @@ pub static KEYS: &[Key] = &[
     uint_key!("gdn_v_dim", Architecture, "gated DeltaNet value head dim (linear_value_head_dim)", |c| c.arch.gdn.v_dim),
     uint_key!("gdn_conv", Architecture, "gated DeltaNet causal conv kernel (linear_conv_kernel_dim)", |c| c.arch.gdn.conv),
     bool_key!("gdn_split", Architecture, "gated DeltaNet with four input projections (Qwen3.5)", |c| c.arch.gdn.split),
-    rule_key!("linear_layers", Architecture, "gated DeltaNet layers (layer_types linear_attention; same forms as nope_layers)", |c| c
+    rule_key!("linear_layers", Architecture, "gated DeltaNet or Granite's Mamba-2 layers (layer_types linear_attention; same forms as nope_layers)", |c| c
         .arch
         .linear_layers),
     bool_key!("attn_gate", Architecture, "q_proj also emits a sigmoid output gate (Qwen3-Next)", |c| c.arch.attn_gate),

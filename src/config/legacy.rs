@@ -37,8 +37,13 @@ pub fn family_of_old_link(s: &ModelSpec) -> Family {
     let gemma_norm = s.norm == NormKind::RmsnormGemma;
     if s.ssm.heads > 0 {
         // No link before the `family` key carried a Mamba-2 mixer; one that does without naming
-        // its family is read as the only hybrid with these keys' µP (Falcon-H1).
-        Family::FalconH1
+        // its family is read as the hybrid whose layout it has: the mixer in place of attention on
+        // the `linear_layers` (Granite 4.0-H), else beside it on every layer (Falcon-H1).
+        if s.linear_attention_layers() > 0 {
+            Family::GraniteMoeHybrid
+        } else {
+            Family::FalconH1
+        }
     } else if s.gdn.k_heads > 0 {
         // Gated DeltaNet layers: Qwen3.5 has four input projections, Qwen3-Next two.
         match (s.gdn.split, s.experts > 0) {

@@ -54,6 +54,8 @@ pub enum Family {
     Qwen35Text,
     #[serde(rename = "qwen3_5_moe_text")]
     Qwen35MoeText,
+    #[serde(rename = "granitemoehybrid")]
+    GraniteMoeHybrid,
     KimiLinear,
 }
 
@@ -96,6 +98,7 @@ impl Family {
         (Family::Qwen3Next, "qwen3_next", "Qwen3-Next"),
         (Family::Qwen35Text, "qwen3_5_text", "Qwen3.5"),
         (Family::Qwen35MoeText, "qwen3_5_moe_text", "Qwen3.5-MoE"),
+        (Family::GraniteMoeHybrid, "granitemoehybrid", "Granite 4.0-H"),
         (Family::KimiLinear, "kimi_linear", "Kimi Linear"),
     ];
 

@@ -45,13 +45,8 @@ pub static SUPPORTED: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
 pub static MULTIMODAL: LazyLock<Vec<(&'static str, &'static str)>> =
     LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| modeling(f).wrappers().iter().map(move |&w| (w, t))).collect());
 
-/// Model types refused on purpose, with the reason.
-pub const REFUSED: &[(&str, &str)] = &[(
-    "granitemoehybrid",
-    "Granite 4.0-H's layers are each either a Mamba-2 mixer or NoPE attention (`layer_types`), followed by \
-         GraniteMoe's experts beside a shared MLP; trainmem models the Mamba-2 mixer only inside Falcon-H1's layer so \
-         far, not this layout",
-)];
+/// Model types refused on purpose, with the reason (none today).
+pub const REFUSED: &[(&str, &str)] = &[];
 
 /// The family whose code reads `model_type`: its own, or one of its aliases.
 pub fn family_of(model_type: &str) -> Option<Family> {
@@ -253,12 +248,18 @@ mod tests {
         }
     }
 
+    /// Granite 4.0-H's file (Python's `Infinity` in `time_step_limit`, Hub `layer_types`
+    /// "mamba"/"attention") imports as its family, its Mamba-2 mixer on the "mamba" layers only.
     #[test]
-    fn granite_4_is_refused_by_name_with_the_reason() {
-        let err = import_json(r#"{"model_type": "granitemoehybrid", "time_step_limit": [0.0, Infinity]}"#).err();
-        assert_eq!(err.as_ref().and_then(HfError::key), Some("model_type"));
-        let text = err.map(|e| e.to_string()).unwrap_or_default();
-        assert!(text.contains("granitemoehybrid") && text.contains("Mamba-2"), "{text}");
+    fn granite_4_imports_with_its_mamba_layers_and_python_infinity() {
+        let json = r#"{"model_type": "granitemoehybrid", "time_step_limit": [0.0, Infinity], "hidden_size": 64,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "layer_types": ["mamba", "attention", "mamba"],
+            "mamba_n_heads": 8, "position_embedding_type": "nope"}"#;
+        let spec = import_json(json).map(|m| m.spec).expect("imports");
+        assert_eq!(spec.family, crate::estimator::family::Family::GraniteMoeHybrid);
+        assert_eq!((spec.ssm.heads, spec.ssm.head_dim, spec.ssm_layers(), spec.attention_layers()), (8, 16, 2, 1));
+        let rope = json.replace(r#""nope""#, r#""rope""#);
+        assert_eq!(import_json(&rope).err().as_ref().and_then(HfError::key), Some("position_embedding_type"));
     }
 
     #[test]

@@ -1117,17 +1117,31 @@ impl ModelSpec {
         g
     }
 
-    /// The layers with (full) attention: all but the gated DeltaNet ones.
+    /// The layers with (full) attention: all but the linear-attention ones.
     pub fn attention_layers(&self) -> u64 {
         self.layers - self.linear_attention_layers()
     }
 
-    /// The gated DeltaNet layers (`layer_types` "linear_attention").
+    /// The layers whose mixer replaces attention (`layer_types` "linear_attention"): a gated
+    /// DeltaNet (Qwen3-Next, Qwen3.5) or a Mamba-2 mixer (Granite 4.0-H's "mamba" layers).
     pub fn linear_attention_layers(&self) -> u64 {
-        if self.gdn.k_heads == 0 {
+        if self.gdn.k_heads == 0 && self.ssm.heads == 0 {
             return 0;
         }
         self.linear_layers.count_in(0..self.layers)
+    }
+
+    /// The layers with a Mamba-2 mixer: with no `linear_layers`, every layer, beside its
+    /// attention (Falcon-H1's parallel hybrid, `FalconH1DecoderLayer`); else the
+    /// `linear_layers`, in place of attention (Granite 4.0-H, `GraniteMoeHybridDecoderLayer`).
+    pub fn ssm_layers(&self) -> u64 {
+        if self.ssm.heads == 0 {
+            return 0;
+        }
+        match self.linear_attention_layers() {
+            0 => self.layers,
+            n => n,
+        }
     }
 
     /// The gated DeltaNet's tensors on its layers (`Qwen3NextGatedDeltaNet.__init__`,
@@ -1184,10 +1198,11 @@ impl ModelSpec {
         add("layers.*.linear_attn.o_proj.weight", vec![h, hk], Some(Linear::O));
     }
 
-    /// The Mamba-2 mixer's tensors on every layer (`FalconH1Mixer.__init__`, registration
-    /// order: conv1d, in_proj, dt_bias, A_log, norm, D, out_proj).
+    /// The Mamba-2 mixer's tensors on its layers ([`ModelSpec::ssm_layers`];
+    /// `FalconH1Mixer.__init__` registration order: conv1d, in_proj, dt_bias, A_log, norm, D,
+    /// out_proj).
     fn push_ssm(&self, g: &mut Vec<TensorGroup>) {
-        let (h, l, m) = (self.hidden, self.layers, self.ssm);
+        let (h, l, m) = (self.hidden, self.ssm_layers(), self.ssm);
         let mut add = |name: &'static str, shape: Vec<u64>, split: Split, linear: Option<Linear>| {
             g.push(TensorGroup { name, shape, count: l, tensors_per_instance: 1, part: Part::Attention, split, linear, per_layer: 0 });
         };

@@ -35,8 +35,22 @@
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
 //! Transformer Engine fp8 (`precision=mixed-fp8`), Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
-//! cross-entropy (`loss=chunked`). FlashAttention-2 (`attn=flash`) is generated, and the script
-//! refuses at run time when `flash_attn` or CUDA is missing.
+//! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`),
+//! compile regions other than a layer (`compile_regions`) and the step in backward with master
+//! weights or a loss scaler (`optim_in_bwd`). FlashAttention-2 (`attn=flash`) is generated, and
+//! the script refuses at run time when `flash_attn` or CUDA is missing; `compile = true` is
+//! refused at run time on the CPU, where the dispatch tracker would make torch.compile run its
+//! regions eagerly.
+//!
+//! Issue 26's recipes are applied as validation/measure_recipes.py applies them: `recompute=op`
+//! wraps every decoder layer in `torch.utils.checkpoint` (non-reentrant, no early stop) under
+//! torchtitan 0.3.0's `SelectiveAC` policy (`_get_default_save_ops`, every second matmul
+//! recomputed; the CPU's SDPA kernel in the list with `sac_cpu_sdpa`); `recompute_every = N`
+//! checkpoints the layers whose 1-based count N divides (torchtitan v0.2.2 `_apply_layer_sac`),
+//! or layers 0, N, 2N, … with early stop (`recompute_every_first`, transformers'
+//! `every_n_layers`); `optim_in_bwd` builds one optimizer per parameter, stepped and zeroed in its
+//! post-accumulate-grad hook (torchtune 0.6.1 `register_optim_in_bwd_hooks`); `compile` compiles
+//! each decoder layer (`layer.compile()`) and the loss function (torchtune's regions).
 //!
 //! # Recipes
 //!
@@ -64,7 +78,8 @@ pub mod compare;
 pub mod serve;
 
 use crate::config::{
-    self, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
+    self, ActOffload, Attention, CompileRegions, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision,
+    Recompute, Zero,
 };
 use crate::estimator::hf_export::{self, ExportError};
 use crate::estimator::ledger::Bytes;
@@ -241,19 +256,25 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
     if cfg.framework == Framework::Megatron {
         return refuse("framework", "the script runs transformers' modules; Megatron-LM's are not reproduced");
     }
-    // Issue 26's recipes the script does not apply yet (validation/measure_recipes.py does, on
-    // the CPU): refused rather than measured as another configuration.
-    if cfg.recompute == Recompute::Op {
+    // Issue 26's recipes: op-level checkpointing, every Nth layer, the step in backward and
+    // per-layer compile are applied by the script; these combinations are not.
+    if cfg.optim_in_bwd && (master || cfg.precision == Precision::MixedBf16Fp32grad || cfg.precision == Precision::AmpFp16) {
         return refuse(
-            "recompute",
-            "the script does not apply torchtitan's op-level checkpointing policy yet (validation/measure_recipes.py does)",
+            "optim_in_bwd",
+            "the script steps the optimizer in backward on the parameters themselves (torchtune's optimizer_in_bwd); use a recipe without master weights or a loss scaler",
         );
     }
-    if cfg.recompute_every > 0 {
-        return refuse("recompute_every", "the script does not checkpoint every Nth layer yet (validation/measure_recipes.py does)");
+    if cfg.compile && cfg.compile_regions != CompileRegions::Layer {
+        return refuse(
+            "compile_regions",
+            "the script compiles each decoder layer and the loss (torchtune's regions); use compile_regions = layer",
+        );
     }
-    if cfg.optim_in_bwd {
-        return refuse("optim_in_bwd", "the script does not step the optimizer in backward hooks yet (validation/measure_recipes.py does)");
+    if cfg.act_offload != ActOffload::None || cfg.act_offload_layers > 0 {
+        return refuse(
+            "act_offload",
+            "the script does not offload activations yet (validation/measure_recipes.py measures torchtune's and save_on_cpu's hooks on the CPU)",
+        );
     }
     if cfg.optim_paged {
         return refuse("optim_paged", NO_SUCH_OPTIMIZER);
@@ -381,7 +402,18 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
         },
         "optimizer": {"name": optimizer, "impl": config::get(cfg, "optim_impl")},
         "attn_implementation": attn,
-        "gradient_checkpointing": cfg.recompute == Recompute::Full,
+        "checkpointing": {
+            "kind": match cfg.recompute {
+                Recompute::Full => "full",
+                Recompute::Op => "op",
+                Recompute::None | Recompute::Selective => "none",
+            },
+            "every": cfg.recompute_every,
+            "every_first": cfg.recompute_every_first,
+            "cpu_sdpa": cfg.sac_cpu_sdpa,
+        },
+        "compile": cfg.compile,
+        "optim_in_bwd": cfg.optim_in_bwd,
         "dropout": cfg.dropout,
         "alloc_conf": cfg.alloc_conf,
         "tracker_commit": TRACKER_COMMIT,
@@ -427,6 +459,26 @@ mod tests {
     }
 
     #[test]
+    fn the_step_in_backward_with_master_weights_or_a_loss_scaler_is_refused_by_its_key() {
+        // The estimator or the script refuses it; either way the error names `optim_in_bwd`.
+        for precision in [Precision::MixedBf16, Precision::MixedBf16Fp32grad, Precision::AmpFp16] {
+            let cfg = Config { optim_in_bwd: true, precision, optim_impl: OptimImpl::Fused, ..tiny() };
+            assert_eq!(verify_script(&cfg).err().as_ref().map(VerifyError::key), Some("optim_in_bwd"), "{precision:?}");
+        }
+    }
+
+    #[test]
+    fn the_recipes_checkpointing_reaches_the_script_as_the_records_apply_it() {
+        let cfg = Config { recompute: Recompute::Op, recompute_every: 2, sac_cpu_sdpa: true, optim_in_bwd: true, ..tiny() };
+        let script = verify_script(&cfg).unwrap_or_default();
+        assert!(
+            script.contains(r#""kind": "op""#) && script.contains(r#""every": 2"#) && script.contains(r#""cpu_sdpa": true"#),
+            "{script}"
+        );
+        assert!(script.contains(r#""optim_in_bwd": true"#));
+    }
+
+    #[test]
     fn each_refusal_names_its_key() {
         let base = tiny();
         let cases: Vec<(&str, Config)> = vec![
@@ -442,6 +494,7 @@ mod tests {
             ("recompute", Config { recompute: Recompute::Selective, ..base.clone() }),
             ("framework", Config { framework: Framework::Megatron, ..base.clone() }),
             ("loss", Config { loss: Loss::Chunked, ..base.clone() }),
+            ("act_offload", Config { act_offload: ActOffload::SaveOnCpu, ..base.clone() }),
         ];
         for (key, cfg) in cases {
             let err = verify_script(&cfg).err();

@@ -16,7 +16,8 @@ then compare it with a fresh estimate:
     trainmem compare run.json               # or paste the JSON into the page
 
 What it does: builds the model (`AutoConfig.for_model` + `AutoModelForCausalLM.from_config`) in the configured
-recipe, with the configured optimizer and its torch implementation, attention implementation, checkpointing,
+recipe, with the configured optimizer and its torch implementation, attention implementation, checkpointing (every layer,
+every Nth, or torchtitan's op-level policy), torch.compile per layer (CUDA only), the optimizer step in backward,
 dropout, micro-batch, sequence length and gradient-accumulation steps, and runs three training steps (forward with
 labels, loss, backward, optimizer step, zero_grad(set_to_none=True)). Each step measures:
 
@@ -124,9 +125,106 @@ def build_model(torch, device):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=SPEC["attn_implementation"], dtype=dtype)
     model.train()
-    if SPEC["gradient_checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_checkpointing(torch, model, device)
+    apply_compile(torch, model, device)
     return model
+
+
+def decoder_layers(torch, model):
+    """The repeated decoder layers: transformers' GradientCheckpointingLayer modules, in order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def sac_save_ops(torch, device, cpu_sdpa):
+    """torchtitan 0.3.0's op-level selective checkpointing policy's save list (torchtitan/distributed/
+    activation_checkpoint.py `_get_default_save_ops`): the partitioner's compute-intensive ops (matmuls, CUDA
+    attention kernels), max and topk. On the CPU its SDPA kernel joins them, as a CUDA run saves its attention
+    kernel's outputs, when the configuration says so (`sac_cpu_sdpa`: what trainmem's validation records call
+    recompute=op; without it the list as torchtitan has it)."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    ops = {op.default for op in get_default_op_list().compute_intensive_ops}
+    ops.update({torch.ops.aten.max.default, torch.ops.aten.linear.default, torch.ops.aten.topk.default})
+    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+                 "_scaled_dot_product_fused_attention_overrideable"):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            ops.add(op.default)
+    if device == "cpu" and cpu_sdpa:
+        ops.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    return ops
+
+
+def sac_context_fn(torch, save_ops):
+    """torchtitan 0.3.0's `SelectiveAC._wrap_block` policy: save the ops of `save_ops`, except every second matmul
+    (counted separately in forward and recompute), recompute everything else. allow_cache_entry_mutation=True:
+    transformers' Mixtral router divides its saved top-k values in place, which torch's check refuses; the same
+    tensors are kept either way."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    mm_ops = (torch.ops.aten.mm.default, torch.ops.aten.linear.default)
+
+    def policy_fn():
+        meta = {"forward": 0, "recompute": 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func in mm_ops:
+                meta[mode] += 1
+            if func in save_ops:
+                if func in mm_ops and meta[mode] % 2 == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        return policy
+
+    return lambda: create_selective_checkpoint_contexts(policy_fn(), allow_cache_entry_mutation=True)
+
+
+def apply_checkpointing(torch, model, device):
+    """The recipe's activation checkpointing of the decoder layers (torch.utils.checkpoint, non-reentrant): `full`
+    every layer (transformers' gradient_checkpointing_enable), `op` every layer under torchtitan's op-level policy;
+    with `every` = N, full checkpointing of the layers whose 1-based count is divisible by N (torchtitan v0.2.2
+    `_apply_layer_sac`, no early stop) or, with `every_first`, of layers 0, N, 2N, ... (transformers'
+    `every_n_layers`, early stop), the others as `kind` says."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    ck = SPEC["checkpointing"]
+    if ck["kind"] == "none" and not ck["every"]:
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if ck["kind"] == "full":
+        return
+    save_ops = sac_save_ops(torch, device, ck["cpu_sdpa"])
+    for i, layer in enumerate(decoder_layers(torch, model)):
+        n = ck["every"]
+        if n and (i % n == 0 if ck["every_first"] else (i + 1) % n == 0):
+            layer.gradient_checkpointing = True
+            layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False, early_stop=ck["every_first"])
+        elif ck["kind"] == "op":
+            layer.gradient_checkpointing = True
+            layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False, early_stop=False,
+                                                         context_fn=sac_context_fn(torch, save_ops))
+        else:
+            layer.gradient_checkpointing = False
+
+
+def apply_compile(torch, model, device):
+    """torch.compile on each decoder layer and on the loss (torchtune's per-layer regions, compile_regions=layer)."""
+    if not SPEC["compile"]:
+        return
+    if device != "cuda":
+        raise Refused("`compile` = true: the CPU tracker is a TorchDispatchMode, under which torch.compile runs its regions "
+                      "eagerly, so a CPU run would measure the eager step; run on a GPU (validation/measure_recipes.py "
+                      "measures compiled regions on the CPU from the autograd graph instead)")
+    for layer in decoder_layers(torch, model):
+        layer.compile()
+    model.loss_function = torch.compile(model.loss_function)
 
 
 # ------------------------------------------------------------------------------------------------ the optimizer
@@ -153,7 +251,14 @@ class Training:
         self.master = SPEC["recipe"]["master"]
         self.masters = []
         self.scaler = torch.amp.GradScaler(device) if SPEC["recipe"]["grad_scaler"] else None
-        if self.master is None:
+        self.in_backward = SPEC["optim_in_bwd"]
+        if self.in_backward:
+            # torchtune's optimizer_in_bwd (training/memory.py register_optim_in_bwd_hooks, 0.6.1): one optimizer
+            # per parameter, stepped and zeroed as soon as its gradient is accumulated.
+            self.optimizers = [make_optimizer(torch, [p]) for p in self.params]
+            for p, opt in zip(self.params, self.optimizers):
+                p.register_post_accumulate_grad_hook(self._step_now(opt))
+        elif self.master is None:
             self.optimizers = [make_optimizer(torch, self.params)]
         else:
             self.masters = [p.detach().float().clone() for p in self.params]
@@ -178,6 +283,13 @@ class Training:
             p.grad = None
         return hook
 
+    @staticmethod
+    def _step_now(opt):
+        def hook(p):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return hook
+
     def loss(self, out, accum):
         loss = out.loss
         if accum > 1:
@@ -186,6 +298,8 @@ class Training:
 
     def step(self):
         torch = self.torch
+        if self.in_backward:
+            return  # every parameter was stepped in backward
         if self.master == "cast_at_step":
             for p, m, opt in zip(self.params, self.masters, self.optimizers):
                 if p.grad is None:
@@ -399,7 +513,11 @@ def main(argv=None):
     if not transformers.__version__.startswith("5.24"):
         notes.append(f"trainmem's formulas follow transformers 5.24; this is transformers {transformers.__version__}")
 
-    model = build_model(torch, device)
+    try:
+        model = build_model(torch, device)
+    except Refused as e:
+        print(f"trainmem verify: {e}", file=sys.stderr)
+        return 2
     built = sum(p.numel() for p in model.parameters())
     if built != SPEC["parameter_count"]:
         notes.append(f"the model built has {built:,} parameters, trainmem counts {SPEC['parameter_count']:,}")

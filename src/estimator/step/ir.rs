@@ -416,6 +416,20 @@ pub struct Op {
     /// Saved tensors (into `Program::saves`).
     pub saved: (u32, u8),
     pub bw: (u32, u16),
+    /// Where a compiled region ([`super::compile`]) has this op: its saves are taken when the
+    /// region starts and released after the backward of the op that holds them.
+    pub compiled: Compiled,
+}
+
+/// An op's place in a compiled region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compiled {
+    /// Not compiled.
+    No,
+    /// The region's first op: the saves of every op of the region are taken when it runs.
+    First,
+    /// A later op of the region.
+    Inside,
 }
 
 /// Layer index of model-level ops.
@@ -884,6 +898,7 @@ impl<'a> Builder<'a> {
             outs: (outs_at, outs.len() as u8),
             saved: (saved_at, saved.len() as u8),
             bw: (bw_at, bw.len() as u16),
+            compiled: Compiled::No,
         });
         out_ids
     }

@@ -548,6 +548,7 @@ impl<'a> Setup<'a> {
         b.module = "(root)";
         b.part = Part::Loss;
         let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
+        let logits = families::modeling_for(self.cfg.framework, spec.family).logits(b, logits);
         if spec.softcap && self.compiled_layers() {
             // Measured only in the compiled runs (FINDINGS §15.1, gemma2): the eager
             // soft-capping keeps two float64 0-dim scalars (16 B) beside its tanh result.

@@ -21,7 +21,7 @@
 //!   (`accumulate_grad.h`, Case 1.1); later ones are added (Case 2.3, in place; out of place
 //!   under the tracker).
 
-use super::ir::{DType, Origin, Program, Tid, B, FOREVER, FWD_END};
+use super::ir::{Compiled, DType, Origin, Program, Tid, B, FOREVER, FWD_END};
 use super::stream::{Cat, Phase};
 
 /// Where an allocation happens (for events and the peak's label).
@@ -642,7 +642,16 @@ impl<'p, S: Sink> Run<'p, S> {
                         self.pack(i, k, o, &at);
                     }
                 }
-            } else if self.b.region_of[i] == NONE {
+            } else if op.compiled == Compiled::First {
+                // A compiled region's forward returns every saved tensor at once: each is kept
+                // from its allocation on, whichever op of the region releases it in backward.
+                let inside = p.ops[i + 1..].iter().take_while(|o| o.compiled == Compiled::Inside).count();
+                for o in &p.ops[i..=i + inside] {
+                    for s in p.saved(o) {
+                        self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
+                    }
+                }
+            } else if self.b.region_of[i] == NONE && op.compiled == Compiled::No {
                 for s in p.saved(op) {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }

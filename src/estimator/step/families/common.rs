@@ -75,7 +75,7 @@ impl Shared {
         self.slots().into_iter().flatten()
     }
     /// What a layer reads: a sliding-window layer's mask is the local one; a NoPE layer reads
-    /// no cos/sin.
+    /// no cos/sin; a linear-attention layer no mask.
     pub fn view(&self, var: Var) -> Shared {
         let mut v = *self;
         if var.sliding && self.mask_local.is_some() {
@@ -90,6 +90,8 @@ impl Shared {
         v.sin_local = None;
         v.linear = var.linear;
         if var.linear {
+            // A linear-attention layer reads no causal mask: Qwen3-Next's `linear_attn_mask` and
+            // Granite 4.0-H's `mamba_mask` are None without padding.
             v.mask = None;
         }
         if var.nope {
@@ -104,8 +106,6 @@ impl Shared {
         let local_rope = var.sliding && self.cos_local.is_some();
         for (i, t) in self.slots().into_iter().enumerate() {
             let reads = match i {
-                // A linear-attention layer gets no attention mask (Kimi Linear's and Qwen3-Next's
-                // `linear_attention` layers are handed the recurrent mask, None without padding).
                 3 | 4 => !var.linear && (i == 4) == (var.sliding && self.mask_local.is_some()),
                 0 | 1 => !local_rope && !var.nope,
                 5 | 6 => local_rope && !var.nope,
@@ -129,7 +129,8 @@ pub struct Var {
     /// Fully checkpointed as one of every `recompute_every` layers (torchtitan's
     /// `selective_ac_option = "N"`), whatever `recompute` says of the others.
     pub every_nth: bool,
-    /// A gated DeltaNet layer (`layer_types` "linear_attention": Qwen3-Next, Qwen3.5).
+    /// A linear-attention layer (`layer_types` "linear_attention"): a gated DeltaNet (Qwen3-Next,
+    /// Qwen3.5) or a Mamba-2 mixer in place of attention (Granite 4.0-H).
     pub linear: bool,
 }
 

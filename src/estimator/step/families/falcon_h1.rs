@@ -9,7 +9,7 @@
 use super::super::ir::{Builder, Tid};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attention, decoder_layer, mlp};
-use super::mamba2::{gated_out, mixer_fused, mixer_scan, MambaW};
+use super::mamba2::{gated_out, mixer_fused, mixer_scan, ssm_keys, write_ssm_keys, MambaW};
 use super::modeling::Modeling;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -97,29 +97,10 @@ impl Modeling for FalconH1 {
         m.qkv_bias = f.flag("attention_bias", false)?;
         m.o_bias = m.qkv_bias;
         m.mlp_bias = f.flag("mlp_bias", false)?;
-        let heads = f.size("mamba_n_heads", 128)?;
         let expand = f.uint_or("mamba_expand", 2)?;
         let inner = f.uint("mamba_d_ssm")?.unwrap_or(expand * m.hidden);
-        let head_dim = match f.uint("mamba_d_head") {
-            Ok(Some(d)) => d,
-            _ => inner / heads.max(1),
-        };
-        if heads * head_dim != inner {
-            return Err(HfError::Model(format!("`mamba_n_heads` × `mamba_d_head` ({heads} × {head_dim}) must be `mamba_d_ssm` ({inner})")));
-        }
-        m.ssm = Ssm {
-            heads,
-            head_dim,
-            state: f.size("mamba_d_state", 256)?,
-            groups: f.size("mamba_n_groups", 1)?,
-            conv: f.size("mamba_d_conv", 4)?,
-            chunk: f.size("mamba_chunk_size", 256)?,
-            conv_bias: f.flag("mamba_conv_bias", true)?,
-            in_bias: f.flag("mamba_proj_bias", false)?,
-            out_bias: f.flag("projectors_bias", false)?,
-            gated_norm: f.flag("mamba_rms_norm", false)?,
-            mup: true,
-        };
+        let own = Ssm { out_bias: f.flag("projectors_bias", false)?, gated_norm: f.flag("mamba_rms_norm", false)?, mup: true, ..Ssm::NONE };
+        m.ssm = ssm_keys(f, inner, "`mamba_d_ssm`", own)?;
         Ok(m)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
@@ -131,20 +112,11 @@ impl Modeling for FalconH1 {
             .set("intermediate_size", s.ffn)
             .set("attention_bias", s.qkv_bias)
             .set("mlp_bias", s.mlp_bias)
-            .set("mamba_n_heads", m.heads)
-            .set("mamba_d_head", m.head_dim)
             .set("mamba_d_ssm", m.inner())
-            .set("mamba_d_state", m.state)
-            .set("mamba_n_groups", m.groups)
-            .set("mamba_d_conv", m.conv)
-            .set("mamba_chunk_size", m.chunk)
-            .set("mamba_conv_bias", m.conv_bias)
-            .set("mamba_proj_bias", m.in_bias)
             .set("projectors_bias", m.out_bias)
-            .set("mamba_rms_norm", m.gated_norm)
-            .done()
-            .into_iter()
-            .collect()
+            .set("mamba_rms_norm", m.gated_norm);
+        write_ssm_keys(&mut w, &m);
+        w.done().into_iter().collect()
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = kind;

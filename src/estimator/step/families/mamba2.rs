@@ -22,7 +22,9 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Origin, Out, Shape, Split, Tid, B, S, X};
 use super::common::Params;
 use crate::estimator::activations::ctx::Q;
-use crate::estimator::model::ModelSpec;
+use crate::estimator::hf::fields::{Fields, HfError};
+use crate::estimator::hf_export::writer::Writer;
+use crate::estimator::model::{ModelSpec, Ssm};
 use crate::estimator::step::part::Part;
 
 /// The mixer's parameters, in registration order (`conv1d`, `in_proj`, `dt_bias`, `A_log`,
@@ -389,4 +391,44 @@ pub fn gated_norm_out(b: &mut Builder, w: &MambaW, y: Tid, gate: Tid, groups: u6
         b.hold(t);
     }
     o
+}
+
+/// The mixer's `config.json` keys that `FalconH1Config` and `GraniteMoeHybridConfig` read alike,
+/// with their defaults: `mamba_n_heads` (128) heads of `mamba_d_head` ("auto": the scan's width
+/// `inner` over the heads, which must make `inner`, named `inner_key` in the error),
+/// `mamba_d_state` (256), `mamba_n_groups` (1), `mamba_d_conv` (4), `mamba_chunk_size` (256),
+/// `mamba_conv_bias` (true), `mamba_proj_bias` (false) on `in_proj`. The family's own fields
+/// (`out_bias`, `gated_norm`, `mup`) come from `own`.
+pub fn ssm_keys(f: &Fields, inner: u64, inner_key: &str, own: Ssm) -> Result<Ssm, HfError> {
+    let heads = f.size("mamba_n_heads", 128)?;
+    let head_dim = match f.uint("mamba_d_head") {
+        Ok(Some(d)) => d,
+        _ => inner / heads.max(1),
+    };
+    if heads * head_dim != inner {
+        return Err(HfError::Model(format!("`mamba_n_heads` × `mamba_d_head` ({heads} × {head_dim}) must be {inner_key} ({inner})")));
+    }
+    Ok(Ssm {
+        heads,
+        head_dim,
+        state: f.size("mamba_d_state", 256)?,
+        groups: f.size("mamba_n_groups", 1)?,
+        conv: f.size("mamba_d_conv", 4)?,
+        chunk: f.size("mamba_chunk_size", 256)?,
+        conv_bias: f.flag("mamba_conv_bias", true)?,
+        in_bias: f.flag("mamba_proj_bias", false)?,
+        ..own
+    })
+}
+
+/// The keys [`ssm_keys`] reads, written back from `m`.
+pub fn write_ssm_keys(w: &mut Writer, m: &Ssm) {
+    w.set("mamba_n_heads", m.heads)
+        .set("mamba_d_head", m.head_dim)
+        .set("mamba_d_state", m.state)
+        .set("mamba_n_groups", m.groups)
+        .set("mamba_d_conv", m.conv)
+        .set("mamba_chunk_size", m.chunk)
+        .set("mamba_conv_bias", m.conv_bias)
+        .set("mamba_proj_bias", m.in_bias);
 }

@@ -45,10 +45,12 @@ pub mod dsa;
 pub mod exaone4;
 pub mod falcon;
 pub mod falcon_h1;
+pub mod fla;
 pub mod gemma;
 pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_oss;
+pub mod granitemoehybrid;
 pub mod kimi_linear;
 pub mod llama;
 pub mod llama4;
@@ -118,6 +120,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
         Family::Exaone4 => &exaone4::Exaone4,
         Family::Apertus => &apertus::Apertus,
         Family::MinimaxM2 => &minimax_m2::MinimaxM2,
+        Family::GraniteMoeHybrid => &granitemoehybrid::GraniteMoeHybrid,
         Family::KimiLinear => &kimi_linear::KimiLinear,
     }
 }
@@ -132,8 +135,9 @@ pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeli
     }
 }
 
-/// The variant (sliding window, NoPE) of decoder layer `i` (its index in the model).
+/// The variant (sliding window, NoPE, linear attention: a gated DeltaNet or Mamba-2 mixer in
+/// place of attention) of decoder layer `i` (its index in the model).
 pub fn var(spec: &crate::estimator::model::ModelSpec, i: usize) -> Var {
-    let linear = spec.gdn.k_heads > 0 && spec.linear_layers.contains(i as u64);
+    let linear = (spec.gdn.k_heads > 0 || spec.ssm.heads > 0) && spec.linear_layers.contains(i as u64);
     Var { sliding: modeling(spec.family).sliding(spec, i), nope: common::nope(spec, i), every_nth: false, linear }
 }

@@ -141,6 +141,13 @@ pub trait Modeling: Sync {
         true
     }
 
+    /// The logits the loss reads, from the LM head's output (Llama: as they are; Granite divides
+    /// them by `logits_scaling`).
+    fn logits(&self, b: &mut Builder, logits: Tid) -> Tid {
+        let _ = b;
+        logits
+    }
+
     /// Whether this family's code builds exactly `spec`'s layout, features the estimator refuses
     /// elsewhere included (gpt-oss's sinks, Llama 4's experts): such a spec is accepted as it is.
     fn builds_own_layout(&self, spec: &ModelSpec) -> bool {

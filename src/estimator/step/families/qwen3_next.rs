@@ -11,13 +11,14 @@
 //! `torch_chunk_gated_delta_rule` (chunk C = 64: the l2norms, the padded chunks, the pairwise
 //! decays, the two `torch.linalg.solve_triangular` solves, then the loop over the chunks that
 //! carries the `[b, Hv, dk, dv]` state) and `Qwen3NextRMSNormGated`, then `out_proj`. What each
-//! op's node keeps is `validation/check_formulas.py` `deltanet_terms`. The CUDA kernels
-//! (`fla` `chunk_gated_delta_rule`) keep far less: `validation/README.md`, "What the CUDA kernels
-//! save"; they are not modelled here.
+//! op's node keeps is `validation/check_formulas.py` `deltanet_terms`. On `kernels = cuda` the
+//! convolution and the delta rule are the CUDA kernels' nodes instead ([`super::fla`]: what
+//! `causal_conv1d_fn` and `fla`'s `chunk_gated_delta_rule` keep, far less).
 
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S, X};
 use super::common::{proj_or, rms_norm, AttnW, Kind, Norm, Params, Rms, Shared};
+use super::fla;
 use super::llama::{attend, decoder_layer, rope_partial, rope_qk, Core, Ffn, PartialRope};
 use super::mamba2::node;
 use super::modeling::Modeling;
@@ -418,14 +419,21 @@ pub fn gated_deltanet(b: &mut Builder, w: &GdnW, spec: &ModelSpec, x: Tid) -> Ti
     // mixed_qkv.transpose(1, 2); F.silu(self.conv1d(mixed_qkv)[:, :, :seq_len])
     let cd = Dim::X(X::GdnConvDim);
     let mt = b.view(mixed, shape(&[BD, cd, SD]), "TransposeBackward0", false);
-    let xin = b.autocast_in(mt);
     let cw = req(b, w.conv_w);
-    let cw = if b.autocast { b.cast_weight(cw) } else { cw };
-    let cdt = b.t(xin).dt;
-    let conv =
-        node(b, "convolution", "ConvolutionBackward0", &[xin, cw], shape(&[BD, cd, Dim::X(X::GdnConvLen)]), cdt, &[S::In(0), S::In(1)]);
-    let sl = b.slice(conv, shape(&[BD, cd, SD]));
-    let act = b.unary("silu", "SiluBackward0", sl, Keep::Input, "silu_backward");
+    // With causal-conv1d (kernels = cuda) one fused node keeps only its input
+    // ([`fla::causal_conv1d`]); the fallback convolves, slices and applies SiLU op by op.
+    let (conv, act) = if b.c.cuda {
+        let act = fla::causal_conv1d(b, mt, cw);
+        (act, act)
+    } else {
+        let xin = b.autocast_in(mt);
+        let cw = if b.autocast { b.cast_weight(cw) } else { cw };
+        let cdt = b.t(xin).dt;
+        let conv =
+            node(b, "convolution", "ConvolutionBackward0", &[xin, cw], shape(&[BD, cd, Dim::X(X::GdnConvLen)]), cdt, &[S::In(0), S::In(1)]);
+        let sl = b.slice(conv, shape(&[BD, cd, SD]));
+        (conv, b.unary("silu", "SiluBackward0", sl, Keep::Input, "silu_backward"))
+    };
     let at = b.view(act, tok(cd), "TransposeBackward0", false);
     let kw = Dim::X(X::GdnKeyWidth);
     let outs: Vec<Out> = [kw, kw, Dim::X(X::GdnValueWidth)].iter().map(|&d| b.view_out(at, tok(d))).collect();
@@ -448,15 +456,16 @@ pub fn gated_deltanet(b: &mut Builder, w: &GdnW, spec: &ModelSpec, x: Tid) -> Ti
     let ab = if b.dtype(b.t(ab).dt) == b.dtype(Dt::F32) { ab } else { b.to_copy(ab, Dt::F32) };
     let sp = b.unary("softplus", "SoftplusBackward0", ab, Keep::Input, "softplus_backward");
     let g = b.mul_to(ne, sp, tok(HV), Dt::F32);
-    // repeat_interleave to Hv heads (when Hv > Hk)
-    let (q, k) = if r > 1 {
+    // repeat_interleave to Hv heads (when Hv > Hk), in the fallback only: fla's kernel takes
+    // the key heads as they are.
+    let (q, k) = if r > 1 && !b.c.cuda {
         let qr = node(b, "repeat_interleave", "IndexSelectBackward0", &[q], shape(&[BD, SD, HV, DK]), b.t(q).dt, &[]);
         let kr = node(b, "repeat_interleave", "IndexSelectBackward0", &[k], shape(&[BD, SD, HV, DK]), b.t(k).dt, &[]);
         (qr, kr)
     } else {
         (q, k)
     };
-    let core = chunk_rule(b, q, k, v, g, beta);
+    let core = if b.c.cuda { fla::chunk_gated_delta_rule(b, q, k, v, g, beta) } else { chunk_rule(b, q, k, v, g, beta) };
     b.module = "linear_attn";
     let rows = shape(&[BD, SD, HV, DV]);
     let normed = gated_norm(b, w.norm_w, core, z);
