@@ -187,9 +187,11 @@ pub struct Serve {
     pub kv_dtype: &'static str,
     /// Weights on this GPU, bytes.
     pub weights: u64,
-    /// One token's keys and values in this GPU's layers at full attention, bytes.
+    /// One token's keys and values in this GPU's layers at full attention, bytes (gated
+    /// DeltaNet layers add nothing; states are not per token).
     pub kv_per_token: u64,
-    /// The cache of one sequence of `context` tokens, windows included, as the engine holds it.
+    /// The cache of one sequence of `context` tokens as the engine holds it, windows and the
+    /// hybrid layers' fixed-size states included.
     pub kv_bytes: u128,
     /// Bytes the engine gives the KV cache.
     pub kv_cache_bytes: u128,
