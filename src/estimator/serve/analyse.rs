@@ -71,9 +71,10 @@ pub struct ServeFix {
 pub enum Pool {
     /// vLLM: blocks of a paged layout.
     Paged { layout: PagedLayout, num_blocks: u64, batched: u64 },
-    /// SGLang: a pool of `tokens` token slots of `cell` bytes, `page` tokens per page, and
-    /// `state` bytes of fixed-size state per sequence (0 without; see [`Pool::concurrency`]).
-    Tokens { tokens: u64, cell: u64, page: u64, state: u64 },
+    /// SGLang: a pool of `tokens` token slots of `cell` bytes, `page` tokens per page, and for
+    /// a hybrid `state` bytes of fixed-size state per sequence in `MambaPool`, whose
+    /// `state_slots` cap the running requests at `⌊slots / 3⌋` (0 and 0 without states).
+    Tokens { tokens: u64, cell: u64, page: u64, state: u64, state_slots: u64 },
     /// TensorRT-LLM: `num_blocks` blocks of `block` tokens, `state` bytes of state per sequence.
     Blocks { num_blocks: u64, block: u64, state: u64 },
     /// transformers: whatever is free, `bytes`, filled sequence by sequence.
@@ -111,17 +112,20 @@ impl Pool {
 
     /// Sequences of `len` tokens the pool holds at once, as the engine reports it.
     ///
-    /// SGLang and TensorRT-LLM with states (an approximation): their hybrid pools (SGLang's
-    /// `HybridLinearKVPool` + `MambaPool`, TensorRT-LLM's Mamba cache) keep K/V for the attention
-    /// layers only — `cell` counts those — and one state per running sequence beside; here both
-    /// come out of the same budget, `tokens · cell / (len · cell + state)`, instead of the
-    /// engines' own split between the two pools.
+    /// SGLang with states: `min(tokens / len, ⌊state_slots / 3⌋)` — the token pool holds the
+    /// attention layers' K/V only (`HybridLinearKVPool`; `cell` counts those), and
+    /// `init_memory` caps `max_num_reqs` at `max_mamba_cache_size //
+    /// MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO` (radix cache on).
+    ///
+    /// TensorRT-LLM with states (an approximation): its Mamba cache manager keeps one state per
+    /// sequence beside the attention blocks; here both come out of the same budget,
+    /// `blocks · B · cell / (⌈len / B⌉ · B · cell + state)`.
     pub fn concurrency(&self, len: u64, cell: u64) -> f64 {
         match self {
             Pool::Paged { layout, num_blocks, batched } => layout.max_concurrency(*num_blocks, len, *batched),
             Pool::Tokens { tokens, state: 0, .. } => *tokens as f64 / len.max(1) as f64,
-            Pool::Tokens { tokens, cell, state, .. } => {
-                (*tokens as f64 * *cell as f64) / (len.max(1) as f64 * *cell as f64 + *state as f64).max(1.0)
+            Pool::Tokens { tokens, state_slots, .. } => {
+                (*tokens as f64 / len.max(1) as f64).min((*state_slots / super::budget::SGLANG_MAMBA_SLOTS_PER_REQUEST) as f64)
             }
             Pool::Blocks { num_blocks, block, state: 0 } => *num_blocks as f64 / len.div_ceil((*block).max(1)).max(1) as f64,
             Pool::Blocks { num_blocks, block, state } => {
@@ -385,13 +389,37 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
         Engine::Sglang => {
             let frac = s.mem_fraction_static.unwrap_or_else(|| sglang_default_fraction(cfg.tp));
             let used = ctx + weights as u128 + nccl;
-            let rest = fraction_of(total, frac) as i128 - used as i128;
+            let rest_all = fraction_of(total, frac) as i128 - used as i128;
+            let (state_slots, kv_rest) = super::budget::sglang_state_split(rest_all.max(0) as u128, state);
+            let rest = if state > 0 { kv_rest as i128 } else { rest_all };
+            if state > 0 {
+                rows.push(row(
+                    "state_pool",
+                    "MambaPool (hybrid layers' states)",
+                    (rest_all.max(0) as u128 - kv_rest) as i128,
+                    "slots = ⌊rest · r / (1 + r) / state_per_req⌋, r = mamba_full_memory_ratio (0.9)",
+                    format!(
+                        "⌊{} · 0.9 / 1.9 / {state}⌋ = {state_slots} slots (at most {} running requests)",
+                        gib(rest_all),
+                        state_slots / super::budget::SGLANG_MAMBA_SLOTS_PER_REQUEST
+                    ),
+                    "sglang model_runner_kv_cache_mixin.py ModelRunnerKVCacheMixin.handle_max_mamba_cache, init_memory",
+                ));
+            }
             rows.push(row(
                 "kv_cache",
                 "KV pool (rest memory)",
                 rest,
-                "M_kv = mem_fraction_static · M_total − (CUDA context + weights + NCCL)",
-                format!("{frac} · {} − {} = {}", gib(total as i128), gib(used as i128), gib(rest)),
+                if state > 0 {
+                    "M_kv = mem_fraction_static · M_total − (CUDA context + weights + NCCL) − MambaPool"
+                } else {
+                    "M_kv = mem_fraction_static · M_total − (CUDA context + weights + NCCL)"
+                },
+                if state > 0 {
+                    format!("{frac} · {} − {} − {} = {}", gib(total as i128), gib(used as i128), gib(rest_all - rest), gib(rest))
+                } else {
+                    format!("{frac} · {} − {} = {}", gib(total as i128), gib(used as i128), gib(rest))
+                },
                 "sglang python/sglang/srt/model_executor/model_runner.py ModelRunner.profile_max_num_token",
             ));
             let tokens = (rest.max(0) as u128 / cell.max(1) as u128) as u64 / block * block;
@@ -406,11 +434,9 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
             if layers.iter().any(|l| matches!(l.attn, super::layers::Attn::Sliding(_) | super::layers::Attn::Chunked(_))) {
                 notes.push("SGLang's hybrid sliding-window pool (SWA) is not modelled: every layer is sized as full attention (SGLang with --disable-hybrid-swa-memory)".into());
             }
-            if state > 0 {
-                notes.push(format!("SGLang's MambaPool is approximated: {state} B of state per sequence taken from the same pool as the attention layers' tokens"));
-            }
+
             let process = ctx + fraction_of(total, frac).max(used) + graphs;
-            (Pool::Tokens { tokens, cell, page: block, state }, rest.max(0) as u128, process)
+            (Pool::Tokens { tokens, cell, page: block, state, state_slots }, rest.max(0) as u128, process)
         }
         Engine::Trtllm => {
             let free = total as i128 - ctx as i128 - weights as i128 - activation as i128 - nccl as i128;
@@ -678,10 +704,16 @@ mod tests {
         // 8,192 · 4 · 2 B conv + 32 · 128 · 128 · 4 B recurrent (2,162,688 B) = 883,163,136 B.
         let t = serve("mode=serve&engine=transformers&model=qwen3-next-80b-a3b-thinking&context=32768&gpu=b200");
         assert_eq!((t.kv_per_token, t.kv_bytes), (24_576, 32_768 * 24_576 + 36 * 2_162_688));
-        // SGLang: the token pool's cell counts the attention layers only.
-        let g = serve(&format!("{q}&engine=sglang"));
-        assert_eq!(g.kv_per_token, 12_288);
-        assert!(g.kv_bytes > 32_768 * 12_288);
+        // SGLang: the token pool's cell counts the attention layers only; its MambaPool takes
+        // 0.9/1.9 of the rest, in slots of the 36 states (36 · 548,864 B per sequence), and
+        // the running requests are at most a third of the slots.
+        let g = serve(&format!("{q}&engine=sglang&gpu=b200"));
+        assert_eq!((g.kv_per_token, g.kv_bytes), (12_288, 32_768 * 12_288 + 36 * 548_864));
+        let state_row = g.rows.iter().find(|r| r.name == "state_pool").map(|r| r.bytes).unwrap_or(0);
+        let kv_row = g.rows.iter().find(|r| r.name == "kv_cache").map(|r| r.bytes).unwrap_or(0);
+        assert!(state_row > 0 && (state_row as f64 / kv_row as f64 - 0.9).abs() < 0.01, "{state_row} {kv_row}");
+        let slots = state_row as u64 / (36 * 548_864);
+        assert!(g.max_concurrency <= (slots / 3) as f64);
     }
 
     #[test]
