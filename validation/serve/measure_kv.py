@@ -40,14 +40,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RECORDS = os.path.join(ROOT, "tests", "fixtures", "pytorch", "records")
 
 # model_types the estimator accepts (src/estimator/family.rs, Family::ALL). The records of
-# granitemoehybrid and kimi_linear are skipped: the estimator refuses those architectures.
+# Every model_type the estimator accepts, Granite 4.0-H and Kimi Linear included.
 ACCEPTED = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
     "gemma3_text", "olmo", "olmo2", "phi", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "stablelm",
     "starcoder2", "deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss", "llama4_text", "smollm3",
     # Issue 25's families.
     "seed_oss", "olmo3", "falcon_h1", "deepseek_v32", "exaone4", "apertus", "minimax_m2",
-    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid", "kimi_linear",
 }
 # Families whose transformers code has no SDPA path (the records say so): eager attention.
 EAGER = {"gemma2", "gpt_oss"}
