@@ -105,7 +105,7 @@ fn config_of(doc: &Value, r: &Value) -> Result<Config, String> {
 /// Families the estimator refuses (as `tests/step_fixtures.rs` lists them: issue 10's refusals,
 /// issue 25's families measured with the estimator pending): every record of theirs must be
 /// refused, never estimated.
-const REFUSED: &[&str] = &["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "falcon_h1"];
+const REFUSED: &[&str] = &["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear"];
 
 /// Of the [`REFUSED`] families, those whose config.json the estimator already accepts but models
 /// wrongly (issue 25): reported only. gpt2 with `gelu_pytorch_tanh` is estimated as `gelu_new`;

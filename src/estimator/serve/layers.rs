@@ -325,6 +325,20 @@ mod tests {
     }
 
     #[test]
+    fn granite_4_0_h_keeps_a_mamba_state_or_attention_in_each_layer_never_both() {
+        // Granite 4.0-H-Tiny: 40 layers, attention (4 KV heads × 128) on layers 5, 15, 25, 35,
+        // Mamba-2 (H 48, P 64, N 128, G 1, Kc 4) on the other 36: cd = 48·64 + 2·128 = 3,328,
+        // 4 columns 13,312 (transformers); SSM 48·64·128 = 393,216. Per token 4 layers × 512
+        // keys and 512 values.
+        let s = spec("granite-4.0-h-tiny");
+        let l = transformers_layers(&s).unwrap_or_default();
+        assert_eq!(l.len(), 40);
+        assert_eq!((l[5].attn, l[5].k, l[5].v, l[5].state), (Attn::Full, 512, 512, State::NONE));
+        assert_eq!((l[0].attn, l[0].k, l[0].state), (Attn::Linear, 0, State { conv: 13_312, recurrent: 393_216 }));
+        assert_eq!(l.iter().filter(|l| l.attn == Attn::Linear).count(), 36);
+    }
+
+    #[test]
     fn falcon_h1_keeps_attention_and_a_mamba_state_in_every_layer() {
         // Falcon-H1-0.5B: 36 layers, 2 KV heads × 64; Mamba-2 H 24, P 64, N 128, G 1, Kc 4.
         // cd = 24·64 + 2·1·128 = 1,792: 3 columns 5,376 (engines), 4 columns 7,168
