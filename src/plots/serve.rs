@@ -25,13 +25,15 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 /// The colours of the KV chart's lines, in the order the estimator gives its series (the
-/// configured model first).
+/// configured model first; a hybrid's "recurrent state (constant)" and "every layer full
+/// attention" take the next two, so a model has at most five distinct lines).
 fn kv_color(i: usize, theme: &Theme) -> RGBColor {
     match i {
         0 => theme.foreground,
         1 => okabe_ito::PURPLE,
         2 => okabe_ito::SKY_BLUE,
         3 => okabe_ito::GREEN,
+        4 => okabe_ito::VERMILLION,
         _ => okabe_ito::ORANGE,
     }
 }
@@ -281,6 +283,49 @@ mod tests {
             unit: Unit::Gib,
             current: Some((4096, 4096 * 70_272)),
         }
+    }
+
+    /// A hybrid (Qwen3-Next-80B-A3B, vLLM, bf16): 12 attention layers of 2·2·256 values
+    /// (24,576 B per token), 36 gated DeltaNet states beside, flat; every layer full
+    /// attention is 98,304 B per token.
+    fn hybrid() -> KvData {
+        let pts = |f: u128, c: u128| vec![(1024, 1024 * f + c), (4096, 4096 * f + c), (32_768, 32_768 * f + c)];
+        KvData {
+            series: vec![
+                Series { label: "as configured".into(), points: pts(24_576, 36 << 20) },
+                Series { label: "recurrent state (constant)".into(), points: pts(0, 36 << 20) },
+                Series { label: "every layer full attention".into(), points: pts(98_304, 0) },
+                Series { label: "FP8 KV cache".into(), points: pts(12_288, 36 << 20) },
+            ],
+            model: "Qwen3-Next-80B-A3B".into(),
+            engine: "vLLM".into(),
+            unit: Unit::Gib,
+            current: Some((4096, 4096 * 24_576 + (36 << 20))),
+        }
+    }
+
+    #[test]
+    fn a_hybrids_flat_state_and_full_attention_lines_are_drawn_and_named() {
+        for theme in [LIGHT, DARK, PROJECTOR] {
+            for w in [320, 720, 1600] {
+                let h = draw::chart_height(&kv_header(&hybrid(), &theme), w, &theme);
+                let (_, r) = draw_scene((w, h), |root| draw_kv(root, &hybrid(), &theme));
+                let layout = r.map(|(_, l)| l).unwrap_or_default();
+                assert!(layout.problems().is_empty(), "hybrid at {w}: {:?}", layout.problems());
+            }
+        }
+        let svg = kv_svg(&hybrid(), &LIGHT, (960, 480));
+        for s in ["recurrent state (constant)", "every layer full attention"] {
+            assert!(svg.contains(s), "{s}");
+        }
+        // Every line its own colour.
+        let colors: std::collections::BTreeSet<_> = (0..4)
+            .map(|i| {
+                let c = kv_color(i, &LIGHT);
+                (c.0, c.1, c.2)
+            })
+            .collect();
+        assert_eq!(colors.len(), 4);
     }
 
     fn conc() -> ConcurrencyData {

@@ -7,6 +7,13 @@ more tokens one at a time, and record every tensor the cache holds, layer by lay
 dtype, logical bytes (numel x element size) and the bytes of the storage behind it (a view keeps
 its whole storage alive: DynamicSlidingWindowLayer slices the concatenation it just made).
 
+Hybrid layers (transformers 5.24 cache_utils.py `DYNAMIC_LAYER_TYPE_MAPPING`): a gated DeltaNet
+layer of Qwen3-Next / Qwen3.5 (`linear_attention`) is a `LinearAttentionLayer` holding
+`conv_states[0]` and `recurrent_states[0]` and no keys; a Falcon-H1 layer (`hybrid`) is a
+`LinearAttentionAndFullAttentionLayer` holding both those states and keys/values; DeepSeek-V3.2's
+`indexed_attention` is a `DynamicIndexedLayer` with its indexer keys besides. Every tensor
+attribute is recorded, dictionaries of states included.
+
 Caches measured:
 - `DynamicCache(config=model.config)`: what `forward`/`generate()` create by default
   (`DynamicLayer` for full attention, `DynamicSlidingWindowLayer` for sliding and chunked layers);
@@ -32,11 +39,15 @@ from transformers.cache_utils import DynamicCache, QuantizedCache
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = os.path.join(ROOT, "tests", "fixtures", "pytorch", "records")
 
-# model_types the estimator accepts (src/estimator/family.rs, Family::ALL).
+# model_types the estimator accepts (src/estimator/family.rs, Family::ALL). The records of
+# Every model_type the estimator accepts, Granite 4.0-H and Kimi Linear included.
 ACCEPTED = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
     "gemma3_text", "olmo", "olmo2", "phi", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "stablelm",
     "starcoder2", "deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss", "llama4_text", "smollm3",
+    # Issue 25's families.
+    "seed_oss", "olmo3", "falcon_h1", "deepseek_v32", "exaone4", "apertus", "minimax_m2",
+    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid", "kimi_linear",
 }
 # Families whose transformers code has no SDPA path (the records say so): eager attention.
 EAGER = {"gemma2", "gpt_oss"}
@@ -52,6 +63,10 @@ def tensors_of(obj, prefix, out):
     elif isinstance(obj, (tuple, list)):
         for i, x in enumerate(obj):
             tensors_of(x, f"{prefix}[{i}]", out)
+    elif isinstance(obj, dict):
+        # LinearAttentionLayer's `conv_states` / `recurrent_states`: {state_idx: tensor}.
+        for k in sorted(obj):
+            tensors_of(obj[k], f"{prefix}[{k}]", out)
 
 
 def describe(cache):
@@ -119,13 +134,18 @@ def main():
         kwargs = {k: v for k, v in cfg_dict.items() if k not in ("model_type", "transformers_version")}
         config = AutoConfig.for_model(mt, **kwargs)
         attn = "eager" if mt in EAGER else "sdpa"
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn).eval()
+        try:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn).eval()
+        except ValueError:
+            # A family without an SDPA path: its eager attention caches the same tensors.
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager").eval()
         vocab = config.vocab_size
         kinds = [("dynamic", lambda: DynamicCache(config=model.config))]
         try:
             QuantizedCache(backend="fp8", config=model.config)
             kinds.append(("fp8", lambda: QuantizedCache(backend="fp8", config=model.config)))
-        except ValueError:
+        except (ValueError, TypeError, NotImplementedError):
+            # transformers refuses a quantized cache for windows and hybrid (state) layers.
             pass
         for kind, make in kinds:
             for prefill, decode in SHAPES:

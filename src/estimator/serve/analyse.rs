@@ -8,7 +8,7 @@ use super::super::overhead::{cuda_context_bytes, nccl_buffer_bytes};
 use super::activation::prefill_peak_bytes;
 use super::budget::{cuda_graph_bytes, fraction_of, sglang_default_fraction, torch_total_bytes};
 use super::dtype::Format;
-use super::kv::{per_token_bytes, transformers_bytes, Count, PagedError, PagedLayout};
+use super::kv::{per_token_bytes, state_bytes, transformers_bytes, Count, PagedError, PagedLayout, StateFormat};
 use super::layers::{kv_layers, KvLayer, LayoutError};
 use super::settings::{Engine, KvDtype, VLLM_MAX_NUM_BATCHED_TOKENS};
 use serde::Serialize;
@@ -71,35 +71,67 @@ pub struct ServeFix {
 pub enum Pool {
     /// vLLM: blocks of a paged layout.
     Paged { layout: PagedLayout, num_blocks: u64, batched: u64 },
-    /// SGLang: a pool of `tokens` token slots of `cell` bytes, `page` tokens per page.
-    Tokens { tokens: u64, cell: u64, page: u64 },
-    /// TensorRT-LLM: `num_blocks` blocks of `block` tokens.
-    Blocks { num_blocks: u64, block: u64 },
+    /// SGLang: a pool of `tokens` token slots of `cell` bytes, `page` tokens per page, and for
+    /// a hybrid `state` bytes of fixed-size state per sequence in `MambaPool`, whose
+    /// `state_slots` cap the running requests at `⌊slots / 3⌋` (0 and 0 without states).
+    Tokens { tokens: u64, cell: u64, page: u64, state: u64, state_slots: u64 },
+    /// TensorRT-LLM: `num_blocks` blocks of `block` tokens, `state` bytes of state per sequence.
+    Blocks { num_blocks: u64, block: u64, state: u64 },
     /// transformers: whatever is free, `bytes`, filled sequence by sequence.
-    Free { bytes: u128, layers: Vec<KvLayer>, fmt: Format },
+    Free { bytes: u128, layers: Vec<KvLayer>, fmt: Format, sf: StateFormat },
 }
 
 impl Pool {
     /// The bytes one sequence of `len` tokens takes from the pool (the engine's reservation:
     /// vLLM's blocks per request with sliding-window reuse, SGLang's token slots, TensorRT-LLM's
-    /// blocks, transformers' tensors after a decode step).
+    /// blocks, transformers' tensors after a decode step), states included.
     pub fn sequence_bytes(&self, len: u64, cell: u64) -> u128 {
         match self {
             Pool::Paged { layout, batched, .. } => layout.blocks_per_request(len, *batched) as u128 * layout.block_bytes() as u128,
-            Pool::Tokens { page, .. } => len.div_ceil((*page).max(1)) as u128 * (*page).max(1) as u128 * cell as u128,
-            Pool::Blocks { block, .. } => len.div_ceil((*block).max(1)) as u128 * (*block).max(1) as u128 * cell as u128,
-            Pool::Free { layers, fmt, .. } => {
-                transformers_bytes(layers, *fmt, 1, len.saturating_sub(1), 1.min(len), Count::Storage) as u128
+            Pool::Tokens { page, state, .. } => {
+                len.div_ceil((*page).max(1)) as u128 * (*page).max(1) as u128 * cell as u128 + *state as u128
+            }
+            Pool::Blocks { block, state, .. } => {
+                len.div_ceil((*block).max(1)) as u128 * (*block).max(1) as u128 * cell as u128 + *state as u128
+            }
+            Pool::Free { layers, fmt, sf, .. } => {
+                transformers_bytes(layers, *fmt, *sf, 1, len.saturating_sub(1), 1.min(len), Count::Storage) as u128
             }
         }
     }
 
+    /// The part of [`Pool::sequence_bytes`] that does not grow with the context: the layers'
+    /// fixed-size states as the engine holds them (vLLM: one padded block per state group).
+    pub fn state_bytes(&self) -> u128 {
+        match self {
+            Pool::Paged { layout, .. } => layout.state_bytes_per_request() as u128,
+            Pool::Tokens { state, .. } | Pool::Blocks { state, .. } => *state as u128,
+            Pool::Free { layers, sf, .. } => state_bytes(layers, *sf) as u128,
+        }
+    }
+
     /// Sequences of `len` tokens the pool holds at once, as the engine reports it.
+    ///
+    /// SGLang with states: `min(tokens / len, ⌊state_slots / 3⌋)` — the token pool holds the
+    /// attention layers' K/V only (`HybridLinearKVPool`; `cell` counts those), and
+    /// `init_memory` caps `max_num_reqs` at `max_mamba_cache_size //
+    /// MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO` (radix cache on).
+    ///
+    /// TensorRT-LLM with states (an approximation): its Mamba cache manager keeps one state per
+    /// sequence beside the attention blocks; here both come out of the same budget,
+    /// `blocks · B · cell / (⌈len / B⌉ · B · cell + state)`.
     pub fn concurrency(&self, len: u64, cell: u64) -> f64 {
         match self {
             Pool::Paged { layout, num_blocks, batched } => layout.max_concurrency(*num_blocks, len, *batched),
-            Pool::Tokens { tokens, .. } => *tokens as f64 / len.max(1) as f64,
-            Pool::Blocks { num_blocks, block } => *num_blocks as f64 / len.div_ceil((*block).max(1)).max(1) as f64,
+            Pool::Tokens { tokens, state: 0, .. } => *tokens as f64 / len.max(1) as f64,
+            Pool::Tokens { tokens, state_slots, .. } => {
+                (*tokens as f64 / len.max(1) as f64).min((*state_slots / super::budget::SGLANG_MAMBA_SLOTS_PER_REQUEST) as f64)
+            }
+            Pool::Blocks { num_blocks, block, state: 0 } => *num_blocks as f64 / len.div_ceil((*block).max(1)).max(1) as f64,
+            Pool::Blocks { num_blocks, block, state } => {
+                let block_bytes = ((*block).max(1) * cell) as f64;
+                *num_blocks as f64 * block_bytes / (len.div_ceil((*block).max(1)) as f64 * block_bytes + *state as f64).max(1.0)
+            }
             Pool::Free { bytes, .. } => *bytes as f64 / self.sequence_bytes(len, cell).max(1) as f64,
         }
     }
@@ -140,7 +172,7 @@ impl Pool {
         match self {
             Pool::Paged { layout, num_blocks, .. } => layout.cache_tokens(*num_blocks),
             Pool::Tokens { tokens, .. } => *tokens,
-            Pool::Blocks { num_blocks, block } => num_blocks * block,
+            Pool::Blocks { num_blocks, block, .. } => num_blocks * block,
             Pool::Free { bytes, .. } => (*bytes / cell.max(1) as u128).min(u64::MAX as u128) as u64,
         }
     }
@@ -159,9 +191,11 @@ pub struct Serve {
     pub kv_dtype: &'static str,
     /// Weights on this GPU, bytes.
     pub weights: u64,
-    /// One token's keys and values in this GPU's layers at full attention, bytes.
+    /// One token's keys and values in this GPU's layers at full attention, bytes (gated
+    /// DeltaNet layers add nothing; states are not per token).
     pub kv_per_token: u64,
-    /// The cache of one sequence of `context` tokens, windows included, as the engine holds it.
+    /// The cache of one sequence of `context` tokens as the engine holds it, windows and the
+    /// hybrid layers' fixed-size states included.
     pub kv_bytes: u128,
     /// Bytes the engine gives the KV cache.
     pub kv_cache_bytes: u128,
@@ -212,6 +246,16 @@ pub fn gpu_layers(cfg: &Config) -> Result<Vec<KvLayer>, ServeError> {
     Ok(kv_layers(&stage, tp_attn)?)
 }
 
+/// The dtypes of the layers' states for this configuration: transformers' (conv in the model's
+/// dtype, recurrent in FP32) or the engines' (the model's dtype).
+pub fn state_format(cfg: &Config) -> StateFormat {
+    let model = cfg.serve.weight_dtype.model_format();
+    match cfg.serve.engine {
+        Engine::Transformers => StateFormat::transformers(model),
+        _ => StateFormat::engine(model),
+    }
+}
+
 /// The KV cache's format for this configuration.
 pub fn kv_format(cfg: &Config) -> Format {
     cfg.serve.kv_dtype.format(cfg.serve.weight_dtype.model_format())
@@ -245,6 +289,8 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
     let fmt = kv_format(cfg);
     let model_fmt = s.weight_dtype.model_format();
     let cell = per_token_bytes(&layers, fmt);
+    let sf = state_format(cfg);
+    let state = state_bytes(&layers, sf);
     let total = torch_total_bytes(cfg);
     let ctx = cuda_context_bytes(cfg).bytes;
     let tp_attn = if s.dp_attention { 1 } else { cfg.tp };
@@ -318,7 +364,13 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
                 ),
                 "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory",
             ));
-            let layout = PagedLayout::new(&layers, fmt, block)?;
+            let layout = PagedLayout::new(&layers, fmt, sf, block)?;
+            if layout.state_page_bytes > 0 {
+                notes.push(format!(
+                    "vLLM's hybrid allocator: {} B of state per layer padded to pages of {} tokens ({} B), one block per request in each state group",
+                    layout.state_page_bytes, layout.block_size, layout.page_bytes
+                ));
+            }
             let num_blocks = layout.num_blocks(avail.max(0) as u128);
             rows.push(row(
                 "kv_blocks",
@@ -337,13 +389,37 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
         Engine::Sglang => {
             let frac = s.mem_fraction_static.unwrap_or_else(|| sglang_default_fraction(cfg.tp));
             let used = ctx + weights as u128 + nccl;
-            let rest = fraction_of(total, frac) as i128 - used as i128;
+            let rest_all = fraction_of(total, frac) as i128 - used as i128;
+            let (state_slots, kv_rest) = super::budget::sglang_state_split(rest_all.max(0) as u128, state);
+            let rest = if state > 0 { kv_rest as i128 } else { rest_all };
+            if state > 0 {
+                rows.push(row(
+                    "state_pool",
+                    "MambaPool (hybrid layers' states)",
+                    (rest_all.max(0) as u128 - kv_rest) as i128,
+                    "slots = ⌊rest · r / (1 + r) / state_per_req⌋, r = mamba_full_memory_ratio (0.9)",
+                    format!(
+                        "⌊{} · 0.9 / 1.9 / {state}⌋ = {state_slots} slots (at most {} running requests)",
+                        gib(rest_all),
+                        state_slots / super::budget::SGLANG_MAMBA_SLOTS_PER_REQUEST
+                    ),
+                    "sglang model_runner_kv_cache_mixin.py ModelRunnerKVCacheMixin.handle_max_mamba_cache, init_memory",
+                ));
+            }
             rows.push(row(
                 "kv_cache",
                 "KV pool (rest memory)",
                 rest,
-                "M_kv = mem_fraction_static · M_total − (CUDA context + weights + NCCL)",
-                format!("{frac} · {} − {} = {}", gib(total as i128), gib(used as i128), gib(rest)),
+                if state > 0 {
+                    "M_kv = mem_fraction_static · M_total − (CUDA context + weights + NCCL) − MambaPool"
+                } else {
+                    "M_kv = mem_fraction_static · M_total − (CUDA context + weights + NCCL)"
+                },
+                if state > 0 {
+                    format!("{frac} · {} − {} − {} = {}", gib(total as i128), gib(used as i128), gib(rest_all - rest), gib(rest))
+                } else {
+                    format!("{frac} · {} − {} = {}", gib(total as i128), gib(used as i128), gib(rest))
+                },
                 "sglang python/sglang/srt/model_executor/model_runner.py ModelRunner.profile_max_num_token",
             ));
             let tokens = (rest.max(0) as u128 / cell.max(1) as u128) as u64 / block * block;
@@ -355,11 +431,12 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
                 format!("⌊{} / {cell}⌋ = {tokens} tokens", rest.max(0)),
                 "sglang ModelRunner.profile_max_num_token: cell_size = Σ_layers (k + v) · e",
             ));
-            if layers.iter().any(|l| l.attn != super::layers::Attn::Full) {
+            if layers.iter().any(|l| matches!(l.attn, super::layers::Attn::Sliding(_) | super::layers::Attn::Chunked(_))) {
                 notes.push("SGLang's hybrid sliding-window pool (SWA) is not modelled: every layer is sized as full attention (SGLang with --disable-hybrid-swa-memory)".into());
             }
+
             let process = ctx + fraction_of(total, frac).max(used) + graphs;
-            (Pool::Tokens { tokens, cell, page: block }, rest.max(0) as u128, process)
+            (Pool::Tokens { tokens, cell, page: block, state, state_slots }, rest.max(0) as u128, process)
         }
         Engine::Trtllm => {
             let free = total as i128 - ctx as i128 - weights as i128 - activation as i128 - nccl as i128;
@@ -382,10 +459,13 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
             ));
             let block_bytes = cell * block;
             let num_blocks = (kv / block_bytes.max(1) as u128) as u64;
-            if layers.iter().any(|l| l.attn != super::layers::Attn::Full) {
+            if layers.iter().any(|l| matches!(l.attn, super::layers::Attn::Sliding(_) | super::layers::Attn::Chunked(_))) {
                 notes.push("TensorRT-LLM's variable sliding-window pools are not modelled: every layer is sized as full attention".into());
             }
-            (Pool::Blocks { num_blocks, block }, kv, ctx + (total as i128 - free.max(0)) as u128 + kv)
+            if state > 0 {
+                notes.push(format!("TensorRT-LLM's state cache is approximated: {state} B of state per sequence taken from the KV budget"));
+            }
+            (Pool::Blocks { num_blocks, block, state }, kv, ctx + (total as i128 - free.max(0)) as u128 + kv)
         }
         Engine::Transformers => {
             if cfg.tp > 1 || cfg.pp > 1 {
@@ -404,8 +484,11 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
                     ))
                 }
             };
-            if quantized && layers.iter().any(|l| l.attn != super::layers::Attn::Full) {
-                return Err(invalid("kv_dtype", "fp8: transformers' QuantizedCache refuses models with sliding or chunked layers"));
+            if quantized && layers.iter().any(|l| l.attn != super::layers::Attn::Full || l.state.is_some()) {
+                return Err(invalid(
+                    "kv_dtype",
+                    "fp8: transformers' QuantizedCache refuses models with sliding, chunked, linear-attention or Mamba layers",
+                ));
             }
             let prefill_peak = prefill_peak_bytes(&cfg.arch, model_fmt, 1, context_of(cfg), 1);
             let free = total as i128 - ctx as i128 - weights as i128 - prefill_peak as i128;
@@ -424,7 +507,7 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
                 ),
                 "transformers generate(): DynamicCache grows until the card is full",
             ));
-            (Pool::Free { bytes: free.max(0) as u128, layers: layers.clone(), fmt }, free.max(0) as u128, total)
+            (Pool::Free { bytes: free.max(0) as u128, layers: layers.clone(), fmt, sf }, free.max(0) as u128, total)
         }
     };
     rows.push(row(
@@ -600,6 +683,37 @@ mod tests {
         assert_eq!(s.kv_blocks as u128, s.kv_cache_bytes / (2 << 20));
         assert!((s.max_concurrency - s.kv_blocks as f64 / 512.0).abs() < 1e-9);
         assert!(s.max_context >= 8192);
+    }
+
+    #[test]
+    fn qwen3_next_counts_its_twelve_attention_layers_and_its_delta_net_states() {
+        // Qwen3-Next-80B-A3B, bf16: 12 full layers · 2 · 2 heads · 256 · 2 B = 24,576 B per
+        // token (48 layers counted as attention gave 98,304 B).
+        let q = "mode=serve&model=qwen3-next-80b-a3b-thinking&context=32768&gpus=2&tp=2";
+        let v = serve(q);
+        // TP 2: one KV head of 256 per GPU, 12 · 2 · 256 · 2 = 12,288 B per token.
+        assert_eq!(v.kv_per_token, 12_288);
+        // vLLM's state per layer and GPU: conv 8,192/2 · 3 · 2 B = 24,576, temporal
+        // 16 · 128 · 128 · 2 B = 524,288: 548,864 B. Attention page per token 1,024 B → block
+        // 16·⌈548,864 / 16,384⌉ = 16 · 34 = 544 tokens, page 557,056 B; groups of 12 layers:
+        // 3 state groups + 1 full. 32,768 tokens: ⌈32,768 / 544⌉ = 61 + 3 blocks of
+        // 12 · 557,056 B = 64 · 6,684,672 = 427,819,008 B (32,768 · 12,288 = 402,653,184 of
+        // keys and values before, had the 36 DeltaNet layers been attention: 4×).
+        assert_eq!((v.block_size, v.kv_bytes), (544, 427_819_008));
+        // transformers, one GPU: 32,768 · 24,576 B of keys and values + 36 states of
+        // 8,192 · 4 · 2 B conv + 32 · 128 · 128 · 4 B recurrent (2,162,688 B) = 883,163,136 B.
+        let t = serve("mode=serve&engine=transformers&model=qwen3-next-80b-a3b-thinking&context=32768&gpu=b200");
+        assert_eq!((t.kv_per_token, t.kv_bytes), (24_576, 32_768 * 24_576 + 36 * 2_162_688));
+        // SGLang: the token pool's cell counts the attention layers only; its MambaPool takes
+        // 0.9/1.9 of the rest, in slots of the 36 states (36 · 548,864 B per sequence), and
+        // the running requests are at most a third of the slots.
+        let g = serve(&format!("{q}&engine=sglang&gpu=b200"));
+        assert_eq!((g.kv_per_token, g.kv_bytes), (12_288, 32_768 * 12_288 + 36 * 548_864));
+        let state_row = g.rows.iter().find(|r| r.name == "state_pool").map(|r| r.bytes).unwrap_or(0);
+        let kv_row = g.rows.iter().find(|r| r.name == "kv_cache").map(|r| r.bytes).unwrap_or(0);
+        assert!(state_row > 0 && (state_row as f64 / kv_row as f64 - 0.9).abs() < 0.01, "{state_row} {kv_row}");
+        let slots = state_row as u64 / (36 * 548_864);
+        assert!(g.max_concurrency <= (slots / 3) as f64);
     }
 
     #[test]

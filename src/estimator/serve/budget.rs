@@ -51,6 +51,28 @@ pub fn sglang_default_fraction(tp: u64) -> f64 {
     }
 }
 
+/// SGLang's `mamba_full_memory_ratio` default: state memory ÷ full-attention KV memory
+/// (`ServerArgs`, 0.9).
+pub const SGLANG_MAMBA_FULL_MEMORY_RATIO: f64 = 0.9;
+/// SGLang's state slots per running request with the radix cache on
+/// (`MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`, model_runner_kv_cache_mixin.py).
+pub const SGLANG_MAMBA_SLOTS_PER_REQUEST: u64 = 3;
+
+/// SGLang's split of the pool memory `rest` between its `MambaPool` and the attention layers'
+/// KV for a model whose states take `per_req` bytes per sequence
+/// (`ModelRunnerKVCacheMixin.handle_max_mamba_cache`, sglang commit 001ccef0, without
+/// speculative decoding or `max_mamba_cache_size`): `slots = ⌊rest · r / (1 + r) / per_req⌋`
+/// (`max_mamba_cache_size`), the KV gets `rest − slots · per_req`. Returns `(slots, kv bytes)`.
+pub fn sglang_state_split(rest: u128, per_req: u64) -> (u64, u128) {
+    if per_req == 0 {
+        return (0, rest);
+    }
+    let r = SGLANG_MAMBA_FULL_MEMORY_RATIO;
+    let raw = rest as f64 * r / (1.0 + r);
+    let slots = (raw / per_req as f64).floor() as u64;
+    (slots, rest.saturating_sub(slots as u128 * per_req as u128))
+}
+
 /// CUDA graphs' memory (0 with `cuda_graphs=false`).
 pub fn cuda_graph_bytes(cfg: &Config) -> u128 {
     if !cfg.serve.cuda_graphs {
@@ -83,5 +105,18 @@ mod tests {
         assert_eq!(sglang_default_fraction(1), 0.88);
         assert_eq!(sglang_default_fraction(4), 0.85);
         assert_eq!(sglang_default_fraction(8), 0.81);
+    }
+}
+
+#[cfg(test)]
+mod hybrid_tests {
+    use super::*;
+
+    #[test]
+    fn sglang_gives_states_nine_nineteenths_of_the_pool() {
+        // 19 GiB and 1 MiB of state per sequence: 9 GiB of states = 9,216 slots, 10 GiB of KV.
+        let (slots, kv) = sglang_state_split(19 << 30, 1 << 20);
+        assert_eq!((slots, kv), (9_216, 10 << 30));
+        assert_eq!(sglang_state_split(100, 0), (0, 100));
     }
 }

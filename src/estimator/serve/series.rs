@@ -4,7 +4,7 @@
 
 use super::super::config::Config;
 use super::analyse::{size, ServeError};
-use super::layers::{without_mla, without_windows};
+use super::layers::{has_states, without_mla, without_states, without_windows};
 use super::settings::KvDtype;
 use serde::Serialize;
 
@@ -22,7 +22,11 @@ fn kv_line(cfg: &Config, label: String, contexts: &[u64]) -> Result<Series<u128>
 }
 
 /// KV bytes per sequence against context: the model as configured, and — where they differ —
-/// without MLA (per-head K/V), without its windows, and with an FP8 cache.
+/// without MLA (per-head K/V), without its windows, for a hybrid (gated DeltaNet or Mamba-2
+/// layers) its states alone ("recurrent state (constant)": [`super::analyse::Pool::state_bytes`],
+/// flat) and the same model with every layer full attention and no state (growing: Qwen3-Next's
+/// 48 layers all attention; Falcon-H1's attention without its Mamba-2 mixers), and with an FP8
+/// cache.
 pub fn kv_against_context(cfg: &Config, contexts: &[u64]) -> Result<Vec<Series<u128>>, ServeError> {
     let mut out = vec![kv_line(cfg, "as configured".into(), contexts)?];
     if cfg.arch.is_mla() {
@@ -32,6 +36,12 @@ pub fn kv_against_context(cfg: &Config, contexts: &[u64]) -> Result<Vec<Series<u
     if cfg.arch.window_layers.count(cfg.arch.layers) > 0 && cfg.arch.window > 0 {
         let c = Config { arch: without_windows(&cfg.arch), ..cfg.clone() };
         out.push(kv_line(&c, "without sliding windows".into(), contexts)?);
+    }
+    if has_states(&cfg.arch) {
+        let state = size(cfg)?.pool.state_bytes();
+        out.push(Series { label: "recurrent state (constant)".into(), points: contexts.iter().map(|&t| (t, state)).collect() });
+        let c = Config { arch: without_states(&cfg.arch), ..cfg.clone() };
+        out.push(kv_line(&c, "every layer full attention".into(), contexts)?);
     }
     if cfg.serve.kv_dtype != KvDtype::Fp8 {
         let mut c = cfg.clone();
@@ -70,6 +80,21 @@ mod tests {
         let labels: Vec<_> = s.iter().map(|l| l.label.as_str()).collect();
         assert_eq!(labels, ["as configured", "without MLA (per-head keys and values)", "FP8 KV cache"]);
         assert!(s[1].points[0].1 > 10 * s[0].points[0].1);
+    }
+
+    #[test]
+    fn a_hybrids_state_is_flat_beside_full_attentions_growth() {
+        for model in ["qwen3-next-80b-a3b-thinking", "falcon-h1-0.5b-instruct", "qwen3.5-27b"] {
+            let c = decode_query(&format!("mode=serve&model={model}")).config;
+            let s = kv_against_context(&c, &context_axis(131_072)).unwrap_or_default();
+            let labels: Vec<_> = s.iter().map(|l| l.label.as_str()).collect();
+            assert_eq!(labels, ["as configured", "recurrent state (constant)", "every layer full attention", "FP8 KV cache"], "{model}");
+            let (state, full) = (&s[1].points, &s[2].points);
+            assert!(state[0].1 > 0 && state.iter().all(|p| p.1 == state[0].1), "{model}: {state:?}");
+            assert!(full.windows(2).all(|w| w[1].1 > w[0].1), "{model}: {full:?}");
+            // As configured: the attention layers' growth plus the flat state.
+            assert!(s[0].points.iter().zip(state).all(|(a, st)| a.1 > st.1), "{model}");
+        }
     }
 
     #[test]
