@@ -16,8 +16,9 @@
 //! the per-channel decays `exp(g_i − g_j)` of `[b, H, n, C, C, K]`, the row-by-row forward
 //! substitution, then the loop over the chunks carrying the `[b, H, K, K]` state), and the
 //! sigmoid-gated RMSNorm (`KimiLinearRMSNormGated`) of `g_b_proj(g_a_proj(x))`, then `o_proj`.
-//! What each op's node keeps is `validation/check_formulas.py` `kda_terms`; the fla CUDA kernels
-//! keep far less and are not modelled here.
+//! What each op's node keeps is `validation/check_formulas.py` `kda_terms`. On `kernels = cuda`
+//! the convolution and the chunked rule are the CUDA kernels' nodes instead ([`super::fla`]:
+//! what `causal_conv1d_fn` and fla's `chunk_kda` keep, far less).
 //!
 //! The spec carries the KDA layer in [`Gdn`] with H key heads and H value heads of K
 //! (`linear_num_heads`, `linear_head_dim`), so the step's gated DeltaNet sizes serve it; its
@@ -26,6 +27,7 @@
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S, X};
 use super::common::{proj_or, Kind, Params, Shared};
+use super::fla;
 use super::mamba2::node;
 use super::modeling::Modeling;
 use super::qwen3_next::{dead_state_bmm, pad, req};
@@ -55,8 +57,10 @@ const SP: Dim = Dim::X(X::GdnPadded);
 const SOFTPLUS_THRESHOLD: &str = "20";
 
 /// What the estimate of a Kimi Linear model assumes (a preset's note, an import's).
-pub const TORCH_PATH: &str = "the Kimi Delta Attention layers are estimated as transformers runs them without flash-linear-attention \
-     and causal-conv1d (their torch fallback, which keeps far more than the fla CUDA kernels)";
+pub const TORCH_PATH: &str =
+    "the Kimi Delta Attention layers follow the kernels setting: kernels=cpu, transformers' torch fallback (what the \
+     records measure); kernels=cuda, the flash-linear-attention and causal-conv1d kernels transformers calls when installed \
+     (what they keep read from their sources, not measured on a GPU)";
 
 /// The KDA layer's parameters in named-parameter order (`KimiLinearDeltaAttention.__init__`;
 /// the forget gate's own `dt_bias` and `A_log` come before its projections).
@@ -437,16 +441,23 @@ pub fn kda(b: &mut Builder, w: &KdaW, x: Tid) -> Tid {
     // causal_conv1d_fn: F.conv1d(x.to(weight.dtype), weight.unsqueeze(1), padding=Kc - 1,
     // groups=3HK)[:, :, :s], then silu, then .to(x.dtype)
     let cw = req(b, w.conv);
-    let wdt = b.t(cw).dt;
-    let xw = b.to_copy(mt, wdt);
-    let xin = b.autocast_in(xw);
-    let cw = if b.autocast { b.cast_weight(cw) } else { cw };
-    let cdt = b.t(xin).dt;
-    let conv =
-        node(b, "convolution", "ConvolutionBackward0", &[xin, cw], shape(&[BD, CD, Dim::X(X::GdnConvLen)]), cdt, &[S::In(0), S::In(1)]);
-    let sl = b.slice(conv, shape(&[BD, CD, SD]));
-    let act = b.unary("silu", "SiluBackward0", sl, Keep::Input, "silu_backward");
-    let act = b.to_copy(act, b.t(mt).dt);
+    // With causal-conv1d (kernels = cuda) one fused node keeping only its input
+    // ([`fla::causal_conv1d`]); the fallback casts, convolves, slices, applies SiLU and casts back.
+    let (xw, conv, act) = if b.c.cuda {
+        let act = fla::causal_conv1d(b, mt, cw);
+        (act, act, act)
+    } else {
+        let wdt = b.t(cw).dt;
+        let xw = b.to_copy(mt, wdt);
+        let xin = b.autocast_in(xw);
+        let cw = if b.autocast { b.cast_weight(cw) } else { cw };
+        let cdt = b.t(xin).dt;
+        let conv =
+            node(b, "convolution", "ConvolutionBackward0", &[xin, cw], shape(&[BD, CD, Dim::X(X::GdnConvLen)]), cdt, &[S::In(0), S::In(1)]);
+        let sl = b.slice(conv, shape(&[BD, CD, SD]));
+        let act = b.unary("silu", "SiluBackward0", sl, Keep::Input, "silu_backward");
+        (xw, conv, b.to_copy(act, b.t(mt).dt))
+    };
     let at = b.view(act, tok(CD), "TransposeBackward0", false);
     let outs: Vec<Out> = [HK, HK, HK].iter().map(|&d| b.view_out(at, tok(d))).collect();
     let (bytes, dtype, rg) = (b.bytes(at), b.t(at).dtype, b.rg(at));
@@ -460,7 +471,7 @@ pub fn kda(b: &mut Builder, w: &KdaW, x: Tid) -> Tid {
     let g = forget_gate(b, w, x);
     let bl = lin(b, x, w.b, HV, "self_attn.b_proj", Linear::Qkv);
     let beta = b.unary("sigmoid", "SigmoidBackward0", bl, Keep::Output, "sigmoid_backward");
-    let core = chunk_kda(b, qq, kk, vv, g, beta);
+    let core = if b.c.cuda { fla::chunk_delta_rule(b, fla::Rule::Kda, qq, kk, vv, g, beta) } else { chunk_kda(b, qq, kk, vv, g, beta) };
     b.module = "self_attn";
     // gate = self.g_b_proj(self.g_a_proj(x)).view(hidden_shape)
     let ga = lin(b, x, w.g_a, DK, "self_attn.g_a_proj", Linear::Qkv);

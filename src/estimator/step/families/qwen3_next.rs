@@ -465,7 +465,7 @@ pub fn gated_deltanet(b: &mut Builder, w: &GdnW, spec: &ModelSpec, x: Tid) -> Ti
     } else {
         (q, k)
     };
-    let core = if b.c.cuda { fla::chunk_gated_delta_rule(b, q, k, v, g, beta) } else { chunk_rule(b, q, k, v, g, beta) };
+    let core = if b.c.cuda { fla::chunk_delta_rule(b, fla::Rule::Gated, q, k, v, g, beta) } else { chunk_rule(b, q, k, v, g, beta) };
     b.module = "linear_attn";
     let rows = shape(&[BD, SD, HV, DV]);
     let normed = gated_norm(b, w.norm_w, core, z);
@@ -672,8 +672,9 @@ fn gdn_keys(f: &Fields, split: bool) -> Result<Gdn, HfError> {
 }
 
 /// What the estimate of a gated DeltaNet model assumes (a preset's note, an import's).
-pub const TORCH_PATH: &str = "the gated DeltaNet layers are estimated as transformers runs them without flash-linear-attention and \
-     causal-conv1d (their torch fallback, which keeps far more than the fla CUDA kernels)";
+pub const TORCH_PATH: &str = "the gated DeltaNet layers follow the kernels setting: kernels=cpu, transformers' torch fallback (what the \
+     records measure); kernels=cuda, the flash-linear-attention and causal-conv1d kernels transformers calls when installed \
+     (what they keep read from their sources, not measured on a GPU)";
 
 /// Qwen3-Next: gated DeltaNet and gated attention layers, MoE with a gated shared expert.
 pub struct Qwen3Next;
