@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use trainmem::config::{Attention, Config, Framework, Kernels, OptimImpl, Optimizer, Precision, Recompute};
+use trainmem::config::{Attention, Config, Framework, Kernels, Loss, OptimImpl, Optimizer, Precision, Recompute};
 use trainmem::estimator::{estimate, hf, Estimate};
 
 /// The frameworks measured, one shard per framework and family.
@@ -55,6 +55,10 @@ fn config_of(doc: &Value, r: &Value) -> Config {
     let mut c = Config::default();
     trainmem::config::apply_import(&mut c, &imported);
     c.framework = framework(r["framework"].as_str().expect("framework"));
+    // torchtune's recipe loss is `CEWithChunkedOutputLoss`, what its YAML import reads as `loss = chunked`.
+    if c.framework == Framework::Torchtune {
+        c.loss = Loss::Chunked;
+    }
     c.batch = r["batch"].as_u64().expect("batch");
     c.seq = r["seq"].as_u64().expect("seq");
     c.precision = match r["dtype"].as_str() {

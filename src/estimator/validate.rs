@@ -408,8 +408,10 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     if cfg.finetune != Finetune::Full {
         return Some("torchtune's LoRA/QLoRA recipes (its own LoRALinear) are not modelled: finetune=full".into());
     }
-    if cfg.loss != Loss::Standard {
-        return Some("torchtune's loss is its own CEWithChunkedOutputLoss (loss=standard selects it)".into());
+    if cfg.loss != Loss::Chunked {
+        return Some(
+            "torchtune is modelled with the CEWithChunkedOutputLoss its configs ship (loss=chunked); its plain cross-entropy is not".into(),
+        );
     }
     if !matches!(cfg.recompute, Recompute::None | Recompute::Full) || cfg.recompute_every > 0 {
         return Some("torchtune checkpoints every layer or none (recompute=full or none)".into());

@@ -539,16 +539,17 @@ impl<'a> Setup<'a> {
         } else {
             xn
         };
+        // torchtune's `CEWithChunkedOutputLoss` (its `loss = chunked`), not Liger's fused loss.
+        if self.cfg.framework == crate::estimator::config::Framework::Torchtune {
+            families::torchtune::head_and_loss(b, xn, w, bias);
+            return;
+        }
         if self.cfg.loss == Loss::Chunked {
             self.chunked_loss(b, xn, w);
             return;
         }
         if self.cfg.framework == crate::estimator::config::Framework::Torchtitan {
             families::torchtitan::head_and_loss(b, xn, w, bias, vocab);
-            return;
-        }
-        if self.cfg.framework == crate::estimator::config::Framework::Torchtune {
-            families::torchtune::head_and_loss(b, xn, w, bias);
             return;
         }
         let logits = match w {

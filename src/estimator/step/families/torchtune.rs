@@ -338,7 +338,7 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
 
 #[cfg(test)]
 mod tests {
-    use crate::estimator::config::{Config, Framework, Precision};
+    use crate::estimator::config::{Config, Framework, Loss, Precision};
     use crate::estimator::estimate;
     use crate::estimator::presets::preset;
 
@@ -352,6 +352,7 @@ mod tests {
             arch: preset("llama-3.1-8b").expect("preset").spec,
             seq: 4096,
             precision: Precision::Bf16,
+            loss: Loss::Chunked,
             ..Config::default()
         };
         let hf = estimate(&base).expect("hf estimates");
@@ -368,7 +369,9 @@ mod tests {
         let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
         assert!(estimate(&Config { framework: Framework::Torchtune, arch: gemma, ..base.clone() }).is_err());
         // Mixed precision with fp32 master weights is not how torchtune trains: refused by name.
-        let mixed = estimate(&Config { framework: Framework::Torchtune, precision: Precision::MixedBf16, ..base });
+        let mixed = estimate(&Config { framework: Framework::Torchtune, precision: Precision::MixedBf16, ..base.clone() });
         assert!(mixed.is_err_and(|e| e.to_string().contains("torchtune")));
+        // Its plain (unchunked) cross-entropy is another program: refused, not estimated as this one.
+        assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
     }
 }
