@@ -109,6 +109,7 @@ pub fn choice_label(key: &str, value: &str) -> Option<&'static str> {
         ("loss", "chunked") => "chunked logits",
         ("framework", "hf") => "Hugging Face transformers",
         ("framework", "megatron") => "Megatron-LM",
+        ("framework", "torchtune") => "torchtune 0.6.1 (its Llama 3)",
         ("framework", "torchtitan") => "torchtitan 0.2.2 (its Llama 3)",
         ("kernels", "cuda") => "CUDA",
         ("kernels", "cpu") => "CPU (validation fixtures)",

@@ -129,10 +129,143 @@ def build_torchtitan_llama3(seq: int, tdtype):
     lm = FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
     return lm
 
+# ------------------------------------------------------------------------------------------------ torchtune 0.6.1
+
+def _torchtune_modules():
+    """torchtune 0.6.1's modeling code without the package's import-time baggage: torchtune/__init__.py imports
+    torchao (a hard check) and then datasets/generation/models/... (datasets, tiktoken, ...); none of that is the
+    Llama 3 model. The packages `torchtune`, `torchtune.models`, `torchtune.models.llama3(_1)` are entered by path
+    without their __init__, and `torchao.*` plus `torchtune.modules.low_precision` (NF4 quantization, imported by
+    torchtune.modules/__init__ and modules/peft for LoRA/QLoRA only) are permissive stubs: no torchao code runs in a
+    full-finetune Llama 3 (validation/README.md)."""
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+
+    class _Meta(type):
+        def __getattr__(cls, n):
+            return _Any
+
+        def __call__(cls, *a, **k):  # decorators (`@implements([...])`) pass the function through
+            if len(a) == 1 and callable(a[0]) and not k:
+                return a[0]
+            return _Any
+
+    class _Any(metaclass=_Meta):
+        pass
+
+    class _Stub(types.ModuleType):
+        def __getattr__(self, n):
+            if n.startswith("__"):
+                raise AttributeError(n)
+            return _Any
+
+    class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            if name == "torchao" or name.startswith("torchao.") or name.startswith("torchtune.modules.low_precision"):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            m = _Stub(spec.name)
+            m.__path__ = []
+            return m
+
+        def exec_module(self, module):
+            pass
+
+    if "torchtune" not in sys.modules:
+        sys.meta_path.insert(0, _Finder())
+        root = importlib.util.find_spec("torchtune").submodule_search_locations[0]
+        for name in ["torchtune", "torchtune.models", "torchtune.models.llama3", "torchtune.models.llama3_1"]:
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = pkg
+    from torchtune.models.llama3_1._component_builders import llama3_1
+    from torchtune.modules import TransformerSelfAttentionLayer
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+    return llama3_1, TransformerSelfAttentionLayer, CEWithChunkedOutputLoss
+
+
+class TorchtuneLM(nn.Module):
+    """torchtune's `TransformerDecoder` and `full_finetune_single_device.py`'s loss step behind transformers' calling
+    convention. `ignore_labels_cache` is the recipe's `torch.full((batch_size, 1), ignore_index)` (a buffer here)."""
+
+    def __init__(self, model, loss_fn, config, layer_cls, batch):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.config = config
+        self._layer_cls = layer_cls
+        self.register_buffer("ignore_labels_cache", torch.full((batch, 1), loss_fn.ignore_index), persistent=False)
+
+    def get_output_embeddings(self):
+        return self.model.output
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        """The recipe's `training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})`
+        (training/memory.py: torch's `apply_activation_checkpointing`, `checkpoint_wrapper` defaults: non-reentrant,
+        preserve_rng_state=True)."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        if gradient_checkpointing_kwargs and gradient_checkpointing_kwargs.get("use_reentrant"):
+            raise SystemExit("the frameworks checkpoint non-reentrantly")
+        apply_activation_checkpointing(self.model, auto_wrap_policy=ModuleWrapPolicy({self._layer_cls}))
+
+    def forward(self, input_ids, labels=None, use_cache=False):
+        """`train()`: `current_num_tokens = (labels != ignore_index).sum()`; `_loss_step`: `logits = model(tokens)`
+        (a list of `num_output_chunks` chunks), labels shifted by `hstack((labels[..., 1:], ignore_labels_cache))`,
+        `loss = loss_fn(logits, labels)`, `del logits`; then `current_loss = loss * current_num_tokens` is what
+        `backward()` runs on (`scale_grads(model, 1 / num_tokens)` before the step is not traced here)."""
+        del use_cache
+        if labels is None:
+            return Output(loss=None, logits=self.model(input_ids))
+        current_num_tokens = (labels != self.loss_fn.ignore_index).sum()
+        logits = self.model(input_ids)
+        shifted = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
+        loss = self.loss_fn(logits, shifted)
+        del logits
+        # The harness reads `out.logits`; the recipe keeps none past the loss: an empty tensor stands in (0 bytes).
+        return Output(loss=loss * current_num_tokens, logits=torch.empty(0))
+
+
+# The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
+# that the record shows the buffer follows max_seq_len (max_position_embeddings), not the batch's sequence.
+TUNE_MAX_SEQ = 128
+
+
+def build_torchtune_llama3(seq: int, tdtype):
+    llama3_1, layer_cls, ce = _torchtune_modules()
+    from transformers import LlamaConfig
+    ffn = 256
+    torch.manual_seed(measure.MODEL_SEED)
+    # The recipe instantiates the model under `training.set_default_dtype(self._dtype)`: parameters in the training
+    # dtype; RoPE's `theta` and `cache` are computed with `.float()` and stay fp32.
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(tdtype)
+    try:
+        m = llama3_1(vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
+                     max_seq_len=TUNE_MAX_SEQ, intermediate_dim=ffn, rope_base=500000)
+    finally:
+        torch.set_default_dtype(prev)
+    loss_fn = ce(num_output_chunks=8)
+    m.set_num_output_chunks(loss_fn.num_output_chunks)
+    m.train()
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=False,
+                      rope_theta=500000,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    cfg.dtype = tdtype
+    cfg.architectures = ["LlamaForCausalLM"]
+    return TorchtuneLM(m, loss_fn, cfg, layer_cls, 2)
+
 
 FRAMEWORKS = {
     # (framework, family): (version, builder(seq, torch dtype), attentions it runs)
     ("torchtitan", "llama3"): ("0.2.2", build_torchtitan_llama3, ["sdpa"]),
+    ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
 }
 
 

@@ -139,7 +139,10 @@ named!(Finetune, [(Finetune::Full, "full"), (Finetune::Lora, "lora"), (Finetune:
 named!(Attention, [(Attention::Eager, "eager"), (Attention::Sdpa, "sdpa"), (Attention::Flash, "flash")]);
 named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full"), (Recompute::Op, "op")]);
 named!(Loss, [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]);
-named!(Framework, [(Framework::Hf, "hf"), (Framework::Megatron, "megatron"), (Framework::Torchtitan, "torchtitan")]);
+named!(
+    Framework,
+    [(Framework::Hf, "hf"), (Framework::Megatron, "megatron"), (Framework::Torchtitan, "torchtitan"), (Framework::Torchtune, "torchtune")]
+);
 named!(Kernels, [(Kernels::Cuda, "cuda"), (Kernels::Cpu, "cpu")]);
 named!(
     Zero,

@@ -247,6 +247,11 @@ pub enum Framework {
     /// (`distributed/activation_checkpoint.py`); the step program follows it
     /// (`step/families/torchtitan.rs`).
     Torchtitan,
+    /// torchtune 0.6.1's own modeling code (`torchtune/models/llama3_1/_component_builders.py`:
+    /// Llama 3 / 3.1 / 3.2) and `full_finetune_single_device.py`'s loss step
+    /// (`CEWithChunkedOutputLoss`, 8 output chunks); the step program follows it
+    /// (`step/families/torchtune.rs`).
+    Torchtune,
 }
 
 /// Whose kernels decide what is saved (`kernels`): CUDA (what training runs on) or PyTorch's

@@ -354,6 +354,9 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
 fn framework_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::Framework;
     use crate::estimator::family::Family;
+    if cfg.framework == Framework::Torchtune {
+        return torchtune_refusal(cfg);
+    }
     if cfg.framework != Framework::Torchtitan {
         return None;
     }
@@ -369,6 +372,52 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     }
     if cfg.dropout > 0.0 {
         return Some("torchtitan's Llama 3 has no dropout".into());
+    }
+    None
+}
+
+/// What `framework = torchtune` does not follow (yet): the step program is torchtune 0.6.1's
+/// Llama 3 / 3.1 (`llama3_1`: dense, no biases, q/k norms or dropout, SDPA, an untied output
+/// projection) trained as `full_finetune_single_device.py` trains it (full fine-tuning in fp32,
+/// pure bf16 — and bf16 autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer
+/// checkpointed or none), on one device: what `tests/fixtures/pytorch/frameworks/
+/// torchtune-llama3.json` measured. Everything else is refused by name, not estimated as
+/// something else.
+fn torchtune_refusal(cfg: &Config) -> Option<String> {
+    use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
+    use crate::estimator::family::Family;
+    let spec = &cfg.arch;
+    if spec.family != Family::Llama {
+        return Some(format!("torchtune is modelled for Llama 3 only (yet), not {:?}", spec.family));
+    }
+    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
+        return Some("torchtune's Llama 3 has no experts, biases or q/k norms".into());
+    }
+    if spec.tied {
+        return Some("torchtune's tied output projection (Llama 3.2 1B/3B: TiedLinear) is not measured yet".into());
+    }
+    if cfg.attn != Attention::Sdpa {
+        return Some("torchtune's Llama 3 attends through SDPA (attn=sdpa)".into());
+    }
+    if cfg.dropout > 0.0 {
+        return Some("torchtune's Llama 3 is measured without dropout (attn_dropout = 0)".into());
+    }
+    if !matches!(cfg.precision, Precision::Fp32 | Precision::Bf16 | Precision::AmpBf16) {
+        return Some("torchtune trains in fp32 or bf16 (precision=fp32, bf16 or amp-bf16 as measured)".into());
+    }
+    if cfg.finetune != Finetune::Full {
+        return Some("torchtune's LoRA/QLoRA recipes (its own LoRALinear) are not modelled: finetune=full".into());
+    }
+    if cfg.loss != Loss::Chunked {
+        return Some(
+            "torchtune is modelled with the CEWithChunkedOutputLoss its configs ship (loss=chunked); its plain cross-entropy is not".into(),
+        );
+    }
+    if !matches!(cfg.recompute, Recompute::None | Recompute::Full) || cfg.recompute_every > 0 {
+        return Some("torchtune checkpoints every layer or none (recompute=full or none)".into());
+    }
+    if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 || cfg.gpus > 1 {
+        return Some("torchtune is modelled on one device (full_finetune_single_device.py): gpus = 1".into());
     }
     None
 }

@@ -121,6 +121,8 @@ pub enum X {
     Pos,
     /// Rows of a chunked loss (n_chunk).
     Chunk,
+    /// Tokens of one of torchtune's output chunks (⌈s / 8⌉).
+    OutChunk,
     /// MLA's query LoRA rank (r_q, `q_lora_rank`).
     MlaRq,
     /// MLA's compressed-KV rank (r_kv, `kv_lora_rank`).
@@ -194,7 +196,7 @@ pub enum X {
 }
 
 impl X {
-    pub const COUNT: usize = 44;
+    pub const COUNT: usize = 45;
     pub fn sym(self) -> Sym {
         use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
@@ -207,6 +209,7 @@ impl X {
             X::EProj => Sym::new("e", "", "OPT word_embed_proj_dim"),
             X::Pos => Sym::new("P", "", "rows of the learned position table"),
             X::Chunk => Sym::new("n", "chunk", "rows of a loss chunk: ⌈b·s / ⌈V/h⌉⌉ (Liger)"),
+            X::OutChunk => Sym::new("s", "chunk", "tokens of an output chunk: ⌈s / 8⌉ (torchtune)"),
             X::MlaRq => Sym::new("r", "q", "MLA query rank (q_lora_rank)"),
             X::MlaRkv => Sym::new("r", "kv", "MLA compressed-KV rank (kv_lora_rank)"),
             X::MlaNope => Sym::new("d", "nope", "MLA non-rotary query/key head dims (qk_nope_head_dim)"),

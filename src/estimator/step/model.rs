@@ -79,6 +79,7 @@ impl<'a> Setup<'a> {
         xv[X::Pos as usize] = spec.max_pos + spec.pos_offset;
         let rows = (cfg.batch * values_s(cfg)).div_ceil(spec.vocab.div_ceil(spec.hidden.max(1)).max(1));
         xv[X::Chunk as usize] = rows;
+        xv[X::OutChunk as usize] = families::torchtune::chunk_tokens(values_s(cfg)).0;
         xv[X::MlaRq as usize] = spec.q_lora_rank;
         xv[X::MlaRkv as usize] = spec.kv_lora_rank;
         xv[X::MlaNope as usize] = spec.qk_nope_dim();
@@ -421,8 +422,11 @@ impl<'a> Setup<'a> {
             b.hold(t);
         }
         self.head_and_loss(&mut b, &p, xn, &sh);
-        // The caller's `hidden_states` holds the final norm's output through the loss.
-        b.hold(xn);
+        // The caller's `hidden_states` holds the final norm's output through the loss
+        // (torchtune's `unembed` returns the chunks' logits: its `h` goes before the loss).
+        if self.cfg.framework != crate::estimator::config::Framework::Torchtune {
+            b.hold(xn);
+        }
         (b.p, x)
     }
 
@@ -487,8 +491,11 @@ impl<'a> Setup<'a> {
             self.head_and_loss(b, p, xn, sh);
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
-            // bf16 cast, and the fp32 output still lives through the loss.
-            b.hold(xn);
+            // bf16 cast, and the fp32 output still lives through the loss. (torchtune's
+            // `unembed` returns the chunks' logits: its `h` goes before the loss.)
+            if self.cfg.framework != crate::estimator::config::Framework::Torchtune {
+                b.hold(xn);
+            }
         } else {
             // The output is sent to the next stage and freed; its gradient comes back.
             for t in sh.locals.into_iter().flatten() {
@@ -532,6 +539,11 @@ impl<'a> Setup<'a> {
         } else {
             xn
         };
+        // torchtune's `CEWithChunkedOutputLoss` (its `loss = chunked`), not Liger's fused loss.
+        if self.cfg.framework == crate::estimator::config::Framework::Torchtune {
+            families::torchtune::head_and_loss(b, xn, w, bias);
+            return;
+        }
         if self.cfg.loss == Loss::Chunked {
             self.chunked_loss(b, xn, w);
             return;
@@ -847,7 +859,7 @@ impl Resident {
 /// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let spec = &cfg.arch;
-    if let Some(bytes) = families::torchtitan::buffer_bytes(cfg) {
+    if let Some(bytes) = families::torchtitan::buffer_bytes(cfg).or_else(|| families::torchtune::buffer_bytes(cfg)) {
         return bytes;
     }
     let code = families::modeling(spec.family);

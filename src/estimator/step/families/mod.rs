@@ -74,6 +74,7 @@ pub mod smollm3;
 pub mod stablelm;
 pub mod starcoder2;
 pub mod torchtitan;
+pub mod torchtune;
 
 pub use common::{Kind, Params, Shared, Var};
 pub use modeling::Modeling;
@@ -131,6 +132,7 @@ pub fn modeling(family: Family) -> &'static dyn Modeling {
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
+        (Framework::Torchtune, Family::Llama) => &torchtune::Llama3,
         _ => modeling(family),
     }
 }

@@ -1,0 +1,377 @@
+//! `framework = torchtune`: torchtune 0.6.1's own Llama 3 / 3.1 / 3.2
+//! (`torchtune/models/llama3_1/_component_builders.py` `llama3_1`: `TransformerDecoder`,
+//! `TransformerSelfAttentionLayer`, `MultiHeadAttention`, `RMSNorm`, `Llama3ScaledRoPE`,
+//! `FeedForward`) and `recipes/full_finetune_single_device.py`'s loss step
+//! (`CEWithChunkedOutputLoss(num_output_chunks=8)`, `modules/loss/ce_chunked_output_loss.py`).
+//! Its activation checkpointing (`training.set_activation_checkpointing`: torch's
+//! `apply_activation_checkpointing` on each `TransformerSelfAttentionLayer`, non-reentrant) is
+//! the step's checkpoint region.
+//!
+//! Where it differs from transformers' `modeling_llama.py`, each measured in
+//! `tests/fixtures/pytorch/frameworks/torchtune-llama3.json`:
+//! - `RMSNorm.forward` is `F.rms_norm(x.float(), …, weight=self.scale).to(x.dtype)`: what
+//!   `nn.RMSNorm` keeps ([`Rms::Torch`]: the fp32 input, the rsqrt, the fp32 normalized input);
+//! - RoPE (`Llama3ScaledRoPE.forward`) runs in fp32 on interleaved pairs against the `cache`
+//!   buffer: four products, a difference, a sum, `stack`, `type_as` ([`rope`]); it keeps nothing
+//!   but the buffer;
+//! - `MultiHeadAttention` repeats k and v to the query heads (`unsqueeze(2).expand(…)
+//!   .flatten(1, 2)`: a copy, what SDPA keeps) and calls SDPA with `is_causal=True`: no mask;
+//! - the output projection runs on 8 chunks of the sequence (`chunked_output`) and the loss
+//!   upcasts one chunk at a time; labels are shifted by `hstack` with the recipe's
+//!   `ignore_labels_cache`, and backward runs on `loss * current_num_tokens`.
+//!
+//! Projections, the SDPA core and `FeedForward` (`w2(silu(w1(x)) * w3(x))`) keep what
+//! transformers' Llama keeps: they reuse its builders.
+
+use super::super::blocks::shapes::{heads, heads_bshd};
+use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S, X};
+use super::common::{head_proj, out_proj, sub, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
+use super::llama::{decoder_layer, mlp, repeat_kv, sdpa_core};
+use super::modeling::Modeling;
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::config::{Attention, Config, Framework};
+use crate::estimator::family::Family;
+use crate::estimator::ledger::Bytes;
+use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::step::part::Part;
+
+/// `CEWithChunkedOutputLoss(num_output_chunks=8)`, as every torchtune Llama 3 config sets it
+/// (`model.set_num_output_chunks(self._loss_fn.num_output_chunks)` in the recipe).
+pub const OUTPUT_CHUNKS: u64 = 8;
+
+/// Bytes of one fp32 element (RoPE's `theta` and `cache`).
+const FP32_BYTES: u128 = 4;
+
+/// Bytes of one int64 element (the recipe's `ignore_labels_cache`).
+const INT64_BYTES: u128 = 8;
+
+/// torchtune's `RMSNorm` (`F.rms_norm` on the fp32 input), in the layers and after them.
+const NORM: Norm = Norm::Rms(Rms::Torch);
+
+/// The RoPE `cache` as the layers read it (`self.cache[:seq_len]`, `[s, d/2, 2]` fp32: the
+/// bytes of `[s, d]`).
+fn cache_shape() -> Shape {
+    Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None)
+}
+
+/// `Llama3ScaledRoPE.forward` on q or k laid out `[b, s, heads, d]`:
+/// ```python
+/// xshaped = x.float().reshape(*x.shape[:-1], -1, 2)
+/// x_out = torch.stack([xshaped[..., 0] * rope_cache[..., 0] - xshaped[..., 1] * rope_cache[..., 1],
+///                      xshaped[..., 1] * rope_cache[..., 0] + xshaped[..., 0] * rope_cache[..., 1]], -1)
+/// return x_out.flatten(3).type_as(x)
+/// ```
+/// The cache needs no gradient: each product keeps only the cache (a buffer); the selects'
+/// backward (`select_backward`) allocates the whole fp32 input. `xshaped` and `x_out` are the
+/// function's locals.
+fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
+    let dt = b.t(x).dt;
+    let x32 = b.to_copy(x, Dt::F32);
+    let half = b.shape(x32).last(Dim::Half(Q::D));
+    let x0 = b.slice(x32, half);
+    let x1 = b.slice(x32, half);
+    let a = b.mul(x0, cache);
+    let c = b.mul(x1, cache);
+    let re = sub(b, a, c);
+    let d = b.mul(x1, cache);
+    let e = b.mul(x0, cache);
+    let im = b.add(d, e);
+    let full = b.shape(x32);
+    let st = b.cat2(re, im, full);
+    let out = b.to_copy(st, dt);
+    b.hold(x32);
+    b.hold(st);
+    out
+}
+
+/// `MultiHeadAttention.forward` (self-attention, no KV cache, no q/k norms):
+/// ```python
+/// q = self.q_proj(x).view(b, s_x, self.num_kv_heads * q_per_kv, self.head_dim)
+/// q = self.pos_embeddings(q, input_pos=input_pos).transpose(1, 2)
+/// k = self.k_proj(y).view(b, s_y, -1, self.head_dim); v = self.v_proj(y).view(…)
+/// k = self.pos_embeddings(k, input_pos=input_pos).transpose(1, 2); v = v.transpose(1, 2)
+/// if self.num_heads != self.num_kv_heads:
+///     k = k.unsqueeze(2).expand(expand_shape).flatten(1, 2)      # v alike
+/// output = self._attention_call(q, k, v, mask=None, dropout_p=0.0, is_causal=True)
+/// return self.output_proj(output.transpose(1, 2).contiguous().view(b, s_x, -1))
+/// ```
+fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Tid>) {
+    let qy = head_proj(b, x, w.wq, None, Q::A, "attn.q_proj", Linear::Q);
+    b.module = "attn";
+    let q = b.view(qy, heads_bshd(Q::A), "ViewBackward0", false);
+    let q = match sh.cos {
+        Some(c) => rope(b, q, c),
+        None => q,
+    };
+    let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
+    let ky = head_proj(b, x, w.wk, None, Q::KV, "attn.k_proj", Linear::K);
+    let vy = head_proj(b, x, w.wv, None, Q::KV, "attn.v_proj", Linear::V);
+    b.module = "attn";
+    let k = b.view(ky, heads_bshd(Q::KV), "ViewBackward0", false);
+    let v = b.view(vy, heads_bshd(Q::KV), "ViewBackward0", false);
+    let k = match sh.cos {
+        Some(c) => rope(b, k, c),
+        None => k,
+    };
+    let kt = b.view(k, heads(Q::KV), "TransposeBackward0", false);
+    let vt = b.view(v, heads(Q::KV), "TransposeBackward0", false);
+    b.part = Part::AttentionCore;
+    let (kr, vr) = if b.c.n(Q::KV) != b.c.n(Q::A) { (repeat_kv(b, kt), repeat_kv(b, vt)) } else { (kt, vt) };
+    let o = sdpa_core(b, qt, kr, vr);
+    let out = out_proj(b, o, w.wo, w.bo, "attn.output_proj");
+    (out, None)
+}
+
+/// `TransformerSelfAttentionLayer.forward`:
+/// ```python
+/// h = self.sa_norm(x)
+/// attn_out = self.attn(h, h, mask=mask, input_pos=input_pos)
+/// h = self.sa_scale(attn_out) + x                 # Identity
+/// mlp_out = self.mlp(self.mlp_norm(h))
+/// return h + self.mlp_scale(mlp_out)
+/// ```
+fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
+    let aw = AttnW::new(b, p);
+    let mw = MlpW::new(b, p);
+    decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh), |b, n| mlp(b, &mw, n))
+}
+
+/// torchtune 0.6.1's Llama 3 (`TransformerDecoder` of `llama3_1`, see the module doc).
+pub struct Llama3;
+impl Modeling for Llama3 {
+    /// A framework's program, not a `model_type`: a Llama 3 `config.json` reads as transformers'
+    /// Llama, and `framework = torchtune` picks this program for it.
+    fn import(
+        &self,
+        t: &str,
+        f: &crate::estimator::hf::fields::Fields,
+        notes: &mut Vec<String>,
+    ) -> Result<ModelSpec, crate::estimator::hf::fields::HfError> {
+        super::modeling::Llama.import(t, f, notes)
+    }
+    /// Written back as transformers' Llama `config.json`.
+    fn export(&self, spec: &ModelSpec) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        super::modeling::Llama.export(spec)
+    }
+    /// `TransformerDecoder.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
+    /// layers read the shared RoPE module's `cache` buffer.
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        let (x0, _) = token_embedding(b, p, ids, "tok_embeddings");
+        b.module = "";
+        (x0, self.positions(b, spec, attn))
+    }
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        let _ = attn;
+        let cos = super::common::has_rope(spec).then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
+        Shared { cos, ..Shared::default() }
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        let _ = (spec, kind, attn);
+        layer(b, p, x, sh)
+    }
+    fn norm(&self) -> Norm {
+        NORM
+    }
+    /// `h` is rebound by every layer.
+    fn x0_is_local(&self) -> bool {
+        false
+    }
+    /// The RoPE `cache` buffer, no sin.
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        super::common::has_rope(spec).then(|| (cache_shape(), Dt::F32, false))
+    }
+    /// SDPA runs `is_causal=True`: no mask.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let _ = (b, spec, attn);
+        [None, None]
+    }
+    fn shares_positions(&self) -> bool {
+        false
+    }
+    fn rope_table_is_buffer(&self) -> bool {
+        true
+    }
+}
+
+/// torchtune's buffers: the one RoPE module every layer shares (`Llama3ScaledRoPE.rope_init`:
+/// `theta` `[d/2]` and `cache` `[max_seq_len, d/2, 2]`, fp32 — computed with `.float()`, so the
+/// recipe's `set_default_dtype(bf16)` leaves them fp32; `max_seq_len` is the model's,
+/// `max_position_embeddings`) and the recipe's `ignore_labels_cache`
+/// (`torch.full((batch_size, 1), ignore_index, device=self._device)`, int64):
+/// (P · (d/2) · 2 + d/2) × 4 + b × 8. `None` for another framework or family.
+pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
+    (cfg.framework == Framework::Torchtune && cfg.arch.family == Family::Llama).then(|| {
+        let half = (cfg.arch.head_dim / 2) as u128;
+        let rope = if super::common::has_rope(&cfg.arch) { (cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
+        rope + cfg.batch as u128 * INT64_BYTES
+    })
+}
+
+/// The output chunks' token counts: `torch.chunk(h, 8, dim=1)` makes chunks of ⌈s/8⌉ tokens,
+/// the last one what remains.
+pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
+    let c = s.div_ceil(OUTPUT_CHUNKS).max(1);
+    let n = s.div_ceil(c);
+    (c, n, s - (n - 1) * c)
+}
+
+/// `TransformerDecoder.chunked_output`, then the recipe's loss step:
+/// ```python
+/// current_num_tokens = (batch["labels"] != ignore_index).sum()            # train()
+/// logits = [self.output(chunk) for chunk in h.chunk(8, dim=1)]            # chunked_output
+/// labels = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
+/// total_elements = (labels != ignore_index).sum()                          # CEWithChunkedOutputLoss
+/// labels = [c.reshape(-1) for c in labels.chunk(8, dim=1)]
+/// logits = [c.reshape(-1, c.size(-1)) for c in logits]
+/// total_loss = 0.0
+/// for logits_chunk, labels_chunk in zip(logits, labels):
+///     total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, reduction="sum")
+/// loss = total_loss / total_elements
+/// del logits
+/// (loss * current_num_tokens).backward()
+/// ```
+/// A chunk of a `[b, s, h]` tensor is not contiguous for b > 1: `linear`'s reshape copies it
+/// (the copy is what `mm` keeps; under autocast the cast to bf16 is that copy). The labels'
+/// chunks are copied alike. The chunks' logits live until the loss is computed; the fp32 copy
+/// of one chunk lives through its `cross_entropy`.
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>) {
+    let batch = b.c.n(Q::B);
+    let (_, n, last) = chunk_tokens(b.c.n(Q::S));
+    let c = b.xv[X::OutChunk as usize];
+    let len = |i: u64| if i + 1 == n && last != c { Dim::N(last as u32) } else { Dim::X(X::OutChunk) };
+    let autocast = b.autocast;
+    // Under autocast the output weight is cast once, at the first chunk, and the cast cached
+    // (`cached_cast`) for the other seven; each chunk's input is cast (a contiguous copy).
+    let mut cast: Option<(Option<Tid>, Option<Tid>)> = None;
+    let mut logits = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let shape = Shape::new(&[Dim::Q(Q::B), len(i), Dim::Q(Q::H)], Split::None);
+        let ch = b.view(xn, shape, "SplitBackward0", false);
+        let ch = if autocast {
+            b.to_copy(ch, Dt::Model)
+        } else if batch > 1 {
+            b.copy(ch, shape)
+        } else {
+            ch
+        };
+        let (w, bias) = match (autocast, cast) {
+            (false, _) => (w, bias),
+            (true, Some(c)) => c,
+            (true, None) => {
+                let part = b.part;
+                b.part = Part::Autocast;
+                let c = (w.map(|w| b.cast_weight(w)), bias.map(|x| b.cast_weight(x)));
+                b.part = part;
+                cast = Some(c);
+                c
+            }
+        };
+        let vocab = Shape::new(&[Dim::Q(Q::B), len(i), Dim::Q(Q::V)], Split::Tp);
+        b.autocast = false;
+        logits.push(match w {
+            Some(w) => b.linear(ch, w, bias, vocab),
+            None => b.plain("mm", &[ch], vocab, Dt::Model),
+        });
+        b.autocast = autocast;
+    }
+    b.p.loss_from = b.next_op();
+    b.module = "loss_fn";
+    b.part = Part::Loss;
+    let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    // The labels are the batch's token ids (`batch_bytes`), the cache a buffer ([`buffer_bytes`]).
+    let labels = b.external(bs, Dt::I64, Origin::Buffer, false);
+    let ignore = b.external(Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64, Origin::Buffer, false);
+    let ne = b.plain("ne", &[labels], bs, Dt::Bool);
+    let tokens = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
+    let shifted = b.plain("cat", &[labels, ignore], bs, Dt::I64);
+    let ne = b.plain("ne", &[shifted], bs, Dt::Bool);
+    let total = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
+    let targets: Vec<Tid> = (0..n)
+        .map(|i| {
+            let shape = Shape::new(&[Dim::Q(Q::B), len(i)], Split::None);
+            if batch > 1 {
+                b.plain("clone", &[shifted], shape, Dt::I64)
+            } else {
+                b.view(shifted, shape, "", false)
+            }
+        })
+        .collect();
+    let mut sum: Option<Tid> = None;
+    for (&lg, &target) in logits.iter().zip(&targets) {
+        let lf = b.to_copy(lg, Dt::F32);
+        let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", lf, super::super::blocks::Keep::Output, "_log_softmax_backward_data");
+        let lb = b.bytes(lsm);
+        let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
+        let ce = b.op(
+            "nll_loss_forward",
+            "NllLossBackward0",
+            &[lsm, target],
+            &out,
+            &[S::In(1), S::Out(1)],
+            &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
+        )[0];
+        b.hold(lf);
+        sum = Some(match sum {
+            None => b.add_scalar(ce),
+            Some(s) => b.add(s, ce),
+        });
+    }
+    let Some(sum) = sum else { return };
+    let scalar_op = |b: &mut Builder, name: &'static str, node: &'static str, x: Tid, other: Tid| {
+        let out = b.out(Shape::scalar(), Dt::F32, true);
+        b.op(
+            name,
+            node,
+            &[x, other],
+            &[out],
+            &[S::In(1)],
+            &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: name }, B::Grad { input: 0, temp: 0 }],
+        )[0]
+    };
+    let loss = scalar_op(b, "div", "DivBackward0", sum, total);
+    for t in logits.into_iter().chain(targets).chain([shifted]) {
+        b.hold(t);
+    }
+    let r = scalar_op(b, "mul", "MulBackward0", loss, tokens);
+    b.outputs(&[r]);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::config::{Config, Framework, Loss, Precision};
+    use crate::estimator::estimate;
+    use crate::estimator::presets::preset;
+
+    /// torchtune's Llama keeps other tensors than transformers' (fp32 normalized inputs, no
+    /// rotary tables, repeated k and v, chunked logits), holds its RoPE cache for the model's
+    /// `max_position_embeddings` and the recipe's ignore labels; another family is refused.
+    #[test]
+    fn torchtune_llama_keeps_its_own_tensors_holds_its_rope_cache_and_refuses_other_families() {
+        let base = Config {
+            model: "llama-3.1-8b".into(),
+            arch: preset("llama-3.1-8b").expect("preset").spec,
+            seq: 4096,
+            precision: Precision::Bf16,
+            loss: Loss::Chunked,
+            ..Config::default()
+        };
+        let hf = estimate(&base).expect("hf estimates");
+        let tt = estimate(&Config { framework: Framework::Torchtune, ..base.clone() }).expect("torchtune estimates");
+        assert_ne!(tt.memory.activations, hf.memory.activations);
+        let p = base.arch.max_pos as u128;
+        assert_eq!(
+            super::buffer_bytes(&Config { framework: Framework::Torchtune, ..base.clone() }),
+            Some((p * 64 * 2 + 64) * 4 + base.batch as u128 * 8)
+        );
+        assert_eq!(super::buffer_bytes(&base), None);
+        assert_eq!(super::chunk_tokens(64), (8, 8, 8));
+        assert_eq!(super::chunk_tokens(100), (13, 8, 9));
+        let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
+        assert!(estimate(&Config { framework: Framework::Torchtune, arch: gemma, ..base.clone() }).is_err());
+        // Mixed precision with fp32 master weights is not how torchtune trains: refused by name.
+        let mixed = estimate(&Config { framework: Framework::Torchtune, precision: Precision::MixedBf16, ..base.clone() });
+        assert!(mixed.is_err_and(|e| e.to_string().contains("torchtune")));
+        // Its plain (unchunked) cross-entropy is another program: refused, not estimated as this one.
+        assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
+    }
+}
