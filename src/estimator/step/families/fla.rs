@@ -178,14 +178,15 @@ mod tests {
         program_of("qwen3_5_text", kernels)
     }
 
-    /// Bytes of the tensors `op_name`'s node saves that were made by one of `makers`.
+    /// Bytes of the tensors `op_name`'s nodes save that were made by one of `makers` (by any op
+    /// when `makers` is empty).
     fn saved_made_by(p: &Program, op_name: &str, makers: &[&str]) -> u128 {
         p.ops
             .iter()
             .filter(|op| op.name == op_name)
             .flat_map(|op| p.saved(op))
             .map(|s| &p.tensors[s.t as usize])
-            .filter(|t| makers.contains(&t.op))
+            .filter(|t| makers.is_empty() || makers.contains(&t.op))
             .map(|t| t.bytes)
             .sum()
     }
@@ -195,13 +196,7 @@ mod tests {
         let p = program(Kernels::Cuda);
         let made = ["l2norm_fwd", "chunk_local_cumsum", "chunk_gated_delta_rule_fwd_intra"];
         assert_eq!(saved_made_by(&p, "chunk_gated_delta_rule", &made), 86_016);
-        let conv: u128 = p
-            .ops
-            .iter()
-            .filter(|op| op.name == "causal_conv1d_fwd")
-            .flat_map(|op| p.saved(op))
-            .map(|s| p.tensors[s.t as usize].bytes)
-            .sum();
+        let conv = saved_made_by(&p, "causal_conv1d_fwd", &[]);
         assert_eq!(conv, 40_960);
         // None of the fallback's chunked ops run.
         assert!(!p.ops.iter().any(|op| op.name == "linalg_solve_triangular" || op.name == "repeat_interleave"));
@@ -223,13 +218,7 @@ mod tests {
         let p = program_of("kimi_linear", Kernels::Cuda);
         let made = ["l2norm_fwd", "chunk_local_cumsum", "chunk_kda_fwd_intra"];
         assert_eq!(saved_made_by(&p, "chunk_kda", &made), 401_408);
-        let conv: u128 = p
-            .ops
-            .iter()
-            .filter(|op| op.name == "causal_conv1d_fwd")
-            .flat_map(|op| p.saved(op))
-            .map(|s| p.tensors[s.t as usize].bytes)
-            .sum();
+        let conv = saved_made_by(&p, "causal_conv1d_fwd", &[]);
         assert_eq!(conv, 2 * 49_152);
         // g as passed is kept too (`g_input`, fp32 [2, 64, 4, 16] a layer).
         let g_input: u128 = p
