@@ -18,7 +18,7 @@
 
 use super::family::Family;
 use super::model::ModelSpec;
-use super::step::families::modeling;
+use super::step::families::config_file;
 use serde_json::Value;
 use std::sync::LazyLock;
 
@@ -31,7 +31,7 @@ pub use fields::{Fields, HfError};
 pub static SUPPORTED: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
     let mut v = Vec::new();
     for &(f, t, _) in Family::ALL {
-        let code = modeling(f);
+        let code = config_file(f);
         v.push(t);
         v.extend(code.aliases());
         v.extend(code.wrappers());
@@ -43,7 +43,7 @@ pub static SUPPORTED: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
 /// type their `text_config` defaults to (the family whose `Modeling::wrappers` names them). The
 /// vision tower and projector are not counted, and the import says so.
 pub static MULTIMODAL: LazyLock<Vec<(&'static str, &'static str)>> =
-    LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| modeling(f).wrappers().iter().map(move |&w| (w, t))).collect());
+    LazyLock::new(|| Family::ALL.iter().flat_map(|&(f, t, _)| config_file(f).wrappers().iter().map(move |&w| (w, t))).collect());
 
 /// Model types refused on purpose, with the reason (none today).
 pub const REFUSED: &[(&str, &str)] = &[];
@@ -51,7 +51,7 @@ pub const REFUSED: &[(&str, &str)] = &[];
 /// The family whose code reads `model_type`: its own, or one of its aliases.
 pub fn family_of(model_type: &str) -> Option<Family> {
     Family::from_model_type(model_type)
-        .or_else(|| Family::ALL.iter().map(|&(f, _, _)| f).find(|&f| modeling(f).aliases().contains(&model_type)))
+        .or_else(|| Family::ALL.iter().map(|&(f, _, _)| f).find(|&f| config_file(f).aliases().contains(&model_type)))
 }
 
 /// A model read from a config.json.
@@ -103,7 +103,7 @@ pub fn import_value(v: &Value) -> Result<Imported, HfError> {
     let family =
         family_of(&model_type).ok_or_else(|| HfError::Unsupported { model_type: model_type.clone(), supported: SUPPORTED.join(", ") })?;
     let mut notes = Vec::new();
-    let mut spec = modeling(family).import(&model_type, &f, &mut notes)?;
+    let mut spec = config_file(family).import(&model_type, &f, &mut notes)?;
     spec.family = family;
     spec.validate().map_err(|e| HfError::Model(e.to_string()))?;
     notes.extend(defaults_note(&model_type, &f));

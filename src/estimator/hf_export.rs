@@ -32,7 +32,7 @@
 use super::family::Family;
 use super::hf;
 use super::model::{LayerRule, ModelSpec, WindowKind};
-use super::step::families::modeling;
+use super::step::families::config_file;
 use serde_json::Value;
 
 pub mod writer;
@@ -73,7 +73,7 @@ pub fn export(spec: &ModelSpec) -> Result<Exported, ExportError> {
     let t = spec.family.model_type();
     // The closest miss, for the error: (differing fields, what differs).
     let mut closest: Option<(usize, String)> = None;
-    for config in modeling(spec.family).export(spec) {
+    for config in config_file(spec.family).export(spec) {
         let value = Value::Object(config);
         match hf::import_value(&value) {
             Ok(back) if canonical(&back.spec) == want => return Ok(Exported { model_type: t, config: value }),

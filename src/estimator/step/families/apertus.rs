@@ -11,7 +11,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Tid, B, S};
 use super::common::{activation, proj_or, AttnW, Kind, Norm, Params, Rms, Shared};
 use super::llama::{attention_with, decoder_layer, HeadNorm};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -181,7 +181,7 @@ fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, att
 
 /// Apertus (see the module doc).
 pub struct Apertus;
-impl Modeling for Apertus {
+impl ConfigFile for Apertus {
     /// `ApertusConfig` (configuration_apertus.py): every size defaults to the class's (131,072
     /// tokens, 4,096 wide, 32 layers of 32 heads, 14,336 MLP, 65,536 positions), `hidden_act`
     /// `xielu`, `attention_bias` on all four projections, q/k norms over each head, untied.
@@ -210,6 +210,17 @@ impl Modeling for Apertus {
         m.qk_norm = QkNorm::Head;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        if s.mlp != MlpKind::Plain || s.qk_norm != QkNorm::Head || s.qkv_bias != s.o_bias || s.mlp_bias {
+            return Vec::new();
+        }
+        let Some(mut w) = writer::llama_base("apertus", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Apertus {
     /// Apertus-8B-2509 (swiss-ai/Apertus-8B-2509; its Instruct shares the architecture), from
     /// its `config.json` (`tests/fixtures/hf/apertus-8b-2509.json`): 131,072 tokens, 4,096
     /// wide, 32 layers of 32 query and 8 KV heads, a 21,504-wide xIELU MLP, 65,536 positions,
@@ -223,14 +234,6 @@ impl Modeling for Apertus {
             ..llama(131_072, 4096, 32, 32, 8, 21_504, 65_536)
         };
         vec![Preset::new(113, "apertus-8b-2509", "swiss-ai/Apertus-8B-2509", "Apertus", m)]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        if s.mlp != MlpKind::Plain || s.qk_norm != QkNorm::Head || s.qkv_bias != s.o_bias || s.mlp_bias {
-            return Vec::new();
-        }
-        let Some(mut w) = writer::llama_base("apertus", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
-        w.done().into_iter().collect()
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)

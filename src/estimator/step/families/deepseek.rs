@@ -18,7 +18,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, X};
 use super::common::{cache_position, cat_promote, causal_mask, rms_norm, rotary_polar, rotate_halves, tokens};
 use super::common::{Kind, Params, Rms, Shared};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -682,15 +682,18 @@ pub(super) fn config(t: &str, s: &ModelSpec) -> Option<Map<String, Value>> {
 /// `apply_rotary_emb`) and the softmax router (`DeepseekV2TopkRouter`, greedy or group-limited
 /// greedy).
 pub struct DeepseekV2;
-impl Modeling for DeepseekV2 {
-    fn presets(&self) -> Vec<Preset> {
-        vec![Preset::new(39, "deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", "DeepSeek", deepseek_v2_lite())]
-    }
+impl ConfigFile for DeepseekV2 {
     fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         import(t, f, notes)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
         config("deepseek_v2", s).into_iter().collect()
+    }
+}
+
+impl Modeling for DeepseekV2 {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(39, "deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", "DeepSeek", deepseek_v2_lite())]
     }
     fn positions(&self, b: &mut Builder, _spec: &ModelSpec, attn: Attention) -> Shared {
         positions_v2(b, attn)
@@ -762,6 +765,18 @@ const fn deepseek_v2_lite() -> ModelSpec {
 /// sigmoid router with its correction bias, group-limited, renormalised (`norm_topk_prob`: its
 /// configuration and checkpoints set it).
 pub struct DeepseekV3;
+impl ConfigFile for DeepseekV3 {
+    fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
+        import(t, f, notes)
+    }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["kimi_k2"]
+    }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        config("deepseek_v3", s).into_iter().collect()
+    }
+}
+
 impl Modeling for DeepseekV3 {
     fn presets(&self) -> Vec<Preset> {
         vec![
@@ -772,15 +787,6 @@ impl Modeling for DeepseekV3 {
             Preset::new(40, "kimi-k2-instruct", "moonshotai/Kimi-K2-Instruct", "Kimi K2", deepseek_v3(163_840, 64, 384, 1, 1, 1, 131_072))
                 .with_notes(&["Kimi K2 is DeepSeek-V3's architecture (model_type kimi_k2, read as deepseek_v3)", FP8_CHECKPOINT]),
         ]
-    }
-    fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
-        import(t, f, notes)
-    }
-    fn aliases(&self) -> &'static [&'static str] {
-        &["kimi_k2"]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        config("deepseek_v3", s).into_iter().collect()
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn, super::sigmoid_moe::router_normalized)

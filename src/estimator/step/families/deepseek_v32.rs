@@ -14,7 +14,7 @@
 
 use super::common::{additive_mask, cache_position, mask_shape, packed_detection, rope_pair, sdpa_mask, set_part};
 use super::common::{Kind, Params, Shared};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{Fields, HfError};
@@ -86,13 +86,7 @@ fn deepseek_v32() -> ModelSpec {
 
 /// DeepSeek-V3.2 (`modeling_deepseek_v32.py`).
 pub struct DeepseekV32;
-impl Modeling for DeepseekV32 {
-    fn presets(&self) -> Vec<Preset> {
-        vec![Preset::new(41, "deepseek-v3.2", "deepseek-ai/DeepSeek-V3.2", "DeepSeek", deepseek_v32()).with_notes(&[
-            "the checkpoint's multi-token-prediction layer (num_nextn_predict_layers 1) is not built by transformers' DeepseekV32ForCausalLM and is not counted",
-            FP8_CHECKPOINT,
-        ])]
-    }
+impl ConfigFile for DeepseekV32 {
     fn import(&self, t: &str, f: &Fields, notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         import(t, f, notes)
     }
@@ -106,6 +100,15 @@ impl Modeling for DeepseekV32 {
             })
             .into_iter()
             .collect()
+    }
+}
+
+impl Modeling for DeepseekV32 {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(41, "deepseek-v3.2", "deepseek-ai/DeepSeek-V3.2", "DeepSeek", deepseek_v32()).with_notes(&[
+            "the checkpoint's multi-token-prediction layer (num_nextn_predict_layers 1) is not built by transformers' DeepseekV32ForCausalLM and is not counted",
+            FP8_CHECKPOINT,
+        ])]
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)

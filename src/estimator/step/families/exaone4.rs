@@ -11,7 +11,7 @@ use super::super::ir::{Builder, Dt, Shape, Tid};
 use super::common::{cache_position, causal_mask, mask_shape, masked, rope_pair, sliding_window_mask_for};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attention_with, mlp, HeadNorm};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -82,7 +82,7 @@ fn exaone4(m: ModelSpec, window: u64, window_layers: LayerRule) -> ModelSpec {
 
 /// EXAONE 4 (see the module doc).
 pub struct Exaone4;
-impl Modeling for Exaone4 {
+impl ConfigFile for Exaone4 {
     /// `Exaone4Config` (configuration_exaone4.py): every size defaults to the class's (102,400
     /// tokens, 4,096 wide, 32 layers of 32 heads, 16,384 MLP, 2,048 positions); no biases;
     /// `sliding_window` (4,096) on the layers `layer_types` names `sliding_attention` — by
@@ -121,17 +121,6 @@ impl Modeling for Exaone4 {
         m.qk_norm = QkNorm::Head;
         fields::with_heads(m)
     }
-    /// EXAONE-4.0-32B (LGAI-EXAONE/EXAONE-4.0-32B), from its `config.json`
-    /// (`tests/fixtures/hf/exaone-4.0-32b.json`): 102,400 tokens, 5,120 wide, 64 layers of 40
-    /// query and 8 KV heads of 128, 27,392 MLP, a 4,096-token window on three of every four
-    /// layers (the fourth global, without RoPE), 131,072 positions, untied.
-    /// 32,003,216,384 parameters (transformers 5.24 on the meta device).
-    fn presets(&self) -> Vec<Preset> {
-        let mut m = llama(102_400, 5120, 64, 40, 8, 27_392, 131_072);
-        m.head_dim = 128;
-        let m = exaone4(m, DEFAULT_WINDOW, LayerRule::AllBut { step: 4, offset: 3 });
-        vec![Preset::new(112, "exaone-4.0-32b", "LGAI-EXAONE/EXAONE-4.0-32B", "EXAONE 4.0", m)]
-    }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
         let windowed = s.window > 0 && s.window_layers.count(s.layers) > 0;
         if s.qk_norm != QkNorm::Head || s.nope_layers != nope_layers(windowed, &s.window_layers, s.layers) {
@@ -142,6 +131,20 @@ impl Modeling for Exaone4 {
             .set("sliding_window", writer::window_or_null(s))
             .set("layer_types", writer::layer_types(s, "sliding_attention"));
         w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Exaone4 {
+    /// EXAONE-4.0-32B (LGAI-EXAONE/EXAONE-4.0-32B), from its `config.json`
+    /// (`tests/fixtures/hf/exaone-4.0-32b.json`): 102,400 tokens, 5,120 wide, 64 layers of 40
+    /// query and 8 KV heads of 128, 27,392 MLP, a 4,096-token window on three of every four
+    /// layers (the fourth global, without RoPE), 131,072 positions, untied.
+    /// 32,003,216,384 parameters (transformers 5.24 on the meta device).
+    fn presets(&self) -> Vec<Preset> {
+        let mut m = llama(102_400, 5120, 64, 40, 8, 27_392, 131_072);
+        m.head_dim = 128;
+        let m = exaone4(m, DEFAULT_WINDOW, LayerRule::AllBut { step: 4, offset: 3 });
+        vec![Preset::new(112, "exaone-4.0-32b", "LGAI-EXAONE/EXAONE-4.0-32B", "EXAONE 4.0", m)]
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)

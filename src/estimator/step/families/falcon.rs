@@ -20,7 +20,7 @@ use super::common::{
     rope_pair, sdpa_mask,
 };
 use super::common::{dropout, set_part, tied, token_embedding, Kind, Norm, NormW, Params, Shared, LAYER_NORM};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::{llama, starcoder2};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -277,7 +277,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// Falcon (`modeling_falcon.py`): fused `query_key_value`, parallel attention and MLP under
 /// one or two LayerNorms, and a bool mask SDPA always receives (`allow_is_causal_skip=False`).
 pub struct Falcon;
-impl Modeling for Falcon {
+impl ConfigFile for Falcon {
     /// `FalconConfig`: multi-query or MHA (original layout) or `num_kv_heads` (`new_decoder_architecture`), fused `query_key_value`, parallel attention, ALiBi or RoPE.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_vocab(f)?;
@@ -341,6 +341,9 @@ impl Modeling for Falcon {
         new.set("num_kv_heads", s.kv_heads).set("num_ln_in_parallel_attn", s.layer_norms).set("parallel_attn", true);
         [old.done(), new.done()].into_iter().flatten().collect()
     }
+}
+
+impl Modeling for Falcon {
     /// `FalconModel.forward` before the layers (ALiBi off): `word_embeddings`, `position_ids`,
     /// `create_causal_mask(…, allow_is_causal_skip=False)` — the packed-sequence check, then the
     /// bool mask `[1, 1, s, s_kv]` (`le` of the kv and q indices) for SDPA too, turned additive

@@ -10,7 +10,7 @@ use super::super::ir::{Builder, Tid};
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attention, decoder_layer, mlp};
 use super::mamba2::{gated_out, mixer_fused, mixer_scan, ssm_keys, write_ssm_keys, MambaW};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Fields, HfError};
@@ -52,29 +52,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 
 /// Falcon-H1: Llama's model forward around [`layer`].
 pub struct FalconH1;
-impl Modeling for FalconH1 {
-    fn presets(&self) -> Vec<Preset> {
-        // Falcon-H1-0.5B-Instruct: 36 layers of h 1024, 8 query / 2 KV heads of 64, SwiGLU 2048,
-        // Mamba-2 of 24 heads × 64 with a 128-state, one group, chunk 128; untied.
-        let spec = ModelSpec {
-            family: Family::FalconH1,
-            ssm: Ssm {
-                heads: 24,
-                head_dim: 64,
-                state: 128,
-                groups: 1,
-                conv: 4,
-                chunk: 128,
-                conv_bias: true,
-                in_bias: false,
-                out_bias: false,
-                gated_norm: false,
-                mup: true,
-            },
-            ..with_head_dim(llama(32_784, 1024, 36, 8, 2, 2048, 16_384), 64)
-        };
-        vec![Preset::new(60, "falcon-h1-0.5b-instruct", "tiiuae/Falcon-H1-0.5B-Instruct", "Falcon-H1", spec)]
-    }
+impl ConfigFile for FalconH1 {
     /// `configuration_falcon_h1.py` `FalconH1Config`: Llama's sizes, `mamba_d_ssm` (default:
     /// `mamba_expand` × hidden) = H·P, `mamba_d_head` "auto" = `mamba_d_ssm / mamba_n_heads`,
     /// biases by `attention_bias`, `mlp_bias`, `mamba_conv_bias`, `mamba_proj_bias` and
@@ -117,6 +95,31 @@ impl Modeling for FalconH1 {
             .set("mamba_rms_norm", m.gated_norm);
         write_ssm_keys(&mut w, &m);
         w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for FalconH1 {
+    fn presets(&self) -> Vec<Preset> {
+        // Falcon-H1-0.5B-Instruct: 36 layers of h 1024, 8 query / 2 KV heads of 64, SwiGLU 2048,
+        // Mamba-2 of 24 heads × 64 with a 128-state, one group, chunk 128; untied.
+        let spec = ModelSpec {
+            family: Family::FalconH1,
+            ssm: Ssm {
+                heads: 24,
+                head_dim: 64,
+                state: 128,
+                groups: 1,
+                conv: 4,
+                chunk: 128,
+                conv_bias: true,
+                in_bias: false,
+                out_bias: false,
+                gated_norm: false,
+                mup: true,
+            },
+            ..with_head_dim(llama(32_784, 1024, 36, 8, 2, 2048, 16_384), 64)
+        };
+        vec![Preset::new(60, "falcon-h1-0.5b-instruct", "tiiuae/Falcon-H1-0.5B-Instruct", "Falcon-H1", spec)]
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = kind;

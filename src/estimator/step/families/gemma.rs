@@ -12,7 +12,7 @@ use super::super::ir::{Builder, Dt, Group, Shape, Tid};
 use super::common::{cache_position, causal_mask, embed_then, gated_mlp, mask_shape, masked, rope_pair, sliding_window_mask_for};
 use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, GELU_TANH, LAYER_NORM, LLAMA_MLP};
 use super::llama::{attention_with, decoder_layer, HeadNorm};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -213,7 +213,7 @@ fn softcap(f: &Fields) -> Result<bool, HfError> {
 /// Gemma (`modeling_gemma.py`): Llama's layout with Gemma's RMSNorm (`1 + weight`), GeGLU and
 /// the embedding scaled by √h.
 pub struct Gemma;
-impl Modeling for Gemma {
+impl ConfigFile for Gemma {
     /// `GemmaConfig`: Llama's keys with Gemma's norm and activation.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = gemma_keys(f)?;
@@ -225,6 +225,9 @@ impl Modeling for Gemma {
         w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
         w.done().into_iter().collect()
     }
+}
+
+impl Modeling for Gemma {
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer_gemma1(b, p, spec, x, sh, attn)
     }
@@ -239,7 +242,7 @@ impl Modeling for Gemma {
 /// Gemma-2 (`modeling_gemma2.py`): four norms per layer, soft-capping, sliding-window attention
 /// on the even layers, and under eager attention a full and a sliding-window mask.
 pub struct Gemma2;
-impl Modeling for Gemma2 {
+impl ConfigFile for Gemma2 {
     /// `Gemma2Config`: Gemma's keys, four norms a layer, soft-capping, and `layer_types`
     /// (default: a 4,096-token window on the even layers).
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -251,14 +254,6 @@ impl Modeling for Gemma2 {
         fields::set_window(&mut m, f, "sliding_window", Some(4096), (LayerRule::Every { step: 2, offset: 0 }, WindowKind::Sliding))?;
         fields::with_heads(m)
     }
-    fn presets(&self) -> Vec<Preset> {
-        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Gemma 2", spec);
-        vec![
-            p(17, "gemma-2-2b", "google/gemma-2-2b", gemma2_windowed(2304, 26, 8, 4, 256, 9216)),
-            p(18, "gemma-2-9b", "google/gemma-2-9b", gemma2_windowed(3584, 42, 16, 8, 256, 14336)),
-            p(19, "gemma-2-27b", "google/gemma-2-27b", gemma2_windowed(4608, 46, 32, 16, 128, 36864)),
-        ]
-    }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
         let Some(mut w) = writer::llama_base("gemma2", s, "hidden_activation") else { return Vec::new() };
         w.set("intermediate_size", s.ffn)
@@ -267,6 +262,17 @@ impl Modeling for Gemma2 {
             .set("layer_types", writer::layer_types(s, "sliding_attention"));
         writer::softcaps(&mut w, s);
         w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Gemma2 {
+    fn presets(&self) -> Vec<Preset> {
+        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Gemma 2", spec);
+        vec![
+            p(17, "gemma-2-2b", "google/gemma-2-2b", gemma2_windowed(2304, 26, 8, 4, 256, 9216)),
+            p(18, "gemma-2-9b", "google/gemma-2-9b", gemma2_windowed(3584, 42, 16, 8, 256, 14336)),
+            p(19, "gemma-2-27b", "google/gemma-2-27b", gemma2_windowed(4608, 46, 32, 16, 128, 36864)),
+        ]
     }
     /// `Gemma2Model.forward` before the layers: Llama's, with the embedding scaled by √h and,
     /// under eager attention, a full and a sliding-window mask.
@@ -298,7 +304,7 @@ impl Modeling for Gemma2 {
 /// Gemma-3's text model (`modeling_gemma3.py`): Gemma-2's layout with per-head q/k norms, no
 /// soft-capping, sliding layers from `layer_types` with a RoPE pair of their own.
 pub struct Gemma3;
-impl Modeling for Gemma3 {
+impl ConfigFile for Gemma3 {
     /// Gemma 3's text model (configuration_gemma3.py `Gemma3TextConfig`): Gemma RMSNorms, four
     /// per layer, q/k norms over the head, GeGLU, tied head, five sliding layers for every full
     /// one; absent sizes take the class's defaults.
@@ -335,6 +341,21 @@ impl Modeling for Gemma3 {
     fn wrappers(&self) -> &'static [&'static str] {
         &["gemma3"]
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let mut w = writer::Writer::new("gemma3_text");
+        writer::llama_sizes(&mut w, s);
+        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
+        w.set("intermediate_size", s.ffn)
+            .set("hidden_activation", act)
+            .set("attention_bias", s.qkv_bias)
+            .set("sliding_window", writer::window_or_null(s))
+            .set("layer_types", writer::layer_types(s, "sliding_attention"));
+        writer::softcaps(&mut w, s);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Gemma3 {
     fn presets(&self) -> Vec<Preset> {
         let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Gemma 3", spec);
         vec![
@@ -348,18 +369,6 @@ impl Modeling for Gemma3 {
             p(32, "gemma-3-12b-it", "google/gemma-3-12b-it", gemma3(3840, 48, 16, 8, 256, 15_360)).with_notes(VISION_NOT_COUNTED),
             p(33, "gemma-3-27b-it", "google/gemma-3-27b-it", gemma3(5376, 62, 32, 16, 128, 21_504)).with_notes(VISION_NOT_COUNTED),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let mut w = writer::Writer::new("gemma3_text");
-        writer::llama_sizes(&mut w, s);
-        let Some(act) = writer::act_name(s.act) else { return Vec::new() };
-        w.set("intermediate_size", s.ffn)
-            .set("hidden_activation", act)
-            .set("attention_bias", s.qkv_bias)
-            .set("sliding_window", writer::window_or_null(s))
-            .set("layer_types", writer::layer_types(s, "sliding_attention"));
-        writer::softcaps(&mut w, s);
-        w.done().into_iter().collect()
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn, local_rope(spec))

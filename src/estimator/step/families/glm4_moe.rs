@@ -9,7 +9,7 @@ use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::ir::{Builder, Tid};
 use super::common::{head_proj, rms_norm, AttnW, Kind, Params, Rms, Shared};
 use super::llama::{attend_out, rope_partial, Core, PartialRope};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -97,12 +97,7 @@ const fn glm45_air() -> ModelSpec {
 /// GLM-4.5 (`modeling_glm4_moe.py`): partial rotary on interleaved halves, q/k/v biases,
 /// optional q/k norms, the sigmoid router of DeepSeek-V3.
 pub struct Glm4Moe;
-impl Modeling for Glm4Moe {
-    fn presets(&self) -> Vec<Preset> {
-        vec![Preset::new(45, "glm-4.5-air", "zai-org/GLM-4.5-Air", "GLM-4.5", glm45_air()).with_notes(&[
-            "the checkpoint's multi-token-prediction layer (num_nextn_predict_layers 1) is not built by transformers' Glm4MoeForCausalLM and is not counted",
-        ])]
-    }
+impl ConfigFile for Glm4Moe {
     /// GLM-4.5 (configuration_glm4_moe.py, modeling_glm4_moe.py): partial rotary, q/k/v biases,
     /// optional q/k RMSNorm over the head, `first_k_dense_replace` dense layers, then MoE with a
     /// shared expert and a sigmoid router with correction bias.
@@ -160,6 +155,14 @@ impl Modeling for Glm4Moe {
             .done()
             .into_iter()
             .collect()
+    }
+}
+
+impl Modeling for Glm4Moe {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(45, "glm-4.5-air", "zai-org/GLM-4.5-Air", "GLM-4.5", glm45_air()).with_notes(&[
+            "the checkpoint's multi-token-prediction layer (num_nextn_predict_layers 1) is not built by transformers' Glm4MoeForCausalLM and is not counted",
+        ])]
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)

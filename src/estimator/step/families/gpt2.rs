@@ -10,7 +10,7 @@ use super::common::{
 };
 use super::common::{Kind, Norm, Params, Shared, LAYER_NORM};
 use super::llama;
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -84,36 +84,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// GPT-2 (`modeling_gpt2.py`): learned positions summed into the embedding, LayerNorm, fused
 /// `Conv1D` attention, its own MLP and `ln_f`.
 pub struct Gpt2;
-impl Modeling for Gpt2 {
-    fn presets(&self) -> Vec<Preset> {
-        // Learned positions, LayerNorm, `gelu_new` MLP of 4h, fused Conv1D QKV, all biases, tied
-        // head, n_positions = 1024.
-        let gpt2 = |hidden, layers, heads| {
-            let mut m = base::llama(50257, hidden, layers, heads, heads, 4 * hidden, 1024);
-            m.family = Family::Gpt2;
-            m.mlp = MlpKind::Plain;
-            m.act = Activation::GeluNew;
-            m.norm = NormKind::Layernorm;
-            m.qkv_bias = true;
-            m.o_bias = true;
-            m.mlp_bias = true;
-            m.tied = true;
-            m.positions = Positions::Learned;
-            m.rotary_pct = 0;
-            m.fused_qkv = true;
-            m.softmax_fp32 = false;
-            m.resid_dropout = true;
-            m.embed_dropout = true;
-            m
-        };
-        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "GPT-2", spec);
-        vec![
-            p(0, "gpt2", "openai-community/gpt2", gpt2(768, 12, 12)),
-            p(1, "gpt2-medium", "openai-community/gpt2-medium", gpt2(1024, 24, 16)),
-            p(2, "gpt2-large", "openai-community/gpt2-large", gpt2(1280, 36, 20)),
-            p(3, "gpt2-xl", "openai-community/gpt2-xl", gpt2(1600, 48, 25)),
-        ]
-    }
+impl ConfigFile for Gpt2 {
     /// GPT2Config (configuration_gpt2.py): `n_embd`, `n_layer`, `n_head`, `n_inner` (default 4h), `activation_function`, `n_positions`; learned positions, biases everywhere, fused `c_attn`.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_vocab(f)?;
@@ -153,6 +124,38 @@ impl Modeling for Gpt2 {
             .done()
             .into_iter()
             .collect()
+    }
+}
+
+impl Modeling for Gpt2 {
+    fn presets(&self) -> Vec<Preset> {
+        // Learned positions, LayerNorm, `gelu_new` MLP of 4h, fused Conv1D QKV, all biases, tied
+        // head, n_positions = 1024.
+        let gpt2 = |hidden, layers, heads| {
+            let mut m = base::llama(50257, hidden, layers, heads, heads, 4 * hidden, 1024);
+            m.family = Family::Gpt2;
+            m.mlp = MlpKind::Plain;
+            m.act = Activation::GeluNew;
+            m.norm = NormKind::Layernorm;
+            m.qkv_bias = true;
+            m.o_bias = true;
+            m.mlp_bias = true;
+            m.tied = true;
+            m.positions = Positions::Learned;
+            m.rotary_pct = 0;
+            m.fused_qkv = true;
+            m.softmax_fp32 = false;
+            m.resid_dropout = true;
+            m.embed_dropout = true;
+            m
+        };
+        let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "GPT-2", spec);
+        vec![
+            p(0, "gpt2", "openai-community/gpt2", gpt2(768, 12, 12)),
+            p(1, "gpt2-medium", "openai-community/gpt2-medium", gpt2(1024, 24, 16)),
+            p(2, "gpt2-large", "openai-community/gpt2-large", gpt2(1280, 36, 20)),
+            p(3, "gpt2-xl", "openai-community/gpt2-xl", gpt2(1600, 48, 25)),
+        ]
     }
     /// `GPT2Model.forward` before the blocks: `wte(input_ids) + wpe(position_ids)`, the mask.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {

@@ -19,7 +19,7 @@ use super::common::{
 };
 use super::common::{AttnW, Kind, Norm, Params, Rms, Shared};
 use super::llama::{decoder_layer_with, in_group, repeat_kv, Residual};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::moe::{group_pairs, ungroup};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -412,15 +412,7 @@ fn gpt_oss(layers: u64, experts: u64) -> ModelSpec {
 
 /// gpt-oss (see the module doc).
 pub struct GptOss;
-impl Modeling for GptOss {
-    fn presets(&self) -> Vec<Preset> {
-        const MXFP4: &[&str] =
-            &["the checkpoint stores its experts in MXFP4; trainmem assumes training from the dequantized weights in the recipe's dtype (e.g. bf16)"];
-        vec![
-            Preset::new(41, "gpt-oss-20b", "openai/gpt-oss-20b", "gpt-oss", gpt_oss(24, 32)).with_notes(MXFP4),
-            Preset::new(42, "gpt-oss-120b", "openai/gpt-oss-120b", "gpt-oss", gpt_oss(36, 128)).with_notes(MXFP4),
-        ]
-    }
+impl ConfigFile for GptOss {
     /// gpt-oss (configuration_gpt_oss.py, modeling_gpt_oss.py): biased q/k/v/o, attention sinks,
     /// alternating sliding (128) and full layers, every layer MoE with biased experts stored
     /// `[E, h, 2f]`/`[E, f, h]`, a biased router whose top-k logits are softmaxed, clamped SwiGLU.
@@ -469,6 +461,17 @@ impl Modeling for GptOss {
             .done()
             .into_iter()
             .collect()
+    }
+}
+
+impl Modeling for GptOss {
+    fn presets(&self) -> Vec<Preset> {
+        const MXFP4: &[&str] =
+            &["the checkpoint stores its experts in MXFP4; trainmem assumes training from the dequantized weights in the recipe's dtype (e.g. bf16)"];
+        vec![
+            Preset::new(41, "gpt-oss-20b", "openai/gpt-oss-20b", "gpt-oss", gpt_oss(24, 32)).with_notes(MXFP4),
+            Preset::new(42, "gpt-oss-120b", "openai/gpt-oss-120b", "gpt-oss", gpt_oss(36, 128)).with_notes(MXFP4),
+        ]
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)

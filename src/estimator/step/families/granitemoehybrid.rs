@@ -20,7 +20,7 @@ use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
 use super::common::{proj_or, tied, token_embedding, tokens, AttnW, Kind, Norm, Params, Rms, Shared, LAYER_NORM};
 use super::llama::{attention, in_group};
 use super::mamba2::{gated_norm_out, mixer_fused, mixer_scan, ssm_keys, write_ssm_keys, MambaW};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::moe::{experts, MoeW};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -211,47 +211,7 @@ fn mamba_layers(f: &Fields, layers: u64) -> Result<LayerRule, HfError> {
 /// Granite 4.0-H: Llama's model forward (NoPE: no rotary tables) around [`layer`], its
 /// embedding times `embedding_multiplier` and its logits divided by `logits_scaling`.
 pub struct GraniteMoeHybrid;
-impl Modeling for GraniteMoeHybrid {
-    fn presets(&self) -> Vec<Preset> {
-        // Granite 4.0-H-Tiny (ibm-granite/granite-4.0-h-tiny): 40 layers of h 1536, attention
-        // (12 query / 4 KV heads of 128, NoPE) on layers 5, 15, 25 and 35, Mamba-2 (48 heads of
-        // 64, state 128, one group, chunk 256, conv 4 with bias) on the other 36; on every layer
-        // 64 experts of 512, top 6, beside a shared MLP of 1024; 100,352 tokens, tied.
-        // 6,939,037,248 parameters (transformers 5.24 on the meta device,
-        // tests/fixtures/hf/expected.json): the embedding 154,140,672; per layer the two norms
-        // 3,072, the router 98,304, the experts 150,994,944 and the shared MLP 4,718,592 (× 40 =
-        // 6,232,596,480); per Mamba-2 layer 14,642,576 (× 36 = 527,132,736: in_proj 9,904,128,
-        // conv1d 16,640, dt_bias, A_log and D 144, the gated norm 3,072, out_proj 4,718,592);
-        // per attention layer 6,291,456 (× 4 = 25,165,824); the final norm 1,536.
-        let mut m = llama(100_352, 1536, 40, 12, 4, 0, 131_072);
-        m.family = Family::GraniteMoeHybrid;
-        m.tied = true;
-        m.positions = Positions::None;
-        m.experts = 64;
-        m.top_k = 6;
-        m.expert_ffn = 512;
-        m.shared_experts = 1;
-        m.shared_ffn = 1024;
-        m.fused_experts = true;
-        m.fused_gate_up = true;
-        m.router = Router::TopkSoftmax;
-        m.linear_layers = LayerRule::AllBut { step: 10, offset: 5 };
-        m.ssm = Ssm {
-            heads: 48,
-            head_dim: 64,
-            state: 128,
-            groups: 1,
-            conv: 4,
-            chunk: 256,
-            conv_bias: true,
-            in_bias: false,
-            out_bias: false,
-            gated_norm: true,
-            mup: false,
-        };
-        vec![Preset::new(61, "granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-tiny", "Granite 4.0-H", m)]
-    }
-
+impl ConfigFile for GraniteMoeHybrid {
     /// `configuration_granitemoehybrid.py` `GraniteMoeHybridConfig`: Llama's sizes (head_dim
     /// h / a), `attention_bias` on q, k, v and o; `num_local_experts` experts of
     /// `intermediate_size`, `num_experts_per_tok`, the shared MLP of `shared_intermediate_size`
@@ -309,7 +269,6 @@ impl Modeling for GraniteMoeHybrid {
         }
         Ok(m)
     }
-
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
         let m = s.ssm;
         let moe = s.experts > 0;
@@ -330,6 +289,48 @@ impl Modeling for GraniteMoeHybrid {
             write_ssm_keys(&mut w, &m);
         }
         w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for GraniteMoeHybrid {
+    fn presets(&self) -> Vec<Preset> {
+        // Granite 4.0-H-Tiny (ibm-granite/granite-4.0-h-tiny): 40 layers of h 1536, attention
+        // (12 query / 4 KV heads of 128, NoPE) on layers 5, 15, 25 and 35, Mamba-2 (48 heads of
+        // 64, state 128, one group, chunk 256, conv 4 with bias) on the other 36; on every layer
+        // 64 experts of 512, top 6, beside a shared MLP of 1024; 100,352 tokens, tied.
+        // 6,939,037,248 parameters (transformers 5.24 on the meta device,
+        // tests/fixtures/hf/expected.json): the embedding 154,140,672; per layer the two norms
+        // 3,072, the router 98,304, the experts 150,994,944 and the shared MLP 4,718,592 (× 40 =
+        // 6,232,596,480); per Mamba-2 layer 14,642,576 (× 36 = 527,132,736: in_proj 9,904,128,
+        // conv1d 16,640, dt_bias, A_log and D 144, the gated norm 3,072, out_proj 4,718,592);
+        // per attention layer 6,291,456 (× 4 = 25,165,824); the final norm 1,536.
+        let mut m = llama(100_352, 1536, 40, 12, 4, 0, 131_072);
+        m.family = Family::GraniteMoeHybrid;
+        m.tied = true;
+        m.positions = Positions::None;
+        m.experts = 64;
+        m.top_k = 6;
+        m.expert_ffn = 512;
+        m.shared_experts = 1;
+        m.shared_ffn = 1024;
+        m.fused_experts = true;
+        m.fused_gate_up = true;
+        m.router = Router::TopkSoftmax;
+        m.linear_layers = LayerRule::AllBut { step: 10, offset: 5 };
+        m.ssm = Ssm {
+            heads: 48,
+            head_dim: 64,
+            state: 128,
+            groups: 1,
+            conv: 4,
+            chunk: 256,
+            conv_bias: true,
+            in_bias: false,
+            out_bias: false,
+            gated_norm: true,
+            mup: false,
+        };
+        vec![Preset::new(61, "granite-4.0-h-tiny", "ibm-granite/granite-4.0-h-tiny", "Granite 4.0-H", m)]
     }
 
     /// `GraniteMoeHybridModel.forward` before the layers: `inputs_embeds = self.embed_tokens(

@@ -29,7 +29,7 @@ use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S, X};
 use super::common::{proj_or, Kind, Params, Shared};
 use super::fla;
 use super::mamba2::node;
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::qwen3_next::{dead_state_bmm, pad, req};
 use super::sigmoid_moe::{fp32_param, router_normalized, RouterFn};
 use crate::estimator::activations::ctx::Q;
@@ -640,11 +640,7 @@ const KIMI_NAMES: [(&str, &str); 5] = [
 
 /// Kimi Linear: KDA and NoPE MLA layers, DeepSeek-V3's MoE.
 pub struct KimiLinear;
-impl Modeling for KimiLinear {
-    fn presets(&self) -> Vec<Preset> {
-        vec![Preset::new(115, "kimi-linear-48b-a3b", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "Kimi Linear", kimi_linear_48b())
-            .with_notes(&[TORCH_PATH])]
-    }
+impl ConfigFile for KimiLinear {
     /// `KimiLinearConfig` (DeepSeek-V3's configuration with Kimi's `attribute_map`:
     /// `num_experts`, `num_experts_per_token`, `num_shared_experts`, `num_expert_group`,
     /// `moe_renormalize`, `model_max_length`): Llama's sizes, MLA's ranks and head dims
@@ -732,6 +728,13 @@ impl Modeling for KimiLinear {
         ];
         m.extend(extra.into_iter().map(|(k, v)| (k.to_string(), v)));
         vec![m]
+    }
+}
+
+impl Modeling for KimiLinear {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(115, "kimi-linear-48b-a3b", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "Kimi Linear", kimi_linear_48b())
+            .with_notes(&[TORCH_PATH])]
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)

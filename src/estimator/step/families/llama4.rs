@@ -20,7 +20,7 @@ use super::common::{
 };
 use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, SILU};
 use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Core, Ffn, MaskBuild, Residual};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -504,27 +504,7 @@ fn llama4(experts: u64, moe_rule: LayerRule, qk_l2_norm: bool, max_pos: u64) -> 
 
 /// Llama 4's text model (see the module doc).
 pub struct Llama4;
-impl Modeling for Llama4 {
-    fn presets(&self) -> Vec<Preset> {
-        vec![
-            Preset::new(
-                43,
-                "llama-4-scout-17b-16e-instruct",
-                "meta-llama/Llama-4-Scout-17B-16E-Instruct",
-                "Llama 4",
-                llama4(16, LayerRule::All, true, 10_485_760),
-            )
-            .with_notes(VISION_NOT_COUNTED),
-            Preset::new(
-                44,
-                "llama-4-maverick-17b-128e-instruct",
-                "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
-                "Llama 4",
-                llama4(128, LayerRule::Every { step: 2, offset: 1 }, false, 1_048_576),
-            )
-            .with_notes(VISION_NOT_COUNTED),
-        ]
-    }
+impl ConfigFile for Llama4 {
     /// Llama 4's text model (configuration_llama4.py `Llama4TextConfig`, modeling_llama4.py).
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::llama_like(
@@ -607,6 +587,29 @@ impl Modeling for Llama4 {
             .done()
             .into_iter()
             .collect()
+    }
+}
+
+impl Modeling for Llama4 {
+    fn presets(&self) -> Vec<Preset> {
+        vec![
+            Preset::new(
+                43,
+                "llama-4-scout-17b-16e-instruct",
+                "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+                "Llama 4",
+                llama4(16, LayerRule::All, true, 10_485_760),
+            )
+            .with_notes(VISION_NOT_COUNTED),
+            Preset::new(
+                44,
+                "llama-4-maverick-17b-128e-instruct",
+                "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+                "Llama 4",
+                llama4(128, LayerRule::Every { step: 2, offset: 1 }, false, 1_048_576),
+            )
+            .with_notes(VISION_NOT_COUNTED),
+        ]
     }
     /// `Llama4TextModel.forward` before the layers: Llama's; the model's embedding weight is
     /// not handed to a tied head (which registers its own).

@@ -11,7 +11,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Tid, X};
 use super::common::{head_proj, rms_norm, to_heads, tokens, AttnW, Kind, MlpW, Params, Rms, Shared};
 use super::llama::{attend_out, rope_partial, Core, PartialRope};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::moe::MoeW;
 use super::sigmoid_moe::{gather, SigmoidMoeW};
 use crate::estimator::activations::ctx::Q;
@@ -157,7 +157,7 @@ fn mtp_note(n: u64) -> String {
 
 /// MiniMax-M2 (see the module doc).
 pub struct MinimaxM2;
-impl Modeling for MinimaxM2 {
+impl ConfigFile for MinimaxM2 {
     /// `MiniMaxM2Config` (configuration_minimax_m2.py): every size defaults to the class's
     /// (200,064 tokens, 3,072 wide, 62 layers of 48 query and 8 KV heads of 128, 256 experts of
     /// 1,536, top-8, 196,608 positions); the rotary fraction from `partial_rotary_factor`, else
@@ -196,17 +196,6 @@ impl Modeling for MinimaxM2 {
         let top_k = f.uint_or("num_experts_per_tok", 8)?;
         fields::with_heads(minimax_m2(m, experts, top_k, pct))
     }
-    /// MiniMax-M2.5 (MiniMaxAI/MiniMax-M2.5, MiniMax-M2's architecture and sizes), from its
-    /// `config.json` (`tests/fixtures/hf/minimax-m2.5.json`): 200,064 tokens, 3,072 wide, 62
-    /// layers of 48 query and 8 KV heads of 128 with half of each head rotating, 256 experts of
-    /// 1,536 (top-8) on every layer, 196,608 positions, untied. 228,689,748,992 parameters
-    /// (transformers 5.24 on the meta device; its multi-token-prediction modules are not built).
-    fn presets(&self) -> Vec<Preset> {
-        let mut m = llama(200_064, 3072, 62, 48, 8, 1536, 196_608);
-        m.head_dim = 128;
-        let m = minimax_m2(m, 256, 8, 50);
-        vec![Preset::new(114, "minimax-m2.5", "MiniMaxAI/MiniMax-M2.5", "MiniMax-M2", m).with_notes(&[M25_MTP_NOTE, FP8_CHECKPOINT])]
-    }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
         if s.qk_norm != QkNorm::Full || s.experts == 0 || s.dense_layers > 0 || s.shared_experts > 0 || s.expert_ffn != s.ffn {
             return Vec::new();
@@ -217,6 +206,20 @@ impl Modeling for MinimaxM2 {
             .set("num_experts_per_tok", s.top_k)
             .set("partial_rotary_factor", writer::rotary_fraction(s));
         w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for MinimaxM2 {
+    /// MiniMax-M2.5 (MiniMaxAI/MiniMax-M2.5, MiniMax-M2's architecture and sizes), from its
+    /// `config.json` (`tests/fixtures/hf/minimax-m2.5.json`): 200,064 tokens, 3,072 wide, 62
+    /// layers of 48 query and 8 KV heads of 128 with half of each head rotating, 256 experts of
+    /// 1,536 (top-8) on every layer, 196,608 positions, untied. 228,689,748,992 parameters
+    /// (transformers 5.24 on the meta device; its multi-token-prediction modules are not built).
+    fn presets(&self) -> Vec<Preset> {
+        let mut m = llama(200_064, 3072, 62, 48, 8, 1536, 196_608);
+        m.head_dim = 128;
+        let m = minimax_m2(m, 256, 8, 50);
+        vec![Preset::new(114, "minimax-m2.5", "MiniMaxAI/MiniMax-M2.5", "MiniMax-M2", m).with_notes(&[M25_MTP_NOTE, FP8_CHECKPOINT])]
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)

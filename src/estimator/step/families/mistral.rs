@@ -9,7 +9,7 @@
 
 use super::super::ir::{Builder, Dt, Shape};
 use super::common::{cache_position, mask_shape, masked, rope_pair, sliding_window_mask_for, Shared};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -34,7 +34,7 @@ pub fn slides(spec: &ModelSpec) -> bool {
 /// Mistral (`modeling_mistral.py`): Llama's layers, with the sliding-window mask once
 /// `config.sliding_window` is set.
 pub struct Mistral;
-impl Modeling for Mistral {
+impl ConfigFile for Mistral {
     /// `MistralConfig`: Llama's keys, 131,072 positions and a 4,096-token `sliding_window` on
     /// every layer by default (null: none).
     fn import(&self, t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -45,6 +45,14 @@ impl Modeling for Mistral {
     fn wrappers(&self) -> &'static [&'static str] {
         &["mistral3"]
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("mistral", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("sliding_window", writer::every_layer_window(s));
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Mistral {
     fn presets(&self) -> Vec<Preset> {
         // Mistral-7B-v0.1: Llama with GQA and a 4,096-token sliding window on every layer.
         let mistral_7b = ModelSpec {
@@ -59,11 +67,6 @@ impl Modeling for Mistral {
             Preset::new(37, "mistral-small-3.1-24b-instruct-2503", "mistralai/Mistral-Small-3.1-24B-Instruct-2503", "Mistral", small)
                 .with_notes(VISION_NOT_COUNTED),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("mistral", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("sliding_window", writer::every_layer_window(s));
-        w.done().into_iter().collect()
     }
     /// What `MistralModel.forward` computes after the embedding (also a later pipeline stage's
     /// prologue): `position_ids`, the sliding-window mask in place of the causal one

@@ -1,6 +1,6 @@
 //! Each model family, in one file per family (or a few close variants): its `config.json`
-//! reading and writing, its presets, and its modeling code as the step program builds it, each
-//! implementing [`Modeling`] — for the step, the prologue before the layers, a decoder layer,
+//! reading and writing ([`ConfigFile`]), its presets and its modeling code as the step program
+//! builds it ([`Modeling`]) — for the step, the prologue before the layers, a decoder layer,
 //! the final norm and what they hand each other — by overriding only what its
 //! transformers `modeling_<type>.py` does differently from Llama's, which the trait's defaults
 //! follow. What families share is written once and called with parameters where they differ:
@@ -10,29 +10,33 @@
 //! Llama's own `impl Modeling` is in `modeling.rs`, beside the trait whose defaults it is.
 //!
 //! The family of a model is decided once, when it is imported, picked as a preset or named by
-//! a link's `family` key ([`Family`]); [`modeling()`] maps it to its code.
+//! a link's `family` key ([`Family`]); [`modeling()`] maps it to its code and [`config_file()`]
+//! to its `config.json` (both made from one list of arms, `families!`). The two traits are
+//! apart so that the page's first screen, which only estimates, carries no family's reader or
+//! writer: those load with the panels that import and export.
 //! Nothing here guesses a family from the architecture's numbers.
 //!
 //! Adding a family takes one new file and one arm here, and nothing else in `src/`:
-//! 1. `families/<name>.rs` (or a variant beside a close family's): its `pub struct` and
-//!    `impl Modeling`, citing the transformers 5.24 `modeling_<type>.py` it follows —
-//!    - `import`: its `configuration_<type>.py` keys and class defaults into a [`ModelSpec`]
+//! 1. `families/<name>.rs` (or a variant beside a close family's): its `pub struct`, its
+//!    `impl ConfigFile` and `impl Modeling`, citing the transformers 5.24 `modeling_<type>.py` it
+//!    follows —
+//!    - `import` ([`ConfigFile`]): its `configuration_<type>.py` keys and class defaults into a [`ModelSpec`]
 //!      (with the shared readers of `estimator::hf::fields`), and `aliases`/`wrappers` for
 //!      other model types read alike;
 //!    - `presets`: its public checkpoints, named after them (built from
 //!      `estimator::presets::base`);
-//!    - `export`: the `config.json` that builds a spec back (with `estimator::hf_export::writer`);
+//!    - `export` ([`ConfigFile`]): the `config.json` that builds a spec back (with `estimator::hf_export::writer`);
 //!    - the step: only the methods whose code differs from Llama's defaults (often `layer`,
 //!      `positions` and `norm`), built from the shared pieces;
 //! 2. its variant in [`Family`] with its `model_type` and name in `Family::ALL`
-//!    (`estimator/family.rs`), and its arm in [`modeling()`] here;
+//!    (`estimator/family.rs`), and its arm in `families!` here;
 //! 3. in `tests/`: its presets' exact counts (`tests/presets.rs`), its checkpoint's
 //!    `config.json` (`tests/fixtures/hf/`), and its measured records (`tests/fixtures/pytorch/`,
 //!    see `validation/README.md`), which `tests/pytorch_fixtures.rs` and
 //!    `tests/step_fixtures.rs` check.
 //!
 //! The importer (`estimator::hf`), the exporter (`estimator::hf_export`) and the preset list
-//! (`estimator::presets`) go through [`modeling()`] for every family in `Family::ALL`; they
+//! (`estimator::presets`) go through [`config_file()`] and [`modeling()`] for every family in `Family::ALL`; they
 //! need no change.
 //!
 //! [`ModelSpec`]: crate::estimator::model::ModelSpec
@@ -77,53 +81,72 @@ pub mod torchtitan;
 pub mod torchtune;
 
 pub use common::{Kind, Params, Shared, Var};
-pub use modeling::Modeling;
+pub use modeling::{ConfigFile, Modeling};
 
 use crate::estimator::config::Framework;
 use crate::estimator::family::Family;
 
-/// The modeling code of `family`.
-pub fn modeling(family: Family) -> &'static dyn Modeling {
-    match family {
-        Family::Llama => &modeling::Llama,
-        Family::Mixtral => &mixtral::Mixtral,
-        Family::Qwen2 => &qwen::Qwen2,
-        Family::Qwen3 => &qwen::Qwen3,
-        Family::Smollm3 => &smollm3::Smollm3,
-        Family::Mistral => &mistral::Mistral,
-        Family::Qwen2Moe => &qwen_moe::Qwen2Moe,
-        Family::Qwen3Moe => &qwen_moe::Qwen3Moe,
-        Family::Gemma => &gemma::Gemma,
-        Family::Gemma2 => &gemma::Gemma2,
-        Family::Gemma3 => &gemma::Gemma3,
-        Family::Olmo => &olmo::Olmo,
-        Family::Olmo2 => &olmo::Olmo2,
-        Family::Phi => &phi::Phi,
-        Family::Phi3 => &phi3::Phi3,
-        Family::Gpt2 => &gpt2::Gpt2,
-        Family::GptNeox => &neox::GptNeox,
-        Family::Opt => &opt::Opt,
-        Family::Falcon => &falcon::Falcon,
-        Family::Stablelm => &stablelm::Stablelm,
-        Family::Starcoder2 => &starcoder2::Starcoder2,
-        Family::DeepseekV2 => &deepseek::DeepseekV2,
-        Family::DeepseekV3 => &deepseek::DeepseekV3,
-        Family::Glm4Moe => &glm4_moe::Glm4Moe,
-        Family::GptOss => &gpt_oss::GptOss,
-        Family::Llama4 => &llama4::Llama4,
-        Family::SeedOss => &seed_oss::SeedOss,
-        Family::Olmo3 => &olmo::Olmo3,
-        Family::Qwen3Next => &qwen3_next::Qwen3Next,
-        Family::Qwen35Text => &qwen3_next::Qwen35 { moe: false },
-        Family::Qwen35MoeText => &qwen3_next::Qwen35 { moe: true },
-        Family::FalconH1 => &falcon_h1::FalconH1,
-        Family::DeepseekV32 => &deepseek_v32::DeepseekV32,
-        Family::Exaone4 => &exaone4::Exaone4,
-        Family::Apertus => &apertus::Apertus,
-        Family::MinimaxM2 => &minimax_m2::MinimaxM2,
-        Family::GraniteMoeHybrid => &granitemoehybrid::GraniteMoeHybrid,
-        Family::KimiLinear => &kimi_linear::KimiLinear,
-    }
+/// Every family's code, one arm each: `Family::X => the struct in its file`. The arms make both
+/// maps — [`modeling`] (its presets and step) and [`config_file`] (its `config.json`) — so a new
+/// family is still one file and one arm here.
+macro_rules! families {
+    ($($family:ident => $code:expr,)*) => {
+        /// The modeling code of `family`.
+        pub fn modeling(family: Family) -> &'static dyn Modeling {
+            match family {
+                $(Family::$family => &$code,)*
+            }
+        }
+
+        /// How `family`'s `config.json` reads and is written (the importer's and exporter's
+        /// side only; what estimates never reaches it).
+        pub fn config_file(family: Family) -> &'static dyn ConfigFile {
+            match family {
+                $(Family::$family => &$code,)*
+            }
+        }
+    };
+}
+
+families! {
+    Llama => modeling::Llama,
+    Mixtral => mixtral::Mixtral,
+    Qwen2 => qwen::Qwen2,
+    Qwen3 => qwen::Qwen3,
+    Smollm3 => smollm3::Smollm3,
+    Mistral => mistral::Mistral,
+    Qwen2Moe => qwen_moe::Qwen2Moe,
+    Qwen3Moe => qwen_moe::Qwen3Moe,
+    Gemma => gemma::Gemma,
+    Gemma2 => gemma::Gemma2,
+    Gemma3 => gemma::Gemma3,
+    Olmo => olmo::Olmo,
+    Olmo2 => olmo::Olmo2,
+    Phi => phi::Phi,
+    Phi3 => phi3::Phi3,
+    Gpt2 => gpt2::Gpt2,
+    GptNeox => neox::GptNeox,
+    Opt => opt::Opt,
+    Falcon => falcon::Falcon,
+    Stablelm => stablelm::Stablelm,
+    Starcoder2 => starcoder2::Starcoder2,
+    DeepseekV2 => deepseek::DeepseekV2,
+    DeepseekV3 => deepseek::DeepseekV3,
+    Glm4Moe => glm4_moe::Glm4Moe,
+    GptOss => gpt_oss::GptOss,
+    Llama4 => llama4::Llama4,
+    SeedOss => seed_oss::SeedOss,
+    Olmo3 => olmo::Olmo3,
+    Qwen3Next => qwen3_next::Qwen3Next,
+    Qwen35Text => qwen3_next::Qwen35 { moe: false },
+    Qwen35MoeText => qwen3_next::Qwen35 { moe: true },
+    FalconH1 => falcon_h1::FalconH1,
+    DeepseekV32 => deepseek_v32::DeepseekV32,
+    Exaone4 => exaone4::Exaone4,
+    Apertus => apertus::Apertus,
+    MinimaxM2 => minimax_m2::MinimaxM2,
+    GraniteMoeHybrid => granitemoehybrid::GraniteMoeHybrid,
+    KimiLinear => kimi_linear::KimiLinear,
 }
 
 /// The modeling code `framework` runs for `family`: a training framework's own model where it

@@ -1,5 +1,6 @@
-//! [`Modeling`]: everything of a family — how its `config.json` reads into a [`ModelSpec`] and
-//! is written back, its presets, and the pieces of its modeling code the step is built from:
+//! [`Modeling`] and [`ConfigFile`]: everything of a family — how its `config.json` reads into a
+//! [`ModelSpec`] and is written back ([`ConfigFile`]), its presets, and the pieces of its modeling
+//! code the step is built from ([`Modeling`]):
 //! the model's forward before the layers (the prologue), a decoder layer, the final norm, and
 //! what those hand each other (masks, rotary tables, which layers slide a window). Every method
 //! of the step defaults to Llama's (`modeling_llama.py`); a family overrides only what its own
@@ -15,9 +16,11 @@ use crate::estimator::model::ModelSpec;
 use crate::estimator::presets::base::{default_spec, llama as llama_spec, tied, with_head_dim, Preset};
 use serde_json::{Map, Value};
 
-/// One family's code: its `config.json`, its presets, and its modeling code as the step
-/// program builds it (see the module doc).
-pub trait Modeling: Sync {
+/// A family's `config.json`: how it reads into a [`ModelSpec`] and is written back — the
+/// importer's and the exporter's side of the family ([`crate::estimator::hf`],
+/// [`crate::estimator::hf_export`]), apart from [`Modeling`] so that what only estimates (the
+/// page's first screen) does not carry every family's reader and writer.
+pub trait ConfigFile: Sync {
     /// The model of a `config.json` of model type `t` (the family's own or one of its
     /// [`Modeling::aliases`]), read with the keys and class defaults of its transformers
     /// `configuration_<type>.py` ([`Fields`] says which sizes took a default); what the import
@@ -36,16 +39,20 @@ pub trait Modeling: Sync {
         &[]
     }
 
+    /// The `config.json` files of the family's model type that may build `spec` exactly, to be
+    /// tried in order: `estimator::hf_export` accepts the first that reads back into `spec`
+    /// (every key the class reads, and only those; empty when no file can express `spec`).
+    fn export(&self, spec: &ModelSpec) -> Vec<Map<String, Value>>;
+}
+
+/// One family's code: its presets and its modeling code as the step program builds it (see the
+/// module doc); its `config.json` is its [`ConfigFile`].
+pub trait Modeling: Sync {
     /// The family's presets: real checkpoints, each pinned to its exact count (the picker lists
     /// every family's by [`Preset::order`]).
     fn presets(&self) -> Vec<Preset> {
         Vec::new()
     }
-
-    /// The `config.json` files of the family's model type that may build `spec` exactly, to be
-    /// tried in order: `estimator::hf_export` accepts the first that reads back into `spec`
-    /// (every key the class reads, and only those; empty when no file can express `spec`).
-    fn export(&self, spec: &ModelSpec) -> Vec<Map<String, Value>>;
 
     /// The model's forward before the decoder layers on the first pipeline stage, from the
     /// token ids: the first hidden state and the model-level tensors the layers read.
@@ -160,12 +167,20 @@ pub trait Modeling: Sync {
 /// beside the trait whose defaults are its code (`llama.rs` holds that code, which the other
 /// families call too).
 pub struct Llama;
-impl Modeling for Llama {
+impl ConfigFile for Llama {
     /// `LlamaConfig` (configuration_llama.py): the sizes required, `attention_bias`,
     /// `mlp_bias`, 2,048 positions by default.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         fields::with_heads(fields::llama_keys(f, fields::Ffn::Required, false, 2048)?)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("llama", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias).set("mlp_bias", s.mlp_bias);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Llama {
     fn presets(&self) -> Vec<Preset> {
         let p = |order, id, checkpoint, family, spec| Preset::new(order, id, checkpoint, family, spec);
         vec![
@@ -190,11 +205,6 @@ impl Modeling for Llama {
                 with_head_dim(tied(llama_spec(128256, 3072, 28, 24, 8, 8192, 131072)), 128),
             ),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("llama", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias).set("mlp_bias", s.mlp_bias);
-        w.done().into_iter().collect()
     }
 }
 

@@ -11,7 +11,7 @@ use super::common::{
     dropout, final_norm, fused_attn_w, fused_qkv, out_proj, plain_mlp, plain_mlp_w, proj_or, qkv_shape, Kind, Norm, Params, Shared,
     LAYER_NORM,
 };
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -107,7 +107,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// GPT-NeoX (`modeling_gpt_neox.py`): fused `query_key_value`, partial rotary, parallel or
 /// sequential residuals, `final_layer_norm`.
 pub struct GptNeox;
-impl Modeling for GptNeox {
+impl ConfigFile for GptNeox {
     /// `GPTNeoXConfig`: fused `query_key_value`, `attention_bias`, partial RoPE (`rotary_pct`), parallel residual by default.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_plain_sizes(f)?;
@@ -137,6 +137,9 @@ impl Modeling for GptNeox {
             .into_iter()
             .collect()
     }
+}
+
+impl Modeling for GptNeox {
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         phi::embed_with_dropout(b, p, spec, ids, attn, false)
     }

@@ -14,7 +14,7 @@ use super::common::{
 };
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attend_out, decoder_layer, mlp, rope, Core};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -150,7 +150,7 @@ fn local_rope(spec: &ModelSpec) -> bool {
 
 /// OLMo (see the module doc).
 pub struct Olmo;
-impl Modeling for Olmo {
+impl ConfigFile for Olmo {
     /// `OlmoConfig`: Llama's keys, the parameterless LayerNorm, `clip_qkv` (a number: q, k and v
     /// are clamped; null: not).
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -169,6 +169,9 @@ impl Modeling for Olmo {
         }
         w.done().into_iter().collect()
     }
+}
+
+impl Modeling for Olmo {
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)
     }
@@ -187,13 +190,21 @@ impl Modeling for Olmo {
 
 /// OLMo-2 (see the module doc).
 pub struct Olmo2;
-impl Modeling for Olmo2 {
+impl ConfigFile for Olmo2 {
     /// `Olmo2Config`: Llama's keys and q/k norms over the whole projections.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::llama_keys(f, Ffn::Required, false, 2048)?;
         m.qk_norm = QkNorm::Full;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("olmo2", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Olmo2 {
     fn presets(&self) -> Vec<Preset> {
         // Untied Llama with q/k RMSNorms over all heads, 100,352 vocabulary, 4,096 positions.
         let olmo2 = |hidden, layers, heads, ffn| ModelSpec {
@@ -205,11 +216,6 @@ impl Modeling for Olmo2 {
             Preset::new(34, "olmo-2-1124-7b", "allenai/OLMo-2-1124-7B", "OLMo 2", olmo2(4096, 32, 32, 11_008)),
             Preset::new(35, "olmo-2-1124-13b", "allenai/OLMo-2-1124-13B", "OLMo 2", olmo2(5120, 40, 40, 13_824)),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("olmo2", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
-        w.done().into_iter().collect()
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions(b, spec, attn)
@@ -228,7 +234,7 @@ impl Modeling for Olmo2 {
 
 /// OLMo 3 (see the module doc).
 pub struct Olmo3;
-impl Modeling for Olmo3 {
+impl ConfigFile for Olmo3 {
     /// `Olmo3Config` (configuration_olmo3.py): OLMo-2's layout; every size defaults to the
     /// class's; `sliding_window` (4,096) on the layers `layer_types` names as
     /// `sliding_attention`, by default all but every fourth.
@@ -255,6 +261,20 @@ impl Modeling for Olmo3 {
         fields::set_window(&mut m, f, "sliding_window", Some(4096), default)?;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("olmo3", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
+        if s.o_bias != s.qkv_bias || s.qk_norm != QkNorm::Full {
+            return Vec::new();
+        }
+        let types: Vec<&str> =
+            (0..s.layers).map(|i| if s.window_layers.contains(i) { "sliding_attention" } else { "full_attention" }).collect();
+        w.set("layer_types", types).set("sliding_window", if s.window > 0 { Value::from(s.window) } else { Value::from(4096) });
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Olmo3 {
     /// OLMo-3-1025-7B (allenai/Olmo-3-1025-7B), from its `config.json`
     /// (`tests/fixtures/hf/olmo-3-1025-7b.json`): 100,278 tokens, 4,096 wide, 32 layers of 32
     /// heads, 11,008 MLP, a 4,096-token window on three of every four layers, 65,536 positions.
@@ -268,17 +288,6 @@ impl Modeling for Olmo3 {
             ..llama(100_278, 4096, 32, 32, 32, 11_008, 65_536)
         };
         vec![Preset::new(111, "olmo-3-1025-7b", "allenai/Olmo-3-1025-7B", "OLMo 3", m)]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("olmo3", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias);
-        if s.o_bias != s.qkv_bias || s.qk_norm != QkNorm::Full {
-            return Vec::new();
-        }
-        let types: Vec<&str> =
-            (0..s.layers).map(|i| if s.window_layers.contains(i) { "sliding_attention" } else { "full_attention" }).collect();
-        w.set("layer_types", types).set("sliding_window", if s.window > 0 { Value::from(s.window) } else { Value::from(4096) });
-        w.done().into_iter().collect()
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         positions3(b, spec, attn)

@@ -11,7 +11,7 @@ use super::common::{
 };
 use super::common::{AttnW, Kind, Norm, Params, Shared, LAYER_NORM};
 use super::llama;
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::hf::fields::{self, Fields, HfError};
@@ -97,7 +97,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// OPT (`modeling_opt.py`): learned positions with an offset of 2, pre-LayerNorm layers with a
 /// ReLU MLP, `final_layer_norm`.
 pub struct Opt;
-impl Modeling for Opt {
+impl ConfigFile for Opt {
     /// `OPTConfig`: `ffn_dim`, `activation_function` (ReLU), LayerNorm per `layer_norm_elementwise_affine`/`enable_bias`, learned positions with 2 extra rows, `word_embed_proj_dim`, post-norm (`do_layer_norm_before: false`) without a final norm.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_plain_sizes(f)?;
@@ -154,6 +154,9 @@ impl Modeling for Opt {
             .into_iter()
             .collect()
     }
+}
+
+impl Modeling for Opt {
     /// `OPTDecoder.forward` before the layers:
     /// ```python
     /// inputs_embeds = self.embed_tokens(input_ids)

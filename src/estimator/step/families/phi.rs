@@ -8,7 +8,7 @@ use super::common::{
     dropout, embed_then, final_norm, out_proj, plain_mlp, plain_mlp_w, qkv, AttnW, Kind, Norm, NormW, Params, Shared, LAYER_NORM,
 };
 use super::llama::{self, PartialRope};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::config::Attention;
 use crate::estimator::hf::fields::{self, Fields, HfError};
 use crate::estimator::hf_export::writer;
@@ -141,7 +141,7 @@ pub fn embed_with_dropout(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Ti
 /// Phi-1/2 (`modeling_phi.py`): one LayerNorm feeding parallel attention and MLP, partial
 /// rotary, biases everywhere, embedding dropout, `final_layernorm`, a biased head.
 pub struct Phi;
-impl Modeling for Phi {
+impl ConfigFile for Phi {
     /// `PhiConfig`: one LayerNorm per parallel block, biases everywhere, partial RoPE, `qk_layernorm`.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_plain_sizes(f)?;
@@ -173,6 +173,9 @@ impl Modeling for Phi {
             .into_iter()
             .collect()
     }
+}
+
+impl Modeling for Phi {
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         embed_with_dropout(b, p, spec, ids, attn, true)
     }

@@ -7,7 +7,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Shape, Split, Tid};
 use super::common::{fused_qkv, proj_or, to_heads, Kind, Norm, Params, Rms, Shared};
 use super::llama::{attend_out, decoder_layer_with, rope_partial, Core, PartialRope, Residual};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
@@ -76,7 +76,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// Phi-3 (`modeling_phi3.py`, also Phi-4): Llama with fused `qkv_proj` and `gate_up_proj`,
 /// partial RoPE by slicing, and residual dropout.
 pub struct Phi3;
-impl Modeling for Phi3 {
+impl ConfigFile for Phi3 {
     /// `Phi3Config`: Llama's keys, fused q/k/v and gate/up, residual dropout,
     /// `partial_rotary_factor`, `sliding_window` on every layer (null: none), 4,096 positions.
     fn import(&self, t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -88,6 +88,16 @@ impl Modeling for Phi3 {
         fields::window_on_every_layer(&mut m, f, t, None)?;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("phi3", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn)
+            .set("partial_rotary_factor", writer::rotary_fraction(s))
+            .set("sliding_window", writer::every_layer_window(s));
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Phi3 {
     fn presets(&self) -> Vec<Preset> {
         let fused = |mut m: ModelSpec| {
             m.family = Family::Phi3;
@@ -105,13 +115,6 @@ impl Modeling for Phi3 {
             Preset::new(20, "phi-3-mini-4k-instruct", "microsoft/Phi-3-mini-4k-instruct", "Phi-3", mini),
             Preset::new(21, "phi-4", "microsoft/phi-4", "Phi-4", phi4),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("phi3", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn)
-            .set("partial_rotary_factor", writer::rotary_fraction(s))
-            .set("sliding_window", writer::every_layer_window(s));
-        w.done().into_iter().collect()
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)

@@ -2,7 +2,7 @@
 //! ([`super::llama`]) — Qwen2 with biases on q, k and v, Qwen3 with an RMSNorm over each head
 //! of q and k; both differences are in the spec.
 
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
 use crate::estimator::hf_export::writer;
@@ -30,7 +30,7 @@ pub const fn qwen3(hidden: u64, layers: u64, heads: u64, ffn: u64, tied: bool) -
 
 /// Qwen2 (`modeling_qwen2.py`).
 pub struct Qwen2;
-impl Modeling for Qwen2 {
+impl ConfigFile for Qwen2 {
     /// `Qwen2Config`: q, k and v always biased, o never; 32,768 positions by default; a sliding
     /// window is refused.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -40,6 +40,14 @@ impl Modeling for Qwen2 {
         fields::no_qwen_sliding_window(f)?;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("qwen2", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("use_sliding_window", false);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Qwen2 {
     fn presets(&self) -> Vec<Preset> {
         let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Qwen2.5", spec);
         vec![
@@ -48,16 +56,11 @@ impl Modeling for Qwen2 {
             p(16, "qwen2.5-72b", "Qwen/Qwen2.5-72B", qwen2(152064, 8192, 80, 64, 8, 29568, 131072)),
         ]
     }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("qwen2", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("use_sliding_window", false);
-        w.done().into_iter().collect()
-    }
 }
 
 /// Qwen3 (`modeling_qwen3.py`).
 pub struct Qwen3;
-impl Modeling for Qwen3 {
+impl ConfigFile for Qwen3 {
     /// `Qwen3Config`: Llama's keys and q/k norms over each head; a sliding window is refused.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::llama_keys(f, Ffn::Required, false, 32_768)?;
@@ -65,6 +68,14 @@ impl Modeling for Qwen3 {
         fields::no_qwen_sliding_window(f)?;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("qwen3", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias).set("use_sliding_window", false);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Qwen3 {
     fn presets(&self) -> Vec<Preset> {
         let p = |order, id, checkpoint, spec| Preset::new(order, id, checkpoint, "Qwen3", spec);
         vec![
@@ -75,10 +86,5 @@ impl Modeling for Qwen3 {
             p(26, "qwen3-14b", "Qwen/Qwen3-14B", qwen3(5120, 40, 40, 17408, false)),
             p(27, "qwen3-32b", "Qwen/Qwen3-32B", qwen3(5120, 64, 64, 25600, false)),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("qwen3", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn).set("attention_bias", s.qkv_bias).set("use_sliding_window", false);
-        w.done().into_iter().collect()
     }
 }

@@ -21,7 +21,7 @@ use super::common::{proj_or, rms_norm, AttnW, Kind, Norm, Params, Rms, Shared};
 use super::fla;
 use super::llama::{attend, decoder_layer, rope_partial, rope_qk, Core, Ffn, PartialRope};
 use super::mamba2::node;
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::moe::{sparse_block, MoeW, SharedW, Topk};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -678,11 +678,7 @@ pub const TORCH_PATH: &str = "the gated DeltaNet layers follow the kernels setti
 
 /// Qwen3-Next: gated DeltaNet and gated attention layers, MoE with a gated shared expert.
 pub struct Qwen3Next;
-impl Modeling for Qwen3Next {
-    fn presets(&self) -> Vec<Preset> {
-        vec![Preset::new(70, "qwen3-next-80b-a3b-thinking", "Qwen/Qwen3-Next-80B-A3B-Thinking", "Qwen3-Next", qwen3_next_80b())
-            .with_notes(&[TORCH_PATH])]
-    }
+impl ConfigFile for Qwen3Next {
     /// `Qwen3NextConfig`: Llama's sizes, `head_dim`, `partial_rotary_factor` (0.25), the gated
     /// DeltaNet's `linear_*` keys and `layer_types`, the experts (`num_experts`,
     /// `num_experts_per_tok`, `moe_intermediate_size`, `shared_expert_intermediate_size`,
@@ -743,6 +739,13 @@ impl Modeling for Qwen3Next {
             .set("norm_topk_prob", true);
         w.done().into_iter().collect()
     }
+}
+
+impl Modeling for Qwen3Next {
+    fn presets(&self) -> Vec<Preset> {
+        vec![Preset::new(70, "qwen3-next-80b-a3b-thinking", "Qwen/Qwen3-Next-80B-A3B-Thinking", "Qwen3-Next", qwen3_next_80b())
+            .with_notes(&[TORCH_PATH])]
+    }
     fn norm(&self) -> Norm {
         Norm::Rms(Rms::Gemma)
     }
@@ -784,7 +787,7 @@ fn qwen35_35b_a3b() -> ModelSpec {
     hybrid_moe(m, 256, 8)
 }
 
-impl Modeling for Qwen35 {
+impl ConfigFile for Qwen35 {
     /// The multimodal checkpoints' `qwen3_5` / `qwen3_5_moe` (`Qwen3_5ForConditionalGeneration`):
     /// their `text_config`.
     fn wrappers(&self) -> &'static [&'static str] {
@@ -793,14 +796,6 @@ impl Modeling for Qwen35 {
         } else {
             &["qwen3_5"]
         }
-    }
-    fn presets(&self) -> Vec<Preset> {
-        let (order, id, checkpoint, spec) = if self.moe {
-            (72, "qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", qwen35_35b_a3b())
-        } else {
-            (71, "qwen3.5-27b", "Qwen/Qwen3.5-27B", qwen35_27b())
-        };
-        vec![Preset::new(order, id, checkpoint, "Qwen3.5", spec).with_notes(&[TORCH_PATH])]
     }
     /// `Qwen3_5TextConfig` / `Qwen3_5MoeTextConfig`: Llama's sizes, `head_dim`, the rotary
     /// fraction of `rope_parameters`, the gated DeltaNet's `linear_*` keys and `layer_types`;
@@ -857,6 +852,17 @@ impl Modeling for Qwen35 {
             w.set("intermediate_size", s.ffn);
         }
         w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Qwen35 {
+    fn presets(&self) -> Vec<Preset> {
+        let (order, id, checkpoint, spec) = if self.moe {
+            (72, "qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", qwen35_35b_a3b())
+        } else {
+            (71, "qwen3.5-27b", "Qwen/Qwen3.5-27B", qwen35_27b())
+        };
+        vec![Preset::new(order, id, checkpoint, "Qwen3.5", spec).with_notes(&[TORCH_PATH])]
     }
     /// `Qwen3_5TextModel.forward` before the layers: the causal mask and the M-RoPE tables
     /// (`[b, s, d_rot]`).

@@ -9,7 +9,7 @@ use super::super::ir::{Builder, Tid};
 use super::common::{cache_position, causal_mask, rope_pair, sliding_window_mask};
 use super::common::{AttnW, Kind, Norm, Params, Rms, Shared};
 use super::llama::{attention, decoder_layer, Ffn};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::moe::{sparse_block, MoeW, SharedW, Topk};
 use super::qwen::qwen3;
 use crate::estimator::config::Attention;
@@ -91,7 +91,7 @@ fn moe_writer(t: &str, s: &ModelSpec) -> Option<Writer> {
 /// Qwen2-MoE (`modeling_qwen2_moe.py`): Llama's layers with sparse blocks of softmax-then-top-k
 /// experts beside a gated shared expert, and the unused sliding-window mask its model builds.
 pub struct Qwen2Moe;
-impl Modeling for Qwen2Moe {
+impl ConfigFile for Qwen2Moe {
     /// `Qwen2MoeConfig`: `qkv_bias` (default true), no o bias, the experts ([`moe_keys`]) and a
     /// shared expert of `shared_expert_intermediate_size` with its sigmoid gate.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -110,6 +110,9 @@ impl Modeling for Qwen2Moe {
         w.set("qkv_bias", s.qkv_bias).set("shared_expert_intermediate_size", s.shared_ffn);
         w.done().into_iter().collect()
     }
+}
+
+impl Modeling for Qwen2Moe {
     /// `Qwen2MoeModel.forward` after the embedding: Llama's, and the mask of the
     /// `sliding_attention` layers too (`create_sliding_window_causal_mask`, called whatever
     /// `layer_types` says), whose window `Qwen2MoeConfig.__post_init__` sets to 0 unless
@@ -130,7 +133,7 @@ impl Modeling for Qwen2Moe {
 /// Qwen3-MoE (`modeling_qwen3_moe.py`): Qwen3's attention (per-head q/k norms) with sparse
 /// blocks of softmax-then-top-k experts, renormalised.
 pub struct Qwen3Moe;
-impl Modeling for Qwen3Moe {
+impl ConfigFile for Qwen3Moe {
     /// `Qwen3MoeConfig`: Qwen3's attention keys and the experts ([`moe_keys`]).
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::llama_keys(f, fields::Ffn::Optional, false, 32_768)?;
@@ -139,6 +142,14 @@ impl Modeling for Qwen3Moe {
         moe_keys(&mut m, f)?;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = moe_writer("qwen3_moe", s) else { return Vec::new() };
+        w.set("attention_bias", s.qkv_bias);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for Qwen3Moe {
     fn presets(&self) -> Vec<Preset> {
         // Every layer sparse, fused experts, no shared expert.
         let moe = |hidden, layers, heads, kv_heads, ffn, expert_ffn| {
@@ -155,11 +166,6 @@ impl Modeling for Qwen3Moe {
             Preset::new(28, "qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "Qwen3", moe(2048, 48, 32, 4, 6144, 768)),
             Preset::new(29, "qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "Qwen3", moe(4096, 94, 64, 4, 12288, 1536)),
         ]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = moe_writer("qwen3_moe", s) else { return Vec::new() };
-        w.set("attention_bias", s.qkv_bias);
-        w.done().into_iter().collect()
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, kind, attn)

@@ -4,7 +4,7 @@
 //! attention's and the MLP's output projections — `F.dropout(p=0)` in the public checkpoints'
 //! training, which keeps nothing; a non-zero one follows the configuration's `dropout`.
 
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Fields, HfError};
 use crate::estimator::hf_export::writer;
@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 /// Seed-OSS (`modeling_seed_oss.py`).
 pub struct SeedOss;
-impl Modeling for SeedOss {
+impl ConfigFile for SeedOss {
     /// `SeedOssConfig` (configuration_seed_oss.py): every size defaults to the class's (absent
     /// sizes are said in the import's notes), `attention_bias` (true) on q, k and v,
     /// `attention_out_bias` (false) on o, `mlp_bias`, `head_dim` 128, 524,288 positions.
@@ -38,6 +38,19 @@ impl Modeling for SeedOss {
         m.mlp_bias = f.flag("mlp_bias", false)?;
         fields::with_heads(m)
     }
+    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
+        let Some(mut w) = writer::llama_base("seed_oss", s, "hidden_act") else { return Vec::new() };
+        w.set("intermediate_size", s.ffn)
+            .set("attention_bias", s.qkv_bias)
+            .set("attention_out_bias", s.o_bias)
+            .set("mlp_bias", s.mlp_bias)
+            .set("attention_dropout", 0.0)
+            .set("residual_dropout", 0.0);
+        w.done().into_iter().collect()
+    }
+}
+
+impl Modeling for SeedOss {
     /// Seed-OSS-36B-Instruct (its Base shares the architecture), from the checkpoint's
     /// `config.json` (`tests/fixtures/hf/seed-oss-36b-instruct.json`): `SeedOssConfig`'s
     /// defaults but `hidden_size` 5,120 (the class defaults 4,096). 36,151,104,512 parameters
@@ -48,15 +61,5 @@ impl Modeling for SeedOss {
         m.head_dim = 128;
         m.qkv_bias = true;
         vec![Preset::new(110, "seed-oss-36b-instruct", "ByteDance-Seed/Seed-OSS-36B-Instruct", "Seed-OSS", m)]
-    }
-    fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
-        let Some(mut w) = writer::llama_base("seed_oss", s, "hidden_act") else { return Vec::new() };
-        w.set("intermediate_size", s.ffn)
-            .set("attention_bias", s.qkv_bias)
-            .set("attention_out_bias", s.o_bias)
-            .set("mlp_bias", s.mlp_bias)
-            .set("attention_dropout", 0.0)
-            .set("residual_dropout", 0.0);
-        w.done().into_iter().collect()
     }
 }

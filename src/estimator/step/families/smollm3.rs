@@ -11,7 +11,7 @@
 //! their gradients come back transposed: `ViewBackward0` clones, as for v. Saved bytes are those of
 //! a RoPE layer: the core keeps q and k either way (RoPE's `mul`s keep only the shared cos/sin).
 
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Fields, HfError};
 use crate::estimator::hf_export::writer;
@@ -22,16 +22,7 @@ use serde_json::{Map, Value};
 /// SmolLM3 (`modeling_smollm3.py`): Llama's code; its NoPE layers are in the spec
 /// (`nope_layers`), read by every family through `common::nope`.
 pub struct Smollm3;
-impl Modeling for Smollm3 {
-    fn presets(&self) -> Vec<Preset> {
-        // SmolLM3-3B: tied Llama with 16 query / 4 KV heads and every 4th layer NoPE.
-        let spec = ModelSpec {
-            family: Family::Smollm3,
-            nope_layers: LayerRule::Every { step: 4, offset: 3 },
-            ..tied(llama(128_256, 2048, 36, 16, 4, 11_008, 65_536))
-        };
-        vec![Preset::new(36, "smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "SmolLM3", spec)]
-    }
+impl ConfigFile for Smollm3 {
     /// SmolLM3 (configuration_smollm3.py): Llama with NoPE on every `no_rope_layer_interval`-th
     /// layer, biases by `attention_bias`/`mlp_bias`, tied head by default.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
@@ -77,6 +68,18 @@ impl Modeling for Smollm3 {
             .done()
             .into_iter()
             .collect()
+    }
+}
+
+impl Modeling for Smollm3 {
+    fn presets(&self) -> Vec<Preset> {
+        // SmolLM3-3B: tied Llama with 16 query / 4 KV heads and every 4th layer NoPE.
+        let spec = ModelSpec {
+            family: Family::Smollm3,
+            nope_layers: LayerRule::Every { step: 4, offset: 3 },
+            ..tied(llama(128_256, 2048, 36, 16, 4, 11_008, 65_536))
+        };
+        vec![Preset::new(36, "smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "SmolLM3", spec)]
     }
 }
 

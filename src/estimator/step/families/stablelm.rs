@@ -7,7 +7,7 @@
 
 use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
 use super::common::{dropout, qkv, AttnW, Kind, MlpW, Norm, Params, Shared, LAYER_NORM};
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use super::{llama, phi};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
@@ -122,7 +122,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 /// StableLM (`modeling_stablelm.py`): LayerNorms, partial rotary, a gated MLP, optional
 /// per-head q/k LayerNorms and parallel residuals.
 pub struct Stablelm;
-impl Modeling for Stablelm {
+impl ConfigFile for Stablelm {
     /// `StableLmConfig`: LayerNorm, `use_qkv_bias`, partial RoPE, `use_parallel_residual`, per-head `qk_layernorm`.
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_vocab(f)?;
@@ -157,6 +157,9 @@ impl Modeling for Stablelm {
             .into_iter()
             .collect()
     }
+}
+
+impl Modeling for Stablelm {
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)
     }

@@ -15,7 +15,7 @@ use super::common::{
 };
 use super::common::{AttnW, Kind, Norm, Params, Shared};
 use super::llama;
-use super::modeling::Modeling;
+use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
 use crate::estimator::hf::fields::{self, Fields, HfError};
@@ -95,7 +95,7 @@ pub fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared,
 
 /// StarCoder2 (see the module doc).
 pub struct Starcoder2;
-impl Modeling for Starcoder2 {
+impl ConfigFile for Starcoder2 {
     /// `Starcoder2Config`: LayerNorm, `use_bias`, a plain MLP, `sliding_window` on every layer (null: none).
     fn import(&self, _t: &str, f: &Fields, _notes: &mut Vec<String>) -> Result<ModelSpec, HfError> {
         let mut m = fields::with_plain_sizes(f)?;
@@ -124,6 +124,9 @@ impl Modeling for Starcoder2 {
             .into_iter()
             .collect()
     }
+}
+
+impl Modeling for Starcoder2 {
     /// `Starcoder2Model.forward` before the layers: the token embedding (its dropout is a no-op
     /// at p = 0), `position_ids = arange(s)[None]`, the mask (`create_sliding_window_causal_mask`
     /// once the window bites, else `create_causal_mask`), the rotary embedding.

@@ -99,20 +99,6 @@ fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
 /// torchtitan 0.2.2's Llama 3 (`Transformer`, see the module doc).
 pub struct Llama3;
 impl Modeling for Llama3 {
-    /// A framework's program, not a `model_type`: a Llama 3 `config.json` reads as transformers'
-    /// Llama ([`super::modeling::Llama`]), and `framework = torchtitan` picks this program for it.
-    fn import(
-        &self,
-        t: &str,
-        f: &crate::estimator::hf::fields::Fields,
-        notes: &mut Vec<String>,
-    ) -> Result<ModelSpec, crate::estimator::hf::fields::HfError> {
-        super::modeling::Llama.import(t, f, notes)
-    }
-    /// Written back as transformers' Llama `config.json` (torchtitan's own TOML names a flavor).
-    fn export(&self, spec: &ModelSpec) -> Vec<serde_json::Map<String, serde_json::Value>> {
-        super::modeling::Llama.export(spec)
-    }
     /// `Transformer.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers
     /// read `self.freqs_cis` (a buffer, [`freqs_cis`]).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {

@@ -139,20 +139,6 @@ fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
 /// torchtune 0.6.1's Llama 3 (`TransformerDecoder` of `llama3_1`, see the module doc).
 pub struct Llama3;
 impl Modeling for Llama3 {
-    /// A framework's program, not a `model_type`: a Llama 3 `config.json` reads as transformers'
-    /// Llama, and `framework = torchtune` picks this program for it.
-    fn import(
-        &self,
-        t: &str,
-        f: &crate::estimator::hf::fields::Fields,
-        notes: &mut Vec<String>,
-    ) -> Result<ModelSpec, crate::estimator::hf::fields::HfError> {
-        super::modeling::Llama.import(t, f, notes)
-    }
-    /// Written back as transformers' Llama `config.json`.
-    fn export(&self, spec: &ModelSpec) -> Vec<serde_json::Map<String, serde_json::Value>> {
-        super::modeling::Llama.export(spec)
-    }
     /// `TransformerDecoder.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
     /// layers read the shared RoPE module's `cache` buffer.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
