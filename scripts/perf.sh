@@ -35,10 +35,16 @@ echo "later panels' module (js + wasm, fetched when one is opened), brotli: $mor
 echo "benchmark module (js + wasm, fetched on open), brotli: $bench bytes"
 echo "frameworks module (js + wasm, fetched on the first import or export), brotli: $frameworks bytes"
 
-if command -v twiggy >/dev/null 2>&1; then
+target_dir="$(cargo metadata --format-version 1 --no-deps --offline | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+if ! command -v twiggy >/dev/null 2>&1; then
+  echo
+  echo "(twiggy not on PATH — \`cargo install twiggy\` — skipping the module contents)"
+elif [ ! -f "$target_dir/wasm32-unknown-unknown/release/trainmem-bench.wasm" ]; then
+  echo
+  echo "(the modules' release wasm are not in $target_dir: run without --no-build to list their contents)"
+else
   echo
   echo "== what each wasm module holds, by crate (twiggy; code and data bytes before compression)"
-  target_dir="$(cargo metadata --format-version 1 --no-deps --offline | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
   tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
   for bin in trainmem trainmem-bench; do
     wasm-bindgen --target web --no-typescript --out-dir "$tmp/$bin" "$target_dir/wasm32-unknown-unknown/release/$bin.wasm"
@@ -69,8 +75,6 @@ for g in GROUPS + ["other (generic instances, data, glue)"]:
 for g in ["leptos", "tachys", "reactive_graph", "trainmem::estimator", "trainmem::ui"]:
     print(f"{g} in the benchmark module: {'yes' if bench[g] else 'no'}")
 PY
-else
-  echo "(twiggy not on PATH — \`cargo install twiggy\` — skipping the module contents)"
 fi
 
 echo
