@@ -380,6 +380,23 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// A fused node's backward, one gradient per input that needs one: for each
+    /// `(input index, tensor)` of `ins` that requires grad, allocate a tensor of its gradient's
+    /// size (labelled `op`) and make it that input's gradient. Temporaries are numbered from
+    /// `first` (the node's earlier `Alloc`s take `0..first`).
+    pub fn input_grads(&self, ins: &[(u8, Tid)], op: &'static str, first: u8) -> Vec<B> {
+        let mut bw = Vec::with_capacity(2 * ins.len());
+        let mut temp = first;
+        for &(input, t) in ins {
+            if self.rg(t) {
+                bw.push(B::Alloc { bytes: self.grad_bytes(t), dtype: self.t(t).dtype, op });
+                bw.push(B::Grad { input, temp });
+                temp += 1;
+            }
+        }
+        bw
+    }
+
     // ------------------------------------------------------------------ views
 
     /// A view (`view`, `reshape` of a contiguous tensor, `transpose`, `unsqueeze`): no

@@ -30,21 +30,6 @@ const CH: Dim = Dim::X(X::GdnChunk);
 /// NT: the chunks of a sequence.
 const NC: Dim = Dim::X(X::GdnChunks);
 
-/// The gradients of the `(input index, tensor)` pairs that require one, allocated by `op` in
-/// backward, in order.
-fn input_grads(b: &Builder, ins: &[(u8, Tid)], op: &'static str) -> Vec<B> {
-    let mut bw = Vec::new();
-    let mut k = 0u8;
-    for &(i, t) in ins {
-        if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.grad_bytes(t), dtype: b.t(t).dtype, op });
-            bw.push(B::Grad { input: i, temp: k });
-            k += 1;
-        }
-    }
-    bw
-}
-
 /// `causal_conv1d_fn(x, weight, activation="silu")` on `x` `[B, c, T]` (the projections'
 /// output, transposed; Kimi's KDA calls it the same way on its concatenated q, k, v): `CausalConv1dFn.forward` (causal_conv1d_interface.py) saves only `x` and
 /// the parameters — the convolution's output and its SiLU are recomputed by
@@ -58,7 +43,7 @@ fn input_grads(b: &Builder, ins: &[(u8, Tid)], op: &'static str) -> Vec<B> {
 pub fn causal_conv1d(b: &mut Builder, x: Tid, weight: Tid) -> Tid {
     let rg = b.rg(x) || b.rg(weight);
     let out = b.out(b.shape(x), b.t(x).dt, rg);
-    let bw = input_grads(b, &[(0, x), (1, weight)], "causal_conv1d_bwd");
+    let bw = b.input_grads(&[(0, x), (1, weight)], "causal_conv1d_bwd", 0);
     b.op("causal_conv1d_fwd", "CausalConv1dFnBackward", &[x, weight], &[out], &[S::In(0)], &bw)[0]
 }
 
@@ -134,12 +119,7 @@ pub fn chunk_delta_rule(b: &mut Builder, rule: Rule, q: Tid, k: Tid, v: Tid, g: 
         bw.push(B::Alloc { bytes: b.bytes_of(s, kdt), dtype: b.dtype(kdt), op: bw_op });
     }
     let first = temps.len() as u8;
-    for step in input_grads(b, &[(0, q), (1, k), (2, v), (3, g), (4, beta)], bw_op) {
-        bw.push(match step {
-            B::Grad { input, temp } => B::Grad { input, temp: temp + first },
-            other => other,
-        });
-    }
+    bw.extend(b.input_grads(&[(0, q), (1, k), (2, v), (3, g), (4, beta)], bw_op, first));
     for t in 0..first {
         bw.push(B::Free(t));
     }

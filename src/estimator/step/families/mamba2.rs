@@ -81,15 +81,8 @@ const SP: Dim = Dim::X(X::SsmPadded);
 pub fn node(b: &mut Builder, name: &'static str, node: &'static str, ins: &[Tid], shape: Shape, dt: Dt, saved: &[S]) -> Tid {
     let rg = ins.iter().any(|&t| b.rg(t));
     let out = b.out(shape, dt, rg);
-    let mut bw: Vec<B> = Vec::with_capacity(2 * ins.len());
-    let mut k = 0u8;
-    for (i, &t) in ins.iter().enumerate() {
-        if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.grad_bytes(t), dtype: b.t(t).dtype, op: name });
-            bw.push(B::Grad { input: i as u8, temp: k });
-            k += 1;
-        }
-    }
+    let indexed: Vec<(u8, Tid)> = ins.iter().enumerate().map(|(i, &t)| (i as u8, t)).collect();
+    let bw = b.input_grads(&indexed, name, 0);
     b.op(name, node, ins, &[out], if rg { saved } else { &[] }, &bw)[0]
 }
 
@@ -345,15 +338,8 @@ pub fn mixer_fused(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> Tid
     }
     let rg = b.rg(proj);
     let out = b.out(Shape::tok(Q::H), Dt::Resid, rg);
-    let mut bw: Vec<B> = Vec::new();
-    let mut k = 0u8;
-    for (i, t) in [(0u8, proj), (2, a), (3, w.conv_w), (4, w.d), (5, w.dt_bias), (6, w.out_w)] {
-        if b.rg(t) {
-            bw.push(B::Alloc { bytes: b.grad_bytes(t), dtype: b.t(t).dtype, op: "mamba_split_conv1d_scan_combined_bwd" });
-            bw.push(B::Grad { input: i, temp: k });
-            k += 1;
-        }
-    }
+    let grads = [(0u8, proj), (2, a), (3, w.conv_w), (4, w.d), (5, w.dt_bias), (6, w.out_w)];
+    let bw = b.input_grads(&grads, "mamba_split_conv1d_scan_combined_bwd", 0);
     let o = b.op("mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFnBackward", &ins, &[out], &saved, &bw)[0];
     b.hold(proj);
     o
