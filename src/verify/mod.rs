@@ -35,9 +35,9 @@
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
 //! Transformer Engine fp8 (`precision=mixed-fp8`), Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
-//! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`),
-//! compile regions other than a layer (`compile_regions`) and the step in backward with master
-//! weights or a loss scaler (`optim_in_bwd`). FlashAttention-2 (`attn=flash`) is generated, and
+//! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`)
+//! and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
+//! weights, and compile regions other than a layer, the estimate refuses first). FlashAttention-2 (`attn=flash`) is generated, and
 //! the script refuses at run time when `flash_attn` or CUDA is missing; `compile = true` is
 //! refused at run time on the CPU, where the dispatch tracker would make torch.compile run its
 //! regions eagerly.
@@ -78,8 +78,7 @@ pub mod compare;
 pub mod serve;
 
 use crate::config::{
-    self, ActOffload, Attention, CompileRegions, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision,
-    Recompute, Zero,
+    self, ActOffload, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
 };
 use crate::estimator::hf_export::{self, ExportError};
 use crate::estimator::ledger::Bytes;
@@ -257,17 +256,13 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
         return refuse("framework", "the script runs transformers' modules; Megatron-LM's are not reproduced");
     }
     // Issue 26's recipes: op-level checkpointing, every Nth layer, the step in backward and
-    // per-layer compile are applied by the script; these combinations are not.
-    if cfg.optim_in_bwd && (master || cfg.precision == Precision::MixedBf16Fp32grad || cfg.precision == Precision::AmpFp16) {
+    // per-layer compile are applied by the script. The estimate (checked first, in
+    // `verify_script`) already refuses the step in backward with master weights and compile
+    // regions other than a layer; a loss scaler is the script's own limit.
+    if cfg.optim_in_bwd && cfg.precision == Precision::AmpFp16 {
         return refuse(
             "optim_in_bwd",
-            "the script steps the optimizer in backward on the parameters themselves (torchtune's optimizer_in_bwd); use a recipe without master weights or a loss scaler",
-        );
-    }
-    if cfg.compile && cfg.compile_regions != CompileRegions::Layer {
-        return refuse(
-            "compile_regions",
-            "the script compiles each decoder layer and the loss (torchtune's regions); use compile_regions = layer",
+            "the script steps each parameter in its gradient hook (torchtune's optimizer_in_bwd), before a loss scaler could unscale it; use amp-bf16 or bf16",
         );
     }
     if cfg.act_offload != ActOffload::None || cfg.act_offload_layers > 0 {

@@ -174,13 +174,6 @@ pub fn mamba2_state(spec: &ModelSpec, tp: u64, columns: u64) -> State {
     State { conv: cd.div_ceil(tp) * columns, recurrent: m.heads.div_ceil(tp) * m.head_dim * m.state }
 }
 
-/// Whether the Mamba-2 mixer replaces attention on the layers of `linear_layers` (Granite
-/// 4.0-H's `layer_types` "mamba") rather than running beside it in every layer (Falcon-H1):
-/// [`ModelSpec::ssm_layers`]'s reading of the spec.
-fn mamba_only(spec: &ModelSpec) -> bool {
-    spec.gdn.k_heads == 0 && spec.linear_layers.count(spec.layers) > 0
-}
-
 /// The cache of every layer of `spec` on one GPU of a `tp`-way attention group, states as
 /// `holder` keeps them.
 pub fn layers_for(spec: &ModelSpec, tp: u64, holder: Holder) -> Result<Vec<KvLayer>, LayoutError> {
@@ -195,8 +188,10 @@ pub fn layers_for(spec: &ModelSpec, tp: u64, holder: Holder) -> Result<Vec<KvLay
         .map(|i| {
             if is_linear(spec, i) {
                 KvLayer { attn: Attn::Linear, k: 0, v: 0, idx: 0, state: gdn_state(spec, tp, holder.conv_columns(spec.gdn.conv)) }
-            } else if spec.ssm.heads > 0 && mamba_only(spec) {
-                // Granite 4.0-H: a layer is a Mamba-2 mixer or attention, never both.
+            } else if spec.ssm.heads > 0 && spec.linear_attention_layers() > 0 {
+                // Granite 4.0-H: a layer is a Mamba-2 mixer or attention, never both (with
+                // `linear_layers` the mixer replaces attention there, as `ModelSpec::ssm_layers`
+                // reads the spec; without, Falcon-H1 runs it beside attention in every layer).
                 if spec.linear_layers.contains(i) {
                     KvLayer { attn: Attn::Linear, k: 0, v: 0, idx: 0, state: mamba2_state(spec, tp, holder.conv_columns(spec.ssm.conv)) }
                 } else {
