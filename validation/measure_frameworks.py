@@ -56,6 +56,26 @@ def _torchtitan_llama3():
     return titan_model, TransformerModelArgs, cross_entropy_loss
 
 
+def _torchtitan_qwen3():
+    """torchtitan.models.qwen3.model.model (0.2.2), imported as `_torchtitan_llama3` imports Llama 3's: the package's
+    __init__ (train spec, parallelize_qwen3, datasets) is not entered; protocols/train_spec.py is replaced by what the
+    model uses of it (`ModelProtocol`, and `BaseModelArgs` for args.py)."""
+    import torchtitan
+    root = Path(torchtitan.__file__).parent
+    pkg = types.ModuleType("torchtitan.models.qwen3")
+    pkg.__path__ = [str(root / "models" / "qwen3")]
+    sys.modules.setdefault(pkg.__name__, pkg)
+    import torchtitan.protocols.model as protocol_model
+    spec = sys.modules.get("torchtitan.protocols.train_spec") or types.ModuleType("torchtitan.protocols.train_spec")
+    spec.ModelProtocol = protocol_model.ModelProtocol
+    spec.BaseModelArgs = protocol_model.BaseModelArgs
+    sys.modules.setdefault(spec.__name__, spec)
+    from torchtitan.models.qwen3.model import model as titan_model
+    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+    from torchtitan.components.loss import cross_entropy_loss
+    return titan_model, Qwen3ModelArgs, cross_entropy_loss
+
+
 class Output(types.SimpleNamespace):
     pass
 
@@ -128,6 +148,31 @@ def build_torchtitan_llama3(seq: int, tdtype):
     cfg.architectures = ["LlamaForCausalLM"]
     lm = FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
     return lm
+
+
+def build_torchtitan_qwen3(seq: int, tdtype):
+    """torchtitan's `Qwen3Model`, dense (`moe_enabled=False`), untied, SDPA; `rope_cache` for `training.seq_len`."""
+    titan_model, Args, ce = _torchtitan_qwen3()
+    from transformers import Qwen3Config
+    ffn = 256
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=DIM // HEADS,
+                hidden_dim=ffn, vocab_size=VOCAB, max_seq_len=seq, rope_theta=1000000, qk_norm=True)
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.Qwen3Model(args)
+    with torch.no_grad():
+        m.init_weights()
+    # Parameters only, as FSDP2's `param_dtype` (rope_cache stays fp32).
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+    cfg = Qwen3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
+                      rope_theta=args.rope_theta)
+    cfg.dtype = tdtype
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
 
 # ------------------------------------------------------------------------------------------------ torchtune 0.6.1
 
@@ -265,6 +310,7 @@ def build_torchtune_llama3(seq: int, tdtype):
 FRAMEWORKS = {
     # (framework, family): (version, builder(seq, torch dtype), attentions it runs)
     ("torchtitan", "llama3"): ("0.2.2", build_torchtitan_llama3, ["sdpa"]),
+    ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
 }
 
