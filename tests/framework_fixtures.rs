@@ -18,6 +18,11 @@ use trainmem::estimator::{estimate, hf, Estimate};
 /// The frameworks measured, one shard per framework and family.
 const SHARDS: &[&str] = &["torchtitan-llama3", "torchtitan-qwen3", "torchtune-llama3"];
 
+/// Shards measured but not modelled yet: each record must be refused by name (never estimated as
+/// something else). torchtitan's Qwen3 MoE (`models/moe/`: router, token reordering, grouped
+/// experts) waits for its step program.
+const PENDING: &[&str] = &["torchtitan-qwen3_moe"];
+
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/frameworks")
 }
@@ -28,8 +33,13 @@ fn ci() -> bool {
 
 /// The shards present; under CI each of [`SHARDS`] must be.
 fn shards() -> Vec<(String, Value)> {
+    read(SHARDS)
+}
+
+/// The shards of `names` present; under CI each must be.
+fn read(names: &[&str]) -> Vec<(String, Value)> {
     let mut out = Vec::new();
-    for name in SHARDS {
+    for name in names {
         let path = dir().join(format!("{name}.json"));
         match std::fs::read_to_string(&path) {
             Ok(text) => out.push((name.to_string(), serde_json::from_str(&text).expect("the shard is json"))),
@@ -158,5 +168,18 @@ fn the_framework_records_differ_from_what_transformers_code_would_keep() {
         let own = estimate(&cfg).expect("estimates");
         let hf = estimate(&Config { framework: Framework::Hf, ..cfg }).expect("estimates");
         assert_ne!(own.memory.activations, hf.memory.activations, "{}", r["id"]);
+    }
+}
+
+/// What is measured but not modelled is refused by name for every record of its shard.
+#[test]
+fn every_pending_framework_record_is_refused_by_name() {
+    for (name, doc) in read(PENDING) {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            match estimate(&config_of(&doc, r)) {
+                Ok(_) => panic!("{}: {name} is not modelled yet, but it estimated", r["id"]),
+                Err(e) => assert!(e.to_string().contains("not modelled yet"), "{}: {e}", r["id"]),
+            }
+        }
     }
 }
