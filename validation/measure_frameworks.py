@@ -56,6 +56,26 @@ def _torchtitan_llama3():
     return titan_model, TransformerModelArgs, cross_entropy_loss
 
 
+def _torchtitan_qwen3():
+    """torchtitan.models.qwen3.model.model (0.2.2), imported as `_torchtitan_llama3` imports Llama 3's: the package's
+    __init__ (train spec, parallelize_qwen3, datasets) is not entered; protocols/train_spec.py is replaced by what the
+    model uses of it (`ModelProtocol`, and `BaseModelArgs` for args.py)."""
+    import torchtitan
+    root = Path(torchtitan.__file__).parent
+    pkg = types.ModuleType("torchtitan.models.qwen3")
+    pkg.__path__ = [str(root / "models" / "qwen3")]
+    sys.modules.setdefault(pkg.__name__, pkg)
+    import torchtitan.protocols.model as protocol_model
+    spec = sys.modules.get("torchtitan.protocols.train_spec") or types.ModuleType("torchtitan.protocols.train_spec")
+    spec.ModelProtocol = protocol_model.ModelProtocol
+    spec.BaseModelArgs = protocol_model.BaseModelArgs
+    sys.modules.setdefault(spec.__name__, spec)
+    from torchtitan.models.qwen3.model import model as titan_model
+    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+    from torchtitan.components.loss import cross_entropy_loss
+    return titan_model, Qwen3ModelArgs, cross_entropy_loss
+
+
 class Output(types.SimpleNamespace):
     pass
 
@@ -128,6 +148,88 @@ def build_torchtitan_llama3(seq: int, tdtype):
     cfg.architectures = ["LlamaForCausalLM"]
     lm = FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
     return lm
+
+
+def build_torchtitan_qwen3(seq: int, tdtype):
+    """torchtitan's `Qwen3Model`, dense (`moe_enabled=False`), untied, SDPA; `rope_cache` for `training.seq_len`."""
+    titan_model, Args, ce = _torchtitan_qwen3()
+    from transformers import Qwen3Config
+    ffn = 256
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=DIM // HEADS,
+                hidden_dim=ffn, vocab_size=VOCAB, max_seq_len=seq, rope_theta=1000000, qk_norm=True)
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.Qwen3Model(args)
+    with torch.no_grad():
+        m.init_weights()
+    # Parameters only, as FSDP2's `param_dtype` (rope_cache stays fp32).
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+    cfg = Qwen3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
+                      rope_theta=args.rope_theta)
+    cfg.dtype = tdtype
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
+
+def _torchtitan_moe_on_cpu():
+    """torchtitan 0.2.2's MoE (models/moe/) as shipped does not run on a CPU, in two places that are kernels, not
+    modeling code: `torch.histc` on the int64 expert indices (`TokenChoiceTopKRouter`, `TokenReorderer`: CUDA has
+    the kernel, the CPU has none: "histogram_cpu" not implemented for 'Long') runs on a float copy and is cast back
+    (the same int64 counts CUDA returns; the copy is a transient `[b·s·top_k]` fp32 nobody saves); and
+    `indices_padding_wrapper`'s `generate_permute_indices` (a Triton kernel) runs with `use_cpu=True`, torchtitan's
+    own CPU implementation (`fill_indices_cpu`, same indices). `torch._grouped_mm` runs on the CPU as it is."""
+    import functools
+    if getattr(torch.histc, "_titan_cpu", False):
+        return
+    histc = torch.histc
+
+    def histc_int(x, *a, **k):
+        if x.is_floating_point():
+            return histc(x, *a, **k)
+        return histc(x.float(), *a, **k).to(x.dtype)
+    histc_int._titan_cpu = True
+    torch.histc = histc_int
+    import torchtitan.models.moe.kernels as kernels
+    import torchtitan.models.moe.utils as utils
+    utils.generate_permute_indices = functools.partial(kernels.generate_permute_indices, use_cpu=True)
+
+
+def build_torchtitan_qwen3_moe(seq: int, tdtype):
+    """torchtitan's `Qwen3Model` with `moe_enabled=True` (every layer's feed-forward is torchtitan's `MoE`: models/moe/
+    moe.py `TokenChoiceTopKRouter`, `TokenReorderer`, `GroupedExperts`), with the MoE args of its Qwen3 30B-A3B preset
+    (softmax scores, route_norm, no shared expert, scores applied after the experts: `score_before_experts=False`)
+    at 4 experts, top-2, `moe_inter_dim` 40, `use_grouped_mm` as shipped (True), load-balancing buffers as shipped
+    (`expert_bias`, `tokens_per_expert`: fp32 `[E]` each per layer); run on the CPU by `_torchtitan_moe_on_cpu`."""
+    titan_model, Args, ce = _torchtitan_qwen3()
+    _torchtitan_moe_on_cpu()
+    from torchtitan.models.moe import MoEArgs
+    from transformers import Qwen3MoeConfig
+    fe, experts, top_k = 40, 4, 2
+    moe_args = MoEArgs(num_experts=experts, num_shared_experts=0, top_k=top_k, score_func="softmax", route_norm=True,
+                       route_scale=1.0, score_before_experts=False)
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=DIM // HEADS, hidden_dim=256,
+                vocab_size=VOCAB, max_seq_len=seq, rope_theta=1000000, qk_norm=True, moe_enabled=True,
+                moe_inter_dim=fe, moe_args=moe_args)
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.Qwen3Model(args)
+    with torch.no_grad():
+        m.init_weights()
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+    cfg = Qwen3MoeConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=256,
+                         moe_intermediate_size=fe, num_experts=experts, num_experts_per_tok=top_k,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=VOCAB,
+                         rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
+                         rope_theta=args.rope_theta)
+    cfg.dtype = tdtype
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
 
 # ------------------------------------------------------------------------------------------------ torchtune 0.6.1
 
@@ -265,6 +367,8 @@ def build_torchtune_llama3(seq: int, tdtype):
 FRAMEWORKS = {
     # (framework, family): (version, builder(seq, torch dtype), attentions it runs)
     ("torchtitan", "llama3"): ("0.2.2", build_torchtitan_llama3, ["sdpa"]),
+    ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
+    ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
 }
 

@@ -242,7 +242,8 @@ pub enum Framework {
     Hf,
     /// Megatron-LM's tensor list (Korthikanti et al. 2022).
     Megatron,
-    /// torchtitan 0.2.2's own modeling code (`torchtitan/models/llama3/model/model.py`: Llama 3),
+    /// torchtitan 0.2.2's own modeling code (`torchtitan/models/llama3/model/model.py`: Llama 3;
+    /// `models/qwen3/model/model.py`: Qwen3, dense),
     /// its loss (`components/loss.py`) and full activation checkpointing
     /// (`distributed/activation_checkpoint.py`); the step program follows it
     /// (`step/families/torchtitan.rs`).

@@ -350,7 +350,9 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
 
 /// What a framework's own modeling code does not have (or the estimator does not follow yet) for
 /// this configuration: torchtitan 0.2.2's Llama 3 (`models/llama3/model/model.py`) is dense,
-/// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`).
+/// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`); its
+/// Qwen3 (`models/qwen3/model/model.py`) is measured dense, untied, with its per-head q/k norms
+/// (`tests/fixtures/pytorch/frameworks/torchtitan-qwen3.json`).
 fn framework_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::Framework;
     use crate::estimator::family::Family;
@@ -361,17 +363,33 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
         return None;
     }
     let spec = &cfg.arch;
-    if spec.family != Family::Llama {
-        return Some(format!("torchtitan is modelled for Llama 3 only (yet), not {:?}", spec.family));
+    let name = match spec.family {
+        Family::Llama => "Llama 3",
+        Family::Qwen3 => "Qwen3",
+        Family::Qwen3Moe | Family::DeepseekV3 | Family::Llama4 => {
+            return Some(format!(
+                "torchtitan's {:?} (its MoE: GroupedExperts, TokenChoiceTopKRouter, TokenReorderer) is not modelled yet",
+                spec.family
+            ))
+        }
+        other => return Some(format!("torchtitan is modelled for Llama 3 and dense Qwen3 only (yet), not {other:?}")),
+    };
+    let qk_norm = if spec.family == Family::Qwen3 { model::QkNorm::Head } else { model::QkNorm::None };
+    if spec.experts > 0 || spec.qk_norm != qk_norm || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
+        return Some(if spec.family == Family::Qwen3 {
+            "torchtitan's Qwen3 is modelled dense (its MoE is not yet), with its per-head q/k norms and no biases".into()
+        } else {
+            "torchtitan's Llama 3 has no experts, biases or q/k norms".into()
+        });
     }
-    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
-        return Some("torchtitan's Llama 3 has no experts, biases or q/k norms".into());
+    if spec.family == Family::Qwen3 && spec.tied {
+        return Some("torchtitan's Qwen3 with enable_weight_tying (Qwen3 0.6B–4B) is not measured yet: untie the output".into());
     }
     if cfg.attn != crate::estimator::config::Attention::Sdpa {
-        return Some("torchtitan's Llama 3 attends through SDPA (attn=sdpa)".into());
+        return Some(format!("torchtitan's {name} attends through SDPA (attn=sdpa)"));
     }
     if cfg.dropout > 0.0 {
-        return Some("torchtitan's Llama 3 has no dropout".into());
+        return Some(format!("torchtitan's {name} has no dropout"));
     }
     None
 }

@@ -150,11 +150,12 @@ families! {
 }
 
 /// The modeling code `framework` runs for `family`: a training framework's own model where it
-/// ships one for the family (`framework = torchtitan`: its Llama 3), else transformers'.
+/// ships one for the family (`framework = torchtitan`: its Llama 3 and Qwen3), else transformers'.
 /// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
+        (Framework::Torchtitan, Family::Qwen3) => &torchtitan::Qwen3,
         (Framework::Torchtune, Family::Llama) => &torchtune::Llama3,
         _ => modeling(family),
     }
