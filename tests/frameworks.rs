@@ -185,7 +185,7 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise"),
             q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048"),
             q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
-            q("model=qwen3-32b&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
+            q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
         ],
         ExportFormat::AccelerateDeepspeed => vec![
             q("gpus=8&zero=3&batch=2&accum=4"),

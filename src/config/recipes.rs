@@ -132,6 +132,7 @@ pub static RECIPES: &[Recipe] = &[
             ("optim_impl", "fused"),
             ("attn", "sdpa"),
             ("loss", "standard"),
+            ("framework", "torchtitan"),
         ],
     },
     Recipe {

@@ -80,7 +80,7 @@ pub fn read(root: &Value, st: &mut FileState) {
 /// The `model.name`s whose torchtitan model code the estimator follows (`framework =
 /// torchtitan`, `step/families/torchtitan.rs`); other models are estimated with transformers'
 /// modeling code.
-const OWN_CODE: &[&str] = &["llama3"];
+const OWN_CODE: &[&str] = &["llama3", "qwen3"];
 
 /// What `compile` compiles when it is on (`compile.enable`, or 0.1's `training.compile`):
 /// `compile.components` (job_config.py's default `["model", "loss"]`). `None`: off.
