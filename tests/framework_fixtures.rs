@@ -14,7 +14,7 @@ use trainmem::config::{Attention, Config, Framework, Kernels, Loss, OptimImpl, O
 use trainmem::estimator::{estimate, hf, Estimate};
 
 /// The frameworks measured, one shard per framework and family.
-const SHARDS: &[&str] = &["torchtitan-llama3", "torchtune-llama3"];
+const SHARDS: &[&str] = &["torchtitan-llama3", "torchtune-llama3", "litgpt-llama3"];
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/frameworks")
@@ -44,6 +44,7 @@ fn framework(name: &str) -> Framework {
     match name {
         "torchtitan" => Framework::Torchtitan,
         "torchtune" => Framework::Torchtune,
+        "litgpt" => Framework::Litgpt,
         other => panic!("framework {other} has no value of `framework=`"),
     }
 }
@@ -113,9 +114,9 @@ fn every_framework_record_is_exact_in_its_states_and_within_half_a_percent_in_ac
             let saved = r["saved_bytes"].as_u64().unwrap_or(0) as f64;
             let acts = e.memory.activations as f64;
             let rel_a = (acts - saved) / saved;
-            // torchtune's records are exact to the byte (tests/fixtures/pytorch/frameworks/
-            // torchtune-llama3.json): its saved bytes must stay so.
-            let tol = if name.starts_with("torchtune") {
+            // torchtune's and litgpt's records are exact to the byte (tests/fixtures/pytorch/
+            // frameworks/torchtune-llama3.json, litgpt-llama3.json): their saved bytes must stay so.
+            let tol = if name.starts_with("torchtune") || name.starts_with("litgpt") {
                 0.0
             } else if r["checkpointing"].as_bool().unwrap_or(false) {
                 0.02
@@ -137,7 +138,10 @@ fn every_framework_record_is_exact_in_its_states_and_within_half_a_percent_in_ac
             if rel_a.abs() > tol {
                 failures.push(format!("{id}: activations {acts} vs saved {saved} ({:+.3} %)", rel_a * 100.0));
             }
-            if rel_p.abs() > 0.005 {
+            // litgpt's step peaks are exact to the byte too (tests/fixtures/pytorch/frameworks/
+            // litgpt-llama3.json).
+            let peak_tol = if name.starts_with("litgpt") { 0.0 } else { 0.005 };
+            if rel_p.abs() > peak_tol {
                 failures.push(format!("{id}: peak {} vs measured {peak} ({:+.3} %)", e.memory.peak, rel_p * 100.0));
             }
         }
