@@ -409,6 +409,11 @@ FRAMEWORKS = {
 LIT_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "amp-bf16": "bf16-mixed"}
 
 
+# litgpt's loss splits the b·(s-1) shifted rows in chunks of 128: at b = 2, s = 64 one chunk (126 rows); s = 100 gives
+# two (128 + 70), the chunked path itself.
+EXTRA_SEQS = {"litgpt": [100]}
+
+
 def specs(only: str | None):
     for (fw, fam), (_, _, attns) in FRAMEWORKS.items():
         for dtype in ("fp32", "bf16", "amp-bf16"):
@@ -418,6 +423,12 @@ def specs(only: str | None):
                          "checkpoint_mode": ckpt, "dropout": 0.0, "extra": False}
                     if only is None or only in f"{fw}-{fam}/{dtype}/{attn}/{ckpt}":
                         yield s
+        for seq in EXTRA_SEQS.get(fw, []):
+            for dtype in ("fp32", "bf16"):
+                s = {"framework": fw, "family": fam, "batch": 2, "seq": seq, "dtype": dtype, "attn": attns[0],
+                     "checkpoint_mode": None, "dropout": 0.0, "extra": False}
+                if only is None or only in f"{fw}-{fam}/{dtype}/{attns[0]}/None":
+                    yield s
 
 
 def main():

@@ -480,6 +480,16 @@ mod tests {
         assert_eq!(super::loss_chunks(256), (128, 2, 128));
     }
 
+    /// b = 8, s = 8,192: 65,528 rows in 512 chunks, more than one node's backward addresses: the
+    /// loss cat runs in two levels and the estimate still comes out, the kept log-softmax being
+    /// the whole shifted fp32 logits (65,528 × 128,256 × 4 bytes) and more.
+    #[test]
+    fn a_loss_of_hundreds_of_chunks_still_estimates() {
+        let big = Config { batch: 8, seq: 8192, ..base() };
+        let e = estimate(&big).expect("estimates");
+        assert!(e.memory.activations > 65_528 * 128_256 * 4);
+    }
+
     /// What litgpt's code does not have, or what was not measured, is refused by name.
     #[test]
     fn litgpt_refuses_other_families_lora_and_selective_recomputation_by_name() {
