@@ -364,13 +364,158 @@ def build_torchtune_llama3(seq: int, tdtype):
     return TorchtuneLM(m, loss_fn, cfg, layer_cls, 2)
 
 
+# ------------------------------------------------------------------------------------------------ litgpt 0.5.13
+
+def _litgpt_modules():
+    """litgpt 0.5.13's model.py and config.py, and utils.py's `chunked_cross_entropy`, without lightning:
+    litgpt/__init__.py imports api.py (lightning), utils.py imports lightning at its top, and model.py imports
+    `qkv_reassemble` from scripts/convert_hf_checkpoint.py (lightning again), which only
+    `CausalSelfAttention._load_from_state_dict` calls for checkpoints of another layout (never run here). The
+    package is entered by path without its __init__, that one module is a stub holding a `qkv_reassemble` that
+    raises, and `chunked_cross_entropy` is compiled from utils.py's own source (its function definition alone,
+    found with `ast`) in a namespace holding torch. lightning is not installed."""
+    import ast
+    import importlib.util
+    if "litgpt.model" not in sys.modules:
+        root = importlib.util.find_spec("litgpt").submodule_search_locations[0]
+        for name in ["litgpt", "litgpt.scripts"]:
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = pkg
+        conv = types.ModuleType("litgpt.scripts.convert_hf_checkpoint")
+
+        def qkv_reassemble(*a, **k):
+            raise SystemExit("qkv_reassemble (checkpoint conversion) is not part of the measured step")
+
+        conv.qkv_reassemble = qkv_reassemble
+        sys.modules[conv.__name__] = conv
+    import litgpt.model as lit_model
+    from litgpt.config import Config as LitConfig
+    root = os.path.dirname(lit_model.__file__)
+    with open(os.path.join(root, "utils.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "chunked_cross_entropy")
+    ns = {"torch": torch}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), os.path.join(root, "utils.py"), "exec"), ns)
+    return lit_model, LitConfig, ns["chunked_cross_entropy"]
+
+
+class LitgptLM(nn.Module):
+    """litgpt's `GPT` behind Lightning Fabric's `_FabricModule` and `finetune/full.py`'s loss step, behind
+    transformers' calling convention. `precision` is Fabric's: "32-true" (fp32), "bf16-true" (HalfPrecision: the
+    module converted with `.to(bfloat16)`, the forward under `torch.set_default_dtype(bfloat16)`, no autocast) or
+    "bf16-mixed" (MixedPrecision: fp32 parameters, the forward under `torch.autocast(bfloat16)`, which the harness
+    enters around the whole call; the loss runs outside it, as in Fabric). Both bf16 precisions convert the
+    forward's floating outputs to the default dtype (`convert_output`: the logits `.to(float32)`)."""
+
+    def __init__(self, model, loss_fn, config, block_cls, precision):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.config = config
+        self._block_cls = block_cls
+        self._precision = precision
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        """litgpt's activation checkpointing: finetune/full.py and pretrain.py on several devices build
+        `FSDPStrategy(activation_checkpointing_policy={Block})`, which Lightning applies with torch's
+        `apply_activation_checkpointing` and `checkpoint_wrapper(checkpoint_impl=CheckpointImpl.NO_REENTRANT)` on
+        each `Block` (preserve_rng_state=True). Here it is applied on one device, without FSDP."""
+        from functools import partial
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        if gradient_checkpointing_kwargs and gradient_checkpointing_kwargs.get("use_reentrant"):
+            raise SystemExit("the frameworks checkpoint non-reentrantly")
+        block = self._block_cls
+        apply_activation_checkpointing(
+            self.model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: isinstance(m, block))
+
+    def forward(self, input_ids, labels=None, use_cache=False):
+        """`_FabricModule.forward` (precision's forward context, then `convert_output`), then full.py's `fit`:
+        `loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` (chunk_size 128, the default) and
+        `fabric.backward(loss / train.gradient_accumulation_iters(devices, num_nodes))` (one micro batch here: the
+        division still runs). full.py's loop keeps `logits` bound until the next iteration's model call; the harness
+        drops them after the loss (an empty tensor stands in), see docs/frameworks.md."""
+        del use_cache
+        if self._precision == "bf16-true":
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                logits = self.model(input_ids)
+            finally:
+                torch.set_default_dtype(prev)
+        else:
+            logits = self.model(input_ids)
+        if self._precision != "32-true":
+            logits = logits.to(torch.get_default_dtype())
+        if labels is None:
+            return Output(loss=None, logits=logits)
+        with torch.autocast("cpu", enabled=False):
+            loss = self.loss_fn(logits[..., :-1, :], labels[..., 1:])
+            del logits
+            loss = loss / LIT_GRAD_ACCUM
+        return Output(loss=loss, logits=torch.empty(0))
+
+
+# The tiny model's block_size (max_position_embeddings): 2 × the measured sequence. full.py's `fit` sets
+# `model.max_seq_length = min(longest_seq_length, train.max_seq_length)`, which rebuilds the RoPE cache (fp32, after
+# Fabric's conversion) for that length: the record's longest sequence is the measured one.
+LIT_BLOCK_SIZE = 128
+LIT_GRAD_ACCUM = 1
+
+
+def build_litgpt_llama3(seq: int, tdtype, precision: str):
+    lit_model, LitConfig, chunked_ce = _litgpt_modules()
+    from transformers import LlamaConfig
+    ffn = 256
+    lc = LitConfig.from_name("Llama-3.1-8B", n_layer=LAYERS, n_embd=DIM, n_head=HEADS, n_query_groups=KV_HEADS,
+                             intermediate_size=ffn, vocab_size=VOCAB, padded_vocab_size=VOCAB,
+                             block_size=LIT_BLOCK_SIZE)
+    torch.manual_seed(measure.MODEL_SEED)
+    # `fabric.init_module()`: HalfPrecision creates the module under its dtype; the RoPE cache is computed with
+    # `.float()` (fp32); `fabric.setup` then converts the whole module, buffers included (`module.to(dtype)`).
+    prev = torch.get_default_dtype()
+    if precision == "bf16-true":
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        m = lit_model.GPT(lc)
+    finally:
+        torch.set_default_dtype(prev)
+    if precision == "bf16-true":
+        m = m.to(dtype=torch.bfloat16)
+    m.max_seq_length = seq  # full.py `fit`: rebuilds cos and sin, fp32, [seq, rope_n_elem]
+    m.train()
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=lc.norm_eps, max_position_embeddings=LIT_BLOCK_SIZE, tie_word_embeddings=False,
+                      rope_theta=lc.rope_base,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    cfg.dtype = tdtype
+    cfg.architectures = ["LlamaForCausalLM"]
+    return LitgptLM(m, chunked_ce, cfg, lit_model.Block, precision)
+
+
 FRAMEWORKS = {
     # (framework, family): (version, builder(seq, torch dtype), attentions it runs)
     ("torchtitan", "llama3"): ("0.2.2", build_torchtitan_llama3, ["sdpa"]),
     ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
     ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
+    ("litgpt", "llama3"): ("0.5.13", build_litgpt_llama3, ["sdpa"]),
 }
+
+# Fabric's precision for each measured dtype (litgpt's `--precision`).
+LIT_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "amp-bf16": "bf16-mixed"}
+
+
+# litgpt's loss splits the b·(s-1) shifted rows in chunks of 128: at b = 2, s = 64 one chunk (126 rows); s = 100 gives
+# two (128 + 70), the chunked path itself.
+EXTRA_SEQS = {"litgpt": [100]}
 
 
 def specs(only: str | None):
@@ -382,6 +527,12 @@ def specs(only: str | None):
                          "checkpoint_mode": ckpt, "dropout": 0.0, "extra": False}
                     if only is None or only in f"{fw}-{fam}/{dtype}/{attn}/{ckpt}":
                         yield s
+        for seq in EXTRA_SEQS.get(fw, []):
+            for dtype in ("fp32", "bf16"):
+                s = {"framework": fw, "family": fam, "batch": 2, "seq": seq, "dtype": dtype, "attn": attns[0],
+                     "checkpoint_mode": None, "dropout": 0.0, "extra": False}
+                if only is None or only in f"{fw}-{fam}/{dtype}/{attns[0]}/None":
+                    yield s
 
 
 def main():
@@ -397,7 +548,10 @@ def main():
         del family, attn, dropout, experts_impl
         s = current["spec"]
         _, builder, _ = FRAMEWORKS[(s["framework"], s["family"])]
-        return builder(s["seq"], torch.bfloat16 if dtype == "bf16" else torch.float32)
+        tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        if s["framework"] == "litgpt":
+            return builder(s["seq"], tdtype, LIT_PRECISION[s["dtype"]])
+        return builder(s["seq"], tdtype)
 
     measure.build_model = build_model
     shards: dict[str, dict] = {}

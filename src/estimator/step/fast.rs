@@ -592,6 +592,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         }
         numels.extend(v);
     }
+    super::model::registration_order(setup, &mut numels);
     let mut t = Tracker::default();
     let s = t.mark();
     if hook.is_none() {
@@ -692,7 +693,8 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
     let last = sink.segs.len() - 1;
     sink.enter(last - 2);
     if setup.step_hook().is_none() {
-        let numels = optimizer_params(&prog, setup.optimizer_weight());
+        let mut numels = optimizer_params(&prog, setup.optimizer_weight());
+        super::model::registration_order(setup, &mut numels);
         let mut t = Tracker::default();
         let s = t.mark();
         optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);

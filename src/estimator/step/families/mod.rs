@@ -56,6 +56,7 @@ pub mod gpt2;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod kimi_linear;
+pub mod litgpt;
 pub mod llama;
 pub mod llama4;
 pub mod mamba2;
@@ -157,6 +158,7 @@ pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeli
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
         (Framework::Torchtitan, Family::Qwen3) => &torchtitan::Qwen3,
         (Framework::Torchtune, Family::Llama) => &torchtune::Llama3,
+        (Framework::Litgpt, Family::Llama) => &litgpt::Llama3,
         _ => modeling(family),
     }
 }
