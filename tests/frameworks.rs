@@ -124,6 +124,11 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     // The distributed recipe stays on transformers' code (the torchtune step program is the
     // single-device one).
     assert_eq!(recipe_of("torchtune/llama3_1_8B_full.yaml").framework, config::Framework::Hf);
+    // A litgpt full fine-tune on one device runs litgpt's own GPT; its 4-device preset is
+    // sharded and stays on transformers' code.
+    let yaml = "checkpoint_dir: checkpoints/meta-llama/Meta-Llama-3.1-8B\nprecision: bf16-true\ndevices: 1\ntrain:\n  micro_batch_size: 1\n  max_seq_length: 2048\n";
+    assert_eq!(import(&[("full.yaml", yaml)]).expect("imports").config.framework, config::Framework::Litgpt);
+    assert_eq!(recipe_of("litgpt/llama-3.1-8b-full.yaml").framework, config::Framework::Hf);
     // A torchtitan job in fp32 without checkpointing, compiled, with rowwise float8 and the step
     // in backward.
     let toml = "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[training]\nmixed_precision_param = \"float32\"\n[optimizer]\nearly_step_in_backward = true\n[activation_checkpoint]\nmode = \"none\"\n[compile]\nenable = true\n[quantize.linear.float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\"]\n";

@@ -694,5 +694,15 @@ pub fn read_litgpt(root: &Value, st: &mut FileState) {
             "one device: no sharding, no checkpointing"
         },
     );
-    st.default("(model code)", vec![("attn", "sdpa".into())], "litgpt's attention calls F.scaled_dot_product_attention");
+    // litgpt's own model code is modelled (framework=litgpt) for a full fine-tune on one device,
+    // `finetune/full.py`'s loop; sharded or with adapters, transformers' code stands in.
+    if !lora && !sharded {
+        st.default(
+            "(model code)",
+            vec![("attn", "sdpa".into()), ("framework", "litgpt".into())],
+            "litgpt's attention calls F.scaled_dot_product_attention; the step follows litgpt's own GPT and finetune/full.py's chunked loss (framework=litgpt)",
+        );
+    } else {
+        st.default("(model code)", vec![("attn", "sdpa".into())], "litgpt's attention calls F.scaled_dot_product_attention");
+    }
 }
