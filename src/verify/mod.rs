@@ -10,19 +10,54 @@
 //! optimizer and its torch implementation (`fused=True`, `foreach=True` or the single-tensor
 //! loop), the attention implementation, checkpointing, dropout, micro-batch, sequence length and
 //! gradient-accumulation steps, and trainmem's predictions for both `kernels=cuda` and
-//! `kernels=cpu`. It needs only `torch` and `transformers`: the model is built with random
-//! weights (`AutoConfig.for_model` + `AutoModelForCausalLM.from_config`, never `from_pretrained`),
-//! so nothing is downloaded.
+//! `kernels=cpu`. It needs `torch` and `transformers` (on a GPU also `accelerate`, which
+//! `from_pretrained(device_map=…)` needs, and `torchao` for FP8). Nothing is downloaded.
+//!
+//! # Loading (`load = from-pretrained`, the default)
+//!
+//! The model is built with random weights on the CPU (`AutoConfig.for_model` +
+//! `AutoModelForCausalLM.from_config`, in the configured dtype), saved with `save_pretrained`
+//! (safetensors) to a temporary directory, freed, and loaded as a user loads a checkpoint:
+//! `from_pretrained(tmp, dtype=…, device_map=<device>)` (transformers 5.24: its
+//! `caching_allocator_warmup` reserves one block of the parameter bytes, then each tensor is one
+//! allocation — `src/estimator/loading.rs`). On CUDA the loading is measured on its own
+//! (`reset_peak_memory_stats()` before it): `load_peak` = `max_memory_allocated()`, predicted by
+//! `memory.load_allocated_peak`, and `load_reserved` = `max_memory_reserved()`, predicted by
+//! `memory.load_reserved_peak` (`memory.load_peak`, the verdict's loading figure, adds the CUDA
+//! context, which the script does not measure over the load). Then `torch.cuda.empty_cache()`
+//! iff `empty_cache = true`, the peak statistics are reset and the steps run. On the CPU the
+//! model still loads through `from_pretrained` (without `device_map` where accelerate is not
+//! installed: the weights land on the CPU either way), so the CPU tests exercise the same path;
+//! the loading fields are `null` there (no caching allocator) and a note says so.
+//!
+//! # The step
 //!
 //! On CUDA it measures, per step: `memory_allocated()` right after the model call (the output and
 //! the loss still held), the peaks of forward, backward and optimizer step
-//! (`reset_peak_memory_stats()` between phases), the peak of the whole step, the largest
-//! `max_memory_reserved()`, and what nvidia-smi shows (pynvml's figure for this process, else for
-//! the device, else `torch.cuda.mem_get_info()` total − free; the JSON says which). On CPU the
+//! (`reset_peak_memory_stats()` between phases), the peak of the whole step, the step's largest
+//! `max_memory_reserved()` (`step_reserved_peak`: what the loading left reserved included,
+//! `memory.step_reserved_peak`), and what nvidia-smi shows (pynvml's figure for this process,
+//! else for the device, else `torch.cuda.mem_get_info()` total − free; the JSON says which);
+//! `reserved_peak` is the whole run's, loading and steps (`memory.reserved_peak`). On CPU the
 //! dispatch-level tracker of `validation/tracker.py` (embedded verbatim at build time)
 //! gives the same fields from live storages (views of one storage counted once) plus the storages
 //! alive before the step (parameters, optimizer states, buffers, the batch); reserved memory and
 //! nvidia-smi do not apply there and are `null`. The third step is the steady state compared.
+//!
+//! # FP8 (`fp8 = torchao-tensorwise | torchao-rowwise`)
+//!
+//! After loading, torchao's `convert_to_float8_training` (torchao [`TORCHAO_VERSION`], the
+//! release `src/estimator/step/lowbit.rs` follows) with
+//! `Float8LinearConfig.from_recipe_name("tensorwise" | "rowwise")` and
+//! `force_recompute_fp8_weight_in_bwd` from `fp8_recompute_weight`, its `module_filter_fn`
+//! taking exactly the linears trainmem runs in FP8 ([`fp8_linears`]: the projections of each
+//! decoder layer whose step program runs `_scaled_mm`, both dims multiples of 16; the
+//! embeddings, the LM head, norms, routers and any other linear stay in the recipe's dtype).
+//! The script refuses at run time, naming the key, where one of those is not a `torch.nn.Linear`
+//! in transformers' model (GPT-2's `Conv1D`: torchao would not convert it), off CUDA (the CPU
+//! tracker does not see inside torchao's `Float8TrainingTensor`; `validation/measure_fp8.py`
+//! measures FP8 on the CPU with a subclass-aware tracker), without torchao, and below compute
+//! capability 8.9 (`torch._scaled_mm` has no FP8 GEMM there); another torchao version is noted.
 //!
 //! # What the script refuses
 //!
@@ -33,11 +68,18 @@
 //! with peft, and QLoRA needs bitsandbytes on CUDA; not done yet), optimizers torch does not ship
 //! (`optim` = lion, adam8bit, muon), Adafactor with `optim_impl=fused` (torch has no fused
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
-//! Transformer Engine fp8 (`precision=mixed-fp8`), Megatron's selective recomputation
+//! Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
 //! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`)
 //! and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
-//! weights, and compile regions other than a layer, the estimate refuses first). FlashAttention-2 (`attn=flash`) is generated, and
+//! weights, and compile regions other than a layer, the estimate refuses first). Issue 27's
+//! recipes that need several processes — the sharded loaders (`load` = `meta-sharded`, FSDP2's
+//! meta-device init and sharded load; `zero-init`, DeepSpeed's `zero.Init`) and FSDP2's FP8
+//! all-gather (`fp8_allgather`) — and Transformer Engine's FP8 (`fp8` = `te-delayed`,
+//! `te-current`, `te-mxfp8`; `fp8_model_init`; `precision=mixed-fp8`, which stands for
+//! `te-delayed`: transformers' models use `torch.nn.Linear`, and replacing them with `te.Linear`
+//! is not reproduced) are refused by their keys; `load = quantize-on-load` needs QLoRA's
+//! bitsandbytes base, refused with `finetune`. FlashAttention-2 (`attn=flash`) is generated, and
 //! the script refuses at run time when `flash_attn` or CUDA is missing; `compile = true` is
 //! refused at run time on the CPU, where the dispatch tracker would make torch.compile run its
 //! regions eagerly.
@@ -64,15 +106,19 @@
 //! (a post-accumulate-grad hook per parameter, as Megatron's `main_grad`), one optimizer steps
 //! the fp32 masters.
 //!
-//! # The JSON (schema `trainmem-verify`, version 1)
+//! # The JSON (schema `trainmem-verify`, version 2)
 //!
 //! `schema`, `version`; `generated_by`; `query` (the configuration as the share link's query);
 //! `model`, `model_type`, `hf_config`; `kernels` (`cuda` or `cpu`: which predictions apply);
 //! `device` {`type`, `name`, `total_bytes`, `compute_capability`}; `versions` {`python`,
-//! `torch`, `transformers`, `cuda`}; `method` {`allocated`, `nvidia_smi`, `alloc_conf`};
-//! `parameter_count` {`built`, `trainmem`}; `steps` (one object per step with every field and
-//! where the peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`,
-//! `predicted`} in bytes (`null` where it does not apply); `notes`.
+//! `torch`, `transformers`, `cuda`, `torchao`}; `method` {`allocated`, `nvidia_smi`,
+//! `alloc_conf`, `load`}; `parameter_count` {`built`, `trainmem`}; `load` (the loading's record:
+//! `device_map`, `empty_cache`, its peaks, what was allocated and reserved after it); `fp8` (the
+//! linears converted, or `null`); `steps` (one object per step with every field and where the
+//! peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`, `predicted`} in
+//! bytes (`null` where it does not apply; [`CUDA_ONLY`] on the CPU); `notes`. Version 1 (before
+//! issue 27) built the model in place and had no loading fields; `trainmem compare` still reads
+//! it.
 
 pub mod compare;
 pub mod serve;
