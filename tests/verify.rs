@@ -413,21 +413,27 @@ fn the_script_runs_on_the_cpu_and_compare_reads_its_json() {
 }
 
 #[test]
-fn a_committed_cpu_measurement_compares_exactly_with_todays_estimate() {
-    // tests/fixtures/verify/gpt2-ampbf16-sdpa.cpu.json: the script's JSON from a CPU run (torch
-    // 2.15, transformers 5.24): every field the tracker measures is predicted to the byte.
-    let path = root().join("tests/fixtures/verify/gpt2-ampbf16-sdpa.cpu.json");
-    let (code, js, err) = trainmem(&["compare", path.to_str().expect("utf-8"), "--json"]);
-    assert_eq!(code, 0, "{err}");
-    let c: Value = serde_json::from_str(&js).expect("json");
-    let mut measured = 0;
-    for r in c["rows"].as_array().expect("rows") {
-        if let (Some(m), Some(p)) = (r["measured"].as_u64(), r["predicted"].as_u64()) {
-            assert_eq!(p, m, "{}", r["field"]);
-            measured += 1;
+fn committed_cpu_measurements_compare_exactly_with_todays_estimate() {
+    // tests/fixtures/verify/gpt2-ampbf16-sdpa.cpu.json: the script's JSON (version 1, the model
+    // built in place) from a CPU run (torch 2.15, transformers 5.24); …-from-pretrained.cpu.json:
+    // version 2, the same configuration loaded through from_pretrained with empty_cache=true.
+    // Every field the tracker measures is predicted to the byte.
+    for (file, version) in [("gpt2-ampbf16-sdpa.cpu.json", 1), ("gpt2-ampbf16-sdpa-from-pretrained.cpu.json", 2)] {
+        let path = root().join("tests/fixtures/verify").join(file);
+        let record: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("the record")).expect("JSON");
+        assert_eq!(record["version"], version, "{file}");
+        let (code, js, err) = trainmem(&["compare", path.to_str().expect("utf-8"), "--json"]);
+        assert_eq!(code, 0, "{file}: {err}");
+        let c: Value = serde_json::from_str(&js).expect("json");
+        let mut measured = Vec::new();
+        for r in c["rows"].as_array().expect("rows") {
+            if let (Some(m), Some(p)) = (r["measured"].as_u64(), r["predicted"].as_u64()) {
+                assert_eq!(p, m, "{file}: {}", r["field"]);
+                measured.push(r["field"].as_str().unwrap_or_default().to_string());
+            }
         }
+        assert_eq!(measured, ["after_forward", "forward_peak", "backward_peak", "step_peak", "peak"], "{file}");
     }
-    assert_eq!(measured, 5, "after forward, forward, backward and step peaks, and the peak");
 }
 
 // ---- Issue 27: loading through from_pretrained, torchao's FP8 ------------------------------------

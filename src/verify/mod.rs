@@ -712,6 +712,9 @@ mod tests {
         // k and v project 64 -> 24, and an FFN of 168 leaves the MLP out; q (64 -> 48) and o stay FP8.
         let odd = config::decode_query(&q.replace("ffn=176", "ffn=168").replace("head_dim=16", "head_dim=12")).config;
         assert_eq!(fp8_linears(&odd)[0], ["self_attn.q_proj", "self_attn.o_proj"]);
+        // Layers copied from the first of their kind keep their modules and their own index.
+        let four = config::decode_query(&q.replace("layers=2", "layers=4")).config;
+        assert_eq!(fp8_linears(&four), vec![layer.to_vec(); 4]);
         // Without a torchao recipe there is nothing to convert.
         assert!(fp8_linears(&tiny()).is_empty());
         assert!(verify_script(&tiny()).unwrap_or_default().contains(r#""fp8": null"#));
