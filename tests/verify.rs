@@ -521,6 +521,20 @@ fn the_fp8_scripts_compile_and_convert_exactly_trainmems_linears_with_torchao() 
         std::fs::write(&f, s).expect("write");
         files.push(f);
     }
+    // Full-size presets: dense, MoE (experts are not nn.Linear: only attention converts), fused
+    // projections, MLA.
+    let mut presets_fp8 = Vec::new();
+    for model in ["llama-3.2-1b", "qwen3-30b-a3b", "phi-3-mini-4k-instruct", "gemma-2-2b", "deepseek-v3"] {
+        let d = config::decode_query(&format!("model={model}&precision=bf16&seq=1024&fp8=torchao-rowwise"));
+        assert!(d.errors.is_empty(), "{model}: {:?}", d.errors);
+        let linears = verify::fp8_linears(&d.config);
+        assert_eq!(linears.len() as u64, d.config.arch.layers, "{model}");
+        assert!(linears.iter().all(|l| l.iter().any(|m| m.ends_with("o_proj"))), "{model}: {linears:?}");
+        let f = dir.join(format!("fp8-{}.py", model.replace('.', "_")));
+        std::fs::write(&f, verify::verify_script(&d.config).unwrap_or_else(|e| panic!("{model}: {e}"))).expect("write");
+        presets_fp8.push(f);
+    }
+    py_compile(&presets_fp8);
     py_compile(&files);
     if skip("the_fp8_scripts_compile_and_convert_exactly_trainmems_linears_with_torchao") {
         return;
