@@ -155,7 +155,10 @@ families! {
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
-        (Framework::Torchtune, Family::Llama) => &torchtune::Llama3,
+        (Framework::Torchtune, _) => match torchtune::decoder(family) {
+            Some(code) => code,
+            None => modeling(family),
+        },
         _ => modeling(family),
     }
 }

@@ -95,22 +95,22 @@ fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
 /// output = self._attention_call(q, k, v, mask=None, dropout_p=0.0, is_causal=True)
 /// return self.output_proj(output.transpose(1, 2).contiguous().view(b, s_x, -1))
 /// ```
-fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Tid>) {
-    let qy = head_proj(b, x, w.wq, None, Q::A, "attn.q_proj", Linear::Q);
+fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, pe: Rope) -> (Tid, Option<Tid>) {
+    let qy = head_proj(b, x, w.wq, w.bq, Q::A, "attn.q_proj", Linear::Q);
     b.module = "attn";
     let q = b.view(qy, heads_bshd(Q::A), "ViewBackward0", false);
     let q = match sh.cos {
-        Some(c) => rope(b, q, c),
+        Some(c) => pe.apply(b, q, c),
         None => q,
     };
     let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
-    let ky = head_proj(b, x, w.wk, None, Q::KV, "attn.k_proj", Linear::K);
-    let vy = head_proj(b, x, w.wv, None, Q::KV, "attn.v_proj", Linear::V);
+    let ky = head_proj(b, x, w.wk, w.bk, Q::KV, "attn.k_proj", Linear::K);
+    let vy = head_proj(b, x, w.wv, w.bv, Q::KV, "attn.v_proj", Linear::V);
     b.module = "attn";
     let k = b.view(ky, heads_bshd(Q::KV), "ViewBackward0", false);
     let v = b.view(vy, heads_bshd(Q::KV), "ViewBackward0", false);
     let k = match sh.cos {
-        Some(c) => rope(b, k, c),
+        Some(c) => pe.apply(b, k, c),
         None => k,
     };
     let kt = b.view(k, heads(Q::KV), "TransposeBackward0", false);
@@ -130,30 +130,111 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Ti
 /// mlp_out = self.mlp(self.mlp_norm(h))
 /// return h + self.mlp_scale(mlp_out)
 /// ```
-fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
+fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, pe: Rope) -> Tid {
     let aw = AttnW::new(b, p);
     let mw = MlpW::new(b, p);
-    decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh), |b, n| mlp(b, &mw, n))
+    decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh, pe), |b, n| mlp(b, &mw, n))
 }
 
-/// torchtune 0.6.1's Llama 3 (`TransformerDecoder` of `llama3_1`, see the module doc).
-pub struct Llama3;
-impl Modeling for Llama3 {
+/// The rotary embedding a torchtune builder gives its attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rope {
+    /// `RotaryPositionalEmbeddings` (Llama 2 / 3, Mistral) and `Llama3ScaledRoPE` (Llama 3.1 /
+    /// 3.2): the same `forward` on interleaved pairs against a `[P, d/2, 2]` cache ([`rope`]).
+    Interleaved,
+    /// `Qwen2RotaryPositionalEmbeddings` (Qwen2, Qwen2.5): rotate-half against a `[P, 2d]`
+    /// cache of cos then sin ([`rope_halves`]).
+    Halves,
+}
+
+impl Rope {
+    fn apply(self, b: &mut Builder, x: Tid, cache: Tid) -> Tid {
+        match self {
+            Rope::Interleaved => rope(b, x, cache),
+            Rope::Halves => rope_halves(b, x, cache),
+        }
+    }
+
+    /// The `cache` as the layers read it (`self.cache[:seq_len]`).
+    fn cache_shape(self) -> Shape {
+        match self {
+            Rope::Interleaved => cache_shape(),
+            Rope::Halves => Shape::new(&[Dim::Q(Q::S), Dim::N(2), Dim::Q(Q::D)], Split::None),
+        }
+    }
+
+    /// Elements of the `cache` buffer per position and head-dim element (`[P, d/2, 2]`: 1;
+    /// `[P, 2d]`: 2).
+    fn cache_per_position(self) -> u128 {
+        match self {
+            Rope::Interleaved => 1,
+            Rope::Halves => 2,
+        }
+    }
+}
+
+/// `Qwen2RotaryPositionalEmbeddings.forward` (`torchtune/models/qwen2/_positional_embeddings.py`)
+/// on q or k laid out `[b, s, heads, d]`:
+/// ```python
+/// rope_cache = self.cache[:seq_len].view(-1, seq_len, 1, head_dim * 2)
+/// cos = rope_cache[..., :head_dim].to(x.dtype)
+/// sin = rope_cache[..., head_dim:].to(x.dtype)
+/// x1 = x[..., : x.shape[-1] // 2]; x2 = x[..., x.shape[-1] // 2 :]
+/// rotated = torch.cat((-x2, x1), dim=-1)
+/// x_out = (x * cos) + (rotated * sin)
+/// return x_out.type_as(x)
+/// ```
+/// The cache is fp32: in fp32 `cos` and `sin` are views of the buffer (nothing kept); in bf16
+/// each call copies them (`[s, d]` bf16 each), and the products keep those copies. `cos`, `sin`
+/// and `rotated` are the function's locals.
+fn rope_halves(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
+    let dt = b.t(x).dt;
+    let cos = b.slice(cache, cache_shape());
+    let cos = b.to_copy(cos, dt);
+    let sin = b.slice(cache, cache_shape());
+    let sin = b.to_copy(sin, dt);
+    let half = b.shape(x).last(Dim::Half(Q::D));
+    let x1 = b.slice(x, half);
+    let x2 = b.slice(x, half);
+    let ng = b.unary("neg", "NegBackward0", x2, super::super::blocks::Keep::Nothing, "neg");
+    let full = b.shape(x);
+    let rotated = b.cat2(ng, x1, full);
+    let m1 = b.mul(x, cos);
+    let m2 = b.mul(rotated, sin);
+    let out = b.add(m1, m2);
+    b.hold(cos);
+    b.hold(sin);
+    b.hold(rotated);
+    out
+}
+
+/// torchtune 0.6.1's decoder (`TransformerDecoder` of `TransformerSelfAttentionLayer`s, see the
+/// module doc) with the rotary embedding its builder picks: `llama3_1` / `llama3_2` / `llama3`
+/// / `llama2` / `mistral` ([`LLAMA`]) or `qwen2` ([`QWEN2`]).
+pub struct Decoder(pub Rope);
+
+/// Llama 2 / 3 / 3.1 / 3.2 and Mistral (`RotaryPositionalEmbeddings`, `Llama3ScaledRoPE`).
+pub const LLAMA: Decoder = Decoder(Rope::Interleaved);
+/// Qwen2 and Qwen2.5 (`qwen2`: q/k/v biases, `Qwen2RotaryPositionalEmbeddings`).
+pub const QWEN2: Decoder = Decoder(Rope::Halves);
+
+impl Modeling for Decoder {
     /// `TransformerDecoder.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
-    /// layers read the shared RoPE module's `cache` buffer.
+    /// layers read the shared RoPE module's `cache` buffer. A tied output (`TiedLinear`) reads
+    /// the embedding's weight.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let (x0, _) = token_embedding(b, p, ids, "tok_embeddings");
+        let (x0, emb_w) = token_embedding(b, p, ids, "tok_embeddings");
         b.module = "";
-        (x0, self.positions(b, spec, attn))
+        (x0, Shared { emb_w: super::common::tied(spec, emb_w), ..self.positions(b, spec, attn) })
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        let cos = super::common::has_rope(spec).then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
+        let cos = super::common::has_rope(spec).then(|| b.external(self.0.cache_shape(), Dt::F32, Origin::Buffer, false));
         Shared { cos, ..Shared::default() }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = (spec, kind, attn);
-        layer(b, p, x, sh)
+        layer(b, p, x, sh, self.0)
     }
     fn norm(&self) -> Norm {
         NORM
@@ -162,9 +243,9 @@ impl Modeling for Llama3 {
     fn x0_is_local(&self) -> bool {
         false
     }
-    /// The RoPE `cache` buffer, no sin.
+    /// The RoPE `cache` buffer, no sin beside it.
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (cache_shape(), Dt::F32, false))
+        super::common::has_rope(spec).then(|| (self.0.cache_shape(), Dt::F32, false))
     }
     /// SDPA runs `is_causal=True`: no mask.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
@@ -179,18 +260,29 @@ impl Modeling for Llama3 {
     }
 }
 
-/// torchtune's buffers: the one RoPE module every layer shares (`Llama3ScaledRoPE.rope_init`:
-/// `theta` `[d/2]` and `cache` `[max_seq_len, d/2, 2]`, fp32 — computed with `.float()`, so the
-/// recipe's `set_default_dtype(bf16)` leaves them fp32; `max_seq_len` is the model's,
+/// The torchtune program for `family`, where one is written (see `families::modeling_for`).
+pub fn decoder(family: Family) -> Option<&'static Decoder> {
+    match family {
+        Family::Llama | Family::Mistral => Some(&LLAMA),
+        Family::Qwen2 => Some(&QWEN2),
+        _ => None,
+    }
+}
+
+/// torchtune's buffers: the one RoPE module every layer shares (`rope_init`: `theta` `[d/2]` and
+/// `cache` — `[max_seq_len, d/2, 2]` in `RotaryPositionalEmbeddings` and `Llama3ScaledRoPE`,
+/// `[max_seq_len, 2d]` in `Qwen2RotaryPositionalEmbeddings` —, fp32: computed with `.float()`,
+/// so the recipe's `set_default_dtype(bf16)` leaves them fp32; `max_seq_len` is the model's,
 /// `max_position_embeddings`) and the recipe's `ignore_labels_cache`
 /// (`torch.full((batch_size, 1), ignore_index, device=self._device)`, int64):
-/// (P · (d/2) · 2 + d/2) × 4 + b × 8. `None` for another framework or family.
+/// (k · P · (d/2) · 2 + d/2) × 4 + b × 8, k = 1 (interleaved) or 2 (Qwen2). `None` for another
+/// framework or family.
 pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
-    (cfg.framework == Framework::Torchtune && cfg.arch.family == Family::Llama).then(|| {
-        let half = (cfg.arch.head_dim / 2) as u128;
-        let rope = if super::common::has_rope(&cfg.arch) { (cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
-        rope + cfg.batch as u128 * INT64_BYTES
-    })
+    let code = decoder(cfg.arch.family).filter(|_| cfg.framework == Framework::Torchtune)?;
+    let half = (cfg.arch.head_dim / 2) as u128;
+    let per = code.0.cache_per_position();
+    let rope = if super::common::has_rope(&cfg.arch) { (per * cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
+    Some(rope + cfg.batch as u128 * INT64_BYTES)
 }
 
 /// The output chunks' token counts: `torch.chunk(h, 8, dim=1)` makes chunks of ⌈s/8⌉ tokens,
