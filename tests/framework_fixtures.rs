@@ -14,8 +14,15 @@ use trainmem::config::{Attention, Config, Framework, Kernels, Loss, OptimImpl, O
 use trainmem::estimator::{estimate, hf, Estimate};
 
 /// The frameworks measured, one shard per framework and family.
-const SHARDS: &[&str] =
-    &["torchtitan-llama3", "torchtune-llama3", "torchtune-llama3_2", "torchtune-llama2", "torchtune-mistral", "torchtune-qwen2"];
+const SHARDS: &[&str] = &[
+    "torchtitan-llama3",
+    "torchtune-llama3",
+    "torchtune-llama3_2",
+    "torchtune-llama2",
+    "torchtune-mistral",
+    "torchtune-qwen2",
+    "torchtune-phi3",
+];
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/frameworks")

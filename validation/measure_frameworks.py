@@ -188,7 +188,7 @@ def _torchtune_modules():
 
 
 # The model packages whose component builders are measured (entered by path, without their __init__).
-TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2"]
+TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3"]
 
 
 class TorchtuneLM(nn.Module):
@@ -329,6 +329,25 @@ def build_torchtune_llama3_2(seq: int, tdtype):
     return _tune_lm(m, cfg, tdtype, "LlamaForCausalLM")
 
 
+def build_torchtune_phi3(seq: int, tdtype):
+    """torchtune's `phi3` builder (Phi-3 mini): q, k, v and gate, up as separate linears (transformers fuses them in
+    `qkv_proj` and `gate_up_proj`; torchtune's `phi3_hf_to_tune` splits them), `Phi3RotaryPositionalEmbeddings`
+    (rotate-half against the fp32 cache without casting it: the products promote to fp32, `type_as` casts back),
+    no sliding window, untied."""
+    from transformers import Phi3Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("phi3", "phi3"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ,
+                    norm_eps=1e-5, rope_base=10_000)
+    cfg = Phi3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     num_key_value_heads=KV_HEADS, intermediate_size=ffn, vocab_size=VOCAB, rms_norm_eps=1e-5,
+                     max_position_embeddings=TUNE_MAX_SEQ, original_max_position_embeddings=TUNE_MAX_SEQ,
+                     tie_word_embeddings=False, rope_theta=10_000.0, sliding_window=None, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "Phi3ForCausalLM")
+
+
 # The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
 # that the record shows the buffer follows max_seq_len (max_position_embeddings), not the batch's sequence.
 TUNE_MAX_SEQ = 128
@@ -370,6 +389,7 @@ FRAMEWORKS = {
     ("torchtune", "mistral"): ("0.6.1", build_torchtune_mistral, ["sdpa"]),
     ("torchtune", "llama2"): ("0.6.1", build_torchtune_llama2, ["sdpa"]),
     ("torchtune", "llama3_2"): ("0.6.1", build_torchtune_llama3_2, ["sdpa"]),
+    ("torchtune", "phi3"): ("0.6.1", build_torchtune_phi3, ["sdpa"]),
 }
 
 

@@ -130,10 +130,39 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, pe: Rope) -> (Tid,
 /// mlp_out = self.mlp(self.mlp_norm(h))
 /// return h + self.mlp_scale(mlp_out)
 /// ```
-fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared, pe: Rope) -> Tid {
-    let aw = AttnW::new(b, p);
-    let mw = MlpW::new(b, p);
+fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, pe: Rope) -> Tid {
+    let (aw, mw) = if spec.fused_qkv || spec.fused_gate_up { split_weights(b, p, spec) } else { (AttnW::new(b, p), MlpW::new(b, p)) };
     decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh, pe), |b, n| mlp(b, &mw, n))
+}
+
+/// The layer's weights where transformers fuses what torchtune keeps apart: torchtune's `phi3`
+/// builds `q_proj`, `k_proj`, `v_proj` and `FeedForward`'s `w1`, `w3` as separate linears
+/// (`phi3/_convert_weights.py` splits `qkv_proj` and `gate_up_proj` on load): one parameter
+/// each, of (a · d) × h, (k · d) × h twice, and f × h twice elements, in registration order
+/// (q, k, v, output; gate, down, up).
+fn split_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> (AttnW, MlpW) {
+    let h = spec.hidden;
+    let trains = |name: &str| p.find(name).is_none_or(|(_, t, _)| t);
+    let aw = if spec.fused_qkv {
+        let t = trains("layers.*.attn.qkv_proj.weight");
+        let wq = Some(p.make(b, spec.heads * spec.head_dim * h, t, false));
+        let wk = Some(p.make(b, spec.kv_heads * spec.head_dim * h, t, false));
+        let wv = Some(p.make(b, spec.kv_heads * spec.head_dim * h, t, false));
+        let wo = p.w(b, "layers.*.attn.o_proj.weight");
+        AttnW { wq, bq: None, wk, bk: None, wv, bv: None, wo, bo: None, qn: None, kn: None }
+    } else {
+        AttnW::new(b, p)
+    };
+    let mw = if spec.fused_gate_up {
+        let t = trains("layers.*.mlp.gate_up_proj.weight");
+        let wg = Some(p.make(b, spec.ffn * h, t, false));
+        let wd = p.w(b, "layers.*.mlp.down_proj.weight");
+        let wu = Some(p.make(b, spec.ffn * h, t, false));
+        MlpW { wg, wu, wd }
+    } else {
+        MlpW::new(b, p)
+    };
+    (aw, mw)
 }
 
 /// The rotary embedding a torchtune builder gives its attention.
@@ -143,15 +172,19 @@ pub enum Rope {
     /// 3.2): the same `forward` on interleaved pairs against a `[P, d/2, 2]` cache ([`rope`]).
     Interleaved,
     /// `Qwen2RotaryPositionalEmbeddings` (Qwen2, Qwen2.5): rotate-half against a `[P, 2d]`
-    /// cache of cos then sin ([`rope_halves`]).
+    /// cache of cos then sin, cast to the input's dtype ([`rope_halves`]).
     Halves,
+    /// `Phi3RotaryPositionalEmbeddings` (Phi-3): the same, without the cast: the products
+    /// promote a bf16 input to fp32 and `type_as` casts the result back ([`rope_halves`]).
+    HalvesFp32,
 }
 
 impl Rope {
     fn apply(self, b: &mut Builder, x: Tid, cache: Tid) -> Tid {
         match self {
             Rope::Interleaved => rope(b, x, cache),
-            Rope::Halves => rope_halves(b, x, cache),
+            Rope::Halves => rope_halves(b, x, cache, true),
+            Rope::HalvesFp32 => rope_halves(b, x, cache, false),
         }
     }
 
@@ -159,7 +192,7 @@ impl Rope {
     fn cache_shape(self) -> Shape {
         match self {
             Rope::Interleaved => cache_shape(),
-            Rope::Halves => Shape::new(&[Dim::Q(Q::S), Dim::N(2), Dim::Q(Q::D)], Split::None),
+            Rope::Halves | Rope::HalvesFp32 => Shape::new(&[Dim::Q(Q::S), Dim::N(2), Dim::Q(Q::D)], Split::None),
         }
     }
 
@@ -168,7 +201,7 @@ impl Rope {
     fn cache_per_position(self) -> u128 {
         match self {
             Rope::Interleaved => 1,
-            Rope::Halves => 2,
+            Rope::Halves | Rope::HalvesFp32 => 2,
         }
     }
 }
@@ -187,12 +220,16 @@ impl Rope {
 /// The cache is fp32: in fp32 `cos` and `sin` are views of the buffer (nothing kept); in bf16
 /// each call copies them (`[s, d]` bf16 each), and the products keep those copies. `cos`, `sin`
 /// and `rotated` are the function's locals.
-fn rope_halves(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
+///
+/// `Phi3RotaryPositionalEmbeddings.forward` (`cast` false) is the same without the two
+/// `.to(x.dtype)`: a bf16 `x` times the fp32 cache promotes each product (and the sum) to fp32,
+/// the products keep only the buffer, and `type_as(x)` copies the result back to bf16.
+fn rope_halves(b: &mut Builder, x: Tid, cache: Tid, cast: bool) -> Tid {
     let dt = b.t(x).dt;
     let cos = b.slice(cache, cache_shape());
-    let cos = b.to_copy(cos, dt);
+    let cos = if cast { b.to_copy(cos, dt) } else { cos };
     let sin = b.slice(cache, cache_shape());
-    let sin = b.to_copy(sin, dt);
+    let sin = if cast { b.to_copy(sin, dt) } else { sin };
     let half = b.shape(x).last(Dim::Half(Q::D));
     let x1 = b.slice(x, half);
     let x2 = b.slice(x, half);
@@ -201,7 +238,8 @@ fn rope_halves(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
     let rotated = b.cat2(ng, x1, full);
     let m1 = b.mul(x, cos);
     let m2 = b.mul(rotated, sin);
-    let out = b.add(m1, m2);
+    let sum = b.add(m1, m2);
+    let out = b.to_copy(sum, dt);
     b.hold(cos);
     b.hold(sin);
     b.hold(rotated);
@@ -210,13 +248,15 @@ fn rope_halves(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
 
 /// torchtune 0.6.1's decoder (`TransformerDecoder` of `TransformerSelfAttentionLayer`s, see the
 /// module doc) with the rotary embedding its builder picks: `llama3_1` / `llama3_2` / `llama3`
-/// / `llama2` / `mistral` ([`LLAMA`]) or `qwen2` ([`QWEN2`]).
+/// / `llama2` / `mistral` ([`LLAMA`]), `qwen2` ([`QWEN2`]) or `phi3` ([`PHI3`]).
 pub struct Decoder(pub Rope);
 
 /// Llama 2 / 3 / 3.1 / 3.2 and Mistral (`RotaryPositionalEmbeddings`, `Llama3ScaledRoPE`).
 pub const LLAMA: Decoder = Decoder(Rope::Interleaved);
 /// Qwen2 and Qwen2.5 (`qwen2`: q/k/v biases, `Qwen2RotaryPositionalEmbeddings`).
 pub const QWEN2: Decoder = Decoder(Rope::Halves);
+/// Phi-3 (`phi3`: q, k, v and gate, up apart, `Phi3RotaryPositionalEmbeddings`).
+pub const PHI3: Decoder = Decoder(Rope::HalvesFp32);
 
 impl Modeling for Decoder {
     /// `TransformerDecoder.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
@@ -233,8 +273,8 @@ impl Modeling for Decoder {
         Shared { cos, ..Shared::default() }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = (spec, kind, attn);
-        layer(b, p, x, sh, self.0)
+        let _ = (kind, attn);
+        layer(b, p, spec, x, sh, self.0)
     }
     fn norm(&self) -> Norm {
         NORM
@@ -265,6 +305,7 @@ pub fn decoder(family: Family) -> Option<&'static Decoder> {
     match family {
         Family::Llama | Family::Mistral => Some(&LLAMA),
         Family::Qwen2 => Some(&QWEN2),
+        Family::Phi3 => Some(&PHI3),
         _ => None,
     }
 }
