@@ -22,6 +22,7 @@ const SHARDS: &[&str] = &[
     "torchtune-mistral",
     "torchtune-qwen2",
     "torchtune-phi3",
+    "torchtune-gemma",
 ];
 
 fn dir() -> PathBuf {

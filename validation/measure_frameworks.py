@@ -188,7 +188,7 @@ def _torchtune_modules():
 
 
 # The model packages whose component builders are measured (entered by path, without their __init__).
-TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3"]
+TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3", "gemma"]
 
 
 class TorchtuneLM(nn.Module):
@@ -348,6 +348,24 @@ def build_torchtune_phi3(seq: int, tdtype):
     return _tune_lm(m, cfg, tdtype, "Phi3ForCausalLM")
 
 
+def build_torchtune_gemma(seq: int, tdtype):
+    """torchtune's `gemma` builder: `GemmaNormEmbeddings` (the embedding times `torch.tensor(√h, dtype=x.dtype)`, a
+    fresh 0-dim tensor each forward, not a buffer), `GemmaRMSNorm`, `RotaryPositionalEmbeddings`, GeGLU
+    (`nn.GELU(approximate="tanh")`), the output tied (`TiedLinear`)."""
+    from transformers import GemmaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("gemma", "gemma"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    head_dim=DIM // HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=10_000)
+    cfg = GemmaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-6, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                      rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh", pad_token_id=None,
+                      bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "GemmaForCausalLM")
+
+
 # The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
 # that the record shows the buffer follows max_seq_len (max_position_embeddings), not the batch's sequence.
 TUNE_MAX_SEQ = 128
@@ -390,6 +408,7 @@ FRAMEWORKS = {
     ("torchtune", "llama2"): ("0.6.1", build_torchtune_llama2, ["sdpa"]),
     ("torchtune", "llama3_2"): ("0.6.1", build_torchtune_llama3_2, ["sdpa"]),
     ("torchtune", "phi3"): ("0.6.1", build_torchtune_phi3, ["sdpa"]),
+    ("torchtune", "gemma"): ("0.6.1", build_torchtune_gemma, ["sdpa"]),
 }
 
 

@@ -25,8 +25,9 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S, X};
-use super::common::{head_proj, out_proj, sub, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
-use super::llama::{decoder_layer, mlp, repeat_kv, sdpa_core};
+use super::common::{gated_mlp, head_proj, out_proj, sub, token_embedding, Act, AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared};
+use super::common::{GELU_TANH, LLAMA_MLP, SILU};
+use super::llama::{decoder_layer, repeat_kv, sdpa_core};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Attention, Config, Framework};
@@ -130,9 +131,14 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, pe: Rope) -> (Tid,
 /// mlp_out = self.mlp(self.mlp_norm(h))
 /// return h + self.mlp_scale(mlp_out)
 /// ```
-fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, pe: Rope) -> Tid {
+fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, code: &Decoder) -> Tid {
     let (aw, mw) = if spec.fused_qkv || spec.fused_gate_up { split_weights(b, p, spec) } else { (AttnW::new(b, p), MlpW::new(b, p)) };
-    decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh, pe), |b, n| mlp(b, &mw, n))
+    let pe = code.rope;
+    let ffn = |b: &mut Builder, n: Tid| {
+        b.part = Part::Mlp;
+        gated_mlp(b, &mw, n, &Gated { act: code.act, ..LLAMA_MLP })
+    };
+    decoder_layer(b, p, x, code.norm, |b, n| attention(b, &aw, n, sh, pe), ffn)
 }
 
 /// The layer's weights where transformers fuses what torchtune keeps apart: torchtune's `phi3`
@@ -247,16 +253,39 @@ fn rope_halves(b: &mut Builder, x: Tid, cache: Tid, cast: bool) -> Tid {
 }
 
 /// torchtune 0.6.1's decoder (`TransformerDecoder` of `TransformerSelfAttentionLayer`s, see the
-/// module doc) with the rotary embedding its builder picks: `llama3_1` / `llama3_2` / `llama3`
-/// / `llama2` / `mistral` ([`LLAMA`]), `qwen2` ([`QWEN2`]) or `phi3` ([`PHI3`]).
-pub struct Decoder(pub Rope);
+/// module doc) with the rotary embedding, norm, activation and embedding its builder picks:
+/// `llama3_1` / `llama3_2` / `llama3` / `llama2` / `mistral` ([`LLAMA`]), `qwen2` ([`QWEN2`]),
+/// `phi3` ([`PHI3`]) or `gemma` ([`GEMMA`]).
+pub struct Decoder {
+    pub rope: Rope,
+    /// `RMSNorm` (`F.rms_norm` on `x.float()`) or Gemma's `GemmaRMSNorm`.
+    pub norm: Norm,
+    /// `FeedForward`'s activation: `F.silu`, or Gemma's `nn.GELU(approximate="tanh")`.
+    pub act: Act,
+    /// Gemma's `GemmaNormEmbeddings`: the embedding times √h.
+    pub scaled_embedding: bool,
+}
 
 /// Llama 2 / 3 / 3.1 / 3.2 and Mistral (`RotaryPositionalEmbeddings`, `Llama3ScaledRoPE`).
-pub const LLAMA: Decoder = Decoder(Rope::Interleaved);
+pub const LLAMA: Decoder = Decoder { rope: Rope::Interleaved, norm: NORM, act: SILU, scaled_embedding: false };
 /// Qwen2 and Qwen2.5 (`qwen2`: q/k/v biases, `Qwen2RotaryPositionalEmbeddings`).
-pub const QWEN2: Decoder = Decoder(Rope::Halves);
+pub const QWEN2: Decoder = Decoder { rope: Rope::Halves, ..LLAMA };
 /// Phi-3 (`phi3`: q, k, v and gate, up apart, `Phi3RotaryPositionalEmbeddings`).
-pub const PHI3: Decoder = Decoder(Rope::HalvesFp32);
+pub const PHI3: Decoder = Decoder { rope: Rope::HalvesFp32, ..LLAMA };
+/// Gemma (`gemma`: `GemmaNormEmbeddings`, `GemmaRMSNorm` — `_norm(x.float()) * (1 + scale.float())`,
+/// then `type_as(x)`, transformers' `GemmaRMSNorm` line for line ([`Rms::Gemma`]) —,
+/// `RotaryPositionalEmbeddings`, GeGLU, `TiedLinear`).
+pub const GEMMA: Decoder = Decoder { rope: Rope::Interleaved, norm: Norm::Rms(Rms::Gemma), act: GELU_TANH, scaled_embedding: true };
+
+/// `GemmaNormEmbeddings.forward` after the lookup: `x * torch.tensor(self.embedding_dim**0.5,
+/// dtype=x.dtype)`. The factor is a fresh 0-dim tensor each forward (not a buffer), which the
+/// product keeps; on CUDA it is a CPU tensor (`torch.tensor` without a device), here it is
+/// what the CPU records count: 2 or 4 bytes.
+fn scale_embedding(b: &mut Builder, x: Tid) -> Tid {
+    let dt = b.t(x).dt;
+    let scale = b.plain("scalar_tensor", &[], Shape::scalar(), dt);
+    b.mul(x, scale)
+}
 
 impl Modeling for Decoder {
     /// `TransformerDecoder.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
@@ -264,20 +293,21 @@ impl Modeling for Decoder {
     /// the embedding's weight.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         let (x0, emb_w) = token_embedding(b, p, ids, "tok_embeddings");
+        let x0 = if self.scaled_embedding { scale_embedding(b, x0) } else { x0 };
         b.module = "";
         (x0, Shared { emb_w: super::common::tied(spec, emb_w), ..self.positions(b, spec, attn) })
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        let cos = super::common::has_rope(spec).then(|| b.external(self.0.cache_shape(), Dt::F32, Origin::Buffer, false));
+        let cos = super::common::has_rope(spec).then(|| b.external(self.rope.cache_shape(), Dt::F32, Origin::Buffer, false));
         Shared { cos, ..Shared::default() }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = (kind, attn);
-        layer(b, p, spec, x, sh, self.0)
+        layer(b, p, spec, x, sh, self)
     }
     fn norm(&self) -> Norm {
-        NORM
+        self.norm
     }
     /// `h` is rebound by every layer.
     fn x0_is_local(&self) -> bool {
@@ -285,7 +315,7 @@ impl Modeling for Decoder {
     }
     /// The RoPE `cache` buffer, no sin beside it.
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (self.0.cache_shape(), Dt::F32, false))
+        super::common::has_rope(spec).then(|| (self.rope.cache_shape(), Dt::F32, false))
     }
     /// SDPA runs `is_causal=True`: no mask.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
@@ -306,6 +336,7 @@ pub fn decoder(family: Family) -> Option<&'static Decoder> {
         Family::Llama | Family::Mistral => Some(&LLAMA),
         Family::Qwen2 => Some(&QWEN2),
         Family::Phi3 => Some(&PHI3),
+        Family::Gemma => Some(&GEMMA),
         _ => None,
     }
 }
@@ -321,7 +352,7 @@ pub fn decoder(family: Family) -> Option<&'static Decoder> {
 pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
     let code = decoder(cfg.arch.family).filter(|_| cfg.framework == Framework::Torchtune)?;
     let half = (cfg.arch.head_dim / 2) as u128;
-    let per = code.0.cache_per_position();
+    let per = code.rope.cache_per_position();
     let rope = if super::common::has_rope(&cfg.arch) { (per * cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
     Some(rope + cfg.batch as u128 * INT64_BYTES)
 }
