@@ -524,4 +524,30 @@ mod tests {
         // Its plain (unchunked) cross-entropy is another program: refused, not estimated as this one.
         assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
     }
+
+    /// Every family torchtune 0.6.1 ships that has a preset (Gemma has none: its records are in
+    /// `framework_fixtures`) estimates; Qwen2's `[P, 2d]` RoPE cache holds twice Llama's; Gemma 2
+    /// and Qwen3 (not in torchtune 0.6.1) are refused by name.
+    #[test]
+    fn torchtune_estimates_each_family_it_ships_and_refuses_gemma_2_and_qwen3_by_name() {
+        let tune = |name: &str| Config {
+            model: name.into(),
+            arch: preset(name).expect("preset").spec,
+            seq: 2048,
+            precision: Precision::Bf16,
+            loss: Loss::Chunked,
+            framework: Framework::Torchtune,
+            ..Config::default()
+        };
+        for name in ["llama-3.2-1b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen2.5-7b", "phi-3-mini-4k-instruct", "llama-2-7b"] {
+            assert!(estimate(&tune(name)).is_ok(), "{name}");
+        }
+        let q = tune("qwen2.5-7b");
+        let (p, half) = (q.arch.max_pos as u128, (q.arch.head_dim / 2) as u128);
+        assert_eq!(super::buffer_bytes(&q), Some((2 * p * half * 2 + half) * 4 + q.batch as u128 * 8));
+        for name in ["gemma-2-9b", "qwen3-8b"] {
+            let e = estimate(&tune(name));
+            assert!(e.is_err_and(|e| e.to_string().contains("torchtune")), "{name}");
+        }
+    }
 }
