@@ -181,7 +181,9 @@ impl Acc {
 
 /// Shapes and dtypes of the model-level tensors the model's forward releases at its end when
 /// no layer saved them: its locals (the first layer's input among them, unless that layer kept
-/// it) and the shared tensors (`kept`: the global slots some layer keeps).
+/// it) and the shared tensors (`kept`: the global slots some layer keeps). A slot that is a
+/// model buffer (torchtune's RoPE cache halves, read through copies in bf16) is not released:
+/// it is model state, counted with the buffers.
 fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) -> Vec<(Shape, Dt)> {
     let mut out = Vec::new();
     for t in psh.locals.into_iter().flatten() {
@@ -193,10 +195,10 @@ fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) ->
     }
     for (slot, t) in psh.slots().into_iter().enumerate() {
         let Some(t) = t else { continue };
-        if kept & (1 << slot) != 0 {
+        let tt = &pro.tensors[t as usize];
+        if kept & (1 << slot) != 0 || tt.origin == Origin::Buffer {
             continue;
         }
-        let tt = &pro.tensors[t as usize];
         out.push((tt.shape, tt.dt));
     }
     out

@@ -331,7 +331,9 @@ impl<'a> Setup<'a> {
         };
         let code = families::modeling_for(self.cfg.framework, spec.family);
         let (cos, sin) = match code.rope_tables(spec) {
-            Some((shape, dt, _)) if code.rope_table_is_buffer() => (Some(b.external(shape, dt, Origin::Buffer, false)), None),
+            Some((shape, dt, two)) if code.rope_table_is_buffer() => {
+                (Some(b.external(shape, dt, Origin::Buffer, false)), two.then(|| b.external(shape, dt, Origin::Buffer, false)))
+            }
             Some((shape, dt, two)) => {
                 let c = mk(b, 0, shape, dt, Part::Embedding);
                 let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));

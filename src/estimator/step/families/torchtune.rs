@@ -101,7 +101,7 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, pe: Rope) -> (Tid,
     b.module = "attn";
     let q = b.view(qy, heads_bshd(Q::A), "ViewBackward0", false);
     let q = match sh.cos {
-        Some(c) => pe.apply(b, q, c),
+        Some(c) => pe.apply(b, q, c, sh.sin),
         None => q,
     };
     let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
@@ -111,7 +111,7 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, pe: Rope) -> (Tid,
     let k = b.view(ky, heads_bshd(Q::KV), "ViewBackward0", false);
     let v = b.view(vy, heads_bshd(Q::KV), "ViewBackward0", false);
     let k = match sh.cos {
-        Some(c) => pe.apply(b, k, c),
+        Some(c) => pe.apply(b, k, c, sh.sin),
         None => k,
     };
     let kt = b.view(k, heads(Q::KV), "TransposeBackward0", false);
@@ -186,20 +186,20 @@ pub enum Rope {
 }
 
 impl Rope {
-    fn apply(self, b: &mut Builder, x: Tid, cache: Tid) -> Tid {
-        match self {
-            Rope::Interleaved => rope(b, x, cache),
-            Rope::Halves => rope_halves(b, x, cache, true),
-            Rope::HalvesFp32 => rope_halves(b, x, cache, false),
+    /// The embedding on `x`, reading the `cache` (Qwen2's, Phi-3's: its cos half, with `sin` its
+    /// sin half).
+    fn apply(self, b: &mut Builder, x: Tid, cache: Tid, sin: Option<Tid>) -> Tid {
+        match (self, sin) {
+            (Rope::Halves, Some(sin)) => rope_halves(b, x, cache, sin, true),
+            (Rope::HalvesFp32, Some(sin)) => rope_halves(b, x, cache, sin, false),
+            _ => rope(b, x, cache),
         }
     }
 
-    /// The `cache` as the layers read it (`self.cache[:seq_len]`).
-    fn cache_shape(self) -> Shape {
-        match self {
-            Rope::Interleaved => cache_shape(),
-            Rope::Halves | Rope::HalvesFp32 => Shape::new(&[Dim::Q(Q::S), Dim::N(2), Dim::Q(Q::D)], Split::None),
-        }
+    /// Whether the layers read the cache as two halves, cos and sin (`[s, d]` each of the
+    /// `[P, 2d]` rows), rather than one `[s, d/2, 2]` table.
+    fn halves(self) -> bool {
+        self != Rope::Interleaved
     }
 
     /// Elements of the `cache` buffer per position and head-dim element (`[P, d/2, 2]`: 1;
@@ -230,11 +230,10 @@ impl Rope {
 /// `Phi3RotaryPositionalEmbeddings.forward` (`cast` false) is the same without the two
 /// `.to(x.dtype)`: a bf16 `x` times the fp32 cache promotes each product (and the sum) to fp32,
 /// the products keep only the buffer, and `type_as(x)` copies the result back to bf16.
-fn rope_halves(b: &mut Builder, x: Tid, cache: Tid, cast: bool) -> Tid {
+/// `cos` and `sin` are the buffer's two halves as the layers read them (views of the buffer).
+fn rope_halves(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, cast: bool) -> Tid {
     let dt = b.t(x).dt;
-    let cos = b.slice(cache, cache_shape());
     let cos = if cast { b.to_copy(cos, dt) } else { cos };
-    let sin = b.slice(cache, cache_shape());
     let sin = if cast { b.to_copy(sin, dt) } else { sin };
     let half = b.shape(x).last(Dim::Half(Q::D));
     let x1 = b.slice(x, half);
@@ -299,8 +298,10 @@ impl Modeling for Decoder {
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        let cos = super::common::has_rope(spec).then(|| b.external(self.rope.cache_shape(), Dt::F32, Origin::Buffer, false));
-        Shared { cos, ..Shared::default() }
+        let rope = super::common::has_rope(spec);
+        let cos = rope.then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
+        let sin = (rope && self.rope.halves()).then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
+        Shared { cos, sin, ..Shared::default() }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = (kind, attn);
@@ -313,9 +314,9 @@ impl Modeling for Decoder {
     fn x0_is_local(&self) -> bool {
         false
     }
-    /// The RoPE `cache` buffer, no sin beside it.
+    /// The RoPE `cache` buffer (Qwen2's and Phi-3's as its cos and sin halves).
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (self.rope.cache_shape(), Dt::F32, false))
+        super::common::has_rope(spec).then(|| (cache_shape(), Dt::F32, self.rope.halves()))
     }
     /// SDPA runs `is_causal=True`: no mask.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
