@@ -188,7 +188,7 @@ def _torchtune_modules():
 
 
 # The model packages whose component builders are measured (entered by path, without their __init__).
-TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3", "gemma"]
+TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3", "gemma", "gemma2"]
 
 
 class TorchtuneLM(nn.Module):
@@ -366,6 +366,28 @@ def build_torchtune_gemma(seq: int, tdtype):
     return _tune_lm(m, cfg, tdtype, "GemmaForCausalLM")
 
 
+def build_torchtune_gemma2(seq: int, tdtype):
+    """torchtune's `gemma2` builder: Gemma's embedding, norms and GeGLU, four `GemmaRMSNorm`s a layer (`sa_scale`,
+    `mlp_scale` after attention and MLP), its own eager `Gemma2Attention` (scores soft-capped at 50, the causal mask
+    built each forward, a 32-token sliding window on even layers: under the measured 64 tokens), `Gemma2FinalNorm`
+    (the final norm soft-capped at 30 before the tied output)."""
+    from transformers import Gemma2Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("gemma2", "gemma2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, head_dim=DIM // HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
+                    intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=10_000,
+                    hidden_capping_value=50.0, final_capping_value=30.0, sliding_window_size=32,
+                    query_pre_attn_scalar=DIM // HEADS)
+    cfg = Gemma2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                       num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                       rms_norm_eps=1e-6, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                       rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh", sliding_window=32,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=DIM // HEADS, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "Gemma2ForCausalLM")
+
+
 # The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
 # that the record shows the buffer follows max_seq_len (max_position_embeddings), not the batch's sequence.
 TUNE_MAX_SEQ = 128
@@ -409,6 +431,7 @@ FRAMEWORKS = {
     ("torchtune", "llama3_2"): ("0.6.1", build_torchtune_llama3_2, ["sdpa"]),
     ("torchtune", "phi3"): ("0.6.1", build_torchtune_phi3, ["sdpa"]),
     ("torchtune", "gemma"): ("0.6.1", build_torchtune_gemma, ["sdpa"]),
+    ("torchtune", "gemma2"): ("0.6.1", build_torchtune_gemma2, ["sdpa"]),
 }
 
 
