@@ -377,23 +377,22 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
 }
 
 /// What `framework = torchtune` does not follow (yet): the step program is torchtune 0.6.1's
-/// Llama 2 / 3 / 3.1 / 3.2, Mistral, Qwen2 / 2.5, Phi-3 and Gemma (`llama2`, `llama3`,
-/// `llama3_1`, `llama3_2`, `mistral`, `qwen2`, `phi3`, `gemma`: dense, no q/k norms or dropout,
-/// q/k/v biases in Qwen2 only, SDPA, the output tied or not) trained as
+/// Llama 2 / 3 / 3.1 / 3.2, Mistral, Qwen2 / 2.5, Phi-3, Gemma and Gemma 2 (`llama2`, `llama3`,
+/// `llama3_1`, `llama3_2`, `mistral`, `qwen2`, `phi3`, `gemma`, `gemma2`: dense, no q/k norms or
+/// dropout, q/k/v biases in Qwen2 only, SDPA — Gemma 2's own eager attention under the same
+/// `attn=sdpa` its records carry —, the output tied or not) trained as
 /// `full_finetune_single_device.py` trains it (full fine-tuning in fp32, pure bf16 — and bf16
 /// autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer checkpointed or none),
-/// on one device: what `tests/fixtures/pytorch/frameworks/torchtune-*.json` measured. Gemma 2
-/// (its own attention) and everything else is refused by name, not estimated as something else.
+/// on one device: what `tests/fixtures/pytorch/frameworks/torchtune-*.json` measured. Everything
+/// else (Qwen3 among it: not in torchtune 0.6.1) is refused by name, not estimated as something
+/// else.
 fn torchtune_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
     use crate::estimator::family::Family;
     let spec = &cfg.arch;
-    if spec.family == Family::Gemma2 {
-        return Some("torchtune's Gemma 2 (its own Gemma2Attention: eager, soft-capped, sliding-window mask) is not modelled yet".into());
-    }
-    if !matches!(spec.family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma) {
+    if !matches!(spec.family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma | Family::Gemma2) {
         return Some(format!(
-            "torchtune is modelled for Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Phi-3 and Gemma only (yet), not {:?}",
+            "torchtune is modelled for Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Phi-3, Gemma and Gemma 2 only, not {:?}",
             spec.family
         ));
     }
@@ -401,10 +400,10 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
         return Some("torchtune's Phi-3 rotates every head dimension (no partial_rotary_factor)".into());
     }
     if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.o_bias || spec.mlp_bias {
-        return Some("torchtune's Llama, Mistral, Qwen2, Phi-3 and Gemma have no experts, output or MLP biases, or q/k norms".into());
+        return Some("torchtune's Llama, Mistral, Qwen2, Phi-3 and Gemma (2) have no experts, output or MLP biases, or q/k norms".into());
     }
     if spec.qkv_bias != (spec.family == Family::Qwen2) {
-        return Some("torchtune's q/k/v projections have biases in Qwen2 and in no Llama, Mistral, Phi-3 or Gemma".into());
+        return Some("torchtune's q/k/v projections have biases in Qwen2 and in no Llama, Mistral, Phi-3 or Gemma (2)".into());
     }
     if cfg.attn != Attention::Sdpa {
         return Some("torchtune's MultiHeadAttention attends through SDPA (attn=sdpa)".into());

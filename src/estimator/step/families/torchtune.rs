@@ -22,6 +22,14 @@
 //!
 //! Projections, the SDPA core and `FeedForward` (`w2(silu(w1(x)) * w3(x))`) keep what
 //! transformers' Llama keeps: they reuse its builders.
+//!
+//! The other families torchtune ships run the same decoder with what their builders change
+//! ([`Decoder`]; each measured in `tests/fixtures/pytorch/frameworks/torchtune-<family>.json`):
+//! Llama 2 and Mistral (`RotaryPositionalEmbeddings`: the same interleaved forward), Llama 3.2
+//! (`TiedLinear`), Qwen2 / Qwen2.5 (q/k/v biases, `Qwen2RotaryPositionalEmbeddings`: [`rope_halves`]),
+//! Phi-3 (separate q/k/v and gate/up: [`split_weights`]; `Phi3RotaryPositionalEmbeddings`), Gemma
+//! (`GemmaNormEmbeddings`, `GemmaRMSNorm`, GeGLU, tied) and Gemma 2 (its own `Gemma2Attention` and
+//! four norms a layer, `torchtune_gemma2.rs`; `Gemma2FinalNorm`). torchtune 0.6.1 has no Qwen3.
 
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S, X};
@@ -65,7 +73,7 @@ fn cache_shape() -> Shape {
 /// The cache needs no gradient: each product keeps only the cache (a buffer); the selects'
 /// backward (`select_backward`) allocates the whole fp32 input. `xshaped` and `x_out` are the
 /// function's locals.
-fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
+pub(super) fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
     let dt = b.t(x).dt;
     let x32 = b.to_copy(x, Dt::F32);
     let half = b.shape(x32).last(Dim::Half(Q::D));
@@ -146,7 +154,7 @@ fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, cod
 /// (`phi3/_convert_weights.py` splits `qkv_proj` and `gate_up_proj` on load): one parameter
 /// each, of (a · d) × h, (k · d) × h twice, and f × h twice elements, in registration order
 /// (q, k, v, output; gate, down, up).
-fn split_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> (AttnW, MlpW) {
+pub(super) fn split_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> (AttnW, MlpW) {
     let h = spec.hidden;
     let trains = |name: &str| p.find(name).is_none_or(|(_, t, _)| t);
     let aw = if spec.fused_qkv {
@@ -263,10 +271,12 @@ pub struct Decoder {
     pub act: Act,
     /// Gemma's `GemmaNormEmbeddings`: the embedding times √h.
     pub scaled_embedding: bool,
+    /// Gemma 2's layer: `Gemma2Attention`, four norms (`torchtune_gemma2.rs`), `Gemma2FinalNorm`.
+    pub gemma2: bool,
 }
 
 /// Llama 2 / 3 / 3.1 / 3.2 and Mistral (`RotaryPositionalEmbeddings`, `Llama3ScaledRoPE`).
-pub const LLAMA: Decoder = Decoder { rope: Rope::Interleaved, norm: NORM, act: SILU, scaled_embedding: false };
+pub const LLAMA: Decoder = Decoder { rope: Rope::Interleaved, norm: NORM, act: SILU, scaled_embedding: false, gemma2: false };
 /// Qwen2 and Qwen2.5 (`qwen2`: q/k/v biases, `Qwen2RotaryPositionalEmbeddings`).
 pub const QWEN2: Decoder = Decoder { rope: Rope::Halves, ..LLAMA };
 /// Phi-3 (`phi3`: q, k, v and gate, up apart, `Phi3RotaryPositionalEmbeddings`).
@@ -274,7 +284,11 @@ pub const PHI3: Decoder = Decoder { rope: Rope::HalvesFp32, ..LLAMA };
 /// Gemma (`gemma`: `GemmaNormEmbeddings`, `GemmaRMSNorm` — `_norm(x.float()) * (1 + scale.float())`,
 /// then `type_as(x)`, transformers' `GemmaRMSNorm` line for line ([`Rms::Gemma`]) —,
 /// `RotaryPositionalEmbeddings`, GeGLU, `TiedLinear`).
-pub const GEMMA: Decoder = Decoder { rope: Rope::Interleaved, norm: Norm::Rms(Rms::Gemma), act: GELU_TANH, scaled_embedding: true };
+pub const GEMMA: Decoder =
+    Decoder { rope: Rope::Interleaved, norm: Norm::Rms(Rms::Gemma), act: GELU_TANH, scaled_embedding: true, gemma2: false };
+/// Gemma 2 (`gemma2`: Gemma's embedding, norm and MLP, its own `Gemma2Attention`, four norms a
+/// layer, `Gemma2FinalNorm`).
+pub const GEMMA2: Decoder = Decoder { gemma2: true, ..GEMMA };
 
 /// `GemmaNormEmbeddings.forward` after the lookup: `x * torch.tensor(self.embedding_dim**0.5,
 /// dtype=x.dtype)`. The factor is a fresh 0-dim tensor each forward (not a buffer), which the
@@ -305,10 +319,25 @@ impl Modeling for Decoder {
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = (kind, attn);
-        layer(b, p, spec, x, sh, self)
+        if self.gemma2 {
+            super::torchtune_gemma2::layer(b, p, spec, x, sh, self)
+        } else {
+            layer(b, p, spec, x, sh, self)
+        }
     }
     fn norm(&self) -> Norm {
         self.norm
+    }
+    /// `self.norm(h)`; Gemma 2's `Gemma2FinalNorm` soft-caps the norm's output (`TanhSoftCapping`:
+    /// `/ cap`, `tanh`, `* cap`, keeping the tanh) before the output projection.
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        let _ = spec;
+        let n = super::common::final_norm(b, p, "norm", self.norm, x);
+        if self.gemma2 {
+            super::gemma::softcap_logits(b, n)
+        } else {
+            n
+        }
     }
     /// `h` is rebound by every layer.
     fn x0_is_local(&self) -> bool {
@@ -338,6 +367,7 @@ pub fn decoder(family: Family) -> Option<&'static Decoder> {
         Family::Qwen2 => Some(&QWEN2),
         Family::Phi3 => Some(&PHI3),
         Family::Gemma => Some(&GEMMA),
+        Family::Gemma2 => Some(&GEMMA2),
         _ => None,
     }
 }
@@ -517,8 +547,8 @@ mod tests {
         assert_eq!(super::buffer_bytes(&base), None);
         assert_eq!(super::chunk_tokens(64), (8, 8, 8));
         assert_eq!(super::chunk_tokens(100), (13, 8, 9));
-        let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
-        assert!(estimate(&Config { framework: Framework::Torchtune, arch: gemma, ..base.clone() }).is_err());
+        let qwen3 = preset("qwen3-8b").expect("a qwen3 preset").spec;
+        assert!(estimate(&Config { framework: Framework::Torchtune, arch: qwen3, ..base.clone() }).is_err());
         // Mixed precision with fp32 master weights is not how torchtune trains: refused by name.
         let mixed = estimate(&Config { framework: Framework::Torchtune, precision: Precision::MixedBf16, ..base.clone() });
         assert!(mixed.is_err_and(|e| e.to_string().contains("torchtune")));
@@ -527,10 +557,10 @@ mod tests {
     }
 
     /// Every family torchtune 0.6.1 ships that has a preset (Gemma has none: its records are in
-    /// `framework_fixtures`) estimates; Qwen2's `[P, 2d]` RoPE cache holds twice Llama's; Gemma 2
-    /// and Qwen3 (not in torchtune 0.6.1) are refused by name.
+    /// `framework_fixtures`) estimates; Qwen2's `[P, 2d]` RoPE cache holds twice Llama's; Qwen3
+    /// (not in torchtune 0.6.1) and Qwen3-MoE are refused by name.
     #[test]
-    fn torchtune_estimates_each_family_it_ships_and_refuses_gemma_2_and_qwen3_by_name() {
+    fn torchtune_estimates_each_family_it_ships_and_refuses_qwen3_by_name() {
         let tune = |name: &str| Config {
             model: name.into(),
             arch: preset(name).expect("preset").spec,
@@ -540,13 +570,14 @@ mod tests {
             framework: Framework::Torchtune,
             ..Config::default()
         };
-        for name in ["llama-3.2-1b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen2.5-7b", "phi-3-mini-4k-instruct", "llama-2-7b"] {
+        for name in ["llama-3.2-1b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen2.5-7b", "phi-3-mini-4k-instruct", "llama-2-7b", "gemma-2-9b"]
+        {
             assert!(estimate(&tune(name)).is_ok(), "{name}");
         }
         let q = tune("qwen2.5-7b");
         let (p, half) = (q.arch.max_pos as u128, (q.arch.head_dim / 2) as u128);
         assert_eq!(super::buffer_bytes(&q), Some((2 * p * half * 2 + half) * 4 + q.batch as u128 * 8));
-        for name in ["gemma-2-9b", "qwen3-8b"] {
+        for name in ["qwen3-8b", "qwen3-30b-a3b"] {
             let e = estimate(&tune(name));
             assert!(e.is_err_and(|e| e.to_string().contains("torchtune")), "{name}");
         }
