@@ -16,7 +16,19 @@ use trainmem::config::{Attention, Config, Framework, Kernels, Loss, OptimImpl, O
 use trainmem::estimator::{estimate, hf, Estimate};
 
 /// The frameworks measured, one shard per framework and family.
-const SHARDS: &[&str] = &["torchtitan-llama3", "torchtitan-qwen3", "torchtune-llama3", "litgpt-llama3"];
+const SHARDS: &[&str] = &[
+    "torchtitan-llama3",
+    "torchtitan-qwen3",
+    "torchtune-llama3",
+    "torchtune-llama3_2",
+    "torchtune-llama2",
+    "torchtune-mistral",
+    "torchtune-qwen2",
+    "torchtune-phi3",
+    "torchtune-gemma",
+    "torchtune-gemma2",
+    "litgpt-llama3",
+];
 
 /// Shards measured but not modelled yet: each record must be refused by name (never estimated as
 /// something else). torchtitan's Qwen3 MoE (`models/moe/`: router, token reordering, grouped

@@ -279,7 +279,7 @@ def _torchtune_modules():
     if "torchtune" not in sys.modules:
         sys.meta_path.insert(0, _Finder())
         root = importlib.util.find_spec("torchtune").submodule_search_locations[0]
-        for name in ["torchtune", "torchtune.models", "torchtune.models.llama3", "torchtune.models.llama3_1"]:
+        for name in ["torchtune", "torchtune.models"] + [f"torchtune.models.{f}" for f in TUNE_PACKAGES]:
             pkg = types.ModuleType(name)
             pkg.__path__ = [os.path.join(root, *name.split(".")[1:])]
             sys.modules[name] = pkg
@@ -287,6 +287,10 @@ def _torchtune_modules():
     from torchtune.modules import TransformerSelfAttentionLayer
     from torchtune.modules.loss import CEWithChunkedOutputLoss
     return llama3_1, TransformerSelfAttentionLayer, CEWithChunkedOutputLoss
+
+
+# The model packages whose component builders are measured (entered by path, without their __init__).
+TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3", "gemma", "gemma2"]
 
 
 class TorchtuneLM(nn.Module):
@@ -329,6 +333,161 @@ class TorchtuneLM(nn.Module):
         del logits
         # The harness reads `out.logits`; the recipe keeps none past the loss: an empty tensor stands in (0 bytes).
         return Output(loss=loss * current_num_tokens, logits=torch.empty(0))
+
+
+def _torchtune_builder(package: str, name: str):
+    """A component builder of torchtune 0.6.1 (`torchtune/models/<package>/_component_builders.py`), its package
+    entered by path as `_torchtune_modules` does."""
+    import importlib
+    _torchtune_modules()
+    return getattr(importlib.import_module(f"torchtune.models.{package}._component_builders"), name)
+
+
+def _tune_model(builder, tdtype, **kw):
+    """`builder(**kw)` as the recipe instantiates it: under `training.set_default_dtype(dtype)` (parameters in the
+    training dtype; RoPE buffers are computed with `.float()` and stay fp32)."""
+    torch.manual_seed(measure.MODEL_SEED)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(tdtype)
+    try:
+        return builder(**kw)
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def _tune_lm(m, cfg, tdtype, arch):
+    """The model with the recipe's `CEWithChunkedOutputLoss(num_output_chunks=8)`, behind `TorchtuneLM`."""
+    _, layer_cls, ce = _torchtune_modules()
+    loss_fn = ce(num_output_chunks=8)
+    m.set_num_output_chunks(loss_fn.num_output_chunks)
+    m.train()
+    cfg.dtype = tdtype
+    cfg.architectures = [arch]
+    return TorchtuneLM(m, loss_fn, cfg, layer_cls, 2)
+
+
+def build_torchtune_qwen2(seq: int, tdtype):
+    """torchtune's `qwen2` builder (Qwen2 and every Qwen2.5: `qwen2_5/_model_builders.py` calls it), tied as its
+    0.5B / 1.5B (and Qwen2.5 3B) builders are: q/k/v with biases, `Qwen2RotaryPositionalEmbeddings`, `TiedLinear`."""
+    from transformers import Qwen2Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("qwen2", "qwen2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ,
+                    norm_eps=1e-6, rope_base=1_000_000.0, tie_word_embeddings=True)
+    cfg = Qwen2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, intermediate_size=ffn, vocab_size=VOCAB, rms_norm_eps=1e-6,
+                      max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True, rope_theta=1_000_000.0,
+                      use_sliding_window=False)
+    return _tune_lm(m, cfg, tdtype, "Qwen2ForCausalLM")
+
+
+def build_torchtune_mistral(seq: int, tdtype):
+    """torchtune's `mistral` builder: Llama's layers with `RotaryPositionalEmbeddings` (no scaling) and no sliding
+    window (its `MultiHeadAttention` is plain causal)."""
+    from transformers import MistralConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("mistral", "mistral"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-5, rope_base=10_000)
+    cfg = MistralConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                        rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=False,
+                        rope_theta=10_000.0, sliding_window=None)
+    return _tune_lm(m, cfg, tdtype, "MistralForCausalLM")
+
+
+def build_torchtune_llama2(seq: int, tdtype):
+    """torchtune's `llama2` builder: `RotaryPositionalEmbeddings` (base 10 000), untied."""
+    from transformers import LlamaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("llama2", "llama2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-5)
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=False,
+                      rope_theta=10_000.0)
+    return _tune_lm(m, cfg, tdtype, "LlamaForCausalLM")
+
+
+def build_torchtune_llama3_2(seq: int, tdtype):
+    """torchtune's `llama3_2` builder as its 1B / 3B builders call it: `Llama3ScaledRoPE` (scale 32) and the output
+    projection tied to the embedding (`TiedLinear`)."""
+    from transformers import LlamaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("llama3_2", "llama3_2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, rope_base=500_000, scale_factor=32, tie_word_embeddings=True)
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                      rope_theta=500000,
+                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    return _tune_lm(m, cfg, tdtype, "LlamaForCausalLM")
+
+
+def build_torchtune_phi3(seq: int, tdtype):
+    """torchtune's `phi3` builder (Phi-3 mini): q, k, v and gate, up as separate linears (transformers fuses them in
+    `qkv_proj` and `gate_up_proj`; torchtune's `phi3_hf_to_tune` splits them), `Phi3RotaryPositionalEmbeddings`
+    (rotate-half against the fp32 cache without casting it: the products promote to fp32, `type_as` casts back),
+    no sliding window, untied."""
+    from transformers import Phi3Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("phi3", "phi3"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ,
+                    norm_eps=1e-5, rope_base=10_000)
+    cfg = Phi3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     num_key_value_heads=KV_HEADS, intermediate_size=ffn, vocab_size=VOCAB, rms_norm_eps=1e-5,
+                     max_position_embeddings=TUNE_MAX_SEQ, original_max_position_embeddings=TUNE_MAX_SEQ,
+                     tie_word_embeddings=False, rope_theta=10_000.0, sliding_window=None, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "Phi3ForCausalLM")
+
+
+def build_torchtune_gemma(seq: int, tdtype):
+    """torchtune's `gemma` builder: `GemmaNormEmbeddings` (the embedding times `torch.tensor(√h, dtype=x.dtype)`, a
+    fresh 0-dim tensor each forward, not a buffer), `GemmaRMSNorm`, `RotaryPositionalEmbeddings`, GeGLU
+    (`nn.GELU(approximate="tanh")`), the output tied (`TiedLinear`)."""
+    from transformers import GemmaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("gemma", "gemma"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    head_dim=DIM // HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=10_000)
+    cfg = GemmaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-6, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                      rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh", pad_token_id=None,
+                      bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "GemmaForCausalLM")
+
+
+def build_torchtune_gemma2(seq: int, tdtype):
+    """torchtune's `gemma2` builder: Gemma's embedding, norms and GeGLU, four `GemmaRMSNorm`s a layer (`sa_scale`,
+    `mlp_scale` after attention and MLP), its own eager `Gemma2Attention` (scores soft-capped at 50, the causal mask
+    built each forward, a 32-token sliding window on even layers: under the measured 64 tokens), `Gemma2FinalNorm`
+    (the final norm soft-capped at 30 before the tied output)."""
+    from transformers import Gemma2Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("gemma2", "gemma2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, head_dim=DIM // HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
+                    intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=10_000,
+                    hidden_capping_value=50.0, final_capping_value=30.0, sliding_window_size=32,
+                    query_pre_attn_scalar=DIM // HEADS)
+    cfg = Gemma2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                       num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                       rms_norm_eps=1e-6, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                       rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh", sliding_window=32,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=DIM // HEADS, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "Gemma2ForCausalLM")
 
 
 # The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
@@ -506,6 +665,13 @@ FRAMEWORKS = {
     ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
     ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
+    ("torchtune", "qwen2"): ("0.6.1", build_torchtune_qwen2, ["sdpa"]),
+    ("torchtune", "mistral"): ("0.6.1", build_torchtune_mistral, ["sdpa"]),
+    ("torchtune", "llama2"): ("0.6.1", build_torchtune_llama2, ["sdpa"]),
+    ("torchtune", "llama3_2"): ("0.6.1", build_torchtune_llama3_2, ["sdpa"]),
+    ("torchtune", "phi3"): ("0.6.1", build_torchtune_phi3, ["sdpa"]),
+    ("torchtune", "gemma"): ("0.6.1", build_torchtune_gemma, ["sdpa"]),
+    ("torchtune", "gemma2"): ("0.6.1", build_torchtune_gemma2, ["sdpa"]),
     ("litgpt", "llama3"): ("0.5.13", build_litgpt_llama3, ["sdpa"]),
 }
 

@@ -398,30 +398,39 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
 }
 
 /// What `framework = torchtune` does not follow (yet): the step program is torchtune 0.6.1's
-/// Llama 3 / 3.1 (`llama3_1`: dense, no biases, q/k norms or dropout, SDPA, an untied output
-/// projection) trained as `full_finetune_single_device.py` trains it (full fine-tuning in fp32,
-/// pure bf16 — and bf16 autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer
-/// checkpointed or none), on one device: what `tests/fixtures/pytorch/frameworks/
-/// torchtune-llama3.json` measured. Everything else is refused by name, not estimated as
-/// something else.
+/// Llama 2 / 3 / 3.1 / 3.2, Mistral, Qwen2 / 2.5, Phi-3, Gemma and Gemma 2 (`llama2`, `llama3`,
+/// `llama3_1`, `llama3_2`, `mistral`, `qwen2`, `phi3`, `gemma`, `gemma2`: dense, no q/k norms or
+/// dropout, q/k/v biases in Qwen2 only, SDPA — Gemma 2's own eager attention under the same
+/// `attn=sdpa` its records carry —, the output tied or not) trained as
+/// `full_finetune_single_device.py` trains it (full fine-tuning in fp32, pure bf16 — and bf16
+/// autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer checkpointed or none),
+/// on one device: what `tests/fixtures/pytorch/frameworks/torchtune-*.json` measured. Everything
+/// else (Qwen3 among it: not in torchtune 0.6.1) is refused by name, not estimated as something
+/// else.
 fn torchtune_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
     use crate::estimator::family::Family;
     let spec = &cfg.arch;
-    if spec.family != Family::Llama {
-        return Some(format!("torchtune is modelled for Llama 3 only (yet), not {:?}", spec.family));
+    if !matches!(spec.family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma | Family::Gemma2) {
+        return Some(format!(
+            "torchtune is modelled for Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Phi-3, Gemma and Gemma 2 only, not {:?}",
+            spec.family
+        ));
     }
-    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
-        return Some("torchtune's Llama 3 has no experts, biases or q/k norms".into());
+    if spec.family == Family::Phi3 && super::step::families::common::rotary_dims(spec) != spec.head_dim {
+        return Some("torchtune's Phi-3 rotates every head dimension (no partial_rotary_factor)".into());
     }
-    if spec.tied {
-        return Some("torchtune's tied output projection (Llama 3.2 1B/3B: TiedLinear) is not measured yet".into());
+    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.o_bias || spec.mlp_bias {
+        return Some("torchtune's Llama, Mistral, Qwen2, Phi-3 and Gemma (2) have no experts, output or MLP biases, or q/k norms".into());
+    }
+    if spec.qkv_bias != (spec.family == Family::Qwen2) {
+        return Some("torchtune's q/k/v projections have biases in Qwen2 and in no Llama, Mistral, Phi-3 or Gemma (2)".into());
     }
     if cfg.attn != Attention::Sdpa {
-        return Some("torchtune's Llama 3 attends through SDPA (attn=sdpa)".into());
+        return Some("torchtune's MultiHeadAttention attends through SDPA (attn=sdpa)".into());
     }
     if cfg.dropout > 0.0 {
-        return Some("torchtune's Llama 3 is measured without dropout (attn_dropout = 0)".into());
+        return Some("torchtune's models are measured without dropout (attn_dropout = 0)".into());
     }
     if !matches!(cfg.precision, Precision::Fp32 | Precision::Bf16 | Precision::AmpBf16) {
         return Some("torchtune trains in fp32 or bf16 (precision=fp32, bf16 or amp-bf16 as measured)".into());

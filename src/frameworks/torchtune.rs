@@ -72,7 +72,18 @@ pub fn read(root: &Value, st: &mut FileState) {
 /// the families listed, by the module they live in. Others are estimated with transformers'
 /// modeling code.
 fn own_code(component: &str) -> Option<&'static str> {
-    const FAMILIES: &[(&str, &str)] = &[("llama3", "Llama 3"), ("llama3_1", "Llama 3.1"), ("llama3_2", "Llama 3.2")];
+    const FAMILIES: &[(&str, &str)] = &[
+        ("llama2", "Llama 2"),
+        ("llama3", "Llama 3"),
+        ("llama3_1", "Llama 3.1"),
+        ("llama3_2", "Llama 3.2"),
+        ("mistral", "Mistral"),
+        ("qwen2", "Qwen2"),
+        ("qwen2_5", "Qwen2.5"),
+        ("phi3", "Phi-3"),
+        ("gemma", "Gemma"),
+        ("gemma2", "Gemma 2"),
+    ];
     let mut parts = component.trim().rsplit('.');
     let builder = parts.next()?;
     let module = parts.next()?;

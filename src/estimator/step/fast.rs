@@ -194,8 +194,8 @@ fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) ->
     for (slot, t) in psh.slots().into_iter().enumerate() {
         let Some(t) = t else { continue };
         let tt = &pro.tensors[t as usize];
-        // A model buffer (torchtitan's `freqs_cis`, `rope_cache`) is model state: the forward
-        // releases nothing of it.
+        // A model buffer (torchtitan's `freqs_cis`, `rope_cache`; torchtune's RoPE cache, which
+        // Qwen2 reads through bf16 copies) is model state: the forward releases nothing of it.
         if kept & (1 << slot) != 0 || tt.origin == super::ir::Origin::Buffer {
             continue;
         }

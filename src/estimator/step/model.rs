@@ -354,7 +354,7 @@ impl<'a> Setup<'a> {
         } else {
             (None, None)
         };
-        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local, linear: false }
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local, linear: false, sliding: false }
     }
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
@@ -417,6 +417,7 @@ impl<'a> Setup<'a> {
             cos_local: None,
             sin_local: None,
             linear: false,
+            sliding: false,
         };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(&mut b, &p, spec, x) } else { x };

@@ -60,6 +60,9 @@ pub struct Shared {
     pub sin_local: Option<Tid>,
     /// A layer's view: its mixer is the gated DeltaNet (Qwen3-Next's `linear_attention` layers).
     pub linear: bool,
+    /// A layer's view: it attends through a sliding window (torchtune's Gemma 2 builds its mask
+    /// in the layer).
+    pub sliding: bool,
 }
 
 /// The shared tensors' slots, in a fixed order.
@@ -89,6 +92,7 @@ impl Shared {
         v.cos_local = None;
         v.sin_local = None;
         v.linear = var.linear;
+        v.sliding = var.sliding;
         if var.linear {
             // A linear-attention layer reads no causal mask: Qwen3-Next's `linear_attn_mask` and
             // Granite 4.0-H's `mamba_mask` are None without padding.

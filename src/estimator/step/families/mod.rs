@@ -80,6 +80,7 @@ pub mod stablelm;
 pub mod starcoder2;
 pub mod torchtitan;
 pub mod torchtune;
+pub mod torchtune_gemma2;
 
 pub use common::{Kind, Params, Shared, Var};
 pub use modeling::{ConfigFile, Modeling};
@@ -157,7 +158,10 @@ pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeli
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
         (Framework::Torchtitan, Family::Qwen3) => &torchtitan::Qwen3,
-        (Framework::Torchtune, Family::Llama) => &torchtune::Llama3,
+        (Framework::Torchtune, _) => match torchtune::decoder(family) {
+            Some(code) => code,
+            None => modeling(family),
+        },
         (Framework::Litgpt, Family::Llama) => &litgpt::Llama3,
         _ => modeling(family),
     }
