@@ -17,6 +17,17 @@ test('the page shows the same per-GPU total as the CLI, as an exact integer', as
   assert.deepEqual(problems, []);
 });
 
+test("the verdict says what the frameworks' logs will print, the same lines as the CLI", async () => {
+  const args = ['--model', 'llama-3.1-8b', '--seq', '4096', '--gpus', '8', '--zero', 'full_shard'];
+  const { page, problems } = await openPage(browser, server.base + '?model=llama-3.1-8b&seq=4096&gpus=8&zero=full_shard');
+  await page.click('[data-testid=verdict-logs] summary');
+  const shown = (await page.$$eval('[data-testid=verdict-logs] li', (lis) => lis.map((li) => li.textContent.trim())));
+  const cli = JSON.parse(cliJson(args)).logs.map((l) => `${l.framework}: ${l.line}`);
+  assert.deepEqual(shown, cli);
+  assert.ok(shown.some((l) => /^torchtitan: memory: \d+\.\d\dGiB\(\d+\.\d\d%\)$/.test(l)), shown.join(' | '));
+  assert.deepEqual(problems, []);
+});
+
 test('the bare URL shows a meaningful default and its result', async () => {
   const { page, problems } = await openPage(browser, server.base);
   const summary = await page.textContent('[data-testid=model-summary]');
