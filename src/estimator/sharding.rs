@@ -29,8 +29,14 @@ pub const GRADIENTS_FROM: u8 = 2;
 pub const PARAMETERS_FROM: u8 = 3;
 
 impl Sharding {
+    /// The shard group spans the data-parallel and the context-parallel ranks together: a
+    /// context-parallel group holds the same parameters (each rank a slice of the sequence), and
+    /// the frameworks shard over both — torchtitan's FSDP mesh is `fsdp = dp_shard × cp`
+    /// (`distributed/parallel_dims.py`, v0.2.2), Megatron's distributed optimizer uses
+    /// `get_data_parallel_group(with_context_parallel=True)`, DeepSpeed-Ulysses shards ZeRO over
+    /// the sequence-data-parallel group. Under HYBRID_SHARD the group is `shard_group` as set.
     pub fn of(cfg: &Config) -> Sharding {
-        let dp = cfg.dp().max(1);
+        let dp = cfg.dp().max(1) * cfg.cp.max(1);
         let n = if cfg.zero == Zero::HybridShard { cfg.shard_group.clamp(1, dp) } else { dp };
         Sharding { stage: cfg.zero.stage(), n, n_expert: (n / cfg.ep.max(1)).max(1) }
     }
