@@ -35,7 +35,8 @@ fn engine_args(cfg: &Config) -> Result<Value, VerifyError> {
         other => return refuse("kv_dtype", format!("{other:?}"), "is not a KV cache dtype vLLM or SGLang take on the command line"),
     };
     let context = crate::estimator::serve::context_of(cfg);
-    Ok(match s.engine {
+    let ssm = (s.mamba_ssm_cache_dtype != crate::estimator::model::StateDtype::Auto).then(|| s.mamba_ssm_cache_dtype.name());
+    let mut args = match s.engine {
         Engine::Vllm => json!({
             "max_model_len": context,
             "gpu_memory_utilization": s.gpu_memory_utilization,
@@ -58,7 +59,13 @@ fn engine_args(cfg: &Config) -> Result<Value, VerifyError> {
             "quantization": quantization,
         }),
         other => return refuse("engine", other.label().to_string(), "has no startup log this script reads; use vllm or sglang"),
-    })
+    };
+    // vLLM `--mamba-ssm-cache-dtype`, SGLang `--mamba-ssm-dtype`: only when the key is set.
+    if let (Some(d), Some(map)) = (ssm, args.as_object_mut()) {
+        let key = if s.engine == Engine::Vllm { "mamba_ssm_cache_dtype" } else { "mamba_ssm_dtype" };
+        map.insert(key.into(), d.into());
+    }
+    Ok(args)
 }
 
 /// The serve verify script for `cfg`.

@@ -158,12 +158,13 @@ pub fn KeyField(key: &'static Key) -> impl IntoView {
 }
 
 /// The serving keys, in the fieldset's order.
-pub const SERVING_KEYS: [&str; 14] = [
+pub const SERVING_KEYS: [&str; 15] = [
     "engine",
     "context",
     "concurrency",
     "kv_dtype",
     "weight_dtype",
+    "mamba_ssm_cache_dtype",
     "gpu_memory_utilization",
     "max_num_batched_tokens",
     "max_num_seqs",
