@@ -104,6 +104,17 @@ mod tests {
     }
 
     #[test]
+    fn a_set_state_dtype_reaches_each_engine_under_its_own_flag() {
+        let v = decode_query("mode=serve&model=qwen3.5-27b&context=4096&mamba_ssm_cache_dtype=bfloat16").config;
+        assert!(engine_args(&v).is_ok_and(|a| a["mamba_ssm_cache_dtype"] == "bfloat16"));
+        let g = decode_query("mode=serve&engine=sglang&model=qwen3.5-27b&context=4096&mamba_ssm_cache_dtype=float32").config;
+        assert!(engine_args(&g).is_ok_and(|a| a["mamba_ssm_dtype"] == "float32"));
+        // Unset, the engine's own default stands: no flag.
+        let d = decode_query("mode=serve&model=qwen3.5-27b&context=4096").config;
+        assert!(engine_args(&d).is_ok_and(|a| a.get("mamba_ssm_cache_dtype").is_none()));
+    }
+
+    #[test]
     fn engines_without_a_log_are_refused_naming_the_key() {
         let c = decode_query("mode=serve&model=qwen3-0.6b&engine=trtllm").config;
         assert!(matches!(serve_script(&c), Err(VerifyError::Refused { key: "engine", .. })));
