@@ -279,6 +279,8 @@ struct JsonDoc<'a> {
     timeline: Vec<TimelineJson>,
     /// The closed textbook formulas for the same configuration.
     textbook: &'a [crate::estimator::ledger::Row],
+    /// What the frameworks' own logs will print about memory ([`crate::estimator::logs`]).
+    logs: Vec<crate::estimator::logs::LogLine>,
     warnings: &'a [String],
 }
 
@@ -330,6 +332,7 @@ pub fn to_json(cfg: &Config, e: &Estimate) -> String {
             })
             .collect(),
         textbook: &e.textbook,
+        logs: crate::estimator::logs::log_lines(cfg, e),
         warnings: &e.warnings,
     };
     serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
@@ -706,6 +709,13 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
             "What nvidia-smi will show",
             format_bytes(smi, u)
         ));
+    }
+    let logs = crate::estimator::logs::log_lines(cfg, e);
+    if !logs.is_empty() {
+        s.push_str("What the logs will say (the step's figures, in each framework's format):\n");
+        for l in &logs {
+            s.push_str(&format!("  {:<12} {}\n", l.framework, l.line));
+        }
     }
     s.push_str(&format!("{:<40} {:>12}\n", "GPU capacity", format_bytes(e.capacity, u)));
     let h = e.headroom();

@@ -111,6 +111,7 @@ pub fn choice_label(key: &str, value: &str) -> Option<&'static str> {
         ("framework", "megatron") => "Megatron-LM",
         ("framework", "torchtune") => "torchtune 0.6.1 (its Llama 3)",
         ("framework", "torchtitan") => "torchtitan 0.2.2 (its Llama 3)",
+        ("framework", "litgpt") => "litgpt 0.5.13 (its GPT, Llama 3)",
         ("kernels", "cuda") => "CUDA",
         ("kernels", "cpu") => "CPU (validation fixtures)",
         ("zero", "0") => "none (DDP, replicated)",

@@ -4,8 +4,10 @@
 //! CPU, each framework at the version its shard names) is rebuilt from its config.json (the
 //! transformers config of the same shapes, plus `framework`), estimated with `kernels = cpu`, no
 //! overheads and AdamW for-loop, and compared: parameters, gradients and optimizer states exactly;
-//! saved activations within 0.5 % (2 % with checkpointing; torchtune's exactly); the step's peak
-//! within ±0.5 %.
+//! saved activations within 0.5 % (2 % with checkpointing; torchtune's and torchtitan's exactly);
+//! the step's peak within ±0.5 % (torchtitan's amp-bf16 records with checkpointing, Llama 3's and
+//! Qwen3's, are +0.466 % above: the estimate's peak falls in the loss's forward, the measured one
+//! in its backward; every other record's is exact).
 //! Under CI (`CI=1`) a missing shard fails.
 
 use serde_json::Value;
@@ -14,7 +16,24 @@ use trainmem::config::{Attention, Config, Framework, Kernels, Loss, OptimImpl, O
 use trainmem::estimator::{estimate, hf, Estimate};
 
 /// The frameworks measured, one shard per framework and family.
-const SHARDS: &[&str] = &["torchtitan-llama3", "torchtune-llama3"];
+const SHARDS: &[&str] = &[
+    "torchtitan-llama3",
+    "torchtitan-qwen3",
+    "torchtune-llama3",
+    "torchtune-llama3_2",
+    "torchtune-llama2",
+    "torchtune-mistral",
+    "torchtune-qwen2",
+    "torchtune-phi3",
+    "torchtune-gemma",
+    "torchtune-gemma2",
+    "litgpt-llama3",
+];
+
+/// Shards measured but not modelled yet: each record must be refused by name (never estimated as
+/// something else). torchtitan's Qwen3 MoE (`models/moe/`: router, token reordering, grouped
+/// experts) waits for its step program.
+const PENDING: &[&str] = &["torchtitan-qwen3_moe"];
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/frameworks")
@@ -26,8 +45,13 @@ fn ci() -> bool {
 
 /// The shards present; under CI each of [`SHARDS`] must be.
 fn shards() -> Vec<(String, Value)> {
+    read(SHARDS)
+}
+
+/// The shards of `names` present; under CI each must be.
+fn read(names: &[&str]) -> Vec<(String, Value)> {
     let mut out = Vec::new();
-    for name in SHARDS {
+    for name in names {
         let path = dir().join(format!("{name}.json"));
         match std::fs::read_to_string(&path) {
             Ok(text) => out.push((name.to_string(), serde_json::from_str(&text).expect("the shard is json"))),
@@ -44,6 +68,7 @@ fn framework(name: &str) -> Framework {
     match name {
         "torchtitan" => Framework::Torchtitan,
         "torchtune" => Framework::Torchtune,
+        "litgpt" => Framework::Litgpt,
         other => panic!("framework {other} has no value of `framework=`"),
     }
 }
@@ -113,9 +138,9 @@ fn every_framework_record_is_exact_in_its_states_and_within_half_a_percent_in_ac
             let saved = r["saved_bytes"].as_u64().unwrap_or(0) as f64;
             let acts = e.memory.activations as f64;
             let rel_a = (acts - saved) / saved;
-            // torchtune's records are exact to the byte (tests/fixtures/pytorch/frameworks/
-            // torchtune-llama3.json): its saved bytes must stay so.
-            let tol = if name.starts_with("torchtune") {
+            // torchtune's, torchtitan's and litgpt's records are exact to the byte (every shard
+            // of tests/fixtures/pytorch/frameworks/): their saved bytes must stay so.
+            let tol = if name.starts_with("torchtune") || name.starts_with("torchtitan") || name.starts_with("litgpt") {
                 0.0
             } else if r["checkpointing"].as_bool().unwrap_or(false) {
                 0.02
@@ -137,7 +162,10 @@ fn every_framework_record_is_exact_in_its_states_and_within_half_a_percent_in_ac
             if rel_a.abs() > tol {
                 failures.push(format!("{id}: activations {acts} vs saved {saved} ({:+.3} %)", rel_a * 100.0));
             }
-            if rel_p.abs() > 0.005 {
+            // litgpt's step peaks are exact to the byte too (tests/fixtures/pytorch/frameworks/
+            // litgpt-llama3.json).
+            let peak_tol = if name.starts_with("litgpt") { 0.0 } else { 0.005 };
+            if rel_p.abs() > peak_tol {
                 failures.push(format!("{id}: peak {} vs measured {peak} ({:+.3} %)", e.memory.peak, rel_p * 100.0));
             }
         }
@@ -156,5 +184,18 @@ fn the_framework_records_differ_from_what_transformers_code_would_keep() {
         let own = estimate(&cfg).expect("estimates");
         let hf = estimate(&Config { framework: Framework::Hf, ..cfg }).expect("estimates");
         assert_ne!(own.memory.activations, hf.memory.activations, "{}", r["id"]);
+    }
+}
+
+/// What is measured but not modelled is refused by name for every record of its shard.
+#[test]
+fn every_pending_framework_record_is_refused_by_name() {
+    for (name, doc) in read(PENDING) {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            match estimate(&config_of(&doc, r)) {
+                Ok(_) => panic!("{}: {name} is not modelled yet, but it estimated", r["id"]),
+                Err(e) => assert!(e.to_string().contains("not modelled yet"), "{}: {e}", r["id"]),
+            }
+        }
     }
 }

@@ -90,10 +90,70 @@ fn unmodelled_features_are_reported_never_silently_ignored() {
         let imp = import(&[(f, &read(f))]).unwrap_or_else(|e| panic!("{e}"));
         imp.keys.iter().find(|k| k.key == key).map(|k| k.status)
     };
-    assert_eq!(status("torchtune/llama3_1_8B_full_single_device.yaml", "optimizer_in_bwd"), Some(Status::Unmodelled));
-    assert_eq!(status("torchtitan/llama3_8b.toml", "activation_checkpoint.mode"), Some(Status::Unmodelled));
+    assert_eq!(status("torchtitan/llama3_405b.toml", "compile.enable"), Some(Status::Unmodelled), "compile of checkpointed blocks");
+    assert_eq!(status("torchtitan/llama3_405b.toml", "parallelism.enable_async_tensor_parallel"), Some(Status::Unmodelled));
     assert_eq!(status("megatron_lm/train_llama3_8b_h100_fp8.args", "--fp8-param-gather"), Some(Status::Unmodelled));
     assert_eq!(status("axolotl/llama-3-lora-8b.yml", "load_in_8bit"), Some(Status::Unmodelled));
+}
+
+#[test]
+fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them() {
+    let recipe_of = |f: &str| import(&[(f, &read(f))]).unwrap_or_else(|e| panic!("{e}")).config;
+    // torchtitan's Llama 3 8B preset: op-level SAC on torchtitan's own model code.
+    let c = recipe_of("torchtitan/llama3_8b.toml");
+    assert_eq!((c.recompute, c.framework), (config::Recompute::Op, config::Framework::Torchtitan));
+    // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
+    // checkpointed blocks is reported, not estimated.
+    let c = recipe_of("torchtitan/llama3_405b.toml");
+    assert_eq!((c.fp8, c.fp8_allgather, c.compile), (config::Fp8::TorchaoTensorwise, true, false));
+    // torchtune's single-device full fine-tune, on torchtune's own Llama 3.1 code: its paged 8-bit
+    // AdamW stepped in backward is read, and reported unmodelled (the estimate refuses both for an
+    // 8B model), so the configuration keeps unpaged 8-bit Adam stepped after backward.
+    let f = "torchtune/llama3_1_8B_full_single_device.yaml";
+    let imp = import(&[(f, &read(f))]).expect("imports");
+    let c = &imp.config;
+    assert_eq!(
+        (c.optim_in_bwd, c.optim, c.optim_paged, c.framework),
+        (false, config::Optimizer::Adam8bit, false, config::Framework::Torchtune)
+    );
+    for key in ["optimizer_in_bwd", "optimizer._component_"] {
+        let k = imp.keys.iter().find(|k| k.key == key).expect("reported");
+        assert_eq!(k.status, Status::Unmodelled, "{key}: {}", k.note);
+    }
+    assert!(imp.errors.is_empty(), "{:?}", imp.errors);
+    // The distributed recipe stays on transformers' code (the torchtune step program is the
+    // single-device one).
+    assert_eq!(recipe_of("torchtune/llama3_1_8B_full.yaml").framework, config::Framework::Hf);
+    // A litgpt full fine-tune on one device runs litgpt's own GPT; its 4-device preset is
+    // sharded and stays on transformers' code.
+    let yaml = "checkpoint_dir: checkpoints/meta-llama/Meta-Llama-3.1-8B\nprecision: bf16-true\ndevices: 1\ntrain:\n  micro_batch_size: 1\n  max_seq_length: 2048\n";
+    assert_eq!(import(&[("full.yaml", yaml)]).expect("imports").config.framework, config::Framework::Litgpt);
+    assert_eq!(recipe_of("litgpt/llama-3.1-8b-full.yaml").framework, config::Framework::Hf);
+    // A torchtitan job in fp32 without checkpointing, compiled, with rowwise float8 and the step
+    // in backward.
+    let toml = "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[training]\nmixed_precision_param = \"float32\"\n[optimizer]\nearly_step_in_backward = true\n[activation_checkpoint]\nmode = \"none\"\n[compile]\nenable = true\n[quantize.linear.float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\"]\n";
+    let imp = import(&[("job.toml", toml)]).expect("imports");
+    let c = &imp.config;
+    assert_eq!(
+        (c.compile, c.compile_regions, c.fp8, c.optim_in_bwd),
+        (true, config::CompileRegions::Layer, config::Fp8::TorchaoRowwise, true)
+    );
+    assert_eq!(c.framework, config::Framework::Hf, "compiled: transformers' code, which the compile rules follow");
+    // every-Nth-block selective checkpointing.
+    let imp = import(&[(
+        "job.toml",
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"3\"\n",
+    )])
+    .expect("imports");
+    assert_eq!((imp.config.recompute, imp.config.recompute_every, imp.config.recompute_every_first), (config::Recompute::None, 3, false));
+    // A Trainer JSON with whole-model compile: reported unmodelled, the estimate keeps layer
+    // regions; not an error of the file.
+    let imp = import(&[("args.json", r#"{"per_device_train_batch_size": 1, "optim": "adamw_torch_fused", "torch_compile": true}"#)])
+        .expect("imports");
+    let compile = imp.keys.iter().find(|k| k.key == "torch_compile").expect("reported");
+    assert_eq!(compile.status, Status::Unmodelled, "{}", compile.note);
+    assert!(compile.note.contains("compile_regions"), "{}", compile.note);
+    assert!(imp.errors.is_empty(), "a valid file is not an error: {:?}", imp.errors);
 }
 
 #[test]
@@ -126,8 +186,11 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
         ],
         ExportFormat::Torchtitan => vec![
             q("recipe=torchtitan-llama3-8b&gpus=64"),
+            q("recipe=torchtitan-llama3-405b&gpus=512"),
+            q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise"),
+            q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048"),
             q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
-            q("model=qwen3-32b&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
+            q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
         ],
         ExportFormat::AccelerateDeepspeed => vec![
             q("gpus=8&zero=3&batch=2&accum=4"),

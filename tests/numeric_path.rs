@@ -18,6 +18,7 @@ const VARIANTS: &[&str] = &[
     "gpus=16&cp=2&zero=2&optim=adafactor&offload=optimizer&seq=32768",
     "framework=megatron&precision=mixed-fp8&gpus=8&tp=8&optim=muon",
     "kernels=cpu&optim=lion&optim_impl=foreach&loss=chunked",
+    "framework=litgpt&precision=bf16&recompute=full&batch=2",
 ];
 
 fn rows(rows: &[Row]) -> Vec<(trainmem::estimator::ledger::RowId, u128)> {

@@ -56,6 +56,26 @@ def _torchtitan_llama3():
     return titan_model, TransformerModelArgs, cross_entropy_loss
 
 
+def _torchtitan_qwen3():
+    """torchtitan.models.qwen3.model.model (0.2.2), imported as `_torchtitan_llama3` imports Llama 3's: the package's
+    __init__ (train spec, parallelize_qwen3, datasets) is not entered; protocols/train_spec.py is replaced by what the
+    model uses of it (`ModelProtocol`, and `BaseModelArgs` for args.py)."""
+    import torchtitan
+    root = Path(torchtitan.__file__).parent
+    pkg = types.ModuleType("torchtitan.models.qwen3")
+    pkg.__path__ = [str(root / "models" / "qwen3")]
+    sys.modules.setdefault(pkg.__name__, pkg)
+    import torchtitan.protocols.model as protocol_model
+    spec = sys.modules.get("torchtitan.protocols.train_spec") or types.ModuleType("torchtitan.protocols.train_spec")
+    spec.ModelProtocol = protocol_model.ModelProtocol
+    spec.BaseModelArgs = protocol_model.BaseModelArgs
+    sys.modules.setdefault(spec.__name__, spec)
+    from torchtitan.models.qwen3.model import model as titan_model
+    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+    from torchtitan.components.loss import cross_entropy_loss
+    return titan_model, Qwen3ModelArgs, cross_entropy_loss
+
+
 class Output(types.SimpleNamespace):
     pass
 
@@ -129,6 +149,88 @@ def build_torchtitan_llama3(seq: int, tdtype):
     lm = FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
     return lm
 
+
+def build_torchtitan_qwen3(seq: int, tdtype):
+    """torchtitan's `Qwen3Model`, dense (`moe_enabled=False`), untied, SDPA; `rope_cache` for `training.seq_len`."""
+    titan_model, Args, ce = _torchtitan_qwen3()
+    from transformers import Qwen3Config
+    ffn = 256
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=DIM // HEADS,
+                hidden_dim=ffn, vocab_size=VOCAB, max_seq_len=seq, rope_theta=1000000, qk_norm=True)
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.Qwen3Model(args)
+    with torch.no_grad():
+        m.init_weights()
+    # Parameters only, as FSDP2's `param_dtype` (rope_cache stays fp32).
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+    cfg = Qwen3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
+                      rope_theta=args.rope_theta)
+    cfg.dtype = tdtype
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
+
+def _torchtitan_moe_on_cpu():
+    """torchtitan 0.2.2's MoE (models/moe/) as shipped does not run on a CPU, in two places that are kernels, not
+    modeling code: `torch.histc` on the int64 expert indices (`TokenChoiceTopKRouter`, `TokenReorderer`: CUDA has
+    the kernel, the CPU has none: "histogram_cpu" not implemented for 'Long') runs on a float copy and is cast back
+    (the same int64 counts CUDA returns; the copy is a transient `[b·s·top_k]` fp32 nobody saves); and
+    `indices_padding_wrapper`'s `generate_permute_indices` (a Triton kernel) runs with `use_cpu=True`, torchtitan's
+    own CPU implementation (`fill_indices_cpu`, same indices). `torch._grouped_mm` runs on the CPU as it is."""
+    import functools
+    if getattr(torch.histc, "_titan_cpu", False):
+        return
+    histc = torch.histc
+
+    def histc_int(x, *a, **k):
+        if x.is_floating_point():
+            return histc(x, *a, **k)
+        return histc(x.float(), *a, **k).to(x.dtype)
+    histc_int._titan_cpu = True
+    torch.histc = histc_int
+    import torchtitan.models.moe.kernels as kernels
+    import torchtitan.models.moe.utils as utils
+    utils.generate_permute_indices = functools.partial(kernels.generate_permute_indices, use_cpu=True)
+
+
+def build_torchtitan_qwen3_moe(seq: int, tdtype):
+    """torchtitan's `Qwen3Model` with `moe_enabled=True` (every layer's feed-forward is torchtitan's `MoE`: models/moe/
+    moe.py `TokenChoiceTopKRouter`, `TokenReorderer`, `GroupedExperts`), with the MoE args of its Qwen3 30B-A3B preset
+    (softmax scores, route_norm, no shared expert, scores applied after the experts: `score_before_experts=False`)
+    at 4 experts, top-2, `moe_inter_dim` 40, `use_grouped_mm` as shipped (True), load-balancing buffers as shipped
+    (`expert_bias`, `tokens_per_expert`: fp32 `[E]` each per layer); run on the CPU by `_torchtitan_moe_on_cpu`."""
+    titan_model, Args, ce = _torchtitan_qwen3()
+    _torchtitan_moe_on_cpu()
+    from torchtitan.models.moe import MoEArgs
+    from transformers import Qwen3MoeConfig
+    fe, experts, top_k = 40, 4, 2
+    moe_args = MoEArgs(num_experts=experts, num_shared_experts=0, top_k=top_k, score_func="softmax", route_norm=True,
+                       route_scale=1.0, score_before_experts=False)
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, head_dim=DIM // HEADS, hidden_dim=256,
+                vocab_size=VOCAB, max_seq_len=seq, rope_theta=1000000, qk_norm=True, moe_enabled=True,
+                moe_inter_dim=fe, moe_args=moe_args)
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.Qwen3Model(args)
+    with torch.no_grad():
+        m.init_weights()
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+    cfg = Qwen3MoeConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=256,
+                         moe_intermediate_size=fe, num_experts=experts, num_experts_per_tok=top_k,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=VOCAB,
+                         rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
+                         rope_theta=args.rope_theta)
+    cfg.dtype = tdtype
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
+
 # ------------------------------------------------------------------------------------------------ torchtune 0.6.1
 
 def _torchtune_modules():
@@ -177,7 +279,7 @@ def _torchtune_modules():
     if "torchtune" not in sys.modules:
         sys.meta_path.insert(0, _Finder())
         root = importlib.util.find_spec("torchtune").submodule_search_locations[0]
-        for name in ["torchtune", "torchtune.models", "torchtune.models.llama3", "torchtune.models.llama3_1"]:
+        for name in ["torchtune", "torchtune.models"] + [f"torchtune.models.{f}" for f in TUNE_PACKAGES]:
             pkg = types.ModuleType(name)
             pkg.__path__ = [os.path.join(root, *name.split(".")[1:])]
             sys.modules[name] = pkg
@@ -185,6 +287,10 @@ def _torchtune_modules():
     from torchtune.modules import TransformerSelfAttentionLayer
     from torchtune.modules.loss import CEWithChunkedOutputLoss
     return llama3_1, TransformerSelfAttentionLayer, CEWithChunkedOutputLoss
+
+
+# The model packages whose component builders are measured (entered by path, without their __init__).
+TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3", "gemma", "gemma2"]
 
 
 class TorchtuneLM(nn.Module):
@@ -229,6 +335,161 @@ class TorchtuneLM(nn.Module):
         return Output(loss=loss * current_num_tokens, logits=torch.empty(0))
 
 
+def _torchtune_builder(package: str, name: str):
+    """A component builder of torchtune 0.6.1 (`torchtune/models/<package>/_component_builders.py`), its package
+    entered by path as `_torchtune_modules` does."""
+    import importlib
+    _torchtune_modules()
+    return getattr(importlib.import_module(f"torchtune.models.{package}._component_builders"), name)
+
+
+def _tune_model(builder, tdtype, **kw):
+    """`builder(**kw)` as the recipe instantiates it: under `training.set_default_dtype(dtype)` (parameters in the
+    training dtype; RoPE buffers are computed with `.float()` and stay fp32)."""
+    torch.manual_seed(measure.MODEL_SEED)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(tdtype)
+    try:
+        return builder(**kw)
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def _tune_lm(m, cfg, tdtype, arch):
+    """The model with the recipe's `CEWithChunkedOutputLoss(num_output_chunks=8)`, behind `TorchtuneLM`."""
+    _, layer_cls, ce = _torchtune_modules()
+    loss_fn = ce(num_output_chunks=8)
+    m.set_num_output_chunks(loss_fn.num_output_chunks)
+    m.train()
+    cfg.dtype = tdtype
+    cfg.architectures = [arch]
+    return TorchtuneLM(m, loss_fn, cfg, layer_cls, 2)
+
+
+def build_torchtune_qwen2(seq: int, tdtype):
+    """torchtune's `qwen2` builder (Qwen2 and every Qwen2.5: `qwen2_5/_model_builders.py` calls it), tied as its
+    0.5B / 1.5B (and Qwen2.5 3B) builders are: q/k/v with biases, `Qwen2RotaryPositionalEmbeddings`, `TiedLinear`."""
+    from transformers import Qwen2Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("qwen2", "qwen2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ,
+                    norm_eps=1e-6, rope_base=1_000_000.0, tie_word_embeddings=True)
+    cfg = Qwen2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, intermediate_size=ffn, vocab_size=VOCAB, rms_norm_eps=1e-6,
+                      max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True, rope_theta=1_000_000.0,
+                      use_sliding_window=False)
+    return _tune_lm(m, cfg, tdtype, "Qwen2ForCausalLM")
+
+
+def build_torchtune_mistral(seq: int, tdtype):
+    """torchtune's `mistral` builder: Llama's layers with `RotaryPositionalEmbeddings` (no scaling) and no sliding
+    window (its `MultiHeadAttention` is plain causal)."""
+    from transformers import MistralConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("mistral", "mistral"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-5, rope_base=10_000)
+    cfg = MistralConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                        rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=False,
+                        rope_theta=10_000.0, sliding_window=None)
+    return _tune_lm(m, cfg, tdtype, "MistralForCausalLM")
+
+
+def build_torchtune_llama2(seq: int, tdtype):
+    """torchtune's `llama2` builder: `RotaryPositionalEmbeddings` (base 10 000), untied."""
+    from transformers import LlamaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("llama2", "llama2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-5)
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=False,
+                      rope_theta=10_000.0)
+    return _tune_lm(m, cfg, tdtype, "LlamaForCausalLM")
+
+
+def build_torchtune_llama3_2(seq: int, tdtype):
+    """torchtune's `llama3_2` builder as its 1B / 3B builders call it: `Llama3ScaledRoPE` (scale 32) and the output
+    projection tied to the embedding (`TiedLinear`)."""
+    from transformers import LlamaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("llama3_2", "llama3_2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, rope_base=500_000, scale_factor=32, tie_word_embeddings=True)
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-5, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                      rope_theta=500000,
+                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    return _tune_lm(m, cfg, tdtype, "LlamaForCausalLM")
+
+
+def build_torchtune_phi3(seq: int, tdtype):
+    """torchtune's `phi3` builder (Phi-3 mini): q, k, v and gate, up as separate linears (transformers fuses them in
+    `qkv_proj` and `gate_up_proj`; torchtune's `phi3_hf_to_tune` splits them), `Phi3RotaryPositionalEmbeddings`
+    (rotate-half against the fp32 cache without casting it: the products promote to fp32, `type_as` casts back),
+    no sliding window, untied."""
+    from transformers import Phi3Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("phi3", "phi3"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ,
+                    norm_eps=1e-5, rope_base=10_000)
+    cfg = Phi3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     num_key_value_heads=KV_HEADS, intermediate_size=ffn, vocab_size=VOCAB, rms_norm_eps=1e-5,
+                     max_position_embeddings=TUNE_MAX_SEQ, original_max_position_embeddings=TUNE_MAX_SEQ,
+                     tie_word_embeddings=False, rope_theta=10_000.0, sliding_window=None, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "Phi3ForCausalLM")
+
+
+def build_torchtune_gemma(seq: int, tdtype):
+    """torchtune's `gemma` builder: `GemmaNormEmbeddings` (the embedding times `torch.tensor(√h, dtype=x.dtype)`, a
+    fresh 0-dim tensor each forward, not a buffer), `GemmaRMSNorm`, `RotaryPositionalEmbeddings`, GeGLU
+    (`nn.GELU(approximate="tanh")`), the output tied (`TiedLinear`)."""
+    from transformers import GemmaConfig
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("gemma", "gemma"), tdtype, vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS,
+                    head_dim=DIM // HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM, intermediate_dim=ffn,
+                    max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=10_000)
+    cfg = GemmaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=1e-6, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                      rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh", pad_token_id=None,
+                      bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "GemmaForCausalLM")
+
+
+def build_torchtune_gemma2(seq: int, tdtype):
+    """torchtune's `gemma2` builder: Gemma's embedding, norms and GeGLU, four `GemmaRMSNorm`s a layer (`sa_scale`,
+    `mlp_scale` after attention and MLP), its own eager `Gemma2Attention` (scores soft-capped at 50, the causal mask
+    built each forward, a 32-token sliding window on even layers: under the measured 64 tokens), `Gemma2FinalNorm`
+    (the final norm soft-capped at 30 before the tied output)."""
+    from transformers import Gemma2Config
+    del seq
+    ffn = 256
+    m = _tune_model(_torchtune_builder("gemma2", "gemma2"), tdtype, vocab_size=VOCAB, num_layers=LAYERS,
+                    num_heads=HEADS, head_dim=DIM // HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
+                    intermediate_dim=ffn, max_seq_len=TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=10_000,
+                    hidden_capping_value=50.0, final_capping_value=30.0, sliding_window_size=32,
+                    query_pre_attn_scalar=DIM // HEADS)
+    cfg = Gemma2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                       num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                       rms_norm_eps=1e-6, max_position_embeddings=TUNE_MAX_SEQ, tie_word_embeddings=True,
+                       rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh", sliding_window=32,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=DIM // HEADS, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    return _tune_lm(m, cfg, tdtype, "Gemma2ForCausalLM")
+
+
 # The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
 # that the record shows the buffer follows max_seq_len (max_position_embeddings), not the batch's sequence.
 TUNE_MAX_SEQ = 128
@@ -262,11 +523,165 @@ def build_torchtune_llama3(seq: int, tdtype):
     return TorchtuneLM(m, loss_fn, cfg, layer_cls, 2)
 
 
+# ------------------------------------------------------------------------------------------------ litgpt 0.5.13
+
+def _litgpt_modules():
+    """litgpt 0.5.13's model.py and config.py, and utils.py's `chunked_cross_entropy`, without lightning:
+    litgpt/__init__.py imports api.py (lightning), utils.py imports lightning at its top, and model.py imports
+    `qkv_reassemble` from scripts/convert_hf_checkpoint.py (lightning again), which only
+    `CausalSelfAttention._load_from_state_dict` calls for checkpoints of another layout (never run here). The
+    package is entered by path without its __init__, that one module is a stub holding a `qkv_reassemble` that
+    raises, and `chunked_cross_entropy` is compiled from utils.py's own source (its function definition alone,
+    found with `ast`) in a namespace holding torch. lightning is not installed."""
+    import ast
+    import importlib.util
+    if "litgpt.model" not in sys.modules:
+        root = importlib.util.find_spec("litgpt").submodule_search_locations[0]
+        for name in ["litgpt", "litgpt.scripts"]:
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = pkg
+        conv = types.ModuleType("litgpt.scripts.convert_hf_checkpoint")
+
+        def qkv_reassemble(*a, **k):
+            raise SystemExit("qkv_reassemble (checkpoint conversion) is not part of the measured step")
+
+        conv.qkv_reassemble = qkv_reassemble
+        sys.modules[conv.__name__] = conv
+    import litgpt.model as lit_model
+    from litgpt.config import Config as LitConfig
+    root = os.path.dirname(lit_model.__file__)
+    with open(os.path.join(root, "utils.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "chunked_cross_entropy")
+    ns = {"torch": torch}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), os.path.join(root, "utils.py"), "exec"), ns)
+    return lit_model, LitConfig, ns["chunked_cross_entropy"]
+
+
+class LitgptLM(nn.Module):
+    """litgpt's `GPT` behind Lightning Fabric's `_FabricModule` and `finetune/full.py`'s loss step, behind
+    transformers' calling convention. `precision` is Fabric's: "32-true" (fp32), "bf16-true" (HalfPrecision: the
+    module converted with `.to(bfloat16)`, the forward under `torch.set_default_dtype(bfloat16)`, no autocast) or
+    "bf16-mixed" (MixedPrecision: fp32 parameters, the forward under `torch.autocast(bfloat16)`, which the harness
+    enters around the whole call; the loss runs outside it, as in Fabric). Both bf16 precisions convert the
+    forward's floating outputs to the default dtype (`convert_output`: the logits `.to(float32)`)."""
+
+    def __init__(self, model, loss_fn, config, block_cls, precision):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.config = config
+        self._block_cls = block_cls
+        self._precision = precision
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        """litgpt's activation checkpointing: finetune/full.py and pretrain.py on several devices build
+        `FSDPStrategy(activation_checkpointing_policy={Block})`, which Lightning applies with torch's
+        `apply_activation_checkpointing` and `checkpoint_wrapper(checkpoint_impl=CheckpointImpl.NO_REENTRANT)` on
+        each `Block` (preserve_rng_state=True). Here it is applied on one device, without FSDP."""
+        from functools import partial
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        if gradient_checkpointing_kwargs and gradient_checkpointing_kwargs.get("use_reentrant"):
+            raise SystemExit("the frameworks checkpoint non-reentrantly")
+        block = self._block_cls
+        apply_activation_checkpointing(
+            self.model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: isinstance(m, block))
+
+    def forward(self, input_ids, labels=None, use_cache=False):
+        """`_FabricModule.forward` (precision's forward context, then `convert_output`), then full.py's `fit`:
+        `loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` (chunk_size 128, the default) and
+        `fabric.backward(loss / train.gradient_accumulation_iters(devices, num_nodes))` (one micro batch here: the
+        division still runs). full.py's loop keeps `logits` bound until the next iteration's model call; the harness
+        drops them after the loss (an empty tensor stands in), see docs/frameworks.md."""
+        del use_cache
+        if self._precision == "bf16-true":
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                logits = self.model(input_ids)
+            finally:
+                torch.set_default_dtype(prev)
+        else:
+            logits = self.model(input_ids)
+        if self._precision != "32-true":
+            logits = logits.to(torch.get_default_dtype())
+        if labels is None:
+            return Output(loss=None, logits=logits)
+        with torch.autocast("cpu", enabled=False):
+            loss = self.loss_fn(logits[..., :-1, :], labels[..., 1:])
+            del logits
+            loss = loss / LIT_GRAD_ACCUM
+        return Output(loss=loss, logits=torch.empty(0))
+
+
+# The tiny model's block_size (max_position_embeddings): 2 × the measured sequence. full.py's `fit` sets
+# `model.max_seq_length = min(longest_seq_length, train.max_seq_length)`, which rebuilds the RoPE cache (fp32, after
+# Fabric's conversion) for that length: the record's longest sequence is the measured one.
+LIT_BLOCK_SIZE = 128
+LIT_GRAD_ACCUM = 1
+
+
+def build_litgpt_llama3(seq: int, tdtype, precision: str):
+    lit_model, LitConfig, chunked_ce = _litgpt_modules()
+    from transformers import LlamaConfig
+    ffn = 256
+    lc = LitConfig.from_name("Llama-3.1-8B", n_layer=LAYERS, n_embd=DIM, n_head=HEADS, n_query_groups=KV_HEADS,
+                             intermediate_size=ffn, vocab_size=VOCAB, padded_vocab_size=VOCAB,
+                             block_size=LIT_BLOCK_SIZE)
+    torch.manual_seed(measure.MODEL_SEED)
+    # `fabric.init_module()`: HalfPrecision creates the module under its dtype; the RoPE cache is computed with
+    # `.float()` (fp32); `fabric.setup` then converts the whole module, buffers included (`module.to(dtype)`).
+    prev = torch.get_default_dtype()
+    if precision == "bf16-true":
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        m = lit_model.GPT(lc)
+    finally:
+        torch.set_default_dtype(prev)
+    if precision == "bf16-true":
+        m = m.to(dtype=torch.bfloat16)
+    m.max_seq_length = seq  # full.py `fit`: rebuilds cos and sin, fp32, [seq, rope_n_elem]
+    m.train()
+    cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
+                      rms_norm_eps=lc.norm_eps, max_position_embeddings=LIT_BLOCK_SIZE, tie_word_embeddings=False,
+                      rope_theta=lc.rope_base,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    cfg.dtype = tdtype
+    cfg.architectures = ["LlamaForCausalLM"]
+    return LitgptLM(m, chunked_ce, cfg, lit_model.Block, precision)
+
+
 FRAMEWORKS = {
     # (framework, family): (version, builder(seq, torch dtype), attentions it runs)
     ("torchtitan", "llama3"): ("0.2.2", build_torchtitan_llama3, ["sdpa"]),
+    ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
+    ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
+    ("torchtune", "qwen2"): ("0.6.1", build_torchtune_qwen2, ["sdpa"]),
+    ("torchtune", "mistral"): ("0.6.1", build_torchtune_mistral, ["sdpa"]),
+    ("torchtune", "llama2"): ("0.6.1", build_torchtune_llama2, ["sdpa"]),
+    ("torchtune", "llama3_2"): ("0.6.1", build_torchtune_llama3_2, ["sdpa"]),
+    ("torchtune", "phi3"): ("0.6.1", build_torchtune_phi3, ["sdpa"]),
+    ("torchtune", "gemma"): ("0.6.1", build_torchtune_gemma, ["sdpa"]),
+    ("torchtune", "gemma2"): ("0.6.1", build_torchtune_gemma2, ["sdpa"]),
+    ("litgpt", "llama3"): ("0.5.13", build_litgpt_llama3, ["sdpa"]),
 }
+
+# Fabric's precision for each measured dtype (litgpt's `--precision`).
+LIT_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "amp-bf16": "bf16-mixed"}
+
+
+# litgpt's loss splits the b·(s-1) shifted rows in chunks of 128: at b = 2, s = 64 one chunk (126 rows); s = 100 gives
+# two (128 + 70), the chunked path itself.
+EXTRA_SEQS = {"litgpt": [100]}
 
 
 def specs(only: str | None):
@@ -278,6 +693,12 @@ def specs(only: str | None):
                          "checkpoint_mode": ckpt, "dropout": 0.0, "extra": False}
                     if only is None or only in f"{fw}-{fam}/{dtype}/{attn}/{ckpt}":
                         yield s
+        for seq in EXTRA_SEQS.get(fw, []):
+            for dtype in ("fp32", "bf16"):
+                s = {"framework": fw, "family": fam, "batch": 2, "seq": seq, "dtype": dtype, "attn": attns[0],
+                     "checkpoint_mode": None, "dropout": 0.0, "extra": False}
+                if only is None or only in f"{fw}-{fam}/{dtype}/{attns[0]}/None":
+                    yield s
 
 
 def main():
@@ -293,7 +714,10 @@ def main():
         del family, attn, dropout, experts_impl
         s = current["spec"]
         _, builder, _ = FRAMEWORKS[(s["framework"], s["family"])]
-        return builder(s["seq"], torch.bfloat16 if dtype == "bf16" else torch.float32)
+        tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        if s["framework"] == "litgpt":
+            return builder(s["seq"], tdtype, LIT_PRECISION[s["dtype"]])
+        return builder(s["seq"], tdtype)
 
     measure.build_model = build_model
     shards: dict[str, dict] = {}

@@ -141,7 +141,13 @@ named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"
 named!(Loss, [(Loss::Standard, "standard"), (Loss::Chunked, "chunked")]);
 named!(
     Framework,
-    [(Framework::Hf, "hf"), (Framework::Megatron, "megatron"), (Framework::Torchtitan, "torchtitan"), (Framework::Torchtune, "torchtune")]
+    [
+        (Framework::Hf, "hf"),
+        (Framework::Megatron, "megatron"),
+        (Framework::Torchtitan, "torchtitan"),
+        (Framework::Torchtune, "torchtune"),
+        (Framework::Litgpt, "litgpt")
+    ]
 );
 named!(Kernels, [(Kernels::Cuda, "cuda"), (Kernels::Cpu, "cpu")]);
 named!(

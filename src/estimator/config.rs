@@ -242,7 +242,8 @@ pub enum Framework {
     Hf,
     /// Megatron-LM's tensor list (Korthikanti et al. 2022).
     Megatron,
-    /// torchtitan 0.2.2's own modeling code (`torchtitan/models/llama3/model/model.py`: Llama 3),
+    /// torchtitan 0.2.2's own modeling code (`torchtitan/models/llama3/model/model.py`: Llama 3;
+    /// `models/qwen3/model/model.py`: Qwen3, dense),
     /// its loss (`components/loss.py`) and full activation checkpointing
     /// (`distributed/activation_checkpoint.py`); the step program follows it
     /// (`step/families/torchtitan.rs`).
@@ -252,6 +253,11 @@ pub enum Framework {
     /// (`CEWithChunkedOutputLoss`, 8 output chunks); the step program follows it
     /// (`step/families/torchtune.rs`).
     Torchtune,
+    /// litgpt 0.5.13's own `GPT` (`litgpt/model.py`) with its Llama 3 / 3.1 configs, under
+    /// Lightning Fabric's precisions and `finetune/full.py`'s loss step
+    /// (`chunked_cross_entropy`, 128 rows a chunk); the step program follows it
+    /// (`step/families/litgpt.rs`).
+    Litgpt,
 }
 
 /// Whose kernels decide what is saved (`kernels`): CUDA (what training runs on) or PyTorch's

@@ -17,6 +17,7 @@ pub mod hf;
 pub mod hf_export;
 pub mod ledger;
 pub mod loading;
+pub mod logs;
 pub mod model;
 pub mod optimizer;
 pub mod overhead;

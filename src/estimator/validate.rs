@@ -350,57 +350,87 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
 
 /// What a framework's own modeling code does not have (or the estimator does not follow yet) for
 /// this configuration: torchtitan 0.2.2's Llama 3 (`models/llama3/model/model.py`) is dense,
-/// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`).
+/// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`); its
+/// Qwen3 (`models/qwen3/model/model.py`) is measured dense, untied, with its per-head q/k norms
+/// (`tests/fixtures/pytorch/frameworks/torchtitan-qwen3.json`).
 fn framework_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::Framework;
     use crate::estimator::family::Family;
     if cfg.framework == Framework::Torchtune {
         return torchtune_refusal(cfg);
     }
+    if cfg.framework == Framework::Litgpt {
+        return litgpt_refusal(cfg);
+    }
     if cfg.framework != Framework::Torchtitan {
         return None;
     }
     let spec = &cfg.arch;
-    if spec.family != Family::Llama {
-        return Some(format!("torchtitan is modelled for Llama 3 only (yet), not {:?}", spec.family));
+    let name = match spec.family {
+        Family::Llama => "Llama 3",
+        Family::Qwen3 => "Qwen3",
+        Family::Qwen3Moe | Family::DeepseekV3 | Family::Llama4 => {
+            return Some(format!(
+                "torchtitan's {:?} (its MoE: GroupedExperts, TokenChoiceTopKRouter, TokenReorderer) is not modelled yet",
+                spec.family
+            ))
+        }
+        other => return Some(format!("torchtitan is modelled for Llama 3 and dense Qwen3 only (yet), not {other:?}")),
+    };
+    let qk_norm = if spec.family == Family::Qwen3 { model::QkNorm::Head } else { model::QkNorm::None };
+    if spec.experts > 0 || spec.qk_norm != qk_norm || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
+        return Some(if spec.family == Family::Qwen3 {
+            "torchtitan's Qwen3 is modelled dense (its MoE is not yet), with its per-head q/k norms and no biases".into()
+        } else {
+            "torchtitan's Llama 3 has no experts, biases or q/k norms".into()
+        });
     }
-    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
-        return Some("torchtitan's Llama 3 has no experts, biases or q/k norms".into());
+    if spec.family == Family::Qwen3 && spec.tied {
+        return Some("torchtitan's Qwen3 with enable_weight_tying (Qwen3 0.6B–4B) is not measured yet: untie the output".into());
     }
     if cfg.attn != crate::estimator::config::Attention::Sdpa {
-        return Some("torchtitan's Llama 3 attends through SDPA (attn=sdpa)".into());
+        return Some(format!("torchtitan's {name} attends through SDPA (attn=sdpa)"));
     }
     if cfg.dropout > 0.0 {
-        return Some("torchtitan's Llama 3 has no dropout".into());
+        return Some(format!("torchtitan's {name} has no dropout"));
     }
     None
 }
 
 /// What `framework = torchtune` does not follow (yet): the step program is torchtune 0.6.1's
-/// Llama 3 / 3.1 (`llama3_1`: dense, no biases, q/k norms or dropout, SDPA, an untied output
-/// projection) trained as `full_finetune_single_device.py` trains it (full fine-tuning in fp32,
-/// pure bf16 — and bf16 autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer
-/// checkpointed or none), on one device: what `tests/fixtures/pytorch/frameworks/
-/// torchtune-llama3.json` measured. Everything else is refused by name, not estimated as
-/// something else.
+/// Llama 2 / 3 / 3.1 / 3.2, Mistral, Qwen2 / 2.5, Phi-3, Gemma and Gemma 2 (`llama2`, `llama3`,
+/// `llama3_1`, `llama3_2`, `mistral`, `qwen2`, `phi3`, `gemma`, `gemma2`: dense, no q/k norms or
+/// dropout, q/k/v biases in Qwen2 only, SDPA — Gemma 2's own eager attention under the same
+/// `attn=sdpa` its records carry —, the output tied or not) trained as
+/// `full_finetune_single_device.py` trains it (full fine-tuning in fp32, pure bf16 — and bf16
+/// autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer checkpointed or none),
+/// on one device: what `tests/fixtures/pytorch/frameworks/torchtune-*.json` measured. Everything
+/// else (Qwen3 among it: not in torchtune 0.6.1) is refused by name, not estimated as something
+/// else.
 fn torchtune_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
     use crate::estimator::family::Family;
     let spec = &cfg.arch;
-    if spec.family != Family::Llama {
-        return Some(format!("torchtune is modelled for Llama 3 only (yet), not {:?}", spec.family));
+    if !matches!(spec.family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma | Family::Gemma2) {
+        return Some(format!(
+            "torchtune is modelled for Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Phi-3, Gemma and Gemma 2 only, not {:?}",
+            spec.family
+        ));
     }
-    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
-        return Some("torchtune's Llama 3 has no experts, biases or q/k norms".into());
+    if spec.family == Family::Phi3 && super::step::families::common::rotary_dims(spec) != spec.head_dim {
+        return Some("torchtune's Phi-3 rotates every head dimension (no partial_rotary_factor)".into());
     }
-    if spec.tied {
-        return Some("torchtune's tied output projection (Llama 3.2 1B/3B: TiedLinear) is not measured yet".into());
+    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.o_bias || spec.mlp_bias {
+        return Some("torchtune's Llama, Mistral, Qwen2, Phi-3 and Gemma (2) have no experts, output or MLP biases, or q/k norms".into());
+    }
+    if spec.qkv_bias != (spec.family == Family::Qwen2) {
+        return Some("torchtune's q/k/v projections have biases in Qwen2 and in no Llama, Mistral, Phi-3 or Gemma (2)".into());
     }
     if cfg.attn != Attention::Sdpa {
-        return Some("torchtune's Llama 3 attends through SDPA (attn=sdpa)".into());
+        return Some("torchtune's MultiHeadAttention attends through SDPA (attn=sdpa)".into());
     }
     if cfg.dropout > 0.0 {
-        return Some("torchtune's Llama 3 is measured without dropout (attn_dropout = 0)".into());
+        return Some("torchtune's models are measured without dropout (attn_dropout = 0)".into());
     }
     if !matches!(cfg.precision, Precision::Fp32 | Precision::Bf16 | Precision::AmpBf16) {
         return Some("torchtune trains in fp32 or bf16 (precision=fp32, bf16 or amp-bf16 as measured)".into());
@@ -418,6 +448,65 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     }
     if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 || cfg.gpus > 1 {
         return Some("torchtune is modelled on one device (full_finetune_single_device.py): gpus = 1".into());
+    }
+    None
+}
+
+/// What `framework = litgpt` does not follow (yet): the step program is litgpt 0.5.13's `GPT`
+/// with a Llama 3 / 3.1 config (dense, no biases, q/k norms or dropout, SDPA, untied, rotary over
+/// the whole head) trained as `finetune/full.py` trains it on one device (full fine-tuning under
+/// Fabric's `32-true`, `bf16-true` or `bf16-mixed`, its `chunked_cross_entropy`, each `Block`
+/// checkpointed or none, eager): what `tests/fixtures/pytorch/frameworks/litgpt-llama3.json`
+/// measured. Everything else is refused by name, not estimated as something else.
+fn litgpt_refusal(cfg: &Config) -> Option<String> {
+    use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
+    use crate::estimator::family::Family;
+    let spec = &cfg.arch;
+    if spec.family != Family::Llama {
+        return Some(format!("litgpt is modelled for its Llama 3 configs only (yet), not {:?}", spec.family));
+    }
+    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
+        return Some("litgpt's Llama 3 configs have no experts, biases or q/k norms".into());
+    }
+    if spec.tied {
+        return Some("litgpt's tied embeddings (Llama 3.2 1B/3B) are not measured yet".into());
+    }
+    if crate::estimator::step::families::common::has_rope(spec)
+        && crate::estimator::step::families::common::rotary_dims(spec) != spec.head_dim
+    {
+        return Some("litgpt's Llama 3 rotates the whole head (rotary_percentage = 1)".into());
+    }
+    if cfg.attn != Attention::Sdpa {
+        return Some("litgpt's CausalSelfAttention attends through SDPA (attn=sdpa)".into());
+    }
+    if cfg.dropout > 0.0 {
+        return Some("litgpt's GPT has no dropout".into());
+    }
+    if !matches!(cfg.precision, Precision::Fp32 | Precision::Bf16 | Precision::AmpBf16) {
+        return Some("litgpt trains under Fabric's 32-true, bf16-true or bf16-mixed (precision=fp32, bf16 or amp-bf16)".into());
+    }
+    if cfg.seq > spec.max_pos {
+        return Some(format!("litgpt refuses a sequence of {} beyond the model's block_size ({})", cfg.seq, spec.max_pos));
+    }
+    if cfg.precision == Precision::Bf16 && cfg.seq == spec.max_pos {
+        return Some(
+            "litgpt under bf16-true with seq = block_size keeps the RoPE cache Fabric converted to bf16 (fit does not rebuild it): not measured".into(),
+        );
+    }
+    if cfg.finetune != Finetune::Full {
+        return Some("litgpt's LoRA and adapter scripts (its own modules) are not modelled: finetune=full".into());
+    }
+    if cfg.loss != Loss::Standard {
+        return Some("litgpt's loss is its chunked_cross_entropy (loss=standard selects it); a fused chunked loss is not litgpt's".into());
+    }
+    if !matches!(cfg.recompute, Recompute::None | Recompute::Full) || cfg.recompute_every > 0 {
+        return Some("litgpt checkpoints every Block or none (recompute=full or none)".into());
+    }
+    if cfg.compile || cfg.act_offload.on() || cfg.optim_in_bwd {
+        return Some("litgpt's finetune/full.py runs eager, without activation offloading or an optimizer step in backward".into());
+    }
+    if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 || cfg.gpus > 1 {
+        return Some("litgpt is modelled on one device (its FSDPStrategy is not): gpus = 1".into());
     }
     None
 }

@@ -123,7 +123,9 @@ fn torchtune(cfg: &Config) -> String {
     };
     s += &format!("dtype: {dtype}{}\n", if dtype.contains('#') { "" } else { "  # precision" });
     let (component, extra) = match cfg.optim {
-        Optimizer::Adam8bit => ("bitsandbytes.optim.PagedAdamW8bit".to_string(), String::new()),
+        Optimizer::Adam8bit if cfg.optim_paged => ("bitsandbytes.optim.PagedAdamW8bit  # optim_paged=true".to_string(), String::new()),
+        Optimizer::Adam8bit => ("bitsandbytes.optim.AdamW8bit".to_string(), String::new()),
+        Optimizer::Adamw if cfg.optim_paged => ("bitsandbytes.optim.PagedAdamW  # optim_paged=true".to_string(), String::new()),
         Optimizer::Sgd => ("torch.optim.SGD".to_string(), String::new()),
         Optimizer::Momentum => ("torch.optim.SGD".to_string(), "  momentum: 0.9\n".to_string()),
         Optimizer::Adamw => ("torch.optim.AdamW".to_string(), String::new()),
@@ -149,6 +151,26 @@ fn torchtune(cfg: &Config) -> String {
         rec(cfg.recompute),
         if cfg.recompute == Recompute::Selective { " (torchtune checkpoints whole layers)" } else { "" }
     );
+    if cfg.optim_in_bwd {
+        s += "optimizer_in_bwd: True  # optim_in_bwd\n";
+    }
+    if cfg.act_offload.on() {
+        s += &format!(
+            "enable_activation_offloading: True  # act_offload={}{}\n",
+            crate::config::get(cfg, "act_offload").unwrap_or_default(),
+            if cfg.act_offload == crate::config::ActOffload::SaveOnCpu {
+                " (torchtune offloads with its own OffloadActivations)"
+            } else {
+                ""
+            }
+        );
+    }
+    if cfg.compile {
+        s += &format!(
+            "compile: True  # compile=true{}\n",
+            if cfg.compile_regions == crate::config::CompileRegions::Layer { "" } else { " (torchtune compiles each layer and the loss)" }
+        );
+    }
     if cfg.gpus > 1 {
         s += &format!(
             "# gpus={}: run the distributed recipe, e.g. tune run --nproc_per_node {} full_finetune_distributed\n",
@@ -201,6 +223,9 @@ fn torchtitan(cfg: &Config) -> String {
         OptimImpl::Forloop => "for-loop",
     };
     s += &format!("implementation = \"{imp}\"  # optim_impl\n");
+    if cfg.optim_in_bwd {
+        s += "early_step_in_backward = true  # optim_in_bwd\n";
+    }
     s += "\n[parallelism]\n";
     let (replicate, shard, note) = match cfg.zero {
         Zero::Ddp => (dp, 1, "zero=0: replicated (DDP)".to_string()),
@@ -223,6 +248,12 @@ fn torchtitan(cfg: &Config) -> String {
     }
     s += "\n[activation_checkpoint]\n";
     s += &match cfg.recompute {
+        Recompute::None if cfg.recompute_every > 1 => format!(
+            "mode = \"selective\"\nselective_ac_option = \"{}\"  # recompute_every={}{}\n",
+            cfg.recompute_every,
+            cfg.recompute_every,
+            if cfg.recompute_every_first { " (torchtitan checkpoints blocks N-1, 2N-1, …, not 0, N, …)" } else { "" }
+        ),
         Recompute::None => "mode = \"none\"  # recompute=none\n".to_string(),
         Recompute::Full => "mode = \"full\"  # recompute=full\n".to_string(),
         Recompute::Op => "mode = \"selective\"\nselective_ac_option = \"op\"  # recompute=op\n".to_string(),
@@ -231,6 +262,43 @@ fn torchtitan(cfg: &Config) -> String {
                 .to_string()
         }
     };
+    if cfg.compile {
+        let (components, note) = match cfg.compile_regions {
+            crate::config::CompileRegions::Layer => {
+                ("[\"model\", \"loss\"]", "compile=true, compile_regions=layer: each block and the loss")
+            }
+            crate::config::CompileRegions::Block => ("[\"model\"]", "compile=true, compile_regions=block"),
+            crate::config::CompileRegions::Model => {
+                ("[\"model\", \"loss\"]", "compile=true, compile_regions=model: torchtitan compiles per block")
+            }
+        };
+        s += &format!("\n[compile]\nenable = true  # {note}\ncomponents = {components}\n");
+    }
+    match cfg.fp8 {
+        crate::config::Fp8::TorchaoTensorwise | crate::config::Fp8::TorchaoRowwise => {
+            let rowwise = cfg.fp8 == crate::config::Fp8::TorchaoRowwise;
+            // The converters list belongs to [model], written first: a TOML table cannot be
+            // reopened, so it is named by its dotted key here.
+            s = s.replacen("\n[training]\n", "converters = [\"quantize.linear.float8\"]  # fp8 (torchao Float8Linear)\n\n[training]\n", 1);
+            s += "\n[quantize.linear.float8]\n";
+            if rowwise {
+                s += "recipe_name = \"rowwise\"  # fp8=torchao-rowwise\n";
+            } else {
+                s += &format!(
+                    "enable_fsdp_float8_all_gather = {}  # fp8_allgather\nprecompute_float8_dynamic_scale_for_fsdp = {}\n",
+                    cfg.fp8_allgather, cfg.fp8_allgather
+                );
+            }
+            s += "filter_fqns = [\"output\"]  # the output projection stays in bf16, as trainmem assumes\n";
+        }
+        crate::config::Fp8::None => {}
+        _ => {
+            s += &format!(
+                "# fp8={}: Transformer Engine recipes have no torchtitan converter\n",
+                crate::config::get(cfg, "fp8").unwrap_or_default()
+            )
+        }
+    }
     s
 }
 

@@ -66,12 +66,26 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
         last.push(("gpus".into(), need.to_string()));
     }
     let decoded = config::decode_pairs(last.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    // Values the configuration cannot hold at all (an unknown value, out of range), as against
+    // settings that are each valid but that the estimator does not model together (compile of
+    // checkpointed layers, a framework's own code for a recipe it was not measured with).
+    let bad_values: Vec<String> = config::apply_pairs(&mut Config::default(), last.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
     // A setting the estimator refuses (it fell back to its default): report it on the file keys
-    // that asked for it.
+    // that asked for it — invalid where the value itself is bad; unmodelled (the file is right,
+    // the estimate keeps the default) where the combination is not modelled yet.
     for e in &decoded.errors {
+        let kept = config::get(&decoded.config, &e.key).unwrap_or_default();
         for k in keys.iter_mut().filter(|k| k.set.split('&').any(|p| p.split('=').next() == Some(e.key.as_str()))) {
+            if !bad_values.contains(&e.key) {
+                k.status = Status::Unmodelled;
+                k.note = format!("{}: trainmem keeps {}={}", e.reason, e.key, kept);
+                continue;
+            }
             k.status = Status::Invalid;
-            k.note = format!("{} (trainmem keeps {}={})", e.reason, e.key, config::get(&decoded.config, &e.key).unwrap_or_default());
+            k.note = format!("{} (trainmem keeps {}={})", e.reason, e.key, kept);
             errors.push(ImportError::Value {
                 file: k.file.clone(),
                 line: k.line,
@@ -81,6 +95,9 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
             });
         }
     }
+    // What the configuration holds: a refused setting fell back to its default, so it is not
+    // among the pairs an import applies (`apply`) or a recipe lists.
+    last.retain(|(k, _)| !decoded.errors.iter().any(|e| e.key == *k));
     let query = config::encode_query(&decoded.config);
     Ok(Imported { config: decoded.config, query, keys, pairs: last, formats, errors })
 }

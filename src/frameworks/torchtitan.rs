@@ -1,10 +1,13 @@
 //! torchtitan job configs (TOML; the `train_configs/*.toml` layout of torchtitan 0.1–0.2.2,
 //! `torchtitan/config/job_config.py`). torchtitan trains with FSDP2 (parameters sharded in fp32,
-//! gathered in bf16: `mixed_precision_param`), SDPA attention, and its own op-level selective
-//! activation checkpointing by default. A key the file leaves out gets job_config.py's default.
+//! gathered in bf16: `mixed_precision_param`), SDPA attention, and selective activation
+//! checkpointing of every 2nd block by default. Its recipes map onto trainmem's: op-level SAC
+//! (`recompute=op`), every Nth block (`recompute_every`), `compile.enable` (`compile`),
+//! the float8 converter (`fp8`, `fp8_allgather`) and the step in backward (`optim_in_bwd`); a
+//! Llama 3 job runs torchtitan's own model code (`framework=torchtitan`). A key the file leaves out gets job_config.py's default.
 
 use super::models;
-use super::report::{on_off, positive, FileState, Out};
+use super::report::{positive, FileState, Out};
 use super::tree::{self, boolean, int, text};
 use serde_json::Value;
 
@@ -48,18 +51,130 @@ pub fn read(root: &Value, st: &mut FileState) {
     if g("activation_checkpoint.mode").is_none() {
         st.default(
             "activation_checkpoint.mode",
-            vec![("recompute", "none".into())],
-            "selective, every 2nd layer (job_config.py's default): not modelled; estimated without checkpointing (an upper bound)",
+            vec![("recompute", "none".into()), ("recompute_every", "2".into())],
+            "selective with selective_ac_option \"2\" (job_config.py's default): every 2nd block checkpointed (blocks 1, 3, …)",
         );
     }
-    st.default(
-        "(model code)",
-        vec![("attn", "sdpa".into()), ("loss", "standard".into())],
-        "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits",
-    );
+    let mut code = vec![("attn", "sdpa".into()), ("loss", "standard".into())];
+    let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
+    let name = g("model.name").and_then(text).unwrap_or_default();
+    if OWN_CODE.contains(&name.as_str()) {
+        // torch.compile of checkpointed blocks is not modelled (the estimate drops compile then),
+        // so compile takes effect only without activation checkpointing.
+        let no_ac = g("activation_checkpoint.mode").and_then(text).as_deref() == Some("none");
+        if compiled(root).is_some() && no_ac {
+            why.push_str(&format!(
+                "; torchtitan's own {name} code under torch.compile is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
+            ));
+        } else {
+            code.push(("framework", "torchtitan".into()));
+            why.push_str(&format!("; the step follows torchtitan's own {name} model code (framework=torchtitan)"));
+        }
+    }
+    st.default("(model code)", code, &why);
     if shard > 0 && replicate > 0 {
         st.default("(degrees)", vec![("gpus", (shard * replicate * others).to_string())], "the product of the parallel degrees");
     }
+}
+
+/// The `model.name`s whose torchtitan model code the estimator follows (`framework =
+/// torchtitan`, `step/families/torchtitan.rs`); other models are estimated with transformers'
+/// modeling code.
+const OWN_CODE: &[&str] = &["llama3", "qwen3"];
+
+/// What `compile` compiles when it is on (`compile.enable`, or 0.1's `training.compile`):
+/// `compile.components` (job_config.py's default `["model", "loss"]`). `None`: off.
+fn compiled(root: &Value) -> Option<Vec<String>> {
+    let on = tree::get(root, "compile.enable").or_else(|| tree::get(root, "training.compile")).and_then(boolean) == Some(true);
+    if !on {
+        return None;
+    }
+    let components = match tree::get(root, "compile.components").and_then(|v| v.as_array().cloned()) {
+        Some(list) => list.iter().filter_map(text).collect(),
+        None => vec!["model".to_string(), "loss".to_string()],
+    };
+    Some(components)
+}
+
+/// `compile.enable` (`training.compile` in 0.1): torchtitan compiles each `TransformerBlock`
+/// (`apply_compile`, `fullgraph=True`) when `components` holds `"model"`, and its loss function
+/// when it holds `"loss"` (`build_loss_fn`): with both, the regions are what `compile_regions =
+/// layer` models (each layer and the loss); the blocks alone are `block`.
+fn compile(v: &Value, root: &Value) -> Out {
+    let Some(on) = boolean(v) else { return Out::invalid("expected true or false") };
+    if !on {
+        return Out::one("compile", "false");
+    }
+    // torch.compile of checkpointed blocks (the partitioner follows the checkpoint's tags) is not
+    // modelled yet: the estimate stays eager rather than hold a setting it refuses.
+    let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
+    if ac != "none" {
+        return Out::unmodelled(format!(
+            "torch.compile of checkpointed blocks (activation_checkpoint.mode = {ac}) is not modelled yet: estimated eager"
+        ));
+    }
+    let parts = compiled(root).unwrap_or_default();
+    let (model, loss) = (parts.iter().any(|p| p == "model"), parts.iter().any(|p| p == "loss"));
+    match (model, loss) {
+        (true, true) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
+            .note("each TransformerBlock and the loss compiled (compile.components = [\"model\", \"loss\"])"),
+        (true, false) => Out::set(vec![("compile", "true".into()), ("compile_regions", "block".into())])
+            .note("each TransformerBlock compiled, the loss eager"),
+        _ => Out::unmodelled("only the loss compiled: not modelled; estimated eager"),
+    }
+}
+
+/// `model.converters`: torchtitan 0.2.2's model converters (`components/quantization/`,
+/// registered as `quantize.linear.float8`, `quantize.linear.mx`, …; `float8` in 0.1). The
+/// float8 one swaps `nn.Linear` for torchao's `Float8Linear` (`Float8LinearConverter`):
+/// tensorwise scales unless `quantize.linear.float8.recipe_name` names a rowwise recipe, the FSDP2
+/// float8 all-gather when `enable_fsdp_float8_all_gather` is set (tensorwise only) and parameters
+/// are sharded.
+fn converters(v: &Value, root: &Value, shard: i64) -> Out {
+    let Some(list) = v.as_array() else { return Out::invalid("expected a list") };
+    let names: Vec<String> = list.iter().filter_map(text).collect();
+    if names.is_empty() {
+        return Out::ignored("no converters");
+    }
+    let float8 = |k: &str| tree::get(root, &format!("quantize.linear.float8.{k}")).or_else(|| tree::get(root, &format!("float8.{k}")));
+    let mut out = None;
+    for n in &names {
+        match n.as_str() {
+            "float8" | "quantize.linear.float8" => {
+                let recipe = float8("recipe_name").and_then(text);
+                let mut pairs: Vec<(&'static str, String)> = Vec::new();
+                let mut notes = Vec::new();
+                match recipe.as_deref() {
+                    None | Some("tensorwise") => {
+                        pairs.push(("fp8", "torchao-tensorwise".into()));
+                        let gather = recipe.is_none() && float8("enable_fsdp_float8_all_gather").and_then(boolean) == Some(true);
+                        if gather && shard != 1 {
+                            pairs.push(("fp8_allgather", "true".into()));
+                        }
+                    }
+                    Some("rowwise") => pairs.push(("fp8", "torchao-rowwise".into())),
+                    Some("rowwise_with_gw_hp") => {
+                        pairs.push(("fp8", "torchao-rowwise".into()));
+                        notes.push("rowwise_with_gw_hp keeps the weight gradient's GEMM in bf16: estimated as rowwise");
+                    }
+                    Some(_) => {
+                        return Out::invalid("expected quantize.linear.float8.recipe_name tensorwise, rowwise or rowwise_with_gw_hp")
+                    }
+                }
+                let filtered = float8("filter_fqns")
+                    .and_then(|f| f.as_array().cloned())
+                    .is_some_and(|f| f.iter().filter_map(text).any(|n| n == "output"));
+                if !filtered {
+                    notes.push("filter_fqns does not name \"output\": torchtitan converts the output projection too, the estimate keeps it in bf16");
+                }
+                let o = Out::set(pairs);
+                out = Some(if notes.is_empty() { o } else { o.approx(notes.join("; ")) });
+            }
+            "quantize.linear.mx" | "mx" => return Out::unmodelled("torchao MX linears (mxfp8_cublas): not modelled; estimated in bf16"),
+            _ => return Out::unmodelled(format!("the {n} converter: not modelled; estimated in bf16")),
+        }
+    }
+    out.unwrap_or_else(|| Out::ignored("no converters"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -76,11 +191,7 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
             }
         }
         "model.flavor" => Out::ignored("read with model.name"),
-        "model.converters" => match v.as_array() {
-            Some(list) if list.is_empty() => Out::ignored("no converters"),
-            Some(_) => Out::unmodelled("FP8/MX linears (torchao converters): not modelled; estimated in bf16"),
-            None => Out::invalid("expected a list"),
-        },
+        "model.converters" => converters(v, root, shard),
         "model.hf_assets_path" | "model.tokenizer_path" | "model.print_after_conversion" => {
             Out::ignored("files and logging: no GPU memory")
         }
@@ -111,9 +222,7 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
             Some(false) => Out::ignored("no CPU offload"),
             None => Out::invalid("expected true or false"),
         },
-        "training.compile" | "compile.enable" => {
-            on_off(v, "torch.compile saves fewer tensors: not modelled (the estimate follows eager PyTorch)", "eager PyTorch")
-        }
+        "training.compile" | "compile.enable" => compile(v, root),
         "compile.components" | "compile.backend" => Out::ignored("read with compile.enable"),
         "optimizer.name" => match text(v).as_deref() {
             Some("AdamW") | Some("Adam") => Out::one("optim", "adamw"),
@@ -125,7 +234,12 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
             Some("for-loop") => Out::one("optim_impl", "forloop"),
             _ => Out::invalid("expected fused, foreach or for-loop"),
         },
-        "optimizer.early_step_in_backward" => on_off(v, "the optimizer steps inside backward: not modelled (an upper bound)", "off"),
+        "optimizer.early_step_in_backward" => match boolean(v) {
+            Some(b) => {
+                Out::one("optim_in_bwd", b).note(if b { "each parameter steps in its gradient hook (optimizer_in_backward)" } else { "" })
+            }
+            None => Out::invalid("expected true or false"),
+        },
         "parallelism.data_parallel_shard_degree" | "training.data_parallel_shard_degree" => match int(v) {
             Some(-1) => Out::one("zero", if replicate > 1 { "hybrid_shard" } else { "full_shard" })
                 .note("-1: FSDP2 over every GPU the other degrees leave; set gpus yourself"),
@@ -176,9 +290,19 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
                 Some("none") => Out::one("recompute", "none"),
                 Some("full") => Out::one("recompute", "full"),
                 Some("selective") if option == "1" => Out::one("recompute", "full").note("selective with option 1 checkpoints every layer"),
-                Some("selective") if option == "op" => Out::one("recompute", "none").approx("op-level selective checkpointing (matmul outputs saved, the rest recomputed): not modelled; estimated without checkpointing (an upper bound)"),
-                Some("selective") => Out::one("recompute", "none").approx(format!("every {option}th layer checkpointed: not modelled; estimated without checkpointing (an upper bound)")),
-                Some("memory_budget") => Out::one("recompute", "none").approx("a memory budget for the compiler: not modelled; estimated without checkpointing"),
+                Some("selective") if option == "op" => Out::one("recompute", "op")
+                    .note("op-level selective checkpointing: torchtitan's save list (matmul outputs, every second mm, SDPA)"),
+                Some("selective") => match option.trim().parse::<u64>() {
+                    Ok(n) if n > 1 => Out::set(vec![("recompute", "none".into()), ("recompute_every", n.to_string())]).note(format!(
+                        "every {n}th block checkpointed (blocks {}, {}, …)",
+                        n - 1,
+                        2 * n - 1
+                    )),
+                    _ => Out::invalid("expected selective_ac_option \"op\" or a whole number"),
+                },
+                Some("memory_budget") => {
+                    Out::one("recompute", "none").approx("a memory budget for the compiler: not modelled; estimated without checkpointing")
+                }
                 _ => Out::invalid("expected none, selective, full or memory_budget"),
             }
         }
@@ -188,7 +312,20 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
             | "experimental" => Out::ignored("bookkeeping, checkpoints or logging: no GPU memory in the step"),
             "lr_scheduler" => Out::ignored("schedule: no memory"),
             "optimizer" => Out::ignored("hyperparameter: no memory"),
-            "quantize" | "float8" | "mx" => Out::ignored("read only when model.converters asks for it"),
+            "quantize" | "float8" | "mx" => {
+                let converters: Vec<String> = tree::get(root, "model.converters")
+                    .and_then(|c| c.as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(text)
+                    .collect();
+                let float8 = converters.iter().any(|c| c == "float8" || c == "quantize.linear.float8");
+                if float8 && (key.starts_with("quantize.linear.float8.") || key.starts_with("float8.")) {
+                    Out::ignored("read with model.converters").status_understood()
+                } else {
+                    Out::ignored("read with model.converters, which does not ask for this converter")
+                }
+            }
             "activation_checkpoint" => Out::unmodelled("a checkpointing detail trainmem does not model"),
             "training" if is_data(key) => Out::ignored("data, steps or clipping: no stored state"),
             _ => Out::unknown(),

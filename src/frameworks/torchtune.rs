@@ -54,12 +54,43 @@ pub fn read(root: &Value, st: &mut FileState) {
         }
     }
     if root.get("model").is_some() && !st.has("attn") {
-        st.default(
-            "(model code)",
-            vec![("attn", "sdpa".into())],
-            "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)",
-        );
+        let mut code = vec![("attn", "sdpa".into())];
+        let mut why = "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)".to_string();
+        let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
+        // The step program follows the single-device recipe (one GPU): a distributed config stays
+        // on transformers' code, which shards.
+        if let Some(family) = own_code(&builder).filter(|_| !distributed) {
+            code.push(("framework", "torchtune".into()));
+            why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
+        }
+        st.default("(model code)", code, &why);
     }
+}
+
+/// The builders (`torchtune.models.<family>.<builder>`) whose torchtune model code the estimator
+/// follows (`framework = torchtune`, `step/families/torchtune.rs`): full fine-tuning builders of
+/// the families listed, by the module they live in. Others are estimated with transformers'
+/// modeling code.
+fn own_code(component: &str) -> Option<&'static str> {
+    const FAMILIES: &[(&str, &str)] = &[
+        ("llama2", "Llama 2"),
+        ("llama3", "Llama 3"),
+        ("llama3_1", "Llama 3.1"),
+        ("llama3_2", "Llama 3.2"),
+        ("mistral", "Mistral"),
+        ("qwen2", "Qwen2"),
+        ("qwen2_5", "Qwen2.5"),
+        ("phi3", "Phi-3"),
+        ("gemma", "Gemma"),
+        ("gemma2", "Gemma 2"),
+    ];
+    let mut parts = component.trim().rsplit('.');
+    let builder = parts.next()?;
+    let module = parts.next()?;
+    if builder.starts_with("lora_") || builder.starts_with("qlora_") {
+        return None;
+    }
+    FAMILIES.iter().find(|(m, _)| *m == module).map(|(_, name)| *name)
 }
 
 fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<(Vec<&'static str>, bool)>) -> Out {
@@ -81,7 +112,9 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
                 None => Out::unmodelled("no trainmem preset for this builder: choose the model yourself"),
             }
         }
-        "model.lora_rank" => count(v).filter(|n| *n > 0).map_or_else(|| Out::invalid("expected a positive whole number"), |n| Out::one("lora_rank", n)),
+        "model.lora_rank" => {
+            count(v).filter(|n| *n > 0).map_or_else(|| Out::invalid("expected a positive whole number"), |n| Out::one("lora_rank", n))
+        }
         "model.lora_attn_modules" => {
             let Some(list) = v.as_array() else { return Out::invalid("expected a list of q_proj, k_proj, v_proj, output_proj") };
             let mut parts = Vec::new();
@@ -129,7 +162,12 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
             None => Out::invalid("expected true or false"),
         },
         "optimizer.foreach" => Out::ignored("read with optimizer._component_"),
-        "optimizer_in_bwd" => on_off(v, "the optimizer steps inside backward and frees each gradient at once: not modelled, the estimate keeps every gradient until the step (an upper bound)", "the optimizer steps after backward"),
+        "optimizer_in_bwd" => match boolean(v) {
+            Some(b) => {
+                Out::one("optim_in_bwd", b).note(if b { "each parameter steps and frees its gradient in its gradient hook" } else { "" })
+            }
+            None => Out::invalid("expected true or false"),
+        },
         "loss._component_" => match text(v).as_deref().map(|s| s.rsplit('.').next().unwrap_or("")) {
             Some("CEWithChunkedOutputLoss") | Some("LinearCrossEntropyLoss") => Out::one("loss", "chunked"),
             Some("CrossEntropyLoss") => Out::one("loss", "standard"),
@@ -140,14 +178,37 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
             Some(false) => Out::one("recompute", "none"),
             None => Out::invalid("expected true or false"),
         },
-        "enable_activation_offloading" => on_off(v, "saved activations are offloaded to the CPU: not modelled (the estimate keeps them on the GPU)", "off"),
-        "compile" => on_off(v, "torch.compile fuses kernels and saves fewer tensors: not modelled (the estimate follows eager PyTorch)", "eager PyTorch"),
+        "enable_activation_offloading" => match boolean(v) {
+            Some(true) => Out::one("act_offload", "torchtune")
+                .note("OffloadActivations: saved tensors of 1 KiB or more to pinned host memory, the output head on the device"),
+            Some(false) => Out::one("act_offload", "none"),
+            None => Out::invalid("expected true or false"),
+        },
+        "activation_offloading_use_streams" => Out::ignored(
+            "streams change when copies happen, not what the step keeps at its peak (the estimate follows torchtune's default, streams on)",
+        ),
+        "compile" => match boolean(v) {
+            Some(true) if tree::get(root, "enable_activation_checkpointing").and_then(boolean) == Some(true) => {
+                Out::unmodelled("torch.compile of checkpointed layers is not modelled yet: estimated eager")
+            }
+            Some(true) if chunked_loss(root) => {
+                Out::unmodelled("torch.compile with CEWithChunkedOutputLoss is not modelled yet: estimated eager")
+            }
+            Some(true) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
+                .note("torchtune compiles each decoder layer and the loss (training.compile_model, compile_loss)"),
+            Some(false) => Out::one("compile", "false"),
+            None => Out::invalid("expected true or false"),
+        },
         "tokenizer.max_seq_len" => match v {
             Value::Null => Out::unmodelled("null: each batch is as long as its longest sample; the estimate keeps seq as set"),
             _ => positive(v, "seq"),
         },
         "dataset.packed" => Out::ignored("packing fills each sequence to tokenizer.max_seq_len; memory follows seq"),
-        "custom_sharded_layers" => Out::ignored("wraps the embedding and output as FSDP units of their own").note(if distributed { "marks the distributed recipe" } else { "" }),
+        "custom_sharded_layers" => Out::ignored("wraps the embedding and output as FSDP units of their own").note(if distributed {
+            "marks the distributed recipe"
+        } else {
+            ""
+        }),
         "fsdp_cpu_offload" => match boolean(v) {
             Some(true) => Out::one("offload", "optimizer+params"),
             Some(false) => Out::one("offload", "none"),
@@ -164,8 +225,18 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
         }
         "device" => Out::ignored("where the run happens"),
         "clip_grad_norm" => Out::ignored("clipping computes a norm: no stored state"),
-        "log_peak_memory_stats" | "log_every_n_steps" | "output_dir" | "seed" | "shuffle" | "epochs" | "max_steps_per_epoch" | "resume_from_checkpoint"
-        | "save_adapter_weights_only" | "low_cpu_ram" | "run_val_every_n_steps" | "log_level" => Out::ignored("bookkeeping: no GPU memory"),
+        "log_peak_memory_stats"
+        | "log_every_n_steps"
+        | "output_dir"
+        | "seed"
+        | "shuffle"
+        | "epochs"
+        | "max_steps_per_epoch"
+        | "resume_from_checkpoint"
+        | "save_adapter_weights_only"
+        | "low_cpu_ram"
+        | "run_val_every_n_steps"
+        | "log_level" => Out::ignored("bookkeeping: no GPU memory"),
         _ => match top {
             "optimizer" => Out::ignored("hyperparameter: no memory"),
             "lr_scheduler" => Out::ignored("schedule: no memory"),
@@ -176,6 +247,13 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
             _ => Out::unknown(),
         },
     }
+}
+
+/// Whether the config's loss is torchtune's chunked one (what `loss._component_` maps to
+/// `loss=chunked`).
+fn chunked_loss(root: &Value) -> bool {
+    let loss = tree::get(root, "loss._component_").and_then(text).unwrap_or_default();
+    matches!(loss.rsplit('.').next(), Some("CEWithChunkedOutputLoss" | "LinearCrossEntropyLoss"))
 }
 
 fn optimizer(v: &Value, root: &Value) -> Out {
@@ -195,11 +273,12 @@ fn optimizer(v: &Value, root: &Value) -> Out {
             let momentum = tree::get(root, "optimizer.momentum").and_then(tree::float).unwrap_or(0.0) > 0.0;
             Out::set(vec![("optim", if momentum { "momentum" } else { "sgd" }.into()), ("optim_impl", torch_impl.into())])
         }
-        "bitsandbytes.optim.PagedAdamW8bit"
-        | "bitsandbytes.optim.AdamW8bit"
-        | "bitsandbytes.optim.Adam8bit"
-        | "torchao.optim.AdamW8bit" => Out::one("optim", "adam8bit"),
-        "bitsandbytes.optim.PagedAdamW" | "bitsandbytes.optim.PagedAdamW32bit" | "bitsandbytes.optim.AdamW" => Out::one("optim", "adamw"),
+        "bitsandbytes.optim.PagedAdamW8bit" => Out::set(vec![("optim", "adam8bit".into()), ("optim_paged", "true".into())]),
+        "bitsandbytes.optim.AdamW8bit" | "bitsandbytes.optim.Adam8bit" | "torchao.optim.AdamW8bit" => Out::one("optim", "adam8bit"),
+        "bitsandbytes.optim.PagedAdamW" | "bitsandbytes.optim.PagedAdamW32bit" => {
+            Out::set(vec![("optim", "adamw".into()), ("optim_paged", "true".into())])
+        }
+        "bitsandbytes.optim.AdamW" => Out::one("optim", "adamw"),
         "torchao.optim.AdamW4bit" => Out::one("optim", "adam8bit").approx("4-bit Adam states: estimated as 8-bit (an upper bound)"),
         "torchao.optim.CPUOffloadOptimizer" => {
             Out::one("offload", "optimizer").approx("torchao's CPU-offloaded optimizer: estimated as ZeRO-Offload of the optimizer")

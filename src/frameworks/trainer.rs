@@ -21,12 +21,12 @@ pub fn hf_optim(name: &str) -> Out {
         "adamw_torch" | "adamw_hf" | "adamw_apex_fused" | "adamw_torch_xla" | "adamw_torch_npu_fused" => {
             Out::set(vec![("optim", "adamw".into()), ("optim_impl", "foreach".into())])
         }
-        "adamw_bnb_8bit" | "adamw_8bit" | "paged_adamw_8bit" | "adamw_torch_8bit" | "adam8bit" | "bnb_8bit" | "ademamix_8bit" => {
-            Out::one("optim", "adam8bit")
-        }
-        "paged_adamw_32bit" | "paged_adamw" | "adamw_bnb" | "adamw_32bit" => {
-            Out::one("optim", "adamw").note("32-bit states; paged states may spill to the host under pressure")
-        }
+        "paged_adamw_8bit" => Out::set(vec![("optim", "adam8bit".into()), ("optim_paged", "true".into())])
+            .note("bitsandbytes' PagedAdamW8bit: states in unified memory"),
+        "adamw_bnb_8bit" | "adamw_8bit" | "adamw_torch_8bit" | "adam8bit" | "bnb_8bit" | "ademamix_8bit" => Out::one("optim", "adam8bit"),
+        "paged_adamw_32bit" | "paged_adamw" => Out::set(vec![("optim", "adamw".into()), ("optim_paged", "true".into())])
+            .note("bitsandbytes' PagedAdamW: 32-bit states in unified memory"),
+        "adamw_bnb" | "adamw_32bit" => Out::one("optim", "adamw").note("32-bit states"),
         "adafactor" => Out::one("optim", "adafactor"),
         "sgd" => Out::one("optim", "sgd"),
         "lion_32bit" | "paged_lion_32bit" => Out::one("optim", "lion"),
@@ -76,7 +76,7 @@ pub fn read_trainer(root: &Value, st: &mut FileState) {
             "deepspeed" if v.is_null() => Out::ignored("no DeepSpeed"),
             "deepspeed" => Out::ignored("give that DeepSpeed file to the import too: its keys are read there"),
             "fsdp" => fsdp_string(v),
-            "torch_compile" => on_off(v, "torch.compile saves fewer tensors: not modelled (the estimate follows eager PyTorch)", "eager PyTorch"),
+            "torch_compile" => trainer_compile(v),
             "use_liger_kernel" => match boolean(v) {
                 Some(true) => Out::one("loss", "chunked").approx("Liger's fused linear cross-entropy is modelled (loss=chunked); its RMSNorm, SwiGLU and RoPE kernels save differently and are not"),
                 _ => Out::ignored("off"),
@@ -103,6 +103,17 @@ pub fn read_trainer(root: &Value, st: &mut FileState) {
     if let Some(ds) = ds_inline {
         let before = st.pairs.iter().rev().find(|(k, _)| *k == "precision").map(|(_, v)| v.clone());
         super::deepspeed::read(ds, st, "deepspeed.", before.as_deref());
+    }
+}
+
+/// `torch_compile`: the Trainer compiles the whole model (`model = torch.compile(model)` in
+/// `_wrap_model`, its graph breaks included) — `compile_regions = model`.
+fn trainer_compile(v: &Value) -> Out {
+    match boolean(v) {
+        Some(true) => Out::set(vec![("compile", "true".into()), ("compile_regions", "model".into())]),
+        Some(false) => Out::one("compile", "false"),
+        None if v.is_null() => Out::ignored("eager PyTorch"),
+        None => Out::invalid("expected true or false"),
     }
 }
 
@@ -463,9 +474,7 @@ pub fn read_axolotl(root: &Value, st: &mut FileState) {
             "liger_rms_norm" | "liger_glu_activation" | "liger_rope" | "liger_layer_norm" => {
                 on_off(v, "a Liger kernel that saves different tensors: not modelled", "off")
             }
-            "torch_compile" => {
-                on_off(v, "torch.compile saves fewer tensors: not modelled (the estimate follows eager PyTorch)", "eager PyTorch")
-            }
+            "torch_compile" => trainer_compile(v),
             "deepspeed" => Out::ignored("give that DeepSpeed file to the import too: its keys are read there"),
             "fsdp" => fsdp_string(v),
             "fsdp_version" => accelerate::fsdp("version", v, None),
@@ -685,5 +694,15 @@ pub fn read_litgpt(root: &Value, st: &mut FileState) {
             "one device: no sharding, no checkpointing"
         },
     );
-    st.default("(model code)", vec![("attn", "sdpa".into())], "litgpt's attention calls F.scaled_dot_product_attention");
+    // litgpt's own model code is modelled (framework=litgpt) for a full fine-tune on one device,
+    // `finetune/full.py`'s loop; sharded or with adapters, transformers' code stands in.
+    if !lora && !sharded {
+        st.default(
+            "(model code)",
+            vec![("attn", "sdpa".into()), ("framework", "litgpt".into())],
+            "litgpt's attention calls F.scaled_dot_product_attention; the step follows litgpt's own GPT and finetune/full.py's chunked loss (framework=litgpt)",
+        );
+    } else {
+        st.default("(model code)", vec![("attn", "sdpa".into())], "litgpt's attention calls F.scaled_dot_product_attention");
+    }
 }

@@ -4,8 +4,16 @@
 //! kernels of the device the script ran on (`kernels`), and estimated again, so an old record is
 //! judged by today's trainmem; the predictions the script carried are kept beside it
 //! (`predicted_in_script` in the JSON output).
+//!
+//! Version 2 records (the script loads through `from_pretrained`) carry the loading's fields
+//! (`load_peak`, `load_reserved`) and the step's reserved peak (`step_reserved_peak`) beside the
+//! whole run's (`reserved_peak`). Version 1 records are still read: the model was built in place
+//! (no loading), their `reserved_peak` was the step's, and the fields they lack are "not measured".
 
 use super::{predictions_for, FIELDS, SCHEMA, SCHEMA_VERSION};
+
+/// The oldest record version this trainmem reads.
+pub const OLDEST_VERSION: u64 = 1;
 use crate::config::{self, Config, Kernels};
 use crate::estimator::expr::group_digits;
 use crate::estimator::EstimateError;
@@ -22,7 +30,7 @@ pub enum CompareError {
     Json(String),
     #[error("the record is not a trainmem verify record (`schema` must be \"{SCHEMA}\")")]
     NotVerify,
-    #[error("`version` {0} is not one this trainmem reads (it reads version {SCHEMA_VERSION})")]
+    #[error("`version` {0} is not one this trainmem reads (it reads versions {OLDEST_VERSION} to {SCHEMA_VERSION})")]
     Version(u64),
     #[error("`{field}` must be {expected}")]
     Field { field: String, expected: &'static str },
@@ -72,7 +80,10 @@ pub fn label(field: &str) -> &'static str {
         "backward_peak" => "backward peak",
         "step_peak" => "optimizer step peak",
         "peak" => "step peak (allocated)",
-        "reserved_peak" => "max reserved",
+        "load_peak" => "loading: max allocated",
+        "load_reserved" => "loading: max reserved",
+        "step_reserved_peak" => "step: max reserved",
+        "reserved_peak" => "run: max reserved",
         "nvidia_smi" => "nvidia-smi",
         _ => "?",
     }
@@ -104,7 +115,7 @@ pub fn compare(text: &str) -> Result<Comparison, CompareError> {
         return Err(CompareError::NotVerify);
     }
     let version = v.get("version").and_then(Value::as_u64).ok_or_else(|| field_err("version", "a whole number"))?;
-    if version != SCHEMA_VERSION {
+    if !(OLDEST_VERSION..=SCHEMA_VERSION).contains(&version) {
         return Err(CompareError::Version(version));
     }
     let query = str_at(&v, "query")?.to_string();
@@ -121,7 +132,12 @@ pub fn compare(text: &str) -> Result<Comparison, CompareError> {
     let predicted = predictions_for(&cfg, kernels)?;
     let mut rows = Vec::new();
     for field in FIELDS {
-        let measured = bytes_at(&v, &format!("fields.{field}.measured"))?;
+        // Version 1 measured the step's reserved peak, with no loading before it.
+        let measured = if version == 1 && matches!(field, "reserved_peak" | "step_reserved_peak" | "load_peak" | "load_reserved") {
+            None
+        } else {
+            bytes_at(&v, &format!("fields.{field}.measured"))?
+        };
         let in_script = bytes_at(&v, &format!("fields.{field}.predicted"))?;
         let predicted = predicted.as_ref().and_then(|p| p.get(field));
         let (difference_bytes, difference_pct) = match (measured, predicted) {
@@ -154,11 +170,18 @@ pub fn compare(text: &str) -> Result<Comparison, CompareError> {
         _ => "an unnamed device".to_string(),
     };
     let version_of = |k: &str| v.pointer(&format!("/versions/{k}")).and_then(Value::as_str).unwrap_or("?").to_string();
-    let notes = v
+    let mut notes: Vec<String> = v
         .get("notes")
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
         .unwrap_or_default();
+    if version == 1 {
+        notes.push(
+            "a version-1 record: its script built the model in place without from_pretrained, so its reserved memory holds no loading \
+             and is not compared (regenerate the script to measure the loading and both reserved peaks)"
+                .into(),
+        );
+    }
     Ok(Comparison {
         model: v.get("model").and_then(Value::as_str).map_or_else(|| cfg.display_name(), String::from),
         query,
@@ -227,11 +250,11 @@ mod tests {
         let fields: serde_json::Map<String, Value> = FIELDS
             .iter()
             .map(|f| {
-                let m = if matches!(*f, "reserved_peak" | "nvidia_smi") { Value::Null } else { Value::from(measured) };
+                let m = if super::super::CUDA_ONLY.contains(f) { Value::Null } else { Value::from(measured) };
                 (f.to_string(), serde_json::json!({"measured": m, "predicted": null}))
             })
             .collect();
-        serde_json::json!({"schema": SCHEMA, "version": 1, "query": query, "kernels": kernels, "steady_step": 3,
+        serde_json::json!({"schema": SCHEMA, "version": 2, "query": query, "kernels": kernels, "steady_step": 3,
             "device": {"type": kernels, "name": "test"}, "versions": {"torch": "x", "transformers": "y"}, "fields": fields})
         .to_string()
     }
@@ -252,14 +275,39 @@ mod tests {
     fn malformed_records_name_the_field() {
         assert!(matches!(compare("{oops"), Err(CompareError::Json(_))));
         assert_eq!(compare("{\"schema\": \"other\"}"), Err(CompareError::NotVerify));
-        let v2 = record("", "cpu", 1).replace("\"version\":1", "\"version\":2");
-        assert_eq!(compare(&v2), Err(CompareError::Version(2)));
+        let v3 = record("", "cpu", 1).replace("\"version\":2", "\"version\":3");
+        assert_eq!(compare(&v3), Err(CompareError::Version(3)));
         let bad = record("", "tpu", 1);
         assert!(matches!(compare(&bad), Err(CompareError::Field { field, .. }) if field == "kernels"));
         let neg = record("", "cpu", 1).replace("\"measured\":1", "\"measured\":-5");
         assert!(matches!(compare(&neg), Err(CompareError::Field { field, .. }) if field.starts_with("fields.")));
         let q = record("seq=lots", "cpu", 1);
         assert!(compare(&q).err().map(|e| e.to_string()).is_some_and(|e| e.contains("`seq`")));
+    }
+
+    #[test]
+    fn a_cuda_record_compares_the_loading_and_both_reserved_peaks_and_a_version_1_record_not_its_reserve() {
+        let q = "model=gpt2&batch=2&seq=64&precision=fp32&layers=2";
+        let all = |version: u64| {
+            let fields: serde_json::Map<String, Value> =
+                FIELDS.iter().map(|f| (f.to_string(), serde_json::json!({"measured": 100_000_000u64, "predicted": null}))).collect();
+            serde_json::json!({"schema": SCHEMA, "version": version, "query": q, "kernels": "cuda", "steady_step": 3,
+                "device": {"type": "cuda", "name": "test"}, "versions": {"torch": "x", "transformers": "y"}, "fields": fields})
+            .to_string()
+        };
+        let c = compare(&all(2)).expect("compares");
+        for field in ["load_peak", "load_reserved", "step_reserved_peak", "reserved_peak"] {
+            let r = c.rows.iter().find(|r| r.field == field).expect("row");
+            assert!(r.predicted.is_some() && r.difference_bytes.is_some(), "{field}");
+        }
+        let load = c.rows.iter().find(|r| r.field == "load_peak").and_then(|r| r.predicted).unwrap_or(0);
+        let run = c.rows.iter().find(|r| r.field == "reserved_peak").and_then(|r| r.predicted).unwrap_or(0);
+        assert!(run >= load && load > 0, "the run's reserve holds the loading's peak");
+        let old = compare(&all(1)).expect("compares a version-1 record");
+        for field in ["load_peak", "load_reserved", "step_reserved_peak", "reserved_peak"] {
+            assert_eq!(old.rows.iter().find(|r| r.field == field).and_then(|r| r.measured), None, "{field}");
+        }
+        assert!(old.notes.iter().any(|n| n.starts_with("a version-1 record")));
     }
 
     #[test]

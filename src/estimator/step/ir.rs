@@ -415,7 +415,7 @@ pub struct Op {
     /// Decoder layer index, or [`MODEL`] for the model's ends.
     pub layer: u16,
     pub ins: (u32, u8),
-    pub outs: (u32, u8),
+    pub outs: (u32, u16),
     /// Saved tensors (into `Program::saves`).
     pub saved: (u32, u8),
     pub bw: (u32, u16),
@@ -898,7 +898,7 @@ impl<'a> Builder<'a> {
             module: self.module,
             layer: self.layer,
             ins: (ins_at, ins.len() as u8),
-            outs: (outs_at, outs.len() as u8),
+            outs: (outs_at, outs.len() as u16),
             saved: (saved_at, saved.len() as u8),
             bw: (bw_at, bw.len() as u16),
             compiled: Compiled::No,

@@ -331,7 +331,10 @@ impl<'a> Setup<'a> {
         };
         let code = families::modeling_for(self.cfg.framework, spec.family);
         let (cos, sin) = match code.rope_tables(spec) {
-            Some((shape, dt, _)) if code.rope_table_is_buffer() => (Some(b.external(shape, dt, Origin::Buffer, false)), None),
+            // Model buffers (torchtitan's `freqs_cis`, torchtune's `cache`; litgpt's `cos` and `sin`).
+            Some((shape, dt, two)) if code.rope_table_is_buffer() => {
+                (Some(b.external(shape, dt, Origin::Buffer, false)), two.then(|| b.external(shape, dt, Origin::Buffer, false)))
+            }
             Some((shape, dt, two)) => {
                 let c = mk(b, 0, shape, dt, Part::Embedding);
                 let s = two.then(|| mk(b, 1, shape, dt, Part::Embedding));
@@ -351,7 +354,7 @@ impl<'a> Setup<'a> {
         } else {
             (None, None)
         };
-        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local, linear: false }
+        Shared { cos, sin, pos, mask, mask_local, emb_w: None, locals: [None, None], cos_local, sin_local, linear: false, sliding: false }
     }
 
     /// One decoder layer of `kind` on its own: its input `x` (the model scope's own when
@@ -414,6 +417,7 @@ impl<'a> Setup<'a> {
             cos_local: None,
             sin_local: None,
             linear: false,
+            sliding: false,
         };
         b.layer = MODEL;
         let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(&mut b, &p, spec, x) } else { x };
@@ -424,7 +428,7 @@ impl<'a> Setup<'a> {
         self.head_and_loss(&mut b, &p, xn, &sh);
         // The caller's `hidden_states` holds the final norm's output through the loss
         // (torchtune's `unembed` returns the chunks' logits: its `h` goes before the loss).
-        if self.cfg.framework != crate::estimator::config::Framework::Torchtune {
+        if !matches!(self.cfg.framework, crate::estimator::config::Framework::Torchtune | crate::estimator::config::Framework::Litgpt) {
             b.hold(xn);
         }
         (b.p, x)
@@ -493,7 +497,7 @@ impl<'a> Setup<'a> {
             // norm's output until the loss is computed: under autocast the head keeps only its
             // bf16 cast, and the fp32 output still lives through the loss. (torchtune's
             // `unembed` returns the chunks' logits: its `h` goes before the loss.)
-            if self.cfg.framework != crate::estimator::config::Framework::Torchtune {
+            if !matches!(self.cfg.framework, crate::estimator::config::Framework::Torchtune | crate::estimator::config::Framework::Litgpt) {
                 b.hold(xn);
             }
         } else {
@@ -550,6 +554,12 @@ impl<'a> Setup<'a> {
         }
         if self.cfg.framework == crate::estimator::config::Framework::Torchtitan {
             families::torchtitan::head_and_loss(b, xn, w, bias, vocab);
+            return;
+        }
+        // litgpt's `GPT` returns the logits; Fabric converts them to fp32 and `finetune/full.py`
+        // runs `chunked_cross_entropy` on them.
+        if self.cfg.framework == crate::estimator::config::Framework::Litgpt {
+            families::litgpt::head_and_loss(b, xn, w, bias, vocab);
             return;
         }
         let logits = match w {
@@ -772,6 +782,17 @@ pub fn optimizer_params(prog: &Program, weight: DType) -> Vec<u128> {
         .collect()
 }
 
+/// [`optimizer_params`] of a whole model (embedding to head, `numels` built in that order) in
+/// the order the model registered them: the head first where the modeling code registers it
+/// first ([`families::modeling::Modeling::head_registered_first`]: litgpt's `GPT`).
+pub fn registration_order(setup: &Setup, numels: &mut [u128]) {
+    let spec = &setup.cfg.arch;
+    let whole = setup.stage.has_embedding() && setup.stage.has_head();
+    if whole && !spec.tied && families::modeling_for(setup.cfg.framework, spec.family).head_registered_first() {
+        numels.rotate_right(1);
+    }
+}
+
 /// The optimizer step's allocations after backward, per `optim` and `optim_impl`
 /// (`torch/optim/adamw.py` → `adam.py`):
 /// - for-loop (`_single_tensor_adam`): per parameter `exp_avg_sq.sqrt()` (temporary) and its
@@ -859,7 +880,10 @@ impl Resident {
 /// Gemma's embedding scale is a 0-dim buffer in the model dtype.
 pub fn buffer_bytes(cfg: &Config) -> Bytes {
     let spec = &cfg.arch;
-    if let Some(bytes) = families::torchtitan::buffer_bytes(cfg).or_else(|| families::torchtune::buffer_bytes(cfg)) {
+    if let Some(bytes) = families::torchtitan::buffer_bytes(cfg)
+        .or_else(|| families::torchtune::buffer_bytes(cfg))
+        .or_else(|| families::litgpt::buffer_bytes(cfg))
+    {
         return bytes;
     }
     let code = families::modeling(spec.family);
@@ -949,7 +973,8 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
     if !cfg.optim_in_bwd {
-        let numels = optimizer_params(prog, setup.optimizer_weight());
+        let mut numels = optimizer_params(prog, setup.optimizer_weight());
+        registration_order(setup, &mut numels);
         optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
     }
     let at = At { phase: Phase::ZeroGrad, layer: NO_LAYER, module: "", op: "", node: "" };

@@ -134,6 +134,17 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config, applied: Option<&A
         let items = e.warnings.iter().map(|w| view! { <li>{w.clone()}</li> }).collect_view();
         view! { <ul class="warnings">{items}</ul> }
     });
+    // What the frameworks' logs will print, from the same figures (estimator::logs).
+    let logs = crate::estimator::logs::log_lines(cfg, e);
+    let logs = (!logs.is_empty()).then(|| {
+        let items = logs.into_iter().map(|l| view! { <li title=l.source>{l.framework}": "<code>{l.line}</code></li> }).collect_view();
+        view! {
+            <details class="logs" data-testid="verdict-logs">
+                <summary>"What the logs will say"</summary>
+                <ul>{items}</ul>
+            </details>
+        }
+    });
     view! {
         <div class=class data-testid="verdict" data-fits=v.fits.to_string() data-tight=v.tight.to_string() data-headroom=v.headroom.to_string()>
             <p class="headline" data-testid="verdict-headline">{v.headline}</p>
@@ -150,6 +161,7 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config, applied: Option<&A
                 {stat("Tokens per step".into(), "", None, group_digits(e.layout.tokens_per_step), None)}
             </dl>
             {host.map(|h| view! { <p class="host">{h}</p> })}
+            {logs}
             {warnings}
         </div>
     }

@@ -100,7 +100,7 @@ pub fn Body() -> impl IntoView {
     };
     view! {
             <p class="hint">
-                "A self-contained PyTorch script (torch + transformers, random weights, nothing downloaded) that trains this configuration for three steps and prints what it measures — allocated after forward, the forward, backward and step peaks, max_memory_reserved and nvidia-smi — beside trainmem's prediction. It also runs on a CPU (a dispatch-level tracker instead of torch.cuda). Paste the JSON it writes below to compare row by row."
+                "A self-contained PyTorch script (torch + transformers, random weights, nothing downloaded) that loads the model with from_pretrained as you would, trains this configuration for three steps and prints what it measures — the loading's max allocated and max reserved, allocated after forward, the forward, backward and step peaks, the step's and the whole run's max_memory_reserved and nvidia-smi — beside trainmem's prediction. It also runs on a CPU (a dispatch-level tracker instead of torch.cuda). Paste the JSON it writes below to compare row by row."
             </p>
             <div class="row">
                 <button type="button" data-testid="verify-download" on:click=download>"Download the script (" {SCRIPT_NAME} ")"</button>

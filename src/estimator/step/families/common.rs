@@ -60,6 +60,9 @@ pub struct Shared {
     pub sin_local: Option<Tid>,
     /// A layer's view: its mixer is the gated DeltaNet (Qwen3-Next's `linear_attention` layers).
     pub linear: bool,
+    /// A layer's view: it attends through a sliding window (torchtune's Gemma 2 builds its mask
+    /// in the layer).
+    pub sliding: bool,
 }
 
 /// The shared tensors' slots, in a fixed order.
@@ -89,6 +92,7 @@ impl Shared {
         v.cos_local = None;
         v.sin_local = None;
         v.linear = var.linear;
+        v.sliding = var.sliding;
         if var.linear {
             // A linear-attention layer reads no causal mask: Qwen3-Next's `linear_attn_mask` and
             // Granite 4.0-H's `mamba_mask` are None without padding.
@@ -659,6 +663,18 @@ pub enum Rms {
     /// Keeps what [`Rms::WeightFirst`] keeps (the fp32 input, the rsqrt, the fp32 normalized
     /// input for the weight's gradient); C++ locals, nothing is held to the return.
     Torch,
+    /// litgpt 0.5.13's `RMSNorm.forward` (`litgpt/model.py`, `add_unit_offset=False`):
+    /// ```python
+    /// dtype = x.dtype
+    /// x = x.float()
+    /// norm_x = torch.mean(x * x, dim=self.dim, keepdim=True)
+    /// x_normed = x * torch.rsqrt(norm_x + self.eps)
+    /// return (x_normed * weight.float()).to(dtype=dtype)
+    /// ```
+    /// The square is `x * x` (MulBackward0 keeps `x` twice: one storage), the weight is upcast
+    /// (a copy for a bf16 weight, kept beside the fp32 normalized input); `x`, `norm_x` and
+    /// `x_normed` are locals until the return.
+    Litgpt,
 }
 
 /// An RMSNorm of `form` on `x`, with its weight `w` (none: unweighted). The caller's argument
@@ -666,7 +682,7 @@ pub enum Rms {
 pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>, form: Rms) -> Tid {
     let in_dt = b.t(x).dt;
     let x32 = b.to_copy(x, Dt::F32);
-    let sq = b.pow(x32);
+    let sq = if form == Rms::Litgpt { b.mul(x32, x32) } else { b.pow(x32) };
     let var = match form {
         Rms::WeightFirst { rows: true } | Rms::LlamaRows => mean_rows(b, sq),
         _ => b.mean_last(sq),
@@ -709,6 +725,20 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>, form: Rms) -> Tid {
         Rms::Llama4 => {
             let o = b.to_copy(n32, in_dt);
             w.map_or(o, |w| b.mul(o, w))
+        }
+        Rms::Litgpt => {
+            let o = match w {
+                Some(w) => {
+                    let wf = b.to_copy(w, Dt::F32);
+                    b.mul(n32, wf)
+                }
+                None => n32,
+            };
+            let y = b.to_copy(o, in_dt);
+            for t in [x32, var, n32] {
+                b.hold(t);
+            }
+            y
         }
     };
     b.hold(x);

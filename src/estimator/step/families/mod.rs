@@ -56,6 +56,7 @@ pub mod gpt2;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod kimi_linear;
+pub mod litgpt;
 pub mod llama;
 pub mod llama4;
 pub mod mamba2;
@@ -79,6 +80,7 @@ pub mod stablelm;
 pub mod starcoder2;
 pub mod torchtitan;
 pub mod torchtune;
+pub mod torchtune_gemma2;
 
 pub use common::{Kind, Params, Shared, Var};
 pub use modeling::{ConfigFile, Modeling};
@@ -150,12 +152,17 @@ families! {
 }
 
 /// The modeling code `framework` runs for `family`: a training framework's own model where it
-/// ships one for the family (`framework = torchtitan`: its Llama 3), else transformers'.
+/// ships one for the family (`framework = torchtitan`: its Llama 3 and Qwen3), else transformers'.
 /// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
-        (Framework::Torchtune, Family::Llama) => &torchtune::Llama3,
+        (Framework::Torchtitan, Family::Qwen3) => &torchtitan::Qwen3,
+        (Framework::Torchtune, _) => match torchtune::decoder(family) {
+            Some(code) => code,
+            None => modeling(family),
+        },
+        (Framework::Litgpt, Family::Llama) => &litgpt::Llama3,
         _ => modeling(family),
     }
 }

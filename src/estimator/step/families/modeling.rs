@@ -161,6 +161,13 @@ pub trait Modeling: Sync {
         let _ = spec;
         false
     }
+
+    /// Whether the model registers its output head before everything else (litgpt's
+    /// `GPT.__init__`: `lm_head`, then `transformer`), so that the optimizer, which steps the
+    /// parameters in registration order, steps it first. The programs build the head last.
+    fn head_registered_first(&self) -> bool {
+        false
+    }
 }
 
 /// Llama (`models/llama/`, transformers 5.24): every default of [`Modeling`]'s step. It lives

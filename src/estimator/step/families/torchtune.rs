@@ -22,11 +22,20 @@
 //!
 //! Projections, the SDPA core and `FeedForward` (`w2(silu(w1(x)) * w3(x))`) keep what
 //! transformers' Llama keeps: they reuse its builders.
+//!
+//! The other families torchtune ships run the same decoder with what their builders change
+//! ([`Decoder`]; each measured in `tests/fixtures/pytorch/frameworks/torchtune-<family>.json`):
+//! Llama 2 and Mistral (`RotaryPositionalEmbeddings`: the same interleaved forward), Llama 3.2
+//! (`TiedLinear`), Qwen2 / Qwen2.5 (q/k/v biases, `Qwen2RotaryPositionalEmbeddings`: [`rope_halves`]),
+//! Phi-3 (separate q/k/v and gate/up: [`split_weights`]; `Phi3RotaryPositionalEmbeddings`), Gemma
+//! (`GemmaNormEmbeddings`, `GemmaRMSNorm`, GeGLU, tied) and Gemma 2 (its own `Gemma2Attention` and
+//! four norms a layer, `torchtune_gemma2.rs`; `Gemma2FinalNorm`). torchtune 0.6.1 has no Qwen3.
 
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S, X};
-use super::common::{head_proj, out_proj, sub, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
-use super::llama::{decoder_layer, mlp, repeat_kv, sdpa_core};
+use super::common::{gated_mlp, head_proj, out_proj, sub, token_embedding, Act, AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared};
+use super::common::{GELU_TANH, LLAMA_MLP, SILU};
+use super::llama::{decoder_layer, repeat_kv, sdpa_core};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Attention, Config, Framework};
@@ -64,7 +73,7 @@ fn cache_shape() -> Shape {
 /// The cache needs no gradient: each product keeps only the cache (a buffer); the selects'
 /// backward (`select_backward`) allocates the whole fp32 input. `xshaped` and `x_out` are the
 /// function's locals.
-fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
+pub(super) fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
     let dt = b.t(x).dt;
     let x32 = b.to_copy(x, Dt::F32);
     let half = b.shape(x32).last(Dim::Half(Q::D));
@@ -95,22 +104,22 @@ fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
 /// output = self._attention_call(q, k, v, mask=None, dropout_p=0.0, is_causal=True)
 /// return self.output_proj(output.transpose(1, 2).contiguous().view(b, s_x, -1))
 /// ```
-fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Tid>) {
-    let qy = head_proj(b, x, w.wq, None, Q::A, "attn.q_proj", Linear::Q);
+fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, pe: Rope) -> (Tid, Option<Tid>) {
+    let qy = head_proj(b, x, w.wq, w.bq, Q::A, "attn.q_proj", Linear::Q);
     b.module = "attn";
     let q = b.view(qy, heads_bshd(Q::A), "ViewBackward0", false);
     let q = match sh.cos {
-        Some(c) => rope(b, q, c),
+        Some(c) => pe.apply(b, q, c, sh.sin),
         None => q,
     };
     let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
-    let ky = head_proj(b, x, w.wk, None, Q::KV, "attn.k_proj", Linear::K);
-    let vy = head_proj(b, x, w.wv, None, Q::KV, "attn.v_proj", Linear::V);
+    let ky = head_proj(b, x, w.wk, w.bk, Q::KV, "attn.k_proj", Linear::K);
+    let vy = head_proj(b, x, w.wv, w.bv, Q::KV, "attn.v_proj", Linear::V);
     b.module = "attn";
     let k = b.view(ky, heads_bshd(Q::KV), "ViewBackward0", false);
     let v = b.view(vy, heads_bshd(Q::KV), "ViewBackward0", false);
     let k = match sh.cos {
-        Some(c) => rope(b, k, c),
+        Some(c) => pe.apply(b, k, c, sh.sin),
         None => k,
     };
     let kt = b.view(k, heads(Q::KV), "TransposeBackward0", false);
@@ -130,41 +139,213 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Ti
 /// mlp_out = self.mlp(self.mlp_norm(h))
 /// return h + self.mlp_scale(mlp_out)
 /// ```
-fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
-    let aw = AttnW::new(b, p);
-    let mw = MlpW::new(b, p);
-    decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh), |b, n| mlp(b, &mw, n))
+fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, code: &Decoder) -> Tid {
+    let (aw, mw) = if spec.fused_qkv || spec.fused_gate_up { split_weights(b, p, spec) } else { (AttnW::new(b, p), MlpW::new(b, p)) };
+    let pe = code.rope;
+    let ffn = |b: &mut Builder, n: Tid| {
+        b.part = Part::Mlp;
+        gated_mlp(b, &mw, n, &Gated { act: code.act, ..LLAMA_MLP })
+    };
+    decoder_layer(b, p, x, code.norm, |b, n| attention(b, &aw, n, sh, pe), ffn)
 }
 
-/// torchtune 0.6.1's Llama 3 (`TransformerDecoder` of `llama3_1`, see the module doc).
-pub struct Llama3;
-impl Modeling for Llama3 {
+/// The layer's weights where transformers fuses what torchtune keeps apart: torchtune's `phi3`
+/// builds `q_proj`, `k_proj`, `v_proj` and `FeedForward`'s `w1`, `w3` as separate linears
+/// (`phi3/_convert_weights.py` splits `qkv_proj` and `gate_up_proj` on load): one parameter
+/// each, of (a · d) × h, (k · d) × h twice, and f × h twice elements, in registration order
+/// (q, k, v, output; gate, down, up).
+pub(super) fn split_weights(b: &mut Builder, p: &Params, spec: &ModelSpec) -> (AttnW, MlpW) {
+    let h = spec.hidden;
+    let trains = |name: &str| p.find(name).is_none_or(|(_, t, _)| t);
+    let aw = if spec.fused_qkv {
+        let t = trains("layers.*.attn.qkv_proj.weight");
+        let wq = Some(p.make(b, spec.heads * spec.head_dim * h, t, false));
+        let wk = Some(p.make(b, spec.kv_heads * spec.head_dim * h, t, false));
+        let wv = Some(p.make(b, spec.kv_heads * spec.head_dim * h, t, false));
+        let wo = p.w(b, "layers.*.attn.o_proj.weight");
+        AttnW { wq, bq: None, wk, bk: None, wv, bv: None, wo, bo: None, qn: None, kn: None }
+    } else {
+        AttnW::new(b, p)
+    };
+    let mw = if spec.fused_gate_up {
+        let t = trains("layers.*.mlp.gate_up_proj.weight");
+        let wg = Some(p.make(b, spec.ffn * h, t, false));
+        let wd = p.w(b, "layers.*.mlp.down_proj.weight");
+        let wu = Some(p.make(b, spec.ffn * h, t, false));
+        MlpW { wg, wu, wd }
+    } else {
+        MlpW::new(b, p)
+    };
+    (aw, mw)
+}
+
+/// The rotary embedding a torchtune builder gives its attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rope {
+    /// `RotaryPositionalEmbeddings` (Llama 2 / 3, Mistral) and `Llama3ScaledRoPE` (Llama 3.1 /
+    /// 3.2): the same `forward` on interleaved pairs against a `[P, d/2, 2]` cache ([`rope`]).
+    Interleaved,
+    /// `Qwen2RotaryPositionalEmbeddings` (Qwen2, Qwen2.5): rotate-half against a `[P, 2d]`
+    /// cache of cos then sin, cast to the input's dtype ([`rope_halves`]).
+    Halves,
+    /// `Phi3RotaryPositionalEmbeddings` (Phi-3): the same, without the cast: the products
+    /// promote a bf16 input to fp32 and `type_as` casts the result back ([`rope_halves`]).
+    HalvesFp32,
+}
+
+impl Rope {
+    /// The embedding on `x`, reading the `cache` (Qwen2's, Phi-3's: its cos half, with `sin` its
+    /// sin half).
+    fn apply(self, b: &mut Builder, x: Tid, cache: Tid, sin: Option<Tid>) -> Tid {
+        match (self, sin) {
+            (Rope::Halves, Some(sin)) => rope_halves(b, x, cache, sin, true),
+            (Rope::HalvesFp32, Some(sin)) => rope_halves(b, x, cache, sin, false),
+            _ => rope(b, x, cache),
+        }
+    }
+
+    /// Whether the layers read the cache as two halves, cos and sin (`[s, d]` each of the
+    /// `[P, 2d]` rows), rather than one `[s, d/2, 2]` table.
+    fn halves(self) -> bool {
+        self != Rope::Interleaved
+    }
+
+    /// Elements of the `cache` buffer per position and head-dim element (`[P, d/2, 2]`: 1;
+    /// `[P, 2d]`: 2).
+    fn cache_per_position(self) -> u128 {
+        match self {
+            Rope::Interleaved => 1,
+            Rope::Halves | Rope::HalvesFp32 => 2,
+        }
+    }
+}
+
+/// `Qwen2RotaryPositionalEmbeddings.forward` (`torchtune/models/qwen2/_positional_embeddings.py`)
+/// on q or k laid out `[b, s, heads, d]`:
+/// ```python
+/// rope_cache = self.cache[:seq_len].view(-1, seq_len, 1, head_dim * 2)
+/// cos = rope_cache[..., :head_dim].to(x.dtype)
+/// sin = rope_cache[..., head_dim:].to(x.dtype)
+/// x1 = x[..., : x.shape[-1] // 2]; x2 = x[..., x.shape[-1] // 2 :]
+/// rotated = torch.cat((-x2, x1), dim=-1)
+/// x_out = (x * cos) + (rotated * sin)
+/// return x_out.type_as(x)
+/// ```
+/// The cache is fp32: in fp32 `cos` and `sin` are views of the buffer (nothing kept); in bf16
+/// each call copies them (`[s, d]` bf16 each), and the products keep those copies. `cos`, `sin`
+/// and `rotated` are the function's locals.
+///
+/// `Phi3RotaryPositionalEmbeddings.forward` (`cast` false) is the same without the two
+/// `.to(x.dtype)`: a bf16 `x` times the fp32 cache promotes each product (and the sum) to fp32,
+/// the products keep only the buffer, and `type_as(x)` copies the result back to bf16.
+/// `cos` and `sin` are the buffer's two halves as the layers read them (views of the buffer).
+fn rope_halves(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, cast: bool) -> Tid {
+    let dt = b.t(x).dt;
+    let cos = if cast { b.to_copy(cos, dt) } else { cos };
+    let sin = if cast { b.to_copy(sin, dt) } else { sin };
+    let half = b.shape(x).last(Dim::Half(Q::D));
+    let x1 = b.slice(x, half);
+    let x2 = b.slice(x, half);
+    let ng = b.unary("neg", "NegBackward0", x2, super::super::blocks::Keep::Nothing, "neg");
+    let full = b.shape(x);
+    let rotated = b.cat2(ng, x1, full);
+    let m1 = b.mul(x, cos);
+    let m2 = b.mul(rotated, sin);
+    let sum = b.add(m1, m2);
+    let out = b.to_copy(sum, dt);
+    b.hold(cos);
+    b.hold(sin);
+    b.hold(rotated);
+    out
+}
+
+/// torchtune 0.6.1's decoder (`TransformerDecoder` of `TransformerSelfAttentionLayer`s, see the
+/// module doc) with the rotary embedding, norm, activation and embedding its builder picks:
+/// `llama3_1` / `llama3_2` / `llama3` / `llama2` / `mistral` ([`LLAMA`]), `qwen2` ([`QWEN2`]),
+/// `phi3` ([`PHI3`]) or `gemma` ([`GEMMA`]).
+pub struct Decoder {
+    pub rope: Rope,
+    /// `RMSNorm` (`F.rms_norm` on `x.float()`) or Gemma's `GemmaRMSNorm`.
+    pub norm: Norm,
+    /// `FeedForward`'s activation: `F.silu`, or Gemma's `nn.GELU(approximate="tanh")`.
+    pub act: Act,
+    /// Gemma's `GemmaNormEmbeddings`: the embedding times √h.
+    pub scaled_embedding: bool,
+    /// Gemma 2's layer: `Gemma2Attention`, four norms (`torchtune_gemma2.rs`), `Gemma2FinalNorm`.
+    pub gemma2: bool,
+}
+
+/// Llama 2 / 3 / 3.1 / 3.2 and Mistral (`RotaryPositionalEmbeddings`, `Llama3ScaledRoPE`).
+pub const LLAMA: Decoder = Decoder { rope: Rope::Interleaved, norm: NORM, act: SILU, scaled_embedding: false, gemma2: false };
+/// Qwen2 and Qwen2.5 (`qwen2`: q/k/v biases, `Qwen2RotaryPositionalEmbeddings`).
+pub const QWEN2: Decoder = Decoder { rope: Rope::Halves, ..LLAMA };
+/// Phi-3 (`phi3`: q, k, v and gate, up apart, `Phi3RotaryPositionalEmbeddings`).
+pub const PHI3: Decoder = Decoder { rope: Rope::HalvesFp32, ..LLAMA };
+/// Gemma (`gemma`: `GemmaNormEmbeddings`, `GemmaRMSNorm` — `_norm(x.float()) * (1 + scale.float())`,
+/// then `type_as(x)`, transformers' `GemmaRMSNorm` line for line ([`Rms::Gemma`]) —,
+/// `RotaryPositionalEmbeddings`, GeGLU, `TiedLinear`).
+pub const GEMMA: Decoder =
+    Decoder { rope: Rope::Interleaved, norm: Norm::Rms(Rms::Gemma), act: GELU_TANH, scaled_embedding: true, gemma2: false };
+/// Gemma 2 (`gemma2`: Gemma's embedding, norm and MLP, its own `Gemma2Attention`, four norms a
+/// layer, `Gemma2FinalNorm`).
+pub const GEMMA2: Decoder = Decoder { gemma2: true, ..GEMMA };
+
+/// `GemmaNormEmbeddings.forward` after the lookup: `x * torch.tensor(self.embedding_dim**0.5,
+/// dtype=x.dtype)`. The factor is a fresh 0-dim tensor each forward (not a buffer), which the
+/// product keeps; on CUDA it is a CPU tensor (`torch.tensor` without a device), here it is
+/// what the CPU records count: 2 or 4 bytes.
+fn scale_embedding(b: &mut Builder, x: Tid) -> Tid {
+    let dt = b.t(x).dt;
+    let scale = b.plain("scalar_tensor", &[], Shape::scalar(), dt);
+    b.mul(x, scale)
+}
+
+impl Modeling for Decoder {
     /// `TransformerDecoder.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
-    /// layers read the shared RoPE module's `cache` buffer.
+    /// layers read the shared RoPE module's `cache` buffer. A tied output (`TiedLinear`) reads
+    /// the embedding's weight.
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let (x0, _) = token_embedding(b, p, ids, "tok_embeddings");
+        let (x0, emb_w) = token_embedding(b, p, ids, "tok_embeddings");
+        let x0 = if self.scaled_embedding { scale_embedding(b, x0) } else { x0 };
         b.module = "";
-        (x0, self.positions(b, spec, attn))
+        (x0, Shared { emb_w: super::common::tied(spec, emb_w), ..self.positions(b, spec, attn) })
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        let cos = super::common::has_rope(spec).then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
-        Shared { cos, ..Shared::default() }
+        let rope = super::common::has_rope(spec);
+        let cos = rope.then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
+        let sin = (rope && self.rope.halves()).then(|| b.external(cache_shape(), Dt::F32, Origin::Buffer, false));
+        Shared { cos, sin, ..Shared::default() }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = (spec, kind, attn);
-        layer(b, p, x, sh)
+        let _ = (kind, attn);
+        if self.gemma2 {
+            super::torchtune_gemma2::layer(b, p, spec, x, sh, self)
+        } else {
+            layer(b, p, spec, x, sh, self)
+        }
     }
     fn norm(&self) -> Norm {
-        NORM
+        self.norm
+    }
+    /// `self.norm(h)`; Gemma 2's `Gemma2FinalNorm` soft-caps the norm's output (`TanhSoftCapping`:
+    /// `/ cap`, `tanh`, `* cap`, keeping the tanh) before the output projection.
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        let _ = spec;
+        let n = super::common::final_norm(b, p, "norm", self.norm, x);
+        if self.gemma2 {
+            super::gemma::softcap_logits(b, n)
+        } else {
+            n
+        }
     }
     /// `h` is rebound by every layer.
     fn x0_is_local(&self) -> bool {
         false
     }
-    /// The RoPE `cache` buffer, no sin.
+    /// The RoPE `cache` buffer (Qwen2's and Phi-3's as its cos and sin halves).
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (cache_shape(), Dt::F32, false))
+        super::common::has_rope(spec).then(|| (cache_shape(), Dt::F32, self.rope.halves()))
     }
     /// SDPA runs `is_causal=True`: no mask.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
@@ -179,18 +360,32 @@ impl Modeling for Llama3 {
     }
 }
 
-/// torchtune's buffers: the one RoPE module every layer shares (`Llama3ScaledRoPE.rope_init`:
-/// `theta` `[d/2]` and `cache` `[max_seq_len, d/2, 2]`, fp32 — computed with `.float()`, so the
-/// recipe's `set_default_dtype(bf16)` leaves them fp32; `max_seq_len` is the model's,
+/// The torchtune program for `family`, where one is written (see `families::modeling_for`).
+pub fn decoder(family: Family) -> Option<&'static Decoder> {
+    match family {
+        Family::Llama | Family::Mistral => Some(&LLAMA),
+        Family::Qwen2 => Some(&QWEN2),
+        Family::Phi3 => Some(&PHI3),
+        Family::Gemma => Some(&GEMMA),
+        Family::Gemma2 => Some(&GEMMA2),
+        _ => None,
+    }
+}
+
+/// torchtune's buffers: the one RoPE module every layer shares (`rope_init`: `theta` `[d/2]` and
+/// `cache` — `[max_seq_len, d/2, 2]` in `RotaryPositionalEmbeddings` and `Llama3ScaledRoPE`,
+/// `[max_seq_len, 2d]` in `Qwen2RotaryPositionalEmbeddings` —, fp32: computed with `.float()`,
+/// so the recipe's `set_default_dtype(bf16)` leaves them fp32; `max_seq_len` is the model's,
 /// `max_position_embeddings`) and the recipe's `ignore_labels_cache`
 /// (`torch.full((batch_size, 1), ignore_index, device=self._device)`, int64):
-/// (P · (d/2) · 2 + d/2) × 4 + b × 8. `None` for another framework or family.
+/// (k · P · (d/2) · 2 + d/2) × 4 + b × 8, k = 1 (interleaved) or 2 (Qwen2). `None` for another
+/// framework or family.
 pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
-    (cfg.framework == Framework::Torchtune && cfg.arch.family == Family::Llama).then(|| {
-        let half = (cfg.arch.head_dim / 2) as u128;
-        let rope = if super::common::has_rope(&cfg.arch) { (cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
-        rope + cfg.batch as u128 * INT64_BYTES
-    })
+    let code = decoder(cfg.arch.family).filter(|_| cfg.framework == Framework::Torchtune)?;
+    let half = (cfg.arch.head_dim / 2) as u128;
+    let per = code.rope.cache_per_position();
+    let rope = if super::common::has_rope(&cfg.arch) { (per * cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
+    Some(rope + cfg.batch as u128 * INT64_BYTES)
 }
 
 /// The output chunks' token counts: `torch.chunk(h, 8, dim=1)` makes chunks of ⌈s/8⌉ tokens,
@@ -352,12 +547,39 @@ mod tests {
         assert_eq!(super::buffer_bytes(&base), None);
         assert_eq!(super::chunk_tokens(64), (8, 8, 8));
         assert_eq!(super::chunk_tokens(100), (13, 8, 9));
-        let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
-        assert!(estimate(&Config { framework: Framework::Torchtune, arch: gemma, ..base.clone() }).is_err());
+        let qwen3 = preset("qwen3-8b").expect("a qwen3 preset").spec;
+        assert!(estimate(&Config { framework: Framework::Torchtune, arch: qwen3, ..base.clone() }).is_err());
         // Mixed precision with fp32 master weights is not how torchtune trains: refused by name.
         let mixed = estimate(&Config { framework: Framework::Torchtune, precision: Precision::MixedBf16, ..base.clone() });
         assert!(mixed.is_err_and(|e| e.to_string().contains("torchtune")));
         // Its plain (unchunked) cross-entropy is another program: refused, not estimated as this one.
         assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
+    }
+
+    /// Every family torchtune 0.6.1 ships that has a preset (Gemma has none: its records are in
+    /// `framework_fixtures`) estimates; Qwen2's `[P, 2d]` RoPE cache holds twice Llama's; Qwen3
+    /// (not in torchtune 0.6.1) and Qwen3-MoE are refused by name.
+    #[test]
+    fn torchtune_estimates_each_family_it_ships_and_refuses_qwen3_by_name() {
+        let tune = |name: &str| Config {
+            model: name.into(),
+            arch: preset(name).expect("preset").spec,
+            seq: 2048,
+            precision: Precision::Bf16,
+            loss: Loss::Chunked,
+            framework: Framework::Torchtune,
+            ..Config::default()
+        };
+        for name in ["llama-3.2-1b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen2.5-7b", "phi-3-mini-4k-instruct", "llama-2-7b", "gemma-2-9b"]
+        {
+            assert!(estimate(&tune(name)).is_ok(), "{name}");
+        }
+        let q = tune("qwen2.5-7b");
+        let (p, half) = (q.arch.max_pos as u128, (q.arch.head_dim / 2) as u128);
+        assert_eq!(super::buffer_bytes(&q), Some((2 * p * half * 2 + half) * 4 + q.batch as u128 * 8));
+        for name in ["qwen3-8b", "qwen3-30b-a3b"] {
+            let e = estimate(&tune(name));
+            assert!(e.is_err_and(|e| e.to_string().contains("torchtune")), "{name}");
+        }
     }
 }

@@ -1,0 +1,506 @@
+//! `framework = litgpt`: litgpt 0.5.13's own `GPT` (`litgpt/model.py`: `GPT`, `Block`,
+//! `CausalSelfAttention`, `build_rope_cache` / `apply_rope`, `RMSNorm`, `LLaMAMLP`) with a
+//! Llama 3 / 3.1 config (`litgpt/config.py`, e.g. `"Llama-3.1-8B"`), trained as
+//! `litgpt/finetune/full.py` trains it: Lightning Fabric's precision plugin around the model
+//! call, then `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`
+//! (`litgpt/utils.py`, `chunk_size=128`) and `fabric.backward(loss / accumulation)`. Its
+//! activation checkpointing (`FSDPStrategy(activation_checkpointing_policy={Block})`:
+//! `checkpoint_wrapper(checkpoint_impl=NO_REENTRANT)` on each `Block`) is the step's checkpoint
+//! region.
+//!
+//! Where it differs from transformers' `modeling_llama.py`, each measured in
+//! `tests/fixtures/pytorch/frameworks/litgpt-llama3.json`:
+//! - one fused `attn.qkv` linear, `split((q, k, v), dim=-1)` (SplitWithSizesBackward0: one
+//!   `cat` of the three gradients), views and transposes;
+//! - RoPE reads the model's `cos` and `sin` buffers (fp32, computed with `.float()` by
+//!   `build_rope_cache`; `fit` rebuilds them for the data's longest sequence after Fabric's
+//!   conversion, so they stay fp32): `rotated = cat((-x2, x1))`, `x * cos + rotated * sin`
+//!   in fp32 (type promotion), cast back; then `cat((roped, x[..., n:]))` copies q and k;
+//! - its `RMSNorm` upcasts the input, squares it as `x * x`, and multiplies by
+//!   `weight.float()` before casting back ([`Rms::Litgpt`]);
+//! - `LLaMAMLP` computes `fc_1`, then `fc_2`, then `silu(·) * ·`; the block keeps its
+//!   `attention_output` bound to the return;
+//! - Fabric's bf16 precisions (`bf16-true`, `bf16-mixed`) convert the forward's output to fp32
+//!   (`convert_output`): the loss reads fp32 logits, sliced, copied by `reshape` (b > 1), split
+//!   in chunks of 128 rows, each with its own `cross_entropy(reduction="none")`.
+//!
+//! The SDPA core (`is_causal=True`, no mask) and `repeat_interleave`'s copy of k and v keep
+//! what transformers' Llama keeps: they reuse its builders.
+
+use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S};
+use super::common::{fused_qkv, has_rope, proj_or, token_embedding, Kind, MlpW, Norm, Params, Rms, Shared, LAYER_NORM};
+use super::llama::{repeat_kv, sdpa_core_copy};
+use super::modeling::Modeling;
+use crate::estimator::activations::ctx::Q;
+use crate::estimator::config::{Attention, Config, Framework};
+use crate::estimator::family::Family;
+use crate::estimator::ledger::Bytes;
+use crate::estimator::model::{Linear, ModelSpec};
+use crate::estimator::step::part::Part;
+
+/// `chunked_cross_entropy`'s `chunk_size` (its default, which `finetune/full.py` and
+/// `pretrain.py` keep): rows of the flattened logits per `cross_entropy` call.
+pub const LOSS_CHUNK_ROWS: u64 = 128;
+
+/// Bytes of one fp32 element (the `cos` and `sin` buffers).
+const FP32_BYTES: u128 = 4;
+
+/// litgpt's `RMSNorm` (`litgpt/model.py`), in the blocks and after them (`ln_f`).
+const NORM: Norm = Norm::Rms(Rms::Litgpt);
+
+/// `self.cos[:T]` / `self.sin[:T]` as the layers read them: fp32 `[s, rope_n_elem]` (the
+/// buffer holds exactly the sequence, see [`buffer_bytes`]).
+fn table_shape() -> Shape {
+    Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::D)], Split::None)
+}
+
+/// `apply_rope(x, cos, sin)` on q or k laid out `[b, heads, s, d]`:
+/// ```python
+/// head_size_half = x.size(-1) // 2
+/// x1 = x[..., :head_size_half]
+/// x2 = x[..., head_size_half:]
+/// rotated = torch.cat((-x2, x1), dim=-1)
+/// roped = (x * cos) + (rotated * sin)     # cos, sin: fp32 buffers, the products fp32
+/// return roped.to(dtype=x.dtype)
+/// ```
+/// The tables need no gradient: each product keeps only its table (a buffer). `rotated` is a
+/// local until the return.
+fn apply_rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid) -> Tid {
+    let dt = b.t(x).dt;
+    let full = b.shape(x);
+    let half = full.last(Dim::Half(Q::D));
+    let x1 = b.slice(x, half);
+    let x2 = b.slice(x, half);
+    let ng = b.unary("neg", "NegBackward0", x2, Keep::Nothing, "neg");
+    let rotated = b.cat2(ng, x1, full);
+    let a = b.mul(x, cos);
+    let c = b.mul(rotated, sin);
+    let roped = b.add(a, c);
+    let out = b.to_copy(roped, dt);
+    b.hold(rotated);
+    out
+}
+
+/// `torch.cat((x_roped, x[..., rope_n_elem:]), dim=-1)`: the pass-through part is an empty
+/// slice (SliceBackward0 still allocates the whole input in backward); the `cat` copies.
+fn join(b: &mut Builder, roped: Tid, x: Tid) -> Tid {
+    let full = b.shape(x);
+    let pass = b.slice(x, full.last(Dim::N(0)));
+    b.cat2(roped, pass, full)
+}
+
+/// `qkv.split((query_size, key_size, value_size), dim=-1)`: three views; SplitWithSizesBackward0
+/// concatenates their gradients (one `cat` of the fused output's size).
+fn split_qkv(b: &mut Builder, qkv: Tid) -> (Tid, Tid, Tid) {
+    let (rg, bytes, dtype) = (b.rg(qkv), b.bytes(qkv), b.t(qkv).dtype);
+    let o = [b.view_out(qkv, heads_bshd(Q::A)), b.view_out(qkv, heads_bshd(Q::KV)), b.view_out(qkv, heads_bshd(Q::KV))];
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    let r = b.op("split_with_sizes", "SplitWithSizesBackward0", &[qkv], &o, &[], bw);
+    (r[0], r[1], r[2])
+}
+
+/// `CausalSelfAttention.forward` (no KV cache, no q/k norms, no sliding window):
+/// ```python
+/// qkv = self.qkv(x)
+/// q, k, v = qkv.split((query_size, key_size, value_size), dim=-1)
+/// q = q.view(B, T, n_head, head_size); k = k.view(…); v = v.view(…)
+/// q = q.transpose(1, 2); k = k.transpose(1, 2); v = v.transpose(1, 2)
+/// q_roped = apply_rope(q[..., :rope_n_elem], cos, sin)
+/// k_roped = apply_rope(k[..., :rope_n_elem], cos, sin)
+/// q = torch.cat((q_roped, q[..., rope_n_elem:]), dim=-1)
+/// k = torch.cat((k_roped, k[..., rope_n_elem:]), dim=-1)
+/// if n_query_groups != n_head:
+///     k = k.repeat_interleave(q_per_kv, dim=1); v = v.repeat_interleave(q_per_kv, dim=1)
+/// y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=scale, is_causal=True)
+/// y = y.transpose(1, 2).reshape(B, T, head_size * n_head)
+/// return self.proj(y)
+/// ```
+/// `q[..., :rope_n_elem]` over the whole head is `q` itself (Python indexing returns the tensor
+/// for a full slice). q and k come back from RoPE's `cat` contiguous `[b, heads, s, d]`: their
+/// gradients reach the `[b, s, heads, d]` views transposed, and the views' `reshape` copies
+/// them; v's does too when `repeat_interleave` copied it. `qkv` and `q_roped`, `k_roped` are
+/// locals until the return.
+fn attention(b: &mut Builder, wqkv: Option<Tid>, wo: Option<Tid>, x: Tid, sh: &Shared) -> Tid {
+    let qkv = fused_qkv(b, x, (wqkv, None), ["attn.qkv", "attn"], proj_or);
+    let (q, k, v) = split_qkv(b, qkv);
+    let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
+    let qv = b.view(q, heads_bshd(Q::A), "ViewBackward0", true);
+    let kv = b.view(k, heads_bshd(Q::KV), "ViewBackward0", true);
+    let vv = b.view(v, heads_bshd(Q::KV), "ViewBackward0", gqa);
+    let qt = b.view(qv, heads(Q::A), "TransposeBackward0", false);
+    let kt = b.view(kv, heads(Q::KV), "TransposeBackward0", false);
+    let vt = b.view(vv, heads(Q::KV), "TransposeBackward0", false);
+    let (qe, ke) = match (sh.cos, sh.sin) {
+        (Some(cos), Some(sin)) => {
+            let qr = apply_rope(b, qt, cos, sin);
+            let kr = apply_rope(b, kt, cos, sin);
+            let qe = join(b, qr, qt);
+            let ke = join(b, kr, kt);
+            b.hold(qr);
+            b.hold(kr);
+            (qe, ke)
+        }
+        _ => (qt, kt),
+    };
+    b.part = Part::AttentionCore;
+    let (kr, vr) = if gqa { (repeat_kv(b, ke), repeat_kv(b, vt)) } else { (ke, vt) };
+    let o = sdpa_core_copy(b, qe, kr, vr, sh.cos.is_some());
+    b.part = Part::AttentionInputs;
+    b.module = "attn.proj";
+    let out = proj_or(b, o, wo, None, tok(Q::H), Linear::O);
+    b.hold(qkv);
+    out
+}
+
+/// `LLaMAMLP.forward`:
+/// ```python
+/// x_fc_1 = self.fc_1(x)
+/// x_fc_2 = self.fc_2(x)
+/// x = F.silu(x_fc_1) * x_fc_2
+/// return self.proj(x)
+/// ```
+/// `x_fc_1` and `x_fc_2` are locals until the return (both saved anyway).
+fn mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
+    b.part = Part::Mlp;
+    let f = || tok_tp(Dim::Q(Q::F));
+    b.module = "mlp.fc_1";
+    let g = proj_or(b, x, w.wg, None, f(), Linear::Gate);
+    b.module = "mlp.fc_2";
+    let u = proj_or(b, x, w.wu, None, f(), Linear::Up);
+    b.module = "mlp";
+    let a = b.unary("silu", "SiluBackward0", g, Keep::Input, "silu_backward");
+    let m = b.mul(a, u);
+    b.module = "mlp.proj";
+    proj_or(b, m, w.wd, None, tok(Q::H), Linear::Down)
+}
+
+/// `Block.forward` (non-parallel residual, no post-norms: Llama's config):
+/// ```python
+/// x_normed = self.norm_1(x)
+/// attention_output = self.attn(x_normed, cos, sin, mask, input_pos, input_pos_maxp1)
+/// attention_output = self.post_attention_norm(attention_output)   # Identity
+/// x = attention_output + x
+/// x_normed = self.norm_2(x)
+/// return self.post_mlp_norm(self.mlp(x_normed)) + x
+/// ```
+/// Parameters in registration order: `norm_1`, `attn.qkv`, `attn.proj`, `norm_2`, `mlp.fc_1`,
+/// `fc_2`, `proj`. The fused `qkv` weight is one parameter of the q, k and v weights' elements.
+fn block(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
+    let w1 = NORM.weights(b, p, LAYER_NORM);
+    let wqkv = fused_weight(b, p);
+    let wo = p.w(b, "layers.*.attn.o_proj.weight");
+    let w2 = NORM.weights(b, p, LAYER_NORM);
+    let mw = MlpW::new(b, p);
+    b.module = "norm_1";
+    b.part = Part::Norms;
+    let n1 = NORM.run(b, x, w1);
+    let a = attention(b, wqkv, wo, n1, sh);
+    b.module = "";
+    b.part = Part::Norms;
+    let h = b.add(a, x);
+    b.module = "norm_2";
+    let n2 = NORM.run(b, h, w2);
+    let m = mlp(b, &mw, n2);
+    b.module = "";
+    b.part = Part::Norms;
+    let y = b.add(m, h);
+    b.hold(a);
+    b.hold(h);
+    b.hold(n2);
+    y
+}
+
+/// `attn.qkv.weight`: `[(n_head + 2 · n_query_groups) · head_size, n_embd]`, the elements of
+/// the q, k and v projections' weights in one parameter.
+fn fused_weight(b: &mut Builder, p: &Params) -> Option<Tid> {
+    let parts = ["layers.*.attn.q_proj.weight", "layers.*.attn.k_proj.weight", "layers.*.attn.v_proj.weight"].map(|n| p.find(n));
+    let (mut numel, mut trains, mut expert, mut any) = (0, false, false, false);
+    for (n, t, e) in parts.into_iter().flatten() {
+        numel += n;
+        trains |= t;
+        expert |= e;
+        any = true;
+    }
+    any.then(|| p.make(b, numel, trains, expert))
+}
+
+/// litgpt 0.5.13's `GPT` with a Llama 3 config (see the module doc).
+pub struct Llama3;
+impl Modeling for Llama3 {
+    /// `GPT.forward` before the blocks: `cos = self.cos[:T].unsqueeze(0)` (sin alike, views of
+    /// the buffers), `x = self.transformer.wte(idx)`.
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        let sh = self.positions(b, spec, attn);
+        let (x0, _) = token_embedding(b, p, ids, "transformer.wte");
+        b.module = "";
+        (x0, sh)
+    }
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        let _ = attn;
+        if !has_rope(spec) {
+            return Shared::default();
+        }
+        let cos = b.external(table_shape(), Dt::F32, Origin::Buffer, false);
+        let sin = b.external(table_shape(), Dt::F32, Origin::Buffer, false);
+        Shared { cos: Some(cos), sin: Some(sin), ..Shared::default() }
+    }
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        let _ = (spec, kind, attn);
+        block(b, p, x, sh)
+    }
+    fn norm(&self) -> Norm {
+        NORM
+    }
+    fn final_norm(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid) -> Tid {
+        let _ = spec;
+        super::common::final_norm(b, p, "transformer.ln_f", NORM, x)
+    }
+    /// `x` is rebound by every block.
+    fn x0_is_local(&self) -> bool {
+        false
+    }
+    /// The `cos` and `sin` buffers, fp32.
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        has_rope(spec).then(|| (table_shape(), Dt::F32, true))
+    }
+    /// SDPA runs `is_causal=True` (`mask is None` in training): no mask.
+    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        let _ = (b, spec, attn);
+        [None, None]
+    }
+    fn shares_positions(&self) -> bool {
+        false
+    }
+    fn rope_table_is_buffer(&self) -> bool {
+        true
+    }
+    /// `GPT.__init__` registers `lm_head` first, then `transformer` (`wte`, `h`, `ln_f`):
+    /// the for-loop AdamW steps `wte` while `lm_head`'s `denom` is still bound (measured: the
+    /// optimizer's peak is 3 × the embedding's size above the gradients, 2 × in torchtune's).
+    fn head_registered_first(&self) -> bool {
+        true
+    }
+}
+
+/// litgpt's model buffers: `cos` and `sin` (`GPT.max_seq_length`'s setter, `build_rope_cache`:
+/// `[max_seq_length, rope_n_elem]` each, fp32 — `torch.arange(…).float()`). `finetune/full.py`'s
+/// `fit` sets `model.max_seq_length = min(longest_seq_length, train.max_seq_length)` after
+/// `fabric.setup`, which rebuilds them for that length, in fp32 whatever the precision: the
+/// training sequence stands for the data's longest. 2 × s × d × 4. `None` for another framework
+/// or family.
+pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
+    (cfg.framework == Framework::Litgpt && cfg.arch.family == Family::Llama).then(|| {
+        if has_rope(&cfg.arch) {
+            2 * cfg.seq as u128 * cfg.arch.head_dim as u128 * FP32_BYTES
+        } else {
+            0
+        }
+    })
+}
+
+/// Parameter tensors litgpt has fewer of than the parameter groups (`q_proj`, `k_proj`,
+/// `v_proj` apart) count: its fused `attn.qkv` is one tensor where the groups have three, so
+/// 2 per layer of the stage (AdamW keeps one `step` counter per tensor). 0 for another
+/// framework or family.
+pub fn merged_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGroup]) -> u64 {
+    if cfg.framework != Framework::Litgpt || cfg.arch.family != Family::Llama || cfg.arch.fused_qkv {
+        return 0;
+    }
+    let trainable =
+        |name: &str| groups.iter().any(|g| g.group.name == name && g.role == crate::estimator::params::Role::Trainable && !g.adapter);
+    let layers = groups.iter().filter(|g| g.group.name == "layers.*.attn.q_proj.weight" && !g.adapter).map(|g| g.group.count).sum::<u64>();
+    let fused = ["layers.*.attn.q_proj.weight", "layers.*.attn.k_proj.weight", "layers.*.attn.v_proj.weight"]
+        .iter()
+        .filter(|n| trainable(n))
+        .count() as u64;
+    layers * fused.saturating_sub(1)
+}
+
+/// The loss chunks of `rows` flattened positions: (rows per chunk, chunks, rows of the last).
+pub fn loss_chunks(rows: u64) -> (u64, u64, u64) {
+    let n = rows.div_ceil(LOSS_CHUNK_ROWS).max(1);
+    (LOSS_CHUNK_ROWS.min(rows), n, rows - (n - 1) * LOSS_CHUNK_ROWS.min(rows))
+}
+
+/// `lm_head`, Fabric's `convert_output`, then `finetune/full.py`'s loss step:
+/// ```python
+/// logits = model(input_ids)                    # _FabricModule: lm_head's output .to(float32)
+/// loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+/// # chunked_cross_entropy (utils.py), logits not a list:
+/// logits = logits.reshape(-1, logits.size(-1)); targets = targets.reshape(-1)
+/// logit_chunks = logits.split(chunk_size); target_chunks = targets.split(chunk_size)
+/// loss_chunks = [F.cross_entropy(l, t, ignore_index=-100, reduction="none") for l, t in …]
+/// non_masked_elems = (targets != ignore_index).sum()
+/// return torch.cat(loss_chunks).sum() / non_masked_elems.maximum(torch.ones_like(non_masked_elems))
+/// fabric.backward(loss / train.gradient_accumulation_iters(devices, num_nodes))
+/// ```
+/// For b > 1 the shifted slice is not contiguous: `reshape` copies the logits and the targets.
+/// The caller's fp32 logits live through the loss (full.py's `logits` name, see
+/// docs/frameworks.md for what outlives it).
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape) {
+    let logits = match w {
+        Some(w) => b.linear(xn, w, bias, vocab),
+        None => b.plain("mm", &[xn], vocab, Dt::Model),
+    };
+    b.p.loss_from = b.next_op();
+    b.module = "(root)";
+    b.part = Part::Loss;
+    // Fabric's autocast covers the model call only: the loss runs outside it.
+    let autocast = b.autocast;
+    b.autocast = false;
+    let lf = b.to_copy(logits, Dt::F32);
+    let (batch, s) = (b.c.n(Q::B), b.c.n(Q::S));
+    let rows = batch * s.saturating_sub(1);
+    let (c, n, last) = loss_chunks(rows);
+    let shifted = b.slice(lf, Shape::new(&[Dim::Q(Q::B), Dim::N(s.saturating_sub(1) as u32), Dim::Q(Q::V)], Split::Tp));
+    let flat_shape = Shape::new(&[Dim::N(rows as u32), Dim::Q(Q::V)], Split::Tp);
+    let flat = if batch > 1 { b.copy(shifted, flat_shape) } else { b.view(shifted, flat_shape, "ViewBackward0", false) };
+    let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
+    let tshape = Shape::new(&[Dim::N(rows as u32)], Split::None);
+    let targets = if batch > 1 { b.plain("clone", &[labels], tshape, Dt::I64) } else { b.view(labels, tshape, "", false) };
+    let len = |i: u64| if i + 1 == n { last } else { c };
+    // `logits.split(chunk_size)`: one node, its gradient the `cat` of the chunks'.
+    let first = b.p.tensors.len() as Tid;
+    let outs: Vec<_> = (0..n).map(|i| b.view_out(flat, Shape::new(&[Dim::N(len(i) as u32), Dim::Q(Q::V)], Split::Tp))).collect();
+    let (rg, fbytes, fdtype) = (b.rg(flat), b.bytes(flat), b.t(flat).dtype);
+    let bw: &[B] = if rg { &[B::Alloc { bytes: fbytes, dtype: fdtype, op: "cat" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    b.op("split", "SplitBackward0", &[flat], &outs, &[], bw);
+    let mut losses = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let chunk = first + i as Tid;
+        let target = b.view(targets, Shape::new(&[Dim::N(len(i) as u32)], Split::None), "", false);
+        let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", chunk, Keep::Output, "_log_softmax_backward_data");
+        let lb = b.bytes(lsm);
+        let out = [b.out(Shape::new(&[Dim::N(len(i) as u32)], Split::None), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
+        let r = b.op(
+            "nll_loss_forward",
+            "NllLossBackward0",
+            &[lsm, target],
+            &out,
+            &[S::In(0), S::In(1), S::Out(1)],
+            &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
+        );
+        losses.push(r[0]);
+    }
+    // `non_masked_elems = (targets != ignore_index).sum()`, then the return expression.
+    let ne = b.plain("ne", &[targets], tshape, Dt::Bool);
+    let elems = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
+    let all = cat_losses(b, &losses, rows);
+    // `.sum()` (SumBackward0: the gradient expanded back, no allocation).
+    let total = {
+        let out = b.out(Shape::scalar(), Dt::F32, true);
+        b.op("sum", "SumBackward0", &[all], &[out], &[], &[B::Pass { input: 0, output: 0 }])[0]
+    };
+    let ones = b.plain("ones_like", &[elems], Shape::scalar(), Dt::I64);
+    let denom = b.plain("maximum", &[elems, ones], Shape::scalar(), Dt::I64);
+    let scalar_op = |b: &mut Builder, name: &'static str, node: &'static str, x: Tid, other: Option<Tid>| {
+        let out = b.out(Shape::scalar(), Dt::F32, true);
+        let (ins, saved): (Vec<Tid>, &[S]) = match other {
+            Some(o) => (vec![x, o], &[S::In(1)]),
+            None => (vec![x], &[]),
+        };
+        b.op(name, node, &ins, &[out], saved, &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: "div" }, B::Grad { input: 0, temp: 0 }])[0]
+    };
+    let loss = scalar_op(b, "div", "DivBackward0", total, Some(denom));
+    // `chunked_cross_entropy` returns: its locals go; the caller's logits (and their slice) too.
+    for t in [flat, targets, elems, lf, shifted].into_iter().chain(losses) {
+        b.hold(t);
+    }
+    let r = scalar_op(b, "div", "DivBackward1", loss, None);
+    b.outputs(&[r]);
+    b.autocast = autocast;
+}
+
+/// The most inputs one node's backward script can address (`B::Pass { input: u8, .. }`).
+const MAX_CAT_INPUTS: usize = 255;
+
+/// `torch.cat(loss_chunks)` of the chunks' `[rows_i]` fp32 losses into `[rows]` (CatBackward0:
+/// narrowed views of the gradient, no allocation). One tensor is still copied. Beyond
+/// [`MAX_CAT_INPUTS`] chunks the cat is emitted in two levels: the groups' outputs are extra
+/// `[≤ 255 · 128]` fp32 copies in forward (4 bytes a row, against the `[rows, V]` logits).
+fn cat_losses(b: &mut Builder, losses: &[Tid], rows: u64) -> Tid {
+    let shape = |n: u64| Shape::new(&[Dim::N(n as u32)], Split::None);
+    if losses.len() == 1 {
+        return b.copy(losses[0], shape(rows));
+    }
+    if losses.len() > MAX_CAT_INPUTS {
+        let groups: Vec<Tid> = losses
+            .chunks(MAX_CAT_INPUTS)
+            .map(|g| {
+                let n: u64 = g.iter().map(|&t| b.bytes(t) as u64 / 4).sum();
+                cat_losses(b, g, n)
+            })
+            .collect();
+        return cat_losses(b, &groups, rows);
+    }
+    let out = b.out(shape(rows), Dt::F32, true);
+    let bw: Vec<B> = (0..losses.len()).map(|i| B::Pass { input: i as u8, output: 0 }).collect();
+    b.op("cat", "CatBackward0", losses, &[out], &[], &bw)[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::estimator::config::{Config, Framework, Precision, Recompute};
+    use crate::estimator::estimate;
+    use crate::estimator::presets::preset;
+
+    fn base() -> Config {
+        Config {
+            model: "llama-3.1-8b".into(),
+            arch: preset("llama-3.1-8b").expect("preset").spec,
+            seq: 4096,
+            precision: Precision::Bf16,
+            framework: Framework::Litgpt,
+            ..Config::default()
+        }
+    }
+
+    /// litgpt's GPT keeps other tensors than transformers' Llama (a fused qkv, fp32 RoPE
+    /// products against its buffers, fp32 logits for the chunked loss) and holds its RoPE cache
+    /// for the training sequence, in fp32.
+    #[test]
+    fn litgpt_llama_keeps_its_own_tensors_and_holds_an_fp32_rope_cache_for_the_sequence() {
+        let lit = base();
+        let hf = estimate(&Config { framework: Framework::Hf, ..lit.clone() }).expect("hf estimates");
+        let own = estimate(&lit).expect("litgpt estimates");
+        assert_ne!(own.memory.activations, hf.memory.activations);
+        // cos and sin: 2 × 4096 positions × 128 dims × 4 bytes.
+        assert_eq!(super::buffer_bytes(&lit), Some(2 * 4096 * 128 * 4));
+        assert_eq!(super::buffer_bytes(&Config { framework: Framework::Hf, ..lit }), None);
+    }
+
+    /// A toy by hand: b = 2, s = 64 gives 126 shifted rows, one chunk of 126; b = 4, s = 4096
+    /// gives 16,380 rows, 128 chunks, the last of 124 rows.
+    #[test]
+    fn the_loss_splits_the_shifted_rows_in_chunks_of_128() {
+        assert_eq!(super::loss_chunks(2 * 63), (126, 1, 126));
+        assert_eq!(super::loss_chunks(4 * 4095), (128, 128, 124));
+        assert_eq!(super::loss_chunks(256), (128, 2, 128));
+    }
+
+    /// b = 8, s = 8,192: 65,528 rows in 512 chunks, more than one node's backward addresses: the
+    /// loss cat runs in two levels and the estimate still comes out, the kept log-softmax being
+    /// the whole shifted fp32 logits (65,528 × 128,256 × 4 bytes) and more.
+    #[test]
+    fn a_loss_of_hundreds_of_chunks_still_estimates() {
+        let big = Config { batch: 8, seq: 8192, ..base() };
+        let e = estimate(&big).expect("estimates");
+        assert!(e.memory.activations > 65_528 * 128_256 * 4);
+    }
+
+    /// What litgpt's code does not have, or what was not measured, is refused by name.
+    #[test]
+    fn litgpt_refuses_other_families_lora_and_selective_recomputation_by_name() {
+        let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
+        let named = |c: Config| estimate(&c).is_err_and(|e| e.to_string().contains("litgpt"));
+        assert!(named(Config { arch: gemma, ..base() }));
+        assert!(named(Config { recompute: Recompute::Selective, ..base() }));
+        assert!(named(Config { precision: Precision::MixedBf16, ..base() }));
+        assert!(named(Config { gpus: 8, ..base() }));
+        // Its RoPE cache is built for at most block_size positions: a longer sequence is refused.
+        let long = Config { seq: base().arch.max_pos + 1, ..base() };
+        assert!(named(long));
+    }
+}
