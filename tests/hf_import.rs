@@ -184,3 +184,29 @@ fn qwen3_next_reads_its_gated_deltanet_layers_from_layer_types() {
     let err = import_json(&config(r#"["linear_attention", "sliding_attention"]"#)).err();
     assert_eq!(err.as_ref().and_then(|e| e.key()), Some("layer_types"));
 }
+
+#[test]
+fn the_recurrent_state_dtype_a_checkpoint_names_is_read() {
+    use trainmem::estimator::model::StateDtype;
+    // Qwen3.5's config.json names `"mamba_ssm_dtype": "float32"` in its text_config; Qwen3-Next's,
+    // Falcon-H1's and Granite 4.0-H's name none.
+    for (file, want) in [
+        ("qwen3.5-27b.json", StateDtype::Float32),
+        ("qwen3.5-35b-a3b.json", StateDtype::Float32),
+        ("qwen3-next-80b-a3b-thinking.json", StateDtype::Auto),
+        ("falcon-h1-0.5b-instruct.json", StateDtype::Auto),
+        ("granite-4.0-h-tiny.json", StateDtype::Auto),
+    ] {
+        let m = import_json(&read(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(m.spec.ssm_dtype, want, "{file}");
+    }
+    // Falcon-H1 reads the key alike; a value no engine takes names the key.
+    let text = python_json(&read("falcon-h1-0.5b-instruct.json")).unwrap_or_default();
+    let mut falcon: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    falcon["mamba_ssm_dtype"] = "bfloat16".into();
+    let m = import_json(&falcon.to_string()).expect("falcon_h1 imports");
+    assert_eq!(m.spec.ssm_dtype, StateDtype::Bfloat16);
+    falcon["mamba_ssm_dtype"] = "float8".into();
+    let err = import_json(&falcon.to_string()).err();
+    assert_eq!(err.as_ref().and_then(|e| e.key()), Some("mamba_ssm_dtype"));
+}

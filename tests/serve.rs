@@ -124,6 +124,28 @@ fn the_engines_published_startup_figures_are_reproduced() {
                 assert_eq!(layout.cache_tokens(blocks), tokens, "{id}");
             }
         }
+        // vLLM's hybrid attention block ("Setting attention block size to N tokens").
+        if let (Some(b), Ok(layout)) = (want["block_size"].as_u64(), &layout) {
+            assert_eq!(layout.block_size, b, "{id}: attention block");
+        }
+        // Recent vLLM prints no "# GPU blocks", only "GPU KV cache size: T tokens" (⌊n / groups⌋ · B)
+        // and the concurrency (n / blocks per request): some block count n must give both.
+        if let (None, Some(tokens), Some(conc), Ok(layout)) =
+            (want["gpu_blocks"].as_u64(), want["kv_cache_tokens"].as_u64(), want["max_concurrency"].as_f64(), &layout)
+        {
+            let len = log["max_model_len"].as_u64().unwrap_or(0);
+            let batched = c.serve.max_num_batched_tokens.unwrap_or(8192);
+            let groups = layout.groups.len().max(1) as u64;
+            let first = tokens / layout.block_size.max(1) * groups;
+            let fits: Vec<u64> = (first..first + groups)
+                .filter(|&n| layout.cache_tokens(n) == tokens)
+                .filter(|&n| (layout.max_concurrency(n, len, batched) - conc).abs() < 0.005 + 1e-9)
+                .collect();
+            assert!(!fits.is_empty(), "{id}: no block count gives {tokens} tokens and {conc}x (block {})", layout.block_size);
+            if let Some(n) = log["implied_gpu_blocks"].as_u64() {
+                assert!(fits.contains(&n), "{id}: {n} blocks not among {fits:?}");
+            }
+        }
         // vLLM's budget arithmetic from its own logged parts.
         if let (Some(total), Some(util), Some(w), Some(act), Some(nt), Some(kv)) = (
             want["total_gib"].as_f64(),
@@ -135,6 +157,17 @@ fn the_engines_published_startup_figures_are_reproduced() {
         ) {
             let got = total * util - w - act - nt;
             assert!((got - kv).abs() <= 0.02, "{id}: {total}·{util} − {w} − {act} − {nt} = {got:.3}, logged {kv}");
+        }
+        // SGLang's MambaPool: `max_mamba_cache_size + 1` slots of every layer's conv and SSM
+        // state ("Mamba Cache is allocated. … conv_state size: X GB, ssm_state size: Y GB", GiB).
+        if let (Some(slots), Some(conv_gib), Some(ssm_gib)) =
+            (want["mamba_slots"].as_u64(), want["conv_state_gib"].as_f64(), want["ssm_state_gib"].as_f64())
+        {
+            let conv: u64 = layers.iter().map(|l| sf.conv.bytes(l.state.conv)).sum();
+            let ssm: u64 = layers.iter().map(|l| sf.recurrent.bytes(l.state.recurrent)).sum();
+            let pool = |b: u64| ((slots + 1) * b) as f64 / GIB;
+            assert!((pool(conv) - conv_gib).abs() < 0.005, "{id}: conv state {:.4} GiB, logged {conv_gib}", pool(conv));
+            assert!((pool(ssm) - ssm_gib).abs() < 0.005, "{id}: ssm state {:.4} GiB, logged {ssm_gib}", pool(ssm));
         }
         // SGLang: the pool's K size from its token count.
         if let (Some(tokens), Some(k_gib)) = (want["sglang_tokens"].as_u64(), want["sglang_k_gib"].as_f64()) {
@@ -168,7 +201,7 @@ fn fp8_weights_of_a_70b_fit_one_h100_and_bf16_do_not() {
 #[test]
 fn every_serving_key_round_trips_through_the_url() {
     use trainmem::config::{encode_query, Group, KEYS};
-    let q = "mode=serve&engine=sglang&context=32k&concurrency=12&kv_dtype=nvfp4&weight_dtype=int4-gptq\
+    let q = "mode=serve&engine=sglang&context=32k&concurrency=12&kv_dtype=nvfp4&weight_dtype=int4-gptq&mamba_ssm_cache_dtype=float32\
              &gpu_memory_utilization=0.85&max_num_batched_tokens=4096&max_num_seqs=64&block_size=32\
              &mem_fraction_static=0.8&free_gpu_memory_fraction=0.7&cuda_graphs=false&cuda_graph_mib=900&dp_attention=true";
     let d = decode_query(q);
@@ -182,9 +215,21 @@ fn every_serving_key_round_trips_through_the_url() {
     }
     assert_eq!(encode_query(&trainmem::config::Config::default()), "");
     // A bad value names its key.
-    let bad = decode_query("kv_dtype=fp7&gpu_memory_utilization=1.5");
+    let bad = decode_query("kv_dtype=fp7&gpu_memory_utilization=1.5&mamba_ssm_cache_dtype=fp8");
     let keys: Vec<_> = bad.errors.iter().map(|e| e.key.as_str()).collect();
-    assert_eq!(keys, ["kv_dtype", "gpu_memory_utilization"]);
+    assert_eq!(keys, ["kv_dtype", "gpu_memory_utilization", "mamba_ssm_cache_dtype"]);
+    // Each value of the state dtype survives the link, and the checkpoint's own (an architecture
+    // key) too: a Qwen3.5 told bf16 stays a Qwen3.5 whose checkpoint says float32.
+    for d in ["auto", "float32", "bfloat16", "float16"] {
+        let c = decode_query(&format!("mode=serve&model=qwen3.5-27b&mamba_ssm_cache_dtype={d}"));
+        assert!(c.errors.is_empty(), "{d}: {:?}", c.errors);
+        let back = decode_query(&encode_query(&c.config)).config;
+        assert_eq!(back, c.config, "{d}");
+        assert_eq!(back.serve.mamba_ssm_cache_dtype.name(), d);
+        assert_eq!(back.arch.ssm_dtype.name(), "float32");
+    }
+    let custom = decode_query("model=qwen3-next-80b-a3b-thinking&mamba_ssm_dtype=float32").config;
+    assert_eq!(decode_query(&encode_query(&custom)).config.arch.ssm_dtype.name(), "float32");
 }
 
 #[test]
@@ -200,4 +245,25 @@ fn the_cli_prints_the_promised_fields() {
     assert!(v["kv_bytes"].is_u64() && v["max_concurrency"].is_f64());
     assert!(v["rows"].as_array().is_some_and(|r| r.iter().all(|r| r["formula"].is_string() && r["source"].is_string())));
     assert_eq!(v["query"], "model=gemma-3-27b-it&mode=serve&context=32768&concurrency=4&kv_dtype=fp8");
+}
+
+#[test]
+fn the_cli_shows_qwen3_5s_recurrent_state_in_fp32() {
+    // `trainmem serve --model qwen3.5-27b --json`: vLLM follows the checkpoint's
+    // `mamba_ssm_dtype` "float32"; at the model's 262,144 tokens one sequence holds 3 state
+    // blocks of 16 pages of 784 tokens · 4,096 B (3,211,264 B): 154,140,672 B of states.
+    let run = |line: &str| {
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        let mut out = Vec::new();
+        trainmem::cli::run(&args, &mut out).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_slice::<Value>(&out).unwrap_or(Value::Null)
+    };
+    let v = run("serve --model qwen3.5-27b --json");
+    assert_eq!((v["state_dtype"].as_str(), v["state_bytes"].as_u64()), (Some("fp32"), Some(3 * 16 * 3_211_264)), "{v}");
+    assert_eq!(v["block_size"], 784);
+    let b = run("serve --model qwen3.5-27b --mamba_ssm_cache_dtype bfloat16 --json");
+    assert_eq!((b["state_dtype"].as_str(), b["block_size"].as_u64()), (Some("bf16"), Some(400)), "{b}");
+    // A model without states says nothing of them.
+    let l = run("serve --model llama-3.1-8b --json");
+    assert!(l["state_dtype"].is_null() && l["state_bytes"] == 0, "{l}");
 }

@@ -4,7 +4,7 @@
 use crate::estimator::config::*;
 use crate::estimator::family::Family;
 use crate::estimator::gpu::GPUS;
-use crate::estimator::model::{Activation, LayerRule, MlpKind, NormKind, Positions, QkNorm, Router, WindowKind};
+use crate::estimator::model::{Activation, LayerRule, MlpKind, NormKind, Positions, QkNorm, Router, StateDtype, WindowKind};
 use crate::estimator::presets::{preset, presets};
 use crate::estimator::serve::{Engine, KvDtype, Mode, WeightDtype};
 
@@ -233,6 +233,10 @@ named!(
         (Load::MetaSharded, "meta-sharded"),
         (Load::ZeroInit, "zero-init"),
     ]
+);
+named!(
+    StateDtype,
+    [(StateDtype::Auto, "auto"), (StateDtype::Float32, "float32"), (StateDtype::Bfloat16, "bfloat16"), (StateDtype::Float16, "float16")]
 );
 named!(Mode, [(Mode::Train, "train"), (Mode::Serve, "serve")]);
 named!(Engine, [(Engine::Vllm, "vllm"), (Engine::Sglang, "sglang"), (Engine::Trtllm, "trtllm"), (Engine::Transformers, "transformers")]);
@@ -638,6 +642,13 @@ pub static KEYS: &[Key] = &[
         .arch
         .linear_layers),
     bool_key!("attn_gate", Architecture, "q_proj also emits a sigmoid output gate (Qwen3-Next)", |c| c.arch.attn_gate),
+    enum_key!(
+        "mamba_ssm_dtype",
+        Architecture,
+        "recurrent (SSM / gated DeltaNet) state dtype the checkpoint names (config.json mamba_ssm_dtype; Qwen3.5 float32)",
+        StateDtype,
+        |c| c.arch.ssm_dtype
+    ),
     uint_key!(positive "batch", Training, "micro-batch per GPU", |c| c.batch),
     uint_key!(positive "seq", Training, "sequence length, tokens (8k = 8192)", |c| c.seq),
     uint_key!(positive "accum", Training, "gradient-accumulation steps", |c| c.accum),
@@ -786,6 +797,13 @@ pub static KEYS: &[Key] = &[
     uint_key!(positive "concurrency", Serving, "concurrent sequences the longest-context answer is for", |c| c.serve.concurrency),
     enum_key!("kv_dtype", Serving, "KV cache dtype (vLLM --kv-cache-dtype); auto = the model's", KvDtype, |c| c.serve.kv_dtype),
     enum_key!("weight_dtype", Serving, "dtype the weights are served in", WeightDtype, |c| c.serve.weight_dtype),
+    enum_key!(
+        "mamba_ssm_cache_dtype",
+        Serving,
+        "recurrent state dtype (vLLM --mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype); auto = the engine's default",
+        StateDtype,
+        |c| c.serve.mamba_ssm_cache_dtype
+    ),
     Key {
         name: "gpu_memory_utilization",
         group: Serving,

@@ -492,6 +492,13 @@ pub struct ModelSpec {
     #[serde(default)]
     pub ssm: Ssm,
 
+    /// The dtype the checkpoint names for the Mamba-2 SSM or gated DeltaNet recurrent state
+    /// (`mamba_ssm_dtype` in its config.json: Qwen3.5 says `float32`; `Auto` when it names none).
+    /// It changes no parameter and nothing transformers keeps; the serving engines read it
+    /// (`crate::estimator::serve::state_format`).
+    #[serde(default)]
+    pub ssm_dtype: StateDtype,
+
     // ---- Gated DeltaNet (Qwen3-Next, Qwen3.5) -------------------------------------------------
     /// The gated DeltaNet linear attention of the layers in `linear_layers` (`Gdn::NONE`: none).
     #[serde(default)]
@@ -545,6 +552,57 @@ impl Gdn {
     /// cd = 2·Hk·dk + Hv·dv: the convolution's channels (q, k, v).
     pub fn conv_dim(&self) -> u64 {
         2 * self.key_width() + self.value_width()
+    }
+}
+
+/// A dtype named for a recurrent (Mamba SSM / gated DeltaNet) state: a checkpoint's
+/// `mamba_ssm_dtype`, vLLM's `--mamba-ssm-cache-dtype`, SGLang's `--mamba-ssm-dtype`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StateDtype {
+    /// None named: each engine's default applies.
+    #[default]
+    Auto,
+    Float32,
+    Bfloat16,
+    Float16,
+}
+
+impl StateDtype {
+    /// Every value with its name, as config.json and the engines' flags spell it.
+    pub const NAMES: [(StateDtype, &'static str); 4] = [
+        (StateDtype::Auto, "auto"),
+        (StateDtype::Float32, "float32"),
+        (StateDtype::Bfloat16, "bfloat16"),
+        (StateDtype::Float16, "float16"),
+    ];
+
+    /// The name (`float32`).
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(d, _)| *d == self).map_or("auto", |(_, n)| n)
+    }
+
+    /// The value of a name (`float32`, `bfloat16`, `float16`, `auto`), case-insensitive.
+    pub fn parse(s: &str) -> Option<StateDtype> {
+        Self::NAMES.iter().find(|(_, n)| n.eq_ignore_ascii_case(s.trim())).map(|(d, _)| *d)
+    }
+
+    /// Bytes per value; `None` for `Auto`.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            StateDtype::Auto => None,
+            StateDtype::Float32 => Some(4),
+            StateDtype::Bfloat16 | StateDtype::Float16 => Some(2),
+        }
+    }
+
+    /// `self` unless it is `Auto`, else `other`.
+    pub fn or(self, other: StateDtype) -> StateDtype {
+        if self == StateDtype::Auto {
+            other
+        } else {
+            self
+        }
     }
 }
 
@@ -1558,6 +1616,7 @@ mod tests {
             moe_all_experts: false,
             clip_qkv: false,
             ssm: Ssm::NONE,
+            ssm_dtype: StateDtype::Auto,
             dsa: Dsa::NONE,
             gdn: Gdn::NONE,
             linear_layers: LayerRule::None,

@@ -35,7 +35,8 @@ fn engine_args(cfg: &Config) -> Result<Value, VerifyError> {
         other => return refuse("kv_dtype", format!("{other:?}"), "is not a KV cache dtype vLLM or SGLang take on the command line"),
     };
     let context = crate::estimator::serve::context_of(cfg);
-    Ok(match s.engine {
+    let ssm = (s.mamba_ssm_cache_dtype != crate::estimator::model::StateDtype::Auto).then(|| s.mamba_ssm_cache_dtype.name());
+    let mut args = match s.engine {
         Engine::Vllm => json!({
             "max_model_len": context,
             "gpu_memory_utilization": s.gpu_memory_utilization,
@@ -58,7 +59,13 @@ fn engine_args(cfg: &Config) -> Result<Value, VerifyError> {
             "quantization": quantization,
         }),
         other => return refuse("engine", other.label().to_string(), "has no startup log this script reads; use vllm or sglang"),
-    })
+    };
+    // vLLM `--mamba-ssm-cache-dtype`, SGLang `--mamba-ssm-dtype`: only when the key is set.
+    if let (Some(d), Some(map)) = (ssm, args.as_object_mut()) {
+        let key = if s.engine == Engine::Vllm { "mamba_ssm_cache_dtype" } else { "mamba_ssm_dtype" };
+        map.insert(key.into(), d.into());
+    }
+    Ok(args)
 }
 
 /// The serve verify script for `cfg`.
@@ -94,6 +101,17 @@ mod tests {
         let s = serve_script(&c).unwrap_or_default();
         assert!(s.contains("\"kv_cache_dtype\":\"fp8\"") && s.contains("\"max_model_len\":4096"), "{}", &s[..400.min(s.len())]);
         assert!(s.contains("\"max_concurrency\":") && !s.contains("__CONFIG__") && !s.contains("__PREDICTED__"));
+    }
+
+    #[test]
+    fn a_set_state_dtype_reaches_each_engine_under_its_own_flag() {
+        let v = decode_query("mode=serve&model=qwen3.5-27b&context=4096&mamba_ssm_cache_dtype=bfloat16").config;
+        assert!(engine_args(&v).is_ok_and(|a| a["mamba_ssm_cache_dtype"] == "bfloat16"));
+        let g = decode_query("mode=serve&engine=sglang&model=qwen3.5-27b&context=4096&mamba_ssm_cache_dtype=float32").config;
+        assert!(engine_args(&g).is_ok_and(|a| a["mamba_ssm_dtype"] == "float32"));
+        // Unset, the engine's own default stands: no flag.
+        let d = decode_query("mode=serve&model=qwen3.5-27b&context=4096").config;
+        assert!(engine_args(&d).is_ok_and(|a| a.get("mamba_ssm_cache_dtype").is_none()));
     }
 
     #[test]

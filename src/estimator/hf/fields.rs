@@ -5,7 +5,7 @@
 //! reading is its `Modeling::import` (`step/families/<family>.rs`); the flow from `model_type`
 //! to a family is `estimator::hf`'s.
 
-use crate::estimator::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, Positions, WindowKind};
+use crate::estimator::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, Positions, StateDtype, WindowKind};
 use crate::estimator::presets::base::default_spec;
 use serde_json::{Map, Value};
 use std::cell::RefCell;
@@ -179,6 +179,19 @@ impl<'a> Fields<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_str().map(Some).ok_or(HfError::Type { key, expected: "a string" }),
+        }
+    }
+    /// A recurrent state's dtype named by `key` (`mamba_ssm_dtype`: `float32`, `bfloat16`,
+    /// `float16`); `StateDtype::Auto` when the key is absent or null.
+    pub fn state_dtype(&self, key: &'static str) -> Result<StateDtype, HfError> {
+        if self.is_null(key) {
+            return Ok(StateDtype::Auto);
+        }
+        match self.string(key)? {
+            None => Ok(StateDtype::Auto),
+            Some(s) => StateDtype::parse(s)
+                .filter(|d| *d != StateDtype::Auto)
+                .ok_or_else(|| HfError::Field { key, reason: format!("`{s}` is not float32, bfloat16 or float16") }),
         }
     }
     /// Rotary fraction from `partial_rotary_factor`, `rotary_pct` or (transformers 5)

@@ -107,6 +107,7 @@ pub const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u
         moe_all_experts: false,
         clip_qkv: false,
         ssm: crate::estimator::model::Ssm::NONE,
+        ssm_dtype: crate::estimator::model::StateDtype::Auto,
         dsa: crate::estimator::model::Dsa::NONE,
         gdn: crate::estimator::model::Gdn::NONE,
         linear_layers: crate::estimator::model::LayerRule::None,

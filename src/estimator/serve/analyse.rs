@@ -4,6 +4,7 @@
 
 use super::super::config::Config;
 use super::super::gpu::MIB;
+use super::super::model::StateDtype;
 use super::super::overhead::{cuda_context_bytes, nccl_buffer_bytes};
 use super::activation::prefill_peak_bytes;
 use super::budget::{cuda_graph_bytes, fraction_of, sglang_default_fraction, torch_total_bytes};
@@ -189,6 +190,13 @@ pub struct Serve {
     /// Sequences the longest-context answer is for (`concurrency`).
     pub concurrency: u64,
     pub kv_dtype: &'static str,
+    /// The recurrent (SSM / gated DeltaNet) state's dtype, for a model with states: `fp32` where
+    /// the engine or the checkpoint's `mamba_ssm_dtype` says so ([`state_format`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dtype: Option<&'static str>,
+    /// The part of `kv_bytes` that does not grow with the context: one sequence's fixed-size
+    /// states as the engine holds them (vLLM: its padded state blocks); 0 without states.
+    pub state_bytes: u128,
     /// Weights on this GPU, bytes.
     pub weights: u64,
     /// One token's keys and values in this GPU's layers at full attention, bytes (gated
@@ -246,13 +254,19 @@ pub fn gpu_layers(cfg: &Config) -> Result<Vec<KvLayer>, ServeError> {
     Ok(kv_layers(&stage, tp_attn)?)
 }
 
-/// The dtypes of the layers' states for this configuration: transformers' (conv in the model's
-/// dtype, recurrent in FP32) or the engines' (the model's dtype).
+/// The dtypes of the layers' states for this configuration, as each engine chooses them from
+/// the model's dtype, the checkpoint's `mamba_ssm_dtype` (`arch.ssm_dtype`) and the
+/// `mamba_ssm_cache_dtype` key: transformers conv in the model's dtype and recurrent in FP32
+/// (it reads no such key); vLLM, SGLang and TensorRT-LLM as [`StateFormat::vllm`],
+/// [`StateFormat::sglang`] and [`StateFormat::trtllm`] say.
 pub fn state_format(cfg: &Config) -> StateFormat {
     let model = cfg.serve.weight_dtype.model_format();
+    let set = cfg.serve.mamba_ssm_cache_dtype;
     match cfg.serve.engine {
         Engine::Transformers => StateFormat::transformers(model),
-        _ => StateFormat::engine(model),
+        Engine::Vllm => StateFormat::vllm(model, &cfg.arch, set),
+        Engine::Sglang => StateFormat::sglang(&cfg.arch, set),
+        Engine::Trtllm => StateFormat::trtllm(model, &cfg.arch, set),
     }
 }
 
@@ -474,6 +488,12 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
                     "is not modelled for transformers' generate() (one process on one GPU)",
                 ));
             }
+            if s.mamba_ssm_cache_dtype != StateDtype::Auto {
+                return Err(invalid(
+                    "mamba_ssm_cache_dtype",
+                    "is not an option of transformers 5.24's cache (its torch path keeps the recurrent state in fp32)",
+                ));
+            }
             let quantized = match s.kv_dtype {
                 KvDtype::Auto | KvDtype::Bf16 | KvDtype::Fp16 => false,
                 KvDtype::Fp8 => true,
@@ -576,6 +596,8 @@ pub fn analyse_serving(cfg: &Config) -> Result<Serve, ServeError> {
         context,
         concurrency: n,
         kv_dtype: kv_format(cfg).name,
+        state_dtype: super::layers::has_states(&cfg.arch).then(|| state_format(cfg).recurrent.name),
+        state_bytes: sized.pool.state_bytes(),
         weights: sized.weights,
         kv_per_token: sized.cell,
         kv_bytes: sized.pool.sequence_bytes(context, sized.cell),
@@ -705,15 +727,67 @@ mod tests {
         let t = serve("mode=serve&engine=transformers&model=qwen3-next-80b-a3b-thinking&context=32768&gpu=b200");
         assert_eq!((t.kv_per_token, t.kv_bytes), (24_576, 32_768 * 24_576 + 36 * 2_162_688));
         // SGLang: the token pool's cell counts the attention layers only; its MambaPool takes
-        // 0.9/1.9 of the rest, in slots of the 36 states (36 · 548,864 B per sequence), and
-        // the running requests are at most a third of the slots.
+        // 0.9/1.9 of the rest, in slots of the 36 states, and the running requests are at most
+        // a third of the slots. SGLang keeps the temporal state in FP32 by default (no
+        // `mamba_ssm_dtype` in Qwen3-Next's config): conv 24,576 B (bf16) + 16 · 128 · 128 · 4 B
+        // = 1,073,152 B per layer and GPU.
         let g = serve(&format!("{q}&engine=sglang&gpu=b200"));
-        assert_eq!((g.kv_per_token, g.kv_bytes), (12_288, 32_768 * 12_288 + 36 * 548_864));
+        assert_eq!((g.kv_per_token, g.kv_bytes), (12_288, 32_768 * 12_288 + 36 * 1_073_152));
+        assert_eq!((g.state_dtype, g.state_bytes), (Some("fp32"), 36 * 1_073_152));
         let state_row = g.rows.iter().find(|r| r.name == "state_pool").map(|r| r.bytes).unwrap_or(0);
         let kv_row = g.rows.iter().find(|r| r.name == "kv_cache").map(|r| r.bytes).unwrap_or(0);
         assert!(state_row > 0 && (state_row as f64 / kv_row as f64 - 0.9).abs() < 0.01, "{state_row} {kv_row}");
-        let slots = state_row as u64 / (36 * 548_864);
+        let slots = state_row as u64 / (36 * 1_073_152);
         assert!(g.max_concurrency <= (slots / 3) as f64);
+    }
+
+    #[test]
+    fn qwen3_next_keeps_vllms_bf16_state_unless_the_key_says_fp32() {
+        let q = "mode=serve&model=qwen3-next-80b-a3b-thinking&context=32768&gpus=2&tp=2";
+        // Its config.json names no `mamba_ssm_dtype`: vLLM's "auto" is the model's bf16.
+        let v = serve(q);
+        assert_eq!((v.state_dtype, v.state_bytes), (Some("bf16"), 3 * 12 * 557_056));
+        // `mamba_ssm_cache_dtype=float32` (vLLM --mamba-ssm-cache-dtype float32): the state per
+        // layer and GPU is 24,576 + 16 · 128 · 128 · 4 = 1,073,152 B; the block becomes
+        // 16 · ⌈1,073,152 / 16,384⌉ = 16 · 66 = 1,056 tokens, a page of 1,081,344 B; 32,768
+        // tokens take ⌈32,768 / 1,056⌉ = 32 + 3 state blocks of 12 pages: 454,164,480 B.
+        let f = serve(&format!("{q}&mamba_ssm_cache_dtype=float32"));
+        assert_eq!((f.state_dtype, f.block_size, f.kv_bytes), (Some("fp32"), 1056, 35 * 12 * 1_081_344));
+        // SGLang told bf16: conv 24,576 + 524,288 = 548,864 B per layer.
+        let g = serve(&format!("{q}&engine=sglang&gpu=b200&mamba_ssm_cache_dtype=bfloat16"));
+        assert_eq!((g.state_dtype, g.state_bytes), (Some("bf16"), 36 * 548_864));
+    }
+
+    #[test]
+    fn qwen3_5_27b_keeps_its_recurrent_state_in_fp32_as_its_config_says() {
+        // Qwen3.5-27B (config.json text_config: "mamba_ssm_dtype": "float32"), bf16, one H100:
+        // 16 full layers · 2 · 4 heads · 256 · 2 B = 65,536 B per token. Each of the 48 DeltaNet
+        // layers: conv cd = 2 · 16 · 128 + 48 · 128 = 10,240 channels, recurrent
+        // Hv · dk · dv = 48 · 128 · 128 = 786,432 values.
+        // (Toy check of the formula: Hk 2, Hv 4, dk = dv 16 → cd 2·2·16 + 4·16 = 128,
+        // recurrent 4·16·16 = 1,024 values = 4,096 B in fp32, 2,048 B in bf16.)
+        let q = "mode=serve&model=qwen3.5-27b&context=32768";
+        let v = serve(q);
+        assert_eq!(v.kv_per_token, 65_536);
+        // vLLM follows the checkpoint (Qwen3_5ForConditionalGenerationConfig): 3 conv columns
+        // · 10,240 · 2 B = 61,440 + 786,432 · 4 B = 3,145,728 → 3,207,168 B per state. Block
+        // 16 · ⌈3,207,168 / (16 · 4,096)⌉ = 16 · 49 = 784 tokens, page 3,211,264 B, groups of
+        // 16 layers (3 state + 1 full): ⌈32,768 / 784⌉ = 42 + 3 blocks of 16 pages.
+        assert_eq!((v.state_dtype, v.block_size), (Some("fp32"), 784));
+        assert_eq!(v.kv_bytes, 45 * 16 * 3_211_264);
+        assert_eq!(v.state_bytes, 3 * 16 * 3_211_264);
+        // With --mamba-ssm-cache-dtype bfloat16: 61,440 + 1,572,864 = 1,634,304 B per state,
+        // block 16 · ⌈1,634,304 / 65,536⌉ = 400 tokens, page 1,638,400 B: 82 + 3 blocks.
+        let b = serve(&format!("{q}&mamba_ssm_cache_dtype=bfloat16"));
+        assert_eq!((b.state_dtype, b.block_size, b.kv_bytes), (Some("bf16"), 400, 85 * 16 * 1_638_400));
+        assert!(b.max_concurrency > v.max_concurrency);
+        // SGLang reads the config too (float32 is also its default): 48 · 3,207,168 B.
+        let g = serve(&format!("{q}&engine=sglang"));
+        assert_eq!((g.state_dtype, g.kv_bytes), (Some("fp32"), 32_768 * 65_536 + 48 * 3_207_168));
+        // transformers: its torch path keeps Kc = 4 conv columns (81,920 B) and an fp32
+        // recurrent state whatever the config says: 48 · 3,227,648 B.
+        let t = serve(&format!("{q}&engine=transformers&gpu=b200"));
+        assert_eq!((t.state_dtype, t.kv_bytes), (Some("fp32"), 32_768 * 65_536 + 48 * 3_227_648));
     }
 
     #[test]
@@ -737,5 +811,7 @@ mod tests {
         assert_eq!(analyse_serving(&c).err().map(|e| e.key()), Some("kv_dtype"));
         let g = decode_query("mode=serve&engine=transformers&kv_dtype=fp8&model=gemma-3-27b-it").config;
         assert_eq!(analyse_serving(&g).err().map(|e| e.key()), Some("kv_dtype"));
+        let m = decode_query("mode=serve&engine=transformers&model=qwen3.5-27b&mamba_ssm_cache_dtype=bfloat16").config;
+        assert_eq!(analyse_serving(&m).err().map(|e| e.key()), Some("mamba_ssm_cache_dtype"));
     }
 }

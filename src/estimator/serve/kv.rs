@@ -6,8 +6,10 @@
 //!   `generate()` builds it (`DynamicCache(config=model.config)`, cache_utils.py).
 //! - [`PagedLayout`]: vLLM's blocks (`vllm/v1/core/kv_cache_utils.py`, `vllm/v1/kv_cache_interface.py`).
 
-use super::dtype::Format;
+use super::dtype::{Format, BF16, FP16};
 use super::layers::{Attn, KvLayer, State};
+use crate::estimator::family::Family;
+use crate::estimator::model::{ModelSpec, StateDtype};
 use serde::Serialize;
 
 /// FP32, 4 bytes: the recurrent state transformers keeps.
@@ -33,17 +35,51 @@ impl StateFormat {
         StateFormat { conv: model, recurrent: FP32 }
     }
 
-    /// vLLM (and SGLang, approximated alike): both states in the model's dtype — vLLM
-    /// `MambaStateDtypeCalculator` with `mamba_ssm_cache_dtype="auto"` (its default) takes the
-    /// model dtype for the conv and the SSM/temporal state; the KV cache's dtype (`kv_dtype`)
-    /// does not apply to states.
-    pub fn engine(model: Format) -> StateFormat {
-        StateFormat { conv: model, recurrent: model }
+    /// vLLM: the conv state in the model's dtype (`--mamba-cache-dtype` "auto"), the SSM /
+    /// temporal state in `--mamba-ssm-cache-dtype` (`set`), whose "auto" is the conv's dtype
+    /// (`MambaStateDtypeCalculator._mamba_state_dtype`, vllm/model_executor/layers/mamba/
+    /// mamba_utils.py) — except for Qwen3.5, whose checkpoint's `mamba_ssm_dtype` (text_config)
+    /// replaces "auto" (`Qwen3_5ForConditionalGenerationConfig.verify_and_update_config`,
+    /// vllm/model_executor/models/config.py, mapped for `Qwen3_5ForConditionalGeneration` and
+    /// `Qwen3_5MoeForConditionalGeneration`; Qwen3-Next, Falcon-H1 and Granite 4.0-H keep
+    /// "auto"). The KV cache's dtype (`kv_dtype`) does not apply to states.
+    pub fn vllm(model: Format, spec: &ModelSpec, set: StateDtype) -> StateFormat {
+        let qwen35 = matches!(spec.family, Family::Qwen35Text | Family::Qwen35MoeText);
+        let checkpoint = if qwen35 { spec.ssm_dtype } else { StateDtype::Auto };
+        StateFormat { conv: model, recurrent: state_dtype_format(set.or(checkpoint), model) }
+    }
+
+    /// SGLang: the conv state in bf16 (`SGLANG_MAMBA_CONV_DTYPE`'s default, whatever the
+    /// model's dtype), the SSM / temporal state in `--mamba-ssm-dtype` (`set`, which SGLang
+    /// passes on as `SGLANG_MAMBA_SSM_DTYPE`), else the config's `mamba_ssm_dtype`
+    /// (`text_config`'s for the multimodal checkpoints), else **FP32** for every hybrid
+    /// (`mamba2_state_dtype`, python/sglang/srt/configs/mamba_utils.py: "3. Default float32").
+    pub fn sglang(spec: &ModelSpec, set: StateDtype) -> StateFormat {
+        StateFormat { conv: BF16, recurrent: state_dtype_format(set.or(spec.ssm_dtype), FP32) }
+    }
+
+    /// TensorRT-LLM (an approximation): the conv state in the model's dtype, the SSM state in
+    /// `KvCacheConfig.mamba_ssm_cache_dtype` (`set`), else the checkpoint's `mamba_ssm_dtype`
+    /// (`resolve_mamba_ssm_cache_dtype`, tensorrt_llm/_torch/pyexecutor/config_utils.py, which
+    /// looks in `text_config` too), else the model's dtype. Later TensorRT-LLM changes keep
+    /// "auto" at the model's dtype for Qwen3.5; the version is not pinned here.
+    pub fn trtllm(model: Format, spec: &ModelSpec, set: StateDtype) -> StateFormat {
+        StateFormat { conv: model, recurrent: state_dtype_format(set.or(spec.ssm_dtype), model) }
     }
 
     /// Bytes of one sequence's state: `bytes(conv) + bytes(recurrent)`.
     pub fn bytes(&self, s: State) -> u64 {
         self.conv.bytes(s.conv) + self.recurrent.bytes(s.recurrent)
+    }
+}
+
+/// The format of a named state dtype; `auto` gives `default`.
+pub fn state_dtype_format(d: StateDtype, default: Format) -> Format {
+    match d {
+        StateDtype::Auto => default,
+        StateDtype::Float32 => FP32,
+        StateDtype::Bfloat16 => BF16,
+        StateDtype::Float16 => FP16,
     }
 }
 

@@ -22,8 +22,8 @@ pub use budget::{
 };
 pub use dtype::{Format, BF16, FP16};
 pub use kv::{
-    hybrid_block_size, per_token_bytes, state_bytes, transformers_bytes, window_tokens, Count, PagedError, PagedLayout, StateFormat, FP32,
-    SLIDING_WINDOW_TENSOR_BYTES, VLLM_HYBRID_BLOCK_ALIGN,
+    hybrid_block_size, per_token_bytes, state_bytes, state_dtype_format, transformers_bytes, window_tokens, Count, PagedError, PagedLayout,
+    StateFormat, FP32, SLIDING_WINDOW_TENSOR_BYTES, VLLM_HYBRID_BLOCK_ALIGN,
 };
 pub use layers::{
     attn_of, gdn_state, has_states, is_linear, kv_heads_per_gpu, kv_layers, layers_for, mamba2_state, transformers_layers, without_mla,

@@ -28,6 +28,9 @@ pub fn render_text(s: &Serve, query: &str) -> String {
     line(&mut t, "weights", gib(s.weights as f64));
     line(&mut t, "KV per token (full attention)", format!("{} B ({})", s.kv_per_token, s.kv_dtype));
     line(&mut t, &format!("KV of one {}-token sequence", s.context), gib(s.kv_bytes as f64));
+    if let Some(d) = s.state_dtype {
+        line(&mut t, "of which fixed-size states", format!("{} (recurrent state {d})", gib(s.state_bytes as f64)));
+    }
     line(&mut t, "KV cache", format!("{} = {} tokens", gib(s.kv_cache_bytes as f64), s.kv_cache_tokens));
     line(&mut t, "KV blocks", format!("{} of {} tokens", s.kv_blocks, s.block_size));
     line(&mut t, &format!("max concurrency at {} tokens", s.context), format!("{:.2}x", s.max_concurrency));

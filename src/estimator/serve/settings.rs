@@ -3,6 +3,7 @@
 //! [`crate::estimator::config::Config`] (`serve`), edited through the codec's keys like every
 //! other setting; its defaults are vLLM's own, so that a link without serving keys stays empty.
 
+use crate::estimator::model::StateDtype;
 use serde::{Deserialize, Serialize};
 
 /// What the page and the CLI answer (`mode`): the training step (the default) or serving.
@@ -98,6 +99,10 @@ pub struct Serving {
     pub concurrency: u64,
     pub kv_dtype: KvDtype,
     pub weight_dtype: WeightDtype,
+    /// The recurrent (SSM / gated DeltaNet) state's dtype, overriding the engine's choice: vLLM
+    /// `--mamba-ssm-cache-dtype`, SGLang `--mamba-ssm-dtype`; `Auto` = the engine's default
+    /// (`crate::estimator::serve::state_format`).
+    pub mamba_ssm_cache_dtype: StateDtype,
     /// vLLM `gpu_memory_utilization`: the share of the card's total memory vLLM may use.
     pub gpu_memory_utilization: f64,
     /// Tokens of one prefill chunk (`max_num_batched_tokens`); `None` = the engine's default.
@@ -129,6 +134,7 @@ impl Default for Serving {
             concurrency: 1,
             kv_dtype: KvDtype::Auto,
             weight_dtype: WeightDtype::Auto,
+            mamba_ssm_cache_dtype: StateDtype::Auto,
             gpu_memory_utilization: VLLM_GPU_MEMORY_UTILIZATION,
             max_num_batched_tokens: None,
             max_num_seqs: VLLM_MAX_NUM_SEQS,

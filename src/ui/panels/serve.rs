@@ -83,6 +83,8 @@ fn shown(name: &str, cfg: &Config) -> bool {
         "block_size" | "cuda_graphs" => e != Engine::Transformers,
         "cuda_graph_mib" => e != Engine::Transformers && cfg.serve.cuda_graphs,
         "dp_attention" => matches!(e, Engine::Vllm | Engine::Sglang),
+        // Only a model with states has one, and transformers takes no such option.
+        "mamba_ssm_cache_dtype" => e != Engine::Transformers && crate::estimator::serve::has_states(&cfg.arch),
         _ => true,
     }
 }
@@ -158,12 +160,13 @@ pub fn KeyField(key: &'static Key) -> impl IntoView {
 }
 
 /// The serving keys, in the fieldset's order.
-pub const SERVING_KEYS: [&str; 14] = [
+pub const SERVING_KEYS: [&str; 15] = [
     "engine",
     "context",
     "concurrency",
     "kv_dtype",
     "weight_dtype",
+    "mamba_ssm_cache_dtype",
     "gpu_memory_utilization",
     "max_num_batched_tokens",
     "max_num_seqs",

@@ -79,6 +79,7 @@ impl ConfigFile for FalconH1 {
         let inner = f.uint("mamba_d_ssm")?.unwrap_or(expand * m.hidden);
         let own = Ssm { out_bias: f.flag("projectors_bias", false)?, gated_norm: f.flag("mamba_rms_norm", false)?, mup: true, ..Ssm::NONE };
         m.ssm = ssm_keys(f, inner, "`mamba_d_ssm`", own)?;
+        m.ssm_dtype = f.state_dtype("mamba_ssm_dtype")?;
         Ok(m)
     }
     fn export(&self, s: &ModelSpec) -> Vec<Map<String, Value>> {
@@ -94,6 +95,7 @@ impl ConfigFile for FalconH1 {
             .set("projectors_bias", m.out_bias)
             .set("mamba_rms_norm", m.gated_norm);
         write_ssm_keys(&mut w, &m);
+        super::mamba2::write_ssm_dtype(&mut w, s);
         w.done().into_iter().collect()
     }
 }

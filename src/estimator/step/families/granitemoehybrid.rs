@@ -265,6 +265,7 @@ impl ConfigFile for GraniteMoeHybrid {
             let inner = f.uint_or("mamba_expand", 2)? * m.hidden;
             let own = Ssm { out_bias: f.flag("mamba_proj_bias", false)?, gated_norm: true, mup: false, ..Ssm::NONE };
             m.ssm = ssm_keys(f, inner, "`mamba_expand` × `hidden_size`", own)?;
+            m.ssm_dtype = f.state_dtype("mamba_ssm_dtype")?;
             m.linear_layers = linear;
         }
         Ok(m)
@@ -287,6 +288,7 @@ impl ConfigFile for GraniteMoeHybrid {
         if m.heads > 0 {
             w.set("mamba_expand", m.inner() / s.hidden.max(1));
             write_ssm_keys(&mut w, &m);
+            super::mamba2::write_ssm_dtype(&mut w, s);
         }
         w.done().into_iter().collect()
     }

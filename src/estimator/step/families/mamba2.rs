@@ -24,7 +24,7 @@ use super::common::Params;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::hf::fields::{Fields, HfError};
 use crate::estimator::hf_export::writer::Writer;
-use crate::estimator::model::{ModelSpec, Ssm};
+use crate::estimator::model::{ModelSpec, Ssm, StateDtype};
 use crate::estimator::step::part::Part;
 
 /// The mixer's parameters, in registration order (`conv1d`, `in_proj`, `dt_bias`, `A_log`,
@@ -405,6 +405,14 @@ pub fn ssm_keys(f: &Fields, inner: u64, inner_key: &str, own: Ssm) -> Result<Ssm
         in_bias: f.flag("mamba_proj_bias", false)?,
         ..own
     })
+}
+
+/// `mamba_ssm_dtype` (the recurrent state's dtype the checkpoint names: Qwen3.5's `float32`),
+/// written back when the spec has one; Falcon-H1, Granite 4.0-H and Qwen3.5 read it alike.
+pub fn write_ssm_dtype(w: &mut Writer, s: &ModelSpec) {
+    if s.ssm_dtype != StateDtype::Auto {
+        w.set("mamba_ssm_dtype", s.ssm_dtype.name());
+    }
 }
 
 /// The keys [`ssm_keys`] reads, written back from `m`.

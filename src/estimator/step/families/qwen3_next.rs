@@ -20,7 +20,7 @@ use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S, X};
 use super::common::{proj_or, rms_norm, AttnW, Kind, Norm, Params, Rms, Shared};
 use super::fla;
 use super::llama::{attend, decoder_layer, rope_partial, rope_qk, Core, Ffn, PartialRope};
-use super::mamba2::node;
+use super::mamba2::{node, write_ssm_dtype};
 use super::modeling::{ConfigFile, Modeling};
 use super::moe::{sparse_block, MoeW, SharedW, Topk};
 use crate::estimator::activations::ctx::Q;
@@ -28,7 +28,7 @@ use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
 use crate::estimator::hf::fields::{self, Fields, HfError};
 use crate::estimator::hf_export::writer;
-use crate::estimator::model::{Gdn, LayerRule, Linear, ModelSpec, QkNorm};
+use crate::estimator::model::{Gdn, LayerRule, Linear, ModelSpec, QkNorm, StateDtype};
 use crate::estimator::presets::base::{llama, Preset};
 use crate::estimator::step::part::Part;
 use serde_json::{Map, Value};
@@ -693,6 +693,7 @@ impl ConfigFile for Qwen3Next {
         m.rotary_pct = f.rotary_pct(0.25)?;
         m.gdn = gdn_keys(f, false)?;
         m.linear_layers = linear_layers(f, m.layers)?;
+        m.ssm_dtype = f.state_dtype("mamba_ssm_dtype")?;
         m.fused_experts = true;
         m.experts = f.required(&["num_experts"])?;
         m.top_k = f.required(&["num_experts_per_tok"])?;
@@ -737,6 +738,7 @@ impl ConfigFile for Qwen3Next {
             .set("decoder_sparse_step", 1)
             .set("mlp_only_layers", dense)
             .set("norm_topk_prob", true);
+        write_ssm_dtype(&mut w, s);
         w.done().into_iter().collect()
     }
 }
@@ -775,16 +777,18 @@ pub struct Qwen35 {
 /// Qwen3.5-27B's language model: 64 layers of h 5120 (three gated DeltaNet layers, then one
 /// gated attention layer, repeated), 24 query / 4 KV heads of 256 with a quarter rotary, DeltaNet
 /// of 16 key heads × 128 and 48 value heads × 128, a dense SwiGLU of 17,408, vocab 248,320.
+/// Its config.json names `"mamba_ssm_dtype": "float32"` (in `text_config`).
 fn qwen35_27b() -> ModelSpec {
-    hybrid(Family::Qwen35Text, llama(248_320, 5120, 64, 24, 4, 17_408, 262_144), 16, 48, true)
+    let m = hybrid(Family::Qwen35Text, llama(248_320, 5120, 64, 24, 4, 17_408, 262_144), 16, 48, true);
+    ModelSpec { ssm_dtype: StateDtype::Float32, ..m }
 }
 
 /// Qwen3.5-35B-A3B's language model: 40 layers of h 2048, 16 query / 2 KV heads of 256,
 /// DeltaNet of 16 key heads × 128 and 32 value heads × 128, 256 experts (top 8) of 512 and a
-/// gated shared expert of 512 on every layer.
+/// gated shared expert of 512 on every layer; `"mamba_ssm_dtype": "float32"`, as the 27B.
 fn qwen35_35b_a3b() -> ModelSpec {
     let m = hybrid(Family::Qwen35MoeText, llama(248_320, 2048, 40, 16, 2, 0, 262_144), 16, 32, true);
-    hybrid_moe(m, 256, 8)
+    ModelSpec { ssm_dtype: StateDtype::Float32, ..hybrid_moe(m, 256, 8) }
 }
 
 impl ConfigFile for Qwen35 {
@@ -816,6 +820,7 @@ impl ConfigFile for Qwen35 {
         m.rotary_pct = f.rotary_pct(0.25)?;
         m.gdn = gdn_keys(f, true)?;
         m.linear_layers = linear_layers(f, m.layers)?;
+        m.ssm_dtype = f.state_dtype("mamba_ssm_dtype")?;
         if moe {
             m.fused_experts = true;
             m.experts = f.required(&["num_experts"])?;
@@ -851,6 +856,7 @@ impl ConfigFile for Qwen35 {
         } else {
             w.set("intermediate_size", s.ffn);
         }
+        write_ssm_dtype(&mut w, s);
         w.done().into_iter().collect()
     }
 }
