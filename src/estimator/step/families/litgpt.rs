@@ -265,15 +265,9 @@ impl Modeling for Llama3 {
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
         has_rope(spec).then(|| (table_shape(), Dt::F32, true))
     }
-    /// SDPA runs `is_causal=True` (`mask is None` in training): no mask.
-    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
-        let _ = (b, spec, attn);
-        [None, None]
-    }
-    fn shares_positions(&self) -> bool {
-        false
-    }
-    fn rope_table_is_buffer(&self) -> bool {
+    /// The framework's own model code: SDPA with `is_causal=True` (no mask), RoPE tables as
+    /// registered buffers, positions of its own ([`Modeling::framework_code`]).
+    fn framework_code(&self) -> bool {
         true
     }
     /// `GPT.__init__` registers `lm_head` first, then `transformer` (`wte`, `h`, `ln_f`):

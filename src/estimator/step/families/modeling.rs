@@ -114,6 +114,15 @@ pub trait Modeling: Sync {
     /// Whether the rotary table the layers read is a model buffer (model state, not an
     /// activation: torchtitan's `freqs_cis`) rather than computed by each forward.
     fn rope_table_is_buffer(&self) -> bool {
+        self.framework_code()
+    }
+
+    /// Whether this is a training framework's own model code (torchtitan, torchtune, litgpt)
+    /// rather than transformers': their attention calls SDPA with `is_causal=True` (no mask is
+    /// built), their RoPE tables are registered buffers, and the layers compute no shared
+    /// `position_ids` — the defaults of [`Modeling::mask_shapes`],
+    /// [`Modeling::rope_table_is_buffer`] and [`Modeling::shares_positions`] follow it.
+    fn framework_code(&self) -> bool {
         false
     }
 
@@ -128,12 +137,15 @@ pub trait Modeling: Sync {
     /// without one.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
         let _ = (b, spec);
+        if self.framework_code() {
+            return [None, None];
+        }
         [(attn == Attention::Eager).then(|| mask_shape(attn)), None]
     }
 
     /// Whether the layers receive `position_ids` (GPT-2's do not).
     fn shares_positions(&self) -> bool {
-        true
+        !self.framework_code()
     }
 
     /// Whether the embedding is scaled by a 0-dim buffer in the model dtype (Gemma's

@@ -347,15 +347,9 @@ impl Modeling for Decoder {
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
         super::common::has_rope(spec).then(|| (cache_shape(), Dt::F32, self.rope.halves()))
     }
-    /// SDPA runs `is_causal=True`: no mask.
-    fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
-        let _ = (b, spec, attn);
-        [None, None]
-    }
-    fn shares_positions(&self) -> bool {
-        false
-    }
-    fn rope_table_is_buffer(&self) -> bool {
+    /// The framework's own model code: SDPA with `is_causal=True` (no mask), RoPE tables as
+    /// registered buffers, positions of its own ([`Modeling::framework_code`]).
+    fn framework_code(&self) -> bool {
         true
     }
 }
