@@ -85,6 +85,7 @@ pub fn label(field: &str) -> &'static str {
         "step_reserved_peak" => "step: max reserved",
         "reserved_peak" => "run: max reserved",
         "nvidia_smi" => "nvidia-smi",
+        "host_offloaded" => "host: offloaded activations",
         _ => "?",
     }
 }

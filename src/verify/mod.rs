@@ -146,7 +146,7 @@ pub const SCHEMA_VERSION: u64 = 2;
 pub const SCHEMA: &str = "trainmem-verify";
 /// The fields measured and predicted, in the order they are printed: the loading's, then the
 /// step's, then the whole run's.
-pub const FIELDS: [&str; 10] = [
+pub const FIELDS: [&str; 11] = [
     "load_peak",
     "load_reserved",
     "after_forward",
@@ -157,9 +157,12 @@ pub const FIELDS: [&str; 10] = [
     "step_reserved_peak",
     "reserved_peak",
     "nvidia_smi",
+    "host_offloaded",
 ];
 /// The fields that apply to the caching allocator only: `null` on the CPU.
 pub const CUDA_ONLY: [&str; 5] = ["load_peak", "load_reserved", "step_reserved_peak", "reserved_peak", "nvidia_smi"];
+/// The fields that apply to activation offloading only (`act_offload`): `null` without it.
+pub const OFFLOAD_ONLY: [&str; 1] = ["host_offloaded"];
 /// The torchao release whose `Float8Linear` trainmem follows (`fp8 = torchao-*`, see
 /// `src/estimator/step/lowbit.rs`); the script notes another.
 pub const TORCHAO_VERSION: &str = "0.18.0";
@@ -216,6 +219,10 @@ pub struct Predictions {
     pub reserved_peak: Option<Bytes>,
     /// What nvidia-smi shows for the process (`kernels=cuda` only).
     pub nvidia_smi: Option<Bytes>,
+    /// The pinned host bytes activation offloading copies in one forward pass (the host row
+    /// `offloaded_activations`, part of `memory.host`; `act_offload` only): every moved saved
+    /// tensor at its own size, all alive when backward starts.
+    pub host_offloaded: Option<Bytes>,
 }
 
 impl Predictions {
@@ -232,6 +239,7 @@ impl Predictions {
             "step_reserved_peak" => self.step_reserved_peak,
             "reserved_peak" => self.reserved_peak,
             "nvidia_smi" => self.nvidia_smi,
+            "host_offloaded" => self.host_offloaded,
             _ => None,
         }
     }
@@ -255,7 +263,10 @@ impl Predictions {
 /// - the loading (`kernels=cuda`): `max_memory_allocated()` and `max_memory_reserved()` over
 ///   `from_pretrained` (`memory.load_allocated_peak`, `memory.load_reserved_peak`; no GEMM has
 ///   run yet, so no cuBLAS workspace). `memory.load_peak`, the verdict's loading figure, is
-///   nvidia-smi's (the CUDA context on top), which the script does not measure over the load.
+///   nvidia-smi's (the CUDA context on top), which the script does not measure over the load;
+/// - host offloaded (`act_offload`, either kernels): the host row `offloaded_activations` of
+///   the estimate (`memory.host` holds it, with whatever else lives on the host): the pinned
+///   bytes the hooks copy in one forward pass.
 pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     use estimator::step::Phase as P;
     let stream = estimator::step_stream(cfg)?;
@@ -277,6 +288,8 @@ pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
         step_reserved_peak: if cuda { e.memory.step_reserved_peak.map(|r| r + blas) } else { None },
         reserved_peak: if cuda { e.memory.reserved_peak.map(|r| r + blas) } else { None },
         nvidia_smi: if cuda { e.memory.nvidia_smi } else { None },
+        host_offloaded: (cfg.act_offload != ActOffload::None)
+            .then(|| e.host.iter().filter(|r| r.id == estimator::ledger::RowId::OffloadedActivations).map(|r| r.bytes).sum()),
     })
 }
 
@@ -386,10 +399,12 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
             "the script steps each parameter in its gradient hook (torchtune's optimizer_in_bwd), before a loss scaler could unscale it; use amp-bf16 or bf16",
         );
     }
-    if cfg.act_offload != ActOffload::None || cfg.act_offload_layers > 0 {
+    // Activation offloading (`act_offload` = torchtune | save_on_cpu) is applied by the script;
+    // Megatron's per-layer offload is Megatron's own code.
+    if cfg.act_offload_layers > 0 {
         return refuse(
-            "act_offload",
-            "the script does not offload activations yet (validation/measure_recipes.py measures torchtune's and save_on_cpu's hooks on the CPU)",
+            "act_offload_layers",
+            "Megatron's per-layer activation offload runs in Megatron-LM's modules, which the script does not reproduce; use act_offload = torchtune or save_on_cpu",
         );
     }
     if cfg.optim_paged {
@@ -567,6 +582,11 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
         },
         "compile": cfg.compile,
         "optim_in_bwd": cfg.optim_in_bwd,
+        "act_offload": match cfg.act_offload {
+            ActOffload::None => Value::Null,
+            ActOffload::Torchtune => json!("torchtune"),
+            ActOffload::SaveOnCpu => json!("save_on_cpu"),
+        },
         "dropout": cfg.dropout,
         "alloc_conf": cfg.alloc_conf,
         "load": {"kind": "from_pretrained", "empty_cache": cfg.empty_cache},
@@ -639,6 +659,24 @@ mod tests {
     }
 
     #[test]
+    fn offloading_reaches_the_script_and_its_host_bytes_are_the_estimates_offloaded_row() {
+        for (kind, name) in [(ActOffload::Torchtune, "torchtune"), (ActOffload::SaveOnCpu, "save_on_cpu")] {
+            let cfg = Config { act_offload: kind, ..tiny() };
+            let e = estimator::estimate(&cfg).expect("estimates");
+            let row: Bytes = e.host.iter().filter(|r| r.id == estimator::ledger::RowId::OffloadedActivations).map(|r| r.bytes).sum();
+            let p = predictions(&cfg).expect("predicts");
+            assert!(row > 0 && p.host_offloaded == Some(row), "{name}");
+            // The host total holds it (and whatever else lives on the host).
+            assert!(e.memory.host >= row, "{name}");
+            let script = verify_script(&cfg).expect("renders");
+            assert!(script.contains(&format!(r#""act_offload": "{name}""#)), "{name}");
+        }
+        // Without offloading the field does not apply.
+        assert_eq!(predictions(&tiny()).expect("predicts").host_offloaded, None);
+        assert!(verify_script(&tiny()).unwrap_or_default().contains(r#""act_offload": null"#));
+    }
+
+    #[test]
     fn each_refusal_names_its_key() {
         let base = tiny();
         let cases: Vec<(&str, Config)> = vec![
@@ -671,7 +709,6 @@ mod tests {
             ("recompute", Config { recompute: Recompute::Selective, ..base.clone() }),
             ("framework", Config { framework: Framework::Megatron, ..base.clone() }),
             ("loss", Config { loss: Loss::Chunked, ..base.clone() }),
-            ("act_offload", Config { act_offload: ActOffload::SaveOnCpu, ..base.clone() }),
         ];
         for (key, cfg) in cases {
             let err = verify_script(&cfg).err();
@@ -679,6 +716,15 @@ mod tests {
             let text = err.map(|e| e.to_string()).unwrap_or_default();
             assert!(text.starts_with(&format!("`{key}` = ")), "{text}");
         }
+    }
+
+    #[test]
+    fn megatrons_per_layer_offload_stays_refused_by_its_key() {
+        // The estimate refuses it first (not modelled); the script's own check names it too.
+        let cfg = Config { act_offload_layers: 1, ..tiny() };
+        assert_eq!(verify_script(&cfg).err().as_ref().map(VerifyError::key), Some("act_offload_layers"));
+        let own = reproducible(&cfg).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(own.starts_with("`act_offload_layers` = 1: Megatron's per-layer activation offload"), "{own}");
     }
 
     #[test]
