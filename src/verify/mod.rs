@@ -8,9 +8,9 @@
 //! `config.json` (exported by [`crate::estimator::hf_export`], exactly the configured
 //! architecture), the recipe (parameter dtype, autocast, loss scaler, master weights), the
 //! optimizer and its torch implementation (`fused=True`, `foreach=True` or the single-tensor
-//! loop), the attention implementation, checkpointing, dropout, micro-batch, sequence length and
-//! gradient-accumulation steps, and trainmem's predictions for both `kernels=cuda` and
-//! `kernels=cpu`. It needs `torch` and `transformers` (on a GPU also `accelerate`, which
+//! loop), the attention implementation, checkpointing, activation offloading, dropout,
+//! micro-batch, sequence length and gradient-accumulation steps, and trainmem's predictions for
+//! both `kernels=cuda` and `kernels=cpu`. It needs `torch` and `transformers` (on a GPU also `accelerate`, which
 //! `from_pretrained(device_map=…)` needs, and `torchao` for FP8). Nothing is downloaded.
 //!
 //! # Loading (`load = from-pretrained`, the default)
@@ -70,8 +70,8 @@
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
 //! Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
-//! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`)
-//! and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
+//! cross-entropy (`loss=chunked`), Megatron's per-layer activation offload
+//! (`act_offload_layers`) and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
 //! weights, and compile regions other than a layer, the estimate refuses first). Issue 27's
 //! recipes that need several processes — the sharded loaders (`load` = `meta-sharded`, FSDP2's
 //! meta-device init and sharded load; `zero-init`, DeepSpeed's `zero.Init`) and FSDP2's FP8
@@ -93,6 +93,27 @@
 //! `every_n_layers`); `optim_in_bwd` builds one optimizer per parameter, stepped and zeroed in its
 //! post-accumulate-grad hook (torchtune 0.6.1 `register_optim_in_bwd_hooks`); `compile` compiles
 //! each decoder layer (`layer.compile()`) and the loss function (torchtune's regions).
+//!
+//! # Activation offloading (`act_offload = torchtune | save_on_cpu`)
+//!
+//! As `validation/measure_recipes.py` (`measure_offload`) applies it. `torchtune`: torchtune
+//! 0.6.1's `training/_activation_offloading.py` `OffloadActivations` (pinned, streams on,
+//! `max_fwd_stash_size = 5`, `min_offload_size = 1024`) around the model call only, the output
+//! head under a `NoOpManager` (a forward pre-hook enters it, a forward hook leaves it, as
+//! `get_act_offloading_ctx_manager`), the loss (`model.loss_function` on the logits) outside, as
+//! torchtune's recipes run it; on CUDA torchtune's own class where torchtune imports (it needs
+//! torchao), else the script's copy of it (cited, line for line, less its psutil warning, NF4 path
+//! and logger: the script needs only torch and transformers). `save_on_cpu`:
+//! `torch.autograd.graph.save_on_cpu(pin_memory=True)` around the model call, transformers' loss
+//! inside. One context per forward pass (torchtune keeps one for the run: the same where backward
+//! unpacks every tensor it packed). On the CPU both run as measure_recipes.py's ports
+//! (`CpuOffloadActivations`, `CpuSaveOnCpu`): streams and events are no-ops, the "pinned" host
+//! copy is made with every dispatch mode off (outside the tracker's view: host memory), the copy
+//! back to the device is a tracked allocation. The host bytes are counted at the pack hook (each
+//! host copy's storage, + at the copy, − when freed): `host_offloaded` is what the last forward
+//! pass copied, predicted by the estimate's `offloaded_activations` host row (in `memory.host`,
+//! beside anything else on the host); it is `null` without offloading. The estimate refuses
+//! offloading with activation checkpointing, and so the script does too.
 //!
 //! # Recipes
 //!
@@ -116,9 +137,11 @@
 //! `device_map`, `empty_cache`, its peaks, what was allocated and reserved after it); `fp8` (the
 //! linears converted, or `null`); `steps` (one object per step with every field and where the
 //! peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`, `predicted`} in
-//! bytes (`null` where it does not apply; [`CUDA_ONLY`] on the CPU); `notes`. Version 1 (before
-//! issue 27) built the model in place and had no loading fields; `trainmem compare` still reads
-//! it.
+//! bytes (`null` where it does not apply; [`CUDA_ONLY`] on the CPU, [`OFFLOAD_ONLY`] without
+//! `act_offload`); `act_offload` ({`kind`, `implementation`, `torchtune`} or `null`); `notes`.
+//! Version 1 (before issue 27) built the model in place and had no loading fields; `trainmem
+//! compare` still reads it. `host_offloaded` came later within version 2: a record without it
+//! reads as not measured.
 
 pub mod compare;
 pub mod serve;
