@@ -14,7 +14,7 @@ use trainmem::config::{self, Config};
 use trainmem::estimator::hf::fields::python_json;
 use trainmem::estimator::hf_export::{self, export};
 use trainmem::estimator::{hf, presets};
-use trainmem::verify::{self, CUDA_ONLY, FIELDS};
+use trainmem::verify::{self, CUDA_ONLY, FIELDS, OFFLOAD_ONLY};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -248,8 +248,10 @@ fn a_spread_of_recipes_attention_and_checkpointing_compiles() {
         for (i, (precision, imp, optim)) in recipes.iter().enumerate() {
             let attn = ["eager", "sdpa", "flash"][i % 3];
             let recompute = ["none", "full"][i % 2];
+            // Offloading where nothing is checkpointed (the estimate refuses the two together).
+            let offload = if recompute == "none" { ["torchtune", "save_on_cpu"][(i / 2) % 2] } else { "none" };
             let q = format!(
-                "model={model}&precision={precision}&optim_impl={imp}&optim={optim}&attn={attn}&recompute={recompute}&seq=512&batch=2&accum={}&dropout={}",
+                "model={model}&precision={precision}&optim_impl={imp}&optim={optim}&attn={attn}&recompute={recompute}&seq=512&batch=2&accum={}&dropout={}&act_offload={offload}",
                 1 + i % 2,
                 if i % 3 == 0 { "0.1" } else { "0" }
             );
@@ -392,7 +394,8 @@ fn the_script_runs_on_the_cpu_and_compare_reads_its_json() {
         assert_eq!(rows.len(), FIELDS.len());
         for r in rows {
             let field = r["field"].as_str().unwrap_or_default();
-            let on_cpu = !CUDA_ONLY.contains(&field);
+            // None of these runs offloads activations: the host field is null too.
+            let on_cpu = !CUDA_ONLY.contains(&field) && !OFFLOAD_ONLY.contains(&field);
             assert_eq!(r["measured"].is_u64(), on_cpu, "{name}: {field} measured");
             assert_eq!(r["predicted"].is_u64(), on_cpu, "{name}: {field} predicted");
             // The step model's target (issue 11): −1 %..+3 % of the tracker. The optimizer step
@@ -482,6 +485,8 @@ fn loaded_through_from_pretrained_on_the_cpu_every_step_field_is_exact_and_the_l
         let field = r["field"].as_str().unwrap_or_default();
         if CUDA_ONLY.contains(&field) {
             assert!(r["measured"].is_null() && r["predicted"].is_null(), "{field}: the CPU has no caching allocator");
+        } else if OFFLOAD_ONLY.contains(&field) {
+            assert!(r["measured"].is_null() && r["predicted"].is_null(), "{field}: nothing is offloaded");
         } else {
             // The same bytes as the committed record, which built the model in place.
             assert_eq!(r["measured"], fixture["fields"][field]["measured"], "{field}: loading changed the step");
@@ -592,3 +597,56 @@ for path in sys.argv[1:]:
         out.append(str(e))
 print(json.dumps(out))
 "#;
+
+// ---- Issue 26: activation offloading ------------------------------------------------------------
+
+/// The tiny Llama of `RUNS` (fp32, SDPA), with activation offloading.
+const OFFLOAD_LLAMA: &str =
+    "model=llama-3.2-1b&vocab=1000&hidden=64&layers=2&heads=4&kv_heads=2&head_dim=16&ffn=176&max_pos=512&tied=false\
+                             &batch=2&seq=64&precision=fp32&attn=sdpa&optim_impl=foreach&kernels=cpu";
+
+#[test]
+fn offloading_activations_on_the_cpu_every_device_field_and_the_host_bytes_are_exact() {
+    if skip("offloading_activations_on_the_cpu_every_device_field_and_the_host_bytes_are_exact") {
+        return;
+    }
+    // torchtune's OffloadActivations (the script's CPU port: streams no-ops, host copies outside
+    // the tracker) around the model call with the head under a NoOpManager and the loss outside;
+    // save_on_cpu around the model call with transformers' loss inside. Llama's host bytes are
+    // exact in the recipe records (tests/recipe_fixtures.rs lists no residual for it).
+    let py = torch_python().unwrap_or("python3");
+    let dir = scratch("offload");
+    for kind in ["torchtune", "save_on_cpu"] {
+        let d = config::decode_query(&format!("{OFFLOAD_LLAMA}&act_offload={kind}"));
+        assert!(d.errors.is_empty(), "{kind}: {:?}", d.errors);
+        let (script, json_path) = (dir.join(format!("{kind}.py")), dir.join(format!("{kind}.json")));
+        let text = verify::verify_script(&d.config).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert!(text.contains(&format!(r#""act_offload": "{kind}""#)), "{kind}");
+        std::fs::write(&script, text).expect("write");
+        let (code, stdout, stderr) = run_on_cpu(py, &script, &json_path);
+        assert_eq!(code, 0, "{kind}: {stdout}\n{stderr}");
+        let record: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON")).expect("JSON");
+        assert_eq!(record["act_offload"]["kind"], kind);
+        // Every step copies the same bytes to the host, and backward frees every copy.
+        for step in record["steps"].as_array().expect("steps") {
+            assert_eq!(step["host_offloaded"], record["fields"]["host_offloaded"]["measured"], "{kind}");
+            assert_eq!(step["host_live_after_step"], 0, "{kind}: a host copy outlived the step");
+        }
+        let (code, js, err) = trainmem(&["compare", json_path.to_str().expect("utf-8"), "--json"]);
+        assert_eq!(code, 0, "{kind}: {err}");
+        let c: Value = serde_json::from_str(&js).expect("json");
+        let mut exact = Vec::new();
+        for r in c["rows"].as_array().expect("rows") {
+            let field = r["field"].as_str().unwrap_or_default();
+            if CUDA_ONLY.contains(&field) {
+                assert!(r["measured"].is_null() && r["predicted"].is_null(), "{kind}: {field}");
+                continue;
+            }
+            assert!(r["measured"].as_u64().is_some_and(|m| m > 0), "{kind}: {field} measured");
+            assert_eq!(r["predicted"], r["measured"], "{kind}: {field}");
+            exact.push(field);
+        }
+        assert_eq!(exact, ["after_forward", "forward_peak", "backward_peak", "step_peak", "peak", "host_offloaded"], "{kind}");
+        println!("{kind}: {stdout}");
+    }
+}

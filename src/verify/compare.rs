@@ -9,6 +9,9 @@
 //! (`load_peak`, `load_reserved`) and the step's reserved peak (`step_reserved_peak`) beside the
 //! whole run's (`reserved_peak`). Version 1 records are still read: the model was built in place
 //! (no loading), their `reserved_peak` was the step's, and the fields they lack are "not measured".
+//! With `act_offload`, `host_offloaded` (the pinned host bytes the offloading hooks copied in the
+//! forward pass) is compared with the estimate's `offloaded_activations` host row; records written
+//! before the field existed read it as not measured.
 
 use super::{predictions_for, FIELDS, SCHEMA, SCHEMA_VERSION};
 
@@ -85,6 +88,7 @@ pub fn label(field: &str) -> &'static str {
         "step_reserved_peak" => "step: max reserved",
         "reserved_peak" => "run: max reserved",
         "nvidia_smi" => "nvidia-smi",
+        "host_offloaded" => "host: offloaded activations",
         _ => "?",
     }
 }

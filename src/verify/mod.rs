@@ -8,9 +8,9 @@
 //! `config.json` (exported by [`crate::estimator::hf_export`], exactly the configured
 //! architecture), the recipe (parameter dtype, autocast, loss scaler, master weights), the
 //! optimizer and its torch implementation (`fused=True`, `foreach=True` or the single-tensor
-//! loop), the attention implementation, checkpointing, dropout, micro-batch, sequence length and
-//! gradient-accumulation steps, and trainmem's predictions for both `kernels=cuda` and
-//! `kernels=cpu`. It needs `torch` and `transformers` (on a GPU also `accelerate`, which
+//! loop), the attention implementation, checkpointing, activation offloading, dropout,
+//! micro-batch, sequence length and gradient-accumulation steps, and trainmem's predictions for
+//! both `kernels=cuda` and `kernels=cpu`. It needs `torch` and `transformers` (on a GPU also `accelerate`, which
 //! `from_pretrained(device_map=…)` needs, and `torchao` for FP8). Nothing is downloaded.
 //!
 //! # Loading (`load = from-pretrained`, the default)
@@ -70,8 +70,8 @@
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
 //! Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
-//! cross-entropy (`loss=chunked`), activation offloading (`act_offload`, `act_offload_layers`)
-//! and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
+//! cross-entropy (`loss=chunked`), Megatron's per-layer activation offload
+//! (`act_offload_layers`) and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
 //! weights, and compile regions other than a layer, the estimate refuses first). Issue 27's
 //! recipes that need several processes — the sharded loaders (`load` = `meta-sharded`, FSDP2's
 //! meta-device init and sharded load; `zero-init`, DeepSpeed's `zero.Init`) and FSDP2's FP8
@@ -93,6 +93,27 @@
 //! `every_n_layers`); `optim_in_bwd` builds one optimizer per parameter, stepped and zeroed in its
 //! post-accumulate-grad hook (torchtune 0.6.1 `register_optim_in_bwd_hooks`); `compile` compiles
 //! each decoder layer (`layer.compile()`) and the loss function (torchtune's regions).
+//!
+//! # Activation offloading (`act_offload = torchtune | save_on_cpu`)
+//!
+//! As `validation/measure_recipes.py` (`measure_offload`) applies it. `torchtune`: torchtune
+//! 0.6.1's `training/_activation_offloading.py` `OffloadActivations` (pinned, streams on,
+//! `max_fwd_stash_size = 5`, `min_offload_size = 1024`) around the model call only, the output
+//! head under a `NoOpManager` (a forward pre-hook enters it, a forward hook leaves it, as
+//! `get_act_offloading_ctx_manager`), the loss (`model.loss_function` on the logits) outside, as
+//! torchtune's recipes run it; on CUDA torchtune's own class where torchtune imports (it needs
+//! torchao), else the script's copy of it (cited, line for line, less its psutil warning, NF4 path
+//! and logger: the script needs only torch and transformers). `save_on_cpu`:
+//! `torch.autograd.graph.save_on_cpu(pin_memory=True)` around the model call, transformers' loss
+//! inside. One context per forward pass (torchtune keeps one for the run: the same where backward
+//! unpacks every tensor it packed). On the CPU both run as measure_recipes.py's ports
+//! (`CpuOffloadActivations`, `CpuSaveOnCpu`): streams and events are no-ops, the "pinned" host
+//! copy is made with every dispatch mode off (outside the tracker's view: host memory), the copy
+//! back to the device is a tracked allocation. The host bytes are counted at the pack hook (each
+//! host copy's storage, + at the copy, − when freed): `host_offloaded` is what the last forward
+//! pass copied, predicted by the estimate's `offloaded_activations` host row (in `memory.host`,
+//! beside anything else on the host); it is `null` without offloading. The estimate refuses
+//! offloading with activation checkpointing, and so the script does too.
 //!
 //! # Recipes
 //!
@@ -116,9 +137,11 @@
 //! `device_map`, `empty_cache`, its peaks, what was allocated and reserved after it); `fp8` (the
 //! linears converted, or `null`); `steps` (one object per step with every field and where the
 //! peak was); `steady_step`; `fields`: for each of [`FIELDS`] {`measured`, `predicted`} in
-//! bytes (`null` where it does not apply; [`CUDA_ONLY`] on the CPU); `notes`. Version 1 (before
-//! issue 27) built the model in place and had no loading fields; `trainmem compare` still reads
-//! it.
+//! bytes (`null` where it does not apply; [`CUDA_ONLY`] on the CPU, [`OFFLOAD_ONLY`] without
+//! `act_offload`); `act_offload` ({`kind`, `implementation`, `torchtune`} or `null`); `notes`.
+//! Version 1 (before issue 27) built the model in place and had no loading fields; `trainmem
+//! compare` still reads it. `host_offloaded` came later within version 2: a record without it
+//! reads as not measured.
 
 pub mod compare;
 pub mod serve;
@@ -146,7 +169,7 @@ pub const SCHEMA_VERSION: u64 = 2;
 pub const SCHEMA: &str = "trainmem-verify";
 /// The fields measured and predicted, in the order they are printed: the loading's, then the
 /// step's, then the whole run's.
-pub const FIELDS: [&str; 10] = [
+pub const FIELDS: [&str; 11] = [
     "load_peak",
     "load_reserved",
     "after_forward",
@@ -157,9 +180,12 @@ pub const FIELDS: [&str; 10] = [
     "step_reserved_peak",
     "reserved_peak",
     "nvidia_smi",
+    "host_offloaded",
 ];
 /// The fields that apply to the caching allocator only: `null` on the CPU.
 pub const CUDA_ONLY: [&str; 5] = ["load_peak", "load_reserved", "step_reserved_peak", "reserved_peak", "nvidia_smi"];
+/// The fields that apply to activation offloading only (`act_offload`): `null` without it.
+pub const OFFLOAD_ONLY: [&str; 1] = ["host_offloaded"];
 /// The torchao release whose `Float8Linear` trainmem follows (`fp8 = torchao-*`, see
 /// `src/estimator/step/lowbit.rs`); the script notes another.
 pub const TORCHAO_VERSION: &str = "0.18.0";
@@ -216,6 +242,10 @@ pub struct Predictions {
     pub reserved_peak: Option<Bytes>,
     /// What nvidia-smi shows for the process (`kernels=cuda` only).
     pub nvidia_smi: Option<Bytes>,
+    /// The pinned host bytes activation offloading copies in one forward pass (the host row
+    /// `offloaded_activations`, part of `memory.host`; `act_offload` only): every moved saved
+    /// tensor at its own size, all alive when backward starts.
+    pub host_offloaded: Option<Bytes>,
 }
 
 impl Predictions {
@@ -232,6 +262,7 @@ impl Predictions {
             "step_reserved_peak" => self.step_reserved_peak,
             "reserved_peak" => self.reserved_peak,
             "nvidia_smi" => self.nvidia_smi,
+            "host_offloaded" => self.host_offloaded,
             _ => None,
         }
     }
@@ -255,7 +286,10 @@ impl Predictions {
 /// - the loading (`kernels=cuda`): `max_memory_allocated()` and `max_memory_reserved()` over
 ///   `from_pretrained` (`memory.load_allocated_peak`, `memory.load_reserved_peak`; no GEMM has
 ///   run yet, so no cuBLAS workspace). `memory.load_peak`, the verdict's loading figure, is
-///   nvidia-smi's (the CUDA context on top), which the script does not measure over the load.
+///   nvidia-smi's (the CUDA context on top), which the script does not measure over the load;
+/// - host offloaded (`act_offload`, either kernels): the host row `offloaded_activations` of
+///   the estimate (`memory.host` holds it, with whatever else lives on the host): the pinned
+///   bytes the hooks copy in one forward pass.
 pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     use estimator::step::Phase as P;
     let stream = estimator::step_stream(cfg)?;
@@ -277,6 +311,8 @@ pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
         step_reserved_peak: if cuda { e.memory.step_reserved_peak.map(|r| r + blas) } else { None },
         reserved_peak: if cuda { e.memory.reserved_peak.map(|r| r + blas) } else { None },
         nvidia_smi: if cuda { e.memory.nvidia_smi } else { None },
+        host_offloaded: (cfg.act_offload != ActOffload::None)
+            .then(|| e.host.iter().filter(|r| r.id == estimator::ledger::RowId::OffloadedActivations).map(|r| r.bytes).sum()),
     })
 }
 
@@ -386,10 +422,12 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
             "the script steps each parameter in its gradient hook (torchtune's optimizer_in_bwd), before a loss scaler could unscale it; use amp-bf16 or bf16",
         );
     }
-    if cfg.act_offload != ActOffload::None || cfg.act_offload_layers > 0 {
+    // Activation offloading (`act_offload` = torchtune | save_on_cpu) is applied by the script;
+    // Megatron's per-layer offload is Megatron's own code.
+    if cfg.act_offload_layers > 0 {
         return refuse(
-            "act_offload",
-            "the script does not offload activations yet (validation/measure_recipes.py measures torchtune's and save_on_cpu's hooks on the CPU)",
+            "act_offload_layers",
+            "Megatron's per-layer activation offload runs in Megatron-LM's modules, which the script does not reproduce; use act_offload = torchtune or save_on_cpu",
         );
     }
     if cfg.optim_paged {
@@ -567,6 +605,11 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
         },
         "compile": cfg.compile,
         "optim_in_bwd": cfg.optim_in_bwd,
+        "act_offload": match cfg.act_offload {
+            ActOffload::None => Value::Null,
+            ActOffload::Torchtune => json!("torchtune"),
+            ActOffload::SaveOnCpu => json!("save_on_cpu"),
+        },
         "dropout": cfg.dropout,
         "alloc_conf": cfg.alloc_conf,
         "load": {"kind": "from_pretrained", "empty_cache": cfg.empty_cache},
@@ -639,6 +682,24 @@ mod tests {
     }
 
     #[test]
+    fn offloading_reaches_the_script_and_its_host_bytes_are_the_estimates_offloaded_row() {
+        for (kind, name) in [(ActOffload::Torchtune, "torchtune"), (ActOffload::SaveOnCpu, "save_on_cpu")] {
+            let cfg = Config { act_offload: kind, ..tiny() };
+            let e = estimator::estimate(&cfg).expect("estimates");
+            let row: Bytes = e.host.iter().filter(|r| r.id == estimator::ledger::RowId::OffloadedActivations).map(|r| r.bytes).sum();
+            let p = predictions(&cfg).expect("predicts");
+            assert!(row > 0 && p.host_offloaded == Some(row), "{name}");
+            // The host total holds it (and whatever else lives on the host).
+            assert!(e.memory.host >= row, "{name}");
+            let script = verify_script(&cfg).expect("renders");
+            assert!(script.contains(&format!(r#""act_offload": "{name}""#)), "{name}");
+        }
+        // Without offloading the field does not apply.
+        assert_eq!(predictions(&tiny()).expect("predicts").host_offloaded, None);
+        assert!(verify_script(&tiny()).unwrap_or_default().contains(r#""act_offload": null"#));
+    }
+
+    #[test]
     fn each_refusal_names_its_key() {
         let base = tiny();
         let cases: Vec<(&str, Config)> = vec![
@@ -671,7 +732,6 @@ mod tests {
             ("recompute", Config { recompute: Recompute::Selective, ..base.clone() }),
             ("framework", Config { framework: Framework::Megatron, ..base.clone() }),
             ("loss", Config { loss: Loss::Chunked, ..base.clone() }),
-            ("act_offload", Config { act_offload: ActOffload::SaveOnCpu, ..base.clone() }),
         ];
         for (key, cfg) in cases {
             let err = verify_script(&cfg).err();
@@ -679,6 +739,15 @@ mod tests {
             let text = err.map(|e| e.to_string()).unwrap_or_default();
             assert!(text.starts_with(&format!("`{key}` = ")), "{text}");
         }
+    }
+
+    #[test]
+    fn megatrons_per_layer_offload_stays_refused_by_its_key() {
+        // The estimate refuses it first (not modelled); the script's own check names it too.
+        let cfg = Config { act_offload_layers: 1, ..tiny() };
+        assert_eq!(verify_script(&cfg).err().as_ref().map(VerifyError::key), Some("act_offload_layers"));
+        let own = reproducible(&cfg).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(own.starts_with("`act_offload_layers` = 1: Megatron's per-layer activation offload"), "{own}");
     }
 
     #[test]

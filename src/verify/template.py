@@ -22,6 +22,7 @@ would (`AutoModelForCausalLM.from_pretrained(tmp, dtype=..., device_map=<device>
 then `torch.cuda.empty_cache()` if the configuration says so, torchao's FP8 conversion (fp8=torchao-*: exactly the
 linears trainmem converts), and the configured recipe, with the configured optimizer and its torch implementation, attention implementation, checkpointing (every layer,
 every Nth, or torchtitan's op-level policy), torch.compile per layer (CUDA only), the optimizer step in backward,
+activation offloading (torchtune's OffloadActivations, or torch.autograd.graph.save_on_cpu; a CPU port of both on the CPU),
 dropout, micro-batch, sequence length and gradient-accumulation steps, and runs three training steps (forward with
 labels, loss, backward, optimizer step, zero_grad(set_to_none=True)). The loading measures (CUDA only):
 
@@ -40,6 +41,8 @@ Each step measures:
   reserved_peak   torch.cuda.max_memory_reserved() over the whole run, loading and steps (CUDA only)
   nvidia_smi      what nvidia-smi shows for this process at the end of the step (CUDA only; pynvml when installed,
                   else torch.cuda.mem_get_info() total - free, which counts the whole device)
+  host_offloaded  the pinned host bytes the activation-offloading hooks copied in the forward pass (act_offload only;
+                  counted at the pack hook, each host copy's storage once)
 
 On CUDA these come from torch.cuda.memory_allocated() / max_memory_allocated() with reset_peak_memory_stats()
 between phases. On the CPU a dispatch-level tracker (trainmem's validation/tracker.py, embedded below) counts
@@ -49,7 +52,7 @@ trainmem's prediction for the device it ran on (kernels=cuda or kernels=cpu).
 
 The JSON it writes (schema "trainmem-verify", version 2): schema, version, generated_by, query, model,
 model_type, hf_config, kernels, device {type, name, total_bytes, compute_capability}, versions {python, torch,
-transformers, cuda, torchao}, method {allocated, nvidia_smi, alloc_conf, load}, parameter_count {built, trainmem},
+transformers, cuda, torchao}, method {allocated, nvidia_smi, alloc_conf, load}, act_offload (kind and implementation, or null), parameter_count {built, trainmem},
 load (the loading's measurements), fp8 (the linears converted, or null), steps (every field per step, with where
 the peak was), steady_step, fields {<field>: {measured, predicted}} in bytes (null where a field does not apply),
 notes.
@@ -76,7 +79,7 @@ TRACKER_SOURCE = r'''__TRACKER_SOURCE__'''
 STEPS = 3
 SEED = 0
 FIELDS = ("load_peak", "load_reserved", "after_forward", "forward_peak", "backward_peak", "step_peak", "peak",
-          "step_reserved_peak", "reserved_peak", "nvidia_smi")
+          "step_reserved_peak", "reserved_peak", "nvidia_smi", "host_offloaded")
 LABELS = {
     "load_peak": "loading: max allocated",
     "load_reserved": "loading: max reserved",
@@ -88,6 +91,7 @@ LABELS = {
     "step_reserved_peak": "step: max reserved",
     "reserved_peak": "run: max reserved",
     "nvidia_smi": "nvidia-smi",
+    "host_offloaded": "host: offloaded activations",
 }
 MIB = 1 << 20
 
@@ -352,6 +356,329 @@ def apply_compile(torch, model, device):
     model.loss_function = torch.compile(model.loss_function)
 
 
+# ------------------------------------------------------------------------------------------------ activation offloading
+class HostLedger:
+    """The host bytes the offloading hooks hold: + at each host copy (its storage's bytes), - when that copy is freed
+    (weakref.finalize on its storage); `copied` sums the copies of the current forward pass (`host_offloaded`)."""
+
+    def __init__(self):
+        self.live = 0
+        self.peak = 0
+        self.copied = 0
+        self.tensors = 0
+
+    def forward_begins(self):
+        self.copied = 0
+        self.tensors = 0
+
+    def add(self, host):
+        import weakref
+
+        n = host.untyped_storage().nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        self.copied += n
+        self.tensors += 1
+        weakref.finalize(host.untyped_storage(), self._freed, n)
+
+    def _freed(self, n):
+        self.live -= n
+
+
+def offload_classes(torch, device):
+    """(OffloadActivations, save_on_cpu) for `device`.
+
+    OffloadActivations is torchtune 0.6.1's (torchtune/training/_activation_offloading.py, BSD-style licence, (c) Meta
+    Platforms, Inc. and affiliates) copied below, line for line, less its psutil RAM warning, its NF4Tensor error
+    path and its logger; on CUDA exactly torchtune's. On the CPU (validation/measure_recipes.py `CpuOffloadActivations`
+    and `CpuSaveOnCpu`, the ports trainmem's records were measured with) the same code with these substitutions for a
+    machine without a GPU: CUDA streams and events are no-ops (every copy completes at once), the pinned host buffer is
+    an ordinary CPU tensor made with every dispatch mode off (outside the tracker's view: host memory), `.to("cuda")`
+    is a tracked allocation of the same size and strides (device memory) filled outside the tracker, and
+    `record_stream` is a no-op. save_on_cpu is torch.autograd.graph.save_on_cpu(pin_memory=True) on CUDA, its port on
+    the CPU (a contiguous host copy; unpack copies it back to the device)."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    cuda = device == "cuda"
+
+    class _NoStream:
+        def wait_event(self, ev):
+            pass
+
+        def wait_stream(self, s):
+            pass
+
+        def record_event(self):
+            return None
+
+    def host_copy(t, contiguous=False):
+        if cuda:
+            h = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True) if contiguous else \
+                torch.empty_like(t, pin_memory=True, device="cpu")
+            h.copy_(t, non_blocking=True)
+            return h
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            h = torch.empty(t.size(), dtype=t.dtype) if contiguous else torch.empty_like(t, device="cpu")
+            h.copy_(t)
+        return h
+
+    def device_copy(h):
+        if cuda:
+            return h.to("cuda", non_blocking=True)
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        d = torch.empty_strided(h.size(), h.stride(), dtype=h.dtype)
+        with _disable_current_modes():
+            d.copy_(h)
+        return d
+
+    def on(stream):
+        return torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
+
+    class OffloadActivations(saved_tensors_hooks):
+        """torchtune 0.6.1 OffloadActivations(use_pin_memory=True, use_streams=True, max_fwd_stash_size=5,
+        min_offload_size=1024); see offload_classes."""
+
+        def __init__(self, use_pin_memory=True, use_streams=True, max_fwd_stash_size=5, min_offload_size=1024):
+            self.use_streams = use_streams
+            self.min_tensor_size_bytes = min_offload_size
+            self.tracker = {}  # tensor_id => (new_tensor, if_modified)
+            self.tensor_id = 0
+            self.is_first_forward_call = True
+            self.is_first_backward_call = True
+            self.is_first_forward_pass = True
+            self.use_pin_memory = use_pin_memory
+            self.s0 = torch.cuda.default_stream() if cuda else _NoStream()  # comp stream
+            if self.use_streams:
+                self.s1 = torch.cuda.Stream() if cuda else _NoStream()  # comms stream
+                self.fwd_stash = {}  # tensor_id => (activation, ev1)
+                if max_fwd_stash_size < 1:
+                    raise ValueError(f"max_fwd_stash_size should be at least 1 but is {max_fwd_stash_size}")
+                self.max_fwd_stash_size = max_fwd_stash_size
+                self.bwd_tensor_stash = {}  # tensor_id => activation
+                self.bwd_ev_stash = {}  # tensor_id => ev0
+                self.curr_graph_id = None
+                self.curr_autograd_node = None
+
+            def get_tensor_id():
+                self.tensor_id += 1
+                return self.tensor_id
+
+            def get_num_bytes_tensor(x):
+                return x.element_size() * x.nelement()
+
+            def pack_tensor(activation):
+                if self.is_first_forward_call:
+                    assert len(self.tracker) == 0, "backward pass should have cleared tracker of all tensors"
+                    self.is_first_forward_call = False
+                    self.is_first_backward_call = True
+                num_bytes = get_num_bytes_tensor(activation)
+                tensor_id = get_tensor_id()
+                if num_bytes >= self.min_tensor_size_bytes and (
+                        not isinstance(activation, torch.nn.Parameter) and not isinstance(activation, torch.nn.Buffer)):
+                    if self.use_streams:
+                        for id_ in [k for k in self.fwd_stash.keys()]:
+                            if id_ <= tensor_id - self.max_fwd_stash_size:
+                                _, ev = self.fwd_stash[id_]
+                                self.s0.wait_event(ev)
+                                del self.fwd_stash[id_]
+                            else:
+                                break
+                        self.s1.wait_stream(self.s0)
+                    stream = self.s1 if self.use_streams else self.s0
+                    with on(stream):
+                        cpu_tensor = host_copy(activation)
+                        self.tracker[tensor_id] = (cpu_tensor, True)
+                    if self.use_streams:
+                        event = self.s1.record_event()
+                        self.fwd_stash[tensor_id] = (activation, event)
+                else:
+                    self.tracker[tensor_id] = (activation, False)
+                return tensor_id
+
+            def unpack_tensor_single_stream(unpack_tensor_id):
+                if self.is_first_backward_call:
+                    if self.is_first_forward_pass:
+                        self.is_first_forward_pass = False
+                    self.is_first_backward_call = False
+                    self.is_first_forward_call = True
+                assert unpack_tensor_id in self.tracker, f"untracked tensor with id {unpack_tensor_id}"
+                maybe_gpu_tensor, modified = self.tracker[unpack_tensor_id]
+                if modified:
+                    maybe_gpu_tensor = device_copy(maybe_gpu_tensor)
+                del self.tracker[unpack_tensor_id]
+                return maybe_gpu_tensor
+
+            def unpack_tensor_with_streams(unpack_tensor_id):
+                if self.is_first_backward_call:
+                    self.curr_graph_id = torch._C._current_graph_task_id()
+
+                    def wait_and_del_remaining_references():
+                        for id_ in [k for k in self.bwd_tensor_stash.keys()]:
+                            event = self.bwd_ev_stash[id_]
+                            self.s1.wait_event(event)
+                            del self.bwd_tensor_stash[id_]
+
+                    torch.autograd.variable.Variable._execution_engine.queue_callback(wait_and_del_remaining_references)
+                    if self.is_first_forward_pass:
+                        self.is_first_forward_pass = False
+                    self.is_first_backward_call = False
+                    self.is_first_forward_call = True
+                assert unpack_tensor_id in self.tracker, f"untracked tensor with id {unpack_tensor_id}"
+                maybe_gpu_tensor, modified = self.tracker[unpack_tensor_id]
+                if modified:
+                    graph_id = torch._C._current_graph_task_id()
+                    node = torch._C._current_autograd_node()
+                    prev_node_ids = []
+                    if graph_id == self.curr_graph_id and self.curr_autograd_node != node:
+                        self.curr_autograd_node = node
+                        prev_node_ids = [id_ for id_ in self.bwd_tensor_stash.keys()]
+                    brought_back_from_cpu = True
+                    if unpack_tensor_id in self.fwd_stash:
+                        maybe_gpu_tensor = self.fwd_stash[unpack_tensor_id][0]
+                        brought_back_from_cpu = False
+                    else:
+                        with on(self.s1):
+                            maybe_gpu_tensor = device_copy(maybe_gpu_tensor)
+                        self.s0.wait_stream(self.s1)
+                        self.bwd_tensor_stash[unpack_tensor_id] = maybe_gpu_tensor
+                        storage_refcount = torch._C._storage_Use_Count(maybe_gpu_tensor.untyped_storage()._cdata)
+
+                    def hook(outputs, inputs):
+                        if brought_back_from_cpu:
+                            unpacked_tensor = self.bwd_tensor_stash[unpack_tensor_id]
+                            if torch._C._storage_Use_Count(unpacked_tensor.untyped_storage()._cdata) > storage_refcount:
+                                if cuda:
+                                    unpacked_tensor.record_stream(self.s0)
+                                del self.bwd_tensor_stash[unpack_tensor_id]
+                            else:
+                                event = self.s0.record_event()
+                                self.bwd_ev_stash[unpack_tensor_id] = event
+                        for id_ in [k for k in self.fwd_stash.keys()]:
+                            _, ev = self.fwd_stash[id_]
+                            self.s0.wait_event(ev)
+                            del self.fwd_stash[id_]
+                        for id_ in prev_node_ids:
+                            event = self.bwd_ev_stash[id_]
+                            self.s1.wait_event(event)
+                            del self.bwd_tensor_stash[id_]
+                        return outputs
+
+                    node.register_hook(hook)
+                del self.tracker[unpack_tensor_id]
+                return maybe_gpu_tensor
+
+            unpack_tensor = unpack_tensor_with_streams if self.use_streams else unpack_tensor_single_stream
+            super().__init__(pack_tensor, unpack_tensor)
+
+    if cuda:
+        return OffloadActivations, lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+    class CpuSaveOnCpu(saved_tensors_hooks):
+        """torch.autograd.graph.save_on_cpu(pin_memory=True), ported as above."""
+
+        def __init__(self):
+            def pack_to_cpu(tensor):
+                return (tensor.device, host_copy(tensor, contiguous=True))
+
+            def unpack_from_cpu(packed):
+                return device_copy(packed[1])
+
+            super().__init__(pack_to_cpu, unpack_from_cpu)
+
+    return OffloadActivations, CpuSaveOnCpu
+
+
+class Offload:
+    """The recipe's activation offloading around the model call, as trainmem's records apply it
+    (validation/measure_recipes.py `measure_offload`):
+
+    * torchtune: torchtune's recipes run `with self.activations_handling_ctx: logits = self._model(**batch)` and the
+      loss outside it; get_act_offloading_ctx_manager wraps the output head in a NoOpManager (a forward pre-hook
+      enters it, a forward hook leaves it). torchtune's own OffloadActivations on CUDA where torchtune imports, else
+      the copy of offload_classes; one context per forward pass (torchtune keeps one for the run, the same where
+      backward unpacks every tensor it packed);
+    * save_on_cpu: torch.autograd.graph.save_on_cpu(pin_memory=True) around the model call, transformers' loss
+      inside it.
+
+    The host bytes each forward copies are counted at the pack hook (`host_offloaded`)."""
+
+    def __init__(self, torch, model, device):
+        self.torch = torch
+        self.kind = SPEC["act_offload"]
+        self.ledger = HostLedger()
+        self.impl = None
+        self.torchtune_version = None
+        if self.kind is None:
+            return
+        offload_activations, save_on_cpu = offload_classes(torch, device)
+        if self.kind == "torchtune":
+            self.make = offload_activations
+            self.impl = "torchtune 0.6.1 OffloadActivations, trainmem's copy" + ("" if device == "cuda" else
+                                                                                   " ported to the CPU")
+            if device == "cuda":
+                try:
+                    import torchtune
+                    from torchtune.training._activation_offloading import OffloadActivations
+
+                    self.make = OffloadActivations
+                    self.torchtune_version = getattr(torchtune, "__version__", "?")
+                    self.impl = f"torchtune {self.torchtune_version} OffloadActivations"
+                except Exception as e:  # noqa: BLE001 - not installed, or its torchao import fails
+                    self.impl += f" (torchtune does not import here: {type(e).__name__})"
+            noop = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # torchtune's NoOpManager
+            head = model.get_output_embeddings()
+            head.register_forward_pre_hook(lambda *args: noop.__enter__())
+            head.register_forward_hook(lambda *args: noop.__exit__(), always_call=True)
+        else:
+            self.make = save_on_cpu
+            self.impl = "torch.autograd.graph.save_on_cpu(pin_memory=True)" + ("" if device == "cuda" else
+                                                                              ", ported to the CPU")
+
+    def _counted(self, ctx):
+        """`ctx` with its pack hook wrapped to count each host copy it makes."""
+        pack, ledger = ctx.pack_hook, self.ledger
+        if self.kind == "torchtune":
+            def counting(t):
+                tid = pack(t)
+                host, moved = ctx.tracker[tid]
+                if moved:
+                    ledger.add(host)
+                return tid
+        else:
+            def counting(t):
+                packed = pack(t)
+                ledger.add(packed[1])
+                return packed
+        ctx.pack_hook = counting
+        return ctx
+
+    def forward(self, model, batch):
+        """The model call (`out`) and its unscaled loss, with the recipe's offloading."""
+        if self.kind is None:
+            out = model(**batch, use_cache=False)
+            return out, out.loss
+        self.ledger.forward_begins()
+        ctx = self._counted(self.make())
+        if self.kind == "save_on_cpu":
+            with ctx:
+                out = model(**batch, use_cache=False)
+            return out, out.loss
+        with ctx:
+            out = model(input_ids=batch["input_ids"], use_cache=False)
+        loss = model.loss_function(out.logits, batch["labels"], vocab_size=model.config.vocab_size)
+        return out, loss
+
+    def record(self):
+        """The step's host figures (null without offloading)."""
+        if self.kind is None:
+            return {"host_offloaded": None}
+        return {"host_offloaded": self.ledger.copied, "host_tensors_offloaded": self.ledger.tensors,
+                "host_live_after_step": self.ledger.live, "host_peak": self.ledger.peak}
+
+
 # ------------------------------------------------------------------------------------------------ the optimizer
 def make_optimizer(torch, params):
     name, impl = SPEC["optimizer"]["name"], SPEC["optimizer"]["impl"]
@@ -415,8 +742,7 @@ class Training:
             opt.zero_grad(set_to_none=True)
         return hook
 
-    def loss(self, out, accum):
-        loss = out.loss
+    def loss(self, loss, accum):
         if accum > 1:
             loss = loss / accum
         return self.scaler.scale(loss) if self.scaler is not None else loss
@@ -463,7 +789,7 @@ def autocast(torch, device):
 
 
 # ------------------------------------------------------------------------------------------------ one step
-def cuda_step(torch, model, training, batch, device):
+def cuda_step(torch, model, training, offload, batch, device):
     cuda = torch.cuda
     accum = SPEC["accum"]
     cuda.synchronize()
@@ -473,8 +799,8 @@ def cuda_step(torch, model, training, batch, device):
     after_forward = forward_peak = backward_peak = 0
     for _ in range(accum):
         with autocast(torch, device):
-            out = model(**batch, use_cache=False)
-        loss = training.loss(out, accum)
+            out, loss = offload.forward(model, batch)
+        loss = training.loss(loss, accum)
         cuda.synchronize()
         after_forward = cuda.memory_allocated()
         forward_peak = max(forward_peak, cuda.max_memory_allocated())
@@ -504,10 +830,11 @@ def cuda_step(torch, model, training, batch, device):
         "step_reserved_peak": reserved,
         "nvidia_smi": smi,
         "end_allocated": cuda.memory_allocated(),
+        **offload.record(),
     }
 
 
-def cpu_step(torch, tracker, model, training, batch, device):
+def cpu_step(torch, tracker, model, training, offload, batch, device):
     accum = SPEC["accum"]
     grads = [p.grad for p in training.params if p.grad is not None]
     tracker.begin_step({
@@ -524,10 +851,10 @@ def cpu_step(torch, tracker, model, training, batch, device):
         for _ in range(accum):
             tracker.phase("forward")  # switches to "loss" by itself once the LM head has run
             with autocast(torch, device):
-                out = model(**batch, use_cache=False)
+                out, loss = offload.forward(model, batch)
             if tracker.current_phase == "forward":
                 tracker.phase("loss")
-            loss = training.loss(out, accum)
+            loss = training.loss(loss, accum)
             gc.collect()
             after_forward = tracker.live_bytes
             del out
@@ -559,6 +886,7 @@ def cpu_step(torch, tracker, model, training, batch, device):
         "peak_module": s["peak_module"],
         "peak_node": s["peak_node"],
         "live_after_step": s["live_end_of_phase"].get("zero_grad"),
+        **offload.record(),
     }
 
 
@@ -660,6 +988,13 @@ def main(argv=None):
     if built != SPEC["parameter_count"]:
         notes.append(f"the model built has {built:,} parameters, trainmem counts {SPEC['parameter_count']:,}")
     training = Training(torch, model, device)
+    offload = Offload(torch, model, device)
+    if offload.kind is not None:
+        notes.append(f"act_offload = {offload.kind}: {offload.impl}; host_offloaded is the pinned host bytes its hooks "
+                     "copied in the last forward pass" + ("" if device == "cuda" else " (the CPU port's host copies, made "
+                                                           "outside the tracker: host memory)"))
+        if offload.torchtune_version and not offload.torchtune_version.startswith("0.6."):
+            notes.append(f"trainmem follows torchtune 0.6.1's OffloadActivations; this is torchtune {offload.torchtune_version}")
     gen = torch.Generator().manual_seed(SEED)
     ids = torch.randint(0, model.config.vocab_size, (SPEC["batch"], SPEC["seq"]), generator=gen).to(device)
     batch = {"input_ids": ids, "labels": ids}
@@ -676,10 +1011,10 @@ def main(argv=None):
         if device == "cuda":
             # What was reserved since the loading (the optimizer's setup, the batch), then the step's own.
             run_reserved = max(run_reserved or 0, torch.cuda.max_memory_reserved())
-            m = cuda_step(torch, model, training, batch, device)
+            m = cuda_step(torch, model, training, offload, batch, device)
             run_reserved = max(run_reserved, m["step_reserved_peak"])
         else:
-            m = cpu_step(torch, tracker, model, training, batch, device)
+            m = cpu_step(torch, tracker, model, training, offload, batch, device)
         m["step"] = i + 1
         m["seconds"] = round(time.perf_counter() - t0, 3)
         steps.append(m)
@@ -723,6 +1058,8 @@ def main(argv=None):
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
                      "cuda": torch.version.cuda, "torchao": torchao_version},
         "method": method,
+        "act_offload": None if offload.kind is None else {"kind": offload.kind, "implementation": offload.impl,
+                                                          "torchtune": offload.torchtune_version},
         "parameter_count": {"built": built, "trainmem": SPEC["parameter_count"]},
         "load": load,
         "fp8": None if converted is None else {"recipe": SPEC["fp8"]["recipe"], "recompute_weight": SPEC["fp8"]["recompute_weight"],
