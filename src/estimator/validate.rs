@@ -425,6 +425,14 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
     if cfg.ep > 1 {
         return Some("torchtitan's Qwen3 MoE with expert parallelism (its all-to-all dispatch) is not modelled yet".into());
     }
+    if cfg.finetune != crate::estimator::config::Finetune::Full {
+        return Some("torchtitan's Qwen3 MoE is modelled for full training only (finetune=full): its grouped experts take no LoRA".into());
+    }
+    if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+        return Some(
+            "torchtitan's Qwen3 MoE with FP8 converters (Float8Linear, the MoE's grouped-GEMM converter) is not modelled yet".into(),
+        );
+    }
     if cfg.attn != crate::estimator::config::Attention::Sdpa {
         return Some("torchtitan's Qwen3 MoE attends through SDPA (attn=sdpa)".into());
     }
