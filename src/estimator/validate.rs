@@ -422,8 +422,11 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
     if spec.tied {
         return Some("torchtitan's Qwen3 MoE with enable_weight_tying is not measured yet: untie the output".into());
     }
-    if cfg.ep > 1 {
-        return Some("torchtitan's Qwen3 MoE with expert parallelism (its all-to-all dispatch) is not modelled yet".into());
+    if cfg.ep > 1 || cfg.tp > 1 {
+        return Some(
+            "torchtitan's Qwen3 MoE with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
+                .into(),
+        );
     }
     if cfg.finetune != crate::estimator::config::Finetune::Full {
         return Some("torchtitan's Qwen3 MoE is modelled for full training only (finetune=full): its grouped experts take no LoRA".into());

@@ -665,7 +665,7 @@ mod tests {
     /// rows, bf16 copies, the bmm's fp32 inputs), holds `rope_cache` plus `expert_bias` and
     /// `tokens_per_expert` (fp32 `[E]` each per layer), counts w1 and w3 as two tensors, and
     /// refuses by name what was not measured: shared experts, dense layers among the MoE ones,
-    /// expert parallelism, LoRA.
+    /// expert or tensor parallelism, LoRA.
     #[test]
     fn torchtitan_qwen3_moe_keeps_its_own_tensors_holds_its_buffers_and_refuses_what_was_not_measured() {
         let spec = preset("qwen3-30b-a3b").expect("preset").spec;
@@ -686,7 +686,9 @@ mod tests {
         };
         assert!(estimate(&dense).is_err_and(|e| e.to_string().contains("every layer")));
         let ep = Config { gpus: 8, ep: 8, ..tt.clone() };
-        assert!(estimate(&ep).is_err_and(|e| e.to_string().contains("expert parallelism")));
+        assert!(estimate(&ep).is_err_and(|e| e.to_string().contains("expert or tensor parallelism")));
+        let tp = Config { gpus: 2, tp: 2, ..tt.clone() };
+        assert!(estimate(&tp).is_err_and(|e| e.to_string().contains("expert or tensor parallelism")));
         let lora = Config { finetune: crate::estimator::config::Finetune::Lora, ..tt };
         assert!(estimate(&lora).is_err_and(|e| e.to_string().contains("finetune=full")));
     }
