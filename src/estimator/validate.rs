@@ -352,7 +352,8 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
 /// this configuration: torchtitan 0.2.2's Llama 3 (`models/llama3/model/model.py`) is dense,
 /// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`); its
 /// Qwen3 (`models/qwen3/model/model.py`) is measured dense, untied, with its per-head q/k norms
-/// (`tests/fixtures/pytorch/frameworks/torchtitan-qwen3.json`).
+/// (`tests/fixtures/pytorch/frameworks/torchtitan-qwen3.json`), and as a MoE
+/// ([`torchtitan_moe_refusal`]).
 fn framework_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::Framework;
     use crate::estimator::family::Family;
@@ -369,7 +370,8 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     let name = match spec.family {
         Family::Llama => "Llama 3",
         Family::Qwen3 => "Qwen3",
-        Family::Qwen3Moe | Family::DeepseekV3 | Family::Llama4 => {
+        Family::Qwen3Moe => return torchtitan_moe_refusal(cfg),
+        Family::DeepseekV3 | Family::Llama4 => {
             return Some(format!(
                 "torchtitan's {:?} (its MoE: GroupedExperts, TokenChoiceTopKRouter, TokenReorderer) is not modelled yet",
                 spec.family
@@ -391,8 +393,57 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     if cfg.attn != crate::estimator::config::Attention::Sdpa {
         return Some(format!("torchtitan's {name} attends through SDPA (attn=sdpa)"));
     }
+    if cfg.finetune != crate::estimator::config::Finetune::Full {
+        return Some(format!("torchtitan 0.2.2 trains {name} in full (it ships no LoRA/QLoRA): finetune=full"));
+    }
     if cfg.dropout > 0.0 {
         return Some(format!("torchtitan's {name} has no dropout"));
+    }
+    None
+}
+
+/// What `framework = torchtitan` does not follow (yet) in its Qwen3 MoE (`models/qwen3/model/
+/// model.py` with `moe_enabled`, `models/moe/moe.py`): what `tests/fixtures/pytorch/frameworks/
+/// torchtitan-qwen3_moe.json` measured — every layer's feed-forward a `MoE` with softmax scores
+/// renormalised over the top k (`route_norm`), no shared expert, the scores applied after the
+/// experts, grouped GEMMs without expert parallelism; per-head q/k norms, no biases, an untied
+/// output, SDPA, no dropout. Everything else is refused by name.
+fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
+    let spec = &cfg.arch;
+    if spec.experts == 0 || spec.dense_mlp_layers() > 0 {
+        return Some(
+            "torchtitan's Qwen3 MoE is modelled with every layer's feed-forward a MoE (dense layers among them are not modelled yet)"
+                .into(),
+        );
+    }
+    if spec.shared_experts > 0 || spec.shared_gate {
+        return Some("torchtitan's Qwen3 MoE with shared experts is not modelled yet".into());
+    }
+    if spec.qk_norm != model::QkNorm::Head || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
+        return Some("torchtitan's Qwen3 MoE has per-head q/k norms and no biases".into());
+    }
+    if spec.tied {
+        return Some("torchtitan's Qwen3 MoE with enable_weight_tying is not measured yet: untie the output".into());
+    }
+    if cfg.ep > 1 || cfg.tp > 1 {
+        return Some(
+            "torchtitan's Qwen3 MoE with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
+                .into(),
+        );
+    }
+    if cfg.finetune != crate::estimator::config::Finetune::Full {
+        return Some("torchtitan's Qwen3 MoE is modelled for full training only (finetune=full): its grouped experts take no LoRA".into());
+    }
+    if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+        return Some(
+            "torchtitan's Qwen3 MoE with FP8 converters (Float8Linear, the MoE's grouped-GEMM converter) is not modelled yet".into(),
+        );
+    }
+    if cfg.attn != crate::estimator::config::Attention::Sdpa {
+        return Some("torchtitan's Qwen3 MoE attends through SDPA (attn=sdpa)".into());
+    }
+    if cfg.dropout > 0.0 {
+        return Some("torchtitan's Qwen3 MoE has no dropout".into());
     }
     None
 }

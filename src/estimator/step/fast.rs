@@ -829,7 +829,7 @@ mod tests {
     fn the_piecewise_peak_equals_the_materialized_streams_maximum_for_torchtitans_programs() {
         use crate::estimator::config::Framework;
         let mut bad = Vec::new();
-        for id in ["llama-3.1-8b", "qwen3-8b"] {
+        for id in ["llama-3.1-8b", "qwen3-8b", "qwen3-30b-a3b"] {
             let mut arch = crate::estimator::presets::preset(id).expect("preset").spec;
             arch.layers = 3;
             arch.vocab = 4096;

@@ -193,10 +193,16 @@ pub enum X {
     GdnPadded,
     /// The causal convolution's output before its slice (s + K_c − 1).
     GdnConvLen,
+    /// torchtitan's grouped-GEMM rows (`indices_padding_wrapper`, `_permute`): the token–expert
+    /// pairs plus `TOKEN_GROUP_ALIGN_SIZE_M` (8) per expert, rounded up to 8:
+    /// ⌈(b·s·K + 8·E) / 8⌉·8.
+    MoePadded,
+    /// The token–expert pairs plus torchtitan's one zero row (`_permute`'s `vstack`): b·s·K + 1.
+    MoePairs1,
 }
 
 impl X {
-    pub const COUNT: usize = 45;
+    pub const COUNT: usize = 47;
     pub fn sym(self) -> Sym {
         use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
@@ -245,6 +251,8 @@ impl X {
             X::GdnChunks => Sym::new("n", "gdn", "gated delta rule chunks: ⌈s / 64⌉"),
             X::GdnPadded => Sym::new("s", "gdn", "sequence padded to whole 64-token chunks"),
             X::GdnConvLen => Sym::new("s", "gconv", "gated DeltaNet conv output before its slice: s + K_c − 1"),
+            X::MoePadded => Sym::new("n", "pad", "grouped-GEMM rows: b·s·K + 8·E rounded up to 8 (torchtitan)"),
+            X::MoePairs1 => Sym::new("n", "pairs+1", "token–expert pairs plus one zero row: b·s·K + 1 (torchtitan)"),
         }
     }
 }

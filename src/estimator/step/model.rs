@@ -129,6 +129,12 @@ impl<'a> Setup<'a> {
             xv[X::GdnPadded as usize] = chunks * c;
             xv[X::GdnConvLen as usize] = s + g.conv.saturating_sub(1);
         }
+        if spec.experts > 0 {
+            let pairs = cfg.batch * values_s(cfg) * spec.top_k;
+            let align = families::torchtitan::TOKEN_GROUP_ALIGN_SIZE_M;
+            xv[X::MoePadded as usize] = (pairs + align * spec.experts).div_ceil(align) * align;
+            xv[X::MoePairs1 as usize] = pairs + 1;
+        }
         let layers = stage_layers(spec.layers, cfg.pp);
         let moe_here = layers.min(spec.moe_layers());
         let first = first_layer_of(stage, spec.layers, layers as usize);

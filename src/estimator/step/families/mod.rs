@@ -152,12 +152,13 @@ families! {
 }
 
 /// The modeling code `framework` runs for `family`: a training framework's own model where it
-/// ships one for the family (`framework = torchtitan`: its Llama 3 and Qwen3), else transformers'.
+/// ships one for the family (`framework = torchtitan`: its Llama 3 and Qwen3, dense and MoE),
+/// else transformers'.
 /// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
-        (Framework::Torchtitan, Family::Qwen3) => &torchtitan::Qwen3,
+        (Framework::Torchtitan, Family::Qwen3 | Family::Qwen3Moe) => &torchtitan::Qwen3,
         (Framework::Torchtune, _) => match torchtune::decoder(family) {
             Some(code) => code,
             None => modeling(family),

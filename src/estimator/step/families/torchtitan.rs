@@ -1,4 +1,4 @@
-//! `framework = torchtitan`: torchtitan 0.2.2's own Llama 3 (and its Qwen3, [`Qwen3`])
+//! `framework = torchtitan`: torchtitan 0.2.2's own Llama 3 (and its Qwen3, dense or MoE: [`Qwen3`])
 //! (`torchtitan/models/llama3/model/model.py`), its loss (`torchtitan/components/loss.py`,
 //! `train.py` `forward_backward_step`) and its full activation checkpointing
 //! (`torchtitan/distributed/activation_checkpoint.py` `_apply_full_ac`: each `TransformerBlock`
@@ -26,15 +26,21 @@
 //!   `rope_cache` buffer (`[max_seq_len, 2 × head_dim]` fp32, cos then sin): cos and sin are
 //!   slices of it, cast to q's dtype in each layer (copies the products keep, unless fp32).
 //!
+//! Its Qwen3 MoE (`moe_enabled`; `torchtitan-qwen3_moe.json`) is that Qwen3 with torchtitan's
+//! `MoE` (`models/moe/moe.py`, [`moe`]) as every layer's feed-forward: its own router, token
+//! reordering and padded grouped GEMMs, none of which keeps what transformers' Qwen3-MoE keeps.
+//!
 //! The attention's core (`ScaledDotProductAttentionWrapper`: SDPA with `is_causal=True`,
 //! `enable_gqa`), `transpose(1, 2).contiguous()`, the projections and `FeedForward`
 //! (`w2(F.silu(w1(x)) * w3(x))`) save what transformers' Llama saves: they reuse its builders.
 
 use super::super::blocks::shapes::{heads, heads_bshd};
-use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S};
+use super::super::blocks::Keep;
+use super::super::ir::{Builder, DType, Dim, Dt, Origin, Out, Shape, Split, Tid, B, S, X};
 use super::common::rms_norm;
 use super::common::{head_proj, out_proj, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
-use super::llama::{decoder_layer, mlp, rope as rope_half, sdpa_core};
+use super::common::{pairs, tokens};
+use super::llama::{decoder_layer, mlp, rope as rope_half, sdpa_core, Ffn};
 use super::llama4;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -47,8 +53,11 @@ use crate::estimator::step::part::Part;
 /// Bytes of one complex64 element (`freqs_cis`): two fp32.
 const COMPLEX64_BYTES: u128 = 8;
 
-/// Bytes of one fp32 element (Qwen3's `rope_cache`).
+/// Bytes of one fp32 element (Qwen3's `rope_cache`, the MoE's load-balancing buffers).
 const F32_BYTES: u128 = 4;
+
+/// The fp32 `[E]` buffers of each torchtitan `MoE`: `expert_bias` and `tokens_per_expert`.
+const MOE_BUFFERS: u128 = 2;
 
 /// `nn.RMSNorm`, in the blocks (`attention_norm`, `ffn_norm`) and after them (`norm`).
 const NORM: Norm = Norm::Rms(Rms::Torch);
@@ -231,12 +240,15 @@ impl Modeling for Qwen3 {
         let cos = super::common::has_rope(spec).then(|| b.external(rope_cache_shape(), Dt::F32, Origin::Buffer, false));
         Shared { cos, ..Shared::default() }
     }
-    /// `TransformerBlock.forward` (dense): Llama 3's block with [`qwen3_attention`].
+    /// `TransformerBlock.forward`: Llama 3's block with [`qwen3_attention`], and on an MoE
+    /// layer (`moe_enabled`) torchtitan's `MoE` ([`moe`]) in place of `FeedForward`:
+    /// `x = x + self.moe(self.ffn_norm(x))`.
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = (spec, kind, attn);
+        let _ = (spec, attn);
         let aw = AttnW::new(b, p);
-        let mw = MlpW::new(b, p);
-        decoder_layer(b, p, x, NORM, |b, n| (qwen3_attention(b, &aw, n, sh), None), |b, n| mlp(b, &mw, n))
+        let ffn = Ffn::new(b, p, kind, MoeW::new);
+        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w, n));
+        decoder_layer(b, p, x, NORM, |b, n| (qwen3_attention(b, &aw, n, sh), None), ffn)
     }
     fn norm(&self) -> Norm {
         NORM
@@ -255,6 +267,247 @@ impl Modeling for Qwen3 {
     }
 }
 
+/// torchtitan's `TOKEN_GROUP_ALIGN_SIZE_M` (`models/moe/utils.py`): each expert's rows of the
+/// grouped GEMMs are padded to a multiple of 8 (bf16), and every expert gets at least 8.
+pub const TOKEN_GROUP_ALIGN_SIZE_M: u64 = 8;
+
+/// torchtitan's `MoE` parameters in registration order: `experts.w1` `[E, f_e, h]`,
+/// `experts.w2` `[E, h, f_e]`, `experts.w3` `[E, f_e, h]` (three tensors where transformers fuses
+/// w1 and w3 into `gate_up_proj`: half of it each), then `router.gate.weight` `[E, h]`.
+#[derive(Clone, Copy)]
+pub struct MoeW {
+    w1: Option<Tid>,
+    w2: Option<Tid>,
+    w3: Option<Tid>,
+    gate: Option<Tid>,
+}
+
+impl MoeW {
+    fn new(b: &mut Builder, p: &Params) -> MoeW {
+        let half =
+            |b: &mut Builder| p.find("layers.*.mlp.experts.gate_up_proj").map(|(n, trains, expert)| p.make(b, n / 2, trains, expert));
+        let w1 = half(b);
+        let w2 = p.w(b, "layers.*.mlp.experts.down_proj");
+        let w3 = half(b);
+        let gate = p.w(b, "layers.*.mlp.router.weight");
+        MoeW { w1, w2, w3, gate }
+    }
+}
+
+/// `[E]`: one value per expert.
+fn per_expert() -> Shape {
+    Shape::new(&[Dim::X(X::E)], Split::None)
+}
+
+/// `[n_pad, last]`: the grouped GEMMs' rows ([`X::MoePadded`]).
+fn padded(last: Dim) -> Shape {
+    Shape::new(&[Dim::X(X::MoePadded), last], Split::None)
+}
+
+/// `torch.histc(selected_experts_indices.view(-1), bins=E, min=0, max=E)` (no gradient): int64
+/// counts `[E]`. On the CPU, which has no int64 histogram, the measurement runs it on an fp32
+/// copy and casts the counts back (`measure_frameworks.py` `_torchtitan_moe_on_cpu`).
+fn histc(b: &mut Builder, idx: Tid) -> Tid {
+    if b.c.cuda {
+        return b.plain("histc", &[idx], per_expert(), Dt::I64);
+    }
+    let f = b.plain("_to_copy", &[idx], pairs(&[]), Dt::F32);
+    let h = b.plain("histc", &[f], per_expert(), Dt::F32);
+    b.plain("_to_copy", &[h], per_expert(), Dt::I64)
+}
+
+/// `a / d` out of place, `d` broadcast: DivBackward0 keeps both ([`Builder::div_backward`]).
+fn div(b: &mut Builder, a: Tid, d: Tid) -> Tid {
+    let (shape, dt, rg) = (b.shape(a), b.t(a).dt, b.rg(a) || b.rg(d));
+    let out = b.out(shape, dt, rg);
+    let bw = b.div_backward(a, d);
+    b.op("div", "DivBackward0", &[a, d], &[out], &[S::In(0), S::In(1)], &bw)[0]
+}
+
+/// `TokenChoiceTopKRouter.forward` with `score_func = "softmax"`, `route_norm = True` and the
+/// `expert_bias` buffer (`load_balance_coeff` set, as shipped):
+/// ```python
+/// scores = self.gate(x)
+/// scores = F.softmax(scores.to(torch.float32), dim=1)
+/// scores_for_choice = scores + expert_bias
+/// _, selected_experts_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)
+/// top_scores = scores.gather(dim=1, index=selected_experts_indices)
+/// denominator = top_scores.sum(dim=-1, keepdim=True) + 1e-20
+/// top_scores = top_scores / denominator
+/// top_scores = top_scores * self.route_scale
+/// num_tokens_per_expert = torch.histc(selected_experts_indices.view(-1), bins=E, min=0, max=E)
+/// ```
+/// The gate keeps its input (and its weight's bf16 cast under autocast), the softmax its fp32
+/// result, the gather its int64 indices `[b·s, K]`, the division both inputs. topk's values `_`
+/// are never used: its node (and the bias add's) dies with them, keeping nothing. Returns
+/// (top_scores, indices).
+fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid) -> (Tid, Tid) {
+    let e = tokens(&[Dim::X(X::E)]);
+    let k = tokens(&[Dim::X(X::K)]);
+    b.module = "moe.router.gate";
+    let logits = match gate {
+        Some(w) => b.linear(x2, w, None, e),
+        None => b.plain("mm", &[x2], e, Dt::Model),
+    };
+    b.module = "moe.router";
+    let lf = b.to_copy(logits, Dt::F32);
+    let scores = b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data");
+    let bias = b.external(per_expert(), Dt::F32, Origin::Buffer, false);
+    let choice = b.plain("add", &[scores, bias], e, Dt::F32);
+    let outs = [b.out(k, Dt::F32, false), b.out(k, Dt::I64, false)];
+    let r = b.plain_n("topk", &[choice], &outs);
+    let (vals, idx) = (r[0], r[1]);
+    let g = super::sigmoid_moe::gather(b, scores, idx);
+    let sum = b.sum_dim(g, tokens(&[Dim::N(1)]));
+    let den = b.add_scalar(sum);
+    let normed = div(b, g, den);
+    let top = b.mul_scalar(normed);
+    let counts = histc(b, idx);
+    for t in [scores, choice, vals, g, den, normed, counts] {
+        b.hold(t);
+    }
+    (top, idx)
+}
+
+/// `torch._grouped_mm(x, w, offs=offsets)` into `shape`: GroupedMmBackward0 keeps `x`, `w` (a
+/// bf16 copy unless the weight is bf16 already: then the parameter) and the offsets; backward the
+/// weight's gradient, then the input's.
+fn grouped_mm(b: &mut Builder, x: Tid, w: Option<Tid>, offs: Tid, shape: Shape) -> Tid {
+    let Some(w) = w else { return b.plain("_grouped_mm", &[x, offs], shape, Dt::Bf16) };
+    let (rx, rw) = (b.rg(x), b.rg(w));
+    let out = b.out(shape, b.t(x).dt, rx || rw);
+    let (xb, xd, wg, wd) = (b.bytes(x), b.t(x).dtype, b.grad_bytes(w), b.t(w).dtype);
+    let mut bw: Vec<B> = Vec::with_capacity(4);
+    if rw {
+        bw.push(B::Alloc { bytes: wg, dtype: wd, op: "_grouped_mm" });
+        bw.push(B::Grad { input: 1, temp: 0 });
+    }
+    if rx {
+        bw.push(B::Alloc { bytes: xb, dtype: xd, op: "_grouped_mm" });
+        bw.push(B::Grad { input: 0, temp: u8::from(rw) });
+    }
+    b.op("_grouped_mm", "GroupedMmBackward0", &[x, w, offs], &[out], &[S::In(0), S::In(1), S::In(2)], &bw)[0]
+}
+
+/// `buf[idx] = vals` in place on a buffer that needs no gradient (`new_empty`, `zeros`):
+/// IndexPutBackward0 keeps the indices; `vals`' gradient is `grad.index(indices)`.
+fn index_put(b: &mut Builder, buf: Tid, idx: Tid, vals: Tid) -> Tid {
+    let rg = b.rg(vals);
+    let out = Out { shape: b.shape(buf), dt: b.t(buf).dt, view_of: Some(buf), requires_grad: rg };
+    let (vb, vd) = (b.bytes(vals), b.t(vals).dtype);
+    let bw: &[B] = if rg { &[B::Alloc { bytes: vb, dtype: vd, op: "index" }, B::Grad { input: 2, temp: 0 }] } else { &[] };
+    b.op("index_put_", "IndexPutBackward0", &[buf, idx, vals], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
+}
+
+/// `GroupedExperts.forward` with `use_grouped_mm` and no expert parallelism:
+/// `indices_padding_wrapper(_run_experts_grouped_mm)` (`models/moe/utils.py`, `moe.py`):
+/// ```python
+/// # _permute
+/// with torch.no_grad():
+///     permuted_indices, num_tokens_per_expert, _ = generate_permute_indices(...)  # int32 [n_pad]
+/// x = torch.vstack((x, x.new_zeros((x.shape[-1]))))                                 # [b·s·K + 1, h]
+/// x = x[permuted_indices, :]                                                         # [n_pad, h]
+/// # _run_experts_grouped_mm
+/// offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+/// h = F.silu(torch._grouped_mm(x.bfloat16(), w1.bfloat16().transpose(-2, -1), offs=offsets))
+/// h = h * torch._grouped_mm(x.bfloat16(), w3.bfloat16().transpose(-2, -1), offs=offsets)
+/// out = torch._grouped_mm(h, w2.bfloat16().transpose(-2, -1), offs=offsets).type_as(x)
+/// # _unpermute
+/// out_unpermuted = out.new_empty(input_shape)
+/// out_unpermuted[permuted_indices, :] = out
+/// out = out_unpermuted[:-1]
+/// ```
+/// Kept: the int32 permutation `[n_pad]` (the index and the index_put), the offsets, each
+/// `bfloat16()` of x (two copies unless x is bf16) and of the weights (copies unless bf16), silu's
+/// input, the product's two inputs and w2's input. The CPU measurement runs
+/// `generate_permute_indices(..., use_cpu=True)` (`fill_indices_cpu`: the same indices).
+fn experts(b: &mut Builder, w: &MoeW, x: Tid, counts: Tid) -> Tid {
+    b.module = "moe.experts";
+    let xdt = b.t(x).dt;
+    let perm = b.plain("full", &[counts], Shape::new(&[Dim::X(X::MoePadded)], Split::None), Dt::I32);
+    let sizes = b.plain("_to_copy", &[counts], per_expert(), Dt::I32);
+    let zrow = b.plain("new_zeros", &[x], Shape::new(&[Dim::Q(Q::H)], Split::None), xdt);
+    let rg = b.rg(x);
+    let cat = b.out(Shape::new(&[Dim::X(X::MoePairs1), Dim::Q(Q::H)], Split::None), xdt, rg);
+    let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
+    let xc = b.op("cat", "CatBackward0", &[x, zrow], &[cat], &[], bw)[0];
+    let xp = b.index(xc, perm, padded(Dim::Q(Q::H)));
+    let offs = b.plain("cumsum", &[sizes], per_expert(), Dt::I32);
+    let cast = |b: &mut Builder, w: Option<Tid>| w.map(|w| b.to_copy(w, Dt::Bf16));
+    let x1 = b.to_copy(xp, Dt::Bf16);
+    let w1 = cast(b, w.w1);
+    let g1 = grouped_mm(b, x1, w1, offs, padded(Dim::X(X::FE)));
+    let a = b.unary("silu", "SiluBackward0", g1, Keep::Input, "silu_backward");
+    let x3 = b.to_copy(xp, Dt::Bf16);
+    let w3 = cast(b, w.w3);
+    let g3 = grouped_mm(b, x3, w3, offs, padded(Dim::X(X::FE)));
+    let h = b.mul(a, g3);
+    let w2 = cast(b, w.w2);
+    let o = grouped_mm(b, h, w2, offs, padded(Dim::Q(Q::H)));
+    let ot = b.to_copy(o, xdt);
+    let buf = b.plain("empty", &[ot], Shape::new(&[Dim::X(X::MoePairs1), Dim::Q(Q::H)], Split::None), b.t(ot).dt);
+    let put = index_put(b, buf, perm, ot);
+    let out = b.slice(put, pairs(&[Dim::Q(Q::H)]));
+    for t in [perm, sizes, xp, offs, h, put] {
+        b.hold(t);
+    }
+    out
+}
+
+/// torchtitan's `MoE.forward` (`models/moe/moe.py`, 0.2.2) as its Qwen3 MoE runs it: no shared
+/// expert, the scores applied after the experts (`score_before_experts = False`):
+/// ```python
+/// x = x.view(-1, dim)
+/// top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
+/// with torch.no_grad(): self.tokens_per_expert.add_(num_tokens_per_expert)
+/// # TokenReorderer
+/// num_tokens_per_expert = torch.histc(selected_experts_indices.view(-1), ...)
+/// token_indices_experts_sorted = torch.argsort(selected_experts_indices.view(-1), stable=True)
+/// top_scores_experts_sorted = top_scores.view(-1)[token_indices_experts_sorted]   # unused
+/// routed_input = x[token_indices_experts_sorted // self.router.top_k]
+/// routed_output = self.experts(routed_input, num_tokens_per_expert)
+/// routed_output_unsorted = torch.zeros((bs * slen * top_k, dim), dtype=routed_output.dtype)
+/// routed_output_unsorted[token_indices_experts_sorted] = routed_output
+/// routed_output_unsorted = routed_output_unsorted.reshape(-1, top_k, dim)
+/// out_experts = torch.bmm(top_scores.reshape(-1, 1, top_k), routed_output_unsorted.float()).to(x.dtype).squeeze(1)
+/// return out_experts.reshape(bs, slen, dim)
+/// ```
+/// Kept beyond the router ([`router`]) and the experts ([`experts`]): `tok_sorted // K` (int64
+/// `[b·s·K]`, the gather of the routed input), the sorted indices (int64, the index_put), and the
+/// bmm's inputs: the scores `[b·s, 1, K]` and the unsorted outputs `[b·s, K, h]`, fp32 (bf16
+/// under autocast, which casts both).
+fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> Tid {
+    b.part = Part::Moe;
+    b.module = "moe";
+    let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
+    let xdt = b.t(x2).dt;
+    let (top, idx) = router(b, w.gate, x2);
+    b.module = "moe.reorderer";
+    let counts = histc(b, idx);
+    let flat = b.view(idx, pairs(&[]), "", false);
+    let outs = [b.out(pairs(&[]), Dt::I64, false), b.out(pairs(&[]), Dt::I64, false)];
+    let sorted = b.plain_n("sort", &[flat], &outs)[1];
+    let tv = b.view(top, pairs(&[]), "ViewBackward0", false);
+    // `top_scores_experts_sorted`: never read, its node keeps indices that the index_put keeps too.
+    let unused = b.plain("index", &[tv, sorted], pairs(&[]), Dt::F32);
+    b.module = "moe";
+    let tok = b.plain("floor_divide", &[sorted], pairs(&[]), Dt::I64);
+    let routed_in = b.index(x2, tok, pairs(&[Dim::Q(Q::H)]));
+    let routed_out = experts(b, w, routed_in, counts);
+    b.module = "moe";
+    let zeros = b.plain("zeros", &[], pairs(&[Dim::Q(Q::H)]), b.t(routed_out).dt);
+    let unsorted = index_put(b, zeros, sorted, routed_out);
+    let uf = b.to_copy(unsorted, Dt::F32);
+    let ts = b.view(top, tokens(&[Dim::N(1), Dim::X(X::K)]), "ViewBackward0", false);
+    let o = b.bmm(ts, uf, tokens(&[Dim::N(1), Dim::Q(Q::H)]));
+    let oc = b.to_copy(o, xdt);
+    let y = b.view(oc, tokens(&[Dim::Q(Q::H)]), "SqueezeBackward1", false);
+    for t in [x2, top, idx, counts, sorted, unused, routed_in, routed_out, unsorted] {
+        b.hold(t);
+    }
+    y
+}
+
 /// `self.freqs_cis` as the layers read it (`reshape_for_broadcast`: a view of the buffer's first
 /// `seqlen` rows): model state, not an activation.
 fn freqs_cis(b: &mut Builder, spec: &ModelSpec) -> Option<Tid> {
@@ -269,6 +522,10 @@ fn freqs_cis(b: &mut Builder, spec: &ModelSpec) -> Option<Tid> {
 /// - Qwen3: `rope_cache = precompute_rope_cache(head_dim, max_seq_len, …)`, `cat([cos, sin])`
 ///   of `[s, d]` each: s × 2d × 4.
 ///
+/// - Qwen3 MoE: that `rope_cache`, and in each MoE layer `expert_bias` and `tokens_per_expert`
+///   (`models/moe/moe.py` `MoE.__init__`: `torch.zeros(num_experts, dtype=torch.float32)` each,
+///   registered as buffers; `load_balance_coeff` is set as shipped): L_moe × 2 × E × 4.
+///
 /// `None` for another framework or family.
 pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
     if cfg.framework != Framework::Torchtitan {
@@ -279,8 +536,30 @@ pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
     match cfg.arch.family {
         Family::Llama => Some(if rope { s * (d / 2) * COMPLEX64_BYTES } else { 0 }),
         Family::Qwen3 => Some(if rope { s * 2 * d * F32_BYTES } else { 0 }),
+        Family::Qwen3Moe => {
+            let layers = crate::estimator::params::stage_layers(cfg.arch.layers, cfg.pp).min(cfg.arch.moe_layers()) as u128;
+            let rope_cache = if rope { s * 2 * d * F32_BYTES } else { 0 };
+            Some(rope_cache + layers * MOE_BUFFERS * cfg.arch.experts as u128 * F32_BYTES)
+        }
         _ => None,
     }
+}
+
+/// Parameter tensors torchtitan's Qwen3 MoE has more of than the parameter groups count: its
+/// `GroupedExperts` keeps `w1` and `w3` apart where the groups have transformers' fused
+/// `gate_up_proj`, so 1 more per MoE layer of the stage (AdamW keeps one `step` counter per
+/// tensor). 0 for another framework or family.
+pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGroup]) -> u64 {
+    if cfg.framework != Framework::Torchtitan || cfg.arch.family != Family::Qwen3Moe {
+        return 0;
+    }
+    groups
+        .iter()
+        .filter(|g| {
+            g.group.name == "layers.*.mlp.experts.gate_up_proj" && g.role == crate::estimator::params::Role::Trainable && !g.adapter
+        })
+        .map(|g| g.group.count)
+        .sum()
 }
 
 /// `self.output(h)`, then the trainer's loss (`train.py` `forward_backward_step`,
@@ -359,17 +638,59 @@ mod tests {
 
     /// torchtitan's Qwen3 keeps its own tensors (no rotary tables or shifted labels; cos and sin
     /// cut from its buffer), holds `rope_cache` (`[s, 2 × head_dim]` fp32) for the training
-    /// sequence, and refuses by name what was not measured: its MoE and a tied output.
+    /// sequence, and refuses by name what was not measured: a tied output.
     #[test]
-    fn torchtitan_qwen3_keeps_its_own_tensors_holds_rope_cache_and_refuses_moe_and_tying() {
+    fn torchtitan_qwen3_keeps_its_own_tensors_holds_rope_cache_and_refuses_tying() {
         let base = Config { model: "qwen3-8b".into(), arch: preset("qwen3-8b").expect("preset").spec, seq: 4096, ..Config::default() };
         let tt = Config { framework: Framework::Torchtitan, ..base.clone() };
         let hf = estimate(&base).expect("hf estimates");
         assert_ne!(estimate(&tt).expect("torchtitan estimates").memory.activations, hf.memory.activations);
         assert_eq!(super::buffer_bytes(&tt), Some(4096 * 2 * 128 * 4));
-        let moe = Config { arch: preset("qwen3-30b-a3b").expect("preset").spec, ..tt.clone() };
-        assert!(estimate(&moe).is_err_and(|e| e.to_string().contains("Qwen3")));
         let tied = Config { arch: preset("qwen3-0.6b").expect("preset").spec, ..tt };
         assert!(estimate(&tied).is_err_and(|e| e.to_string().contains("enable_weight_tying")));
+    }
+
+    /// torchtitan's Qwen3 MoE (Qwen3-30B-A3B) keeps its own tensors (the padded grouped-GEMM
+    /// rows, bf16 copies, the bmm's fp32 inputs), holds `rope_cache` plus `expert_bias` and
+    /// `tokens_per_expert` (fp32 `[E]` each per layer), counts w1 and w3 as two tensors, and
+    /// refuses by name what was not measured: shared experts, dense layers among the MoE ones,
+    /// expert or tensor parallelism, LoRA.
+    #[test]
+    fn torchtitan_qwen3_moe_keeps_its_own_tensors_holds_its_buffers_and_refuses_what_was_not_measured() {
+        let spec = preset("qwen3-30b-a3b").expect("preset").spec;
+        let base = Config { model: "qwen3-30b-a3b".into(), arch: spec.clone(), seq: 4096, ..Config::default() };
+        let tt = Config { framework: Framework::Torchtitan, ..base.clone() };
+        let hf = estimate(&base).expect("hf estimates");
+        assert_ne!(estimate(&tt).expect("torchtitan estimates").memory.activations, hf.memory.activations);
+        assert_eq!(super::buffer_bytes(&tt), Some(4096 * 2 * 128 * 4 + 48 * 2 * 128 * 4));
+        let shared =
+            Config { arch: crate::estimator::model::ModelSpec { shared_experts: 1, shared_ffn: 768, ..spec.clone() }, ..tt.clone() };
+        assert!(estimate(&shared).is_err_and(|e| e.to_string().contains("shared experts")));
+        let dense = Config {
+            arch: crate::estimator::model::ModelSpec {
+                moe_rule: crate::estimator::model::LayerRule::from_flags(&(0..48).map(|i| i > 0).collect::<Vec<bool>>()),
+                ..spec
+            },
+            ..tt.clone()
+        };
+        assert!(estimate(&dense).is_err_and(|e| e.to_string().contains("every layer")));
+        let ep = Config { gpus: 8, ep: 8, ..tt.clone() };
+        assert!(estimate(&ep).is_err_and(|e| e.to_string().contains("expert or tensor parallelism")));
+        let tp = Config { gpus: 2, tp: 2, ..tt.clone() };
+        assert!(estimate(&tp).is_err_and(|e| e.to_string().contains("expert or tensor parallelism")));
+        let lora = Config { finetune: crate::estimator::config::Finetune::Lora, ..tt };
+        assert!(estimate(&lora).is_err_and(|e| e.to_string().contains("finetune=full")));
+    }
+
+    /// The two shape quantities of torchtitan's MoE: the grouped GEMMs' rows, b·s·K + 8·E rounded
+    /// up to 8 (`_permute`'s `padded_max_len`), and the pairs plus the zero row, b·s·K + 1.
+    #[test]
+    fn torchtitan_moe_rows_are_the_pairs_padded_per_expert_and_the_pairs_plus_one() {
+        let arch = crate::estimator::model::ModelSpec { experts: 4, top_k: 2, ..preset("qwen3-30b-a3b").expect("preset").spec };
+        let cfg = Config { framework: Framework::Torchtitan, arch, batch: 2, seq: 63, ..Config::default() };
+        let recipe = crate::estimator::precision::recipe(cfg.precision);
+        let xv = crate::estimator::step::model::Setup::new(&cfg, &recipe, crate::estimator::params::Stage::Whole).xv;
+        assert_eq!(xv[crate::estimator::step::ir::X::MoePadded as usize], (2 * 63 * 2 + 32_u64).div_ceil(8) * 8);
+        assert_eq!(xv[crate::estimator::step::ir::X::MoePairs1 as usize], 2 * 63 * 2 + 1);
     }
 }
