@@ -327,19 +327,20 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// biases: `addmm`), SmolLM3 (NoPE layers), Gemma 3 (sliding and global layers, q/k norms, the
 /// (1 + w) norm), StarCoder2 (LayerNorm, biases, GELU MLP), Gemma (GELU-tanh, the (1 + w) norm),
 /// StableLM (a quarter of each head rotated, LayerNorm), OPT (learned positions, LayerNorm, biases,
-/// ReLU) follow the generic rule unchanged, OLMo (a LayerNorm without parameters: x̂ and rstd saved
-/// in fp32, not the layer input) once the rule reads such a norm's backward in x̂, GPT-NeoX
-/// (parallel attention and MLP, their two LayerNorms of one input sharing mean and rstd) once the
-/// rule merges such statistics; Phi (half of each head rotated, parallel attention and MLP,
-/// LayerNorm, biases) and GPT-NeoX are checked on their fp32 records only (their bf16 runs failed
-/// in Inductor's C++ build).
+/// ReLU), Falcon (measured with `new_decoder_architecture`: two LayerNorms of one input, parallel
+/// attention and MLP, fused qkv, GQA) follow the generic rule unchanged, OLMo (a LayerNorm without
+/// parameters: x̂ and rstd saved in fp32, not the layer input) once the rule reads such a norm's
+/// backward in x̂, GPT-NeoX (parallel attention and MLP, their two LayerNorms of one input sharing
+/// mean and rstd) once the rule merges such statistics; Phi (half of each head rotated, parallel
+/// attention and MLP, LayerNorm, biases) and GPT-NeoX are checked on their fp32 records only (their
+/// bf16 runs failed in Inductor's C++ build).
 ///
 /// Every other family is refused by name. Measured compiled and not matched (their residuals on
 /// b2 s64 fp32 / bf16, saved bytes): falcon_h1 (−3.0 % / +0.5 %: the Mamba-2 mixer's partition),
 /// granitemoehybrid (−5.4 % / −0.9 %: the Mamba-2 mixer beside the top-k router), kimi_linear
 /// (−83 % / −87 %: the KDA chunk loop's in-place row updates, functionalized to `select_scatter`
 /// and `clone` copies of whole chunk matrices, which its compiled layers keep). Not measured
-/// compiled yet: qwen2_moe, falcon, deepseek_v2, glm4_moe, llama4_text, qwen3_next, qwen3_5 — their
+/// compiled yet: qwen2_moe, deepseek_v2, glm4_moe, llama4_text, qwen3_next, qwen3_5 — their
 /// partition (their routers, attention variants, activations) is unchecked.
 const COMPILE_CHECKED: &[super::family::Family] = &[
     super::family::Family::Llama,
@@ -369,6 +370,7 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
     super::family::Family::Olmo,
     super::family::Family::GptNeox,
     super::family::Family::Opt,
+    super::family::Family::Falcon,
 ];
 
 /// What a framework's own modeling code does not have (or the estimator does not follow yet) for
