@@ -21,7 +21,10 @@
 //!   (norm statistics; a bool mask of an fp32 tensor, exactly 4×, is recomputed),
 //!
 //! and any other (pointwise, view, `index`) value is recomputed from its op's inputs, which
-//! are then needed in turn. A softmax's output the backward reads is weighed as the min-cut
+//! are then needed in turn. A layer norm without weight or bias whose output is saved anyway
+//! (a matmul's input: OLMo's fp32 `OlmoLayerNorm`) needs its output x̂ and rstd in backward, not
+//! its input and mean: the decomposed backward is written in x̂. Two layer norms of one input (GPT-NeoX's
+//! parallel attention and MLP) share their mean and rstd: the graph's CSE merges them. A softmax's output the backward reads is weighed as the min-cut
 //! weighs it ([`Builder::softmax_output_is_cheaper`]): kept (one node from the backward, ×2
 //! where every forward reader fuses it) or recomputed from its input (four decomposed nodes
 //! further, three for log-softmax) plus its row max and sum where those are banned as
@@ -166,15 +169,64 @@ impl<'a> Builder<'a> {
         let mut needed: Vec<Save> = Vec::new();
         // (op, storage) of every eager save: who reads what in backward.
         let mut reads: Vec<(u32, Tid)> = Vec::new();
-        for (i, op) in self.p.ops[lo..hi].iter().enumerate() {
-            let m = unfused_backward(op.name);
-            for s in self.p.saved(op) {
-                let base = self.p.tensors[s.t as usize].base;
-                if m {
-                    mat[base as usize] = true;
+        for op in &self.p.ops[lo..hi] {
+            if unfused_backward(op.name) {
+                for s in self.p.saved(op) {
+                    mat[self.p.tensors[s.t as usize].base as usize] = true;
                 }
-                needed.push(*s);
+            }
+        }
+        // The statistics of the first layer norm of each input: a second norm of the same
+        // input (GPT-NeoX's parallel attention and MLP) computes the same mean and rstd after
+        // the decomposition, which the graph's CSE merges (measured: one `getitem` and one
+        // `rsqrt` per layer).
+        let mut norm_stats: Vec<(Tid, Tid, Tid)> = Vec::new();
+        for (i, op) in self.p.ops[lo..hi].iter().enumerate() {
+            let shared = if op.name == "native_layer_norm" {
+                let (x, outs) = (self.p.tensors[self.p.ins(op)[0] as usize].base, self.p.outs(op));
+                match norm_stats.iter().find(|n| n.0 == x) {
+                    Some(&(_, m, r)) => Some((outs[1], outs[2], m, r)),
+                    None => {
+                        norm_stats.push((x, outs[1], outs[2]));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            // A layer norm without weight or bias whose output a matmul saves anyway: its
+            // output is x̂ itself, and the decomposed backward (`(dy − mean(dy) − x̂·mean(dy·x̂))
+            // · rstd`) reads x̂ and rstd — not x and the mean (measured: OLMo's fp32
+            // `OlmoLayerNorm`, `mul` and `div` saved, the layer input not).
+            let plain_norm = op.name == "native_layer_norm" && self.p.ins(op).len() == 1 && {
+                let y = self.p.outs(op)[0];
+                mat[self.p.tensors[y as usize].base as usize]
+            };
+            let (x, mean) =
+                if plain_norm { (self.p.tensors[self.p.ins(op)[0] as usize].base, self.p.outs(op)[1]) } else { (u32::MAX, u32::MAX) };
+            let saves: Vec<Save> = self.p.saved(op).to_vec();
+            for mut s in saves {
+                if let Some((m, r, m0, r0)) = shared {
+                    s.t = if s.t == m {
+                        m0
+                    } else if s.t == r {
+                        r0
+                    } else {
+                        s.t
+                    };
+                }
+                let base = self.p.tensors[s.t as usize].base;
+                if plain_norm && (base == x || s.t == mean) {
+                    continue;
+                }
+                needed.push(s);
                 reads.push(((lo + i) as u32, base));
+            }
+            if plain_norm {
+                let y = self.p.outs(op)[0];
+                let s = self.p.saved(op)[0];
+                needed.push(Save { t: y, part: s.part, group: s.group });
+                reads.push(((lo + i) as u32, self.p.tensors[y as usize].base));
             }
         }
         let mut fate: Vec<Option<Fate>> = vec![None; n_t];
