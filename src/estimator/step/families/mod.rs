@@ -80,7 +80,6 @@ pub mod stablelm;
 pub mod starcoder2;
 pub mod torchtitan;
 pub mod torchtune;
-pub mod torchtune_gemma2;
 
 pub use common::{Kind, Params, Shared, Var};
 pub use modeling::{ConfigFile, Modeling};
