@@ -41,7 +41,10 @@ test('a run\'s JSON pasted back is compared row by row, and a bad paste is named
     measured: tr.children[1].dataset.bytes,
     predicted: tr.children[2].dataset.bytes,
   })));
-  assert.equal(rows.length, 7);
+  // Every field of the JSON (src/verify/mod.rs FIELDS): the step's five, the two reserved peaks,
+  // nvidia-smi, the loading's two and the offloaded host bytes; a version-1 record leaves the
+  // loading and reserved ones unmeasured.
+  assert.equal(rows.length, 11);
   // The CPU measurement: every tracked field equals the page's prediction to the byte.
   for (const r of rows.filter((r) => r.measured)) assert.equal(r.predicted, r.measured, r.field);
   assert.match(await page.textContent('[data-testid=verify-verdict]'), /within/);
