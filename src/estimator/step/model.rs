@@ -568,13 +568,7 @@ impl<'a> Setup<'a> {
             families::litgpt::head_and_loss(b, xn, w, bias, vocab);
             return;
         }
-        let logits = match w {
-            Some(w) => b.linear(xn, w, bias, vocab),
-            None => b.plain("mm", &[xn], vocab, Dt::Model),
-        };
-        b.p.loss_from = b.next_op();
-        b.module = "(root)";
-        b.part = Part::Loss;
+        let logits = families::common::head_logits(b, xn, w, bias, vocab);
         let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
         let logits = families::modeling_for(self.cfg.framework, spec.family).logits(b, logits);
         if spec.softcap && self.compiled_layers() {

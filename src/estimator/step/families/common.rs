@@ -1107,3 +1107,17 @@ pub fn plain_mlp_with(b: &mut Builder, w: [Option<Tid>; 4], x: Tid, act: Activat
     b.module = modules[2];
     linear(b, a, w2, b2, tok(Q::H), Linear::Down)
 }
+
+/// The LM head's logits (`lm_head(x)`: a linear with the head's weight, or an `mm` with the tied
+/// embedding's), then the loss begins: its first op is the next one (`loss_from`), in the root
+/// module's loss part. What every loss step — transformers', torchtitan's, litgpt's — starts with.
+pub fn head_logits(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape) -> Tid {
+    let logits = match w {
+        Some(w) => b.linear(xn, w, bias, vocab),
+        None => b.plain("mm", &[xn], vocab, Dt::Model),
+    };
+    b.p.loss_from = b.next_op();
+    b.module = "(root)";
+    b.part = Part::Loss;
+    logits
+}

@@ -334,13 +334,7 @@ pub fn loss_chunks(rows: u64) -> (u64, u64, u64) {
 /// The caller's fp32 logits live through the loss (full.py's `logits` name, see
 /// docs/frameworks.md for what outlives it).
 pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape) {
-    let logits = match w {
-        Some(w) => b.linear(xn, w, bias, vocab),
-        None => b.plain("mm", &[xn], vocab, Dt::Model),
-    };
-    b.p.loss_from = b.next_op();
-    b.module = "(root)";
-    b.part = Part::Loss;
+    let logits = super::common::head_logits(b, xn, w, bias, vocab);
     // Fabric's autocast covers the model call only: the loss runs outside it.
     let autocast = b.autocast;
     b.autocast = false;

@@ -572,13 +572,7 @@ pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGrou
 /// The fp32 copy of the logits is an argument of `cross_entropy` (it lives through it); the
 /// labels are the batch's, used as they are (no shifted copy); `pred` lives to the loss.
 pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape) {
-    let logits = match w {
-        Some(w) => b.linear(xn, w, bias, vocab),
-        None => b.plain("mm", &[xn], vocab, Dt::Model),
-    };
-    b.p.loss_from = b.next_op();
-    b.module = "(root)";
-    b.part = Part::Loss;
+    let logits = super::common::head_logits(b, xn, w, bias, vocab);
     let lf = b.to_copy(logits, Dt::F32);
     // The labels are the batch's token ids tensor (`batch_bytes`: one `[b, s]` int64 for both),
     // which the embedding already keeps: not a second activation (a model-state origin keeps it
