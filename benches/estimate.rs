@@ -29,9 +29,9 @@ fn bench_estimate(c: &mut Criterion) {
         b.iter(|| trainmem::estimator::reserve::reserved(black_box(&default)))
     });
     // What the page's every input and each point of a chart sweep run: the estimate, then the
-    // caching allocator's replay of the step (`sweep::decided`).
-    c.bench_function("decided llama-3.1-8b default", |b| b.iter(|| trainmem::estimator::sweep::decided(black_box(&default))));
-    c.bench_function("decided llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::sweep::decided(black_box(&pp16))));
+    // caching allocator's replay of the step (`estimator::analyse`, the one front door).
+    c.bench_function("analyse llama-3.1-8b default", |b| b.iter(|| trainmem::estimator::analyse(black_box(&default))));
+    c.bench_function("analyse llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::analyse(black_box(&pp16))));
     c.bench_function("decode query", |b| b.iter(|| decode_query(black_box("model=llama-3.1-70b&seq=8192&zero=3&gpus=8&attn=eager"))));
 }
 
