@@ -29,6 +29,9 @@ pub struct Open {
     pub mm_count: u32,
 }
 
+/// The op the step program names a torchao `Float8Linear`'s matmul by (`lowbit.rs`).
+const FP8_LINEAR: &str = "_scaled_mm";
+
 /// The CUDA and CPU names of the fused attention kernels as the step program emits them.
 const ATTENTION_KERNELS_CPU: &str = "_scaled_dot_product_flash_attention_for_cpu";
 
@@ -36,14 +39,19 @@ impl Open {
     /// Whether the policy saves the outputs of op `name` with `outs` outputs (and counts it).
     pub fn saves(&mut self, name: &str, outs: usize) -> bool {
         match name {
-            "mm" | "linear" => {
+            // torchao's `Float8Linear` calls `torch.mm` on `Float8TrainingTensor`s: a dispatch
+            // mode sees `aten.mm.default` before the subclass turns it into `_scaled_mm`, so the
+            // policy counts it as an mm (measured: torch 2.15 + torchao 0.18, a policy under
+            // `create_selective_checkpoint_contexts` is called with `mm` and `max` per
+            // `Float8Linear`, never `_scaled_mm`; validation/FINDINGS.md §15.2).
+            "mm" | "linear" | FP8_LINEAR => {
                 self.mm_count += 1;
                 // torchtitan: `if meta[mm_count_key] % 2 == 0: return PREFER_RECOMPUTE`.
                 self.mm_count % 2 == 1
             }
             // `compute_intensive_ops` also lists `convolution` (the gated DeltaNet's and KDA's
             // causal conv1d: its output is cached, FINDINGS §15.2).
-            "addmm" | "bmm" | "convolution" | "topk" | "_scaled_mm" => true,
+            "addmm" | "bmm" | "convolution" | "topk" => true,
             // `max.default` (a full reduction) is in the list, `max.dim` (values and indices) is not.
             "max" => outs == 1,
             ATTENTION_KERNELS_CPU => self.policy.attention_saved,
@@ -64,6 +72,14 @@ mod tests {
         let mut o = Open { region: 0, policy: Policy { attention_saved: true }, mm_count: 0 };
         let saved: Vec<bool> = (0..7).map(|_| o.saves("mm", 1)).collect();
         assert_eq!(saved, [true, false, true, false, true, false, true]);
+    }
+
+    #[test]
+    fn a_float8_linear_takes_an_mm_slot_of_the_parity_count() {
+        // q (mm 1, saved), k (2, recomputed), v (3, saved): the same as three bf16 linears.
+        let mut o = Open { region: 0, policy: Policy { attention_saved: true }, mm_count: 0 };
+        let saved: Vec<bool> = ["_scaled_mm", "mm", "_scaled_mm"].iter().map(|n| o.saves(n, 1)).collect();
+        assert_eq!(saved, [true, false, true]);
     }
 
     #[test]
