@@ -136,7 +136,42 @@ impl<'a> Builder<'a> {
     /// leaves the region (`outputs`), the outputs of ops that are not recomputable and the
     /// inputs of matmuls and attention; every other value lives inside a fused Inductor kernel
     /// and its storage is not allocated (its size set to 0).
+    ///
+    /// `ckpt`: the region is also a checkpoint region (`recompute = full | op` with
+    /// `compile_regions = layer`, [`Builder::compile_checkpointed_region`]).
     pub fn compile_region(&mut self, first: u32, end: u32, outputs: &[Tid]) {
+        self.partition(first, end, outputs, None);
+    }
+
+    /// A compiled region that is also checkpoint region `region` (torchtitan applies
+    /// activation checkpointing, then compiles each block; transformers' `GradientCheckpointingLayer`
+    /// wraps `forward`, so `layer.compile()` traces the checkpoint): dynamo traces
+    /// `torch.utils.checkpoint` as the `tag_activation_checkpoint` higher-order op, and under
+    /// AOTAutograd's trace `_CachingTorchDispatchMode` (torch 2.15 `torch/utils/checkpoint.py`)
+    /// tags every node the region's ops make with the policy's decision: `PREFER_RECOMPUTE`
+    /// for full checkpointing (`_always_prefer_recompute`, `torch/_higher_order_ops/wrap.py`),
+    /// `MUST_SAVE` or `PREFER_RECOMPUTE` per op for selective checkpointing. The min-cut
+    /// (`solve_min_cut`) then has no choice left: a `PREFER_RECOMPUTE` node gets an infinite
+    /// edge to the sink (`must recompute: marked by checkpoint policy`) and is never banned
+    /// (`ban_recomputation_if_allowed` returns early on `must_recompute`), a `MUST_SAVE` node is
+    /// banned (`should_ban_recomputation`: "marked MUST_SAVE"), and the region's inputs are
+    /// primals. So what crosses forward→backward is, walking up from every value the backward
+    /// reads through the recomputed ops: the region inputs reached (the layer input, cos/sin,
+    /// a mask) and the `MUST_SAVE` outputs reached — not every `MUST_SAVE` output, as eager
+    /// selective checkpointing caches (a layer's last matmul, `down_proj`, feeds only the
+    /// residual sum, whose backward reads nothing: not kept). Full checkpointing keeps the
+    /// inputs alone.
+    ///
+    /// The checkpoint region's `held` and `cached` become that set; the ops keep their eager
+    /// saves, which the backward's recomputation of the region makes again (the compiled
+    /// backward re-runs the region's forward before its own backward), with the values Inductor
+    /// fuses away not allocated, as in a compiled region's forward.
+    pub fn compile_checkpointed_region(&mut self, region: usize, outputs: &[Tid]) {
+        let (first, end) = (self.p.regions[region].first, self.p.regions[region].end);
+        self.partition(first, end, outputs, Some(region));
+    }
+
+    fn partition(&mut self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>) {
         if end <= first {
             return;
         }
@@ -229,6 +264,14 @@ impl<'a> Builder<'a> {
                 reads.push(((lo + i) as u32, self.p.tensors[y as usize].base));
             }
         }
+        // Checkpointed: the outputs the policy tags `MUST_SAVE` (selective checkpointing's
+        // cache; none under full checkpointing).
+        let mut must_save = vec![false; n_t];
+        if let Some(r) = ckpt {
+            for s in &self.p.regions[r].cached {
+                must_save[self.p.tensors[s.t as usize].base as usize] = true;
+            }
+        }
         let mut fate: Vec<Option<Fate>> = vec![None; n_t];
         let mut kept: Vec<Save> = Vec::new();
         let mut stats: Vec<(Tid, Save, u32)> = Vec::new();
@@ -250,6 +293,18 @@ impl<'a> Builder<'a> {
             };
             if at == u32::MAX {
                 save(&mut fate, &mut kept); // (I)
+                continue;
+            }
+            if ckpt.is_some() {
+                // Tagged by the checkpoint: saved if `MUST_SAVE`, else recomputed from its inputs.
+                if must_save[base as usize] {
+                    save(&mut fate, &mut kept);
+                } else {
+                    fate[base as usize] = Some(Fate::Recomputed);
+                    for &i in self.p.ins(&self.p.ops[at as usize]).iter().rev() {
+                        work.push(Save { t: i, part: s.part, group: s.group });
+                    }
+                }
                 continue;
             }
             let op: &Op = &self.p.ops[at as usize];
@@ -348,6 +403,21 @@ impl<'a> Builder<'a> {
                     x.bytes = 0;
                 }
             }
+        }
+        if let Some(r) = ckpt {
+            // The checkpoint keeps what crosses: the inputs reached and the `MUST_SAVE` outputs
+            // reached; the ops keep their saves for the recomputation.
+            let saved: Vec<bool> = (0..n_t).map(|t| fate[t] == Some(Fate::Saved)).collect();
+            let reg = &mut self.p.regions[r];
+            let held_before: Vec<Tid> = reg.held.iter().map(|s| self.p.tensors[s.t as usize].base).collect();
+            reg.held.retain(|s| saved[self.p.tensors[s.t as usize].base as usize]);
+            reg.cached.retain(|s| saved[self.p.tensors[s.t as usize].base as usize]);
+            for s in kept {
+                if producer[s.t as usize] == u32::MAX && !held_before.contains(&s.t) {
+                    reg.held.push(Save { t: s.t, part: super::part::Part::Checkpoints, group: s.group });
+                }
+            }
+            return;
         }
         // Every op of the region loses its saves; its first differentiable op (whose node runs
         // last in the region's backward) takes the kept set.

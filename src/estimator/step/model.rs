@@ -476,8 +476,11 @@ impl<'a> Setup<'a> {
         if let Some(r) = region {
             b.end_checkpoint(r);
         }
-        if self.compiled_layers() {
-            b.compile_region(first, b.next_op(), &[y]);
+        // Compiled: the partitioner follows the checkpoint's tags (FINDINGS §15.1).
+        match region {
+            Some(r) if self.compiled_layers() => b.compile_checkpointed_region(r, &[y]),
+            None if self.compiled_layers() => b.compile_region(first, b.next_op(), &[y]),
+            _ => {}
         }
         b.hold(x);
         y
