@@ -567,7 +567,7 @@ impl<'a> Builder<'a> {
 
 #[cfg(test)]
 mod tests {
-    use crate::estimator::config::{CompileRegions, Config};
+    use crate::estimator::config::{CompileRegions, Config, Recompute};
     use crate::estimator::estimate;
     use crate::estimator::presets::preset;
 
@@ -596,5 +596,28 @@ mod tests {
         // A family never measured compiled.
         let err = estimate(&of("glm-4.5-air", true)).err().expect("refused").to_string();
         assert!(err.contains("not modelled yet") && err.contains("Glm4Moe"), "{err}");
+    }
+
+    #[test]
+    fn a_compiled_checkpointed_llama_keeps_less_than_eager_checkpointing_and_the_unmeasured_combinations_are_refused_by_name() {
+        let of = |recompute: Recompute, compile: bool| Config { recompute, compile, ..Config::default() };
+        let act = |c: &Config| estimate(c).expect("estimated").memory.activations;
+        // Full: the layer inputs alone cross; op: the policy's saved matmuls the backward reaches
+        // (not down_proj's output, which eager selective checkpointing caches).
+        let (full, op) = (act(&of(Recompute::Full, true)), act(&of(Recompute::Op, true)));
+        assert!(full < op, "{full} vs {op}");
+        assert!(op < act(&of(Recompute::Op, false)));
+        assert!(full <= act(&of(Recompute::Full, false)));
+        // Every-N checkpointing and Megatron's selective recomputation under compile: not measured.
+        let every = Config { recompute_every: 2, ..of(Recompute::None, true) };
+        let selective = of(Recompute::Selective, true);
+        for c in [every, selective] {
+            let err = estimate(&c).err().expect("refused").to_string();
+            assert!(err.contains("not modelled yet"), "{err}");
+        }
+        // A family never measured compiled and checkpointed.
+        let glm = Config { model: "glm-4.5-air".into(), arch: preset("glm-4.5-air").expect("preset").spec, ..of(Recompute::Full, true) };
+        let err = estimate(&glm).err().expect("refused").to_string();
+        assert!(err.contains("checkpointed layers") && err.contains("Glm4Moe"), "{err}");
     }
 }
