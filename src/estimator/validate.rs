@@ -336,8 +336,13 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// the byte, the step's peak within the records' tolerance (b2 s64, fp32 and bf16). Every other
 /// family is refused by name: the rule is generic, but its MoE routing and attention variants are
 /// unchecked under the tags.
-const COMPILE_CKPT_CHECKED: &[super::family::Family] =
-    &[super::family::Family::Llama, super::family::Family::Qwen3, super::family::Family::Mistral, super::family::Family::Phi3];
+const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
+    super::family::Family::Llama,
+    super::family::Family::Qwen3,
+    super::family::Family::Mistral,
+    super::family::Family::Phi3,
+    super::family::Family::Olmo2,
+];
 
 /// Families whose compiled layers (`compile_regions = layer`) the step program's partition
 /// ([`super::step::compile`]) matches on every record of `tests/fixtures/pytorch/recipes/`: saved
