@@ -335,13 +335,16 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// `compile=layer+recompute=full|op` record of `tests/fixtures/pytorch/recipes/`: saved bytes to
 /// the byte, the step's peak within the records' tolerance (b2 s64, fp32 and bf16). Every other
 /// family is refused by name: the rule is generic, but its MoE routing and attention variants are
-/// unchecked under the tags.
+/// unchecked under the tags. Gemma 2, measured, stays refused: saved bytes exact on its 4 records,
+/// but its bf16 `recompute = full` step peaks inside a layer's compiled backward (the eager
+/// soft-capped attention recomputed there), 86,004 B (−4.2 %) above the estimate.
 const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
     super::family::Family::Llama,
     super::family::Family::Qwen3,
     super::family::Family::Mistral,
     super::family::Family::Phi3,
     super::family::Family::Olmo2,
+    super::family::Family::Gpt2,
 ];
 
 /// Families whose compiled layers (`compile_regions = layer`) the step program's partition
@@ -374,6 +377,7 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
     super::family::Family::Olmo2,
     super::family::Family::Olmo3,
     super::family::Family::Gpt2,
+    super::family::Family::Gemma2,
     super::family::Family::Phi3,
     super::family::Family::Gemma2,
     super::family::Family::SeedOss,

@@ -482,6 +482,9 @@ impl<'a> Setup<'a> {
             None if self.compiled_layers() => b.compile_region(first, b.next_op(), &[y]),
             _ => {}
         }
+        if self.compiled_layers() {
+            b.fuse_layer_backward(first, b.next_op());
+        }
         b.hold(x);
         y
     }
