@@ -497,6 +497,32 @@ COMPILE_FORMULAS = {
 }
 
 
+# ops whose outputs torchtitan's SAC policy may tag MUST_SAVE, as the compiled forward names them (the SDPA kernel's
+# outputs come out through `getitem`)
+SAC_SAVED_PRODUCERS = ("mm", "addmm", "bmm", "getitem", "topk", "max", "convolution")
+
+
+def check_compile_ckpt(rec, compiled):
+    """compile=layer+recompute=full|op (FINDINGS §15.1): the checkpoint's tags fix the cut. Every value a compiled
+    layer keeps is a region input (full), or a region input or the output of an op the policy saves (op); and the
+    model's ends are those of the plain compile=layer record at the same shape, so
+    saved = compile=layer's saved − its layers' rows + this record's layers' rows."""
+    full = rec["id"].endswith("recompute=full")
+    problems = []
+
+    def layer_rows(r):
+        return [row for row in r["saved"] if row.get("op") == "CompiledFunctionBackward" and row["module"] != "(root)"]
+    for row in layer_rows(rec):
+        ok = row.get("producer") == "input" or (not full and row.get("producer", "").split("/")[0] in SAC_SAVED_PRODUCERS)
+        if not ok:
+            problems.append(f"{row['module']} keeps a {row.get('producer')} output {row['shape']}")
+    if compiled is None:
+        return None, problems  # (the deep variants: no plain compile=layer record)
+    mine = sum(row["bytes"] * row.get("count", 1) for row in layer_rows(rec))
+    theirs = sum(row["bytes"] * row.get("count", 1) for row in layer_rows(compiled))
+    return compiled["saved_bytes"] - theirs + mine, problems
+
+
 def check_compile(rec, cfg):
     fn = COMPILE_FORMULAS.get(rec["family"])
     if fn is None:
@@ -675,6 +701,8 @@ def main():
             problems = check_optim_in_bwd(rec, g0)
         elif rcp.startswith("act_offload"):
             problems = check_offload(rec, cfg)
+        elif rcp.startswith("compile=layer+recompute"):
+            exp, problems = check_compile_ckpt(rec, rid_map.get(base + "/compile=layer"))
         elif rcp.startswith("compile"):
             exp, problems = check_compile(rec, cfg)
             if exp is None:
