@@ -631,7 +631,7 @@ mod tests {
         assert!(c.memory.activations < e.memory.activations, "{} vs {}", c.memory.activations, e.memory.activations);
         assert!(c.memory.peak < e.memory.peak);
         for regions in [CompileRegions::Block, CompileRegions::Model] {
-            let err = estimate(&Config { compile_regions: regions, ..compiled.clone() }).err().expect("refused").to_string();
+            let err = estimate(&Config { compile_regions: regions, ..compiled.clone() }).expect_err("refused").to_string();
             assert!(err.contains("not modelled yet"), "{err}");
         }
         // An MoE measured compiled (the router's softmax, the grouped experts' routing indices).
@@ -646,7 +646,7 @@ mod tests {
             (estimate(&of("mixtral-8x7b-v0.1", false)).expect("eager"), estimate(&of("mixtral-8x7b-v0.1", true)).expect("compiled"));
         assert!(c.memory.activations < e.memory.activations, "{} vs {}", c.memory.activations, e.memory.activations);
         // A family never measured compiled.
-        let err = estimate(&of("glm-4.5-air", true)).err().expect("refused").to_string();
+        let err = estimate(&of("glm-4.5-air", true)).expect_err("refused").to_string();
         assert!(err.contains("not modelled yet") && err.contains("Glm4Moe"), "{err}");
     }
 
@@ -664,12 +664,12 @@ mod tests {
         let every = Config { recompute_every: 2, ..of(Recompute::None, true) };
         let selective = of(Recompute::Selective, true);
         for c in [every, selective] {
-            let err = estimate(&c).err().expect("refused").to_string();
+            let err = estimate(&c).expect_err("refused").to_string();
             assert!(err.contains("not modelled yet"), "{err}");
         }
         // A family never measured compiled and checkpointed.
         let glm = Config { model: "glm-4.5-air".into(), arch: preset("glm-4.5-air").expect("preset").spec, ..of(Recompute::Full, true) };
-        let err = estimate(&glm).err().expect("refused").to_string();
+        let err = estimate(&glm).expect_err("refused").to_string();
         assert!(err.contains("checkpointed layers") && err.contains("Glm4Moe"), "{err}");
     }
 }
