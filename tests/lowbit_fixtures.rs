@@ -3,10 +3,11 @@
 //! rebuilt from its own config.json with `kernels = cpu`, no overheads and AdamW for-loop, as
 //! `tests/step_fixtures.rs` does for the grid.
 //!
-//! - fp8 (torchao 0.18 `Float8Linear`, 96 records): the saved bytes and the step's peak exact;
-//!   every layer-0 linear's forward call, checkpoint recomputation and backward node, taken from
-//!   the simulated stream, allocates what the measured window did — its transient peak, the bytes
-//!   it leaves, the number and total of its allocations; FSDP2's float8 all-gather (2 CPU ranks):
+//! - fp8 (torchao 0.18 `Float8Linear`, 120 records, 24 of them under torchtitan's per-op
+//!   selective checkpointing, `ckpt-op`): the saved bytes and the step's peak exact; every
+//!   layer-0 linear's forward call, checkpoint recomputation and backward node, taken from the
+//!   simulated stream, allocates what the measured window did — its transient peak, the bytes it
+//!   leaves, the number and total of its allocations; FSDP2's float8 all-gather (2 CPU ranks):
 //!   a layer's all-gather bytes exact with and without it.
 //! - qlora (bitsandbytes 0.50.2 NF4 + peft LoRA, 36 records): the 4-bit layout and quant state
 //!   per weight, parameters, gradients, AdamW state, the saved bytes and the step's peak exact;
