@@ -187,10 +187,10 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
         ExportFormat::Torchtitan => vec![
             q("recipe=torchtitan-llama3-8b&gpus=64"),
             q("recipe=torchtitan-llama3-405b&gpus=512"),
-            q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise"),
-            q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048"),
+            q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise&alloc_conf=expandable_segments:True"),
+            q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048&alloc_conf=expandable_segments:True"),
             q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
-            q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
+            q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach&alloc_conf=expandable_segments:True"),
         ],
         ExportFormat::AccelerateDeepspeed => vec![
             q("gpus=8&zero=3&batch=2&accum=4"),
