@@ -102,6 +102,12 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     // torchtitan's Llama 3 8B preset: op-level SAC on torchtitan's own model code.
     let c = recipe_of("torchtitan/llama3_8b.toml");
     assert_eq!((c.recompute, c.framework), (config::Recompute::Op, config::Framework::Torchtitan));
+    // torchtitan's launcher runs the caching allocator with expandable segments.
+    assert_eq!(c.alloc_conf, "expandable_segments:True");
+    // A Qwen3 MoE flavor is a preset, on torchtitan's own MoE code (without expert parallelism).
+    let toml = "[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[activation_checkpoint]\nmode = \"full\"\n";
+    let c = import(&[("job.toml", toml)]).expect("imports").config;
+    assert_eq!((c.model.as_str(), c.framework), ("qwen3-30b-a3b", config::Framework::Torchtitan));
     // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
     // checkpointed blocks is reported, not estimated.
     let c = recipe_of("torchtitan/llama3_405b.toml");
