@@ -64,6 +64,8 @@ fn estimated_bytes(m: &Memory, compare: &str) -> Option<u128> {
         "step_reserved_peak" => m.step_reserved_peak,
         "reserved_peak" => m.reserved_peak,
         "allocated_peak" => Some(m.allocated_peak),
+        // litgpt's `Memory used`: `max_memory_allocated()` never reset, the loading's peak included.
+        "run_allocated_peak" => Some(m.allocated_peak.max(m.load_allocated_peak)),
         "nvidia_smi" => m.nvidia_smi,
         "peak" => Some(m.peak),
         other => panic!("compare {other} names no estimate field"),
