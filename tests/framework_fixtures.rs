@@ -29,6 +29,9 @@ const SHARDS: &[&str] = &[
     "torchtune-gemma",
     "torchtune-gemma2",
     "litgpt-llama3",
+    "litgpt-mistral",
+    "litgpt-qwen2_5",
+    "litgpt-phi3",
 ];
 
 /// Shards measured but not modelled yet: each record must be refused by name (never estimated as
