@@ -32,6 +32,7 @@ const SHARDS: &[&str] = &[
     "litgpt-mistral",
     "litgpt-qwen2_5",
     "litgpt-phi3",
+    "litgpt-gemma",
 ];
 
 /// Shards measured but not modelled yet: each record must be refused by name (never estimated as
