@@ -33,6 +33,7 @@ const SHARDS: &[&str] = &[
     "litgpt-qwen2_5",
     "litgpt-phi3",
     "litgpt-gemma",
+    "litgpt-pythia",
 ];
 
 /// Shards measured but not modelled yet: each record must be refused by name (never estimated as
