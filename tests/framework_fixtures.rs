@@ -34,6 +34,7 @@ const SHARDS: &[&str] = &[
     "litgpt-phi3",
     "litgpt-gemma",
     "litgpt-pythia",
+    "litgpt-gemma2",
 ];
 
 /// Shards measured but not modelled yet: each record must be refused by name (never estimated as

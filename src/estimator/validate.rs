@@ -539,7 +539,7 @@ fn litgpt_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
     use crate::estimator::family::Family;
     let spec = &cfg.arch;
-    if matches!(spec.family, Family::Gemma2 | Family::Mixtral) {
+    if spec.family == Family::Mixtral {
         return Some(format!(
             "litgpt's {} config (tests/fixtures/pytorch/frameworks/litgpt-*.json) is measured but not modelled yet",
             spec.family.label()
@@ -547,7 +547,7 @@ fn litgpt_refusal(cfg: &Config) -> Option<String> {
     }
     if !crate::estimator::step::families::litgpt::ships(spec.family) {
         return Some(format!(
-            "litgpt is modelled for its Llama 3, Mistral, Qwen2.5, Phi-3, Gemma and Pythia configs only (yet), not {:?}",
+            "litgpt is modelled for its Llama 3, Mistral, Qwen2.5, Phi-3, Gemma, Gemma 2 and Pythia configs only (yet), not {:?}",
             spec.family
         ));
     }
@@ -562,17 +562,26 @@ fn litgpt_refusal(cfg: &Config) -> Option<String> {
     if spec.tied {
         return Some("litgpt's GPT never ties lm_head to wte: untie the output (tie_word_embeddings = false)".into());
     }
-    if spec.layer_norms != 2 || !matches!(spec.norm, model::NormKind::Rmsnorm | model::NormKind::RmsnormGemma | model::NormKind::Layernorm)
+    let gemma2 = spec.family == Family::Gemma2;
+    if spec.layer_norms != if gemma2 { 4 } else { 2 }
+        || !matches!(spec.norm, model::NormKind::Rmsnorm | model::NormKind::RmsnormGemma | model::NormKind::Layernorm)
     {
-        return Some("litgpt's Block is followed with norm_1 and norm_2 (RMSNorm or LayerNorm with a bias), no post-norms".into());
+        return Some(
+            "litgpt's Block is followed with norm_1 and norm_2 (RMSNorm or LayerNorm with a bias), and Gemma 2's post-attention and post-MLP norms".into(),
+        );
     }
     let gated_ok = spec.mlp == model::MlpKind::Gated && matches!(spec.act, model::Activation::Silu | model::Activation::GeluTanh);
     let plain_ok = spec.mlp == model::MlpKind::Plain && spec.act == model::Activation::Gelu;
     if !(gated_ok || plain_ok) {
         return Some("litgpt's MLPs are LLaMAMLP (SiLU), GemmaMLP (tanh GELU) and GptNeoxMLP (GELU)".into());
     }
-    if spec.window > 0 && spec.window_layers != model::LayerRule::All {
-        return Some("litgpt's sliding window is followed on every layer (Mistral's and Phi-3's configs) only".into());
+    if spec.window > 0 && spec.window_layers != model::LayerRule::All && !gemma2 {
+        return Some(
+            "litgpt's sliding window is followed on every layer (Mistral's and Phi-3's configs) or Gemma 2's even layers only".into(),
+        );
+    }
+    if spec.softcap != gemma2 {
+        return Some("litgpt's logit soft-capping is followed with Gemma 2's configs (attention and final) only".into());
     }
     if spec.window > 0 && spec.window_kind != model::WindowKind::Sliding {
         return Some("litgpt has no chunked attention".into());

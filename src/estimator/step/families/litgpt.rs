@@ -62,7 +62,7 @@ const FP32_BYTES: u128 = 4;
 /// The families whose litgpt configs are measured and followed (`tests/fixtures/pytorch/
 /// frameworks/litgpt-*.json`); [`crate::estimator::validate`] refuses the others by name.
 pub fn ships(family: Family) -> bool {
-    matches!(family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma | Family::GptNeox)
+    matches!(family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma | Family::Gemma2 | Family::GptNeox)
 }
 
 /// Whether litgpt's config for this family is a Gemma (`scale_embeddings`; `"Gemma" in name`
@@ -200,6 +200,53 @@ fn sdpa_window(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
 
+/// `CausalSelfAttention.scaled_dot_product_attention` with `attention_logit_softcapping` (litgpt's
+/// Gemma 2 configs; SDPA cannot soft-cap):
+/// ```python
+/// scores = q @ k.mT * scale
+/// scores = do_softcapping(scores, self.config.attention_logit_softcapping)   # tanh(x / t) * t
+/// if mask is None:
+///     mask = torch.ones(q.size(2), q.size(2), dtype=q.dtype, device=q.device).triu(diagonal=1)
+///     mask.masked_fill_(mask.bool(), torch.finfo(q.dtype).min)
+/// scores = scores + mask
+/// scores = F.softmax(scores, dim=-1, dtype=torch.float).to(dtype=q.dtype)
+/// y = scores @ v
+/// return y.transpose(1, 2)
+/// ```
+/// q (RoPE's `cat`) and k, v (repeated) are contiguous `[b, a, s, d]`: matmul views them and
+/// keeps them; the tanh keeps its output, the softmax its fp32 output, the second matmul the
+/// scores cast back and v. `mask` is the window's on a windowed layer, else made here (the
+/// function's local until it returns). The caller's `reshape` copies the transposed output.
+fn softcap_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, window: Option<Tid>) -> Tid {
+    let qdt = b.t(q).dt;
+    let sc = b.bmm(q, k, super::super::blocks::shapes::scores());
+    let sm = b.mul_scalar(sc);
+    let dv = b.unary("div", "DivBackward1", sm, Keep::Nothing, "div");
+    let th = b.unary("tanh", "TanhBackward0", dv, Keep::Output, "tanh_backward");
+    let cap = b.mul_scalar(th);
+    let mask = match window {
+        Some(m) => m,
+        None => {
+            let tt = || Shape::new(&[Dim::Q(Q::S), Dim::Q(Q::S)], Split::None);
+            let dt = b.t(cap).dt;
+            let ones = b.plain("ones", &[], tt(), dt);
+            let causal = b.plain("triu", &[ones], tt(), dt);
+            b.plain("_to_copy", &[causal], tt(), Dt::Bool);
+            causal
+        }
+    };
+    let sa = b.add(cap, mask);
+    let s32 = b.to_copy(sa, Dt::F32);
+    let pr = b.unary("_softmax", "SoftmaxBackward0", s32, Keep::Output, "_softmax_backward_data");
+    let pc = b.to_copy(pr, qdt);
+    let o = b.bmm(pc, v, heads(Q::A));
+    b.hold(mask);
+    let o = b.view(o, heads(Q::A), "UnsafeViewBackward0", true);
+    let ot = b.view(o, heads_bshd(Q::A), "TransposeBackward0", false);
+    let oc = b.copy(ot, heads_bshd(Q::A));
+    b.view(oc, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
+}
+
 /// The attention's parameters, in registration order: `attn.qkv` (weight, bias), `attn.proj`
 /// (weight, bias).
 struct AttnW {
@@ -264,17 +311,23 @@ fn attention(b: &mut Builder, spec: &ModelSpec, w: &AttnW, x: Tid, sh: &Shared) 
     };
     b.part = Part::AttentionCore;
     let (kr, vr) = if gqa { (repeat_kv(b, ke), repeat_kv(b, vt)) } else { (ke, vt) };
-    let o = if windowed(spec, sh) {
+    let window = windowed(spec, sh).then(|| {
         let dt = b.t(qe).dt;
-        let mask = window_mask(b, dt);
-        sdpa_window(b, qe, kr, vr, mask)
-    } else {
-        sdpa_core_copy(b, qe, kr, vr, sh.cos.is_some())
+        window_mask(b, dt)
+    });
+    let o = match window {
+        _ if spec.softcap => softcap_core(b, qe, kr, vr, window),
+        Some(mask) => sdpa_window(b, qe, kr, vr, mask),
+        None => sdpa_core_copy(b, qe, kr, vr, sh.cos.is_some()),
     };
     b.part = Part::AttentionInputs;
     b.module = "attn.proj";
     let out = proj_or(b, o, w.proj.0, w.proj.1, tok(Q::H), Linear::O);
     b.hold(qkv);
+    // `mask` is the forward's local until it returns.
+    if let Some(m) = window {
+        b.hold(m);
+    }
     out
 }
 
@@ -376,14 +429,22 @@ fn block(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared) -> 
     let qkv = fused(b, p, "weight");
     let qkv_b = fused(b, p, "bias");
     let aw = AttnW { qkv: (qkv, qkv_b), proj: (p.w(b, "layers.*.attn.o_proj.weight"), p.w(b, "layers.*.attn.o_proj.bias")) };
+    let post = spec.layer_norms == 4;
+    let wpa: Option<NormW> = post.then(|| norm.weights(b, p, LAYER_NORM));
     let w2: NormW = norm.weights(b, p, LAYER_NORM);
     let mw = MlpW::new(b, p, spec);
+    let wpm: Option<NormW> = post.then(|| norm.weights(b, p, LAYER_NORM));
     b.module = "norm_1";
     b.part = Part::Norms;
     let n1 = norm.run(b, x, w1);
     let a = attention(b, spec, &aw, n1, sh);
-    b.module = "";
+    b.module = "post_attention_norm";
     b.part = Part::Norms;
+    let a = match wpa {
+        Some(w) => norm.run(b, a, w),
+        None => a,
+    };
+    b.module = "";
     let (h, n2) = if spec.parallel {
         b.module = "norm_2";
         let n2 = norm.run(b, x, w2);
@@ -396,8 +457,13 @@ fn block(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared) -> 
         (h, norm.run(b, h, w2))
     };
     let m = mlp(b, spec, &mw, n2);
-    b.module = "";
+    b.module = "post_mlp_norm";
     b.part = Part::Norms;
+    let m = match wpm {
+        Some(w) => norm.run(b, m, w),
+        None => m,
+    };
+    b.module = "";
     let y = b.add(m, h);
     b.hold(a);
     b.hold(h);
@@ -556,8 +622,10 @@ pub fn loss_chunks(rows: u64) -> (u64, u64, u64) {
 /// For b > 1 the shifted slice is not contiguous: `reshape` copies the logits and the targets.
 /// The caller's fp32 logits live through the loss (full.py's `logits` name, see
 /// docs/frameworks.md for what outlives it).
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape) {
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, softcap: bool) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
+    // `GPT.forward`'s `clamp_head`: `do_softcapping(logits, final_logit_softcapping)` (Gemma 2).
+    let logits = if softcap { super::gemma::softcap_logits(b, logits) } else { logits };
     // Fabric's autocast covers the model call only: the loss runs outside it.
     let autocast = b.autocast;
     b.autocast = false;
