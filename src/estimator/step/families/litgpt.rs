@@ -736,6 +736,19 @@ mod tests {
         }
     }
 
+    /// Mistral 7B v0.1's config sets a 4,096-token window on every layer: litgpt builds its
+    /// `[s, s]` mask in each layer whatever the sequence, so it keeps more than Llama's shape.
+    #[test]
+    fn litgpt_mistral_keeps_a_window_mask_in_every_layer() {
+        let mistral = preset("mistral-7b-v0.1").expect("preset").spec;
+        let unwindowed =
+            crate::estimator::model::ModelSpec { window: 0, window_layers: crate::estimator::model::LayerRule::None, ..mistral.clone() };
+        let with = estimate(&Config { arch: mistral, ..base() }).expect("estimates");
+        let without = estimate(&Config { arch: unwindowed, ..base() }).expect("estimates");
+        // 32 layers × 4096² bf16 masks at least.
+        assert!(with.memory.activations >= without.memory.activations + 32 * 4096 * 4096 * 2);
+    }
+
     /// litgpt's GPT keeps other tensors than transformers' Llama (a fused qkv, fp32 RoPE
     /// products against its buffers, fp32 logits for the chunked loss) and holds its RoPE cache
     /// for the training sequence, in fp32.
@@ -769,12 +782,16 @@ mod tests {
         assert!(e.memory.activations > 65_528 * 128_256 * 4);
     }
 
-    /// What litgpt's code does not have, or what was not measured, is refused by name.
+    /// What litgpt's code does not have, or what was not measured (Mixtral's `LLaMAMoE`), is
+    /// refused by name.
     #[test]
     fn litgpt_refuses_other_families_lora_and_selective_recomputation_by_name() {
         let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
         let named = |c: Config| estimate(&c).is_err_and(|e| e.to_string().contains("litgpt"));
+        // Gemma's published configs tie the output: litgpt never does.
         assert!(named(Config { arch: gemma, ..base() }));
+        let mixtral = preset("mixtral-8x7b-v0.1").expect("a mixtral preset").spec;
+        assert!(estimate(&Config { arch: mixtral, ..base() }).is_err_and(|e| e.to_string().contains("not modelled yet")));
         assert!(named(Config { recompute: Recompute::Selective, ..base() }));
         assert!(named(Config { precision: Precision::MixedBf16, ..base() }));
         assert!(named(Config { gpus: 8, ..base() }));
