@@ -565,7 +565,7 @@ impl<'a> Setup<'a> {
         // litgpt's `GPT` returns the logits; Fabric converts them to fp32 and `finetune/full.py`
         // runs `chunked_cross_entropy` on them.
         if self.cfg.framework == crate::estimator::config::Framework::Litgpt {
-            families::litgpt::head_and_loss(b, xn, w, bias, vocab);
+            families::litgpt::head_and_loss(b, xn, w, bias, vocab, spec.softcap);
             return;
         }
         let logits = families::common::head_logits(b, xn, w, bias, vocab);
