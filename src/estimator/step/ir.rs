@@ -430,6 +430,11 @@ pub struct Op {
     /// Where a compiled region ([`super::compile`]) has this op: its saves are taken when the
     /// region starts and released after the backward of the op that holds them.
     pub compiled: Compiled,
+    /// Runs inside the `__torch_dispatch__` of the next op that does not (a tensor subclass's
+    /// own aten calls: torchao's `Float8TrainingTensor` `mm` takes both scales' reciprocals
+    /// before `_scaled_mm`). Selective checkpointing's cache sees only that outer op: a cache
+    /// hit returns its output without dispatching, so a recomputation skips these too.
+    pub in_dispatch: bool,
 }
 
 /// An op's place in a compiled region.
@@ -627,6 +632,8 @@ pub struct Builder<'a> {
     /// Inside `torch.no_grad()`: no op makes an autograd node (nothing saved, no output
     /// requires a gradient).
     pub no_grad: bool,
+    /// The ops emitted now run inside the next op's dispatch ([`Op::in_dispatch`]).
+    pub in_dispatch: bool,
 }
 
 /// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
@@ -664,6 +671,7 @@ impl<'a> Builder<'a> {
             lowbit: LowBit::default(),
             sac: None,
             no_grad: false,
+            in_dispatch: false,
         }
     }
 
@@ -910,6 +918,7 @@ impl<'a> Builder<'a> {
             saved: (saved_at, saved.len() as u8),
             bw: (bw_at, bw.len() as u16),
             compiled: Compiled::No,
+            in_dispatch: self.in_dispatch,
         });
         out_ids
     }
