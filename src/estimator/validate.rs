@@ -345,6 +345,7 @@ const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
     super::family::Family::Phi3,
     super::family::Family::Olmo2,
     super::family::Family::Gpt2,
+    super::family::Family::Qwen3Moe,
 ];
 
 /// Families whose compiled layers (`compile_regions = layer`) the step program's partition
@@ -377,6 +378,7 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
     super::family::Family::Olmo2,
     super::family::Family::Olmo3,
     super::family::Family::Gpt2,
+    super::family::Family::Qwen3Moe,
     super::family::Family::Gemma2,
     super::family::Family::Phi3,
     super::family::Family::Gemma2,
