@@ -699,6 +699,8 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
         let s = t.mark();
         optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
         let o = seg(&t, s);
+        // Entered first: entering a later segment resets the ones it passes.
+        sink.enter(last - 1);
         let c = &mut sink.segs[last - 1];
         c.live = sink.t.live;
         c.cats = sink.t.cats;
