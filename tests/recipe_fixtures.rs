@@ -127,25 +127,17 @@ const MM_WORKSPACE_MAX: f64 = 134.0 * 1024.0;
 /// a copy of its own (FINDINGS §15.5).
 const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
     ("llama4_text/", "act_offload=save_on_cpu", "−512 B"),
-    // OLMo 3 in bf16: 8,192 B short on the host (its per-layer-type rotary pair, fp32, not found yet).
-    ("olmo3/b2/s64/bf16/", "act_offload", "−8,192 B"),
-    // Granite 4.0-H under torchtune's hooks: −3,584 B (fp32) / −1,792 B (bf16); save_on_cpu is
-    // exact since the grouped GEMMs save their weights.
-    ("granitemoehybrid/", "act_offload=torchtune", "−3,584 B / −1,792 B"),
-    // The gated DeltaNet families: qwen3_next −110,624 B (save_on_cpu) / −112,640 B (torchtune,
-    // fp32), qwen3_5_text and qwen3_5_moe_text −131,104 B / −133,632 B (−1.8 to −3.3 %); their MoE
-    // routing is exact. Probably the chunked rule's last, dead state update as Kimi Linear's below
-    // (not checked pack by pack).
-    ("qwen3_next/", "act_offload", "the chunked rule's dead last update (probably) (−1.8 to −3.1 %)"),
+    // The gated DeltaNet families: qwen3_next −110,624 B (save_on_cpu) / −110,592 B (torchtune),
+    // qwen3_5_text and qwen3_5_moe_text −131,104 B / −131,072 B (−1.8 to −3.3 %), fp32 and bf16
+    // alike; their MoE routing is exact. Probably the chunked rule's last, dead state update as
+    // Kimi Linear's below (not checked pack by pack).
+    ("qwen3_next/", "act_offload", "the chunked rule's dead last update (probably) (−1.8 to −3.0 %)"),
     ("qwen3_5_text/", "act_offload", "the chunked rule's dead last update (probably) (−2.0 to −3.3 %)"),
-    ("qwen3_5_moe_text/", "act_offload", "the chunked rule's dead last update (probably) (−1.9 to −3.2 %)"),
-    // Kimi Linear: −345,088 B (save_on_cpu, fp32 and bf16), −350,208 / −347,136 B (torchtune,
-    // fp32 / bf16), −1.0 %. Per KDA layer (fp32, save_on_cpu) the 7 packs of the last chunk's
-    // state update (172,544 B): its graph is dead — the final state is discarded — and the step
-    // program does not build it, but the hooks pack its saves in forward before it dies.
-    // Falcon-H1 under torchtune's hooks: −7,168 B (fp32) / −3,584 B (bf16), not investigated here
-    // (save_on_cpu is exact).
-    ("falcon_h1/", "act_offload=torchtune", "−7,168 B / −3,584 B"),
+    ("qwen3_5_moe_text/", "act_offload", "the chunked rule's dead last update (probably) (−1.9 to −3.1 %)"),
+    // Kimi Linear: −345,088 B (save_on_cpu) / −344,064 B (torchtune), fp32 and bf16 alike, −1.0 %.
+    // Per KDA layer (fp32, save_on_cpu) the 7 packs of the last chunk's state update (172,544 B):
+    // its graph is dead — the final state is discarded — and the step program does not build it,
+    // but the hooks pack its saves in forward before it dies.
     ("kimi_linear/", "act_offload", "the last chunk's dead state update, packed before its graph dies (−1.0 %)"),
 ];
 

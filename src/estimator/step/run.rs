@@ -124,9 +124,12 @@ impl Offload {
         }
         match x.origin {
             // The Parameter object itself (a norm's weight, GPT-2's Conv1D, gpt-oss's and Llama 4's
-            // experts) stays; a Linear's `weight.t()` (and the MoE experts' transposed views) moves.
+            // experts) stays; a Linear's `weight.t()` (and the MoE experts' transposed views) moves,
+            // and so does a depthwise `nn.Conv1d`'s weight `[C, 1, K]` (Mamba-2's, the gated
+            // DeltaNet's and KDA's short convolutions): ConvolutionBackward0 saves a view of it,
+            // not the Parameter (measured: `parameter (view)`, offloaded).
             Origin::Param { .. } => match p.ops[i].name {
-                "mm" => true,
+                "mm" | "convolution" => true,
                 "addmm" => !self.addmm_saves_parameter,
                 "_grouped_mm" => !self.grouped_mm_saves_parameter,
                 _ => false,
