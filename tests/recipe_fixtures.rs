@@ -126,7 +126,6 @@ const MM_WORKSPACE_MAX: f64 = 134.0 * 1024.0;
 /// that dies in forward) are missing from these families' op programs; under offloading each is
 /// a copy of its own (FINDINGS §15.5).
 const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
-    ("llama4_text/", "act_offload=save_on_cpu", "−512 B"),
     // The gated DeltaNet families: qwen3_next −110,624 B (save_on_cpu) / −110,592 B (torchtune),
     // qwen3_5_text and qwen3_5_moe_text −131,104 B / −131,072 B (−1.8 to −3.3 %), fp32 and bf16
     // alike; their MoE routing is exact. Probably the chunked rule's last, dead state update as
