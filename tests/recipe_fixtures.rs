@@ -126,13 +126,6 @@ const MM_WORKSPACE_MAX: f64 = 134.0 * 1024.0;
 /// that dies in forward) are missing from these families' op programs; under offloading each is
 /// a copy of its own (FINDINGS §15.5).
 const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
-    // The gated DeltaNet families: qwen3_next −110,624 B (save_on_cpu) / −110,592 B (torchtune),
-    // qwen3_5_text and qwen3_5_moe_text −131,104 B / −131,072 B (−1.8 to −3.3 %), fp32 and bf16
-    // alike; their MoE routing is exact. Probably the chunked rule's last, dead state update as
-    // Kimi Linear's below (not checked pack by pack).
-    ("qwen3_next/", "act_offload", "the chunked rule's dead last update (probably) (−1.8 to −3.0 %)"),
-    ("qwen3_5_text/", "act_offload", "the chunked rule's dead last update (probably) (−2.0 to −3.3 %)"),
-    ("qwen3_5_moe_text/", "act_offload", "the chunked rule's dead last update (probably) (−1.9 to −3.1 %)"),
     // Kimi Linear: −345,088 B (save_on_cpu) / −344,064 B (torchtune), fp32 and bf16 alike, −1.0 %.
     // Per KDA layer (fp32, save_on_cpu) the 7 packs of the last chunk's state update (172,544 B):
     // its graph is dead — the final state is discarded — and the step program does not build it,

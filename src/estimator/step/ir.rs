@@ -641,6 +641,10 @@ pub struct Builder<'a> {
     /// Inside `torch.no_grad()`: no op makes an autograd node (nothing saved, no output
     /// requires a gradient).
     pub no_grad: bool,
+    /// Build the dead subgraphs whose nodes pack their saves before they die (activation
+    /// offloading: [`Builder::dead_save`]); otherwise they are left out (freed at once, they
+    /// change no peak the estimator reports).
+    pub dead_graphs: bool,
 }
 
 /// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
@@ -678,6 +682,7 @@ impl<'a> Builder<'a> {
             lowbit: LowBit::default(),
             sac: None,
             no_grad: false,
+            dead_graphs: false,
         }
     }
 

@@ -184,6 +184,7 @@ impl<'a> Setup<'a> {
         b.autocast = self.recipe.autocast_weight_copy;
         b.dropout = self.cfg.dropout > 0.0;
         b.selective = self.cfg.recompute == Recompute::Selective;
+        b.dead_graphs = self.cfg.act_offload.on();
         if self.cfg.finetune != crate::estimator::config::Finetune::Full {
             let adapters = crate::estimator::precision::trainable_recipe(self.cfg, &self.recipe);
             b.lora = Some(super::ir::Lora {

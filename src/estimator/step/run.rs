@@ -402,12 +402,15 @@ impl<'p, S: Sink> Run<'p, S> {
     /// any other (torchtune's stash window counts it). A moved tensor is copied to the host
     /// (torchtune: its original stashed; its host copy stays in the tracker, which backward
     /// never empties of it — FINDINGS §15.5; `save_on_cpu`: the copy dies with the node). A
-    /// kept one (torchtune, < 1 KiB) stays in the tracker on the device: at most 1 KiB a
-    /// node, not counted.
+    /// kept one (torchtune, < 1 KiB) is the tensor itself in the tracker: it stays on the
+    /// device through backward (`live_after_backward` = gradients + the kept tensors in
+    /// `never_unpacked`).
     fn pack_dead(&mut self, i: usize, t: Tid, off: Offload, at: &At) {
         self.os.next_id += 1;
         let id = self.os.next_id;
         if !off.moves(self.p, i, t) {
+            let b = self.p.tensors[t as usize].base as usize;
+            self.b.saves[b] += 1;
             return;
         }
         if off.torchtune() {
