@@ -121,17 +121,11 @@ const TOLERANCE: f64 = 0.005;
 const MM_WORKSPACE_MAX: f64 = 134.0 * 1024.0;
 
 /// Activation-offloading records whose host bytes the estimator does not reach yet: (id prefix,
-/// recipe, residual), reported, not failed. Saved references that hold no device memory of
-/// their own without offloading (a Parameter, a second save of one storage, the saves of a node
-/// that dies in forward) are missing from these families' op programs; under offloading each is
-/// a copy of its own (FINDINGS §15.5).
-const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
-    // Kimi Linear: −345,088 B (save_on_cpu) / −344,064 B (torchtune), fp32 and bf16 alike, −1.0 %.
-    // Per KDA layer (fp32, save_on_cpu) the 7 packs of the last chunk's state update (172,544 B):
-    // its graph is dead — the final state is discarded — and the step program does not build it,
-    // but the hooks pack its saves in forward before it dies.
-    ("kimi_linear/", "act_offload", "the last chunk's dead state update, packed before its graph dies (−1.0 %)"),
-];
+/// recipe, residual), reported, not failed. None today: every record's pinned host bytes are
+/// exact. Saved references that hold no device memory of their own (a Parameter or a view of
+/// one, a second save of one storage, an expanded view, the saves of a node that dies in
+/// forward) are each a copy under offloading, and the programs list them (FINDINGS §15.5).
+const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[];
 
 /// Activation-offloading records whose step peak the estimator does not reach yet: (id prefix,
 /// recipe, residual), reported, not failed (FINDINGS §15.5). None today: every offload record's
