@@ -870,6 +870,36 @@ mod tests {
         assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 
+    /// Under activation offloading the stage runs whole ([`whole`]); its coarse segments must
+    /// keep the optimizer step's peak, which is the step's peak once the activations are on the
+    /// host (fp32 MoE models: for-loop AdamW's `sqrt` and `div` of the largest expert weight).
+    #[test]
+    fn under_activation_offloading_the_piecewise_peak_keeps_the_optimizer_steps_peak() {
+        let mut n = 0;
+        for id in ["mixtral-8x7b-v0.1", "llama-3.1-8b", "qwen3-30b-a3b"] {
+            let mut arch = crate::estimator::presets::preset(id).expect("preset").spec;
+            arch.layers = 2;
+            arch.vocab = 1024;
+            for off in ["true", "save_on_cpu"] {
+                let mut cfg = Config {
+                    model: "custom".into(),
+                    arch: arch.clone(),
+                    seq: 64,
+                    batch: 2,
+                    precision: Precision::Fp32,
+                    kernels: Kernels::Cpu,
+                    optim_impl: OptimImpl::Forloop,
+                    ..Config::default()
+                };
+                crate::config::set(&mut cfg, "act_offload", off).expect("a valid key");
+                let (m, f) = numbers_only(|| (materialized(&cfg, Stage::Whole), fast(&cfg, Stage::Whole)));
+                assert_eq!(m, f, "{id} act_offload={off}: stream {m} vs pieces {f}");
+                n += 1;
+            }
+        }
+        assert_eq!(n, 6);
+    }
+
     #[test]
     fn a_layer_program_taken_from_another_stage_or_layer_is_the_one_built_for_its_own_key() {
         // Built for its own key, a layer's program differs only in its inputs' origins, which
