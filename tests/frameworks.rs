@@ -102,6 +102,12 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     // torchtitan's Llama 3 8B preset: op-level SAC on torchtitan's own model code.
     let c = recipe_of("torchtitan/llama3_8b.toml");
     assert_eq!((c.recompute, c.framework), (config::Recompute::Op, config::Framework::Torchtitan));
+    // torchtitan's launcher runs the caching allocator with expandable segments.
+    assert_eq!(c.alloc_conf, "expandable_segments:True");
+    // A Qwen3 MoE flavor is a preset, on torchtitan's own MoE code (without expert parallelism).
+    let toml = "[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[activation_checkpoint]\nmode = \"full\"\n";
+    let c = import(&[("job.toml", toml)]).expect("imports").config;
+    assert_eq!((c.model.as_str(), c.framework), ("qwen3-30b-a3b", config::Framework::Torchtitan));
     // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
     // checkpointed blocks is reported, not estimated.
     let c = recipe_of("torchtitan/llama3_405b.toml");
@@ -187,10 +193,10 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
         ExportFormat::Torchtitan => vec![
             q("recipe=torchtitan-llama3-8b&gpus=64"),
             q("recipe=torchtitan-llama3-405b&gpus=512"),
-            q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise"),
-            q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048"),
+            q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise&alloc_conf=expandable_segments:True"),
+            q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048&alloc_conf=expandable_segments:True"),
             q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
-            q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach"),
+            q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach&alloc_conf=expandable_segments:True"),
         ],
         ExportFormat::AccelerateDeepspeed => vec![
             q("gpus=8&zero=3&batch=2&accum=4"),

@@ -45,7 +45,9 @@ def check(rule: str, ok: bool, what: str = ""):
 # ----------------------------------------------------------------------------------------------------------------------
 
 class Prog:
-    """A sequence of allocations and frees; replay() gives (peak over start, bytes left, [allocations])."""
+    """A sequence of allocations and frees; replay() gives (peak over start, bytes left, [allocations]). The peak is
+    net of frees of storages from before the program (``fb``), as the records' transient peaks are; the bytes left
+    are the program's own allocations still alive (the records' left_alive + freed_from_before)."""
 
     def __init__(self):
         self.ev = []
@@ -64,8 +66,13 @@ class Prog:
             if h is not None:
                 self.ev.append(("f", h))
 
+    def fb(self, nbytes):
+        """Frees a storage allocated before the program (a selective-checkpoint cache entry the recomputation
+        popped)."""
+        self.ev.append(("fb", nbytes))
+
     def replay(self):
-        live = peak = 0
+        live = peak = before = 0
         size, allocs = {}, []
         freed = set(e[1] for e in self.ev if e[0] == "f")
         for e in self.ev:
@@ -74,16 +81,27 @@ class Prog:
                 live += e[5]
                 peak = max(peak, live)
                 allocs.append([e[2], e[3], e[4], e[5], e[1] in freed])
+            elif e[0] == "fb":
+                live -= e[1]
+                before += e[1]
             else:
                 live -= size.pop(e[1])
-        return peak, live, allocs
+        return peak, live + before, allocs
 
 
-def amax_scale(p: Prog, hp_shape, scale_shape, pow2: bool, tensorwise: bool):
+def amax_scale(p: Prog, hp_shape, scale_shape, pow2: bool, tensorwise: bool, sac: str | None = None):
     """tensor_to_scale: abs, max/amax, fp64 scale math, fp32 scale (rounded to a power of 2 when asked).
-    Returns the handle of the fp32 scale that the Float8TrainingTensor keeps."""
+    Returns the handle of the fp32 scale that the Float8TrainingTensor keeps.
+
+    ``sac`` (recompute=op, the ckpt-op records): the tensorwise amax is ``aten.max.default``, in torchtitan's save
+    list: in the forward (``"forward"``) the SAC cache keeps it (never freed here); the recomputation
+    (``"recompute"``) gets it from the cache instead of allocating it and frees it where the forward would have."""
+    cached = tensorwise and sac is not None
     ab = p.a("abs", "bfloat16", hp_shape)
-    am = p.a("max" if tensorwise else "amax", "bfloat16", scale_shape)
+    am = None if cached and sac == "recompute" else p.a("max" if tensorwise else "amax", "bfloat16", scale_shape)
+    if cached and sac == "forward":
+        am_keep, am = am, None
+    del_am = (lambda: p.fb(2 * math.prod(scale_shape))) if cached and sac == "recompute" else (lambda: None)
     p.f(ab)
     c64 = p.a("_to_copy", "float64", scale_shape)
     cl = p.a("clamp", "float64", scale_shape)
@@ -98,14 +116,16 @@ def amax_scale(p: Prog, hp_shape, scale_shape, pow2: bool, tensorwise: bool):
         p.f(lg)
         ex = p.a("exp2", "float32", scale_shape)
         p.f(fl, s32, c64, am)
+        del_am()
         return ex
     p.f(c64, am)
+    del_am()
     return s32
 
 
-def cast(p: Prog, hp_shape, scale_shape, fp8: str, pow2: bool, tensorwise: bool):
+def cast(p: Prog, hp_shape, scale_shape, fp8: str, pow2: bool, tensorwise: bool, sac: str | None = None):
     """hp_tensor_to_float8_dynamic: the scale, then fp32 copy * scale, clamp, to fp8. Returns (fp8, scale) handles."""
-    sc = amax_scale(p, hp_shape, scale_shape, pow2, tensorwise)
+    sc = amax_scale(p, hp_shape, scale_shape, pow2, tensorwise, sac)
     c32 = p.a("_to_copy", "float32", hp_shape)
     mu = p.a("mul", "float32", hp_shape)
     p.f(c32)
@@ -152,17 +172,23 @@ def scaled_mm(p: Prog, a_rows, a_scale, b_cols, b_scale, out_shape, fast_accum: 
     return out, extra
 
 
-def fp8_forward(recipe: str, lead, K: int, N: int):
-    """Float8Linear.forward on an input of shape lead + [K] (weight [N, K], no bias)."""
+def fp8_forward(recipe: str, lead, K: int, N: int, sac: str | None = None, mm_cached: bool = False):
+    """Float8Linear.forward on an input of shape lead + [K] (weight [N, K], no bias). ``sac``: under recompute=op,
+    the layer's forward ("forward") or its recomputation ("recompute"); ``mm_cached``: the policy saved this
+    linear's ``aten.mm`` (odd mm count): the recomputation gets its output from the cache without dispatching it, so
+    ``Float8TrainingTensor.__torch_dispatch__`` (the scale reciprocals, ``_scaled_mm``) never runs."""
     r = RECIPES[recipe]
     T = math.prod(lead)
     p = Prog()
     x_scale = [] if r["i"] == "t" else list(lead) + [1]
-    xq, xs = cast(p, list(lead) + [K], x_scale, "float8_e4m3fn", r["pow2"], r["i"] == "t")
+    xq, xs = cast(p, list(lead) + [K], x_scale, "float8_e4m3fn", r["pow2"], r["i"] == "t", sac)
     w_scale = [] if r["w"] == "t" else [1, N]
-    wq, ws = cast(p, [K, N], w_scale, "float8_e4m3fn", r["pow2"], r["w"] == "t")
+    wq, ws = cast(p, [K, N], w_scale, "float8_e4m3fn", r["pow2"], r["w"] == "t", sac)
     a_scale = [] if r["i"] == "t" else [T, 1]
-    out, extra = scaled_mm(p, T, a_scale, N, w_scale, [T, N], fast_accum=True)
+    if sac == "recompute" and mm_cached:
+        extra = []
+    else:
+        out, extra = scaled_mm(p, T, a_scale, N, w_scale, [T, N], fast_accum=True)
     p.f(*extra)
     p.f(wq, ws if r["w"] != "t" else None, xq, xs if r["i"] != "t" else None)
     if r["w"] == "t":
@@ -222,15 +248,29 @@ def check_fp8():
         base_id, recipe = rid.rsplit("/", 1)
         recipe = recipe[len("fp8-"):]
         base = recs[base_id + "/fp8-none"]
+        rec_name = recipe.replace("-recompute", "")
+        op = r["checkpoint_mode"] == "op"
+        mm_saved = {}
+        if op:
+            check_fp8_policy(rid, r, rec_name)
+            # layer 0's policy decisions on each Float8Linear's aten.mm (torchtitan's parity count)
+            mm_saved = {o[3].rsplit(".", 1)[-1]: o[1] for o in r["sac_ops"][0] if o[0] == "mm.default"}
         if recipe != "none":
+            # recompute=op: the SAC cache also keeps every tensorwise amax (aten.max.default, in the save list;
+            # rowwise's aten.amax is not): the input's and the weight's, 2 B each, per Float8Linear
+            n_f8 = len(r["fp8"]["converted_linears"]) * doc["configs"][r["config_key"]]["num_hidden_layers"]
+            amaxes = 2 * n_f8 if op and rec_name == "tensorwise" else 0
+            extra = {"saved_bytes": 2 * amaxes, "saved_storages": amaxes}
             for k in ("saved_bytes", "saved_storages", "parameter_bytes", "gradient_bytes"):
-                check(f"fp8: {k} = the bf16 baseline's", r[k] == base[k], f"{rid} {k} {r[k]} != {base[k]}")
+                want = base[k] + extra.get(k, 0)
+                check(f"fp8: {k} = the bf16 baseline's (+ the cached tensorwise amaxes under recompute=op)",
+                      r[k] == want, f"{rid} {k} {r[k]} != {want}")
             check("fp8: saved rows = the bf16 baseline's (module, dtype, elements, bytes, count)",
                   _same_saved(r, base), rid)
             check("fp8: AdamW state = the bf16 baseline's", r["adamw"] == base["adamw"], rid)
-            check("fp8: step live after forward = the bf16 baseline's",
-                  r["step"]["live_after_forward"] == base["step"]["live_after_forward"], rid)
-        rec_name = recipe.replace("-recompute", "")
+            want = base["step"]["live_after_forward"] + 2 * amaxes
+            check("fp8: step live after forward = the bf16 baseline's (+ the cached amaxes under recompute=op)",
+                  r["step"]["live_after_forward"] == want, rid)
         if rec_name == "none":
             continue
         b, s = r["batch"], r["seq"]
@@ -242,7 +282,8 @@ def check_fp8():
                 # contains the layer's recompute windows, which are checked on their own
                 continue
             if w["kind"] in ("forward", "recompute"):
-                prog = fp8_forward(rec_name, [b, s], K, N)
+                sac = w["kind"] if op else None
+                prog = fp8_forward(rec_name, [b, s], K, N, sac, mm_saved.get(name, False))
             else:
                 prog = fp8_backward(rec_name, b * s, K, N)
             peak, left, allocs = prog.replay()
@@ -293,9 +334,35 @@ def check_fp8():
 
 
 def _same_saved(r, base):
-    # the same storages; Float8Linear saves the 3-D input where nn.Linear's mm saves its 2-D view
+    # the same storages; Float8Linear saves the 3-D input where nn.Linear's mm saves its 2-D view; under
+    # recompute=op, besides the cached amaxes (counted by the caller)
     key = lambda s: (s["module"], s["dtype"], math.prod(s["shape"]), s["bytes"], s["count"])  # noqa: E731
-    return sorted(map(key, r["saved"])) == sorted(map(key, base["saved"]))
+    rows = [x for x in r["saved"] if not x["attr"].startswith("max.default")]
+    return sorted(map(key, rows)) == sorted(map(key, base["saved"]))
+
+
+def check_fp8_policy(rid, r, rec_name):
+    """recompute=op: what torchtitan's policy sees of each Float8Linear (sac_ops, every layer)."""
+    for layer in r["sac_ops"]:
+        ops = [o[0] for o in layer]
+        check("fp8 recompute=op: the policy never sees _scaled_mm", not any("_scaled_mm" in o for o in ops), rid)
+        by = {}
+        for o in layer:
+            m = o[3].rsplit(".", 1)[-1]
+            if m in LINEAR_DIMS:
+                by.setdefault(m, []).append(o)
+        mms = [o for o in layer if o[0] == "mm.default"]
+        check("fp8 recompute=op: one aten.mm per linear, saved at odd mm counts (q, v, gate, down)",
+              len(mms) == len(LINEAR_DIMS) and all(o[1] == (o[2] % 2 == 1) for o in mms)
+              and [o[3].rsplit(".", 1)[-1] for o in mms if o[1]] == ["q_proj", "v_proj", "gate_proj", "down_proj"],
+              rid)
+        if rec_name == "tensorwise":
+            check("fp8 recompute=op (tensorwise): two aten.max.default per linear (input and weight amax), saved",
+                  all(sum(1 for o in v if o[0] == "max.default" and o[1]) == 2 for v in by.values()), rid)
+        elif rec_name == "rowwise":
+            check("fp8 recompute=op (rowwise): the amaxes are aten.amax (not in the list), none saved",
+                  not any(o[0].startswith("max") for o in layer)
+                  and all(not o[1] for o in layer if o[0].startswith("amax")), rid)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,14 @@ llama-gqa and qwen3 configs of measure.py (pure bf16, sdpa), every recipe torcha
 
 * ``none`` (the bf16 baseline, identical to the records/ grid), ``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``;
 * ``force_recompute_fp8_weight_in_bwd`` on/off (``-recompute``) for tensorwise and rowwise;
-* activation checkpointing off/on; micro-batch {1, 2} x seq {64, 128}.
+* activation checkpointing off/on; micro-batch {1, 2} x seq {64, 128};
+* ``recompute=op`` (``ckpt-op`` records, for ``none``, ``tensorwise`` and ``rowwise``): torchtitan's per-op
+  selective checkpointing around each decoder layer, exactly as measure_recipes.py applies it (its
+  ``checkpoint_setup``: ``torchtitan_sac_context_fn`` over ``_get_default_save_ops()`` plus the CPU SDPA kernel, the
+  ``recompute=op`` recipe) and measured by its ``measure_checkpoint_recipe`` (the saved tensors with the SAC cache,
+  the tracked step), on the converted model. ``sac_ops`` lists, per layer, every op the policy was called with in the
+  forward, its decision and its outputs: a ``Float8Linear`` shows up as ``max.default`` (the amaxes) and
+  ``mm.default`` (an mm slot of the parity count), never ``_scaled_mm``.
 
 It re-uses measure.py's whole machinery (saved-tensor capture with the graph walk, the two tracked steps of
 tracker.py and their self-checks) with two changes:
@@ -60,6 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
 import tracker as step_tracker  # noqa: E402
 
+import measure_recipes as recipes  # noqa: E402  (torchtitan's SelectiveAC policy and its measurement)
 import torchao  # noqa: E402
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
@@ -67,6 +75,8 @@ from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 OUT = os.path.join(measure.DEFAULT_OUT, "fp8")
 FAMILIES = ("llama-gqa", "qwen3")
 RECIPES = ("none", "tensorwise", "tensorwise-recompute", "rowwise", "rowwise-recompute", "rowwise_with_gw_hp")
+OP_RECIPES = ("none", "tensorwise", "rowwise")  # measured under recompute=op too
+CKPT_TAGS = {None: "ckpt0", "non_reentrant": "ckpt1", "op": "ckpt-op"}
 FILTER = "lm_head"  # kept in bf16 (torchtitan: filter_fqns=["output"])
 
 CURRENT: dict = {}
@@ -255,6 +265,61 @@ def specs():
                     for ck in (None, "non_reentrant"):
                         yield dict(family=family, batch=b, seq=s, dtype="bf16", attn="sdpa", checkpoint_mode=ck,
                                    dropout=0.0, extra=False, recipe=recipe, log=(b == 2 and s == 64))
+    # recompute=op after the rest (the older records keep their order in the file)
+    for family in FAMILIES:
+        for recipe in OP_RECIPES:
+            for b in (1, 2):
+                for s in (64, 128):
+                    yield dict(family=family, batch=b, seq=s, dtype="bf16", attn="sdpa", checkpoint_mode="op",
+                               dropout=0.0, extra=False, recipe=recipe, log=(b == 2 and s == 64))
+
+
+def record_id(spec) -> str:
+    return (f"{spec['family']}/b{spec['batch']}/s{spec['seq']}/bf16/sdpa/{CKPT_TAGS[spec['checkpoint_mode']]}"
+            f"/fp8-{spec['recipe']}")
+
+
+# recompute=op: measure_recipes.measure_checkpoint_recipe runs the step through its own tracked_steps (with this
+# module's Fp8StepTracker, patched into tracker.py above); keep step 2's events, the layer-0 windows and what the
+# optimizer and the gradients hold (the fields measure.py's records have).
+_orig_tracked_steps = recipes.tracked_steps
+
+
+def tracked_steps_and_keep(model, opt, ids, *a, **kw):
+    res = _orig_tracked_steps(model, opt, ids, *a, **kw)
+    LAST["events"] = res[-1]["events"]
+    LAST["windows"] = [dict(w) for w in WINDOWS.rows]
+    state = step = 0
+    for st in opt.state.values():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                if k == "step":
+                    step += v.numel() * v.element_size()
+                else:
+                    state += v.numel() * v.element_size()
+    LAST["adamw"] = {"state_bytes": state, "step_bytes": step}
+    LAST["gradient_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return res
+
+
+recipes.tracked_steps = tracked_steps_and_keep
+
+
+def measure_op(spec):
+    """One recompute=op record: measure_recipes' recipe measurement at this spec's batch and sequence."""
+    recipes.B, recipes.S = spec["batch"], spec["seq"]
+    recipes.LAST_LOG.clear()
+    opts: dict = {}
+    rec = recipes.measure_checkpoint_recipe(spec["family"], "bf16", "sdpa", "recompute=op", opts)
+    rec.update({"checkpointing": True, "checkpoint_mode": "op", "gradient_bytes": LAST["gradient_bytes"],
+                "adamw": LAST["adamw"]})
+    log = None
+    if spec["log"] and "log" in recipes.LAST_LOG:
+        log = {"summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase",
+                                                            "peak_op", "peak_module", "peak_node")},
+               **recipes.LAST_LOG.pop("log")}
+    recipes.LAST_LOG.clear()
+    return rec, opts.pop("cfg"), log
 
 
 def main():
@@ -277,14 +342,16 @@ def main():
     gc.collect()
     gc.freeze()
     for spec in specs():
-        ck = "ckpt1" if spec["checkpoint_mode"] else "ckpt0"
-        rid = f"{spec['family']}/b{spec['batch']}/s{spec['seq']}/bf16/sdpa/{ck}/fp8-{spec['recipe']}"
+        rid = record_id(spec)
         if args.only and args.only not in rid:
             continue
         CURRENT.clear()
         CURRENT.update(spec)
         t0 = time.time()
-        rec, cfg, _, log = measure.measure(spec)
+        if spec["checkpoint_mode"] == "op":
+            rec, cfg, log = measure_op(spec)
+        else:
+            rec, cfg, _, log = measure.measure(spec)
         rec["id"] = rid
         # the module layout and cast configs of the converted model (a fresh build, not timed)
         model = build_model_fp8(spec["family"], "bf16", "sdpa", 0.0, None)
@@ -320,8 +387,7 @@ def main():
         ids = {r["id"] for r in records}
         records = [r for r in old["records"] if r["id"] not in ids] + records
         configs = {**old["configs"], **configs}
-    order = {f"{s['family']}/b{s['batch']}/s{s['seq']}/bf16/sdpa/{'ckpt1' if s['checkpoint_mode'] else 'ckpt0'}"
-             f"/fp8-{s['recipe']}": i for i, s in enumerate(specs())}
+    order = {record_id(s): i for i, s in enumerate(specs())}
     records.sort(key=lambda r: order.get(r["id"], 1 << 30))
     doc = {"generated_by": "validation/measure_fp8.py (issue 27; see validation/README.md, FINDINGS.md §10)",
            "torch": torch.__version__.split("+")[0], "transformers": measure.transformers.__version__,

@@ -627,16 +627,16 @@ LIT_BLOCK_SIZE = 128
 LIT_GRAD_ACCUM = 1
 
 
-def build_litgpt_llama3(seq: int, tdtype, precision: str):
+def _litgpt_gpt(checkpoint: str, seq: int, precision: str, **overrides):
+    """litgpt's `GPT` from `Config.from_name(checkpoint, <the tiny shapes>, **overrides)`, made as Fabric makes it:
+    `fabric.init_module()` (HalfPrecision creates the module under its dtype; the RoPE cache is computed with
+    `.float()`, fp32), `fabric.setup` (the whole module converted, buffers included: `module.to(dtype)`), then
+    full.py's `fit`: `model.max_seq_length = seq` rebuilds cos and sin, fp32, [seq, rope_n_elem]."""
     lit_model, LitConfig, chunked_ce = _litgpt_modules()
-    from transformers import LlamaConfig
-    ffn = 256
-    lc = LitConfig.from_name("Llama-3.1-8B", n_layer=LAYERS, n_embd=DIM, n_head=HEADS, n_query_groups=KV_HEADS,
-                             intermediate_size=ffn, vocab_size=VOCAB, padded_vocab_size=VOCAB,
-                             block_size=LIT_BLOCK_SIZE)
+    shapes = dict(n_layer=LAYERS, n_embd=DIM, n_head=HEADS, n_query_groups=KV_HEADS, intermediate_size=LIT_FFN,
+                  vocab_size=VOCAB, padded_vocab_size=VOCAB, block_size=LIT_BLOCK_SIZE)
+    lc = LitConfig.from_name(checkpoint, **dict(shapes, **overrides))
     torch.manual_seed(measure.MODEL_SEED)
-    # `fabric.init_module()`: HalfPrecision creates the module under its dtype; the RoPE cache is computed with
-    # `.float()` (fp32); `fabric.setup` then converts the whole module, buffers included (`module.to(dtype)`).
     prev = torch.get_default_dtype()
     if precision == "bf16-true":
         torch.set_default_dtype(torch.bfloat16)
@@ -646,17 +646,126 @@ def build_litgpt_llama3(seq: int, tdtype, precision: str):
         torch.set_default_dtype(prev)
     if precision == "bf16-true":
         m = m.to(dtype=torch.bfloat16)
-    m.max_seq_length = seq  # full.py `fit`: rebuilds cos and sin, fp32, [seq, rope_n_elem]
+    m.max_seq_length = seq
     m.train()
+    return lit_model, lc, chunked_ce, m
+
+
+# The tiny models' MLP width (every litgpt builder).
+LIT_FFN = 256
+
+
+def _litgpt_lm(checkpoint: str, hf_cfg, seq: int, tdtype, precision: str, **overrides):
+    """`_litgpt_gpt` behind `LitgptLM`, with `hf_cfg` (the transformers config of the same shapes) as its record's
+    config.json."""
+    lit_model, lc, chunked_ce, m = _litgpt_gpt(checkpoint, seq, precision, **overrides)
+    hf_cfg.dtype = tdtype
+    return LitgptLM(m, chunked_ce, hf_cfg, lit_model.Block, precision)
+
+
+def build_litgpt_llama3(seq: int, tdtype, precision: str):
+    from transformers import LlamaConfig
     cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
-                      rms_norm_eps=lc.norm_eps, max_position_embeddings=LIT_BLOCK_SIZE, tie_word_embeddings=False,
-                      rope_theta=lc.rope_base,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=LIT_FFN, vocab_size=VOCAB,
+                      rms_norm_eps=1e-5, max_position_embeddings=LIT_BLOCK_SIZE, tie_word_embeddings=False,
+                      rope_theta=500000,
                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-    cfg.dtype = tdtype
     cfg.architectures = ["LlamaForCausalLM"]
-    return LitgptLM(m, chunked_ce, cfg, lit_model.Block, precision)
+    return _litgpt_lm("Llama-3.1-8B", cfg, seq, tdtype, precision)
+
+
+def build_litgpt_mistral(seq: int, tdtype, precision: str):
+    """litgpt's "Mistral-7B-v0.1": Llama's block (LLaMAMLP, RMSNorm, GQA, no biases) with `sliding_window_size=4096`
+    on every layer (`sliding_window_indices` defaults to all ones): `CausalSelfAttention` then builds its own
+    additive [T, T] window mask in q's dtype each layer and calls SDPA with it (`is_causal=False`)."""
+    from transformers import MistralConfig
+    cfg = MistralConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=LIT_FFN,
+                        vocab_size=VOCAB, rms_norm_eps=1e-5, max_position_embeddings=LIT_BLOCK_SIZE,
+                        tie_word_embeddings=False, rope_theta=10_000.0, sliding_window=4096)
+    cfg.architectures = ["MistralForCausalLM"]
+    return _litgpt_lm("Mistral-7B-v0.1", cfg, seq, tdtype, precision)
+
+
+def build_litgpt_qwen2_5(seq: int, tdtype, precision: str):
+    """litgpt's "Qwen2.5-7B": Llama's block with `attn_bias=True` (the fused qkv has a bias, proj none); untied."""
+    from transformers import Qwen2Config
+    cfg = Qwen2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, intermediate_size=LIT_FFN, vocab_size=VOCAB, rms_norm_eps=1e-6,
+                      max_position_embeddings=LIT_BLOCK_SIZE, tie_word_embeddings=False, rope_theta=1_000_000.0,
+                      use_sliding_window=False)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    return _litgpt_lm("Qwen2.5-7B", cfg, seq, tdtype, precision)
+
+
+def build_litgpt_phi3(seq: int, tdtype, precision: str):
+    """litgpt's "Phi-3-mini-4k-instruct": Llama's block (separate fc_1/fc_2, not HF's fused gate_up) with
+    `sliding_window_size=2048` on every layer, as Mistral's."""
+    from transformers import Phi3Config
+    cfg = Phi3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     num_key_value_heads=KV_HEADS, intermediate_size=LIT_FFN, vocab_size=VOCAB, rms_norm_eps=1e-5,
+                     max_position_embeddings=LIT_BLOCK_SIZE, original_max_position_embeddings=LIT_BLOCK_SIZE,
+                     tie_word_embeddings=False, rope_theta=10_000.0, sliding_window=2048, pad_token_id=None,
+                     bos_token_id=None, eos_token_id=None)
+    cfg.architectures = ["Phi3ForCausalLM"]
+    return _litgpt_lm("Phi-3-mini-4k-instruct", cfg, seq, tdtype, precision)
+
+
+def build_litgpt_gemma(seq: int, tdtype, precision: str):
+    """litgpt's "Gemma-2b": `scale_embeddings` (x * tensor(√n_embd, x.dtype)), RMSNorm with `add_unit_offset`
+    ("Gemma" in the name: `1 + weight`), GemmaMLP (tanh GELU); litgpt never ties: lm_head is its own parameter."""
+    from transformers import GemmaConfig
+    cfg = GemmaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=LIT_FFN,
+                      vocab_size=VOCAB, rms_norm_eps=1e-5, max_position_embeddings=LIT_BLOCK_SIZE,
+                      tie_word_embeddings=False, rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh",
+                      pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    cfg.architectures = ["GemmaForCausalLM"]
+    return _litgpt_lm("Gemma-2b", cfg, seq, tdtype, precision)
+
+
+def build_litgpt_gemma2(seq: int, tdtype, precision: str):
+    """litgpt's "Gemma-2-2b": Gemma's, with post-attention and post-MLP norms, attention logit softcapping (its eager
+    path: `q @ k.mT * scale`, tanh capping, an additive mask, fp32 softmax), a final logit softcapping, and a sliding
+    window on the even layers (`sliding_window_indices` cut to the first n_layer: [1, 0]). Window 32 and
+    `attention_scores_scalar` = head size, as torchtune's Gemma 2 record."""
+    from transformers import Gemma2Config
+    cfg = Gemma2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                       num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=LIT_FFN,
+                       vocab_size=VOCAB, rms_norm_eps=1e-5, max_position_embeddings=LIT_BLOCK_SIZE,
+                       tie_word_embeddings=False, rope_theta=10_000.0, hidden_activation="gelu_pytorch_tanh",
+                       sliding_window=32, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                       query_pre_attn_scalar=DIM // HEADS, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    cfg.architectures = ["Gemma2ForCausalLM"]
+    return _litgpt_lm("Gemma-2-2b", cfg, seq, tdtype, precision, head_size=DIM // HEADS, sliding_window_size=32,
+                      attention_scores_scalar=DIM // HEADS)
+
+
+def build_litgpt_pythia(seq: int, tdtype, precision: str):
+    """litgpt's "pythia-160m": LayerNorm, biases everywhere, GptNeoxMLP (exact GELU), a quarter of each head rotated
+    (`rotary_percentage=0.25`), parallel residual with norm_2 of its own; multi-head (no GQA)."""
+    from transformers import GPTNeoXConfig
+    cfg = GPTNeoXConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=LIT_FFN,
+                        vocab_size=VOCAB, layer_norm_eps=1e-5, max_position_embeddings=LIT_BLOCK_SIZE,
+                        tie_word_embeddings=False, rotary_pct=0.25, rotary_emb_base=10_000, use_parallel_residual=True,
+                        hidden_act="gelu", attention_bias=True, pad_token_id=None, bos_token_id=None,
+                        eos_token_id=None)
+    cfg.architectures = ["GPTNeoXForCausalLM"]
+    return _litgpt_lm("pythia-160m", cfg, seq, tdtype, precision, n_query_groups=HEADS)
+
+
+def build_litgpt_mixtral(seq: int, tdtype, precision: str):
+    """litgpt's "Mixtral-8x7B-v0.1": Llama's block with `LLaMAMoE` (a gate linear, top-2 of 4 experts here, softmax
+    over the two in fp32, a Python loop over the experts indexing their tokens)."""
+    from transformers import MixtralConfig
+    cfg = MixtralConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=LIT_FFN,
+                        vocab_size=VOCAB, rms_norm_eps=1e-5, max_position_embeddings=LIT_BLOCK_SIZE,
+                        tie_word_embeddings=False, rope_theta=1_000_000.0, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=None)
+    cfg.architectures = ["MixtralForCausalLM"]
+    return _litgpt_lm("Mixtral-8x7B-v0.1", cfg, seq, tdtype, precision, n_expert=4, n_expert_per_token=2)
 
 
 FRAMEWORKS = {
@@ -673,6 +782,13 @@ FRAMEWORKS = {
     ("torchtune", "gemma"): ("0.6.1", build_torchtune_gemma, ["sdpa"]),
     ("torchtune", "gemma2"): ("0.6.1", build_torchtune_gemma2, ["sdpa"]),
     ("litgpt", "llama3"): ("0.5.13", build_litgpt_llama3, ["sdpa"]),
+    ("litgpt", "mistral"): ("0.5.13", build_litgpt_mistral, ["sdpa"]),
+    ("litgpt", "qwen2_5"): ("0.5.13", build_litgpt_qwen2_5, ["sdpa"]),
+    ("litgpt", "phi3"): ("0.5.13", build_litgpt_phi3, ["sdpa"]),
+    ("litgpt", "gemma"): ("0.5.13", build_litgpt_gemma, ["sdpa"]),
+    ("litgpt", "gemma2"): ("0.5.13", build_litgpt_gemma2, ["sdpa"]),
+    ("litgpt", "pythia"): ("0.5.13", build_litgpt_pythia, ["sdpa"]),
+    ("litgpt", "mixtral"): ("0.5.13", build_litgpt_mixtral, ["sdpa"]),
 }
 
 # Fabric's precision for each measured dtype (litgpt's `--precision`).
@@ -743,10 +859,10 @@ def main():
         print(f"{rec['id']}: saved {rec['saved_bytes']} B; step peak {st['measured_peak_bytes']} B "
               f"({st['peak_phase']} {st['peak_op']} {st['peak_module']}) checks {st['checks']} "
               f"{time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-        gc.collect()
-    for name, doc in shards.items():
+        # The shard is rewritten after each record: a long run leaves what it measured so far.
         with open(os.path.join(args.out, f"{name}.json"), "w") as f:
             f.write(measure.dump(doc))
+        gc.collect()
 
 
 if __name__ == "__main__":

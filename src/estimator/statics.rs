@@ -491,8 +491,10 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
         gpu.append(&mut opt_rows);
     }
 
-    let n_t = (tensor_count(groups, |g| g.role == Role::Trainable) + super::step::families::torchtitan::split_tensors(cfg, groups))
-        .saturating_sub(super::step::families::litgpt::merged_tensors(cfg, groups));
+    let n_t = (tensor_count(groups, |g| g.role == Role::Trainable)
+        + super::step::families::torchtitan::split_tensors(cfg, groups)
+        + super::step::families::litgpt::split_tensors(cfg, groups))
+    .saturating_sub(super::step::families::litgpt::merged_tensors(cfg, groups));
     if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t)
     {
         let row = Row::new(

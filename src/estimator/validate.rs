@@ -539,19 +539,52 @@ fn litgpt_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::{Attention, Finetune, Loss, Precision, Recompute};
     use crate::estimator::family::Family;
     let spec = &cfg.arch;
-    if spec.family != Family::Llama {
-        return Some(format!("litgpt is modelled for its Llama 3 configs only (yet), not {:?}", spec.family));
+    if spec.family == Family::Mixtral {
+        return Some(format!(
+            "litgpt's {} config (tests/fixtures/pytorch/frameworks/litgpt-*.json) is measured but not modelled yet",
+            spec.family.label()
+        ));
     }
-    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
-        return Some("litgpt's Llama 3 configs have no experts, biases or q/k norms".into());
+    if !crate::estimator::step::families::litgpt::ships(spec.family) {
+        return Some(format!(
+            "litgpt is modelled for its Llama 3, Mistral, Qwen2.5, Phi-3, Gemma, Gemma 2 and Pythia configs only (yet), not {:?}",
+            spec.family
+        ));
+    }
+    if spec.experts > 0 || spec.qk_norm != model::QkNorm::None {
+        return Some("litgpt's configs followed here have no experts or q/k norms".into());
+    }
+    // litgpt's `bias` puts one on every linear but lm_head; `attn_bias` on the fused qkv alone.
+    let biases = (spec.qkv_bias, spec.o_bias, spec.mlp_bias);
+    if !matches!(biases, (false, false, false) | (true, false, false) | (true, true, true)) {
+        return Some("litgpt's Config has biases on every linear (bias) or on the fused qkv alone (attn_bias): not this mix".into());
     }
     if spec.tied {
-        return Some("litgpt's tied embeddings (Llama 3.2 1B/3B) are not measured yet".into());
+        return Some("litgpt's GPT never ties lm_head to wte: untie the output (tie_word_embeddings = false)".into());
     }
-    if crate::estimator::step::families::common::has_rope(spec)
-        && crate::estimator::step::families::common::rotary_dims(spec) != spec.head_dim
+    let gemma2 = spec.family == Family::Gemma2;
+    if spec.layer_norms != if gemma2 { 4 } else { 2 }
+        || !matches!(spec.norm, model::NormKind::Rmsnorm | model::NormKind::RmsnormGemma | model::NormKind::Layernorm)
     {
-        return Some("litgpt's Llama 3 rotates the whole head (rotary_percentage = 1)".into());
+        return Some(
+            "litgpt's Block is followed with norm_1 and norm_2 (RMSNorm or LayerNorm with a bias), and Gemma 2's post-attention and post-MLP norms".into(),
+        );
+    }
+    let gated_ok = spec.mlp == model::MlpKind::Gated && matches!(spec.act, model::Activation::Silu | model::Activation::GeluTanh);
+    let plain_ok = spec.mlp == model::MlpKind::Plain && spec.act == model::Activation::Gelu;
+    if !(gated_ok || plain_ok) {
+        return Some("litgpt's MLPs are LLaMAMLP (SiLU), GemmaMLP (tanh GELU) and GptNeoxMLP (GELU)".into());
+    }
+    if spec.window > 0 && spec.window_layers != model::LayerRule::All && !gemma2 {
+        return Some(
+            "litgpt's sliding window is followed on every layer (Mistral's and Phi-3's configs) or Gemma 2's even layers only".into(),
+        );
+    }
+    if spec.softcap != gemma2 {
+        return Some("litgpt's logit soft-capping is followed with Gemma 2's configs (attention and final) only".into());
+    }
+    if spec.window > 0 && spec.window_kind != model::WindowKind::Sliding {
+        return Some("litgpt has no chunked attention".into());
     }
     if cfg.attn != Attention::Sdpa {
         return Some("litgpt's CausalSelfAttention attends through SDPA (attn=sdpa)".into());

@@ -193,6 +193,17 @@ fn torchtune(cfg: &Config) -> String {
 
 fn torchtitan(cfg: &Config) -> String {
     let mut s = header(cfg, "a torchtitan 0.2 job config (TOML); add [job], [training] dataset, [checkpoint], …");
+    // The allocator's settings are the launcher's (run_train.sh), which the file cannot carry.
+    let launcher = super::torchtitan::LAUNCHER_ALLOC_CONF;
+    if cfg.alloc_conf == launcher {
+        s += &format!("# alloc_conf={launcher}: as run_train.sh launches (PYTORCH_ALLOC_CONF)\n");
+    } else {
+        s += &format!(
+            "# alloc_conf={}: run_train.sh sets PYTORCH_ALLOC_CONF=\"{launcher}\"; launch with PYTORCH_ALLOC_CONF=\"{}\" for this estimate\n",
+            if cfg.alloc_conf.is_empty() { "(none)" } else { &cfg.alloc_conf },
+            cfg.alloc_conf
+        );
+    }
     match models::TORCHTITAN.iter().find(|(_, _, id)| *id == cfg.model) {
         Some((name, flavor, _)) => s += &format!("\n[model]\nname = \"{name}\"  # model={}\nflavor = \"{flavor}\"\n", cfg.model),
         None => s += &format!("\n[model]\n# model={}: torchtitan has no flavor for it; name yours here\n", cfg.model),

@@ -112,6 +112,8 @@ pub const TORCHTITAN: &[(&str, &str, &str)] = &[
     ("qwen3", "8B", "qwen3-8b"),
     ("qwen3", "14B", "qwen3-14b"),
     ("qwen3", "32B", "qwen3-32b"),
+    ("qwen3", "30B-A3B", "qwen3-30b-a3b"),
+    ("qwen3", "235B-A22B", "qwen3-235b-a22b"),
     ("llama4", "17bx16e", "llama-4-scout-17b-16e-instruct"),
     ("llama4", "17bx128e", "llama-4-maverick-17b-128e-instruct"),
     ("deepseek_v3", "671B", "deepseek-v3"),

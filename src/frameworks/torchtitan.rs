@@ -55,6 +55,12 @@ pub fn read(root: &Value, st: &mut FileState) {
             "selective with selective_ac_option \"2\" (job_config.py's default): every 2nd block checkpointed (blocks 1, 3, …)",
         );
     }
+    // The caching allocator's settings come from the launcher, not the TOML.
+    st.default(
+        "(launcher)",
+        vec![("alloc_conf", LAUNCHER_ALLOC_CONF.into())],
+        "torchtitan's run_train.sh starts torchrun with PYTORCH_ALLOC_CONF=\"expandable_segments:True\" (since run_llama_train.sh, 2024-10-22, pytorch/torchtitan@a5e57e4a9)",
+    );
     let mut code = vec![("attn", "sdpa".into()), ("loss", "standard".into())];
     let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
     let name = g("model.name").and_then(text).unwrap_or_default();
@@ -76,6 +82,12 @@ pub fn read(root: &Value, st: &mut FileState) {
         st.default("(degrees)", vec![("gpus", (shard * replicate * others).to_string())], "the product of the parallel degrees");
     }
 }
+
+/// The caching allocator's configuration torchtitan's launcher sets (`run_train.sh`:
+/// `PYTORCH_ALLOC_CONF="expandable_segments:True" torchrun …`; `PYTORCH_CUDA_ALLOC_CONF` in
+/// `run_llama_train.sh` from pytorch/torchtitan@a5e57e4a9, 2024-10-22, on). Its benchmark runs
+/// (`benchmarks/llama3_h100_202412_torchtitan.md`, torchtitan 9dec370) were launched with it.
+pub const LAUNCHER_ALLOC_CONF: &str = "expandable_segments:True";
 
 /// The `model.name`s whose torchtitan model code the estimator follows (`framework =
 /// torchtitan`, `step/families/torchtitan.rs`); other models are estimated with transformers'

@@ -607,9 +607,15 @@ pub fn read_litgpt(root: &Value, st: &mut FileState) {
                 _ => Out::invalid("expected bf16-true, bf16-mixed, 16-true, 16-mixed or 32-true"),
             },
             "quantize" => match text(v).as_deref() {
-                Some("bnb.nf4" | "bnb.nf4-dq") if lora => Out::one("finetune", "qlora"),
+                // litgpt 0.5.13 `finetune/lora.py`: a bitsandbytes precision plugin makes the
+                // optimizer `bnb.optim.PagedAdamW` (`utils.py` `instantiate_bnb_optimizer`, AdamW only).
+                Some("bnb.nf4" | "bnb.nf4-dq") if lora => {
+                    Out::set(vec![("finetune", "qlora".into()), ("optim", "adamw".into()), ("optim_paged", "true".into())])
+                        .note("the optimizer becomes bitsandbytes' PagedAdamW (instantiate_bnb_optimizer)")
+                }
                 Some("bnb.fp4" | "bnb.fp4-dq") if lora => {
-                    Out::one("finetune", "qlora").approx("FP4 base: estimated as NF4 (the same 4 bits per weight)")
+                    Out::set(vec![("finetune", "qlora".into()), ("optim", "adamw".into()), ("optim_paged", "true".into())])
+                        .approx("FP4 base: estimated as NF4 (the same 4 bits per weight); the optimizer becomes bitsandbytes' PagedAdamW")
                 }
                 None if v.is_null() => Out::ignored("no quantization"),
                 _ => Out::unmodelled("this quantized base is not modelled; estimated with a bf16 base"),

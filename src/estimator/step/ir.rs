@@ -434,6 +434,11 @@ pub struct Op {
     /// Where a compiled region ([`super::compile`]) has this op: its saves are taken when the
     /// region starts and released after the backward of the op that holds them.
     pub compiled: Compiled,
+    /// Runs inside the `__torch_dispatch__` of the next op that does not (a tensor subclass's
+    /// own aten calls: torchao's `Float8TrainingTensor` `mm` takes both scales' reciprocals
+    /// before `_scaled_mm`). Selective checkpointing's cache sees only that outer op: a cache
+    /// hit returns its output without dispatching, so a recomputation skips these too.
+    pub in_dispatch: bool,
 }
 
 /// An op's place in a compiled region.
@@ -645,6 +650,8 @@ pub struct Builder<'a> {
     /// offloading: [`Builder::dead_save`]); otherwise they are left out (freed at once, they
     /// change no peak the estimator reports).
     pub dead_graphs: bool,
+    /// The ops emitted now run inside the next op's dispatch ([`Op::in_dispatch`]).
+    pub in_dispatch: bool,
 }
 
 /// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
@@ -683,6 +690,7 @@ impl<'a> Builder<'a> {
             sac: None,
             no_grad: false,
             dead_graphs: false,
+            in_dispatch: false,
         }
     }
 
@@ -930,6 +938,7 @@ impl<'a> Builder<'a> {
             dead: 0,
             bw: (bw_at, bw.len() as u16),
             compiled: Compiled::No,
+            in_dispatch: self.in_dispatch,
         });
         out_ids
     }

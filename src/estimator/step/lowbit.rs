@@ -134,12 +134,17 @@ impl<'a> Builder<'a> {
             Some(ws)
         };
         // addmm_float8_unwrapped: the reciprocals of both scales (the gathered weight's own scale
-        // when all-gathered).
+        // when all-gathered), taken inside `Float8TrainingTensor.__torch_dispatch__` for the
+        // `aten.mm` a dispatch mode sees: under `recompute = op` a recomputation whose `mm` output
+        // is cached never takes them (measured: tests/fixtures/pytorch/fp8 `ckpt-op` records,
+        // layer-0 q/v/gate_proj recompute windows: no `reciprocal`, no `_scaled_mm`).
+        self.in_dispatch = true;
         let ra = self.plain("reciprocal", &[xs], self.shape(xs), Dt::F32);
         let rb = match ws {
             Some(ws) => self.plain("reciprocal", &[ws], self.shape(ws), Dt::F32),
             None => self.plain("reciprocal", &[w], Shape::scalar(), Dt::F32),
         };
+        self.in_dispatch = false;
         ins.extend([ra, rb]);
         let dt = self.t(x).dt;
         let out = self.out(shape, dt, rx || rw);

@@ -563,13 +563,13 @@ impl<'a> Setup<'a> {
             return;
         }
         if self.cfg.framework == crate::estimator::config::Framework::Torchtitan {
-            families::torchtitan::head_and_loss(b, xn, w, bias, vocab);
+            families::torchtitan::head_and_loss(b, xn, w, bias, vocab, self.cfg.tp > 1);
             return;
         }
         // litgpt's `GPT` returns the logits; Fabric converts them to fp32 and `finetune/full.py`
         // runs `chunked_cross_entropy` on them.
         if self.cfg.framework == crate::estimator::config::Framework::Litgpt {
-            families::litgpt::head_and_loss(b, xn, w, bias, vocab);
+            families::litgpt::head_and_loss(b, xn, w, bias, vocab, spec.softcap);
             return;
         }
         let logits = families::common::head_logits(b, xn, w, bias, vocab);

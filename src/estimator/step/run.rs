@@ -736,7 +736,7 @@ impl<'p, S: Sink> Run<'p, S> {
             let at = self.at(i, Phase::Backward, node);
             let outs = p.outs(op);
             let runs = !reg.early_stop || i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
-            if runs {
+            if runs && !(op.in_dispatch && self.dispatch_cached(reg, i)) {
                 for &t in outs {
                     let b = p.tensors[t as usize].base as usize;
                     if b == t as usize && p.tensors[b].origin == Origin::Op && !self.b.alive[b] {
@@ -790,6 +790,19 @@ impl<'p, S: Sink> Run<'p, S> {
             }
         }
         self.b.recomputed[r] = true;
+    }
+
+    /// Whether op `i` of region `reg`, run inside the next outer op's dispatch
+    /// ([`super::ir::Op::in_dispatch`]), is skipped by the recomputation: that op's output is in
+    /// the selective-checkpoint cache (`_CachingTorchDispatchMode` returns it without calling
+    /// the op, so the subclass's `__torch_dispatch__` never runs).
+    fn dispatch_cached(&self, reg: &super::ir::Region, i: usize) -> bool {
+        let p = self.p;
+        let Some(j) = (i + 1..reg.end as usize).find(|&j| !p.ops[j].in_dispatch) else { return false };
+        p.outs(&p.ops[j]).iter().any(|&t| {
+            let b = p.tensors[t as usize].base;
+            reg.cached.iter().any(|s| p.tensors[s.t as usize].base == b)
+        })
     }
 
     fn new_buf(&mut self, bytes: u128, dtype: DType, cat: Cat, at: &At) -> u32 {

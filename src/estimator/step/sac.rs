@@ -41,9 +41,10 @@ impl Open {
         match name {
             // torchao's `Float8Linear` calls `torch.mm` on `Float8TrainingTensor`s: a dispatch
             // mode sees `aten.mm.default` before the subclass turns it into `_scaled_mm`, so the
-            // policy counts it as an mm (measured: torch 2.15 + torchao 0.18, a policy under
-            // `create_selective_checkpoint_contexts` is called with `mm` and `max` per
-            // `Float8Linear`, never `_scaled_mm`; validation/FINDINGS.md §15.2).
+            // policy counts it as an mm (measured: torch 2.15 + torchao 0.18, the 24
+            // `…/ckpt-op/fp8-*` records of tests/fixtures/pytorch/fp8/records.json, whose
+            // `sac_ops` show one `mm` and, tensorwise, two `max` per `Float8Linear`, never
+            // `_scaled_mm`; validation/FINDINGS.md §15.2).
             "mm" | "linear" | FP8_LINEAR => {
                 self.mm_count += 1;
                 // torchtitan: `if meta[mm_count_key] % 2 == 0: return PREFER_RECOMPUTE`.

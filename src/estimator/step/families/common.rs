@@ -675,6 +675,10 @@ pub enum Rms {
     /// (a copy for a bf16 weight, kept beside the fp32 normalized input); `x`, `norm_x` and
     /// `x_normed` are locals until the return.
     Litgpt,
+    /// [`Rms::Litgpt`] with `add_unit_offset=True` (litgpt's Gemma configs: `"Gemma" in name`):
+    /// `weight = 1 + self.weight` (a new `[h]` tensor in the weight's dtype, AddBackward1)
+    /// before `weight.float()`; the product keeps the fp32 `[h]` it multiplies by.
+    LitgptUnitOffset,
 }
 
 /// An RMSNorm of `form` on `x`, with its weight `w` (none: unweighted). The caller's argument
@@ -682,7 +686,7 @@ pub enum Rms {
 pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>, form: Rms) -> Tid {
     let in_dt = b.t(x).dt;
     let x32 = b.to_copy(x, Dt::F32);
-    let sq = if form == Rms::Litgpt { b.mul(x32, x32) } else { b.pow(x32) };
+    let sq = if matches!(form, Rms::Litgpt | Rms::LitgptUnitOffset) { b.mul(x32, x32) } else { b.pow(x32) };
     let var = match form {
         Rms::WeightFirst { rows: true } | Rms::LlamaRows => mean_rows(b, sq),
         _ => b.mean_last(sq),
@@ -726,9 +730,10 @@ pub fn rms_norm(b: &mut Builder, x: Tid, w: Option<Tid>, form: Rms) -> Tid {
             let o = b.to_copy(n32, in_dt);
             w.map_or(o, |w| b.mul(o, w))
         }
-        Rms::Litgpt => {
+        Rms::Litgpt | Rms::LitgptUnitOffset => {
             let o = match w {
                 Some(w) => {
+                    let w = if form == Rms::LitgptUnitOffset { b.add_scalar(w) } else { w };
                     let wf = b.to_copy(w, Dt::F32);
                     b.mul(n32, wf)
                 }

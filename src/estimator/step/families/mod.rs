@@ -162,7 +162,7 @@ pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeli
             Some(code) => code,
             None => modeling(family),
         },
-        (Framework::Litgpt, Family::Llama) => &litgpt::Llama3,
+        (Framework::Litgpt, f) if litgpt::ships(f) => &litgpt::Gpt,
         _ => modeling(family),
     }
 }

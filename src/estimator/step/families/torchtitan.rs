@@ -571,23 +571,37 @@ pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGrou
 /// ```
 /// The fp32 copy of the logits is an argument of `cross_entropy` (it lives through it); the
 /// labels are the batch's, used as they are (no shifted copy); `pred` lives to the loss.
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape) {
+///
+/// With tensor parallelism torchtitan keeps the output projection's logits sharded over the
+/// vocabulary (`parallelize.py`: `use_local_output=not loss_parallel`; `parallelism.
+/// disable_loss_parallel` defaults to false) and runs the loss under `loss_parallel()`
+/// ([`loss_parallel_log_softmax`], [`LOSS_PARALLEL_BACKWARD`]).
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, loss_parallel: bool) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
     let lf = b.to_copy(logits, Dt::F32);
     // The labels are the batch's token ids tensor (`batch_bytes`: one `[b, s]` int64 for both),
     // which the embedding already keeps: not a second activation (a model-state origin keeps it
     // out of the ledger; like the batch it is never freed).
     let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Buffer, false);
-    let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", lf, super::super::blocks::Keep::Output, "_log_softmax_backward_data");
+    let lsm = if loss_parallel {
+        loss_parallel_log_softmax(b, lf, vocab)
+    } else {
+        b.unary("_log_softmax", "LogSoftmaxBackward0", lf, super::super::blocks::Keep::Output, "_log_softmax_backward_data")
+    };
     let lb = b.bytes(lsm);
     let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
+    let plain_backward = [B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }];
+    let parallel_backward = LOSS_PARALLEL_BACKWARD.map(|step| match step {
+        B::Alloc { op, dtype, .. } => B::Alloc { bytes: lb, dtype, op },
+        other => other,
+    });
     let sum = b.op(
         "nll_loss_forward",
         "NllLossBackward0",
         &[lsm, labels],
         &out,
         &[S::In(1), S::Out(1)],
-        &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
+        if loss_parallel { &parallel_backward } else { &plain_backward },
     );
     b.hold(lf);
     // global_valid_tokens: `ne`, `sum`, `.float()`.
@@ -607,6 +621,55 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     b.hold(logits);
     b.outputs(&[r[0]]);
 }
+
+/// `aten._log_softmax` on vocabulary-sharded logits under `loss_parallel()`: torch 2.15
+/// `torch/distributed/tensor/parallel/loss.py` `_log_softmax` (what `_log_softmax_handler` runs
+/// on the local shard; autograd sees one `LogSoftmaxBackward0` that keeps the result):
+/// ```python
+/// x_max = funcol.all_reduce(torch.amax(x, dim, keepdim=True), "max")   # [N, 1]
+/// shifted = x - x_max                                                  # [N, V/tp] fp32
+/// shifted_sumexp = funcol.all_reduce(torch.sum(torch.exp(shifted), dim, keepdim=True), "sum")
+/// result = shifted - torch.log(shifted_sumexp)                         # [N, V/tp] fp32
+/// ```
+/// Where the fused kernel holds its input and its output, this holds the input, `shifted` and
+/// `exp(shifted)` at once, then the input, `shifted` and the result: one more fp32 `[b·s, V/tp]`
+/// tensor at the loss's forward peak. The `[N, 1]` row statistics are small tensors of their own.
+/// Read from the source; not measured (tensor parallelism on a CPU needs several ranks).
+fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
+    let rows = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    let local_max = b.plain("amax", &[lf], rows, Dt::F32);
+    let x_max = b.plain("all_reduce", &[local_max], rows, Dt::F32);
+    let shifted = b.plain("sub", &[lf, x_max], vocab, Dt::F32);
+    let e = b.plain("exp", &[shifted], vocab, Dt::F32);
+    let local_sum = b.plain("sum", &[e], rows, Dt::F32);
+    let sumexp = b.plain("all_reduce", &[local_sum], rows, Dt::F32);
+    let lse = b.plain("log", &[sumexp], rows, Dt::F32);
+    let shape = b.shape(lf);
+    let out = b.out(shape, Dt::F32, true);
+    // The gradient needs no allocation of this node: the loss's backward already folded the
+    // log-softmax in ([`LOSS_PARALLEL_BACKWARD`]) and `_log_softmax_backward_handler` returns
+    // `grad_output.to(input_dtype)`, the same fp32 tensor.
+    let r = b.op("_log_softmax", "LogSoftmaxBackward0", &[lf, lse], &[out], &[S::Out(0)], &[B::Pass { input: 0, output: 0 }])[0];
+    b.hold(shifted);
+    r
+}
+
+/// `aten.nll_loss_backward` under `loss_parallel()` (torch 2.15 `loss.py`
+/// `_nll_loss_and_log_softmax_backward`, which folds in the log-softmax's backward to spare an
+/// all-gather): `grad_input = torch.zeros_like(x)`, the target's entries set to −1 in place, then
+/// `(grad_input + torch.exp(x)) * grad_output`: three `[N, V/tp]` fp32 tensors alive at once
+/// (`grad_input`, `exp(x)`, their sum), where the fused kernels allocate one here and one in the
+/// log-softmax's backward. Sizes are filled in by [`head_and_loss`].
+const LOSS_PARALLEL_BACKWARD: [B; 8] = [
+    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "zeros_like" },
+    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "exp" },
+    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "add" },
+    B::Free(0),
+    B::Free(1),
+    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "mul" },
+    B::Free(2),
+    B::Grad { input: 0, temp: 3 },
+];
 
 #[cfg(test)]
 mod tests {
