@@ -135,52 +135,18 @@ const TOLERANCE: f64 = 0.005;
 const MM_WORKSPACE_MAX: f64 = 134.0 * 1024.0;
 
 /// Activation-offloading records whose host bytes the estimator does not reach yet: (id prefix,
-/// recipe, residual), reported, not failed. Saved references that hold no device memory of
-/// their own without offloading (a Parameter, a second save of one storage) are missing from
-/// these families' op programs; under offloading each is a copy of its own.
-const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[
-    ("llama4_text/", "act_offload=save_on_cpu", "−512 B"),
-    ("gpt_oss/", "act_offload=save_on_cpu", "the experts' saved Parameters and routing indices"),
-    // The MoE blocks' routing: index tensors and second saves of one storage.
-    ("deepseek_v", "act_offload", "the MoE routing's saved indices and views"),
-    ("glm4_moe", "act_offload", "the MoE routing's saved indices and views"),
-    ("mixtral/", "act_offload", "the MoE routing's saved indices and views (−27 %)"),
-    ("qwen2_moe/", "act_offload", "the MoE routing's saved indices and views"),
-    ("qwen3_moe/", "act_offload", "the MoE routing's saved indices and views"),
-    // OLMo 3 in bf16: 8,192 B short on the host (its per-layer-type rotary pair, fp32, not found yet).
-    ("olmo3/b2/s64/bf16/", "act_offload", "−8,192 B"),
-    ("minimax_m2/", "act_offload", "the MoE routing's saved indices and views (−7 to −11 %)"),
-    // Granite 4.0-H (GraniteMoe's top-k router beside a Mamba-2 mixer): −2.5 % to −4.9 % of the
-    // host bytes; not traced pack by pack yet (the other MoE families' routing is the first
-    // suspect).
-    ("granitemoehybrid/", "act_offload", "−2.5 to −4.9 % (not traced pack by pack)"),
-    // The gated DeltaNet families: qwen3_next −4.8 to −7.6 %, qwen3_5_text −2.0 to −3.3 %,
-    // qwen3_5_moe_text −4.7 to −6.9 % (fp32 and bf16, torchtune and save_on_cpu); probably the
-    // chunked rule's last, dead state update as Kimi Linear's below (not checked pack by pack),
-    // and with experts the MoE routing's saved indices and views.
-    ("qwen3_next/", "act_offload", "the chunked rule's dead last update (probably), the MoE routing (−4.8 to −7.6 %)"),
-    ("qwen3_5_text/", "act_offload", "the chunked rule's dead last update (probably) (−2.0 to −3.3 %)"),
-    ("qwen3_5_moe_text/", "act_offload", "the chunked rule's dead last update (probably), the MoE routing (−4.7 to −6.9 %)"),
-    // Kimi Linear: −862,208 / −857,088 B in fp32 (−2.5 % / −2.4 %), −613,376 / −611,328 B in bf16
-    // (−1.9 % / −1.8 %), torchtune / save_on_cpu. Per KDA layer (fp32, save_on_cpu) the 7 packs
-    // of the last chunk's state update (172,544 B): its graph is dead — the final state is
-    // discarded — and the step program does not build it, but the hooks pack its saves in
-    // forward before it dies; per MoE layer DeepSeek-V3's routing as above (256,000 B).
-    // Falcon-H1 under torchtune's hooks: −7,168 B (fp32) / −3,584 B (bf16), not investigated here
-    // (its records came with main's merge; save_on_cpu is exact).
-    ("falcon_h1/", "act_offload=torchtune", "−7,168 B / −3,584 B"),
-    ("kimi_linear/", "act_offload", "the last chunk's dead state update, packed before its graph dies; the MoE routing (−1.8 to −2.5 %)"),
-];
+/// recipe, residual), reported, not failed. None today: every record's pinned host bytes are
+/// exact. Saved references that hold no device memory of their own (a Parameter or a view of
+/// one, a second save of one storage, an expanded view, the saves of a node that dies in
+/// forward) are each a copy under offloading, and the programs list them (FINDINGS §15.5).
+const OFFLOAD_HOST_PENDING: &[(&str, &str, &str)] = &[];
 
 /// Activation-offloading records whose step peak the estimator does not reach yet: (id prefix,
-/// recipe, residual), reported, not failed (FINDINGS §15.5). Every other offload record's peak is
-/// within the tolerance (exact on the dense families), and every record's host bytes are exact.
-const OFFLOAD_PEAK_PENDING: &[(&str, &str, &str)] = &[
-    // Below the measured peak: the group-limited router's dead top-k subgraph.
-    ("deepseek_v", "act_offload=save_on_cpu", "−1.1 to −1.7 % (the router's dead top-k subgraph)"),
-    ("llama4_text/", "act_offload", "−2.9 % / −4.7 % (the all-experts MoE)"),
-    ("mixtral/", "act_offload", "−4 % / −6 %, peak in layer 0's experts backward (copies inside the expert loop)"),
-];
+/// recipe, residual), reported, not failed (FINDINGS §15.5). None today: every offload record's
+/// peak is within the tolerance — the fp32 records of mixtral, llama4_text, deepseek_v* and
+/// glm4_moe peak in the optimizer step (for-loop AdamW's `sqrt` and `div` of the largest
+/// parameter), which the whole-stage run under offloading now keeps.
+const OFFLOAD_PEAK_PENDING: &[(&str, &str, &str)] = &[];
 
 #[test]
 fn every_recipe_record_is_estimated_within_half_a_percent_or_refused_by_name() {

@@ -206,7 +206,10 @@ impl StageResult {
 
 /// The pinned host memory activation offloading fills (`act_offload`, validation/FINDINGS.md
 /// §15.5): every saved tensor the forward pass moves, each at its own size (views of one storage
-/// are copied separately; `empty_like` of a view), all alive when backward starts:
+/// are copied separately; `empty_like` of a view), all alive when backward starts but those of
+/// autograd nodes that die in forward (a router's top-k choice, the gated DeltaNet's last state
+/// update: packed when created; `save_on_cpu`'s copy dies with the node, torchtune's tracker keeps
+/// it):
 ///
 /// `H_off = H_emb + Σ_kinds L_kind · H_layer(kind) + H_head`
 ///

@@ -572,8 +572,8 @@ impl<'a> Builder<'a> {
         (r[0], r[1])
     }
 
-    /// `torch._grouped_mm(x, w, offs)` into `shape`: keeps x (and the offsets); backward the
-    /// weight's gradient, then the input's.
+    /// `torch._grouped_mm(x, w, offs)` into `shape`: keeps the weight, the offsets and x;
+    /// backward the weight's gradient, then the input's.
     pub fn grouped_mm(&mut self, x: Tid, w: Tid, offs: Tid, shape: Shape) -> Tid {
         let (rx, rw) = (self.rg(x), self.rg(w));
         let dt = self.t(x).dt;
@@ -593,7 +593,15 @@ impl<'a> Builder<'a> {
             bw[n + 1] = B::Grad { input: 0, temp: temps };
             n += 2;
         }
-        let saved: &[S] = if rw { &[S::In(0), S::In(2)] } else { &[S::In(2)] };
+        // GroupedMmBackward0 keeps `mat2` (the weight: a Parameter or a view of one, no memory
+        // of its own, but a pack under activation offloading) for the input's gradient, `offs`,
+        // and `self` for the weight's, in the generated node's order of its saved variables.
+        let saved: &[S] = match (rx, rw) {
+            (true, true) => &[S::In(1), S::In(2), S::In(0)],
+            (true, false) => &[S::In(1), S::In(2)],
+            (false, true) => &[S::In(2), S::In(0)],
+            (false, false) => &[S::In(2)],
+        };
         self.op("_grouped_mm", "GroupedMmBackward0", &[x, w, offs], &[out], saved, &bw[..n])[0]
     }
 

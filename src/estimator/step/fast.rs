@@ -699,6 +699,8 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
         let s = t.mark();
         optimizer_events(&mut t, setup.cfg, &setup.recipe, &numels, other_temp);
         let o = seg(&t, s);
+        // Entered first: entering a later segment resets the ones it passes.
+        sink.enter(last - 1);
         let c = &mut sink.segs[last - 1];
         c.live = sink.t.live;
         c.cats = sink.t.cats;
@@ -866,6 +868,36 @@ mod tests {
             }
         }
         assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    /// Under activation offloading the stage runs whole ([`whole`]); its coarse segments must
+    /// keep the optimizer step's peak, which is the step's peak once the activations are on the
+    /// host (fp32 MoE models: for-loop AdamW's `sqrt` and `div` of the largest expert weight).
+    #[test]
+    fn under_activation_offloading_the_piecewise_peak_keeps_the_optimizer_steps_peak() {
+        let mut n = 0;
+        for id in ["mixtral-8x7b-v0.1", "llama-3.1-8b", "qwen3-30b-a3b"] {
+            let mut arch = crate::estimator::presets::preset(id).expect("preset").spec;
+            arch.layers = 2;
+            arch.vocab = 1024;
+            for off in ["true", "save_on_cpu"] {
+                let mut cfg = Config {
+                    model: "custom".into(),
+                    arch: arch.clone(),
+                    seq: 64,
+                    batch: 2,
+                    precision: Precision::Fp32,
+                    kernels: Kernels::Cpu,
+                    optim_impl: OptimImpl::Forloop,
+                    ..Config::default()
+                };
+                crate::config::set(&mut cfg, "act_offload", off).expect("a valid key");
+                let (m, f) = numbers_only(|| (materialized(&cfg, Stage::Whole), fast(&cfg, Stage::Whole)));
+                assert_eq!(m, f, "{id} act_offload={off}: stream {m} vs pieces {f}");
+                n += 1;
+            }
+        }
+        assert_eq!(n, 6);
     }
 
     #[test]

@@ -426,6 +426,10 @@ pub struct Op {
     pub outs: (u32, u16),
     /// Saved tensors (into `Program::saves`).
     pub saved: (u32, u8),
+    /// Saves of a node that dies in forward, right after the live ones in `Program::saves`
+    /// ([`Program::dead`], [`Builder::dead_save`]): no device memory of their own, but each a
+    /// pack under activation offloading.
+    pub dead: u8,
     pub bw: (u32, u16),
     /// Where a compiled region ([`super::compile`]) has this op: its saves are taken when the
     /// region starts and released after the backward of the op that holds them.
@@ -578,6 +582,16 @@ impl Program {
     pub fn saved(&self, op: &Op) -> &[Save] {
         &self.saves[op.saved.0 as usize..op.saved.0 as usize + op.saved.1 as usize]
     }
+    /// The saves of `op`'s node that dies in forward ([`Builder::dead_save`]); none in a
+    /// compiled region (its graph has no dead nodes: what the region does not return is gone,
+    /// and `compile.rs` regroups the region's saves).
+    pub fn dead(&self, op: &Op) -> &[Save] {
+        if op.compiled != Compiled::No {
+            return &[];
+        }
+        let at = op.saved.0 as usize + op.saved.1 as usize;
+        &self.saves[at..at + op.dead as usize]
+    }
     pub fn bw(&self, op: &Op) -> &[B] {
         &self.script[op.bw.0 as usize..op.bw.0 as usize + op.bw.1 as usize]
     }
@@ -632,6 +646,10 @@ pub struct Builder<'a> {
     /// Inside `torch.no_grad()`: no op makes an autograd node (nothing saved, no output
     /// requires a gradient).
     pub no_grad: bool,
+    /// Build the dead subgraphs whose nodes pack their saves before they die (activation
+    /// offloading: [`Builder::dead_save`]); otherwise they are left out (freed at once, they
+    /// change no peak the estimator reports).
+    pub dead_graphs: bool,
     /// The ops emitted now run inside the next op's dispatch ([`Op::in_dispatch`]).
     pub in_dispatch: bool,
 }
@@ -671,6 +689,7 @@ impl<'a> Builder<'a> {
             lowbit: LowBit::default(),
             sac: None,
             no_grad: false,
+            dead_graphs: false,
             in_dispatch: false,
         }
     }
@@ -916,11 +935,29 @@ impl<'a> Builder<'a> {
             ins: (ins_at, ins.len() as u8),
             outs: (outs_at, outs.len() as u16),
             saved: (saved_at, saved.len() as u8),
+            dead: 0,
             bw: (bw_at, bw.len() as u16),
             compiled: Compiled::No,
             in_dispatch: self.in_dispatch,
         });
         out_ids
+    }
+
+    /// The last op's autograd node saves `t` (an input or an output of it) but dies in
+    /// forward: nothing reaches the loss through it (a router's top-k choice, whose outputs
+    /// the code drops). Without offloading the node holds no device memory beyond what the
+    /// code already holds; under activation offloading its pack hooks ran when it was created
+    /// (`torch/csrc/autograd/saved_variable.cpp`: a `SavedVariable` calls the pack hook in its
+    /// constructor), so each is a host copy (validation/FINDINGS.md §15.5). Only where the
+    /// node exists: an input requires a gradient (`rg`) and grad mode is on.
+    pub fn dead_save(&mut self, t: Tid, rg: bool) {
+        if !rg || self.no_grad || !self.grad {
+            return;
+        }
+        let Some(op) = self.p.ops.last_mut() else { return };
+        debug_assert_eq!((op.saved.0 + op.saved.1 as u32 + op.dead as u32) as usize, self.p.saves.len());
+        op.dead += 1;
+        self.p.saves.push(Save { t, part: self.part, group: self.group });
     }
 
     /// A new output of `shape` in `dt`.

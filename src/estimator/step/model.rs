@@ -184,6 +184,7 @@ impl<'a> Setup<'a> {
         b.autocast = self.recipe.autocast_weight_copy;
         b.dropout = self.cfg.dropout > 0.0;
         b.selective = self.cfg.recompute == Recompute::Selective;
+        b.dead_graphs = self.cfg.act_offload.on();
         if self.cfg.finetune != crate::estimator::config::Finetune::Full {
             let adapters = crate::estimator::precision::trainable_recipe(self.cfg, &self.recipe);
             b.lora = Some(super::ir::Lora {
@@ -353,9 +354,12 @@ impl<'a> Setup<'a> {
         let mask = m.map(|(shape, dt)| mk(b, 3, shape, dt, Part::Checkpoints));
         let mask_local = l.map(|(shape, dt)| mk(b, 4, shape, dt, Part::Checkpoints));
         let (cos_local, sin_local) = if code.local_rope(spec) {
-            // The sliding layers' own pair: Llama's shape and dtype (Gemma-3).
-            let c = mk(b, 5, families::common::cos_shape(spec), Dt::Resid, Part::Embedding);
-            let s = mk(b, 6, families::common::cos_shape(spec), Dt::Resid, Part::Embedding);
+            // The sliding layers' own pair: Llama's shape, in the dtype of the family's tables
+            // (Gemma-3: the residual dtype; OLMo 3: fp32, `Olmo3RotaryEmbedding.forward` does
+            // not cast them — as the whole program's prologue makes them).
+            let dt = code.rope_tables(spec).map_or(Dt::Resid, |(_, dt, _)| dt);
+            let c = mk(b, 5, families::common::cos_shape(spec), dt, Part::Embedding);
+            let s = mk(b, 6, families::common::cos_shape(spec), dt, Part::Embedding);
             (Some(c), Some(s))
         } else {
             (None, None)

@@ -124,9 +124,12 @@ impl Offload {
         }
         match x.origin {
             // The Parameter object itself (a norm's weight, GPT-2's Conv1D, gpt-oss's and Llama 4's
-            // experts) stays; a Linear's `weight.t()` (and the MoE experts' transposed views) moves.
+            // experts) stays; a Linear's `weight.t()` (and the MoE experts' transposed views) moves,
+            // and so does a depthwise `nn.Conv1d`'s weight `[C, 1, K]` (Mamba-2's, the gated
+            // DeltaNet's and KDA's short convolutions): ConvolutionBackward0 saves a view of it,
+            // not the Parameter (measured: `parameter (view)`, offloaded).
             Origin::Param { .. } => match p.ops[i].name {
-                "mm" => true,
+                "mm" | "convolution" => true,
                 "addmm" => !self.addmm_saves_parameter,
                 "_grouped_mm" => !self.grouped_mm_saves_parameter,
                 _ => false,
@@ -141,10 +144,10 @@ impl Offload {
 pub fn offloaded_bytes(p: &Program, off: &Offload) -> u128 {
     let mut total = 0;
     for (i, op) in p.ops.iter().enumerate() {
-        if op.saved.1 == 0 || !off.packs(p, i) || p.regions.iter().any(|r| (r.first as usize..r.end as usize).contains(&i)) {
+        if op.saved.1 + op.dead == 0 || !off.packs(p, i) || p.regions.iter().any(|r| (r.first as usize..r.end as usize).contains(&i)) {
             continue;
         }
-        for s in p.saved(op) {
+        for s in p.saved(op).iter().chain(p.dead(op)) {
             if off.moves(p, i, s.t) {
                 total += p.tensors[s.t as usize].bytes;
             }
@@ -389,11 +392,39 @@ impl<'p, S: Sink> Run<'p, S> {
             self.b.saves[b] += 1;
             return;
         }
-        let bytes = p.tensors[t as usize].bytes;
         self.os.moved[k] = true;
         self.os.id[k] = id;
-        self.os.host += bytes;
-        self.os.copied += bytes;
+        self.os.host += p.tensors[t as usize].bytes;
+        self.copy_out(t, id, off, at);
+    }
+
+    /// Packs save `t` of op `i`'s node that dies in forward ([`Program::dead`]): a pack id like
+    /// any other (torchtune's stash window counts it). A moved tensor is copied to the host
+    /// (torchtune: its original stashed; its host copy stays in the tracker, which backward
+    /// never empties of it — FINDINGS §15.5; `save_on_cpu`: the copy dies with the node). A
+    /// kept one (torchtune, < 1 KiB) is the tensor itself in the tracker: it stays on the
+    /// device through backward (`live_after_backward` = gradients + the kept tensors in
+    /// `never_unpacked`).
+    fn pack_dead(&mut self, i: usize, t: Tid, off: Offload, at: &At) {
+        self.os.next_id += 1;
+        let id = self.os.next_id;
+        if !off.moves(self.p, i, t) {
+            let b = self.p.tensors[t as usize].base as usize;
+            self.b.saves[b] += 1;
+            return;
+        }
+        if off.torchtune() {
+            self.os.host += self.p.tensors[t as usize].bytes;
+        }
+        self.copy_out(t, id, off, at);
+    }
+
+    /// Tensor `t`, pack `id`, copied to the host: counted; under torchtune its device original
+    /// enters the stash, whose oldest entries leave it.
+    fn copy_out(&mut self, t: Tid, id: i64, off: Offload, at: &At) {
+        let p = self.p;
+        let b = p.tensors[t as usize].base as usize;
+        self.os.copied += p.tensors[t as usize].bytes;
         self.os.host_peak = self.os.host_peak.max(self.os.host);
         if off.torchtune() {
             while let Some(&(old, ob)) = self.os.stash.first() {
@@ -623,6 +654,8 @@ impl<'p, S: Sink> Run<'p, S> {
             let hooked = self.off.filter(|o| self.b.region_of[i] == NONE && op.saved.1 > 0 && o.packs(p, i));
             let saves = op.saved.0 as usize..op.saved.0 as usize + op.saved.1 as usize;
             // An op's inputs are packed before it runs, its outputs after.
+            // A node that dies in forward packs too (its saves after the live ones).
+            let dead = self.off.filter(|o| self.b.region_of[i] == NONE && op.dead > 0 && o.packs(p, i));
             if let Some(o) = hooked {
                 for k in saves.clone() {
                     if !p.outs(op).contains(&p.saves[k].t) {
@@ -630,10 +663,24 @@ impl<'p, S: Sink> Run<'p, S> {
                     }
                 }
             }
+            if let Some(o) = dead {
+                for s in p.dead(op) {
+                    if !p.outs(op).contains(&s.t) {
+                        self.pack_dead(i, s.t, o, &at);
+                    }
+                }
+            }
             for &t in p.outs(op) {
                 let b = p.tensors[t as usize].base as usize;
                 if b == t as usize && p.tensors[b].origin == Origin::Op {
                     self.alloc_storage(b, &at);
+                }
+            }
+            if let Some(o) = dead {
+                for s in p.dead(op) {
+                    if p.outs(op).contains(&s.t) {
+                        self.pack_dead(i, s.t, o, &at);
+                    }
                 }
             }
             if let Some(o) = hooked {

@@ -126,7 +126,10 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
         let outs = [b.out(tokens(&[g]), Dt::F32, false), b.out(tokens(&[g]), Dt::I64, false)];
         let r = b.plain_n("max", &[scores], &outs);
         let (gmax, gargmax) = (r[0], r[1]);
-        let [gidx, gmask, smask, inv] = super::sigmoid_moe::group_mask(b, spec, gmax);
+        // MaxBackward0 (dead: the group choice reaches no loss) keeps the arg-max.
+        let rg = b.rg(scores);
+        b.dead_save(gargmax, rg);
+        let [gidx, gmask, smask, inv] = super::sigmoid_moe::group_mask(b, spec, gmax, rg);
         let filled = masked_fill(b, scores, inv);
         locals.extend([filled, gmax, gidx, gmask, smask]);
         // MaxBackward0 keeps the arg-max until `group_scores` goes at the return.

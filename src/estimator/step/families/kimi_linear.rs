@@ -187,6 +187,45 @@ fn l2norm(b: &mut Builder, x: Tid) -> Tid {
     div(b, x, r)
 }
 
+/// The last chunk's state update, built as the dead graph it is (the final state is discarded)
+/// where its nodes' packs count (activation offloading, [`Builder::dead_save`]):
+/// ```python
+/// state = state * g_i[:, :, -1].exp().unsqueeze(-1) + (k_i * (g_i[:, :, -1:] - g_i).exp()).transpose(-1, -2) @ v_new
+/// ```
+/// ExpBackward0 keeps each result; MulBackward0 the state (the decay too when the state has a
+/// gradient, after the first chunk) and both factors of the decayed key; the transposed key
+/// folds into `bmm`'s layout as a view (its batch dims are contiguous) and BmmBackward0 keeps
+/// both operands: per layer `[b, H, K]` + `[b, H, K, K]` + 5 × `[b, H, C, K]`, fp32. `rg`:
+/// whether the decays and the key require a gradient.
+fn dead_update(b: &mut Builder, state: Tid, g_i: Tid, k_i: Tid, v_new: Tid, rg: [bool; 2]) {
+    let [rgg, rgk] = rg;
+    let (rs, rv) = (b.rg(state), b.rg(v_new));
+    let view = |b: &mut Builder, x: Tid, to: Shape| b.op("view", "", &[x], &[b.view_out(x, to)], &[], &[])[0];
+    let sshape = b.shape(state);
+    let sdt = b.t(state).dt;
+    let gl = view(b, g_i, shape(&[BD, HV, DK]));
+    let gle = b.plain("exp", &[gl], shape(&[BD, HV, DK]), Dt::F32);
+    b.dead_save(gle, rgg);
+    let gleu = view(b, gle, shape(&[BD, HV, DK, Dim::N(1)]));
+    let sd = b.plain("mul", &[state, gleu], sshape, sdt);
+    // MulBackward0's saved variables: `other` (for self's gradient), `self` (for other's).
+    b.dead_save(gleu, rs);
+    b.dead_save(state, rgg);
+    let gl1 = view(b, g_i, shape(&[BD, HV, Dim::N(1), DK]));
+    let kd = b.plain("sub", &[gl1, g_i], shape(&[BD, HV, CH, DK]), Dt::F32);
+    let kde = b.plain("exp", &[kd], shape(&[BD, HV, CH, DK]), Dt::F32);
+    b.dead_save(kde, rgg);
+    let kk = b.plain("mul", &[k_i, kde], shape(&[BD, HV, CH, DK]), Dt::F32);
+    b.dead_save(kde, rgk);
+    b.dead_save(k_i, rgg);
+    let kt = view(b, kk, shape(&[BD, HV, DK, CH]));
+    let upd = b.plain("bmm", &[kt, v_new], sshape, sdt);
+    // BmmBackward0's saved variables: `mat2` (for self's gradient), `self` (for mat2's).
+    b.dead_save(v_new, rgk || rgg);
+    b.dead_save(kt, rv);
+    b.plain("add", &[sd, upd], sshape, sdt);
+}
+
 /// `chunk_kimi_delta_attention(query, key, value, g, beta, use_qk_l2norm_in_kernel=True)` (no
 /// initial state, the final state discarded) on q, k, v and g `[b, s, H, K]`, beta `[b, s, H]`:
 /// the output `[b, s, H, K]` in the input's dtype. Everything inside runs in fp32; under
@@ -322,6 +361,9 @@ fn chunk_kda(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid 
             let upd = b.bmm(kt, v_new, shape(&[BD, HV, DK, DK]));
             b.hold(state);
             state = b.add(sd, upd);
+        } else if b.dead_graphs {
+            let rg = [b.rg(cum), b.rg(kc)];
+            dead_update(b, state, g_i, k_i, v_new, rg);
         } else {
             kept.extend(dead_state_bmm(b, v_new, shape(&[BD, HV, DK, DK])));
         }

@@ -133,7 +133,11 @@ fn temperature(b: &mut Builder, q: Tid) -> (Tid, [Tid; 2]) {
     let qdt = b.t(q).dt;
     let shape = b.shape(q);
     let dt = if b.t(q).dtype.bytes() >= 4 { qdt } else { Dt::F32 };
-    let qs = b.mul_to(q, sc, shape, dt);
+    // `attn_scales.view(1, s, 1, 1).expand(b, s, 1, 1)`: MulBackward0 keeps the expanded view,
+    // no memory of its own but packed at its own size (b·s·4 bytes) under activation offloading.
+    let ex = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::N(1), Dim::N(1)], Split::None);
+    let sv = b.view(sc, ex, "ExpandBackward0", false);
+    let qs = b.mul_to(q, sv, shape, dt);
     let qs = b.to_copy(qs, qdt);
     // `attn_scales` and `positions` are locals of the attention's forward.
     b.p.tensors[sc as usize].hold = b.p.tensors[sc as usize].hold.max(b.last_op());

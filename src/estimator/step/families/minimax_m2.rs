@@ -89,6 +89,10 @@ fn router(b: &mut Builder, _spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> (Tid, 
     let top = [b.out(tokens(&[Dim::X(X::K)]), Dt::F32, false), b.out(tokens(&[Dim::X(X::K)]), Dt::I64, false)];
     let r = b.plain_n("topk", &[choice], &top);
     let (values, idx) = (r[0], r[1]);
+    // The choice's TopkBackward0 dies with `values` but keeps the indices (a pack under
+    // activation offloading).
+    let rg = b.rg(scores);
+    b.dead_save(idx, rg);
     let weights = gather(b, scores, idx);
     let sum = b.sum_dim(weights, tokens(&[Dim::N(1)]));
     let weights = b.div_(weights, sum);

@@ -269,8 +269,12 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
         }
         (kd, cdec)
     });
+    // With one chunk, under activation offloading, the decays are built as the dead graph
+    // they are (their nodes pack their saves: [`dead_decays`]).
+    let dead = (n == 1 && b.dead_graphs).then(|| dead_decays(b, kc, cum));
     // The loop over the chunks: the state starts at zeros (no gradient); the last chunk's
-    // update feeds only the discarded final state (a dead graph, freed at once: not built).
+    // update feeds only the discarded final state (a dead graph, freed at once: not built
+    // unless its packs count, [`dead_update`]).
     let mut state = b.plain("zeros", &[], shape(&[BD, HV, DK, DV]), Dt::F32);
     let zeros = b.plain("zeros", &[], chunked(DV), Dt::F32);
     let mut out = zeros;
@@ -305,6 +309,9 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
             b.hold(state);
             state = b.add(sd, upd);
             kept.extend([sd, upd]);
+        } else if let Some((kd, cdec)) = decays.or(dead).filter(|_| b.dead_graphs) {
+            let rg = [b.rg(cum), b.rg(cum) || b.rg(kc)];
+            dead_update(b, state, kd, cdec, v_new, [per(DK), shape(&[BD, HV, DK, DV])], rg);
         } else {
             kept.extend(dead_state_bmm(b, v_new, shape(&[BD, HV, DK, DV])));
         }
@@ -326,6 +333,61 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
         b.hold(t);
     }
     y
+}
+
+/// The decayed key and the chunk decays of a single chunk, which feed only the last (dead) state
+/// update, as the dead graph they are (no gradient reaches them; each op's node packs what it
+/// would save, [`Builder::dead_save`]):
+/// ```python
+/// key = key * (cum_decay[..., -1:] - cum_decay).exp().unsqueeze(-1)   # ExpBackward0: result; MulBackward0: both
+/// chunk_decay = cum_decay[..., -1].exp()[..., None, None]             # ExpBackward0: result
+/// ```
+/// Returns the decayed key `[b, H, n, C, dk]` and the chunk decays `[b, H, n]`.
+pub(super) fn dead_decays(b: &mut Builder, kc: Tid, cum: Tid) -> (Tid, Tid) {
+    let (rk, rg) = (b.rg(kc), b.rg(cum));
+    let cs = b.shape(cum);
+    let kdiff = b.plain("sub", &[cum], cs, Dt::F32);
+    let ce = b.plain("exp", &[kdiff], cs, Dt::F32);
+    b.dead_save(ce, rg);
+    let mut ks = b.shape(kc);
+    ks = ks.last(Dim::N(1));
+    let ceu = b.op("unsqueeze", "", &[ce], &[b.view_out(ce, ks)], &[], &[])[0];
+    let kshape = b.shape(kc);
+    let kd = b.plain("mul", &[kc, ceu], kshape, Dt::F32);
+    // MulBackward0's saved variables: `other` (for self's gradient), `self` (for other's).
+    b.dead_save(ceu, rk);
+    b.dead_save(kc, rg);
+    let last = cs.drop_last();
+    let cdec = b.plain("exp", &[cum], last, Dt::F32);
+    b.dead_save(cdec, rg);
+    (kd, cdec)
+}
+
+/// The last chunk's state update, built as the dead graph it is (its result, the final state,
+/// is discarded) where its nodes' packs count (activation offloading):
+/// ```python
+/// last_recurrent_state = last_recurrent_state * chunk_decay[:, :, i] + key[:, :, i].transpose(-1, -2) @ v_new
+/// ```
+/// MulBackward0 keeps the state (for the decay's gradient; the decay too when the state has a
+/// gradient, after the first chunk); `matmul` copies the transposed key slice into `bmm`'s
+/// layout when b > 1 and BmmBackward0 keeps both operands. `shapes`: the key slice
+/// `[b, H, C, dk]` and the state `[b, H, dk, dv]`; `rg`: whether the decays and the decayed key
+/// would require a gradient (a dead graph's tensors carry none in the program).
+pub(super) fn dead_update(b: &mut Builder, state: Tid, kd: Tid, cdec: Tid, v_new: Tid, shapes: [Shape; 2], rg: [bool; 2]) {
+    let [kshape, sshape] = shapes;
+    let (rs, rv) = (b.rg(state), b.rg(v_new));
+    let (rd, rk) = (rg[0] || b.rg(cdec), rg[1] || b.rg(kd));
+    let cd_i = b.op("select", "", &[cdec], &[b.view_out(cdec, Shape::new(&[BD, HV, Dim::N(1), Dim::N(1)], Split::None))], &[], &[])[0];
+    let sd = b.plain("mul", &[state, cd_i], sshape, Dt::F32);
+    b.dead_save(cd_i, rs);
+    b.dead_save(state, rd);
+    let k_i = b.op("select", "", &[kd], &[b.view_out(kd, kshape)], &[], &[])[0];
+    let kt = if b.c.n(Q::B) == 1 { k_i } else { b.plain("clone", &[k_i], kshape, Dt::F32) };
+    let upd = b.plain("bmm", &[kt, v_new], sshape, Dt::F32);
+    // BmmBackward0's saved variables: `mat2` (for self's gradient), `self` (for mat2's).
+    b.dead_save(v_new, rk || rd);
+    b.dead_save(kt, rv);
+    b.plain("add", &[sd, upd], sshape, Dt::F32);
 }
 
 /// The last chunk's state update feeds only the discarded final state: a dead graph (freed at

@@ -52,7 +52,10 @@ impl SigmoidMoeW {
 }
 
 /// `scores.gather(1, topk_indices)` into `[b, s, K]`: GatherBackward0 keeps the indices and
-/// scatters the gradient into zeros of the input (`new_zeros`, `scatter_add`).
+/// `self` (`gather_backward(grad, self, dim, index, sparse_grad)`: the scores, which their own
+/// node keeps already — no memory of their own, but a second pack under activation
+/// offloading), in the generated node's order of its saved variables, and scatters the
+/// gradient into zeros of the input (`new_zeros`, `scatter_add`).
 pub fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
     let (dt, rg, bytes, dtype) = (b.t(x).dt, b.rg(x), b.bytes(x), b.t(x).dtype);
     let out = b.out(tokens(&[Dim::X(X::K)]), dt, rg);
@@ -66,7 +69,7 @@ pub fn gather(b: &mut Builder, x: Tid, idx: Tid) -> Tid {
     } else {
         &[]
     };
-    b.op("gather", "GatherBackward0", &[x, idx], &[out], if rg { &[S::In(1)] } else { &[] }, bw)[0]
+    b.op("gather", "GatherBackward0", &[x, idx], &[out], if rg { &[S::In(1), S::In(0)] } else { &[] }, bw)[0]
 }
 
 /// A tensor that only a dying autograd node keeps (the group top-k's indices, kept by its
@@ -108,14 +111,16 @@ pub fn fp32_logits(b: &mut Builder, w: Option<Tid>, x2: Tid) -> Tid {
 /// ~score_mask.bool()
 /// ```
 /// Returns the chosen groups, the group and the expert masks (the function's locals), and the
-/// inverted expert mask.
-pub fn group_mask(b: &mut Builder, spec: &ModelSpec, group_scores: Tid) -> [Tid; 4] {
+/// inverted expert mask. `rg`: the group scores derive from scores that require a gradient, so
+/// the group top-k has a node (dead: it keeps its indices, packed under offloading).
+pub fn group_mask(b: &mut Builder, spec: &ModelSpec, group_scores: Tid, rg: bool) -> [Tid; 4] {
     let e = || tokens(&[Dim::X(X::E)]);
     let groups = spec.router_groups.max(1);
     let kg = Dim::W(spec.router_group_topk.clamp(1, groups));
     let top = [b.out(tokens(&[kg]), Dt::F32, false), b.out(tokens(&[kg]), Dt::I64, false)];
     let r = b.plain_n("topk", &[group_scores], &top);
     let gidx = r[1];
+    b.dead_save(gidx, rg);
     let gmask = b.plain("zeros_like", &[group_scores], tokens(&[Dim::W(groups)]), Dt::F32);
     b.op("scatter_", "", &[gmask, gidx], &[], &[], &[]);
     let smask = if mask_copies(spec) { b.plain("clone", &[gmask], e(), Dt::F32) } else { gmask };
@@ -145,6 +150,9 @@ pub fn group_mask(b: &mut Builder, spec: &ModelSpec, group_scores: Tid) -> [Tid;
 /// The choice (bias, group scores, mask, top-k values) carries no gradient that reaches the
 /// loss: its autograd nodes die with their outputs, so only the logits (`mm`, keeping the fp32
 /// input), the sigmoid (keeping its result), the gather and the normalisation are in the graph.
+/// The dead nodes' saves are packs under activation offloading ([`Builder::dead_save`]): the
+/// group top-k's indices `[T, G, 2]`, the group choice's `[T, topk_group]`, the fill's mask
+/// `[T, E]` (bool) and the final top-k's indices `[T, K]` (int64).
 /// With one group `reshape` of the expanded mask is a view; with more it copies `[T, E]`.
 /// Returns (logits, weights, indices).
 pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normalize: bool) -> (Tid, Tid, Tid) {
@@ -156,14 +164,18 @@ pub fn router(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid, normal
     let groups = spec.router_groups.max(1);
     let g = Dim::W(groups);
     let top = [b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::F32, false), b.out(tokens(&[g, Dim::N(GROUP_SCORE_TOP)]), Dt::I64, false)];
+    let rg = b.rg(scores);
     let r = b.plain_n("topk", &[choice], &top);
     let (gv, gi) = (r[0], r[1]);
+    b.dead_save(gi, rg);
     let gscores = b.plain("sum", &[gv], tokens(&[g]), Dt::F32);
-    let [gidx, gmask, smask, inv] = group_mask(b, spec, gscores);
+    let [gidx, gmask, smask, inv] = group_mask(b, spec, gscores, rg);
     let filled = b.plain("masked_fill", &[choice, inv], e(), Dt::F32);
+    b.dead_save(inv, rg);
     let top = [b.out(tokens(&[Dim::X(X::K)]), Dt::F32, false), b.out(tokens(&[Dim::X(X::K)]), Dt::I64, false)];
     let r = b.plain_n("topk", &[filled], &top);
     let idx = r[1];
+    b.dead_save(idx, rg);
     let mut weights = gather(b, scores, idx);
     let mut den = None;
     if normalize {
