@@ -13,7 +13,14 @@ param_dtype=bf16, reduce_dtype=fp32)``, AdamW, b2 s64, torchtitan's ``cross_entr
 * ``root-default``: each block a unit, then ``fully_shard(model)`` with ``reshard_after_forward`` left unset (the root
   holds tok_embeddings, norm and output; FSDP2's ``_lazy_init`` turns the root's resharding after forward off);
 * ``root-reshard``: the same with ``fully_shard(model, reshard_after_forward=True)`` explicitly (torchtitan 9dec370's
-  call, whose benchmark rows item 5 is about).
+  explicit call of late 2024; torch 2.15 keeps the explicit ``True``);
+* ``titan-2412``: torchtitan's layout of late 2024 (``parallelize_llama.py apply_fsdp``: each block resharded after
+  forward except the last, ``reshard_after_forward = int(layer_id) < len(model.layers) - 1``, then ``fully_shard(model,
+  reshard_after_forward=not pp_enabled)``) as the torch of that time ran it: its ``_lazy_init`` cleared the root's
+  ``post_forward_mesh_info`` whatever was passed (the ``_auto_reshard_after_forward`` condition came later), which on
+  torch 2.15 is the root with ``reshard_after_forward`` unset.
+
+``python measure_fsdp.py LAYOUT ...`` measures some layouts and merges them into the fixture by id.
 
 Step 2 of each run is profiled on rank 0 with ``torch.profiler`` (``profile_memory=True``): every CPU allocator
 allocation and free (storage ``resize_`` included, which is how FSDP2 frees and re-allocates unsharded parameters),
@@ -44,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "pytorch", "fsdp")
 DIM, LAYERS, HEADS, KV_HEADS, VOCAB, BATCH, SEQ = 64, 2, 4, 2, 4096, 2, 64
-LAYOUTS = ("torchtitan", "root-default", "root-reshard")
+LAYOUTS = ("torchtitan", "root-default", "root-reshard", "titan-2412")
 
 
 def build():
@@ -67,6 +74,11 @@ def wrap(model, layout, mesh):
         apply_fsdp(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32, pp_enabled=False)
         return
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if layout == "titan-2412":  # the last block kept gathered after forward, the root's resharding off
+        for i, block in enumerate(model.layers.values()):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(model.layers) - 1)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     if layout == "root-default":
@@ -218,6 +230,9 @@ def main():
            "call_fields": ["collective", "step", "phase", "input [dtype, shape, bytes]", "output [dtype, shape, bytes]"],
            "records": []}
     only = sys.argv[1:] or LAYOUTS
+    old = os.path.join(OUT, "units.json")
+    if sys.argv[1:] and os.path.exists(old):
+        doc["records"] = [r for r in json.load(open(old))["records"] if r["layout"] not in only]
     tmp = tempfile.mkdtemp(prefix="fsdp-units-")
     for layout in only:
         s = socket.socket()
