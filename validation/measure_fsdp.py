@@ -216,7 +216,7 @@ def worker(rank, world, port, layout, out_path):
 def main():
     import torch.multiprocessing as mp
     import torchtitan
-    doc = {"generated_by": "validation/measure_fsdp.py (validation/README.md published item 5; FINDINGS.md §13)",
+    doc = {"generated_by": "validation/measure_fsdp.py (validation/README.md published item 5; FINDINGS.md §13.1)",
            "torch": torch.__version__.split("+")[0], "torchtitan": torchtitan.__version__ if hasattr(
                torchtitan, "__version__") else "0.2.2", "device": "cpu", "world_size": 2, "backend": "gloo",
            "model": f"torchtitan 0.2.2 llama3 Transformer dim {DIM}, {LAYERS} layers, {HEADS} heads ({KV_HEADS} kv), "
