@@ -535,7 +535,9 @@ impl<'a> Builder<'a> {
     /// (not "fused-kernel acceptable"), the noise `bernoulli_(1 - p) / (1 - p)` in the input's
     /// dtype, kept by the multiplication (measured: tests/fixtures/pytorch/lora, p = 0.05).
     /// Per adapted linear: `b·s·n_in·(e + 1)` bytes on CUDA, `2·b·s·n_in·e` on the CPU
-    /// (e = the input's element size). Attributed to the LoRA row.
+    /// (e = the input's element size), less the undropped input where nothing else keeps it
+    /// (measured: llama-gqa fp32, b2 s64, all seven linears, +737,280 B saved at p = 0.05).
+    /// Attributed to the LoRA row.
     fn lora_dropout(&mut self, x: Tid) -> Tid {
         let (module, part) = (self.module, self.part);
         self.module = "lora_dropout";
