@@ -668,6 +668,18 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
+    Key {
+        name: "lora_dropout",
+        group: Training,
+        help: "dropout probability on the LoRA adapters' input (each adapter keeps its dropped input and a mask)",
+        choices: no_choices,
+        get: |c| fmt_f64(c.lora_dropout),
+        set: |c, s| {
+            let v = parse_f64(s, 0.0, 0.999)?;
+            c.lora_dropout = v;
+            Ok(())
+        },
+    },
     enum_key!("attn", Training, "attention implementation", Attention, |c| c.attn),
     enum_key!("recompute", Training, "activation recomputation (checkpointing)", Recompute, |c| c.recompute),
     Key {
@@ -934,6 +946,24 @@ mod tests {
             assert!(crate::estimator::validate_consistency(&c).is_ok(), "{}", r.id);
             assert!(matching_recipe(&c).is_some(), "{}", r.id);
         }
+    }
+
+    #[test]
+    fn lora_dropout_round_trips_through_the_link_and_counts_only_when_above_zero() {
+        let d = crate::config::decode_query("finetune=lora&lora_dropout=0.05");
+        assert_eq!(d.errors, vec![]);
+        assert_eq!(d.config.lora_dropout, 0.05);
+        assert!(crate::config::encode_query(&d.config).contains("lora_dropout=0.05"));
+        assert!(!crate::config::encode_query(&Config::default()).contains("lora_dropout"));
+        let mut c = d.config.clone();
+        assert!(crate::config::set(&mut c, "lora_dropout", "1").is_err());
+        c.lora_dropout = 1.0;
+        assert!(crate::estimator::validate_consistency(&c).is_err());
+        let with = crate::estimator::estimate(&d.config).expect("estimates");
+        let without = crate::estimator::estimate(&Config { lora_dropout: 0.0, ..d.config.clone() }).expect("estimates");
+        assert!(with.memory.activations > without.memory.activations);
+        let compiled = Config { compile: true, ..d.config.clone() };
+        assert!(crate::estimator::estimate(&compiled).is_err_and(|e| e.to_string().contains("lora_dropout")));
     }
 
     #[test]

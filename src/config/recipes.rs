@@ -335,6 +335,7 @@ pub static RECIPES: &[Recipe] = &[
             ("precision", "bf16"),
             ("accum", "4"),
             ("recompute", "full"),
+            ("lora_dropout", "0.05"),
             ("lora_rank", "32"),
             ("lora_targets", "all"),
             ("batch", "2"),
@@ -357,6 +358,7 @@ pub static RECIPES: &[Recipe] = &[
             ("precision", "bf16"),
             ("accum", "4"),
             ("recompute", "full"),
+            ("lora_dropout", "0.05"),
             ("lora_rank", "32"),
             ("lora_targets", "all"),
             ("batch", "2"),
@@ -418,6 +420,7 @@ pub static RECIPES: &[Recipe] = &[
         pairs: &[
             ("model", "llama-3.1-8b"),
             ("gpus", "1"),
+            ("lora_dropout", "0.05"),
             ("lora_rank", "32"),
             ("optim", "adamw"),
             ("optim_impl", "foreach"),
@@ -443,6 +446,7 @@ pub static RECIPES: &[Recipe] = &[
         pairs: &[
             ("model", "llama-3.1-8b"),
             ("gpus", "1"),
+            ("lora_dropout", "0.05"),
             ("lora_rank", "32"),
             ("optim_impl", "foreach"),
             ("precision", "bf16"),

@@ -389,6 +389,9 @@ pub struct Config {
     pub finetune: Finetune,
     pub lora_rank: u64,
     pub lora_targets: LoraTargets,
+    /// Dropout probability on every adapter's input (peft `LoraConfig.lora_dropout`, litgpt
+    /// `lora_dropout`, torchtune `model.lora_dropout`): 0 = `nn.Identity`, no dropout.
+    pub lora_dropout: f64,
     pub attn: Attention,
     pub recompute: Recompute,
     /// Dropout probability on attention weights and residual branches.
@@ -545,6 +548,7 @@ impl Default for Config {
             finetune: Finetune::Full,
             lora_rank: 16,
             lora_targets: LoraTargets::ALL,
+            lora_dropout: 0.0,
             attn: Attention::Sdpa,
             recompute: Recompute::None,
             dropout: 0.0,

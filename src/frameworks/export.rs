@@ -109,6 +109,7 @@ fn torchtune(cfg: &Config) -> String {
         s += &format!("  apply_lora_to_mlp: {}  # lora_targets gate,up,down\n", if mlp { "True" } else { "False" });
         s += "  apply_lora_to_output: False  # no adapter on the LM head\n";
         s += &format!("  lora_rank: {}  # lora_rank\n", cfg.lora_rank);
+        s += &format!("  lora_dropout: {}  # lora_dropout\n", cfg.lora_dropout);
         if cfg.finetune == Finetune::Qlora {
             s += "  quantize_base: True  # finetune=qlora: NF4 base\n";
         }

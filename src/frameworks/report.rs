@@ -310,11 +310,14 @@ pub(crate) fn on_off(v: &Value, when_on: &str, when_off: &str) -> Out {
     }
 }
 
+/// An adapter dropout probability (peft / axolotl / litgpt `lora_dropout`, torchtune
+/// `model.lora_dropout`): `lora_dropout`, which gives every adapter its own dropped copy of its
+/// input and a mask (`Builder::lora_dropout`); 0 or null is no dropout (the default: not set).
 pub(crate) fn dropout(v: &Value) -> Out {
     match tree::float(v) {
-        Some(p) if p == 0.0 => Out::ignored("no adapter dropout"),
+        Some(p) if p == 0.0 => Out::ignored("no adapter dropout (lora_dropout = 0, the default)"),
         Some(p) if (0.0..1.0).contains(&p) => {
-            Out::unmodelled("dropout on the adapters' input keeps a mask per adapted linear: not counted")
+            Out::one("lora_dropout", p).note("each adapter keeps its dropped input and the dropout's mask")
         }
         None if v.is_null() => Out::ignored("no adapter dropout"),
         _ => Out::invalid("expected a probability in [0, 1)"),

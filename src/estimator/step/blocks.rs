@@ -741,6 +741,12 @@ impl<'a> Builder<'a> {
         if !self.dropout {
             return x;
         }
+        self.dropout_op(x)
+    }
+
+    /// [`Builder::dropout`] whatever the model's `dropout` is (p > 0): an adapter's own
+    /// `nn.Dropout` (`lora_dropout`).
+    pub fn dropout_op(&mut self, x: Tid) -> Tid {
         let (shape, dt, rg, bytes, dtype) = (self.shape(x), self.t(x).dt, self.rg(x), self.bytes(x), self.t(x).dtype);
         if self.c.cuda {
             let outs = [self.out(shape, dt, rg), self.out(shape, Dt::Bool, false)];

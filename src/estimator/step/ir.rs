@@ -654,13 +654,15 @@ pub struct Builder<'a> {
     pub in_dispatch: bool,
 }
 
-/// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size.
+/// LoRA as PEFT applies it: which linears, the rank, the adapters' dtype and gradient size,
+/// and whether each adapter drops out its input (`lora_dropout > 0`).
 #[derive(Clone, Copy, Debug)]
 pub struct Lora {
     pub targets: u8,
     pub rank: u64,
     pub weight: DType,
     pub grad_elem: u64,
+    pub dropout: bool,
 }
 
 impl<'a> Builder<'a> {

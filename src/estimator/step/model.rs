@@ -192,6 +192,7 @@ impl<'a> Setup<'a> {
                 rank: self.cfg.lora_rank,
                 weight: DType::of(adapters.weight),
                 grad_elem: adapters.grad.bytes(),
+                dropout: self.cfg.lora_dropout > 0.0,
             });
         }
         b.lowbit = super::lowbit::of(self.cfg);

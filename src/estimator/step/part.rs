@@ -71,7 +71,10 @@ impl Part {
                  kv_a_proj_with_mqa → kv_a_layernorm → kv_b_proj keep the b·s·r_q and b·s·(r_kv + d_r) latents \
                  (DeepSeek-AI 2024, DeepSeek-V2 §2.1)"
             }
-            Part::Lora => "peft LoraLayer: lora_B saves lora_A's output (b·s·r)",
+            Part::Lora => {
+                "peft LoraLayer: lora_B saves lora_A's output (b·s·r); with lora_dropout > 0 each adapter's dropped \
+                 input and its mask (b·s·n_in each)"
+            }
             Part::Dropout => "torch native_dropout: a 1-byte bool mask per element on CUDA",
             _ => "transformers modeling code; validation/FINDINGS.md §2",
         }

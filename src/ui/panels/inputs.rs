@@ -154,6 +154,7 @@ pub fn Training() -> impl IntoView {
             "finetune",
             "lora_rank",
             "lora_targets",
+            "lora_dropout",
             "attn",
             "recompute",
             "recompute_every",
