@@ -1126,3 +1126,33 @@ pub fn head_logits(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, 
     b.part = Part::Loss;
     logits
 }
+
+/// `_scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)`, the kernel SDPA runs
+/// on a CPU with a mask (torch 2.15 `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`): its
+/// node keeps q, k, v, the mask, the output `[b, a, s, d]` in q's dtype and the fp32 log-sum-exp
+/// `[b, a, s]`; its backward allocates a gradient for each of q, k, v that needs one, in its
+/// dtype and size. Returns the op's outputs (`[0]` the attention output).
+pub fn cpu_flash_sdpa(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> [Tid; 4] {
+    let qdt = b.t(q).dt;
+    let rg = b.rg(q) || b.rg(k) || b.rg(v);
+    let o = b.out(b.shape(q), qdt, rg);
+    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
+    const BW: &str = "_scaled_dot_product_flash_attention_for_cpu_backward";
+    let mut bw: Vec<B> = Vec::with_capacity(6);
+    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
+    for (i, t) in [q, k, v].into_iter().enumerate() {
+        if b.rg(t) {
+            grads.push((i as u8, bw.len() as u8));
+            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: BW });
+        }
+    }
+    bw.extend(grads.into_iter().map(|(input, temp)| B::Grad { input, temp }));
+    b.op(
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        &[q, k, v, mask],
+        &[o, lse],
+        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
+        &bw,
+    )
+}

@@ -173,28 +173,7 @@ fn window_mask(b: &mut Builder, dt: Dt) -> Tid {
 /// caller's `reshape`, which copies (q came from RoPE's `cat`).
 fn sdpa_window(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
-    let qdt = b.t(q).dt;
-    let rg = b.rg(q) || b.rg(k) || b.rg(v);
-    let o = b.out(b.shape(q), qdt, rg);
-    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
-    const BW: &str = "_scaled_dot_product_flash_attention_for_cpu_backward";
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
-    for (i, t) in [q, k, v].into_iter().enumerate() {
-        if b.rg(t) {
-            grads.push((i as u8, bw.len() as u8));
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: BW });
-        }
-    }
-    bw.extend(grads.into_iter().map(|(input, temp)| B::Grad { input, temp }));
-    let r = b.op(
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, k, v, mask],
-        &[o, lse],
-        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
-        &bw,
-    );
+    let r = super::common::cpu_flash_sdpa(b, q, k, v, mask);
     let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
     let ot = b.copy(ot, heads_bshd(Q::A));
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)

@@ -12,7 +12,7 @@
 
 use super::super::blocks::shapes::{heads, heads_bshd};
 use super::super::blocks::Keep;
-use super::super::ir::{Builder, Dim, Dt, Group, Out, Shape, Split, Tid, B, S, X};
+use super::super::ir::{Builder, Dim, Dt, Group, Shape, Split, Tid, X};
 use super::common::{
     cache_position, cat_promote, causal_mask, dropout, gated_mlp, has_rope, head_proj, nope_view, out_proj, rms_norm, rope_pair,
     rotary_dims,
@@ -668,27 +668,7 @@ pub fn sdpa_bool_mask(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid, how: M
         Some(m) => m,
         None => additive(b, qdt),
     };
-    let rg = b.rg(q) || b.rg(k) || b.rg(v);
-    let o: Out = b.out(b.shape(q), qdt, rg);
-    let lse = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::A), Dim::Q(Q::S)], Split::Tp), Dt::F32, false);
-    const BW: &str = "_scaled_dot_product_flash_attention_for_cpu_backward";
-    let mut bw: Vec<B> = Vec::with_capacity(6);
-    let mut grads: Vec<(u8, u8)> = Vec::with_capacity(3);
-    for (i, t) in [q, k, v].into_iter().enumerate() {
-        if b.rg(t) {
-            grads.push((i as u8, bw.len() as u8));
-            bw.push(B::Alloc { bytes: b.bytes(t), dtype: b.t(t).dtype, op: BW });
-        }
-    }
-    bw.extend(grads.into_iter().map(|(input, temp)| B::Grad { input, temp }));
-    let r = b.op(
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "ScaledDotProductFlashAttentionForCpuBackward0",
-        &[q, k, v, add],
-        &[o, lse],
-        &[S::In(0), S::In(1), S::In(2), S::In(3), S::Out(0), S::Out(1)],
-        &bw,
-    );
+    let r = super::common::cpu_flash_sdpa(b, q, k, v, add);
     if how.hold_kv {
         b.hold(k);
         b.hold(v);
