@@ -601,6 +601,32 @@ pub fn rotate_halves(b: &mut Builder, x1: Tid, x2: Tid, cos: Tid, sin: Tid, full
     b.cat2(lo, hi, full)
 }
 
+/// The rotation by halves that torchtune 0.6.1 (`RotaryPositionalEmbeddings` in its halves
+/// form, `Phi3RotaryPositionalEmbeddings`) and litgpt 0.5.13 (`model.py apply_rope`) write alike,
+/// on the halves of `x`'s last dim (`half`: the head dim's, or the rotated part's):
+/// ```python
+/// x1 = x[..., : d // 2]; x2 = x[..., d // 2 :]
+/// rotated = torch.cat((-x2, x1), dim=-1)
+/// x_out = (x * cos) + (rotated * sin)
+/// return x_out.to(x.dtype)
+/// ```
+/// `rotated` is a local until the return; the products keep `cos` and `sin` as given.
+pub fn rope_rotated_halves(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, half: Dim) -> Tid {
+    let dt = b.t(x).dt;
+    let full = b.shape(x);
+    let half = full.last(half);
+    let x1 = b.slice(x, half);
+    let x2 = b.slice(x, half);
+    let ng = b.unary("neg", "NegBackward0", x2, Keep::Nothing, "neg");
+    let rotated = b.cat2(ng, x1, full);
+    let m1 = b.mul(x, cos);
+    let m2 = b.mul(rotated, sin);
+    let sum = b.add(m1, m2);
+    let out = b.to_copy(sum, dt);
+    b.hold(rotated);
+    out
+}
+
 // ------------------------------------------------------------------ norms
 
 /// The forms of transformers' RMSNorms, which differ in where the weight multiplies and which

@@ -102,19 +102,7 @@ fn table_shape(spec: &ModelSpec) -> Shape {
 /// The tables need no gradient: each product keeps only its table (a buffer). `rotated` is a
 /// local until the return.
 fn apply_rope(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, partial: bool) -> Tid {
-    let dt = b.t(x).dt;
-    let full = b.shape(x);
-    let half = full.last(if partial { Dim::HalfX(X::DRot) } else { Dim::Half(Q::D) });
-    let x1 = b.slice(x, half);
-    let x2 = b.slice(x, half);
-    let ng = b.unary("neg", "NegBackward0", x2, Keep::Nothing, "neg");
-    let rotated = b.cat2(ng, x1, full);
-    let a = b.mul(x, cos);
-    let c = b.mul(rotated, sin);
-    let roped = b.add(a, c);
-    let out = b.to_copy(roped, dt);
-    b.hold(rotated);
-    out
+    super::common::rope_rotated_halves(b, x, cos, sin, if partial { Dim::HalfX(X::DRot) } else { Dim::Half(Q::D) })
 }
 
 /// `torch.cat((x_roped, x[..., rope_n_elem:]), dim=-1)`: the pass-through part is a slice

@@ -244,19 +244,9 @@ fn rope_halves(b: &mut Builder, x: Tid, cos: Tid, sin: Tid, cast: bool) -> Tid {
     let dt = b.t(x).dt;
     let cos = if cast { b.to_copy(cos, dt) } else { cos };
     let sin = if cast { b.to_copy(sin, dt) } else { sin };
-    let half = b.shape(x).last(Dim::Half(Q::D));
-    let x1 = b.slice(x, half);
-    let x2 = b.slice(x, half);
-    let ng = b.unary("neg", "NegBackward0", x2, super::super::blocks::Keep::Nothing, "neg");
-    let full = b.shape(x);
-    let rotated = b.cat2(ng, x1, full);
-    let m1 = b.mul(x, cos);
-    let m2 = b.mul(rotated, sin);
-    let sum = b.add(m1, m2);
-    let out = b.to_copy(sum, dt);
+    let out = super::common::rope_rotated_halves(b, x, cos, sin, Dim::Half(Q::D));
     b.hold(cos);
     b.hold(sin);
-    b.hold(rotated);
     out
 }
 
@@ -546,22 +536,21 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
 /// q is scaled in place (nothing allocated; its backward a scaled gradient); matmul copies the
 /// transposed q, k and v to fold them (each a second copy of the repeated k and v).
 fn gemma2_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared, sliding: bool) -> (Tid, Option<Tid>) {
-    let qy = head_proj(b, x, w.wq, w.bq, Q::A, "attn.q_proj", Linear::Q);
-    b.module = "attn";
-    let q = b.view(qy, heads_bshd(Q::A), "ViewBackward0", false);
-    let q = match sh.cos {
-        Some(c) => rope(b, q, c),
-        None => q,
+    // `view(b, s, heads, d)`, then the positional embedding where the model has one.
+    let heads_roped = |b: &mut Builder, y: Tid, n: Q| -> Tid {
+        b.module = "attn";
+        let t = b.view(y, heads_bshd(n), "ViewBackward0", false);
+        match sh.cos {
+            Some(c) => rope(b, t, c),
+            None => t,
+        }
     };
+    let qy = head_proj(b, x, w.wq, w.bq, Q::A, "attn.q_proj", Linear::Q);
+    let q = heads_roped(b, qy, Q::A);
     let qt = b.view(q, heads(Q::A), "TransposeBackward0", false);
     let ky = head_proj(b, x, w.wk, w.bk, Q::KV, "attn.k_proj", Linear::K);
     let vy = head_proj(b, x, w.wv, w.bv, Q::KV, "attn.v_proj", Linear::V);
-    b.module = "attn";
-    let k = b.view(ky, heads_bshd(Q::KV), "ViewBackward0", false);
-    let k = match sh.cos {
-        Some(c) => rope(b, k, c),
-        None => k,
-    };
+    let k = heads_roped(b, ky, Q::KV);
     let v = b.view(vy, heads_bshd(Q::KV), "ViewBackward0", false);
     b.part = Part::AttentionCore;
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
