@@ -575,7 +575,7 @@ pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGrou
 /// With tensor parallelism torchtitan keeps the output projection's logits sharded over the
 /// vocabulary (`parallelize.py`: `use_local_output=not loss_parallel`; `parallelism.
 /// disable_loss_parallel` defaults to false) and runs the loss under `loss_parallel()`
-/// ([`loss_parallel_log_softmax`], [`LOSS_PARALLEL_BACKWARD`]).
+/// ([`loss_parallel_log_softmax`], [`loss_parallel_backward`]).
 pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, loss_parallel: bool) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
     let lf = b.to_copy(logits, Dt::F32);
@@ -591,10 +591,7 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     let lb = b.bytes(lsm);
     let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
     let plain_backward = [B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }];
-    let parallel_backward = LOSS_PARALLEL_BACKWARD.map(|step| match step {
-        B::Alloc { op, dtype, .. } => B::Alloc { bytes: lb, dtype, op },
-        other => other,
-    });
+    let parallel_backward = loss_parallel_backward(lb);
     let sum = b.op(
         "nll_loss_forward",
         "NllLossBackward0",
@@ -647,7 +644,7 @@ fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
     let shape = b.shape(lf);
     let out = b.out(shape, Dt::F32, true);
     // The gradient needs no allocation of this node: the loss's backward already folded the
-    // log-softmax in ([`LOSS_PARALLEL_BACKWARD`]) and `_log_softmax_backward_handler` returns
+    // log-softmax in ([`loss_parallel_backward`]) and `_log_softmax_backward_handler` returns
     // `grad_output.to(input_dtype)`, the same fp32 tensor.
     let r = b.op("_log_softmax", "LogSoftmaxBackward0", &[lf, lse], &[out], &[S::Out(0)], &[B::Pass { input: 0, output: 0 }])[0];
     b.hold(shifted);
@@ -659,17 +656,11 @@ fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
 /// all-gather): `grad_input = torch.zeros_like(x)`, the target's entries set to −1 in place, then
 /// `(grad_input + torch.exp(x)) * grad_output`: three `[N, V/tp]` fp32 tensors alive at once
 /// (`grad_input`, `exp(x)`, their sum), where the fused kernels allocate one here and one in the
-/// log-softmax's backward. Sizes are filled in by [`head_and_loss`].
-const LOSS_PARALLEL_BACKWARD: [B; 8] = [
-    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "zeros_like" },
-    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "exp" },
-    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "add" },
-    B::Free(0),
-    B::Free(1),
-    B::Alloc { bytes: 0, dtype: DType::Fp32, op: "mul" },
-    B::Free(2),
-    B::Grad { input: 0, temp: 3 },
-];
+/// log-softmax's backward. `lb`: the bytes of one `[N, V/tp]` fp32 tensor.
+fn loss_parallel_backward(lb: u128) -> [B; 8] {
+    let alloc = |op| B::Alloc { bytes: lb, dtype: DType::Fp32, op };
+    [alloc("zeros_like"), alloc("exp"), alloc("add"), B::Free(0), B::Free(1), alloc("mul"), B::Free(2), B::Grad { input: 0, temp: 3 }]
+}
 
 #[cfg(test)]
 mod tests {
