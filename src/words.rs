@@ -86,6 +86,8 @@ pub fn choice_label(key: &str, value: &str) -> Option<&'static str> {
         ("optim", "lion") => "Lion (one moment)",
         ("optim", "adam8bit") => "8-bit Adam (bitsandbytes)",
         ("optim", "muon") => "Muon",
+        ("lora_dtype", "fp32") => "fp32 adapters (peft)",
+        ("lora_dtype", "model") => "model dtype (torchtune, litgpt)",
         ("optim_impl", "foreach") => "foreach (batched over tensors)",
         ("optim_impl", "fused") => "fused (one kernel)",
         ("optim_impl", "forloop") => "for-loop (tensor by tensor)",

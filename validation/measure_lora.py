@@ -7,7 +7,8 @@ peft 0.21.2 runs every adapted linear as ``result = base_layer(x) + lora_B(lora_
 the dropout keeps its mask (on the CPU ``at::dropout`` is not the fused kernel: ``noise = bernoulli_(1 - p) / (1 - p)``
 in x's dtype, kept by the multiplication; CUDA's ``native_dropout`` keeps a bool mask).
 
-The tiny llama-gqa and qwen3 configs of measure.py, built as measure.py builds them (``from_config`` in bf16 or fp32),
+The tiny llama-gqa and qwen3 configs of measure.py, built as measure.py builds them (``from_config`` in bf16 or fp32;
+``amp-bf16``: the fp32 model under ``torch.autocast("cpu", bfloat16)``),
 then ``get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=P))`` (adapters
 fp32 on either base: peft's ``autocast_adapter_dtype=True``; on the bf16 base each adapter casts its input to fp32,
 ``_cast_input_dtype``). Then measure.py's machinery runs unchanged (saved tensors by the graph walk; two tracked steps
@@ -98,7 +99,7 @@ measure.build_model = build_lora
 
 def specs():
     for family in FAMILIES:
-        for dtype in ("bf16", "fp32"):
+        for dtype in ("bf16", "fp32", "amp-bf16"):
             for p in DROPOUTS:
                 for b, s in ((2, 64),):  # b1 s128 left out: 3-6 min a record on the shared CPUs
                     for ck in (None, "non_reentrant"):

@@ -135,6 +135,7 @@ named!(
     ]
 );
 named!(OptimImpl, [(OptimImpl::Foreach, "foreach"), (OptimImpl::Fused, "fused"), (OptimImpl::Forloop, "forloop")]);
+named!(LoraDtype, [(LoraDtype::Fp32, "fp32"), (LoraDtype::Model, "model")]);
 named!(Finetune, [(Finetune::Full, "full"), (Finetune::Lora, "lora"), (Finetune::Qlora, "qlora")]);
 named!(Attention, [(Attention::Eager, "eager"), (Attention::Sdpa, "sdpa"), (Attention::Flash, "flash")]);
 named!(Recompute, [(Recompute::None, "none"), (Recompute::Selective, "selective"), (Recompute::Full, "full"), (Recompute::Op, "op")]);
@@ -680,6 +681,13 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
+    enum_key!(
+        "lora_dtype",
+        Training,
+        "LoRA adapters' dtype on a 16-bit base: fp32 (peft, which casts each adapted input to fp32) or model (torchtune, litgpt)",
+        LoraDtype,
+        |c| c.lora_dtype
+    ),
     enum_key!("attn", Training, "attention implementation", Attention, |c| c.attn),
     enum_key!("recompute", Training, "activation recomputation (checkpointing)", Recompute, |c| c.recompute),
     Key {

@@ -72,6 +72,23 @@ pub enum Finetune {
     Qlora,
 }
 
+/// The dtype of the LoRA adapters on a 16-bit base (`lora_dtype`): who made them decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoraDtype {
+    /// peft's: `get_peft_model(autocast_adapter_dtype=True)` (peft 0.21 `tuners_utils.py
+    /// _cast_adapter_dtype`) makes bf16/fp16 adapters fp32, and every adapted `Linear.forward`
+    /// casts its input to fp32 (`_cast_input_dtype`) and the sum back (`result.to(dtype)`).
+    /// Without a master copy only: a mixed-precision engine (DeepSpeed's bf16) casts the whole
+    /// wrapped model, adapters included. The default (transformers + peft is the common path).
+    #[default]
+    Fp32,
+    /// The base's dtype: torchtune 0.6 `LoRALinear` and litgpt 0.5 `LoRALinear` build their
+    /// adapters with the model and add `lora_B(lora_A(x))` in x's dtype (peft with
+    /// `autocast_adapter_dtype=False` too).
+    Model,
+}
+
 /// Which linears get LoRA adapters (`lora_targets`), a set of q, k, v, o, gate, up, down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoraTargets(pub u8);
@@ -392,6 +409,9 @@ pub struct Config {
     /// Dropout probability on every adapter's input (peft `LoraConfig.lora_dropout`, litgpt
     /// `lora_dropout`, torchtune `model.lora_dropout`): 0 = `nn.Identity`, no dropout.
     pub lora_dropout: f64,
+    /// The adapters' dtype on a 16-bit base: peft's fp32 or the model's ([`LoraDtype`]).
+    #[serde(default)]
+    pub lora_dtype: LoraDtype,
     pub attn: Attention,
     pub recompute: Recompute,
     /// Dropout probability on attention weights and residual branches.
@@ -549,6 +569,7 @@ impl Default for Config {
             lora_rank: 16,
             lora_targets: LoraTargets::ALL,
             lora_dropout: 0.0,
+            lora_dtype: LoraDtype::Fp32,
             attn: Attention::Sdpa,
             recompute: Recompute::None,
             dropout: 0.0,

@@ -127,13 +127,18 @@ pub fn recipe(p: Precision) -> Recipe {
     }
 }
 
-/// The recipe of the trainable parameters of `cfg`: `recipe` itself, except that peft gives a
-/// QLoRA model's adapters fp32 weights where the base runs in a 16-bit dtype without a master
-/// copy (`get_peft_model(autocast_adapter_dtype=True)`, peft 0.21 `tuners_utils.py
-/// _cast_adapter_dtype`; measured: tests/fixtures/pytorch/qlora, 74,752 B of fp32 adapters),
-/// so their gradients and optimizer states are fp32 too.
+/// The recipe of the trainable parameters of `cfg`: `recipe` itself, except that peft
+/// (`lora_dtype = fp32`) gives a LoRA or QLoRA model's adapters fp32 weights where the base
+/// runs in a 16-bit dtype without a master copy (`get_peft_model(autocast_adapter_dtype=True)`,
+/// peft 0.21 `tuners_utils.py _cast_adapter_dtype`; measured: tests/fixtures/pytorch/qlora and
+/// lora, 74,752 B of fp32 adapters on the bf16 base), so their gradients and optimizer states
+/// are fp32 too. torchtune's and litgpt's adapters (`lora_dtype = model`) keep the recipe.
 pub fn trainable_recipe(cfg: &super::config::Config, recipe: &Recipe) -> Recipe {
-    let adapters_fp32 = cfg.finetune == super::config::Finetune::Qlora && recipe.master.is_none() && recipe.weight.bytes() < FP32_BYTES;
+    use super::config::{Finetune, LoraDtype};
+    let adapters_fp32 = cfg.finetune != Finetune::Full
+        && cfg.lora_dtype == LoraDtype::Fp32
+        && recipe.master.is_none()
+        && recipe.weight.bytes() < FP32_BYTES;
     if adapters_fp32 {
         Recipe { weight: Dtype::Fp32, grad: Dtype::Fp32, state: Dtype::Fp32, ..*recipe }
     } else {

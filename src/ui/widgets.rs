@@ -33,7 +33,7 @@ fn label_of(k: &Key) -> String {
 /// Whether a key's field shows for `cfg` (some only matter when another key asks for them).
 fn shown(name: &str, cfg: &Config) -> bool {
     match name {
-        "lora_rank" | "lora_targets" | "lora_dropout" => cfg.finetune != Finetune::Full,
+        "lora_rank" | "lora_targets" | "lora_dropout" | "lora_dtype" => cfg.finetune != Finetune::Full,
         "shard_group" => cfg.zero == Zero::HybridShard,
         "vpp" => cfg.pp > 1,
         "gpu_gib" => cfg.gpu == "custom",
@@ -205,7 +205,7 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
         }
     }
     // Fields shown by another key's value: checked on every change (a handful).
-    for name in ["lora_rank", "lora_targets", "lora_dropout", "shard_group", "vpp", "gpu_gib"] {
+    for name in ["lora_rank", "lora_targets", "lora_dropout", "lora_dtype", "shard_group", "vpp", "gpu_gib"] {
         if let Some(field) = element(form, &format!("[data-field=\"{name}\"]")) {
             field.toggle_attribute_with_force("hidden", !shown(name, cfg)).ok();
         }

@@ -223,12 +223,16 @@ impl<'a> Builder<'a> {
         self.op("mul", "MulBackward0", &[a, b], &[out], &saved[..ns], &bw[..n])[0]
     }
 
-    /// `a + b` (AddBackward0): the gradient passes to both; a broadcast operand gets its `sum`.
+    /// `a + b` (AddBackward0): the gradient passes to both; a broadcast operand gets its `sum`,
+    /// and an operand narrower than the promoted result (bf16 + fp32 → fp32) a copy of the
+    /// gradient in its own dtype — the autograd engine's `validate_outputs` casts a gradient
+    /// to its input's dtype (torch 2.15 `torch/csrc/autograd/engine.cpp`).
     pub fn add(&mut self, a: Tid, b: Tid) -> Tid {
         let full = if self.numel_bytes(a) >= self.numel_bytes(b) { a } else { b };
         let (shape, dt) = (self.shape(full), self.promote(a, b, full));
         let (ra, rb) = (self.rg(a), self.rg(b));
         let out = self.out(shape, dt, ra || rb);
+        let out_dtype = self.dtype(dt);
         let fb = self.numel_bytes(full);
         let mut bw: [B; 4] = [B::Free(0); 4];
         let mut n = 0;
@@ -237,9 +241,10 @@ impl<'a> Builder<'a> {
             if !rg {
                 continue;
             }
-            if self.numel_bytes(input) < fb {
+            if self.numel_bytes(input) < fb || self.t(input).dtype != out_dtype {
                 let g = self.t(input).dtype;
-                bw[n] = B::Alloc { bytes: self.grad_bytes(input), dtype: g, op: "sum" };
+                let op = if self.numel_bytes(input) < fb { "sum" } else { "_to_copy" };
+                bw[n] = B::Alloc { bytes: self.grad_bytes(input), dtype: g, op };
                 bw[n + 1] = B::Grad { input: i, temp: temps };
                 temps += 1;
                 n += 2;
@@ -337,13 +342,20 @@ impl<'a> Builder<'a> {
         (x, w, bias)
     }
 
-    /// A parameter cast to the compute dtype by autocast (cached until the forward ends).
+    /// A parameter cast to the compute dtype by autocast: cached until the autocast context
+    /// exits when the parameter learns — `cached_cast` caches only a leaf that requires grad
+    /// (torch 2.15 `aten/src/ATen/autocast_mode.cpp`, `can_try_cache`) — so a frozen weight's
+    /// cast (a LoRA base) lives only as long as its op keeps it (measured:
+    /// tests/fixtures/pytorch/lora, amp-bf16 with checkpointing: each base weight's bf16 cast
+    /// freed right after its `mm`).
     pub fn cast_weight(&mut self, w: Tid) -> Tid {
         if self.t(w).dtype == self.compute {
             return w;
         }
         let c = self.to_copy(w, Dt::Model);
-        self.hold_forward(c);
+        if self.rg(w) {
+            self.hold_forward(c);
+        }
         c
     }
 
@@ -357,19 +369,34 @@ impl<'a> Builder<'a> {
     }
 
     /// A projection of the modeling code (`q_proj`, `down_proj`, …): `linear` (or the FP8
-    /// recipe's linear, QLoRA's quantized base: `lowbit.rs`), with a LoRA adapter when PEFT
-    /// targets it (`peft/tuners/lora/layer.py`, `Linear.forward`):
-    /// `result = base_layer(x) + lora_B(lora_A(dropout(x))) * scaling` — `lora_A` keeps x
-    /// (the frozen base keeps nothing), `lora_B` keeps `lora_A`'s output `[b, s, r]`.
+    /// recipe's linear, QLoRA's quantized base: `lowbit.rs`), with a LoRA adapter when it is
+    /// targeted. peft 0.21 (`peft/tuners/lora/layer.py`, `Linear.forward`):
+    /// `x = x.to(lora_A.weight.dtype)` (`_cast_input_dtype`, a copy only when the dtypes
+    /// differ: each adapter its own), `result = base_layer(x) + lora_B(lora_A(dropout(x))) *
+    /// scaling`, then `result.to(result's dtype)`. On a bf16 base with peft's fp32 adapters
+    /// (`lora_dtype = fp32`) that is, per adapted linear, an fp32 copy of the input kept by
+    /// `lora_A` (4 B an input element where the shared bf16 input cost nothing), `lora_A`'s fp32
+    /// output `[b, s, r]` kept by `lora_B`, and an fp32 sum cast back to bf16 (transient);
+    /// backward casts the gradients back (`ToCopyBackward0`, the engine's cast of the base's
+    /// gradient). torchtune's and litgpt's `LoRALinear` (`lora_dtype = model`) add
+    /// `lora_B(lora_A(dropout(x))) * scaling` in x's dtype: no cast. `lora_A` keeps x (the
+    /// frozen base keeps nothing), `lora_B` keeps `lora_A`'s output.
     pub fn proj(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, lin: crate::estimator::model::Linear) -> Tid {
         if let Some(q) = self.lowbit.quant.filter(|_| !self.rg(w)) {
             return self.quantized_proj(x, w, bias, shape, lin, q);
         }
         let base = self.base_linear(x, w, bias, shape);
         let Some(l) = self.lora.filter(|l| targeted(lin, l.targets)) else { return base };
-        let bb = self.lora_branch(x, x, shape, l);
+        let expected = self.t(base).dt;
+        let xa = if l.cast_input { self.to_copy(x, l.dt()) } else { x };
+        let bb = self.lora_branch(x, xa, shape, l);
         let sc = self.mul_scalar(bb);
-        self.add(base, sc)
+        let sum = self.add(base, sc);
+        if l.cast_input {
+            self.to_copy(sum, expected)
+        } else {
+            sum
+        }
     }
 
     /// Gradient bytes of a parameter (0 when frozen).

@@ -663,6 +663,20 @@ pub struct Lora {
     pub weight: DType,
     pub grad_elem: u64,
     pub dropout: bool,
+    /// peft's adapters: each adapted input cast to the adapters' dtype, the sum cast back
+    /// (`lora_dtype = fp32`); torchtune's and litgpt's add in the input's dtype.
+    pub cast_input: bool,
+}
+
+impl Lora {
+    /// The adapters' dtype as a tensor dtype of the program.
+    pub fn dt(&self) -> Dt {
+        match self.weight {
+            DType::Fp32 => Dt::F32,
+            DType::Fp16 => Dt::F16,
+            _ => Dt::Bf16,
+        }
+    }
 }
 
 impl<'a> Builder<'a> {

@@ -570,11 +570,7 @@ impl<'a> Builder<'a> {
         let result = if q.kind == QloraQuant::Nf4 { self.copy(base, self.shape(base)) } else { base };
         let convert = !self.autocast;
         let expected = self.t(result).dt;
-        let lora_dt = match l.weight {
-            DType::Fp32 => Dt::F32,
-            DType::Fp16 => Dt::F16,
-            _ => Dt::Bf16,
-        };
+        let lora_dt = l.dt();
         let xa = if convert { self.to_copy(x, lora_dt) } else { x };
         let bb = self.lora_branch(x, xa, shape, l);
         let out = match q.kind {

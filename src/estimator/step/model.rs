@@ -193,6 +193,7 @@ impl<'a> Setup<'a> {
                 weight: DType::of(adapters.weight),
                 grad_elem: adapters.grad.bytes(),
                 dropout: self.cfg.lora_dropout > 0.0,
+                cast_input: self.cfg.lora_dtype == crate::estimator::config::LoraDtype::Fp32,
             });
         }
         b.lowbit = super::lowbit::of(self.cfg);

@@ -155,6 +155,7 @@ pub fn Training() -> impl IntoView {
             "lora_rank",
             "lora_targets",
             "lora_dropout",
+            "lora_dtype",
             "attn",
             "recompute",
             "recompute_every",
