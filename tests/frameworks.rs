@@ -188,7 +188,7 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("recipe=torchtune-llama3.1-8b-full-single-device"),
             q("recipe=torchtune-llama3.1-8b-lora-single-device&seq=2048&lora_dropout=0.05"),
             q("recipe=torchtune-llama3.1-8b-qlora-single-device&seq=4096&lora_rank=16&lora_targets=q,k,v,o"),
-            q("model=qwen2.5-7b&precision=bf16&finetune=lora&lora_rank=32&lora_targets=all&recompute=full&batch=4&attn=sdpa&loss=chunked&optim_impl=foreach&gpus=8&zero=full_shard"),
+            q("model=qwen2.5-7b&precision=bf16&finetune=lora&lora_dtype=model&lora_rank=32&lora_targets=all&recompute=full&batch=4&attn=sdpa&loss=chunked&optim_impl=foreach&gpus=8&zero=full_shard"),
         ],
         ExportFormat::Torchtitan => vec![
             q("recipe=torchtitan-llama3-8b&gpus=64"),

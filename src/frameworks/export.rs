@@ -110,6 +110,9 @@ fn torchtune(cfg: &Config) -> String {
         s += "  apply_lora_to_output: False  # no adapter on the LM head\n";
         s += &format!("  lora_rank: {}  # lora_rank\n", cfg.lora_rank);
         s += &format!("  lora_dropout: {}  # lora_dropout\n", cfg.lora_dropout);
+        if cfg.lora_dtype != crate::config::LoraDtype::Model {
+            s += "  # lora_dtype=fp32 (peft's fp32 adapters): torchtune's LoRALinear runs its adapters in the model's dtype (lora_dtype=model)\n";
+        }
         if cfg.finetune == Finetune::Qlora {
             s += "  quantize_base: True  # finetune=qlora: NF4 base\n";
         }

@@ -107,7 +107,13 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
                         Tuning::Lora => "lora",
                         Tuning::Full => "full",
                     };
-                    Out::set(vec![("model", id.into()), ("finetune", ft.into())])
+                    // torchtune 0.6 `modules/peft/lora.py LoRALinear`: the adapters are built with
+                    // the model and run in its dtype (no fp32 copy of the input, unlike peft's).
+                    let mut keys = vec![("model", id.into()), ("finetune", ft.into())];
+                    if tuning != Tuning::Full {
+                        keys.push(("lora_dtype", "model".into()));
+                    }
+                    Out::set(keys)
                 }
                 None => Out::unmodelled("no trainmem preset for this builder: choose the model yourself"),
             }

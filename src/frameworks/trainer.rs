@@ -684,6 +684,11 @@ pub fn read_litgpt(root: &Value, st: &mut FileState) {
         }
         let t = if targets.is_empty() { "q,v".to_string() } else { targets.join(",") };
         st.default("(lora_* flags)", vec![("lora_targets", t)], "the lora_query … lora_mlp flags together");
+        st.default(
+            "(LoRALinear)",
+            vec![("lora_dtype", "model".into())],
+            "litgpt's LoRALinear: adapters in the model's dtype, no fp32 copy of their input (lora.py)",
+        );
     } else {
         st.default("(script)", vec![("finetune", "full".into())], "no LoRA keys: `litgpt finetune_full`");
     }
