@@ -766,6 +766,7 @@ fn render_step(cfg: &Config, json: bool) -> Result<String, CliError> {
                 crate::estimator::step::Cat::Activations => "activations",
                 crate::estimator::step::Cat::Gradients => "gradients",
                 crate::estimator::step::Cat::Transient => "transient",
+                crate::estimator::step::Cat::Gathered => "gathered",
             },
             e.bytes,
             r.stream.resident + e.live,

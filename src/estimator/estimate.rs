@@ -175,6 +175,8 @@ const WORK: expr::Sym =
 fn working_row(fast: &step::fast::Fast, rows: &[Row]) -> Option<Row> {
     let row = |id: RowId| -> Bytes { rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum() };
     let [acts, grads, transient] = fast.cats;
+    // An FSDP unit alive at the peak has its own row (`gathered_head`).
+    let transient = transient.saturating_sub(fast.gathered);
     let bytes = transient + acts.saturating_sub(row(RowId::Activations)) + grads.saturating_sub(row(RowId::Gradients));
     let r = Row::new(
         RowId::StepWorking,
@@ -282,6 +284,7 @@ fn stage_ledger(
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
+    rows.extend(overhead::head_unit_row(cfg, recipe, groups).filter(|_| stage.has_head()));
     let sh = sharding::Sharding::of(cfg);
     let temps = optimizer::step_temporary_bytes(
         cfg.optim,

@@ -62,6 +62,8 @@ pub enum RowId {
     Fp8WeightCache,
     Fp8AmaxHistory,
     GatheredLayers,
+    /// FSDP2's `[norm, output]` unit kept gathered (torchtitan).
+    GatheredHead,
     DdpBuckets,
     ZeroReduceBucket,
     /// The saved activations, and their sub-rows by part.
@@ -78,7 +80,7 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 36] = [
+    pub const ALL: [RowId; 37] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
@@ -92,6 +94,7 @@ impl RowId {
         RowId::Fp8WeightCache,
         RowId::Fp8AmaxHistory,
         RowId::GatheredLayers,
+        RowId::GatheredHead,
         RowId::DdpBuckets,
         RowId::ZeroReduceBucket,
         RowId::Activations,
@@ -133,6 +136,7 @@ impl RowId {
             RowId::Fp8WeightCache => "fp8_weight_cache",
             RowId::Fp8AmaxHistory => "fp8_amax_history",
             RowId::GatheredLayers => "gathered_layers",
+            RowId::GatheredHead => "gathered_head",
             RowId::DdpBuckets => "ddp_buckets",
             RowId::ZeroReduceBucket => "zero_reduce_bucket",
             RowId::Activations => "activations",

@@ -391,7 +391,7 @@ pub fn step_trace(cfg: &Config, max_points: usize) -> Result<StepTrace, Estimate
         let slot = match e.cat {
             step::Cat::Activations => &mut act,
             step::Cat::Gradients => &mut grad,
-            step::Cat::Transient => &mut tmp,
+            step::Cat::Transient | step::Cat::Gathered => &mut tmp,
         };
         *slot += sign * e.bytes as i128;
         let reserved = reserved_by_event.as_ref().and_then(|v| v.get(i).copied());

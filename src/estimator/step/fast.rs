@@ -24,6 +24,10 @@ pub struct Seg {
     pub at: Option<At>,
     pub delta: i128,
     pub delta_cats: [i128; 3],
+    /// FSDP units' bytes alive at the peak and at the end ([`Cat::Gathered`]): a unit lives
+    /// inside one piece (the epilogue), so these are absolute.
+    pub gathered: i128,
+    pub gathered_end: i128,
 }
 
 fn seg(t: &Tracker, start: (i128, [i128; 3])) -> Seg {
@@ -34,6 +38,8 @@ fn seg(t: &Tracker, start: (i128, [i128; 3])) -> Seg {
         at: t.peak_at,
         delta: t.live - start.0,
         delta_cats: sub(t.cats, start.1),
+        gathered: t.gathered_at_peak,
+        gathered_end: t.gathered,
     }
 }
 
@@ -133,6 +139,8 @@ pub struct Coarse {
     pub live: i128,
     pub cats: [i128; 3],
     pub at: Option<At>,
+    /// Of the transient bytes, an FSDP unit's ([`Cat::Gathered`]).
+    pub gathered: i128,
 }
 
 /// The stage's peak, computed piece by piece.
@@ -141,6 +149,8 @@ pub struct Fast {
     /// The largest live bytes of the stream (above the resident bytes).
     pub peak: Bytes,
     pub cats: [Bytes; 3],
+    /// Of the transient bytes at the peak, an FSDP unit's ([`Cat::Gathered`]).
+    pub gathered: Bytes,
     pub at: Option<At>,
     /// Index of the coarse segment holding the peak.
     pub peak_seg: usize,
@@ -156,17 +166,18 @@ struct Acc {
 
 impl Acc {
     fn apply(&mut self, piece: Piece, s: &Seg) {
-        let (live, cats, at) = if s.peak == i128::MIN {
-            (self.base, self.cats, None)
+        let (live, cats, at, gathered) = if s.peak == i128::MIN {
+            (self.base, self.cats, None, 0)
         } else {
-            (self.base + s.peak, [self.cats[0] + s.at_peak[0], self.cats[1] + s.at_peak[1], self.cats[2] + s.at_peak[2]], s.at)
+            (self.base + s.peak, [self.cats[0] + s.at_peak[0], self.cats[1] + s.at_peak[1], self.cats[2] + s.at_peak[2]], s.at, s.gathered)
         };
         // A segment's own level after it may exceed its in-segment peak (frees only): count the
         // level at its end too.
         let end = self.base + s.delta;
         let endc = [self.cats[0] + s.delta_cats[0], self.cats[1] + s.delta_cats[1], self.cats[2] + s.delta_cats[2]];
-        let (live, cats, at) = if s.peak == i128::MIN && end > live { (end, endc, None) } else { (live, cats, at) };
-        self.segments.push(Coarse { piece, live, cats, at });
+        let (live, cats, at, gathered) =
+            if s.peak == i128::MIN && end > live { (end, endc, None, s.gathered_end) } else { (live, cats, at, gathered) };
+        self.segments.push(Coarse { piece, live, cats, at, gathered });
         self.base = end;
         self.cats = endc;
     }
@@ -523,7 +534,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     let pro_prof = profile(pro, acc_mode, Inject::Given, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
-    let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3] };
+    let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3], gathered: 0, gathered_end: 0 };
     a.apply(Piece::Start, &zero);
     a.apply(Piece::Embedding, &pro_prof.fwd);
     for i in 0..fulls.len() {
@@ -553,11 +564,10 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         None => {
             // Forward: the output is sent and freed (with the model scope's ends).
             let ends_bytes: i128 = ends_bytes(setup, &pcs.ends);
-            let send =
-                Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: -y_bytes - ends_bytes, delta_cats: [0, 0, -y_bytes - ends_bytes] };
+            let send = Seg { delta: -y_bytes - ends_bytes, delta_cats: [0, 0, -y_bytes - ends_bytes], ..zero };
             a.apply(Piece::LossForward, &send);
             let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "ones_like", node: "" };
-            let recv = Seg { peak: y_bytes, at_peak: [0, 0, y_bytes], at: Some(at), delta: y_bytes, delta_cats: [0, 0, y_bytes] };
+            let recv = Seg { peak: y_bytes, at_peak: [0, 0, y_bytes], at: Some(at), delta: y_bytes, delta_cats: [0, 0, y_bytes], ..zero };
             a.apply(Piece::LossBackward, &recv);
         }
     }
@@ -605,6 +615,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     Fast {
         peak: best.max(0) as Bytes,
         cats: [c.cats[0].max(0) as Bytes, c.cats[1].max(0) as Bytes, c.cats[2].max(0) as Bytes],
+        gathered: c.gathered.max(0) as Bytes,
         at: c.at,
         peak_seg: i,
         segments: a.segments,
@@ -647,6 +658,7 @@ impl Coarser {
             let c = &mut self.segs[self.cur];
             c.live = self.t.live;
             c.cats = self.t.cats;
+            c.gathered = self.t.gathered;
             c.at = None;
         }
     }
@@ -661,6 +673,7 @@ impl super::run::Sink for Coarser {
         if self.t.live > c.live {
             c.live = self.t.live;
             c.cats = self.t.cats;
+            c.gathered = self.t.gathered;
             c.at = Some(*at);
         }
         id
@@ -687,7 +700,7 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
         .chain((0..n).rev().map(|i| Piece::BackwardLayer(i as u32)))
         .chain([Piece::EmbeddingBackward, Piece::Reduction, Piece::Optimizer, Piece::End])
         .collect();
-    let segs = pieces.iter().map(|&piece| Coarse { piece, live: 0, cats: [0; 3], at: None }).collect();
+    let segs = pieces.iter().map(|&piece| Coarse { piece, live: 0, cats: [0; 3], at: None, gathered: 0 }).collect();
     let sink = Coarser { t: Tracker::default(), segs, cur: 0, layers: n };
     let mut sink = forward_and_backward(setup, &prog, sink).into_sink();
     let last = sink.segs.len() - 1;
@@ -704,6 +717,7 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
         let c = &mut sink.segs[last - 1];
         c.live = sink.t.live;
         c.cats = sink.t.cats;
+        c.gathered = sink.t.gathered;
         if o.peak != i128::MIN {
             c.live += o.peak;
             c.cats = [c.cats[0] + o.at_peak[0], c.cats[1] + o.at_peak[1], c.cats[2] + o.at_peak[2]];
@@ -720,6 +734,7 @@ fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
     Fast {
         peak: best.max(0) as Bytes,
         cats: [c.cats[0].max(0) as Bytes, c.cats[1].max(0) as Bytes, c.cats[2].max(0) as Bytes],
+        gathered: c.gathered.max(0) as Bytes,
         at: c.at,
         peak_seg: i,
         segments,

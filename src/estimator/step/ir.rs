@@ -513,7 +513,31 @@ pub struct Program {
     /// `u32::MAX` when the program has no loss. torchtune's recipes compute it outside their
     /// activation-offloading context.
     pub loss_fn_from: u32,
+    /// FSDP2 units whose gathered parameters and unsharded gradients the run allocates
+    /// ([`Unit`]): torchtitan's `[norm, output]`.
+    pub units: Vec<Unit>,
 }
+
+/// An FSDP2 unit kept gathered after forward (`reshard_after_forward=False`), as the run sees
+/// it (torch 2.15 `distributed/fsdp/_fully_shard/_fsdp_param_group.py`): its parameters are
+/// all-gathered (`all_gather_copy_out`) before op `first` runs; the node of op `grad_op` makes
+/// its unsharded gradient (`grad` bytes); once backward has passed op `first` (its
+/// `RegisterPostBackwardFunction` node, on the unit's inputs, runs then) `post_backward`
+/// reshards the parameters, then `foreach_reduce` copies the gradient into the
+/// `reduce_input`-byte reduce-scatter buffer and frees it. Sizes: `overhead::head_unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub first: u32,
+    /// [`NO_OP`] when the unit has no trainable gradient made here.
+    pub grad_op: u32,
+    pub params: u128,
+    pub param_dtype: DType,
+    pub grad: u128,
+    pub reduce_input: u128,
+}
+
+/// No op.
+pub const NO_OP: u32 = u32::MAX;
 
 impl Default for Program {
     fn default() -> Self {
@@ -529,6 +553,7 @@ impl Default for Program {
             outputs: Vec::with_capacity(2),
             loss_from: u32::MAX,
             loss_fn_from: u32::MAX,
+            units: Vec::new(),
         }
     }
 }
@@ -547,6 +572,7 @@ impl Program {
             outputs: Vec::new(),
             loss_from: u32::MAX,
             loss_fn_from: u32::MAX,
+            units: Vec::new(),
         }
     }
 

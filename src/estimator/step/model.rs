@@ -432,12 +432,14 @@ impl<'a> Setup<'a> {
             sliding: false,
         };
         b.layer = MODEL;
+        let unit_first = b.next_op();
         let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(&mut b, &p, spec, x) } else { x };
         b.hold(x);
         for &t in &ends {
             b.hold(t);
         }
         self.head_and_loss(&mut b, &p, xn, &sh);
+        self.head_unit(&mut b, unit_first);
         // The caller's `hidden_states` holds the final norm's output through the loss
         // (torchtune's `unembed` returns the chunks' logits: its `h` goes before the loss).
         if !matches!(self.cfg.framework, crate::estimator::config::Framework::Torchtune | crate::estimator::config::Framework::Litgpt) {
@@ -500,6 +502,7 @@ impl<'a> Setup<'a> {
     fn end(&self, b: &mut Builder, p: &Params, x: Tid, x0: Tid, sh: &Shared, spec: &crate::estimator::model::ModelSpec) {
         b.layer = MODEL;
         if self.stage.has_head() {
+            let unit_first = b.next_op();
             let xn = if spec.final_norm { families::modeling_for(self.cfg.framework, spec.family).final_norm(b, p, spec, x) } else { x };
             b.hold(x);
             // `LlamaModel.forward` returns: its locals go.
@@ -511,6 +514,7 @@ impl<'a> Setup<'a> {
                 b.hold(t);
             }
             self.head_and_loss(b, p, xn, sh);
+            self.head_unit(b, unit_first);
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
             // bf16 cast, and the fp32 output still lives through the loss. (torchtune's
@@ -621,6 +625,34 @@ impl<'a> Setup<'a> {
             b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8);
             b.compile_region(loss_first, end, &[r[0]]);
         }
+    }
+
+    /// FSDP2's `[norm, output]` unit (`overhead::head_unit`, torchtitan), whose ops start at
+    /// `first` (the final norm's): gathered before it, its unsharded gradient made by the
+    /// head's backward — the `lm_head` op whose node hands a trainable parameter its gradient,
+    /// the last such in forward order (its node runs first).
+    fn head_unit(&self, b: &mut Builder, first: u32) {
+        let Some(u) = crate::estimator::overhead::head_unit(self.cfg, &self.recipe, &self.groups) else { return };
+        let p = &b.p;
+        let grad_op = (first as usize..p.ops.len())
+            .rev()
+            .find(|&i| {
+                let op = &p.ops[i];
+                let ins = p.ins(op);
+                op.module == "lm_head"
+                    && p.bw(op).iter().any(|st| {
+                        matches!(*st, B::Grad { input, .. } if matches!(p.tensors[ins[input as usize] as usize].origin, Origin::Param { grad_bytes } if grad_bytes > 0))
+                    })
+            })
+            .map_or(super::ir::NO_OP, |i| i as u32);
+        b.p.units.push(super::ir::Unit {
+            first,
+            grad_op,
+            params: u.params,
+            param_dtype: DType::of(self.recipe.weight),
+            grad: u.grad,
+            reduce_input: u.reduce_input,
+        });
     }
 
     /// `compile = true` with `compile_regions = layer`: each decoder layer and the loss are

@@ -203,7 +203,14 @@ pub struct Run<'p, S: Sink> {
     remaining: Vec<u16>,
     off: Option<Offload>,
     os: OffState,
+    /// Per FSDP unit of the program ([`super::ir::Unit`]): the stream ids of its gathered
+    /// parameters and of its unsharded gradient while alive.
+    units: Vec<[u32; 2]>,
 }
+
+/// The bytes of a unit's slot in [`Run::units`]: its gathered parameters, its gradient.
+const UNIT_PARAMS: usize = 0;
+const UNIT_GRAD: usize = 1;
 
 /// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
 /// piecewise peak runs four small programs per estimate, and allocating some twenty vectors for
@@ -358,6 +365,71 @@ impl<'p, S: Sink> Run<'p, S> {
             remaining: Vec::new(),
             off: None,
             os: OffState::default(),
+            units: vec![[NONE; 2]; p.units.len()],
+        }
+    }
+
+    /// FSDP2's pre-forward of the units that start at op `i`: their parameters all-gathered
+    /// (`FSDP::all_gather_copy_out`, the parameter dtype).
+    fn gather_units(&mut self, i: usize, at: &At) {
+        for (k, u) in self.p.units.iter().enumerate() {
+            if u.first as usize == i && self.units[k][UNIT_PARAMS] == NONE {
+                let a = At { op: "FSDP::all_gather_copy_out", ..*at };
+                self.units[k][UNIT_PARAMS] = self.sink.alloc(u.params, u.param_dtype, Cat::Gathered, &a);
+            }
+        }
+    }
+
+    /// The node of op `i` makes a unit's unsharded gradient (`grad`, parameter dtype), which
+    /// AccumulateGrad keeps on the unsharded parameter until the unit's reduce.
+    fn unsharded_grads(&mut self, i: usize, at: &At) {
+        for (k, u) in self.p.units.iter().enumerate() {
+            if u.grad_op as usize == i && u.grad > 0 && self.units[k][UNIT_GRAD] == NONE {
+                self.units[k][UNIT_GRAD] = self.sink.alloc(u.grad, u.param_dtype, Cat::Gathered, at);
+            }
+        }
+    }
+
+    /// FSDP2's `post_backward` of the units that start at op `i`, once backward has passed it:
+    /// `post_backward_reshard` frees the gathered parameters, then `foreach_reduce` allocates
+    /// the fp32 reduce-scatter input, copies the unsharded gradient in and frees it; the input
+    /// goes once the reduce-scatter is waited on (FSDP2 keeps it to the next unit's reduce;
+    /// here it goes with this one). The sharded gradient is the resident one.
+    fn post_backward_units(&mut self, i: usize, at: &At) {
+        for k in 0..self.p.units.len() {
+            let u = self.p.units[k];
+            if u.first as usize != i {
+                continue;
+            }
+            self.release_unit_params(k, &At { op: "FSDP::post_backward_reshard", ..*at });
+            let a = At { op: "FSDP::post_backward_reduce", ..*at };
+            let input = (u.reduce_input > 0).then(|| self.sink.alloc(u.reduce_input, DType::Fp32, Cat::Gathered, &a));
+            let g = std::mem::replace(&mut self.units[k][UNIT_GRAD], NONE);
+            if g != NONE {
+                self.sink.free(g, u.grad, Cat::Gathered, &a);
+            }
+            if let Some(id) = input {
+                self.sink.free(id, u.reduce_input, Cat::Gathered, &a);
+            }
+        }
+    }
+
+    fn release_unit_params(&mut self, k: usize, at: &At) {
+        let id = std::mem::replace(&mut self.units[k][UNIT_PARAMS], NONE);
+        if id != NONE {
+            self.sink.free(id, self.p.units[k].params, Cat::Gathered, at);
+        }
+    }
+
+    /// Units whose post-backward never ran (no gradient reached them) are resharded when
+    /// backward ends.
+    fn release_units(&mut self, at: &At) {
+        for k in 0..self.p.units.len() {
+            self.release_unit_params(k, at);
+            let g = std::mem::replace(&mut self.units[k][UNIT_GRAD], NONE);
+            if g != NONE {
+                self.sink.free(g, self.p.units[k].grad, Cat::Gathered, at);
+            }
         }
     }
 
@@ -651,6 +723,9 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
                 }
             }
+            if !p.units.is_empty() {
+                self.gather_units(i, &at);
+            }
             let hooked = self.off.filter(|o| self.b.region_of[i] == NONE && op.saved.1 > 0 && o.packs(p, i));
             let saves = op.saved.0 as usize..op.saved.0 as usize + op.saved.1 as usize;
             // An op's inputs are packed before it runs, its outputs after.
@@ -876,6 +951,9 @@ impl<'p, S: Sink> Run<'p, S> {
             let mut released = false;
             let mut copies: Vec<(u32, u128)> = Vec::new();
             let unpacked = runs && self.off.is_some() && self.unpack(i, &mut copies, &at);
+            if runs && !p.units.is_empty() {
+                self.unsharded_grads(i, &at);
+            }
             if runs {
                 let ins = p.ins(op);
                 temps.clear();
@@ -943,6 +1021,9 @@ impl<'p, S: Sink> Run<'p, S> {
             for &(t, g) in &deliver {
                 self.give(t, g, &at);
             }
+            if !p.units.is_empty() {
+                self.post_backward_units(i, &at);
+            }
         }
         self.b.skipped = skipped;
         if self.off.is_some() {
@@ -956,6 +1037,7 @@ impl<'p, S: Sink> Run<'p, S> {
     pub fn release_graph(&mut self) {
         let p = self.p;
         let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
+        self.release_units(&at);
         for i in std::mem::take(&mut self.b.skipped) {
             let r = self.b.region_of[i];
             if r == NONE || self.b.recomputed[r as usize] {
@@ -1133,12 +1215,16 @@ pub struct Tracker {
     pub peak: i128,
     pub at_peak: [i128; 3],
     pub peak_at: Option<At>,
+    /// Live bytes of FSDP units ([`Cat::Gathered`], inside the transient count), now and at
+    /// the peak.
+    pub gathered: i128,
+    pub gathered_at_peak: i128,
     next: u32,
 }
 
 impl Default for Tracker {
     fn default() -> Self {
-        Tracker { live: 0, cats: [0; 3], peak: i128::MIN, at_peak: [0; 3], peak_at: None, next: 0 }
+        Tracker { live: 0, cats: [0; 3], peak: i128::MIN, at_peak: [0; 3], peak_at: None, gathered: 0, gathered_at_peak: 0, next: 0 }
     }
 }
 
@@ -1155,7 +1241,7 @@ pub(crate) fn ci(c: Cat) -> usize {
     match c {
         Cat::Activations => 0,
         Cat::Gradients => 1,
-        Cat::Transient => 2,
+        Cat::Transient | Cat::Gathered => 2,
     }
 }
 
@@ -1163,9 +1249,13 @@ impl Sink for Tracker {
     fn alloc(&mut self, bytes: u128, _dtype: DType, cat: Cat, at: &At) -> u32 {
         self.live += bytes as i128;
         self.cats[ci(cat)] += bytes as i128;
+        if cat == Cat::Gathered {
+            self.gathered += bytes as i128;
+        }
         if self.live > self.peak {
             self.peak = self.live;
             self.at_peak = self.cats;
+            self.gathered_at_peak = self.gathered;
             self.peak_at = Some(*at);
         }
         self.next += 1;
@@ -1174,6 +1264,9 @@ impl Sink for Tracker {
     fn free(&mut self, _id: u32, bytes: u128, cat: Cat, _at: &At) {
         self.live -= bytes as i128;
         self.cats[ci(cat)] -= bytes as i128;
+        if cat == Cat::Gathered {
+            self.gathered -= bytes as i128;
+        }
     }
     fn recat(&mut self, _id: u32, bytes: u128, from: Cat, to: Cat) {
         self.cats[ci(from)] -= bytes as i128;

@@ -44,6 +44,10 @@ pub enum Cat {
     Gradients,
     /// Everything else: working buffers, activation gradients, temporaries.
     Transient,
+    /// An FSDP unit's gathered parameters, unsharded gradient and reduce-scatter input
+    /// (`ir::Unit`): transient, counted apart so that its own ledger row (`gathered_head`)
+    /// and the working-memory row do not both count it.
+    Gathered,
 }
 
 /// One allocation or free of the step.
