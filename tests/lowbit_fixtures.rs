@@ -667,3 +667,43 @@ fn adapters_in_the_models_dtype_keep_no_fp32_copies() {
     let model = Config { lora_dtype: trainmem::config::LoraDtype::Model, ..peft.clone() };
     assert_eq!(estimate(&peft).expect("estimates").memory, estimate(&model).expect("estimates").memory);
 }
+
+/// peft LoRA under `torch.compile` (each decoder layer and the loss compiled; fp32 and bf16
+/// bases, `tests/fixtures/pytorch/lora/compile.json`, validation/measure_lora_compile.py): the
+/// partitioner's saves exact to the byte and the step's peak exact (with the compiled graphs'
+/// constants the record lists beside it). What it shows: the graph's CSE makes q, k and v's
+/// three fp32 casts of their shared input one value; the sum `base + lora_B(…) * scaling` is
+/// kept, not the two matmul outputs it adds (on the bf16 base its cast back to bf16), and the
+/// bf16 residual, not its fp32 cast — the min-cut's cheaper cut, which the rule prices with the
+/// partitioner's own weights (`compile.rs recompute_cost`).
+#[test]
+fn every_compiled_lora_record_keeps_what_the_partitioner_keeps() {
+    let Some(doc) = load("lora/compile.json") else { return };
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for r in doc["records"].as_array().expect("records") {
+        let id = r["id"].as_str().unwrap_or_default();
+        let mut cfg = base_config(&doc, r);
+        cfg.finetune = Finetune::Lora;
+        cfg.lora_rank = r["lora"]["config"]["r"].as_u64().expect("rank");
+        cfg.lora_targets = trainmem::config::LoraTargets::ALL;
+        cfg.precision = if r["dtype"] == "fp32" { Precision::Fp32 } else { Precision::Bf16 };
+        cfg.compile = true;
+        cfg.compile_regions = trainmem::config::CompileRegions::Layer;
+        let e = estimate(&cfg).expect("estimates");
+        let step = &r["step"];
+        let constants = step["other_preexisting_bytes"].as_u64().unwrap_or(0) as u128;
+        let want_peak = step["tensors_measured_peak_bytes"].as_u64().expect("peak") as u128;
+        let want_saved = r["saved_bytes"].as_u64().expect("saved") as u128;
+        println!("{id}: saved {} / {want_saved}, peak {} / {want_peak}", e.memory.activations, e.memory.peak + constants);
+        if e.memory.activations != want_saved {
+            failures.push(format!("{id}: saved {} ≠ {want_saved}", e.memory.activations));
+        }
+        if e.memory.peak + constants != want_peak {
+            failures.push(format!("{id}: peak {} ≠ {want_peak}", e.memory.peak + constants));
+        }
+        checked += 1;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(checked >= 4, "{checked} records");
+}

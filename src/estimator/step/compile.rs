@@ -21,7 +21,10 @@
 //!   (norm statistics; a bool mask of an fp32 tensor, exactly 4×, is recomputed),
 //!
 //! and any other (pointwise, view, `index`) value is recomputed from its op's inputs, which
-//! are then needed in turn. A layer norm without weight or bias whose output is saved anyway
+//! are then needed in turn — unless that costs the min-cut more than saving the value
+//! ([`Builder::recompute_cost`], the partitioner's `1.1^dist` and ×2 weights: peft's adapter
+//! sums, two matmul outputs for one value; measured: tests/fixtures/pytorch/lora/compile.json).
+//! Casts of one storage to one dtype are one value (the graph's CSE). A layer norm without weight or bias whose output is saved anyway
 //! (a matmul's input: OLMo's fp32 `OlmoLayerNorm`) needs its output x̂ and rstd in backward, not
 //! its input and mean: the decomposed backward is written in x̂. Two layer norms of one input (GPT-NeoX's
 //! parallel attention and MLP) share their mean and rstd: the graph's CSE merges them. A softmax's output the backward reads is weighed as the min-cut
@@ -216,6 +219,20 @@ impl<'a> Builder<'a> {
         // the decomposition, which the graph's CSE merges (measured: one `getitem` and one
         // `rsqrt` per layer).
         let mut norm_stats: Vec<(Tid, Tid, Tid)> = Vec::new();
+        // Casts of one storage to one dtype (peft's `x.to(fp32)` in q, k and v's adapters):
+        // the graph's CSE makes them one value.
+        let mut casts: Vec<(Tid, DType, Tid)> = Vec::new();
+        let mut same = vec![u32::MAX; n_t];
+        for op in &self.p.ops[lo..hi] {
+            if op.name == "_to_copy" {
+                let (x, y) = (self.p.tensors[self.p.ins(op)[0] as usize].base, self.p.outs(op)[0]);
+                let d = self.p.tensors[y as usize].dtype;
+                match casts.iter().find(|c| c.0 == x && c.1 == d) {
+                    Some(&(_, _, first)) => same[y as usize] = first,
+                    None => casts.push((x, d, y)),
+                }
+            }
+        }
         for (i, op) in self.p.ops[lo..hi].iter().enumerate() {
             let shared = if op.name == "native_layer_norm" {
                 let (x, outs) = (self.p.tensors[self.p.ins(op)[0] as usize].base, self.p.outs(op));
@@ -250,6 +267,9 @@ impl<'a> Builder<'a> {
                         s.t
                     };
                 }
+                if same[self.p.tensors[s.t as usize].base as usize] != u32::MAX {
+                    s.t = same[self.p.tensors[s.t as usize].base as usize];
+                }
                 let base = self.p.tensors[s.t as usize].base;
                 if plain_norm && (base == x || s.t == mean) {
                     continue;
@@ -271,6 +291,34 @@ impl<'a> Builder<'a> {
             for s in &self.p.regions[r].cached {
                 must_save[self.p.tensors[s.t as usize].base as usize] = true;
             }
+        }
+        // The storages the backward reads directly: saved whatever happens to the values
+        // recomputed from them (the cost of a recomputation counts only the others).
+        // Storages a kernel writes in forward (the partitioner's `is_materialized`): region
+        // inputs and outputs, a non-fusible op's outputs, a matmul's or attention's inputs;
+        // saving any other value costs a write of its own (`save_weight`'s ×2).
+        let mut fwd_mat = vec![false; n_t];
+        for (t, &p) in producer.iter().enumerate() {
+            fwd_mat[t] = p == u32::MAX;
+        }
+        for op in &self.p.ops[lo..hi] {
+            if !fusible(op.name) {
+                for &t in self.p.outs(op) {
+                    fwd_mat[self.p.tensors[t as usize].base as usize] = true;
+                }
+            }
+            if materializing(op.name) {
+                for &t in self.p.ins(op) {
+                    fwd_mat[self.p.tensors[t as usize].base as usize] = true;
+                }
+            }
+        }
+        for &t in outputs {
+            fwd_mat[self.p.tensors[t as usize].base as usize] = true;
+        }
+        let mut needed_base = vec![false; n_t];
+        for s in &needed {
+            needed_base[self.p.tensors[s.t as usize].base as usize] = true;
         }
         let mut fate: Vec<Option<Fate>> = vec![None; n_t];
         let mut kept: Vec<Save> = Vec::new();
@@ -328,7 +376,14 @@ impl<'a> Builder<'a> {
                     && self.empty_cat_before(at, &producer)
             };
             let keep_output = softmax_like(op.name) && self.softmax_output_is_cheaper(base, at, &producer, &readers, &fate, &mat);
-            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output) {
+            // A pointwise value whose recomputation needs more bytes saved than itself: the
+            // min-cut cuts at the value (peft's `base + lora_B(…) * scaling`, two matmul outputs
+            // for one sum; its bf16 cast back, three halves for one).
+            let dearer = !relayout
+                && !(not_recomputable(op.name) || mat[base as usize] || reduction || keep_output)
+                && self.recompute_cost(at, &producer, &fate, &needed_base, &mat, &fwd_mat)
+                    > save_weight(x.bytes, 0, fwd_mat[base as usize]);
+            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || dearer) {
                 save(&mut fate, &mut kept); // (B), (M), (R)
                 continue;
             }
@@ -528,6 +583,74 @@ impl<'a> Builder<'a> {
 
     /// Softmax's row statistics may not be recomputed (`ban_recompute_reductions`: a `[rows, 1]`
     /// result more than 4× smaller than its input) when a row has more than 4 columns.
+    /// The min-cut's price of recomputing the output of op `at` from its inputs rather than
+    /// saving it, each input at its own cheapest: a storage the rule saves (a region input, a
+    /// non-recomputable op's output, a value a matmul reads, a reduction) its save weight, one
+    /// saved already or read by the backward directly nothing, a pointwise value the smaller of
+    /// its save weight and its own recomputation's price; every step away from the backward
+    /// weighs 1.1× more (`get_node_weight`'s `1.1^dist_from_bw`). peft's `base + lora_B(…) *
+    /// scaling` is kept (two matmul outputs for one sum), and of its bf16 residual `h` the
+    /// value, not its fp32 cast nor the matmuls it sums; a residual `x + o_proj(…)` whose `x` is
+    /// kept anyway is recomputed, as before.
+    fn recompute_cost(&self, at: u32, producer: &[u32], fate: &[Option<Fate>], needed: &[bool], mat: &[bool], fwd_mat: &[bool]) -> f64 {
+        let mut seen: Vec<Tid> = Vec::new();
+        self.p
+            .ins(&self.p.ops[at as usize])
+            .iter()
+            .map(|&i| self.p.tensors[i as usize].base)
+            .filter(|b| {
+                let new = !seen.contains(b);
+                seen.push(*b);
+                new
+            })
+            .map(|b| self.value_cost(b, producer, fate, needed, mat, fwd_mat, 1))
+            .sum()
+    }
+
+    /// [`Builder::recompute_cost`]'s price of one storage `depth` steps up from the value.
+    #[allow(clippy::too_many_arguments)]
+    fn value_cost(
+        &self,
+        b: Tid,
+        producer: &[u32],
+        fate: &[Option<Fate>],
+        needed: &[bool],
+        mat: &[bool],
+        fwd_mat: &[bool],
+        depth: i32,
+    ) -> f64 {
+        /// Pointwise chains longer than this are priced at the value itself.
+        const MAX_DEPTH: i32 = 16;
+        let t = &self.p.tensors[b as usize];
+        if matches!(t.origin, Origin::Param { .. } | Origin::Buffer) || fate[b as usize] == Some(Fate::Saved) || needed[b as usize] {
+            return 0.0;
+        }
+        let weight = save_weight(t.bytes, depth, fwd_mat[b as usize]);
+        let p = producer[b as usize];
+        if p == u32::MAX || depth >= MAX_DEPTH {
+            return weight;
+        }
+        let op = &self.p.ops[p as usize];
+        let ins = self.p.ins(op);
+        let args = if op.name == "index" { &ins[..1] } else { ins };
+        let inputs: u128 = args.iter().map(|&j| self.p.tensors[j as usize].bytes).sum();
+        if not_recomputable(op.name) || mat[b as usize] || t.bytes.saturating_mul(4) < inputs || softmax_like(op.name) {
+            return weight;
+        }
+        let mut seen: Vec<Tid> = Vec::new();
+        let rec: f64 = ins
+            .iter()
+            .map(|&i| self.p.tensors[i as usize].base)
+            .filter(|x| {
+                let new = !seen.contains(x);
+                seen.push(*x);
+                new
+            })
+            .map(|x| self.value_cost(x, producer, fate, needed, mat, fwd_mat, depth + 1))
+            .sum();
+        rec.min(weight)
+    }
+
     fn stats_banned(&self, input: Tid) -> bool {
         let stat = self.bytes_of(&self.shape(input).drop_last(), Dt::F32);
         stat.saturating_mul(4) < self.bytes(input)
