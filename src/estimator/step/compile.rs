@@ -119,6 +119,17 @@ fn softmax_like(name: &str) -> bool {
     matches!(name, "_softmax" | "_log_softmax" | "_safe_softmax")
 }
 
+/// What [`Builder::recompute_cost`] reads of the partition in progress, per storage: the op
+/// that made it in the region, its fate so far, whether the backward reads it directly,
+/// whether a node whose backward cannot fuse saves it, whether a kernel writes it in forward.
+struct Cut<'s> {
+    producer: &'s [u32],
+    fate: &'s [Option<Fate>],
+    needed: &'s [bool],
+    mat: &'s [bool],
+    fwd_mat: &'s [bool],
+}
+
 /// Where a needed value comes from, as the rule classifies it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {
@@ -381,8 +392,11 @@ impl<'a> Builder<'a> {
             // for one sum; its bf16 cast back, three halves for one).
             let dearer = !relayout
                 && !(not_recomputable(op.name) || mat[base as usize] || reduction || keep_output)
-                && self.recompute_cost(at, &producer, &fate, &needed_base, &mat, &fwd_mat)
-                    > save_weight(x.bytes, 0, fwd_mat[base as usize]);
+                && self.recompute_cost(
+                    at,
+                    &Cut { producer: &producer, fate: &fate, needed: &needed_base, mat: &mat, fwd_mat: &fwd_mat },
+                    1,
+                ) > save_weight(x.bytes, 0, fwd_mat[base as usize]);
             if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || dearer) {
                 save(&mut fate, &mut kept); // (B), (M), (R)
                 continue;
@@ -581,18 +595,17 @@ impl<'a> Builder<'a> {
             || readers[t as usize].iter().any(|&r| !fusible(self.p.ops[r as usize].name))
     }
 
-    /// Softmax's row statistics may not be recomputed (`ban_recompute_reductions`: a `[rows, 1]`
-    /// result more than 4× smaller than its input) when a row has more than 4 columns.
     /// The min-cut's price of recomputing the output of op `at` from its inputs rather than
-    /// saving it, each input at its own cheapest: a storage the rule saves (a region input, a
-    /// non-recomputable op's output, a value a matmul reads, a reduction) its save weight, one
-    /// saved already or read by the backward directly nothing, a pointwise value the smaller of
-    /// its save weight and its own recomputation's price; every step away from the backward
-    /// weighs 1.1× more (`get_node_weight`'s `1.1^dist_from_bw`). peft's `base + lora_B(…) *
-    /// scaling` is kept (two matmul outputs for one sum), and of its bf16 residual `h` the
-    /// value, not its fp32 cast nor the matmuls it sums; a residual `x + o_proj(…)` whose `x` is
-    /// kept anyway is recomputed, as before.
-    fn recompute_cost(&self, at: u32, producer: &[u32], fate: &[Option<Fate>], needed: &[bool], mat: &[bool], fwd_mat: &[bool]) -> f64 {
+    /// saving it (`depth` steps from the value the backward reads), each input at its own
+    /// cheapest: a storage the rule saves (a region input, a non-recomputable op's output, a
+    /// value a matmul reads, a reduction) its save weight, one saved already or read by the
+    /// backward directly nothing, a pointwise value the smaller of its save weight and its own
+    /// recomputation's price; every step away from the backward weighs 1.1× more
+    /// (`get_node_weight`'s `1.1^dist_from_bw`). peft's `base + lora_B(…) * scaling` is kept
+    /// (two matmul outputs for one sum), and of its bf16 residual `h` the value, not its fp32
+    /// cast nor the matmuls it sums; a residual `x + o_proj(…)` whose `x` is kept anyway is
+    /// recomputed, as before.
+    fn recompute_cost(&self, at: u32, cut: &Cut, depth: i32) -> f64 {
         let mut seen: Vec<Tid> = Vec::new();
         self.p
             .ins(&self.p.ops[at as usize])
@@ -603,30 +616,21 @@ impl<'a> Builder<'a> {
                 seen.push(*b);
                 new
             })
-            .map(|b| self.value_cost(b, producer, fate, needed, mat, fwd_mat, 1))
+            .map(|b| self.value_cost(b, cut, depth))
             .sum()
     }
 
     /// [`Builder::recompute_cost`]'s price of one storage `depth` steps up from the value.
-    #[allow(clippy::too_many_arguments)]
-    fn value_cost(
-        &self,
-        b: Tid,
-        producer: &[u32],
-        fate: &[Option<Fate>],
-        needed: &[bool],
-        mat: &[bool],
-        fwd_mat: &[bool],
-        depth: i32,
-    ) -> f64 {
+    fn value_cost(&self, b: Tid, cut: &Cut, depth: i32) -> f64 {
         /// Pointwise chains longer than this are priced at the value itself.
         const MAX_DEPTH: i32 = 16;
         let t = &self.p.tensors[b as usize];
-        if matches!(t.origin, Origin::Param { .. } | Origin::Buffer) || fate[b as usize] == Some(Fate::Saved) || needed[b as usize] {
+        if matches!(t.origin, Origin::Param { .. } | Origin::Buffer) || cut.fate[b as usize] == Some(Fate::Saved) || cut.needed[b as usize]
+        {
             return 0.0;
         }
-        let weight = save_weight(t.bytes, depth, fwd_mat[b as usize]);
-        let p = producer[b as usize];
+        let weight = save_weight(t.bytes, depth, cut.fwd_mat[b as usize]);
+        let p = cut.producer[b as usize];
         if p == u32::MAX || depth >= MAX_DEPTH {
             return weight;
         }
@@ -634,23 +638,14 @@ impl<'a> Builder<'a> {
         let ins = self.p.ins(op);
         let args = if op.name == "index" { &ins[..1] } else { ins };
         let inputs: u128 = args.iter().map(|&j| self.p.tensors[j as usize].bytes).sum();
-        if not_recomputable(op.name) || mat[b as usize] || t.bytes.saturating_mul(4) < inputs || softmax_like(op.name) {
+        if not_recomputable(op.name) || cut.mat[b as usize] || t.bytes.saturating_mul(4) < inputs || softmax_like(op.name) {
             return weight;
         }
-        let mut seen: Vec<Tid> = Vec::new();
-        let rec: f64 = ins
-            .iter()
-            .map(|&i| self.p.tensors[i as usize].base)
-            .filter(|x| {
-                let new = !seen.contains(x);
-                seen.push(*x);
-                new
-            })
-            .map(|x| self.value_cost(x, producer, fate, needed, mat, fwd_mat, depth + 1))
-            .sum();
-        rec.min(weight)
+        self.recompute_cost(p, cut, depth + 1).min(weight)
     }
 
+    /// Softmax's row statistics may not be recomputed (`ban_recompute_reductions`: a `[rows, 1]`
+    /// result more than 4× smaller than its input) when a row has more than 4 columns.
     fn stats_banned(&self, input: Tid) -> bool {
         let stat = self.bytes_of(&self.shape(input).drop_last(), Dt::F32);
         stat.saturating_mul(4) < self.bytes(input)
