@@ -667,3 +667,73 @@ fn adapters_in_the_models_dtype_keep_no_fp32_copies() {
     let model = Config { lora_dtype: trainmem::config::LoraDtype::Model, ..peft.clone() };
     assert_eq!(estimate(&peft).expect("estimates").memory, estimate(&model).expect("estimates").memory);
 }
+
+/// With checkpointing the measured peak (the backward's dequantization `stack` of layer 1's `w2`)
+/// is one `[b, s, hidden]` bf16 tensor (2·64·128·2 B) above the estimate's: not yet explained
+/// (−1.53 % of 2,148,268 B); pinned so that a change either way shows.
+const TORCHAO_NF4_CKPT_PEAK_RESIDUAL: i128 = -32_768;
+
+/// A torchtune QLoRA record's configuration (validation/measure_torchao_nf4.py): torchtune's
+/// Llama 3.1 with `quantize_base=True`, its recipe loss (`loss = chunked`), adapters on q, v,
+/// output and the MLP in the model's dtype, bf16.
+fn torchao_nf4_config(doc: &Value, r: &Value) -> Config {
+    let mut c = base_config(doc, r);
+    for (k, v) in [
+        ("framework", "torchtune"),
+        ("loss", "chunked"),
+        ("finetune", "qlora"),
+        ("qlora_quant", "torchao-nf4"),
+        ("lora_targets", "q,v,o,gate,up,down"),
+        ("lora_dtype", "model"),
+    ] {
+        trainmem::config::set(&mut c, k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+    }
+    c.lora_rank = r["nf4"]["lora"]["lora_rank"].as_u64().expect("rank");
+    c
+}
+
+/// torchtune 0.6.1's QLoRA on torchao 0.18's `NF4Tensor` (`tests/fixtures/pytorch/torchao_nf4`,
+/// checkpointing off and on): the NF4 storage of every weight (codes, scalers, factors — 256 of
+/// them where a weight has one scaler block —, mean, table) exactly as `statics` counts it, and
+/// trainable parameters, gradients, AdamW state, saved bytes and the step's peak (whose
+/// dequantization in forward and backward, `get_original_weight`'s int64 codes and bf16 halves
+/// alive at its `stack`, is the peak with checkpointing) exact — but for the pinned residual of
+/// the checkpointed record's peak, [`TORCHAO_NF4_CKPT_PEAK_RESIDUAL`].
+#[test]
+fn every_torchao_nf4_record_keeps_what_the_estimate_keeps() {
+    // (got − measured) of each check that is not exact.
+    let residual = |id: &str, what: &str| -> i128 {
+        if id.ends_with("/ckpt1") && what == "step peak" {
+            TORCHAO_NF4_CKPT_PEAK_RESIDUAL
+        } else {
+            0
+        }
+    };
+    let Some(doc) = load("torchao_nf4/records.json") else { return };
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for r in doc["records"].as_array().expect("records") {
+        let id = r["id"].as_str().unwrap_or_default();
+        let q = &r["nf4"];
+        let cfg = torchao_nf4_config(&doc, r);
+        let e = estimate(&cfg).expect("estimates");
+        n += 1;
+        let checks = [
+            ("NF4 storage", row(&e, "quantized_weights"), q["nf4_bytes"].as_u64().unwrap_or(0) as u128),
+            ("frozen parameters", row(&e, "frozen_weights"), q["frozen_unquantized_parameter_bytes"].as_u64().unwrap_or(0) as u128),
+            ("trainable parameters", row(&e, "weights"), q["trainable_parameter_bytes"].as_u64().unwrap_or(0) as u128),
+            ("gradients", row(&e, "gradients"), r["gradient_bytes"].as_u64().unwrap_or(0) as u128),
+            ("AdamW state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64().unwrap_or(0) as u128),
+            ("saved bytes", e.memory.activations, r["saved_bytes"].as_u64().unwrap_or(0) as u128),
+            ("step peak", e.memory.peak, measured_peak(r)),
+        ];
+        for (what, got, want) in checks {
+            println!("{id}: {what} {got} vs {want} ({:+})", got as i128 - want as i128);
+            if got as i128 - want as i128 != residual(id, what) {
+                failures.push(format!("{id}: {what} {got} ≠ {want} ({:+})", got as i128 - want as i128));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} off:\n{}", failures.len(), failures.join("\n"));
+    assert!(n >= 2, "{n} records");
+}
