@@ -449,27 +449,32 @@ impl<'a> Builder<'a> {
             let e = self.dtype(Dt::Model).bytes() as u128;
             let n = self.numel(w);
             let dt = self.dtype(Dt::Model);
-            let hi = s.alloc(n / 2, DType::Fp8, "__rshift__");
-            let first = s.alloc(4 * n, DType::I64, "_to_copy");
-            s.free(Some(hi));
-            let lo = s.alloc(n / 2, DType::Fp8, "__and__");
-            let second = s.alloc(4 * n, DType::I64, "_to_copy");
-            s.free(Some(lo));
-            let d1 = s.alloc(e * n / 2, dt, "index");
-            let d2 = s.alloc(e * n / 2, dt, "index");
-            let sc0 = s.alloc(e * (n / 64), dt, "div");
-            let sc = s.alloc(e * (n / 64), dt, "add");
-            s.free(Some(sc0));
-            let r1 = s.alloc(e * n / 2, dt, "clone");
-            let s1 = s.alloc(e * n / 2, dt, "mul");
-            s.free(Some(r1));
-            let r2 = s.alloc(e * n / 2, dt, "clone");
-            let s2 = s.alloc(e * n / 2, dt, "mul");
-            s.free(Some(r2));
-            let full = s.alloc(e * n, dt, "stack");
-            for t in [first, second, d1, d2, sc, s1, s2] {
-                s.free(Some(t));
-            }
+            let full = if self.nf4_fused() {
+                s.alloc(e * n, dt, "dequantize (fused)")
+            } else {
+                let hi = s.alloc(n / 2, DType::Fp8, "__rshift__");
+                let first = s.alloc(4 * n, DType::I64, "_to_copy");
+                s.free(Some(hi));
+                let lo = s.alloc(n / 2, DType::Fp8, "__and__");
+                let second = s.alloc(4 * n, DType::I64, "_to_copy");
+                s.free(Some(lo));
+                let d1 = s.alloc(e * n / 2, dt, "index");
+                let d2 = s.alloc(e * n / 2, dt, "index");
+                let sc0 = s.alloc(e * (n / 64), dt, "div");
+                let sc = s.alloc(e * (n / 64), dt, "add");
+                s.free(Some(sc0));
+                let r1 = s.alloc(e * n / 2, dt, "clone");
+                let s1 = s.alloc(e * n / 2, dt, "mul");
+                s.free(Some(r1));
+                let r2 = s.alloc(e * n / 2, dt, "clone");
+                let s2 = s.alloc(e * n / 2, dt, "mul");
+                s.free(Some(r2));
+                let full = s.alloc(e * n, dt, "stack");
+                for t in [first, second, d1, d2, sc, s1, s2] {
+                    s.free(Some(t));
+                }
+                full
+            };
             let gi = s.alloc(self.bytes(x), self.t(x).dtype, "matmul");
             s.free(Some(full));
             s.b.push(B::Grad { input: 0, temp: gi });
@@ -479,6 +484,18 @@ impl<'a> Builder<'a> {
             Some(b) => self.add(y, b),
             None => y,
         }
+    }
+
+    /// Whether the layer is compiled (`compile = true`, `compile_regions = layer`: torchtune's
+    /// `training.compile_model` compiles each decoder layer): dynamo traces `LinearNF4` (an
+    /// `autograd.Function`) and the `NF4Tensor` (a traceable wrapper subclass:
+    /// `__tensor_flatten__`), so Inductor fuses `get_original_weight`'s pointwise ops and
+    /// lookups into one kernel writing the dequantized weight that the matmul reads — in
+    /// backward as in forward, where `compile.rs` already drops the values fused away. An
+    /// assumption from Inductor's fusion rules, not measured (no compiled NF4 record).
+    fn nf4_fused(&self) -> bool {
+        let cfg = self.c.cfg;
+        cfg.compile && cfg.compile_regions == crate::estimator::config::CompileRegions::Layer
     }
 
     /// `NF4Tensor.get_original_weight` in forward (see [`Builder::linear_nf4`]): the weight in
