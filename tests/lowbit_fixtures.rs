@@ -737,3 +737,24 @@ fn every_torchao_nf4_record_keeps_what_the_estimate_keeps() {
     assert!(failures.is_empty(), "{} off:\n{}", failures.len(), failures.join("\n"));
     assert!(n >= 2, "{n} records");
 }
+
+/// FSDP2 shards an `NF4Tensor`'s codes, scalers and factors with the weight
+/// (`_INNER_TENSOR_NAMES_FOR_SHARDING`) and keeps `scaler_mean` and the code table (34 B in bf16)
+/// whole on every rank; bitsandbytes' quant state stays whole, so on 2 ranks torchao's base is
+/// smaller than bitsandbytes' on the same model.
+#[test]
+fn fsdp2_shards_the_nf4_tensor_but_its_mean_and_table() {
+    let Some(doc) = load("torchao_nf4/records.json") else { return };
+    let r = &doc["records"][0];
+    // transformers' modeling code: torchtune's own is modelled on one device only.
+    let mut cfg = Config { framework: trainmem::config::Framework::Hf, ..torchao_nf4_config(&doc, r) };
+    let one = row(&estimate(&cfg).expect("estimates"), "quantized_weights");
+    let tensors: u128 = r["nf4"]["layout"].as_array().expect("layout").iter().map(|l| l["count"].as_u64().unwrap_or(0) as u128).sum();
+    let whole = tensors * (1 + 16) * 2;
+    trainmem::config::set(&mut cfg, "gpus", "2").expect("gpus");
+    trainmem::config::set(&mut cfg, "zero", "full_shard").expect("zero");
+    let two = row(&estimate(&cfg).expect("estimates"), "quantized_weights");
+    assert_eq!(two, (one - whole) / 2 + whole);
+    let bnb = Config { qlora_quant: trainmem::config::QloraQuant::Nf4, ..cfg };
+    assert!(two < row(&estimate(&bnb).expect("estimates"), "quantized_weights"));
+}
