@@ -668,9 +668,12 @@ fn adapters_in_the_models_dtype_keep_no_fp32_copies() {
     assert_eq!(estimate(&peft).expect("estimates").memory, estimate(&model).expect("estimates").memory);
 }
 
-/// With checkpointing the measured peak (the backward's dequantization `stack` of layer 1's `w2`)
-/// is one `[b, s, hidden]` bf16 tensor (2·64·128·2 B) above the estimate's: not yet explained
-/// (−1.53 % of 2,148,268 B); pinned so that a change either way shows.
+/// With checkpointing the measured peak is one `[b, s, hidden]` bf16 tensor (2·64·128·2 B) above
+/// the estimate's (−1.53 % of 2,148,268 B). The measured peak is the `stack` of layer 1's `w2`
+/// dequantization in the checkpoint's recomputed forward, which `lora_b`'s backward triggers after
+/// `MulBackward0` (the adapter's `alpha / rank` scaling) has allocated its `[b, s, hidden]` gradient:
+/// that gradient, alive through the recomputation, is the first candidate. Pinned so that a change
+/// either way shows.
 const TORCHAO_NF4_CKPT_PEAK_RESIDUAL: i128 = -32_768;
 
 /// A torchtune QLoRA record's configuration (validation/measure_torchao_nf4.py): torchtune's
