@@ -172,6 +172,7 @@ pub fn choice_label(key: &str, value: &str) -> Option<&'static str> {
         ("fp8", "te-mxfp8") => "Transformer Engine, MXFP8",
         ("qlora_quant", "nf4") => "NF4 (bitsandbytes)",
         ("qlora_quant", "gptq") => "int4 GPTQ/AWQ",
+        ("qlora_quant", "torchao-nf4") => "NF4Tensor (torchao, torchtune)",
         ("load", "from-pretrained") => "from_pretrained (device_map)",
         ("load", "quantize-on-load") => "load, then quantize (NF4)",
         ("load", "meta-sharded") => "meta device, sharded load",

@@ -264,6 +264,8 @@ def _torchtune_modules():
 
     class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, name, path, target=None):
+            if REAL_NF4 and name.startswith("torchtune.modules.low_precision"):
+                return None
             if name == "torchao" or name.startswith("torchao.") or name.startswith("torchtune.modules.low_precision"):
                 return importlib.machinery.ModuleSpec(name, self, is_package=True)
             return None
@@ -288,6 +290,11 @@ def _torchtune_modules():
     from torchtune.modules.loss import CEWithChunkedOutputLoss
     return llama3_1, TransformerSelfAttentionLayer, CEWithChunkedOutputLoss
 
+
+# torchtune's QLoRA (validation/measure_torchao_nf4.py) runs torchao's real `NF4Tensor`: set before the first
+# `_torchtune_modules()` call, it leaves `torchtune.modules.low_precision` unstubbed (FrozenNF4Linear) and the caller
+# aliases `torchao.dtypes.nf4tensor` (torchtune 0.6.1's import path) to torchao 0.18's module.
+REAL_NF4 = False
 
 # The model packages whose component builders are measured (entered by path, without their __init__).
 TUNE_PACKAGES = ["llama3", "llama3_1", "llama3_2", "llama2", "mistral", "qwen2", "phi3", "gemma", "gemma2"]

@@ -225,7 +225,7 @@ named!(
         (Fp8::TeMxfp8, "te-mxfp8"),
     ]
 );
-named!(QloraQuant, [(QloraQuant::Nf4, "nf4"), (QloraQuant::Gptq, "gptq")]);
+named!(QloraQuant, [(QloraQuant::Nf4, "nf4"), (QloraQuant::Gptq, "gptq"), (QloraQuant::TorchaoNf4, "torchao-nf4")]);
 named!(
     Load,
     [
@@ -800,7 +800,7 @@ pub static KEYS: &[Key] = &[
         |c| c.fp8_recompute_weight
     ),
     bool_key!("fp8_model_init", Training, "Transformer Engine fp8_model_init: FP8 parameters, no 16-bit weights", |c| c.fp8_model_init),
-    enum_key!("qlora_quant", Training, "QLoRA's 4-bit base: nf4 (bitsandbytes) or gptq (int4 GPTQ/AWQ)", QloraQuant, |c| c.qlora_quant),
+    enum_key!("qlora_quant", Training, "QLoRA's 4-bit base: nf4 (bitsandbytes), gptq (int4 GPTQ/AWQ) or torchao-nf4 (torchao's NF4Tensor, torchtune)", QloraQuant, |c| c.qlora_quant),
     enum_key!(
         "load",
         Training,

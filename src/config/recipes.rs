@@ -207,6 +207,7 @@ pub static RECIPES: &[Recipe] = &[
             ("model", "llama-3.1-8b"),
             ("finetune", "qlora"),
             ("lora_dtype", "model"),
+            ("qlora_quant", "torchao-nf4"),
             ("lora_rank", "8"),
             ("optim", "adamw"),
             ("optim_impl", "fused"),

@@ -351,6 +351,11 @@ pub enum QloraQuant {
     /// An int4 GPTQ/AWQ checkpoint (gptqmodel's packed `qweight`, `qzeros`, fp16 `scales`,
     /// `g_idx`; group 128), trained through its dequantizing torch kernel.
     Gptq,
+    /// torchao's `NF4Tensor` (torchtune's QLoRA, `LoRALinear(quantize_base=True)`): blocks of
+    /// 64, 8-bit scalers with a factor per 256 blocks in the weight's dtype; the whole tensor,
+    /// scalers included, sharded by FSDP2; dequantized to the weight's dtype in forward and
+    /// again in backward (`linear_nf4`).
+    TorchaoNf4,
 }
 
 /// How the model is loaded before the first step (`load`): its peak, and what the caching

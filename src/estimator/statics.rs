@@ -41,6 +41,12 @@ pub const NF4_ELEMENTS_PER_BYTE: u64 = 2;
 pub const NF4_BLOCK: u64 = 64;
 /// The 8-bit constants are grouped in blocks of 256, each with an fp32 scale: 64 × 256.
 pub const NF4_SECOND_LEVEL_BLOCK: u64 = 64 * 256;
+/// torchao's `NF4Tensor` code table: 16 values in the weight's dtype (`from_tensor`'s `nf4`).
+pub const TORCHAO_NF4_TABLE: u64 = 16;
+/// torchtune's `to_nf4` defaults: scalers per 64 weights, quantization factors per 256 scalers.
+pub const TORCHAO_NF4_BLOCK: u64 = 64;
+pub const TORCHAO_NF4_SCALER_BLOCK: u64 = 256;
+
 /// DeepSpeed's default `reduce_bucket_size` (5e8 elements; deepspeed/runtime/zero/config.py).
 pub const ZERO_REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
 
@@ -193,6 +199,11 @@ fn quantized_rows(cfg: &Config, groups: &[LocalGroup], sh: &Sharding, packed_onl
                 "4-bit NF4 codes (sharded under ZeRO-3/FSDP as bf16 storage), 8-bit absmax per 64, fp32 per 16,384, and each weight's quant state (offset 4 B, code tables 1,088 B; not sharded); embeddings, norms and the LM head stay unquantized",
             )
         }
+        QloraQuant::TorchaoNf4 => (
+            torchao_nf4_bytes(cfg, quantized, &shards.dense),
+            "torchao 0.18 quantization/quantize_/workflows/nf4/nf4_tensor.py NF4Tensor.from_tensor, fsdp_pre_all_gather (torchtune 0.6.1 modules/peft/lora.py LoRALinear(quantize_base=True)); measured: tests/fixtures/pytorch/torchao_nf4",
+            "4-bit codes, int8 scalers per 64, a factor per 256 scalers in the weight's dtype (sharded with the codes under FSDP2), its mean and the 16-value code table (whole on every rank); embeddings, norms and the output projection stay unquantized",
+        ),
         QloraQuant::Gptq => {
             let per = Expr::sum(quantized.map(|g| {
                 let (out, inp) = match g.group.shape.as_slice() {
@@ -222,8 +233,45 @@ fn quantized_rows(cfg: &Config, groups: &[LocalGroup], sh: &Sharding, packed_onl
         (QloraQuant::Nf4, Some(true)) => "NF4 codes of the base (offloaded)",
         (QloraQuant::Nf4, Some(false)) => "NF4 quant states of the base",
         (QloraQuant::Gptq, _) => "int4 GPTQ/AWQ base weights",
+        (QloraQuant::TorchaoNf4, _) => "NF4Tensor base weights (torchao)",
     };
     Some(Row::new(RowId::QuantizedWeights, label, Category::Parameters, e, source).note(note))
+}
+
+/// torchao's `NF4Tensor` of each quantized weight of `n` elements in dtype `e` bytes (torchao 0.18
+/// `quantization/quantize_/workflows/nf4/nf4_tensor.py`, `NF4Tensor.from_tensor` with torchtune's
+/// `to_nf4` defaults, block 64 and scaler block 256, which it asserts divide `n`):
+/// `quantized_data` n/2 B (uint8, two codes a byte), `quantized_scalers` n/64 B (int8),
+/// `quantization_factor` n/16,384 elements in e — `double_quantize_scalers` slices it from an
+/// expanded `[n/16,384, 256]` tensor and `.contiguous()` copies it only when there is more than one
+/// scaler block, so a weight of exactly 16,384 elements keeps all 256 (512 B in bf16) —,
+/// `scaler_mean` one e and the `nf4` table 16·e. FSDP2 shards the first three
+/// (`_INNER_TENSOR_NAMES_FOR_SHARDING`, `fsdp_pre_all_gather`) and keeps the mean and the table
+/// whole on every rank. Measured exact: 8,994 B a bf16 weight of 16,384, 16,934 of 32,768.
+fn torchao_nf4_bytes<'g>(cfg: &Config, quantized: impl Iterator<Item = &'g LocalGroup> + Clone, shard: &Expr) -> Expr {
+    let e = super::precision::recipe(cfg.precision).weight.bytes();
+    let num = |v: u64| Expr::num(v);
+    let dense = Expr::sum(quantized.clone().map(|g| {
+        let n = g.group.numel();
+        let scaler_blocks = n.div_ceil(TORCHAO_NF4_BLOCK * TORCHAO_NF4_SCALER_BLOCK);
+        let factors = if scaler_blocks == 1 { TORCHAO_NF4_SCALER_BLOCK } else { scaler_blocks };
+        Expr::prod([
+            Expr::var(N_Q, g.group.tensor_count()),
+            Expr::sum([
+                num(n).ceil_div(Expr::konst("NF4_ELEMENTS_PER_BYTE", NF4_ELEMENTS_PER_BYTE)),
+                num(n).ceil_div(Expr::konst("TORCHAO_NF4_BLOCK", TORCHAO_NF4_BLOCK)),
+                Expr::prod([num(factors), num(e)]),
+            ]),
+        ])
+    }))
+    .shard(shard.clone());
+    let whole = Expr::sum(quantized.map(|g| {
+        Expr::prod([
+            Expr::var(N_Q, g.group.tensor_count()),
+            Expr::prod([Expr::sum([Expr::num(1u8), Expr::konst("TORCHAO_NF4_TABLE", TORCHAO_NF4_TABLE)]), num(e)]),
+        ])
+    }));
+    Expr::sum([dense, whole])
 }
 
 /// Whether a linear weight group runs its GEMM in FP8: both of its matrix dims multiples of 16

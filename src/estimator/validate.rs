@@ -553,8 +553,12 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     if !matches!(cfg.precision, Precision::Fp32 | Precision::Bf16 | Precision::AmpBf16) {
         return Some("torchtune trains in fp32 or bf16 (precision=fp32, bf16 or amp-bf16 as measured)".into());
     }
-    if cfg.finetune != Finetune::Full {
-        return Some("torchtune's LoRA/QLoRA recipes (its own LoRALinear) are not modelled: finetune=full".into());
+    // QLoRA on torchao's NF4Tensor is measured (tests/fixtures/pytorch/torchao_nf4); LoRA is not.
+    let nf4_qlora = cfg.finetune == Finetune::Qlora && cfg.qlora_quant == super::config::QloraQuant::TorchaoNf4;
+    if cfg.finetune != Finetune::Full && !nf4_qlora {
+        return Some(
+            "torchtune's LoRA recipes (its own LoRALinear) are not modelled: finetune=full, or qlora with qlora_quant=torchao-nf4".into(),
+        );
     }
     if cfg.loss != Loss::Chunked {
         return Some(

@@ -113,6 +113,11 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
                     if tuning != Tuning::Full {
                         keys.push(("lora_dtype", "model".into()));
                     }
+                    // torchtune's QLoRA base is torchao's `NF4Tensor` (`LoRALinear(quantize_base=True)`
+                    // calls `to_nf4`), not bitsandbytes.
+                    if ft == "qlora" {
+                        keys.push(("qlora_quant", "torchao-nf4".into()));
+                    }
                     Out::set(keys)
                 }
                 None => Out::unmodelled("no trainmem preset for this builder: choose the model yourself"),

@@ -429,6 +429,94 @@ impl<'a> Builder<'a> {
         back
     }
 
+    /// torchao 0.18's `linear_nf4` (`quantization/quantize_/workflows/nf4/nf4_tensor.py
+    /// LinearNF4`, torchtune 0.6.1's base of `LoRALinear(quantize_base=True)` and
+    /// `FrozenNF4Linear`): forward `F.linear(x, weight.to(x.dtype))`, saving only the `NF4Tensor`
+    /// (a parameter: nothing new); backward `grad_output @ weight.to(grad_output.dtype)`, the same
+    /// dequantization again. `get_original_weight` on n elements in the weight's dtype e:
+    /// `quantized_data >> 4` (uint8 n/2, freed) `.to(long)` (8·n/2), the same for `& 0b1111`,
+    /// both looked up in the table (e·n/2 each), the scalers dequantized (`/ factor`, `+ mean`:
+    /// e·n/64 twice, the first freed), each half scaled by `repeated.flatten()` (an e·n/2 copy,
+    /// freed after the product e·n/2), then `torch.stack` (e·n) while every local is still alive:
+    /// 8n + 3e·n + e·n/64 (14n + n/32 B in bf16) at the stack; the result (e·n) lives through the
+    /// GEMM. Measured exact: tests/fixtures/pytorch/torchao_nf4.
+    pub fn linear_nf4(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape) -> Tid {
+        let wd = self.nf4_dequantize(w);
+        let rx = self.rg(x);
+        let out = self.out(shape, self.t(x).dt, rx);
+        let mut s = Script::new();
+        if rx {
+            let e = self.dtype(Dt::Model).bytes() as u128;
+            let n = self.numel(w);
+            let dt = self.dtype(Dt::Model);
+            let full = if self.nf4_fused() {
+                s.alloc(e * n, dt, "dequantize (fused)")
+            } else {
+                let hi = s.alloc(n / 2, DType::Fp8, "__rshift__");
+                let first = s.alloc(4 * n, DType::I64, "_to_copy");
+                s.free(Some(hi));
+                let lo = s.alloc(n / 2, DType::Fp8, "__and__");
+                let second = s.alloc(4 * n, DType::I64, "_to_copy");
+                s.free(Some(lo));
+                let d1 = s.alloc(e * n / 2, dt, "index");
+                let d2 = s.alloc(e * n / 2, dt, "index");
+                let sc0 = s.alloc(e * (n / 64), dt, "div");
+                let sc = s.alloc(e * (n / 64), dt, "add");
+                s.free(Some(sc0));
+                let r1 = s.alloc(e * n / 2, dt, "clone");
+                let s1 = s.alloc(e * n / 2, dt, "mul");
+                s.free(Some(r1));
+                let r2 = s.alloc(e * n / 2, dt, "clone");
+                let s2 = s.alloc(e * n / 2, dt, "mul");
+                s.free(Some(r2));
+                let full = s.alloc(e * n, dt, "stack");
+                for t in [first, second, d1, d2, sc, s1, s2] {
+                    s.free(Some(t));
+                }
+                full
+            };
+            let gi = s.alloc(self.bytes(x), self.t(x).dtype, "matmul");
+            s.free(Some(full));
+            s.b.push(B::Grad { input: 0, temp: gi });
+        }
+        let y = self.op("linear", "LinearNF4Backward", &[x, w, wd], &[out], &[], &s.b)[0];
+        match bias {
+            Some(b) => self.add(y, b),
+            None => y,
+        }
+    }
+
+    /// Whether the layer is compiled (`compile = true`, `compile_regions = layer`: torchtune's
+    /// `training.compile_model` compiles each decoder layer): dynamo traces `LinearNF4` (an
+    /// `autograd.Function`) and the `NF4Tensor` (a traceable wrapper subclass:
+    /// `__tensor_flatten__`), so Inductor fuses `get_original_weight`'s pointwise ops and
+    /// lookups into one kernel writing the dequantized weight that the matmul reads — in
+    /// backward as in forward, where `compile.rs` already drops the values fused away. An
+    /// assumption from Inductor's fusion rules, not measured (no compiled NF4 record).
+    fn nf4_fused(&self) -> bool {
+        let cfg = self.c.cfg;
+        cfg.compile && cfg.compile_regions == crate::estimator::config::CompileRegions::Layer
+    }
+
+    /// `NF4Tensor.get_original_weight` in forward (see [`Builder::linear_nf4`]): the weight in
+    /// the model's dtype, its temporaries freed when it returns.
+    fn nf4_dequantize(&mut self, w: Tid) -> Tid {
+        let n = self.numel(w);
+        let hi = self.plain("__rshift__", &[w], flat(n / 2), Dt::Fp8);
+        let first = self.plain("_to_copy", &[hi], flat(n / 2), Dt::I64);
+        let lo = self.plain("__and__", &[w], flat(n / 2), Dt::Fp8);
+        let second = self.plain("_to_copy", &[lo], flat(n / 2), Dt::I64);
+        let d1 = self.plain("index", &[first], flat(n / 2), Dt::Model);
+        let d2 = self.plain("index", &[second], flat(n / 2), Dt::Model);
+        let sc0 = self.plain("div", &[w], flat(n / 64), Dt::Model);
+        let sc = self.plain("add", &[sc0], flat(n / 64), Dt::Model);
+        let r1 = self.plain("clone", &[sc], flat(n / 2), Dt::Model);
+        let s1 = self.plain("mul", &[d1, r1], flat(n / 2), Dt::Model);
+        let r2 = self.plain("clone", &[sc], flat(n / 2), Dt::Model);
+        let s2 = self.plain("mul", &[d2, r2], flat(n / 2), Dt::Model);
+        self.plain("stack", &[s1, s2, first, second, d1, d2, sc], flat(n), Dt::Model)
+    }
+
     /// gptqmodel's `TorchQuantLinear.forward` (`qlinear/torch.py`, the training path peft's
     /// GPTQ LoRA wraps): `dequantize_weight()` into an fp16 `[K, N]` weight (compiled: one
     /// kernel), `.to(x.dtype)`, then `torch.matmul(x, weights)`, whose node saves the
@@ -565,8 +653,16 @@ impl<'a> Builder<'a> {
         let base = match q.kind {
             QloraQuant::Nf4 => self.linear4bit(x, w, bias, shape, q),
             QloraQuant::Gptq => self.gptq_linear(x, w, shape),
+            QloraQuant::TorchaoNf4 => self.linear_nf4(x, w, bias, shape),
         };
         let Some(l) = self.lora.filter(|l| super::blocks::targeted(lin, l.targets)) else { return base };
+        if q.kind == QloraQuant::TorchaoNf4 {
+            // torchtune 0.6.1 `LoRALinear.forward`: `out + (alpha / rank) * lora_b(lora_a(x))`,
+            // the adapters in x's dtype (no clone, no cast).
+            let bb = self.lora_branch(x, x, shape, l);
+            let sc = self.mul_scalar(bb);
+            return self.add(base, sc);
+        }
         let result = if q.kind == QloraQuant::Nf4 { self.copy(base, self.shape(base)) } else { base };
         let convert = !self.autocast;
         let expected = self.t(result).dt;
@@ -582,7 +678,7 @@ impl<'a> Builder<'a> {
                     sc
                 }
             }
-            QloraQuant::Gptq => {
+            QloraQuant::Gptq | QloraQuant::TorchaoNf4 => {
                 let o = if convert { self.to_copy(bb, expected) } else { bb };
                 self.mul_scalar(o)
             }
