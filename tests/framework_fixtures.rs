@@ -205,3 +205,83 @@ fn every_pending_framework_record_is_refused_by_name() {
         }
     }
 }
+
+/// torch.compile on torchtitan's own code, as torchtitan 0.2.2 applies it: `apply_ac` (none,
+/// full, or op-level SAC with the model's `_op_sac_save_list`, the CPU SDPA kernel added), then
+/// `apply_compile` on each `TransformerBlock` (its checkpoint wrapper inside), the loss compiled
+/// (`compile.components = ["model", "loss"]`: `compile_regions = layer`) or eager (`["model"]`:
+/// `block`). Measured by `validation/measure_titan_compile.py` on CPU (b2 s64, fp32 and bf16).
+const COMPILE_SHARDS: &[&str] = &["torchtitan-llama3-compile", "torchtitan-qwen3-compile"];
+
+/// A compile record's configuration: [`config_of`] with the record's `recipe`.
+fn compile_config_of(doc: &Value, r: &Value) -> Config {
+    let mut c = config_of(doc, r);
+    let recipe = &r["recipe"];
+    c.compile = true;
+    c.compile_regions = match recipe["compile_regions"].as_str() {
+        Some("layer") => trainmem::config::CompileRegions::Layer,
+        Some("block") => trainmem::config::CompileRegions::Block,
+        other => panic!("compile_regions {other:?}"),
+    };
+    c.recompute = match recipe["recompute"].as_str() {
+        Some("none") => Recompute::None,
+        Some("full") => Recompute::Full,
+        Some("op") => Recompute::Op,
+        other => panic!("recompute {other:?}"),
+    };
+    // The save list on a CPU gets its SDPA kernel (what a CUDA run saves).
+    c.sac_cpu_sdpa = c.recompute == Recompute::Op;
+    c
+}
+
+#[test]
+fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
+    let shards = read(COMPILE_SHARDS);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (name, doc) in &shards {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let id = r["id"].as_str().unwrap_or_default();
+            let e = match estimate(&compile_config_of(doc, r)) {
+                Ok(e) => e,
+                Err(err) => {
+                    failures.push(format!("{id}: refused: {err}"));
+                    continue;
+                }
+            };
+            checked += 1;
+            for (what, got, want) in [
+                ("parameter_bytes", row(&e, "weights"), r["parameter_bytes"].as_u64()),
+                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
+                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
+            ] {
+                if Some(got) != want.map(u128::from) {
+                    failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
+                }
+            }
+            let saved = r["saved_bytes"].as_u64().unwrap_or(0);
+            let acts = e.memory.activations;
+            // The peak without kernel workspaces (the dispatch tracker's convention), as
+            // tests/recipe_fixtures.rs compares the compile records.
+            let step = &r["step"];
+            let peak = step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).unwrap_or(0);
+            let rel_p = (e.memory.peak as f64 - peak as f64) / peak as f64;
+            println!(
+                "{id:60} saved {acts:>9} vs {saved:>9} ({:+})  peak {:>9} vs {peak:>9} ({:+.3} %) [{name}] at {} (measured {})",
+                acts as i128 - saved as i128,
+                e.memory.peak,
+                rel_p * 100.0,
+                e.memory.peak_op,
+                step["peak_phase"].as_str().unwrap_or_default(),
+            );
+            if acts != u128::from(saved) {
+                failures.push(format!("{id}: activations {acts} vs saved {saved} ({:+} B)", acts as i128 - saved as i128));
+            }
+            if rel_p.abs() > 0.005 {
+                failures.push(format!("{id}: peak {} vs measured {peak} ({:+.3} %)", e.memory.peak, rel_p * 100.0));
+            }
+        }
+    }
+    assert!(shards.is_empty() || checked >= 6 * shards.len(), "{checked} records");
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}

@@ -90,7 +90,7 @@ fn unmodelled_features_are_reported_never_silently_ignored() {
         let imp = import(&[(f, &read(f))]).unwrap_or_else(|e| panic!("{e}"));
         imp.keys.iter().find(|k| k.key == key).map(|k| k.status)
     };
-    assert_eq!(status("torchtitan/llama3_405b.toml", "compile.enable"), Some(Status::Unmodelled), "compile of checkpointed blocks");
+    assert_eq!(status("torchtitan/llama3_405b.toml", "compile.enable"), Some(Status::Unmodelled), "compile with tensor parallelism");
     assert_eq!(status("torchtitan/llama3_405b.toml", "parallelism.enable_async_tensor_parallel"), Some(Status::Unmodelled));
     assert_eq!(status("megatron_lm/train_llama3_8b_h100_fp8.args", "--fp8-param-gather"), Some(Status::Unmodelled));
     assert_eq!(status("axolotl/llama-3-lora-8b.yml", "load_in_8bit"), Some(Status::Unmodelled));
@@ -109,7 +109,7 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     let c = import(&[("job.toml", toml)]).expect("imports").config;
     assert_eq!((c.model.as_str(), c.framework), ("qwen3-30b-a3b", config::Framework::Torchtitan));
     // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
-    // checkpointed blocks is reported, not estimated.
+    // tensor-parallel blocks is reported, not estimated.
     let c = recipe_of("torchtitan/llama3_405b.toml");
     assert_eq!((c.fp8, c.fp8_allgather, c.compile), (config::Fp8::TorchaoTensorwise, true, false));
     // torchtune's single-device full fine-tune, on torchtune's own Llama 3.1 code: its paged 8-bit
@@ -144,7 +144,19 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         (c.compile, c.compile_regions, c.fp8, c.optim_in_bwd),
         (true, config::CompileRegions::Layer, config::Fp8::TorchaoRowwise, true)
     );
-    assert_eq!(c.framework, config::Framework::Hf, "compiled: transformers' code, which the compile rules follow");
+    assert_eq!(c.framework, config::Framework::Torchtitan, "compiled: torchtitan's own blocks and loss (measure_titan_compile.py)");
+    // Compiled and checkpointed (op-level SAC): torchtitan's own code too; the blocks alone
+    // (`components = ["model"]`) are `compile_regions = block`.
+    let imp = import(&[(
+        "job.toml",
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n[compile]\nenable = true\ncomponents = [\"model\"]\n",
+    )])
+    .expect("imports");
+    let c = &imp.config;
+    assert_eq!(
+        (c.compile, c.compile_regions, c.recompute, c.framework),
+        (true, config::CompileRegions::Block, config::Recompute::Op, config::Framework::Torchtitan)
+    );
     // every-Nth-block selective checkpointing.
     let imp = import(&[(
         "job.toml",

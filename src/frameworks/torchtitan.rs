@@ -65,12 +65,14 @@ pub fn read(root: &Value, st: &mut FileState) {
     let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
     let name = g("model.name").and_then(text).unwrap_or_default();
     if OWN_CODE.contains(&name.as_str()) {
-        // torch.compile of checkpointed blocks is not modelled (the estimate drops compile then),
-        // so compile takes effect only without activation checkpointing.
-        let no_ac = g("activation_checkpoint.mode").and_then(text).as_deref() == Some("none");
-        if compiled(root).is_some() && no_ac {
+        // torch.compile of torchtitan's own MoE blocks (its `apply_compile` compiles their
+        // submodules apart, the experts eager) is not modelled: a compiled MoE flavor
+        // ("30B-A3B": total-active) is estimated as transformers' code compiles its layers.
+        let flavor = g("model.flavor").and_then(text).unwrap_or_default();
+        let moe = flavor.contains("-A");
+        if compiled(root).is_some() && moe && compile_modelled(root) {
             why.push_str(&format!(
-                "; torchtitan's own {name} code under torch.compile is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
+                "; torchtitan's own {name} MoE blocks under torch.compile are not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
             ));
         } else {
             code.push(("framework", "torchtitan".into()));
@@ -117,12 +119,11 @@ fn compile(v: &Value, root: &Value) -> Out {
     if !on {
         return Out::one("compile", "false");
     }
-    // torch.compile of checkpointed blocks (the partitioner follows the checkpoint's tags) is not
-    // modelled yet: the estimate stays eager rather than hold a setting it refuses.
-    let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
-    if ac != "none" {
+    // What the estimate refuses under compile stays eager rather than hold a setting it refuses.
+    if !compile_modelled(root) {
+        let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
         return Out::unmodelled(format!(
-            "torch.compile of checkpointed blocks (activation_checkpoint.mode = {ac}) is not modelled yet: estimated eager"
+            "torch.compile of blocks checkpointed every N layers or under a memory budget (activation_checkpoint.mode = {ac}), or with tensor parallelism, is not modelled yet: estimated eager"
         ));
     }
     let parts = compiled(root).unwrap_or_default();
@@ -134,6 +135,25 @@ fn compile(v: &Value, root: &Value) -> Out {
             .note("each TransformerBlock compiled, the loss eager"),
         _ => Out::unmodelled("only the loss compiled: not modelled; estimated eager"),
     }
+}
+
+/// Whether the estimator models this job's `compile.enable`: the blocks unchecked, fully
+/// checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full, or selective with
+/// `selective_ac_option` "op" or "1"; measured: `validation/measure_titan_compile.py`), without
+/// tensor parallelism. Every-N-blocks SAC (the default option "2") and a memory budget are not.
+fn compile_modelled(root: &Value) -> bool {
+    let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
+    let option = tree::get(root, "activation_checkpoint.selective_ac_option").and_then(text).unwrap_or_else(|| "2".into());
+    let tp = tree::get(root, "parallelism.tensor_parallel_degree")
+        .or_else(|| tree::get(root, "training.tensor_parallel_degree"))
+        .and_then(int)
+        .unwrap_or(1);
+    let ac_ok = match ac.as_str() {
+        "none" | "full" => true,
+        "selective" => option == "op" || option == "1",
+        _ => false,
+    };
+    ac_ok && tp <= 1
 }
 
 /// `model.converters`: torchtitan 0.2.2's model converters (`components/quantization/`,

@@ -19,6 +19,9 @@
 //!   with their indices — the MoE's `perm // K` and restoring permutation, int64),
 //! * (R) a reduction: an output more than 4× smaller than the node's tensor arguments together
 //!   (norm statistics; a bool mask of an fp32 tensor, exactly 4×, is recomputed),
+//! * (S) made by a recomputable op from a buffer alone and smaller than it (the min-cut weighs a
+//!   buffer like any input: torchtitan's bf16 Qwen3 keeps the bf16 casts of its fp32
+//!   `rope_cache`),
 //!
 //! and any other (pointwise, view, `index`) value is recomputed from its op's inputs, which
 //! are then needed in turn. A layer norm without weight or bias whose output is saved anyway
@@ -328,8 +331,16 @@ impl<'a> Builder<'a> {
                     && self.empty_cat_before(at, &producer)
             };
             let keep_output = softmax_like(op.name) && self.softmax_output_is_cheaper(base, at, &producer, &readers, &fate, &mat);
-            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output) {
-                save(&mut fate, &mut kept); // (B), (M), (R)
+            // (S) A value made from a buffer alone that is smaller than the buffer it reads: the
+            // min-cut weighs a buffer like any region input (a primal), so it keeps the smaller
+            // cut. Measured: torchtitan's bf16 Qwen3 blocks keep `cos` and `sin`, the bf16 casts of
+            // its fp32 `rope_cache` (2 × `[s, d]` bf16 where the cache is `[s, 2d]` fp32); in fp32
+            // they are views and the cache itself crosses (model state, no activation).
+            let from_state = !args.is_empty()
+                && args.iter().all(|&i| self.p.tensors[self.p.tensors[i as usize].base as usize].origin == Origin::Buffer)
+                && x.bytes < inputs;
+            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || from_state) {
+                save(&mut fate, &mut kept); // (B), (M), (R), (S)
                 continue;
             }
             fate[base as usize] = Some(Fate::Recomputed);
