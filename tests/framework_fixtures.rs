@@ -235,15 +235,24 @@ fn compile_config_of(doc: &Value, r: &Value) -> Config {
 }
 
 #[test]
-fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
+fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_peak_or_refused_by_name_under_full_checkpointing() {
     let shards = read(COMPILE_SHARDS);
     let mut failures = Vec::new();
-    let mut checked = 0;
+    let (mut checked, mut refused) = (0, 0);
     for (name, doc) in &shards {
         for r in doc["records"].as_array().into_iter().flatten() {
             let id = r["id"].as_str().unwrap_or_default();
-            let e = match estimate(&compile_config_of(doc, r)) {
+            let cfg = compile_config_of(doc, r);
+            let e = match estimate(&cfg) {
+                Ok(e) if cfg.recompute == Recompute::Full => {
+                    failures.push(format!("{id}: compiled full checkpointing estimated ({} B peak), but it is refused", e.memory.peak));
+                    continue;
+                }
                 Ok(e) => e,
+                Err(err) if cfg.recompute == Recompute::Full && err.to_string().contains("not modelled yet") => {
+                    refused += 1;
+                    continue;
+                }
                 Err(err) => {
                     failures.push(format!("{id}: refused: {err}"));
                     continue;
@@ -282,6 +291,27 @@ fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_within_half_a_per
             }
         }
     }
-    assert!(shards.is_empty() || checked >= 6 * shards.len(), "{checked} records");
+    assert!(shards.is_empty() || (checked == 8 * shards.len() && refused == 4 * shards.len()), "{checked} estimated, {refused} refused");
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Why compiled full checkpointing is refused, pinned on the measurement: with the loss compiled
+/// (`compile_regions = layer`) each record's step peaks inside a block's compiled backward
+/// (`CompiledFunctionBackward`), above the estimate the step program gives when the refusal is
+/// lifted (at the optimizer's `div`): llama3 fp32 4,573,788 B vs 4,536,660 (−0.81 %), bf16
+/// 2,291,036 vs 2,270,932 (−0.88 %); qwen3 fp32 4,631,024 vs 4,541,796 (−1.93 %), bf16 2,323,248 vs
+/// 2,275,556 (−2.05 %). Saved bytes exact on all 8 (FINDINGS §15.1).
+#[test]
+fn compiled_full_checkpointing_records_peak_inside_a_compiled_block_backward() {
+    for (_, doc) in read(COMPILE_SHARDS) {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let id = r["id"].as_str().unwrap_or_default();
+            if !id.ends_with("compile=layer+recompute=full") {
+                continue;
+            }
+            let stack = r["step"]["peak_stack"].to_string();
+            assert_eq!(r["step"]["peak_phase"], "backward", "{id}");
+            assert!(stack.contains("CompiledFunctionBackward"), "{id}: {stack}");
+        }
+    }
 }

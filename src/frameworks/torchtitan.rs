@@ -123,7 +123,7 @@ fn compile(v: &Value, root: &Value) -> Out {
     if !compile_modelled(root) {
         let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
         return Out::unmodelled(format!(
-            "torch.compile of blocks checkpointed every N layers or under a memory budget (activation_checkpoint.mode = {ac}), or with tensor parallelism, is not modelled yet: estimated eager"
+            "torch.compile of fully checkpointed blocks, of blocks checkpointed every N layers or under a memory budget (activation_checkpoint.mode = {ac}), or with tensor parallelism, is not modelled yet: estimated eager"
         ));
     }
     let parts = compiled(root).unwrap_or_default();
@@ -137,10 +137,11 @@ fn compile(v: &Value, root: &Value) -> Out {
     }
 }
 
-/// Whether the estimator models this job's `compile.enable`: the blocks unchecked, fully
-/// checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full, or selective with
-/// `selective_ac_option` "op" or "1"; measured: `validation/measure_titan_compile.py`), without
-/// tensor parallelism. Every-N-blocks SAC (the default option "2") and a memory budget are not.
+/// Whether the estimator models this job's `compile.enable`: the blocks unchecked or under
+/// op-level SAC (`activation_checkpoint.mode` none, or selective with `selective_ac_option`
+/// "op"; measured: `validation/measure_titan_compile.py`), without tensor parallelism. Full
+/// checkpointing (its compiled backward's peak), every-N-blocks SAC (the default option "2")
+/// and a memory budget are not.
 fn compile_modelled(root: &Value) -> bool {
     let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
     let option = tree::get(root, "activation_checkpoint.selective_ac_option").and_then(text).unwrap_or_else(|| "2".into());
@@ -149,8 +150,8 @@ fn compile_modelled(root: &Value) -> bool {
         .and_then(int)
         .unwrap_or(1);
     let ac_ok = match ac.as_str() {
-        "none" | "full" => true,
-        "selective" => option == "op" || option == "1",
+        "none" => true,
+        "selective" => option == "op",
         _ => false,
     };
     ac_ok && tp <= 1
