@@ -315,3 +315,33 @@ fn compiled_full_checkpointing_records_peak_inside_a_compiled_block_backward() {
         }
     }
 }
+
+/// What the torchtitan compile records do not cover is refused by name, never estimated: full
+/// checkpointing, autocast (`amp-bf16`), float8 converters, tensor parallelism, torchtitan's
+/// Qwen3 MoE; and `compile_regions = block` outside torchtitan's own code.
+#[test]
+fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_name() {
+    use trainmem::config::{CompileRegions, Fp8, Zero};
+    let shards = read(&["torchtitan-llama3-compile", "torchtitan-qwen3_moe"]);
+    let Some((_, doc)) = shards.iter().find(|(n, _)| n == "torchtitan-llama3-compile") else { return };
+    let r = &doc["records"][0];
+    let base = compile_config_of(doc, r);
+    assert!(estimate(&base).is_ok(), "{}", r["id"]);
+    let refused = |c: Config, word: &str| {
+        let err = estimate(&c).expect_err("refused").to_string();
+        assert!(err.contains("not modelled yet") && err.contains(word), "{word}: {err}");
+    };
+    refused(Config { recompute: Recompute::Full, ..base.clone() }, "fully checkpointed");
+    refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
+    refused(
+        Config { fp8: Fp8::TorchaoTensorwise, precision: Precision::MixedBf16, gpus: 8, zero: Zero::FullShard, ..base.clone() },
+        "float8",
+    );
+    refused(Config { tp: 2, gpus: 2, precision: Precision::MixedBf16, ..base.clone() }, "tensor parallelism");
+    refused(Config { framework: Framework::Hf, compile_regions: CompileRegions::Block, ..base.clone() }, "compile_regions = block");
+    if let Some((_, moe)) = shards.iter().find(|(n, _)| n == "torchtitan-qwen3_moe") {
+        let m = &moe["records"][0];
+        let c = Config { compile: true, compile_regions: CompileRegions::Layer, ..config_of(moe, m) };
+        refused(c, "Qwen3Moe");
+    }
+}

@@ -349,6 +349,12 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "torch.compile of torchtitan's blocks with float8 converters (Inductor fuses Float8Linear's cast chains and the partitioner weighs its amax reductions: not measured, FINDINGS §10.1) is not modelled yet",
         ));
     }
+    if cfg.compile && cfg.framework == Framework::Torchtitan && super::precision::recipe(cfg.precision).autocast_weight_copy {
+        return Err(invalid(
+            "compile",
+            "torch.compile of torchtitan's blocks under autocast (torchtitan's `maybe_enable_amp` without FSDP; measured compiled in fp32 and bf16 only) is not modelled yet",
+        ));
+    }
     if cfg.compile && cfg.framework == Framework::Torchtitan && cfg.tp > 1 {
         return Err(invalid(
             "compile",
