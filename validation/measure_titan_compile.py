@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch.compile on torchtitan 0.2.2's own Llama 3 and dense Qwen3, as torchtitan applies it (`compile.enable = true`,
-`compile.components = ["model", "loss"]`, its default), on CPU: the estimator's `framework = torchtitan`,
-`compile = true`, `compile_regions = block`.
+`compile.components = ["model", "loss"]`, its default, or `["model"]`), on CPU: the estimator's
+`framework = torchtitan`, `compile = true`, `compile_regions = layer` (blocks and loss) or `block` (blocks alone).
 
 What torchtitan does (0.2.2):
 
@@ -25,7 +25,10 @@ torch.profiler memory events), each record in a fresh interpreter.
 Writes tests/fixtures/pytorch/frameworks/torchtitan-<family>-compile.json ({configs, records}) and the profiled
 step's allocation trace under tests/fixtures/pytorch/frameworks/steps/.
 
-Usage:  nice validation/.venv/bin/python validation/measure_titan_compile.py [--only SUBSTRING]
+Records are named by the estimator's keys: `compile=layer` is torchtitan's default components (each block and the
+loss), `compile=block` the blocks alone (`--components model`, the loss eager), each `+recompute=full|op` where AC is on.
+
+Usage:  nice validation/.venv/bin/python validation/measure_titan_compile.py [--only SUBSTRING] [--components model]
 """
 
 from __future__ import annotations
