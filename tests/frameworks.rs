@@ -90,7 +90,11 @@ fn unmodelled_features_are_reported_never_silently_ignored() {
         let imp = import(&[(f, &read(f))]).unwrap_or_else(|e| panic!("{e}"));
         imp.keys.iter().find(|k| k.key == key).map(|k| k.status)
     };
-    assert_eq!(status("torchtitan/llama3_405b.toml", "compile.enable"), Some(Status::Unmodelled), "compile of checkpointed blocks");
+    assert_eq!(
+        status("torchtitan/llama3_405b.toml", "compile.enable"),
+        Some(Status::Unmodelled),
+        "compile of fully checkpointed tensor-parallel blocks"
+    );
     assert_eq!(status("torchtitan/llama3_405b.toml", "parallelism.enable_async_tensor_parallel"), Some(Status::Unmodelled));
     assert_eq!(status("megatron_lm/train_llama3_8b_h100_fp8.args", "--fp8-param-gather"), Some(Status::Unmodelled));
     assert_eq!(status("axolotl/llama-3-lora-8b.yml", "load_in_8bit"), Some(Status::Unmodelled));
@@ -109,7 +113,7 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     let c = import(&[("job.toml", toml)]).expect("imports").config;
     assert_eq!((c.model.as_str(), c.framework), ("qwen3-30b-a3b", config::Framework::Torchtitan));
     // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
-    // checkpointed blocks is reported, not estimated.
+    // fully checkpointed tensor-parallel blocks is reported, not estimated.
     let c = recipe_of("torchtitan/llama3_405b.toml");
     assert_eq!((c.fp8, c.fp8_allgather, c.compile), (config::Fp8::TorchaoTensorwise, true, false));
     // torchtune's single-device full fine-tune, on torchtune's own Llama 3.1 code: its paged 8-bit
@@ -144,7 +148,19 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         (c.compile, c.compile_regions, c.fp8, c.optim_in_bwd),
         (true, config::CompileRegions::Layer, config::Fp8::TorchaoRowwise, true)
     );
-    assert_eq!(c.framework, config::Framework::Hf, "compiled: transformers' code, which the compile rules follow");
+    assert_eq!(c.framework, config::Framework::Hf, "compiled with float8: transformers' code, which the compile rules follow");
+    // Compiled and checkpointed (op-level SAC): torchtitan's own code too; the blocks alone
+    // (`components = ["model"]`) are `compile_regions = block`.
+    let imp = import(&[(
+        "job.toml",
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n[compile]\nenable = true\ncomponents = [\"model\"]\n",
+    )])
+    .expect("imports");
+    let c = &imp.config;
+    assert_eq!(
+        (c.compile, c.compile_regions, c.recompute, c.framework),
+        (true, config::CompileRegions::Block, config::Recompute::Op, config::Framework::Torchtitan)
+    );
     // every-Nth-block selective checkpointing.
     let imp = import(&[(
         "job.toml",
@@ -194,7 +210,7 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("recipe=torchtitan-llama3-8b&gpus=64"),
             q("recipe=torchtitan-llama3-405b&gpus=512"),
             q("model=llama-3.1-8b&framework=torchtitan&gpus=8&zero=full_shard&recompute=none&recompute_every=2&fp8=torchao-rowwise&alloc_conf=expandable_segments:True"),
-            q("model=llama-3.1-8b&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048&alloc_conf=expandable_segments:True"),
+            q("model=llama-3.1-8b&framework=torchtitan&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048&alloc_conf=expandable_segments:True"),
             q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
             q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach&alloc_conf=expandable_segments:True"),
         ],

@@ -142,10 +142,12 @@ pub enum Recompute {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum CompileRegions {
-    /// Each decoder layer and the loss (torchtune's `compile: True`).
+    /// Each decoder layer and the loss (torchtune's `compile: True`; torchtitan 0.2.2's
+    /// `compile.enable` with its default `compile.components = ["model", "loss"]`).
     #[default]
     Layer,
-    /// Each `TransformerBlock` (torchtitan's `compile.enable`); the loss is left eager.
+    /// Each `TransformerBlock`, the loss left eager (torchtitan's `compile.components =
+    /// ["model"]`, and its compile before it compiled the loss): `framework = torchtitan` only.
     Block,
     /// The whole model at once (Trainer's `torch_compile`), with its graph breaks.
     Model,

@@ -65,12 +65,13 @@ pub fn read(root: &Value, st: &mut FileState) {
     let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
     let name = g("model.name").and_then(text).unwrap_or_default();
     if OWN_CODE.contains(&name.as_str()) {
-        // torch.compile of checkpointed blocks is not modelled (the estimate drops compile then),
-        // so compile takes effect only without activation checkpointing.
+        // torch.compile on torchtitan's own code is modelled for its dense blocks without float8
+        // or tensor parallelism ([`compile_on_own_code`]); otherwise, unchecked, a compiled job
+        // is estimated as transformers' modeling code compiles its layers (framework=hf).
         let no_ac = g("activation_checkpoint.mode").and_then(text).as_deref() == Some("none");
-        if compiled(root).is_some() && no_ac {
+        if compiled(root).is_some() && no_ac && !compile_on_own_code(root) {
             why.push_str(&format!(
-                "; torchtitan's own {name} code under torch.compile is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
+                "; torchtitan's own {name} code under torch.compile with float8, tensor parallelism or MoE blocks is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
             ));
         } else {
             code.push(("framework", "torchtitan".into()));
@@ -117,12 +118,11 @@ fn compile(v: &Value, root: &Value) -> Out {
     if !on {
         return Out::one("compile", "false");
     }
-    // torch.compile of checkpointed blocks (the partitioner follows the checkpoint's tags) is not
-    // modelled yet: the estimate stays eager rather than hold a setting it refuses.
-    let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
-    if ac != "none" {
+    // What the estimate refuses under compile stays eager rather than hold a setting it refuses.
+    if !compile_modelled(root) {
+        let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
         return Out::unmodelled(format!(
-            "torch.compile of checkpointed blocks (activation_checkpoint.mode = {ac}) is not modelled yet: estimated eager"
+            "torch.compile of checkpointed blocks (activation_checkpoint.mode = {ac}) is modelled for op-level SAC on torchtitan's own dense blocks without float8 or tensor parallelism only: estimated eager"
         ));
     }
     let parts = compiled(root).unwrap_or_default();
@@ -134,6 +134,38 @@ fn compile(v: &Value, root: &Value) -> Out {
             .note("each TransformerBlock compiled, the loss eager"),
         _ => Out::unmodelled("only the loss compiled: not modelled; estimated eager"),
     }
+}
+
+/// Whether the estimator models this job's `compile.enable` on torchtitan's own code
+/// (`framework = torchtitan`; measured: `validation/measure_titan_compile.py`): a dense
+/// `model.name` of [`OWN_CODE`] (a flavor without `-A`, total-active, as "30B-A3B"), the blocks
+/// unchecked or under op-level SAC (`activation_checkpoint.mode` none, or selective with
+/// `selective_ac_option` "op"), no float8 converter, no tensor parallelism. Full checkpointing
+/// (its compiled backward's peak), every-N-blocks SAC (the default option "2"), a memory budget,
+/// float8 under compile and torchtitan's MoE blocks are not.
+fn compile_on_own_code(root: &Value) -> bool {
+    let get = |k: &str| tree::get(root, k).and_then(text).unwrap_or_default();
+    let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
+    let option = tree::get(root, "activation_checkpoint.selective_ac_option").and_then(text).unwrap_or_else(|| "2".into());
+    let tp = tree::get(root, "parallelism.tensor_parallel_degree")
+        .or_else(|| tree::get(root, "training.tensor_parallel_degree"))
+        .and_then(int)
+        .unwrap_or(1);
+    let float8 = tree::get(root, "model.converters")
+        .and_then(|c| c.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(text)
+        .any(|c| c == "float8" || c == "quantize.linear.float8");
+    let ac_ok = ac == "none" || (ac == "selective" && option == "op");
+    OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && !float8 && tp <= 1
+}
+
+/// Whether `compile.enable` is estimated: without activation checkpointing (on torchtitan's
+/// own code or, where that is not modelled, as transformers' code compiles it), or as
+/// [`compile_on_own_code`] allows.
+fn compile_modelled(root: &Value) -> bool {
+    tree::get(root, "activation_checkpoint.mode").and_then(text).as_deref() == Some("none") || compile_on_own_code(root)
 }
 
 /// `model.converters`: torchtitan 0.2.2's model converters (`components/quantization/`,

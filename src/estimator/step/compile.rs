@@ -19,6 +19,9 @@
 //!   with their indices — the MoE's `perm // K` and restoring permutation, int64),
 //! * (R) a reduction: an output more than 4× smaller than the node's tensor arguments together
 //!   (norm statistics; a bool mask of an fp32 tensor, exactly 4×, is recomputed),
+//! * (S) made by a recomputable op from a buffer alone and smaller than it (the min-cut weighs a
+//!   buffer like any input: torchtitan's bf16 Qwen3 keeps the bf16 casts of its fp32
+//!   `rope_cache`),
 //!
 //! and any other (pointwise, view, `index`) value is recomputed from its op's inputs, which
 //! are then needed in turn — unless that costs the min-cut more than saving the value
@@ -236,9 +239,13 @@ impl<'a> Builder<'a> {
         let mut same = vec![u32::MAX; n_t];
         for op in &self.p.ops[lo..hi] {
             if op.name == "_to_copy" {
-                let (x, y) = (self.p.tensors[self.p.ins(op)[0] as usize].base, self.p.outs(op)[0]);
-                let d = self.p.tensors[y as usize].dtype;
-                match casts.iter().find(|c| c.0 == x && c.1 == d) {
+                // A whole tensor's cast: torchtitan's Qwen3 casts the cos and sin halves of one
+                // rotary cache, two values (their outputs half the cache's elements).
+                let (x, y) = (self.p.ins(op)[0], self.p.outs(op)[0]);
+                let (tx, ty) = (&self.p.tensors[x as usize], &self.p.tensors[y as usize]);
+                let d = ty.dtype;
+                let whole = tx.bytes / tx.dtype.bytes().max(1) as u128 == ty.bytes / d.bytes().max(1) as u128;
+                match casts.iter().find(|c| c.0 == x && c.1 == d).filter(|_| whole) {
                     Some(&(_, _, first)) => same[y as usize] = first,
                     None => casts.push((x, d, y)),
                 }
@@ -387,18 +394,26 @@ impl<'a> Builder<'a> {
                     && self.empty_cat_before(at, &producer)
             };
             let keep_output = softmax_like(op.name) && self.softmax_output_is_cheaper(base, at, &producer, &readers, &fate, &mat);
+            // (S) A value made from a buffer alone that is smaller than the buffer it reads: the
+            // min-cut weighs a buffer like any region input (a primal), so it keeps the smaller
+            // cut. Measured: torchtitan's bf16 Qwen3 blocks keep `cos` and `sin`, the bf16 casts of
+            // its fp32 `rope_cache` (2 × `[s, d]` bf16 where the cache is `[s, 2d]` fp32); in fp32
+            // they are views and the cache itself crosses (model state, no activation).
+            let from_state = !args.is_empty()
+                && args.iter().all(|&i| self.p.tensors[self.p.tensors[i as usize].base as usize].origin == Origin::Buffer)
+                && x.bytes < inputs;
             // A pointwise value whose recomputation needs more bytes saved than itself: the
             // min-cut cuts at the value (peft's `base + lora_B(…) * scaling`, two matmul outputs
             // for one sum; its bf16 cast back, three halves for one).
             let dearer = !relayout
-                && !(not_recomputable(op.name) || mat[base as usize] || reduction || keep_output)
+                && !(not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || from_state)
                 && self.recompute_cost(
                     at,
                     &Cut { producer: &producer, fate: &fate, needed: &needed_base, mat: &mat, fwd_mat: &fwd_mat },
                     1,
                 ) > save_weight(x.bytes, 0, fwd_mat[base as usize]);
-            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || dearer) {
-                save(&mut fate, &mut kept); // (B), (M), (R)
+            if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || from_state || dearer) {
+                save(&mut fate, &mut kept); // (B), (M), (R), (S)
                 continue;
             }
             fate[base as usize] = Some(Fate::Recomputed);

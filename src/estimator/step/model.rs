@@ -575,7 +575,7 @@ impl<'a> Setup<'a> {
             return;
         }
         if self.cfg.framework == crate::estimator::config::Framework::Torchtitan {
-            families::torchtitan::head_and_loss(b, xn, w, bias, vocab, self.cfg.tp > 1);
+            families::torchtitan::head_and_loss(b, xn, w, bias, vocab, self.cfg.tp > 1, self.compiled_loss());
             return;
         }
         // litgpt's `GPT` returns the logits; Fabric converts them to fp32 and `finetune/full.py`
@@ -620,7 +620,7 @@ impl<'a> Setup<'a> {
         b.hold(pad);
         b.hold(logits);
         b.outputs(&[r[0]]);
-        if self.compiled_layers() {
+        if self.compiled_loss() {
             let end = b.next_op();
             b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8);
             b.compile_region(loss_first, end, &[r[0]]);
@@ -656,8 +656,20 @@ impl<'a> Setup<'a> {
     }
 
     /// `compile = true` with `compile_regions = layer`: each decoder layer and the loss are
-    /// compiled regions ([`super::compile`]).
+    /// compiled regions ([`super::compile`]). Under `framework = torchtitan` that is torchtitan
+    /// 0.2.2's default (`compile.components = ["model", "loss"]`: `apply_compile` compiles each
+    /// `TransformerBlock`, its checkpoint wrapper inside, and `build_cross_entropy_loss` the
+    /// loss); `compile_regions = block` compiles the blocks alone (`components = ["model"]`, the
+    /// loss eager: torchtitan before it compiled its loss).
     fn compiled_layers(&self) -> bool {
+        use crate::estimator::config::{CompileRegions, Framework};
+        self.cfg.compile
+            && (self.cfg.compile_regions == CompileRegions::Layer
+                || (self.cfg.compile_regions == CompileRegions::Block && self.cfg.framework == Framework::Torchtitan))
+    }
+
+    /// The loss compiled as its own region (`compile = true`, `compile_regions = layer`).
+    fn compiled_loss(&self) -> bool {
         self.cfg.compile && self.cfg.compile_regions == crate::estimator::config::CompileRegions::Layer
     }
 

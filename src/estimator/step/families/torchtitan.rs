@@ -174,7 +174,9 @@ fn rope_cache_shape() -> Shape {
 fn qwen3_rope(b: &mut Builder, q: Tid, k: Tid, cache: Tid) -> (Tid, Tid) {
     let dt = b.t(q).dt;
     let cos = b.to_copy(cache, dt);
-    let sin = b.to_copy(cache, dt);
+    // The second half: its own view of the buffer, so that the two casts are two values.
+    let sin_half = b.view(cache, rope_cache_shape(), "", false);
+    let sin = b.to_copy(sin_half, dt);
     let qe = rope_half(b, q, cos, sin, Q::A);
     let ke = rope_half(b, k, cos, sin, Q::KV);
     (qe, ke)
@@ -576,8 +578,14 @@ pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGrou
 /// vocabulary (`parallelize.py`: `use_local_output=not loss_parallel`; `parallelism.
 /// disable_loss_parallel` defaults to false) and runs the loss under `loss_parallel()`
 /// ([`loss_parallel_log_softmax`], [`loss_parallel_backward`]).
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, loss_parallel: bool) {
+///
+/// `compiled` (`compile.enable` with `"loss"` in `compile.components`, 0.2.2's default):
+/// `build_cross_entropy_loss` wraps `cross_entropy_loss` in `torch.compile`: the fp32 copy, the
+/// log-softmax and the sum are one region ([`Builder::compile_region`]; its backward one fused
+/// kernel, [`Builder::fuse_loss_backward`]); the division by the valid-token count stays eager.
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, loss_parallel: bool, compiled: bool) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
+    let loss_first = b.next_op();
     let lf = b.to_copy(logits, Dt::F32);
     // The labels are the batch's token ids tensor (`batch_bytes`: one `[b, s]` int64 for both),
     // which the embedding already keeps: not a second activation (a model-state origin keeps it
@@ -597,10 +605,18 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
         "NllLossBackward0",
         &[lsm, labels],
         &out,
-        &[S::In(1), S::Out(1)],
+        // `nll_loss_backward(grad, self, target, weight, reduction, ignore_index, total_weight)`.
+        // Compiled, the decomposed backward of `reduction="sum"` never reads `total_weight` (a
+        // mean divides by it): the partitioner does not keep it (measured: 4 B less).
+        if compiled { &[S::In(1)] } else { &[S::In(1), S::Out(1)] },
         if loss_parallel { &parallel_backward } else { &plain_backward },
     );
     b.hold(lf);
+    if compiled {
+        let end = b.next_op();
+        b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8);
+        b.compile_region(loss_first, end, &[sum[0]]);
+    }
     // global_valid_tokens: `ne`, `sum`, `.float()`.
     let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
     let ne = b.plain("ne", &[labels], bs, Dt::Bool);

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""torch.compile on torchtitan 0.2.2's own Llama 3 and dense Qwen3, as torchtitan applies it (`compile.enable = true`,
+`compile.components = ["model", "loss"]`, its default, or `["model"]`), on CPU: the estimator's
+`framework = torchtitan`, `compile = true`, `compile_regions = layer` (blocks and loss) or `block` (blocks alone).
+
+What torchtitan does (0.2.2):
+
+* `parallelize_llama` / `parallelize_qwen3`: `apply_ac` first (distributed/activation_checkpoint.py: every
+  TransformerBlock wrapped in `ptd_checkpoint_wrapper`; `mode = "full"`, or `"selective"` with
+  `selective_ac_option = "op"` and the model's `_op_sac_save_list`), then `apply_compile`: each block (its checkpoint
+  wrapper inside) replaced by `torch.compile(block, backend="inductor", fullgraph=True)` (models/llama3/infra/
+  parallelize.py for Llama 3; models/llama4/infra/parallelize.py's, whose dense branch is the same, for Qwen3).
+* components/loss.py `build_cross_entropy_loss`: `cross_entropy_loss` compiled (`torch.compile(loss_fn)`, "loss" in
+  `compile.components`); train.py divides its sum by the valid-token count eagerly.
+
+Everything here is torchtitan's own code (`apply_ac`, `apply_compile`, `cross_entropy_loss`, the save list), called
+on the tiny models validation/measure_frameworks.py builds. On a CPU the save list gets the CPU's SDPA kernel
+(`_scaled_dot_product_flash_attention_for_cpu`), the counterpart of the CUDA kernels it names (what a GPU run saves;
+measure_recipes.py's `recompute=op` does the same).
+
+The measurement is measure_recipes.py's `measure_compile` (saved tensors read from the autograd graph after a compiled
+forward: `CompiledFunctionBackward` nodes' saved tensors plus eager nodes' `_saved_*`; the step's peak from
+torch.profiler memory events), each record in a fresh interpreter.
+
+Writes tests/fixtures/pytorch/frameworks/torchtitan-<family>-compile.json ({configs, records}) and the profiled
+step's allocation trace under tests/fixtures/pytorch/frameworks/steps/.
+
+Records are named by the estimator's keys: `compile=layer` is torchtitan's default components (each block and the
+loss), `compile=block` the blocks alone (`--components model`, the loss eager), each `+recompute=full|op` where AC is on.
+
+Usage:  nice validation/.venv/bin/python validation/measure_titan_compile.py [--only SUBSTRING] [--components model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import measure_recipes as R  # noqa: E402  (imports measure, torch)
+import measure_frameworks as F  # noqa: E402
+import torch  # noqa: E402
+
+M = R.M
+OUT = F.OUT
+FAMILIES = {"llama3": F.build_torchtitan_llama3, "qwen3": F.build_torchtitan_qwen3}
+RECOMPUTES = ("none", "full", "op")
+DTYPES = ("fp32", "bf16")
+
+
+def build(fam: str, dtype: str):
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    return FAMILIES[fam](R.S, tdtype)
+
+
+def titan_parallelize(lm, fam: str, recompute: str, components: tuple):
+    """torchtitan's `apply_ac` (mode full, or selective op with the model's save list) then its `apply_compile`
+    (per TransformerBlock), then the loss as `build_cross_entropy_loss` leaves it (compiled when "loss" is in
+    `compile.components`)."""
+    from torchtitan.config.job_config import ActivationCheckpoint, Compile
+    from torchtitan.distributed.activation_checkpoint import apply_ac
+    from torchtitan.components.loss import cross_entropy_loss
+    model = lm.model
+    # The model packages' __init__ (train specs: datasets, tokenizers) are not entered: each parallelize module is
+    # imported under a bare package, as measure_frameworks.py imports the model modules.
+    import types
+    from pathlib import Path
+    import torchtitan
+    root = Path(torchtitan.__file__).parent
+    for pkg_name in ("llama3", "llama4", "qwen3"):
+        pkg = types.ModuleType(f"torchtitan.models.{pkg_name}")
+        pkg.__path__ = [str(root / "models" / pkg_name)]
+        sys.modules.setdefault(pkg.__name__, pkg)
+    if fam == "llama3":
+        from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_compile
+        compile_blocks = lambda m, c: apply_compile(m, c)  # noqa: E731
+    else:
+        from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
+        from torchtitan.models.llama4.infra.parallelize import apply_compile
+        compile_blocks = lambda m, c: apply_compile(m, c, False)  # noqa: E731  (ep_enabled=False)
+    if recompute != "none":
+        ac = ActivationCheckpoint(mode="full") if recompute == "full" else \
+            ActivationCheckpoint(mode="selective", selective_ac_option="op")
+        apply_ac(model, ac, model_compile_enabled=True, op_sac_save_list=set(_op_sac_save_list) | {R.CPU_SDPA})
+    compile_blocks(model, Compile(enable=True))
+    if "loss" in components:
+        lm.loss_fn = F.titan_loss(torch.compile(cross_entropy_loss, backend="inductor"))
+    lm._blocks = model.layers
+    return list(model.layers.values())
+
+
+def measure_titan_compile(fam: str, dtype: str, recompute: str, opts: dict, components=("model", "loss")):
+    """measure_recipes.measure_compile with torchtitan's parallelize in place of `compile_layers`."""
+    from torch._dynamo.utils import counters
+    import gc
+    family = f"torchtitan-{fam}"
+    torch._dynamo.reset()
+    counters.clear()
+    R.GRAPHS.clear()
+    gc.collect()
+    M.build_model = lambda f, d, a, dr, e: build(fam, d)  # eager_reference builds through measure.build_model
+    ref = R.eager_reference(family, dtype, "sdpa")
+    R.install_partition_spy()
+    model = build(fam, dtype)
+    cfg = dict(M.config_dict(model), framework="torchtitan")
+    ids = M.make_ids(model, R.B, R.S)
+    blocks = titan_parallelize(model, fam, recompute, components)
+    ranges = R.SeqRanges(model, opaque=blocks)
+    opt = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(M.DATA_SEED)
+    t0 = time.time()
+    out = model(input_ids=ids, labels=ids, use_cache=False)  # step 1 compiles every region
+    loss = out.loss
+    del out
+    loss.backward()
+    del loss
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    compile_s = time.time() - t0
+    counters_1 = R.dynamo_counters()
+    entries, logits_info, loss, extra = R.compiled_saved(model, ids, ranges)
+    saved_bytes = sum(e["bytes"] for e in entries)
+    loss.backward()
+    del loss
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    # AdamW's states as measure.py records them: exp_avg + exp_avg_sq, the `step` counters apart.
+    a_state = a_step = 0
+    for st_ in opt.state.values():
+        for k, v in st_.items():
+            if isinstance(v, torch.Tensor):
+                if k == "step":
+                    a_step += v.numel() * v.element_size()
+                else:
+                    a_state += v.numel() * v.element_size()
+    state = R.T.optimizer_state_tensors(opt)
+    pre = R.classify_preexisting(model, state, ids)
+    del state
+    prof, _ = R.run_step_profiled(model, opt, ids)
+    R.PROFILE_LOG["trace"] = prof.pop("_trace")
+    R.PROFILE_LOG["pre"] = pre
+    counters_2 = R.dynamo_counters()
+    if counters_2["unique_graphs"] != counters_1["unique_graphs"]:
+        raise SystemExit(f"{family}: recompiled during the profiled step {counters_1} -> {counters_2}")
+    lg = 0 if logits_info["is_saved"] else logits_info["bytes"]
+    fwd_unexpl = prof["live_after_forward"] - (saved_bytes - extra["ids_saved_bytes"] + lg + extra["loss_bytes"])
+    regions = []
+    for aot_id, r in sorted(extra["regions"].items()):
+        g = R.GRAPHS.get(aot_id, {})
+        saved, recomputed = g.get("analysis", (None, None))
+        regions.append({"aot_id": aot_id, "module": r["module"], "calls": r["nodes"],
+                        "fw_graph_nodes": len(g["fw"].graph.nodes) if g else None,
+                        "bw_graph_nodes": len(g["bw"].graph.nodes) if g else None,
+                        "saved_values": saved, "recomputed_in_backward": recomputed})
+    step = R.step_from_profile(prof, pre)
+    pi = R.param_info(model)
+    step["checks"] = {"forward_unexplained": fwd_unexpl,
+                      "backward_unexplained": prof["live_end_of_phase"].get("backward", 0) - pi["parameter_bytes"],
+                      "end_of_step_net_bytes": prof["net_bytes"]}
+    step["compiled_constant_bytes"] = pre.get("other", 0)
+    # The estimator's keys: `compile_regions = layer` is torchtitan's default components (each block and the loss),
+    # `block` the blocks alone (components = ["model"], the loss eager).
+    regions_key = "layer" if "loss" in components else "block"
+    tag = f"compile={regions_key}" + (f"+recompute={recompute}" if recompute != "none" else "")
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    rec = {"id": f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{tag}", "family": family, "model_type": cfg["model_type"],
+           "config_key": f"{family}/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype, "attn": "sdpa",
+           **pi, "gradient_bytes": grads, "adamw": {"state_bytes": a_state, "step_bytes": a_step},
+           "framework": "torchtitan", "framework_version": "0.2.2", "checkpointing": recompute != "none"}
+    rec.update({"recipe": {"compile": True, "compile_regions": regions_key, "components": list(components),
+                           "compiled_loss": "loss" in components, "recompute": recompute,
+                           "applied_by": "torchtitan 0.2.2 apply_ac + apply_compile, build_cross_entropy_loss",
+                           **({"policy": "torchtitan 0.2.2 _op_sac_save_list (+ CPU SDPA)"}
+                              if recompute == "op" else {})},
+                "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
+                "saved_parameter_storages": extra["saved_parameter_storages"],
+                "saved_buffer_storages": extra["saved_buffer_storages"], "dynamo": counters_2,
+                "regions": regions, "step": step, "step_method": "torch.profiler memory events (CPU allocator)",
+                "eager_reference": ref, "compile_seconds": round(compile_s, 1), "saved": R.aggregate_rows(entries)})
+    opts["cfg"] = cfg
+    ranges.remove()
+    return rec
+
+
+def specs(only):
+    for fam in FAMILIES:
+        for dtype in DTYPES:
+            for rc in RECOMPUTES:
+                key = f"{fam}/{dtype}/{rc}"
+                if only is None or only in key:
+                    yield fam, dtype, rc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=None, help="substring of family/dtype/recompute")
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--components", default="model,loss", help="torchtitan's compile.components (default model,loss)")
+    ap.add_argument("--child", nargs=4, metavar=("FAMILY", "DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.child:
+        fam, dtype, rc, out_json = args.child
+        opts: dict = {}
+        rec = measure_titan_compile(fam, dtype, rc, opts, tuple(args.components.split(",")))
+        d = os.path.join(args.out, "steps")
+        os.makedirs(d, exist_ok=True)
+        log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
+               "preexisting_bytes": R.PROFILE_LOG["pre"],
+               "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase",
+                                                           "peak_stack")},
+               **R.PROFILE_LOG["trace"]}
+        with open(os.path.join(d, M.step_log_name(rec["id"])), "w") as f:
+            f.write(M.dump_log(log))
+        with open(out_json, "w") as f:
+            json.dump({"record": rec, "cfg": opts["cfg"]}, f)
+        return
+    n_fail = 0
+    for fam, dtype, rc in specs(args.only):
+        name = f"torchtitan-{fam}-compile"
+        path = os.path.join(args.out, f"{name}.json")
+        doc = json.load(open(path)) if os.path.exists(path) else {
+            "generated_by": "validation/measure_titan_compile.py", "torch": torch.__version__.split("+")[0],
+            "framework": "torchtitan", "framework_version": "0.2.2", "family": fam, "device": "cpu",
+            "configs": {}, "records": []}
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rec.json")
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--components",
+                                args.components, "--child", fam, dtype, rc, out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if r.returncode != 0 or not os.path.exists(out):
+                n_fail += 1
+                print(f"FAILED {fam}/{dtype}/{rc}:\n{r.stdout[-4000:]}", file=sys.stderr, flush=True)
+                continue
+            got = json.load(open(out))
+        rec = got["record"]
+        doc["configs"][rec["config_key"]] = got["cfg"]
+        doc["records"] = [x for x in doc["records"] if x["id"] != rec["id"]] + [rec]
+        doc["records"].sort(key=lambda x: x["id"])
+        with open(path, "w") as f:
+            f.write(M.dump(doc))
+        st = rec["step"]
+        bad = {k: v for k, v in st["checks"].items() if v not in (0, None)}
+        print(f"{rec['id']}: saved {rec['saved_bytes']} B; peak {st['measured_peak_bytes']} B ({st['peak_phase']}) "
+              f"checks {bad or 'ok'} {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    sys.exit(1 if n_fail else 0)
+
+
+if __name__ == "__main__":
+    main()
