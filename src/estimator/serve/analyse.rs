@@ -270,6 +270,16 @@ pub fn state_format(cfg: &Config) -> StateFormat {
     }
 }
 
+/// The alignment of vLLM's hybrid attention block for this model: 64 tokens when its attention
+/// is MLA (Kimi Linear), else 16 ([`super::kv::hybrid_block_size`]).
+pub fn hybrid_block_align(cfg: &Config) -> u64 {
+    if cfg.arch.is_mla() {
+        super::kv::VLLM_MLA_HYBRID_BLOCK_ALIGN
+    } else {
+        super::kv::VLLM_HYBRID_BLOCK_ALIGN
+    }
+}
+
 /// The KV cache's format for this configuration.
 pub fn kv_format(cfg: &Config) -> Format {
     cfg.serve.kv_dtype.format(cfg.serve.weight_dtype.model_format())
@@ -330,9 +340,9 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
         "weights",
         "weights",
         weights as i128,
-        "Σ_tensors on this GPU bytes(tensor, weight_dtype)",
+        if pad { "Σ_tensors on this GPU bytes(tensor, weight_dtype) + rotary cos/sin cache" } else { "Σ_tensors on this GPU bytes(tensor, weight_dtype)" },
         format!("{} ({})", gib(weights as i128), s.weight_dtype_name()),
-        "weights.rs: the model's tensor table split by tp/ep, cut to the largest pp stage",
+        "weights.rs: the model's tensor table split by tp/ep, cut to the largest pp stage (vLLM/SGLang: vocabulary padded to 64, rope_cache_bytes)",
     ));
     let mut notes = Vec::new();
     let (pool, kv_cache_bytes, process_bytes) = match engine {
@@ -378,7 +388,7 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
                 ),
                 "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory",
             ));
-            let layout = PagedLayout::new(&layers, fmt, sf, block)?;
+            let layout = PagedLayout::aligned(&layers, fmt, sf, block, hybrid_block_align(cfg))?;
             if layout.state_page_bytes > 0 {
                 notes.push(format!(
                     "vLLM's hybrid allocator: {} B of state per layer padded to pages of {} tokens ({} B), one block per request in each state group",

@@ -42,8 +42,13 @@ impl StateFormat {
     /// replaces "auto" (`Qwen3_5ForConditionalGenerationConfig.verify_and_update_config`,
     /// vllm/model_executor/models/config.py, mapped for `Qwen3_5ForConditionalGeneration` and
     /// `Qwen3_5MoeForConditionalGeneration`; Qwen3-Next, Falcon-H1 and Granite 4.0-H keep
-    /// "auto"). The KV cache's dtype (`kv_dtype`) does not apply to states.
+    /// "auto"). The KV cache's dtype (`kv_dtype`) does not apply to states. Kimi Linear's KDA
+    /// layers keep their recurrent state in FP32 whatever is set (`kda_state_dtype` returns
+    /// `(state_dtype, state_dtype, state_dtype, torch.float32)`: conv q, k, v, recurrent).
     pub fn vllm(model: Format, spec: &ModelSpec, set: StateDtype) -> StateFormat {
+        if spec.family == Family::KimiLinear {
+            return StateFormat { conv: model, recurrent: FP32 };
+        }
         let qwen35 = matches!(spec.family, Family::Qwen35Text | Family::Qwen35MoeText);
         let checkpoint = if qwen35 { spec.ssm_dtype } else { StateDtype::Auto };
         StateFormat { conv: model, recurrent: state_dtype_format(set.or(checkpoint), model) }
@@ -165,15 +170,20 @@ pub enum PagedError {
 /// support setting block size to multiple of 16" (vllm/model_executor/models/config.py
 /// `HybridAttentionMambaModelConfig.verify_and_update_config`).
 pub const VLLM_HYBRID_BLOCK_ALIGN: u64 = 16;
+/// The same alignment when the attention layers are MLA: "MLA backends: kernel_block_size 64
+/// alignment" (`kernel_block_alignment_size = 128 if use_cutlass_mla else 64`, same function;
+/// the CUTLASS_MLA backend's 128 is not modelled).
+pub const VLLM_MLA_HYBRID_BLOCK_ALIGN: u64 = 64;
 
 /// The attention block size vLLM picks for a model with states, so that one attention page
-/// holds at least one state page: `B' = 16 · ⌈state_page / (16 · attn_page_1_token)⌉`, kept
+/// holds at least one state page: `B' = a · ⌈state_page / (a · attn_page_1_token)⌉` with the
+/// alignment `a` ([`VLLM_HYBRID_BLOCK_ALIGN`], [`VLLM_MLA_HYBRID_BLOCK_ALIGN`] for MLA), kept
 /// when the configured `B` is larger (`HybridAttentionMambaModelConfig`: "override attention
 /// block size if either (a) the user has not set it or (b) the user has set it too small";
 /// vLLM at commit 0144dd5b). The state page is then padded to the attention page
 /// (`mamba_page_size_padded`).
-pub fn hybrid_block_size(state_page: u64, attn_page_1_token: u64, block_size: u64) -> u64 {
-    let a = VLLM_HYBRID_BLOCK_ALIGN;
+pub fn hybrid_block_size(state_page: u64, attn_page_1_token: u64, block_size: u64, align: u64) -> u64 {
+    let a = align.max(1);
     let need = a * state_page.div_ceil(a * attn_page_1_token.max(1));
     block_size.max(need)
 }
@@ -205,13 +215,21 @@ pub struct PagedLayout {
 }
 
 impl PagedLayout {
-    /// The layout of `layers` in blocks of `block_size` tokens, states in `sf`.
+    /// The layout of `layers` in blocks of `block_size` tokens, states in `sf`, a hybrid's
+    /// block aligned to [`VLLM_HYBRID_BLOCK_ALIGN`] (attention other than MLA).
     pub fn new(layers: &[KvLayer], fmt: Format, sf: StateFormat, block_size: u64) -> Result<PagedLayout, PagedError> {
+        PagedLayout::aligned(layers, fmt, sf, block_size, VLLM_HYBRID_BLOCK_ALIGN)
+    }
+
+    /// [`PagedLayout::new`] with a hybrid's block aligned to `align` tokens
+    /// ([`hybrid_block_size`]).
+    pub fn aligned(layers: &[KvLayer], fmt: Format, sf: StateFormat, block_size: u64, align: u64) -> Result<PagedLayout, PagedError> {
         let attention: Vec<&KvLayer> = layers.iter().filter(|l| l.attn != Attn::Linear).collect();
         let first = attention.first().ok_or(PagedError::Empty)?;
         let page = |l: &KvLayer, b: u64| fmt.bytes(b * l.k) + fmt.bytes(b * l.v) + fmt.bytes(b * l.idx);
         let state_page_bytes = layers.iter().map(|l| sf.bytes(l.state)).max().unwrap_or(0);
-        let block_size = if state_page_bytes > 0 { hybrid_block_size(state_page_bytes, page(first, 1), block_size) } else { block_size };
+        let block_size =
+            if state_page_bytes > 0 { hybrid_block_size(state_page_bytes, page(first, 1), block_size, align) } else { block_size };
         let page_bytes = page(first, block_size);
         if let Some(other) = attention.iter().map(|l| page(l, block_size)).find(|&p| p != page_bytes) {
             return Err(PagedError::MixedPages(page_bytes, other));
@@ -356,7 +374,7 @@ mod tests {
         assert_eq!(p.blocks_per_request(1000, 256), 10);
         assert_eq!(p.state_bytes_per_request(), 6_912);
         // A block size set above the need is kept.
-        assert_eq!(hybrid_block_size(2_240, 32, 128), 128);
+        assert_eq!(hybrid_block_size(2_240, 32, 128, VLLM_HYBRID_BLOCK_ALIGN), 128);
     }
 
     #[test]

@@ -18,6 +18,9 @@
 //! - `int4-gptq`: as AWQ plus `E·in` int32 `g_idx`;
 //! - `nvfp4`: `E·out·in/2` + `E·out·in/16` FP8 block scales + two FP32 global scales per weight;
 //! - `mxfp4` (gpt-oss): the experts only, `E·out·in/2` + `E·out·in/32` E8M0 scales.
+//!
+//! vLLM and SGLang also count, in "Loading model weights took", the rotary embedding's
+//! `cos_sin_cache` buffer ([`rope_cache_bytes`]).
 
 use super::super::config::{Config, Finetune};
 use super::super::model::Part;
@@ -87,9 +90,31 @@ fn padded_rows(rows: u64) -> u64 {
     rows.div_ceil(VOCAB_PADDING) * VOCAB_PADDING
 }
 
+/// Bytes of the rotary embedding's cos/sin cache that vLLM and SGLang keep on every GPU:
+/// `max_position_embeddings · rotary_dim · bytes(model dtype)`.
+///
+/// vLLM's `RotaryEmbedding.__init__` (vllm/model_executor/layers/rotary_embedding.py, the same
+/// code in SGLang's `srt/layers/rotary_embedding.py`) builds `cos_sin_cache` of shape
+/// `[max_position, rotary_dim]` (cos and sin halves concatenated), casts it `.to(dtype)` (the
+/// model's dtype, `torch.get_default_dtype()` while loading) and registers it as a
+/// non-persistent buffer, so it is allocated with the model and counted in "Loading model
+/// weights took". `get_rope` caches instances (`_ROPE_DICT`), so every layer shares one cache,
+/// neither split by TP nor by stage. `rotary_dim` is the query/key head's rotary part
+/// ([`crate::estimator::model::ModelSpec::rope_dims`]: `qk_rope_head_dim` for MLA); models
+/// without rotary positions keep none. Checked against vLLM's logs: Llama-3.1-8B
+/// 131,072 · 128 · 2 B = 32 MiB ("14.9888 GB" = 14.9575 GiB of parameters + 0.03125),
+/// Qwen3-0.6B 40,960 · 128 · 2 B = 10 MiB ("1.1201 GiB"). Not modelled: a second cache where a
+/// model builds two rotary embeddings (Gemma 3's local and global bases).
+pub fn rope_cache_bytes(cfg: &Config, dtype: WeightDtype) -> u64 {
+    dtype.model_format().bytes(cfg.arch.max_pos * cfg.arch.rope_dims())
+}
+
 /// The weights one GPU holds: the largest pipeline stage's share, split by `tp` and `ep`.
-/// `pad_vocab`: vLLM and SGLang pad the vocabulary to a multiple of 64.
-pub fn weight_bytes(cfg: &Config, dtype: WeightDtype, pad_vocab: bool) -> u64 {
+/// `engine_layout`: vLLM's and SGLang's — the vocabulary padded to a multiple of 64, and the
+/// rotary cache ([`rope_cache_bytes`]) loaded with the weights.
+pub fn weight_bytes(cfg: &Config, dtype: WeightDtype, engine_layout: bool) -> u64 {
+    let pad_vocab = engine_layout;
+    let rope = if engine_layout { rope_cache_bytes(cfg, dtype) } else { 0 };
     let plain = Config { finetune: Finetune::Full, ..cfg.clone() };
     let model = dtype.model_format();
     let pad = pad_vocab && cfg.tp == 1;
@@ -99,7 +124,7 @@ pub fn weight_bytes(cfg: &Config, dtype: WeightDtype, pad_vocab: bool) -> u64 {
             let groups = local_groups(&plain, stage);
             // Under TP the padding is applied to the whole vocabulary before splitting.
             let vocab_pad_extra = if pad_vocab && cfg.tp > 1 { vocab_padding_extra(cfg, &groups, model) } else { 0 };
-            groups.iter().map(|g| group_bytes(dtype, model, g, pad)).sum::<u64>() + vocab_pad_extra
+            groups.iter().map(|g| group_bytes(dtype, model, g, pad)).sum::<u64>() + vocab_pad_extra + rope
         })
         .max()
         .unwrap_or(0)
@@ -124,13 +149,21 @@ mod tests {
     use crate::config::decode_query;
 
     #[test]
-    fn llama_3_8b_in_bf16_is_its_parameters_twice() {
-        // 8,030,261,248 parameters; vocabulary 128,256 = 64 · 2,004 needs no padding.
+    fn llama_3_8b_in_bf16_is_its_parameters_twice_and_the_rotary_cache() {
+        // 8,030,261,248 parameters; vocabulary 128,256 = 64 · 2,004 needs no padding; the
+        // cos/sin cache 131,072 · 128 · 2 B = 32 MiB (vLLM logs "14.9888 GB").
+        let rope = 131_072 * 128 * 2;
         let c = decode_query("model=llama-3.1-8b").config;
-        assert_eq!(weight_bytes(&c, WeightDtype::Auto, true), 2 * 8_030_261_248);
-        // TP 2 halves everything but the norms (2·32·4096 + 4096 replicated).
+        assert_eq!(rope_cache_bytes(&c, WeightDtype::Auto), rope);
+        assert_eq!(weight_bytes(&c, WeightDtype::Auto, true), 2 * 8_030_261_248 + rope);
+        assert_eq!(weight_bytes(&c, WeightDtype::Auto, false), 2 * 8_030_261_248);
+        // TP 2 halves everything but the norms (2·32·4096 + 4096 replicated) and the cache.
         let c2 = decode_query("model=llama-3.1-8b&tp=2&gpus=2").config;
-        assert_eq!(weight_bytes(&c2, WeightDtype::Auto, true), (8_030_261_248 - 266_240) + 266_240 * 2);
+        assert_eq!(weight_bytes(&c2, WeightDtype::Auto, true), (8_030_261_248 - 266_240) + 266_240 * 2 + rope);
+        // MLA caches its rotary part only: DeepSeek-V3's 163,840 positions · 64 · 2 B.
+        assert_eq!(rope_cache_bytes(&decode_query("model=deepseek-v3").config, WeightDtype::Auto), 163_840 * 64 * 2);
+        // GPT-2's learned positions keep no cache.
+        assert_eq!(rope_cache_bytes(&decode_query("model=gpt2").config, WeightDtype::Auto), 0);
     }
 
     #[test]
