@@ -801,3 +801,96 @@ fn fsdp2_shards_the_nf4_tensor_but_its_mean_and_table() {
     let bnb = Config { qlora_quant: trainmem::config::QloraQuant::Nf4, ..cfg };
     assert!(two < row(&estimate(&bnb).expect("estimates"), "quantized_weights"));
 }
+
+/// The dequantized bf16 weights a compiled torchtune QLoRA layer keeps for backward, measured
+/// (`tests/fixtures/pytorch/torchao_nf4/compile.json`: the partitioner's forward graph names
+/// each saved value's producer; `get_original_weight`'s `torch.stack` decomposes to `cat`):
+/// q, k, v, o, w1 and w3 of layer 1 (4·128·128 + 2·256·128 elements), o, w1 and w3 of layer 0
+/// (its input, the frozen embedding's output, needs no gradient: q, k and v have no backward
+/// matmul), in bf16. w2 (down) is not among them: its dequantization is recomputed in backward.
+const TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES: u64 = 2 * (4 * 128 * 128 + 2 * 256 * 128) + 2 * (128 * 128 + 2 * 256 * 128);
+
+/// torchtune's QLoRA compiled (`compile = true`, `compile_regions = layer`: `training.compile_model`
+/// compiles each `TransformerSelfAttentionLayer`, `training.compile_loss` the chunked loss's
+/// `compute_cross_entropy`; validation/measure_torchao_nf4.py --compile, Inductor on the CPU,
+/// checkpointing off and on). What the estimate assumed holds: `get_original_weight` runs fused,
+/// in forward and in backward — no allocation of the step has the size of a 256×128 weight's
+/// int64 codes (8·n/2 = 131,072 B; eager allocates two per MLP weight and dequantization) — but
+/// the partitioner keeps six of a layer's seven dequantized weights (all but w2's) from forward to
+/// backward ([`TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES`]), which eager never saves. The records
+/// themselves are not estimated: torch.compile on torchtune's modeling code with its chunked loss
+/// is refused (`validate.rs`); what the estimate does with the kept weights is checked on
+/// transformers' code by [`a_compiled_torchao_nf4_layer_keeps_every_dequantized_weight_but_down_projs`].
+#[test]
+fn compiled_torchao_nf4_runs_the_dequantization_fused_and_keeps_the_bf16_weights_but_w2s() {
+    let Some(doc) = load("torchao_nf4/compile.json") else { return };
+    let mut n = 0;
+    for r in doc["records"].as_array().expect("records") {
+        let id = r["id"].as_str().unwrap_or_default();
+        let step = &r["step"];
+        for (phase, sizes) in step["allocation_sizes_by_phase"].as_object().expect("sizes") {
+            assert!(sizes.get("131072").is_none(), "{id}: {phase} allocates a 256×128 weight's int64 codes");
+        }
+        let mut kept = 0;
+        let mut recomputed_w2 = 0;
+        for region in r["regions"].as_array().expect("regions") {
+            for v in region["saved_values"].as_array().into_iter().flatten() {
+                let shape: Vec<u64> = v["shape"].as_array().expect("shape").iter().filter_map(Value::as_u64).collect();
+                if v["producer"] == "cat" && v["dtype"] == "bfloat16" && shape.len() == 2 {
+                    kept += 2 * shape[0] * shape[1];
+                }
+            }
+            // w2's codes (128×256: 16,384 B) dequantized again in the backward graph
+            let again = region["recomputed_in_backward"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v["op"] == "__rshift__" && v["shape"][0] == 16384);
+            recomputed_w2 += again as u32;
+        }
+        assert_eq!(kept, TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES, "{id}");
+        assert_eq!(recomputed_w2, 2, "{id}: w2's dequantization recomputed in each layer's backward");
+        n += 1;
+    }
+    assert!(n >= 2, "{n} records");
+}
+
+/// What the estimate does with it, on transformers' modeling code (the configuration the published
+/// torchtune 405B QLoRA row is estimated with: `loss = standard`): compiled, every NF4 linear
+/// whose input needs a gradient but the down projection keeps its bf16 weight for backward (a
+/// save of e·n, no dequantization in its backward); each down projection dequantizes once more
+/// in backward, in one fused kernel (e·n, no int64 codes).
+#[test]
+fn a_compiled_torchao_nf4_layer_keeps_every_dequantized_weight_but_down_projs() {
+    let Some(doc) = load("torchao_nf4/records.json") else { return };
+    let r = &doc["records"][0];
+    let mut cfg = Config { framework: trainmem::config::Framework::Hf, ..torchao_nf4_config(&doc, r) };
+    trainmem::config::set(&mut cfg, "loss", "standard").expect("loss");
+    let eager_stream = step_stream(&cfg).expect("stream");
+    cfg.compile = true;
+    cfg.compile_regions = trainmem::config::CompileRegions::Layer;
+    let s = step_stream(&cfg).expect("stream");
+    let fused: Vec<_> = s.events.iter().filter(|e| e.kind == EventKind::Alloc && e.op == "dequantize (fused)").collect();
+    assert_eq!(fused.len(), 2, "one per layer");
+    for e in &fused {
+        assert!(e.module.ends_with("down_proj"), "{}", e.module);
+        assert_eq!(e.bytes, 2 * 128 * 256);
+    }
+    let codes = |s: &trainmem::estimator::step::Stream| {
+        s.events.iter().filter(|e| e.kind == EventKind::Alloc && e.op == "_to_copy" && e.bytes == 8 * 128 * 256 / 2).count()
+    };
+    assert!(codes(&eager_stream) > 0 && codes(&s) == 0, "eager allocates int64 codes, compiled none");
+    // Dequantized weights (`stack`, e·n) made in forward and freed in backward: the kept ones.
+    let mut made = std::collections::HashMap::new();
+    let mut kept = 0;
+    for e in &s.events {
+        match (e.kind, e.phase) {
+            (EventKind::Alloc, Phase::Forward) if e.op == "stack" => {
+                made.insert(e.id, e.bytes);
+            }
+            (EventKind::Free, Phase::Backward) => kept += made.remove(&e.id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    assert_eq!(kept as u64, TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES, "the measured set");
+}

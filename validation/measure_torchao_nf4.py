@@ -21,7 +21,14 @@ subclass's parameter as numel × element size: its ``parameter_bytes`` here is t
 
 Writes tests/fixtures/pytorch/torchao_nf4/records.json (b2 s64, bf16, with and without checkpointing).
 
-Usage: nice validation/.venv/bin/python validation/measure_torchao_nf4.py
+``--compile`` (``--ckpt`` adds the checkpointed record): torchtune's ``compile=True`` instead, measured as
+measure_recipes.py's ``measure_compile`` measures transformers' compiled layers (``measure_compiled`` below): each
+``TransformerSelfAttentionLayer`` ``.compile()`` and the loss's ``compute_cross_entropy`` compiled, Inductor on the
+CPU; saved tensors from the autograd graph (``CompiledFunctionBackward.saved_tensors``, each named by its producer in
+the partitioner's forward graph), the step's peak and every allocation's size from torch.profiler memory events.
+Writes tests/fixtures/pytorch/torchao_nf4/compile.json (about a minute a record on one core).
+
+Usage: nice validation/.venv/bin/python validation/measure_torchao_nf4.py [--compile [--ckpt]]
 (torch 2.15.0, torchtune 0.6.1, torchao 0.18.0).
 """
 
@@ -142,7 +149,156 @@ def layout(model):
     return out
 
 
+def measure_compiled(ckpt=None):
+    """torchtune's `compile=True`: `training.compile_model` (each `TransformerSelfAttentionLayer` `.compile()`) and
+    `training.compile_loss` (`CEWithChunkedOutputLoss.compute_cross_entropy = torch.compile(...)`), Inductor on the
+    CPU; with `ckpt`, torchtune's `set_activation_checkpointing` after compiling (lora_finetune_single_device's order).
+    measure_recipes.py's `measure_compile` machinery: saved tensors from the autograd graph after a compiled forward
+    (`CompiledFunctionBackward.saved_tensors`, producers from the partitioner's forward graph), the step's peak from
+    torch.profiler memory events. The NF4 inner tensors (flattened into the compiled graphs' inputs) are parameter
+    storages: listed beside the buffers (`model.buffers`), never saved, and pre-existing as `buffer`, their bytes
+    (`nf4_bytes`) moved to `nf4` in the record."""
+    import measure_recipes as R
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    R.GRAPHS.clear()
+    gc.collect()
+    R.install_partition_spy()
+    model = build(64, torch.bfloat16)
+    cfg = measure.config_dict(model)
+    ids = measure.make_ids(model, R.B, R.S)
+    inner = inner_tensors(model)
+    own_buffers = model.buffers
+    model.buffers = lambda recurse=True: [*own_buffers(recurse), *inner]
+    layers = list(model.model.layers)
+    ranges = R.SeqRanges(model, opaque=layers)
+    for m in reversed(layers):  # training.compile_model
+        m.compile()
+    model.loss_fn.compute_cross_entropy = torch.compile(model.loss_fn.compute_cross_entropy)  # compile_loss
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    torch.manual_seed(measure.DATA_SEED)
+    t0 = time.time()
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    loss = out.loss
+    del out
+    loss.backward()
+    del loss
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    compile_s = time.time() - t0
+    counters_1 = R.dynamo_counters()
+    entries, logits_info, loss, extra = R.compiled_saved(model, ids, ranges)
+    saved_bytes = sum(e["bytes"] for e in entries)
+    loss.backward()
+    del loss
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    state = step_tracker.optimizer_state_tensors(opt)
+    pre = R.classify_preexisting(model, state, ids)
+    del state
+    lay = layout(model)
+    nf4_bytes = sum(r["count"] * r["total_bytes"] for r in lay)
+    # classify_preexisting counts an NF4 weight's `quantized_data` as its parameter storage and the other inner
+    # tensors as buffers (listed above): both moved to `nf4`, each storage once
+    ws = [p if isinstance(p, NF4Tensor) else p.data for p in nf4_weights(model)]
+    codes = {t.quantized_data.untyped_storage().data_ptr(): t.quantized_data.untyped_storage().nbytes() for t in ws}
+    rest = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in inner}
+    rest = {k: v for k, v in rest.items() if k not in codes}
+    pre["parameter"] -= sum(codes.values())
+    pre["buffer"] -= sum(rest.values())
+    pre["nf4"] = sum(codes.values()) + sum(rest.values())
+    prof, evs = R.run_step_profiled(model, opt, ids)
+    trace = prof.pop("_trace")
+    counters_2 = R.dynamo_counters()
+    if counters_2["unique_graphs"] != counters_1["unique_graphs"]:
+        raise SystemExit(f"recompiled during the profiled step {counters_1} -> {counters_2}")
+    regions = []
+    for aot_id, r in sorted(extra["regions"].items()):
+        g = R.GRAPHS.get(aot_id, {})
+        saved, recomputed = g.get("analysis", (None, None))
+        fw_ops, bw_ops = {}, {}
+        for key, ops in (("fw", fw_ops), ("bw", bw_ops)):
+            for n in (g[key].graph.nodes if g else []):
+                if n.op == "call_function":
+                    ops[R._target_name(n)] = ops.get(R._target_name(n), 0) + 1
+        regions.append({"aot_id": aot_id, "module": r["module"], "calls": r["nodes"],
+                        "fw_graph_ops": dict(sorted(fw_ops.items())), "bw_graph_ops": dict(sorted(bw_ops.items())),
+                        "saved_values": saved, "recomputed_in_backward": recomputed})
+    step = R.step_from_profile(prof, pre)
+    step["nf4_bytes"] = nf4_bytes
+    step["compiled_constant_bytes"] = pre.get("other", 0)
+    # the largest allocations of the step by innermost op (a dequantization intermediate would show here)
+    by_op: dict = {}
+    for sz, ph, op, ws in trace["events"]:
+        if sz > 0:
+            k = f"{trace['phases'][ph] if ph is not None else None}:{trace['ops'][op]}"
+            cur = by_op.setdefault(k, {"allocations": 0, "bytes": 0, "max_bytes": 0})
+            cur["allocations"] += 1
+            cur["bytes"] += sz
+            cur["max_bytes"] = max(cur["max_bytes"], sz)
+    step["allocations_by_op"] = dict(sorted(by_op.items(), key=lambda kv: -kv[1]["max_bytes"]))
+    # every allocation size of each phase, with its count: the bf16 weights are 32,768 B (128×128) and 65,536 B
+    # (128×256); eager's int64 codes of a 128×256 weight would be 131,072 B, its bf16 halves 32,768 B
+    sizes: dict = {}
+    for sz, ph, op, ws in trace["events"]:
+        if sz > 0:
+            d = sizes.setdefault(trace["phases"][ph] if ph is not None else "none", {})
+            d[str(sz)] = d.get(str(sz), 0) + 1
+    step["allocation_sizes_by_phase"] = {k: dict(sorted(v.items(), key=lambda kv: -int(kv[0])))
+                                         for k, v in sizes.items()}
+    tag = "ckpt1" if ckpt else "ckpt0"
+    rec = {"id": f"torchtune-llama3-qlora/b{R.B}/s{R.S}/bf16/sdpa/{tag}/compile=layer",
+           "family": "torchtune-llama3-qlora", "config_key": "torchtune-llama3-qlora/bf16", "batch": R.B, "seq": R.S,
+           "dtype": "bf16", "attn": "sdpa", "checkpointing": bool(ckpt), "checkpoint_mode": ckpt, "framework": "torchtune",
+           "framework_version": "0.6.1",
+           "recipe": {"compile": True, "compile_regions": "layer", "compiled_loss": True},
+           # checkpointed: reading `saved_tensors` through the checkpoint's unpack hook recomputes the layer, so
+           # what the graph lists is the recomputed forward's set (alive in the layer's backward), not what forward
+           # kept; the step's `live_after_forward` is that
+           "saved_bytes": None if ckpt else saved_bytes,
+           "recomputed_saved_bytes" if ckpt else "graph_saved_bytes": saved_bytes,
+           "saved_storages": len(entries), "logits": logits_info,
+           "saved_parameter_storages": extra["saved_parameter_storages"],
+           "saved_buffer_storages": extra["saved_buffer_storages"], "dynamo": counters_2, "compile_s": compile_s,
+           "regions": regions, "step": step, "step_method": "torch.profiler memory events (CPU allocator)",
+           "nf4": {"torchao": torchao.__version__, "lora": LORA, "nf4_bytes": nf4_bytes},
+           "saved": R.aggregate_rows(entries)}
+    ranges.remove()
+    del model, opt
+    torch._dynamo.reset()
+    R.GRAPHS.clear()
+    gc.collect()
+    return rec, cfg
+
+
+def main_compiled(ckpts):
+    """Writes tests/fixtures/pytorch/torchao_nf4/compile.json."""
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    records, configs = [], {}
+    for ckpt in ckpts:
+        t0 = time.time()
+        rec, cfg = measure_compiled(ckpt)
+        configs[rec["config_key"]] = dict(cfg, framework="torchtune")
+        records.append(rec)
+        st = rec["step"]
+        print(f"{rec['id']}: saved {rec['saved_bytes']} step peak {st['measured_peak_bytes']} tensors "
+              f"{st['tensors_measured_peak_bytes']} ({st['peak_phase']} {st['peak_stack']}) dynamo {rec['dynamo']} "
+              f"{time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    doc = {"generated_by": "validation/measure_torchao_nf4.py --compile (torchtune QLoRA on torchao NF4Tensor, "
+                           "compile=layer)",
+           "torch": torch.__version__.split("+")[0], "torchtune": "0.6.1", "torchao": torchao.__version__,
+           "device": "cpu", "seeds": {"model": measure.MODEL_SEED, "data": measure.DATA_SEED}, "configs": configs,
+           "records": records}
+    with open(os.path.join(OUT, "compile.json"), "w") as f:
+        f.write(measure.dump(doc))
+
+
 def main():
+    if "--compile" in sys.argv:
+        return main_compiled([None] + (["non_reentrant"] if "--ckpt" in sys.argv else []))
     torch.set_num_threads(1)
     measure.build_model = lambda family, dtype, attn, dropout, experts_impl: build(64, torch.bfloat16)
     os.makedirs(OUT, exist_ok=True)

@@ -12,6 +12,7 @@
 use super::ir::{Builder, DType, Dim, Dt, Lora, Shape, Split, Tid, B, S};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Config, Finetune, Fp8, Precision, QloraQuant};
+use crate::estimator::model::Linear;
 
 pub use super::ir::{Fp8Linear, LowBit, Quant4};
 
@@ -439,13 +440,16 @@ impl<'a> Builder<'a> {
     /// e·n/64 twice, the first freed), each half scaled by `repeated.flatten()` (an e·n/2 copy,
     /// freed after the product e·n/2), then `torch.stack` (e·n) while every local is still alive:
     /// 8n + 3e·n + e·n/64 (14n + n/32 B in bf16) at the stack; the result (e·n) lives through the
-    /// GEMM. Measured exact: tests/fixtures/pytorch/torchao_nf4.
-    pub fn linear_nf4(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape) -> Tid {
+    /// GEMM. Measured exact: tests/fixtures/pytorch/torchao_nf4. Compiled ([`Builder::nf4_fused`]):
+    /// the dequantization is one kernel writing the weight (e·n); the weight is kept for
+    /// backward ([`Builder::nf4_keeps_weight`]) or, for the down projection, written again there.
+    pub fn linear_nf4(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, lin: Linear) -> Tid {
         let wd = self.nf4_dequantize(w);
         let rx = self.rg(x);
         let out = self.out(shape, self.t(x).dt, rx);
         let mut s = Script::new();
-        if rx {
+        let keeps_weight = rx && self.nf4_keeps_weight(lin);
+        if rx && !keeps_weight {
             let e = self.dtype(Dt::Model).bytes() as u128;
             let n = self.numel(w);
             let dt = self.dtype(Dt::Model);
@@ -479,7 +483,12 @@ impl<'a> Builder<'a> {
             s.free(Some(full));
             s.b.push(B::Grad { input: 0, temp: gi });
         }
-        let y = self.op("linear", "LinearNF4Backward", &[x, w, wd], &[out], &[], &s.b)[0];
+        if keeps_weight {
+            let gi = s.alloc(self.bytes(x), self.t(x).dtype, "matmul");
+            s.b.push(B::Grad { input: 0, temp: gi });
+        }
+        let saved: &[S] = if keeps_weight { &[S::In(2)] } else { &[] };
+        let y = self.op("linear", "LinearNF4Backward", &[x, w, wd], &[out], saved, &s.b)[0];
         match bias {
             Some(b) => self.add(y, b),
             None => y,
@@ -491,11 +500,29 @@ impl<'a> Builder<'a> {
     /// `autograd.Function`) and the `NF4Tensor` (a traceable wrapper subclass:
     /// `__tensor_flatten__`), so Inductor fuses `get_original_weight`'s pointwise ops and
     /// lookups into one kernel writing the dequantized weight that the matmul reads — in
-    /// backward as in forward, where `compile.rs` already drops the values fused away. An
-    /// assumption from Inductor's fusion rules, not measured (no compiled NF4 record).
+    /// backward as in forward, where `compile.rs` already drops the values fused away.
+    /// Measured (torch 2.15, torchtune 0.6.1, torchao 0.18, Inductor on the CPU:
+    /// `tests/fixtures/pytorch/torchao_nf4/compile.json`, validation/measure_torchao_nf4.py
+    /// --compile): no allocation of the compiled step has the size of the int64 codes (8·n/2,
+    /// 131,072 B for a 256×128 weight; eager makes two per dequantization), in forward or in
+    /// backward, with checkpointing or without. What eager does not do: the layer keeps most
+    /// dequantized weights for backward ([`Builder::nf4_keeps_weight`]).
     fn nf4_fused(&self) -> bool {
         let cfg = self.c.cfg;
         cfg.compile && cfg.compile_regions == crate::estimator::config::CompileRegions::Layer
+    }
+
+    /// Whether the compiled layer keeps this linear's dequantized weight (e·n) from forward to
+    /// backward rather than dequantizing it again there: the joint graph's CSE makes backward's
+    /// `weight.to(dtype)` the forward's value, which the backward's matmul reads
+    /// (`is_materialized_backwards`: not recomputed) — for every NF4 linear whose input needs
+    /// a gradient but the layer's last, `w2` (down), whose dequantization the partitioner
+    /// recomputes from the codes in backward. Measured (torch 2.15, torchao 0.18,
+    /// `tests/fixtures/pytorch/torchao_nf4/compile.json`): the forward graphs save the `cat`
+    /// (`stack`) of q, k, v, o, w1, w3 (layer 0: o, w1, w3 — its input needs no gradient) and
+    /// recompute w2's `get_original_weight` in backward; why w2 differs is not traced.
+    fn nf4_keeps_weight(&self, lin: Linear) -> bool {
+        self.nf4_fused() && lin != Linear::Down
     }
 
     /// `NF4Tensor.get_original_weight` in forward (see [`Builder::linear_nf4`]): the weight in
@@ -653,7 +680,7 @@ impl<'a> Builder<'a> {
         let base = match q.kind {
             QloraQuant::Nf4 => self.linear4bit(x, w, bias, shape, q),
             QloraQuant::Gptq => self.gptq_linear(x, w, shape),
-            QloraQuant::TorchaoNf4 => self.linear_nf4(x, w, bias, shape),
+            QloraQuant::TorchaoNf4 => self.linear_nf4(x, w, bias, shape, lin),
         };
         let Some(l) = self.lora.filter(|l| super::blocks::targeted(lin, l.targets)) else { return base };
         if q.kind == QloraQuant::TorchaoNf4 {
