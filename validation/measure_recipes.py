@@ -708,6 +708,31 @@ def compiled_saved(model, ids, ranges: SeqRanges, amp=False):
     return entries, logits_info, loss, extra
 
 
+def compile_then_read_saved(model, opt, ids, ranges: SeqRanges):
+    """Step 1 (forward, backward, AdamW) compiles every region; then one more forward whose saved tensors are read from
+    the autograd graph (``compiled_saved``), and its backward — no step: the states are those of step 1, like the
+    grid's step 2. Returns (entries, logits_info, extra, saved_bytes, compile_seconds, dynamo counters after step 1).
+    Shared by measure_lora_compile.py, measure_titan_compile.py and measure_torchao_nf4.py."""
+    torch.manual_seed(M.DATA_SEED)
+    t0 = time.time()
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    loss = out.loss
+    del out
+    loss.backward()
+    del loss
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    compile_s = time.time() - t0
+    counters_1 = dynamo_counters()
+    entries, logits_info, loss, extra = compiled_saved(model, ids, ranges)
+    saved_bytes = sum(e["bytes"] for e in entries)
+    loss.backward()
+    del loss
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    return entries, logits_info, extra, saved_bytes, compile_s, counters_1
+
+
 def measure_compile(family, dtype, attn, opts, recompute=None):
     """compile=layer, optionally with checkpointing inside each compiled layer (torchtitan applies AC, then compiles
     each block: the checkpoint is traced by dynamo and the partitioner follows its policy tags)."""
@@ -743,25 +768,7 @@ def measure_compile(family, dtype, attn, opts, recompute=None):
     ranges = SeqRanges(model, opaque=layers)
     compile_layers(model)
     opt = torch.optim.AdamW(model.parameters())
-    torch.manual_seed(M.DATA_SEED)
-    t0 = time.time()
-    # step 1: compiles forward and backward of every region
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    loss = out.loss
-    del out
-    loss.backward()
-    del loss
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    compile_s = time.time() - t0
-    counters_1 = dynamo_counters()
-    # saved tensors of a forward after compilation
-    entries, logits_info, loss, extra = compiled_saved(model, ids, ranges)
-    saved_bytes = sum(e["bytes"] for e in entries)
-    loss.backward()
-    del loss
-    opt.zero_grad(set_to_none=True)  # (no step: the states are those of step 1, like the grid's step 2)
-    gc.collect()
+    entries, logits_info, extra, saved_bytes, compile_s, counters_1 = compile_then_read_saved(model, opt, ids, ranges)
     # the step, profiled
     state = T.optimizer_state_tensors(opt)
     pre = classify_preexisting(model, state, ids)

@@ -114,23 +114,7 @@ def measure_titan_compile(fam: str, dtype: str, recompute: str, opts: dict, comp
     blocks = titan_parallelize(model, fam, recompute, components)
     ranges = R.SeqRanges(model, opaque=blocks)
     opt = torch.optim.AdamW(model.parameters())
-    torch.manual_seed(M.DATA_SEED)
-    t0 = time.time()
-    out = model(input_ids=ids, labels=ids, use_cache=False)  # step 1 compiles every region
-    loss = out.loss
-    del out
-    loss.backward()
-    del loss
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    compile_s = time.time() - t0
-    counters_1 = R.dynamo_counters()
-    entries, logits_info, loss, extra = R.compiled_saved(model, ids, ranges)
-    saved_bytes = sum(e["bytes"] for e in entries)
-    loss.backward()
-    del loss
-    opt.zero_grad(set_to_none=True)
-    gc.collect()
+    entries, logits_info, extra, saved_bytes, compile_s, counters_1 = R.compile_then_read_saved(model, opt, ids, ranges)
     # AdamW's states as measure.py records them: exp_avg + exp_avg_sq, the `step` counters apart.
     a_state = a_step = 0
     for st_ in opt.state.values():

@@ -179,23 +179,7 @@ def measure_compiled(ckpt=None):
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-    torch.manual_seed(measure.DATA_SEED)
-    t0 = time.time()
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    loss = out.loss
-    del out
-    loss.backward()
-    del loss
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    compile_s = time.time() - t0
-    counters_1 = R.dynamo_counters()
-    entries, logits_info, loss, extra = R.compiled_saved(model, ids, ranges)
-    saved_bytes = sum(e["bytes"] for e in entries)
-    loss.backward()
-    del loss
-    opt.zero_grad(set_to_none=True)
-    gc.collect()
+    entries, logits_info, extra, saved_bytes, compile_s, counters_1 = R.compile_then_read_saved(model, opt, ids, ranges)
     state = step_tracker.optimizer_state_tensors(opt)
     pre = R.classify_preexisting(model, state, ids)
     del state
