@@ -715,13 +715,7 @@ def compile_then_read_saved(model, opt, ids, ranges: SeqRanges):
     Shared by measure_lora_compile.py, measure_titan_compile.py and measure_torchao_nf4.py."""
     torch.manual_seed(M.DATA_SEED)
     t0 = time.time()
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    loss = out.loss
-    del out
-    loss.backward()
-    del loss
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    one_step(model, opt, ids)
     compile_s = time.time() - t0
     counters_1 = dynamo_counters()
     entries, logits_info, loss, extra = compiled_saved(model, ids, ranges)
@@ -731,6 +725,50 @@ def compile_then_read_saved(model, opt, ids, ranges: SeqRanges):
     opt.zero_grad(set_to_none=True)
     gc.collect()
     return entries, logits_info, extra, saved_bytes, compile_s, counters_1
+
+
+def profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes, counters_1):
+    """After ``compile_then_read_saved``: the step profiled (no recompilation allowed), each compiled region's graphs
+    and partition, and the step's record with its self-checks. Returns (step, regions, dynamo counters)."""
+    state = T.optimizer_state_tensors(opt)
+    pre = classify_preexisting(model, state, ids)
+    del state
+    prof, _ = run_step_profiled(model, opt, ids)
+    PROFILE_LOG["trace"] = prof.pop("_trace")
+    PROFILE_LOG["pre"] = pre
+    counters_2 = dynamo_counters()
+    if counters_2["unique_graphs"] != counters_1["unique_graphs"]:
+        raise SystemExit(f"{family}: recompiled during the profiled step {counters_1} -> {counters_2}")
+    lg = 0 if logits_info["is_saved"] else logits_info["bytes"]
+    fwd_unexpl = prof["live_after_forward"] - (saved_bytes - extra["ids_saved_bytes"] + lg + extra["loss_bytes"])
+    regions = []
+    for aot_id, r in sorted(extra["regions"].items()):
+        g = GRAPHS.get(aot_id, {})
+        saved, recomputed = g.get("analysis", (None, None))
+        regions.append({"aot_id": aot_id, "module": r["module"], "calls": r["nodes"],
+                        "fw_graph_nodes": len(g["fw"].graph.nodes) if g else None,
+                        "bw_graph_nodes": len(g["bw"].graph.nodes) if g else None,
+                        "saved_values": saved, "recomputed_in_backward": recomputed})
+    step = step_from_profile(prof, pre)
+    step["checks"] = {"forward_unexplained": fwd_unexpl,
+                      "backward_unexplained": prof["live_end_of_phase"].get("backward", 0) - param_info(model)[
+                          "parameter_bytes"],
+                      "end_of_step_net_bytes": prof["net_bytes"]}
+    # tensors alive before the step that are none of parameters/states/buffers/batch: the compiled graphs' constants
+    # (a `torch.tensor(...)` in the layer code becomes a constant of the compiled graph, e.g. gemma2's normalizer)
+    step["compiled_constant_bytes"] = pre.get("other", 0)
+    return step, regions, counters_2
+
+
+def one_step(model, opt, ids):
+    """One training step of a transformers model: forward with labels, backward, AdamW, zero_grad."""
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    loss = out.loss
+    del out
+    loss.backward()
+    del loss
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def measure_compile(family, dtype, attn, opts, recompute=None):
@@ -769,34 +807,8 @@ def measure_compile(family, dtype, attn, opts, recompute=None):
     compile_layers(model)
     opt = torch.optim.AdamW(model.parameters())
     entries, logits_info, extra, saved_bytes, compile_s, counters_1 = compile_then_read_saved(model, opt, ids, ranges)
-    # the step, profiled
-    state = T.optimizer_state_tensors(opt)
-    pre = classify_preexisting(model, state, ids)
-    del state
-    prof, evs = run_step_profiled(model, opt, ids)
-    PROFILE_LOG["trace"] = prof.pop("_trace")
-    PROFILE_LOG["pre"] = pre
-    counters_2 = dynamo_counters()
-    if counters_2["unique_graphs"] != counters_1["unique_graphs"]:
-        raise SystemExit(f"{family}: recompiled during the profiled step {counters_1} -> {counters_2}")
-    lg = 0 if logits_info["is_saved"] else logits_info["bytes"]
-    fwd_unexpl = prof["live_after_forward"] - (saved_bytes - extra["ids_saved_bytes"] + lg + extra["loss_bytes"])
-    regions = []
-    for aot_id, r in sorted(extra["regions"].items()):
-        g = GRAPHS.get(aot_id, {})
-        saved, recomputed = g.get("analysis", (None, None))
-        regions.append({"aot_id": aot_id, "module": r["module"], "calls": r["nodes"],
-                        "fw_graph_nodes": len(g["fw"].graph.nodes) if g else None,
-                        "bw_graph_nodes": len(g["bw"].graph.nodes) if g else None,
-                        "saved_values": saved, "recomputed_in_backward": recomputed})
-    step = step_from_profile(prof, pre)
-    step["checks"] = {"forward_unexplained": fwd_unexpl,
-                      "backward_unexplained": prof["live_end_of_phase"].get("backward", 0) - param_info(model)[
-                          "parameter_bytes"],
-                      "end_of_step_net_bytes": prof["net_bytes"]}
-    # tensors alive before the step that are none of parameters/states/buffers/batch: the compiled graphs' constants
-    # (a `torch.tensor(...)` in the layer code becomes a constant of the compiled graph, e.g. gemma2's normalizer)
-    step["compiled_constant_bytes"] = pre.get("other", 0)
+    step, regions, counters_2 = profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes,
+                                                       counters_1)
     # eager reference: the same model uncompiled, profiler vs tracker (how far the profiler's CPU allocations are
     # from the dispatch-level storages the grid's tracker counts)
     tag = "compile=layer" + (f"+recompute={recompute}" if recompute else "")
@@ -849,13 +861,7 @@ def eager_reference(family, dtype, attn):
     torch.manual_seed(M.DATA_SEED)
 
     def plain():
-        out = model(input_ids=ids, labels=ids, use_cache=False)
-        loss = out.loss
-        del out
-        loss.backward()
-        del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        one_step(model, opt, ids)
     plain()
     gc.collect()
     state = T.optimizer_state_tensors(opt)

@@ -124,31 +124,9 @@ def measure_titan_compile(fam: str, dtype: str, recompute: str, opts: dict, comp
                     a_step += v.numel() * v.element_size()
                 else:
                     a_state += v.numel() * v.element_size()
-    state = R.T.optimizer_state_tensors(opt)
-    pre = R.classify_preexisting(model, state, ids)
-    del state
-    prof, _ = R.run_step_profiled(model, opt, ids)
-    R.PROFILE_LOG["trace"] = prof.pop("_trace")
-    R.PROFILE_LOG["pre"] = pre
-    counters_2 = R.dynamo_counters()
-    if counters_2["unique_graphs"] != counters_1["unique_graphs"]:
-        raise SystemExit(f"{family}: recompiled during the profiled step {counters_1} -> {counters_2}")
-    lg = 0 if logits_info["is_saved"] else logits_info["bytes"]
-    fwd_unexpl = prof["live_after_forward"] - (saved_bytes - extra["ids_saved_bytes"] + lg + extra["loss_bytes"])
-    regions = []
-    for aot_id, r in sorted(extra["regions"].items()):
-        g = R.GRAPHS.get(aot_id, {})
-        saved, recomputed = g.get("analysis", (None, None))
-        regions.append({"aot_id": aot_id, "module": r["module"], "calls": r["nodes"],
-                        "fw_graph_nodes": len(g["fw"].graph.nodes) if g else None,
-                        "bw_graph_nodes": len(g["bw"].graph.nodes) if g else None,
-                        "saved_values": saved, "recomputed_in_backward": recomputed})
-    step = R.step_from_profile(prof, pre)
+    step, regions, counters_2 = R.profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes,
+                                                         counters_1)
     pi = R.param_info(model)
-    step["checks"] = {"forward_unexplained": fwd_unexpl,
-                      "backward_unexplained": prof["live_end_of_phase"].get("backward", 0) - pi["parameter_bytes"],
-                      "end_of_step_net_bytes": prof["net_bytes"]}
-    step["compiled_constant_bytes"] = pre.get("other", 0)
     # The estimator's keys: `compile_regions = layer` is torchtitan's default components (each block and the loss),
     # `block` the blocks alone (components = ["model"], the loss eager).
     regions_key = "layer" if "loss" in components else "block"
