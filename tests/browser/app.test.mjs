@@ -297,6 +297,27 @@ test('a custom GPU size shows its field and the link carries it', async () => {
   assert.deepEqual(problems, []);
 });
 
+test("LoRA's adapter dtype shows with LoRA, its peak is the CLI's, and torchtune's model-dtype adapters keep less", async () => {
+  const q = '?model=llama-3.1-8b&precision=bf16&finetune=lora&lora_targets=all&seq=4096&batch=1';
+  const { page, problems } = await openPage(browser, server.base + q);
+  await page.waitForSelector('#in-lora_dtype', { state: 'visible' });
+  assert.equal(await page.inputValue('#in-lora_dtype'), 'fp32');
+  const peft = BigInt(await page.getAttribute('[data-testid=peak-bytes]', 'data-bytes'));
+  const args = ['--model', 'llama-3.1-8b', '--precision', 'bf16', '--finetune', 'lora', '--lora_targets', 'all', '--seq', '4096', '--batch', '1'];
+  assert.equal(String(peft), jsonInteger(cliJson(args), 'memory.peak'));
+  await page.selectOption('#in-lora_dtype', 'model');
+  await page.waitForFunction(() => location.search.includes('lora_dtype=model'));
+  await settled(page);
+  const model = BigInt(await page.getAttribute('[data-testid=peak-bytes]', 'data-bytes'));
+  assert.equal(String(model), jsonInteger(cliJson([...args, '--lora_dtype', 'model']), 'memory.peak'));
+  assert.ok(model < peft, `model-dtype adapters ${model} < peft's ${peft}`);
+  // Full fine-tuning is the default: the link drops finetune (and the LoRA keys with it).
+  await page.selectOption('#in-finetune', 'full');
+  await page.waitForFunction(() => !location.search.includes('finetune='));
+  assert.equal(await page.isVisible('#in-lora_dtype'), false);
+  assert.deepEqual(problems, []);
+});
+
 test('the static header paints before the wasm and the app replaces it with its own, once', async () => {
   const { page, problems } = await openPage(browser, server.base);
   // The page's HTML carries the header (what a slow phone paints first) …
