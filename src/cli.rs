@@ -805,77 +805,6 @@ fn render_keys() -> String {
     s
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn estimate_reads_keys_exactly_as_the_url_names_them() {
-        let (cfg, json) = parse_estimate_args(&args("--model llama-3.1-70b --seq 8192 --zero 3 --gpus 8 --json")).expect("valid");
-        assert!(json);
-        assert_eq!(config::encode_query(&cfg), "model=llama-3.1-70b&seq=8192&gpus=8&zero=3");
-    }
-
-    #[test]
-    fn a_bad_value_is_one_line_naming_the_key() {
-        let err = parse_estimate_args(&args("--seq many")).err().map(|e| e.to_string());
-        assert_eq!(err.as_deref(), Some("`seq` = 'many': expected a whole number"));
-    }
-
-    #[test]
-    fn the_json_document_has_the_promised_fields() {
-        let mut out = Vec::new();
-        run(&args("estimate --model gpt2 --json"), &mut out).expect("runs");
-        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
-        assert_eq!(v["parameter_count"], 124_439_808u64);
-        for k in ["parameters", "gradients", "optimizer_states", "activations", "framework_overhead", "total"] {
-            assert!(v["memory"][k].is_u64(), "memory.{k}");
-        }
-        assert!(v["components"].as_array().is_some_and(|c| c.iter().all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
-    }
-
-    #[test]
-    fn plan_reads_its_target_its_knob_lists_and_every_key() {
-        let a = parse_plan_args(&args(
-            "--model llama-3.1-8b --gpus 16 --seq 4k --global-batch-tokens 1m --try-zero 1,3 --try-tp 2,4 --top 5 --json",
-        ))
-        .expect("valid");
-        assert_eq!(a.output, PlanOutput::Json);
-        assert_eq!(a.request.global_batch, GlobalBatch::Tokens(1 << 20));
-        assert_eq!(a.request.space.zero, vec![crate::config::Zero::Z1, crate::config::Zero::Z3]);
-        assert_eq!(a.request.space.tp, vec![2, 4]);
-        assert_eq!(a.request.keep, 5);
-        assert_eq!((a.request.base.gpus, a.request.base.seq), (16, 4096));
-    }
-
-    #[test]
-    fn a_bad_knob_value_names_the_key() {
-        let err = parse_plan_args(&args("--global-batch 8 --try-zero 9")).err().map(|e| e.to_string());
-        assert!(err.is_some_and(|e| e.starts_with("`zero` = '9'")));
-        assert!(matches!(parse_plan_args(&args("--gpus 8")), Err(CliError::Usage(_))));
-        assert!(matches!(parse_plan_args(&args("--global-batch 8 --try-colour red")), Err(CliError::Usage(_))));
-    }
-
-    #[test]
-    fn plan_prints_ranked_plans_with_their_share_links() {
-        let mut out = Vec::new();
-        run(&args("plan --model qwen2.5-0.5b --gpus 8 --seq 1024 --global-batch 32 --top 3"), &mut out).expect("runs");
-        let text = String::from_utf8(out).expect("utf-8");
-        assert!(text.contains("estimate") && text.contains("plan 1: ?") && text.contains("why plan 1"), "{text}");
-    }
-
-    #[test]
-    fn unknown_commands_and_keys_fail() {
-        let mut out = Vec::new();
-        assert!(matches!(run(&args("frobnicate"), &mut out), Err(CliError::Usage(_))));
-        assert!(matches!(run(&args("estimate --colour blue"), &mut out), Err(CliError::Config(_))));
-    }
-}
-
 /// `trainmem import FILE... [--as FORMAT] [--json]`: the query on the first line, then one
 /// line per key (or the JSON document); keys whose values could not be used are listed on
 /// stderr too and make the exit status 1, with the rest of the configuration still printed.
@@ -998,4 +927,75 @@ fn render_recipes(json: bool) -> String {
         s.push_str(&format!("{:<44} {}\n", "", r.pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn estimate_reads_keys_exactly_as_the_url_names_them() {
+        let (cfg, json) = parse_estimate_args(&args("--model llama-3.1-70b --seq 8192 --zero 3 --gpus 8 --json")).expect("valid");
+        assert!(json);
+        assert_eq!(config::encode_query(&cfg), "model=llama-3.1-70b&seq=8192&gpus=8&zero=3");
+    }
+
+    #[test]
+    fn a_bad_value_is_one_line_naming_the_key() {
+        let err = parse_estimate_args(&args("--seq many")).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("`seq` = 'many': expected a whole number"));
+    }
+
+    #[test]
+    fn the_json_document_has_the_promised_fields() {
+        let mut out = Vec::new();
+        run(&args("estimate --model gpt2 --json"), &mut out).expect("runs");
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["parameter_count"], 124_439_808u64);
+        for k in ["parameters", "gradients", "optimizer_states", "activations", "framework_overhead", "total"] {
+            assert!(v["memory"][k].is_u64(), "memory.{k}");
+        }
+        assert!(v["components"].as_array().is_some_and(|c| c.iter().all(|r| r["formula"].is_string() && r["bytes"].is_u64())));
+    }
+
+    #[test]
+    fn plan_reads_its_target_its_knob_lists_and_every_key() {
+        let a = parse_plan_args(&args(
+            "--model llama-3.1-8b --gpus 16 --seq 4k --global-batch-tokens 1m --try-zero 1,3 --try-tp 2,4 --top 5 --json",
+        ))
+        .expect("valid");
+        assert_eq!(a.output, PlanOutput::Json);
+        assert_eq!(a.request.global_batch, GlobalBatch::Tokens(1 << 20));
+        assert_eq!(a.request.space.zero, vec![crate::config::Zero::Z1, crate::config::Zero::Z3]);
+        assert_eq!(a.request.space.tp, vec![2, 4]);
+        assert_eq!(a.request.keep, 5);
+        assert_eq!((a.request.base.gpus, a.request.base.seq), (16, 4096));
+    }
+
+    #[test]
+    fn a_bad_knob_value_names_the_key() {
+        let err = parse_plan_args(&args("--global-batch 8 --try-zero 9")).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.starts_with("`zero` = '9'")));
+        assert!(matches!(parse_plan_args(&args("--gpus 8")), Err(CliError::Usage(_))));
+        assert!(matches!(parse_plan_args(&args("--global-batch 8 --try-colour red")), Err(CliError::Usage(_))));
+    }
+
+    #[test]
+    fn plan_prints_ranked_plans_with_their_share_links() {
+        let mut out = Vec::new();
+        run(&args("plan --model qwen2.5-0.5b --gpus 8 --seq 1024 --global-batch 32 --top 3"), &mut out).expect("runs");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(text.contains("estimate") && text.contains("plan 1: ?") && text.contains("why plan 1"), "{text}");
+    }
+
+    #[test]
+    fn unknown_commands_and_keys_fail() {
+        let mut out = Vec::new();
+        assert!(matches!(run(&args("frobnicate"), &mut out), Err(CliError::Usage(_))));
+        assert!(matches!(run(&args("estimate --colour blue"), &mut out), Err(CliError::Config(_))));
+    }
 }

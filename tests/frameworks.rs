@@ -49,7 +49,7 @@ fn each_recipe_reimports_from_its_own_source_files_to_the_same_configuration() {
         let chosen = decode_query(&format!("recipe={}", r.id));
         assert_eq!(chosen.errors, vec![], "{}", r.id);
         assert_eq!(chosen.config, imp.config, "{}", r.id);
-        assert_eq!(config::matching_recipe(&imp.config).map(|m| m.id).is_some(), true, "{}", r.id);
+        assert!(config::matching_recipe(&imp.config).map(|m| m.id).is_some(), "{}", r.id);
     }
 }
 

@@ -200,7 +200,7 @@ pub fn check_shape(shape: AttentionShape) -> Result<(), String> {
     if shape.batch == 0 || shape.heads == 0 || shape.seq == 0 || shape.head_dim == 0 {
         return Err(format!("every size must be at least 1 ({shape})"));
     }
-    if shape.head_dim % 4 != 0 {
+    if !shape.head_dim.is_multiple_of(4) {
         return Err(format!("head_dim {} is not a multiple of 4 (the kernels load vec4s)", shape.head_dim));
     }
     if shape.head_dim > MAX_HEAD_DIM {

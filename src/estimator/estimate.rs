@@ -281,19 +281,14 @@ fn stage_ledger(
         };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
-    let gathered = overhead::gathered_layer_bytes(cfg, recipe, &groups);
+    let gathered = overhead::gathered_layer_bytes(cfg, recipe, groups);
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
     rows.extend(overhead::head_unit_row(cfg, recipe, groups).filter(|_| stage.has_head()));
     let sh = sharding::Sharding::of(cfg);
-    let temps = optimizer::step_temporary_bytes(
-        cfg.optim,
-        cfg.optim_impl,
-        &super::precision::trainable_recipe(cfg, recipe),
-        &groups,
-        &sh.shards(1),
-    )
-    .filter(|_| cfg.offload == Offload::None);
+    let temps =
+        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &super::precision::trainable_recipe(cfg, recipe), groups, &sh.shards(1))
+            .filter(|_| cfg.offload == Offload::None);
     let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
     rows.extend(temps);
     let ctx = overhead::cuda_context_bytes(cfg);

@@ -335,9 +335,7 @@ pub fn head_unit(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option
     let n = Sharding::of(cfg).n.max(1) as u128;
     let w = recipe.weight.bytes() as u128;
     let ends = || groups.iter().filter(|g| matches!(g.group.part, Part::FinalNorm | Part::LmHead) && !g.adapter);
-    if ends().next().is_none() {
-        return None;
-    }
+    ends().next()?;
     let numel = |g: &LocalGroup| g.group.numel() as u128 * g.group.count.max(1) as u128;
     let params = ends().map(|g| numel(g) * w).sum();
     let grad = ends().filter(|g| g.group.part == Part::LmHead && g.role == Role::Trainable).map(|g| numel(g) * w).sum();

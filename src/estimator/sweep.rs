@@ -816,7 +816,7 @@ pub struct ParamsSweep {
 /// hidden and MLP sizes by about `k`, layers so that `hidden² × layers` grows as `k³`.
 pub fn scaled(arch: &ModelSpec, k: f64) -> ModelSpec {
     let mut m = arch.clone();
-    let group = if arch.kv_heads > 0 && arch.heads % arch.kv_heads == 0 { arch.heads / arch.kv_heads } else { 1 };
+    let group = if arch.kv_heads > 0 && arch.heads.is_multiple_of(arch.kv_heads) { arch.heads / arch.kv_heads } else { 1 };
     let groups = ((arch.heads as f64 * k / group as f64).round() as u64).max(1);
     m.heads = groups * group;
     // One key/value head per group (a model whose heads do not group evenly becomes MHA).
@@ -868,7 +868,7 @@ pub fn on_gpus(cfg: &Config, arch: &ModelSpec, n: u64) -> Config {
 /// Sweeps the parameter count for `cfg`.
 pub fn params_sweep(cfg: &Config) -> ParamsSweep {
     let arch = &cfg.arch;
-    let group = if arch.kv_heads > 0 && arch.heads % arch.kv_heads == 0 { arch.heads / arch.kv_heads } else { 1 };
+    let group = if arch.kv_heads > 0 && arch.heads.is_multiple_of(arch.kv_heads) { arch.heads / arch.kv_heads } else { 1 };
     // The smallest shape: one key/value group of heads.
     let k_min = group as f64 / arch.heads.max(1) as f64;
     let k_max = 64.0;
@@ -1001,13 +1001,13 @@ pub fn gpu_points(cfg: &Config) -> Vec<u64> {
     let mut v = Vec::new();
     let mut n = mp;
     while n <= top {
-        if cfg.gpus % mp == 0 && cfg.gpus > v.last().copied().unwrap_or(0) && cfg.gpus < n {
+        if cfg.gpus.is_multiple_of(mp) && cfg.gpus > v.last().copied().unwrap_or(0) && cfg.gpus < n {
             v.push(cfg.gpus);
         }
         v.push(n);
         n *= 2;
     }
-    if cfg.gpus % mp == 0 && cfg.gpus > v.last().copied().unwrap_or(0) {
+    if cfg.gpus.is_multiple_of(mp) && cfg.gpus > v.last().copied().unwrap_or(0) {
         v.push(cfg.gpus);
     }
     v

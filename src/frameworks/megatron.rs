@@ -37,7 +37,7 @@ impl Shapes {
 fn accum(global: u64, micro: u64, gpus: u64, model_parallel: u64) -> Option<u64> {
     let dp = (gpus / model_parallel.max(1)).max(1);
     let per = micro.max(1) * dp;
-    (global > 0 && global % per == 0).then_some(global / per)
+    (global > 0 && global.is_multiple_of(per)).then_some(global / per)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ fn arg(
         | "--use-mcore-models"
         | "--init-method-std" => Out::ignored("the architecture comes with the model (its shapes)"),
         "--attention-dropout" | "--hidden-dropout" => match get(flag).and_then(|s| s.parse::<f64>().ok()) {
-            Some(p) if p == 0.0 => Out::ignored("no dropout"),
+            Some(0.0) => Out::ignored("no dropout"),
             Some(p) if (0.0..1.0).contains(&p) => Out::one("dropout", p),
             _ => Out::invalid("expected a probability"),
         },
@@ -597,7 +597,7 @@ fn bridge(key: &str, v: &Value, root: &Value, shapes: &Shapes, gpus: u64, mp: u6
             | "layernorm_epsilon",
         ) => Out::ignored("the architecture comes with the model; kernel choices keep the same tensors"),
         ("model", "hidden_dropout" | "attention_dropout") => match tree::float(v) {
-            Some(p) if p == 0.0 => Out::ignored("no dropout"),
+            Some(0.0) => Out::ignored("no dropout"),
             Some(p) if (0.0..1.0).contains(&p) => Out::one("dropout", p),
             _ => Out::invalid("expected a probability"),
         },

@@ -315,7 +315,7 @@ pub(crate) fn on_off(v: &Value, when_on: &str, when_off: &str) -> Out {
 /// input and a mask (`Builder::lora_dropout`); 0 or null is no dropout (the default: not set).
 pub(crate) fn dropout(v: &Value) -> Out {
     match tree::float(v) {
-        Some(p) if p == 0.0 => Out::ignored("no adapter dropout (lora_dropout = 0, the default)"),
+        Some(0.0) => Out::ignored("no adapter dropout (lora_dropout = 0, the default)"),
         Some(p) if (0.0..1.0).contains(&p) => {
             Out::one("lora_dropout", p).note("each adapter keeps its dropped input and the dropout's mask")
         }

@@ -11,6 +11,10 @@ use super::report::{positive, FileState, Out};
 use super::tree::{self, boolean, int, text};
 use serde_json::Value;
 
+/// A key torchtitan's `job_config.py` defaults when the file leaves it out: the key, the older
+/// name it may go by, the trainmem keys its default sets, and where the default comes from.
+type KeyDefault = (&'static str, &'static str, Vec<(&'static str, String)>, &'static str);
+
 pub fn read(root: &Value, st: &mut FileState) {
     let g = |k: &str| tree::get(root, k);
     // The degrees decide sharding and the GPU count together.
@@ -25,7 +29,7 @@ pub fn read(root: &Value, st: &mut FileState) {
         let out = map(&key, v, root, shard, replicate, others);
         st.record(&key, v, out);
     }
-    let defaults: [(&str, &str, Vec<(&'static str, String)>, &str); 6] = [
+    let defaults: [KeyDefault; 6] = [
         ("training.local_batch_size", "training.batch_size", vec![("batch", "8".into())], "job_config.py's default"),
         ("training.seq_len", "training.seq_len", vec![("seq", "2048".into())], "job_config.py's default"),
         (

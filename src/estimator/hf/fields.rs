@@ -326,8 +326,6 @@ pub fn mtp_note(f: &Fields, class: &str) -> Result<Option<String>, HfError> {
     }))
 }
 
-/// DeepSeek-V2/V3 (and Kimi K2, DeepSeek-V3's architecture): MLA attention, `first_k_dense_replace`
-
 /// `no_rope_layers` flags (1 = RoPE), or the default every-`no_rope_layer_interval`-th NoPE.
 pub fn rope_flags(f: &Fields, layers: usize) -> Result<Vec<bool>, HfError> {
     let listed = f.flags("no_rope_layers")?;
@@ -346,8 +344,6 @@ pub fn rope_flags(f: &Fields, layers: usize) -> Result<Vec<bool>, HfError> {
     }
     Ok((0..layers as u64).map(|i| (i + 1) % every != 0).collect())
 }
-
-/// GLM-4.5 (configuration_glm4_moe.py, modeling_glm4_moe.py): partial rotary, q/k/v biases,
 
 /// The default architecture with the file's `vocab_size`, which the importers of the families
 /// from before 2026 require first (their sizing keys must be present).

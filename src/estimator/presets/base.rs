@@ -53,7 +53,10 @@ pub const fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u
         heads,
         kv_heads,
         // An importer may pass a file's 0 heads; `fields::with_heads` refuses it after.
-        head_dim: if heads == 0 { 0 } else { hidden / heads },
+        head_dim: match hidden.checked_div(heads) {
+            Some(d) => d,
+            None => 0,
+        },
         ffn,
         mlp: MlpKind::Gated,
         act: Activation::Silu,

@@ -638,6 +638,9 @@ fn concurrency_of(c: &Config, context: u64) -> Option<f64> {
     Some(group_concurrency(c, &sized.pool, context, sized.cell))
 }
 
+/// A candidate fix: its label, the keys it changes, and the configuration with them.
+type Candidate = (String, Vec<(&'static str, String)>, Config);
+
 /// The single changes that make `n` sequences of `context` tokens fit, cheapest first: an FP8
 /// KV cache, a smaller prefill chunk, twice the tensor parallelism, another GPU (a data-parallel
 /// replica, which serves half the sequences). Each change is made on the configuration itself
@@ -645,7 +648,7 @@ fn concurrency_of(c: &Config, context: u64) -> Option<f64> {
 pub fn fixes(cfg: &Config, context: u64, n: u64) -> Vec<ServeFix> {
     let s = &cfg.serve;
     let more_gpus = cfg.gpus.max(cfg.tp * cfg.pp) * 2;
-    let mut candidates: Vec<(String, Vec<(&'static str, String)>, Config)> = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
     if matches!(s.kv_dtype, KvDtype::Auto | KvDtype::Bf16 | KvDtype::Fp16) {
         let mut c = cfg.clone();
         c.serve.kv_dtype = KvDtype::Fp8;

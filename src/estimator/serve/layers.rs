@@ -118,11 +118,11 @@ pub enum LayoutError {
 pub fn kv_heads_per_gpu(kv_heads: u64, tp: u64) -> Result<u64, LayoutError> {
     let tp = tp.max(1);
     if kv_heads >= tp {
-        if kv_heads % tp != 0 {
+        if !kv_heads.is_multiple_of(tp) {
             return Err(LayoutError::HeadsSplit { tp, kv: kv_heads });
         }
         Ok(kv_heads / tp)
-    } else if tp % kv_heads != 0 {
+    } else if !tp.is_multiple_of(kv_heads) {
         Err(LayoutError::HeadsSplit { tp, kv: kv_heads })
     } else {
         Ok(1)
@@ -169,7 +169,7 @@ pub fn gdn_state(spec: &ModelSpec, tp: u64, columns: u64) -> State {
 pub fn mamba2_state(spec: &ModelSpec, tp: u64, columns: u64) -> State {
     let m = &spec.ssm;
     let tp = tp.max(1);
-    let groups = if tp > 1 && m.groups % tp != 0 { tp } else { m.groups };
+    let groups = if tp > 1 && !m.groups.is_multiple_of(tp) { tp } else { m.groups };
     let cd = m.heads * m.head_dim + 2 * groups * m.state;
     State { conv: cd.div_ceil(tp) * columns, recurrent: m.heads.div_ceil(tp) * m.head_dim * m.state }
 }

@@ -406,7 +406,11 @@ impl<'a> Builder<'a> {
             // min-cut cuts at the value (peft's `base + lora_B(…) * scaling`, two matmul outputs
             // for one sum; its bf16 cast back, three halves for one).
             let dearer = !relayout
-                && !(not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || from_state)
+                && !not_recomputable(op.name)
+                && !mat[base as usize]
+                && !reduction
+                && !keep_output
+                && !from_state
                 && self.recompute_cost(
                     at,
                     &Cut { producer: &producer, fate: &fate, needed: &needed_base, mat: &mat, fwd_mat: &fwd_mat },

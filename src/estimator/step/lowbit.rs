@@ -598,7 +598,7 @@ pub fn of(cfg: &Config) -> LowBit {
 /// FP8 GEMMs need both dims multiples of 16 (torchao's `_auto_filter_for_recipe`, TE's
 /// alignment assertion): other linears stay in 16 bits.
 fn fp8_aligned(k: u128, n: u128) -> bool {
-    k % 16 == 0 && n % 16 == 0
+    k.is_multiple_of(16) && n.is_multiple_of(16)
 }
 
 impl<'a> Builder<'a> {

@@ -741,11 +741,14 @@ impl Collector {
     }
 }
 
+/// A spare stream's event list and its metadata list, kept for the next step on this thread.
+type Spare = (Vec<Event>, Vec<(u16, &'static str)>);
+
 thread_local! {
     /// A stream's event list and its collector's origins, kept for the next [`Collector`] on
     /// this thread: freed, a stream's lists (a Llama-3.1-405B pp16 stage's ~270 KB) let glibc
     /// trim the heap, and the next step faulted them in again.
-    static SPARE: std::cell::Cell<(Vec<Event>, Vec<(u16, &'static str)>)> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+    static SPARE: std::cell::Cell<Spare> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// Hands a stream's event list, once read, to the next [`Collector`] on this thread.
@@ -1072,6 +1075,16 @@ pub fn eager(cfg: &Config) -> bool {
     cfg.attn == Attention::Eager
 }
 
+/// Whether model layer `i` is one of every `recompute_every` fully checkpointed: torchtitan
+/// v0.2.2 `_apply_layer_sac` counts blocks from 1 and wraps the block when `count % N == 0`
+/// (layers N−1, 2N−1, … by index); transformers 5.24 `_set_gradient_checkpointing` wraps
+/// `layer_index % N == 0` (layers 0, N, 2N, …: `recompute_every_first`).
+pub fn every_nth(cfg: &Config, i: usize) -> bool {
+    let n = cfg.recompute_every as usize;
+    let k = if cfg.recompute_every_first { i } else { i + 1 };
+    n > 0 && k % n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1108,14 +1121,4 @@ mod tests {
         }
         assert!(n > 100, "{n}");
     }
-}
-
-/// Whether model layer `i` is one of every `recompute_every` fully checkpointed: torchtitan
-/// v0.2.2 `_apply_layer_sac` counts blocks from 1 and wraps the block when `count % N == 0`
-/// (layers N−1, 2N−1, … by index); transformers 5.24 `_set_gradient_checkpointing` wraps
-/// `layer_index % N == 0` (layers 0, N, 2N, …: `recompute_every_first`).
-pub fn every_nth(cfg: &Config, i: usize) -> bool {
-    let n = cfg.recompute_every as usize;
-    let k = if cfg.recompute_every_first { i } else { i + 1 };
-    n > 0 && k % n == 0
 }

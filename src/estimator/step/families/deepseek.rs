@@ -537,6 +537,7 @@ fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -
 /// MLP is `DeepseekV3MLP` on the first `first_k_dense_replace` layers, `DeepseekV3MoE` after
 /// (DeepSeek-V2: `DeepseekV2Moe`, with [`router_v2`]).
 #[cfg_attr(target_arch = "wasm32", inline(never))] // see `families::layer`
+#[allow(clippy::too_many_arguments)] // the shared layer signature plus the MoE router's variant
 pub fn layer(
     b: &mut Builder,
     p: &Params,

@@ -92,7 +92,7 @@ pub fn chunk_delta_rule(b: &mut Builder, rule: Rule, q: Tid, k: Tid, v: Tid, g: 
     let q_rstd = b.plain("l2norm_fwd", &[q], tok(&[HK]), Dt::F32);
     let k_n = b.plain("l2norm_fwd", &[k], tok(&[HK, DK]), kdt);
     let k_rstd = b.plain("l2norm_fwd", &[k], tok(&[HK]), Dt::F32);
-    let g_cum = b.plain("chunk_local_cumsum", &[g], gate.clone(), Dt::F32);
+    let g_cum = b.plain("chunk_local_cumsum", &[g], gate, Dt::F32);
     let intra = if rule == Rule::Kda { "chunk_kda_fwd_intra" } else { "chunk_gated_delta_rule_fwd_intra" };
     let a = b.plain(intra, &[k_n, beta, g_cum], tok(&[HV, CH]), kdt);
     let a2 = (rule == Rule::Kda).then(|| b.plain(intra, &[q_n, k_n, g_cum], tok(&[HV, CH]), kdt));
@@ -102,7 +102,7 @@ pub fn chunk_delta_rule(b: &mut Builder, rule: Rule, q: Tid, k: Tid, v: Tid, g: 
     if rule == Rule::Kda {
         temps.extend([tok(&[HV, DK]), tok(&[HV, DK])]);
     }
-    let made: Vec<Tid> = temps.iter().map(|s| b.plain("chunk_fwd_h", &[a], s.clone(), kdt)).collect();
+    let made: Vec<Tid> = temps.iter().map(|s| b.plain("chunk_fwd_h", &[a], *s, kdt)).collect();
     let mut ins = vec![q, k, v, g, beta, q_n, q_rstd, k_n, k_rstd, g_cum, a];
     ins.extend(a2);
     ins.extend(made);

@@ -373,7 +373,7 @@ fn chunk_kda(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid 
     }
     // core_attn_out.reshape(b, H, s_p, K)[:, :, :s].transpose(1, 2).contiguous().to(dtype)
     let flat = b.view(out, bhp(DK), "ViewBackward0", false);
-    let sl = if s % c == 0 { flat } else { b.slice(flat, bhs(DK)) };
+    let sl = if s.is_multiple_of(c) { flat } else { b.slice(flat, bhs(DK)) };
     let t = b.view(sl, shape(&[BD, SD, HV, DK]), "TransposeBackward0", false);
     let y = b.copy(t, shape(&[BD, SD, HV, DK]));
     let y = b.to_copy(y, in_dt);

@@ -287,7 +287,7 @@ pub fn mixer_scan(b: &mut Builder, w: &MambaW, spec: &ModelSpec, x: Tid) -> (Tid
     let [xh, bm, cm, _] = split_views(b, act_t, &[tok(X::SsmInner), tok(X::SsmGroupState), tok(X::SsmGroupState)]);
     let xv = b.view(xh, shape(&[BD, SD, HD, PD]), "ViewBackward0", false);
     let out = chunk_scan(b, w, xv, dt, a, bm, cm);
-    let sliced = if b.c.n(Q::S) % m.chunk.max(1) == 0 { out } else { b.slice(out, shape(&[BD, SD, HD, PD])) };
+    let sliced = if b.c.n(Q::S).is_multiple_of(m.chunk.max(1)) { out } else { b.slice(out, shape(&[BD, SD, HD, PD])) };
     let y = b.view(sliced, tok(X::SsmInner), "ViewBackward0", false);
     (y, gate, [proj, a, dt, act_t, xh, bm, cm, out])
 }

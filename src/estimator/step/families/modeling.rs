@@ -78,6 +78,7 @@ pub trait Modeling: Sync {
     }
 
     /// One decoder layer on `x` (`LlamaDecoderLayer.forward`); returns its output.
+    #[allow(clippy::too_many_arguments)] // the trait's one entry point: builder, parameters, spec, input, shared tensors, kind, attention
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         llama::layer(b, p, spec, x, sh, kind, attn)
     }

@@ -174,15 +174,14 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
         if b.t(t).dtype == b.dtype(Dt::F32) {
             t
         } else {
-            let o = b.to_copy(t, Dt::F32);
-            o
+            b.to_copy(t, Dt::F32)
         }
     };
     // fp32 inputs and no padding: `.to(...)` returns the transposed input and `F.pad` by 0
     // keeps its layout, so q, k and what follows them stay laid out `[b, s, Hv, d]`: the
     // chunked matmuls copy their operands into `bmm`'s layout unless one batch of one chunk
     // folds as a view, and each chunk's slice of the decayed q and k is copied when b > 1.
-    let strided = b.t(q).dtype == b.dtype(Dt::F32) && s % c == 0;
+    let strided = b.t(q).dtype == b.dtype(Dt::F32) && s.is_multiple_of(c);
     let batch = b.c.n(Q::B);
     let fold5 = |b: &mut Builder, x: Tid| {
         if strided && (batch > 1 || n > 1) {
@@ -321,7 +320,7 @@ fn chunk_rule(b: &mut Builder, q: Tid, k: Tid, v: Tid, g: Tid, beta: Tid) -> Tid
     }
     // core_attn_out.reshape(b, Hv, s_p, dv)[:, :, :s].transpose(1, 2).contiguous().to(dtype)
     let flat = b.view(out, bhp(DV), "ViewBackward0", false);
-    let sl = if s % c == 0 { flat } else { b.slice(flat, bhs(DV)) };
+    let sl = if s.is_multiple_of(c) { flat } else { b.slice(flat, bhs(DV)) };
     let t = b.view(sl, shape(&[BD, SD, HV, DV]), "TransposeBackward0", false);
     let y = if b.dtype(in_dt) == b.dtype(Dt::F32) { b.copy(t, shape(&[BD, SD, HV, DV])) } else { b.to_copy(t, in_dt) };
     // The function's locals live until it returns (the names rebound on the way — the fp32
@@ -724,7 +723,7 @@ fn gdn_keys(f: &Fields, split: bool) -> Result<Gdn, HfError> {
         conv: f.size("linear_conv_kernel_dim", 4)?,
         split,
     };
-    if g.k_heads == 0 || g.v_heads % g.k_heads != 0 {
+    if g.k_heads == 0 || !g.v_heads.is_multiple_of(g.k_heads) {
         return Err(HfError::Model(format!(
             "`linear_num_value_heads` ({}) must be a multiple of `linear_num_key_heads` ({})",
             g.v_heads, g.k_heads
