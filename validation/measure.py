@@ -1141,6 +1141,43 @@ def dump(doc) -> str:
     return "\n".join(out) + "\n"
 
 
+def keep_record(records: list, rec: dict, log, rid: str, out_dir: str, t0: float) -> bool:
+    """A driver's measured record (measure_lora.py, measure_qlora.py, measure_fp8.py): appended to ``records``, its
+    step log written to ``out_dir/steps/<id>.json``, its line printed. False (and the checks printed) when a step
+    self-check failed."""
+    ch = rec["step"]["checks"]
+    ok = not {k: v for k, v in ch.items() if v not in (0, [], True)}
+    if not ok:
+        print(f"STEP CHECK {rid}: {ch}", file=sys.stderr)
+    records.append(rec)
+    if log is not None:
+        with open(os.path.join(out_dir, "steps", rid.replace("/", "__") + ".json"), "w") as f:
+            f.write(dump_log(log))
+    st = rec["step"]
+    print(f"{rid}: saved {rec['saved_bytes']} step peak {st['measured_peak_bytes']} ({st['peak_phase']} "
+          f"{st['peak_op']} {st['peak_module']}) {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    return ok
+
+
+def write_records(out_dir: str, head: dict, configs: dict, records: list, order: dict, only, t_start: float,
+                  bad: int) -> int:
+    """A driver's ``out_dir/records.json``: ``head``'s fields, then the configs and the records in ``order`` (record
+    id -> position; unknown ids last). With ``only`` (a partial run) the file's other records and configs are kept.
+    Prints the summary; returns the exit status (1 when a step self-check failed)."""
+    path = os.path.join(out_dir, "records.json")
+    if only and os.path.exists(path):
+        old = json.load(open(path))
+        ids = {r["id"] for r in records}
+        records = [r for r in old["records"] if r["id"] not in ids] + records
+        configs = {**old["configs"], **configs}
+    records.sort(key=lambda r: order.get(r["id"], 1 << 30))
+    with open(path, "w") as f:
+        f.write(dump({**head, "configs": configs, "records": records}))
+    print(f"wrote {len(records)} records in {time.time() - t_start:.0f}s; step self-checks failing: {bad}",
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
 def dump_log(log) -> str:
     """One event per line, everything else compact."""
     body = {k: v for k, v in log.items() if k != "events"}

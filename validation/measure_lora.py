@@ -161,35 +161,13 @@ def main():
         res = json.load(open(res_path))
         rec, log = res["rec"], res["log"]
         configs[res["key"]] = res["cfg"]
-        ch = rec["step"]["checks"]
-        if {k: v for k, v in ch.items() if v not in (0, [], True)}:
-            bad += 1
-            print(f"STEP CHECK {rid}: {ch}", file=sys.stderr)
-        records.append(rec)
-        if log is not None:
-            with open(os.path.join(args.out, "steps", rid.replace("/", "__") + ".json"), "w") as f:
-                f.write(measure.dump_log(log))
-        st = rec["step"]
-        print(f"{rid}: saved {rec['saved_bytes']} step peak {st['measured_peak_bytes']} ({st['peak_phase']} "
-              f"{st['peak_op']} {st['peak_module']}) {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-    path = os.path.join(args.out, "records.json")
-    if args.only and os.path.exists(path):
-        old = json.load(open(path))
-        ids = {r["id"] for r in records}
-        records = [r for r in old["records"] if r["id"] not in ids] + records
-        configs = {**old["configs"], **configs}
+        bad += not measure.keep_record(records, rec, log, rid, args.out, t0)
     order = {rid_of(s): i for i, s in enumerate(specs())}
-    records.sort(key=lambda r: order.get(r["id"], 1 << 30))
-    doc = {"generated_by": "validation/measure_lora.py (LoRA adapter dropout; see validation/README.md)",
-           "torch": torch.__version__.split("+")[0], "transformers": measure.transformers.__version__,
-           "peft": peft.__version__, "device": "cpu",
-           "seeds": {"model": measure.MODEL_SEED, "data": measure.DATA_SEED}, "configs": configs,
-           "records": records}
-    with open(path, "w") as f:
-        f.write(measure.dump(doc))
-    print(f"wrote {len(records)} records in {time.time() - t_start:.0f}s; step self-checks failing: {bad}",
-          file=sys.stderr)
-    sys.exit(1 if bad else 0)
+    head = {"generated_by": "validation/measure_lora.py (LoRA adapter dropout; see validation/README.md)",
+            "torch": torch.__version__.split("+")[0], "transformers": measure.transformers.__version__,
+            "peft": peft.__version__, "device": "cpu",
+            "seeds": {"model": measure.MODEL_SEED, "data": measure.DATA_SEED}}
+    sys.exit(measure.write_records(args.out, head, configs, records, order, args.only, t_start, bad))
 
 
 if __name__ == "__main__":
