@@ -381,18 +381,24 @@ impl<'a> Builder<'a> {
     /// gradient). torchtune's and litgpt's `LoRALinear` (`lora_dtype = model`) add
     /// `lora_B(lora_A(dropout(x))) * scaling` in x's dtype: no cast. `lora_A` keeps x (the
     /// frozen base keeps nothing), `lora_B` keeps `lora_A`'s output.
+    /// torchtune's `LoRALinear(quantize_base=True)` (torchao's NF4 base, `linear_nf4`) adds its
+    /// adapters the same way, in x's dtype.
     pub fn proj(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, lin: crate::estimator::model::Linear) -> Tid {
-        if let Some(q) = self.lowbit.quant.filter(|_| !self.rg(w)) {
-            return self.quantized_proj(x, w, bias, shape, lin, q);
-        }
-        let base = self.base_linear(x, w, bias, shape);
+        let quant = self.lowbit.quant.filter(|_| !self.rg(w));
+        let base = match quant {
+            Some(q) if q.kind == crate::estimator::config::QloraQuant::TorchaoNf4 => self.linear_nf4(x, w, bias, shape, lin),
+            Some(q) => return self.quantized_proj(x, w, bias, shape, lin, q),
+            None => self.base_linear(x, w, bias, shape),
+        };
         let Some(l) = self.lora.filter(|l| targeted(lin, l.targets)) else { return base };
         let expected = self.t(base).dt;
-        let xa = if l.cast_input { self.to_copy(x, l.dt()) } else { x };
+        // torchtune 0.6.1 `LoRALinear.forward`: `out + (alpha / rank) * lora_b(lora_a(x))`, no cast.
+        let cast = l.cast_input && quant.is_none();
+        let xa = if cast { self.to_copy(x, l.dt()) } else { x };
         let bb = self.lora_branch(x, xa, shape, l);
         let sc = self.mul_scalar(bb);
         let sum = self.add(base, sc);
-        if l.cast_input {
+        if cast {
             self.to_copy(sum, expected)
         } else {
             sum

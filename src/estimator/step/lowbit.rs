@@ -449,42 +449,13 @@ impl<'a> Builder<'a> {
         let out = self.out(shape, self.t(x).dt, rx);
         let mut s = Script::new();
         let keeps_weight = rx && self.nf4_keeps_weight(lin);
-        if rx && !keeps_weight {
-            let e = self.dtype(Dt::Model).bytes() as u128;
-            let n = self.numel(w);
-            let dt = self.dtype(Dt::Model);
-            let full = if self.nf4_fused() {
-                s.alloc(e * n, dt, "dequantize (fused)")
-            } else {
-                let hi = s.alloc(n / 2, DType::Fp8, "__rshift__");
-                let first = s.alloc(4 * n, DType::I64, "_to_copy");
-                s.free(Some(hi));
-                let lo = s.alloc(n / 2, DType::Fp8, "__and__");
-                let second = s.alloc(4 * n, DType::I64, "_to_copy");
-                s.free(Some(lo));
-                let d1 = s.alloc(e * n / 2, dt, "index");
-                let d2 = s.alloc(e * n / 2, dt, "index");
-                let sc0 = s.alloc(e * (n / 64), dt, "div");
-                let sc = s.alloc(e * (n / 64), dt, "add");
-                s.free(Some(sc0));
-                let r1 = s.alloc(e * n / 2, dt, "clone");
-                let s1 = s.alloc(e * n / 2, dt, "mul");
-                s.free(Some(r1));
-                let r2 = s.alloc(e * n / 2, dt, "clone");
-                let s2 = s.alloc(e * n / 2, dt, "mul");
-                s.free(Some(r2));
-                let full = s.alloc(e * n, dt, "stack");
-                for t in [first, second, d1, d2, sc, s1, s2] {
-                    s.free(Some(t));
-                }
-                full
-            };
+        if rx {
+            // The input's gradient `grad_output @ weight`: the weight kept from forward, or
+            // dequantized again here (one fused kernel compiled, `get_original_weight`'s
+            // temporaries eager), freed once the matmul has run.
+            let full = if keeps_weight { None } else { Some(self.nf4_backward_weight(&mut s, self.numel(w))) };
             let gi = s.alloc(self.bytes(x), self.t(x).dtype, "matmul");
-            s.free(Some(full));
-            s.b.push(B::Grad { input: 0, temp: gi });
-        }
-        if keeps_weight {
-            let gi = s.alloc(self.bytes(x), self.t(x).dtype, "matmul");
+            s.free(full);
             s.b.push(B::Grad { input: 0, temp: gi });
         }
         let saved: &[S] = if keeps_weight { &[S::In(2)] } else { &[] };
@@ -493,6 +464,38 @@ impl<'a> Builder<'a> {
             Some(b) => self.add(y, b),
             None => y,
         }
+    }
+
+    /// `get_original_weight` again in [`Builder::linear_nf4`]'s backward (`n` elements), into
+    /// script `s`: the dequantized weight's temporary (its locals freed, the weight left).
+    fn nf4_backward_weight(&self, s: &mut Script, n: u128) -> u8 {
+        let e = self.dtype(Dt::Model).bytes() as u128;
+        let dt = self.dtype(Dt::Model);
+        if self.nf4_fused() {
+            return s.alloc(e * n, dt, "dequantize (fused)");
+        }
+        let hi = s.alloc(n / 2, DType::Fp8, "__rshift__");
+        let first = s.alloc(4 * n, DType::I64, "_to_copy");
+        s.free(Some(hi));
+        let lo = s.alloc(n / 2, DType::Fp8, "__and__");
+        let second = s.alloc(4 * n, DType::I64, "_to_copy");
+        s.free(Some(lo));
+        let d1 = s.alloc(e * n / 2, dt, "index");
+        let d2 = s.alloc(e * n / 2, dt, "index");
+        let sc0 = s.alloc(e * (n / 64), dt, "div");
+        let sc = s.alloc(e * (n / 64), dt, "add");
+        s.free(Some(sc0));
+        let r1 = s.alloc(e * n / 2, dt, "clone");
+        let s1 = s.alloc(e * n / 2, dt, "mul");
+        s.free(Some(r1));
+        let r2 = s.alloc(e * n / 2, dt, "clone");
+        let s2 = s.alloc(e * n / 2, dt, "mul");
+        s.free(Some(r2));
+        let full = s.alloc(e * n, dt, "stack");
+        for t in [first, second, d1, d2, sc, s1, s2] {
+            s.free(Some(t));
+        }
+        full
     }
 
     /// Whether the layer is compiled (`compile = true`, `compile_regions = layer`: torchtune's
@@ -668,6 +671,8 @@ impl<'a> Builder<'a> {
     /// for 4bit, we need to defensively clone here" — then, outside autocast, the input cast to
     /// the adapters' dtype, `lora_B(lora_A(x)) * scaling` cast back to the result's dtype and
     /// added; `tuners/lora/gptq.py QuantLinear.forward`: no clone, the cast before the scaling).
+    /// bitsandbytes' NF4 and GPTQ bases; torchao's (torchtune's `LoRALinear`) takes
+    /// [`Builder::proj`]'s adapter path on [`Builder::linear_nf4`].
     pub fn quantized_proj(
         &mut self,
         x: Tid,
@@ -677,38 +682,25 @@ impl<'a> Builder<'a> {
         lin: crate::estimator::model::Linear,
         q: Quant4,
     ) -> Tid {
-        let base = match q.kind {
-            QloraQuant::Nf4 => self.linear4bit(x, w, bias, shape, q),
-            QloraQuant::Gptq => self.gptq_linear(x, w, shape),
-            QloraQuant::TorchaoNf4 => self.linear_nf4(x, w, bias, shape, lin),
-        };
+        let bnb = q.kind == QloraQuant::Nf4;
+        let base = if bnb { self.linear4bit(x, w, bias, shape, q) } else { self.gptq_linear(x, w, shape) };
         let Some(l) = self.lora.filter(|l| super::blocks::targeted(lin, l.targets)) else { return base };
-        if q.kind == QloraQuant::TorchaoNf4 {
-            // torchtune 0.6.1 `LoRALinear.forward`: `out + (alpha / rank) * lora_b(lora_a(x))`,
-            // the adapters in x's dtype (no clone, no cast).
-            let bb = self.lora_branch(x, x, shape, l);
-            let sc = self.mul_scalar(bb);
-            return self.add(base, sc);
-        }
-        let result = if q.kind == QloraQuant::Nf4 { self.copy(base, self.shape(base)) } else { base };
+        let result = if bnb { self.copy(base, self.shape(base)) } else { base };
         let convert = !self.autocast;
         let expected = self.t(result).dt;
         let lora_dt = l.dt();
         let xa = if convert { self.to_copy(x, lora_dt) } else { x };
         let bb = self.lora_branch(x, xa, shape, l);
-        let out = match q.kind {
-            QloraQuant::Nf4 => {
-                let sc = self.mul_scalar(bb);
-                if convert {
-                    self.to_copy(sc, expected)
-                } else {
-                    sc
-                }
+        let out = if bnb {
+            let sc = self.mul_scalar(bb);
+            if convert {
+                self.to_copy(sc, expected)
+            } else {
+                sc
             }
-            QloraQuant::Gptq | QloraQuant::TorchaoNf4 => {
-                let o = if convert { self.to_copy(bb, expected) } else { bb };
-                self.mul_scalar(o)
-            }
+        } else {
+            let o = if convert { self.to_copy(bb, expected) } else { bb };
+            self.mul_scalar(o)
         };
         self.add(result, out)
     }
