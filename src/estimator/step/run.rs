@@ -404,10 +404,7 @@ impl<'p, S: Sink> Run<'p, S> {
             self.release_unit_params(k, &At { op: "FSDP::post_backward_reshard", ..*at });
             let a = At { op: "FSDP::post_backward_reduce", ..*at };
             let input = (u.reduce_input > 0).then(|| self.sink.alloc(u.reduce_input, DType::Fp32, Cat::Gathered, &a));
-            let g = std::mem::replace(&mut self.units[k][UNIT_GRAD], NONE);
-            if g != NONE {
-                self.sink.free(g, u.grad, Cat::Gathered, &a);
-            }
+            self.release_unit_grad(k, &a);
             if let Some(id) = input {
                 self.sink.free(id, u.reduce_input, Cat::Gathered, &a);
             }
@@ -421,15 +418,19 @@ impl<'p, S: Sink> Run<'p, S> {
         }
     }
 
+    fn release_unit_grad(&mut self, k: usize, at: &At) {
+        let id = std::mem::replace(&mut self.units[k][UNIT_GRAD], NONE);
+        if id != NONE {
+            self.sink.free(id, self.p.units[k].grad, Cat::Gathered, at);
+        }
+    }
+
     /// Units whose post-backward never ran (no gradient reached them) are resharded when
     /// backward ends.
     fn release_units(&mut self, at: &At) {
         for k in 0..self.p.units.len() {
             self.release_unit_params(k, at);
-            let g = std::mem::replace(&mut self.units[k][UNIT_GRAD], NONE);
-            if g != NONE {
-                self.sink.free(g, self.p.units[k].grad, Cat::Gathered, at);
-            }
+            self.release_unit_grad(k, at);
         }
     }
 
