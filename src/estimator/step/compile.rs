@@ -27,10 +27,12 @@
 //! are then needed in turn — unless that costs the min-cut more than saving the value
 //! ([`Builder::recompute_cost`], the partitioner's `1.1^dist` and ×2 weights: peft's adapter
 //! sums, two matmul outputs for one value; measured: tests/fixtures/pytorch/lora/compile.json).
-//! Casts of one storage to one dtype are one value (the graph's CSE). A layer norm without weight or bias whose output is saved anyway
-//! (a matmul's input: OLMo's fp32 `OlmoLayerNorm`) needs its output x̂ and rstd in backward, not
-//! its input and mean: the decomposed backward is written in x̂. Two layer norms of one input (GPT-NeoX's
-//! parallel attention and MLP) share their mean and rstd: the graph's CSE merges them. A softmax's output the backward reads is weighed as the min-cut
+//! Whole-tensor casts of one tensor to one dtype are one value (the graph's CSE). A layer norm
+//! without weight or bias whose output is saved anyway (a matmul's input: OLMo's fp32
+//! `OlmoLayerNorm`) needs its output x̂ and rstd in backward, not its input and mean: the
+//! decomposed backward is written in x̂. Two layer norms of one input (GPT-NeoX's parallel
+//! attention and MLP) share their mean and rstd: the graph's CSE merges them. A softmax's
+//! output the backward reads is weighed as the min-cut
 //! weighs it ([`Builder::softmax_output_is_cheaper`]): kept (one node from the backward, ×2
 //! where every forward reader fuses it) or recomputed from its input (four decomposed nodes
 //! further, three for log-softmax) plus its row max and sum where those are banned as
@@ -233,8 +235,8 @@ impl<'a> Builder<'a> {
         // the decomposition, which the graph's CSE merges (measured: one `getitem` and one
         // `rsqrt` per layer).
         let mut norm_stats: Vec<(Tid, Tid, Tid)> = Vec::new();
-        // Casts of one storage to one dtype (peft's `x.to(fp32)` in q, k and v's adapters):
-        // the graph's CSE makes them one value.
+        // Whole-tensor casts of one tensor to one dtype (peft's `x.to(fp32)` in q, k and v's
+        // adapters): the graph's CSE makes them one value.
         let mut casts: Vec<(Tid, DType, Tid)> = Vec::new();
         let mut same = vec![u32::MAX; n_t];
         for op in &self.p.ops[lo..hi] {
@@ -375,11 +377,9 @@ impl<'a> Builder<'a> {
             }
             let op: &Op = &self.p.ops[at as usize];
             let ins = self.p.ins(op);
-            // `input_tensors_size` sums the node's tensor arguments; `index`'s indices come
-            // in a list, which it does not count.
             let args = if op.name == "index" { &ins[..1] } else { ins };
             let inputs: u128 = args.iter().map(|&i| self.p.tensors[i as usize].bytes).sum();
-            let reduction = x.bytes.saturating_mul(4) < inputs && !op.name.starts_with("split");
+            let reduction = self.is_reduction(base, at);
             // A same-size layout copy (`clone`: the o_proj input of an SDPA output) that the
             // compiled graph does not have: q reached SDPA through a `cat` with an empty part
             // (every dim rotated), which Inductor's decomposition drops, so the output keeps
@@ -653,11 +653,8 @@ impl<'a> Builder<'a> {
         if p == u32::MAX || depth >= MAX_DEPTH {
             return weight;
         }
-        let op = &self.p.ops[p as usize];
-        let ins = self.p.ins(op);
-        let args = if op.name == "index" { &ins[..1] } else { ins };
-        let inputs: u128 = args.iter().map(|&j| self.p.tensors[j as usize].bytes).sum();
-        if not_recomputable(op.name) || cut.mat[b as usize] || t.bytes.saturating_mul(4) < inputs || softmax_like(op.name) {
+        let name = self.p.ops[p as usize].name;
+        if not_recomputable(name) || cut.mat[b as usize] || self.is_reduction(b, p) || softmax_like(name) {
             return weight;
         }
         self.recompute_cost(p, cut, depth + 1).min(weight)
@@ -665,6 +662,18 @@ impl<'a> Builder<'a> {
 
     /// Softmax's row statistics may not be recomputed (`ban_recompute_reductions`: a `[rows, 1]`
     /// result more than 4× smaller than its input) when a row has more than 4 columns.
+    /// (R): storage `b`, made by op `at`, is more than 4× smaller than the op's tensor arguments
+    /// together (`ban_recompute_reductions`; `input_tensors_size` sums the node's tensor
+    /// arguments, and `index`'s indices come in a list, which it does not count) — a split's
+    /// part is a view, not a reduction.
+    fn is_reduction(&self, b: Tid, at: u32) -> bool {
+        let op = &self.p.ops[at as usize];
+        let ins = self.p.ins(op);
+        let args = if op.name == "index" { &ins[..1] } else { ins };
+        let inputs: u128 = args.iter().map(|&i| self.p.tensors[i as usize].bytes).sum();
+        self.p.tensors[b as usize].bytes.saturating_mul(4) < inputs && !op.name.starts_with("split")
+    }
+
     fn stats_banned(&self, input: Tid) -> bool {
         let stat = self.bytes_of(&self.shape(input).drop_last(), Dt::F32);
         stat.saturating_mul(4) < self.bytes(input)
