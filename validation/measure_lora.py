@@ -79,8 +79,8 @@ DROPOUTS = (0.0, 0.05)
 CURRENT: dict = {}
 
 
-def lora_config(p: float) -> dict:
-    return dict(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=p, task_type="CAUSAL_LM")
+def lora_config(p: float, targets="all-linear") -> dict:
+    return dict(r=8, lora_alpha=16, target_modules=targets, lora_dropout=p, task_type="CAUSAL_LM")
 
 
 _orig_build_model = measure.build_model
@@ -89,7 +89,7 @@ _orig_build_model = measure.build_model
 def build_lora(family, dtype, attn, dropout, experts_impl):
     model = _orig_build_model(family, dtype, attn, dropout, experts_impl)
     torch.manual_seed(measure.MODEL_SEED)
-    model = get_peft_model(model, LoraConfig(**lora_config(CURRENT["lora_dropout"])))
+    model = get_peft_model(model, LoraConfig(**lora_config(CURRENT["lora_dropout"], CURRENT.get("targets", "all-linear"))))
     model.train()
     return model
 

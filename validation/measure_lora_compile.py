@@ -9,7 +9,10 @@ casts of q, k and v's shared input, and the min-cut decides whether the fp32 cop
 backward. This script runs measure_recipes.py's ``measure_compile`` unchanged on the peft-wrapped tiny model
 (measure_lora.py's ``build_lora``: r 8, all linears, no dropout), with the loss compiled on the wrapped model.
 
-Writes tests/fixtures/pytorch/lora/compile.json (one record per family × dtype, b2 s64).
+With ``recompute=full`` each decoder layer is also checkpointed inside its compiled region (measure_recipes.py's
+``compile=layer+recompute=full``: non-reentrant, ``early_stop=False``, as torchtitan and torchtune's compiled AC run).
+
+Writes tests/fixtures/pytorch/lora/compile.json (one record per family × dtype × checkpointing, b2 s64).
 
 Usage: nice validation/.venv/bin/python validation/measure_lora_compile.py [--only SUBSTRING] [--one ID --result F]
 """
@@ -31,7 +34,11 @@ import measure_recipes as R  # noqa: E402
 import torch  # noqa: E402
 
 OUT = os.path.join(L.OUT, "compile.json")
-SPECS = [(f, d) for f in L.FAMILIES for d in ("bf16", "fp32")]
+# (family, dtype, checkpointing, adapted linears): every linear, and q and v alone (torchtune's and the LoRA paper's
+# default) under checkpointing
+SPECS = [(f, d, rc, "all") for f in L.FAMILIES for d in ("bf16", "fp32") for rc in (None, "full")] + \
+    [(f, d, "full", "qv") for f in L.FAMILIES for d in ("bf16", "fp32")]
+TARGETS = {"all": "all-linear", "qv": ["q_proj", "v_proj"]}
 
 
 def compile_layers(model, loss=True):
@@ -43,18 +50,30 @@ def compile_layers(model, loss=True):
         model.get_base_model().loss_function = torch.compile(ForCausalLMLoss)
 
 
-def rid(family, dtype):
-    return f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/compile=layer/lora-r8-all-p0"
+def rid(family, dtype, recompute=None, targets="all"):
+    ckpt = f"+recompute={recompute}" if recompute else ""
+    return f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/compile=layer{ckpt}/lora-r8-{targets}-p0"
 
 
-def run_one(family, dtype) -> dict:
+def run_one(family, dtype, recompute=None, targets="all") -> dict:
     L.CURRENT.clear()
-    L.CURRENT.update(lora_dropout=0.0)
+    L.CURRENT.update(lora_dropout=0.0, targets=TARGETS[targets])
     R.compile_layers = compile_layers
     opts: dict = {}
-    rec = R.measure_compile(family, dtype, "sdpa", opts)
-    rec["id"] = rid(family, dtype)
-    rec["lora"] = {"config": L.lora_config(0.0), "peft": L.peft.__version__}
+    rec = R.measure_compile(family, dtype, "sdpa", opts, recompute=recompute)
+    rec["id"] = rid(family, dtype, recompute, targets)
+    rec["lora"] = {"config": L.lora_config(0.0, TARGETS[targets]), "peft": L.peft.__version__}
+    if recompute and "trace" in R.PROFILE_LOG:
+        # step 2's allocation trace (torch.profiler memory events), as measure_recipes.py writes its own
+        d = os.path.join(L.OUT, "steps")
+        os.makedirs(d, exist_ok=True)
+        log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
+               "preexisting_bytes": R.PROFILE_LOG["pre"],
+               "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase",
+                                                           "peak_stack")},
+               **R.PROFILE_LOG["trace"]}
+        with open(os.path.join(d, R.M.step_log_name(rec["id"])), "w") as f:
+            f.write(R.M.dump_log(log))
     return {"rec": rec, "cfg": opts["cfg"], "key": rec["config_key"]}
 
 
@@ -66,16 +85,16 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.one:
-        family, dtype = next((f, d) for f, d in SPECS if rid(f, d) == args.one)
+        spec = next(s for s in SPECS if rid(*s) == args.one)
         with open(args.result, "w") as f:
-            json.dump(run_one(family, dtype), f)
+            json.dump(run_one(*spec), f)
         return
     records, configs = [], {}
     res_path = os.path.join(tempfile.mkdtemp(prefix="lora-compile-"), "one.json")
-    for family, dtype in SPECS:
-        if args.only and args.only not in rid(family, dtype):
+    for spec in SPECS:
+        if args.only and args.only not in rid(*spec):
             continue
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--one", rid(family, dtype), "--result", res_path],
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--one", rid(*spec), "--result", res_path],
                        check=True)
         res = json.load(open(res_path))
         records.append(res["rec"])

@@ -142,6 +142,17 @@ enum Fate {
     Recomputed,
 }
 
+/// The partitioner's decision for one region ([`Builder::decide`]), per storage.
+struct Decision {
+    producer: Vec<u32>,
+    readers: Vec<Vec<u32>>,
+    mat: Vec<bool>,
+    fate: Vec<Option<Fate>>,
+    kept: Vec<Save>,
+    stats: Vec<(Tid, Save, u32)>,
+    reader: Vec<u32>,
+}
+
 impl<'a> Builder<'a> {
     /// Replaces the eager saved set of ops `first..end` (one compiled region) by what the
     /// partitioner keeps (see the module doc). The region's forward returns every kept tensor
@@ -190,10 +201,10 @@ impl<'a> Builder<'a> {
         self.partition(first, end, outputs, Some(region));
     }
 
-    fn partition(&mut self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>) {
-        if end <= first {
-            return;
-        }
+    /// What the partitioner decides for ops `first..end` (see the module doc), without
+    /// changing the program: each needed value's fate, the kept set, the op whose backward
+    /// reads each kept storage last, and the softmax statistics a recomputation needs.
+    fn decide(&self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>) -> Decision {
         let (lo, hi) = (first as usize, end as usize);
         let n_t = self.p.tensors.len();
         // The op that made each storage inside the region.
@@ -451,6 +462,51 @@ impl<'a> Builder<'a> {
                 }
             }
         }
+        Decision { producer, readers, mat, fate, kept, stats, reader }
+    }
+
+    fn partition(&mut self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>) {
+        if end <= first {
+            return;
+        }
+        let (lo, hi) = (first as usize, end as usize);
+        let n_t = self.p.tensors.len();
+        let Decision { producer, readers, mat, fate, mut kept, stats, mut reader } = self.decide(first, end, outputs, ckpt);
+        // Checkpointed: the compiled backward re-runs the region's forward as Inductor kernels,
+        // and what those kernels write is what the region keeps when it is not checkpointed —
+        // the norms' rstd (R), o_proj's output (B) beside the matmul inputs — each until the
+        // backward that reads it last (measured: torchtitan's compiled fully checkpointed
+        // blocks, `frameworks/steps/…compile=layer+recompute=full.json`, FINDINGS §15.1).
+        let plain: Vec<(Save, u32)> = match ckpt {
+            Some(_) => {
+                let d = self.decide(first, end, outputs, None);
+                // Not what is made from model state alone — the casts of a buffer (S), which
+                // the re-run's kernels recompute where they are read (measured: torchtitan's
+                // bf16 Qwen3, whose `rope_cache` casts the uncheckpointed blocks keep), nor a
+                // weight's cast or dequantization (not measured under checkpointing: left as the
+                // eager re-run holds it).
+                let of_state = |at: u32| {
+                    let ins = self.p.ins(&self.p.ops[at as usize]);
+                    !ins.is_empty()
+                        && ins.iter().all(|&i| {
+                            matches!(self.p.tensors[self.p.tensors[i as usize].base as usize].origin, Origin::Buffer | Origin::Param { .. })
+                        })
+                };
+                // Only what a kernel must write: a non-fusible op's output or a reduction (a
+                // pointwise value the uncheckpointed cut keeps, peft's `base + lora_B(…)·s`, is
+                // recomputed inside the kernels that read it, from the matmul outputs it adds).
+                let written = |s: &Save| {
+                    let at = d.producer[s.t as usize];
+                    !fusible(self.p.ops[at as usize].name) || self.is_reduction(s.t, at)
+                };
+                d.kept
+                    .iter()
+                    .filter(|s| d.producer[s.t as usize] != u32::MAX && !of_state(d.producer[s.t as usize]) && written(s))
+                    .map(|s| (*s, d.reader[s.t as usize]))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         // The softmax statistics: `[rows, 1]` max and sum in the input's dtype (fp32 here), read
         // by the softmax's backward.
         for (input, s, at) in stats {
@@ -479,6 +535,9 @@ impl<'a> Builder<'a> {
         for &t in outputs {
             materialized[self.p.tensors[t as usize].base as usize] = true;
         }
+        for (sv, _) in &plain {
+            materialized[sv.t as usize] = true;
+        }
         for s in &kept {
             materialized[s.t as usize] = true;
         }
@@ -505,6 +564,45 @@ impl<'a> Builder<'a> {
                     reg.held.push(Save { t: s.t, part: super::part::Part::Checkpoints, group: s.group });
                 }
             }
+            // What the backward reads of a value fused away (the residual sum `x + o`, peft's
+            // `base + lora_B(…)·s`) the kernels recompute from the storages it is made of (o_proj's
+            // output; the two matmul outputs): each is held by the op that saves the value, or
+            // by its own last forward reader where that comes first (the re-run frees a storage
+            // no op has saved yet after its last forward reader).
+            drop(plain);
+            let made = |t: Tid| producer.get(t as usize).is_some_and(|&at| at != u32::MAX);
+            let mut holds: Vec<(usize, Save)> = Vec::new();
+            for i in lo..hi {
+                for sv in self.p.saved(&self.p.ops[i]) {
+                    let b = self.p.tensors[sv.t as usize].base;
+                    if !made(b) || self.p.tensors[b as usize].bytes > 0 {
+                        continue;
+                    }
+                    let mut work = vec![b];
+                    let mut seen: Vec<Tid> = Vec::new();
+                    while let Some(t) = work.pop() {
+                        if seen.contains(&t) || !made(t) {
+                            continue;
+                        }
+                        seen.push(t);
+                        if self.p.tensors[t as usize].bytes > 0 {
+                            let Some(&last) = readers[t as usize].iter().max() else { continue };
+                            let at = i.min(last as usize);
+                            let already = self.p.saved(&self.p.ops[at]).iter().any(|x| self.p.tensors[x.t as usize].base == t);
+                            if !already && !holds.iter().any(|h| h.0 == at && h.1.t == t) {
+                                holds.push((at, Save { t, part: sv.part, group: sv.group }));
+                            }
+                            continue;
+                        }
+                        let op = &self.p.ops[producer[t as usize] as usize];
+                        work.extend(self.p.ins(op).iter().map(|&x| self.p.tensors[x as usize].base));
+                    }
+                }
+            }
+            for (at, sv) in holds {
+                self.add_save(at, sv);
+            }
+            self.fuse_late_weight_grad(r, &producer, &readers);
             return;
         }
         // Every op of the region loses its saves; its first differentiable op (whose node runs
@@ -593,6 +691,65 @@ impl<'a> Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
+    /// Finds checkpoint region `r`'s [`FusedBackward`]: its last saving op `late`, a matmul that
+    /// saves only its inputs (so the re-run never runs it), whose activation input is made by the
+    /// fusible op right before it (`head`) and read by nothing else; `members` are the fusible
+    /// ops whose outputs live inside the head's kernel (fused away, read only by the head or
+    /// other members).
+    fn fuse_late_weight_grad(&mut self, r: usize, producer: &[u32], readers: &[Vec<u32>]) {
+        let p = &self.p;
+        let (lo, hi) = (p.regions[r].first as usize, p.regions[r].end as usize);
+        let Some(late) = (lo..hi).rev().find(|&i| p.ops[i].saved.1 > 0) else { return };
+        let m = &p.ops[late];
+        let outs = p.outs(m);
+        if !materializing(m.name) || p.saved(m).iter().any(|s| outs.contains(&p.tensors[s.t as usize].base)) {
+            return;
+        }
+        let region_made = |t: Tid| producer.get(t as usize).is_some_and(|&at| at != u32::MAX && (lo..hi).contains(&(at as usize)));
+        let Some(x) = p.ins(m).iter().map(|&t| p.tensors[t as usize].base).find(|&t| region_made(t)) else { return };
+        let head = producer[x as usize] as usize;
+        if head + 1 != late
+            || !fusible(p.ops[head].name)
+            || p.ops[head].bw.1 == 0
+            || readers[x as usize].iter().any(|&k| k as usize != late)
+        {
+            return;
+        }
+        let mut members: Vec<u32> = Vec::new();
+        let mut work: Vec<Tid> = p.ins(&p.ops[head]).iter().map(|&t| p.tensors[t as usize].base).collect();
+        while let Some(t) = work.pop() {
+            if !region_made(t) || p.tensors[t as usize].bytes > 0 {
+                continue;
+            }
+            let at = producer[t as usize];
+            let op = &p.ops[at as usize];
+            let inside = |k: &u32| *k as usize == head || members.contains(k) || *k == at;
+            if !fusible(op.name) || op.bw.1 == 0 || members.contains(&at) || !readers[t as usize].iter().all(inside) {
+                continue;
+            }
+            members.push(at);
+            work.extend(p.ins(op).iter().map(|&t| p.tensors[t as usize].base));
+        }
+        members.sort_unstable_by(|a, b| b.cmp(a));
+        self.p.regions[r].fused.push(super::ir::FusedBackward { late: late as u32, head: head as u32, members });
+    }
+
+    /// Adds `s` to op `at`'s saves: its live saves, then `s`, then its dead saves, moved to the
+    /// end of `Program::saves` (an op's saves are one contiguous run, the dead ones after).
+    fn add_save(&mut self, at: usize, s: Save) {
+        let op = &self.p.ops[at];
+        let (a, n, dead) = (op.saved.0 as usize, op.saved.1 as usize, op.dead as usize);
+        if n >= u8::MAX as usize {
+            return;
+        }
+        let mut run: Vec<Save> = self.p.saves[a..a + n].to_vec();
+        run.push(s);
+        run.extend_from_slice(&self.p.saves[a + n..a + n + dead]);
+        let at_saves = self.p.saves.len() as u32;
+        self.p.saves.extend(run);
+        self.p.ops[at].saved = (at_saves, (n + 1) as u8);
+    }
+
     /// Whether the first input of op `at` (SDPA's q) was made by a `cat` with an empty part
     /// (one of its inputs is as large as its output: RoPE rotated every dim).
     fn empty_cat_before(&self, at: u32, producer: &[u32]) -> bool {

@@ -482,6 +482,25 @@ pub struct Region {
     /// `torch.utils.checkpoint`'s default and transformers'); torchtitan's
     /// `ptd_checkpoint_wrapper(..., early_stop=False)` re-runs the whole region.
     pub early_stop: bool,
+    /// Compiled (`compile = true` with checkpointing): the backward kernels Inductor schedules
+    /// apart from the eager node order ([`FusedBackward`]).
+    pub fused: Vec<FusedBackward>,
+}
+
+/// In a compiled checkpointed region, a value that only a matmul's weight gradient needs
+/// (act(gate)·up, which `down_proj` reads) is not recomputed before the backward: Inductor
+/// fuses its recomputation into the kernel of its own pointwise backward (`head`, with the
+/// ops whose outputs live inside that kernel, `members`: the SiLU), which writes the value and
+/// the gradients of every materialized input at once, after the matmul's input gradient; the
+/// matmul's (`late`) weight gradient runs after that kernel. Measured:
+/// `frameworks/steps/torchtitan-llama3__…__compile=layer+recompute=full.json` (six `[b·s, ffn]`
+/// buffers alive at once: the recomputed gate and up outputs, their product, its gradient, and
+/// both input gradients — before `w2`'s weight gradient), FINDINGS §15.1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedBackward {
+    pub late: u32,
+    pub head: u32,
+    pub members: Vec<u32>,
 }
 
 /// The lengths of a [`Program`]'s growing lists at one point of its building.
@@ -1042,7 +1061,7 @@ impl<'a> Builder<'a> {
     /// checkpointing, the policy whose saved ops' outputs the region caches.
     pub fn begin_checkpoint_as(&mut self, held: Vec<Save>, early_stop: bool, sac: Option<super::sac::Policy>) -> usize {
         let first = self.next_op();
-        self.p.regions.push(Region { first, end: first, held, cached: Vec::new(), early_stop });
+        self.p.regions.push(Region { first, end: first, held, cached: Vec::new(), early_stop, fused: Vec::new() });
         let r = self.p.regions.len() - 1;
         self.sac = sac.map(|policy| super::sac::Open { region: r, policy, mm_count: 0 });
         r
@@ -1247,7 +1266,12 @@ impl<'a> Builder<'a> {
             let r = &p.regions[k];
             let held = r.held.iter().map(|s| Save { t: f.map(s.t, st, x), ..*s }).collect();
             let cached = r.cached.iter().map(|s| Save { t: f.map(s.t, st, x), ..*s }).collect();
-            let r = Region { first: r.first + so, end: r.end + so, held, cached, early_stop: r.early_stop };
+            let fused = r
+                .fused
+                .iter()
+                .map(|g| FusedBackward { late: g.late + so, head: g.head + so, members: g.members.iter().map(|m| m + so).collect() })
+                .collect();
+            let r = Region { first: r.first + so, end: r.end + so, held, cached, early_stop: r.early_stop, fused };
             p.regions.push(r);
         }
         for tc in &f.touched {

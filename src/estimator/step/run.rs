@@ -186,6 +186,21 @@ struct GBuf {
 
 const NONE: u32 = u32::MAX;
 
+/// Which part of an op's node [`Run::node`] runs ([`super::ir::FusedBackward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// All of it.
+    Whole,
+    /// A matmul's input gradient, its incoming gradient and saves kept.
+    Inputs,
+    /// That matmul's weight gradient, then its incoming gradient and saves released.
+    Weights,
+    /// The formula, its incoming gradient and saves kept (a fused kernel's head).
+    Script,
+    /// The head's incoming gradient and saves released.
+    Release,
+}
+
 /// A run of one program.
 pub struct Run<'p, S: Sink> {
     pub p: &'p Program,
@@ -206,6 +221,9 @@ pub struct Run<'p, S: Sink> {
     /// Per FSDP unit of the program ([`super::ir::Unit`]): the stream ids of its gathered
     /// parameters and of its unsharded gradient while alive.
     units: Vec<[u32; 2]>,
+    /// [`Run::node`]'s scratch: its temporaries and the gradients it delivers.
+    temps: Vec<u32>,
+    deliver: Vec<(Tid, u32)>,
 }
 
 /// The bytes of a unit's slot in [`Run::units`]: its gathered parameters, its gradient.
@@ -366,6 +384,8 @@ impl<'p, S: Sink> Run<'p, S> {
             off: None,
             os: OffState::default(),
             units: vec![[NONE; 2]; p.units.len()],
+            temps: Vec::with_capacity(8),
+            deliver: Vec::with_capacity(8),
         }
     }
 
@@ -931,39 +951,97 @@ impl<'p, S: Sink> Run<'p, S> {
         }
     }
 
-    /// Runs the backward pass.
+    /// Runs the backward pass: each op's node in reverse order, except where a compiled
+    /// checkpointed region's kernels run apart from that order ([`super::ir::FusedBackward`]):
+    /// there the matmul's input gradient comes first, then the head's kernel with its members'
+    /// backward (their incoming gradients and saves released after all of them have run), then
+    /// the matmul's weight gradient.
     pub fn backward(&mut self) {
         let p = self.p;
         self.backward = true;
-        let mut temps: Vec<u32> = Vec::with_capacity(8);
-        let mut deliver: Vec<(Tid, u32)> = Vec::with_capacity(8);
         let mut skipped = std::mem::take(&mut self.b.skipped);
+        let mut done: Vec<u32> = Vec::new();
         for i in (0..p.ops.len()).rev() {
-            let op = &p.ops[i];
+            if done.contains(&(i as u32)) {
+                continue;
+            }
             let r = self.b.region_of[i];
-            let outs = p.outs(op);
-            let has_grad = outs.iter().any(|&t| self.b.grad[t as usize] != NONE);
-            if r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
-                self.recompute(r as usize, op.node);
+            let group = if r == NONE { None } else { p.regions[r as usize].fused.iter().find(|g| g.late == i as u32) };
+            let Some(g) = group else {
+                self.node(i, Part::Whole, &mut skipped);
+                continue;
+            };
+            self.node(i, Part::Inputs, &mut skipped);
+            let head = g.head as usize;
+            self.node(head, Part::Script, &mut skipped);
+            for &m in &g.members {
+                self.node(m as usize, Part::Whole, &mut skipped);
+                done.push(m);
             }
-            let at = self.at(i, Phase::Backward, op.node);
-            let runs = !op.node.is_empty() && has_grad;
-            deliver.clear();
-            let mut released = false;
-            let mut copies: Vec<(u32, u128)> = Vec::new();
-            let unpacked = runs && self.off.is_some() && self.unpack(i, &mut copies, &at);
-            if runs && !p.units.is_empty() {
-                self.unsharded_grads(i, &at);
-            }
-            if runs {
-                let ins = p.ins(op);
-                temps.clear();
-                let script = p.bw(op);
+            self.node(head, Part::Release, &mut skipped);
+            done.push(g.head);
+            self.node(i, Part::Weights, &mut skipped);
+        }
+        self.b.skipped = skipped;
+        if self.off.is_some() {
+            let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
+            self.end_unpacks(&at);
+        }
+    }
+
+    /// Op `i`'s node, or the `part` of it that runs now (see [`Part`]).
+    fn node(&mut self, i: usize, part: Part, skipped: &mut Vec<usize>) {
+        let p = self.p;
+        let op = &p.ops[i];
+        let r = self.b.region_of[i];
+        let outs = p.outs(op);
+        let begins = matches!(part, Part::Whole | Part::Inputs | Part::Script);
+        let ends = matches!(part, Part::Whole | Part::Weights | Part::Release);
+        let has_grad = outs.iter().any(|&t| self.b.grad[t as usize] != NONE);
+        if begins && r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
+            self.recompute(r as usize, op.node);
+        }
+        let at = self.at(i, Phase::Backward, op.node);
+        let runs = !op.node.is_empty() && has_grad;
+        let mut temps = std::mem::take(&mut self.temps);
+        let mut deliver = std::mem::take(&mut self.deliver);
+        deliver.clear();
+        temps.clear();
+        let mut released = false;
+        let mut copies: Vec<(u32, u128)> = Vec::new();
+        let unpacked = runs && part == Part::Whole && self.off.is_some() && self.unpack(i, &mut copies, &at);
+        if runs && begins && !p.units.is_empty() {
+            self.unsharded_grads(i, &at);
+        }
+        if runs {
+            let ins = p.ins(op);
+            let script = p.bw(op);
+            // Inputs / Weights: the temporaries that become a parameter's gradient run in the
+            // second part, the others in the first.
+            let to_param = |k: usize| {
+                script.iter().any(|st| match *st {
+                    B::Grad { input, temp } => {
+                        temp as usize == k && matches!(p.tensors[ins[input as usize] as usize].origin, Origin::Param { .. })
+                    }
+                    _ => false,
+                })
+            };
+            if part != Part::Release {
                 for (k, st) in script.iter().enumerate() {
                     match *st {
                         B::Alloc { bytes, dtype, op: name } => {
+                            let n = temps.len();
+                            let here = match part {
+                                Part::Inputs => !to_param(n),
+                                Part::Weights => to_param(n),
+                                _ => true,
+                            };
+                            if !here {
+                                temps.push(NONE);
+                                continue;
+                            }
                             // A temporary handed to a parameter is a gradient from the start.
-                            let cat = self.temp_cat(script, k, ins, temps.len() as u8);
+                            let cat = self.temp_cat(script, k, ins, n as u8);
                             let mut a = at;
                             a.op = name;
                             let b = self.new_buf(bytes, dtype, cat, &a);
@@ -971,31 +1049,39 @@ impl<'p, S: Sink> Run<'p, S> {
                         }
                         B::Free(t) => {
                             let b = temps[t as usize];
-                            self.unref(b, &at);
+                            if b != NONE {
+                                self.unref(b, &at);
+                            }
                         }
-                        B::Grad { input, temp } => deliver.push((ins[input as usize], temps[temp as usize])),
+                        B::Grad { input, temp } => {
+                            if temps[temp as usize] != NONE {
+                                deliver.push((ins[input as usize], temps[temp as usize]));
+                            }
+                        }
                         B::Pass { input, output } => {
                             let g = self.b.grad[outs[output as usize] as usize];
-                            if g != NONE {
+                            if g != NONE && part != Part::Weights {
                                 self.b.bufs[g as usize].refs += 1;
                                 deliver.push((ins[input as usize], g));
                             }
                         }
                         B::Apply => {
                             // Tensors unpacked from a checkpoint are the formula's locals.
-                            if r != NONE && self.b.recomputed[r as usize] {
+                            if ends && r != NONE && self.b.recomputed[r as usize] {
                                 self.release_saved(i, &at);
                                 released = true;
                             }
                         }
                     }
                 }
-                // save_on_cpu: the node's unpacked copies are its formula's locals.
-                if unpacked && !self.off.is_some_and(|o| o.torchtune()) {
-                    for (sid, bytes) in std::mem::take(&mut copies) {
-                        self.sink.free(sid, bytes, Cat::Activations, &at);
-                    }
+            }
+            // save_on_cpu: the node's unpacked copies are its formula's locals.
+            if unpacked && !self.off.is_some_and(|o| o.torchtune()) {
+                for (sid, bytes) in std::mem::take(&mut copies) {
+                    self.sink.free(sid, bytes, Cat::Activations, &at);
                 }
+            }
+            if ends {
                 // Incoming gradients go.
                 for &t in outs {
                     let g = self.b.grad[t as usize];
@@ -1008,29 +1094,28 @@ impl<'p, S: Sink> Run<'p, S> {
                 if !released && (r == NONE || self.b.recomputed[r as usize]) {
                     self.release_saved(i, &at);
                 }
-                if unpacked && self.off.is_some_and(|o| o.torchtune()) {
-                    self.after_unpack(copies, &at);
-                }
-            } else if op.saved.1 > 0 {
-                skipped.push(i);
             }
+            if unpacked && self.off.is_some_and(|o| o.torchtune()) {
+                self.after_unpack(copies, &at);
+            }
+        } else if part == Part::Whole && op.saved.1 > 0 {
+            skipped.push(i);
+        }
+        if ends {
             // The region's last holder is unpacked: its inputs and kwargs go.
             if r != NONE && self.b.region_first_save[r as usize] == i as u32 && self.b.recomputed[r as usize] {
                 self.release_region(r as usize, &at);
             }
-            // Gradients to the inputs' buffers.
-            for &(t, g) in &deliver {
-                self.give(t, g, &at);
-            }
-            if !p.units.is_empty() {
-                self.post_backward_units(i, &at);
-            }
         }
-        self.b.skipped = skipped;
-        if self.off.is_some() {
-            let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
-            self.end_unpacks(&at);
+        // Gradients to the inputs' buffers.
+        for &(t, g) in &deliver {
+            self.give(t, g, &at);
         }
+        if ends && !p.units.is_empty() {
+            self.post_backward_units(i, &at);
+        }
+        self.temps = temps;
+        self.deliver = deliver;
     }
 
     /// The graph is freed when backward ends: the saved tensors of nodes that never ran and
