@@ -442,3 +442,24 @@ fn compiled_torchtune_configurations_the_records_do_not_cover_are_refused_by_nam
         assert!(err.contains("runs eager"), "{err}");
     }
 }
+
+/// torchtune's LoRA compiled (`tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json`,
+/// `measure_tune_compile.py --lora`: `lora_llama3_1`, `LoRALinear` on q and v, rank 8, bf16, recompute
+/// none and full) is measured, not modelled: torchtune's own LoRA is refused by name, compiled or not.
+#[test]
+fn every_torchtune_lora_compile_record_is_refused_by_name() {
+    let shards = read(&["torchtune-llama3-lora-compile"]);
+    let mut n = 0;
+    for (_, doc) in &shards {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let mut c = compile_config_of(doc, r);
+            for (k, v) in [("finetune", "lora"), ("lora_rank", "8"), ("lora_targets", "q,v"), ("lora_dtype", "model")] {
+                trainmem::config::set(&mut c, k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+            }
+            let err = estimate(&c).expect_err("refused").to_string();
+            assert!(err.contains("torchtune's LoRA recipes"), "{}: {err}", r["id"]);
+            n += 1;
+        }
+    }
+    assert!(shards.is_empty() || n == 2, "{n} records");
+}

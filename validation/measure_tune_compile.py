@@ -24,7 +24,11 @@ they are not read (reading them would recompute the layer); the checkpoint's sav
 Writes tests/fixtures/pytorch/frameworks/torchtune-llama3-compile.json ({configs, records}) and each profiled step's
 allocation trace under tests/fixtures/pytorch/frameworks/steps/.
 
-Usage:  nice validation/.venv/bin/python validation/measure_tune_compile.py [--only SUBSTRING]
+With `--lora`: torchtune's LoRA (`lora_llama3_1`, `LoRALinear` on q and v, rank 8, adapters in the model dtype, only
+the adapters trainable), bf16, in tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json (measured
+only: torchtune's LoRA is not modelled).
+
+Usage:  nice validation/.venv/bin/python validation/measure_tune_compile.py [--only SUBSTRING] [--lora --only bf16]
 """
 
 from __future__ import annotations
@@ -127,6 +131,26 @@ def guard_checkpoint_unpack():
     R.compiled_saved = compiled_saved
 
 
+def build(tdtype, lora: bool):
+    """measure_frameworks.build_torchtune_llama3, or with `lora` the recipe's `lora_llama3_1` at the same shapes (LoRA
+    on q and v, rank 8, alpha 16, no dropout, adapters in the model dtype: `LoRALinear`) with
+    `set_trainable_params(model, get_adapter_params(model))` as `lora_finetune_single_device.py` sets it."""
+    lm = F.build_torchtune_llama3(R.S, tdtype)
+    if not lora:
+        return lm
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+    builder = F._torchtune_builder("llama3_1", "lora_llama3_1")
+    m = F._tune_model(builder, tdtype, lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=False,
+                      apply_lora_to_output=False, vocab_size=F.VOCAB, num_layers=F.LAYERS, num_heads=F.HEADS,
+                      num_kv_heads=F.KV_HEADS, embed_dim=F.DIM, max_seq_len=F.TUNE_MAX_SEQ, intermediate_dim=256,
+                      rope_base=500000, lora_rank=8, lora_alpha=16, lora_dropout=0.0)
+    set_trainable_params(m, get_adapter_params(m))
+    m.set_num_output_chunks(lm.loss_fn.num_output_chunks)
+    m.train()
+    lm.model = m
+    return lm
+
+
 def tune_compile(lm, recompute: str):
     """torchtune's `compile_model`, then `set_activation_checkpointing` (recompute full), then `compile_loss`."""
     from torchtune.modules import TransformerSelfAttentionLayer
@@ -140,7 +164,7 @@ def tune_compile(lm, recompute: str):
     return list(lm.model.layers)
 
 
-def measure_tune_compile(dtype: str, recompute: str, opts: dict):
+def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = False):
     from torch._dynamo.utils import counters
     import gc
     family = "torchtune-llama3"
@@ -149,16 +173,16 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict):
     counters.clear()
     R.GRAPHS.clear()
     gc.collect()
-    M.build_model = lambda f, d, a, dr, e: F.build_torchtune_llama3(R.S, tdtype)
+    M.build_model = lambda f, d, a, dr, e: build(tdtype, lora)
     ref = R.eager_reference(family, dtype, "sdpa")
     R.install_partition_spy()
     guard_checkpoint_unpack()
-    model = F.build_torchtune_llama3(R.S, tdtype)
+    model = build(tdtype, lora)
     cfg = dict(M.config_dict(model), framework="torchtune")
     ids = M.make_ids(model, R.B, R.S)
     blocks = tune_compile(model, recompute)
     ranges = R.SeqRanges(model, opaque=blocks)
-    opt = torch.optim.AdamW(model.parameters())
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     entries, logits_info, extra, saved_bytes, compile_s, counters_1 = R.compile_then_read_saved(model, opt, ids, ranges)
     a_state = a_step = 0
     for st_ in opt.state.values():
@@ -171,7 +195,7 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict):
     step, regions, counters_2 = R.profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes,
                                                          counters_1)
     pi = R.param_info(model)
-    tag = "compile=layer" + (f"+recompute={recompute}" if recompute != "none" else "")
+    tag = "compile=layer" + (f"+recompute={recompute}" if recompute != "none" else "") + ("/lora-r8-qv" if lora else "")
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     rec = {"id": f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{tag}", "family": family, "model_type": cfg["model_type"],
            "config_key": f"{family}/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype, "attn": "sdpa",
@@ -181,6 +205,9 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict):
                            "loss": "CEWithChunkedOutputLoss(num_output_chunks=8), compute_cross_entropy compiled",
                            "applied_by": "torchtune 0.6.1 training.compile_model, set_activation_checkpointing, "
                                          "compile_loss"},
+                **({"lora": {"builder": "lora_llama3_1", "lora_attn_modules": ["q_proj", "v_proj"], "lora_rank": 8,
+                             "lora_alpha": 16, "lora_dropout": 0.0, "trainable": "get_adapter_params"}}
+                   if lora else {}),
                 "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
                 "saved_parameter_storages": extra["saved_parameter_storages"],
                 "saved_buffer_storages": extra["saved_buffer_storages"],
@@ -210,13 +237,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="substring of dtype/recompute")
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--lora", action="store_true", help="torchtune's LoRALinear on q and v, r 8 (bf16 by default)")
     ap.add_argument("--child", nargs=3, metavar=("DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.child:
         dtype, rc, out_json = args.child
         opts: dict = {}
-        rec = measure_tune_compile(dtype, rc, opts)
+        rec = measure_tune_compile(dtype, rc, opts, args.lora)
         d = os.path.join(args.out, "steps")
         os.makedirs(d, exist_ok=True)
         log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
@@ -230,7 +258,7 @@ def main():
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
     n_fail = 0
-    path = os.path.join(args.out, "torchtune-llama3-compile.json")
+    path = os.path.join(args.out, "torchtune-llama3-lora-compile.json" if args.lora else "torchtune-llama3-compile.json")
     for dtype, rc in specs(args.only):
         doc = json.load(open(path)) if os.path.exists(path) else {
             "generated_by": "validation/measure_tune_compile.py", "torch": torch.__version__.split("+")[0],
@@ -239,8 +267,9 @@ def main():
         t0 = time.time()
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rec.json")
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", dtype, rc,
-                                out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out]
+                               + (["--lora"] if args.lora else []) + ["--child", dtype, rc, out],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if r.returncode != 0 or not os.path.exists(out):
                 n_fail += 1
                 print(f"FAILED {dtype}/{rc}:\n{r.stdout[-4000:]}", file=sys.stderr, flush=True)
