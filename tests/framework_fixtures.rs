@@ -341,3 +341,121 @@ fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_na
         refused(c, "Qwen3Moe");
     }
 }
+
+/// torch.compile on torchtune's own code, as torchtune 0.6.1's recipes apply it (`compile:
+/// True`): `training.compile_model` compiles each `TransformerSelfAttentionLayer`, then
+/// `set_activation_checkpointing` wraps each compiled layer in a non-reentrant checkpoint
+/// (outside the compiled region), and `training.compile_loss` compiles
+/// `CEWithChunkedOutputLoss.compute_cross_entropy` (one compiled region per output chunk).
+/// Measured by `validation/measure_tune_compile.py` on CPU (b2 s64, fp32 and bf16, recompute
+/// none and full).
+const TUNE_COMPILE_SHARDS: &[&str] = &["torchtune-llama3-compile"];
+
+#[test]
+fn every_torchtune_compile_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
+    let shards = read(TUNE_COMPILE_SHARDS);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (name, doc) in &shards {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let id = r["id"].as_str().unwrap_or_default();
+            let cfg = compile_config_of(doc, r);
+            let e = match estimate(&cfg) {
+                Ok(e) => e,
+                Err(err) => {
+                    failures.push(format!("{id}: refused: {err}"));
+                    continue;
+                }
+            };
+            checked += 1;
+            for (what, got, want) in [
+                ("parameter_bytes", row(&e, "weights"), r["parameter_bytes"].as_u64()),
+                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
+                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
+            ] {
+                if Some(got) != want.map(u128::from) {
+                    failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
+                }
+            }
+            let saved = r["saved_bytes"].as_u64().unwrap_or(0);
+            let acts = e.memory.activations;
+            let step = &r["step"];
+            let peak = step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).unwrap_or(0);
+            let rel_p = (e.memory.peak as f64 - peak as f64) / peak as f64;
+            println!(
+                "{id:60} saved {acts:>9} vs {saved:>9} ({:+})  peak {:>9} vs {peak:>9} ({:+} B, {:+.3} %) [{name}] at {} / {} (measured {} {:?})",
+                acts as i128 - saved as i128,
+                e.memory.peak,
+                e.memory.peak as i128 - peak as i128,
+                rel_p * 100.0,
+                e.memory.peak_event,
+                e.memory.peak_op,
+                step["peak_phase"].as_str().unwrap_or_default(),
+                step["peak_stack"].as_array().map(|s| s.iter().rev().take(2).map(|x| x.as_str().unwrap_or_default()).collect::<Vec<_>>()),
+            );
+            if acts != u128::from(saved) {
+                failures.push(format!("{id}: activations {acts} vs saved {saved} ({:+} B)", acts as i128 - saved as i128));
+            }
+            if rel_p.abs() > 0.005 {
+                failures.push(format!("{id}: peak {} vs measured {peak} ({:+.3} %)", e.memory.peak, rel_p * 100.0));
+            }
+        }
+    }
+    assert!(shards.is_empty() || checked == 4 * shards.len(), "{checked} estimated");
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// What the torchtune compile records do not cover is refused by name, never estimated:
+/// autocast (`amp-bf16`), QLoRA on torchao's NF4 base, torchtune's other families; and a chunked
+/// loss compiled outside torchtune (`loss = chunked` under transformers' code is Liger's fused
+/// loss), or compile under Megatron's or litgpt's code.
+#[test]
+fn compiled_torchtune_configurations_the_records_do_not_cover_are_refused_by_name() {
+    use trainmem::config::{Finetune, QloraQuant};
+    let shards = read(&["torchtune-llama3-compile", "torchtune-mistral", "litgpt-llama3"]);
+    let Some((_, doc)) = shards.iter().find(|(n, _)| n == "torchtune-llama3-compile") else { return };
+    let r = &doc["records"][0];
+    let base = compile_config_of(doc, r);
+    assert!(estimate(&base).is_ok(), "{}", r["id"]);
+    let refused = |c: Config, word: &str| {
+        let err = estimate(&c).expect_err("refused").to_string();
+        assert!(err.contains("not modelled yet") && err.contains(word), "{word}: {err}");
+    };
+    refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
+    refused(Config { finetune: Finetune::Qlora, qlora_quant: QloraQuant::TorchaoNf4, ..base.clone() }, "QLoRA");
+    refused(Config { framework: Framework::Hf, ..base.clone() }, "Liger's fused chunked loss");
+    if let Some((_, mistral)) = shards.iter().find(|(n, _)| n == "torchtune-mistral") {
+        let m = &mistral["records"][0];
+        refused(Config { compile: true, ..config_of(mistral, m) }, "Mistral");
+    }
+    // Megatron's and litgpt's own refusals name it first: Megatron's tensor list has no compiled
+    // partition, litgpt's finetune/full.py runs eager.
+    let err = estimate(&Config { framework: Framework::Megatron, loss: Loss::Standard, ..base.clone() }).expect_err("refused").to_string();
+    assert!(err.contains("torch.compile's partition follows transformers' modeling code"), "{err}");
+    if let Some((_, lit)) = shards.iter().find(|(n, _)| n == "litgpt-llama3") {
+        let m = &lit["records"][0];
+        let err = estimate(&Config { compile: true, ..config_of(lit, m) }).expect_err("refused").to_string();
+        assert!(err.contains("runs eager"), "{err}");
+    }
+}
+
+/// torchtune's LoRA compiled (`tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json`,
+/// `measure_tune_compile.py --lora`: `lora_llama3_1`, `LoRALinear` on q and v, rank 8, bf16, recompute
+/// none and full) is measured, not modelled: torchtune's own LoRA is refused by name, compiled or not.
+#[test]
+fn every_torchtune_lora_compile_record_is_refused_by_name() {
+    let shards = read(&["torchtune-llama3-lora-compile"]);
+    let mut n = 0;
+    for (_, doc) in &shards {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let mut c = compile_config_of(doc, r);
+            for (k, v) in [("finetune", "lora"), ("lora_rank", "8"), ("lora_targets", "q,v"), ("lora_dtype", "model")] {
+                trainmem::config::set(&mut c, k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+            }
+            let err = estimate(&c).expect_err("refused").to_string();
+            assert!(err.contains("torchtune's LoRA recipes"), "{}: {err}", r["id"]);
+            n += 1;
+        }
+    }
+    assert!(shards.is_empty() || n == 2, "{n} records");
+}

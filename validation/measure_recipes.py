@@ -535,6 +535,7 @@ def run_step_profiled(model, opt, ids, autocast=None, loss_hook_module=None, opt
 # ====================================================================================================================
 
 GRAPHS: dict[int, dict] = {}
+UNREAD_NODES: set = set()  # autograd nodes inside a checkpoint whose saved tensors were not read
 PROFILE_LOG: dict = {}  # the profiled step's allocation trace of the last compiled record
 
 
@@ -666,7 +667,9 @@ def compiled_saved(model, ids, ranges: SeqRanges, amp=False):
         if node.name() == "CompiledFunctionBackward":
             aot_id = type(node)._forward_cls._aot_id
             g = GRAPHS.get(aot_id)
-            if g is not None:
+            # inside a checkpoint wrapped around a compiled region (torchtune's order: measure_tune_compile.py) the
+            # node holds the checkpoint's holders, which are not read
+            if g is not None and node not in UNREAD_NODES:
                 if "analysis" not in g:
                     g["analysis"] = graph_analysis(g)
                 producers = g["analysis"][0]
@@ -703,7 +706,8 @@ def compiled_saved(model, ids, ranges: SeqRanges, amp=False):
     entries = sorted(found.values(), key=lambda e: e["seq"])
     extra = {"saved_parameter_storages": n_param, "saved_buffer_storages": n_buf,
              "ids_saved_bytes": found[ids_ptr]["bytes"] if ids_ptr in found else 0,
-             "loss_bytes": loss.untyped_storage().nbytes(), "regions": regions}
+             "loss_bytes": loss.untyped_storage().nbytes(), "regions": regions,
+             **({"unread_nodes": len(UNREAD_NODES)} if UNREAD_NODES else {})}
     del logits
     return entries, logits_info, loss, extra
 

@@ -400,7 +400,17 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
 /// (the copy is what `mm` keeps; under autocast the cast to bf16 is that copy). The labels'
 /// chunks are copied alike. The chunks' logits live until the loss is computed; the fp32 copy
 /// of one chunk lives through its `cross_entropy`.
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>) {
+///
+/// `compiled` (the recipe's `compile: True`): `training.compile_loss` (torchtune 0.6.1
+/// `training/_compile.py`) compiles `CEWithChunkedOutputLoss.compute_cross_entropy` alone —
+/// `F.cross_entropy(logits.float(), labels, ignore_index, reduction="sum")` — so each chunk's
+/// fp32 copy, log-softmax and sum are one compiled region, the same graph called once per chunk
+/// ([`Builder::compile_region`], its backward one fused kernel: [`Builder::fuse_loss_backward`]);
+/// the chunking, the running sum and the division stay eager. Measured
+/// (`tests/fixtures/pytorch/frameworks/torchtune-llama3-compile.json`): each chunk keeps its
+/// logits (the region's input, in their dtype), its labels and the fp32 row max and
+/// log-sum-exp, not the fp32 log-softmax eager keeps.
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool) {
     let batch = b.c.n(Q::B);
     let (_, n, last) = chunk_tokens(b.c.n(Q::S));
     let c = b.xv[X::OutChunk as usize];
@@ -464,6 +474,7 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
         .collect();
     let mut sum: Option<Tid> = None;
     for (&lg, &target) in logits.iter().zip(&targets) {
+        let first = b.next_op();
         let lf = b.to_copy(lg, Dt::F32);
         let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", lf, super::super::blocks::Keep::Output, "_log_softmax_backward_data");
         let lb = b.bytes(lsm);
@@ -473,10 +484,17 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
             "NllLossBackward0",
             &[lsm, target],
             &out,
-            &[S::In(1), S::Out(1)],
+            // Compiled, the decomposed backward of `reduction="sum"` never reads `total_weight`
+            // (as torchtitan's compiled loss: [`super::torchtitan::head_and_loss`]).
+            if compiled { &[S::In(1)] } else { &[S::In(1), S::Out(1)] },
             &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
         )[0];
         b.hold(lf);
+        if compiled {
+            let end = b.next_op();
+            b.fuse_loss_backward(first, end, lg, b.bytes(target) / INT64_BYTES);
+            b.compile_region(first, end, &[ce]);
+        }
         sum = Some(match sum {
             None => b.add_scalar(ce),
             Some(s) => b.add(s, ce),
