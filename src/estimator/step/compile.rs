@@ -196,9 +196,17 @@ impl<'a> Builder<'a> {
     /// saves, which the backward's recomputation of the region makes again (the compiled
     /// backward re-runs the region's forward before its own backward), with the values Inductor
     /// fuses away not allocated, as in a compiled region's forward.
-    pub fn compile_checkpointed_region(&mut self, region: usize, outputs: &[Tid]) {
+    ///
+    /// `inside`: the checkpoint is traced inside the compiled region (torchtitan, transformers),
+    /// so the compiled backward runs the re-run's kernels and its own together
+    /// ([`super::ir::FusedBackward`]); not so when the checkpoint wraps the compiled region
+    /// (torchtune).
+    pub fn compile_checkpointed_region(&mut self, region: usize, outputs: &[Tid], inside: bool) {
         let (first, end) = (self.p.regions[region].first, self.p.regions[region].end);
         self.partition(first, end, outputs, Some(region));
+        if !inside {
+            self.p.regions[region].fused.clear();
+        }
     }
 
     /// What the partitioner decides for ops `first..end` (see the module doc), without

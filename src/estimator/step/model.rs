@@ -484,9 +484,13 @@ impl<'a> Setup<'a> {
         if let Some(r) = region {
             b.end_checkpoint(r);
         }
-        // Compiled: the partitioner follows the checkpoint's tags (FINDINGS §15.1).
+        // Compiled: the partitioner follows the checkpoint's tags (FINDINGS §15.1). torchtune
+        // wraps each compiled layer in its checkpoint (`compile_model`, then
+        // `set_activation_checkpointing`): the eager re-run calls the compiled forward, and the
+        // compiled backward's kernels are scheduled apart from its recomputation.
+        let ckpt_inside = self.cfg.framework != crate::estimator::config::Framework::Torchtune;
         match region {
-            Some(r) if self.compiled_layers() => b.compile_checkpointed_region(r, &[y]),
+            Some(r) if self.compiled_layers() => b.compile_checkpointed_region(r, &[y], ckpt_inside),
             None if self.compiled_layers() => b.compile_region(first, b.next_op(), &[y]),
             _ => {}
         }
