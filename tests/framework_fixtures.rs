@@ -236,7 +236,15 @@ fn compile_config_of(doc: &Value, r: &Value) -> Config {
 
 #[test]
 fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_peak() {
-    let shards = read(COMPILE_SHARDS);
+    every_compile_record_is_exact(COMPILE_SHARDS, 12);
+}
+
+/// Every record of the compile `shards` estimated, with parameters, gradients and AdamW state
+/// exact, saved bytes to the byte and the step peak within ±0.5 % (the peak without kernel
+/// workspaces, the dispatch tracker's convention, as tests/recipe_fixtures.rs compares the
+/// compile records); `per_shard` records in each.
+fn every_compile_record_is_exact(names: &[&str], per_shard: usize) {
+    let shards = read(names);
     let mut failures = Vec::new();
     let mut checked = 0;
     for (name, doc) in &shards {
@@ -262,18 +270,19 @@ fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_peak() {
             }
             let saved = r["saved_bytes"].as_u64().unwrap_or(0);
             let acts = e.memory.activations;
-            // The peak without kernel workspaces (the dispatch tracker's convention), as
-            // tests/recipe_fixtures.rs compares the compile records.
             let step = &r["step"];
             let peak = step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).unwrap_or(0);
             let rel_p = (e.memory.peak as f64 - peak as f64) / peak as f64;
             println!(
-                "{id:60} saved {acts:>9} vs {saved:>9} ({:+})  peak {:>9} vs {peak:>9} ({:+.3} %) [{name}] at {} (measured {})",
+                "{id:60} saved {acts:>9} vs {saved:>9} ({:+})  peak {:>9} vs {peak:>9} ({:+} B, {:+.3} %) [{name}] at {} / {} (measured {} {:?})",
                 acts as i128 - saved as i128,
                 e.memory.peak,
+                e.memory.peak as i128 - peak as i128,
                 rel_p * 100.0,
+                e.memory.peak_event,
                 e.memory.peak_op,
                 step["peak_phase"].as_str().unwrap_or_default(),
+                step["peak_stack"].as_array().map(|s| s.iter().rev().take(2).map(|x| x.as_str().unwrap_or_default()).collect::<Vec<_>>()),
             );
             if acts != u128::from(saved) {
                 failures.push(format!("{id}: activations {acts} vs saved {saved} ({:+} B)", acts as i128 - saved as i128));
@@ -283,7 +292,7 @@ fn every_torchtitan_compile_record_is_exact_in_saved_bytes_and_peak() {
             }
         }
     }
-    assert!(shards.is_empty() || checked == 12 * shards.len(), "{checked} estimated");
+    assert!(shards.is_empty() || checked == per_shard * shards.len(), "{checked} estimated");
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
@@ -353,56 +362,7 @@ const TUNE_COMPILE_SHARDS: &[&str] = &["torchtune-llama3-compile"];
 
 #[test]
 fn every_torchtune_compile_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
-    let shards = read(TUNE_COMPILE_SHARDS);
-    let mut failures = Vec::new();
-    let mut checked = 0;
-    for (name, doc) in &shards {
-        for r in doc["records"].as_array().into_iter().flatten() {
-            let id = r["id"].as_str().unwrap_or_default();
-            let cfg = compile_config_of(doc, r);
-            let e = match estimate(&cfg) {
-                Ok(e) => e,
-                Err(err) => {
-                    failures.push(format!("{id}: refused: {err}"));
-                    continue;
-                }
-            };
-            checked += 1;
-            for (what, got, want) in [
-                ("parameter_bytes", row(&e, "weights"), r["parameter_bytes"].as_u64()),
-                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
-                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
-            ] {
-                if Some(got) != want.map(u128::from) {
-                    failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
-                }
-            }
-            let saved = r["saved_bytes"].as_u64().unwrap_or(0);
-            let acts = e.memory.activations;
-            let step = &r["step"];
-            let peak = step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).unwrap_or(0);
-            let rel_p = (e.memory.peak as f64 - peak as f64) / peak as f64;
-            println!(
-                "{id:60} saved {acts:>9} vs {saved:>9} ({:+})  peak {:>9} vs {peak:>9} ({:+} B, {:+.3} %) [{name}] at {} / {} (measured {} {:?})",
-                acts as i128 - saved as i128,
-                e.memory.peak,
-                e.memory.peak as i128 - peak as i128,
-                rel_p * 100.0,
-                e.memory.peak_event,
-                e.memory.peak_op,
-                step["peak_phase"].as_str().unwrap_or_default(),
-                step["peak_stack"].as_array().map(|s| s.iter().rev().take(2).map(|x| x.as_str().unwrap_or_default()).collect::<Vec<_>>()),
-            );
-            if acts != u128::from(saved) {
-                failures.push(format!("{id}: activations {acts} vs saved {saved} ({:+} B)", acts as i128 - saved as i128));
-            }
-            if rel_p.abs() > 0.005 {
-                failures.push(format!("{id}: peak {} vs measured {peak} ({:+.3} %)", e.memory.peak, rel_p * 100.0));
-            }
-        }
-    }
-    assert!(shards.is_empty() || checked == 4 * shards.len(), "{checked} estimated");
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    every_compile_record_is_exact(TUNE_COMPILE_SHARDS, 4);
 }
 
 /// What the torchtune compile records do not cover is refused by name, never estimated:
