@@ -38,7 +38,9 @@ import contextlib
 import gc
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 import weakref
@@ -1889,6 +1891,32 @@ def measure_eager_recipe(family, dtype, attn, recipe, opts):
     if recipe == "optim=paged_adamw8bit":
         return measure_paged8bit(family, dtype, attn, opts)
     raise SystemExit(f"unknown recipe {recipe}")
+
+
+def run_child_into(cmd: list, out_doc_path: str, doc: dict, label: str) -> bool:
+    """Run one record's child process (``cmd`` + a temporary result path it writes ``{record, cfg}`` to), merge the
+    record into ``doc`` (replacing one with the same id, sorted by id), write ``doc`` to ``out_doc_path`` and print
+    a one-line summary. Returns False (after printing the child's output tail) when the child failed."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rec.json")
+        r = subprocess.run(cmd + [out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0 or not os.path.exists(out):
+            print(f"FAILED {label}:\n{r.stdout[-4000:]}", file=sys.stderr, flush=True)
+            return False
+        got = json.load(open(out))
+    rec = got["record"]
+    doc["configs"][rec["config_key"]] = got["cfg"]
+    doc["records"] = [x for x in doc["records"] if x["id"] != rec["id"]] + [rec]
+    doc["records"].sort(key=lambda x: x["id"])
+    with open(out_doc_path, "w") as f:
+        f.write(M.dump(doc))
+    st = rec["step"]
+    bad = {k: v for k, v in st["checks"].items() if v not in (0, None)}
+    print(f"{rec['id']}: saved {rec['saved_bytes']} B; peak {st['measured_peak_bytes']} B ({st['peak_phase']}) "
+          f"tensors peak {st.get('tensors_measured_peak_bytes')} checks {bad or 'ok'} {time.time() - t0:.0f}s",
+          file=sys.stderr, flush=True)
+    return True
 
 
 if __name__ == "__main__":

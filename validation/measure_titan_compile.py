@@ -36,10 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -192,26 +189,9 @@ def main():
             "generated_by": "validation/measure_titan_compile.py", "torch": torch.__version__.split("+")[0],
             "framework": "torchtitan", "framework_version": "0.2.2", "family": fam, "device": "cpu",
             "configs": {}, "records": []}
-        t0 = time.time()
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rec.json")
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--components",
-                                args.components, "--child", fam, dtype, rc, out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if r.returncode != 0 or not os.path.exists(out):
-                n_fail += 1
-                print(f"FAILED {fam}/{dtype}/{rc}:\n{r.stdout[-4000:]}", file=sys.stderr, flush=True)
-                continue
-            got = json.load(open(out))
-        rec = got["record"]
-        doc["configs"][rec["config_key"]] = got["cfg"]
-        doc["records"] = [x for x in doc["records"] if x["id"] != rec["id"]] + [rec]
-        doc["records"].sort(key=lambda x: x["id"])
-        with open(path, "w") as f:
-            f.write(M.dump(doc))
-        st = rec["step"]
-        bad = {k: v for k, v in st["checks"].items() if v not in (0, None)}
-        print(f"{rec['id']}: saved {rec['saved_bytes']} B; peak {st['measured_peak_bytes']} B ({st['peak_phase']}) "
-              f"checks {bad or 'ok'} {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--components", args.components,
+               "--child", fam, dtype, rc]
+        n_fail += not R.run_child_into(cmd, path, doc, f"{fam}/{dtype}/{rc}")
     sys.exit(1 if n_fail else 0)
 
 

@@ -36,10 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -264,28 +261,9 @@ def main():
             "generated_by": "validation/measure_tune_compile.py", "torch": torch.__version__.split("+")[0],
             "framework": "torchtune", "framework_version": "0.6.1", "family": "llama3", "device": "cpu",
             "configs": {}, "records": []}
-        t0 = time.time()
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rec.json")
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out]
-                               + (["--lora"] if args.lora else []) + ["--child", dtype, rc, out],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if r.returncode != 0 or not os.path.exists(out):
-                n_fail += 1
-                print(f"FAILED {dtype}/{rc}:\n{r.stdout[-4000:]}", file=sys.stderr, flush=True)
-                continue
-            got = json.load(open(out))
-        rec = got["record"]
-        doc["configs"][rec["config_key"]] = got["cfg"]
-        doc["records"] = [x for x in doc["records"] if x["id"] != rec["id"]] + [rec]
-        doc["records"].sort(key=lambda x: x["id"])
-        with open(path, "w") as f:
-            f.write(M.dump(doc))
-        st = rec["step"]
-        bad = {k: v for k, v in st["checks"].items() if v not in (0, None)}
-        print(f"{rec['id']}: saved {rec['saved_bytes']} B; peak {st['measured_peak_bytes']} B ({st['peak_phase']}) "
-              f"tensors peak {st['tensors_measured_peak_bytes']} checks {bad or 'ok'} {time.time() - t0:.0f}s",
-              file=sys.stderr, flush=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out] + (["--lora"] if args.lora else []) \
+            + ["--child", dtype, rc]
+        n_fail += not R.run_child_into(cmd, path, doc, f"{dtype}/{rc}")
     sys.exit(1 if n_fail else 0)
 
 
