@@ -322,6 +322,12 @@ fn compiled_full_checkpointing_peaks_inside_a_compiled_block_backward_as_measure
     assert!(seen == 0 || seen == 4, "{seen} records");
 }
 
+/// `c` is refused as not modelled yet, the refusal naming `word`.
+fn refused_by_name(c: &Config, word: &str) {
+    let err = estimate(c).expect_err("refused").to_string();
+    assert!(err.contains("not modelled yet") && err.contains(word), "{word}: {err}");
+}
+
 /// What the torchtitan compile records do not cover is refused by name, never estimated: full
 /// checkpointing, autocast (`amp-bf16`), float8 converters, tensor parallelism, torchtitan's
 /// Qwen3 MoE; and `compile_regions = block` outside torchtitan's own code.
@@ -333,10 +339,7 @@ fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_na
     let r = &doc["records"][0];
     let base = compile_config_of(doc, r);
     assert!(estimate(&base).is_ok(), "{}", r["id"]);
-    let refused = |c: Config, word: &str| {
-        let err = estimate(&c).expect_err("refused").to_string();
-        assert!(err.contains("not modelled yet") && err.contains(word), "{word}: {err}");
-    };
+    let refused = |c: Config, word: &str| refused_by_name(&c, word);
     refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
     refused(
         Config { fp8: Fp8::TorchaoTensorwise, precision: Precision::MixedBf16, gpus: 8, zero: Zero::FullShard, ..base.clone() },
@@ -377,10 +380,7 @@ fn compiled_torchtune_configurations_the_records_do_not_cover_are_refused_by_nam
     let r = &doc["records"][0];
     let base = compile_config_of(doc, r);
     assert!(estimate(&base).is_ok(), "{}", r["id"]);
-    let refused = |c: Config, word: &str| {
-        let err = estimate(&c).expect_err("refused").to_string();
-        assert!(err.contains("not modelled yet") && err.contains(word), "{word}: {err}");
-    };
+    let refused = |c: Config, word: &str| refused_by_name(&c, word);
     refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
     refused(Config { finetune: Finetune::Qlora, qlora_quant: QloraQuant::TorchaoNf4, ..base.clone() }, "QLoRA");
     refused(Config { framework: Framework::Hf, ..base.clone() }, "Liger's fused chunked loss");

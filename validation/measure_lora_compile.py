@@ -64,16 +64,7 @@ def run_one(family, dtype, recompute=None, targets="all") -> dict:
     rec["id"] = rid(family, dtype, recompute, targets)
     rec["lora"] = {"config": L.lora_config(0.0, TARGETS[targets]), "peft": L.peft.__version__}
     if recompute and "trace" in R.PROFILE_LOG:
-        # step 2's allocation trace (torch.profiler memory events), as measure_recipes.py writes its own
-        d = os.path.join(L.OUT, "steps")
-        os.makedirs(d, exist_ok=True)
-        log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
-               "preexisting_bytes": R.PROFILE_LOG["pre"],
-               "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase",
-                                                           "peak_stack")},
-               **R.PROFILE_LOG["trace"]}
-        with open(os.path.join(d, R.M.step_log_name(rec["id"])), "w") as f:
-            f.write(R.M.dump_log(log))
+        R.write_step_log(rec, L.OUT)
     return {"rec": rec, "cfg": opts["cfg"], "key": rec["config_key"]}
 
 

@@ -931,16 +931,7 @@ def main():
         opts: dict = {}
         rec = MEASURERS[recipe](family, dtype, attn, opts)
         if "trace" in PROFILE_LOG:
-            # step 2's allocation trace (torch.profiler memory events) next to the tracker's event logs
-            d = os.path.join(DEFAULT_OUT, "steps")
-            os.makedirs(d, exist_ok=True)
-            log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
-                   "preexisting_bytes": PROFILE_LOG["pre"],
-                   "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes",
-                                                               "peak_phase", "peak_stack")},
-                   **PROFILE_LOG["trace"]}
-            with open(os.path.join(d, M.step_log_name(rec["id"])), "w") as f:
-                f.write(M.dump_log(log))
+            write_step_log(rec, DEFAULT_OUT)
         with open(out_json, "w") as f:
             json.dump({"record": rec, "cfg": opts.get("cfg")}, f)
         return
@@ -1891,6 +1882,20 @@ def measure_eager_recipe(family, dtype, attn, recipe, opts):
     if recipe == "optim=paged_adamw8bit":
         return measure_paged8bit(family, dtype, attn, opts)
     raise SystemExit(f"unknown recipe {recipe}")
+
+
+def write_step_log(rec: dict, out_dir: str) -> None:
+    """Step 2's allocation trace of the record just measured (torch.profiler memory events, ``PROFILE_LOG``) as
+    ``<out_dir>/steps/<id>.json``, next to the tracker's event logs."""
+    d = os.path.join(out_dir, "steps")
+    os.makedirs(d, exist_ok=True)
+    log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
+           "preexisting_bytes": PROFILE_LOG["pre"],
+           "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase",
+                                                       "peak_stack")},
+           **PROFILE_LOG["trace"]}
+    with open(os.path.join(d, M.step_log_name(rec["id"])), "w") as f:
+        f.write(M.dump_log(log))
 
 
 def run_child_into(cmd: list, out_doc_path: str, doc: dict, label: str) -> bool:

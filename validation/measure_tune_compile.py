@@ -242,15 +242,7 @@ def main():
         dtype, rc, out_json = args.child
         opts: dict = {}
         rec = measure_tune_compile(dtype, rc, opts, args.lora)
-        d = os.path.join(args.out, "steps")
-        os.makedirs(d, exist_ok=True)
-        log = {"id": rec["id"], "step": 2, "source": "torch.profiler memory events (c10 CPU allocator)",
-               "preexisting_bytes": R.PROFILE_LOG["pre"],
-               "summary": {k: rec["step"].get(k) for k in ("peak_live_bytes", "measured_peak_bytes", "peak_phase",
-                                                           "peak_stack")},
-               **R.PROFILE_LOG["trace"]}
-        with open(os.path.join(d, M.step_log_name(rec["id"])), "w") as f:
-            f.write(M.dump_log(log))
+        R.write_step_log(rec, args.out)
         with open(out_json, "w") as f:
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
