@@ -1884,6 +1884,19 @@ def measure_eager_recipe(family, dtype, attn, recipe, opts):
     raise SystemExit(f"unknown recipe {recipe}")
 
 
+def adamw_state_bytes(opt) -> tuple[int, int]:
+    """AdamW's states as measure.py records them: (exp_avg + exp_avg_sq bytes, the `step` counters' bytes)."""
+    state = step = 0
+    for st in opt.state.values():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                if k == "step":
+                    step += v.numel() * v.element_size()
+                else:
+                    state += v.numel() * v.element_size()
+    return state, step
+
+
 def write_step_log(rec: dict, out_dir: str) -> None:
     """Step 2's allocation trace of the record just measured (torch.profiler memory events, ``PROFILE_LOG``) as
     ``<out_dir>/steps/<id>.json``, next to the tracker's event logs."""

@@ -181,14 +181,7 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = Fa
     ranges = R.SeqRanges(model, opaque=blocks)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     entries, logits_info, extra, saved_bytes, compile_s, counters_1 = R.compile_then_read_saved(model, opt, ids, ranges)
-    a_state = a_step = 0
-    for st_ in opt.state.values():
-        for k, v in st_.items():
-            if isinstance(v, torch.Tensor):
-                if k == "step":
-                    a_step += v.numel() * v.element_size()
-                else:
-                    a_state += v.numel() * v.element_size()
+    a_state, a_step = R.adamw_state_bytes(opt)
     step, regions, counters_2 = R.profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes,
                                                          counters_1)
     pi = R.param_info(model)
