@@ -289,14 +289,7 @@ def tracked_steps_and_keep(model, opt, ids, *a, **kw):
     res = _orig_tracked_steps(model, opt, ids, *a, **kw)
     LAST["events"] = res[-1]["events"]
     LAST["windows"] = [dict(w) for w in WINDOWS.rows]
-    state = step = 0
-    for st in opt.state.values():
-        for k, v in st.items():
-            if isinstance(v, torch.Tensor):
-                if k == "step":
-                    step += v.numel() * v.element_size()
-                else:
-                    state += v.numel() * v.element_size()
+    state, step = recipes.adamw_state_bytes(opt)
     LAST["adamw"] = {"state_bytes": state, "step_bytes": step}
     LAST["gradient_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return res
