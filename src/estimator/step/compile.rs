@@ -151,6 +151,9 @@ struct Decision {
     kept: Vec<Save>,
     stats: Vec<(Tid, Save, u32)>,
     reader: Vec<u32>,
+    /// The first of two whole-tensor casts of one tensor to one dtype, per the second (the
+    /// graph's CSE), else `u32::MAX`.
+    same: Vec<u32>,
 }
 
 impl<'a> Builder<'a> {
@@ -470,7 +473,7 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        Decision { producer, readers, mat, fate, kept, stats, reader }
+        Decision { producer, readers, mat, fate, kept, stats, reader, same }
     }
 
     fn partition(&mut self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>) {
@@ -479,7 +482,7 @@ impl<'a> Builder<'a> {
         }
         let (lo, hi) = (first as usize, end as usize);
         let n_t = self.p.tensors.len();
-        let Decision { producer, readers, mat, fate, mut kept, stats, mut reader } = self.decide(first, end, outputs, ckpt);
+        let Decision { producer, readers, mat, fate, mut kept, stats, mut reader, same } = self.decide(first, end, outputs, ckpt);
         // Checkpointed: the compiled backward re-runs the region's forward as Inductor kernels,
         // and what those kernels write is what the region keeps when it is not checkpointed —
         // the norms' rstd (R), o_proj's output (B) beside the matmul inputs — each until the
@@ -578,6 +581,13 @@ impl<'a> Builder<'a> {
             // by its own last forward reader where that comes first (the re-run frees a storage
             // no op has saved yet after its last forward reader).
             drop(plain);
+            // The re-run's kernels make one cast of a tensor to a dtype (the graph's CSE): the
+            // second is the first (peft's q, k, v — or gate and up — adapters' `x.to(fp32)`).
+            for (t, &first) in same.iter().enumerate() {
+                if first != u32::MAX {
+                    self.p.tensors[t].bytes = 0;
+                }
+            }
             let made = |t: Tid| producer.get(t as usize).is_some_and(|&at| at != u32::MAX);
             let mut holds: Vec<(usize, Save)> = Vec::new();
             for i in lo..hi {
@@ -589,6 +599,7 @@ impl<'a> Builder<'a> {
                     let mut work = vec![b];
                     let mut seen: Vec<Tid> = Vec::new();
                     while let Some(t) = work.pop() {
+                        let t = same.get(t as usize).copied().filter(|&f| f != u32::MAX).unwrap_or(t);
                         if seen.contains(&t) || !made(t) {
                             continue;
                         }
@@ -658,7 +669,42 @@ impl<'a> Builder<'a> {
     /// its layers' compiled backward at most 953,224 B live, `recipes/steps/`), which the eager
     /// temporaries of `gelu_new`'s backward overshot by 4 % in layer 0's backward; no other
     /// compiled record's estimate moves.
-    pub fn fuse_layer_backward(&mut self, first: u32, end: u32) {
+    ///
+    /// `through_sums`: a checkpointed layer, whose fused values are recomputed inside the
+    /// backward's kernels (a sum `base + lora_B(…)·s` is not kept): the gradient of such a value
+    /// that a sum or a view passes on unchanged to a materialized value (the base matmul's
+    /// output) is that value's gradient, a kernel output.
+    pub fn fuse_layer_backward(&mut self, first: u32, end: u32, through_sums: bool) {
+        // Which zero-byte values pass their gradient on to a materialized one.
+        let n_t = self.p.tensors.len();
+        let mut lands = vec![false; n_t];
+        if through_sums {
+            // How many ops of the layer read each storage: a gradient that other readers add to
+            // (GELU's input, read by its pow, add and mul) is summed inside the kernel.
+            let mut reads = vec![0u32; n_t];
+            for op in &self.p.ops[first as usize..end as usize] {
+                for &t in self.p.ins(op) {
+                    reads[self.p.tensors[t as usize].base as usize] += 1;
+                }
+            }
+            for i in first as usize..end as usize {
+                let op = &self.p.ops[i];
+                if !fusible(op.name) {
+                    continue;
+                }
+                let (ins, outs) = (self.p.ins(op), self.p.outs(op));
+                for st in self.p.bw(op) {
+                    if let B::Pass { input, output } = *st {
+                        let (x, y) = (ins[input as usize], outs[output as usize]);
+                        let bx = self.p.tensors[x as usize].base as usize;
+                        let to = &self.p.tensors[bx];
+                        if reads[bx] == 1 && (to.bytes > 0 || lands[bx] || matches!(to.origin, Origin::Param { .. })) {
+                            lands[self.p.tensors[y as usize].base as usize] = true;
+                        }
+                    }
+                }
+            }
+        }
         for i in first as usize..end as usize {
             let op = &self.p.ops[i];
             if !fusible(op.name) || op.bw.1 == 0 {
@@ -678,7 +724,7 @@ impl<'a> Builder<'a> {
                     B::Grad { input, temp } => {
                         let materialized = ins.get(input as usize).is_some_and(|&t| {
                             let x = &self.p.tensors[self.p.tensors[t as usize].base as usize];
-                            x.bytes > 0 || matches!(x.origin, Origin::Param { .. })
+                            x.bytes > 0 || matches!(x.origin, Origin::Param { .. }) || lands[self.p.tensors[t as usize].base as usize]
                         });
                         if let Some(kk) = keep.get_mut(temp as usize) {
                             *kk |= materialized;
@@ -699,32 +745,80 @@ impl<'a> Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    /// Finds checkpoint region `r`'s [`FusedBackward`]: its last saving op `late`, a matmul that
-    /// saves only its inputs (so the re-run never runs it), whose activation input is made by the
-    /// fusible op right before it (`head`) and read by nothing else; `members` are the fusible
-    /// ops whose outputs live inside the head's kernel (fused away, read only by the head or
-    /// other members).
+    /// Finds checkpoint region `r`'s [`FusedBackward`]: a fusible op (`head`: act(gate)·up) whose
+    /// output is read only by matmuls after it (`late`: `down_proj`, and a LoRA adapter's
+    /// `lora_A`, `lora_B` on it), where every op after the head is such a matmul saving only
+    /// parameters, the head's output or another late matmul's output, or a fusible op saving
+    /// nothing the region makes (the adapter's scaling, the residual sum) — so the re-run never
+    /// needs them before the backward; `members` are the fusible ops whose outputs live inside
+    /// the head's kernel (fused away, read only by the head or other members).
     fn fuse_late_weight_grad(&mut self, r: usize, producer: &[u32], readers: &[Vec<u32>]) {
         let p = &self.p;
         let (lo, hi) = (p.regions[r].first as usize, p.regions[r].end as usize);
-        let Some(late) = (lo..hi).rev().find(|&i| p.ops[i].saved.1 > 0) else { return };
-        let m = &p.ops[late];
-        let outs = p.outs(m);
-        if !materializing(m.name) || p.saved(m).iter().any(|s| outs.contains(&p.tensors[s.t as usize].base)) {
-            return;
-        }
         let region_made = |t: Tid| producer.get(t as usize).is_some_and(|&at| at != u32::MAX && (lo..hi).contains(&(at as usize)));
-        let Some(x) = p.ins(m).iter().map(|&t| p.tensors[t as usize].base).find(|&t| region_made(t)) else { return };
-        let head = producer[x as usize] as usize;
-        if head + 1 != late
-            || !fusible(p.ops[head].name)
-            || p.ops[head].bw.1 == 0
-            || readers[x as usize].iter().any(|&k| k as usize != late)
-        {
-            return;
-        }
+        let base = |t: Tid| p.tensors[t as usize].base;
+        // The fusible ops from `x` on whose outputs only late matmuls (or other such ops) read
+        // (peft's `p.to(fp32)` for `down`'s adapter), or None where a reader is neither.
+        let post_of = |h: usize, x: Tid| -> Option<Vec<u32>> {
+            let mut post: Vec<u32> = Vec::new();
+            let mut work = vec![x];
+            while let Some(t) = work.pop() {
+                let rd = &readers[t as usize];
+                if rd.is_empty() {
+                    return None;
+                }
+                for &k in rd {
+                    let op = &p.ops[k as usize];
+                    if k as usize <= h {
+                        return None;
+                    }
+                    if materializing(op.name) || post.contains(&k) {
+                        continue;
+                    }
+                    if !fusible(op.name) || p.outs(op).len() != 1 {
+                        return None;
+                    }
+                    post.push(k);
+                    work.push(base(p.outs(op)[0]));
+                }
+            }
+            post.sort_unstable();
+            Some(post)
+        };
+        // The tail from `h + 1`: its matmuls, or None where an op there does not fit.
+        let tail = |h: usize, x: Tid, post: &[u32]| -> Option<Vec<u32>> {
+            let mut late: Vec<u32> = Vec::new();
+            for j in h + 1..hi {
+                let op = &p.ops[j];
+                let made_by_tail = |t: Tid| producer.get(t as usize).is_some_and(|&at| late.contains(&at) || post.contains(&at));
+                if materializing(op.name) {
+                    let fits = p.saved(op).iter().all(|s| {
+                        let b = base(s.t);
+                        !region_made(b) || b == x || made_by_tail(b)
+                    });
+                    if !fits {
+                        return None;
+                    }
+                    late.push(j as u32);
+                } else if !fusible(op.name) || p.saved(op).iter().any(|s| region_made(base(s.t))) {
+                    return None;
+                }
+            }
+            Some(late)
+        };
+        // The first head whose tail fits: a cast after it (its `post`) would fit too.
+        let found = (lo..hi).find_map(|h| {
+            let op = &p.ops[h];
+            let x = base(*p.outs(op).first()?);
+            if !fusible(op.name) || op.bw.1 == 0 || p.tensors[x as usize].bytes == 0 {
+                return None;
+            }
+            let post = post_of(h, x)?;
+            tail(h, x, &post).filter(|l| !l.is_empty()).map(|l| (h, l, post))
+        });
+        let Some((head, late, post)) = found else { return };
         let mut members: Vec<u32> = Vec::new();
-        let mut work: Vec<Tid> = p.ins(&p.ops[head]).iter().map(|&t| p.tensors[t as usize].base).collect();
+        let mut work: Vec<Tid> = p.ins(&p.ops[head]).iter().map(|&t| base(t)).collect();
         while let Some(t) = work.pop() {
             if !region_made(t) || p.tensors[t as usize].bytes > 0 {
                 continue;
@@ -736,10 +830,10 @@ impl<'a> Builder<'a> {
                 continue;
             }
             members.push(at);
-            work.extend(p.ins(op).iter().map(|&t| p.tensors[t as usize].base));
+            work.extend(p.ins(op).iter().map(|&t| base(t)));
         }
         members.sort_unstable_by(|a, b| b.cmp(a));
-        self.p.regions[r].fused.push(super::ir::FusedBackward { late: late as u32, head: head as u32, members });
+        self.p.regions[r].fused.push(super::ir::FusedBackward { late, head: head as u32, members, post });
     }
 
     /// Adds `s` to op `at`'s saves: its live saves, then `s`, then its dead saves, moved to the

@@ -498,9 +498,13 @@ pub struct Region {
 /// both input gradients — before `w2`'s weight gradient), FINDINGS §15.1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusedBackward {
-    pub late: u32,
+    /// The matmuls after the head, in program order.
+    pub late: Vec<u32>,
     pub head: u32,
     pub members: Vec<u32>,
+    /// Fusible ops after the head whose outputs only late matmuls read (a cast of the head's
+    /// output for an adapter): written by the kernel too, in program order.
+    pub post: Vec<u32>,
 }
 
 /// The lengths of a [`Program`]'s growing lists at one point of its building.
@@ -1269,7 +1273,12 @@ impl<'a> Builder<'a> {
             let fused = r
                 .fused
                 .iter()
-                .map(|g| FusedBackward { late: g.late + so, head: g.head + so, members: g.members.iter().map(|m| m + so).collect() })
+                .map(|g| FusedBackward {
+                    late: g.late.iter().map(|m| m + so).collect(),
+                    head: g.head + so,
+                    members: g.members.iter().map(|m| m + so).collect(),
+                    post: g.post.iter().map(|m| m + so).collect(),
+                })
                 .collect();
             let r = Region { first: r.first + so, end: r.end + so, held, cached, early_stop: r.early_stop, fused };
             p.regions.push(r);

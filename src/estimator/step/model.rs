@@ -495,7 +495,7 @@ impl<'a> Setup<'a> {
             _ => {}
         }
         if self.compiled_layers() {
-            b.fuse_layer_backward(first, b.next_op());
+            b.fuse_layer_backward(first, b.next_op(), region.is_some() && ckpt_inside);
         }
         b.hold(x);
         y

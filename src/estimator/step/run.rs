@@ -199,6 +199,9 @@ enum Part {
     Script,
     /// The head's incoming gradient and saves released.
     Release,
+    /// Nothing but the recomputation trigger: a cast inside a fused kernel, whose incoming
+    /// gradient the kernel reads as it is (released with [`Part::Release`]).
+    Read,
 }
 
 /// A run of one program.
@@ -224,6 +227,10 @@ pub struct Run<'p, S: Sink> {
     /// [`Run::node`]'s scratch: its temporaries and the gradients it delivers.
     temps: Vec<u32>,
     deliver: Vec<(Tid, u32)>,
+    /// While a [`super::ir::FusedBackward`]'s late matmuls run: the head's output, whose
+    /// gradient parts its kernel reads apart (not summed first), and those held parts.
+    fusing: Option<Tid>,
+    fused_grads: Vec<u32>,
 }
 
 /// The bytes of a unit's slot in [`Run::units`]: its gathered parameters, its gradient.
@@ -386,6 +393,8 @@ impl<'p, S: Sink> Run<'p, S> {
             units: vec![[NONE; 2]; p.units.len()],
             temps: Vec::with_capacity(8),
             deliver: Vec::with_capacity(8),
+            fusing: None,
+            fused_grads: Vec::new(),
         }
     }
 
@@ -824,14 +833,22 @@ impl<'p, S: Sink> Run<'p, S> {
     fn recompute(&mut self, r: usize, node: &'static str) {
         let p = self.p;
         let reg = &p.regions[r];
-        let stop = if reg.early_stop { self.b.region_last_save[r] } else { reg.end - 1 };
+        // A compiled region's re-run ends with the head of its fused feed-forward backward: what
+        // comes after it is needed only by the late matmuls' weight gradients
+        // ([`super::ir::FusedBackward`]).
+        let fused_head = reg.fused.first().map(|g| g.head);
+        let stop = match fused_head {
+            Some(h) => h - 1,
+            None if reg.early_stop => self.b.region_last_save[r],
+            None => reg.end - 1,
+        };
         let mut allocated: Vec<usize> = Vec::new();
         for i in reg.first..=stop {
             let i = i as usize;
             let op = &p.ops[i];
             let at = self.at(i, Phase::Backward, node);
             let outs = p.outs(op);
-            let runs = !reg.early_stop || i as u32 != stop || p.saved(op).iter().any(|s| outs.contains(&s.t));
+            let runs = !reg.early_stop || i as u32 != stop || fused_head.is_some() || p.saved(op).iter().any(|s| outs.contains(&s.t));
             if runs && !(op.in_dispatch && self.dispatch_cached(reg, i)) {
                 for &t in outs {
                     let b = p.tensors[t as usize].base as usize;
@@ -874,6 +891,18 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.backward = false;
                     self.try_free(b, &at);
                     self.backward = was;
+                }
+            }
+        }
+        // The head and the late matmuls of a fused feed-forward backward did not run again, but
+        // their backward reads what the re-run made (the gate and up outputs).
+        for g in &reg.fused {
+            for &m in std::iter::once(&g.head).chain(&g.late) {
+                for s in p.saved(&p.ops[m as usize]) {
+                    let b = p.tensors[s.t as usize].base as usize;
+                    if self.b.alive[b] && p.tensors[b].origin == Origin::Op {
+                        self.b.saves[b] += 1;
+                    }
                 }
             }
         }
@@ -966,21 +995,63 @@ impl<'p, S: Sink> Run<'p, S> {
                 continue;
             }
             let r = self.b.region_of[i];
-            let group = if r == NONE { None } else { p.regions[r as usize].fused.iter().find(|g| g.late == i as u32) };
+            let group = if r == NONE { None } else { p.regions[r as usize].fused.iter().find(|g| g.late.last() == Some(&(i as u32))) };
             let Some(g) = group else {
                 self.node(i, Part::Whole, &mut skipped);
                 continue;
             };
-            self.node(i, Part::Inputs, &mut skipped);
+            // The late matmuls' input gradients (the head's output gradient in parts, which its
+            // kernel reads apart), the kernel, then their weight gradients.
+            self.fusing = p.outs(&p.ops[g.head as usize]).first().map(|&t| p.tensors[t as usize].base);
+            // A matmul without a weight gradient (a frozen base) runs whole: its incoming
+            // gradient goes with its input gradient.
+            for &m in g.late.iter().rev() {
+                let part = if self.weight_grad(m as usize) { Part::Inputs } else { Part::Whole };
+                self.node(m as usize, part, &mut skipped);
+            }
             let head = g.head as usize;
+            // The casts after the head: the kernel reads their incoming gradients as they are.
+            for &k in g.post.iter().rev() {
+                self.node(k as usize, Part::Read, &mut skipped);
+            }
+            // The kernel writes the head's output and its casts where a late matmul's weight
+            // gradient reads them.
+            for &k in std::iter::once(&g.head).chain(&g.post) {
+                let at = self.at(k as usize, Phase::Backward, p.ops[head].node);
+                for &t in p.outs(&p.ops[k as usize]) {
+                    let b = p.tensors[t as usize].base as usize;
+                    let n = g
+                        .late
+                        .iter()
+                        .map(|&m| p.saved(&p.ops[m as usize]).iter().filter(|s| p.tensors[s.t as usize].base as usize == b).count())
+                        .sum::<usize>();
+                    if n > 0 && !self.b.alive[b] && p.tensors[b].bytes > 0 {
+                        self.b.cat[b] = Cat::Activations;
+                        self.b.fwd_over[b] = true;
+                        self.b.saves[b] += n as u16;
+                        self.alloc_storage(b, &at);
+                    }
+                }
+            }
             self.node(head, Part::Script, &mut skipped);
             for &m in &g.members {
-                self.node(m as usize, Part::Whole, &mut skipped);
-                done.push(m);
+                self.node(m as usize, Part::Script, &mut skipped);
             }
             self.node(head, Part::Release, &mut skipped);
+            for &m in g.members.iter().chain(g.post.iter().rev()) {
+                self.node(m as usize, Part::Release, &mut skipped);
+            }
+            self.fusing = None;
+            for k in std::mem::take(&mut self.fused_grads) {
+                self.unref(k, &self.at(head, Phase::Backward, p.ops[head].node));
+            }
+            for &m in g.late.iter().rev() {
+                if self.weight_grad(m as usize) {
+                    self.late_weights(m as usize, &mut skipped);
+                }
+            }
+            done.extend(g.late.iter().chain(&g.members).chain(&g.post).copied());
             done.push(g.head);
-            self.node(i, Part::Weights, &mut skipped);
         }
         self.b.skipped = skipped;
         if self.off.is_some() {
@@ -989,13 +1060,44 @@ impl<'p, S: Sink> Run<'p, S> {
         }
     }
 
+    /// Whether op `i`'s node makes a parameter's gradient.
+    fn weight_grad(&self, i: usize) -> bool {
+        let p = self.p;
+        let ins = p.ins(&p.ops[i]);
+        p.bw(&p.ops[i]).iter().any(|st| match *st {
+            B::Grad { input, .. } => {
+                let x = &p.tensors[ins[input as usize] as usize];
+                x.requires_grad && matches!(x.origin, Origin::Param { .. })
+            }
+            _ => false,
+        })
+    }
+
+    /// A late matmul's weight gradient ([`Part::Weights`]); a saved input the re-run never made
+    /// (an adapter's `lora_A` output, which `lora_B`'s weight gradient reads) is recomputed
+    /// first and freed with the node's saves.
+    fn late_weights(&mut self, i: usize, skipped: &mut Vec<usize>) {
+        let p = self.p;
+        let at = self.at(i, Phase::Backward, p.ops[i].node);
+        for s in p.saved(&p.ops[i]) {
+            let b = p.tensors[s.t as usize].base as usize;
+            if !self.b.alive[b] && p.tensors[b].origin == Origin::Op {
+                self.b.cat[b] = Cat::Transient;
+                self.b.fwd_over[b] = true;
+                self.b.saves[b] += 1;
+                self.alloc_storage(b, &at);
+            }
+        }
+        self.node(i, Part::Weights, skipped);
+    }
+
     /// Op `i`'s node, or the `part` of it that runs now (see [`Part`]).
     fn node(&mut self, i: usize, part: Part, skipped: &mut Vec<usize>) {
         let p = self.p;
         let op = &p.ops[i];
         let r = self.b.region_of[i];
         let outs = p.outs(op);
-        let begins = matches!(part, Part::Whole | Part::Inputs | Part::Script);
+        let begins = matches!(part, Part::Whole | Part::Inputs | Part::Script | Part::Read);
         let ends = matches!(part, Part::Whole | Part::Weights | Part::Release);
         let has_grad = outs.iter().any(|&t| self.b.grad[t as usize] != NONE);
         if begins && r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
@@ -1026,7 +1128,7 @@ impl<'p, S: Sink> Run<'p, S> {
                     _ => false,
                 })
             };
-            if part != Part::Release {
+            if !matches!(part, Part::Release | Part::Read) {
                 for (k, st) in script.iter().enumerate() {
                     match *st {
                         B::Alloc { bytes, dtype, op: name } => {
@@ -1239,6 +1341,12 @@ impl<'p, S: Sink> Run<'p, S> {
                 let old = self.b.grad[t as usize];
                 if old == NONE {
                     self.b.grad[t as usize] = g;
+                } else if self.fusing == Some(x.base) {
+                    // Read apart by the fused kernel: held until it has run.
+                    self.fused_grads.push(g);
+                } else if self.fusing.is_some() {
+                    // Summed inside the fused kernel: one output buffer.
+                    self.unref(g, at);
                 } else if self.accumulate == Accumulate::InPlace && self.b.bufs[old as usize].refs == 1 {
                     self.unref(g, at);
                 } else {
