@@ -340,14 +340,18 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.compile && cfg.framework == Framework::Torchtitan {
         // torch.compile on torchtitan's own blocks: measured in fp32 and bf16 without tensor
         // parallelism (FINDINGS §15.1); each of these is refused by name.
-        let titan_compile_pending: [(bool, &str); 4] = [
+        let titan_compile_pending: [(bool, &str); 5] = [
             (
                 cfg.recompute == Recompute::Full,
                 "torch.compile of torchtitan's fully checkpointed blocks (Inductor's compiled backward holds a block's recomputed feed-forward values and their gradients at once, where the step program frees each after its eager node: measured peaks 0.81–2.05 % above the estimate, FINDINGS §15.1)",
             ),
             (
-                step::lowbit::fp8_of(cfg) != super::config::Fp8::None,
-                "torch.compile of torchtitan's blocks with float8 converters (Inductor fuses Float8Linear's cast chains and the partitioner weighs its amax reductions: not measured, FINDINGS §10.1)",
+                cfg.fp8_allgather && step::lowbit::fp8_of(cfg) != super::config::Fp8::None,
+                "torch.compile of torchtitan's blocks with float8 all-gather (`enable_fsdp_float8_all_gather`: the blocks receive weights FSDP2 already cast to float8; measured compiled without it only, FINDINGS §15.1)",
+            ),
+            (
+                !matches!(step::lowbit::fp8_of(cfg), super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise),
+                "torch.compile of torchtitan's blocks with float8 recipes other than tensorwise (rowwise: measured, `torchtitan-llama3-compile-fp8.json`, its partition not followed yet; FINDINGS §15.1)",
             ),
             (
                 super::precision::recipe(cfg.precision).autocast_weight_copy,
@@ -383,7 +387,9 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// `[b·s, ffn]` buffers are alive at once where the eager node order holds four); with the loss
 /// eager its peak is the loss's and exact, which says nothing of the blocks. torchtitan's Qwen3
 /// MoE (its `apply_compile` compiles each block's submodules apart, the experts eager) is not
-/// measured compiled and is refused by name.
+/// measured compiled and is refused by name. Float8 (torchtitan's converter, torchao
+/// `Float8Linear`) compiled: tensorwise on `torchtitan-llama3-compile-fp8.json` (saved bytes
+/// exact, peaks within 0.29 %); rowwise measured but refused, FSDP2's float8 all-gather refused.
 const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family::Llama, super::family::Family::Qwen3];
 
 /// Families whose compiled and checkpointed layers (`compile_regions = layer` with `recompute =
