@@ -388,8 +388,9 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// eager its peak is the loss's and exact, which says nothing of the blocks. torchtitan's Qwen3
 /// MoE (its `apply_compile` compiles each block's submodules apart, the experts eager) is not
 /// measured compiled and is refused by name. Float8 (torchtitan's converter, torchao
-/// `Float8Linear`) compiled: tensorwise on `torchtitan-llama3-compile-fp8.json` (saved bytes
-/// exact, peaks within 0.29 %); rowwise measured but refused, FSDP2's float8 all-gather refused.
+/// `Float8Linear`) compiled: tensorwise on `torchtitan-{llama3,qwen3}-compile-fp8.json` (saved
+/// bytes exact, peaks within 0.35 %); rowwise measured but refused, FSDP2's float8 all-gather
+/// refused.
 const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family::Llama, super::family::Family::Qwen3];
 
 /// Families whose compiled and checkpointed layers (`compile_regions = layer` with `recompute =
