@@ -409,40 +409,46 @@ def profiled_call(fn):
     """Run fn() under torch.profiler with memory events; return (result, allocation events, phase ranges, marks).
     Each event is (time, +/-bytes, innermost op names, is_workspace): an allocation freed before the aten op that
     made it returns (and that free) is a kernel's internal workspace — invisible to a dispatch-level tracker, which
-    counts tensors that ops return; the summaries give the peak with and without them."""
+    counts tensors that ops return; the summaries give the peak with and without them. So is an allocation made
+    anywhere inside `aten::_scaled_mm` and freed before it returns: the CPU kernel (torch 2.15) upcasts both FP8
+    operands to scaled fp32 copies, multiplies them with `aten::mm` into an fp32 product and casts it to the output
+    dtype — temporaries of the CPU implementation, which a GPU's single cuBLASLt call does not make (and a
+    dispatch-level tracker, as measure_fp8.py's, does not see)."""
     from torch.profiler import ProfilerActivity, profile
     from torch._C._profiler import _EventType
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
     raw, phases, marks = [], {}, {}
 
-    def walk(e, stack, op):
+    def walk(e, stack, op, smm=None):
         if e.tag == _EventType.Allocation:
             ex = e.extra_fields
             if ex.device.type == "cpu":
-                raw.append([e.start_time_ns, ex.alloc_size, tuple(stack[-4:]), ex.ptr, op, False])
+                raw.append([e.start_time_ns, ex.alloc_size, tuple(stack[-4:]), ex.ptr, op, False, smm])
         elif e.tag in (_EventType.TorchOp,) and e.name.startswith("phase:"):
             phases[e.name[6:]] = (e.start_time_ns, e.end_time_ns)
         elif e.tag in (_EventType.TorchOp,) and e.name.startswith("mark:"):
             marks[e.name[5:]] = e.start_time_ns
         is_op = e.tag == _EventType.TorchOp and not e.name.startswith(("phase:", "mark:"))
+        if smm is None and is_op and e.name == "aten::_scaled_mm":
+            smm = (e.start_time_ns, e.end_time_ns)
         for c in e.children:
             walk(c, stack + ([e.name] if is_op else []),
-                 (e.start_time_ns, e.end_time_ns) if is_op and e.name.startswith("aten::") else op)
+                 (e.start_time_ns, e.end_time_ns) if is_op and e.name.startswith("aten::") else op, smm)
     for r in prof.profiler.kineto_results.experimental_event_tree():
         walk(r, [], None)
     raw.sort(key=lambda x: x[0])
     open_allocs: dict[int, list] = {}
     for ev in raw:
-        t, sz, _, ptr, op, _ = ev
+        t, sz, _, ptr, op, _, _ = ev
         if sz > 0:
             open_allocs[ptr] = ev
         else:
             a = open_allocs.pop(ptr, None)
-            if a is not None and a[4] is not None and t <= a[4][1]:
+            if a is not None and ((a[4] is not None and t <= a[4][1]) or (a[6] is not None and t <= a[6][1])):
                 a[5] = True
                 ev[5] = True
-    evs = [(t, sz, stack, ws) for t, sz, stack, _, _, ws in raw]
+    evs = [(t, sz, stack, ws) for t, sz, stack, _, _, ws, _ in raw]
     return result, evs, phases, marks
 
 

@@ -16,7 +16,9 @@
 //!   `topk`, `sort`, `cumsum`, the functional `index_put` of an in-place `inv[perm] = …`),
 //! * (M) read by a backward node that cannot fuse ([`unfused_backward`]: a matmul's, a grouped
 //!   matmul's or SDPA's backward reads its inputs; `index`'s and `gather`'s backward scatter
-//!   with their indices — the MoE's `perm // K` and restoring permutation, int64),
+//!   with their indices — the MoE's `perm // K` and restoring permutation, int64); a float8
+//!   linear's backward reads its 16-bit input through fusible casts only: not materialized
+//!   ([`float8_linear`], [`Builder::float8_weight_scales`] for the weight scales that cross),
 //! * (R) a reduction: an output more than 4× smaller than the node's tensor arguments together
 //!   (norm statistics; a bool mask of an fp32 tensor, exactly 4×, is recomputed),
 //! * (S) made by a recomputable op from a buffer alone and smaller than it (the min-cut weighs a
@@ -87,6 +89,12 @@ fn materializing(name: &str) -> bool {
 /// saved indices (the MoE's `perm // K` token index, the restoring permutation).
 fn unfused_backward(name: &str) -> bool {
     materializing(name) || matches!(name, "index" | "gather")
+}
+
+/// torchao's `Float8Linear` (`lowbit.rs` `torchao_linear`): a `_scaled_mm` whose node is
+/// `matmul_with_hp_or_float8_args`'s, saving its 16-bit input first, then the weight.
+fn float8_linear(op: &Op) -> bool {
+    op.name == "_scaled_mm" && op.node == "matmul_with_hp_or_float8_argsBackward"
 }
 
 /// Ops that fuse with their neighbours once Inductor's decompositions have run (the
@@ -247,7 +255,10 @@ impl<'a> Builder<'a> {
         let mut reads: Vec<(u32, Tid)> = Vec::new();
         for op in &self.p.ops[lo..hi] {
             if unfused_backward(op.name) {
-                for s in self.p.saved(op) {
+                // A float8 linear's backward reads its 16-bit input only through the casts
+                // that feed its `_scaled_mm`s, which fuse: the input is not materialized.
+                let skip = usize::from(float8_linear(op));
+                for s in &self.p.saved(op)[skip..] {
                     mat[self.p.tensors[s.t as usize].base as usize] = true;
                 }
             }
@@ -273,6 +284,26 @@ impl<'a> Builder<'a> {
                     Some(&(_, _, first)) => same[y as usize] = first,
                     None => casts.push((x, d, y)),
                 }
+            }
+        }
+        // The float8 casts of one input (q, k and v's; the gate and up projections'): the same
+        // `abs`, `max`, scale, FP8 copy and reciprocal, which the graph's CSE makes one value
+        // each (`float8_linear`'s inputs 2, 3 and 6).
+        let mut fp8_inputs: Vec<(Tid, [Tid; 3])> = Vec::new();
+        let mut cse = vec![u32::MAX; n_t];
+        for op in &self.p.ops[lo..hi] {
+            let ins = self.p.ins(op);
+            if !float8_linear(op) || ins.len() < 8 {
+                continue;
+            }
+            let (x, cast) = (self.p.tensors[ins[0] as usize].base, [ins[2], ins[3], ins[6]]);
+            match fp8_inputs.iter().find(|c| c.0 == x) {
+                Some(&(_, first)) => {
+                    for (t, f) in cast.into_iter().zip(first) {
+                        cse[self.p.tensors[t as usize].base as usize] = self.p.tensors[f as usize].base;
+                    }
+                }
+                None => fp8_inputs.push((x, cast)),
             }
         }
         for (i, op) in self.p.ops[lo..hi].iter().enumerate() {
@@ -326,12 +357,34 @@ impl<'a> Builder<'a> {
                 reads.push(((lo + i) as u32, self.p.tensors[y as usize].base));
             }
         }
+        self.float8_weight_scales(lo, hi, &producer, &mut needed, &mut reads, &mut mat);
         // Checkpointed: the outputs the policy tags `MUST_SAVE` (selective checkpointing's
         // cache; none under full checkpointing).
         let mut must_save = vec![false; n_t];
         if let Some(r) = ckpt {
             for s in &self.p.regions[r].cached {
                 must_save[self.p.tensors[s.t as usize].base as usize] = true;
+            }
+            // Ops run inside a tensor subclass's `__torch_dispatch__` (torchao's
+            // `Float8TrainingTensor` mm takes both scales' reciprocals before `_scaled_mm`) are
+            // traced under the policy's decision for the outer op: tagged `MUST_SAVE` with a
+            // cached `mm` (measured: torchtitan's op SAC with float8, compiled, keeps the
+            // reciprocals of the saved projections, `torchtitan-llama3-compile-fp8.json`).
+            let mut inner: Vec<usize> = Vec::new();
+            for i in lo..hi {
+                let op = &self.p.ops[i];
+                if op.in_dispatch {
+                    inner.push(i);
+                    continue;
+                }
+                if self.p.outs(op).iter().any(|&t| must_save[self.p.tensors[t as usize].base as usize]) {
+                    for &k in &inner {
+                        for &t in self.p.outs(&self.p.ops[k]) {
+                            must_save[self.p.tensors[t as usize].base as usize] = true;
+                        }
+                    }
+                }
+                inner.clear();
             }
         }
         // The storages the backward reads directly: saved whatever happens to the values
@@ -392,6 +445,10 @@ impl<'a> Builder<'a> {
                 } else {
                     fate[base as usize] = Some(Fate::Recomputed);
                     for &i in self.p.ins(&self.p.ops[at as usize]).iter().rev() {
+                        let i = match cse[self.p.tensors[i as usize].base as usize] {
+                            u32::MAX => i,
+                            first => first,
+                        };
                         work.push(Save { t: i, part: s.part, group: s.group });
                     }
                 }
@@ -447,6 +504,10 @@ impl<'a> Builder<'a> {
                 stats.push((ins[0], s, at));
             }
             for &i in ins.iter().rev() {
+                let i = match cse[self.p.tensors[i as usize].base as usize] {
+                    u32::MAX => i,
+                    first => first,
+                };
                 work.push(Save { t: i, part: s.part, group: s.group });
             }
         }
@@ -488,8 +549,12 @@ impl<'a> Builder<'a> {
         // the norms' rstd (R), o_proj's output (B) beside the matmul inputs — each until the
         // backward that reads it last (measured: torchtitan's compiled fully checkpointed
         // blocks, `frameworks/steps/…compile=layer+recompute=full.json`, FINDINGS §15.1).
+        // Float8 linears inside (torchao's casts, fused in the compiled backward: FINDINGS §15.1
+        // "Float8") follow the checkpoint's tags alone: the re-run's kernels below are measured
+        // without them.
+        let f8 = self.p.ops[lo..hi].iter().any(float8_linear);
         let plain: Vec<(Save, u32)> = match ckpt {
-            Some(_) => {
+            Some(_) if !f8 => {
                 let d = self.decide(first, end, outputs, None);
                 // Not what is made from model state alone — the casts of a buffer (S), which
                 // the re-run's kernels recompute where they are read (measured: torchtitan's
@@ -516,7 +581,7 @@ impl<'a> Builder<'a> {
                     .map(|s| (*s, d.reader[s.t as usize]))
                     .collect()
             }
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         // The softmax statistics: `[rows, 1]` max and sum in the input's dtype (fp32 here), read
         // by the softmax's backward.
@@ -568,11 +633,15 @@ impl<'a> Builder<'a> {
             let saved: Vec<bool> = (0..n_t).map(|t| fate[t] == Some(Fate::Saved)).collect();
             let reg = &mut self.p.regions[r];
             let held_before: Vec<Tid> = reg.held.iter().map(|s| self.p.tensors[s.t as usize].base).collect();
+            let cached_before: Vec<Tid> = reg.cached.iter().map(|s| self.p.tensors[s.t as usize].base).collect();
             reg.held.retain(|s| saved[self.p.tensors[s.t as usize].base as usize]);
             reg.cached.retain(|s| saved[self.p.tensors[s.t as usize].base as usize]);
             for s in kept {
                 if producer[s.t as usize] == u32::MAX && !held_before.contains(&s.t) {
                     reg.held.push(Save { t: s.t, part: super::part::Part::Checkpoints, group: s.group });
+                } else if producer[s.t as usize] != u32::MAX && !cached_before.contains(&s.t) {
+                    // Tagged `MUST_SAVE` inside a cached op's dispatch (its scales' reciprocals).
+                    reg.cached.push(s);
                 }
             }
             // What the backward reads of a value fused away (the residual sum `x + o`, peft's
@@ -581,6 +650,9 @@ impl<'a> Builder<'a> {
             // by its own last forward reader where that comes first (the re-run frees a storage
             // no op has saved yet after its last forward reader).
             drop(plain);
+            if f8 {
+                return;
+            }
             // The re-run's kernels make one cast of a tensor to a dtype (the graph's CSE): the
             // second is the first (peft's q, k, v — or gate and up — adapters' `x.to(fp32)`).
             for (t, &first) in same.iter().enumerate() {
@@ -678,7 +750,7 @@ impl<'a> Builder<'a> {
         // Which zero-byte values pass their gradient on to a materialized one.
         let n_t = self.p.tensors.len();
         let mut lands = vec![false; n_t];
-        if through_sums {
+        if through_sums && !self.p.ops[first as usize..end as usize].iter().any(float8_linear) {
             // How many ops of the layer read each storage: a gradient that other readers add to
             // (GELU's input, read by its pow, add and mul) is summed inside the kernel.
             let mut reads = vec![0u32; n_t];
@@ -850,6 +922,66 @@ impl<'a> Builder<'a> {
         let at_saves = self.p.saves.len() as u32;
         self.p.saves.extend(run);
         self.p.ops[at].saved = (at_saves, (n + 1) as u8);
+    }
+
+    /// What a compiled region keeps of its float8 linears' weight casts (torchao 0.18
+    /// `Float8Linear`, tensorwise, the weight cast in the region: ops `lo..hi`). The forward
+    /// casts `weight.t()` (`hp_tensor_to_float8_dynamic`: `max(abs(w))`, the fp32 scale) and
+    /// `matmul_with_hp_or_float8_args.backward` casts the same `weight_hp_t` again for
+    /// grad_input: one value after the partitioner's CSE (torch 2.15
+    /// `min_cut_rematerialization_partition`: `fx_graph_cse` with `partition_key`, which merges
+    /// nodes only where both are ancestors of the backward's outputs) when the linear's output
+    /// is one — when something the backward reads is computed from it (q, k, v, o and the
+    /// feed-forward's gate and up projections; not the last projection of a residual branch,
+    /// `w2`, whose output only joins the residual sum). The partitioner then keeps the weight's
+    /// `max` (a reduction, in the weight's dtype) and the reciprocal of its fp32 scale, which
+    /// the backward's `_scaled_mm` reads (M): `p + 4` bytes per such linear (measured:
+    /// `torchtitan-llama3-compile-fp8.json`, `saved` rows `max` and `reciprocal`). The input's
+    /// cast is not shared (the backward casts the input reshaped to 2-D for grad_weight), so no
+    /// scale of the input crosses. Each kept value is added to the region's reads as the
+    /// linear's own.
+    fn float8_weight_scales(
+        &self,
+        lo: usize,
+        hi: usize,
+        producer: &[u32],
+        needed: &mut Vec<Save>,
+        reads: &mut Vec<(u32, Tid)>,
+        mat: &mut [bool],
+    ) {
+        let fp8 = self.lowbit.fp8.filter(|f| f.recipe == crate::estimator::config::Fp8::TorchaoTensorwise && !f.allgathered);
+        if fp8.is_none() || !self.p.ops[lo..hi].iter().any(float8_linear) {
+            return;
+        }
+        // Ancestors, inside the region, of what the backward reads.
+        let mut dep = vec![false; self.p.tensors.len()];
+        for s in needed.iter() {
+            dep[self.p.tensors[s.t as usize].base as usize] = true;
+        }
+        for i in (lo..hi).rev() {
+            let op = &self.p.ops[i];
+            if self.p.outs(op).iter().any(|&t| dep[self.p.tensors[t as usize].base as usize]) {
+                for &t in self.p.ins(op) {
+                    dep[self.p.tensors[t as usize].base as usize] = true;
+                }
+            }
+        }
+        for i in lo..hi {
+            let op = &self.p.ops[i];
+            let ins = self.p.ins(op);
+            // [x, w, x8, x scale, w8, w scale, 1/x scale, 1/w scale].
+            if !float8_linear(op) || ins.len() < 8 || !self.p.outs(op).iter().any(|&t| dep[self.p.tensors[t as usize].base as usize]) {
+                continue;
+            }
+            let Some(&first) = self.p.saved(op).first() else { continue };
+            for t in [ins[5], ins[7]] {
+                let base = self.p.tensors[t as usize].base;
+                debug_assert!(producer[base as usize] != u32::MAX);
+                needed.push(Save { t, part: first.part, group: first.group });
+                reads.push((i as u32, base));
+            }
+            mat[self.p.tensors[ins[7] as usize].base as usize] = true;
+        }
     }
 
     /// Whether the first input of op `at` (SDPA's q) was made by a `cat` with an empty part

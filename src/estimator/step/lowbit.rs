@@ -256,7 +256,13 @@ impl<'a> Builder<'a> {
         }
         // grad_weight = grad_outputᵀ @ input.
         if rw {
-            keep.extend(cast(&mut s, t * n, gd, Scale::of(ax, n)));
+            // Compiled, tensorwise: the second cast of grad_output is the first one (the same
+            // e5m2 cast of the same tensor, one value after the graph's CSE: torchtitan's
+            // compiled blocks transpose and copy the grad_input cast's FP8 tensor for
+            // grad_weight, `torchtitan-llama3-compile-fp8.json`'s backward graphs).
+            if ax || !self.compiled_block() {
+                keep.extend(cast(&mut s, t * n, gd, Scale::of(ax, n)));
+            }
             keep.extend(cast(&mut s, t * k, xd, Scale::of(ax, k)));
             let ac = s.alloc(n * t, DType::Fp8, "contiguous");
             let bc = s.alloc(k * t, DType::Fp8, "contiguous");
@@ -277,6 +283,16 @@ impl<'a> Builder<'a> {
             s.b.push(B::Grad { input: 1, temp: o });
         }
         s.b
+    }
+
+    /// Whether the decoder layer is a compiled region (`compile_regions = layer`, and
+    /// torchtitan's `block`).
+    fn compiled_block(&self) -> bool {
+        use crate::estimator::config::{CompileRegions, Framework};
+        let cfg = self.c.cfg;
+        cfg.compile
+            && (cfg.compile_regions == CompileRegions::Layer
+                || (cfg.compile_regions == CompileRegions::Block && cfg.framework == Framework::Torchtitan))
     }
 
     // ------------------------------------------------------------------ Transformer Engine
