@@ -989,9 +989,10 @@ impl<'p, S: Sink> Run<'p, S> {
         let p = self.p;
         self.backward = true;
         let mut skipped = std::mem::take(&mut self.b.skipped);
-        let mut done: Vec<u32> = Vec::new();
+        // Ops a fused kernel already ran (empty unless a region has one).
+        let mut done: Vec<bool> = if p.regions.iter().any(|r| !r.fused.is_empty()) { vec![false; p.ops.len()] } else { Vec::new() };
         for i in (0..p.ops.len()).rev() {
-            if done.contains(&(i as u32)) {
+            if done.get(i).copied().unwrap_or(false) {
                 continue;
             }
             let r = self.b.region_of[i];
@@ -1050,8 +1051,9 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.late_weights(m as usize, &mut skipped);
                 }
             }
-            done.extend(g.late.iter().chain(&g.members).chain(&g.post).copied());
-            done.push(g.head);
+            for &k in g.late.iter().chain(&g.members).chain(&g.post).chain(std::iter::once(&g.head)) {
+                done[k as usize] = true;
+            }
         }
         self.b.skipped = skipped;
         if self.off.is_some() {
