@@ -161,6 +161,30 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         (c.compile, c.compile_regions, c.recompute, c.framework),
         (true, config::CompileRegions::Block, config::Recompute::Op, config::Framework::Torchtitan)
     );
+    // Compiled and fully checkpointed, and compiled with tensorwise float8 under op-level SAC:
+    // torchtitan's own code, estimated (FINDINGS §15.1).
+    for toml in [
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"full\"\n[compile]\nenable = true\n",
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n[compile]\nenable = true\n",
+    ] {
+        let imp = import(&[("job.toml", toml)]).expect("imports");
+        let c = &imp.config;
+        assert_eq!((c.compile, c.framework), (true, config::Framework::Torchtitan), "{toml}");
+        trainmem::estimator::estimate(c).unwrap_or_else(|e| panic!("{toml}: {e}"));
+    }
+    // torchtune's single-device full fine-tune compiled with checkpointing and its chunked loss:
+    // its own Llama code, compiled as its recipe compiles it, estimated.
+    let f = "torchtune/llama3_1_8B_full_single_device.yaml";
+    let yaml = read(f)
+        .replace("compile: False", "compile: True")
+        .replace("enable_activation_checkpointing: False", "enable_activation_checkpointing: True");
+    let imp = import(&[(f, &yaml)]).expect("imports");
+    let c = &imp.config;
+    assert_eq!(
+        (c.compile, c.compile_regions, c.framework, c.recompute, c.loss),
+        (true, config::CompileRegions::Layer, config::Framework::Torchtune, config::Recompute::Full, config::Loss::Chunked)
+    );
+    trainmem::estimator::estimate(c).unwrap_or_else(|e| panic!("{f} compiled: {e}"));
     // every-Nth-block selective checkpointing.
     let imp = import(&[(
         "job.toml",

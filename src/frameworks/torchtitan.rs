@@ -69,13 +69,14 @@ pub fn read(root: &Value, st: &mut FileState) {
     let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
     let name = g("model.name").and_then(text).unwrap_or_default();
     if OWN_CODE.contains(&name.as_str()) {
-        // torch.compile on torchtitan's own code is modelled for its dense blocks without float8
-        // or tensor parallelism ([`compile_on_own_code`]); otherwise, unchecked, a compiled job
-        // is estimated as transformers' modeling code compiles its layers (framework=hf).
+        // torch.compile on torchtitan's own code is modelled for its dense blocks without tensor
+        // parallelism, float8 only tensorwise ([`compile_on_own_code`]); otherwise, unchecked, a
+        // compiled job is estimated as transformers' modeling code compiles its layers
+        // (framework=hf).
         let no_ac = g("activation_checkpoint.mode").and_then(text).as_deref() == Some("none");
         if compiled(root).is_some() && no_ac && !compile_on_own_code(root) {
             why.push_str(&format!(
-                "; torchtitan's own {name} code under torch.compile with float8, tensor parallelism or MoE blocks is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
+                "; torchtitan's own {name} code under torch.compile with rowwise float8 or its all-gather, tensor parallelism or MoE blocks is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
             ));
         } else {
             code.push(("framework", "torchtitan".into()));
@@ -143,10 +144,11 @@ fn compile(v: &Value, root: &Value) -> Out {
 /// Whether the estimator models this job's `compile.enable` on torchtitan's own code
 /// (`framework = torchtitan`; measured: `validation/measure_titan_compile.py`): a dense
 /// `model.name` of [`OWN_CODE`] (a flavor without `-A`, total-active, as "30B-A3B"), the blocks
-/// unchecked or under op-level SAC (`activation_checkpoint.mode` none, or selective with
-/// `selective_ac_option` "op"), no float8 converter, no tensor parallelism. Full checkpointing
-/// (its compiled backward's peak), every-N-blocks SAC (the default option "2"), a memory budget,
-/// float8 under compile and torchtitan's MoE blocks are not.
+/// unchecked, fully checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full,
+/// or selective with `selective_ac_option` "op"), no tensor parallelism, and a float8 converter
+/// only with tensorwise scales, without FSDP2's float8 all-gather and without full
+/// checkpointing. Every-N-blocks SAC (the default option "2"), a memory budget, the other float8
+/// cases and torchtitan's MoE blocks are not.
 fn compile_on_own_code(root: &Value) -> bool {
     let get = |k: &str| tree::get(root, k).and_then(text).unwrap_or_default();
     let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
@@ -161,8 +163,12 @@ fn compile_on_own_code(root: &Value) -> bool {
         .iter()
         .filter_map(text)
         .any(|c| c == "float8" || c == "quantize.linear.float8");
-    let ac_ok = ac == "none" || (ac == "selective" && option == "op");
-    OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && !float8 && tp <= 1
+    let f8 = |k: &str| tree::get(root, &format!("quantize.linear.float8.{k}")).or_else(|| tree::get(root, &format!("float8.{k}")));
+    let tensorwise = matches!(f8("recipe_name").and_then(text).as_deref(), None | Some("tensorwise"));
+    let gather = f8("enable_fsdp_float8_all_gather").and_then(boolean) == Some(true);
+    let float8_ok = !float8 || (tensorwise && !gather && ac != "full");
+    let ac_ok = ac == "none" || ac == "full" || (ac == "selective" && option == "op");
+    OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && float8_ok && tp <= 1
 }
 
 /// Whether `compile.enable` is estimated: without activation checkpointing (on torchtitan's

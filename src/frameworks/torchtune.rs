@@ -199,12 +199,18 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
             "streams change when copies happen, not what the step keeps at its peak (the estimate follows torchtune's default, streams on)",
         ),
         "compile" => match boolean(v) {
-            Some(true) if tree::get(root, "enable_activation_checkpointing").and_then(boolean) == Some(true) => {
-                Out::unmodelled("torch.compile of checkpointed layers is not modelled yet: estimated eager")
-            }
-            Some(true) if chunked_loss(root) => {
-                Out::unmodelled("torch.compile with CEWithChunkedOutputLoss is not modelled yet: estimated eager")
-            }
+            // Measured on torchtune's own Llama (frameworks/torchtune-llama3-compile.json): each
+            // layer compiled, then checkpointed, the chunked loss's per-chunk CE compiled.
+            Some(true) if own_llama(root, distributed) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
+                .note(
+                    "torchtune compiles each decoder layer, checkpoints it, and compiles the loss (training.compile_model, compile_loss)",
+                ),
+            Some(true) if tree::get(root, "enable_activation_checkpointing").and_then(boolean) == Some(true) => Out::unmodelled(
+                "torch.compile of checkpointed layers is modelled on torchtune's own single-device Llama code only: estimated eager",
+            ),
+            Some(true) if chunked_loss(root) => Out::unmodelled(
+                "torch.compile with CEWithChunkedOutputLoss is modelled on torchtune's own single-device Llama code only: estimated eager",
+            ),
             Some(true) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
                 .note("torchtune compiles each decoder layer and the loss (training.compile_model, compile_loss)"),
             Some(false) => Out::one("compile", "false"),
@@ -258,6 +264,13 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
             _ => Out::unknown(),
         },
     }
+}
+
+/// Whether the step follows torchtune's own Llama code (a single-device full fine-tune of one of
+/// its Llama builders: `framework = torchtune`), where its compile is measured.
+fn own_llama(root: &Value, distributed: bool) -> bool {
+    let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
+    !distributed && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
 /// Whether the config's loss is torchtune's chunked one (what `loss._component_` maps to
