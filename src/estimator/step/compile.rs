@@ -1187,6 +1187,47 @@ mod tests {
         assert!(err.contains("not modelled yet") && err.contains("Glm4Moe"), "{err}");
     }
 
+    /// The most `[b·s, ffn]` buffers of layer 0's backward alive at once (the step stream's
+    /// allocations of exactly that size, in any dtype of the recipe).
+    fn ffn_buffers_at_once(c: &Config) -> usize {
+        use crate::estimator::step::{EventKind, Phase};
+        let s = crate::estimator::step_stream(c).expect("estimated");
+        let tokens = (c.batch * c.seq) as u128 * c.arch.ffn as u128;
+        let sizes = [2 * tokens, 4 * tokens];
+        let mut alive: Vec<u32> = Vec::new();
+        let mut most = 0;
+        for e in &s.events {
+            if !sizes.contains(&e.bytes) || e.phase != Phase::Backward || e.layer != Some(0) {
+                continue;
+            }
+            match e.kind {
+                EventKind::Alloc => alive.push(e.id),
+                _ => alive.retain(|&id| id != e.id),
+            }
+            most = most.max(alive.len());
+        }
+        most
+    }
+
+    /// Inductor's compiled backward of a fully checkpointed layer (FINDINGS §15.1,
+    /// `ir::FusedBackward`): `act(gate)·up` is made in the kernel of its own backward, beside the
+    /// recomputed gate and up outputs, `down`'s input gradient and both input gradients — six
+    /// `[b·s, ffn]` buffers (where the eager node order held four and `w2`'s weight gradient). With
+    /// peft LoRA on every linear the kernel also reads the adapters' outputs and writes their
+    /// gradients: eleven (the CPU record's `cpp_fused_…_silu_backward` kernel).
+    #[test]
+    fn a_compiled_checkpointed_feed_forward_holds_six_ffn_buffers_at_once_and_eleven_with_lora_on_every_linear() {
+        let base = Config { recompute: Recompute::Full, compile: true, batch: 1, seq: 512, ..Config::default() };
+        assert_eq!(ffn_buffers_at_once(&base), 6);
+        let lora = Config {
+            finetune: crate::estimator::config::Finetune::Lora,
+            lora_targets: crate::estimator::config::LoraTargets::ALL,
+            precision: crate::estimator::config::Precision::Fp32,
+            ..base.clone()
+        };
+        assert_eq!(ffn_buffers_at_once(&lora), 11);
+    }
+
     #[test]
     fn a_compiled_checkpointed_llama_keeps_less_than_eager_checkpointing_and_the_unmeasured_combinations_are_refused_by_name() {
         let of = |recompute: Recompute, compile: bool| Config { recompute, compile, ..Config::default() };
