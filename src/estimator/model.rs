@@ -1517,6 +1517,19 @@ impl ModelSpec {
                 return Err(ModelError::Invalid { key, reason: format!("{v} is beyond the supported {max}") });
             }
         }
+        // Each size within its limit, their products can still leave u64 (2¹² experts × 2²²
+        // expert_ffn × 2²⁰ hidden × 2¹⁴ layers): the parameter count, in u128, stays below
+        // MAX_PARAMETERS (a thousand times the largest model trained), naming the largest tensor.
+        let groups = self.tensors();
+        let sized = |t: &TensorGroup| t.shape.iter().fold(t.count as u128, |n, &d| n.saturating_mul(d as u128));
+        let total: u128 = groups.iter().map(sized).fold(0, u128::saturating_add);
+        if total > MAX_PARAMETERS {
+            let key = groups.iter().max_by_key(|t| sized(t)).map_or("hidden", |t| t.name);
+            return Err(ModelError::Invalid {
+                key,
+                reason: format!("makes a model of {total} parameters, beyond the supported {MAX_PARAMETERS}"),
+            });
+        }
         Ok(())
     }
 }
@@ -1541,6 +1554,10 @@ pub fn count_groups(spec: &ModelSpec, groups: &[TensorGroup]) -> ParamCounts {
     ParamCounts { total, tensors, active: total - inactive, by_part }
 }
 
+/// The most parameters a model may have (10¹⁵: a thousand times the largest trained; keeps every
+/// count inside u64).
+pub const MAX_PARAMETERS: u128 = 1_000_000_000_000_000;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ModelError {
     #[error("`{0}` must be at least 1")]
@@ -1552,6 +1569,18 @@ pub enum ModelError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every size within its own limit, a MoE of 2¹² experts × 2²² × 2²⁰ over 2¹⁴ layers has
+    /// some 2⁷⁰ parameters: refused by name instead of overflowing the count (found by
+    /// tests/fuzz.rs on a random config.json).
+    #[test]
+    fn a_model_whose_sizes_are_each_allowed_but_whose_parameters_overflow_is_refused_by_name() {
+        let mut m = crate::estimator::presets::preset("mixtral-8x7b-v0.1").expect("preset").spec;
+        assert_eq!(m.validate(), Ok(()));
+        (m.experts, m.top_k, m.expert_ffn, m.hidden, m.layers) = (1 << 12, 2, 1 << 22, 1 << 20, 1 << 14);
+        let err = m.validate().expect_err("refused").to_string();
+        assert!(err.contains("beyond the supported 1000000000000000"), "{err}");
+    }
 
     /// A toy GPT-2-shaped model whose count is worked out by hand below.
     fn toy_gpt2() -> ModelSpec {
