@@ -415,6 +415,11 @@ impl<'a> Builder<'a> {
         for s in &needed {
             needed_base[self.p.tensors[s.t as usize].base as usize] = true;
         }
+        // An input as the work list reaches it: the first of its float8 casts' CSE twins.
+        let cse_of = |i: Tid| match cse[self.p.tensors[i as usize].base as usize] {
+            u32::MAX => i,
+            first => first,
+        };
         let mut fate: Vec<Option<Fate>> = vec![None; n_t];
         let mut kept: Vec<Save> = Vec::new();
         let mut stats: Vec<(Tid, Save, u32)> = Vec::new();
@@ -445,11 +450,7 @@ impl<'a> Builder<'a> {
                 } else {
                     fate[base as usize] = Some(Fate::Recomputed);
                     for &i in self.p.ins(&self.p.ops[at as usize]).iter().rev() {
-                        let i = match cse[self.p.tensors[i as usize].base as usize] {
-                            u32::MAX => i,
-                            first => first,
-                        };
-                        work.push(Save { t: i, part: s.part, group: s.group });
+                        work.push(Save { t: cse_of(i), part: s.part, group: s.group });
                     }
                 }
                 continue;
@@ -504,11 +505,7 @@ impl<'a> Builder<'a> {
                 stats.push((ins[0], s, at));
             }
             for &i in ins.iter().rev() {
-                let i = match cse[self.p.tensors[i as usize].base as usize] {
-                    u32::MAX => i,
-                    first => first,
-                };
-                work.push(Save { t: i, part: s.part, group: s.group });
+                work.push(Save { t: cse_of(i), part: s.part, group: s.group });
             }
         }
         // Which op's backward reads each kept storage last (the smallest op index): the op that
@@ -553,7 +550,7 @@ impl<'a> Builder<'a> {
         // "Float8") follow the checkpoint's tags alone: the re-run's kernels below are measured
         // without them.
         let f8 = self.p.ops[lo..hi].iter().any(float8_linear);
-        let plain: Vec<(Save, u32)> = match ckpt {
+        let plain: Vec<Tid> = match ckpt {
             Some(_) if !f8 => {
                 let d = self.decide(first, end, outputs, None);
                 // Not what is made from model state alone — the casts of a buffer (S), which
@@ -578,7 +575,7 @@ impl<'a> Builder<'a> {
                 d.kept
                     .iter()
                     .filter(|s| d.producer[s.t as usize] != u32::MAX && !of_state(d.producer[s.t as usize]) && written(s))
-                    .map(|s| (*s, d.reader[s.t as usize]))
+                    .map(|s| s.t)
                     .collect()
             }
             _ => Vec::new(),
@@ -611,8 +608,8 @@ impl<'a> Builder<'a> {
         for &t in outputs {
             materialized[self.p.tensors[t as usize].base as usize] = true;
         }
-        for (sv, _) in &plain {
-            materialized[sv.t as usize] = true;
+        for &t in &plain {
+            materialized[t as usize] = true;
         }
         for s in &kept {
             materialized[s.t as usize] = true;
@@ -644,12 +641,6 @@ impl<'a> Builder<'a> {
                     reg.cached.push(s);
                 }
             }
-            // What the backward reads of a value fused away (the residual sum `x + o`, peft's
-            // `base + lora_B(…)·s`) the kernels recompute from the storages it is made of (o_proj's
-            // output; the two matmul outputs): each is held by the op that saves the value, or
-            // by its own last forward reader where that comes first (the re-run frees a storage
-            // no op has saved yet after its last forward reader).
-            drop(plain);
             if f8 {
                 return;
             }
@@ -660,6 +651,11 @@ impl<'a> Builder<'a> {
                     self.p.tensors[t].bytes = 0;
                 }
             }
+            // What the backward reads of a value fused away (the residual sum `x + o`, peft's
+            // `base + lora_B(…)·s`) the kernels recompute from the storages it is made of (o_proj's
+            // output; the two matmul outputs): each is held by the op that saves the value, or
+            // by its own last forward reader where that comes first (the re-run frees a storage
+            // no op has saved yet after its last forward reader).
             let made = |t: Tid| producer.get(t as usize).is_some_and(|&at| at != u32::MAX);
             let mut holds: Vec<(usize, Save)> = Vec::new();
             for i in lo..hi {

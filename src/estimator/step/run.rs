@@ -1027,10 +1027,7 @@ impl<'p, S: Sink> Run<'p, S> {
                         .map(|&m| p.saved(&p.ops[m as usize]).iter().filter(|s| p.tensors[s.t as usize].base as usize == b).count())
                         .sum::<usize>();
                     if n > 0 && !self.b.alive[b] && p.tensors[b].bytes > 0 {
-                        self.b.cat[b] = Cat::Activations;
-                        self.b.fwd_over[b] = true;
-                        self.b.saves[b] += n as u16;
-                        self.alloc_storage(b, &at);
+                        self.make_saved(b, n as u16, Cat::Activations, &at);
                     }
                 }
             }
@@ -1084,13 +1081,19 @@ impl<'p, S: Sink> Run<'p, S> {
         for s in p.saved(&p.ops[i]) {
             let b = p.tensors[s.t as usize].base as usize;
             if !self.b.alive[b] && p.tensors[b].origin == Origin::Op {
-                self.b.cat[b] = Cat::Transient;
-                self.b.fwd_over[b] = true;
-                self.b.saves[b] += 1;
-                self.alloc_storage(b, &at);
+                self.make_saved(b, 1, Cat::Transient, &at);
             }
         }
         self.node(i, Part::Weights, skipped);
+    }
+
+    /// Allocates storage `b` in backward for the `n` saves that read it (a fused kernel's
+    /// output, a late matmul's input made again), freed once the last of them is released.
+    fn make_saved(&mut self, b: usize, n: u16, cat: Cat, at: &At) {
+        self.b.cat[b] = cat;
+        self.b.fwd_over[b] = true;
+        self.b.saves[b] += n;
+        self.alloc_storage(b, at);
     }
 
     /// Op `i`'s node, or the `part` of it that runs now (see [`Part`]).
