@@ -331,23 +331,29 @@ fn compiled_full_checkpointing_peaks_inside_a_compiled_block_backward_as_measure
 }
 
 /// `c` is refused as not modelled yet, the refusal naming `word`.
-fn refused_by_name(c: &Config, word: &str) {
-    let err = estimate(c).expect_err("refused").to_string();
+fn refused(c: Config, word: &str) {
+    let err = estimate(&c).expect_err("refused").to_string();
     assert!(err.contains("not modelled yet") && err.contains(word), "{word}: {err}");
 }
 
-/// What the torchtitan compile records do not cover is refused by name, never estimated: full
-/// checkpointing, autocast (`amp-bf16`), float8 rowwise and float8 all-gather, tensor parallelism, torchtitan's
+/// The configuration of shard `name`'s first compile record, which the estimate accepts (the
+/// base the refusal tests vary); None when the shard is missing (not under CI).
+fn compile_base(shards: &[(String, Value)], name: &str) -> Option<Config> {
+    let (_, doc) = shards.iter().find(|(n, _)| n == name)?;
+    let r = &doc["records"][0];
+    let base = compile_config_of(doc, r);
+    assert!(estimate(&base).is_ok(), "{}", r["id"]);
+    Some(base)
+}
+
+/// What the torchtitan compile records do not cover is refused by name, never estimated:
+/// autocast (`amp-bf16`), float8 rowwise and float8 all-gather, tensor parallelism, torchtitan's
 /// Qwen3 MoE; and `compile_regions = block` outside torchtitan's own code.
 #[test]
 fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_name() {
     use trainmem::config::{CompileRegions, Fp8, Zero};
     let shards = read(&["torchtitan-llama3-compile", "torchtitan-qwen3_moe"]);
-    let Some((_, doc)) = shards.iter().find(|(n, _)| n == "torchtitan-llama3-compile") else { return };
-    let r = &doc["records"][0];
-    let base = compile_config_of(doc, r);
-    assert!(estimate(&base).is_ok(), "{}", r["id"]);
-    let refused = |c: Config, word: &str| refused_by_name(&c, word);
+    let Some(base) = compile_base(&shards, "torchtitan-llama3-compile") else { return };
     refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
     // Float8 tensorwise is measured (`torchtitan-llama3-compile-fp8.json`); rowwise (measured,
     // not followed yet) and FSDP2's float8 all-gather (not measured) are refused.
@@ -386,11 +392,7 @@ fn every_torchtune_compile_record_is_exact_in_saved_bytes_and_within_half_a_perc
 fn compiled_torchtune_configurations_the_records_do_not_cover_are_refused_by_name() {
     use trainmem::config::{Finetune, QloraQuant};
     let shards = read(&["torchtune-llama3-compile", "torchtune-mistral", "litgpt-llama3"]);
-    let Some((_, doc)) = shards.iter().find(|(n, _)| n == "torchtune-llama3-compile") else { return };
-    let r = &doc["records"][0];
-    let base = compile_config_of(doc, r);
-    assert!(estimate(&base).is_ok(), "{}", r["id"]);
-    let refused = |c: Config, word: &str| refused_by_name(&c, word);
+    let Some(base) = compile_base(&shards, "torchtune-llama3-compile") else { return };
     refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
     refused(Config { finetune: Finetune::Qlora, qlora_quant: QloraQuant::TorchaoNf4, ..base.clone() }, "QLoRA");
     refused(Config { framework: Framework::Hf, ..base.clone() }, "Liger's fused chunked loss");
