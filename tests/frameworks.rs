@@ -117,18 +117,17 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     let c = recipe_of("torchtitan/llama3_405b.toml");
     assert_eq!((c.fp8, c.fp8_allgather, c.compile), (config::Fp8::TorchaoTensorwise, true, false));
     // torchtune's single-device full fine-tune, on torchtune's own Llama 3.1 code: its paged 8-bit
-    // AdamW stepped in backward is read, and reported unmodelled (the estimate refuses both for an
-    // 8B model), so the configuration keeps unpaged 8-bit Adam stepped after backward.
+    // AdamW stepped in backward is read and estimated as it runs.
     let f = "torchtune/llama3_1_8B_full_single_device.yaml";
     let imp = import(&[(f, &read(f))]).expect("imports");
     let c = &imp.config;
     assert_eq!(
         (c.optim_in_bwd, c.optim, c.optim_paged, c.framework),
-        (false, config::Optimizer::Adam8bit, false, config::Framework::Torchtune)
+        (true, config::Optimizer::Adam8bit, true, config::Framework::Torchtune)
     );
     for key in ["optimizer_in_bwd", "optimizer._component_"] {
         let k = imp.keys.iter().find(|k| k.key == key).expect("reported");
-        assert_eq!(k.status, Status::Unmodelled, "{key}: {}", k.note);
+        assert_eq!(k.status, Status::Understood, "{key}: {}", k.note);
     }
     assert!(imp.errors.is_empty(), "{:?}", imp.errors);
     // The distributed recipe stays on transformers' code (the torchtune step program is the

@@ -113,9 +113,15 @@ impl Estimate {
     pub fn deciding_peak(&self) -> Bytes {
         self.step_deciding().max(self.memory.load_peak)
     }
-    /// The step's figure of [`Estimate::deciding_peak`].
+    /// The step's figure of [`Estimate::deciding_peak`], with bitsandbytes' paged states only
+    /// as far as they fit ([`paged_evicted`]).
     pub fn step_deciding(&self) -> Bytes {
-        self.memory.nvidia_smi.unwrap_or(self.memory.peak)
+        // `attach_reserve` has applied it to nvidia-smi's figure already.
+        self.memory.nvidia_smi.unwrap_or_else(|| paged_evicted(self.memory.peak, self.paged_states(), self.capacity))
+    }
+    /// bitsandbytes' paged optimizer states (`optim_paged`), in CUDA unified memory.
+    pub fn paged_states(&self) -> Bytes {
+        self.row(RowId::PagedOptimizerStates).map_or(0, |r| r.bytes)
     }
     /// Whether the loading, not the step, decides.
     pub fn loading_decides(&self) -> bool {
@@ -136,6 +142,16 @@ impl Estimate {
     pub fn row(&self, id: RowId) -> Option<&Row> {
         self.components.iter().find(|r| r.id == id)
     }
+}
+
+/// The device memory of a figure `full` that counts `paged` bytes of unified memory, on a GPU
+/// of `capacity`: the driver keeps managed pages resident while there is room and evicts them
+/// to the host when other allocations need it (CUDA Programming Guide, "Unified Memory":
+/// oversubscription), so they fill at most what the rest leaves free. Toy values: 30 GB with
+/// 10 GB paged on a 24 GB card → 24 (4 GB evicted); 12 with 10 paged → 12; 36 with 10 paged
+/// → 26 (the rest alone does not fit).
+pub fn paged_evicted(full: Bytes, paged: Bytes, capacity: Bytes) -> Bytes {
+    full.min(capacity.max(full.saturating_sub(paged)))
 }
 
 fn clamp_i128(b: Bytes) -> i128 {
@@ -286,15 +302,21 @@ fn stage_ledger(
     rows.extend(gathered);
     rows.extend(overhead::head_unit_row(cfg, recipe, groups).filter(|_| stage.has_head()));
     let sh = sharding::Sharding::of(cfg);
-    let temps =
-        optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &super::precision::trainable_recipe(cfg, recipe), groups, &sh.shards(1))
-            .filter(|_| cfg.offload == Offload::None);
+    let temps = optimizer::step_temporary_bytes(
+        cfg.optim,
+        optimizer::step_impl(cfg),
+        &super::precision::trainable_recipe(cfg, recipe),
+        groups,
+        &sh.shards(1),
+    )
+    .filter(|_| cfg.offload == Offload::None);
     let temp_bytes = temps.as_ref().map_or(0, |r| r.bytes);
     rows.extend(temps);
     let ctx = overhead::cuda_context_bytes(cfg);
     let nccl = overhead::nccl_buffer_bytes(cfg);
     let blas = overhead::blas_workspace_bytes(cfg);
-    let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes);
+    let paged: Bytes = rows.iter().filter(|r| r.id == RowId::PagedOptimizerStates).map(|r| r.bytes).sum();
+    let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes) + paged;
 
     // The step, op by op (see `step`): its peak above what is resident, piece by piece.
     let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
@@ -387,7 +409,17 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
     let beyond_stream = e.memory.peak.saturating_sub(e.memory.allocated_peak + outside);
     e.memory.reserved_peak = Some(r.reserved_peak.max(reserved));
     e.memory.step_reserved_peak = Some(reserved);
-    e.memory.nvidia_smi = Some(reserved + outside + beyond_stream);
+    let paged = e.paged_states();
+    let full = reserved + outside + beyond_stream;
+    let shown = paged_evicted(full, paged, e.capacity);
+    if shown < full {
+        e.warnings.push(format!(
+            "{:.2} GB of the {:.2} GB of paged optimizer states do not fit beside the step: the driver keeps them in host memory and pages them in at every step (slower, not an out-of-memory error)",
+            (full - shown) as f64 / 1e9,
+            paged as f64 / 1e9
+        ));
+    }
+    e.memory.nvidia_smi = Some(shown);
     let load_reserved = r.load_reserved_peak.max(e.memory.load_allocated_peak);
     e.memory.load_reserved_peak = Some(load_reserved);
     e.memory.load_peak = load_reserved + (e.memory.load_peak - e.memory.load_allocated_peak);
@@ -576,5 +608,51 @@ mod tests {
             .map(|r| r.bytes)
             .sum();
         assert_eq!(states, 16 * 8_030_261_248);
+    }
+
+    #[test]
+    fn paged_states_fill_only_what_the_rest_of_the_step_leaves_free() {
+        const GB: Bytes = 1_000_000_000;
+        // 30 GB with 10 GB paged on a 24 GB card: 4 GB of pages evicted, the card full.
+        assert_eq!(paged_evicted(30 * GB, 10 * GB, 24 * GB), 24 * GB);
+        // Room for every page: all resident.
+        assert_eq!(paged_evicted(12 * GB, 10 * GB, 24 * GB), 12 * GB);
+        // The rest alone (26 GB) does not fit: every page evicted, 2 GB still missing.
+        assert_eq!(paged_evicted(36 * GB, 10 * GB, 24 * GB), 26 * GB);
+        assert_eq!(paged_evicted(30 * GB, 0, 24 * GB), 30 * GB);
+    }
+
+    #[test]
+    fn paged_8bit_adam_takes_its_large_states_out_of_the_allocated_peak_and_fits_by_evicting_them() {
+        use crate::estimator::config::Optimizer;
+        // Llama 3.1 8B, bf16, every parameter trained with bitsandbytes' 8-bit Adam stepped in
+        // backward on a 24 GB card (torchtune's 8B_full_single_device): its uint8 states of
+        // tensors of ≥ 10⁵ elements, 2 B a parameter, are paged.
+        let base = Config {
+            precision: Precision::Bf16,
+            optim: Optimizer::Adam8bit,
+            optim_in_bwd: true,
+            batch: 1,
+            seq: 512,
+            recompute: crate::estimator::config::Recompute::Full,
+            gpu: "rtx-4090".into(),
+            ..Config::default()
+        };
+        let plain = explain(&base).expect("valid");
+        let paged = explain(&Config { optim_paged: true, ..base.clone() }).expect("valid");
+        let moved = paged.paged_states();
+        // Every tensor of Llama 3.1 8B but the norms (4,096 elements) has ≥ 10⁵: 2 B each.
+        let norms = (2 * 32 + 1) * 4096;
+        assert_eq!(moved, 2 * (8_030_261_248 - norms));
+        assert_eq!(plain.paged_states(), 0);
+        assert_eq!(plain.memory.allocated_peak - paged.memory.allocated_peak, moved);
+        assert!(!plain.fits(), "16 GB of bf16 weights and 16 GB of states do not fit a 24 GB card");
+        // The rest fits; the driver evicts the pages that do not: nvidia-smi shows a full card.
+        assert!(paged.fits());
+        assert_eq!(paged.memory.nvidia_smi, Some(paged.capacity));
+        assert!(paged.warnings.iter().any(|w| w.contains("paged optimizer states do not fit")), "{:?}", paged.warnings);
+        // On a CPU (the validation harness) bitsandbytes does not page.
+        let cpu = estimate(&Config { optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base }).expect("valid");
+        assert_eq!(cpu.paged_states(), 0);
     }
 }

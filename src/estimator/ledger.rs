@@ -57,6 +57,8 @@ pub enum RowId {
     /// Saved activations offloaded to pinned host memory (`act_offload`).
     OffloadedActivations,
     OptimizerStates,
+    /// bitsandbytes' paged states, in CUDA unified memory (`optim_paged`).
+    PagedOptimizerStates,
     OptimizerStepTemporaries,
     OptimizerStepCounters,
     Fp8WeightCache,
@@ -80,7 +82,7 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 37] = [
+    pub const ALL: [RowId; 38] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
@@ -89,6 +91,7 @@ impl RowId {
         RowId::OffloadFp32Gradients,
         RowId::OffloadedActivations,
         RowId::OptimizerStates,
+        RowId::PagedOptimizerStates,
         RowId::OptimizerStepTemporaries,
         RowId::OptimizerStepCounters,
         RowId::Fp8WeightCache,
@@ -131,6 +134,7 @@ impl RowId {
             RowId::OffloadFp32Gradients => "offload_fp32_gradients",
             RowId::OffloadedActivations => "offloaded_activations",
             RowId::OptimizerStates => "optimizer_states",
+            RowId::PagedOptimizerStates => "paged_optimizer_states",
             RowId::OptimizerStepTemporaries => "optimizer_step_temporaries",
             RowId::OptimizerStepCounters => "optimizer_step_counters",
             RowId::Fp8WeightCache => "fp8_weight_cache",
@@ -157,9 +161,10 @@ impl RowId {
     }
 
     /// Whether the row's memory lives outside the caching allocator: nvidia-smi adds it to what
-    /// the allocator reserves (the CUDA context, cuBLAS workspaces, NCCL's buffers).
+    /// the allocator reserves (the CUDA context, cuBLAS workspaces, NCCL's buffers, and
+    /// bitsandbytes' paged optimizer states, which `cudaMallocManaged` allocates).
     pub fn outside_allocator(self) -> bool {
-        matches!(self, RowId::CudaContext | RowId::NcclBuffers | RowId::BlasWorkspaces)
+        matches!(self, RowId::CudaContext | RowId::NcclBuffers | RowId::BlasWorkspaces | RowId::PagedOptimizerStates)
     }
 }
 
@@ -299,7 +304,7 @@ mod tests {
             assert_eq!(RowId::parse(r.as_str()), Some(r), "{r}");
         }
         let outside: Vec<&str> = RowId::ALL.into_iter().filter(|r| r.outside_allocator()).map(RowId::as_str).collect();
-        assert_eq!(outside, ["cuda_context", "nccl_buffers", "blas_workspaces"]);
+        assert_eq!(outside, ["paged_optimizer_states", "cuda_context", "nccl_buffers", "blas_workspaces"]);
         assert_eq!(RowId::parse("weight"), None);
     }
 }

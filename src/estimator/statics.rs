@@ -89,15 +89,21 @@ fn with_fp32_kept(row: Row, cfg: &Config, groups: &[LocalGroup], shards: &Shards
 /// parameters' own dtype (plain PyTorch: `torch.zeros_like(p)`, torch/optim/adamw.py
 /// `_init_group`): the states of the other parameters plus the router's at FP32_BYTES.
 fn fp32_kept_states(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], shards: &Shards) -> Row {
-    let all = optimizer::optimizer_state_bytes(cfg.optim, recipe, groups, shards);
+    let layout = optimizer::StateLayout::of(cfg);
+    if cfg.optim_paged && cfg.optim == Optimizer::Adamw {
+        // bitsandbytes' 32-bit optimizer keeps fp32 states whatever the parameters' dtype.
+        let fp32 = Recipe { state: super::precision::Dtype::Fp32, ..*recipe };
+        return optimizer::optimizer_state_bytes(cfg.optim, &fp32, groups, shards, layout);
+    }
+    let all = optimizer::optimizer_state_bytes(cfg.optim, recipe, groups, shards, layout);
     let plain = recipe.master.is_none() && recipe.state == recipe.weight && recipe.state.bytes() < FP32_BYTES;
     if !plain || elements(groups, |g| fp32_kept(cfg, g)) == 0 {
         return all;
     }
     let (kept, rest): (Vec<LocalGroup>, Vec<LocalGroup>) = groups.iter().cloned().partition(|g| fp32_kept(cfg, g));
     let fp32 = Recipe { state: super::precision::Dtype::Fp32, ..*recipe };
-    let a = optimizer::optimizer_state_bytes(cfg.optim, recipe, &rest, shards);
-    let k = optimizer::optimizer_state_bytes(cfg.optim, &fp32, &kept, shards);
+    let a = optimizer::optimizer_state_bytes(cfg.optim, recipe, &rest, shards, layout);
+    let k = optimizer::optimizer_state_bytes(cfg.optim, &fp32, &kept, shards, layout);
     Row::new(all.id, all.label, all.category, Expr::sum([a.expr, k.expr]), all.source)
         .note("the router weights' states are fp32, like the weights")
 }
@@ -523,6 +529,9 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     if cfg.optim != Optimizer::Sgd {
         opt_rows.push(fp32_kept_states(cfg, recipe, groups, &opt_shards));
     }
+    if optimizer::paged(cfg) {
+        opt_rows.extend(optimizer::paged_state_bytes(cfg.optim, groups, &opt_shards));
+    }
     if offload_opt {
         // ZeRO-Offload keeps the fp32 gradient partition beside the optimizer on the host
         // (deepspeed/runtime/zero/stage_1_and_2.py, single_partition_of_fp32_groups[i].grad).
@@ -543,8 +552,12 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
         + super::step::families::torchtitan::split_tensors(cfg, groups)
         + super::step::families::litgpt::split_tensors(cfg, groups))
     .saturating_sub(super::step::families::litgpt::merged_tensors(cfg, groups));
-    if let Some((e, on_gpu)) = optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t)
-    {
+    let counters = if optimizer::bitsandbytes(cfg) {
+        None
+    } else {
+        optimizer::step_counter_bytes(cfg.optim, if offload_opt { OptimImpl::Forloop } else { cfg.optim_impl }, n_t)
+    };
+    if let Some((e, on_gpu)) = counters {
         let row = Row::new(
             RowId::OptimizerStepCounters,
             "Optimizer step counters",

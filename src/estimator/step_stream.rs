@@ -14,7 +14,8 @@ use super::{expr, optimizer, sharding, statics, step};
 /// kept on the host), buffers, the batch, gradient buffers, resident gradients (accumulation)
 /// and other micro-batches' activations (`other_acts`).
 pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other_acts: Bytes) -> step::model::Resident {
-    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat).map(|r| r.bytes).sum() };
+    // What lives outside the caching allocator (bitsandbytes' paged states) is not resident in it.
+    let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat && !r.id.outside_allocator()).map(|r| r.bytes).sum() };
     let mut optimizer = sum(Category::OptimizerStates);
     if cfg.kernels == config::Kernels::Cpu {
         optimizer += host.iter().filter(|r| r.id == RowId::OptimizerStepCounters).map(|r| r.bytes).sum::<Bytes>();
@@ -66,7 +67,8 @@ pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
     let resident = resident_of(cfg, &rows, &host, stage, 0);
     let sh = sharding::Sharding::of(cfg);
     let adapters = super::precision::trainable_recipe(cfg, &recipe);
-    let temp = optimizer::step_temporary_bytes(cfg.optim, cfg.optim_impl, &adapters, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
+    let temp =
+        optimizer::step_temporary_bytes(cfg.optim, optimizer::step_impl(cfg), &adapters, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
     Ok(expr::numbers_only(|| {
         let setup = step::model::Setup::new(cfg, &recipe, stage);
         let prog = setup.whole();

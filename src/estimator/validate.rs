@@ -253,28 +253,17 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
 /// yet: refused by name (never estimated as something else). The records that will check them
 /// are in `tests/fixtures/pytorch/recipes/` (validation/FINDINGS.md §15).
 fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
-    let paged = cfg.optim_paged
-        && super::params::stages(cfg.pp).iter().any(|&st| {
-            super::params::local_groups(cfg, st)
-                .iter()
-                .any(|g| g.role == super::params::Role::Trainable && g.group.elements_per_tensor() >= super::optimizer::PAGED_MIN_ELEMENTS)
-        });
     let master = super::precision::recipe(cfg.precision).master.is_some();
-    let pending: [(bool, &str, &str); 12] = [
+    let pending: [(bool, &str, &str); 11] = [
         (
             cfg.optim_in_bwd && master,
             "optim_in_bwd",
             "the optimizer step in backward with fp32 master weights (torchtune trains in pure bf16)",
         ),
         (
-            paged,
-            "optim_paged",
-            "bitsandbytes' paged states (tensors of 10⁵ elements or more: CUDA unified memory, outside PyTorch's allocator)",
-        ),
-        (
-            cfg.optim_in_bwd && cfg.optim != super::config::Optimizer::Adamw,
+            cfg.optim_in_bwd && !matches!(cfg.optim, super::config::Optimizer::Adamw | super::config::Optimizer::Adam8bit),
             "optim_in_bwd",
-            "the optimizer step in backward with an optimizer other than AdamW",
+            "the optimizer step in backward with an optimizer other than AdamW or bitsandbytes' 8-bit Adam",
         ),
         (
             cfg.optim_in_bwd && cfg.dp() > 1,

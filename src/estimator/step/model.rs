@@ -241,7 +241,7 @@ impl<'a> Setup<'a> {
             return None;
         }
         let state_bytes = if self.recipe.master.is_some() { 4 } else { self.recipe.state.bytes() };
-        let temps = match self.cfg.optim_impl {
+        let temps = match crate::estimator::optimizer::step_impl(self.cfg) {
             OptimImpl::Forloop => 2,
             OptimImpl::Foreach => 1,
             OptimImpl::Fused => 0,
@@ -875,7 +875,7 @@ pub fn optimizer_events<S: Sink>(sink: &mut S, cfg: &Config, recipe: &Recipe, nu
     let state = if recipe.master.is_some() { 4 } else { recipe.state.bytes() as u128 };
     let dtype = if state == 4 { DType::Fp32 } else { DType::of(recipe.state) };
     let size = |n: u128| n.div_ceil(shards) * state;
-    match (cfg.optim, cfg.optim_impl) {
+    match (cfg.optim, crate::estimator::optimizer::step_impl(cfg)) {
         (Optimizer::Adamw, OptimImpl::Forloop) => {
             let mut prev: Option<(u32, u128)> = None;
             for &n in numels {
