@@ -801,6 +801,18 @@ pub static KEYS: &[Key] = &[
     ),
     bool_key!("fp8_model_init", Training, "Transformer Engine fp8_model_init: FP8 parameters, no 16-bit weights", |c| c.fp8_model_init),
     enum_key!("qlora_quant", Training, "QLoRA's 4-bit base: nf4 (bitsandbytes), gptq (int4 GPTQ/AWQ) or torchao-nf4 (torchao's NF4Tensor, torchtune)", QloraQuant, |c| c.qlora_quant),
+    bool_key!(
+        "qlora_double_quant",
+        Training,
+        "bitsandbytes NF4 double quantization (bnb_4bit_use_double_quant): 8-bit absmax; false: fp32 absmax per 64 weights",
+        |c| c.qlora_double_quant
+    ),
+    bool_key!(
+        "bnb_keeps_input",
+        Training,
+        "bitsandbytes before 0.43.2: each 4-bit linear keeps its input for backward (MatMul4Bit, fixed by bitsandbytes#1270)",
+        |c| c.bnb_keeps_input
+    ),
     enum_key!(
         "load",
         Training,

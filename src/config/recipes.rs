@@ -460,6 +460,7 @@ pub static RECIPES: &[Recipe] = &[
             ("optim_impl", "foreach"),
             ("precision", "bf16"),
             ("finetune", "qlora"),
+            ("qlora_double_quant", "false"),
             ("optim", "adamw"),
             ("optim_paged", "true"),
             ("accum", "4"),

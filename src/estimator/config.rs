@@ -544,6 +544,18 @@ pub struct Config {
     /// at least 10⁵ elements in CUDA unified memory, outside PyTorch's caching allocator.
     #[serde(default)]
     pub optim_paged: bool,
+    /// bitsandbytes' NF4 double quantization (`bnb_4bit_use_double_quant`, Lightning's
+    /// `bnb.nf4-dq`): the absmax of each 64 weights in 8 bits with an fp32 scale per 256 of
+    /// them; without it one fp32 absmax per 64 weights (transformers' default, Lightning's and
+    /// litgpt's `bnb.nf4`).
+    #[serde(default = "default_true")]
+    pub qlora_double_quant: bool,
+    /// bitsandbytes before 0.43.2: `MatMul4Bit` keeps each 4-bit linear's input for backward
+    /// (`ctx.tensors = (A, B)` whenever the input needs a gradient), which backward never
+    /// reads; bitsandbytes#1270 (2024-07-16, "fix QLoRA mem bug: delete useless buffered
+    /// activation") keeps `(None, B)`. litgpt pinned 0.42.0 until 2024-12.
+    #[serde(default)]
+    pub bnb_keeps_input: bool,
     /// Host RAM per node, GiB: what pinned host memory (offloaded activations) is checked
     /// against.
     #[serde(default = "default_host_ram_gib")]
@@ -552,6 +564,10 @@ pub struct Config {
 
 /// Host RAM per node assumed when `host_ram_gib` is not given: 1 TiB (an 8-GPU HGX server has 1–2 TiB).
 pub const DEFAULT_HOST_RAM_GIB: f64 = 1024.0;
+
+fn default_true() -> bool {
+    true
+}
 
 fn default_host_ram_gib() -> f64 {
     DEFAULT_HOST_RAM_GIB
@@ -626,6 +642,8 @@ impl Default for Config {
             act_offload_layers: 0,
             optim_in_bwd: false,
             optim_paged: false,
+            qlora_double_quant: true,
+            bnb_keeps_input: false,
             host_ram_gib: DEFAULT_HOST_RAM_GIB,
         }
     }

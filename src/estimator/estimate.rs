@@ -655,4 +655,36 @@ mod tests {
         let cpu = estimate(&Config { optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base }).expect("valid");
         assert_eq!(cpu.paged_states(), 0);
     }
+
+    #[test]
+    fn bitsandbytes_before_0_43_2_keeps_each_4bit_linears_input_for_backward() {
+        use crate::estimator::config::{Finetune, LoraTargets};
+        // Llama 2 7B QLoRA on q and v, b1 s1024, bf16: from layer 0's attention output on, every
+        // input of a 4-bit linear needs a gradient, and MatMul4Bit of 0.42 keeps it. Per later
+        // layer: the norms' outputs (qkv's, shared; gate/up's, shared), o_proj's input and
+        // down_proj's [T, 11008]: (3 × 4096 + 11008) × 2 B a token, and layer 0 keeps all but
+        // its qkv input. `estimate` counts only what is new: tensors nothing else saves.
+        let base = Config {
+            model: "llama-2-7b".into(),
+            finetune: Finetune::Qlora,
+            lora_targets: LoraTargets(LoraTargets::Q | LoraTargets::V),
+            precision: Precision::Bf16,
+            batch: 1,
+            seq: 1024,
+            ..Config::default()
+        };
+        let now = estimate(&base).expect("valid");
+        let old = estimate(&Config { bnb_keeps_input: true, ..base.clone() }).expect("valid");
+        let kept = old.memory.activations - now.memory.activations;
+        let per_token_layer: Bytes = (3 * 4096 + 11008) * 2;
+        let upper = per_token_layer * 1024 * 32;
+        assert!(kept > upper / 2 && kept <= upper, "kept {kept} of at most {upper}");
+        assert!(old.memory.allocated_peak > now.memory.allocated_peak);
+        // Over a bf16 base (plain LoRA) there is no 4-bit linear: the key changes nothing.
+        let lora = Config { finetune: Finetune::Lora, ..base };
+        assert_eq!(
+            estimate(&Config { bnb_keeps_input: true, ..lora.clone() }).expect("valid").memory.activations,
+            estimate(&lora).expect("valid").memory.activations
+        );
+    }
 }

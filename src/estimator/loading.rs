@@ -208,6 +208,18 @@ pub fn plan(cfg: &Config, weights: &[Bytes], groups: &[LocalGroup], capacity: By
             let mut kept: Bytes = super::statics::BNB_CONSTANTS as u128;
             for t in &ts {
                 match t.nf4 {
+                    Some(numel) if !cfg.qlora_double_quant => {
+                        // `quantize_4bit` without double quantization: the bf16 weight, packed
+                        // codes, the fp32 absmax and the NF4 code table; the bf16 weight goes.
+                        let nb = numel.div_ceil(super::step::lowbit::NF4_BLOCK);
+                        let what = "quantizing a weight: its bf16 copy and fp32 absmax";
+                        let w16 = e.alloc(2 * numel, what);
+                        e.alloc(t.bytes, what);
+                        e.alloc(4 * nb, what);
+                        e.alloc(64, what);
+                        e.free(w16);
+                        kept += t.bytes + 4 * nb + 64;
+                    }
                     Some(numel) => {
                         // `Params4bit._quantize` → `quantize_4bit` with double quantization:
                         // the bf16 weight, packed codes, fp32 absmax, the NF4 code table, the

@@ -27,6 +27,10 @@ pub const AMAX_HISTORY_LEN: u64 = 1024;
 /// A `QuantState`'s own tensors beside the absmax: the fp32 offset (4 B), the NF4 code table
 /// (16 fp32, 64 B) and the nested state's dynamic map (256 fp32, 1,024 B) — one copy per weight.
 pub const NF4_STATE_CONSTANTS: u64 = 4 + 64 + 1024;
+/// Without double quantization a `QuantState` holds the fp32 absmax (counted apart) and the
+/// NF4 code table (16 fp32) only (bitsandbytes `functional.py` `quantize_4bit`,
+/// `compress_statistics=False`).
+pub const NF4_PLAIN_STATE_CONSTANTS: u64 = 64;
 /// bitsandbytes' process-wide tables (measured: `library_constant` of the qlora records).
 pub const BNB_CONSTANTS: u64 = 1420;
 /// gptqmodel's usual quantization group (inputs per scale).
@@ -182,8 +186,7 @@ fn quantized_rows(cfg: &Config, groups: &[LocalGroup], sh: &Sharding, packed_onl
             .shard(shards.dense.clone());
             let state = Expr::sum(quantized.map(|g| {
                 let n = || num(g.group.numel());
-                Expr::prod([
-                    Expr::var(N_Q, g.group.tensor_count()),
+                let per_weight = if cfg.qlora_double_quant {
                     Expr::sum([
                         n().ceil_div(Expr::konst("NF4_BLOCK", NF4_BLOCK)),
                         Expr::prod([
@@ -191,8 +194,14 @@ fn quantized_rows(cfg: &Config, groups: &[LocalGroup], sh: &Sharding, packed_onl
                             n().ceil_div(Expr::konst("NF4_SECOND_LEVEL_BLOCK", NF4_SECOND_LEVEL_BLOCK)),
                         ]),
                         Expr::konst("NF4_STATE_CONSTANTS", NF4_STATE_CONSTANTS),
-                    ]),
-                ])
+                    ])
+                } else {
+                    Expr::sum([
+                        Expr::prod([Expr::konst("FP32_BYTES", FP32_BYTES), n().ceil_div(Expr::konst("NF4_BLOCK", NF4_BLOCK))]),
+                        Expr::konst("NF4_PLAIN_STATE_CONSTANTS", NF4_PLAIN_STATE_CONSTANTS),
+                    ])
+                };
+                Expr::prod([Expr::var(N_Q, g.group.tensor_count()), per_weight])
             }));
             let parts = match packed_only {
                 None => vec![packed, state, Expr::konst("BNB_CONSTANTS", BNB_CONSTANTS)],
@@ -202,7 +211,11 @@ fn quantized_rows(cfg: &Config, groups: &[LocalGroup], sh: &Sharding, packed_onl
             (
                 Expr::sum(parts),
                 "Dettmers et al. 2023 (QLoRA), §3; bitsandbytes 0.50.2 functional.py quantize_4bit, QuantState (validation/FINDINGS.md §11.1–11.2)",
-                "4-bit NF4 codes (sharded under ZeRO-3/FSDP as bf16 storage), 8-bit absmax per 64, fp32 per 16,384, and each weight's quant state (offset 4 B, code tables 1,088 B; not sharded); embeddings, norms and the LM head stay unquantized",
+                if cfg.qlora_double_quant {
+                    "4-bit NF4 codes (sharded under ZeRO-3/FSDP as bf16 storage), 8-bit absmax per 64, fp32 per 16,384, and each weight's quant state (offset 4 B, code tables 1,088 B; not sharded); embeddings, norms and the LM head stay unquantized"
+                } else {
+                    "4-bit NF4 codes (sharded under ZeRO-3/FSDP as bf16 storage), fp32 absmax per 64 (no double quantization) and each weight's 64-byte code table (not sharded); embeddings, norms and the LM head stay unquantized"
+                },
             )
         }
         QloraQuant::TorchaoNf4 => (
@@ -673,6 +686,17 @@ mod tests {
         let row = quantized_weight_bytes(&cfg, &g, &Sharding::of(&cfg));
         let bits = row.map(|r| (r.bytes - (NF4_STATE_CONSTANTS + BNB_CONSTANTS) as u128) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
         assert!(bits.is_some_and(|b| (b - 4.127).abs() < 0.001), "{bits:?}");
+    }
+
+    #[test]
+    fn nf4_without_double_quantization_costs_4_5_bits_per_parameter() {
+        // 4 bits of code and a 32-bit absmax per 64 weights: 4 + 32/64 = 4.5 bits.
+        let mut g = flat(64 * 256 * 1000);
+        g[0].role = Role::Quantized;
+        let cfg = Config { qlora_double_quant: false, ..Config::default() };
+        let row = quantized_weight_bytes(&cfg, &g, &Sharding::of(&cfg));
+        let bits = row.map(|r| (r.bytes - (NF4_PLAIN_STATE_CONSTANTS + BNB_CONSTANTS) as u128) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
+        assert_eq!(bits, Some(4.5));
     }
 
     #[test]

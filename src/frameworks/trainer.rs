@@ -609,10 +609,15 @@ pub fn read_litgpt(root: &Value, st: &mut FileState) {
             "quantize" => match text(v).as_deref() {
                 // litgpt 0.5.13 `finetune/lora.py`: a bitsandbytes precision plugin makes the
                 // optimizer `bnb.optim.PagedAdamW` (`utils.py` `instantiate_bnb_optimizer`, AdamW only).
-                Some("bnb.nf4" | "bnb.nf4-dq") if lora => {
-                    Out::set(vec![("finetune", "qlora".into()), ("optim", "adamw".into()), ("optim_paged", "true".into())])
-                        .note("the optimizer becomes bitsandbytes' PagedAdamW (instantiate_bnb_optimizer)")
-                }
+                // Lightning's `BitsandbytesPrecision`: `nf4` quantizes without double quantization
+                // (`_NF4Linear`: `compress_statistics=False`), `nf4-dq` with it.
+                Some(q @ ("bnb.nf4" | "bnb.nf4-dq")) if lora => Out::set(vec![
+                    ("finetune", "qlora".into()),
+                    ("qlora_double_quant", (q == "bnb.nf4-dq").to_string()),
+                    ("optim", "adamw".into()),
+                    ("optim_paged", "true".into()),
+                ])
+                .note("the optimizer becomes bitsandbytes' PagedAdamW (instantiate_bnb_optimizer)"),
                 Some("bnb.fp4" | "bnb.fp4-dq") if lora => {
                     Out::set(vec![("finetune", "qlora".into()), ("optim", "adamw".into()), ("optim_paged", "true".into())])
                         .approx("FP4 base: estimated as NF4 (the same 4 bits per weight); the optimizer becomes bitsandbytes' PagedAdamW")

@@ -1346,4 +1346,6 @@ pub struct Quant4 {
     pub kind: crate::estimator::config::QloraQuant,
     /// bitsandbytes double quantization (8-bit absmax with an fp32 scale per 256 blocks).
     pub double_quant: bool,
+    /// bitsandbytes before 0.43.2 keeps each linear's input for backward (`bnb_keeps_input`).
+    pub keeps_input: bool,
 }

@@ -410,7 +410,9 @@ impl<'a> Builder<'a> {
     /// `_dequant_linear_fallback`): the input cast to the compute dtype (bf16), the nested
     /// absmax dequantized (`dequantize_blockwise`, `+ offset`), the weight dequantized to
     /// `[N, K]` bf16, `linear`, then the output cast back to the input's dtype. Nothing is saved;
-    /// the backward dequantizes again and makes grad_input only.
+    /// the backward dequantizes again and makes grad_input only. Before 0.43.2 (`keeps_input`,
+    /// bitsandbytes 0.42.0 `autograd/_functions.py` `MatMul4Bit.forward`: `ctx.tensors = (A, B)`
+    /// when `any(ctx.needs_input_grad[:2])`) the compute-dtype input is kept too, unread.
     pub fn linear4bit(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, q: Quant4) -> Tid {
         let in_dt = self.t(x).dt;
         let xin = self.to_copy(x, Dt::Bf16);
@@ -438,7 +440,8 @@ impl<'a> Builder<'a> {
             s.free(Some(wd));
             s.b.push(B::Grad { input: 0, temp: gi });
         }
-        let y = self.op("linear", "MatMul4BitBackward", &ins, &[out], &[], &s.b)[0];
+        let keeps: &[S] = if rx && q.keeps_input { &[S::In(0)] } else { &[] };
+        let y = self.op("linear", "MatMul4BitBackward", &ins, &[out], keeps, &s.b)[0];
         let back = self.to_copy(y, in_dt);
         if xin != x {
             self.hold(xin);
@@ -610,7 +613,11 @@ pub fn of(cfg: &Config) -> LowBit {
         te_recompute_weight: cfg.fp8_recompute_weight,
         te_model_init: cfg.fp8_model_init && recipe.te(),
     });
-    let quant = (cfg.finetune == Finetune::Qlora).then_some(Quant4 { kind: cfg.qlora_quant, double_quant: true });
+    let quant = (cfg.finetune == Finetune::Qlora).then_some(Quant4 {
+        kind: cfg.qlora_quant,
+        double_quant: cfg.qlora_double_quant,
+        keeps_input: cfg.bnb_keeps_input,
+    });
     LowBit { fp8, quant }
 }
 
