@@ -97,6 +97,9 @@ pub struct Memory {
     pub load_allocated_peak: Bytes,
     /// `max_memory_reserved()` over the loading alone (where the allocator was replayed).
     pub load_reserved_peak: Option<Bytes>,
+    /// bitsandbytes' paged optimizer states (`optim_paged`) that do not fit beside the step:
+    /// the driver keeps them in host memory ([`paged_evicted`]); not in `nvidia_smi`.
+    pub paged_evicted: Bytes,
 }
 
 impl Memory {
@@ -116,8 +119,8 @@ impl Estimate {
     /// The step's figure of [`Estimate::deciding_peak`], with bitsandbytes' paged states only
     /// as far as they fit ([`paged_evicted`]).
     pub fn step_deciding(&self) -> Bytes {
-        // `attach_reserve` has applied it to nvidia-smi's figure already.
-        self.memory.nvidia_smi.unwrap_or_else(|| paged_evicted(self.memory.peak, self.paged_states(), self.capacity))
+        // The pages that do not fit are left out of both figures (`paged_evicted`).
+        self.memory.nvidia_smi.unwrap_or(self.memory.peak - self.memory.paged_evicted)
     }
     /// bitsandbytes' paged optimizer states (`optim_paged`), in CUDA unified memory.
     pub fn paged_states(&self) -> Bytes {
@@ -420,6 +423,7 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
         ));
     }
     e.memory.nvidia_smi = Some(shown);
+    e.memory.paged_evicted = full - shown;
     let load_reserved = r.load_reserved_peak.max(e.memory.load_allocated_peak);
     e.memory.load_reserved_peak = Some(load_reserved);
     e.memory.load_peak = load_reserved + (e.memory.load_peak - e.memory.load_allocated_peak);
@@ -485,7 +489,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         load_peak: load_allocated_peak + load_outside(cfg, &components),
         load_allocated_peak,
         load_reserved_peak: None,
+        paged_evicted: 0,
     };
+    let paged: Bytes = components.iter().filter(|r| r.id == RowId::PagedOptimizerStates).map(|r| r.bytes).sum();
+    let memory = Memory { paged_evicted: memory.peak - paged_evicted(memory.peak, paged, capacity(cfg)), ..memory };
     let dp = cfg.dp();
     let layout = Layout {
         gpus: cfg.gpus,
@@ -650,6 +657,7 @@ mod tests {
         // The rest fits; the driver evicts the pages that do not: nvidia-smi shows a full card.
         assert!(paged.fits());
         assert_eq!(paged.memory.nvidia_smi, Some(paged.capacity));
+        assert!(paged.memory.paged_evicted > 0 && paged.memory.paged_evicted < moved);
         assert!(paged.warnings.iter().any(|w| w.contains("paged optimizer states do not fit")), "{:?}", paged.warnings);
         // On a CPU (the validation harness) bitsandbytes does not page.
         let cpu = estimate(&Config { optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base }).expect("valid");

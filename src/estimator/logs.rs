@@ -162,6 +162,7 @@ mod tests {
             load_peak: 0,
             load_allocated_peak: load_allocated,
             load_reserved_peak: None,
+            paged_evicted: 0,
         }
     }
 

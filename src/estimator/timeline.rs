@@ -90,7 +90,8 @@ const GRADS: usize = 1;
 const OPTIM: usize = 2;
 const ACTS: usize = 3;
 const TRANSIENT: usize = 4;
-const OVERHEAD: usize = 5;
+/// The index of what lives outside the allocator (and fragmentation) in an event's `by_category`.
+pub const OVERHEAD: usize = 5;
 
 /// Percent: what a `frag_pct` override is a share of.
 const PERCENT: u128 = 100;

@@ -11,7 +11,7 @@ use crate::estimator::config::{Config, Unit};
 use crate::estimator::ledger::{Bytes, Category};
 use crate::estimator::reserve::StepTrace;
 use crate::estimator::step::Phase;
-use crate::estimator::timeline::EventKind;
+use crate::estimator::timeline::{EventKind, OVERHEAD};
 use crate::estimator::units::{format_bytes, in_unit};
 use crate::estimator::Estimate;
 use plotters::coord::Shift;
@@ -51,7 +51,12 @@ pub fn timeline_data(e: &Estimate, cfg: &Config) -> TimelineData {
             .timeline
             .events
             .iter()
-            .map(|ev| Step { kind: ev.kind, layer: ev.layer, label: ev.label(), by_category: ev.by_category, reserved: None })
+            .map(|ev| {
+                // bitsandbytes' paged states the driver evicted to the host are not on the GPU.
+                let mut by_category = ev.by_category;
+                by_category[OVERHEAD] = by_category[OVERHEAD].saturating_sub(e.memory.paged_evicted);
+                Step { kind: ev.kind, layer: ev.layer, label: ev.label(), by_category, reserved: None }
+            })
             .collect(),
         peak: e.timeline.peak,
         capacity: e.capacity,
@@ -65,7 +70,9 @@ pub fn timeline_data(e: &Estimate, cfg: &Config) -> TimelineData {
 /// allocator — CUDA context, cuBLAS workspaces, NCCL buffers), with the caching allocator's
 /// reserved memory above it.
 pub fn trace_data(t: &StepTrace, e: &Estimate, cfg: &Config) -> TimelineData {
-    let outside: Bytes = e.components.iter().filter(|r| r.id.outside_allocator()).map(|r| r.bytes).sum();
+    // What lives outside the allocator and on the GPU: bitsandbytes' paged states the driver
+    // evicted to the host are not.
+    let outside: Bytes = e.components.iter().filter(|r| r.id.outside_allocator()).map(|r| r.bytes).sum::<Bytes>() - e.memory.paged_evicted;
     let (mut layers_seen, mut backward_layers_seen) = (false, false);
     let steps = t
         .points
