@@ -229,7 +229,16 @@ impl<'a> Builder<'a> {
                 s.free(Some(post));
                 o
             } else {
-                let o = s.alloc(2 * out, DType::Bf16, "_scaled_mm");
+                // Tensorwise: `_scaled_mm` writes the gradient in grad_output's original dtype
+                // (torchao 0.18 `float8_ops.py` `addmm_float8_unwrapped`: `out_dtype =
+                // a._orig_dtype`, fp32 in fp32 training — only the rowwise path falls back to a
+                // bf16 output; measured: the compiled backward's `_scaled_mm(…,
+                // out_dtype=torch.float32)` of torchtitan's fp32 float8 blocks).
+                let o = if gd == DType::Fp32 {
+                    s.alloc(4 * out, DType::Fp32, "_scaled_mm")
+                } else {
+                    s.alloc(2 * out, DType::Bf16, "_scaled_mm")
+                };
                 s.free(Some(ra));
                 s.free(Some(rb));
                 o
