@@ -571,7 +571,7 @@ impl<'a> Setup<'a> {
         };
         // torchtune's `CEWithChunkedOutputLoss` (its `loss = chunked`), not Liger's fused loss.
         if self.cfg.framework == crate::estimator::config::Framework::Torchtune {
-            families::torchtune::head_and_loss(b, xn, w, bias, self.compiled_loss());
+            families::torchtune::head_and_loss(b, xn, w, bias, self.compiled_loss(), self.cfg.kernels == Kernels::Cpu);
             return;
         }
         if self.cfg.loss == Loss::Chunked {
