@@ -315,6 +315,11 @@ fn saved_exact_and_peak_within_half_a_percent(name: &str, r: &Value, e: &Estimat
     let acts = e.memory.activations;
     let step = &r["step"];
     let peak = step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).unwrap_or(0);
+    // A checkpoint's `preserve_rng_state` CPU RNG state (5,056 B a checkpointed layer, alive from
+    // its forward to its recomputation) is host memory on a GPU, not in the estimate: out of a
+    // peak measured in forward (torchtune's checkpointed compile records carry it).
+    let rng = if step["tensors_peak_phase"] == "forward" { r["checkpoint_rng_state_bytes"].as_u64().unwrap_or(0) } else { 0 };
+    let peak = peak - rng;
     let rel_p = (e.memory.peak as f64 - peak as f64) / peak as f64;
     println!(
         "{id:60} saved {acts:>9} vs {saved:>9} ({:+})  peak {:>9} vs {peak:>9} ({:+} B, {:+.3} %) [{name}] at {} / {} (measured {} {:?})",
@@ -468,30 +473,20 @@ fn torchtune_lora_configurations_the_records_do_not_cover_are_refused_by_name() 
 
 /// torchtune's LoRA compiled (`tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json`,
 /// `measure_tune_compile.py --lora`: `lora_llama3_1`, `LoRALinear` on q and v, rank 8, bf16, recompute
-/// none and full) is measured, not modelled: eager torchtune LoRA estimates (its records are in
-/// [`SHARDS`]), compiled it is refused by name — the compiled layers keep 16,384 B less than the
-/// estimate without checkpointing and the checkpointed step peaks 3.7 % above it (the frozen output's
-/// CPU `bmm` copies, which the profiler sees, are followed: FINDINGS §15.1).
+/// none and full): parameters (trainable and frozen), gradients and AdamW state exact, saved bytes
+/// to the byte, the step peak within ±0.5 % (both 40 B under, in forward at the eighth output
+/// chunk's CPU `bmm`); LoRA on other linears, with dropout or in fp32 compiled is refused by name.
 #[test]
-fn every_torchtune_lora_compile_record_is_refused_by_name_and_estimates_eager() {
+fn every_torchtune_lora_compile_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
+    every_compile_record_is_exact(&["torchtune-llama3-lora-compile"], 2);
     let shards = read(&["torchtune-llama3-lora-compile"]);
-    let mut n = 0;
-    for (_, doc) in &shards {
-        for r in doc["records"].as_array().into_iter().flatten() {
-            let c = compile_config_of(doc, r);
-            assert_eq!(c.finetune, trainmem::config::Finetune::Lora, "{}", r["id"]);
-            let err = estimate(&c).expect_err("refused").to_string();
-            assert!(err.contains("torch.compile of torchtune's LoRA") && err.contains("not modelled yet"), "{}: {err}", r["id"]);
-            let eager = estimate(&Config { compile: false, ..c }).expect("eager torchtune LoRA estimates");
-            assert_eq!(
-                row(&eager, "weights") + row(&eager, "frozen_weights"),
-                u128::from(r["parameter_bytes"].as_u64().expect("parameter_bytes"))
-            );
-            assert_eq!(row(&eager, "gradients"), u128::from(r["gradient_bytes"].as_u64().expect("gradient_bytes")));
-            n += 1;
-        }
+    let Some(base) = compile_base(&shards, "torchtune-llama3-lora-compile") else { return };
+    assert_eq!(base.finetune, trainmem::config::Finetune::Lora);
+    for (k, v) in [("lora_targets", "q,k,v"), ("lora_dropout", "0.05"), ("precision", "fp32")] {
+        let mut c = base.clone();
+        trainmem::config::set(&mut c, k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+        refused(c, "torch.compile of torchtune's LoRA beyond");
     }
-    assert!(shards.is_empty() || n == 2, "{n} records");
 }
 
 /// torch.compile on torchtitan's blocks with torchtitan's float8 converter

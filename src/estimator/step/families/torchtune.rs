@@ -396,7 +396,8 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
     (c, n, s - (n - 1) * c)
 }
 
-/// `TransformerDecoder.chunked_output`, then the recipe's loss step:
+/// `TransformerDecoder.chunked_output` on `xn` (the final norm's output of `h`), then the
+/// recipe's loss step:
 /// ```python
 /// current_num_tokens = (batch["labels"] != ignore_index).sum()            # train()
 /// logits = [self.output(chunk) for chunk in h.chunk(8, dim=1)]            # chunked_output
@@ -425,7 +426,7 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
 /// (`tests/fixtures/pytorch/frameworks/torchtune-llama3-compile.json`): each chunk keeps its
 /// logits (the region's input, in their dtype), its labels and the fp32 row max and
 /// log-sum-exp, not the fp32 log-softmax eager keeps.
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool, cpu: bool) {
+pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool, cpu: bool) {
     let cpu_copies = compiled && cpu;
     let batch = b.c.n(Q::B);
     let (_, n, last) = chunk_tokens(b.c.n(Q::S));
@@ -472,6 +473,12 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
         });
         b.autocast = autocast;
     }
+    // `TransformerDecoder.forward` calls `self.unembed(h)`, whose `h = self.norm(h)` rebinds its
+    // own local: the caller's `h`, the last layer's output, lives until `unembed` returns the
+    // chunks' logits, and so does `xn` (measured: both freed after the eighth output matmul, before the loss;
+    // tests/fixtures/pytorch/frameworks/steps/torchtune-llama3__…__lora-r8-qv.json).
+    b.hold(h);
+    b.hold(xn);
     b.p.loss_from = b.next_op();
     b.module = "loss_fn";
     b.part = Part::Loss;
@@ -564,14 +571,6 @@ fn frozen_head(b: &mut Builder, x: Tid, w: Tid, vocab: Shape, cpu_copies: bool) 
     let (xb, xd) = (b.bytes(x), b.t(x).dtype);
     let batch = b.c.n(Q::B) as u128;
     let wb = b.bytes(w) * batch;
-    if cpu_copies {
-        let xs = b.shape(x);
-        let xc = b.plain("clone", &[x], xs, dt);
-        let ws = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::H), Dim::Q(Q::V)], Split::Tp);
-        let wc = b.plain("clone", &[w], ws, dt);
-        b.hold(xc);
-        b.hold(wc);
-    }
     let out = b.out(vocab, dt, b.rg(x));
     let bw: &[B] = match (b.rg(x), cpu_copies) {
         (false, _) => &[],
@@ -583,7 +582,17 @@ fn frozen_head(b: &mut Builder, x: Tid, w: Tid, vocab: Shape, cpu_copies: bool) 
             B::Grad { input: 0, temp: 0 },
         ],
     };
-    b.op("bmm", "BmmBackward0", &[x, w], &[out], &[S::In(1)], bw)[0]
+    let y = b.op("bmm", "BmmBackward0", &[x, w], &[out], &[S::In(1)], bw)[0];
+    // The kernel allocates its output, then the two copies (measured in that order).
+    if cpu_copies {
+        let xs = b.shape(x);
+        let xc = b.plain("clone", &[x], xs, dt);
+        let ws = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::H), Dim::Q(Q::V)], Split::Tp);
+        let wc = b.plain("clone", &[w], ws, dt);
+        b.hold(xc);
+        b.hold(wc);
+    }
+    y
 }
 
 // ---------------------------------------------------------------------------------------- Gemma 2
