@@ -220,10 +220,10 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
                     "torchtune compiles each decoder layer, checkpoints it, and compiles the loss (training.compile_model, compile_loss)",
                 ),
             Some(true) if tree::get(root, "enable_activation_checkpointing").and_then(boolean) == Some(true) => Out::unmodelled(
-                "torch.compile of checkpointed layers is modelled on torchtune's own single-device Llama full fine-tune (and its LoRA on q and v in bf16, set by hand) only: estimated eager",
+                "torch.compile of checkpointed layers is modelled on torchtune's own single-device Llama full fine-tune (and its LoRA in bf16, set by hand) only: estimated eager",
             ),
             Some(true) if chunked_loss(root) => Out::unmodelled(
-                "torch.compile with CEWithChunkedOutputLoss is modelled on torchtune's own single-device Llama full fine-tune (and its LoRA on q and v in bf16, set by hand) only: estimated eager",
+                "torch.compile with CEWithChunkedOutputLoss is modelled on torchtune's own single-device Llama full fine-tune (and its LoRA in bf16, set by hand) only: estimated eager",
             ),
             Some(true) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
                 .note("torchtune compiles each decoder layer and the loss (training.compile_model, compile_loss)"),
@@ -282,7 +282,8 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
 
 /// Whether the step follows torchtune's own Llama code (a single-device full fine-tune of one of
 /// its Llama builders: `framework = torchtune`), where its compile is measured (its LoRA compiled
-/// is estimated on q and v in bf16 only: the import estimates a LoRA config eager).
+/// is estimated in bf16 as its records cover it, set by hand: the import estimates a LoRA config
+/// eager).
 fn own_llama(root: &Value, distributed: bool) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
     !distributed && full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
