@@ -25,8 +25,9 @@ Writes tests/fixtures/pytorch/frameworks/torchtune-llama3-compile.json ({configs
 allocation trace under tests/fixtures/pytorch/frameworks/steps/.
 
 With `--lora`: torchtune's LoRA (`lora_llama3_1`, `LoRALinear` on q and v, rank 8, adapters in the model dtype, only
-the adapters trainable), bf16, in tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json (measured
-only: torchtune's LoRA is not modelled).
+the adapters trainable), bf16, in tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json (estimated:
+tests/framework_fixtures.rs); `--lora-all` puts the adapters on q, k, v, output_proj and the MLP instead (the 8B
+single-device YAML's q, v, output_proj and MLP plus k), records tagged `lora-r8-all`.
 
 Usage:  nice validation/.venv/bin/python validation/measure_tune_compile.py [--only SUBSTRING] [--lora --only bf16]
 """
@@ -128,6 +129,9 @@ def guard_checkpoint_unpack():
     R.compiled_saved = compiled_saved
 
 
+LORA_ALL = {"on": False}
+
+
 def build(tdtype, lora: bool):
     """measure_frameworks.build_torchtune_llama3, or with `lora` the recipe's `lora_llama3_1` at the same shapes (LoRA
     on q and v, rank 8, alpha 16, no dropout, adapters in the model dtype: `LoRALinear`) with
@@ -137,7 +141,8 @@ def build(tdtype, lora: bool):
         return lm
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
     builder = F._torchtune_builder("llama3_1", "lora_llama3_1")
-    m = F._tune_model(builder, tdtype, lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=False,
+    attn = ["q_proj", "k_proj", "v_proj", "output_proj"] if LORA_ALL["on"] else ["q_proj", "v_proj"]
+    m = F._tune_model(builder, tdtype, lora_attn_modules=attn, apply_lora_to_mlp=LORA_ALL["on"],
                       apply_lora_to_output=False, vocab_size=F.VOCAB, num_layers=F.LAYERS, num_heads=F.HEADS,
                       num_kv_heads=F.KV_HEADS, embed_dim=F.DIM, max_seq_len=F.TUNE_MAX_SEQ, intermediate_dim=256,
                       rope_base=500000, lora_rank=8, lora_alpha=16, lora_dropout=0.0)
@@ -185,7 +190,7 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = Fa
     step, regions, counters_2 = R.profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes,
                                                          counters_1)
     pi = R.param_info(model)
-    tag = "compile=layer" + (f"+recompute={recompute}" if recompute != "none" else "") + ("/lora-r8-qv" if lora else "")
+    tag = "compile=layer" + (f"+recompute={recompute}" if recompute != "none" else "") + ((f"/lora-r8-{'all' if LORA_ALL['on'] else 'qv'}") if lora else "")
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     rec = {"id": f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{tag}", "family": family, "model_type": cfg["model_type"],
            "config_key": f"{family}/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype, "attn": "sdpa",
@@ -195,8 +200,11 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = Fa
                            "loss": "CEWithChunkedOutputLoss(num_output_chunks=8), compute_cross_entropy compiled",
                            "applied_by": "torchtune 0.6.1 training.compile_model, set_activation_checkpointing, "
                                          "compile_loss"},
-                **({"lora": {"builder": "lora_llama3_1", "lora_attn_modules": ["q_proj", "v_proj"], "lora_rank": 8,
-                             "lora_alpha": 16, "lora_dropout": 0.0, "trainable": "get_adapter_params"}}
+                **({"lora": {"builder": "lora_llama3_1",
+                             "lora_attn_modules": (["q_proj", "k_proj", "v_proj", "output_proj"] if LORA_ALL["on"]
+                                                   else ["q_proj", "v_proj"]),
+                             **({"apply_lora_to_mlp": True, "apply_lora_to_output": False} if LORA_ALL["on"] else {}),
+                             "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0, "trainable": "get_adapter_params"}}
                    if lora else {}),
                 "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
                 "saved_parameter_storages": extra["saved_parameter_storages"],
@@ -228,8 +236,10 @@ def main():
     ap.add_argument("--only", default=None, help="substring of dtype/recompute")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--lora", action="store_true", help="torchtune's LoRALinear on q and v, r 8 (bf16 by default)")
+    ap.add_argument("--lora-all", action="store_true", help="with --lora: on q, k, v, output_proj and the MLP")
     ap.add_argument("--child", nargs=3, metavar=("DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    LORA_ALL["on"] = args.lora_all
     torch.set_num_threads(1)
     if args.child:
         dtype, rc, out_json = args.child
@@ -247,6 +257,7 @@ def main():
             "framework": "torchtune", "framework_version": "0.6.1", "family": "llama3", "device": "cpu",
             "configs": {}, "records": []}
         cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out] + (["--lora"] if args.lora else []) \
+            + (["--lora-all"] if args.lora_all else []) \
             + ["--child", dtype, rc]
         n_fail += not R.run_child_into(cmd, path, doc, f"{dtype}/{rc}")
     sys.exit(1 if n_fail else 0)

@@ -360,7 +360,11 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
         // §15.1); the rest by name. Its QLoRA compiled (tests/fixtures/pytorch/torchao_nf4/
         // compile.json) keeps what the estimate keeps (1,665,040 B, exact), but its step peaks
         // are 16 % (in forward, at the LM head) and 15 % (checkpointed, in backward) above the
-        // estimate: refused.
+        // estimate: refused. Its LoRA in bf16 (torchtune-llama3-lora-compile.json: on q and v,
+        // recompute none and full, and on every linear without checkpointing: saved bytes exact,
+        // peaks 40 to 120 B under) is estimated; on every linear with full checkpointing the
+        // estimate peaks 1.3 % above (17,360 B, in layer 0's compiled backward), and dropout and
+        // fp32 are not measured compiled: refused.
         if cfg.arch.family != super::family::Family::Llama {
             return Err(invalid(
                 "compile",
@@ -370,14 +374,21 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
                 ),
             ));
         }
-        let tune_compile_pending: [(bool, &str); 2] = [
+        let tune_compile_pending: [(bool, &str); 3] = [
             (
                 cfg.precision == super::config::Precision::AmpBf16,
                 "torch.compile of torchtune's layers under bf16 autocast (precision = amp-bf16; measured compiled in fp32 and bf16 only)",
             ),
             (
-                cfg.finetune != super::config::Finetune::Full,
+                cfg.finetune == super::config::Finetune::Qlora,
                 "torch.compile of torchtune's QLoRA (NF4Tensor's dequantization inside the compiled layers; measured compiled in full training only)",
+            ),
+            (
+                cfg.finetune == super::config::Finetune::Lora
+                    && (cfg.lora_targets.0 & !(super::config::LoraTargets::Q | super::config::LoraTargets::V) != 0 && cfg.recompute != Recompute::None
+                        || cfg.lora_dropout > 0.0
+                        || cfg.precision != super::config::Precision::Bf16),
+                "torch.compile of torchtune's LoRA beyond what torchtune-llama3-lora-compile.json measured (bf16, no dropout; adapters on q and v, or on every linear without checkpointing: with full checkpointing the estimate's peak is 1.3 % above the measured, in a layer's compiled backward)",
             ),
         ];
         if let Some(&(_, what)) = tune_compile_pending.iter().find(|p| p.0) {
@@ -617,7 +628,10 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
 /// `attn=sdpa` its records carry —, the output tied or not) trained as
 /// `full_finetune_single_device.py` trains it (full fine-tuning in fp32, pure bf16 — and bf16
 /// autocast, as measured — with its `CEWithChunkedOutputLoss`, each layer checkpointed or none),
-/// on one device: what `tests/fixtures/pytorch/frameworks/torchtune-*.json` measured. Everything
+/// on one device — and its LoRA (`LoRALinear`, adapters in the model's dtype, on Llama 3.1 / 3.2
+/// and Qwen2 / 2.5 in fp32 or bf16; compiled on q and v in bf16) as `lora_finetune_single_device.py`
+/// trains it —: what
+/// `tests/fixtures/pytorch/frameworks/torchtune-*.json` measured. Everything
 /// else (Qwen3 among it: not in torchtune 0.6.1) is refused by name, not estimated as something
 /// else.
 fn torchtune_refusal(cfg: &Config) -> Option<String> {
@@ -648,12 +662,29 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     if !matches!(cfg.precision, Precision::Fp32 | Precision::Bf16 | Precision::AmpBf16) {
         return Some("torchtune trains in fp32 or bf16 (precision=fp32, bf16 or amp-bf16 as measured)".into());
     }
-    // QLoRA on torchao's NF4Tensor is measured (tests/fixtures/pytorch/torchao_nf4); LoRA is not.
-    let nf4_qlora = cfg.finetune == Finetune::Qlora && cfg.qlora_quant == super::config::QloraQuant::TorchaoNf4;
-    if cfg.finetune != Finetune::Full && !nf4_qlora {
-        return Some(
-            "torchtune's LoRA recipes (its own LoRALinear) are not modelled: finetune=full, or qlora with qlora_quant=torchao-nf4".into(),
-        );
+    // QLoRA on torchao's NF4Tensor is measured (tests/fixtures/pytorch/torchao_nf4); LoRA
+    // (`LoRALinear` on a bf16 or fp32 base, adapters in the model's dtype) on torchtune's Llama 3.1
+    // and Qwen2 in fp32 and bf16 (tests/fixtures/pytorch/frameworks/torchtune-{llama3,qwen2}-lora.json).
+    if cfg.finetune == Finetune::Qlora && cfg.qlora_quant != super::config::QloraQuant::TorchaoNf4 {
+        return Some("torchtune's QLoRA quantizes its base with torchao's NF4Tensor (qlora_quant=torchao-nf4)".into());
+    }
+    if cfg.finetune == Finetune::Lora {
+        // `lora_llama3_1` / `lora_llama3_2` share one RoPE module, `lora_qwen2` builds one per layer
+        // (`step/families/torchtune.rs`, `rope_modules`); the other families' LoRA builders are
+        // not measured. Llama follows `lora_llama3_1` (`lora_llama2` and `lora_llama3` build a RoPE
+        // per layer, as `lora_qwen2`: their caches are under-counted by L − 1).
+        if !matches!(spec.family, Family::Llama | Family::Qwen2) {
+            return Some(format!(
+                "torchtune's LoRA is measured on its Llama 3.1 and Qwen2 builders (lora_llama3_1, lora_qwen2), not {:?}'s",
+                spec.family
+            ));
+        }
+        if cfg.lora_dtype != super::config::LoraDtype::Model {
+            return Some("torchtune's LoRALinear builds its adapters in the model's dtype and adds them uncast (lora_dtype=model)".into());
+        }
+        if cfg.precision == Precision::AmpBf16 {
+            return Some("torchtune's LoRA recipes are measured in fp32 and bf16, not under bf16 autocast (precision=amp-bf16)".into());
+        }
     }
     if cfg.loss != Loss::Chunked {
         return Some(
@@ -664,7 +695,9 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
         return Some("torchtune checkpoints every layer or none (recompute=full or none)".into());
     }
     if cfg.tp > 1 || cfg.pp > 1 || cfg.cp > 1 || cfg.ep > 1 || cfg.gpus > 1 {
-        return Some("torchtune is modelled on one device (full_finetune_single_device.py): gpus = 1".into());
+        return Some(
+            "torchtune is modelled on one device (full_finetune_single_device.py, lora_finetune_single_device.py): gpus = 1".into(),
+        );
     }
     None
 }

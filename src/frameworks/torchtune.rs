@@ -59,7 +59,9 @@ pub fn read(root: &Value, st: &mut FileState) {
         let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
         // The step program follows the single-device recipe (one GPU): a distributed config stays
         // on transformers' code, which shards.
-        if let Some(family) = own_code(&builder).filter(|_| !distributed) {
+        // A LoRA builder with `quantize_base: True` is QLoRA: transformers' code, as `qlora_…`.
+        let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true);
+        if let Some(family) = own_code(&builder).filter(|_| !distributed && !quantized) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
         }
@@ -69,8 +71,11 @@ pub fn read(root: &Value, st: &mut FileState) {
 
 /// The builders (`torchtune.models.<family>.<builder>`) whose torchtune model code the estimator
 /// follows (`framework = torchtune`, `step/families/torchtune.rs`): full fine-tuning builders of
-/// the families listed, by the module they live in. Others are estimated with transformers'
-/// modeling code.
+/// the families listed, by the module they live in, and the LoRA builders of Llama 3.1 / 3.2 and
+/// Qwen2 / Qwen2.5 (`lora_llama3_1_8b`, `lora_qwen2_5_7b` …: torchtune's `LoRALinear`, measured
+/// in tests/fixtures/pytorch/frameworks/torchtune-{llama3,qwen2}-lora.json). Others (QLoRA
+/// builders, the other families' LoRA builders, which build a RoPE module per layer) are
+/// estimated with transformers' modeling code.
 fn own_code(component: &str) -> Option<&'static str> {
     const FAMILIES: &[(&str, &str)] = &[
         ("llama2", "Llama 2"),
@@ -87,10 +92,19 @@ fn own_code(component: &str) -> Option<&'static str> {
     let mut parts = component.trim().rsplit('.');
     let builder = parts.next()?;
     let module = parts.next()?;
-    if builder.starts_with("lora_") || builder.starts_with("qlora_") {
+    if builder.starts_with("qlora_") || (builder.starts_with("lora_") && !LORA_FAMILIES.contains(&module)) {
         return None;
     }
     FAMILIES.iter().find(|(m, _)| *m == module).map(|(_, name)| *name)
+}
+
+/// The model modules whose LoRA builders run on torchtune's own code in the estimate.
+const LORA_FAMILIES: &[&str] = &["llama3_1", "llama3_2", "qwen2", "qwen2_5"];
+
+/// Whether the builder is a full fine-tuning one (not `lora_…` / `qlora_…`).
+fn full_builder(component: &str) -> bool {
+    let builder = component.trim().rsplit('.').next().unwrap_or_default();
+    !builder.starts_with("lora_") && !builder.starts_with("qlora_")
 }
 
 fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<(Vec<&'static str>, bool)>) -> Out {
@@ -206,10 +220,10 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
                     "torchtune compiles each decoder layer, checkpoints it, and compiles the loss (training.compile_model, compile_loss)",
                 ),
             Some(true) if tree::get(root, "enable_activation_checkpointing").and_then(boolean) == Some(true) => Out::unmodelled(
-                "torch.compile of checkpointed layers is modelled on torchtune's own single-device Llama code only: estimated eager",
+                "torch.compile of checkpointed layers is modelled on torchtune's own single-device Llama full fine-tune (and its LoRA in bf16, set by hand) only: estimated eager",
             ),
             Some(true) if chunked_loss(root) => Out::unmodelled(
-                "torch.compile with CEWithChunkedOutputLoss is modelled on torchtune's own single-device Llama code only: estimated eager",
+                "torch.compile with CEWithChunkedOutputLoss is modelled on torchtune's own single-device Llama full fine-tune (and its LoRA in bf16, set by hand) only: estimated eager",
             ),
             Some(true) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
                 .note("torchtune compiles each decoder layer and the loss (training.compile_model, compile_loss)"),
@@ -267,10 +281,12 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
 }
 
 /// Whether the step follows torchtune's own Llama code (a single-device full fine-tune of one of
-/// its Llama builders: `framework = torchtune`), where its compile is measured.
+/// its Llama builders: `framework = torchtune`), where its compile is measured (its LoRA compiled
+/// is estimated in bf16 as its records cover it, set by hand: the import estimates a LoRA config
+/// eager).
 fn own_llama(root: &Value, distributed: bool) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
-    !distributed && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+    !distributed && full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
 /// Whether the config's loss is torchtune's chunked one (what `loss._component_` maps to

@@ -1026,7 +1026,13 @@ impl<'a> Builder<'a> {
             .sum()
     }
 
-    /// [`Builder::recompute_cost`]'s price of one storage `depth` steps up from the value.
+    /// [`Builder::recompute_cost`]'s price of one storage `depth` steps up from the value. A
+    /// region input (a primal) is one step further from the backward than the value its
+    /// reader makes: of torchtune's LoRA residual `h = x + output_proj(…)` in the first layer —
+    /// `x` the frozen embedding's output, needed by nothing else — the partitioner keeps `h`, not
+    /// `x` and the projection (measured: tests/fixtures/pytorch/frameworks/
+    /// torchtune-llama3-lora-compile.json, `add` saved in layer 0; at equal weights the rule
+    /// recomputed `h`, 16,384 B over).
     fn value_cost(&self, b: Tid, cut: &Cut, depth: i32) -> f64 {
         /// Pointwise chains longer than this are priced at the value itself.
         const MAX_DEPTH: i32 = 16;
@@ -1037,7 +1043,10 @@ impl<'a> Builder<'a> {
         }
         let weight = save_weight(t.bytes, depth, cut.fwd_mat[b as usize]);
         let p = cut.producer[b as usize];
-        if p == u32::MAX || depth >= MAX_DEPTH {
+        if p == u32::MAX {
+            return save_weight(t.bytes, depth + 1, cut.fwd_mat[b as usize]);
+        }
+        if depth >= MAX_DEPTH {
             return weight;
         }
         let name = self.p.ops[p as usize].name;

@@ -438,7 +438,7 @@ impl<'a> Setup<'a> {
         for &t in &ends {
             b.hold(t);
         }
-        self.head_and_loss(&mut b, &p, xn, &sh);
+        self.head_and_loss(&mut b, &p, x, xn, &sh);
         self.head_unit(&mut b, unit_first);
         // The caller's `hidden_states` holds the final norm's output through the loss
         // (torchtune's `unembed` returns the chunks' logits: its `h` goes before the loss).
@@ -517,7 +517,7 @@ impl<'a> Setup<'a> {
             for t in sh.all() {
                 b.hold(t);
             }
-            self.head_and_loss(b, p, xn, sh);
+            self.head_and_loss(b, p, x, xn, sh);
             self.head_unit(b, unit_first);
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
@@ -546,7 +546,7 @@ impl<'a> Setup<'a> {
     /// shift_labels = labels[..., 1:].contiguous()
     /// loss = F.cross_entropy(logits.view(-1, V), shift_labels.view(-1), reduction="mean")
     /// ```
-    fn head_and_loss(&self, b: &mut Builder, p: &Params, xn: Tid, sh: &Shared) {
+    fn head_and_loss(&self, b: &mut Builder, p: &Params, x: Tid, xn: Tid, sh: &Shared) {
         let spec = &self.cfg.arch;
         b.module = "lm_head";
         b.part = Part::Head;
@@ -571,7 +571,7 @@ impl<'a> Setup<'a> {
         };
         // torchtune's `CEWithChunkedOutputLoss` (its `loss = chunked`), not Liger's fused loss.
         if self.cfg.framework == crate::estimator::config::Framework::Torchtune {
-            families::torchtune::head_and_loss(b, xn, w, bias, self.compiled_loss());
+            families::torchtune::head_and_loss(b, x, xn, w, bias, self.compiled_loss(), self.cfg.kernels == Kernels::Cpu);
             return;
         }
         if self.cfg.loss == Loss::Chunked {

@@ -370,7 +370,22 @@ pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
     let half = (cfg.arch.head_dim / 2) as u128;
     let per = code.rope.cache_per_position();
     let rope = if super::common::has_rope(&cfg.arch) { (per * cfg.arch.max_pos as u128 * half * 2 + half) * FP32_BYTES } else { 0 };
-    Some(rope + cfg.batch as u128 * INT64_BYTES)
+    Some(rope * rope_modules(cfg) + cfg.batch as u128 * INT64_BYTES)
+}
+
+/// How many RoPE modules the builder makes: one, shared by every layer, in the full fine-tuning
+/// builders and in `lora_llama3_1` / `lora_llama3_2`; one per layer in `lora_qwen2`
+/// (`lora_qwen2_self_attention` builds its own `Qwen2RotaryPositionalEmbeddings`, torchtune
+/// 0.6.1 `models/qwen2/_component_builders.py`; measured: tests/fixtures/pytorch/frameworks/
+/// torchtune-qwen2-lora.json, 2 layers, two caches). `lora_llama2`, `lora_llama3`,
+/// `lora_mistral`, `lora_phi3` and `lora_gemma` do as `lora_qwen2`: their LoRA is refused
+/// (`validate.rs`, `torchtune_refusal`) but for Llama, which follows `lora_llama3_1`.
+fn rope_modules(cfg: &Config) -> u128 {
+    if cfg.finetune != crate::estimator::config::Finetune::Full && cfg.arch.family == Family::Qwen2 {
+        cfg.arch.layers as u128
+    } else {
+        1
+    }
 }
 
 /// The output chunks' token counts: `torch.chunk(h, 8, dim=1)` makes chunks of ⌈s/8⌉ tokens,
@@ -381,7 +396,8 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
     (c, n, s - (n - 1) * c)
 }
 
-/// `TransformerDecoder.chunked_output`, then the recipe's loss step:
+/// `TransformerDecoder.chunked_output` on `xn` (the final norm's output of `h`), then the
+/// recipe's loss step:
 /// ```python
 /// current_num_tokens = (batch["labels"] != ignore_index).sum()            # train()
 /// logits = [self.output(chunk) for chunk in h.chunk(8, dim=1)]            # chunked_output
@@ -410,7 +426,8 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
 /// (`tests/fixtures/pytorch/frameworks/torchtune-llama3-compile.json`): each chunk keeps its
 /// logits (the region's input, in their dtype), its labels and the fp32 row max and
 /// log-sum-exp, not the fp32 log-softmax eager keeps.
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool) {
+pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool, cpu: bool) {
+    let cpu_copies = compiled && cpu;
     let batch = b.c.n(Q::B);
     let (_, n, last) = chunk_tokens(b.c.n(Q::S));
     let c = b.xv[X::OutChunk as usize];
@@ -419,12 +436,17 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     // Under autocast the output weight is cast once, at the first chunk, and the cast cached
     // (`cached_cast`) for the other seven; each chunk's input is cast (a contiguous copy).
     let mut cast: Option<(Option<Tid>, Option<Tid>)> = None;
+    // A frozen output weight (LoRA, QLoRA) on a chunk that is not contiguous (b > 1): `matmul`
+    // does not fold ([`frozen_head`]).
+    let bmm = !autocast && batch > 1 && bias.is_none() && w.is_some_and(|w| !b.rg(w));
     let mut logits = Vec::with_capacity(n as usize);
     for i in 0..n {
         let shape = Shape::new(&[Dim::Q(Q::B), len(i), Dim::Q(Q::H)], Split::None);
         let ch = b.view(xn, shape, "SplitBackward0", false);
         let ch = if autocast {
             b.to_copy(ch, Dt::Model)
+        } else if bmm {
+            ch
         } else if batch > 1 {
             b.copy(ch, shape)
         } else {
@@ -445,11 +467,18 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
         let vocab = Shape::new(&[Dim::Q(Q::B), len(i), Dim::Q(Q::V)], Split::Tp);
         b.autocast = false;
         logits.push(match w {
+            Some(w) if bmm => frozen_head(b, ch, w, vocab, cpu_copies),
             Some(w) => b.linear(ch, w, bias, vocab),
             None => b.plain("mm", &[ch], vocab, Dt::Model),
         });
         b.autocast = autocast;
     }
+    // `TransformerDecoder.forward` calls `self.unembed(h)`, whose `h = self.norm(h)` rebinds its
+    // own local: the caller's `h`, the last layer's output, lives until `unembed` returns the
+    // chunks' logits, and so does `xn` (measured: both freed after the eighth output matmul, before the loss;
+    // tests/fixtures/pytorch/frameworks/steps/torchtune-llama3__…__lora-r8-qv.json).
+    b.hold(h);
+    b.hold(xn);
     b.p.loss_from = b.next_op();
     b.module = "loss_fn";
     b.part = Part::Loss;
@@ -518,6 +547,52 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     }
     let r = scalar_op(b, "mul", "MulBackward0", loss, tokens);
     b.outputs(&[r]);
+}
+
+/// The output projection on one chunk when its weight is frozen (LoRA, QLoRA: the output gets no
+/// adapter, `apply_lora_to_output = False`) and the chunk is not contiguous (b > 1): `F.linear`
+/// calls `matmul(x, weight.t())`, whose `should_fold` (torch 2.15
+/// `aten/src/ATen/native/LinearAlgebra.cpp`) folds a `[b, c, h]` input into `mm` only when the
+/// weight requires grad or the fold copies nothing; here it does neither, so `matmul` expands the
+/// weight to `[b, h, V]` (a view) and calls `bmm` (`UnsafeViewBackward0` over `BmmBackward0`,
+/// which keeps the weight — a parameter — for the input's gradient, not the chunk). Its backward
+/// allocates the chunk's gradient `[b, c, h]`. Measured: no chunk copy is kept
+/// (tests/fixtures/pytorch/frameworks/torchtune-llama3-lora.json, torchtune-qwen2-lora.json).
+///
+/// `cpu_copies`: the CPU `bmm` makes both operands contiguous inside the kernel — the chunk
+/// (`[b, c, h]`) and the expanded weight (`[b, h, V]`, b copies of it) — and frees them when it
+/// returns; its backward copies the expanded weight again for the input's gradient. The compiled
+/// records' profiler sees those allocations
+/// (tests/fixtures/pytorch/frameworks/steps/torchtune-llama3__…__lora-r8-qv.json: 2,048 B and
+/// 256,000 B per chunk, the compiled loss keeping too little for them to hide); the eager
+/// records' dispatch tracker sees only `bmm`'s output, so the eager estimate leaves them out.
+fn frozen_head(b: &mut Builder, x: Tid, w: Tid, vocab: Shape, cpu_copies: bool) -> Tid {
+    let dt = b.t(x).dt;
+    let (xb, xd) = (b.bytes(x), b.t(x).dtype);
+    let batch = b.c.n(Q::B) as u128;
+    let wb = b.bytes(w) * batch;
+    let out = b.out(vocab, dt, b.rg(x));
+    let bw: &[B] = match (b.rg(x), cpu_copies) {
+        (false, _) => &[],
+        (true, false) => &[B::Alloc { bytes: xb, dtype: xd, op: "bmm" }, B::Grad { input: 0, temp: 0 }],
+        (true, true) => &[
+            B::Alloc { bytes: xb, dtype: xd, op: "bmm" },
+            B::Alloc { bytes: wb, dtype: xd, op: "bmm" },
+            B::Free(1),
+            B::Grad { input: 0, temp: 0 },
+        ],
+    };
+    let y = b.op("bmm", "BmmBackward0", &[x, w], &[out], &[S::In(1)], bw)[0];
+    // The kernel allocates its output, then the two copies (measured in that order).
+    if cpu_copies {
+        let xs = b.shape(x);
+        let xc = b.plain("clone", &[x], xs, dt);
+        let ws = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::H), Dim::Q(Q::V)], Split::Tp);
+        let wc = b.plain("clone", &[w], ws, dt);
+        b.hold(xc);
+        b.hold(wc);
+    }
+    y
 }
 
 // ---------------------------------------------------------------------------------------- Gemma 2
@@ -704,6 +779,34 @@ mod tests {
         assert!(mixed.is_err_and(|e| e.to_string().contains("torchtune")));
         // Its plain (unchunked) cross-entropy is another program: refused, not estimated as this one.
         assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
+    }
+
+    /// `lora_qwen2` builds a RoPE module in every layer's attention, `lora_llama3_1` shares one
+    /// (measured: tests/fixtures/pytorch/frameworks/torchtune-{qwen2,llama3}-lora.json); the full
+    /// fine-tuning builders share one; torchtune's LoRA on Mistral is refused by name.
+    #[test]
+    fn a_lora_qwen2_holds_a_rope_cache_per_layer_and_a_lora_llama_one() {
+        use crate::estimator::config::{Finetune, LoraDtype};
+        let tune = |name: &str, finetune: Finetune| Config {
+            model: name.into(),
+            arch: preset(name).expect("preset").spec,
+            seq: 2048,
+            precision: Precision::Bf16,
+            loss: Loss::Chunked,
+            framework: Framework::Torchtune,
+            finetune,
+            lora_dtype: LoraDtype::Model,
+            ..Config::default()
+        };
+        let (full, lora) = (tune("qwen2.5-7b", Finetune::Full), tune("qwen2.5-7b", Finetune::Lora));
+        let ignore = lora.batch as u128 * 8;
+        let one = super::buffer_bytes(&full).expect("torchtune") - ignore;
+        assert_eq!(super::buffer_bytes(&lora), Some(one * lora.arch.layers as u128 + ignore));
+        let llama = tune("llama-3.1-8b", Finetune::Lora);
+        assert_eq!(super::buffer_bytes(&llama), super::buffer_bytes(&tune("llama-3.1-8b", Finetune::Full)));
+        assert!(estimate(&lora).is_ok() && estimate(&llama).is_ok());
+        let mistral = estimate(&tune("mistral-7b-v0.1", Finetune::Lora));
+        assert!(mistral.is_err_and(|e| e.to_string().contains("lora_qwen2")));
     }
 
     /// Every family torchtune 0.6.1 ships that has a preset (Gemma has none: its records are in

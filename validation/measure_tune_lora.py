@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""torchtune 0.6.1's own LoRA, eager: `LoRALinear` (modules/peft/lora.py) in torchtune's own Llama 3.1 and Qwen2
+(`lora_llama3_1`, `lora_qwen2`: the builders behind `llama3_1/8B_lora_single_device.yaml` and
+`qwen2_5/*_lora_single_device.yaml`), trained as `recipes/lora_finetune_single_device.py` trains it: only the
+adapters trainable (`set_trainable_params(model, get_adapter_params(model))`), `CEWithChunkedOutputLoss(8)`, each
+`TransformerSelfAttentionLayer` checkpointed (`set_activation_checkpointing`) or none.
+
+`LoRALinear.forward` (quantize_base False): `out = F.linear(x, self.weight, self.bias)`,
+`lora_out = self.lora_a(self.dropout(x))`, `lora_out = (self.alpha / self.rank) * self.lora_b(lora_out)`,
+`return out + lora_out`: the adapters are built under the recipe's default dtype (the model's), no casts.
+
+The tiny models are validation/measure_frameworks.py's torchtune Llama 3.1 and Qwen2 (2 layers, hidden 64, 4 heads
+of 16, 2 kv heads, FFN 256, vocab 1000, max_seq_len 128); measure.py's machinery measures each record (saved tensors
+with the graph walk; two tracked steps of AdamW over the adapters, with the self-checks), each in a fresh
+interpreter. Targets: `q,v` (`lora_attn_modules=["q_proj", "v_proj"]`, the 8B single-device YAML's) and `all`
+(q, k, v, output_proj and the MLP: `apply_lora_to_mlp=True`), never the output (`apply_lora_to_output=False`);
+rank 8, alpha 16, dropout 0.0 (one record at 0.05).
+
+Writes tests/fixtures/pytorch/frameworks/torchtune-llama3-lora.json ({configs, records}; the Qwen2 records in
+torchtune-qwen2-lora.json), which tests/framework_fixtures.rs checks.
+
+Usage:  nice validation/.venv/bin/python validation/measure_tune_lora.py [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import measure  # noqa: E402
+import measure_frameworks as F  # noqa: E402
+
+OUT = F.OUT
+TARGETS = {"qv": (["q_proj", "v_proj"], False), "all": (["q_proj", "k_proj", "v_proj", "output_proj"], True)}
+RANK, ALPHA = 8, 16
+
+
+def build(family: str, tdtype, targets: str, lora_dropout: float):
+    """The family's torchtune LoRA builder at measure_frameworks.py's shapes, only the adapters trainable."""
+    F._torchtune_modules()  # the package entered by path, torchao stubbed (no NF4 here), before torchtune.modules.peft
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+    attn, mlp = TARGETS[targets]
+    lora = dict(lora_attn_modules=attn, apply_lora_to_mlp=mlp, apply_lora_to_output=False, lora_rank=RANK,
+                lora_alpha=ALPHA, lora_dropout=lora_dropout)
+    if family == "llama3":
+        base = F.build_torchtune_llama3(64, tdtype)
+        m = F._tune_model(F._torchtune_builder("llama3_1", "lora_llama3_1"), tdtype, vocab_size=F.VOCAB,
+                          num_layers=F.LAYERS, num_heads=F.HEADS, num_kv_heads=F.KV_HEADS, embed_dim=F.DIM,
+                          max_seq_len=F.TUNE_MAX_SEQ, intermediate_dim=256, rope_base=500000, **lora)
+    elif family == "qwen2":
+        base = F.build_torchtune_qwen2(64, tdtype)
+        m = F._tune_model(F._torchtune_builder("qwen2", "lora_qwen2"), tdtype, vocab_size=F.VOCAB,
+                          num_layers=F.LAYERS, num_heads=F.HEADS, num_kv_heads=F.KV_HEADS, embed_dim=F.DIM,
+                          intermediate_dim=256, max_seq_len=F.TUNE_MAX_SEQ, norm_eps=1e-6, rope_base=1_000_000.0,
+                          tie_word_embeddings=True, **lora)
+    else:
+        raise SystemExit(f"family {family}")
+    set_trainable_params(m, get_adapter_params(m))
+    m.set_num_output_chunks(base.loss_fn.num_output_chunks)
+    m.train()
+    base.model = m
+    return base
+
+
+def specs(only):
+    out = []
+    for fam in ("llama3", "qwen2"):
+        for targets in ("qv", "all"):
+            for dtype in ("fp32", "bf16"):
+                for ckpt in (None, "non_reentrant"):
+                    if fam == "qwen2" and dtype == "fp32":
+                        continue
+                    out.append((fam, targets, dtype, ckpt, 0.0))
+    out.append(("llama3", "all", "bf16", None, 0.05))
+    for s in out:
+        key = f"{s[0]}/{s[1]}/{s[2]}/{s[3]}/{s[4]}"
+        if only is None or only in key:
+            yield s, key
+
+
+def child(fam, targets, dtype, ckpt, lora_dropout, out_json):
+    torch.set_num_threads(1)
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    measure.build_model = lambda family, d, a, dr, e: build(fam, tdtype, targets, lora_dropout)
+    name = f"torchtune-{fam}"
+    spec = {"family": name, "batch": 2, "seq": 64, "dtype": dtype, "attn": "sdpa", "checkpoint_mode": ckpt,
+            "dropout": 0.0, "extra": False, "log": bool(os.environ.get("STEP_LOG"))}
+    rec, cfg, _, log = measure.measure(spec)
+    attn, mlp = TARGETS[targets]
+    tag = f"lora-r{RANK}-{targets}" + (f"-dropout{lora_dropout}" if lora_dropout else "")
+    rec["id"] += f"/{tag}"
+    if log is not None:  # STEP_LOG=1: the tracked step's allocations, as measure.py writes them
+        with open(os.path.join(OUT, "steps", measure.step_log_name(rec["id"])), "w") as f:
+            f.write(measure.dump_log(log))
+    rec["framework"] = "torchtune"
+    rec["framework_version"] = "0.6.1"
+    rec["config_key"] = f"{name}/{cfg.get('dtype')}"
+    model = build(fam, tdtype, targets, lora_dropout)
+    rec["lora"] = {"builder": f"lora_{'llama3_1' if fam == 'llama3' else fam}", "lora_attn_modules": attn,
+                   "apply_lora_to_mlp": mlp, "apply_lora_to_output": False, "lora_rank": RANK, "lora_alpha": ALPHA,
+                   "lora_dropout": lora_dropout, "trainable": "get_adapter_params",
+                   "trainable_parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()
+                                                    if p.requires_grad),
+                   "frozen_parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()
+                                                 if not p.requires_grad)}
+    with open(out_json, "w") as f:
+        json.dump({"record": rec, "cfg": dict(cfg, framework="torchtune")}, f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=None, help="substring of family/targets/dtype/checkpoint/dropout")
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        fam, targets, dtype, ckpt, p, out_json = args.child
+        return child(fam, targets, dtype, None if ckpt == "None" else ckpt, float(p), out_json)
+    n_fail = 0
+    for (fam, targets, dtype, ckpt, p), key in specs(args.only):
+        path = os.path.join(args.out, f"torchtune-{fam}-lora.json")
+        doc = json.load(open(path)) if os.path.exists(path) else {
+            "generated_by": "validation/measure_tune_lora.py", "torch": torch.__version__.split("+")[0],
+            "framework": "torchtune", "framework_version": "0.6.1", "family": fam, "device": "cpu",
+            "configs": {}, "records": []}
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rec.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", fam, targets, dtype, str(ckpt), str(p), out]
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if r.returncode != 0 or not os.path.exists(out):
+                print(f"FAILED {key}:\n{r.stdout[-4000:]}", file=sys.stderr, flush=True)
+                n_fail += 1
+                continue
+            got = json.load(open(out))
+        rec = got["record"]
+        doc["configs"][rec["config_key"]] = got["cfg"]
+        doc["records"] = sorted([x for x in doc["records"] if x["id"] != rec["id"]] + [rec], key=lambda x: x["id"])
+        with open(path, "w") as f:
+            f.write(measure.dump(doc))
+        st = rec["step"]
+        print(f"{rec['id']}: saved {rec['saved_bytes']} B; peak {st['measured_peak_bytes']} B ({st['peak_phase']} "
+              f"{st['peak_op']}) checks {st['checks']} {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    sys.exit(1 if n_fail else 0)
+
+
+if __name__ == "__main__":
+    main()
