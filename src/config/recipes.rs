@@ -266,8 +266,8 @@ pub static RECIPES: &[Recipe] = &[
             ("optim", "adamw"),
             ("optim_impl", "fused"),
             ("lora_targets", "q,v,o,gate,up,down"),
+            ("zero", "full_shard"),
             ("attn", "sdpa"),
-            ("framework", "torchtune"),
         ],
     },
     Recipe {

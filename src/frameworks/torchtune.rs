@@ -21,8 +21,16 @@ const DISTRIBUTED: &[&str] = &[
     "data_parallel_replicate_dim",
 ];
 
+/// Model sizes torchtune ships only with its distributed recipes (torchtune 0.6.1
+/// `recipes/configs/llama3_1/70B_*.yaml`, `405B_*.yaml`, `llama3_3/70B_*.yaml`,
+/// `qwen2_5/72B_*.yaml`: `tune run --nproc_per_node 8 …_distributed`), whose configs need not
+/// carry a key only the distributed recipes read (`70B_lora.yaml` has none).
+const DISTRIBUTED_SIZES: &[&str] = &["_70b", "_72b", "_405b"];
+
 pub fn read(root: &Value, st: &mut FileState) {
-    let distributed = DISTRIBUTED.iter().any(|k| root.get(k).is_some());
+    let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
+    let distributed =
+        DISTRIBUTED.iter().any(|k| root.get(k).is_some()) || DISTRIBUTED_SIZES.iter().any(|s| builder.ends_with(s));
     let mut lora_bits: Option<(Vec<&str>, bool)> = None;
     for (key, v) in tree::leaves(root) {
         let out = map(&key, v, root, distributed, &mut lora_bits);
@@ -56,7 +64,6 @@ pub fn read(root: &Value, st: &mut FileState) {
     if root.get("model").is_some() && !st.has("attn") {
         let mut code = vec![("attn", "sdpa".into())];
         let mut why = "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)".to_string();
-        let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
         // The step program follows the single-device recipe (one GPU): a distributed config stays
         // on transformers' code, which shards.
         // A LoRA builder with `quantize_base: True` is QLoRA: transformers' code, as `qlora_…`.
