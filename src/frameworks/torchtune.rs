@@ -29,8 +29,7 @@ const DISTRIBUTED_SIZES: &[&str] = &["_70b", "_72b", "_405b"];
 
 pub fn read(root: &Value, st: &mut FileState) {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
-    let distributed =
-        DISTRIBUTED.iter().any(|k| root.get(k).is_some()) || DISTRIBUTED_SIZES.iter().any(|s| builder.ends_with(s));
+    let distributed = DISTRIBUTED.iter().any(|k| root.get(k).is_some()) || DISTRIBUTED_SIZES.iter().any(|s| builder.ends_with(s));
     let mut lora_bits: Option<(Vec<&str>, bool)> = None;
     for (key, v) in tree::leaves(root) {
         let out = map(&key, v, root, distributed, &mut lora_bits);

@@ -781,23 +781,27 @@ mod tests {
         assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
     }
 
-    /// `lora_qwen2` builds a RoPE module in every layer's attention, `lora_llama3_1` shares one
-    /// (measured: tests/fixtures/pytorch/frameworks/torchtune-{qwen2,llama3}-lora.json); the full
-    /// fine-tuning builders share one; torchtune's LoRA on Mistral is refused by name.
-    #[test]
-    fn a_lora_qwen2_holds_a_rope_cache_per_layer_and_a_lora_llama_one() {
-        use crate::estimator::config::{Finetune, LoraDtype};
-        let tune = |name: &str, finetune: Finetune| Config {
+    /// A preset's model on torchtune's own code as its single-device recipes run it: bf16, 2,048
+    /// tokens, the chunked loss.
+    fn tune_config(name: &str) -> Config {
+        Config {
             model: name.into(),
             arch: preset(name).expect("preset").spec,
             seq: 2048,
             precision: Precision::Bf16,
             loss: Loss::Chunked,
             framework: Framework::Torchtune,
-            finetune,
-            lora_dtype: LoraDtype::Model,
             ..Config::default()
-        };
+        }
+    }
+
+    /// `lora_qwen2` builds a RoPE module in every layer's attention, `lora_llama3_1` shares one
+    /// (measured: tests/fixtures/pytorch/frameworks/torchtune-{qwen2,llama3}-lora.json); the full
+    /// fine-tuning builders share one; torchtune's LoRA on Mistral is refused by name.
+    #[test]
+    fn a_lora_qwen2_holds_a_rope_cache_per_layer_and_a_lora_llama_one() {
+        use crate::estimator::config::{Finetune, LoraDtype};
+        let tune = |name: &str, finetune: Finetune| Config { finetune, lora_dtype: LoraDtype::Model, ..tune_config(name) };
         let (full, lora) = (tune("qwen2.5-7b", Finetune::Full), tune("qwen2.5-7b", Finetune::Lora));
         let ignore = lora.batch as u128 * 8;
         let one = super::buffer_bytes(&full).expect("torchtune") - ignore;
@@ -814,15 +818,7 @@ mod tests {
     /// (not in torchtune 0.6.1) and Qwen3-MoE are refused by name.
     #[test]
     fn torchtune_estimates_each_family_it_ships_and_refuses_qwen3_by_name() {
-        let tune = |name: &str| Config {
-            model: name.into(),
-            arch: preset(name).expect("preset").spec,
-            seq: 2048,
-            precision: Precision::Bf16,
-            loss: Loss::Chunked,
-            framework: Framework::Torchtune,
-            ..Config::default()
-        };
+        let tune = tune_config;
         for name in ["llama-3.2-1b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen2.5-7b", "phi-3-mini-4k-instruct", "llama-2-7b", "gemma-2-9b"]
         {
             assert!(estimate(&tune(name)).is_ok(), "{name}");
