@@ -120,7 +120,7 @@ impl Estimate {
     /// as far as they fit ([`paged_evicted`]).
     pub fn step_deciding(&self) -> Bytes {
         // The pages that do not fit are left out of both figures (`paged_evicted`).
-        self.memory.nvidia_smi.unwrap_or(self.memory.peak - self.memory.paged_evicted)
+        self.memory.nvidia_smi.unwrap_or(self.memory.peak)
     }
     /// bitsandbytes' paged optimizer states (`optim_paged`), in CUDA unified memory.
     pub fn paged_states(&self) -> Bytes {
@@ -409,7 +409,7 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
     e.components.push(row);
     // What the coarse timeline holds beyond the step's stream and the rows outside the
     // allocator (ZeRO-3's gathered layers in flight) is allocated too: it comes on top.
-    let beyond_stream = e.memory.peak.saturating_sub(e.memory.allocated_peak + outside);
+    let beyond_stream = (e.memory.peak + e.memory.paged_evicted).saturating_sub(e.memory.allocated_peak + outside);
     e.memory.reserved_peak = Some(r.reserved_peak.max(reserved));
     e.memory.step_reserved_peak = Some(reserved);
     let paged = e.paged_states();
@@ -423,6 +423,8 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
         ));
     }
     e.memory.nvidia_smi = Some(shown);
+    // The peak in use leaves out what the replay finds evicted, not what the ledger guessed.
+    e.memory.peak = e.memory.peak + e.memory.paged_evicted - (full - shown);
     e.memory.paged_evicted = full - shown;
     let load_reserved = r.load_reserved_peak.max(e.memory.load_allocated_peak);
     e.memory.load_reserved_peak = Some(load_reserved);
@@ -492,7 +494,9 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         paged_evicted: 0,
     };
     let paged: Bytes = components.iter().filter(|r| r.id == RowId::PagedOptimizerStates).map(|r| r.bytes).sum();
-    let memory = Memory { paged_evicted: memory.peak - paged_evicted(memory.peak, paged, capacity(cfg)), ..memory };
+    // The pages the driver evicts are not in use on the GPU at the peak.
+    let evicted = memory.peak - paged_evicted(memory.peak, paged, capacity(cfg));
+    let memory = Memory { paged_evicted: evicted, peak: memory.peak - evicted, ..memory };
     let dp = cfg.dp();
     let layout = Layout {
         gpus: cfg.gpus,
@@ -658,6 +662,8 @@ mod tests {
         assert!(paged.fits());
         assert_eq!(paged.memory.nvidia_smi, Some(paged.capacity));
         assert!(paged.memory.paged_evicted > 0 && paged.memory.paged_evicted < moved);
+        // The peak in use on the card leaves the evicted pages out too.
+        assert!(paged.memory.peak <= paged.capacity, "{} > {}", paged.memory.peak, paged.capacity);
         assert!(paged.warnings.iter().any(|w| w.contains("paged optimizer states do not fit")), "{:?}", paged.warnings);
         // On a CPU (the validation harness) bitsandbytes does not page.
         let cpu = estimate(&Config { optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base }).expect("valid");

@@ -117,9 +117,10 @@ fn figures(e: &Result<Estimate, EstimateError>, cfg: &Config, applied: Option<&A
             bytes(smi),
             format_bytes(smi, unit),
             Some(format!(
-                "{} reserved (simulated) + {} context, cuBLAS, NCCL",
+                "{} reserved (simulated) + {} context, cuBLAS, NCCL{}",
                 format_bytes(res, unit),
-                format_bytes(smi.saturating_sub(res), unit)
+                format_bytes(smi.saturating_sub(res), unit),
+                if e.paged_states() > 0 { ", paged optimizer states" } else { "" }
             )),
         )),
         _ => None,
