@@ -3,7 +3,7 @@
 //! ([`with_reserve`]).
 
 use super::config::{self, Config, Finetune, Offload};
-use super::ledger::{Bytes, Category, Row, RowId, Summary};
+use super::ledger::{bytes_of, Bytes, Category, Row, RowId, Summary};
 use super::model::Part;
 use super::params::{self, local_groups, stages, Role, Stage};
 use super::precision::{recipe, Recipe};
@@ -124,7 +124,7 @@ impl Estimate {
     }
     /// bitsandbytes' paged optimizer states (`optim_paged`), in CUDA unified memory.
     pub fn paged_states(&self) -> Bytes {
-        self.row(RowId::PagedOptimizerStates).map_or(0, |r| r.bytes)
+        bytes_of(&self.components, RowId::PagedOptimizerStates)
     }
     /// Whether the loading, not the step, decides.
     pub fn loading_decides(&self) -> bool {
@@ -318,7 +318,7 @@ fn stage_ledger(
     let ctx = overhead::cuda_context_bytes(cfg);
     let nccl = overhead::nccl_buffer_bytes(cfg);
     let blas = overhead::blas_workspace_bytes(cfg);
-    let paged: Bytes = rows.iter().filter(|r| r.id == RowId::PagedOptimizerStates).map(|r| r.bytes).sum();
+    let paged = bytes_of(&rows, RowId::PagedOptimizerStates);
     let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes) + paged;
 
     // The step, op by op (see `step`): its peak above what is resident, piece by piece.
@@ -493,7 +493,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         load_reserved_peak: None,
         paged_evicted: 0,
     };
-    let paged: Bytes = components.iter().filter(|r| r.id == RowId::PagedOptimizerStates).map(|r| r.bytes).sum();
+    let paged = bytes_of(&components, RowId::PagedOptimizerStates);
     // The pages the driver evicts are not in use on the GPU at the peak.
     let evicted = memory.peak - paged_evicted(memory.peak, paged, capacity(cfg));
     let memory = Memory { paged_evicted: evicted, peak: memory.peak - evicted, ..memory };

@@ -229,6 +229,11 @@ impl Serialize for Row {
     }
 }
 
+/// The bytes of the top-level rows `id` names in `rows` (0 where there is none).
+pub fn bytes_of(rows: &[Row], id: RowId) -> Bytes {
+    rows.iter().filter(|r| r.id == id).map(|r| r.bytes).sum()
+}
+
 /// Per-GPU bytes by category.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Summary {
@@ -285,6 +290,15 @@ mod tests {
         // A sub-row's symbol is its name after the last dot.
         let c = Row::new(RowId::Activation(Part::Norms), "N", Category::Activations, Expr::num(1u8), "");
         assert_eq!(Row::parent(RowId::Activations, "X", Category::Activations, vec![c], "").expr.symbolic(), "M_norms");
+    }
+
+    #[test]
+    fn bytes_of_a_row_id_is_its_rows_bytes_and_zero_without_one() {
+        let rows = vec![
+            Row::new(RowId::Weights, "W", Category::Parameters, Expr::num(10u8), ""),
+            Row::new(RowId::Gradients, "G", Category::Gradients, Expr::num(5u8), ""),
+        ];
+        assert_eq!((bytes_of(&rows, RowId::Gradients), bytes_of(&rows, RowId::OptimizerStates)), (5, 0));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! ([`resident_of`]).
 
 use super::config::{self, Config};
-use super::ledger::{Bytes, Category, Row, RowId};
+use super::ledger::{bytes_of, Bytes, Category, Row, RowId};
 use super::params::{local_groups, Stage};
 use super::precision::recipe;
 use super::validate::{validate, EstimateError};
@@ -18,10 +18,10 @@ pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other
     let sum = |cat: Category| -> Bytes { rows.iter().filter(|r| r.category == cat && !r.id.outside_allocator()).map(|r| r.bytes).sum() };
     let mut optimizer = sum(Category::OptimizerStates);
     if cfg.kernels == config::Kernels::Cpu {
-        optimizer += host.iter().filter(|r| r.id == RowId::OptimizerStepCounters).map(|r| r.bytes).sum::<Bytes>();
+        optimizer += bytes_of(host, RowId::OptimizerStepCounters);
     }
     let buckets: Bytes = rows.iter().filter(|r| matches!(r.id, RowId::DdpBuckets | RowId::ZeroReduceBucket)).map(|r| r.bytes).sum();
-    let grads = if step::model::resident_grads(cfg) { rows.iter().find(|r| r.id == RowId::Gradients).map_or(0, |r| r.bytes) } else { 0 };
+    let grads = if step::model::resident_grads(cfg) { bytes_of(rows, RowId::Gradients) } else { 0 };
     step::model::Resident {
         weights: sum(Category::Parameters),
         optimizer,
