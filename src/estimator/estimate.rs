@@ -157,6 +157,17 @@ pub fn paged_evicted(full: Bytes, paged: Bytes, capacity: Bytes) -> Bytes {
     full.min(capacity.max(full.saturating_sub(paged)))
 }
 
+/// The warning for `evicted` bytes of `paged` bitsandbytes states kept on the host
+/// ([`paged_evicted`]), wherever the figures leave them out: after the allocator's replay, or
+/// on the ledger's own peak where the replay does not run (`frag_pct`).
+fn paged_warning(evicted: Bytes, paged: Bytes) -> String {
+    format!(
+        "{:.2} GB of the {:.2} GB of paged optimizer states do not fit beside the step: the driver keeps them in host memory and pages them in at every step (slower, not an out-of-memory error)",
+        evicted as f64 / 1e9,
+        paged as f64 / 1e9
+    )
+}
+
 fn clamp_i128(b: Bytes) -> i128 {
     i128::try_from(b).unwrap_or(i128::MAX)
 }
@@ -416,11 +427,7 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
     let full = reserved + outside + beyond_stream;
     let shown = paged_evicted(full, paged, e.capacity);
     if shown < full {
-        e.warnings.push(format!(
-            "{:.2} GB of the {:.2} GB of paged optimizer states do not fit beside the step: the driver keeps them in host memory and pages them in at every step (slower, not an out-of-memory error)",
-            (full - shown) as f64 / 1e9,
-            paged as f64 / 1e9
-        ));
+        e.warnings.push(paged_warning(full - shown, paged));
     }
     e.memory.nvidia_smi = Some(shown);
     // The peak in use leaves out what the replay finds evicted, not what the ledger guessed.
@@ -511,6 +518,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         tokens_per_step: cfg.batch as u128 * cfg.seq as u128 * cfg.accum as u128 * dp as u128,
     };
     let mut warnings = Vec::new();
+    // Where the allocator is replayed, `attach_reserve` decides the evicted pages (and warns).
+    if memory.paged_evicted > 0 && !replays_allocator(cfg) {
+        warnings.push(paged_warning(memory.paged_evicted, paged));
+    }
     if cfg.sp && cfg.tp == 1 {
         warnings.push("sequence parallelism has no effect without tensor parallelism (tp = 1)".to_string());
     }
@@ -666,8 +677,17 @@ mod tests {
         assert!(paged.memory.peak <= paged.capacity, "{} > {}", paged.memory.peak, paged.capacity);
         assert!(paged.warnings.iter().any(|w| w.contains("paged optimizer states do not fit")), "{:?}", paged.warnings);
         // On a CPU (the validation harness) bitsandbytes does not page.
-        let cpu = estimate(&Config { optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base }).expect("valid");
+        let cpu = estimate(&Config { optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base.clone() }).expect("valid");
         assert_eq!(cpu.paged_states(), 0);
+        // bitsandbytes' PagedAdamW on a CPU: its states are fp32 (not the bf16 weights' dtype).
+        let adamw = Config { optim: Optimizer::Adamw, optim_paged: true, kernels: crate::estimator::config::Kernels::Cpu, ..base.clone() };
+        let states = estimate(&adamw).expect("valid").row(RowId::OptimizerStates).expect("states row").note.clone();
+        assert!(states.starts_with("bitsandbytes' 32-bit states (fp32); none paged"), "{states}");
+        // A `frag_pct` override skips the allocator's replay: the ledger's own peak leaves the
+        // evicted pages out, and the same warning says so.
+        let guessed = explain(&Config { optim_paged: true, frag_pct: Some(5), ..base }).expect("valid");
+        assert!(guessed.memory.paged_evicted > 0);
+        assert!(guessed.warnings.iter().any(|w| w.contains("paged optimizer states do not fit")), "{:?}", guessed.warnings);
     }
 
     #[test]

@@ -97,7 +97,14 @@ fn fp32_kept_states(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], shards
     if cfg.optim_paged && cfg.optim == Optimizer::Adamw {
         // bitsandbytes' 32-bit optimizer keeps fp32 states whatever the parameters' dtype.
         let fp32 = Recipe { state: super::precision::Dtype::Fp32, ..*recipe };
-        return optimizer::optimizer_state_bytes(cfg.optim, &fp32, groups, shards, layout);
+        let row = optimizer::optimizer_state_bytes(cfg.optim, &fp32, groups, shards, layout);
+        return if layout.paged {
+            row
+        } else {
+            // `kernels = cpu` (bitsandbytes' CPU fallback allocates with `zeros_like`) or
+            // states offloaded to the host: nothing is paged, the states stay fp32.
+            row.note("bitsandbytes' 32-bit states (fp32); none paged here (no unified memory on a CPU, or the states already on the host)")
+        };
     }
     let all = optimizer::optimizer_state_bytes(cfg.optim, recipe, groups, shards, layout);
     let plain = recipe.master.is_none() && recipe.state == recipe.weight && recipe.state.bytes() < FP32_BYTES;
