@@ -138,6 +138,14 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     let yaml = "checkpoint_dir: checkpoints/meta-llama/Meta-Llama-3.1-8B\nprecision: bf16-true\ndevices: 1\ntrain:\n  micro_batch_size: 1\n  max_seq_length: 2048\n";
     assert_eq!(import(&[("full.yaml", yaml)]).expect("imports").config.framework, config::Framework::Litgpt);
     assert_eq!(recipe_of("litgpt/llama-3.1-8b-full.yaml").framework, config::Framework::Hf);
+    // Its QLoRA (`quantize: bnb.nf4`) runs through Lightning's BitsandbytesPrecision: the LM
+    // head 4-bit too, quantized from fp16; `fit` keeps the last micro-batch's logits until the
+    // next forward returns. A bf16 LoRA sets neither.
+    let qlora = "checkpoint_dir: checkpoints/meta-llama/Llama-2-7b-hf\nprecision: bf16-true\nquantize: bnb.nf4\ndevices: 1\nlora_r: 32\n";
+    let c = import(&[("qlora.yaml", qlora)]).expect("imports").config;
+    assert_eq!((c.finetune, c.qlora_double_quant, c.qlora_lightning, c.holds_prev_logits), (config::Finetune::Qlora, false, true, true));
+    let c = import(&[("lora.yaml", &qlora.replace("quantize: bnb.nf4\n", ""))]).expect("imports").config;
+    assert_eq!((c.finetune, c.qlora_lightning, c.holds_prev_logits), (config::Finetune::Lora, false, false));
     // A torchtitan job in fp32 without checkpointing, compiled, with rowwise float8 and the step
     // in backward.
     let toml = "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[training]\nmixed_precision_param = \"float32\"\n[optimizer]\nearly_step_in_backward = true\n[activation_checkpoint]\nmode = \"none\"\n[compile]\nenable = true\n[quantize.linear.float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\"]\n";

@@ -813,6 +813,18 @@ pub static KEYS: &[Key] = &[
         "bitsandbytes before 0.43.2: each 4-bit linear keeps its input for backward (MatMul4Bit, fixed by bitsandbytes#1270)",
         |c| c.bnb_keeps_input
     ),
+    bool_key!(
+        "qlora_lightning",
+        Training,
+        "QLoRA through Lightning's BitsandbytesPrecision (litgpt quantize: bnb.nf4): the LM head 4-bit too, weights quantized from fp16 (each dequantization fp16, then copied to bf16)",
+        |c| c.qlora_lightning
+    ),
+    bool_key!(
+        "holds_prev_logits",
+        Training,
+        "the loop keeps the last micro-batch's logits (and, with bnb_keeps_input, its 4-bit linears' inputs) until the next forward returns (litgpt's fit)",
+        |c| c.holds_prev_logits
+    ),
     enum_key!(
         "load",
         Training,

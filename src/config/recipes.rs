@@ -465,6 +465,8 @@ pub static RECIPES: &[Recipe] = &[
             ("qlora_double_quant", "false"),
             ("optim", "adamw"),
             ("optim_paged", "true"),
+            ("qlora_lightning", "true"),
+            ("holds_prev_logits", "true"),
             ("accum", "4"),
             ("seq", "512"),
             ("batch", "2"),

@@ -556,6 +556,22 @@ pub struct Config {
     /// activation") keeps `(None, B)`. litgpt pinned 0.42.0 until 2024-12.
     #[serde(default)]
     pub bnb_keeps_input: bool,
+    /// QLoRA through Lightning Fabric's `BitsandbytesPrecision` (litgpt's `quantize:
+    /// bnb.nf4…`; lightning 2.3.0.dev20240428 `fabric/plugins/precision/bitsandbytes.py`):
+    /// `module_init_context` replaces `torch.nn.Linear` by `_NF4Linear` for everything made
+    /// under `init_module`, so an untied LM head is 4-bit too, and `_Linear4bit.quantize`
+    /// quantizes `weight.to(torch.half)`, so the quant state's dtype is fp16 and each
+    /// `dequantize_4bit` writes fp16 that `MatMul4Bit` then copies to the compute dtype.
+    #[serde(default)]
+    pub qlora_lightning: bool,
+    /// The training loop keeps the last micro-batch's output until the next forward returns
+    /// (litgpt `finetune/lora.py` `fit`: `logits = model(input_ids, lm_head_chunk_size=128)`
+    /// rebinds the name only then): its fp32 logits, and under `bnb_keeps_input` the 4-bit
+    /// linears' inputs its autograd graph still holds (`MatMul4Bit`'s `ctx.tensors`, an
+    /// attribute autograd does not release after backward), stay allocated through the next
+    /// forward.
+    #[serde(default)]
+    pub holds_prev_logits: bool,
     /// Host RAM per node, GiB: what pinned host memory (offloaded activations) is checked
     /// against.
     #[serde(default = "default_host_ram_gib")]
@@ -644,6 +660,8 @@ impl Default for Config {
             optim_paged: false,
             qlora_double_quant: true,
             bnb_keeps_input: false,
+            qlora_lightning: false,
+            holds_prev_logits: false,
             host_ram_gib: DEFAULT_HOST_RAM_GIB,
         }
     }

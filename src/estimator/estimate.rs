@@ -721,4 +721,95 @@ mod tests {
             estimate(&lora).expect("valid").memory.activations
         );
     }
+
+    /// Llama 2 7B QLoRA on q and v, b1 s1024, bf16, bitsandbytes 0.42.0 as litgpt of
+    /// 2024-07-24 runs it (no double quantization, inputs kept).
+    fn litgpt_qlora() -> Config {
+        use crate::estimator::config::LoraTargets;
+        Config {
+            model: "llama-2-7b".into(),
+            arch: crate::estimator::presets::preset("llama-2-7b").expect("preset").spec,
+            finetune: Finetune::Qlora,
+            lora_targets: LoraTargets(LoraTargets::Q | LoraTargets::V),
+            precision: Precision::Bf16,
+            batch: 1,
+            seq: 1024,
+            qlora_double_quant: false,
+            bnb_keeps_input: true,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn under_lightnings_bitsandbytes_plugin_the_lm_head_is_stored_in_nf4_too() {
+        // The head [32,000, 4,096] = 131,072,000 weights: 262,144,000 B in bf16 leave the
+        // frozen row; NF4 without double quantization adds 131,072,000 / 2 = 65,536,000 B of
+        // codes, 4 × 131,072,000 / 64 = 8,192,000 B of fp32 absmax and its 64-byte code table.
+        let plain = estimate(&litgpt_qlora()).expect("valid");
+        let lightning = estimate(&Config { qlora_lightning: true, ..litgpt_qlora() }).expect("valid");
+        let row = |e: &Estimate, id| bytes_of(&e.components, id) as i128;
+        assert_eq!(row(&lightning, RowId::FrozenWeights) - row(&plain, RowId::FrozenWeights), -262_144_000);
+        assert_eq!(row(&lightning, RowId::QuantizedWeights) - row(&plain, RowId::QuantizedWeights), 65_536_000 + 8_192_000 + 64);
+    }
+
+    #[test]
+    fn under_lightnings_plugin_each_dequantization_is_fp16_then_copied_to_bf16() {
+        // Lightning quantizes `weight.to(torch.half)`: bitsandbytes 0.42.0's
+        // `dequantize_4bit(B, state).to(A.dtype)` writes the head's 131,072,000 weights in fp16
+        // (262,144,000 B), then a bf16 copy of the same size, in forward and in backward.
+        let s = crate::estimator::step_stream::step_stream(&Config { qlora_lightning: true, ..litgpt_qlora() }).expect("valid");
+        let head = |op: &str, dtype| {
+            s.events
+                .iter()
+                .filter(|e| e.module == "lm_head" && e.op == op && e.dtype == dtype && e.kind == crate::estimator::step::EventKind::Alloc)
+                .map(|e| e.bytes)
+                .collect::<Vec<_>>()
+        };
+        use crate::estimator::step::ir::DType;
+        assert_eq!(head("dequantize_4bit", DType::Fp16), vec![262_144_000, 262_144_000]);
+        assert_eq!(head("_to_copy", DType::Bf16), vec![262_144_000, 262_144_000]);
+        // Without the plugin the head stays a bf16 nn.Linear: nothing dequantized there.
+        let plain = crate::estimator::step_stream::step_stream(&litgpt_qlora()).expect("valid");
+        assert!(!plain.events.iter().any(|e| e.module == "lm_head" && e.op == "dequantize_4bit"));
+    }
+
+    #[test]
+    fn litgpts_loop_holds_the_previous_micro_batchs_kept_inputs_and_fp32_logits_through_the_next_forward() {
+        // Per token: each of 32 layers keeps q/k/v's input (4,096), o's (4,096), gate/up's
+        // (4,096) and down's (11,008); the 4-bit head its input (4,096): 32 × 23,296 + 4,096 =
+        // 749,568 bf16 elements, × 1,024 tokens × 2 B = 1,535,115,264 B; the fp32 logits
+        // 1,024 × 32,000 × 4 = 131,072,000 B.
+        let cfg = Config { qlora_lightning: true, holds_prev_logits: true, ..litgpt_qlora() };
+        let groups = local_groups(&cfg, Stage::Whole);
+        assert_eq!(crate::estimator::step::model::kept_4bit_input_widths(&groups), 749_568);
+        let s = crate::estimator::step_stream::step_stream(&cfg).expect("valid");
+        let idx = |op: &str, kind| s.events.iter().position(|e| e.op == op && e.kind == kind);
+        use crate::estimator::step::EventKind::{Alloc, Free};
+        let bytes = |op: &str| s.events.iter().find(|e| e.op == op && e.kind == Alloc).map(|e| e.bytes);
+        assert_eq!(bytes("previous MatMul4Bit inputs"), Some(1_535_115_264));
+        assert_eq!(bytes("previous logits (fp32)"), Some(131_072_000));
+        // Both go once this micro-batch's fp32 logits exist, before the loss's log-softmax.
+        let lsm = idx("_log_softmax", Alloc).expect("the loss");
+        for op in ["previous MatMul4Bit inputs", "previous logits (fp32)"] {
+            let (a, f) = (
+                idx(op, Alloc).expect("allocated"),
+                s.events.iter().position(|e| e.kind == Free && e.id == s.events[idx(op, Alloc).unwrap_or(0)].id),
+            );
+            assert!(f.is_some_and(|f| a < f && f < lsm), "{op}: {a} {f:?} {lsm}");
+        }
+        // Held at the head, they set the run's peak: above the step without them by at least
+        // the kept inputs less what the loss and the head's backward add over the forward's end.
+        let without = estimate(&Config { holds_prev_logits: false, ..cfg.clone() }).expect("valid");
+        let with = estimate(&cfg).expect("valid");
+        assert!(
+            with.memory.allocated_peak > without.memory.allocated_peak + 1_000_000_000,
+            "{} vs {}",
+            with.memory.allocated_peak,
+            without.memory.allocated_peak
+        );
+        // Without kept inputs (bitsandbytes 0.43.2 on) only the fp32 logits stay.
+        let fixed = crate::estimator::step_stream::step_stream(&Config { bnb_keeps_input: false, ..cfg }).expect("valid");
+        assert!(!fixed.events.iter().any(|e| e.op == "previous MatMul4Bit inputs"));
+        assert!(fixed.events.iter().any(|e| e.op == "previous logits (fp32)" && e.bytes == 131_072_000));
+    }
 }

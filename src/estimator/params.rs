@@ -188,10 +188,20 @@ pub fn local_groups(cfg: &Config, stage: Stage) -> Vec<LocalGroup> {
                 let role = if ft == Finetune::Qlora { Role::Quantized } else { Role::Frozen };
                 push(&mut out, g, role, false);
             }
+            // Lightning's `BitsandbytesPrecision` makes every `nn.Linear` built under
+            // `init_module` an `_NF4Linear`: litgpt's untied `lm_head` is 4-bit too.
+            (Finetune::Qlora, None) if lightning_head(cfg, &g) => push(&mut out, g, Role::Quantized, false),
             (_, None) => push(&mut out, g, Role::Frozen, false),
         }
     }
     out
+}
+
+/// Whether `g` is an LM head that Lightning's bitsandbytes plugin quantizes (`qlora_lightning`
+/// with an NF4 base; lightning 2.3.0.dev20240428 `fabric/plugins/precision/bitsandbytes.py`
+/// `module_init_context`: `_ClassReplacementContextManager({"torch.nn.Linear": _NF4Linear})`).
+pub fn lightning_head(cfg: &Config, g: &TensorGroup) -> bool {
+    cfg.qlora_lightning && cfg.qlora_quant == crate::estimator::config::QloraQuant::Nf4 && g.part == Part::LmHead
 }
 
 /// Elements of the groups that satisfy `pred`.

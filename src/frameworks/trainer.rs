@@ -610,18 +610,27 @@ pub fn read_litgpt(root: &Value, st: &mut FileState) {
                 // litgpt 0.5.13 `finetune/lora.py`: a bitsandbytes precision plugin makes the
                 // optimizer `bnb.optim.PagedAdamW` (`utils.py` `instantiate_bnb_optimizer`, AdamW only).
                 // Lightning's `BitsandbytesPrecision`: `nf4` quantizes without double quantization
-                // (`_NF4Linear`: `compress_statistics=False`), `nf4-dq` with it.
+                // (`_NF4Linear`: `compress_statistics=False`), `nf4-dq` with it; every
+                // `nn.Linear` made under `init_module`, the LM head too, quantized from fp16
+                // (`qlora_lightning`). `fit` keeps the last micro-batch's `logits` (and the
+                // graph behind them) until the next forward returns (`holds_prev_logits`).
                 Some(q @ ("bnb.nf4" | "bnb.nf4-dq")) if lora => Out::set(vec![
                     ("finetune", "qlora".into()),
                     ("qlora_double_quant", (q == "bnb.nf4-dq").to_string()),
                     ("optim", "adamw".into()),
                     ("optim_paged", "true".into()),
+                    ("qlora_lightning", "true".into()),
+                    ("holds_prev_logits", "true".into()),
                 ])
-                .note("the optimizer becomes bitsandbytes' PagedAdamW (instantiate_bnb_optimizer)"),
-                Some("bnb.fp4" | "bnb.fp4-dq") if lora => {
-                    Out::set(vec![("finetune", "qlora".into()), ("optim", "adamw".into()), ("optim_paged", "true".into())])
-                        .approx("FP4 base: estimated as NF4 (the same 4 bits per weight); the optimizer becomes bitsandbytes' PagedAdamW")
-                }
+                .note("the optimizer becomes bitsandbytes' PagedAdamW (instantiate_bnb_optimizer); the LM head is 4-bit too (Lightning's plugin)"),
+                Some("bnb.fp4" | "bnb.fp4-dq") if lora => Out::set(vec![
+                    ("finetune", "qlora".into()),
+                    ("optim", "adamw".into()),
+                    ("optim_paged", "true".into()),
+                    ("qlora_lightning", "true".into()),
+                    ("holds_prev_logits", "true".into()),
+                ])
+                .approx("FP4 base: estimated as NF4 (the same 4 bits per weight); the optimizer becomes bitsandbytes' PagedAdamW"),
                 None if v.is_null() => Out::ignored("no quantization"),
                 _ => Out::unmodelled("this quantized base is not modelled; estimated with a bf16 base"),
             },

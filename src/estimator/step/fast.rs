@@ -889,6 +889,40 @@ mod tests {
     /// Under activation offloading the stage runs whole ([`whole`]); its coarse segments must
     /// keep the optimizer step's peak, which is the step's peak once the activations are on the
     /// host (fp32 MoE models: for-loop AdamW's `sqrt` and `div` of the largest expert weight).
+    /// litgpt's QLoRA under Lightning's plugin: the 4-bit LM head and the previous micro-batch's
+    /// held tensors (allocated at the head, freed at the fp32 logits) live in the epilogue piece.
+    #[test]
+    fn the_piecewise_peak_equals_the_materialized_streams_maximum_for_litgpts_qlora_holding_the_last_micro_batch() {
+        use crate::estimator::config::{Finetune, LoraTargets};
+        let mut n = 0;
+        for id in ["llama-2-7b", "mistral-7b-v0.1", "phi-3-mini-4k-instruct", "llama-3.1-8b"] {
+            let p = presets().into_iter().find(|p| p.id == id).expect("preset");
+            let mut arch = p.spec.clone();
+            arch.layers = 3;
+            arch.vocab = arch.vocab.min(4096);
+            for (keeps, held) in [(true, true), (false, true), (true, false)] {
+                let cfg = Config {
+                    model: "custom".into(),
+                    arch: arch.clone(),
+                    seq: 128,
+                    batch: 2,
+                    precision: Precision::Bf16,
+                    finetune: Finetune::Qlora,
+                    lora_targets: LoraTargets(LoraTargets::Q | LoraTargets::V),
+                    qlora_double_quant: false,
+                    bnb_keeps_input: keeps,
+                    qlora_lightning: true,
+                    holds_prev_logits: held,
+                    ..Config::default()
+                };
+                let (m, f) = numbers_only(|| (materialized(&cfg, Stage::Whole), fast(&cfg, Stage::Whole)));
+                assert_eq!(m, f, "{id} keeps_input={keeps} holds_prev_logits={held}");
+                n += 1;
+            }
+        }
+        assert_eq!(n, 12);
+    }
+
     #[test]
     fn under_activation_offloading_the_piecewise_peak_keeps_the_optimizer_steps_peak() {
         let mut n = 0;

@@ -1348,4 +1348,7 @@ pub struct Quant4 {
     pub double_quant: bool,
     /// bitsandbytes before 0.43.2 keeps each linear's input for backward (`bnb_keeps_input`).
     pub keeps_input: bool,
+    /// The quant state's dtype is fp16 (Lightning's `_Linear4bit.quantize`, `qlora_lightning`):
+    /// each dequantization writes fp16, then `.to(A.dtype)` copies it to bf16.
+    pub fp16_state: bool,
 }

@@ -422,6 +422,11 @@ impl<'a> Builder<'a> {
     /// the backward dequantizes again and makes grad_input only. Before 0.43.2 (`keeps_input`,
     /// bitsandbytes 0.42.0 `autograd/_functions.py` `MatMul4Bit.forward`: `ctx.tensors = (A, B)`
     /// when `any(ctx.needs_input_grad[:2])`) the compute-dtype input is kept too, unread.
+    /// Under Lightning's plugin (`fp16_state`, `qlora_lightning`) the quant state is fp16
+    /// (`_Linear4bit.quantize`: `weight.contiguous().to(device, dtype=torch.half)`), so
+    /// bitsandbytes 0.42.0's `F.dequantize_4bit(B, quant_state).to(A.dtype)` writes the
+    /// weight in fp16 (2·n B) and copies it to bf16 (2·n B) before the fp16 one goes: 4·n B at
+    /// once, in forward and again in backward.
     pub fn linear4bit(&mut self, x: Tid, w: Tid, bias: Option<Tid>, shape: Shape, q: Quant4) -> Tid {
         let in_dt = self.t(x).dt;
         let xin = self.to_copy(x, Dt::Bf16);
@@ -433,7 +438,12 @@ impl<'a> Builder<'a> {
         } else {
             None
         };
-        let wd = self.plain("dequantize_4bit", &[w], flat(n_w), Dt::Bf16);
+        let wd = if q.fp16_state {
+            let w16 = self.plain("dequantize_4bit", &[w], flat(n_w), Dt::F16);
+            self.plain("_to_copy", &[w16], flat(n_w), Dt::Bf16)
+        } else {
+            self.plain("dequantize_4bit", &[w], flat(n_w), Dt::Bf16)
+        };
         let b16 = bias.map(|b| self.to_copy(b, Dt::Bf16));
         let mut ins = vec![xin, w, wd];
         ins.extend(absmax);
@@ -443,7 +453,14 @@ impl<'a> Builder<'a> {
         let mut s = Script::new();
         if rx {
             let ab = q.double_quant.then(|| s.alloc(4 * nb, DType::Fp32, "dequantize_blockwise"));
-            let wd = s.alloc(2 * n_w, DType::Bf16, "dequantize_4bit");
+            let wd = if q.fp16_state {
+                let w16 = s.alloc(2 * n_w, DType::Fp16, "dequantize_4bit");
+                let wd = s.alloc(2 * n_w, DType::Bf16, "_to_copy");
+                s.free(Some(w16));
+                wd
+            } else {
+                s.alloc(2 * n_w, DType::Bf16, "dequantize_4bit")
+            };
             s.free(ab);
             let gi = s.alloc(self.bytes(xin), DType::Bf16, "mm");
             s.free(Some(wd));
@@ -626,6 +643,7 @@ pub fn of(cfg: &Config) -> LowBit {
         kind: cfg.qlora_quant,
         double_quant: cfg.qlora_double_quant,
         keeps_input: cfg.bnb_keeps_input,
+        fp16_state: cfg.qlora_lightning && cfg.qlora_quant == QloraQuant::Nf4,
     });
     LowBit { fp8, quant }
 }

@@ -584,11 +584,19 @@ impl<'a> Setup<'a> {
         }
         // litgpt's `GPT` returns the logits; Fabric converts them to fp32 and `finetune/full.py`
         // runs `chunked_cross_entropy` on them.
+        let prev = self.previous_micro_batch(b);
         if self.cfg.framework == crate::estimator::config::Framework::Litgpt {
-            families::litgpt::head_and_loss(b, xn, w, bias, vocab, spec.softcap);
+            families::litgpt::head_and_loss(b, xn, w, bias, vocab, spec.softcap, prev);
             return;
         }
-        let logits = families::common::head_logits(b, xn, w, bias, vocab);
+        let logits = match (w, self.head_quant(b)) {
+            (Some(w), Some(q)) => {
+                let l = b.linear4bit(xn, w, bias, vocab, q);
+                families::common::head_done(b);
+                l
+            }
+            _ => families::common::head_logits(b, xn, w, bias, vocab),
+        };
         let logits = if spec.softcap { families::gemma::softcap_logits(b, logits) } else { logits };
         let logits = families::modeling_for(self.cfg.framework, spec.family).logits(b, logits);
         if spec.softcap && self.compiled_layers() {
@@ -600,6 +608,10 @@ impl<'a> Setup<'a> {
         b.p.loss_fn_from = b.next_op();
         let loss_first = b.p.loss_fn_from;
         let lf = b.to_copy(logits, Dt::F32);
+        // The loop's name for the previous output is rebound now: its graph goes.
+        for t in prev.into_iter().flatten().flatten() {
+            b.hold(t);
+        }
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
         let pad = b.plain("constant_pad_nd", &[labels], Shape::new(&[Dim::Q(Q::B), Dim::Plus1(Q::S)], Split::None), Dt::I64);
         let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
@@ -629,6 +641,44 @@ impl<'a> Setup<'a> {
             b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8);
             b.compile_region(loss_first, end, &[r[0]]);
         }
+    }
+
+    /// The LM head's 4-bit base, when Lightning's plugin quantized it (`qlora_lightning`,
+    /// [`crate::estimator::params::lightning_head`]).
+    fn head_quant(&self, b: &Builder) -> Option<super::ir::Quant4> {
+        let quantized = self.groups.iter().any(|g| g.role == Role::Quantized && g.group.part == crate::estimator::model::Part::LmHead);
+        b.lowbit.quant.filter(|_| quantized)
+    }
+
+    /// What the previous micro-batch still holds while this one's forward runs
+    /// (`holds_prev_logits`): litgpt's `fit` (`finetune/lora.py`, litgpt fd71063 of
+    /// 2024-07-24) binds the model's output to `logits` and rebinds it only when the next
+    /// `model(...)` returns, so the previous output and its autograd graph live through the
+    /// next forward. Of that graph only what autograd does not release after backward stays:
+    /// bitsandbytes 0.42.0's `MatMul4Bit.forward` keeps `ctx.tensors = (A, B)` as a plain
+    /// attribute (not `save_for_backward`), so with `bnb_keeps_input` every 4-bit linear's
+    /// bf16 input stays — one per distinct input a decoder layer feeds its 4-bit linears
+    /// (q/k/v's, o's, gate/up's, down's: the input widths h, a·d, h, f for a Llama layer) and
+    /// the LM head's (h) when it is 4-bit. Returns the previous fp32 logits `[b, s, V]`
+    /// (Fabric's `convert_output`) and the kept inputs `[b, s, Σ widths]` in bf16, allocated
+    /// here (at the LM head: the forward's activations only grow until there) and freed when
+    /// this micro-batch's fp32 logits exist.
+    ///
+    /// Toy: 2 layers of h = 8, a·d = 8, f = 16, an untied 4-bit head, b·s = 4: kept
+    /// 4 · (2 · (8 + 8 + 8 + 16) + 8) · 2 = 704 B; with V = 32 the logits 4 · 32 · 4 = 512 B.
+    fn previous_micro_batch(&self, b: &mut Builder) -> Option<[Option<Tid>; 2]> {
+        if !self.cfg.holds_prev_logits {
+            return None;
+        }
+        let part = b.part;
+        b.part = Part::Loss;
+        let logits = b.plain("previous logits (fp32)", &[], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::V)], Split::Tp), Dt::F32);
+        let widths = if self.cfg.bnb_keeps_input { kept_4bit_input_widths(&self.groups) } else { 0 };
+        let kept = (widths > 0).then(|| {
+            b.plain("previous MatMul4Bit inputs", &[], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::W(widths)], Split::None), Dt::Bf16)
+        });
+        b.part = part;
+        Some([Some(logits), kept])
     }
 
     /// FSDP2's `[norm, output]` unit (`overhead::head_unit`, torchtitan), whose ops start at
@@ -1067,6 +1117,37 @@ pub fn resident_grads(cfg: &Config) -> bool {
 /// Which trainable parameter tensors a program has (for tests).
 pub fn trainable(prog: &Program) -> usize {
     prog.tensors.iter().filter(|t| matches!(t.origin, Origin::Param { grad_bytes } if grad_bytes > 0)).count()
+}
+
+/// Per token, the elements of the distinct inputs of the 4-bit linears in `groups` (what
+/// bitsandbytes before 0.43.2 keeps, [`Setup::previous_micro_batch`]): a decoder layer's
+/// q/k/v (or fused qkv) share one input, gate/up (or fused gate_up) another, o and down each
+/// their own, each of its linear's input width; summed over the layers that have them, plus
+/// the LM head's input width when it is 4-bit. Stacked experts are left out.
+///
+/// Toy: 2 layers with q, k, v, o of `[8, 8]`, gate, up `[16, 8]`, down `[8, 16]` and a 4-bit
+/// head `[32, 8]`: 2 · (8 + 8 + 8 + 16) + 8 = 88.
+pub fn kept_4bit_input_widths(groups: &[LocalGroup]) -> u64 {
+    use crate::estimator::model::Linear;
+    let mut class = [0u64; 4];
+    let mut head = 0u64;
+    for g in groups.iter().filter(|g| g.role == Role::Quantized && !g.expert && g.group.shape.len() == 2) {
+        let width = g.group.shape[1];
+        let Some(lin) = g.group.linear else {
+            if g.group.part == crate::estimator::model::Part::LmHead {
+                head = head.max(width);
+            }
+            continue;
+        };
+        let i = match lin {
+            Linear::Q | Linear::K | Linear::V | Linear::Qkv => 0,
+            Linear::O => 1,
+            Linear::Gate | Linear::Up | Linear::GateUp => 2,
+            Linear::Down => 3,
+        };
+        class[i] = class[i].max(g.group.count * width);
+    }
+    class.iter().sum::<u64>() + head
 }
 
 /// Role check helper for the groups (frozen or trainable).

@@ -1147,10 +1147,15 @@ pub fn head_logits(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, 
         Some(w) => b.linear(xn, w, bias, vocab),
         None => b.plain("mm", &[xn], vocab, Dt::Model),
     };
+    head_done(b);
+    logits
+}
+
+/// After the LM head's op: the loss's ops start here.
+pub fn head_done(b: &mut Builder) {
     b.p.loss_from = b.next_op();
     b.module = "(root)";
     b.part = Part::Loss;
-    logits
 }
 
 /// `_scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)`, the kernel SDPA runs

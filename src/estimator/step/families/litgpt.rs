@@ -589,7 +589,17 @@ pub fn loss_chunks(rows: u64) -> (u64, u64, u64) {
 /// For b > 1 the shifted slice is not contiguous: `reshape` copies the logits and the targets.
 /// The caller's fp32 logits live through the loss (full.py's `logits` name, see
 /// docs/frameworks.md for what outlives it).
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, softcap: bool) {
+/// `prev`: what the previous micro-batch holds until this forward returns
+/// (`holds_prev_logits`), freed once the fp32 logits exist.
+pub fn head_and_loss(
+    b: &mut Builder,
+    xn: Tid,
+    w: Option<Tid>,
+    bias: Option<Tid>,
+    vocab: Shape,
+    softcap: bool,
+    prev: Option<[Option<Tid>; 2]>,
+) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
     // `GPT.forward`'s `clamp_head`: `do_softcapping(logits, final_logit_softcapping)` (Gemma 2).
     let logits = if softcap { super::gemma::softcap_logits(b, logits) } else { logits };
@@ -597,6 +607,9 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     let autocast = b.autocast;
     b.autocast = false;
     let lf = b.to_copy(logits, Dt::F32);
+    for t in prev.into_iter().flatten().flatten() {
+        b.hold(t);
+    }
     let (batch, s) = (b.c.n(Q::B), b.c.n(Q::S));
     let rows = batch * s.saturating_sub(1);
     let (c, n, last) = loss_chunks(rows);
