@@ -246,7 +246,31 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
     if !(cfg.host_ram_gib.is_finite() && cfg.host_ram_gib > 0.0) {
         return Err(invalid("host_ram_gib", "must be a positive number of GiB"));
     }
+    lightning_refusal(cfg)?;
     not_modelled_yet(cfg)
+}
+
+/// litgpt's stack (`qlora_lightning`, `holds_prev_logits`) is built into the head and loss of
+/// transformers' and litgpt's code with their plain cross-entropy: elsewhere the keys would
+/// change nothing, so they are refused by name rather than silently ignored.
+fn lightning_refusal(cfg: &Config) -> Result<(), EstimateError> {
+    use super::config::{Finetune, Framework, Loss, QloraQuant};
+    let elsewhere = cfg.loss == Loss::Chunked || matches!(cfg.framework, Framework::Torchtune | Framework::Torchtitan);
+    if cfg.qlora_lightning && !(cfg.finetune == Finetune::Qlora && cfg.qlora_quant == QloraQuant::Nf4) {
+        return Err(invalid(
+            "qlora_lightning",
+            "Lightning's bitsandbytes plugin quantizes an NF4 base: set finetune = qlora, qlora_quant = nf4",
+        ));
+    }
+    for (on, key) in [(cfg.qlora_lightning, "qlora_lightning"), (cfg.holds_prev_logits, "holds_prev_logits")] {
+        if on && elsewhere {
+            return Err(invalid(
+                key,
+                "litgpt's loop and Lightning's 4-bit head are modelled with litgpt's or transformers' code and their plain cross-entropy (framework = litgpt or hf, loss = standard) only: not modelled yet here",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Issue 26's recipes whose keys exist but whose transformation of the step is not modelled
@@ -859,5 +883,25 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
 impl Config {
     fn heads_per_tp_invalid(&self) -> bool {
         self.tp > 1 && !self.arch.heads.is_multiple_of(self.tp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::config::{Finetune, Loss};
+
+    #[test]
+    fn litgpts_stack_keys_are_refused_by_name_where_they_would_change_nothing() {
+        let qlora = Config { finetune: Finetune::Qlora, qlora_lightning: true, holds_prev_logits: true, ..Config::default() };
+        assert!(validate(&qlora).is_ok(), "{:?}", validate(&qlora));
+        // No 4-bit base for Lightning's plugin to quantize.
+        let full = Config { finetune: Finetune::Full, holds_prev_logits: false, ..qlora.clone() };
+        assert_eq!(validate(&full).map_err(|e| e.key()), Err("qlora_lightning"));
+        // torchtune's chunked loss has no litgpt loop around it.
+        let chunked = Config { qlora_lightning: false, loss: Loss::Chunked, ..qlora.clone() };
+        assert_eq!(validate(&chunked).map_err(|e| e.key()), Err("holds_prev_logits"));
+        let chunked = Config { holds_prev_logits: false, loss: Loss::Chunked, ..qlora };
+        assert_eq!(validate(&chunked).map_err(|e| e.key()), Err("qlora_lightning"));
     }
 }
