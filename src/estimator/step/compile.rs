@@ -41,9 +41,11 @@
 //! further, three for log-softmax) plus its row max and sum where those are banned as
 //! reductions (more than 4 columns) — a router's fp32 probabilities feeding `topk` and
 //! GPT-OSS's softmax over the top-k are kept, a bf16 router's matmul output is kept instead,
-//! a loss's log-softmax is recomputed from the logits. Equal-sized cuts (rsqrt vs the mean it
-//! comes from) give the same bytes, so the ledger does not depend on the min-cut's tie-break
-//! there. In backward, Inductor's code frees each saved tensor after its last use: a kept
+//! a loss's log-softmax is recomputed from the logits. At equal bytes the min-cut keeps the
+//! value nearer the backward (`1.1^dist_from_bw`): a norm's `rsqrt`, not the mean it comes from
+//! (what a checkpointed layer's re-run writes either way: [`Builder::of_reduction`]);
+//! qwen2_moe's bf16 gathered routing weights, not the bf16 cast (nor the fp32 top-k values) they
+//! are gathered from. In backward, Inductor's code frees each saved tensor after its last use: a kept
 //! storage is released by the backward of the op that reads it last ([`Compiled`]).
 
 use super::ir::{Builder, Compiled, DType, Dt, Op, Origin, Save, Tid, B};
@@ -488,7 +490,12 @@ impl<'a> Builder<'a> {
                 && x.bytes < inputs;
             // A pointwise value whose recomputation needs more bytes saved than itself: the
             // min-cut cuts at the value (peft's `base + lora_B(…) * scaling`, two matmul outputs
-            // for one sum; its bf16 cast back, three halves for one).
+            // for one sum; its bf16 cast back, three halves for one). The value the backward
+            // reads is one node from it (`dist_from_bw` 1), its inputs at least two: at equal
+            // bytes the value is kept — a norm's `rsqrt`, not the mean it comes from; qwen2_moe's
+            // bf16 gathered routing weights `w[perm]` (`index` of the bf16 cast of the fp32 top-k
+            // values, which nothing else in backward reads), not the cast (measured:
+            // `qwen2_moe.json`'s bf16 compile record, 512 B less than keeping the fp32 values).
             let dearer = !relayout
                 && !not_recomputable(op.name)
                 && !mat[base as usize]
@@ -498,8 +505,8 @@ impl<'a> Builder<'a> {
                 && self.recompute_cost(
                     at,
                     &Cut { producer: &producer, fate: &fate, needed: &needed_base, mat: &mat, fwd_mat: &fwd_mat },
-                    1,
-                ) > save_weight(x.bytes, 0, fwd_mat[base as usize]);
+                    2,
+                ) > save_weight(x.bytes, 1, fwd_mat[base as usize]);
             if !relayout && (not_recomputable(op.name) || mat[base as usize] || reduction || keep_output || from_state || dearer) {
                 save(&mut fate, &mut kept); // (B), (M), (R), (S)
                 continue;
@@ -574,7 +581,7 @@ impl<'a> Builder<'a> {
                 // recomputed inside the kernels that read it, from the matmul outputs it adds).
                 let written = |s: &Save| {
                     let at = d.producer[s.t as usize];
-                    !fusible(self.p.ops[at as usize].name) || self.is_reduction(s.t, at)
+                    !fusible(self.p.ops[at as usize].name) || self.is_reduction(s.t, at) || self.of_reduction(s.t, &d.producer)
                 };
                 d.kept
                     .iter()
@@ -1072,6 +1079,36 @@ impl<'a> Builder<'a> {
         let args = if op.name == "index" { &ins[..1] } else { ins };
         let inputs: u128 = args.iter().map(|&i| self.p.tensors[i as usize].bytes).sum();
         self.p.tensors[b as usize].bytes.saturating_mul(4) < inputs && !op.name.starts_with("split")
+    }
+
+    /// Storage `t` is a pointwise function of a reduction, no larger than it (a norm's
+    /// `rsqrt(mean + eps)`): what the min-cut keeps at a tie in its place, the value nearer the
+    /// backward (`1.1^dist_from_bw`), where the reduction itself would be kept otherwise.
+    fn of_reduction(&self, t: Tid, producer: &[u32]) -> bool {
+        let mut t = t;
+        for _ in 0..4 {
+            let at = producer[t as usize];
+            if at == u32::MAX || !fusible(self.p.ops[at as usize].name) {
+                return false;
+            }
+            let ins: Vec<Tid> = self
+                .p
+                .ins(&self.p.ops[at as usize])
+                .iter()
+                .map(|&i| self.p.tensors[i as usize].base)
+                .filter(|&i| !matches!(self.p.tensors[i as usize].origin, Origin::Param { .. } | Origin::Buffer))
+                .collect();
+            let [i] = ins[..] else { return false };
+            if self.p.tensors[i as usize].bytes < self.p.tensors[t as usize].bytes {
+                return false;
+            }
+            let src = producer[i as usize];
+            if src != u32::MAX && self.is_reduction(i, src) {
+                return true;
+            }
+            t = i;
+        }
+        false
     }
 
     fn stats_banned(&self, input: Tid) -> bool {
