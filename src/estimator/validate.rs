@@ -497,14 +497,17 @@ const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
 /// b2 s64 fp32 / bf16, saved bytes): falcon_h1 (−4.3 % / −0.4 %: the Mamba-2 mixer's partition),
 /// granitemoehybrid (−5.4 % / −0.9 %: the Mamba-2 mixer beside the top-k router), kimi_linear
 /// (−60 % / −63 %: the KDA chunk loop's in-place row updates, functionalized to `select_scatter`
-/// and `clone` copies of whole chunk matrices, which its compiled layers keep). Qwen2-MoE
-/// (softmax router without renormalization, shared expert with its sigmoid gate) is exact since
-/// the partition keeps, at equal bytes, the value nearer the backward (its bf16 gathered routing
-/// weights). GLM-4.5 (sigmoid router with its fp32 bias, shared
-/// expert), DeepSeek-V2 (MLA, softmax router) and Llama 4 (chunked and NoPE layers, q/k L2 norm,
-/// the sigmoid-scaled repeated input of its bmm experts: `repeat` kept, [`super::step::compile`])
-/// are exact on their b2 s64 fp32 and bf16 records. Not measured compiled yet: qwen3_next,
-/// qwen3_5 — their partition (the gated DeltaNet loop) is unchecked.
+/// and `clone` copies of whole chunk matrices, which its compiled layers keep), qwen3_next
+/// (−7.0 % / −9.9 %; peaks −3.2 % / −5.2 %) and qwen3_5_text (−9.7 % / −12.4 %; peaks −4.5 % /
+/// −6.5 %): the gated DeltaNet chunk loop, whose compiled layers keep the causal conv's output,
+/// a `select_scatter` copy and a second `[b, heads, 1, s, s]` decay product the rule does not
+/// (qwen3_5_moe_text not measured compiled). Qwen2-MoE (softmax router without
+/// renormalization, shared expert with its sigmoid gate) is exact since the partition keeps, at
+/// equal bytes, the value nearer the backward (its bf16 gathered routing weights). GLM-4.5
+/// (sigmoid router with its fp32 bias, shared expert), DeepSeek-V2 (MLA, softmax router) and
+/// Llama 4 (chunked and NoPE layers, q/k L2 norm, the sigmoid-scaled repeated input of its bmm
+/// experts: `repeat` kept, [`super::step::compile`]) are exact on their b2 s64 fp32 and bf16
+/// records.
 const COMPILE_CHECKED: &[super::family::Family] = &[
     super::family::Family::Llama,
     super::family::Family::Mistral,
