@@ -465,8 +465,9 @@ const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family:
 /// layer's compiled backward (fp32 −8 B); with op checkpointing torch 2.15's partitioner fails on
 /// its layer ("failed to partition the joint forward-backward graph": the greedy router's `topk`
 /// is MUST_SAVE while the `getitem` of its values carries the `topk_weights *
-/// routed_scaling_factor` line's PREFER_RECOMPUTE tag; the records' factor is 1.0), so there is
-/// no op record.
+/// routed_scaling_factor` line's PREFER_RECOMPUTE tag: with the records' factor 1.0 the
+/// multiplication is not in the graph; with 2.0 the same fp32 record compiles), so there is no
+/// op record.
 const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
     super::family::Family::Llama,
     super::family::Family::Qwen3,
