@@ -430,7 +430,13 @@ fn compiled_torchtune_configurations_the_records_do_not_cover_are_refused_by_nam
     let shards = read(&["torchtune-llama3-compile", "torchtune-mistral", "litgpt-llama3"]);
     let Some(base) = compile_base(&shards, "torchtune-llama3-compile") else { return };
     refused(Config { precision: Precision::AmpBf16, ..base.clone() }, "autocast");
-    refused(Config { finetune: Finetune::Qlora, qlora_quant: QloraQuant::TorchaoNf4, ..base.clone() }, "QLoRA");
+    let qlora = Config {
+        finetune: Finetune::Qlora,
+        qlora_quant: QloraQuant::TorchaoNf4,
+        lora_dtype: trainmem::config::LoraDtype::Model,
+        ..base.clone()
+    };
+    refused(qlora, "QLoRA");
     refused(Config { framework: Framework::Hf, ..base.clone() }, "Liger's fused chunked loss");
     if let Some((_, mistral)) = shards.iter().find(|(n, _)| n == "torchtune-mistral") {
         let m = &mistral["records"][0];
@@ -469,6 +475,65 @@ fn torchtune_lora_configurations_the_records_do_not_cover_are_refused_by_name() 
         let m = config_of(mistral, &mistral["records"][0]);
         no(Config { finetune: base.finetune, lora_targets: base.lora_targets, lora_dtype: LoraDtype::Model, ..m }, "not Mistral's");
     }
+}
+
+/// A torchtune QLoRA record's configuration (`validation/measure_tune_lora.py --qlora`): its LoRA
+/// (`config_of` reads the `lora` block) on torchao's NF4 base (`quantize_base=True`).
+fn qlora_config_of(doc: &Value, r: &Value) -> Config {
+    let mut c = config_of(doc, r);
+    assert_eq!(r["lora"]["quantize_base"], true, "{}", r["id"]);
+    for (k, v) in [("finetune", "qlora"), ("qlora_quant", "torchao-nf4")] {
+        trainmem::config::set(&mut c, k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+    }
+    c
+}
+
+/// torchtune's own QLoRA eager (`tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora.json`,
+/// `validation/measure_tune_lora.py --qlora`: `lora_llama3_1` and `lora_llama3_2` (tied) with
+/// `quantize_base=True`, adapters on q and v, every decoder linear an `NF4Tensor`, bf16, recompute
+/// none and full): the NF4 storage, the frozen bf16 parameters (embedding, norms, the untied
+/// output), trainable parameters, gradients, AdamW state, saved bytes and step peak, each to the
+/// byte.
+#[test]
+fn every_torchtune_qlora_record_is_exact_to_the_byte() {
+    let shards = read(&["torchtune-llama3-qlora"]);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (_, doc) in &shards {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let id = r["id"].as_str().unwrap_or_default();
+            let e = estimate(&qlora_config_of(doc, r)).unwrap_or_else(|e| panic!("{id}: {e}"));
+            let n = |v: &Value| v.as_u64().unwrap_or(u64::MAX) as u128;
+            for (what, got, want) in [
+                ("NF4 storage", row(&e, "quantized_weights"), n(&r["nf4"]["nf4_bytes"])),
+                ("frozen parameters", row(&e, "frozen_weights"), n(&r["lora"]["frozen_unquantized_parameter_bytes"])),
+                ("trainable parameters", row(&e, "weights"), n(&r["lora"]["trainable_parameter_bytes"])),
+                ("gradients", row(&e, "gradients"), n(&r["gradient_bytes"])),
+                ("AdamW state", row(&e, "optimizer_states"), n(&r["adamw"]["state_bytes"])),
+                ("saved bytes", e.memory.activations, n(&r["saved_bytes"])),
+                ("step peak", e.memory.peak, n(&r["step"]["measured_peak_bytes"])),
+            ] {
+                println!("{id}: {what} {got} vs {want} ({:+})", got as i128 - want as i128);
+                if got != want {
+                    failures.push(format!("{id}: {what} {got} ≠ {want} ({:+})", got as i128 - want as i128));
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(shards.is_empty() || checked >= 4, "{checked} records");
+    assert!(failures.is_empty(), "{} off:\n{}", failures.len(), failures.join("\n"));
+    // What the records do not cover is refused by name: fp32, and the other families' builders.
+    let Some((_, doc)) = shards.first() else { return };
+    let base = qlora_config_of(doc, &doc["records"][0]);
+    let err = estimate(&Config { precision: Precision::Fp32, ..base.clone() }).expect_err("refused").to_string();
+    assert!(err.contains("QLoRA is measured in bf16"), "{err}");
+    let mut qwen = base.clone();
+    for (k, v) in [("family", "qwen2"), ("qkv_bias", "true")] {
+        trainmem::config::set(&mut qwen, k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+    }
+    let err = estimate(&qwen).expect_err("refused").to_string();
+    assert!(err.contains("QLoRA is measured on its Llama"), "{err}");
 }
 
 /// torchtune's LoRA compiled (`tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json`,

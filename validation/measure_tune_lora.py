@@ -19,7 +19,15 @@ rank 8, alpha 16, dropout 0.0 (one record at 0.05).
 Writes tests/fixtures/pytorch/frameworks/torchtune-llama3-lora.json ({configs, records}; the Qwen2 records in
 torchtune-qwen2-lora.json), which tests/framework_fixtures.rs checks.
 
-Usage:  nice validation/.venv/bin/python validation/measure_tune_lora.py [--only SUBSTRING]
+With `--qlora`: torchtune's QLoRA (`qlora_llama3_1_*` / `qlora_llama3_2_*`: the same builders with
+`quantize_base=True`): every decoder linear an `NF4Tensor` (`to_nf4`; adapted ones in `LoRALinear`, the others in
+`FrozenNF4Linear`, the MLP's too: `llama3_mlp(quantize_base=True)`), the output projection a plain bf16 `nn.Linear`
+(`lora_llama3_1`) or the embedding (`TiedLinear`, `lora_llama3_2`). `to_nf4` needs every weight a multiple of
+64·256 elements: hidden 128 and 4 kv heads of 32 (validation/measure_torchao_nf4.py's shapes, whose NF4 machinery
+runs here: real torchao NF4Tensor, inner tensors counted as `nf4`); adapters on q and v, bf16, recompute none and
+full. Writes torchtune-llama3-qlora.json (estimated: tests/framework_fixtures.rs).
+
+Usage:  nice validation/.venv/bin/python validation/measure_tune_lora.py [--only SUBSTRING] [--qlora]
 """
 
 from __future__ import annotations
@@ -71,6 +79,86 @@ def build(family: str, tdtype, targets: str, lora_dropout: float):
     return base
 
 
+QLORA_DIM, QLORA_KV = 128, 4
+
+
+def build_qlora(family: str, targets: str):
+    """`lora_llama3_1` / `lora_llama3_2` with `quantize_base=True` at measure_torchao_nf4.py's shapes, bf16, only
+    the adapters trainable. Needs measure_torchao_nf4 imported first (the real NF4Tensor)."""
+    import measure_torchao_nf4 as N
+    from transformers import LlamaConfig
+    tdtype = torch.bfloat16
+    attn, mlp = TARGETS[targets]
+    lora = dict(lora_attn_modules=attn, apply_lora_to_mlp=mlp, apply_lora_to_output=False, lora_rank=RANK,
+                lora_alpha=ALPHA, lora_dropout=0.0)
+    shape = dict(vocab_size=F.VOCAB, num_layers=F.LAYERS, num_heads=F.HEADS, num_kv_heads=QLORA_KV,
+                 embed_dim=QLORA_DIM, max_seq_len=F.TUNE_MAX_SEQ, intermediate_dim=256, rope_base=500000,
+                 quantize_base=True, **lora)
+    if family == "llama3":
+        m = F._tune_model(F._torchtune_builder("llama3_1", "lora_llama3_1"), tdtype, **shape)
+        tied, factor = False, 8.0
+    elif family == "llama3_2":
+        m = F._tune_model(F._torchtune_builder("llama3_2", "lora_llama3_2"), tdtype, scale_factor=32,
+                          tie_word_embeddings=True, **shape)
+        tied, factor = True, 32.0
+    else:
+        raise SystemExit(f"family {family}")
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+    set_trainable_params(m, get_adapter_params(m))
+    cfg = LlamaConfig(hidden_size=QLORA_DIM, num_hidden_layers=F.LAYERS, num_attention_heads=F.HEADS,
+                      num_key_value_heads=QLORA_KV, head_dim=QLORA_DIM // F.HEADS, intermediate_size=256,
+                      vocab_size=F.VOCAB, rms_norm_eps=1e-5, max_position_embeddings=F.TUNE_MAX_SEQ,
+                      tie_word_embeddings=tied, rope_theta=500000,
+                      rope_scaling={"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    lm = F._tune_lm(m, cfg, tdtype, "LlamaForCausalLM")
+    N.MODELS.clear()
+    N.MODELS.append(lm)
+    return lm
+
+
+def qlora_specs(only):
+    for fam in ("llama3", "llama3_2"):
+        for ckpt in (None, "non_reentrant"):
+            key = f"{fam}/qv/bf16/{ckpt}/qlora"
+            if only is None or only in key:
+                yield (fam, "qv", "bf16", ckpt, -1.0), key
+
+
+def qlora_child(fam, targets, ckpt, out_json):
+    import measure_torchao_nf4 as N  # the real NF4Tensor and its trackers, before any torchtune import
+    torch.set_num_threads(1)
+    measure.build_model = lambda family, d, a, dr, e: build_qlora(fam, targets)
+    name = f"torchtune-{fam}-qlora"
+    spec = {"family": name, "batch": 2, "seq": 64, "dtype": "bf16", "attn": "sdpa", "checkpoint_mode": ckpt,
+            "dropout": 0.0, "extra": False, "log": bool(os.environ.get("STEP_LOG"))}
+    rec, cfg, _, log = measure.measure(spec)
+    rec["id"] += f"/qlora-r{RANK}-{targets}"
+    if log is not None:  # STEP_LOG=1: the tracked step's allocations, as measure.py writes them
+        with open(os.path.join(OUT, "steps", measure.step_log_name(rec["id"])), "w") as f:
+            f.write(measure.dump_log(log))
+    rec["framework"] = "torchtune"
+    rec["framework_version"] = "0.6.1"
+    rec["config_key"] = f"{name}/bf16"
+    model = build_qlora(fam, targets)
+    lay = N.layout(model)
+    attn, mlp = TARGETS[targets]
+    rec["lora"] = {"builder": "lora_llama3_1" if fam == "llama3" else "lora_llama3_2", "quantize_base": True,
+                   "lora_attn_modules": attn, "apply_lora_to_mlp": mlp, "apply_lora_to_output": False,
+                   "lora_rank": RANK, "lora_alpha": ALPHA, "lora_dropout": 0.0, "trainable": "get_adapter_params",
+                   "trainable_parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()
+                                                    if p.requires_grad),
+                   "frozen_unquantized_parameter_bytes": sum(
+                       p.numel() * p.element_size() for p in model.parameters()
+                       if not p.requires_grad and not isinstance(p, N.NF4Tensor)
+                       and not isinstance(getattr(p, "data", None), N.NF4Tensor))}
+    rec["nf4"] = {"torchao": N.torchao.__version__, "layout": lay,
+                  "nf4_bytes": sum(r["count"] * r["total_bytes"] for r in lay),
+                  "tracked_nf4_bytes": rec["step"].get("preexisting", {}).get("nf4")}
+    with open(out_json, "w") as f:
+        json.dump({"record": rec, "cfg": dict(cfg, framework="torchtune")}, f)
+
+
 def specs(only):
     out = []
     for fam in ("llama3", "qwen2"):
@@ -120,16 +208,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="substring of family/targets/dtype/checkpoint/dropout")
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--qlora", action="store_true", help="torchtune's QLoRA builders (quantize_base=True)")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         fam, targets, dtype, ckpt, p, out_json = args.child
+        if float(p) < 0:
+            return qlora_child(fam, targets, None if ckpt == "None" else ckpt, out_json)
         return child(fam, targets, dtype, None if ckpt == "None" else ckpt, float(p), out_json)
     n_fail = 0
-    for (fam, targets, dtype, ckpt, p), key in specs(args.only):
-        path = os.path.join(args.out, f"torchtune-{fam}-lora.json")
+    for (fam, targets, dtype, ckpt, p), key in (qlora_specs if args.qlora else specs)(args.only):
+        path = os.path.join(args.out, "torchtune-llama3-qlora.json" if args.qlora else f"torchtune-{fam}-lora.json")
         doc = json.load(open(path)) if os.path.exists(path) else {
-            "generated_by": "validation/measure_tune_lora.py", "torch": torch.__version__.split("+")[0],
+            "generated_by": "validation/measure_tune_lora.py" + (" --qlora" if args.qlora else ""), "torch": torch.__version__.split("+")[0],
             "framework": "torchtune", "framework_version": "0.6.1", "family": fam, "device": "cpu",
             "configs": {}, "records": []}
         t0 = time.time()

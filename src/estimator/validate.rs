@@ -715,7 +715,19 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     if cfg.finetune == Finetune::Qlora && cfg.qlora_quant != super::config::QloraQuant::TorchaoNf4 {
         return Some("torchtune's QLoRA quantizes its base with torchao's NF4Tensor (qlora_quant=torchao-nf4)".into());
     }
-    if cfg.finetune == Finetune::Lora {
+    if cfg.finetune == Finetune::Qlora && spec.family != Family::Llama {
+        // torchtune 0.6.1 ships no QLoRA builder for Qwen2/2.5; its Mistral, Phi-3 and Gemma ones
+        // (`qlora_mistral_7b`, …) are not measured. Measured: `lora_llama3_1` and `lora_llama3_2`
+        // with `quantize_base=True` (tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora.json).
+        return Some(format!(
+            "torchtune's QLoRA is measured on its Llama 3.1 and 3.2 builders (qlora_llama3_1_*, qlora_llama3_2_*), not {:?}'s",
+            spec.family
+        ));
+    }
+    if cfg.finetune == Finetune::Qlora && cfg.precision != Precision::Bf16 {
+        return Some("torchtune's QLoRA is measured in bf16 (precision=bf16: its NF4Tensor dequantizes to the model's dtype)".into());
+    }
+    if matches!(cfg.finetune, Finetune::Lora | Finetune::Qlora) {
         // `lora_llama3_1` / `lora_llama3_2` share one RoPE module, `lora_qwen2` builds one per layer
         // (`step/families/torchtune.rs`, `rope_modules`); the other families' LoRA builders are
         // not measured. Llama follows `lora_llama3_1` (`lora_llama2` and `lora_llama3` build a RoPE

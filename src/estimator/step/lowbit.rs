@@ -503,7 +503,19 @@ impl<'a> Builder<'a> {
             s.free(full);
             s.b.push(B::Grad { input: 0, temp: gi });
         }
-        let saved: &[S] = if keeps_weight { &[S::In(2)] } else { &[] };
+        // `ctx.save_for_backward(weight)`: the `NF4Tensor` (a parameter, no new bytes) goes
+        // through a checkpoint's pack hook like any saved tensor, so under `recompute = full`
+        // the backward of a layer's last NF4 linear (a `FrozenNF4Linear` down projection) is
+        // what unpacks first and re-runs the layer, before its own dequantization
+        // (tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora.json: peak at w2's `stack`
+        // in `LinearNF4Backward`, the layer's re-run alive).
+        let saved: &[S] = if keeps_weight {
+            &[S::In(2)]
+        } else if rx {
+            &[S::In(1)]
+        } else {
+            &[]
+        };
         let y = self.op("linear", "LinearNF4Backward", &[x, w, wd], &[out], saved, &s.b)[0];
         match bias {
             Some(b) => self.add(y, b),

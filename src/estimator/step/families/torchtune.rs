@@ -36,7 +36,7 @@ use super::super::blocks::Keep;
 use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S, X};
 use super::common::{gated_mlp, head_proj, out_proj, sub, token_embedding, Act, AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::common::{GELU_TANH, LLAMA_MLP, SILU};
-use super::llama::{decoder_layer, repeat_kv, sdpa_core};
+use super::llama::{decoder_layer_with, repeat_kv, sdpa_core, Residual};
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Attention, Config, Framework};
@@ -147,7 +147,12 @@ fn layer(b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, cod
         b.part = Part::Mlp;
         gated_mlp(b, &mw, n, &Gated { act: code.act, ..LLAMA_MLP })
     };
-    decoder_layer(b, p, x, code.norm, |b, n| attention(b, &aw, n, sh, pe), ffn)
+    // `attn_out` is a name of its own: it lives to the return, and `h` (the norm's output) is
+    // rebound at the residual add (measured: a checkpointed layer's re-run frees `attn_out`
+    // only as its frame unwinds, tests/fixtures/pytorch/frameworks/steps/
+    // torchtune-llama3-qlora__…__ckpt1__qlora-r8-qv.json).
+    let how = Residual { attention_states: true, ..Residual::default() };
+    decoder_layer_with(b, p, x, code.norm, how, |b, n| attention(b, &aw, n, sh, pe), |b, n| (ffn(b, n), None))
 }
 
 /// The layer's weights where transformers fuses what torchtune keeps apart: torchtune's `phi3`
