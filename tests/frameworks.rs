@@ -133,6 +133,19 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     // The distributed recipe stays on transformers' code (the torchtune step program is the
     // single-device one).
     assert_eq!(recipe_of("torchtune/llama3_1_8B_full.yaml").framework, config::Framework::Hf);
+    // Its single-device QLoRA (`qlora_llama3_1_8b`: LoRALinear / FrozenNF4Linear on torchao's
+    // NF4Tensor) runs on torchtune's own Llama 3.1 code, measured eager and compiled
+    // (tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora*.json); a QLoRA builder of a family
+    // whose QLoRA is not measured (Mistral) stays on transformers' code.
+    let c = recipe_of("torchtune/llama3_1_8B_qlora_single_device.yaml");
+    assert_eq!(
+        (c.finetune, c.qlora_quant, c.framework),
+        (config::Finetune::Qlora, config::QloraQuant::TorchaoNf4, config::Framework::Torchtune)
+    );
+    let mistral = read("torchtune/llama3_1_8B_qlora_single_device.yaml")
+        .replace("torchtune.models.llama3_1.qlora_llama3_1_8b", "torchtune.models.mistral.qlora_mistral_7b");
+    let imp = import(&[("q.yaml", &mistral)]).expect("imports");
+    assert_eq!(imp.config.framework, config::Framework::Hf, "{:?}", imp.config.model);
     // A litgpt full fine-tune on one device runs litgpt's own GPT; its 4-device preset is
     // sharded and stays on transformers' code.
     let yaml = "checkpoint_dir: checkpoints/meta-llama/Meta-Llama-3.1-8B\nprecision: bf16-true\ndevices: 1\ntrain:\n  micro_batch_size: 1\n  max_seq_length: 2048\n";

@@ -814,10 +814,9 @@ const TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES: u64 = 2 * (4 * 128 * 128 + 2 * 256
 /// in forward and in backward — no allocation of the step has the size of a 256×128 weight's
 /// int64 codes (8·n/2 = 131,072 B; eager allocates two per MLP weight and dequantization) — but
 /// the partitioner keeps six of a layer's seven dequantized weights (all but w2's) from forward to
-/// backward ([`TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES`]), which eager never saves. The records
-/// themselves are not estimated: torch.compile of torchtune's QLoRA is refused (`validate.rs`:
-/// with the refusal lifted the saved bytes are exact, 1,665,040 B, but the step peaks are 16 %
-/// and 15 % above the estimate); what the estimate does with the kept weights is checked on
+/// backward ([`TORCHAO_NF4_COMPILED_KEPT_WEIGHT_BYTES`]), which eager never saves. The
+/// uncheckpointed record is estimated in tests/framework_fixtures.rs (saved bytes exact, peak
+/// 104 B under); the checkpointed one is refused (+1.4 %); what the estimate does with the kept weights is checked on
 /// transformers' code by [`a_compiled_torchao_nf4_layer_keeps_every_dequantized_weight_but_down_projs`].
 #[test]
 fn compiled_torchao_nf4_runs_the_dequantization_fused_and_keeps_the_bf16_weights_but_w2s() {

@@ -29,7 +29,13 @@ the adapters trainable), bf16, in tests/fixtures/pytorch/frameworks/torchtune-ll
 tests/framework_fixtures.rs); `--lora-all` puts the adapters on q, k, v, output_proj and the MLP instead (the 8B
 single-device YAML's q, v, output_proj and MLP plus k), records tagged `lora-r8-all`.
 
+With `--qlora`: torchtune's QLoRA (`lora_llama3_1(quantize_base=True)`, LoRA on q and v, every decoder linear an
+`NF4Tensor`) at validation/measure_torchao_nf4.py's shapes (hidden 128, 4 kv heads: `to_nf4` needs multiples of
+64·256 elements), bf16, recompute none and full, measured by that script's `measure_compiled` (the NF4 inner tensors
+classified as `nf4`), in tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora-compile.json.
+
 Usage:  nice validation/.venv/bin/python validation/measure_tune_compile.py [--only SUBSTRING] [--lora --only bf16]
+        [--qlora]
 """
 
 from __future__ import annotations
@@ -237,10 +243,43 @@ def main():
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--lora", action="store_true", help="torchtune's LoRALinear on q and v, r 8 (bf16 by default)")
     ap.add_argument("--lora-all", action="store_true", help="with --lora: on q, k, v, output_proj and the MLP")
+    ap.add_argument("--qlora", action="store_true", help="torchtune's QLoRA (quantize_base=True) on q and v, bf16")
     ap.add_argument("--child", nargs=3, metavar=("DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     LORA_ALL["on"] = args.lora_all
     torch.set_num_threads(1)
+    if args.child and args.qlora:
+        import measure_torchao_nf4 as N  # the real NF4Tensor and its trackers (no torchtune imported yet)
+        dtype, rc, out_json = args.child
+        N.LORA = dict(N.LORA, lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=False)
+        rec, cfg = N.measure_compiled("non_reentrant" if rc == "full" else None)
+        rec["id"] += "/qlora-r8-qv"
+        rec["recipe"]["recompute"] = rc
+        rec["step"].setdefault("checks", {})  # measure_compiled's step has no self-checks
+        # preserve_rng_state's `torch.get_rng_state()` per checkpointed layer (host memory on a GPU)
+        rec["checkpoint_rng_state_bytes"] = torch.get_rng_state().numel() * F.LAYERS if rc == "full" else 0
+        if rc == "full":
+            # reading `saved_tensors` through the checkpoint recomputes: what forward kept is the step's
+            # `live_after_forward` less the RNG states and the loss (4 B), as the --lora records' saved bytes are
+            rec["saved_bytes"] = rec["step"]["live_after_forward"] - rec["checkpoint_rng_state_bytes"] - 4
+            rec["saved_bytes_from"] = "live_after_forward - checkpoint_rng_state_bytes - 4 (the loss)"
+        rec["lora"] = {"builder": "lora_llama3_1", "quantize_base": True, **N.LORA, "trainable": "get_adapter_params"}
+        with open(out_json, "w") as f:
+            json.dump({"record": rec, "cfg": dict(cfg, framework="torchtune")}, f)
+        return
+    if args.qlora:
+        path = os.path.join(args.out, "torchtune-llama3-qlora-compile.json")
+        n_fail = 0
+        for rc in RECOMPUTES:
+            if args.only and args.only not in f"bf16/{rc}":
+                continue
+            doc = json.load(open(path)) if os.path.exists(path) else {
+                "generated_by": "validation/measure_tune_compile.py --qlora", "torch": torch.__version__.split("+")[0],
+                "framework": "torchtune", "framework_version": "0.6.1", "family": "llama3", "device": "cpu",
+                "configs": {}, "records": []}
+            cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--qlora", "--child", "bf16", rc]
+            n_fail += not R.run_child_into(cmd, path, doc, f"bf16/{rc}")
+        sys.exit(1 if n_fail else 0)
     if args.child:
         dtype, rc, out_json = args.child
         opts: dict = {}

@@ -216,6 +216,7 @@ pub static RECIPES: &[Recipe] = &[
             ("optim_impl", "fused"),
             ("lora_targets", "q,v,o,gate,up,down"),
             ("attn", "sdpa"),
+            ("framework", "torchtune"),
         ],
     },
     Recipe {

@@ -65,9 +65,10 @@ pub fn read(root: &Value, st: &mut FileState) {
         let mut why = "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)".to_string();
         // The step program follows the single-device recipe (one GPU): a distributed config stays
         // on transformers' code, which shards.
-        // A LoRA builder with `quantize_base: True` is QLoRA: transformers' code, as `qlora_…`.
+        // A LoRA builder with `quantize_base: True` is QLoRA, as `qlora_…`: torchtune's own code
+        // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
         let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true);
-        if let Some(family) = own_code(&builder).filter(|_| !distributed && !quantized) {
+        if let Some(family) = own_code(&builder).filter(|_| !distributed && (!quantized || own_qlora(&builder))) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
         }
@@ -79,9 +80,9 @@ pub fn read(root: &Value, st: &mut FileState) {
 /// follows (`framework = torchtune`, `step/families/torchtune.rs`): full fine-tuning builders of
 /// the families listed, by the module they live in, and the LoRA builders of Llama 3.1 / 3.2 and
 /// Qwen2 / Qwen2.5 (`lora_llama3_1_8b`, `lora_qwen2_5_7b` …: torchtune's `LoRALinear`, measured
-/// in tests/fixtures/pytorch/frameworks/torchtune-{llama3,qwen2}-lora.json). Others (QLoRA
-/// builders, the other families' LoRA builders, which build a RoPE module per layer) are
-/// estimated with transformers' modeling code.
+/// in tests/fixtures/pytorch/frameworks/torchtune-{llama3,qwen2}-lora.json) and QLoRA builders of
+/// Llama 3.1 / 3.2 ([`QLORA_FAMILIES`]). Others (the other families' LoRA and QLoRA builders,
+/// which build a RoPE module per layer) are estimated with transformers' modeling code.
 fn own_code(component: &str) -> Option<&'static str> {
     const FAMILIES: &[(&str, &str)] = &[
         ("llama2", "Llama 2"),
@@ -98,7 +99,9 @@ fn own_code(component: &str) -> Option<&'static str> {
     let mut parts = component.trim().rsplit('.');
     let builder = parts.next()?;
     let module = parts.next()?;
-    if builder.starts_with("qlora_") || (builder.starts_with("lora_") && !LORA_FAMILIES.contains(&module)) {
+    if (builder.starts_with("qlora_") && !QLORA_FAMILIES.contains(&module))
+        || (builder.starts_with("lora_") && !LORA_FAMILIES.contains(&module))
+    {
         return None;
     }
     FAMILIES.iter().find(|(m, _)| *m == module).map(|(_, name)| *name)
@@ -106,6 +109,19 @@ fn own_code(component: &str) -> Option<&'static str> {
 
 /// The model modules whose LoRA builders run on torchtune's own code in the estimate.
 const LORA_FAMILIES: &[&str] = &["llama3_1", "llama3_2", "qwen2", "qwen2_5"];
+
+/// The model modules whose QLoRA builders (`qlora_llama3_1_8b`, `qlora_llama3_2_3b` …, or a
+/// LoRA builder with `quantize_base: True`: `LoRALinear` / `FrozenNF4Linear` on torchao's
+/// `NF4Tensor`) run on torchtune's own code in the estimate: measured eager in
+/// tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora.json.
+const QLORA_FAMILIES: &[&str] = &["llama3_1", "llama3_2"];
+
+/// Whether `component` is a builder of [`QLORA_FAMILIES`].
+fn own_qlora(component: &str) -> bool {
+    let mut parts = component.trim().rsplit('.');
+    parts.next();
+    parts.next().is_some_and(|m| QLORA_FAMILIES.contains(&m))
+}
 
 /// Whether the builder is a full fine-tuning one (not `lora_…` / `qlora_…`).
 fn full_builder(component: &str) -> bool {
