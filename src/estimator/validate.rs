@@ -254,7 +254,8 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
 /// are in `tests/fixtures/pytorch/recipes/` (validation/FINDINGS.md §15).
 fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
     let master = super::precision::recipe(cfg.precision).master.is_some();
-    let pending: [(bool, &str, &str); 11] = [
+    let offload_ckpt = cfg.act_offload.on() && (cfg.recompute != Recompute::None || cfg.recompute_every > 0);
+    let pending: [(bool, &str, &str); 13] = [
         (
             cfg.optim_in_bwd && master,
             "optim_in_bwd",
@@ -282,20 +283,30 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
         ),
         (cfg.compile && cfg.act_offload.on(), "act_offload", "activation offloading of a compiled step's saved tensors"),
         (
-            cfg.act_offload.on() && (cfg.recompute != Recompute::None || cfg.recompute_every > 0),
+            offload_ckpt && (cfg.recompute != Recompute::Full || cfg.recompute_every > 0),
             "act_offload",
-            "activation offloading with activation checkpointing (the checkpoints' inputs packed, their recomputation unhooked)",
+            "activation offloading with checkpointing other than every layer's in full (op-level, selective or every N layers)",
+        ),
+        (
+            offload_ckpt && !OFFLOAD_CKPT_CHECKED.contains(&cfg.arch.family),
+            "act_offload",
+            "activation offloading with full checkpointing of a family not measured so (FINDINGS §15.5: the checkpoints' positional inputs packed)",
+        ),
+        (
+            cfg.act_offload.on() && cfg.framework == Framework::Torchtune && cfg.arch.family != super::family::Family::Llama,
+            "act_offload",
+            "activation offloading on torchtune's own code for a model other than its Llama (measured: llama3)",
         ),
         (cfg.act_offload.on() && cfg.pp > 1, "act_offload", "activation offloading with pipeline parallelism"),
         (
-            cfg.act_offload.on() && cfg.framework != Framework::Hf,
+            cfg.act_offload.on() && !matches!(cfg.framework, Framework::Hf | Framework::Torchtune),
             "act_offload",
-            "activation offloading outside transformers' modeling code (framework = hf)",
+            "activation offloading outside transformers' and torchtune's modeling code (framework = hf | torchtune)",
         ),
         (
-            cfg.act_offload.on() && cfg.loss == super::config::Loss::Chunked,
+            cfg.act_offload.on() && cfg.loss == super::config::Loss::Chunked && cfg.framework != Framework::Torchtune,
             "act_offload",
-            "activation offloading with a chunked loss (its head and loss fused)",
+            "activation offloading with a fused chunked loss (Liger's; torchtune's CEWithChunkedOutputLoss is modelled)",
         ),
         (cfg.act_offload_layers > 0, "act_offload_layers", "Megatron's per-layer activation offloading"),
     ];
@@ -457,6 +468,13 @@ const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family:
 /// saved bytes exact on its 4 records (and the 8-layer variant's 4), but with full checkpointing
 /// its step peaks inside a layer's compiled backward (the experts recomputed there), where the
 /// estimate is 0.48 % / 0.86 % (fp32 / bf16) under it, and under its bf16 op record by 0.17 %.
+/// Families whose activation offloading under full checkpointing is measured
+/// (tests/fixtures/pytorch/offload_ckpt/, validation/measure_recipes.py `measure_offload` with
+/// `+recompute=full`, validation/measure_tune_offload.py): the layer's one positional input is
+/// what the outer hooks pack.
+const OFFLOAD_CKPT_CHECKED: &[super::family::Family] =
+    &[super::family::Family::Llama, super::family::Family::Qwen3, super::family::Family::Mixtral];
+
 const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
     super::family::Family::Llama,
     super::family::Family::Qwen3,

@@ -1,0 +1,117 @@
+//! Activation offloading under full checkpointing against what PyTorch measured on the CPU:
+//! every record of `tests/fixtures/pytorch/offload_ckpt/*.json` (validation/measure_recipes.py
+//! `measure_offload` with `act_offload=torchtune|save_on_cpu+recompute=full` on transformers'
+//! code; validation/measure_tune_offload.py on torchtune 0.6.1's Llama 3 with its chunked loss;
+//! rules in validation/FINDINGS.md §15.5) is rebuilt from its own config.json and compared to
+//! the byte: the host bytes the forward pass copies (`offloaded_bytes`, the host row
+//! `offloaded_activations`) and the step's peak (`step.measured_peak_bytes`, the dispatch
+//! tracker's convention). Under `CI=1` a missing fixture directory fails.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use trainmem::config::{Attention, Config, Framework, Kernels, Loss, OptimImpl, Optimizer, Precision, Recompute};
+use trainmem::estimator::{estimate, hf};
+
+fn fixtures() -> PathBuf {
+    std::env::var("TRAINMEM_PYTORCH_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"))
+        .join("offload_ckpt")
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+fn shards() -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(fixtures()) {
+        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+            if p.extension().is_some_and(|x| x == "json") && stem != "index" {
+                out.push(serde_json::from_str(&std::fs::read_to_string(&p).expect("readable")).expect("json"));
+            }
+        }
+    }
+    out
+}
+
+fn set(c: &mut Config, key: &str, value: &str) {
+    trainmem::config::set(c, key, value).unwrap_or_else(|e| panic!("{key}={value}: {e}"));
+}
+
+/// A record's configuration: its config.json, the tracker's settings, its recipe as keys.
+fn config_of(doc: &Value, r: &Value) -> Config {
+    let cfg_json = &doc["configs"][r["config_key"].as_str().expect("config_key")];
+    let imported = hf::import_value(cfg_json).expect("its config.json imports");
+    let mut c = Config::default();
+    trainmem::config::apply_import(&mut c, &imported);
+    if r["framework"] == "torchtune" {
+        // torchtune's recipe loss is `CEWithChunkedOutputLoss` (`loss = chunked`).
+        c.framework = Framework::Torchtune;
+        c.loss = Loss::Chunked;
+    }
+    c.batch = r["batch"].as_u64().expect("batch");
+    c.seq = r["seq"].as_u64().expect("seq");
+    c.precision = match r["dtype"].as_str() {
+        Some("fp32") => Precision::Fp32,
+        Some("bf16") => Precision::Bf16,
+        other => panic!("dtype {other:?}"),
+    };
+    c.attn = if r["attn"] == "eager" { Attention::Eager } else { Attention::Sdpa };
+    c.recompute = if r["recipe"]["recompute"] == "full" { Recompute::Full } else { Recompute::None };
+    c.kernels = Kernels::Cpu;
+    c.optim = Optimizer::Adamw;
+    c.optim_impl = OptimImpl::Forloop;
+    c.cuda_ctx_mib = Some(0);
+    c.nccl_mib = Some(0);
+    c.frag_pct = None;
+    match r["recipe"]["act_offload"].as_str() {
+        Some("torchtune") => set(&mut c, "act_offload", "true"),
+        Some("save_on_cpu") => set(&mut c, "act_offload", "save_on_cpu"),
+        other => panic!("act_offload {other:?}"),
+    }
+    c
+}
+
+#[test]
+fn every_offload_record_with_checkpointing_has_its_host_bytes_and_step_peak_to_the_byte() {
+    let docs = shards();
+    if docs.is_empty() {
+        assert!(!ci(), "no records under {} (CI=1: the fixtures are committed, so this fails)", fixtures().display());
+        eprintln!("no records under {}", fixtures().display());
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for doc in &docs {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            let id = r["id"].as_str().unwrap_or_default();
+            let cfg = config_of(doc, r);
+            let e = match estimate(&cfg) {
+                Ok(e) => e,
+                Err(err) => {
+                    failures.push(format!("{id}: refused: {err}"));
+                    continue;
+                }
+            };
+            checked += 1;
+            let host: u128 = e.host.iter().filter(|c| c.id.as_str() == "offloaded_activations").map(|c| c.bytes).sum();
+            let want_host = u128::from(r["offloaded_bytes"].as_u64().expect("offloaded_bytes"));
+            let copied = u128::from(r["step"]["host_bytes_copied_in_forward"].as_u64().expect("host_bytes_copied_in_forward"));
+            assert_eq!(want_host, copied, "{id}: the record's own host figures agree");
+            let want_peak = r["step"]["measured_peak_bytes"].as_u64().expect("measured_peak_bytes") as u128;
+            println!("{id:70} host {host:>8} / {want_host:>8}  peak {:>9} / {want_peak:>9} ({})", e.memory.peak, e.memory.peak_op);
+            if host != want_host {
+                failures.push(format!("{id}: host bytes {host} vs {want_host}"));
+            }
+            if e.memory.peak != want_peak {
+                failures.push(format!("{id}: step peak {} vs {want_peak} at {}", e.memory.peak, e.memory.peak_op));
+            }
+        }
+    }
+    assert!(checked > 0, "no records estimated");
+    assert!(failures.is_empty(), "{} off:\n{}", failures.len(), failures.join("\n"));
+}
