@@ -5,7 +5,9 @@
 //! rules in validation/FINDINGS.md §15.5) is rebuilt from its own config.json and compared to
 //! the byte: the host bytes the forward pass copies (`offloaded_bytes`, the host row
 //! `offloaded_activations`) and the step's peak (`step.measured_peak_bytes`, the dispatch
-//! tracker's convention). Under `CI=1` a missing fixture directory fails.
+//! tracker's convention; the compiled records' `tensors_measured_peak_bytes`, torch.profiler's
+//! without kernel workspaces, within [`PROFILED_SLACK`]). Under `CI=1` a missing fixture
+//! directory fails.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -68,6 +70,19 @@ fn config_of(doc: &Value, r: &Value) -> Config {
     c.cuda_ctx_mib = Some(0);
     c.nccl_mib = Some(0);
     c.frag_pct = None;
+    // torchtune's own LoRA (`LoRALinear` on q and v, adapters in the model's dtype).
+    if let Some(l) = r.get("lora") {
+        assert_eq!(l["lora_attn_modules"], serde_json::json!(["q_proj", "v_proj"]), "{}", r["id"]);
+        set(&mut c, "finetune", "lora");
+        set(&mut c, "lora_targets", "q,v");
+        set(&mut c, "lora_dtype", "model");
+        set(&mut c, "lora_rank", &l["lora_rank"].to_string());
+        set(&mut c, "lora_dropout", &l["lora_dropout"].to_string());
+    }
+    if r["recipe"]["compile"] == true {
+        set(&mut c, "compile", "true");
+        set(&mut c, "compile_regions", "layer");
+    }
     match r["recipe"]["act_offload"].as_str() {
         Some("torchtune") => set(&mut c, "act_offload", "true"),
         Some("save_on_cpu") => set(&mut c, "act_offload", "save_on_cpu"),
@@ -75,6 +90,15 @@ fn config_of(doc: &Value, r: &Value) -> Config {
     }
     c
 }
+
+/// Records the estimator refuses by name (measured, not reached): (id suffix, why). torchtune's
+/// LoRA under offloading: host bytes exact, step peaks over by a stashed layer input
+/// (+16,384 B with full AC, +65,536 B without, +6,232 B compiled).
+const REFUSED: &[(&str, &str)] = &[("/lora-r8-qv", "activation offloading of torchtune's LoRA")];
+
+/// Bytes a torch.profiler-measured (compiled) peak may differ by: the residual of the same
+/// compiled records without offloading, at the same measured peak.
+const PROFILED_SLACK: u128 = 12;
 
 #[test]
 fn every_offload_record_with_checkpointing_has_its_host_bytes_and_step_peak_to_the_byte() {
@@ -90,9 +114,18 @@ fn every_offload_record_with_checkpointing_has_its_host_bytes_and_step_peak_to_t
         for r in doc["records"].as_array().into_iter().flatten() {
             let id = r["id"].as_str().unwrap_or_default();
             let cfg = config_of(doc, r);
-            let e = match estimate(&cfg) {
-                Ok(e) => e,
-                Err(err) => {
+            let refused = REFUSED.iter().find(|(suffix, _)| id.ends_with(suffix));
+            let e = match (estimate(&cfg), refused) {
+                (Ok(e), None) => e,
+                (Err(err), Some((_, why))) if err.to_string().contains(why) && err.to_string().contains("not modelled yet") => {
+                    println!("{id:70} refused by name: {err}");
+                    continue;
+                }
+                (Ok(_), Some(_)) => {
+                    failures.push(format!("{id}: estimated although listed as refused"));
+                    continue;
+                }
+                (Err(err), _) => {
                     failures.push(format!("{id}: refused: {err}"));
                     continue;
                 }
@@ -102,12 +135,19 @@ fn every_offload_record_with_checkpointing_has_its_host_bytes_and_step_peak_to_t
             let want_host = u128::from(r["offloaded_bytes"].as_u64().expect("offloaded_bytes"));
             let copied = u128::from(r["step"]["host_bytes_copied_in_forward"].as_u64().expect("host_bytes_copied_in_forward"));
             assert_eq!(want_host, copied, "{id}: the record's own host figures agree");
-            let want_peak = r["step"]["measured_peak_bytes"].as_u64().expect("measured_peak_bytes") as u128;
+            // The profiled (compiled) records: the peak without kernel workspaces, the tracker's convention.
+            let step = &r["step"];
+            let want_peak =
+                step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).expect("a peak") as u128;
             println!("{id:70} host {host:>8} / {want_host:>8}  peak {:>9} / {want_peak:>9} ({})", e.memory.peak, e.memory.peak_op);
             if host != want_host {
                 failures.push(format!("{id}: host bytes {host} vs {want_host}"));
             }
-            if e.memory.peak != want_peak {
+            // The profiled records: within the residual their siblings without offloading carry
+            // (tests/framework_fixtures.rs, `torchtune-llama3-compile`: compile=layer+recompute=full
+            // −10 B in bf16, −12 B in fp32, the same measured peaks).
+            let slack = if step["tensors_measured_peak_bytes"].is_u64() { PROFILED_SLACK } else { 0 };
+            if e.memory.peak.abs_diff(want_peak) > slack {
                 failures.push(format!("{id}: step peak {} vs {want_peak} at {}", e.memory.peak, e.memory.peak_op));
             }
         }
