@@ -77,8 +77,8 @@ fn pinned_host_memory_beyond_host_ram_gib_is_warned() {
 }
 
 #[test]
-fn act_offload_with_op_level_checkpointing_or_pipelines_is_refused_by_name() {
-    for args in ["--act_offload torchtune --recompute op", "--act_offload save_on_cpu --pp 2 --gpus 2"] {
+fn act_offload_with_megatrons_selective_recomputation_or_pipelines_is_refused_by_name() {
+    for args in ["--act_offload torchtune --recompute selective", "--act_offload save_on_cpu --pp 2 --gpus 2"] {
         let err = estimate_json(args).expect_err(args);
         assert!(err.contains("act_offload") && err.contains("not modelled yet"), "{args}: {err}");
     }

@@ -63,7 +63,15 @@ fn config_of(doc: &Value, r: &Value) -> Config {
         other => panic!("dtype {other:?}"),
     };
     c.attn = if r["attn"] == "eager" { Attention::Eager } else { Attention::Sdpa };
-    c.recompute = if r["recipe"]["recompute"] == "full" { Recompute::Full } else { Recompute::None };
+    c.recompute = match r["recipe"]["recompute"].as_str() {
+        Some("full") => Recompute::Full,
+        // torchtitan's SelectiveAC with the CPU's SDPA kernel saved (measure_recipes.py `recompute=op`).
+        Some("op") => {
+            c.sac_cpu_sdpa = true;
+            Recompute::Op
+        }
+        _ => Recompute::None,
+    };
     c.kernels = Kernels::Cpu;
     c.optim = Optimizer::Adamw;
     c.optim_impl = OptimImpl::Forloop;
@@ -94,11 +102,12 @@ fn config_of(doc: &Value, r: &Value) -> Config {
 /// Records the estimator refuses by name (measured, not reached): (id suffix, why). torchtune's
 /// LoRA under offloading: host bytes exact, step peaks over by a stashed layer input
 /// (+16,384 B with full AC, +65,536 B without, +6,232 B compiled).
-const REFUSED: &[(&str, &str)] = &[("/lora-r8-qv", "activation offloading of torchtune's LoRA")];
+const REFUSED: &[(&str, &str)] = &[];
 
 /// Bytes a torch.profiler-measured (compiled) peak may differ by: the residual of the same
-/// compiled records without offloading, at the same measured peak.
-const PROFILED_SLACK: u128 = 12;
+/// compiled records without offloading (tests/framework_fixtures.rs: −10 B bf16, −12 B fp32,
+/// −40 B with LoRA on q and v), at the same place of the step.
+const PROFILED_SLACK: u128 = 40;
 
 #[test]
 fn every_offload_record_with_checkpointing_has_its_host_bytes_and_step_peak_to_the_byte() {
@@ -139,13 +148,16 @@ fn every_offload_record_with_checkpointing_has_its_host_bytes_and_step_peak_to_t
             let step = &r["step"];
             let want_peak =
                 step["tensors_measured_peak_bytes"].as_u64().or_else(|| step["measured_peak_bytes"].as_u64()).expect("a peak") as u128;
+            // A checkpoint's `preserve_rng_state` CPU RNG state (5,056 B a checkpointed layer, alive
+            // from its forward to its recomputation) is host memory on a GPU, not in the estimate:
+            // out of a peak the profiler measured in forward (as tests/framework_fixtures.rs does).
+            let rng = if step["tensors_peak_phase"] == "forward" { r["checkpoint_rng_state_bytes"].as_u64().unwrap_or(0) } else { 0 };
+            let want_peak = want_peak - u128::from(rng);
             println!("{id:70} host {host:>8} / {want_host:>8}  peak {:>9} / {want_peak:>9} ({})", e.memory.peak, e.memory.peak_op);
             if host != want_host {
                 failures.push(format!("{id}: host bytes {host} vs {want_host}"));
             }
-            // The profiled records: within the residual their siblings without offloading carry
-            // (tests/framework_fixtures.rs, `torchtune-llama3-compile`: compile=layer+recompute=full
-            // −10 B in bf16, −12 B in fp32, the same measured peaks).
+            // The profiled records: within the residual their siblings without offloading carry.
             let slack = if step["tensors_measured_peak_bytes"].is_u64() { PROFILED_SLACK } else { 0 };
             if e.memory.peak.abs_diff(want_peak) > slack {
                 failures.push(format!("{id}: step peak {} vs {want_peak} at {}", e.memory.peak, e.memory.peak_op));

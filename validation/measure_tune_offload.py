@@ -147,6 +147,9 @@ def measure_compiled(dtype: str, opts: dict) -> dict:
            "packs": len(ctx.log), "offloaded_tensors": len(moved), "offloaded_bytes": sum(e["bytes"] for e in moved),
            "kept_bytes": sum(e["bytes"] for e in ctx.log if e["decision"] != "offloaded"),
            "packed": [{k: e[k] for k in ("dtype", "shape", "bytes", "decision")} for e in ctx.log],
+           # preserve_rng_state's `torch.get_rng_state()` per checkpointed layer, alive from its forward to its
+           # recomputation (host memory on a GPU): in a peak the profiler measures in forward
+           "checkpoint_rng_state_bytes": torch.get_rng_state().numel() * len(lm.model.layers),
            "dynamo": counters_2, "step": step, "step_method": "torch.profiler memory events (CPU allocator)",
            "saved_bytes": None, "saved": []}
     opts["cfg"] = cfg
@@ -208,6 +211,13 @@ def main():
                 rec["recipe"]["checkpoint"] = ("torchtune training.set_activation_checkpointing (checkpoint_wrapper, "
                                                "non-reentrant): positional input x saved under the outer hooks")
             rec["recipe"]["output_head_noop"] = "model.output"
+            if "log" in R.LAST_LOG:  # the tracked step 2's event log, as measure_recipes.py writes its records'
+                log = {"id": rid, "summary": {k: rec["step"].get(k) for k in (
+                    "peak_live_bytes", "measured_peak_bytes", "peak_phase", "peak_op", "peak_module", "peak_node")},
+                    **R.LAST_LOG.pop("log")}
+                os.makedirs(os.path.join(OUT, "steps"), exist_ok=True)
+                with open(os.path.join(OUT, "steps", M.step_log_name(rid)), "w") as f:
+                    f.write(M.dump_log(log))
             doc["configs"][rec["config_key"]] = cfg
             doc["records"] = [r for r in doc["records"] if r["id"] != rid] + [rec]
             st = rec["step"]

@@ -287,19 +287,19 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "activation offloading of a compiled step's saved tensors (modelled: torchtune's compiled layers inside their checkpoints, recompute = full, where the hooks pack only the checkpoints' inputs)",
         ),
         (
-            offload_ckpt && (cfg.recompute != Recompute::Full || cfg.recompute_every > 0),
+            offload_ckpt && (!matches!(cfg.recompute, Recompute::Full | Recompute::Op) || cfg.recompute_every > 0),
             "act_offload",
-            "activation offloading with checkpointing other than every layer's in full (op-level, selective or every N layers)",
+            "activation offloading with Megatron's selective recomputation or checkpointing every N layers",
         ),
         (
             offload_ckpt && !OFFLOAD_CKPT_CHECKED.contains(&cfg.arch.family),
             "act_offload",
-            "activation offloading with full checkpointing of a family not measured so (FINDINGS §15.5: the checkpoints' positional inputs packed)",
+            "activation offloading with full checkpointing of a family not measured so (FINDINGS §15.5.1: the checkpoints' positional inputs packed)",
         ),
         (
-            cfg.act_offload.on() && cfg.framework == Framework::Torchtune && cfg.finetune != super::config::Finetune::Full,
+            offload_ckpt && cfg.recompute == Recompute::Op && cfg.arch.family != super::family::Family::Llama,
             "act_offload",
-            "activation offloading of torchtune's LoRA (measured, tests/fixtures/pytorch/offload_ckpt/: host bytes exact, step peaks +0.55 to +4.7 %, one to four [b, s, h] tensors over, not diagnosed)",
+            "activation offloading with op-level selective checkpointing of a family other than Llama (measured: llama, FINDINGS §15.5.1)",
         ),
         (
             cfg.act_offload.on() && cfg.framework == Framework::Torchtune && cfg.arch.family != super::family::Family::Llama,

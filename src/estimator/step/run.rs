@@ -198,6 +198,9 @@ struct OffState {
     /// The checkpoint inputs brought back by the last node that triggered a recomputation and
     /// whose copy no recomputed save references (torchtune's `bwd_tensor_stash`): storages.
     held_inputs: Vec<usize>,
+    /// A compiled region's recomputation trigger: its copies and inputs brought back, whose hook
+    /// runs once the region's whole backward has (one `CompiledFunctionBackward` node).
+    deferred: Option<(Vec<(u32, u128)>, Vec<usize>)>,
     /// Host bytes alive now, at most, and copied in forward.
     host: u128,
     host_peak: u128,
@@ -498,6 +501,13 @@ impl<'p, S: Sink> Run<'p, S> {
         self.os.moved = vec![false; self.p.saves.len()];
         self.os.id = vec![0; self.p.saves.len()];
         self.os.region_ids = self.p.regions.iter().map(|r| vec![0; r.inputs as usize]).collect();
+    }
+
+    /// Whether region `r`'s ops are a compiled region (torchtune's compiled layer inside its
+    /// checkpoint): its backward is one node.
+    fn region_compiled(&self, r: usize) -> bool {
+        let reg = &self.p.regions[r];
+        self.p.ops.get(reg.first as usize).is_some_and(|o| o.compiled != Compiled::No)
     }
 
     /// Whether region `r`'s `k`-th held tensor is a positional input moved to the host.
@@ -1346,7 +1356,11 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.release_saved(i, &at);
                 }
             }
-            if (unpacked || inputs_moved) && self.off.is_some_and(|o| o.torchtune()) {
+            if inputs_moved && self.off.is_some_and(|o| o.torchtune()) && self.region_compiled(r as usize) {
+                // torchtune's order (a checkpoint around each compiled layer): the node that
+                // unpacked the inputs is the layer's whole compiled backward; its hook runs after it.
+                self.os.deferred = Some((std::mem::take(&mut copies), std::mem::take(&mut inputs_back)));
+            } else if (unpacked || inputs_moved) && self.off.is_some_and(|o| o.torchtune()) {
                 self.after_unpack(std::mem::take(&mut copies), std::mem::take(&mut inputs_back), &at);
             }
         } else if part == Part::Whole && op.saved.1 > 0 {
@@ -1356,6 +1370,9 @@ impl<'p, S: Sink> Run<'p, S> {
             // The region's last holder is unpacked: its inputs and kwargs go.
             if r != NONE && self.b.region_first_save[r as usize] == i as u32 && self.b.recomputed[r as usize] {
                 self.release_region(r as usize, &at);
+                if let Some((copies, inputs)) = self.os.deferred.take() {
+                    self.after_unpack(copies, inputs, &at);
+                }
             }
         }
         // Gradients to the inputs' buffers.
