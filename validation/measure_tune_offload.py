@@ -49,6 +49,9 @@ def tune_loss_step(self, ids, ctx):
 
 
 LORA = {"on": False}
+# `--model llama3_2`: torchtune's `llama3_2` builder (the output tied to the embedding: `TiedLinear`, whose `linear`
+# module carries the NoOpManager hooks in `get_act_offloading_ctx_manager`)
+MODEL = {"name": "llama3"}
 
 
 def build(tdtype):
@@ -57,9 +60,14 @@ def build(tdtype):
     if LORA["on"]:
         import measure_tune_compile as TC
         lm = TC.build(tdtype, True)
+    elif MODEL["name"] == "llama3_2":
+        lm = F.build_torchtune_llama3_2(R.S, tdtype)
     else:
         lm = F.build_torchtune_llama3(R.S, tdtype)
     lm.tune_loss_step = types.MethodType(tune_loss_step, lm)
+    if not isinstance(lm.model.output, torch.nn.Module):
+        # TiedLinear: torchtune hooks its `linear` module (get_act_offloading_ctx_manager)
+        lm.get_output_embeddings = lambda: lm.model.output.linear
     return lm
 
 
@@ -98,7 +106,7 @@ def measure_compiled(dtype: str, opts: dict) -> dict:
     ids = M.make_ids(lm, R.B, R.S)
     TC.tune_compile(lm, "full")
     hooks: dict = {}
-    head = lm.model.output
+    head = lm.get_output_embeddings()
     head.register_forward_pre_hook(lambda *a: hooks["noop"].__enter__())
     head.register_forward_hook(lambda *a: hooks["noop"].__exit__(None, None, None), always_call=True)
 
@@ -115,7 +123,7 @@ def measure_compiled(dtype: str, opts: dict) -> dict:
     counters_1 = R.dynamo_counters()
     gc.collect()
     extra = {"ids_saved_bytes": 0, "loss_bytes": 0, "regions": {}}
-    step, _, counters_2 = R.profiled_compiled_step("torchtune-llama3", lm, opt, ids, {"is_saved": True, "bytes": 0},
+    step, _, counters_2 = R.profiled_compiled_step(f"torchtune-{MODEL['name']}", lm, opt, ids, {"is_saved": True, "bytes": 0},
                                                     extra, 0, counters_1)
     step["checks"].pop("forward_unexplained", None)
     # after backward the device holds the trainable parameters' gradients only (LoRA: the adapters')
@@ -129,10 +137,11 @@ def measure_compiled(dtype: str, opts: dict) -> dict:
     step["unpacked_from_fwd_stash"] = ctx.stash_hits
     step["checks"]["host_bytes_after_backward"] = ctx.host_bytes
     pi = R.param_info(lm)
-    rid = (f"torchtune-llama3/b{R.B}/s{R.S}/{dtype}/sdpa/compile=layer+recompute=full+act_offload=torchtune"
+    family = f"torchtune-{MODEL['name']}"
+    rid = (f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/compile=layer+recompute=full+act_offload=torchtune"
            + ("/lora-r8-qv" if LORA["on"] else ""))
-    rec = {"id": rid, "family": "torchtune-llama3", "model_type": cfg["model_type"],
-           "config_key": f"torchtune-llama3/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype,
+    rec = {"id": rid, "family": family, "model_type": cfg["model_type"],
+           "config_key": f"{family}/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype,
            "attn": "sdpa", **pi, "framework": "torchtune", "framework_version": "0.6.1",
            "recipe": {"act_offload": "torchtune", "recompute": "full", "compile": True, "compile_regions": "layer",
                       "compiled_loss": True, "min_offload_size": 1024, "max_fwd_stash_size": 5, "use_streams": True,
@@ -161,9 +170,11 @@ def main():
     ap.add_argument("--only", default=None)
     ap.add_argument("--compiled", action="store_true", help="compile=layer + recompute=full (torchtune's order)")
     ap.add_argument("--lora", action="store_true", help="torchtune's LoRALinear on q and v, r 8 (bf16)")
+    ap.add_argument("--model", default="llama3", choices=("llama3", "llama3_2"))
     ap.add_argument("--child", nargs=2, metavar=("DTYPE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     LORA["on"] = args.lora
+    MODEL["name"] = args.model
     torch.set_num_threads(1)
     if args.child:
         dtype, out_json = args.child
@@ -173,22 +184,23 @@ def main():
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
     os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, "torchtune-llama3.json")
+    path = os.path.join(OUT, f"torchtune-{args.model}.json")
     if args.compiled:
         n_fail = 0
         for dtype in R.DTYPES:
             if args.only and args.only not in dtype:
                 continue
             doc = json.load(open(path))
-            n_fail += not R.run_child_into([sys.executable, os.path.abspath(__file__)] + (["--lora"] if args.lora else [])
+            n_fail += not R.run_child_into([sys.executable, os.path.abspath(__file__), "--model", args.model]
+                                           + (["--lora"] if args.lora else [])
                                            + ["--child", dtype], path, doc,
                                            f"{dtype}/compiled")
         sys.exit(1 if n_fail else 0)
     doc = json.load(open(path)) if os.path.exists(path) else {
         "generated_by": "validation/measure_tune_offload.py", "torch": torch.__version__.split("+")[0],
-        "framework": "torchtune", "framework_version": "0.6.1", "family": "llama3", "device": "cpu",
+        "framework": "torchtune", "framework_version": "0.6.1", "family": args.model, "device": "cpu",
         "configs": {}, "records": []}
-    family = "torchtune-llama3"
+    family = f"torchtune-{args.model}"
     for dtype in R.DTYPES:
         for recipe in RECIPES:
             rid = f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{recipe}" + ("/lora-r8-qv" if args.lora else "")
