@@ -111,10 +111,16 @@ const REFUSED: &[(&str, &str)] = &[];
 /// the estimate is the same whether the brought-back inputs' hook runs at the recomputation's
 /// trigger or after the layer's whole compiled backward, and no compiled fp32 record without
 /// offloading peaks in a layer's backward to tell the compile model's share from offloading's.
-const PEAK_PENDING: &[(&str, &str)] = &[(
-    "torchtune-llama3_2/b2/s64/fp32/sdpa/compile=layer+recompute=full+act_offload=torchtune",
-    "-32,768 B in layer 0's compiled backward, not diagnosed",
-)];
+/// GPT-2 under `save_on_cpu` with full checkpointing: 512 B (an int64 `[s]`?) more alive at the
+/// loss than the estimate holds, in fp32 and bf16 (−0.01 to −0.02 %; its torchtune twins exact).
+const PEAK_PENDING: &[(&str, &str)] = &[
+    (
+        "torchtune-llama3_2/b2/s64/fp32/sdpa/compile=layer+recompute=full+act_offload=torchtune",
+        "-32,768 B in layer 0's compiled backward, not diagnosed",
+    ),
+    ("gpt2/b2/s64/fp32/sdpa/act_offload=save_on_cpu+recompute=full", "-512 B at the loss, not diagnosed"),
+    ("gpt2/b2/s64/bf16/sdpa/act_offload=save_on_cpu+recompute=full", "-512 B at the loss, not diagnosed"),
+];
 
 /// Bytes a torch.profiler-measured (compiled) peak may differ by: the residual of the same
 /// compiled records without offloading (tests/framework_fixtures.rs: −10 B bf16, −12 B fp32,

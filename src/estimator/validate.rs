@@ -481,8 +481,10 @@ const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family:
 /// (tests/fixtures/pytorch/offload_ckpt/, validation/measure_recipes.py `measure_offload` with
 /// `+recompute=full`, validation/measure_tune_offload.py): the layer's one positional input is
 /// what the outer hooks pack.
-const OFFLOAD_CKPT_CHECKED: &[super::family::Family] =
-    &[super::family::Family::Llama, super::family::Family::Qwen3, super::family::Family::Mixtral];
+const OFFLOAD_CKPT_CHECKED: &[super::family::Family] = {
+    use super::family::Family::*;
+    &[Llama, Mistral, Mixtral, Qwen2, Qwen3, Gemma2, Phi3, Gpt2, Olmo2]
+};
 
 const COMPILE_CKPT_CHECKED: &[super::family::Family] = &[
     super::family::Family::Llama,
