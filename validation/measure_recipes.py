@@ -66,7 +66,11 @@ RECIPES = ("compile=layer", "recompute=op", "recompute=op-literal", "recompute_e
            "optim_in_bwd", "act_offload=torchtune", "act_offload=save_on_cpu")
 EXTRA_RECIPES = ("compile=layer+recompute=op", "compile=layer+recompute=full",  # run with --recipes
                  "optim=paged_adamw8bit",  # needs bitsandbytes (a separate environment: validation/README.md)
-                 "eager", "recompute=full")  # measure.py's grid record (ckpt0 / ckpt1) for the deep variants below
+                 "eager", "recompute=full",  # measure.py's grid record (ckpt0 / ckpt1) for the deep variants below
+                 # activation offloading with transformers' full checkpointing (non-reentrant, every layer): the
+                 # checkpoints' positional inputs packed by the outer hooks (written to --out offload_ckpt/)
+                 "act_offload=torchtune+recompute=full", "act_offload=save_on_cpu+recompute=full",
+                 "act_offload=torchtune+recompute=op", "act_offload=save_on_cpu+recompute=op")
 
 # Deep variants (recipe records only): with 2 layers and V = 1000 the loss dominates every eager step peak, so the
 # recipes' backward transients (recomputation, brought-back tensors, freed gradients) never set the peak. With 8
@@ -1649,8 +1653,19 @@ class CpuSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 
 
 def measure_offload(family, dtype, attn, recipe, opts):
-    kind = recipe.split("=", 1)[1]
+    kind, _, ckpt = recipe.split("=", 1)[1].partition("+")
     model = M.build_model(family, dtype, attn, 0.0, None)
+    if ckpt:
+        # transformers' gradient checkpointing (GradientCheckpointingLayer: `checkpoint(partial(forward, self,
+        # **kwargs), *args)`, non-reentrant): torch.utils.checkpoint's `_CheckpointFrame.save_inputs` makes the
+        # positional tensors SavedVariables under the hooks active at the call (the offloading context), before the
+        # checkpoint's own `_checkpoint_hook` is pushed; the recomputation unpacks them through the outer hook
+        assert ckpt in ("recompute=full", "recompute=op"), recipe
+        if ckpt == "recompute=op":
+            # torchtitan's SelectiveAC with the CPU's SDPA kernel saved (`recompute=op`): checkpoint_setup
+            checkpoint_setup(model, ckpt, [])
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     cfg = M.config_dict(model)
     opts["cfg"] = cfg
     ids = M.make_ids(model, B, S)
@@ -1689,6 +1704,9 @@ def measure_offload(family, dtype, attn, recipe, opts):
         def forward(model, ids):
             ctx, noop = make_ctx()
             noop_holder["noop"] = noop
+            if hasattr(model, "tune_loss_step"):
+                # torchtune's own model (measure_tune_offload.py): `_loss_step` with the context around `self._model`
+                return model.tune_loss_step(ids, ctx)
             with ctx:
                 out = model(input_ids=ids, use_cache=False)
             loss = model.loss_function(out.logits, ids, vocab_size=model.config.vocab_size)
@@ -1739,7 +1757,8 @@ def measure_offload(family, dtype, attn, recipe, opts):
     ctx = hooks["ctx"]
     pi = param_info(model)
     step = step_summary(s2, s1, pi["parameter_bytes"])
-    g = grid_record(family, dtype, attn)
+    g = grid_record(family, dtype, attn, "ckpt1" if ckpt == "recompute=full" else "ckpt0") if ckpt != "recompute=op" \
+        else None
     step["checks"] = {"backward_unexplained": s2["live_end_of_phase"].get("backward", 0) - pi["parameter_bytes"],
                       "end_of_step_alive": [f"{e['op']}@{e['module']} {e['bytes']}" for e in s2["still_alive"]],
                       "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0),
@@ -1781,7 +1800,13 @@ def measure_offload(family, dtype, attn, recipe, opts):
                            **({"min_offload_size": 1024, "max_fwd_stash_size": 5, "use_streams": True,
                                "use_pin_memory": True, "output_head_noop": "lm_head",
                                "loss": "outside the offload context (torchtune recipes)"} if kind == "torchtune" else
-                              {"pin_memory": True, "scope": "the model call, HF's loss inside"})},
+                              {"pin_memory": True, "scope": "the model call, HF's loss inside"}),
+                           **({"recompute": "full", "checkpoint": "transformers gradient_checkpointing_enable("
+                               "use_reentrant=False): positional inputs saved under the outer hooks"}
+                              if ckpt == "recompute=full" else {}),
+                           **({"recompute": "op", "policy": "torchtitan 0.3.0 SelectiveAC (+ CPU SDPA)",
+                               "early_stop": False, "checkpoint": "torch.utils.checkpoint non-reentrant, context_fn: "
+                               "positional inputs saved under the outer hooks"} if ckpt == "recompute=op" else {})},
                 "saved_bytes": g["saved_bytes"] if g else None, "saved_bytes_source": g["id"] if g else None,
                 "grid_live_after_forward": g["step"]["live_after_forward"] if g else None,
                 "grid_measured_peak_bytes": g["step"]["measured_peak_bytes"] if g else None,

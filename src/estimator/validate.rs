@@ -278,7 +278,8 @@ fn lightning_refusal(cfg: &Config) -> Result<(), EstimateError> {
 /// are in `tests/fixtures/pytorch/recipes/` (validation/FINDINGS.md §15).
 fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
     let master = super::precision::recipe(cfg.precision).master.is_some();
-    let pending: [(bool, &str, &str); 11] = [
+    let offload_ckpt = cfg.act_offload.on() && (cfg.recompute != Recompute::None || cfg.recompute_every > 0);
+    let pending: [(bool, &str, &str); 14] = [
         (
             cfg.optim_in_bwd && master,
             "optim_in_bwd",
@@ -304,22 +305,41 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "compile_regions",
             "torch.compile of torchtitan's blocks outside torchtitan's own code (compile_regions = block means framework = torchtitan; transformers' layers are compile_regions = layer)",
         ),
-        (cfg.compile && cfg.act_offload.on(), "act_offload", "activation offloading of a compiled step's saved tensors"),
         (
-            cfg.act_offload.on() && (cfg.recompute != Recompute::None || cfg.recompute_every > 0),
+            cfg.compile && cfg.act_offload.on() && !(cfg.framework == Framework::Torchtune && cfg.recompute == Recompute::Full),
             "act_offload",
-            "activation offloading with activation checkpointing (the checkpoints' inputs packed, their recomputation unhooked)",
+            "activation offloading of a compiled step's saved tensors (modelled: torchtune's compiled layers inside their checkpoints, recompute = full, where the hooks pack only the checkpoints' inputs)",
+        ),
+        (
+            offload_ckpt && (!matches!(cfg.recompute, Recompute::Full | Recompute::Op) || cfg.recompute_every > 0),
+            "act_offload",
+            "activation offloading with Megatron's selective recomputation or checkpointing every N layers",
+        ),
+        (
+            offload_ckpt && !OFFLOAD_CKPT_CHECKED.contains(&cfg.arch.family),
+            "act_offload",
+            "activation offloading with full checkpointing of a family not measured so (FINDINGS §15.5.1: the checkpoints' positional inputs packed)",
+        ),
+        (
+            offload_ckpt && cfg.recompute == Recompute::Op && cfg.arch.family != super::family::Family::Llama,
+            "act_offload",
+            "activation offloading with op-level selective checkpointing of a family other than Llama (measured: llama, FINDINGS §15.5.1)",
+        ),
+        (
+            cfg.act_offload.on() && cfg.framework == Framework::Torchtune && cfg.arch.family != super::family::Family::Llama,
+            "act_offload",
+            "activation offloading on torchtune's own code for a model other than its Llama (measured: llama3)",
         ),
         (cfg.act_offload.on() && cfg.pp > 1, "act_offload", "activation offloading with pipeline parallelism"),
         (
-            cfg.act_offload.on() && cfg.framework != Framework::Hf,
+            cfg.act_offload.on() && !matches!(cfg.framework, Framework::Hf | Framework::Torchtune),
             "act_offload",
-            "activation offloading outside transformers' modeling code (framework = hf)",
+            "activation offloading outside transformers' and torchtune's modeling code (framework = hf | torchtune)",
         ),
         (
-            cfg.act_offload.on() && cfg.loss == super::config::Loss::Chunked,
+            cfg.act_offload.on() && cfg.loss == super::config::Loss::Chunked && cfg.framework != Framework::Torchtune,
             "act_offload",
-            "activation offloading with a chunked loss (its head and loss fused)",
+            "activation offloading with a fused chunked loss (Liger's; torchtune's CEWithChunkedOutputLoss is modelled)",
         ),
         (cfg.act_offload_layers > 0, "act_offload_layers", "Megatron's per-layer activation offloading"),
     ];
@@ -477,6 +497,15 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// bytes exact, peaks within 0.35 %); rowwise measured but refused, FSDP2's float8 all-gather
 /// refused.
 const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family::Llama, super::family::Family::Qwen3];
+
+/// Families whose activation offloading under full checkpointing is measured
+/// (tests/fixtures/pytorch/offload_ckpt/, validation/measure_recipes.py `measure_offload` with
+/// `+recompute=full`, validation/measure_tune_offload.py): the layer's one positional input is
+/// what the outer hooks pack.
+const OFFLOAD_CKPT_CHECKED: &[super::family::Family] = {
+    use super::family::Family::*;
+    &[Llama, Mistral, Mixtral, Qwen2, Qwen3, Gemma2, Phi3, Gpt2, Olmo2]
+};
 
 /// Families whose compiled and checkpointed layers (`compile_regions = layer` with `recompute =
 /// full` or `op`: the partitioner follows the checkpoint's tags,

@@ -163,14 +163,16 @@ impl<'a> Builder<'a> {
         let out = self.out(shape, dt, ra || rb);
         let full = self.bytes_of(&shape, dt);
         let dtype = self.dtype(dt);
+        // MulBackward0's saved variables in the generated node's order, `other_` before `self_`
+        // (the order of their pack hooks: an offloading context's pack ids).
         let mut saved: [S; 2] = [S::In(0); 2];
         let mut ns = 0;
-        if rb {
-            saved[ns] = S::In(0);
-            ns += 1;
-        }
         if ra {
             saved[ns] = S::In(1);
+            ns += 1;
+        }
+        if rb {
+            saved[ns] = S::In(0);
             ns += 1;
         }
         let mut bw: [B; 10] = [B::Free(0); 10];

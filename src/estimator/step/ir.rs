@@ -474,6 +474,12 @@ pub struct Region {
     /// What the checkpoint keeps (positional inputs, saved; closure keyword arguments, held):
     /// released when the region's last saved tensor has been unpacked.
     pub held: Vec<Save>,
+    /// How many of `held`'s first entries are the checkpoint's positional tensor inputs: torch
+    /// 2.15 `utils/checkpoint.py` `_CheckpointFrame.save_inputs` makes them `SavedTensor`s under
+    /// the saved-tensor hooks active at the call (an outer offloading context packs them), before
+    /// `_checkpoint_hook` is pushed; the recomputation unpacks them (`get_inputs`). The rest are
+    /// closure keyword arguments (`partial(forward, **kwargs)`), plain references.
+    pub inputs: u8,
     /// Selective checkpointing (`recompute = op`): the outputs of the ops the policy marks
     /// `MUST_SAVE`, cached in forward by `_CachingTorchDispatchMode` and handed to the
     /// recomputation in place of running those ops again (see [`super::sac`]).
@@ -1065,7 +1071,7 @@ impl<'a> Builder<'a> {
     /// checkpointing, the policy whose saved ops' outputs the region caches.
     pub fn begin_checkpoint_as(&mut self, held: Vec<Save>, early_stop: bool, sac: Option<super::sac::Policy>) -> usize {
         let first = self.next_op();
-        self.p.regions.push(Region { first, end: first, held, cached: Vec::new(), early_stop, fused: Vec::new() });
+        self.p.regions.push(Region { first, end: first, held, inputs: 0, cached: Vec::new(), early_stop, fused: Vec::new() });
         let r = self.p.regions.len() - 1;
         self.sac = sac.map(|policy| super::sac::Open { region: r, policy, mm_count: 0 });
         r
@@ -1280,7 +1286,7 @@ impl<'a> Builder<'a> {
                     post: g.post.iter().map(|m| m + so).collect(),
                 })
                 .collect();
-            let r = Region { first: r.first + so, end: r.end + so, held, cached, early_stop: r.early_stop, fused };
+            let r = Region { first: r.first + so, end: r.end + so, held, inputs: r.inputs, cached, early_stop: r.early_stop, fused };
             p.regions.push(r);
         }
         for tc in &f.touched {

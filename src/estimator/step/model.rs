@@ -476,7 +476,13 @@ impl<'a> Setup<'a> {
             for t in sh.all() {
                 held.push(Save { t, part: Part::Checkpoints, group: super::ir::Group::All });
             }
-            b.begin_checkpoint_as(held, early_stop, sac)
+            let r = b.begin_checkpoint_as(held, early_stop, sac);
+            // The layer's hidden state is its one positional argument (transformers'
+            // `decoder_layer(hidden_states, attention_mask=..., position_embeddings=..., ...)`,
+            // `GradientCheckpointingLayer`: `checkpoint(partial(forward, self, **kwargs), *args)`;
+            // torchtune's `layer(h, mask=mask, input_pos=input_pos)` through `checkpoint_wrapper`).
+            b.p.regions[r].inputs = 1;
+            r
         });
         let spec = &self.cfg.arch;
         let first = b.next_op();

@@ -153,6 +153,29 @@ pub fn offloaded_bytes(p: &Program, off: &Offload) -> u128 {
             }
         }
     }
+    total + offloaded_checkpoint_inputs(p, off)
+}
+
+/// The bytes of the checkpoints' positional inputs a program's forward copies to the host: each
+/// region's first [`super::ir::Region::inputs`] held tensors, packed by the outer hooks at the
+/// checkpoint call (torch 2.15 `utils/checkpoint.py` `_checkpoint_without_reentrant_generator`:
+/// `new_frame.save_inputs(*args)` before `with _checkpoint_hook(new_frame)`) and moved by the
+/// same rule as any save ([`Offload::moves`]: torchtune's ≥ 1,024 B and not a Parameter;
+/// `save_on_cpu`: all). What the region saves inside goes to the checkpoint's own frame hook:
+/// never offloaded.
+pub fn offloaded_checkpoint_inputs(p: &Program, off: &Offload) -> u128 {
+    let mut total = 0;
+    for r in &p.regions {
+        let i = r.first as usize;
+        if i >= p.ops.len() || !off.packs(p, i) {
+            continue;
+        }
+        for s in r.held.iter().take(r.inputs as usize) {
+            if off.moves(p, i, s.t) {
+                total += p.tensors[s.t as usize].bytes;
+            }
+        }
+    }
     total
 }
 
@@ -169,6 +192,15 @@ struct OffState {
     /// `bwd_tensor_stash`: the copies brought back by the last node that unpacked a moved
     /// tensor (stream id, bytes).
     held: Vec<(u32, u128)>,
+    /// Per checkpoint region, per positional input: the pack id of a moved input (0: kept on the
+    /// device as a saved reference).
+    region_ids: Vec<Vec<i64>>,
+    /// The checkpoint inputs brought back by the last node that triggered a recomputation and
+    /// whose copy no recomputed save references (torchtune's `bwd_tensor_stash`): storages.
+    held_inputs: Vec<usize>,
+    /// A compiled region's recomputation trigger: its copies and inputs brought back, whose hook
+    /// runs once the region's whole backward has (one `CompiledFunctionBackward` node).
+    deferred: Option<(Vec<(u32, u128)>, Vec<usize>)>,
     /// Host bytes alive now, at most, and copied in forward.
     host: u128,
     host_peak: u128,
@@ -468,6 +500,91 @@ impl<'p, S: Sink> Run<'p, S> {
         self.off = Some(off);
         self.os.moved = vec![false; self.p.saves.len()];
         self.os.id = vec![0; self.p.saves.len()];
+        self.os.region_ids = self.p.regions.iter().map(|r| vec![0; r.inputs as usize]).collect();
+    }
+
+    /// Whether region `r`'s ops are a compiled region (torchtune's compiled layer inside its
+    /// checkpoint): its backward is one node.
+    fn region_compiled(&self, r: usize) -> bool {
+        let reg = &self.p.regions[r];
+        self.p.ops.get(reg.first as usize).is_some_and(|o| o.compiled != Compiled::No)
+    }
+
+    /// Whether region `r`'s `k`-th held tensor is a positional input moved to the host.
+    fn input_moved(&self, r: usize, k: usize) -> bool {
+        self.os.region_ids.get(r).and_then(|v| v.get(k)).is_some_and(|&id| id != 0)
+    }
+
+    /// Packs region `r`'s `k`-th positional input at the checkpoint call (`_CheckpointFrame.
+    /// save_inputs` under the outer hooks, torch 2.15 `utils/checkpoint.py`): a pack id like
+    /// any save; kept as a saved reference, or copied to the host ([`Run::copy_out`]: torchtune
+    /// stashes the original, `save_on_cpu` lets forward free it).
+    fn pack_input(&mut self, r: usize, k: usize, off: Offload, at: &At) {
+        let p = self.p;
+        let reg = &p.regions[r];
+        let t = reg.held[k].t;
+        let b = p.tensors[t as usize].base as usize;
+        self.os.next_id += 1;
+        let id = self.os.next_id;
+        if !off.moves(p, reg.first as usize, t) {
+            self.b.saves[b] += 1;
+            return;
+        }
+        self.os.region_ids[r][k] = id;
+        self.os.host += p.tensors[t as usize].bytes;
+        self.copy_out(t, id, off, at);
+    }
+
+    /// The recomputation of region `r` unpacks its moved positional inputs (`frame.get_inputs()`
+    /// in `_checkpoint_hook.unpack_hook`) through the outer hook, inside the node that triggers
+    /// it: torchtune takes the original if the `fwd_stash` still has it, else it copies the host
+    /// tensor back (`.to("cuda")`, its own size); `save_on_cpu` always copies. The copy stands
+    /// for the input's storage again (the re-run reads and saves it as the forward did), one
+    /// reference held by the hook. Returns whether any input was moved, and the storages
+    /// brought back.
+    fn unpack_inputs(&mut self, r: usize, copies: &mut Vec<(u32, u128)>, at: &At) -> (bool, Vec<usize>) {
+        let p = self.p;
+        let mut any = false;
+        let mut back = Vec::new();
+        for k in 0..p.regions[r].inputs as usize {
+            if !self.input_moved(r, k) {
+                continue;
+            }
+            any = true;
+            let t = p.regions[r].held[k].t;
+            let b = p.tensors[t as usize].base as usize;
+            self.os.host = self.os.host.saturating_sub(p.tensors[t as usize].bytes);
+            let id = self.os.region_ids[r][k];
+            if self.off.is_some_and(|o| o.torchtune()) && self.os.stash.iter().any(|e| e.0 == id) {
+                continue;
+            }
+            if self.b.alive[b] {
+                // Still held by someone else: the copy is a storage of its own, read by the
+                // re-run in its place; it lives as the hook's (no recomputed save names it).
+                let mut a = *at;
+                a.op = "_to_copy";
+                let sid = self.sink.alloc(p.tensors[t as usize].bytes, p.tensors[t as usize].dtype, Cat::Activations, &a);
+                copies.push((sid, p.tensors[t as usize].bytes));
+                continue;
+            }
+            let mut a = *at;
+            a.op = "_to_copy";
+            self.b.cat[b] = Cat::Activations;
+            self.alloc_storage(b, &a);
+            self.b.fwd_over[b] = true;
+            self.b.saves[b] += 1;
+            back.push(b);
+        }
+        (any, back)
+    }
+
+    /// `save_on_cpu` after the recomputation: its unpacked inputs were the re-run's arguments
+    /// only; a copy lives on while a recomputed save references it.
+    fn drop_unpacked_inputs(&mut self, back: &[usize], at: &At) {
+        for &b in back {
+            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+            self.try_free(b, at);
+        }
     }
 
     /// Host bytes: copied in forward, and the most alive at once.
@@ -569,12 +686,29 @@ impl<'p, S: Sink> Run<'p, S> {
 
     /// torchtune's hook after a node that unpacked a moved tensor: the stash is emptied and the
     /// previous such node's copies go; this node's stay until the next one.
-    fn after_unpack(&mut self, copies: Vec<(u32, u128)>, at: &At) {
+    ///
+    /// A checkpoint input brought back (`inputs`) is checked first (torchtune's hook:
+    /// `_storage_Use_Count(...) > storage_refcount`): if a recomputed save not yet unpacked
+    /// references its storage (the checkpoint frame's `recomputed` holds it), the hook lets go of
+    /// it at once and the storage lives as those saves say; else it stays until the next such node.
+    fn after_unpack(&mut self, copies: Vec<(u32, u128)>, inputs: Vec<usize>, at: &At) {
+        let mut kept = Vec::new();
+        for b in inputs {
+            if self.b.saves[b] > 1 {
+                self.b.saves[b] -= 1;
+            } else {
+                kept.push(b);
+            }
+        }
         for (_, b) in std::mem::take(&mut self.os.stash) {
             self.unstash(b, at);
         }
         for (sid, bytes) in std::mem::replace(&mut self.os.held, copies) {
             self.sink.free(sid, bytes, Cat::Activations, at);
+        }
+        for b in std::mem::replace(&mut self.os.held_inputs, kept) {
+            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+            self.try_free(b, at);
         }
     }
 
@@ -586,6 +720,10 @@ impl<'p, S: Sink> Run<'p, S> {
         }
         for (sid, bytes) in std::mem::take(&mut self.os.held) {
             self.sink.free(sid, bytes, Cat::Activations, at);
+        }
+        for b in std::mem::take(&mut self.os.held_inputs) {
+            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+            self.try_free(b, at);
         }
     }
 
@@ -747,10 +885,16 @@ impl<'p, S: Sink> Run<'p, S> {
             // A region starts: its inputs are kept.
             let r = self.b.region_of[i];
             if r != NONE && p.regions[r as usize].first == i as u32 {
+                let reg = &p.regions[r as usize];
+                // The positional inputs go through the outer offloading hooks, if any.
+                let hooks = self.off.filter(|o| o.packs(p, i));
                 // Selective checkpointing's cache is taken with them: counted before its
                 // tensors exist, it keeps each one from its allocation on.
-                for s in p.regions[r as usize].held.iter().chain(&p.regions[r as usize].cached) {
-                    self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
+                for (k, s) in reg.held.iter().chain(&reg.cached).enumerate() {
+                    match hooks {
+                        Some(o) if k < reg.inputs as usize => self.pack_input(r as usize, k, o, &at),
+                        _ => self.b.saves[p.tensors[s.t as usize].base as usize] += 1,
+                    }
                 }
             }
             if !p.units.is_empty() {
@@ -1105,17 +1249,27 @@ impl<'p, S: Sink> Run<'p, S> {
         let begins = matches!(part, Part::Whole | Part::Inputs | Part::Script | Part::Read);
         let ends = matches!(part, Part::Whole | Part::Weights | Part::Release);
         let has_grad = outs.iter().any(|&t| self.b.grad[t as usize] != NONE);
-        if begins && r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
-            self.recompute(r as usize, op.node);
-        }
         let at = self.at(i, Phase::Backward, op.node);
+        let mut copies: Vec<(u32, u128)> = Vec::new();
+        let (mut inputs_moved, mut inputs_back) = (false, Vec::new());
+        if begins && r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
+            if self.off.is_some() {
+                (inputs_moved, inputs_back) = self.unpack_inputs(r as usize, &mut copies, &at);
+            }
+            self.recompute(r as usize, op.node);
+            if inputs_moved && !self.off.is_some_and(|o| o.torchtune()) {
+                self.drop_unpacked_inputs(&std::mem::take(&mut inputs_back), &at);
+                for (sid, bytes) in std::mem::take(&mut copies) {
+                    self.sink.free(sid, bytes, Cat::Activations, &at);
+                }
+            }
+        }
         let runs = !op.node.is_empty() && has_grad;
         let mut temps = std::mem::take(&mut self.temps);
         let mut deliver = std::mem::take(&mut self.deliver);
         deliver.clear();
         temps.clear();
         let mut released = false;
-        let mut copies: Vec<(u32, u128)> = Vec::new();
         let unpacked = runs && part == Part::Whole && self.off.is_some() && self.unpack(i, &mut copies, &at);
         if runs && begins && !p.units.is_empty() {
             self.unsharded_grads(i, &at);
@@ -1202,8 +1356,12 @@ impl<'p, S: Sink> Run<'p, S> {
                     self.release_saved(i, &at);
                 }
             }
-            if unpacked && self.off.is_some_and(|o| o.torchtune()) {
-                self.after_unpack(copies, &at);
+            if inputs_moved && self.off.is_some_and(|o| o.torchtune()) && self.region_compiled(r as usize) {
+                // torchtune's order (a checkpoint around each compiled layer): the node that
+                // unpacked the inputs is the layer's whole compiled backward; its hook runs after it.
+                self.os.deferred = Some((std::mem::take(&mut copies), std::mem::take(&mut inputs_back)));
+            } else if (unpacked || inputs_moved) && self.off.is_some_and(|o| o.torchtune()) {
+                self.after_unpack(std::mem::take(&mut copies), std::mem::take(&mut inputs_back), &at);
             }
         } else if part == Part::Whole && op.saved.1 > 0 {
             skipped.push(i);
@@ -1212,6 +1370,9 @@ impl<'p, S: Sink> Run<'p, S> {
             // The region's last holder is unpacked: its inputs and kwargs go.
             if r != NONE && self.b.region_first_save[r as usize] == i as u32 && self.b.recomputed[r as usize] {
                 self.release_region(r as usize, &at);
+                if let Some((copies, inputs)) = self.os.deferred.take() {
+                    self.after_unpack(copies, inputs, &at);
+                }
             }
         }
         // Gradients to the inputs' buffers.
@@ -1267,7 +1428,11 @@ impl<'p, S: Sink> Run<'p, S> {
 
     fn release_region(&mut self, r: usize, at: &At) {
         let p = self.p;
-        for s in &p.regions[r].held {
+        for (k, s) in p.regions[r].held.iter().enumerate() {
+            // A moved input holds nothing on the device (its host copy went at the unpack).
+            if self.input_moved(r, k) {
+                continue;
+            }
             let b = p.tensors[s.t as usize].base as usize;
             self.b.saves[b] = self.b.saves[b].saturating_sub(1);
             self.try_free(b, at);

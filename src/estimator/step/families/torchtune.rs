@@ -80,11 +80,15 @@ pub(super) fn rope(b: &mut Builder, x: Tid, cache: Tid) -> Tid {
     let half = b.shape(x32).last(Dim::Half(Q::D));
     let x0 = b.slice(x32, half);
     let x1 = b.slice(x32, half);
-    let a = b.mul(x0, cache);
-    let c = b.mul(x1, cache);
+    // `rope_cache[..., 0]` and `rope_cache[..., 1]`: views of half the cache, which each
+    // product saves (packed at their own size under offloading: 2 · s · d/2 bytes each).
+    let half_cache = Shape::new(&[Dim::Q(Q::S), Dim::Half(Q::D)], Split::None);
+    let (c0, c1) = (b.view(cache, half_cache, "", false), b.view(cache, half_cache, "", false));
+    let a = b.mul(x0, c0);
+    let c = b.mul(x1, c1);
     let re = sub(b, a, c);
-    let d = b.mul(x1, cache);
-    let e = b.mul(x0, cache);
+    let d = b.mul(x1, c0);
+    let e = b.mul(x0, c1);
     let im = b.add(d, e);
     let full = b.shape(x32);
     let st = b.cat2(re, im, full);
@@ -485,6 +489,8 @@ pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Opt
     b.hold(h);
     b.hold(xn);
     b.p.loss_from = b.next_op();
+    // The recipe's loss runs outside the offloading context (`_loss_step`).
+    b.p.loss_fn_from = b.p.loss_from;
     b.module = "loss_fn";
     b.part = Part::Loss;
     let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
