@@ -354,7 +354,9 @@ impl<'a> Builder<'a> {
     /// (no `abs`, fp32 or fp64 temporaries); the scales' 4 B are not counted (48–64 B a block).
     ///
     /// * grad_output cast to e5m2 in both layouts, `2·t·n` B (the transposed one for
-    ///   grad_weight; `w2`'s is the block tangent's, which `wo`'s grad_weight reads again);
+    ///   grad_weight; `w2`'s is the block tangent's, which the compiled backward holds on to
+    ///   `wo`'s grad_weight: here freed with `w2`'s script and cast again by `wo`'s, the same
+    ///   bytes, `t·n` less between the two);
     /// * `w2` only: its weight cast to e4m3 (`k·n` B; the other linears hold theirs from the
     ///   re-run, `ins[4]`), freed after grad_input;
     /// * grad_input `_scaled_mm`, `t·k·p` (`p` grad_output's bytes: fp32 in fp32 training);
