@@ -146,8 +146,9 @@ fn compile(v: &Value, root: &Value) -> Out {
 /// `model.name` of [`OWN_CODE`] (a flavor without `-A`, total-active, as "30B-A3B"), the blocks
 /// unchecked, fully checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full,
 /// or selective with `selective_ac_option` "op"), no tensor parallelism, and a float8 converter
-/// only with tensorwise scales, without FSDP2's float8 all-gather. Every-N-blocks SAC (the default option "2"), a memory budget, the other float8
-/// cases and torchtitan's MoE blocks are not.
+/// only with tensorwise scales, without FSDP2's float8 all-gather. Every-N-blocks SAC (the
+/// default option "2"), a memory budget, the other float8 cases and torchtitan's MoE blocks are
+/// not.
 fn compile_on_own_code(root: &Value) -> bool {
     let get = |k: &str| tree::get(root, k).and_then(text).unwrap_or_default();
     let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
