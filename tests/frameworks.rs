@@ -181,10 +181,11 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         (c.compile, c.compile_regions, c.recompute, c.framework),
         (true, config::CompileRegions::Block, config::Recompute::Op, config::Framework::Torchtitan)
     );
-    // Compiled and fully checkpointed, and compiled with tensorwise float8 under op-level SAC:
-    // torchtitan's own code, estimated (FINDINGS §15.1).
+    // Compiled and fully checkpointed (with and without tensorwise float8), and compiled with
+    // tensorwise float8 under op-level SAC: torchtitan's own code, estimated (FINDINGS §15.1).
     for toml in [
         "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[activation_checkpoint]\nmode = \"full\"\n[compile]\nenable = true\n",
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[activation_checkpoint]\nmode = \"full\"\n[compile]\nenable = true\n",
         "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n[compile]\nenable = true\n",
     ] {
         let imp = import(&[("job.toml", toml)]).expect("imports");

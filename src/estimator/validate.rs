@@ -373,11 +373,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.compile && cfg.framework == Framework::Torchtitan {
         // torch.compile on torchtitan's own blocks: measured in fp32 and bf16 without tensor
         // parallelism (FINDINGS §15.1); each of these is refused by name.
-        let titan_compile_pending: [(bool, &str); 5] = [
-            (
-                cfg.recompute == Recompute::Full && step::lowbit::fp8_of(cfg) != super::config::Fp8::None,
-                "torch.compile of torchtitan's fully checkpointed blocks with float8 converters (Inductor's fused feed-forward backward kernel, which writes SiLU and its sigmoid beside four float8 `[tokens, ffn]` casts, and the float8 weight casts the compiled backward holds from its start: saved bytes exact on torchtitan-{llama3,qwen3}-compile-fp8.json, peaks 0.7 % under to 0.5 % over, FINDINGS §15.1)",
-            ),
+        let titan_compile_pending: [(bool, &str); 4] = [
             (
                 cfg.fp8_allgather && step::lowbit::fp8_of(cfg) != super::config::Fp8::None,
                 "torch.compile of torchtitan's blocks with float8 all-gather (`enable_fsdp_float8_all_gather`: the blocks receive weights FSDP2 already cast to float8; measured compiled without it only, FINDINGS §15.1)",

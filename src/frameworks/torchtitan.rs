@@ -146,9 +146,9 @@ fn compile(v: &Value, root: &Value) -> Out {
 /// `model.name` of [`OWN_CODE`] (a flavor without `-A`, total-active, as "30B-A3B"), the blocks
 /// unchecked, fully checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full,
 /// or selective with `selective_ac_option` "op"), no tensor parallelism, and a float8 converter
-/// only with tensorwise scales, without FSDP2's float8 all-gather and without full
-/// checkpointing. Every-N-blocks SAC (the default option "2"), a memory budget, the other float8
-/// cases and torchtitan's MoE blocks are not.
+/// only with tensorwise scales, without FSDP2's float8 all-gather. Every-N-blocks SAC (the
+/// default option "2"), a memory budget, the other float8 cases and torchtitan's MoE blocks are
+/// not.
 fn compile_on_own_code(root: &Value) -> bool {
     let get = |k: &str| tree::get(root, k).and_then(text).unwrap_or_default();
     let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
@@ -166,7 +166,7 @@ fn compile_on_own_code(root: &Value) -> bool {
     let f8 = |k: &str| tree::get(root, &format!("quantize.linear.float8.{k}")).or_else(|| tree::get(root, &format!("float8.{k}")));
     let tensorwise = matches!(f8("recipe_name").and_then(text).as_deref(), None | Some("tensorwise"));
     let gather = f8("enable_fsdp_float8_all_gather").and_then(boolean) == Some(true);
-    let float8_ok = !float8 || (tensorwise && !gather && ac != "full");
+    let float8_ok = !float8 || (tensorwise && !gather);
     let ac_ok = ac == "none" || ac == "full" || (ac == "selective" && option == "op");
     OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && float8_ok && tp <= 1
 }

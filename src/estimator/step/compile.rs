@@ -558,9 +558,11 @@ impl<'a> Builder<'a> {
         // backward that reads it last (measured: torchtitan's compiled fully checkpointed
         // blocks, `frameworks/steps/…compile=layer+recompute=full.json`, FINDINGS §15.1).
         // Float8 linears inside (torchao's casts, fused in the compiled backward: FINDINGS §15.1
-        // "Float8") follow the checkpoint's tags alone: the re-run's kernels below are measured
-        // without them.
-        let f8 = self.p.ops[lo..hi].iter().any(float8_linear);
+        // "Float8") follow the checkpoint's tags alone under op SAC: the re-run's kernels below
+        // are measured without them. Fully checkpointed (torchtitan), the re-run keeps the same
+        // values around them as without float8 (the norms' rstd, `wo`'s output, Qwen3's q/k
+        // norm inputs), the linears their weight casts (`lowbit.rs` `compiled_full_backward`).
+        let f8 = self.p.ops[lo..hi].iter().any(float8_linear) && !self.fp8_compiled_full();
         let plain: Vec<Tid> = match ckpt {
             Some(_) if !f8 => {
                 let d = self.decide(first, end, outputs, None);

@@ -149,8 +149,31 @@ impl<'a> Builder<'a> {
         ins.extend([ra, rb]);
         let dt = self.t(x).dt;
         let out = self.out(shape, dt, rx || rw);
-        let bw = if rx || rw { self.torchao_backward(x, w, &shape, dt, f, t, k, n) } else { Vec::new() };
-        let saved: &[S] = if rx || rw { &[S::In(0), S::In(1)] } else { &[] };
+        // Compiled and fully checkpointed (torchtitan): the linear keeps its weight's e4m3 cast
+        // from the re-run to its backward (`ins[4]`), not its 16-bit input; `wo`, whose input
+        // SDPA writes (no kernel fuses its cast), keeps the input's cast too (`ins[2]`); the
+        // feed-forward output projection keeps nothing its kernel recomputes (FINDINGS §15.1,
+        // "Full AC, compiled").
+        let cf = self.compiled_full(f);
+        let (is_w2, is_wo) = (cf && self.is_ffn_out(), cf && self.is_attn_out());
+        let bw = if !(rx || rw) {
+            Vec::new()
+        } else if cf {
+            self.compiled_full_backward(&shape, dt, t, k, n, is_w2, is_wo)
+        } else {
+            self.torchao_backward(x, w, &shape, dt, f, t, k, n)
+        };
+        let saved: &[S] = if !(rx || rw) {
+            &[]
+        } else if is_w2 {
+            &[S::In(1)]
+        } else if is_wo {
+            &[S::In(1), S::In(4), S::In(2)]
+        } else if cf {
+            &[S::In(1), S::In(4)]
+        } else {
+            &[S::In(0), S::In(1)]
+        };
         let y = self.op("_scaled_mm", "matmul_with_hp_or_float8_argsBackward", &ins, &[out], saved, &bw)[0];
         match bias {
             Some(b) => self.add(y, b),
@@ -291,6 +314,96 @@ impl<'a> Builder<'a> {
         if let Some(o) = gw {
             s.b.push(B::Grad { input: 1, temp: o });
         }
+        s.b
+    }
+
+    /// Whether this float8 linear runs in torchtitan's compiled, fully checkpointed block
+    /// (tensorwise, without float8 all-gather): its backward is
+    /// [`Builder::compiled_full_backward`], not torchao's eager casts.
+    fn compiled_full(&self, f: Fp8Linear) -> bool {
+        use crate::estimator::config::{Framework, Recompute};
+        self.compiled_block()
+            && self.c.cfg.framework == Framework::Torchtitan
+            && self.c.cfg.recompute == Recompute::Full
+            && f.recipe == Fp8::TorchaoTensorwise
+            && !f.allgathered
+    }
+
+    /// Whether the program's float8 linears take the compiled fully checkpointed backward
+    /// ([`Builder::compiled_full_backward`]; the partition keeps the uncheckpointed cut's values
+    /// around them: `compile.rs`).
+    pub fn fp8_compiled_full(&self) -> bool {
+        self.lowbit.fp8.is_some_and(|f| self.compiled_full(f))
+    }
+
+    /// The feed-forward output projection (torchtitan's `w2`, here `mlp.down_proj`).
+    fn is_ffn_out(&self) -> bool {
+        self.module.ends_with("down_proj") || self.module.ends_with(".w2")
+    }
+
+    /// The attention output projection (torchtitan's `attention.wo`), fed by SDPA.
+    fn is_attn_out(&self) -> bool {
+        self.module.ends_with(".wo") || self.module.ends_with("o_proj")
+    }
+
+    /// The backward of a float8 linear (tensorwise, `y = x·Wᵀ`, `x` `[t, k]`, `W` `[n, k]`) in
+    /// torchtitan's compiled, fully checkpointed block: what Inductor's compiled backward
+    /// allocates (torch 2.15, torchao 0.18; `TORCH_COMPILE_DEBUG=1` `output_code.py` of the
+    /// block's backward, `measure_titan_compile.py --fp8 tensorwise --only …/full`; FINDINGS
+    /// §15.1 "Full AC, compiled"). Every cast is one fused kernel writing only its FP8 output
+    /// (no `abs`, fp32 or fp64 temporaries); the scales' 4 B are not counted (48–64 B a block).
+    ///
+    /// * grad_output cast to e5m2 in both layouts, `2·t·n` B (the transposed one for
+    ///   grad_weight; `w2`'s is the block tangent's, which the compiled backward holds on to
+    ///   `wo`'s grad_weight: here freed with `w2`'s script and cast again by `wo`'s, the same
+    ///   bytes, `t·n` less between the two);
+    /// * `w2` only: its weight cast to e4m3 (`k·n` B; the other linears hold theirs from the
+    ///   re-run, `ins[4]`), freed after grad_input;
+    /// * grad_input `_scaled_mm`, `t·k·p` (`p` grad_output's bytes: fp32 in fp32 training);
+    /// * `w2` only: the fused `…silu_silu_backward…` kernel, which reads `w1`'s and `w3`'s
+    ///   outputs and `dh` and writes SiLU(`w1`) (`t·k·p`) and its sigmoid (`t·k·4`, both
+    ///   materialized: the `amax` reductions split the kernel into loops; freed before
+    ///   grad_weight), e5m2 `d(w1 out)` in two layouts and `d(w3 out)` (`3·t·k`) and the e4m3
+    ///   `act·w3` transposed, `w2`'s grad_weight operand (`t·k`); others: the input's e4m3 cast
+    ///   (`t·k`; `wo`'s is held from the re-run, `ins[2]`);
+    /// * grad_weight `_scaled_mm`, `n·k·p`.
+    #[allow(clippy::too_many_arguments)]
+    fn compiled_full_backward(&self, shape: &Shape, dt: Dt, t: u128, k: u128, n: u128, w2: bool, wo: bool) -> Vec<B> {
+        let gd = self.dtype(dt);
+        let g_elems = self.bytes_of(shape, dt) / gd.bytes().max(1) as u128;
+        let t = if g_elems > 0 && n > 0 { g_elems / n } else { t };
+        let p = gd.bytes() as u128;
+        let mut s = Script::new();
+        let g = s.alloc(t * n, DType::Fp8, "_to_copy");
+        let gt = s.alloc(t * n, DType::Fp8, "clone");
+        let wq = w2.then(|| s.alloc(k * n, DType::Fp8, "_to_copy"));
+        let gi = s.alloc(t * k * p, gd, "_scaled_mm");
+        s.free(wq);
+        s.free(Some(g));
+        let mut grads_fp8 = Vec::new();
+        let xq = if w2 {
+            let silu = s.alloc(t * k * p, gd, "silu");
+            let sig = s.alloc(t * k * 4, DType::Fp32, "sigmoid");
+            for _ in 0..3 {
+                grads_fp8.push(s.alloc(t * k, DType::Fp8, "silu_backward"));
+            }
+            let xq = s.alloc(t * k, DType::Fp8, "silu_backward");
+            s.free(Some(silu));
+            s.free(Some(sig));
+            Some(xq)
+        } else if wo {
+            None
+        } else {
+            Some(s.alloc(t * k, DType::Fp8, "_to_copy"))
+        };
+        let gw = s.alloc(n * k * p, gd, "_scaled_mm");
+        s.free(xq);
+        s.free(Some(gt));
+        for h in grads_fp8 {
+            s.free(Some(h));
+        }
+        s.b.push(B::Grad { input: 0, temp: gi });
+        s.b.push(B::Grad { input: 1, temp: gw });
         s.b
     }
 
