@@ -9,36 +9,20 @@
 //! fixture directory fails.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use trainmem::config::{Attention, Config, Kernels, OptimImpl, Optimizer, Precision, Recompute};
 use trainmem::estimator::{estimate, hf};
 
-fn fixtures() -> PathBuf {
-    std::env::var("TRAINMEM_PYTORCH_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"))
-        .join("recipes")
-}
+mod common;
+use common::ci;
 
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+fn fixtures() -> PathBuf {
+    common::pytorch_fixtures("recipes")
 }
 
 /// The recipe shards: (file stem, document).
 fn shards() -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(fixtures()) {
-        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-        paths.sort();
-        for p in paths {
-            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-            if p.extension().is_some_and(|x| x == "json") && stem != "index" {
-                let doc: Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("readable")).expect("json");
-                out.push((stem, doc));
-            }
-        }
-    }
-    out
+    common::json_shards(&fixtures())
 }
 
 /// The recipe a record ran: the last path element of its id (`compile=layer`, `recompute=op`,

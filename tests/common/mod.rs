@@ -1,0 +1,37 @@
+//! What the fixture tests share: where the PyTorch fixtures are, whether CI runs them (where a
+//! missing fixture fails instead of skipping), and a directory's JSON shards.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// `tests/fixtures/pytorch/<sub>`, or `$TRAINMEM_PYTORCH_FIXTURES/<sub>`.
+pub fn pytorch_fixtures(sub: &str) -> PathBuf {
+    std::env::var("TRAINMEM_PYTORCH_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"))
+        .join(sub)
+}
+
+/// `CI=1` (or `true`), which `.ci/run` sets.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// Every `*.json` in `dir` but `index.json`, sorted by name: (file stem, document). Empty when
+/// the directory is missing.
+pub fn json_shards(dir: &Path) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+            if p.extension().is_some_and(|x| x == "json") && stem != "index" {
+                let doc: Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("readable")).expect("json");
+                out.push((stem, doc));
+            }
+        }
+    }
+    out
+}
