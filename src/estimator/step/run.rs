@@ -179,6 +179,10 @@ pub fn offloaded_checkpoint_inputs(p: &Program, off: &Offload) -> u128 {
     total
 }
 
+/// A compiled region's brought-back copies (stream id, bytes) and checkpoint inputs (storages),
+/// released when its whole backward has run ([`OffState::deferred`]).
+type Deferred = (Vec<(u32, u128)>, Vec<usize>);
+
 /// A run's offloading state (see [`Offload`]).
 #[derive(Default)]
 struct OffState {
@@ -200,7 +204,7 @@ struct OffState {
     held_inputs: Vec<usize>,
     /// A compiled region's recomputation trigger: its copies and inputs brought back, whose hook
     /// runs once the region's whole backward has (one `CompiledFunctionBackward` node).
-    deferred: Option<(Vec<(u32, u128)>, Vec<usize>)>,
+    deferred: Option<Deferred>,
     /// Host bytes alive now, at most, and copied in forward.
     host: u128,
     host_peak: u128,
