@@ -47,9 +47,8 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/frameworks")
 }
 
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
-}
+mod common;
+use common::ci;
 
 /// The shards present; under CI each of [`SHARDS`] must be.
 fn shards() -> Vec<(String, Value)> {

@@ -18,20 +18,17 @@
 //! Under `CI=1` a missing fixture fails instead of skipping.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use trainmem::config::{Attention, Config, Finetune, Fp8, Kernels, Load, OptimImpl, Optimizer, Precision, Recompute, Zero};
 use trainmem::estimator::step::{EventKind, Phase, Stream};
 use trainmem::estimator::{estimate, hf, loading, step_stream, Estimate};
 
 fn fixtures() -> PathBuf {
-    std::env::var("TRAINMEM_PYTORCH_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"))
+    common::pytorch_root()
 }
 
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
-}
+mod common;
+use common::ci;
 
 /// The fixture at `rel`, or `None` (a failure under CI).
 fn load(rel: &str) -> Option<Value> {

@@ -13,32 +13,15 @@ use std::path::{Path, PathBuf};
 use trainmem::config::{Attention, Config, Kernels, OptimImpl, Optimizer, Precision, Recompute};
 use trainmem::estimator::{estimate, hf, step_stream};
 
-fn fixtures() -> PathBuf {
-    std::env::var("TRAINMEM_PYTORCH_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"))
-}
+mod common;
 
-/// Whether this run is CI's (`CI=1`, which `.ci/run` sets): there, a test that cannot run fails.
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+fn fixtures() -> PathBuf {
+    common::pytorch_root()
 }
 
 /// The record shards: (file stem, document).
 fn shards() -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(fixtures().join("records")) {
-        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-        paths.sort();
-        for p in paths {
-            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-            if p.extension().is_some_and(|x| x == "json") && stem != "index" {
-                let doc: Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("readable")).expect("json");
-                out.push((stem, doc));
-            }
-        }
-    }
-    out
+    common::json_shards(&fixtures().join("records"))
 }
 
 /// A record's configuration as the tracker ran it: its own config.json through the importer,
@@ -137,10 +120,7 @@ fn dump(dir: &str, id: &str, s: &trainmem::estimator::step::Stream) {
 #[test]
 fn the_peak_of_every_measured_step_is_within_minus_1_to_plus_3_percent() {
     let shards = shards();
-    if shards.is_empty() {
-        // Under CI the fixtures must be there: a missing fixture is a failure, not a skip.
-        assert!(!ci(), "no records under {} (CI=1: the fixtures are committed, so this fails)", fixtures().display());
-        eprintln!("no records under {}", fixtures().display());
+    if common::missing(shards.is_empty(), "records", &fixtures()) {
         return;
     }
     let mut all: Vec<f64> = Vec::new();
@@ -226,9 +206,7 @@ fn the_peak_of_every_measured_step_is_within_minus_1_to_plus_3_percent() {
 fn the_simulated_stream_peaks_with_every_logged_step() {
     let shards = shards();
     let logs = logs();
-    if logs.is_empty() {
-        assert!(!ci(), "no step logs under {} (CI=1: the fixtures are committed, so this fails)", fixtures().display());
-        eprintln!("no step logs under {}", fixtures().display());
+    if common::missing(logs.is_empty(), "step logs", &fixtures()) {
         return;
     }
     let mut errs: Vec<(f64, String)> = Vec::new();

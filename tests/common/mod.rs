@@ -5,17 +5,31 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// `tests/fixtures/pytorch/<sub>`, or `$TRAINMEM_PYTORCH_FIXTURES/<sub>`.
-pub fn pytorch_fixtures(sub: &str) -> PathBuf {
+/// `tests/fixtures/pytorch`, or `$TRAINMEM_PYTORCH_FIXTURES` (a harness run in progress).
+pub fn pytorch_root() -> PathBuf {
     std::env::var("TRAINMEM_PYTORCH_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"))
-        .join(sub)
+}
+
+/// [`pytorch_root`]`/<sub>`.
+pub fn pytorch_fixtures(sub: &str) -> PathBuf {
+    pytorch_root().join(sub)
 }
 
 /// `CI=1` (or `true`), which `.ci/run` sets.
 pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// Whether a test has nothing to check because its fixtures (`what`, under `dir`) are missing:
+/// under CI a failure (the fixtures are committed), elsewhere said on stderr and skipped.
+pub fn missing(empty: bool, what: &str, dir: &Path) -> bool {
+    if empty {
+        assert!(!ci(), "no {what} under {} (CI=1: the fixtures are committed, so this fails)", dir.display());
+        eprintln!("no {what} under {}", dir.display());
+    }
+    empty
 }
 
 /// Every `*.json` in `dir` but `index.json`, sorted by name: (file stem, document). Empty when
