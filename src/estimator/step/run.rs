@@ -562,17 +562,15 @@ impl<'p, S: Sink> Run<'p, S> {
             if self.off.is_some_and(|o| o.torchtune()) && self.os.stash.iter().any(|e| e.0 == id) {
                 continue;
             }
+            let mut a = *at;
+            a.op = "_to_copy";
             if self.b.alive[b] {
                 // Still held by someone else: the copy is a storage of its own, read by the
                 // re-run in its place; it lives as the hook's (no recomputed save names it).
-                let mut a = *at;
-                a.op = "_to_copy";
                 let sid = self.sink.alloc(p.tensors[t as usize].bytes, p.tensors[t as usize].dtype, Cat::Activations, &a);
                 copies.push((sid, p.tensors[t as usize].bytes));
                 continue;
             }
-            let mut a = *at;
-            a.op = "_to_copy";
             self.b.cat[b] = Cat::Activations;
             self.alloc_storage(b, &a);
             self.b.fwd_over[b] = true;
@@ -582,8 +580,9 @@ impl<'p, S: Sink> Run<'p, S> {
         (any, back)
     }
 
-    /// `save_on_cpu` after the recomputation: its unpacked inputs were the re-run's arguments
-    /// only; a copy lives on while a recomputed save references it.
+    /// Lets go of the hook's reference to brought-back checkpoint inputs (`save_on_cpu` after
+    /// the recomputation: they were the re-run's arguments only; torchtune at its next hook): a
+    /// copy lives on while a recomputed save references it.
     fn drop_unpacked_inputs(&mut self, back: &[usize], at: &At) {
         for &b in back {
             self.b.saves[b] = self.b.saves[b].saturating_sub(1);
@@ -710,25 +709,15 @@ impl<'p, S: Sink> Run<'p, S> {
         for (sid, bytes) in std::mem::replace(&mut self.os.held, copies) {
             self.sink.free(sid, bytes, Cat::Activations, at);
         }
-        for b in std::mem::replace(&mut self.os.held_inputs, kept) {
-            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
-            self.try_free(b, at);
-        }
+        let previous = std::mem::replace(&mut self.os.held_inputs, kept);
+        self.drop_unpacked_inputs(&previous, at);
     }
 
     /// Backward has ended: torchtune's queued callback deletes the last copies (and what the
     /// stash still holds).
     fn end_unpacks(&mut self, at: &At) {
-        for (_, b) in std::mem::take(&mut self.os.stash) {
-            self.unstash(b, at);
-        }
-        for (sid, bytes) in std::mem::take(&mut self.os.held) {
-            self.sink.free(sid, bytes, Cat::Activations, at);
-        }
-        for b in std::mem::take(&mut self.os.held_inputs) {
-            self.b.saves[b] = self.b.saves[b].saturating_sub(1);
-            self.try_free(b, at);
-        }
+        // [`Run::after_unpack`] of a node that brought nothing back.
+        self.after_unpack(Vec::new(), Vec::new(), at);
     }
 
     /// Steps each parameter inside backward once its last gradient has arrived ([`StepHook`]);
