@@ -615,7 +615,7 @@ impl<'a> Setup<'a> {
         let loss_first = b.p.loss_fn_from;
         let lf = b.to_copy(logits, Dt::F32);
         // The loop's name for the previous output is rebound now: its graph goes.
-        for t in prev.into_iter().flatten().flatten() {
+        for t in prev {
             b.hold(t);
         }
         let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Batch, false);
@@ -672,9 +672,9 @@ impl<'a> Setup<'a> {
     ///
     /// Toy: 2 layers of h = 8, a·d = 8, f = 16, an untied 4-bit head, b·s = 4: kept
     /// 4 · (2 · (8 + 8 + 8 + 16) + 8) · 2 = 704 B; with V = 32 the logits 4 · 32 · 4 = 512 B.
-    fn previous_micro_batch(&self, b: &mut Builder) -> Option<[Option<Tid>; 2]> {
+    fn previous_micro_batch(&self, b: &mut Builder) -> Vec<Tid> {
         if !self.cfg.holds_prev_logits {
-            return None;
+            return Vec::new();
         }
         let part = b.part;
         b.part = Part::Loss;
@@ -684,7 +684,7 @@ impl<'a> Setup<'a> {
             b.plain("previous MatMul4Bit inputs", &[], Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::W(widths)], Split::None), Dt::Bf16)
         });
         b.part = part;
-        Some([Some(logits), kept])
+        [Some(logits), kept].into_iter().flatten().collect()
     }
 
     /// FSDP2's `[norm, output]` unit (`overhead::head_unit`, torchtitan), whose ops start at

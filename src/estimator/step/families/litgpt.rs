@@ -591,15 +591,7 @@ pub fn loss_chunks(rows: u64) -> (u64, u64, u64) {
 /// docs/frameworks.md for what outlives it).
 /// `prev`: what the previous micro-batch holds until this forward returns
 /// (`holds_prev_logits`), freed once the fp32 logits exist.
-pub fn head_and_loss(
-    b: &mut Builder,
-    xn: Tid,
-    w: Option<Tid>,
-    bias: Option<Tid>,
-    vocab: Shape,
-    softcap: bool,
-    prev: Option<[Option<Tid>; 2]>,
-) {
+pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, softcap: bool, prev: Vec<Tid>) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
     // `GPT.forward`'s `clamp_head`: `do_softcapping(logits, final_logit_softcapping)` (Gemma 2).
     let logits = if softcap { super::gemma::softcap_logits(b, logits) } else { logits };
@@ -607,7 +599,7 @@ pub fn head_and_loss(
     let autocast = b.autocast;
     b.autocast = false;
     let lf = b.to_copy(logits, Dt::F32);
-    for t in prev.into_iter().flatten().flatten() {
+    for t in prev {
         b.hold(t);
     }
     let (batch, s) = (b.c.n(Q::B), b.c.n(Q::S));
