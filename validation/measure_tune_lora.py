@@ -125,20 +125,28 @@ def qlora_specs(only):
                 yield (fam, "qv", "bf16", ckpt, -1.0), key
 
 
+def measure_tune(name, dtype, ckpt, tag):
+    """measure.py's step on the torchtune model `measure.build_model` builds (b2 s64, SDPA, no dropout): the record
+    with `/tag` on its id, torchtune named as its framework, its step log written under STEP_LOG=1 (as measure.py
+    writes them); returns (record, cfg)."""
+    spec = {"family": name, "batch": 2, "seq": 64, "dtype": dtype, "attn": "sdpa", "checkpoint_mode": ckpt,
+            "dropout": 0.0, "extra": False, "log": bool(os.environ.get("STEP_LOG"))}
+    rec, cfg, _, log = measure.measure(spec)
+    rec["id"] += f"/{tag}"
+    if log is not None:
+        with open(os.path.join(OUT, "steps", measure.step_log_name(rec["id"])), "w") as f:
+            f.write(measure.dump_log(log))
+    rec["framework"] = "torchtune"
+    rec["framework_version"] = "0.6.1"
+    return rec, cfg
+
+
 def qlora_child(fam, targets, ckpt, out_json):
     import measure_torchao_nf4 as N  # the real NF4Tensor and its trackers, before any torchtune import
     torch.set_num_threads(1)
     measure.build_model = lambda family, d, a, dr, e: build_qlora(fam, targets)
     name = f"torchtune-{fam}-qlora"
-    spec = {"family": name, "batch": 2, "seq": 64, "dtype": "bf16", "attn": "sdpa", "checkpoint_mode": ckpt,
-            "dropout": 0.0, "extra": False, "log": bool(os.environ.get("STEP_LOG"))}
-    rec, cfg, _, log = measure.measure(spec)
-    rec["id"] += f"/qlora-r{RANK}-{targets}"
-    if log is not None:  # STEP_LOG=1: the tracked step's allocations, as measure.py writes them
-        with open(os.path.join(OUT, "steps", measure.step_log_name(rec["id"])), "w") as f:
-            f.write(measure.dump_log(log))
-    rec["framework"] = "torchtune"
-    rec["framework_version"] = "0.6.1"
+    rec, cfg = measure_tune(name, "bf16", ckpt, f"qlora-r{RANK}-{targets}")
     rec["config_key"] = f"{name}/bf16"
     model = build_qlora(fam, targets)
     lay = N.layout(model)
@@ -180,17 +188,9 @@ def child(fam, targets, dtype, ckpt, lora_dropout, out_json):
     tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     measure.build_model = lambda family, d, a, dr, e: build(fam, tdtype, targets, lora_dropout)
     name = f"torchtune-{fam}"
-    spec = {"family": name, "batch": 2, "seq": 64, "dtype": dtype, "attn": "sdpa", "checkpoint_mode": ckpt,
-            "dropout": 0.0, "extra": False, "log": bool(os.environ.get("STEP_LOG"))}
-    rec, cfg, _, log = measure.measure(spec)
-    attn, mlp = TARGETS[targets]
     tag = f"lora-r{RANK}-{targets}" + (f"-dropout{lora_dropout}" if lora_dropout else "")
-    rec["id"] += f"/{tag}"
-    if log is not None:  # STEP_LOG=1: the tracked step's allocations, as measure.py writes them
-        with open(os.path.join(OUT, "steps", measure.step_log_name(rec["id"])), "w") as f:
-            f.write(measure.dump_log(log))
-    rec["framework"] = "torchtune"
-    rec["framework_version"] = "0.6.1"
+    rec, cfg = measure_tune(name, dtype, ckpt, tag)
+    attn, mlp = TARGETS[targets]
     rec["config_key"] = f"{name}/{cfg.get('dtype')}"
     model = build(fam, tdtype, targets, lora_dropout)
     rec["lora"] = {"builder": f"lora_{'llama3_1' if fam == 'llama3' else fam}", "lora_attn_modules": attn,
