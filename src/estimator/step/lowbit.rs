@@ -148,7 +148,10 @@ impl<'a> Builder<'a> {
         self.in_dispatch = false;
         ins.extend([ra, rb]);
         let dt = self.t(x).dt;
-        let out = self.out(shape, dt, rx || rw);
+        // Rowwise in fp32 (or fp16): `_scaled_mm` writes bf16 and the output is cast back
+        // (`wide_rowwise_output`); the node's gradient stays in the input's dtype.
+        let wide = self.wide_rowwise_output(rowwise, dt);
+        let out = self.out(shape, if wide { Dt::Bf16 } else { dt }, rx || rw);
         // Compiled and fully checkpointed (torchtitan): the linear keeps its weight's e4m3 cast
         // from the re-run to its backward (`ins[4]`), not its 16-bit input; `wo`, whose input
         // SDPA writes (no kernel fuses its cast), keeps the input's cast too (`ins[2]`); the
@@ -175,10 +178,34 @@ impl<'a> Builder<'a> {
             &[S::In(0), S::In(1)]
         };
         let y = self.op("_scaled_mm", "matmul_with_hp_or_float8_argsBackward", &ins, &[out], saved, &bw)[0];
+        // `output.to(orig_dtype)` inside the same autograd function: the fp32 gradient reaches
+        // the node unchanged (no node of its own, nothing allocated in backward).
+        let y = if wide {
+            let o = self.out(shape, dt, rx || rw);
+            self.op("_to_copy", "matmul_with_hp_or_float8_argsBackward", &[y], &[o], &[], &[B::Pass { input: 0, output: 0 }])[0]
+        } else {
+            y
+        };
         match bias {
             Some(b) => self.add(y, b),
             None => y,
         }
+    }
+
+    /// Whether a rowwise float8 linear's forward `_scaled_mm` writes bf16 and casts its output
+    /// back to the model's dtype: torchao 0.18 `float8_ops.py` `addmm_float8_unwrapped` ("work
+    /// around torch._scaled_mm not having float32 output type": `output_dtype = torch.bfloat16`
+    /// when the original dtype is fp32 or fp16 and the scaling is rowwise, then
+    /// `output.to(orig_dtype)`), for the rowwise recipe (`config.py` `Float8LinearRecipeName.
+    /// ROWWISE`: axiswise scaling of input, weight and grad_output). A compiled region keeps the
+    /// bf16 `_scaled_mm` output where it keeps a matmul output and recomputes the cast (measured:
+    /// torchtitan's fp32 compiled blocks, `_scaled_mm_3/4/5` saved in bfloat16,
+    /// `frameworks/torchtitan-{llama3,qwen3}-compile-fp8.json`; FINDINGS §15.1 "Float8"). Not
+    /// under op SAC: the policy caches the `mm` that `Float8TrainingTensor` dispatches, whose
+    /// output is the cast-back fp32 tensor (measured: the fp32 `+op` rowwise records' saved
+    /// bytes).
+    fn wide_rowwise_output(&self, rowwise: bool, dt: Dt) -> bool {
+        rowwise && self.dtype(dt) != DType::Bf16 && self.c.cfg.recompute != crate::estimator::config::Recompute::Op
     }
 
     /// `matmul_with_hp_or_float8_args.backward`: grad_output cast (e5m2 tensorwise, e4m3
@@ -247,10 +274,20 @@ impl<'a> Builder<'a> {
                 let o2 = s.alloc(4, DType::Fp32, "new_ones");
                 s.free(Some(rb));
                 let o = s.alloc(2 * out, DType::Bf16, "_scaled_mm");
+                // fp32 / fp16 training: `output.to(orig_dtype)` (torchao 0.18
+                // `addmm_float8_unwrapped`: rowwise `_scaled_mm` has no fp32 output), the
+                // gradient in grad_output's dtype, the bf16 output freed on return.
+                let wide = (gd != DType::Bf16).then(|| s.alloc(gd.bytes() as u128 * out, gd, "_to_copy"));
                 s.free(Some(o1));
                 s.free(Some(o2));
                 s.free(Some(post));
-                o
+                match wide {
+                    Some(c) => {
+                        s.free(Some(o));
+                        c
+                    }
+                    None => o,
+                }
             } else {
                 // Tensorwise: `_scaled_mm` writes the gradient in grad_output's original dtype
                 // (torchao 0.18 `float8_ops.py` `addmm_float8_unwrapped`: `out_dtype =
