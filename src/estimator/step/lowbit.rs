@@ -148,24 +148,30 @@ impl<'a> Builder<'a> {
         self.in_dispatch = false;
         ins.extend([ra, rb]);
         let dt = self.t(x).dt;
-        let out = self.out(shape, dt, rx || rw);
+        // Rowwise in fp32 (or fp16): `_scaled_mm` writes bf16 and the output is cast back
+        // (`wide_rowwise_output`); the node's gradient stays in the input's dtype.
+        let wide = self.wide_rowwise_output(rowwise, dt);
+        let out = self.out(shape, if wide { Dt::Bf16 } else { dt }, rx || rw);
         // Compiled and fully checkpointed (torchtitan): the linear keeps its weight's e4m3 cast
         // from the re-run to its backward (`ins[4]`), not its 16-bit input; `wo`, whose input
         // SDPA writes (no kernel fuses its cast), keeps the input's cast too (`ins[2]`); the
         // feed-forward output projection keeps nothing its kernel recomputes (FINDINGS §15.1,
-        // "Full AC, compiled").
+        // "Full AC, compiled"). Rowwise keeps only the weight (its forward casts scale along
+        // other axes than the backward's: none crosses) and, compiled under any checkpointing,
+        // takes Inductor's fused backward too (`compiled_rowwise`).
         let cf = self.compiled_full(f);
-        let (is_w2, is_wo) = (cf && self.is_ffn_out(), cf && self.is_attn_out());
+        let fused = cf || self.compiled_rowwise(f);
+        let (is_w2, is_wo) = (fused && self.is_ffn_out(), cf && self.is_attn_out());
         let bw = if !(rx || rw) {
             Vec::new()
-        } else if cf {
-            self.compiled_full_backward(&shape, dt, t, k, n, is_w2, is_wo)
+        } else if fused {
+            self.compiled_full_backward(&shape, dt, t, k, n, is_w2, is_wo, rowwise)
         } else {
             self.torchao_backward(x, w, &shape, dt, f, t, k, n)
         };
         let saved: &[S] = if !(rx || rw) {
             &[]
-        } else if is_w2 {
+        } else if cf && (is_w2 || rowwise) {
             &[S::In(1)]
         } else if is_wo {
             &[S::In(1), S::In(4), S::In(2)]
@@ -175,10 +181,34 @@ impl<'a> Builder<'a> {
             &[S::In(0), S::In(1)]
         };
         let y = self.op("_scaled_mm", "matmul_with_hp_or_float8_argsBackward", &ins, &[out], saved, &bw)[0];
+        // `output.to(orig_dtype)` inside the same autograd function: the fp32 gradient reaches
+        // the node unchanged (no node of its own, nothing allocated in backward).
+        let y = if wide {
+            let o = self.out(shape, dt, rx || rw);
+            self.op("_to_copy", "matmul_with_hp_or_float8_argsBackward", &[y], &[o], &[], &[B::Pass { input: 0, output: 0 }])[0]
+        } else {
+            y
+        };
         match bias {
             Some(b) => self.add(y, b),
             None => y,
         }
+    }
+
+    /// Whether a rowwise float8 linear's forward `_scaled_mm` writes bf16 and casts its output
+    /// back to the model's dtype: torchao 0.18 `float8_ops.py` `addmm_float8_unwrapped` ("work
+    /// around torch._scaled_mm not having float32 output type": `output_dtype = torch.bfloat16`
+    /// when the original dtype is fp32 or fp16 and the scaling is rowwise, then
+    /// `output.to(orig_dtype)`), for the rowwise recipe (`config.py` `Float8LinearRecipeName.
+    /// ROWWISE`: axiswise scaling of input, weight and grad_output). A compiled region keeps the
+    /// bf16 `_scaled_mm` output where it keeps a matmul output and recomputes the cast (measured:
+    /// torchtitan's fp32 compiled blocks, `_scaled_mm_3/4/5` saved in bfloat16,
+    /// `frameworks/torchtitan-{llama3,qwen3}-compile-fp8.json`; FINDINGS §15.1 "Float8"). Not
+    /// under op SAC: the policy caches the `mm` that `Float8TrainingTensor` dispatches, whose
+    /// output is the cast-back fp32 tensor (measured: the fp32 `+op` rowwise records' saved
+    /// bytes).
+    fn wide_rowwise_output(&self, rowwise: bool, dt: Dt) -> bool {
+        rowwise && self.dtype(dt) != DType::Bf16 && self.c.cfg.recompute != crate::estimator::config::Recompute::Op
     }
 
     /// `matmul_with_hp_or_float8_args.backward`: grad_output cast (e5m2 tensorwise, e4m3
@@ -247,10 +277,20 @@ impl<'a> Builder<'a> {
                 let o2 = s.alloc(4, DType::Fp32, "new_ones");
                 s.free(Some(rb));
                 let o = s.alloc(2 * out, DType::Bf16, "_scaled_mm");
+                // fp32 / fp16 training: `output.to(orig_dtype)` (torchao 0.18
+                // `addmm_float8_unwrapped`: rowwise `_scaled_mm` has no fp32 output), the
+                // gradient in grad_output's dtype, the bf16 output freed on return.
+                let wide = (gd != DType::Bf16).then(|| s.alloc(gd.bytes() as u128 * out, gd, "_to_copy"));
                 s.free(Some(o1));
                 s.free(Some(o2));
                 s.free(Some(post));
-                o
+                match wide {
+                    Some(c) => {
+                        s.free(Some(o));
+                        c
+                    }
+                    None => o,
+                }
             } else {
                 // Tensorwise: `_scaled_mm` writes the gradient in grad_output's original dtype
                 // (torchao 0.18 `float8_ops.py` `addmm_float8_unwrapped`: `out_dtype =
@@ -318,15 +358,33 @@ impl<'a> Builder<'a> {
     }
 
     /// Whether this float8 linear runs in torchtitan's compiled, fully checkpointed block
-    /// (tensorwise, without float8 all-gather): its backward is
-    /// [`Builder::compiled_full_backward`], not torchao's eager casts.
+    /// (tensorwise or rowwise, without float8 all-gather): its backward is
+    /// [`Builder::compiled_full_backward`], not torchao's eager casts, and its node keeps what
+    /// the compiled re-run hands to it (rowwise: refused by `validate.rs` — Llama 3's bf16
+    /// record 0.83 % under, FINDINGS §15.1 "Float8").
     fn compiled_full(&self, f: Fp8Linear) -> bool {
         use crate::estimator::config::{Framework, Recompute};
         self.compiled_block()
             && self.c.cfg.framework == Framework::Torchtitan
             && self.c.cfg.recompute == Recompute::Full
-            && f.recipe == Fp8::TorchaoTensorwise
+            && matches!(f.recipe, Fp8::TorchaoTensorwise | Fp8::TorchaoRowwise)
             && !f.allgathered
+    }
+
+    /// Whether this float8 linear is rowwise in torchtitan's compiled block (without float8
+    /// all-gather), whatever the checkpointing: its backward is Inductor's, every cast of
+    /// `matmul_with_hp_or_float8_args.backward` fused into the kernels around its `_scaled_mm`s
+    /// ([`Builder::compiled_full_backward`]; torchao 0.18 `float8_linear.py`
+    /// `matmul_with_hp_or_float8_args`, `float8_scaling_utils.py` `hp_tensor_to_float8_dynamic`
+    /// with `config.py`'s `rowwise` recipe: axiswise scales, `round_scales_to_power_of_2`). The
+    /// eager program's fp32 and fp64 temporaries and the fp32 post-scale of each output
+    /// (`addmm_float8_unwrapped`, `use_fast_accum=False`) put the bf16 `+op` records 4.9 % over;
+    /// measured: `TORCH_COMPILE_DEBUG=1` `output_code.py` of the blocks' backward, `layer+op` and
+    /// `layer+full`, FINDINGS §15.1 "Float8"). Tensorwise keeps the eager casts outside full
+    /// checkpointing (measured within 0.35 % so).
+    fn compiled_rowwise(&self, f: Fp8Linear) -> bool {
+        use crate::estimator::config::Framework;
+        self.compiled_block() && self.c.cfg.framework == Framework::Torchtitan && f.recipe == Fp8::TorchaoRowwise && !f.allgathered
     }
 
     /// Whether the program's float8 linears take the compiled fully checkpointed backward
@@ -346,29 +404,40 @@ impl<'a> Builder<'a> {
         self.module.ends_with(".wo") || self.module.ends_with("o_proj")
     }
 
-    /// The backward of a float8 linear (tensorwise, `y = x·Wᵀ`, `x` `[t, k]`, `W` `[n, k]`) in
-    /// torchtitan's compiled, fully checkpointed block: what Inductor's compiled backward
-    /// allocates (torch 2.15, torchao 0.18; `TORCH_COMPILE_DEBUG=1` `output_code.py` of the
-    /// block's backward, `measure_titan_compile.py --fp8 tensorwise --only …/full`; FINDINGS
-    /// §15.1 "Full AC, compiled"). Every cast is one fused kernel writing only its FP8 output
-    /// (no `abs`, fp32 or fp64 temporaries); the scales' 4 B are not counted (48–64 B a block).
+    /// The backward of a float8 linear (`y = x·Wᵀ`, `x` `[t, k]`, `W` `[n, k]`) in torchtitan's
+    /// compiled block — tensorwise fully checkpointed, rowwise under any checkpointing
+    /// ([`Builder::compiled_rowwise`]): what Inductor's compiled backward allocates (torch 2.15,
+    /// torchao 0.18; `TORCH_COMPILE_DEBUG=1` `output_code.py` of the block's backward,
+    /// `measure_titan_compile.py --fp8 tensorwise|rowwise --only …`; FINDINGS §15.1 "Full AC,
+    /// compiled" and "Float8"). Every cast is one fused kernel writing only its FP8 output (no
+    /// `abs`, fp32 or fp64 temporaries); the scales (4 B tensorwise, a `[rows]` fp32 and bf16
+    /// amax rowwise) are not counted (48–64 B a block tensorwise, about 8 KB of Llama 3's b2 s64
+    /// rowwise block).
     ///
-    /// * grad_output cast to e5m2 in both layouts, `2·t·n` B (the transposed one for
-    ///   grad_weight; `w2`'s is the block tangent's, which the compiled backward holds on to
-    ///   `wo`'s grad_weight: here freed with `w2`'s script and cast again by `wo`'s, the same
-    ///   bytes, `t·n` less between the two);
-    /// * `w2` only: its weight cast to e4m3 (`k·n` B; the other linears hold theirs from the
-    ///   re-run, `ins[4]`), freed after grad_input;
-    /// * grad_input `_scaled_mm`, `t·k·p` (`p` grad_output's bytes: fp32 in fp32 training);
+    /// * grad_output cast to FP8 in both layouts, `2·t·n` B (the transposed one for grad_weight;
+    ///   `w2`'s is the block tangent's, which the compiled backward holds on to `wo`'s
+    ///   grad_weight: here freed with `w2`'s script and cast again by `wo`'s, the same bytes,
+    ///   `t·n` less between the two);
+    /// * its weight cast to e4m3, `k·n` B, freed after grad_input: `w2`'s, and rowwise every
+    ///   linear's (the grad_input cast scales `weight_hp_t` along the other axis than the
+    ///   forward's, so no cast crosses from the re-run); tensorwise the others hold theirs from
+    ///   the re-run (`ins[4]`); rowwise, fully checkpointed, `w2`'s backward also holds the gate
+    ///   and up projections' weight casts (`2·k·n`: they read parameters alone, and Inductor
+    ///   computes them in the kernels before `w2`'s grad_input — measured `buf85`, `buf102` of
+    ///   Llama 3's `layer+full` record; under op SAC one of them is made later);
+    /// * grad_input `_scaled_mm`, `t·k·p` (`p` grad_output's bytes: fp32 in fp32 training;
+    ///   rowwise writes bf16 and casts back, `addmm_float8_unwrapped`; its post-scale fuses into
+    ///   the kernel that reads it);
     /// * `w2` only: the fused `…silu_silu_backward…` kernel, which reads `w1`'s and `w3`'s
-    ///   outputs and `dh` and writes SiLU(`w1`) (`t·k·p`) and its sigmoid (`t·k·4`, both
-    ///   materialized: the `amax` reductions split the kernel into loops; freed before
-    ///   grad_weight), e5m2 `d(w1 out)` in two layouts and `d(w3 out)` (`3·t·k`) and the e4m3
-    ///   `act·w3` transposed, `w2`'s grad_weight operand (`t·k`); others: the input's e4m3 cast
-    ///   (`t·k`; `wo`'s is held from the re-run, `ins[2]`);
-    /// * grad_weight `_scaled_mm`, `n·k·p`.
+    ///   outputs and `dh` and writes SiLU(`w1`) (`t·k·p`) and, tensorwise, its sigmoid (`t·k·4`,
+    ///   both materialized: the `amax` reductions split the kernel into loops; freed before
+    ///   grad_weight; rowwise's kernels keep no sigmoid), FP8 `d(w1 out)` in two layouts and
+    ///   `d(w3 out)` (`3·t·k`) and the e4m3 `act·w3` transposed, `w2`'s grad_weight operand
+    ///   (`t·k`); others: the input's e4m3 cast (`t·k`; tensorwise `wo`'s is held from the
+    ///   re-run, `ins[2]`);
+    /// * grad_weight `_scaled_mm`, `n·k·p` (rowwise: bf16, cast back in fp32 training).
     #[allow(clippy::too_many_arguments)]
-    fn compiled_full_backward(&self, shape: &Shape, dt: Dt, t: u128, k: u128, n: u128, w2: bool, wo: bool) -> Vec<B> {
+    fn compiled_full_backward(&self, shape: &Shape, dt: Dt, t: u128, k: u128, n: u128, w2: bool, wo: bool, rowwise: bool) -> Vec<B> {
         let gd = self.dtype(dt);
         let g_elems = self.bytes_of(shape, dt) / gd.bytes().max(1) as u128;
         let t = if g_elems > 0 && n > 0 { g_elems / n } else { t };
@@ -376,30 +445,47 @@ impl<'a> Builder<'a> {
         let mut s = Script::new();
         let g = s.alloc(t * n, DType::Fp8, "_to_copy");
         let gt = s.alloc(t * n, DType::Fp8, "clone");
-        let wq = w2.then(|| s.alloc(k * n, DType::Fp8, "_to_copy"));
-        let gi = s.alloc(t * k * p, gd, "_scaled_mm");
+        let full = self.c.cfg.recompute == crate::estimator::config::Recompute::Full;
+        let ffn_casts: Vec<u8> =
+            if w2 && rowwise && full { (0..2).map(|_| s.alloc(k * n, DType::Fp8, "_to_copy")).collect() } else { Vec::new() };
+        let wq = (w2 || rowwise).then(|| s.alloc(k * n, DType::Fp8, "_to_copy"));
+        let gi = if rowwise && p != 2 {
+            let o = s.alloc(t * k * 2, DType::Bf16, "_scaled_mm");
+            let c = s.alloc(t * k * p, gd, "_to_copy");
+            s.free(Some(o));
+            c
+        } else {
+            s.alloc(t * k * p, gd, "_scaled_mm")
+        };
         s.free(wq);
         s.free(Some(g));
         let mut grads_fp8 = Vec::new();
         let xq = if w2 {
             let silu = s.alloc(t * k * p, gd, "silu");
-            let sig = s.alloc(t * k * 4, DType::Fp32, "sigmoid");
+            let sig = (!rowwise).then(|| s.alloc(t * k * 4, DType::Fp32, "sigmoid"));
             for _ in 0..3 {
                 grads_fp8.push(s.alloc(t * k, DType::Fp8, "silu_backward"));
             }
             let xq = s.alloc(t * k, DType::Fp8, "silu_backward");
             s.free(Some(silu));
-            s.free(Some(sig));
+            s.free(sig);
             Some(xq)
-        } else if wo {
+        } else if wo && !rowwise {
             None
         } else {
             Some(s.alloc(t * k, DType::Fp8, "_to_copy"))
         };
-        let gw = s.alloc(n * k * p, gd, "_scaled_mm");
+        let gw = if rowwise && p != 2 {
+            let o = s.alloc(n * k * 2, DType::Bf16, "_scaled_mm");
+            let c = s.alloc(n * k * p, gd, "_to_copy");
+            s.free(Some(o));
+            c
+        } else {
+            s.alloc(n * k * p, gd, "_scaled_mm")
+        };
         s.free(xq);
         s.free(Some(gt));
-        for h in grads_fp8 {
+        for h in grads_fp8.into_iter().chain(ffn_casts) {
             s.free(Some(h));
         }
         s.b.push(B::Grad { input: 0, temp: gi });
