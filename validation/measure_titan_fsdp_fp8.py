@@ -23,7 +23,9 @@ torchtitan-llama3-compile-fp8.json records' model), b2 s64. The measurement is m
 rank (measure_recipes.py `compile_then_read_saved`: saved tensors read from the autograd graph after a compiled
 forward; `profiled_compiled_step`: the step's peak from torch.profiler memory events), rank 0 written. A saved tensor
 whose storage is an FSDP unsharded parameter (the float8 weight FSDP2 all-gathered: resized to 0 bytes after
-forward, all-gathered again in backward) is a parameter storage, not counted in saved bytes (`saved_fsdp_storages`);
+forward, all-gathered again in backward) is a parameter storage (`saved_parameter_storages`, with the local shards),
+not counted in saved bytes; any other 0-byte storage is left out too and counted in `saved_fsdp_storages` (0 in
+every record);
 the pre-existing parameters are the ranks' local shards.
 
 Two adaptations to gloo (as measure_fp8.py --fsdp2 and measure_fsdp.py): float8 buffers are all-gathered as uint8
