@@ -376,7 +376,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
         let titan_compile_pending: [(bool, &str); 4] = [
             (
                 cfg.fp8_allgather && step::lowbit::fp8_of(cfg) != super::config::Fp8::None,
-                "torch.compile of torchtitan's blocks with float8 all-gather (`enable_fsdp_float8_all_gather`: the blocks receive weights FSDP2 already cast to float8; measured compiled without it only, FINDINGS §15.1)",
+                "torch.compile of torchtitan's blocks with float8 all-gather (`enable_fsdp_float8_all_gather`: measured on 2 CPU ranks, torchtitan-llama3-fsdp2-compile-fp8.json; the blocks save an e4m3 transposed copy of each feed-forward weight, which the estimate lacks, and its peak is 2.4 to 6.5 % above; FINDINGS §15.1)",
             ),
             (
                 match step::lowbit::fp8_of(cfg) {
