@@ -187,7 +187,7 @@ impl<'a> Builder<'a> {
     /// `ckpt`: the region is also a checkpoint region (`recompute = full | op` with
     /// `compile_regions = layer`, [`Builder::compile_checkpointed_region`]).
     pub fn compile_region(&mut self, first: u32, end: u32, outputs: &[Tid]) {
-        self.partition(first, end, outputs, None);
+        self.partition(first, end, outputs, None, true);
     }
 
     /// A compiled region that is also checkpoint region `region` (torchtitan applies
@@ -220,10 +220,7 @@ impl<'a> Builder<'a> {
     /// (torchtune).
     pub fn compile_checkpointed_region(&mut self, region: usize, outputs: &[Tid], inside: bool) {
         let (first, end) = (self.p.regions[region].first, self.p.regions[region].end);
-        self.partition(first, end, outputs, Some(region));
-        if !inside {
-            self.p.regions[region].fused.clear();
-        }
+        self.partition(first, end, outputs, Some(region), inside);
     }
 
     /// What the partitioner decides for ops `first..end` (see the module doc), without
@@ -545,7 +542,7 @@ impl<'a> Builder<'a> {
         Decision { producer, readers, mat, fate, kept, stats, reader, same }
     }
 
-    fn partition(&mut self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>) {
+    fn partition(&mut self, first: u32, end: u32, outputs: &[Tid], ckpt: Option<usize>, inside: bool) {
         if end <= first {
             return;
         }
@@ -581,9 +578,18 @@ impl<'a> Builder<'a> {
                 // Only what a kernel must write: a non-fusible op's output or a reduction (a
                 // pointwise value the uncheckpointed cut keeps, peft's `base + lora_B(…)·s`, is
                 // recomputed inside the kernels that read it, from the matmul outputs it adds).
+                // Not so where the checkpoint wraps the compiled region (torchtune, `!inside`):
+                // the re-run calls the compiled forward, whose graph was partitioned without the
+                // checkpoint, so it keeps the uncheckpointed cut — LoRA's sums `out + lora_out`
+                // (w1's and w3's `[b·s, ffn]`, the attention residual `x + wo(…)`), not the two
+                // matmul outputs each adds, which its kernels free after reading them. Measured:
+                // torchao_nf4/compile.json's checkpointed record lists the re-run's saved set,
+                // `recomputed_saved_bytes` = the uncheckpointed record's 1,665,040 B; the LoRA
+                // step trace (`frameworks/steps/…recompute=full__lora-r8-all.json`) frees two of
+                // the four `[b·s, ffn]` matmul outputs right after the kernel that writes the sums.
                 let written = |s: &Save| {
                     let at = d.producer[s.t as usize];
-                    !fusible(self.p.ops[at as usize].name) || self.is_reduction(s.t, at) || self.of_reduction(s.t, &d.producer)
+                    !inside || !fusible(self.p.ops[at as usize].name) || self.is_reduction(s.t, at) || self.of_reduction(s.t, &d.producer)
                 };
                 d.kept
                     .iter()
@@ -702,7 +708,7 @@ impl<'a> Builder<'a> {
             for (at, sv) in holds {
                 self.add_save(at, sv);
             }
-            self.fuse_late_weight_grad(r, &producer, &readers);
+            self.fuse_late_weight_grad(r, &producer, &readers, inside);
             return;
         }
         // Every op of the region loses its saves; its first differentiable op (whose node runs
@@ -833,7 +839,14 @@ impl<'a> Builder<'a> {
     /// nothing the region makes (the adapter's scaling, the residual sum) — so the re-run never
     /// needs them before the backward; `members` are the fusible ops whose outputs live inside
     /// the head's kernel (fused away, read only by the head or other members).
-    fn fuse_late_weight_grad(&mut self, r: usize, producer: &[u32], readers: &[Vec<u32>]) {
+    ///
+    /// `inside` false (torchtune: the checkpoint wraps the compiled layer, whose re-run keeps
+    /// the uncheckpointed cut, LoRA's `base + lora_B(…)·s` sums included): only a head whose
+    /// output two late matmuls read (`w2` and its adapter's `lora_A`) makes a group — its kernel
+    /// reads both input gradients apart; with one reader the eager node order holds (measured
+    /// within 12 B on the plain and q,v records) — and the members go on through the saved
+    /// sums, whose backward passes the gradient on, to the adapters' scaling, fused away.
+    fn fuse_late_weight_grad(&mut self, r: usize, producer: &[u32], readers: &[Vec<u32>], inside: bool) {
         let p = &self.p;
         let (lo, hi) = (p.regions[r].first as usize, p.regions[r].end as usize);
         let region_made = |t: Tid| producer.get(t as usize).is_some_and(|&at| at != u32::MAX && (lo..hi).contains(&(at as usize)));
@@ -898,23 +911,33 @@ impl<'a> Builder<'a> {
             tail(h, x, &post).filter(|l| !l.is_empty()).map(|l| (h, l, post))
         });
         let Some((head, late, post)) = found else { return };
+        let x = base(p.outs(&p.ops[head])[0]);
+        if !inside && late.iter().filter(|&&m| p.ins(&p.ops[m as usize]).iter().any(|&t| base(t) == x)).count() < 2 {
+            return;
+        }
+        // A saved sum (torchtune's `out + lora_out`): a fusible op whose backward only passes
+        // its gradient on (no buffer of its own).
+        let sum = |op: &Op| p.bw(op).iter().all(|st| matches!(st, B::Pass { .. }));
         let mut members: Vec<u32> = Vec::new();
         let mut work: Vec<Tid> = p.ins(&p.ops[head]).iter().map(|&t| base(t)).collect();
         while let Some(t) = work.pop() {
-            if !region_made(t) || p.tensors[t as usize].bytes > 0 {
+            if !region_made(t) {
                 continue;
             }
             let at = producer[t as usize];
             let op = &p.ops[at as usize];
-            let inside = |k: &u32| *k as usize == head || members.contains(k) || *k == at;
-            if !fusible(op.name) || op.bw.1 == 0 || members.contains(&at) || !readers[t as usize].iter().all(inside) {
+            if p.tensors[t as usize].bytes > 0 && (inside || !fusible(op.name) || !sum(op)) {
+                continue;
+            }
+            let within = |k: &u32| *k as usize == head || members.contains(k) || *k == at;
+            if !fusible(op.name) || op.bw.1 == 0 || members.contains(&at) || !readers[t as usize].iter().all(within) {
                 continue;
             }
             members.push(at);
             work.extend(p.ins(op).iter().map(|&t| base(t)));
         }
         members.sort_unstable_by(|a, b| b.cmp(a));
-        self.p.regions[r].fused.push(super::ir::FusedBackward { late, head: head as u32, members, post });
+        self.p.regions[r].fused.push(super::ir::FusedBackward { late, head: head as u32, members, post, apart: inside });
     }
 
     /// Adds `s` to op `at`'s saves: its live saves, then `s`, then its dead saves, moved to the
@@ -1274,6 +1297,49 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(ffn_buffers_at_once(&lora), 11);
+    }
+
+    /// torchtune's order (the checkpoint around each compiled layer) with its LoRA on every
+    /// linear (FINDINGS §15.1, "torchtune's compiled LoRA and QLoRA with checkpointing"): the
+    /// re-run keeps the saved gate and up sums, and the SiLU·mul backward kernel reads w2's two
+    /// input gradients apart and writes four gradients, three as new buffers — seven at once
+    /// (`frameworks/steps/…compile=layer+recompute=full__lora-r8-all.json`).
+    #[test]
+    fn torchtunes_compiled_checkpointed_feed_forward_with_lora_on_every_linear_holds_seven_ffn_buffers_at_once() {
+        use crate::estimator::config::{Finetune, Framework, LoraDtype, LoraTargets, Loss, Precision};
+        let c = Config {
+            recompute: Recompute::Full,
+            compile: true,
+            batch: 1,
+            seq: 512,
+            framework: Framework::Torchtune,
+            loss: Loss::Chunked,
+            finetune: Finetune::Lora,
+            lora_targets: LoraTargets::ALL,
+            lora_dtype: LoraDtype::Model,
+            precision: Precision::Bf16,
+            ..Config::default()
+        };
+        assert_eq!(ffn_buffers_at_once(&c), 7);
+        // When w2's adapter writes its input gradient (its `lora_A`'s, `[b·s, ffn]`), the re-run
+        // holds the two sums and act(gate)·up — three, where the inside rule held five (the four
+        // matmul outputs the sums add, and act(gate)·up).
+        use crate::estimator::step::{EventKind, Phase};
+        let s = crate::estimator::step_stream(&c).expect("estimated");
+        let ffn = 2 * (c.batch * c.seq) as u128 * c.arch.ffn as u128;
+        let mut alive: Vec<u32> = Vec::new();
+        let mut at_adapter = None;
+        for e in s.events.iter().filter(|e| e.bytes == ffn && e.phase == Phase::Backward && e.layer == Some(0)) {
+            match e.kind {
+                EventKind::Alloc if e.module == "lora_A" => {
+                    at_adapter = Some(alive.len());
+                    break;
+                }
+                EventKind::Alloc => alive.push(e.id),
+                _ => alive.retain(|&id| id != e.id),
+            }
+        }
+        assert_eq!(at_adapter, Some(3));
     }
 
     #[test]

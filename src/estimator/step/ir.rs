@@ -511,6 +511,22 @@ pub struct FusedBackward {
     /// Fusible ops after the head whose outputs only late matmuls read (a cast of the head's
     /// output for an adapter): written by the kernel too, in program order.
     pub post: Vec<u32>,
+    /// The late matmuls' weight gradients run after the kernel (the checkpoint traced inside
+    /// the compiled region: the value they read is made by the kernel). When the checkpoint
+    /// wraps the compiled region (torchtune, `apart` false) the re-run made that value before
+    /// the backward and each late matmul's node runs whole, in node order; the kernel still
+    /// reads the head's output gradient in parts (`w2`'s and its LoRA adapter's input
+    /// gradients, not summed first), writes every gradient of its members at once, and writes
+    /// its last one into an input that dies in it: Inductor's `inplace_buffers` (torch 2.15
+    /// `torch/_inductor/scheduler.py`, `SchedulerNode.decide_inplace_update`) lets a node write
+    /// into a buffer of its layout whose remaining uses are that node alone — inside one fused
+    /// kernel, true of a shared input once the kernel's other nodes are done, so of the last
+    /// node's. Measured: torchtune's compiled LoRA on every linear with full checkpointing
+    /// (`frameworks/steps/torchtune-llama3__…__compile=layer+recompute=full__lora-r8-all.json`):
+    /// the SiLU·mul backward kernel writes four `[b·s, ffn]` gradients (gate's and up's, each
+    /// also scaled for its adapter's `lora_B`) as three new buffers beside its four dying
+    /// inputs (both parts of the incoming gradient, the saved gate and up sums).
+    pub apart: bool,
 }
 
 /// The lengths of a [`Program`]'s growing lists at one point of its building.
@@ -1284,6 +1300,7 @@ impl<'a> Builder<'a> {
                     head: g.head + so,
                     members: g.members.iter().map(|m| m + so).collect(),
                     post: g.post.iter().map(|m| m + so).collect(),
+                    apart: g.apart,
                 })
                 .collect();
             let r = Region { first: r.first + so, end: r.end + so, held, inputs: r.inputs, cached, early_stop: r.early_stop, fused };

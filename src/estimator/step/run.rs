@@ -973,7 +973,8 @@ impl<'p, S: Sink> Run<'p, S> {
         // A compiled region's re-run ends with the head of its fused feed-forward backward: what
         // comes after it is needed only by the late matmuls' weight gradients
         // ([`super::ir::FusedBackward`]).
-        let fused_head = reg.fused.first().map(|g| g.head);
+        // A kernel after the re-run (torchtune's layout, `apart` false) leaves the re-run whole.
+        let fused_head = reg.fused.first().filter(|g| g.apart).map(|g| g.head);
         let stop = match fused_head {
             Some(h) => h - 1,
             None if reg.early_stop => self.b.region_last_save[r],
@@ -1033,7 +1034,7 @@ impl<'p, S: Sink> Run<'p, S> {
         }
         // The head and the late matmuls of a fused feed-forward backward did not run again, but
         // their backward reads what the re-run made (the gate and up outputs).
-        for g in &reg.fused {
+        for g in reg.fused.iter().filter(|g| g.apart) {
             for &m in std::iter::once(&g.head).chain(&g.late) {
                 for s in p.saved(&p.ops[m as usize]) {
                     let b = p.tensors[s.t as usize].base as usize;
@@ -1144,17 +1145,18 @@ impl<'p, S: Sink> Run<'p, S> {
             // A matmul without a weight gradient (a frozen base) runs whole: its incoming
             // gradient goes with its input gradient.
             for &m in g.late.iter().rev() {
-                let part = if self.weight_grad(m as usize) { Part::Inputs } else { Part::Whole };
+                let part = if g.apart && self.weight_grad(m as usize) { Part::Inputs } else { Part::Whole };
                 self.node(m as usize, part, &mut skipped);
             }
             let head = g.head as usize;
+            let at_head = self.at(head, Phase::Backward, p.ops[head].node);
             // The casts after the head: the kernel reads their incoming gradients as they are.
             for &k in g.post.iter().rev() {
                 self.node(k as usize, Part::Read, &mut skipped);
             }
             // The kernel writes the head's output and its casts where a late matmul's weight
-            // gradient reads them.
-            for &k in std::iter::once(&g.head).chain(&g.post) {
+            // gradient reads them (after the kernel: the checkpoint traced inside).
+            for &k in std::iter::once(&g.head).chain(&g.post).filter(|_| g.apart) {
                 let at = self.at(k as usize, Phase::Backward, p.ops[head].node);
                 for &t in p.outs(&p.ops[k as usize]) {
                     let b = p.tensors[t as usize].base as usize;
@@ -1169,7 +1171,10 @@ impl<'p, S: Sink> Run<'p, S> {
                 }
             }
             self.node(head, Part::Script, &mut skipped);
-            for &m in &g.members {
+            for (k, &m) in g.members.iter().enumerate() {
+                if !g.apart && k + 1 == g.members.len() {
+                    self.write_in_place(m as usize, &at_head);
+                }
                 self.node(m as usize, Part::Script, &mut skipped);
             }
             self.node(head, Part::Release, &mut skipped);
@@ -1181,7 +1186,7 @@ impl<'p, S: Sink> Run<'p, S> {
                 self.unref(k, &self.at(head, Phase::Backward, p.ops[head].node));
             }
             for &m in g.late.iter().rev() {
-                if self.weight_grad(m as usize) {
+                if g.apart && self.weight_grad(m as usize) {
                     self.late_weights(m as usize, &mut skipped);
                 }
             }
@@ -1193,6 +1198,23 @@ impl<'p, S: Sink> Run<'p, S> {
         if self.off.is_some() {
             let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
             self.end_unpacks(&at);
+        }
+    }
+
+    /// Before the last node of a kernel that reads the head's output gradient in parts
+    /// (`FusedBackward::apart` false): its output is written in place into one of those parts,
+    /// which dies in the kernel — released before that node allocates, where the part has the
+    /// size of the node's first buffer (Inductor's `inplace_buffers`, `ir::FusedBackward`).
+    fn write_in_place(&mut self, i: usize, at: &At) {
+        let p = self.p;
+        let first = p.bw(&p.ops[i]).iter().find_map(|st| match *st {
+            B::Alloc { bytes, .. } if bytes > 0 => Some(bytes),
+            _ => None,
+        });
+        let Some(bytes) = first else { return };
+        if let Some(k) = self.fused_grads.iter().position(|&g| self.b.bufs[g as usize].bytes == bytes) {
+            let g = self.fused_grads.remove(k);
+            self.unref(g, at);
         }
     }
 
