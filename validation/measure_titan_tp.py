@@ -23,8 +23,8 @@ DTensors read as their rank-0 local tensors (`_local_tensor`: parameters, gradie
 
 Eager records with activation checkpointing cannot have their saved tensors read from the graph (reading one unpacks
 it: full AC recomputes the block, op SAC then refuses the real backward): their saved bytes are the profiled step's
-live bytes after the forward less the checkpoints' CPU RNG states, the loss and the logits (measure_tune_compile.py's
-way).
+live bytes after the forward less the checkpoints' CPU RNG states, the loss and the logits, plus the batch's ids the
+embedding saves (measure_tune_compile.py's way).
 
 Compiled (`--only compile`) does not run under torch 2.15: the first block's input is the embedding's pending
 reduce-scatter (RowwiseParallel's `_prepare_output_fn` redistributes with `async_op=True`, then `to_local()`: an
@@ -277,7 +277,10 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict):
         # (`preserve_rng_state = True`, ActivationCheckpoint's default: host memory on a GPU), the loss and the
         # logits (alive at the mark, not saved: the log-softmax keeps its result).
         rng = torch.get_rng_state().numel() * len(model.model.layers)
-        saved_bytes = step["live_after_forward"] - rng - extra["loss_bytes"] - logits_info["bytes"]
+        # The embedding saves the batch's ids themselves (`Replicate` DTensor of the same storage: the
+        # uncheckpointed records read it from the graph), which were alive before the step: added back.
+        saved_bytes = step["live_after_forward"] - rng - extra["loss_bytes"] - logits_info["bytes"] + \
+            ids.untyped_storage().nbytes()
         step["checks"]["forward_unexplained"] = None  # the saved bytes are taken from it
     pi = param_info(model)
     tag = f"tp={TP}+sp" + ("+compile=layer" if mode == "compile" else "") + \
@@ -298,7 +301,7 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict):
                            **({"policy": "torchtitan 0.2.2 _op_sac_save_list (+ CPU SDPA)"}
                               if recompute == "op" else {})},
                 "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
-                **({"saved_bytes_from": "live_after_forward - checkpoint_rng_state_bytes - loss - logits",
+                **({"saved_bytes_from": "live_after_forward - checkpoint_rng_state_bytes - loss - logits + ids",
                     "checkpoint_rng_state_bytes": rng} if EAGER_CHECKPOINT else {}),
                 "saved_parameter_storages": extra["saved_parameter_storages"],
                 "saved_buffer_storages": extra["saved_buffer_storages"], "dynamo": counters_2,
