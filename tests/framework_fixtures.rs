@@ -426,6 +426,12 @@ fn tp_config_of(doc: &Value, r: &Value) -> Config {
         other => panic!("recompute {other:?}"),
     };
     c.sac_cpu_sdpa = c.recompute == Recompute::Op;
+    if let Some(recipe) = r.get("fp8").map(|f| &f["recipe"]) {
+        c.fp8 = match recipe.as_str() {
+            Some("tensorwise") => trainmem::config::Fp8::TorchaoTensorwise,
+            other => panic!("fp8 recipe {other:?}"),
+        };
+    }
     c
 }
 
@@ -433,7 +439,32 @@ fn tp_config_of(doc: &Value, r: &Value) -> Config {
 /// its saved bytes to the byte and its step peak within ±0.5 %.
 #[test]
 fn every_torchtitan_tensor_parallel_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
-    let shards = read(TP_SHARDS);
+    every_tp_record_is_exact(TP_SHARDS);
+}
+
+/// torchtitan's float8 tensor parallelism, eager (`measure_titan_tp.py --fp8 tensorwise`:
+/// `Float8LinearConverter` then `apply_tp(enable_float8_tensorwise_tp=True)`: torchao's
+/// `Float8ColwiseParallel`, `Float8RowwiseParallel`, `PrepareFloat8ModuleInput`).
+/// Measured, not followed yet: the float8 linears save their float8 inputs where the step
+/// program's torchao linear saves the 16-bit ones (without checkpointing the estimate's saved
+/// bytes were +188,384 B fp32, +57,312 B bf16; checkpointed, exact). Every record is refused by
+/// name.
+#[test]
+fn every_torchtitan_float8_tensor_parallel_record_is_refused_by_name() {
+    let shards = read(&["torchtitan-llama3-tp-fp8"]);
+    let mut seen = 0;
+    for (_, doc) in &shards {
+        for r in doc["records"].as_array().into_iter().flatten() {
+            refused(tp_config_of(doc, r), "float8 tensor parallelism");
+            seen += 1;
+        }
+    }
+    assert!(shards.is_empty() || seen == 6, "{seen} records");
+}
+
+/// The TP records of `names` (6 a shard) against the estimate.
+fn every_tp_record_is_exact(names: &[&str]) {
+    let shards = read(names);
     let mut failures = Vec::new();
     let mut checked = 0;
     for (name, doc) in &shards {
@@ -469,7 +500,7 @@ fn every_torchtitan_tensor_parallel_record_is_exact_in_saved_bytes_and_within_ha
             saved_exact_and_peak_within_half_a_percent(name, &r, &e, &mut failures);
         }
     }
-    assert!(shards.is_empty() || checked == 6, "{checked} estimated");
+    assert!(shards.is_empty() || checked == 6 * shards.len(), "{checked} estimated");
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 

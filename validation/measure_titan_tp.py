@@ -34,6 +34,11 @@ in the backward the embedding's `Redistribute.backward` then gets a plain tensor
 and fails: `AttributeError: 'Tensor' object has no attribute '_local_tensor'` (torch/distributed/tensor/
 _redistribute.py, `NestedRedistribute.forward`). Nothing of the fake process group is involved (FINDINGS §15.1.y).
 
+`--fp8 tensorwise`: torchtitan's `Float8LinearConverter` first (measure_titan_compile.titan_float8), then `apply_tp`
+with `enable_float8_tensorwise_tp=True` (torchao's Float8ColwiseParallel, Float8RowwiseParallel,
+PrepareFloat8ModuleInput: the blocks' inputs cast to float8 before the all-gather); saved `Float8TrainingTensor`s are
+read as their `_data` and `_scale` storages. Writes torchtitan-llama3-tp-fp8.json.
+
 Writes tests/fixtures/pytorch/frameworks/torchtitan-llama3-tp.json.
 
 Usage:  nice validation/.venv/bin/python validation/measure_titan_tp.py [--only SUBSTRING]   (default: eager)
@@ -76,6 +81,16 @@ def loc(t):
     while isinstance(t, (DTensor, AsyncCollectiveTensor)):
         t = t._local_tensor if isinstance(t, DTensor) else t.elem
     return t
+
+
+def inner(t, path=""):
+    """A saved tensor's storages: a wrapper subclass's (`Float8TrainingTensor`: `_data`, `_scale`) through
+    `__tensor_flatten__`, recursively; a plain tensor as it is."""
+    t = loc(t)
+    if type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        return [(path, t)]
+    names, _ = t.__tensor_flatten__()
+    return [x for n in names for x in inner(getattr(t, n), f"{path}.{n}")]
 
 
 def classify_preexisting(model, opt_state, ids):
@@ -142,7 +157,7 @@ def compiled_saved(model, ids, ranges, amp=False):
     for node in sorted(R.walk_graph(loss.grad_fn), key=lambda n: n._sequence_nr()):
         seq = node._sequence_nr()
         tensors, _ = R.node_saved_tensors(node)
-        tensors = [(a, loc(t)) for a, t in tensors]
+        tensors = [(a + path, x) for a, t in tensors for path, x in inner(loc(t))]
         producers = None
         if node.name() == "CompiledFunctionBackward":
             aot_id = type(node)._forward_cls._aot_id
@@ -220,7 +235,7 @@ def init_fake_pg():
     return init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
 
 
-def titan_tp(lm, mesh, mode: str, recompute: str):
+def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none"):
     """torchtitan's `apply_tp` (loss_parallel, no float8), then `apply_ac` and, compiled, `apply_compile` and the
     compiled loss (measure_titan_compile.titan_parallelize)."""
     import types
@@ -231,7 +246,7 @@ def titan_tp(lm, mesh, mode: str, recompute: str):
     pkg.__path__ = [str(root / "models" / "llama3")]
     sys.modules.setdefault(pkg.__name__, pkg)
     from torchtitan.models.llama3.infra.parallelize import apply_tp, _op_sac_save_list
-    apply_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=False)
+    apply_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=fp8 == "tensorwise")
     if mode == "compile":
         return C.titan_parallelize(lm, "llama3", recompute, COMPONENTS)
     if recompute != "none":
@@ -243,7 +258,7 @@ def titan_tp(lm, mesh, mode: str, recompute: str):
     return []
 
 
-def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict):
+def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str = "none"):
     from torch._dynamo.utils import counters
     from torch.distributed.tensor.parallel import loss_parallel
     family = "torchtitan-llama3"
@@ -262,7 +277,10 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict):
     model = C.build("llama3", dtype)
     cfg = dict(M.config_dict(model), framework="torchtitan")
     ids = M.make_ids(model, R.B, R.S)
-    blocks = titan_tp(model, mesh, mode, recompute)
+    # torchtitan's Float8LinearConverter runs before parallelize_llama (measure_titan_compile.titan_float8); with
+    # tensorwise, apply_tp uses torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput.
+    fp8_info = C.titan_float8(model, fp8) if fp8 != "none" else None
+    blocks = titan_tp(model, mesh, mode, recompute, fp8)
     ranges = R.SeqRanges(model, opaque=blocks)
     opt = torch.optim.AdamW(model.parameters())
     with loss_parallel():
@@ -284,7 +302,7 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict):
         step["checks"]["forward_unexplained"] = None  # the saved bytes are taken from it
     pi = param_info(model)
     tag = f"tp={TP}+sp" + ("+compile=layer" if mode == "compile" else "") + \
-        (f"+recompute={recompute}" if recompute != "none" else "")
+        (f"+recompute={recompute}" if recompute != "none" else "") + (f"+fp8={fp8}" if fp8 != "none" else "")
     grads = sum(loc(p).numel() * loc(p).element_size() for p in model.parameters() if p.requires_grad)
     rec = {"id": f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{tag}", "family": family, "model_type": cfg["model_type"],
            "config_key": f"{family}/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype, "attn": "sdpa",
@@ -306,6 +324,7 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict):
                 "saved_parameter_storages": extra["saved_parameter_storages"],
                 "saved_buffer_storages": extra["saved_buffer_storages"], "dynamo": counters_2,
                 "regions": regions, "step": step, "step_method": "torch.profiler memory events (CPU allocator)",
+                **({"fp8": fp8_info} if fp8_info else {}),
                 "compile_seconds": round(compile_s, 1), "saved": R.aggregate_rows(entries)})
     opts["cfg"] = cfg
     ranges.remove()
@@ -325,25 +344,28 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="substring of mode/dtype/recompute (mode: eager, compile)")
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--fp8", default="none", choices=("none", "tensorwise"),
+                    help="torchtitan's quantize.linear.float8 recipe_name (tensorwise: float8 TP); torchtitan-llama3-tp-fp8.json")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.child:
         mode, dtype, rc, out_json = args.child
         opts: dict = {}
-        rec = measure_titan_tp(mode, dtype, rc, opts)
+        rec = measure_titan_tp(mode, dtype, rc, opts, args.fp8)
         R.write_step_log(rec, args.out)
         with open(out_json, "w") as f:
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
     n_fail = 0
-    path = os.path.join(args.out, "torchtitan-llama3-tp.json")
+    path = os.path.join(args.out, "torchtitan-llama3-tp" + ("-fp8" if args.fp8 != "none" else "") + ".json")
     for mode, dtype, rc in specs(args.only):
         doc = json.load(open(path)) if os.path.exists(path) else {
             "generated_by": "validation/measure_titan_tp.py", "torch": torch.__version__.split("+")[0],
             "framework": "torchtitan", "framework_version": "0.2.2", "family": "llama3", "device": "cpu",
             "configs": {}, "records": []}
-        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", mode, dtype, rc]
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--fp8", args.fp8, "--child", mode, dtype,
+               rc]
         n_fail += not R.run_child_into(cmd, path, doc, f"{mode}/{dtype}/{rc}")
     sys.exit(1 if n_fail else 0)
 
