@@ -53,6 +53,10 @@ impl Open {
             // `compute_intensive_ops` also lists `convolution` (the gated DeltaNet's and KDA's
             // causal conv1d: its output is cached, FINDINGS §15.2).
             "addmm" | "bmm" | "convolution" | "topk" => true,
+            // torchtitan 0.2.2's `_op_sac_save_list` lists `_c10d_functional.reduce_scatter_tensor`:
+            // under its tensor parallelism the row-parallel `wo`'s and `w2`'s reduce-scatters are
+            // saved (measured: torchtitan-llama3-tp.json, FINDINGS §15.1.y).
+            "reduce_scatter_tensor" => true,
             // `max.default` (a full reduction) is in the list, `max.dim` (values and indices) is not.
             "max" => outs == 1,
             ATTENTION_KERNELS_CPU => self.policy.attention_saved,

@@ -34,11 +34,11 @@
 //! `enable_gqa`), `transpose(1, 2).contiguous()`, the projections and `FeedForward`
 //! (`w2(F.silu(w1(x)) * w3(x))`) save what transformers' Llama saves: they reuse its builders.
 
-use super::super::blocks::shapes::{heads, heads_bshd};
+use super::super::blocks::shapes::{heads, heads_bshd, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, DType, Dim, Dt, Origin, Out, Shape, Split, Tid, B, S, X};
 use super::common::rms_norm;
-use super::common::{head_proj, out_proj, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
+use super::common::{head_proj, out_proj, proj_or, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LLAMA_MLP};
 use super::common::{pairs, tokens};
 use super::llama::{decoder_layer, mlp, rope as rope_half, sdpa_core, Ffn};
 use super::llama4;
@@ -98,7 +98,14 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Ti
     let vt = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.module = "attention.inner_attention";
     let o = sdpa_core(b, qt, kt, vt);
-    let out = out_proj(b, o, w.wo, w.bo, "attention.wo");
+    let out = if sp_tp(b) {
+        b.part = Part::AttentionInputs;
+        b.module = "attention.wo";
+        let y = proj_or(b, o, w.wo, w.bo, gathered(), Linear::O);
+        sp_reduce_scatter(b, y)
+    } else {
+        out_proj(b, o, w.wo, w.bo, "attention.wo")
+    };
     // The forward's locals (xq, xk, xv, output) go at its return.
     for t in [qy, ky, vy, q, k] {
         b.hold(t);
@@ -112,10 +119,107 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Ti
 /// out = h + self.feed_forward(self.ffn_norm(h))
 /// ```
 /// transformers' pre-norm layer with `nn.RMSNorm` ([`decoder_layer`]); dense layers only.
+///
+/// Under tensor parallelism with sequence parallelism each norm's sequence-sharded output is
+/// all-gathered before the attention and the feed-forward ([`sp_all_gather`]).
 fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
     let aw = AttnW::new(b, p);
     let mw = MlpW::new(b, p);
-    decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh), |b, n| mlp(b, &mw, n))
+    decoder_layer(
+        b,
+        p,
+        x,
+        NORM,
+        |b, n| {
+            let n = sp_all_gather(b, n);
+            attention(b, &aw, n, sh)
+        },
+        |b, n| {
+            let n = sp_all_gather(b, n);
+            tp_mlp(b, &mw, n)
+        },
+    )
+}
+
+/// Tensor and sequence parallelism are both on: torchtitan's `apply_tp` plan applies.
+fn sp_tp(b: &Builder) -> bool {
+    b.c.cfg.sp && b.c.cfg.tp > 1
+}
+
+/// `[b, s, h]` over the whole sequence, on every rank.
+fn gathered() -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::None)
+}
+
+/// `FeedForward.forward` (`w2(F.silu(w1(x)) * w3(x))`): [`mlp`], and under tensor parallelism
+/// with sequence parallelism `w2` (RowwiseParallel, `output_layouts=Shard(1)`) returns its
+/// partial sums over the whole sequence, `[b, s, h]`, reduce-scattered to `[b, s/tp, h]`
+/// ([`sp_reduce_scatter`]).
+fn tp_mlp(b: &mut Builder, w: &MlpW, x: Tid) -> Tid {
+    if !sp_tp(b) {
+        return mlp(b, w, x);
+    }
+    b.part = Part::Mlp;
+    let MlpW { wg, wu, wd } = *w;
+    let [gate, act, up, mul, down] = LLAMA_MLP.modules;
+    b.module = gate;
+    let g = proj_or(b, x, wg, None, tok_tp(LLAMA_MLP.width), Linear::Gate);
+    b.module = act;
+    let (op, node, back) = LLAMA_MLP.act;
+    let a = b.unary(op, node, g, Keep::Input, back);
+    b.module = up;
+    let u = proj_or(b, x, wu, None, tok_tp(LLAMA_MLP.width), Linear::Up);
+    b.module = mul;
+    let m = b.mul(a, u);
+    b.module = down;
+    let y = proj_or(b, m, wd, None, gathered(), Linear::Down);
+    sp_reduce_scatter(b, y)
+}
+
+/// The row-parallel `wo` and `w2` under torchtitan's plan (`RowwiseParallel(output_layouts=
+/// Shard(1))`, models/llama3/infra/parallelize.py 0.2.2): the local mm gives `[b, s, h]` partial
+/// sums (a `Partial` DTensor), which torch 2.15's `redistribute` (`Partial → Shard(1)`)
+/// reduce-scatters (`_c10d_functional.reduce_scatter_tensor`) into a new `[b, s/tp, h]` tensor;
+/// the mm's output goes after it. The backward all-gathers the `[b, s/tp, h]` gradient into a
+/// `[b, s, h]` one (`Shard(1) → Replicate`) for the mm's backward. torchtitan's op-level
+/// selective checkpointing saves the reduce-scatter's output (`_op_sac_save_list`; measured:
+/// two `[b, s/tp, h]` per block, `torchtitan-llama3-tp.json`).
+fn sp_reduce_scatter(b: &mut Builder, y: Tid) -> Tid {
+    let (bytes, dtype, dt) = (b.bytes(y), b.t(y).dtype, b.t(y).dt);
+    let out = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::Sp), dt, true);
+    b.op(
+        "reduce_scatter_tensor",
+        "ReduceScatterBackward",
+        &[y],
+        &[out],
+        &[],
+        &[B::Alloc { bytes, dtype, op: "all_gather" }, B::Grad { input: 0, temp: 0 }],
+    )[0]
+}
+
+/// torchtitan's `apply_tp` (models/llama3/infra/parallelize.py, 0.2.2) puts
+/// `PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())` on
+/// `attention` and `feed_forward`: the norm's `[b, s/tp, h]` output is all-gathered to
+/// `[b, s, h]` (torch 2.15 DTensor `redistribute`, `Shard(1) → Replicate`), and the
+/// column-parallel `wq`/`wk`/`wv` (`w1`/`w3`) save that gathered tensor (one storage for the
+/// three: measured, `torchtitan-llama3-tp.json`, `MmBackward0 _saved_self [b·s, h]`) — unlike
+/// Megatron's sequence-parallel linears, which save the shard and gather again in backward.
+/// In backward the gradient (a `Partial` sum) is reduce-scattered back to `[b, s/tp, h]`.
+/// Without `sp` (or `tp = 1`) the input passes as it is.
+fn sp_all_gather(b: &mut Builder, n: Tid) -> Tid {
+    if !sp_tp(b) {
+        return n;
+    }
+    let (bytes, dtype, dt) = (b.bytes(n), b.t(n).dtype, b.t(n).dt);
+    let out = b.out(gathered(), dt, true);
+    b.op(
+        "all_gather",
+        "AllGatherBackward",
+        &[n],
+        &[out],
+        &[],
+        &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }],
+    )[0]
 }
 
 /// torchtitan 0.2.2's Llama 3 (`Transformer`, see the module doc).
