@@ -413,7 +413,7 @@ fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_na
 /// Llama 3, rank 0 of a 2-rank TP mesh under torch's fake process group, eager, recompute none,
 /// full and op, fp32 and bf16 (`validation/measure_titan_tp.py`, b2 s64). Its compiled blocks
 /// do not run under torch 2.15 (FINDINGS §15.1.y): no compiled record.
-const TP_SHARDS: &[&str] = &["torchtitan-llama3-tp"];
+const TP_SHARDS: &[&str] = &["torchtitan-llama3-tp", "torchtitan-qwen3-tp"];
 
 /// A TP record's configuration: [`config_of`] with `tp`, `sp` and the record's recompute.
 fn tp_config_of(doc: &Value, r: &Value) -> Config {

@@ -40,7 +40,7 @@ use super::super::ir::{Builder, DType, Dim, Dt, Origin, Out, Shape, Split, Tid, 
 use super::common::rms_norm;
 use super::common::{head_proj, out_proj, proj_or, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LLAMA_MLP};
 use super::common::{pairs, tokens};
-use super::llama::{decoder_layer, mlp, rope as rope_half, sdpa_core, Ffn};
+use super::llama::{decoder_layer, in_group, mlp, rope as rope_half, sdpa_core, Ffn};
 use super::llama4;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -98,19 +98,25 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Ti
     let vt = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.module = "attention.inner_attention";
     let o = sdpa_core(b, qt, kt, vt);
-    let out = if sp_tp(b) {
-        b.part = Part::AttentionInputs;
-        b.module = "attention.wo";
-        let y = proj_or(b, o, w.wo, w.bo, gathered(), Linear::O);
-        sp_reduce_scatter(b, y)
-    } else {
-        out_proj(b, o, w.wo, w.bo, "attention.wo")
-    };
+    let out = tp_out_proj(b, w, o);
     // The forward's locals (xq, xk, xv, output) go at its return.
     for t in [qy, ky, vy, q, k] {
         b.hold(t);
     }
     (out, None)
+}
+
+/// `wo` on the attention's output: [`out_proj`], and under tensor parallelism with sequence
+/// parallelism (`RowwiseParallel(output_layouts=Shard(1))`) its `[b, s, h]` partial sums
+/// reduce-scattered to `[b, s/tp, h]` ([`sp_reduce_scatter`]).
+fn tp_out_proj(b: &mut Builder, w: &AttnW, o: Tid) -> Tid {
+    if !sp_tp(b) {
+        return out_proj(b, o, w.wo, w.bo, "attention.wo");
+    }
+    b.part = Part::AttentionInputs;
+    b.module = "attention.wo";
+    let y = proj_or(b, o, w.wo, w.bo, gathered(), Linear::O);
+    sp_reduce_scatter(b, y)
 }
 
 /// `TransformerBlock.forward`:
@@ -320,7 +326,7 @@ fn qwen3_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> Tid {
     let vt = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.module = "attention.inner_attention";
     let o = sdpa_core(b, qt, kt, vt);
-    let out = out_proj(b, o, w.wo, w.bo, "attention.wo");
+    let out = tp_out_proj(b, w, o);
     // The forward's locals (xq, xk, xv, output) go at its return.
     for t in [qy, ky, vy, q, k, qn, kn, qr, kr] {
         b.hold(t);
@@ -353,8 +359,19 @@ impl Modeling for Qwen3 {
         let _ = (spec, attn);
         let aw = AttnW::new(b, p);
         let ffn = Ffn::new(b, p, kind, MoeW::new);
-        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w, n));
-        decoder_layer(b, p, x, NORM, |b, n| (qwen3_attention(b, &aw, n, sh), None), ffn)
+        // Under TP the dense block is Llama 3's ([`tp_mlp`]; MoE layers with TP are refused).
+        let ffn = |b: &mut Builder, n: Tid| match ffn {
+            Ffn::Dense(w) if sp_tp(b) => {
+                let n = sp_all_gather(b, n);
+                in_group(b, Kind::Dense, |b| tp_mlp(b, &w, n))
+            }
+            ffn => ffn.forward(b, n, |b, w, n| moe(b, &w, n)),
+        };
+        let attention = |b: &mut Builder, n: Tid| {
+            let n = sp_all_gather(b, n);
+            (qwen3_attention(b, &aw, n, sh), None)
+        };
+        decoder_layer(b, p, x, NORM, attention, ffn)
     }
     fn norm(&self) -> Norm {
         NORM
