@@ -39,9 +39,16 @@ with `enable_float8_tensorwise_tp=True` (torchao's Float8ColwiseParallel, Float8
 PrepareFloat8ModuleInput: the blocks' inputs cast to float8 before the all-gather); saved `Float8TrainingTensor`s are
 read as their `_data` and `_scale` storages. Writes torchtitan-llama3-tp-fp8.json.
 
+`--family qwen3`: torchtitan's dense Qwen3 (measure_titan_compile.py's build) under `apply_non_moe_tp`
+(models/qwen3/infra/parallelize.py, what `parallelize_qwen3` calls; no async TP, no CP): Llama 3's plan, with wq/wk/wv
+`ColwiseParallel(use_local_output=False)` (q/k/v stay head-sharded DTensors through q_norm/k_norm, RoPE and SDPA) and
+q_norm/k_norm `SequenceParallel(sequence_dim=2)`. torch 2.15's DTensor has no sharding strategy for the CPU SDPA kernel
+that path reaches: `register_cpu_sdpa_sharding` registers the CUDA flash kernel's. Writes torchtitan-qwen3-tp.json.
+
 Writes tests/fixtures/pytorch/frameworks/torchtitan-llama3-tp.json.
 
-Usage:  nice validation/.venv/bin/python validation/measure_titan_tp.py [--only SUBSTRING]   (default: eager)
+Usage:  nice validation/.venv/bin/python validation/measure_titan_tp.py [--family qwen3] [--only SUBSTRING]
+        (default: llama3, eager)
 """
 
 from __future__ import annotations

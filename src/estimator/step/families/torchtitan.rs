@@ -147,7 +147,9 @@ fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
     )
 }
 
-/// Tensor and sequence parallelism are both on: torchtitan's `apply_tp` plan applies.
+/// Tensor and sequence parallelism are both on: torchtitan's `apply_tp` plan applies (Llama 3;
+/// its Qwen3's `apply_non_moe_tp`, models/qwen3/infra/parallelize.py 0.2.2, is the same plan on
+/// the dense layers: measured, `torchtitan-qwen3-tp.json`).
 fn sp_tp(b: &Builder) -> bool {
     b.c.cfg.sp && b.c.cfg.tp > 1
 }
@@ -302,6 +304,12 @@ fn qwen3_rope(b: &mut Builder, q: Tid, k: Tid, cache: Tid) -> (Tid, Tid) {
 /// output = self.inner_attention(xq, xk, xv, scale=self.scaling, enable_gqa=self.enable_gqa).transpose(1, 2).contiguous()
 /// return self.wo(output.view(bs, seqlen, -1))
 /// ```
+/// Under tensor parallelism with sequence parallelism (`apply_non_moe_tp`, 0.2.2) the input is
+/// the all-gathered `[b, s, h]` ([`sp_all_gather`], in [`Qwen3::layer`]) and `wo`'s partial sums
+/// are reduce-scattered ([`tp_out_proj`]), as Llama 3's; `wq`/`wk`/`wv` keep DTensor outputs
+/// (`use_local_output=False`) and `q_norm`/`k_norm` are `SequenceParallel(sequence_dim=2)`, over
+/// the local heads: what is saved is the local path's (measured, `torchtitan-qwen3-tp.json`:
+/// saved bytes exact).
 fn qwen3_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> Tid {
     let proj = |b: &mut Builder, w: Option<Tid>, h: Q, module: &'static str, lin: Linear| {
         let y = head_proj(b, x, w, None, h, module, lin);
