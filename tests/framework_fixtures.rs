@@ -412,8 +412,10 @@ fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_na
 /// torchtitan's own tensor parallelism (`apply_tp`: sequence parallel, `loss_parallel`) on its
 /// Llama 3, rank 0 of a 2-rank TP mesh under torch's fake process group, eager, recompute none,
 /// full and op, fp32 and bf16 (`validation/measure_titan_tp.py`, b2 s64). Its compiled blocks
-/// do not run under torch 2.15 (FINDINGS §15.1.y): no compiled record.
-const TP_SHARDS: &[&str] = &["torchtitan-llama3-tp"];
+/// do not run under torch 2.15 (FINDINGS §15.1.y): no compiled record. And its dense Qwen3 under
+/// `apply_non_moe_tp` (Llama 3's plan; wq/wk/wv keep DTensor outputs, q_norm/k_norm
+/// `SequenceParallel(sequence_dim=2)`), the same six records (`measure_titan_tp.py --family qwen3`).
+const TP_SHARDS: &[&str] = &["torchtitan-llama3-tp", "torchtitan-qwen3-tp"];
 
 /// A TP record's configuration: [`config_of`] with `tp`, `sp` and the record's recompute.
 fn tp_config_of(doc: &Value, r: &Value) -> Config {

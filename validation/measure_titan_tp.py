@@ -39,9 +39,16 @@ with `enable_float8_tensorwise_tp=True` (torchao's Float8ColwiseParallel, Float8
 PrepareFloat8ModuleInput: the blocks' inputs cast to float8 before the all-gather); saved `Float8TrainingTensor`s are
 read as their `_data` and `_scale` storages. Writes torchtitan-llama3-tp-fp8.json.
 
+`--family qwen3`: torchtitan's dense Qwen3 (measure_titan_compile.py's build) under `apply_non_moe_tp`
+(models/qwen3/infra/parallelize.py, what `parallelize_qwen3` calls; no async TP, no CP): Llama 3's plan, with wq/wk/wv
+`ColwiseParallel(use_local_output=False)` (q/k/v stay head-sharded DTensors through q_norm/k_norm, RoPE and SDPA) and
+q_norm/k_norm `SequenceParallel(sequence_dim=2)`. torch 2.15's DTensor has no sharding strategy for the CPU SDPA kernel
+that path reaches: `register_cpu_sdpa_sharding` registers the CUDA flash kernel's. Writes torchtitan-qwen3-tp.json.
+
 Writes tests/fixtures/pytorch/frameworks/torchtitan-llama3-tp.json.
 
-Usage:  nice validation/.venv/bin/python validation/measure_titan_tp.py [--only SUBSTRING]   (default: eager)
+Usage:  nice validation/.venv/bin/python validation/measure_titan_tp.py [--family qwen3] [--only SUBSTRING]
+        (default: llama3, eager)
 """
 
 from __future__ import annotations
@@ -228,6 +235,26 @@ def adamw_state_bytes(opt):
     return state, step
 
 
+def register_cpu_sdpa_sharding():
+    """torch 2.15's DTensor registers sharding strategies for the CUDA SDPA kernels (flash, efficient, cudnn:
+    `_ops/_matrix_ops.py`) but none for the CPU one (`_scaled_dot_product_flash_attention_for_cpu` and its backward),
+    which torchtitan's Qwen3 reaches on CPU: its `wq`/`wk`/`wv` keep DTensor outputs (`use_local_output=False`), so
+    SDPA runs on head-sharded (`Shard(1)` of `[b, heads, s, d]`) DTensors. Registered here as the CUDA flash kernel's
+    are: heads-sharded or batch-sharded, outputs like the inputs; the backward reuses the CUDA flash backward's
+    strategy (the same six tensor inputs: grad_out, q, k, v, out, logsumexp)."""
+    from torch.distributed.tensor._ops import _matrix_ops as mo
+    from torch.distributed.tensor._ops.single_dim_strategy import (
+        _ShardingPlaceholder as P, register_single_dim_strategy)
+    aten = torch.ops.aten
+
+    @register_single_dim_strategy(aten._scaled_dot_product_flash_attention_for_cpu.default)
+    def _cpu_flash(op, args_schema, kwargs_schema):
+        return [[P(d), P(d), P(d), P(d), P(d)] for d in (1, 0)]  # output, logsumexp, q, k, v
+
+    register_single_dim_strategy(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)(
+        mo.scaled_dot_product_flash_attention_backward_single_dim_strategy)
+
+
 def init_fake_pg():
     from torch.testing._internal.distributed.fake_pg import FakeStore
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=TP)
@@ -235,20 +262,30 @@ def init_fake_pg():
     return init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
 
 
-def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none"):
-    """torchtitan's `apply_tp` (loss_parallel, no float8), then `apply_ac` and, compiled, `apply_compile` and the
-    compiled loss (measure_titan_compile.titan_parallelize)."""
+def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none", fam: str = "llama3"):
+    """torchtitan's `apply_tp` (llama3) or `apply_non_moe_tp` (qwen3; loss_parallel, no async TP, no CP), then
+    `apply_ac` and, compiled, `apply_compile` and the compiled loss (measure_titan_compile.titan_parallelize)."""
     import types
     from pathlib import Path
     import torchtitan
     root = Path(torchtitan.__file__).parent
-    pkg = types.ModuleType("torchtitan.models.llama3")
-    pkg.__path__ = [str(root / "models" / "llama3")]
-    sys.modules.setdefault(pkg.__name__, pkg)
-    from torchtitan.models.llama3.infra.parallelize import apply_tp, _op_sac_save_list
-    apply_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=fp8 == "tensorwise")
+    for pkg_name in ("llama3", "llama4", "qwen3"):
+        pkg = types.ModuleType(f"torchtitan.models.{pkg_name}")
+        pkg.__path__ = [str(root / "models" / pkg_name)]
+        sys.modules.setdefault(pkg.__name__, pkg)
+    if fam == "llama3":
+        from torchtitan.models.llama3.infra.parallelize import apply_tp, _op_sac_save_list
+        apply_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=fp8 == "tensorwise")
+    else:
+        # parallelize_qwen3 calls apply_non_moe_tp(model, tp_mesh, loss_parallel, enable_float8_tensorwise_tp,
+        # enable_async_tp, cp_enabled): as Llama 3's plan, but wq/wk/wv keep DTensor outputs
+        # (use_local_output=False) and q_norm/k_norm are SequenceParallel(sequence_dim=2) over the local heads.
+        from torchtitan.models.qwen3.infra.parallelize import apply_non_moe_tp, _op_sac_save_list
+        register_cpu_sdpa_sharding()
+        apply_non_moe_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=fp8 == "tensorwise",
+                         enable_async_tp=False, cp_enabled=False)
     if mode == "compile":
-        return C.titan_parallelize(lm, "llama3", recompute, COMPONENTS)
+        return C.titan_parallelize(lm, fam, recompute, COMPONENTS)
     if recompute != "none":
         from torchtitan.config.job_config import ActivationCheckpoint
         from torchtitan.distributed.activation_checkpoint import apply_ac
@@ -258,10 +295,10 @@ def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none"):
     return []
 
 
-def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str = "none"):
+def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str = "none", fam: str = "llama3"):
     from torch._dynamo.utils import counters
     from torch.distributed.tensor.parallel import loss_parallel
-    family = "torchtitan-llama3"
+    family = f"torchtitan-{fam}"
     mesh = init_fake_pg()
     torch._dynamo.reset()
     counters.clear()
@@ -274,13 +311,13 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str
     R.param_info = param_info
     global EAGER_CHECKPOINT
     EAGER_CHECKPOINT = mode == "eager" and recompute != "none"
-    model = C.build("llama3", dtype)
+    model = C.build(fam, dtype)
     cfg = dict(M.config_dict(model), framework="torchtitan")
     ids = M.make_ids(model, R.B, R.S)
     # torchtitan's Float8LinearConverter runs before parallelize_llama (measure_titan_compile.titan_float8); with
     # tensorwise, apply_tp uses torchao's Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput.
     fp8_info = C.titan_float8(model, fp8) if fp8 != "none" else None
-    blocks = titan_tp(model, mesh, mode, recompute, fp8)
+    blocks = titan_tp(model, mesh, mode, recompute, fp8, fam)
     ranges = R.SeqRanges(model, opaque=blocks)
     opt = torch.optim.AdamW(model.parameters())
     with loss_parallel():
@@ -310,7 +347,9 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str
            "framework": "torchtitan", "framework_version": "0.2.2", "checkpointing": recompute != "none",
            "parallel": {"tp": TP, "sp": True, "loss_parallel": True, "rank": 0,
                         "process_group": "fake (torch.testing._internal.distributed.fake_pg, world_size 2)",
-                        "applied_by": "torchtitan 0.2.2 apply_tp (loss_parallel=True, no float8)"}}
+                        "applied_by": "torchtitan 0.2.2 " + ("apply_tp" if fam == "llama3" else "apply_non_moe_tp") +
+                        " (loss_parallel=True" + (", float8 tensorwise" if fp8 == "tensorwise" else ", no float8") +
+                        ")"}}
     rec.update({"recipe": {"compile": mode == "compile", "compile_regions": "layer" if mode == "compile" else None,
                            "components": ["model", "loss"] if mode == "compile" else [],
                            "compiled_loss": mode == "compile", "recompute": recompute,
@@ -346,26 +385,28 @@ def main():
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--fp8", default="none", choices=("none", "tensorwise"),
                     help="torchtitan's quantize.linear.float8 recipe_name (tensorwise: float8 TP); torchtitan-llama3-tp-fp8.json")
+    ap.add_argument("--family", default="llama3", choices=("llama3", "qwen3"),
+                    help="torchtitan model: llama3 (apply_tp) or dense qwen3 (apply_non_moe_tp); torchtitan-qwen3-tp.json")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.child:
         mode, dtype, rc, out_json = args.child
         opts: dict = {}
-        rec = measure_titan_tp(mode, dtype, rc, opts, args.fp8)
+        rec = measure_titan_tp(mode, dtype, rc, opts, args.fp8, args.family)
         R.write_step_log(rec, args.out)
         with open(out_json, "w") as f:
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
     n_fail = 0
-    path = os.path.join(args.out, "torchtitan-llama3-tp" + ("-fp8" if args.fp8 != "none" else "") + ".json")
+    path = os.path.join(args.out, f"torchtitan-{args.family}-tp" + ("-fp8" if args.fp8 != "none" else "") + ".json")
     for mode, dtype, rc in specs(args.only):
         doc = json.load(open(path)) if os.path.exists(path) else {
             "generated_by": "validation/measure_titan_tp.py", "torch": torch.__version__.split("+")[0],
-            "framework": "torchtitan", "framework_version": "0.2.2", "family": "llama3", "device": "cpu",
+            "framework": "torchtitan", "framework_version": "0.2.2", "family": args.family, "device": "cpu",
             "configs": {}, "records": []}
-        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--fp8", args.fp8, "--child", mode, dtype,
-               rc]
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--fp8", args.fp8, "--family",
+               args.family, "--child", mode, dtype, rc]
         n_fail += not R.run_child_into(cmd, path, doc, f"{mode}/{dtype}/{rc}")
     sys.exit(1 if n_fail else 0)
 

@@ -40,7 +40,7 @@ use super::super::ir::{Builder, DType, Dim, Dt, Origin, Out, Shape, Split, Tid, 
 use super::common::rms_norm;
 use super::common::{head_proj, out_proj, proj_or, token_embedding, AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LLAMA_MLP};
 use super::common::{pairs, tokens};
-use super::llama::{decoder_layer, mlp, rope as rope_half, sdpa_core, Ffn};
+use super::llama::{decoder_layer, in_group, mlp, rope as rope_half, sdpa_core, Ffn};
 use super::llama4;
 use super::modeling::Modeling;
 use crate::estimator::activations::ctx::Q;
@@ -98,19 +98,25 @@ fn attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> (Tid, Option<Ti
     let vt = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.module = "attention.inner_attention";
     let o = sdpa_core(b, qt, kt, vt);
-    let out = if sp_tp(b) {
-        b.part = Part::AttentionInputs;
-        b.module = "attention.wo";
-        let y = proj_or(b, o, w.wo, w.bo, gathered(), Linear::O);
-        sp_reduce_scatter(b, y)
-    } else {
-        out_proj(b, o, w.wo, w.bo, "attention.wo")
-    };
+    let out = tp_out_proj(b, w, o);
     // The forward's locals (xq, xk, xv, output) go at its return.
     for t in [qy, ky, vy, q, k] {
         b.hold(t);
     }
     (out, None)
+}
+
+/// `wo` on the attention's output: [`out_proj`], and under tensor parallelism with sequence
+/// parallelism (`RowwiseParallel(output_layouts=Shard(1))`) its `[b, s, h]` partial sums
+/// reduce-scattered to `[b, s/tp, h]` ([`sp_reduce_scatter`]).
+fn tp_out_proj(b: &mut Builder, w: &AttnW, o: Tid) -> Tid {
+    if !sp_tp(b) {
+        return out_proj(b, o, w.wo, w.bo, "attention.wo");
+    }
+    b.part = Part::AttentionInputs;
+    b.module = "attention.wo";
+    let y = proj_or(b, o, w.wo, w.bo, gathered(), Linear::O);
+    sp_reduce_scatter(b, y)
 }
 
 /// `TransformerBlock.forward`:
@@ -141,7 +147,9 @@ fn layer(b: &mut Builder, p: &Params, x: Tid, sh: &Shared) -> Tid {
     )
 }
 
-/// Tensor and sequence parallelism are both on: torchtitan's `apply_tp` plan applies.
+/// Tensor and sequence parallelism are both on: torchtitan's `apply_tp` plan applies (Llama 3;
+/// its Qwen3's `apply_non_moe_tp`, models/qwen3/infra/parallelize.py 0.2.2, is the same plan on
+/// the dense layers: measured, `torchtitan-qwen3-tp.json`).
 fn sp_tp(b: &Builder) -> bool {
     b.c.cfg.sp && b.c.cfg.tp > 1
 }
@@ -296,6 +304,12 @@ fn qwen3_rope(b: &mut Builder, q: Tid, k: Tid, cache: Tid) -> (Tid, Tid) {
 /// output = self.inner_attention(xq, xk, xv, scale=self.scaling, enable_gqa=self.enable_gqa).transpose(1, 2).contiguous()
 /// return self.wo(output.view(bs, seqlen, -1))
 /// ```
+/// Under tensor parallelism with sequence parallelism (`apply_non_moe_tp`, 0.2.2) the input is
+/// the all-gathered `[b, s, h]` ([`sp_all_gather`], in [`Qwen3::layer`]) and `wo`'s partial sums
+/// are reduce-scattered ([`tp_out_proj`]), as Llama 3's; `wq`/`wk`/`wv` keep DTensor outputs
+/// (`use_local_output=False`) and `q_norm`/`k_norm` are `SequenceParallel(sequence_dim=2)`, over
+/// the local heads: what is saved is the local path's (measured, `torchtitan-qwen3-tp.json`:
+/// saved bytes exact).
 fn qwen3_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> Tid {
     let proj = |b: &mut Builder, w: Option<Tid>, h: Q, module: &'static str, lin: Linear| {
         let y = head_proj(b, x, w, None, h, module, lin);
@@ -320,7 +334,7 @@ fn qwen3_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> Tid {
     let vt = b.view(v, heads(Q::KV), "TransposeBackward0", false);
     b.module = "attention.inner_attention";
     let o = sdpa_core(b, qt, kt, vt);
-    let out = out_proj(b, o, w.wo, w.bo, "attention.wo");
+    let out = tp_out_proj(b, w, o);
     // The forward's locals (xq, xk, xv, output) go at its return.
     for t in [qy, ky, vy, q, k, qn, kn, qr, kr] {
         b.hold(t);
@@ -353,8 +367,19 @@ impl Modeling for Qwen3 {
         let _ = (spec, attn);
         let aw = AttnW::new(b, p);
         let ffn = Ffn::new(b, p, kind, MoeW::new);
-        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w, n));
-        decoder_layer(b, p, x, NORM, |b, n| (qwen3_attention(b, &aw, n, sh), None), ffn)
+        // Under TP the dense block is Llama 3's ([`tp_mlp`]; MoE layers with TP are refused).
+        let ffn = |b: &mut Builder, n: Tid| match ffn {
+            Ffn::Dense(w) if sp_tp(b) => {
+                let n = sp_all_gather(b, n);
+                in_group(b, Kind::Dense, |b| tp_mlp(b, &w, n))
+            }
+            ffn => ffn.forward(b, n, |b, w, n| moe(b, &w, n)),
+        };
+        let attention = |b: &mut Builder, n: Tid| {
+            let n = sp_all_gather(b, n);
+            (qwen3_attention(b, &aw, n, sh), None)
+        };
+        decoder_layer(b, p, x, NORM, attention, ffn)
     }
     fn norm(&self) -> Norm {
         NORM
