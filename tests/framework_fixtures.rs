@@ -144,6 +144,21 @@ fn row(e: &Estimate, id: &str) -> u128 {
     e.components.iter().chain(&e.host).filter(|r| r.id.as_str() == id).map(|r| r.bytes).sum()
 }
 
+/// The record's parameters, gradients and AdamW states against the ledger's rows, to the byte:
+/// a mismatch is pushed to `failures` under the record's id.
+fn parameters_gradients_and_states_exact(r: &Value, e: &Estimate, failures: &mut Vec<String>) {
+    let id = r["id"].as_str().unwrap_or_default();
+    for (what, got, want) in [
+        ("parameter_bytes", row(e, "weights") + row(e, "frozen_weights"), r["parameter_bytes"].as_u64()),
+        ("gradient_bytes", row(e, "gradients"), r["gradient_bytes"].as_u64()),
+        ("adamw state", row(e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
+    ] {
+        if Some(got) != want.map(u128::from) {
+            failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
+        }
+    }
+}
+
 #[test]
 fn every_framework_record_is_exact_in_its_states_and_within_half_a_percent_in_activations_and_peak() {
     let shards = shards();
@@ -161,16 +176,7 @@ fn every_framework_record_is_exact_in_its_states_and_within_half_a_percent_in_ac
                 }
             };
             checked += 1;
-            let exact = [
-                ("parameter_bytes", row(&e, "weights") + row(&e, "frozen_weights"), r["parameter_bytes"].as_u64()),
-                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
-                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
-            ];
-            for (what, got, want) in exact {
-                if Some(got) != want.map(u128::from) {
-                    failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
-                }
-            }
+            parameters_gradients_and_states_exact(r, &e, &mut failures);
             let saved = r["saved_bytes"].as_u64().unwrap_or(0) as f64;
             let acts = e.memory.activations as f64;
             let rel_a = (acts - saved) / saved;
@@ -289,15 +295,7 @@ fn every_compile_record_is_exact(names: &[&str], per_shard: usize) {
                 }
             };
             checked += 1;
-            for (what, got, want) in [
-                ("parameter_bytes", row(&e, "weights") + row(&e, "frozen_weights"), r["parameter_bytes"].as_u64()),
-                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
-                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
-            ] {
-                if Some(got) != want.map(u128::from) {
-                    failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
-                }
-            }
+            parameters_gradients_and_states_exact(r, &e, &mut failures);
             saved_exact_and_peak_within_half_a_percent(name, r, &e, &mut failures);
         }
     }
@@ -502,15 +500,7 @@ fn every_tp_record_is_exact(names: &[&str]) {
                 }
             };
             checked += 1;
-            for (what, got, want) in [
-                ("parameter_bytes", row(&e, "weights") + row(&e, "frozen_weights"), r["parameter_bytes"].as_u64()),
-                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
-                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
-            ] {
-                if Some(got) != want.map(u128::from) {
-                    failures.push(format!("{id}: {what} {got} ≠ {want:?}"));
-                }
-            }
+            parameters_gradients_and_states_exact(r, &e, &mut failures);
             // The checkpoints' CPU RNG states (`preserve_rng_state`, 5,056 B a block: host memory
             // on a GPU) are all alive in the loss's backward, before any block recomputes: out of
             // a peak measured there, as out of one measured in forward.
@@ -675,15 +665,7 @@ fn every_torchtune_lora_compile_record_is_exact_in_saved_bytes_and_within_half_a
     for (name, doc) in &shards {
         for r in doc["records"].as_array().into_iter().flatten() {
             let e = estimate(&compile_config_of(doc, r)).unwrap_or_else(|e| panic!("{}: {e}", r["id"]));
-            for (what, got, want) in [
-                ("parameter_bytes", row(&e, "weights") + row(&e, "frozen_weights"), r["parameter_bytes"].as_u64()),
-                ("gradient_bytes", row(&e, "gradients"), r["gradient_bytes"].as_u64()),
-                ("adamw state", row(&e, "optimizer_states"), r["adamw"]["state_bytes"].as_u64()),
-            ] {
-                if Some(got) != want.map(u128::from) {
-                    failures.push(format!("{}: {what} {got} ≠ {want:?}", r["id"]));
-                }
-            }
+            parameters_gradients_and_states_exact(r, &e, &mut failures);
             saved_exact_and_peak_within_half_a_percent(name, r, &e, &mut failures);
             // Every linear, fully checkpointed: the peak is the SiLU·mul backward kernel of a
             // layer's compiled backward, as measured.

@@ -53,6 +53,25 @@ pub enum Keep {
 }
 
 impl<'a> Builder<'a> {
+    // ------------------------------------------------------------------ collectives
+
+    /// Sequence parallelism's all-gather of a `[b, s/tp, h]` shard into the whole `[b, s, h]`
+    /// sequence (Megatron's `gather_from_sequence_parallel_region`, DTensor's `Shard(1) →
+    /// Replicate`): a new tensor in the shard's dtype; its backward reduce-scatters the
+    /// gradient back into a shard-sized buffer.
+    pub fn sequence_all_gather(&mut self, x: Tid) -> Tid {
+        let (bytes, dtype, dt) = (self.bytes(x), self.t(x).dtype, self.t(x).dt);
+        let out = self.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::None), dt, true);
+        self.op(
+            "all_gather",
+            "AllGatherBackward",
+            &[x],
+            &[out],
+            &[],
+            &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }],
+        )[0]
+    }
+
     // ------------------------------------------------------------------ elementwise
 
     /// `x.to(dt)`: `_to_copy`, or nothing when `x` already has that dtype.

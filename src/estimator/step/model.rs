@@ -561,20 +561,7 @@ impl<'a> Setup<'a> {
         let vocab = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::V)], Split::Tp);
         // Under sequence parallelism the head's input is all-gathered first (its backward
         // reduce-scatters): the head keeps the whole sequence.
-        let xn = if self.cfg.sp && self.cfg.tp > 1 {
-            let (bytes, dtype, dt) = (b.bytes(xn), b.t(xn).dtype, b.t(xn).dt);
-            let out = b.out(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::H)], Split::None), dt, true);
-            b.op(
-                "all_gather",
-                "AllGatherBackward",
-                &[xn],
-                &[out],
-                &[],
-                &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }],
-            )[0]
-        } else {
-            xn
-        };
+        let xn = if self.cfg.sp && self.cfg.tp > 1 { b.sequence_all_gather(xn) } else { xn };
         // torchtune's `CEWithChunkedOutputLoss` (its `loss = chunked`), not Liger's fused loss.
         if self.cfg.framework == crate::estimator::config::Framework::Torchtune {
             families::torchtune::head_and_loss(b, x, xn, w, bias, self.compiled_loss(), self.cfg.kernels == Kernels::Cpu);

@@ -218,16 +218,7 @@ fn sp_all_gather(b: &mut Builder, n: Tid) -> Tid {
     if !sp_tp(b) {
         return n;
     }
-    let (bytes, dtype, dt) = (b.bytes(n), b.t(n).dtype, b.t(n).dt);
-    let out = b.out(gathered(), dt, true);
-    b.op(
-        "all_gather",
-        "AllGatherBackward",
-        &[n],
-        &[out],
-        &[],
-        &[B::Alloc { bytes, dtype, op: "reduce_scatter" }, B::Grad { input: 0, temp: 0 }],
-    )[0]
+    b.sequence_all_gather(n)
 }
 
 /// torchtitan 0.2.2's Llama 3 (`Transformer`, see the module doc).
