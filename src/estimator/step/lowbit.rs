@@ -449,14 +449,19 @@ impl<'a> Builder<'a> {
         let ffn_casts: Vec<u8> =
             if w2 && rowwise && full { (0..2).map(|_| s.alloc(k * n, DType::Fp8, "_to_copy")).collect() } else { Vec::new() };
         let wq = (w2 || rowwise).then(|| s.alloc(k * n, DType::Fp8, "_to_copy"));
-        let gi = if rowwise && p != 2 {
-            let o = s.alloc(t * k * 2, DType::Bf16, "_scaled_mm");
-            let c = s.alloc(t * k * p, gd, "_to_copy");
-            s.free(Some(o));
-            c
-        } else {
-            s.alloc(t * k * p, gd, "_scaled_mm")
+        // A gradient `_scaled_mm` of `elems` elements: rowwise in an fp32 / fp16 model writes bf16
+        // and casts it back (`wide_rowwise_output`), the bf16 buffer freed after the cast.
+        let scaled_mm = |s: &mut Script, elems: u128| {
+            if rowwise && p != 2 {
+                let o = s.alloc(elems * 2, DType::Bf16, "_scaled_mm");
+                let c = s.alloc(elems * p, gd, "_to_copy");
+                s.free(Some(o));
+                c
+            } else {
+                s.alloc(elems * p, gd, "_scaled_mm")
+            }
         };
+        let gi = scaled_mm(&mut s, t * k);
         s.free(wq);
         s.free(Some(g));
         let mut grads_fp8 = Vec::new();
@@ -475,14 +480,7 @@ impl<'a> Builder<'a> {
         } else {
             Some(s.alloc(t * k, DType::Fp8, "_to_copy"))
         };
-        let gw = if rowwise && p != 2 {
-            let o = s.alloc(n * k * 2, DType::Bf16, "_scaled_mm");
-            let c = s.alloc(n * k * p, gd, "_to_copy");
-            s.free(Some(o));
-            c
-        } else {
-            s.alloc(n * k * p, gd, "_scaled_mm")
-        };
+        let gw = scaled_mm(&mut s, n * k);
         s.free(xq);
         s.free(Some(gt));
         for h in grads_fp8.into_iter().chain(ffn_casts) {
