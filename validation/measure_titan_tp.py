@@ -26,13 +26,15 @@ it: full AC recomputes the block, op SAC then refuses the real backward): their 
 live bytes after the forward less the checkpoints' CPU RNG states, the loss and the logits, plus the batch's ids the
 embedding saves (measure_tune_compile.py's way).
 
-Compiled (`--only compile`) does not run under torch 2.15: the first block's input is the embedding's pending
-reduce-scatter (RowwiseParallel's `_prepare_output_fn` redistributes with `async_op=True`, then `to_local()`: an
+Compiled (`--only compile`; `TITAN_TP_COMPONENTS=model` leaves the loss eager: `compile_regions = block`), the first
+block's input is the embedding's pending reduce-scatter (RowwiseParallel's `_prepare_output_fn` redistributes with `async_op=True`, then `to_local()`: an
 `AsyncCollectiveTensor`), which AOTAutograd swaps for its inner tensor (`_functorch/_aot_autograd/frontend_utils.py`
 `_resolve_input_async_collectives`, `subclass_codegen.py` `_maybe_wait_async_collective_tensor` → `trigger_wait()`);
 in the backward the embedding's `Redistribute.backward` then gets a plain tensor (`_ToTorchTensorBackward` gets None)
 and fails: `AttributeError: 'Tensor' object has no attribute '_local_tensor'` (torch/distributed/tensor/
 _redistribute.py, `NestedRedistribute.forward`). Nothing of the fake process group is involved (FINDINGS §15.1.y).
+So the compiled records hand the first block the embedding's output waited and cloned (`wait_embedding_output`: the
+same bytes alive from the first block on; the clone briefly beside the gathered output inside the embedding's hook).
 
 `--fp8 tensorwise`: torchtitan's `Float8LinearConverter` first (measure_titan_compile.titan_float8), then `apply_tp`
 with `enable_float8_tensorwise_tp=True` (torchao's Float8ColwiseParallel, Float8RowwiseParallel,
@@ -262,6 +264,19 @@ def init_fake_pg():
     return init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
 
 
+def wait_embedding_output(model):
+    """Hands the first compiled block the embedding's reduce-scattered output as a plain tensor: the
+    `AsyncCollectiveTensor` RowwiseParallel leaves is cloned (its dispatch waits, then `clone` copies; the clone
+    replaces it, so from the first block on the same bytes are alive as without the hook, the clone briefly beside it
+    inside the embedding's forward hook). Without it, torch 2.15's AOTAutograd unwraps the input itself and the
+    embedding's backward fails (module docstring)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    def waited(_mod, _inp, out):
+        return out.clone() if isinstance(out, AsyncCollectiveTensor) else out
+    model.tok_embeddings.register_forward_hook(waited)
+
+
 def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none", fam: str = "llama3"):
     """torchtitan's `apply_tp` (llama3) or `apply_non_moe_tp` (qwen3; loss_parallel, no async TP, no CP), then
     `apply_ac` and, compiled, `apply_compile` and the compiled loss (measure_titan_compile.titan_parallelize)."""
@@ -285,6 +300,7 @@ def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none", fam: str = 
         apply_non_moe_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=fp8 == "tensorwise",
                          enable_async_tp=False, cp_enabled=False)
     if mode == "compile":
+        wait_embedding_output(lm.model)
         return C.titan_parallelize(lm, fam, recompute, COMPONENTS)
     if recompute != "none":
         from torchtitan.config.job_config import ActivationCheckpoint
@@ -338,7 +354,8 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str
             ids.untyped_storage().nbytes()
         step["checks"]["forward_unexplained"] = None  # the saved bytes are taken from it
     pi = param_info(model)
-    tag = f"tp={TP}+sp" + ("+compile=layer" if mode == "compile" else "") + \
+    regions = "layer" if "loss" in COMPONENTS else "block"
+    tag = f"tp={TP}+sp" + (f"+compile={regions}" if mode == "compile" else "") + \
         (f"+recompute={recompute}" if recompute != "none" else "") + (f"+fp8={fp8}" if fp8 != "none" else "")
     grads = sum(loc(p).numel() * loc(p).element_size() for p in model.parameters() if p.requires_grad)
     rec = {"id": f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{tag}", "family": family, "model_type": cfg["model_type"],
@@ -350,11 +367,12 @@ def measure_titan_tp(mode: str, dtype: str, recompute: str, opts: dict, fp8: str
                         "applied_by": "torchtitan 0.2.2 " + ("apply_tp" if fam == "llama3" else "apply_non_moe_tp") +
                         " (loss_parallel=True" + (", float8 tensorwise" if fp8 == "tensorwise" else ", no float8") +
                         ")"}}
-    rec.update({"recipe": {"compile": mode == "compile", "compile_regions": "layer" if mode == "compile" else None,
-                           "components": ["model", "loss"] if mode == "compile" else [],
-                           "compiled_loss": mode == "compile", "recompute": recompute,
+    rec.update({"recipe": {"compile": mode == "compile", "compile_regions": regions if mode == "compile" else None,
+                           "components": list(COMPONENTS) if mode == "compile" else [],
+                           "compiled_loss": mode == "compile" and "loss" in COMPONENTS, "recompute": recompute,
                            "applied_by": "torchtitan 0.2.2 apply_tp, apply_ac" +
-                           (" + apply_compile, build_cross_entropy_loss" if mode == "compile" else ""),
+                           (" + apply_compile" if mode == "compile" else "") +
+                           (", build_cross_entropy_loss" if mode == "compile" and "loss" in COMPONENTS else ""),
                            **({"policy": "torchtitan 0.2.2 _op_sac_save_list (+ CPU SDPA)"}
                               if recompute == "op" else {})},
                 "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
