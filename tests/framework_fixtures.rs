@@ -398,7 +398,10 @@ fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_na
     assert!(estimate(&Config { recompute: Recompute::Op, ..rowwise.clone() }).is_ok(), "float8 rowwise under op SAC estimates");
     refused(Config { recompute: Recompute::Full, ..rowwise.clone() }, "rowwise under full checkpointing");
     refused(Config { fp8_allgather: true, ..fp8.clone() }, "float8 all-gather");
-    refused(Config { tp: 2, gpus: 2, precision: Precision::MixedBf16, ..base.clone() }, "tensor parallelism");
+    // Compiled TP is measured (`torchtitan-{llama3,qwen3}-tp.json`); compiled float8 TP is not.
+    let tp = Config { tp: 2, gpus: 2, sp: true, precision: Precision::MixedBf16, ..base.clone() };
+    assert!(estimate(&tp).is_ok(), "tensor parallelism under torchtitan compile estimates");
+    refused(Config { fp8: Fp8::TorchaoTensorwise, ..tp }, "float8 tensor parallelism");
     refused(Config { framework: Framework::Hf, compile_regions: CompileRegions::Block, ..base.clone() }, "compile_regions = block");
     if let Some((_, moe)) = shards.iter().find(|(n, _)| n == "torchtitan-qwen3_moe") {
         let m = &moe["records"][0];
@@ -408,11 +411,12 @@ fn compiled_torchtitan_configurations_the_records_do_not_cover_are_refused_by_na
 }
 
 /// torchtitan's own tensor parallelism (`apply_tp`: sequence parallel, `loss_parallel`) on its
-/// Llama 3, rank 0 of a 2-rank TP mesh under torch's fake process group, eager, recompute none,
-/// full and op, fp32 and bf16 (`validation/measure_titan_tp.py`, b2 s64). Its compiled blocks
-/// do not run under torch 2.15 (FINDINGS §15.1.y): no compiled record. And its dense Qwen3 under
-/// `apply_non_moe_tp` (Llama 3's plan; wq/wk/wv keep DTensor outputs, q_norm/k_norm
-/// `SequenceParallel(sequence_dim=2)`), the same six records (`measure_titan_tp.py --family qwen3`).
+/// Llama 3, rank 0 of a 2-rank TP mesh under torch's fake process group, recompute none, full
+/// and op, fp32 and bf16, eager and with its blocks and loss compiled (`validation/
+/// measure_titan_tp.py`, b2 s64; compiled, the first block gets the embedding's output waited,
+/// FINDINGS §15.1.y). And its dense Qwen3 under `apply_non_moe_tp` (Llama 3's plan; wq/wk/wv keep
+/// DTensor outputs, q_norm/k_norm `SequenceParallel(sequence_dim=2)`), the same twelve records
+/// (`measure_titan_tp.py --family qwen3`).
 const TP_SHARDS: &[&str] = &["torchtitan-llama3-tp", "torchtitan-qwen3-tp"];
 
 /// A TP record's configuration: [`config_of`] with `tp`, `sp` and the record's recompute.
@@ -430,6 +434,14 @@ fn tp_config_of(doc: &Value, r: &Value) -> Config {
         other => panic!("recompute {other:?}"),
     };
     c.sac_cpu_sdpa = c.recompute == Recompute::Op;
+    if r["recipe"]["compile"] == true {
+        c.compile = true;
+        c.compile_regions = match r["recipe"]["compile_regions"].as_str() {
+            Some("layer") => trainmem::config::CompileRegions::Layer,
+            Some("block") => trainmem::config::CompileRegions::Block,
+            other => panic!("{}: compile_regions {other:?}", r["id"]),
+        };
+    }
     if let Some(recipe) = r.get("fp8").map(|f| &f["recipe"]) {
         c.fp8 = match recipe.as_str() {
             Some("tensorwise") => trainmem::config::Fp8::TorchaoTensorwise,
@@ -439,29 +451,34 @@ fn tp_config_of(doc: &Value, r: &Value) -> Config {
     c
 }
 
-/// Every eager TP record estimated with rank 0's parameters, gradients and AdamW state exact,
+/// Every TP record estimated with rank 0's parameters, gradients and AdamW state exact,
 /// its saved bytes to the byte and its step peak within ±0.5 %.
 #[test]
 fn every_torchtitan_tensor_parallel_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {
     every_tp_record_is_exact(TP_SHARDS);
 }
 
-/// torchtitan's float8 tensor parallelism, eager (`measure_titan_tp.py --fp8 tensorwise`:
+/// torchtitan's float8 tensor parallelism (`measure_titan_tp.py --fp8 tensorwise`:
 /// `Float8LinearConverter` then `apply_tp(enable_float8_tensorwise_tp=True)`: torchao's
-/// `Float8ColwiseParallel`, `Float8RowwiseParallel`, `PrepareFloat8ModuleInput`).
-/// torchtitan's float8 TP, eager: without checkpointing the float8 linears save their float8
-/// inputs where the step program's torchao linear saves the 16-bit ones (the estimate's saved
-/// bytes were +188,384 B fp32, +57,312 B bf16): refused by name. With full or op checkpointing
-/// the estimate holds: saved bytes exact (op: 12 / 24 B over, bf16 / fp32), peaks within ±0.5 %.
+/// `Float8ColwiseParallel`, `Float8RowwiseParallel`, `PrepareFloat8ModuleInput`), eager and
+/// compiled (blocks alone, `TITAN_TP_COMPONENTS=model`: `compile_regions = block`, the
+/// published torchtitan benchmark's setting; and with the loss, `layer`). Without checkpointing
+/// the float8 linears save their float8 inputs where the step program's torchao linear saves
+/// the 16-bit ones (the estimate's saved bytes were +188,384 B fp32, +57,312 B bf16 eager,
+/// −124,920 / −135,184 B compiled): refused by name. With full or op checkpointing the
+/// estimate holds: eager saved bytes exact or 12 / 24 B over (op, bf16 / fp32); compiled 44 to
+/// 56 B under (7 fp32 weight scales a block that cross, 4 B each, not followed); peaks within
+/// ±0.5 %.
 #[test]
 fn torchtitan_float8_tensor_parallel_records_are_estimated_when_checkpointed_and_refused_otherwise() {
     let shards = read(&["torchtitan-llama3-tp-fp8"]);
     let mut failures = Vec::new();
-    let mut seen = 0;
+    let (mut seen, mut compiled) = (0, 0);
     for (name, doc) in &shards {
         for r in doc["records"].as_array().into_iter().flatten() {
             seen += 1;
             let cfg = tp_config_of(doc, r);
+            compiled += usize::from(cfg.compile);
             if cfg.recompute == Recompute::None {
                 refused(cfg, "float8 tensor parallelism");
                 continue;
@@ -469,18 +486,23 @@ fn torchtitan_float8_tensor_parallel_records_are_estimated_when_checkpointed_and
             let e = estimate(&cfg).unwrap_or_else(|err| panic!("{}: {err}", r["id"]));
             let saved = r["saved_bytes"].as_u64().expect("saved_bytes") as i128;
             let over = e.memory.activations as i128 - saved;
-            assert!((0..=24).contains(&over), "{}: activations {over:+} B", r["id"]);
-            // The peak (the checkpoints' RNG states out, as in [`every_tp_record_is_exact`]).
+            let allowed = if cfg.compile { -56..=0 } else { 0..=24 };
+            assert!(allowed.contains(&over), "{}: activations {over:+} B", r["id"]);
+            // The peak (the checkpoints' RNG states out of one measured in the loss's backward,
+            // as in [`every_tp_record_is_exact`]; [`saved_exact_and_peak_within_half_a_percent`]
+            // takes them out of one measured in forward).
             let mut r = r.clone();
-            let rng = r["checkpoint_rng_state_bytes"].as_u64().unwrap_or(0);
-            let peak = r["step"]["tensors_measured_peak_bytes"].as_u64().expect("peak");
-            assert!(r["step"]["tensors_peak_stack"].to_string().contains("nll_loss_backward"), "{}", r["id"]);
-            r["step"]["tensors_measured_peak_bytes"] = (peak - rng).into();
+            let stack = r["step"]["tensors_peak_stack"].to_string();
+            if stack.contains("nll_loss_backward") {
+                let rng = r["checkpoint_rng_state_bytes"].as_u64().unwrap_or(0);
+                let peak = r["step"]["tensors_measured_peak_bytes"].as_u64().expect("peak");
+                r["step"]["tensors_measured_peak_bytes"] = (peak - rng).into();
+            }
             r["saved_bytes"] = (e.memory.activations as u64).into();
             saved_exact_and_peak_within_half_a_percent(name, &r, &e, &mut failures);
         }
     }
-    assert!(shards.is_empty() || seen == 6, "{seen} records");
+    assert!(shards.is_empty() || (seen, compiled) == (18, 12), "{seen} records, {compiled} compiled");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -514,7 +536,7 @@ fn every_tp_record_is_exact(names: &[&str]) {
             saved_exact_and_peak_within_half_a_percent(name, &r, &e, &mut failures);
         }
     }
-    assert!(shards.is_empty() || checked == 6 * shards.len(), "{checked} estimated");
+    assert!(shards.is_empty() || checked == 12 * shards.len(), "{checked} estimated");
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 

@@ -390,11 +390,14 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
                 super::precision::recipe(cfg.precision).autocast_weight_copy,
                 "torch.compile of torchtitan's blocks under autocast (torchtitan's `maybe_enable_amp` without FSDP; measured compiled in fp32 and bf16 only)",
             ),
-            // Eager TP (torchtitan's `apply_tp`, SP, loss_parallel) is measured and followed
-            // (torchtitan-llama3-tp.json); compiled, torch 2.15's AOTAutograd swaps the first
-            // block's `AsyncCollectiveTensor` input for its inner tensor and the embedding's
-            // `Redistribute.backward` then fails (validation/measure_titan_tp.py): nothing measured.
-            (cfg.tp > 1, "torch.compile of torchtitan's blocks with tensor parallelism (not measured: under torch 2.15 a compiled block fed the embedding's pending reduce-scatter fails in its backward, FINDINGS §15.1.y; eager TP is measured, torchtitan-llama3-tp.json)"),
+            // torchtitan's TP (`apply_tp`, SP, loss_parallel) is measured eager and compiled
+            // (torchtitan-{llama3,qwen3}-tp.json, torchtitan-llama3-tp-fp8.json for float8
+            // tensorwise; compiled, the harness hands the first block the embedding's waited
+            // output, FINDINGS §15.1.y) and followed; rowwise float8 with TP is not measured.
+            (
+                cfg.tp > 1 && !matches!(step::lowbit::fp8_of(cfg), super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise),
+                "torch.compile of torchtitan's blocks with tensor parallelism and float8 other than tensorwise (compiled TP is measured in fp32, bf16 and float8 tensorwise: torchtitan-{llama3,qwen3}-tp.json, torchtitan-llama3-tp-fp8.json)",
+            ),
         ];
         if let Some(&(_, what)) = titan_compile_pending.iter().find(|p| p.0) {
             return Err(invalid("compile", format!("{what} is not modelled yet")));
@@ -672,12 +675,25 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     // scale, where the step program's torchao linear saves the 16-bit input: saved bytes 18 % (fp32)
     // and 7.5 % (bf16) above the measured without checkpointing. With full or op checkpointing the
     // blocks' saves do not involve those inputs and the records match (saved bytes exact, resp.
-    // 12 / 24 B over; peaks −0.14 to −0.23 %): estimated. Compiled, TP is refused for its own
-    // reason (`titan_compile_pending`).
-    if cfg.tp > 1 && !cfg.compile && cfg.recompute == Recompute::None && step::lowbit::fp8_of(cfg) == super::config::Fp8::TorchaoTensorwise
-    {
+    // 12 / 24 B over; peaks −0.14 to −0.23 %): estimated. Compiled the same (blocks alone or
+    // with the loss: saved bytes 125 KB under without checkpointing, 44 to 56 B under with it —
+    // 4-B weight scales —, peaks −0.15 to −0.24 %).
+    // torchtitan's `apply_fsdp` (models/llama3/infra/parallelize.py; 9dec370 to 0.2.2):
+    // `reshard_after_forward_policy = "default"` means `reshard_after_forward = not pp_enabled`,
+    // so under pipeline parallelism a stage's blocks stay gathered from their first
+    // micro-batch's forward to the last one's backward, and FSDP2 accumulates their gradients
+    // unsharded until the last micro-batch (the schedule's `backward_maybe_with_nosync`). The
+    // step program reshards each block after its forward and reduce-scatters each gradient.
+    let dp_sharded = matches!(cfg.zero, super::config::Zero::FullShard | super::config::Zero::Z3 | super::config::Zero::HybridShard);
+    // (FSDP over `dp_shard × cp`: context-parallel ranks shard the parameters too.)
+    if cfg.pp > 1 && dp_sharded && cfg.gpus / (cfg.pp * cfg.tp).max(1) > 1 {
         return Some(format!(
-            "torchtitan's float8 tensor parallelism for {name} without activation checkpointing (tensorwise: Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, the linears' inputs all-gathered and saved in float8; measured eager, torchtitan-llama3-tp-fp8.json) is not modelled yet"
+            "torchtitan's FSDP2 under pipeline parallelism for {name} (its default `reshard_after_forward_policy` keeps each stage's parameters gathered across the micro-batches and their gradients unsharded until the last one) is not modelled yet"
+        ));
+    }
+    if cfg.tp > 1 && cfg.recompute == Recompute::None && step::lowbit::fp8_of(cfg) == super::config::Fp8::TorchaoTensorwise {
+        return Some(format!(
+            "torchtitan's float8 tensor parallelism for {name} without activation checkpointing (tensorwise: Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, the linears' inputs all-gathered and saved in float8; measured eager and compiled, torchtitan-llama3-tp-fp8.json) is not modelled yet"
         ));
     }
     None

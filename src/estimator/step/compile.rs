@@ -481,8 +481,13 @@ impl<'a> Builder<'a> {
             // min-cut weighs a buffer like any region input (a primal), so it keeps the smaller
             // cut. Measured: torchtitan's bf16 Qwen3 blocks keep `cos` and `sin`, the bf16 casts of
             // its fp32 `rope_cache` (2 × `[s, d]` bf16 where the cache is `[s, 2d]` fp32); in fp32
-            // they are views and the cache itself crosses (model state, no activation).
-            let from_state = !args.is_empty()
+            // they are views and the cache itself crosses (model state, no activation). Not
+            // under torchtitan's tensor parallelism: there the blocks' q and k are head-sharded
+            // DTensors and the bf16 Qwen3 blocks keep the fp32 cache, recomputing the casts
+            // (measured, `torchtitan-qwen3-tp.json`'s compiled bf16 record; why the min-cut
+            // weighs them otherwise there is not established).
+            let from_state = self.c.cfg.tp == 1
+                && !args.is_empty()
                 && args.iter().all(|&i| self.p.tensors[self.p.tensors[i as usize].base as usize].origin == Origin::Buffer)
                 && x.bytes < inputs;
             // A pointwise value whose recomputation needs more bytes saved than itself: the

@@ -441,8 +441,8 @@ impl<'a> Setup<'a> {
         self.head_and_loss(&mut b, &p, x, xn, &sh);
         self.head_unit(&mut b, unit_first);
         // The caller's `hidden_states` holds the final norm's output through the loss
-        // (torchtune's `unembed` returns the chunks' logits: its `h` goes before the loss).
-        if !matches!(self.cfg.framework, crate::estimator::config::Framework::Torchtune | crate::estimator::config::Framework::Litgpt) {
+        // ([`Self::holds_final_norm_output`]).
+        if self.holds_final_norm_output() {
             b.hold(xn);
         }
         (b.p, x)
@@ -529,7 +529,7 @@ impl<'a> Setup<'a> {
             // norm's output until the loss is computed: under autocast the head keeps only its
             // bf16 cast, and the fp32 output still lives through the loss. (torchtune's
             // `unembed` returns the chunks' logits: its `h` goes before the loss.)
-            if !matches!(self.cfg.framework, crate::estimator::config::Framework::Torchtune | crate::estimator::config::Framework::Litgpt) {
+            if self.holds_final_norm_output() {
                 b.hold(xn);
             }
         } else {
@@ -552,6 +552,19 @@ impl<'a> Setup<'a> {
     /// shift_labels = labels[..., 1:].contiguous()
     /// loss = F.cross_entropy(logits.view(-1, V), shift_labels.view(-1), reduction="mean")
     /// ```
+    /// Whether the final norm's output lives through the loss: transformers' `*ForCausalLM`
+    /// names it (`hidden_states = outputs.last_hidden_state`) until the loss is computed;
+    /// torchtune's `unembed` returns the chunks' logits, litgpt's `GPT.forward` and torchtitan's
+    /// `Transformer.forward` (0.2.2, `h = self.norm(h)`, `output = self.output(h)`) return the
+    /// logits, so their `h` goes when the model returns, before the loss (under sequence
+    /// parallelism nothing saves the norm's shard: the head keeps its all-gathered copy;
+    /// measured, `torchtitan-llama3-tp.json`'s compiled records, whose step peaks in the loss's
+    /// forward).
+    fn holds_final_norm_output(&self) -> bool {
+        use crate::estimator::config::Framework;
+        !matches!(self.cfg.framework, Framework::Torchtune | Framework::Litgpt | Framework::Torchtitan)
+    }
+
     fn head_and_loss(&self, b: &mut Builder, p: &Params, x: Tid, xn: Tid, sh: &Shared) {
         let spec = &self.cfg.arch;
         b.module = "lm_head";

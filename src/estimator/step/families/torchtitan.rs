@@ -221,13 +221,44 @@ fn sp_all_gather(b: &mut Builder, n: Tid) -> Tid {
     b.sequence_all_gather(n)
 }
 
+/// `h = self.tok_embeddings(tokens)`. Under torchtitan's sequence-parallel plan
+/// (`RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))` on the embedding,
+/// models/llama3/infra/parallelize.py 0.2.2) each rank looks its `V/tp` rows up into a whole
+/// `[b, s, h]` partial sum, which [`sp_reduce_scatter`] scatters over the sequence. In
+/// backward the `[b, s/tp, h]` gradient is all-gathered, and torch 2.15's DTensor has no
+/// row-sharded strategy for `embedding_dense_backward` (`_ops/_embedding_ops.py`: all
+/// replicated, column-sharded or batch-sharded into a `Partial`): the weight's gradient is the
+/// whole `[V, h]` table on every rank, `tp` times the shard's, and AccumulateGrad keeps it so
+/// until `zero_grad` (each optimizer op then redistributes it to the shard; measured: 256,000 B
+/// for a `[500, 64]` fp32 shard, `torchtitan-llama3-tp.json`'s step logs, eager and compiled).
+fn tok_embeddings(b: &mut Builder, p: &Params, ids: Tid) -> Tid {
+    if !sp_tp(b) {
+        return token_embedding(b, p, ids, "tok_embeddings").0;
+    }
+    let Some(w) = p.w(b, "embed_tokens.weight") else {
+        return token_embedding(b, p, ids, "tok_embeddings").0;
+    };
+    b.part = super::super::part::Part::Embedding;
+    b.module = "tok_embeddings";
+    let rg = b.rg(w);
+    let out = b.out(gathered(), Dt::Resid, rg);
+    let whole = b.grad_bytes(w) * b.c.cfg.tp as u128;
+    let bw: &[B] = if rg {
+        &[B::Alloc { bytes: whole, dtype: b.t(w).dtype, op: "embedding_dense_backward" }, B::Grad { input: 1, temp: 0 }]
+    } else {
+        &[]
+    };
+    let partial = b.op("embedding", "EmbeddingBackward0", &[ids, w], &[out], &[S::In(0)], bw)[0];
+    sp_reduce_scatter(b, partial)
+}
+
 /// torchtitan 0.2.2's Llama 3 (`Transformer`, see the module doc).
 pub struct Llama3;
 impl Modeling for Llama3 {
     /// `Transformer.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers
     /// read `self.freqs_cis` (a buffer, [`freqs_cis`]).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let (x0, _) = token_embedding(b, p, ids, "tok_embeddings");
+        let x0 = tok_embeddings(b, p, ids);
         b.module = "";
         (x0, self.positions(b, spec, attn))
     }
@@ -342,7 +373,7 @@ impl Modeling for Qwen3 {
     /// `Qwen3Model.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers read
     /// `self.rope_cache` (a buffer).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let (x0, _) = token_embedding(b, p, ids, "tok_embeddings");
+        let x0 = tok_embeddings(b, p, ids);
         b.module = "";
         (x0, self.positions(b, spec, attn))
     }
@@ -706,11 +737,15 @@ pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGrou
 pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, loss_parallel: bool, compiled: bool) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
     let loss_first = b.next_op();
-    let lf = b.to_copy(logits, Dt::F32);
     // The labels are the batch's token ids tensor (`batch_bytes`: one `[b, s]` int64 for both),
     // which the embedding already keeps: not a second activation (a model-state origin keeps it
     // out of the ledger; like the batch it is never freed).
     let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Buffer, false);
+    if loss_parallel && compiled {
+        let sum = compiled_loss_parallel(b, logits, labels, vocab, loss_first);
+        return valid_token_division(b, sum, labels, logits);
+    }
+    let lf = b.to_copy(logits, Dt::F32);
     let lsm = if loss_parallel {
         loss_parallel_log_softmax(b, lf, vocab)
     } else {
@@ -737,6 +772,12 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
         b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8);
         b.compile_region(loss_first, end, &[sum[0]]);
     }
+    valid_token_division(b, sum[0], labels, logits);
+}
+
+/// `loss_sum / global_valid_tokens` (eager, outside the compiled loss), then `del pred`: the
+/// logits live to here.
+fn valid_token_division(b: &mut Builder, sum: Tid, labels: Tid, logits: Tid) {
     // global_valid_tokens: `ne`, `sum`, `.float()`.
     let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
     let ne = b.plain("ne", &[labels], bs, Dt::Bool);
@@ -746,7 +787,7 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     let r = b.op(
         "div",
         "DivBackward0",
-        &[sum[0], nf],
+        &[sum, nf],
         &[loss],
         &[S::In(1)],
         &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: "div" }, B::Grad { input: 0, temp: 0 }],
@@ -787,6 +828,38 @@ fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
     r
 }
 
+/// `build_cross_entropy_loss`'s compiled `cross_entropy_loss` on vocabulary-sharded logits
+/// (`compile.components` with "loss" and tensor parallelism: torchtitan 0.2.2
+/// `components/loss.py`, `train.py` under `loss_parallel()`). Dynamo traces DTensor's
+/// `loss_parallel` handlers ([`loss_parallel_log_softmax`]), so the region holds their two
+/// all-reduces, which the partitioner never recomputes: where the plain compiled loss
+/// recomputes its log-softmax from the logits, this one keeps the fp32 result `[N, V/tp]`
+/// (`shifted - log(sumexp)`) and the ignore mask `[N, 1]` (bool). Inductor's forward writes one
+/// fp32 `[N, V/tp]` buffer before the second all-reduce (the shifted logits, read again after
+/// it) and the result after it, then frees the first; the backward is one kernel that writes
+/// the logits' gradient in their dtype (as [`Builder::fuse_loss_backward`]). Measured:
+/// `validation/measure_titan_tp.py` compiled records (`torchtitan-{llama3,qwen3}-tp.json`,
+/// the loss region's saved `add` and `ne`; the forward's two `[N, V/tp]` fp32 allocations).
+/// `N = b·s` rows, the logits' whole sequence. Returns the loss sum.
+fn compiled_loss_parallel(b: &mut Builder, logits: Tid, labels: Tid, vocab: Shape, loss_first: u32) -> Tid {
+    let rows = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    let local_max = b.plain("amax", &[logits], rows, Dt::F32);
+    let x_max = b.plain("all_reduce", &[local_max], rows, Dt::F32);
+    let shifted = b.plain("sub", &[logits, x_max], vocab, Dt::F32);
+    let local_sum = b.plain("sum", &[shifted], rows, Dt::F32);
+    let sumexp = b.plain("all_reduce", &[local_sum], rows, Dt::F32);
+    let lse = b.plain("log", &[sumexp], rows, Dt::F32);
+    let out = b.out(vocab, Dt::F32, true);
+    let lsm =
+        b.op("_log_softmax", "LogSoftmaxBackward0", &[logits, shifted, lse], &[out], &[S::Out(0)], &[B::Pass { input: 0, output: 0 }])[0];
+    let mask = b.plain("ne", &[labels], rows, Dt::Bool);
+    let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
+    let sum = b.op("nll_loss_forward", "NllLossBackward0", &[lsm, labels, mask], &out, &[S::In(2)], &[B::Pass { input: 0, output: 0 }]);
+    let end = b.next_op();
+    b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8);
+    sum[0]
+}
+
 /// `aten.nll_loss_backward` under `loss_parallel()` (torch 2.15 `loss.py`
 /// `_nll_loss_and_log_softmax_backward`, which folds in the log-softmax's backward to spare an
 /// all-gather): `grad_input = torch.zeros_like(x)`, the target's entries set to −1 in place, then
@@ -818,6 +891,39 @@ mod tests {
         assert_eq!(super::buffer_bytes(&base), None);
         let gemma = preset("gemma-2-9b").or_else(|| preset("gemma-7b")).expect("a gemma preset").spec;
         assert!(estimate(&Config { framework: Framework::Torchtitan, arch: gemma, ..base }).is_err());
+    }
+
+    /// Under torchtitan's sequence-parallel TP the embedding's gradient is the whole `[V, h]`
+    /// table (DTensor has no row-sharded `embedding_dense_backward`): `tp` times the shard the
+    /// rank holds, in the weight's dtype. Toy check: Llama 3.1 8B, `V·h = 128,256 · 4,096`
+    /// fp32 = 2,101,346,304 B, against 1,050,673,152 B for its TP-2 shard.
+    #[test]
+    fn the_tensor_parallel_embedding_gradient_is_the_whole_table() {
+        use crate::estimator::config::Precision;
+        use crate::estimator::step::EventKind;
+        let spec = preset("llama-3.1-8b").expect("preset").spec;
+        let cfg = Config {
+            model: "llama-3.1-8b".into(),
+            arch: spec,
+            framework: Framework::Torchtitan,
+            precision: Precision::Fp32,
+            seq: 256,
+            tp: 2,
+            gpus: 2,
+            sp: true,
+            ..Config::default()
+        };
+        let grad_of = |c: &Config| {
+            let s = crate::estimator::step_stream(c).expect("estimated");
+            s.events
+                .iter()
+                .filter(|e| e.kind == EventKind::Alloc && e.op == "embedding_dense_backward")
+                .map(|e| e.bytes)
+                .collect::<Vec<_>>()
+        };
+        let table = 128_256u128 * 4_096 * 4;
+        assert_eq!(grad_of(&cfg), vec![table]);
+        assert_eq!(grad_of(&Config { tp: 1, gpus: 1, sp: false, ..cfg }), vec![table]);
     }
 
     /// torchtitan's Qwen3 keeps its own tensors (no rotary tables or shifted labels; cos and sin
