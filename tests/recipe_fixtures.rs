@@ -62,6 +62,11 @@ fn config_of(doc: &Value, r: &Value) -> Result<Config, String> {
             set(&mut c, "compile", "true")?;
             set(&mut c, "compile_regions", "layer")?;
         }
+        // The Trainer's `torch_compile=True`: the whole model one region.
+        "compile=model" => {
+            set(&mut c, "compile", "true")?;
+            set(&mut c, "compile_regions", "model")?;
+        }
         "compile=layer+recompute=full" => {
             set(&mut c, "compile", "true")?;
             set(&mut c, "compile_regions", "layer")?;
@@ -250,4 +255,32 @@ fn every_recipe_record_is_estimated_within_half_a_percent_or_refused_by_name() {
     println!("{checked} records estimated, {} refused by name", refused.values().sum::<usize>());
     assert!(checked + refused.values().sum::<usize>() > 0, "no records");
     assert!(failures.is_empty(), "{} records off:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The whole model compiled (`compile=model`, the Trainer's `torch_compile=True`), measured on
+/// Llama (`measure_recipes.py --recipes compile=model`): one graph, and more saved than with
+/// each layer and the loss compiled apart (the causal mask built inside the graph, so SDPA
+/// repeats k and v; FINDINGS §15.1.z) — refused by name, never estimated as the layer regions.
+#[test]
+fn the_whole_model_compiled_saves_more_than_its_layers_compiled_apart_and_is_refused_by_name() {
+    let shards = shards();
+    let Some((_, doc)) = shards.iter().find(|(stem, _)| stem == "llama-gqa") else {
+        common::missing(true, "llama-gqa recipe records", &fixtures());
+        return;
+    };
+    let records: Vec<&Value> = doc["records"].as_array().into_iter().flatten().collect();
+    let mut seen = 0;
+    for r in records.iter().filter(|r| recipe_of(r) == "compile=model") {
+        seen += 1;
+        assert_eq!(r["dynamo"]["unique_graphs"], 1, "{}", r["id"]);
+        assert_eq!(r["dynamo"]["graph_breaks"], 0, "{}", r["id"]);
+        let layer_id = r["id"].as_str().expect("id").replace("compile=model", "compile=layer");
+        let layer = records.iter().find(|x| x["id"] == layer_id.as_str()).expect("the layer-compiled twin");
+        let (whole, apart) = (r["saved_bytes"].as_u64().expect("saved"), layer["saved_bytes"].as_u64().expect("saved"));
+        assert!(whole > apart, "{}: {whole} vs {apart}", r["id"]);
+        let cfg = config_of(doc, r).expect("compile=model has keys");
+        let err = trainmem::estimator::estimate(&cfg).expect_err("refused").to_string();
+        assert!(err.contains("whole model") && err.contains("compile_regions"), "{err}");
+    }
+    assert_eq!(seen, 2, "fp32 and bf16");
 }

@@ -787,9 +787,12 @@ def one_step(model, opt, ids):
     opt.zero_grad(set_to_none=True)
 
 
-def measure_compile(family, dtype, attn, opts, recompute=None):
+def measure_compile(family, dtype, attn, opts, recompute=None, scope="layer"):
     """compile=layer, optionally with checkpointing inside each compiled layer (torchtitan applies AC, then compiles
-    each block: the checkpoint is traced by dynamo and the partitioner follows its policy tags)."""
+    each block: the checkpoint is traced by dynamo and the partitioner follows its policy tags). `scope="model"`:
+    the whole model compiled, as the Trainer's `torch_compile=True` does (`Trainer._wrap_model`:
+    `torch.compile(model)`; here `model.compile()`, the same graph): embedding, layers, head and the loss computed in
+    `forward` from `labels`, one region unless dynamo breaks the graph."""
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
@@ -819,18 +822,22 @@ def measure_compile(family, dtype, attn, opts, recompute=None):
             layer._gradient_checkpointing_func = partial(
                 checkpoint, use_reentrant=False, preserve_rng_state=True, determinism_check="default",
                 early_stop=False, context_fn=torchtitan_sac_context_fn(layer, f"layers.{i}", save_ops, None))
-    ranges = SeqRanges(model, opaque=layers)
-    compile_layers(model)
+    # The whole model compiled: no hook inside it (dynamo would trace them and recompile when they flip on).
+    ranges = SeqRanges(model, opaque=[model] if scope == "model" else layers)
+    if scope == "model":
+        model.compile()
+    else:
+        compile_layers(model)
     opt = torch.optim.AdamW(model.parameters())
     entries, logits_info, extra, saved_bytes, compile_s, counters_1 = compile_then_read_saved(model, opt, ids, ranges)
     step, regions, counters_2 = profiled_compiled_step(family, model, opt, ids, logits_info, extra, saved_bytes,
                                                        counters_1)
     # eager reference: the same model uncompiled, profiler vs tracker (how far the profiler's CPU allocations are
     # from the dispatch-level storages the grid's tracker counts)
-    tag = "compile=layer" + (f"+recompute={recompute}" if recompute else "")
+    tag = f"compile={scope}" + (f"+recompute={recompute}" if recompute else "")
     rec = base_record(family, dtype, attn, model, cfg, tag)
     opts["cfg"] = cfg
-    rec.update({"recipe": {"compile": True, "compile_regions": "layer", "compiled_loss": True,
+    rec.update({"recipe": {"compile": True, "compile_regions": scope, "compiled_loss": True,
                            "recompute": recompute or "none",
                            **({"policy": "torchtitan 0.3.0 SelectiveAC (+ CPU SDPA)"} if recompute == "op" else {})},
                 "saved_bytes": saved_bytes, "saved_storages": len(entries), "logits": logits_info,
@@ -919,7 +926,8 @@ def base_record(family, dtype, attn, model, cfg, recipe_tag):
 
 MEASURERS = {"compile=layer": measure_compile,
              "compile=layer+recompute=op": lambda f, d, a, o: measure_compile(f, d, a, o, recompute="op"),
-             "compile=layer+recompute=full": lambda f, d, a, o: measure_compile(f, d, a, o, recompute="full")}
+             "compile=layer+recompute=full": lambda f, d, a, o: measure_compile(f, d, a, o, recompute="full"),
+             "compile=model": lambda f, d, a, o: measure_compile(f, d, a, o, scope="model")}
 
 
 def main():
