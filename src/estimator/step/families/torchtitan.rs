@@ -810,14 +810,11 @@ fn valid_token_division(b: &mut Builder, sum: Tid, labels: Tid, logits: Tid) {
 /// tensor at the loss's forward peak. The `[N, 1]` row statistics are small tensors of their own.
 /// Read from the source; not measured (tensor parallelism on a CPU needs several ranks).
 fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
-    let rows = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    let local_max = b.plain("amax", &[lf], rows, Dt::F32);
-    let x_max = b.plain("all_reduce", &[local_max], rows, Dt::F32);
+    let x_max = all_reduced_rows(b, "amax", lf);
     let shifted = b.plain("sub", &[lf, x_max], vocab, Dt::F32);
     let e = b.plain("exp", &[shifted], vocab, Dt::F32);
-    let local_sum = b.plain("sum", &[e], rows, Dt::F32);
-    let sumexp = b.plain("all_reduce", &[local_sum], rows, Dt::F32);
-    let lse = b.plain("log", &[sumexp], rows, Dt::F32);
+    let sumexp = all_reduced_rows(b, "sum", e);
+    let lse = b.plain("log", &[sumexp], loss_rows(), Dt::F32);
     let shape = b.shape(lf);
     let out = b.out(shape, Dt::F32, true);
     // The gradient needs no allocation of this node: the loss's backward already folded the
@@ -826,6 +823,18 @@ fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
     let r = b.op("_log_softmax", "LogSoftmaxBackward0", &[lf, lse], &[out], &[S::Out(0)], &[B::Pass { input: 0, output: 0 }])[0];
     b.hold(shifted);
     r
+}
+
+/// The loss's `[N, 1]` row statistics (`N = b·s`, the logits' whole sequence): fp32.
+fn loss_rows() -> Shape {
+    Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None)
+}
+
+/// A row reduction `name` (`amax`, `sum`) of the local vocabulary shard, then its all-reduce
+/// over the TP group (`funcol.all_reduce`, `"max"` or `"sum"`): two `[N, 1]` fp32 tensors.
+fn all_reduced_rows(b: &mut Builder, name: &'static str, x: Tid) -> Tid {
+    let local = b.plain(name, &[x], loss_rows(), Dt::F32);
+    b.plain("all_reduce", &[local], loss_rows(), Dt::F32)
 }
 
 /// `build_cross_entropy_loss`'s compiled `cross_entropy_loss` on vocabulary-sharded logits
@@ -842,12 +851,10 @@ fn loss_parallel_log_softmax(b: &mut Builder, lf: Tid, vocab: Shape) -> Tid {
 /// the loss region's saved `add` and `ne`; the forward's two `[N, V/tp]` fp32 allocations).
 /// `N = b·s` rows, the logits' whole sequence. Returns the loss sum.
 fn compiled_loss_parallel(b: &mut Builder, logits: Tid, labels: Tid, vocab: Shape, loss_first: u32) -> Tid {
-    let rows = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    let local_max = b.plain("amax", &[logits], rows, Dt::F32);
-    let x_max = b.plain("all_reduce", &[local_max], rows, Dt::F32);
+    let x_max = all_reduced_rows(b, "amax", logits);
     let shifted = b.plain("sub", &[logits, x_max], vocab, Dt::F32);
-    let local_sum = b.plain("sum", &[shifted], rows, Dt::F32);
-    let sumexp = b.plain("all_reduce", &[local_sum], rows, Dt::F32);
+    let sumexp = all_reduced_rows(b, "sum", shifted);
+    let rows = loss_rows();
     let lse = b.plain("log", &[sumexp], rows, Dt::F32);
     let out = b.out(vocab, Dt::F32, true);
     let lsm =
