@@ -336,6 +336,11 @@ class TorchtuneLM(nn.Module):
         current_num_tokens = (labels != self.loss_fn.ignore_index).sum()
         logits = self.model(input_ids)
         shifted = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
+        if not isinstance(logits, list):
+            # A loss other than the chunked one (`loss: torch.nn.CrossEntropyLoss`): the model returned
+            # `self.output(h).float()` whole, flattened as the recipe does.
+            shifted = shifted.reshape(-1)
+            logits = logits.reshape(-1, logits.size(-1))
         loss = self.loss_fn(logits, shifted)
         del logits
         # The harness reads `out.logits`; the recipe keeps none past the loss: an empty tensor stands in (0 bytes).
@@ -500,6 +505,16 @@ def build_torchtune_gemma2(seq: int, tdtype):
 # The Llama 3.1 8B config's max_seq_len is 131072; the tiny model's RoPE cache holds 2 × the measured sequence, so
 # that the record shows the buffer follows max_seq_len (max_position_embeddings), not the batch's sequence.
 TUNE_MAX_SEQ = 128
+
+
+def build_torchtune_llama3_ce(seq: int, tdtype):
+    """torchtune's Llama 3.1 with `loss: torch.nn.CrossEntropyLoss` in place of the configs' chunked loss (the
+    recipe's `_loss_step` then flattens the fp32 logits `unembed` returns whole: `self.output(h).float()`). The
+    `torchtune-llama3-ce` records."""
+    lm = build_torchtune_llama3(seq, tdtype)
+    lm.model.set_num_output_chunks(0)
+    lm.loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
+    return lm
 
 
 def build_torchtune_llama3(seq: int, tdtype):
@@ -781,6 +796,7 @@ FRAMEWORKS = {
     ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
     ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
+    ("torchtune", "llama3-ce"): ("0.6.1", build_torchtune_llama3_ce, ["sdpa"]),
     ("torchtune", "qwen2"): ("0.6.1", build_torchtune_qwen2, ["sdpa"]),
     ("torchtune", "mistral"): ("0.6.1", build_torchtune_mistral, ["sdpa"]),
     ("torchtune", "llama2"): ("0.6.1", build_torchtune_llama2, ["sdpa"]),
@@ -854,6 +870,8 @@ def main():
         cfg = dict(cfg, framework=fw)
         rec["framework"] = fw
         rec["framework_version"] = FRAMEWORKS[(fw, fam)][0]
+        if fam.endswith("-ce"):
+            rec["loss"] = "torch.nn.CrossEntropyLoss"
         key = f"{name}/{cfg.get('dtype')}"
         rec["config_key"] = key
         doc = shards.setdefault(name, {"generated_by": "validation/measure_frameworks.py",

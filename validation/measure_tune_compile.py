@@ -136,12 +136,15 @@ def guard_checkpoint_unpack():
 
 
 LORA_ALL = {"on": False}
+CE = {"on": False}  # --ce: torch.nn.CrossEntropyLoss
 
 
 def build(tdtype, lora: bool):
     """measure_frameworks.build_torchtune_llama3, or with `lora` the recipe's `lora_llama3_1` at the same shapes (LoRA
     on q and v, rank 8, alpha 16, no dropout, adapters in the model dtype: `LoRALinear`) with
     `set_trainable_params(model, get_adapter_params(model))` as `lora_finetune_single_device.py` sets it."""
+    if CE["on"]:
+        return F.build_torchtune_llama3_ce(R.S, tdtype)
     lm = F.build_torchtune_llama3(R.S, tdtype)
     if not lora:
         return lm
@@ -168,14 +171,18 @@ def tune_compile(lm, recompute: str):
     if recompute == "full":
         lm.gradient_checkpointing_enable()
     loss = lm.loss_fn
-    loss.compute_cross_entropy = torch.compile(loss.compute_cross_entropy, backend="inductor")
+    if CE["on"]:
+        # compile_loss: a loss other than the chunked one is compiled whole (`torch.compile(loss)`).
+        lm.loss_fn = torch.compile(loss, backend="inductor")
+    else:
+        loss.compute_cross_entropy = torch.compile(loss.compute_cross_entropy, backend="inductor")
     return list(lm.model.layers)
 
 
 def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = False):
     from torch._dynamo.utils import counters
     import gc
-    family = "torchtune-llama3"
+    family = "torchtune-llama3-ce" if CE["on"] else "torchtune-llama3"
     tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     torch._dynamo.reset()
     counters.clear()
@@ -189,7 +196,8 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = Fa
     cfg = dict(M.config_dict(model), framework="torchtune")
     ids = M.make_ids(model, R.B, R.S)
     blocks = tune_compile(model, recompute)
-    ranges = R.SeqRanges(model, opaque=blocks)
+    # The whole compiled loss module too (`--ce`): no hook inside it (dynamo would trace them).
+    ranges = R.SeqRanges(model, opaque=blocks + ([model.loss_fn] if CE["on"] else []))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     entries, logits_info, extra, saved_bytes, compile_s, counters_1 = R.compile_then_read_saved(model, opt, ids, ranges)
     a_state, a_step = R.adamw_state_bytes(opt)
@@ -201,9 +209,11 @@ def measure_tune_compile(dtype: str, recompute: str, opts: dict, lora: bool = Fa
     rec = {"id": f"{family}/b{R.B}/s{R.S}/{dtype}/sdpa/{tag}", "family": family, "model_type": cfg["model_type"],
            "config_key": f"{family}/{cfg.get('dtype')}", "batch": R.B, "seq": R.S, "dtype": dtype, "attn": "sdpa",
            **pi, "gradient_bytes": grads, "adamw": {"state_bytes": a_state, "step_bytes": a_step},
-           "framework": "torchtune", "framework_version": "0.6.1", "checkpointing": recompute != "none"}
+           "framework": "torchtune", "framework_version": "0.6.1", "checkpointing": recompute != "none",
+           **({"loss": "torch.nn.CrossEntropyLoss"} if CE["on"] else {})}
     rec.update({"recipe": {"compile": True, "compile_regions": "layer", "compiled_loss": True, "recompute": recompute,
-                           "loss": "CEWithChunkedOutputLoss(num_output_chunks=8), compute_cross_entropy compiled",
+                           "loss": ("torch.nn.CrossEntropyLoss, compiled whole" if CE["on"] else
+                                    "CEWithChunkedOutputLoss(num_output_chunks=8), compute_cross_entropy compiled"),
                            "applied_by": "torchtune 0.6.1 training.compile_model, set_activation_checkpointing, "
                                          "compile_loss"},
                 **({"lora": {"builder": "lora_llama3_1",
@@ -244,9 +254,13 @@ def main():
     ap.add_argument("--lora", action="store_true", help="torchtune's LoRALinear on q and v, r 8 (bf16 by default)")
     ap.add_argument("--lora-all", action="store_true", help="with --lora: on q, k, v, output_proj and the MLP")
     ap.add_argument("--qlora", action="store_true", help="torchtune's QLoRA (quantize_base=True) on q and v, bf16")
+    ap.add_argument("--ce", action="store_true",
+                    help="loss: torch.nn.CrossEntropyLoss (compiled whole) in place of the chunked loss; "
+                         "torchtune-llama3-ce-compile.json")
     ap.add_argument("--child", nargs=3, metavar=("DTYPE", "RECOMPUTE", "OUT_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     LORA_ALL["on"] = args.lora_all
+    CE["on"] = args.ce
     torch.set_num_threads(1)
     if args.child and args.qlora:
         import measure_torchao_nf4 as N  # the real NF4Tensor and its trackers (no torchtune imported yet)
@@ -289,14 +303,15 @@ def main():
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
     n_fail = 0
-    path = os.path.join(args.out, "torchtune-llama3-lora-compile.json" if args.lora else "torchtune-llama3-compile.json")
+    path = os.path.join(args.out, "torchtune-llama3-lora-compile.json" if args.lora else
+                        "torchtune-llama3-ce-compile.json" if args.ce else "torchtune-llama3-compile.json")
     for dtype, rc in specs(args.only):
         doc = json.load(open(path)) if os.path.exists(path) else {
             "generated_by": "validation/measure_tune_compile.py", "torch": torch.__version__.split("+")[0],
             "framework": "torchtune", "framework_version": "0.6.1", "family": "llama3", "device": "cpu",
             "configs": {}, "records": []}
         cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out] + (["--lora"] if args.lora else []) \
-            + (["--lora-all"] if args.lora_all else []) \
+            + (["--lora-all"] if args.lora_all else []) + (["--ce"] if args.ce else []) \
             + ["--child", dtype, rc]
         n_fail += not R.run_child_into(cmd, path, doc, f"{dtype}/{rc}")
     sys.exit(1 if n_fail else 0)
