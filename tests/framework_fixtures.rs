@@ -21,6 +21,7 @@ const SHARDS: &[&str] = &[
     "torchtitan-qwen3",
     "torchtitan-qwen3_moe",
     "torchtune-llama3",
+    "torchtune-llama3-ce",
     "torchtune-llama3_2",
     "torchtune-llama2",
     "torchtune-mistral",
@@ -90,6 +91,10 @@ fn config_of(doc: &Value, r: &Value) -> Config {
     // torchtune's recipe loss is `CEWithChunkedOutputLoss`, what its YAML import reads as `loss = chunked`.
     if c.framework == Framework::Torchtune {
         c.loss = Loss::Chunked;
+    }
+    // The records run with `loss: torch.nn.CrossEntropyLoss` (`torchtune-llama3-ce`): `loss = standard`.
+    if r["loss"] == "torch.nn.CrossEntropyLoss" {
+        c.loss = Loss::Standard;
     }
     c.batch = r["batch"].as_u64().expect("batch");
     c.seq = r["seq"].as_u64().expect("seq");
@@ -547,7 +552,7 @@ fn every_tp_record_is_exact(names: &[&str]) {
 /// `CEWithChunkedOutputLoss.compute_cross_entropy` (one compiled region per output chunk).
 /// Measured by `validation/measure_tune_compile.py` on CPU (b2 s64, fp32 and bf16, recompute
 /// none and full).
-const TUNE_COMPILE_SHARDS: &[&str] = &["torchtune-llama3-compile"];
+const TUNE_COMPILE_SHARDS: &[&str] = &["torchtune-llama3-compile", "torchtune-llama3-ce-compile"];
 
 #[test]
 fn every_torchtune_compile_record_is_exact_in_saved_bytes_and_within_half_a_percent_in_peak() {

@@ -822,9 +822,13 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
             return Some("torchtune's LoRA recipes are measured in fp32 and bf16, not under bf16 autocast (precision=amp-bf16)".into());
         }
     }
-    if cfg.loss != Loss::Chunked {
+    // `loss=standard`: `torch.nn.CrossEntropyLoss` in the single-device full fine-tune, measured
+    // on Llama 3 (torchtune-llama3-ce.json); not with LoRA/QLoRA, other families or Liger's loss.
+    if cfg.loss != Loss::Chunked
+        && (cfg.loss != Loss::Standard || cfg.finetune != crate::estimator::config::Finetune::Full || spec.family != Family::Llama)
+    {
         return Some(
-            "torchtune is modelled with the CEWithChunkedOutputLoss its configs ship (loss=chunked); its plain cross-entropy is not".into(),
+            "torchtune is modelled with the CEWithChunkedOutputLoss its configs ship (loss=chunked), and with torch.nn.CrossEntropyLoss (loss=standard) in Llama's full fine-tune only".into(),
         );
     }
     if !matches!(cfg.recompute, Recompute::None | Recompute::Full) || cfg.recompute_every > 0 {

@@ -405,6 +405,90 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
     (c, n, s - (n - 1) * c)
 }
 
+/// The recipe with `loss: torch.nn.CrossEntropyLoss` in place of the configs' chunked loss
+/// (torchtune 0.6.1 `TransformerDecoder.unembed` with `num_output_chunks = 0`, then
+/// `full_finetune_single_device.py` `_loss_step`):
+/// ```python
+/// output = self.output(h).float()              # [b, s, V] in the model dtype, then its fp32 copy
+/// labels = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
+/// labels = labels.reshape(-1); logits = logits.reshape(-1, logits.size(-1))
+/// loss = self._loss_fn(logits, labels)         # log-softmax (fp32, kept) and nll, mean
+/// del logits
+/// (loss * current_num_tokens).backward()
+/// ```
+/// The model-dtype logits go as `unembed` returns (nothing saves them; under autocast the
+/// weight and the input are cast first); the fp32 copy lives through the loss. `compiled`
+/// (`compile: True`): `training.compile_loss` compiles the whole loss module, whose input is
+/// the fp32 copy: one region ([`Builder::compile_region`]) that keeps it and recomputes the
+/// log-softmax, its backward one kernel ([`Builder::fuse_loss_backward`]). Measured:
+/// `tests/fixtures/pytorch/frameworks/torchtune-llama3-ce.json` (fp32, bf16, bf16 autocast;
+/// checkpointing off and on).
+fn plain_head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool) {
+    let vocab = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::V)], Split::Tp);
+    let autocast = b.autocast;
+    let (x, w, bias) = if autocast {
+        let x = b.to_copy(xn, Dt::Model);
+        let part = b.part;
+        b.part = Part::Autocast;
+        let (w, bias) = (w.map(|w| b.cast_weight(w)), bias.map(|x| b.cast_weight(x)));
+        b.part = part;
+        (x, w, bias)
+    } else {
+        (xn, w, bias)
+    };
+    b.autocast = false;
+    let logits = match w {
+        Some(w) => b.linear(x, w, bias, vocab),
+        None => b.plain("mm", &[x], vocab, Dt::Model),
+    };
+    b.autocast = autocast;
+    let lf = b.to_copy(logits, Dt::F32);
+    // `unembed` returns: the caller's `h` and the norm's output go (as with the chunks).
+    b.hold(h);
+    b.hold(xn);
+    b.p.loss_from = b.next_op();
+    b.p.loss_fn_from = b.p.loss_from;
+    b.module = "loss_fn";
+    b.part = Part::Loss;
+    let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    let labels = b.external(bs, Dt::I64, Origin::Buffer, false);
+    let ignore = b.external(Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64, Origin::Buffer, false);
+    let ne = b.plain("ne", &[labels], bs, Dt::Bool);
+    let tokens = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
+    let shifted = b.plain("cat", &[labels, ignore], bs, Dt::I64);
+    let first = b.next_op();
+    let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", lf, Keep::Output, "_log_softmax_backward_data");
+    let lb = b.bytes(lsm);
+    let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
+    let ce = b.op(
+        "nll_loss_forward",
+        "NllLossBackward0",
+        &[lsm, shifted],
+        &out,
+        // `reduction="mean"` reads `total_weight` in backward, compiled or not.
+        &[S::In(1), S::Out(1)],
+        &[B::Alloc { bytes: lb, dtype: DType::Fp32, op: "nll_loss_backward" }, B::Grad { input: 0, temp: 0 }],
+    )[0];
+    if compiled {
+        let end = b.next_op();
+        b.fuse_loss_backward(first, end, lf, b.bytes(shifted) / INT64_BYTES);
+        b.compile_region(first, end, &[ce]);
+    }
+    // `del logits`.
+    b.hold(lf);
+    b.hold(shifted);
+    let out = b.out(Shape::scalar(), Dt::F32, true);
+    let r = b.op(
+        "mul",
+        "MulBackward0",
+        &[ce, tokens],
+        &[out],
+        &[S::In(1)],
+        &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: "mul" }, B::Grad { input: 0, temp: 0 }],
+    )[0];
+    b.outputs(&[r]);
+}
+
 /// `TransformerDecoder.chunked_output` on `xn` (the final norm's output of `h`), then the
 /// recipe's loss step:
 /// ```python
@@ -436,6 +520,9 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
 /// logits (the region's input, in their dtype), its labels and the fp32 row max and
 /// log-sum-exp, not the fp32 log-softmax eager keeps.
 pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Option<Tid>, compiled: bool, cpu: bool) {
+    if b.c.cfg.loss == crate::estimator::config::Loss::Standard {
+        return plain_head_and_loss(b, h, xn, w, bias, compiled);
+    }
     let cpu_copies = compiled && cpu;
     let batch = b.c.n(Q::B);
     let (_, n, last) = chunk_tokens(b.c.n(Q::S));
@@ -788,8 +875,16 @@ mod tests {
         // Mixed precision with fp32 master weights is not how torchtune trains: refused by name.
         let mixed = estimate(&Config { framework: Framework::Torchtune, precision: Precision::MixedBf16, ..base.clone() });
         assert!(mixed.is_err_and(|e| e.to_string().contains("torchtune")));
-        // Its plain (unchunked) cross-entropy is another program: refused, not estimated as this one.
-        assert!(estimate(&Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base }).is_err());
+        // Its plain (unchunked) cross-entropy is another program: on Llama's measured full
+        // fine-tune the whole fp32 logits and their log-softmax are alive at once (the chunks,
+        // one eighth at a time), so it peaks higher; other families are refused, not estimated
+        // as this one.
+        let plain = Config { framework: Framework::Torchtune, loss: Loss::Standard, ..base.clone() };
+        assert!(estimate(&plain).expect("plain cross-entropy").memory.peak > tt.memory.peak);
+        let mistral = preset("mistral-7b-v0.1").map(|p| p.spec);
+        if let Some(mistral) = mistral {
+            assert!(estimate(&Config { arch: mistral, ..plain }).is_err_and(|e| e.to_string().contains("loss=standard")));
+        }
     }
 
     /// A preset's model on torchtune's own code as its single-device recipes run it: bf16, 2,048
