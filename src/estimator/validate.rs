@@ -764,8 +764,10 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     let spec = &cfg.arch;
     if !matches!(spec.family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Phi3 | Family::Gemma | Family::Gemma2) {
         return Some(format!(
-            "torchtune is modelled for Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Phi-3, Gemma and Gemma 2 only, not {:?}",
-            spec.family
+            "torchtune is modelled for Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Phi-3, Gemma and Gemma 2 only, not {:?}{}",
+            spec.family,
+            // torchtune 0.6.1 (its last release, the pinned version) has no `torchtune.models.qwen3`.
+            if spec.family == Family::Qwen3 { " (torchtune 0.6.1, the last release, ships no Qwen3 builder)" } else { "" }
         ));
     }
     if spec.family == Family::Phi3 && super::step::families::common::rotary_dims(spec) != spec.head_dim {
