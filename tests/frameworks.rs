@@ -213,10 +213,20 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     )])
     .expect("imports");
     assert_eq!((imp.config.recompute, imp.config.recompute_every, imp.config.recompute_every_first), (config::Recompute::None, 3, false));
-    // A Trainer JSON with whole-model compile: reported unmodelled, the estimate keeps layer
-    // regions; not an error of the file.
+    // A Trainer JSON with whole-model compile: on the default Llama, full fine-tune, estimated
+    // as one graph (measured so); with gradient checkpointing, reported unmodelled and the
+    // layer regions kept — not an error of the file.
     let imp = import(&[("args.json", r#"{"per_device_train_batch_size": 1, "optim": "adamw_torch_fused", "torch_compile": true}"#)])
         .expect("imports");
+    let compile = imp.keys.iter().find(|k| k.key == "torch_compile").expect("reported");
+    assert_eq!(compile.status, Status::Understood, "{}", compile.note);
+    assert_eq!((imp.config.compile, imp.config.compile_regions), (true, config::CompileRegions::Model));
+    trainmem::estimator::estimate(&imp.config).unwrap_or_else(|e| panic!("whole-model compile: {e}"));
+    let imp = import(&[(
+        "args.json",
+        r#"{"per_device_train_batch_size": 1, "optim": "adamw_torch_fused", "torch_compile": true, "gradient_checkpointing": true}"#,
+    )])
+    .expect("imports");
     let compile = imp.keys.iter().find(|k| k.key == "torch_compile").expect("reported");
     assert_eq!(compile.status, Status::Unmodelled, "{}", compile.note);
     assert!(compile.note.contains("compile_regions"), "{}", compile.note);

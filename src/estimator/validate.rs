@@ -296,9 +296,18 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "the optimizer step in backward with data parallelism (gradients reduced in the hook)",
         ),
         (
-            cfg.compile && cfg.compile_regions == super::config::CompileRegions::Model,
+            cfg.compile
+                && cfg.compile_regions == super::config::CompileRegions::Model
+                && (cfg.framework != Framework::Hf
+                    || cfg.arch.family != super::family::Family::Llama
+                    || cfg.recompute != Recompute::None
+                    || cfg.recompute_every > 0
+                    || cfg.finetune != super::config::Finetune::Full
+                    || super::precision::recipe(cfg.precision).autocast_weight_copy
+                    || cfg.fp8 != super::config::Fp8::None
+                    || cfg.act_offload.on()),
             "compile_regions",
-            "torch.compile of the whole model (measured on Llama, recipes/llama-gqa.json `compile=model`: one graph, 3.5 % more saved than compile_regions = layer — the causal mask is built inside the graph, so SDPA gets it and repeats k and v, and the final norm and rotary tables are partitioned with the layers; compile_regions = layer, and block with framework = torchtitan, are modelled: FINDINGS §15.1)",
+            "torch.compile of the whole model beyond transformers' Llama, full fine-tune, no checkpointing, offloading, autocast or float8 (measured so, recipes/llama-gqa.json `compile=model`: the graph builds the causal mask, so SDPA repeats k and v, and the logits' zero tangent is allocated at the start of backward; compile_regions = layer covers more: FINDINGS §15.1)",
         ),
         (
             cfg.compile && cfg.compile_regions == super::config::CompileRegions::Block && cfg.framework != Framework::Torchtitan,

@@ -439,6 +439,7 @@ impl<'a> Setup<'a> {
             b.hold(t);
         }
         self.head_and_loss(&mut b, &p, x, xn, &sh);
+        self.compile_final_norm_and_head(&mut b, unit_first);
         self.head_unit(&mut b, unit_first);
         // The caller's `hidden_states` holds the final norm's output through the loss
         // ([`Self::holds_final_norm_output`]).
@@ -524,6 +525,7 @@ impl<'a> Setup<'a> {
                 b.hold(t);
             }
             self.head_and_loss(b, p, x, xn, sh);
+            self.compile_final_norm_and_head(b, unit_first);
             self.head_unit(b, unit_first);
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
@@ -645,6 +647,9 @@ impl<'a> Setup<'a> {
         if self.compiled_loss() {
             let end = b.next_op();
             b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8);
+            if self.cfg.compile_regions == crate::estimator::config::CompileRegions::Model {
+                b.logits_tangent(loss_first, end, logits);
+            }
             b.compile_region(loss_first, end, &[r[0]]);
         }
     }
@@ -721,16 +726,43 @@ impl<'a> Setup<'a> {
     /// `TransformerBlock`, its checkpoint wrapper inside, and `build_cross_entropy_loss` the
     /// loss); `compile_regions = block` compiles the blocks alone (`components = ["model"]`, the
     /// loss eager: torchtitan before it compiled its loss).
+    ///
+    /// `compile_regions = model` (the Trainer's `torch.compile(model)`, one graph): partitioned
+    /// here as the layer regions, the loss's and one for the final norm and the head
+    /// ([`Self::compile_final_norm_and_head`]), with the graph's causal mask built and passed to
+    /// SDPA (`families::common::graph_mask`) — FINDINGS §15.1.z.
     fn compiled_layers(&self) -> bool {
         use crate::estimator::config::{CompileRegions, Framework};
         self.cfg.compile
-            && (self.cfg.compile_regions == CompileRegions::Layer
-                || (self.cfg.compile_regions == CompileRegions::Block && self.cfg.framework == Framework::Torchtitan))
+            && match self.cfg.compile_regions {
+                CompileRegions::Layer | CompileRegions::Model => true,
+                CompileRegions::Block => self.cfg.framework == Framework::Torchtitan,
+            }
     }
 
-    /// The loss compiled as its own region (`compile = true`, `compile_regions = layer`).
+    /// The loss compiled as its own region (`compile = true`, `compile_regions = layer`, and
+    /// inside the whole graph with `model`).
     fn compiled_loss(&self) -> bool {
-        self.cfg.compile && self.cfg.compile_regions == crate::estimator::config::CompileRegions::Layer
+        use crate::estimator::config::CompileRegions;
+        self.cfg.compile && matches!(self.cfg.compile_regions, CompileRegions::Layer | CompileRegions::Model)
+    }
+
+    /// The whole model one graph (`compile_regions = model`): the final norm and the LM head
+    /// (ops `first` up to the loss) are partitioned too — the norm's normalized output is
+    /// recomputed from its input and rstd, only the head's input crosses (measured:
+    /// `recipes/llama-gqa.json` `compile=model`, FINDINGS §15.1.z).
+    fn compile_final_norm_and_head(&self, b: &mut Builder, first: u32) {
+        if !(self.cfg.compile && self.cfg.compile_regions == crate::estimator::config::CompileRegions::Model) {
+            return;
+        }
+        let end = b.p.loss_fn_from;
+        if end == u32::MAX || end <= first {
+            return;
+        }
+        let logits = b.p.outs(&b.p.ops[end as usize - 1]).first().copied();
+        if let Some(logits) = logits {
+            b.compile_region(first, end, &[logits]);
+        }
     }
 
     /// Fused linear cross-entropy (Liger): per chunk of rows, fp32 logits and their gradient

@@ -484,12 +484,21 @@ pub fn additive_mask(b: &mut Builder, m: Tid) -> Tid {
     set_part(b, w, Part::Checkpoints)
 }
 
+/// Whether the causal mask is built inside a compiled graph (`compile_regions = model`): under
+/// tracing `_ignore_causal_mask_sdpa` cannot skip it (transformers 5.24 `masking_utils.py`), so
+/// `create_causal_mask` materializes the additive mask even for SDPA, which then repeats k and v
+/// (`use_gqa_in_sdpa` is false with a mask). Measured: `recipes/llama-gqa.json` `compile=model`,
+/// `where` `[b, 1, s, s]` saved once, k and v saved repeated (FINDINGS §15.1.z).
+pub fn graph_mask(b: &Builder) -> bool {
+    b.c.cfg.compile && b.c.cfg.compile_regions == crate::estimator::config::CompileRegions::Model
+}
+
 /// `create_causal_mask`: packed-sequence detection ([`packed_detection`]), and for eager
 /// attention the materialized additive mask ([`sdpa_mask`], [`additive_mask`]); SDPA runs
 /// causal without one.
 pub fn causal_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Option<Tid> {
     packed_detection(b, pos);
-    (attn == Attention::Eager).then(|| {
+    (attn == Attention::Eager || graph_mask(b)).then(|| {
         let m = sdpa_mask(b, false);
         additive_mask(b, m)
     })

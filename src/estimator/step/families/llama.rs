@@ -630,6 +630,13 @@ pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     }
     let gqa = b.c.n(Q::KV) != b.c.n(Q::A);
     let (k, v) = if gqa { (repeat_kv(b, k), repeat_kv(b, v)) } else { (k, v) };
+    if b.t(mask).dt != Dt::Bool {
+        // An additive mask (the one a compiled whole model builds, `common::graph_mask`): SDPA
+        // takes it as it is.
+        let r = super::common::cpu_flash_sdpa(b, q, k, v, mask);
+        let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
+        return b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
+    }
     let shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
     sdpa_bool_mask(b, q, k, v, mask, MaskBuild { shape, before_autocast: false, hold_kv: false })
 }

@@ -141,6 +141,9 @@ pub trait Modeling: Sync {
         if self.framework_code() {
             return [None, None];
         }
+        if super::common::graph_mask(b) {
+            return [Some(mask_shape(Attention::Eager)), None];
+        }
         [(attn == Attention::Eager).then(|| mask_shape(attn)), None]
     }
 
