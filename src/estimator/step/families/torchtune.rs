@@ -405,6 +405,31 @@ pub fn chunk_tokens(s: u64) -> (u64, u64, u64) {
     (c, n, s - (n - 1) * c)
 }
 
+/// `unembed` has returned, and `train()` / `_loss_step` begin: `TransformerDecoder.forward`
+/// calls `self.unembed(h)`, whose `h = self.norm(h)` rebinds its own local, so the caller's `h`,
+/// the last layer's output, lives until `unembed` returns the logits, and so does `xn`
+/// (measured: both freed after the last output matmul, before the loss;
+/// tests/fixtures/pytorch/frameworks/steps/torchtune-llama3__…__lora-r8-qv.json). Then
+/// `current_num_tokens = (labels != ignore_index).sum()` and the shifted labels
+/// `hstack((labels[..., 1:], ignore_labels_cache))`. The loss runs outside the offloading
+/// context. The labels are the batch's token ids (`batch_bytes`), the cache a buffer
+/// ([`buffer_bytes`]). Returns (the token count, the shifted labels).
+fn loss_step_labels(b: &mut Builder, h: Tid, xn: Tid) -> (Tid, Tid) {
+    b.hold(h);
+    b.hold(xn);
+    b.p.loss_from = b.next_op();
+    b.p.loss_fn_from = b.p.loss_from;
+    b.module = "loss_fn";
+    b.part = Part::Loss;
+    let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
+    let labels = b.external(bs, Dt::I64, Origin::Buffer, false);
+    let ignore = b.external(Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64, Origin::Buffer, false);
+    let ne = b.plain("ne", &[labels], bs, Dt::Bool);
+    let tokens = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
+    let shifted = b.plain("cat", &[labels, ignore], bs, Dt::I64);
+    (tokens, shifted)
+}
+
 /// The recipe with `loss: torch.nn.CrossEntropyLoss` in place of the configs' chunked loss
 /// (torchtune 0.6.1 `TransformerDecoder.unembed` with `num_output_chunks = 0`, then
 /// `full_finetune_single_device.py` `_loss_step`):
@@ -443,19 +468,7 @@ fn plain_head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: O
     };
     b.autocast = autocast;
     let lf = b.to_copy(logits, Dt::F32);
-    // `unembed` returns: the caller's `h` and the norm's output go (as with the chunks).
-    b.hold(h);
-    b.hold(xn);
-    b.p.loss_from = b.next_op();
-    b.p.loss_fn_from = b.p.loss_from;
-    b.module = "loss_fn";
-    b.part = Part::Loss;
-    let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    let labels = b.external(bs, Dt::I64, Origin::Buffer, false);
-    let ignore = b.external(Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64, Origin::Buffer, false);
-    let ne = b.plain("ne", &[labels], bs, Dt::Bool);
-    let tokens = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
-    let shifted = b.plain("cat", &[labels, ignore], bs, Dt::I64);
+    let (tokens, shifted) = loss_step_labels(b, h, xn);
     let first = b.next_op();
     let lsm = b.unary("_log_softmax", "LogSoftmaxBackward0", lf, Keep::Output, "_log_softmax_backward_data");
     let lb = b.bytes(lsm);
@@ -569,24 +582,8 @@ pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Opt
         });
         b.autocast = autocast;
     }
-    // `TransformerDecoder.forward` calls `self.unembed(h)`, whose `h = self.norm(h)` rebinds its
-    // own local: the caller's `h`, the last layer's output, lives until `unembed` returns the
-    // chunks' logits, and so does `xn` (measured: both freed after the eighth output matmul, before the loss;
-    // tests/fixtures/pytorch/frameworks/steps/torchtune-llama3__…__lora-r8-qv.json).
-    b.hold(h);
-    b.hold(xn);
-    b.p.loss_from = b.next_op();
-    // The recipe's loss runs outside the offloading context (`_loss_step`).
-    b.p.loss_fn_from = b.p.loss_from;
-    b.module = "loss_fn";
-    b.part = Part::Loss;
+    let (tokens, shifted) = loss_step_labels(b, h, xn);
     let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
-    // The labels are the batch's token ids (`batch_bytes`), the cache a buffer ([`buffer_bytes`]).
-    let labels = b.external(bs, Dt::I64, Origin::Buffer, false);
-    let ignore = b.external(Shape::new(&[Dim::Q(Q::B), Dim::N(1)], Split::None), Dt::I64, Origin::Buffer, false);
-    let ne = b.plain("ne", &[labels], bs, Dt::Bool);
-    let tokens = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
-    let shifted = b.plain("cat", &[labels, ignore], bs, Dt::I64);
     let ne = b.plain("ne", &[shifted], bs, Dt::Bool);
     let total = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
     let targets: Vec<Tid> = (0..n)
