@@ -301,7 +301,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
                 && (cfg.framework != Framework::Hf
                     || !matches!(
                         cfg.arch.family,
-                        super::family::Family::Llama | super::family::Family::Qwen2 | super::family::Family::Qwen3
+                        super::family::Family::Llama | super::family::Family::Qwen2 | super::family::Family::Qwen3 | super::family::Family::Mistral
                     )
                     || cfg.recompute != Recompute::None
                     || cfg.recompute_every > 0
@@ -310,7 +310,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
                     || cfg.fp8 != super::config::Fp8::None
                     || cfg.act_offload.on()),
             "compile_regions",
-            "torch.compile of the whole model beyond transformers' Llama, Qwen2 and Qwen3, full fine-tune, no checkpointing, offloading, autocast or float8 (measured so, recipes/{llama-gqa,qwen2,qwen3}.json `compile=model`: the graph builds the causal mask, so SDPA repeats k and v, and the logits' zero tangent is allocated at the start of backward; Mistral's is measured and not matched — its sliding-window mask path; compile_regions = layer covers more: FINDINGS §15.1)",
+            "torch.compile of the whole model beyond transformers' Llama, Qwen2, Qwen3 and Mistral, full fine-tune, no checkpointing, offloading, autocast or float8 (measured so, recipes/{llama-gqa,qwen2,qwen3,mistral}.json `compile=model`: the graph builds the causal mask, so SDPA repeats k and v, and the logits' zero tangent is allocated at the start of backward; compile_regions = layer covers more: FINDINGS §15.1)",
         ),
         (
             cfg.compile && cfg.compile_regions == super::config::CompileRegions::Block && cfg.framework != Framework::Torchtitan,

@@ -509,7 +509,9 @@ pub fn causal_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Option<Tid> {
 pub fn sliding_window_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
     packed_detection(b, pos);
     let m = sdpa_mask(b, true);
-    if attn == Attention::Eager {
+    // Built inside a compiled whole model ([`graph_mask`]): additive, as eager's (measured:
+    // `recipes/mistral.json` `compile=model`, one `[b, 1, s, s]` mask of the model dtype saved).
+    if attn == Attention::Eager || graph_mask(b) {
         additive_mask(b, m)
     } else {
         set_part(b, m, Part::Checkpoints)
@@ -520,7 +522,7 @@ pub fn sliding_window_mask(b: &mut Builder, pos: Tid, attn: Attention) -> Tid {
 /// attention runs or the window is shorter than the keys ([`masked`]); otherwise SDPA runs
 /// causal and only the packed-sequence check is made.
 pub fn sliding_window_mask_for(b: &mut Builder, pos: Tid, attn: Attention, window: u64) -> Option<Tid> {
-    if attn == Attention::Eager || masked(window, b.c.n(Q::S_KV)) {
+    if attn == Attention::Eager || masked(window, b.c.n(Q::S_KV)) || graph_mask(b) {
         Some(sliding_window_mask(b, pos, attn))
     } else {
         packed_detection(b, pos);

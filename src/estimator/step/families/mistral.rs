@@ -84,6 +84,10 @@ impl Modeling for Mistral {
     }
     /// Eager's mask, and SDPA's once the window is shorter than the keys.
     fn mask_shapes(&self, b: &Builder, spec: &ModelSpec, attn: Attention) -> [Option<(Shape, Dt)>; 2] {
+        if super::common::graph_mask(b) {
+            // A compiled whole model builds the (additive) mask in its graph, window or not.
+            return [Some(mask_shape(Attention::Eager)), None];
+        }
         let mask = attn == Attention::Eager || (slides(spec) && masked(spec.window, b.c.n(Q::S_KV)));
         [mask.then(|| mask_shape(attn)), None]
     }
