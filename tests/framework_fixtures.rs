@@ -259,20 +259,30 @@ fn compile_config_of(doc: &Value, r: &Value) -> Config {
     let mut c = config_of(doc, r);
     let recipe = &r["recipe"];
     c.compile = true;
-    c.compile_regions = match recipe["compile_regions"].as_str() {
+    c.compile_regions = compile_regions_of(recipe);
+    c.recompute = recompute_of(recipe);
+    // The save list on a CPU gets its SDPA kernel (what a CUDA run saves).
+    c.sac_cpu_sdpa = c.recompute == Recompute::Op;
+    c
+}
+
+/// A record's `recipe.compile_regions`: `layer` (the blocks and the loss compiled) or `block`.
+fn compile_regions_of(recipe: &Value) -> trainmem::config::CompileRegions {
+    match recipe["compile_regions"].as_str() {
         Some("layer") => trainmem::config::CompileRegions::Layer,
         Some("block") => trainmem::config::CompileRegions::Block,
         other => panic!("compile_regions {other:?}"),
-    };
-    c.recompute = match recipe["recompute"].as_str() {
+    }
+}
+
+/// A record's `recipe.recompute`: none, full or op (torchtitan's save list).
+fn recompute_of(recipe: &Value) -> Recompute {
+    match recipe["recompute"].as_str() {
         Some("none") => Recompute::None,
         Some("full") => Recompute::Full,
         Some("op") => Recompute::Op,
         other => panic!("recompute {other:?}"),
-    };
-    // The save list on a CPU gets its SDPA kernel (what a CUDA run saves).
-    c.sac_cpu_sdpa = c.recompute == Recompute::Op;
-    c
+    }
 }
 
 #[test]
@@ -432,20 +442,11 @@ fn tp_config_of(doc: &Value, r: &Value) -> Config {
     c.gpus = c.tp;
     c.sp = par["sp"].as_bool().expect("sp");
     assert_eq!(par["loss_parallel"], true, "torchtitan's default");
-    c.recompute = match r["recipe"]["recompute"].as_str() {
-        Some("none") => Recompute::None,
-        Some("full") => Recompute::Full,
-        Some("op") => Recompute::Op,
-        other => panic!("recompute {other:?}"),
-    };
+    c.recompute = recompute_of(&r["recipe"]);
     c.sac_cpu_sdpa = c.recompute == Recompute::Op;
     if r["recipe"]["compile"] == true {
         c.compile = true;
-        c.compile_regions = match r["recipe"]["compile_regions"].as_str() {
-            Some("layer") => trainmem::config::CompileRegions::Layer,
-            Some("block") => trainmem::config::CompileRegions::Block,
-            other => panic!("{}: compile_regions {other:?}", r["id"]),
-        };
+        c.compile_regions = compile_regions_of(&r["recipe"]);
     }
     if let Some(recipe) = r.get("fp8").map(|f| &f["recipe"]) {
         c.fp8 = match recipe.as_str() {
