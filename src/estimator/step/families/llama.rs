@@ -633,9 +633,7 @@ pub fn sdpa_masked(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
     if b.t(mask).dt != Dt::Bool {
         // An additive mask (the one a compiled whole model builds, `common::graph_mask`): SDPA
         // takes it as it is.
-        let r = super::common::cpu_flash_sdpa(b, q, k, v, mask);
-        let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
-        return b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false);
+        return flash_sdpa_bsad(b, q, k, v, mask);
     }
     let shape = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::S_KV)], Split::None);
     sdpa_bool_mask(b, q, k, v, mask, MaskBuild { shape, before_autocast: false, hold_kv: false })
@@ -675,11 +673,19 @@ pub fn sdpa_bool_mask(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid, how: M
         Some(m) => m,
         None => additive(b, qdt),
     };
-    let r = super::common::cpu_flash_sdpa(b, q, k, v, add);
+    let o = flash_sdpa_bsad(b, q, k, v, add);
     if how.hold_kv {
         b.hold(k);
         b.hold(v);
     }
+    o
+}
+
+/// The CPU flash kernel with an additive mask ([`super::common::cpu_flash_sdpa`]), its output
+/// returned `[b, s, a, d]` as the callers reshape it (a view: q, and so the output, are laid
+/// out `[b, s, a, d]`).
+fn flash_sdpa_bsad(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Tid) -> Tid {
+    let r = super::common::cpu_flash_sdpa(b, q, k, v, mask);
     let ot = b.view(r[0], heads_bshd(Q::A), "TransposeBackward0", false);
     b.view(ot, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::Q(Q::A), Dim::Q(Q::D)], Split::Tp), "ViewBackward0", false)
 }
