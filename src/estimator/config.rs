@@ -668,6 +668,13 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Whether the whole model compiles as one graph (`compile = true`, `compile_regions =
+    /// model`: the Trainer's `torch.compile(model)`), which the mask, the final norm's region and
+    /// the logits' tangent follow (validation/FINDINGS.md §15.1.z).
+    pub fn compiles_whole_model(&self) -> bool {
+        self.compile && self.compile_regions == CompileRegions::Model
+    }
+
     /// Data-parallel degree: GPUs / (tp × pp × cp).
     pub fn dp(&self) -> u64 {
         self.gpus.checked_div(self.tp * self.pp * self.cp).unwrap_or(0)

@@ -296,8 +296,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "the optimizer step in backward with data parallelism (gradients reduced in the hook)",
         ),
         (
-            cfg.compile
-                && cfg.compile_regions == super::config::CompileRegions::Model
+            cfg.compiles_whole_model()
                 && (cfg.framework != Framework::Hf
                     || !matches!(
                         cfg.arch.family,
@@ -681,6 +680,18 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     if cfg.dropout > 0.0 {
         return Some(format!("torchtitan's {name} has no dropout"));
     }
+    // torchtitan's `apply_fsdp` (models/llama3/infra/parallelize.py; 9dec370 to 0.2.2):
+    // `reshard_after_forward_policy = "default"` means `reshard_after_forward = not pp_enabled`,
+    // so under pipeline parallelism a stage's blocks stay gathered from their first
+    // micro-batch's forward to the last one's backward, and FSDP2 accumulates their gradients
+    // unsharded until the last micro-batch (the schedule's `backward_maybe_with_nosync`). The
+    // step program reshards each block after its forward and reduce-scatters each gradient.
+    // (FSDP over `dp_shard × cp`: context-parallel ranks shard the parameters too.)
+    if cfg.pp > 1 && cfg.zero.stage() == 3 && cfg.gpus / (cfg.pp * cfg.tp).max(1) > 1 {
+        return Some(format!(
+            "torchtitan's FSDP2 under pipeline parallelism for {name} (its default `reshard_after_forward_policy` keeps each stage's parameters gathered across the micro-batches and their gradients unsharded until the last one) is not modelled yet"
+        ));
+    }
     // Measured eager (tests/fixtures/pytorch/frameworks/torchtitan-llama3-tp-fp8.json): with
     // `enable_float8_tensorwise_tp` the linears receive inputs already cast to float8
     // (`PrepareFloat8ModuleInput` all-gathers them in float8) and save that float8 tensor and its
@@ -690,19 +701,6 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     // 12 / 24 B over; peaks −0.14 to −0.23 %): estimated. Compiled the same (blocks alone or
     // with the loss: saved bytes 125 KB under without checkpointing, 44 to 56 B under with it —
     // 4-B weight scales —, peaks −0.15 to −0.24 %).
-    // torchtitan's `apply_fsdp` (models/llama3/infra/parallelize.py; 9dec370 to 0.2.2):
-    // `reshard_after_forward_policy = "default"` means `reshard_after_forward = not pp_enabled`,
-    // so under pipeline parallelism a stage's blocks stay gathered from their first
-    // micro-batch's forward to the last one's backward, and FSDP2 accumulates their gradients
-    // unsharded until the last micro-batch (the schedule's `backward_maybe_with_nosync`). The
-    // step program reshards each block after its forward and reduce-scatters each gradient.
-    let dp_sharded = matches!(cfg.zero, super::config::Zero::FullShard | super::config::Zero::Z3 | super::config::Zero::HybridShard);
-    // (FSDP over `dp_shard × cp`: context-parallel ranks shard the parameters too.)
-    if cfg.pp > 1 && dp_sharded && cfg.gpus / (cfg.pp * cfg.tp).max(1) > 1 {
-        return Some(format!(
-            "torchtitan's FSDP2 under pipeline parallelism for {name} (its default `reshard_after_forward_policy` keeps each stage's parameters gathered across the micro-batches and their gradients unsharded until the last one) is not modelled yet"
-        ));
-    }
     if cfg.tp > 1 && cfg.recompute == Recompute::None && step::lowbit::fp8_of(cfg) == super::config::Fp8::TorchaoTensorwise {
         return Some(format!(
             "torchtitan's float8 tensor parallelism for {name} without activation checkpointing (tensorwise: Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, the linears' inputs all-gathered and saved in float8; measured eager and compiled, torchtitan-llama3-tp-fp8.json) is not modelled yet"

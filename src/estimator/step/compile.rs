@@ -1206,42 +1206,14 @@ impl<'a> Builder<'a> {
     /// no fp32 `[T, V]` gradient of the log-softmax or of the fp32 copy is allocated (measured:
     /// `recipes/steps/*compile=layer*`, the allocations inside `CompiledFunctionBackward` of the
     /// loss; validation/FINDINGS.md §15.1). The interior nodes pass the gradient on unchanged.
-    /// The whole model compiled as one graph (`compile_regions = model`): the graph also returns
-    /// the logits (`CausalLMOutput.logits`), a differentiable output the loss's backward does not
-    /// reach, so AOTAutograd materializes its tangent — zeros the size of the logits, in their
-    /// dtype — before the compiled backward runs, alive through the loss's backward (measured:
-    /// `recipes/steps/llama-gqa__…__compile=model.json`, an `aten::empty` of `[b, s, V]` fp32
-    /// outside the graph; FINDINGS §15.1.z). Added to the loss's fused backward of ops
-    /// `first..end` ([`Builder::fuse_loss_backward`], called first).
-    pub fn logits_tangent(&mut self, first: u32, end: u32, logits: Tid) {
-        let (lb, ld) = (self.bytes(logits), self.t(logits).dtype);
-        for i in first as usize..end as usize {
-            if self.p.ops[i].name != "nll_loss_forward" || self.p.ops[i].bw.1 == 0 {
-                continue;
-            }
-            let (at, n) = (self.p.ops[i].bw.0 as usize, self.p.ops[i].bw.1 as usize);
-            let old: Vec<B> = self.p.script[at..at + n].to_vec();
-            // The tangent is temporary 0; the old script's temporaries move up by one, and the
-            // tangent goes where the old script hands its gradient on.
-            let shift = |st: B| match st {
-                B::Free(k) => B::Free(k + 1),
-                B::Grad { input, temp } => B::Grad { input, temp: temp + 1 },
-                other => other,
-            };
-            let mut script = vec![B::Alloc { bytes: lb, dtype: ld, op: "zeros_like (logits tangent)" }];
-            for st in old {
-                if matches!(st, B::Grad { .. }) {
-                    script.push(B::Free(0));
-                }
-                script.push(shift(st));
-            }
-            let at = self.p.script.len() as u32;
-            self.p.script.extend_from_slice(&script);
-            self.p.ops[i].bw = (at, script.len() as u16);
-        }
-    }
-
-    pub fn fuse_loss_backward(&mut self, first: u32, end: u32, logits: Tid, rows: u128) {
+    ///
+    /// `tangent`: the whole model is one compiled graph (`compile_regions = model`), which also
+    /// returns the logits (`CausalLMOutput.logits`), a differentiable output the loss's backward
+    /// does not reach, so AOTAutograd materializes its tangent — zeros the size of the logits, in
+    /// their dtype — before the compiled backward runs, alive through the loss's backward
+    /// (measured: `recipes/steps/llama-gqa__…__compile=model.json`, an `aten::empty` of
+    /// `[b, s, V]` fp32 outside the graph; FINDINGS §15.1.z).
+    pub fn fuse_loss_backward(&mut self, first: u32, end: u32, logits: Tid, rows: u128, tangent: bool) {
         let (lb, ld) = (self.bytes(logits), self.t(logits).dtype);
         for i in first as usize..end as usize {
             let op = &self.p.ops[i];
@@ -1249,12 +1221,20 @@ impl<'a> Builder<'a> {
                 continue;
             }
             let script: Vec<B> = if op.name == "nll_loss_forward" {
-                vec![
-                    B::Alloc { bytes: 4 * rows, dtype: DType::Fp32, op: "compiled_loss_backward" },
-                    B::Alloc { bytes: lb, dtype: ld, op: "compiled_loss_backward" },
-                    B::Free(0),
-                    B::Grad { input: 0, temp: 1 },
-                ]
+                // Temporaries: the tangent (when there is one), the row scale, the gradient.
+                let t = u8::from(tangent);
+                let mut s = Vec::with_capacity(6);
+                if tangent {
+                    s.push(B::Alloc { bytes: lb, dtype: ld, op: "zeros_like (logits tangent)" });
+                }
+                s.push(B::Alloc { bytes: 4 * rows, dtype: DType::Fp32, op: "compiled_loss_backward" });
+                s.push(B::Alloc { bytes: lb, dtype: ld, op: "compiled_loss_backward" });
+                s.push(B::Free(t));
+                if tangent {
+                    s.push(B::Free(0));
+                }
+                s.push(B::Grad { input: 0, temp: t + 1 });
+                s
             } else {
                 vec![B::Pass { input: 0, output: 0 }]
             };

@@ -547,13 +547,6 @@ impl<'a> Setup<'a> {
         }
     }
 
-    /// `lm_head` and `ForCausalLMLoss` (`loss_utils.py`):
-    /// ```python
-    /// logits = logits.float()
-    /// labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
-    /// shift_labels = labels[..., 1:].contiguous()
-    /// loss = F.cross_entropy(logits.view(-1, V), shift_labels.view(-1), reduction="mean")
-    /// ```
     /// Whether the final norm's output lives through the loss: transformers' `*ForCausalLM`
     /// names it (`hidden_states = outputs.last_hidden_state`) until the loss is computed;
     /// torchtune's `unembed` returns the chunks' logits, litgpt's `GPT.forward` and torchtitan's
@@ -567,6 +560,13 @@ impl<'a> Setup<'a> {
         !matches!(self.cfg.framework, Framework::Torchtune | Framework::Litgpt | Framework::Torchtitan)
     }
 
+    /// `lm_head` and `ForCausalLMLoss` (`loss_utils.py`):
+    /// ```python
+    /// logits = logits.float()
+    /// labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+    /// shift_labels = labels[..., 1:].contiguous()
+    /// loss = F.cross_entropy(logits.view(-1, V), shift_labels.view(-1), reduction="mean")
+    /// ```
     fn head_and_loss(&self, b: &mut Builder, p: &Params, x: Tid, xn: Tid, sh: &Shared) {
         let spec = &self.cfg.arch;
         b.module = "lm_head";
@@ -646,10 +646,7 @@ impl<'a> Setup<'a> {
         b.outputs(&[r[0]]);
         if self.compiled_loss() {
             let end = b.next_op();
-            b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8);
-            if self.cfg.compile_regions == crate::estimator::config::CompileRegions::Model {
-                b.logits_tangent(loss_first, end, logits);
-            }
+            b.fuse_loss_backward(loss_first, end, logits, b.bytes(target) / 8, self.cfg.compiles_whole_model());
             b.compile_region(loss_first, end, &[r[0]]);
         }
     }
@@ -752,7 +749,7 @@ impl<'a> Setup<'a> {
     /// recomputed from its input and rstd, only the head's input crosses (measured:
     /// `recipes/llama-gqa.json` `compile=model`, FINDINGS §15.1.z).
     fn compile_final_norm_and_head(&self, b: &mut Builder, first: u32) {
-        if !(self.cfg.compile && self.cfg.compile_regions == crate::estimator::config::CompileRegions::Model) {
+        if !self.cfg.compiles_whole_model() {
             return;
         }
         let end = b.p.loss_fn_from;

@@ -346,9 +346,16 @@ pub fn clamp_backward(b: &Builder, x: Tid, both: bool) -> Vec<B> {
 /// alone.
 pub fn lookup(b: &mut Builder, ids: Tid, w: Option<Tid>, shape: Shape) -> Tid {
     let Some(w) = w else { return b.plain("embedding", &[ids], shape, Dt::Resid) };
+    let g = b.grad_bytes(w);
+    lookup_with_grad(b, ids, w, shape, g)
+}
+
+/// [`lookup`] with a weight whose gradient is `g` bytes rather than the weight's own size
+/// (torchtitan's vocabulary-sharded embedding under TP, whose gradient is the whole table:
+/// `families::torchtitan::tok_embeddings`).
+pub fn lookup_with_grad(b: &mut Builder, ids: Tid, w: Tid, shape: Shape, g: u128) -> Tid {
     let rg = b.rg(w);
     let out = b.out(shape, Dt::Resid, rg);
-    let g = b.grad_bytes(w);
     let bw: &[B] =
         if rg { &[B::Alloc { bytes: g, dtype: b.t(w).dtype, op: "embedding_dense_backward" }, B::Grad { input: 1, temp: 0 }] } else { &[] };
     b.op("embedding", "EmbeddingBackward0", &[ids, w], &[out], &[S::In(0)], bw)[0]
@@ -490,7 +497,7 @@ pub fn additive_mask(b: &mut Builder, m: Tid) -> Tid {
 /// (`use_gqa_in_sdpa` is false with a mask). Measured: `recipes/llama-gqa.json` `compile=model`,
 /// `where` `[b, 1, s, s]` saved once, k and v saved repeated (FINDINGS §15.1.z).
 pub fn graph_mask(b: &Builder) -> bool {
-    b.c.cfg.compile && b.c.cfg.compile_regions == crate::estimator::config::CompileRegions::Model
+    b.c.cfg.compiles_whole_model()
 }
 
 /// `create_causal_mask`: packed-sequence detection ([`packed_detection`]), and for eager

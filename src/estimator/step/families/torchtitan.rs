@@ -232,23 +232,14 @@ fn sp_all_gather(b: &mut Builder, n: Tid) -> Tid {
 /// until `zero_grad` (each optimizer op then redistributes it to the shard; measured: 256,000 B
 /// for a `[500, 64]` fp32 shard, `torchtitan-llama3-tp.json`'s step logs, eager and compiled).
 fn tok_embeddings(b: &mut Builder, p: &Params, ids: Tid) -> Tid {
-    if !sp_tp(b) {
-        return token_embedding(b, p, ids, "tok_embeddings").0;
-    }
-    let Some(w) = p.w(b, "embed_tokens.weight") else {
+    let w = if sp_tp(b) { p.w(b, "embed_tokens.weight") } else { None };
+    let Some(w) = w else {
         return token_embedding(b, p, ids, "tok_embeddings").0;
     };
     b.part = super::super::part::Part::Embedding;
     b.module = "tok_embeddings";
-    let rg = b.rg(w);
-    let out = b.out(gathered(), Dt::Resid, rg);
     let whole = b.grad_bytes(w) * b.c.cfg.tp as u128;
-    let bw: &[B] = if rg {
-        &[B::Alloc { bytes: whole, dtype: b.t(w).dtype, op: "embedding_dense_backward" }, B::Grad { input: 1, temp: 0 }]
-    } else {
-        &[]
-    };
-    let partial = b.op("embedding", "EmbeddingBackward0", &[ids, w], &[out], &[S::In(0)], bw)[0];
+    let partial = super::common::lookup_with_grad(b, ids, w, gathered(), whole);
     sp_reduce_scatter(b, partial)
 }
 
@@ -769,7 +760,7 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     b.hold(lf);
     if compiled {
         let end = b.next_op();
-        b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8);
+        b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8, false);
         b.compile_region(loss_first, end, &[sum[0]]);
     }
     valid_token_division(b, sum[0], labels, logits);
@@ -863,7 +854,7 @@ fn compiled_loss_parallel(b: &mut Builder, logits: Tid, labels: Tid, vocab: Shap
     let out = [b.out(Shape::scalar(), Dt::F32, true), b.out(Shape::scalar(), Dt::F32, false)];
     let sum = b.op("nll_loss_forward", "NllLossBackward0", &[lsm, labels, mask], &out, &[S::In(2)], &[B::Pass { input: 0, output: 0 }]);
     let end = b.next_op();
-    b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8);
+    b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8, false);
     sum[0]
 }
 

@@ -484,7 +484,7 @@ fn plain_head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: O
     )[0];
     if compiled {
         let end = b.next_op();
-        b.fuse_loss_backward(first, end, lf, b.bytes(shifted) / INT64_BYTES);
+        b.fuse_loss_backward(first, end, lf, b.bytes(shifted) / INT64_BYTES, false);
         b.compile_region(first, end, &[ce]);
     }
     // `del logits`.
@@ -616,7 +616,7 @@ pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Opt
         b.hold(lf);
         if compiled {
             let end = b.next_op();
-            b.fuse_loss_backward(first, end, lg, b.bytes(target) / INT64_BYTES);
+            b.fuse_loss_backward(first, end, lg, b.bytes(target) / INT64_BYTES, false);
             b.compile_region(first, end, &[ce]);
         }
         sum = Some(match sum {
