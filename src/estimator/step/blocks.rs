@@ -22,7 +22,7 @@
 //! - `_scaled_dot_product_flash_attention_for_cpu` saves q, k, v, output and log-sum-exp; its
 //!   backward allocates dq, dk, dv (each laid out like its input).
 
-use super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, S};
+use super::ir::{Builder, DType, Dim, Dt, Out, Shape, Split, Tid, B, S};
 use crate::estimator::activations::ctx::Q;
 use crate::estimator::step::part::Part;
 
@@ -110,6 +110,18 @@ impl<'a> Builder<'a> {
         let out = self.out(shape, dt, rg);
         let bw: &[B] = if rg { &[B::Pass { input: 0, output: 0 }] } else { &[] };
         self.op("add", "AddBackward1", &[x], &[out], &[], bw)[0]
+    }
+
+    /// A 0-dim fp32 loss combined with a scalar (`loss / n`, `loss * n`): with `other` a tensor
+    /// the node keeps it (`S::In(1)`); with a Python number (`None`) it keeps nothing. The
+    /// backward allocates the loss's 4-B fp32 gradient.
+    pub fn loss_scalar(&mut self, name: &'static str, node: &'static str, x: Tid, other: Option<Tid>) -> Tid {
+        let out = self.out(Shape::scalar(), Dt::F32, true);
+        let (ins, saved): (Vec<Tid>, &[S]) = match other {
+            Some(o) => (vec![x, o], &[S::In(1)]),
+            None => (vec![x], &[]),
+        };
+        self.op(name, node, &ins, &[out], saved, &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: name }, B::Grad { input: 0, temp: 0 }])[0]
     }
 
     /// `x.pow(n)` for a Python exponent: keeps `x`; backward `x.pow(n-1)`, `n * ·`, `grad * ·`.

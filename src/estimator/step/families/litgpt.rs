@@ -646,20 +646,12 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     };
     let ones = b.plain("ones_like", &[elems], Shape::scalar(), Dt::I64);
     let denom = b.plain("maximum", &[elems, ones], Shape::scalar(), Dt::I64);
-    let scalar_op = |b: &mut Builder, name: &'static str, node: &'static str, x: Tid, other: Option<Tid>| {
-        let out = b.out(Shape::scalar(), Dt::F32, true);
-        let (ins, saved): (Vec<Tid>, &[S]) = match other {
-            Some(o) => (vec![x, o], &[S::In(1)]),
-            None => (vec![x], &[]),
-        };
-        b.op(name, node, &ins, &[out], saved, &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: "div" }, B::Grad { input: 0, temp: 0 }])[0]
-    };
-    let loss = scalar_op(b, "div", "DivBackward0", total, Some(denom));
+    let loss = b.loss_scalar("div", "DivBackward0", total, Some(denom));
     // `chunked_cross_entropy` returns: its locals go; the caller's logits (and their slice) too.
     for t in [flat, targets, elems, lf, shifted].into_iter().chain(losses) {
         b.hold(t);
     }
-    let r = scalar_op(b, "div", "DivBackward1", loss, None);
+    let r = b.loss_scalar("div", "DivBackward1", loss, None);
     b.outputs(&[r]);
     b.autocast = autocast;
 }

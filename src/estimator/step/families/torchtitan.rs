@@ -774,17 +774,9 @@ fn valid_token_division(b: &mut Builder, sum: Tid, labels: Tid, logits: Tid) {
     let ne = b.plain("ne", &[labels], bs, Dt::Bool);
     let n = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
     let nf = b.plain("_to_copy", &[n], Shape::scalar(), Dt::F32);
-    let loss = b.out(Shape::scalar(), Dt::F32, true);
-    let r = b.op(
-        "div",
-        "DivBackward0",
-        &[sum, nf],
-        &[loss],
-        &[S::In(1)],
-        &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: "div" }, B::Grad { input: 0, temp: 0 }],
-    );
+    let r = b.loss_scalar("div", "DivBackward0", sum, Some(nf));
     b.hold(logits);
-    b.outputs(&[r[0]]);
+    b.outputs(&[r]);
 }
 
 /// `aten._log_softmax` on vocabulary-sharded logits under `loss_parallel()`: torch 2.15

@@ -490,15 +490,7 @@ fn plain_head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: O
     // `del logits`.
     b.hold(lf);
     b.hold(shifted);
-    let out = b.out(Shape::scalar(), Dt::F32, true);
-    let r = b.op(
-        "mul",
-        "MulBackward0",
-        &[ce, tokens],
-        &[out],
-        &[S::In(1)],
-        &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: "mul" }, B::Grad { input: 0, temp: 0 }],
-    )[0];
+    let r = b.loss_scalar("mul", "MulBackward0", ce, Some(tokens));
     b.outputs(&[r]);
 }
 
@@ -625,22 +617,11 @@ pub fn head_and_loss(b: &mut Builder, h: Tid, xn: Tid, w: Option<Tid>, bias: Opt
         });
     }
     let Some(sum) = sum else { return };
-    let scalar_op = |b: &mut Builder, name: &'static str, node: &'static str, x: Tid, other: Tid| {
-        let out = b.out(Shape::scalar(), Dt::F32, true);
-        b.op(
-            name,
-            node,
-            &[x, other],
-            &[out],
-            &[S::In(1)],
-            &[B::Alloc { bytes: 4, dtype: DType::Fp32, op: name }, B::Grad { input: 0, temp: 0 }],
-        )[0]
-    };
-    let loss = scalar_op(b, "div", "DivBackward0", sum, total);
+    let loss = b.loss_scalar("div", "DivBackward0", sum, Some(total));
     for t in logits.into_iter().chain(targets).chain([shifted]) {
         b.hold(t);
     }
-    let r = scalar_op(b, "mul", "MulBackward0", loss, tokens);
+    let r = b.loss_scalar("mul", "MulBackward0", loss, Some(tokens));
     b.outputs(&[r]);
 }
 
