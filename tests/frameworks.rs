@@ -168,7 +168,17 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         (c.compile, c.compile_regions, c.fp8, c.optim_in_bwd),
         (true, config::CompileRegions::Layer, config::Fp8::TorchaoRowwise, true)
     );
-    assert_eq!(c.framework, config::Framework::Hf, "compiled with float8: transformers' code, which the compile rules follow");
+    assert_eq!(c.framework, config::Framework::Torchtitan, "compiled with rowwise float8 unchecked: torchtitan's own code, measured so");
+    assert!(trainmem::estimator::estimate(c).is_ok(), "and estimated");
+    // With FSDP2's float8 all-gather (tensorwise), compiled: torchtitan's own code as well,
+    // tensor parallelism aside.
+    // (torchtitan's converter reads the all-gather only without a `recipe_name`.)
+    let gathered = toml.replace("recipe_name = \"rowwise\"", "enable_fsdp_float8_all_gather = true");
+    let c = import(&[("job.toml", &gathered)]).expect("imports").config;
+    assert_eq!((c.framework, c.fp8, c.fp8_allgather), (config::Framework::Torchtitan, config::Fp8::TorchaoTensorwise, true));
+    let tp = gathered.replace("[training]\n", "[parallelism]\ntensor_parallel_degree = 2\n[training]\n");
+    let c = import(&[("job.toml", &tp)]).expect("imports").config;
+    assert_eq!(c.framework, config::Framework::Hf, "float8 all-gather with tensor parallelism, compiled: transformers' code");
     // Compiled and checkpointed (op-level SAC): torchtitan's own code too; the blocks alone
     // (`components = ["model"]`) are `compile_regions = block`.
     let imp = import(&[(

@@ -9,7 +9,7 @@ What torchtitan 0.2.2 does, and what is called here, in its order (models/llama3
   enable_fsdp_float8_all_gather=True), module_filter_fn=...)` (tensorwise, its non-recipe branch, which is the one
   that takes `enable_fsdp_float8_all_gather`; the filter as measure_titan_compile.py's: every linear whose dims are
   multiples of 16, the tiny LM head's 1000 outputs are not);
-* `apply_ac` (recompute none or full), then `apply_compile` (each TransformerBlock, `fullgraph=True`), the loss
+* `apply_ac` (recompute none, full or op), then `apply_compile` (each TransformerBlock, `fullgraph=True`), the loss
   compiled (`compile.components = ["model", "loss"]`): measure_titan_compile.py's `titan_parallelize`;
 * `apply_fsdp` (param_dtype bf16, reduce_dtype fp32, policy "default": blocks and tok_embeddings resharded after
   forward, [norm, output] not, then the root) — torchtitan's own function;
@@ -55,7 +55,7 @@ import torch  # noqa: E402
 
 R, M, F = TC.R, TC.M, TC.F
 WORLD = 2
-CASES = [(rc, pre) for rc in ("none", "full") for pre in (False, True)]
+CASES = [(rc, pre) for rc in ("none", "full", "op") for pre in (False, True)]
 NAME = "torchtitan-llama3-fsdp2-compile-fp8"
 
 

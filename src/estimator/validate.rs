@@ -384,11 +384,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.compile && cfg.framework == Framework::Torchtitan {
         // torch.compile on torchtitan's own blocks: measured in fp32 and bf16 without tensor
         // parallelism (FINDINGS §15.1); each of these is refused by name.
-        let titan_compile_pending: [(bool, &str); 4] = [
-            (
-                cfg.fp8_allgather && step::lowbit::fp8_of(cfg) != super::config::Fp8::None,
-                "torch.compile of torchtitan's blocks with float8 all-gather (`enable_fsdp_float8_all_gather`: measured on 2 CPU ranks, torchtitan-llama3-fsdp2-compile-fp8.json; the blocks save an e4m3 transposed copy of each feed-forward weight, which the estimate lacks, and its peak is 2.4 to 6.5 % above; FINDINGS §15.1)",
-            ),
+        let titan_compile_pending: [(bool, &str); 3] = [
             (
                 match step::lowbit::fp8_of(cfg) {
                     super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise => false,
@@ -404,10 +400,14 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             // torchtitan's TP (`apply_tp`, SP, loss_parallel) is measured eager and compiled
             // (torchtitan-{llama3,qwen3}-tp.json, torchtitan-llama3-tp-fp8.json for float8
             // tensorwise; compiled, the harness hands the first block the embedding's waited
-            // output, FINDINGS §15.1.y) and followed; rowwise float8 with TP is not measured.
+            // output, FINDINGS §15.1.y) and followed; rowwise float8 with TP is not measured,
+            // nor FSDP2's float8 all-gather with TP (measured without TP on 2 ranks:
+            // torchtitan-llama3-fsdp2-compile-fp8.json, recompute none, op and full).
             (
-                cfg.tp > 1 && !matches!(step::lowbit::fp8_of(cfg), super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise),
-                "torch.compile of torchtitan's blocks with tensor parallelism and float8 other than tensorwise (compiled TP is measured in fp32, bf16 and float8 tensorwise: torchtitan-{llama3,qwen3}-tp.json, torchtitan-llama3-tp-fp8.json)",
+                cfg.tp > 1
+                    && (cfg.fp8_allgather
+                        || !matches!(step::lowbit::fp8_of(cfg), super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise)),
+                "torch.compile of torchtitan's blocks with tensor parallelism and float8 other than tensorwise, or with FSDP2's float8 all-gather (compiled TP is measured in fp32, bf16 and float8 tensorwise: torchtitan-{llama3,qwen3}-tp.json, torchtitan-llama3-tp-fp8.json; the float8 all-gather without TP: torchtitan-llama3-fsdp2-compile-fp8.json)",
             ),
         ];
         if let Some(&(_, what)) = titan_compile_pending.iter().find(|p| p.0) {
@@ -518,7 +518,12 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
 /// bytes exact, peaks within 0.35 %); rowwise without and with op SAC on the same shards (saved
 /// bytes exact — in fp32 the bf16 `_scaled_mm` outputs cross — and peaks within 4 B, the
 /// compiled loss's; Inductor's fused backward: `lowbit.rs` `compiled_rowwise`), rowwise with
-/// full checkpointing and FSDP2's float8 all-gather refused.
+/// full checkpointing refused. FSDP2's float8 all-gather (tensorwise, on 2 CPU ranks:
+/// `torchtitan-llama3-fsdp2-compile-fp8.json`, recompute none, op and full): saved bytes exact
+/// without checkpointing (the feed-forward weights' e4m3 transposed copies, `lowbit.rs`
+/// `gathered_transpose_kept`), 28–36 B a block under with it (the gathered scales); the step
+/// peak carries the FSDP2 bookkeeping every `zero = full_shard` estimate carries (FINDINGS
+/// §15.1, "FSDP2 float8 all-gather, compiled").
 const TITAN_COMPILE_CHECKED: &[super::family::Family] = &[super::family::Family::Llama, super::family::Family::Qwen3];
 
 /// Families whose activation offloading under full checkpointing is measured

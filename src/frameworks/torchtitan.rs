@@ -69,14 +69,14 @@ pub fn read(root: &Value, st: &mut FileState) {
     let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
     let name = g("model.name").and_then(text).unwrap_or_default();
     if OWN_CODE.contains(&name.as_str()) {
-        // torch.compile on torchtitan's own code is modelled for its dense blocks without tensor
-        // parallelism, float8 only tensorwise ([`compile_on_own_code`]); otherwise, unchecked, a
+        // torch.compile on torchtitan's own code is modelled for its dense blocks, float8
+        // tensorwise or rowwise as measured ([`compile_on_own_code`]); otherwise, unchecked, a
         // compiled job is estimated as transformers' modeling code compiles its layers
         // (framework=hf).
         let no_ac = g("activation_checkpoint.mode").and_then(text).as_deref() == Some("none");
         if compiled(root).is_some() && no_ac && !compile_on_own_code(root) {
             why.push_str(&format!(
-                "; torchtitan's own {name} code under torch.compile with rowwise float8 or its all-gather, tensor parallelism or MoE blocks is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
+                "; torchtitan's own {name} code under torch.compile with float8 other than tensorwise or rowwise, float8 with tensor parallelism in unchecked blocks, or MoE blocks is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
             ));
         } else {
             code.push(("framework", "torchtitan".into()));
@@ -145,8 +145,10 @@ fn compile(v: &Value, root: &Value) -> Out {
 /// (`framework = torchtitan`; measured: `validation/measure_titan_compile.py`): a dense
 /// `model.name` of [`OWN_CODE`] (a flavor without `-A`, total-active, as "30B-A3B"), the blocks
 /// unchecked, fully checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full,
-/// or selective with `selective_ac_option` "op"), no tensor parallelism, and a float8 converter
-/// only with tensorwise scales, without FSDP2's float8 all-gather. Every-N-blocks SAC (the
+/// or selective with `selective_ac_option` "op"), and a float8 converter with tensorwise scales
+/// (with FSDP2's float8 all-gather too) or rowwise ones (not fully checkpointed) — with tensor
+/// parallelism: without float8, or tensorwise in checkpointed blocks without the all-gather
+/// (what `estimator/validate.rs` accepts compiled, each measured). Every-N-blocks SAC (the
 /// default option "2"), a memory budget, the other float8 cases and torchtitan's MoE blocks are
 /// not.
 fn compile_on_own_code(root: &Value) -> bool {
@@ -165,10 +167,11 @@ fn compile_on_own_code(root: &Value) -> bool {
         .any(|c| c == "float8" || c == "quantize.linear.float8");
     let f8 = |k: &str| tree::get(root, &format!("quantize.linear.float8.{k}")).or_else(|| tree::get(root, &format!("float8.{k}")));
     let tensorwise = matches!(f8("recipe_name").and_then(text).as_deref(), None | Some("tensorwise"));
+    let rowwise = f8("recipe_name").and_then(text).as_deref() == Some("rowwise");
     let gather = f8("enable_fsdp_float8_all_gather").and_then(boolean) == Some(true);
-    let float8_ok = !float8 || (tensorwise && !gather);
+    let float8_ok = !float8 || (tensorwise && (tp <= 1 || (ac != "none" && !gather))) || (rowwise && tp <= 1 && ac != "full");
     let ac_ok = ac == "none" || ac == "full" || (ac == "selective" && option == "op");
-    OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && float8_ok && tp <= 1
+    OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && float8_ok
 }
 
 /// Whether `compile.enable` is estimated: without activation checkpointing (on torchtitan's

@@ -360,7 +360,7 @@ impl<'a> Builder<'a> {
                 reads.push(((lo + i) as u32, self.p.tensors[y as usize].base));
             }
         }
-        self.float8_weight_scales(lo, hi, &producer, &mut needed, &mut reads, &mut mat);
+        self.float8_weight_scales(lo, hi, ckpt, &producer, &mut needed, &mut reads, &mut mat);
         // Checkpointed: the outputs the policy tags `MUST_SAVE` (selective checkpointing's
         // cache; none under full checkpointing).
         let mut must_save = vec![false; n_t];
@@ -977,17 +977,23 @@ impl<'a> Builder<'a> {
     /// cast is not shared (the backward casts the input reshaped to 2-D for grad_weight), so no
     /// scale of the input crosses. Each kept value is added to the region's reads as the
     /// linear's own.
+    #[allow(clippy::too_many_arguments)]
     fn float8_weight_scales(
         &self,
         lo: usize,
         hi: usize,
+        ckpt: Option<usize>,
         producer: &[u32],
         needed: &mut Vec<Save>,
         reads: &mut Vec<(u32, Tid)>,
         mat: &mut [bool],
     ) {
-        let fp8 = self.lowbit.fp8.filter(|f| f.recipe == crate::estimator::config::Fp8::TorchaoTensorwise && !f.allgathered);
-        if fp8.is_none() || !self.p.ops[lo..hi].iter().any(float8_linear) {
+        let Some(fp8) = self.lowbit.fp8.filter(|f| f.recipe == crate::estimator::config::Fp8::TorchaoTensorwise) else { return };
+        if !self.p.ops[lo..hi].iter().any(float8_linear) {
+            return;
+        }
+        if fp8.allgathered {
+            self.gathered_float8_saves(lo, hi, ckpt, needed, reads, mat);
             return;
         }
         // Ancestors, inside the region, of what the backward reads.
@@ -1018,6 +1024,46 @@ impl<'a> Builder<'a> {
                 reads.push((i as u32, base));
             }
             mat[self.p.tensors[ins[7] as usize].base as usize] = true;
+        }
+    }
+
+    /// What a compiled block keeps of its float8 linears' weights when FSDP2 all-gathers them
+    /// in float8 (`enable_fsdp_float8_all_gather`: each weight arrives as a
+    /// `Float8TrainingTensor`, its e4m3 data and fp32 scale made by the all-gather, outside the
+    /// region). Without checkpointing: every linear's reciprocal of its gathered scale (`ins[5]`,
+    /// 4 B, a reduction of the weight in the program), w2's too — there is no cast for the
+    /// partitioner's CSE to merge — and the feed-forward weights' e4m3 transposed copies
+    /// (`ins[6]`, [`Builder::gathered_transpose_kept`]). Measured: 7 reciprocals and 3 copies a
+    /// layer (`torchtitan-llama3-fsdp2-compile-fp8.json`, recompute none, saved bytes exact).
+    /// Checkpointed (full or op) the blocks keep the gathered scales themselves as region inputs
+    /// (7 a layer under full, 3 scales and 6 reciprocals under op): 4-byte scalars the program
+    /// does not carry as tensors, left out (28 and 36 B a layer under, FINDINGS §15.1).
+    fn gathered_float8_saves(
+        &self,
+        lo: usize,
+        hi: usize,
+        ckpt: Option<usize>,
+        needed: &mut Vec<Save>,
+        reads: &mut Vec<(u32, Tid)>,
+        mat: &mut [bool],
+    ) {
+        if ckpt.is_some() {
+            return;
+        }
+        for i in lo..hi {
+            let op = &self.p.ops[i];
+            let ins = self.p.ins(op);
+            // [x, w, x8, x scale, 1/x scale, 1/w scale (, wᵀ e4m3)].
+            if !float8_linear(op) || ins.len() < 6 {
+                continue;
+            }
+            let Some(&first) = self.p.saved(op).first() else { continue };
+            for &t in &ins[5..] {
+                let base = self.p.tensors[t as usize].base;
+                needed.push(Save { t, part: first.part, group: first.group });
+                reads.push((i as u32, base));
+                mat[base as usize] = true;
+            }
         }
     }
 

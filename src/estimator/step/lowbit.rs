@@ -147,6 +147,12 @@ impl<'a> Builder<'a> {
         };
         self.in_dispatch = false;
         ins.extend([ra, rb]);
+        if self.gathered_transpose_kept(f) {
+            // The e4m3 transposed copy of the gathered weight that the compiled block keeps
+            // for grad_input (`ins[6]`; [`Builder::gathered_transpose_kept`]).
+            let wt = self.plain("clone", &[w], flat(k * n), Dt::Fp8);
+            ins.push(wt);
+        }
         let dt = self.t(x).dt;
         // Rowwise in fp32 (or fp16): `_scaled_mm` writes bf16 and the output is cast back
         // (`wide_rowwise_output`); the node's gradient stays in the input's dtype.
@@ -392,6 +398,31 @@ impl<'a> Builder<'a> {
     /// around them: `compile.rs`).
     pub fn fp8_compiled_full(&self) -> bool {
         self.lowbit.fp8.is_some_and(|f| self.compiled_full(f))
+    }
+
+    /// Whether this float8 linear's weight arrives all-gathered in float8 (FSDP2's
+    /// `enable_fsdp_float8_all_gather`) into torchtitan's compiled block without checkpointing,
+    /// in the feed-forward (w1, w2, w3): the block then keeps, for grad_input's `_scaled_mm`
+    /// (`grad_output @ W`, which wants `W` column-major), an e4m3 copy of the gathered weight
+    /// transposed — `k·n` bytes, made in forward (`clone` of the permuted `_data`) and saved.
+    /// The attention's gathered weights are saved as the parameters themselves (FSDP2's
+    /// unsharded storages, freed after forward and gathered again) and transposed in backward.
+    /// Measured on 2 CPU ranks (`validation/measure_titan_fsdp_fp8.py`,
+    /// `torchtitan-llama3-fsdp2-compile-fp8.json`: `saved` rows `float8_e4m3fn` from
+    /// `clone/permute`, 3 a layer; none under full or op checkpointing, where the re-run makes
+    /// them); why the partitioner keeps these three and not the attention's four is not
+    /// established (FINDINGS §15.1, "FSDP2 float8 all-gather, compiled").
+    fn gathered_transpose_kept(&self, f: Fp8Linear) -> bool {
+        use crate::estimator::config::{Framework, Recompute};
+        f.allgathered
+            && self.compiled_block()
+            && self.c.cfg.framework == Framework::Torchtitan
+            && self.c.cfg.recompute == Recompute::None
+            && (self.is_ffn_out()
+                || self.module.ends_with("gate_proj")
+                || self.module.ends_with("up_proj")
+                || self.module.ends_with(".w1")
+                || self.module.ends_with(".w3"))
     }
 
     /// The feed-forward output projection (torchtitan's `w2`, here `mlp.down_proj`).
