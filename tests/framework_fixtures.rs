@@ -947,8 +947,8 @@ fn fsdp2_float8_compile_config_of(doc: &Value, r: &Value) -> Config {
 /// peak: where the measured step ends where it began, the estimate is above it by less than
 /// its FSDP2 bookkeeping — a bf16 shard copy, fp32 masters and gradients resident through the
 /// step, where FSDP2 keeps the fp32 shards and makes the gradients in backward (FINDINGS §15.1,
-/// "FSDP2 float8 all-gather, compiled"); the op-SAC records' steps end with a block's fp32
-/// gradient shards still allocated (the harness's second step is not steady there), so their
+/// "FSDP2 float8 all-gather, compiled"); the op-SAC records' second steps end with 246–502 KB
+/// still allocated (the harness's step is not steady there; what stays is not traced), so their
 /// peaks are reported, not compared.
 #[test]
 fn fsdp2_float8_all_gather_compiled_saves_each_feed_forward_weights_float8_transpose_and_is_estimated() {
