@@ -1074,3 +1074,25 @@ fn fsdp2_float8_all_gather_compiled_saves_each_feed_forward_weights_float8_trans
     }
     assert!(shards.is_empty() || checked == 6, "{checked} checked");
 }
+
+/// At Llama 3.1 8B's size the same rule: torchtitan's compiled blocks without checkpointing keep,
+/// with FSDP2's float8 all-gather, an e4m3 transposed copy of each feed-forward weight — `3·h·f`
+/// bytes a block, 176 MB here, 5.6 GB over 32 blocks — and seven 4-byte reciprocals of the
+/// gathered scales where the blocks that cast their own weights keep six bf16 `max`es and six
+/// reciprocals (8 B more a block). Checkpointed (op SAC, full) the re-run makes the copies.
+#[test]
+fn float8_all_gather_costs_a_compiled_uncheckpointed_llama_block_its_three_feed_forward_weights_in_e4m3() {
+    let q = "model=llama-3.1-8b&framework=torchtitan&precision=mixed-bf16&gpus=8&zero=full_shard&compile=true&compile_regions=layer&fp8=torchao-tensorwise&batch=1&seq=2048";
+    let saved = |extra: &str| {
+        let d = trainmem::config::decode_query(&format!("{q}&{extra}"));
+        assert!(d.errors.is_empty(), "{extra}: {:?}", d.errors);
+        estimate(&d.config).unwrap_or_else(|e| panic!("{extra}: {e}")).memory.activations as i128
+    };
+    let (layers, h, f) = (32i128, 4096i128, 14336i128);
+    let more = saved("recompute=none&fp8_allgather=true") - saved("recompute=none&fp8_allgather=false");
+    assert_eq!(more, layers * 3 * h * f - layers * 8, "{more}");
+    for ac in ["op", "full"] {
+        let more = saved(&format!("recompute={ac}&fp8_allgather=true")) - saved(&format!("recompute={ac}&fp8_allgather=false"));
+        assert!(more.abs() < layers * 64, "recompute={ac}: {more} B");
+    }
+}
