@@ -287,6 +287,21 @@ fn the_whole_model_compiled_saves_and_peaks_more_than_its_layers_compiled_apart(
             trainmem::estimator::estimate(&config_of(doc, layer).expect("compile=layer has keys")).expect("layers compile"),
         );
         assert!(e_whole.memory.activations > e_apart.memory.activations && e_whole.memory.peak > e_apart.memory.peak, "{}", r["id"]);
+        // Nothing is checkpointed: the graph's additive mask, which SDPA's backward reads, is in
+        // the attention core's row, not the checkpoints'.
+        let rows: Vec<&trainmem::estimator::ledger::Row> = e_whole.components.iter().flat_map(|c| c.children.iter()).collect();
+        let bytes_of = |id: &str| rows.iter().find(|c| c.id.as_str() == id).map_or(0, |c| c.bytes);
+        assert_eq!(bytes_of("activations.checkpoints"), 0, "{}", r["id"]);
+        let (b, s) = (cfg.batch as u128, cfg.seq as u128);
+        let p = if r["dtype"] == "bf16" { 2 } else { 4 };
+        let core = |e: &trainmem::estimator::Estimate| {
+            e.components
+                .iter()
+                .flat_map(|c| c.children.iter())
+                .find(|c| c.id.as_str() == "activations.attention_core")
+                .map_or(0, |c| c.bytes)
+        };
+        assert!(core(&e_whole) >= p * b * s * s, "{}: the [b, 1, s, s] mask in the attention core", r["id"]);
         let mixtral = Config { arch: trainmem::estimator::presets::preset("mixtral-8x7b-v0.1").expect("preset").spec, ..cfg };
         let err = trainmem::estimator::estimate(&mixtral).expect_err("refused").to_string();
         assert!(err.contains("whole model") && err.contains("compile_regions"), "{err}");

@@ -488,7 +488,9 @@ pub fn additive_mask(b: &mut Builder, m: Tid) -> Tid {
     let min = b.plain("scalar_tensor", &[], Shape::scalar(), Dt::Resid);
     let (shape, dt) = mask_shape(Attention::Eager);
     let w = b.plain("where", &[m, zero, min], shape, dt);
-    set_part(b, w, Part::Checkpoints)
+    // A checkpointed layer keeps it as a keyword argument (the checkpoints' row); a whole-model
+    // graph ([`graph_mask`]) keeps it for SDPA's backward, which reads the mask: attention's.
+    set_part(b, w, if graph_mask(b) { Part::AttentionCore } else { Part::Checkpoints })
 }
 
 /// Whether the causal mask is built inside a compiled graph (`compile_regions = model`): under
