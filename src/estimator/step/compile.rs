@@ -976,7 +976,8 @@ impl<'a> Builder<'a> {
     /// `torchtitan-llama3-compile-fp8.json`, `saved` rows `max` and `reciprocal`). The input's
     /// cast is not shared (the backward casts the input reshaped to 2-D for grad_weight), so no
     /// scale of the input crosses. Each kept value is added to the region's reads as the
-    /// linear's own.
+    /// linear's own. Weights FSDP2 all-gathers in float8 arrive cast:
+    /// [`Builder::gathered_float8_saves`] (`ckpt`, the region's checkpoint, decides there).
     #[allow(clippy::too_many_arguments)]
     fn float8_weight_scales(
         &self,
