@@ -20,6 +20,7 @@ const SHARDS: &[&str] = &[
     "torchtitan-llama3",
     "torchtitan-qwen3",
     "torchtitan-qwen3_moe",
+    "torchtitan-deepseek_v3",
     "torchtune-llama3",
     "torchtune-llama3-ce",
     "torchtune-llama3_2",
@@ -105,7 +106,14 @@ fn config_of(doc: &Value, r: &Value) -> Config {
         other => panic!("dtype {other:?}"),
     };
     c.attn = if r["attn"] == "eager" { Attention::Eager } else { Attention::Sdpa };
-    c.recompute = if r["checkpointing"].as_bool().unwrap_or(false) { Recompute::Full } else { Recompute::None };
+    c.recompute = if r["checkpoint_mode"] == "op" {
+        // torchtitan's own op-level SAC (`measure_frameworks.py` `titan_op_sac`).
+        Recompute::Op
+    } else if r["checkpointing"].as_bool().unwrap_or(false) {
+        Recompute::Full
+    } else {
+        Recompute::None
+    };
     c.dropout = r["dropout"].as_f64().unwrap_or(0.0);
     // torchtune's own LoRA (`LoRALinear`: validation/measure_tune_lora.py, measure_tune_compile.py
     // --lora): the adapters in the model's dtype on the linears the builder's arguments name.

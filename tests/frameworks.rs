@@ -112,6 +112,15 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     let toml = "[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[activation_checkpoint]\nmode = \"full\"\n";
     let c = import(&[("job.toml", toml)]).expect("imports").config;
     assert_eq!((c.model.as_str(), c.framework), ("qwen3-30b-a3b", config::Framework::Torchtitan));
+    // DeepSeek-V3's 16B flavor (the DeepSeek-V2-Lite shape) runs on torchtitan's own code, measured
+    // (`torchtitan-deepseek_v3.json`), and estimates without expert parallelism; its 671B flavor
+    // (query low-rank, sigmoid group-limited routing) is transformers' code.
+    let toml = "[model]\nname = \"deepseek_v3\"\nflavor = \"16B\"\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n[parallelism]\ndata_parallel_shard_degree = 8\n";
+    let c = import(&[("job.toml", toml)]).expect("imports").config;
+    assert_eq!((c.model.as_str(), c.framework, c.recompute), ("deepseek-v2-lite", config::Framework::Torchtitan, config::Recompute::Op));
+    assert!(trainmem::estimator::estimate(&c).is_ok(), "and estimated");
+    let c = import(&[("job.toml", &toml.replace("16B", "671B"))]).expect("imports").config;
+    assert_eq!((c.model.as_str(), c.framework), ("deepseek-v3", config::Framework::Hf));
     // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
     // fully checkpointed tensor-parallel blocks is reported, not estimated.
     let c = recipe_of("torchtitan/llama3_405b.toml");

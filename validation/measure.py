@@ -739,7 +739,8 @@ def measure_saved(spec: dict, verify: bool = False):
                 s_dtypes.add(dtype_name(v.dtype))
     del sgd
 
-    ck = "ckpt1" if ckpt_mode == "non_reentrant" else ("ckpt-reentrant" if ckpt_mode == "reentrant" else "ckpt0")
+    # A framework's own checkpointing policy (measure_frameworks.py: torchtitan's op-level SAC, "op") names itself.
+    ck = {"non_reentrant": "ckpt1", "reentrant": "ckpt-reentrant", None: "ckpt0"}.get(ckpt_mode, f"ckpt-{ckpt_mode}")
     rid = f"{family}/b{b}/s{s}/{dtype}/{attn}/{ck}"
     if dropout:
         rid += f"/dropout{dropout}"

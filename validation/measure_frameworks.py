@@ -97,10 +97,15 @@ class FrameworkLM(nn.Module):
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
         """torchtitan's full activation checkpointing (distributed/activation_checkpoint.py `_apply_full_ac`):
         every transformer block wrapped in `ptd_checkpoint_wrapper` (non-reentrant), `preserve_rng_state=False`
-        (ACConfig's default)."""
+        (ACConfig's default). With `ac_mode = "op"` (set by `main` for the `op` records): torchtitan's own
+        `apply_ac` with `mode = "selective"`, `selective_ac_option = "op"` and the model's `_op_sac_save_list`
+        (`titan_op_sac`), eager."""
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         if gradient_checkpointing_kwargs and gradient_checkpointing_kwargs.get("use_reentrant"):
             raise SystemExit("the frameworks checkpoint non-reentrantly")
+        if getattr(self, "ac_mode", None) == "op":
+            titan_op_sac(self.model, self.ac_family)
+            return
         for name, block in list(self._blocks.named_children()):
             self._blocks.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
@@ -109,6 +114,32 @@ class FrameworkLM(nn.Module):
         logits = self.model(input_ids)
         loss = self.loss_fn(logits, labels) if labels is not None else None
         return Output(loss=loss, logits=logits)
+
+
+def titan_op_sac(model, family: str):
+    """torchtitan 0.2.2's `apply_ac` (distributed/activation_checkpoint.py) with `mode = "selective"`,
+    `selective_ac_option = "op"`, `model_compile_enabled = False` and the model's `_op_sac_save_list`. DeepSeek-V3's
+    (models/deepseek_v3/infra/parallelize.py, lines 33-48) is written out here: importing that module pulls in the
+    data loaders (torchdata, not installed). It is Llama 3's list with the EP all-to-all and without varlen."""
+    from torchtitan.config.job_config import ActivationCheckpoint
+    from torchtitan.distributed.activation_checkpoint import apply_ac
+    assert family == "deepseek_v3", family
+    aten = torch.ops.aten
+    save_list = {
+        aten.mm.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_attention_math.default,
+        aten._scaled_dot_product_fused_attention_overrideable.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+        torch.ops._c10d_functional.all_to_all_single.default,
+        aten.max.default,
+        torch._higher_order_ops.flex_attention,
+        torch._higher_order_ops.inductor_compiled_code,
+    }
+    apply_ac(model, ActivationCheckpoint(mode="selective", selective_ac_option="op"), model_compile_enabled=False,
+             op_sac_save_list=save_list)
 
 
 def titan_loss(cross_entropy_loss):
@@ -229,6 +260,69 @@ def build_torchtitan_qwen3_moe(seq: int, tdtype):
                          rope_theta=args.rope_theta)
     cfg.dtype = tdtype
     cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
+
+def _torchtitan_deepseek_v3():
+    """torchtitan.models.deepseek_v3.model.model (0.2.2), imported as `_torchtitan_qwen3` imports Qwen3's."""
+    import torchtitan
+    root = Path(torchtitan.__file__).parent
+    pkg = types.ModuleType("torchtitan.models.deepseek_v3")
+    pkg.__path__ = [str(root / "models" / "deepseek_v3")]
+    sys.modules.setdefault(pkg.__name__, pkg)
+    import torchtitan.protocols.model as protocol_model
+    spec = sys.modules.get("torchtitan.protocols.train_spec") or types.ModuleType("torchtitan.protocols.train_spec")
+    spec.ModelProtocol = protocol_model.ModelProtocol
+    spec.BaseModelArgs = protocol_model.BaseModelArgs
+    sys.modules.setdefault(spec.__name__, spec)
+    from torchtitan.models.deepseek_v3.model import model as titan_model
+    from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
+    from torchtitan.components.loss import cross_entropy_loss
+    return titan_model, DeepSeekV3ModelArgs, cross_entropy_loss
+
+
+def build_torchtitan_deepseek_v3(seq: int, tdtype):
+    """torchtitan's `DeepSeekV3Model` in the shape of its "16B" flavor (the DeepSeek-V2-Lite architecture): MLA without
+    a q low-rank (`q_lora_rank=0`: `wq`), `wkv_a` → `kv_norm` → `wkv_b`, a decoupled RoPE head (complex `freqs_cis`,
+    no YaRN: `max_seq_len` = the training sequence ≤ `original_seq_len`); the first `n_dense_layers` = 1 layer a dense
+    `FeedForward`, the others torchtitan's `MoE` with the flavor's MoE args (softmax scores, no route_norm, scores
+    applied after the experts) and one shared expert (`num_shared_experts` × `moe_inter_dim`); `attn_type = "sdpa"`
+    (the flavor ships "flex" with a block-causal mask; SDPA is torchtitan's other choice and the one measured here).
+    Dims: 4 heads, kv_lora_rank 32, qk_nope 16, qk_rope 8, v_head 16, dense ffn 256, 4 experts of 40, top-2. Run on the
+    CPU by `_torchtitan_moe_on_cpu`."""
+    titan_model, Args, ce = _torchtitan_deepseek_v3()
+    _torchtitan_moe_on_cpu()
+    from torchtitan.models.moe import MoEArgs
+    from transformers import DeepseekV2Config
+    fe, experts, top_k, shared = 40, 4, 2, 1
+    kv_rank, nope, rope, vdim, ffn = 32, 16, 8, 16, 256
+    moe_args = MoEArgs(num_experts=experts, num_shared_experts=shared, top_k=top_k, score_func="softmax",
+                       route_norm=False, route_scale=1.0, score_before_experts=False)
+    args = Args(dim=DIM, inter_dim=ffn, moe_inter_dim=fe, n_layers=LAYERS, n_dense_layers=1, n_heads=HEADS,
+                vocab_size=VOCAB, max_seq_len=seq, moe_args=moe_args, q_lora_rank=0, kv_lora_rank=kv_rank,
+                qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=vdim, attn_type="sdpa",
+                attn_mask_type="causal")
+    # `update_from_config` (args.py) sets the EP backend from `parallelism.expert_parallel_comm_backend` (default
+    # "standard"); its `use_grouped_mm = False` below SM90 is not applied: the grouped GEMM of an H100 run is measured.
+    args.moe_impl = "standard"
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.DeepSeekV3Model(args)
+    with torch.no_grad():
+        m.init_weights()
+    # Parameters only, as FSDP2's `param_dtype` (freqs_cis stays complex64).
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+    cfg = DeepseekV2Config(hidden_size=DIM, intermediate_size=ffn, moe_intermediate_size=fe, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, num_key_value_heads=HEADS, n_shared_experts=shared,
+                           n_routed_experts=experts, num_experts_per_tok=top_k, first_k_dense_replace=1,
+                           moe_layer_freq=1, q_lora_rank=None, kv_lora_rank=kv_rank, qk_nope_head_dim=nope,
+                           qk_rope_head_dim=rope, v_head_dim=vdim, topk_method="greedy", norm_topk_prob=False,
+                           routed_scaling_factor=1.0, n_group=1, topk_group=1, vocab_size=VOCAB,
+                           rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
+                           rope_theta=args.rope_theta, rope_scaling=None, attention_bias=False)
+    cfg.dtype = tdtype
+    cfg.architectures = ["DeepseekV2ForCausalLM"]
     return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
 
 # ------------------------------------------------------------------------------------------------ torchtune 0.6.1
@@ -795,6 +889,7 @@ FRAMEWORKS = {
     ("torchtitan", "llama3"): ("0.2.2", build_torchtitan_llama3, ["sdpa"]),
     ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
     ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
+    ("torchtitan", "deepseek_v3"): ("0.2.2", build_torchtitan_deepseek_v3, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
     ("torchtune", "llama3-ce"): ("0.6.1", build_torchtune_llama3_ce, ["sdpa"]),
     ("torchtune", "qwen2"): ("0.6.1", build_torchtune_qwen2, ["sdpa"]),
@@ -814,6 +909,9 @@ FRAMEWORKS = {
     ("litgpt", "mixtral"): ("0.5.13", build_litgpt_mixtral, ["sdpa"]),
 }
 
+# Families measured with torchtitan's own op-level selective checkpointing too (eager: `titan_op_sac`).
+OP_SAC = {("torchtitan", "deepseek_v3"): ("op",)}
+
 # Fabric's precision for each measured dtype (litgpt's `--precision`).
 LIT_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "amp-bf16": "bf16-mixed"}
 
@@ -827,7 +925,7 @@ def specs(only: str | None):
     for (fw, fam), (_, _, attns) in FRAMEWORKS.items():
         for dtype in ("fp32", "bf16", "amp-bf16"):
             for attn in attns:
-                for ckpt in (None, "non_reentrant"):
+                for ckpt in (None, "non_reentrant") + OP_SAC.get((fw, fam), ()):
                     s = {"framework": fw, "family": fam, "batch": 2, "seq": 64, "dtype": dtype, "attn": attn,
                          "checkpoint_mode": ckpt, "dropout": 0.0, "extra": False}
                     if only is None or only in f"{fw}-{fam}/{dtype}/{attn}/{ckpt}":
@@ -838,6 +936,29 @@ def specs(only: str | None):
                      "checkpoint_mode": None, "dropout": 0.0, "extra": False}
                 if only is None or only in f"{fw}-{fam}/{dtype}/{attns[0]}/None":
                     yield s
+
+
+def measure_op(spec: dict):
+    """A record under torchtitan's op-level SAC (`titan_op_sac`). measure.py's graph walk unpacks every saved
+    tensor, which under selective checkpointing runs the recomputation and spends the cache the real backward
+    needs ("Trying to backward an extra time"); so the record's model facts come from measure_saved without
+    checkpointing, the step is tracked with it (measure_step, the same self-checks), and the saved bytes are what
+    the forward left alive beside the model state: `live_after_forward` less the logits (not saved) and the 4 B
+    fp32 loss, plus input_ids where the embedding saves them (as `forward_unexplained` balances them for every
+    other record; by construction 0 here). No per-tensor list (`saved` is empty)."""
+    record, cfg, _, ids_saved = measure.measure_saved(dict(spec, checkpoint_mode=None))
+    gc.collect()
+    step, log = measure.measure_step(spec, record, ids_saved, want_log=spec.get("log", False))
+    logits = 0 if record["logits"]["is_saved"] else record["logits"]["bytes"]
+    loss_bytes = 4
+    saved = step["live_after_forward"] - logits - loss_bytes + ids_saved
+    step["checks"]["forward_unexplained"] = step["live_after_forward"] - (saved - ids_saved + logits + loss_bytes)
+    record.update(id=record["id"].replace("/ckpt0", "/ckpt-op"), checkpointing=True, checkpoint_mode="op",
+                  saved_bytes=saved, saved=[], saved_method="live_after_forward - logits - loss + input_ids "
+                  "(measure_frameworks.py measure_op)", recompute="op", step=step)
+    for k in ("saved_storages", "saved_tensors"):
+        record.pop(k, None)
+    return record, cfg, None, log
 
 
 def main():
@@ -856,7 +977,10 @@ def main():
         tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         if s["framework"] == "litgpt":
             return builder(s["seq"], tdtype, LIT_PRECISION[s["dtype"]])
-        return builder(s["seq"], tdtype)
+        lm = builder(s["seq"], tdtype)
+        if s["checkpoint_mode"] == "op":
+            lm.ac_mode, lm.ac_family = "op", s["family"]
+        return lm
 
     measure.build_model = build_model
     shards: dict[str, dict] = {}
@@ -866,7 +990,7 @@ def main():
         fw, fam = spec["framework"], spec["family"]
         name = f"{fw}-{fam}"
         spec = dict(spec, family=name)
-        rec, cfg, _, _ = measure.measure(spec)
+        rec, cfg, _, _ = measure_op(spec) if spec["checkpoint_mode"] == "op" else measure.measure(spec)
         cfg = dict(cfg, framework=fw)
         rec["framework"] = fw
         rec["framework_version"] = FRAMEWORKS[(fw, fam)][0]

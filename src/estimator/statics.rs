@@ -68,10 +68,13 @@ const ROUTER_WEIGHT: &str = "layers.*.mlp.router.weight";
 /// Whether a group is a parameter that the model keeps in fp32: a router weight (`router_fp32`:
 /// the `torch.float32` weight of `DeepseekV3TopkRouter`, `DeepseekV2Moe.gate`,
 /// `Glm4MoeTopkRouter`) or Kimi Linear's forget-gate `dt_bias`, both listed in
-/// `_keep_in_fp32_modules_strict`, so `model.to(torch.bfloat16)` leaves them fp32.
+/// `_keep_in_fp32_modules_strict`, so `model.to(torch.bfloat16)` leaves them fp32. Not on
+/// torchtitan's own code, whose router gate is an `nn.Linear` in the model's dtype
+/// (`models/moe/moe.py` `TokenChoiceTopKRouter`).
 fn fp32_kept(cfg: &Config, g: &LocalGroup) -> bool {
     let name = g.group.name;
-    g.role == Role::Trainable && ((cfg.arch.router_fp32 && name == ROUTER_WEIGHT) || name == KDA_DT_BIAS)
+    let router = cfg.arch.router_fp32 && cfg.framework != super::config::Framework::Torchtitan;
+    g.role == Role::Trainable && ((router && name == ROUTER_WEIGHT) || name == KDA_DT_BIAS)
 }
 
 /// A weights or gradients row with the fp32-kept router split out when the recipe's type per

@@ -639,7 +639,8 @@ const COMPILE_CHECKED: &[super::family::Family] = &[
 /// without biases, q/k norms or dropout, and attends through SDPA (`attn_type = "sdpa"`); its
 /// Qwen3 (`models/qwen3/model/model.py`) is measured dense, untied, with its per-head q/k norms
 /// (`tests/fixtures/pytorch/frameworks/torchtitan-qwen3.json`), and as a MoE
-/// ([`torchtitan_moe_refusal`]).
+/// ([`torchtitan_moe_refusal`]); its DeepSeek-V3 in the 16B flavor's shape
+/// ([`torchtitan_mla_refusal`]).
 fn framework_refusal(cfg: &Config) -> Option<String> {
     use crate::estimator::config::Framework;
     use crate::estimator::family::Family;
@@ -657,13 +658,18 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
         Family::Llama => "Llama 3",
         Family::Qwen3 => "Qwen3",
         Family::Qwen3Moe => return torchtitan_moe_refusal(cfg),
+        Family::DeepseekV2 => return torchtitan_mla_refusal(cfg),
         Family::DeepseekV3 | Family::Llama4 => {
             return Some(format!(
                 "torchtitan's {:?} (its MoE: GroupedExperts, TokenChoiceTopKRouter, TokenReorderer) is not modelled yet",
                 spec.family
             ))
         }
-        other => return Some(format!("torchtitan is modelled for Llama 3 and dense Qwen3 only (yet), not {other:?}")),
+        other => {
+            return Some(format!(
+                "torchtitan is modelled for Llama 3, Qwen3 and DeepSeek-V3's 16B shape (deepseek_v2) only (yet), not {other:?}"
+            ))
+        }
     };
     let qk_norm = if spec.family == Family::Qwen3 { model::QkNorm::Head } else { model::QkNorm::None };
     if spec.experts > 0 || spec.qk_norm != qk_norm || spec.qkv_bias || spec.o_bias || spec.mlp_bias {
@@ -758,6 +764,46 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
         return Some("torchtitan's Qwen3 MoE has no dropout".into());
     }
     None
+}
+
+/// What torchtitan's DeepSeek-V3 (`models/deepseek_v3/model/model.py`) is followed for: its
+/// "16B" flavor's shape, the DeepSeek-V2-Lite architecture (`family = deepseek_v2`, MLA without a
+/// query low-rank, softmax routing without groups or `route_norm`, shared experts, dense first
+/// layers), SDPA, eager, recompute none or full, in fp32, bf16 or bf16 autocast, without expert
+/// or tensor parallelism: what `tests/fixtures/pytorch/frameworks/torchtitan-deepseek_v3.json`
+/// measured (`measure_frameworks.py` `build_torchtitan_deepseek_v3`). YaRN (a training sequence
+/// beyond `original_seq_len`) changes `freqs_cis`' values and the softmax scale, no size. The 671B
+/// flavor's sigmoid router with node-limited groups, its query low-rank and FP8 are refused by
+/// name.
+fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
+    use crate::estimator::config::{Finetune, Recompute};
+    let spec = &cfg.arch;
+    let why = if !spec.is_mla() || spec.q_lora_rank > 0 {
+        "torchtitan's DeepSeek-V3 with a query low-rank (q_lora_rank > 0: its 236B and 671B flavors) is not modelled yet: measured is its 16B flavor's MLA"
+    } else if spec.experts == 0 || spec.shared_experts == 0 {
+        "torchtitan's DeepSeek-V3 without routed or shared experts is not modelled yet"
+    } else if spec.router != model::Router::Softmax || spec.router_groups > 1 || spec.router_bias {
+        "torchtitan's DeepSeek-V3 with sigmoid or group-limited routing (its 671B flavor) is not modelled yet: measured is its 16B flavor's softmax router"
+    } else if spec.qkv_bias || spec.o_bias || spec.mlp_bias || spec.qk_norm != model::QkNorm::None {
+        "torchtitan's DeepSeek-V3 has no biases or q/k norms"
+    } else if spec.tied {
+        "torchtitan's DeepSeek-V3 never ties its output to the embedding: untie it"
+    } else if cfg.ep > 1 || cfg.tp > 1 {
+        "torchtitan's DeepSeek-V3 with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
+    } else if cfg.finetune != Finetune::Full {
+        "torchtitan's DeepSeek-V3 trains in full (finetune=full)"
+    } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+        "torchtitan's DeepSeek-V3 with FP8 converters is not modelled yet"
+    } else if !matches!(cfg.recompute, Recompute::None | Recompute::Full | Recompute::Op) || cfg.recompute_every > 0 {
+        "torchtitan's DeepSeek-V3 under Megatron's selective or every-N checkpointing is not modelled yet (measured: recompute none, full and op)"
+    } else if cfg.attn != crate::estimator::config::Attention::Sdpa {
+        "torchtitan's DeepSeek-V3 is followed with attn_type = \"sdpa\" (attn=sdpa); its flavors' \"flex\" is not modelled yet"
+    } else if cfg.dropout > 0.0 {
+        "torchtitan's DeepSeek-V3 has no dropout"
+    } else {
+        return None;
+    };
+    Some(why.into())
 }
 
 /// What `framework = torchtune` does not follow (yet): the step program is torchtune 0.6.1's

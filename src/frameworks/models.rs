@@ -116,6 +116,7 @@ pub const TORCHTITAN: &[(&str, &str, &str)] = &[
     ("qwen3", "235B-A22B", "qwen3-235b-a22b"),
     ("llama4", "17bx16e", "llama-4-scout-17b-16e-instruct"),
     ("llama4", "17bx128e", "llama-4-maverick-17b-128e-instruct"),
+    ("deepseek_v3", "16B", "deepseek-v2-lite"),
     ("deepseek_v3", "671B", "deepseek-v3"),
 ];
 

@@ -68,7 +68,11 @@ pub fn read(root: &Value, st: &mut FileState) {
     let mut code = vec![("attn", "sdpa".into()), ("loss", "standard".into())];
     let mut why = "torchtitan's attention is F.scaled_dot_product_attention; its loss is cross-entropy on fp32 logits".to_string();
     let name = g("model.name").and_then(text).unwrap_or_default();
-    if OWN_CODE.contains(&name.as_str()) {
+    let flavor = g("model.flavor").and_then(text).unwrap_or_default();
+    if own_code(&name, &flavor) {
+        if name == "deepseek_v3" {
+            why.push_str(" (DeepSeek-V3's 16B flavor attends with FlexAttention and a block-causal mask: estimated as SDPA's fused kernel, which keeps the same q, k, v, output and log-sum-exp)");
+        }
         // torch.compile on torchtitan's own code is modelled for its dense blocks, float8
         // tensorwise or rowwise as measured ([`compile_on_own_code`]); otherwise, unchecked, a
         // compiled job is estimated as transformers' modeling code compiles its layers
@@ -99,6 +103,13 @@ pub const LAUNCHER_ALLOC_CONF: &str = "expandable_segments:True";
 /// torchtitan`, `step/families/torchtitan.rs`); other models are estimated with transformers'
 /// modeling code.
 const OWN_CODE: &[&str] = &["llama3", "qwen3"];
+
+/// Whether the estimator follows torchtitan's own code for this `model.name` and `model.flavor`:
+/// [`OWN_CODE`], and DeepSeek-V3's 16B flavor (the DeepSeek-V2-Lite shape, measured:
+/// `torchtitan-deepseek_v3.json`; its 236B and 671B flavors' query low-rank and routing are not).
+fn own_code(name: &str, flavor: &str) -> bool {
+    OWN_CODE.contains(&name) || (name == "deepseek_v3" && flavor.eq_ignore_ascii_case("16B"))
+}
 
 /// What `compile` compiles when it is on (`compile.enable`, or 0.1's `training.compile`):
 /// `compile.components` (job_config.py's default `["model", "loss"]`). `None`: off.

@@ -1005,7 +1005,7 @@ impl<'a> Builder<'a> {
             self.p.saves.push(Save { t, part: self.part, group: self.group });
         }
         if let Some(open) = self.sac.as_mut() {
-            if open.saves(name, outs.len()) {
+            if open.saves(name, outs.len(), self.module) {
                 let (part, group) = (self.part, self.group);
                 for &t in out_ids.iter().take(outs.len()) {
                     self.p.regions[open.region].cached.push(Save { t, part, group });

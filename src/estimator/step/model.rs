@@ -265,9 +265,13 @@ impl<'a> Setup<'a> {
         }
         match self.cfg.recompute {
             Recompute::Full => Some((true, None)),
-            Recompute::Op => {
-                Some((false, Some(super::sac::Policy { attention_saved: self.cfg.kernels != Kernels::Cpu || self.cfg.sac_cpu_sdpa })))
-            }
+            Recompute::Op => Some((
+                false,
+                Some(super::sac::Policy {
+                    attention_saved: self.cfg.kernels != Kernels::Cpu || self.cfg.sac_cpu_sdpa,
+                    titan_022: self.cfg.framework == crate::estimator::config::Framework::Torchtitan,
+                }),
+            )),
             Recompute::None | Recompute::Selective => None,
         }
     }

@@ -43,7 +43,7 @@ fn positions_v2(b: &mut Builder, attn: Attention) -> Shared {
 /// `xq_ * freqs_cis` on complex views (MulBackward0 keeps `freqs_cis`; backward `conj()` is
 /// materialized by a `clone`, then the product): `x` and the result carry the complex
 /// `[…, d_r / 2]` as fp32 `[…, d_r]`.
-fn complex_mul(b: &mut Builder, x: Tid, fc: Tid) -> Tid {
+pub(super) fn complex_mul(b: &mut Builder, x: Tid, fc: Tid) -> Tid {
     use super::super::ir::S;
     let (shape, rg, bytes, dtype) = (b.shape(x), b.rg(x), b.bytes(x), b.t(x).dtype);
     let fb = b.bytes(fc);
@@ -153,17 +153,17 @@ pub fn router_v2(b: &mut Builder, spec: &ModelSpec, w: Option<Tid>, x2: Tid) -> 
 
 /// `[b, s, w]` of an MLA latent: not split by tensor parallelism (`q_a_proj` and
 /// `kv_a_proj_with_mqa` are whole on every rank).
-fn lat(w: X) -> Shape {
+pub(super) fn lat(w: X) -> Shape {
     Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(w)], Split::None)
 }
 
 /// `[b, s, heads, w]`.
-fn bshw(h: Dim, w: Dim) -> Shape {
+pub(super) fn bshw(h: Dim, w: Dim) -> Shape {
     Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), h, w], Split::Tp)
 }
 
 /// `[b, heads, s, w]`.
-fn bhsw(h: Dim, w: Dim) -> Shape {
+pub(super) fn bhsw(h: Dim, w: Dim) -> Shape {
     Shape::new(&[Dim::Q(Q::B), h, Dim::Q(Q::S), w], Split::Tp)
 }
 
@@ -172,16 +172,16 @@ fn b1sw(w: Dim) -> Shape {
     Shape::new(&[Dim::Q(Q::B), Dim::N(1), Dim::Q(Q::S), w], Split::None)
 }
 
-const A: Dim = Dim::Q(Q::A);
-const D: Dim = Dim::Q(Q::D);
-const DR: Dim = Dim::X(X::DRot);
-const DR2: Dim = Dim::HalfX(X::DRot);
-const DV: Dim = Dim::X(X::MlaV);
-const DN: Dim = Dim::X(X::MlaNope);
+pub(super) const A: Dim = Dim::Q(Q::A);
+pub(super) const D: Dim = Dim::Q(Q::D);
+pub(super) const DR: Dim = Dim::X(X::DRot);
+pub(super) const DR2: Dim = Dim::HalfX(X::DRot);
+pub(super) const DV: Dim = Dim::X(X::MlaV);
+pub(super) const DN: Dim = Dim::X(X::MlaNope);
 
 /// `torch.split(x, [n1, n2], dim=-1)`: two views; SplitWithSizesBackward0 concatenates their
 /// gradients into a full-size `cat`.
-fn split2(b: &mut Builder, x: Tid, s1: Shape, s2: Shape) -> (Tid, Tid) {
+pub(super) fn split2(b: &mut Builder, x: Tid, s1: Shape, s2: Shape) -> (Tid, Tid) {
     let (rg, bytes, dtype) = (b.rg(x), b.bytes(x), b.t(x).dtype);
     let o1 = b.view_out(x, s1);
     let o2 = b.view_out(x, s2);
@@ -444,7 +444,7 @@ fn eager_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, mask: Option<Tid>) -> (Ti
 /// mask built (`ones(s, s).tril()`, `where(…, 0, -inf)`), the scores, `_safe_softmax`, the
 /// probabilities cast back (returned and dropped), the product with v, the output cast back;
 /// then the caller's `transpose(1, 2).contiguous()` copy. Returns `[b, s, a, d_v]`.
-fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -> Tid {
+pub(super) fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -> Tid {
     // Under autocast SDPA runs in the lower precision: its inputs are cast first, and the ops
     // inside it run with autocast excluded (the math path upcasts them again).
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
@@ -493,7 +493,7 @@ fn sdpa_math(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) ->
 /// the node keeps q, k, v, the output and the log-sum-exp; backward allocates dq, dk, dv (each
 /// like its input). The caller's `transpose(1, 2).contiguous()` copies the output (q is
 /// contiguous after its `cat`). Returns `[b, s, a, d_v]`.
-fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -> Tid {
+pub(super) fn flash_core(b: &mut Builder, q: Tid, k: Tid, v: Tid, bool_mask: Option<Tid>) -> Tid {
     use super::super::ir::S;
     let (q, k, v) = (b.autocast_in(q), b.autocast_in(k), b.autocast_in(v));
     // A given bool mask (DeepSeek-V3.2's): made additive in q's dtype, an input the kernel's

@@ -151,13 +151,15 @@ families! {
 }
 
 /// The modeling code `framework` runs for `family`: a training framework's own model where it
-/// ships one for the family (`framework = torchtitan`: its Llama 3 and Qwen3, dense and MoE),
+/// ships one for the family (`framework = torchtitan`: its Llama 3, its Qwen3, dense and MoE, and
+/// its DeepSeek-V3 in the DeepSeek-V2-Lite shape of its 16B flavor),
 /// else transformers'.
 /// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
     match (framework, family) {
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
         (Framework::Torchtitan, Family::Qwen3 | Family::Qwen3Moe) => &torchtitan::Qwen3,
+        (Framework::Torchtitan, Family::DeepseekV2) => &torchtitan::DeepseekV3,
         (Framework::Torchtune, _) => match torchtune::decoder(family) {
             Some(code) => code,
             None => modeling(family),

@@ -1,4 +1,4 @@
-//! `framework = torchtitan`: torchtitan 0.2.2's own Llama 3 (and its Qwen3, dense or MoE: [`Qwen3`])
+//! `framework = torchtitan`: torchtitan 0.2.2's own Llama 3 (its Qwen3, dense or MoE: [`Qwen3`]; its DeepSeek-V3: [`DeepseekV3`])
 //! (`torchtitan/models/llama3/model/model.py`), its loss (`torchtitan/components/loss.py`,
 //! `train.py` `forward_backward_step`) and its full activation checkpointing
 //! (`torchtitan/distributed/activation_checkpoint.py` `_apply_full_ac`: each `TransformerBlock`
@@ -29,6 +29,11 @@
 //! Its Qwen3 MoE (`moe_enabled`; `torchtitan-qwen3_moe.json`) is that Qwen3 with torchtitan's
 //! `MoE` (`models/moe/moe.py`, [`moe`]) as every layer's feed-forward: its own router, token
 //! reordering and padded grouped GEMMs, none of which keeps what transformers' Qwen3-MoE keeps.
+//!
+//! Its DeepSeek-V3 (`models/deepseek_v3/model/model.py`, in the 16B flavor's shape;
+//! `torchtitan-deepseek_v3.json`, [`DeepseekV3`]) is MLA as torchtitan writes it
+//! ([`mla_attention`]), dense first blocks, then that `MoE` with the flavor's router (no
+//! `route_norm`) and shared experts.
 //!
 //! The attention's core (`ScaledDotProductAttentionWrapper`: SDPA with `is_causal=True`,
 //! `enable_gqa`), `transpose(1, 2).contiguous()`, the projections and `FeedForward`
@@ -386,7 +391,7 @@ impl Modeling for Qwen3 {
                 let n = sp_all_gather(b, n);
                 in_group(b, Kind::Dense, |b| tp_mlp(b, &w, n))
             }
-            ffn => ffn.forward(b, n, |b, w, n| moe(b, &w, n)),
+            ffn => ffn.forward(b, n, |b, w, n| moe(b, &w, n, true, None)),
         };
         let attention = |b: &mut Builder, n: Tid| {
             let n = sp_all_gather(b, n);
@@ -406,6 +411,197 @@ impl Modeling for Qwen3 {
     }
     /// The framework's own model code: SDPA with `is_causal=True` (no mask), RoPE tables as
     /// registered buffers, positions of its own ([`Modeling::framework_code`]).
+    fn framework_code(&self) -> bool {
+        true
+    }
+}
+
+/// DeepSeek-V3's `freqs_cis` buffer (`precompute_freqs_cis(args)`: `[max_seq_len, d_r / 2]`
+/// complex64 over the rotary head `qk_rope_head_dim`; its bytes: fp32 `[s, d_r]`).
+fn mla_freqs_shape() -> Shape {
+    Shape::new(&[Dim::Q(Q::S), super::deepseek::DR], Split::None)
+}
+
+/// DeepSeek-V3's `apply_rotary_emb(x, freqs_cis)` (`models/deepseek_v3/model/model.py`) on one
+/// tensor:
+/// ```python
+/// x = torch.view_as_complex(x.float().view(*x.shape[:-1], -1, 2))
+/// y = torch.view_as_real(x * freqs_cis).flatten(3)
+/// return y.to(dtype)
+/// ```
+/// The product keeps `freqs_cis` (the buffer); the fp32 copy (none in fp32) and the product live
+/// until the return. `grad_copy`: the gradient reaches `view_as_real` as a narrowed view (q's
+/// rotary part, cut from the `cat`'s gradient) and is copied (`grad.contiguous()`), unless a
+/// cast made a new one (reduced precision: ToCopyBackward0).
+fn mla_rope(b: &mut Builder, x: Tid, fc: Tid, grad_copy: bool) -> Tid {
+    let xdt = b.t(x).dt;
+    let x32 = b.to_copy(x, Dt::F32);
+    let m = super::deepseek::complex_mul(b, x32, fc);
+    let m = if grad_copy && (xdt == Dt::F32 || b.dtype(xdt) == b.dtype(Dt::F32)) {
+        let shape = b.shape(m);
+        b.view(m, shape, "ViewAsRealBackward0", true)
+    } else {
+        m
+    };
+    let y = b.to_copy(m, xdt);
+    b.hold(x32);
+    b.hold(m);
+    y
+}
+
+/// DeepSeek-V3's MLA `Attention.forward` with `attn_type = "sdpa"` (`q_lora_rank = 0`: `wq`; else
+/// `wq_a` → `q_norm` → `wq_b`):
+/// ```python
+/// q = self.wq(x).view(bsz, seqlen, -1, self.qk_head_dim)
+/// q_nope, q_pe = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+/// q_pe = apply_rotary_emb(q_pe, freqs_cis)
+/// q = torch.cat([q_nope, q_pe], dim=-1)
+/// kv = self.wkv_a(x)
+/// kv, k_pe = torch.split(kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+/// k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)
+/// kv = self.wkv_b(self.kv_norm(kv)).view(bsz, seqlen, -1, self.qk_nope_head_dim + self.v_head_dim)
+/// k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+/// k = torch.cat([k_nope, k_pe.expand(-1, -1, self.n_heads, -1)], dim=-1)
+/// output = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=self.softmax_scale)
+/// return self.wo(output.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
+/// ```
+/// Unlike transformers' DeepSeek-V2 attention, q and k are concatenated in `[b, s, heads, d]`
+/// and transposed as views, the latent's norm is `nn.RMSNorm` (on the `wkv_a` output's slice:
+/// its saves hold that whole output) and no key is built in a `new_empty` buffer. The core is
+/// SDPA's: on the CPU, whose fused kernels need d_v = d, the math path (q and k arrive as
+/// transposed views of `[b, s, heads, d]` tensors, which `matmul` folds by a copy).
+fn mla_attention(b: &mut Builder, w: &super::deepseek::MlaW, spec: &ModelSpec, x: Tid, sh: &Shared) -> Tid {
+    use super::deepseek::{bhsw, bshw, lat, split2, A, D, DN, DR, DV};
+    b.part = Part::AttentionInputs;
+    let (q, q_lat) = match w.q_a {
+        Some(wa) => {
+            b.module = "attention.wq_a";
+            let qa = proj_or(b, x, Some(wa), None, lat(X::MlaRq), Linear::Q);
+            b.part = Part::Mla;
+            b.module = "attention.q_norm";
+            let qn = rms_norm(b, qa, w.q_a_norm, Rms::Torch);
+            b.module = "attention.wq_b";
+            (proj_or(b, qn, w.q_b, None, bshw(A, D), Linear::Q), Some(qa))
+        }
+        None => {
+            b.module = "attention.wq";
+            (proj_or(b, x, w.q, None, bshw(A, D), Linear::Q), None)
+        }
+    };
+    b.module = "attention";
+    b.part = Part::AttentionCore;
+    let q4 = b.view(q, bshw(A, D), "ViewBackward0", false);
+    let (q_nope, q_pe) = split2(b, q4, bshw(A, DN), bshw(A, DR));
+    let q_rot = match sh.cos {
+        Some(fc) => mla_rope(b, q_pe, fc, true),
+        None => q_pe,
+    };
+    let qc = super::common::cat_promote(b, q_nope, q_rot, bshw(A, D));
+    b.part = Part::AttentionInputs;
+    b.module = "attention.wkv_a";
+    let kv = proj_or(b, x, w.kv_a, None, lat(X::MlaKvA), Linear::K);
+    b.module = "attention";
+    b.part = Part::Mla;
+    let (kv_nope, k_pe) = split2(b, kv, lat(X::MlaRkv), Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), DR], Split::None));
+    b.part = Part::AttentionCore;
+    let k_pe4 = b.view(k_pe, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::N(1), DR], Split::None), "UnsqueezeBackward0", false);
+    let k_rot = match sh.cos {
+        Some(fc) => mla_rope(b, k_pe4, fc, false),
+        None => k_pe4,
+    };
+    b.part = Part::Mla;
+    b.module = "attention.kv_norm";
+    let kvn = rms_norm(b, kv_nope, w.kv_a_norm, Rms::Torch);
+    b.module = "attention.wkv_b";
+    let kvb_shape = bshw(A, Dim::X(X::MlaKvB));
+    let kvb = proj_or(b, kvn, w.kv_b, None, kvb_shape, Linear::V);
+    b.module = "attention";
+    b.part = Part::AttentionCore;
+    let kvb4 = b.view(kvb, kvb_shape, "ViewBackward0", false);
+    let (k_nope, v) = split2(b, kvb4, bshw(A, DN), bshw(A, DV));
+    // `k_pe.expand(-1, -1, n_heads, -1)`: a view; ExpandBackward0 sums the gradient back.
+    let (bytes, dtype, rg) = (b.bytes(k_rot), b.t(k_rot).dtype, b.rg(k_rot));
+    let ex = b.view_out(k_rot, bshw(A, DR));
+    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
+    let k_rot_e = b.op("expand", "ExpandBackward0", &[k_rot], &[ex], &[], bw)[0];
+    let k = super::common::cat_promote(b, k_nope, k_rot_e, bshw(A, D));
+    let qt = b.view(qc, bhsw(A, D), "TransposeBackward0", false);
+    let kt = b.view(k, bhsw(A, D), "TransposeBackward0", false);
+    let vt = b.view(v, bhsw(A, DV), "TransposeBackward0", false);
+    b.module = "attention.inner_attention";
+    let o = if b.c.cuda || spec.v_head_dim == spec.head_dim {
+        super::deepseek::flash_core(b, qt, kt, vt, None)
+    } else {
+        super::deepseek::sdpa_math(b, qt, kt, vt, None)
+    };
+    let out = out_proj(b, o, w.o, w.o_bias, "attention.wo");
+    // The forward's locals (q and its views, kv's views, k, k_pe, output) go at its return.
+    for t in [q, qc, kvb, k, k_rot, o] {
+        b.hold(t);
+    }
+    if let Some(qa) = q_lat {
+        b.hold(qa);
+    }
+    out
+}
+
+/// The parameters of torchtitan's DeepSeek-V3 `MoE` in registration order: `experts` (w1, w2,
+/// w3), `router.gate`, then `shared_experts` (w1, w2, w3).
+#[derive(Clone, Copy)]
+pub struct MlaMoeW {
+    moe: MoeW,
+    shared: MlpW,
+}
+
+impl MlaMoeW {
+    fn new(b: &mut Builder, p: &Params) -> MlaMoeW {
+        let moe = MoeW::new(b, p);
+        let shared = MlpW::shared(b, p);
+        MlaMoeW { moe, shared }
+    }
+}
+
+/// torchtitan 0.2.2's DeepSeek-V3 (`models/deepseek_v3/model/model.py` `DeepSeekV3Model`) in the
+/// shape of its "16B" flavor, the DeepSeek-V2-Lite architecture (`torchtitan-deepseek_v3.json`):
+/// MLA ([`mla_attention`]) with the RoPE head's `freqs_cis` buffer, the first `n_dense_layers`
+/// blocks with Llama 3's `FeedForward`, the others torchtitan's `MoE` ([`moe`]: softmax scores
+/// without `route_norm`, applied after the experts, plus the shared experts), `nn.RMSNorm`, the
+/// same loss as its Llama 3.
+pub struct DeepseekV3;
+impl Modeling for DeepseekV3 {
+    /// `DeepSeekV3Model.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
+    /// layers read `self.freqs_cis` (a buffer).
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        let x0 = tok_embeddings(b, p, ids);
+        b.module = "";
+        (x0, self.positions(b, spec, attn))
+    }
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        let _ = attn;
+        let cos = super::common::has_rope(spec).then(|| b.external(mla_freqs_shape(), Dt::F32, Origin::Buffer, false));
+        Shared { cos, ..Shared::default() }
+    }
+    /// `TransformerBlock.forward`: `x = x + self.attention(self.attention_norm(x), freqs_cis, …)`,
+    /// then `x + self.moe(self.ffn_norm(x))` on an MoE block, `x + self.feed_forward(…)` on a
+    /// dense one.
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        let _ = attn;
+        let aw = super::deepseek::MlaW::new(b, p);
+        let ffn = Ffn::new(b, p, kind, MlaMoeW::new);
+        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w.moe, n, false, Some(&w.shared)));
+        let attention = |b: &mut Builder, n: Tid| (mla_attention(b, &aw, spec, n, sh), None);
+        decoder_layer(b, p, x, NORM, attention, ffn)
+    }
+    fn norm(&self) -> Norm {
+        NORM
+    }
+    fn x0_is_local(&self) -> bool {
+        false
+    }
+    /// The `freqs_cis` buffer over the rotary head.
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        super::common::has_rope(spec).then(|| (mla_freqs_shape(), Dt::F32, false))
+    }
     fn framework_code(&self) -> bool {
         true
     }
@@ -468,7 +664,8 @@ fn div(b: &mut Builder, a: Tid, d: Tid) -> Tid {
     b.op("div", "DivBackward0", &[a, d], &[out], &[S::In(0), S::In(1)], &bw)[0]
 }
 
-/// `TokenChoiceTopKRouter.forward` with `score_func = "softmax"`, `route_norm = True` and the
+/// `TokenChoiceTopKRouter.forward` with `score_func = "softmax"`, `route_norm` (Qwen3's; not
+/// DeepSeek-V3's 16B flavor: the gathered scores go to `route_scale` as they are) and the
 /// `expert_bias` buffer (`load_balance_coeff` set, as shipped):
 /// ```python
 /// scores = self.gate(x)
@@ -485,7 +682,7 @@ fn div(b: &mut Builder, a: Tid, d: Tid) -> Tid {
 /// result, the gather its int64 indices `[b·s, K]`, the division both inputs. topk's values `_`
 /// are never used: its node (and the bias add's) dies with them, keeping nothing. Returns
 /// (top_scores, indices).
-fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid) -> (Tid, Tid) {
+fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid, route_norm: bool) -> (Tid, Tid) {
     let e = tokens(&[Dim::X(X::E)]);
     let k = tokens(&[Dim::X(X::K)]);
     b.module = "moe.router.gate";
@@ -502,12 +699,17 @@ fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid) -> (Tid, Tid) {
     let r = b.plain_n("topk", &[choice], &outs);
     let (vals, idx) = (r[0], r[1]);
     let g = super::sigmoid_moe::gather(b, scores, idx);
-    let sum = b.sum_dim(g, tokens(&[Dim::N(1)]));
-    let den = b.add_scalar(sum);
-    let normed = div(b, g, den);
+    let normed = if route_norm {
+        let sum = b.sum_dim(g, tokens(&[Dim::N(1)]));
+        let den = b.add_scalar(sum);
+        b.hold(den);
+        div(b, g, den)
+    } else {
+        g
+    };
     let top = b.mul_scalar(normed);
     let counts = histc(b, idx);
-    for t in [scores, choice, vals, g, den, normed, counts] {
+    for t in [scores, choice, vals, g, normed, counts] {
         b.hold(t);
     }
     (top, idx)
@@ -620,12 +822,12 @@ fn experts(b: &mut Builder, w: &MoeW, x: Tid, counts: Tid) -> Tid {
 /// `[b·s·K]`, the gather of the routed input), the sorted indices (int64, the index_put), and the
 /// bmm's inputs: the scores `[b·s, 1, K]` and the unsorted outputs `[b·s, K, h]`, fp32 (bf16
 /// under autocast, which casts both).
-fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> Tid {
+fn moe(b: &mut Builder, w: &MoeW, x: Tid, route_norm: bool, shared: Option<&MlpW>) -> Tid {
     b.part = Part::Moe;
     b.module = "moe";
     let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
     let xdt = b.t(x2).dt;
-    let (top, idx) = router(b, w.gate, x2);
+    let (top, idx) = router(b, w.gate, x2, route_norm);
     b.module = "moe.reorderer";
     let counts = histc(b, idx);
     let flat = b.view(idx, pairs(&[]), "", false);
@@ -638,6 +840,12 @@ fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> Tid {
     let tok = b.plain("floor_divide", &[sorted], pairs(&[]), Dt::I64);
     let routed_in = b.index(x2, tok, pairs(&[Dim::Q(Q::H)]));
     let routed_out = experts(b, w, routed_in, counts);
+    // `out = self.shared_experts(x)`: the shared experts' `FeedForward` on the flattened input.
+    let shared_out = shared.map(|sw| {
+        let o = super::common::gated_mlp(b, sw, x2, &TITAN_SHARED_EXPERTS);
+        b.part = Part::Moe;
+        o
+    });
     b.module = "moe";
     let zeros = b.plain("zeros", &[], pairs(&[Dim::Q(Q::H)]), b.t(routed_out).dt);
     let unsorted = index_put(b, zeros, sorted, routed_out);
@@ -646,11 +854,24 @@ fn moe(b: &mut Builder, w: &MoeW, x: Tid) -> Tid {
     let o = b.bmm(ts, uf, tokens(&[Dim::N(1), Dim::Q(Q::H)]));
     let oc = b.to_copy(o, xdt);
     let y = b.view(oc, tokens(&[Dim::Q(Q::H)]), "SqueezeBackward1", false);
+    // `(out + out_experts).reshape(bs, slen, dim)`.
+    let y = match shared_out {
+        Some(o) => b.add(o, y),
+        None => y,
+    };
     for t in [x2, top, idx, counts, sorted, unused, routed_in, routed_out, unsorted] {
         b.hold(t);
     }
     y
 }
+
+/// torchtitan's shared experts (`MoE.shared_experts`: `FeedForward(dim, moe_inter_dim ×
+/// num_shared_experts)`, `w2(F.silu(w1(x)) * w3(x))` on the `[b·s, h]` input).
+const TITAN_SHARED_EXPERTS: super::common::Gated = super::common::Gated {
+    modules: ["moe.shared_experts.w1", "moe.shared_experts", "moe.shared_experts.w3", "moe.shared_experts", "moe.shared_experts.w2"],
+    width: Dim::X(X::FS),
+    act: super::common::SILU,
+};
 
 /// `self.freqs_cis` as the layers read it (`reshape_for_broadcast`: a view of the buffer's first
 /// `seqlen` rows): model state, not an activation.
@@ -668,7 +889,9 @@ fn freqs_cis(b: &mut Builder, spec: &ModelSpec) -> Option<Tid> {
 ///
 /// - Qwen3 MoE: that `rope_cache`, and in each MoE layer `expert_bias` and `tokens_per_expert`
 ///   (`models/moe/moe.py` `MoE.__init__`: `torch.zeros(num_experts, dtype=torch.float32)` each,
-///   registered as buffers; `load_balance_coeff` is set as shipped): L_moe × 2 × E × 4.
+///   registered as buffers; `load_balance_coeff` is set as shipped): L_moe × 2 × E × 4;
+/// - DeepSeek-V3 (the 16B flavor's shape, `family = deepseek_v2`): `freqs_cis` over the rotary
+///   head, complex64 `[s, d_r / 2]`: s × (d_r / 2) × 8, and the MoE layers' two buffers.
 ///
 /// `None` for another framework or family.
 pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
@@ -685,16 +908,22 @@ pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
             let rope_cache = if rope { s * 2 * d * F32_BYTES } else { 0 };
             Some(rope_cache + layers * MOE_BUFFERS * cfg.arch.experts as u128 * F32_BYTES)
         }
+        Family::DeepseekV2 => {
+            let layers = crate::estimator::params::stage_layers(cfg.arch.layers, cfg.pp).min(cfg.arch.moe_layers()) as u128;
+            let dr = cfg.arch.qk_rope_dim as u128;
+            let freqs = if rope { s * (dr / 2) * COMPLEX64_BYTES } else { 0 };
+            Some(freqs + layers * MOE_BUFFERS * cfg.arch.experts as u128 * F32_BYTES)
+        }
         _ => None,
     }
 }
 
-/// Parameter tensors torchtitan's Qwen3 MoE has more of than the parameter groups count: its
+/// Parameter tensors torchtitan's Qwen3 MoE (and DeepSeek-V3) has more of than the parameter groups count: its
 /// `GroupedExperts` keeps `w1` and `w3` apart where the groups have transformers' fused
 /// `gate_up_proj`, so 1 more per MoE layer of the stage (AdamW keeps one `step` counter per
 /// tensor). 0 for another framework or family.
 pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGroup]) -> u64 {
-    if cfg.framework != Framework::Torchtitan || cfg.arch.family != Family::Qwen3Moe {
+    if cfg.framework != Framework::Torchtitan || !matches!(cfg.arch.family, Family::Qwen3Moe | Family::DeepseekV2) {
         return 0;
     }
     groups
