@@ -118,12 +118,28 @@ class FrameworkLM(nn.Module):
 
 def titan_op_sac(model, family: str):
     """torchtitan 0.2.2's `apply_ac` (distributed/activation_checkpoint.py) with `mode = "selective"`,
-    `selective_ac_option = "op"`, `model_compile_enabled = False` and the model's `_op_sac_save_list`. DeepSeek-V3's
+    `selective_ac_option = "op"`, `model_compile_enabled = False` and the model's `_op_sac_save_list` (literal: the
+    CPU's SDPA kernel is not in it, so a CPU run recomputes attention, as `recompute=op` with `kernels=cpu`). DeepSeek-V3's
     (models/deepseek_v3/infra/parallelize.py, lines 33-48) is written out here: importing that module pulls in the
     data loaders (torchdata, not installed). It is Llama 3's list with the EP all-to-all and without varlen."""
     from torchtitan.config.job_config import ActivationCheckpoint
     from torchtitan.distributed.activation_checkpoint import apply_ac
-    assert family == "deepseek_v3", family
+    if family != "deepseek_v3":
+        # Llama 3's and Qwen3's lists (Qwen3 MoE is `Qwen3Model`): their parallelize modules import, under bare
+        # packages as measure_titan_compile.py's `titan_parallelize` imports them.
+        import torchtitan
+        root = Path(torchtitan.__file__).parent
+        for pkg_name in ("llama3", "llama4", "qwen3"):
+            pkg = types.ModuleType(f"torchtitan.models.{pkg_name}")
+            pkg.__path__ = [str(root / "models" / pkg_name)]
+            sys.modules.setdefault(pkg.__name__, pkg)
+        if family == "llama3":
+            from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list as save_list
+        else:
+            from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list as save_list
+        apply_ac(model, ActivationCheckpoint(mode="selective", selective_ac_option="op"), model_compile_enabled=False,
+                 op_sac_save_list=save_list)
+        return
     aten = torch.ops.aten
     save_list = {
         aten.mm.default,
@@ -910,7 +926,7 @@ FRAMEWORKS = {
 }
 
 # Families measured with torchtitan's own op-level selective checkpointing too (eager: `titan_op_sac`).
-OP_SAC = {("torchtitan", "deepseek_v3"): ("op",)}
+OP_SAC = {("torchtitan", fam): ("op",) for fam in ("llama3", "qwen3", "qwen3_moe", "deepseek_v3")}
 
 # Fabric's precision for each measured dtype (litgpt's `--precision`).
 LIT_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "amp-bf16": "bf16-mixed"}
