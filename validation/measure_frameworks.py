@@ -56,24 +56,38 @@ def _torchtitan_llama3():
     return titan_model, TransformerModelArgs, cross_entropy_loss
 
 
-def _torchtitan_qwen3():
-    """torchtitan.models.qwen3.model.model (0.2.2), imported as `_torchtitan_llama3` imports Llama 3's: the package's
-    __init__ (train spec, parallelize_qwen3, datasets) is not entered; protocols/train_spec.py is replaced by what the
-    model uses of it (`ModelProtocol`, and `BaseModelArgs` for args.py)."""
+def bare_packages(*names: str):
+    """Register `torchtitan.models.<name>` for each name as a bare package (its `__path__` only): the packages'
+    `__init__` (train specs: datasets, tokenizers, torchdata) are not modeling code and are not entered; their model
+    and `infra/parallelize.py` modules then import as they are."""
     import torchtitan
     root = Path(torchtitan.__file__).parent
-    pkg = types.ModuleType("torchtitan.models.qwen3")
-    pkg.__path__ = [str(root / "models" / "qwen3")]
-    sys.modules.setdefault(pkg.__name__, pkg)
+    for name in names:
+        pkg = types.ModuleType(f"torchtitan.models.{name}")
+        pkg.__path__ = [str(root / "models" / name)]
+        sys.modules.setdefault(pkg.__name__, pkg)
+
+
+def _torchtitan_bare(name: str, args_class: str):
+    """torchtitan.models.<name>.model.model (0.2.2), imported as `_torchtitan_llama3` imports Llama 3's: the package's
+    __init__ (train spec, parallelize, datasets) is not entered; protocols/train_spec.py is replaced by what the model
+    uses of it (`ModelProtocol`, and `BaseModelArgs` for args.py). Returns (model module, its args class, the loss)."""
+    import importlib
+    bare_packages(name)
     import torchtitan.protocols.model as protocol_model
     spec = sys.modules.get("torchtitan.protocols.train_spec") or types.ModuleType("torchtitan.protocols.train_spec")
     spec.ModelProtocol = protocol_model.ModelProtocol
     spec.BaseModelArgs = protocol_model.BaseModelArgs
     sys.modules.setdefault(spec.__name__, spec)
-    from torchtitan.models.qwen3.model import model as titan_model
-    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+    titan_model = importlib.import_module(f"torchtitan.models.{name}.model.model")
+    args = getattr(importlib.import_module(f"torchtitan.models.{name}.model.args"), args_class)
     from torchtitan.components.loss import cross_entropy_loss
-    return titan_model, Qwen3ModelArgs, cross_entropy_loss
+    return titan_model, args, cross_entropy_loss
+
+
+def _torchtitan_qwen3():
+    """torchtitan.models.qwen3.model.model (0.2.2)."""
+    return _torchtitan_bare("qwen3", "Qwen3ModelArgs")
 
 
 class Output(types.SimpleNamespace):
@@ -125,14 +139,9 @@ def titan_op_sac(model, family: str):
     from torchtitan.config.job_config import ActivationCheckpoint
     from torchtitan.distributed.activation_checkpoint import apply_ac
     if family != "deepseek_v3":
-        # Llama 3's and Qwen3's lists (Qwen3 MoE is `Qwen3Model`): their parallelize modules import, under bare
-        # packages as measure_titan_compile.py's `titan_parallelize` imports them.
-        import torchtitan
-        root = Path(torchtitan.__file__).parent
-        for pkg_name in ("llama3", "llama4", "qwen3"):
-            pkg = types.ModuleType(f"torchtitan.models.{pkg_name}")
-            pkg.__path__ = [str(root / "models" / pkg_name)]
-            sys.modules.setdefault(pkg.__name__, pkg)
+        # Llama 3's and Qwen3's lists (Qwen3 MoE is `Qwen3Model`): their parallelize modules import under bare
+        # packages (qwen3's imports llama3's and llama4's).
+        bare_packages("llama3", "llama4", "qwen3")
         if family == "llama3":
             from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list as save_list
         else:
@@ -169,6 +178,17 @@ def titan_loss(cross_entropy_loss):
     return loss
 
 
+def _init_and_cast(m, tdtype):
+    """`init_weights()` under `torch.no_grad()` as torchtitan's trainer calls it, then the parameters alone cast to the
+    measured dtype, as FSDP2's `param_dtype` casts them: `Module.to(dtype)` would cast the buffers too (complex64
+    `freqs_cis` → float32 drops its imaginary part; Qwen3's `rope_cache` stays fp32 in a run). Training mode."""
+    with torch.no_grad():
+        m.init_weights()
+        for prm in m.parameters():
+            prm.data = prm.data.to(tdtype)
+    m.train()
+
+
 def build_torchtitan_llama3(seq: int, tdtype):
     titan_model, Args, ce = _torchtitan_llama3()
     from transformers import LlamaConfig
@@ -178,14 +198,7 @@ def build_torchtitan_llama3(seq: int, tdtype):
                 rope_theta=500000)
     torch.manual_seed(measure.MODEL_SEED)
     m = titan_model.Transformer(args)
-    with torch.no_grad():  # the trainer initialises under torch.no_grad() too (train.py)
-        m.init_weights()
-    # Parameters only: `Module.to(dtype)` casts complex buffers too (complex64 → float32 drops freqs_cis's
-    # imaginary part); FSDP2's `param_dtype` casts only parameters, freqs_cis stays complex64.
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.data = prm.data.to(tdtype)
-    m.train()
+    _init_and_cast(m, tdtype)
     ffn = m.layers["0"].feed_forward.w1.out_features
     cfg = LlamaConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                       num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
@@ -206,13 +219,7 @@ def build_torchtitan_qwen3(seq: int, tdtype):
                 hidden_dim=ffn, vocab_size=VOCAB, max_seq_len=seq, rope_theta=1000000, qk_norm=True)
     torch.manual_seed(measure.MODEL_SEED)
     m = titan_model.Qwen3Model(args)
-    with torch.no_grad():
-        m.init_weights()
-    # Parameters only, as FSDP2's `param_dtype` (rope_cache stays fp32).
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.data = prm.data.to(tdtype)
-    m.train()
+    _init_and_cast(m, tdtype)
     cfg = Qwen3Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                       num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=ffn, vocab_size=VOCAB,
                       rms_norm_eps=args.norm_eps, max_position_embeddings=seq, tie_word_embeddings=False,
@@ -262,12 +269,7 @@ def build_torchtitan_qwen3_moe(seq: int, tdtype):
                 moe_inter_dim=fe, moe_args=moe_args)
     torch.manual_seed(measure.MODEL_SEED)
     m = titan_model.Qwen3Model(args)
-    with torch.no_grad():
-        m.init_weights()
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.data = prm.data.to(tdtype)
-    m.train()
+    _init_and_cast(m, tdtype)
     cfg = Qwen3MoeConfig(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                          num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS, intermediate_size=256,
                          moe_intermediate_size=fe, num_experts=experts, num_experts_per_tok=top_k,
@@ -279,21 +281,8 @@ def build_torchtitan_qwen3_moe(seq: int, tdtype):
     return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
 
 def _torchtitan_deepseek_v3():
-    """torchtitan.models.deepseek_v3.model.model (0.2.2), imported as `_torchtitan_qwen3` imports Qwen3's."""
-    import torchtitan
-    root = Path(torchtitan.__file__).parent
-    pkg = types.ModuleType("torchtitan.models.deepseek_v3")
-    pkg.__path__ = [str(root / "models" / "deepseek_v3")]
-    sys.modules.setdefault(pkg.__name__, pkg)
-    import torchtitan.protocols.model as protocol_model
-    spec = sys.modules.get("torchtitan.protocols.train_spec") or types.ModuleType("torchtitan.protocols.train_spec")
-    spec.ModelProtocol = protocol_model.ModelProtocol
-    spec.BaseModelArgs = protocol_model.BaseModelArgs
-    sys.modules.setdefault(spec.__name__, spec)
-    from torchtitan.models.deepseek_v3.model import model as titan_model
-    from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
-    from torchtitan.components.loss import cross_entropy_loss
-    return titan_model, DeepSeekV3ModelArgs, cross_entropy_loss
+    """torchtitan.models.deepseek_v3.model.model (0.2.2)."""
+    return _torchtitan_bare("deepseek_v3", "DeepSeekV3ModelArgs")
 
 
 def build_torchtitan_deepseek_v3(seq: int, tdtype):
@@ -322,13 +311,7 @@ def build_torchtitan_deepseek_v3(seq: int, tdtype):
     args.moe_impl = "standard"
     torch.manual_seed(measure.MODEL_SEED)
     m = titan_model.DeepSeekV3Model(args)
-    with torch.no_grad():
-        m.init_weights()
-    # Parameters only, as FSDP2's `param_dtype` (freqs_cis stays complex64).
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.data = prm.data.to(tdtype)
-    m.train()
+    _init_and_cast(m, tdtype)
     cfg = DeepseekV2Config(hidden_size=DIM, intermediate_size=ffn, moe_intermediate_size=fe, num_hidden_layers=LAYERS,
                            num_attention_heads=HEADS, num_key_value_heads=HEADS, n_shared_experts=shared,
                            n_routed_experts=experts, num_experts_per_tok=top_k, first_k_dense_replace=1,

@@ -95,15 +95,8 @@ def titan_parallelize(lm, fam: str, recompute: str, components: tuple):
     from torchtitan.components.loss import cross_entropy_loss
     model = lm.model
     # The model packages' __init__ (train specs: datasets, tokenizers) are not entered: each parallelize module is
-    # imported under a bare package, as measure_frameworks.py imports the model modules.
-    import types
-    from pathlib import Path
-    import torchtitan
-    root = Path(torchtitan.__file__).parent
-    for pkg_name in ("llama3", "llama4", "qwen3"):
-        pkg = types.ModuleType(f"torchtitan.models.{pkg_name}")
-        pkg.__path__ = [str(root / "models" / pkg_name)]
-        sys.modules.setdefault(pkg.__name__, pkg)
+    # imported under a bare package (measure_frameworks.py `bare_packages`).
+    F.bare_packages("llama3", "llama4", "qwen3")
     if fam == "llama3":
         from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_compile
         compile_blocks = lambda m, c: apply_compile(m, c)  # noqa: E731

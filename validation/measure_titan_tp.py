@@ -280,14 +280,9 @@ def wait_embedding_output(model):
 def titan_tp(lm, mesh, mode: str, recompute: str, fp8: str = "none", fam: str = "llama3"):
     """torchtitan's `apply_tp` (llama3) or `apply_non_moe_tp` (qwen3; loss_parallel, no async TP, no CP), then
     `apply_ac` and, compiled, `apply_compile` and the compiled loss (measure_titan_compile.titan_parallelize)."""
-    import types
-    from pathlib import Path
-    import torchtitan
-    root = Path(torchtitan.__file__).parent
-    for pkg_name in ("llama3", "llama4", "qwen3"):
-        pkg = types.ModuleType(f"torchtitan.models.{pkg_name}")
-        pkg.__path__ = [str(root / "models" / pkg_name)]
-        sys.modules.setdefault(pkg.__name__, pkg)
+    # The model packages' __init__ (train specs: datasets, tokenizers) are not entered: each parallelize module is
+    # imported under a bare package (measure_frameworks.py `bare_packages`).
+    F.bare_packages("llama3", "llama4", "qwen3")
     if fam == "llama3":
         from torchtitan.models.llama3.infra.parallelize import apply_tp, _op_sac_save_list
         apply_tp(lm.model, mesh, loss_parallel=True, enable_float8_tensorwise_tp=fp8 == "tensorwise")

@@ -360,6 +360,23 @@ fn qwen3_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> Tid {
     out
 }
 
+/// The model's forward before the layers, as Qwen3's and DeepSeek-V3's write it:
+/// `h = self.tok_embeddings(tokens)`, the layers then reading the model's RoPE buffer
+/// ([`rope_buffer`] of `shape`).
+fn embed_then_buffer(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, shape: Shape) -> (Tid, Shared) {
+    let x0 = tok_embeddings(b, p, ids);
+    b.module = "";
+    (x0, rope_buffer(b, spec, shape))
+}
+
+/// The RoPE table a torchtitan model registers as a buffer (Qwen3's `rope_cache`, DeepSeek-V3's
+/// `freqs_cis`), of `shape` as the layers read it: model state, not an activation; none without
+/// RoPE.
+fn rope_buffer(b: &mut Builder, spec: &ModelSpec, shape: Shape) -> Shared {
+    let cos = super::common::has_rope(spec).then(|| b.external(shape, Dt::F32, Origin::Buffer, false));
+    Shared { cos, ..Shared::default() }
+}
+
 /// torchtitan 0.2.2's Qwen3 (`models/qwen3/model/model.py` `Qwen3Model`, dense): its Llama 3
 /// ([`Llama3`]: `nn.RMSNorm`, no mask, no position ids, the same loss) with per-head q/k norms
 /// ([`qwen3_attention`]) and RoPE as transformers writes it (`rotate_half`) against the
@@ -369,14 +386,12 @@ impl Modeling for Qwen3 {
     /// `Qwen3Model.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers read
     /// `self.rope_cache` (a buffer).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let x0 = tok_embeddings(b, p, ids);
-        b.module = "";
-        (x0, self.positions(b, spec, attn))
+        let _ = attn;
+        embed_then_buffer(b, p, spec, ids, rope_cache_shape())
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        let cos = super::common::has_rope(spec).then(|| b.external(rope_cache_shape(), Dt::F32, Origin::Buffer, false));
-        Shared { cos, ..Shared::default() }
+        rope_buffer(b, spec, rope_cache_shape())
     }
     /// `TransformerBlock.forward`: Llama 3's block with [`qwen3_attention`], and on an MoE
     /// layer (`moe_enabled`) torchtitan's `MoE` ([`moe`]) in place of `FeedForward`:
@@ -572,14 +587,12 @@ impl Modeling for DeepseekV3 {
     /// `DeepSeekV3Model.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
     /// layers read `self.freqs_cis` (a buffer).
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let x0 = tok_embeddings(b, p, ids);
-        b.module = "";
-        (x0, self.positions(b, spec, attn))
+        let _ = attn;
+        embed_then_buffer(b, p, spec, ids, mla_freqs_shape())
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        let cos = super::common::has_rope(spec).then(|| b.external(mla_freqs_shape(), Dt::F32, Origin::Buffer, false));
-        Shared { cos, ..Shared::default() }
+        rope_buffer(b, spec, mla_freqs_shape())
     }
     /// `TransformerBlock.forward`: `x = x + self.attention(self.attention_norm(x), freqs_cis, …)`,
     /// then `x + self.moe(self.ffn_norm(x))` on an MoE block, `x + self.feed_forward(…)` on a
