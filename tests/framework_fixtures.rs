@@ -21,6 +21,7 @@ const SHARDS: &[&str] = &[
     "torchtitan-qwen3",
     "torchtitan-qwen3_moe",
     "torchtitan-deepseek_v3",
+    "torchtitan-llama4",
     "torchtune-llama3",
     "torchtune-llama3-ce",
     "torchtune-llama3_2",
@@ -1103,4 +1104,20 @@ fn float8_all_gather_costs_a_compiled_uncheckpointed_llama_block_its_three_feed_
         let more = saved(&format!("recompute={ac}&fp8_allgather=true")) - saved(&format!("recompute={ac}&fp8_allgather=false"));
         assert!(more.abs() < layers * 64, "recompute={ac}: {more} B");
     }
+}
+
+/// transformers' Llama 4 presets describe Meta's checkpoints (q/k L2 norm, NoPE layers, chunked
+/// attention); torchtitan's flavors have none of the three, so on torchtitan's own code the
+/// preset is refused by name and the measured shape (`torchtitan-llama4.json`) estimates.
+#[test]
+fn torchtitans_llama4_estimates_its_own_shape_and_refuses_metas_preset_by_name() {
+    let shards = read(&["torchtitan-llama4"]);
+    let Some((_, doc)) = shards.first() else { return };
+    let own = config_of(doc, &doc["records"][0]);
+    assert!(estimate(&own).is_ok(), "torchtitan's Llama 4 shape estimates");
+    let d = trainmem::config::decode_query("model=llama-4-scout-17b-16e-instruct&framework=torchtitan&seq=4096&batch=1");
+    let err = d.errors.iter().find(|e| e.key == "framework").map(|e| e.reason.to_string()).unwrap_or_default();
+    assert!(err.contains("torchtitan's Llama 4 has no q/k norm") && err.contains("framework=hf"), "{:?}", d.errors);
+    let hf = trainmem::config::decode_query("model=llama-4-scout-17b-16e-instruct&seq=4096&batch=1");
+    assert!(estimate(&hf.config).is_ok(), "and estimates on transformers' code");
 }

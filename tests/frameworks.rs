@@ -121,6 +121,14 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     assert!(trainmem::estimator::estimate(&c).is_ok(), "and estimated");
     let c = import(&[("job.toml", &toml.replace("16B", "671B"))]).expect("imports").config;
     assert_eq!((c.model.as_str(), c.framework), ("deepseek-v3", config::Framework::Hf));
+    // torchtitan's Llama 4 flavors: Meta's preset without its q/k norm, NoPE layers and chunked
+    // attention (the flavors have none), on torchtitan's own code (`torchtitan-llama4.json`).
+    let toml = "[model]\nname = \"llama4\"\nflavor = \"17bx16e\"\n[activation_checkpoint]\nmode = \"full\"\n[parallelism]\ndata_parallel_shard_degree = 8\n";
+    let c = import(&[("job.toml", toml)]).expect("imports").config;
+    // Meta's preset with three keys changed: a custom shape (the share link carries it).
+    assert_eq!((format!("{:?}", c.arch.family), c.arch.experts, c.framework), ("Llama4".to_string(), 16, config::Framework::Torchtitan));
+    assert!(!c.arch.qk_l2_norm && !c.arch.nope_layers.contains(3) && !c.arch.window_layers.contains(0), "{:?}", c.arch.nope_layers);
+    assert!(trainmem::estimator::estimate(&c).is_ok(), "and estimated");
     // The 405B preset: the float8 converter with FSDP2's float8 all-gather; compile of its
     // fully checkpointed tensor-parallel blocks is reported, not estimated.
     let c = recipe_of("torchtitan/llama3_405b.toml");

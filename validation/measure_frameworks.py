@@ -324,6 +324,42 @@ def build_torchtitan_deepseek_v3(seq: int, tdtype):
     cfg.architectures = ["DeepseekV2ForCausalLM"]
     return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
 
+def build_torchtitan_llama4(seq: int, tdtype):
+    """torchtitan's Llama 4 (`models/llama4/model/model.py` `Transformer`) as its 17bx16e / 17bx128e flavors build it:
+    Llama 3's attention with RoPE in every layer (`every_n_layers_nope` unset, no q/k norm, no chunked attention: that
+    needs flex), `FeedForward` on the dense blocks and torchtitan's `MoE` with the default `MoEArgs` on the others
+    (sigmoid scores, top-1, no route_norm, one shared expert, **scores applied before the experts**:
+    `score_before_experts=True`), the MoE hidden size auto-scaled (`auto_scale_hidden_dim`: 2/3 of 4·dim over top_k +
+    shared, rounded up to `multiple_of`). Here `interleave_moe_layer_step = 2` (17bx128e's: block 0 dense, block 1 MoE),
+    4 experts, `multiple_of` 16 (dense hidden 176, expert hidden 96), `attn_type = "sdpa"`. Run on the CPU by
+    `_torchtitan_moe_on_cpu`."""
+    titan_model, Args, ce = _torchtitan_bare("llama4", "TransformerModelArgs")
+    _torchtitan_moe_on_cpu()
+    from torchtitan.models.moe import MoEArgs
+    from transformers import Llama4TextConfig
+    experts, mult = 4, 16
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, vocab_size=VOCAB, multiple_of=mult,
+                rope_theta=500000, max_seq_len=seq, moe_args=MoEArgs(num_experts=experts), interleave_moe_layer_step=2,
+                attn_type="sdpa")
+    torch.manual_seed(measure.MODEL_SEED)
+    m = titan_model.Transformer(args)
+    _init_and_cast(m, tdtype)
+    moe_block = next(b for b in m.layers.values() if b.moe_enabled)
+    dense_block = next(b for b in m.layers.values() if not b.moe_enabled)
+    fe = moe_block.moe.experts.w1.shape[1]
+    ffn = dense_block.feed_forward.w1.out_features
+    cfg = Llama4TextConfig(hidden_size=DIM, intermediate_size=fe, intermediate_size_mlp=ffn, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=DIM // HEADS,
+                           num_local_experts=experts, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                           moe_layers=[i for i, b in enumerate(m.layers.values()) if b.moe_enabled],
+                           no_rope_layers=[1] * LAYERS, use_qk_norm=False, attention_chunk_size=None,
+                           attn_temperature_tuning=False, vocab_size=VOCAB, rms_norm_eps=args.norm_eps,
+                           max_position_embeddings=seq, tie_word_embeddings=False, rope_theta=args.rope_theta,
+                           rope_scaling=None, attention_bias=False)
+    cfg.dtype = tdtype
+    cfg.architectures = ["Llama4ForCausalLM"]
+    return FrameworkLM(m, titan_loss(ce), cfg, m.output, m.layers)
+
 # ------------------------------------------------------------------------------------------------ torchtune 0.6.1
 
 def _torchtune_modules():
@@ -889,6 +925,7 @@ FRAMEWORKS = {
     ("torchtitan", "qwen3"): ("0.2.2", build_torchtitan_qwen3, ["sdpa"]),
     ("torchtitan", "qwen3_moe"): ("0.2.2", build_torchtitan_qwen3_moe, ["sdpa"]),
     ("torchtitan", "deepseek_v3"): ("0.2.2", build_torchtitan_deepseek_v3, ["sdpa"]),
+    ("torchtitan", "llama4"): ("0.2.2", build_torchtitan_llama4, ["sdpa"]),
     ("torchtune", "llama3"): ("0.6.1", build_torchtune_llama3, ["sdpa"]),
     ("torchtune", "llama3-ce"): ("0.6.1", build_torchtune_llama3_ce, ["sdpa"]),
     ("torchtune", "qwen2"): ("0.6.1", build_torchtune_qwen2, ["sdpa"]),
@@ -909,7 +946,7 @@ FRAMEWORKS = {
 }
 
 # Families measured with torchtitan's own op-level selective checkpointing too (eager: `titan_op_sac`).
-OP_SAC = {("torchtitan", fam): ("op",) for fam in ("llama3", "qwen3", "qwen3_moe", "deepseek_v3")}
+OP_SAC = {("torchtitan", fam): ("op",) for fam in ("llama3", "qwen3", "qwen3_moe", "deepseek_v3", "llama4")}
 
 # Fabric's precision for each measured dtype (litgpt's `--precision`).
 LIT_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "amp-bf16": "bf16-mixed"}

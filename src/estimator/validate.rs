@@ -659,7 +659,8 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
         Family::Qwen3 => "Qwen3",
         Family::Qwen3Moe => return torchtitan_moe_refusal(cfg),
         Family::DeepseekV2 => return torchtitan_mla_refusal(cfg),
-        Family::DeepseekV3 | Family::Llama4 => {
+        Family::Llama4 => return torchtitan_llama4_refusal(cfg),
+        Family::DeepseekV3 => {
             return Some(format!(
                 "torchtitan's {:?} (its MoE: GroupedExperts, TokenChoiceTopKRouter, TokenReorderer) is not modelled yet",
                 spec.family
@@ -667,7 +668,7 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
         }
         other => {
             return Some(format!(
-                "torchtitan is modelled for Llama 3, Qwen3 and DeepSeek-V3's 16B shape (deepseek_v2) only (yet), not {other:?}"
+                "torchtitan ships Llama 3, Llama 4, Qwen3 and DeepSeek-V3 (followed: its 16B flavor's shape, deepseek_v2), not {other:?}"
             ))
         }
     };
@@ -800,6 +801,44 @@ fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
         "torchtitan's DeepSeek-V3 is followed with attn_type = \"sdpa\" (attn=sdpa); its flavors' \"flex\" is not modelled yet"
     } else if cfg.dropout > 0.0 {
         "torchtitan's DeepSeek-V3 has no dropout"
+    } else {
+        return None;
+    };
+    Some(why.into())
+}
+
+/// What torchtitan's Llama 4 (`models/llama4/model/model.py`) is followed for: its 17bx16e and
+/// 17bx128e flavors' shape — RoPE in every block, no q/k norm, no chunked attention (its
+/// `every_n_layers_nope` and flex paths are not measured), MoE blocks of sigmoid top-k routing with
+/// one shared expert, dense blocks where `interleave_moe_layer_step` puts them — with SDPA, eager,
+/// recompute none, full or op, without expert or tensor parallelism: what
+/// `tests/fixtures/pytorch/frameworks/torchtitan-llama4.json` measured
+/// (`measure_frameworks.py` `build_torchtitan_llama4`). transformers' Llama 4 presets (Scout,
+/// Maverick) describe Meta's checkpoints, with q/k L2 norms, NoPE layers and chunked attention:
+/// refused by name here, estimated with `framework = hf`.
+fn torchtitan_llama4_refusal(cfg: &Config) -> Option<String> {
+    use crate::estimator::config::{Finetune, Recompute};
+    let spec = &cfg.arch;
+    let why = if spec.qk_l2_norm || spec.qk_norm != model::QkNorm::None {
+        "torchtitan's Llama 4 has no q/k norm (transformers' Llama 4 presets, Meta's checkpoints, have an L2 one: framework=hf)"
+    } else if spec.nope_layers != model::LayerRule::None || spec.window_layers != model::LayerRule::None {
+        "torchtitan's Llama 4 with NoPE layers or chunked attention (every_n_layers_nope, flex) is not modelled yet: its 17bx16e and 17bx128e flavors put RoPE in every block"
+    } else if spec.experts == 0 || spec.shared_experts != 1 {
+        "torchtitan's Llama 4 is measured with MoE blocks of one shared expert"
+    } else if spec.qkv_bias || spec.o_bias || spec.mlp_bias || spec.tied {
+        "torchtitan's Llama 4 has no biases and an untied output"
+    } else if cfg.ep > 1 || cfg.tp > 1 {
+        "torchtitan's Llama 4 with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
+    } else if cfg.finetune != Finetune::Full {
+        "torchtitan's Llama 4 trains in full (finetune=full)"
+    } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+        "torchtitan's Llama 4 with FP8 converters is not modelled yet"
+    } else if !matches!(cfg.recompute, Recompute::None | Recompute::Full | Recompute::Op) || cfg.recompute_every > 0 {
+        "torchtitan's Llama 4 under Megatron's selective or every-N checkpointing is not modelled yet (measured: recompute none, full and op)"
+    } else if cfg.attn != crate::estimator::config::Attention::Sdpa {
+        "torchtitan's Llama 4 is followed with attn_type = \"sdpa\" (attn=sdpa)"
+    } else if cfg.dropout > 0.0 {
+        "torchtitan's Llama 4 has no dropout"
     } else {
         return None;
     };

@@ -73,6 +73,10 @@ pub fn read(root: &Value, st: &mut FileState) {
         if name == "deepseek_v3" {
             why.push_str(" (DeepSeek-V3's 16B flavor attends with FlexAttention and a block-causal mask: estimated as SDPA's fused kernel, which keeps the same q, k, v, output and log-sum-exp)");
         }
+        if name == "llama4" {
+            code.extend(LLAMA4_SHAPE.iter().map(|&(k, v)| (k, v.to_string())));
+            why.push_str(" (torchtitan's Llama 4 flavors put RoPE in every block, without q/k norm or chunked attention: qk_l2_norm=false, nope_layers=none, window_layers=none on Meta's preset)");
+        }
         // torch.compile on torchtitan's own code is modelled for its dense blocks, float8
         // tensorwise or rowwise as measured ([`compile_on_own_code`]); otherwise, unchecked, a
         // compiled job is estimated as transformers' modeling code compiles its layers
@@ -108,8 +112,19 @@ const OWN_CODE: &[&str] = &["llama3", "qwen3"];
 /// [`OWN_CODE`], and DeepSeek-V3's 16B flavor (the DeepSeek-V2-Lite shape, measured:
 /// `torchtitan-deepseek_v3.json`; its 236B and 671B flavors' query low-rank and routing are not).
 fn own_code(name: &str, flavor: &str) -> bool {
-    OWN_CODE.contains(&name) || (name == "deepseek_v3" && flavor.eq_ignore_ascii_case("16B"))
+    OWN_CODE.contains(&name)
+        || (name == "deepseek_v3" && flavor.eq_ignore_ascii_case("16B"))
+        || (name == "llama4" && LLAMA4_FLAVORS.iter().any(|f| f.eq_ignore_ascii_case(flavor)))
 }
+
+/// torchtitan's Llama 4 flavors whose shape the estimator follows on its own code
+/// (`torchtitan-llama4.json`): `every_n_layers_nope` unset, so RoPE in every block, no q/k norm
+/// and no chunked attention — where Meta's checkpoints (transformers' presets the flavors map to)
+/// have all three. The import sets the preset's three keys back (`LLAMA4_SHAPE`).
+const LLAMA4_FLAVORS: &[&str] = &["17bx16e", "17bx128e"];
+
+/// What torchtitan's Llama 4 flavors leave out of transformers' Llama 4 preset.
+const LLAMA4_SHAPE: [(&str, &str); 3] = [("qk_l2_norm", "false"), ("nope_layers", "none"), ("window_layers", "none")];
 
 /// What `compile` compiles when it is on (`compile.enable`, or 0.1's `training.compile`):
 /// `compile.components` (job_config.py's default `["model", "loss"]`). `None`: off.

@@ -152,7 +152,7 @@ families! {
 
 /// The modeling code `framework` runs for `family`: a training framework's own model where it
 /// ships one for the family (`framework = torchtitan`: its Llama 3, its Qwen3, dense and MoE, and
-/// its DeepSeek-V3 in the DeepSeek-V2-Lite shape of its 16B flavor),
+/// its DeepSeek-V3 in the DeepSeek-V2-Lite shape of its 16B flavor, its Llama 4),
 /// else transformers'.
 /// [`crate::estimator::validate`] refuses a framework with a family it does not ship.
 pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeling {
@@ -160,6 +160,7 @@ pub fn modeling_for(framework: Framework, family: Family) -> &'static dyn Modeli
         (Framework::Torchtitan, Family::Llama) => &torchtitan::Llama3,
         (Framework::Torchtitan, Family::Qwen3 | Family::Qwen3Moe) => &torchtitan::Qwen3,
         (Framework::Torchtitan, Family::DeepseekV2) => &torchtitan::DeepseekV3,
+        (Framework::Torchtitan, Family::Llama4) => &torchtitan::Llama4,
         (Framework::Torchtune, _) => match torchtune::decoder(family) {
             Some(code) => code,
             None => modeling(family),

@@ -1,4 +1,4 @@
-//! `framework = torchtitan`: torchtitan 0.2.2's own Llama 3 (its Qwen3, dense or MoE: [`Qwen3`]; its DeepSeek-V3: [`DeepseekV3`])
+//! `framework = torchtitan`: torchtitan 0.2.2's own Llama 3 (its Qwen3, dense or MoE: [`Qwen3`]; its DeepSeek-V3: [`DeepseekV3`]; its Llama 4: [`Llama4`])
 //! (`torchtitan/models/llama3/model/model.py`), its loss (`torchtitan/components/loss.py`,
 //! `train.py` `forward_backward_step`) and its full activation checkpointing
 //! (`torchtitan/distributed/activation_checkpoint.py` `_apply_full_ac`: each `TransformerBlock`
@@ -406,7 +406,7 @@ impl Modeling for Qwen3 {
                 let n = sp_all_gather(b, n);
                 in_group(b, Kind::Dense, |b| tp_mlp(b, &w, n))
             }
-            ffn => ffn.forward(b, n, |b, w, n| moe(b, &w, n, true, None)),
+            ffn => ffn.forward(b, n, |b, w, n| moe(b, &w, n, QWEN3_MOE, None)),
         };
         let attention = |b: &mut Builder, n: Tid| {
             let n = sp_all_gather(b, n);
@@ -560,19 +560,19 @@ fn mla_attention(b: &mut Builder, w: &super::deepseek::MlaW, spec: &ModelSpec, x
     out
 }
 
-/// The parameters of torchtitan's DeepSeek-V3 `MoE` in registration order: `experts` (w1, w2,
-/// w3), `router.gate`, then `shared_experts` (w1, w2, w3).
+/// The parameters of a torchtitan `MoE` with shared experts (DeepSeek-V3's, Llama 4's) in
+/// registration order: `experts` (w1, w2, w3), `router.gate`, then `shared_experts` (w1, w2, w3).
 #[derive(Clone, Copy)]
-pub struct MlaMoeW {
+pub struct SharedMoeW {
     moe: MoeW,
     shared: MlpW,
 }
 
-impl MlaMoeW {
-    fn new(b: &mut Builder, p: &Params) -> MlaMoeW {
+impl SharedMoeW {
+    fn new(b: &mut Builder, p: &Params) -> SharedMoeW {
         let moe = MoeW::new(b, p);
         let shared = MlpW::shared(b, p);
-        MlaMoeW { moe, shared }
+        SharedMoeW { moe, shared }
     }
 }
 
@@ -600,8 +600,8 @@ impl Modeling for DeepseekV3 {
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
         let _ = attn;
         let aw = super::deepseek::MlaW::new(b, p);
-        let ffn = Ffn::new(b, p, kind, MlaMoeW::new);
-        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w.moe, n, false, Some(&w.shared)));
+        let ffn = Ffn::new(b, p, kind, SharedMoeW::new);
+        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w.moe, n, DEEPSEEK_MOE, Some(&w.shared)));
         let attention = |b: &mut Builder, n: Tid| (mla_attention(b, &aw, spec, n, sh), None);
         decoder_layer(b, p, x, NORM, attention, ffn)
     }
@@ -614,6 +614,49 @@ impl Modeling for DeepseekV3 {
     /// The `freqs_cis` buffer over the rotary head.
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
         super::common::has_rope(spec).then(|| (mla_freqs_shape(), Dt::F32, false))
+    }
+    fn framework_code(&self) -> bool {
+        true
+    }
+}
+
+/// torchtitan 0.2.2's Llama 4 (`models/llama4/model/model.py` `Transformer`) as its 17bx16e and
+/// 17bx128e flavors build it (`torchtitan-llama4.json`): Llama 3's attention ([`attention`]) with
+/// RoPE in every block (no NoPE layers, no q/k norm, no chunked attention: those need its flex
+/// path), `FeedForward` on the dense blocks and torchtitan's `MoE` ([`moe`]) with the default
+/// `MoEArgs` on the others: sigmoid scores, top-1, no `route_norm`, the scores scaling the
+/// experts' inputs (`score_before_experts`), one shared expert of the experts' auto-scaled width.
+pub struct Llama4;
+impl Modeling for Llama4 {
+    /// `Transformer.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers
+    /// read `self.freqs_cis` (a buffer, Llama 3's).
+    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
+        let _ = attn;
+        embed_then_buffer(b, p, spec, ids, freqs_shape())
+    }
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        let _ = attn;
+        rope_buffer(b, spec, freqs_shape())
+    }
+    /// `TransformerBlock.forward`: `h = x + self.attention(self.attention_norm(x), …)`, then
+    /// `h + self.moe(self.ffn_norm(h))` on an MoE block (`(layer_id + 1) %
+    /// interleave_moe_layer_step == 0`), `h + self.feed_forward(self.ffn_norm(h))` otherwise.
+    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
+        let _ = (spec, attn);
+        let aw = AttnW::new(b, p);
+        let ffn = Ffn::new(b, p, kind, SharedMoeW::new);
+        let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w.moe, n, LLAMA4_MOE, Some(&w.shared)));
+        decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh), ffn)
+    }
+    fn norm(&self) -> Norm {
+        NORM
+    }
+    fn x0_is_local(&self) -> bool {
+        false
+    }
+    /// Llama 3's `freqs_cis` buffer `[s, d/2]` complex64.
+    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
+        super::common::has_rope(spec).then(|| (freqs_shape(), Dt::F32, false))
     }
     fn framework_code(&self) -> bool {
         true
@@ -695,7 +738,7 @@ fn div(b: &mut Builder, a: Tid, d: Tid) -> Tid {
 /// result, the gather its int64 indices `[b·s, K]`, the division both inputs. topk's values `_`
 /// are never used: its node (and the bias add's) dies with them, keeping nothing. Returns
 /// (top_scores, indices).
-fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid, route_norm: bool) -> (Tid, Tid) {
+fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid, how: TitanMoe) -> (Tid, Tid) {
     let e = tokens(&[Dim::X(X::E)]);
     let k = tokens(&[Dim::X(X::K)]);
     b.module = "moe.router.gate";
@@ -705,14 +748,18 @@ fn router(b: &mut Builder, gate: Option<Tid>, x2: Tid, route_norm: bool) -> (Tid
     };
     b.module = "moe.router";
     let lf = b.to_copy(logits, Dt::F32);
-    let scores = b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data");
+    let scores = if how.sigmoid {
+        b.unary("sigmoid", "SigmoidBackward0", lf, Keep::Output, "sigmoid_backward")
+    } else {
+        b.unary("_softmax", "SoftmaxBackward0", lf, Keep::Output, "_softmax_backward_data")
+    };
     let bias = b.external(per_expert(), Dt::F32, Origin::Buffer, false);
     let choice = b.plain("add", &[scores, bias], e, Dt::F32);
     let outs = [b.out(k, Dt::F32, false), b.out(k, Dt::I64, false)];
     let r = b.plain_n("topk", &[choice], &outs);
     let (vals, idx) = (r[0], r[1]);
     let g = super::sigmoid_moe::gather(b, scores, idx);
-    let normed = if route_norm {
+    let normed = if how.route_norm {
         let sum = b.sum_dim(g, tokens(&[Dim::N(1)]));
         let den = b.add_scalar(sum);
         b.hold(den);
@@ -835,24 +882,37 @@ fn experts(b: &mut Builder, w: &MoeW, x: Tid, counts: Tid) -> Tid {
 /// `[b·s·K]`, the gather of the routed input), the sorted indices (int64, the index_put), and the
 /// bmm's inputs: the scores `[b·s, 1, K]` and the unsorted outputs `[b·s, K, h]`, fp32 (bf16
 /// under autocast, which casts both).
-fn moe(b: &mut Builder, w: &MoeW, x: Tid, route_norm: bool, shared: Option<&MlpW>) -> Tid {
+fn moe(b: &mut Builder, w: &MoeW, x: Tid, how: TitanMoe, shared: Option<&MlpW>) -> Tid {
     b.part = Part::Moe;
     b.module = "moe";
     let x2 = b.view(x, b.shape(x), "ViewBackward0", false);
     let xdt = b.t(x2).dt;
-    let (top, idx) = router(b, w.gate, x2, route_norm);
+    let (top, idx) = router(b, w.gate, x2, how);
     b.module = "moe.reorderer";
     let counts = histc(b, idx);
     let flat = b.view(idx, pairs(&[]), "", false);
     let outs = [b.out(pairs(&[]), Dt::I64, false), b.out(pairs(&[]), Dt::I64, false)];
     let sorted = b.plain_n("sort", &[flat], &outs)[1];
     let tv = b.view(top, pairs(&[]), "ViewBackward0", false);
-    // `top_scores_experts_sorted`: never read, its node keeps indices that the index_put keeps too.
-    let unused = b.plain("index", &[tv, sorted], pairs(&[]), Dt::F32);
+    // `top_scores_experts_sorted`: read only when the scores go before the experts; else its
+    // node dies, keeping indices that the index_put keeps too.
+    let sorted_scores =
+        if how.score_before { b.index(tv, sorted, pairs(&[])) } else { b.plain("index", &[tv, sorted], pairs(&[]), Dt::F32) };
     b.module = "moe";
     let tok = b.plain("floor_divide", &[sorted], pairs(&[]), Dt::I64);
     let routed_in = b.index(x2, tok, pairs(&[Dim::Q(Q::H)]));
-    let routed_out = experts(b, w, routed_in, counts);
+    // `score_before_experts` (Llama 4's): `(routed_input.to(torch.float32) *
+    // top_scores_experts_sorted.reshape(-1, 1)).to(x.dtype)`: the product keeps both factors.
+    let expert_in = if how.score_before {
+        let r32 = b.to_copy(routed_in, Dt::F32);
+        let sc = b.view(sorted_scores, pairs(&[Dim::N(1)]), "ViewBackward0", false);
+        let m = b.mul(r32, sc);
+        b.hold(r32);
+        b.to_copy(m, xdt)
+    } else {
+        routed_in
+    };
+    let routed_out = experts(b, w, expert_in, counts);
     // `out = self.shared_experts(x)`: the shared experts' `FeedForward` on the flattened input.
     let shared_out = shared.map(|sw| {
         let o = super::common::gated_mlp(b, sw, x2, &TITAN_SHARED_EXPERTS);
@@ -862,21 +922,45 @@ fn moe(b: &mut Builder, w: &MoeW, x: Tid, route_norm: bool, shared: Option<&MlpW
     b.module = "moe";
     let zeros = b.plain("zeros", &[], pairs(&[Dim::Q(Q::H)]), b.t(routed_out).dt);
     let unsorted = index_put(b, zeros, sorted, routed_out);
-    let uf = b.to_copy(unsorted, Dt::F32);
-    let ts = b.view(top, tokens(&[Dim::N(1), Dim::X(X::K)]), "ViewBackward0", false);
-    let o = b.bmm(ts, uf, tokens(&[Dim::N(1), Dim::Q(Q::H)]));
-    let oc = b.to_copy(o, xdt);
-    let y = b.view(oc, tokens(&[Dim::Q(Q::H)]), "SqueezeBackward1", false);
+    let y = if how.score_before {
+        // `routed_output_unsorted.reshape(-1, top_k, dim).sum(dim=1)`.
+        let u3 = b.view(unsorted, tokens(&[Dim::X(X::K), Dim::Q(Q::H)]), "ViewBackward0", false);
+        b.sum_dim(u3, tokens(&[Dim::Q(Q::H)]))
+    } else {
+        let uf = b.to_copy(unsorted, Dt::F32);
+        let ts = b.view(top, tokens(&[Dim::N(1), Dim::X(X::K)]), "ViewBackward0", false);
+        let o = b.bmm(ts, uf, tokens(&[Dim::N(1), Dim::Q(Q::H)]));
+        let oc = b.to_copy(o, xdt);
+        b.view(oc, tokens(&[Dim::Q(Q::H)]), "SqueezeBackward1", false)
+    };
     // `(out + out_experts).reshape(bs, slen, dim)`.
     let y = match shared_out {
         Some(o) => b.add(o, y),
         None => y,
     };
-    for t in [x2, top, idx, counts, sorted, unused, routed_in, routed_out, unsorted] {
+    for t in [x2, top, idx, counts, sorted, sorted_scores, routed_in, expert_in, routed_out, unsorted] {
         b.hold(t);
     }
     y
 }
+
+/// How a torchtitan model's `MoEArgs` set its `MoE` up (`models/moe/moe.py`): the router's score
+/// function and `route_norm`, and whether the scores scale the experts' inputs
+/// (`score_before_experts`) or their outputs.
+#[derive(Clone, Copy, Debug)]
+pub struct TitanMoe {
+    /// `score_func = "sigmoid"` (Llama 4's), else softmax.
+    pub sigmoid: bool,
+    pub route_norm: bool,
+    pub score_before: bool,
+}
+
+/// Qwen3's MoE args (its 30B-A3B preset): softmax, renormalised, scores after the experts.
+const QWEN3_MOE: TitanMoe = TitanMoe { sigmoid: false, route_norm: true, score_before: false };
+/// DeepSeek-V3's 16B flavor: softmax, not renormalised, scores after the experts.
+const DEEPSEEK_MOE: TitanMoe = TitanMoe { sigmoid: false, route_norm: false, score_before: false };
+/// Llama 4's flavors (`MoEArgs` defaults): sigmoid, not renormalised, scores before the experts.
+const LLAMA4_MOE: TitanMoe = TitanMoe { sigmoid: true, route_norm: false, score_before: true };
 
 /// torchtitan's shared experts (`MoE.shared_experts`: `FeedForward(dim, moe_inter_dim ×
 /// num_shared_experts)`, `w2(F.silu(w1(x)) * w3(x))` on the `[b·s, h]` input).
@@ -921,6 +1005,10 @@ pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
             let rope_cache = if rope { s * 2 * d * F32_BYTES } else { 0 };
             Some(rope_cache + layers * MOE_BUFFERS * cfg.arch.experts as u128 * F32_BYTES)
         }
+        Family::Llama4 => {
+            let layers = crate::estimator::params::stage_layers(cfg.arch.layers, cfg.pp).min(cfg.arch.moe_layers()) as u128;
+            Some(if rope { s * (d / 2) * COMPLEX64_BYTES } else { 0 } + layers * MOE_BUFFERS * cfg.arch.experts as u128 * F32_BYTES)
+        }
         Family::DeepseekV2 => {
             let layers = crate::estimator::params::stage_layers(cfg.arch.layers, cfg.pp).min(cfg.arch.moe_layers()) as u128;
             let dr = cfg.arch.qk_rope_dim as u128;
@@ -936,7 +1024,7 @@ pub fn buffer_bytes(cfg: &Config) -> Option<Bytes> {
 /// `gate_up_proj`, so 1 more per MoE layer of the stage (AdamW keeps one `step` counter per
 /// tensor). 0 for another framework or family.
 pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGroup]) -> u64 {
-    if cfg.framework != Framework::Torchtitan || !matches!(cfg.arch.family, Family::Qwen3Moe | Family::DeepseekV2) {
+    if cfg.framework != Framework::Torchtitan || !matches!(cfg.arch.family, Family::Qwen3Moe | Family::DeepseekV2 | Family::Llama4) {
         return 0;
     }
     groups
