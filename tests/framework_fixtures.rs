@@ -1121,3 +1121,23 @@ fn torchtitans_llama4_estimates_its_own_shape_and_refuses_metas_preset_by_name()
     let hf = trainmem::config::decode_query("model=llama-4-scout-17b-16e-instruct&seq=4096&batch=1");
     assert!(estimate(&hf.config).is_ok(), "and estimates on transformers' code");
 }
+
+/// torchtitan's MoE models (Qwen3 MoE, DeepSeek-V3, Llama 4) are measured on one process: expert,
+/// tensor, pipeline and context parallelism with them are refused by name, not estimated as the
+/// dense models' plans.
+#[test]
+fn torchtitans_moe_models_refuse_the_parallelisms_they_were_not_measured_under() {
+    let shards = read(&["torchtitan-qwen3_moe", "torchtitan-deepseek_v3", "torchtitan-llama4"]);
+    for (name, doc) in &shards {
+        let base = config_of(doc, &doc["records"][0]);
+        assert!(estimate(&base).is_ok(), "{name}");
+        for (what, c) in [
+            ("expert", Config { ep: 2, gpus: 2, ..base.clone() }),
+            ("pipeline", Config { pp: 2, gpus: 2, ..base.clone() }),
+            ("context", Config { cp: 2, gpus: 2, ..base.clone() }),
+        ] {
+            let err = estimate(&c).expect_err(what).to_string();
+            assert!(err.contains("not modelled yet") && err.contains(what), "{name} {what}: {err}");
+        }
+    }
+}

@@ -750,6 +750,9 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
                 .into(),
         );
     }
+    if cfg.pp > 1 || cfg.cp > 1 {
+        return Some("torchtitan's Qwen3 MoE under pipeline or context parallelism is not modelled yet".into());
+    }
     if cfg.finetune != crate::estimator::config::Finetune::Full {
         return Some("torchtitan's Qwen3 MoE is modelled for full training only (finetune=full): its grouped experts take no LoRA".into());
     }
@@ -770,8 +773,8 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
 /// What torchtitan's DeepSeek-V3 (`models/deepseek_v3/model/model.py`) is followed for: its
 /// "16B" flavor's shape, the DeepSeek-V2-Lite architecture (`family = deepseek_v2`, MLA without a
 /// query low-rank, softmax routing without groups or `route_norm`, shared experts, dense first
-/// layers), SDPA, eager, recompute none or full, in fp32, bf16 or bf16 autocast, without expert
-/// or tensor parallelism: what `tests/fixtures/pytorch/frameworks/torchtitan-deepseek_v3.json`
+/// layers), SDPA, eager, recompute none, full or op, in fp32, bf16 or bf16 autocast, without
+/// expert, tensor, pipeline or context parallelism: what `tests/fixtures/pytorch/frameworks/torchtitan-deepseek_v3.json`
 /// measured (`measure_frameworks.py` `build_torchtitan_deepseek_v3`). YaRN (a training sequence
 /// beyond `original_seq_len`) changes `freqs_cis`' values and the softmax scale, no size. The 671B
 /// flavor's sigmoid router with node-limited groups, its query low-rank and FP8 are refused by
@@ -791,6 +794,8 @@ fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
         "torchtitan's DeepSeek-V3 never ties its output to the embedding: untie it"
     } else if cfg.ep > 1 || cfg.tp > 1 {
         "torchtitan's DeepSeek-V3 with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
+    } else if cfg.pp > 1 || cfg.cp > 1 {
+        "torchtitan's DeepSeek-V3 under pipeline or context parallelism is not modelled yet"
     } else if cfg.finetune != Finetune::Full {
         "torchtitan's DeepSeek-V3 trains in full (finetune=full)"
     } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
@@ -811,7 +816,7 @@ fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
 /// 17bx128e flavors' shape — RoPE in every block, no q/k norm, no chunked attention (its
 /// `every_n_layers_nope` and flex paths are not measured), MoE blocks of sigmoid top-k routing with
 /// one shared expert, dense blocks where `interleave_moe_layer_step` puts them — with SDPA, eager,
-/// recompute none, full or op, without expert or tensor parallelism: what
+/// recompute none, full or op, without expert, tensor, pipeline or context parallelism: what
 /// `tests/fixtures/pytorch/frameworks/torchtitan-llama4.json` measured
 /// (`measure_frameworks.py` `build_torchtitan_llama4`). transformers' Llama 4 presets (Scout,
 /// Maverick) describe Meta's checkpoints, with q/k L2 norms, NoPE layers and chunked attention:
@@ -829,6 +834,8 @@ fn torchtitan_llama4_refusal(cfg: &Config) -> Option<String> {
         "torchtitan's Llama 4 has no biases and an untied output"
     } else if cfg.ep > 1 || cfg.tp > 1 {
         "torchtitan's Llama 4 with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
+    } else if cfg.pp > 1 || cfg.cp > 1 {
+        "torchtitan's Llama 4 under pipeline or context parallelism is not modelled yet"
     } else if cfg.finetune != Finetune::Full {
         "torchtitan's Llama 4 trains in full (finetune=full)"
     } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
