@@ -409,8 +409,18 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
     if cfg.recompute == Recompute::Selective {
         return refuse("recompute", "transformers has no selective recomputation (Megatron's); use none or full");
     }
-    if cfg.framework == Framework::Megatron {
-        return refuse("framework", "the script runs transformers' modules; Megatron-LM's are not reproduced");
+    // The script runs transformers' modules: a prediction that follows another framework's own
+    // model code (its CPU records: validation/measure_frameworks.py) would be compared with a
+    // measurement of other code.
+    match cfg.framework {
+        Framework::Hf => {}
+        Framework::Megatron => return refuse("framework", "the script runs transformers' modules; Megatron-LM's are not reproduced"),
+        Framework::Torchtitan | Framework::Torchtune | Framework::Litgpt => {
+            return refuse(
+                "framework",
+                "the script runs transformers' modules, not this framework's own model code (measured on the CPU by validation/measure_frameworks.py); verify transformers' with framework = hf",
+            )
+        }
     }
     // Issue 26's recipes: op-level checkpointing, every Nth layer, the step in backward and
     // per-layer compile are applied by the script. The estimate (checked first, in
@@ -738,6 +748,17 @@ mod tests {
             assert_eq!(err.as_ref().map(VerifyError::key), Some(key), "{err:?}");
             let text = err.map(|e| e.to_string()).unwrap_or_default();
             assert!(text.starts_with(&format!("`{key}` = ")), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_framework_s_own_model_code_is_refused_because_the_script_runs_transformers() {
+        let llama = crate::config::decode_query("model=llama-3.2-1b&seq=128&batch=1").config;
+        assert!(reproducible(&llama).is_ok());
+        for fw in [Framework::Torchtitan, Framework::Torchtune, Framework::Litgpt] {
+            let err = reproducible(&Config { framework: fw, ..llama.clone() }).err();
+            assert_eq!(err.as_ref().map(VerifyError::key), Some("framework"), "{fw:?}");
+            assert!(err.map(|e| e.to_string()).unwrap_or_default().contains("framework = hf"), "{fw:?}");
         }
     }
 
