@@ -780,7 +780,6 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
 /// flavor's sigmoid router with node-limited groups, its query low-rank and FP8 are refused by
 /// name.
 fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
-    use crate::estimator::config::{Finetune, Recompute};
     let spec = &cfg.arch;
     let why = if !spec.is_mla() || spec.q_lora_rank > 0 {
         "torchtitan's DeepSeek-V3 with a query low-rank (q_lora_rank > 0: its 236B and 671B flavors) is not modelled yet: measured is its 16B flavor's MLA"
@@ -792,22 +791,8 @@ fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
         "torchtitan's DeepSeek-V3 has no biases or q/k norms"
     } else if spec.tied {
         "torchtitan's DeepSeek-V3 never ties its output to the embedding: untie it"
-    } else if cfg.ep > 1 || cfg.tp > 1 {
-        "torchtitan's DeepSeek-V3 with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
-    } else if cfg.pp > 1 || cfg.cp > 1 {
-        "torchtitan's DeepSeek-V3 under pipeline or context parallelism is not modelled yet"
-    } else if cfg.finetune != Finetune::Full {
-        "torchtitan's DeepSeek-V3 trains in full (finetune=full)"
-    } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
-        "torchtitan's DeepSeek-V3 with FP8 converters is not modelled yet"
-    } else if !matches!(cfg.recompute, Recompute::None | Recompute::Full | Recompute::Op) || cfg.recompute_every > 0 {
-        "torchtitan's DeepSeek-V3 under Megatron's selective or every-N checkpointing is not modelled yet (measured: recompute none, full and op)"
-    } else if cfg.attn != crate::estimator::config::Attention::Sdpa {
-        "torchtitan's DeepSeek-V3 is followed with attn_type = \"sdpa\" (attn=sdpa); its flavors' \"flex\" is not modelled yet"
-    } else if cfg.dropout > 0.0 {
-        "torchtitan's DeepSeek-V3 has no dropout"
     } else {
-        return None;
+        return torchtitan_moe_run_refusal(cfg, "torchtitan's DeepSeek-V3", "; its flavors' \"flex\" is not modelled yet");
     };
     Some(why.into())
 }
@@ -822,7 +807,6 @@ fn torchtitan_mla_refusal(cfg: &Config) -> Option<String> {
 /// Maverick) describe Meta's checkpoints, with q/k L2 norms, NoPE layers and chunked attention:
 /// refused by name here, estimated with `framework = hf`.
 fn torchtitan_llama4_refusal(cfg: &Config) -> Option<String> {
-    use crate::estimator::config::{Finetune, Recompute};
     let spec = &cfg.arch;
     let why = if spec.qk_l2_norm || spec.qk_norm != model::QkNorm::None {
         "torchtitan's Llama 4 has no q/k norm (transformers' Llama 4 presets, Meta's checkpoints, have an L2 one: framework=hf)"
@@ -832,24 +816,35 @@ fn torchtitan_llama4_refusal(cfg: &Config) -> Option<String> {
         "torchtitan's Llama 4 is measured with MoE blocks of one shared expert"
     } else if spec.qkv_bias || spec.o_bias || spec.mlp_bias || spec.tied {
         "torchtitan's Llama 4 has no biases and an untied output"
-    } else if cfg.ep > 1 || cfg.tp > 1 {
-        "torchtitan's Llama 4 with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet"
-    } else if cfg.pp > 1 || cfg.cp > 1 {
-        "torchtitan's Llama 4 under pipeline or context parallelism is not modelled yet"
-    } else if cfg.finetune != Finetune::Full {
-        "torchtitan's Llama 4 trains in full (finetune=full)"
-    } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
-        "torchtitan's Llama 4 with FP8 converters is not modelled yet"
-    } else if !matches!(cfg.recompute, Recompute::None | Recompute::Full | Recompute::Op) || cfg.recompute_every > 0 {
-        "torchtitan's Llama 4 under Megatron's selective or every-N checkpointing is not modelled yet (measured: recompute none, full and op)"
-    } else if cfg.attn != crate::estimator::config::Attention::Sdpa {
-        "torchtitan's Llama 4 is followed with attn_type = \"sdpa\" (attn=sdpa)"
-    } else if cfg.dropout > 0.0 {
-        "torchtitan's Llama 4 has no dropout"
     } else {
-        return None;
+        return torchtitan_moe_run_refusal(cfg, "torchtitan's Llama 4", "");
     };
     Some(why.into())
+}
+
+/// What torchtitan's DeepSeek-V3 and Llama 4 (`model`: the name the message gives) are measured
+/// without, alike: expert, tensor, pipeline or context parallelism, LoRA, FP8 converters,
+/// Megatron's selective or every-N checkpointing (none, full and op are measured), attention
+/// other than SDPA (`attn_note`: what the message adds about the model's own choice), dropout.
+fn torchtitan_moe_run_refusal(cfg: &Config, model: &str, attn_note: &str) -> Option<String> {
+    use crate::estimator::config::{Finetune, Recompute};
+    Some(if cfg.ep > 1 || cfg.tp > 1 {
+        format!("{model} with expert or tensor parallelism (its all-to-all dispatch, its MoE TP plan) is not modelled yet")
+    } else if cfg.pp > 1 || cfg.cp > 1 {
+        format!("{model} under pipeline or context parallelism is not modelled yet")
+    } else if cfg.finetune != Finetune::Full {
+        format!("{model} trains in full (finetune=full)")
+    } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+        format!("{model} with FP8 converters is not modelled yet")
+    } else if !matches!(cfg.recompute, Recompute::None | Recompute::Full | Recompute::Op) || cfg.recompute_every > 0 {
+        format!("{model} under Megatron's selective or every-N checkpointing is not modelled yet (measured: recompute none, full and op)")
+    } else if cfg.attn != crate::estimator::config::Attention::Sdpa {
+        format!("{model} is followed with attn_type = \"sdpa\" (attn=sdpa){attn_note}")
+    } else if cfg.dropout > 0.0 {
+        format!("{model} has no dropout")
+    } else {
+        return None;
+    })
 }
 
 /// What `framework = torchtune` does not follow (yet): the step program is torchtune 0.6.1's

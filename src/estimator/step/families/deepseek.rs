@@ -264,11 +264,12 @@ fn copy_slice(b: &mut Builder, base: Tid, src: Tid) -> Tid {
     b.op("copy_", "CopySlices", &[base, src], &[out], &[], if rg { bw } else { &[] })[0]
 }
 
-/// `k_rot.expand(-1, a, -1, -1)`: a view; ExpandBackward0 sums the gradient back to
-/// `[b, 1, s, d_r]`.
-fn expand_heads(b: &mut Builder, x: Tid) -> Tid {
+/// The shared rotary key expanded over the heads into `shape` (`k_rot.expand(-1, a, -1, -1)`
+/// here, `[b, a, s, d_r]`; torchtitan's `k_pe.expand(-1, -1, n_heads, -1)`, `[b, s, a, d_r]`): a
+/// view; ExpandBackward0 sums the gradient back to the key's one head.
+pub(super) fn expand_heads(b: &mut Builder, x: Tid, shape: Shape) -> Tid {
     let (bytes, dtype) = (b.bytes(x), b.t(x).dtype);
-    let out = b.view_out(x, bhsw(A, DR));
+    let out = b.view_out(x, shape);
     let bw: &[B] = if b.rg(x) { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
     b.op("expand", "ExpandBackward0", &[x], &[out], &[], bw)[0]
 }
@@ -379,7 +380,7 @@ pub fn attention(b: &mut Builder, w: &MlaW, spec: &ModelSpec, x: Tid, sh: &Share
     let kvb4 = b.view(kvb, kvb_shape, "ViewBackward0", true);
     let kvt = b.view(kvb4, bhsw(A, Dim::X(X::MlaKvB)), "TransposeBackward0", false);
     let (k_nope, value) = split2(b, kvt, bhsw(A, DN), bhsw(A, DV));
-    let k_rot_e = expand_heads(b, k_rot);
+    let k_rot_e = expand_heads(b, k_rot, bhsw(A, DR));
     let key0 = b.plain("new_empty", &[kvb], bhsw(A, D), Dt::Model);
     let key1 = copy_slice(b, key0, k_nope);
     let key = copy_slice(b, key1, k_rot_e);

@@ -248,11 +248,22 @@ fn tok_embeddings(b: &mut Builder, p: &Params, ids: Tid) -> Tid {
     sp_reduce_scatter(b, partial)
 }
 
-/// torchtitan 0.2.2's Llama 3 (`Transformer`, see the module doc).
-pub struct Llama3;
-impl Modeling for Llama3 {
-    /// `Transformer.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers
-    /// read `self.freqs_cis` (a buffer, [`freqs_cis`]).
+/// What every torchtitan model this module follows shares (Llama 3's `Transformer.forward`,
+/// its Qwen3's, DeepSeek-V3's and Llama 4's alike): `h = self.tok_embeddings(tokens)`, rebound
+/// by every block (the embedding's output goes with the first block's saves), the blocks reading
+/// one RoPE table the model registers as a buffer (model state, not an activation: no sin beside
+/// it), `nn.RMSNorm`, and the framework's own code — SDPA with `is_causal=True` (no mask),
+/// positions of its own ([`Modeling::framework_code`]). A model names its RoPE buffer's shape
+/// and its block; [`Modeling`] follows for every [`TitanModel`].
+trait TitanModel: Sync {
+    /// The RoPE buffer as the blocks read it.
+    fn rope_shape(&self) -> Shape;
+    /// One `TransformerBlock.forward` on `x`.
+    #[allow(clippy::too_many_arguments)] // Modeling::layer's signature less the attention kind
+    fn block(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind) -> Tid;
+}
+
+impl<T: TitanModel> Modeling for T {
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
         let x0 = tok_embeddings(b, p, ids);
         b.module = "";
@@ -260,27 +271,37 @@ impl Modeling for Llama3 {
     }
     fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
         let _ = attn;
-        Shared { cos: freqs_cis(b, spec), ..Shared::default() }
+        let cos = super::common::has_rope(spec).then(|| b.external(self.rope_shape(), Dt::F32, Origin::Buffer, false));
+        Shared { cos, ..Shared::default() }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = (spec, kind, attn);
-        layer(b, p, x, sh)
+        let _ = attn;
+        self.block(b, p, spec, x, sh, kind)
     }
     fn norm(&self) -> Norm {
         NORM
     }
-    /// `h` is rebound by every layer: the embedding's output goes with the first layer's saves.
     fn x0_is_local(&self) -> bool {
         false
     }
-    /// The `freqs_cis` buffer `[s, d/2]` complex64, no sin.
     fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (freqs_shape(), Dt::F32, false))
+        super::common::has_rope(spec).then(|| (self.rope_shape(), Dt::F32, false))
     }
-    /// The framework's own model code: SDPA with `is_causal=True` (no mask), RoPE tables as
-    /// registered buffers, positions of its own ([`Modeling::framework_code`]).
     fn framework_code(&self) -> bool {
         true
+    }
+}
+
+/// torchtitan 0.2.2's Llama 3 (`Transformer`, see the module doc): its RoPE buffer `freqs_cis`
+/// `[s, d/2]` complex64 ([`freqs_shape`]), its block [`layer`].
+pub struct Llama3;
+impl TitanModel for Llama3 {
+    fn rope_shape(&self) -> Shape {
+        freqs_shape()
+    }
+    fn block(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind) -> Tid {
+        let _ = (spec, kind);
+        layer(b, p, x, sh)
     }
 }
 
@@ -360,44 +381,21 @@ fn qwen3_attention(b: &mut Builder, w: &AttnW, x: Tid, sh: &Shared) -> Tid {
     out
 }
 
-/// The model's forward before the layers, as Qwen3's and DeepSeek-V3's write it:
-/// `h = self.tok_embeddings(tokens)`, the layers then reading the model's RoPE buffer
-/// ([`rope_buffer`] of `shape`).
-fn embed_then_buffer(b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, shape: Shape) -> (Tid, Shared) {
-    let x0 = tok_embeddings(b, p, ids);
-    b.module = "";
-    (x0, rope_buffer(b, spec, shape))
-}
-
-/// The RoPE table a torchtitan model registers as a buffer (Qwen3's `rope_cache`, DeepSeek-V3's
-/// `freqs_cis`), of `shape` as the layers read it: model state, not an activation; none without
-/// RoPE.
-fn rope_buffer(b: &mut Builder, spec: &ModelSpec, shape: Shape) -> Shared {
-    let cos = super::common::has_rope(spec).then(|| b.external(shape, Dt::F32, Origin::Buffer, false));
-    Shared { cos, ..Shared::default() }
-}
-
 /// torchtitan 0.2.2's Qwen3 (`models/qwen3/model/model.py` `Qwen3Model`, dense): its Llama 3
 /// ([`Llama3`]: `nn.RMSNorm`, no mask, no position ids, the same loss) with per-head q/k norms
 /// ([`qwen3_attention`]) and RoPE as transformers writes it (`rotate_half`) against the
 /// `rope_cache` buffer (`[max_seq_len, 2 × head_dim]` fp32: cos then sin, [`qwen3_rope`]).
 pub struct Qwen3;
-impl Modeling for Qwen3 {
-    /// `Qwen3Model.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers read
-    /// `self.rope_cache` (a buffer).
-    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let _ = attn;
-        embed_then_buffer(b, p, spec, ids, rope_cache_shape())
-    }
-    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
-        let _ = attn;
-        rope_buffer(b, spec, rope_cache_shape())
+impl TitanModel for Qwen3 {
+    /// `self.rope_cache`, as one `[s, d]` half (the blocks cut cos and sin from it).
+    fn rope_shape(&self) -> Shape {
+        rope_cache_shape()
     }
     /// `TransformerBlock.forward`: Llama 3's block with [`qwen3_attention`], and on an MoE
     /// layer (`moe_enabled`) torchtitan's `MoE` ([`moe`]) in place of `FeedForward`:
     /// `x = x + self.moe(self.ffn_norm(x))`.
-    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = (spec, attn);
+    fn block(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind) -> Tid {
+        let _ = spec;
         let aw = AttnW::new(b, p);
         let ffn = Ffn::new(b, p, kind, MoeW::new);
         // Under TP the dense block is Llama 3's ([`tp_mlp`]; MoE layers with TP are refused).
@@ -413,21 +411,6 @@ impl Modeling for Qwen3 {
             (qwen3_attention(b, &aw, n, sh), None)
         };
         decoder_layer(b, p, x, NORM, attention, ffn)
-    }
-    fn norm(&self) -> Norm {
-        NORM
-    }
-    fn x0_is_local(&self) -> bool {
-        false
-    }
-    /// The `rope_cache` buffer, as one `[s, d]` half (the layers cut cos and sin from it).
-    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (rope_cache_shape(), Dt::F32, false))
-    }
-    /// The framework's own model code: SDPA with `is_causal=True` (no mask), RoPE tables as
-    /// registered buffers, positions of its own ([`Modeling::framework_code`]).
-    fn framework_code(&self) -> bool {
-        true
     }
 }
 
@@ -534,11 +517,8 @@ fn mla_attention(b: &mut Builder, w: &super::deepseek::MlaW, spec: &ModelSpec, x
     b.part = Part::AttentionCore;
     let kvb4 = b.view(kvb, kvb_shape, "ViewBackward0", false);
     let (k_nope, v) = split2(b, kvb4, bshw(A, DN), bshw(A, DV));
-    // `k_pe.expand(-1, -1, n_heads, -1)`: a view; ExpandBackward0 sums the gradient back.
-    let (bytes, dtype, rg) = (b.bytes(k_rot), b.t(k_rot).dtype, b.rg(k_rot));
-    let ex = b.view_out(k_rot, bshw(A, DR));
-    let bw: &[B] = if rg { &[B::Alloc { bytes, dtype, op: "sum" }, B::Grad { input: 0, temp: 0 }] } else { &[] };
-    let k_rot_e = b.op("expand", "ExpandBackward0", &[k_rot], &[ex], &[], bw)[0];
+    // `k_pe.expand(-1, -1, n_heads, -1)`.
+    let k_rot_e = super::deepseek::expand_heads(b, k_rot, bshw(A, DR));
     let k = super::common::cat_promote(b, k_nope, k_rot_e, bshw(A, D));
     let qt = b.view(qc, bhsw(A, D), "TransposeBackward0", false);
     let kt = b.view(k, bhsw(A, D), "TransposeBackward0", false);
@@ -583,40 +563,20 @@ impl SharedMoeW {
 /// without `route_norm`, applied after the experts, plus the shared experts), `nn.RMSNorm`, the
 /// same loss as its Llama 3.
 pub struct DeepseekV3;
-impl Modeling for DeepseekV3 {
-    /// `DeepSeekV3Model.forward` before the layers: `h = self.tok_embeddings(tokens)`; the
-    /// layers read `self.freqs_cis` (a buffer).
-    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let _ = attn;
-        embed_then_buffer(b, p, spec, ids, mla_freqs_shape())
-    }
-    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
-        let _ = attn;
-        rope_buffer(b, spec, mla_freqs_shape())
+impl TitanModel for DeepseekV3 {
+    /// `self.freqs_cis` over the rotary head.
+    fn rope_shape(&self) -> Shape {
+        mla_freqs_shape()
     }
     /// `TransformerBlock.forward`: `x = x + self.attention(self.attention_norm(x), freqs_cis, …)`,
     /// then `x + self.moe(self.ffn_norm(x))` on an MoE block, `x + self.feed_forward(…)` on a
     /// dense one.
-    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = attn;
+    fn block(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind) -> Tid {
         let aw = super::deepseek::MlaW::new(b, p);
         let ffn = Ffn::new(b, p, kind, SharedMoeW::new);
         let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w.moe, n, DEEPSEEK_MOE, Some(&w.shared)));
         let attention = |b: &mut Builder, n: Tid| (mla_attention(b, &aw, spec, n, sh), None);
         decoder_layer(b, p, x, NORM, attention, ffn)
-    }
-    fn norm(&self) -> Norm {
-        NORM
-    }
-    fn x0_is_local(&self) -> bool {
-        false
-    }
-    /// The `freqs_cis` buffer over the rotary head.
-    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (mla_freqs_shape(), Dt::F32, false))
-    }
-    fn framework_code(&self) -> bool {
-        true
     }
 }
 
@@ -627,39 +587,20 @@ impl Modeling for DeepseekV3 {
 /// `MoEArgs` on the others: sigmoid scores, top-1, no `route_norm`, the scores scaling the
 /// experts' inputs (`score_before_experts`), one shared expert of the experts' auto-scaled width.
 pub struct Llama4;
-impl Modeling for Llama4 {
-    /// `Transformer.forward` before the layers: `h = self.tok_embeddings(tokens)`; the layers
-    /// read `self.freqs_cis` (a buffer, Llama 3's).
-    fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        let _ = attn;
-        embed_then_buffer(b, p, spec, ids, freqs_shape())
-    }
-    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
-        let _ = attn;
-        rope_buffer(b, spec, freqs_shape())
+impl TitanModel for Llama4 {
+    /// Llama 3's `freqs_cis`.
+    fn rope_shape(&self) -> Shape {
+        freqs_shape()
     }
     /// `TransformerBlock.forward`: `h = x + self.attention(self.attention_norm(x), …)`, then
     /// `h + self.moe(self.ffn_norm(h))` on an MoE block (`(layer_id + 1) %
     /// interleave_moe_layer_step == 0`), `h + self.feed_forward(self.ffn_norm(h))` otherwise.
-    fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind, attn: Attention) -> Tid {
-        let _ = (spec, attn);
+    fn block(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, kind: Kind) -> Tid {
+        let _ = spec;
         let aw = AttnW::new(b, p);
         let ffn = Ffn::new(b, p, kind, SharedMoeW::new);
         let ffn = |b: &mut Builder, n: Tid| ffn.forward(b, n, |b, w, n| moe(b, &w.moe, n, LLAMA4_MOE, Some(&w.shared)));
         decoder_layer(b, p, x, NORM, |b, n| attention(b, &aw, n, sh), ffn)
-    }
-    fn norm(&self) -> Norm {
-        NORM
-    }
-    fn x0_is_local(&self) -> bool {
-        false
-    }
-    /// Llama 3's `freqs_cis` buffer `[s, d/2]` complex64.
-    fn rope_tables(&self, spec: &ModelSpec) -> Option<(Shape, Dt, bool)> {
-        super::common::has_rope(spec).then(|| (freqs_shape(), Dt::F32, false))
-    }
-    fn framework_code(&self) -> bool {
-        true
     }
 }
 
@@ -860,8 +801,10 @@ fn experts(b: &mut Builder, w: &MoeW, x: Tid, counts: Tid) -> Tid {
     out
 }
 
-/// torchtitan's `MoE.forward` (`models/moe/moe.py`, 0.2.2) as its Qwen3 MoE runs it: no shared
-/// expert, the scores applied after the experts (`score_before_experts = False`):
+/// torchtitan's `MoE.forward` (`models/moe/moe.py`, 0.2.2) as `how` sets it up ([`TitanMoe`]) and
+/// with the `shared` experts' `FeedForward` if any; written out as its Qwen3 MoE runs it (no
+/// shared expert, the scores applied after the experts, `score_before_experts = False`; Llama 4's
+/// scaling of the experts' inputs and sum over the top-k are in the code below):
 /// ```python
 /// x = x.view(-1, dim)
 /// top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
@@ -969,12 +912,6 @@ const TITAN_SHARED_EXPERTS: super::common::Gated = super::common::Gated {
     width: Dim::X(X::FS),
     act: super::common::SILU,
 };
-
-/// `self.freqs_cis` as the layers read it (`reshape_for_broadcast`: a view of the buffer's first
-/// `seqlen` rows): model state, not an activation.
-fn freqs_cis(b: &mut Builder, spec: &ModelSpec) -> Option<Tid> {
-    super::common::has_rope(spec).then(|| b.external(freqs_shape(), Dt::F32, Origin::Buffer, false))
-}
 
 /// torchtitan's RoPE buffer, registered by the model (`register_buffer(…, persistent=False)`) for
 /// `max_seq_len` = `training.seq_len` (`update_from_config`), fp32 (FSDP2's `param_dtype` casts
