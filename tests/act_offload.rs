@@ -97,3 +97,53 @@ fn under_full_checkpointing_torchtune_offloads_each_layers_input_and_the_final_n
     let all = estimate_json("--seq 8192 --precision bf16 --recompute full --act_offload save_on_cpu").expect("estimated");
     assert!(host_row(&all).is_some_and(|b| b > bytes), "save_on_cpu moves the head's and the loss's saves too");
 }
+
+/// Transformer Engine's per-layer offloading (`act_offload_layers`, Megatron's
+/// `--cpu-offloading-num-layers`): what the first `n` layers push leaves the device `L − n`
+/// layers later, so the step's peak falls as `n` grows, and the host holds `n` layers' copies —
+/// on Megatron's own modules (`framework=megatron`) and around transformers' layers with eager
+/// attention (measured: `recipes/llama-gqa-L4.json`).
+#[test]
+fn offloading_more_layers_fills_more_host_memory_and_never_raises_the_peak() {
+    for base in ["--framework megatron --seq 8192 --precision mixed-bf16", "--attn eager --seq 4096 --precision bf16"] {
+        let plain = estimate_json(base).expect("estimated");
+        let (mut host, mut peak) = (0, plain["memory"]["peak"].as_u64().unwrap_or(0));
+        for n in [4, 8, 16] {
+            let v = estimate_json(&format!("{base} --act_offload_layers {n}")).expect("estimated");
+            assert_eq!(v["query"].as_str().map(|q| q.contains(&format!("act_offload_layers={n}"))), Some(true), "{}", v["query"]);
+            let h = host_row(&v).expect("the offloaded_activations host row");
+            let p = v["memory"]["peak"].as_u64().unwrap_or(u64::MAX);
+            assert!(h > host, "{base} n={n}: host {h} not above {host}");
+            assert!(p <= peak, "{base} n={n}: peak {p} above {peak}");
+            (host, peak) = (h, p);
+        }
+        assert!(peak < plain["memory"]["peak"].as_u64().unwrap_or(0), "{base}: 16 layers offloaded lower the peak");
+    }
+}
+
+#[test]
+fn per_layer_offloading_is_refused_by_its_key_where_megatron_or_transformer_engine_refuses_it() {
+    for (args, says) in [
+        // Transformer Engine: the last layer is never offloaded.
+        ("--framework megatron --act_offload_layers 32", "all but the last layer"),
+        // Megatron-Core's TransformerConfig checks.
+        ("--framework megatron --act_offload_layers 4 --pp 2 --gpus 2", "pipeline parallelism"),
+        ("--framework megatron --act_offload_layers 4 --recompute full", "recomputation"),
+        // Around transformers' SDPA attention Transformer Engine's start_offload raises.
+        ("--act_offload_layers 4", "SDPA"),
+        ("--act_offload_layers 4 --act_offload torchtune --attn eager", "choose one"),
+    ] {
+        let err = estimate_json(args).expect_err(args);
+        assert!(err.contains("act_offload_layers") && err.contains(says), "{args}: {err}");
+    }
+}
+
+#[test]
+fn act_offload_layers_round_trips_through_the_url() {
+    let d = decode_query("model=llama-3.1-8b&framework=megatron&attn=flash&act_offload_layers=6");
+    assert!(d.errors.is_empty(), "{:?}", d.errors);
+    assert_eq!(d.config.act_offload_layers, 6);
+    let encoded = encode_query(&d.config);
+    assert!(encoded.contains("act_offload_layers=6"), "{encoded}");
+    assert_eq!(decode_query(&encoded).config, d.config);
+}

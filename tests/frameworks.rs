@@ -305,6 +305,8 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("recipe=megatron-lm-llama3-8b-fp8&accum=1&precision=mixed-bf16-fp32grad"),
             q("model=llama-3.1-70b&framework=megatron&attn=flash&gpus=64&tp=8&pp=4&vpp=5&sp=true&zero=1&precision=mixed-bf16-fp32grad&recompute=selective&seq=8192&accum=16"),
             q("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&tp=2&cp=2&sp=true&zero=1&precision=mixed-bf16&recompute=full&batch=2"),
+            // Transformer Engine's per-layer offloading: --cpu-offloading-num-layers.
+            q("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&tp=2&sp=true&zero=1&precision=mixed-bf16&act_offload_layers=8&seq=8192"),
         ],
     }
 }
@@ -512,4 +514,18 @@ fn print_recipe_pairs() {
             println!("UNKNOWN {} {}", r.id, k.key);
         }
     }
+}
+
+#[test]
+fn megatrons_cpu_offloading_of_n_layers_reads_as_act_offload_layers_from_its_flags_and_bridges_yaml() {
+    let args = "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 \\\n  --num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 8192 --micro-batch-size 1 --bf16 \\\n  --cpu-offloading --cpu-offloading-num-layers 6\n";
+    let imp = import(&[("run.sh", args)]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.config.act_offload_layers, 6, "{:?}", imp.keys);
+    let yaml = "model:\n  num_layers: 32\n  cpu_offloading: true\n  cpu_offloading_num_layers: 4\nddp:\n  use_distributed_optimizer: true\ntrain:\n  micro_batch_size: 1\n";
+    let imp = import(&[("bridge.yaml", yaml)]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.config.act_offload_layers, 4, "{:?}", imp.keys);
+    // Without cpu_offloading the block wraps nothing.
+    let off = yaml.replace("cpu_offloading: true", "cpu_offloading: false");
+    let imp = import(&[("bridge.yaml", off.as_str())]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.config.act_offload_layers, 0, "{:?}", imp.keys);
 }

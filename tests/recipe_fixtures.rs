@@ -95,6 +95,11 @@ fn config_of(doc: &Value, r: &Value) -> Result<Config, String> {
         "optim_in_bwd" => set(&mut c, "optim_in_bwd", "true")?,
         "act_offload=torchtune" => set(&mut c, "act_offload", "true")?,
         "act_offload=save_on_cpu" => set(&mut c, "act_offload", "save_on_cpu")?,
+        // Transformer Engine's per-layer offloading around each decoder layer (Megatron's
+        // `--cpu-offloading-num-layers`), ported: `llama-gqa-L4.json`.
+        r if r.starts_with("act_offload_layers=") => set(&mut c, "act_offload_layers", &r["act_offload_layers=".len()..])?,
+        // The same variant without a recipe: the anchor of its offloading records.
+        "eager" => {}
         "optim=paged_adamw8bit" => {
             set(&mut c, "optim", "adam8bit")?;
             set(&mut c, "optim_paged", "true")?;

@@ -70,13 +70,19 @@ EXTRA_RECIPES = ("compile=layer+recompute=op", "compile=layer+recompute=full",  
                  # activation offloading with transformers' full checkpointing (non-reentrant, every layer): the
                  # checkpoints' positional inputs packed by the outer hooks (written to --out offload_ckpt/)
                  "act_offload=torchtune+recompute=full", "act_offload=save_on_cpu+recompute=full",
-                 "act_offload=torchtune+recompute=op", "act_offload=save_on_cpu+recompute=op")
+                 "act_offload=torchtune+recompute=op", "act_offload=save_on_cpu+recompute=op",
+                 # Transformer Engine's per-layer offloading around each decoder layer (Megatron's
+                 # --cpu-offloading-num-layers), on `llama-gqa-L4` at --seq 2048 (its hidden states reach TE's 256K
+                 # elements; written to --out te_offload/)
+                 "act_offload_layers=1", "act_offload_layers=2", "act_offload_layers=3")
 
 # Deep variants (recipe records only): with 2 layers and V = 1000 the loss dominates every eager step peak, so the
 # recipes' backward transients (recomputation, brought-back tensors, freed gradients) never set the peak. With 8
 # layers the activations dominate. Their eager anchors are measured here too ("eager", "recompute=full").
 DEEP = {
     "llama-gqa-L8": ("llama", dict(M.LLAMA_LIKE, num_hidden_layers=8), "llama-gqa with 8 layers (recipe peaks)"),
+    "llama-gqa-L4": ("llama", dict(M.LLAMA_LIKE, num_hidden_layers=4, max_position_embeddings=4096),
+                     "llama-gqa with 4 layers and 4,096 positions (Transformer Engine's per-layer offloading)"),
     "mixtral-L8": ("mixtral", dict(M.LLAMA_LIKE, num_hidden_layers=8, head_dim=M.D, num_local_experts=4,
                                    num_experts_per_tok=2), "mixtral with 8 layers (recipe peaks)"),
 }
@@ -197,7 +203,10 @@ def _logged(log, ctx, func, policy, mm_count):
 # ====================================================================================================================
 
 def attn_for(family: str, refused: dict) -> str:
-    return "eager" if "sdpa" in refused.get(family, {}) else "sdpa"
+    return ATTN_OVERRIDE or ("eager" if "sdpa" in refused.get(family, {}) else "sdpa")
+
+
+ATTN_OVERRIDE = None  # --attn
 
 
 def decoder_layers(model):
@@ -931,7 +940,7 @@ MEASURERS = {"compile=layer": measure_compile,
 
 
 def main():
-    global S
+    global S, B
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--only", default=None, help="substring of the record id")
@@ -939,11 +948,17 @@ def main():
     ap.add_argument("--families", default=None)
     ap.add_argument("--seq", type=int, default=S, help="sequence length (default 64; the compile formulas are "
                     "also checked at 128)")
+    ap.add_argument("--batch", type=int, default=B, help="batch size (default 2)")
+    ap.add_argument("--attn", default=None, help="attention for every record (default: sdpa where transformers "
+                    "accepts it, else eager)")
     ap.add_argument("--child", nargs=5, metavar=("FAMILY", "DTYPE", "ATTN", "RECIPE", "OUT_JSON"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     S = args.seq
+    B = args.batch
+    global ATTN_OVERRIDE
+    ATTN_OVERRIDE = args.attn
     if args.child:
         family, dtype, attn, recipe, out_json = args.child
         opts: dict = {}
@@ -1022,7 +1037,7 @@ def run_child(family, dtype, attn, recipe):
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rec.json")
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--seq", str(S), "--child", family, dtype,
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--seq", str(S), "--batch", str(B), "--child", family, dtype,
                             attn, recipe, out],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0 or not os.path.exists(out):
@@ -1660,6 +1675,254 @@ class CpuSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack_to_cpu, unpack_from_cpu)
 
 
+# Transformer Engine 2.20.2's per-layer activation offloading (`act_offload_layers`), ported to a machine without a GPU
+# --------------------------------------------------------------------------------------------------------------------
+
+TE_MIN_NUMEL = 256 * 1024  # OffloadableLayerState._check_if_offload: "at least 256k elements"
+
+
+class CpuTeLayerState:
+    """transformer_engine 2.20.2 pytorch/cpu_offload.py OffloadableLayerState (retain_pinned_cpu_buffers=False) and
+    TensorGroupProcessor, line for line, with the substitutions of CpuOffloadActivations: streams and events are no-ops
+    (every copy completes at once), the pinned host buffer (`torch.empty_like(t, device="cpu", pin_memory=True)`) is
+    an ordinary CPU tensor made outside the tracker's view, a reload (`torch.empty_like(t, device="cuda")`) is a
+    tracked allocation, `t.device.type == "cuda"` reads "cpu"."""
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+        self.fwd = []  # fwd_gpu_tensor_group.tensor_list
+        self.cpu = []  # cpu_tensor_group.tensor_list
+        self.bwd = []  # bwd_gpu_tensor_group.tensor_list
+        self.aux = {}
+        self.state = "not_offloaded"
+
+    def start_offload(self):
+        assert self.state == "not_offloaded", self.state
+        self.state = "offload_started"
+        # tensor_group_process_before_offload: _switch_to_base_tensors, then _deduplicate_tensors
+        views = []
+        for i, t in enumerate(self.fwd):
+            if getattr(t, "offload_base_tensor", False) or (t._base is not None and t._base.numel() == t.numel()):
+                views.append((t.shape, t.stride(), t.storage_offset()))
+                self.fwd[i] = t._base
+            else:
+                views.append(None)
+        dedup, index, original = [], {}, []
+        for t in self.fwd:
+            if id(t) not in index:
+                index[id(t)] = len(dedup)
+                dedup.append(t)
+            original.append(index[id(t)])
+        self.fwd = dedup
+        for i, t in enumerate(self.fwd):
+            if not t.is_contiguous():
+                raise ValueError(f"Tensor at index {i} must be contiguous for CPU offloading, but got non-contiguous "
+                                 f"tensor with shape={t.shape}, stride={t.stride()}, dtype={t.dtype}")
+            self.cpu.append(_host_copy(t, ledger=self.ledger))
+            self.ledger.offloaded.append({"shape": list(t.shape), "dtype": M.dtype_name(t.dtype),
+                                          "bytes": t.numel() * t.element_size()})
+        self.aux = {"views": views, "original_tensor_ids": original}
+
+    def release_activation_forward_gpu_memory(self):
+        assert self.state == "offload_started", self.state
+        self.state = "offload_finished"
+        self.fwd = []
+
+    def start_reload(self):
+        assert self.state == "offload_finished", self.state
+        self.state = "reload_started"
+        bwd = [_device_copy(h) for h in self.cpu]
+        bwd = [bwd[j] for j in self.aux["original_tensor_ids"]]  # _restore_tensor_duplicates
+        self.bwd = [t.as_strided(*v) if v is not None else t for t, v in zip(bwd, self.aux["views"])]
+
+    def push_tensor(self, t):
+        assert self.state == "not_offloaded", self.state
+        if self._check_if_offload(t):
+            self.fwd.append(t)
+            return len(self.fwd) - 1
+        return t
+
+    def pop_tensor(self, x):
+        assert self.state in ("not_offloaded", "reload_started"), self.state
+        if isinstance(x, torch.Tensor):
+            return x
+        if self.state == "not_offloaded":
+            return self.fwd[x]
+        return self.bwd[x]
+
+    def release_all_memory(self):
+        self.fwd = []
+        self.cpu = []
+        self.bwd = []
+        self.state = "not_offloaded"
+
+    def _check_if_offload(self, t):
+        entry = {"shape": list(t.shape), "dtype": M.dtype_name(t.dtype), "numel": t.numel(),
+                 "contiguous": t.is_contiguous(), "is_parameter": isinstance(t, torch.nn.Parameter),
+                 "layer": self.ledger.num_of_fwds}
+        self.ledger.log.append(entry)
+        if t.numel() < TE_MIN_NUMEL:
+            entry["decision"] = "kept: < 256K elements"
+            return False
+        if not isinstance(t, torch.nn.Parameter) and not getattr(t, "_TE_do_not_offload", False):
+            if not t.is_contiguous() and not getattr(t, "offload_base_tensor", False):
+                entry["decision"] = "kept: not contiguous"
+                return False
+            entry["decision"] = "pushed"
+            return True
+        entry["decision"] = "kept: Parameter"
+        return False
+
+
+class CpuTeLayerOffload:
+    """transformer_engine 2.20.2 pytorch/cpu_offload.py `get_cpu_offload_context(enabled=True, num_layers=n,
+    model_layers=L)` (DefaultOffloadSynchronizer and _CpuOffloadContext), line for line but for the CpuTeLayerState
+    substitutions; applied as Megatron-Core's TransformerBlock applies it (`with self.offload_context: hidden_states =
+    layer(...)`, then `hidden_states = self.group_prefetch_offload_commit_async(hidden_states)`) around each of
+    transformers' decoder layers."""
+
+    def __init__(self, n, num_layers):
+        if n > num_layers - 1:
+            raise ValueError("Cannot offload all layers without manual synchronization - last layer is not offloaded.")
+        self.num_layers = num_layers
+        self.log, self.offloaded = [], []
+        self.host_bytes = self.host_peak = self.host_total = 0
+        self.layer_states = {i: CpuTeLayerState(self) for i in range(num_layers)}
+        self.num_of_fwds = None
+        self.previous_bwd_layer_id = None
+        self.current_layer_id = None
+        self.offload_layer_map = {i: i < n for i in range(num_layers)}
+        self.finish_offload_map = defaultdict(list)
+        self.start_reload_map = defaultdict(list)
+        for i in range(n):
+            self.finish_offload_map[num_layers - n + i].append(i)
+            self.start_reload_map[num_layers - 1 - n + i].append(i)
+        self.inside = False
+        self.current_layer = None
+
+    # OffloadSynchronizer / DefaultOffloadSynchronizer
+    def fwd_step(self):
+        if self.num_of_fwds in (None, self.num_layers - 1):
+            for s in self.layer_states.values():
+                s.release_all_memory()
+            self.num_of_fwds = 0
+        else:
+            self.num_of_fwds += 1
+        self.current_layer_id = self.num_of_fwds
+        if self.offload_layer_map.get(self.current_layer_id - 1, False):
+            self.layer_states[self.current_layer_id - 1].start_offload()
+        for layer in self.finish_offload_map[self.current_layer_id]:
+            self.layer_states[layer].release_activation_forward_gpu_memory()
+        return self.current_layer_id
+
+    def bwd_step(self, layer_num):
+        if self.previous_bwd_layer_id is not None:
+            self.layer_states[self.previous_bwd_layer_id].release_all_memory()
+        self.previous_bwd_layer_id = layer_num
+        self.current_layer_id = layer_num
+        for layer in self.start_reload_map[layer_num]:
+            self.layer_states[layer].start_reload()
+
+    def push_tensor(self, t):
+        if not self.offload_layer_map.get(self.num_of_fwds, False):
+            return t
+        return self.layer_states[self.num_of_fwds].push_tensor(t)
+
+    def pop_tensor(self, x):
+        return self.layer_states[self.current_layer_id].pop_tensor(x)
+
+    def finish_part_of_bwd(self):
+        if self.previous_bwd_layer_id is not None:
+            self.layer_states[self.previous_bwd_layer_id].release_all_memory()
+        self.previous_bwd_layer_id = None
+
+    # _CpuOffloadContext
+    def __enter__(self):
+        assert not self.inside
+        self.inside = True
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.push_tensor, self.pop_tensor)
+        self._hooks.__enter__()
+        self.current_layer = self.fwd_step()
+        return self
+
+    def __exit__(self, *args):
+        self._hooks.__exit__(*args)
+        self.inside = False
+
+    def synchronization_function(self, tensor):
+        assert tensor.requires_grad and self.current_layer is not None and not self.inside
+        cur = self.current_layer
+
+        def hook(_):
+            torch.autograd.variable.Variable._execution_engine.queue_callback(self.finish_part_of_bwd)
+            self.bwd_step(cur)
+        tensor.grad_fn.register_prehook(hook)
+        return tensor
+
+
+def measure_te_offload(family, dtype, attn, recipe, opts):
+    n = int(recipe.split("=", 1)[1])
+    model = M.build_model(family, dtype, attn, 0.0, None)
+    cfg = M.config_dict(model)
+    opts["cfg"] = cfg
+    ids = M.make_ids(model, B, S)
+    opt = torch.optim.AdamW(model.parameters())
+    layers = list(decoder_layers(model))
+    hooks: dict = {}
+    originals = []
+    for layer in layers:
+        orig = layer.forward
+        originals.append((layer, orig))
+
+        def fwd(*a, _orig=orig, **k):
+            ctx = hooks["ctx"]
+            with ctx:
+                out = _orig(*a, **k)
+            return ctx.synchronization_function(out)
+        layer.forward = fwd
+
+    def forward(model, ids):
+        # Megatron's TransformerBlock keeps one context for the run; its fwd_step resets every layer's state at the
+        # first layer of each forward. One per step here (the states are empty between steps either way).
+        hooks["ctx"] = CpuTeLayerOffload(n, len(layers))
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        return out.loss, out
+    fwd_host = {}
+
+    def on_forward(tr, out, loss, step):
+        fwd_host[step] = (hooks["ctx"].host_bytes, hooks["ctx"].host_total)
+    torch.manual_seed(M.DATA_SEED)
+    s1, s2 = tracked_steps(model, opt, ids, forward=forward, on_forward=on_forward, log_events=True)
+    for layer, orig in originals:
+        layer.forward = orig
+    ctx = hooks["ctx"]
+    pi = param_info(model)
+    step = step_summary(s2, s1, pi["parameter_bytes"])
+    step["checks"] = {"backward_unexplained": s2["live_end_of_phase"].get("backward", 0) - pi["parameter_bytes"],
+                      "end_of_step_alive": [f"{e['op']}@{e['module']} {e['bytes']}" for e in s2["still_alive"]],
+                      "unclassified_preexisting": s2["preexisting_bytes"].get("other", 0),
+                      "host_bytes_after_backward": ctx.host_bytes}
+    step["host_bytes_after_forward"] = fwd_host[1][0]
+    step["host_bytes_copied_in_forward"] = fwd_host[1][1]
+    step["host_peak_bytes"] = ctx.host_peak
+    rows: dict[tuple, dict] = {}
+    for e in ctx.log:
+        key = (e["layer"], e["decision"], e["dtype"], tuple(e["shape"]), e["contiguous"], e["is_parameter"])
+        r = rows.setdefault(key, {"layer": key[0], "decision": key[1], "dtype": key[2], "shape": list(key[3]),
+                                  "contiguous": key[4], "is_parameter": key[5], "count": 0})
+        r["count"] += 1
+    rec = base_record(family, dtype, attn, model, cfg, recipe)
+    rec.update({"recipe": {"act_offload_layers": n, "num_layers": len(layers),
+                           "code": "transformer_engine 2.20.2 pytorch/cpu_offload.py get_cpu_offload_context "
+                                   "(DefaultOffloadSynchronizer), ported (CpuTeLayerOffload); around each decoder layer "
+                                   "as Megatron-Core's TransformerBlock", "min_numel": TE_MIN_NUMEL},
+                "saved_bytes": None, "step": step, "packed": list(rows.values()),
+                "offloaded": ctx.offloaded, "offloaded_bytes": sum(e["bytes"] for e in ctx.offloaded), "saved": []})
+    del model, opt
+    gc.collect()
+    return rec
+
+
 def measure_offload(family, dtype, attn, recipe, opts):
     kind, _, ckpt = recipe.split("=", 1)[1].partition("+")
     model = M.build_model(family, dtype, attn, 0.0, None)
@@ -1916,6 +2179,8 @@ def measure_eager_recipe(family, dtype, attn, recipe, opts):
         return measure_checkpoint_recipe(family, dtype, attn, recipe, opts)
     if recipe == "optim_in_bwd":
         return measure_optim_in_bwd(family, dtype, attn, opts)
+    if recipe.startswith("act_offload_layers="):
+        return measure_te_offload(family, dtype, attn, recipe, opts)
     if recipe.startswith("act_offload"):
         return measure_offload(family, dtype, attn, recipe, opts)
     if recipe == "optim=paged_adamw8bit":

@@ -253,6 +253,9 @@ impl StageResult {
 /// `host_bytes_copied_in_forward`.
 fn offloaded_activations_row(setup: &step::model::Setup, pieces: &step::fast::Pieces) -> Option<Row> {
     use crate::estimator::expr::{Expr, Sym};
+    if let Some(lo) = setup.layer_offload() {
+        return layer_offloaded_row(&lo, pieces);
+    }
     let off = setup.offload()?;
     let count = |p: &step::ir::Program| step::run::offloaded_bytes(p, &off);
     let mut terms = vec![Expr::var(Sym::new("H", "emb", "host bytes the model's start offloads"), count(&pieces.pro))];
@@ -285,6 +288,49 @@ fn offloaded_activations_row(setup: &step::model::Setup, pieces: &step::fast::Pi
             source,
         )
         .note("each moved saved tensor at its own size, all alive when backward starts; brought back node by node in backward"),
+    )
+}
+
+/// The pinned host memory Transformer Engine's per-layer offloading fills
+/// (`act_offload_layers = n`, [`step::te_offload`]): the first `n` layers' pushed saves, each
+/// base once, all copied by the time the forward pass ends (layer `n − 1`'s as layer `n`
+/// enters) and alive until each layer's backward is over:
+///
+/// `H_off = Σ_{i < n} H_layer(i)`
+///
+/// where `H_layer` sums `numel · element_size` over the layer's saved tensors of at least 256 K
+/// elements that are not parameters (and, around transformers' layers, are contiguous), a view
+/// with as many elements as its base counted as the base, each base once — Transformer Engine
+/// 2.20.2 `pytorch/cpu_offload.py` (`_check_if_offload`, `_switch_to_base_tensors`,
+/// `_deduplicate_tensors`). Pinned memory, per GPU process; checked against the records'
+/// `host_bytes_copied_in_forward` (`recipes/llama-gqa-L4.json`).
+fn layer_offloaded_row(lo: &step::te_offload::LayerOffload, pieces: &step::fast::Pieces) -> Option<Row> {
+    use crate::estimator::expr::{Expr, Sym};
+    let mut per: Vec<(step::fast::Key, u128, u128)> = Vec::new();
+    for k in pieces.keys.iter().take(lo.n as usize) {
+        match per.iter_mut().find(|(j, ..)| j == k) {
+            Some(e) => e.1 += 1,
+            None => {
+                let bytes = step::te_offload::layer_host_bytes(&pieces.layer(k).prog, lo, |op| op.layer != step::ir::MODEL);
+                per.push((*k, 1, bytes));
+            }
+        }
+    }
+    let terms = per.iter().map(|&(_, n, bytes)| {
+        Expr::prod([
+            Expr::var(Sym::new("n", "", "offloaded decoder layers of this kind (act_offload_layers)"), n),
+            Expr::var(Sym::new("H", "layer", "host bytes one decoder layer offloads"), bytes),
+        ])
+    });
+    Some(
+        Row::new(
+            RowId::OffloadedActivations,
+            "Offloaded activations (pinned host memory)",
+            Category::Activations,
+            Expr::sum(terms),
+            "Transformer Engine 2.20.2 pytorch/cpu_offload.py get_cpu_offload_context (DefaultOffloadSynchronizer), as Megatron-Core's TransformerBlock applies it",
+        )
+        .note("the first n layers' large saved tensors, each base once; copied as the next layer enters, released from the device L − n layers later, reloaded in backward"),
     )
 }
 

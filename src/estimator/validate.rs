@@ -228,14 +228,10 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.recompute_every > cfg.arch.layers {
         return Err(invalid("recompute_every", format!("{} exceeds the {} layers", cfg.recompute_every, cfg.arch.layers)));
     }
-    if cfg.act_offload_layers > cfg.arch.layers {
-        return Err(invalid("act_offload_layers", format!("{} exceeds the {} layers", cfg.act_offload_layers, cfg.arch.layers)));
-    }
-    if cfg.act_offload.on() && cfg.act_offload_layers > 0 {
-        return Err(invalid(
-            "act_offload_layers",
-            "offloads by layer (Megatron) where act_offload already offloads every saved tensor (torchtune): choose one",
-        ));
+    if cfg.act_offload_layers > 0 {
+        if let Some(e) = layer_offload_refusal(cfg) {
+            return Err(e);
+        }
     }
     if cfg.optim_paged && !matches!(cfg.optim, super::config::Optimizer::Adam8bit | super::config::Optimizer::Adamw) {
         return Err(invalid(
@@ -279,7 +275,7 @@ fn lightning_refusal(cfg: &Config) -> Result<(), EstimateError> {
 fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
     let master = super::precision::recipe(cfg.precision).master.is_some();
     let offload_ckpt = cfg.act_offload.on() && (cfg.recompute != Recompute::None || cfg.recompute_every > 0);
-    let pending: [(bool, &str, &str); 14] = [
+    let pending: [(bool, &str, &str); 13] = [
         (
             cfg.optim_in_bwd && master,
             "optim_in_bwd",
@@ -352,7 +348,6 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             "act_offload",
             "activation offloading with a fused chunked loss (Liger's; torchtune's CEWithChunkedOutputLoss is modelled)",
         ),
-        (cfg.act_offload_layers > 0, "act_offload_layers", "Megatron's per-layer activation offloading"),
     ];
     if let Some(&(_, key, what)) = pending.iter().find(|p| p.0) {
         return Err(invalid(key, format!("{what} is not modelled yet")));
@@ -1103,6 +1098,73 @@ pub fn unmodelled_feature(spec: &model::ModelSpec) -> Option<&'static str> {
 impl Config {
     fn heads_per_tp_invalid(&self) -> bool {
         self.tp > 1 && !self.arch.heads.is_multiple_of(self.tp)
+    }
+}
+
+/// Why `act_offload_layers` (Transformer Engine's per-layer offloading, `step::te_offload`)
+/// cannot run or is not modelled for `cfg`, if so.
+fn layer_offload_refusal(cfg: &Config) -> Option<EstimateError> {
+    let n = cfg.act_offload_layers;
+    // Transformer Engine 2.20.2 `get_cpu_offload_context`: "Cannot offload all layers without
+    // manual synchronization - last layer is not offloaded"; Megatron-Core's
+    // `TransformerConfig.__post_init__`: "CPU offloading can be done only for layers less than".
+    if n >= cfg.arch.layers {
+        return Some(invalid(
+            "act_offload_layers",
+            format!(
+                "{n} of {} layers: Transformer Engine offloads at most all but the last layer (at most {})",
+                cfg.arch.layers,
+                cfg.arch.layers.saturating_sub(1)
+            ),
+        ));
+    }
+    // Megatron-Core's `TransformerConfig.__post_init__` (main at d98e8a6).
+    if cfg.pp > 1 {
+        return Some(invalid("act_offload_layers", "Megatron has no support for pipeline parallelism with CPU offloading: set pp = 1"));
+    }
+    if cfg.recompute != Recompute::None || cfg.recompute_every > 0 {
+        return Some(invalid(
+            "act_offload_layers",
+            "Megatron's CPU offloading does not work when activation recomputation is enabled: set recompute = none",
+        ));
+    }
+    if cfg.act_offload.on() {
+        return Some(invalid(
+            "act_offload_layers",
+            "offloads by layer (Megatron) where act_offload already offloads every saved tensor (torchtune): choose one",
+        ));
+    }
+    let pending = |what: &str| Some(invalid("act_offload_layers", format!("{what} is not modelled yet")));
+    if cfg.compile {
+        return pending("Transformer Engine's per-layer offloading of compiled layers");
+    }
+    match cfg.framework {
+        Framework::Megatron => None,
+        Framework::Hf => {
+            // Measured (validation/measure_recipes.py, `CpuTeLayerOffload`): SDPA returns its
+            // output in `[b, s, h, d]` layout, o_proj saves a contiguous view of it, and
+            // `_switch_to_base_tensors` swaps that view for the non-contiguous output itself:
+            // `start_offload` raises "Tensor at index … must be contiguous for CPU offloading"
+            // as the second layer enters.
+            if cfg.attn == super::config::Attention::Sdpa {
+                return Some(invalid(
+                    "act_offload_layers",
+                    "Transformer Engine's offloading context around transformers' layers raises with SDPA (o_proj saves a view of SDPA's output, whose base is not contiguous: `start_offload` refuses it); set attn = eager, or framework = megatron for Megatron's own modules",
+                ));
+            }
+            if cfg.attn != super::config::Attention::Eager {
+                return pending("Transformer Engine's per-layer offloading around transformers' layers with flash-attn (what its kernel saves is not measured; measured: attn = eager)");
+            }
+            if cfg.arch.family != super::family::Family::Llama {
+                return pending(
+                    "Transformer Engine's per-layer offloading around transformers' layers of a family other than Llama (measured: llama)",
+                );
+            }
+            None
+        }
+        _ => pending(
+            "Transformer Engine's per-layer offloading around a framework's own layers (framework = hf with attn = eager, or megatron)",
+        ),
     }
 }
 

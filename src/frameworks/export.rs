@@ -413,6 +413,9 @@ fn megatron(cfg: &Config) -> String {
         }
         Recompute::Op => s += "    # recompute=op: torchtitan's op-level SAC has no Megatron equivalent\n",
     }
+    if cfg.act_offload_layers > 0 {
+        s += &format!("    --cpu-offloading-num-layers {}  # act_offload_layers (sets --cpu-offloading)\n", cfg.act_offload_layers);
+    }
     s += &match cfg.optim {
         Optimizer::Adamw => "    --optimizer adam  # optim=adamw\n".to_string(),
         Optimizer::Momentum | Optimizer::Sgd => "    --optimizer sgd  # optim\n".to_string(),

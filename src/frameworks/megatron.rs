@@ -308,6 +308,23 @@ fn arg(
             _ => Out::invalid("expected a probability"),
         },
         "--empty-unused-memory-level" => Out::ignored("empties the cache between steps: reserved memory only"),
+        // Megatron-LM `arguments.py`: `cpu_offloading_num_layers > 0` sets `cpu_offloading`; the
+        // block then wraps each layer in Transformer Engine's per-layer offloading context.
+        "--cpu-offloading-num-layers" => match n() {
+            Some(0) => Out::ignored("no layer offloaded"),
+            Some(_) => {
+                positive(v, "act_offload_layers").note("Transformer Engine's per-layer offloading of the first N layers' activations")
+            }
+            None => Out::invalid("expected a whole number"),
+        },
+        "--cpu-offloading" => match get("--cpu-offloading-num-layers").and_then(|s| s.parse::<u64>().ok()) {
+            Some(x) if x > 0 => Out::ignored("read with --cpu-offloading-num-layers").status_understood(),
+            _ => Out::ignored("no --cpu-offloading-num-layers: no layer offloaded"),
+        },
+        "--cpu-offloading-activations" | "--cpu-offloading-double-buffering" | "--cpu-offloading-retain-pinned-cpu-buffers" => {
+            Out::ignored("Transformer Engine 2.20 offloads activations and ignores the rest (deprecated)")
+        }
+        "--cpu-offloading-weights" => Out::ignored("deprecated in Transformer Engine 2.20: offloading weights has no effect"),
         _ => {
             let lower = flag.trim_start_matches('-');
             const IGNORED_PREFIXES: &[&str] = &[
@@ -460,10 +477,31 @@ fn bridge(key: &str, v: &Value, root: &Value, shapes: &Shapes, gpus: u64, mp: u6
             Some(true) => Out::unmodelled("the fused cross-entropy keeps less than the unfused loss the estimate counts (an upper bound)"),
             _ => Out::ignored("off"),
         },
-        ("model", "fine_grained_activation_offloading" | "cpu_offloading") => match boolean(v) {
-            Some(true) => Out::unmodelled("activations offloaded to the CPU: not modelled"),
+        ("model", "fine_grained_activation_offloading") => match boolean(v) {
+            Some(true) => Out::unmodelled("activations offloaded module by module: not modelled"),
             _ => Out::ignored("off"),
         },
+        // Megatron-Core's TransformerBlock wraps each layer in Transformer Engine's per-layer
+        // offloading context when `cpu_offloading` is set, for `cpu_offloading_num_layers` layers.
+        ("model", "cpu_offloading") => match boolean(v) {
+            Some(true) => Out::ignored("read with cpu_offloading_num_layers").status_understood(),
+            Some(false) => Out::ignored("off"),
+            None => Out::invalid("expected true or false"),
+        },
+        ("model", "cpu_offloading_num_layers") => match (tree::get(root, "model.cpu_offloading").and_then(boolean), count(v)) {
+            (_, None) => Out::invalid("expected a whole number"),
+            (Some(true), Some(n)) if n > 0 => {
+                Out::one("act_offload_layers", n).note("Transformer Engine's per-layer offloading of the first N layers' activations")
+            }
+            _ => Out::ignored("cpu_offloading is off: no layer offloaded"),
+        },
+        (
+            "model",
+            "cpu_offloading_activations"
+            | "cpu_offloading_weights"
+            | "cpu_offloading_double_buffering"
+            | "cpu_offloading_retain_pinned_cpu_buffers",
+        ) => Out::ignored("Transformer Engine 2.20 offloads activations and ignores the rest (deprecated)"),
         ("model", "cuda_graph_impl") => match text(v).as_deref() {
             Some("none") | None => Out::ignored("no CUDA graphs"),
             _ => Out::unmodelled("CUDA graphs keep static buffers: not modelled"),

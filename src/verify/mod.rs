@@ -70,8 +70,7 @@
 //! Adafactor), a multi-tensor `foreach` step with master weights (`optim_impl`, see below),
 //! Megatron's selective recomputation
 //! (`recompute=selective`), Megatron's modules (`framework=megatron`) and fused/chunked
-//! cross-entropy (`loss=chunked`), Megatron's per-layer activation offload
-//! (`act_offload_layers`) and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
+//! cross-entropy (`loss=chunked`) and the step in backward with a loss scaler (`optim_in_bwd` with `amp-fp16`; with master
 //! weights, and compile regions other than a layer, the estimate refuses first). Issue 27's
 //! recipes that need several processes — the sharded loaders (`load` = `meta-sharded`, FSDP2's
 //! meta-device init and sharded load; `zero-init`, DeepSpeed's `zero.Init`) and FSDP2's FP8
@@ -114,6 +113,14 @@
 //! pass copied, predicted by the estimate's `offloaded_activations` host row (in `memory.host`,
 //! beside anything else on the host); it is `null` without offloading. The estimate refuses
 //! offloading with activation checkpointing, and so the script does too.
+//!
+//! `act_offload_layers = n` (Transformer Engine's per-layer offloading, Megatron's
+//! `--cpu-offloading-num-layers`): the script's copy of Transformer Engine 2.20.2's context
+//! (`te_layer_offload`, as `validation/measure_recipes.py` `CpuTeLayerOffload` ports it) around
+//! each decoder layer, its synchronization function on the layer's output, as Megatron-Core's
+//! `TransformerBlock` applies it; `host_offloaded` counts its host copies. The estimate accepts it
+//! around transformers' layers with eager attention only (with SDPA Transformer Engine's
+//! `start_offload` raises), and so the script does too.
 //!
 //! # Recipes
 //!
@@ -311,7 +318,7 @@ pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
         step_reserved_peak: if cuda { e.memory.step_reserved_peak.map(|r| r + blas) } else { None },
         reserved_peak: if cuda { e.memory.reserved_peak.map(|r| r + blas) } else { None },
         nvidia_smi: if cuda { e.memory.nvidia_smi } else { None },
-        host_offloaded: (cfg.act_offload != ActOffload::None)
+        host_offloaded: (cfg.act_offload != ActOffload::None || cfg.act_offload_layers > 0)
             .then(|| e.host.iter().filter(|r| r.id == estimator::ledger::RowId::OffloadedActivations).map(|r| r.bytes).sum()),
     })
 }
@@ -432,14 +439,8 @@ pub fn reproducible(cfg: &Config) -> Result<(), VerifyError> {
             "the script steps each parameter in its gradient hook (torchtune's optimizer_in_bwd), before a loss scaler could unscale it; use amp-bf16 or bf16",
         );
     }
-    // Activation offloading (`act_offload` = torchtune | save_on_cpu) is applied by the script;
-    // Megatron's per-layer offload is Megatron's own code.
-    if cfg.act_offload_layers > 0 {
-        return refuse(
-            "act_offload_layers",
-            "Megatron's per-layer activation offload runs in Megatron-LM's modules, which the script does not reproduce; use act_offload = torchtune or save_on_cpu",
-        );
-    }
+    // Activation offloading (`act_offload` = torchtune | save_on_cpu, `act_offload_layers`:
+    // Transformer Engine's per-layer context) is applied by the script.
     if cfg.optim_paged {
         return refuse("optim_paged", NO_SUCH_OPTIMIZER);
     }
@@ -620,6 +621,7 @@ fn spec_json(cfg: &Config, exported: &hf_export::Exported) -> Result<Value, Veri
             ActOffload::Torchtune => json!("torchtune"),
             ActOffload::SaveOnCpu => json!("save_on_cpu"),
         },
+        "act_offload_layers": cfg.act_offload_layers,
         "dropout": cfg.dropout,
         "alloc_conf": cfg.alloc_conf,
         "load": {"kind": "from_pretrained", "empty_cache": cfg.empty_cache},
@@ -763,12 +765,18 @@ mod tests {
     }
 
     #[test]
-    fn megatrons_per_layer_offload_stays_refused_by_its_key() {
-        // The estimate refuses it first (not modelled); the script's own check names it too.
-        let cfg = Config { act_offload_layers: 1, ..tiny() };
-        assert_eq!(verify_script(&cfg).err().as_ref().map(VerifyError::key), Some("act_offload_layers"));
-        let own = reproducible(&cfg).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(own.starts_with("`act_offload_layers` = 1: Megatron's per-layer activation offload"), "{own}");
+    fn transformer_engines_per_layer_offload_is_applied_with_eager_attention_and_refused_with_sdpa() {
+        let eager =
+            config::decode_query("model=llama-3.2-1b&layers=4&batch=1&seq=64&precision=fp32&kernels=cpu&attn=eager&act_offload_layers=2")
+                .config;
+        assert_eq!(eager.act_offload_layers, 2, "the query keeps the key");
+        let script = verify_script(&eager).unwrap_or_default();
+        assert!(script.contains(r#""act_offload_layers": 2"#), "the spec names the layers");
+        assert!(script.contains("def te_layer_offload("), "the script carries the context");
+        // With SDPA Transformer Engine's `start_offload` raises on o_proj's saved view: the
+        // estimate refuses it by the key, and so does the script.
+        let sdpa = Config { attn: config::Attention::Sdpa, ..eager };
+        assert_eq!(verify_script(&sdpa).err().as_ref().map(VerifyError::key), Some("act_offload_layers"));
     }
 
     #[test]

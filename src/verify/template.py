@@ -591,6 +591,170 @@ def offload_classes(torch, device):
     return OffloadActivations, CpuSaveOnCpu
 
 
+def te_layer_offload(torch, device, n, num_layers, ledger):
+    """Transformer Engine 2.20.2's per-layer offloading context (transformer_engine/pytorch/cpu_offload.py
+    `get_cpu_offload_context(enabled=True, num_layers=n, model_layers=num_layers)`: DefaultOffloadSynchronizer,
+    OffloadableLayerState, TensorGroupProcessor, _CpuOffloadContext; Apache-2.0, (c) NVIDIA CORPORATION & AFFILIATES),
+    copied line for line less its QuantizedTensor paths, its events and its offload stream: every copy completes at
+    once, which changes when a copy finishes, not when memory is allocated or freed (`release_activation_forward_gpu_
+    memory` waits for the copy before it lets go). The pinned host buffer is `torch.empty_like(t, device="cpu",
+    pin_memory=True)` on CUDA; on the CPU an ordinary tensor made with every dispatch mode off (validation/
+    measure_recipes.py `CpuTeLayerOffload`, the port trainmem's records were measured with). Returns the context; its
+    `synchronization_function` is what Megatron's TransformerBlock calls on each layer's output."""
+    import collections
+
+    cuda = device == "cuda"
+
+    def host_copy(t):
+        if cuda:
+            h = torch.empty_like(t, device="cpu", pin_memory=True)
+            h.copy_(t)
+        else:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                h = torch.empty_like(t, device="cpu")
+                h.copy_(t)
+        ledger.add(h)
+        return h
+
+    def device_copy(h):
+        if cuda:
+            d = torch.empty_like(h, device="cuda")
+            d.copy_(h)
+            return d
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        # Not `empty_like(h)`: the tracker would meet the host copy as an input and count it.
+        d = torch.empty_strided(h.size(), h.stride(), dtype=h.dtype)
+        with _disable_current_modes():
+            d.copy_(h)
+        return d
+
+    class LayerState:
+        def __init__(self):
+            self.fwd, self.cpu, self.bwd, self.aux, self.state = [], [], [], {}, "not_offloaded"
+
+        def start_offload(self):
+            self.state = "offload_started"
+            views = []
+            for i, t in enumerate(self.fwd):  # _switch_to_base_tensors
+                if getattr(t, "offload_base_tensor", False) or (t._base is not None and t._base.numel() == t.numel()):
+                    views.append((t.shape, t.stride(), t.storage_offset()))
+                    self.fwd[i] = t._base
+                else:
+                    views.append(None)
+            dedup, index, original = [], {}, []  # _deduplicate_tensors
+            for t in self.fwd:
+                if id(t) not in index:
+                    index[id(t)] = len(dedup)
+                    dedup.append(t)
+                original.append(index[id(t)])
+            self.fwd = dedup
+            for i, t in enumerate(self.fwd):
+                if not t.is_contiguous():
+                    raise ValueError(f"Tensor at index {i} must be contiguous for CPU offloading, but got "
+                                     f"non-contiguous tensor with shape={t.shape}, stride={t.stride()}")
+                self.cpu.append(host_copy(t))
+            self.aux = {"views": views, "original_tensor_ids": original}
+
+        def release_activation_forward_gpu_memory(self):
+            self.state = "offload_finished"
+            self.fwd = []
+
+        def start_reload(self):
+            self.state = "reload_started"
+            bwd = [device_copy(h) for h in self.cpu]
+            bwd = [bwd[j] for j in self.aux["original_tensor_ids"]]
+            self.bwd = [t.as_strided(*v) if v is not None else t for t, v in zip(bwd, self.aux["views"])]
+
+        def push_tensor(self, t):
+            if t.numel() < 256 * 1024:
+                return t
+            if not isinstance(t, torch.nn.Parameter) and not getattr(t, "_TE_do_not_offload", False):
+                if not t.is_contiguous() and not getattr(t, "offload_base_tensor", False):
+                    return t
+                self.fwd.append(t)
+                return len(self.fwd) - 1
+            return t
+
+        def pop_tensor(self, x):
+            if isinstance(x, torch.Tensor):
+                return x
+            return self.fwd[x] if self.state == "not_offloaded" else self.bwd[x]
+
+        def release_all_memory(self):
+            self.fwd, self.cpu, self.bwd, self.state = [], [], [], "not_offloaded"
+
+    class Context:
+        def __init__(self):
+            if n > num_layers - 1:
+                raise Refused(f"`act_offload_layers` = {n}: Transformer Engine offloads at most {num_layers - 1} of "
+                              f"{num_layers} layers")
+            self.states = {i: LayerState() for i in range(num_layers)}
+            self.num_of_fwds = self.previous_bwd_layer_id = self.current_layer_id = self.current_layer = None
+            self.offload_layer_map = {i: i < n for i in range(num_layers)}
+            self.finish_offload_map = collections.defaultdict(list)
+            self.start_reload_map = collections.defaultdict(list)
+            for i in range(n):
+                self.finish_offload_map[num_layers - n + i].append(i)
+                self.start_reload_map[num_layers - 1 - n + i].append(i)
+
+        def fwd_step(self):
+            if self.num_of_fwds in (None, num_layers - 1):
+                for st in self.states.values():
+                    st.release_all_memory()
+                self.num_of_fwds = 0
+            else:
+                self.num_of_fwds += 1
+            self.current_layer_id = self.num_of_fwds
+            if self.offload_layer_map.get(self.current_layer_id - 1, False):
+                self.states[self.current_layer_id - 1].start_offload()
+            for layer in self.finish_offload_map[self.current_layer_id]:
+                self.states[layer].release_activation_forward_gpu_memory()
+            return self.current_layer_id
+
+        def bwd_step(self, layer_num):
+            if self.previous_bwd_layer_id is not None:
+                self.states[self.previous_bwd_layer_id].release_all_memory()
+            self.previous_bwd_layer_id = self.current_layer_id = layer_num
+            for layer in self.start_reload_map[layer_num]:
+                self.states[layer].start_reload()
+
+        def push_tensor(self, t):
+            if not self.offload_layer_map.get(self.num_of_fwds, False):
+                return t
+            return self.states[self.num_of_fwds].push_tensor(t)
+
+        def pop_tensor(self, x):
+            return self.states[self.current_layer_id].pop_tensor(x)
+
+        def finish_part_of_bwd(self):
+            if self.previous_bwd_layer_id is not None:
+                self.states[self.previous_bwd_layer_id].release_all_memory()
+            self.previous_bwd_layer_id = None
+
+        def __enter__(self):
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(self.push_tensor, self.pop_tensor)
+            self._hooks.__enter__()
+            self.current_layer = self.fwd_step()
+            return self
+
+        def __exit__(self, *args):
+            self._hooks.__exit__(*args)
+
+        def synchronization_function(self, tensor):
+            cur = self.current_layer
+
+            def hook(_):
+                torch.autograd.variable.Variable._execution_engine.queue_callback(self.finish_part_of_bwd)
+                self.bwd_step(cur)
+            tensor.grad_fn.register_prehook(hook)
+            return tensor
+
+    return Context()
+
+
 class Offload:
     """The recipe's activation offloading around the model call, as trainmem's records apply it
     (validation/measure_recipes.py `measure_offload`):
@@ -603,6 +767,10 @@ class Offload:
     * save_on_cpu: torch.autograd.graph.save_on_cpu(pin_memory=True) around the model call, transformers' loss
       inside it.
 
+    * te_layers (`act_offload_layers`): Transformer Engine's per-layer context (`te_layer_offload`) around each
+      decoder layer, its synchronization function on each layer's output, as Megatron-Core's TransformerBlock
+      applies it; one context per forward pass (Megatron keeps one, whose first layer resets every layer's state).
+
     The host bytes each forward copies are counted at the pack hook (`host_offloaded`)."""
 
     def __init__(self, torch, model, device):
@@ -611,6 +779,22 @@ class Offload:
         self.ledger = HostLedger()
         self.impl = None
         self.torchtune_version = None
+        if SPEC["act_offload_layers"]:
+            self.kind = "te_layers"
+            self.impl = ("Transformer Engine 2.20.2's per-layer offloading (get_cpu_offload_context), trainmem's copy"
+                         + ("" if device == "cuda" else " ported to the CPU") + f", {SPEC['act_offload_layers']} layers")
+            layers = decoder_layers(torch, model)
+            holder = self
+
+            for layer in layers:
+                def forward(*args, _orig=layer.forward, **kwargs):
+                    ctx = holder.te_ctx
+                    with ctx:
+                        out = _orig(*args, **kwargs)
+                    return ctx.synchronization_function(out)
+                layer.forward = forward
+            self.make = lambda: te_layer_offload(torch, device, SPEC["act_offload_layers"], len(layers), self.ledger)
+            return
         if self.kind is None:
             return
         offload_activations, save_on_cpu = offload_classes(torch, device)
@@ -661,6 +845,10 @@ class Offload:
             out = model(**batch, use_cache=False)
             return out, out.loss
         self.ledger.forward_begins()
+        if self.kind == "te_layers":
+            self.te_ctx = self.make()
+            out = model(**batch, use_cache=False)
+            return out, out.loss
         ctx = self._counted(self.make())
         if self.kind == "save_on_cpu":
             with ctx:

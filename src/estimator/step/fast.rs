@@ -428,7 +428,7 @@ pub struct LayerRun {
 /// configuration: the same program run with the same inputs and categories gives the same
 /// profile) and adding the ones it makes.
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
-    if setup.offload().is_some() {
+    if setup.offload().is_some() || setup.layer_offload().is_some() {
         return whole(setup, other_temp);
     }
     let acc_mode = setup.accumulate;

@@ -22,6 +22,7 @@ pub mod part;
 pub mod run;
 pub mod sac;
 pub mod stream;
+pub mod te_offload;
 
 pub use model::simulate_stage;
 pub use run::label;

@@ -236,6 +236,18 @@ impl<'a> Setup<'a> {
         })
     }
 
+    /// Transformer Engine's per-layer offloading of the first `act_offload_layers` layers
+    /// ([`super::te_offload`]): around transformers' layers a non-contiguous saved tensor stays;
+    /// Megatron's own modules mark the views they save (every large activation goes).
+    pub fn layer_offload(&self) -> Option<super::te_offload::LayerOffload> {
+        let n = self.cfg.act_offload_layers;
+        (n > 0).then(|| super::te_offload::LayerOffload {
+            n: n.min(u64::from(u16::MAX - 1)) as u16,
+            layers: self.cfg.arch.layers.min(u64::from(u16::MAX - 1)) as u16,
+            contiguous_only: self.cfg.framework != crate::estimator::config::Framework::Megatron,
+        })
+    }
+
     pub fn step_hook(&self) -> Option<super::run::StepHook> {
         if !self.cfg.optim_in_bwd {
             return None;
@@ -1109,6 +1121,9 @@ pub fn forward_and_backward<'p, S: Sink>(setup: &Setup, prog: &'p Program, sink:
     }
     if let Some(off) = setup.offload() {
         run.offload(off);
+    }
+    if let Some(lo) = setup.layer_offload() {
+        run.layer_offload(lo);
     }
     run.forward();
     run.end_forward();

@@ -21,7 +21,7 @@
 //!   (`accumulate_grad.h`, Case 1.1); later ones are added (Case 2.3, in place; out of place
 //!   under the tracker).
 
-use super::ir::{Compiled, DType, Origin, Program, Tid, B, FOREVER, FWD_END};
+use super::ir::{Compiled, DType, Origin, Program, Tid, B, FOREVER, FWD_END, MODEL};
 use super::stream::{Cat, Phase};
 
 /// Where an allocation happens (for events and the peak's label).
@@ -257,6 +257,8 @@ pub struct Run<'p, S: Sink> {
     remaining: Vec<u16>,
     off: Option<Offload>,
     os: OffState,
+    /// Transformer Engine's per-layer offloading ([`super::te_offload`]).
+    te: Option<Box<TeRun>>,
     /// Per FSDP unit of the program ([`super::ir::Unit`]): the stream ids of its gathered
     /// parameters and of its unsharded gradient while alive.
     units: Vec<[u32; 2]>,
@@ -267,6 +269,27 @@ pub struct Run<'p, S: Sink> {
     /// gradient parts its kernel reads apart (not summed first), and those held parts.
     fusing: Option<Tid>,
     fused_grads: Vec<u32>,
+}
+
+/// A run's per-layer offloading state ([`super::te_offload`]): the layers' groups, the layer
+/// whose forward runs, the layer whose backward runs.
+struct TeRun {
+    lo: super::te_offload::LayerOffload,
+    producer: Vec<u32>,
+    groups: Vec<TeGroup>,
+    fwd_layer: u16,
+    bwd_layer: u16,
+}
+
+/// One offloaded layer: the storages its pushed saves hold on the device until released (one
+/// reference each), its host copies (`_deduplicate_tensors`: one per unit), and the device
+/// copies its reload made.
+#[derive(Default)]
+struct TeGroup {
+    held: Vec<usize>,
+    units: Vec<(Tid, u128, super::ir::DType)>,
+    reloaded: Vec<(u32, u128)>,
+    host: u128,
 }
 
 /// The bytes of a unit's slot in [`Run::units`]: its gathered parameters, its gradient.
@@ -426,6 +449,7 @@ impl<'p, S: Sink> Run<'p, S> {
             remaining: Vec::new(),
             off: None,
             os: OffState::default(),
+            te: None,
             units: vec![[NONE; 2]; p.units.len()],
             temps: Vec::with_capacity(8),
             deliver: Vec::with_capacity(8),
@@ -497,6 +521,102 @@ impl<'p, S: Sink> Run<'p, S> {
             self.release_unit_params(k, at);
             self.release_unit_grad(k, at);
         }
+    }
+
+    /// Offloads the first layers' saved tensors as Transformer Engine's per-layer context does
+    /// ([`super::te_offload`]).
+    pub fn layer_offload(&mut self, lo: super::te_offload::LayerOffload) {
+        self.os.moved = vec![false; self.p.saves.len()];
+        self.te = Some(Box::new(TeRun {
+            lo,
+            producer: super::te_offload::producers(self.p),
+            groups: (0..lo.n).map(|_| TeGroup::default()).collect(),
+            fwd_layer: MODEL,
+            bwd_layer: MODEL,
+        }));
+    }
+
+    /// `fwd_step` as layer `l` enters: layer `l − 1`'s host copies are made (`start_offload`),
+    /// and the group of the layer `l − (L − n)` lets go of its device tensors.
+    fn te_enter(&mut self, l: u16, at: &At) {
+        let Some(te) = self.te.as_mut() else { return };
+        if l == MODEL || l == te.fwd_layer {
+            return;
+        }
+        te.fwd_layer = l;
+        if l >= 1 && te.lo.offloads(l - 1) {
+            let g = &mut te.groups[(l - 1) as usize];
+            g.host = g.units.iter().map(|u| u.1).sum();
+            self.os.host += g.host;
+            self.os.copied += g.host;
+            self.os.host_peak = self.os.host_peak.max(self.os.host);
+        }
+        if let Some(i) = te.lo.released_at(l) {
+            for b in std::mem::take(&mut te.groups[i as usize].held) {
+                self.b.saves[b] = self.b.saves[b].saturating_sub(1);
+                self.try_free(b, at);
+            }
+        }
+    }
+
+    /// Op `i`'s saves (`k` into `Program::saves`; `dead`: a node that dies in forward) as the
+    /// layer's hooks push them: a pushed one is the group's reference, not the node's.
+    fn te_push(&mut self, i: usize, k: usize, dead: bool) {
+        let p = self.p;
+        let Some(te) = self.te.as_mut() else { return };
+        let l = p.ops[i].layer;
+        let t = p.saves[k].t;
+        if !te.lo.offloads(l) || !te.lo.pushes(p, &te.producer, &p.ops[i], t) {
+            return;
+        }
+        let b = p.tensors[t as usize].base as usize;
+        if dead {
+            self.b.saves[b] += 1;
+        } else {
+            self.os.moved[k] = true;
+        }
+        let g = &mut te.groups[l as usize];
+        g.held.push(b);
+        let (u, bytes) = super::te_offload::LayerOffload::unit(p, t);
+        if !g.units.iter().any(|x| x.0 == u) {
+            g.units.push((u, bytes, p.tensors[u as usize].dtype));
+        }
+    }
+
+    /// `bwd_step` before the first node of layer `l` runs: the previous layer's state goes
+    /// (`release_all_memory`), and the layer `l + 1 − (L − n)` is reloaded.
+    fn te_backward_enters(&mut self, l: u16, at: &At) {
+        let Some(te) = self.te.as_ref() else { return };
+        if l == MODEL || l == te.bwd_layer {
+            return;
+        }
+        self.te_release_bwd(at);
+        let Some(te) = self.te.as_mut() else { return };
+        te.bwd_layer = l;
+        if let Some(i) = te.lo.reloaded_at(l) {
+            let g = &mut te.groups[i as usize];
+            let mut a = *at;
+            a.op = "empty_like";
+            for &(_, bytes, dtype) in &g.units {
+                let sid = self.sink.alloc(bytes, dtype, Cat::Activations, &a);
+                g.reloaded.push((sid, bytes));
+            }
+        }
+    }
+
+    /// `release_all_memory` of the layer whose backward ran last (`finish_part_of_bwd` when
+    /// backward ends): its reloaded copies and its host buffers.
+    fn te_release_bwd(&mut self, at: &At) {
+        let Some(te) = self.te.as_mut() else { return };
+        let prev = te.bwd_layer;
+        if !te.lo.offloads(prev) {
+            return;
+        }
+        let g = &mut te.groups[prev as usize];
+        for (sid, bytes) in std::mem::take(&mut g.reloaded) {
+            self.sink.free(sid, bytes, Cat::Activations, at);
+        }
+        self.os.host = self.os.host.saturating_sub(std::mem::take(&mut g.host));
     }
 
     /// Offloads saved tensors as `off` says ([`Offload`]).
@@ -875,6 +995,9 @@ impl<'p, S: Sink> Run<'p, S> {
         for (i, op) in p.ops.iter().enumerate() {
             let phase = if (i as u32) >= p.loss_from { Phase::Loss } else { Phase::Forward };
             let at = self.at(i, phase, "");
+            if self.te.is_some() {
+                self.te_enter(op.layer, &at);
+            }
             // A region starts: its inputs are kept.
             let r = self.b.region_of[i];
             if r != NONE && p.regions[r as usize].first == i as u32 {
@@ -943,6 +1066,12 @@ impl<'p, S: Sink> Run<'p, S> {
             } else if self.b.region_of[i] == NONE && op.compiled == Compiled::No {
                 for s in p.saved(op) {
                     self.b.saves[p.tensors[s.t as usize].base as usize] += 1;
+                }
+                if self.te.is_some() {
+                    let first = op.saved.0 as usize;
+                    for k in first..first + op.saved.1 as usize + op.dead as usize {
+                        self.te_push(i, k, k >= first + op.saved.1 as usize);
+                    }
                 }
             }
             self.free_after(i, &at, false);
@@ -1280,6 +1409,9 @@ impl<'p, S: Sink> Run<'p, S> {
             }
         }
         let runs = !op.node.is_empty() && has_grad;
+        if runs && begins && self.te.is_some() {
+            self.te_backward_enters(op.layer, &at);
+        }
         let mut temps = std::mem::take(&mut self.temps);
         let mut deliver = std::mem::take(&mut self.deliver);
         deliver.clear();
@@ -1406,6 +1538,7 @@ impl<'p, S: Sink> Run<'p, S> {
     pub fn release_graph(&mut self) {
         let p = self.p;
         let at = At { phase: Phase::Backward, layer: NO_LAYER, module: "", op: "", node: "" };
+        self.te_release_bwd(&at);
         self.release_units(&at);
         for i in std::mem::take(&mut self.b.skipped) {
             let r = self.b.region_of[i];
