@@ -837,8 +837,51 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
             source: "Ren et al. 2021 (ZeRO-Offload) §4; Rajbhandari et al. 2021 (ZeRO-Infinity)",
         });
     }
+    if let Some(t) = activation_offload_term(cfg, hw, a) {
+        out.push(t);
+    }
     out
 }
+
+/// Activation offloading's copies over the host link (`act_offload`, `act_offload_layers`): the
+/// offloaded layers' saved activations go to pinned host memory in forward and come back in
+/// backward, on a side stream that overlaps compute (torchtune 0.6.1 `OffloadActivations` with
+/// `use_streams=True`; Transformer Engine 2.20.2 `cpu_offload.py`'s offload stream):
+///
+/// `bytes = 2 · n_off · M_layer` per micro-batch
+///
+/// where `M_layer` is one layer's saved activations by Korthikanti et al. 2022's per-layer terms
+/// (`activations::megatron_activations`, the step program's exact bytes are in the estimate's
+/// `offloaded_activations` host row) and `n_off` the layers offloaded: every layer of the stage
+/// under torchtune's hooks, the first `act_offload_layers` under Transformer Engine's.
+fn activation_offload_term(cfg: &Config, hw: &Hardware, a: &Assumptions) -> Option<CommTerm> {
+    let layers = super::params::stage_layers(cfg.arch.layers, cfg.pp.max(1));
+    let n = if cfg.act_offload.on() { layers } else { cfg.act_offload_layers.min(layers) };
+    if n == 0 {
+        return None;
+    }
+    let stage = if cfg.pp > 1 { super::params::Stage::First } else { super::params::Stage::Whole };
+    let per_layer = super::activations::megatron_activations(cfg, &recipe(cfg.precision), stage, layers).per_layer as f64;
+    let bytes = OFFLOAD_DIRECTIONS * n as f64 * per_layer * cfg.accum.max(1) as f64;
+    let host = hw.host_gbs / DIRECTIONS * a.link_efficiency;
+    Some(CommTerm {
+        id: "act_offload_pcie",
+        label: "Activation offloading over the host link",
+        parallelism: Parallelism::Offload,
+        collective: "copy",
+        bytes,
+        group: 1,
+        link: LinkClass::Pcie,
+        gbs: host,
+        seconds: bytes / (host * GB),
+        overlappable: true,
+        formula: "2 × offloaded layers × M_layer per micro-batch / B_host (to the host in forward, back in backward, on a side stream)",
+        source: "torchtune 0.6.1 training/_activation_offloading.py (use_streams); Transformer Engine 2.20.2 pytorch/cpu_offload.py; M_layer: Korthikanti et al. 2022",
+    })
+}
+
+/// Offloaded activations cross the host link twice: out in forward, back in backward.
+const OFFLOAD_DIRECTIONS: f64 = 2.0;
 
 // ---------------------------------------------------------------------------------------------
 // Step time
@@ -1324,6 +1367,20 @@ mod tests {
         let off = step_cost(&Config { offload: Offload::Optimizer, ..cfg }, &Assumptions::default()).expect("cost");
         assert!(off.optimizer_s > on_gpu.optimizer_s);
         assert!(off.comm.iter().any(|t| t.id == "offload_pcie"));
+    }
+
+    #[test]
+    fn activation_offloading_crosses_the_host_link_twice_per_offloaded_layer_on_a_side_stream() {
+        let cfg = Config::default();
+        let plain = step_cost(&cfg, &Assumptions::default()).expect("cost");
+        assert!(!plain.comm.iter().any(|t| t.id == "act_offload_pcie"));
+        let term = |c: &Config| step_cost(c, &Assumptions::default()).expect("cost").comm.into_iter().find(|t| t.id == "act_offload_pcie");
+        let all = term(&Config { act_offload: crate::estimator::config::ActOffload::Torchtune, ..cfg.clone() }).expect("torchtune's hooks");
+        let two = term(&Config { act_offload_layers: 2, ..cfg.clone() }).expect("two layers");
+        assert!(all.overlappable && two.overlappable);
+        // Every layer against two of them: the bytes scale with the layers offloaded.
+        let layers = cfg.arch.layers as f64;
+        assert!((all.bytes / two.bytes - layers / 2.0).abs() < 1e-9, "{} vs {}", all.bytes, two.bytes);
     }
 
     #[test]

@@ -1476,6 +1476,44 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     if cfg.attn == Attention::Eager {
         push("attn", "sdpa".into(), "SDPA attention".into(), false, Config { attn: Attention::Sdpa, ..cfg.clone() });
     }
+    // Issue 26's recipes, where the framework's code has them (the estimate refuses the rest,
+    // which drops them): full checkpointing of every 2nd layer, torch.compile, activation
+    // offloading (torchtune's hooks; Transformer Engine's per-layer context on Megatron).
+    use crate::estimator::config::{ActOffload, CompileRegions, Framework};
+    if cfg.recompute == Recompute::None && cfg.recompute_every == 0 && cfg.framework != Framework::Megatron {
+        push(
+            "recompute_every",
+            "2".into(),
+            "full checkpointing of every 2nd layer".into(),
+            false,
+            Config { recompute_every: 2, ..cfg.clone() },
+        );
+    }
+    if !cfg.compile && cfg.framework != Framework::Megatron {
+        let regions = if cfg.framework == Framework::Torchtitan { CompileRegions::Block } else { CompileRegions::Layer };
+        push("compile", "true".into(), "torch.compile".into(), false, Config { compile: true, compile_regions: regions, ..cfg.clone() });
+    }
+    if !cfg.act_offload.on() && cfg.act_offload_layers == 0 {
+        if matches!(cfg.framework, Framework::Hf | Framework::Torchtune) {
+            push(
+                "act_offload",
+                "torchtune".into(),
+                "activation offloading (torchtune)".into(),
+                false,
+                Config { act_offload: ActOffload::Torchtune, ..cfg.clone() },
+            );
+        }
+        if cfg.framework == Framework::Megatron && cfg.arch.layers > 1 {
+            let n = (cfg.arch.layers / 2).max(1);
+            push(
+                "act_offload_layers",
+                n.to_string(),
+                format!("per-layer activation offloading of {n} layers (Megatron)"),
+                false,
+                Config { act_offload_layers: n, ..cfg.clone() },
+            );
+        }
+    }
     if cfg.dp() > 1 {
         for z in [Zero::Z1, Zero::Z2, Zero::Z3] {
             if z.stage() > cfg.zero.stage() {
@@ -1763,6 +1801,19 @@ fn csv_field(v: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_cheapest_changes_try_every_2nd_layer_compile_and_offloading_where_the_code_has_them() {
+        let keys = |c: &Config| candidate_changes(c).into_iter().map(|x| x.0).collect::<Vec<_>>();
+        let hf = keys(&Config::default());
+        for k in ["recompute_every", "compile", "act_offload"] {
+            assert!(hf.contains(&k), "{k} in {hf:?}");
+        }
+        assert!(!hf.contains(&"act_offload_layers"), "{hf:?}");
+        let megatron = Config { framework: crate::estimator::config::Framework::Megatron, attn: Attention::Flash, ..Config::default() };
+        let mk = keys(&megatron);
+        assert!(mk.contains(&"act_offload_layers") && !mk.contains(&"compile") && !mk.contains(&"act_offload"), "{mk:?}");
+    }
     use super::*;
     use crate::estimator::presets::preset;
 
