@@ -941,7 +941,7 @@ pub static KEYS: &[Key] = &[
     uint_key!(
         "act_offload_layers",
         Training,
-        "Megatron's activation offload: the first N layers' saved tensors to pinned host memory (0 = off)",
+        "per-layer activation offload (Transformer Engine; Megatron's --cpu-offloading-num-layers): the first N layers' large saved tensors to pinned host memory; 0 = off",
         |c| c.act_offload_layers
     ),
     bool_key!(

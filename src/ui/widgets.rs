@@ -30,13 +30,36 @@ fn label_of(k: &Key) -> String {
     }
 }
 
-/// Whether a key's field shows for `cfg` (some only matter when another key asks for them).
+/// The fields [`shown`] hides unless another key asks for them.
+const DEPENDENT: [&str; 13] = [
+    "lora_rank",
+    "lora_targets",
+    "lora_dropout",
+    "lora_dtype",
+    "shard_group",
+    "vpp",
+    "gpu_gib",
+    "compile_regions",
+    "fp8_allgather",
+    "fp8_recompute_weight",
+    "fp8_model_init",
+    "qlora_quant",
+    "host_ram_gib",
+];
+
+/// Whether a key's field shows for `cfg` (some only matter when another key asks for them:
+/// [`DEPENDENT`]).
 fn shown(name: &str, cfg: &Config) -> bool {
     match name {
         "lora_rank" | "lora_targets" | "lora_dropout" | "lora_dtype" => cfg.finetune != Finetune::Full,
         "shard_group" => cfg.zero == Zero::HybridShard,
         "vpp" => cfg.pp > 1,
         "gpu_gib" => cfg.gpu == "custom",
+        "compile_regions" => cfg.compile,
+        "fp8_allgather" | "fp8_recompute_weight" => cfg.fp8.torchao(),
+        "fp8_model_init" => cfg.fp8.te(),
+        "qlora_quant" => cfg.finetune == Finetune::Qlora,
+        "host_ram_gib" => cfg.act_offload.on() || cfg.act_offload_layers > 0 || cfg.offload != crate::config::Offload::None,
         _ => true,
     }
 }
@@ -205,7 +228,7 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
         }
     }
     // Fields shown by another key's value: checked on every change (a handful).
-    for name in ["lora_rank", "lora_targets", "lora_dropout", "lora_dtype", "shard_group", "vpp", "gpu_gib"] {
+    for name in DEPENDENT {
         if let Some(field) = element(form, &format!("[data-field=\"{name}\"]")) {
             field.toggle_attribute_with_force("hidden", !shown(name, cfg)).ok();
         }

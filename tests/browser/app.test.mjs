@@ -395,3 +395,32 @@ test("bitsandbytes' paged states are their own ledger row, outside the allocated
   assert.match(await page.textContent('[data-testid=verdict]'), /paged optimizer states do not fit beside the step/);
   assert.deepEqual(problems, []);
 });
+
+test("the form's recipes each carry their one line, show their dependent keys when asked, and give the CLI's peak", async () => {
+  const { page, problems } = await openPage(browser, `${server.base}?model=llama-3.1-8b&precision=mixed-bf16&seq=4096&attn=eager`);
+  await page.click('[data-testid=recipes] > summary');
+  for (const key of ['compile', 'act_offload', 'act_offload_layers', 'fp8', 'load', 'empty_cache']) {
+    await page.waitForSelector(`#in-${key}`, { state: 'visible' });
+    const label = (await page.textContent(`label[for=in-${key}]`)).trim();
+    assert.ok(label.length > 12, `${key}: "${label}"`);
+  }
+  // compile_regions shows with compile, fp8_allgather with a torchao recipe.
+  assert.equal(await page.isVisible('#in-compile_regions'), false);
+  await page.check('#in-compile');
+  await page.waitForSelector('#in-compile_regions', { state: 'visible' });
+  await page.waitForFunction(() => location.search.includes('compile=true'));
+  await page.uncheck('#in-compile');
+  assert.equal(await page.isVisible('#in-fp8_allgather'), false);
+  await page.selectOption('#in-fp8', 'torchao-tensorwise');
+  await page.waitForSelector('#in-fp8_allgather', { state: 'visible' });
+  await page.selectOption('#in-fp8', 'none');
+  // Transformer Engine's per-layer offloading of 8 layers: the page's peak is the CLI's.
+  await page.fill('#in-act_offload_layers', '8');
+  await page.waitForFunction(() => location.search.includes('act_offload_layers=8'));
+  await page.waitForSelector('#in-host_ram_gib', { state: 'visible' });
+  await settled(page);
+  const peak = await page.getAttribute('[data-testid=peak-bytes]', 'data-bytes');
+  const args = ['--model', 'llama-3.1-8b', '--precision', 'mixed-bf16', '--seq', '4096', '--attn', 'eager', '--act_offload_layers', '8'];
+  assert.equal(peak, jsonInteger(cliJson(args), 'memory.peak'));
+  assert.deepEqual(problems, []);
+});

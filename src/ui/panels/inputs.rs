@@ -139,9 +139,28 @@ fn fieldset(panel: &'static str, legend: &'static str, names: &[&str]) -> impl I
     }
 }
 
+/// The recipes real runs use (issues 26 and 27): compile, activation offloading, FP8, 4-bit
+/// bases and loading — each field labelled with the one line its key's help says.
+const RECIPE_KEYS: &[&str] = &[
+    "compile",
+    "compile_regions",
+    "act_offload",
+    "act_offload_layers",
+    "host_ram_gib",
+    "fp8",
+    "fp8_allgather",
+    "fp8_recompute_weight",
+    "fp8_model_init",
+    "qlora_quant",
+    "load",
+    "empty_cache",
+];
+
 #[component]
 pub fn Training() -> impl IntoView {
-    fieldset(
+    let store = use_store();
+    let recipes = store.config.with_untracked(|c| fields_html(RECIPE_KEYS, c));
+    let training = fieldset(
         "training",
         "Training",
         &[
@@ -165,7 +184,14 @@ pub fn Training() -> impl IntoView {
             "loss",
             "framework",
         ],
-    )
+    );
+    view! {
+        {training}
+        <details class="recipes" data-testid="recipes">
+            <summary>"Recipes: compile, offloading, FP8, 4-bit bases, loading"</summary>
+            <div class="grid" inner_html=recipes></div>
+        </details>
+    }
 }
 
 #[component]
