@@ -83,6 +83,10 @@ DEEP = {
     "llama-gqa-L8": ("llama", dict(M.LLAMA_LIKE, num_hidden_layers=8), "llama-gqa with 8 layers (recipe peaks)"),
     "llama-gqa-L4": ("llama", dict(M.LLAMA_LIKE, num_hidden_layers=4, max_position_embeddings=4096),
                      "llama-gqa with 4 layers and 4,096 positions (Transformer Engine's per-layer offloading)"),
+    "qwen3-L4": ("qwen3", dict(M.LLAMA_LIKE, head_dim=M.D, num_hidden_layers=4, max_position_embeddings=4096),
+                 "qwen3 with 4 layers and 4,096 positions (per-head q/k norms on the views; per-layer offloading)"),
+    "qwen2-L4": ("qwen2", dict(M.LLAMA_LIKE, num_hidden_layers=4, max_position_embeddings=4096),
+                 "qwen2 with 4 layers and 4,096 positions (q/k/v biases: addmm; per-layer offloading)"),
     "mixtral-L8": ("mixtral", dict(M.LLAMA_LIKE, num_hidden_layers=8, head_dim=M.D, num_local_experts=4,
                                    num_experts_per_tok=2), "mixtral with 8 layers (recipe peaks)"),
 }

@@ -1101,6 +1101,12 @@ impl Config {
     }
 }
 
+/// The families whose layers were measured under Transformer Engine's per-layer offloading
+/// around transformers' code (`recipes/llama-gqa-L4.json`, `qwen2-L4.json`, `qwen3-L4.json`:
+/// which saved tensors are contiguous is each family's code).
+const TE_OFFLOAD_CHECKED: &[super::family::Family] =
+    &[super::family::Family::Llama, super::family::Family::Qwen2, super::family::Family::Qwen3];
+
 /// Why `act_offload_layers` (Transformer Engine's per-layer offloading, `step::te_offload`)
 /// cannot run or is not modelled for `cfg`, if so.
 fn layer_offload_refusal(cfg: &Config) -> Option<EstimateError> {
@@ -1155,9 +1161,9 @@ fn layer_offload_refusal(cfg: &Config) -> Option<EstimateError> {
             if cfg.attn != super::config::Attention::Eager {
                 return pending("Transformer Engine's per-layer offloading around transformers' layers with flash-attn (what its kernel saves is not measured; measured: attn = eager)");
             }
-            if cfg.arch.family != super::family::Family::Llama {
+            if !TE_OFFLOAD_CHECKED.contains(&cfg.arch.family) {
                 return pending(
-                    "Transformer Engine's per-layer offloading around transformers' layers of a family other than Llama (measured: llama)",
+                    "Transformer Engine's per-layer offloading around transformers' layers of a family not measured so (measured: llama, qwen2, qwen3)",
                 );
             }
             None

@@ -29,7 +29,7 @@
 //!   backward ends, `finish_part_of_bwd`).
 //!
 //! Measured on the CPU through a line-for-line port (`validation/measure_recipes.py`
-//! `CpuTeLayerOffload`, around transformers' decoder layers: `recipes/llama-gqa-L4.json`,
+//! `CpuTeLayerOffload`, around transformers' decoder layers: `recipes/{llama-gqa,qwen2,qwen3}-L4.json`,
 //! eager attention): the pushed tensors, the host bytes and the step's peak.
 
 use super::ir::{Op, Origin, Program, Tid, MODEL};
