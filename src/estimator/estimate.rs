@@ -303,7 +303,7 @@ fn offloaded_activations_row(setup: &step::model::Setup, pieces: &step::fast::Pi
 /// with as many elements as its base counted as the base, each base once — Transformer Engine
 /// 2.20.2 `pytorch/cpu_offload.py` (`_check_if_offload`, `_switch_to_base_tensors`,
 /// `_deduplicate_tensors`). Pinned memory, per GPU process; checked against the records'
-/// `host_bytes_copied_in_forward` (`recipes/{llama-gqa,qwen2,qwen3}-L4.json`).
+/// `host_bytes_copied_in_forward` (`recipes/*-L4.json`).
 fn layer_offloaded_row(lo: &step::te_offload::LayerOffload, pieces: &step::fast::Pieces) -> Option<Row> {
     use crate::estimator::expr::{Expr, Sym};
     let mut per: Vec<(step::fast::Key, u128, u128)> = Vec::new();

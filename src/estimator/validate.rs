@@ -1102,10 +1102,16 @@ impl Config {
 }
 
 /// The families whose layers were measured under Transformer Engine's per-layer offloading
-/// around transformers' code (`recipes/llama-gqa-L4.json`, `qwen2-L4.json`, `qwen3-L4.json`:
+/// around transformers' code (`recipes/{llama-gqa,qwen2,qwen3,mistral,phi3,gemma2}-L4.json`:
 /// which saved tensors are contiguous is each family's code).
-const TE_OFFLOAD_CHECKED: &[super::family::Family] =
-    &[super::family::Family::Llama, super::family::Family::Qwen2, super::family::Family::Qwen3];
+const TE_OFFLOAD_CHECKED: &[super::family::Family] = &[
+    super::family::Family::Llama,
+    super::family::Family::Qwen2,
+    super::family::Family::Qwen3,
+    super::family::Family::Mistral,
+    super::family::Family::Phi3,
+    super::family::Family::Gemma2,
+];
 
 /// Why `act_offload_layers` (Transformer Engine's per-layer offloading, `step::te_offload`)
 /// cannot run or is not modelled for `cfg`, if so.
@@ -1163,7 +1169,7 @@ fn layer_offload_refusal(cfg: &Config) -> Option<EstimateError> {
             }
             if !TE_OFFLOAD_CHECKED.contains(&cfg.arch.family) {
                 return pending(
-                    "Transformer Engine's per-layer offloading around transformers' layers of a family not measured so (measured: llama, qwen2, qwen3)",
+                    "Transformer Engine's per-layer offloading around transformers' layers of a family not measured so (measured: llama, qwen2, qwen3, mistral, phi3, gemma2)",
                 );
             }
             None

@@ -29,7 +29,7 @@
 //!   backward ends, `finish_part_of_bwd`).
 //!
 //! Measured on the CPU through a line-for-line port (`validation/measure_recipes.py`
-//! `CpuTeLayerOffload`, around transformers' decoder layers: `recipes/{llama-gqa,qwen2,qwen3}-L4.json`,
+//! `CpuTeLayerOffload`, around transformers' decoder layers: `recipes/*-L4.json`,
 //! eager attention): the pushed tensors, the host bytes and the step's peak.
 
 use super::ir::{Op, Origin, Program, Tid, MODEL};
@@ -111,13 +111,16 @@ const ELEMENTWISE: &[&str] =
 
 /// Whether tensor `t` is contiguous, following its views back to the tensor they view: a
 /// transpose flips it (`[b, s, h, d] → [b, h, s, d]`: not contiguous; back: contiguous again),
-/// a view, reshape or unsqueeze keeps it, a slice or an expand is not; an elementwise op is laid
+/// a view, reshape or unsqueeze keeps it, a slice, split or expand is not; an elementwise op is laid
 /// out like its first full-shape operand (RoPE's `q * cos + rotate_half(q) * sin` like the
 /// transposed q: measured, `[b, h, s, d]` with `[b, s, h, d]` strides); SDPA's flash kernels
 /// return their output in `[b, s, h, d]` layout (not contiguous as `[b, h, s, d]`); anything
 /// else makes a new contiguous tensor.
 pub fn contiguous(p: &Program, producer: &[u32], t: Tid) -> bool {
-    let (mut t, mut flipped) = (t, false);
+    // `through`: an elementwise op lies between `t` and the tensor reached — its output keeps a
+    // permuted layout, but not gaps (TensorIterator lays out a non-dense input's result
+    // contiguously: SiLU of Phi-3's gate chunk, measured).
+    let (mut t, mut flipped, mut through) = (t, false, false);
     loop {
         let Some(op) = producer.get(t as usize).and_then(|&i| p.ops.get(i as usize)) else { return !flipped };
         let next = match (op.name, op.node) {
@@ -126,7 +129,9 @@ pub fn contiguous(p: &Program, producer: &[u32], t: Tid) -> bool {
                 p.ins(op).first().copied()
             }
             ("view", _) => p.ins(op).first().copied(),
-            ("slice" | "expand", _) => return false,
+            // The programs' slices and splits cut the last dim (Phi-3's `chunk(2, dim=-1)` of its
+            // fused gate/up output, its q/k/v slices): a view with gaps.
+            ("slice" | "expand" | "split", _) => return through,
             (name, _)
                 if name.starts_with("_scaled_dot_product_flash_attention")
                     || name.starts_with("_scaled_dot_product_efficient_attention") =>
@@ -134,6 +139,7 @@ pub fn contiguous(p: &Program, producer: &[u32], t: Tid) -> bool {
                 return flipped
             }
             (name, _) if ELEMENTWISE.contains(&name) => {
+                through = true;
                 let shape = &p.tensors[t as usize].shape;
                 p.ins(op).iter().copied().find(|&x| p.tensors[x as usize].shape == *shape)
             }
