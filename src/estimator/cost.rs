@@ -817,25 +817,19 @@ pub fn communication(cfg: &Config, hw: &Hardware, a: &Assumptions, fig: &ModelFi
         // Each GPU offloads and updates its shard of the optimizer's tensors.
         let shards = Sharding::of(cfg).ways(OPTIMIZER_STATES_FROM).0 as f64;
         let psi = (local.dense + local.expert) / shards;
-        let host = hw.host_gbs / DIRECTIONS * a.link_efficiency;
         let mut bytes = psi * trainable * (grad + dtype_bytes(r.weight));
         if cfg.offload == Offload::OptimizerParams {
             bytes += ZERO3_GATHERS_PER_MICRO_BATCH * psi * weight * accum;
         }
-        out.push(CommTerm {
-            id: "offload_pcie",
-            label: "Offload traffic over the host link",
-            parallelism: Parallelism::Offload,
-            collective: "copy",
+        out.push(host_copy_term(
+            hw,
+            a,
+            ("offload_pcie", "Offload traffic over the host link"),
             bytes,
-            group: 1,
-            link: LinkClass::Pcie,
-            gbs: host,
-            seconds: bytes / (host * GB),
-            overlappable: false,
-            formula: "Ψ_shard·(b_g + b_w) (+ 2·Ψ_shard·b_w per micro-batch with parameter offload) / B_host",
-            source: "Ren et al. 2021 (ZeRO-Offload) §4; Rajbhandari et al. 2021 (ZeRO-Infinity)",
-        });
+            false,
+            "Ψ_shard·(b_g + b_w) (+ 2·Ψ_shard·b_w per micro-batch with parameter offload) / B_host",
+            "Ren et al. 2021 (ZeRO-Offload) §4; Rajbhandari et al. 2021 (ZeRO-Infinity)",
+        ));
     }
     if let Some(t) = activation_offload_term(cfg, hw, a) {
         out.push(t);
@@ -863,10 +857,32 @@ fn activation_offload_term(cfg: &Config, hw: &Hardware, a: &Assumptions) -> Opti
     let stage = if cfg.pp > 1 { super::params::Stage::First } else { super::params::Stage::Whole };
     let per_layer = super::activations::megatron_activations(cfg, &recipe(cfg.precision), stage, layers).per_layer as f64;
     let bytes = OFFLOAD_DIRECTIONS * n as f64 * per_layer * cfg.accum.max(1) as f64;
+    Some(host_copy_term(
+        hw,
+        a,
+        ("act_offload_pcie", "Activation offloading over the host link"),
+        bytes,
+        true,
+        "2 × offloaded layers × M_layer per micro-batch / B_host (to the host in forward, back in backward, on a side stream)",
+        "torchtune 0.6.1 training/_activation_offloading.py (use_streams); Transformer Engine 2.20.2 pytorch/cpu_offload.py; M_layer: Korthikanti et al. 2022",
+    ))
+}
+
+/// A copy of `bytes` over the host link (one direction's share of its bandwidth, at the link
+/// efficiency): what the optimizer's offload and activation offloading move.
+fn host_copy_term(
+    hw: &Hardware,
+    a: &Assumptions,
+    (id, label): (&'static str, &'static str),
+    bytes: f64,
+    overlappable: bool,
+    formula: &'static str,
+    source: &'static str,
+) -> CommTerm {
     let host = hw.host_gbs / DIRECTIONS * a.link_efficiency;
-    Some(CommTerm {
-        id: "act_offload_pcie",
-        label: "Activation offloading over the host link",
+    CommTerm {
+        id,
+        label,
         parallelism: Parallelism::Offload,
         collective: "copy",
         bytes,
@@ -874,10 +890,10 @@ fn activation_offload_term(cfg: &Config, hw: &Hardware, a: &Assumptions) -> Opti
         link: LinkClass::Pcie,
         gbs: host,
         seconds: bytes / (host * GB),
-        overlappable: true,
-        formula: "2 × offloaded layers × M_layer per micro-batch / B_host (to the host in forward, back in backward, on a side stream)",
-        source: "torchtune 0.6.1 training/_activation_offloading.py (use_streams); Transformer Engine 2.20.2 pytorch/cpu_offload.py; M_layer: Korthikanti et al. 2022",
-    })
+        overlappable,
+        formula,
+        source,
+    }
 }
 
 /// Offloaded activations cross the host link twice: out in forward, back in backward.

@@ -282,12 +282,12 @@ struct TeRun {
 }
 
 /// One offloaded layer: the storages its pushed saves hold on the device until released (one
-/// reference each), its host copies (`_deduplicate_tensors`: one per unit), and the device
-/// copies its reload made.
+/// reference each), the tensors it copies to the host (`_deduplicate_tensors`: each once; see
+/// [`super::te_offload::LayerOffload::unit`]), and the device copies its reload made.
 #[derive(Default)]
 struct TeGroup {
     held: Vec<usize>,
-    units: Vec<(Tid, u128, super::ir::DType)>,
+    units: Vec<Tid>,
     reloaded: Vec<(u32, u128)>,
     host: u128,
 }
@@ -546,7 +546,7 @@ impl<'p, S: Sink> Run<'p, S> {
         te.fwd_layer = l;
         if l >= 1 && te.lo.offloads(l - 1) {
             let g = &mut te.groups[(l - 1) as usize];
-            g.host = g.units.iter().map(|u| u.1).sum();
+            g.host = g.units.iter().map(|&u| self.p.tensors[u as usize].bytes).sum();
             self.os.host += g.host;
             self.os.copied += g.host;
             self.os.host_peak = self.os.host_peak.max(self.os.host);
@@ -577,9 +577,9 @@ impl<'p, S: Sink> Run<'p, S> {
         }
         let g = &mut te.groups[l as usize];
         g.held.push(b);
-        let (u, bytes) = super::te_offload::LayerOffload::unit(p, t);
-        if !g.units.iter().any(|x| x.0 == u) {
-            g.units.push((u, bytes, p.tensors[u as usize].dtype));
+        let u = super::te_offload::LayerOffload::unit(p, t);
+        if !g.units.contains(&u) {
+            g.units.push(u);
         }
     }
 
@@ -597,9 +597,10 @@ impl<'p, S: Sink> Run<'p, S> {
             let g = &mut te.groups[i as usize];
             let mut a = *at;
             a.op = "empty_like";
-            for &(_, bytes, dtype) in &g.units {
-                let sid = self.sink.alloc(bytes, dtype, Cat::Activations, &a);
-                g.reloaded.push((sid, bytes));
+            for &u in &g.units {
+                let x = &self.p.tensors[u as usize];
+                let sid = self.sink.alloc(x.bytes, x.dtype, Cat::Activations, &a);
+                g.reloaded.push((sid, x.bytes));
             }
         }
     }

@@ -79,15 +79,14 @@ impl LayerOffload {
         !self.contiguous_only || (contiguous(p, producer, t) && !transposed_operand(p, op, t))
     }
 
-    /// The host copy saved tensor `t` becomes: its base when it has as many elements
-    /// (`_switch_to_base_tensors`), else itself; and its bytes.
-    pub fn unit(p: &Program, t: Tid) -> (Tid, u128) {
+    /// The tensor whose host copy saved tensor `t` becomes (its bytes, its dtype): its base when
+    /// it has as many elements (`_switch_to_base_tensors`), else itself.
+    pub fn unit(p: &Program, t: Tid) -> Tid {
         let x = &p.tensors[t as usize];
-        let base = &p.tensors[x.base as usize];
-        if base.bytes == x.bytes {
-            (x.base, base.bytes)
+        if p.tensors[x.base as usize].bytes == x.bytes {
+            x.base
         } else {
-            (t, x.bytes)
+            t
         }
     }
 }
@@ -178,10 +177,10 @@ pub fn layer_host_bytes(p: &Program, lo: &LayerOffload, in_layer: impl Fn(&Op) -
     for op in p.ops.iter().filter(|op| in_layer(op)) {
         for s in p.saved(op).iter().chain(p.dead(op)) {
             if lo.pushes(p, &producer, op, s.t) {
-                let (u, bytes) = LayerOffload::unit(p, s.t);
+                let u = LayerOffload::unit(p, s.t);
                 if !seen.contains(&u) {
                     seen.push(u);
-                    total += bytes;
+                    total += p.tensors[u as usize].bytes;
                 }
             }
         }
