@@ -279,16 +279,17 @@ fn offloaded_activations_row(setup: &step::model::Setup, pieces: &step::fast::Pi
         config::ActOffload::SaveOnCpu => "torch 2.15 autograd/graph.py save_on_cpu(pin_memory=True)",
         _ => "torchtune 0.6.1 training/_activation_offloading.py OffloadActivations.pack_tensor",
     };
-    Some(
-        Row::new(
-            RowId::OffloadedActivations,
-            "Offloaded activations (pinned host memory)",
-            Category::Activations,
-            Expr::sum(terms),
-            source,
-        )
-        .note("each moved saved tensor at its own size, all alive when backward starts; brought back node by node in backward"),
-    )
+    Some(offloaded_activations(
+        Expr::sum(terms),
+        source,
+        "each moved saved tensor at its own size, all alive when backward starts; brought back node by node in backward",
+    ))
+}
+
+/// The host row of offloaded activations (`offloaded_activations`): pinned host memory, per GPU
+/// process, with the formula, source and note of the hooks that fill it.
+fn offloaded_activations(expr: crate::estimator::expr::Expr, source: &'static str, note: &'static str) -> Row {
+    Row::new(RowId::OffloadedActivations, "Offloaded activations (pinned host memory)", Category::Activations, expr, source).note(note)
 }
 
 /// The pinned host memory Transformer Engine's per-layer offloading fills
@@ -322,16 +323,11 @@ fn layer_offloaded_row(lo: &step::te_offload::LayerOffload, pieces: &step::fast:
             Expr::var(Sym::new("H", "layer", "host bytes one decoder layer offloads"), bytes),
         ])
     });
-    Some(
-        Row::new(
-            RowId::OffloadedActivations,
-            "Offloaded activations (pinned host memory)",
-            Category::Activations,
-            Expr::sum(terms),
-            "Transformer Engine 2.20.2 pytorch/cpu_offload.py get_cpu_offload_context (DefaultOffloadSynchronizer), as Megatron-Core's TransformerBlock applies it",
-        )
-        .note("the first n layers' large saved tensors, each base once; copied as the next layer enters, released from the device L − n layers later, reloaded in backward"),
-    )
+    Some(offloaded_activations(
+        Expr::sum(terms),
+        "Transformer Engine 2.20.2 pytorch/cpu_offload.py get_cpu_offload_context (DefaultOffloadSynchronizer), as Megatron-Core's TransformerBlock applies it",
+        "the first n layers' large saved tensors, each base once; copied as the next layer enters, released from the device L − n layers later, reloaded in backward",
+    ))
 }
 
 /// Estimates one stage's ledger and simulates its step.
