@@ -46,7 +46,8 @@ const USAGE: &str = "usage:
                 (--global-batch-tokens N | --global-batch SEQUENCES) [--KEY VALUE ...]
                 [--try-KNOB v1,v2,...] [--top N] [--all] [--fix] [--json | --csv]
       KNOB: batch zero recompute attn optim optim-impl offload tp pp vpp cp ep sp finetune
-      also: --compute-efficiency F, --link-efficiency F, --no-overlap
+            compile recompute-every act-offload act-offload-layers
+      also: --compute-efficiency F, --link-efficiency F, --compile-speedup F, --no-overlap
   trainmem presets [--json]
   trainmem keys
   trainmem --version
@@ -355,9 +356,30 @@ pub enum PlanOutput {
     Csv,
 }
 
+/// The largest compile speed-up `--compile-speedup` takes: compute twice as fast.
+const MAX_COMPILE_SPEEDUP: f64 = 1.0;
+
 /// The knobs `--try-KNOB` accepts, with the configuration key that spells their values.
-const TRY_KNOBS: [&str; 14] =
-    ["batch", "zero", "recompute", "attn", "optim", "optim_impl", "offload", "tp", "pp", "vpp", "cp", "ep", "sp", "finetune"];
+const TRY_KNOBS: [&str; 18] = [
+    "batch",
+    "zero",
+    "recompute",
+    "attn",
+    "optim",
+    "optim_impl",
+    "offload",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "sp",
+    "finetune",
+    "compile",
+    "recompute_every",
+    "act_offload",
+    "act_offload_layers",
+];
 
 /// Reads `plan`'s arguments: plan options, `--try-KNOB` lists, and every configuration key.
 pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
@@ -385,6 +407,17 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
             _ => Err(ConfigError { key: key.into(), value: v.into(), reason: "must be a fraction in (0, 1]".into() }.into()),
         }
     };
+    let speedup = |key: &str, v: &str| -> Result<f64, CliError> {
+        match v.trim().parse::<f64>() {
+            Ok(f) if (0.0..=MAX_COMPILE_SPEEDUP).contains(&f) => Ok(f),
+            _ => Err(ConfigError {
+                key: key.into(),
+                value: v.into(),
+                reason: format!("must be a fraction from 0 to {MAX_COMPILE_SPEEDUP} (0.1: compute 10 % faster)"),
+            }
+            .into()),
+        }
+    };
     while let Some(a) = it.next() {
         let Some(flag) = a.strip_prefix("--") else {
             rest.push(a.clone());
@@ -405,6 +438,7 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
             "top" => keep = Some(count("top", &value(&mut it, &name, inline)?)? as usize),
             "compute-efficiency" => assumptions.compute_efficiency = fraction("compute_efficiency", &value(&mut it, &name, inline)?)?,
             "link-efficiency" => assumptions.link_efficiency = fraction("link_efficiency", &value(&mut it, &name, inline)?)?,
+            "compile-speedup" => assumptions.compile_speedup = speedup("compile_speedup", &value(&mut it, &name, inline)?)?,
             n if n.starts_with("try-") => {
                 let knob = n["try-".len()..].replace('-', "_");
                 if !TRY_KNOBS.contains(&knob.as_str()) {
@@ -474,6 +508,10 @@ fn apply_try(space: &mut Space, base: &Config, knob: &str, list: &str) -> Result
         "ep" => take!(ep),
         "sp" => take!(sp),
         "finetune" => take!(finetune),
+        "compile" => take!(compile),
+        "recompute_every" => take!(recompute_every),
+        "act_offload" => take!(act_offload),
+        "act_offload_layers" => take!(act_offload_layers),
         _ => return Err(CliError::Usage(format!("--try-{knob}: no such knob"))),
     }
     Ok(())
@@ -560,6 +598,10 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
         ("optim_impl", sp.optim_impl.len()),
         ("offload", sp.offload.len()),
         ("finetune", sp.finetune.len()),
+        ("compile", sp.compile.len()),
+        ("recompute_every", sp.recompute_every.len()),
+        ("act_offload", sp.act_offload.len()),
+        ("act_offload_layers", sp.act_offload_layers.len()),
     ]
     .iter()
     .filter(|(_, n)| *n > 1)

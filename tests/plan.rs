@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use std::collections::HashSet;
 use std::process::Command;
 use trainmem::config::{
-    decode_query, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
+    decode_query, encode_query, ActOffload, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero,
 };
 use trainmem::estimator::cost::step_cost;
 use trainmem::estimator::plan::{self, memory_chain_below, peak_fits, ChainKnob, GlobalBatch, Knobs, PlanRequest, Search, Space};
@@ -149,6 +149,10 @@ fn small_space() -> Space {
         ep: vec![1],
         sp: vec![false, true],
         finetune: vec![Finetune::Full],
+        compile: vec![false, true],
+        recompute_every: vec![0, 2],
+        act_offload: vec![ActOffload::None],
+        act_offload_layers: vec![0],
     }
 }
 
@@ -163,11 +167,24 @@ fn brute_force(req: &PlanRequest, global_seqs: u64) -> Vec<(Knobs, bool)> {
                     for &r in &s.recompute {
                         for &a in &s.attn {
                             for &o in &s.offload {
-                                let k0 = Knobs { tp, pp, sp, zero: z, recompute: r, attn: a, offload: o, ..Knobs::of(&req.base) };
-                                for (b, accum) in plan::micro_batches(&s.batch, global_seqs, k0.dp(req.base.gpus)) {
-                                    let k = Knobs { batch: b, accum, ..k0 };
-                                    if let Ok(e) = estimate(&k.apply(&req.base)) {
-                                        out.push((k, peak_fits(&e)));
+                                for (&compile, &every) in s.compile.iter().flat_map(|c| s.recompute_every.iter().map(move |e| (c, e))) {
+                                    let k0 = Knobs {
+                                        tp,
+                                        pp,
+                                        sp,
+                                        zero: z,
+                                        recompute: r,
+                                        attn: a,
+                                        offload: o,
+                                        compile,
+                                        recompute_every: every,
+                                        ..Knobs::of(&req.base)
+                                    };
+                                    for (b, accum) in plan::micro_batches(&s.batch, global_seqs, k0.dp(req.base.gpus)) {
+                                        let k = Knobs { batch: b, accum, ..k0 };
+                                        if let Ok(e) = estimate(&k.apply(&req.base)) {
+                                            out.push((k, peak_fits(&e)));
+                                        }
                                     }
                                 }
                             }
@@ -181,17 +198,20 @@ fn brute_force(req: &PlanRequest, global_seqs: u64) -> Vec<(Knobs, bool)> {
 }
 
 /// Two configurations are the same plan when they differ only in the ZeRO stage with one
-/// data-parallel rank, or in sequence parallelism without tensor parallelism.
+/// data-parallel rank, in sequence parallelism without tensor parallelism, or in every-Nth-layer
+/// checkpointing under full recomputation.
 fn canonical(k: Knobs, gpus: u64) -> Knobs {
     let zero = if k.dp(gpus) == 1 { Zero::Ddp } else { k.zero };
     let sp = k.sp && k.tp > 1;
-    Knobs { zero, sp, ..k }
+    let recompute_every = if k.recompute == Recompute::Full { 0 } else { k.recompute_every };
+    Knobs { zero, sp, recompute_every, ..k }
 }
 
 #[test]
 fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
     // Capacities from "almost nothing fits" to "almost everything does".
     let (mut pruned_somewhere, mut pruned_by_chain) = (0, 0);
+    let (mut compiled, mut every_2nd) = (0, 0);
     for gib in [3.0, 5.0, 7.0, 10.0, 16.0] {
         let base = small_base(gib);
         let req = PlanRequest {
@@ -222,8 +242,11 @@ fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
         assert!(p.estimate_calls as usize <= brute.len() * 2);
         pruned_somewhere += p.pruned;
         pruned_by_chain += p.pruned_by_chain;
+        compiled += search.points().iter().filter(|p| p.knobs.compile).count();
+        every_2nd += search.points().iter().filter(|p| p.knobs.recompute_every == 2).count();
     }
     assert!(pruned_somewhere > 0 && pruned_by_chain > 0, "the test must exercise both pruning rules");
+    assert!(compiled > 0 && every_2nd > 0, "the space's compiled and every-2nd-layer configurations must be searched too");
 }
 
 #[test]
@@ -420,4 +443,63 @@ fn zero_2_zero_3_and_full_recompute_are_no_chain_steps_because_they_can_cost_mem
     let sel = memory(&Config { recompute: Recompute::Selective, ..c.clone() }).expect("valid");
     let full = memory(&Config { recompute: Recompute::Full, ..c.clone() }).expect("valid");
     assert!(full > sel, "selective {sel}, full {full}");
+}
+
+#[test]
+fn the_planner_turns_compile_every_nth_checkpointing_and_activation_offloading() {
+    // The default space compiles and checkpoints every 2nd layer; activation offloading is
+    // opened with --try-act-offload (it takes host memory, as optimizer offload does).
+    let (code, out, err) = trainmem(&[
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--gpus",
+        "8",
+        "--seq",
+        "8192",
+        "--global-batch",
+        "64",
+        "--try-act-offload",
+        "none,torchtune",
+        "--try-zero",
+        "3",
+        "--try-tp",
+        "1",
+        "--try-pp",
+        "1,2",
+        "--top",
+        "0",
+        "--csv",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).expect(name);
+    let (compile, every, act) = (col("compile"), col("recompute_every"), col("act_offload"));
+    let rows: Vec<Vec<String>> = lines.map(|l| l.split(',').map(str::to_string).collect()).collect();
+    let seen = |c: usize, v: &str| rows.iter().any(|r| r[c] == v);
+    assert!(seen(compile, "true") && seen(compile, "false"), "compiled and eager plans");
+    assert!(seen(every, "2"), "every-2nd-layer checkpointing");
+    assert!(seen(act, "torchtune"), "torchtune's activation offloading");
+    // Each is what its share link says, and fits by the verdict.
+    for r in rows.iter().filter(|r| r[compile] == "true" || r[act] == "torchtune").take(20) {
+        let c = decode_query(r.last().expect("query")).config;
+        assert_eq!(c.compile, r[compile] == "true");
+        assert_eq!(c.act_offload == ActOffload::Torchtune, r[act] == "torchtune");
+        assert!(analyse(&c).expect("valid").verdict.fits);
+    }
+}
+
+#[test]
+fn a_compiled_plan_is_estimated_faster_by_the_compile_speed_up_alone() {
+    let base = decode_query("model=llama-3.1-8b&gpus=8&seq=4096&zero=3").config;
+    let compiled = Config { compile: true, ..base.clone() };
+    let a = Default::default();
+    let (eager, fast) = (step_cost(&base, &a).expect("cost"), step_cost(&compiled, &a).expect("cost"));
+    // Same FLOPs, compute divided by 1 + 10 %.
+    assert_eq!(eager.flops.executed, fast.flops.executed);
+    let ratio = eager.compute_s / fast.compute_s;
+    assert!((ratio - (1.0 + trainmem::estimator::cost::DEFAULT_COMPILE_SPEEDUP)).abs() < 1e-9, "{ratio}");
+    assert!(fast.assumptions.iter().any(|x| x.id == "compile"));
+    assert!(!eager.assumptions.iter().any(|x| x.id == "compile"));
 }

@@ -60,7 +60,7 @@
 //! whenever it likes; [`Search::result`] ranks what has been found so far.
 
 use super::analyse::{analyse, headroom_pct, Analysis};
-use super::config::{Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
+use super::config::{ActOffload, Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
 use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
 use super::estimate::{by_category, estimate, Estimate};
 use super::ledger::{Bytes, Category};
@@ -82,6 +82,10 @@ pub const CP_MIN_SEQ: u64 = 8192;
 pub const DEFAULT_KEEP: usize = 20;
 /// Changes [`cheapest_fixes`] returns by default.
 pub const DEFAULT_FIXES: usize = 3;
+/// The every-Nth-layer checkpointing the default space tries beside none: every 2nd layer
+/// (torchtitan's `selective_ac_option = "2"`), half the layers' activations for half of full
+/// recomputation's extra forward.
+pub const EVERY_NTH_DEFAULT: u64 = 2;
 
 /// Whether an estimate's step peak in use fits its GPU: what the search prunes on. It is
 /// necessary for the verdict ([`Verdict`]: nvidia-smi never shows less than the peak in use), and
@@ -168,6 +172,14 @@ pub struct Space {
     pub ep: Vec<u64>,
     pub sp: Vec<bool>,
     pub finetune: Vec<Finetune>,
+    /// `compile`: torch.compile over the configured `compile_regions`.
+    pub compile: Vec<bool>,
+    /// `recompute_every`: full checkpointing of every Nth layer (0: off).
+    pub recompute_every: Vec<u64>,
+    /// `act_offload`: saved-tensor hooks that move activations to pinned host memory.
+    pub act_offload: Vec<ActOffload>,
+    /// `act_offload_layers`: Transformer Engine's per-layer offloading of the first N layers.
+    pub act_offload_layers: Vec<u64>,
 }
 
 impl Space {
@@ -188,15 +200,21 @@ impl Space {
             ep: vec![base.ep],
             sp: vec![base.sp],
             finetune: vec![base.finetune],
+            compile: vec![base.compile],
+            recompute_every: vec![base.recompute_every],
+            act_offload: vec![base.act_offload],
+            act_offload_layers: vec![base.act_offload_layers],
         }
     }
 
-    /// What `trainmem plan` searches unless told otherwise: the sharding, recomputation and
-    /// model-parallel layouts that do not change what is trained — ZeRO 0–3 (and HSDP across
-    /// nodes), recomputation none/selective/full, tensor parallelism within a node, pipeline
-    /// parallelism up to [`MAX_DEFAULT_PP`], context parallelism for long sequences, expert
-    /// parallelism for MoE models, sequence parallelism with tensor parallelism. Optimizer,
-    /// attention kernel, offload and fine-tuning method stay as configured.
+    /// What `trainmem plan` searches unless told otherwise: the sharding, recomputation,
+    /// compilation and model-parallel layouts that do not change what is trained — ZeRO 0–3
+    /// (and HSDP across nodes), recomputation none/selective/op/full and full checkpointing of
+    /// every 2nd layer, `torch.compile` off and on (over the configured regions), tensor
+    /// parallelism within a node, pipeline parallelism up to [`MAX_DEFAULT_PP`], context
+    /// parallelism for long sequences, expert parallelism for MoE models, sequence parallelism
+    /// with tensor parallelism. Optimizer, attention kernel, offload (of the optimizer and of
+    /// activations: both take host memory) and fine-tuning method stay as configured.
     pub fn default_for(base: &Config) -> Space {
         let m = &base.arch;
         let pow2 = |max: u64| -> Vec<u64> { (0..).map(|i| 1u64 << i).take_while(|&v| v <= max).collect() };
@@ -228,6 +246,10 @@ impl Space {
             ep,
             sp: vec![false, true],
             finetune: vec![base.finetune],
+            compile: vec![false, true],
+            recompute_every: if m.layers >= EVERY_NTH_DEFAULT { vec![0, EVERY_NTH_DEFAULT] } else { vec![0] },
+            act_offload: vec![base.act_offload],
+            act_offload_layers: vec![base.act_offload_layers],
         }
     }
 
@@ -246,6 +268,10 @@ impl Space {
             ("ep", self.ep.is_empty()),
             ("sp", self.sp.is_empty()),
             ("finetune", self.finetune.is_empty()),
+            ("compile", self.compile.is_empty()),
+            ("recompute_every", self.recompute_every.is_empty()),
+            ("act_offload", self.act_offload.is_empty()),
+            ("act_offload_layers", self.act_offload_layers.is_empty()),
         ];
         match empty.iter().find(|(_, e)| *e) {
             Some((key, _)) => Err(PlanError::EmptySpace { key }),
@@ -272,12 +298,16 @@ pub struct Knobs {
     pub ep: u64,
     pub sp: bool,
     pub finetune: Finetune,
+    pub compile: bool,
+    pub recompute_every: u64,
+    pub act_offload: ActOffload,
+    pub act_offload_layers: u64,
 }
 
 impl std::hash::Hash for Knobs {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         // The configuration's enums are fieldless: their discriminants identify them.
-        (self.batch, self.accum, self.tp, self.pp, self.vpp, self.cp, self.ep).hash(state);
+        (self.batch, self.accum, self.tp, self.pp, self.vpp, self.cp, self.ep, self.recompute_every, self.act_offload_layers).hash(state);
         [
             self.zero as u8,
             self.recompute as u8,
@@ -287,6 +317,8 @@ impl std::hash::Hash for Knobs {
             self.offload as u8,
             self.sp as u8,
             self.finetune as u8,
+            self.compile as u8,
+            self.act_offload as u8,
         ]
         .hash(state);
     }
@@ -311,6 +343,10 @@ impl Knobs {
             ep: c.ep,
             sp: c.sp,
             finetune: c.finetune,
+            compile: c.compile,
+            recompute_every: c.recompute_every,
+            act_offload: c.act_offload,
+            act_offload_layers: c.act_offload_layers,
         }
     }
 
@@ -337,6 +373,10 @@ impl Knobs {
         c.ep = self.ep;
         c.sp = self.sp;
         c.finetune = self.finetune;
+        c.compile = self.compile;
+        c.recompute_every = self.recompute_every;
+        c.act_offload = self.act_offload;
+        c.act_offload_layers = self.act_offload_layers;
         if self.zero == Zero::HybridShard {
             c.shard_group = c.gpus_per_node.max(1);
         }
@@ -863,8 +903,16 @@ impl Search {
             plans,
             frontier,
             explanation,
-            assumptions: cost::assumptions(&self.req.base, &self.req.assumptions, &self.hw),
+            assumptions: cost::assumptions(&self.space_base(), &self.req.assumptions, &self.hw),
         }
+    }
+
+    /// The base as the result's assumptions describe it: with `compile` on when the space
+    /// compiles at all (so the compile speed-up the plans rest on is listed).
+    fn space_base(&self) -> Config {
+        let mut b = self.req.base.clone();
+        b.compile = b.compile || self.req.space.compile.contains(&true);
+        b
     }
 
     /// A point decided by the verdict ([`analyse`]): its plan, with the deciding figure as its
@@ -934,6 +982,7 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
     let optim = sorted_dedup(&s.optim, |o| o as u8);
     let optim_impl = sorted_dedup(&s.optim_impl, |o| o as u8);
     let finetune = sorted_dedup(&s.finetune, |f| f as u8);
+    let recipes = recipe_combinations(s);
     let (tps, pps, vpps, cps, eps) = (dedup_u64(&s.tp), dedup_u64(&s.pp), dedup_u64(&s.vpp), dedup_u64(&s.cp), dedup_u64(&s.ep));
     let mut out = Vec::new();
     for &tp in &tps {
@@ -957,6 +1006,10 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                             ep,
                             sp: false,
                             finetune: base.finetune,
+                            compile: base.compile,
+                            recompute_every: base.recompute_every,
+                            act_offload: base.act_offload,
+                            act_offload_layers: base.act_offload_layers,
                         };
                         let dp = probe.dp(base.gpus);
                         let layout_ok = dp > 0 && validate(&Knobs { zero: Zero::Ddp, offload: Offload::None, ..probe }.apply(base)).is_ok();
@@ -978,7 +1031,12 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                                             continue; // the same configuration as sp off
                                         }
                                         for &a in &attn {
-                                            for &r in &recompute {
+                                            for (&r, &(compile, every, act_offload, act_layers)) in
+                                                recompute.iter().flat_map(|r| recipes.iter().map(move |x| (r, x)))
+                                            {
+                                                if r == Recompute::Full && every > 0 {
+                                                    continue; // every layer is checkpointed already
+                                                }
                                                 for &off in &offload {
                                                     for &z in &zero_here {
                                                         if z == Zero::HybridShard && base.gpus_per_node >= dp {
@@ -1000,6 +1058,10 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                                                             ep,
                                                             sp,
                                                             finetune: ft,
+                                                            compile,
+                                                            recompute_every: every,
+                                                            act_offload,
+                                                            act_offload_layers: act_layers,
                                                         };
                                                         let invalid = !layout_ok
                                                             || batches.is_empty()
@@ -1017,6 +1079,28 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every combination of the recipe knobs (`compile`, `recompute_every`, `act_offload`,
+/// `act_offload_layers`) the space allows, the configured-off values first. None of them is a
+/// memory chain: compiling can keep more (a region's saved inputs) or less, and offloading
+/// moves memory to the host at a time cost the search does not prove monotone.
+fn recipe_combinations(s: &Space) -> Vec<(bool, u64, ActOffload, u64)> {
+    let compile = sorted_dedup(&s.compile, |v| v as u8);
+    let every = dedup_u64(&s.recompute_every);
+    let act = sorted_dedup(&s.act_offload, |a| a as u8);
+    let layers = dedup_u64(&s.act_offload_layers);
+    let mut out = Vec::with_capacity(compile.len() * every.len() * act.len() * layers.len());
+    for &c in &compile {
+        for &e in &every {
+            for &a in &act {
+                for &l in &layers {
+                    out.push((c, e, a, l));
                 }
             }
         }
@@ -1111,6 +1195,11 @@ pub fn benchmark_request() -> PlanRequest {
         ep: vec![1],
         sp: vec![false, true],
         finetune: vec![Finetune::Full],
+        // The recipe knobs stay off: the benchmark's space is the one its history measured.
+        compile: vec![false],
+        recompute_every: vec![0],
+        act_offload: vec![ActOffload::None],
+        act_offload_layers: vec![0],
     };
     PlanRequest {
         base,
@@ -1160,6 +1249,10 @@ fn knob_value(key: &str, k: &Knobs) -> String {
         "ep" => k.ep.to_string(),
         "sp" => k.sp.to_string(),
         "finetune" => format!("{:?}", k.finetune).to_lowercase(),
+        "compile" => k.compile.to_string(),
+        "recompute_every" => k.recompute_every.to_string(),
+        "act_offload" => act_offload_name(k.act_offload).to_string(),
+        "act_offload_layers" => k.act_offload_layers.to_string(),
         _ => String::new(),
     }
 }
@@ -1204,7 +1297,48 @@ fn describe(key: &str, k: &Knobs) -> String {
         "optim" => format!("{:?}", k.optim),
         "optim_impl" => format!("{:?} optimizer step", k.optim_impl).to_lowercase(),
         "finetune" => format!("{:?}", k.finetune).to_lowercase(),
+        "compile" => {
+            if k.compile {
+                "torch.compile".into()
+            } else {
+                "no torch.compile".into()
+            }
+        }
+        "recompute_every" => match k.recompute_every {
+            0 => "no every-Nth-layer checkpointing".into(),
+            1 => "every layer fully checkpointed".into(),
+            n => format!("every {} layer fully checkpointed", ordinal(n)),
+        },
+        "act_offload" => match k.act_offload {
+            ActOffload::None => "no activation offloading".into(),
+            ActOffload::Torchtune => "torchtune's activation offloading".into(),
+            ActOffload::SaveOnCpu => "save_on_cpu activation offloading".into(),
+        },
+        "act_offload_layers" => match k.act_offload_layers {
+            0 => "no per-layer offloading".into(),
+            1 => "the first layer's activations offloaded".into(),
+            n => format!("the first {n} layers' activations offloaded"),
+        },
         _ => String::new(),
+    }
+}
+
+/// An English ordinal: 2nd, 3rd, 4th, 11th, 21st.
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, x) if x != 11 => "st",
+        (2, x) if x != 12 => "nd",
+        (3, x) if x != 13 => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+fn act_offload_name(a: ActOffload) -> &'static str {
+    match a {
+        ActOffload::None => "none",
+        ActOffload::Torchtune => "torchtune",
+        ActOffload::SaveOnCpu => "save_on_cpu",
     }
 }
 
@@ -1287,14 +1421,43 @@ fn alternatives(key: &'static str, req: &PlanRequest, global_seqs: u64, k: &Knob
         "vpp" => s.vpp.iter().filter(|&&v| v != k.vpp).map(|&v| with(&|x| x.vpp = v)).collect(),
         "cp" => s.cp.iter().filter(|&&v| v != k.cp).filter_map(|&v| rebatch(with(&|x| x.cp = v))).collect(),
         "ep" => s.ep.iter().filter(|&&v| v != k.ep).map(|&v| with(&|x| x.ep = v)).collect(),
+        "compile" => s.compile.iter().filter(|&&v| v != k.compile).map(|&v| with(&|x| x.compile = v)).collect(),
+        "recompute_every" => s
+            .recompute_every
+            .iter()
+            .filter(|&&v| v != k.recompute_every && !(v > 0 && k.recompute == Recompute::Full))
+            .map(|&v| with(&|x| x.recompute_every = v))
+            .collect(),
+        "act_offload" => s.act_offload.iter().filter(|&&v| v != k.act_offload).map(|&v| with(&|x| x.act_offload = v)).collect(),
+        "act_offload_layers" => {
+            s.act_offload_layers.iter().filter(|&&v| v != k.act_offload_layers).map(|&v| with(&|x| x.act_offload_layers = v)).collect()
+        }
         _ => Vec::new(),
     };
     out.into_iter().filter(|x| !(x.sp && x.tp == 1)).collect()
 }
 
 /// Every knob the explanation covers, in the order it reads.
-pub const EXPLAINED_KEYS: [&str; 14] =
-    ["zero", "recompute", "tp", "sp", "pp", "vpp", "cp", "ep", "batch", "offload", "attn", "optim", "optim_impl", "finetune"];
+pub const EXPLAINED_KEYS: [&str; 18] = [
+    "zero",
+    "recompute",
+    "recompute_every",
+    "compile",
+    "tp",
+    "sp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "batch",
+    "offload",
+    "act_offload",
+    "act_offload_layers",
+    "attn",
+    "optim",
+    "optim_impl",
+    "finetune",
+];
 
 /// One sentence per knob of `top`: compared with the alternative the space offers that would be
 /// faster (and does not fit), or, when none is faster, with the fastest one that is slower.
@@ -1658,7 +1821,7 @@ pub fn changes_that_fit(cfg: &Config, a: &Assumptions, n: usize, min_free_pct: f
 // ---------------------------------------------------------------------------------------------
 
 /// The CSV columns of [`to_csv`].
-pub const CSV_HEADER: &str = "rank,frontier,step_s_estimate,tokens_per_s_estimate,mfu_estimate,memory_bytes,headroom_bytes,batch,accum,zero,recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,query";
+pub const CSV_HEADER: &str = "rank,frontier,step_s_estimate,tokens_per_s_estimate,mfu_estimate,memory_bytes,headroom_bytes,batch,accum,zero,recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,compile,recompute_every,act_offload,act_offload_layers,query";
 
 /// The ranked plans as CSV, one row per plan (frontier plans flagged), with each plan's share
 /// query from `query` (the caller's `config::encode_query`; the estimator does not depend on
@@ -1698,6 +1861,10 @@ pub fn to_csv(result: &PlanResult, query: impl Fn(&Config) -> String) -> String 
             k.ep.to_string(),
             k.sp.to_string(),
             knob_value("finetune", k),
+            knob_value("compile", k),
+            knob_value("recompute_every", k),
+            knob_value("act_offload", k),
+            knob_value("act_offload_layers", k),
             csv_field(&query(&p.config)),
         ];
         s.push_str(&fields.join(","));

@@ -45,6 +45,11 @@ async function download(page, testid) {
 
 test('a small search shows its progress, the Pareto chart, the ranked plans and why plan 1 is set as it is', async () => {
   const { page, problems } = await openPlan(SMALL);
+  // torch.compile and every-2nd-layer checkpointing are searched unless unchecked; activation
+  // offloading (host memory) only when asked.
+  assert.equal(await page.isChecked('[data-testid=plan-knob-compile]'), true);
+  assert.equal(await page.isChecked('[data-testid=plan-knob-recompute]'), true);
+  assert.equal(await page.isChecked('[data-testid=plan-knob-act_offload]'), false);
   await search(page, 32);
   const progress = await page.$eval('[data-testid=plan-progress]', (e) => ({ ...e.dataset }));
   assert.equal(progress.done, 'true');
@@ -60,6 +65,8 @@ test('a small search shows its progress, the Pareto chart, the ranked plans and 
   assert.ok(rows.length >= 2, `rows: ${rows.length}`);
   const ranks = await page.$$eval('[data-testid=plan-row]', (rs) => rs.map((r) => Number(r.dataset.rank)));
   assert.deepEqual(ranks.slice(0, 3), [1, 2, 3]);
+  const knobs = await page.$$eval('[data-testid=plan-row]', (rs) => rs.map((r) => r.textContent));
+  assert.ok(knobs.some((k) => /compiled \(layer\)/.test(k)), 'a compiled plan is listed');
   const heads = await page.$$eval('[data-testid=plan-table] thead th', (ths) => ths.map((t) => t.textContent));
   for (const h of ['Step time (estimate)', 'Tokens/s (estimate)', 'MFU (estimate)']) assert.ok(heads.includes(h), heads.join('|'));
   const why = await page.$$eval('[data-testid=plan-explanation] li', (lis) => lis.map((l) => l.textContent));

@@ -19,7 +19,7 @@
 //! alone re-run on every fitting configuration found. The panel also carries the wall time of its last search
 //! (`data-search-ms`) and the time spent searching inside its slices (`data-compute-ms`).
 
-use crate::config::{self, encode_query, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, KEYS};
+use crate::config::{self, encode_query, ActOffload, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, KEYS};
 use crate::course::panel::Panel;
 use crate::estimator::expr::group_digits;
 use crate::estimator::gpu::{Vendor, GPUS};
@@ -51,9 +51,11 @@ enum Knob {
     Batch,
     Zero,
     Recompute,
+    Compile,
     Attn,
     Optim,
     Offload,
+    ActOffload,
     Tp,
     Pp,
     Cp,
@@ -62,13 +64,15 @@ enum Knob {
 }
 
 impl Knob {
-    const ALL: [Knob; 11] = [
+    const ALL: [Knob; 13] = [
         Knob::Batch,
         Knob::Zero,
         Knob::Recompute,
+        Knob::Compile,
         Knob::Attn,
         Knob::Optim,
         Knob::Offload,
+        Knob::ActOffload,
         Knob::Tp,
         Knob::Pp,
         Knob::Cp,
@@ -81,9 +85,11 @@ impl Knob {
             Knob::Batch => "batch",
             Knob::Zero => "zero",
             Knob::Recompute => "recompute",
+            Knob::Compile => "compile",
             Knob::Attn => "attn",
             Knob::Optim => "optim",
             Knob::Offload => "offload",
+            Knob::ActOffload => "act_offload",
             Knob::Tp => "tp",
             Knob::Pp => "pp",
             Knob::Cp => "cp",
@@ -96,10 +102,12 @@ impl Knob {
         match self {
             Knob::Batch => "Micro-batch and accumulation",
             Knob::Zero => "ZeRO 0–3 / FSDP / HSDP",
-            Knob::Recompute => "Recomputation: none, selective, full",
+            Knob::Recompute => "Recomputation: none, selective, op-level, every 2nd layer, full",
+            Knob::Compile => "torch.compile (over the configured regions)",
             Knob::Attn => "Attention implementation",
             Knob::Optim => "Optimizer (AdamW, 8-bit Adam) and its implementation",
-            Knob::Offload => "CPU offload",
+            Knob::Offload => "CPU offload of the optimizer and parameters",
+            Knob::ActOffload => "Activation offloading to pinned host memory",
             Knob::Tp => "Tensor parallelism (with sequence parallelism)",
             Knob::Pp => "Pipeline parallelism with virtual stages",
             Knob::Cp => "Context parallelism",
@@ -110,7 +118,7 @@ impl Knob {
 
     /// Open unless asked: the knobs that do not change what is trained or how it runs on the host.
     fn default_on(self) -> bool {
-        matches!(self, Knob::Batch | Knob::Zero | Knob::Recompute | Knob::Tp | Knob::Pp | Knob::Cp | Knob::Ep)
+        matches!(self, Knob::Batch | Knob::Zero | Knob::Recompute | Knob::Compile | Knob::Tp | Knob::Pp | Knob::Cp | Knob::Ep)
     }
 }
 
@@ -134,6 +142,12 @@ fn space_of(base: &Config, on: &[Knob]) -> Space {
         cp: if has(Knob::Cp) { open.cp } else { fixed.cp },
         ep: if has(Knob::Ep) { open.ep } else { fixed.ep },
         finetune: if has(Knob::Finetune) { vec![Finetune::Full, Finetune::Lora, Finetune::Qlora] } else { fixed.finetune },
+        compile: if has(Knob::Compile) { open.compile } else { fixed.compile },
+        recompute_every: if has(Knob::Recompute) { open.recompute_every } else { fixed.recompute_every },
+        // torchtune's hooks where the layers allow them, and Transformer Engine's per-layer
+        // offloading of half the layers (Megatron's profile; the validator refuses the rest).
+        act_offload: if has(Knob::ActOffload) { vec![ActOffload::None, ActOffload::Torchtune] } else { fixed.act_offload },
+        act_offload_layers: if has(Knob::ActOffload) { vec![0, base.arch.layers / 2] } else { fixed.act_offload_layers },
     }
 }
 
@@ -281,7 +295,11 @@ fn knobs_text(p: &plan::Plan) -> String {
     let c = &p.config;
     let mut parts = vec![
         format!("zero {}", config::get(c, "zero").unwrap_or_default()),
-        format!("recompute {}", config::get(c, "recompute").unwrap_or_default()),
+        format!(
+            "recompute {}{}",
+            config::get(c, "recompute").unwrap_or_default(),
+            if k.recompute_every > 0 { format!(" + every {} full", k.recompute_every) } else { String::new() }
+        ),
         format!("tp {}{}", k.tp, if k.sp { " + sp" } else { "" }),
         format!("pp {}{}", k.pp, if k.vpp > 1 { format!(" × {} virtual", k.vpp) } else { String::new() }),
         format!("cp {}", k.cp),
@@ -293,6 +311,15 @@ fn knobs_text(p: &plan::Plan) -> String {
     parts.push(format!("optim {} ({})", config::get(c, "optim").unwrap_or_default(), config::get(c, "optim_impl").unwrap_or_default()));
     if k.offload != Offload::None {
         parts.push(format!("offload {}", config::get(c, "offload").unwrap_or_default()));
+    }
+    if k.act_offload != ActOffload::None {
+        parts.push(format!("activations offloaded ({})", config::get(c, "act_offload").unwrap_or_default()));
+    }
+    if k.act_offload_layers > 0 {
+        parts.push(format!("{} layers offloaded", k.act_offload_layers));
+    }
+    if k.compile {
+        parts.push(format!("compiled ({})", config::get(c, "compile_regions").unwrap_or_default()));
     }
     if k.finetune != Finetune::Full {
         parts.push(config::get(c, "finetune").unwrap_or_default());
