@@ -447,6 +447,28 @@ pub fn builtin() -> Vec<Exercise> {
             explanation: "Per layer, op SAC keeps the layer input, q_proj's, v_proj's, gate_proj's and down_proj's outputs and SDPA's output and log-sum-exp; the norms' fp32 copies and outputs, k, the RoPE'd q and k, up, SiLU's output and the products are recomputed in backward (torchtitan 0.3.0, activation_checkpoint.py).",
         },
         Exercise {
+            id: "compile-saves",
+            title: "What torch.compile keeps",
+            question: "Llama-3.1-8B at 8,192 tokens with SDPA on a GPU: how many bytes of activations does torch.compile, each decoder layer and the loss compiled as a region (compile=true), save against eager?",
+            query: "model=llama-3.1-8b&seq=8192",
+            compare: Some("model=llama-3.1-8b&seq=8192&compile=true"),
+            target: Target::Difference(rows(&["activations"])),
+            tolerance_pct: 5.0,
+            hint: "AOTAutograd's partitioner keeps what it cannot recompute cheaply — matmul and SDPA outputs, what a matmul or SDPA reads in backward, the norms' rstd — and recomputes every pointwise value in backward.",
+            explanation: "Per layer the compiled region keeps its input, the norms' rstd and outputs (matmul inputs), v, q and k after RoPE, SDPA's output and log-sum-exp, o_proj's output, gate, up and act(gate)·up; the RMSNorms' fp32 input copies, SiLU's output, RoPE's intermediates and the casts are recomputed from those in backward. The compiled loss keeps the logits instead of an fp32 log-softmax (torch 2.15, torch/_functorch/partitioners.py, min_cut_rematerialization_partition; validation/FINDINGS.md §15.1).",
+        },
+        Exercise {
+            id: "fp8-not-half",
+            title: "Why FP8 did not halve memory",
+            question: "Llama-3.1-8B at 8,192 tokens on 8 H100s with ZeRO-3: the linears switch from bf16 to Transformer Engine's FP8 with delayed scaling (fp8=te-delayed). By how many bytes do the activations saved for backward change?",
+            query: "model=llama-3.1-8b&seq=8192&gpus=8&zero=3",
+            compare: Some("model=llama-3.1-8b&seq=8192&gpus=8&zero=3&fp8=te-delayed"),
+            target: Target::Difference(rows(&["activations"])),
+            tolerance_pct: 5.0,
+            hint: "FP8 changes what each linear saves, not the 16 bytes per parameter of weights, gradients, master weights and moments. What does a te.Linear save for backward on Hopper, and what do the ops around it still keep in bf16?",
+            explanation: "They grow. Each te.Linear quantizes its gathered weight every forward into FP8 data plus a transpose (Hopper: 2 bytes per parameter, the whole layer even under ZeRO-3) and saves it for backward, and saves its input in FP8 — beside the bf16 tensors transformers' RMSNorm and SDPA still keep for their own backward. Only where nothing else keeps a linear's input (the MLP's down projection) does FP8 halve it. The weights, gradients, fp32 master weights and moments do not change at all (Transformer Engine 2.20.2, module/linear.py and module/base.py; validation/FINDINGS.md §10.3).",
+        },
+        Exercise {
             id: "verify-allocated",
             title: "Verify with memory_allocated",
             question: "GPT-2 (124M) in fp32 with AdamW, batch 8 at 1,024 tokens: what will torch.cuda.memory_allocated() report right after the forward pass of a steady-state step?",
@@ -535,6 +557,21 @@ mod tests {
     }
 
     #[test]
+    fn compiling_keeps_less_and_fp8_on_hopper_keeps_more() {
+        let acts = |q: &str| estimate(&decode_query(q).config).expect("estimates").memory.activations;
+        let compile = builtin().into_iter().find(|e| e.id == "compile-saves").expect("exists");
+        let fp8 = builtin().into_iter().find(|e| e.id == "fp8-not-half").expect("exists");
+        // The compiled layers keep less than eager…
+        assert!(acts(compile.compare.expect("B")) < acts(compile.query));
+        // …and Transformer Engine's FP8 keeps more than bf16: its saved FP8 weight copies and
+        // inputs come on top of what the norms and SDPA keep.
+        let (bf16, te) = (acts(fp8.query), acts(fp8.compare.expect("B")));
+        assert!(te > bf16, "{te} vs {bf16}");
+        let Ok(Answer::Bytes(diff)) = fp8.answer() else { panic!("bytes") };
+        assert_eq!(diff, te - bf16);
+    }
+
+    #[test]
     fn flash_attention_removes_the_quadratic_scores() {
         let ex = builtin().into_iter().find(|e| e.id == "flash-removes").expect("exists");
         let Ok(Answer::Bytes(diff)) = ex.answer() else { panic!("bytes") };
@@ -576,7 +613,7 @@ mod tests {
                     more.arch.layers += 1;
                     Answer::Bytes(estimate(&more).expect("estimates").memory.activations - m.activations)
                 }
-                "flash-removes" | "op-sac-saves" => {
+                "flash-removes" | "op-sac-saves" | "compile-saves" | "fp8-not-half" => {
                     let other = estimate(&ex.compare_config().expect("a B")).expect("estimates");
                     Answer::Bytes(m.activations.abs_diff(other.memory.activations))
                 }
