@@ -596,3 +596,27 @@ fn a_y_axis_cut_below_the_peak_says_so_on_the_plot() {
     let (_, layout) = draw_scene((900, d.height(900, &LIGHT)), |root| d.draw(root, &LIGHT).expect("draws").1);
     assert!(!layout.parts.iter().any(|p| p.text.contains("axis cut")));
 }
+
+#[test]
+fn the_recipe_comparison_draws_a_named_line_and_a_csv_column_per_recipe() {
+    let c = cfg("model=llama-3.2-1b&gpus=1");
+    let key = sweep::key(sweep::Axis::Seq, &c);
+    let d = SeqData::new(sweep::seq_sweep(&key).with_recipes(&key), &c);
+    let svg = seq_svg(&d, &LIGHT, SIZE);
+    for text in ["Op-level SAC (recompute=op)", "Full recomputation (recompute=full)", "torch.compile, no recomputation (compile=true)"] {
+        assert!(svg.contains(text), "no legend entry {text}");
+    }
+    // Each line is named where it ends inside the frame.
+    for name in ["op", "full", "compile"] {
+        assert!(has_text(&svg, name), "no label {name} in {:?}", texts(&svg));
+    }
+    let table = d.table(&LIGHT);
+    let keys: Vec<&str> = table.columns.iter().map(|c| c.key.as_str()).collect();
+    for k in ["peak_recipe_op_bytes", "peak_recipe_full_bytes", "peak_recipe_compile_bytes"] {
+        assert!(keys.contains(&k), "{keys:?}");
+    }
+    assert!(d.describe().contains("Compared: Op-level SAC"), "{}", d.describe());
+    // Without the comparison, none of it.
+    let plain = seq_svg(&seq_data(&key), &LIGHT, SIZE);
+    assert!(!plain.contains("recompute=op") && !has_text(&plain, "full"));
+}

@@ -24,7 +24,7 @@
 //! does not.
 
 use super::analyse::analyse;
-use super::config::{Attention, Config, Offload, Unit, Zero};
+use super::config::{Attention, Config, Offload, Recompute, Unit, Zero};
 use super::estimate::{capacity, estimate, Estimate};
 use super::gpu::{Gpu, GPUS};
 use super::ledger::Bytes;
@@ -604,6 +604,75 @@ pub struct SeqSweep {
     /// The longest sequence in `1..=range.1` that fits (search on the peak).
     pub limit: Option<u64>,
     pub capacity: Bytes,
+    /// The recipes compared at the same lengths ([`SeqSweep::with_recipes`]; empty until asked:
+    /// each is a second estimate per length).
+    pub recipes: Vec<RecipeLine>,
+    /// The recipes [`SeqSweep::with_recipes`] left out because the estimator refuses them at
+    /// every length.
+    pub refused_recipes: Vec<SeqRecipe>,
+}
+
+/// A recipe the sequence chart compares: the configuration with its recomputation and
+/// compilation set to one of issue 26's four (every-Nth-layer checkpointing off, everything
+/// else as configured).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqRecipe {
+    /// `recompute = none`, eager.
+    None,
+    /// `recompute = op`: torchtitan's per-op selective checkpointing, eager.
+    Op,
+    /// `recompute = full`, eager.
+    Full,
+    /// `compile = true` over the configured regions, no recomputation.
+    Compile,
+}
+
+impl SeqRecipe {
+    pub const ALL: [SeqRecipe; 4] = [SeqRecipe::None, SeqRecipe::Op, SeqRecipe::Full, SeqRecipe::Compile];
+
+    /// The short name the chart labels its line with (and the CSV's column key).
+    pub fn name(self) -> &'static str {
+        match self {
+            SeqRecipe::None => "none",
+            SeqRecipe::Op => "op",
+            SeqRecipe::Full => "full",
+            SeqRecipe::Compile => "compile",
+        }
+    }
+
+    /// What the recipe does, in the legend's words.
+    pub fn label(self) -> &'static str {
+        match self {
+            SeqRecipe::None => "No recomputation (recompute=none)",
+            SeqRecipe::Op => "Op-level SAC (recompute=op)",
+            SeqRecipe::Full => "Full recomputation (recompute=full)",
+            SeqRecipe::Compile => "torch.compile, no recomputation (compile=true)",
+        }
+    }
+
+    /// `cfg` with this recipe.
+    pub fn apply(self, cfg: &Config) -> Config {
+        let (recompute, compile) = match self {
+            SeqRecipe::None => (Recompute::None, false),
+            SeqRecipe::Op => (Recompute::Op, false),
+            SeqRecipe::Full => (Recompute::Full, false),
+            SeqRecipe::Compile => (Recompute::None, true),
+        };
+        Config { recompute, compile, recompute_every: 0, ..cfg.clone() }
+    }
+
+    /// Whether `cfg` already is this recipe (its line would be the configuration's own peak).
+    pub fn is(self, cfg: &Config) -> bool {
+        let r = self.apply(cfg);
+        (r.recompute, r.compile, r.recompute_every) == (cfg.recompute, cfg.compile, cfg.recompute_every)
+    }
+}
+
+/// One recipe's peak at each length of the sweep (`None` where the estimator refuses it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecipeLine {
+    pub recipe: SeqRecipe,
+    pub peak: Vec<Option<Bytes>>,
 }
 
 /// The attention implementation the sequence sweep compares with: materialized for fused ones
@@ -699,10 +768,42 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
     let samples: Vec<(u64, Option<Bytes>)> = seqs.iter().zip(&stack).map(|(s, c)| (*s, Some(c.iter().sum::<Bytes>()))).collect();
     let fast = last_fit_sampled(&samples, cfg.cp.max(1), cap, |s| s as f64, |s| peak(&Config { seq: s, ..cfg.clone() }));
     let limit = refine_largest(cfg.cp.max(1), fast, cap, |s| s as f64, |s| deciding_peak(&Config { seq: s, ..cfg.clone() }));
-    SeqSweep { attn: cfg.attn, other, seqs, stack, other_peak, uncompressed_peak, range: (lo, hi), limit, capacity: cap }
+    SeqSweep {
+        attn: cfg.attn,
+        other,
+        seqs,
+        stack,
+        other_peak,
+        uncompressed_peak,
+        range: (lo, hi),
+        limit,
+        capacity: cap,
+        recipes: Vec::new(),
+        refused_recipes: Vec::new(),
+    }
 }
 
 impl SeqSweep {
+    /// The sweep with the recipes of [`SeqRecipe::ALL`] compared at its lengths: each recipe
+    /// the configuration is not already, with its peak where the estimator accepts it. A recipe
+    /// refused at every length (compiling a family not measured compiled, say) is left out and
+    /// listed in `refused_recipes`.
+    pub fn with_recipes(mut self, cfg: &Config) -> SeqSweep {
+        let (mut lines, mut refused) = (Vec::new(), Vec::new());
+        for r in SeqRecipe::ALL.into_iter().filter(|r| !r.is(cfg)) {
+            let base = r.apply(cfg);
+            let peak: Vec<Option<Bytes>> = self.seqs.iter().map(|&s| peak(&Config { seq: s, ..base.clone() })).collect();
+            if peak.iter().any(Option::is_some) {
+                lines.push(RecipeLine { recipe: r, peak });
+            } else {
+                refused.push(r);
+            }
+        }
+        self.recipes = lines;
+        self.refused_recipes = refused;
+        self
+    }
+
     /// The peak at each length (top of the stack).
     pub fn peaks(&self) -> Vec<Bytes> {
         self.stack.iter().map(|s| s.iter().sum()).collect()
@@ -1262,5 +1363,45 @@ mod tests {
         }
         // Models without MLA carry no such curve.
         assert!(seq_sweep(&with_model("llama-3.1-8b")).uncompressed_peak.is_empty());
+    }
+
+    #[test]
+    fn the_sequence_sweep_compares_the_recipes_the_configuration_is_not() {
+        let cfg = with_model("llama-3.2-1b");
+        let plain = seq_sweep(&cfg);
+        assert!(plain.recipes.is_empty() && plain.refused_recipes.is_empty(), "only when asked");
+        let s = plain.with_recipes(&cfg);
+        // recompute = none, eager: its own line is the peak; the three others are compared.
+        let names: Vec<&str> = s.recipes.iter().map(|l| l.recipe.name()).collect();
+        assert_eq!(names, ["op", "full", "compile"]);
+        assert!(s.refused_recipes.is_empty());
+        let line = |n: &str| s.recipes.iter().find(|l| l.recipe.name() == n).expect("a line");
+        for (i, &seq) in s.seqs.iter().enumerate() {
+            // Each point is the recipe's own estimate at that length…
+            let want = peak(&Config { seq, ..SeqRecipe::Op.apply(&cfg) });
+            assert_eq!(line("op").peak[i], want);
+        }
+        // …and at the longest length the saved activations order the peaks: full < op < none,
+        // compile < none.
+        let last = s.seqs.len() - 1;
+        let none = s.peaks()[last];
+        let at = |n: &str| line(n).peak[last].expect("estimated");
+        assert!(at("full") < at("op") && at("op") < none, "{} {} {none}", at("full"), at("op"));
+        assert!(at("compile") < none);
+        // A configuration with op SAC compares none, full and compile instead.
+        let op = Config { recompute: Recompute::Op, ..cfg.clone() };
+        let names: Vec<&str> = seq_sweep(&op).with_recipes(&op).recipes.iter().map(|l| l.recipe.name()).collect();
+        assert_eq!(names, ["none", "full", "compile"]);
+    }
+
+    #[test]
+    fn a_recipe_the_estimator_refuses_at_every_length_is_named_not_drawn() {
+        // Transformer Engine's per-layer offloading refuses any recomputation (Megatron's rule)
+        // and compiled layers: only the configuration's own recipe (none) is drawn.
+        let cfg = Config { framework: crate::estimator::config::Framework::Megatron, act_offload_layers: 4, ..with_model("llama-3.2-1b") };
+        assert!(estimate(&cfg).is_ok());
+        let s = seq_sweep(&cfg).with_recipes(&cfg);
+        assert!(s.recipes.is_empty(), "{:?}", s.recipes.iter().map(|l| l.recipe).collect::<Vec<_>>());
+        assert_eq!(s.refused_recipes, [SeqRecipe::Op, SeqRecipe::Full, SeqRecipe::Compile]);
     }
 }

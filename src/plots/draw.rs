@@ -38,9 +38,20 @@ pub enum Mark {
     Line,
     /// A dashed line.
     Dashed,
+    /// A dotted line ([`DOTTED`]).
+    Dotted,
+    /// A line of long dashes ([`LONG_DASHED`]).
+    LongDashed,
     /// A dot (markers).
     Dot,
 }
+
+/// Dash and gap, pixels, of [`Mark::Dashed`] lines.
+pub const DASHED: (u32, u32) = (7, 5);
+/// Dash and gap of [`Mark::Dotted`] lines.
+pub const DOTTED: (u32, u32) = (2, 4);
+/// Dash and gap of [`Mark::LongDashed`] lines.
+pub const LONG_DASHED: (u32, u32) = (14, 5);
 
 /// One legend entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -373,6 +384,15 @@ pub fn draw_header<DB: DrawingBackend>(
                     root.draw(&PathElement::new(vec![(x, y + 7), (x + 6, y + 7)], it.color.stroke_width(2)))?;
                     root.draw(&PathElement::new(vec![(x + 12, y + 7), (x + 18, y + 7)], it.color.stroke_width(2)))?;
                 }
+                Mark::Dotted => {
+                    for dx in [0, 6, 12] {
+                        root.draw(&PathElement::new(vec![(x + dx, y + 7), (x + dx + 2, y + 7)], it.color.stroke_width(2)))?;
+                    }
+                }
+                Mark::LongDashed => {
+                    root.draw(&PathElement::new(vec![(x, y + 7), (x + 11, y + 7)], it.color.stroke_width(2)))?;
+                    root.draw(&PathElement::new(vec![(x + 15, y + 7), (x + 18, y + 7)], it.color.stroke_width(2)))?;
+                }
                 Mark::Dot => root.draw(&Circle::new((x + 9, y + 7), 4, it.color.filled()))?,
             }
         }
@@ -595,15 +615,29 @@ pub fn clip_y(x: &Axis, y: &Axis, pts: &[(f64, f64)]) -> Vec<Vec<(f64, f64)>> {
 
 /// A line through `pts`, clipped to the chart's y range; dashed if asked.
 pub fn line<DB: DrawingBackend>(chart: &mut Chart<DB>, pts: &[(f64, f64)], style: ShapeStyle, dashed: bool) -> DrawResult<(), DB> {
+    line_pattern(chart, pts, style, dashed.then_some(DASHED))
+}
+
+/// A line through `pts`, solid or with a (dash, gap) pattern in pixels ([`DASHED`],
+/// [`DOTTED`], [`LONG_DASHED`]); clipped to the frame as [`line`] is.
+pub fn line_pattern<DB: DrawingBackend>(
+    chart: &mut Chart<DB>,
+    pts: &[(f64, f64)],
+    style: ShapeStyle,
+    pattern: Option<(u32, u32)>,
+) -> DrawResult<(), DB> {
     let (x, y) = {
         let c = chart.as_coord_spec();
         (c.x_spec().clone(), c.y_spec().clone())
     };
     for part in clip_y(&x, &y, pts) {
-        if dashed {
-            chart.draw_series(std::iter::once(DashedPathElement::new(part, 7, 5, style)))?;
-        } else {
-            chart.draw_series(std::iter::once(PathElement::new(part, style)))?;
+        match pattern {
+            Some((dash, gap)) => {
+                chart.draw_series(std::iter::once(DashedPathElement::new(part, dash, gap, style)))?;
+            }
+            None => {
+                chart.draw_series(std::iter::once(PathElement::new(part, style)))?;
+            }
         }
     }
     Ok(())

@@ -15,7 +15,7 @@ use super::theme::{category_color, okabe_ito, Theme};
 use crate::estimator::config::{Attention, Config, Unit};
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Bytes, Category};
-use crate::estimator::sweep::SeqSweep;
+use crate::estimator::sweep::{SeqRecipe, SeqSweep};
 use crate::estimator::units::in_unit;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -39,6 +39,25 @@ pub const STACKED: &str = "Stacked: each of the ledger's categories in use at th
 /// The MLA overlay's name: the same model with keys and values not compressed
 /// ([`crate::estimator::sweep::uncompressed_kv`]).
 pub const UNCOMPRESSED: &str = "Peak without MLA (K/V uncompressed, same heads)";
+
+/// How each compared recipe's line is drawn: colour and legend mark (its dash pattern).
+fn recipe_style(r: SeqRecipe, theme: &Theme) -> (RGBColor, Mark) {
+    match r {
+        SeqRecipe::None => (theme.foreground, Mark::LongDashed),
+        SeqRecipe::Op => (theme.foreground, Mark::Dashed),
+        SeqRecipe::Full => (theme.foreground, Mark::Dotted),
+        SeqRecipe::Compile => (theme.muted, Mark::Dashed),
+    }
+}
+
+fn pattern(m: Mark) -> Option<(u32, u32)> {
+    match m {
+        Mark::Dashed => Some(draw::DASHED),
+        Mark::Dotted => Some(draw::DOTTED),
+        Mark::LongDashed => Some(draw::LONG_DASHED),
+        _ => None,
+    }
+}
 
 fn attn_name(a: Attention) -> &'static str {
     match a {
@@ -91,6 +110,14 @@ impl SeqData {
                 values: self.sweep.uncompressed_peak.clone(),
             });
         }
+        for line in &self.sweep.recipes {
+            columns.push(Column {
+                key: format!("peak_recipe_{}_bytes", line.recipe.name()),
+                label: format!("Peak: {}", line.recipe.label()),
+                color: recipe_style(line.recipe, theme).0,
+                values: line.peak.clone(),
+            });
+        }
         Table {
             x_key: "seq".into(),
             x_title: "Sequence length (tokens)".into(),
@@ -109,14 +136,33 @@ impl SeqData {
             " The same model without multi-head latent attention (keys and values uncompressed) is drawn for comparison."
         };
         format!(
-            "Peak memory per GPU of {} against sequence length from {} to {} tokens, stacked by category, with {} attention for comparison. {}.{}",
+            "Peak memory per GPU of {} against sequence length from {} to {} tokens, stacked by category, with {} attention for comparison. {}.{}{}",
             self.model,
             tokens_label(self.sweep.range.0 as f64),
             tokens_label(self.sweep.range.1 as f64),
             attn_name(self.sweep.other),
             self.limit_text(),
-            mla
+            mla,
+            self.recipes_text()
         )
+    }
+
+    /// What the compared recipes are, for screen readers and the chart's note ("" when none).
+    pub fn recipes_text(&self) -> String {
+        let d = &self.sweep;
+        if d.recipes.is_empty() && d.refused_recipes.is_empty() {
+            return String::new();
+        }
+        let mut s = String::new();
+        if !d.recipes.is_empty() {
+            let names: Vec<&str> = d.recipes.iter().map(|l| l.recipe.label()).collect();
+            s.push_str(&format!(" Compared: {}.", names.join("; ")));
+        }
+        if !d.refused_recipes.is_empty() {
+            let names: Vec<&str> = d.refused_recipes.iter().map(|r| r.name()).collect();
+            s.push_str(&format!(" Not estimated for this configuration: {}.", names.join(", ")));
+        }
+        s
     }
 
     fn y_axis(&self) -> Axis {
@@ -126,7 +172,8 @@ impl SeqData {
         let max = peaks.iter().copied().fold(0.0, f64::max);
         let min = peaks.iter().copied().fold(f64::INFINITY, f64::min);
         if self.log_y {
-            let others = self.sweep.other_peak.iter().chain(&self.sweep.uncompressed_peak).flatten().map(|b| in_unit(*b, u));
+            let recipes = self.sweep.recipes.iter().flat_map(|l| l.peak.iter());
+            let others = self.sweep.other_peak.iter().chain(&self.sweep.uncompressed_peak).chain(recipes).flatten().map(|b| in_unit(*b, u));
             let all_max = others.clone().fold(max.max(cap), f64::max);
             let all_min = others.fold(min.min(if cap > 0.0 { cap } else { f64::INFINITY }), f64::min);
             let lo = if all_min.is_finite() && all_min > 0.0 { all_min * 0.7 } else { 0.1 };
@@ -153,9 +200,18 @@ pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
     if !d.uncompressed_peak.is_empty() {
         legend.push(LegendEntry::new(UNCOMPRESSED, okabe_ito::PURPLE, Mark::Dashed));
     }
+    for line in &d.recipes {
+        let (color, mark) = recipe_style(line.recipe, theme);
+        legend.push(LegendEntry::new(line.recipe.label(), color, mark));
+    }
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
     let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(d.attn));
-    Header { title, legend, notes: vec![(STACKED.to_string(), theme.foreground)] }
+    let mut notes = vec![(STACKED.to_string(), theme.foreground)];
+    if !d.refused_recipes.is_empty() {
+        let names: Vec<&str> = d.refused_recipes.iter().map(|r| r.name()).collect();
+        notes.push((format!("Not estimated for this configuration: {}", names.join(", ")), theme.muted));
+    }
+    Header { title, legend, notes }
 }
 
 /// Draws the chart; returns where it put the data (for the read-out) and its layout.
@@ -192,6 +248,15 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
         let unc: Vec<(f64, f64)> =
             xs.iter().copied().zip(d.uncompressed_peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
         draw::line(&mut chart, &unc, okabe_ito::PURPLE.stroke_width(2), true)?;
+    }
+    for line in &d.recipes {
+        let (color, mark) = recipe_style(line.recipe, theme);
+        let pts: Vec<(f64, f64)> = xs.iter().copied().zip(line.peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
+        draw::line_pattern(&mut chart, &pts, color.stroke_width(2), pattern(mark))?;
+        // Named at its last point inside the frame, so the lines read without the legend.
+        if let Some(&at) = pts.iter().rev().find(|p| p.1.is_finite() && y.contains(p.1)) {
+            draw::label(&mut chart, line.recipe.name(), at, draw::font(theme, 12), true, theme, &mut layout.parts)?;
+        }
     }
     draw::capacity(&mut chart, d.capacity, u, &data.gpu, true, theme, &mut layout.parts)?;
     let cap = in_unit(d.capacity, u);

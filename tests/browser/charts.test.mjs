@@ -64,6 +64,35 @@ test('the sequence chart marks where the run stops fitting', async () => {
   assert.equal(await fits(seq + 1), false);
 });
 
+test('the sequence chart compares no recomputation, op-level SAC, full recomputation and torch.compile on request', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?model=llama-3.2-1b');
+  await showTab(page, 'seq');
+  const plain = await page.getAttribute('[data-testid=chart-seq]', 'aria-label');
+  assert.doesNotMatch(plain, /Compared:/);
+  const before = await pixels(page, 'seq');
+  await page.check('[data-testid=chart-seq-recipes]');
+  // The configuration is recompute=none, eager: the other three recipes get a line each.
+  await page.waitForFunction(() => /Compared:/.test(document.querySelector('[data-testid=chart-seq]').getAttribute('aria-label')));
+  const label = await page.getAttribute('[data-testid=chart-seq]', 'aria-label');
+  for (const r of ['recompute=op', 'recompute=full', 'compile=true']) assert.ok(label.includes(r), label);
+  assert.notEqual((await pixels(page, 'seq')).hash, before.hash, 'the lines are drawn');
+  // The CSV carries each recipe's peak beside the configuration's own; at the longest length
+  // op-level SAC keeps less than no recomputation and full recomputation less than both.
+  const [d] = await Promise.all([page.waitForEvent('download'), page.click('[data-testid=export-seq-csv]')]);
+  const rows = readFileSync(await d.path(), 'utf8').trim().split('\n').map((r) => r.split(','));
+  const head = rows[0];
+  const col = (k) => head.indexOf(k);
+  for (const k of ['peak_recipe_op_bytes', 'peak_recipe_full_bytes', 'peak_recipe_compile_bytes']) assert.ok(col(k) >= 0, head.join(','));
+  const last = rows[rows.length - 1];
+  const none = Number(last[col('peak_sdpa_bytes')]);
+  const op = Number(last[col('peak_recipe_op_bytes')]);
+  const full = Number(last[col('peak_recipe_full_bytes')]);
+  assert.ok(full < op && op < none, `none ${none}, op ${op}, full ${full}`);
+  await page.uncheck('[data-testid=chart-seq-recipes]');
+  await page.waitForFunction(() => !/Compared:/.test(document.querySelector('[data-testid=chart-seq]').getAttribute('aria-label')));
+  assert.deepEqual(problems, []);
+});
+
 test('hovering and the arrow keys read values out', async () => {
   const { page } = await openPage(browser, server.base);
   await showTab(page, 'seq');

@@ -122,15 +122,37 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
         r
     });
     let log_y = RwSignal::new(false);
+    // The sequence chart's recipe comparison (none, op, full, compile): a second estimate per
+    // length and recipe, so computed only when asked, and memoized on the sweep as it is.
+    let recipes_on = RwSignal::new(false);
+    let recipes = Memo::new(move |_| {
+        if !recipes_on.get() {
+            return None;
+        }
+        key.with(|k| {
+            swept.with(|d| match d {
+                Ok(ChartData::Seq(s)) => {
+                    let with = dom::timed("sweep:seq:recipes", || s.sweep.clone().with_recipes(k));
+                    Some((with.recipes, with.refused_recipes))
+                }
+                _ => None,
+            })
+        })
+    });
     // What is drawn: the sweep with the live unit, marker and options.
     let live = Memo::new(move |_| {
         let log = log_y.get();
+        let compared = recipes.get();
         store.config.with(|cfg| {
             store.estimate.with(|e| {
                 swept.with(|d| {
                     d.clone().map(|d| match d.with_current(cfg, e.as_ref().ok()) {
                         ChartData::Seq(mut s) => {
                             s.log_y = log;
+                            if let Some((lines, refused)) = compared.clone() {
+                                s.sweep.recipes = lines;
+                                s.sweep.refused_recipes = refused;
+                            }
                             ChartData::Seq(s)
                         }
                         other => other,
@@ -329,6 +351,8 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
                 {(kind == ChartKind::Seq).then(|| view! {
                     <label class="logy"><input type="checkbox" data-testid="chart-seq-logy" prop:checked=move || log_y.get()
                         on:change=move |ev| log_y.set(event_target_checked(&ev))/>" Log memory axis (s² vs s as slopes 2 vs 1)"</label>
+                    <label class="logy"><input type="checkbox" data-testid="chart-seq-recipes" prop:checked=move || recipes_on.get()
+                        on:change=move |ev| recipes_on.set(event_target_checked(&ev))/>" Compare recipes: no recomputation, op-level SAC, full recomputation, torch.compile"</label>
                 })}
                 <button type="button" data-testid=format!("export-{kind}-svg") on:click=export_svg>"Download SVG"</button>
                 <button type="button" data-testid=format!("export-{kind}-png") on:click=export_png>"Download PNG"</button>
