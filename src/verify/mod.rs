@@ -282,8 +282,9 @@ impl Predictions {
 ///
 /// - after forward: after the last event of the model call and its loss, the output and the
 ///   loss still held as the script holds them ([`estimator::after_forward_of`]);
-/// - forward, backward and step peaks: the most allocated during the events of those phases
-///   (the step = the gradient reduction, `optimizer.step()` and `zero_grad`);
+/// - forward, backward and step peaks: the most allocated while those phases run — after each
+///   of their events and at their start (the step = the gradient reduction, `optimizer.step()`
+///   and `zero_grad`; a fused step that allocates nothing peaks where backward left off);
 /// - peak: the most allocated at any event (`memory.allocated_peak` of the estimate);
 /// - reserved and nvidia-smi (`kernels=cuda`): the loading and the step replayed through the
 ///   caching allocator ([`estimator::analyse`]): the step's reserved peak (what the loading
@@ -304,7 +305,21 @@ pub fn predictions(cfg: &Config) -> Result<Predictions, EstimateError> {
     let cuda = cfg.kernels == Kernels::Cuda;
     let blas = if cuda { e.row(estimator::ledger::RowId::BlasWorkspaces).map_or(0, |r| r.bytes) } else { 0 };
     let at = |live: Bytes| stream.resident + live + blas;
-    let max_in = |phases: &[P]| stream.events.iter().filter(|ev| phases.contains(&ev.phase)).map(|ev| at(ev.live)).max().unwrap_or(at(0));
+    // The most allocated while a phase runs: after each of its events, and when it begins (the
+    // level the previous event left: a fused optimizer step allocates nothing, so its peak is
+    // what backward left — every gradient still alive until `zero_grad`).
+    let max_in = |phases: &[P]| {
+        let mut best: Option<Bytes> = None;
+        let mut before: Bytes = 0;
+        for ev in &stream.events {
+            if phases.contains(&ev.phase) {
+                let m = at(before).max(at(ev.live));
+                best = Some(best.map_or(m, |b| b.max(m)));
+            }
+            before = ev.live;
+        }
+        best.unwrap_or(at(0))
+    };
     // The same moment as `estimator::after_forward` (the output still held).
     let after_forward = estimator::after_forward_of(&stream) + blas;
     Ok(Predictions {
@@ -652,6 +667,27 @@ mod tests {
         assert!(p.step_peak <= p.peak && p.step_peak > 0);
         assert_eq!((p.reserved_peak, p.nvidia_smi), (None, None));
         assert_eq!((p.load_peak, p.load_reserved, p.step_reserved_peak), (None, None, None));
+    }
+
+    #[test]
+    fn a_fused_optimizer_steps_peak_is_what_backward_left_with_every_gradient_alive() {
+        // fp32 with the fused AdamW: the step allocates nothing, so the most allocated during
+        // `optimizer.step()` is the level backward ends at — weights, states and every gradient
+        // (measured on the CPU: Llama 3.2 1B shapes, 4 layers, tied embedding, 8,095,303,064 B
+        // = 2,023,825,408 weights + 4,047,650,968 states + 2,023,825,408 gradients + 1,280 B;
+        // predicted 1,050,673,152 B lower — the embedding's gradient, freed first by zero_grad —
+        // when only the phase's events were read).
+        let cfg = config::decode_query(
+            "model=custom&family=llama&hidden=2048&layers=4&head_dim=64&ffn=8192&tied=true&seq=128&precision=fp32&attn=eager&kernels=cpu",
+        )
+        .config;
+        let stream = estimator::step_stream(&cfg).expect("simulates");
+        let p = predictions(&cfg).expect("predicts");
+        let end_of_backward =
+            stream.events.iter().rev().find(|ev| ev.phase == estimator::step::Phase::Backward).map(|ev| ev.live).expect("backward");
+        assert_eq!(p.step_peak, stream.resident + end_of_backward);
+        let e = estimator::estimate(&cfg).expect("estimates");
+        assert!(p.step_peak >= e.memory.parameters + e.memory.gradients + e.memory.optimizer_states);
     }
 
     #[test]
