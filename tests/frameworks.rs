@@ -300,6 +300,8 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("gpus=8&zero=3&batch=2&accum=4"),
             q("gpus=16&zero=2&precision=mixed-fp16&offload=optimizer"),
             q("gpus=4&zero=3&offload=optimizer%2Bparams&batch=1"),
+            // accelerate's dynamo_backend: INDUCTOR compiles the whole model.
+            q("gpus=8&zero=3&batch=2&compile=true&compile_regions=model"),
         ],
         ExportFormat::Megatron => vec![
             q("recipe=megatron-lm-llama3-8b-fp8&accum=1&precision=mixed-bf16-fp32grad"),
@@ -332,6 +334,56 @@ fn every_export_format_round_trips_import_export_import() {
 /// `cfg` with an import applied on top.
 fn apply_over(cfg: &Config, imp: &trainmem::frameworks::Imported) -> Config {
     trainmem::frameworks::apply(cfg, imp)
+}
+
+#[test]
+fn accelerates_inductor_backend_compiles_the_whole_model_and_its_regional_compilation_is_named_unmodelled() {
+    let yaml = |dynamo: &str| {
+        format!("distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  zero_stage: 3\ndynamo_config:\n{dynamo}")
+    };
+    let key = |imp: &trainmem::frameworks::Imported, k: &str| imp.keys.iter().find(|r| r.key == k).cloned().expect("reported");
+    // accelerate 1.15 Accelerator.prepare_model: torch.compile(model) — one graph, as the Trainer's.
+    let imp = import(&[("accelerate.yaml", &yaml("  dynamo_backend: INDUCTOR\n  dynamo_mode: default\n"))]).expect("imports");
+    let k = key(&imp, "dynamo_config.dynamo_backend");
+    assert_eq!((k.status, k.set.as_str()), (Status::Understood, "compile=true&compile_regions=model"), "{}", k.note);
+    assert_eq!((imp.config.compile, imp.config.compile_regions), (true, config::CompileRegions::Model));
+    assert_eq!(key(&imp, "dynamo_config.dynamo_mode").status, Status::Ignored);
+    // Regional compilation leaves the loss eager: none of trainmem's regions, so nothing is set.
+    let imp =
+        import(&[("accelerate.yaml", &yaml("  dynamo_backend: INDUCTOR\n  dynamo_use_regional_compilation: true\n"))]).expect("imports");
+    let k = key(&imp, "dynamo_config.dynamo_backend");
+    assert_eq!(k.status, Status::Unmodelled);
+    assert!(k.note.contains("loss eager"), "{}", k.note);
+    assert!(!imp.config.compile);
+    assert_eq!(key(&imp, "dynamo_config.dynamo_use_regional_compilation").status, Status::Understood);
+    // Another backend, and CUDA graphs, are named too; none is an error of the file.
+    let imp = import(&[("accelerate.yaml", &yaml("  dynamo_backend: AOT_EAGER\n  dynamo_mode: reduce-overhead\n"))]).expect("imports");
+    assert_eq!(key(&imp, "dynamo_config.dynamo_backend").status, Status::Unmodelled);
+    assert_eq!(key(&imp, "dynamo_config.dynamo_mode").status, Status::Unmodelled);
+    assert!(imp.errors.is_empty(), "{:?}", imp.errors);
+    let imp = import(&[("accelerate.yaml", &yaml("  dynamo_backend: NO\n"))]).expect("imports");
+    assert_eq!(key(&imp, "dynamo_config.dynamo_backend").status, Status::Ignored);
+    assert!(!imp.config.compile);
+}
+
+#[test]
+fn every_nth_layer_checkpointing_is_said_in_a_comment_where_a_format_cannot_set_it() {
+    let cfg = decode_query("gpus=8&zero=3&recompute_every=4").config;
+    for (format, nearest) in [
+        (ExportFormat::Torchtune, "enable_activation_checkpointing"),
+        (ExportFormat::AccelerateDeepspeed, "torch.utils.checkpoint"),
+        // 32 layers, one stage: 8 of them checkpointed, as every 4th.
+        (ExportFormat::Megatron, "--recompute-method block --recompute-num-layers 8"),
+    ] {
+        let text = export(&cfg, format);
+        let line = text
+            .lines()
+            .find(|l| l.contains("recompute_every=4") && !l.contains("trainmem: ?"))
+            .unwrap_or_else(|| panic!("{}:\n{text}", format.name()));
+        assert!(line.trim_start().starts_with('#') && line.contains(nearest), "{}: {line}", format.name());
+    }
+    // torchtitan says it with its own key.
+    assert!(export(&cfg, ExportFormat::Torchtitan).contains("selective_ac_option = \"4\""));
 }
 
 #[test]

@@ -78,9 +78,14 @@ fn map(key: &str, v: &Value, root: &Value, kind: &str) -> Out {
             None => Out::invalid("expected true or false"),
         },
         "megatron_lm_config.megatron_lm_num_micro_batches" => positive(v, "accum"),
-        "dynamo_config.dynamo_backend" => match text(v).map(|s| s.to_ascii_uppercase()).as_deref() {
-            Some("NO") => Out::ignored("eager PyTorch"),
-            _ => Out::unmodelled("torch.compile saves fewer tensors: not modelled (the estimate follows eager PyTorch)"),
+        "dynamo_config.dynamo_backend" => dynamo_backend(v, root),
+        "dynamo_config.dynamo_use_regional_compilation" | "dynamo_config.dynamo_use_fullgraph" | "dynamo_config.dynamo_use_dynamic" => {
+            Out::ignored("read with dynamo_backend").status_understood()
+        }
+        "dynamo_config.dynamo_mode" => match text(v).as_deref() {
+            Some("default") | Some("max-autotune-no-cudagraphs") => Out::ignored("the kernels' choice: the same tensors are kept"),
+            Some(_) => Out::unmodelled("CUDA graphs (reduce-overhead, max-autotune) keep their own memory pool: not modelled"),
+            None => Out::invalid("expected default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs"),
         },
         _ if top == "fsdp_config" => fsdp(key.trim_start_matches("fsdp_config.").trim_start_matches("fsdp_"), v, root.get("fsdp_config")),
         _ => match top {
@@ -105,6 +110,26 @@ fn map(key: &str, v: &Value, root: &Value, kind: &str) -> Out {
             "deepspeed_config" | "megatron_lm_config" => Out::unmodelled("an option trainmem does not model"),
             _ => Out::unknown(),
         },
+    }
+}
+
+/// `dynamo_config.dynamo_backend`: accelerate 1.15's `Accelerator.prepare_model` (and, under
+/// DeepSpeed, `engine.compile()`) compiles the whole model with `torch.compile` — trainmem's
+/// `compile_regions = model`, as the Trainer's `torch_compile` does. With
+/// `dynamo_use_regional_compilation` it compiles each repeated block and, apart, the other
+/// children (`utils/other.py compile_regions`), leaving the causal-LM forward and its loss eager:
+/// none of trainmem's regions. Backends other than Inductor partition differently.
+fn dynamo_backend(v: &Value, root: &Value) -> Out {
+    let regional = tree::get(root, "dynamo_config.dynamo_use_regional_compilation").and_then(boolean) == Some(true);
+    match text(v).map(|s| s.to_ascii_uppercase()).as_deref() {
+        Some("NO") => Out::ignored("eager PyTorch"),
+        Some("INDUCTOR") if !regional => Out::set(vec![("compile", "true".into()), ("compile_regions", "model".into())])
+            .note("accelerate compiles the whole model (its graph breaks included), as the Trainer's torch_compile does"),
+        Some("INDUCTOR") => Out::unmodelled(
+            "regional compilation compiles each decoder layer and, apart, the final norm and LM head, and leaves the loss eager: not one of trainmem's compile_regions",
+        ),
+        Some(_) => Out::unmodelled("a torch.compile backend other than Inductor: only Inductor's partitioner is modelled"),
+        None => Out::invalid("expected a dynamo backend name (NO, INDUCTOR, …)"),
     }
 }
 

@@ -155,6 +155,9 @@ fn torchtune(cfg: &Config) -> String {
         rec(cfg.recompute),
         if cfg.recompute == Recompute::Selective { " (torchtune checkpoints whole layers)" } else { "" }
     );
+    if cfg.recompute_every > 0 {
+        s += &every_nth_comment(cfg, "torchtune checkpoints every layer or none (enable_activation_checkpointing)");
+    }
     if cfg.optim_in_bwd {
         s += "optimizer_in_bwd: True  # optim_in_bwd\n";
     }
@@ -324,13 +327,34 @@ fn accelerate(cfg: &Config) -> String {
     let nodes = cfg.gpus.div_ceil(cfg.gpus_per_node.max(1)).max(1);
     s += &format!("num_machines: {nodes}\n");
     s += "deepspeed_config:\n  deepspeed_config_file: ds_config.json  # batch, accum, precision, zero, offload\n";
+    if cfg.compile {
+        if cfg.compile_regions == crate::config::CompileRegions::Model {
+            s += "dynamo_config:\n  dynamo_backend: INDUCTOR  # compile=true, compile_regions=model: accelerate compiles the whole model\n";
+        } else {
+            s += &format!(
+                "# compile=true, compile_regions={}: accelerate compiles the whole model (dynamo_backend: INDUCTOR) or each block with the loss eager (dynamo_use_regional_compilation); compile the layers and the loss in the script instead\n",
+                crate::config::get(cfg, "compile_regions").unwrap_or_default()
+            );
+        }
+    }
     s += &format!(
         "# In the training script: model.gradient_checkpointing_enable() when recompute={} is not none;\n# attention {:?}, loss {:?} as the script chooses them.\n",
         rec(cfg.recompute),
         cfg.attn,
         cfg.loss
     );
+    if cfg.recompute_every > 0 {
+        s += &every_nth_comment(
+            cfg,
+            "transformers checkpoints every layer or none: wrap every Nth decoder layer in torch.utils.checkpoint in the script",
+        );
+    }
     s
+}
+
+/// The comment an export writes for `recompute_every`, which its format cannot say.
+fn every_nth_comment(cfg: &Config, how: &str) -> String {
+    format!("# recompute_every={}: one decoder layer in every {} fully checkpointed; {how}\n", cfg.recompute_every, cfg.recompute_every)
 }
 
 fn ds_config(cfg: &Config) -> String {
@@ -412,6 +436,18 @@ fn megatron(cfg: &Config) -> String {
             s += "    --recompute-granularity full  # recompute\n    --recompute-method uniform\n    --recompute-num-layers 1\n"
         }
         Recompute::Op => s += "    # recompute=op: torchtitan's op-level SAC has no Megatron equivalent\n",
+    }
+    if cfg.recompute_every > 0 {
+        s += &format!(
+            "    {}",
+            every_nth_comment(
+                cfg,
+                &format!(
+                    "Megatron's nearest is --recompute-granularity full --recompute-method block --recompute-num-layers {} (as many layers of each stage, the first ones)",
+                    cfg.arch.layers / cfg.pp.max(1) / cfg.recompute_every.max(1)
+                )
+            )
+        );
     }
     if cfg.act_offload_layers > 0 {
         s += &format!("    --cpu-offloading-num-layers {}  # act_offload_layers (sets --cpu-offloading)\n", cfg.act_offload_layers);
