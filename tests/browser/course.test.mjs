@@ -8,7 +8,8 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { test, before, after, serve, launch, openPage, axeViolations, waitForApp } from './harness.mjs';
+import { execFileSync } from 'node:child_process';
+import { test, before, after, serve, launch, openPage, axeViolations, waitForApp, ROOT } from './harness.mjs';
 import { startServer } from './static-server.mjs';
 
 let app;
@@ -236,6 +237,29 @@ test('an embedded quiz posts its answer to the course page', async () => {
   assert.equal(a.answer, peak);
   assert.equal(a.error_pct, 0);
   assert.deepEqual(problems, []);
+});
+
+test('the compile and FP8 exercises answer with the difference of the two configurations\' activations, as the CLI estimates them', async () => {
+  const bin = join(ROOT, 'target', 'debug', 'trainmem');
+  const activations = (query) => {
+    const args = ['estimate', '--json', ...query.split('&').flatMap((kv) => { const [k, v] = kv.split('='); return [`--${k}`, v]; })];
+    return BigInt(JSON.parse(execFileSync(bin, args, { encoding: 'utf8', maxBuffer: 64 << 20 })).memory.activations);
+  };
+  for (const [step, a, b, words] of [
+    ['compile-saves', 'model=llama-3.1-8b&seq=8192', 'model=llama-3.1-8b&seq=8192&compile=true', /torch\.compile/],
+    ['fp8-not-half', 'model=llama-3.1-8b&seq=8192&gpus=8&zero=3', 'model=llama-3.1-8b&seq=8192&gpus=8&zero=3&fp8=te-delayed', /FP8/],
+  ]) {
+    const { page: p, problems } = await openPage(browser, app.base + `?step=${step}`);
+    await p.waitForSelector('[data-testid=ex-question]');
+    assert.match(await p.textContent('[data-testid=ex-question]'), words);
+    await p.fill('[data-testid=ex-guess]', '1 GB');
+    await p.click('[data-testid=ex-check]');
+    await p.waitForSelector('[data-testid=ex-verdict][data-correct=false]');
+    const diff = activations(a) - activations(b);
+    const want = diff < 0n ? -diff : diff;
+    assert.equal(await p.getAttribute('[data-testid=ex-answer]', 'data-answer'), String(want), step);
+    assert.deepEqual(problems, []);
+  }
 });
 
 test('the built-in exercises check a guess against the estimator and reveal the rows; "make this an exercise" writes a quiz link', async () => {
