@@ -326,8 +326,10 @@ prop_compose! {
         accum in prop::sample::select(vec![1u64, 2, 3, 4, 8]),
         seq in prop::sample::select(vec![128u64, 512, 1024, 2048, 4096]),
         zero in prop::sample::select(vec![Zero::Ddp, Zero::Z1, Zero::Z2, Zero::Z3, Zero::FullShard, Zero::ShardGradOp, Zero::HybridShard]),
-        recompute in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        recompute in prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Op, Recompute::Full]),
         attn in prop::sample::select(vec![Attention::Eager, Attention::Sdpa, Attention::Flash]),
+        // The planner's recipe knobs, half the time off: compile, every 2nd / 3rd layer, offloading.
+        recipe in 0usize..8,
         optim in prop::sample::select(vec![Optimizer::Adamw, Optimizer::Adam8bit, Optimizer::Sgd, Optimizer::Muon, Optimizer::Adafactor, Optimizer::Lion]),
         optim_impl in prop::sample::select(vec![OptimImpl::Fused, OptimImpl::Foreach, OptimImpl::Forloop]),
         offload in prop::sample::select(vec![Offload::None, Offload::Optimizer, Offload::OptimizerParams]),
@@ -340,6 +342,13 @@ prop_compose! {
         c.batch = batch; c.accum = accum; c.seq = seq; c.zero = zero; c.recompute = recompute;
         c.attn = attn; c.optim = optim; c.optim_impl = optim_impl; c.offload = offload;
         c.finetune = finetune; c.precision = precision; c.shard_group = shard_group;
+        match recipe {
+            4 => c.compile = true,
+            5 => c.recompute_every = 2,
+            6 => c.recompute_every = 3,
+            7 => c.act_offload = ActOffload::Torchtune,
+            _ => {}
+        }
         // Steer away from what validation rejects, so most cases test something.
         if c.arch.experts == 0 || !c.arch.experts.is_multiple_of(c.ep) { c.ep = 1; }
         if !c.arch.heads.is_multiple_of(c.tp) { c.tp = 1; }

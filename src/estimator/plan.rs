@@ -8,7 +8,8 @@
 //! the one function to change when the verdict moves to reserved memory). The search skips an
 //! estimate only when a *verified* monotonicity proves the configuration cannot fit. It uses
 //! exactly these properties of [`measure`] (the memory the verdict compares), each checked by
-//! property tests in `tests/plan.rs` over random presets and knobs:
+//! property tests in `tests/plan.rs` over random presets and knobs (the recipe knobs — compile,
+//! every-Nth-layer checkpointing, activation offloading — included):
 //!
 //! - **M1, micro-batch**: with everything else fixed (accumulation included), memory never
 //!   decreases when the micro-batch grows.
