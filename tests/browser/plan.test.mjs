@@ -50,6 +50,9 @@ test('a small search shows its progress, the Pareto chart, the ranked plans and 
   assert.equal(await page.isChecked('[data-testid=plan-knob-compile]'), true);
   assert.equal(await page.isChecked('[data-testid=plan-knob-recompute]'), true);
   assert.equal(await page.isChecked('[data-testid=plan-knob-act_offload]'), false);
+  // Every knob's checkbox keeps its size, however its label wraps.
+  const boxes = await page.$$eval('.plan-knobs input[type=checkbox]', (xs) => xs.map((x) => x.getBoundingClientRect().width));
+  assert.ok(boxes.length >= 13 && boxes.every((w) => w === boxes[0] && w >= 16), boxes.join(', '));
   await search(page, 32);
   const progress = await page.$eval('[data-testid=plan-progress]', (e) => ({ ...e.dataset }));
   assert.equal(progress.done, 'true');
