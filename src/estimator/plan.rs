@@ -88,6 +88,13 @@ pub const DEFAULT_FIXES: usize = 3;
 /// recomputation's extra forward.
 pub const EVERY_NTH_DEFAULT: u64 = 2;
 
+/// The per-layer activation offloading (`act_offload_layers`) the planner tries: half the
+/// layers — what the cheapest-change list offers on Megatron and the Plan panel's offloading
+/// knob opens.
+pub fn half_the_layers(layers: u64) -> u64 {
+    layers / 2
+}
+
 /// Whether an estimate's step peak in use fits its GPU: what the search prunes on. It is
 /// necessary for the verdict ([`Verdict`]: nvidia-smi never shows less than the peak in use), and
 /// fast; every plan and fix the planner reports is then decided by [`analyse`] itself.
@@ -1647,10 +1654,10 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     if cfg.recompute == Recompute::None && cfg.recompute_every == 0 && cfg.framework != Framework::Megatron {
         push(
             "recompute_every",
-            "2".into(),
+            EVERY_NTH_DEFAULT.to_string(),
             "full checkpointing of every 2nd layer".into(),
             false,
-            Config { recompute_every: 2, ..cfg.clone() },
+            Config { recompute_every: EVERY_NTH_DEFAULT, ..cfg.clone() },
         );
     }
     if !cfg.compile && cfg.framework != Framework::Megatron {
@@ -1668,7 +1675,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             );
         }
         if cfg.framework == Framework::Megatron && cfg.arch.layers > 1 {
-            let n = (cfg.arch.layers / 2).max(1);
+            let n = half_the_layers(cfg.arch.layers);
             push(
                 "act_offload_layers",
                 n.to_string(),

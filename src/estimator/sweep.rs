@@ -784,11 +784,16 @@ pub fn seq_sweep(cfg: &Config) -> SeqSweep {
 }
 
 impl SeqSweep {
-    /// The sweep with the recipes of [`SeqRecipe::ALL`] compared at its lengths: each recipe
-    /// the configuration is not already, with its peak where the estimator accepts it. A recipe
-    /// refused at every length (compiling a family not measured compiled, say) is left out and
-    /// listed in `refused_recipes`.
+    /// The sweep with the recipes of [`SeqSweep::compare_recipes`] set.
     pub fn with_recipes(mut self, cfg: &Config) -> SeqSweep {
+        (self.recipes, self.refused_recipes) = self.compare_recipes(cfg);
+        self
+    }
+
+    /// The recipes of [`SeqRecipe::ALL`] compared at this sweep's lengths: each recipe the
+    /// configuration is not already, with its peak where the estimator accepts it; and, apart,
+    /// the recipes refused at every length (compiling a family not measured compiled, say).
+    pub fn compare_recipes(&self, cfg: &Config) -> (Vec<RecipeLine>, Vec<SeqRecipe>) {
         let (mut lines, mut refused) = (Vec::new(), Vec::new());
         for r in SeqRecipe::ALL.into_iter().filter(|r| !r.is(cfg)) {
             let base = r.apply(cfg);
@@ -799,9 +804,7 @@ impl SeqSweep {
                 refused.push(r);
             }
         }
-        self.recipes = lines;
-        self.refused_recipes = refused;
-        self
+        (lines, refused)
     }
 
     /// The peak at each length (top of the stack).

@@ -46,6 +46,19 @@ pub enum Mark {
     Dot,
 }
 
+impl Mark {
+    /// The (dash, gap) pattern a line of this mark is drawn with ([`line_pattern`]); `None`: solid
+    /// (or not a line).
+    pub fn dash(self) -> Option<(u32, u32)> {
+        match self {
+            Mark::Dashed => Some(DASHED),
+            Mark::Dotted => Some(DOTTED),
+            Mark::LongDashed => Some(LONG_DASHED),
+            Mark::Area | Mark::Line | Mark::Dot => None,
+        }
+    }
+}
+
 /// Dash and gap, pixels, of [`Mark::Dashed`] lines.
 pub const DASHED: (u32, u32) = (7, 5);
 /// Dash and gap of [`Mark::Dotted`] lines.

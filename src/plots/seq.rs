@@ -50,15 +50,6 @@ fn recipe_style(r: SeqRecipe, theme: &Theme) -> (RGBColor, Mark) {
     }
 }
 
-fn pattern(m: Mark) -> Option<(u32, u32)> {
-    match m {
-        Mark::Dashed => Some(draw::DASHED),
-        Mark::Dotted => Some(draw::DOTTED),
-        Mark::LongDashed => Some(draw::LONG_DASHED),
-        _ => None,
-    }
-}
-
 fn attn_name(a: Attention) -> &'static str {
     match a {
         Attention::Eager => "eager",
@@ -158,11 +149,19 @@ impl SeqData {
             let names: Vec<&str> = d.recipes.iter().map(|l| l.recipe.label()).collect();
             s.push_str(&format!(" Compared: {}.", names.join("; ")));
         }
-        if !d.refused_recipes.is_empty() {
-            let names: Vec<&str> = d.refused_recipes.iter().map(|r| r.name()).collect();
-            s.push_str(&format!(" Not estimated for this configuration: {}.", names.join(", ")));
+        if let Some(refused) = self.refused_text() {
+            s.push_str(&format!(" {refused}."));
         }
         s
+    }
+
+    /// "Not estimated for this configuration: compile" — the recipes refused at every length.
+    fn refused_text(&self) -> Option<String> {
+        let d = &self.sweep;
+        (!d.refused_recipes.is_empty()).then(|| {
+            let names: Vec<&str> = d.refused_recipes.iter().map(|r| r.name()).collect();
+            format!("Not estimated for this configuration: {}", names.join(", "))
+        })
     }
 
     fn y_axis(&self) -> Axis {
@@ -207,9 +206,8 @@ pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
     let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(d.attn));
     let mut notes = vec![(STACKED.to_string(), theme.foreground)];
-    if !d.refused_recipes.is_empty() {
-        let names: Vec<&str> = d.refused_recipes.iter().map(|r| r.name()).collect();
-        notes.push((format!("Not estimated for this configuration: {}", names.join(", ")), theme.muted));
+    if let Some(refused) = data.refused_text() {
+        notes.push((refused, theme.muted));
     }
     Header { title, legend, notes }
 }
@@ -252,7 +250,7 @@ pub fn draw_seq<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, data: &SeqDat
     for line in &d.recipes {
         let (color, mark) = recipe_style(line.recipe, theme);
         let pts: Vec<(f64, f64)> = xs.iter().copied().zip(line.peak.iter().map(|b| b.map_or(f64::NAN, |b| in_unit(b, u)))).collect();
-        draw::line_pattern(&mut chart, &pts, color.stroke_width(2), pattern(mark))?;
+        draw::line_pattern(&mut chart, &pts, color.stroke_width(2), mark.dash())?;
         // Named at its last point inside the frame, so the lines read without the legend.
         if let Some(&at) = pts.iter().rev().find(|p| p.1.is_finite() && y.contains(p.1)) {
             draw::label(&mut chart, line.recipe.name(), at, draw::font(theme, 12), true, theme, &mut layout.parts)?;

@@ -131,10 +131,7 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
         }
         key.with(|k| {
             swept.with(|d| match d {
-                Ok(ChartData::Seq(s)) => {
-                    let with = dom::timed("sweep:seq:recipes", || s.sweep.clone().with_recipes(k));
-                    Some((with.recipes, with.refused_recipes))
-                }
+                Ok(ChartData::Seq(s)) => Some(dom::timed("sweep:seq:recipes", || s.sweep.compare_recipes(k))),
                 _ => None,
             })
         })

@@ -147,7 +147,7 @@ fn space_of(base: &Config, on: &[Knob]) -> Space {
         // torchtune's hooks where the layers allow them, and Transformer Engine's per-layer
         // offloading of half the layers (Megatron's profile; the validator refuses the rest).
         act_offload: if has(Knob::ActOffload) { vec![ActOffload::None, ActOffload::Torchtune] } else { fixed.act_offload },
-        act_offload_layers: if has(Knob::ActOffload) { vec![0, base.arch.layers / 2] } else { fixed.act_offload_layers },
+        act_offload_layers: if has(Knob::ActOffload) { vec![0, plan::half_the_layers(base.arch.layers)] } else { fixed.act_offload_layers },
     }
 }
 
