@@ -359,28 +359,6 @@ pub enum PlanOutput {
 /// The largest compile speed-up `--compile-speedup` takes: compute twice as fast.
 const MAX_COMPILE_SPEEDUP: f64 = 1.0;
 
-/// The knobs `--try-KNOB` accepts, with the configuration key that spells their values.
-const TRY_KNOBS: [&str; 18] = [
-    "batch",
-    "zero",
-    "recompute",
-    "attn",
-    "optim",
-    "optim_impl",
-    "offload",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "sp",
-    "finetune",
-    "compile",
-    "recompute_every",
-    "act_offload",
-    "act_offload_layers",
-];
-
 /// Reads `plan`'s arguments: plan options, `--try-KNOB` lists, and every configuration key.
 pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
     let mut rest: Vec<String> = Vec::new();
@@ -441,8 +419,8 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
             "compile-speedup" => assumptions.compile_speedup = speedup("compile_speedup", &value(&mut it, &name, inline)?)?,
             n if n.starts_with("try-") => {
                 let knob = n["try-".len()..].replace('-', "_");
-                if !TRY_KNOBS.contains(&knob.as_str()) {
-                    return Err(CliError::Usage(format!("--{n}: no such knob (try one of {})", TRY_KNOBS.join(", "))));
+                if !plan::KNOBS.contains(&knob.as_str()) {
+                    return Err(CliError::Usage(format!("--{n}: no such knob (try one of {})", plan::KNOBS.join(", "))));
                 }
                 tries.push((knob, value(&mut it, &name, inline)?));
             }
@@ -488,31 +466,8 @@ fn apply_try(space: &mut Space, base: &Config, knob: &str, list: &str) -> Result
     if values.is_empty() {
         return Err(ConfigError { key: knob.into(), value: list.into(), reason: "lists no value".into() }.into());
     }
-    macro_rules! take {
-        ($field:ident) => {
-            space.$field = values.iter().map(|c| c.$field).collect()
-        };
-    }
-    match knob {
-        "batch" => take!(batch),
-        "zero" => take!(zero),
-        "recompute" => take!(recompute),
-        "attn" => take!(attn),
-        "optim" => take!(optim),
-        "optim_impl" => take!(optim_impl),
-        "offload" => take!(offload),
-        "tp" => take!(tp),
-        "pp" => take!(pp),
-        "vpp" => take!(vpp),
-        "cp" => take!(cp),
-        "ep" => take!(ep),
-        "sp" => take!(sp),
-        "finetune" => take!(finetune),
-        "compile" => take!(compile),
-        "recompute_every" => take!(recompute_every),
-        "act_offload" => take!(act_offload),
-        "act_offload_layers" => take!(act_offload_layers),
-        _ => return Err(CliError::Usage(format!("--try-{knob}: no such knob"))),
+    if !space.set_from(knob, &values) {
+        return Err(CliError::Usage(format!("--try-{knob}: no such knob")));
     }
     Ok(())
 }
@@ -592,21 +547,9 @@ fn render_plan(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String 
     }
     // Knobs the space varies beyond the usual ones get a column each.
     let sp = &req.space;
-    let extra: Vec<&str> = [
-        ("attn", sp.attn.len()),
-        ("optim", sp.optim.len()),
-        ("optim_impl", sp.optim_impl.len()),
-        ("offload", sp.offload.len()),
-        ("finetune", sp.finetune.len()),
-        ("compile", sp.compile.len()),
-        ("recompute_every", sp.recompute_every.len()),
-        ("act_offload", sp.act_offload.len()),
-        ("act_offload_layers", sp.act_offload_layers.len()),
-    ]
-    .iter()
-    .filter(|(_, n)| *n > 1)
-    .map(|(k, _)| *k)
-    .collect();
+    const ALWAYS_SHOWN: [&str; 9] = ["batch", "zero", "recompute", "tp", "pp", "vpp", "cp", "ep", "sp"];
+    let extra: Vec<&str> =
+        plan::KNOBS.iter().copied().filter(|k| !ALWAYS_SHOWN.contains(k) && sp.tried(k).is_some_and(|n| n > 1)).collect();
     let mut head = format!(
         "{:>4}  {:>10}  {:>10}  {:>5}  {:>10}  {:>10}  {:>7}  {:<13} {:<9} {:>2} {:>2} {:>3} {:>2} {:>2} {:<3}",
         "rank", "step est.", "tokens/s", "MFU", "memory", "headroom", "b×acc", "zero", "recompute", "tp", "pp", "vpp", "cp", "ep", "sp"

@@ -88,7 +88,7 @@ fn plan_exports_csv_with_a_share_query_per_row() {
     let (code, out, err) = trainmem(&["plan", "--model", "qwen2.5-0.5b", "--gpus", "8", "--seq", "1024", "--global-batch", "64", "--csv"]);
     assert_eq!(code, 0, "{err}");
     let mut lines = out.lines();
-    assert_eq!(lines.next(), Some(plan::CSV_HEADER));
+    assert_eq!(lines.next(), Some(plan::csv_header().as_str()));
     let rows: Vec<&str> = lines.collect();
     assert!(!rows.is_empty());
     for r in rows {

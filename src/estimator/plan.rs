@@ -162,6 +162,31 @@ impl GlobalBatch {
     }
 }
 
+/// Every knob the planner turns, by the configuration key that spells its values, in the order
+/// of [`Space`]'s and [`Knobs`]' fields: what `trainmem plan --try-KNOB` accepts
+/// ([`Space::set_from`]), the plans' CSV columns (the accumulation steps beside the
+/// micro-batch: [`csv_header`]) and [`Space::tried`] name.
+pub const KNOBS: [&str; 18] = [
+    "batch",
+    "zero",
+    "recompute",
+    "attn",
+    "optim",
+    "optim_impl",
+    "offload",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "sp",
+    "finetune",
+    "compile",
+    "recompute_every",
+    "act_offload",
+    "act_offload_layers",
+];
+
 /// The values each knob may take. Empty `batch` means every micro-batch up to
 /// [`MAX_MICRO_BATCH`] that divides the global batch.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -261,28 +286,70 @@ impl Space {
         }
     }
 
+    /// How many values the space tries for knob `key` (one of [`KNOBS`]; `None` for any other
+    /// name). An empty micro-batch list means every valid micro-batch.
+    pub fn tried(&self, key: &str) -> Option<usize> {
+        Some(match key {
+            "batch" => self.batch.len(),
+            "zero" => self.zero.len(),
+            "recompute" => self.recompute.len(),
+            "attn" => self.attn.len(),
+            "optim" => self.optim.len(),
+            "optim_impl" => self.optim_impl.len(),
+            "offload" => self.offload.len(),
+            "tp" => self.tp.len(),
+            "pp" => self.pp.len(),
+            "vpp" => self.vpp.len(),
+            "cp" => self.cp.len(),
+            "ep" => self.ep.len(),
+            "sp" => self.sp.len(),
+            "finetune" => self.finetune.len(),
+            "compile" => self.compile.len(),
+            "recompute_every" => self.recompute_every.len(),
+            "act_offload" => self.act_offload.len(),
+            "act_offload_layers" => self.act_offload_layers.len(),
+            _ => return None,
+        })
+    }
+
+    /// Sets knob `key`'s values to those of `values` — configurations that differ from the
+    /// base in that key only, each read by the configuration's own parser (so a list takes
+    /// the URL's spellings). Returns `false`, leaving the space as it was, when `key` is not
+    /// one of [`KNOBS`].
+    pub fn set_from(&mut self, key: &str, values: &[Config]) -> bool {
+        macro_rules! take {
+            ($field:ident) => {
+                self.$field = values.iter().map(|c| c.$field).collect()
+            };
+        }
+        match key {
+            "batch" => take!(batch),
+            "zero" => take!(zero),
+            "recompute" => take!(recompute),
+            "attn" => take!(attn),
+            "optim" => take!(optim),
+            "optim_impl" => take!(optim_impl),
+            "offload" => take!(offload),
+            "tp" => take!(tp),
+            "pp" => take!(pp),
+            "vpp" => take!(vpp),
+            "cp" => take!(cp),
+            "ep" => take!(ep),
+            "sp" => take!(sp),
+            "finetune" => take!(finetune),
+            "compile" => take!(compile),
+            "recompute_every" => take!(recompute_every),
+            "act_offload" => take!(act_offload),
+            "act_offload_layers" => take!(act_offload_layers),
+            _ => return false,
+        }
+        true
+    }
+
     fn check(&self) -> Result<(), PlanError> {
-        let empty = [
-            ("zero", self.zero.is_empty()),
-            ("recompute", self.recompute.is_empty()),
-            ("attn", self.attn.is_empty()),
-            ("optim", self.optim.is_empty()),
-            ("optim_impl", self.optim_impl.is_empty()),
-            ("offload", self.offload.is_empty()),
-            ("tp", self.tp.is_empty()),
-            ("pp", self.pp.is_empty()),
-            ("vpp", self.vpp.is_empty()),
-            ("cp", self.cp.is_empty()),
-            ("ep", self.ep.is_empty()),
-            ("sp", self.sp.is_empty()),
-            ("finetune", self.finetune.is_empty()),
-            ("compile", self.compile.is_empty()),
-            ("recompute_every", self.recompute_every.is_empty()),
-            ("act_offload", self.act_offload.is_empty()),
-            ("act_offload_layers", self.act_offload_layers.is_empty()),
-        ];
-        match empty.iter().find(|(_, e)| *e) {
-            Some((key, _)) => Err(PlanError::EmptySpace { key }),
+        // The micro-batch's empty list means every valid one; any other empty list, no plan.
+        match KNOBS.iter().find(|&&key| key != "batch" && self.tried(key) == Some(0)) {
+            Some(&key) => Err(PlanError::EmptySpace { key }),
             None => Ok(()),
         }
     }
@@ -1244,6 +1311,7 @@ pub struct Reason {
 fn knob_value(key: &str, k: &Knobs) -> String {
     match key {
         "batch" => k.batch.to_string(),
+        "accum" => k.accum.to_string(),
         "zero" => zero_name(k.zero).to_string(),
         "recompute" => recompute_name(k.recompute).to_string(),
         "attn" => attn_name(k.attn).to_string(),
@@ -1828,14 +1896,26 @@ pub fn changes_that_fit(cfg: &Config, a: &Assumptions, n: usize, min_free_pct: f
 // Export
 // ---------------------------------------------------------------------------------------------
 
-/// The CSV columns of [`to_csv`].
-pub const CSV_HEADER: &str = "rank,frontier,step_s_estimate,tokens_per_s_estimate,mfu_estimate,memory_bytes,headroom_bytes,batch,accum,zero,recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,compile,recompute_every,act_offload,act_offload_layers,query";
+/// The leading columns of [`to_csv`], before the knobs.
+const CSV_LEADING: [&str; 7] =
+    ["rank", "frontier", "step_s_estimate", "tokens_per_s_estimate", "mfu_estimate", "memory_bytes", "headroom_bytes"];
+
+/// The knob columns of [`to_csv`]: [`KNOBS`] with the accumulation steps after the micro-batch.
+fn csv_knobs() -> impl Iterator<Item = &'static str> {
+    std::iter::once(KNOBS[0]).chain(std::iter::once("accum")).chain(KNOBS[1..].iter().copied())
+}
+
+/// The header line of [`to_csv`]: the plan's rank, frontier flag, estimated step time,
+/// throughput and MFU, memory and headroom in bytes, every knob, and the share query.
+pub fn csv_header() -> String {
+    CSV_LEADING.iter().copied().chain(csv_knobs()).chain(std::iter::once("query")).collect::<Vec<_>>().join(",")
+}
 
 /// The ranked plans as CSV, one row per plan (frontier plans flagged), with each plan's share
 /// query from `query` (the caller's `config::encode_query`; the estimator does not depend on
 /// the codec).
 pub fn to_csv(result: &PlanResult, query: impl Fn(&Config) -> String) -> String {
-    let mut s = String::from(CSV_HEADER);
+    let mut s = csv_header();
     s.push('\n');
     let mut rows: Vec<&Plan> = result.plans.iter().collect();
     for f in &result.frontier {
@@ -1846,7 +1926,7 @@ pub fn to_csv(result: &PlanResult, query: impl Fn(&Config) -> String) -> String 
     for p in rows {
         let k = &p.knobs;
         let on_frontier = result.frontier.iter().any(|f| f.knobs == p.knobs);
-        let fields = [
+        let leading = [
             p.rank.to_string(),
             on_frontier.to_string(),
             format!("{:.4}", p.step_s),
@@ -1854,27 +1934,12 @@ pub fn to_csv(result: &PlanResult, query: impl Fn(&Config) -> String) -> String 
             format!("{:.4}", p.mfu),
             p.memory.to_string(),
             p.headroom.to_string(),
-            k.batch.to_string(),
-            k.accum.to_string(),
-            knob_value("zero", k),
-            knob_value("recompute", k),
-            knob_value("attn", k),
-            knob_value("optim", k),
-            knob_value("optim_impl", k),
-            knob_value("offload", k),
-            k.tp.to_string(),
-            k.pp.to_string(),
-            k.vpp.to_string(),
-            k.cp.to_string(),
-            k.ep.to_string(),
-            k.sp.to_string(),
-            knob_value("finetune", k),
-            knob_value("compile", k),
-            knob_value("recompute_every", k),
-            knob_value("act_offload", k),
-            knob_value("act_offload_layers", k),
-            csv_field(&query(&p.config)),
         ];
+        let fields: Vec<String> = leading
+            .into_iter()
+            .chain(csv_knobs().map(|key| knob_value(key, k)))
+            .chain(std::iter::once(csv_field(&query(&p.config))))
+            .collect();
         s.push_str(&fields.join(","));
         s.push('\n');
     }
@@ -2153,8 +2218,45 @@ mod tests {
         let r = plan(PlanRequest::new(small("qwen2.5-0.5b", 8), GlobalBatch::Sequences(32))).expect("plan");
         let csv = to_csv(&r, |c| format!("batch={}", c.batch));
         let lines: Vec<&str> = csv.lines().collect();
-        assert_eq!(lines[0], CSV_HEADER);
+        assert_eq!(lines[0], csv_header());
         assert!(lines.len() > 1);
-        assert!(lines[1..].iter().all(|l| l.split(',').count() == CSV_HEADER.split(',').count() && l.contains("batch=")));
+        assert!(lines[1..].iter().all(|l| l.split(',').count() == csv_header().split(',').count() && l.contains("batch=")));
+    }
+
+    #[test]
+    fn the_csv_header_keeps_its_columns_with_the_accumulation_after_the_micro_batch() {
+        // The columns spreadsheets and scripts read by name: a knob added to `KNOBS` adds one
+        // here, in that order.
+        assert_eq!(
+            csv_header(),
+            "rank,frontier,step_s_estimate,tokens_per_s_estimate,mfu_estimate,memory_bytes,headroom_bytes,batch,accum,zero,\
+             recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,compile,recompute_every,act_offload,\
+             act_offload_layers,query"
+        );
+    }
+
+    #[test]
+    fn every_knob_has_a_value_a_count_in_the_space_and_a_setter_and_no_other_name_does() {
+        let base = small("qwen2.5-0.5b", 8);
+        let k = Knobs::of(&base);
+        let mut space = Space::fixed(&base);
+        for key in KNOBS {
+            assert!(!knob_value(key, &k).is_empty(), "{key} has no value");
+            assert!(space.tried(key).is_some(), "{key} has no count");
+            assert!(space.set_from(key, &[base.clone(), base.clone()]), "{key} has no setter");
+            assert_eq!(space.tried(key), Some(2), "{key}: set_from sets that knob");
+        }
+        assert!(!knob_value("accum", &k).is_empty());
+        assert_eq!(space.tried("gpus"), None);
+        assert!(!space.set_from("gpus", std::slice::from_ref(&base)));
+    }
+
+    #[test]
+    fn a_space_with_an_empty_knob_names_it_but_an_empty_micro_batch_list_means_every_one() {
+        let base = small("qwen2.5-0.5b", 8);
+        let mut space = Space::fixed(&base);
+        assert!(space.batch.is_empty() && space.check().is_ok());
+        space.set_from("act_offload_layers", &[]);
+        assert!(matches!(space.check(), Err(PlanError::EmptySpace { key: "act_offload_layers" })));
     }
 }
