@@ -309,6 +309,8 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&tp=2&cp=2&sp=true&zero=1&precision=mixed-bf16&recompute=full&batch=2"),
             // Transformer Engine's per-layer offloading: --cpu-offloading-num-layers.
             q("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&tp=2&sp=true&zero=1&precision=mixed-bf16&act_offload_layers=8&seq=8192"),
+            // The block method: --recompute-method block --recompute-num-layers 3.
+            q("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&tp=2&pp=2&sp=true&zero=1&precision=mixed-bf16&recompute=full&recompute_layers=3&accum=4"),
         ],
     }
 }
@@ -580,4 +582,26 @@ fn megatrons_cpu_offloading_of_n_layers_reads_as_act_offload_layers_from_its_fla
     let off = yaml.replace("cpu_offloading: true", "cpu_offloading: false");
     let imp = import(&[("bridge.yaml", off.as_str())]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(imp.config.act_offload_layers, 0, "{:?}", imp.keys);
+}
+
+#[test]
+fn megatrons_block_recomputation_reads_as_recompute_layers_from_its_flags_and_bridges_yaml() {
+    let args = |method: &str, n: u64| {
+        format!(
+            "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 \\\n  --num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 8192 --micro-batch-size 1 --bf16 \\\n  --recompute-granularity full --recompute-method {method} --recompute-num-layers {n}\n"
+        )
+    };
+    let key = |imp: &trainmem::frameworks::Imported, k: &str| imp.keys.iter().find(|r| r.key == k).cloned().expect("reported");
+    let imp = import(&[("run.sh", args("block", 6).as_str())]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((imp.config.recompute, imp.config.recompute_layers), (config::Recompute::Full, 6), "{:?}", imp.keys);
+    // One layer a uniform chunk is per-layer recomputation; larger chunks are estimated so, and
+    // the report says it is an approximation.
+    let imp = import(&[("run.sh", args("uniform", 1).as_str())]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((imp.config.recompute, imp.config.recompute_layers), (config::Recompute::Full, 0));
+    let imp = import(&[("run.sh", args("uniform", 4).as_str())]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((imp.config.recompute, imp.config.recompute_layers), (config::Recompute::Full, 0));
+    assert!(key(&imp, "--recompute-granularity").note.contains("chunks"), "{:?}", key(&imp, "--recompute-granularity"));
+    let yaml = "model:\n  num_layers: 32\n  recompute_granularity: full\n  recompute_method: block\n  recompute_num_layers: 2\nddp:\n  use_distributed_optimizer: true\ntrain:\n  micro_batch_size: 1\n";
+    let imp = import(&[("bridge.yaml", yaml)]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((imp.config.recompute, imp.config.recompute_layers), (config::Recompute::Full, 2), "{:?}", imp.keys);
 }

@@ -911,6 +911,21 @@ pub static KEYS: &[Key] = &[
             Ok(())
         },
     },
+    Key {
+        name: "recompute_layers",
+        group: Training,
+        help: "with recompute=full on Megatron: only the first N layers of each pipeline stage recomputed (--recompute-method block --recompute-num-layers N); 0 = every layer",
+        choices: no_choices,
+        get: |c| c.recompute_layers.to_string(),
+        set: |c, s| {
+            let v = parse_uint(s)?;
+            if v > 1 << 20 {
+                return Err("is beyond the supported 1048576 layers".into());
+            }
+            c.recompute_layers = v;
+            Ok(())
+        },
+    },
     bool_key!(
         "recompute_every_first",
         Training,

@@ -520,6 +520,13 @@ pub struct Config {
     /// layers 0, N, 2N, …, recomputed with early stop) instead of torchtitan's.
     #[serde(default)]
     pub recompute_every_first: bool,
+    /// With `recompute = full` on Megatron's modules: only the first N decoder layers of each
+    /// pipeline stage (of each virtual stage under interleaving) are recomputed, the others keep
+    /// everything — Megatron-Core's `recompute_method = "block"`, `recompute_num_layers = N`
+    /// (`transformer_block.py` `_checkpointed_forward`). 0: every layer (the uniform method, one
+    /// layer a chunk).
+    #[serde(default)]
+    pub recompute_layers: u64,
     /// `recompute = op` on `kernels = cpu`: the CPU's SDPA kernel
     /// (`_scaled_dot_product_flash_attention_for_cpu`) counted as in torchtitan's save list, as
     /// CUDA's kernels are — what the validation records call `recompute=op` (a GPU run's
@@ -653,6 +660,7 @@ impl Default for Config {
             compile_regions: CompileRegions::Layer,
             recompute_every: 0,
             recompute_every_first: false,
+            recompute_layers: 0,
             sac_cpu_sdpa: false,
             act_offload: ActOffload::None,
             act_offload_layers: 0,

@@ -422,7 +422,17 @@ pub const OP_SAC_MATMULS_RECOMPUTED: f64 = 0.5;
 
 /// The recompute FLOPs per token with every `recompute_every`-th layer fully checkpointed: those
 /// layers recompute their whole forward (`full`), the others what `recompute` says.
+///
+/// Under Megatron's block method (`recompute = full`, `recompute_layers`) only the layers it
+/// picks on a stage run their forward again, the others nothing: the full recomputation's FLOPs
+/// times their share (Megatron-LM `megatron/core/recompute.py` `checkpointed_forward`).
 fn every_nth_recompute(cfg: &Config, matmul_re: f64, attention_re: f64, full_matmul: f64, attention_fwd: f64) -> (f64, f64) {
+    if cfg.recompute == Recompute::Full && cfg.recompute_layers > 0 {
+        let stage = super::params::stages(cfg.pp)[0];
+        let (ckpt, dense, moe) = super::step::model::checkpointed_alone_counts(cfg, stage);
+        let share = ckpt as f64 / (ckpt + dense + moe).max(1) as f64;
+        return (matmul_re * share, attention_re * share);
+    }
     let n = cfg.recompute_every;
     if n == 0 || cfg.recompute == Recompute::Full {
         return (matmul_re, attention_re);
@@ -1281,6 +1291,15 @@ mod tests {
         // = 50,331,648 × 1.1321614583… = 56,983,552.
         let f = step_flops(&Config { recompute: Recompute::Full, ..toy_cfg(2, 32) });
         assert_eq!(f.executed, 56_983_552.0);
+    }
+
+    #[test]
+    fn megatrons_block_method_recomputes_only_its_layers_forward() {
+        // 1 of the toy's 2 layers recomputed: half of full recomputation's extra FLOPs.
+        let full = step_flops(&Config { recompute: Recompute::Full, ..toy_cfg(2, 32) });
+        let block = step_flops(&Config { recompute: Recompute::Full, recompute_layers: 1, ..toy_cfg(2, 32) });
+        assert_eq!(block.recompute, full.recompute / 2.0);
+        assert_eq!(block.model, full.model);
     }
 
     #[test]

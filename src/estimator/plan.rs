@@ -88,9 +88,10 @@ pub const DEFAULT_FIXES: usize = 3;
 /// recomputation's extra forward.
 pub const EVERY_NTH_DEFAULT: u64 = 2;
 
-/// The per-layer activation offloading (`act_offload_layers`) the planner tries: half the
-/// layers — what the cheapest-change list offers on Megatron and the Plan panel's offloading
-/// knob opens.
+/// Half the layers: the per-layer activation offloading (`act_offload_layers`) the
+/// cheapest-change list offers on Megatron and the Plan panel's offloading knob opens, and the
+/// layers of each virtual stage Megatron's block method recomputes in that list
+/// (`recompute_layers`).
 pub fn half_the_layers(layers: u64) -> u64 {
     layers / 2
 }
@@ -1728,6 +1729,24 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             Config { recompute_every: EVERY_NTH_DEFAULT, ..cfg.clone() },
         );
     }
+    // Megatron's block method: half of each virtual stage's layers recomputed (less extra
+    // forward than all of them), or all of them where it recomputes some.
+    if cfg.framework == Framework::Megatron {
+        let per_stage = cfg.arch.layers / (cfg.pp.max(1) * cfg.vpp.max(1));
+        if matches!(cfg.recompute, Recompute::None | Recompute::Selective) && per_stage > 1 {
+            let n = half_the_layers(per_stage);
+            push(
+                "recompute_layers",
+                n.to_string(),
+                format!("full recomputation of the first {n} layers of each pipeline stage (Megatron's block method)"),
+                false,
+                Config { recompute: Recompute::Full, recompute_layers: n, ..cfg.clone() },
+            );
+        }
+        if cfg.recompute == Recompute::Full && cfg.recompute_layers > 0 {
+            push("recompute_layers", "0".into(), "full recomputation of every layer".into(), false, Config { recompute_layers: 0, ..cfg.clone() });
+        }
+    }
     if !cfg.compile && cfg.framework != Framework::Megatron {
         let regions = if cfg.framework == Framework::Torchtitan { CompileRegions::Block } else { CompileRegions::Layer };
         push("compile", "true".into(), "torch.compile".into(), false, Config { compile: true, compile_regions: regions, ..cfg.clone() });
@@ -2053,6 +2072,23 @@ mod tests {
         let megatron = Config { framework: crate::estimator::config::Framework::Megatron, attn: Attention::Flash, ..Config::default() };
         let mk = keys(&megatron);
         assert!(mk.contains(&"act_offload_layers") && !mk.contains(&"compile") && !mk.contains(&"act_offload"), "{mk:?}");
+        assert!(!hf.contains(&"recompute_layers"), "{hf:?}");
+    }
+
+    #[test]
+    fn on_megatron_the_cheapest_changes_recompute_half_of_each_stage_or_every_layer() {
+        let megatron = Config { framework: crate::estimator::config::Framework::Megatron, attn: Attention::Flash, ..Config::default() };
+        let block = |c: &Config| candidate_changes(c).into_iter().filter(|x| x.0 == "recompute_layers").map(|x| x.4).collect::<Vec<_>>();
+        // Llama 3.1 8B's 32 layers, no recomputation: the first 16 recomputed.
+        let half = block(&megatron);
+        assert_eq!(half.iter().map(|c| (c.recompute, c.recompute_layers)).collect::<Vec<_>>(), [(Recompute::Full, 16)]);
+        assert!(half.iter().all(|c| validate(c).is_ok()));
+        // Under pp 2 × vpp 2 a virtual stage has 8: 4 of each.
+        let staged = Config { gpus: 2, pp: 2, vpp: 2, accum: 4, ..megatron.clone() };
+        assert_eq!(block(&staged).first().map(|c| c.recompute_layers), Some(4));
+        // Recomputing some already: all of them.
+        let some = Config { recompute: Recompute::Full, recompute_layers: 4, ..megatron };
+        assert_eq!(block(&some).first().map(|c| (c.recompute, c.recompute_layers)), Some((Recompute::Full, 0)));
     }
     use super::*;
     use crate::estimator::presets::preset;

@@ -658,13 +658,14 @@ impl SeqRecipe {
             SeqRecipe::Full => (Recompute::Full, false),
             SeqRecipe::Compile => (Recompute::None, true),
         };
-        Config { recompute, compile, recompute_every: 0, ..cfg.clone() }
+        Config { recompute, compile, recompute_every: 0, recompute_layers: 0, ..cfg.clone() }
     }
 
     /// Whether `cfg` already is this recipe (its line would be the configuration's own peak).
     pub fn is(self, cfg: &Config) -> bool {
         let r = self.apply(cfg);
-        (r.recompute, r.compile, r.recompute_every) == (cfg.recompute, cfg.compile, cfg.recompute_every)
+        (r.recompute, r.compile, r.recompute_every, r.recompute_layers)
+            == (cfg.recompute, cfg.compile, cfg.recompute_every, cfg.recompute_layers)
     }
 }
 

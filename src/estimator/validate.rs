@@ -222,6 +222,15 @@ fn recipes_fit(cfg: &Config) -> Result<(), EstimateError> {
             "checkpoints every Nth transformers layer (framework = hf); Megatron's --recompute-num-layers is recompute = full",
         ));
     }
+    if cfg.recompute_layers > 0 && cfg.framework != Framework::Megatron {
+        return Err(invalid(
+            "recompute_layers",
+            "is Megatron's block method (framework = megatron); transformers' and torchtitan's partial checkpointing is recompute_every",
+        ));
+    }
+    if cfg.recompute_layers > 0 && cfg.recompute != Recompute::Full {
+        return Err(invalid("recompute_layers", "picks the layers recompute = full recomputes: set recompute = full"));
+    }
     if cfg.recompute_every > 0 && cfg.recompute == Recompute::Selective {
         return Err(invalid("recompute_every", "with recompute = selective the checkpointed layers would nest Megatron's attention-core region inside a full one: choose recompute = none or op"));
     }
@@ -1197,5 +1206,20 @@ mod tests {
         assert_eq!(validate(&chunked).map_err(|e| e.key()), Err("holds_prev_logits"));
         let chunked = Config { holds_prev_logits: false, loss: Loss::Chunked, ..qlora };
         assert_eq!(validate(&chunked).map_err(|e| e.key()), Err("qlora_lightning"));
+    }
+
+    #[test]
+    fn megatrons_block_method_is_refused_by_its_key_off_megatron_or_without_full_recomputation() {
+        let block = Config { framework: Framework::Megatron, recompute: Recompute::Full, recompute_layers: 4, ..Config::default() };
+        assert!(validate(&block).is_ok(), "{:?}", validate(&block));
+        for cfg in [
+            Config { framework: Framework::Hf, ..block.clone() },
+            Config { framework: Framework::Torchtitan, ..block.clone() },
+            Config { recompute: Recompute::Selective, ..block.clone() },
+            Config { recompute: Recompute::None, ..block },
+        ] {
+            let e = validate(&cfg).expect_err("refused");
+            assert_eq!(e.key(), "recompute_layers", "{e}");
+        }
     }
 }

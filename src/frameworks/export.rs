@@ -158,6 +158,7 @@ fn torchtune(cfg: &Config) -> String {
     if cfg.recompute_every > 0 {
         s += &every_nth_comment(cfg, "torchtune checkpoints every layer or none (enable_activation_checkpointing)");
     }
+    s += &block_comment(cfg, "torchtune checkpoints every layer or none");
     if cfg.optim_in_bwd {
         s += "optimizer_in_bwd: True  # optim_in_bwd\n";
     }
@@ -280,6 +281,7 @@ fn torchtitan(cfg: &Config) -> String {
                 .to_string()
         }
     };
+    s += &block_comment(cfg, "torchtitan's full mode checkpoints every block");
     if cfg.compile {
         let (components, note) = match cfg.compile_regions {
             crate::config::CompileRegions::Layer => {
@@ -349,7 +351,21 @@ fn accelerate(cfg: &Config) -> String {
             "transformers checkpoints every layer or none: wrap every Nth decoder layer in torch.utils.checkpoint in the script",
         );
     }
+    s +=
+        &block_comment(cfg, "transformers checkpoints every layer or none: wrap only those layers in torch.utils.checkpoint in the script");
     s
+}
+
+/// The comment an export writes for `recompute_layers` (Megatron's block method) where its
+/// format cannot say it; nothing without it.
+fn block_comment(cfg: &Config, how: &str) -> String {
+    if cfg.recompute_layers == 0 {
+        return String::new();
+    }
+    format!(
+        "# recompute_layers={}: only the first {} layers of each pipeline stage fully recomputed (Megatron's block method); {how}\n",
+        cfg.recompute_layers, cfg.recompute_layers
+    )
 }
 
 /// The comment an export writes for `recompute_every`, which its format cannot say.
@@ -432,6 +448,12 @@ fn megatron(cfg: &Config) -> String {
     match cfg.recompute {
         Recompute::None => s += "    # recompute=none\n",
         Recompute::Selective => s += "    --recompute-granularity selective  # recompute\n",
+        Recompute::Full if cfg.recompute_layers > 0 => {
+            s += &format!(
+                "    --recompute-granularity full  # recompute\n    --recompute-method block\n    --recompute-num-layers {}  # recompute_layers\n",
+                cfg.recompute_layers
+            )
+        }
         Recompute::Full => {
             s += "    --recompute-granularity full  # recompute\n    --recompute-method uniform\n    --recompute-num-layers 1\n"
         }

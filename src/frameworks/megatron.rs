@@ -255,11 +255,9 @@ fn arg(
         "--use-torch-fsdp2" | "--use-megatron-fsdp" => Out::one("zero", "full_shard"),
         "--recompute-activations" => Out::one("recompute", "selective"),
         "--recompute-granularity" => match get(flag).as_deref() {
-            Some("full") => match (get("--recompute-method").as_deref(), get("--recompute-num-layers").and_then(|s| s.parse::<u64>().ok()))
-            {
-                (Some("uniform"), Some(1)) | (None, _) => Out::one("recompute", "full"),
-                _ => Out::one("recompute", "full").approx("full recomputation of blocks of layers: estimated as per-layer"),
-            },
+            Some("full") => {
+                full_recompute(get("--recompute-method").as_deref(), get("--recompute-num-layers").and_then(|s| s.parse::<u64>().ok()))
+            }
             Some("selective") => Out::one("recompute", "selective"),
             _ => Out::invalid("expected full or selective"),
         },
@@ -455,7 +453,13 @@ fn bridge(key: &str, v: &Value, root: &Value, shapes: &Shapes, gpus: u64, mp: u6
         }
         ("model", "recompute_granularity" | "activations_checkpoint_granularity") => match text(v).as_deref() {
             None => Out::one("recompute", "none"),
-            Some("full") => Out::one("recompute", "full"),
+            Some("full") => {
+                let model = |a: &str, b: &str| tree::get(root, &format!("model.{a}")).or_else(|| tree::get(root, &format!("model.{b}")));
+                full_recompute(
+                    model("recompute_method", "activations_checkpoint_method").and_then(text).as_deref(),
+                    model("recompute_num_layers", "activations_checkpoint_num_layers").and_then(count),
+                )
+            }
             Some("selective") => Out::one("recompute", "selective"),
             _ => Out::invalid("expected null, full or selective"),
         },
@@ -467,7 +471,7 @@ fn bridge(key: &str, v: &Value, root: &Value, shapes: &Shapes, gpus: u64, mp: u6
             _ => Out::unmodelled("recomputing modules other than the attention core: not modelled"),
         },
         ("model", "recompute_method" | "recompute_num_layers" | "activations_checkpoint_method" | "activations_checkpoint_num_layers") => {
-            Out::ignored("read with recompute_granularity (per layer)").status_understood()
+            Out::ignored("read with recompute_granularity").status_understood()
         }
         ("model", "fp8") => match text(v).as_deref() {
             None => Out::ignored("no FP8"),
@@ -665,5 +669,23 @@ fn bridge(key: &str, v: &Value, root: &Value, shapes: &Shapes, gpus: u64, mp: u6
             let _ = int(v);
             Out::unknown()
         }
+    }
+}
+
+/// `recompute_granularity = full` with its method and layer count (Megatron-Core
+/// `TransformerConfig.recompute_method`, `recompute_num_layers`; `megatron/core/recompute.py`
+/// `checkpointed_forward`): the block method recomputes only the first N layers of each
+/// (virtual) pipeline stage (`recompute_layers = N`); the uniform method with one layer a chunk
+/// is per-layer recomputation, with N > 1 it checkpoints chunks of N layers, which the estimate
+/// counts per layer.
+fn full_recompute(method: Option<&str>, layers: Option<u64>) -> Out {
+    match (method, layers) {
+        (Some("block"), Some(n)) if n > 0 => Out::set(vec![("recompute", "full".into()), ("recompute_layers", n.to_string())])
+            .note("the block method: the first N layers of each pipeline stage recomputed, the others keep everything"),
+        (Some("uniform"), Some(1)) | (None, _) => Out::one("recompute", "full"),
+        (Some("uniform"), _) => Out::one("recompute", "full").approx(
+            "uniform recomputation of N-layer chunks: estimated per layer (a chunk keeps one input, not N, and its backward re-runs N layers at once)",
+        ),
+        _ => Out::invalid("expected the block or uniform method with a positive number of layers"),
     }
 }

@@ -30,38 +30,33 @@ fn label_of(k: &Key) -> String {
     }
 }
 
-/// The fields [`shown`] hides unless another key asks for them.
-const DEPENDENT: [&str; 13] = [
-    "lora_rank",
-    "lora_targets",
-    "lora_dropout",
-    "lora_dtype",
-    "shard_group",
-    "vpp",
-    "gpu_gib",
-    "compile_regions",
-    "fp8_allgather",
-    "fp8_recompute_weight",
-    "fp8_model_init",
-    "qlora_quant",
-    "host_ram_gib",
+/// The fields that show only when another key asks for them, each with that condition.
+type ShownWhen = fn(&Config) -> bool;
+const DEPENDENT: [(&str, ShownWhen); 14] = [
+    ("lora_rank", |c| c.finetune != Finetune::Full),
+    ("lora_targets", |c| c.finetune != Finetune::Full),
+    ("lora_dropout", |c| c.finetune != Finetune::Full),
+    ("lora_dtype", |c| c.finetune != Finetune::Full),
+    ("shard_group", |c| c.zero == Zero::HybridShard),
+    ("vpp", |c| c.pp > 1),
+    ("gpu_gib", |c| c.gpu == "custom"),
+    ("compile_regions", |c| c.compile),
+    ("fp8_allgather", |c| c.fp8.torchao()),
+    ("fp8_recompute_weight", |c| c.fp8.torchao()),
+    ("fp8_model_init", |c| c.fp8.te()),
+    ("qlora_quant", |c| c.finetune == Finetune::Qlora),
+    ("host_ram_gib", |c| c.act_offload.on() || c.act_offload_layers > 0 || c.offload != crate::config::Offload::None),
+    // Megatron's block method picks among the layers full recomputation recomputes (shown while
+    // set elsewhere, so that its refusal names a field the page shows).
+    ("recompute_layers", |c| {
+        (c.framework == crate::config::Framework::Megatron && c.recompute == crate::config::Recompute::Full) || c.recompute_layers > 0
+    }),
 ];
 
-/// Whether a key's field shows for `cfg` (some only matter when another key asks for them:
-/// [`DEPENDENT`]).
+/// Whether a key's field shows for `cfg`: every field but the [`DEPENDENT`] ones, which show
+/// when their condition holds.
 fn shown(name: &str, cfg: &Config) -> bool {
-    match name {
-        "lora_rank" | "lora_targets" | "lora_dropout" | "lora_dtype" => cfg.finetune != Finetune::Full,
-        "shard_group" => cfg.zero == Zero::HybridShard,
-        "vpp" => cfg.pp > 1,
-        "gpu_gib" => cfg.gpu == "custom",
-        "compile_regions" => cfg.compile,
-        "fp8_allgather" | "fp8_recompute_weight" => cfg.fp8.torchao(),
-        "fp8_model_init" => cfg.fp8.te(),
-        "qlora_quant" => cfg.finetune == Finetune::Qlora,
-        "host_ram_gib" => cfg.act_offload.on() || cfg.act_offload_layers > 0 || cfg.offload != crate::config::Offload::None,
-        _ => true,
-    }
+    DEPENDENT.iter().find(|(n, _)| *n == name).is_none_or(|(_, when)| when(cfg))
 }
 
 /// The fields of `names` as HTML, showing `cfg`.
@@ -228,7 +223,7 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
         }
     }
     // Fields shown by another key's value: checked on every change (a handful).
-    for name in DEPENDENT {
+    for (name, _) in DEPENDENT {
         if let Some(field) = element(form, &format!("[data-field=\"{name}\"]")) {
             field.toggle_attribute_with_force("hidden", !shown(name, cfg)).ok();
         }

@@ -424,3 +424,22 @@ test("the form's recipes each carry their one line, show their dependent keys wh
   assert.equal(peak, jsonInteger(cliJson(args), 'memory.peak'));
   assert.deepEqual(problems, []);
 });
+
+test("Megatron's block recomputation shows under its full recomputation and gives the CLI's peak", async () => {
+  const { page, problems } = await openPage(browser, `${server.base}?model=llama-3.1-8b&framework=megatron&attn=flash&precision=mixed-bf16&seq=4096`);
+  assert.equal(await page.isVisible('#in-recompute_layers'), false);
+  await page.selectOption('#in-recompute', 'full');
+  await page.waitForSelector('#in-recompute_layers', { state: 'visible' });
+  const label = (await page.textContent('label[for=in-recompute_layers]')).trim();
+  assert.match(label, /first N layers/);
+  await page.fill('#in-recompute_layers', '8');
+  await page.waitForFunction(() => location.search.includes('recompute_layers=8'));
+  await settled(page);
+  const peak = await page.getAttribute('[data-testid=peak-bytes]', 'data-bytes');
+  const args = ['--model', 'llama-3.1-8b', '--framework', 'megatron', '--attn', 'flash', '--precision', 'mixed-bf16', '--seq', '4096', '--recompute', 'full', '--recompute_layers', '8'];
+  assert.equal(peak, jsonInteger(cliJson(args), 'memory.peak'));
+  // Fewer layers recomputed keep more than every layer recomputed.
+  const all = jsonInteger(cliJson(args.slice(0, -2)), 'memory.peak');
+  assert.ok(BigInt(peak) > BigInt(all), `${peak} > ${all}`);
+  assert.deepEqual(problems, []);
+});

@@ -100,6 +100,7 @@ pub struct Ctx<'a> {
 }
 
 /// The values of the quantities, by name.
+#[derive(Clone, Copy)]
 pub struct Values {
     pub b: u64,
     pub s: u64,

@@ -218,10 +218,45 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
         },
         tp: cfg.tp,
     };
-    let c = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
+    let cuda = cfg.kernels == Kernels::Cuda;
     let mut t = Terms::default();
-    megatron::megatron_terms(&c, &mut t);
-    assemble(cfg, recipe, stage, stage_layers, t, c.cuda)
+    megatron::megatron_terms(&Ctx::new(cfg, values, amp, cuda), &mut t);
+    if cfg.recompute == crate::estimator::config::Recompute::Full && cfg.recompute_layers > 0 {
+        let none = Config { recompute: crate::estimator::config::Recompute::None, ..cfg.clone() };
+        let mut kept = Terms::default();
+        megatron::megatron_terms(&Ctx::new(&none, values, amp, cuda), &mut kept);
+        block_terms(cfg, stage, &mut t, kept);
+    }
+    assemble(cfg, recipe, stage, stage_layers, t, cuda)
+}
+
+/// The layers Megatron's block method recomputes on this GPU (`recompute_layers`).
+pub const L_BLOCK: Sym = Sym::new("L", "ckpt", "layers recomputed (the first recompute_layers of each virtual stage) on this GPU");
+/// The other layers on this GPU under Megatron's block method, of either kind or only dense
+/// or only MoE ones.
+pub const L_BLOCK_KEPT: Sym = Sym::new("L", "kept", "layers not recomputed (recompute_layers) on this GPU");
+pub const L_BLOCK_KEPT_DENSE: Sym = Sym::new("L", "kept,dense", "dense-MLP layers not recomputed (recompute_layers) on this GPU");
+pub const L_BLOCK_KEPT_MOE: Sym = Sym::new("L", "kept,moe", "MoE layers not recomputed (recompute_layers) on this GPU");
+
+/// Megatron's block method (`recompute = full`, `recompute_layers = N`): the layers it
+/// recomputes keep their input only (`t`'s full-recomputation terms, `L_ckpt` of them), the
+/// others what `recompute = none` keeps (`kept`'s terms: those of every layer for `L_kept`,
+/// the dense and MoE MLPs' for the kept layers of their kind), the layers placed as the step
+/// program places them ([`checkpointed_alone_counts`](crate::estimator::step::model::checkpointed_alone_counts)).
+fn block_terms(cfg: &Config, stage: Stage, t: &mut Terms, kept: Terms) {
+    let (ckpt, dense, moe) = crate::estimator::step::model::checkpointed_alone_counts(cfg, stage);
+    let recomputed = std::mem::take(&mut t.layer);
+    let Terms { layer, dense_layer, moe_layer, .. } = kept;
+    // Without MoE layers the dense MLP's terms are every kept layer's.
+    let (every_kept, dense_kept) =
+        if cfg.arch.moe_layers() > 0 { (layer, dense_layer) } else { (layer.into_iter().chain(dense_layer).collect(), Vec::new()) };
+    let groups = [
+        (L_BLOCK, ckpt, recomputed),
+        (L_BLOCK_KEPT, dense + moe, every_kept),
+        (L_BLOCK_KEPT_DENSE, dense, dense_kept),
+        (L_BLOCK_KEPT_MOE, moe, moe_layer),
+    ];
+    t.by_attention.extend(groups.into_iter().filter(|(_, n, v)| *n > 0 && !v.is_empty()));
 }
 
 /// Layers of one kind whose attention types keep different tensors (Gemma-3's sliding layers:
@@ -510,7 +545,7 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimator::config::{Attention, Kernels, Precision, Recompute};
+    use crate::estimator::config::{Attention, Framework, Kernels, Precision, Recompute};
     use crate::estimator::precision::recipe;
 
     fn acts(cfg: &Config) -> Activations {
@@ -546,6 +581,45 @@ mod tests {
         let ckpt = x.row.children.iter().find(|r| r.id == RowId::Activation(Part::Checkpoints)).map(|r| r.bytes);
         // 32 layers × b·s·h × 2 B + position_ids 8·s.
         assert_eq!(ckpt, Some(32 * 4096 * 4096 * 2 + 8 * 4096));
+    }
+
+    #[test]
+    fn megatrons_block_method_keeps_the_inputs_of_its_layers_and_everything_of_the_others() {
+        // Llama 3.1 8B on Megatron's modules: with N of its L = 32 layers recomputed the row is
+        // none's less N layers' difference between keeping everything and keeping the input,
+        // A(N) = A_none − N/L · (A_none − A_full), to the byte (the ends are the same).
+        let of = |recompute: Recompute, n: u64| {
+            let cfg =
+                Config { framework: Framework::Megatron, attn: Attention::Flash, recompute, recompute_layers: n, ..Config::default() };
+            megatron_activations(&cfg, &recipe(cfg.precision), Stage::Whole, 32).row.bytes
+        };
+        let (none, full) = (of(Recompute::None, 0), of(Recompute::Full, 0));
+        for n in [1, 4, 31] {
+            assert_eq!(of(Recompute::Full, n), none - n as u128 * (none - full) / 32, "N = {n}");
+        }
+        // N beyond the stage's layers recomputes them all.
+        assert_eq!(of(Recompute::Full, 32), full);
+        assert_eq!(of(Recompute::Full, 40), full);
+    }
+
+    #[test]
+    fn megatrons_block_method_counts_its_layers_in_each_virtual_stage() {
+        // pp 2 × vpp 2 on 32 layers: each virtual stage has 8; N = 3 recomputes 3 of each, 6 of
+        // the first stage's 16, and keeps everything of the other 10.
+        let base = Config { framework: Framework::Megatron, attn: Attention::Flash, gpus: 2, pp: 2, accum: 4, ..Config::default() };
+        let of = |recompute: Recompute, n: u64, vpp: u64| {
+            let cfg = Config { recompute, recompute_layers: n, vpp, ..base.clone() };
+            megatron_activations(&cfg, &recipe(cfg.precision), Stage::First, 16)
+        };
+        let (none, full) = (of(Recompute::None, 0, 2), of(Recompute::Full, 0, 2));
+        let block = of(Recompute::Full, 3, 2);
+        let per = |a: &Activations| a.row.bytes;
+        // The same micro-batches in flight multiply every layer's bytes alike.
+        assert_eq!(per(&block), per(&none) - 6 * (per(&none) - per(&full)) / 16);
+        // Without interleaving the stage is one block: 3 of its 16.
+        let one = of(Recompute::Full, 3, 1);
+        let (none1, full1) = (of(Recompute::None, 0, 1), of(Recompute::Full, 0, 1));
+        assert_eq!(per(&one), per(&none1) - 3 * (per(&none1) - per(&full1)) / 16);
     }
 
     #[test]

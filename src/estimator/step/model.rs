@@ -34,6 +34,22 @@ pub struct Setup<'a> {
     pub accumulate: Accumulate,
 }
 
+/// The model index of a stage's first decoder layer and the kind of each of its layers: MoE
+/// layers where the model's rule puts them (Llama 4's `interleave_moe_layer_step`: by their
+/// index), else the stage's dense layers first and its share of MoE layers after them.
+pub fn stage_kinds(cfg: &Config, stage: Stage) -> (usize, Vec<Kind>) {
+    let spec = &cfg.arch;
+    let layers = stage_layers(spec.layers, cfg.pp);
+    let moe_here = layers.min(spec.moe_layers());
+    let first = first_layer_of(stage, spec.layers, layers as usize);
+    let kinds = if spec.moe_rule != crate::estimator::model::LayerRule::All {
+        (0..layers).map(|i| if spec.is_moe_layer(first as u64 + i) { Kind::Moe } else { Kind::Dense }).collect()
+    } else {
+        (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
+    };
+    (first, kinds)
+}
+
 /// The model index of the first of a stage's `stage_layers` decoder layers, in a model of
 /// `layers`.
 fn first_layer_of(stage: Stage, layers: u64, stage_layers: usize) -> usize {
@@ -135,18 +151,11 @@ impl<'a> Setup<'a> {
             xv[X::MoePadded as usize] = (pairs + align * spec.experts).div_ceil(align) * align;
             xv[X::MoePairs1 as usize] = pairs + 1;
         }
-        let layers = stage_layers(spec.layers, cfg.pp);
-        let moe_here = layers.min(spec.moe_layers());
-        let first = first_layer_of(stage, spec.layers, layers as usize);
-        let kinds: Vec<Kind> = if spec.moe_rule != crate::estimator::model::LayerRule::All {
-            // Interleaved MoE layers (Llama 4's `interleave_moe_layer_step`): by their index.
-            (0..layers).map(|i| if spec.is_moe_layer(first as u64 + i) { Kind::Moe } else { Kind::Dense }).collect()
-        } else {
-            (0..layers).map(|i| if i < layers - moe_here { Kind::Dense } else { Kind::Moe }).collect()
-        };
+        let (first, kinds) = stage_kinds(cfg, stage);
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
-        let vars =
-            (0..kinds.len()).map(|i| families::Var { every_nth: every_nth(cfg, first + i), ..families::var(spec, first + i) }).collect();
+        let vars = (0..kinds.len())
+            .map(|i| families::Var { every_nth: checkpointed_alone(cfg, first + i, i, kinds.len()), ..families::var(spec, first + i) })
+            .collect();
         Setup {
             cfg,
             recipe: *recipe,
@@ -272,10 +281,13 @@ impl<'a> Setup<'a> {
     fn ckpt(&self, var: families::Var) -> Option<(bool, Option<super::sac::Policy>)> {
         if var.every_nth {
             // torchtitan's `ptd_checkpoint_wrapper(early_stop=False)`; transformers' wrapper
-            // keeps `torch.utils.checkpoint`'s early stop.
-            return Some((self.cfg.recompute_every_first, None));
+            // keeps `torch.utils.checkpoint`'s early stop, and Megatron's block method
+            // checkpoints its layers as its full recomputation does.
+            return Some((self.cfg.recompute_every_first || self.cfg.recompute_layers > 0, None));
         }
         match self.cfg.recompute {
+            // Megatron's block method: the layers past the first N of their virtual stage.
+            Recompute::Full if self.cfg.recompute_layers > 0 => None,
             Recompute::Full => Some((true, None)),
             Recompute::Op => Some((
                 false,
@@ -1214,6 +1226,36 @@ pub fn eager(cfg: &Config) -> bool {
     cfg.attn == Attention::Eager
 }
 
+/// Whether model layer `i`, the `local`-th of its stage's `stage_layers`, is fully checkpointed
+/// while other layers are not: one of every `recompute_every` ([`every_nth`]), or, with
+/// `recompute_layers = N` (Megatron's block method), one of the first N of its virtual stage —
+/// Megatron-LM d98e8a6 (2026-08) `megatron/core/recompute.py` `checkpointed_forward`,
+/// `recompute_method == 'block'`: `layer_idx < recompute_num_layers` over the
+/// `num_layers_per_pipeline_rank = len(self.layers)` of each model chunk's `TransformerBlock`
+/// (all of them when N is larger), a chunk here being `stage_layers / vpp` consecutive layers of
+/// the stage's program (interleaving places a stage's chunks apart in the model; their sizes are
+/// equal). Under FP8 Megatron moves the window past layers whose input needs no gradient; the
+/// first stage's embedding output needs one, so nothing moves in full training.
+pub fn checkpointed_alone(cfg: &Config, i: usize, local: usize, stage_layers: usize) -> bool {
+    if cfg.recompute_layers > 0 {
+        let chunk = (stage_layers / cfg.vpp.max(1) as usize).max(1);
+        return (local % chunk) < cfg.recompute_layers as usize;
+    }
+    every_nth(cfg, i)
+}
+
+/// The layers of `stage` that [`checkpointed_alone`] picks, and of the others how many are dense
+/// and how many MoE ([`stage_kinds`]).
+pub fn checkpointed_alone_counts(cfg: &Config, stage: Stage) -> (u64, u64, u64) {
+    let (first, kinds) = stage_kinds(cfg, stage);
+    let n = kinds.len();
+    kinds.iter().enumerate().fold((0, 0, 0), |(c, d, m), (i, k)| match (checkpointed_alone(cfg, first + i, i, n), k) {
+        (true, _) => (c + 1, d, m),
+        (false, Kind::Dense) => (c, d + 1, m),
+        (false, Kind::Moe) => (c, d, m + 1),
+    })
+}
+
 /// Whether model layer `i` is one of every `recompute_every` fully checkpointed: torchtitan
 /// v0.2.2 `_apply_layer_sac` counts blocks from 1 and wraps the block when `count % N == 0`
 /// (layers N−1, 2N−1, … by index); transformers 5.24 `_set_gradient_checkpointing` wraps
@@ -1230,6 +1272,18 @@ mod tests {
     use crate::estimator::config::{Finetune, Precision};
     use crate::estimator::params::stages;
     use crate::estimator::presets::presets;
+
+    #[test]
+    fn megatrons_block_method_picks_the_first_layers_of_each_virtual_stage() {
+        // 16 layers on a stage of pp 2 × vpp 2: virtual stages of 8; N = 3 → 0, 1, 2, 8, 9, 10.
+        let cfg = Config { recompute: Recompute::Full, recompute_layers: 3, pp: 2, vpp: 2, ..Config::default() };
+        let picked: Vec<usize> = (0..16).filter(|&i| checkpointed_alone(&cfg, i, i, 16)).collect();
+        assert_eq!(picked, [0, 1, 2, 8, 9, 10]);
+        assert_eq!(checkpointed_alone_counts(&cfg, Stage::First), (6, 10, 0));
+        // Without it, recompute_every's rule (torchtitan's N−1, 2N−1, …).
+        let every = Config { recompute_every: 3, ..Config::default() };
+        assert_eq!((0..9).filter(|&i| checkpointed_alone(&every, i, i, 32)).collect::<Vec<_>>(), [2, 5, 8]);
+    }
 
     #[test]
     fn a_stage_whose_later_layers_are_copied_is_the_program_built_layer_by_layer_on_every_preset() {

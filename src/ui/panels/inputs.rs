@@ -178,6 +178,7 @@ pub fn Training() -> impl IntoView {
             "attn",
             "recompute",
             "recompute_every",
+            "recompute_layers",
             "optim_in_bwd",
             "optim_paged",
             "dropout",
