@@ -356,19 +356,15 @@ macro_rules! auto_uint_key {
 
 macro_rules! uint_key {
     ($name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
-        Key {
-            name: $name,
-            group: $group,
-            help: $help,
-            choices: no_choices,
-            get: |$c: &Config| $field.to_string(),
-            set: |$c: &mut Config, s: &str| {
-                $field = parse_uint(s)?;
-                Ok(())
-            },
-        }
+        uint_key!(@parsed parse_uint, $name, $group, $help, |$c| $field)
     };
     (positive $name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        uint_key!(@parsed parse_positive, $name, $group, $help, |$c| $field)
+    };
+    (layers $name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
+        uint_key!(@parsed parse_layer_count, $name, $group, $help, |$c| $field)
+    };
+    (@parsed $parse:path, $name:literal, $group:expr, $help:literal, |$c:ident| $field:expr) => {
         Key {
             name: $name,
             group: $group,
@@ -376,11 +372,22 @@ macro_rules! uint_key {
             choices: no_choices,
             get: |$c: &Config| $field.to_string(),
             set: |$c: &mut Config, s: &str| {
-                $field = parse_positive(s)?;
+                $field = $parse(s)?;
                 Ok(())
             },
         }
     };
+}
+
+/// The most layers a layer-count key takes (`recompute_every`, `recompute_layers`).
+const MAX_LAYER_COUNT: u64 = 1 << 20;
+
+/// A count of decoder layers, 0 included, at most [`MAX_LAYER_COUNT`].
+fn parse_layer_count(s: &str) -> Result<u64, String> {
+    match parse_uint(s)? {
+        v if v > MAX_LAYER_COUNT => Err(format!("is beyond the supported {MAX_LAYER_COUNT} layers")),
+        v => Ok(v),
+    }
 }
 
 macro_rules! bool_key {
@@ -896,36 +903,18 @@ pub static KEYS: &[Key] = &[
         CompileRegions,
         |c| c.compile_regions
     ),
-    Key {
-        name: "recompute_every",
-        group: Training,
-        help: "full checkpointing of every Nth layer (N−1, 2N−1, …: torchtitan selective_ac_option=N); 0 = off",
-        choices: no_choices,
-        get: |c| c.recompute_every.to_string(),
-        set: |c, s| {
-            let v = parse_uint(s)?;
-            if v > 1 << 20 {
-                return Err("is beyond the supported 1048576 layers".into());
-            }
-            c.recompute_every = v;
-            Ok(())
-        },
-    },
-    Key {
-        name: "recompute_layers",
-        group: Training,
-        help: "with recompute=full on Megatron: only the first N layers of each pipeline stage recomputed (--recompute-method block --recompute-num-layers N); 0 = every layer",
-        choices: no_choices,
-        get: |c| c.recompute_layers.to_string(),
-        set: |c, s| {
-            let v = parse_uint(s)?;
-            if v > 1 << 20 {
-                return Err("is beyond the supported 1048576 layers".into());
-            }
-            c.recompute_layers = v;
-            Ok(())
-        },
-    },
+    uint_key!(
+        layers "recompute_every",
+        Training,
+        "full checkpointing of every Nth layer (N−1, 2N−1, …: torchtitan selective_ac_option=N); 0 = off",
+        |c| c.recompute_every
+    ),
+    uint_key!(
+        layers "recompute_layers",
+        Training,
+        "with recompute=full on Megatron: only the first N layers of each pipeline stage recomputed (--recompute-method block --recompute-num-layers N); 0 = every layer",
+        |c| c.recompute_layers
+    ),
     bool_key!(
         "recompute_every_first",
         Training,

@@ -1744,7 +1744,13 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             );
         }
         if cfg.recompute == Recompute::Full && cfg.recompute_layers > 0 {
-            push("recompute_layers", "0".into(), "full recomputation of every layer".into(), false, Config { recompute_layers: 0, ..cfg.clone() });
+            push(
+                "recompute_layers",
+                "0".into(),
+                "full recomputation of every layer".into(),
+                false,
+                Config { recompute_layers: 0, ..cfg.clone() },
+            );
         }
     }
     if !cfg.compile && cfg.framework != Framework::Megatron {
