@@ -6,11 +6,13 @@
 //! (naming the key and value) and that one key falls back to its default. Encoding writes only
 //! the keys that differ from the defaults, in a fixed order, so links stay short and readable.
 
+mod chart_view;
 mod keys;
 mod legacy;
 pub mod recipes;
 
 pub use crate::estimator::config::*;
+pub use chart_view::ChartView;
 pub use keys::{apply_recipe, matching_recipe};
 pub use keys::{parse_uint, Group, Key, KEYS};
 pub use recipes::{recipe, Recipe, RECIPES};
@@ -38,6 +40,7 @@ pub const PRESENTATION_KEYS: &[&str] = &[
     "compare",
     "allow_origin",
     "lang",
+    "chart",
 ];
 
 /// One key that could not be used.

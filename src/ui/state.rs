@@ -20,7 +20,7 @@
 //!   truth, and a panel writes through the same setters in either module.
 
 use super::dom;
-use crate::config::{self, decode_query, encode_query, Config, ConfigError, Unit};
+use crate::config::{self, decode_query, encode_query, ChartView, Config, ConfigError, Unit};
 use crate::course::settings::Settings;
 use crate::estimator::gpu::{self, Gpu};
 use crate::estimator::hf::Imported;
@@ -132,6 +132,9 @@ pub struct Store {
     system_dark: RwSignal<bool>,
     /// `bench=`: a shared benchmark result, kept in the address.
     pub bench: RwSignal<String>,
+    /// `chart=`: how the sequence chart is drawn (log axis, the recipes compared), kept in the
+    /// address so that a shared link or a course's embed shows what its author saw.
+    pub chart: RwSignal<ChartView>,
     /// Course mode (`sections=`, `hide=`, `lock=`, `step=`, `quiz=`, `ask=`, `allow_origin=`, …),
     /// decoded once with the rest of the link ([`Settings::decode`]); bad values are notices.
     pub course: StoredValue<Settings>,
@@ -290,6 +293,12 @@ impl Store {
             d.config
         }));
         let quiz = course.quiz;
+        let chart = get("chart").map_or_else(ChartView::default, |v| {
+            ChartView::parse(&v).unwrap_or_else(|reason| {
+                notices.push(ConfigError::for_key("chart", &v, reason));
+                ChartView::default()
+            })
+        });
         Store {
             config,
             estimate: Memo::new(move |_| dom::timed("estimate", || config.with(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
@@ -300,6 +309,7 @@ impl Store {
             theme_in_url: url_theme.is_some(),
             system_dark: RwSignal::new(dom::prefers_dark()),
             bench: RwSignal::new(get("bench").unwrap_or_default()),
+            chart: RwSignal::new(chart),
             course: StoredValue::new(course),
             compare,
             compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
@@ -567,6 +577,9 @@ impl Store {
             parts.push(format!("theme={}", self.theme.get().as_str()));
         }
         self.bench.with(|b| (!b.is_empty()).then(|| parts.push(format!("bench={}", config::percent_encode(b)))));
+        if let Some(v) = self.chart.with(ChartView::encode) {
+            parts.push(format!("chart={v}"));
+        }
         // Course settings stay in the address (the page's own keys and `compare` are above and
         // below).
         self.course.with_value(|s| {

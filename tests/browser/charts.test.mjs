@@ -88,9 +88,28 @@ test('the sequence chart compares no recomputation, op-level SAC, full recomputa
   const op = Number(last[col('peak_recipe_op_bytes')]);
   const full = Number(last[col('peak_recipe_full_bytes')]);
   assert.ok(full < op && op < none, `none ${none}, op ${op}, full ${full}`);
+  // The address keeps the view, and the chart opened alone draws it so.
+  await page.waitForFunction(() => location.search.includes('chart=recipes'));
+  assert.match(await page.getAttribute('[data-testid=open-seq]', 'href'), /chart=recipes/);
   await page.uncheck('[data-testid=chart-seq-recipes]');
   await page.waitForFunction(() => !/Compared:/.test(document.querySelector('[data-testid=chart-seq]').getAttribute('aria-label')));
+  await page.waitForFunction(() => !location.search.includes('chart='));
   assert.deepEqual(problems, []);
+});
+
+test('a link with chart=log,recipes opens the sequence chart so, and a bad word is a notice naming chart', async () => {
+  const { page, problems } = await openPage(browser, server.base + '?model=llama-3.2-1b&embed=1&view=seq&chart=log,recipes');
+  await page.waitForFunction(() => /Compared:/.test(document.querySelector('[data-testid=chart-seq]')?.getAttribute('aria-label') ?? ''));
+  assert.equal(await page.isChecked('[data-testid=chart-seq-logy]'), true);
+  assert.equal(await page.isChecked('[data-testid=chart-seq-recipes]'), true);
+  await page.uncheck('[data-testid=chart-seq-logy]');
+  await page.waitForFunction(() => new URLSearchParams(location.search).get('chart') === 'recipes');
+  assert.deepEqual(problems, []);
+  const bad = await openPage(browser, server.base + '?model=llama-3.2-1b&chart=linear');
+  await bad.page.waitForSelector('[data-testid=notice]');
+  const text = await bad.page.textContent('[data-testid=notice]');
+  assert.match(text, /chart/);
+  assert.match(text, /linear/);
 });
 
 test('hovering and the arrow keys read values out', async () => {

@@ -121,10 +121,12 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
         sweep_started.set_value(Some(start));
         r
     });
-    let log_y = RwSignal::new(false);
-    // The sequence chart's recipe comparison (none, op, full, compile): a second estimate per
-    // length and recipe, so computed only when asked, and memoized on the sweep as it is.
-    let recipes_on = RwSignal::new(false);
+    // The sequence chart's view (`chart=`, in the address): a log memory axis, and the recipe
+    // comparison (none, op, full, compile) — a second estimate per length and recipe, so
+    // computed only when asked, and memoized on the sweep as it is.
+    let seq = kind == ChartKind::Seq;
+    let log_y = Memo::new(move |_| seq && store.chart.with(|c| c.log_y));
+    let recipes_on = Memo::new(move |_| seq && store.chart.with(|c| c.recipes));
     let recipes = Memo::new(move |_| {
         if !recipes_on.get() {
             return None;
@@ -320,13 +322,15 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
             dom::download(&kind.filename("csv"), "text/csv", d.csv().as_bytes());
         }
     };
-    // "Open chart alone": this configuration with only this chart, in embed mode.
+    // "Open chart alone": this configuration with only this chart, in embed mode (the sequence
+    // chart as it is drawn here).
     let alone = move || {
         let q = store.config.with(crate::config::encode_query);
+        let view = if seq { store.chart.with(|c| c.encode()).map(|v| format!("&chart={v}")).unwrap_or_default() } else { String::new() };
         if q.is_empty() {
-            format!("?embed=1&view={kind}")
+            format!("?embed=1&view={kind}{view}")
         } else {
-            format!("?{q}&embed=1&view={kind}")
+            format!("?{q}&embed=1&view={kind}{view}")
         }
     };
     let heading = format!("chart-{kind}-h");
@@ -347,9 +351,9 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
             <div class="chart-tools" role="toolbar" aria-label=format!("{} exports", kind.title())>
                 {(kind == ChartKind::Seq).then(|| view! {
                     <label class="logy"><input type="checkbox" data-testid="chart-seq-logy" prop:checked=move || log_y.get()
-                        on:change=move |ev| log_y.set(event_target_checked(&ev))/>" Log memory axis (s² vs s as slopes 2 vs 1)"</label>
+                        on:change=move |ev| store.chart.update(|c| c.log_y = event_target_checked(&ev))/>" Log memory axis (s² vs s as slopes 2 vs 1)"</label>
                     <label class="logy"><input type="checkbox" data-testid="chart-seq-recipes" prop:checked=move || recipes_on.get()
-                        on:change=move |ev| recipes_on.set(event_target_checked(&ev))/>" Compare recipes: no recomputation, op-level SAC, full recomputation, torch.compile"</label>
+                        on:change=move |ev| store.chart.update(|c| c.recipes = event_target_checked(&ev))/>" Compare recipes: no recomputation, op-level SAC, full recomputation, torch.compile"</label>
                 })}
                 <button type="button" data-testid=format!("export-{kind}-svg") on:click=export_svg>"Download SVG"</button>
                 <button type="button" data-testid=format!("export-{kind}-png") on:click=export_png>"Download PNG"</button>
