@@ -438,6 +438,11 @@ impl Knobs {
         c.accum = self.accum;
         c.zero = self.zero;
         c.recompute = self.recompute;
+        // Megatron's block method picks among the layers full recomputation recomputes: a plan
+        // that recomputes otherwise has none to pick.
+        if self.recompute != Recompute::Full {
+            c.recompute_layers = 0;
+        }
         c.attn = self.attn;
         c.optim = self.optim;
         c.optim_impl = self.optim_impl;
@@ -2079,6 +2084,23 @@ mod tests {
         let mk = keys(&megatron);
         assert!(mk.contains(&"act_offload_layers") && !mk.contains(&"compile") && !mk.contains(&"act_offload"), "{mk:?}");
         assert!(!hf.contains(&"recompute_layers"), "{hf:?}");
+    }
+
+    #[test]
+    fn a_plan_keeps_megatrons_block_method_with_full_recomputation_and_drops_it_otherwise() {
+        let base = Config {
+            framework: crate::estimator::config::Framework::Megatron,
+            attn: Attention::Flash,
+            recompute: Recompute::Full,
+            recompute_layers: 4,
+            ..small("llama-3.2-1b", 8)
+        };
+        let r = plan(PlanRequest::new(base, GlobalBatch::Sequences(32))).expect("plan");
+        let of =
+            |rec: Recompute| r.plans.iter().filter(|p| p.knobs.recompute == rec).map(|p| p.config.recompute_layers).collect::<Vec<_>>();
+        assert!(!of(Recompute::Full).is_empty() && of(Recompute::Full).iter().all(|&n| n == 4), "{:?}", of(Recompute::Full));
+        let other = [of(Recompute::None), of(Recompute::Selective)].concat();
+        assert!(!other.is_empty() && other.iter().all(|&n| n == 0), "{other:?}");
     }
 
     #[test]
