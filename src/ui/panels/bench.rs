@@ -273,7 +273,7 @@ pub fn Bench() -> impl IntoView {
     // The shape from the user's model, capped to what runs in seconds on most GPUs.
     let cfg = store.config.get_untracked();
     let heads = cfg.arch.heads.clamp(1, 8).to_string();
-    let hd = if cfg.arch.head_dim % 4 == 0 && cfg.arch.head_dim <= 128 { cfg.arch.head_dim } else { 64 };
+    let hd = if cfg.arch.head_dim.is_multiple_of(4) && cfg.arch.head_dim <= 128 { cfg.arch.head_dim } else { 64 };
     let hd_options = [64u64, 128, 32].map(|d| view! { <option value=d.to_string() selected=d == hd>{d.to_string()}</option> });
     // An embed of the benchmark opens it at once; a shared result shows without the GPU.
     let embedded = store.embed && store.view.get_untracked() == "bench";
