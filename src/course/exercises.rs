@@ -469,6 +469,17 @@ pub fn builtin() -> Vec<Exercise> {
             explanation: "They grow. Each te.Linear quantizes its gathered weight every forward into FP8 data plus a transpose (Hopper: 2 bytes per parameter, the whole layer even under ZeRO-3) and saves it for backward, and saves its input in FP8 — beside the bf16 tensors transformers' RMSNorm and SDPA still keep for their own backward. Only where nothing else keeps a linear's input (the MLP's down projection) does FP8 halve it. The weights, gradients, fp32 master weights and moments do not change at all (Transformer Engine 2.20.2, module/linear.py and module/base.py; validation/FINDINGS.md §10.3).",
         },
         Exercise {
+            id: "recompute-some",
+            title: "Recompute only some layers",
+            question: "Llama-3.1-8B at 8,192 tokens on Megatron's modules with flash attention: instead of recomputing every layer, Megatron's block method recomputes only the first 8 of the 32 (recompute_layers=8). How many more bytes of activations does the step keep?",
+            query: "model=llama-3.1-8b&seq=8192&framework=megatron&attn=flash&precision=mixed-bf16&recompute=full",
+            compare: Some("model=llama-3.1-8b&seq=8192&framework=megatron&attn=flash&precision=mixed-bf16&recompute=full&recompute_layers=8"),
+            target: Target::Difference(rows(&["activations"])),
+            tolerance_pct: 5.0,
+            hint: "A recomputed layer keeps only its input; a layer that is not keeps every tensor its backward reads. How many layers stop being recomputed, and what does one of them keep at b·s = 8,192 tokens?",
+            explanation: "24 layers stop being recomputed: each now keeps, besides its input, the norms' outputs, q, k and v, flash attention's output and log-sum-exp, the MLP's input and its three f-wide tensors — 24 × (what a layer keeps − its input). In exchange those 24 layers skip the second forward in backward: the step recomputes a quarter of what full recomputation does (Megatron-LM megatron/core/recompute.py checkpointed_forward, recompute_method = block).",
+        },
+        Exercise {
             id: "verify-allocated",
             title: "Verify with memory_allocated",
             question: "GPT-2 (124M) in fp32 with AdamW, batch 8 at 1,024 tokens: what will torch.cuda.memory_allocated() report right after the forward pass of a steady-state step?",
@@ -616,6 +627,13 @@ mod tests {
                 "flash-removes" | "op-sac-saves" | "compile-saves" | "fp8-not-half" => {
                     let other = estimate(&ex.compare_config().expect("a B")).expect("estimates");
                     Answer::Bytes(m.activations.abs_diff(other.memory.activations))
+                }
+                "recompute-some" => {
+                    // 24 of the 32 layers keep what no recomputation keeps instead of their
+                    // input: 24/32 of the gap between recompute=none and recompute=full.
+                    let none = Config { recompute: crate::config::Recompute::None, ..ex.config() };
+                    let none = estimate(&none).expect("estimates").memory.activations;
+                    Answer::Bytes((none - m.activations) * 24 / 32)
                 }
                 "verify-allocated" => {
                     // From the step's own stream: resident states + what is live once the loss

@@ -239,7 +239,7 @@ test('an embedded quiz posts its answer to the course page', async () => {
   assert.deepEqual(problems, []);
 });
 
-test('the compile and FP8 exercises answer with the difference of the two configurations\' activations, as the CLI estimates them', async () => {
+test('the compile, FP8 and partial-recomputation exercises answer with the difference of the two configurations\' activations, as the CLI estimates them', async () => {
   const bin = join(ROOT, 'target', 'debug', 'trainmem');
   const activations = (query) => {
     const args = ['estimate', '--json', ...query.split('&').flatMap((kv) => { const [k, v] = kv.split('='); return [`--${k}`, v]; })];
@@ -248,6 +248,8 @@ test('the compile and FP8 exercises answer with the difference of the two config
   for (const [step, a, b, words] of [
     ['compile-saves', 'model=llama-3.1-8b&seq=8192', 'model=llama-3.1-8b&seq=8192&compile=true', /torch\.compile/],
     ['fp8-not-half', 'model=llama-3.1-8b&seq=8192&gpus=8&zero=3', 'model=llama-3.1-8b&seq=8192&gpus=8&zero=3&fp8=te-delayed', /FP8/],
+    ['recompute-some', 'model=llama-3.1-8b&seq=8192&framework=megatron&attn=flash&precision=mixed-bf16&recompute=full',
+      'model=llama-3.1-8b&seq=8192&framework=megatron&attn=flash&precision=mixed-bf16&recompute=full&recompute_layers=8', /block method/],
   ]) {
     const { page: p, problems } = await openPage(browser, app.base + `?step=${step}`);
     await p.waitForSelector('[data-testid=ex-question]');
