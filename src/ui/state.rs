@@ -486,6 +486,16 @@ impl Store {
         dom::store(THEME_STORAGE, t.as_str());
     }
 
+    /// The sequence chart's log memory axis on or off (`chart=`).
+    pub fn set_chart_log(&self, on: bool) {
+        self.chart.update(|c| c.log_y = on);
+    }
+
+    /// The sequence chart's recipe comparison on or off (`chart=`).
+    pub fn set_chart_recipes(&self, on: bool) {
+        self.chart.update(|c| c.recipes = on);
+    }
+
     /// Whether `lock=` makes a configuration key read-only.
     pub fn locked(&self, key: &str) -> bool {
         self.course.with_value(|s| s.locked(key))

@@ -351,9 +351,9 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
             <div class="chart-tools" role="toolbar" aria-label=format!("{} exports", kind.title())>
                 {(kind == ChartKind::Seq).then(|| view! {
                     <label class="logy"><input type="checkbox" data-testid="chart-seq-logy" prop:checked=move || log_y.get()
-                        on:change=move |ev| store.chart.update(|c| c.log_y = event_target_checked(&ev))/>" Log memory axis (s² vs s as slopes 2 vs 1)"</label>
+                        on:change=move |ev| store.set_chart_log(event_target_checked(&ev))/>" Log memory axis (s² vs s as slopes 2 vs 1)"</label>
                     <label class="logy"><input type="checkbox" data-testid="chart-seq-recipes" prop:checked=move || recipes_on.get()
-                        on:change=move |ev| store.chart.update(|c| c.recipes = event_target_checked(&ev))/>" Compare recipes: no recomputation, op-level SAC, full recomputation, torch.compile"</label>
+                        on:change=move |ev| store.set_chart_recipes(event_target_checked(&ev))/>" Compare recipes: no recomputation, op-level SAC, full recomputation, torch.compile"</label>
                 })}
                 <button type="button" data-testid=format!("export-{kind}-svg") on:click=export_svg>"Download SVG"</button>
                 <button type="button" data-testid=format!("export-{kind}-png") on:click=export_png>"Download PNG"</button>

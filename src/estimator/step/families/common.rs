@@ -130,8 +130,10 @@ impl Shared {
 pub struct Var {
     pub sliding: bool,
     pub nope: bool,
-    /// Fully checkpointed as one of every `recompute_every` layers (torchtitan's
-    /// `selective_ac_option = "N"`), whatever `recompute` says of the others.
+    /// Fully checkpointed on its own, whatever `recompute` says of the others: one of every
+    /// `recompute_every` layers (torchtitan's `selective_ac_option = "N"`), or one of the first
+    /// `recompute_layers` of its virtual stage (Megatron's block method, the others then kept
+    /// whole): `step::model::checkpointed_alone`.
     pub every_nth: bool,
     /// A linear-attention layer (`layer_types` "linear_attention"): a gated DeltaNet (Qwen3-Next,
     /// Qwen3.5) or a Mamba-2 mixer in place of attention (Granite 4.0-H).
