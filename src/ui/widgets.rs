@@ -223,9 +223,9 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
         }
     }
     // Fields shown by another key's value: checked on every change (a handful).
-    for (name, _) in DEPENDENT {
+    for (name, when) in DEPENDENT {
         if let Some(field) = element(form, &format!("[data-field=\"{name}\"]")) {
-            field.toggle_attribute_with_force("hidden", !shown(name, cfg)).ok();
+            field.toggle_attribute_with_force("hidden", !when(cfg)).ok();
         }
     }
 }
