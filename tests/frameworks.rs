@@ -241,8 +241,9 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     .expect("imports");
     assert_eq!((imp.config.recompute, imp.config.recompute_every, imp.config.recompute_every_first), (config::Recompute::None, 3, false));
     // A Trainer JSON with whole-model compile: on the default Llama, full fine-tune, estimated
-    // as one graph (measured so); with gradient checkpointing, reported unmodelled and the
-    // layer regions kept — not an error of the file.
+    // as one graph (measured so); with gradient checkpointing, reported unmodelled with the
+    // estimator's reason and estimated eager (not as layer regions the Trainer does not compile),
+    // the checkpointing kept — not an error of the file.
     let imp = import(&[("args.json", r#"{"per_device_train_batch_size": 1, "optim": "adamw_torch_fused", "torch_compile": true}"#)])
         .expect("imports");
     let compile = imp.keys.iter().find(|k| k.key == "torch_compile").expect("reported");
@@ -256,8 +257,64 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     .expect("imports");
     let compile = imp.keys.iter().find(|k| k.key == "torch_compile").expect("reported");
     assert_eq!(compile.status, Status::Unmodelled, "{}", compile.note);
-    assert!(compile.note.contains("compile_regions"), "{}", compile.note);
+    assert!(compile.note.contains("torch.compile of the whole model") && compile.note.contains("estimated eager"), "{}", compile.note);
+    assert_eq!((imp.config.compile, imp.config.recompute), (false, config::Recompute::Full));
     assert!(imp.errors.is_empty(), "a valid file is not an error: {:?}", imp.errors);
+}
+
+/// The estimator alone judges what it models with what: the import asks it about the whole
+/// configuration and, where it refuses, lets torch.compile give way before the recomputation,
+/// float8 or parallelism the file also asks for (and, for torchtitan's blocks compiled without
+/// checkpointing, lets torchtitan's own code give way before compile).
+#[test]
+fn where_the_estimator_refuses_a_compiled_job_compile_gives_way_and_the_rest_of_the_file_is_kept() {
+    let status = |imp: &trainmem::frameworks::Imported, key: &str| {
+        imp.keys.iter().find(|k| k.key == key).map(|k| (k.status, k.note.clone(), k.set.clone())).expect("reported")
+    };
+    // Rowwise float8 in fully checkpointed blocks, compiled: the estimator refuses compile there
+    // (FINDINGS §15.1); the float8 recipe and full recomputation stay, the blocks run eager on
+    // torchtitan's own code.
+    let toml = "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[activation_checkpoint]\nmode = \"full\"\n[compile]\nenable = true\n[quantize.linear.float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\"]\n";
+    let imp = import(&[("job.toml", toml)]).expect("imports");
+    let c = &imp.config;
+    assert_eq!(
+        (c.compile, c.fp8, c.recompute, c.framework),
+        (false, config::Fp8::TorchaoRowwise, config::Recompute::Full, config::Framework::Torchtitan)
+    );
+    let (st, note, set) = status(&imp, "compile.enable");
+    assert_eq!(st, Status::Unmodelled);
+    assert!(
+        note.contains("rowwise under full checkpointing") && note.ends_with("estimated eager (trainmem keeps compile=false)"),
+        "{note}"
+    );
+    assert_eq!(set, "", "the report no longer claims compile=true");
+    assert!(imp.errors.is_empty(), "{:?}", imp.errors);
+    trainmem::estimator::estimate(c).unwrap_or_else(|e| panic!("{e}"));
+    // Blocks alone compiled (`components = ["model"]`, torchtitan's regions), without
+    // checkpointing, tensorwise float8 under tensor parallelism: torchtitan's own code is refused
+    // for the float8 TP, transformers' code has no block regions; so the code and then compile
+    // give way — never the float8, the TP or the regions swapped for layers the job does not
+    // compile.
+    let toml = "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]\n[activation_checkpoint]\nmode = \"none\"\n[parallelism]\ndata_parallel_shard_degree = 8\ntensor_parallel_degree = 2\n[compile]\nenable = true\ncomponents = [\"model\"]\n[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n";
+    let imp = import(&[("job.toml", toml)]).expect("imports");
+    let c = &imp.config;
+    assert_eq!((c.compile, c.fp8, c.tp, c.framework), (false, config::Fp8::TorchaoTensorwise, 2, config::Framework::Hf));
+    let (st, note, set) = status(&imp, "(model code)");
+    assert_eq!(st, Status::Unmodelled);
+    assert!(
+        note.contains("float8 tensor parallelism") && note.ends_with("estimated on transformers' modeling code (framework=hf)"),
+        "{note}"
+    );
+    assert!(set.ends_with("framework=hf"), "{set}");
+    assert_eq!(status(&imp, "compile.enable").0, Status::Unmodelled);
+    trainmem::estimator::estimate(c).unwrap_or_else(|e| panic!("{e}"));
+    // The same job with each block and the loss compiled (layer regions): transformers' code
+    // compiles them, so only the code gives way and the job stays compiled.
+    let imp = import(&[("job.toml", &toml.replace("components = [\"model\"]\n", ""))]).expect("imports");
+    let c = &imp.config;
+    assert_eq!((c.compile, c.compile_regions, c.framework), (true, config::CompileRegions::Layer, config::Framework::Hf));
+    assert_eq!(status(&imp, "compile.enable").0, Status::Understood);
+    trainmem::estimator::estimate(c).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `import`: files in, a configuration and a report of every key out.
 
-use super::report::{Format, ImportError, Imported, KeyReport, Status};
+use super::report::{Format, ImportError, Imported, KeyReport, Status, Yield};
 use super::tree::{self, SyntaxError};
 use super::{accelerate, deepspeed, megatron, torchtitan, torchtune, trainer};
 use crate::config::{self, Config};
@@ -32,6 +32,7 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
     let mut pairs: Vec<(String, String)> = Vec::new();
     let mut errors = Vec::new();
     let mut formats = Vec::new();
+    let mut yields = Vec::new();
     for (name, text, format, root) in &parsed {
         let mut st = super::report::FileState::new(name, text);
         let precision_before = pairs.iter().rev().find(|(k, _)| k == "precision").map(|(_, v)| v.clone());
@@ -51,6 +52,7 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
         pairs.extend(st.pairs.into_iter().map(|(k, v)| (k.to_string(), v)));
         keys.extend(st.reports);
         errors.extend(st.errors);
+        yields.extend(st.yields);
     }
     // A later file's setting wins; each key keeps its last value in the order it was first set.
     let mut last: Vec<(String, String)> = Vec::new();
@@ -65,7 +67,6 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
         last.retain(|(k, _)| k != "gpus");
         last.push(("gpus".into(), need.to_string()));
     }
-    let decoded = config::decode_pairs(last.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     // Values the configuration cannot hold at all (an unknown value, out of range), as against
     // settings that are each valid but that the estimator does not model together (compile of
     // checkpointed layers, a framework's own code for a recipe it was not measured with).
@@ -73,6 +74,9 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
         .into_iter()
         .map(|e| e.key)
         .collect();
+    yields.push(Yield::eager());
+    give_way(&mut last, &yields, &mut keys, &bad_values);
+    let decoded = config::decode_pairs(last.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     // A setting the estimator refuses (it fell back to its default): report it on the file keys
     // that asked for it — invalid where the value itself is bad; unmodelled (the file is right,
     // the estimate keeps the default) where the combination is not modelled yet.
@@ -100,6 +104,43 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
     last.retain(|(k, _)| !decoded.errors.iter().any(|e| e.key == *k));
     let query = config::encode_query(&decoded.config);
     Ok(Imported { config: decoded.config, query, keys, pairs: last, formats, errors })
+}
+
+/// Where the estimator refuses the combination the files ask for, the settings that give way
+/// first, in `yields`' order (each file's own, then torch.compile): a change is made where it
+/// leaves fewer refusals, and the reports of the keys that set what it changes say why (the
+/// estimator's reason) and what the estimate follows instead. What is still refused after them
+/// falls back key by key as the estimator names it (`config::decode_pairs`).
+fn give_way(last: &mut Vec<(String, String)>, yields: &[Yield], keys: &mut [KeyReport], bad_values: &[String]) {
+    let refusals = |pairs: &[(String, String)]| -> Vec<config::ConfigError> {
+        config::decode_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .errors
+            .into_iter()
+            .filter(|e| !bad_values.contains(&e.key))
+            .collect()
+    };
+    let mut now = refusals(last);
+    for y in yields {
+        if now.is_empty() {
+            return;
+        }
+        let Some(candidate) = y.apply(last) else { continue };
+        let after = refusals(&candidate);
+        if after.len() >= now.len() {
+            continue;
+        }
+        let lifted = now.iter().find(|e| !after.iter().any(|a| a.key == e.key && a.reason == e.reason)).unwrap_or(&now[0]);
+        let touched: Vec<&str> = y.keys().collect();
+        for k in keys.iter_mut().filter(|k| k.set.split('&').any(|p| p.split('=').next().is_some_and(|key| touched.contains(&key)))) {
+            let kept: Vec<&str> = k.set.split('&').filter(|p| !p.split('=').next().is_some_and(|key| touched.contains(&key))).collect();
+            let instead = y.set.iter().map(|(k, v)| format!("{k}={v}"));
+            k.set = kept.iter().map(|p| p.to_string()).chain(instead).filter(|p| !p.is_empty()).collect::<Vec<_>>().join("&");
+            k.status = Status::Unmodelled;
+            k.note = format!("{}: {}", lifted.reason, y.then);
+        }
+        *last = candidate;
+        now = after;
+    }
 }
 
 /// A configuration with an import applied on top (the page's "import into what I have").

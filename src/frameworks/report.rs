@@ -244,11 +244,52 @@ pub(crate) struct FileState<'a> {
     pub reports: Vec<KeyReport>,
     pub pairs: Vec<(&'static str, String)>,
     pub errors: Vec<ImportError>,
+    /// What this file's settings may give way to when the estimator refuses the configuration,
+    /// in the order to try ([`FileState::give_way`]).
+    pub yields: Vec<Yield>,
+}
+
+/// A change the import makes when the estimator refuses the configuration the files ask for: the
+/// estimator alone judges what it models (`estimator::validate_consistency`); which setting gives
+/// way is the importer's preference (torch.compile before the recomputation or float8 the file
+/// also asks for; a framework's own code before compile, where its code is what was refused).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Yield {
+    /// Keys put back to their defaults.
+    pub drop: Vec<&'static str>,
+    /// Pairs set instead.
+    pub set: Vec<(&'static str, String)>,
+    /// What the estimate then follows, after the estimator's reason in the key's report.
+    pub then: String,
+}
+
+impl Yield {
+    /// torch.compile gives way first, whoever set it: the step is estimated eager and the
+    /// recomputation, float8 or framework the files ask for are kept.
+    pub fn eager() -> Yield {
+        Yield { drop: vec!["compile", "compile_regions"], set: Vec::new(), then: "estimated eager (trainmem keeps compile=false)".into() }
+    }
+
+    /// The keys this change touches.
+    pub fn keys(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.drop.iter().copied().chain(self.set.iter().map(|(k, _)| *k))
+    }
+
+    /// `pairs` with this change made; `None` where it changes nothing.
+    pub fn apply(&self, pairs: &[(String, String)]) -> Option<Vec<(String, String)>> {
+        let mut out: Vec<(String, String)> = pairs.iter().filter(|(k, _)| !self.drop.contains(&k.as_str())).cloned().collect();
+        for (k, v) in &self.set {
+            out.retain(|(o, _)| o != k);
+            out.push((k.to_string(), v.clone()));
+        }
+        let same = out.len() == pairs.len() && out.iter().all(|p| pairs.contains(p));
+        (!same).then_some(out)
+    }
 }
 
 impl<'a> FileState<'a> {
     pub fn new(file: &str, text: &'a str) -> FileState<'a> {
-        FileState { file: file.to_string(), text, reports: Vec::new(), pairs: Vec::new(), errors: Vec::new() }
+        FileState { file: file.to_string(), text, reports: Vec::new(), pairs: Vec::new(), errors: Vec::new(), yields: Vec::new() }
     }
 
     /// Records the outcome of `key` (whose value is `value`), at the line where the text writes it.
@@ -288,6 +329,12 @@ impl<'a> FileState<'a> {
     }
 
     /// Whether a configuration key has been set by this file so far.
+    /// Where the estimator refuses the configuration, try `set` instead of what this file set for
+    /// those keys before anything else gives way (`then`: what the estimate follows then).
+    pub fn give_way(&mut self, set: Vec<(&'static str, String)>, then: &str) {
+        self.yields.push(Yield { drop: Vec::new(), set, then: then.to_string() });
+    }
+
     pub fn has(&self, key: &str) -> bool {
         self.pairs.iter().any(|(k, _)| *k == key)
     }

@@ -77,18 +77,16 @@ pub fn read(root: &Value, st: &mut FileState) {
             code.extend(LLAMA4_SHAPE.iter().map(|&(k, v)| (k, v.to_string())));
             why.push_str(" (torchtitan's Llama 4 flavors put RoPE in every block, without q/k norm or chunked attention: qk_l2_norm=false, nope_layers=none, window_layers=none on Meta's preset)");
         }
-        // torch.compile on torchtitan's own code is modelled for its dense blocks, float8
-        // tensorwise or rowwise as measured ([`compile_on_own_code`]); otherwise, unchecked, a
-        // compiled job is estimated as transformers' modeling code compiles its layers
-        // (framework=hf).
+        code.push(("framework", "torchtitan".into()));
+        why.push_str(&format!("; the step follows torchtitan's own {name} model code (framework=torchtitan)"));
+        // Where the estimator refuses this job on torchtitan's own code, blocks compiled without
+        // checkpointing are estimated on transformers' modeling code (compiled there, where it
+        // accepts that) rather than eager; checkpointed blocks keep torchtitan's code and run
+        // eager, since what they keep is the checkpoint's, which follows torchtitan's code (op-level
+        // SAC's save list, its every-N blocks).
         let no_ac = g("activation_checkpoint.mode").and_then(text).as_deref() == Some("none");
-        if compiled(root).is_some() && no_ac && !compile_on_own_code(root) {
-            why.push_str(&format!(
-                "; torchtitan's own {name} code under torch.compile with float8 other than tensorwise or rowwise, float8 with tensor parallelism in unchecked blocks, or MoE blocks is not modelled: the layers are estimated as transformers' modeling code compiles them (framework=hf)"
-            ));
-        } else {
-            code.push(("framework", "torchtitan".into()));
-            why.push_str(&format!("; the step follows torchtitan's own {name} model code (framework=torchtitan)"));
+        if compiled(root).is_some() && no_ac {
+            st.give_way(vec![("framework", "hf".into())], "estimated on transformers' modeling code (framework=hf)");
         }
     }
     st.default("(model code)", code, &why);
@@ -149,13 +147,8 @@ fn compile(v: &Value, root: &Value) -> Out {
     if !on {
         return Out::one("compile", "false");
     }
-    // What the estimate refuses under compile stays eager rather than hold a setting it refuses.
-    if !compile_modelled(root) {
-        let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
-        return Out::unmodelled(format!(
-            "torch.compile of checkpointed blocks (activation_checkpoint.mode = {ac}) is modelled for op-level SAC on torchtitan's own dense blocks without float8 or tensor parallelism only: estimated eager"
-        ));
-    }
+    // Whether the estimator models it with the rest of the job is its own judgement: where it
+    // does not, the import estimates the blocks eager (`import::give_way`).
     let parts = compiled(root).unwrap_or_default();
     let (model, loss) = (parts.iter().any(|p| p == "model"), parts.iter().any(|p| p == "loss"));
     match (model, loss) {
@@ -165,46 +158,6 @@ fn compile(v: &Value, root: &Value) -> Out {
             .note("each TransformerBlock compiled, the loss eager"),
         _ => Out::unmodelled("only the loss compiled: not modelled; estimated eager"),
     }
-}
-
-/// Whether the estimator models this job's `compile.enable` on torchtitan's own code
-/// (`framework = torchtitan`; measured: `validation/measure_titan_compile.py`): a dense
-/// `model.name` of [`OWN_CODE`] (a flavor without `-A`, total-active, as "30B-A3B"), the blocks
-/// unchecked, fully checkpointed or under op-level SAC (`activation_checkpoint.mode` none, full,
-/// or selective with `selective_ac_option` "op"), and a float8 converter with tensorwise scales
-/// (with FSDP2's float8 all-gather too) or rowwise ones (not fully checkpointed) — with tensor
-/// parallelism: without float8, or tensorwise in checkpointed blocks without the all-gather
-/// (what `estimator/validate.rs` accepts compiled, each measured). Every-N-blocks SAC (the
-/// default option "2"), a memory budget, the other float8 cases and torchtitan's MoE blocks are
-/// not.
-fn compile_on_own_code(root: &Value) -> bool {
-    let get = |k: &str| tree::get(root, k).and_then(text).unwrap_or_default();
-    let ac = tree::get(root, "activation_checkpoint.mode").and_then(text).unwrap_or_else(|| "selective".into());
-    let option = tree::get(root, "activation_checkpoint.selective_ac_option").and_then(text).unwrap_or_else(|| "2".into());
-    let tp = tree::get(root, "parallelism.tensor_parallel_degree")
-        .or_else(|| tree::get(root, "training.tensor_parallel_degree"))
-        .and_then(int)
-        .unwrap_or(1);
-    let float8 = tree::get(root, "model.converters")
-        .and_then(|c| c.as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .filter_map(text)
-        .any(|c| c == "float8" || c == "quantize.linear.float8");
-    let f8 = |k: &str| tree::get(root, &format!("quantize.linear.float8.{k}")).or_else(|| tree::get(root, &format!("float8.{k}")));
-    let tensorwise = matches!(f8("recipe_name").and_then(text).as_deref(), None | Some("tensorwise"));
-    let rowwise = f8("recipe_name").and_then(text).as_deref() == Some("rowwise");
-    let gather = f8("enable_fsdp_float8_all_gather").and_then(boolean) == Some(true);
-    let float8_ok = !float8 || (tensorwise && (tp <= 1 || (ac != "none" && !gather))) || (rowwise && tp <= 1 && ac != "full");
-    let ac_ok = ac == "none" || ac == "full" || (ac == "selective" && option == "op");
-    OWN_CODE.contains(&get("model.name").as_str()) && !get("model.flavor").contains("-A") && ac_ok && float8_ok
-}
-
-/// Whether `compile.enable` is estimated: without activation checkpointing (on torchtitan's
-/// own code or, where that is not modelled, as transformers' code compiles it), or as
-/// [`compile_on_own_code`] allows.
-fn compile_modelled(root: &Value) -> bool {
-    tree::get(root, "activation_checkpoint.mode").and_then(text).as_deref() == Some("none") || compile_on_own_code(root)
 }
 
 /// `model.converters`: torchtitan 0.2.2's model converters (`components/quantization/`,
