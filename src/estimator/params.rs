@@ -76,6 +76,14 @@ pub fn stage_layers(layers: u64, pp: u64) -> u64 {
     layers.div_ceil(pp.max(1))
 }
 
+/// Decoder layers of one virtual pipeline stage (a model chunk under interleaving, each a
+/// `TransformerBlock` of its own in Megatron): the most loaded stage's ⌈L / pp⌉ over `vpp`
+/// (interleaving requires L divisible by pp × vpp: `validate`), at least 1. Toy: L 32, pp 2,
+/// vpp 2 → 8; L 30, pp 4 → 8 (the first stages take the remainder).
+pub fn virtual_stage_layers(layers: u64, pp: u64, vpp: u64) -> u64 {
+    (stage_layers(layers, pp) / vpp.max(1)).max(1)
+}
+
 /// The model restricted to one pipeline stage's layers: `L` becomes the stage's layer count,
 /// MoE layers first (the heaviest case).
 fn stage_spec(spec: &ModelSpec, layers: u64) -> ModelSpec {
@@ -259,6 +267,15 @@ mod tests {
         // Every matrix divides by 8 exactly; the 65 norm vectors of 4096 stay whole.
         let norms = 65 * 4096;
         assert_eq!(elements(&g, |_| true), (8_030_261_248 - norms) / 8 + norms);
+    }
+
+    #[test]
+    fn a_virtual_stage_holds_the_most_loaded_stages_layers_over_vpp() {
+        assert_eq!(virtual_stage_layers(32, 2, 2), 8);
+        // Uneven: the first stages take the remainder, ⌈30/4⌉ = 8.
+        assert_eq!(virtual_stage_layers(30, 4, 1), 8);
+        assert_eq!(virtual_stage_layers(32, 1, 0), 32, "vpp 0 reads as 1");
+        assert_eq!(virtual_stage_layers(2, 4, 1), 1, "never 0");
     }
 
     #[test]

@@ -1737,7 +1737,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     // Megatron's block method: half of each virtual stage's layers recomputed (less extra
     // forward than all of them), or all of them where it recomputes some.
     if cfg.framework == Framework::Megatron {
-        let per_stage = cfg.arch.layers / (cfg.pp.max(1) * cfg.vpp.max(1));
+        let per_stage = crate::estimator::params::virtual_stage_layers(cfg.arch.layers, cfg.pp, cfg.vpp);
         if matches!(cfg.recompute, Recompute::None | Recompute::Selective) && per_stage > 1 {
             let n = half_the_layers(per_stage);
             push(
@@ -2114,6 +2114,14 @@ mod tests {
         // Under pp 2 × vpp 2 a virtual stage has 8: 4 of each.
         let staged = Config { gpus: 2, pp: 2, vpp: 2, accum: 4, ..megatron.clone() };
         assert_eq!(block(&staged).first().map(|c| c.recompute_layers), Some(4));
+        // 32 layers over pp 6: the first stages hold ⌈32/6⌉ = 6 (the program's count, not
+        // ⌊32/6⌋ = 5), so 3 of each.
+        let uneven = Config { gpus: 6, pp: 6, accum: 6, ..megatron.clone() };
+        assert_eq!(block(&uneven).first().map(|c| c.recompute_layers), Some(3));
+        assert_eq!(
+            crate::estimator::step::model::checkpointed_alone_counts(&block(&uneven)[0], crate::estimator::params::Stage::First).0,
+            3
+        );
         // Recomputing some already: all of them.
         let some = Config { recompute: Recompute::Full, recompute_layers: 4, ..megatron };
         assert_eq!(block(&some).first().map(|c| (c.recompute, c.recompute_layers)), Some((Recompute::Full, 0)));

@@ -9,7 +9,7 @@ use super::stream::{Cat, Event, EventKind, Phase, Stream};
 use crate::estimator::activations::ctx::{Ctx, Values, Q};
 use crate::estimator::config::{Attention, Config, Kernels, Loss, OptimImpl, Optimizer, Recompute};
 use crate::estimator::ledger::Bytes;
-use crate::estimator::params::{local_groups, stage_layers, LocalGroup, Role, Stage};
+use crate::estimator::params::{local_groups, stage_layers, virtual_stage_layers, LocalGroup, Role, Stage};
 use crate::estimator::precision::{Dtype, Recipe};
 use crate::estimator::sharding::Sharding;
 use crate::estimator::step::part::Part;
@@ -154,7 +154,7 @@ impl<'a> Setup<'a> {
         let (first, kinds) = stage_kinds(cfg, stage);
         let resid = if amp { DType::of(recipe.weight) } else { DType::of(recipe.compute) };
         let vars = (0..kinds.len())
-            .map(|i| families::Var { every_nth: checkpointed_alone(cfg, first + i, i, kinds.len()), ..families::var(spec, first + i) })
+            .map(|i| families::Var { every_nth: checkpointed_alone(cfg, first + i, i), ..families::var(spec, first + i) })
             .collect();
         Setup {
             cfg,
@@ -1226,19 +1226,19 @@ pub fn eager(cfg: &Config) -> bool {
     cfg.attn == Attention::Eager
 }
 
-/// Whether model layer `i`, the `local`-th of its stage's `stage_layers`, is fully checkpointed
+/// Whether model layer `i`, the `local`-th of its stage's layers, is fully checkpointed
 /// while other layers are not: one of every `recompute_every` ([`every_nth`]), or, with
 /// `recompute_layers = N` (Megatron's block method), one of the first N of its virtual stage —
 /// Megatron-LM d98e8a6 (2026-08) `megatron/core/recompute.py` `checkpointed_forward`,
 /// `recompute_method == 'block'`: `layer_idx < recompute_num_layers` over the
 /// `num_layers_per_pipeline_rank = len(self.layers)` of each model chunk's `TransformerBlock`
-/// (all of them when N is larger), a chunk here being `stage_layers / vpp` consecutive layers of
-/// the stage's program (interleaving places a stage's chunks apart in the model; their sizes are
+/// (all of them when N is larger), a chunk here being [`virtual_stage_layers`] consecutive
+/// layers of the stage's program (interleaving places a stage's chunks apart in the model; their sizes are
 /// equal). Under FP8 Megatron moves the window past layers whose input needs no gradient; the
 /// first stage's embedding output needs one, so nothing moves in full training.
-pub fn checkpointed_alone(cfg: &Config, i: usize, local: usize, stage_layers: usize) -> bool {
+pub fn checkpointed_alone(cfg: &Config, i: usize, local: usize) -> bool {
     if cfg.recompute_layers > 0 {
-        let chunk = (stage_layers / cfg.vpp.max(1) as usize).max(1);
+        let chunk = virtual_stage_layers(cfg.arch.layers, cfg.pp, cfg.vpp) as usize;
         return (local % chunk) < cfg.recompute_layers as usize;
     }
     every_nth(cfg, i)
@@ -1248,8 +1248,7 @@ pub fn checkpointed_alone(cfg: &Config, i: usize, local: usize, stage_layers: us
 /// and how many MoE ([`stage_kinds`]).
 pub fn checkpointed_alone_counts(cfg: &Config, stage: Stage) -> (u64, u64, u64) {
     let (first, kinds) = stage_kinds(cfg, stage);
-    let n = kinds.len();
-    kinds.iter().enumerate().fold((0, 0, 0), |(c, d, m), (i, k)| match (checkpointed_alone(cfg, first + i, i, n), k) {
+    kinds.iter().enumerate().fold((0, 0, 0), |(c, d, m), (i, k)| match (checkpointed_alone(cfg, first + i, i), k) {
         (true, _) => (c + 1, d, m),
         (false, Kind::Dense) => (c, d + 1, m),
         (false, Kind::Moe) => (c, d, m + 1),
@@ -1277,12 +1276,12 @@ mod tests {
     fn megatrons_block_method_picks_the_first_layers_of_each_virtual_stage() {
         // 16 layers on a stage of pp 2 × vpp 2: virtual stages of 8; N = 3 → 0, 1, 2, 8, 9, 10.
         let cfg = Config { recompute: Recompute::Full, recompute_layers: 3, pp: 2, vpp: 2, ..Config::default() };
-        let picked: Vec<usize> = (0..16).filter(|&i| checkpointed_alone(&cfg, i, i, 16)).collect();
+        let picked: Vec<usize> = (0..16).filter(|&i| checkpointed_alone(&cfg, i, i)).collect();
         assert_eq!(picked, [0, 1, 2, 8, 9, 10]);
         assert_eq!(checkpointed_alone_counts(&cfg, Stage::First), (6, 10, 0));
         // Without it, recompute_every's rule (torchtitan's N−1, 2N−1, …).
         let every = Config { recompute_every: 3, ..Config::default() };
-        assert_eq!((0..9).filter(|&i| checkpointed_alone(&every, i, i, 32)).collect::<Vec<_>>(), [2, 5, 8]);
+        assert_eq!((0..9).filter(|&i| checkpointed_alone(&every, i, i)).collect::<Vec<_>>(), [2, 5, 8]);
     }
 
     #[test]
