@@ -379,22 +379,18 @@ pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {
     let count = |key: &str, v: &str| -> Result<u64, CliError> {
         config::parse_uint(v).map_err(|reason| ConfigError { key: key.into(), value: v.into(), reason }.into())
     };
-    let fraction = |key: &str, v: &str| -> Result<f64, CliError> {
-        match v.trim().parse::<f64>() {
-            Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
-            _ => Err(ConfigError { key: key.into(), value: v.into(), reason: "must be a fraction in (0, 1]".into() }.into()),
-        }
+    // A number the range `ok` accepts, else an error naming the key with `reason`.
+    let number_in = |key: &str, v: &str, ok: fn(f64) -> bool, reason: String| -> Result<f64, CliError> {
+        v.trim().parse::<f64>().ok().filter(|&f| ok(f)).ok_or_else(|| ConfigError { key: key.into(), value: v.into(), reason }.into())
     };
-    let speedup = |key: &str, v: &str| -> Result<f64, CliError> {
-        match v.trim().parse::<f64>() {
-            Ok(f) if (0.0..=MAX_COMPILE_SPEEDUP).contains(&f) => Ok(f),
-            _ => Err(ConfigError {
-                key: key.into(),
-                value: v.into(),
-                reason: format!("must be a fraction from 0 to {MAX_COMPILE_SPEEDUP} (0.1: compute 10 % faster)"),
-            }
-            .into()),
-        }
+    let fraction = |key: &str, v: &str| number_in(key, v, |f| f > 0.0 && f <= 1.0, "must be a fraction in (0, 1]".into());
+    let speedup = |key: &str, v: &str| {
+        number_in(
+            key,
+            v,
+            |f| (0.0..=MAX_COMPILE_SPEEDUP).contains(&f),
+            format!("must be a fraction from 0 to {MAX_COMPILE_SPEEDUP} (0.1: compute 10 % faster)"),
+        )
     };
     while let Some(a) = it.next() {
         let Some(flag) = a.strip_prefix("--") else {
@@ -920,6 +916,26 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn plan_reads_its_cost_assumptions_within_their_ranges_and_names_the_key_of_one_outside() {
+        let a = parse_plan_args(&args(
+            "--model llama-3.1-8b --global-batch 8 --compute-efficiency 0.4 --compile-speedup=0 --link-efficiency 1",
+        ))
+        .expect("valid");
+        let got = &a.request.assumptions;
+        assert_eq!((got.compute_efficiency, got.compile_speedup, got.link_efficiency), (0.4, 0.0, 1.0));
+        for (flag, key) in [
+            ("--compute-efficiency 0", "compute_efficiency"),
+            ("--link-efficiency 1.5", "link_efficiency"),
+            ("--compile-speedup 1.01", "compile_speedup"),
+            ("--compile-speedup NaN", "compile_speedup"),
+            ("--compute-efficiency half", "compute_efficiency"),
+        ] {
+            let e = parse_plan_args(&args(&format!("--model llama-3.1-8b --global-batch 8 {flag}"))).expect_err(flag).to_string();
+            assert!(e.contains(key) && e.contains("must be a fraction"), "{flag}: {e}");
+        }
     }
 
     #[test]

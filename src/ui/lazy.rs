@@ -82,11 +82,14 @@ impl Module {
     }
 }
 
+/// What waits for the module: called with it once it is there, or with why it is not.
+type Waiting = Box<dyn FnOnce(Result<Module, String>)>;
+
 /// Where the module stands.
 enum Load {
     Idle,
     /// Fetching: what to do once it is there.
-    Loading(Vec<Box<dyn FnOnce(Result<Module, String>)>>),
+    Loading(Vec<Waiting>),
     Ready(Module),
     Failed(String),
 }
@@ -226,7 +229,8 @@ enum Shown {
     Failed(String),
 }
 
-/// Where a lazily loaded panel goes: `children` (its placeholder) until it is asked for — by
+/// Where a lazily loaded panel goes: `children` (its placeholder; none for a panel that shows
+/// nothing until it is asked for) until it is asked for — by
 /// [`More::request`], or by `open` (what the link asks for) — then the panel, mounted here by
 /// the module. Both wrappers are `display: contents`, so the panel lays out as if it were in
 /// the slot's place. `options` say how to mount it (read when it is mounted); `on_mount` runs
@@ -237,7 +241,7 @@ pub fn Slot(
     #[prop(into)] open: Signal<bool>,
     #[prop(optional)] options: Option<Callback<(), &'static str>>,
     #[prop(optional)] on_mount: Option<Callback<()>>,
-    children: ChildrenFn,
+    #[prop(optional)] children: Option<ChildrenFn>,
 ) -> impl IntoView {
     let store = use_store();
     let more = use_more();
@@ -270,7 +274,7 @@ pub fn Slot(
     let placeholder = Memo::new(move |_| shown.with(|s| *s != Shown::Mounted));
     view! {
         <div class="lazy" data-lazy=panel.id() node_ref=outer aria-busy=move || shown.with(|s| *s == Shown::Loading).to_string()>
-            {move || placeholder.get().then(|| children())}
+            {move || placeholder.get().then(|| children.as_ref().map(|c| c()))}
             {move || shown.with(|s| match s {
                 Shown::Failed(e) => Some(view! { <p class="notice" role="alert" data-testid="lazy-error">"This panel could not be loaded: "{e.clone()}</p> }),
                 _ => None,

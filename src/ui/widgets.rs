@@ -206,9 +206,6 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
                 select.set_value(&value);
             }
         }
-        if let Some(field) = element(form, &format!("[data-field=\"{}\"]", k.name)) {
-            field.toggle_attribute_with_force("hidden", !shown(k.name, cfg)).ok();
-        }
         if let Some(id) = element(form, &format!("[data-choice-id=\"{}\"]", k.name)) {
             id.set_text_content(Some(&value));
         }
@@ -222,7 +219,8 @@ fn sync(form: &web_sys::Element, cfg: &Config, shown_values: &mut [String]) {
             shown_values[i] = value;
         }
     }
-    // Fields shown by another key's value: checked on every change (a handful).
+    // Fields shown by another key's value (only these are ever hidden): checked on every change
+    // (a handful).
     for (name, when) in DEPENDENT {
         if let Some(field) = element(form, &format!("[data-field=\"{name}\"]")) {
             field.toggle_attribute_with_force("hidden", !when(cfg)).ok();

@@ -80,7 +80,7 @@ fn show() {
 /// soon as it is there.
 #[component]
 pub fn Shell() -> impl IntoView {
-    view! { <Slot panel=Lazy::Embed open=false on_mount=Callback::new(|_| show())>{()}</Slot> }
+    view! { <Slot panel=Lazy::Embed open=false on_mount=Callback::new(|_| show()) /> }
 }
 
 /// The dialog (in the lazily loaded module).
