@@ -40,6 +40,8 @@ pub enum CliError {
 
 const USAGE: &str = "usage:
   trainmem estimate (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
+      each command that takes --KEY VALUE also takes --query Q (a share link or its query) and
+      --import FILE (a framework's config file, as `trainmem import` reads it); its --KEY flags win over them
   trainmem step (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
       the steady-state step op by op: every allocation and free, allocated and reserved after each (CSV)
   trainmem plan (--model ID | --hf-config PATH) --gpu ID --gpus N --seq N
@@ -93,6 +95,13 @@ pub fn main() -> i32 {
 pub fn run(args: &[String], out: &mut dyn Write) -> Result<(), CliError> {
     let Some((cmd, rest)) = args.split_first() else {
         return Err(CliError::Usage("no command given".into()));
+    };
+    let expanded;
+    let rest = if CONFIGURED.contains(&cmd.as_str()) {
+        expanded = expand_sources(rest)?;
+        expanded.as_slice()
+    } else {
+        rest
     };
     let w = |out: &mut dyn Write, s: String| {
         out.write_all(s.as_bytes()).map_err(|e| CliError::Io { path: "stdout".into(), err: e.to_string() })
@@ -358,6 +367,63 @@ pub enum PlanOutput {
 
 /// The largest compile speed-up `--compile-speedup` takes: compute twice as fast.
 const MAX_COMPILE_SPEEDUP: f64 = 1.0;
+
+/// The commands that take a configuration (`--KEY VALUE …`), and with it `--query` and
+/// `--import` ([`expand_sources`]).
+const CONFIGURED: [&str; 6] = ["estimate", "step", "plan", "serve", "verify-script", "export"];
+
+/// `--query Q` (a share link's query, or the whole link: what the page's address and `trainmem
+/// import` print) and `--import FILE` (a framework's config file, read as `trainmem import`
+/// reads it; several combine as there) turned into the `--KEY VALUE` pairs they set, ahead of
+/// the other arguments, which therefore override them wherever they stand: `trainmem estimate
+/// --import job.toml --gpus 64` is the job on 64 GPUs. The page's own keys in a link (`view`, `embed`, …) are
+/// passed over; a file with a value that cannot be used is an error naming its file, line and
+/// key, as `trainmem import` reports it.
+pub fn expand_sources(args: &[String]) -> Result<Vec<String>, CliError> {
+    let mut front: Vec<String> = Vec::new();
+    let mut files: Vec<(String, String)> = Vec::new();
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f == "--query" || f == "--import" => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        if flag != "--query" && flag != "--import" {
+            rest.push(a.clone());
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => it.next().cloned().ok_or_else(|| CliError::Usage(format!("{flag} needs a value")))?,
+        };
+        if flag == "--query" {
+            let query = value.split_once('?').map_or(value.as_str(), |(_, q)| q);
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                let (k, v) = (config::percent_decode(k), config::percent_decode(v));
+                if !config::PRESENTATION_KEYS.contains(&k.as_str()) {
+                    front.extend([format!("--{k}"), v]);
+                }
+            }
+        } else {
+            let text = std::fs::read_to_string(&value).map_err(|e| CliError::Io { path: value.clone(), err: e.to_string() })?;
+            files.push((value, text));
+        }
+    }
+    if !files.is_empty() {
+        let named: Vec<(&str, &str)> = files.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+        let imported = crate::frameworks::import(&named)?;
+        if let Some(e) = imported.errors.first() {
+            return Err(CliError::Import(e.clone()));
+        }
+        for (k, v) in &imported.pairs {
+            front.extend([format!("--{k}"), v.clone()]);
+        }
+    }
+    front.extend(rest);
+    Ok(front)
+}
 
 /// Reads `plan`'s arguments: plan options, `--try-KNOB` lists, and every configuration key.
 pub fn parse_plan_args(args: &[String]) -> Result<PlanArgs, CliError> {

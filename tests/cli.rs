@@ -116,3 +116,48 @@ fn step_exports_every_event_with_allocated_and_reserved_bytes() {
     assert_eq!(v["events"].as_array().map(Vec::len), Some(rows.len()));
     assert!(v["reserved_peak_bytes"].as_u64().expect("cuda") >= v["allocated_peak_bytes"].as_u64().expect("peak"));
 }
+
+/// What `trainmem estimate --json` reads back as its configuration.
+fn query_of(args: &[&str]) -> String {
+    let (code, out, err) = trainmem(args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("json");
+    doc["query"].as_str().expect("query").to_string()
+}
+
+#[test]
+fn a_framework_file_or_a_share_link_is_estimated_directly_and_each_flag_wins_over_them() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let toml = root.join("tests/fixtures/frameworks/torchtitan/llama3_8b.toml");
+    let toml = toml.to_str().expect("utf-8 path");
+    // What `trainmem import` prints on its first line is what `--import` estimates.
+    let (code, imported, err) = trainmem(&["import", toml]);
+    assert_eq!(code, 0, "{err}");
+    let query = imported.lines().next().expect("the query line").to_string();
+    assert!(query.contains("recompute=op") && query.contains("framework=torchtitan"), "{query}");
+    assert_eq!(query_of(&["estimate", "--import", toml, "--json"]), query);
+    // The same query as a link (the page's own keys passed over), and a flag after it winning.
+    let link = format!("https://example.org/trainmem/?{query}&view=seq&chart=log");
+    assert_eq!(query_of(&["estimate", "--query", &link, "--json"]), query);
+    let on_64 = query_of(&["estimate", &format!("--import={toml}"), "--gpus", "64", "--json"]);
+    assert!(on_64.contains("gpus=64") && on_64.contains("recompute=op"), "{on_64}");
+    // A flag wins wherever it stands (the file's recomputation is op-level SAC).
+    let before = query_of(&["estimate", "--recompute", "full", "--import", toml, "--json"]);
+    assert!(before.contains("recompute=full") && before.contains("framework=torchtitan"), "{before}");
+    // The planner and the exporter take them too.
+    let (code, out, err) =
+        trainmem(&["export", "--format", "megatron", "--query", "model=llama-3.1-8b&recompute=full&recompute_layers=4&framework=megatron"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("--recompute-num-layers 4"), "{out}");
+    // A file with a bad value: one error naming its file, line and key.
+    let dir = std::env::temp_dir().join(format!("trainmem-cli-import-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[training]\nseq_len = \"long\"\n").expect("write");
+    let (code, _, err) = trainmem(&["estimate", "--import", bad.to_str().expect("utf-8 path")]);
+    assert_ne!(code, 0);
+    assert!(err.contains("line 2") && err.contains("seq_len"), "{err}");
+    let (code, _, err) = trainmem(&["estimate", "--query"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--query needs a value"), "{err}");
+}
