@@ -1,5 +1,5 @@
-//! Fuzzing the two doors user text comes through: the share-URL decoder and the config.json
-//! importer. Whatever comes in, decoding never panics, always yields a configuration the
+//! Fuzzing the two doors user text comes through: the share-URL decoder (and the CLI's
+//! `--query`, which reads the same links) and the config.json importer. Whatever comes in, decoding never panics, always yields a configuration the
 //! estimator accepts, and estimating it never panics or overflows.
 //!
 //! The normal test run tries a few thousand inputs; the full run is outside it:
@@ -107,6 +107,13 @@ fn check_query(q: &str) -> Result<(), TestCaseError> {
     let again = decode_query(&encode_query(&d.config));
     prop_assert_eq!(&again.config, &d.config);
     prop_assert!(again.errors.is_empty(), "{:?}", again.errors);
+    // The CLI's `--query` reads the same link: never a panic, and a link the decoder takes
+    // without complaint is the same configuration there.
+    if let Ok(args) = trainmem::cli::expand_sources(&["--query".to_string(), q.to_string()]) {
+        if let (Ok((cfg, _)), true) = (trainmem::cli::parse_estimate_args(&args), d.errors.is_empty()) {
+            prop_assert_eq!(&cfg, &d.config, "from {:?}", q);
+        }
+    }
     Ok(())
 }
 
