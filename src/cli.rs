@@ -48,7 +48,7 @@ const USAGE: &str = "usage:
                 (--global-batch-tokens N | --global-batch SEQUENCES) [--KEY VALUE ...]
                 [--try-KNOB v1,v2,...] [--top N] [--all] [--fix] [--json | --csv]
       KNOB: batch zero recompute attn optim optim-impl offload tp pp vpp cp ep sp finetune
-            compile recompute-every act-offload act-offload-layers
+            compile recompute-every recompute-layers act-offload act-offload-layers
       also: --compute-efficiency F, --link-efficiency F, --compile-speedup F, --no-overlap
   trainmem presets [--json]
   trainmem keys
@@ -982,6 +982,14 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_usage_lists_every_planner_knob_as_its_flag_spells_it() {
+        let line = USAGE.split("KNOB:").nth(1).and_then(|r| r.split("also:").next()).expect("the KNOB list");
+        let listed: Vec<&str> = line.split_whitespace().collect();
+        let knobs: Vec<String> = plan::KNOBS.iter().map(|k| k.replace('_', "-")).collect();
+        assert_eq!(listed, knobs);
     }
 
     #[test]

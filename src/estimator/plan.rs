@@ -61,10 +61,11 @@
 //! whenever it likes; [`Search::result`] ranks what has been found so far.
 
 use super::analyse::{analyse, headroom_pct, Analysis};
-use super::config::{ActOffload, Attention, Config, Finetune, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
+use super::config::{ActOffload, Attention, Config, Finetune, Framework, Loss, Offload, OptimImpl, Optimizer, Recompute, Zero};
 use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
 use super::estimate::{by_category, estimate, Estimate};
 use super::ledger::{Bytes, Category};
+use super::params::virtual_stage_layers;
 use super::units::format_bytes;
 use super::validate::{validate, EstimateError};
 use serde::Serialize;
@@ -167,7 +168,7 @@ impl GlobalBatch {
 /// of [`Space`]'s and [`Knobs`]' fields: what `trainmem plan --try-KNOB` accepts
 /// ([`Space::set_from`]), the plans' CSV columns (the accumulation steps beside the
 /// micro-batch: [`csv_header`]) and [`Space::tried`] name.
-pub const KNOBS: [&str; 18] = [
+pub const KNOBS: [&str; 19] = [
     "batch",
     "zero",
     "recompute",
@@ -184,6 +185,7 @@ pub const KNOBS: [&str; 18] = [
     "finetune",
     "compile",
     "recompute_every",
+    "recompute_layers",
     "act_offload",
     "act_offload_layers",
 ];
@@ -210,6 +212,10 @@ pub struct Space {
     pub compile: Vec<bool>,
     /// `recompute_every`: full checkpointing of every Nth layer (0: off).
     pub recompute_every: Vec<u64>,
+    /// `recompute_layers`: Megatron's block method, full recomputation of the first N layers of
+    /// each (virtual) pipeline stage (0: every layer); tried with `recompute = full` only, and
+    /// only where N is fewer than the stage's layers.
+    pub recompute_layers: Vec<u64>,
     /// `act_offload`: saved-tensor hooks that move activations to pinned host memory.
     pub act_offload: Vec<ActOffload>,
     /// `act_offload_layers`: Transformer Engine's per-layer offloading of the first N layers.
@@ -236,6 +242,7 @@ impl Space {
             finetune: vec![base.finetune],
             compile: vec![base.compile],
             recompute_every: vec![base.recompute_every],
+            recompute_layers: vec![base.recompute_layers],
             act_offload: vec![base.act_offload],
             act_offload_layers: vec![base.act_offload_layers],
         }
@@ -282,6 +289,7 @@ impl Space {
             finetune: vec![base.finetune],
             compile: vec![false, true],
             recompute_every: if m.layers >= EVERY_NTH_DEFAULT { vec![0, EVERY_NTH_DEFAULT] } else { vec![0] },
+            recompute_layers: block_method_tries(base),
             act_offload: vec![base.act_offload],
             act_offload_layers: vec![base.act_offload_layers],
         }
@@ -307,6 +315,7 @@ impl Space {
             "finetune" => self.finetune.len(),
             "compile" => self.compile.len(),
             "recompute_every" => self.recompute_every.len(),
+            "recompute_layers" => self.recompute_layers.len(),
             "act_offload" => self.act_offload.len(),
             "act_offload_layers" => self.act_offload_layers.len(),
             _ => return None,
@@ -340,6 +349,7 @@ impl Space {
             "finetune" => take!(finetune),
             "compile" => take!(compile),
             "recompute_every" => take!(recompute_every),
+            "recompute_layers" => take!(recompute_layers),
             "act_offload" => take!(act_offload),
             "act_offload_layers" => take!(act_offload_layers),
             _ => return false,
@@ -376,6 +386,7 @@ pub struct Knobs {
     pub finetune: Finetune,
     pub compile: bool,
     pub recompute_every: u64,
+    pub recompute_layers: u64,
     pub act_offload: ActOffload,
     pub act_offload_layers: u64,
 }
@@ -383,7 +394,19 @@ pub struct Knobs {
 impl std::hash::Hash for Knobs {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         // The configuration's enums are fieldless: their discriminants identify them.
-        (self.batch, self.accum, self.tp, self.pp, self.vpp, self.cp, self.ep, self.recompute_every, self.act_offload_layers).hash(state);
+        (
+            self.batch,
+            self.accum,
+            self.tp,
+            self.pp,
+            self.vpp,
+            self.cp,
+            self.ep,
+            self.recompute_every,
+            self.recompute_layers,
+            self.act_offload_layers,
+        )
+            .hash(state);
         [
             self.zero as u8,
             self.recompute as u8,
@@ -421,6 +444,7 @@ impl Knobs {
             finetune: c.finetune,
             compile: c.compile,
             recompute_every: c.recompute_every,
+            recompute_layers: c.recompute_layers,
             act_offload: c.act_offload,
             act_offload_layers: c.act_offload_layers,
         }
@@ -440,9 +464,7 @@ impl Knobs {
         c.recompute = self.recompute;
         // Megatron's block method picks among the layers full recomputation recomputes: a plan
         // that recomputes otherwise has none to pick.
-        if self.recompute != Recompute::Full {
-            c.recompute_layers = 0;
-        }
+        c.recompute_layers = if self.recompute == Recompute::Full { self.recompute_layers } else { 0 };
         c.attn = self.attn;
         c.optim = self.optim;
         c.optim_impl = self.optim_impl;
@@ -1089,6 +1111,7 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                             finetune: base.finetune,
                             compile: base.compile,
                             recompute_every: base.recompute_every,
+                            recompute_layers: base.recompute_layers,
                             act_offload: base.act_offload,
                             act_offload_layers: base.act_offload_layers,
                         };
@@ -1112,11 +1135,16 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                                             continue; // the same configuration as sp off
                                         }
                                         for &a in &attn {
-                                            for (&r, &(compile, every, act_offload, act_layers)) in
+                                            for (&r, &(compile, every, block, act_offload, act_layers)) in
                                                 recompute.iter().flat_map(|r| recipes.iter().map(move |x| (r, x)))
                                             {
                                                 if r == Recompute::Full && every > 0 {
                                                     continue; // every layer is checkpointed already
+                                                }
+                                                if block > 0
+                                                    && (r != Recompute::Full || block >= virtual_stage_layers(base.arch.layers, pp, vpp))
+                                                {
+                                                    continue; // no block to pick, or all of it: the same plan as 0
                                                 }
                                                 for &off in &offload {
                                                     for &z in &zero_here {
@@ -1141,6 +1169,7 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                                                             finetune: ft,
                                                             compile,
                                                             recompute_every: every,
+                                                            recompute_layers: block,
                                                             act_offload,
                                                             act_offload_layers: act_layers,
                                                         };
@@ -1167,25 +1196,44 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
     out
 }
 
-/// Every combination of the recipe knobs (`compile`, `recompute_every`, `act_offload`,
-/// `act_offload_layers`) the space allows, the configured-off values first. None of them is a
+/// Every combination of the recipe knobs (`compile`, `recompute_every`, `recompute_layers`,
+/// `act_offload`, `act_offload_layers`) the space allows, the configured-off values first. None of them is a
 /// memory chain: compiling can keep more (a region's saved inputs) or less, and offloading
 /// moves memory to the host at a time cost the search does not prove monotone.
-fn recipe_combinations(s: &Space) -> Vec<(bool, u64, ActOffload, u64)> {
+fn recipe_combinations(s: &Space) -> Vec<(bool, u64, u64, ActOffload, u64)> {
     let compile = sorted_dedup(&s.compile, |v| v as u8);
     let every = dedup_u64(&s.recompute_every);
+    let block = dedup_u64(&s.recompute_layers);
     let act = sorted_dedup(&s.act_offload, |a| a as u8);
     let layers = dedup_u64(&s.act_offload_layers);
-    let mut out = Vec::with_capacity(compile.len() * every.len() * act.len() * layers.len());
+    let mut out = Vec::with_capacity(compile.len() * every.len() * block.len() * act.len() * layers.len());
     for &c in &compile {
         for &e in &every {
-            for &a in &act {
-                for &l in &layers {
-                    out.push((c, e, a, l));
+            for &b in &block {
+                for &a in &act {
+                    for &l in &layers {
+                        out.push((c, e, b, a, l));
+                    }
                 }
             }
         }
     }
+    out
+}
+
+/// The block-method layer counts the default space tries on Megatron (`recompute_layers`, with
+/// full recomputation): every layer (0), and the first half and the first quarter of the
+/// model's layers — of each stage, so on pipeline stages of fewer layers the half may be all
+/// of them (then skipped as the same plan as 0). Off Megatron, 0 only (the key is Megatron's).
+/// Toy: 32 layers → 0, 16, 8.
+pub fn block_method_tries(base: &Config) -> Vec<u64> {
+    if base.framework != Framework::Megatron {
+        return vec![0];
+    }
+    let half = half_the_layers(base.arch.layers);
+    let mut out = vec![0];
+    out.extend([half, half_the_layers(half)].into_iter().filter(|&n| n > 0));
+    out.dedup();
     out
 }
 
@@ -1279,6 +1327,7 @@ pub fn benchmark_request() -> PlanRequest {
         // The recipe knobs stay off: the benchmark's space is the one its history measured.
         compile: vec![false],
         recompute_every: vec![0],
+        recompute_layers: vec![0],
         act_offload: vec![ActOffload::None],
         act_offload_layers: vec![0],
     };
@@ -1333,6 +1382,7 @@ fn knob_value(key: &str, k: &Knobs) -> String {
         "finetune" => format!("{:?}", k.finetune).to_lowercase(),
         "compile" => k.compile.to_string(),
         "recompute_every" => k.recompute_every.to_string(),
+        "recompute_layers" => k.recompute_layers.to_string(),
         "act_offload" => act_offload_name(k.act_offload).to_string(),
         "act_offload_layers" => k.act_offload_layers.to_string(),
         _ => String::new(),
@@ -1390,6 +1440,11 @@ fn describe(key: &str, k: &Knobs) -> String {
             0 => "no every-Nth-layer checkpointing".into(),
             1 => "every layer fully checkpointed".into(),
             n => format!("every {} layer fully checkpointed", ordinal(n)),
+        },
+        "recompute_layers" => match k.recompute_layers {
+            0 => "no block recomputation (every layer as recompute says)".into(),
+            1 => "full recomputation of the first layer of each pipeline stage".into(),
+            n => format!("full recomputation of the first {n} layers of each pipeline stage"),
         },
         "act_offload" => match k.act_offload {
             ActOffload::None => "no activation offloading".into(),
@@ -1510,6 +1565,14 @@ fn alternatives(key: &'static str, req: &PlanRequest, global_seqs: u64, k: &Knob
             .filter(|&&v| v != k.recompute_every && !(v > 0 && k.recompute == Recompute::Full))
             .map(|&v| with(&|x| x.recompute_every = v))
             .collect(),
+        "recompute_layers" => s
+            .recompute_layers
+            .iter()
+            .filter(|&&v| {
+                v != k.recompute_layers && k.recompute == Recompute::Full && v < virtual_stage_layers(req.base.arch.layers, k.pp, k.vpp)
+            })
+            .map(|&v| with(&|x| x.recompute_layers = v))
+            .collect(),
         "act_offload" => s.act_offload.iter().filter(|&&v| v != k.act_offload).map(|&v| with(&|x| x.act_offload = v)).collect(),
         "act_offload_layers" => {
             s.act_offload_layers.iter().filter(|&&v| v != k.act_offload_layers).map(|&v| with(&|x| x.act_offload_layers = v)).collect()
@@ -1520,10 +1583,11 @@ fn alternatives(key: &'static str, req: &PlanRequest, global_seqs: u64, k: &Knob
 }
 
 /// Every knob the explanation covers, in the order it reads.
-pub const EXPLAINED_KEYS: [&str; 18] = [
+pub const EXPLAINED_KEYS: [&str; 19] = [
     "zero",
     "recompute",
     "recompute_every",
+    "recompute_layers",
     "compile",
     "tp",
     "sp",
@@ -2302,7 +2366,7 @@ mod tests {
         assert_eq!(
             csv_header(),
             "rank,frontier,step_s_estimate,tokens_per_s_estimate,mfu_estimate,memory_bytes,headroom_bytes,batch,accum,zero,\
-             recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,compile,recompute_every,act_offload,\
+             recompute,attn,optim,optim_impl,offload,tp,pp,vpp,cp,ep,sp,finetune,compile,recompute_every,recompute_layers,act_offload,\
              act_offload_layers,query"
         );
     }

@@ -144,6 +144,7 @@ fn space_of(base: &Config, on: &[Knob]) -> Space {
         finetune: if has(Knob::Finetune) { vec![Finetune::Full, Finetune::Lora, Finetune::Qlora] } else { fixed.finetune },
         compile: if has(Knob::Compile) { open.compile } else { fixed.compile },
         recompute_every: if has(Knob::Recompute) { open.recompute_every } else { fixed.recompute_every },
+        recompute_layers: if has(Knob::Recompute) { open.recompute_layers } else { fixed.recompute_layers },
         // torchtune's hooks where the layers allow them, and Transformer Engine's per-layer
         // offloading of half the layers (Megatron's profile; the validator refuses the rest).
         act_offload: if has(Knob::ActOffload) { vec![ActOffload::None, ActOffload::Torchtune] } else { fixed.act_offload },
@@ -298,7 +299,13 @@ fn knobs_text(p: &plan::Plan) -> String {
         format!(
             "recompute {}{}",
             config::get(c, "recompute").unwrap_or_default(),
-            if k.recompute_every > 0 { format!(" + every {} full", k.recompute_every) } else { String::new() }
+            if k.recompute_every > 0 {
+                format!(" + every {} full", k.recompute_every)
+            } else if k.recompute_layers > 0 {
+                format!(" (first {} layers of each stage)", k.recompute_layers)
+            } else {
+                String::new()
+            }
         ),
         format!("tp {}{}", k.tp, if k.sp { " + sp" } else { "" }),
         format!("pp {}{}", k.pp, if k.vpp > 1 { format!(" × {} virtual", k.vpp) } else { String::new() }),
