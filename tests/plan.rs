@@ -579,3 +579,36 @@ fn on_megatron_the_search_tries_the_block_method_and_finds_what_brute_force_find
     }
     assert!(found_block > 0, "some block-method plans must fit in the capacities tried");
 }
+
+#[test]
+fn a_megatron_plan_that_recomputes_every_layer_says_why_not_only_the_first_ones() {
+    // Llama 3.1 8B at 16K tokens on 8 H100s without model parallelism: only full recomputation
+    // of every layer fits (the first 16 or 8 of 32 keep 43 GB too much).
+    let base = decode_query("model=llama-3.1-8b&framework=megatron&attn=flash&gpus=8&seq=16384&gpu=h100-80gb").config;
+    let req = PlanRequest {
+        base: base.clone(),
+        global_batch: GlobalBatch::Sequences(64),
+        space: Space {
+            recompute: vec![Recompute::None, Recompute::Full],
+            batch: vec![1],
+            tp: vec![1],
+            pp: vec![1],
+            cp: vec![1],
+            ..Space::default_for(&base)
+        },
+        assumptions: Default::default(),
+        keep: 5,
+        skip_dominated: true,
+    };
+    let result = plan::plan(req.clone()).expect("plans");
+    let top = result.plans.first().expect("a plan fits");
+    assert_eq!((top.knobs.recompute, top.knobs.recompute_layers), (Recompute::Full, 0));
+    let why = plan::explain_choice(&req, 64, &top.knobs);
+    let block = why.iter().find(|r| r.key == "recompute_layers").expect("the block method is explained");
+    assert!(
+        block.sentence.starts_with("full recomputation of every layer instead of full recomputation of the first")
+            && block.sentence.contains("does not fit"),
+        "{}",
+        block.sentence
+    );
+}

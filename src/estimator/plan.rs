@@ -1442,7 +1442,8 @@ fn describe(key: &str, k: &Knobs) -> String {
             n => format!("every {} layer fully checkpointed", ordinal(n)),
         },
         "recompute_layers" => match k.recompute_layers {
-            0 => "no block recomputation (every layer as recompute says)".into(),
+            0 if k.recompute == Recompute::Full => "full recomputation of every layer".into(),
+            0 => "no block recomputation".into(),
             1 => "full recomputation of the first layer of each pipeline stage".into(),
             n => format!("full recomputation of the first {n} layers of each pipeline stage"),
         },
