@@ -198,6 +198,22 @@ fn brute_force(req: &PlanRequest, global_seqs: u64) -> Vec<(Knobs, bool)> {
     out
 }
 
+/// `space` around `base` for `seqs` sequences a step, searched to its end with every point kept
+/// (none skipped as dominated).
+fn search_everything(base: &Config, space: Space, seqs: u64) -> (PlanRequest, Search) {
+    let req = PlanRequest {
+        base: base.clone(),
+        global_batch: GlobalBatch::Sequences(seqs),
+        space,
+        assumptions: Default::default(),
+        keep: 0,
+        skip_dominated: false,
+    };
+    let mut search = Search::new(req.clone()).expect("search");
+    while !search.step(50).done {}
+    (req, search)
+}
+
 /// Two configurations are the same plan when they differ only in the ZeRO stage with one
 /// data-parallel rank, in sequence parallelism without tensor parallelism, or in every-Nth-layer
 /// checkpointing under full recomputation.
@@ -215,19 +231,7 @@ fn the_search_finds_exactly_the_configurations_brute_force_finds_to_fit() {
     let (mut compiled, mut every_2nd) = (0, 0);
     for gib in [3.0, 5.0, 7.0, 10.0, 16.0] {
         let base = small_base(gib);
-        let req = PlanRequest {
-            base: base.clone(),
-            global_batch: GlobalBatch::Sequences(32),
-            space: small_space(),
-            assumptions: Default::default(),
-            keep: 0,
-            skip_dominated: false,
-        };
-        let search = {
-            let mut s = Search::new(req.clone()).expect("search");
-            while !s.step(50).done {}
-            s
-        };
+        let (req, search) = search_everything(&base, small_space(), 32);
         let found: HashSet<String> = search.points().iter().map(|p| format!("{:?}", canonical(p.knobs, base.gpus))).collect();
         for p in search.points() {
             assert!(peak_fits(&estimate(&p.knobs.apply(&base)).expect("valid")));
@@ -538,20 +542,7 @@ fn on_megatron_the_search_tries_the_block_method_and_finds_what_brute_force_find
             pp: vec![1, 2],
             ..Space::fixed(&base)
         };
-        let space = Space { batch: Vec::new(), ..space };
-        let req = PlanRequest {
-            base: base.clone(),
-            global_batch: GlobalBatch::Sequences(16),
-            space,
-            assumptions: Default::default(),
-            keep: 0,
-            skip_dominated: false,
-        };
-        let search = {
-            let mut s = Search::new(req.clone()).expect("search");
-            while !s.step(50).done {}
-            s
-        };
+        let (_, search) = search_everything(&base, Space { batch: Vec::new(), ..space }, 16);
         let found: HashSet<String> = search.points().iter().map(|p| format!("{:?}", p.knobs)).collect();
         let mut truth = HashSet::new();
         for pp in [1u64, 2] {
