@@ -249,6 +249,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_change_that_gives_way_drops_and_sets_keys_and_one_that_changes_nothing_is_not_tried() {
+        let pairs = |p: &[(&str, &str)]| p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        let job = pairs(&[("compile", "true"), ("compile_regions", "block"), ("framework", "torchtitan"), ("fp8", "torchao-rowwise")]);
+        assert_eq!(Yield::eager().apply(&job), Some(pairs(&[("framework", "torchtitan"), ("fp8", "torchao-rowwise")])));
+        let hf = Yield { drop: Vec::new(), set: vec![("framework", "hf".into())], then: String::new() };
+        assert_eq!(
+            hf.apply(&job),
+            Some(pairs(&[("compile", "true"), ("compile_regions", "block"), ("fp8", "torchao-rowwise"), ("framework", "hf")]))
+        );
+        assert_eq!(Yield::eager().apply(&pairs(&[("fp8", "torchao-rowwise")])), None, "nothing to drop");
+        assert_eq!(hf.apply(&pairs(&[("framework", "hf")])), None, "already so");
+    }
+
+    #[test]
     fn a_bad_value_is_reported_with_its_line_and_the_rest_is_kept() {
         let yaml = "model:\n  _component_: torchtune.models.llama3_1.llama3_1_8b\nbatch_size: lots\ngradient_accumulation_steps: 4\n";
         let imp = import(&[("a.yaml", yaml)]).expect("imports");
