@@ -40,8 +40,8 @@ pub enum CliError {
 
 const USAGE: &str = "usage:
   trainmem estimate (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
-      each command that takes --KEY VALUE also takes --query Q (a share link or its query) and
-      --import FILE (a framework's config file, as `trainmem import` reads it); its --KEY flags win over them
+      every command that takes --KEY VALUE also takes --query Q (a share link or its query) and
+      --import FILE (a framework's config file, read as `trainmem import` reads it); --KEY flags win
   trainmem step (--model ID | --hf-config PATH) [--KEY VALUE ...] [--json]
       the steady-state step op by op: every allocation and free, allocated and reserved after each (CSV)
   trainmem plan (--model ID | --hf-config PATH) --gpu ID --gpus N --seq N
@@ -376,9 +376,9 @@ const CONFIGURED: [&str; 6] = ["estimate", "step", "plan", "serve", "verify-scri
 /// import` print) and `--import FILE` (a framework's config file, read as `trainmem import`
 /// reads it; several combine as there) turned into the `--KEY VALUE` pairs they set, ahead of
 /// the other arguments, which therefore override them wherever they stand: `trainmem estimate
-/// --import job.toml --gpus 64` is the job on 64 GPUs. The page's own keys in a link (`view`, `embed`, …) are
-/// passed over; a file with a value that cannot be used is an error naming its file, line and
-/// key, as `trainmem import` reports it.
+/// --import job.toml --gpus 64` is the job on 64 GPUs. The page's own keys in a link (`view`,
+/// `embed`, …) are passed over; a file with a value that cannot be used is an error naming its
+/// file, line and key, as `trainmem import` reports it.
 pub fn expand_sources(args: &[String]) -> Result<Vec<String>, CliError> {
     let mut front: Vec<String> = Vec::new();
     let mut files: Vec<(String, String)> = Vec::new();
