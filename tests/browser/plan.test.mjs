@@ -79,6 +79,21 @@ test('a small search shows its progress, the Pareto chart, the ranked plans and 
   assert.deepEqual(problems, []);
 });
 
+test("on Megatron the search tries the block method, and such a plan's row and link carry it as the CLI ranks it", async () => {
+  const query = '?model=qwen2.5-0.5b&framework=megatron&attn=flash&gpus=8&seq=16384&gpu=h100-80gb';
+  const { page, problems } = await openPlan(query);
+  await search(page, 64);
+  const rows = await page.$$eval('[data-testid=plan-row]', (rs) => rs.map((r) => ({ rank: Number(r.dataset.rank), query: r.dataset.query, text: r.textContent })));
+  const block = rows.filter((r) => /first \d+ layers of each stage/.test(r.text));
+  assert.ok(block.length > 0, rows.map((r) => r.text).join('\n'));
+  for (const r of block) assert.match(r.query, /recompute=full.*recompute_layers=\d+|recompute_layers=\d+.*recompute=full/, r.query);
+  // The CLI's own search over the same space ranks the same plans first.
+  const csv = cli(['plan', '--model', 'qwen2.5-0.5b', '--framework', 'megatron', '--attn', 'flash', '--gpus', '8', '--seq', '16384', '--gpu', 'h100-80gb', '--global-batch', '64', '--csv', '--top', String(rows.length)]);
+  const cliBlockRanks = csv.trim().split('\n').slice(1).map((l) => l.split(',')).filter((c) => Number(c[24]) > 0).map((c) => Number(c[0]));
+  assert.deepEqual(block.map((r) => r.rank), cliBlockRanks);
+  assert.deepEqual(problems, []);
+});
+
 test('a row\'s link opens exactly that plan, which fits', async () => {
   const { page, problems } = await openPlan(SMALL);
   await search(page, 32);
