@@ -1197,9 +1197,10 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
 }
 
 /// Every combination of the recipe knobs (`compile`, `recompute_every`, `recompute_layers`,
-/// `act_offload`, `act_offload_layers`) the space allows, the configured-off values first. None of them is a
-/// memory chain: compiling can keep more (a region's saved inputs) or less, and offloading
-/// moves memory to the host at a time cost the search does not prove monotone.
+/// `act_offload`, `act_offload_layers`) the space allows, the configured-off values first. None
+/// of them is a memory chain: compiling can keep more (a region's saved inputs) or less, the
+/// block method's layers are searched beside full recomputation rather than ordered against it,
+/// and offloading moves memory to the host at a time cost the search does not prove monotone.
 fn recipe_combinations(s: &Space) -> Vec<(bool, u64, u64, ActOffload, u64)> {
     let compile = sorted_dedup(&s.compile, |v| v as u8);
     let every = dedup_u64(&s.recompute_every);
@@ -1224,16 +1225,20 @@ fn recipe_combinations(s: &Space) -> Vec<(bool, u64, u64, ActOffload, u64)> {
 /// The block-method layer counts the default space tries on Megatron (`recompute_layers`, with
 /// full recomputation): every layer (0), and the first half and the first quarter of the
 /// model's layers — of each stage, so on pipeline stages of fewer layers the half may be all
-/// of them (then skipped as the same plan as 0). Off Megatron, 0 only (the key is Megatron's).
-/// Toy: 32 layers → 0, 16, 8.
+/// of them (then skipped as the same plan as 0) — and the base's own count where it sets one.
+/// Off Megatron, 0 only (the key is Megatron's). Toy: 32 layers → 0, 16, 8; with
+/// `recompute_layers = 4` set, 0, 16, 8, 4.
 pub fn block_method_tries(base: &Config) -> Vec<u64> {
     if base.framework != Framework::Megatron {
         return vec![0];
     }
     let half = half_the_layers(base.arch.layers);
     let mut out = vec![0];
-    out.extend([half, half_the_layers(half)].into_iter().filter(|&n| n > 0));
-    out.dedup();
+    for n in [half, half_the_layers(half), base.recompute_layers] {
+        if n > 0 && !out.contains(&n) {
+            out.push(n);
+        }
+    }
     out
 }
 
@@ -1802,7 +1807,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
     // Megatron's block method: half of each virtual stage's layers recomputed (less extra
     // forward than all of them), or all of them where it recomputes some.
     if cfg.framework == Framework::Megatron {
-        let per_stage = crate::estimator::params::virtual_stage_layers(cfg.arch.layers, cfg.pp, cfg.vpp);
+        let per_stage = virtual_stage_layers(cfg.arch.layers, cfg.pp, cfg.vpp);
         if matches!(cfg.recompute, Recompute::None | Recompute::Selective) && per_stage > 1 {
             let n = half_the_layers(per_stage);
             push(
@@ -2166,6 +2171,16 @@ mod tests {
         assert!(!of(Recompute::Full).is_empty() && of(Recompute::Full).iter().all(|&n| n == 4), "{:?}", of(Recompute::Full));
         let other = [of(Recompute::None), of(Recompute::Selective)].concat();
         assert!(!other.is_empty() && other.iter().all(|&n| n == 0), "{other:?}");
+    }
+
+    #[test]
+    fn the_default_space_tries_the_block_method_on_megatron_only_with_the_bases_own_count() {
+        let megatron = Config { framework: Framework::Megatron, attn: Attention::Flash, ..Config::default() };
+        assert_eq!(block_method_tries(&megatron), [0, 16, 8], "Llama 3.1 8B's 32 layers");
+        assert_eq!(block_method_tries(&Config { recompute: Recompute::Full, recompute_layers: 4, ..megatron.clone() }), [0, 16, 8, 4]);
+        assert_eq!(block_method_tries(&Config { recompute: Recompute::Full, recompute_layers: 8, ..megatron.clone() }), [0, 16, 8]);
+        assert_eq!(block_method_tries(&Config::default()), [0], "off Megatron");
+        assert_eq!(Space::default_for(&megatron).tried("recompute_layers"), Some(3));
     }
 
     #[test]
