@@ -399,9 +399,7 @@ pub fn expand_sources(args: &[String]) -> Result<Vec<String>, CliError> {
         };
         if flag == "--query" {
             let query = value.split_once('?').map_or(value.as_str(), |(_, q)| q);
-            for pair in query.split('&').filter(|p| !p.is_empty()) {
-                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                let (k, v) = (config::percent_decode(k), config::percent_decode(v));
+            for (k, v) in config::query_pairs(query) {
                 if !config::PRESENTATION_KEYS.contains(&k.as_str()) {
                     front.extend([format!("--{k}"), v]);
                 }

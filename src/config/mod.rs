@@ -175,16 +175,22 @@ pub fn apply_pairs<'a>(cfg: &mut Config, mut pairs: Vec<(&'a str, &'a str)>) -> 
 
 /// Decodes a URL query string (with or without the leading `?`).
 pub fn decode_query(query: &str) -> Decoded {
+    let pairs = query_pairs(query);
+    decode_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// A URL query string's key/value pairs, percent-decoded, in order (with or without the leading
+/// `?`; a key without `=` has an empty value, empty pairs are skipped): what [`decode_query`]
+/// and the CLI's `--query` read.
+pub fn query_pairs(query: &str) -> Vec<(String, String)> {
     let q = query.strip_prefix('?').unwrap_or(query);
-    let pairs: Vec<(String, String)> = q
-        .split('&')
+    q.split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             (percent_decode(k), percent_decode(v))
         })
-        .collect();
-    decode_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .collect()
 }
 
 /// Resets, one at a time, each key the estimator rejects, until the whole is valid.
