@@ -75,8 +75,7 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
         .map(|e| e.key)
         .collect();
     yields.push(Yield::eager());
-    give_way(&mut last, &yields, &mut keys, &bad_values);
-    let decoded = config::decode_pairs(last.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let decoded = give_way(&mut last, &yields, &mut keys, &bad_values);
     // A setting the estimator refuses (it fell back to its default): report it on the file keys
     // that asked for it — invalid where the value itself is bad; unmodelled (the file is right,
     // the estimate keeps the default) where the combination is not modelled yet.
@@ -110,37 +109,41 @@ pub fn import_with(files: &[(&str, &str, Option<Format>)]) -> Result<Imported, I
 /// first, in `yields`' order (each file's own, then torch.compile): a change is made where it
 /// leaves fewer refusals, and the reports of the keys that set what it changes say why (the
 /// estimator's reason) and what the estimate follows instead. What is still refused after them
-/// falls back key by key as the estimator names it (`config::decode_pairs`).
-fn give_way(last: &mut Vec<(String, String)>, yields: &[Yield], keys: &mut [KeyReport], bad_values: &[String]) {
-    let refusals = |pairs: &[(String, String)]| -> Vec<config::ConfigError> {
-        config::decode_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .errors
-            .into_iter()
-            .filter(|e| !bad_values.contains(&e.key))
-            .collect()
-    };
-    let mut now = refusals(last);
+/// falls back key by key as the estimator names it (`config::decode_pairs`). Returns the
+/// decoding of the pairs it leaves in `last`.
+fn give_way(last: &mut Vec<(String, String)>, yields: &[Yield], keys: &mut [KeyReport], bad_values: &[String]) -> config::Decoded {
+    let decode = |pairs: &[(String, String)]| config::decode_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    // The estimator's refusals, as against values the configuration cannot hold.
+    let refusals = |d: &config::Decoded| d.errors.iter().filter(|e| !bad_values.contains(&e.key)).count();
+    let mut now = decode(last);
     for y in yields {
-        if now.is_empty() {
-            return;
+        if refusals(&now) == 0 {
+            break;
         }
         let Some(candidate) = y.apply(last) else { continue };
-        let after = refusals(&candidate);
-        if after.len() >= now.len() {
+        let after = decode(&candidate);
+        if refusals(&after) >= refusals(&now) {
             continue;
         }
-        let lifted = now.iter().find(|e| !after.iter().any(|a| a.key == e.key && a.reason == e.reason)).unwrap_or(&now[0]);
+        let lifted = now
+            .errors
+            .iter()
+            .filter(|e| !bad_values.contains(&e.key))
+            .find(|e| !after.errors.iter().any(|a| a.key == e.key && a.reason == e.reason))
+            .or_else(|| now.errors.iter().find(|e| !bad_values.contains(&e.key)));
+        let reason = lifted.map(|e| e.reason.as_str()).unwrap_or_default();
         let touched: Vec<&str> = y.keys().collect();
         for k in keys.iter_mut().filter(|k| k.set.split('&').any(|p| p.split('=').next().is_some_and(|key| touched.contains(&key)))) {
             let kept: Vec<&str> = k.set.split('&').filter(|p| !p.split('=').next().is_some_and(|key| touched.contains(&key))).collect();
             let instead = y.set.iter().map(|(k, v)| format!("{k}={v}"));
             k.set = kept.iter().map(|p| p.to_string()).chain(instead).filter(|p| !p.is_empty()).collect::<Vec<_>>().join("&");
             k.status = Status::Unmodelled;
-            k.note = format!("{}: {}", lifted.reason, y.then);
+            k.note = format!("{reason}: {}", y.then);
         }
         *last = candidate;
         now = after;
     }
+    now
 }
 
 /// A configuration with an import applied on top (the page's "import into what I have").
