@@ -1141,10 +1141,8 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                                                 if r == Recompute::Full && every > 0 {
                                                     continue; // every layer is checkpointed already
                                                 }
-                                                if block > 0
-                                                    && (r != Recompute::Full || block >= virtual_stage_layers(base.arch.layers, pp, vpp))
-                                                {
-                                                    continue; // no block to pick, or all of it: the same plan as 0
+                                                if !block_is_its_own_plan(block, r, base.arch.layers, pp, vpp) {
+                                                    continue;
                                                 }
                                                 for &off in &offload {
                                                     for &z in &zero_here {
@@ -1220,6 +1218,14 @@ fn recipe_combinations(s: &Space) -> Vec<(bool, u64, u64, ActOffload, u64)> {
         }
     }
     out
+}
+
+/// Whether `recompute_layers = n` under `recompute` on a model of `layers` split over `pp` ×
+/// `vpp` is a plan of its own: 0 always; a count only under full recomputation (the block picks
+/// among the layers it recomputes) and below a virtual stage's layers (at or above them it is
+/// full recomputation of every layer, the plan with 0).
+fn block_is_its_own_plan(n: u64, recompute: Recompute, layers: u64, pp: u64, vpp: u64) -> bool {
+    n == 0 || (recompute == Recompute::Full && n < virtual_stage_layers(layers, pp, vpp))
 }
 
 /// The block-method layer counts the default space tries on Megatron (`recompute_layers`, with
@@ -1575,7 +1581,9 @@ fn alternatives(key: &'static str, req: &PlanRequest, global_seqs: u64, k: &Knob
             .recompute_layers
             .iter()
             .filter(|&&v| {
-                v != k.recompute_layers && k.recompute == Recompute::Full && v < virtual_stage_layers(req.base.arch.layers, k.pp, k.vpp)
+                v != k.recompute_layers
+                    && k.recompute == Recompute::Full
+                    && block_is_its_own_plan(v, k.recompute, req.base.arch.layers, k.pp, k.vpp)
             })
             .map(|&v| with(&|x| x.recompute_layers = v))
             .collect(),

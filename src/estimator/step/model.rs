@@ -1233,8 +1233,8 @@ pub fn eager(cfg: &Config) -> bool {
 /// `recompute_method == 'block'`: `layer_idx < recompute_num_layers` over the
 /// `num_layers_per_pipeline_rank = len(self.layers)` of each model chunk's `TransformerBlock`
 /// (all of them when N is larger), a chunk here being [`virtual_stage_layers`] consecutive
-/// layers of the stage's program (interleaving places a stage's chunks apart in the model; their sizes are
-/// equal). Under FP8 Megatron moves the window past layers whose input needs no gradient; the
+/// layers of the stage's program (interleaving places a stage's chunks apart in the model;
+/// their sizes are equal). Under FP8 Megatron moves the window past layers whose input needs no gradient; the
 /// first stage's embedding output needs one, so nothing moves in full training.
 pub fn checkpointed_alone(cfg: &Config, i: usize, local: usize) -> bool {
     if cfg.recompute_layers > 0 {
