@@ -1138,8 +1138,8 @@ fn enumerate(req: &PlanRequest, global_seqs: u64) -> Vec<Group> {
                                             for (&r, &(compile, every, block, act_offload, act_layers)) in
                                                 recompute.iter().flat_map(|r| recipes.iter().map(move |x| (r, x)))
                                             {
-                                                if r == Recompute::Full && every > 0 {
-                                                    continue; // every layer is checkpointed already
+                                                if !every_is_its_own_plan(every, r) {
+                                                    continue;
                                                 }
                                                 if !block_is_its_own_plan(block, r, base.arch.layers, pp, vpp) {
                                                     continue;
@@ -1218,6 +1218,13 @@ fn recipe_combinations(s: &Space) -> Vec<(bool, u64, u64, ActOffload, u64)> {
         }
     }
     out
+}
+
+/// Whether `recompute_every = n` under `recompute` is a plan of its own: 0 always; every Nth
+/// layer checkpointed whole only where `recompute` does not checkpoint every layer already
+/// (under full recomputation it is the plan with 0).
+fn every_is_its_own_plan(n: u64, recompute: Recompute) -> bool {
+    n == 0 || recompute != Recompute::Full
 }
 
 /// Whether `recompute_layers = n` under `recompute` on a model of `layers` split over `pp` ×
@@ -1574,7 +1581,7 @@ fn alternatives(key: &'static str, req: &PlanRequest, global_seqs: u64, k: &Knob
         "recompute_every" => s
             .recompute_every
             .iter()
-            .filter(|&&v| v != k.recompute_every && !(v > 0 && k.recompute == Recompute::Full))
+            .filter(|&&v| v != k.recompute_every && every_is_its_own_plan(v, k.recompute))
             .map(|&v| with(&|x| x.recompute_every = v))
             .collect(),
         "recompute_layers" => s
@@ -2179,6 +2186,23 @@ mod tests {
         assert!(!of(Recompute::Full).is_empty() && of(Recompute::Full).iter().all(|&n| n == 4), "{:?}", of(Recompute::Full));
         let other = [of(Recompute::None), of(Recompute::Selective)].concat();
         assert!(!other.is_empty() && other.iter().all(|&n| n == 0), "{other:?}");
+    }
+
+    #[test]
+    fn every_nth_layer_and_the_block_method_are_plans_of_their_own_only_where_they_change_what_is_recomputed() {
+        // Every 2nd layer checkpointed whole: a plan beside none, op and selective, not beside
+        // full (every layer is already).
+        for r in [Recompute::None, Recompute::Selective, Recompute::Op] {
+            assert!(every_is_its_own_plan(2, r), "{r:?}");
+        }
+        assert!(!every_is_its_own_plan(2, Recompute::Full));
+        assert!(every_is_its_own_plan(0, Recompute::Full));
+        // The block method: 32 layers over pp 2 are stages of 16; 8 of them is a plan, 16 is
+        // every layer (the plan with 0), and without full recomputation no count is.
+        assert!(block_is_its_own_plan(8, Recompute::Full, 32, 2, 1));
+        assert!(!block_is_its_own_plan(16, Recompute::Full, 32, 2, 1));
+        assert!(!block_is_its_own_plan(8, Recompute::None, 32, 2, 1));
+        assert!(block_is_its_own_plan(0, Recompute::None, 32, 2, 1));
     }
 
     #[test]

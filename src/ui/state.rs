@@ -195,9 +195,8 @@ impl Change {
         let (kind, rest) = text.split_once('\n').map_or((text, None), |(k, r)| (k, Some(r)));
         let pd = config::percent_decode;
         Some(match (kind, rest) {
-            ("keys", Some(r)) => Change::Keys(
-                r.split('&').filter(|p| !p.is_empty()).filter_map(|p| p.split_once('=')).map(|(k, v)| (pd(k), pd(v))).collect(),
-            ),
+            // The page's own splitter: a pair without `=` is the key with an empty value.
+            ("keys", Some(r)) => Change::Keys(config::query_pairs(r)),
             ("config", Some(r)) => Change::Config(pd(r)),
             ("state", Some(r)) => Change::State(pd(r)),
             ("compare", r) => Change::Compare(r.map(pd)),

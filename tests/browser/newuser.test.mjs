@@ -133,6 +133,29 @@ test('a fix that leaves under 2 % to spare or still does not fit is said, and th
   assert.deepEqual(problems, []);
 });
 
+test('where no single change makes it fit, the answers say so and lead to the planner', async () => {
+  // Llama 3.1 70B, full fine-tune, 8 × H100 with FSDP at 8K: 141 GB of sharded states a GPU, and
+  // activations that more GPUs do not shrink — no one change fits.
+  const query = 'model=llama-3.1-70b&gpus=8&zero=full_shard&seq=8192';
+  const { page, problems } = await openPage(browser, `${server.base}?${query}`);
+  await page.waitForSelector('[data-testid=fixes-none]');
+  assert.equal((await verdictOf(page)).fits, 'false');
+  assert.equal(await page.$('[data-testid=fix-0]'), null, 'no single fix is offered');
+  assert.match(await page.textContent('[data-testid=fixes-none]'), /No single change makes it fit/);
+  await page.click('[data-testid=fixes-plan]');
+  // The planner opens (its module fetched), in view, for this configuration's global batch.
+  await page.waitForSelector('[data-testid=plan-run]');
+  const box = await page.$eval('[data-panel=plan]', (e) => { const r = e.getBoundingClientRect(); return { top: r.top, height: innerHeight }; });
+  assert.ok(box.top >= -1 && box.top < box.height, `the planner is in view: ${JSON.stringify(box)}`);
+  assert.equal(await page.inputValue('[data-testid=plan-global]'), '8');
+  // A course page that leaves the planner out says where combinations are searched instead.
+  const { page: p2, problems: problems2 } = await openPage(browser, `${server.base}?${query}&sections=verdict,answers`);
+  await p2.waitForSelector('[data-testid=fixes-none]');
+  assert.equal(await p2.$('[data-testid=fixes-plan]'), null);
+  assert.match(await p2.textContent('[data-testid=fixes-none]'), /full page's planner/);
+  assert.deepEqual([...problems, ...problems2], []);
+});
+
 test('the search finds models by what people type, Enter and ArrowDown+Enter select, and an empty search says so', async () => {
   const { page, problems } = await openPage(browser, server.base);
   const ids = () => page.$$eval('#in-model option', (os) => os.map((o) => o.value));

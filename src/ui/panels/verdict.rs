@@ -34,6 +34,7 @@ use crate::plots::zero_label;
 use crate::ui::analysis::{use_answers, Answers};
 use crate::ui::dom;
 use crate::ui::html::esc;
+use crate::ui::layout::{Layout, Panel};
 use crate::ui::state::{gpu_of, use_store, Applied, GpuChoice};
 use crate::words;
 use leptos::prelude::*;
@@ -225,13 +226,14 @@ fn answers_html(a: &Found, cfg: &Config) -> String {
 }
 
 /// The cheapest single changes that make the configuration fit, as buttons (nothing when it
-/// fits).
-fn fixes_html(fixes: &[FoundFix], error: Option<&str>, unit: Unit) -> String {
+/// fits). When it does not fit and no single change makes it, that is said, with a button to
+/// the planner where the page has one (`plan`: it searches combinations of changes).
+fn fixes_html(fixes: &[FoundFix], error: Option<&str>, unit: Unit, fits: bool, plan: bool) -> String {
     if let Some(e) = error {
         return format!("<p class=\"hint\" data-testid=\"fixes-error\">No change ranked: {}</p>", esc(e));
     }
     if fixes.is_empty() {
-        return String::new();
+        return if fits { String::new() } else { no_single_fix_html(plan) };
     }
     let mut s = String::from(
         "<h3 id=\"fixes-h\">Cheapest changes that make it fit</h3><p class=\"hint\">Each is one change; its cost is the change in executed FLOPs per step and in the cost model's estimated step time (an estimate).</p><ul data-testid=\"fixes\" aria-labelledby=\"fixes-h\">",
@@ -254,6 +256,37 @@ fn fixes_html(fixes: &[FoundFix], error: Option<&str>, unit: Unit) -> String {
     }
     s.push_str("</ul>");
     s
+}
+
+/// What the answers say when the configuration does not fit and no single change makes it
+/// (a 70B full fine-tune on 8 × 80 GB at 8K: the sharded states alone exceed the card, and
+/// more GPUs do not shrink the activations): combined changes are the planner's, so the line
+/// leads there, with a button that opens it where the page places it.
+fn no_single_fix_html(plan: bool) -> String {
+    let lead = "No single change makes it fit: it takes several at once (more GPUs with recomputation, sharding, offloading or a smaller micro-batch).";
+    if plan {
+        format!(
+            "<p class=\"hint\" data-testid=\"fixes-none\">{lead} <button type=\"button\" class=\"answer\" data-open-plan=\"\" data-testid=\"fixes-plan\">Search combinations in the planner</button></p>"
+        )
+    } else {
+        format!("<p class=\"hint\" data-testid=\"fixes-none\">{lead} The full page's planner searches combinations of changes.</p>")
+    }
+}
+
+/// Opens the planner (fetching its module) and brings it into view, its heading focused so
+/// that a keyboard or screen-reader user lands where the button sent them.
+fn open_plan(more: crate::ui::lazy::More) {
+    more.request(crate::ui::lazy::Lazy::Plan);
+    let Some(doc) = web_sys::window().and_then(|w| w.document()) else { return };
+    if let Ok(Some(section)) = doc.query_selector("[data-panel=plan]") {
+        section.scroll_into_view();
+    }
+    if let Some(h) = doc.get_element_by_id("plan-h") {
+        let _ = h.set_attribute("tabindex", "-1");
+        if let Ok(h) = h.dyn_into::<web_sys::HtmlElement>() {
+            let _ = h.focus();
+        }
+    }
 }
 
 #[component]
@@ -369,6 +402,17 @@ pub fn Answers() -> impl IntoView {
         });
         due.then(|| store.config.with(|c| next_changes(&key_of(c), 3)))
     });
+    // Whether the configuration fits, as the verdict says (no fixes are offered when it does).
+    let fits =
+        Memo::new(move |_| store.estimate.with(|e| e.as_ref().map_or(true, |e| store.config.with(|c| words::verdict(e, c, "").fits))));
+    let more = crate::ui::lazy::use_more();
+    // Whether this page places the planner (a course page or an embed may leave it out).
+    let plan_placed = store.course.with_value(|s| {
+        Layout::course(s, store.embed, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some))
+            .0
+            .results
+            .contains(&Panel::Plan)
+    });
     // While a reply is due the panel keeps what it shows (the same text: no new HTML to parse
     // and lay out); the reply, or a change that needs none (the unit), renders it again.
     let shown = StoredValue::new(String::new());
@@ -384,7 +428,7 @@ pub fn Answers() -> impl IntoView {
                     // After a change that did not keep its promise, only changes checked as the
                     // verdict is are offered.
                     Some(n) => s.push_str(&n),
-                    None => s.push_str(&fixes_html(&f.fixes, f.fixes_error.as_deref(), c.unit)),
+                    None => s.push_str(&fixes_html(&f.fixes, f.fixes_error.as_deref(), c.unit, fits.get(), plan_placed)),
                 }
                 s
             })
@@ -415,6 +459,10 @@ pub fn Answers() -> impl IntoView {
             if let Some(n) = next.with_untracked(|n| n.as_ref().and_then(|n| n.get(i).cloned())) {
                 let _ = store.apply_promised(n.label, Some(n.headroom), &n.pairs);
             }
+            return;
+        }
+        if attr("data-open-plan").is_some() {
+            open_plan(more);
             return;
         }
         if let Some((k, v)) = attr("data-apply").as_deref().and_then(|a| a.split_once('=')) {
