@@ -709,7 +709,11 @@ fn render_fixes(base: &Config, fixes: &[plan::Fix], output: PlanOutput) -> Strin
     let mut s = String::new();
     if fixes.is_empty() {
         let fits = crate::estimator::analyse(base).is_ok_and(|a| a.verdict.fits);
-        s.push_str(if fits { "it fits already\n" } else { "no single change makes it fit\n" });
+        s.push_str(if fits {
+            "it fits already\n"
+        } else {
+            "no single change makes it fit: `trainmem plan` without --fix searches combinations of changes\n"
+        });
         return s;
     }
     s.push_str("the cheapest single changes that make it fit (step time is an estimate):\n");

@@ -116,6 +116,15 @@ fn plan_fix_lists_the_cheapest_changes_that_make_it_fit() {
 }
 
 #[test]
+fn plan_fix_says_when_no_single_change_fits_and_where_combinations_are_searched() {
+    // Llama 3.1 70B in full on 8 H100s with FSDP at 8K: 141 GB of sharded states a GPU, and
+    // activations more GPUs do not shrink — no single change of the list fits.
+    let (code, out, err) = trainmem(&["plan", "--fix", "--model", "llama-3.1-70b", "--seq", "8192", "--zero", "full_shard", "--gpus", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("no single change makes it fit: `trainmem plan` without --fix searches combinations"), "{out}");
+}
+
+#[test]
 fn a_global_batch_that_is_not_whole_sequences_names_the_key() {
     let (code, _, err) = trainmem(&["plan", "--gpus", "8", "--seq", "3000", "--global-batch-tokens", "1m"]);
     assert_eq!(code, 1);
