@@ -4,8 +4,8 @@
 
 use serde_json::Value;
 use std::path::Path;
-use trainmem::estimator::hf::fields::python_json;
 use trainmem::estimator::hf::import_json;
+use trainmem::estimator::hf_fields::python_json;
 
 fn fixtures() -> Vec<Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");

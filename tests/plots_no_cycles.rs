@@ -63,7 +63,7 @@ fn references(path: &Path, modules: &BTreeSet<String>) -> BTreeSet<String> {
         let lead = rest[line_start..i].trim();
         let end = rest[i..].find(';').map_or(rest.len(), |e| i + e);
         if lead.is_empty() || lead == "pub" || lead.starts_with("pub(") {
-            let body: String = rest[i + 4..end].chars().filter(|c| !c.is_whitespace()).collect();
+            let body: String = without_renames(&rest[i + 4..end]).chars().filter(|c| !c.is_whitespace()).collect();
             expand(&body, &mut paths);
         }
         rest = &rest[(i + 4).min(end.max(i + 4))..];
@@ -102,6 +102,25 @@ fn references(path: &Path, modules: &BTreeSet<String>) -> BTreeSet<String> {
                 break;
             }
         }
+    }
+    out
+}
+
+/// A `use` body without its renames: `a::b as c` is `a::b`, `a::{self as b, C}` is `a::{self, C}`
+/// (the path is what is imported; the alias is only its local name).
+fn without_renames(body: &str) -> String {
+    let mut out = String::new();
+    let mut words = body.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "as" {
+            // The alias: drop its name, keep what follows it (`,` or `}`).
+            if let Some(alias) = words.next() {
+                out.push_str(alias.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_'));
+            }
+            continue;
+        }
+        out.push(' ');
+        out.push_str(w);
     }
     out
 }
@@ -221,6 +240,16 @@ fn the_modules_of_ui_bench_plots_and_the_estimator_import_each_other_without_a_c
         assert!(g.len() > 5, "{area}: {} modules found", g.len());
         assert_eq!(cycle(&g), None, "{area}: an import cycle");
     }
+}
+
+#[test]
+fn a_renamed_import_names_the_module_it_imports_not_its_alias() {
+    assert_eq!(without_renames("crate::estimator::hf_writer as writer").trim(), "crate::estimator::hf_writer");
+    let mut out = Vec::new();
+    let body: String =
+        without_renames("crate::estimator::hf_fields::{self as fields, Fields, HfError}").chars().filter(|c| !c.is_whitespace()).collect();
+    expand(&body, &mut out);
+    assert_eq!(out, ["crate::estimator::hf_fields::self", "crate::estimator::hf_fields::Fields", "crate::estimator::hf_fields::HfError"]);
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use trainmem::config::{self, Config};
-use trainmem::estimator::hf::fields::python_json;
 use trainmem::estimator::hf_export::{self, export};
+use trainmem::estimator::hf_fields::python_json;
 use trainmem::estimator::{hf, presets};
 use trainmem::verify::{self, CUDA_ONLY, FIELDS, OFFLOAD_ONLY};
 

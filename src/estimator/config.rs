@@ -4,7 +4,7 @@
 //! the estimator depends on nothing else of ours.
 
 use super::model::ModelSpec;
-use super::presets::base::{default_spec, DEFAULT_PRESET};
+use super::preset_base::{default_spec, DEFAULT_PRESET};
 use serde::{Deserialize, Serialize};
 
 /// Data types of the precision recipe (`precision`).
@@ -483,7 +483,7 @@ pub struct Config {
     pub unit: Unit,
     /// Serving: the engine, context, concurrency and served dtypes (`mode=serve`).
     #[serde(default)]
-    pub serve: super::serve::settings::Serving,
+    pub serve: super::serve_config::Serving,
     /// FP8 training recipe.
     #[serde(default)]
     pub fp8: Fp8,
@@ -648,7 +648,7 @@ impl Default for Config {
             prefetch_layers: 2,
             bucket_view: false,
             unit: Unit::Gb,
-            serve: super::serve::settings::Serving::default(),
+            serve: super::serve_config::Serving::default(),
             fp8: Fp8::None,
             fp8_allgather: false,
             fp8_recompute_weight: false,

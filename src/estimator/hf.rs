@@ -14,7 +14,7 @@
 //!
 //! This file is the flow: the `model_type` names a family ([`Family::from_model_type`], or one of
 //! a family's aliases or multimodal wrappers), whose `Modeling::import` reads the keys
-//! (`step/families/<family>.rs`) with the shared readers of [`fields`].
+//! (`step/families/<family>.rs`) with the shared readers of [`hf_fields`](crate::estimator::hf_fields).
 
 use super::family::Family;
 use super::model::ModelSpec;
@@ -22,9 +22,7 @@ use super::step::families::config_file;
 use serde_json::Value;
 use std::sync::LazyLock;
 
-pub mod fields;
-
-pub use fields::{Fields, HfError};
+pub use crate::estimator::hf_fields::{Fields, HfError};
 
 /// The `model_type`s the importer reads, family by family (`Family::ALL`'s order): each
 /// family's own, its aliases, and the multimodal wrappers of its language model.
@@ -82,9 +80,9 @@ impl Imported {
 }
 
 /// Parses a config.json text, as Python's `json` writes it (`Infinity`, `-Infinity` and `NaN`
-/// included: [`fields::python_json`]).
+/// included: [`crate::estimator::hf_fields::python_json`]).
 pub fn import_json(text: &str) -> Result<Imported, HfError> {
-    let v: Value = serde_json::from_str(&fields::python_json(text)?).map_err(|e| HfError::Json(e.to_string()))?;
+    let v: Value = serde_json::from_str(&crate::estimator::hf_fields::python_json(text)?).map_err(|e| HfError::Json(e.to_string()))?;
     import_value(&v)
 }
 
@@ -236,10 +234,10 @@ mod tests {
         let plain = import_json(&format!("{{{base}}}")).map(|m| m.spec);
         let python = format!(r#"{{{base}, "time_step_limit": [0.0, Infinity], "lo": -Infinity, "x": {{"y": NaN}}, "s": "NaN: Infinity"}}"#);
         assert_eq!(import_json(&python).map(|m| m.spec), plain);
-        let v: Value = serde_json::from_str(&fields::python_json(&python).expect("reads")).expect("standard JSON");
+        let v: Value = serde_json::from_str(&crate::estimator::hf_fields::python_json(&python).expect("reads")).expect("standard JSON");
         assert_eq!(v["time_step_limit"][1], "Infinity");
         assert_eq!(v["s"], "NaN: Infinity", "strings are left as they are");
-        assert_eq!(fields::python_float("-Infinity"), Some(f64::NEG_INFINITY));
+        assert_eq!(crate::estimator::hf_fields::python_float("-Infinity"), Some(f64::NEG_INFINITY));
         for (bad, key) in [("0x10", "hidden_act"), ("inf", "time_step_limit"), ("1.", "rope_theta"), ("+1", "rope_theta"), (".5", "a")] {
             let json = format!(r#"{{{base}, "{key}": [1, {bad}]}}"#);
             let err = import_json(&json).err();
@@ -372,7 +370,7 @@ mod tests {
     #[test]
     fn non_standard_numbers_anywhere_in_a_config_are_read_or_refused_by_key() {
         let tokens = ["Infinity", "-Infinity", "NaN", "0.0", "-1e5", "true", "null", "inf", "nan", "1.", "-", "Infinityx", "0x1F", "+2"];
-        let python = |t: &str| fields::python_float(t).is_some();
+        let python = |t: &str| crate::estimator::hf_fields::python_float(t).is_some();
         let json_ok = |t: &str| serde_json::from_str::<Value>(t).is_ok();
         for a in tokens {
             for b in tokens {
@@ -381,7 +379,7 @@ mod tests {
                 {
                     let text = format!(r#"{{"model_type": "llama", "vocab_size": 10, "time_step_limit": {form}}}"#);
                     let standard = used.iter().all(|t| python(t) || json_ok(t));
-                    match fields::python_json(&text) {
+                    match crate::estimator::hf_fields::python_json(&text) {
                         Ok(out) => {
                             assert!(standard, "{text}");
                             assert!(serde_json::from_str::<Value>(&out).is_ok(), "{text} -> {out}");

@@ -9,7 +9,7 @@
 //!
 //! It is the spec's family ([`ModelSpec::family`], decided by the importer, a preset or the link):
 //! each family's `Modeling::export` (`step/families/<family>.rs`, with the shared writers of
-//! [`writer`]) puts every field of the spec into the keys that type's
+//! [`hf_writer`](crate::estimator::hf_writer)) puts every field of the spec into the keys that type's
 //! configuration class reads (transformers 5.24, `models/<type>/configuration_<type>.py`) — and
 //! only those: a key the class ignores would make the round trip below pass while transformers
 //! built something else. The file is accepted only if the importer reads it back into a spec
@@ -34,8 +34,6 @@ use super::hf;
 use super::model::{LayerRule, ModelSpec, WindowKind};
 use super::step::families::config_file;
 use serde_json::Value;
-
-pub mod writer;
 
 /// The model types [`to_config_json`] can write: every family's.
 pub fn exportable() -> impl Iterator<Item = &'static str> {

@@ -1,7 +1,7 @@
 //! The ledger: one row per memory component, each with its bytes, its formula and its source.
 
 use super::expr::{Expr, Sym};
-use super::step::part::Part;
+use super::part::Part;
 use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use std::borrow::Cow;

@@ -12,7 +12,7 @@ use super::ledger::{Bytes, Category, Row, RowId};
 use super::model::Part;
 use super::params::{LocalGroup, Role};
 use super::precision::Recipe;
-use super::sharding::Sharding;
+use super::sharding::{head_unit, Sharding};
 use super::statics::NF4_ELEMENTS_PER_BYTE;
 use std::borrow::Cow;
 
@@ -279,72 +279,6 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
             "assumption (prefetch_layers): the layer computing plus the one prefetched"
         }),
     )
-}
-
-/// The reduce dtype of torchtitan's FSDP2 `MixedPrecisionPolicy`: fp32, 4 B an element
-/// (torchtitan 0.2.2 `config/job_config.py`: `mixed_precision_reduce: Literal["float32"]`).
-pub const TORCHTITAN_REDUCE_BYTES: u64 = 4;
-
-/// FSDP2's `[norm, output]` unit as torchtitan 0.2.2 wraps it, on a stage with the head: what
-/// it holds beyond the sharded parameters and gradients (validation/FINDINGS.md §13.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeadUnit {
-    /// U: the unsharded final norm and output weight in the parameter dtype — all-gathered
-    /// before the final norm's forward, kept through the loss (`reshard_after_forward=False`)
-    /// to the unit's `post_backward_reshard`, after the final norm's backward.
-    pub params: Bytes,
-    /// G: the output weight's unsharded gradient in the parameter dtype — made by the head's
-    /// backward `mm`, freed by the unit's `post_backward_reduce` once copied into its input.
-    pub grad: Bytes,
-    /// R: that reduce's fp32 reduce-scatter input, every trainable tensor of the unit padded
-    /// on dim 0 to a multiple of the shard group.
-    pub reduce_input: Bytes,
-}
-
-/// Whether FSDP2 wraps `[model.norm, model.output]` as one unit kept gathered after forward:
-/// `framework = torchtitan` (0.2.2 `models/llama3/infra/parallelize.py apply_fsdp`:
-/// `fully_shard([model.norm, model.output], reshard_after_forward=reshard_after_forward_policy
-/// == "always")`, the policy `default`) under FSDP's full or hybrid sharding (torchtitan's
-/// HSDP runs the same `apply_fsdp` on a 2-D mesh) with the parameters split.
-pub fn has_head_unit(cfg: &Config) -> bool {
-    use super::config::{Framework, Zero};
-    cfg.framework == Framework::Torchtitan
-        && matches!(cfg.zero, Zero::FullShard | Zero::HybridShard)
-        && Sharding::of(cfg).splits(super::sharding::PARAMETERS_FROM)
-}
-
-/// [`HeadUnit`] of a stage whose tensors are `groups` (`None` without the unit or the head):
-///
-/// - U = (n_out + n_norm) · b_w,
-/// - G = n_out · b_w (a trainable output weight; 0 when frozen or tied to the embedding, whose
-///   own unit holds it),
-/// - R = Σ_trainable ⌈d0 / n⌉ · n · (numel / d0) · 4,
-///
-/// with n_out, n_norm the output weight's and the final norm's elements on this GPU (the
-/// output split over tensor parallelism by vocabulary, the norm replicated), b_w the parameter
-/// dtype's bytes (`MixedPrecisionPolicy.param_dtype`: bf16 under mixed precision), n the shard
-/// group, d0 a tensor's first dim. Sources: torch 2.15 `distributed/fsdp/_fully_shard/
-/// _fsdp_param_group.py` (`post_backward`: reshard, then `foreach_reduce`), `_fsdp_collectives.py
-/// foreach_reduce` (the reduce-scatter input in `reduce_dtype`, the unsharded gradients cleared
-/// after the copy-in), `_fsdp_param.py` (dim-0 padding). Measured on 2 CPU ranks
-/// (`tests/fixtures/pytorch/fsdp/units.json`): U = 524,416 B, G = 524,288 B, R = 1,048,832 B.
-pub fn head_unit(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<HeadUnit> {
-    if !has_head_unit(cfg) {
-        return None;
-    }
-    let n = Sharding::of(cfg).n.max(1) as u128;
-    let w = recipe.weight.bytes() as u128;
-    let ends = || groups.iter().filter(|g| matches!(g.group.part, Part::FinalNorm | Part::LmHead) && !g.adapter);
-    ends().next()?;
-    let numel = |g: &LocalGroup| g.group.numel() as u128 * g.group.count.max(1) as u128;
-    let params = ends().map(|g| numel(g) * w).sum();
-    let grad = ends().filter(|g| g.group.part == Part::LmHead && g.role == Role::Trainable).map(|g| numel(g) * w).sum();
-    let padded = |g: &LocalGroup| {
-        let d0 = g.group.shape.first().copied().unwrap_or(1).max(1) as u128;
-        d0.div_ceil(n) * n * (numel(g) / d0)
-    };
-    let reduce_input = ends().filter(|g| g.role == Role::Trainable).map(|g| padded(g) * TORCHTITAN_REDUCE_BYTES as u128).sum();
-    Some(HeadUnit { params, grad, reduce_input })
 }
 
 const U_HEAD: Sym = Sym::new("U", "head", "the [norm, output] unit's unsharded parameters (parameter dtype)");

@@ -8,14 +8,12 @@
 //! where the importer test reads them too and checks that the import equals the preset).
 //!
 //! Each family's presets are its `Modeling::presets` (`step/families/<family>.rs`), built from
-//! the shared constructors of [`base`]; this file lists them all.
+//! the shared constructors of [`preset_base`](crate::estimator::preset_base); this file lists them all.
 
 use super::family::Family;
 use super::step::families::modeling;
 
-pub mod base;
-
-pub use base::{default_spec, Preset, DEFAULT_PRESET};
+pub use super::preset_base::{default_spec, Preset, DEFAULT_PRESET};
 
 /// Every preset, in the order the picker lists them ([`Preset::order`]; every family's
 /// `Modeling::presets`).

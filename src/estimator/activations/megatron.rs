@@ -4,9 +4,9 @@ use super::super::config::{Attention, Recompute};
 use super::super::expr::Expr;
 use super::super::model::MlpKind;
 use super::super::precision::BOOL_BYTES;
-use super::ctx::{Ctx, A, B, D, E, F, F_E, H, KV, K_TOP, P, S, S_KV, V};
 use super::terms::Terms;
-use crate::estimator::step::part::Part;
+use crate::estimator::ctx::{Ctx, A, B, D, E, F, F_E, H, KV, K_TOP, P, S, S_KV, V};
+use crate::estimator::part::Part;
 
 /// Megatron-LM's tensor list (Korthikanti et al. 2022, §4.1, generalized to GQA, gated MLPs and
 /// flash attention), per layer:

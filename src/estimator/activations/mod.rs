@@ -9,22 +9,21 @@
 //! validation harness (`validation/FINDINGS.md`). The `framework = megatron` profile follows
 //! Korthikanti et al. 2022, §4.1 instead.
 //!
-//! Symbols ([`ctx::Q`]): b micro-batch, s tokens per sequence on this GPU (s / cp), h hidden, a
+//! Symbols ([`crate::estimator::ctx::Q`]): b micro-batch, s tokens per sequence on this GPU (s / cp), h hidden, a
 //! heads, k key/value heads, d head dim, f MLP intermediate, V vocabulary, L layers on this GPU,
 //! p bytes per compute element (2 in bf16), p_r bytes of the residual stream (4 under autocast),
 //! E experts, K experts per token, r LoRA rank, t tensor-parallel degree.
 //!
 //! Layout: [`activations`] reads the kept tensors of the step's programs (`step::ledger`);
 //! [`megatron`] is the other profile; [`textbook`] the closed formulas of the literature for
-//! comparison; [`ctx`] the symbols.
+//! comparison; the symbols are [`crate::estimator::ctx`]'s (shared with `step`).
 
-pub mod ctx;
 pub mod megatron;
 pub mod saved;
 pub mod terms;
 pub mod textbook;
 
-pub use crate::estimator::step::part::Part;
+pub use crate::estimator::part::Part;
 pub use saved::*;
 pub use terms::{PartTerms, Terms};
 pub use textbook::{eager_score_bytes, textbook_differences, textbook_rows};

@@ -2,16 +2,16 @@
 //! program of the step (transformers' code) or Megatron's profile (see the module doc of
 //! `activations`).
 
-use super::ctx::{Ctx, Values, L, L_DENSE, L_MOE, L_NOPE, L_ROPE, M};
 use super::megatron;
 use super::terms::Terms;
 use crate::estimator::config::{Config, Kernels};
+use crate::estimator::ctx::{Ctx, Values, L, L_DENSE, L_MOE, L_NOPE, L_ROPE, M};
 use crate::estimator::expr::{Expr, Sym};
 use crate::estimator::ledger::{Bytes, Category, Row, RowId};
 use crate::estimator::params::Stage;
 use crate::estimator::precision::{Dtype, Recipe};
 
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// What one GPU keeps for backward, and the numbers the step simulation needs.
 #[derive(Clone, Debug, PartialEq)]

@@ -2,7 +2,7 @@
 //! kind and for the model's ends (what the HF and Megatron profiles both fill).
 
 use crate::estimator::expr::{Expr, Sym};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// Accumulates terms by part, for one decoder layer and for the model's ends.
 #[derive(Default)]

@@ -7,7 +7,7 @@ use super::super::expr::{Expr, Sym};
 use super::super::ledger::{Bytes, Category, Row, RowId};
 use super::super::model::{Activation, MlpKind, NormKind};
 use super::super::precision::{Dtype, FP32_BYTES};
-use super::ctx::{A, B, H, L};
+use crate::estimator::ctx::{A, B, H, L};
 
 /// The closed formulas the seed material teaches, for the same configuration, to set beside the
 /// exact accounting.

@@ -11,7 +11,7 @@ use super::budget::{cuda_graph_bytes, fraction_of, sglang_default_fraction, torc
 use super::dtype::Format;
 use super::kv::{per_token_bytes, state_bytes, transformers_bytes, Count, PagedError, PagedLayout, StateFormat};
 use super::layers::{kv_layers, KvLayer, LayoutError};
-use super::settings::{Engine, KvDtype, VLLM_MAX_NUM_BATCHED_TOKENS};
+use crate::estimator::serve_config::{Engine, KvDtype, VLLM_MAX_NUM_BATCHED_TOKENS};
 use serde::Serialize;
 
 /// The longest context any answer considers (16 M tokens).
@@ -561,7 +561,7 @@ pub fn size(cfg: &Config) -> Result<Sized, ServeError> {
     Ok(Sized { pool, cell, weights, activation, batched, kv_cache_bytes, process_bytes, rows, notes })
 }
 
-impl super::settings::Serving {
+impl crate::estimator::serve_config::Serving {
     fn weight_dtype_name(&self) -> String {
         serde_json::to_value(self.weight_dtype).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
     }

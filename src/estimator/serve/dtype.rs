@@ -3,7 +3,7 @@
 //! take `⌈n · bits / 8⌉` bytes plus one scale per group of `group` values plus the per-tensor
 //! scales.
 
-use super::settings::{KvDtype, WeightDtype};
+use crate::estimator::serve_config::{KvDtype, WeightDtype};
 
 /// Bits of one FP8 (e4m3) or INT8 value.
 pub const BITS_8: u64 = 8;

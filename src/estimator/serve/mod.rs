@@ -9,9 +9,9 @@ mod kv;
 mod layers;
 mod report;
 mod series;
-pub mod settings;
 mod weights;
 
+pub use super::serve_config::{Engine, KvDtype, Mode, Serving, WeightDtype};
 pub use activation::{prefill_peak_bytes, SAMPLER_FP32_COPIES};
 pub use analyse::{
     analyse_serving, context_of, fixes, gpu_layers, hybrid_block_align, kv_format, size, state_format, Pool, Serve, ServeError, ServeFix,
@@ -31,5 +31,4 @@ pub use layers::{
 };
 pub use report::{render_text, to_json};
 pub use series::{concurrency_against_context, context_axis, kv_against_context, Series};
-pub use settings::{Engine, KvDtype, Mode, Serving, WeightDtype};
 pub use weights::{quantized_linear_bytes, rope_cache_bytes, weight_bytes, VOCAB_PADDING};

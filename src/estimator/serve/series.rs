@@ -5,7 +5,7 @@
 use super::super::config::Config;
 use super::analyse::{size, ServeError};
 use super::layers::{has_states, without_mla, without_states, without_windows};
-use super::settings::KvDtype;
+use crate::estimator::serve_config::KvDtype;
 use serde::Serialize;
 
 /// One line of a chart: its label and `(context tokens, value)` points.

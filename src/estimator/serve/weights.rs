@@ -26,7 +26,7 @@ use super::super::config::{Config, Finetune};
 use super::super::model::Part;
 use super::super::params::{local_groups, stages, LocalGroup};
 use super::dtype::{Format, FP16_SCALE_BYTES, FP32_SCALE_BYTES, FP8_BLOCK, INT4_GROUP, MXFP4_BLOCK, NVFP4_BLOCK};
-use super::settings::WeightDtype;
+use crate::estimator::serve_config::WeightDtype;
 
 /// vLLM's `DEFAULT_VOCAB_PADDING_SIZE`: the vocabulary is padded to a multiple of this.
 pub const VOCAB_PADDING: u64 = 64;

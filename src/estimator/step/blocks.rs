@@ -23,8 +23,8 @@
 //!   backward allocates dq, dk, dv (each laid out like its input).
 
 use super::ir::{Builder, DType, Dim, Dt, Out, Shape, Split, Tid, B, S};
-use crate::estimator::activations::ctx::Q;
-use crate::estimator::step::part::Part;
+use crate::estimator::ctx::Q;
+use crate::estimator::part::Part;
 
 /// Whether PEFT's `target_modules` covers a linear.
 pub fn targeted(lin: crate::estimator::model::Linear, t: u8) -> bool {
@@ -839,7 +839,7 @@ impl<'a> Builder<'a> {
 
 /// Shapes the blocks use.
 pub mod shapes {
-    use crate::estimator::activations::ctx::Q;
+    use crate::estimator::ctx::Q;
     use crate::estimator::step::ir::{Dim, Shape, Split};
 
     /// `[b, s, w]`, split like the residual stream.

@@ -659,7 +659,7 @@ impl<'a> Builder<'a> {
             reg.cached.retain(|s| saved[self.p.tensors[s.t as usize].base as usize]);
             for s in kept {
                 if producer[s.t as usize] == u32::MAX && !held_before.contains(&s.t) {
-                    reg.held.push(Save { t: s.t, part: super::part::Part::Checkpoints, group: s.group });
+                    reg.held.push(Save { t: s.t, part: crate::estimator::part::Part::Checkpoints, group: s.group });
                 } else if producer[s.t as usize] != u32::MAX && !cached_before.contains(&s.t) {
                     // Tagged `MUST_SAVE` inside a cached op's dispatch (its scales' reciprocals).
                     reg.cached.push(s);

@@ -10,7 +10,7 @@ use super::ir::{Dt, Origin, Program, Shape, Tid};
 use super::model::{forward_and_backward, optimizer_events, optimizer_params, resident_grads, Setup};
 use super::run::{Accumulate, At, Run, NO_LAYER};
 use super::stream::{Cat, Phase};
-use crate::estimator::activations::ctx::Q;
+use crate::estimator::ctx::Q;
 use crate::estimator::ledger::Bytes;
 
 pub use super::run::Tracker;

@@ -12,10 +12,10 @@
 //! Every tensor's size is an [`Expr`] in the activation symbols (`b`, `s`, `h`, …): the saved
 //! ones make the ledger's formulas, and inside `expr::numbers_only` they fold to numbers.
 
-use super::super::activations::ctx::{Ctx, Q};
+use super::super::ctx::{Ctx, Q};
 use super::super::expr::{Expr, Sym};
 use super::super::precision::{BF16_BYTES, BOOL_BYTES, INT64_BYTES};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 use serde::Serialize;
 
 /// A tensor of a program.
@@ -204,7 +204,7 @@ pub enum X {
 impl X {
     pub const COUNT: usize = 47;
     pub fn sym(self) -> Sym {
-        use super::super::activations::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
+        use super::super::ctx::{D_ROT, E as E_SYM, F_E, F_S, K_TOP, R as R_SYM};
         match self {
             X::DRot => D_ROT,
             X::E => E_SYM,
@@ -569,7 +569,7 @@ pub struct Program {
 /// its unsharded gradient (`grad` bytes); once backward has passed op `first` (its
 /// `RegisterPostBackwardFunction` node, on the unit's inputs, runs then) `post_backward`
 /// reshards the parameters, then `foreach_reduce` copies the gradient into the
-/// `reduce_input`-byte reduce-scatter buffer and frees it. Sizes: `overhead::head_unit`.
+/// `reduce_input`-byte reduce-scatter buffer and frees it. Sizes: `sharding::head_unit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
     pub first: u32,

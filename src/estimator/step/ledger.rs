@@ -3,7 +3,7 @@
 //! parameters excluded — the activation ledger's rows, as formulas.
 
 use super::ir::{Group, Origin, Program, Tid};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// One saved storage: its base tensor, ledger part and layer group.
 #[derive(Clone, Copy, Debug, PartialEq)]

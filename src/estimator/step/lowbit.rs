@@ -10,8 +10,8 @@
 //! recipe's 16-bit dtype.
 
 use super::ir::{Builder, DType, Dim, Dt, Lora, Shape, Split, Tid, B, S};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Config, Finetune, Fp8, Precision, QloraQuant};
+use crate::estimator::ctx::Q;
 use crate::estimator::model::Linear;
 
 pub use super::ir::{Fp8Linear, LowBit, Quant4};
@@ -925,7 +925,7 @@ impl<'a> Builder<'a> {
         self.module = "lora_A";
         let a = self.linear(xa, a_w, None, Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S), Dim::X(super::ir::X::R)], Split::None));
         self.module = "lora_B";
-        self.part = super::part::Part::Lora;
+        self.part = crate::estimator::part::Part::Lora;
         let bb = self.linear(a, b_w, None, shape);
         self.part = part;
         self.module = module;
@@ -949,7 +949,7 @@ impl<'a> Builder<'a> {
     fn lora_dropout(&mut self, x: Tid) -> Tid {
         let (module, part) = (self.module, self.part);
         self.module = "lora_dropout";
-        self.part = super::part::Part::Lora;
+        self.part = crate::estimator::part::Part::Lora;
         let d = self.dropout_op(x);
         self.module = module;
         self.part = part;

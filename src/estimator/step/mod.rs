@@ -18,7 +18,6 @@ pub mod ir;
 pub mod ledger;
 pub mod lowbit;
 pub mod model;
-pub mod part;
 pub mod run;
 pub mod sac;
 pub mod stream;

@@ -6,13 +6,13 @@ use super::families::{self, Kind, Params, Shared};
 use super::ir::{Builder, DType, Dim, Dt, Fragment, Origin, Program, Save, Shape, Split, Tid, B, MODEL, S, X};
 use super::run::{Accumulate, At, Run, Sink, NO_LAYER};
 use super::stream::{Cat, Event, EventKind, Phase, Stream};
-use crate::estimator::activations::ctx::{Ctx, Values, Q};
 use crate::estimator::config::{Attention, Config, Kernels, Loss, OptimImpl, Optimizer, Recompute};
+use crate::estimator::ctx::{Ctx, Values, Q};
 use crate::estimator::ledger::Bytes;
 use crate::estimator::params::{local_groups, stage_layers, virtual_stage_layers, LocalGroup, Role, Stage};
+use crate::estimator::part::Part;
 use crate::estimator::precision::{Dtype, Recipe};
 use crate::estimator::sharding::Sharding;
-use crate::estimator::step::part::Part;
 
 /// Everything a stage's programs are built from.
 pub struct Setup<'a> {
@@ -717,12 +717,12 @@ impl<'a> Setup<'a> {
         [Some(logits), kept].into_iter().flatten().collect()
     }
 
-    /// FSDP2's `[norm, output]` unit (`overhead::head_unit`, torchtitan), whose ops start at
+    /// FSDP2's `[norm, output]` unit (`sharding::head_unit`, torchtitan), whose ops start at
     /// `first` (the final norm's): gathered before it, its unsharded gradient made by the
     /// head's backward — the `lm_head` op whose node hands a trainable parameter its gradient,
     /// the last such in forward order (its node runs first).
     fn head_unit(&self, b: &mut Builder, first: u32) {
-        let Some(u) = crate::estimator::overhead::head_unit(self.cfg, &self.recipe, &self.groups) else { return };
+        let Some(u) = crate::estimator::sharding::head_unit(self.cfg, &self.recipe, &self.groups) else { return };
         let p = &b.p;
         let grad_op = (first as usize..p.ops.len())
             .rev()

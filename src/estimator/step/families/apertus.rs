@@ -12,14 +12,14 @@ use super::super::ir::{Builder, Dim, Dt, Tid, B, S};
 use super::common::{activation, proj_or, AttnW, Kind, Norm, Params, Rms, Shared};
 use super::llama::{attention_with, decoder_layer, HeadNorm};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, QkNorm};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// The MLP's parameters in registration order: `up_proj`, `down_proj`, then xIELU's `alpha_p`

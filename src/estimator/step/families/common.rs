@@ -23,11 +23,11 @@
 use super::super::blocks::shapes::{heads, heads_bshd, tok, tok_tp};
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, DType, Dim, Dt, Origin, Shape, Split, Tid, B, S, X};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::model::{Activation, Linear, ModelSpec, NormKind, Positions};
 use crate::estimator::params::{LocalGroup, Role};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// The kind of a decoder layer: what its feed-forward block is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

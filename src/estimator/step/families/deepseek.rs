@@ -19,14 +19,14 @@ use super::super::ir::{Builder, Dim, Dt, Out, Shape, Split, Tid, B, X};
 use super::common::{cache_position, cat_promote, causal_mask, rms_norm, rotary_polar, rotate_halves, tokens};
 use super::common::{Kind, Params, Rms, Shared};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Linear, ModelSpec, Router};
-use crate::estimator::presets::base::{llama, Preset, FP8_CHECKPOINT};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset, FP8_CHECKPOINT};
 use serde_json::{Map, Value};
 
 /// What `DeepseekV2Model.forward` computes after the embedding (also a later pipeline stage's

@@ -17,11 +17,11 @@ use super::common::{Kind, Params, Shared};
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{Fields, HfError};
+use crate::estimator::hf_fields::{Fields, HfError};
 use crate::estimator::model::{Dsa, ModelSpec};
-use crate::estimator::presets::base::{Preset, FP8_CHECKPOINT};
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{Preset, FP8_CHECKPOINT};
 use crate::estimator::step::ir::{Builder, Dt, Shape, Tid};
-use crate::estimator::step::part::Part;
 use serde_json::{Map, Value};
 
 /// `DeepseekV32Model.forward` after the embedding: Llama's positions and rotary tables, and

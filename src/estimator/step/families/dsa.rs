@@ -5,9 +5,9 @@
 //! that neither family file imports the other.
 
 use super::common::{Params, Shared};
-use crate::estimator::activations::ctx::Q;
+use crate::estimator::ctx::Q;
+use crate::estimator::part::Part;
 use crate::estimator::step::ir::{Builder, Dim, Dt, Shape, Split, Tid, X};
-use crate::estimator::step::part::Part;
 
 const B: Dim = Dim::Q(Q::B);
 const S: Dim = Dim::Q(Q::S);

@@ -12,13 +12,13 @@ use super::common::{cache_position, causal_mask, mask_shape, masked, rope_pair, 
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attention_with, mlp, HeadNorm};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, LayerRule, ModelSpec, QkNorm, WindowKind};
-use crate::estimator::presets::base::{llama, Preset};
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// `Exaone4RMSNorm` (Llama's: `self.weight * hidden_states.to(input_dtype)`).

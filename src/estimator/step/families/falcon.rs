@@ -22,12 +22,12 @@ use super::common::{
 use super::common::{dropout, set_part, tied, token_embedding, Kind, Norm, NormW, Params, Shared, LAYER_NORM};
 use super::modeling::{ConfigFile, Modeling};
 use super::{llama, starcoder2};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::ctx::Q;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, Linear, MlpKind, ModelSpec, NormKind, Positions};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 use serde_json::{Map, Value};
 
 /// `config.new_decoder_architecture`, as the spec shows it (see the module doc).

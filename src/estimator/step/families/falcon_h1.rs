@@ -13,12 +13,12 @@ use super::mamba2::{gated_out, mixer_fused, mixer_scan, ssm_keys, write_ssm_keys
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::ModelSpec;
 use crate::estimator::model::Ssm;
-use crate::estimator::presets::base::{llama, with_head_dim, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, with_head_dim, Preset};
 use serde_json::{Map, Value};
 
 /// One decoder layer (`FalconH1DecoderLayer.forward`).

@@ -14,7 +14,7 @@
 //! dims, BT = 64 the chunk, NT = ⌈T / 64⌉ chunks.
 
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
-use crate::estimator::activations::ctx::Q;
+use crate::estimator::ctx::Q;
 
 fn shape(ds: &[Dim]) -> Shape {
     Shape::new(ds, Split::None)

@@ -13,15 +13,15 @@ use super::common::{cache_position, causal_mask, embed_then, gated_mlp, mask_sha
 use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, GELU_TANH, LAYER_NORM, LLAMA_MLP};
 use super::llama::{attention_with, decoder_layer, HeadNorm};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Dims, Ffn, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Dims, Ffn, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::ModelSpec;
 use crate::estimator::model::{Activation, LayerRule, NormKind, QkNorm, WindowKind};
-use crate::estimator::presets::base::{llama, Preset, VISION_NOT_COUNTED};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset, VISION_NOT_COUNTED};
 use serde_json::{Map, Value};
 
 /// `GemmaRMSNorm` (`1 + weight`, [`Rms::Gemma`]), in the layers and after them.

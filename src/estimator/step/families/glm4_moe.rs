@@ -10,14 +10,14 @@ use super::super::ir::{Builder, Tid};
 use super::common::{head_proj, rms_norm, AttnW, Kind, Params, Rms, Shared};
 use super::llama::{attend_out, rope_partial, Core, PartialRope};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Linear, ModelSpec, QkNorm, Router};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// `Glm4MoeAttention.forward`: q/k/v projections (with biases under `attention_bias`) viewed

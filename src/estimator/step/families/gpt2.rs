@@ -11,14 +11,14 @@ use super::common::{
 use super::common::{Kind, Norm, Params, Shared, LAYER_NORM};
 use super::llama;
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, Positions};
-use crate::estimator::presets::base::{self, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{self as base, Preset};
 use serde_json::{Map, Value};
 
 /// `GPT2Attention.forward` (self-attention): `c_attn` → `split` → `view(…, -1, d).transpose`

@@ -21,14 +21,14 @@ use super::common::{AttnW, Kind, Norm, Params, Rms, Shared};
 use super::llama::{decoder_layer_with, in_group, repeat_kv, Residual};
 use super::modeling::{ConfigFile, Modeling};
 use super::moe::{group_pairs, ungroup};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, LayerRule, Linear, ModelSpec, Router, WindowKind};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// Whether `spec` is exactly the layout this module builds: sinks, sliding or full layers,

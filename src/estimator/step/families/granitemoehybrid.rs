@@ -22,14 +22,14 @@ use super::llama::{attention, in_group};
 use super::mamba2::{gated_norm_out, mixer_fused, mixer_scan, ssm_keys, write_ssm_keys, MambaW};
 use super::modeling::{ConfigFile, Modeling};
 use super::moe::{experts, MoeW};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{LayerRule, Linear, ModelSpec, Positions, Router, Ssm};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// `GraniteMoeHybridRMSNorm`: Llama's.

@@ -32,13 +32,13 @@ use super::mamba2::node;
 use super::modeling::{ConfigFile, Modeling};
 use super::qwen3_next::{dead_state_bmm, pad, req};
 use super::sigmoid_moe::{fp32_param, router_normalized, RouterFn};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
 use crate::estimator::model::{Gdn, LayerRule, Linear, ModelSpec, Positions, Router, KDA_DT_BIAS};
-use crate::estimator::presets::base::Preset;
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::Preset;
 use serde_json::{Map, Value};
 
 fn shape(ds: &[Dim]) -> Shape {

@@ -45,12 +45,12 @@ use super::common::{
 };
 use super::llama::{repeat_kv, sdpa_core_copy};
 use super::modeling::Modeling;
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Attention, Config, Framework};
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
 use crate::estimator::ledger::Bytes;
 use crate::estimator::model::{Activation, LayerRule, Linear, MlpKind, ModelSpec, NormKind};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// `chunked_cross_entropy`'s `chunk_size` (its default, which `finetune/full.py` and
 /// `pretrain.py` keep): rows of the flattened logits per `cross_entropy` call.

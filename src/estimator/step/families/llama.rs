@@ -19,10 +19,10 @@ use super::common::{
 };
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared, LAYER_NORM, LLAMA_MLP};
 use super::moe::{MoeW, Topk};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::model::{Linear, ModelSpec, QkNorm};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// `apply_rotary_pos_emb(q, k, cos, sin)` on one of them:
 /// `x_embed = (x * cos) + (rotate_half(x) * sin)`, `rotate_half(x) = cat((-x2, x1), -1)`.

@@ -21,14 +21,14 @@ use super::common::{
 use super::common::{AttnW, Gated, Kind, MlpW, Norm, Params, Rms, Shared, SILU};
 use super::llama::{decoder_layer_with, eager_core_as, in_group, mlp, repeat_kv, sdpa_bool_mask, Core, Ffn, MaskBuild, Residual};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{LayerRule, Linear, ModelSpec, Router, WindowKind};
-use crate::estimator::presets::base::{llama, Preset, VISION_NOT_COUNTED};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset, VISION_NOT_COUNTED};
 use serde_json::{Map, Value};
 
 /// Whether the model materializes the chunked layers' mask: eager always; SDPA only when the

@@ -21,11 +21,11 @@
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Origin, Out, Shape, Split, Tid, B, S, X};
 use super::common::Params;
-use crate::estimator::activations::ctx::Q;
-use crate::estimator::hf::fields::{Fields, HfError};
-use crate::estimator::hf_export::writer::Writer;
+use crate::estimator::ctx::Q;
+use crate::estimator::hf_fields::{Fields, HfError};
+use crate::estimator::hf_writer::Writer;
 use crate::estimator::model::{ModelSpec, Ssm, StateDtype};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// The mixer's parameters, in registration order (`conv1d`, `in_proj`, `dt_bias`, `A_log`,
 /// `norm`, `D`, `out_proj`).

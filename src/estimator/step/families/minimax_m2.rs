@@ -14,14 +14,14 @@ use super::llama::{attend_out, rope_partial, Core, PartialRope};
 use super::modeling::{ConfigFile, Modeling};
 use super::moe::MoeW;
 use super::sigmoid_moe::{gather, SigmoidMoeW};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Linear, ModelSpec, QkNorm, Router};
-use crate::estimator::presets::base::{llama, Preset, FP8_CHECKPOINT};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset, FP8_CHECKPOINT};
 use serde_json::{Map, Value};
 
 /// `MiniMaxM2Attention.forward`: q and k normalized over the whole projections, then q, k, v

@@ -10,13 +10,13 @@
 use super::super::ir::{Builder, Dt, Shape};
 use super::common::{cache_position, mask_shape, masked, rope_pair, sliding_window_mask_for, Shared};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Ffn, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{LayerRule, ModelSpec, NormKind, WindowKind};
-use crate::estimator::presets::base::{llama, Preset, VISION_NOT_COUNTED};
+use crate::estimator::preset_base::{llama, Preset, VISION_NOT_COUNTED};
 use serde_json::{Map, Value};
 
 /// Whether the window is set: on every layer (`config.sliding_window` not null). Without one

@@ -5,10 +5,10 @@
 
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Ffn, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::ModelSpec;
-use crate::estimator::presets::base::{llama, Preset};
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// Mixtral (`modeling_mixtral.py`).

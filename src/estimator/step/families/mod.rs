@@ -21,11 +21,11 @@
 //!    `impl ConfigFile` and `impl Modeling`, citing the transformers 5.24 `modeling_<type>.py` it
 //!    follows —
 //!    - `import` ([`ConfigFile`]): its `configuration_<type>.py` keys and class defaults into a [`ModelSpec`]
-//!      (with the shared readers of `estimator::hf::fields`), and `aliases`/`wrappers` for
+//!      (with the shared readers of `estimator::hf_fields`), and `aliases`/`wrappers` for
 //!      other model types read alike;
 //!    - `presets`: its public checkpoints, named after them (built from
-//!      `estimator::presets::base`);
-//!    - `export` ([`ConfigFile`]): the `config.json` that builds a spec back (with `estimator::hf_export::writer`);
+//!      `estimator::preset_base`);
+//!    - `export` ([`ConfigFile`]): the `config.json` that builds a spec back (with `estimator::hf_writer`);
 //!    - the step: only the methods whose code differs from Llama's defaults (often `layer`,
 //!      `positions` and `norm`), built from the shared pieces;
 //! 2. its variant in [`Family`] with its `model_type` and name in `Family::ALL`

@@ -10,10 +10,10 @@ use super::super::ir::{Builder, Dt, Shape, Tid};
 use super::common::{cos_shape, embed_then, final_norm, has_rope, mask_shape, received, Kind, Norm, Params, Rms, Shared};
 use super::llama;
 use crate::estimator::config::Attention;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::ModelSpec;
-use crate::estimator::presets::base::{default_spec, llama as llama_spec, tied, with_head_dim, Preset};
+use crate::estimator::preset_base::{default_spec, llama as llama_spec, tied, with_head_dim, Preset};
 use serde_json::{Map, Value};
 
 /// A family's `config.json`: how it reads into a [`ModelSpec`] and is written back — the

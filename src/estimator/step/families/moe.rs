@@ -7,9 +7,9 @@
 use super::super::blocks::Keep;
 use super::super::ir::{Builder, Dim, Dt, Shape, Split, Tid, B, S, X};
 use super::common::{gated_mlp, pairs, tokens, Gated, MlpW, Params, SILU};
-use crate::estimator::activations::ctx::Q;
+use crate::estimator::ctx::Q;
 use crate::estimator::model::Linear;
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// The block's parameters in registration order (`gate`, `experts.gate_up_proj`,
 /// `experts.down_proj`).

@@ -15,15 +15,15 @@ use super::common::{
 use super::common::{AttnW, Kind, MlpW, Norm, Params, Rms, Shared};
 use super::llama::{attend_out, decoder_layer, mlp, rope, Core};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Ffn, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{LayerRule, NormKind, WindowKind};
 use crate::estimator::model::{Linear, ModelSpec, QkNorm};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// `Olmo2RMSNorm` (the weight multiplies the fp32 normalized input, the mean over the token's

@@ -10,10 +10,10 @@ use super::common::{
 use super::llama::{self, PartialRope};
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::config::Attention;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, QkNorm};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 use serde_json::{Map, Value};
 
 /// `PhiAttention.forward`:

@@ -8,15 +8,15 @@ use super::super::ir::{Builder, Dim, Shape, Split, Tid};
 use super::common::{fused_qkv, proj_or, to_heads, Kind, Norm, Params, Rms, Shared};
 use super::llama::{attend_out, decoder_layer_with, rope_partial, Core, PartialRope, Residual};
 use super::modeling::{ConfigFile, Modeling};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Ffn, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::LayerRule;
 use crate::estimator::model::{Linear, ModelSpec};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// `Phi3Attention.forward`.

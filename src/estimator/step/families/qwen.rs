@@ -4,10 +4,10 @@
 
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Ffn, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Ffn, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{ModelSpec, QkNorm};
-use crate::estimator::presets::base::{llama, tied, Preset};
+use crate::estimator::preset_base::{llama, tied, Preset};
 use serde_json::{Map, Value};
 
 /// Qwen2: Llama with biases on Q, K and V.

@@ -23,14 +23,14 @@ use super::llama::{attend, decoder_layer, rope_partial, rope_qk, Core, Ffn, Part
 use super::mamba2::{node, write_ssm_dtype};
 use super::modeling::{ConfigFile, Modeling};
 use super::moe::{sparse_block, MoeW, SharedW, Topk};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Gdn, LayerRule, Linear, ModelSpec, QkNorm, StateDtype};
-use crate::estimator::presets::base::{llama, Preset};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 fn shape(ds: &[Dim]) -> Shape {

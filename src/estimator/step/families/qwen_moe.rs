@@ -14,12 +14,12 @@ use super::moe::{sparse_block, MoeW, SharedW, Topk};
 use super::qwen::qwen3;
 use crate::estimator::config::Attention;
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer::{self, Writer};
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer::{self as writer, Writer};
 use crate::estimator::model::LayerRule;
 use crate::estimator::model::ModelSpec;
 use crate::estimator::model::QkNorm;
-use crate::estimator::presets::base::Preset;
+use crate::estimator::preset_base::Preset;
 use serde_json::{Map, Value};
 
 /// How the router ends: it renormalises its top-k weights only with `norm_topk_prob` —

@@ -6,10 +6,10 @@
 
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, ModelSpec};
-use crate::estimator::presets::base::{llama, Preset};
+use crate::estimator::preset_base::{llama, Preset};
 use serde_json::{Map, Value};
 
 /// Seed-OSS (`modeling_seed_oss.py`).

@@ -14,9 +14,9 @@ use super::super::ir::{Builder, Dim, Dt, Shape, Tid, B, S, X};
 use super::common::{gated_mlp, tokens, Gated, Kind, MlpW, Norm, Params, Rms, SILU};
 use super::llama::{decoder_layer, Ffn};
 use super::moe::MoeW;
-use crate::estimator::activations::ctx::Q;
+use crate::estimator::ctx::Q;
 use crate::estimator::model::ModelSpec;
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// Bytes of an fp32 element (the router's weight and logits whatever the model dtype).
 pub const FP32_BYTES: u64 = 4;

@@ -13,10 +13,10 @@
 
 use super::modeling::{ConfigFile, Modeling};
 use crate::estimator::family::Family;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{LayerRule, ModelSpec, WindowKind};
-use crate::estimator::presets::base::{llama, tied, Preset};
+use crate::estimator::preset_base::{llama, tied, Preset};
 use serde_json::{Map, Value};
 
 /// SmolLM3 (`modeling_smollm3.py`): Llama's code; its NoPE layers are in the spec

@@ -9,12 +9,12 @@ use super::super::ir::{Builder, Dim, Group, Shape, Split, Tid, B};
 use super::common::{dropout, qkv, AttnW, Kind, MlpW, Norm, Params, Shared, LAYER_NORM};
 use super::modeling::{ConfigFile, Modeling};
 use super::{llama, phi};
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::Attention;
-use crate::estimator::hf::fields::{self, Fields, HfError};
-use crate::estimator::hf_export::writer;
+use crate::estimator::ctx::Q;
+use crate::estimator::hf_fields::{self as fields, Fields, HfError};
+use crate::estimator::hf_writer as writer;
 use crate::estimator::model::{Activation, MlpKind, ModelSpec, NormKind, QkNorm};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 use serde_json::{Map, Value};
 
 /// `StableLmLayerNormPerHead.forward`:

@@ -48,12 +48,12 @@ use super::common::{pairs, tokens};
 use super::llama::{decoder_layer, in_group, mlp, rope as rope_half, sdpa_core, Ffn};
 use super::llama4;
 use super::modeling::Modeling;
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Attention, Config, Framework};
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
 use crate::estimator::ledger::Bytes;
 use crate::estimator::model::{Linear, ModelSpec};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// Bytes of one complex64 element (`freqs_cis`): two fp32.
 const COMPLEX64_BYTES: u128 = 8;
@@ -241,7 +241,7 @@ fn tok_embeddings(b: &mut Builder, p: &Params, ids: Tid) -> Tid {
     let Some(w) = w else {
         return token_embedding(b, p, ids, "tok_embeddings").0;
     };
-    b.part = super::super::part::Part::Embedding;
+    b.part = crate::estimator::part::Part::Embedding;
     b.module = "tok_embeddings";
     let whole = b.grad_bytes(w) * b.c.cfg.tp as u128;
     let partial = super::common::lookup_with_grad(b, ids, w, gathered(), whole);

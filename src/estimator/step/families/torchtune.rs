@@ -38,12 +38,12 @@ use super::common::{gated_mlp, head_proj, out_proj, sub, token_embedding, Act, A
 use super::common::{GELU_TANH, LLAMA_MLP, SILU};
 use super::llama::{decoder_layer_with, repeat_kv, sdpa_core, Residual};
 use super::modeling::Modeling;
-use crate::estimator::activations::ctx::Q;
 use crate::estimator::config::{Attention, Config, Framework};
+use crate::estimator::ctx::Q;
 use crate::estimator::family::Family;
 use crate::estimator::ledger::Bytes;
 use crate::estimator::model::{Linear, ModelSpec};
-use crate::estimator::step::part::Part;
+use crate::estimator::part::Part;
 
 /// `CEWithChunkedOutputLoss(num_output_chunks=8)`, as every torchtune Llama 3 config sets it
 /// (`model.set_num_output_chunks(self._loss_fn.num_output_chunks)` in the recipe).

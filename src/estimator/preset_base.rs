@@ -1,7 +1,7 @@
 //! What the presets of every family are built from: the [`Preset`] type, the default
 //! architecture ([`default_spec`], Llama-3.1-8B) and the Llama-style decoder the other families'
 //! constructors start from ([`llama`]), and the notes several families' presets share. Each
-//! family's presets are its `Modeling::presets` (`step/families/<family>.rs`); the list over
+//! family's presets are its `Modeling::presets` (in that family's module, beside its op-level program); the list over
 //! every family is `estimator::presets`.
 
 use crate::estimator::family::Family;

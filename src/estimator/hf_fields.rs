@@ -2,11 +2,11 @@
 //! each error naming its key, absent sizing keys recorded when they take a class default), and
 //! the pieces several families' importers read alike (a Llama-style decoder's keys, local
 //! attention from `layer_types`, NoPE flags, multi-token-prediction layers). Each family's own
-//! reading is its `Modeling::import` (`step/families/<family>.rs`); the flow from `model_type`
+//! reading is its `Modeling::import` (in that family's module, beside its op-level program); the flow from `model_type`
 //! to a family is `estimator::hf`'s.
 
 use crate::estimator::model::{Activation, LayerRule, MlpKind, ModelSpec, NormKind, Positions, StateDtype, WindowKind};
-use crate::estimator::presets::base::default_spec;
+use crate::estimator::preset_base::default_spec;
 use serde_json::{Map, Value};
 use std::cell::RefCell;
 

@@ -1,9 +1,9 @@
 //! The context every activation term is written in: the configuration's quantities as typed
 //! symbols bound to their values, and the helpers that turn `bytes × symbols` into a formula.
 
-use super::super::config::Config;
-use super::super::expr::{Expr, Sym};
-use super::super::precision::{BF16_BYTES, BOOL_BYTES, FP32_BYTES, INT64_BYTES};
+use super::config::Config;
+use super::expr::{Expr, Sym};
+use super::precision::{BF16_BYTES, BOOL_BYTES, FP32_BYTES, INT64_BYTES};
 
 /// The quantities the activation formulas are written in. Each is bound to one value of the
 /// configuration by [`Ctx::v`]; a typed symbol cannot be bound to the wrong number. The names

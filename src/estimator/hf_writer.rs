@@ -1,6 +1,6 @@
 //! The shared writers of a `config.json`: a [`Writer`] of key/value pairs and the keys several
 //! families' classes write alike (sizes, activation names, `layer_types`, windows, soft-caps).
-//! Each family's own writing is its `Modeling::export` (`step/families/<family>.rs`); the
+//! Each family's own writing is its `Modeling::export` (in that family's module, beside its op-level program); the
 //! round trip that accepts a written file is `estimator::hf_export`'s.
 
 use crate::estimator::model::{Activation, LayerRule, ModelSpec};
