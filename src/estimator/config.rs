@@ -696,6 +696,17 @@ impl Config {
         self.seq.div_ceil(self.cp.max(1))
     }
 
+    /// The FP8 recipe this configuration runs: its `fp8` key, or Transformer Engine's delayed
+    /// scaling for `precision = mixed-fp8` (which stands for `mixed-bf16-fp32grad` with
+    /// `fp8 = te-delayed`).
+    pub fn fp8_recipe(&self) -> Fp8 {
+        if self.fp8 == Fp8::None && self.precision == Precision::MixedFp8 {
+            Fp8::TeDelayed
+        } else {
+            self.fp8
+        }
+    }
+
     /// The display name: the preset id, the custom name, or "custom model".
     pub fn display_name(&self) -> String {
         if self.model != "custom" {
@@ -717,6 +728,14 @@ mod tests {
         let c = Config::default();
         assert_eq!(c.model, DEFAULT_PRESET);
         assert_eq!(Some(c.arch), crate::estimator::presets::preset(DEFAULT_PRESET).map(|p| p.spec));
+    }
+
+    #[test]
+    fn mixed_fp8_precision_runs_transformer_engines_delayed_scaling_unless_fp8_names_another() {
+        let mixed = Config { precision: Precision::MixedFp8, ..Config::default() };
+        assert_eq!(mixed.fp8_recipe(), Fp8::TeDelayed);
+        assert_eq!(Config { fp8: Fp8::TorchaoRowwise, ..mixed }.fp8_recipe(), Fp8::TorchaoRowwise);
+        assert_eq!(Config::default().fp8_recipe(), Fp8::None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::config::Config;
 use super::expr::{Expr, Sym};
-use super::precision::{BF16_BYTES, BOOL_BYTES, FP32_BYTES, INT64_BYTES};
+use super::precision::{Dtype, Recipe, BF16_BYTES, BOOL_BYTES, FP32_BYTES, INT64_BYTES};
 
 /// The quantities the activation formulas are written in. Each is bound to one value of the
 /// configuration by [`Ctx::v`]; a typed symbol cannot be bound to the wrong number. The names
@@ -115,6 +115,33 @@ pub struct Values {
     pub p_res: u64,
     pub p_lin: u64,
     pub tp: u64,
+}
+
+impl Values {
+    /// The quantities of `cfg` under `recipe`: the micro-batch, the tokens on this GPU
+    /// ([`Config::seq_per_gpu`]) and the whole sequence the keys span, the model's sizes, and
+    /// the element bytes — of compute (`p`), of the residual stream (`p_res`: the weights' dtype
+    /// under autocast, whose weight copies leave the residual in fp32) and of the linears' inputs
+    /// (`p_lin`: FP8 where Transformer Engine or a cached FP8 weight casts them).
+    pub fn of(cfg: &Config, recipe: &Recipe) -> Values {
+        let spec = &cfg.arch;
+        let amp = recipe.autocast_weight_copy;
+        Values {
+            b: cfg.batch,
+            s: cfg.seq_per_gpu(),
+            s_kv: cfg.seq,
+            h: spec.hidden,
+            a: spec.heads,
+            k: spec.kv_heads,
+            d: spec.head_dim,
+            f: spec.ffn,
+            v: spec.vocab,
+            p: recipe.compute.bytes(),
+            p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
+            p_lin: if recipe.fp8_weight_cache || cfg.fp8_recipe().te() { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+            tp: cfg.tp,
+        }
+    }
 }
 
 impl<'a> Ctx<'a> {

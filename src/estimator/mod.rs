@@ -22,6 +22,7 @@ pub mod ledger;
 pub mod loading;
 pub mod logs;
 pub mod model;
+pub mod names;
 pub mod optimizer;
 pub mod overhead;
 pub mod params;

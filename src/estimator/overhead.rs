@@ -208,7 +208,7 @@ pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
 /// element (torchao `fsdp_utils.py WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`;
 /// measured on 2 CPU ranks: 92,416 → 46,336 B a layer, validation/FINDINGS.md §10.2).
 pub fn layer_parameter_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Bytes {
-    let fp8 = cfg.fp8_allgather && super::step::lowbit::fp8_of(cfg) == super::config::Fp8::TorchaoTensorwise;
+    let fp8 = cfg.fp8_allgather && cfg.fp8_recipe() == super::config::Fp8::TorchaoTensorwise;
     layer_elements(cfg, groups, |_| true)
         .map(|(g, numel)| match g.role {
             Role::Quantized => numel.div_ceil(NF4_ELEMENTS_PER_BYTE as u128),

@@ -65,6 +65,7 @@ use super::config::{ActOffload, Attention, Config, Finetune, Framework, Loss, Of
 use super::cost::{self, Assumption, Assumptions, CostError, Hardware, ModelFigures, StepCost};
 use super::estimate::{by_category, estimate, Estimate};
 use super::ledger::{Bytes, Category};
+use super::names::Named;
 use super::params::virtual_stage_layers;
 use super::units::format_bytes;
 use super::validate::{validate, EstimateError};
@@ -1385,12 +1386,12 @@ fn knob_value(key: &str, k: &Knobs) -> String {
     match key {
         "batch" => k.batch.to_string(),
         "accum" => k.accum.to_string(),
-        "zero" => zero_name(k.zero).to_string(),
-        "recompute" => recompute_name(k.recompute).to_string(),
-        "attn" => attn_name(k.attn).to_string(),
+        "zero" => k.zero.name().to_string(),
+        "recompute" => k.recompute.name().to_string(),
+        "attn" => k.attn.name().to_string(),
         "optim" => format!("{:?}", k.optim).to_lowercase(),
         "optim_impl" => format!("{:?}", k.optim_impl).to_lowercase(),
-        "offload" => offload_name(k.offload).to_string(),
+        "offload" => k.offload.name().to_string(),
         "tp" => k.tp.to_string(),
         "pp" => k.pp.to_string(),
         "vpp" => k.vpp.to_string(),
@@ -1401,7 +1402,7 @@ fn knob_value(key: &str, k: &Knobs) -> String {
         "compile" => k.compile.to_string(),
         "recompute_every" => k.recompute_every.to_string(),
         "recompute_layers" => k.recompute_layers.to_string(),
-        "act_offload" => act_offload_name(k.act_offload).to_string(),
+        "act_offload" => k.act_offload.name().to_string(),
         "act_offload_layers" => k.act_offload_layers.to_string(),
         _ => String::new(),
     }
@@ -1426,7 +1427,7 @@ fn describe(key: &str, k: &Knobs) -> String {
             Recompute::Full => "full recompute".into(),
             Recompute::Op => "op-level selective checkpointing".into(),
         },
-        "attn" => format!("{} attention", attn_name(k.attn)),
+        "attn" => format!("{} attention", k.attn.name()),
         "offload" => match k.offload {
             Offload::None => "no offload".into(),
             Offload::Optimizer => "optimizer offload".into(),
@@ -1488,48 +1489,6 @@ fn ordinal(n: u64) -> String {
         _ => "th",
     };
     format!("{n}{suffix}")
-}
-
-fn act_offload_name(a: ActOffload) -> &'static str {
-    match a {
-        ActOffload::None => "none",
-        ActOffload::Torchtune => "torchtune",
-        ActOffload::SaveOnCpu => "save_on_cpu",
-    }
-}
-
-fn zero_name(z: Zero) -> &'static str {
-    match z {
-        Zero::Ddp => "0",
-        Zero::Z1 => "1",
-        Zero::Z2 => "2",
-        Zero::Z3 => "3",
-        Zero::FullShard => "full_shard",
-        Zero::ShardGradOp => "shard_grad_op",
-        Zero::HybridShard => "hybrid_shard",
-    }
-}
-fn recompute_name(r: Recompute) -> &'static str {
-    match r {
-        Recompute::None => "none",
-        Recompute::Selective => "selective",
-        Recompute::Full => "full",
-        Recompute::Op => "op",
-    }
-}
-fn attn_name(a: Attention) -> &'static str {
-    match a {
-        Attention::Eager => "eager",
-        Attention::Sdpa => "sdpa",
-        Attention::Flash => "flash",
-    }
-}
-fn offload_name(o: Offload) -> &'static str {
-    match o {
-        Offload::None => "none",
-        Offload::Optimizer => "optimizer",
-        Offload::OptimizerParams => "optimizer+params",
-    }
 }
 
 /// The alternatives of one knob the space allows (keeping the global batch).
@@ -1800,7 +1759,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
             && (r != Recompute::Op || cfg.framework == crate::estimator::config::Framework::Hf)
         {
             let k = Knobs { recompute: r, ..Knobs::of(cfg) };
-            push("recompute", recompute_name(r).into(), describe("recompute", &k), false, Config { recompute: r, ..cfg.clone() });
+            push("recompute", r.name().into(), describe("recompute", &k), false, Config { recompute: r, ..cfg.clone() });
         }
     }
     if cfg.attn == Attention::Eager {
@@ -1872,7 +1831,7 @@ pub fn candidate_changes(cfg: &Config) -> Vec<(&'static str, String, String, boo
         for z in [Zero::Z1, Zero::Z2, Zero::Z3] {
             if z.stage() > cfg.zero.stage() {
                 let k = Knobs { zero: z, ..Knobs::of(cfg) };
-                push("zero", zero_name(z).into(), describe("zero", &k), false, Config { zero: z, ..cfg.clone() });
+                push("zero", z.name().into(), describe("zero", &k), false, Config { zero: z, ..cfg.clone() });
             }
         }
     }

@@ -358,7 +358,7 @@ pub const MXFP8_SCALE_DIVISOR: u64 = 16;
 ///
 /// torchao keeps nothing: its casts are transients of each GEMM (the step).
 pub fn fp8_rows(cfg: &Config, groups: &[LocalGroup]) -> Vec<Row> {
-    let fp8 = crate::estimator::step::lowbit::fp8_of(cfg);
+    let fp8 = cfg.fp8_recipe();
     let mut rows = Vec::new();
     if fp8 == Fp8::TeDelayed {
         let n = fp8_gemms(cfg, groups);
@@ -411,7 +411,7 @@ pub fn fp8_rows(cfg: &Config, groups: &[LocalGroup]) -> Vec<Row> {
 /// tensors (data, transpose on Hopper, MXFP8 scales) and no 16-bit copy exists; the other
 /// trainable parameters keep the recipe's dtype. The fp32 master copy stays in the optimizer.
 fn fp8_model_init_weights(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> Row {
-    let fp8 = crate::estimator::step::lowbit::fp8_of(cfg);
+    let fp8 = cfg.fp8_recipe();
     let lin = elements(groups, |g| {
         g.role == Role::Trainable && fp8_linear(g) && (cfg.framework == super::config::Framework::Megatron || !g.expert)
     });
@@ -510,7 +510,7 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     // The trainable parameters' own recipe (peft's fp32 adapters on a 16-bit QLoRA base).
     let frozen_recipe = recipe;
     let recipe = &super::precision::trainable_recipe(cfg, recipe);
-    let weights = if cfg.fp8_model_init && crate::estimator::step::lowbit::fp8_of(cfg).te() {
+    let weights = if cfg.fp8_model_init && cfg.fp8_recipe().te() {
         fp8_model_init_weights(cfg, recipe, groups, &sh)
     } else {
         with_fp32_kept(trainable_weight_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(3), recipe.weight.bytes(), B_W)

@@ -158,7 +158,7 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
 /// The FP8, 4-bit and loading recipes (issue 27): each where its code runs.
 fn validate_recipes(cfg: &Config) -> Result<(), EstimateError> {
     use super::config::{Fp8, Load, QloraQuant};
-    let fp8 = step::lowbit::fp8_of(cfg);
+    let fp8 = cfg.fp8_recipe();
     if fp8 != Fp8::None && cfg.finetune == Finetune::Qlora {
         return Err(invalid("fp8", "does not apply to QLoRA: its 4-bit base runs bitsandbytes' or gptqmodel's kernels"));
     }
@@ -390,7 +390,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
         // parallelism (FINDINGS §15.1); each of these is refused by name.
         let titan_compile_pending: [(bool, &str); 3] = [
             (
-                match step::lowbit::fp8_of(cfg) {
+                match cfg.fp8_recipe() {
                     super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise => false,
                     super::config::Fp8::TorchaoRowwise => cfg.recompute == Recompute::Full,
                     _ => true,
@@ -410,7 +410,7 @@ fn not_modelled_yet(cfg: &Config) -> Result<(), EstimateError> {
             (
                 cfg.tp > 1
                     && (cfg.fp8_allgather
-                        || !matches!(step::lowbit::fp8_of(cfg), super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise)),
+                        || !matches!(cfg.fp8_recipe(), super::config::Fp8::None | super::config::Fp8::TorchaoTensorwise)),
                 "torch.compile of torchtitan's blocks with tensor parallelism and float8 other than tensorwise, or with FSDP2's float8 all-gather (compiled TP is measured in fp32, bf16 and float8 tensorwise: torchtitan-{llama3,qwen3}-tp.json, torchtitan-llama3-tp-fp8.json; the float8 all-gather without TP: torchtitan-llama3-fsdp2-compile-fp8.json)",
             ),
         ];
@@ -717,7 +717,7 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     // 12 / 24 B over; peaks −0.14 to −0.23 %): estimated. Compiled the same (blocks alone or
     // with the loss: saved bytes 125 KB under without checkpointing, 44 to 56 B under with it —
     // 4-B weight scales —, peaks −0.15 to −0.24 %).
-    if cfg.tp > 1 && cfg.recompute == Recompute::None && step::lowbit::fp8_of(cfg) == super::config::Fp8::TorchaoTensorwise {
+    if cfg.tp > 1 && cfg.recompute == Recompute::None && cfg.fp8_recipe() == super::config::Fp8::TorchaoTensorwise {
         return Some(format!(
             "torchtitan's float8 tensor parallelism for {name} without activation checkpointing (tensorwise: Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput, the linears' inputs all-gathered and saved in float8; measured eager and compiled, torchtitan-llama3-tp-fp8.json) is not modelled yet"
         ));
@@ -760,7 +760,7 @@ fn torchtitan_moe_refusal(cfg: &Config) -> Option<String> {
     if cfg.finetune != crate::estimator::config::Finetune::Full {
         return Some("torchtitan's Qwen3 MoE is modelled for full training only (finetune=full): its grouped experts take no LoRA".into());
     }
-    if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+    if cfg.fp8_recipe() != crate::estimator::config::Fp8::None {
         return Some(
             "torchtitan's Qwen3 MoE with FP8 converters (Float8Linear, the MoE's grouped-GEMM converter) is not modelled yet".into(),
         );
@@ -838,7 +838,7 @@ fn torchtitan_moe_run_refusal(cfg: &Config, model: &str, attn_note: &str) -> Opt
         format!("{model} under pipeline or context parallelism is not modelled yet")
     } else if cfg.finetune != Finetune::Full {
         format!("{model} trains in full (finetune=full)")
-    } else if crate::estimator::step::lowbit::fp8_of(cfg) != crate::estimator::config::Fp8::None {
+    } else if cfg.fp8_recipe() != crate::estimator::config::Fp8::None {
         format!("{model} with FP8 converters is not modelled yet")
     } else if !matches!(cfg.recompute, Recompute::None | Recompute::Full | Recompute::Op) || cfg.recompute_every > 0 {
         format!("{model} under Megatron's selective or every-N checkpointing is not modelled yet (measured: recompute none, full and op)")

@@ -5,6 +5,7 @@
 
 use super::models;
 use crate::config::{Config, Finetune, LoraTargets, Offload, OptimImpl, Optimizer, Precision, Recompute, Zero};
+use crate::estimator::names::Named;
 
 /// The formats `export` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +153,7 @@ fn torchtune(cfg: &Config) -> String {
     s += &format!(
         "enable_activation_checkpointing: {}  # recompute={}{}\n",
         if cfg.recompute == Recompute::None { "False" } else { "True" },
-        rec(cfg.recompute),
+        cfg.recompute.name(),
         if cfg.recompute == Recompute::Selective { " (torchtune checkpoints whole layers)" } else { "" }
     );
     if cfg.recompute_every > 0 {
@@ -188,10 +189,13 @@ fn torchtune(cfg: &Config) -> String {
         s += &format!(
             "fsdp_reshard_after_forward: {}  # zero={}\n",
             if cfg.zero == Zero::ShardGradOp { "False" } else { "True" },
-            zero_name(cfg.zero)
+            cfg.zero.name()
         );
-        s +=
-            &format!("fsdp_cpu_offload: {}  # offload={}\n", if cfg.offload == Offload::None { "False" } else { "True" }, off(cfg.offload));
+        s += &format!(
+            "fsdp_cpu_offload: {}  # offload={}\n",
+            if cfg.offload == Offload::None { "False" } else { "True" },
+            cfg.offload.name()
+        );
         if cfg.tp > 1 {
             s += &format!("tensor_parallel_dim: {}  # tp\n", cfg.tp);
         }
@@ -229,7 +233,7 @@ fn torchtitan(cfg: &Config) -> String {
     };
     s += &format!("mixed_precision_param = {mp_param}\n");
     if cfg.offload != Offload::None {
-        s += &format!("enable_cpu_offload = true  # offload={}\n", off(cfg.offload));
+        s += &format!("enable_cpu_offload = true  # offload={}\n", cfg.offload.name());
     }
     s += "\n[optimizer]\n";
     s += &format!(
@@ -253,7 +257,7 @@ fn torchtitan(cfg: &Config) -> String {
             cfg.shard_group.clamp(1, dp),
             "zero=hybrid_shard: FSDP2 inside groups of shard_group".to_string(),
         ),
-        z => (1, dp, format!("zero={}: FSDP2 over the data-parallel GPUs", zero_name(z))),
+        z => (1, dp, format!("zero={}: FSDP2 over the data-parallel GPUs", z.name())),
     };
     s += &format!("data_parallel_replicate_degree = {replicate}\ndata_parallel_shard_degree = {shard}  # {note}\n");
     if cfg.zero == Zero::ShardGradOp {
@@ -341,7 +345,7 @@ fn accelerate(cfg: &Config) -> String {
     }
     s += &format!(
         "# In the training script: model.gradient_checkpointing_enable() when recompute={} is not none;\n# attention {:?}, loss {:?} as the script chooses them.\n",
-        rec(cfg.recompute),
+        cfg.recompute.name(),
         cfg.attn,
         cfg.loss
     );
@@ -440,10 +444,10 @@ fn megatron(cfg: &Config) -> String {
     match cfg.zero {
         Zero::Ddp => s += "    # zero=0: no --use-distributed-optimizer\n",
         Zero::Z1 => s += "    --use-distributed-optimizer  # zero=1\n",
-        z => s += &format!("    --use-torch-fsdp2  # zero={}\n", zero_name(z)),
+        z => s += &format!("    --use-torch-fsdp2  # zero={}\n", z.name()),
     }
     if cfg.offload != Offload::None {
-        s += &format!("    --optimizer-cpu-offload  # offload={}\n", off(cfg.offload));
+        s += &format!("    --optimizer-cpu-offload  # offload={}\n", cfg.offload.name());
     }
     match cfg.recompute {
         Recompute::None => s += "    # recompute=none\n",
@@ -494,35 +498,6 @@ fn fin(f: Finetune) -> &'static str {
         Finetune::Full => "full",
         Finetune::Lora => "lora",
         Finetune::Qlora => "qlora",
-    }
-}
-
-fn rec(r: Recompute) -> &'static str {
-    match r {
-        Recompute::None => "none",
-        Recompute::Selective => "selective",
-        Recompute::Full => "full",
-        Recompute::Op => "op",
-    }
-}
-
-fn off(o: Offload) -> &'static str {
-    match o {
-        Offload::None => "none",
-        Offload::Optimizer => "optimizer",
-        Offload::OptimizerParams => "optimizer+params",
-    }
-}
-
-fn zero_name(z: Zero) -> &'static str {
-    match z {
-        Zero::Ddp => "0",
-        Zero::Z1 => "1",
-        Zero::Z2 => "2",
-        Zero::Z3 => "3",
-        Zero::FullShard => "full_shard",
-        Zero::ShardGradOp => "shard_grad_op",
-        Zero::HybridShard => "hybrid_shard",
     }
 }
 

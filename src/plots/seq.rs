@@ -12,9 +12,10 @@ use super::draw::{self, DrawResult, Header, Layout, LegendEntry, Mark, Spec};
 use super::format::{gpu_name, tokens_label};
 use super::table::{stack_columns, Column, Table};
 use super::theme::{category_color, okabe_ito, Theme};
-use crate::estimator::config::{Attention, Config, Unit};
+use crate::estimator::config::{Config, Unit};
 use crate::estimator::expr::group_digits;
 use crate::estimator::ledger::{Bytes, Category};
+use crate::estimator::names::Named;
 use crate::estimator::sweep::{SeqRecipe, SeqSweep};
 use crate::estimator::units::in_unit;
 use plotters::coord::Shift;
@@ -50,14 +51,6 @@ fn recipe_style(r: SeqRecipe, theme: &Theme) -> (RGBColor, Mark) {
     }
 }
 
-fn attn_name(a: Attention) -> &'static str {
-    match a {
-        Attention::Eager => "eager",
-        Attention::Sdpa => "sdpa",
-        Attention::Flash => "flash",
-    }
-}
-
 impl SeqData {
     /// The sweep of `cfg`, drawn in its unit, without a marker.
     pub fn new(sweep: SeqSweep, cfg: &Config) -> SeqData {
@@ -82,14 +75,14 @@ impl SeqData {
     pub fn table(&self, theme: &Theme) -> Table {
         let mut columns = stack_columns(&self.sweep.stack);
         columns.push(Column {
-            key: format!("peak_{}_bytes", attn_name(self.sweep.attn)),
-            label: format!("Peak ({})", attn_name(self.sweep.attn)),
+            key: format!("peak_{}_bytes", self.sweep.attn.name()),
+            label: format!("Peak ({})", self.sweep.attn.name()),
             color: theme.foreground,
             values: self.peaks().into_iter().map(Some).collect(),
         });
         columns.push(Column {
-            key: format!("peak_{}_bytes", attn_name(self.sweep.other)),
-            label: format!("Peak with {} attention", attn_name(self.sweep.other)),
+            key: format!("peak_{}_bytes", self.sweep.other.name()),
+            label: format!("Peak with {} attention", self.sweep.other.name()),
             color: okabe_ito::SKY_BLUE,
             values: self.sweep.other_peak.clone(),
         });
@@ -131,7 +124,7 @@ impl SeqData {
             self.model,
             tokens_label(self.sweep.range.0 as f64),
             tokens_label(self.sweep.range.1 as f64),
-            attn_name(self.sweep.other),
+            self.sweep.other.name(),
             self.limit_text(),
             mla,
             self.recipes_text()
@@ -194,8 +187,8 @@ pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
         .filter(|(i, _)| d.stack.iter().any(|s| s[*i] > 0))
         .map(|(_, c)| LegendEntry::new(c.label(), category_color(*c), Mark::Area))
         .collect();
-    legend.push(LegendEntry::new(format!("Peak ({})", attn_name(d.attn)), theme.foreground, Mark::Line));
-    legend.push(LegendEntry::new(format!("Peak with {} attention", attn_name(d.other)), okabe_ito::SKY_BLUE, Mark::Dashed));
+    legend.push(LegendEntry::new(format!("Peak ({})", d.attn.name()), theme.foreground, Mark::Line));
+    legend.push(LegendEntry::new(format!("Peak with {} attention", d.other.name()), okabe_ito::SKY_BLUE, Mark::Dashed));
     if !d.uncompressed_peak.is_empty() {
         legend.push(LegendEntry::new(UNCOMPRESSED, okabe_ito::PURPLE, Mark::Dashed));
     }
@@ -204,7 +197,7 @@ pub fn seq_header(data: &SeqData, theme: &Theme) -> Header {
         legend.push(LegendEntry::new(line.recipe.label(), color, mark));
     }
     legend.push(LegendEntry::new(format!("{} capacity", data.gpu), theme.alert, Mark::Line));
-    let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, attn_name(d.attn));
+    let title = format!("Peak memory vs sequence length — {} ({} attention)", data.model, d.attn.name());
     let mut notes = vec![(STACKED.to_string(), theme.foreground)];
     if let Some(refused) = data.refused_text() {
         notes.push((refused, theme.muted));

@@ -480,7 +480,7 @@ fn refusal(cfg: &Config, key: &'static str, reason: &'static str) -> VerifyError
 /// dims multiples of 16; embeddings, the LM head, norms, routers and the other linears stay in
 /// 16 bits). Empty without a torchao recipe.
 pub fn fp8_linears(cfg: &Config) -> Vec<Vec<&'static str>> {
-    if !estimator::step::lowbit::fp8_of(cfg).torchao() {
+    if !cfg.fp8_recipe().torchao() {
         return Vec::new();
     }
     let whole = Config { tp: 1, pp: 1, cp: 1, ep: 1, gpus: 1, ..cfg.clone() };

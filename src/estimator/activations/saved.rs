@@ -9,7 +9,7 @@ use crate::estimator::ctx::{Ctx, Values, L, L_DENSE, L_MOE, L_NOPE, L_ROPE, M};
 use crate::estimator::expr::{Expr, Sym};
 use crate::estimator::ledger::{Bytes, Category, Row, RowId};
 use crate::estimator::params::Stage;
-use crate::estimator::precision::{Dtype, Recipe};
+use crate::estimator::precision::Recipe;
 
 use crate::estimator::part::Part;
 
@@ -197,27 +197,8 @@ fn by_variant(
 
 /// The `framework = megatron` profile's ledger (Megatron-LM's tensor list, [`megatron`]).
 pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64) -> Activations {
-    let spec = &cfg.arch;
     let amp = recipe.autocast_weight_copy;
-    let values = Values {
-        b: cfg.batch,
-        s: cfg.seq_per_gpu(),
-        s_kv: cfg.seq,
-        h: spec.hidden,
-        a: spec.heads,
-        k: spec.kv_heads,
-        d: spec.head_dim,
-        f: spec.ffn,
-        v: spec.vocab,
-        p: recipe.compute.bytes(),
-        p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
-        p_lin: if recipe.fp8_weight_cache || crate::estimator::step::lowbit::fp8_of(cfg).te() {
-            Dtype::Fp8.bytes()
-        } else {
-            recipe.compute.bytes()
-        },
-        tp: cfg.tp,
-    };
+    let values = Values::of(cfg, recipe);
     let cuda = cfg.kernels == Kernels::Cuda;
     let mut t = Terms::default();
     megatron::megatron_terms(&Ctx::new(cfg, values, amp, cuda), &mut t);

@@ -10,7 +10,7 @@
 //! recipe's 16-bit dtype.
 
 use super::ir::{Builder, DType, Dim, Dt, Lora, Shape, Split, Tid, B, S};
-use crate::estimator::config::{Config, Finetune, Fp8, Precision, QloraQuant};
+use crate::estimator::config::{Config, Finetune, Fp8, QloraQuant};
 use crate::estimator::ctx::Q;
 use crate::estimator::model::Linear;
 
@@ -850,16 +850,6 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// The FP8 recipe a configuration runs: its `fp8` key, or Transformer Engine's delayed scaling
-/// for `precision = mixed-fp8` (which stands for `mixed-bf16-fp32grad` with `fp8 = te-delayed`).
-pub fn fp8_of(cfg: &Config) -> Fp8 {
-    if cfg.fp8 == Fp8::None && cfg.precision == Precision::MixedFp8 {
-        Fp8::TeDelayed
-    } else {
-        cfg.fp8
-    }
-}
-
 /// Whether Transformer Engine keeps transposed FP8 copies on the configuration's GPU: where
 /// non-TN FP8 GEMMs are unsupported (`utils.py is_non_tn_fp8_gemm_supported`: compute capability
 /// 10.0–11.x and ≥ 13.0 support them), i.e. Hopper, Ada and sm120; a custom card is taken for
@@ -871,7 +861,7 @@ pub fn te_transposes(cfg: &Config) -> bool {
 
 /// How `cfg`'s projections run.
 pub fn of(cfg: &Config) -> LowBit {
-    let recipe = fp8_of(cfg);
+    let recipe = cfg.fp8_recipe();
     let fp8 = (recipe != Fp8::None).then(|| Fp8Linear {
         recipe,
         allgathered: cfg.fp8_allgather && recipe == Fp8::TorchaoTensorwise && cfg.zero.stage() == 3,

@@ -11,7 +11,7 @@ use crate::estimator::ctx::{Ctx, Values, Q};
 use crate::estimator::ledger::Bytes;
 use crate::estimator::params::{local_groups, stage_layers, virtual_stage_layers, LocalGroup, Role, Stage};
 use crate::estimator::part::Part;
-use crate::estimator::precision::{Dtype, Recipe};
+use crate::estimator::precision::Recipe;
 use crate::estimator::sharding::Sharding;
 
 /// Everything a stage's programs are built from.
@@ -64,25 +64,7 @@ impl<'a> Setup<'a> {
     pub fn new(cfg: &'a Config, recipe: &Recipe, stage: Stage) -> Setup<'a> {
         let spec = &cfg.arch;
         let amp = recipe.autocast_weight_copy;
-        let values = Values {
-            b: cfg.batch,
-            s: cfg.seq_per_gpu(),
-            s_kv: cfg.seq,
-            h: spec.hidden,
-            a: spec.heads,
-            k: spec.kv_heads,
-            d: spec.head_dim,
-            f: spec.ffn,
-            v: spec.vocab,
-            p: recipe.compute.bytes(),
-            p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
-            p_lin: if recipe.fp8_weight_cache || crate::estimator::step::lowbit::fp8_of(cfg).te() {
-                Dtype::Fp8.bytes()
-            } else {
-                recipe.compute.bytes()
-            },
-            tp: cfg.tp,
-        };
+        let values = Values::of(cfg, recipe);
         let ctx = Ctx::new(cfg, values, amp, cfg.kernels == Kernels::Cuda);
         let mut xv = [0u64; X::COUNT];
         xv[X::DRot as usize] = families::common::rotary_dims(spec);
@@ -167,11 +149,7 @@ impl<'a> Setup<'a> {
             vars,
             compute: DType::of(recipe.compute),
             resid,
-            lin: if recipe.fp8_weight_cache || crate::estimator::step::lowbit::fp8_of(cfg).te() {
-                DType::Fp8
-            } else {
-                DType::of(recipe.compute)
-            },
+            lin: if recipe.fp8_weight_cache || cfg.fp8_recipe().te() { DType::Fp8 } else { DType::of(recipe.compute) },
             accumulate: if cfg.kernels == Kernels::Cpu { Accumulate::OutOfPlace } else { Accumulate::InPlace },
         }
     }
