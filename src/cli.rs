@@ -545,8 +545,47 @@ pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
     Ok(match args.output {
         PlanOutput::Json => format!("{}\n", plan_json(req, &result, seconds)),
         PlanOutput::Csv => plan::to_csv(&result, config::encode_query),
+        PlanOutput::Text if result.plans.is_empty() => {
+            let mut s = render_plan(req, &result, seconds);
+            s.push_str(&render_widened(req)?);
+            s
+        }
         PlanOutput::Text => render_plan(req, &result, seconds),
     })
+}
+
+/// Where nothing fits: what the same search finds with the knobs that take memory off the GPU
+/// without changing what is trained opened ([`plan::widen`]), with the flags that open them.
+fn render_widened(req: &PlanRequest) -> Result<String, CliError> {
+    let started = std::time::Instant::now();
+    let Some(w) = plan::widen(req)? else {
+        return Ok(
+            "(offload, act_offload and optim are open already: LoRA or QLoRA, --try-finetune full,lora,qlora, changes what is trained)\n"
+                .into(),
+        );
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let mut flags = Vec::new();
+    for k in &w.knobs {
+        let keys: &[&str] = match *k {
+            "act_offload" => &["act_offload", "act_offload_layers"],
+            "optim" => &["optim", "optim_impl"],
+            _ => std::slice::from_ref(k),
+        };
+        for key in keys {
+            if let Some(values) = w.request.space.spelled(key).filter(|v| v.len() > 1) {
+                flags.push(format!("--try-{} {}", key.replace('_', "-"), values.join(",")));
+            }
+        }
+    }
+    let mut s =
+        format!("\nthe knobs that take memory off the GPU without changing what is trained, opened as well ({}):\n\n", flags.join(" "));
+    if w.result.plans.is_empty() {
+        s.push_str("none of those fits either: LoRA or QLoRA (--try-finetune full,lora,qlora) changes what is trained; or add GPUs\n");
+    } else {
+        s.push_str(&render_plan(&w.request, &w.result, seconds));
+    }
+    Ok(s)
 }
 
 /// The stable JSON document of `trainmem plan --json` (the page's JSON export is the same,

@@ -125,6 +125,42 @@ fn plan_fix_says_when_no_single_change_fits_and_where_combinations_are_searched(
 }
 
 #[test]
+fn where_nothing_in_the_space_fits_plan_searches_again_with_the_host_memory_knobs_open_and_says_how() {
+    // Llama 3.2 3B in full on one RTX 4090: 51 GB of weights, gradients and AdamW states before
+    // any activation. Nothing of the default space fits; offloading the optimizer does.
+    let (code, out, err) = trainmem(&[
+        "plan",
+        "--model",
+        "llama-3.2-3b",
+        "--gpu",
+        "rtx-4090",
+        "--gpus",
+        "1",
+        "--seq",
+        "1024",
+        "--global-batch",
+        "4",
+        "--top",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("no configuration of the space fits"), "{out}");
+    let flags = "--try-offload none,optimizer,optimizer+params --try-act-offload none,torchtune --try-optim adamw,adam8bit --try-optim-impl fused,foreach";
+    assert!(out.contains(&format!("opened as well ({flags})")), "{out}");
+    let query = out.lines().find_map(|l| l.strip_prefix("plan 1: ?")).expect("the wider search's plan 1");
+    let cfg = decode_query(query).config;
+    assert!(analyse(&cfg).expect("valid").verdict.fits, "{query}");
+    assert_eq!(cfg.finetune, trainmem::estimator::config::Finetune::Full, "what is trained stays as it was");
+    // The flags it names are the CLI's own: the same search, asked for, finds the same plan 1.
+    let mut args =
+        vec!["plan", "--model", "llama-3.2-3b", "--gpu", "rtx-4090", "--gpus", "1", "--seq", "1024", "--global-batch", "4", "--top", "2"];
+    args.extend(flags.split(' '));
+    let (code, again, err) = trainmem(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(again.lines().find_map(|l| l.strip_prefix("plan 1: ?")), Some(query), "{again}");
+}
+
+#[test]
 fn a_global_batch_that_is_not_whole_sequences_names_the_key() {
     let (code, _, err) = trainmem(&["plan", "--gpus", "8", "--seq", "3000", "--global-batch-tokens", "1m"]);
     assert_eq!(code, 1);

@@ -224,6 +224,38 @@ pub struct Space {
 }
 
 impl Space {
+    /// This space with `knob` (one of [`KNOBS`]) open to every value the planner offers for it
+    /// beyond the default space, the base's own value first: the optimizer and the parameters
+    /// offloaded to the host or not (`offload`), torchtune's activation offloading — on
+    /// Megatron's profile Transformer Engine's per-layer offloading of half the layers instead
+    /// (`act_offload`, `act_offload_layers`) —, AdamW or 8-bit Adam, fused or foreach (`optim`,
+    /// `optim_impl`), full fine-tuning, LoRA or QLoRA (`finetune`), every attention kernel
+    /// (`attn`). Any other knob is left as it is. The page's checkboxes and the widening of a
+    /// search that found nothing ([`widen`]) open knobs through it.
+    pub fn opened(mut self, base: &Config, knob: &str) -> Space {
+        /// `values`, with the base's own value first where they leave it out.
+        fn with<T: PartialEq + Copy>(own: T, values: &[T]) -> Vec<T> {
+            std::iter::once(own).chain(values.iter().copied().filter(|v| *v != own)).collect()
+        }
+        match knob {
+            "offload" => self.offload = with(base.offload, &[Offload::None, Offload::Optimizer, Offload::OptimizerParams]),
+            // Megatron's profile offloads per layer (Transformer Engine's), the others through
+            // saved-tensor hooks (torchtune's): the validator refuses each on the other's side.
+            "act_offload" | "act_offload_layers" if base.framework == Framework::Megatron => {
+                self.act_offload_layers = with(base.act_offload_layers, &[0, half_the_layers(base.arch.layers)]);
+            }
+            "act_offload" | "act_offload_layers" => self.act_offload = with(base.act_offload, &[ActOffload::None, ActOffload::Torchtune]),
+            "optim" | "optim_impl" => {
+                self.optim = with(base.optim, &[Optimizer::Adamw, Optimizer::Adam8bit]);
+                self.optim_impl = with(base.optim_impl, &[OptimImpl::Fused, OptimImpl::Foreach]);
+            }
+            "finetune" => self.finetune = with(base.finetune, &[Finetune::Full, Finetune::Lora, Finetune::Qlora]),
+            "attn" => self.attn = with(base.attn, &[Attention::Eager, Attention::Sdpa, Attention::Flash]),
+            _ => {}
+        }
+        self
+    }
+
     /// Only what `base` sets (every valid micro-batch).
     pub fn fixed(base: &Config) -> Space {
         Space {
@@ -319,6 +351,40 @@ impl Space {
             "recompute_layers" => self.recompute_layers.len(),
             "act_offload" => self.act_offload.len(),
             "act_offload_layers" => self.act_offload_layers.len(),
+            _ => return None,
+        })
+    }
+
+    /// Knob `key`'s values as the CLI's `--try-KEY` and the URL spell them (`None` for a name
+    /// that is not one of [`KNOBS`]; the empty micro-batch list, every valid micro-batch, is
+    /// empty here too).
+    pub fn spelled(&self, key: &str) -> Option<Vec<String>> {
+        fn names<T: Named>(v: &[T]) -> Vec<String> {
+            v.iter().map(|x| x.name().to_string()).collect()
+        }
+        fn numbers<T: ToString>(v: &[T]) -> Vec<String> {
+            v.iter().map(T::to_string).collect()
+        }
+        Some(match key {
+            "batch" => numbers(&self.batch),
+            "zero" => names(&self.zero),
+            "recompute" => names(&self.recompute),
+            "attn" => names(&self.attn),
+            "optim" => names(&self.optim),
+            "optim_impl" => names(&self.optim_impl),
+            "offload" => names(&self.offload),
+            "tp" => numbers(&self.tp),
+            "pp" => numbers(&self.pp),
+            "vpp" => numbers(&self.vpp),
+            "cp" => numbers(&self.cp),
+            "ep" => numbers(&self.ep),
+            "sp" => numbers(&self.sp),
+            "finetune" => names(&self.finetune),
+            "compile" => numbers(&self.compile),
+            "recompute_every" => numbers(&self.recompute_every),
+            "recompute_layers" => numbers(&self.recompute_layers),
+            "act_offload" => names(&self.act_offload),
+            "act_offload_layers" => numbers(&self.act_offload_layers),
             _ => return None,
         })
     }
@@ -1365,6 +1431,37 @@ pub fn plan(req: PlanRequest) -> Result<PlanResult, PlanError> {
     Ok(Search::new(req)?.run())
 }
 
+/// The knobs [`widen`] opens when nothing in a space fits, in this order: each takes memory off
+/// the GPU without changing what is trained — the optimizer states (and parameters) moved to the
+/// host, activations moved to pinned host memory, Adam's states in 8 bits. LoRA and QLoRA would
+/// fit more, but train something else: they are left to the user ([`Space::opened`] with
+/// `finetune`).
+pub const WIDENINGS: [&str; 3] = ["offload", "act_offload", "optim"];
+
+/// What a search that found nothing finds once the knobs of [`WIDENINGS`] it left closed are
+/// opened, all at once: the knobs opened (in their order), the wider request and its result.
+#[derive(Clone, Debug)]
+pub struct Widened {
+    pub knobs: Vec<&'static str>,
+    pub request: PlanRequest,
+    pub result: PlanResult,
+}
+
+/// The search of `req` with the [`WIDENINGS`] its space left closed opened ([`Widened`]), for
+/// when `req`'s own search found nothing; `None` where every one of them is open already. Toy: Llama 3.1 70B in full on 8 H100s at 8K tokens, 8 sequences
+/// a step, fits nowhere in the default space (141 GB of sharded weights, gradients and states a
+/// GPU before activations); with the optimizer offloaded it does.
+pub fn widen(req: &PlanRequest) -> Result<Option<Widened>, PlanError> {
+    let knobs: Vec<&'static str> = WIDENINGS.into_iter().filter(|k| req.space.tried(k).is_some_and(|n| n <= 1)).collect();
+    if knobs.is_empty() {
+        return Ok(None);
+    }
+    let mut wider = req.clone();
+    wider.space = knobs.iter().fold(req.space.clone(), |s, k| s.opened(&req.base, k));
+    let result = plan(wider.clone())?;
+    Ok(Some(Widened { knobs, request: wider, result }))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Explain the choice
 // ---------------------------------------------------------------------------------------------
@@ -2203,6 +2300,44 @@ mod tests {
     fn small(model: &str, gpus: u64) -> Config {
         let arch = preset(model).map(|p| p.spec).expect("preset");
         Config { model: model.into(), arch, gpus, seq: 1024, ..Config::default() }
+    }
+
+    #[test]
+    fn a_search_that_finds_nothing_is_widened_by_the_host_memory_knobs_it_left_closed_and_no_others() {
+        // Llama 3.2 3B in full on one RTX 4090 (24 GB): 51 GB of weights, gradients and AdamW
+        // states. Nothing of the default space fits.
+        let base = Config { gpu: "rtx-4090".into(), ..small("llama-3.2-3b", 1) };
+        let req = PlanRequest::new(base.clone(), GlobalBatch::Sequences(4));
+        assert!(plan(req.clone()).expect("plan").plans.is_empty());
+        let w = widen(&req).expect("widen").expect("knobs to open");
+        assert_eq!(w.knobs, WIDENINGS);
+        assert_eq!(w.request.space.offload, [Offload::None, Offload::Optimizer, Offload::OptimizerParams]);
+        assert_eq!(w.request.space.finetune, [Finetune::Full], "LoRA would train something else");
+        assert!(!w.result.plans.is_empty());
+        assert!(w.result.plans.iter().all(|p| p.config.offload != Offload::None
+            || p.config.optim == Optimizer::Adam8bit
+            || p.config.act_offload != ActOffload::None));
+        // Opened already: nothing to widen.
+        let open = WIDENINGS.iter().fold(req.space.clone(), |s, k| s.opened(&base, k));
+        assert!(widen(&PlanRequest { space: open, ..req }).expect("widen").is_none());
+    }
+
+    #[test]
+    fn an_opened_knob_keeps_the_bases_own_value_first_and_offloads_activations_as_the_profile_does() {
+        let sgd = Config { optim: Optimizer::Sgd, act_offload: ActOffload::SaveOnCpu, ..small("llama-3.2-1b", 1) };
+        let s = Space::fixed(&sgd).opened(&sgd, "optim").opened(&sgd, "act_offload");
+        assert_eq!(s.optim, [Optimizer::Sgd, Optimizer::Adamw, Optimizer::Adam8bit]);
+        assert_eq!(s.act_offload, [ActOffload::SaveOnCpu, ActOffload::None, ActOffload::Torchtune]);
+        assert_eq!(s.act_offload_layers, [0]);
+        // Megatron's profile: Transformer Engine's per-layer offloading (16 layers: 0 or 8).
+        let megatron = Config { framework: Framework::Megatron, attn: Attention::Flash, ..small("llama-3.2-1b", 1) };
+        let m = Space::fixed(&megatron).opened(&megatron, "act_offload");
+        assert_eq!((m.act_offload, m.act_offload_layers), (vec![ActOffload::None], vec![0, 8]));
+        // Every knob is spelled as `--try-KEY` reads it.
+        for k in KNOBS {
+            assert!(s.spelled(k).is_some(), "{k}");
+        }
+        assert_eq!(s.spelled("act_offload"), Some(vec!["save_on_cpu".into(), "none".into(), "torchtune".into()]));
     }
 
     #[test]

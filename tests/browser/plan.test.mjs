@@ -94,6 +94,23 @@ test("on Megatron the search tries the block method, and such a plan's row and l
   assert.deepEqual(problems, []);
 });
 
+test('where nothing fits, the planner searches again with the host-memory knobs open, as the CLI does', async () => {
+  // Llama 3.2 3B in full on one RTX 4090: 51 GB of weights, gradients and AdamW states.
+  const { page, problems } = await openPlan('?model=llama-3.2-3b&gpu=rtx-4090&seq=1024');
+  await search(page, 4);
+  await page.waitForSelector('[data-testid=plan-none]');
+  assert.match(await page.textContent('[data-testid=plan-widen-hint]'), /CPU offload of the optimizer and parameters.*Activation offloading.*8-bit Adam/);
+  await page.click('[data-testid=plan-widen]');
+  await page.waitForSelector('[data-testid=plan-row]', { timeout: 120000 });
+  for (const k of ['offload', 'act_offload', 'optim']) assert.equal(await page.isChecked(`[data-testid=plan-knob-${k}]`), true, k);
+  assert.equal(await page.isChecked('[data-testid=plan-knob-finetune]'), false, 'what is trained stays as it was');
+  assert.equal(await page.$('[data-testid=plan-widen]'), null, 'nothing left to open');
+  const first = await page.$eval('[data-testid=plan-row][data-rank="1"]', (r) => r.dataset.query);
+  const out = cli(['plan', '--model', 'llama-3.2-3b', '--gpu', 'rtx-4090', '--gpus', '1', '--seq', '1024', '--global-batch', '4', '--top', '1']);
+  assert.equal(out.split('\n').find((l) => l.startsWith('plan 1: ?')).slice('plan 1: ?'.length), first);
+  assert.deepEqual(problems, []);
+});
+
 test('a row\'s link opens exactly that plan, which fits', async () => {
   const { page, problems } = await openPlan(SMALL);
   await search(page, 32);

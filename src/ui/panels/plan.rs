@@ -19,7 +19,7 @@
 //! alone re-run on every fitting configuration found. The panel also carries the wall time of its last search
 //! (`data-search-ms`) and the time spent searching inside its slices (`data-compute-ms`).
 
-use crate::config::{self, encode_query, ActOffload, Attention, Config, Finetune, Offload, OptimImpl, Optimizer, KEYS};
+use crate::config::{self, encode_query, ActOffload, Config, Finetune, Offload, KEYS};
 use crate::course::panel::Panel;
 use crate::estimator::expr::group_digits;
 use crate::estimator::gpu::{Vendor, GPUS};
@@ -98,6 +98,11 @@ impl Knob {
         }
     }
 
+    /// The knob of a [`plan::KNOBS`] name, where the panel has a checkbox for it.
+    fn of_id(id: &str) -> Option<Knob> {
+        Knob::ALL.into_iter().find(|k| k.id() == id)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Knob::Batch => "Micro-batch and accumulation",
@@ -122,34 +127,32 @@ impl Knob {
     }
 }
 
-/// The space the checked knobs open around `base`.
+/// The space the checked knobs open around `base`: the default space's values for the knobs it
+/// turns, and [`Space::opened`]'s for the ones it leaves as configured (attention, optimizer,
+/// offloading, activation offloading, fine-tuning method).
 fn space_of(base: &Config, on: &[Knob]) -> Space {
     let open = Space::default_for(base);
     let fixed = Space::fixed(base);
     let has = |k: Knob| on.contains(&k);
-    Space {
+    let space = Space {
         batch: if has(Knob::Batch) { Vec::new() } else { vec![base.batch] },
         zero: if has(Knob::Zero) { open.zero } else { fixed.zero },
         recompute: if has(Knob::Recompute) { open.recompute } else { fixed.recompute },
-        attn: if has(Knob::Attn) { vec![Attention::Eager, Attention::Sdpa, Attention::Flash] } else { fixed.attn },
-        optim: if has(Knob::Optim) { vec![Optimizer::Adamw, Optimizer::Adam8bit] } else { fixed.optim },
-        optim_impl: if has(Knob::Optim) { vec![OptimImpl::Fused, OptimImpl::Foreach] } else { fixed.optim_impl },
-        offload: if has(Knob::Offload) { vec![Offload::None, Offload::Optimizer, Offload::OptimizerParams] } else { fixed.offload },
         tp: if has(Knob::Tp) { open.tp } else { fixed.tp },
         sp: if has(Knob::Tp) { open.sp } else { fixed.sp },
         pp: if has(Knob::Pp) { open.pp } else { fixed.pp },
         vpp: if has(Knob::Pp) { vec![1, 2] } else { fixed.vpp },
         cp: if has(Knob::Cp) { open.cp } else { fixed.cp },
         ep: if has(Knob::Ep) { open.ep } else { fixed.ep },
-        finetune: if has(Knob::Finetune) { vec![Finetune::Full, Finetune::Lora, Finetune::Qlora] } else { fixed.finetune },
         compile: if has(Knob::Compile) { open.compile } else { fixed.compile },
         recompute_every: if has(Knob::Recompute) { open.recompute_every } else { fixed.recompute_every },
         recompute_layers: if has(Knob::Recompute) { open.recompute_layers } else { fixed.recompute_layers },
-        // torchtune's hooks where the layers allow them, and Transformer Engine's per-layer
-        // offloading of half the layers (Megatron's profile; the validator refuses the rest).
-        act_offload: if has(Knob::ActOffload) { vec![ActOffload::None, ActOffload::Torchtune] } else { fixed.act_offload },
-        act_offload_layers: if has(Knob::ActOffload) { vec![0, plan::half_the_layers(base.arch.layers)] } else { fixed.act_offload_layers },
-    }
+        ..fixed
+    };
+    [Knob::Attn, Knob::Optim, Knob::Offload, Knob::ActOffload, Knob::Finetune]
+        .into_iter()
+        .filter(|k| has(*k))
+        .fold(space, |s, k| s.opened(base, k.id()))
 }
 
 /// What a finished (or cancelled) search left.
@@ -398,7 +401,7 @@ fn summary_html(f: &Finished) -> String {
         s.push_str("</ul>");
     } else {
         s.push_str(
-            "<p data-testid=\"plan-none\">No configuration of the space fits: open more knobs, add GPUs or shorten the sequence.</p>",
+            "<p data-testid=\"plan-none\">No configuration of the space fits: open more knobs (LoRA or QLoRA changes what is trained), add GPUs or shorten the sequence.</p>",
         );
     }
     s.push_str("<details class=\"plan-assumptions\"><summary>The cost model's assumptions (the step time is an estimate)</summary><ul>");
@@ -580,7 +583,7 @@ pub fn Plan() -> impl IntoView {
         }
     }
 
-    let start = move |_| {
+    let run = move || {
         problem.set(String::new());
         let base = store.config.get_untracked();
         let g = match global() {
@@ -609,6 +612,22 @@ pub fn Plan() -> impl IntoView {
             }
             Err(e) => problem.set(format!("{}: {e}", e.key())),
         }
+    };
+    let start = move |_: leptos::ev::MouseEvent| run();
+    // When nothing fits: the knobs of `plan::WIDENINGS` the search left closed, checked, and the
+    // search run again (each takes memory off the GPU without changing what is trained).
+    let closed_widenings = move || -> Vec<Knob> {
+        finished.with_value(|f| match f.as_ref() {
+            Some(f) if f.result.plans.is_empty() => {
+                plan::WIDENINGS.into_iter().filter_map(Knob::of_id).filter(|k| knobs.with(|on| !on.contains(k))).collect()
+            }
+            _ => Vec::new(),
+        })
+    };
+    let widen = move |_: leptos::ev::MouseEvent| {
+        let more = closed_widenings();
+        knobs.update(|v| v.extend(more));
+        run();
     };
     let cancel = move |_| {
         search.update_value(|s| {
@@ -706,6 +725,21 @@ pub fn Plan() -> impl IntoView {
             {move || results().map(|(summary, table)| view! {
                 <div class="plan-results" data-testid="plan-results">
                     <div inner_html=summary></div>
+                    {move || {
+                        version.get();
+                        let closed = closed_widenings();
+                        (!closed.is_empty()).then(|| {
+                            let names = closed.iter().map(|k| k.label()).collect::<Vec<_>>().join("; ");
+                            view! {
+                                <p class="hint" data-testid="plan-widen-hint">
+                                    "These knobs take memory off the GPU without changing what is trained, and the search left them as configured: " {names.clone()} "."
+                                </p>
+                                <button type="button" class="primary" data-testid="plan-widen" on:click=widen disabled=move || running.get()>
+                                    "Search again with them open"
+                                </button>
+                            }
+                        })
+                    }}
                     <div class="chart-frame">
                         <PlanChart chart=chart/>
                     </div>
