@@ -811,6 +811,7 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
         s.push_str(&format!("fits, with {} headroom\n", format_bytes(h as u128, u)));
     } else {
         s.push_str(&format!("does not fit: needs {} more\n", format_bytes(h.unsigned_abs(), u)));
+        s.push_str("  the cheapest single changes that fit: `trainmem plan --fix` with the same flags; combinations of them: `trainmem plan --gpu ID --gpus N --seq N --global-batch N`\n");
     }
     if e.memory.host > 0 {
         s.push_str(&format!("host memory per GPU process: {}\n", format_bytes(e.memory.host, u)));

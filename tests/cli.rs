@@ -97,6 +97,18 @@ fn the_table_output_shows_formulas_and_the_verdict() {
 }
 
 #[test]
+fn an_estimate_that_does_not_fit_names_the_commands_that_find_what_does_and_they_do() {
+    // Llama 3.1 8B in full on one H100 at 4K: 145 GB in use.
+    let flags = ["--model", "llama-3.1-8b", "--seq", "4096"];
+    let (code, out, err) = trainmem(&[&["estimate"][..], &flags].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("does not fit") && out.contains("`trainmem plan --fix` with the same flags"), "{out}");
+    let (code, fixes, err) = trainmem(&[&["plan", "--fix"][..], &flags].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(fixes.starts_with("the cheapest single changes that make it fit"), "{fixes}");
+}
+
+#[test]
 fn step_exports_every_event_with_allocated_and_reserved_bytes() {
     let (code, out, err) = trainmem(&["step", "--model", "gpt2", "--seq", "128"]);
     assert_eq!(code, 0, "{err}");
