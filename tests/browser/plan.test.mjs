@@ -96,10 +96,11 @@ test("on Megatron the search tries the block method, and such a plan's row and l
 
 test('where nothing fits, the planner searches again with the host-memory knobs open, as the CLI does', async () => {
   // Llama 3.2 3B in full on one RTX 4090: 51 GB of weights, gradients and AdamW states.
-  const { page, problems } = await openPlan('?model=llama-3.2-3b&gpu=rtx-4090&seq=1024');
+  const { page, problems } = await openPlan('?model=llama-3.2-3b&gpu=rtx-4090&seq=1024', { bypassCSP: true });
   await search(page, 4);
   await page.waitForSelector('[data-testid=plan-none]');
   assert.match(await page.textContent('[data-testid=plan-widen-hint]'), /CPU offload of the optimizer and parameters.*Activation offloading.*8-bit Adam/);
+  assert.deepEqual(await axeViolations(page), []);
   await page.click('[data-testid=plan-widen]');
   await page.waitForSelector('[data-testid=plan-row]', { timeout: 120000 });
   for (const k of ['offload', 'act_offload', 'optim']) assert.equal(await page.isChecked(`[data-testid=plan-knob-${k}]`), true, k);
