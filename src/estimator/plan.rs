@@ -1486,8 +1486,8 @@ fn knob_value(key: &str, k: &Knobs) -> String {
         "zero" => k.zero.name().to_string(),
         "recompute" => k.recompute.name().to_string(),
         "attn" => k.attn.name().to_string(),
-        "optim" => format!("{:?}", k.optim).to_lowercase(),
-        "optim_impl" => format!("{:?}", k.optim_impl).to_lowercase(),
+        "optim" => k.optim.name().to_string(),
+        "optim_impl" => k.optim_impl.name().to_string(),
         "offload" => k.offload.name().to_string(),
         "tp" => k.tp.to_string(),
         "pp" => k.pp.to_string(),
@@ -1495,7 +1495,7 @@ fn knob_value(key: &str, k: &Knobs) -> String {
         "cp" => k.cp.to_string(),
         "ep" => k.ep.to_string(),
         "sp" => k.sp.to_string(),
-        "finetune" => format!("{:?}", k.finetune).to_lowercase(),
+        "finetune" => k.finetune.name().to_string(),
         "compile" => k.compile.to_string(),
         "recompute_every" => k.recompute_every.to_string(),
         "recompute_layers" => k.recompute_layers.to_string(),
@@ -1542,9 +1542,23 @@ fn describe(key: &str, k: &Knobs) -> String {
         "vpp" => format!("{} virtual stage{}", k.vpp, if k.vpp == 1 { "" } else { "s" }),
         "cp" => format!("context parallelism {}", k.cp),
         "ep" => format!("expert parallelism {}", k.ep),
-        "optim" => format!("{:?}", k.optim),
-        "optim_impl" => format!("{:?} optimizer step", k.optim_impl).to_lowercase(),
-        "finetune" => format!("{:?}", k.finetune).to_lowercase(),
+        "optim" => match k.optim {
+            Optimizer::Sgd => "SGD",
+            Optimizer::Momentum => "SGD with momentum",
+            Optimizer::Adamw => "AdamW",
+            Optimizer::Adafactor => "Adafactor",
+            Optimizer::Lion => "Lion",
+            Optimizer::Adam8bit => "8-bit Adam",
+            Optimizer::Muon => "Muon",
+        }
+        .into(),
+        "optim_impl" => format!("{} optimizer step", k.optim_impl.name()),
+        "finetune" => match k.finetune {
+            Finetune::Full => "full fine-tuning",
+            Finetune::Lora => "LoRA",
+            Finetune::Qlora => "QLoRA",
+        }
+        .into(),
         "compile" => {
             if k.compile {
                 "torch.compile".into()

@@ -147,6 +147,10 @@ pub struct Store {
     /// The last change applied from the answers panel (a fix, a next change): what it promised,
     /// so that the verdict can say whether the configuration it led to keeps that promise.
     pub applied: RwSignal<Option<Applied>>,
+    /// How many times the answers asked the planner to search for what fits (their "no single
+    /// change" line's button): the Plan panel searches on each new ask, and widens the search
+    /// by itself where nothing fits ([`crate::estimator::plan::widen`]).
+    pub plan_asks: RwSignal<u32>,
     /// In the lazily loaded module: where its changes go (the page's store, which answers
     /// with its new state); `None` on the page, where they are applied here.
     remote: Option<StoredValue<Remote, LocalStorage>>,
@@ -221,6 +225,8 @@ pub struct Mirror {
     pub revealed: bool,
     /// A shared benchmark result (`bench=`).
     pub bench: String,
+    /// [`Store::plan_asks`].
+    pub plan_asks: u32,
 }
 
 impl Mirror {
@@ -233,7 +239,7 @@ impl Mirror {
             Look::Projector => "projector",
         };
         let compare = self.compare.as_deref().map_or_else(|| "-".to_string(), |q| format!("+{}", pe(q)));
-        format!("{}\n{compare}\n{look}\n{}\n{}", pe(&self.config), u8::from(self.revealed), pe(&self.bench))
+        format!("{}\n{compare}\n{look}\n{}\n{}\n{}", pe(&self.config), u8::from(self.revealed), pe(&self.bench), self.plan_asks)
     }
 
     pub fn decode(text: &str) -> Option<Mirror> {
@@ -248,7 +254,8 @@ impl Mirror {
         };
         let revealed = lines.next()? == "1";
         let bench = pd(lines.next()?);
-        Some(Mirror { config, compare, look, revealed, bench })
+        let plan_asks = lines.next()?.parse().ok()?;
+        Some(Mirror { config, compare, look, revealed, bench, plan_asks })
     }
 }
 
@@ -314,6 +321,7 @@ impl Store {
             compare_estimate: Memo::new(move |_| compare.with(|c| c.as_ref().map(|c| crate::estimator::analyse(c).map(|a| a.estimate)))),
             revealed: RwSignal::new(!quiz),
             applied: RwSignal::new(None),
+            plan_asks: RwSignal::new(0),
             remote: None,
         }
     }
@@ -372,6 +380,7 @@ impl Store {
             look: self.look(),
             revealed: self.revealed.get(),
             bench: self.bench.get(),
+            plan_asks: self.plan_asks.get(),
         }
     }
 
@@ -398,6 +407,9 @@ impl Store {
         }
         if self.bench.with_untracked(|b| *b != m.bench) {
             self.bench.set(m.bench.clone());
+        }
+        if self.plan_asks.get_untracked() != m.plan_asks {
+            self.plan_asks.set(m.plan_asks);
         }
     }
 

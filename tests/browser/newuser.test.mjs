@@ -149,6 +149,13 @@ test('where no single change makes it fit, the answers say so and lead to the pl
   const box = await page.$eval('[data-panel=plan]', (e) => { const r = e.getBoundingClientRect(); return { top: r.top, height: innerHeight }; });
   assert.ok(box.top >= -1 && box.top < box.height, `the planner is in view: ${JSON.stringify(box)}`);
   assert.equal(await page.inputValue('[data-testid=plan-global]'), '8');
+  // It searches at once; nothing of its default space fits, so it searches again with the
+  // host-memory knobs open, says so, and lists what fits.
+  await page.waitForSelector('[data-testid=plan-row]', { timeout: 180000 });
+  assert.match(await page.textContent('[data-testid=plan-widened]'), /Nothing fit with the knobs as they were.*CPU offload of the optimizer and parameters/);
+  assert.equal(await page.isChecked('[data-testid=plan-knob-offload]'), true);
+  assert.equal(await page.isChecked('[data-testid=plan-knob-finetune]'), false);
+  assert.match(await page.$eval('[data-testid=plan-row][data-rank="1"]', (r) => r.dataset.query), /offload=optimizer/);
   // A course page that leaves the planner out says where combinations are searched instead.
   const { page: p2, problems: problems2 } = await openPage(browser, `${server.base}?${query}&sections=verdict,answers`);
   await p2.waitForSelector('[data-testid=fixes-none]');

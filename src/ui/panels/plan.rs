@@ -629,6 +629,34 @@ pub fn Plan() -> impl IntoView {
         knobs.update(|v| v.extend(more));
         run();
     };
+    // Asked by the answers ("no single change makes it fit", [`Store::plan_asks`]): search at
+    // once and, where nothing fits, again with the host-memory knobs open — said above the
+    // results, the knobs checked.
+    let asks_seen = StoredValue::new(0u32);
+    let widen_when_empty = StoredValue::new(false);
+    let widened_by_itself = RwSignal::new(Vec::<Knob>::new());
+    Effect::new(move |_| {
+        let n = store.plan_asks.get();
+        if n > asks_seen.get_value() {
+            asks_seen.set_value(n);
+            widen_when_empty.set_value(true);
+            widened_by_itself.set(Vec::new());
+            run();
+        }
+    });
+    Effect::new(move |_| {
+        version.get();
+        if running.get() || !widen_when_empty.get_value() {
+            return;
+        }
+        widen_when_empty.set_value(false);
+        let more = closed_widenings();
+        if !more.is_empty() {
+            knobs.update(|v| v.extend(more.iter().copied()));
+            widened_by_itself.set(more);
+            run();
+        }
+    });
     let cancel = move |_| {
         search.update_value(|s| {
             if let Some(s) = s {
@@ -724,6 +752,14 @@ pub fn Plan() -> impl IntoView {
             </div>
             {move || results().map(|(summary, table)| view! {
                 <div class="plan-results" data-testid="plan-results">
+                    {move || widened_by_itself.with(|w| (!w.is_empty()).then(|| {
+                        let names = w.iter().map(|k| k.label()).collect::<Vec<_>>().join("; ");
+                        view! {
+                            <p class="hint" data-testid="plan-widened">
+                                "Nothing fit with the knobs as they were, so the search ran again with these checked as well (they take memory off the GPU without changing what is trained): " {names} "."
+                            </p>
+                        }
+                    }))}
                     <div inner_html=summary></div>
                     {move || {
                         version.get();

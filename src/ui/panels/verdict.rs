@@ -266,16 +266,18 @@ fn no_single_fix_html(plan: bool) -> String {
     let lead = "No single change makes it fit: it takes several at once (more GPUs with recomputation, sharding, offloading or a smaller micro-batch).";
     if plan {
         format!(
-            "<p class=\"hint\" data-testid=\"fixes-none\">{lead} <button type=\"button\" class=\"answer\" data-open-plan=\"\" data-testid=\"fixes-plan\">Search combinations in the planner</button></p>"
+            "<p class=\"hint\" data-testid=\"fixes-none\">{lead} <button type=\"button\" class=\"answer\" data-open-plan=\"\" data-testid=\"fixes-plan\">Search the planner for combinations that fit</button></p>"
         )
     } else {
         format!("<p class=\"hint\" data-testid=\"fixes-none\">{lead} The full page's planner searches combinations of changes.</p>")
     }
 }
 
-/// Opens the planner (fetching its module) and brings it into view, its heading focused so
-/// that a keyboard or screen-reader user lands where the button sent them.
-fn open_plan(more: crate::ui::lazy::More) {
+/// Asks the planner to search for what fits ([`crate::ui::state::Store::plan_asks`]), opens it
+/// (fetching its module) and brings it into view, its heading focused so that a keyboard or
+/// screen-reader user lands where the button sent them.
+fn open_plan(store: crate::ui::state::Store, more: crate::ui::lazy::More) {
+    store.plan_asks.update(|n| *n += 1);
     more.request(crate::ui::lazy::Lazy::Plan);
     let Some(doc) = web_sys::window().and_then(|w| w.document()) else { return };
     if let Ok(Some(section)) = doc.query_selector("[data-panel=plan]") {
@@ -462,7 +464,7 @@ pub fn Answers() -> impl IntoView {
             return;
         }
         if attr("data-open-plan").is_some() {
-            open_plan(more);
+            open_plan(store, more);
             return;
         }
         if let Some((k, v)) = attr("data-apply").as_deref().and_then(|a| a.split_once('=')) {
