@@ -9,6 +9,11 @@
 //! knobs are the panel's. Step times, throughput and MFU are the cost model's estimates, and
 //! every place that shows one says so.
 //!
+//! Where nothing of the space fits, the panel offers to search again with the knobs that take
+//! memory off the GPU without changing what is trained ([`crate::estimator::plan::widen`]'s
+//! knobs), one button; asked by the answers ("no single change makes it fit",
+//! [`crate::ui::state::Store::plan_asks`]), it searches at once and widens by itself, saying so.
+//!
 //! The planner lives in the lazily loaded module ([`crate::ui::lazy`]): the page shows the
 //! panel's heading and the button that opens it ([`Shell`]), or opens it at once where the link
 //! asks for it (`sections=plan`, an embed's `view=plan`).

@@ -5,7 +5,9 @@
 //! When the configuration does not fit, the answers also list the three cheapest single changes
 //! that make it fit ([`crate::estimator::plan::cheapest_fixes`]), each with its new headroom and
 //! its cost (executed FLOPs and the cost model's estimated step time), each a button that
-//! applies it.
+//! applies it; where no single change does, they say so, and their button asks the planner to
+//! search for combinations that fit (it opens, searches, and widens its own search where
+//! nothing of its default space fits: [`crate::ui::panels::plan`]).
 //!
 //! Both come from [`crate::ui::analysis`]: from the analysis worker where there is one, so the
 //! panel lags a reply behind a change and says so (`aria-busy="true"`, its buttons inert until
