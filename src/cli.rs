@@ -555,7 +555,7 @@ pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
 }
 
 /// Where nothing fits: what the same search finds with the knobs that take memory off the GPU
-/// without changing what is trained opened ([`plan::widen`]), with the flags that open them.
+/// and still train every parameter opened ([`plan::widen`]), with the flags that open them.
 fn render_widened(req: &PlanRequest) -> Result<String, CliError> {
     let started = std::time::Instant::now();
     let Some(w) = plan::widen(req)? else {
@@ -579,7 +579,7 @@ fn render_widened(req: &PlanRequest) -> Result<String, CliError> {
         }
     }
     let mut s =
-        format!("\nthe knobs that take memory off the GPU without changing what is trained, opened as well ({}):\n\n", flags.join(" "));
+        format!("\nthe knobs that take memory off the GPU and still train every parameter (at a cost in step time or in the optimizer states' precision), opened as well ({}):\n\n", flags.join(" "));
     if w.result.plans.is_empty() {
         s.push_str("none of those fits either: LoRA or QLoRA (--try-finetune full,lora,qlora) changes what is trained; or add GPUs\n");
     } else {

@@ -1432,10 +1432,10 @@ pub fn plan(req: PlanRequest) -> Result<PlanResult, PlanError> {
 }
 
 /// The knobs [`widen`] opens when nothing in a space fits, in this order: each takes memory off
-/// the GPU without changing what is trained — the optimizer states (and parameters) moved to the
-/// host, activations moved to pinned host memory, Adam's states in 8 bits. LoRA and QLoRA would
-/// fit more, but train something else: they are left to the user ([`Space::opened`] with
-/// `finetune`).
+/// the GPU and still trains every parameter, at a cost in step time or in the optimizer states'
+/// precision — the optimizer states (and parameters) moved to the host, activations moved to
+/// pinned host memory, Adam's states in 8 bits. LoRA and QLoRA would fit more, but train
+/// something else: they are left to the user ([`Space::opened`] with `finetune`).
 pub const WIDENINGS: [&str; 3] = ["offload", "act_offload", "optim"];
 
 /// What a search that found nothing finds once the knobs of [`WIDENINGS`] it left closed are

@@ -10,7 +10,7 @@
 //! every place that shows one says so.
 //!
 //! Where nothing of the space fits, the panel offers to search again with the knobs that take
-//! memory off the GPU without changing what is trained ([`crate::estimator::plan::widen`]'s
+//! memory off the GPU and still train every parameter ([`crate::estimator::plan::widen`]'s
 //! knobs), one button; asked by the answers ("no single change makes it fit",
 //! [`crate::ui::state::Store::plan_asks`]), it searches at once and widens by itself, saying so.
 //!
@@ -620,7 +620,7 @@ pub fn Plan() -> impl IntoView {
     };
     let start = move |_: leptos::ev::MouseEvent| run();
     // When nothing fits: the knobs of `plan::WIDENINGS` the search left closed, checked, and the
-    // search run again (each takes memory off the GPU without changing what is trained).
+    // search run again (each takes memory off the GPU and still trains every parameter).
     let closed_widenings = move || -> Vec<Knob> {
         finished.with_value(|f| match f.as_ref() {
             Some(f) if f.result.plans.is_empty() => {
@@ -761,7 +761,7 @@ pub fn Plan() -> impl IntoView {
                         let names = w.iter().map(|k| k.label()).collect::<Vec<_>>().join("; ");
                         view! {
                             <p class="hint" data-testid="plan-widened">
-                                "Nothing fit with the knobs as they were, so the search ran again with these checked as well (they take memory off the GPU without changing what is trained): " {names} "."
+                                "Nothing fit with the knobs as they were, so the search ran again with these checked as well (they still train every parameter, at a cost in step time or in the optimizer states' precision): " {names} "."
                             </p>
                         }
                     }))}
@@ -773,7 +773,7 @@ pub fn Plan() -> impl IntoView {
                             let names = closed.iter().map(|k| k.label()).collect::<Vec<_>>().join("; ");
                             view! {
                                 <p class="hint" data-testid="plan-widen-hint">
-                                    "These knobs take memory off the GPU without changing what is trained, and the search left them as configured: " {names.clone()} "."
+                                    "These knobs take memory off the GPU and still train every parameter, at a cost in step time (offloading) or in the optimizer states' precision (8-bit Adam); the search left them as configured: " {names.clone()} "."
                                 </p>
                                 <button type="button" class="primary" data-testid="plan-widen" on:click=widen disabled=move || running.get()>
                                     "Search again with them open"
