@@ -346,8 +346,9 @@ impl<'a> Setup<'a> {
         };
         let code = families::modeling_for(self.cfg.framework, spec.family);
         let (cos, sin) = match code.rope_tables(spec) {
-            // Model buffers (torchtitan's `freqs_cis`, torchtune's `cache`; litgpt's `cos` and `sin`).
-            Some((shape, dt, two)) if code.rope_table_is_buffer() => {
+            // Model buffers (torchtitan's `freqs_cis`, torchtune's `cache`; litgpt's `cos` and `sin`),
+            // and a compiled whole model's own tables (`common::rotary_tables`).
+            Some((shape, dt, two)) if code.rope_table_is_buffer() || self.cfg.compiles_whole_model() => {
                 (Some(b.external(shape, dt, Origin::Buffer, false)), two.then(|| b.external(shape, dt, Origin::Buffer, false)))
             }
             Some((shape, dt, two)) => {

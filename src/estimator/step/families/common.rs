@@ -554,8 +554,22 @@ pub fn sliding_window_mask_for(b: &mut Builder, pos: Tid, attn: Attention, windo
 /// `freqs` (a `mul` for one row of positions) of `half`; the `cat` of `full` when given;
 /// `cast`: the tables are cast to the residual dtype. `freqs`, `emb` and the fp32 tables are
 /// the forward's locals. Returns `(cos, sin)`, counted with the embedding.
+///
+/// Inside a compiled whole model ([`graph_mask`]: `compile_regions = model`) the tables are the
+/// graph's own, made from the `inv_freq` buffer and an `iota` of the positions: the partitioner
+/// keeps neither for backward but recomputes the chain there inside the rotary backward's
+/// kernels (measured: `recipes/llama-gqa.json` `compile=model` lists `iota`, `mul`, `cos` and
+/// `sin` among `recomputed_in_backward` and only `inv_freq` of them among the saved values;
+/// saved bytes 8,192 B = fp32 cos and sin `[1, 64, 16]` under what the eager tables would add).
+/// They are then model state as a buffer is ([`Origin::Buffer`]: not an activation, no
+/// allocation of the step's) — what their kernels hold during the forward, two `[1, s, d_rot]`
+/// tables, is left out.
 pub fn rotary_tables(b: &mut Builder, pos: Tid, half: Shape, full: Option<Shape>, cast: bool) -> (Tid, Tid) {
     b.module = "model.rotary_emb";
+    if graph_mask(b) {
+        let (shape, dt) = (full.unwrap_or(half), if cast { Dt::Resid } else { Dt::F32 });
+        return (b.external(shape.clone(), dt, Origin::Buffer, false), b.external(shape, dt, Origin::Buffer, false));
+    }
     let pf = b.plain("_to_copy", &[pos], seq(), Dt::F32);
     let freqs = b.plain("mul", &[pf], half, Dt::F32);
     let (emb, shape) = match full {
