@@ -568,7 +568,7 @@ pub fn rotary_tables(b: &mut Builder, pos: Tid, half: Shape, full: Option<Shape>
     b.module = "model.rotary_emb";
     if graph_mask(b) {
         let (shape, dt) = (full.unwrap_or(half), if cast { Dt::Resid } else { Dt::F32 });
-        return (b.external(shape.clone(), dt, Origin::Buffer, false), b.external(shape, dt, Origin::Buffer, false));
+        return (b.external(shape, dt, Origin::Buffer, false), b.external(shape, dt, Origin::Buffer, false));
     }
     let pf = b.plain("_to_copy", &[pos], seq(), Dt::F32);
     let freqs = b.plain("mul", &[pf], half, Dt::F32);
