@@ -1448,11 +1448,24 @@ pub struct Widened {
 }
 
 /// The search of `req` with the [`WIDENINGS`] its space left closed opened ([`Widened`]), for
-/// when `req`'s own search found nothing; `None` where every one of them is open already. Toy: Llama 3.1 70B in full on 8 H100s at 8K tokens, 8 sequences
+/// when `req`'s own search found nothing; `None` where every one of them is open already (a
+/// knob is open where it, or the key it comes with — `act_offload_layers`, `optim_impl` —,
+/// tries more than one value). Toy: Llama 3.1 70B in full on 8 H100s at 8K tokens, 8 sequences
 /// a step, fits nowhere in the default space (141 GB of sharded weights, gradients and states a
 /// GPU before activations); with the optimizer offloaded it does.
 pub fn widen(req: &PlanRequest) -> Result<Option<Widened>, PlanError> {
-    let knobs: Vec<&'static str> = WIDENINGS.into_iter().filter(|k| req.space.tried(k).is_some_and(|n| n <= 1)).collect();
+    let open = |key: &str| req.space.tried(key).is_some_and(|n| n > 1);
+    let knobs: Vec<&'static str> = WIDENINGS
+        .into_iter()
+        .filter(|&k| {
+            let with = match k {
+                "act_offload" => "act_offload_layers",
+                "optim" => "optim_impl",
+                other => other,
+            };
+            !open(k) && !open(with)
+        })
+        .collect();
     if knobs.is_empty() {
         return Ok(None);
     }
@@ -2331,9 +2344,14 @@ mod tests {
         assert!(w.result.plans.iter().all(|p| p.config.offload != Offload::None
             || p.config.optim == Optimizer::Adam8bit
             || p.config.act_offload != ActOffload::None));
-        // Opened already: nothing to widen.
+        // Opened already: nothing to widen — also on Megatron's profile, where activation
+        // offloading opens `act_offload_layers` and leaves `act_offload` at one value.
         let open = WIDENINGS.iter().fold(req.space.clone(), |s, k| s.opened(&base, k));
         assert!(widen(&PlanRequest { space: open, ..req }).expect("widen").is_none());
+        let megatron = Config { framework: Framework::Megatron, attn: Attention::Flash, ..base.clone() };
+        let open = WIDENINGS.iter().fold(Space::default_for(&megatron), |s, k| s.opened(&megatron, k));
+        assert_eq!(open.act_offload, [ActOffload::None]);
+        assert!(widen(&PlanRequest { space: open, ..PlanRequest::new(megatron, GlobalBatch::Sequences(4)) }).expect("widen").is_none());
     }
 
     #[test]
