@@ -588,6 +588,9 @@ pub fn Plan() -> impl IntoView {
         }
     }
 
+    // The knobs the last search opened by itself (asked by the answers, nothing fitting), said
+    // above its results until another search is started by hand.
+    let widened_by_itself = RwSignal::new(Vec::<Knob>::new());
     let run = move || {
         problem.set(String::new());
         let base = store.config.get_untracked();
@@ -618,7 +621,10 @@ pub fn Plan() -> impl IntoView {
             Err(e) => problem.set(format!("{}: {e}", e.key())),
         }
     };
-    let start = move |_: leptos::ev::MouseEvent| run();
+    let start = move |_: leptos::ev::MouseEvent| {
+        widened_by_itself.set(Vec::new());
+        run();
+    };
     // When nothing fits: the knobs of `plan::WIDENINGS` the search left closed, checked, and the
     // search run again (each takes memory off the GPU and still trains every parameter).
     let closed_widenings = move || -> Vec<Knob> {
@@ -632,6 +638,7 @@ pub fn Plan() -> impl IntoView {
     let widen = move |_: leptos::ev::MouseEvent| {
         let more = closed_widenings();
         knobs.update(|v| v.extend(more));
+        widened_by_itself.set(Vec::new());
         run();
     };
     // Asked by the answers ("no single change makes it fit", [`Store::plan_asks`]): search at
@@ -639,7 +646,6 @@ pub fn Plan() -> impl IntoView {
     // results, the knobs checked.
     let asks_seen = StoredValue::new(0u32);
     let widen_when_empty = StoredValue::new(false);
-    let widened_by_itself = RwSignal::new(Vec::<Knob>::new());
     Effect::new(move |_| {
         let n = store.plan_asks.get();
         if n > asks_seen.get_value() {
@@ -773,7 +779,7 @@ pub fn Plan() -> impl IntoView {
                             let names = closed.iter().map(|k| k.label()).collect::<Vec<_>>().join("; ");
                             view! {
                                 <p class="hint" data-testid="plan-widen-hint">
-                                    "These knobs take memory off the GPU and still train every parameter, at a cost in step time (offloading) or in the optimizer states' precision (8-bit Adam); the search left them as configured: " {names.clone()} "."
+                                    "These knobs take memory off the GPU and still train every parameter, at a cost in step time (offloading) or in the optimizer states' precision (8-bit Adam); the search left them as configured: " {names} "."
                                 </p>
                                 <button type="button" class="primary" data-testid="plan-widen" on:click=widen disabled=move || running.get()>
                                     "Search again with them open"
