@@ -372,6 +372,17 @@ const MAX_COMPILE_SPEEDUP: f64 = 1.0;
 /// `--import` ([`expand_sources`]).
 const CONFIGURED: [&str; 6] = ["estimate", "step", "plan", "serve", "verify-script", "export"];
 
+/// The query of `--query`'s value: after the first `?` where what stands before it is an
+/// address (a link: `https://…/trainmem/?model=…`, or `?model=…`), else the whole value — a
+/// query whose values hold a `?` (`name=?&…`, which the fuzz test found read as a link and the
+/// name lost) is a query.
+fn link_query(value: &str) -> &str {
+    match value.split_once('?') {
+        Some((address, query)) if !address.contains(['=', '&']) => query,
+        _ => value,
+    }
+}
+
 /// `--query Q` (a share link's query, or the whole link: what the page's address and `trainmem
 /// import` print) and `--import FILE` (a framework's config file, read as `trainmem import`
 /// reads it; several combine as there) turned into the `--KEY VALUE` pairs they set, ahead of
@@ -398,8 +409,7 @@ pub fn expand_sources(args: &[String]) -> Result<Vec<String>, CliError> {
             None => it.next().cloned().ok_or_else(|| CliError::Usage(format!("{flag} needs a value")))?,
         };
         if flag == "--query" {
-            let query = value.split_once('?').map_or(value.as_str(), |(_, q)| q);
-            for (k, v) in config::query_pairs(query) {
+            for (k, v) in config::query_pairs(link_query(&value)) {
                 if !config::PRESENTATION_KEYS.contains(&k.as_str()) {
                     front.extend([format!("--{k}"), v]);
                 }
@@ -1024,6 +1034,16 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_query_whose_values_hold_a_question_mark_is_a_query_and_a_link_gives_its_query() {
+        assert_eq!(link_query("name=?&ssm_heads=1"), "name=?&ssm_heads=1");
+        assert_eq!(link_query("https://example.org/trainmem/?model=gpt2&name=a?b"), "model=gpt2&name=a?b");
+        assert_eq!(link_query("?model=gpt2"), "model=gpt2");
+        assert_eq!(link_query("model=gpt2"), "model=gpt2");
+        let args = expand_sources(&["--query".to_string(), "name=?&seq=512".to_string()]).expect("expands");
+        assert_eq!(args, ["--name", "?", "--seq", "512"]);
     }
 
     #[test]
