@@ -577,12 +577,7 @@ fn render_widened(req: &PlanRequest) -> Result<String, CliError> {
     let seconds = started.elapsed().as_secs_f64();
     let mut flags = Vec::new();
     for k in &w.knobs {
-        let keys: &[&str] = match *k {
-            "act_offload" => &["act_offload", "act_offload_layers"],
-            "optim" => &["optim", "optim_impl"],
-            _ => std::slice::from_ref(k),
-        };
-        for key in keys {
+        for key in plan::widening_keys(k) {
             if let Some(values) = w.request.space.spelled(key).filter(|v| v.len() > 1) {
                 flags.push(format!("--try-{} {}", key.replace('_', "-"), values.join(",")));
             }

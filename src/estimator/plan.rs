@@ -1438,6 +1438,17 @@ pub fn plan(req: PlanRequest) -> Result<PlanResult, PlanError> {
 /// something else: they are left to the user ([`Space::opened`] with `finetune`).
 pub const WIDENINGS: [&str; 3] = ["offload", "act_offload", "optim"];
 
+/// The space's keys a knob of [`WIDENINGS`] opens ([`Space::opened`]): itself and the key it
+/// comes with (activation offloading's layer count, the optimizer's implementation).
+pub fn widening_keys(knob: &str) -> &'static [&'static str] {
+    match knob {
+        "offload" => &["offload"],
+        "act_offload" => &["act_offload", "act_offload_layers"],
+        "optim" => &["optim", "optim_impl"],
+        _ => &[],
+    }
+}
+
 /// What a search that found nothing finds once the knobs of [`WIDENINGS`] it left closed are
 /// opened, all at once: the knobs opened (in their order), the wider request and its result.
 #[derive(Clone, Debug)]
@@ -1455,17 +1466,7 @@ pub struct Widened {
 /// GPU before activations); with the optimizer offloaded it does.
 pub fn widen(req: &PlanRequest) -> Result<Option<Widened>, PlanError> {
     let open = |key: &str| req.space.tried(key).is_some_and(|n| n > 1);
-    let knobs: Vec<&'static str> = WIDENINGS
-        .into_iter()
-        .filter(|&k| {
-            let with = match k {
-                "act_offload" => "act_offload_layers",
-                "optim" => "optim_impl",
-                other => other,
-            };
-            !open(k) && !open(with)
-        })
-        .collect();
+    let knobs: Vec<&'static str> = WIDENINGS.into_iter().filter(|&k| !widening_keys(k).iter().any(|key| open(key))).collect();
     if knobs.is_empty() {
         return Ok(None);
     }
