@@ -117,6 +117,12 @@ pub struct Values {
     pub tp: u64,
 }
 
+/// Whether the linears save their inputs in FP8: Transformer Engine's recipes, or a recipe that
+/// caches FP8 weights (the formulas' `p_lin`, the step program's linear dtype).
+pub fn linear_inputs_fp8(cfg: &Config, recipe: &Recipe) -> bool {
+    recipe.fp8_weight_cache || cfg.fp8_recipe().te()
+}
+
 impl Values {
     /// The quantities of `cfg` under `recipe`: the micro-batch, the tokens on this GPU
     /// ([`Config::seq_per_gpu`]) and the whole sequence the keys span, the model's sizes, and
@@ -138,7 +144,7 @@ impl Values {
             v: spec.vocab,
             p: recipe.compute.bytes(),
             p_res: if amp { recipe.weight.bytes() } else { recipe.compute.bytes() },
-            p_lin: if recipe.fp8_weight_cache || cfg.fp8_recipe().te() { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
+            p_lin: if linear_inputs_fp8(cfg, recipe) { Dtype::Fp8.bytes() } else { recipe.compute.bytes() },
             tp: cfg.tp,
         }
     }

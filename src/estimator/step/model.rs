@@ -149,7 +149,7 @@ impl<'a> Setup<'a> {
             vars,
             compute: DType::of(recipe.compute),
             resid,
-            lin: if recipe.fp8_weight_cache || cfg.fp8_recipe().te() { DType::Fp8 } else { DType::of(recipe.compute) },
+            lin: if crate::estimator::ctx::linear_inputs_fp8(cfg, recipe) { DType::Fp8 } else { DType::of(recipe.compute) },
             accumulate: if cfg.kernels == Kernels::Cpu { Accumulate::OutOfPlace } else { Accumulate::InPlace },
         }
     }
