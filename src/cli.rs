@@ -50,6 +50,8 @@ const USAGE: &str = "usage:
       KNOB: batch zero recompute attn optim optim-impl offload tp pp vpp cp ep sp finetune
             compile recompute-every recompute-layers act-offload act-offload-layers
       also: --compute-efficiency F, --link-efficiency F, --compile-speedup F, --no-overlap
+      where nothing fits, it searches again with offload, act-offload and optim open (text, and
+      --json's `widened`; --csv lists the asked search only)
   trainmem presets [--json]
   trainmem keys
   trainmem --version
@@ -552,12 +554,20 @@ pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
     let started = std::time::Instant::now();
     let result = plan::plan(req.clone())?;
     let seconds = started.elapsed().as_secs_f64();
+    // Where nothing fits, the same search with the knobs that take memory off the GPU opened
+    // (text and JSON; the CSV stays the asked search's rows, its columns one search's).
+    let widened = if result.plans.is_empty() && args.output != PlanOutput::Csv {
+        let started = std::time::Instant::now();
+        plan::widen(req)?.map(|w| (w, started.elapsed().as_secs_f64()))
+    } else {
+        None
+    };
     Ok(match args.output {
-        PlanOutput::Json => format!("{}\n", plan_json(req, &result, seconds)),
+        PlanOutput::Json => format!("{}\n", plan_json(req, &result, seconds, widened.as_ref().map(|(w, s)| (w, *s)))),
         PlanOutput::Csv => plan::to_csv(&result, config::encode_query),
         PlanOutput::Text if result.plans.is_empty() => {
             let mut s = render_plan(req, &result, seconds);
-            s.push_str(&render_widened(req)?);
+            s.push_str(&render_widened(widened.as_ref().map(|(w, s)| (w, *s))));
             s
         }
         PlanOutput::Text => render_plan(req, &result, seconds),
@@ -565,16 +575,13 @@ pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
 }
 
 /// Where nothing fits: what the same search finds with the knobs that take memory off the GPU
-/// and still train every parameter opened ([`plan::widen`]), with the flags that open them.
-fn render_widened(req: &PlanRequest) -> Result<String, CliError> {
-    let started = std::time::Instant::now();
-    let Some(w) = plan::widen(req)? else {
-        return Ok(
-            "(offload, act_offload and optim are open already: LoRA or QLoRA, --try-finetune full,lora,qlora, changes what is trained)\n"
-                .into(),
-        );
+/// and still train every parameter opened ([`plan::widen`]; `None` where they were open
+/// already), with the flags that open them.
+fn render_widened(widened: Option<(&plan::Widened, f64)>) -> String {
+    let Some((w, seconds)) = widened else {
+        return "(offload, act_offload and optim are open already: LoRA or QLoRA, --try-finetune full,lora,qlora, changes what is trained)\n"
+            .into();
     };
-    let seconds = started.elapsed().as_secs_f64();
     let mut flags = Vec::new();
     for k in &w.knobs {
         for key in plan::widening_keys(k) {
@@ -590,13 +597,13 @@ fn render_widened(req: &PlanRequest) -> Result<String, CliError> {
     } else {
         s.push_str(&render_plan(&w.request, &w.result, seconds));
     }
-    Ok(s)
+    s
 }
 
 /// The stable JSON document of `trainmem plan --json` (the page's JSON export is the same,
-/// from [`plan::to_json`]).
-pub fn plan_json(req: &PlanRequest, r: &plan::PlanResult, seconds: f64) -> String {
-    plan::to_json(req, r, seconds, config::encode_query)
+/// from [`plan::to_json`]), with the widened search where the asked one found nothing.
+pub fn plan_json(req: &PlanRequest, r: &plan::PlanResult, seconds: f64, widened: Option<(&plan::Widened, f64)>) -> String {
+    plan::to_json(req, r, seconds, widened, config::encode_query)
 }
 
 fn gpu_name(cfg: &Config) -> String {

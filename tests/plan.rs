@@ -161,6 +161,43 @@ fn where_nothing_in_the_space_fits_plan_searches_again_with_the_host_memory_knob
 }
 
 #[test]
+fn plan_json_carries_the_widened_search_where_nothing_fits_and_its_opened_values_reproduce_it() {
+    // The same 3B-on-a-4090 case: `--json` holds no plan of its own, and the widened search,
+    // the keys it opened, and plan 1 — the text output's plan 1.
+    let base =
+        ["plan", "--model", "llama-3.2-3b", "--gpu", "rtx-4090", "--gpus", "1", "--seq", "1024", "--global-batch", "4", "--top", "2"];
+    let (code, out, err) = trainmem(&[&base[..], &["--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(doc["plans"].as_array().map(Vec::len), Some(0), "{out}");
+    let w = &doc["widened"];
+    assert_eq!(w["knobs"], serde_json::json!(["offload", "act_offload", "optim"]));
+    let query = w["plans"][0]["query"].as_str().expect("the widened plan 1");
+    assert!(w["plans"][0]["fits"].as_bool().expect("fits"));
+    let (_, text, _) = trainmem(&base);
+    assert_eq!(text.lines().find_map(|l| l.strip_prefix("plan 1: ?")), Some(query), "{text}");
+    // Each opened key and its values, asked for with --try-KEY, is that same search.
+    let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    for o in w["opened"].as_array().expect("opened") {
+        let key = o["key"].as_str().expect("key");
+        let values: Vec<&str> = o["values"].as_array().expect("values").iter().filter_map(|v| v.as_str()).collect();
+        args.push(format!("--try-{}", key.replace('_', "-")));
+        args.push(values.join(","));
+    }
+    args.push("--json".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, again, err) = trainmem(&args);
+    assert_eq!(code, 0, "{err}");
+    let again: serde_json::Value = serde_json::from_str(&again).expect("json");
+    assert_eq!(again["plans"][0]["query"].as_str(), Some(query));
+    assert!(again["widened"].is_null(), "a search that found plans widens nothing");
+    // The CSV stays the asked search's rows: the header alone here.
+    let (code, csv, err) = trainmem(&[&base[..], &["--csv"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(csv.lines().count(), 1, "{csv}");
+}
+
+#[test]
 fn a_global_batch_that_is_not_whole_sequences_names_the_key() {
     let (code, _, err) = trainmem(&["plan", "--gpus", "8", "--seq", "3000", "--global-batch-tokens", "1m"]);
     assert_eq!(code, 1);

@@ -2164,6 +2164,48 @@ struct PlanJson<'a> {
     explanation: &'a [Reason],
     plans: Vec<PlanRowJson<'a>>,
     frontier: Vec<PlanRowJson<'a>>,
+    /// Where this search found nothing and the caller searched again with the knobs of
+    /// [`WIDENINGS`] opened ([`widen`]): that search; `null` otherwise.
+    widened: Option<WidenedJson<'a>>,
+}
+
+/// The widened search of a [`PlanJson`]: the knobs opened, each key they opened with the values
+/// it tried (as the URL spells them), and the search's own progress, explanation and plans.
+#[derive(Serialize)]
+struct WidenedJson<'a> {
+    knobs: &'a [&'static str],
+    opened: Vec<OpenedJson>,
+    search_seconds: f64,
+    progress: Progress,
+    explanation: &'a [Reason],
+    plans: Vec<PlanRowJson<'a>>,
+    frontier: Vec<PlanRowJson<'a>>,
+}
+
+/// A key the widened search opened and the values it tried (`--try-KEY v1,v2` on the CLI).
+#[derive(Serialize)]
+struct OpenedJson {
+    key: &'static str,
+    values: Vec<String>,
+}
+
+impl<'a> WidenedJson<'a> {
+    fn of(w: &'a Widened, seconds: f64, query: &dyn Fn(&Config) -> String) -> Self {
+        WidenedJson {
+            knobs: &w.knobs,
+            opened: w
+                .knobs
+                .iter()
+                .flat_map(|k| widening_keys(k).iter().copied())
+                .filter_map(|key| w.request.space.spelled(key).filter(|v| v.len() > 1).map(|values| OpenedJson { key, values }))
+                .collect(),
+            search_seconds: seconds,
+            progress: w.result.progress,
+            explanation: &w.result.explanation,
+            plans: plan_rows(&w.result.plans, query),
+            frontier: plan_rows(&w.result.frontier, query),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -2207,8 +2249,16 @@ fn plan_rows<'a>(plans: &'a [Plan], query: &dyn Fn(&Config) -> String) -> Vec<Pl
 }
 
 /// The stable JSON document of `trainmem plan --json` and of the page's JSON export, with each
-/// plan's share query from `query` (the caller's `config::encode_query`).
-pub fn to_json(req: &PlanRequest, r: &PlanResult, seconds: f64, query: impl Fn(&Config) -> String) -> String {
+/// plan's share query from `query` (the caller's `config::encode_query`), and `widened`, the
+/// search [`widen`] ran where this one found nothing, with its seconds (the page's panel shows
+/// the widened search itself, its knobs checked, and passes `None`).
+pub fn to_json(
+    req: &PlanRequest,
+    r: &PlanResult,
+    seconds: f64,
+    widened: Option<(&Widened, f64)>,
+    query: impl Fn(&Config) -> String,
+) -> String {
     let doc = PlanJson {
         label: r.label,
         model: req.base.display_name(),
@@ -2226,6 +2276,7 @@ pub fn to_json(req: &PlanRequest, r: &PlanResult, seconds: f64, query: impl Fn(&
         explanation: &r.explanation,
         plans: plan_rows(&r.plans, &query),
         frontier: plan_rows(&r.frontier, &query),
+        widened: widened.map(|(w, s)| WidenedJson::of(w, s, &query)),
     };
     serde_json::to_string_pretty(&doc).unwrap_or_else(|err| format!("{{\"error\": \"{err}\"}}"))
 }
@@ -2516,12 +2567,33 @@ mod tests {
     fn the_json_document_lists_each_plan_with_its_query_and_labels_the_estimates() {
         let req = PlanRequest::new(small("qwen2.5-0.5b", 8), GlobalBatch::Sequences(32));
         let r = plan(req.clone()).expect("plan");
-        let doc: serde_json::Value = serde_json::from_str(&to_json(&req, &r, 0.5, |c| format!("batch={}", c.batch))).expect("json");
+        let doc: serde_json::Value = serde_json::from_str(&to_json(&req, &r, 0.5, None, |c| format!("batch={}", c.batch))).expect("json");
         assert_eq!(doc["label"], cost::ESTIMATE_LABEL);
         assert_eq!(doc["plans"].as_array().map(Vec::len), Some(r.plans.len()));
         assert_eq!(doc["plans"][0]["query"], format!("batch={}", r.plans[0].config.batch));
         assert_eq!(doc["plans"][0]["step_s_estimate"].as_f64(), Some(r.plans[0].step_s));
         assert_eq!(doc["search_seconds"].as_f64(), Some(0.5));
+        assert!(doc["widened"].is_null(), "a search that found plans carries no widened one");
+    }
+
+    #[test]
+    fn the_json_document_carries_the_widened_search_with_the_keys_it_opened_and_their_values() {
+        // The 3B-on-a-4090 case above: nothing of the asked space fits, the widened one does.
+        let req = PlanRequest::new(Config { gpu: "rtx-4090".into(), ..small("llama-3.2-3b", 1) }, GlobalBatch::Sequences(4));
+        let r = plan(req.clone()).expect("plan");
+        let w = widen(&req).expect("widen").expect("knobs to open");
+        let doc: serde_json::Value =
+            serde_json::from_str(&to_json(&req, &r, 0.5, Some((&w, 0.25)), |c| c.offload.name().to_string())).expect("json");
+        assert_eq!(doc["plans"].as_array().map(Vec::len), Some(0));
+        let wd = &doc["widened"];
+        assert_eq!(wd["knobs"], serde_json::json!(["offload", "act_offload", "optim"]));
+        assert_eq!(wd["opened"][0], serde_json::json!({"key": "offload", "values": ["none", "optimizer", "optimizer+params"]}));
+        let keys: Vec<&str> = wd["opened"].as_array().expect("opened").iter().filter_map(|o| o["key"].as_str()).collect();
+        assert!(keys.contains(&"act_offload") && keys.contains(&"optim"), "{keys:?}");
+        assert_eq!(wd["search_seconds"].as_f64(), Some(0.25));
+        assert_eq!(wd["plans"].as_array().map(Vec::len), Some(w.result.plans.len()));
+        assert_eq!(wd["plans"][0]["query"], w.result.plans[0].config.offload.name());
+        assert_eq!(wd["progress"]["configurations"].as_u64(), Some(w.result.progress.configurations));
     }
 
     #[test]

@@ -679,7 +679,7 @@ pub fn Plan() -> impl IntoView {
     let export = move |json: bool| {
         let Some(f) = finished.get_value() else { return };
         if json {
-            let text = plan::to_json(&f.request, &f.result, f.wall_ms / 1000.0, encode_query);
+            let text = plan::to_json(&f.request, &f.result, f.wall_ms / 1000.0, None, encode_query);
             dom::download("trainmem-plan.json", "application/json", text.as_bytes());
         } else {
             let text = plan::to_csv(&f.result, encode_query);
