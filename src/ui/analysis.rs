@@ -41,17 +41,21 @@ pub struct Answers {
     pub query: Memo<String>,
     /// Its answers, possibly an earlier configuration's (see [`found_for`]).
     pub found: Signal<Option<Found>>,
+    /// Whether the page places the planner, where "no single change makes it fit" leads (a
+    /// course page or an embed may leave it out): the page's layout, as [`provide`] was told.
+    pub plan_placed: bool,
 }
 
 /// Sets up the answers for the page's configuration, where its layout shows them, before any
 /// panel: their request to the analysis worker is then the first thing each change does,
 /// ahead of the page's own estimate (an effect created first is run first), so the worker
 /// computes while the page's main thread updates the other views. Created in a panel, it came
-/// after them, ~8 ms into each change (measured).
-pub fn provide(config: RwSignal<Config>) {
+/// after them, ~8 ms into each change (measured). `plan_placed`: whether the page's layout
+/// places the planner ([`Answers::plan_placed`]).
+pub fn provide(config: RwSignal<Config>, plan_placed: bool) {
     let key = Memo::new(move |_| config.with(crate::answers::key_of));
     let query = Memo::new(move |_| key.with(encode_query));
-    provide_context(Answers { query, found: found_for(key, query) });
+    provide_context(Answers { query, found: found_for(key, query), plan_placed });
 }
 
 /// The page's answers ([`provide`]).

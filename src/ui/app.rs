@@ -307,7 +307,7 @@ fn App() -> impl IntoView {
 /// created (see [`analysis::provide`] for why the order matters).
 fn provide_answers(results: &[Panel], store: Store) {
     if results.contains(&Panel::Answers) {
-        analysis::provide(store.config);
+        analysis::provide(store.config, results.contains(&Panel::Plan));
     }
 }
 

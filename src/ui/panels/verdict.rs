@@ -36,7 +36,6 @@ use crate::plots::zero_label;
 use crate::ui::analysis::{use_answers, Answers};
 use crate::ui::dom;
 use crate::ui::html::esc;
-use crate::ui::layout::{Layout, Panel};
 use crate::ui::state::{gpu_of, use_store, Applied, GpuChoice};
 use crate::words;
 use leptos::prelude::*;
@@ -391,7 +390,7 @@ fn next_html(next: &[NextChange], unit: Unit) -> String {
 #[component]
 pub fn Answers() -> impl IntoView {
     let store = use_store();
-    let Answers { query, found } = use_answers();
+    let Answers { query, found, plan_placed } = use_answers();
     // Until the analysis worker answers for this configuration, the answers shown are those of
     // an earlier one (or none yet): said, and their buttons do nothing.
     let busy = Memo::new(move |_| found.with(|f| f.as_ref().is_none_or(|f| query.with(|q| f.query != *q))));
@@ -410,13 +409,6 @@ pub fn Answers() -> impl IntoView {
     let fits =
         Memo::new(move |_| store.estimate.with(|e| e.as_ref().map_or(true, |e| store.config.with(|c| words::verdict(e, c, "").fits))));
     let more = crate::ui::lazy::use_more();
-    // Whether this page places the planner (a course page or an embed may leave it out).
-    let plan_placed = store.course.with_value(|s| {
-        Layout::course(s, store.embed, &store.view.get_untracked(), store.compare.with_untracked(Option::is_some))
-            .0
-            .results
-            .contains(&Panel::Plan)
-    });
     // While a reply is due the panel keeps what it shows (the same text: no new HTML to parse
     // and lay out); the reply, or a change that needs none (the unit), renders it again.
     let shown = StoredValue::new(String::new());
