@@ -65,7 +65,11 @@ pub struct Memory {
     pub activations: Bytes,
     pub transient: Bytes,
     pub framework_overhead: Bytes,
-    /// Sum of every ledger row: every component at its largest, as if all were resident at once.
+    /// Sum of every ledger row, as if all were resident at once: each resident component at its
+    /// largest (every gradient, every saved activation) and the working memory alive at the
+    /// step's peak. An upper bound on `peak`, not a quantity that must grow with the model: a
+    /// change that moves the peak (into the layers' backward from the loss's, say) can shrink
+    /// the working-memory row by more than it adds elsewhere.
     pub total: Bytes,
     /// The most memory in use at any moment of the step (≤ `total`): what decides whether the
     /// run fits.
