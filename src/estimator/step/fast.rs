@@ -367,7 +367,7 @@ pub fn pieces(setup: &Setup) -> Pieces {
 /// on every preset) and adding the ones it builds.
 pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pieces {
     let (pro, px0, psh) = setup.prologue();
-    let keys = layer_keys(setup, &psh);
+    let mut keys = layer_keys(setup, &psh);
     let mut layers: Vec<std::rc::Rc<LayerProg>> = Vec::with_capacity(4);
     for k in &keys {
         if layers.iter().any(|l| l.kind == k.kind && l.var == k.var && l.grad == k.grad) {
@@ -389,6 +389,17 @@ pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pi
         layers.push(l);
     }
     let kept = layers.iter().fold(0u8, |a, l| a | slots_kept(&l.kept, &l.prog, &l.sh));
+    // A shared slot goes with the backward of the last layer to release it: the first, in
+    // forward order, that keeps it — under every-N checkpointing only the checkpointed layers
+    // hold the mask and the positions, not the first layer that reads them. A slot no layer
+    // keeps stays with its first user ([`layer_keys`]).
+    let mut taken = 0u8;
+    for k in keys.iter_mut() {
+        let l = layers.iter().find(|l| l.kind == k.kind && l.var == k.var && l.grad == k.grad).expect("every key has its program");
+        let keeps = slots_kept(&l.kept, &l.prog, &l.sh);
+        k.free = (k.free & !kept) | (keeps & !taken);
+        taken |= keeps;
+    }
     let mut p = Pieces { pro, px0, psh, keys, layers, epi: None, ends: Vec::new(), kept };
     let x0_kept = p.keys.first().is_some_and(|k| p.kept_in(k, p.layer(k).x));
     p.ends = model_ends(x0_kept, p.kept, &p.pro, p.px0, &p.psh);
@@ -845,6 +856,105 @@ mod tests {
         println!("{n} stage streams compared");
         assert!(n > 100);
         assert!(bad.is_empty(), "{} of {n} differ:\n{}", bad.len(), bad.join("\n"));
+    }
+
+    /// Every-N checkpointing: only the checkpointed layers hold the mask and the positions, so
+    /// they go with the first checkpointed layer's backward, not the first layer's (Llama 2
+    /// with eager attention, every 2nd layer: the pieces kept the `[s, s]` mask one layer too
+    /// long; the random configurations below found it).
+    #[test]
+    fn the_piecewise_peak_equals_the_materialized_streams_maximum_under_every_nth_layer_checkpointing() {
+        let mut bad = Vec::new();
+        for (name, c) in variants() {
+            for attn in [Attention::Eager, Attention::Sdpa] {
+                let cfg = Config { recompute: Recompute::None, recompute_every: 2, attn, pp: 1, gpus: 1, accum: 1, ..c.clone() };
+                if crate::estimator::validate::validate(&cfg).is_err() {
+                    continue;
+                }
+                let (m, f) = numbers_only(|| (materialized(&cfg, Stage::Whole), fast(&cfg, Stage::Whole)));
+                if m != f {
+                    bad.push(format!("{name} {:?} {attn:?}: stream {m} vs pieces {f}", cfg.precision));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// Beyond [`variants`]' fixed grid: a random preset (3 layers, a 4,096-token vocabulary)
+        /// with a random recipe, checkpointing, optimizer, pipeline stage, accumulation and
+        /// fine-tuning method; every valid one's piecewise peak is its stream's maximum. Run by
+        /// hand (`--ignored`): it still finds three kinds of difference, the pieces under the
+        /// stream by a shared tensor or a few, at these toy sizes: (a) a stage that receives
+        /// its input, under full checkpointing (GPT-2's positions, 512 B; Gemma 2's mask,
+        /// 16 KiB: the prologue's piece releases what the checkpoints hold); (b) the first of
+        /// several stages compiled with the step in backward (GPT-2, 192 KiB); (c) Granite 4.0-H
+        /// with LoRA under autocast and op-level checkpointing (384 KiB).
+        #[test]
+        #[ignore = "finds the three known kinds of difference its doc lists"]
+        fn the_piecewise_peak_equals_the_materialized_streams_maximum_for_random_configurations(
+            preset in 0usize..64,
+            precision in 0usize..9,
+            recompute in 0usize..4,
+            every in 0u64..3,
+            attn in 0usize..2,
+            optim in 0usize..7,
+            imp in 0usize..3,
+            kernels in 0usize..2,
+            pp in 1u64..4,
+            accum in 1u64..3,
+            batch in 1u64..3,
+            finetune in 0usize..3,
+            compile in 0u8..3,
+            in_bwd in 0u8..4,
+            stage in 0usize..3,
+        ) {
+            use crate::estimator::config::{Finetune, Optimizer};
+            use crate::estimator::names::Named;
+            let all = presets();
+            let p = &all[preset % all.len()];
+            let mut arch = p.spec.clone();
+            arch.layers = arch.layers.min(3);
+            arch.dense_layers = arch.dense_layers.min(1);
+            arch.vocab = arch.vocab.min(4096);
+            let pick = |i: usize, n: usize| i % n;
+            // Compile one time in three; the step in backward one in four, where it can be.
+            let (compile, in_bwd) = (compile == 0, in_bwd == 0 && accum == 1);
+            let cfg = Config {
+                model: "custom".into(),
+                arch,
+                seq: 64,
+                batch,
+                accum,
+                precision: Precision::ALL[pick(precision, Precision::ALL.len())].0,
+                recompute: Recompute::ALL[recompute].0,
+                recompute_every: every,
+                attn: [Attention::Eager, Attention::Sdpa][attn],
+                optim: Optimizer::ALL[pick(optim, Optimizer::ALL.len())].0,
+                optim_impl: OptimImpl::ALL[imp].0,
+                kernels: [Kernels::Cuda, Kernels::Cpu][kernels],
+                pp,
+                gpus: pp,
+                finetune: Finetune::ALL[finetune].0,
+                compile,
+                optim_in_bwd: in_bwd,
+                ..Config::default()
+            };
+            if crate::estimator::validate::validate(&cfg).is_ok() {
+                let st = stages(pp);
+                let stage = st[stage % st.len()];
+                let (m, f) = numbers_only(|| (materialized(&cfg, stage), fast(&cfg, stage)));
+                proptest::prop_assert_eq!(
+                    m,
+                    f,
+                    "{} {:?} {:?} every {} {:?} {:?} {:?} {:?} pp {} accum {} batch {} {:?} compile {} in_bwd {} {:?}: stream {} vs pieces {}",
+                    p.id, cfg.precision, cfg.recompute, every, cfg.attn, cfg.optim, cfg.optim_impl, cfg.kernels, pp, accum, batch,
+                    cfg.finetune, compile, in_bwd, stage, m, f
+                );
+            }
+        }
     }
 
     /// The frameworks' own programs too (torchtitan's Llama 3 and Qwen3, whose RoPE buffer is
