@@ -562,12 +562,13 @@ pub fn run_plan(args: &PlanArgs) -> Result<String, CliError> {
     } else {
         None
     };
+    let widened = widened.as_ref().map(|(w, s)| (w, *s));
     Ok(match args.output {
-        PlanOutput::Json => format!("{}\n", plan_json(req, &result, seconds, widened.as_ref().map(|(w, s)| (w, *s)))),
+        PlanOutput::Json => format!("{}\n", plan_json(req, &result, seconds, widened)),
         PlanOutput::Csv => plan::to_csv(&result, config::encode_query),
         PlanOutput::Text if result.plans.is_empty() => {
             let mut s = render_plan(req, &result, seconds);
-            s.push_str(&render_widened(widened.as_ref().map(|(w, s)| (w, *s))));
+            s.push_str(&render_widened(widened));
             s
         }
         PlanOutput::Text => render_plan(req, &result, seconds),
@@ -582,14 +583,8 @@ fn render_widened(widened: Option<(&plan::Widened, f64)>) -> String {
         return "(offload, act_offload and optim are open already: LoRA or QLoRA, --try-finetune full,lora,qlora, changes what is trained)\n"
             .into();
     };
-    let mut flags = Vec::new();
-    for k in &w.knobs {
-        for key in plan::widening_keys(k) {
-            if let Some(values) = w.request.space.spelled(key).filter(|v| v.len() > 1) {
-                flags.push(format!("--try-{} {}", key.replace('_', "-"), values.join(",")));
-            }
-        }
-    }
+    let flags: Vec<String> =
+        w.opened().into_iter().map(|(key, values)| format!("--try-{} {}", key.replace('_', "-"), values.join(","))).collect();
     let mut s =
         format!("\nthe knobs that take memory off the GPU and still train every parameter (at a cost in step time or in the optimizer states' precision), opened as well ({}):\n\n", flags.join(" "));
     if w.result.plans.is_empty() {

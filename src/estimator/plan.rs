@@ -1458,6 +1458,19 @@ pub struct Widened {
     pub result: PlanResult,
 }
 
+impl Widened {
+    /// Each key the knobs opened ([`widening_keys`]) that tries more than one value, with those
+    /// values as the URL and the CLI's `--try-KEY` spell them: the JSON's `opened`, the CLI's
+    /// flags that reproduce the search.
+    pub fn opened(&self) -> Vec<(&'static str, Vec<String>)> {
+        self.knobs
+            .iter()
+            .flat_map(|k| widening_keys(k).iter().copied())
+            .filter_map(|key| self.request.space.spelled(key).filter(|v| v.len() > 1).map(|values| (key, values)))
+            .collect()
+    }
+}
+
 /// The search of `req` with the [`WIDENINGS`] its space left closed opened ([`Widened`]), for
 /// when `req`'s own search found nothing; `None` where every one of them is open already (a
 /// knob is open where it, or the key it comes with — `act_offload_layers`, `optim_impl` —,
@@ -2193,12 +2206,7 @@ impl<'a> WidenedJson<'a> {
     fn of(w: &'a Widened, seconds: f64, query: &dyn Fn(&Config) -> String) -> Self {
         WidenedJson {
             knobs: &w.knobs,
-            opened: w
-                .knobs
-                .iter()
-                .flat_map(|k| widening_keys(k).iter().copied())
-                .filter_map(|key| w.request.space.spelled(key).filter(|v| v.len() > 1).map(|values| OpenedJson { key, values }))
-                .collect(),
+            opened: w.opened().into_iter().map(|(key, values)| OpenedJson { key, values }).collect(),
             search_seconds: seconds,
             progress: w.result.progress,
             explanation: &w.result.explanation,
