@@ -367,7 +367,7 @@ pub fn pieces(setup: &Setup) -> Pieces {
 /// on every preset) and adding the ones it builds.
 pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pieces {
     let (pro, px0, psh) = setup.prologue();
-    let mut keys = layer_keys(setup, &psh);
+    let keys = layer_keys(setup, &psh);
     let mut layers: Vec<std::rc::Rc<LayerProg>> = Vec::with_capacity(4);
     for k in &keys {
         if layers.iter().any(|l| l.kind == k.kind && l.var == k.var && l.grad == k.grad) {
@@ -389,18 +389,17 @@ pub fn pieces_with(setup: &Setup, built: &mut Vec<std::rc::Rc<LayerProg>>) -> Pi
         layers.push(l);
     }
     let kept = layers.iter().fold(0u8, |a, l| a | slots_kept(&l.kept, &l.prog, &l.sh));
+    let mut p = Pieces { pro, px0, psh, keys, layers, epi: None, ends: Vec::new(), kept };
     // A shared slot goes with the backward of the last layer to release it: the first, in
     // forward order, that keeps it — under every-N checkpointing only the checkpointed layers
     // hold the mask and the positions, not the first layer that reads them. A slot no layer
     // keeps stays with its first user ([`layer_keys`]).
+    let keeps: Vec<u8> = p.keys.iter().map(|k| p.layer(k)).map(|l| slots_kept(&l.kept, &l.prog, &l.sh)).collect();
     let mut taken = 0u8;
-    for k in keys.iter_mut() {
-        let l = layers.iter().find(|l| l.kind == k.kind && l.var == k.var && l.grad == k.grad).expect("every key has its program");
-        let keeps = slots_kept(&l.kept, &l.prog, &l.sh);
+    for (k, keeps) in p.keys.iter_mut().zip(keeps) {
         k.free = (k.free & !kept) | (keeps & !taken);
         taken |= keeps;
     }
-    let mut p = Pieces { pro, px0, psh, keys, layers, epi: None, ends: Vec::new(), kept };
     let x0_kept = p.keys.first().is_some_and(|k| p.kept_in(k, p.layer(k).x));
     p.ends = model_ends(x0_kept, p.kept, &p.pro, p.px0, &p.psh);
     if setup.stage.has_head() {
