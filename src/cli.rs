@@ -832,7 +832,7 @@ fn render_table(cfg: &Config, e: &Estimate) -> String {
 /// The step's event stream: CSV (one row per event) or JSON (the stream, reserved per event and
 /// the reserved peak).
 fn render_step(cfg: &Config, json: bool) -> Result<String, CliError> {
-    let r = crate::estimator::reserve::stream_with_reserved(cfg)?;
+    let r = crate::estimator::reserve::stream_with_reserved(cfg, crate::estimator::stream_at(cfg)?)?;
     if json {
         let v = serde_json::json!({
             "configuration": crate::config::encode_query(cfg),

@@ -778,7 +778,9 @@ fn the_weight_gradients_of_fp32_float8_linears_are_written_in_fp32() {
             if r["dtype"] != "fp32" || cfg.fp8 != trainmem::config::Fp8::TorchaoTensorwise || cfg.recompute != Recompute::None {
                 continue;
             }
-            let s = trainmem::estimator::reserve::stream_with_reserved(&cfg).unwrap_or_else(|e| panic!("{id}: {e}"));
+            let s = trainmem::estimator::stream_at(&cfg)
+                .and_then(|at| trainmem::estimator::reserve::stream_with_reserved(&cfg, at))
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
             let grads: u128 = s
                 .stream
                 .events

@@ -137,7 +137,7 @@ fn the_estimate_keeps_torchtitans_norm_output_unit_gathered_at_its_loss_backward
     let e = estimate(&cfg).expect("the tiny torchtitan Llama estimates");
     // The stream the allocator replays: at its peak, the loss backward's log-softmax gradient
     // as measured, the unit's gathered parameters are alive, and nothing else of it.
-    let s = trainmem::estimator::step_stream::step_stream(&cfg).expect("stream");
+    let s = trainmem::estimator::step_stream(&cfg).expect("stream");
     let at = s.peak_event().expect("a peak");
     assert_eq!(at.op, "_log_softmax_backward_data", "{}", at.label());
     assert_eq!(gathered_live(&s)[s.peak_index], head as u128);

@@ -468,7 +468,7 @@ fn the_layout_reads_as_json_for_the_browser_tests() {
 fn the_op_level_timeline_shades_reserved_memory_above_allocated_and_names_the_peak_op() {
     let c = cfg("seq=2048");
     let e = trainmem::estimator::explain(&c).expect("valid");
-    let t = trainmem::estimator::reserve::step_trace(&c, 300).expect("valid");
+    let t = trainmem::estimator::reserve::step_trace(&c, trainmem::estimator::stream_at(&c).expect("valid"), 300).expect("valid");
     let d = trainmem::plots::timeline::trace_data(&t, &e, &c);
     // The allocated peak of the trace, with what lives outside the allocator, is the estimate's
     // peak; reserved is drawn above it and peaks at the nvidia-smi figure of the steady state.

@@ -94,7 +94,7 @@ impl Analysis {
 /// allocator replayed, and the verdict on the deciding figure.
 pub fn analyse(cfg: &Config) -> Result<Analysis, EstimateError> {
     let e = estimate(cfg)?;
-    let reserved = if replays_allocator(cfg) { Some(reserved(cfg)?) } else { None };
+    let reserved = if replays_allocator(cfg) { Some(reserved(cfg, e.stream_at())?) } else { None };
     let e = match &reserved {
         Some(r) => attach_reserve(e, r),
         None => e,

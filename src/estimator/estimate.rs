@@ -7,7 +7,7 @@ use super::ledger::{bytes_of, Bytes, Category, Row, RowId, Summary};
 use super::model::Part;
 use super::params::{self, local_groups, stages, Role, Stage};
 use super::precision::{recipe, Recipe};
-use super::step_stream::resident_of;
+use super::step_stream::{after_forward_of, resident_of, stream_of, StreamAt};
 use super::validate::{validate, EstimateError};
 use super::{activations, expr, family, optimizer, overhead, reserve, sharding, statics, step, timeline};
 use serde::Serialize;
@@ -27,6 +27,9 @@ pub struct Layout {
     pub stage: Stage,
     /// Decoder layers on that stage.
     pub stage_layers: u64,
+    /// Saved activations of the other micro-batches in flight on that stage (1F1B under
+    /// pipeline parallelism; 0 without it), part of the activations row.
+    pub in_flight_activations: Bytes,
     /// Tokens per optimizer step over the whole job: batch × seq × accum × dp.
     pub tokens_per_step: u128,
 }
@@ -114,6 +117,11 @@ impl Memory {
 }
 
 impl Estimate {
+    /// The stage this ledger describes, with its in-flight activations: what the step's stream
+    /// and the caching allocator's replay simulate ([`StreamAt`]).
+    pub fn stream_at(&self) -> StreamAt {
+        StreamAt { stage: self.layout.stage, in_flight: self.layout.in_flight_activations }
+    }
     /// What decides whether the run fits: the larger of the step's figure — nvidia-smi where
     /// the caching allocator was replayed ([`explain`], [`with_reserve`]), else the allocated
     /// peak with what lives outside the allocator — and the loading's (`memory.load_peak`).
@@ -193,6 +201,8 @@ struct StageResult {
     allocated_peak: Bytes,
     /// The loading's allocated peak on this stage.
     load_allocated_peak: Bytes,
+    /// Other micro-batches' saved activations on this stage.
+    in_flight: Bytes,
 }
 
 const WORK: expr::Sym =
@@ -401,7 +411,7 @@ fn stage_ledger(
     }
     let allocated_peak = resident.total() + fast.peak;
     let load_allocated_peak = super::loading::peak(cfg, resident.weights, groups, capacity(cfg));
-    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak, load_allocated_peak }
+    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak, load_allocated_peak, in_flight: other_micro }
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -439,7 +449,34 @@ pub fn with_reserve(cfg: &Config, e: Estimate) -> Result<Estimate, EstimateError
     if !replays_allocator(cfg) || e.components.iter().any(|r| r.id == RowId::AllocatorReserve) {
         return Ok(e);
     }
-    Ok(attach_reserve(e, &reserve::reserved(cfg)?))
+    let at = e.stream_at();
+    Ok(attach_reserve(e, &reserve::reserved(cfg, at)?))
+}
+
+/// The stage whose step is simulated op by op and replayed through the caching allocator: the
+/// most loaded one, as [`estimate`] finds it (without pipeline parallelism, the whole model,
+/// and no estimate is needed to say so).
+pub fn stream_at(cfg: &Config) -> Result<StreamAt, EstimateError> {
+    if cfg.pp <= 1 {
+        validate(cfg)?;
+        return Ok(StreamAt::WHOLE);
+    }
+    estimate(cfg).map(|e| e.stream_at())
+}
+
+/// The step of the most loaded GPU as an event stream (see [`step`]): [`stream_at`]'s stage.
+pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
+    stream_of(cfg, stream_at(cfg)?)
+}
+
+/// What `torch.cuda.memory_allocated()` shows right after the forward pass and its loss, with
+/// the model's output still held (`out = model(input_ids, labels=labels)`: transformers returns
+/// the logits beside the loss): what is resident before the step (parameters, optimizer states,
+/// buffers, the batch, resident gradients) + the step stream's live bytes after its last forward
+/// or loss event + the logits, which the stream frees there (the tracker's reference run drops
+/// the output). The verify script measures the same moment.
+pub fn after_forward(cfg: &Config) -> Result<Bytes, EstimateError> {
+    Ok(after_forward_of(&step_stream(cfg)?))
 }
 
 /// What lives outside the caching allocator while the model loads: the CUDA context, and NCCL's
@@ -514,9 +551,11 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             work_at: None,
             allocated_peak: 0,
             load_allocated_peak: 0,
+            in_flight: 0,
         },
     ));
-    let (StageResult { rows: components, host, timeline, allocated_peak, load_allocated_peak, .. }, peak_label) = best.labelled();
+    let (StageResult { rows: components, host, timeline, allocated_peak, load_allocated_peak, in_flight, .. }, peak_label) =
+        best.labelled();
     // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
     let trainable = if cfg.finetune == Finetune::Full {
         counts.total
@@ -561,6 +600,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         shard: sharding::Sharding::of(cfg).n,
         stage,
         stage_layers: params::stage_layers(cfg.arch.layers, cfg.pp),
+        in_flight_activations: in_flight,
         tokens_per_step: cfg.batch as u128 * cfg.seq as u128 * cfg.accum as u128 * dp as u128,
     };
     let mut warnings = Vec::new();
@@ -803,7 +843,7 @@ mod tests {
         // Lightning quantizes `weight.to(torch.half)`: bitsandbytes 0.42.0's
         // `dequantize_4bit(B, state).to(A.dtype)` writes the head's 131,072,000 weights in fp16
         // (262,144,000 B), then a bf16 copy of the same size, in forward and in backward.
-        let s = crate::estimator::step_stream::step_stream(&Config { qlora_lightning: true, ..litgpt_qlora() }).expect("valid");
+        let s = crate::estimator::step_stream(&Config { qlora_lightning: true, ..litgpt_qlora() }).expect("valid");
         let head = |op: &str, dtype| {
             s.events
                 .iter()
@@ -815,7 +855,7 @@ mod tests {
         assert_eq!(head("dequantize_4bit", DType::Fp16), vec![262_144_000, 262_144_000]);
         assert_eq!(head("_to_copy", DType::Bf16), vec![262_144_000, 262_144_000]);
         // Without the plugin the head stays a bf16 nn.Linear: nothing dequantized there.
-        let plain = crate::estimator::step_stream::step_stream(&litgpt_qlora()).expect("valid");
+        let plain = crate::estimator::step_stream(&litgpt_qlora()).expect("valid");
         assert!(!plain.events.iter().any(|e| e.module == "lm_head" && e.op == "dequantize_4bit"));
     }
 
@@ -828,7 +868,7 @@ mod tests {
         let cfg = Config { qlora_lightning: true, holds_prev_logits: true, ..litgpt_qlora() };
         let groups = local_groups(&cfg, Stage::Whole);
         assert_eq!(crate::estimator::step::model::kept_4bit_input_widths(&groups), 749_568);
-        let s = crate::estimator::step_stream::step_stream(&cfg).expect("valid");
+        let s = crate::estimator::step_stream(&cfg).expect("valid");
         let idx = |op: &str, kind| s.events.iter().position(|e| e.op == op && e.kind == kind);
         use crate::estimator::step::EventKind::{Alloc, Free};
         let bytes = |op: &str| s.events.iter().find(|e| e.op == op && e.kind == Alloc).map(|e| e.bytes);
@@ -854,7 +894,7 @@ mod tests {
             without.memory.allocated_peak
         );
         // Without kept inputs (bitsandbytes 0.43.2 on) only the fp32 logits stay.
-        let fixed = crate::estimator::step_stream::step_stream(&Config { bnb_keeps_input: false, ..cfg }).expect("valid");
+        let fixed = crate::estimator::step_stream(&Config { bnb_keeps_input: false, ..cfg }).expect("valid");
         assert!(!fixed.events.iter().any(|e| e.op == "previous MatMul4Bit inputs"));
         assert!(fixed.events.iter().any(|e| e.op == "previous logits (fp32)" && e.bytes == 131_072_000));
     }

@@ -24,7 +24,7 @@ use super::config::{Config, Optimizer};
 use super::ledger::Bytes;
 use super::step::{self, EventKind, Phase, Stream};
 
-use super::step_stream::StepParts;
+use super::step_stream::{StepParts, StreamAt};
 use super::validate::EstimateError;
 
 /// What replaying the loading and the step through the caching allocator gives.
@@ -74,9 +74,9 @@ fn per_tensor_or_flat(total: Bytes, parts: &[u128], per_unit: u128, out: &mut Ve
 
 /// Replays `cfg`'s loading and step (two steps, after the resident allocations) through the
 /// caching allocator with the configuration's `alloc_conf`.
-pub fn reserved(cfg: &Config) -> Result<Reserved, EstimateError> {
+pub fn reserved(cfg: &Config, at: StreamAt) -> Result<Reserved, EstimateError> {
     let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::validate::invalid("alloc_conf", e.to_string()))?;
-    let parts = super::step_stream::step_parts(cfg)?;
+    let parts = super::step_stream::step_parts(cfg, at)?;
     let r = replay_parts(cfg, &parts, &opts);
     step::model::recycle(parts.stream.events);
     Ok(r)
@@ -346,9 +346,9 @@ pub struct StreamReserved {
 
 /// `cfg`'s step stream, replayed (under `kernels=cuda`) through the caching allocator with a
 /// trace of reserved memory: what `trainmem step` exports and the timeline chart draws.
-pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateError> {
+pub fn stream_with_reserved(cfg: &Config, at: StreamAt) -> Result<StreamReserved, EstimateError> {
     let opts = AllocatorOptions::parse(&cfg.alloc_conf).map_err(|e| super::validate::invalid("alloc_conf", e.to_string()))?;
-    let parts = super::step_stream::step_parts(cfg)?;
+    let parts = super::step_stream::step_parts(cfg, at)?;
     if cfg.kernels != super::config::Kernels::Cuda {
         return Ok(StreamReserved {
             resident: parts.resident,
@@ -378,8 +378,8 @@ pub fn stream_with_reserved(cfg: &Config) -> Result<StreamReserved, EstimateErro
 }
 
 /// [`StepTrace`] of `cfg` with at most `max_points` points.
-pub fn step_trace(cfg: &Config, max_points: usize) -> Result<StepTrace, EstimateError> {
-    let StreamReserved { stream, resident: r, reserved: reserved_by_event, reserved_peak, reserved_at } = stream_with_reserved(cfg)?;
+pub fn step_trace(cfg: &Config, at: StreamAt, max_points: usize) -> Result<StepTrace, EstimateError> {
+    let StreamReserved { stream, resident: r, reserved: reserved_by_event, reserved_peak, reserved_at } = stream_with_reserved(cfg, at)?;
     let other_resident = r.buffers + r.batch + r.activations;
     let (mut act, mut grad, mut tmp) = (0i128, 0i128, 0i128);
     let n = stream.events.len();
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn the_reserved_peak_is_at_least_the_allocated_peak_of_the_default_configuration() {
         let cfg = Config::default();
-        let r = reserved(&cfg).expect("the default configuration is valid");
+        let r = reserved(&cfg, StreamAt::WHOLE).expect("the default configuration is valid");
         assert!(r.reserved_peak >= r.allocated_peak, "{r:?}");
         assert!(r.events > 1000, "{r:?}");
         assert!(!r.at.is_empty());
@@ -454,7 +454,7 @@ mod tests {
     #[test]
     fn the_trace_keeps_the_allocated_peak_and_reserved_never_below_allocated() {
         let cfg = Config { seq: 1024, ..Config::default() };
-        let t = step_trace(&cfg, 200).expect("valid");
+        let t = step_trace(&cfg, crate::estimator::stream_at(&cfg).expect("valid"), 200).expect("valid");
         assert!(t.points.len() <= 200 && t.points.len() > 100, "{}", t.points.len());
         // The trace's peak is the estimate's allocated peak: the downsampling keeps the maximum.
         let e = crate::estimator::estimate(&cfg).expect("valid");
@@ -470,7 +470,7 @@ mod tests {
     #[test]
     fn a_cpu_trace_has_no_reserved_memory() {
         let cfg = Config { kernels: crate::estimator::config::Kernels::Cpu, seq: 256, ..Config::default() };
-        let t = step_trace(&cfg, 50).expect("valid");
+        let t = step_trace(&cfg, crate::estimator::stream_at(&cfg).expect("valid"), 50).expect("valid");
         assert!(t.points.iter().all(|p| p.reserved.is_none()) && t.reserved_peak.is_none());
     }
 
@@ -478,10 +478,42 @@ mod tests {
     fn expandable_segments_reserve_no_more_than_fixed_segments() {
         // Expandable segments map 2 MiB pages on demand instead of whole 20 MiB segments.
         let cfg = Config { seq: 1024, ..Config::default() };
-        let fixed = reserved(&cfg).expect("valid");
-        let exp = reserved(&Config { alloc_conf: "expandable_segments:True".into(), ..cfg }).expect("valid");
+        let fixed = reserved(&cfg, StreamAt::WHOLE).expect("valid");
+        let exp = reserved(&Config { alloc_conf: "expandable_segments:True".into(), ..cfg }, StreamAt::WHOLE).expect("valid");
         assert!(exp.reserved_peak <= fixed.reserved_peak, "fixed {fixed:?} expandable {exp:?}");
         // Both hold at least what they allocate.
         assert!(exp.reserved_peak >= exp.allocated_peak);
+    }
+
+    #[test]
+    fn under_pipeline_parallelism_the_replay_runs_the_most_loaded_stage_with_its_micro_batches_in_flight() {
+        use crate::estimator::params::Stage;
+        let llama = crate::estimator::presets::preset("llama-3.1-8b").expect("a preset").spec;
+        let amp = crate::estimator::config::Precision::AmpBf16;
+        // PP 2 at 8K tokens: the last stage (the 128K-vocabulary loss) is the most loaded. PP 4
+        // at 2K tokens with 8 micro-batches: the first (four micro-batches in flight under 1F1B).
+        let last = Config { arch: llama.clone(), precision: amp, gpus: 2, pp: 2, seq: 8192, ..Config::default() };
+        let first = Config { arch: llama, precision: amp, gpus: 4, pp: 4, seq: 2048, accum: 8, ..Config::default() };
+        for (cfg, stage) in [(last, Stage::Last), (first, Stage::First)] {
+            let e = crate::estimator::estimate(&cfg).expect("valid");
+            let at = e.stream_at();
+            assert_eq!(at.stage, stage);
+            assert_eq!(at.in_flight > 0, stage == Stage::First, "{at:?}");
+            let r = reserved(&cfg, at).expect("valid");
+            // The replay allocates what the ledger does: the same peak, each request rounded up
+            // to 512 B (well under 0.1 % of it).
+            let ledger = e.memory.allocated_peak;
+            assert!(
+                r.allocated_peak >= ledger && r.allocated_peak - ledger < ledger / 1000,
+                "{stage:?}: replay {} ledger {ledger}",
+                r.allocated_peak
+            );
+            // So the reserve row is what the allocator keeps beyond it, not a replay of a lighter
+            // stage that never reaches the ledger's peak (which read 0).
+            let smi = crate::estimator::with_reserve(&cfg, e).expect("valid");
+            let row = smi.components.iter().find(|c| c.id == crate::estimator::ledger::RowId::AllocatorReserve).expect("a reserve row");
+            assert!(row.bytes > 0, "{stage:?}: {row:?}");
+            assert_eq!(smi.memory.reserved_peak, Some(r.reserved_peak.max(ledger)));
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The step of the simulated stage as an event stream ([`step_stream`]), with what the caching
+//! The step of one pipeline stage as an event stream ([`stream_of`]), with what the caching
 //! allocator's replay needs beside it ([`step_parts`]), and what is resident beside it
 //! ([`resident_of`]).
 
@@ -32,18 +32,28 @@ pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other
     }
 }
 
-/// The stage whose step [`step_stream`] and [`reserve`] simulate: the first under pipeline
-/// parallelism (it holds the most micro-batches in flight under 1F1B), else the whole model.
-fn stream_stage(cfg: &Config) -> Stage {
-    if cfg.pp > 1 {
-        Stage::First
-    } else {
-        Stage::Whole
-    }
+/// Which GPU's step is simulated op by op: the stage the ledger describes (the most loaded one,
+/// [`super::Layout::stage`]; the whole model without pipeline parallelism), with the
+/// activations the other micro-batches in flight keep there under 1F1B
+/// ([`super::Layout::in_flight_activations`]), resident beside the stream.
+///
+/// The caching allocator's replay ([`super::reserve`]) runs on this stream: replaying another
+/// stage, or this one without its micro-batches in flight, would reserve less than the ledger's
+/// allocated peak, and the reserve row would read 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamAt {
+    pub stage: Stage,
+    /// Bytes of the other micro-batches' saved activations on `stage`.
+    pub in_flight: Bytes,
 }
 
-/// The step of the simulated stage ([`stream_stage`]) and what the caching-allocator replay
-/// ([`reserve`]) needs beside it, from one build of the stage's program.
+impl StreamAt {
+    /// The whole model, nothing in flight: the only stage without pipeline parallelism.
+    pub const WHOLE: StreamAt = StreamAt { stage: Stage::Whole, in_flight: 0 };
+}
+
+/// The step of one stage ([`StreamAt`]) and what the caching-allocator replay
+/// ([`super::reserve`]) needs beside it, from one build of the stage's program.
 pub struct StepParts {
     pub stream: step::Stream,
     /// The bytes of every parameter tensor, as the module holds it.
@@ -51,20 +61,20 @@ pub struct StepParts {
     /// The elements of each trainable parameter tensor (what the optimizer keeps states for).
     pub trainable: Vec<u128>,
     /// What is resident beside the stream: weights, optimizer states, buffers, batch, resident
-    /// gradients.
+    /// gradients, other micro-batches' activations.
     pub resident: step::model::Resident,
     /// The stage's parameter tensors (what the loading allocates).
     pub groups: Vec<super::params::LocalGroup>,
 }
 
-/// [`StepParts`] of `cfg`.
-pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
+/// [`StepParts`] of `cfg` on the stage `at`.
+pub fn step_parts(cfg: &Config, at: StreamAt) -> Result<StepParts, EstimateError> {
     validate(cfg)?;
     let recipe = recipe(cfg.precision);
-    let stage = stream_stage(cfg);
+    let stage = at.stage;
     let groups = local_groups(cfg, stage);
     let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
-    let resident = resident_of(cfg, &rows, &host, stage, 0);
+    let resident = resident_of(cfg, &rows, &host, stage, at.in_flight);
     let sh = sharding::Sharding::of(cfg);
     let adapters = super::precision::trainable_recipe(cfg, &recipe);
     let temp =
@@ -79,22 +89,13 @@ pub fn step_parts(cfg: &Config) -> Result<StepParts, EstimateError> {
     }))
 }
 
-/// The step of the most loaded GPU as an event stream (see [`step`]).
-pub fn step_stream(cfg: &Config) -> Result<step::Stream, EstimateError> {
-    step_parts(cfg).map(|p| p.stream)
+/// The step of the stage `at` as an event stream (see [`step`]); [`super::step_stream`] picks
+/// the most loaded stage.
+pub fn stream_of(cfg: &Config, at: StreamAt) -> Result<step::Stream, EstimateError> {
+    step_parts(cfg, at).map(|p| p.stream)
 }
 
-/// What `torch.cuda.memory_allocated()` shows right after the forward pass and its loss, with
-/// the model's output still held (`out = model(input_ids, labels=labels)`: transformers returns
-/// the logits beside the loss): what is resident before the step (parameters, optimizer states,
-/// buffers, the batch, resident gradients) + the step stream's live bytes after its last forward
-/// or loss event + the logits, which the stream frees there (the tracker's reference run drops
-/// the output). The verify script measures the same moment.
-pub fn after_forward(cfg: &Config) -> Result<Bytes, EstimateError> {
-    Ok(after_forward_of(&step_stream(cfg)?))
-}
-
-/// [`after_forward`] of a stream already simulated.
+/// [`super::after_forward`] of a stream already simulated.
 pub fn after_forward_of(s: &step::Stream) -> Bytes {
     use step::{EventKind, Phase};
     let Some(last) = s.events.iter().rposition(|e| matches!(e.phase, Phase::Forward | Phase::Loss)) else {

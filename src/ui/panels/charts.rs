@@ -91,7 +91,7 @@ fn chart_of(kind: ChartKind, key: &Config) -> Result<ChartData, String> {
         // The step op by op with the allocator's reserved memory; the coarse timeline where the
         // trace cannot be simulated.
         None => crate::estimator::estimate(key)
-            .map(|e| match crate::estimator::reserve::step_trace(key, TRACE_POINTS) {
+            .map(|e| match crate::estimator::reserve::step_trace(key, e.stream_at(), TRACE_POINTS) {
                 Ok(t) => ChartData::trace(&t, &e, key),
                 Err(_) => ChartData::timeline(&e, key),
             })
