@@ -434,6 +434,40 @@ pub struct LayerRun {
     numels: Vec<u128>,
 }
 
+/// The profile of layer piece `f` and its optimizer parameters, from `runs` where the same
+/// program ran with the same inputs and categories (another stage of the configuration), else
+/// run now and added to them.
+fn layer_run(setup: &Setup, pcs: &Pieces, f: &Full, runs: &mut Vec<LayerRun>) -> (Profile, Vec<u128>) {
+    let act = |k: bool| if k { Cat::Activations } else { Cat::Transient };
+    let (pro, psh) = (&pcs.pro, &pcs.psh);
+    let pro_kept = kept_storages(pro);
+    let l = pcs.layer_rc(&f.key);
+    let mut cats = vec![(l.x, act(f.in_kept)), (l.y, act(f.out_kept))];
+    for (slot, (t, pt)) in l.sh.slots().into_iter().zip(psh.slots()).enumerate() {
+        if let (Some(t), Some(pt)) = (t, pt) {
+            // The shared slots' category: kept by a layer or by the prologue.
+            cats.push((t, act(pcs.kept & (1 << slot) != 0 || pro_kept[pro.tensors[pt as usize].base as usize])));
+        }
+    }
+    if let Some(r) = runs.iter().find(|r| std::rc::Rc::ptr_eq(&r.prog, l) && r.full == *f && r.cats == cats) {
+        return (r.prof, r.numels.clone());
+    }
+    let prof = profile(
+        &l.prog,
+        setup.accumulate,
+        if f.held { Inject::Held } else { Inject::Given },
+        resident_grads(setup.cfg),
+        &[],
+        false,
+        &cats,
+        &l.inputs(&f.key),
+        setup.step_hook().map(|h| (h, &[][..])),
+    );
+    let numels = optimizer_params(&l.prog, setup.optimizer_weight());
+    runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
+    (prof, numels)
+}
+
 /// [`stage`] from pieces already built, taking layer profiles from `runs` (profiles of other stages of the same
 /// configuration: the same program run with the same inputs and categories gives the same
 /// profile) and adding the ones it makes.
@@ -473,33 +507,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         if let Some(j) = pieces.iter().position(|p| p.0 == *f) {
             which.push(j);
         } else {
-            let l = pcs.layer_rc(&f.key);
-            let mut cats = vec![(l.x, act(f.in_kept)), (l.y, act(f.out_kept))];
-            for (slot, (t, pt)) in l.sh.slots().into_iter().zip(psh.slots()).enumerate() {
-                if let (Some(t), Some(pt)) = (t, pt) {
-                    cats.push((t, slot_cat(slot, pt)));
-                }
-            }
-            let done = runs.iter().find(|r| std::rc::Rc::ptr_eq(&r.prog, l) && r.full == *f && r.cats == cats);
-            let (prof, numels) = match done {
-                Some(r) => (r.prof, r.numels.clone()),
-                None => {
-                    let prof = profile(
-                        &l.prog,
-                        acc_mode,
-                        if f.held { Inject::Held } else { Inject::Given },
-                        resident,
-                        &[],
-                        false,
-                        &cats,
-                        &l.inputs(&f.key),
-                        hook.map(|h| (h, &[][..])),
-                    );
-                    let numels = optimizer_params(&l.prog, setup.optimizer_weight());
-                    runs.push(LayerRun { prog: l.clone(), full: *f, cats, prof, numels: numels.clone() });
-                    (prof, numels)
-                }
-            };
+            let (prof, numels) = layer_run(setup, pcs, f, runs);
             which.push(pieces.len());
             pieces.push((*f, prof, numels));
         }
@@ -596,8 +604,11 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     if let Some(e) = epi_prof {
         a.shift(&e.fin);
     }
-    // The gradient the next stage sent, held by the caller until backward ends.
-    if epi_prof.is_none() && !fulls.is_empty() {
+    // The gradient the next stage sent, held by the caller until backward ends, unless the last
+    // layer hands that buffer on ([`hands_incoming_gradient_on`]): then the piece that ends
+    // the chain frees it, and the caller's reference adds nothing more.
+    let handed_on = fulls.last().is_some_and(|f| f.held && hands_incoming_gradient_on(setup, pcs, f, &piece(fulls.len() - 1).1, runs));
+    if epi_prof.is_none() && !fulls.is_empty() && !handed_on {
         a.shift(&Seg { delta: -y_bytes, delta_cats: [0, 0, -y_bytes], ..zero });
     }
     a.apply(Piece::Reduction, &zero);
@@ -633,6 +644,20 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         peak_seg: i,
         segments: a.segments,
     }
+}
+
+/// Whether the stage's last layer (`f`, held: its output gradient came from the next stage,
+/// [`Inject::Held`]) hands that gradient's buffer on to the layer before it instead of freeing
+/// it: a compiled layer's backward writes its input's gradient into its incoming gradient's
+/// buffer (Inductor reuses the buffer in place, [`super::run::Run`]'s `write_in_place`), so the
+/// same bytes travel down the compiled layers to the piece that frees them (the prologue). The
+/// test: run as an inner layer ([`Inject::Given`], whose incoming gradient the piece frees
+/// itself when it is done with it), its backward frees no more than held — it never freed its
+/// incoming gradient. Eager layers free it (their `add` makes a new one): held, they leave it
+/// to the caller, which frees it when backward ends.
+fn hands_incoming_gradient_on(setup: &Setup, pcs: &Pieces, f: &Full, held: &Profile, runs: &mut Vec<LayerRun>) -> bool {
+    let (given, _) = layer_run(setup, pcs, &Full { held: false, ..*f }, runs);
+    given.bwd.delta == held.bwd.delta
 }
 
 /// A sink that cuts one whole run into the coarse segments of [`stage_with`]: per segment the
@@ -954,6 +979,47 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A compiled layer's backward writes its input's gradient into its incoming gradient's
+    /// buffer, so on a stage that sends its output on, the gradient the next stage sent travels
+    /// down the layers and the prologue frees it; the pieces freed it a second time when
+    /// backward ended (one hidden state per micro-batch too few from then on: under the
+    /// optimizer step a peak that fell as the micro-batch grew). What is alive when the
+    /// optimizer starts is the stream's, on every preset, compiled or not, on each stage.
+    #[test]
+    fn what_is_alive_when_the_optimizer_starts_is_the_streams_on_every_stage_of_a_compiled_pipeline() {
+        let mut bad = Vec::new();
+        for p in presets() {
+            let mut arch = p.spec.clone();
+            arch.layers = arch.layers.min(3);
+            arch.dense_layers = arch.dense_layers.min(1);
+            arch.vocab = arch.vocab.min(4096);
+            for compile in [true, false] {
+                let cfg =
+                    Config { model: "custom".into(), arch: arch.clone(), seq: 64, batch: 2, pp: 2, gpus: 2, compile, ..Config::default() };
+                if crate::estimator::validate::validate(&cfg).is_err() {
+                    continue;
+                }
+                for &stage in stages(2) {
+                    let r = recipe(cfg.precision);
+                    let (m, f) = numbers_only(|| {
+                        let s = super::super::model::simulate_stage(&cfg, &r, stage, Default::default(), 0);
+                        let first =
+                            s.events.iter().position(|e| matches!(e.phase, Phase::Optimizer | Phase::ZeroGrad)).expect("an optimizer");
+                        let e = &s.events[first];
+                        let before = if e.kind == crate::estimator::step::EventKind::Alloc { e.live - e.bytes } else { e.live + e.bytes };
+                        let fast = super::stage(&Setup::new(&cfg, &r, stage), 0);
+                        let reduction = fast.segments.iter().find(|c| c.piece == Piece::Reduction).expect("a reduction segment");
+                        (before as i128, reduction.live)
+                    });
+                    if m != f {
+                        bad.push(format!("{} compile {compile} {stage:?}: stream {m} vs pieces {f}", p.id));
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 
     /// The frameworks' own programs too (torchtitan's Llama 3 and Qwen3, whose RoPE buffer is
