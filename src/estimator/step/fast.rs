@@ -817,16 +817,23 @@ mod tests {
         super::stage(setup, 0).peak
     }
 
+    /// A preset cut to a size whose stream is quick in a debug build: at most 3 layers (1 dense
+    /// before the MoE ones) and a 4,096-token vocabulary.
+    pub(super) fn small(spec: &crate::estimator::model::ModelSpec) -> crate::estimator::model::ModelSpec {
+        let mut arch = spec.clone();
+        arch.layers = arch.layers.min(3);
+        arch.dense_layers = arch.dense_layers.min(1);
+        arch.vocab = arch.vocab.min(4096);
+        arch
+    }
+
     /// Small variants of every preset (the streams of real sizes are long in debug builds):
     /// 3 layers, short sequences, and a spread of recipes, attention, checkpointing, pipeline
     /// stages and optimizer implementations.
     fn variants() -> Vec<(&'static str, Config)> {
         let mut out = Vec::new();
         for p in presets() {
-            let mut arch = p.spec.clone();
-            arch.layers = arch.layers.min(3);
-            arch.dense_layers = arch.dense_layers.min(1);
-            arch.vocab = arch.vocab.min(4096);
+            let arch = small(&p.spec);
             let base = Config { model: "custom".into(), arch, seq: 128, batch: 2, ..Config::default() };
             for (i, (prec, attn, rec, kern, imp)) in [
                 (Precision::Bf16, Attention::Sdpa, Recompute::None, Kernels::Cpu, OptimImpl::Forloop),
@@ -939,10 +946,7 @@ mod tests {
             use crate::estimator::names::Named;
             let all = presets();
             let p = &all[preset % all.len()];
-            let mut arch = p.spec.clone();
-            arch.layers = arch.layers.min(3);
-            arch.dense_layers = arch.dense_layers.min(1);
-            arch.vocab = arch.vocab.min(4096);
+            let arch = small(&p.spec);
             let pick = |i: usize, n: usize| i % n;
             // Compile one time in three; the step in backward one in four, where it can be.
             let (compile, in_bwd) = (compile == 0, in_bwd == 0 && accum == 1);
@@ -991,10 +995,7 @@ mod tests {
     fn what_is_alive_when_the_optimizer_starts_is_the_streams_on_every_stage_of_a_compiled_pipeline() {
         let mut bad = Vec::new();
         for p in presets() {
-            let mut arch = p.spec.clone();
-            arch.layers = arch.layers.min(3);
-            arch.dense_layers = arch.dense_layers.min(1);
-            arch.vocab = arch.vocab.min(4096);
+            let arch = small(&p.spec);
             for compile in [true, false] {
                 let cfg =
                     Config { model: "custom".into(), arch: arch.clone(), seq: 64, batch: 2, pp: 2, gpus: 2, compile, ..Config::default() };
@@ -1170,10 +1171,7 @@ mod debug {
     fn debug_one() {
         let want = std::env::var("DEBUG_PRESET").unwrap_or_default();
         for p in crate::estimator::presets::presets().into_iter().filter(|p| p.id == want) {
-            let mut arch = p.spec.clone();
-            arch.layers = arch.layers.min(3);
-            arch.dense_layers = arch.dense_layers.min(1);
-            arch.vocab = arch.vocab.min(4096);
+            let arch = super::tests::small(&p.spec);
             let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
             let mut cfg = Config { model: "custom".into(), arch, seq: 128, batch: 2, ..Config::default() };
             for (k, v) in [
