@@ -1023,6 +1023,31 @@ mod tests {
         assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 
+    /// A stage that receives its hidden states computes what the layers read as the first
+    /// stage's model forward does after its embedding: the same shared tensors, slot by slot.
+    /// GPT-2's received positions went to the blocks (which take none: the checkpoints held
+    /// them to the end of backward) and Gemma 2's sliding layers read the full mask (its eager
+    /// sliding-window mask was made after the embedding only).
+    #[test]
+    fn a_receiving_stage_shares_with_its_layers_what_the_first_stage_shares_on_every_preset() {
+        let mut bad = Vec::new();
+        for p in presets() {
+            for attn in [Attention::Eager, Attention::Sdpa] {
+                let cfg = Config { model: "custom".into(), arch: small(&p.spec), seq: 64, pp: 2, gpus: 2, attn, ..Config::default() };
+                if crate::estimator::validate::validate(&cfg).is_err() {
+                    continue;
+                }
+                let r = recipe(cfg.precision);
+                let slots = |stage: Stage| numbers_only(|| Setup::new(&cfg, &r, stage).prologue().2.slots().map(|t| t.is_some()));
+                let (first, last) = (slots(Stage::First), slots(Stage::Last));
+                if first != last {
+                    bad.push(format!("{} {attn:?}: first stage {first:?}, receiving stage {last:?}", p.id));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
     /// The frameworks' own programs too (torchtitan's Llama 3 and Qwen3, whose RoPE buffer is
     /// model state: in bf16 no Qwen3 layer saves it), in each precision, with and without
     /// checkpointing, on one stage and on two.

@@ -274,13 +274,19 @@ impl Modeling for Gemma2 {
             p(19, "gemma-2-27b", "google/gemma-2-27b", gemma2_windowed(4608, 46, 32, 16, 128, 36864)),
         ]
     }
-    /// `Gemma2Model.forward` before the layers: Llama's, with the embedding scaled by √h and,
-    /// under eager attention, a full and a sliding-window mask.
+    /// `Gemma2Model.forward` before the layers: Llama's, with the embedding scaled by √h and
+    /// [`Self::positions`].
     fn embed(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, ids: Tid, attn: Attention) -> (Tid, Shared) {
-        embed_then(b, p, spec, ids, true, |b| match attn {
+        embed_then(b, p, spec, ids, true, |b| self.positions(b, spec, attn))
+    }
+    /// What `Gemma2Model.forward` computes for the layers, after the embedding or on a stage
+    /// that receives its hidden states: Llama's, and under eager attention a full and a
+    /// sliding-window mask (the sliding layers read the second).
+    fn positions(&self, b: &mut Builder, spec: &ModelSpec, attn: Attention) -> Shared {
+        match attn {
             Attention::Eager => positions(b, spec, attn, false),
             _ => super::llama::positions(b, spec, attn),
-        })
+        }
     }
     fn layer(&self, b: &mut Builder, p: &Params, spec: &ModelSpec, x: Tid, sh: &Shared, _kind: Kind, attn: Attention) -> Tid {
         layer(b, p, spec, x, sh, attn)

@@ -182,6 +182,16 @@ impl Modeling for Gpt2 {
     fn final_norm(&self, b: &mut Builder, p: &Params, _spec: &ModelSpec, x: Tid) -> Tid {
         final_norm(b, p, "transformer.ln_f", Norm::LayerNorm, x)
     }
+    /// `GPT2Model.forward` on a stage that receives its hidden states: the positions and the
+    /// mask as [`Self::embed`] makes them. The blocks take no positions (GPT-2's learned ones are
+    /// summed into the embedding, on the first stage), so no checkpoint holds them: they are a
+    /// local of the model's forward, gone when it returns.
+    fn positions(&self, b: &mut Builder, _spec: &ModelSpec, attn: Attention) -> Shared {
+        b.module = "transformer";
+        let pos = arange(b);
+        let mask = causal_mask(b, pos, attn);
+        Shared { mask, locals: [None, Some(pos)], ..Shared::default() }
+    }
     fn x0_is_local(&self) -> bool {
         false
     }
