@@ -605,9 +605,12 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         a.shift(&e.fin);
     }
     // The gradient the next stage sent, held by the caller until backward ends, unless the last
-    // layer hands that buffer on ([`hands_incoming_gradient_on`]): then the piece that ends
-    // the chain frees it, and the caller's reference adds nothing more.
-    let handed_on = fulls.last().is_some_and(|f| f.held && hands_incoming_gradient_on(setup, pcs, f, &piece(fulls.len() - 1).1, runs));
+    // layer hands that buffer on down to the embedding ([`hands_incoming_gradient_on`]): then
+    // the embedding's backward frees it, and the caller's reference adds nothing more. On a
+    // stage that receives its input the stream gives the received activation's gradient (sent
+    // back) a buffer of its own, and the caller's reference is the one that frees the sent one.
+    let handed_on = setup.stage.has_embedding()
+        && fulls.last().is_some_and(|f| f.held && hands_incoming_gradient_on(setup, pcs, f, &piece(fulls.len() - 1).1, runs));
     if epi_prof.is_none() && !fulls.is_empty() && !handed_on {
         a.shift(&Seg { delta: -y_bytes, delta_cats: [0, 0, -y_bytes], ..zero });
     }
@@ -650,7 +653,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
 /// [`Inject::Held`]) hands that gradient's buffer on to the layer before it instead of freeing
 /// it: a compiled layer's backward writes its input's gradient into its incoming gradient's
 /// buffer (Inductor reuses the buffer in place, [`super::run::Run`]'s `write_in_place`), so the
-/// same bytes travel down the compiled layers to the piece that frees them (the prologue). The
+/// same bytes travel down the compiled layers to the piece that frees them (the embedding). The
 /// test: run as an inner layer ([`Inject::Given`], whose incoming gradient the piece frees
 /// itself when it is done with it), its backward frees no more than held — it never freed its
 /// incoming gradient. Eager layers free it (their `add` makes a new one): held, they leave it
@@ -917,14 +920,20 @@ mod tests {
         /// Beyond [`variants`]' fixed grid: a random preset (3 layers, a 4,096-token vocabulary)
         /// with a random recipe, checkpointing, optimizer, pipeline stage, accumulation and
         /// fine-tuning method; every valid one's piecewise peak is its stream's maximum. Run by
-        /// hand (`--ignored`): it still finds three kinds of difference, the pieces under the
-        /// stream by a shared tensor or a few, at these toy sizes: (a) a stage that receives
-        /// its input, under full checkpointing (GPT-2's positions, 512 B; Gemma 2's mask,
-        /// 16 KiB: the prologue's piece releases what the checkpoints hold); (b) the first of
-        /// several stages compiled with the step in backward (GPT-2, 192 KiB); (c) Granite 4.0-H
-        /// with LoRA under autocast and op-level checkpointing (384 KiB).
+        /// hand (`--ignored`, `PROPTEST_CASES=1500`, the `proptest-regressions` folder it writes
+        /// removed between runs): about one run in two still finds one of five kinds of
+        /// difference, at these toy sizes: (a) Gemma 2 and Gemma 3 compiled, first of two stages
+        /// (pieces 576 KiB under); (b) Granite 4.0-H with LoRA under autocast, every-layer
+        /// checkpointing (384 KiB under); (c) Llama 4 Maverick with LoRA and every-N
+        /// checkpointing, last of three stages (640 KiB under); (d) OLMo 2 with LoRA, autocast,
+        /// op-level checkpointing, compiled, two micro-batches (104 KiB under); (e) DeepSeek-V3
+        /// with LoRA, autocast, compiled, two micro-batches, first stage (32 KiB over). What
+        /// earlier runs found — a receiving stage's shared tensors (GPT-2's positions, Gemma 2's
+        /// sliding mask) and a compiled first stage's incoming gradient (with the step in
+        /// backward too) — no longer appears in ten such runs; the first two have a test over
+        /// every preset each.
         #[test]
-        #[ignore = "finds the three known kinds of difference its doc lists"]
+        #[ignore = "finds the five known kinds of difference its doc lists"]
         fn the_piecewise_peak_equals_the_materialized_streams_maximum_for_random_configurations(
             preset in 0usize..64,
             precision in 0usize..9,
@@ -996,13 +1005,22 @@ mod tests {
         let mut bad = Vec::new();
         for p in presets() {
             let arch = small(&p.spec);
-            for compile in [true, false] {
-                let cfg =
-                    Config { model: "custom".into(), arch: arch.clone(), seq: 64, batch: 2, pp: 2, gpus: 2, compile, ..Config::default() };
+            for (compile, recompute) in [(true, Recompute::None), (true, Recompute::Full), (false, Recompute::None)] {
+                let cfg = Config {
+                    model: "custom".into(),
+                    arch: arch.clone(),
+                    seq: 64,
+                    batch: 2,
+                    pp: 3,
+                    gpus: 3,
+                    compile,
+                    recompute,
+                    ..Config::default()
+                };
                 if crate::estimator::validate::validate(&cfg).is_err() {
                     continue;
                 }
-                for &stage in stages(2) {
+                for &stage in stages(3) {
                     let r = recipe(cfg.precision);
                     let (m, f) = numbers_only(|| {
                         let s = super::super::model::simulate_stage(&cfg, &r, stage, Default::default(), 0);
@@ -1015,7 +1033,7 @@ mod tests {
                         (before as i128, reduction.live)
                     });
                     if m != f {
-                        bad.push(format!("{} compile {compile} {stage:?}: stream {m} vs pieces {f}", p.id));
+                        bad.push(format!("{} compile {compile} {recompute:?} {stage:?}: stream {m} vs pieces {f}", p.id));
                     }
                 }
             }
