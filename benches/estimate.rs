@@ -14,19 +14,22 @@ fn bench_estimate(c: &mut Criterion) {
     let moe = decode_query("model=mixtral-8x7b-v0.1&gpus=64&ep=8&zero=3&finetune=qlora&optim=adam8bit").config;
     c.bench_function("estimate mixtral qlora", |b| b.iter(|| estimate(black_box(&moe))));
     // The full simulation (issue 11's target: ≤ 1 ms): Llama-3.1-405B, 128 layers, pp = 16 (the
-    // first stage's 8 layers), its whole event stream materialized.
+    // most loaded stage's 8 layers, found once by the estimate), its whole event stream
+    // materialized.
     let pp16 = decode_query("model=llama-3.1-405b&gpus=128&tp=8&pp=16&seq=8192").config;
-    c.bench_function("step stream llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::step_stream(black_box(&pp16))));
+    let pp16_at = trainmem::estimator::stream_at(&pp16).expect("a valid configuration");
+    let default_at = trainmem::estimator::stream_at(&default).expect("a valid configuration");
+    c.bench_function("step stream llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::stream_of(black_box(&pp16), pp16_at)));
     c.bench_function("estimate llama-3.1-405b pp16", |b| b.iter(|| estimate(black_box(&pp16))));
     // Beside the numeric path, the full explained ledger (every row's formula, substitution and
     // source, and the caching allocator's replay): what opening the ledger and `--json` cost.
     c.bench_function("explain llama-3.1-8b default", |b| b.iter(|| trainmem::estimator::explain(black_box(&default))));
     c.bench_function("explain llama-3.1-405b pp16", |b| b.iter(|| trainmem::estimator::explain(black_box(&pp16))));
     c.bench_function("reserved (stream + allocator replay) llama-3.1-405b pp16", |b| {
-        b.iter(|| trainmem::estimator::reserve::reserved(black_box(&pp16)))
+        b.iter(|| trainmem::estimator::reserve::reserved(black_box(&pp16), pp16_at))
     });
     c.bench_function("reserved (stream + allocator replay) llama-3.1-8b default", |b| {
-        b.iter(|| trainmem::estimator::reserve::reserved(black_box(&default)))
+        b.iter(|| trainmem::estimator::reserve::reserved(black_box(&default), default_at))
     });
     // What the page's every input and each point of a chart sweep run: the estimate, then the
     // caching allocator's replay of the step (`estimator::analyse`, the one front door).
