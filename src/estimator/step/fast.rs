@@ -434,19 +434,31 @@ pub struct LayerRun {
     numels: Vec<u128>,
 }
 
+/// A tensor's category as a piece sees it: kept for backward (by its piece or a neighbour), or
+/// transient.
+fn act(kept: bool) -> Cat {
+    if kept {
+        Cat::Activations
+    } else {
+        Cat::Transient
+    }
+}
+
+/// The category of shared slot `slot` (the prologue's tensor `pt`): kept by a layer or by the
+/// prologue (`pro_kept`, [`kept_storages`] of it).
+fn slot_cat(pcs: &Pieces, pro_kept: &[bool], slot: usize, pt: Tid) -> Cat {
+    act(pcs.kept & (1 << slot) != 0 || pro_kept[pcs.pro.tensors[pt as usize].base as usize])
+}
+
 /// The profile of layer piece `f` and its optimizer parameters, from `runs` where the same
 /// program ran with the same inputs and categories (another stage of the configuration), else
-/// run now and added to them.
-fn layer_run(setup: &Setup, pcs: &Pieces, f: &Full, runs: &mut Vec<LayerRun>) -> (Profile, Vec<u128>) {
-    let act = |k: bool| if k { Cat::Activations } else { Cat::Transient };
-    let (pro, psh) = (&pcs.pro, &pcs.psh);
-    let pro_kept = kept_storages(pro);
+/// run now and added to them (`pro_kept`: the prologue's [`kept_storages`]).
+fn layer_run(setup: &Setup, pcs: &Pieces, pro_kept: &[bool], f: &Full, runs: &mut Vec<LayerRun>) -> (Profile, Vec<u128>) {
     let l = pcs.layer_rc(&f.key);
     let mut cats = vec![(l.x, act(f.in_kept)), (l.y, act(f.out_kept))];
-    for (slot, (t, pt)) in l.sh.slots().into_iter().zip(psh.slots()).enumerate() {
+    for (slot, (t, pt)) in l.sh.slots().into_iter().zip(pcs.psh.slots()).enumerate() {
         if let (Some(t), Some(pt)) = (t, pt) {
-            // The shared slots' category: kept by a layer or by the prologue.
-            cats.push((t, act(pcs.kept & (1 << slot) != 0 || pro_kept[pro.tensors[pt as usize].base as usize])));
+            cats.push((t, slot_cat(pcs, pro_kept, slot, pt)));
         }
     }
     if let Some(r) = runs.iter().find(|r| std::rc::Rc::ptr_eq(&r.prog, l) && r.full == *f && r.cats == cats) {
@@ -483,13 +495,9 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     let (pro, px0, psh) = (&pcs.pro, pcs.px0, &pcs.psh);
     let keys = &pcs.keys;
     let kept_in = |k: &Key, t: Tid| pcs.kept_in(k, t);
-    let kept = pcs.kept;
     let epi = pcs.epi.as_ref();
     let epi_keeps_x = epi.is_some_and(|(e, x)| kept_storages(e)[e.tensors[*x as usize].base as usize]);
     let pro_kept = kept_storages(pro);
-    let act = |k: bool| if k { Cat::Activations } else { Cat::Transient };
-    // The shared slots' category: kept by a layer or by the prologue.
-    let slot_cat = |slot: usize, pt: Tid| act(kept & (1 << slot) != 0 || pro_kept[pro.tensors[pt as usize].base as usize]);
     // Each layer's input and output: kept by the layer that reads it (or the epilogue).
     let fulls: Vec<Full> = (0..keys.len())
         .map(|i| {
@@ -507,7 +515,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         if let Some(j) = pieces.iter().position(|p| p.0 == *f) {
             which.push(j);
         } else {
-            let (prof, numels) = layer_run(setup, pcs, f, runs);
+            let (prof, numels) = layer_run(setup, pcs, &pro_kept, f, runs);
             which.push(pieces.len());
             pieces.push((*f, prof, numels));
         }
@@ -547,7 +555,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     let mut pro_cats = vec![(px0, act(fulls.first().is_some_and(|f| f.in_kept)))];
     for (slot, pt) in psh.slots().into_iter().enumerate() {
         if let Some(pt) = pt {
-            pro_cats.push((pt, slot_cat(slot, pt)));
+            pro_cats.push((pt, slot_cat(pcs, &pro_kept, slot, pt)));
         }
     }
     let pro_prof = profile(pro, acc_mode, Inject::Given, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
@@ -610,7 +618,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     // stage that receives its input the stream gives the received activation's gradient (sent
     // back) a buffer of its own, and the caller's reference is the one that frees the sent one.
     let handed_on = setup.stage.has_embedding()
-        && fulls.last().is_some_and(|f| f.held && hands_incoming_gradient_on(setup, pcs, f, &piece(fulls.len() - 1).1, runs));
+        && fulls.last().is_some_and(|f| f.held && hands_incoming_gradient_on(setup, pcs, &pro_kept, f, &piece(fulls.len() - 1).1, runs));
     if epi_prof.is_none() && !fulls.is_empty() && !handed_on {
         a.shift(&Seg { delta: -y_bytes, delta_cats: [0, 0, -y_bytes], ..zero });
     }
@@ -658,8 +666,8 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
 /// itself when it is done with it), its backward frees no more than held — it never freed its
 /// incoming gradient. Eager layers free it (their `add` makes a new one): held, they leave it
 /// to the caller, which frees it when backward ends.
-fn hands_incoming_gradient_on(setup: &Setup, pcs: &Pieces, f: &Full, held: &Profile, runs: &mut Vec<LayerRun>) -> bool {
-    let (given, _) = layer_run(setup, pcs, &Full { held: false, ..*f }, runs);
+fn hands_incoming_gradient_on(setup: &Setup, pcs: &Pieces, pro_kept: &[bool], f: &Full, held: &Profile, runs: &mut Vec<LayerRun>) -> bool {
+    let (given, _) = layer_run(setup, pcs, pro_kept, &Full { held: false, ..*f }, runs);
     given.bwd.delta == held.bwd.delta
 }
 
