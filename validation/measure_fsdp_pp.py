@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""torchtitan's FSDP2 under pipeline parallelism (validation/README.md "Against published GPU runs" item 5b).
+
+Four CPU ranks over gloo, a 2 × 2 mesh (``pp`` 2 × ``dp_shard`` 2), train torchtitan 0.2.2's own Llama 3 model (as
+measure_fsdp.py builds it: dim 64, vocabulary 4096, here 4 layers) split into two pipeline stages as torchtitan's
+``distributed/pipeline_parallel.py pipeline_module_split`` splits it (a deep copy of the whole model per stage, the
+modules of other stages deleted or set to ``None``: stage 0 ``tok_embeddings, layers.0, layers.1``, stage 1 ``layers.2,
+layers.3, norm, output``), each stage wrapped by torchtitan 0.2.2's own ``apply_fsdp(..., pp_enabled=True)`` over its
+``dp_shard`` group (policy "default": ``reshard_after_forward = not pp_enabled`` for the embedding and the blocks, the
+``[norm, output]`` unit not resharded, the root) and driven by torch's ``PipelineStage`` and ``Schedule1F1B`` (the
+schedule torchtitan defaults to), whose ``backward_maybe_with_nosync`` sets ``set_reshard_after_backward(False)`` and
+``set_requires_gradient_sync(False)`` for every micro-batch and whose ``perform_reduce_grad`` reduce-scatters once after
+the last (torch 2.15 ``distributed/pipelining/stage.py``). fp32 parameters, ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``, AdamW foreach, micro-batch 2 × 64 tokens, torchtitan's ``cross_entropy_loss``.
+
+Step 2 is profiled on rank 0 (stage 0) and rank 2 (stage 1) with ``torch.profiler`` (``profile_memory=True``), as
+measure_fsdp.py does: every allocation is attributed to the innermost ``FSDP::`` region and aten op, ``live`` is the
+running sum from the start of step 2; what was alive before it (the sharded fp32 parameters, AdamW's states and step
+counters, the buffers, the local batch) is recorded beside it, ``measured_peak_bytes`` the sum. Records: 2 and
+4 micro-batches (under 1F1B stage 0 runs 2 forwards before its first backward; with 4 micro-batches a forward comes
+between the backwards).
+
+Writes tests/fixtures/pytorch/fsdp/pp.json. Usage: PYTHONPATH=<torchtitan 0.2.2 --no-deps target> nice
+validation/.venv/bin/python validation/measure_fsdp_pp.py
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import sys
+import tempfile
+import warnings
+
+warnings.filterwarnings("ignore")
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "pytorch", "fsdp")
+DIM, LAYERS, HEADS, KV_HEADS, VOCAB, BATCH, SEQ = 64, 4, 4, 2, 4096, 2, 64
+PP, DP = 2, 2
+STAGES = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
+
+
+def build():
+    import measure_frameworks as mf
+    titan_model, Args, ce = mf._torchtitan_llama3()
+    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, vocab_size=VOCAB, max_seq_len=SEQ,
+                rope_theta=500000)
+    torch.manual_seed(0)
+    m = titan_model.Transformer(args)
+    with torch.no_grad():
+        m.init_weights()
+    m.train()
+    return m, ce
+
+
+def split(whole, keep):
+    """torchtitan 0.2.2 pipeline_module_split's _build_stage_from_modules: a deep copy, other stages' modules gone."""
+    model = copy.deepcopy(whole)
+    keep = set(keep)
+    for name, mod in list(model.named_children()):
+        if isinstance(mod, torch.nn.ModuleDict):
+            layers = {n.split(".", 1)[1] for n in keep if n.startswith(f"{name}.")}
+            for k in list(mod.keys()):
+                if k not in layers:
+                    del mod[k]
+        elif name not in keep:
+            setattr(model, name, None)
+    return model
+
+
+def worker(rank, world, port, micro, out_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.profiler import ProfilerActivity, profile, record_function
+    import measure_fsdp as mfs
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rs = dist.reduce_scatter_single
+
+    def rs_(output, input, *a, **kw):
+        op = kw.get("op")
+        if op is not None and op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # PREMUL_SUM(1.0): gloo has none
+            kw["op"] = dist.ReduceOp.SUM
+        return rs(output, input, *a, **kw)
+
+    dist.reduce_scatter_single = rs_
+    mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp_shard"))
+    whole, ce = build()
+    stage_idx = mesh["pp"].get_local_rank()
+    model = split(whole, STAGES[stage_idx])
+    del whole
+    from torchtitan.models.llama3.infra.parallelize import apply_fsdp
+    apply_fsdp(model, mesh["dp_shard"], param_dtype=torch.bfloat16, reduce_dtype=torch.float32, pp_enabled=True)
+    # The stage's input and output shapes given (bf16 hidden states between the stages, bf16 logits), as a trainer
+    # that knows them may: gloo's object send of the inferred metadata deadlocks on this 2-D mesh.
+    hidden = torch.empty(BATCH, SEQ, DIM, dtype=torch.bfloat16, requires_grad=True)
+    tokens = torch.empty(BATCH, SEQ, dtype=torch.long)
+    logits = torch.empty(BATCH, SEQ, VOCAB, dtype=torch.bfloat16)
+    io = [(tokens, hidden), (hidden, logits)][stage_idx]
+    stage = PipelineStage(model, stage_idx, PP, torch.device("cpu"), input_args=io[0], output_args=io[1],
+                          group=mesh.get_group("pp"))
+    sched = Schedule1F1B(stage, n_microbatches=micro, loss_fn=ce)  # on every stage: None turns backward off
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    labels = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    trace = out_path + f".trace{rank}.json"
+
+    def step():
+        with record_function("phase:pipeline"):
+            if stage_idx == 0:
+                sched.step(ids, return_outputs=False)
+            else:  # torchtitan 0.2.2 train.py: return_outputs=False (the last stage keeps no logits)
+                sched.step(target=labels, losses=[], return_outputs=False)
+        with record_function("phase:optimizer"):
+            opt.step()
+        with record_function("phase:zero_grad"):
+            opt.zero_grad(set_to_none=True)
+
+    step()
+
+    def nbytes(t):
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.untyped_storage().nbytes()
+
+    # Alive before step 2 (not in the profile's running sum): the sharded fp32 parameters, AdamW's
+    # states (step counters included), the model's buffers, and the whole local batch.
+    before = {"params_bytes": sum(nbytes(p) for p in model.parameters()),
+              "optimizer_state_bytes": sum(nbytes(v) for st in opt.state.values() for v in st.values()
+                                           if torch.is_tensor(v)),
+              "buffers_bytes": sum(nbytes(b) for b in model.buffers()),
+              "batch_bytes": nbytes(ids) + nbytes(labels)}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    if rank % DP == 0:
+        prof.export_chrome_trace(trace)
+        allocs, peak, peak_at, end = mfs.analyse(trace, None)
+        os.remove(trace)
+        stage_params = sum(p.numel() for p in model.parameters())  # DTensors: the unsharded numel
+        with open(out_path + f".{stage_idx}", "w") as f:
+            json.dump({"stage": stage_idx, "units": mfs.units(model), "stage_numel": stage_params, **before,
+                       "measured_peak_bytes": peak + sum(before.values()),
+                       "allocations": allocs, "step_peak_bytes": peak, "peak_at": peak_at, "live_at_step_end": end}, f)
+    dist.destroy_process_group()
+
+
+def main():
+    import torch.multiprocessing as mp
+    import measure_fsdp as mfs
+    doc = {"generated_by": "validation/measure_fsdp_pp.py (validation/README.md published item 5b)",
+           "torch": torch.__version__.split("+")[0], "torchtitan": "0.2.2", "device": "cpu", "world_size": PP * DP,
+           "mesh": {"pp": PP, "dp_shard": DP}, "backend": "gloo", "schedule": "Schedule1F1B",
+           "model": f"torchtitan 0.2.2 llama3 Transformer dim {DIM}, {LAYERS} layers, {HEADS} heads ({KV_HEADS} kv), "
+                    f"vocab {VOCAB}, split {STAGES}; fp32 parameters, apply_fsdp(pp_enabled=True) with "
+                    f"MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), AdamW foreach, micro-batch b{BATCH} "
+                    f"s{SEQ}, torchtitan cross_entropy_loss; step 2 profiled on ranks 0 (stage 0) and 2 (stage 1)",
+           "records": []}
+    tmp = tempfile.mkdtemp(prefix="fsdp-pp-")
+    for micro in (2, 4):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        path = os.path.join(tmp, f"m{micro}.json")
+        mp.spawn(worker, args=(PP * DP, port, micro, path), nprocs=PP * DP, join=True)
+        for st in range(PP):
+            r = json.load(open(f"{path}.{st}"))
+            doc["records"].append({"id": f"llama3-titan/fsdp2-pp{PP}-dp{DP}/b{BATCH}/s{SEQ}/m{micro}/stage{st}",
+                                   "micro_batches": micro, **r})
+            print(micro, st, "peak", r["step_peak_bytes"], json.dumps(r["peak_at"], indent=1), file=sys.stderr)
+    out = os.path.join(OUT, "pp.json")
+    doc["allocation_columns"] = mfs.ALLOC_COLUMNS
+    for r in doc["records"]:
+        r["allocations"] = [mfs.compact(a) for a in r["allocations"]]
+    with open(out, "w") as f:
+        f.write(mfs.dumps(doc) + "\n")
+
+
+if __name__ == "__main__":
+    main()
