@@ -344,6 +344,41 @@ fn layer_offloaded_row(lo: &step::te_offload::LayerOffload, pieces: &step::fast:
     ))
 }
 
+const N_KEPT: expr::Sym = expr::Sym::new("n", "kept", "micro-batches done whose received input the schedule still holds");
+const X_STAGE: expr::Sym = expr::Sym::new("X", "stage", "one micro-batch's stage input, as received");
+
+/// The stage inputs torch's pipeline schedule keeps after their micro-batch's backward, on a
+/// stage that receives them (torchtitan under pipeline parallelism): `n_kept × X_stage`, with
+/// `n_kept = accum − m` (the micro-batches done; `m` whose activations the ledger counts, the
+/// simulated one included) and `X_stage = b × s/cp × h × b_c` (÷ tp under sequence
+/// parallelism: the residual stream torchtitan sends between stages is sequence-sharded). torch
+/// 2.15 `distributed/pipelining/stage.py`: each micro-batch's received activation lives in the
+/// stage's forward-chunk state and receive buffers until the schedule's step ends (measured on
+/// the last of two stages: every micro-batch's 16,384-B input alive at the peak of the fourth,
+/// freed after the last reduce; `tests/fixtures/pytorch/fsdp/pp.json`).
+fn pipeline_inputs_row(cfg: &Config, recipe: &Recipe, stage: Stage, counted: u64) -> Option<Row> {
+    if cfg.framework != config::Framework::Torchtitan || cfg.pp <= 1 || stage.has_embedding() {
+        return None;
+    }
+    let kept = cfg.accum.saturating_sub(counted.max(1));
+    if kept == 0 {
+        return None;
+    }
+    let split = if cfg.sp && cfg.tp > 1 { cfg.tp } else { 1 } as u128;
+    let x =
+        (cfg.batch as u128 * (cfg.seq / cfg.cp.max(1)) as u128 * cfg.arch.hidden as u128 * recipe.compute.bytes() as u128).div_ceil(split);
+    Some(
+        Row::new(
+            RowId::PipelineInputs,
+            "Received stage inputs kept by the schedule",
+            Category::Activations,
+            expr::Expr::prod([expr::Expr::var(N_KEPT, kept), expr::Expr::var(X_STAGE, x)]),
+            "torch 2.15 distributed/pipelining/stage.py (forward-chunk state, receive buffers), as torchtitan 0.2.2 drives it",
+        )
+        .note("each finished micro-batch's received activation, held until the schedule's step ends"),
+    )
+}
+
 /// Estimates one stage's ledger and simulates its step.
 fn stage_ledger(
     cfg: &Config,
@@ -359,7 +394,7 @@ fn stage_ledger(
     let (mut rows, mut host) = statics::static_rows(cfg, recipe, groups);
     host.extend(offloaded_activations_row(&setup, &pieces));
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
-    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, .. } =
+    let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, in_flight_num, in_flight_den } =
         if cfg.framework != config::Framework::Megatron {
             activations::activations_of(&setup, &pieces, layers)
         } else {
@@ -367,6 +402,9 @@ fn stage_ledger(
         };
     let acts_bytes = acts_row.bytes;
     rows.push(acts_row);
+    let received = pipeline_inputs_row(cfg, recipe, stage, in_flight_num.div_ceil(in_flight_den.max(1)));
+    let received_bytes = received.as_ref().map_or(0, |r| r.bytes);
+    rows.extend(received);
     let gathered = overhead::gathered_layer_bytes(cfg, recipe, groups);
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
@@ -389,7 +427,7 @@ fn stage_ledger(
     let outside = ctx.bytes + nccl.as_ref().map_or(0, |r| r.bytes) + blas.as_ref().map_or(0, |r| r.bytes) + paged;
 
     // The step, op by op (see `step`): its peak above what is resident, piece by piece.
-    let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss);
+    let other_micro = acts_bytes.saturating_sub(embedding + per_layer * layers as u128 + head_and_loss) + received_bytes;
     let resident = resident_of(cfg, &rows, &host, stage, other_micro);
     let other_temp = if cfg.optim == config::Optimizer::Adamw { 0 } else { temp_bytes };
     let fast = step::fast::stage_with(&setup, &pieces, other_temp, runs);
@@ -526,6 +564,18 @@ pub fn attach_reserve(mut e: Estimate, r: &reserve::Reserved) -> Estimate {
 /// `Analysis::explain` add it to).
 pub fn with_formulas(cfg: &Config) -> Result<Estimate, EstimateError> {
     expr::with_formulas(|| ledger_of(cfg))
+}
+
+/// Each pipeline stage's allocated peak (`torch.cuda.max_memory_allocated` on a GPU of that
+/// stage), first to last (one entry, [`Stage::Whole`], without pipeline parallelism): what the
+/// ledger's most loaded stage is chosen from, for a comparison stage by stage.
+pub fn allocated_peaks_by_stage(cfg: &Config) -> Result<Vec<(Stage, Bytes)>, EstimateError> {
+    validate(cfg)?;
+    let recipe = recipe(cfg.precision);
+    let (mut built, mut runs) = (Vec::new(), Vec::new());
+    Ok(expr::numbers_only(|| {
+        stages(cfg.pp).iter().map(|&stage| (stage, stage_ledger(cfg, &recipe, stage, &mut built, &mut runs).allocated_peak)).collect()
+    }))
 }
 
 fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {

@@ -66,8 +66,14 @@ pub enum RowId {
     GatheredLayers,
     /// FSDP2's `[norm, output]` unit kept gathered (torchtitan).
     GatheredHead,
+    /// A pipeline stage's parameters kept gathered through the step (torchtitan's FSDP2 under
+    /// pipeline parallelism).
+    GatheredStage,
     DdpBuckets,
     ZeroReduceBucket,
+    /// The received stage inputs torch's pipeline schedule keeps to the step's end
+    /// (torchtitan under pipeline parallelism).
+    PipelineInputs,
     /// The saved activations, and their sub-rows by part.
     Activations,
     Activation(Part),
@@ -82,7 +88,7 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 38] = [
+    pub const ALL: [RowId; 40] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
@@ -98,8 +104,10 @@ impl RowId {
         RowId::Fp8AmaxHistory,
         RowId::GatheredLayers,
         RowId::GatheredHead,
+        RowId::GatheredStage,
         RowId::DdpBuckets,
         RowId::ZeroReduceBucket,
+        RowId::PipelineInputs,
         RowId::Activations,
         RowId::Activation(Part::Embedding),
         RowId::Activation(Part::Norms),
@@ -141,8 +149,10 @@ impl RowId {
             RowId::Fp8AmaxHistory => "fp8_amax_history",
             RowId::GatheredLayers => "gathered_layers",
             RowId::GatheredHead => "gathered_head",
+            RowId::GatheredStage => "gathered_stage",
             RowId::DdpBuckets => "ddp_buckets",
             RowId::ZeroReduceBucket => "zero_reduce_bucket",
+            RowId::PipelineInputs => "pipeline_inputs",
             RowId::Activations => "activations",
             RowId::Activation(p) => p.id(),
             RowId::StepWorking => "step_working",

@@ -46,7 +46,8 @@ pub mod validate;
 pub use analyse::{analyse, Analysis, Verdict};
 pub use config::Config;
 pub use estimate::{
-    after_forward, by_category, capacity, estimate, explain, flatten, step_stream, stream_at, with_reserve, Estimate, Layout, Memory,
+    after_forward, allocated_peaks_by_stage, by_category, capacity, estimate, explain, flatten, step_stream, stream_at, with_reserve,
+    Estimate, Layout, Memory,
 };
 pub use step_stream::{after_forward_of, resident_of, step_parts, stream_of, StepParts, StreamAt};
 pub use validate::{unmodelled_feature, validate, validate_consistency, EstimateError};

@@ -203,27 +203,11 @@ pub fn nccl_buffer_bytes(cfg: &Config) -> Option<Row> {
     )
 }
 
-/// Bytes of one decoder layer's parameters on this GPU, unsharded (what ZeRO-3/FSDP gathers).
-/// With FSDP2's float8 all-gather (`fp8_allgather`) the FP8 linears' weights travel as 1 byte an
-/// element (torchao `fsdp_utils.py WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`;
-/// measured on 2 CPU ranks: 92,416 → 46,336 B a layer, validation/FINDINGS.md §10.2).
+/// Bytes of one decoder layer's parameters on this GPU, unsharded (what ZeRO-3/FSDP gathers),
+/// each group as FSDP all-gathers it ([`super::statics::gathered_bytes`]: the FP8 linears at 1
+/// byte an element with `fp8_allgather`).
 pub fn layer_parameter_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Bytes {
-    let fp8 = cfg.fp8_allgather && cfg.fp8_recipe() == super::config::Fp8::TorchaoTensorwise;
-    layer_elements(cfg, groups, |_| true)
-        .map(|(g, numel)| match g.role {
-            Role::Quantized => numel.div_ceil(NF4_ELEMENTS_PER_BYTE as u128),
-            Role::Trainable
-                if fp8
-                    && !g.adapter
-                    && !g.expert
-                    && g.group.linear.is_some()
-                    && g.group.shape.iter().rev().take(2).all(|d| d % 16 == 0) =>
-            {
-                numel
-            }
-            _ => numel * recipe.weight.bytes() as u128,
-        })
-        .sum()
+    layer_elements(cfg, groups, |_| true).map(|(g, numel)| super::statics::gathered_bytes(cfg, recipe, g, numel)).sum()
 }
 
 /// Elements of one decoder layer per group — the heaviest kind of layer: an MoE layer when
@@ -249,9 +233,24 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
     if !sh.splits(super::sharding::PARAMETERS_FROM) {
         return None;
     }
-    let p = layer_parameter_bytes(cfg, recipe, groups);
     let trainable: u128 =
         layer_elements(cfg, groups, |g| g.role == Role::Trainable).map(|(_, n)| n).sum::<u128>() * recipe.grad.bytes() as u128;
+    if super::sharding::keeps_stage_gathered(cfg) {
+        // The stage's parameters are all gathered already (their own row, `gathered_stage`):
+        // what comes and goes is a layer's 16-bit gradients, until its unit's `post_backward`
+        // adds them into the fp32 accumulators.
+        return Some(
+            Row::new(
+                RowId::GatheredLayers,
+                "FSDP2 layer gradients before accumulation",
+                Category::Transient,
+                Expr::var(G_LAYER, trainable),
+                "torch 2.15 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (no reduce before the last micro-batch)",
+            )
+            .note("one layer's gradients in the parameter dtype until its unit's post_backward casts them into the fp32 accumulators"),
+        );
+    }
+    let p = layer_parameter_bytes(cfg, recipe, groups);
     let mut terms = vec![Expr::prod([Expr::var(K_PRE, cfg.prefetch_layers), Expr::var(P_LAYER, p)]), Expr::var(G_LAYER, trainable)];
     let offload = cfg.offload == super::config::Offload::OptimizerParams;
     if offload {

@@ -122,11 +122,43 @@ pub struct HeadUnit {
 /// `fully_shard([model.norm, model.output], reshard_after_forward=reshard_after_forward_policy
 /// == "always")`, the policy `default`) under FSDP's full or hybrid sharding (torchtitan's
 /// HSDP runs the same `apply_fsdp` on a 2-D mesh) with the parameters split.
+///
+/// Under pipeline parallelism the unit is kept gathered with the rest of the stage
+/// ([`keeps_stage_gathered`]): no unit of its own then.
 pub fn has_head_unit(cfg: &Config) -> bool {
+    titan_fsdp2(cfg) && cfg.pp <= 1
+}
+
+/// torchtitan's FSDP2 (`apply_fsdp`) with the parameters split: `framework = torchtitan` under
+/// FSDP's full or hybrid sharding.
+fn titan_fsdp2(cfg: &Config) -> bool {
     use super::config::{Framework, Zero};
     cfg.framework == Framework::Torchtitan
         && matches!(cfg.zero, Zero::FullShard | Zero::HybridShard)
         && Sharding::of(cfg).splits(PARAMETERS_FROM)
+}
+
+/// Whether each pipeline stage keeps all its parameters gathered through the step and its
+/// gradients unsharded until the last micro-batch: torchtitan's FSDP2 under pipeline
+/// parallelism ([`titan_fsdp2`] with `pp > 1`).
+///
+/// - torchtitan 0.2.2 `models/llama3/infra/parallelize.py apply_fsdp`: the policy `default`
+///   means `reshard_after_forward = not pp_enabled` for the embedding and every block, the
+///   `[norm, output]` unit is never resharded after forward, then the root.
+/// - torch 2.15 `distributed/pipelining/stage.py backward_maybe_with_nosync`: every
+///   micro-batch's backward runs with `set_reshard_after_backward(False)` and
+///   `set_requires_gradient_sync(False)`; `perform_reduce_grad` reduce-scatters and reshards
+///   once, after the last.
+/// - torch 2.15 `distributed/fsdp/_fully_shard/_fsdp_param.py`: an unreduced gradient becomes
+///   an fp32 `unsharded_accumulated_grad` (`reduce_dtype`), later ones added into it.
+///
+/// So a stage holds, from its first micro-batch's forward to its last one's backward, every
+/// parameter unsharded in the parameter dtype ([`super::statics::kept_stage_parameter_bytes`])
+/// and, from its first backward on, an fp32 gradient per trainable element
+/// ([`super::statics::unsharded_accumulator_bytes`]). Measured on four CPU ranks
+/// (`tests/fixtures/pytorch/fsdp/pp.json`, validation/measure_fsdp_pp.py).
+pub fn keeps_stage_gathered(cfg: &Config) -> bool {
+    titan_fsdp2(cfg) && cfg.pp > 1
 }
 
 /// [`HeadUnit`] of a stage whose tensors are `groups` (`None` without the unit or the head):

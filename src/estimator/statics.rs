@@ -450,6 +450,86 @@ pub fn gradient_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> 
     .note(format!("{} gradients of the trainable parameters", recipe.grad.name()))
 }
 
+/// The bytes of `numel` elements of group `g` unsharded, as FSDP all-gathers them: the
+/// parameter dtype (`MixedPrecisionPolicy.param_dtype`, bf16 under mixed precision), NF4
+/// tensors packed two to a byte, and with FSDP2's float8 all-gather (`fp8_allgather`) the FP8
+/// linears' weights at 1 byte an element (torchao `fsdp_utils.py
+/// WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`; measured on 2 CPU ranks: 92,416 →
+/// 46,336 B a layer, validation/FINDINGS.md §10.2).
+pub fn gathered_bytes(cfg: &Config, recipe: &Recipe, g: &LocalGroup, numel: u128) -> u128 {
+    let fp8 = cfg.fp8_allgather && cfg.fp8_recipe() == Fp8::TorchaoTensorwise;
+    match g.role {
+        Role::Quantized => numel.div_ceil(NF4_ELEMENTS_PER_BYTE as u128),
+        Role::Trainable
+            if fp8 && !g.adapter && !g.expert && g.group.linear.is_some() && g.group.shape.iter().rev().take(2).all(|d| d % 16 == 0) =>
+        {
+            numel
+        }
+        _ => numel * recipe.weight.bytes() as u128,
+    }
+}
+
+const U_STAGE: Sym = Sym::new("U", "stage", "this stage's parameters, unsharded in the parameter dtype");
+const PSI_STAGE: Sym = Sym::new("Ψ", "T,stage", "trainable parameters of this stage on this GPU, unsharded");
+/// Bytes of FSDP2's `reduce_dtype` under torchtitan (fp32).
+const B_RED: Sym = Sym::new("b", "red", "bytes per element of FSDP2's reduce dtype (fp32)");
+
+/// A pipeline stage's parameters kept gathered through the step
+/// ([`super::sharding::keeps_stage_gathered`]): `U_stage = Σ_groups gathered bytes` over every
+/// parameter of the stage (embedding, decoder layers, final norm and head) as FSDP2
+/// all-gathers it ([`gathered_bytes`]; tensor-parallel shards stay split). All-gathered unit by
+/// unit in the first micro-batch's forward, resharded after the last one's backward; counted
+/// through the step (in the optimizer step they are resharded: an over-count there, where the
+/// backward's peak is higher). Measured (`tests/fixtures/pytorch/fsdp/pp.json`): 770,560 B on
+/// each stage of the 4-layer test model (385,280 parameters in bf16), alive at both peaks.
+pub fn kept_stage_parameter_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
+    if !super::sharding::keeps_stage_gathered(cfg) {
+        return None;
+    }
+    let bytes: u128 = groups.iter().map(|g| gathered_bytes(cfg, recipe, g, g.group.total() as u128)).sum();
+    Some(
+        Row::new(
+            RowId::GatheredStage,
+            "FSDP2 stage kept gathered (under PP)",
+            Category::Parameters,
+            Expr::var(U_STAGE, bytes),
+            "torchtitan 0.2.2 models/llama3/infra/parallelize.py apply_fsdp (reshard_after_forward = not pp_enabled); torch 2.15 distributed/pipelining/stage.py backward_maybe_with_nosync (set_reshard_after_backward(False))",
+        )
+        .note("every parameter of the stage all-gathered in the parameter dtype at its first micro-batch's forward and kept to the last one's backward"),
+    )
+}
+
+/// FSDP2's fp32 unsharded gradient accumulators on a pipeline stage
+/// ([`super::sharding::keeps_stage_gathered`]): `Ψ_T,stage × b_red`, one fp32 element per
+/// trainable element of the stage, unsharded (tensor-parallel shards stay split). Made by the
+/// step's first backward (`to_accumulated_grad_if_needed`: `grad.to(reduce_dtype)`), added into
+/// by the later ones, reduce-scattered and freed after the last (torch 2.15
+/// `distributed/fsdp/_fully_shard/_fsdp_param.py`, `_fsdp_param_group.py post_backward`). They
+/// stand in the gradients' place: the sharded fp32 gradients exist only from that reduce to
+/// `zero_grad`, as the accumulators go. Resident for the simulated micro-batch when there are
+/// later ones (`accum > 1`); with one micro-batch its backward makes them in the step
+/// ([`super::step::run::Upcast`]) and there is no row. Measured
+/// (`tests/fixtures/pytorch/fsdp/pp.json`): 1,541,120 B on stage 0 of the 4-layer test model.
+pub fn unsharded_accumulator_bytes(cfg: &Config, groups: &[LocalGroup]) -> Option<Row> {
+    if cfg.accum <= 1 {
+        return None;
+    }
+    let e = Expr::prod([
+        Expr::var(PSI_STAGE, elements(groups, |g| g.role == Role::Trainable)),
+        Expr::var(B_RED, super::sharding::TORCHTITAN_REDUCE_BYTES),
+    ]);
+    Some(
+        Row::new(
+            RowId::Gradients,
+            "Gradients (fp32, unsharded until the last micro-batch)",
+            Category::Gradients,
+            e,
+            "torch 2.15 distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed, accumulate_unsharded_grad_if_needed; distributed/pipelining/stage.py set_requires_gradient_sync(False)",
+        )
+        .note("FSDP2's unsharded_accumulated_grad: reduce-scattered once, after the last micro-batch's backward"),
+    )
+}
+
 /// Gradient-reduction buffers.
 /// - DDP without `gradient_as_bucket_view`: the buckets are a second copy of every gradient
 ///   (torch/nn/parallel/distributed.py docs: "the saved memory size will be equal to the total
@@ -510,15 +590,20 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     // The trainable parameters' own recipe (peft's fp32 adapters on a 16-bit QLoRA base).
     let frozen_recipe = recipe;
     let recipe = &super::precision::trainable_recipe(cfg, recipe);
+    // Under torchtitan's FSDP2 with pipeline parallelism and mixed precision the sharded
+    // parameters are the fp32 ones (the master-weights row) and the 16-bit copy is the stage
+    // gathered whole (`gathered_stage`); no sharded gradient stands beside them to share this
+    // row's bytes as it does elsewhere.
+    let sharded_are_master = super::sharding::keeps_stage_gathered(cfg) && recipe.master.is_some();
     let weights = if cfg.fp8_model_init && cfg.fp8_recipe().te() {
         fp8_model_init_weights(cfg, recipe, groups, &sh)
     } else {
         with_fp32_kept(trainable_weight_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(3), recipe.weight.bytes(), B_W)
     };
-    if offload_params {
-        host.push(weights);
-    } else {
-        gpu.push(weights);
+    match (sharded_are_master, offload_params) {
+        (true, _) => {}
+        (false, true) => host.push(weights),
+        (false, false) => gpu.push(weights),
     }
     // Parameter offload (FSDP `CPUOffloadPolicy` / `CPUOffload(offload_params=True)`, ZeRO-3
     // `offload_param`): every sharded parameter — frozen and 4-bit ones too — and the sharded
@@ -538,11 +623,16 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
         gpu.extend(quantized_weight_bytes(cfg, groups, &sh));
     }
     gpu.extend(fp8_rows(cfg, groups));
-    let gradients = with_fp32_kept(gradient_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(2), recipe.grad.bytes(), B_G);
-    if offload_params {
-        host.push(gradients);
+    gpu.extend(kept_stage_parameter_bytes(cfg, recipe, groups));
+    let gradients = if super::sharding::keeps_stage_gathered(cfg) {
+        unsharded_accumulator_bytes(cfg, groups)
     } else {
-        gpu.push(gradients);
+        Some(with_fp32_kept(gradient_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(2), recipe.grad.bytes(), B_G))
+    };
+    if offload_params {
+        host.extend(gradients);
+    } else {
+        gpu.extend(gradients);
     }
     gpu.extend(reduction_buffer_bytes(cfg, recipe, groups));
 

@@ -708,18 +708,6 @@ fn framework_refusal(cfg: &Config) -> Option<String> {
     if cfg.dropout > 0.0 {
         return Some(format!("torchtitan's {name} has no dropout"));
     }
-    // torchtitan's `apply_fsdp` (models/llama3/infra/parallelize.py; 9dec370 to 0.2.2):
-    // `reshard_after_forward_policy = "default"` means `reshard_after_forward = not pp_enabled`,
-    // so under pipeline parallelism a stage's blocks stay gathered from their first
-    // micro-batch's forward to the last one's backward, and FSDP2 accumulates their gradients
-    // unsharded until the last micro-batch (the schedule's `backward_maybe_with_nosync`). The
-    // step program reshards each block after its forward and reduce-scatters each gradient.
-    // (FSDP over `dp_shard × cp`: context-parallel ranks shard the parameters too.)
-    if cfg.pp > 1 && cfg.zero.stage() == 3 && cfg.gpus / (cfg.pp * cfg.tp).max(1) > 1 {
-        return Some(format!(
-            "torchtitan's FSDP2 under pipeline parallelism for {name} (its default `reshard_after_forward_policy` keeps each stage's parameters gathered across the micro-batches and their gradients unsharded until the last one) is not modelled yet"
-        ));
-    }
     // Measured eager (tests/fixtures/pytorch/frameworks/torchtitan-llama3-tp-fp8.json): with
     // `enable_float8_tensorwise_tp` the linears receive inputs already cast to float8
     // (`PrepareFloat8ModuleInput` all-gathers them in float8) and save that float8 tensor and its

@@ -291,7 +291,12 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
         },
         "parallelism.fsdp_reshard_after_forward" => match text(v).as_deref() {
             Some("never") => Out::one("zero", "shard_grad_op"),
-            Some("default") | Some("always") => Out::ignored("parameters are freed after forward (FULL_SHARD)"),
+            Some("default") => Out::ignored(
+                "parameters are freed after forward (FULL_SHARD); under pipeline parallelism each stage stays gathered through the step, as the estimate keeps it",
+            ),
+            Some("always") => Out::ignored(
+                "parameters are freed after forward (FULL_SHARD); under pipeline parallelism the estimate keeps each stage gathered as `default` does (resharding every micro-batch is not modelled apart)",
+            ),
             _ => Out::invalid("expected default, always or never"),
         },
         "parallelism.tensor_parallel_degree" | "training.tensor_parallel_degree" => match int(v) {

@@ -400,7 +400,12 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
     let (num, den) = match stage {
         Stage::Whole | Stage::Last => (1, 1),
         Stage::First | Stage::Middle => {
-            let m = cfg.pp.min(cfg.accum).max(1);
+            // Under torchtitan's FSDP2 the simulated backward is the step's second, whose fp32
+            // gradient accumulators are resident (`sharding::keeps_stage_gathered`): one
+            // micro-batch fewer is in flight then where every forward ran before the first
+            // backward (accum ≤ pp on the first stage).
+            let later = crate::estimator::sharding::keeps_stage_gathered(cfg) && cfg.accum > 1;
+            let m = cfg.pp.min(if later { cfg.accum - 1 } else { cfg.accum }).max(1);
             let m = if stage == Stage::Middle { m.div_ceil(2) } else { m };
             if cfg.vpp > 1 {
                 (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)

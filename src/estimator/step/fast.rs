@@ -7,7 +7,7 @@
 
 use super::families::{Kind, Shared};
 use super::ir::{Dt, Origin, Program, Shape, Tid};
-use super::model::{forward_and_backward, optimizer_events, optimizer_params, resident_grads, Setup};
+use super::model::{forward_and_backward, grad_mode, optimizer_events, optimizer_params, GradMode, Setup};
 use super::run::{Accumulate, At, Run, NO_LAYER};
 use super::stream::{Cat, Phase};
 use crate::estimator::ctx::Q;
@@ -70,7 +70,7 @@ pub fn profile(
     prog: &Program,
     acc: Accumulate,
     inject: Inject,
-    resident: bool,
+    grads: GradMode,
     pre_grads: &[Tid],
     finish: bool,
     cats: &[(Tid, Cat)],
@@ -87,8 +87,11 @@ pub fn profile(
     for &(t, c) in cats {
         run.set_cat(t, c);
     }
-    if resident {
+    if grads.resident {
         run.grads_resident();
+    }
+    if let Some(u) = grads.upcast {
+        run.upcast_gradients(u);
     }
     for &t in pre_grads {
         run.preexisting_grad(t);
@@ -468,7 +471,7 @@ fn layer_run(setup: &Setup, pcs: &Pieces, pro_kept: &[bool], f: &Full, runs: &mu
         &l.prog,
         setup.accumulate,
         if f.held { Inject::Held } else { Inject::Given },
-        resident_grads(setup.cfg),
+        grad_mode(setup.cfg),
         &[],
         false,
         &cats,
@@ -489,7 +492,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
     }
     let acc_mode = setup.accumulate;
     let hook = setup.step_hook();
-    let resident = resident_grads(setup.cfg);
+    let grads = grad_mode(setup.cfg);
     let n = setup.kinds.len();
     let spec = &setup.cfg.arch;
     let (pro, px0, psh) = (&pcs.pro, pcs.px0, &pcs.psh);
@@ -537,7 +540,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
         } else {
             Vec::new()
         };
-        profile(e, acc_mode, Inject::Alloc, resident, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
+        profile(e, acc_mode, Inject::Alloc, grads, &[], true, &[(*x, act(last_kept))], &[], hook.map(|h| (h, &tied[..])))
     });
     let epi = epi.map(|(e, _)| e);
     // A tied embedding's gradient was made first by the head (same stage only).
@@ -558,7 +561,7 @@ pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec
             pro_cats.push((pt, slot_cat(pcs, &pro_kept, slot, pt)));
         }
     }
-    let pro_prof = profile(pro, acc_mode, Inject::Given, resident, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
+    let pro_prof = profile(pro, acc_mode, Inject::Given, grads, &tied_pre, false, &pro_cats, &[], hook.map(|h| (h, &[][..])));
 
     let mut a = Acc { base: 0, cats: [0; 3], segments: Vec::with_capacity(2 * n + 10) };
     let zero = Seg { peak: i128::MIN, at_peak: [0; 3], at: None, delta: 0, delta_cats: [0; 3], gathered: 0, gathered_end: 0 };
@@ -1105,6 +1108,50 @@ mod tests {
                             let (m, f) = numbers_only(|| (materialized(&cfg, stage), fast(&cfg, stage)));
                             if m != f {
                                 bad.push(format!("{id} {prec:?} {rec:?} pp={pp} {stage:?}: stream {m} vs pieces {f}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    /// torchtitan's FSDP2 under pipeline parallelism (`sharding::keeps_stage_gathered`): every
+    /// stage's gradients cast to fp32 as they are made — added into resident accumulators with
+    /// later micro-batches, kept as the accumulators with one — and the last stage's logits held
+    /// to its backward's end, in the pieces as in the stream.
+    #[test]
+    fn the_piecewise_peak_equals_the_materialized_streams_maximum_under_torchtitans_fsdp2_with_pipeline_parallelism() {
+        use crate::estimator::config::{Framework, Zero};
+        let mut bad = Vec::new();
+        for id in ["llama-3.1-8b", "qwen3-8b"] {
+            let mut arch = crate::estimator::presets::preset(id).expect("preset").spec;
+            arch.layers = 3;
+            arch.vocab = 4096;
+            for prec in [Precision::Fp32, Precision::MixedBf16] {
+                for rec in [Recompute::None, Recompute::Full] {
+                    for accum in [1, 2, 4] {
+                        let cfg = Config {
+                            model: "custom".into(),
+                            arch: arch.clone(),
+                            framework: Framework::Torchtitan,
+                            zero: Zero::FullShard,
+                            seq: 128,
+                            batch: 2,
+                            accum,
+                            precision: prec,
+                            recompute: rec,
+                            kernels: Kernels::Cpu,
+                            pp: 3,
+                            gpus: 6,
+                            ..Config::default()
+                        };
+                        assert!(crate::estimator::sharding::keeps_stage_gathered(&cfg));
+                        for &stage in stages(cfg.pp) {
+                            let (m, f) = numbers_only(|| (materialized(&cfg, stage), fast(&cfg, stage)));
+                            if m != f {
+                                bad.push(format!("{id} {prec:?} {rec:?} accum={accum} {stage:?}: stream {m} vs pieces {f}"));
                             }
                         }
                     }

@@ -194,7 +194,13 @@ impl<'a> Setup<'a> {
 
     pub fn params(&self) -> Params<'_> {
         let sh = Sharding::of(self.cfg);
-        let (shards, expert_shards) = sh.ways(crate::estimator::sharding::GRADIENTS_FROM);
+        // torchtitan's FSDP2 under pipeline parallelism reduce-scatters nothing before the last
+        // micro-batch: each backward makes its gradients whole.
+        let (shards, expert_shards) = if crate::estimator::sharding::keeps_stage_gathered(self.cfg) {
+            (1, 1)
+        } else {
+            sh.ways(crate::estimator::sharding::GRADIENTS_FROM)
+        };
         Params { groups: &self.groups, weight: DType::of(self.recipe.weight), grad_elem: self.recipe.grad.bytes(), shards, expert_shards }
     }
 
@@ -594,7 +600,7 @@ impl<'a> Setup<'a> {
             return;
         }
         if self.cfg.framework == crate::estimator::config::Framework::Torchtitan {
-            families::torchtitan::head_and_loss(b, xn, w, bias, vocab, self.cfg.tp > 1, self.compiled_loss());
+            families::torchtitan::head_and_loss(b, xn, w, bias, vocab, self.cfg.tp > 1, self.compiled_loss(), self.cfg.pp > 1);
             return;
         }
         // litgpt's `GPT` returns the logits; Fabric converts them to fp32 and `finetune/full.py`
@@ -1104,8 +1110,12 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
 /// before the optimizer.
 pub fn forward_and_backward<'p, S: Sink>(setup: &Setup, prog: &'p Program, sink: S) -> Run<'p, S> {
     let mut run = Run::new(prog, sink, setup.accumulate);
-    if resident_grads(setup.cfg) {
+    let grads = grad_mode(setup.cfg);
+    if grads.resident {
         run.grads_resident();
+    }
+    if let Some(u) = grads.upcast {
+        run.upcast_gradients(u);
     }
     if let Some(hook) = setup.step_hook() {
         run.step_in_backward(hook, &[]);
@@ -1146,9 +1156,37 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     Stream { resident: res, events: sink.events, peak_index, peak: res + live }
 }
 
+/// How a run treats parameter gradients: resident outside the stream ([`resident_grads`]),
+/// and cast to fp32 as FSDP2 accumulates them ([`grad_upcast`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GradMode {
+    pub resident: bool,
+    pub upcast: Option<super::run::Upcast>,
+}
+
+/// [`GradMode`] of `cfg`.
+pub fn grad_mode(cfg: &Config) -> GradMode {
+    GradMode { resident: resident_grads(cfg), upcast: grad_upcast(cfg) }
+}
+
+/// How the stream casts each parameter gradient as FSDP2 accumulates it unreduced
+/// ([`super::run::Upcast`]): under torchtitan's FSDP2 with pipeline parallelism
+/// ([`crate::estimator::sharding::keeps_stage_gathered`]) the simulated micro-batch adds into
+/// resident fp32 accumulators, or, as the only micro-batch, makes them.
+pub fn grad_upcast(cfg: &Config) -> Option<super::run::Upcast> {
+    use super::run::Upcast;
+    crate::estimator::sharding::keeps_stage_gathered(cfg).then_some(if cfg.accum > 1 { Upcast::Added } else { Upcast::Kept })
+}
+
 /// Whether the gradients are resident outside the stream (gradient accumulation, ZeRO-2/3
 /// partitions): each new parameter gradient is then a temporary added into them.
 pub fn resident_grads(cfg: &Config) -> bool {
+    // torchtitan's FSDP2 under pipeline parallelism reduces nothing until the last micro-batch:
+    // the simulated micro-batch is a later one, whose fp32 accumulators are resident, unless
+    // there is only one ([`grad_upcast`]).
+    if crate::estimator::sharding::keeps_stage_gathered(cfg) {
+        return cfg.accum > 1;
+    }
     // Gradient accumulation keeps the gradients of the micro-batches before; ZeRO-2/3 (FSDP)
     // reduce-scatter each gradient as its bucket fills and keep only their shard, resident.
     // With parameter offload each gradient is copied to the host once reduced and its GPU copy

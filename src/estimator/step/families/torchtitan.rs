@@ -992,7 +992,24 @@ pub fn split_tensors(cfg: &Config, groups: &[crate::estimator::params::LocalGrou
 /// `build_cross_entropy_loss` wraps `cross_entropy_loss` in `torch.compile`: the fp32 copy, the
 /// log-softmax and the sum are one region ([`Builder::compile_region`]; its backward one fused
 /// kernel, [`Builder::fuse_loss_backward`]); the division by the valid-token count stays eager.
-pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>, vocab: Shape, loss_parallel: bool, compiled: bool) {
+///
+/// Under pipeline parallelism (`pipelined`) the logits are the last stage's output, which
+/// torch's schedule keeps for the micro-batch's backward (torch 2.15
+/// `distributed/pipelining/stage.py forward_one_chunk`: `_forward_chunk_states[fwd_chunk_id]`
+/// holds `output_tuple` until `backward_one_chunk` has run): alive to the end of the stage's
+/// backward, not freed with `pred` (measured: the 4096-vocabulary logits, 1,048,576 B, alive at
+/// the loss backward's peak, `tests/fixtures/pytorch/fsdp/pp.json`).
+#[allow(clippy::too_many_arguments)] // the head's tensors and four switches of torchtitan's loss
+pub fn head_and_loss(
+    b: &mut Builder,
+    xn: Tid,
+    w: Option<Tid>,
+    bias: Option<Tid>,
+    vocab: Shape,
+    loss_parallel: bool,
+    compiled: bool,
+    pipelined: bool,
+) {
     let logits = super::common::head_logits(b, xn, w, bias, vocab);
     let loss_first = b.next_op();
     // The labels are the batch's token ids tensor (`batch_bytes`: one `[b, s]` int64 for both),
@@ -1001,7 +1018,7 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
     let labels = b.external(Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None), Dt::I64, Origin::Buffer, false);
     if loss_parallel && compiled {
         let sum = compiled_loss_parallel(b, logits, labels, vocab, loss_first);
-        return valid_token_division(b, sum, labels, logits);
+        return valid_token_division(b, sum, labels, logits, pipelined);
     }
     let lf = b.to_copy(logits, Dt::F32);
     let lsm = if loss_parallel {
@@ -1030,19 +1047,23 @@ pub fn head_and_loss(b: &mut Builder, xn: Tid, w: Option<Tid>, bias: Option<Tid>
         b.fuse_loss_backward(loss_first, end, logits, b.bytes(labels) / 8, false);
         b.compile_region(loss_first, end, &[sum[0]]);
     }
-    valid_token_division(b, sum[0], labels, logits);
+    valid_token_division(b, sum[0], labels, logits, pipelined);
 }
 
 /// `loss_sum / global_valid_tokens` (eager, outside the compiled loss), then `del pred`: the
-/// logits live to here.
-fn valid_token_division(b: &mut Builder, sum: Tid, labels: Tid, logits: Tid) {
+/// logits live to here (under pipeline parallelism to the backward's end, [`head_and_loss`]).
+fn valid_token_division(b: &mut Builder, sum: Tid, labels: Tid, logits: Tid, pipelined: bool) {
     // global_valid_tokens: `ne`, `sum`, `.float()`.
     let bs = Shape::new(&[Dim::Q(Q::B), Dim::Q(Q::S)], Split::None);
     let ne = b.plain("ne", &[labels], bs, Dt::Bool);
     let n = b.plain("sum", &[ne], Shape::scalar(), Dt::I64);
     let nf = b.plain("_to_copy", &[n], Shape::scalar(), Dt::F32);
     let r = b.loss_scalar("div", "DivBackward0", sum, Some(nf));
-    b.hold(logits);
+    if pipelined {
+        b.hold_forever(logits);
+    } else {
+        b.hold(logits);
+    }
     b.outputs(&[r]);
 }
 
