@@ -30,6 +30,11 @@ pub struct Layout {
     /// Saved activations of the other micro-batches in flight on that stage (1F1B under
     /// pipeline parallelism; 0 without it), part of the activations row.
     pub in_flight_activations: Bytes,
+    /// Whether the ledger's step is the first backward of the step, not a later one: under
+    /// torchtitan's FSDP2 with pipeline parallelism, where the first backward (every forward
+    /// before it, the fp32 gradient accumulators still to make) peaks higher than the later
+    /// ones (their accumulators resident, a micro-batch fewer in flight).
+    pub first_backward: bool,
     /// Tokens per optimizer step over the whole job: batch × seq × accum × dp.
     pub tokens_per_step: u128,
 }
@@ -120,7 +125,7 @@ impl Estimate {
     /// The stage this ledger describes, with its in-flight activations: what the step's stream
     /// and the caching allocator's replay simulate ([`StreamAt`]).
     pub fn stream_at(&self) -> StreamAt {
-        StreamAt { stage: self.layout.stage, in_flight: self.layout.in_flight_activations }
+        StreamAt { stage: self.layout.stage, in_flight: self.layout.in_flight_activations, first_backward: self.layout.first_backward }
     }
     /// What decides whether the run fits: the larger of the step's figure — nvidia-smi where
     /// the caching allocator was replayed ([`explain`], [`with_reserve`]), else the allocated
@@ -203,6 +208,8 @@ struct StageResult {
     load_allocated_peak: Bytes,
     /// Other micro-batches' saved activations on this stage.
     in_flight: Bytes,
+    /// Whether this is the step's first backward ([`Layout::first_backward`]).
+    first_backward: bool,
 }
 
 const WORK: expr::Sym =
@@ -379,19 +386,47 @@ fn pipeline_inputs_row(cfg: &Config, recipe: &Recipe, stage: Stage, counted: u64
     )
 }
 
-/// Estimates one stage's ledger and simulates its step.
-fn stage_ledger(
+/// Estimates one stage's ledger and simulates its step: the later backward, and under
+/// torchtitan's FSDP2 with pipeline parallelism and several micro-batches also the first
+/// ([`Layout::first_backward`]), the higher of the two.
+fn stage_result(
     cfg: &Config,
     recipe: &Recipe,
     stage: Stage,
     built: &mut Vec<std::rc::Rc<step::fast::LayerProg>>,
     runs: &mut Vec<step::fast::LayerRun>,
 ) -> StageResult {
+    let later = stage_ledger(cfg, recipe, stage, false, built, runs);
+    if !(sharding::keeps_stage_gathered(cfg) && cfg.accum > 1) {
+        return later;
+    }
+    let first = stage_ledger(cfg, recipe, stage, true, built, runs);
+    if first.timeline.peak_bytes() > later.timeline.peak_bytes() {
+        first
+    } else {
+        later
+    }
+}
+
+/// Estimates one stage's ledger and simulates its step (`first_backward`: the step's first
+/// backward under torchtitan's FSDP2 with pipeline parallelism, whose fp32 gradient
+/// accumulators it makes: no row for them).
+fn stage_ledger(
+    cfg: &Config,
+    recipe: &Recipe,
+    stage: Stage,
+    first_backward: bool,
+    built: &mut Vec<std::rc::Rc<step::fast::LayerProg>>,
+    runs: &mut Vec<step::fast::LayerRun>,
+) -> StageResult {
     // The stage's programs, built once for the activation ledger and the peak.
-    let setup = step::model::Setup::new(cfg, recipe, stage);
+    let setup = step::model::Setup::new(cfg, recipe, stage).first_backward(first_backward);
     let pieces = step::fast::pieces_with(&setup, built);
     let groups = &setup.groups;
     let (mut rows, mut host) = statics::static_rows(cfg, recipe, groups);
+    if first_backward {
+        rows.retain(|r| r.id != RowId::Gradients);
+    }
     host.extend(offloaded_activations_row(&setup, &pieces));
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
     let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, in_flight_num, in_flight_den } =
@@ -449,7 +484,17 @@ fn stage_ledger(
     }
     let allocated_peak = resident.total() + fast.peak;
     let load_allocated_peak = super::loading::peak(cfg, resident.weights, groups, capacity(cfg));
-    StageResult { rows, host, timeline: tl, peak_at, work_at: fast.at, allocated_peak, load_allocated_peak, in_flight: other_micro }
+    StageResult {
+        rows,
+        host,
+        timeline: tl,
+        peak_at,
+        work_at: fast.at,
+        allocated_peak,
+        load_allocated_peak,
+        in_flight: other_micro,
+        first_backward,
+    }
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -574,7 +619,7 @@ pub fn allocated_peaks_by_stage(cfg: &Config) -> Result<Vec<(Stage, Bytes)>, Est
     let recipe = recipe(cfg.precision);
     let (mut built, mut runs) = (Vec::new(), Vec::new());
     Ok(expr::numbers_only(|| {
-        stages(cfg.pp).iter().map(|&stage| (stage, stage_ledger(cfg, &recipe, stage, &mut built, &mut runs).allocated_peak)).collect()
+        stages(cfg.pp).iter().map(|&stage| (stage, stage_result(cfg, &recipe, stage, &mut built, &mut runs).allocated_peak)).collect()
     }))
 }
 
@@ -586,7 +631,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
     // Decoder-layer programs built for one stage, and their runs, serve the others.
     let (mut built, mut runs) = (Vec::new(), Vec::new());
     for &stage in stages(cfg.pp) {
-        let r = stage_ledger(cfg, &recipe, stage, &mut built, &mut runs);
+        let r = stage_result(cfg, &recipe, stage, &mut built, &mut runs);
         if best.as_ref().is_none_or(|(_, b)| r.timeline.peak_bytes() > b.timeline.peak_bytes()) {
             best = Some((stage, r));
         }
@@ -602,9 +647,10 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             allocated_peak: 0,
             load_allocated_peak: 0,
             in_flight: 0,
+            first_backward: false,
         },
     ));
-    let (StageResult { rows: components, host, timeline, allocated_peak, load_allocated_peak, in_flight, .. }, peak_label) =
+    let (StageResult { rows: components, host, timeline, allocated_peak, load_allocated_peak, in_flight, first_backward, .. }, peak_label) =
         best.labelled();
     // Full fine-tuning trains every parameter; adapters are counted on the unsplit model.
     let trainable = if cfg.finetune == Finetune::Full {
@@ -651,6 +697,7 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
         stage,
         stage_layers: params::stage_layers(cfg.arch.layers, cfg.pp),
         in_flight_activations: in_flight,
+        first_backward,
         tokens_per_step: cfg.batch as u128 * cfg.seq as u128 * cfg.accum as u128 * dp as u128,
     };
     let mut warnings = Vec::new();

@@ -45,11 +45,13 @@ pub struct StreamAt {
     pub stage: Stage,
     /// Bytes of the other micro-batches' saved activations on `stage`.
     pub in_flight: Bytes,
+    /// The step's first backward rather than a later one ([`super::Layout::first_backward`]).
+    pub first_backward: bool,
 }
 
 impl StreamAt {
     /// The whole model, nothing in flight: the only stage without pipeline parallelism.
-    pub const WHOLE: StreamAt = StreamAt { stage: Stage::Whole, in_flight: 0 };
+    pub const WHOLE: StreamAt = StreamAt { stage: Stage::Whole, in_flight: 0, first_backward: false };
 }
 
 /// The step of one stage ([`StreamAt`]) and what the caching-allocator replay
@@ -73,14 +75,18 @@ pub fn step_parts(cfg: &Config, at: StreamAt) -> Result<StepParts, EstimateError
     let recipe = recipe(cfg.precision);
     let stage = at.stage;
     let groups = local_groups(cfg, stage);
-    let (rows, host) = statics::static_rows(cfg, &recipe, &groups);
+    let (mut rows, host) = statics::static_rows(cfg, &recipe, &groups);
+    if at.first_backward {
+        // The first backward makes the fp32 gradient accumulators in the stream.
+        rows.retain(|r| r.id != RowId::Gradients);
+    }
     let resident = resident_of(cfg, &rows, &host, stage, at.in_flight);
     let sh = sharding::Sharding::of(cfg);
     let adapters = super::precision::trainable_recipe(cfg, &recipe);
     let temp =
         optimizer::step_temporary_bytes(cfg.optim, optimizer::step_impl(cfg), &adapters, &groups, &sh.shards(1)).map_or(0, |r| r.bytes);
     Ok(expr::numbers_only(|| {
-        let setup = step::model::Setup::new(cfg, &recipe, stage);
+        let setup = step::model::Setup::new(cfg, &recipe, stage).first_backward(at.first_backward);
         let prog = setup.whole();
         let stream = step::model::simulate_program(cfg, &recipe, &setup, &prog, resident, temp);
         let params = prog.tensors.iter().filter(|t| matches!(t.origin, step::ir::Origin::Param { .. })).map(|t| t.bytes).collect();

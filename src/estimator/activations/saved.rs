@@ -155,7 +155,7 @@ pub fn activations_of(
             t.last.push((k.part, b.expr_of(&x.shape, x.dt)));
         }
     }
-    assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda)
+    assemble(cfg, recipe, stage, stage_layers, t, setup.ctx.cuda, setup.first_backward)
 }
 
 /// Layers fully checkpointed as one of every `recompute_every` on this GPU.
@@ -208,7 +208,7 @@ pub fn megatron_activations(cfg: &Config, recipe: &Recipe, stage: Stage, stage_l
         megatron::megatron_terms(&Ctx::new(&none, values, amp, cuda), &mut kept);
         block_terms(cfg, stage, &mut t, kept);
     }
-    assemble(cfg, recipe, stage, stage_layers, t, cuda)
+    assemble(cfg, recipe, stage, stage_layers, t, cuda, false)
 }
 
 /// The layers Megatron's block method recomputes on this GPU (`recompute_layers`).
@@ -391,7 +391,7 @@ fn first_without_grad(
 
 /// The rows of the ledger from terms by part: each part is
 /// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
-fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool) -> Activations {
+fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool, first_backward: bool) -> Activations {
     let spec = &cfg.arch;
     let _ = (recipe, cuda);
 
@@ -403,8 +403,9 @@ fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut 
             // Under torchtitan's FSDP2 the simulated backward is the step's second, whose fp32
             // gradient accumulators are resident (`sharding::keeps_stage_gathered`): one
             // micro-batch fewer is in flight then where every forward ran before the first
-            // backward (accum ≤ pp on the first stage).
-            let later = crate::estimator::sharding::keeps_stage_gathered(cfg) && cfg.accum > 1;
+            // backward (accum ≤ pp on the first stage). The first backward is simulated too
+            // (`first_backward`), with all of them.
+            let later = crate::estimator::sharding::keeps_stage_gathered(cfg) && cfg.accum > 1 && !first_backward;
             let m = cfg.pp.min(if later { cfg.accum - 1 } else { cfg.accum }).max(1);
             let m = if stage == Stage::Middle { m.div_ceil(2) } else { m };
             if cfg.vpp > 1 {

@@ -32,6 +32,11 @@ pub struct Setup<'a> {
     pub resid: DType,
     pub lin: DType,
     pub accumulate: Accumulate,
+    /// The simulated micro-batch is the step's first backward under torchtitan's FSDP2 with
+    /// pipeline parallelism ([`crate::estimator::sharding::keeps_stage_gathered`]): it makes the
+    /// fp32 gradient accumulators, none are resident, and every micro-batch's forward ran
+    /// before it ([`Setup::first_backward`]).
+    pub first_backward: bool,
 }
 
 /// The model index of a stage's first decoder layer and the kind of each of its layers: MoE
@@ -151,6 +156,25 @@ impl<'a> Setup<'a> {
             resid,
             lin: if crate::estimator::ctx::linear_inputs_fp8(cfg, recipe) { DType::Fp8 } else { DType::of(recipe.compute) },
             accumulate: if cfg.kernels == Kernels::Cpu { Accumulate::OutOfPlace } else { Accumulate::InPlace },
+            first_backward: false,
+        }
+    }
+
+    /// This setup simulating the step's first backward instead of a later one (see
+    /// [`Setup::first_backward`]); only under torchtitan's FSDP2 with pipeline parallelism and
+    /// several micro-batches does it differ.
+    pub fn first_backward(mut self, first: bool) -> Setup<'a> {
+        self.first_backward = first;
+        self
+    }
+
+    /// How this setup's runs treat parameter gradients ([`grad_mode`]; the step's first
+    /// backward under torchtitan's FSDP2 with pipeline parallelism makes its accumulators).
+    pub fn grad_mode(&self) -> GradMode {
+        if self.first_backward && crate::estimator::sharding::keeps_stage_gathered(self.cfg) {
+            GradMode { resident: false, upcast: Some(super::run::Upcast::Kept) }
+        } else {
+            grad_mode(self.cfg)
         }
     }
 
@@ -1110,7 +1134,7 @@ pub fn simulate_stage(cfg: &Config, recipe: &Recipe, stage: Stage, resident: Res
 /// before the optimizer.
 pub fn forward_and_backward<'p, S: Sink>(setup: &Setup, prog: &'p Program, sink: S) -> Run<'p, S> {
     let mut run = Run::new(prog, sink, setup.accumulate);
-    let grads = grad_mode(setup.cfg);
+    let grads = setup.grad_mode();
     if grads.resident {
         run.grads_resident();
     }
@@ -1140,7 +1164,9 @@ pub fn simulate_program(cfg: &Config, recipe: &Recipe, setup: &Setup, prog: &Pro
     let run = forward_and_backward(setup, prog, Collector::with_capacity(EVENTS_PER_TENSOR * prog.tensors.len()));
     let grads = run.param_grad_ids();
     let mut sink = run.into_sink();
-    if !cfg.optim_in_bwd {
+    // The step's first backward under torchtitan's FSDP2 with pipeline parallelism is not the
+    // last: no optimizer step follows it.
+    if !cfg.optim_in_bwd && !setup.first_backward {
         let mut numels = optimizer_params(prog, setup.optimizer_weight());
         registration_order(setup, &mut numels);
         optimizer_events(&mut sink, cfg, recipe, &numels, other_temp);
