@@ -318,6 +318,28 @@ fn where_the_estimator_refuses_a_compiled_job_compile_gives_way_and_the_rest_of_
 }
 
 #[test]
+fn a_torchtitan_pipeline_job_runs_its_local_batch_as_micro_batches_and_estimates_fsdp2_kept_gathered() {
+    // torchtitan 0.2.2: n_microbatches = local_batch_size // pipeline_parallel_microbatch_size.
+    let toml = "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n\
+                [activation_checkpoint]\nmode = \"full\"\n[parallelism]\ndata_parallel_shard_degree = 4\n\
+                pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 2\n";
+    let imp = import(&[("job.toml", toml)]).expect("imports");
+    let c = &imp.config;
+    assert_eq!((c.batch, c.accum, c.pp, c.gpus, c.zero), (2, 4, 2, 8, config::Zero::FullShard));
+    assert!(imp.errors.is_empty(), "{:?}", imp.errors);
+    let e = trainmem::estimator::estimate(c).expect("torchtitan's FSDP2 under PP estimates");
+    assert!(e.components.iter().any(|r| r.id == trainmem::estimator::ledger::RowId::GatheredStage), "the stage kept gathered");
+    // The micro-batch left at its default (1): the default local batch of 8 is 8 micro-batches.
+    let bare = "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[parallelism]\npipeline_parallel_degree = 4\n";
+    let c = import(&[("job.toml", bare)]).expect("imports").config;
+    assert_eq!((c.batch, c.accum, c.pp), (1, 8, 4));
+    // A local batch the micro-batch does not divide is an error naming the key.
+    let odd = toml.replace("local_batch_size = 8", "local_batch_size = 7");
+    let imp = import(&[("job.toml", &odd)]).expect("imports the rest");
+    assert!(imp.errors.iter().any(|e| e.to_string().contains("local_batch_size")), "{:?}", imp.errors);
+}
+
+#[test]
 fn a_trainer_json_and_its_deepspeed_json_combine_in_either_order() {
     let trainer = r#"{"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "fp16": true, "gradient_checkpointing": true, "optim": "adamw_torch"}"#;
     // accelerate's ZeRO-2 template with its fp16 and accumulation left to the Trainer.
@@ -352,6 +374,8 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("model=llama-3.1-8b&framework=torchtitan&gpus=1&precision=fp32&optim_in_bwd=true&compile=true&seq=2048&alloc_conf=expandable_segments:True"),
             q("recipe=torchtitan-llama3-70b&gpus=256&tp=8&accum=2&recompute=full"),
             q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach&alloc_conf=expandable_segments:True"),
+            // Pipeline parallelism with FSDP2: the local batch as `accum` micro-batches of `batch`.
+            q("model=llama-3.1-8b&framework=torchtitan&gpus=16&pp=4&zero=full_shard&batch=2&accum=8&recompute=full&alloc_conf=expandable_segments:True"),
         ],
         ExportFormat::AccelerateDeepspeed => vec![
             q("gpus=8&zero=3&batch=2&accum=4"),

@@ -223,9 +223,17 @@ fn torchtitan(cfg: &Config) -> String {
     let mp = cfg.tp * cfg.pp * cfg.cp;
     let dp = (cfg.gpus / mp.max(1)).max(1);
     s += "\n[training]\n";
-    s += &format!("local_batch_size = {}  # batch\n", cfg.batch);
-    s += &format!("seq_len = {}  # seq\n", cfg.seq);
-    s += &format!("global_batch_size = {}  # batch × data-parallel size ({dp}) × accum ({})\n", cfg.batch * dp * cfg.accum, cfg.accum);
+    if cfg.pp > 1 {
+        // torchtitan runs the local batch as local ÷ pipeline_parallel_microbatch_size
+        // micro-batches: one schedule step of `accum` micro-batches per optimizer step.
+        s += &format!("local_batch_size = {}  # batch × accum ({}): the pipeline's micro-batches\n", cfg.batch * cfg.accum, cfg.accum);
+        s += &format!("seq_len = {}  # seq\n", cfg.seq);
+        s += &format!("global_batch_size = {}  # local batch × data-parallel size ({dp})\n", cfg.batch * dp * cfg.accum);
+    } else {
+        s += &format!("local_batch_size = {}  # batch\n", cfg.batch);
+        s += &format!("seq_len = {}  # seq\n", cfg.seq);
+        s += &format!("global_batch_size = {}  # batch × data-parallel size ({dp}) × accum ({})\n", cfg.batch * dp * cfg.accum, cfg.accum);
+    }
     let mp_param = match cfg.precision {
         Precision::Fp32 => "\"float32\"  # precision=fp32".to_string(),
         Precision::MixedBf16 => "\"bfloat16\"  # precision=mixed-bf16: bf16 compute over fp32 shards".to_string(),
@@ -265,6 +273,9 @@ fn torchtitan(cfg: &Config) -> String {
     }
     s += &format!("tensor_parallel_degree = {}  # tp (torchtitan's TP always shards the sequence: sp)\n", cfg.tp);
     s += &format!("pipeline_parallel_degree = {}  # pp\n", cfg.pp);
+    if cfg.pp > 1 {
+        s += &format!("pipeline_parallel_microbatch_size = {}  # batch\n", cfg.batch);
+    }
     s += &format!("context_parallel_degree = {}  # cp\n", cfg.cp);
     if cfg.ep > 1 {
         s += &format!("expert_parallel_degree = {}  # ep\n", cfg.ep);

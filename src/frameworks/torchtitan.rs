@@ -8,12 +8,36 @@
 
 use super::models;
 use super::report::{positive, FileState, Out};
-use super::tree::{self, boolean, int, text};
+use super::tree::{self, boolean, count, int, text};
 use serde_json::Value;
 
 /// A key torchtitan's `job_config.py` defaults when the file leaves it out: the key, the older
 /// name it may go by, the trainmem keys its default sets, and where the default comes from.
 type KeyDefault = (&'static str, &'static str, Vec<(&'static str, String)>, &'static str);
+
+/// The pipeline degree a torchtitan file sets (1 without pipeline parallelism).
+fn pp_degree(root: &Value) -> i64 {
+    tree::get(root, "parallelism.pipeline_parallel_degree")
+        .or_else(|| tree::get(root, "experimental.pipeline_parallel_degree"))
+        .and_then(int)
+        .unwrap_or(1)
+}
+
+/// Under pipeline parallelism, the micro-batch and the micro-batches of a local batch `local`:
+/// torchtitan 0.2.2 `distributed/pipeline_parallel.py` (`n_microbatches = local_batch_size //
+/// pipeline_parallel_microbatch_size`, the micro-batch size 1 by default, `config/job_config.py`)
+/// refuses a local batch the micro-batch does not divide. `None` without pipeline parallelism.
+fn pipeline_micro_batches(root: &Value, local: &Value) -> Option<Result<(u64, u64), String>> {
+    if pp_degree(root) <= 1 {
+        return None;
+    }
+    let mbs = tree::get(root, "parallelism.pipeline_parallel_microbatch_size").and_then(count).unwrap_or(1);
+    Some(match count(local) {
+        Some(b) if b > 0 && mbs > 0 && b % mbs == 0 => Ok((mbs, b / mbs)),
+        Some(b) if b > 0 && mbs > 0 => Err(format!("the local batch {b} is not a multiple of pipeline_parallel_microbatch_size {mbs}")),
+        _ => Err("expected a positive whole number".into()),
+    })
+}
 
 pub fn read(root: &Value, st: &mut FileState) {
     let g = |k: &str| tree::get(root, k);
@@ -49,7 +73,16 @@ pub fn read(root: &Value, st: &mut FileState) {
     ];
     for (key, old, pairs, note) in defaults {
         if g(key).is_none() && g(old).is_none() {
-            st.default(key, pairs, note);
+            // Under pipeline parallelism the default local batch (8) runs as micro-batches.
+            let local = Value::from(8);
+            match (key, pipeline_micro_batches(root, &local)) {
+                ("training.local_batch_size", Some(Ok((mbs, n)))) => st.default(
+                    key,
+                    vec![("batch", mbs.to_string()), ("accum", n.to_string())],
+                    "job_config.py's default 8, run as micro-batches of pipeline_parallel_microbatch_size",
+                ),
+                _ => st.default(key, pairs, note),
+            }
         }
     }
     if g("activation_checkpoint.mode").is_none() {
@@ -231,14 +264,28 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
         "model.hf_assets_path" | "model.tokenizer_path" | "model.print_after_conversion" => {
             Out::ignored("files and logging: no GPU memory")
         }
-        "training.local_batch_size" | "training.batch_size" => positive(v, "batch"),
+        "training.local_batch_size" | "training.batch_size" => match pipeline_micro_batches(root, v) {
+            Some(Ok((mbs, n))) => Out::set(vec![("batch", mbs.to_string()), ("accum", n.to_string())]).note(
+                "under pipeline parallelism the local batch runs as local ÷ pipeline_parallel_microbatch_size micro-batches (distributed/pipeline_parallel.py): batch = one micro-batch, accum = their count",
+            ),
+            Some(Err(e)) => Out::invalid(e),
+            None => positive(v, "batch"),
+        },
         "training.seq_len" => positive(v, "seq"),
         "training.global_batch_size" => match int(v) {
+            Some(n) if n <= 0 && pp_degree(root) > 1 => Out::ignored("-1: one pipeline step per optimizer step (accum: its micro-batches)"),
             Some(n) if n <= 0 => Out::one("accum", 1).note("-1: one micro-batch per step"),
             Some(n) => {
                 let local = tree::get(root, "training.local_batch_size").and_then(int).unwrap_or(8).max(1);
                 let dp = shard.max(1) * replicate.max(1);
-                if shard > 0 && n % (local * dp) == 0 {
+                if pp_degree(root) > 1 {
+                    // Each accumulation step is one schedule step, reduced at its end.
+                    if shard > 0 && n == local * dp {
+                        Out::ignored("one pipeline step per optimizer step (accum: its micro-batches)")
+                    } else {
+                        Out::unmodelled("gradient accumulation over several pipeline steps: the estimate holds one schedule step's micro-batches (accum)")
+                    }
+                } else if shard > 0 && n % (local * dp) == 0 {
                     Out::one("accum", n / (local * dp))
                 } else {
                     Out::unmodelled("gradient accumulation = global / (local × data-parallel degree), which depends on the GPU count: set accum yourself")
@@ -312,7 +359,10 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
             Some("1F1B") | Some("GPipe") => Out::ignored("the estimate's pipeline memory is 1F1B's"),
             _ => Out::unmodelled("a schedule other than 1F1B: the estimate keeps 1F1B with vpp as set"),
         },
-        "parallelism.pipeline_parallel_microbatch_size" => Out::ignored("micro-batches of the pipeline: the estimate uses batch"),
+        "parallelism.pipeline_parallel_microbatch_size" => match count(v) {
+            Some(n) if n > 0 => Out::ignored("read with training.local_batch_size: batch = this, accum = local ÷ this").status_understood(),
+            _ => Out::invalid("expected a positive whole number"),
+        },
         "parallelism.disable_loss_parallel"
         | "parallelism.enable_async_tensor_parallel"
         | "parallelism.context_parallel_rotate_method"
