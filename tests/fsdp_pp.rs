@@ -13,8 +13,9 @@
 //!
 //! Under `CI=1` a missing fixture fails instead of skipping.
 
+mod common;
+
 use serde_json::Value;
-use std::path::Path;
 use trainmem::config::decode_query;
 use trainmem::estimator::ledger::RowId;
 use trainmem::estimator::params::Stage;
@@ -31,16 +32,7 @@ const QUERY: &str = "model=custom&family=llama&vocab=4096&hidden=64&layers=4&hea
 const TOLERANCE: f64 = 0.005;
 
 fn records() -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/fsdp/pp.json");
-    match std::fs::read_to_string(&path) {
-        Ok(s) => serde_json::from_str::<Value>(&s).expect("json")["records"].as_array().cloned().unwrap_or_default(),
-        Err(e) => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
-            assert!(!ci, "{}: {e} (CI=1: the fixture is committed, so this fails)", path.display());
-            eprintln!("{}: {e}", path.display());
-            Vec::new()
-        }
-    }
+    common::fixture_records("fsdp/pp.json")
 }
 
 fn u(r: &Value, key: &str) -> u64 {

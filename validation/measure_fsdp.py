@@ -54,10 +54,12 @@ DIM, LAYERS, HEADS, KV_HEADS, VOCAB, BATCH, SEQ = 64, 2, 4, 2, 4096, 2, 64
 LAYOUTS = ("torchtitan", "root-default", "root-reshard", "titan-2412")
 
 
-def build():
+def build(layers=LAYERS):
+    """torchtitan 0.2.2's Llama 3 at the tiny size (``layers`` decoder layers), initialised, in train mode; and its
+    loss. measure_fsdp_pp.py builds its 4-layer model here too."""
     import measure_frameworks as mf
     titan_model, Args, ce = mf._torchtitan_llama3()
-    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, vocab_size=VOCAB, max_seq_len=SEQ,
+    args = Args(dim=DIM, n_layers=layers, n_heads=HEADS, n_kv_heads=KV_HEADS, vocab_size=VOCAB, max_seq_len=SEQ,
                 rope_theta=500000)
     torch.manual_seed(0)
     m = titan_model.Transformer(args)

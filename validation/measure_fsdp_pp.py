@@ -45,19 +45,6 @@ PP, DP = 2, 2
 STAGES = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
 
 
-def build():
-    import measure_frameworks as mf
-    titan_model, Args, ce = mf._torchtitan_llama3()
-    args = Args(dim=DIM, n_layers=LAYERS, n_heads=HEADS, n_kv_heads=KV_HEADS, vocab_size=VOCAB, max_seq_len=SEQ,
-                rope_theta=500000)
-    torch.manual_seed(0)
-    m = titan_model.Transformer(args)
-    with torch.no_grad():
-        m.init_weights()
-    m.train()
-    return m, ce
-
-
 def split(whole, keep):
     """torchtitan 0.2.2 pipeline_module_split's _build_stage_from_modules: a deep copy, other stages' modules gone."""
     model = copy.deepcopy(whole)
@@ -91,7 +78,7 @@ def worker(rank, world, port, micro, out_path):
 
     dist.reduce_scatter_single = rs_
     mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp_shard"))
-    whole, ce = build()
+    whole, ce = mfs.build(LAYERS)
     stage_idx = mesh["pp"].get_local_rank()
     model = split(whole, STAGES[stage_idx])
     del whole

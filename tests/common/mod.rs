@@ -32,6 +32,20 @@ pub fn missing(empty: bool, what: &str, dir: &Path) -> bool {
     empty
 }
 
+/// The `records` of the fixture file `sub` under [`pytorch_root`] (`fsdp/pp.json`); empty, and
+/// under CI a failure, when the file is missing.
+pub fn fixture_records(sub: &str) -> Vec<Value> {
+    let path = pytorch_fixtures(sub);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => serde_json::from_str::<Value>(&s).expect("json")["records"].as_array().cloned().unwrap_or_default(),
+        Err(e) => {
+            assert!(!ci(), "{}: {e} (CI=1: the fixture is committed, so this fails)", path.display());
+            eprintln!("{}: {e}", path.display());
+            Vec::new()
+        }
+    }
+}
+
 /// Every `*.json` in `dir` but `index.json`, sorted by name: (file stem, document). Empty when
 /// the directory is missing.
 pub fn json_shards(dir: &Path) -> Vec<(String, Value)> {
