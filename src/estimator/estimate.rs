@@ -28,7 +28,8 @@ pub struct Layout {
     /// Decoder layers on that stage.
     pub stage_layers: u64,
     /// Saved activations of the other micro-batches in flight on that stage (1F1B under
-    /// pipeline parallelism; 0 without it), part of the activations row.
+    /// pipeline parallelism; 0 without it), part of the activations row, and under torchtitan
+    /// the received inputs its schedule keeps (the `pipeline_inputs` row).
     pub in_flight_activations: Bytes,
     /// Whether the ledger's step is the first backward of the step, not a later one: under
     /// torchtitan's FSDP2 with pipeline parallelism, where the first backward (every forward
