@@ -398,7 +398,10 @@ fn stage_result(
     runs: &mut Vec<step::fast::LayerRun>,
 ) -> StageResult {
     let later = stage_ledger(cfg, recipe, stage, false, built, runs);
-    if !(sharding::keeps_stage_gathered(cfg) && cfg.accum > 1) {
+    // The first backward can only be higher with more micro-batches in flight than the later
+    // one: with as many, every byte it holds the later one holds too (the accumulators whole).
+    let more_in_flight = activations::micro_batches_in_flight(cfg, stage, true) > activations::micro_batches_in_flight(cfg, stage, false);
+    if !(sharding::accumulators_resident(cfg, false) && more_in_flight) {
         return later;
     }
     let first = stage_ledger(cfg, recipe, stage, true, built, runs);
@@ -411,7 +414,7 @@ fn stage_result(
 
 /// Estimates one stage's ledger and simulates its step (`first_backward`: the step's first
 /// backward under torchtitan's FSDP2 with pipeline parallelism, whose fp32 gradient
-/// accumulators it makes: no row for them).
+/// accumulators it makes: no row for them, [`statics::unsharded_accumulator_bytes`]).
 fn stage_ledger(
     cfg: &Config,
     recipe: &Recipe,
@@ -424,10 +427,7 @@ fn stage_ledger(
     let setup = step::model::Setup::new(cfg, recipe, stage).first_backward(first_backward);
     let pieces = step::fast::pieces_with(&setup, built);
     let groups = &setup.groups;
-    let (mut rows, mut host) = statics::static_rows(cfg, recipe, groups);
-    if first_backward {
-        rows.retain(|r| r.id != RowId::Gradients);
-    }
+    let (mut rows, mut host) = statics::static_rows(cfg, recipe, groups, first_backward);
     host.extend(offloaded_activations_row(&setup, &pieces));
     let layers = params::stage_layers(cfg.arch.layers, cfg.pp);
     let activations::Activations { row: acts_row, per_layer, embedding, head_and_loss, in_flight_num, in_flight_den } =

@@ -161,6 +161,14 @@ pub fn keeps_stage_gathered(cfg: &Config) -> bool {
     titan_fsdp2(cfg) && cfg.pp > 1
 }
 
+/// Whether the simulated backward finds the stage's fp32 gradient accumulators resident
+/// ([`keeps_stage_gathered`]): a later backward of several micro-batches, not the step's first
+/// (`first_backward`) nor its only one, which make them as they go. The one rule the ledger's
+/// accumulator row, the stream's gradient mode and the micro-batches in flight follow.
+pub fn accumulators_resident(cfg: &Config, first_backward: bool) -> bool {
+    keeps_stage_gathered(cfg) && cfg.accum > 1 && !first_backward
+}
+
 /// [`HeadUnit`] of a stage whose tensors are `groups` (`None` without the unit or the head):
 ///
 /// - U = (n_out + n_norm) · b_w,

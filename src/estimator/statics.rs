@@ -506,12 +506,12 @@ pub fn kept_stage_parameter_bytes(cfg: &Config, recipe: &Recipe, groups: &[Local
 /// by the later ones, reduce-scattered and freed after the last (torch 2.15
 /// `distributed/fsdp/_fully_shard/_fsdp_param.py`, `_fsdp_param_group.py post_backward`). They
 /// stand in the gradients' place: the sharded fp32 gradients exist only from that reduce to
-/// `zero_grad`, as the accumulators go. Resident for the simulated micro-batch when there are
-/// later ones (`accum > 1`); with one micro-batch its backward makes them in the step
-/// ([`super::step::run::Upcast`]) and there is no row. Measured
+/// `zero_grad`, as the accumulators go. A row where the simulated backward finds them resident
+/// ([`super::sharding::accumulators_resident`]); the step's first or only backward makes them in
+/// the step ([`super::step::run::Upcast`]) and there is no row. Measured
 /// (`tests/fixtures/pytorch/fsdp/pp.json`): 1,541,120 B on stage 0 of the 4-layer test model.
-pub fn unsharded_accumulator_bytes(cfg: &Config, groups: &[LocalGroup]) -> Option<Row> {
-    if cfg.accum <= 1 {
+pub fn unsharded_accumulator_bytes(cfg: &Config, groups: &[LocalGroup], first_backward: bool) -> Option<Row> {
+    if !super::sharding::accumulators_resident(cfg, first_backward) {
         return None;
     }
     let e = Expr::prod([
@@ -579,8 +579,9 @@ pub fn master_weight_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding
 }
 
 /// Everything of the static ledger for one GPU, in display order, and the host-memory rows of
-/// what offload moves off the GPU.
-pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec<Row>, Vec<Row>) {
+/// what offload moves off the GPU (`first_backward`: the simulated backward is the step's first,
+/// [`unsharded_accumulator_bytes`]).
+pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], first_backward: bool) -> (Vec<Row>, Vec<Row>) {
     let sh = Sharding::of(cfg);
     let mut gpu = Vec::with_capacity(12);
     let mut host = Vec::new();
@@ -625,7 +626,7 @@ pub fn static_rows(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> (Vec
     gpu.extend(fp8_rows(cfg, groups));
     gpu.extend(kept_stage_parameter_bytes(cfg, recipe, groups));
     let gradients = if super::sharding::keeps_stage_gathered(cfg) {
-        unsharded_accumulator_bytes(cfg, groups)
+        unsharded_accumulator_bytes(cfg, groups, first_backward)
     } else {
         Some(with_fp32_kept(gradient_bytes(recipe, groups, &sh), cfg, groups, &sh.shards(2), recipe.grad.bytes(), B_G))
     };
@@ -716,7 +717,7 @@ mod tests {
 
     fn model_states(psi: u64, gpus: u64, zero: Zero, precision: Precision) -> u128 {
         let cfg = Config { gpus, zero, precision, ..Config::default() };
-        let (rows, _) = static_rows(&cfg, &recipe(precision), &flat(psi));
+        let (rows, _) = static_rows(&cfg, &recipe(precision), &flat(psi), false);
         rows.iter()
             .filter(|r| matches!(r.id, RowId::Weights | RowId::Gradients | RowId::MasterWeights | RowId::OptimizerStates))
             .map(|r| r.bytes)
@@ -761,17 +762,17 @@ mod tests {
     #[test]
     fn ddp_buckets_copy_every_gradient_unless_bucket_view_is_on() {
         let cfg = Config { gpus: 2, ..Config::default() };
-        let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
+        let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000), false);
         assert_eq!(rows.iter().find(|r| r.id == RowId::DdpBuckets).map(|r| r.bytes), Some(2000));
         let cfg = Config { bucket_view: true, ..cfg };
-        let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
+        let (rows, _) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000), false);
         assert!(rows.iter().all(|r| r.id != RowId::DdpBuckets));
     }
 
     #[test]
     fn offloading_the_optimizer_moves_master_states_and_fp32_gradients_to_the_host() {
         let cfg = Config { offload: Offload::Optimizer, ..Config::default() };
-        let (gpu, host) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000));
+        let (gpu, host) = static_rows(&cfg, &recipe(cfg.precision), &flat(1000), false);
         assert!(gpu.iter().all(|r| r.id != RowId::MasterWeights && r.id != RowId::OptimizerStates));
         let host_bytes: u128 = host.iter().map(|r| r.bytes).sum();
         // master 4 + states 8 + fp32 grads 4 per parameter, + one 4-byte step counter.
@@ -810,11 +811,11 @@ mod tests {
         groups.push(router);
         let mut cfg = Config { precision: Precision::Bf16, ..Config::default() };
         cfg.arch.router_fp32 = true;
-        let (rows, _) = static_rows(&cfg, &recipe(Precision::Bf16), &groups);
+        let (rows, _) = static_rows(&cfg, &recipe(Precision::Bf16), &groups, false);
         let row = |id: &str| rows.iter().filter(|r| r.id.as_str() == id).map(|r| r.bytes).sum::<u128>();
         assert_eq!((row("weights"), row("gradients"), row("optimizer_states")), (2_256, 2_256, 4_512));
         let cfg = Config { precision: Precision::AmpBf16, ..cfg };
-        let (rows, _) = static_rows(&cfg, &recipe(Precision::AmpBf16), &groups);
+        let (rows, _) = static_rows(&cfg, &recipe(Precision::AmpBf16), &groups, false);
         let row = |id: &str| rows.iter().filter(|r| r.id.as_str() == id).map(|r| r.bytes).sum::<u128>();
         assert_eq!((row("weights"), row("gradients")), (4_256, 4_256));
     }

@@ -75,11 +75,7 @@ pub fn step_parts(cfg: &Config, at: StreamAt) -> Result<StepParts, EstimateError
     let recipe = recipe(cfg.precision);
     let stage = at.stage;
     let groups = local_groups(cfg, stage);
-    let (mut rows, host) = statics::static_rows(cfg, &recipe, &groups);
-    if at.first_backward {
-        // The first backward makes the fp32 gradient accumulators in the stream.
-        rows.retain(|r| r.id != RowId::Gradients);
-    }
+    let (rows, host) = statics::static_rows(cfg, &recipe, &groups, at.first_backward);
     let resident = resident_of(cfg, &rows, &host, stage, at.in_flight);
     let sh = sharding::Sharding::of(cfg);
     let adapters = super::precision::trainable_recipe(cfg, &recipe);

@@ -389,31 +389,40 @@ fn first_without_grad(
     }
 }
 
+/// Micro-batches whose saved activations a stage holds at the simulated backward, that one
+/// included (before interleaving): 1F1B keeps min(pp, accum) on the first stage, half of that
+/// on a middle one, one on the last. Under torchtitan's FSDP2 a later backward is simulated,
+/// whose fp32 gradient accumulators are resident ([`crate::estimator::sharding::accumulators_resident`]):
+/// one micro-batch fewer is in flight then where every forward ran before the first backward
+/// (accum ≤ pp on the first stage); the step's first backward (`first_backward`) has them all.
+pub fn micro_batches_in_flight(cfg: &Config, stage: Stage, first_backward: bool) -> u64 {
+    match stage {
+        Stage::Whole | Stage::Last => 1,
+        Stage::First | Stage::Middle => {
+            let later = crate::estimator::sharding::accumulators_resident(cfg, first_backward);
+            let m = cfg.pp.min(if later { cfg.accum - 1 } else { cfg.accum }).max(1);
+            if stage == Stage::Middle {
+                m.div_ceil(2)
+            } else {
+                m
+            }
+        }
+    }
+}
+
 /// The rows of the ledger from terms by part: each part is
 /// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
 fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool, first_backward: bool) -> Activations {
     let spec = &cfg.arch;
     let _ = (recipe, cuda);
 
-    // Micro-batches in flight: 1F1B keeps min(pp, accum) on the first stage; interleaving
-    // multiplies by 1 + (p − 1)/(p·v) (Korthikanti et al. 2022, §4.2.3).
-    let (num, den) = match stage {
-        Stage::Whole | Stage::Last => (1, 1),
-        Stage::First | Stage::Middle => {
-            // Under torchtitan's FSDP2 the simulated backward is the step's second, whose fp32
-            // gradient accumulators are resident (`sharding::keeps_stage_gathered`): one
-            // micro-batch fewer is in flight then where every forward ran before the first
-            // backward (accum ≤ pp on the first stage). The first backward is simulated too
-            // (`first_backward`), with all of them.
-            let later = crate::estimator::sharding::keeps_stage_gathered(cfg) && cfg.accum > 1 && !first_backward;
-            let m = cfg.pp.min(if later { cfg.accum - 1 } else { cfg.accum }).max(1);
-            let m = if stage == Stage::Middle { m.div_ceil(2) } else { m };
-            if cfg.vpp > 1 {
-                (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)
-            } else {
-                (m, 1)
-            }
-        }
+    // Interleaving multiplies the micro-batches in flight by 1 + (p − 1)/(p·v) (Korthikanti
+    // et al. 2022, §4.2.3).
+    let m = micro_batches_in_flight(cfg, stage, first_backward);
+    let (num, den) = if matches!(stage, Stage::First | Stage::Middle) && cfg.vpp > 1 {
+        (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)
+    } else {
+        (m, 1)
     };
 
     let moe_layers = stage_layers.min(spec.moe_layers());

@@ -168,14 +168,9 @@ impl<'a> Setup<'a> {
         self
     }
 
-    /// How this setup's runs treat parameter gradients ([`grad_mode`]; the step's first
-    /// backward under torchtitan's FSDP2 with pipeline parallelism makes its accumulators).
+    /// How this setup's runs treat parameter gradients ([`grad_mode`]).
     pub fn grad_mode(&self) -> GradMode {
-        if self.first_backward && crate::estimator::sharding::keeps_stage_gathered(self.cfg) {
-            GradMode { resident: false, upcast: Some(super::run::Upcast::Kept) }
-        } else {
-            grad_mode(self.cfg)
-        }
+        grad_mode(self.cfg, self.first_backward)
     }
 
     /// A builder for one of this stage's programs.
@@ -1190,28 +1185,26 @@ pub struct GradMode {
     pub upcast: Option<super::run::Upcast>,
 }
 
-/// [`GradMode`] of `cfg`.
-pub fn grad_mode(cfg: &Config) -> GradMode {
-    GradMode { resident: resident_grads(cfg), upcast: grad_upcast(cfg) }
-}
-
-/// How the stream casts each parameter gradient as FSDP2 accumulates it unreduced
-/// ([`super::run::Upcast`]): under torchtitan's FSDP2 with pipeline parallelism
-/// ([`crate::estimator::sharding::keeps_stage_gathered`]) the simulated micro-batch adds into
-/// resident fp32 accumulators, or, as the only micro-batch, makes them.
-pub fn grad_upcast(cfg: &Config) -> Option<super::run::Upcast> {
+/// [`GradMode`] of `cfg` (`first_backward`: [`Setup::first_backward`]). Under torchtitan's
+/// FSDP2 with pipeline parallelism ([`crate::estimator::sharding::keeps_stage_gathered`]) every
+/// gradient is cast to fp32 as FSDP2 accumulates it unreduced ([`super::run::Upcast`]): added
+/// into the resident accumulators by a later backward, kept as them by the first or only one.
+pub fn grad_mode(cfg: &Config, first_backward: bool) -> GradMode {
     use super::run::Upcast;
-    crate::estimator::sharding::keeps_stage_gathered(cfg).then_some(if cfg.accum > 1 { Upcast::Added } else { Upcast::Kept })
+    if !crate::estimator::sharding::keeps_stage_gathered(cfg) {
+        return GradMode { resident: resident_grads(cfg), upcast: None };
+    }
+    let later = crate::estimator::sharding::accumulators_resident(cfg, first_backward);
+    GradMode { resident: later, upcast: Some(if later { Upcast::Added } else { Upcast::Kept }) }
 }
 
 /// Whether the gradients are resident outside the stream (gradient accumulation, ZeRO-2/3
 /// partitions): each new parameter gradient is then a temporary added into them.
 pub fn resident_grads(cfg: &Config) -> bool {
     // torchtitan's FSDP2 under pipeline parallelism reduces nothing until the last micro-batch:
-    // the simulated micro-batch is a later one, whose fp32 accumulators are resident, unless
-    // there is only one ([`grad_upcast`]).
+    // a later backward finds its fp32 accumulators resident ([`grad_mode`]).
     if crate::estimator::sharding::keeps_stage_gathered(cfg) {
-        return cfg.accum > 1;
+        return crate::estimator::sharding::accumulators_resident(cfg, false);
     }
     // Gradient accumulation keeps the gradients of the micro-batches before; ZeRO-2/3 (FSDP)
     // reduce-scatter each gradient as its bucket fills and keep only their shard, resident.
