@@ -609,7 +609,8 @@ fn compiled_torchtune_configurations_the_records_do_not_cover_are_refused_by_nam
 /// torchtune's own LoRA eager (`tests/fixtures/pytorch/frameworks/torchtune-{llama3,qwen2}-lora.json`,
 /// `validation/measure_tune_lora.py`) estimates; what its records do not cover is refused by name:
 /// peft's fp32 adapters (`lora_dtype = fp32`: torchtune's `LoRALinear` has none), bf16 autocast, the
-/// other families' LoRA builders (a RoPE module per layer, not measured), more than one GPU.
+/// other families' LoRA builders (a RoPE module per layer, not measured), more than one GPU
+/// outside the distributed recipes' FSDP2 in bf16.
 #[test]
 fn torchtune_lora_configurations_the_records_do_not_cover_are_refused_by_name() {
     use trainmem::config::LoraDtype;
@@ -623,7 +624,15 @@ fn torchtune_lora_configurations_the_records_do_not_cover_are_refused_by_name() 
     };
     no(Config { lora_dtype: LoraDtype::Fp32, ..base.clone() }, "lora_dtype=model");
     no(Config { precision: Precision::AmpBf16, ..base.clone() }, "precision=amp-bf16");
-    no(Config { gpus: 2, ..base.clone() }, "lora_finetune_single_device.py");
+    // On two GPUs: torchtune's distributed recipe shards with FSDP2 (zero = full_shard), which
+    // is measured in bf16 (tests/fixtures/pytorch/fsdp/tune.json); DDP is not its layout.
+    no(Config { gpus: 2, ..base.clone() }, "zero=full_shard");
+    let sharded = Config { gpus: 2, zero: trainmem::config::Zero::FullShard, ..base.clone() };
+    if base.precision == Precision::Bf16 {
+        assert!(estimate(&sharded).is_ok(), "torchtune's distributed LoRA estimates");
+    } else {
+        no(sharded, "precision=bf16");
+    }
     if let Some((_, mistral)) = shards.iter().find(|(n, _)| n == "torchtune-mistral") {
         let m = config_of(mistral, &mistral["records"][0]);
         no(Config { finetune: base.finetune, lora_targets: base.lora_targets, lora_dtype: LoraDtype::Model, ..m }, "not Mistral's");

@@ -147,9 +147,13 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         assert_eq!(k.status, Status::Understood, "{key}: {}", k.note);
     }
     assert!(imp.errors.is_empty(), "{:?}", imp.errors);
-    // The distributed recipe stays on transformers' code (the torchtune step program is the
-    // single-device one).
-    assert_eq!(recipe_of("torchtune/llama3_1_8B_full.yaml").framework, config::Framework::Hf);
+    // The distributed recipe runs torchtune's own code under its FSDP2 (measured eager:
+    // tests/fixtures/pytorch/fsdp/tune.json); compiled it stays on transformers' code.
+    let c = recipe_of("torchtune/llama3_1_8B_full.yaml");
+    assert_eq!((c.framework, c.zero, c.compile), (config::Framework::Torchtune, config::Zero::FullShard, false));
+    let compiled = read("torchtune/llama3_1_8B_full.yaml").replace("compile: False", "compile: True");
+    assert_ne!(compiled, read("torchtune/llama3_1_8B_full.yaml"), "the fixture sets compile");
+    assert_eq!(import(&[("c.yaml", &compiled)]).expect("imports").config.framework, config::Framework::Hf);
     // Its single-device QLoRA (`qlora_llama3_1_8b`: LoRALinear / FrozenNF4Linear on torchao's
     // NF4Tensor) runs on torchtune's own Llama 3.1 code, measured eager and compiled
     // (tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora*.json); a QLoRA builder of a family
@@ -365,7 +369,8 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("recipe=torchtune-llama3.1-8b-full-single-device"),
             q("recipe=torchtune-llama3.1-8b-lora-single-device&seq=2048&lora_dropout=0.05"),
             q("recipe=torchtune-llama3.1-8b-qlora-single-device&seq=4096&lora_rank=16&lora_targets=q,k,v,o"),
-            q("model=qwen2.5-7b&precision=bf16&finetune=lora&lora_dtype=model&lora_rank=32&lora_targets=all&recompute=full&batch=4&attn=sdpa&loss=chunked&optim_impl=foreach&gpus=8&zero=full_shard"),
+            // A distributed LoRA on torchtune's own Qwen2 code under its FSDP2.
+            q("model=qwen2.5-7b&framework=torchtune&precision=bf16&finetune=lora&lora_dtype=model&lora_rank=32&lora_targets=all&recompute=full&batch=4&attn=sdpa&loss=chunked&optim_impl=foreach&gpus=8&zero=full_shard"),
         ],
         ExportFormat::Torchtitan => vec![
             q("recipe=torchtitan-llama3-8b&gpus=64"),

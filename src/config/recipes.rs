@@ -242,6 +242,7 @@ pub static RECIPES: &[Recipe] = &[
             ("optim_in_bwd", "false"),
             ("zero", "full_shard"),
             ("attn", "sdpa"),
+            ("framework", "torchtune"),
         ],
     },
     Recipe {
@@ -269,6 +270,7 @@ pub static RECIPES: &[Recipe] = &[
             ("lora_targets", "q,v,o,gate,up,down"),
             ("zero", "full_shard"),
             ("attn", "sdpa"),
+            ("framework", "torchtune"),
         ],
     },
     Recipe {

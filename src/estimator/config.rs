@@ -270,7 +270,8 @@ pub enum Framework {
     /// torchtune 0.6.1's own modeling code (`torchtune/models/llama3_1/_component_builders.py`:
     /// Llama 3 / 3.1 / 3.2) and `full_finetune_single_device.py`'s loss step
     /// (`CEWithChunkedOutputLoss`, 8 output chunks); the step program follows it
-    /// (`step/families/torchtune.rs`).
+    /// (`step/families/torchtune.rs`). On several GPUs, its distributed recipes' FSDP2
+    /// (`training.shard_model`, `zero = full_shard`).
     Torchtune,
     /// litgpt 0.5.13's own `GPT` (`litgpt/model.py`) with its Llama 3 / 3.1 configs, under
     /// Lightning Fabric's precisions and `finetune/full.py`'s loss step

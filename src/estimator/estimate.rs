@@ -498,6 +498,26 @@ fn stage_ledger(
     }
 }
 
+/// What torchtune's distributed recipes gather beyond the decoder layers and the estimate leaves
+/// out, said where it applies: `training.shard_model` makes the embedding and the output
+/// projection FSDP2 units of their own (`custom_sharded_layers`, the full configs) or leaves them
+/// to the root unit (the LoRA configs), and either way gathers them again in backward — the
+/// root from its pre-backward after the loss backward to the end of backward (measured on two
+/// CPU ranks: tests/fixtures/pytorch/fsdp/tune.json's compiled records peak with them gathered;
+/// validation/FINDINGS.md §13.3). U = (V·h, twice when untied) · b_w, with b_w the parameter
+/// dtype's bytes: Llama 3.1 70B in bf16, 2 · 128,256 · 8,192 · 2 B = 4.20 GB.
+fn fsdp_ends_warning(cfg: &Config, recipe: &Recipe) -> Option<String> {
+    if cfg.framework != config::Framework::Torchtune || !sharding::Sharding::of(cfg).splits(sharding::PARAMETERS_FROM) {
+        return None;
+    }
+    let a = &cfg.arch;
+    let ends = a.vocab as u128 * a.hidden as u128 * if a.tied { 1 } else { 2 } * recipe.weight.bytes() as u128;
+    Some(format!(
+        "torchtune's FSDP2 gathers the embedding and the output projection again in backward ({:.2} GB unsharded): not in this estimate, which counts the decoder layers' units (measured eager peaks fall at the loss, before they are gathered)",
+        ends as f64 / 1e9
+    ))
+}
+
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
 /// the verdict, with each row's `expr` folded to its value (see [`expr::numbers_only`]). This is
 /// the path the UI recomputes on every input and the planner runs for every candidate; open a
@@ -731,6 +751,9 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             host_bytes >> 30,
             cfg.host_ram_gib
         ));
+    }
+    if let Some(w) = fsdp_ends_warning(cfg, &recipe) {
+        warnings.push(w);
     }
     if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
         warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));

@@ -3,7 +3,8 @@
 //! run. Which recipe runs the config (`tune run full_finetune_single_device` or
 //! `full_finetune_distributed`) is not in the file: keys only the distributed recipes read
 //! (`custom_sharded_layers`, `fsdp_*`, `tensor_parallel_*`, `data_parallel_*`) mark it as
-//! distributed, which shards with FSDP2 over every GPU.
+//! distributed, which shards with FSDP2 over every GPU (on torchtune's own code where that is
+//! measured: eager, without a 4-bit base).
 
 use super::models::{self, Tuning};
 use super::report::{dropout, on_off, positive, FileState, Out};
@@ -63,12 +64,15 @@ pub fn read(root: &Value, st: &mut FileState) {
     if root.get("model").is_some() && !st.has("attn") {
         let mut code = vec![("attn", "sdpa".into())];
         let mut why = "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)".to_string();
-        // The step program follows the single-device recipe (one GPU): a distributed config stays
-        // on transformers' code, which shards.
         // A LoRA builder with `quantize_base: True` is QLoRA, as `qlora_…`: torchtune's own code
         // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
-        let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true);
-        if let Some(family) = own_code(&builder).filter(|_| !distributed && (!quantized || own_qlora(&builder))) {
+        let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(&builder);
+        // The distributed recipes run torchtune's own code under its FSDP2 (measured eager, full
+        // and LoRA, tests/fixtures/pytorch/fsdp/tune.json); compiled, or with a 4-bit base, a
+        // distributed config stays on transformers' code (those are not measured).
+        let compiled = tree::get(root, "compile").and_then(boolean) == Some(true);
+        let own = if distributed { !quantized && !compiled } else { !quantized || own_qlora(&builder) };
+        if let Some(family) = own_code(&builder).filter(|_| own) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
         }
@@ -121,6 +125,11 @@ fn own_qlora(component: &str) -> bool {
     let mut parts = component.trim().rsplit('.');
     parts.next();
     parts.next().is_some_and(|m| QLORA_FAMILIES.contains(&m))
+}
+
+/// Whether the builder is a QLoRA one (`qlora_…`).
+fn is_qlora(component: &str) -> bool {
+    component.trim().rsplit('.').next().unwrap_or_default().starts_with("qlora_")
 }
 
 /// Whether the builder is a full fine-tuning one (not `lora_…` / `qlora_…`).
