@@ -134,15 +134,86 @@ fn compiled_the_distributed_recipes_peak_in_backward_with_the_end_units_gathered
 }
 
 #[test]
-fn an_eager_distributed_estimate_says_what_it_leaves_out() {
+fn an_eager_distributed_full_fine_tune_says_what_it_leaves_out() {
     let records = records();
     if records.is_empty() {
         return;
     }
-    let r = eager(&records, "lora").next().expect("a LoRA record");
+    let r = eager(&records, "full").next().expect("a full record");
     let e = estimate(&config(r)).expect("estimates");
-    // Embedding and output, 2 × 4096 × 64 in bf16: 1,048,576 B.
+    // Embedding and output, units of their own: 2 × 4096 × 64 in bf16, 1,048,576 B.
     assert!(e.warnings.iter().any(|w| w.contains("torchtune's FSDP2 gathers the embedding") && w.contains("0.00 GB")), "{:?}", e.warnings);
+    // The LoRA configs' root holds them, and is in the step: no warning there.
+    let lora = eager(&records, "lora").next().expect("a LoRA record");
+    assert!(estimate(&config(lora)).expect("estimates").warnings.iter().all(|w| !w.contains("torchtune's FSDP2")));
     let one = decode_query(&QUERY.replace("gpus=2", "gpus=1")).config;
     assert!(estimate(&one).expect("one device").warnings.iter().all(|w| !w.contains("torchtune's FSDP2")));
+}
+
+/// The live bytes of the FSDP units' allocations (`Cat::Gathered`) after each event of `s`.
+fn gathered_live(s: &trainmem::estimator::step::Stream) -> Vec<u128> {
+    use trainmem::estimator::step::{Cat, EventKind};
+    let mut live = 0u128;
+    s.events
+        .iter()
+        .map(|e| {
+            if e.cat == Cat::Gathered {
+                match e.kind {
+                    EventKind::Alloc => live += e.bytes,
+                    EventKind::Free => live -= e.bytes,
+                }
+            }
+            live
+        })
+        .collect()
+}
+
+#[test]
+fn the_lora_configs_root_is_gathered_beside_every_decoder_layers_backward_as_measured() {
+    use trainmem::estimator::step::Phase;
+    let records = records();
+    if records.is_empty() {
+        return;
+    }
+    for r in eager(&records, "lora") {
+        // The root unit: embedding, final norm and output, (2 · 4096 · 64 + 64) · 2 B.
+        let root = r["units"]
+            .as_array()
+            .and_then(|units| units.iter().find(|u| u["unit"] == "<root>"))
+            .and_then(|u| u["unsharded_bf16_bytes"].as_u64())
+            .expect("the root unit");
+        assert_eq!(root, (2 * 4096 * 64 + 64) * BF16_BYTES);
+        // Measured: gathered again in backward (`all_gather_copy_out` outside any layer's unit),
+        // kept to the root's `post_backward_reshard` at the very end of backward.
+        let cols: Vec<&str> = fixture_columns();
+        let col = |a: &Value, name: &str| a[cols.iter().position(|c| *c == name).expect("column")].clone();
+        let again: u64 = r["allocations"]
+            .as_array()
+            .expect("allocations")
+            .iter()
+            .filter(|a| col(a, "phase") == "backward" && col(a, "fsdp") == "FSDP::all_gather_copy_out")
+            .inspect(|a| assert_eq!(col(a, "freed_fsdp"), "FSDP::post_backward_reshard", "{}", r["id"]))
+            .filter_map(|a| col(a, "bytes").as_u64())
+            .sum();
+        assert_eq!(again, root, "{}", r["id"]);
+        let cfg = config(r);
+        let e = estimate(&cfg).expect("estimates");
+        assert_eq!(e.row(RowId::GatheredRoot).expect("the root's row").bytes, root as u128);
+        // The stream: nothing gathered at its peak (the loss's forward, where the root was
+        // resharded), the root beside every decoder layer's backward, nothing at the end.
+        let s = trainmem::estimator::step_stream(&cfg).expect("stream");
+        let g = gathered_live(&s);
+        assert_eq!(g[s.peak_index], 0, "{}", r["id"]);
+        assert_eq!(g.iter().max().copied(), Some(root as u128));
+        let layer_backward: Vec<u128> =
+            s.events.iter().zip(&g).filter(|(ev, _)| ev.phase == Phase::Backward && ev.layer.is_some()).map(|(_, &g)| g).collect();
+        assert!(!layer_backward.is_empty());
+        assert!(layer_backward.iter().all(|&g| g == root as u128), "{}", r["id"]);
+        assert_eq!(*g.last().expect("events"), 0);
+    }
+}
+
+/// The fixture's allocation columns.
+fn fixture_columns() -> Vec<&'static str> {
+    vec!["t", "bytes", "phase", "fsdp", "op", "live_after", "freed_t", "freed_phase", "freed_fsdp", "freed_op"]
 }

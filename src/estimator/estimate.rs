@@ -445,6 +445,7 @@ fn stage_ledger(
     let gathered_bytes = gathered.as_ref().map_or(0, |r| r.bytes);
     rows.extend(gathered);
     rows.extend(overhead::head_unit_row(cfg, recipe, groups).filter(|_| stage.has_head()));
+    rows.extend(overhead::root_unit_row(cfg, recipe, groups).filter(|_| stage.has_head() && stage.has_embedding()));
     let sh = sharding::Sharding::of(cfg);
     let temps = optimizer::step_temporary_bytes(
         cfg.optim,
@@ -498,22 +499,26 @@ fn stage_ledger(
     }
 }
 
-/// What torchtune's distributed recipes gather beyond the decoder layers and the estimate leaves
-/// out, said where it applies: `training.shard_model` makes the embedding and the output
-/// projection FSDP2 units of their own (`custom_sharded_layers`, the full configs) or leaves them
-/// to the root unit (the LoRA configs), and either way gathers them again in backward — the
-/// root from its pre-backward after the loss backward to the end of backward (measured on two
-/// CPU ranks: tests/fixtures/pytorch/fsdp/tune.json's compiled records peak with them gathered;
-/// validation/FINDINGS.md §13.3). U = (V·h, twice when untied) · b_w, with b_w the parameter
-/// dtype's bytes: Llama 3.1 70B in bf16, 2 · 128,256 · 8,192 · 2 B = 4.20 GB.
+/// What torchtune's distributed full fine-tune gathers beyond the decoder layers and the
+/// estimate leaves out, said where it applies: `training.shard_model` makes the embedding and
+/// the output projection FSDP2 units of their own (`custom_sharded_layers`, as the full configs
+/// ship), each gathered in forward around its calls and again for its backward (measured on two
+/// CPU ranks: tests/fixtures/pytorch/fsdp/tune.json's compiled full record peaks with the
+/// output unit gathered; validation/FINDINGS.md §13.3). The LoRA configs' root, which holds them,
+/// is in the step. U = (V·h, twice when untied) · b_w, with b_w the parameter dtype's bytes:
+/// Llama 3.1 70B in bf16, 2 · 128,256 · 8,192 · 2 B = 4.20 GB.
 fn fsdp_ends_warning(cfg: &Config, recipe: &Recipe) -> Option<String> {
-    if cfg.framework != config::Framework::Torchtune || !sharding::Sharding::of(cfg).splits(sharding::PARAMETERS_FROM) {
+    // The LoRA configs' root is in the step ([`sharding::keeps_ends_in_root`]).
+    if cfg.framework != config::Framework::Torchtune
+        || !sharding::Sharding::of(cfg).splits(sharding::PARAMETERS_FROM)
+        || sharding::keeps_ends_in_root(cfg)
+    {
         return None;
     }
     let a = &cfg.arch;
     let ends = a.vocab as u128 * a.hidden as u128 * if a.tied { 1 } else { 2 } * recipe.weight.bytes() as u128;
     Some(format!(
-        "torchtune's FSDP2 gathers the embedding and the output projection again in backward ({:.2} GB unsharded): not in this estimate, which counts the decoder layers' units (measured eager peaks fall at the loss, before they are gathered)",
+        "torchtune's FSDP2 gathers the embedding and the output projection (units of their own under custom_sharded_layers) in forward and again for their backward ({:.2} GB unsharded): not in this estimate, which counts the decoder layers' units (measured eager peaks fall at the loss, where neither is gathered)",
         ends as f64 / 1e9
     ))
 }

@@ -66,6 +66,9 @@ pub enum RowId {
     GatheredLayers,
     /// FSDP2's `[norm, output]` unit kept gathered (torchtitan).
     GatheredHead,
+    /// FSDP2's root unit holding the embedding, norm and output, gathered again in backward
+    /// (torchtune's distributed LoRA).
+    GatheredRoot,
     /// A pipeline stage's parameters kept gathered through the step (torchtitan's FSDP2 under
     /// pipeline parallelism).
     GatheredStage,
@@ -88,7 +91,7 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 40] = [
+    pub const ALL: [RowId; 41] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
@@ -104,6 +107,7 @@ impl RowId {
         RowId::Fp8AmaxHistory,
         RowId::GatheredLayers,
         RowId::GatheredHead,
+        RowId::GatheredRoot,
         RowId::GatheredStage,
         RowId::DdpBuckets,
         RowId::ZeroReduceBucket,
@@ -149,6 +153,7 @@ impl RowId {
             RowId::Fp8AmaxHistory => "fp8_amax_history",
             RowId::GatheredLayers => "gathered_layers",
             RowId::GatheredHead => "gathered_head",
+            RowId::GatheredRoot => "gathered_root",
             RowId::GatheredStage => "gathered_stage",
             RowId::DdpBuckets => "ddp_buckets",
             RowId::ZeroReduceBucket => "zero_reduce_bucket",

@@ -305,6 +305,28 @@ pub fn head_unit_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Op
     )
 }
 
+const U_ROOT: Sym = Sym::new("U", "root", "FSDP2's root unit unsharded: embedding, final norm and output in the parameter dtype");
+
+/// FSDP2's root unit as torchtune's distributed LoRA recipe leaves it
+/// ([`crate::estimator::sharding::keeps_ends_in_root`]): U_root = (n_emb + n_norm + n_out) ·
+/// b_w ([`crate::estimator::sharding::root_unit_bytes`]), gathered from the embedding to the
+/// head in forward and from the head's backward to the end of backward, in the step's stream.
+/// Toy (the `lora` records of tests/fixtures/pytorch/fsdp/tune.json): (2 · 4096 · 64 + 64) · 2
+/// = 1,048,704 B, as measured.
+pub fn root_unit_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
+    let u = crate::estimator::sharding::root_unit_bytes(cfg, recipe, groups)?;
+    Some(
+        Row::new(
+            RowId::GatheredRoot,
+            "FSDP2 root unit (embedding, norm, output), unsharded",
+            Category::Transient,
+            Expr::var(U_ROOT, u),
+            "torchtune 0.6.1 training/_distributed.py shard_model (fully_shard(model, reshard_after_forward=True)), recipes/configs/*/*_lora.yaml (no custom_sharded_layers); torch 2.15 fsdp/_fully_shard/_fsdp_state.py pre_backward, _fsdp_param_group.py post_backward",
+        )
+        .note("in the parameter dtype; gathered in forward until the model returns, then again from the head's backward to the end of backward: beside every decoder layer's backward"),
+    )
+}
+
 /// One layer's shard as parameter offload brings it to the GPU before the all-gather: each
 /// parameter's `⌈numel / n⌉` elements copied host-to-device in the dtype the host keeps
 /// (`_fsdp_param.py all_gather_inputs`: `sharded_param_data.to(device)`), plus its cast to the

@@ -169,6 +169,45 @@ pub fn accumulators_resident(cfg: &Config, first_backward: bool) -> bool {
     keeps_stage_gathered(cfg) && cfg.accum > 1 && !first_backward
 }
 
+/// Whether FSDP2's root unit holds the embedding, the final norm and the output projection
+/// and is gathered again in backward: torchtune's distributed LoRA recipe as its configs ship
+/// it (`framework = torchtune`, a LoRA or QLoRA fine-tune, the parameters split).
+///
+/// - torchtune 0.6.1 `training/_distributed.py shard_model`: each `layers.i` a unit, the
+///   `custom_sharded_layers` each a unit, then `fully_shard(model, reshard_after_forward=True)`,
+///   the root holding what is left; `recipes/configs/*/..._lora.yaml` leave
+///   `custom_sharded_layers` commented out (the `*_full.yaml` distributed configs set
+///   `['tok_embeddings', 'output']`, units of their own, which the estimate does not follow and
+///   warns about).
+/// - torch 2.15 `distributed/fsdp/_fully_shard/_fsdp_state.py`: the root keeps an explicit
+///   `reshard_after_forward=True`, so it is resharded when the model's forward returns, gathered
+///   again by its pre-backward (a hook on the model's outputs, the logits) right after the loss
+///   backward, and resharded by `post_backward` at the very end of backward.
+///
+/// Measured on two CPU ranks (`tests/fixtures/pytorch/fsdp/tune.json`, the `lora` records):
+/// the root's 1,048,704 B gathered from the logits' gradient to the end of backward.
+pub fn keeps_ends_in_root(cfg: &Config) -> bool {
+    use super::config::{Finetune, Framework};
+    cfg.framework == Framework::Torchtune && cfg.finetune != Finetune::Full && Sharding::of(cfg).splits(PARAMETERS_FROM)
+}
+
+/// U_root of [`keeps_ends_in_root`]: the embedding, final norm and output projection of
+/// `groups` unsharded in the parameter dtype, U = (n_emb + n_norm + n_out) · b_w (a tied output
+/// counted once, as it is one parameter). Llama 3.1 70B in bf16: (2 · 128,256 · 8,192 + 8,192)
+/// · 2 = 4,202,709,376 B. `None` where the root holds nothing of it.
+pub fn root_unit_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Bytes> {
+    if !keeps_ends_in_root(cfg) {
+        return None;
+    }
+    let w = recipe.weight.bytes() as u128;
+    let bytes: u128 = groups
+        .iter()
+        .filter(|g| matches!(g.group.part, Part::Embedding | Part::FinalNorm | Part::LmHead) && !g.adapter)
+        .map(|g| g.group.numel() as u128 * g.group.count.max(1) as u128 * w)
+        .sum();
+    (bytes > 0).then_some(bytes)
+}
+
 /// [`HeadUnit`] of a stage whose tensors are `groups` (`None` without the unit or the head):
 ///
 /// - U = (n_out + n_norm) · b_w,

@@ -906,7 +906,10 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
     // (tests/fixtures/pytorch/fsdp/tune.json, validation/measure_tune_fsdp.py).
     if cfg.gpus > 1 {
         if cfg.zero != super::config::Zero::FullShard {
-            return Some("torchtune's distributed recipes shard every parameter with FSDP2 over all GPUs (training.shard_model: zero=full_shard)".into());
+            return Some(
+                "torchtune's distributed recipes shard every parameter with FSDP2 over all GPUs (training.shard_model: zero=full_shard)"
+                    .into(),
+            );
         }
         if cfg.finetune == Finetune::Qlora {
             return Some("torchtune's QLoRA under its distributed recipe (FSDP2 all-gathering torchao's NF4Tensor) is not measured".into());

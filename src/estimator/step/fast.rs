@@ -489,7 +489,9 @@ fn layer_run(setup: &Setup, pcs: &Pieces, pro_kept: &[bool], f: &Full, runs: &mu
 /// configuration: the same program run with the same inputs and categories gives the same
 /// profile) and adding the ones it makes.
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
-    if setup.offload().is_some() || setup.layer_offload().is_some() {
+    // torchtune's FSDP2 root (embedding, norm and output) reaches across the pieces too: gathered
+    // from the embedding to the head in forward, from the head to the embedding in backward.
+    if setup.offload().is_some() || setup.layer_offload().is_some() || crate::estimator::sharding::keeps_ends_in_root(setup.cfg) {
         return whole(setup, other_temp);
     }
     let acc_mode = setup.accumulate;
@@ -742,10 +744,12 @@ impl super::run::Sink for Coarser {
     }
 }
 
-/// [`stage_with`] for activation offloading: torchtune's stash and its copies brought back
-/// reach across the pieces' boundaries (a layer's last moved tensors stay on the device into
-/// the next layer's forward, or the final norm's; a node's copies until the next node that
-/// unpacks), so the stage's program runs whole, once, into the same coarse segments.
+/// [`stage_with`] where something reaches across the pieces' boundaries — activation
+/// offloading (torchtune's stash and its copies brought back: a layer's last moved tensors stay
+/// on the device into the next layer's forward, or the final norm's; a node's copies until the
+/// next node that unpacks) or an FSDP2 root unit gathered through the layers
+/// ([`crate::estimator::sharding::keeps_ends_in_root`]) —, so the stage's program runs whole,
+/// once, into the same coarse segments.
 fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
     let prog = setup.whole();
     let n = setup.kinds.len();
@@ -1180,6 +1184,41 @@ mod tests {
     /// host (fp32 MoE models: for-loop AdamW's `sqrt` and `div` of the largest expert weight).
     /// litgpt's QLoRA under Lightning's plugin: the 4-bit LM head and the previous micro-batch's
     /// held tensors (allocated at the head, freed at the fp32 logits) live in the epilogue piece.
+    #[test]
+    fn the_coarse_peak_equals_the_materialized_streams_maximum_under_torchtunes_fsdp2_root() {
+        use crate::estimator::config::{Finetune, Framework, LoraDtype, Zero};
+        let mut bad = Vec::new();
+        for id in ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b"] {
+            let arch = small(&crate::estimator::presets::preset(id).expect("preset").spec);
+            for rec in [Recompute::None, Recompute::Full] {
+                for loss in [crate::estimator::config::Loss::Chunked, crate::estimator::config::Loss::Standard] {
+                    let cfg = Config {
+                        model: "custom".into(),
+                        arch: arch.clone(),
+                        framework: Framework::Torchtune,
+                        zero: Zero::FullShard,
+                        gpus: 4,
+                        finetune: Finetune::Lora,
+                        lora_dtype: LoraDtype::Model,
+                        seq: 128,
+                        batch: 2,
+                        precision: Precision::Bf16,
+                        recompute: rec,
+                        loss,
+                        kernels: Kernels::Cpu,
+                        ..Config::default()
+                    };
+                    assert!(crate::estimator::sharding::keeps_ends_in_root(&cfg));
+                    let (m, f) = numbers_only(|| (materialized(&cfg, Stage::Whole), fast(&cfg, Stage::Whole)));
+                    if m != f {
+                        bad.push(format!("{id} {rec:?} {loss:?}: stream {m} vs coarse {f}"));
+                    }
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
     #[test]
     fn the_piecewise_peak_equals_the_materialized_streams_maximum_for_litgpts_qlora_holding_the_last_micro_batch() {
         use crate::estimator::config::{Finetune, LoraTargets};

@@ -559,7 +559,7 @@ pub struct Program {
     /// activation-offloading context.
     pub loss_fn_from: u32,
     /// FSDP2 units whose gathered parameters and unsharded gradients the run allocates
-    /// ([`Unit`]): torchtitan's `[norm, output]`.
+    /// ([`Unit`]): torchtitan's `[norm, output]`, torchtune's root.
     pub units: Vec<Unit>,
 }
 
@@ -570,6 +570,11 @@ pub struct Program {
 /// `RegisterPostBackwardFunction` node, on the unit's inputs, runs then) `post_backward`
 /// reshards the parameters, then `foreach_reduce` copies the gradient into the
 /// `reduce_input`-byte reduce-scatter buffer and frees it. Sizes: `sharding::head_unit`.
+///
+/// A unit resharded after forward (`fwd_last` an op, not [`NO_OP`]) frees its parameters once
+/// op `fwd_last` has run (`post_forward`: the op after it finds them gone) and gathers them
+/// again when backward reaches an op at or before `fwd_last` (`pre_backward`, a hook on the
+/// unit's outputs): torchtune's root, `sharding::root_unit_bytes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
     pub first: u32,
@@ -579,6 +584,9 @@ pub struct Unit {
     pub param_dtype: DType,
     pub grad: u128,
     pub reduce_input: u128,
+    /// The unit's last forward op, after which it is resharded; [`NO_OP`] when it is kept
+    /// gathered from its forward to its backward.
+    pub fwd_last: u32,
 }
 
 /// No op.

@@ -559,6 +559,9 @@ impl<'a> Setup<'a> {
             self.head_and_loss(b, p, x, xn, sh);
             self.compile_final_norm_and_head(b, unit_first);
             self.head_unit(b, unit_first);
+            if self.stage.has_embedding() {
+                self.root_unit(b);
+            }
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
             // bf16 cast, and the fp32 output still lives through the loss. (torchtune's
@@ -746,6 +749,27 @@ impl<'a> Setup<'a> {
             param_dtype: DType::of(self.recipe.weight),
             grad: u.grad,
             reduce_input: u.reduce_input,
+            fwd_last: super::ir::NO_OP,
+        });
+    }
+
+    /// FSDP2's root unit holding the embedding, the final norm and the output projection
+    /// (`sharding::root_unit_bytes`, torchtune's distributed LoRA), in the whole program: gathered
+    /// before its first op, resharded after the last op before the loss, gathered again when
+    /// backward reaches the head, resharded when backward ends (after the embedding's, op 0's).
+    /// It holds no trainable gradient (the adapters live in the layers' units).
+    fn root_unit(&self, b: &mut Builder) {
+        let Some(params) = crate::estimator::sharding::root_unit_bytes(self.cfg, &self.recipe, &self.groups) else { return };
+        let fwd_last = b.p.loss_from.checked_sub(1).filter(|_| b.p.loss_from != u32::MAX);
+        let Some(fwd_last) = fwd_last else { return };
+        b.p.units.push(super::ir::Unit {
+            first: 0,
+            grad_op: super::ir::NO_OP,
+            params,
+            param_dtype: DType::of(self.recipe.weight),
+            grad: 0,
+            reduce_input: 0,
+            fwd_last,
         });
     }
 

@@ -21,7 +21,7 @@
 //!   (`accumulate_grad.h`, Case 1.1); later ones are added (Case 2.3, in place; out of place
 //!   under the tracker).
 
-use super::ir::{Compiled, DType, Origin, Program, Tid, B, FOREVER, FWD_END, MODEL};
+use super::ir::{Compiled, DType, Origin, Program, Tid, B, FOREVER, FWD_END, MODEL, NO_OP};
 use super::stream::{Cat, Phase};
 
 /// Where an allocation happens (for events and the peak's label).
@@ -487,6 +487,29 @@ impl<'p, S: Sink> Run<'p, S> {
     fn gather_units(&mut self, i: usize, at: &At) {
         for (k, u) in self.p.units.iter().enumerate() {
             if u.first as usize == i && self.units[k][UNIT_PARAMS] == NONE {
+                let a = At { op: "FSDP::all_gather_copy_out", ..*at };
+                self.units[k][UNIT_PARAMS] = self.sink.alloc(u.params, u.param_dtype, Cat::Gathered, &a);
+            }
+        }
+    }
+
+    /// FSDP2's `post_forward` of the units resharded after forward whose last forward op is
+    /// the one before op `i` (`Unit::fwd_last`): their gathered parameters go.
+    fn reshard_units_after_forward(&mut self, i: usize, at: &At) {
+        for k in 0..self.p.units.len() {
+            let last = self.p.units[k].fwd_last;
+            if last != NO_OP && last as usize + 1 == i {
+                self.release_unit_params(k, &At { op: "FSDP::post_forward", ..*at });
+            }
+        }
+    }
+
+    /// FSDP2's `pre_backward` of a unit resharded after forward: backward reaching one of its
+    /// ops (op `i`, at or before `Unit::fwd_last`) all-gathers its parameters again.
+    fn regather_units(&mut self, i: usize, at: &At) {
+        for k in 0..self.p.units.len() {
+            let u = self.p.units[k];
+            if u.fwd_last != NO_OP && i <= u.fwd_last as usize && i >= u.first as usize && self.units[k][UNIT_PARAMS] == NONE {
                 let a = At { op: "FSDP::all_gather_copy_out", ..*at };
                 self.units[k][UNIT_PARAMS] = self.sink.alloc(u.params, u.param_dtype, Cat::Gathered, &a);
             }
@@ -1044,6 +1067,7 @@ impl<'p, S: Sink> Run<'p, S> {
                 }
             }
             if !p.units.is_empty() {
+                self.reshard_units_after_forward(i, &at);
                 self.gather_units(i, &at);
             }
             let hooked = self.off.filter(|o| self.b.region_of[i] == NONE && op.saved.1 > 0 && o.packs(p, i));
@@ -1449,6 +1473,7 @@ impl<'p, S: Sink> Run<'p, S> {
         let mut released = false;
         let unpacked = runs && part == Part::Whole && self.off.is_some() && self.unpack(i, &mut copies, &at);
         if runs && begins && !p.units.is_empty() {
+            self.regather_units(i, &at);
             self.unsharded_grads(i, &at);
         }
         if runs {
