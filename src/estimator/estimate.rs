@@ -446,6 +446,7 @@ fn stage_ledger(
     rows.extend(gathered);
     rows.extend(overhead::head_unit_row(cfg, recipe, groups).filter(|_| stage.has_head()));
     rows.extend(overhead::root_unit_row(cfg, recipe, groups).filter(|_| stage.has_head() && stage.has_embedding()));
+    rows.extend(overhead::end_units_row(cfg, recipe, groups).filter(|_| stage.has_head() && stage.has_embedding()));
     let sh = sharding::Sharding::of(cfg);
     let temps = optimizer::step_temporary_bytes(
         cfg.optim,
@@ -497,30 +498,6 @@ fn stage_ledger(
         in_flight: other_micro,
         first_backward,
     }
-}
-
-/// What torchtune's distributed full fine-tune gathers beyond the decoder layers and the
-/// estimate leaves out, said where it applies: `training.shard_model` makes the embedding and
-/// the output projection FSDP2 units of their own (`custom_sharded_layers`, as the full configs
-/// ship), each gathered in forward around its calls and again for its backward (measured on two
-/// CPU ranks: tests/fixtures/pytorch/fsdp/tune.json's compiled full record peaks with the
-/// output unit gathered; validation/FINDINGS.md §13.3). The LoRA configs' root, which holds them,
-/// is in the step. U = (V·h, twice when untied) · b_w, with b_w the parameter dtype's bytes:
-/// Llama 3.1 70B in bf16, 2 · 128,256 · 8,192 · 2 B = 4.20 GB.
-fn fsdp_ends_warning(cfg: &Config, recipe: &Recipe) -> Option<String> {
-    // The LoRA configs' root is in the step ([`sharding::keeps_ends_in_root`]).
-    if cfg.framework != config::Framework::Torchtune
-        || !sharding::Sharding::of(cfg).splits(sharding::PARAMETERS_FROM)
-        || sharding::keeps_ends_in_root(cfg)
-    {
-        return None;
-    }
-    let a = &cfg.arch;
-    let ends = a.vocab as u128 * a.hidden as u128 * if a.tied { 1 } else { 2 } * recipe.weight.bytes() as u128;
-    Some(format!(
-        "torchtune's FSDP2 gathers the embedding and the output projection (units of their own under custom_sharded_layers) in forward and again for their backward ({:.2} GB unsharded): not in this estimate, which counts the decoder layers' units (measured eager peaks fall at the loss, where neither is gathered)",
-        ends as f64 / 1e9
-    ))
 }
 
 /// The ledger of the most loaded GPU for `cfg`, as numbers: every row's bytes, the peak and
@@ -756,9 +733,6 @@ fn ledger_of(cfg: &Config) -> Result<Estimate, EstimateError> {
             host_bytes >> 30,
             cfg.host_ram_gib
         ));
-    }
-    if let Some(w) = fsdp_ends_warning(cfg, &recipe) {
-        warnings.push(w);
     }
     if cfg.seq > cfg.arch.max_pos && cfg.arch.max_pos > 0 {
         warnings.push(format!("seq = {} exceeds the model's max_position_embeddings = {}", cfg.seq, cfg.arch.max_pos));

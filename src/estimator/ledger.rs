@@ -69,6 +69,9 @@ pub enum RowId {
     /// FSDP2's root unit holding the embedding, norm and output, gathered again in backward
     /// (torchtune's distributed LoRA).
     GatheredRoot,
+    /// FSDP2's output (and embedding) units of their own, gathered around each call
+    /// (torchtune's distributed full fine-tune).
+    GatheredEnds,
     /// A pipeline stage's parameters kept gathered through the step (torchtitan's FSDP2 under
     /// pipeline parallelism).
     GatheredStage,
@@ -91,7 +94,7 @@ pub enum RowId {
 
 impl RowId {
     /// Every row the ledger can have, in no particular order.
-    pub const ALL: [RowId; 41] = [
+    pub const ALL: [RowId; 42] = [
         RowId::Weights,
         RowId::FrozenWeights,
         RowId::QuantizedWeights,
@@ -108,6 +111,7 @@ impl RowId {
         RowId::GatheredLayers,
         RowId::GatheredHead,
         RowId::GatheredRoot,
+        RowId::GatheredEnds,
         RowId::GatheredStage,
         RowId::DdpBuckets,
         RowId::ZeroReduceBucket,
@@ -154,6 +158,7 @@ impl RowId {
             RowId::GatheredLayers => "gathered_layers",
             RowId::GatheredHead => "gathered_head",
             RowId::GatheredRoot => "gathered_root",
+            RowId::GatheredEnds => "gathered_ends",
             RowId::GatheredStage => "gathered_stage",
             RowId::DdpBuckets => "ddp_buckets",
             RowId::ZeroReduceBucket => "zero_reduce_bucket",

@@ -307,10 +307,11 @@ pub fn head_unit_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Op
 
 const U_ROOT: Sym = Sym::new("U", "root", "FSDP2's root unit unsharded: embedding, final norm and output in the parameter dtype");
 
-/// FSDP2's root unit as torchtune's distributed LoRA recipe leaves it
-/// ([`crate::estimator::sharding::keeps_ends_in_root`]): U_root = (n_emb + n_norm + n_out) ·
-/// b_w ([`crate::estimator::sharding::root_unit_bytes`]), gathered from the embedding to the
-/// head in forward and from the head's backward to the end of backward, in the step's stream.
+/// FSDP2's root unit as torchtune's distributed recipes leave it: under LoRA
+/// ([`crate::estimator::sharding::keeps_ends_in_root`]) U_root = (n_emb + n_norm + n_out) · b_w,
+/// under the full fine-tune (its own end units) the final norm's n_norm · b_w
+/// ([`crate::estimator::sharding::root_unit_bytes`]); gathered from the embedding to the head in
+/// forward and from the head's backward to the end of backward, in the step's stream.
 /// Toy (the `lora` records of tests/fixtures/pytorch/fsdp/tune.json): (2 · 4096 · 64 + 64) · 2
 /// = 1,048,704 B, as measured.
 pub fn root_unit_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
@@ -318,12 +319,41 @@ pub fn root_unit_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Op
     Some(
         Row::new(
             RowId::GatheredRoot,
-            "FSDP2 root unit (embedding, norm, output), unsharded",
+            if crate::estimator::sharding::keeps_ends_in_root(cfg) {
+                "FSDP2 root unit (embedding, norm, output), unsharded"
+            } else {
+                "FSDP2 root unit (final norm), unsharded"
+            },
             Category::Transient,
             Expr::var(U_ROOT, u),
             "torchtune 0.6.1 training/_distributed.py shard_model (fully_shard(model, reshard_after_forward=True)), recipes/configs/*/*_lora.yaml (no custom_sharded_layers); torch 2.15 fsdp/_fully_shard/_fsdp_state.py pre_backward, _fsdp_param_group.py post_backward",
         )
         .note("in the parameter dtype; gathered in forward until the model returns, then again from the head's backward to the end of backward: beside every decoder layer's backward"),
+    )
+}
+
+const U_OUT: Sym = Sym::new("U", "out", "the output weight unsharded (parameter dtype)");
+const G_OUT: Sym = Sym::new("G", "out", "the output weight's unsharded gradient (parameter dtype)");
+const R_OUT: Sym = Sym::new("R", "out", "its reduce-scatter input (parameter dtype, dim 0 padded)");
+
+/// FSDP2's output unit as torchtune's distributed full fine-tune makes it
+/// ([`crate::estimator::sharding::own_end_units`]; its embedding unit, the same size, holds less
+/// at once): the most of it alive at once, max(U + 2·G, G + R) — the weight gathered for an output
+/// chunk's backward, the gradient accumulated over the chunks and the out-of-place sum of the
+/// second chunk's gradient beside it; then the reduce-scatter input beside the gradient. In the
+/// step's stream, where it is placed op by op. Toy (tune.json, `full`): U = G = R = 524,288 B.
+pub fn end_units_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Row> {
+    let (u, g, r) = crate::estimator::sharding::end_unit(cfg, recipe, groups, Part::LmHead)?;
+    let (uu, gg, rr) = (Expr::var(U_OUT, u), Expr::var(G_OUT, g), Expr::var(R_OUT, r));
+    Some(
+        Row::new(
+            RowId::GatheredEnds,
+            "FSDP2 output unit (per chunk), unsharded",
+            Category::Transient,
+            Expr::max([Expr::sum([uu, gg.clone(), gg.clone()]), Expr::sum([gg, rr])]),
+            "torchtune 0.6.1 training/_distributed.py shard_model, recipes/configs/*/*_full.yaml custom_sharded_layers ['tok_embeddings', 'output'], modules/transformer.py chunked_output; torch 2.15 fsdp/_fully_shard/_fsdp_param_group.py pre_backward, post_backward; autograd accumulate_grad.h",
+        )
+        .note("gathered around each output chunk's matmul in forward and again for its backward; the gradient accumulated unsharded over the chunks (the second added out of place), reduce-scattered in the parameter dtype after the last"),
     )
 }
 

@@ -191,18 +191,59 @@ pub fn keeps_ends_in_root(cfg: &Config) -> bool {
     cfg.framework == Framework::Torchtune && cfg.finetune != Finetune::Full && Sharding::of(cfg).splits(PARAMETERS_FROM)
 }
 
+/// torchtune's distributed recipes' FSDP2 (`training.shard_model`): `framework = torchtune` with
+/// the parameters split. Its units beyond the decoder layers are in the step's stream: the root
+/// ([`keeps_ends_in_root`], or the final norm alone) and, for the full fine-tune,
+/// [`own_end_units`]; the stage runs as one program (they span the pieces).
+pub fn tune_fsdp2(cfg: &Config) -> bool {
+    cfg.framework == super::config::Framework::Torchtune && Sharding::of(cfg).splits(PARAMETERS_FROM)
+}
+
+/// Whether the embedding and the output projection are FSDP2 units of their own: torchtune's
+/// distributed full fine-tune as its configs ship it (`custom_sharded_layers: ['tok_embeddings',
+/// 'output']` in every distributed `*_full.yaml` of torchtune 0.6.1), each gathered around each of
+/// its calls in forward (`output` once per output chunk) and again for each call's backward, the
+/// output weight's gradient accumulated unsharded over the chunks and reduce-scattered after the
+/// last (measured: tests/fixtures/pytorch/fsdp/tune.json, the `full` records).
+pub fn own_end_units(cfg: &Config) -> bool {
+    tune_fsdp2(cfg) && cfg.finetune == super::config::Finetune::Full
+}
+
+/// One end unit of [`own_end_units`]: the weight of `part` (embedding or output) unsharded, U
+/// = n · b_w; its unsharded gradient G = n · b_w (pure bf16: the parameter dtype); the
+/// reduce-scatter input R = ⌈d0 / N⌉ · N · (n / d0) · b_w (no `MixedPrecisionPolicy`: reduced in
+/// the parameter dtype, dim 0 padded to the shard group). Toy (vocabulary 4096, h 64, bf16, 2
+/// ranks): U = G = R = 524,288 B, as measured.
+pub fn end_unit(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], part: Part) -> Option<(Bytes, Bytes, Bytes)> {
+    if !own_end_units(cfg) {
+        return None;
+    }
+    let n = Sharding::of(cfg).n.max(1) as u128;
+    let w = recipe.weight.bytes() as u128;
+    let g = groups.iter().find(|g| g.group.part == part && !g.adapter)?;
+    let numel = g.group.numel() as u128 * g.group.count.max(1) as u128;
+    let d0 = g.group.shape.first().copied().unwrap_or(1).max(1) as u128;
+    let trains = g.role == Role::Trainable;
+    let grad = if trains { numel * w } else { 0 };
+    let reduce = if trains { d0.div_ceil(n) * n * (numel / d0) * w } else { 0 };
+    Some((numel * w, grad, reduce))
+}
+
 /// U_root of [`keeps_ends_in_root`]: the embedding, final norm and output projection of
 /// `groups` unsharded in the parameter dtype, U = (n_emb + n_norm + n_out) · b_w (a tied output
 /// counted once, as it is one parameter). Llama 3.1 70B in bf16: (2 · 128,256 · 8,192 + 8,192)
 /// · 2 = 4,202,709,376 B. `None` where the root holds nothing of it.
+///
+/// Under [`own_end_units`] the root holds the final norm alone: U = n_norm · b_w.
 pub fn root_unit_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Option<Bytes> {
-    if !keeps_ends_in_root(cfg) {
+    if !tune_fsdp2(cfg) {
         return None;
     }
+    let ends = keeps_ends_in_root(cfg);
     let w = recipe.weight.bytes() as u128;
     let bytes: u128 = groups
         .iter()
-        .filter(|g| matches!(g.group.part, Part::Embedding | Part::FinalNorm | Part::LmHead) && !g.adapter)
+        .filter(|g| !g.adapter && (g.group.part == Part::FinalNorm || (ends && matches!(g.group.part, Part::Embedding | Part::LmHead))))
         .map(|g| g.group.numel() as u128 * g.group.count.max(1) as u128 * w)
         .sum();
     (bytes > 0).then_some(bytes)

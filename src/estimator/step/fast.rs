@@ -491,7 +491,7 @@ fn layer_run(setup: &Setup, pcs: &Pieces, pro_kept: &[bool], f: &Full, runs: &mu
 pub fn stage_with(setup: &Setup, pcs: &Pieces, other_temp: Bytes, runs: &mut Vec<LayerRun>) -> Fast {
     // torchtune's FSDP2 root (embedding, norm and output) reaches across the pieces too: gathered
     // from the embedding to the head in forward, from the head to the embedding in backward.
-    if setup.offload().is_some() || setup.layer_offload().is_some() || crate::estimator::sharding::keeps_ends_in_root(setup.cfg) {
+    if setup.offload().is_some() || setup.layer_offload().is_some() || crate::estimator::sharding::tune_fsdp2(setup.cfg) {
         return whole(setup, other_temp);
     }
     let acc_mode = setup.accumulate;
@@ -747,8 +747,8 @@ impl super::run::Sink for Coarser {
 /// [`stage_with`] where something reaches across the pieces' boundaries — activation
 /// offloading (torchtune's stash and its copies brought back: a layer's last moved tensors stay
 /// on the device into the next layer's forward, or the final norm's; a node's copies until the
-/// next node that unpacks) or an FSDP2 root unit gathered through the layers
-/// ([`crate::estimator::sharding::keeps_ends_in_root`]) —, so the stage's program runs whole,
+/// next node that unpacks) or torchtune's FSDP2 units beyond the layers, its root gathered
+/// through them ([`crate::estimator::sharding::tune_fsdp2`]) —, so the stage's program runs whole,
 /// once, into the same coarse segments.
 fn whole(setup: &Setup, other_temp: Bytes) -> Fast {
     let prog = setup.whole();
@@ -1185,12 +1185,12 @@ mod tests {
     /// litgpt's QLoRA under Lightning's plugin: the 4-bit LM head and the previous micro-batch's
     /// held tensors (allocated at the head, freed at the fp32 logits) live in the epilogue piece.
     #[test]
-    fn the_coarse_peak_equals_the_materialized_streams_maximum_under_torchtunes_fsdp2_root() {
+    fn the_coarse_peak_equals_the_materialized_streams_maximum_under_torchtunes_fsdp2_units() {
         use crate::estimator::config::{Finetune, Framework, LoraDtype, Zero};
         let mut bad = Vec::new();
         for id in ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b"] {
             let arch = small(&crate::estimator::presets::preset(id).expect("preset").spec);
-            for rec in [Recompute::None, Recompute::Full] {
+            for (rec, finetune) in [Recompute::None, Recompute::Full].into_iter().flat_map(|r| [(r, Finetune::Full), (r, Finetune::Lora)]) {
                 for loss in [crate::estimator::config::Loss::Chunked, crate::estimator::config::Loss::Standard] {
                     let cfg = Config {
                         model: "custom".into(),
@@ -1198,7 +1198,7 @@ mod tests {
                         framework: Framework::Torchtune,
                         zero: Zero::FullShard,
                         gpus: 4,
-                        finetune: Finetune::Lora,
+                        finetune,
                         lora_dtype: LoraDtype::Model,
                         seq: 128,
                         batch: 2,
@@ -1208,10 +1208,10 @@ mod tests {
                         kernels: Kernels::Cpu,
                         ..Config::default()
                     };
-                    assert!(crate::estimator::sharding::keeps_ends_in_root(&cfg));
+                    assert!(crate::estimator::sharding::tune_fsdp2(&cfg));
                     let (m, f) = numbers_only(|| (materialized(&cfg, Stage::Whole), fast(&cfg, Stage::Whole)));
                     if m != f {
-                        bad.push(format!("{id} {rec:?} {loss:?}: stream {m} vs coarse {f}"));
+                        bad.push(format!("{id} {rec:?} {finetune:?} {loss:?}: stream {m} vs coarse {f}"));
                     }
                 }
             }

@@ -587,6 +587,11 @@ pub struct Unit {
     /// The unit's last forward op, after which it is resharded; [`NO_OP`] when it is kept
     /// gathered from its forward to its backward.
     pub fwd_last: u32,
+    /// The parameter whose gradients the unit accumulates unsharded as `AccumulateGrad` does:
+    /// the first arrival kept (`grad` bytes), the second added out of place (the stolen first
+    /// one is still referenced), later ones in place; [`NO_OP`] when the unsharded gradient is
+    /// allocated at `grad_op` instead.
+    pub grad_param: u32,
 }
 
 /// No op.

@@ -561,6 +561,7 @@ impl<'a> Setup<'a> {
             self.head_unit(b, unit_first);
             if self.stage.has_embedding() {
                 self.root_unit(b);
+                self.end_units(b);
             }
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
@@ -750,6 +751,7 @@ impl<'a> Setup<'a> {
             grad: u.grad,
             reduce_input: u.reduce_input,
             fwd_last: super::ir::NO_OP,
+            grad_param: super::ir::NO_OP,
         });
     }
 
@@ -770,7 +772,63 @@ impl<'a> Setup<'a> {
             grad: 0,
             reduce_input: 0,
             fwd_last,
+            grad_param: super::ir::NO_OP,
         });
+    }
+
+    /// The full fine-tune's embedding and output units (`sharding::own_end_units`), in the whole
+    /// program: one unit for each op that reads the weight (the embedding's lookup, each output
+    /// chunk's matmul), gathered before it and resharded after it in forward, gathered again for
+    /// its backward and resharded after it; the gradient, accumulated over the calls, held by the
+    /// unit of the first call in forward (the last in backward), reduced after it.
+    fn end_units(&self, b: &mut Builder) {
+        use crate::estimator::sharding::end_unit;
+        let loss_from = b.p.loss_from.min(b.p.ops.len() as u32);
+        use crate::estimator::model::Part as Group;
+        for part in [Group::Embedding, Group::LmHead] {
+            let Some((params, grad, reduce)) = end_unit(self.cfg, &self.recipe, &self.groups, part) else { continue };
+            // The weight: the parameter of exactly U bytes the ops before the loss read.
+            let p = &b.p;
+            let is_w = |t: Tid| matches!(p.tensors[t as usize].origin, Origin::Param { .. }) && p.tensors[t as usize].bytes == params;
+            let calls: Vec<(u32, Tid)> = (0..loss_from)
+                .filter_map(|i| {
+                    let op = &p.ops[i as usize];
+                    // The embedding's weight and an untied output's are the same size: the
+                    // embedding's calls are its module's, the output's the model-level rest.
+                    let module_ok = match part {
+                        Group::Embedding => op.module == "tok_embeddings",
+                        _ => op.layer == MODEL && op.module != "tok_embeddings",
+                    };
+                    p.ins(op).iter().copied().find(|&t| module_ok && is_w(t)).map(|t| (i, t))
+                })
+                .collect();
+            let Some(&(first_call, w)) = calls.first() else { continue };
+            // Each call's backward makes the weight's gradient unsharded (FSDP2 reduce-scatters
+            // after the last): its temporary is the whole weight's, not a shard's.
+            if grad > 0 {
+                b.p.tensors[w as usize].origin = Origin::Param { grad_bytes: grad };
+                for &(i, _) in &calls {
+                    unshard_weight_grad(&mut b.p, i as usize, w, grad);
+                }
+            }
+            let units: Vec<super::ir::Unit> = calls
+                .iter()
+                .map(|&(i, _)| {
+                    let keeps = i == first_call;
+                    super::ir::Unit {
+                        first: i,
+                        grad_op: super::ir::NO_OP,
+                        params,
+                        param_dtype: DType::of(self.recipe.weight),
+                        grad: if keeps { grad } else { 0 },
+                        reduce_input: if keeps { reduce } else { 0 },
+                        fwd_last: i,
+                        grad_param: if keeps && grad > 0 { w } else { super::ir::NO_OP },
+                    }
+                })
+                .collect();
+            b.p.units.extend(units);
+        }
     }
 
     /// `compile = true` with `compile_regions = layer`: each decoder layer and the loss are
@@ -1238,6 +1296,29 @@ pub fn resident_grads(cfg: &Config) -> bool {
     let sh = Sharding::of(cfg);
     let offloaded = cfg.offload == crate::estimator::config::Offload::OptimizerParams && sh.stage == 3;
     cfg.accum > 1 || sh.splits(crate::estimator::sharding::GRADIENTS_FROM) || offloaded
+}
+
+/// In op `i`'s backward script, the temporary that becomes parameter `w`'s gradient is `bytes`
+/// large (the `Alloc` numbered as the `Grad` step handing it to `w` names it).
+fn unshard_weight_grad(p: &mut Program, i: usize, w: Tid, bytes: u128) {
+    let ins: Vec<Tid> = p.ins(&p.ops[i]).to_vec();
+    let (start, len) = (p.ops[i].bw.0 as usize, p.ops[i].bw.1 as usize);
+    let temps: Vec<u8> = p.script[start..start + len]
+        .iter()
+        .filter_map(|st| match *st {
+            B::Grad { input, temp } if ins.get(input as usize) == Some(&w) => Some(temp),
+            _ => None,
+        })
+        .collect();
+    let mut k = 0u8;
+    for st in &mut p.script[start..start + len] {
+        if let B::Alloc { bytes: b, .. } = st {
+            if temps.contains(&k) {
+                *b = bytes;
+            }
+            k += 1;
+        }
+    }
 }
 
 /// Which trainable parameter tensors a program has (for tests).

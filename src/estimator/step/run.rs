@@ -285,6 +285,8 @@ pub struct Run<'p, S: Sink> {
     /// Per FSDP unit of the program ([`super::ir::Unit`]): the stream ids of its gathered
     /// parameters and of its unsharded gradient while alive.
     units: Vec<[u32; 2]>,
+    /// How many gradients each unit's `grad_param` has received ([`Unit::grad_param`]).
+    unit_arrivals: Vec<u8>,
     /// [`Run::node`]'s scratch: its temporaries and the gradients it delivers.
     temps: Vec<u32>,
     deliver: Vec<(Tid, u32)>,
@@ -475,6 +477,7 @@ impl<'p, S: Sink> Run<'p, S> {
             os: OffState::default(),
             te: None,
             units: vec![[NONE; 2]; p.units.len()],
+            unit_arrivals: vec![0; p.units.len()],
             temps: Vec::with_capacity(8),
             deliver: Vec::with_capacity(8),
             fusing: None,
@@ -544,6 +547,32 @@ impl<'p, S: Sink> Run<'p, S> {
             if let Some(id) = input {
                 self.sink.free(id, u.reduce_input, Cat::Gathered, &a);
             }
+        }
+    }
+
+    /// Gradient buffer `g` of unit `k`'s parameter arrives ([`Unit::grad_param`]), as
+    /// `AccumulateGrad` takes it (torch 2.15 `torch/csrc/autograd/functions/accumulate_grad.h`
+    /// `accumulateGrad`): the first is stolen as the unsharded gradient; the second is added out
+    /// of place (`grad + new`: the stolen first one is still referenced), the sum replacing it;
+    /// later ones in place. Measured on the output unit's 8 chunks (tune.json, `full`): its
+    /// gradient from the last chunk's backward to the unit's reduce, one `add` of its size at
+    /// the second.
+    fn accumulate_unit_grad(&mut self, k: usize, g: u32, at: &At) {
+        let u = self.p.units[k];
+        self.unit_arrivals[k] = self.unit_arrivals[k].saturating_add(1);
+        match self.unit_arrivals[k] {
+            1 => {
+                self.unref(g, at);
+                self.units[k][UNIT_GRAD] = self.sink.alloc(u.grad, u.param_dtype, Cat::Gathered, at);
+            }
+            2 => {
+                let a = At { op: "add", ..*at };
+                let sum = self.sink.alloc(u.grad, u.param_dtype, Cat::Gathered, &a);
+                self.unref(g, at);
+                self.release_unit_grad(k, &a);
+                self.units[k][UNIT_GRAD] = sum;
+            }
+            _ => self.unref(g, at),
         }
     }
 
@@ -1683,7 +1712,10 @@ impl<'p, S: Sink> Run<'p, S> {
                 // FSDP2's fp32 copy of this 16-bit gradient ([`Upcast`]).
                 let fp32 = grad_bytes / x.dtype.bytes().max(1) as u128 * FP32_BYTES;
                 let upcast = self.upcast.filter(|_| x.dtype != DType::Fp32);
-                if self.resident_grads {
+                let unit = self.p.units.iter().position(|u| u.grad_param == t);
+                if let (true, Some(k)) = (self.resident_grads, unit) {
+                    self.accumulate_unit_grad(k, g, at);
+                } else if self.resident_grads {
                     if upcast == Some(Upcast::Added) {
                         let mut a = *at;
                         a.op = "add_";
