@@ -67,11 +67,11 @@ pub fn read(root: &Value, st: &mut FileState) {
         // A LoRA builder with `quantize_base: True` is QLoRA, as `qlora_…`: torchtune's own code
         // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
         let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(&builder);
-        // The distributed recipes run torchtune's own code under its FSDP2 (measured eager, full
-        // and LoRA, tests/fixtures/pytorch/fsdp/tune.json); compiled, or with a 4-bit base, a
-        // distributed config stays on transformers' code (those are not measured).
+        // The distributed recipes run torchtune's own code under its FSDP2 (measured: full and
+        // LoRA eager, the full fine-tune compiled, tests/fixtures/pytorch/fsdp/tune.json); a
+        // compiled LoRA, or a 4-bit base, stays on transformers' code (refused there).
         let compiled = tree::get(root, "compile").and_then(boolean) == Some(true);
-        let own = if distributed { !quantized && !compiled } else { !quantized || own_qlora(&builder) };
+        let own = if distributed { !quantized && (!compiled || full_builder(&builder)) } else { !quantized || own_qlora(&builder) };
         if let Some(family) = own_code(&builder).filter(|_| own) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
@@ -308,13 +308,14 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
     }
 }
 
-/// Whether the step follows torchtune's own Llama code (a single-device full fine-tune of one of
-/// its Llama builders: `framework = torchtune`), where its compile is measured (its LoRA compiled
-/// is estimated in bf16 as its records cover it, set by hand: the import estimates a LoRA config
-/// eager).
+/// Whether the step follows torchtune's own Llama code (a full fine-tune of one of its Llama
+/// builders, on one device or distributed: `framework = torchtune`), where its compile is
+/// measured (its LoRA compiled is estimated in bf16 on one device as its records cover it, set by
+/// hand: the import estimates a LoRA config eager).
 fn own_llama(root: &Value, distributed: bool) -> bool {
+    let _ = distributed;
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
-    !distributed && full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+    full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
 fn optimizer(v: &Value, root: &Value) -> Out {
