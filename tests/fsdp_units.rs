@@ -99,24 +99,6 @@ fn the_units_beyond_the_decoder_layers_are_what_the_layouts_peaks_differ_by() {
     assert_eq!(peak(late) - none, unit_bytes(late, "<root>") + unit_bytes(late, "layers.1"));
 }
 
-/// The live bytes of the FSDP units' allocations (`Cat::Gathered`) after each event of `s`.
-fn gathered_live(s: &trainmem::estimator::step::Stream) -> Vec<u128> {
-    use trainmem::estimator::step::{Cat, EventKind};
-    let mut live = 0u128;
-    s.events
-        .iter()
-        .map(|e| {
-            if e.cat == Cat::Gathered {
-                match e.kind {
-                    EventKind::Alloc => live += e.bytes,
-                    EventKind::Free => live -= e.bytes,
-                }
-            }
-            live
-        })
-        .collect()
-}
-
 #[test]
 fn the_estimate_keeps_torchtitans_norm_output_unit_gathered_at_its_loss_backward_peak() {
     let records = records();
@@ -132,15 +114,15 @@ fn the_estimate_keeps_torchtitans_norm_output_unit_gathered_at_its_loss_backward
     let s = trainmem::estimator::step_stream(&cfg).expect("stream");
     let at = s.peak_event().expect("a peak");
     assert_eq!(at.op, "_log_softmax_backward_data", "{}", at.label());
-    assert_eq!(gathered_live(&s)[s.peak_index], head as u128);
+    assert_eq!(common::gathered_live(&s)[s.peak_index], head as u128);
     // Its lifetime: gathered before the final norm's forward, resharded after its backward;
     // the output's unsharded bf16 gradient (the measured 524,288 B) and the fp32 reduce-scatter
     // input (1,048,832 B) alive at the unit's reduce.
     let gathered = |op: &str| s.events.iter().find(|ev| ev.op == op).map(|ev| ev.bytes);
     assert_eq!(gathered("FSDP::all_gather_copy_out"), Some(head as u128));
     assert_eq!(gathered("FSDP::post_backward_reduce"), Some(1_048_832));
-    assert_eq!(gathered_live(&s).iter().max().copied(), Some(4096 * 64 * BF16_BYTES as u128 + 1_048_832));
-    assert_eq!(*gathered_live(&s).last().expect("events"), 0);
+    assert_eq!(common::gathered_live(&s).iter().max().copied(), Some(4096 * 64 * BF16_BYTES as u128 + 1_048_832));
+    assert_eq!(*common::gathered_live(&s).last().expect("events"), 0);
     // Its ledger row: the most of it alive at once (gradient + reduce-scatter input).
     let row = e.row(RowId::GatheredHead).expect("torchtitan's [norm, output] unit has its row");
     assert_eq!(row.bytes, 4096 * 64 * BF16_BYTES as u128 + 1_048_832);
@@ -149,7 +131,7 @@ fn the_estimate_keeps_torchtitans_norm_output_unit_gathered_at_its_loss_backward
     assert!(z3.row(RowId::GatheredHead).is_none());
     // Without the unit's allocations the stream peaks that unit lower, in the same place: the
     // measured torchtitan layout against the one that keeps nothing gathered there.
-    let g = gathered_live(&s);
+    let g = common::gathered_live(&s);
     let without = s.events.iter().zip(&g).map(|(ev, g)| ev.live - g).max().unwrap_or(0);
     assert_eq!(s.peak - s.resident - without, head as u128);
     // The estimate's allocated peak is that stream's.

@@ -184,29 +184,11 @@ fn the_full_configs_output_unit_is_gathered_per_chunk_and_its_gradient_accumulat
         let adds = s.events.iter().filter(|e| e.cat == Cat::Gathered && e.kind == EventKind::Alloc && e.op == "add").count();
         assert_eq!(adds, 1, "{}", r["id"]);
         // Nothing of them is left when the step ends.
-        assert_eq!(*gathered_live(&s).last().expect("events"), 0);
+        assert_eq!(*common::gathered_live(&s).last().expect("events"), 0);
         let e = estimate(&cfg).expect("estimates");
         // max(U + 2G, G + R), all 524,288 B here.
         assert_eq!(e.row(RowId::GatheredEnds).expect("the output unit's row").bytes, 3 * 524_288);
     }
-}
-
-/// The live bytes of the FSDP units' allocations (`Cat::Gathered`) after each event of `s`.
-fn gathered_live(s: &trainmem::estimator::step::Stream) -> Vec<u128> {
-    use trainmem::estimator::step::{Cat, EventKind};
-    let mut live = 0u128;
-    s.events
-        .iter()
-        .map(|e| {
-            if e.cat == Cat::Gathered {
-                match e.kind {
-                    EventKind::Alloc => live += e.bytes,
-                    EventKind::Free => live -= e.bytes,
-                }
-            }
-            live
-        })
-        .collect()
 }
 
 #[test]
@@ -243,7 +225,7 @@ fn the_lora_configs_root_is_gathered_beside_every_decoder_layers_backward_as_mea
         // The stream: nothing gathered at its peak (the loss's forward, where the root was
         // resharded), the root beside every decoder layer's backward, nothing at the end.
         let s = trainmem::estimator::step_stream(&cfg).expect("stream");
-        let g = gathered_live(&s);
+        let g = common::gathered_live(&s);
         assert_eq!(g[s.peak_index], 0, "{}", r["id"]);
         assert_eq!(g.iter().max().copied(), Some(root as u128));
         let layer_backward: Vec<u128> =

@@ -150,6 +150,21 @@ def analyse(trace_path, tid):
     return allocs, peak, peak_at, live
 
 
+def alive_before(model, opt, *batch):
+    """What is alive before a profiled step and outside its running sum: the (sharded) parameters, the optimizer's
+    states (step counters included), the model's buffers and the batch tensors, by kind (bytes of each storage; a
+    DTensor's local shard)."""
+    def nbytes(t):
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.untyped_storage().nbytes()
+
+    return {"params_bytes": sum(nbytes(p) for p in model.parameters()),
+            "optimizer_state_bytes": sum(nbytes(v) for st in opt.state.values() for v in st.values()
+                                         if torch.is_tensor(v)),
+            "buffers_bytes": sum(nbytes(b) for b in model.buffers()),
+            "batch_bytes": sum(nbytes(t) for t in batch)}
+
+
 def worker(rank, world, port, layout, out_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

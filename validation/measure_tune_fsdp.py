@@ -120,15 +120,7 @@ def worker(rank, world, port, layout, ac, compiled, out_path):
 
     step()
 
-    def nbytes(t):
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.untyped_storage().nbytes()
-
-    before = {"params_bytes": sum(nbytes(p) for p in model.parameters()),
-              "optimizer_state_bytes": sum(nbytes(v) for st in opt.state.values() for v in st.values()
-                                           if torch.is_tensor(v)),
-              "buffers_bytes": sum(nbytes(b) for b in model.buffers()),
-              "batch_bytes": nbytes(ids) + nbytes(labels)}
+    before = mfs.alive_before(model, opt, ids, labels)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     if rank == 0:

@@ -63,3 +63,21 @@ pub fn json_shards(dir: &Path) -> Vec<(String, Value)> {
     }
     out
 }
+
+/// The live bytes of the FSDP units' allocations (`Cat::Gathered`) after each event of `s`.
+pub fn gathered_live(s: &trainmem::estimator::step::Stream) -> Vec<u128> {
+    use trainmem::estimator::step::{Cat, EventKind};
+    let mut live = 0u128;
+    s.events
+        .iter()
+        .map(|e| {
+            if e.cat == Cat::Gathered {
+                match e.kind {
+                    EventKind::Alloc => live += e.bytes,
+                    EventKind::Free => live -= e.bytes,
+                }
+            }
+            live
+        })
+        .collect()
+}
