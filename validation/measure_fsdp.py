@@ -165,6 +165,20 @@ def alive_before(model, opt, *batch):
             "batch_bytes": sum(nbytes(t) for t in batch)}
 
 
+def profiled(step, trace, keep):
+    """Runs `step` under ``torch.profiler`` (memory events on); where `keep` (the rank that reports), its trace read by
+    ``analyse``: (allocations, peak, where, live at the end). ``None`` elsewhere."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    if not keep:
+        return None
+    prof.export_chrome_trace(trace)
+    out = analyse(trace, None)
+    os.remove(trace)
+    return out
+
+
 def worker(rank, world, port, layout, out_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

@@ -64,7 +64,7 @@ def worker(rank, world, port, micro, out_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
     import measure_fsdp as mfs
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -115,12 +115,9 @@ def worker(rank, world, port, micro, out_path):
     # Alive before step 2 (not in the profile's running sum): the sharded fp32 parameters, AdamW's
     # states (step counters included), the model's buffers, and the whole local batch.
     before = mfs.alive_before(model, opt, ids, labels)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    if rank % DP == 0:
-        prof.export_chrome_trace(trace)
-        allocs, peak, peak_at, end = mfs.analyse(trace, None)
-        os.remove(trace)
+    seen = mfs.profiled(step, trace, rank % DP == 0)
+    if seen is not None:
+        allocs, peak, peak_at, end = seen
         stage_params = sum(p.numel() for p in model.parameters())  # DTensors: the unsharded numel
         with open(out_path + f".{stage_idx}", "w") as f:
             json.dump({"stage": stage_idx, "units": mfs.units(model), "stage_numel": stage_params, **before,

@@ -84,7 +84,7 @@ def build(layout):
 def worker(rank, world, port, layout, ac, compiled, out_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
     import measure_fsdp as mfs
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -121,12 +121,9 @@ def worker(rank, world, port, layout, ac, compiled, out_path):
     step()
 
     before = mfs.alive_before(model, opt, ids, labels)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    if rank == 0:
-        prof.export_chrome_trace(trace)
-        allocs, peak, peak_at, end = mfs.analyse(trace, None)
-        os.remove(trace)
+    seen = mfs.profiled(step, trace, rank == 0)
+    if seen is not None:
+        allocs, peak, peak_at, end = seen
         with open(out_path, "w") as f:
             json.dump({"units": mfs.units(model), **before, "measured_peak_bytes": peak + sum(before.values()),
                        "allocations": allocs, "step_peak_bytes": peak, "peak_at": peak_at, "live_at_step_end": end}, f)
