@@ -291,6 +291,15 @@ def flat(x) -> bool:
     return not isinstance(x, dict) and (not isinstance(x, list) or all(flat(y) for y in x))
 
 
+def write_fixture(doc, name):
+    """Writes `doc` to tests/fixtures/pytorch/fsdp/`name`, each record's allocations as rows of ALLOC_COLUMNS."""
+    doc["allocation_columns"] = ALLOC_COLUMNS
+    for r in doc["records"]:
+        r["allocations"] = [compact(a) if isinstance(a, dict) else a for a in r["allocations"]]
+    with open(os.path.join(OUT, name), "w") as f:
+        f.write(dumps(doc) + "\n")
+
+
 def dumps(x, ind: int = 0) -> str:
     """JSON with one space of indent a level, a list without objects in it on one line."""
     pad, pad1 = " " * ind, " " * (ind + 1)
@@ -307,12 +316,7 @@ def dumps(x, ind: int = 0) -> str:
 def write(doc):
     """One allocation a line: [t, bytes, phase, fsdp, op, live_after, freed_t, freed_phase, freed_fsdp, freed_op]."""
     os.makedirs(OUT, exist_ok=True)
-    doc["allocation_columns"] = ALLOC_COLUMNS
-    for r in doc["records"]:
-        r["allocations"] = [compact(a) if isinstance(a, dict) else a for a in r["allocations"]]
-    text = dumps(doc)
-    with open(os.path.join(OUT, "units.json"), "w") as f:
-        f.write(text + "\n")
+    write_fixture(doc, "units.json")
 
 
 if __name__ == "__main__":

@@ -150,12 +150,7 @@ def main():
             doc["records"].append({"id": f"llama3-titan/fsdp2-pp{PP}-dp{DP}/b{BATCH}/s{SEQ}/m{micro}/stage{st}",
                                    "micro_batches": micro, **r})
             print(micro, st, "peak", r["step_peak_bytes"], json.dumps(r["peak_at"], indent=1), file=sys.stderr)
-    out = os.path.join(OUT, "pp.json")
-    doc["allocation_columns"] = mfs.ALLOC_COLUMNS
-    for r in doc["records"]:
-        r["allocations"] = [mfs.compact(a) for a in r["allocations"]]
-    with open(out, "w") as f:
-        f.write(mfs.dumps(doc) + "\n")
+    mfs.write_fixture(doc, "pp.json")
 
 
 if __name__ == "__main__":

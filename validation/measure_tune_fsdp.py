@@ -158,12 +158,7 @@ def main():
                                "custom_sharded_layers": CUSTOM_SHARDED[layout], **r})
         print(rid, "peak", r["step_peak_bytes"], "measured", r["measured_peak_bytes"],
               json.dumps(r["peak_at"], indent=1), file=sys.stderr)
-    out = os.path.join(OUT, "tune.json")
-    doc["allocation_columns"] = mfs.ALLOC_COLUMNS
-    for r in doc["records"]:
-        r["allocations"] = [mfs.compact(a) for a in r["allocations"]]
-    with open(out, "w") as f:
-        f.write(mfs.dumps(doc) + "\n")
+    mfs.write_fixture(doc, "tune.json")
 
 
 if __name__ == "__main__":
