@@ -177,8 +177,7 @@ pub fn accumulators_resident(cfg: &Config, first_backward: bool) -> bool {
 ///   `custom_sharded_layers` each a unit, then `fully_shard(model, reshard_after_forward=True)`,
 ///   the root holding what is left; `recipes/configs/*/..._lora.yaml` leave
 ///   `custom_sharded_layers` commented out (the `*_full.yaml` distributed configs set
-///   `['tok_embeddings', 'output']`, units of their own, which the estimate does not follow and
-///   warns about).
+///   `['tok_embeddings', 'output']`, units of their own: [`own_end_units`]).
 /// - torch 2.15 `distributed/fsdp/_fully_shard/_fsdp_state.py`: the root keeps an explicit
 ///   `reshard_after_forward=True`, so it is resharded when the model's forward returns, gathered
 ///   again by its pre-backward (a hook on the model's outputs, the logits) right after the loss
