@@ -559,7 +559,7 @@ pub struct Program {
     /// activation-offloading context.
     pub loss_fn_from: u32,
     /// FSDP2 units whose gathered parameters and unsharded gradients the run allocates
-    /// ([`Unit`]): torchtitan's `[norm, output]`, torchtune's root.
+    /// ([`Unit`]): torchtitan's `[norm, output]`, torchtune's root and end units.
     pub units: Vec<Unit>,
 }
 
@@ -574,7 +574,8 @@ pub struct Program {
 /// A unit resharded after forward (`fwd_last` an op, not [`NO_OP`]) frees its parameters once
 /// op `fwd_last` has run (`post_forward`: the op after it finds them gone) and gathers them
 /// again when backward reaches an op at or before `fwd_last` (`pre_backward`, a hook on the
-/// unit's outputs): torchtune's root, `sharding::root_unit_bytes`.
+/// unit's outputs): torchtune's root (`sharding::root_unit_bytes`) and its full fine-tune's
+/// output and embedding units, one a call (`sharding::end_unit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
     pub first: u32,
