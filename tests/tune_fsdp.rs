@@ -240,3 +240,15 @@ fn the_lora_configs_root_is_gathered_beside_every_decoder_layers_backward_as_mea
 fn fixture_columns() -> Vec<&'static str> {
     vec!["t", "bytes", "phase", "fsdp", "op", "live_after", "freed_t", "freed_phase", "freed_fsdp", "freed_op"]
 }
+
+#[test]
+fn a_distributed_full_fine_tune_of_a_tied_model_is_refused_by_name() {
+    // torchtune's `TiedLinear` is no module: its head reads the embedding unit's weight outside
+    // that unit's calls, which the records do not cover. Tied LoRA keeps both in the root.
+    let tied = decode_query(&QUERY.replace("tied=false", "tied=true"));
+    let err = tied.errors.iter().find(|e| e.key == "framework").expect("refused on framework");
+    assert!(err.reason.contains("tied output"), "{}", err.reason);
+    let lora =
+        decode_query(&format!("{}&finetune=lora&lora_targets=q,v&lora_rank=8&lora_dtype=model", QUERY.replace("tied=false", "tied=true")));
+    assert_eq!(lora.errors, vec![]);
+}

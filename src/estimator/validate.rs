@@ -917,6 +917,11 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
         if cfg.precision != Precision::Bf16 {
             return Some("torchtune's distributed recipes are measured in bf16, the dtype their configs ship (precision=bf16)".into());
         }
+        if cfg.finetune == Finetune::Full && spec.tied {
+            // `TiedLinear` is no module: `custom_sharded_layers` shards the embedding alone, and
+            // the head reads its weight outside any unit's calls (not measured).
+            return Some("torchtune's distributed full fine-tune of a model with a tied output (TiedLinear reads the embedding unit's weight outside its calls) is not measured".into());
+        }
         if cfg.compile && cfg.finetune != Finetune::Full {
             // Measured (tune.json's `lora/…/compile` record): the compiled LoRA step peaks in a
             // decoder layer's backward with the root gathered (in the stream) and that layer's
