@@ -4,7 +4,7 @@
 //! `full_finetune_distributed`) is not in the file: keys only the distributed recipes read
 //! (`custom_sharded_layers`, `fsdp_*`, `tensor_parallel_*`, `data_parallel_*`) mark it as
 //! distributed, which shards with FSDP2 over every GPU (on torchtune's own code where that is
-//! measured: eager, without a 4-bit base).
+//! measured: without a 4-bit base, and compiled only for a full fine-tune).
 
 use super::models::{self, Tuning};
 use super::report::{dropout, on_off, positive, FileState, Out};
@@ -246,7 +246,7 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
         "compile" => match boolean(v) {
             // Measured on torchtune's own Llama (frameworks/torchtune-llama3-compile.json): each
             // layer compiled, then checkpointed, the chunked loss's per-chunk CE compiled.
-            Some(true) if own_llama(root, distributed) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
+            Some(true) if own_llama(root) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
                 .note(
                     "torchtune compiles each decoder layer, checkpoints it, and compiles the loss (training.compile_model, compile_loss)",
                 ),
@@ -312,8 +312,7 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
 /// builders, on one device or distributed: `framework = torchtune`), where its compile is
 /// measured (its LoRA compiled is estimated in bf16 on one device as its records cover it, set by
 /// hand: the import estimates a LoRA config eager).
-fn own_llama(root: &Value, distributed: bool) -> bool {
-    let _ = distributed;
+fn own_llama(root: &Value) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
     full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
