@@ -114,13 +114,21 @@ def analyse(trace_path, tid):
     spans = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op")]
     mem = sorted((e for e in ev if e.get("name") == "[memory]"), key=lambda e: e["ts"])
 
-    def around(ts, pred):
+    def innermost(ts, pred):
         best = None
         for s in spans:
             if pred(s["name"]) and s["ts"] <= ts <= s["ts"] + s["dur"]:
                 if best is None or s["ts"] >= best["ts"]:
                     best = s
+        return best
+
+    def around(ts, pred):
+        best = innermost(ts, pred)
         return best["name"] if best else None
+
+    def aten_call(ts):
+        best = innermost(ts, lambda n: n.startswith("aten::"))
+        return (best["name"], best["ts"], best["dur"]) if best else None
 
     live = peak = 0
     peak_at = None
@@ -132,7 +140,7 @@ def analyse(trace_path, tid):
                "fsdp": around(ts, lambda n: n.startswith("FSDP::")),
                "op": around(ts, lambda n: n.startswith("aten::"))}
         if a["Bytes"] > 0:
-            rec = {"t": t, "bytes": a["Bytes"], **ctx, "live_after": live, "freed": None}
+            rec = {"t": t, "bytes": a["Bytes"], **ctx, "live_after": live, "freed": None, "call": aten_call(ts)}
             opened[a["Addr"]] = rec
             allocs.append(rec)
             if live > peak:
@@ -141,13 +149,38 @@ def analyse(trace_path, tid):
             rec = opened.pop(a["Addr"], None)
             if rec is not None:
                 rec["freed"] = dict(ctx, t=t)
+                # A kernel's workspace: freed inside the very aten call that allocated it, before
+                # it returns (the dispatch tracker's convention leaves these out: what ops return).
+                rec["workspace"] = rec["call"] is not None and aten_call(ts) == rec["call"]
     at_peak = {}
     for rec in allocs:
         if rec["t"] <= peak_at["t"] and (rec["freed"] is None or rec["freed"]["t"] > peak_at["t"]):
             key = f'{rec["phase"]} | {rec["fsdp"] or rec["op"]}'
             at_peak[key] = at_peak.get(key, 0) + rec["bytes"]
     peak_at["alive"] = at_peak
+    for rec in allocs:
+        rec.pop("call", None)
+        rec.setdefault("workspace", False)
     return allocs, peak, peak_at, live
+
+
+def tensors_peak(allocs):
+    """The step's peak of `allocs` (``analyse``'s) without kernel workspaces (``workspace``: freed inside the aten
+    call that allocated them), as the dispatch tracker and the estimator count: (peak, its t)."""
+    ev = []
+    for a in allocs:
+        if a["workspace"]:
+            continue
+        ev.append((a["t"], a["bytes"]))
+        if a["freed"] is not None:
+            ev.append((a["freed"]["t"], -a["bytes"]))
+    live = peak = 0
+    at = None
+    for t, b in sorted(ev):
+        live += b
+        if live > peak:
+            peak, at = live, t
+    return peak, at
 
 
 def alive_before(model, opt, *batch):
@@ -278,13 +311,14 @@ def main():
     write(doc)
 
 
-ALLOC_COLUMNS = ["t", "bytes", "phase", "fsdp", "op", "live_after", "freed_t", "freed_phase", "freed_fsdp", "freed_op"]
+ALLOC_COLUMNS = ["t", "bytes", "phase", "fsdp", "op", "live_after", "freed_t", "freed_phase", "freed_fsdp", "freed_op",
+                 "workspace"]
 
 
 def compact(a):
     f = a["freed"] or {}
     return [a["t"], a["bytes"], a["phase"], a["fsdp"], a["op"], a["live_after"], f.get("t"), f.get("phase"),
-            f.get("fsdp"), f.get("op")]
+            f.get("fsdp"), f.get("op"), a.get("workspace", False)]
 
 
 def flat(x) -> bool:
