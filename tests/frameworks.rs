@@ -147,9 +147,8 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
         assert_eq!(k.status, Status::Understood, "{key}: {}", k.note);
     }
     assert!(imp.errors.is_empty(), "{:?}", imp.errors);
-    // The distributed recipe runs torchtune's own code under its FSDP2, compiled too for the full
-    // fine-tune (measured: tests/fixtures/pytorch/fsdp/tune.json); a compiled distributed LoRA
-    // stays on transformers' code.
+    // The distributed recipe runs torchtune's own code under its FSDP2, compiled too, full
+    // fine-tune or LoRA (measured: tests/fixtures/pytorch/fsdp/tune.json).
     let c = recipe_of("torchtune/llama3_1_8B_full.yaml");
     assert_eq!((c.framework, c.zero, c.compile), (config::Framework::Torchtune, config::Zero::FullShard, false));
     let compiled = read("torchtune/llama3_1_8B_full.yaml").replace("compile: False", "compile: True");
@@ -158,7 +157,9 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     assert_eq!((c.framework, c.compile), (config::Framework::Torchtune, true));
     assert!(trainmem::estimator::estimate(&Config { gpus: 8, ..c }).is_ok(), "estimated on 8 GPUs");
     let lora = read("torchtune/llama3_1_70B_lora.yaml").replace("compile: False", "compile: True");
-    assert_eq!(import(&[("l.yaml", &lora)]).expect("imports").config.framework, config::Framework::Hf);
+    let c = import(&[("l.yaml", &lora)]).expect("imports").config;
+    assert_eq!((c.framework, c.compile, c.zero), (config::Framework::Torchtune, true, config::Zero::FullShard));
+    assert!(trainmem::estimator::estimate(&Config { gpus: 8, ..c }).is_ok(), "estimated on 8 GPUs");
     // Its single-device QLoRA (`qlora_llama3_1_8b`: LoRALinear / FrozenNF4Linear on torchao's
     // NF4Tensor) runs on torchtune's own Llama 3.1 code, measured eager and compiled
     // (tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora*.json); a QLoRA builder of a family

@@ -473,7 +473,8 @@ fn stage_ledger(
         resident: [resident.weights, resident.gradients, resident.optimizer, resident.activations, resident.buffers + resident.batch],
         outside_allocator: outside,
         frag_pct: cfg.frag_pct.unwrap_or(0),
-        gathered: gathered_bytes,
+        // Under torchtune's distributed recipes the layers' units are in the stream.
+        gathered: if sharding::tune_fsdp2(cfg) { 0 } else { gathered_bytes },
     };
     let tl = timeline::derive(&fast.segments, &beside);
     rows.extend(working_row(&fast, &rows));

@@ -272,7 +272,11 @@ pub fn gathered_layer_bytes(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]
                 "deepspeed/runtime/zero/partitioned_param_coordinator.py (prefetch); torch/distributed/fsdp (limit_all_gathers)"
             },
         )
-        .note(if offload {
+        .note(if super::sharding::tune_fsdp2(cfg) {
+            // `step::model::layer_units`: each layer's copy-out and flat all-gather output are
+            // events of the stream, where the peak and the allocator replay see them.
+            "in the step's stream under torchtune's recipes (each layer's copy-out, and the layer before it prefetched while it runs backward), where the peak sees them; this row is their most at once"
+        } else if offload {
             "assumption (prefetch_layers): the layer computing plus the one prefetched, each with its shard copied from the host; the sharded parameters, gradients and optimizer states stay on the host"
         } else {
             "assumption (prefetch_layers): the layer computing plus the one prefetched"

@@ -228,6 +228,35 @@ pub fn end_unit(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup], part: Part
     Some((numel * w, grad, reduce))
 }
 
+/// Whether the sharded gradients come into being in the step (each unit's reduce-scatter
+/// output, after its backward) rather than being resident from its start: torchtune's
+/// distributed recipes ([`tune_fsdp2`]), which free them at `zero_grad(set_to_none=True)` after
+/// each optimizer step — without gradient accumulation (where they carry the micro-batches'
+/// sum) and without parameter offload (where they are copied to the host).
+pub fn grads_made_in_step(cfg: &Config) -> bool {
+    tune_fsdp2(cfg) && cfg.accum <= 1 && cfg.offload == super::config::Offload::None
+}
+
+/// The sharded gradient of a parameter whose unsharded gradient is `unsharded` bytes, on one
+/// GPU of [`grads_made_in_step`]: ⌈unsharded / N⌉ (FSDP2's dim-0 shard; toy: a layer's
+/// 123,136 B over 2 ranks → 61,568 B, as measured); 0 elsewhere (resident, [`Sharding`]).
+pub fn grad_shard(cfg: &Config, unsharded: Bytes) -> Bytes {
+    if !grads_made_in_step(cfg) {
+        return 0;
+    }
+    unsharded.div_ceil(Sharding::of(cfg).n.max(1) as u128)
+}
+
+/// The root's sharded gradient under [`grads_made_in_step`]: the trainable final norm's (the
+/// full fine-tune's root holds it alone; the LoRA root is frozen), ⌈n_norm · b_g / N⌉.
+pub fn root_grad_shard(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Bytes {
+    groups
+        .iter()
+        .filter(|g| !g.adapter && g.role == Role::Trainable && g.group.part == Part::FinalNorm)
+        .map(|g| grad_shard(cfg, g.group.numel() as u128 * g.group.count.max(1) as u128 * recipe.grad.bytes() as u128))
+        .sum()
+}
+
 /// U_root of [`keeps_ends_in_root`]: the embedding, final norm and output projection of
 /// `groups` unsharded in the parameter dtype, U = (n_emb + n_norm + n_out) · b_w (a tied output
 /// counted once, as it is one parameter). Llama 3.1 70B in bf16: (2 · 128,256 · 8,192 + 8,192)

@@ -21,7 +21,8 @@ pub fn resident_of(cfg: &Config, rows: &[Row], host: &[Row], stage: Stage, other
         optimizer += bytes_of(host, RowId::OptimizerStepCounters);
     }
     let buckets: Bytes = rows.iter().filter(|r| matches!(r.id, RowId::DdpBuckets | RowId::ZeroReduceBucket)).map(|r| r.bytes).sum();
-    let grads = if step::model::resident_grads(cfg) { bytes_of(rows, RowId::Gradients) } else { 0 };
+    // Under torchtune's recipes the shards come with each unit's reduce-scatter, in the stream.
+    let grads = if step::model::resident_grads(cfg) && !sharding::grads_made_in_step(cfg) { bytes_of(rows, RowId::Gradients) } else { 0 };
     step::model::Resident {
         weights: sum(Category::Parameters),
         optimizer,

@@ -922,14 +922,6 @@ fn torchtune_refusal(cfg: &Config) -> Option<String> {
             // the head reads its weight outside any unit's calls (not measured).
             return Some("torchtune's distributed full fine-tune of a model with a tied output (TiedLinear reads the embedding unit's weight outside its calls) is not measured".into());
         }
-        if cfg.compile && cfg.finetune != Finetune::Full {
-            // Measured (tune.json's `lora/…/compile` record): the compiled LoRA step peaks in a
-            // decoder layer's backward with the root gathered (in the stream) and that layer's
-            // all-gathered copy beside it, which the estimate counts only in its coarse
-            // `gathered_layers` row: 5.7 % under. The compiled full fine-tune peaks in the output
-            // unit's backward, in the stream: estimated.
-            return Some("torch.compile under torchtune's distributed LoRA peaks in a decoder layer's backward beside that layer's all-gathered copy, which the estimate counts only in its coarse gathered_layers row".into());
-        }
     }
     // QLoRA on torchao's NF4Tensor is measured (tests/fixtures/pytorch/torchao_nf4); LoRA
     // (`LoRALinear` on a bf16 or fp32 base, adapters in the model's dtype) on torchtune's Llama 3.1

@@ -4,7 +4,7 @@
 //! `full_finetune_distributed`) is not in the file: keys only the distributed recipes read
 //! (`custom_sharded_layers`, `fsdp_*`, `tensor_parallel_*`, `data_parallel_*`) mark it as
 //! distributed, which shards with FSDP2 over every GPU (on torchtune's own code where that is
-//! measured: without a 4-bit base, and compiled only for a full fine-tune).
+//! measured: without a 4-bit base; compiled, a full fine-tune or a Llama LoRA).
 
 use super::models::{self, Tuning};
 use super::report::{dropout, on_off, positive, FileState, Out};
@@ -68,10 +68,9 @@ pub fn read(root: &Value, st: &mut FileState) {
         // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
         let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(&builder);
         // The distributed recipes run torchtune's own code under its FSDP2 (measured: full and
-        // LoRA eager, the full fine-tune compiled, tests/fixtures/pytorch/fsdp/tune.json); a
-        // compiled LoRA, or a 4-bit base, stays on transformers' code (refused there).
-        let compiled = tree::get(root, "compile").and_then(boolean) == Some(true);
-        let own = if distributed { !quantized && (!compiled || full_builder(&builder)) } else { !quantized || own_qlora(&builder) };
+        // LoRA, eager and compiled, tests/fixtures/pytorch/fsdp/tune.json); a 4-bit base stays
+        // on transformers' code (refused there).
+        let own = if distributed { !quantized } else { !quantized || own_qlora(&builder) };
         if let Some(family) = own_code(&builder).filter(|_| own) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
@@ -246,7 +245,7 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
         "compile" => match boolean(v) {
             // Measured on torchtune's own Llama (frameworks/torchtune-llama3-compile.json): each
             // layer compiled, then checkpointed, the chunked loss's per-chunk CE compiled.
-            Some(true) if own_llama(root) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
+            Some(true) if own_llama(root) || (distributed && own_lora_llama(root)) => Out::set(vec![("compile", "true".into()), ("compile_regions", "layer".into())])
                 .note(
                     "torchtune compiles each decoder layer, checkpoints it, and compiles the loss (training.compile_model, compile_loss)",
                 ),
@@ -315,6 +314,16 @@ fn map(key: &str, v: &Value, root: &Value, distributed: bool, lora: &mut Option<
 fn own_llama(root: &Value) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
     full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+}
+
+/// Whether the step follows torchtune's own Llama LoRA code without a 4-bit base, where the
+/// distributed recipe's compile is measured (tests/fixtures/pytorch/fsdp/tune.json).
+fn own_lora_llama(root: &Value) -> bool {
+    let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
+    let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(&builder);
+    builder.trim().rsplit('.').next().is_some_and(|b| b.starts_with("lora_"))
+        && !quantized
+        && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
 fn optimizer(v: &Value, root: &Value) -> Out {

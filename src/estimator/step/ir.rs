@@ -559,7 +559,7 @@ pub struct Program {
     /// activation-offloading context.
     pub loss_fn_from: u32,
     /// FSDP2 units whose gathered parameters and unsharded gradients the run allocates
-    /// ([`Unit`]): torchtitan's `[norm, output]`, torchtune's root and end units.
+    /// ([`Unit`]): torchtitan's `[norm, output]`, torchtune's root, end units and decoder layers.
     pub units: Vec<Unit>,
 }
 
@@ -574,8 +574,9 @@ pub struct Program {
 /// A unit resharded after forward (`fwd_last` an op, not [`NO_OP`]) frees its parameters once
 /// op `fwd_last` has run (`post_forward`: the op after it finds them gone) and gathers them
 /// again when backward reaches an op at or before `fwd_last` (`pre_backward`, a hook on the
-/// unit's outputs): torchtune's root (`sharding::root_unit_bytes`) and its full fine-tune's
-/// output and embedding units, one a call (`sharding::end_unit`).
+/// unit's outputs): torchtune's root (`sharding::root_unit_bytes`), its full fine-tune's
+/// output and embedding units, one a call (`sharding::end_unit`), and its decoder layers
+/// (`StepModel::layer_units`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
     pub first: u32,
@@ -593,6 +594,20 @@ pub struct Unit {
     /// one is still referenced), later ones in place; [`NO_OP`] when the unsharded gradient is
     /// allocated at `grad_op` instead.
     pub grad_param: u32,
+    /// Bytes of the all-gather's flat output (`FSDP::all_gather`; 0: not modelled). In forward
+    /// it outlives the copy-out until the next unit's all-gather (FSDP2 defers its free, to
+    /// overlap the copy-out with the next collective; the last one goes when the model's
+    /// forward ends); in backward it goes right after the copy-out, and once the copy-out is
+    /// done the unit before this one in forward order is prefetched: its flat output allocated.
+    pub flat: u128,
+    /// The FSDP2 parameter group: one group's units (the output projection's, one a call) hold
+    /// the same parameters, which prefetching one of them from another finds gathered already.
+    pub group: u32,
+    /// Bytes of the unit's sharded gradient, which its reduce-scatter makes after its backward
+    /// and which stays to the step's end (torchtune's recipes free it at
+    /// `zero_grad(set_to_none=True)`, after the optimizer step); 0 where the shards are
+    /// resident outside the stream, offloaded, or none.
+    pub shard_grad: u128,
 }
 
 /// No op.

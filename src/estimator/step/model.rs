@@ -562,6 +562,7 @@ impl<'a> Setup<'a> {
             if self.stage.has_embedding() {
                 self.root_unit(b);
                 self.end_units(b);
+                self.layer_units(b);
             }
             // `hidden_states = outputs.last_hidden_state` (`*ForCausalLM.forward`) names the final
             // norm's output until the loss is computed: under autocast the head keeps only its
@@ -752,6 +753,9 @@ impl<'a> Setup<'a> {
             reduce_input: u.reduce_input,
             fwd_last: super::ir::NO_OP,
             grad_param: super::ir::NO_OP,
+            flat: 0,
+            group: HEAD_GROUP,
+            shard_grad: 0,
         });
     }
 
@@ -773,6 +777,9 @@ impl<'a> Setup<'a> {
             reduce_input: 0,
             fwd_last,
             grad_param: super::ir::NO_OP,
+            flat: params,
+            group: ROOT_GROUP,
+            shard_grad: crate::estimator::sharding::root_grad_shard(self.cfg, &self.recipe, &self.groups),
         });
     }
 
@@ -824,11 +831,84 @@ impl<'a> Setup<'a> {
                         reduce_input: if keeps { reduce } else { 0 },
                         fwd_last: i,
                         grad_param: if keeps && grad > 0 { w } else { super::ir::NO_OP },
+                        flat: params,
+                        group: if part == Group::Embedding { EMBEDDING_GROUP } else { HEAD_GROUP },
+                        shard_grad: if keeps { crate::estimator::sharding::grad_shard(self.cfg, grad) } else { 0 },
                     }
                 })
                 .collect();
             b.p.units.extend(units);
         }
+    }
+
+    /// torchtune's distributed recipes (`sharding::tune_fsdp2`), in the whole program: each
+    /// decoder layer an FSDP2 unit (`training.shard_model` wraps every `TransformerSelfAttentionLayer`,
+    /// `reshard_after_forward=True`), its parameters — every parameter its forward ops read, the
+    /// adapters and norms with the base — all-gathered in the parameter dtype before its first
+    /// op, resharded after its last, gathered again when backward reaches it (before its
+    /// checkpointed forward is recomputed) and resharded after its backward. Its gradient stays
+    /// the per-parameter temporary it was. Measured (tests/fixtures/pytorch/fsdp/tune.json): the
+    /// `layers.k` units of 123,136 B (full) and 126,720 B (LoRA on q and v, rank 8).
+    fn layer_units(&self, b: &mut Builder) {
+        if !crate::estimator::sharding::tune_fsdp2(self.cfg) {
+            return;
+        }
+        let p = &b.p;
+        let loss_from = p.loss_from.min(p.ops.len() as u32) as usize;
+        // Per layer: its first and last forward op, and the parameters they read (each once).
+        let mut spans: Vec<(u32, u32, Vec<Tid>)> = Vec::new();
+        for (i, op) in p.ops[..loss_from].iter().enumerate() {
+            if op.layer == MODEL {
+                continue;
+            }
+            let k = op.layer as usize;
+            if spans.len() <= k {
+                spans.resize(k + 1, (u32::MAX, 0, Vec::new()));
+            }
+            let span = &mut spans[k];
+            span.0 = span.0.min(i as u32);
+            span.1 = span.1.max(i as u32);
+            for &t in p.ins(op) {
+                if matches!(p.tensors[t as usize].origin, Origin::Param { .. }) && !span.2.contains(&t) {
+                    span.2.push(t);
+                }
+            }
+        }
+        let units: Vec<super::ir::Unit> = spans
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.0 != u32::MAX)
+            .map(|(k, (first, last, params))| {
+                let bytes: u128 = params.iter().map(|&t| p.tensors[t as usize].bytes).sum();
+                // A layer parameter's gradient here is its shard already (what the resident
+                // gradients count, each new one a temporary added into it).
+                let shard_grad: u128 = if crate::estimator::sharding::grads_made_in_step(self.cfg) {
+                    params
+                        .iter()
+                        .map(|&t| match p.tensors[t as usize].origin {
+                            Origin::Param { grad_bytes } => grad_bytes,
+                            _ => 0,
+                        })
+                        .sum()
+                } else {
+                    0
+                };
+                super::ir::Unit {
+                    first: *first,
+                    grad_op: super::ir::NO_OP,
+                    params: bytes,
+                    param_dtype: DType::of(self.recipe.weight),
+                    grad: 0,
+                    reduce_input: 0,
+                    fwd_last: *last,
+                    grad_param: super::ir::NO_OP,
+                    flat: bytes,
+                    group: k as u32,
+                    shard_grad,
+                }
+            })
+            .collect();
+        b.p.units.extend(units);
     }
 
     /// `compile = true` with `compile_regions = layer`: each decoder layer and the loss are
@@ -975,6 +1055,11 @@ fn recycle_meta(meta: Vec<(u16, &'static str)>) {
 /// average, at most 5.3). Sized for two, the collector regrew in every step: one copy of the
 /// whole stream, ~5 % of a `reserved()` replay's instructions.
 const EVENTS_PER_TENSOR: usize = 4;
+
+/// [`super::ir::Unit::group`] of the units beyond the decoder layers (a layer's is its index).
+const ROOT_GROUP: u32 = u32::MAX;
+const HEAD_GROUP: u32 = u32::MAX - 1;
+const EMBEDDING_GROUP: u32 = u32::MAX - 2;
 
 impl Default for Collector {
     fn default() -> Self {

@@ -284,7 +284,13 @@ pub struct Run<'p, S: Sink> {
     te: Option<Box<TeRun>>,
     /// Per FSDP unit of the program ([`super::ir::Unit`]): the stream ids of its gathered
     /// parameters and of its unsharded gradient while alive.
-    units: Vec<[u32; 2]>,
+    units: Vec<[u32; 3]>,
+    /// Per FSDP unit: the unit before it in forward order ([`Unit::flat`]: what its backward
+    /// prefetches), or `NONE`.
+    prev_unit: Vec<u32>,
+    /// In forward, the flat all-gather output whose free FSDP2 defers to the next all-gather
+    /// (stream id and bytes), or `NONE`.
+    pending_flat: (u32, u128),
     /// How many gradients each unit's `grad_param` has received ([`Unit::grad_param`]).
     unit_arrivals: Vec<u8>,
     /// [`Run::node`]'s scratch: its temporaries and the gradients it delivers.
@@ -320,6 +326,8 @@ struct TeGroup {
 /// The bytes of a unit's slot in [`Run::units`]: its gathered parameters, its gradient.
 const UNIT_PARAMS: usize = 0;
 const UNIT_GRAD: usize = 1;
+/// A unit's flat all-gather output, in backward while prefetched ([`Unit::flat`]).
+const UNIT_FLAT: usize = 2;
 
 /// The buffers of a [`Run`], kept between runs on this thread ([`Run::recycle`]): the
 /// piecewise peak runs four small programs per estimate, and allocating some twenty vectors for
@@ -361,6 +369,20 @@ thread_local! {
 }
 
 /// `v` emptied, then `n` copies of `x`.
+/// For each FSDP unit, the unit whose `post_forward` comes just before its own (the units
+/// resharded after forward, in the order of their last forward op), or `NONE`: what its
+/// backward prefetches ([`Unit::flat`]).
+fn forward_predecessors(units: &[super::ir::Unit]) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..units.len()).filter(|&k| units[k].fwd_last != NO_OP).collect();
+    // Of two units ending at one op, the inner one (starting later) finishes first.
+    order.sort_by_key(|&k| (units[k].fwd_last, std::cmp::Reverse(units[k].first)));
+    let mut prev = vec![NONE; units.len()];
+    for w in order.windows(2) {
+        prev[w[1]] = w[0] as u32;
+    }
+    prev
+}
+
 fn filled<T: Clone>(mut v: Vec<T>, n: usize, x: T) -> Vec<T> {
     v.clear();
     v.resize(n, x);
@@ -476,7 +498,9 @@ impl<'p, S: Sink> Run<'p, S> {
             off: None,
             os: OffState::default(),
             te: None,
-            units: vec![[NONE; 2]; p.units.len()],
+            units: vec![[NONE; 3]; p.units.len()],
+            prev_unit: forward_predecessors(&p.units),
+            pending_flat: (NONE, 0),
             unit_arrivals: vec![0; p.units.len()],
             temps: Vec::with_capacity(8),
             deliver: Vec::with_capacity(8),
@@ -490,9 +514,23 @@ impl<'p, S: Sink> Run<'p, S> {
     fn gather_units(&mut self, i: usize, at: &At) {
         for (k, u) in self.p.units.iter().enumerate() {
             if u.first as usize == i && self.units[k][UNIT_PARAMS] == NONE {
+                if u.flat > 0 {
+                    // The flat output, then the previous unit's deferred one goes.
+                    let flat = self.sink.alloc(u.flat, u.param_dtype, Cat::Gathered, &At { op: "FSDP::all_gather", ..*at });
+                    self.release_pending_flat(&At { op: "FSDP::pre_forward", ..*at });
+                    self.pending_flat = (flat, u.flat);
+                }
                 let a = At { op: "FSDP::all_gather_copy_out", ..*at };
                 self.units[k][UNIT_PARAMS] = self.sink.alloc(u.params, u.param_dtype, Cat::Gathered, &a);
             }
+        }
+    }
+
+    /// The deferred flat all-gather output of forward goes ([`Unit::flat`]).
+    fn release_pending_flat(&mut self, at: &At) {
+        let (id, bytes) = std::mem::replace(&mut self.pending_flat, (NONE, 0));
+        if id != NONE {
+            self.sink.free(id, bytes, Cat::Gathered, at);
         }
     }
 
@@ -503,6 +541,10 @@ impl<'p, S: Sink> Run<'p, S> {
             let last = self.p.units[k].fwd_last;
             if last != NO_OP && last as usize + 1 == i {
                 self.release_unit_params(k, &At { op: "FSDP::post_forward", ..*at });
+                // The model's forward ends with the last unit's: the deferred output goes.
+                if self.p.units.iter().all(|u| u.fwd_last == NO_OP || u.fwd_last <= last) {
+                    self.release_pending_flat(&At { op: "FSDP::post_forward", ..*at });
+                }
             }
         }
     }
@@ -510,13 +552,45 @@ impl<'p, S: Sink> Run<'p, S> {
     /// FSDP2's `pre_backward` of a unit resharded after forward: backward reaching one of its
     /// ops (op `i`, at or before `Unit::fwd_last`) all-gathers its parameters again.
     fn regather_units(&mut self, i: usize, at: &At) {
-        for k in 0..self.p.units.len() {
+        // Inner units first: their pre-backward hooks are on the op's own outputs.
+        let mut inner: Vec<usize> = (0..self.p.units.len()).collect();
+        inner.sort_by_key(|&k| std::cmp::Reverse(self.p.units[k].first));
+        for k in inner {
             let u = self.p.units[k];
             if u.fwd_last != NO_OP && i <= u.fwd_last as usize && i >= u.first as usize && self.units[k][UNIT_PARAMS] == NONE {
+                // Its flat output (prefetched, or all-gathered now), the copy-out, the flat
+                // output freed; then the unit before it in forward order is prefetched.
+                let flat = std::mem::replace(&mut self.units[k][UNIT_FLAT], NONE);
+                let flat = if flat == NONE && u.flat > 0 {
+                    self.sink.alloc(u.flat, u.param_dtype, Cat::Gathered, &At { op: "FSDP::all_gather", ..*at })
+                } else {
+                    flat
+                };
                 let a = At { op: "FSDP::all_gather_copy_out", ..*at };
                 self.units[k][UNIT_PARAMS] = self.sink.alloc(u.params, u.param_dtype, Cat::Gathered, &a);
+                if flat != NONE {
+                    self.sink.free(flat, u.flat, Cat::Gathered, &At { op: "FSDP::pre_backward", ..*at });
+                }
+                self.prefetch_before(k, at);
             }
         }
+    }
+
+    /// FSDP2's backward prefetch (`FSDPParamGroup._backward_prefetch`, torch 2.15): once unit
+    /// `k`'s copy-out is done, the unit whose `post_forward` came just before its own is
+    /// all-gathered ahead — its flat output allocated, copied out at its own `pre_backward` —
+    /// unless it holds the same parameters (one group) or is gathered already.
+    fn prefetch_before(&mut self, k: usize, at: &At) {
+        let t = self.prev_unit[k];
+        if t == NONE {
+            return;
+        }
+        let (t, u) = (t as usize, self.p.units[t as usize]);
+        let same_group = self.p.units.iter().enumerate().any(|(j, v)| v.group == u.group && self.units[j][UNIT_PARAMS] != NONE);
+        if u.flat == 0 || same_group || self.units[t][UNIT_FLAT] != NONE {
+            return;
+        }
+        self.units[t][UNIT_FLAT] = self.sink.alloc(u.flat, u.param_dtype, Cat::Gathered, &At { op: "FSDP::all_gather", ..*at });
     }
 
     /// The node of op `i` makes a unit's unsharded gradient (`grad`, parameter dtype), which
@@ -533,7 +607,8 @@ impl<'p, S: Sink> Run<'p, S> {
     /// `post_backward_reshard` frees the gathered parameters, then `foreach_reduce` allocates
     /// the fp32 reduce-scatter input, copies the unsharded gradient in and frees it; the input
     /// goes once the reduce-scatter is waited on (FSDP2 keeps it to the next unit's reduce;
-    /// here it goes with this one). The sharded gradient is the resident one.
+    /// here it goes with this one). The sharded gradient is the resident one, or, under
+    /// torchtune's recipes ([`Unit::shard_grad`]), the reduce-scatter's output made here.
     fn post_backward_units(&mut self, i: usize, at: &At) {
         for k in 0..self.p.units.len() {
             let u = self.p.units[k];
@@ -544,6 +619,10 @@ impl<'p, S: Sink> Run<'p, S> {
             let a = At { op: "FSDP::post_backward_reduce", ..*at };
             let input = (u.reduce_input > 0).then(|| self.sink.alloc(u.reduce_input, DType::Fp32, Cat::Gathered, &a));
             self.release_unit_grad(k, &a);
+            if u.shard_grad > 0 {
+                // The reduce-scatter's output: the sharded gradient, kept past backward.
+                let _kept = self.sink.alloc(u.shard_grad, u.param_dtype, Cat::Gradients, &a);
+            }
             if let Some(id) = input {
                 self.sink.free(id, u.reduce_input, Cat::Gathered, &a);
             }
@@ -596,7 +675,12 @@ impl<'p, S: Sink> Run<'p, S> {
         for k in 0..self.p.units.len() {
             self.release_unit_params(k, at);
             self.release_unit_grad(k, at);
+            let flat = std::mem::replace(&mut self.units[k][UNIT_FLAT], NONE);
+            if flat != NONE {
+                self.sink.free(flat, self.p.units[k].flat, Cat::Gathered, at);
+            }
         }
+        self.release_pending_flat(at);
     }
 
     /// Offloads the first layers' saved tensors as Transformer Engine's per-layer context does
@@ -1479,6 +1563,11 @@ impl<'p, S: Sink> Run<'p, S> {
         let at = self.at(i, Phase::Backward, op.node);
         let mut copies: Vec<(u32, u128)> = Vec::new();
         let (mut inputs_moved, mut inputs_back) = (false, Vec::new());
+        // FSDP2's `pre_backward` runs before the node: a checkpointed layer's parameters are
+        // gathered before its forward is recomputed.
+        if begins && has_grad && !op.node.is_empty() && !p.units.is_empty() {
+            self.regather_units(i, &at);
+        }
         if begins && r != NONE && !self.b.recomputed[r as usize] && self.b.region_last_save[r as usize] == i as u32 && has_grad {
             if self.off.is_some() {
                 (inputs_moved, inputs_back) = self.unpack_inputs(r as usize, &mut copies, &at);
