@@ -93,6 +93,16 @@ fn torchtunes_distributed_lora_peaks_as_pytorch_measured_within_half_a_percent()
         assert_eq!(weights, u(r, "params_bytes") as u128, "{}", r["id"]);
         // Both peak in the loss's forward (the fp32 log-softmax of a chunk), as measured.
         assert_eq!(r["peak_at"]["op"], "aten::nll_loss_forward", "{}", r["id"]);
+        // The adapters' gradient shards (1,792 B a layer), made by each layer's reduce and freed
+        // by `zero_grad`, are the gradients row.
+        let shards: u64 = r["allocations"]
+            .as_array()
+            .expect("allocations")
+            .iter()
+            .filter(|a| col(a, "phase") == "backward" && col(a, "freed_phase") == "zero_grad")
+            .filter_map(|a| col(a, "bytes").as_u64())
+            .sum();
+        assert_eq!(shards as u128, e.row(RowId::Gradients).expect("a gradients row").bytes, "{}", r["id"]);
     }
 }
 
@@ -105,8 +115,6 @@ fn torchtunes_distributed_full_fine_tune_eager_or_compiled_peaks_as_measured_its
     }
     let full: Vec<&Value> = records.iter().filter(|r| r["layout"] == "full").collect();
     assert_eq!(full.len(), 3, "eager with and without checkpointing, compiled with");
-    let cols = fixture_columns();
-    let col = |a: &Value, name: &str| a[cols.iter().position(|c| *c == name).expect("column")].clone();
     for r in full {
         let cfg = config(r);
         let e = estimate(&cfg).expect("torchtune's distributed full fine-tune estimates");
@@ -170,8 +178,6 @@ fn compiled_the_full_fine_tune_peaks_in_the_output_units_backward_and_the_lora_i
             // defers to the end of the model's forward.
             assert!(u(r, "tensors_measured_peak_bytes") < u(r, "measured_peak_bytes"));
             let t = u(r, "tensors_peak_at");
-            let cols = fixture_columns();
-            let col = |a: &Value, name: &str| a[cols.iter().position(|c| *c == name).expect("column")].clone();
             let allocs = r["allocations"].as_array().expect("allocations");
             let alive_at = |a: &&Value| {
                 col(a, "t").as_u64().is_some_and(|a0| a0 <= t)
@@ -203,8 +209,6 @@ fn the_full_configs_output_unit_is_gathered_per_chunk_and_its_gradient_accumulat
     if records.is_empty() {
         return;
     }
-    let cols = fixture_columns();
-    let col = |a: &Value, name: &str| a[cols.iter().position(|c| *c == name).expect("column")].clone();
     for r in eager(&records, "full") {
         let allocs = r["allocations"].as_array().expect("allocations");
         let count = |phase: &str, fsdp: &str| allocs.iter().filter(|a| col(a, "phase") == phase && col(a, "fsdp") == fsdp).count();
@@ -255,8 +259,6 @@ fn the_lora_configs_root_is_gathered_beside_every_decoder_layers_backward_as_mea
         assert_eq!(root, (2 * 4096 * 64 + 64) * BF16_BYTES);
         // Measured: gathered again in backward (`all_gather_copy_out` outside any layer's unit),
         // kept to the root's `post_backward_reshard` at the very end of backward.
-        let cols: Vec<&str> = fixture_columns();
-        let col = |a: &Value, name: &str| a[cols.iter().position(|c| *c == name).expect("column")].clone();
         let again: u64 = r["allocations"]
             .as_array()
             .expect("allocations")
@@ -290,8 +292,6 @@ fn each_decoder_layer_is_a_unit_gathered_for_its_forward_and_its_backward_the_on
     if records.is_empty() {
         return;
     }
-    let cols = fixture_columns();
-    let col = |a: &Value, name: &str| a[cols.iter().position(|c| *c == name).expect("column")].clone();
     for r in &records {
         let unit = |name: &str| {
             r["units"]
@@ -351,6 +351,11 @@ fn each_decoder_layer_is_a_unit_gathered_for_its_forward_and_its_backward_the_on
     }
 }
 
+/// Column `name` of an allocation row of the fixture.
+fn col(a: &Value, name: &str) -> Value {
+    a[fixture_columns().iter().position(|c| *c == name).expect("column")].clone()
+}
+
 /// The fixture's allocation columns.
 fn fixture_columns() -> Vec<&'static str> {
     vec!["t", "bytes", "phase", "fsdp", "op", "live_after", "freed_t", "freed_phase", "freed_fsdp", "freed_op", "workspace"]
@@ -366,4 +371,53 @@ fn a_distributed_full_fine_tune_of_a_tied_model_is_refused_by_name() {
     let lora =
         decode_query(&format!("{}&finetune=lora&lora_targets=q,v&lora_rank=8&lora_dtype=model", QUERY.replace("tied=false", "tied=true")));
     assert_eq!(lora.errors, vec![]);
+}
+
+#[test]
+fn on_every_family_torchtune_distributes_each_layer_is_gathered_twice_the_shards_made_in_backward_and_nothing_left_gathered() {
+    use trainmem::estimator::step::{Cat, EventKind, Phase};
+    // torchtune's families at two layers, on 4 GPUs, full fine-tune and LoRA, eager and
+    // checkpointed: the invariants of the units in the stream, whatever the layer holds.
+    let mut checked = 0;
+    for model in ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b", "mistral-7b-v0.1", "gemma-2-2b"] {
+        for tail in [
+            "",
+            "&recompute=full",
+            "&finetune=lora&lora_targets=q,v&lora_dtype=model",
+            "&finetune=lora&lora_targets=q,v&lora_dtype=model&recompute=full",
+        ] {
+            let q = format!("model={model}&layers=2&framework=torchtune&zero=full_shard&gpus=4&batch=1&seq=128&precision=bf16&loss=chunked&optim=adamw{tail}");
+            let d = decode_query(&q);
+            if d.errors.iter().any(|e| e.key == "framework") {
+                // Refused by name: a tied full fine-tune (Gemma 2), LoRA off Llama and Qwen2.
+                continue;
+            }
+            checked += 1;
+            assert_eq!(d.errors, vec![], "{q}");
+            let s = trainmem::estimator::step_stream(&d.config).expect("stream");
+            let copies = |phase: Phase| {
+                s.events
+                    .iter()
+                    .filter(|e| {
+                        e.cat == Cat::Gathered
+                            && e.kind == EventKind::Alloc
+                            && e.phase == phase
+                            && e.op == "FSDP::all_gather_copy_out"
+                            && e.layer.is_some()
+                    })
+                    .count()
+            };
+            assert_eq!((copies(Phase::Forward), copies(Phase::Backward)), (2, 2), "{q}: each layer's copy-out once a pass");
+            assert_eq!(*common::gathered_live(&s).last().expect("events"), 0, "{q}: nothing gathered at the end");
+            let e = estimate(&d.config).expect("estimates");
+            let made: u128 = s
+                .events
+                .iter()
+                .filter(|e| e.cat == Cat::Gradients && e.kind == EventKind::Alloc && e.op == "FSDP::post_backward_reduce")
+                .map(|e| e.bytes)
+                .sum();
+            assert_eq!(made, e.row(RowId::Gradients).map_or(0, |r| r.bytes), "{q}: the shards, made in backward, are the gradients row");
+        }
+    }
+    assert_eq!(checked, 12, "configurations estimated");
 }

@@ -880,19 +880,7 @@ impl<'a> Setup<'a> {
             .filter(|(_, s)| s.0 != u32::MAX)
             .map(|(k, (first, last, params))| {
                 let bytes: u128 = params.iter().map(|&t| p.tensors[t as usize].bytes).sum();
-                // A layer parameter's gradient here is its shard already (what the resident
-                // gradients count, each new one a temporary added into it).
-                let shard_grad: u128 = if crate::estimator::sharding::grads_made_in_step(self.cfg) {
-                    params
-                        .iter()
-                        .map(|&t| match p.tensors[t as usize].origin {
-                            Origin::Param { grad_bytes } => grad_bytes,
-                            _ => 0,
-                        })
-                        .sum()
-                } else {
-                    0
-                };
+                let shard_grad = crate::estimator::sharding::layer_grad_shard(self.cfg, &self.recipe, &self.groups);
                 super::ir::Unit {
                     first: *first,
                     grad_op: super::ir::NO_OP,
