@@ -95,20 +95,12 @@ fn torchtunes_distributed_lora_peaks_as_pytorch_measured_within_half_a_percent()
         assert_eq!(r["peak_at"]["op"], "aten::nll_loss_forward", "{}", r["id"]);
         // The adapters' gradient shards (1,792 B a layer), made by each layer's reduce and freed
         // by `zero_grad`, are the gradients row.
-        let shards: u64 = r["allocations"]
-            .as_array()
-            .expect("allocations")
-            .iter()
-            .filter(|a| col(a, "phase") == "backward" && col(a, "freed_phase") == "zero_grad")
-            .filter_map(|a| col(a, "bytes").as_u64())
-            .sum();
-        assert_eq!(shards as u128, e.row(RowId::Gradients).expect("a gradients row").bytes, "{}", r["id"]);
+        assert_eq!(measured_shards(r), e.row(RowId::Gradients).expect("a gradients row").bytes, "{}", r["id"]);
     }
 }
 
 #[test]
 fn torchtunes_distributed_full_fine_tune_eager_or_compiled_peaks_as_measured_its_gradient_shards_made_by_each_units_reduce() {
-    use trainmem::estimator::step::{Cat, EventKind};
     let records = records();
     if records.is_empty() {
         return;
@@ -126,23 +118,10 @@ fn torchtunes_distributed_full_fine_tune_eager_or_compiled_peaks_as_measured_its
         // Measured: the shards are allocated in backward by each unit's reduce and freed by
         // `zero_grad` (the output's 262,144 B, a layer's 61,568 B, the embedding's 262,144 B,
         // the norm's 64 B).
-        let measured_shards: u64 = r["allocations"]
-            .as_array()
-            .expect("allocations")
-            .iter()
-            .filter(|a| col(a, "phase") == "backward" && col(a, "freed_phase") == "zero_grad")
-            .filter_map(|a| col(a, "bytes").as_u64())
-            .sum();
-        assert_eq!(measured_shards as u128, grads, "{}", r["id"]);
+        assert_eq!(measured_shards(r), grads, "{}", r["id"]);
         // The estimate: none before the step, each made in backward, all there at its end.
         let s = trainmem::estimator::step_stream(&cfg).expect("stream");
-        let made: u128 = s
-            .events
-            .iter()
-            .filter(|e| e.cat == Cat::Gradients && e.kind == EventKind::Alloc && e.op == "FSDP::post_backward_reduce")
-            .map(|e| e.bytes)
-            .sum();
-        assert_eq!(made, grads, "{}", r["id"]);
+        assert_eq!(made_shards(&s), grads, "{}", r["id"]);
     }
 }
 
@@ -218,18 +197,7 @@ fn the_full_configs_output_unit_is_gathered_per_chunk_and_its_gradient_accumulat
         assert_eq!(count("backward", "FSDP::all_gather_copy_out (output)"), 8, "{}", r["id"]);
         let cfg = config(r);
         let s = trainmem::estimator::step_stream(&cfg).expect("stream");
-        let gathers = |phase: Phase| {
-            s.events
-                .iter()
-                .filter(|e| {
-                    e.cat == Cat::Gathered
-                        && e.kind == EventKind::Alloc
-                        && e.phase == phase
-                        && e.op == "FSDP::all_gather_copy_out"
-                        && e.bytes == 4096 * 64 * 2
-                })
-                .count()
-        };
+        let gathers = |phase: Phase| copy_outs(&s, phase, |e| e.bytes == 4096 * 64 * 2);
         assert_eq!(gathers(Phase::Forward), 8 + 1, "{}: the 8 chunks and the embedding", r["id"]);
         assert_eq!(gathers(Phase::Backward), 8 + 1, "{}", r["id"]);
         let adds = s.events.iter().filter(|e| e.cat == Cat::Gathered && e.kind == EventKind::Alloc && e.op == "add").count();
@@ -351,6 +319,32 @@ fn each_decoder_layer_is_a_unit_gathered_for_its_forward_and_its_backward_the_on
     }
 }
 
+/// The measured gradient shards: allocated in backward (each unit's reduce), freed by
+/// `zero_grad`.
+fn measured_shards(r: &Value) -> u128 {
+    let allocs = r["allocations"].as_array().expect("allocations");
+    let shards = allocs.iter().filter(|a| col(a, "phase") == "backward" && col(a, "freed_phase") == "zero_grad");
+    shards.filter_map(|a| col(a, "bytes").as_u64()).map(u128::from).sum()
+}
+
+/// The estimate's gradient shards: made by the units' reduces in the stream.
+fn made_shards(s: &trainmem::estimator::step::Stream) -> u128 {
+    use trainmem::estimator::step::{Cat, EventKind};
+    let made = s.events.iter().filter(|e| e.cat == Cat::Gradients && e.kind == EventKind::Alloc && e.op == "FSDP::post_backward_reduce");
+    made.map(|e| e.bytes).sum()
+}
+
+/// How many FSDP copy-outs (gathered parameters) the stream allocates in `phase` that `keep`.
+fn copy_outs(
+    s: &trainmem::estimator::step::Stream,
+    phase: trainmem::estimator::step::Phase,
+    keep: impl Fn(&trainmem::estimator::step::Event) -> bool,
+) -> usize {
+    use trainmem::estimator::step::{Cat, EventKind};
+    let gathered = s.events.iter().filter(|e| e.cat == Cat::Gathered && e.kind == EventKind::Alloc && e.phase == phase);
+    gathered.filter(|e| e.op == "FSDP::all_gather_copy_out" && keep(e)).count()
+}
+
 /// Column `name` of an allocation row of the fixture.
 fn col(a: &Value, name: &str) -> Value {
     a[fixture_columns().iter().position(|c| *c == name).expect("column")].clone()
@@ -375,7 +369,7 @@ fn a_distributed_full_fine_tune_of_a_tied_model_is_refused_by_name() {
 
 #[test]
 fn on_every_family_torchtune_distributes_each_layer_is_gathered_twice_the_shards_made_in_backward_and_nothing_left_gathered() {
-    use trainmem::estimator::step::{Cat, EventKind, Phase};
+    use trainmem::estimator::step::Phase;
     // torchtune's families at two layers, on 4 GPUs, full fine-tune and LoRA, eager and
     // checkpointed: the invariants of the units in the stream, whatever the layer holds.
     let mut checked = 0;
@@ -395,28 +389,15 @@ fn on_every_family_torchtune_distributes_each_layer_is_gathered_twice_the_shards
             checked += 1;
             assert_eq!(d.errors, vec![], "{q}");
             let s = trainmem::estimator::step_stream(&d.config).expect("stream");
-            let copies = |phase: Phase| {
-                s.events
-                    .iter()
-                    .filter(|e| {
-                        e.cat == Cat::Gathered
-                            && e.kind == EventKind::Alloc
-                            && e.phase == phase
-                            && e.op == "FSDP::all_gather_copy_out"
-                            && e.layer.is_some()
-                    })
-                    .count()
-            };
+            let copies = |phase: Phase| copy_outs(&s, phase, |e| e.layer.is_some());
             assert_eq!((copies(Phase::Forward), copies(Phase::Backward)), (2, 2), "{q}: each layer's copy-out once a pass");
             assert_eq!(*common::gathered_live(&s).last().expect("events"), 0, "{q}: nothing gathered at the end");
             let e = estimate(&d.config).expect("estimates");
-            let made: u128 = s
-                .events
-                .iter()
-                .filter(|e| e.cat == Cat::Gradients && e.kind == EventKind::Alloc && e.op == "FSDP::post_backward_reduce")
-                .map(|e| e.bytes)
-                .sum();
-            assert_eq!(made, e.row(RowId::Gradients).map_or(0, |r| r.bytes), "{q}: the shards, made in backward, are the gradients row");
+            assert_eq!(
+                made_shards(&s),
+                e.row(RowId::Gradients).map_or(0, |r| r.bytes),
+                "{q}: the shards, made in backward, are the gradients row"
+            );
         }
     }
     assert_eq!(checked, 12, "configurations estimated");
