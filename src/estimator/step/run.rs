@@ -288,6 +288,8 @@ pub struct Run<'p, S: Sink> {
     /// Per FSDP unit: the unit before it in forward order ([`Unit::flat`]: what its backward
     /// prefetches), or `NONE`.
     prev_unit: Vec<u32>,
+    /// Which units act at each op ([`UnitIndex`]).
+    unit_at: UnitIndex,
     /// In forward, the flat all-gather output whose free FSDP2 defers to the next all-gather
     /// (stream id and bytes), or `NONE`.
     pending_flat: (u32, u128),
@@ -369,6 +371,85 @@ thread_local! {
 }
 
 /// `v` emptied, then `n` copies of `x`.
+/// Which FSDP units act at each op, so that a run looks at those alone (a 70B model has some
+/// ninety units and some ten thousand ops): those starting there (gathered in forward,
+/// resharded after backward), resharded after forward there, whose range covers it (gathered
+/// again in backward: inner ones, starting later, first), whose gradient its node makes.
+#[derive(Default)]
+struct UnitIndex {
+    starts: OpLists,
+    resharded: OpLists,
+    cover: OpLists,
+    grads: OpLists,
+    /// The last forward op of any unit resharded after forward (`NO_OP`: none).
+    last_fwd: u32,
+}
+
+/// Lists of unit indices by op, compressed (`items[offsets[i]..offsets[i + 1]]`: op `i`'s).
+#[derive(Default)]
+struct OpLists {
+    offsets: Vec<u32>,
+    items: Vec<u32>,
+}
+
+impl OpLists {
+    /// From `(op, unit)` pairs, each op's units in the order given; ops past `n` dropped.
+    fn new(n: usize, pairs: &[(usize, u32)]) -> OpLists {
+        let mut offsets = vec![0u32; n + 2];
+        for &(i, _) in pairs.iter().filter(|p| p.0 <= n) {
+            offsets[i + 1] += 1;
+        }
+        for i in 0..=n {
+            offsets[i + 1] += offsets[i];
+        }
+        let mut fill = offsets.clone();
+        let mut items = vec![0u32; offsets[n + 1] as usize];
+        for &(i, k) in pairs.iter().filter(|p| p.0 <= n) {
+            items[fill[i] as usize] = k;
+            fill[i] += 1;
+        }
+        OpLists { offsets, items }
+    }
+
+    /// The positions in `items` of op `i`'s units.
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
+        match (self.offsets.get(i), self.offsets.get(i + 1)) {
+            (Some(&a), Some(&b)) => a as usize..b as usize,
+            _ => 0..0,
+        }
+    }
+}
+
+impl UnitIndex {
+    fn new(units: &[super::ir::Unit], n: usize) -> UnitIndex {
+        if units.is_empty() {
+            return UnitIndex { last_fwd: NO_OP, ..UnitIndex::default() };
+        }
+        let idx = |k: usize| k as u32;
+        let starts: Vec<(usize, u32)> = units.iter().enumerate().map(|(k, u)| (u.first as usize, idx(k))).collect();
+        let resharded: Vec<(usize, u32)> =
+            units.iter().enumerate().filter(|(_, u)| u.fwd_last != NO_OP).map(|(k, u)| (u.fwd_last as usize + 1, idx(k))).collect();
+        let grads: Vec<(usize, u32)> =
+            units.iter().enumerate().filter(|(_, u)| u.grad_op != NO_OP).map(|(k, u)| (u.grad_op as usize, idx(k))).collect();
+        let mut inner: Vec<usize> = (0..units.len()).collect();
+        inner.sort_by_key(|&k| std::cmp::Reverse(units[k].first));
+        let mut cover = Vec::new();
+        for k in inner.into_iter().filter(|&k| units[k].fwd_last != NO_OP) {
+            let u = &units[k];
+            cover.extend((u.first as usize..=(u.fwd_last as usize).min(n)).map(|i| (i, idx(k))));
+        }
+        // Each op's covering units, inner first: stable by op.
+        cover.sort_by_key(|&(i, _)| i);
+        UnitIndex {
+            starts: OpLists::new(n, &starts),
+            resharded: OpLists::new(n, &resharded),
+            cover: OpLists::new(n, &cover),
+            grads: OpLists::new(n, &grads),
+            last_fwd: units.iter().filter(|u| u.fwd_last != NO_OP).map(|u| u.fwd_last).max().unwrap_or(NO_OP),
+        }
+    }
+}
+
 /// For each FSDP unit, the unit whose `post_forward` comes just before its own (the units
 /// resharded after forward, in the order of their last forward op), or `NONE`: what its
 /// backward prefetches ([`Unit::flat`]).
@@ -500,6 +581,7 @@ impl<'p, S: Sink> Run<'p, S> {
             te: None,
             units: vec![[NONE; 3]; p.units.len()],
             prev_unit: forward_predecessors(&p.units),
+            unit_at: UnitIndex::new(&p.units, p.ops.len()),
             pending_flat: (NONE, 0),
             unit_arrivals: vec![0; p.units.len()],
             temps: Vec::with_capacity(8),
@@ -512,8 +594,10 @@ impl<'p, S: Sink> Run<'p, S> {
     /// FSDP2's pre-forward of the units that start at op `i`: their parameters all-gathered
     /// (`FSDP::all_gather_copy_out`, the parameter dtype).
     fn gather_units(&mut self, i: usize, at: &At) {
-        for (k, u) in self.p.units.iter().enumerate() {
-            if u.first as usize == i && self.units[k][UNIT_PARAMS] == NONE {
+        for j in self.unit_at.starts.range(i) {
+            let k = self.unit_at.starts.items[j] as usize;
+            let u = self.p.units[k];
+            if self.units[k][UNIT_PARAMS] == NONE {
                 if u.flat > 0 {
                     // The flat output, then the previous unit's deferred one goes.
                     let flat = self.sink.alloc(u.flat, u.param_dtype, Cat::Gathered, &At { op: "FSDP::all_gather", ..*at });
@@ -537,14 +621,12 @@ impl<'p, S: Sink> Run<'p, S> {
     /// FSDP2's `post_forward` of the units resharded after forward whose last forward op is
     /// the one before op `i` (`Unit::fwd_last`): their gathered parameters go.
     fn reshard_units_after_forward(&mut self, i: usize, at: &At) {
-        for k in 0..self.p.units.len() {
-            let last = self.p.units[k].fwd_last;
-            if last != NO_OP && last as usize + 1 == i {
-                self.release_unit_params(k, &At { op: "FSDP::post_forward", ..*at });
-                // The model's forward ends with the last unit's: the deferred output goes.
-                if self.p.units.iter().all(|u| u.fwd_last == NO_OP || u.fwd_last <= last) {
-                    self.release_pending_flat(&At { op: "FSDP::post_forward", ..*at });
-                }
+        for j in self.unit_at.resharded.range(i) {
+            let k = self.unit_at.resharded.items[j] as usize;
+            self.release_unit_params(k, &At { op: "FSDP::post_forward", ..*at });
+            // The model's forward ends with the last unit's: the deferred output goes.
+            if self.p.units[k].fwd_last == self.unit_at.last_fwd {
+                self.release_pending_flat(&At { op: "FSDP::post_forward", ..*at });
             }
         }
     }
@@ -553,11 +635,10 @@ impl<'p, S: Sink> Run<'p, S> {
     /// ops (op `i`, at or before `Unit::fwd_last`) all-gathers its parameters again.
     fn regather_units(&mut self, i: usize, at: &At) {
         // Inner units first: their pre-backward hooks are on the op's own outputs.
-        let mut inner: Vec<usize> = (0..self.p.units.len()).collect();
-        inner.sort_by_key(|&k| std::cmp::Reverse(self.p.units[k].first));
-        for k in inner {
+        for j in self.unit_at.cover.range(i) {
+            let k = self.unit_at.cover.items[j] as usize;
             let u = self.p.units[k];
-            if u.fwd_last != NO_OP && i <= u.fwd_last as usize && i >= u.first as usize && self.units[k][UNIT_PARAMS] == NONE {
+            if self.units[k][UNIT_PARAMS] == NONE {
                 // Its flat output (prefetched, or all-gathered now), the copy-out, the flat
                 // output freed; then the unit before it in forward order is prefetched.
                 let flat = std::mem::replace(&mut self.units[k][UNIT_FLAT], NONE);
@@ -596,8 +677,10 @@ impl<'p, S: Sink> Run<'p, S> {
     /// The node of op `i` makes a unit's unsharded gradient (`grad`, parameter dtype), which
     /// AccumulateGrad keeps on the unsharded parameter until the unit's reduce.
     fn unsharded_grads(&mut self, i: usize, at: &At) {
-        for (k, u) in self.p.units.iter().enumerate() {
-            if u.grad_op as usize == i && u.grad > 0 && self.units[k][UNIT_GRAD] == NONE {
+        for j in self.unit_at.grads.range(i) {
+            let k = self.unit_at.grads.items[j] as usize;
+            let u = self.p.units[k];
+            if u.grad > 0 && self.units[k][UNIT_GRAD] == NONE {
                 self.units[k][UNIT_GRAD] = self.sink.alloc(u.grad, u.param_dtype, Cat::Gathered, at);
             }
         }
@@ -610,11 +693,9 @@ impl<'p, S: Sink> Run<'p, S> {
     /// here it goes with this one). The sharded gradient is the resident one, or, under
     /// torchtune's recipes ([`Unit::shard_grad`]), the reduce-scatter's output made here.
     fn post_backward_units(&mut self, i: usize, at: &At) {
-        for k in 0..self.p.units.len() {
+        for j in self.unit_at.starts.range(i) {
+            let k = self.unit_at.starts.items[j] as usize;
             let u = self.p.units[k];
-            if u.first as usize != i {
-                continue;
-            }
             self.release_unit_params(k, &At { op: "FSDP::post_backward_reshard", ..*at });
             let a = At { op: "FSDP::post_backward_reduce", ..*at };
             let input = (u.reduce_input > 0).then(|| self.sink.alloc(u.reduce_input, DType::Fp32, Cat::Gathered, &a));
