@@ -66,7 +66,7 @@ pub fn read(root: &Value, st: &mut FileState) {
         let mut why = "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)".to_string();
         // A LoRA builder with `quantize_base: True` is QLoRA, as `qlora_…`: torchtune's own code
         // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
-        let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(&builder);
+        let quantized = quantized_base(root, &builder);
         // The distributed recipes run torchtune's own code under its FSDP2 (measured: full and
         // LoRA, eager and compiled, tests/fixtures/pytorch/fsdp/tune.json); a 4-bit base stays
         // on transformers' code (refused there).
@@ -320,10 +320,14 @@ fn own_llama(root: &Value) -> bool {
 /// distributed recipe's compile is measured (tests/fixtures/pytorch/fsdp/tune.json).
 fn own_lora_llama(root: &Value) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
-    let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(&builder);
-    builder.trim().rsplit('.').next().is_some_and(|b| b.starts_with("lora_"))
-        && !quantized
-        && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+    // Not a full builder and no 4-bit base: a `lora_…` builder (a `qlora_…` one is quantized).
+    !full_builder(&builder) && !quantized_base(root, &builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+}
+
+/// Whether the config's base is 4-bit: a LoRA builder with `quantize_base: True`, or a
+/// `qlora_…` builder.
+fn quantized_base(root: &Value, builder: &str) -> bool {
+    tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(builder)
 }
 
 fn optimizer(v: &Value, root: &Value) -> Out {

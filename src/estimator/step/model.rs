@@ -874,13 +874,14 @@ impl<'a> Setup<'a> {
                 }
             }
         }
+        // Every layer's shard is the same (torchtune's layers are alike).
+        let shard_grad = crate::estimator::sharding::layer_grad_shard(self.cfg, &self.recipe, &self.groups);
         let units: Vec<super::ir::Unit> = spans
             .iter()
             .enumerate()
             .filter(|(_, s)| s.0 != u32::MAX)
             .map(|(k, (first, last, params))| {
                 let bytes: u128 = params.iter().map(|&t| p.tensors[t as usize].bytes).sum();
-                let shard_grad = crate::estimator::sharding::layer_grad_shard(self.cfg, &self.recipe, &self.groups);
                 super::ir::Unit {
                     first: *first,
                     grad_op: super::ir::NO_OP,

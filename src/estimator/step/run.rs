@@ -370,7 +370,6 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Option<Buffers>> = const { std::cell::RefCell::new(None) };
 }
 
-/// `v` emptied, then `n` copies of `x`.
 /// Which FSDP units act at each op, so that a run looks at those alone (a 70B model has some
 /// ninety units and some ten thousand ops): those starting there (gathered in forward,
 /// resharded after backward), resharded after forward there, whose range covers it (gathered
@@ -464,6 +463,7 @@ fn forward_predecessors(units: &[super::ir::Unit]) -> Vec<u32> {
     prev
 }
 
+/// `v` emptied, then `n` copies of `x`.
 fn filled<T: Clone>(mut v: Vec<T>, n: usize, x: T) -> Vec<T> {
     v.clear();
     v.resize(n, x);
@@ -1671,8 +1671,8 @@ impl<'p, S: Sink> Run<'p, S> {
         temps.clear();
         let mut released = false;
         let unpacked = runs && part == Part::Whole && self.off.is_some() && self.unpack(i, &mut copies, &at);
+        // (The units were gathered again before the node, above.)
         if runs && begins && !p.units.is_empty() {
-            self.regather_units(i, &at);
             self.unsharded_grads(i, &at);
         }
         if runs {
