@@ -160,6 +160,17 @@ fn the_recipes_a_framework_file_turns_on_are_read_as_the_estimator_models_them()
     let c = import(&[("l.yaml", &lora)]).expect("imports").config;
     assert_eq!((c.framework, c.compile, c.zero), (config::Framework::Torchtune, true, config::Zero::FullShard));
     assert!(trainmem::estimator::estimate(&Config { gpus: 8, ..c }).is_ok(), "estimated on 8 GPUs");
+    // Its distributed QLoRA (the 70B LoRA config on `qlora_llama3_1_70b`, as the 405B QLoRA
+    // config builds it) stays on torchtune's own code too, compiled: measured on two CPU ranks
+    // (tests/fixtures/pytorch/fsdp/tune.json, the qlora records).
+    let qlora = lora.replace("torchtune.models.llama3_1.lora_llama3_1_70b", "torchtune.models.llama3_1.qlora_llama3_1_70b");
+    assert_ne!(qlora, lora, "the fixture names the LoRA builder");
+    let c = import(&[("q.yaml", &qlora)]).expect("imports").config;
+    assert_eq!(
+        (c.framework, c.finetune, c.qlora_quant, c.compile),
+        (config::Framework::Torchtune, config::Finetune::Qlora, config::QloraQuant::TorchaoNf4, true)
+    );
+    assert!(trainmem::estimator::estimate(&Config { gpus: 8, ..c }).is_ok(), "estimated on 8 GPUs");
     // Its single-device QLoRA (`qlora_llama3_1_8b`: LoRALinear / FrozenNF4Linear on torchao's
     // NF4Tensor) runs on torchtune's own Llama 3.1 code, measured eager and compiled
     // (tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora*.json); a QLoRA builder of a family

@@ -23,7 +23,14 @@ Layouts (what torchtune 0.6.1's shipped configs set):
 * ``lora``: ``lora_finetune_distributed.py`` (LoRA on q and v, rank 8, alpha 16; ``set_trainable_params`` on the
   adapters) without ``custom_sharded_layers`` (its ``*_lora.yaml`` configs leave it commented out): the root holds
   the embedding, the final norm and the output projection, gathered in forward, resharded after it, gathered again by
-  its pre-backward after the loss backward and kept to the end of backward.
+  its pre-backward after the loss backward and kept to the end of backward;
+* ``qlora``: ``lora_finetune_distributed.py`` on ``llama3_1/405B_qlora.yaml`` as the README of 2024-09-24 ran it
+  (30b8519e): ``lora_llama3_1(..., quantize_base=True)`` (the ``qlora_llama3_1_*`` builders: every decoder linear
+  torchao 0.18's ``NF4Tensor``, imported where torchtune imports it as measure_torchao_nf4.py does), LoRA on q, k, v,
+  output_proj and the MLP, the output an ``nn.Linear``, ``loss: torch.nn.CrossEntropyLoss`` (the model returns the
+  whole fp32 logits, the recipe flattens them); hidden ``QLORA_DIM``, ffn ``QLORA_FFN`` (see there). FSDP2 shards
+  each ``NF4Tensor`` through torchao's ``nf4_split`` and gathers it with ``fsdp_pre_all_gather``; ``params_bytes``
+  counts each shard's inner tensors.
 
 Steps 2 to 4 of each run are profiled on rank 0 with ``torch.profiler`` (``profile_memory=True``), the one with the
 lowest peak kept (gloo's thread frees an all-gather's output late now and then), and read by
@@ -35,7 +42,8 @@ the dispatch tracker's convention, which the estimate follows. The one adaptatio
 (no ``PREMUL_SUM``: torchtune leaves FSDP2's gradient division on, ``AVG``).
 
 Writes tests/fixtures/pytorch/fsdp/tune.json. Usage: PYTHONPATH=<torchtune 0.6.1 + psutil + omegaconf --no-deps
-target> nice validation/.venv/bin/python validation/measure_tune_fsdp.py
+target, torchao 0.18 too for qlora> nice validation/.venv/bin/python validation/measure_tune_fsdp.py [full|lora|qlora]
+(naming layouts re-measures those alone and keeps the other records)
 """
 
 from __future__ import annotations
@@ -55,29 +63,55 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "pytorch", "fsdp")
 DIM, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, BATCH, SEQ, MAX_SEQ = 64, 2, 4, 2, 256, 4096, 2, 64, 128
+# The QLoRA layout's shape: every NF4 weight's half (FSDP2 shards dim 0 over two ranks) must hold whole scaler blocks
+# of its quantization factors (torchao's `nf4_split` asserts each inner tensor divides): at block 64 and scaler
+# block 256 a weight needs 2 × 64 × 256 elements, so k and v are 128 × 256 at the least.
+QLORA_DIM, QLORA_FFN = 256, 512
 RANK, ALPHA = 8, 16
 WORLD = 2
 # (layout, enable_activation_checkpointing, compile)
 RUNS = (("full", False, False), ("full", True, False), ("lora", False, False), ("lora", True, False),
-        ("full", True, True), ("lora", True, True))
-CUSTOM_SHARDED = {"full": ["tok_embeddings", "output"], "lora": None}
+        ("full", True, True), ("lora", True, True), ("qlora", False, False), ("qlora", True, False),
+        ("qlora", True, True))
+CUSTOM_SHARDED = {"full": ["tok_embeddings", "output"], "lora": None, "qlora": None}
+# The QLoRA layout is torchtune's `llama3_1/405B_qlora.yaml` at the commit whose README published its memory
+# (30b8519e, 2024-09-24): `qlora_llama3_1_*` (`lora_llama3_1(..., quantize_base=True)`) with LoRA on q, k, v and
+# output_proj and the MLP, the output projection a FrozenNF4Linear (`apply_lora_to_output: False`), and
+# `loss: torch.nn.CrossEntropyLoss` (the model returns `self.output(h).float()` whole; the recipe flattens it).
+QLORA_TARGETS = ["q_proj", "k_proj", "v_proj", "output_proj"]
+
+
+def dims(layout):
+    """(hidden, ffn) of a layout's model."""
+    return (QLORA_DIM, QLORA_FFN) if layout == "qlora" else (DIM, FFN)
 
 
 def build(layout):
     """torchtune 0.6.1's Llama 3.1 (``llama3_1`` / ``lora_llama3_1`` on q and v) in bf16 and its chunked loss."""
+    if layout == "qlora":  # torchao 0.18's NF4Tensor where torchtune 0.6.1 imports it (as measure_torchao_nf4.py)
+        from torchao.quantization import NF4Tensor
+        sys.modules["torchao.dtypes.nf4tensor"] = sys.modules[NF4Tensor.__module__]
     import measure_frameworks as F
+    F.REAL_NF4 = layout == "qlora"
     F._torchtune_modules()
     from torchtune.modules.loss import CEWithChunkedOutputLoss
-    shape = dict(vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
-                 max_seq_len=MAX_SEQ, intermediate_dim=FFN, rope_base=500000)
+    dim, ffn = dims(layout)
+    shape = dict(vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=dim,
+                 max_seq_len=MAX_SEQ, intermediate_dim=ffn, rope_base=500000)
     if layout == "full":
         m = F._tune_model(F._torchtune_builder("llama3_1", "llama3_1"), torch.bfloat16, **shape)
     else:
         from torchtune.modules.peft import get_adapter_params, set_trainable_params
+        q = layout == "qlora"
         m = F._tune_model(F._torchtune_builder("llama3_1", "lora_llama3_1"), torch.bfloat16,
-                          lora_attn_modules=["q_proj", "v_proj"], apply_lora_to_mlp=False, apply_lora_to_output=False,
-                          lora_rank=RANK, lora_alpha=ALPHA, lora_dropout=0.0, **shape)
+                          lora_attn_modules=QLORA_TARGETS if q else ["q_proj", "v_proj"], apply_lora_to_mlp=q,
+                          apply_lora_to_output=False, lora_rank=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                          quantize_base=q, **shape)
         set_trainable_params(m, get_adapter_params(m))
+    if layout == "qlora":
+        m.set_num_output_chunks(0)
+        m.train()
+        return m, torch.nn.CrossEntropyLoss(ignore_index=-100)
     loss = CEWithChunkedOutputLoss(num_output_chunks=8)
     m.set_num_output_chunks(loss.num_output_chunks)
     m.train()
@@ -116,7 +150,10 @@ def worker(rank, world, port, layout, ac, compiled, out_path):
         with record_function("phase:forward"):
             logits = model(ids)
         with record_function("phase:loss"):
-            loss = loss_fn(logits, labels)
+            if isinstance(logits, list):
+                loss = loss_fn(logits, labels)
+            else:  # `loss: torch.nn.CrossEntropyLoss`: the recipe flattens the fp32 logits and the labels
+                loss = loss_fn(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
             del logits
         with record_function("phase:backward"):
             loss.backward()
@@ -128,6 +165,8 @@ def worker(rank, world, port, layout, ac, compiled, out_path):
     step()
 
     before = mfs.alive_before(model, opt, ids, labels)
+    if layout == "qlora":  # an NF4Tensor shard holds its inner tensors (codes, scalers, factors, mean, table)
+        before["params_bytes"] = sum(nf4_bytes(p) for p in model.parameters())
     # gloo's worker thread sometimes drops its reference to an all-gather's flat output a little
     # after FSDP2 lets it go, so one profiled step can hold a buffer longer than the program does:
     # of PROFILED_STEPS steps, the one with the lowest peak is kept (the others, by as much as a
@@ -141,6 +180,17 @@ def worker(rank, world, port, layout, ac, compiled, out_path):
                        "tensors_measured_peak_bytes": tensors + sum(before.values()), "tensors_peak_at": tensors_at,
                        "allocations": allocs, "step_peak_bytes": peak, "peak_at": peak_at, "live_at_step_end": end}, f)
     dist.destroy_process_group()
+
+
+NF4_INNER = ("quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4")
+
+
+def nf4_bytes(p):
+    """Bytes a (sharded) parameter holds: an NF4Tensor's inner tensors' storages, else its own."""
+    t = p.to_local() if hasattr(p, "to_local") else p
+    if all(hasattr(t, a) for a in NF4_INNER):
+        return sum(getattr(t, a).untyped_storage().nbytes() for a in NF4_INNER)
+    return t.untyped_storage().nbytes()
 
 
 def main():
@@ -167,10 +217,15 @@ def main():
         path = os.path.join(tmp, f"{layout}{int(ac)}{int(compiled)}.json")
         mp.spawn(worker, args=(WORLD, port, layout, ac, compiled, path), nprocs=WORLD, join=True)
         r = json.load(open(path))
-        doc["records"].append({"id": rid, "layout": layout, "activation_checkpointing": ac, "compile": compiled,
+        dim, ffn = dims(layout)
+        doc["records"].append({"id": rid, "layout": layout, "hidden": dim, "ffn": ffn, "activation_checkpointing": ac, "compile": compiled,
                                "custom_sharded_layers": CUSTOM_SHARDED[layout], **r})
         print(rid, "peak", r["step_peak_bytes"], "measured", r["measured_peak_bytes"],
               json.dumps(r["peak_at"], indent=1), file=sys.stderr)
+    if only:  # the layouts not re-measured keep their records
+        path = os.path.join(OUT, "tune.json")
+        kept = [r for r in json.load(open(path))["records"] if r["layout"] not in only] if os.path.exists(path) else []
+        doc["records"] = sorted(kept + doc["records"], key=lambda r: [x[0] for x in RUNS].index(r["layout"]))
     mfs.write_fixture(doc, "tune.json")
 
 

@@ -282,8 +282,7 @@ fn torchao_nf4_bytes<'g>(cfg: &Config, quantized: impl Iterator<Item = &'g Local
     let num = |v: u64| Expr::num(v);
     let dense = Expr::sum(quantized.clone().map(|g| {
         let n = g.group.numel();
-        let scaler_blocks = n.div_ceil(TORCHAO_NF4_BLOCK * TORCHAO_NF4_SCALER_BLOCK);
-        let factors = if scaler_blocks == 1 { TORCHAO_NF4_SCALER_BLOCK } else { scaler_blocks };
+        let factors = torchao_nf4_factors(n);
         Expr::prod([
             Expr::var(N_Q, g.group.tensor_count()),
             Expr::sum([
@@ -301,6 +300,33 @@ fn torchao_nf4_bytes<'g>(cfg: &Config, quantized: impl Iterator<Item = &'g Local
         ])
     }));
     Expr::sum([dense, whole])
+}
+
+/// Elements of an `NF4Tensor`'s `quantization_factor` for a weight of `n` elements: one a scaler
+/// block of 64 × 256 elements, but all 256 of the expanded tensor when there is one block
+/// (`double_quantize_scalers` copies the slice `.contiguous()` only for more than one; see
+/// [`torchao_nf4_bytes`]).
+fn torchao_nf4_factors(n: u64) -> u64 {
+    let scaler_blocks = n.div_ceil(TORCHAO_NF4_BLOCK * TORCHAO_NF4_SCALER_BLOCK);
+    if scaler_blocks == 1 {
+        TORCHAO_NF4_SCALER_BLOCK
+    } else {
+        scaler_blocks
+    }
+}
+
+/// Bytes FSDP2 all-gathers for one torchao `NF4Tensor` weight of `n` elements whose dtype has
+/// `e` bytes: the inner tensors it shards (`_INNER_TENSOR_NAMES_FOR_SHARDING`, returned by
+/// `fsdp_pre_all_gather`: torchao 0.18 `quantization/quantize_/workflows/nf4/nf4_tensor.py`) —
+/// `quantized_data` n/2 B, `quantized_scalers` n/64 B, `quantization_factor` in e — gathered
+/// into FSDP2's flat buffer and copied out into one tensor each (`fsdp_post_all_gather` wraps
+/// them in a new `NF4Tensor` without copying). The mean and the 16-value table are not gathered:
+/// every rank holds them whole. Toy value: a bf16 256 × 256 weight (65,536 elements) gathers
+/// 32,768 + 1,024 + 4 · 2 = 33,800 B. Measured on two CPU ranks
+/// (tests/fixtures/pytorch/fsdp/tune.json, the QLoRA records): 370,760 B a layer of the test
+/// model, flat output and copy-outs alike.
+pub fn torchao_nf4_gathered_bytes(n: u64, e: u64) -> u128 {
+    (n.div_ceil(NF4_ELEMENTS_PER_BYTE) + n.div_ceil(TORCHAO_NF4_BLOCK) + torchao_nf4_factors(n) * e) as u128
 }
 
 /// Whether a linear weight group runs its GEMM in FP8: both of its matrix dims multiples of 16
@@ -452,13 +478,18 @@ pub fn gradient_bytes(recipe: &Recipe, groups: &[LocalGroup], sh: &Sharding) -> 
 
 /// The bytes of `numel` elements of group `g` unsharded, as FSDP all-gathers them: the
 /// parameter dtype (`MixedPrecisionPolicy.param_dtype`, bf16 under mixed precision), NF4
-/// tensors packed two to a byte, and with FSDP2's float8 all-gather (`fp8_allgather`) the FP8
+/// tensors packed two to a byte (torchao's `NF4Tensor` with its scalers and factors:
+/// [`torchao_nf4_gathered_bytes`]), and with FSDP2's float8 all-gather (`fp8_allgather`) the FP8
 /// linears' weights at 1 byte an element (torchao `fsdp_utils.py
 /// WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`; measured on 2 CPU ranks: 92,416 →
 /// 46,336 B a layer, validation/FINDINGS.md §10.2).
 pub fn gathered_bytes(cfg: &Config, recipe: &Recipe, g: &LocalGroup, numel: u128) -> u128 {
     let fp8 = cfg.fp8_allgather && cfg.fp8_recipe() == Fp8::TorchaoTensorwise;
     match g.role {
+        Role::Quantized if cfg.qlora_quant == QloraQuant::TorchaoNf4 => {
+            let n = g.group.numel();
+            numel / (n as u128).max(1) * torchao_nf4_gathered_bytes(n, recipe.weight.bytes())
+        }
         Role::Quantized => numel.div_ceil(NF4_ELEMENTS_PER_BYTE as u128),
         Role::Trainable
             if fp8 && !g.adapter && !g.expert && g.group.linear.is_some() && g.group.shape.iter().rev().take(2).all(|d| d % 16 == 0) =>
@@ -787,6 +818,19 @@ mod tests {
         let row = quantized_weight_bytes(&cfg, &g, &Sharding::of(&cfg));
         let bits = row.map(|r| (r.bytes - (NF4_STATE_CONSTANTS + BNB_CONSTANTS) as u128) as f64 * 8.0 / (64.0 * 256.0 * 1000.0));
         assert!(bits.is_some_and(|b| (b - 4.127).abs() < 0.001), "{bits:?}");
+    }
+
+    #[test]
+    fn fsdp2_gathers_a_torchao_nf4_weight_as_its_codes_scalers_and_factors() {
+        // A bf16 256 × 256 weight: 32,768 B of codes, 1,024 scalers, 4 factors of 2 B.
+        assert_eq!(torchao_nf4_gathered_bytes(65_536, 2), 33_800);
+        // One scaler block (16,384 elements): the factor tensor keeps all 256 elements.
+        assert_eq!(torchao_nf4_gathered_bytes(16_384, 2), 8_192 + 256 + 512);
+        // The measured layer of tests/fixtures/pytorch/fsdp/tune.json's QLoRA records: q and o
+        // 256 × 256, k and v 128 × 256, gate, up and down 512 × 256 (all NF4), with the bf16
+        // adapters (65,536 B) and norms (1,024 B): 370,760 B.
+        let nf4: u128 = [65_536, 65_536, 32_768, 32_768, 131_072, 131_072, 131_072].iter().map(|&n| torchao_nf4_gathered_bytes(n, 2)).sum();
+        assert_eq!(nf4 + 65_536 + 1_024, 370_760);
     }
 
     #[test]

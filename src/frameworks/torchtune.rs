@@ -67,10 +67,10 @@ pub fn read(root: &Value, st: &mut FileState) {
         // A LoRA builder with `quantize_base: True` is QLoRA, as `qlora_…`: torchtune's own code
         // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
         let quantized = quantized_base(root, &builder);
-        // The distributed recipes run torchtune's own code under its FSDP2 (measured: full and
-        // LoRA, eager and compiled, tests/fixtures/pytorch/fsdp/tune.json); a 4-bit base stays
-        // on transformers' code (refused there).
-        let own = if distributed { !quantized } else { !quantized || own_qlora(&builder) };
+        // The distributed recipes run torchtune's own code under its FSDP2 (measured: full,
+        // LoRA and Llama 3.1's QLoRA, eager and compiled, tests/fixtures/pytorch/fsdp/tune.json),
+        // as the single-device ones do.
+        let own = !quantized || own_qlora(&builder);
         if let Some(family) = own_code(&builder).filter(|_| own) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
@@ -316,12 +316,14 @@ fn own_llama(root: &Value) -> bool {
     full_builder(&builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
-/// Whether the step follows torchtune's own Llama LoRA code without a 4-bit base, where the
-/// distributed recipe's compile is measured (tests/fixtures/pytorch/fsdp/tune.json).
+/// Whether the step follows torchtune's own Llama LoRA or QLoRA code, where the distributed
+/// recipe's compile is measured (tests/fixtures/pytorch/fsdp/tune.json: LoRA on a bf16 base,
+/// QLoRA on torchao's NF4 base).
 fn own_lora_llama(root: &Value) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
-    // Not a full builder and no 4-bit base: a `lora_…` builder (a `qlora_…` one is quantized).
-    !full_builder(&builder) && !quantized_base(root, &builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+    // Not a full builder: a `lora_…` builder, or a `qlora_…` one of the families measured.
+    let base_ok = !quantized_base(root, &builder) || own_qlora(&builder);
+    !full_builder(&builder) && base_ok && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
 /// Whether the config's base is 4-bit: a LoRA builder with `quantize_base: True`, or a

@@ -855,6 +855,18 @@ impl<'a> Setup<'a> {
         }
         let p = &b.p;
         let loss_from = p.loss_from.min(p.ops.len() as u32) as usize;
+        // torchao's `NF4Tensor` bases (the weight of each `LinearNF4Backward`): FSDP2 gathers
+        // their codes, scalers and factors, not the dequantized size the program gives them.
+        let e = DType::of(self.recipe.weight).bytes();
+        let nf4: Vec<Tid> = p.ops[..loss_from].iter().filter(|op| op.node == "LinearNF4Backward").map(|op| p.ins(op)[1]).collect();
+        let gathered = |t: Tid| {
+            let bytes = p.tensors[t as usize].bytes;
+            if nf4.contains(&t) {
+                crate::estimator::statics::torchao_nf4_gathered_bytes((bytes / e as u128) as u64, e)
+            } else {
+                bytes
+            }
+        };
         // Per layer: its first and last forward op, and the parameters they read (each once).
         let mut spans: Vec<(u32, u32, Vec<Tid>)> = Vec::new();
         for (i, op) in p.ops[..loss_from].iter().enumerate() {
@@ -881,7 +893,7 @@ impl<'a> Setup<'a> {
             .enumerate()
             .filter(|(_, s)| s.0 != u32::MAX)
             .map(|(k, (first, last, params))| {
-                let bytes: u128 = params.iter().map(|&t| p.tensors[t as usize].bytes).sum();
+                let bytes: u128 = params.iter().map(|&t| gathered(t)).sum();
                 super::ir::Unit {
                     first: *first,
                     grad_op: super::ir::NO_OP,
