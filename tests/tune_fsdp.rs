@@ -253,6 +253,54 @@ fn the_full_configs_output_unit_is_gathered_per_chunk_and_its_gradient_accumulat
 }
 
 #[test]
+fn on_torch_before_2_8_the_root_stays_gathered_from_its_forward_into_backward_and_is_never_gathered_again() {
+    use trainmem::estimator::step::{Cat, EventKind, Phase};
+    // torch ≤ 2.7's FSDP2 clamps the root to no reshard after forward (`_lazy_init`:
+    // `post_forward_mesh_info = None`, whatever `reshard_after_forward` says; pytorch#154704
+    // made torch 2.8 respect it). The records are torch 2.15's, so this is the stream alone:
+    // the LoRA configs' root (embedding, norm, output: 1,048,704 B here) gathered once.
+    let root = (2 * 4096 * 64 + 64) * BF16_BYTES as u128;
+    for extra in [
+        "&finetune=lora&lora_targets=q,v&lora_rank=8&lora_dtype=model",
+        "&finetune=lora&lora_targets=q,v&lora_rank=8&lora_dtype=model&recompute=full",
+    ] {
+        let now = decode_query(&format!("{QUERY}{extra}"));
+        let old = decode_query(&format!("{QUERY}{extra}&fsdp_root_reshard=false"));
+        assert_eq!((now.errors.clone(), old.errors.clone()), (vec![], vec![]));
+        let (s_now, s_old) = (
+            trainmem::estimator::step_stream(&now.config).expect("stream"),
+            trainmem::estimator::step_stream(&old.config).expect("stream"),
+        );
+        let root_gathers = |s: &trainmem::estimator::step::Stream, phase: Phase| copy_outs(s, phase, |e| e.bytes == root);
+        assert_eq!((root_gathers(&s_now, Phase::Forward), root_gathers(&s_now, Phase::Backward)), (1, 1), "{extra}");
+        assert_eq!((root_gathers(&s_old, Phase::Forward), root_gathers(&s_old, Phase::Backward)), (1, 0), "{extra}");
+        // Kept through the loss (never resharded after forward), freed at the end of backward.
+        let freed = |s: &trainmem::estimator::step::Stream| {
+            s.events
+                .iter()
+                .filter(|e| e.cat == Cat::Gathered && e.kind == EventKind::Free && e.bytes == root)
+                .map(|e| e.phase)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(freed(&s_old), vec![Phase::Forward, Phase::Backward], "{extra}: the flat output, then the copy at backward's end");
+        assert!(freed(&s_now).contains(&Phase::Loss), "{extra}: torch 2.15 reshards the root when the model returns");
+        assert_eq!(*common::gathered_live(&s_old).last().expect("events"), 0);
+        // So the loss runs beside it (here the eager peak: the loss's fp32 log-softmax), where
+        // torch 2.15 has it resharded.
+        let at_loss = |s: &trainmem::estimator::step::Stream| {
+            let g = common::gathered_live(s);
+            s.events.iter().zip(&g).filter(|(e, _)| e.phase == Phase::Loss).map(|(_, &l)| l).min().expect("loss events")
+        };
+        assert!(at_loss(&s_old) >= root && at_loss(&s_now) < root, "{extra}");
+    }
+    // Where the step follows no FSDP2 root unit, `false` is refused by name.
+    let hf = decode_query(&QUERY.replace("framework=torchtune", "framework=hf"));
+    let cfg = trainmem::config::Config { fsdp_root_reshard: false, ..hf.config };
+    let err = estimate(&cfg).expect_err("refused").to_string();
+    assert!(err.contains("fsdp_root_reshard"), "{err}");
+}
+
+#[test]
 fn the_lora_configs_root_is_gathered_beside_every_decoder_layers_backward_as_measured() {
     use trainmem::estimator::step::Phase;
     let records = records();

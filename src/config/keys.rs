@@ -613,6 +613,12 @@ pub static KEYS: &[Key] = &[
         Fp8,
         |c| c.fp8
     ),
+    bool_key!(
+        "fsdp_root_reshard",
+        Cluster,
+        "FSDP2 reshards its root unit after forward (torch 2.8 on; false: torch 2.7 and before kept the root gathered into backward)",
+        |c| c.fsdp_root_reshard
+    ),
     bool_key!("fp8_allgather", Cluster, "FSDP2 all-gathers the FP8 weights (torchao, tensorwise, precomputed scales)", |c| c.fp8_allgather),
     bool_key!(
         "fp8_recompute_weight",

@@ -580,6 +580,14 @@ pub struct Config {
     /// forward.
     #[serde(default)]
     pub holds_prev_logits: bool,
+    /// FSDP2 reshards the root unit after forward when the framework asks for it
+    /// (`fully_shard(model, reshard_after_forward=True)`, as torchtune's `shard_model` does):
+    /// torch ≥ 2.8. Before (torch ≤ 2.7, pytorch#154704, 2025-06), `FSDPState._lazy_init`
+    /// clamped the root to `post_forward_mesh_info = None` whatever was passed, so the root's
+    /// parameters stay gathered from its forward into the backward and are not gathered again
+    /// there. `false` is that older FSDP2 (the published runs of 2024).
+    #[serde(default = "default_true")]
+    pub fsdp_root_reshard: bool,
     /// Host RAM per node, GiB: what pinned host memory (offloaded activations) is checked
     /// against.
     #[serde(default = "default_host_ram_gib")]
@@ -671,6 +679,7 @@ impl Default for Config {
             bnb_keeps_input: false,
             qlora_lightning: false,
             holds_prev_logits: false,
+            fsdp_root_reshard: true,
             host_ram_gib: DEFAULT_HOST_RAM_GIB,
         }
     }

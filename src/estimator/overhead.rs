@@ -332,7 +332,11 @@ pub fn root_unit_row(cfg: &Config, recipe: &Recipe, groups: &[LocalGroup]) -> Op
             Expr::var(U_ROOT, u),
             "torchtune 0.6.1 training/_distributed.py shard_model (fully_shard(model, reshard_after_forward=True)), recipes/configs/*/*_lora.yaml (no custom_sharded_layers); torch 2.15 fsdp/_fully_shard/_fsdp_state.py pre_backward, _fsdp_param_group.py post_backward",
         )
-        .note("in the parameter dtype; gathered in forward until the model returns, then again from the head's backward to the end of backward: beside every decoder layer's backward"),
+        .note(if cfg.fsdp_root_reshard {
+            "in the parameter dtype; gathered in forward until the model returns, then again from the head's backward to the end of backward: beside every decoder layer's backward"
+        } else {
+            "in the parameter dtype; fsdp_root_reshard=false (torch ≤ 2.7 clamps the root to no reshard after forward): gathered from the model's forward to the end of backward, never gathered again"
+        }),
     )
 }
 

@@ -171,6 +171,12 @@ fn validate_recipes(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.fp8_allgather && (fp8 != Fp8::TorchaoTensorwise || cfg.zero.stage() < 3) {
         return Err(invalid("fp8_allgather", "needs fp8=torchao-tensorwise under FSDP2 sharding (zero=3, full_shard or hybrid_shard): torchao asserts tensorwise scaling for it"));
     }
+    if !cfg.fsdp_root_reshard && !super::sharding::tune_fsdp2(cfg) {
+        return Err(invalid(
+            "fsdp_root_reshard",
+            "false is FSDP2's root kept gathered into backward, which the step follows under torchtune's distributed recipes (framework=torchtune, gpus > 1, zero=full_shard)",
+        ));
+    }
     if cfg.fp8_model_init {
         if !fp8.te() {
             return Err(invalid("fp8_model_init", "is Transformer Engine's: needs fp8=te-delayed, te-current or te-mxfp8"));

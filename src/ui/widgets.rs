@@ -32,7 +32,7 @@ fn label_of(k: &Key) -> String {
 
 /// The fields that show only when another key asks for them, each with that condition.
 type ShownWhen = fn(&Config) -> bool;
-const DEPENDENT: [(&str, ShownWhen); 14] = [
+const DEPENDENT: [(&str, ShownWhen); 15] = [
     ("lora_rank", |c| c.finetune != Finetune::Full),
     ("lora_targets", |c| c.finetune != Finetune::Full),
     ("lora_dropout", |c| c.finetune != Finetune::Full),
@@ -42,6 +42,11 @@ const DEPENDENT: [(&str, ShownWhen); 14] = [
     ("gpu_gib", |c| c.gpu == "custom"),
     ("compile_regions", |c| c.compile),
     ("fp8_allgather", |c| c.fp8.torchao()),
+    // FSDP2's root unit is followed under torchtune's distributed recipes (shown while set
+    // elsewhere, so that its refusal names a field the page shows).
+    ("fsdp_root_reshard", |c| {
+        (c.framework == crate::config::Framework::Torchtune && c.gpus > 1 && c.zero == Zero::FullShard) || !c.fsdp_root_reshard
+    }),
     ("fp8_recompute_weight", |c| c.fp8.torchao()),
     ("fp8_model_init", |c| c.fp8.te()),
     ("qlora_quant", |c| c.finetune == Finetune::Qlora),

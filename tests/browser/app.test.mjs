@@ -443,3 +443,23 @@ test("Megatron's block recomputation shows under its full recomputation and give
   assert.ok(BigInt(peak) > BigInt(all), `${peak} > ${all}`);
   assert.deepEqual(problems, []);
 });
+
+test("torchtune's distributed recipes show whether FSDP2 reshards the root, and the older torch's root gives the CLI's peak", async () => {
+  const query = 'model=llama-3.1-8b&framework=torchtune&gpus=8&zero=full_shard&finetune=lora&lora_targets=q,v&lora_dtype=model&precision=bf16&loss=chunked&attn=sdpa&recompute=full';
+  const { page, problems } = await openPage(browser, `${server.base}?${query}`);
+  await page.waitForSelector('#in-fsdp_root_reshard', { state: 'visible' });
+  assert.match((await page.textContent('label[for=in-fsdp_root_reshard]')).trim(), /torch 2\.7/);
+  assert.equal(await page.isChecked('#in-fsdp_root_reshard'), true);
+  await page.uncheck('#in-fsdp_root_reshard');
+  await page.waitForFunction(() => location.search.includes('fsdp_root_reshard=false'));
+  await settled(page);
+  const peak = await page.getAttribute('[data-testid=peak-bytes]', 'data-bytes');
+  const args = ['--query', `${query}&fsdp_root_reshard=false`];
+  assert.equal(peak, jsonInteger(cliJson(args), 'memory.peak'));
+  // The root kept through the loss: the older torch's step holds more at its peak here.
+  assert.ok(BigInt(peak) > BigInt(jsonInteger(cliJson(['--query', query]), 'memory.peak')));
+  // Off torchtune's distributed recipes the field is not shown.
+  const { page: hf } = await openPage(browser, `${server.base}?model=llama-3.1-8b`);
+  assert.equal(await hf.isVisible('#in-fsdp_root_reshard'), false);
+  assert.deepEqual(problems, []);
+});

@@ -763,11 +763,14 @@ impl<'a> Setup<'a> {
     /// (`sharding::root_unit_bytes`, torchtune's distributed LoRA), in the whole program: gathered
     /// before its first op, resharded after the last op before the loss, gathered again when
     /// backward reaches the head, resharded when backward ends (after the embedding's, op 0's).
+    /// Under `fsdp_root_reshard = false` (torch ≤ 2.7, which clamps the root to no reshard
+    /// after forward) it stays gathered from its forward to the end of backward instead.
     /// It holds no trainable gradient (the adapters live in the layers' units).
     fn root_unit(&self, b: &mut Builder) {
         let Some(params) = crate::estimator::sharding::root_unit_bytes(self.cfg, &self.recipe, &self.groups) else { return };
         let fwd_last = b.p.loss_from.checked_sub(1).filter(|_| b.p.loss_from != u32::MAX);
         let Some(fwd_last) = fwd_last else { return };
+        let fwd_last = if self.cfg.fsdp_root_reshard { fwd_last } else { super::ir::NO_OP };
         b.p.units.push(super::ir::Unit {
             first: 0,
             grad_op: super::ir::NO_OP,

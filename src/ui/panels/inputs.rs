@@ -197,7 +197,11 @@ pub fn Training() -> impl IntoView {
 
 #[component]
 pub fn Cluster() -> impl IntoView {
-    fieldset("cluster", "Cluster", &["gpu", "gpu_gib", "gpus", "zero", "shard_group", "tp", "sp", "pp", "vpp", "cp", "ep", "offload"])
+    fieldset(
+        "cluster",
+        "Cluster",
+        &["gpu", "gpu_gib", "gpus", "zero", "shard_group", "tp", "sp", "pp", "vpp", "cp", "ep", "offload", "fsdp_root_reshard"],
+    )
 }
 
 #[component]
