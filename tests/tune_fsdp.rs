@@ -78,6 +78,13 @@ fn query(r: &Value) -> String {
     q
 }
 
+/// The estimated allocated peak within [`TOLERANCE`] of the record's peak without kernel
+/// workspaces (`tensors_measured_peak_bytes`, the dispatch tracker's convention).
+fn assert_peak_as_measured(r: &Value, e: &trainmem::estimator::Estimate) {
+    let (est, measured) = (e.memory.allocated_peak as f64, u(r, "tensors_measured_peak_bytes") as f64);
+    assert!((est / measured - 1.0).abs() <= TOLERANCE, "{}: estimated {est} vs measured {measured}", r["id"]);
+}
+
 /// The record's configuration, read without an error.
 fn config(r: &Value) -> Config {
     let d = decode_query(&query(r));
@@ -98,8 +105,7 @@ fn torchtunes_distributed_lora_peaks_as_pytorch_measured_within_half_a_percent()
     assert_eq!(eager(&records, "lora").count(), 2, "with and without checkpointing");
     for r in eager(&records, "lora") {
         let e = estimate(&config(r)).expect("torchtune's distributed LoRA estimates");
-        let (est, measured) = (e.memory.allocated_peak as f64, u(r, "tensors_measured_peak_bytes") as f64);
-        assert!((est / measured - 1.0).abs() <= TOLERANCE, "{}: estimated {est} vs measured {measured}", r["id"]);
+        assert_peak_as_measured(r, &e);
         // The sharded bf16 parameters, frozen base and adapters, are what the rank held.
         let weights = e.row(RowId::Weights).map_or(0, |r| r.bytes) + e.row(RowId::FrozenWeights).map_or(0, |r| r.bytes);
         assert_eq!(weights, u(r, "params_bytes") as u128, "{}", r["id"]);
@@ -123,8 +129,7 @@ fn torchtunes_distributed_qlora_on_nf4_bases_peaks_as_measured_eager_checkpointe
     for r in qlora {
         let cfg = config(r);
         let e = estimate(&cfg).expect("torchtune's distributed QLoRA estimates");
-        let (est, measured) = (e.memory.allocated_peak as f64, u(r, "tensors_measured_peak_bytes") as f64);
-        assert!((est / measured - 1.0).abs() <= TOLERANCE, "{}: estimated {est} vs measured {measured}", r["id"]);
+        assert_peak_as_measured(r, &e);
         // What the rank holds before the step: the adapters', the bf16 root's and norms' shards
         // and the NF4 bases' (codes, scalers and factors sharded, mean and table whole):
         // 2,468,644 B, to the byte.
@@ -155,8 +160,7 @@ fn torchtunes_distributed_full_fine_tune_eager_or_compiled_peaks_as_measured_its
         let grads = e.row(RowId::Gradients).expect("a gradients row").bytes;
         // Half of every bf16 parameter: 323,744 elements a rank, 647,488 B.
         assert_eq!(grads, u(r, "params_bytes") as u128, "{}: the gradient shards are the parameter shards' size", r["id"]);
-        let (est, measured) = (e.memory.allocated_peak as f64, u(r, "tensors_measured_peak_bytes") as f64);
-        assert!((est / measured - 1.0).abs() <= TOLERANCE, "{}: estimated {est} vs measured {measured}", r["id"]);
+        assert_peak_as_measured(r, &e);
         // Measured: the shards are allocated in backward by each unit's reduce and freed by
         // `zero_grad` (the output's 262,144 B, a layer's 61,568 B, the embedding's 262,144 B,
         // the norm's 64 B).
@@ -217,8 +221,7 @@ fn compiled_the_full_fine_tune_peaks_in_the_output_units_backward_and_the_lora_i
             let g = common::gathered_live(&s);
             assert_eq!(g[s.peak_index], (2 * 4096 * 64 + 64) * BF16_BYTES as u128 + 126_720, "{}", at.label());
             let e = estimate(&cfg).expect("torchtune's compiled distributed LoRA estimates");
-            let (est, measured) = (e.memory.allocated_peak as f64, u(r, "tensors_measured_peak_bytes") as f64);
-            assert!((est / measured - 1.0).abs() <= TOLERANCE, "{}: estimated {est} vs measured {measured}", r["id"]);
+            assert_peak_as_measured(r, &e);
         }
     }
 }
