@@ -64,14 +64,10 @@ pub fn read(root: &Value, st: &mut FileState) {
     if root.get("model").is_some() && !st.has("attn") {
         let mut code = vec![("attn", "sdpa".into())];
         let mut why = "torchtune's attention calls F.scaled_dot_product_attention (flex attention when packed)".to_string();
-        // A LoRA builder with `quantize_base: True` is QLoRA, as `qlora_…`: torchtune's own code
-        // for the Llama 3.1 / 3.2 builders (measured), transformers' for the others.
-        let quantized = quantized_base(root, &builder);
         // The distributed recipes run torchtune's own code under its FSDP2 (measured: full,
         // LoRA and Llama 3.1's QLoRA, eager and compiled, tests/fixtures/pytorch/fsdp/tune.json),
         // as the single-device ones do.
-        let own = !quantized || own_qlora(&builder);
-        if let Some(family) = own_code(&builder).filter(|_| own) {
+        if let Some(family) = own_code(&builder).filter(|_| own_base(root, &builder)) {
             code.push(("framework", "torchtune".into()));
             why.push_str(&format!("; the step follows torchtune's own {family} code (framework=torchtune)"));
         }
@@ -322,14 +318,15 @@ fn own_llama(root: &Value) -> bool {
 fn own_lora_llama(root: &Value) -> bool {
     let builder = tree::get(root, "model._component_").and_then(text).unwrap_or_default();
     // Not a full builder: a `lora_…` builder, or a `qlora_…` one of the families measured.
-    let base_ok = !quantized_base(root, &builder) || own_qlora(&builder);
-    !full_builder(&builder) && base_ok && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
+    !full_builder(&builder) && own_base(root, &builder) && own_code(&builder).is_some_and(|f| f.starts_with("Llama"))
 }
 
-/// Whether the config's base is 4-bit: a LoRA builder with `quantize_base: True`, or a
-/// `qlora_…` builder.
-fn quantized_base(root: &Value, builder: &str) -> bool {
-    tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(builder)
+/// Whether the step can follow torchtune's own code for the config's base: a 16-bit one, or a
+/// 4-bit one — a LoRA builder with `quantize_base: True` is QLoRA, as a `qlora_…` builder is —
+/// of [`QLORA_FAMILIES`] (measured); the other families' 4-bit bases run on transformers' code.
+fn own_base(root: &Value, builder: &str) -> bool {
+    let quantized = tree::get(root, "model.quantize_base").and_then(boolean) == Some(true) || is_qlora(builder);
+    !quantized || own_qlora(builder)
 }
 
 fn optimizer(v: &Value, root: &Value) -> Out {

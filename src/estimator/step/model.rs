@@ -861,10 +861,11 @@ impl<'a> Setup<'a> {
         // torchao's `NF4Tensor` bases (the weight of each `LinearNF4Backward`): FSDP2 gathers
         // their codes, scalers and factors, not the dequantized size the program gives them.
         let e = DType::of(self.recipe.weight).bytes();
-        let nf4: Vec<Tid> = p.ops[..loss_from].iter().filter(|op| op.node == "LinearNF4Backward").map(|op| p.ins(op)[1]).collect();
+        let mut nf4: Vec<Tid> = p.ops[..loss_from].iter().filter(|op| op.node == "LinearNF4Backward").map(|op| p.ins(op)[1]).collect();
+        nf4.sort_unstable();
         let gathered = |t: Tid| {
             let bytes = p.tensors[t as usize].bytes;
-            if nf4.contains(&t) {
+            if nf4.binary_search(&t).is_ok() {
                 crate::estimator::statics::torchao_nf4_gathered_bytes((bytes / e as u128) as u64, e)
             } else {
                 bytes
