@@ -182,14 +182,12 @@ def worker(rank, world, port, layout, ac, compiled, out_path):
     dist.destroy_process_group()
 
 
-NF4_INNER = ("quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4")
-
-
 def nf4_bytes(p):
-    """Bytes a (sharded) parameter holds: an NF4Tensor's inner tensors' storages, else its own."""
+    """Bytes a (sharded) parameter holds: a wrapper subclass's inner tensors' storages (an NF4Tensor's codes,
+    scalers, factors, mean and table, as its ``__tensor_flatten__`` names them), else its own."""
     t = p.to_local() if hasattr(p, "to_local") else p
-    if all(hasattr(t, a) for a in NF4_INNER):
-        return sum(getattr(t, a).untyped_storage().nbytes() for a in NF4_INNER)
+    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        return sum(getattr(t, a).untyped_storage().nbytes() for a in t.__tensor_flatten__()[0])
     return t.untyped_storage().nbytes()
 
 
