@@ -1511,6 +1511,17 @@ impl ModelSpec {
             ("window", self.window, 1 << 26),
             ("router_groups", self.router_groups, 1 << 12),
             ("router_group_topk", self.router_group_topk, 1 << 12),
+            ("ssm_heads", self.ssm.heads, 1 << 14),
+            ("ssm_head_dim", self.ssm.head_dim, 1 << 14),
+            ("ssm_state", self.ssm.state, 1 << 14),
+            ("ssm_groups", self.ssm.groups, 1 << 14),
+            ("ssm_conv", self.ssm.conv, 1 << 14),
+            ("ssm_chunk", self.ssm.chunk, 1 << 26),
+            ("gdn_k_heads", self.gdn.k_heads, 1 << 14),
+            ("gdn_v_heads", self.gdn.v_heads, 1 << 14),
+            ("gdn_k_dim", self.gdn.k_dim, 1 << 14),
+            ("gdn_v_dim", self.gdn.v_dim, 1 << 14),
+            ("gdn_conv", self.gdn.conv, 1 << 14),
         ];
         for (key, v, max) in limits {
             if v > max {
@@ -1580,6 +1591,22 @@ mod tests {
         (m.experts, m.top_k, m.expert_ffn, m.hidden, m.layers) = (1 << 12, 2, 1 << 22, 1 << 20, 1 << 14);
         let err = m.validate().expect_err("refused").to_string();
         assert!(err.contains("beyond the supported 1000000000000000"), "{err}");
+    }
+
+    /// The gated DeltaNet's and Mamba-2's sizes have limits too: a query of
+    /// `gdn_k_dim=1400000000&gdn_k_heads=6600000000` on a model without linear layers left the
+    /// parameter count alone but overflowed the step's key width, 2·Hk·dk (found by
+    /// tests/fuzz.rs in CI, a debug build).
+    #[test]
+    fn a_gated_deltanet_or_mamba_size_beyond_its_limit_is_refused_by_name() {
+        let base = crate::estimator::presets::preset("llama-3.1-8b").expect("preset").spec;
+        let mut m = base.clone();
+        (m.gdn.k_dim, m.gdn.k_heads) = (1_400_000_000, 6_600_000_000);
+        let err = m.validate().expect_err("refused").to_string();
+        assert!(err.contains("`gdn_k_heads`") && err.contains("beyond the supported 16384"), "{err}");
+        let mut m = base;
+        m.ssm.state = 1 << 40;
+        assert!(m.validate().expect_err("refused").to_string().contains("`ssm_state`"));
     }
 
     /// A toy GPT-2-shaped model whose count is worked out by hand below.
