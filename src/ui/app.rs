@@ -26,16 +26,26 @@ pub fn mount() {
     console_error_panic_hook::set_once();
     dom::mark("trainmem:start");
     // A task of its own, apart from the wasm's instantiation: the page's start-up comes in
-    // short tasks (see `waits`).
+    // short tasks (see `panels`).
     set_timeout(
         || {
-            // index.html paints the page's header before the wasm arrives; the app's own takes
-            // its place in the same task, so nothing flickers or shifts.
-            dom::remove_by_id("boot");
-            leptos::mount::mount_to_body(App);
+            // The link's state first, in a task of its own (decoding it is the first use of
+            // much of the config's code, compiled as it first runs); the mount in the next.
+            STORE.with(|s| s.set(Some(Store::from_url())));
+            set_timeout(
+                || {
+                    leptos::mount::mount_to_body(App);
+                },
+                std::time::Duration::ZERO,
+            );
         },
         std::time::Duration::ZERO,
     );
+}
+
+thread_local! {
+    /// The store [`mount`] made from the link in the task before the mount, for [`App`] to take.
+    static STORE: std::cell::Cell<Option<Store>> = const { std::cell::Cell::new(None) };
 }
 
 /// One panel. Each arm is a function of its own (`#[inline(never)]`): WebAssembly compiles a
@@ -154,41 +164,13 @@ fn serve() -> AnyView {
     view! { <serve::Serve/> }.into_any()
 }
 
-/// Whether a panel waits for the first paint: only the model's fieldset comes with the mount;
-/// the rest follows one panel per task in its [`turn`] ([`Later`]), so that no single task of
-/// the page's start-up blocks input for long (the wasm compiles each function the first time it
-/// runs).
-fn waits(p: Panel) -> bool {
-    matches!(
-        p,
-        Panel::Training
-            | Panel::Cluster
-            | Panel::Overhead
-            | Panel::Verdict
-            | Panel::Ledger
-            | Panel::Answers
-            | Panel::Bar
-            | Panel::Textbook
-            | Panel::Charts
-            | Panel::Chart(_)
-            | Panel::Bench
-            | Panel::Compare
-            | Panel::Plan
-            | Panel::Import
-            | Panel::Architecture
-            | Panel::Exercises
-            | Panel::Verify
-            | Panel::Frameworks
-            | Panel::Serving
-            | Panel::Serve
-    )
-}
-
-/// The order waiting panels are shown in: the rest of the form's first screen, then (after the
-/// estimate, computed in a task of its own: [`Estimated`]) the verdict, then the ledger, then
-/// the rest in page order (the answers first; what is below the first screen after).
+/// The order waiting panels are shown in: the model's fieldset, the rest of the form's first
+/// screen, then (after the estimate, computed in a task of its own: [`Estimated`]) the verdict,
+/// then the ledger, then the rest in page order (the answers first; what is below the first
+/// screen after).
 fn turn(p: Panel) -> u8 {
     match p {
+        Panel::Model => MODEL,
         Panel::Training => FORM,
         Panel::Verdict | Panel::Serve => VERDICT,
         Panel::Ledger => LEDGER,
@@ -197,18 +179,23 @@ fn turn(p: Panel) -> u8 {
     }
 }
 
-/// The turns, in order. The form's fieldsets after the first.
-const FORM: u8 = 0;
+/// The turns, in order. The page's header first, a task after the mount's (which only sets
+/// up the store and the page's frame), then the tabs and the layout's frame, then the model's
+/// fieldset: each a task of its own, so that none is long.
+const HEADER: u8 = 0;
+const MODEL: u8 = 1;
+/// The form's other fieldsets.
+const FORM: u8 = 2;
 /// The estimate ([`Estimated`]): after the form, before the verdict.
-const ESTIMATE: u8 = 1;
+const ESTIMATE: u8 = 3;
 /// The verdict, then the dialogs the toolbar and the browser's print open.
-const VERDICT: u8 = 2;
-const LEDGER: u8 = 3;
+const VERDICT: u8 = 4;
+const LEDGER: u8 = 5;
 /// Every other panel, in page order.
-const REST: u8 = 4;
+const REST: u8 = 6;
 /// What comes after every panel (the footer): while panels are still coming, a footer would sit
 /// in the first screen and be its largest paint.
-const LAST: u8 = 5;
+const LAST: u8 = 7;
 
 thread_local! {
     /// Panels waiting to be shown, with their [`turn`] ([`Later`]).
@@ -272,7 +259,12 @@ fn InTurn(turn: u8, children: ChildrenFn) -> impl IntoView {
 }
 
 fn panels(list: Vec<Panel>) -> impl IntoView {
-    list.into_iter().map(|p| if waits(p) { view! { <Later panel=p/> }.into_any() } else { panel(p) }).collect_view()
+    // Every panel waits for the first paint: the mount builds the page's skeleton, and the panels
+    // follow one per task in their [`turn`] ([`Later`]), the model's fieldset first, so that no
+    // single task of the page's start-up blocks input for long. The wasm compiles each function
+    // the first time it runs: a Chromium trace showed ~650 functions compiled in the mount's one
+    // task when it built the model's fieldset too, ~100 ms of the 4×-throttled main thread.
+    list.into_iter().map(|p| view! { <Later panel=p/> }).collect_view()
 }
 
 /// An embed's one column: runs of input panels go into a form of their own, in place.
@@ -291,12 +283,14 @@ fn grouped(list: Vec<Panel>) -> impl IntoView {
 
 #[component]
 fn App() -> impl IntoView {
-    let store = Store::from_url();
+    let store = STORE.with(std::cell::Cell::take).unwrap_or_else(Store::from_url);
     store.provide();
     lazy::provide(store);
     course::provide_course(store);
     dom::mark("trainmem:mounted");
     if store.embed {
+        // index.html hides its header in an embed; it goes with the mount.
+        dom::remove_by_id("boot");
         EmbedPage().into_any()
     } else {
         FullPage().into_any()
@@ -319,14 +313,18 @@ fn FullPage() -> impl IntoView {
     // `mode=serve` (the mode tabs): the serving fieldset and answers take the training ones'
     // places; the page is laid out again when the mode changes.
     let serving = Memo::new(move |_| store.config.with(|c| c.serve.mode == crate::estimator::serve::Mode::Serve));
-    let layout = move || if serving.get() { store.course.with_value(|s| training.clone().serving(s)) } else { training.clone() };
+    let training = StoredValue::new(training);
+    let layout = move || if serving.get() { store.course.with_value(|s| training.get_value().serving(s)) } else { training.get_value() };
     let tabs = !store.locked("mode") || serving.get_untracked();
     view! {
         <a class="skip" href="#results">"Skip to results"</a>
-        <toolbar::Toolbar/>
-        <notices::Notices/>
-        <course::CourseBar/>
+        <InTurn turn=HEADER>
+            <Header/>
+        </InTurn>
         <Estimated/>
+        // The tabs and the layout's frame in the model's turn, a task after the mount's (the
+        // model's fieldset comes a task after them, first in that turn's queue).
+        <InTurn turn=MODEL>
         {tabs.then(|| view! { <serve::ModeTabs/> })}
         // Unnamed: a named tabpanel outside a landmark is a region axe asks to be one (the tabs
         // that control it say what it shows).
@@ -345,6 +343,7 @@ fn FullPage() -> impl IntoView {
                 }
             }}
         </div>
+        </InTurn>
         <InTurn turn=LAST>
             <footer class="foot">
                 <p>
@@ -360,6 +359,19 @@ fn FullPage() -> impl IntoView {
             <embed::Shell/>
             <course::PrintSheet/>
         </InTurn>
+    }
+}
+
+/// The page's header, the notices and the course bar, in a task after the mount's. index.html
+/// paints a header before the wasm arrives; this one takes its place in the same task, so
+/// nothing flickers or shifts.
+#[component]
+fn Header() -> impl IntoView {
+    dom::remove_by_id("boot");
+    view! {
+        <toolbar::Toolbar/>
+        <notices::Notices/>
+        <course::CourseBar/>
     }
 }
 

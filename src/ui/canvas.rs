@@ -207,12 +207,28 @@ pub fn ChartCanvas(
         });
         watch.set_value(w);
     });
+    // The first drawing waits a task after the canvas has its width: the panel's creation is
+    // one task and the drawing (and the first compile of its code) another, so that neither
+    // blocks input for long at the page's start-up. Later drawings follow their changes at once.
+    let armed = RwSignal::new(false);
     Effect::new(move |_| {
         let w = width.get();
         let theme = store.look().chart_theme();
-        if let Some(canvas) = node.get() {
-            draw_on(&canvas, w, &theme, &*draw, &*height);
+        let Some(canvas) = node.get() else { return };
+        if !armed.get() {
+            if w > 0 {
+                set_timeout(
+                    move || {
+                        if armed.try_get_untracked() == Some(false) {
+                            armed.set(true)
+                        }
+                    },
+                    std::time::Duration::ZERO,
+                );
+            }
+            return;
         }
+        draw_on(&canvas, w, &theme, &*draw, &*height);
     });
     view! { <canvas node_ref=node role="img" aria-label=move || label.get() data-testid=testid class="chart"></canvas> }
 }

@@ -121,6 +121,8 @@ pub fn ChartPanel(kind: ChartKind) -> impl IntoView {
         sweep_started.set_value(Some(start));
         r
     });
+    // The sweep in the panel's own task; the canvas draws it in the next ([`ChartCanvas`]).
+    swept.with_untracked(|_| ());
     // The sequence chart's view (`chart=`, in the address): a log memory axis, and the recipe
     // comparison (none, op, full, compile) — a second estimate per length and recipe, so
     // computed only when asked, and memoized on the sweep as it is.
