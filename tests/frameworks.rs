@@ -398,6 +398,8 @@ fn roundtrip_configs(format: ExportFormat) -> Vec<Config> {
             q("model=qwen3-32b&framework=torchtitan&gpus=16&zero=hybrid_shard&shard_group=8&seq=4096&batch=2&recompute=none&optim_impl=foreach&alloc_conf=expandable_segments:True"),
             // Pipeline parallelism with FSDP2: the local batch as `accum` micro-batches of `batch`.
             q("model=llama-3.1-8b&framework=torchtitan&gpus=16&pp=4&zero=full_shard&batch=2&accum=8&recompute=full&alloc_conf=expandable_segments:True"),
+            // Interleaved 1F1B: torchtitan's two stages per rank.
+            q("model=llama-3.1-8b&framework=torchtitan&gpus=16&pp=4&vpp=2&zero=full_shard&batch=1&accum=8&recompute=full&alloc_conf=expandable_segments:True"),
         ],
         ExportFormat::AccelerateDeepspeed => vec![
             q("gpus=8&zero=3&batch=2&accum=4"),

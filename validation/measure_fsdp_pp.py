@@ -20,8 +20,18 @@ counters, the buffers, the local batch) is recorded beside it, ``measured_peak_b
 4 micro-batches (under 1F1B stage 0 runs 2 forwards before its first backward; with 4 micro-batches a forward comes
 between the backwards).
 
+``--interleaved``: torch's ``ScheduleInterleaved1F1B`` (torchtitan's "Interleaved1F1B"), two stages per rank as
+torchtitan 0.2.2 defaults for a multi-stage schedule (``pipeline_parallel.py pipeline_llm``: ``stages_per_rank = 2``),
+an 8-layer model split into 4 stages by torchtitan's own ``generate_llm_fqn_per_model_part(4, 8)`` (the embedding and
+``[norm, output]`` weighted as one layer each: ``tok_embeddings, layers.0-1 | layers.2-4 | layers.5-6 | layers.7, norm,
+output``; rank 0 holds stages 0 and 2, rank 1 stages 1 and 3: four layers each), each model part wrapped by
+``apply_fsdp(pp_enabled=True)``, AdamW foreach per model part (torchtitan's ``OptimizersContainer``), the schedule built
+as ``build_pipeline_schedule`` builds it (``scale_grads=False``); 2, 4 and 8 micro-batches (its warmup, torch 2.15
+``schedules.py _get_warmup_ops``: ``min((stages per rank - 1) x micro-batches per round + 2 (pp - 1 - rank), micro-batches
+x stages per rank)``). Writes tests/fixtures/pytorch/fsdp/pp_interleaved.json.
+
 Writes tests/fixtures/pytorch/fsdp/pp.json. Usage: PYTHONPATH=<torchtitan 0.2.2 --no-deps target> nice
-validation/.venv/bin/python validation/measure_fsdp_pp.py
+validation/.venv/bin/python validation/measure_fsdp_pp.py [--interleaved]
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "pytorch", "fsdp"
 DIM, LAYERS, HEADS, KV_HEADS, VOCAB, BATCH, SEQ = 64, 4, 4, 2, 4096, 2, 64
 PP, DP = 2, 2
 STAGES = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
+I_LAYERS, I_STAGES_PER_RANK = 8, 2
 
 
 def split(whole, keep):
@@ -58,6 +69,133 @@ def split(whole, keep):
         elif name not in keep:
             setattr(model, name, None)
     return model
+
+
+def titan_split():
+    """torchtitan 0.2.2's own ``generate_llm_fqn_per_model_part`` (distributed/pipeline_parallel.py), its source taken
+    from the installed file and run alone: importing the module pulls the data loader (torchdata), which no measured
+    code needs."""
+    import ast
+    import importlib.util
+    path = os.path.join(os.path.dirname(importlib.util.find_spec("torchtitan").origin), "distributed",
+                        "pipeline_parallel.py")
+    tree = ast.parse(open(path).read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "generate_llm_fqn_per_model_part")
+    scope = {}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), scope)
+    return scope["generate_llm_fqn_per_model_part"]
+
+
+def interleaved_worker(rank, world, port, micro, out_path):
+    """One rank of ``--interleaved``: its two model parts, each a ``PipelineStage`` under ``ScheduleInterleaved1F1B``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+    from torch.profiler import record_function
+    import measure_fsdp as mfs
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rs = dist.reduce_scatter_single
+
+    def rs_(output, input, *a, **kw):
+        op = kw.get("op")
+        if op is not None and op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            kw["op"] = dist.ReduceOp.SUM
+        return rs(output, input, *a, **kw)
+
+    dist.reduce_scatter_single = rs_
+    mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp_shard"))
+    whole, ce = mfs.build(I_LAYERS)  # enters torchtitan's packages by path (measure_frameworks.py)
+    from torchtitan.models.llama3.infra.parallelize import apply_fsdp
+    pp_rank = mesh["pp"].get_local_rank()
+    n_stages = PP * I_STAGES_PER_RANK
+    fqns = titan_split()(n_stages, I_LAYERS)
+    hidden = torch.empty(BATCH, SEQ, DIM, dtype=torch.bfloat16, requires_grad=True)
+    tokens = torch.empty(BATCH, SEQ, dtype=torch.long)
+    logits = torch.empty(BATCH, SEQ, VOCAB, dtype=torch.bfloat16)
+    parts, stages = [], []
+    for k in range(I_STAGES_PER_RANK):
+        idx = pp_rank + k * PP  # torchtitan's "loop" style: rank r holds stages r, r + pp, ...
+        part = split(whole, fqns[idx])
+        apply_fsdp(part, mesh["dp_shard"], param_dtype=torch.bfloat16, reduce_dtype=torch.float32, pp_enabled=True)
+        io = (tokens if idx == 0 else hidden, logits if idx == n_stages - 1 else hidden)
+        stages.append(PipelineStage(part, idx, n_stages, torch.device("cpu"), input_args=io[0], output_args=io[1],
+                                    group=mesh.get_group("pp")))
+        parts.append(part)
+    del whole
+    sched = ScheduleInterleaved1F1B(stages, n_microbatches=micro, loss_fn=ce, scale_grads=False)
+    opts = [torch.optim.AdamW(p.parameters(), foreach=True) for p in parts]
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    labels = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    trace = out_path + f".trace{rank}.json"
+
+    def step():
+        with record_function("phase:pipeline"):
+            if pp_rank == 0:
+                sched.step(ids, target=None, losses=None, return_outputs=False)
+            else:  # holds the last stage
+                sched.step(target=labels, losses=[], return_outputs=False)
+        with record_function("phase:optimizer"):
+            for o in opts:
+                o.step()
+        with record_function("phase:zero_grad"):
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+
+    step()
+
+    class Parts(torch.nn.Module):  # alive_before and units over both model parts
+        def __init__(self):
+            super().__init__()
+            self.parts = torch.nn.ModuleList(parts)
+
+    both = Parts()
+
+    class Opt:
+        state = {k: v for o in opts for k, v in o.state.items()}
+
+    before = mfs.alive_before(both, Opt, ids, labels)
+    seen = mfs.profiled(step, trace, rank % DP == 0)
+    if seen is not None:
+        allocs, peak, peak_at, end = seen
+        with open(out_path + f".{pp_rank}", "w") as f:
+            json.dump({"pp_rank": pp_rank, "stages": [pp_rank + k * PP for k in range(I_STAGES_PER_RANK)],
+                       "stage_modules": [fqns[pp_rank + k * PP] for k in range(I_STAGES_PER_RANK)],
+                       "units": [u for p in parts for u in mfs.units(p)],
+                       "stage_numel": sum(p.numel() for p in both.parameters()), **before,
+                       "measured_peak_bytes": peak + sum(before.values()),
+                       "allocations": allocs, "step_peak_bytes": peak, "peak_at": peak_at, "live_at_step_end": end}, f)
+    dist.destroy_process_group()
+
+
+def interleaved_main():
+    import torch.multiprocessing as mp
+    import measure_fsdp as mfs
+    doc = {"generated_by": "validation/measure_fsdp_pp.py --interleaved (validation/README.md published item 5b)",
+           "torch": torch.__version__.split("+")[0], "torchtitan": "0.2.2", "device": "cpu", "world_size": PP * DP,
+           "mesh": {"pp": PP, "dp_shard": DP}, "backend": "gloo", "schedule": "ScheduleInterleaved1F1B",
+           "stages_per_rank": I_STAGES_PER_RANK,
+           "model": f"torchtitan 0.2.2 llama3 Transformer dim {DIM}, {I_LAYERS} layers, {HEADS} heads ({KV_HEADS} kv), "
+                    f"vocab {VOCAB}, split by generate_llm_fqn_per_model_part({PP * I_STAGES_PER_RANK}, {I_LAYERS}); "
+                    f"fp32 parameters, apply_fsdp(pp_enabled=True) per model part with MixedPrecisionPolicy("
+                    f"param_dtype=bf16, reduce_dtype=fp32), AdamW foreach per model part, micro-batch b{BATCH} s{SEQ}, "
+                    f"torchtitan cross_entropy_loss; step 2 profiled on ranks 0 (pp rank 0) and 2 (pp rank 1)",
+           "records": []}
+    tmp = tempfile.mkdtemp(prefix="fsdp-ppi-")
+    for micro in (2, 4, 8):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        path = os.path.join(tmp, f"m{micro}.json")
+        mp.spawn(interleaved_worker, args=(PP * DP, port, micro, path), nprocs=PP * DP, join=True)
+        for r in range(PP):
+            rec = json.load(open(f"{path}.{r}"))
+            doc["records"].append({"id": f"llama3-titan/fsdp2-pp{PP}x{I_STAGES_PER_RANK}-dp{DP}/b{BATCH}/s{SEQ}/m{micro}/rank{r}",
+                                   "micro_batches": micro, **rec})
+            print(micro, r, "peak", rec["step_peak_bytes"], json.dumps(rec["peak_at"], indent=1), file=sys.stderr)
+    mfs.write_fixture(doc, "pp_interleaved.json")
 
 
 def worker(rank, world, port, micro, out_path):
@@ -154,4 +292,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    interleaved_main() if "--interleaved" in sys.argv[1:] else main()

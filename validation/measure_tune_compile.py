@@ -27,7 +27,9 @@ allocation trace under tests/fixtures/pytorch/frameworks/steps/.
 With `--lora`: torchtune's LoRA (`lora_llama3_1`, `LoRALinear` on q and v, rank 8, adapters in the model dtype, only
 the adapters trainable), bf16, in tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-compile.json (estimated:
 tests/framework_fixtures.rs); `--lora-all` puts the adapters on q, k, v, output_proj and the MLP instead (the 8B
-single-device YAML's q, v, output_proj and MLP plus k), records tagged `lora-r8-all`.
+single-device YAML's q, v, output_proj and MLP plus k), records tagged `lora-r8-all`. `--lora --ce`: the q, v LoRA
+with `torch.nn.CrossEntropyLoss` compiled whole (the logits unchunked), bf16, in
+tests/fixtures/pytorch/frameworks/torchtune-llama3-lora-ce-compile.json.
 
 With `--qlora`: torchtune's QLoRA (`lora_llama3_1(quantize_base=True)`, LoRA on q and v, every decoder linear an
 `NF4Tensor`) at validation/measure_torchao_nf4.py's shapes (hidden 128, 4 kv heads: `to_nf4` needs multiples of
@@ -35,7 +37,7 @@ With `--qlora`: torchtune's QLoRA (`lora_llama3_1(quantize_base=True)`, LoRA on 
 classified as `nf4`), in tests/fixtures/pytorch/frameworks/torchtune-llama3-qlora-compile.json.
 
 Usage:  nice validation/.venv/bin/python validation/measure_tune_compile.py [--only SUBSTRING] [--lora --only bf16]
-        [--qlora]
+        [--lora --ce --only bf16] [--qlora]
 """
 
 from __future__ import annotations
@@ -143,9 +145,7 @@ def build(tdtype, lora: bool):
     """measure_frameworks.build_torchtune_llama3, or with `lora` the recipe's `lora_llama3_1` at the same shapes (LoRA
     on q and v, rank 8, alpha 16, no dropout, adapters in the model dtype: `LoRALinear`) with
     `set_trainable_params(model, get_adapter_params(model))` as `lora_finetune_single_device.py` sets it."""
-    if CE["on"]:
-        return F.build_torchtune_llama3_ce(R.S, tdtype)
-    lm = F.build_torchtune_llama3(R.S, tdtype)
+    lm = F.build_torchtune_llama3_ce(R.S, tdtype) if CE["on"] else F.build_torchtune_llama3(R.S, tdtype)
     if not lora:
         return lm
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
@@ -156,7 +156,8 @@ def build(tdtype, lora: bool):
                       num_kv_heads=F.KV_HEADS, embed_dim=F.DIM, max_seq_len=F.TUNE_MAX_SEQ, intermediate_dim=256,
                       rope_base=500000, lora_rank=8, lora_alpha=16, lora_dropout=0.0)
     set_trainable_params(m, get_adapter_params(m))
-    m.set_num_output_chunks(lm.loss_fn.num_output_chunks)
+    # The chunked loss's chunks; `torch.nn.CrossEntropyLoss` (`--ce`) takes the logits whole (0 chunks).
+    m.set_num_output_chunks(getattr(lm.loss_fn, "num_output_chunks", 0))
     m.train()
     lm.model = m
     return lm
@@ -303,7 +304,8 @@ def main():
             json.dump({"record": rec, "cfg": opts["cfg"]}, f)
         return
     n_fail = 0
-    path = os.path.join(args.out, "torchtune-llama3-lora-compile.json" if args.lora else
+    path = os.path.join(args.out, ("torchtune-llama3-lora-ce-compile.json" if args.ce else
+                                   "torchtune-llama3-lora-compile.json") if args.lora else
                         "torchtune-llama3-ce-compile.json" if args.ce else "torchtune-llama3-compile.json")
     for dtype, rc in specs(args.only):
         doc = json.load(open(path)) if os.path.exists(path) else {

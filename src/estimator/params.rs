@@ -78,8 +78,9 @@ pub fn stage_layers(layers: u64, pp: u64) -> u64 {
 
 /// Decoder layers of one virtual pipeline stage (a model chunk under interleaving, each a
 /// `TransformerBlock` of its own in Megatron): the most loaded stage's ⌈L / pp⌉ over `vpp`
-/// (interleaving requires L divisible by pp × vpp: `validate`), at least 1. Toy: L 32, pp 2,
-/// vpp 2 → 8; L 30, pp 4 → 8 (the first stages take the remainder).
+/// (Megatron's interleaving requires L divisible by pp × vpp, `validate`; torchtitan's uneven
+/// split gives the rank's chunks a layer more or less), at least 1. Toy: L 32, pp 2, vpp 2 → 8;
+/// L 30, pp 4 → 8 (the first stages take the remainder).
 pub fn virtual_stage_layers(layers: u64, pp: u64, vpp: u64) -> u64 {
     (stage_layers(layers, pp) / vpp.max(1)).max(1)
 }

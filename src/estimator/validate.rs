@@ -142,8 +142,18 @@ pub fn validate_consistency(cfg: &Config) -> Result<(), EstimateError> {
     if cfg.gpu == "custom" && gpu::custom_bytes(cfg.gpu_gib) == 0 {
         return Err(invalid("gpu_gib", "must be a positive number of GiB"));
     }
-    if cfg.vpp > 1 && (cfg.pp == 1 || !cfg.arch.layers.is_multiple_of(cfg.pp * cfg.vpp)) {
-        return Err(invalid("vpp", format!("interleaving needs pp > 1 and layers divisible by pp × vpp = {}", cfg.pp * cfg.vpp)));
+    if cfg.vpp > 1 && cfg.pp == 1 {
+        return Err(invalid("vpp", "interleaving needs pp > 1"));
+    }
+    // torchtitan splits unevenly (`generate_llm_fqn_per_model_part`: the embedding and the head
+    // weigh a layer each), so it needs a layer for each of the pp × vpp stages; Megatron-LM
+    // divides the layers evenly between virtual stages.
+    let stages = cfg.pp * cfg.vpp;
+    if cfg.vpp > 1 && cfg.framework == Framework::Torchtitan && stages > cfg.arch.layers {
+        return Err(invalid("vpp", format!("torchtitan's interleaving needs a layer for each of its pp × vpp = {stages} stages")));
+    }
+    if cfg.vpp > 1 && cfg.framework != Framework::Torchtitan && !cfg.arch.layers.is_multiple_of(stages) {
+        return Err(invalid("vpp", format!("interleaving needs layers divisible by pp × vpp = {stages}")));
     }
     if cfg.zero == Zero::HybridShard && !dp.is_multiple_of(cfg.shard_group.min(dp)) {
         return Err(invalid("shard_group", format!("{} GPUs per group do not divide the data-parallel degree {dp}", cfg.shard_group)));

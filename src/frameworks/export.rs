@@ -275,6 +275,13 @@ fn torchtitan(cfg: &Config) -> String {
     s += &format!("pipeline_parallel_degree = {}  # pp\n", cfg.pp);
     if cfg.pp > 1 {
         s += &format!("pipeline_parallel_microbatch_size = {}  # batch\n", cfg.batch);
+        match cfg.vpp {
+            1 => s += "pipeline_parallel_schedule = \"1F1B\"  # vpp=1\n",
+            2 => s += "pipeline_parallel_schedule = \"Interleaved1F1B\"  # vpp=2: torchtitan's two stages per rank\n",
+            v => s += &format!(
+                "pipeline_parallel_schedule = \"Interleaved1F1B\"  # vpp={v}: set pipeline_parallel_layers_per_stage for {v} stages per rank (torchtitan's default is 2)\n"
+            ),
+        }
     }
     s += &format!("context_parallel_degree = {}  # cp\n", cfg.cp);
     if cfg.ep > 1 {

@@ -356,8 +356,12 @@ fn map(key: &str, v: &Value, root: &Value, shard: i64, replicate: i64, others: i
         "parallelism.context_parallel_degree" | "experimental.context_parallel_degree" => positive(v, "cp"),
         "parallelism.expert_parallel_degree" => positive(v, "ep"),
         "parallelism.pipeline_parallel_schedule" => match text(v).as_deref() {
-            Some("1F1B") | Some("GPipe") => Out::ignored("the estimate's pipeline memory is 1F1B's"),
-            _ => Out::unmodelled("a schedule other than 1F1B: the estimate keeps 1F1B with vpp as set"),
+            Some("1F1B") => Out::one("vpp", 1),
+            // torchtitan 0.2.2 distributed/pipeline_parallel.py pipeline_llm: a multi-stage
+            // schedule without pipeline_parallel_layers_per_stage gets two stages per rank.
+            Some("Interleaved1F1B") => Out::one("vpp", 2).note("two stages per rank, torchtitan's default for a multi-stage schedule"),
+            Some("GPipe") => Out::ignored("the estimate's pipeline memory is 1F1B's"),
+            _ => Out::unmodelled("a schedule other than 1F1B and Interleaved1F1B: the estimate keeps 1F1B with vpp as set"),
         },
         "parallelism.pipeline_parallel_microbatch_size" => match count(v) {
             Some(n) if n > 0 => Out::ignored("read with training.local_batch_size: batch = this, accum = local ÷ this").status_understood(),

@@ -410,19 +410,80 @@ pub fn micro_batches_in_flight(cfg: &Config, stage: Stage, first_backward: bool)
     }
 }
 
+/// The pipeline rank a stage kind stands for: the first (0), the last (p − 1), and for a middle
+/// stage the rank halfway (⌊p/2⌋), as [`micro_batches_in_flight`] halves the first's count.
+fn rank_of(cfg: &Config, stage: Stage) -> u64 {
+    match stage {
+        Stage::Whole | Stage::First => 0,
+        Stage::Middle => cfg.pp / 2,
+        Stage::Last => cfg.pp.saturating_sub(1),
+    }
+}
+
+/// Model chunks (one virtual stage of one micro-batch each, 1/v of the stage's layers) whose
+/// saved activations a rank holds at the simulated backward under interleaved 1F1B: the `v`
+/// chunks of the micro-batch the step simulation runs, and beside them the most chunks of other
+/// micro-batches in flight at any backward of the step (at the step's first backward alone for
+/// `first_backward`, at the others for a later one, [`crate::estimator::sharding::accumulators_resident`]).
+///
+/// The rank's order is torch's, replayed: a warm-up of `W = min((v − 1) × g + 2 (p − 1 − r), m × v)`
+/// forwards (`g` the micro-batches per round, `m / max(1, ⌊m / p⌋)`), forward `i` on local chunk
+/// `⌊i / g⌋ mod v`; then one forward and one backward a step, backward `i` on local chunk
+/// `v − 1 − ⌊(i − W) / g⌋ mod v`; then the remaining backwards. At the backward of chunk `j` of
+/// micro-batch `k` its chunks `0..=j` are in flight as the simulation's own; the rest are the
+/// others. The simulation holds one count of others through its whole backward, so the figure is
+/// exact for the backward that holds the most and above the truth for the rest.
+///
+/// torch 2.15 `distributed/pipelining/schedules.py` `ScheduleInterleaved1F1B`
+/// (`number_of_rounds = max(1, n_microbatches // pp_group_size)`, `microbatches_per_round`,
+/// `_calculate_single_rank_operations`' `forward_stage_index` / `backward_stage_index`),
+/// `_get_warmup_ops` (`multiply_factor = 2`), `_get_1f1b_rank_ops`; Megatron-LM's
+/// `forward_backward_pipelining_with_interleaving` has the same warm-up (`(pp − rank − 1) × 2 +
+/// (chunks − 1) × microbatch_group_size_per_vp_stage`, all of them when m = p). Korthikanti et
+/// al. 2022 §4.2.3's factor `1 + (p − 1)/(p·v)` on the first stage's `p` micro-batches is the
+/// warm-up's `W + 1` chunks for many micro-batches; with few (torchtitan's `n_microbatches = pp`
+/// of 2024) every forward runs before the first backward, and the factor overstates.
+///
+/// Toy: p 2, v 2, m 4 on rank 0 (g 2, W 4): forwards of chunks 0, 0, 1, 1 (4 in flight); then
+/// F(0, mb 2) B(1, mb 0): 5 in flight, 2 its own, 3 others; F(0, 3) B(1, 1): 3 others; F(1, 2)
+/// B(0, 0): 5 in flight, 1 its own, 4 others; … → first backward 2 + 3 = 5 chunks, later 2 + 4 = 6.
+/// Measured (`tests/fixtures/pytorch/fsdp/pp_interleaved.json`): within +0.8 to +4.4 % of each
+/// rank's allocated peak, never below it.
+pub fn chunks_in_flight(cfg: &Config, stage: Stage, first_backward: bool) -> u64 {
+    let (p, v, m) = (cfg.pp.max(1), cfg.vpp.max(1), cfg.accum.max(1));
+    let per_round = m / (m / p).max(1);
+    let all = m * v;
+    let rank = rank_of(cfg, stage).min(p - 1);
+    let warmup = ((v - 1) * per_round + 2 * (p - 1 - rank)).min(all);
+    // Under torchtitan's FSDP2 the first backward and the later ones are simulated apart (the
+    // accumulators); elsewhere one simulation stands for every backward.
+    let split = crate::estimator::sharding::keeps_stage_gathered(cfg) && m > 1;
+    let counts = |nth: u64| !split || (nth == 0) == first_backward;
+    let (mut in_flight, mut others) = (warmup, 0u64);
+    for (nth, op) in (warmup..all + warmup).enumerate() {
+        if op < all {
+            in_flight += 1; // the step's forward
+        }
+        let chunk = v - 1 - ((op - warmup) / per_round) % v;
+        if counts(nth as u64) {
+            others = others.max(in_flight.saturating_sub(chunk + 1));
+        }
+        in_flight = in_flight.saturating_sub(1);
+    }
+    v + others
+}
+
 /// The rows of the ledger from terms by part: each part is
 /// `m × (L × layer + L_moe × moe + L_dense × dense + first) + last` (m: micro-batches in flight).
 fn assemble(cfg: &Config, recipe: &Recipe, stage: Stage, stage_layers: u64, mut t: Terms, cuda: bool, first_backward: bool) -> Activations {
     let spec = &cfg.arch;
     let _ = (recipe, cuda);
 
-    // Interleaving multiplies the micro-batches in flight by 1 + (p − 1)/(p·v) (Korthikanti
-    // et al. 2022, §4.2.3).
-    let m = micro_batches_in_flight(cfg, stage, first_backward);
-    let (num, den) = if matches!(stage, Stage::First | Stage::Middle) && cfg.vpp > 1 {
-        (m * (cfg.pp * cfg.vpp + cfg.pp - 1), cfg.pp * cfg.vpp)
+    // Interleaving counts model chunks in flight, each 1/v of the stage ([`chunks_in_flight`]).
+    let (num, den) = if cfg.vpp > 1 && cfg.pp > 1 {
+        (chunks_in_flight(cfg, stage, first_backward), cfg.vpp)
     } else {
-        (m, 1)
+        (micro_batches_in_flight(cfg, stage, first_backward), 1)
     };
 
     let moe_layers = stage_layers.min(spec.moe_layers());
@@ -596,6 +657,34 @@ mod tests {
         // N beyond the stage's layers recomputes them all.
         assert_eq!(of(Recompute::Full, 32), full);
         assert_eq!(of(Recompute::Full, 40), full);
+    }
+
+    #[test]
+    fn interleaved_ranks_hold_the_chunks_torchs_schedule_leaves_in_flight() {
+        let megatron = Config { framework: Framework::Megatron, pp: 8, vpp: 2, accum: 8, ..Config::default() };
+        // m = p: every forward before the first backward, 16 chunks (8 stages' worth), where
+        // Korthikanti's factor would say 8 × 23/16 = 11.5 stages (23 chunks).
+        assert_eq!(chunks_in_flight(&megatron, Stage::First, false), 16);
+        // m = 32 in 4 rounds of 8: a warm-up of 8 + 14 = 22, one forward more before the first
+        // backward (23 in flight, 21 others beside its 2), then backwards of chunk 0 with 22 others.
+        assert_eq!(chunks_in_flight(&Config { accum: 32, ..megatron.clone() }, Stage::First, false), 24);
+        // The last rank warms up (v − 1) × g = 8 forwards: 9 in flight at its first backward, 7
+        // others; at its first backward of chunk 0, 8 others.
+        assert_eq!(chunks_in_flight(&Config { accum: 32, ..megatron.clone() }, Stage::Last, false), 10);
+        // torchtitan's FSDP2 simulates the first backward apart: p 2, v 2, m 4 on rank 0 (the
+        // doc's toy) has 3 others at the first, 4 at the later ones.
+        let titan = Config {
+            framework: Framework::Torchtitan,
+            zero: crate::estimator::config::Zero::FullShard,
+            gpus: 4,
+            pp: 2,
+            vpp: 2,
+            accum: 4,
+            ..Config::default()
+        };
+        assert!(crate::estimator::sharding::keeps_stage_gathered(&titan));
+        assert_eq!(chunks_in_flight(&titan, Stage::First, true), 5);
+        assert_eq!(chunks_in_flight(&titan, Stage::First, false), 6);
     }
 
     #[test]
