@@ -71,6 +71,33 @@ def split(whole, keep):
     return model
 
 
+def mesh_of(rank, world, port):
+    """Joins the gloo group and returns the (pp, dp_shard) mesh. FSDP2's reduce-scatter with ``PREMUL_SUM`` (factor
+    1.0: torchtitan's ``disable_fsdp_gradient_division``), which gloo lacks, is handed ``SUM`` (same buffers, same
+    bytes), as measure_fsdp.py does."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rs = dist.reduce_scatter_single
+
+    def rs_(output, input, *a, **kw):
+        op = kw.get("op")
+        if op is not None and op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            kw["op"] = dist.ReduceOp.SUM
+        return rs(output, input, *a, **kw)
+
+    dist.reduce_scatter_single = rs_
+    return init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp_shard"))
+
+
+def local_batch(micro):
+    """The local batch of `micro` micro-batches (token ids and labels), the same on every rank."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    return ids, torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+
+
 def titan_split():
     """torchtitan 0.2.2's own ``generate_llm_fqn_per_model_part`` (distributed/pipeline_parallel.py), its source taken
     from the installed file and run alone: importing the module pulls the data loader (torchdata), which no measured
@@ -89,22 +116,10 @@ def titan_split():
 def interleaved_worker(rank, world, port, micro, out_path):
     """One rank of ``--interleaved``: its two model parts, each a ``PipelineStage`` under ``ScheduleInterleaved1F1B``."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
     from torch.profiler import record_function
     import measure_fsdp as mfs
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    rs = dist.reduce_scatter_single
-
-    def rs_(output, input, *a, **kw):
-        op = kw.get("op")
-        if op is not None and op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-            kw["op"] = dist.ReduceOp.SUM
-        return rs(output, input, *a, **kw)
-
-    dist.reduce_scatter_single = rs_
-    mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp_shard"))
+    mesh = mesh_of(rank, world, port)
     whole, ce = mfs.build(I_LAYERS)  # enters torchtitan's packages by path (measure_frameworks.py)
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp
     pp_rank = mesh["pp"].get_local_rank()
@@ -125,9 +140,7 @@ def interleaved_worker(rank, world, port, micro, out_path):
     del whole
     sched = ScheduleInterleaved1F1B(stages, n_microbatches=micro, loss_fn=ce, scale_grads=False)
     opts = [torch.optim.AdamW(p.parameters(), foreach=True) for p in parts]
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
-    labels = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    ids, labels = local_batch(micro)
     trace = out_path + f".trace{rank}.json"
 
     def step():
@@ -169,53 +182,31 @@ def interleaved_worker(rank, world, port, micro, out_path):
     dist.destroy_process_group()
 
 
+def header(flag, schedule):
+    """The fixture's fields every record shares."""
+    return {"generated_by": f"validation/measure_fsdp_pp.py{flag} (validation/README.md published item 5b)",
+            "torch": torch.__version__.split("+")[0], "torchtitan": "0.2.2", "device": "cpu", "world_size": PP * DP,
+            "mesh": {"pp": PP, "dp_shard": DP}, "backend": "gloo", "schedule": schedule}
+
+
 def interleaved_main():
-    import torch.multiprocessing as mp
-    import measure_fsdp as mfs
-    doc = {"generated_by": "validation/measure_fsdp_pp.py --interleaved (validation/README.md published item 5b)",
-           "torch": torch.__version__.split("+")[0], "torchtitan": "0.2.2", "device": "cpu", "world_size": PP * DP,
-           "mesh": {"pp": PP, "dp_shard": DP}, "backend": "gloo", "schedule": "ScheduleInterleaved1F1B",
-           "stages_per_rank": I_STAGES_PER_RANK,
+    doc = {**header(" --interleaved", "ScheduleInterleaved1F1B"), "stages_per_rank": I_STAGES_PER_RANK,
            "model": f"torchtitan 0.2.2 llama3 Transformer dim {DIM}, {I_LAYERS} layers, {HEADS} heads ({KV_HEADS} kv), "
                     f"vocab {VOCAB}, split by generate_llm_fqn_per_model_part({PP * I_STAGES_PER_RANK}, {I_LAYERS}); "
                     f"fp32 parameters, apply_fsdp(pp_enabled=True) per model part with MixedPrecisionPolicy("
                     f"param_dtype=bf16, reduce_dtype=fp32), AdamW foreach per model part, micro-batch b{BATCH} s{SEQ}, "
                     f"torchtitan cross_entropy_loss; step 2 profiled on ranks 0 (pp rank 0) and 2 (pp rank 1)",
            "records": []}
-    tmp = tempfile.mkdtemp(prefix="fsdp-ppi-")
-    for micro in (2, 4, 8):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        path = os.path.join(tmp, f"m{micro}.json")
-        mp.spawn(interleaved_worker, args=(PP * DP, port, micro, path), nprocs=PP * DP, join=True)
-        for r in range(PP):
-            rec = json.load(open(f"{path}.{r}"))
-            doc["records"].append({"id": f"llama3-titan/fsdp2-pp{PP}x{I_STAGES_PER_RANK}-dp{DP}/b{BATCH}/s{SEQ}/m{micro}/rank{r}",
-                                   "micro_batches": micro, **rec})
-            print(micro, r, "peak", rec["step_peak_bytes"], json.dumps(rec["peak_at"], indent=1), file=sys.stderr)
-    mfs.write_fixture(doc, "pp_interleaved.json")
+    run_all(doc, interleaved_worker, (2, 4, 8), f"llama3-titan/fsdp2-pp{PP}x{I_STAGES_PER_RANK}-dp{DP}/b{BATCH}/s{SEQ}",
+            "rank", "pp_interleaved.json")
 
 
 def worker(rank, world, port, micro, out_path):
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     from torch.profiler import record_function
     import measure_fsdp as mfs
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    rs = dist.reduce_scatter_single
-
-    def rs_(output, input, *a, **kw):
-        op = kw.get("op")
-        if op is not None and op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):  # PREMUL_SUM(1.0): gloo has none
-            kw["op"] = dist.ReduceOp.SUM
-        return rs(output, input, *a, **kw)
-
-    dist.reduce_scatter_single = rs_
-    mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp_shard"))
+    mesh = mesh_of(rank, world, port)
     whole, ce = mfs.build(LAYERS)
     stage_idx = mesh["pp"].get_local_rank()
     model = split(whole, STAGES[stage_idx])
@@ -232,9 +223,7 @@ def worker(rank, world, port, micro, out_path):
                           group=mesh.get_group("pp"))
     sched = Schedule1F1B(stage, n_microbatches=micro, loss_fn=ce)  # on every stage: None turns backward off
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
-    labels = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+    ids, labels = local_batch(micro)
     trace = out_path + f".trace{rank}.json"
 
     def step():
@@ -265,30 +254,33 @@ def worker(rank, world, port, micro, out_path):
 
 
 def main():
-    import torch.multiprocessing as mp
-    import measure_fsdp as mfs
-    doc = {"generated_by": "validation/measure_fsdp_pp.py (validation/README.md published item 5b)",
-           "torch": torch.__version__.split("+")[0], "torchtitan": "0.2.2", "device": "cpu", "world_size": PP * DP,
-           "mesh": {"pp": PP, "dp_shard": DP}, "backend": "gloo", "schedule": "Schedule1F1B",
+    doc = {**header("", "Schedule1F1B"),
            "model": f"torchtitan 0.2.2 llama3 Transformer dim {DIM}, {LAYERS} layers, {HEADS} heads ({KV_HEADS} kv), "
                     f"vocab {VOCAB}, split {STAGES}; fp32 parameters, apply_fsdp(pp_enabled=True) with "
                     f"MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), AdamW foreach, micro-batch b{BATCH} "
                     f"s{SEQ}, torchtitan cross_entropy_loss; step 2 profiled on ranks 0 (stage 0) and 2 (stage 1)",
            "records": []}
+    run_all(doc, worker, (2, 4), f"llama3-titan/fsdp2-pp{PP}-dp{DP}/b{BATCH}/s{SEQ}", "stage", "pp.json")
+
+
+def run_all(doc, fn, micro_batches, prefix, per, name):
+    """Spawns the PP × DP ranks of `fn` once for each micro-batch count, adds each pipeline rank's record (id
+    ``prefix/m<micro>/<per><rank>``) to `doc` and writes it as fixture `name`."""
+    import torch.multiprocessing as mp
+    import measure_fsdp as mfs
     tmp = tempfile.mkdtemp(prefix="fsdp-pp-")
-    for micro in (2, 4):
+    for micro in micro_batches:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
         path = os.path.join(tmp, f"m{micro}.json")
-        mp.spawn(worker, args=(PP * DP, port, micro, path), nprocs=PP * DP, join=True)
-        for st in range(PP):
-            r = json.load(open(f"{path}.{st}"))
-            doc["records"].append({"id": f"llama3-titan/fsdp2-pp{PP}-dp{DP}/b{BATCH}/s{SEQ}/m{micro}/stage{st}",
-                                   "micro_batches": micro, **r})
-            print(micro, st, "peak", r["step_peak_bytes"], json.dumps(r["peak_at"], indent=1), file=sys.stderr)
-    mfs.write_fixture(doc, "pp.json")
+        mp.spawn(fn, args=(PP * DP, port, micro, path), nprocs=PP * DP, join=True)
+        for r in range(PP):
+            rec = json.load(open(f"{path}.{r}"))
+            doc["records"].append({"id": f"{prefix}/m{micro}/{per}{r}", "micro_batches": micro, **rec})
+            print(micro, r, "peak", rec["step_peak_bytes"], json.dumps(rec["peak_at"], indent=1), file=sys.stderr)
+    mfs.write_fixture(doc, name)
 
 
 if __name__ == "__main__":
