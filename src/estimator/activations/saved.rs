@@ -390,28 +390,28 @@ fn first_without_grad(
 }
 
 /// Micro-batches whose saved activations a stage holds at the simulated backward, that one
-/// included (before interleaving): 1F1B keeps min(pp, accum) on the first stage, half of that
-/// on a middle one, one on the last. Under torchtitan's FSDP2 a later backward is simulated,
-/// whose fp32 gradient accumulators are resident ([`crate::estimator::sharding::accumulators_resident`]):
-/// one micro-batch fewer is in flight then where every forward ran before the first backward
-/// (accum ≤ pp on the first stage); the step's first backward (`first_backward`) has them all.
+/// included (before interleaving, [`chunks_in_flight`]): 1F1B's rank `r` runs `min(m, p − r)`
+/// forwards before its first backward (torch 2.15 `distributed/pipelining/schedules.py`
+/// `Schedule1F1B`: "first stage `num_stages` warmups", `warmup_chunks = min(n_microbatches,
+/// num_stages - stage_index)`), so the first stage keeps min(p, m), a middle one (the rank
+/// halfway, [`rank_of`]) min(⌈p/2⌉, m), the last one. Under torchtitan's FSDP2 a later backward is
+/// simulated, whose fp32 gradient accumulators are resident
+/// ([`crate::estimator::sharding::accumulators_resident`]): one micro-batch fewer is in flight
+/// then where every forward ran before the first backward (m ≤ p − r); the step's first
+/// backward (`first_backward`) has them all.
 pub fn micro_batches_in_flight(cfg: &Config, stage: Stage, first_backward: bool) -> u64 {
     match stage {
         Stage::Whole | Stage::Last => 1,
         Stage::First | Stage::Middle => {
             let later = crate::estimator::sharding::accumulators_resident(cfg, first_backward);
-            let m = cfg.pp.min(if later { cfg.accum - 1 } else { cfg.accum }).max(1);
-            if stage == Stage::Middle {
-                m.div_ceil(2)
-            } else {
-                m
-            }
+            let ahead = cfg.pp.saturating_sub(rank_of(cfg, stage)).max(1);
+            ahead.min(if later { cfg.accum - 1 } else { cfg.accum }).max(1)
         }
     }
 }
 
 /// The pipeline rank a stage kind stands for: the first (0), the last (p − 1), and for a middle
-/// stage the rank halfway (⌊p/2⌋), as [`micro_batches_in_flight`] halves the first's count.
+/// stage the rank halfway (⌊p/2⌋).
 fn rank_of(cfg: &Config, stage: Stage) -> u64 {
     match stage {
         Stage::Whole | Stage::First => 0,
@@ -657,6 +657,15 @@ mod tests {
         // N beyond the stage's layers recomputes them all.
         assert_eq!(of(Recompute::Full, 32), full);
         assert_eq!(of(Recompute::Full, 40), full);
+    }
+
+    #[test]
+    fn a_1f1b_rank_holds_the_forwards_it_runs_before_its_first_backward() {
+        // p 4: rank 0 runs min(m, 4) forwards first, rank 2 (the middle) min(m, 2), rank 3 one.
+        let of = |accum: u64, stage: Stage| micro_batches_in_flight(&Config { pp: 4, gpus: 4, accum, ..Config::default() }, stage, false);
+        assert_eq!([of(8, Stage::First), of(8, Stage::Middle), of(8, Stage::Last)], [4, 2, 1]);
+        // Two micro-batches: both forwards run before the middle rank's first backward too.
+        assert_eq!([of(2, Stage::First), of(2, Stage::Middle), of(2, Stage::Last)], [2, 2, 1]);
     }
 
     #[test]
