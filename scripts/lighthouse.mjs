@@ -6,11 +6,11 @@
 //
 //   node scripts/lighthouse.mjs [--runs N] [--encoding gzip|br|none] [--json FILE] [--report FILE]
 import { spawn } from 'node:child_process';
-import { cpSync, mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { chromium } from 'playwright-core';
-import { startServer } from '../tests/browser/static-server.mjs';
+import { serveDist } from '../tests/browser/static-server.mjs';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const SUBPATH = '/course/trainmem/';
@@ -22,13 +22,10 @@ const jsonOut = arg('--json', null);
 // The median run's whole Lighthouse report (every audit's details), for digging in.
 const reportOut = arg('--report', null);
 
-const root = mkdtempSync(join(tmpdir(), 'trainmem-lh-'));
-mkdirSync(join(root, SUBPATH), { recursive: true });
-cpSync(join(ROOT, 'dist'), join(root, SUBPATH), { recursive: true });
-const server = await startServer({
-  root, precompressed: encoding !== 'none', encodings: encoding === 'br' ? ['br', 'gzip'] : ['gzip'], headers: true, headersBase: SUBPATH,
+const server = await serveDist(join(ROOT, 'dist'), SUBPATH, {
+  precompressed: encoding !== 'none', encodings: encoding === 'br' ? ['br', 'gzip'] : ['gzip'],
 });
-const url = server.origin + SUBPATH;
+const { root, url } = server;
 // Lighthouse's launcher adds its own flags (no first run, no background networking, …); more
 // of ours made Chromium 156 close the target on the first navigation.
 const lhFlags = '--headless=new --no-sandbox';
@@ -94,5 +91,4 @@ await ctx.close();
 
 if (jsonOut) writeFileSync(jsonOut, JSON.stringify({ url, encoding, runs: reports.map((r) => Object.fromEntries(Object.entries(r.categories).map(([k, v]) => [k, v.score]))), installabilityErrors }, null, 2));
 await server.close();
-rmSync(root, { recursive: true, force: true });
 rmSync(profile, { recursive: true, force: true });

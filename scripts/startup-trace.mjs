@@ -7,11 +7,9 @@
 // Total Blocking Time is the sum over such tasks of what exceeds 50 ms. Reports; asserts nothing.
 //
 //   node scripts/startup-trace.mjs [--runs N] [--rate 4] [--timing]
-import { cpSync, mkdtempSync, mkdirSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { chromium } from 'playwright-core';
-import { startServer } from '../tests/browser/static-server.mjs';
+import { serveDist } from '../tests/browser/static-server.mjs';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const SUBPATH = '/course/trainmem/';
@@ -27,10 +25,7 @@ const PARTS = new Set(['TimerFire', 'FunctionCall', 'EvaluateScript', 'ParseHTML
 /** Lighthouse counts what a task takes beyond this (ms) as blocking. */
 const BLOCKING_MS = 50;
 
-const root = mkdtempSync(join(tmpdir(), 'trainmem-trace-'));
-mkdirSync(join(root, SUBPATH), { recursive: true });
-cpSync(join(ROOT, 'dist'), join(root, SUBPATH), { recursive: true });
-const server = await startServer({ root, precompressed: true, encodings: ['gzip'], headers: true, headersBase: SUBPATH });
+const server = await serveDist(join(ROOT, 'dist'), SUBPATH);
 const browser = await chromium.launch({ executablePath: CHROME, args: ['--no-sandbox'] });
 try {
   for (let run = 0; run < runs; run++) {
@@ -46,7 +41,7 @@ try {
       categories: 'toplevel,devtools.timeline,disabled-by-default-devtools.timeline,blink.user_timing,v8.wasm,disabled-by-default-v8.wasm.detailed',
       transferMode: 'ReportEvents',
     });
-    await page.goto(server.origin + SUBPATH);
+    await page.goto(server.url);
     await page.waitForFunction(() => performance.getEntriesByName('trainmem:drawn:chart-seq').length > 0, null, { timeout: 60_000 });
     await page.waitForTimeout(1000);
     await cdp.send('Tracing.end');
@@ -86,5 +81,4 @@ try {
 } finally {
   await browser.close();
   await server.close();
-  rmSync(root, { recursive: true, force: true });
 }

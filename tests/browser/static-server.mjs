@@ -7,7 +7,8 @@
 // Always: ETag / If-None-Match (304), the right MIME types, index.html for a folder, and a log
 // of every request it answered. Listens on 127.0.0.1 only.
 import { createServer } from 'node:http';
-import { readFileSync, statSync, existsSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, extname, normalize } from 'node:path';
 
 const TYPES = {
@@ -101,6 +102,23 @@ export async function startServer({ root, precompressed = false, encodings = ['b
     log,
     close: () => new Promise((ok) => { server.closeAllConnections?.(); server.close(() => ok()); }),
   };
+}
+
+/**
+ * Copies `dist` under `subpath` of a fresh web root and serves it with dist/_headers applied
+ * there (a course page's sub-path, as a deploy puts it); `close` also removes the web root.
+ * @returns {Promise<{origin: string, url: string, root: string, log: object[], close: () => Promise<void>}>}
+ */
+export async function serveDist(dist, subpath, { precompressed = true, encodings = ['gzip'] } = {}) {
+  const root = mkdtempSync(join(tmpdir(), 'trainmem-dist-'));
+  mkdirSync(join(root, subpath), { recursive: true });
+  cpSync(dist, join(root, subpath), { recursive: true });
+  const server = await startServer({ root, precompressed, encodings, headers: true, headersBase: subpath });
+  const close = async () => {
+    await server.close();
+    rmSync(root, { recursive: true, force: true });
+  };
+  return { ...server, url: server.origin + subpath, root, close };
 }
 
 // `node tests/browser/static-server.mjs ROOT [--gzip-only] [--port N]`: serve by hand (used by
