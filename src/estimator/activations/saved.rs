@@ -455,9 +455,9 @@ pub fn chunks_in_flight(cfg: &Config, stage: Stage, first_backward: bool) -> u64
     let all = m * v;
     let rank = rank_of(cfg, stage).min(p - 1);
     let warmup = ((v - 1) * per_round + 2 * (p - 1 - rank)).min(all);
-    // Under torchtitan's FSDP2 the first backward and the later ones are simulated apart (the
-    // accumulators); elsewhere one simulation stands for every backward.
-    let split = crate::estimator::sharding::keeps_stage_gathered(cfg) && m > 1;
+    // Where a later backward finds the accumulators resident (torchtitan's FSDP2), the first
+    // backward and the later ones are simulated apart; elsewhere one stands for every backward.
+    let split = crate::estimator::sharding::accumulators_resident(cfg, false);
     let counts = |nth: u64| !split || (nth == 0) == first_backward;
     let (mut in_flight, mut others) = (warmup, 0u64);
     for (nth, op) in (warmup..all + warmup).enumerate() {
